@@ -1,0 +1,5 @@
+import sys
+
+from gate.cli import main
+
+sys.exit(main())

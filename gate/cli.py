@@ -1,0 +1,46 @@
+"""The `attn-gate` command: parses arguments, calls one library function, maps errors to exit codes.
+
+Exit codes: 0 pass, 1 fail (a tolerance violation, a regression), 2 usage or environment error
+(the message names the file or option and the fix; no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from gate.errors import EXIT_USAGE, UserError
+
+# Each module in gate/commands registers its own subcommands.
+COMMANDS = ("sweep", "listing")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="attn-gate", description="Regression gate for attention kernels.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f"gate.commands.{name}").register(sub)
+    return parser
+
+
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help is 0, a usage error is 2
+        return int(exc.code or 0)
+    try:
+        return int(args.main(args))
+    except UserError as exc:
+        print(f"attn-gate: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("attn-gate: interrupted", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

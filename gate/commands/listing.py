@@ -1,0 +1,43 @@
+"""`attn-gate kernels` and `attn-gate suites`: what can be run here."""
+
+from __future__ import annotations
+
+import argparse
+
+from gate.commands.common import add_config
+
+
+def register(sub) -> None:
+    p = sub.add_parser("kernels", help="list kernels, whether each runs here, and what it supports")
+    p.set_defaults(main=kernels)
+    p = sub.add_parser("suites", help="list suites and their case counts")
+    add_config(p)
+    p.add_argument("--cases", action="store_true", help="print every case id")
+    p.set_defaults(main=suites)
+
+
+def kernels(args: argparse.Namespace) -> int:
+    from gate.kernels.registry import get_adapter, kernel_names
+
+    for name in kernel_names():
+        adapter = get_adapter(name)
+        why = adapter.unavailable_reason()
+        caps = adapter.capabilities()
+        feats = [f for f in ("window", "softcap", "alibi", "dropout", "varlen", "gqa", "deterministic_mode", "returns_lse") if getattr(caps, f)]
+        state = "available" if why is None else f"unavailable: {why}"
+        print(f"{name:15} {state}\n{'':15} {adapter.description}; {'/'.join(caps.dtypes)}; {', '.join(feats)}")
+    return 0
+
+
+def suites(args: argparse.Namespace) -> int:
+    from gate.cases import load_suite, suite_names
+    from gate.config import load_config
+
+    config = load_config(args.config)
+    for name in suite_names(config.suites):
+        suite = load_suite(name, config.suites)
+        print(f"{name:10} {len(suite.cases):4} cases ({len(suite.perf_cases)} timing) from {suite.source}")
+        if args.cases:
+            for c in suite.cases:
+                print(f"    {c.id}{'  [perf]' if c.perf else ''}")
+    return 0

@@ -1,0 +1,35 @@
+"""`attn-gate sweep`: correctness of one kernel over one suite; exit 0 pass, 1 fail."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from gate.commands.common import add_config, add_kernel_suite
+
+
+def register(sub) -> None:
+    p = sub.add_parser("sweep", help="correctness sweep of one kernel over one suite")
+    add_kernel_suite(p)
+    add_config(p)
+    p.add_argument("--out", type=Path, default=Path("out"), help="folder for the JSON report and validation note")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(main=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from gate.config import load_config
+    from gate.environment import default_device
+    from gate.errors import EXIT_FAIL, EXIT_PASS
+    from gate.report import print_table
+    from gate.sweep import run_sweep, write_sweep_outputs
+
+    config = load_config(args.config)
+    device = args.device or default_device()
+    profile = config.profile(device)
+    result = run_sweep(args.kernel or profile.kernel, args.suite or profile.suite, config, device,
+                       progress=not args.no_progress, only=args.only)
+    paths = write_sweep_outputs(result, args.out)
+    print_table(result)
+    print(f"wrote {paths['json']} and {paths['note']}")
+    return EXIT_PASS if result.passed else EXIT_FAIL

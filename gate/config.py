@@ -1,0 +1,144 @@
+"""`[tool.attn-gate]` in pyproject.toml: declared once, typed, validated; unknown keys are errors.
+
+Every section is a frozen dataclass; a wrong type or an unknown key raises a UserError that
+names the file, the key and the fix. Missing file or section means the defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gate.errors import UserError
+from gate.tolerance import DEFAULT_MULT
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What the main job runs on a machine of this kind."""
+
+    kernel: str
+    suite: str
+
+
+@dataclass(frozen=True)
+class ToleranceConfig:
+    mult_out: float = DEFAULT_MULT["out"]
+    mult_lse: float = DEFAULT_MULT["lse"]
+    mult_dq: float = DEFAULT_MULT["dq"]
+    mult_dk: float = DEFAULT_MULT["dk"]
+    mult_dv: float = DEFAULT_MULT["dv"]
+    # fp32 only: the yardstick P is then itself exact to a few ulps, the same size as any
+    # kernel's reduction-order noise, so mult alone fails correct kernels (measured on CPU,
+    # 8 seeds: tiled dK ratio 1.07, torch's CPU kernel 1.52 at mult 2). A 1e-4 relative error
+    # still exceeds the widened bound a hundredfold (tests/test_rule.py).
+    fp32_factor: float = 4.0
+
+    def mult(self, tensor: str, dtype: str = "bf16") -> float:
+        return getattr(self, f"mult_{tensor}") * (self.fp32_factor if dtype == "fp32" else 1.0)
+
+    def as_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class VerdictConfig:
+    """Correctness thresholds of `attn-gate check` (see gate/verdict.py)."""
+
+    headroom_factor: float = 1.5  # FAIL when ratio grows by more than this factor...
+    headroom_step: float = 0.1  # ...and by more than this absolute step
+    improvement_factor: float = 2.0  # WARN (refresh the baseline) when ratio shrinks by this factor
+
+
+@dataclass(frozen=True)
+class PerfConfig:
+    """Speed thresholds and timing effort (see gate/timing.py and gate/perf_verdict.py)."""
+
+    anchor: str = "sdpa-cudnn"
+    regression_pct: float = 3.0  # practical threshold: a ratio worse by more than this...
+    noise_k: float = 3.0  # ...and by more than k x measured noise
+    improvement_pct: float = 10.0
+    rounds: int = 15
+    calls_per_round: int = 5
+    confirm_rounds: int = 45
+    warmup_s: float = 0.5
+    cold_l2: bool = True
+    alpha: float = 0.01  # significance level of the regression test
+
+
+@dataclass(frozen=True)
+class Config:
+    source: str = "defaults"
+    gpu: Profile = field(default_factory=lambda: Profile(kernel="sdpa-flash", suite="pr"))
+    cpu: Profile = field(default_factory=lambda: Profile(kernel="sdpa-cpu", suite="smoke"))
+    baselines_dir: str = "baselines"
+    tolerance: ToleranceConfig = field(default_factory=ToleranceConfig)
+    verdict: VerdictConfig = field(default_factory=VerdictConfig)
+    perf: PerfConfig = field(default_factory=PerfConfig)
+    suites: dict[str, Any] = field(default_factory=dict)
+
+    def profile(self, device: str) -> Profile:
+        return self.gpu if device == "cuda" else self.cpu
+
+
+def _section(cls, raw: Any, where: str):
+    if not isinstance(raw, dict):
+        raise UserError(f"{where}: expected a table")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise UserError(f"{where}: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(fields))}")
+    values = {}
+    defaults = cls() if all(f.default is not dataclasses.MISSING for f in fields.values()) else None
+    for key, value in raw.items():
+        expected = type(getattr(defaults, key)) if defaults is not None else str
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            raise UserError(f"{where}: {key} = {value!r} should be a {expected.__name__}")
+        values[key] = value
+    return cls(**values)
+
+
+def load_config(path: Path | None = None) -> Config:
+    """Read [tool.attn-gate] from `path` (default ./pyproject.toml); defaults when absent."""
+    path = Path(path) if path is not None else Path("pyproject.toml")
+    if not path.is_file():
+        if path.name != "pyproject.toml" or path.parent != Path("."):
+            raise UserError(f"--config {path}: no such file")
+        return Config()
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path}: invalid TOML ({exc})") from None
+    raw = data.get("tool", {}).get("attn-gate")
+    if raw is None:
+        return Config(source=str(path))
+    where = f"{path} [tool.attn-gate]"
+    known = {"gpu", "cpu", "baselines_dir", "tolerance", "verdict", "perf", "suites"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise UserError(f"{where}: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(known))}")
+    base = Config()
+    profiles = {}
+    for name in ("gpu", "cpu"):
+        section = raw.get(name, {})
+        merged = {**dataclasses.asdict(getattr(base, name)), **section} if isinstance(section, dict) else section
+        profiles[name] = _section(Profile, merged, f"{where}.{name}")
+    suites = raw.get("suites", {})
+    if not isinstance(suites, dict):
+        raise UserError(f"{where}.suites: expected tables [tool.attn-gate.suites.NAME]")
+    baselines_dir = raw.get("baselines_dir", base.baselines_dir)
+    if not isinstance(baselines_dir, str):
+        raise UserError(f"{where}: baselines_dir should be a path string")
+    return Config(
+        source=str(path), gpu=profiles["gpu"], cpu=profiles["cpu"], baselines_dir=baselines_dir,
+        tolerance=_section(ToleranceConfig, raw.get("tolerance", {}), f"{where}.tolerance"),
+        verdict=_section(VerdictConfig, raw.get("verdict", {}), f"{where}.verdict"),
+        perf=_section(PerfConfig, raw.get("perf", {}), f"{where}.perf"),
+        suites=suites,
+    )

@@ -1,0 +1,129 @@
+"""What every adapter is: a capability declaration and one call in the flash_attn_func convention.
+
+The sweep asks an adapter two questions before running a case: is the kernel here at all
+(`unavailable_reason`: not installed, no GPU) and can it run this case (`Capabilities.
+unsupported_reason`). Either answer becomes a SKIPPED row with the reason, never a silent drop.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+
+from gate.cases import Case
+from gate.reference import AttnOptions
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    devices: tuple[str, ...] = ("cuda",)
+    dtypes: tuple[str, ...] = ("fp16", "bf16")
+    max_head_dim: int = 256
+    head_dim_multiple: int = 1
+    head_dim_v_differs: bool = False
+    seqlen_q_ne_k: bool = True
+    causal: bool = True
+    window: bool = False
+    softcap: bool = False
+    alibi: bool = False
+    dropout: bool = False
+    varlen: bool = False
+    gqa: bool = True
+    deterministic_mode: bool = False
+    returns_lse: bool = False
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def unsupported_reason(self, case: Case, device: str) -> str | None:
+        """The first reason this kernel cannot run `case` on `device`, or None."""
+        checks = [
+            (device in self.devices, f"runs on {'/'.join(self.devices)}, not {device}"),
+            (case.dtype in self.dtypes, f"no {case.dtype} (supports {', '.join(self.dtypes)})"),
+            (max(case.head_dim, case.head_dim_v) <= self.max_head_dim, f"head_dim > {self.max_head_dim}"),
+            (case.head_dim % self.head_dim_multiple == 0 and case.head_dim_v % self.head_dim_multiple == 0,
+             f"head_dim not a multiple of {self.head_dim_multiple}"),
+            (self.head_dim_v_differs or case.head_dim == case.head_dim_v, "head_dim_v != head_dim"),
+            (self.seqlen_q_ne_k or case.seqlen_q == case.seqlen_k or case.varlen is not None, "seqlen_q != seqlen_k"),
+            (self.causal or not case.causal, "no causal mask"),
+            (self.window or not case.has_window, "no sliding window"),
+            (self.softcap or not case.softcap, "no softcap"),
+            (self.alibi or not case.alibi, "no ALiBi"),
+            (self.dropout or not case.dropout_p, "no dropout (or its mask cannot be observed)"),
+            (self.varlen or case.varlen is None, "no varlen"),
+            (self.gqa or not case.is_gqa, "no GQA/MQA"),
+        ]
+        for ok, reason in checks:
+            if not ok:
+                return reason
+        return None
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """One call: q/k/v are leaf tensors with requires_grad (dense (B, N, H, D) or packed varlen)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    opts: AttnOptions
+    cu_seqlens: torch.Tensor | None = None
+    max_seqlen: int = 0
+    seqlens: tuple[int, ...] | None = None
+    deterministic: bool = False
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class KernelOutput:
+    """out is differentiable w.r.t. the call's q/k/v. lse follows the reference's layout
+    ((B, H, Nq) dense, (H, total) varlen) or is None when the kernel does not expose it.
+    dropout_keep is the mask the kernel used ((B, H, Nq, Nk) bool, or a per-sequence list)."""
+
+    out: torch.Tensor
+    lse: torch.Tensor | None = None
+    dropout_keep: torch.Tensor | list[torch.Tensor] | None = None
+
+
+class KernelAdapter(ABC):
+    name: str = ""
+    description: str = ""
+
+    def unavailable_reason(self) -> str | None:
+        """None when the kernel can be called here; else why not (package missing, no GPU)."""
+        return None
+
+    @abstractmethod
+    def capabilities(self) -> Capabilities: ...
+
+    @abstractmethod
+    def __call__(self, call: KernelCall) -> KernelOutput: ...
+
+    def version(self) -> str:
+        return torch.__version__
+
+    def prepare(self, case: Case) -> None:
+        """Per-case set-up outside the measured call (e.g. compile once per shape family)."""
+
+
+def per_sequence(call: KernelCall, dense_fn) -> KernelOutput:
+    """Run a dense-only kernel on each varlen sequence separately and pack the results.
+
+    Used by adapters without a varlen API: the kernel is still what computes every sequence;
+    zero-length sequences are not sent to it (they have no rows)."""
+    offsets = call.cu_seqlens.tolist()
+    outs, lses = [], []
+    for a, z in zip(offsets[:-1], offsets[1:]):
+        if z == a:
+            continue
+        part = dense_fn(call.q[a:z][None], call.k[a:z][None], call.v[a:z][None])
+        outs.append(part.out[0])
+        lses.append(None if part.lse is None else part.lse[0])
+    out = torch.cat(outs, dim=0)
+    lse = None if any(x is None for x in lses) else torch.cat(lses, dim=-1)
+    return KernelOutput(out=out, lse=lse)
+
+
+def flash_lse_to_reference(lse: torch.Tensor, seqlen_q: int) -> torch.Tensor:
+    """Flash kernels may pad the LSE's query dimension (e.g. to a multiple of 32): trim it."""
+    return lse[..., :seqlen_q]

@@ -1,0 +1,138 @@
+"""flash-attn's three generations: FA2 (`flash_attn`), FA3 (`flash_attn_interface`), FA4
+(`flash_attn.cute`, pip `flash-attn-4`). Imported lazily: a missing package makes the adapter
+unavailable (reported), never an import error at start-up.
+
+Conventions kept by all three: (B, N, H, D) layout, bottom-right causal, window (left, right),
+LSE (B, H, Nq) dense and (H, total_q) varlen. Differences handled here: FA4 spells an unbounded
+window side None (not -1) and always returns (out, lse); FA3 returns (out, lse) in some
+releases and out alone in others; FA2 returns the LSE (and its dropout mask, encoded in the sign
+of S_dmask) only with return_attn_probs=True.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+
+import torch
+
+from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput
+
+
+def _import(module: str):
+    return importlib.import_module(module)
+
+
+class _FlashBase(KernelAdapter):
+    module = ""
+    dist = ""
+
+    def unavailable_reason(self) -> str | None:
+        if not torch.cuda.is_available():
+            return "needs a CUDA GPU"
+        try:
+            _import(self.module)
+        except Exception as exc:  # ImportError, or a broken extension build
+            return f"`{self.module}` does not import ({type(exc).__name__}: {exc}); install {self.dist}"
+        return None
+
+    def version(self) -> str:
+        try:
+            return importlib.metadata.version(self.dist)
+        except importlib.metadata.PackageNotFoundError:
+            return "unknown"
+
+    def _window(self, call: KernelCall):
+        return tuple(call.opts.window)
+
+    def _kwargs(self, call: KernelCall) -> dict:
+        return dict(softmax_scale=call.opts.softmax_scale, causal=call.opts.causal, window_size=self._window(call),
+                    softcap=call.opts.softcap, deterministic=call.deterministic)
+
+    @staticmethod
+    def _split(result) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if isinstance(result, tuple):
+            return result[0], (result[1].detach().float() if len(result) > 1 and result[1] is not None else None)
+        return result, None
+
+    def __call__(self, call: KernelCall) -> KernelOutput:
+        mod = _import(self.module)
+        kwargs = self._kwargs(call)
+        if call.cu_seqlens is None:
+            out, lse = self._split(mod.flash_attn_func(call.q, call.k, call.v, **kwargs))
+        else:
+            out, lse = self._split(mod.flash_attn_varlen_func(
+                call.q, call.k, call.v, cu_seqlens_q=call.cu_seqlens, cu_seqlens_k=call.cu_seqlens,
+                max_seqlen_q=call.max_seqlen, max_seqlen_k=call.max_seqlen, **kwargs))
+        return KernelOutput(out=out, lse=lse)
+
+
+class FA2Adapter(_FlashBase):
+    name, module, dist = "fa2", "flash_attn", "flash-attn"
+    description = "flash-attn 2 (flash_attn.flash_attn_func)"
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(dtypes=("fp16", "bf16"), max_head_dim=256, window=True, softcap=True, alibi=True,
+                            dropout=True, varlen=True, deterministic_mode=True, returns_lse=True)
+
+    def _kwargs(self, call: KernelCall) -> dict:
+        kwargs = super()._kwargs(call)
+        kwargs.update(alibi_slopes=call.opts.alibi_slopes, dropout_p=call.opts.dropout_p, return_attn_probs=True)
+        return kwargs
+
+    def __call__(self, call: KernelCall) -> KernelOutput:
+        mod = _import(self.module)
+        kwargs = self._kwargs(call)
+        if call.cu_seqlens is None:
+            out, lse, s_dmask = mod.flash_attn_func(call.q, call.k, call.v, **kwargs)
+        else:
+            out, lse, s_dmask = mod.flash_attn_varlen_func(
+                call.q, call.k, call.v, call.cu_seqlens, call.cu_seqlens, call.max_seqlen, call.max_seqlen, **kwargs)
+        keep = None
+        if call.opts.dropout_p and call.cu_seqlens is None:
+            # FA2 encodes a dropped element as a negative entry of S_dmask (padded to 128/256).
+            nq, nk = call.q.shape[1], call.k.shape[1]
+            keep = (s_dmask[:, :, :nq, :nk] >= 0)
+        return KernelOutput(out=out, lse=lse.detach().float(), dropout_keep=keep)
+
+
+class FA3Adapter(_FlashBase):
+    name, module, dist = "fa3", "flash_attn_interface", "flash-attn-3"
+    description = "flash-attn 3, Hopper (flash_attn_interface.flash_attn_func)"
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(dtypes=("fp16", "bf16"), max_head_dim=256, head_dim_multiple=8, head_dim_v_differs=True,
+                            window=True, softcap=True, varlen=True, deterministic_mode=True, returns_lse=True)
+
+    def _kwargs(self, call: KernelCall) -> dict:
+        kwargs = super()._kwargs(call)
+        kwargs["return_attn_probs"] = True  # releases that return out alone honour this; others ignore it
+        return kwargs
+
+    def __call__(self, call: KernelCall) -> KernelOutput:
+        try:
+            return super().__call__(call)
+        except TypeError as exc:
+            if "return_attn_probs" not in str(exc):
+                raise
+            mod = _import(self.module)
+            kwargs = {k: v for k, v in self._kwargs(call).items() if k != "return_attn_probs"}
+            out, lse = self._split(mod.flash_attn_func(call.q, call.k, call.v, **kwargs))
+            return KernelOutput(out=out, lse=lse)
+
+
+class FA4Adapter(_FlashBase):
+    name, module, dist = "fa4", "flash_attn.cute", "flash-attn-4"
+    description = "flash-attn 4, CuTe DSL (flash_attn.cute.flash_attn_func)"
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(dtypes=("fp16", "bf16"), max_head_dim=256, head_dim_multiple=8, head_dim_v_differs=True,
+                            window=True, softcap=True, varlen=True, deterministic_mode=True, returns_lse=True)
+
+    def _window(self, call: KernelCall):
+        return tuple(None if w < 0 else w for w in call.opts.window)
+
+    def _kwargs(self, call: KernelCall) -> dict:
+        kwargs = super()._kwargs(call)
+        kwargs["return_lse"] = True
+        return kwargs

@@ -1,0 +1,114 @@
+"""FlexAttention: masks and score modifications as Python functions, compiled by inductor.
+
+flash-attn's semantics expressed as flex mods: bottom-right causal/window as a mask_mod,
+softcap and ALiBi as a score_mod. Compilation is the trap: each new (shape, dtype, mod) family
+recompiles, and dynamo gives up after its recompile limit. So the compiled function is made
+once per adapter, the limit is raised for a suite's worth of shape families, and the mods and
+block mask are built once per case in `prepare` (not once per seed).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gate.cases import Case
+from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, per_sequence
+from gate.masks import effective_window
+
+RECOMPILE_LIMIT = 512
+
+
+class FlexAdapter(KernelAdapter):
+    name = "flex"
+    description = "torch FlexAttention (torch.compile'd flex_attention)"
+
+    def __init__(self) -> None:
+        self._compiled = None
+        self._block_masks: dict = {}
+
+    def unavailable_reason(self) -> str | None:
+        try:
+            import torch.nn.attention.flex_attention  # noqa: F401
+        except ImportError as exc:
+            return f"FlexAttention not in this torch ({exc})"
+        if not torch.cuda.is_available():
+            return "needs a CUDA GPU (flex on CPU compiles through inductor's C++ backend: use --device cpu explicitly)"
+        return None
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            devices=("cuda", "cpu"), dtypes=("fp16", "bf16", "fp32"), max_head_dim=256, head_dim_v_differs=True,
+            window=True, softcap=True, alibi=True, varlen=True, gqa=True, deterministic_mode=True, returns_lse=True,
+            notes=("varlen by running each sequence alone",),
+        )
+
+    def _fn(self):
+        if self._compiled is None:
+            import torch._dynamo
+            from torch.nn.attention.flex_attention import flex_attention
+
+            for knob in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
+                if hasattr(torch._dynamo.config, knob):
+                    setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), RECOMPILE_LIMIT))
+            self._compiled = torch.compile(flex_attention, dynamic=False)
+        return self._compiled
+
+    @staticmethod
+    def _mods(call: KernelCall, nq: int, nk: int):
+        o = call.opts
+        left, right = effective_window(o.causal, o.window)
+        offset = nk - nq
+        mask_mod = None
+        if left >= 0 or right >= 0:
+            def mask_mod(b, h, q_idx, kv_idx):
+                diag = q_idx + offset
+                ok = kv_idx >= 0
+                if right >= 0:
+                    ok = ok & (kv_idx <= diag + right)
+                if left >= 0:
+                    ok = ok & (kv_idx >= diag - left)
+                return ok
+        cap, slopes = o.softcap, o.alibi_slopes
+        score_mod = None
+        if cap or slopes is not None:
+            def score_mod(score, b, h, q_idx, kv_idx):
+                if cap:
+                    score = torch.tanh(score / cap) * cap
+                if slopes is not None:
+                    score = score - slopes[h] * (q_idx + offset - kv_idx).abs()
+                return score
+        return mask_mod, score_mod
+
+    def _dense(self, q, k, v, call: KernelCall) -> KernelOutput:
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        nq, nk = qh.shape[2], kh.shape[2]
+        mask_mod, score_mod = self._mods(call, nq, nk)
+        block_mask = None
+        if mask_mod is not None:
+            key = (nq, nk, call.opts.causal, call.opts.window, str(q.device))
+            block_mask = self._block_masks.get(key)
+            if block_mask is None:
+                block_mask = create_block_mask(mask_mod, None, None, nq, nk, device=q.device)
+                self._block_masks[key] = block_mask
+        kwargs = dict(score_mod=score_mod, block_mask=block_mask, scale=call.opts.softmax_scale,
+                      enable_gqa=qh.shape[1] != kh.shape[1])
+        fn = self._fn()
+        try:
+            from torch.nn.attention.flex_attention import AuxRequest
+
+            out, aux = fn(qh, kh, vh, **kwargs, return_aux=AuxRequest(lse=True))
+            lse = aux.lse
+        except ImportError:
+            out, lse = fn(qh, kh, vh, **kwargs, return_lse=True)
+        # Flex reports fully masked rows with LSE -inf, like the reference; out is 0 there.
+        return KernelOutput(out=out.transpose(1, 2), lse=lse.detach().float())
+
+    def prepare(self, case: Case) -> None:
+        self._block_masks.clear()
+
+    def __call__(self, call: KernelCall) -> KernelOutput:
+        if call.cu_seqlens is not None:
+            return per_sequence(call, lambda q, k, v: self._dense(q, k, v, call))
+        return self._dense(call.q, call.k, call.v, call)

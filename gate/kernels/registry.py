@@ -1,0 +1,35 @@
+"""Kernel names -> adapters. A name with a colon is a user callable (`package.module:function`)."""
+
+from __future__ import annotations
+
+from gate.errors import UserError
+from gate.kernels.base import KernelAdapter
+
+
+def _builtins() -> dict:
+    from gate.kernels.flash_attn import FA2Adapter, FA3Adapter, FA4Adapter
+    from gate.kernels.flex import FlexAdapter
+    from gate.kernels.sdpa import BACKENDS, SdpaAdapter
+    from gate.kernels.tiled import TiledAdapter
+
+    table = {f"sdpa-{b}": (lambda b=b: SdpaAdapter(b)) for b in BACKENDS}
+    table.update({"flex": FlexAdapter, "fa2": FA2Adapter, "fa3": FA3Adapter, "fa4": FA4Adapter, "tiled": TiledAdapter})
+    return table
+
+
+def kernel_names() -> list[str]:
+    return sorted(_builtins())
+
+
+def get_adapter(name: str) -> KernelAdapter:
+    if ":" in name:
+        from gate.kernels.user import UserAdapter
+
+        return UserAdapter(name)
+    table = _builtins()
+    if name not in table:
+        raise UserError(
+            f"--kernel {name!r} is not a known kernel; choose one of {', '.join(sorted(table))} "
+            f"or name your own function as 'package.module:function'"
+        )
+    return table[name]()

@@ -1,0 +1,120 @@
+"""PyTorch scaled_dot_product_attention, one adapter per backend (and torch's CPU attention).
+
+SDPA takes (B, H, N, D); we transpose from flash_attn_func's (B, N, H, D). Conventions that
+differ from flash-attn, and what we do about them:
+  * `is_causal` is top-left aligned: for seqlen_q != seqlen_k we pass `causal_lower_right`
+    (flash-attn's bottom-right), or fold it into the additive mask;
+  * window and ALiBi exist only as an additive `attn_mask` (the custom-bias path), which the
+    math, mem-efficient, cuDNN and CPU kernels take and the flash kernel does not;
+  * GQA: k/v heads are repeated (autograd sums their gradients back);
+  * no varlen API: each sequence runs separately (gate.kernels.base.per_sequence);
+  * the LSE comes from the same backend's aten op, called once more without grad.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, flash_lse_to_reference, per_sequence
+from gate.masks import dense_bias
+
+BACKENDS = {
+    "math": ("MATH", "SDPA math (reference-style composite)"),
+    "flash": ("FLASH_ATTENTION", "SDPA flash backend (FA2 kernel vendored in torch)"),
+    "efficient": ("EFFICIENT_ATTENTION", "SDPA memory-efficient backend (xformers cutlass kernel)"),
+    "cudnn": ("CUDNN_ATTENTION", "SDPA cuDNN backend"),
+    "cpu": ("FLASH_ATTENTION", "torch's CPU attention (the fused CPU flash kernel)"),
+}
+
+
+class NoKernel(Exception):
+    """SDPA refused the case for this backend ("No available kernel"): reported as SKIPPED."""
+
+
+class SdpaAdapter(KernelAdapter):
+    def __init__(self, backend: str):
+        self.backend = backend
+        self.name = f"sdpa-{backend}"
+        self.description = BACKENDS[backend][1]
+
+    def unavailable_reason(self) -> str | None:
+        if self.backend != "cpu" and self.backend != "math" and not torch.cuda.is_available():
+            return "needs a CUDA GPU"
+        if self.backend == "cudnn" and torch.cuda.is_available() and not torch.backends.cudnn.is_available():
+            return "cuDNN is not available in this torch build"
+        return None
+
+    def capabilities(self) -> Capabilities:
+        takes_bias = self.backend in ("math", "efficient", "cudnn", "cpu")
+        devices = {"cpu": ("cpu",), "math": ("cpu", "cuda")}.get(self.backend, ("cuda",))
+        dtypes = ("fp16", "bf16", "fp32") if self.backend in ("math", "efficient", "cpu") else ("fp16", "bf16")
+        return Capabilities(
+            devices=devices, dtypes=dtypes, max_head_dim=256 if self.backend != "cudnn" else 128,
+            head_dim_v_differs=self.backend in ("math", "efficient"), window=takes_bias, alibi=takes_bias,
+            varlen=True, gqa=True, returns_lse=True,
+            notes=("GQA by repeating k/v heads", "varlen by running each sequence alone")
+            + (("window/ALiBi through the additive attn_mask",) if takes_bias else ()),
+        )
+
+    def _mask(self, call: KernelCall, nq: int, nk: int, dtype) -> tuple[object, bool]:
+        """(attn_mask, is_causal) for SDPA's public API."""
+        o = call.opts
+        needs_bias = o.window != (-1, -1) or o.alibi_slopes is not None
+        if not needs_bias:
+            if not o.causal:
+                return None, False
+            if nq == nk:
+                return None, True
+            from torch.nn.attention.bias import causal_lower_right
+
+            return causal_lower_right(nq, nk), False
+        bias = dense_bias(1, nq, nk, o.causal, o.window, o.alibi_slopes, call.q.device, dtype)
+        return bias.unsqueeze(0), False  # (1, 1, Nq, Nk): the 4-D form every backend broadcasts
+
+    def _lse(self, q, k, v, call: KernelCall, is_causal: bool, mask) -> torch.Tensor | None:
+        """LSE from the backend's aten op; only for cases without a mask object (None if not exposed)."""
+        if mask is not None:
+            return None
+        scale = call.opts.softmax_scale
+        ops = torch.ops.aten
+        with torch.no_grad():
+            try:
+                if self.backend == "cpu":
+                    lse = ops._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, scale=scale)[1]
+                elif self.backend == "flash":
+                    lse = ops._scaled_dot_product_flash_attention(q, k, v, 0.0, is_causal, False, scale=scale)[1]
+                elif self.backend == "efficient":
+                    lse = ops._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, is_causal, scale=scale)[1]
+                elif self.backend == "cudnn":
+                    lse = ops._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, is_causal, False, scale=scale)[1]
+                else:
+                    return None
+            except (RuntimeError, TypeError, AttributeError):
+                return None
+        lse = lse.reshape(lse.shape[0], lse.shape[1], -1) if lse.dim() == 4 else lse
+        return flash_lse_to_reference(lse.float(), q.shape[2])
+
+    def _dense(self, q, k, v, call: KernelCall) -> KernelOutput:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        group = qh.shape[1] // kh.shape[1]
+        if group > 1:
+            kh, vh = kh.repeat_interleave(group, dim=1), vh.repeat_interleave(group, dim=1)
+        mask, is_causal = self._mask(call, qh.shape[2], kh.shape[2], q.dtype)
+        backend = getattr(SDPBackend, BACKENDS[self.backend][0])
+        try:
+            with sdpa_kernel([backend]):
+                out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=is_causal, scale=call.opts.softmax_scale)
+                lse = self._lse(qh.detach(), kh.detach(), vh.detach(), call, is_causal, mask)
+        except RuntimeError as exc:
+            if "No available kernel" in str(exc):
+                raise NoKernel(f"SDPA {self.backend} refused this case: {str(exc).splitlines()[0]}") from None
+            raise
+        return KernelOutput(out=out.transpose(1, 2), lse=lse)
+
+    def __call__(self, call: KernelCall) -> KernelOutput:
+        if call.cu_seqlens is not None:
+            return per_sequence(call, lambda q, k, v: self._dense(q, k, v, call))
+        return self._dense(call.q, call.k, call.v, call)

@@ -1,0 +1,163 @@
+"""`tiled`: the FlashAttention algorithm in plain PyTorch, written to be read.
+
+Forward (per query tile, streaming over key tiles):
+    S = scale * Q K^T        (then softcap, ALiBi, mask)
+    m_new = max(m, rowmax S);  alpha = exp(m - m_new)
+    l = alpha * l + rowsum(exp(S - m_new));  acc = alpha * acc + exp(S - m_new) V
+    O = acc / l;  LSE = m + log(l)          (only O and LSE are kept: O(N) memory)
+Backward recomputes P = exp(S - LSE) tile by tile instead of storing it:
+    D = rowsum(dO * O)
+    dV += P^T dO;  dP = dO V^T;  dS = P * (dP - D);  dQ += scale * dS K;  dK += scale * dS^T Q
+Arithmetic is float32 (as a GPU kernel accumulates); inputs and outputs keep their dtype.
+Dropout draws its keep-mask from the call's seed and reuses it in the backward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, per_sequence
+from gate.masks import alibi_bias, allowed_mask
+from gate.reference import AttnOptions
+
+TILE = 64
+
+
+def _scores(qt, kt, rows, cols, nq, nk, opts: AttnOptions):
+    """Masked, capped, biased scores for one tile, and tanh (for softcap's backward) or None."""
+    s = (qt @ kt.transpose(-1, -2)) * opts.softmax_scale
+    tanh = None
+    if opts.softcap:
+        tanh = torch.tanh(s / opts.softcap)
+        s = tanh * opts.softcap
+    if opts.alibi_slopes is not None:
+        s = s + alibi_bias(opts.alibi_slopes, rows, nq, nk)[:, :, cols]
+    allowed = allowed_mask(rows, nq, nk, opts.causal, opts.window)
+    if allowed is not None:
+        s = s.masked_fill(~allowed[:, cols], float("-inf"))
+    return s, tanh
+
+
+class _TiledAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, opts: AttnOptions, keep):
+        b, nq, hq, d = q.shape
+        nk, hkv = k.shape[1], k.shape[2]
+        group = hq // hkv
+        qf = q.float().transpose(1, 2)
+        kf = k.float().transpose(1, 2).repeat_interleave(group, dim=1)
+        vf = v.float().transpose(1, 2).repeat_interleave(group, dim=1)
+        rescale = 1.0 / (1.0 - opts.dropout_p) if opts.dropout_p else 1.0
+        out = torch.zeros(b, hq, nq, v.shape[-1], dtype=torch.float32, device=q.device)
+        lse = torch.empty(b, hq, nq, dtype=torch.float32, device=q.device)
+        for r0 in range(0, nq, TILE):
+            rows = torch.arange(r0, min(nq, r0 + TILE), device=q.device)
+            m = torch.full((b, hq, len(rows), 1), float("-inf"), device=q.device)
+            l = torch.zeros_like(m)
+            acc = torch.zeros(b, hq, len(rows), v.shape[-1], device=q.device)
+            for c0 in range(0, nk, TILE):
+                cols = slice(c0, min(nk, c0 + TILE))
+                s, _ = _scores(qf[:, :, rows], kf[:, :, cols], rows, cols, nq, nk, opts)
+                m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+                m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+                p = torch.exp(s - m_safe)
+                alpha = torch.exp(m - m_safe)
+                l = alpha * l + p.sum(dim=-1, keepdim=True)
+                if keep is not None:
+                    p = p * keep[:, :, rows][:, :, :, cols] * rescale
+                acc = alpha * acc + p @ vf[:, :, cols]
+                m = m_new
+            empty = l == 0
+            out[:, :, rows] = torch.where(empty, torch.zeros_like(acc), acc / torch.where(empty, torch.ones_like(l), l))
+            lse[:, :, rows] = torch.where(empty, torch.full_like(l, float("-inf")), m + torch.log(l)).squeeze(-1)
+        out_t = out.transpose(1, 2).to(q.dtype)
+        ctx.save_for_backward(q, k, v, out_t, lse, keep if keep is not None else torch.empty(0))
+        ctx.opts = opts
+        ctx.has_keep = keep is not None
+        ctx.mark_non_differentiable(lse)
+        return out_t, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, keep = ctx.saved_tensors
+        keep = keep if ctx.has_keep else None
+        opts: AttnOptions = ctx.opts
+        b, nq, hq, d = q.shape
+        nk, hkv = k.shape[1], k.shape[2]
+        group = hq // hkv
+        qf = q.float().transpose(1, 2)
+        kf = k.float().transpose(1, 2).repeat_interleave(group, dim=1)
+        vf = v.float().transpose(1, 2).repeat_interleave(group, dim=1)
+        do = dout.float().transpose(1, 2)
+        delta = (do * out.float().transpose(1, 2)).sum(dim=-1, keepdim=True)
+        # A fully masked row has LSE -inf; +inf there makes exp(S - LSE) = 0 instead of NaN.
+        lse_bwd = torch.where(torch.isinf(lse), torch.full_like(lse, float("inf")), lse).unsqueeze(-1)
+        rescale = 1.0 / (1.0 - opts.dropout_p) if opts.dropout_p else 1.0
+        dq = torch.zeros_like(qf)
+        dk = torch.zeros_like(kf)
+        dv = torch.zeros_like(vf)
+        for r0 in range(0, nq, TILE):
+            rows = torch.arange(r0, min(nq, r0 + TILE), device=q.device)
+            for c0 in range(0, nk, TILE):
+                cols = slice(c0, min(nk, c0 + TILE))
+                s, tanh = _scores(qf[:, :, rows], kf[:, :, cols], rows, cols, nq, nk, opts)
+                p = torch.exp(s - lse_bwd[:, :, rows])
+                dp = do[:, :, rows] @ vf[:, :, cols].transpose(-1, -2)
+                pz = p
+                if keep is not None:
+                    z = keep[:, :, rows][:, :, :, cols] * rescale
+                    pz, dp = p * z, dp * z
+                dv[:, :, cols] += pz.transpose(-1, -2) @ do[:, :, rows]
+                ds = p * (dp - delta[:, :, rows])
+                if tanh is not None:
+                    ds = ds * (1 - tanh * tanh)
+                dq[:, :, rows] += (ds @ kf[:, :, cols]) * opts.softmax_scale
+                dk[:, :, cols] += (ds.transpose(-1, -2) @ qf[:, :, rows]) * opts.softmax_scale
+        dk = dk.view(b, hkv, group, nk, d).sum(dim=2)
+        dv = dv.view(b, hkv, group, nk, v.shape[-1]).sum(dim=2)
+        return (dq.transpose(1, 2).to(q.dtype), dk.transpose(1, 2).to(k.dtype), dv.transpose(1, 2).to(v.dtype), None, None)
+
+
+def dropout_keep_mask(shape, p: float, seed: int, device) -> torch.Tensor:
+    gen = torch.Generator(device="cpu").manual_seed(seed + 7919)
+    return (torch.rand(shape, generator=gen) >= p).to(device)
+
+
+class TiledAdapter(KernelAdapter):
+    name = "tiled"
+    description = "attn-gate's own FlashAttention algorithm in plain PyTorch (float32 tiles)"
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            devices=("cpu", "cuda"), dtypes=("fp16", "bf16", "fp32"), max_head_dim=512, head_dim_v_differs=True,
+            window=True, softcap=True, alibi=True, dropout=True, varlen=True, deterministic_mode=True, returns_lse=True,
+        )
+
+    def _dense(self, q, k, v, call: KernelCall, keep=None) -> KernelOutput:
+        out, lse = _TiledAttention.apply(q, k, v, call.opts, keep)
+        return KernelOutput(out=out, lse=lse, dropout_keep=keep)
+
+    def __call__(self, call: KernelCall) -> KernelOutput:
+        p = call.opts.dropout_p
+        if call.cu_seqlens is None:
+            keep = None
+            if p:
+                b, nq, hq, _ = call.q.shape
+                keep = dropout_keep_mask((b, hq, nq, call.k.shape[1]), p, call.seed, call.q.device)
+            return self._dense(call.q, call.k, call.v, call, keep)
+        if not p:
+            return per_sequence(call, lambda q, k, v: self._dense(q, k, v, call))
+        keeps = []
+
+        def run(q, k, v):
+            n = q.shape[1]
+            keep = dropout_keep_mask((1, q.shape[2], n, n), p, call.seed + len(keeps), q.device)
+            keeps.append(keep)
+            return self._dense(q, k, v, call, keep)
+
+        packed = per_sequence(call, run)
+        # The reference wants one mask per sequence, zero-length ones included (as None).
+        it = iter(keeps)
+        offsets = call.cu_seqlens.tolist()
+        per_seq = [next(it) if z > a else None for a, z in zip(offsets[:-1], offsets[1:])]
+        return KernelOutput(out=packed.out, lse=packed.lse, dropout_keep=per_seq)
