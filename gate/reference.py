@@ -76,7 +76,8 @@ def _dense(q, k, v, dout, opts: AttnOptions, cd: torch.dtype, keep: torch.Tensor
             tanh = torch.tanh(s / opts.softcap)
             s = tanh * opts.softcap
         if opts.alibi_slopes is not None:
-            s = s + alibi_bias(opts.alibi_slopes, rows, nq, nk).to(cd)
+            # In float64: -slope * distance is inexact in float32 for non-dyadic slopes (16+ heads).
+            s = s + alibi_bias(opts.alibi_slopes.to(torch.float64), rows, nq, nk).to(cd)
         allowed = allowed_mask(rows, nq, nk, opts.causal, opts.window)
         if allowed is not None:
             s = s.masked_fill(~allowed, float("-inf"))
