@@ -57,16 +57,22 @@ class VerdictConfig:
 class PerfConfig:
     """Speed thresholds and timing effort (see gate/timing.py and gate/perf_verdict.py)."""
 
-    anchor: str = "sdpa-cudnn"
-    regression_pct: float = 3.0  # practical threshold: a ratio worse by more than this...
-    noise_k: float = 3.0  # ...and by more than k x measured noise
-    improvement_pct: float = 10.0
-    rounds: int = 15
-    calls_per_round: int = 5
-    confirm_rounds: int = 45
-    warmup_s: float = 0.5
-    cold_l2: bool = True
-    alpha: float = 0.01  # significance level of the regression test
+    anchor: str = "sdpa-cudnn"  # an adapter name, or "matmul" (a matmul of equal FLOPs)
+    cpu_anchor: str = "sdpa-math"  # the anchor where no GPU exists
+    regression_pct: float = 2.0  # FAIL when a speed ratio is worse by more than this...
+    noise_k: float = 3.0  # ...and by more than k x measured noise, and significantly (alpha)
+    alpha: float = 0.01  # significance level of the one-sided rank test
+    improvement_pct: float = 10.0  # WARN when faster by more than this (significantly)
+    max_noise_pct: float = 5.0  # INCONCLUSIVE when noise_k x noise exceeds this
+    min_rounds: int = 7  # INCONCLUSIVE below this many rounds
+    rounds: int = 15  # interleaved candidate/anchor rounds per pass
+    calls_per_round: int = 5  # timed calls per kernel per round (the round's value is their median)
+    confirm_rounds: int = 45  # rounds of the re-measurement of a suspected regression (0: no confirm)
+    warmup_s: float = 0.5  # warm-up by time, both kernels, before the first round
+    cold_l2: bool = True  # flush L2 (a buffer larger than L2) before every timed call
+
+    def anchor_for(self, device: str) -> str:
+        return self.anchor if device == "cuda" else self.cpu_anchor
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,9 @@ class Capabilities:
     gqa: bool = True
     deterministic_mode: bool = False
     returns_lse: bool = False
+    # Non-empty when the kernel does not return 0 on rows with no allowed key (e.g. NaN under a
+    # -inf additive mask): such cases are SKIPPED with this text, never measured as a pass.
+    fully_masked_rows_unsupported: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def unsupported_reason(self, case: Case, device: str) -> str | None:
@@ -52,6 +55,8 @@ class Capabilities:
             (self.dropout or not case.dropout_p, "no dropout (or its mask cannot be observed)"),
             (self.varlen or case.varlen is None, "no varlen"),
             (self.gqa or not case.is_gqa, "no GQA/MQA"),
+            (not self.fully_masked_rows_unsupported or not case.has_fully_masked_rows,
+             f"fully masked rows: {self.fully_masked_rows_unsupported}"),
         ]
         for ok, reason in checks:
             if not ok:
@@ -72,6 +77,7 @@ class KernelCall:
     seqlens: tuple[int, ...] | None = None
     deterministic: bool = False
     seed: int = 0
+    want_lse: bool = True  # False when timing: adapters may skip extra work done only to expose the LSE
 
 
 @dataclass(frozen=True)
@@ -112,16 +118,19 @@ def per_sequence(call: KernelCall, dense_fn) -> KernelOutput:
     Used by adapters without a varlen API: the kernel is still what computes every sequence;
     zero-length sequences are not sent to it (they have no rows)."""
     offsets = call.cu_seqlens.tolist()
-    outs, lses = [], []
+    outs, lses, keeps = [], [], []
     for a, z in zip(offsets[:-1], offsets[1:]):
         if z == a:
+            keeps.append(None)  # the reference wants one dropout mask per sequence, empty ones as None
             continue
         part = dense_fn(call.q[a:z][None], call.k[a:z][None], call.v[a:z][None])
         outs.append(part.out[0])
         lses.append(None if part.lse is None else part.lse[0])
+        keeps.append(part.dropout_keep)
     out = torch.cat(outs, dim=0)
     lse = None if any(x is None for x in lses) else torch.cat(lses, dim=-1)
-    return KernelOutput(out=out, lse=lse)
+    keep = keeps if any(k is not None for k in keeps) else None
+    return KernelOutput(out=out, lse=lse, dropout_keep=keep)
 
 
 def flash_lse_to_reference(lse: torch.Tensor, seqlen_q: int) -> torch.Tensor:

@@ -107,7 +107,7 @@ class SdpaAdapter(KernelAdapter):
         try:
             with sdpa_kernel([backend]):
                 out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=is_causal, scale=call.opts.softmax_scale)
-                lse = self._lse(qh.detach(), kh.detach(), vh.detach(), call, is_causal, mask)
+                lse = self._lse(qh.detach(), kh.detach(), vh.detach(), call, is_causal, mask) if call.want_lse else None
         except RuntimeError as exc:
             if "No available kernel" in str(exc):
                 raise NoKernel(f"SDPA {self.backend} refused this case: {str(exc).splitlines()[0]}") from None
