@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ MATRIX_AXES: dict[str, Any] = {
     "dropout_p": [0.0],
     "varlen": [None],
     "perf": [False],
+    "checks": [[]],  # extra checks by name (gate/checks.py), e.g. [["determinism", "batch_invariance"]]
 }
 
 
@@ -60,6 +61,9 @@ class Case:
     varlen: tuple[int, ...] | None = None
     seeds: tuple[int, ...] = (0, 1)
     perf: bool = False  # also a timing case for the speed suites
+    # Extra checks run on this case (names from gate/checks.py). Not part of the id: the same
+    # problem is the same case whichever checks also run on it (a suite merges them).
+    checks: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         problems = []
@@ -83,6 +87,8 @@ class Case:
                 problems.append("varlen cases must have batch=len(varlen) and seqlens=max(varlen)")
         if not self.seeds:
             problems.append("at least one seed is needed")
+        if not isinstance(self.checks, tuple) or not all(isinstance(c, str) for c in self.checks):
+            problems.append("checks must be a tuple of check names")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -93,6 +99,27 @@ class Case:
     @property
     def is_gqa(self) -> bool:
         return self.heads_q != self.heads_kv
+
+    @property
+    def has_fully_masked_rows(self) -> bool:
+        """Some query row may see no key (bottom-right alignment, as gate.masks): its output must be 0.
+
+        Row i sees keys [i + off - left, i + off + right] with off = seqlen_k - seqlen_q; the
+        first row is empty when its right edge is < 0, the last when its left edge is > seqlen_k - 1."""
+        left, right = self.window
+        if self.causal:
+            right = 0 if right < 0 else min(right, 0)
+        lengths = self.varlen if self.varlen is not None else (None,)
+        for n in lengths:
+            nq, nk = (self.seqlen_q, self.seqlen_k) if n is None else (n, n)
+            if nq == 0:
+                continue
+            off = nk - nq
+            if right >= 0 and off + right < 0:
+                return True
+            if left >= 0 and (nq - 1) + off - left > nk - 1:
+                return True
+        return False
 
     @property
     def id(self) -> str:
@@ -131,6 +158,10 @@ class Case:
         data["window"] = list(self.window)
         data["seeds"] = list(self.seeds)
         data["varlen"] = list(self.varlen) if self.varlen is not None else None
+        # Only written when set, so cases without checks (and their suite hashes) are unchanged.
+        data.pop("checks")
+        if self.checks:
+            data["checks"] = list(self.checks)
         return data
 
     @classmethod
@@ -140,6 +171,7 @@ class Case:
         data["seeds"] = tuple(data.get("seeds", (0, 1)))
         if data.get("varlen") is not None:
             data["varlen"] = tuple(data["varlen"])
+        data["checks"] = tuple(data.get("checks", ()))
         return cls(**data)
 
 
@@ -181,6 +213,18 @@ def _window(value: Any, where: str) -> tuple[int, int]:
     raise UserError(f"{where}: window value {value!r} should be [left, right] (-1 = unbounded) or 'none'")
 
 
+def _checks(value: Any, where: str) -> tuple[str, ...]:
+    """A `checks` axis value: a list of check names known to gate/checks.py."""
+    from gate.checks import CHECKS
+
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise UserError(f"{where}: checks value {value!r} should be a list of check names, e.g. [\"determinism\"]")
+    unknown = [v for v in value if v not in CHECKS]
+    if unknown:
+        raise UserError(f"{where}: unknown check {unknown[0]!r}; known checks: {', '.join(CHECKS)}")
+    return tuple(dict.fromkeys(value))
+
+
 def expand_block(block: dict[str, Any], seeds: tuple[int, ...], where: str) -> list[Case]:
     """Expand one matrix block (axis -> list of values) into Cases, in a stable order."""
     unknown = sorted(set(block) - set(MATRIX_AXES))
@@ -200,6 +244,7 @@ def expand_block(block: dict[str, Any], seeds: tuple[int, ...], where: str) -> l
         head_dim, head_dim_v = _pair(point["head_dims"], "/", "head_dims", where)
         varlen = point["varlen"]
         batch = point["batch"]
+        checks = _checks(point["checks"], where)
         if varlen is not None:
             if not isinstance(varlen, list) or not all(isinstance(n, int) for n in varlen):
                 raise UserError(f"{where}: varlen value {varlen!r} should be a list of sequence lengths")
@@ -212,7 +257,7 @@ def expand_block(block: dict[str, Any], seeds: tuple[int, ...], where: str) -> l
                     head_dim=head_dim, head_dim_v=head_dim_v, dtype=point["dtype"], causal=bool(point["causal"]),
                     window=_window(point["window"], where), softcap=float(point["softcap"]),
                     alibi=bool(point["alibi"]), dropout_p=float(point["dropout_p"]), varlen=varlen,
-                    seeds=seeds, perf=bool(point["perf"]),
+                    seeds=seeds, perf=bool(point["perf"]), checks=checks,
                 )
             )
         except (TypeError, ValueError) as exc:
@@ -237,8 +282,12 @@ def expand_suite(name: str, spec: dict[str, Any], source: str) -> Suite:
             raise UserError(f"{where}: matrix block {i} must be a table")
         for case in expand_block(block, tuple(seeds), f"{where} matrix[{i}]"):
             prior = seen.get(case.id)
-            # The same problem named twice is one case; a perf flag on either copy wins.
-            seen[case.id] = case if prior is None or case.perf else prior
+            # The same problem named twice is one case; a perf flag on either copy wins and
+            # the checks of both copies run.
+            if prior is not None:
+                checks = tuple(dict.fromkeys(prior.checks + case.checks))
+                case = replace(case if case.perf else prior, checks=checks)
+            seen[case.id] = case
     return Suite(name=name, cases=tuple(seen.values()), source=source)
 
 

@@ -33,7 +33,11 @@ def safe_name(kernel: str) -> str:
 
 
 def run_sweep(kernel: str, suite_name: str, config: Config, device: str | None = None, progress: bool = True,
-              only: str | None = None, extra_checks=()) -> SweepResult:
+              only: str | None = None, extra_checks=(), check_names: tuple[str, ...] = ()) -> SweepResult:
+    """`extra_checks` are callables run on every case; `check_names` (gate/checks.py) are added to
+    the checks each case of the suite asks for."""
+    from gate.checks import checks_for
+
     device = device or default_device()
     suite = load_suite(suite_name, config.suites)
     adapter = get_adapter(kernel)
@@ -50,14 +54,15 @@ def run_sweep(kernel: str, suite_name: str, config: Config, device: str | None =
     results: list[CaseResult] = []
     with _progress(progress, len(cases), f"{kernel} / {suite_name}") as advance:
         for case in cases:
-            results.append(run_case(adapter, case, device, config.tolerance, extra_checks))
+            results.append(run_case(adapter, case, device, config.tolerance, tuple(extra_checks) + checks_for(case, check_names)))
             advance(case.id, results[-1].status.value)
     caps = adapter.capabilities()
     return SweepResult(
         kernel=kernel, suite=suite_name, suite_hash=suite_hash(suite),
         environment=describe(device, kernel, adapter.version()), cases=tuple(results),
         tolerance=config.tolerance.as_dict(), started_at=started, wall_s=time.perf_counter() - t0,
-        notes=caps.notes + ((f"filtered with --only {only!r}",) if only else ()),
+        notes=caps.notes + ((f"filtered with --only {only!r}",) if only else ())
+        + ((f"extra checks on every case: {', '.join(check_names)}",) if check_names else ()),
     )
 
 

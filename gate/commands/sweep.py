@@ -14,6 +14,9 @@ def register(sub) -> None:
     add_config(p)
     p.add_argument("--out", type=Path, default=Path("out"), help="folder for the JSON report and validation note")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--checks", default=None, metavar="NAMES",
+                   help="extra checks on every case, comma-separated: determinism, race, batch_invariance, dropout "
+                        "(added to those the suite names)")
     p.set_defaults(main=main)
 
 
@@ -27,8 +30,11 @@ def main(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     device = args.device or default_device()
     profile = config.profile(device)
+    from gate.checks import parse_names
+
+    check_names = parse_names(args.checks)
     result = run_sweep(args.kernel or profile.kernel, args.suite or profile.suite, config, device,
-                       progress=not args.no_progress, only=args.only)
+                       progress=not args.no_progress, only=args.only, check_names=check_names)
     paths = write_sweep_outputs(result, args.out)
     print_table(result)
     print(f"wrote {paths['json']} and {paths['note']}")

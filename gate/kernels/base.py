@@ -7,6 +7,7 @@ unsupported_reason`). Either answer becomes a SKIPPED row with the reason, never
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
@@ -110,6 +111,12 @@ class KernelAdapter(ABC):
 
     def prepare(self, case: Case) -> None:
         """Per-case set-up outside the measured call (e.g. compile once per shape family)."""
+
+    def deterministic_scope(self):
+        """A context that forward AND backward run inside when determinism is asked for. Kernels
+        that take `deterministic=` read KernelCall.deterministic; this is for those that read a
+        global switch instead (SDPA: torch.use_deterministic_algorithms)."""
+        return contextlib.nullcontext()
 
 
 def per_sequence(call: KernelCall, dense_fn) -> KernelOutput:

@@ -8,10 +8,21 @@ differ from flash-attn, and what we do about them:
     math, mem-efficient, cuDNN and CPU kernels take and the flash kernel does not;
   * GQA: k/v heads are repeated (autograd sums their gradients back);
   * no varlen API: each sequence runs separately (gate.kernels.base.per_sequence);
-  * the LSE comes from the same backend's aten op, called once more without grad.
+  * the LSE comes from the same backend's aten op, called once more without grad;
+  * dropout (flash only): the aten op `_scaled_dot_product_flash_attention(...,
+    return_debug_mask=True)` returns FA2's S_dmask, where a dropped probability is stored
+    negated: keep = S_dmask >= 0 after trimming the tile padding. The RNG is seeded from the
+    call's seed (forked, so the caller's RNG is untouched); the backward replays the forward's
+    Philox seed/offset, which the op saves;
+  * deterministic mode (efficient, cpu): torch.use_deterministic_algorithms around forward and
+    backward (`deterministic_scope`): SDPA reads it, not an argument;
+  * fully masked rows under a -inf additive mask: the mem-efficient and cuDNN kernels return NaN
+    there (pytorch/pytorch#110213), not 0: declared, so those cases are SKIPPED with the reason.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.nn.functional as F
@@ -49,13 +60,23 @@ class SdpaAdapter(KernelAdapter):
         takes_bias = self.backend in ("math", "efficient", "cudnn", "cpu")
         devices = {"cpu": ("cpu",), "math": ("cpu", "cuda")}.get(self.backend, ("cuda",))
         dtypes = ("fp16", "bf16", "fp32") if self.backend in ("math", "efficient", "cpu") else ("fp16", "bf16")
+        nan_rows = ""
+        if self.backend in ("efficient", "cudnn"):
+            nan_rows = f"SDPA {self.backend} returns NaN, not 0, on rows with no allowed key (pytorch/pytorch#110213)"
         return Capabilities(
             devices=devices, dtypes=dtypes, max_head_dim=256 if self.backend != "cudnn" else 128,
             head_dim_v_differs=self.backend in ("math", "efficient"), window=takes_bias, alibi=takes_bias,
-            varlen=True, gqa=True, returns_lse=True,
+            varlen=True, gqa=True, returns_lse=True, dropout=self.backend == "flash",
+            deterministic_mode=self.backend in ("efficient", "cpu"), fully_masked_rows_unsupported=nan_rows,
             notes=("GQA by repeating k/v heads", "varlen by running each sequence alone")
-            + (("window/ALiBi through the additive attn_mask",) if takes_bias else ()),
+            + (("window/ALiBi through the additive attn_mask",) if takes_bias else ())
+            + (("dropout mask read from the flash op's debug mask (return_debug_mask=True)",) if self.backend == "flash" else ())
+            + (("deterministic mode: torch.use_deterministic_algorithms(True) around forward and backward",)
+               if self.backend in ("efficient", "cpu") else ()),
         )
+
+    def deterministic_scope(self):
+        return _deterministic_algorithms()
 
     def _mask(self, call: KernelCall, nq: int, nk: int, dtype) -> tuple[object, bool]:
         """(attn_mask, is_causal) for SDPA's public API."""
@@ -95,13 +116,33 @@ class SdpaAdapter(KernelAdapter):
         lse = lse.reshape(lse.shape[0], lse.shape[1], -1) if lse.dim() == 4 else lse
         return flash_lse_to_reference(lse.float(), q.shape[2])
 
-    def _dense(self, q, k, v, call: KernelCall) -> KernelOutput:
+    def _flash_dropout(self, qh, kh, vh, call: KernelCall, seed: int) -> KernelOutput:
+        """Flash with dropout, its keep mask read back from the debug mask (see the module doc)."""
+        o = call.opts
+        nq, nk, d = qh.shape[2], kh.shape[2], qh.shape[-1]
+        pad = (-d) % 8  # the op wants head_dim % 8 == 0; SDPA's front end pads the same way
+        if pad:
+            qh, kh, vh = (torch.nn.functional.pad(t, (0, pad)) for t in (qh, kh, vh))
+        devices = [qh.device.index if qh.device.index is not None else torch.cuda.current_device()] if qh.is_cuda else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            res = torch.ops.aten._scaled_dot_product_flash_attention(
+                qh, kh, vh, o.dropout_p, o.causal, True, scale=o.softmax_scale)
+        out, lse, dmask = res[0][..., :d], res[1], res[-1]
+        keep = dmask[:, :, :nq, :nk].detach() >= 0
+        return KernelOutput(out=out.transpose(1, 2), lse=flash_lse_to_reference(lse.detach().float(), nq), dropout_keep=keep)
+
+    def _dense(self, q, k, v, call: KernelCall, seed: int | None = None) -> KernelOutput:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         group = qh.shape[1] // kh.shape[1]
         if group > 1:
             kh, vh = kh.repeat_interleave(group, dim=1), vh.repeat_interleave(group, dim=1)
+        if call.opts.dropout_p:
+            if self.backend != "flash":
+                raise NoKernel(f"SDPA {self.backend}: dropout mask not observable")
+            return self._flash_dropout(qh, kh, vh, call, call.seed if seed is None else seed)
         mask, is_causal = self._mask(call, qh.shape[2], kh.shape[2], q.dtype)
         backend = getattr(SDPBackend, BACKENDS[self.backend][0])
         try:
@@ -116,5 +157,22 @@ class SdpaAdapter(KernelAdapter):
 
     def __call__(self, call: KernelCall) -> KernelOutput:
         if call.cu_seqlens is not None:
-            return per_sequence(call, lambda q, k, v: self._dense(q, k, v, call))
+            drawn = [0]
+
+            def one(q, k, v):  # under dropout each sequence gets its own seed, as tiled does
+                drawn[0] += 1
+                return self._dense(q, k, v, call, seed=call.seed + drawn[0] - 1)
+
+            return per_sequence(call, one)
         return self._dense(call.q, call.k, call.v, call)
+
+
+@contextlib.contextmanager
+def _deterministic_algorithms():
+    """torch.use_deterministic_algorithms(True) for the duration, then the caller's setting back."""
+    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=warn_only)

@@ -147,17 +147,12 @@ class TiledAdapter(KernelAdapter):
             return self._dense(call.q, call.k, call.v, call, keep)
         if not p:
             return per_sequence(call, lambda q, k, v: self._dense(q, k, v, call))
-        keeps = []
+        drawn = [0]
 
-        def run(q, k, v):
+        def run(q, k, v):  # each sequence its own mask, from seed + its index among non-empty ones
             n = q.shape[1]
-            keep = dropout_keep_mask((1, q.shape[2], n, n), p, call.seed + len(keeps), q.device)
-            keeps.append(keep)
+            keep = dropout_keep_mask((1, q.shape[2], n, n), p, call.seed + drawn[0], q.device)
+            drawn[0] += 1
             return self._dense(q, k, v, call, keep)
 
-        packed = per_sequence(call, run)
-        # The reference wants one mask per sequence, zero-length ones included (as None).
-        it = iter(keeps)
-        offsets = call.cu_seqlens.tolist()
-        per_seq = [next(it) if z > a else None for a, z in zip(offsets[:-1], offsets[1:])]
-        return KernelOutput(out=packed.out, lse=packed.lse, dropout_keep=per_seq)
+        return per_sequence(call, run)
