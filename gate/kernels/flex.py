@@ -25,6 +25,7 @@ class FlexAdapter(KernelAdapter):
     def __init__(self) -> None:
         self._compiled = None
         self._block_masks: dict = {}
+        self._mod_cache: dict = {}
 
     def unavailable_reason(self) -> str | None:
         try:
@@ -32,12 +33,12 @@ class FlexAdapter(KernelAdapter):
         except ImportError as exc:
             return f"FlexAttention not in this torch ({exc})"
         if not torch.cuda.is_available():
-            return "needs a CUDA GPU (flex on CPU compiles through inductor's C++ backend: use --device cpu explicitly)"
+            return "needs a CUDA GPU (FlexAttention has no backward on CPU)"
         return None
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
-            devices=("cuda", "cpu"), dtypes=("fp16", "bf16", "fp32"), max_head_dim=256, head_dim_v_differs=True,
+            devices=("cuda",), dtypes=("fp16", "bf16", "fp32"), max_head_dim=256, head_dim_v_differs=True,
             window=True, softcap=True, alibi=True, varlen=True, gqa=True, deterministic_mode=True, returns_lse=True,
             notes=("varlen by running each sequence alone",),
         )
@@ -53,31 +54,48 @@ class FlexAdapter(KernelAdapter):
             self._compiled = torch.compile(flex_attention, dynamic=False)
         return self._compiled
 
-    @staticmethod
-    def _mods(call: KernelCall, nq: int, nk: int):
+    def _mods(self, call: KernelCall, nq: int, nk: int):
+        """(mask_mod, score_mod), built once per structure and reused: the numbers they read
+        (offset, window sides, softcap, slopes) are device tensors, so a new case changes
+        values, not the traced program, and does not add a recompile of its own."""
         o = call.opts
         left, right = effective_window(o.causal, o.window)
-        offset = nk - nq
-        mask_mod = None
-        if left >= 0 or right >= 0:
-            def mask_mod(b, h, q_idx, kv_idx):
-                diag = q_idx + offset
-                ok = kv_idx >= 0
-                if right >= 0:
-                    ok = ok & (kv_idx <= diag + right)
-                if left >= 0:
-                    ok = ok & (kv_idx >= diag - left)
-                return ok
-        cap, slopes = o.softcap, o.alibi_slopes
-        score_mod = None
-        if cap or slopes is not None:
-            def score_mod(score, b, h, q_idx, kv_idx):
-                if cap:
-                    score = torch.tanh(score / cap) * cap
-                if slopes is not None:
-                    score = score - slopes[h] * (q_idx + offset - kv_idx).abs()
-                return score
+        device = call.q.device
+        params = {
+            "offset": torch.tensor(nk - nq, device=device), "left": torch.tensor(left, device=device),
+            "right": torch.tensor(right, device=device), "cap": torch.tensor(float(o.softcap or 1.0), device=device),
+            "slopes": o.alibi_slopes if o.alibi_slopes is not None else torch.zeros(1, device=device),
+        }
+        key = (left >= 0, right >= 0, bool(o.softcap), o.alibi_slopes is not None, str(device))
+        if key not in self._mod_cache:
+            self._mod_cache[key] = self._make_mods(*key[:4])
+        holder, mask_mod, score_mod = self._mod_cache[key]
+        holder.clear()
+        holder.update(params)
         return mask_mod, score_mod
+
+    @staticmethod
+    def _make_mods(has_left: bool, has_right: bool, has_cap: bool, has_alibi: bool):
+        p: dict = {}
+        mask_mod = None
+        if has_left or has_right:
+            def mask_mod(b, h, q_idx, kv_idx):
+                diag = q_idx + p["offset"]
+                ok = kv_idx >= 0
+                if has_right:
+                    ok = ok & (kv_idx <= diag + p["right"])
+                if has_left:
+                    ok = ok & (kv_idx >= diag - p["left"])
+                return ok
+        score_mod = None
+        if has_cap or has_alibi:
+            def score_mod(score, b, h, q_idx, kv_idx):
+                if has_cap:
+                    score = torch.tanh(score / p["cap"]) * p["cap"]
+                if has_alibi:
+                    score = score - p["slopes"][h] * (q_idx + p["offset"] - kv_idx).abs()
+                return score
+        return p, mask_mod, score_mod
 
     def _dense(self, q, k, v, call: KernelCall) -> KernelOutput:
         from torch.nn.attention.flex_attention import create_block_mask
