@@ -33,8 +33,12 @@ def error_bound(pt_err: float, floor: float, mult: float) -> float:
 
 
 def error_ratio(err: float, bound: float) -> float:
-    """err / bound; NaN error is infinitely bad (a NaN must never compare as passing)."""
-    if math.isnan(err):
+    """err / bound; NaN error is infinitely bad (a NaN must never compare as passing).
+
+    Fail closed when the yardstick itself broke: a NaN or infinite bound (the low-precision
+    reference overflowed) judges nothing, so the ratio is inf, never NaN (a NaN ratio would lose
+    every max() over seeds) and never 0 (an inf bound would pass anything)."""
+    if math.isnan(err) or math.isnan(bound) or math.isinf(bound):
         return math.inf
     if bound <= 0:
         return 0.0 if err == 0 else math.inf
