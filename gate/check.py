@@ -1,0 +1,225 @@
+"""The two workflows around a baseline, as small steps (nox-style): CLI-free, one call each.
+
+    run_check:            target -> baseline (must exist, must parse) -> sweep (fresh or a results
+                          file) -> refuse incomparable -> compare -> decide -> render (md, json, png)
+    run_baseline_update:  sweep -> refuse a failing run (unless allow_failing) -> merge with the old
+                          baseline -> diff for the reviewer -> atomic write
+
+Everything that can be wrong with the inputs (no baseline, malformed or truncated file, unknown
+schema version, another GPU class or suite) raises a UserError (exit 2) before anything is
+written, so a refused run never overwrites a file.
+
+No baseline yet: `check` exits 2 and prints the exact `attn-gate baseline update` command. It does
+not run the sweep first: without a baseline there is nothing to gate, and a gate that passes
+without a reference would pass anything (fail closed). The perf verdict (#4) plugs in at
+`compare_all`: add its findings and thresholds there.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gate.baselines import Baseline, BaselineDiff, baseline_path, diff_baselines, merge_baseline, read_baseline, update_command
+from gate.config import Config
+from gate.errors import EXIT_FAIL, EXIT_PASS, UserError
+from gate.findings import Finding, Verdict, decide
+from gate.results import SweepResult
+from gate.verdict import check_comparable, compare, correctness_thresholds, refuse_other_gpu_class
+
+
+@dataclass(frozen=True)
+class Target:
+    kernel: str
+    suite: str
+    device: str
+    gpu_class: str
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    verdict: Verdict
+    sweep: SweepResult
+    baseline: Baseline
+    baseline_path: Path
+    paths: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        return self.verdict.exit_code
+
+
+@dataclass(frozen=True)
+class UpdateOutcome:
+    diff: BaselineDiff
+    path: Path
+    written: bool
+    sweep: SweepResult
+    exit_code: int
+
+
+# ---------------------------------------------------------------- steps
+
+
+def current_gpu_class(device: str) -> str:
+    if device == "cpu":
+        return "cpu"
+    from gate.environment import describe
+
+    return describe(device, "", "")["gpu_class"]
+
+
+def read_results(path: Path, kernel: str | None, suite: str | None) -> SweepResult:
+    sweep = SweepResult.read(path)
+    for option, wanted, found in (("--kernel", kernel, sweep.kernel), ("--suite", suite, sweep.suite)):
+        if wanted is not None and wanted != found:
+            raise UserError(f"{option} {wanted} but {path} holds results of {found}; drop {option} or pass the right file")
+    return sweep
+
+
+def resolve_target(config: Config, kernel: str | None, suite: str | None, device: str | None,
+                   results: SweepResult | None) -> Target:
+    if results is not None:
+        env = results.environment
+        return Target(results.kernel, results.suite, str(env.get("device", "?")), str(env.get("gpu_class", "unknown")))
+    from gate.environment import default_device
+
+    device = device or default_device()
+    profile = config.profile(device)
+    return Target(kernel or profile.kernel, suite or profile.suite, device, current_gpu_class(device))
+
+
+def sweep_scope(sweep: SweepResult) -> str | None:
+    """The --only regex a sweep was filtered with (gate.sweep records it in the notes)."""
+    for note in sweep.notes:
+        m = re.fullmatch(r"filtered with --only (.+)", note)
+        if m:
+            try:
+                return str(ast.literal_eval(m.group(1)))
+            except (ValueError, SyntaxError):
+                return m.group(1)
+    return None
+
+
+def fresh_sweep(config: Config, target: Target, only: str | None, progress: bool) -> SweepResult:
+    from gate.sweep import run_sweep
+
+    return run_sweep(target.kernel, target.suite, config, target.device, progress=progress, only=only)
+
+
+def load_existing_baseline(config: Config, target: Target, baseline_file: Path | None) -> tuple[Path, Baseline]:
+    path = Path(baseline_file) if baseline_file else baseline_path(config.baselines_dir, target.gpu_class, target.kernel, target.suite)
+    if not path.is_file():
+        where = "--baseline" if baseline_file else f"gpu class {target.gpu_class!r}"
+        raise UserError(
+            f"no baseline for kernel {target.kernel!r} on suite {target.suite!r} ({where}): {path} does not exist. "
+            f"Create it with `{update_command(target.kernel, target.suite, target.gpu_class)}`, review the printed "
+            f"summary and commit {path} (see README, 'Baselines')")
+    baseline = read_baseline(path)
+    refuse_other_gpu_class(baseline, target.gpu_class, target.kernel, target.suite, path)  # before a long sweep
+    return path, baseline
+
+
+def compare_all(baseline: Baseline, sweep: SweepResult, config: Config, scope: str | None) -> tuple[list[Finding], dict[str, float]]:
+    """Every rule family's findings and thresholds (the perf verdict adds its own here)."""
+    return compare(baseline, sweep, config.verdict, scope), correctness_thresholds(config.verdict)
+
+
+# ---------------------------------------------------------------- check
+
+
+def run_check(config: Config, kernel: str | None = None, suite: str | None = None, device: str | None = None,
+              only: str | None = None, results_path: Path | None = None, baseline_file: Path | None = None,
+              out_dir: Path = Path("out"), progress: bool = True, console=None) -> CheckOutcome:
+    if results_path is not None and only is not None:
+        raise UserError("--only filters a fresh run; with --results the file is compared as it is (drop --only)")
+    results = read_results(results_path, kernel, suite) if results_path is not None else None
+    target = resolve_target(config, kernel, suite, device, results)
+    path, baseline = load_existing_baseline(config, target, baseline_file)
+    sweep = results if results is not None else fresh_sweep(config, target, only, progress)
+    check_comparable(baseline, sweep, path)
+    scope = sweep_scope(sweep)
+    findings, thresholds = compare_all(baseline, sweep, config, scope)
+    context = {"kernel": sweep.kernel, "suite": sweep.suite, "gpu_class": baseline.gpu_class, "baseline": str(path),
+               "baseline_measured_at": baseline.measured_at, "run_started_at": sweep.started_at,
+               "config": config.source, "scope": scope,
+               "measured": sum(1 for c in sweep.cases if c.tensors), "cases": len(sweep.cases)}
+    verdict = decide(findings, thresholds, context)
+    paths = render_check(verdict, sweep, baseline, Path(out_dir), console)
+    return CheckOutcome(verdict, sweep, baseline, path, paths)
+
+
+def render_check(verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_dir: Path, console=None) -> dict[str, Path]:
+    from gate.check_report import markdown_summary, print_check
+    from gate.jsonio import write_json_atomic, write_text_atomic
+    from gate.sweep import safe_name, write_sweep_outputs
+
+    stem = f"{safe_name(sweep.kernel)}-{sweep.suite}"
+    paths = write_sweep_outputs(sweep, out_dir)
+    paths["findings"] = out_dir / f"findings-{stem}.json"
+    write_json_atomic(paths["findings"], verdict.to_dict())
+    summary = markdown_summary(verdict, sweep, baseline)
+    paths["summary"] = out_dir / f"check-{stem}.md"
+    write_text_atomic(paths["summary"], summary)
+    try:
+        from gate.plots import plot_ratios
+
+        paths["plot"] = plot_ratios(verdict, sweep, baseline, out_dir / f"ratios-{stem}.png")
+    except Exception as exc:  # an artifact, not the verdict: say so and go on
+        print(f"attn-gate: warning: the plot was not drawn ({type(exc).__name__}: {exc})", file=sys.stderr)
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step_summary:
+        with open(step_summary, "a", encoding="utf-8") as fh:
+            fh.write(summary + "\n")
+    print_check(verdict, sweep, console)
+    return paths
+
+
+# ---------------------------------------------------------------- baseline update
+
+
+def run_baseline_update(config: Config, kernel: str | None = None, suite: str | None = None, device: str | None = None,
+                        only: str | None = None, results_path: Path | None = None, allow_failing: bool = False,
+                        summary_path: Path | None = None, out_dir: Path = Path("out"), progress: bool = True) -> UpdateOutcome:
+    if results_path is not None and only is not None:
+        raise UserError("--only filters a fresh run; a --from-results file is taken as it is (drop --only)")
+    results = read_results(results_path, kernel, suite) if results_path is not None else None
+    target = resolve_target(config, kernel, suite, device, results)
+    path = baseline_path(config.baselines_dir, target.gpu_class, target.kernel, target.suite)
+    old = None
+    if path.exists():
+        try:
+            old = read_baseline(path)
+        except UserError as exc:
+            raise UserError(f"{exc} (the existing baseline is unreadable, so it is left as it is: restore it with "
+                            f"`git checkout -- {path}`, or delete it to start afresh)") from None
+    sweep = results if results is not None else fresh_sweep(config, target, only, progress)
+    if results is None:
+        from gate.sweep import write_sweep_outputs
+
+        saved = write_sweep_outputs(sweep, Path(out_dir))["json"]
+        print(f"the run is saved in {saved} (reuse it with --from-results)")
+    new, kept = merge_baseline(Baseline.from_sweep(sweep), old, sweep_scope(sweep))
+    cfg = config.verdict
+    diff = diff_baselines(old, new, path, cfg.headroom_factor, cfg.headroom_step, cfg.improvement_factor, kept)
+    if not sweep.passed and not allow_failing:
+        failing = [c.case_id for c in sweep.cases if c.status.failed]
+        why = (f"{len(failing)} cases fail their bounds ({', '.join(failing[:5])}{' ...' if len(failing) > 5 else ''})"
+               if failing else "no case passed (all skipped)")
+        print(f"attn-gate: refusing to write {path}: the run itself fails: {why}. Fix the kernel, or record the "
+              f"failure on purpose with --allow-failing (check keeps failing on those cases).", file=sys.stderr)
+        return UpdateOutcome(diff, path, False, sweep, EXIT_FAIL)
+    new.write(path)
+    text = diff.markdown()
+    if summary_path is not None:
+        from gate.jsonio import write_text_atomic
+
+        write_text_atomic(Path(summary_path), text)
+    print(text)
+    print(f"wrote {path}: review the summary above and commit it in a PR"
+          + (f" (summary for the PR body in {summary_path})" if summary_path else ""))
+    return UpdateOutcome(diff, path, True, sweep, EXIT_PASS)

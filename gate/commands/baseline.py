@@ -1,0 +1,79 @@
+"""`attn-gate baseline update|show`: rewrite this GPU class's baseline on purpose, or print it.
+
+update: exit 0 written, 1 refused because the run itself fails its bounds (nothing written; pass
+--allow-failing to record the failure on purpose), 2 usage or environment error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from gate.commands.common import add_config, add_kernel_suite
+
+
+def register(sub) -> None:
+    p = sub.add_parser("baseline", help="update or show the committed baseline of this GPU class")
+    bsub = p.add_subparsers(dest="baseline_command", required=True, metavar="ACTION")
+    u = bsub.add_parser("update", help="rewrite baselines/<gpu-class>/<kernel>-<suite>.json from a fresh run or a results file")
+    add_kernel_suite(u)
+    add_config(u)
+    u.add_argument("--from-results", type=Path, default=None, metavar="FILE",
+                   help="a sweep JSON (from `attn-gate sweep` or `check`, e.g. a CI artifact) instead of a fresh run")
+    u.add_argument("--allow-failing", action="store_true",
+                   help="write the baseline even though the run fails its bounds (check keeps failing on those cases)")
+    u.add_argument("--summary", type=Path, default=None, metavar="FILE", help="also write the change summary (Markdown) here")
+    u.add_argument("--out", type=Path, default=Path("out"), metavar="DIR", help="where a fresh run's sweep JSON is saved")
+    u.add_argument("--no-progress", action="store_true", help="no progress bar")
+    u.set_defaults(main=update)
+    s = bsub.add_parser("show", help="print a baseline: fingerprint and each case's ratios")
+    add_kernel_suite(s)
+    add_config(s)
+    s.add_argument("--file", type=Path, default=None, help="a baseline file (default: this machine's for the kernel and suite)")
+    s.set_defaults(main=show)
+
+
+def update(args: argparse.Namespace) -> int:
+    from gate.check import run_baseline_update
+    from gate.config import load_config
+
+    config = load_config(args.config)
+    outcome = run_baseline_update(config, kernel=args.kernel, suite=args.suite, device=args.device, only=args.only,
+                                  results_path=args.from_results, allow_failing=args.allow_failing,
+                                  summary_path=args.summary, out_dir=args.out, progress=not args.no_progress)
+    return outcome.exit_code
+
+
+def show(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from gate.baselines import baseline_path, read_baseline
+    from gate.check import resolve_target
+    from gate.config import load_config
+    from gate.results import TENSORS
+
+    config = load_config(args.config)
+    if args.file is not None:
+        path = args.file
+    else:
+        target = resolve_target(config, args.kernel, args.suite, args.device, None)
+        path = baseline_path(config.baselines_dir, target.gpu_class, target.kernel, target.suite)
+    b = read_baseline(path)
+    console = Console()
+    console.print(f"{path}: {b.kernel} on {b.suite} (suite hash {b.suite_hash}), GPU class {b.gpu_class}, measured {b.measured_at}",
+                  highlight=False)
+    console.print("environment: " + ", ".join(f"{k}={v}" for k, v in sorted(b.environment.items())), highlight=False)
+    table = Table(title="error ratio per tensor (pass <= 1)")
+    table.add_column("case")
+    table.add_column("status")
+    for name in TENSORS:
+        table.add_column(name, justify="right")
+    for cid, c in sorted(b.correctness.items()):
+        if args.only and not re.search(args.only, cid):
+            continue
+        table.add_row(cid, c.status.value, *(f"{c.tensors[n].ratio:.3f}" if n in c.tensors else "-" for n in TENSORS))
+    console.print(table)
+    console.print(f"perf section: {'none' if b.perf is None else f'{len(b.perf)} entries'}", highlight=False)
+    return 0

@@ -1,0 +1,39 @@
+"""`attn-gate check`: run (or read) the sweep, compare with the committed baseline, decide.
+
+Exit 0 pass, 1 fail (a blocking finding), 2 usage or environment error: no baseline yet (the
+message gives the command that creates one), an unreadable baseline or results file, another GPU
+class, a changed suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from gate.commands.common import add_config, add_kernel_suite
+
+
+def register(sub) -> None:
+    p = sub.add_parser("check", help="gate a kernel: sweep, compare with baselines/<gpu-class>/, exit 0 pass / 1 fail")
+    add_kernel_suite(p)
+    add_config(p)
+    p.add_argument("--results", type=Path, default=None, metavar="FILE",
+                   help="compare this sweep JSON (from `attn-gate sweep`) instead of running the sweep")
+    p.add_argument("--baseline", type=Path, default=None, metavar="FILE",
+                   help="compare with this baseline file (default: baselines/<gpu-class>/<kernel>-<suite>.json)")
+    p.add_argument("--out", type=Path, default=Path("out"), metavar="DIR",
+                   help="folder for the Markdown summary, findings JSON, sweep JSON and plot (default: out)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(main=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from gate.check import run_check
+    from gate.config import load_config
+
+    config = load_config(args.config)
+    outcome = run_check(config, kernel=args.kernel, suite=args.suite, device=args.device, only=args.only,
+                        results_path=args.results, baseline_file=args.baseline, out_dir=args.out,
+                        progress=not args.no_progress)
+    print("wrote " + ", ".join(str(p) for p in outcome.paths.values()))
+    return outcome.exit_code

@@ -1,0 +1,283 @@
+"""The verdict rules, table-driven: each rule FAILS (or warns) on a crafted bad input and stays
+silent on a good one; comparing a result with itself never fails. No sweep runs here: results
+are built directly, so this file takes well under a second."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+from gate.baselines import Baseline
+from gate.cases import Case
+from gate.config import VerdictConfig
+from gate.errors import UserError
+from gate.findings import Finding, Severity, decide
+from gate.results import CaseResult, Status, SweepResult, TensorError
+from gate.verdict import (
+    check_comparable, compare, compare_environment, is_headroom_regression, is_large_improvement, rule_case_presence,
+    rule_env_drift, rule_headroom, rule_improvement, rule_nothing_measured, rule_status, rule_tensor_presence,
+    rule_tolerance,
+)
+
+CFG = VerdictConfig(headroom_factor=1.5, headroom_step=0.1, improvement_factor=2.0)
+ENV = {"device": "cpu", "gpu_class": "cpu", "gpu_name": "none", "torch": "2.13.0", "driver": "none", "cuda": "none",
+       "kernel": "k", "kernel_version": "1", "attn_gate": "0.1.0", "python": "3.11", "machine": "x86_64", "cpu": "x86_64"}
+TOL = {"mult_out": 2.0, "mult_dq": 3.0}
+
+
+def case(n: int) -> Case:
+    """Distinct, stable cases: the seqlen tells them apart (ids like bf16-b1-h1-s7-d8)."""
+    return Case(batch=1, seqlen_q=n, seqlen_k=n, heads_q=1, heads_kv=1, head_dim=8, head_dim_v=8, dtype="bf16")
+
+
+def tensor(name: str, ratio: float) -> TensorError:
+    return TensorError(name, ratio * 0.01, ratio * 0.001, 0.004, 0.002, 2.0, 0.01, ratio, (0,), 5e-3, 5e-3, True, 0)
+
+
+def result(n: int, status: str = "PASS", reason: str = "", **ratios: float) -> CaseResult:
+    return CaseResult(case=case(n), status=Status(status), reason=reason,
+                      tensors=tuple(tensor(name, r) for name, r in ratios.items()))
+
+
+def sweep(*cases: CaseResult, env: dict | None = None, suite_hash: str = "h1", tolerance: dict | None = None,
+          notes: tuple[str, ...] = ()) -> SweepResult:
+    return SweepResult(kernel="k", suite="smoke", suite_hash=suite_hash, environment=dict(env or ENV), cases=tuple(cases),
+                       tolerance=dict(tolerance or TOL), started_at="2026-01-01T00:00:00+00:00", wall_s=1.0, notes=notes)
+
+
+GOOD = sweep(result(1, out=0.2, dq=0.3, dk=0.25, dv=0.22), result(2, out=0.0, dq=0.01), result(3, "SKIP", "no softcap"),
+             result(4, out=0.6, dk=0.9))
+
+
+def rules_of(findings: list[Finding], severities=(Severity.FAIL, Severity.INCONCLUSIVE, Severity.WARN)) -> set[tuple[str, str, str]]:
+    return {(f.severity.value, f.rule, f.case_id) for f in findings if f.severity in severities}
+
+
+# ---------------------------------------------------------------- one table per rule
+
+
+@pytest.mark.parametrize("ratio, fails", [
+    (0.0, False), (0.99, False), (1.0, False),  # at the bound is within it
+    (1.0001, True), (3.5, True), (math.inf, True), (math.nan, True),  # NaN never passes
+])
+def test_rule_tolerance(ratio, fails):
+    f = rule_tolerance("c", "dk", ratio)
+    assert (f is not None and f.severity is Severity.FAIL) == fails, f
+    if fails:
+        assert f.metric == "ratio:dk" and f.threshold == 1.0
+
+
+@pytest.mark.parametrize("base, cur, expected", [
+    ("PASS", "PASS", None), (None, "PASS", None), ("SKIP", "SKIP", None),
+    ("PASS", "FAIL", "newly fails"), ("PASS", "ERROR", "newly errors"), (None, "FAIL", "newly fails"),
+    ("FAIL", "FAIL", "still fails"),  # a baseline written with --allow-failing never turns a FAIL into a pass
+    ("FAIL", "ERROR", "errors (baseline: FAIL)"),
+])
+def test_rule_status(base, cur, expected):
+    f = rule_status("c", base, cur, "why")
+    if expected is None:
+        assert f is None
+    else:
+        assert f.severity is Severity.FAIL and expected in f.message and "why" in f.message
+
+
+@pytest.mark.parametrize("base, cur, fails", [
+    (0.30, 0.30, False),
+    (0.30, 0.44, False),   # x1.47: below the factor
+    (0.30, 0.46, True),    # x1.53 and +0.16: both
+    (0.01, 0.09, False),   # x9 but only +0.08: tiny ratios do not flake (the step)
+    (0.00, 0.09, False),   # from an exact zero: still only +0.09
+    (0.00, 0.11, True),    # from zero, beyond the step
+    (0.50, 0.61, False),   # +0.11 but only x1.22
+    (0.60, 0.95, True),    # x1.58 and +0.35: loosening that stays within the bound
+    (0.60, 1.50, False),   # above 1 it is rule_tolerance's FAIL, not reported twice
+    (math.nan, 0.9, False),  # no usable baseline number: no relative judgement
+])
+def test_rule_headroom(base, cur, fails):
+    f = rule_headroom("c", "dq", base, cur, CFG.headroom_factor, CFG.headroom_step)
+    assert (f is not None and f.severity is Severity.FAIL) == fails, f
+    if fails:
+        assert f.threshold == pytest.approx(max(base * 1.5, base + 0.1))
+        assert f"{base:g}"[:3] in f.message or "0 ->" in f.message
+
+
+@pytest.mark.parametrize("base, cur, warns", [
+    (0.6, 0.6, False), (0.6, 0.31, False), (0.6, 0.30, True), (0.9, 0.1, True),
+    (0.05, 0.001, False),  # /50 but only -0.049: noise, not an improvement worth a refresh
+])
+def test_rule_improvement(base, cur, warns):
+    f = rule_improvement("c", "out", base, cur, CFG.improvement_factor, CFG.headroom_step)
+    assert (f is not None and f.severity is Severity.WARN) == warns, f
+    assert (f is not None) == is_large_improvement(base, cur, 2.0, 0.1)
+
+
+@pytest.mark.parametrize("base, cur, rule, severity", [
+    ("PASS", "PASS", None, None),
+    ("FAIL", "FAIL", None, None),  # rule_status speaks for that
+    (None, "PASS", "new_case", Severity.WARN),
+    ("PASS", None, "removed_case", Severity.WARN),
+    ("PASS", "SKIP", "newly_skipped", Severity.WARN),
+    ("ERROR", "SKIP", "newly_skipped", Severity.WARN),
+    ("SKIP", "PASS", "newly_measured", Severity.WARN),
+    ("FAIL", "PASS", "fixed", Severity.WARN),
+    ("SKIP", "SKIP", "skipped", Severity.INFO),
+])
+def test_rule_case_presence(base, cur, rule, severity):
+    f = rule_case_presence("c", base, cur, "reason")
+    assert (f.rule, f.severity) == (rule, severity) if rule else f is None
+
+
+@pytest.mark.parametrize("base, cur, rule", [(0.2, None, "tensor_dropped"), (None, 0.2, "tensor_added"), (0.2, 0.3, None)])
+def test_rule_tensor_presence(base, cur, rule):
+    f = rule_tensor_presence("c", "lse", base, cur)
+    assert (f.rule if f else None) == rule
+
+
+@pytest.mark.parametrize("key, base, cur, severity", [
+    ("torch", "2.13.0", "2.13.0", None),
+    ("torch", "2.13.0", "2.14.0", Severity.WARN),
+    ("driver", "570.1", "575.2", Severity.WARN),
+    ("kernel_version", "2.8.3", "2.8.4", Severity.WARN),
+    ("cuda", "12.8", "13.0", Severity.WARN),
+    ("machine", "x86_64", "aarch64", Severity.WARN),
+    ("attn_gate", "0.1.0", "0.2.0", Severity.INFO),
+    ("started", "a", "b", None),  # not a fingerprint key
+])
+def test_rule_env_drift(key, base, cur, severity):
+    f = rule_env_drift(key, base, cur)
+    assert (f.severity if f else None) == severity
+    if f:
+        assert base in f.message and cur in f.message
+
+
+@pytest.mark.parametrize("measured, blocks", [(0, True), (1, False)])
+def test_rule_nothing_measured(measured, blocks):
+    f = rule_nothing_measured(measured, 4)
+    assert (f is not None and f.severity.blocks) == blocks
+
+
+def test_headroom_needs_both_thresholds():
+    assert is_headroom_regression(0.2, 0.5, 1.5, 0.1)
+    assert not is_headroom_regression(0.2, 0.29, 1.5, 0.1)  # x1.45
+    assert not is_headroom_regression(0.02, 0.08, 1.5, 0.1)  # x4, +0.06
+
+
+# ---------------------------------------------------------------- the join, end to end
+
+
+def test_self_comparison_never_fails_or_warns():
+    for s in (GOOD, sweep(result(1, out=0.999, dq=0.0)), sweep(result(1, "SKIP", "x"), result(2, out=0.5))):
+        findings = compare(Baseline.from_sweep(s), s, CFG)
+        assert not rules_of(findings), rules_of(findings)
+        assert decide(findings).passed
+
+
+def test_self_comparison_of_a_failing_result_fails_only_on_absolute_rules():
+    bad = sweep(result(1, out=0.2), result(2, "FAIL", "dk error > bound", dk=1.7), result(3, "ERROR", "RuntimeError: boom"))
+    findings = compare(Baseline.from_sweep(bad), bad, CFG)
+    blocking = {(f.rule, f.case_id) for f in findings if f.severity.blocks}
+    assert blocking == {("tolerance", case(2).id), ("status", case(2).id), ("status", case(3).id)}
+    assert not decide(findings).passed
+
+
+BASE = GOOD
+CURRENT_TABLE = [
+    # (name, current sweep, expected FAIL/WARN set as (severity, rule, case n), passes)
+    ("identical", GOOD, set(), True),
+    ("tolerance violation", sweep(result(1, "FAIL", "dk", out=0.2, dq=0.3, dk=1.3, dv=0.22), *GOOD.cases[1:]),
+     {("FAIL", "tolerance", 1), ("FAIL", "status", 1)}, True and False),
+    ("newly errors", sweep(result(1, "ERROR", "RuntimeError: bad"), *GOOD.cases[1:]),
+     {("FAIL", "status", 1)}, False),
+    ("headroom regression", sweep(result(1, out=0.2, dq=0.3, dk=0.25, dv=0.45), *GOOD.cases[1:]),
+     {("FAIL", "headroom", 1)}, False),
+    ("within noise", sweep(result(1, out=0.26, dq=0.35, dk=0.3, dv=0.3), result(2, out=0.09, dq=0.1), *GOOD.cases[2:]),
+     set(), True),
+    ("new case", sweep(*GOOD.cases, result(5, out=0.3)), {("WARN", "new_case", 5)}, True),
+    ("removed case", sweep(*GOOD.cases[:3]), {("WARN", "removed_case", 4)}, True),
+    ("newly skipped", sweep(*GOOD.cases[:3], result(4, "SKIP", "no longer supported")), {("WARN", "newly_skipped", 4)}, True),
+    ("large improvement", sweep(*GOOD.cases[:3], result(4, out=0.6, dk=0.3)), {("WARN", "improvement", 4)}, True),
+    ("tensor dropped", sweep(result(1, out=0.2, dq=0.3, dk=0.25), *GOOD.cases[1:]), {("WARN", "tensor_dropped", 1)}, True),
+    ("all skipped", sweep(*(result(n, "SKIP", "no") for n in (1, 2, 3, 4))),
+     {("WARN", "newly_skipped", 1), ("WARN", "newly_skipped", 2), ("WARN", "newly_skipped", 4),
+      ("INCONCLUSIVE", "nothing_measured", 0)}, False),
+]
+
+
+@pytest.mark.parametrize("name, current, expected, passes", CURRENT_TABLE, ids=[row[0] for row in CURRENT_TABLE])
+def test_compare_table(name, current, expected, passes):
+    findings = compare(Baseline.from_sweep(BASE), current, CFG)
+    want = {(sev, rule, case(n).id if n else "") for sev, rule, n in expected}
+    assert rules_of(findings) == want
+    verdict = decide(findings)
+    assert verdict.passed == passes and verdict.exit_code == (0 if passes else 1)
+    assert verdict.headline.startswith("PASS" if passes else "FAIL")
+
+
+def test_every_passing_case_gets_one_ok_row():
+    findings = compare(Baseline.from_sweep(GOOD), GOOD, CFG)
+    ok = [f.case_id for f in findings if f.severity is Severity.OK]
+    assert sorted(ok) == sorted(case(n).id for n in (1, 2, 4))
+
+
+def test_a_filtered_run_does_not_report_unrun_cases_as_removed():
+    filtered = sweep(GOOD.cases[0], notes=("filtered with --only 's1-'",))
+    findings = compare(Baseline.from_sweep(GOOD), filtered, CFG, scope="s1-")
+    assert not rules_of(findings)
+    assert any(f.rule == "out_of_scope" and "3 baseline cases" in f.message for f in findings)
+    # without the scope the same run loses three cases
+    assert len([f for f in compare(Baseline.from_sweep(GOOD), filtered, CFG) if f.rule == "removed_case"]) == 3
+
+
+def test_environment_drift_warns_but_passes():
+    env = {**ENV, "torch": "2.14.0", "kernel_version": "2"}
+    drifted = sweep(*GOOD.cases, env=env)
+    findings = compare(Baseline.from_sweep(GOOD), drifted, CFG)
+    assert rules_of(findings) == {("WARN", "env_drift", "")}
+    assert {f.metric for f in findings if f.rule == "env_drift"} == {"env:torch", "env:kernel_version"}
+    assert decide(findings).passed
+    assert compare_environment(ENV, ENV) == []
+
+
+# ---------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"env": {**ENV, "gpu_class": "h200"}}, ["GPU class 'cpu'", "'h200'", "never compares", "attn-gate baseline update"]),
+    ({"suite_hash": "h2"}, ["changed since the baseline", "h1 -> h2", "attn-gate baseline update"]),
+    ({"tolerance": {"mult_out": 3.0, "mult_dq": 3.0}}, ["mult_out", "not comparable", "attn-gate baseline update"]),
+])
+def test_check_comparable_refuses(change, words):
+    other = sweep(*GOOD.cases, **change)
+    with pytest.raises(UserError) as err:
+        check_comparable(Baseline.from_sweep(GOOD), other, "baselines/cpu/k-smoke.json")
+    message = str(err.value)
+    assert message.startswith("baselines/cpu/k-smoke.json: ")
+    for w in words:
+        assert w in message, message
+    check_comparable(Baseline.from_sweep(GOOD), GOOD, "x")  # the same run is comparable
+
+
+def test_findings_json_and_ordering():
+    findings = compare(Baseline.from_sweep(BASE), CURRENT_TABLE[1][1], CFG)
+    verdict = decide(findings, {"headroom_factor": 1.5})
+    data = verdict.to_dict()
+    assert data["schema_version"] == 1 and data["verdict"] == "FAIL" and data["exit_code"] == 1
+    assert data["thresholds"] == {"headroom_factor": 1.5}
+    ranks = [Severity(f["severity"]).rank for f in data["findings"]]
+    assert ranks == sorted(ranks, reverse=True)  # worst first
+    assert [Finding.from_dict(f) for f in data["findings"]] == list(verdict.findings)
+
+
+def test_inconclusive_blocks_like_fail():
+    f = Finding("speed", Severity.INCONCLUSIVE, "c", "speed_ratio:bwd", 1.0, None, 0.03, "too noisy")
+    assert not decide([f]).passed and decide([f]).exit_code == 1
+    assert decide([Finding("x", Severity.WARN, "c", "status", None, None, None, "look")]).passed
+
+
+def test_verdict_modules_import_no_torch():
+    code = "import sys, gate.verdict, gate.findings, gate.baselines, gate.check_report; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "False"
