@@ -451,14 +451,27 @@ class CudaClock:
         return tuple(start.elapsed_time(end) for start, end in events)
 
     def peak_mem_mb(self, probe: Callable[[], Any]) -> float:
-        """Peak memory of one fresh fwd+bwd above what was allocated before it (inputs excluded)."""
-        torch = self.torch
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        probe()
-        torch.cuda.synchronize()
-        return (torch.cuda.max_memory_allocated() - before) / 2**20
+        return cuda_peak_mem_mb(probe)
+
+
+def cuda_peak_mem_mb(probe: Callable[[], Any]) -> float:
+    """Peak GPU memory of one fresh fwd+bwd above what was allocated before it (inputs excluded)."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    probe()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
+def workload_peak_mem_mb(workload: Workload, device: str) -> float:
+    """Peak memory of one fwd+bwd of a workload alone (NaN on the CPU: no allocator statistics)."""
+    if device != "cuda":
+        return math.nan
+    workload.prepare()
+    return cuda_peak_mem_mb(workload.probe)
 
 
 def make_clock(device: str, plan: TimingPlan):

@@ -1,0 +1,41 @@
+"""`attn-gate perf`: time a kernel against an anchor over a suite's perf cases (no asv needed)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from gate.commands.common import add_config, add_kernel_suite
+
+
+def register(sub) -> None:
+    p = sub.add_parser("perf", help="speed ratios (fwd, bwd) of a kernel against an anchor over a suite's perf cases")
+    add_kernel_suite(p)
+    add_config(p)
+    p.add_argument("--anchor", default=None, help="adapter name or 'matmul' (equal-FLOPs dense matmul); "
+                   "default: [tool.attn-gate.perf] anchor (cpu_anchor without a GPU)")
+    p.add_argument("--rounds", type=int, default=None, help="interleaved rounds per pass (default: the config's)")
+    p.add_argument("--out", type=Path, default=Path("out"), help="folder for perf-<kernel>-<suite>.json")
+    p.set_defaults(main=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from gate.config import load_config
+    from gate.errors import EXIT_FAIL, EXIT_PASS, UserError
+    from gate.perf import run_perf, write_perf_outputs
+    from gate.perf_report import print_perf_table
+
+    if args.rounds is not None and args.rounds < 1:
+        raise UserError(f"--rounds {args.rounds}: must be >= 1")
+    config = load_config(args.config)
+    from gate.environment import default_device
+
+    device = args.device or default_device()
+    result = run_perf(args.kernel or config.profile(device).kernel, args.suite or config.profile(device).suite, config,
+                      device, anchor=args.anchor, only=args.only, rounds=args.rounds,
+                      progress=lambda line: print(line, file=sys.stderr, flush=True))
+    path = write_perf_outputs(result, args.out)
+    print_perf_table(result)
+    print(f"wrote {path}")
+    return EXIT_FAIL if result.any_error else EXIT_PASS

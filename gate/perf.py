@@ -1,0 +1,318 @@
+"""Run the perf cases of a suite: candidate vs anchor through the timing engine -> PerfResult.
+
+The anchor is another adapter (default `[tool.attn-gate.perf] anchor`, e.g. sdpa-cudnn; on a
+CPU-only machine `cpu_anchor`, e.g. sdpa-math) or "matmul", a dense matmul of equal FLOPs (then
+1 / speed_ratio is the kernel's efficiency against the chip's GEMM rate). A case the candidate or
+the anchor cannot run is a SKIP row with the reason; a crash is an ERROR row; the run goes on.
+
+Also here: the judging step of a speed check (`judge_perf`): compare each pass with the
+baseline, re-measure suspected regressions with `confirm_rounds`, return the judgements.
+
+Format history:
+  1  first version.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gate.cases import Case, load_suite
+from gate.config import Config, PerfConfig
+from gate.errors import UserError
+from gate.jsonio import read_json, write_json_atomic
+from gate.perf_verdict import PerfJudgement, PerfRules, PerfSeverity, RatioEstimate, judge
+from gate.timing import PASSES, PassTiming, TimingPlan, TimingRun
+
+SCHEMA_VERSION = 1
+MATMUL = "matmul"
+
+
+@dataclass(frozen=True)
+class PerfCaseResult:
+    """One case: status OK / SKIP / ERROR, and the raw timing run (everything else is derived)."""
+
+    case: Case
+    status: str
+    reason: str = ""
+    timing: TimingRun | None = None
+
+    @property
+    def case_id(self) -> str:
+        return self.case.id
+
+    @property
+    def measured(self) -> bool:
+        return self.status == "OK" and self.timing is not None
+
+    def pass_timing(self, pass_: str) -> PassTiming | None:
+        return self.timing.pass_timing(pass_) if self.timing is not None else None
+
+    def estimate(self, pass_: str) -> RatioEstimate | None:
+        p = self.pass_timing(pass_)
+        return p.estimate() if p is not None else None
+
+    def tflops(self, pass_: str, who: str = "candidate") -> float:
+        p = self.pass_timing(pass_)
+        if p is None:
+            return math.nan
+        ms = p.candidate_median_ms if who == "candidate" else p.anchor_median_ms
+        return self.case.flops(pass_) / (ms * 1e-3) / 1e12
+
+    @property
+    def throttled(self) -> bool:
+        return self.timing is not None and self.timing.throttled
+
+    def summary(self) -> dict[str, Any]:
+        """Derived numbers for readers of the JSON (never read back: recomputed from `timing`)."""
+        out: dict[str, Any] = {}
+        for p in PASSES:
+            t = self.pass_timing(p)
+            if t is None:
+                continue
+            lo, hi = t.ratio_ci
+            out[p] = {"speed_ratio": t.speed_ratio, "ci95": [lo, hi], "noise": t.noise, "spread": t.spread,
+                      "rounds": t.rounds, "candidate_ms": t.candidate_median_ms, "anchor_ms": t.anchor_median_ms,
+                      "candidate_tflops": self.tflops(p), "anchor_tflops": self.tflops(p, "anchor")}
+        if self.timing is not None:
+            out["peak_mem_mb"] = self.timing.peak_mem_mb
+            out["throttled"] = self.throttled
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"case_id": self.case_id, "case": self.case.to_dict(), "status": self.status, "reason": self.reason,
+                "summary": self.summary(), "timing": None if self.timing is None else self.timing.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "PerfCaseResult":
+        timing = d.get("timing")
+        return cls(case=Case.from_dict(d["case"]), status=d["status"], reason=d.get("reason", ""),
+                   timing=None if timing is None else TimingRun.from_dict(timing))
+
+
+@dataclass(frozen=True)
+class PerfResult:
+    kernel: str
+    anchor: str
+    suite: str
+    device: str
+    environment: dict[str, Any]
+    plan: TimingPlan
+    cases: tuple[PerfCaseResult, ...]
+    started_at: str
+    wall_s: float
+    schema_version: int = SCHEMA_VERSION
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def case(self, case_id: str) -> PerfCaseResult | None:
+        return next((c for c in self.cases if c.case_id == case_id), None)
+
+    @property
+    def any_error(self) -> bool:
+        return any(c.status == "ERROR" for c in self.cases)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema_version": self.schema_version, "kind": "attn-gate perf", "kernel": self.kernel,
+                "anchor": self.anchor, "suite": self.suite, "device": self.device, "environment": self.environment,
+                "plan": self.plan.to_dict(), "started_at": self.started_at, "wall_s": round(self.wall_s, 2),
+                "notes": list(self.notes), "cases": [c.to_dict() for c in self.cases]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "PerfResult":
+        return cls(kernel=d["kernel"], anchor=d["anchor"], suite=d["suite"], device=d["device"],
+                   environment=d["environment"], plan=TimingPlan.from_dict(d["plan"]),
+                   cases=tuple(PerfCaseResult.from_dict(c) for c in d["cases"]), started_at=d["started_at"],
+                   wall_s=float(d["wall_s"]), notes=tuple(d.get("notes", ())))
+
+    def write(self, path: Path) -> None:
+        write_json_atomic(path, self.to_dict())
+
+    @classmethod
+    def read(cls, path: Path) -> "PerfResult":
+        payload = read_json(path, kind="perf results", schema_version=SCHEMA_VERSION)
+        try:
+            return cls.from_dict(payload)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UserError(f"{path}: perf results are missing or have a bad field ({exc}); regenerate them") from None
+
+
+# --------------------------------------------------------------------------------------------
+# Measuring
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def resolve_anchor(name: str | None, config: PerfConfig, device: str) -> str:
+    return name or config.anchor_for(device)
+
+
+def _workloads(adapter, anchor_name: str, case: Case, device: str):
+    from gate.kernels.registry import get_adapter
+    from gate.timing import KernelWorkload, MatmulWorkload
+
+    if anchor_name == MATMUL:
+        return KernelWorkload(adapter, case, device), MatmulWorkload(case, device), None
+    anchor = get_adapter(anchor_name)
+    why = anchor.unavailable_reason() or anchor.capabilities().unsupported_reason(case, device)
+    if why:
+        return None, None, f"anchor {anchor_name} cannot run this case: {why}"
+    return KernelWorkload(adapter, case, device), KernelWorkload(anchor, case, device), None
+
+
+def measure_case(adapter, anchor_name: str, case: Case, device: str, plan: TimingPlan) -> PerfCaseResult:
+    """Time one case; never raises for a kernel problem (SKIP / ERROR rows)."""
+    from gate.kernels.sdpa import NoKernel
+
+    why = adapter.capabilities().unsupported_reason(case, device)
+    if why:
+        return PerfCaseResult(case=case, status="SKIP", reason=why)
+    try:
+        cand, anchor, why = _workloads(adapter, anchor_name, case, device)
+        if why:
+            return PerfCaseResult(case=case, status="SKIP", reason=why)
+        from gate.timing import time_pair
+
+        run = time_pair(cand, anchor, plan, device)
+    except NoKernel as exc:
+        return PerfCaseResult(case=case, status="SKIP", reason=str(exc))
+    except Exception as exc:  # a crashing kernel is a row, not a dead run
+        return PerfCaseResult(case=case, status="ERROR", reason=_first_line(exc))
+    finally:
+        _release(device)
+    return PerfCaseResult(case=case, status="OK", timing=run)
+
+
+def _release(device: str) -> None:
+    if device == "cuda":
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def perf_cases(suite_name: str, config: Config, only: str | None = None) -> tuple[Case, ...]:
+    suite = load_suite(suite_name, config.suites)
+    cases = tuple(c for c in suite.perf_cases if only is None or re.search(only, c.id))
+    if not suite.perf_cases:
+        raise UserError(f"suite {suite_name!r} has no perf cases; mark some with perf = [true] in its matrix")
+    if not cases:
+        raise UserError(f"--only {only!r} matches no perf case of suite {suite_name!r}")
+    return cases
+
+
+def run_perf(kernel: str, suite_name: str, config: Config, device: str | None = None, anchor: str | None = None,
+             only: str | None = None, rounds: int | None = None, progress: Callable[[str], None] | None = None,
+             passes: tuple[str, ...] = PASSES) -> PerfResult:
+    from gate.environment import default_device, describe
+    from gate.kernels.registry import get_adapter
+
+    device = device or default_device()
+    anchor_name = resolve_anchor(anchor, config.perf, device)
+    adapter = get_adapter(kernel)
+    missing = adapter.unavailable_reason()
+    if missing:
+        raise UserError(f"kernel {kernel!r} is unavailable here: {missing}")
+    if anchor_name != MATMUL:
+        anchor_adapter = get_adapter(anchor_name)
+        missing = anchor_adapter.unavailable_reason()
+        if missing:
+            raise UserError(f"--anchor {anchor_name!r} is unavailable here: {missing}; pick another "
+                            f"(attn-gate kernels) or 'matmul', or set [tool.attn-gate.perf] anchor")
+    cases = perf_cases(suite_name, config, only)
+    plan = TimingPlan.from_config(config.perf, rounds=rounds, passes=passes)
+    started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    t0 = time.perf_counter()
+    results = []
+    for case in cases:
+        results.append(measure_case(adapter, anchor_name, case, device, plan))
+        if progress:
+            progress(f"{results[-1].status:5} {case.id} {results[-1].reason}")
+    env = describe(device, kernel, adapter.version())
+    env["anchor"] = anchor_name
+    notes = ("CPU timings (perf_counter, no L2 flush): history only, not a gate",) if device != "cuda" else ()
+    return PerfResult(kernel=kernel, anchor=anchor_name, suite=suite_name, device=device, environment=env, plan=plan,
+                      cases=tuple(results), started_at=started, wall_s=time.perf_counter() - t0, notes=notes)
+
+
+def write_perf_outputs(result: PerfResult, out_dir: Path) -> Path:
+    from gate.sweep import safe_name
+
+    path = Path(out_dir) / f"perf-{safe_name(result.kernel)}-{result.suite}.json"
+    result.write(path)
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# Baseline entries and judging
+
+
+def baseline_entry(c: PerfCaseResult, anchor: str) -> dict[str, Any] | None:
+    """What a baseline keeps for one case: per pass the ratio median, its noise, the rounds and
+    the per-round ratios (rounded: readable diffs), and the anchor it was measured against."""
+    if not c.measured:
+        return None
+    entry: dict[str, Any] = {"anchor": anchor}
+    for p in PASSES:
+        est = c.estimate(p)
+        if est is not None:
+            entry[p] = {"median": round(est.median, 6), "noise": round(est.noise, 6), "n": est.n,
+                        "samples": [round(x, 6) for x in est.samples]}
+    return entry
+
+
+def baseline_estimate(entry: dict[str, Any] | None, pass_: str) -> RatioEstimate | None:
+    if not entry or pass_ not in entry:
+        return None
+    return RatioEstimate.from_dict(entry[pass_])
+
+
+def judge_perf(result: PerfResult, baseline_perf: dict[str, Any], config: PerfConfig,
+               remeasure: Callable[[Case, str, int], RatioEstimate | None] | None = None) -> tuple[PerfJudgement, ...]:
+    """One judgement per measured case and pass. A suspected regression is re-measured with
+    `confirm_rounds` through `remeasure(case, pass_, rounds)` (None or confirm_rounds 0: no confirm,
+    the suspicion stands as a FAIL)."""
+    rules = PerfRules.from_config(config)
+    out = []
+    for c in result.cases:
+        if c.status == "SKIP":
+            continue
+        entry = (baseline_perf or {}).get(c.case_id)
+        for p in result.plan.passes:
+            base = baseline_estimate(entry, p)
+            if entry is not None and entry.get("anchor") not in (None, result.anchor):
+                out.append(PerfJudgement(
+                    case_id=c.case_id, pass_=p, severity=PerfSeverity.INCONCLUSIVE,
+                    message=f"baseline was measured against anchor {entry.get('anchor')!r}, this run against "
+                            f"{result.anchor!r}: run `attn-gate baseline update` or pass --anchor {entry.get('anchor')}"))
+                continue
+            current = c.estimate(p) if c.measured else None
+            j = judge(c.case_id, p, base, current, rules)
+            if j.suspected and remeasure is not None and config.confirm_rounds > 0:
+                j = judge(c.case_id, p, base, current, rules, confirm=remeasure(c.case, p, config.confirm_rounds))
+            if c.status == "ERROR" and not c.measured:
+                j = PerfJudgement(case_id=c.case_id, pass_=p, severity=j.severity, message=f"not measured: {c.reason}")
+            out.append(j)
+    return tuple(out)
+
+
+def remeasure_with(kernel: str, anchor: str, device: str, config: PerfConfig) -> Callable[[Case, str, int], RatioEstimate | None]:
+    """A `remeasure` for judge_perf: times one pass of one case again with more rounds."""
+    from gate.kernels.registry import get_adapter
+
+    def remeasure(case: Case, pass_: str, rounds: int) -> RatioEstimate | None:
+        plan = TimingPlan.from_config(config, rounds=rounds, passes=(pass_,))
+        c = measure_case(get_adapter(kernel), anchor, case, device, plan)
+        return c.estimate(pass_) if c.measured else None
+
+    return remeasure

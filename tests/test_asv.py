@@ -1,0 +1,91 @@
+"""The asv suite, discovered and run by real asv (environment "existing", quick mode) on a tiny
+CPU case, read back through asv's own results API, then `asv publish` rendering HTML.
+Asserts that numbers were recorded, never what they are."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+TINY_CONFIG = """
+[tool.attn-gate.cpu]
+kernel = "tiled"
+suite = "tiny"
+
+[tool.attn-gate.perf]
+cpu_anchor = "sdpa-math"
+rounds = 3
+calls_per_round = 1
+warmup_s = 0.0
+
+[tool.attn-gate.suites.tiny]
+description = "one tiny timing case"
+seeds = [0]
+
+[[tool.attn-gate.suites.tiny.matrix]]
+dtype = ["fp32"]
+batch = [1]
+seqlens = ["32"]
+heads = ["2"]
+head_dims = ["16"]
+perf = [true]
+"""
+
+CASE_ID = "fp32-b1-h2-s32-d16"
+
+
+@pytest.fixture(scope="module")
+def asv_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("asv")
+    (tmp / "pyproject.toml").write_text(TINY_CONFIG)
+    conf = json.loads((REPO / "asv.conf.json").read_text())
+    conf.update(repo=str(REPO), benchmark_dir=str(REPO / "benchmarks"), results_dir=str(tmp / "results"),
+                html_dir=str(tmp / "html"), env_dir=str(tmp / "env"))
+    (tmp / "asv.conf.json").write_text(json.dumps(conf))
+    from gate.asv_support import git_commit
+
+    commit = git_commit("HEAD", REPO)  # fixed up front: others may commit while the test runs
+    env = {**os.environ, "HOME": str(tmp)}  # asv keeps its machine file in ~/.asv-machine.json
+    cmd = [sys.executable, "-m", "gate", "bench", "--asv-config", str(tmp / "asv.conf.json"), "--quick",
+           "--commit", commit, "--machine", "cpu-test", "--device", "cpu", "--config", str(tmp / "pyproject.toml")]
+    proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=240)
+    return tmp, env, proc, commit
+
+
+def test_asv_discovers_and_runs_the_track_benchmarks(asv_run):
+    tmp, _, proc, commit = asv_run
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    from gate.asv_support import read_results
+
+    rows = read_results(tmp / "asv.conf.json", "cpu-test", commit)
+    got = {r["benchmark"].split(".")[-1]: r for r in rows if r["params"] == (CASE_ID,)}
+    for name in ("track_fwd_ms", "track_bwd_ms", "track_fwd_speed_ratio", "track_bwd_speed_ratio", "track_tflops",
+                 "track_bwd_tflops"):
+        assert name in got, sorted(got)
+        assert isinstance(got[name]["value"], float) and got[name]["value"] > 0, got[name]
+    assert got["track_fwd_speed_ratio"]["unit"] == "candidate/anchor"
+    peak = got["track_peak_mem_mb"]["value"]
+    assert peak is None or math.isnan(peak)  # no allocator statistics on the CPU: skipped, not 0
+    assert "failed" not in proc.stdout
+    assert "track_fwd_speed_ratio" in proc.stdout
+
+
+def test_asv_publish_writes_html(asv_run):
+    tmp, env, proc, _ = asv_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    pub = subprocess.run([sys.executable, "-m", "gate", "publish", "--asv-config", str(tmp / "asv.conf.json")],
+                         cwd=tmp, env=env, capture_output=True, text=True, timeout=120)
+    assert pub.returncode == 0, pub.stdout[-3000:] + pub.stderr[-3000:]
+    assert (tmp / "html" / "index.html").is_file()
+
+
+def test_bench_without_asv_config_is_a_usage_error(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "gate", "bench", "--asv-config", str(tmp_path / "nope.json")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "nope.json: no such file" in proc.stderr

@@ -1,0 +1,60 @@
+"""Pure statistics on synthetic samples with known answers (no timing, no torch)."""
+
+import math
+
+import pytest
+
+from gate import perf_stats as st
+
+
+def test_median_and_quantiles_known_values():
+    assert st.median([3.0, 1.0, 2.0]) == 2.0
+    assert st.median([4.0, 1.0, 3.0, 2.0]) == 2.5
+    assert st.quantile([1, 2, 3, 4, 5], 0.25) == 2.0
+    assert st.iqr([1, 2, 3, 4, 5]) == 2.0
+    assert math.isnan(st.median([]))
+
+
+def test_mad_and_median_standard_error():
+    xs = [1.0, 2.0, 3.0, 4.0, 100.0]  # an outlier does not move the MAD
+    assert st.mad(xs) == 1.0
+    se = st.median_rel_se(xs)
+    assert se == pytest.approx(math.sqrt(math.pi / 2) * 1.4826 / math.sqrt(5) / 3.0)
+    assert math.isnan(st.median_rel_se([1.0]))
+
+
+def test_nan_samples_are_refused():
+    with pytest.raises(ValueError):
+        st.median([1.0, float("nan")])
+
+
+def test_order_statistic_ci_for_20_samples_is_ranks_6_and_15():
+    xs = list(range(1, 21))
+    assert st.median_ci(xs, 0.95) == (6.0, 15.0)  # coverage 1 - 2 * P(Binom(20, .5) <= 5) = 0.9586
+
+
+def test_ci_is_nan_when_too_few_samples():
+    lo, hi = st.median_ci([1.0, 2.0, 3.0, 4.0, 5.0], 0.95)  # best coverage with n=5 is 0.9375
+    assert math.isnan(lo) and math.isnan(hi)
+    assert st.median_ci([1, 2, 3, 4, 5, 6], 0.95) == (1.0, 6.0)  # n=6: 1 - 2/64 = 0.969
+
+
+def test_sign_test_exact_values():
+    assert st.sign_test([1.1] * 10, 1.0, "greater") == pytest.approx(2 ** -10)
+    assert st.sign_test([1.1] * 10, 1.0, "less") == 1.0
+    assert st.sign_test([0.9, 1.1], 1.0) == pytest.approx(0.75)
+    assert math.isnan(st.sign_test([1.0, 1.0], 1.0))
+
+
+def test_mann_whitney_exact_matches_enumeration():
+    # complete separation with 5 vs 5: p = 1 / C(10, 5)
+    assert st.mann_whitney([6, 7, 8, 9, 10], [1, 2, 3, 4, 5], "greater") == pytest.approx(1 / 252)
+    assert st.mann_whitney([6, 7, 8, 9, 10], [1, 2, 3, 4, 5], "less") == pytest.approx(1.0)
+    # interleaved samples: no evidence
+    assert st.mann_whitney([1, 3, 5, 7, 9], [2, 4, 6, 8, 10], "greater") > 0.5
+
+
+def test_mann_whitney_with_ties_uses_normal_approximation():
+    p = st.mann_whitney([2, 2, 3, 3, 4, 4], [1, 1, 2, 2, 3, 3], "greater")
+    assert 0.0 < p < 0.2
+    assert math.isnan(st.mann_whitney([1, 2], [3, 4, 5]))  # too few: no answer, not "significant"
