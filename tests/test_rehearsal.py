@@ -58,6 +58,9 @@ class Rehearsal:
 def fill(value, known: dict[str, str], where: str) -> str:
     def sub(m: re.Match) -> str:
         expr = m.group(1)
+        default = re.fullmatch(r"(vars\.\w+) \|\| '([^']*)'", expr)
+        if default:  # `vars.X || 'default'`
+            return known.get(default[1]) or default[2]
         if expr.startswith("vars.") and expr not in known:
             return ""  # an unset repository variable reads as the empty string
         assert expr in known, f"{where}: expression `{expr}` is not in the rehearsal's table; add its CPU value"
@@ -145,11 +148,12 @@ def assert_artifact_complete(r: Rehearsal) -> Path:
 
 
 def test_rehearsal_passing_kernel(tmp_path):
-    r = rehearse(tmp_path, {"ATTN_GATE_KERNEL": "sdpa-cpu", "ATTN_GATE_ONLY": CASES})
+    r = rehearse(tmp_path, {"ATTN_GATE_KERNEL": "sdpa-cpu", "ATTN_GATE_ONLY": CASES, "ATTN_GATE_DEVICE": "cpu"})
     gate = r.step("gate")
     assert gate.returncode == 0, gate.output[-3000:]
     assert not r.failed
-    assert [s.kind for s in r.steps] == ["uses", "run", "run", "uses", "skipped", "run", "run", "uses"]
+    assert [s.kind for s in r.steps] == ["uses", "run", "run", "uses", "skipped", "run", "run", "run", "uses"]
+    assert "gating on cpu" in r.step("Check that torch sees the GPU").output
     assert gate.outputs == {"exit-code": "0"}
     assert r.step_summary.startswith("## attn-gate check: PASS")
     assert r.step_summary.count("## attn-gate") == 1  # check wrote it once; the fallback note stayed quiet
@@ -161,7 +165,8 @@ def test_rehearsal_passing_kernel(tmp_path):
 def test_rehearsal_buggy_kernel_fails_the_job_and_still_uploads(tmp_path):
     # a wrong softmax scale, gated against the good kernel's baseline
     r = rehearse(tmp_path, {"ATTN_GATE_KERNEL": "tests.buggy_kernels:scale_one_over_d",
-                            "ATTN_GATE_BASELINE": "baselines/cpu/sdpa-cpu-smoke.json", "ATTN_GATE_ONLY": CASES})
+                            "ATTN_GATE_BASELINE": "baselines/cpu/sdpa-cpu-smoke.json", "ATTN_GATE_ONLY": CASES,
+                            "ATTN_GATE_DEVICE": "cpu"})
     gate = r.step("gate")
     assert gate.returncode == 1, gate.output[-3000:]  # a verdict, not a usage error
     assert r.failed
@@ -173,10 +178,21 @@ def test_rehearsal_buggy_kernel_fails_the_job_and_still_uploads(tmp_path):
 
 
 def test_rehearsal_usage_error_still_leaves_a_summary(tmp_path):
-    r = rehearse(tmp_path, {"ATTN_GATE_KERNEL": "no_such_module:attention", "ATTN_GATE_ONLY": CASES})
+    r = rehearse(tmp_path, {"ATTN_GATE_KERNEL": "no_such_module:attention", "ATTN_GATE_ONLY": CASES,
+                            "ATTN_GATE_DEVICE": "cpu"})
     gate = r.step("gate")
     assert gate.returncode == 2 and "no_such_module" in gate.output
     assert r.failed
+    assert r.step_summary.startswith("## attn-gate: no verdict")
+    assert_artifact_complete(r)
+
+
+def test_rehearsal_without_a_gpu_fails_closed(tmp_path):
+    # the workflow's default device is cuda: a runner whose torch sees no GPU must not gate on CPU
+    r = rehearse(tmp_path, {})
+    guard = r.step("Check that torch sees the GPU")
+    assert guard.returncode == 1 and "::error::" in guard.output and "sees no CUDA GPU" in guard.output
+    assert r.step("gate").kind == "skipped"
     assert r.step_summary.startswith("## attn-gate: no verdict")
     assert_artifact_complete(r)
 

@@ -462,3 +462,18 @@ def test_report_truncates_a_huge_summary(tmp_path):
                        prs={"7": {"number": 7, "head": {"sha": SHA}}})
     [(_, args)] = writes(calls)
     assert len(args["body"]) < 65536 and "truncated" in args["body"]
+
+
+def test_every_gpu_job_refuses_to_run_without_a_gpu():
+    """A GPU runner whose torch sees no GPU would gate (or baseline, or benchmark) the CPU instead."""
+    for path in WORKFLOW_FILES:
+        for job_id, job in load(path)["jobs"].items():
+            labels = default_runner_labels(job["runs-on"])
+            if not labels or "gpu" not in labels:
+                continue
+            assert job["env"]["ATTN_GATE_DEVICE"] == "${{ vars.ATTN_GATE_DEVICE || 'cuda' }}", f"{path.name}/{job_id}"
+            names = [s.get("name", "") for s in job["steps"]]
+            first_use = next(i for i, s in enumerate(job["steps"]) if "attn-gate " in s.get("run", ""))
+            assert names.index("Check that torch sees the GPU") < first_use, f"{path.name}/{job_id}"
+            gpu_runs = [s["run"] for s in job["steps"] if re.search(r"attn-gate (check|bench|baseline)", s.get("run", ""))]
+            assert gpu_runs and all('--device "$ATTN_GATE_DEVICE"' in r for r in gpu_runs), f"{path.name}/{job_id}"
