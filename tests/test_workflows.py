@@ -473,7 +473,8 @@ def test_every_gpu_job_refuses_to_run_without_a_gpu():
                 continue
             assert job["env"]["ATTN_GATE_DEVICE"] == "${{ vars.ATTN_GATE_DEVICE || 'cuda' }}", f"{path.name}/{job_id}"
             names = [s.get("name", "") for s in job["steps"]]
-            first_use = next(i for i, s in enumerate(job["steps"]) if "attn-gate " in s.get("run", ""))
+            first_use = next(i for i, s in enumerate(job["steps"])
+                             if re.search(r"^\s*attn-gate \w", s.get("run", ""), re.MULTILINE))
             assert names.index("Check that torch sees the GPU") < first_use, f"{path.name}/{job_id}"
             gpu_runs = [s["run"] for s in job["steps"] if re.search(r"attn-gate (check|bench|baseline)", s.get("run", ""))]
             assert gpu_runs and all('--device "$ATTN_GATE_DEVICE"' in r for r in gpu_runs), f"{path.name}/{job_id}"
