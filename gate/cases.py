@@ -36,6 +36,13 @@ MATRIX_AXES: dict[str, Any] = {
 }
 
 
+def _num(x: float) -> str:
+    """The shortest text that reads back as x (20.0 -> '20', 0.1 -> '0.1'): unlike `:g`, two
+    different values never share an id (the suite would merge them as one case)."""
+    text = repr(float(x))
+    return text[:-2] if text.endswith(".0") else text
+
+
 @dataclass(frozen=True)
 class Case:
     """One attention problem. `window` uses flash-attn's (left, right); -1 means unbounded.
@@ -133,11 +140,11 @@ class Case:
         if self.has_window:
             parts.append(f"win{self.window[0]}.{self.window[1]}")
         if self.softcap:
-            parts.append(f"cap{self.softcap:g}")
+            parts.append(f"cap{_num(self.softcap)}")
         if self.alibi:
             parts.append("alibi")
         if self.dropout_p:
-            parts.append(f"drop{self.dropout_p:g}")
+            parts.append(f"drop{_num(self.dropout_p)}")
         if self.varlen is not None:
             parts.append("varlen" + ".".join(str(n) for n in self.varlen))
         return "-".join(parts)
@@ -225,6 +232,17 @@ def _checks(value: Any, where: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(value))
 
 
+# Axes whose values are plain scalars, with the types each value must have.
+SCALAR_AXES: dict[str, tuple[type, ...]] = {
+    "dtype": (str,), "batch": (int,), "causal": (bool,), "alibi": (bool,), "perf": (bool,),
+    "softcap": (int, float), "dropout_p": (int, float),
+}
+SCALAR_AXES_HINT = {
+    "dtype": f"one of {', '.join(DTYPES)}", "batch": "an integer", "causal": "true or false", "alibi": "true or false",
+    "perf": "true or false", "softcap": "a number", "dropout_p": "a number in [0, 1)",
+}
+
+
 def expand_block(block: dict[str, Any], seeds: tuple[int, ...], where: str) -> list[Case]:
     """Expand one matrix block (axis -> list of values) into Cases, in a stable order."""
     unknown = sorted(set(block) - set(MATRIX_AXES))
@@ -235,6 +253,11 @@ def expand_block(block: dict[str, Any], seeds: tuple[int, ...], where: str) -> l
         values = block.get(axis, default)
         if not isinstance(values, list) or not values:
             raise UserError(f"{where}: axis {axis!r} must be a non-empty list, got {values!r}")
+        kinds = SCALAR_AXES.get(axis)
+        for value in values if kinds else ():
+            # bool is an int in Python: `causal = ["false"]` or `batch = [true]` must not slip through.
+            if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+                raise UserError(f"{where}: axis {axis!r} value {value!r} should be {SCALAR_AXES_HINT[axis]}")
         axes[axis] = values
     cases = []
     for combo in itertools.product(*axes.values()):
@@ -246,8 +269,8 @@ def expand_block(block: dict[str, Any], seeds: tuple[int, ...], where: str) -> l
         batch = point["batch"]
         checks = _checks(point["checks"], where)
         if varlen is not None:
-            if not isinstance(varlen, list) or not all(isinstance(n, int) for n in varlen):
-                raise UserError(f"{where}: varlen value {varlen!r} should be a list of sequence lengths")
+            if not isinstance(varlen, list) or not varlen or not all(isinstance(n, int) and not isinstance(n, bool) for n in varlen):
+                raise UserError(f"{where}: varlen value {varlen!r} should be a non-empty list of sequence lengths")
             varlen = tuple(varlen)
             batch, seqlen_q, seqlen_k = len(varlen), max(varlen), max(varlen)
         try:
@@ -265,13 +288,15 @@ def expand_block(block: dict[str, Any], seeds: tuple[int, ...], where: str) -> l
     return cases
 
 
-def expand_suite(name: str, spec: dict[str, Any], source: str) -> Suite:
-    where = f"{source} [suites.{name}]"
+def expand_suite(name: str, spec: dict[str, Any], source: str, table: str = "suites") -> Suite:
+    """`table` is where the suite sits in `source`, for messages: `suites` in suites.toml,
+    `tool.attn-gate.suites` in pyproject.toml."""
+    where = f"{source} [{table}.{name}]"
     unknown = sorted(set(spec) - {"seeds", "matrix", "description"})
     if unknown:
         raise UserError(f"{where}: unknown key {unknown[0]!r}; a suite has 'seeds', 'matrix' and 'description'")
     seeds = spec.get("seeds", [0, 1])
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise UserError(f"{where}: seeds must be a non-empty list of integers")
     blocks = spec.get("matrix")
     if not isinstance(blocks, list) or not blocks:
@@ -303,7 +328,7 @@ def load_suite(name: str, overrides: dict[str, Any] | None = None, override_sour
     """The named suite: a config override if there is one, else the packaged default."""
     overrides = overrides or {}
     if name in overrides:
-        return expand_suite(name, overrides[name], override_source)
+        return expand_suite(name, overrides[name], override_source, "tool.attn-gate.suites")
     defaults = default_suite_specs()
     if name in defaults:
         return expand_suite(name, defaults[name], str(DEFAULT_SUITES_FILE.name))

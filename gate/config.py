@@ -7,6 +7,7 @@ names the file, the key and the fix. Missing file or section means the defaults.
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,13 @@ class ToleranceConfig:
     # still exceeds the widened bound by far (measured ratio ~60 on out, ~75 on dK at d=64;
     # tests/test_rule.py).
     fp32_factor: float = 4.0
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                # 0, negative, inf or nan would make every bound meaningless (pass or fail all).
+                raise ValueError(f"{f.name} = {value!r} must be a positive finite number")
 
     def mult(self, tensor: str, dtype: str = "bf16") -> float:
         return getattr(self, f"mult_{tensor}") * (self.fp32_factor if dtype == "fp32" else 1.0)
@@ -107,7 +115,21 @@ def _section(cls, raw: Any, where: str):
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
             raise UserError(f"{where}: {key} = {value!r} should be a {expected.__name__}")
         values[key] = value
-    return cls(**values)
+    try:
+        return cls(**values)
+    except ValueError as exc:  # the section's own range checks (__post_init__)
+        raise UserError(f"{where}: {exc}") from None
+
+
+def _check_suites(suites: dict[str, Any], path: Path) -> None:
+    """Expand every suite the file defines now, so a bad matrix is reported against this file
+    (and before any work), not later under a default name or only when that suite is run."""
+    from gate.cases import expand_suite
+
+    for name, spec in suites.items():
+        if not isinstance(spec, dict):
+            raise UserError(f"{path} [tool.attn-gate.suites.{name}]: expected a table with 'seeds' and [[matrix]] blocks")
+        expand_suite(name, spec, str(path), "tool.attn-gate.suites")
 
 
 def load_config(path: Path | None = None) -> Config:
@@ -139,6 +161,7 @@ def load_config(path: Path | None = None) -> Config:
     suites = raw.get("suites", {})
     if not isinstance(suites, dict):
         raise UserError(f"{where}.suites: expected tables [tool.attn-gate.suites.NAME]")
+    _check_suites(suites, path)
     baselines_dir = raw.get("baselines_dir", base.baselines_dir)
     if not isinstance(baselines_dir, str):
         raise UserError(f"{where}: baselines_dir should be a path string")

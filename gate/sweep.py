@@ -39,7 +39,7 @@ def run_sweep(kernel: str, suite_name: str, config: Config, device: str | None =
     from gate.checks import checks_for
 
     device = device or default_device()
-    suite = load_suite(suite_name, config.suites)
+    suite = load_suite(suite_name, config.suites, config.source)
     adapter = get_adapter(kernel)
     missing = adapter.unavailable_reason()
     if missing:

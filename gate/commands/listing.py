@@ -35,7 +35,7 @@ def suites(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     for name in suite_names(config.suites):
-        suite = load_suite(name, config.suites)
+        suite = load_suite(name, config.suites, config.source)
         print(f"{name:10} {len(suite.cases):4} cases ({len(suite.perf_cases)} timing) from {suite.source}")
         if args.cases:
             for c in suite.cases:
