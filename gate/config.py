@@ -76,8 +76,8 @@ class PerfConfig:
     min_rounds: int = 7  # INCONCLUSIVE below this many rounds
     rounds: int = 15  # interleaved candidate/anchor rounds per pass
     calls_per_round: int = 5  # timed calls per kernel per round (the round's value is their median)
-    confirm_rounds: int = 45  # rounds of the re-measurement of a suspected regression (0: no confirm)
-    warmup_s: float = 0.5  # warm-up by time, both kernels, before the first round
+    confirm_rounds: int = 30  # rounds of the re-measurement of a suspected regression, and of a baseline (0: no confirm)
+    warmup_s: float = 0.25  # warm-up by time, both kernels, before the first round
     cold_l2: bool = True  # flush L2 (a buffer larger than L2) before every timed call
 
     def anchor_for(self, device: str) -> str:

@@ -159,13 +159,16 @@ def _workloads(adapter, anchor_name: str, case: Case, device: str):
     from gate.kernels.registry import get_adapter
     from gate.timing import KernelWorkload, MatmulWorkload
 
+    from gate.inputs import make_inputs
+
     if anchor_name == MATMUL:
         return KernelWorkload(adapter, case, device), MatmulWorkload(case, device), None
     anchor = get_adapter(anchor_name)
     why = anchor.unavailable_reason() or anchor.capabilities().unsupported_reason(case, device)
     if why:
         return None, None, f"anchor {anchor_name} cannot run this case: {why}"
-    return KernelWorkload(adapter, case, device), KernelWorkload(anchor, case, device), None
+    inputs = make_inputs(case, 0, device)  # drawn once, shared: both kernels see the same values
+    return KernelWorkload(adapter, case, device, inputs), KernelWorkload(anchor, case, device, inputs), None
 
 
 def measure_case(adapter, anchor_name: str, case: Case, device: str, plan: TimingPlan) -> PerfCaseResult:

@@ -282,22 +282,29 @@ class FunctionWorkload(Workload):
 class KernelWorkload(Workload):
     """An adapter on a case's inputs (seed 0), as training calls it."""
 
-    def __init__(self, adapter, case, device: str):
+    def __init__(self, adapter, case, device: str, inputs=None):
         self.adapter, self.case, self.device = adapter, case, device
         self.name = adapter.name
+        self.inputs = inputs  # AttnInputs to share (candidate and anchor see the same values)
+        self._prepared = False
 
     def prepare(self) -> None:
+        """Idempotent: inputs and the retained graph are built once per workload."""
+        if self._prepared:
+            return
         import torch
 
         from gate.correctness import leaf_call
         from gate.inputs import make_inputs
 
         self.adapter.prepare(self.case)
-        self.inputs = make_inputs(self.case, 0, self.device)
+        if self.inputs is None:
+            self.inputs = make_inputs(self.case, 0, self.device)
         self.call = dataclasses.replace(leaf_call(self.case, self.inputs), want_lse=False)
         self._leaves = (self.call.q, self.call.k, self.call.v)
         self._out = self.adapter(self.call).out  # the graph every backward call reuses
         self._grad = torch.autograd.grad
+        self._prepared = True
 
     def run(self, pass_: str) -> Any:
         if pass_ == "fwd":
@@ -334,6 +341,8 @@ class MatmulWorkload(Workload):
             self.shapes[p] = (m, m, k)
 
     def prepare(self) -> None:
+        if getattr(self, "_ab", None) is not None:
+            return
         import torch
 
         from gate.inputs import TORCH_DTYPES
