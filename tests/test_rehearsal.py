@@ -208,3 +208,130 @@ def test_output_file_parsing(text, expected):
 def test_unknown_expression_is_an_error():
     with pytest.raises(AssertionError, match="github.event.pull_request.title"):
         fill("${{ github.event.pull_request.title }}", {}, "step x")
+
+
+# ---- the two jobs that write, rehearsed against a local bare repository as "GitHub" ------------
+
+def job_step(workflow: str, job: str, name: str) -> dict:
+    doc = yaml.safe_load((ROOT / ".github" / "workflows" / workflow).read_text())
+    return next(s for s in doc["jobs"][job]["steps"] if s.get("name") == name)
+
+
+def git(*args: str, cwd: Path) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def run_script(script: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    base = {"PATH": os.environ["PATH"], "HOME": str(cwd.parent), "GIT_CONFIG_NOSYSTEM": "1", "GH_TOKEN": "not-a-token"}
+    return subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script], cwd=cwd,
+                          env={**base, **env}, capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def github(tmp_path):
+    """A bare repository standing in for github.com/<owner>/repo: "$GITHUB_SERVER_URL/$GITHUB_REPOSITORY.git"."""
+    seed = tmp_path / "seed"
+    seed.mkdir()
+    git("init", "-q", "-b", "main", cwd=seed)
+    (seed / "baselines" / "cpu").mkdir(parents=True)
+    (seed / "baselines" / "cpu" / "k-smoke.json").write_text('{"ratio": 0.5}\n')
+    git("add", ".", cwd=seed)
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "seed", cwd=seed)
+    git("clone", "-q", "--bare", str(seed), str(tmp_path / "repo.git"), cwd=tmp_path)
+    return {"GITHUB_SERVER_URL": f"file://{tmp_path}", "GITHUB_REPOSITORY": "repo", "bare": tmp_path / "repo.git"}
+
+
+def history_run(tmp_path: Path, github: dict, files: dict[str, str], sha: str):
+    work = tmp_path / f"work-{sha}"
+    results = work / "temp" / "asv-results"
+    for name, text in files.items():
+        (results / name).parent.mkdir(parents=True, exist_ok=True)
+        (results / name).write_text(text)
+    script = job_step("publish.yml", "history", "Commit them to the branch asv-results")["run"]
+    env = {k: v for k, v in github.items() if k != "bare"}
+    return run_script(script, work, {**env, "RUNNER_TEMP": str(work / "temp"), "GITHUB_SHA": sha,
+                                     "GITHUB_EVENT_NAME": "push"})
+
+
+def test_publish_history_starts_and_extends_the_results_branch(tmp_path, github):
+    first = {"benchmarks.json": "{}", "h200/machine.json": "{}", "h200/aaa-existing.json": '{"v": 1}'}
+    r = history_run(tmp_path, github, first, "aaa")
+    assert r.returncode == 0, r.stdout + r.stderr
+    second = {**first, "h200/bbb-existing.json": '{"v": 2}'}  # the bench job restored the history, added one
+    r = history_run(tmp_path, github, second, "bbb")
+    assert r.returncode == 0, r.stdout + r.stderr
+    bare = github["bare"]
+    assert git("log", "--format=%s", "asv-results", cwd=bare).splitlines() == [
+        "asv results for bbb (push)", "asv results for aaa (push)"]
+    assert sorted(git("ls-tree", "-r", "--name-only", "asv-results", cwd=bare).split()) == [
+        "results/benchmarks.json", "results/h200/aaa-existing.json", "results/h200/bbb-existing.json",
+        "results/h200/machine.json"]
+    assert git("rev-parse", "main", cwd=bare) != git("rev-parse", "asv-results", cwd=bare)  # main untouched
+    r = history_run(tmp_path, github, second, "ccc")  # nothing new: no empty commit
+    assert r.returncode == 0 and "no new results" in r.stdout
+    assert len(git("log", "--format=%s", "asv-results", cwd=bare).splitlines()) == 2
+
+
+@pytest.mark.parametrize("files", [{"h200/evil.sh": "rm -rf /"}, {"a/b/c.json": "{}"}])
+def test_publish_history_refuses_what_is_not_an_asv_result(tmp_path, github, files):
+    r = history_run(tmp_path, github, files, "ddd")
+    assert r.returncode == 1 and "::error::" in r.stdout
+    assert "asv-results" not in git("branch", "--list", cwd=github["bare"])
+
+
+def test_publish_history_refuses_a_symlink(tmp_path, github):
+    work = tmp_path / "work-link" / "temp" / "asv-results" / "h200"
+    work.mkdir(parents=True)
+    (work / "x.json").symlink_to("/etc/passwd")
+    script = job_step("publish.yml", "history", "Commit them to the branch asv-results")["run"]
+    r = run_script(script, tmp_path / "work-link", {"GITHUB_SERVER_URL": github["GITHUB_SERVER_URL"],
+                                                    "GITHUB_REPOSITORY": "repo", "RUNNER_TEMP": str(tmp_path / "work-link" / "temp"),
+                                                    "GITHUB_SHA": "eee", "GITHUB_EVENT_NAME": "push"})
+    assert r.returncode == 1 and "not a plain file" in r.stdout
+
+
+def baseline_pr_run(tmp_path: Path, github: dict, files: dict[str, str]):
+    """The PR job's script in a clone of "GitHub", with a fake `gh` that records its arguments."""
+    work = tmp_path / "checkout"
+    git("clone", "-q", str(github["bare"]), str(work), cwd=tmp_path)
+    temp = tmp_path / "temp"
+    for name, text in {"summary.md": "## Baseline diff\n\nk: dk ratio 0.50 -> 0.40\n", **files}.items():
+        (temp / "baseline-update" / name).parent.mkdir(parents=True, exist_ok=True)
+        (temp / "baseline-update" / name).write_text(text)
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "gh").write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$GH_ARGS"\n')
+    (fake_bin / "gh").chmod(0o755)
+    summary = tmp_path / "step-summary.md"
+    script = job_step("baselines.yml", "pull-request", "Commit it on a branch and open the PR")["run"]
+    env = {k: v for k, v in github.items() if k != "bare"}
+    r = run_script(script, work, {**env, "PATH": f"{fake_bin}:{os.environ['PATH']}", "GH_ARGS": str(tmp_path / "gh-args"),
+                                  "RUNNER_TEMP": str(temp), "GITHUB_RUN_ID": "42", "GITHUB_REF_NAME": "main",
+                                  "GITHUB_STEP_SUMMARY": str(summary), "SUITE": "smoke", "KERNEL": "k"})
+    gh_args = (tmp_path / "gh-args").read_text().splitlines() if (tmp_path / "gh-args").exists() else None
+    return r, gh_args, summary.read_text() if summary.exists() else ""
+
+
+def test_baseline_pr_pushes_a_branch_and_opens_a_pr_with_the_summary(tmp_path, github):
+    r, gh_args, summary = baseline_pr_run(tmp_path, github, {"baselines/cpu/k-smoke.json": '{"ratio": 0.4}\n'})
+    assert r.returncode == 0, r.stdout + r.stderr
+    bare = github["bare"]
+    branch = "attn-gate/baseline-update-42"
+    assert git("show", f"{branch}:baselines/cpu/k-smoke.json", cwd=bare) == '{"ratio": 0.4}\n'
+    assert git("log", "-1", "--format=%s", branch, cwd=bare).strip() == "Baseline update: suite smoke, kernel k"
+    assert gh_args[:8] == ["pr", "create", "--base", "main", "--head", branch, "--title",
+                           "Baseline update: suite smoke, kernel k"]
+    body = Path(gh_args[gh_args.index("--body-file") + 1]).read_text()
+    assert body.startswith("## Baseline diff") and "0.50 -> 0.40" in body
+    assert "Opened the baseline PR" in summary
+
+
+def test_baseline_pr_skips_an_unchanged_baseline(tmp_path, github):
+    r, gh_args, summary = baseline_pr_run(tmp_path, github, {"baselines/cpu/k-smoke.json": '{"ratio": 0.5}\n'})
+    assert r.returncode == 0 and gh_args is None and "did not change" in summary
+    assert "baseline-update" not in git("branch", "--list", cwd=github["bare"])
+
+
+def test_baseline_pr_refuses_files_that_are_not_baselines(tmp_path, github):
+    r, gh_args, _ = baseline_pr_run(tmp_path, github, {"baselines/cpu/k-smoke.json": "{}", "baselines/hook.sh": "id"})
+    assert r.returncode == 1 and "not baselines" in r.stdout and gh_args is None
