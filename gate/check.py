@@ -134,9 +134,11 @@ def compare_all(baseline: Baseline, sweep: SweepResult, config: Config, scope: s
 
 def run_check(config: Config, kernel: str | None = None, suite: str | None = None, device: str | None = None,
               only: str | None = None, results_path: Path | None = None, baseline_file: Path | None = None,
-              out_dir: Path = Path("out"), progress: bool = True, console=None) -> CheckOutcome:
+              out_dir: Path = Path("out"), progress: bool = True, console=None, perf: bool | None = None) -> CheckOutcome:
     if results_path is not None and only is not None:
         raise UserError("--only filters a fresh run; with --results the file is compared as it is (drop --only)")
+    if results_path is not None and perf:
+        raise UserError("--perf times the kernel now, so it needs a fresh run: drop --results (or --perf)")
     results = read_results(results_path, kernel, suite) if results_path is not None else None
     target = resolve_target(config, kernel, suite, device, results)
     path, baseline = load_existing_baseline(config, target, baseline_file)
@@ -144,16 +146,26 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
     check_comparable(baseline, sweep, path)
     scope = sweep_scope(sweep)
     findings, thresholds = compare_all(baseline, sweep, config, scope)
+    perf_run = None
+    if results is None:
+        from gate.perf_check import perf_wanted, run_perf_check
+
+        if perf_wanted(perf, target.device):  # speed joins the same verdict (#4): default on a GPU, off on a CPU
+            perf_run = run_perf_check(config, target.kernel, target.suite, target.device, only, baseline.perf, Path(out_dir))
+            findings, thresholds = list(findings) + perf_run.findings, {**thresholds, **perf_run.thresholds}
     context = {"kernel": sweep.kernel, "suite": sweep.suite, "gpu_class": baseline.gpu_class, "baseline": str(path),
                "baseline_measured_at": baseline.measured_at, "run_started_at": sweep.started_at,
                "config": config.source, "scope": scope,
                "measured": sum(1 for c in sweep.cases if c.tensors), "cases": len(sweep.cases)}
     verdict = decide(findings, thresholds, context)
-    paths = render_check(verdict, sweep, baseline, Path(out_dir), console)
+    paths = render_check(verdict, sweep, baseline, Path(out_dir), console, perf_run.markdown if perf_run else "")
+    if perf_run:
+        paths.update(perf_run.paths)
     return CheckOutcome(verdict, sweep, baseline, path, paths)
 
 
-def render_check(verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_dir: Path, console=None) -> dict[str, Path]:
+def render_check(verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_dir: Path, console=None,
+                 extra_markdown: str = "") -> dict[str, Path]:
     from gate.check_report import markdown_summary, print_check
     from gate.jsonio import write_json_atomic, write_text_atomic
     from gate.sweep import safe_name, write_sweep_outputs
@@ -162,7 +174,7 @@ def render_check(verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_d
     paths = write_sweep_outputs(sweep, out_dir)
     paths["findings"] = out_dir / f"findings-{stem}.json"
     write_json_atomic(paths["findings"], verdict.to_dict())
-    summary = markdown_summary(verdict, sweep, baseline)
+    summary = markdown_summary(verdict, sweep, baseline) + extra_markdown
     paths["summary"] = out_dir / f"check-{stem}.md"
     write_text_atomic(paths["summary"], summary)
     try:
@@ -184,7 +196,8 @@ def render_check(verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_d
 
 def run_baseline_update(config: Config, kernel: str | None = None, suite: str | None = None, device: str | None = None,
                         only: str | None = None, results_path: Path | None = None, allow_failing: bool = False,
-                        summary_path: Path | None = None, out_dir: Path = Path("out"), progress: bool = True) -> UpdateOutcome:
+                        summary_path: Path | None = None, out_dir: Path = Path("out"), progress: bool = True,
+                        perf: bool | None = None) -> UpdateOutcome:
     if results_path is not None and only is not None:
         raise UserError("--only filters a fresh run; a --from-results file is taken as it is (drop --only)")
     results = read_results(results_path, kernel, suite) if results_path is not None else None
@@ -203,7 +216,16 @@ def run_baseline_update(config: Config, kernel: str | None = None, suite: str | 
 
         saved = write_sweep_outputs(sweep, Path(out_dir))["json"]
         print(f"the run is saved in {saved} (reuse it with --from-results)")
-    new, kept = merge_baseline(Baseline.from_sweep(sweep), old, sweep_scope(sweep))
+    perf_section = None
+    if results is not None and perf:
+        raise UserError("--perf times the kernel now, so it needs a fresh run: drop --from-results (or --perf)")
+    if results is None:
+        from gate.perf_check import perf_baseline_section, perf_wanted
+
+        if perf_wanted(perf, target.device):  # speed ratios with their noise (#4); None keeps the old section
+            perf_section, _ = perf_baseline_section(config, target.kernel, target.suite, target.device, only,
+                                                    old.perf if old is not None else None)
+    new, kept = merge_baseline(Baseline.from_sweep(sweep, perf=perf_section), old, sweep_scope(sweep))
     cfg = config.verdict
     diff = diff_baselines(old, new, path, cfg.headroom_factor, cfg.headroom_step, cfg.improvement_factor, kept)
     if not sweep.passed and not allow_failing:

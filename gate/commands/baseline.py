@@ -26,6 +26,8 @@ def register(sub) -> None:
     u.add_argument("--summary", type=Path, default=None, metavar="FILE", help="also write the change summary (Markdown) here")
     u.add_argument("--out", type=Path, default=Path("out"), metavar="DIR", help="where a fresh run's sweep JSON is saved")
     u.add_argument("--no-progress", action="store_true", help="no progress bar")
+    u.add_argument("--perf", action=argparse.BooleanOptionalAction, default=None,
+                   help="also record speed ratios with their noise (default: on with a GPU, off on a CPU; off keeps the old section)")
     u.set_defaults(main=update)
     s = bsub.add_parser("show", help="print a baseline: fingerprint and each case's ratios")
     add_kernel_suite(s)
@@ -41,7 +43,8 @@ def update(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     outcome = run_baseline_update(config, kernel=args.kernel, suite=args.suite, device=args.device, only=args.only,
                                   results_path=args.from_results, allow_failing=args.allow_failing,
-                                  summary_path=args.summary, out_dir=args.out, progress=not args.no_progress)
+                                  summary_path=args.summary, out_dir=args.out, progress=not args.no_progress,
+                                  perf=args.perf)
     return outcome.exit_code
 
 

@@ -24,6 +24,8 @@ def register(sub) -> None:
     p.add_argument("--out", type=Path, default=Path("out"), metavar="DIR",
                    help="folder for the Markdown summary, findings JSON, sweep JSON and plot (default: out)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--perf", action=argparse.BooleanOptionalAction, default=None,
+                   help="also gate speed ratios against the baseline's perf section (default: on with a GPU, off on a CPU)")
     p.set_defaults(main=main)
 
 
@@ -34,6 +36,6 @@ def main(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     outcome = run_check(config, kernel=args.kernel, suite=args.suite, device=args.device, only=args.only,
                         results_path=args.results, baseline_file=args.baseline, out_dir=args.out,
-                        progress=not args.no_progress)
+                        progress=not args.no_progress, perf=args.perf)
     print("wrote " + ", ".join(str(p) for p in outcome.paths.values()))
     return outcome.exit_code
