@@ -157,6 +157,10 @@ def read_baseline(path: Path) -> Baseline:
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise UserError(f"{path}: baseline is missing or has a bad field ({type(exc).__name__}: {exc}); "
                         f"restore it from git or regenerate it with `attn-gate baseline update`") from None
+    if baseline.environment.get("gpu_class", baseline.gpu_class) != baseline.gpu_class:
+        raise UserError(f"{path}: gpu_class {baseline.gpu_class!r} disagrees with its environment's "
+                        f"{baseline.environment['gpu_class']!r} (hand-edited?); restore it from git or regenerate it "
+                        f"with `attn-gate baseline update`")
     return baseline
 
 

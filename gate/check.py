@@ -210,6 +210,9 @@ def run_baseline_update(config: Config, kernel: str | None = None, suite: str | 
         except UserError as exc:
             raise UserError(f"{exc} (the existing baseline is unreadable, so it is left as it is: restore it with "
                             f"`git checkout -- {path}`, or delete it to start afresh)") from None
+        if old.gpu_class != target.gpu_class:
+            raise UserError(f"{path}: holds a baseline for GPU class {old.gpu_class!r}, not {target.gpu_class!r}; it is left "
+                            f"as it is: move it to {Path(config.baselines_dir) / old.gpu_class}/ or delete it, then rerun")
     sweep = results if results is not None else fresh_sweep(config, target, only, progress)
     if results is None:
         from gate.sweep import write_sweep_outputs

@@ -1,0 +1,128 @@
+"""Baseline files: round trip, readable diffs, every malformed file refused with its name and the
+fix, piecemeal updates, the reviewer's diff, and the committed CPU baseline itself."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gate.baselines import Baseline, baseline_path, diff_baselines, merge_baseline, read_baseline
+from gate.config import load_config
+from gate.errors import UserError
+from gate.results import Status
+from tests.test_verdict import CFG, GOOD, case, result, sweep
+
+ROOT = Path(__file__).resolve().parent.parent
+CPU_BASELINE = ROOT / "baselines" / "cpu" / "sdpa-cpu-smoke.json"
+
+
+def diff(old, new, kept=0):
+    return diff_baselines(old, new, Path("b.json"), CFG.headroom_factor, CFG.headroom_step, CFG.improvement_factor, kept)
+
+
+def test_round_trip_sorted_and_rounded(tmp_path):
+    b = Baseline.from_sweep(GOOD, perf={"some-case": {"speed_ratio:fwd": 1.02}})
+    path = tmp_path / "cpu" / "k-smoke.json"
+    b.write(path)
+    text = path.read_text()
+    data = json.loads(text)
+    assert data["schema_version"] == 1 and data["kind"] == "attn-gate baseline" and data["gpu_class"] == "cpu"
+    assert list(data) == sorted(data) and list(data["correctness"]) == sorted(data["correctness"])
+    assert text == json.dumps(data, indent=1, sort_keys=True) + "\n"  # canonical: a rewrite changes nothing
+    back = read_baseline(path)
+    assert back.perf == {"some-case": {"speed_ratio:fwd": 1.02}}
+    assert back.correctness[case(1).id].tensors["dq"].ratio == pytest.approx(0.3)
+    assert back.correctness[case(3).id].status is Status.SKIP and back.correctness[case(3).id].reason == "no softcap"
+    back.write(path)
+    assert path.read_text() == text  # stable: reading and writing again is a no-op diff
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temp file left behind
+
+
+def test_ratios_rounded_to_four_digits(tmp_path):
+    Baseline.from_sweep(sweep(result(1, out=0.123456789))).write(tmp_path / "b.json")
+    assert json.loads((tmp_path / "b.json").read_text())["correctness"][case(1).id]["tensors"]["out"]["ratio"] == 0.1235
+
+
+GOOD_TEXT = json.dumps(Baseline.from_sweep(GOOD).to_dict(), indent=1, sort_keys=True)
+BAD_FILES = [
+    ("malformed", GOOD_TEXT.replace('"status": "PASS"', '"status": PASS', 1), "not valid JSON"),
+    ("truncated", GOOD_TEXT[: len(GOOD_TEXT) // 2], "truncated"),
+    ("empty", "", "not valid JSON"),
+    ("unknown schema", GOOD_TEXT.replace('"schema_version": 1', '"schema_version": 99'), "schema_version 99"),
+    ("not a baseline", json.dumps({"schema_version": 1, "kind": "attn-gate sweep"}), "not an 'attn-gate baseline'"),
+    ("missing field", GOOD_TEXT.replace('"suite_hash"', '"suite_hash_x"'), "missing or has a bad field"),
+    ("bad status", GOOD_TEXT.replace('"status": "PASS"', '"status": "GREEN"', 1), "missing or has a bad field"),
+    ("class disagrees", GOOD_TEXT.replace('"gpu_class": "cpu"', '"gpu_class": "h200"', 1), "disagrees"),
+]
+
+
+@pytest.mark.parametrize("name, text, words", BAD_FILES, ids=[b[0] for b in BAD_FILES])
+def test_bad_files_are_refused_with_name_and_fix(tmp_path, name, text, words):
+    path = tmp_path / "k-smoke.json"
+    path.write_text(text)
+    with pytest.raises(UserError) as err:
+        read_baseline(path)
+    message = str(err.value)
+    assert message.startswith(str(path)) and words in message, message
+    assert any(fix in message for fix in ("regenerate", "restore", "baseline update")), message
+
+
+def test_path_is_per_gpu_class_kernel_and_suite():
+    assert baseline_path("baselines", "h200", "sdpa-flash", "pr") == Path("baselines/h200/sdpa-flash-pr.json")
+    assert baseline_path("b", "cpu", "tests.k:fn", "smoke") == Path("b/cpu/tests.k_fn-smoke.json")
+
+
+def test_merge_filtered_run_replaces_only_its_cases_and_keeps_perf():
+    old = Baseline.from_sweep(GOOD, perf={"x": 1})
+    new = Baseline.from_sweep(sweep(result(1, out=0.5), notes=("filtered with --only 's1-'",)))
+    merged, kept = merge_baseline(new, old, "s1-")
+    assert kept == 3 and set(merged.correctness) == set(old.correctness)
+    assert merged.correctness[case(1).id].tensors["out"].ratio == 0.5
+    assert merged.perf == {"x": 1}
+    whole, kept = merge_baseline(new, old, None)  # an unfiltered run is the whole truth
+    assert kept == 0 and set(whole.correctness) == {case(1).id}
+
+
+def test_merge_filtered_run_into_changed_suite_is_refused():
+    old = Baseline.from_sweep(GOOD)
+    new = Baseline.from_sweep(sweep(result(1, out=0.5), suite_hash="h2"))
+    with pytest.raises(UserError, match="cannot update it piecemeal"):
+        merge_baseline(new, old, "s1-")
+
+
+def test_diff_lists_what_moved_beyond_noise():
+    old = Baseline.from_sweep(GOOD)
+    new = Baseline.from_sweep(sweep(
+        result(1, out=0.21, dq=0.31, dk=0.25, dv=0.6),  # dv 0.22 -> 0.6 moved; the rest is noise
+        result(2, "FAIL", "dq", out=0.0, dq=1.2),  # status change
+        result(4, out=0.6, dk=0.3),  # dk 0.9 -> 0.3: improvement
+        result(5, out=0.1),  # added; case 3 removed
+        env={**GOOD.environment, "torch": "2.14.0"}))
+    d = diff(old, new)
+    assert d.added == (case(5).id,) and d.removed == (case(3).id,)
+    assert d.status_changes == ((case(2).id, "PASS", "FAIL"),)
+    assert {(c, t) for c, t, _, _ in d.moved} == {(case(1).id, "dv"), (case(2).id, "dq"), (case(4).id, "dk")}
+    assert d.env_changes == (("torch", "2.13.0", "2.14.0"),) and d.failing == (case(2).id,)
+    text = d.markdown()
+    assert "torch`: 2.13.0 -> 2.14.0" in text and "| 0.220 | 0.600 |" in text and "fail their bounds" in text
+    same = diff(old, Baseline.from_sweep(GOOD))
+    assert (same.moved, same.added, same.removed, same.status_changes) == ((), (), (), ())
+    assert same.unchanged == len(GOOD.cases)
+    assert diff(None, old).created and "created" in diff(None, old).markdown()
+
+
+def test_committed_cpu_baseline_matches_the_suite_and_config():
+    """The file CI gates against: readable, for this suite as it is now and these multipliers
+    (otherwise `check` refuses and the baseline must be refreshed on purpose)."""
+    from gate.cases import load_suite
+    from gate.sweep import suite_hash
+
+    b = read_baseline(CPU_BASELINE)
+    config = load_config(ROOT / "pyproject.toml")
+    assert (b.kernel, b.suite, b.gpu_class) == ("sdpa-cpu", "smoke", "cpu")
+    assert b.suite_hash == suite_hash(load_suite("smoke", config.suites))
+    assert b.tolerance == config.tolerance.as_dict()
+    assert b.failing_cases == []
+    assert set(b.correctness) == {c.id for c in load_suite("smoke", config.suites).cases}

@@ -1,0 +1,250 @@
+"""`attn-gate check` and `attn-gate baseline` end to end, in process (no torch start-up per call).
+
+One real sweep of the smoke suite (the main job: sdpa-cpu against the committed baselines/cpu/)
+is shared by the module; the other tests compare crafted copies of its results file (--results)
+or run a few cases (--only), so the whole file stays around half a minute on two cores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gate.cli import build_parser, main
+
+ROOT = Path(__file__).resolve().parent.parent
+CPU_BASELINE = ROOT / "baselines" / "cpu" / "sdpa-cpu-smoke.json"
+SQUARE_NON_GQA = "^(bf16|fp16)-b2-h4-s128-d64"  # SDPA's top-left causal equals flash-attn's here
+
+
+@pytest.fixture(scope="module")
+def full_check(tmp_path_factory):
+    """`attn-gate check` exactly as scripts/gate.sh runs it on a CPU-only machine."""
+    out = tmp_path_factory.mktemp("check")
+    with pytest.MonkeyPatch.context() as mp, contextlib.chdir(ROOT):
+        mp.delenv("GITHUB_STEP_SUMMARY", raising=False)
+        rc = main(["check", "--device", "cpu", "--no-progress", "--out", str(out)])
+    return rc, out
+
+
+@pytest.fixture
+def results(full_check, tmp_path) -> Path:
+    """A private copy of the main job's sweep JSON, to craft variants of."""
+    path = tmp_path / "sweep.json"
+    shutil.copy(full_check[1] / "sweep-sdpa-cpu-smoke.json", path)
+    return path
+
+
+@pytest.fixture
+def project(tmp_path) -> tuple[Path, Path]:
+    """A scratch project: its own pyproject.toml with baselines_dir in tmp (the repo's stays untouched)."""
+    baselines = tmp_path / "baselines"
+    cfg = tmp_path / "pyproject.toml"
+    cfg.write_text(f'[tool.attn-gate]\nbaselines_dir = "{baselines.as_posix()}"\n')
+    return cfg, baselines
+
+
+@pytest.fixture(autouse=True)
+def no_step_summary(monkeypatch):
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+
+
+def findings_of(out: Path, stem: str = "sdpa-cpu-smoke") -> dict:
+    return json.loads((out / f"findings-{stem}.json").read_text())
+
+
+def edit_results(path: Path, edit) -> Path:
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def case_of(data: dict, case_id: str) -> dict:
+    return next(c for c in data["cases"] if c["case_id"] == case_id)
+
+
+# ---------------------------------------------------------------- the main job
+
+
+def test_check_passes_against_committed_cpu_baseline(full_check):
+    rc, out = full_check
+    assert rc == 0
+    data = findings_of(out)
+    assert data["schema_version"] == 1 and data["verdict"] == "PASS" and data["exit_code"] == 0
+    assert data["counts"]["FAIL"] == 0 and data["counts"]["INCONCLUSIVE"] == 0 and data["counts"]["OK"] > 20
+    assert data["thresholds"] == {"tolerance_ratio": 1.0, "headroom_factor": 1.5, "headroom_step": 0.1, "improvement_factor": 2.0}
+    summary = (out / "check-sdpa-cpu-smoke.md").read_text()
+    assert summary.startswith("## attn-gate check: PASS\n\n**PASS: ")
+    assert "<details>" in summary and "headroom_step" in summary
+    assert (out / "ratios-sdpa-cpu-smoke.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((out / "sweep-sdpa-cpu-smoke.json").read_text())["kind"] == "attn-gate sweep"
+
+
+def test_check_exits_1_for_a_buggy_kernel_and_0_for_a_correct_one(in_repo_root, tmp_path, capsys):
+    common = ["--baseline", str(CPU_BASELINE), "--only", SQUARE_NON_GQA, "--device", "cpu", "--no-progress"]
+    assert main(["check", "--kernel", "tests.verdict_kernels:scale_off_by_5pct", *common, "--out", str(tmp_path / "bad")]) == 1
+    bad = findings_of(tmp_path / "bad", "tests.verdict_kernels_scale_off_by_5pct-smoke")
+    assert {f["rule"] for f in bad["findings"] if f["severity"] == "FAIL"} >= {"tolerance", "status"}
+    assert "FAIL: " in capsys.readouterr().out
+    # the same SDPA call with the right scale passes against the same baseline (lse not returned: a WARN)
+    assert main(["check", "--kernel", "tests.verdict_kernels:sdpa_ok", *common, "--out", str(tmp_path / "ok")]) == 0
+    ok = findings_of(tmp_path / "ok", "tests.verdict_kernels_sdpa_ok-smoke")
+    assert ok["verdict"] == "PASS" and {f["rule"] for f in ok["findings"] if f["severity"] == "WARN"} == {"env_drift", "tensor_dropped"}
+
+
+# ---------------------------------------------------------------- crafted results files
+
+
+def test_results_file_of_the_baseline_run_passes_and_crafted_bad_ones_fail(in_repo_root, results, tmp_path):
+    assert main(["check", "--results", str(results), "--out", str(tmp_path / "same")]) == 0
+
+    def violate(data):
+        c = case_of(data, "bf16-b2-h4-s128-d64")
+        c["status"], c["tensors"]["dk"]["ratio"] = "FAIL", 1.3
+    assert main(["check", "--results", str(edit_results(results, violate)), "--out", str(tmp_path / "v")]) == 1
+    assert {(f["rule"], f["case_id"]) for f in findings_of(tmp_path / "v")["findings"] if f["severity"] == "FAIL"} == {
+        ("tolerance", "bf16-b2-h4-s128-d64"), ("status", "bf16-b2-h4-s128-d64")}
+
+
+def test_headroom_regression_within_bound_fails(in_repo_root, results, tmp_path):
+    def loosen(data):  # still within the bound, but 0.2-ish -> 0.9: the slow loosening
+        case_of(data, "bf16-b2-h4-s128-d64")["tensors"]["dq"]["ratio"] = 0.9
+    assert main(["check", "--results", str(edit_results(results, loosen)), "--out", str(tmp_path)]) == 1
+    fails = [f for f in findings_of(tmp_path)["findings"] if f["severity"] == "FAIL"]
+    assert [(f["rule"], f["metric"], f["current"]) for f in fails] == [("headroom", "ratio:dq", 0.9)]
+
+
+def test_step_summary_is_appended(in_repo_root, results, tmp_path, monkeypatch):
+    summary = tmp_path / "step_summary.md"
+    summary.write_text("earlier step\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    assert main(["check", "--results", str(results), "--out", str(tmp_path / "o")]) == 0
+    text = summary.read_text()
+    assert text.startswith("earlier step\n## attn-gate check: PASS")
+
+
+def test_results_of_another_kernel_than_asked_is_a_usage_error(in_repo_root, results, tmp_path, capsys):
+    assert main(["check", "--results", str(results), "--kernel", "tiled", "--out", str(tmp_path)]) == 2
+    assert "--kernel tiled but" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- bad baselines: exit 2, nothing overwritten
+
+
+def _corrupt(kind: str, text: str) -> str:
+    if kind == "malformed":
+        return text.replace('"status": "PASS"', '"status": PASS', 1)
+    if kind == "truncated":
+        return text[: len(text) // 3]
+    if kind == "unknown schema":
+        return text.replace('"schema_version": 1', '"schema_version": 7', 1)
+    if kind == "other gpu class":  # a real h200 baseline: both the class and the fingerprint say so
+        data = json.loads(text)
+        data["gpu_class"] = data["environment"]["gpu_class"] = "h200"
+        data["environment"]["gpu_name"] = "NVIDIA H200"
+        return json.dumps(data, indent=1, sort_keys=True)
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind, words", [
+    ("malformed", ["not valid JSON", "restore it from git or regenerate"]),
+    ("truncated", ["not valid JSON", "truncated"]),
+    ("unknown schema", ["schema_version 7", "regenerate"]),
+    ("other gpu class", ["GPU class 'h200'", "on 'cpu'", "attn-gate baseline update --kernel sdpa-cpu --suite smoke --device cpu"]),
+])
+def test_bad_baseline_exits_2_naming_file_and_fix_and_overwrites_nothing(project, results, tmp_path, capsys, kind, words):
+    cfg, baselines = project
+    path = baselines / "cpu" / "sdpa-cpu-smoke.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(_corrupt(kind, CPU_BASELINE.read_text()))
+    before = (path.read_bytes(), path.stat().st_mtime_ns)
+    out = tmp_path / "out"
+    assert main(["check", "--config", str(cfg), "--results", str(results), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"attn-gate: error: {path}") and len(err.strip().splitlines()) == 1, err
+    for w in words:
+        assert w in err, err
+    assert not out.exists()  # refused before anything was written
+    # baseline update does not overwrite an unreadable (or foreign) baseline either
+    rc = main(["baseline", "update", "--config", str(cfg), "--from-results", str(results)])
+    assert (rc, (path.read_bytes(), path.stat().st_mtime_ns)) == (2, before)
+    assert str(path) in capsys.readouterr().err
+
+
+def test_explicit_baseline_of_another_gpu_class_is_refused(project, results, tmp_path, capsys):
+    other = tmp_path / "baselines" / "h200" / "sdpa-cpu-smoke.json"
+    other.parent.mkdir(parents=True)
+    other.write_text(_corrupt("other gpu class", CPU_BASELINE.read_text()))
+    assert main(["check", "--config", str(project[0]), "--results", str(results), "--baseline", str(other)]) == 2
+    assert "never compares across GPU classes" in capsys.readouterr().err
+
+
+def test_malformed_results_file_exits_2(project, tmp_path, capsys):
+    bad = tmp_path / "sweep.json"
+    bad.write_text('{"schema_version": 1, "kind": "attn-gate sweep", "cases": [')
+    assert main(["check", "--config", str(project[0]), "--results", str(bad)]) == 2
+    assert str(bad) in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- a new user, from the README
+
+
+def test_first_run_explains_how_to_create_the_baseline_and_that_works(project, results, tmp_path, capsys):
+    cfg, baselines = project
+    out = tmp_path / "out"
+    assert main(["check", "--config", str(cfg), "--device", "cpu", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    expected = baselines / "cpu" / "sdpa-cpu-smoke.json"
+    assert f"{expected} does not exist" in err and not out.exists()
+    command = err.split("Create it with `")[1].split("`")[0]
+    assert command == "attn-gate baseline update --kernel sdpa-cpu --suite smoke --device cpu"
+    build_parser().parse_args(shlex.split(command)[1:])  # a real command line
+    # follow it (from the saved run, to skip a second sweep) and the check passes
+    summary = tmp_path / "pr-body.md"
+    argv = [*shlex.split(command)[1:], "--config", str(cfg), "--from-results", str(results), "--summary", str(summary)]
+    argv.remove("--device"), argv.remove("cpu")  # a results file knows its device
+    assert main(argv) == 0 and expected.is_file()
+    assert "Baseline created" in summary.read_text()
+    assert main(["check", "--config", str(cfg), "--results", str(results), "--out", str(out)]) == 0
+
+
+def test_update_refuses_a_failing_run_unless_allowed(project, results, tmp_path, capsys):
+    cfg, baselines = project
+    path = baselines / "cpu" / "sdpa-cpu-smoke.json"
+
+    def violate(data):
+        c = case_of(data, "fp16-b2-h4-s128-d64")
+        c["status"], c["reason"], c["tensors"]["out"]["ratio"] = "FAIL", "out error > bound", 2.0
+    bad = edit_results(results, violate)
+    assert main(["baseline", "update", "--config", str(cfg), "--from-results", str(bad)]) == 1
+    assert "refusing to write" in capsys.readouterr().err and not path.exists()
+    assert main(["baseline", "update", "--config", str(cfg), "--from-results", str(bad), "--allow-failing"]) == 0
+    assert "fail their bounds" in capsys.readouterr().out
+    # a baseline never turns a violation into a pass
+    assert main(["check", "--config", str(cfg), "--results", str(bad), "--out", str(tmp_path / "o")]) == 1
+
+
+def test_update_summary_lists_what_moved(project, results, tmp_path, capsys):
+    cfg, baselines = project
+    assert main(["baseline", "update", "--config", str(cfg), "--from-results", str(results)]) == 0
+    mtime = (baselines / "cpu" / "sdpa-cpu-smoke.json").stat().st_mtime_ns
+
+    def move(data):
+        case_of(data, "bf16-b2-h4-s128-d64")["tensors"]["dq"]["ratio"] = 0.9
+        data["cases"] = [c for c in data["cases"] if c["case_id"] != "bf16-b2-h4-s1-d64"]
+    moved = edit_results(results, move)
+    summary = tmp_path / "body.md"
+    assert main(["baseline", "update", "--config", str(cfg), "--from-results", str(moved), "--summary", str(summary)]) == 0
+    text = summary.read_text()
+    assert "1 tensor ratios moved beyond noise" in text and "| `bf16-b2-h4-s128-d64` | dq |" in text
+    assert "Removed: `bf16-b2-h4-s1-d64`" in text
+    assert (baselines / "cpu" / "sdpa-cpu-smoke.json").stat().st_mtime_ns != mtime
+    assert main(["baseline", "show", "--config", str(cfg), "--device", "cpu"]) == 0
+    assert "bf16-b2-h4-s128-d64" in capsys.readouterr().out
