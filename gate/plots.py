@@ -39,7 +39,7 @@ def plot_ratios(verdict: Verdict, sweep: SweepResult, baseline: Baseline, path: 
         sev = worst_severity.get(cid, Severity.OK)
         colors.append(COLORS["blocks"] if sev.blocks else COLORS["WARN"] if sev is Severity.WARN else COLORS["fine"])
 
-    fig = Figure(figsize=(max(8.0, 0.26 * len(ids) + 2), 5.0), dpi=100)
+    fig = Figure(figsize=(max(10.0, 0.26 * len(ids) + 2), 5.5), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     shown_now = [min(r, 2.0) if math.isfinite(r) else (2.0 if r == math.inf else math.nan) for r in now]
@@ -57,9 +57,9 @@ def plot_ratios(verdict: Verdict, sweep: SweepResult, baseline: Baseline, path: 
     ax.set_xticklabels(ids, rotation=90, fontsize=6)
     ax.set_ylabel("error / bound (worst tensor, worst seed)")
     verdict_word = "PASS" if verdict.passed else "FAIL"
-    ax.set_title(f"{sweep.kernel} / {sweep.suite} on {baseline.gpu_class}: {verdict_word} (ratios above 2 drawn at 2)", fontsize=10, pad=24)
+    ax.set_title(f"{sweep.kernel} / {sweep.suite} on {baseline.gpu_class}: {verdict_word} (ratios above 2 drawn at 2)", fontsize=10, pad=36)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.06), ncol=5, frameon=False)
+    ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.04), ncol=3, frameon=False)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -73,10 +73,11 @@ def is_large_improvement(base: float, cur: float, factor: float, step: float) ->
 # ---------------------------------------------------------------- rules: one decision each
 
 
-def rule_tolerance(case_id: str, tensor: str, ratio: float) -> Finding | None:
+def rule_tolerance(case_id: str, tensor: str, ratio: float, base: float | None = None) -> Finding | None:
+    """`base` (the baseline's ratio, when there is one) is only reported, never needed to fail."""
     if ratio <= 1.0:  # NaN compares False: fails closed
         return None
-    return Finding("tolerance", Severity.FAIL, case_id, f"ratio:{tensor}", None, ratio, 1.0,
+    return Finding("tolerance", Severity.FAIL, case_id, f"ratio:{tensor}", base, ratio, 1.0,
                    f"{case_id}: {tensor} error is {fmt(ratio)} x its bound (must be <= 1)")
 
 
@@ -246,7 +247,8 @@ def compare_correctness(baseline: Baseline, sweep: "SweepResult", cfg: "VerdictC
         cur = float(row.ratio_cur) if in_cur else None
         base = float(row.ratio_base) if in_base else None
         if in_cur:
-            findings += [f for f in (rule_tolerance(row.case_id, row.tensor, cur),) if f]
+            known = base if base_status_of.get(row.case_id, "SKIP") != "SKIP" else None
+            findings += [f for f in (rule_tolerance(row.case_id, row.tensor, cur, known),) if f]
         if base_status_of.get(row.case_id, "SKIP") == "SKIP":
             continue  # no baseline ratios for this case: rule_case_presence spoke already
         if in_cur and in_base:
