@@ -128,30 +128,24 @@ def sign_test(xs: Sequence[float], mu: float, alternative: str = "greater") -> f
     return 1.0 - _binom_cdf(k - 1, n)
 
 
-def _u_distribution(n1: int, n2: int) -> list[int]:
-    """Counts of each U value (0..n1*n2) over all arrangements, no ties (exact null)."""
-    # table[i][j] = counts for sizes (i, j); U(i, j) = U(i-1, j) shifted by j  +  U(i, j-1)
-    prev_row = [[1] for _ in range(n2 + 1)]  # i = 0: U is always 0
-    for i in range(1, n1 + 1):
-        row = [[1]]  # j = 0
-        for j in range(1, n2 + 1):
-            a = prev_row[j]  # last element from sample 1: beats all j of sample 2
-            b = row[j - 1]
-            size = i * j + 1
-            counts = [0] * size
-            for u, c in enumerate(b):
-                counts[u] += c
-            for u, c in enumerate(a):
-                counts[u + j] += c
-            row.append(counts)
-        prev_row = row
-    return prev_row[n2]
+def _rank_sum_tail(ranks2: list[int], n1: int, observed2: int) -> float:
+    """P(rank sum of a random n1-subset >= observed) over all subsets of the pooled (doubled,
+    integer) mid-ranks: the exact permutation null, ties included (a subset-sum count, numpy)."""
+    import numpy as np
+
+    total = sum(ranks2)
+    counts = np.zeros((n1 + 1, total + 1))  # counts[k, s]: k-subsets with doubled rank sum s
+    counts[0, 0] = 1.0
+    for r in ranks2:
+        counts[1:, r:] += counts[:-1, :total + 1 - r].copy()
+    dist = counts[n1]
+    return float(dist[observed2:].sum() / dist.sum())
 
 
 def mann_whitney(a: Sequence[float], b: Sequence[float], alternative: str = "greater") -> float:
     """One-sided Mann-Whitney U test: p-value for `a` stochastically greater (or less) than `b`.
 
-    Exact null distribution when there are no ties and n1*n2 <= 2500; otherwise the normal
+    Exact permutation null (ties included) when n1 + n2 <= 60; otherwise the normal
     approximation with tie and continuity corrections. NaN when either side has < 3 samples
     (no honest answer): callers report INCONCLUSIVE.
     """
@@ -178,10 +172,14 @@ def mann_whitney(a: Sequence[float], b: Sequence[float], alternative: str = "gre
     u = r1 - n1 * (n1 + 1) / 2.0  # number of (a, b) pairs with a > b (ties count half)
     if alternative == "less":
         u = n1 * n2 - u
-    if not ties and n1 * n2 <= 2500:
-        counts = _u_distribution(n1, n2)
-        total = sum(counts)
-        return sum(counts[int(round(u)):]) / total
+    if n1 + n2 <= 60:  # exact permutation distribution of the rank sum (ties included)
+        ranks2 = [int(round(2 * r)) for r in ranks]
+        r1_2 = sum(r for r, (_, g) in zip(ranks2, pooled) if g == 0)
+        if alternative == "less":  # small rank sums of `a` are large rank sums of the reversed order
+            top = len(pooled) + 1
+            ranks2 = [2 * top - r for r in ranks2]
+            r1_2 = 2 * top * n1 - r1_2
+        return _rank_sum_tail(ranks2, n1, r1_2)
     n = n1 + n2
     mean = n1 * n2 / 2.0
     tie_term = sum(t ** 3 - t for t in ties) / (n * (n - 1))

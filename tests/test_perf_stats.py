@@ -54,7 +54,28 @@ def test_mann_whitney_exact_matches_enumeration():
     assert st.mann_whitney([1, 3, 5, 7, 9], [2, 4, 6, 8, 10], "greater") > 0.5
 
 
-def test_mann_whitney_with_ties_uses_normal_approximation():
-    p = st.mann_whitney([2, 2, 3, 3, 4, 4], [1, 1, 2, 2, 3, 3], "greater")
-    assert 0.0 < p < 0.2
+def _brute_force_tail(a, b):
+    """P(rank sum of `a` >= observed) over every split of the pooled mid-ranks (the exact null)."""
+    import itertools
+
+    pooled = sorted(a + b)
+    rank = {x: sum(i + 1 for i, y in enumerate(pooled) if y == x) / pooled.count(x) for x in pooled}
+    ranks = [rank[x] for x in pooled]
+    observed = sum(rank[x] for x in a)
+    splits = list(itertools.combinations(range(len(pooled)), len(a)))
+    return sum(1 for c in splits if sum(ranks[i] for i in c) >= observed - 1e-9) / len(splits)
+
+
+def test_mann_whitney_with_ties_is_the_exact_permutation_p_value():
+    a, b = [2, 2, 3, 3, 4, 4], [1, 1, 2, 2, 3, 3]
+    assert st.mann_whitney(a, b, "greater") == pytest.approx(_brute_force_tail(a, b))
+    assert st.mann_whitney(a, b, "less") == pytest.approx(_brute_force_tail([-x for x in a], [-x for x in b]))
+    # a constant baseline (all ties) and a clearly slower run: 1 / C(14, 7), not a borderline 0.01
+    assert st.mann_whitney([2.0] * 7, [1.0] * 7, "greater") == pytest.approx(1 / 3432)
+
+
+def test_mann_whitney_large_samples_use_the_normal_approximation():
+    a = [1.0 + 0.01 * i for i in range(40)]
+    b = [1.1 + 0.01 * i for i in range(40)]
+    assert 0.0 < st.mann_whitney(b, a, "greater") < 0.01 < st.mann_whitney(a, b, "greater")
     assert math.isnan(st.mann_whitney([1, 2], [3, 4, 5]))  # too few: no answer, not "significant"
