@@ -248,3 +248,15 @@ def test_update_summary_lists_what_moved(project, results, tmp_path, capsys):
     assert (baselines / "cpu" / "sdpa-cpu-smoke.json").stat().st_mtime_ns != mtime
     assert main(["baseline", "show", "--config", str(cfg), "--device", "cpu"]) == 0
     assert "bf16-b2-h4-s128-d64" in capsys.readouterr().out
+
+
+def test_update_from_a_gpu_artifact_writes_that_class_folder(project, results, capsys):
+    """How baselines/h200/ is made from a CI artifact on any machine: the results file's class decides."""
+    cfg, baselines = project
+
+    def on_h200(data):
+        data["environment"].update(gpu_class="h200", gpu_name="NVIDIA H200", device="cuda")
+    h200 = edit_results(results, on_h200)
+    assert main(["baseline", "update", "--config", str(cfg), "--from-results", str(h200)]) == 0
+    assert (baselines / "h200" / "sdpa-cpu-smoke.json").is_file() and not (baselines / "cpu").exists()
+    assert main(["check", "--config", str(cfg), "--results", str(h200), "--out", str(cfg.parent / "o")]) == 0
