@@ -47,6 +47,7 @@ def write_text_atomic(path: Path, text: str) -> None:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results and baselines are meant to be shared
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
