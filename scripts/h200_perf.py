@@ -212,9 +212,14 @@ def one_check(workload, s, passes, plan, cfg, rules, probe_rules, judge, time_pa
                               DEVICE, clock=s["clock"])
             entry["confirm"] = again.passes[0].estimate().to_dict()
             rec["throttled"] = rec["throttled"] or again.throttled
-        verdict = judge("x", pt.pass_, base, est, rules, confirm=_estimate_or_none(entry.get("confirm")))
+        confirm = _estimate_or_none(entry.get("confirm"))
+        verdict = judge("x", pt.pass_, base, est, rules, confirm=confirm)
         entry["verdict"] = verdict.severity.value
         entry["message"] = verdict.message
+        entry["verdict_without_confirm"] = judge("x", pt.pass_, base, est, rules).severity.value
+        entry["verdict_by_regression_pct"] = {  # the same rule at other thresholds (confirm run when any suspects)
+            f"{pct:g}": judge("x", pt.pass_, base, est, dc.replace(rules, regression_pct=pct), confirm=confirm).severity.value
+            for pct in TABLE_PCTS}
         rec["passes"][pt.pass_] = entry
     return rec
 
@@ -348,8 +353,6 @@ def profiler_agreement(s, torch) -> dict:
 
 
 def summarise(report: dict, rules) -> None:
-    from gate.perf_verdict import PerfRules, RatioEstimate, judge
-
     summary = {}
     for name, exp in report["experiments"].items():
         trials = [t for t in exp["trials"] if "passes" in t]
@@ -358,26 +361,14 @@ def summarise(report: dict, rules) -> None:
         passes = ("fwd", "bwd") if exp["kind"] == "aa" else (exp["pass_"],)
         row = {"trials": len(trials), "errors": len(exp["trials"]) - len(trials),
                "throttled": sum(1 for t in trials if t.get("throttled")), "wall_s_median": med([t["wall_s"] for t in trials])}
-        base = report["shapes"][exp["shape"]]["baseline"]
         for p in passes:
             entries = [t["passes"][p] for t in trials]
             shifts = sorted(e["shift"] for e in entries)
             fails = sum(1 for e in entries if e["verdict"] == "FAIL")
             inconclusive = sum(1 for e in entries if e["verdict"] == "INCONCLUSIVE")
-            first_only = 0
-            table = {}
-            for pct in TABLE_PCTS:
-                r = PerfRules(**{**rules.__dict__, "regression_pct": pct})
-                b = RatioEstimate.from_dict(base[p])
-                n_fail = 0
-                for e in entries:
-                    conf = RatioEstimate.from_dict(e["confirm"]) if "confirm" in e else None
-                    j = judge("x", p, b, RatioEstimate.from_dict(e["first"]), r, confirm=conf)
-                    n_fail += j.severity.value == "FAIL"
-                table[f"{pct:g}"] = n_fail
-            for e in entries:
-                j = judge("x", p, RatioEstimate.from_dict(base[p]), RatioEstimate.from_dict(e["first"]), rules)
-                first_only += j.severity.value == "FAIL"
+            first_only = sum(1 for e in entries if e["verdict_without_confirm"] == "FAIL")
+            table = {f"{pct:g}": sum(1 for e in entries if e["verdict_by_regression_pct"][f"{pct:g}"] == "FAIL")
+                     for pct in TABLE_PCTS}
             row[p] = {"fail": fails, "inconclusive": inconclusive, "fail_without_confirm": first_only,
                       "measured_shift_median_pct": med(shifts) * 100, "measured_shift_min_pct": shifts[0] * 100,
                       "measured_shift_max_pct": shifts[-1] * 100,
