@@ -436,7 +436,8 @@ def markdown(report: dict) -> str:
                          f"{r['noise_median_pct']:.2f}% | {table} | {row['throttled']} | {row['wall_s_median']:.2f} |")
     lines += ["", "Reading: for A/A rows FAIL counts are false alarms; for planted rows they are detections. "
               "Planted delays are one extra `_sleep` kernel sized to the pass's own time, so the measured shift "
-              "can exceed the nominal one; the measured shift is what the gate saw.", ""]
+              "can exceed the nominal one; the measured shift is what the gate saw. 's per check' of the A/A rows is "
+              "the cost of gating one case (both passes, confirm re-runs included); planted rows time one pass.", ""]
     if report["dropped"]:
         lines += ["Dropped for the time budget: " + "; ".join(report["dropped"]), ""]
     if report["errors"]:
