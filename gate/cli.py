@@ -13,7 +13,7 @@ import sys
 from gate.errors import EXIT_USAGE, UserError
 
 # Each module in gate/commands registers its own subcommands.
-COMMANDS = ("sweep", "listing", "check", "baseline", "perf", "bench")
+COMMANDS = ("sweep", "listing", "check", "baseline", "perf", "bench", "drift")
 
 
 def build_parser() -> argparse.ArgumentParser:
