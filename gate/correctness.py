@@ -80,9 +80,14 @@ def run_kernel(adapter: KernelAdapter, case: Case, inputs: AttnInputs, determini
         raise BadOutput(f"out has dtype {result.out.dtype}, expected {inputs.q.dtype}")
     if not torch.isfinite(result.out).all():
         raise BadOutput("out contains NaN/Inf")
-    grads = torch.autograd.grad(result.out, (call.q, call.k, call.v), inputs.dout)
+    if not result.out.requires_grad:
+        raise BadOutput("out has no autograd graph back to q, k, v (detached, or computed under no_grad)")
+    # allow_unused: an output that ignores k is a wrong answer (FAIL "dk is missing"), not a crash.
+    grads = torch.autograd.grad(result.out, (call.q, call.k, call.v), inputs.dout, allow_unused=True)
     for name, grad, ref in zip(("dq", "dk", "dv"), grads, (inputs.q, inputs.k, inputs.v)):
-        if grad is None or tuple(grad.shape) != tuple(ref.shape):
+        if grad is None:
+            raise BadOutput(f"{name} is missing: out does not depend on {name[1:]}")
+        if tuple(grad.shape) != tuple(ref.shape):
             raise BadOutput(f"{name} has shape {None if grad is None else tuple(grad.shape)}, expected {tuple(ref.shape)}")
         if not torch.isfinite(grad).all():
             raise BadOutput(f"{name} contains NaN/Inf")

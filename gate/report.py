@@ -3,6 +3,8 @@ only; decides nothing (the status of each case was decided in gate.correctness).
 
 from __future__ import annotations
 
+import os
+
 from gate.results import TENSORS, CaseResult, Status, SweepResult
 
 
@@ -16,11 +18,15 @@ def _ratio_cells(c: CaseResult) -> list[str]:
 
 def print_table(result: SweepResult, console=None, show_passing: bool = True) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal and "COLUMNS" not in os.environ:
+            console = Console(width=200)  # a CI log: rich would squeeze the table into 80 columns
     table = Table(title=f"{result.kernel} / {result.suite}: error ratio = err / bound (pass <= 1)")
-    table.add_column("case")
+    table.add_column("case", no_wrap=True)
     table.add_column("status")
     for name in TENSORS:
         table.add_column(name, justify="right")
@@ -29,9 +35,9 @@ def print_table(result: SweepResult, console=None, show_passing: bool = True) ->
     for c in result.cases:
         if c.status is Status.PASS and not show_passing:
             continue
-        table.add_row(c.case_id, f"[{style[c.status]}]{c.status.value}[/]", *_ratio_cells(c), c.reason)
+        table.add_row(escape(c.case_id), f"[{style[c.status]}]{c.status.value}[/]", *_ratio_cells(c), escape(c.reason))
     console.print(table)
-    console.print(summary_line(result))
+    console.print(summary_line(result), highlight=False, markup=False)
 
 
 def summary_line(result: SweepResult) -> str:

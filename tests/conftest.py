@@ -1,17 +1,23 @@
-"""Shared fixtures: the repository root (user kernels are imported from it) and small CPU settings."""
+"""Shared fixtures: the repository root (user kernels are imported from it) and CPU settings."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-import pytest
-import torch
+# One intra-op thread, here and in every `attn-gate` subprocess a test starts (they inherit the
+# environment). The test shapes are tiny, so threads buy nothing, and with more busy threads than
+# cores OpenMP's spin-waiting is pathological: a tiled smoke sweep measured 4-6 s with one thread
+# and 115-130 s with two on a loaded 2-core machine. An explicit setting is respected.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 ROOT = Path(__file__).resolve().parent.parent
-
-# Two cores on CI: one intra-op thread per process keeps timings steady and avoids oversubscription.
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
 @pytest.fixture

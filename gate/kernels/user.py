@@ -27,9 +27,10 @@ def load_callable(spec: str):
         sys.path.insert(0, str(Path.cwd()))  # as `python -m` would: the project's own modules import
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # SystemExit: a script that exits on import
+        lines = str(exc).strip().splitlines()
         raise UserError(
-            f"--kernel {spec!r}: module {module_name!r} does not import ({type(exc).__name__}: {exc}); "
+            f"--kernel {spec!r}: module {module_name!r} does not import ({type(exc).__name__}: {lines[0] if lines else ''}); "
             f"check the name and that it is on PYTHONPATH"
         ) from None
     fn = module

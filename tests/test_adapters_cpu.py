@@ -1,0 +1,228 @@
+"""Adapters on the CPU: what they cannot run is SKIPPED with a reason; tiled, sdpa-cpu and
+sdpa-math agree with the reference on every axis they claim; broken kernels become ERROR/FAIL
+rows; GPU-only kernels are reported as unavailable, never a crash."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gate.cases import Case
+from gate.cli import main
+from gate.config import ToleranceConfig
+from gate.correctness import leaf_call, references, run_case
+from gate.inputs import make_inputs
+from gate.kernels.base import Capabilities, KernelAdapter, KernelOutput
+from gate.kernels.registry import get_adapter, kernel_names
+from gate.kernels.tiled import TiledAdapter
+from gate.kernels.user import UserAdapter
+from gate.results import Status
+
+TOL = ToleranceConfig()
+
+
+@pytest.fixture(autouse=True)
+def _repo_root(in_repo_root):
+    """tests.buggy_kernels imports from the repository root."""
+
+
+def case(**kw):
+    base = dict(batch=2, seqlen_q=48, seqlen_k=48, heads_q=4, heads_kv=4, head_dim=32, head_dim_v=32, dtype="bf16",
+                seeds=(0, 1))
+    if kw.get("varlen"):
+        n = max(kw["varlen"])
+        base.update(batch=len(kw["varlen"]), seqlen_q=n, seqlen_k=n)
+    return Case(**{**base, **kw})
+
+
+# Every axis the reference supports; tiled claims them all.
+AXES = {
+    "causal-q>k-masked-rows": dict(seqlen_q=70, seqlen_k=40, causal=True),
+    "causal-q<k": dict(seqlen_q=33, seqlen_k=90, causal=True),
+    "window": dict(seqlen_q=80, seqlen_k=80, window=(16, 4)),
+    "window-causal-gqa": dict(seqlen_q=80, seqlen_k=100, heads_kv=2, window=(20, 0), causal=True),
+    "softcap": dict(softcap=5.0, causal=True),
+    "alibi": dict(alibi=True, seqlen_q=40, seqlen_k=72),
+    "softcap-alibi-window": dict(softcap=10.0, alibi=True, window=(8, 8)),
+    "mqa": dict(heads_kv=1, causal=True),
+    "dv!=d": dict(head_dim_v=16, causal=True),
+    "varlen-with-empty": dict(varlen=(1, 37, 0, 70), heads_kv=2, causal=True),
+    "fp16": dict(dtype="fp16", seqlen_q=65, seqlen_k=130, causal=True),
+    "fp32": dict(dtype="fp32", seqlen_q=65, seqlen_k=33, head_dim=40, head_dim_v=40, causal=True),
+    "seqlen-1": dict(seqlen_q=1, seqlen_k=1),
+}
+
+
+def assert_pass(result):
+    assert result.status is Status.PASS, f"{result.case_id}: {result.status.value} {result.reason}"
+    assert {"out", "dq", "dk", "dv"} <= {t.tensor for t in result.tensors}
+
+
+@pytest.mark.parametrize("kw", AXES.values(), ids=AXES.keys())
+def test_tiled_matches_reference_on_every_axis(kw):
+    result = run_case(TiledAdapter(), case(**kw), "cpu", TOL)
+    assert_pass(result)
+    assert result.tensor("lse") is not None  # tiled exposes its LSE everywhere
+
+
+@pytest.mark.parametrize("kw", [dict(dropout_p=0.2, causal=True), dict(dropout_p=0.3, varlen=(5, 0, 40), heads_kv=2),
+                                dict(dropout_p=0.1, alibi=True, softcap=4.0, window=(6, 2), head_dim_v=16)],
+                         ids=["dense", "varlen", "everything"])
+def test_tiled_dropout_matches_reference_fed_its_own_mask(kw):
+    c = case(**kw)
+    assert_pass(run_case(TiledAdapter(), c, "cpu", TOL))
+    # The mask is real: about p of the probabilities are dropped, and it changes the output.
+    inputs = make_inputs(c, 0, "cpu")
+    kout = TiledAdapter()(leaf_call(c, inputs))
+    keeps = kout.dropout_keep if isinstance(kout.dropout_keep, list) else [kout.dropout_keep]
+    kept = torch.cat([k.flatten() for k in keeps if k is not None]).float()
+    assert abs(1 - kept.mean().item() - c.dropout_p) < 0.03
+    gold_with_mask, _ = references(c, inputs, kout.dropout_keep)
+    assert (gold_with_mask.out - kout.out.double()).abs().max() < 0.05
+    no_drop = Case(**{**c.to_dict(), "window": c.window, "seeds": c.seeds, "varlen": c.varlen, "dropout_p": 0.0})
+    gold_without, _ = references(no_drop, make_inputs(no_drop, 0, "cpu"), None)
+    assert (gold_without.out - kout.out.double()).abs().max() > 0.1
+
+
+SDPA_AXES = {k: AXES[k] for k in ("causal-q>k-masked-rows", "causal-q<k", "window-causal-gqa", "alibi", "mqa",
+                                   "varlen-with-empty", "fp16", "fp32", "seqlen-1")}
+
+
+@pytest.mark.parametrize("kw", SDPA_AXES.values(), ids=SDPA_AXES.keys())
+@pytest.mark.parametrize("kernel", ["sdpa-cpu", "sdpa-math"])
+def test_torch_cpu_attention_matches_reference(kernel, kw):
+    assert_pass(run_case(get_adapter(kernel), case(**kw), "cpu", TOL))
+
+
+def test_sdpa_math_takes_dv_different_from_d():
+    assert_pass(run_case(get_adapter("sdpa-math"), case(head_dim_v=16, causal=True), "cpu", TOL))
+
+
+# --- capability SKIPs carry reasons ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kernel, kw, reason", [
+    ("sdpa-cpu", dict(softcap=5.0), "no softcap"),
+    ("sdpa-cpu", dict(head_dim_v=16), "head_dim_v != head_dim"),
+    ("sdpa-cpu", dict(dropout_p=0.1), "no dropout"),
+    ("tests.buggy_kernels:correct_out_only", dict(window=(4, 4)), "no sliding window"),
+    ("tests.buggy_kernels:correct_out_only", dict(alibi=True), "no ALiBi"),
+    ("tests.buggy_kernels:correct", dict(dropout_p=0.1), "no dropout"),
+    ("sdpa-flash", dict(), "runs on cuda, not cpu"),
+])
+def test_a_case_the_kernel_cannot_run_is_skipped_with_its_reason(kernel, kw, reason):
+    result = run_case(get_adapter(kernel), case(**kw), "cpu", TOL)
+    assert result.status is Status.SKIP and reason in result.reason and result.tensors == ()
+
+
+def test_capability_reasons_are_specific():
+    caps = Capabilities(devices=("cpu",), dtypes=("bf16",), max_head_dim=64, head_dim_multiple=8, seqlen_q_ne_k=False,
+                        causal=False, varlen=False, gqa=False)
+    assert caps.unsupported_reason(case(dtype="fp16"), "cpu") == "no fp16 (supports bf16)"
+    assert caps.unsupported_reason(case(head_dim=128, head_dim_v=128), "cpu") == "head_dim > 64"
+    assert caps.unsupported_reason(case(head_dim=36, head_dim_v=36), "cpu") == "head_dim not a multiple of 8"
+    assert caps.unsupported_reason(case(seqlen_k=64), "cpu") == "seqlen_q != seqlen_k"
+    assert caps.unsupported_reason(case(causal=True), "cpu") == "no causal mask"
+    assert caps.unsupported_reason(case(varlen=(3, 5)), "cpu") == "no varlen"
+    assert caps.unsupported_reason(case(heads_kv=2), "cpu") == "no GQA/MQA"
+    assert caps.unsupported_reason(case(), "cuda") == "runs on cpu, not cuda"
+    assert caps.unsupported_reason(case(), "cpu") is None
+
+
+def test_a_user_kernel_supports_what_its_signature_takes():
+    full, bare = UserAdapter("tests.buggy_kernels:correct").capabilities(), UserAdapter("tests.buggy_kernels:correct_out_only").capabilities()
+    assert full.window and full.alibi and full.returns_lse and not full.softcap
+    assert not (bare.window or bare.alibi or bare.returns_lse) and bare.causal
+
+
+# --- broken kernels are rows, not crashes ----------------------------------------------------
+
+
+@pytest.mark.parametrize("name, status, words", [
+    ("raises", Status.ERROR, "RuntimeError: planted crash: kernel launch failed"),
+    ("wrong_shape", Status.FAIL, "out has shape (2, 4, 48, 32), expected (2, 48, 4, 32)"),
+    ("returns_nan", Status.FAIL, "out contains NaN/Inf"),
+])
+def test_a_broken_kernel_is_a_row_naming_the_problem(name, status, words):
+    result = run_case(UserAdapter(f"tests.buggy_kernels:{name}"), case(causal=True), "cpu", TOL)
+    assert result.status is status and words in result.reason, result.reason
+    assert "\n" not in result.reason  # one line: the table and the note stay readable
+
+
+class _Adapter(KernelAdapter):
+    """A minimal adapter whose call is supplied by the test."""
+
+    name = "test-adapter"
+
+    def __init__(self, fn, **caps):
+        self.fn, self.caps = fn, caps
+
+    def capabilities(self):
+        return Capabilities(devices=("cpu",), dtypes=("bf16",), **self.caps)
+
+    def __call__(self, call):
+        return self.fn(call)
+
+
+def _tiled(call):
+    return TiledAdapter()(call)
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda call: _tiled(call).out, "adapter returned Tensor, not KernelOutput"),
+    (lambda call: KernelOutput(out=_tiled(call).out.float()), "out has dtype torch.float32, expected torch.bfloat16"),
+    (lambda call: KernelOutput(out=_tiled(call).out * float("inf")), "out contains NaN/Inf"),
+    (lambda call: KernelOutput(out=_tiled(call).out, lse=torch.zeros(3)), "lse has shape (3,)"),
+    (lambda call: KernelOutput(out=_tiled(call).out.detach()), "out has no autograd graph back to q, k, v"),
+    (lambda call: KernelOutput(out=_tiled(call).out.detach() + 0 * call.q.sum()), "dk is missing: out does not depend on k"),
+])
+def test_an_adapter_returning_garbage_fails(fn, words):
+    result = run_case(_Adapter(fn), case(), "cpu", TOL)
+    assert result.status is Status.FAIL and words in result.reason, result.reason
+
+
+def test_dropout_without_an_observable_mask_fails():
+    fn = lambda call: KernelOutput(out=TiledAdapter()(call).out)  # noqa: E731 (drops the mask)
+    result = run_case(_Adapter(fn, dropout=True), case(dropout_p=0.2), "cpu", TOL)
+    assert result.status is Status.FAIL and "exposed no dropout mask" in result.reason
+
+
+def test_a_crash_in_one_case_does_not_stop_the_next():
+    calls = []
+
+    def flaky(call):
+        calls.append(1)
+        if len(calls) == 1:
+            raise MemoryError("out of memory")
+        return _tiled(call)
+
+    adapter = _Adapter(flaky)
+    first, second = run_case(adapter, case(), "cpu", TOL), run_case(adapter, case(causal=True), "cpu", TOL)
+    assert first.status is Status.ERROR and "MemoryError: out of memory" in first.reason
+    assert second.status is Status.PASS
+
+
+# --- GPU-only kernels on a CPU machine -------------------------------------------------------
+
+GPU_ONLY = ["fa2", "fa3", "fa4", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flex"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+def test_kernels_lists_gpu_kernels_as_unavailable(capsys):
+    assert main(["kernels"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: line for line in out.splitlines() if line and not line.startswith(" ")}
+    assert set(lines) == set(kernel_names())
+    for name in GPU_ONLY:
+        assert "unavailable: needs a CUDA GPU" in lines[name], lines[name]
+    for name in ("sdpa-cpu", "sdpa-math", "tiled"):
+        assert lines[name].split()[1] == "available"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+@pytest.mark.parametrize("kernel", GPU_ONLY)
+def test_sweep_of_an_unavailable_kernel_exits_2_with_the_reason(kernel, capsys, tmp_path):
+    assert main(["sweep", "--kernel", kernel, "--suite", "smoke", "--out", str(tmp_path), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"attn-gate: error: kernel {kernel!r} is unavailable here: {get_adapter(kernel).unavailable_reason()}"
+    assert "needs a CUDA GPU" in err and not list(tmp_path.iterdir())
