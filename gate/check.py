@@ -197,7 +197,7 @@ def render_check(verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_d
 def run_baseline_update(config: Config, kernel: str | None = None, suite: str | None = None, device: str | None = None,
                         only: str | None = None, results_path: Path | None = None, allow_failing: bool = False,
                         summary_path: Path | None = None, out_dir: Path = Path("out"), progress: bool = True,
-                        perf: bool | None = None) -> UpdateOutcome:
+                        perf: bool | None = None, perf_from: Path | None = None) -> UpdateOutcome:
     if results_path is not None and only is not None:
         raise UserError("--only filters a fresh run; a --from-results file is taken as it is (drop --only)")
     results = read_results(results_path, kernel, suite) if results_path is not None else None
@@ -221,8 +221,14 @@ def run_baseline_update(config: Config, kernel: str | None = None, suite: str | 
         print(f"the run is saved in {saved} (reuse it with --from-results)")
     perf_section = None
     if results is not None and perf:
-        raise UserError("--perf times the kernel now, so it needs a fresh run: drop --from-results (or --perf)")
-    if results is None:
+        raise UserError("--perf times the kernel now, so it needs a fresh run: drop --from-results (or --perf), "
+                        "or pass the timings of that machine with --perf-from perf-K-S.json")
+    if perf_from is not None:  # timings made elsewhere (e.g. `attn-gate perf --rounds 30` on the GPU runner)
+        from gate.perf_check import perf_section_from_file
+
+        perf_section = perf_section_from_file(Path(perf_from), target.kernel, target.suite, target.gpu_class, config,
+                                              old.perf if old is not None else None)
+    elif results is None:
         from gate.perf_check import perf_baseline_section, perf_wanted
 
         if perf_wanted(perf, target.device):  # speed ratios with their noise (#4); None keeps the old section

@@ -244,6 +244,7 @@ def run_perf(kernel: str, suite_name: str, config: Config, device: str | None = 
     env = describe(device, kernel, adapter.version())
     env["anchor"] = anchor_name
     notes = ("CPU timings (perf_counter, no L2 flush): history only, not a gate",) if device != "cuda" else ()
+    notes += (f"filtered with --only {only!r}",) if only else ()
     return PerfResult(kernel=kernel, anchor=anchor_name, suite=suite_name, device=device, environment=env, plan=plan,
                       cases=tuple(results), started_at=started, wall_s=time.perf_counter() - t0, notes=notes)
 

@@ -114,3 +114,25 @@ def perf_baseline_section(config: Config, kernel: str, suite: str, device: str, 
                         f"see `attn-gate perf --kernel {kernel} --suite {suite}`")
     section = {**(old_perf or {}), **measured} if only else measured
     return dict(sorted(section.items())), result
+
+
+def perf_section_from_file(path: Path, kernel: str, suite: str, gpu_class: str, config: Config,
+                           old_perf: dict[str, Any] | None) -> dict[str, Any]:
+    """The baseline's perf section from a PerfResult file made on a machine of this GPU class
+    (refused when kernel, suite or GPU class differ, or when it has fewer than min_rounds rounds)."""
+    result = PerfResult.read(path)
+    found_class = str(result.environment.get("gpu_class", "unknown"))
+    for what, wanted, found in (("kernel", kernel, result.kernel), ("suite", suite, result.suite),
+                                ("GPU class", gpu_class, found_class)):
+        if wanted != found:
+            raise UserError(f"--perf-from {path}: holds timings of {what} {found!r}, this baseline is for {wanted!r}; "
+                            f"pass the perf JSON of the same {what}")
+    if result.plan.rounds < config.perf.min_rounds:
+        raise UserError(f"--perf-from {path}: {result.plan.rounds} rounds is below min_rounds {config.perf.min_rounds}; "
+                        f"re-run `attn-gate perf --rounds {config.perf.confirm_rounds}`")
+    measured = {c.case_id: baseline_entry(c, result.anchor) for c in result.cases if c.measured}
+    if not measured:
+        raise UserError(f"--perf-from {path}: no case was timed (all skipped or failed)")
+    filtered = any("--only" in n for n in result.notes)
+    section = {**(old_perf or {}), **measured} if filtered else measured
+    return dict(sorted(section.items()))

@@ -129,3 +129,23 @@ def test_perf_with_a_results_file_is_a_usage_error(project, capsys):
     results = next((tmp / "out").glob("sweep-*.json"))
     assert check(tmp, "--perf", "--results", str(results)) == 2
     assert "--perf times the kernel now" in capsys.readouterr().err
+
+
+def test_speed_section_from_a_perf_file_made_elsewhere(project):
+    tmp, baseline = project
+    cfg = str(tmp / "pyproject.toml")
+    assert main(["perf", "--device", "cpu", "--config", cfg, "--out", str(tmp / "perf")]) == 0
+    perf_file = tmp / "perf" / "perf-sdpa-cpu-tiny.json"
+    data = json.loads(baseline.read_text())
+    data["perf"] = None
+    baseline.write_text(json.dumps(data))
+    sweep = next((tmp / "out").glob("sweep-*.json"))
+    assert main(["baseline", "update", "--device", "cpu", "--config", cfg, "--from-results", str(sweep),
+                 "--perf-from", str(perf_file), "--out", str(tmp / "out")]) == 0
+    entry = json.loads(baseline.read_text())["perf"][CASE]
+    assert entry["fwd"]["n"] == 7 and entry["bwd"]["median"] > 0
+    other = json.loads(perf_file.read_text())
+    other["kernel"] = "tiled"
+    perf_file.write_text(json.dumps(other))
+    assert main(["baseline", "update", "--device", "cpu", "--config", cfg, "--from-results", str(sweep),
+                 "--perf-from", str(perf_file), "--out", str(tmp / "out")]) == 2  # another kernel's timings: refused

@@ -28,6 +28,8 @@ def register(sub) -> None:
     u.add_argument("--no-progress", action="store_true", help="no progress bar")
     u.add_argument("--perf", action=argparse.BooleanOptionalAction, default=None,
                    help="also record speed ratios with their noise (default: on with a GPU, off on a CPU; off keeps the old section)")
+    u.add_argument("--perf-from", type=Path, default=None, metavar="FILE",
+                   help="take the speed section from a perf JSON (`attn-gate perf --rounds 30` on a machine of this GPU class)")
     u.set_defaults(main=update)
     s = bsub.add_parser("show", help="print a baseline: fingerprint and each case's ratios")
     add_kernel_suite(s)
@@ -44,7 +46,7 @@ def update(args: argparse.Namespace) -> int:
     outcome = run_baseline_update(config, kernel=args.kernel, suite=args.suite, device=args.device, only=args.only,
                                   results_path=args.from_results, allow_failing=args.allow_failing,
                                   summary_path=args.summary, out_dir=args.out, progress=not args.no_progress,
-                                  perf=args.perf)
+                                  perf=args.perf, perf_from=args.perf_from)
     return outcome.exit_code
 
 
