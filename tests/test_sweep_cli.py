@@ -142,15 +142,17 @@ def bad_inputs(tmp_path):
         "bad spec": (["--kernel", "tests.buggy_kernels:", "--suite", "smoke"], "a user kernel is named 'package.module:function'"),
         "only matches nothing": (["--kernel", "tiled", "--suite", "smoke", "--only", "^nothing$"], "--only '^nothing$' matches no case"),
         "missing config": (["--kernel", "tiled", "--suite", "smoke", "--config", str(tmp_path / "none.toml")], "no such file"),
+        "out is a file": (["--kernel", "tiled", "--suite", "smoke", "--out", str(config)],
+                          f"--out {config}: exists and is not a directory; pass a folder"),
     }
 
 
 @pytest.mark.parametrize("what", ["unknown kernel", "unknown suite", "invalid matrix", "module does not import",
-                                  "no such function", "bad spec", "only matches nothing", "missing config"])
+                                  "no such function", "bad spec", "only matches nothing", "missing config", "out is a file"])
 def test_bad_input_exits_2_with_one_line(what, tmp_path, capsys, in_repo_root):
     args, words = bad_inputs(tmp_path)[what]
     out_dir = tmp_path / "out"
-    assert main(["sweep", *args, "--out", str(out_dir), "--no-progress"]) == 2
+    assert main(["sweep", "--out", str(out_dir), *args, "--no-progress"]) == 2  # a later --out wins
     captured = capsys.readouterr()
     lines = captured.err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("attn-gate: error: ") and words in lines[0], captured.err
@@ -204,3 +206,24 @@ def test_reasons_are_printed_literally_not_as_rich_markup(smoke_sweeps):
     print_table(broken, console=Console(file=buffer, width=250))
     assert reason in buffer.getvalue()
     assert "FAIL: tiled on smoke: 0 pass, 0 fail, 1 error" in buffer.getvalue()
+
+
+def test_a_sweep_where_every_case_is_skipped_fails(tmp_path, capsys, in_repo_root):
+    """Nothing validated is not a pass (fail closed): the user kernel takes no softcap."""
+    code = main(["sweep", "--kernel", "tests.buggy_kernels:correct", "--suite", "smoke", "--only", "cap20",
+                 "--out", str(tmp_path), "--no-progress"])
+    assert code == 1
+    assert "FAIL: tests.buggy_kernels:correct on smoke: 0 pass, 0 fail, 0 error, 2 skip" in capsys.readouterr().out
+
+
+def test_a_report_folder_that_cannot_be_written_is_one_line(tmp_path, capsys, monkeypatch, in_repo_root):
+    import gate.sweep
+
+    def refuse(*_a, **_k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(gate.sweep, "write_sweep_outputs", refuse)
+    assert main(["sweep", "--kernel", "tiled", "--suite", "smoke", "--only", "^bf16-b2-h4-s1-d64$",
+                 "--out", str(tmp_path / "ro"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot write the report there (Permission denied)" in err

@@ -23,10 +23,12 @@ def register(sub) -> None:
 def main(args: argparse.Namespace) -> int:
     from gate.config import load_config
     from gate.environment import default_device
-    from gate.errors import EXIT_FAIL, EXIT_PASS
+    from gate.errors import EXIT_FAIL, EXIT_PASS, UserError
     from gate.report import print_table
     from gate.sweep import run_sweep, write_sweep_outputs
 
+    if args.out.exists() and not args.out.is_dir():  # before the sweep, not after minutes of it
+        raise UserError(f"--out {args.out}: exists and is not a directory; pass a folder")
     config = load_config(args.config)
     device = args.device or default_device()
     profile = config.profile(device)
@@ -35,7 +37,10 @@ def main(args: argparse.Namespace) -> int:
     check_names = parse_names(args.checks)
     result = run_sweep(args.kernel or profile.kernel, args.suite or profile.suite, config, device,
                        progress=not args.no_progress, only=args.only, check_names=check_names)
-    paths = write_sweep_outputs(result, args.out)
+    try:
+        paths = write_sweep_outputs(result, args.out)
+    except OSError as exc:
+        raise UserError(f"--out {args.out}: cannot write the report there ({exc.strerror or exc}); pass a writable folder") from None
     print_table(result)
     print(f"wrote {paths['json']} and {paths['note']}")
     return EXIT_PASS if result.passed else EXIT_FAIL
