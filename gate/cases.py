@@ -111,22 +111,13 @@ class Case:
     def has_fully_masked_rows(self) -> bool:
         """Some query row may see no key (bottom-right alignment, as gate.masks): its output must be 0.
 
-        Row i sees keys [i + off - left, i + off + right] with off = seqlen_k - seqlen_q; the
-        first row is empty when its right edge is < 0, the last when its left edge is > seqlen_k - 1."""
-        left, right = self.window
+        Row i sees keys [i + off - left, i + off + right] with off = seqlen_k - seqlen_q. The last
+        row always sees key seqlen_k - 1, so only the first rows can be empty: when off + right < 0
+        (varlen sequences have off = 0 and never are)."""
+        right = self.window[1]
         if self.causal:
             right = 0 if right < 0 else min(right, 0)
-        lengths = self.varlen if self.varlen is not None else (None,)
-        for n in lengths:
-            nq, nk = (self.seqlen_q, self.seqlen_k) if n is None else (n, n)
-            if nq == 0:
-                continue
-            off = nk - nq
-            if right >= 0 and off + right < 0:
-                return True
-            if left >= 0 and (nq - 1) + off - left > nk - 1:
-                return True
-        return False
+        return self.varlen is None and right >= 0 and self.seqlen_k - self.seqlen_q + right < 0
 
     @property
     def id(self) -> str:

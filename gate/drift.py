@@ -85,13 +85,10 @@ def default_config(device: str, steps: int | None = None, dtype: str = "bf16", s
 
 def moving_average(values: list[float], window: int) -> list[float]:
     """Trailing mean over the last `window` values (fewer at the start); NaN stays NaN."""
-    out, acc, q = [], 0.0, []
-    for v in values:
-        q.append(v)
-        acc += v
-        if len(q) > window:
-            acc -= q.pop(0)
-        out.append(acc / len(q) if not any(math.isnan(x) for x in q) else math.nan)
+    out = []
+    for i in range(len(values)):
+        recent = values[max(0, i - window + 1): i + 1]
+        out.append(sum(recent) / len(recent))  # NaN in the window gives NaN
     return out
 
 
