@@ -39,6 +39,11 @@ def run_sweep(kernel: str, suite_name: str, config: Config, device: str | None =
     from gate.checks import checks_for
 
     device = device or default_device()
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UserError("--device cuda: no CUDA GPU is visible here; leave --device out to use the CPU")
     suite = load_suite(suite_name, config.suites, config.source)
     adapter = get_adapter(kernel)
     missing = adapter.unavailable_reason()
@@ -46,7 +51,10 @@ def run_sweep(kernel: str, suite_name: str, config: Config, device: str | None =
         raise UserError(f"kernel {kernel!r} is unavailable here: {missing}")
     if device not in adapter.capabilities().devices:
         raise UserError(f"kernel {kernel!r} runs on {'/'.join(adapter.capabilities().devices)}, not {device}; pass --device")
-    cases = [c for c in suite.cases if only is None or re.search(only, c.id)]
+    try:
+        cases = [c for c in suite.cases if only is None or re.search(only, c.id)]
+    except re.error as exc:
+        raise UserError(f"--only {only!r} is not a regular expression ({exc})") from None
     if not cases:
         raise UserError(f"--only {only!r} matches no case of suite {suite_name!r}")
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from gate.cli import main
 from gate.results import SweepResult
@@ -142,13 +143,15 @@ def bad_inputs(tmp_path):
         "bad spec": (["--kernel", "tests.buggy_kernels:", "--suite", "smoke"], "a user kernel is named 'package.module:function'"),
         "only matches nothing": (["--kernel", "tiled", "--suite", "smoke", "--only", "^nothing$"], "--only '^nothing$' matches no case"),
         "missing config": (["--kernel", "tiled", "--suite", "smoke", "--config", str(tmp_path / "none.toml")], "no such file"),
+        "bad regex": (["--kernel", "tiled", "--suite", "smoke", "--only", "(causal"], "--only '(causal' is not a regular expression"),
         "out is a file": (["--kernel", "tiled", "--suite", "smoke", "--out", str(config)],
                           f"--out {config}: exists and is not a directory; pass a folder"),
     }
 
 
 @pytest.mark.parametrize("what", ["unknown kernel", "unknown suite", "invalid matrix", "module does not import",
-                                  "no such function", "bad spec", "only matches nothing", "missing config", "out is a file"])
+                                  "no such function", "bad spec", "only matches nothing", "missing config", "out is a file",
+                                  "bad regex"])
 def test_bad_input_exits_2_with_one_line(what, tmp_path, capsys, in_repo_root):
     args, words = bad_inputs(tmp_path)[what]
     out_dir = tmp_path / "out"
@@ -165,6 +168,12 @@ def test_a_kernel_module_that_fails_on_import_is_one_line(tmp_path, capsys, monk
     assert main(["sweep", "--kernel", "broken_kernel:attn", "--suite", "smoke", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "ImportError: libcuda.so.1: cannot open shared object file)" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+def test_device_cuda_without_a_gpu_is_one_line(tmp_path, capsys):
+    assert main(["sweep", "--kernel", "tiled", "--suite", "smoke", "--device", "cuda", "--out", str(tmp_path), "--no-progress"]) == 2
+    assert capsys.readouterr().err == "attn-gate: error: --device cuda: no CUDA GPU is visible here; leave --device out to use the CPU\n"
 
 
 def test_usage_errors_exit_2():
