@@ -11,7 +11,7 @@ export PYTHONPATH=${PYTHONPATH:-.}:. PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv > "$out/nvidia-smi.txt" 2>&1
 start=$(date +%s)
 for k in "${kernels[@]}"; do
-  ( t0=$(date +%s); python3 -m gate sweep --kernel "$k" --suite "$suite" --out "$out" > "$out/log-$k.txt" 2>&1
+  ( t0=$(date +%s); timeout "${SWEEP_TIMEOUT_S:-540}" python3 -m gate sweep --kernel "$k" --suite "$suite" --out "$out" > "$out/log-$k.txt" 2>&1
     echo "$k rc=$? wall_s=$(( $(date +%s) - t0 ))" >> "$out/status.txt" ) &
 done
 wait
