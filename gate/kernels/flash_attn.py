@@ -83,16 +83,27 @@ class FA2Adapter(_FlashBase):
     def __call__(self, call: KernelCall) -> KernelOutput:
         mod = _import(self.module)
         kwargs = self._kwargs(call)
-        if call.cu_seqlens is None:
-            out, lse, s_dmask = mod.flash_attn_func(call.q, call.k, call.v, **kwargs)
-        else:
-            out, lse, s_dmask = mod.flash_attn_varlen_func(
-                call.q, call.k, call.v, call.cu_seqlens, call.cu_seqlens, call.max_seqlen, call.max_seqlen, **kwargs)
+        # FA2 draws dropout from torch's CUDA generator: seed it from the call (forked, so the
+        # caller's RNG is untouched) so the same seed gives the same mask; the backward replays
+        # the forward's saved Philox state.
+        devices = [call.q.device.index or 0] if call.q.is_cuda else []
+        with torch.random.fork_rng(devices=devices, enabled=bool(call.opts.dropout_p)):
+            if call.opts.dropout_p:
+                torch.manual_seed(call.seed)
+            if call.cu_seqlens is None:
+                out, lse, s_dmask = mod.flash_attn_func(call.q, call.k, call.v, **kwargs)
+            else:
+                out, lse, s_dmask = mod.flash_attn_varlen_func(
+                    call.q, call.k, call.v, call.cu_seqlens, call.cu_seqlens, call.max_seqlen, call.max_seqlen, **kwargs)
         keep = None
-        if call.opts.dropout_p and call.cu_seqlens is None:
-            # FA2 encodes a dropped element as a negative entry of S_dmask (padded to 128/256).
-            nq, nk = call.q.shape[1], call.k.shape[1]
-            keep = (s_dmask[:, :, :nq, :nk] >= 0)
+        if call.opts.dropout_p:
+            # FA2 encodes a dropped element as a negative entry of S_dmask (padded to 128/256);
+            # varlen: one (batch slot, H, max_q, max_k) block per sequence, top-left filled.
+            if call.cu_seqlens is None:
+                nq, nk = call.q.shape[1], call.k.shape[1]
+                keep = (s_dmask[:, :, :nq, :nk] >= 0)
+            else:
+                keep = [None if not n else s_dmask[i:i + 1, :, :n, :n] >= 0 for i, n in enumerate(call.seqlens)]
         return KernelOutput(out=out, lse=lse.detach().float(), dropout_keep=keep)
 
 
