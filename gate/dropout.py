@@ -5,10 +5,12 @@ The error ratio already covers the arithmetic: run_case feeds the mask the kerne
 references, so a wrong rescale fails `out`, and a backward that draws a new mask instead of
 reusing the forward's fails dq/dk/dv. These checks cover what the ratio cannot see:
 
-  * dropout_rate: the kept fraction over the allowed (query, key) pairs against 1 - p, as a
+  * dropout_rate: the kept fraction over the allowed (query, key) pairs against the keep
+    probability the kernel declares it realises (1 - p, or FA2's 8-bit threshold), as a
     z-score of the binomial; |z| > Z_LIMIT fails (6 sigma: a false alarm about once in 10^9
     runs, while p off by 0.01 on 10^5 pairs is z ~ 8).
-  * dropout_same_seed: the same seed twice gives the same mask and the same out, and the same
+  * dropout_same_seed: the same seed twice gives the same mask (on the allowed pairs: a flash
+    kernel leaves the rest of its debug mask unwritten) and the same out, and the same
     grads where the kernel has a deterministic mode (a backward that draws from an unseeded RNG
     differs here).
   * dropout_new_seed: another seed gives another mask, differing in a fraction of pairs near
@@ -25,7 +27,7 @@ import torch
 from gate.cases import Case
 from gate.determinism import run_once
 from gate.inputs import make_inputs
-from gate.kernels.base import KernelAdapter
+from gate.kernels.base import KernelAdapter, realised_keep_probability
 from gate.masks import allowed_mask
 from gate.results import CheckResult
 
@@ -34,7 +36,8 @@ NEW_SEED_MIN_FRACTION = 0.5  # of the expected 2p(1-p) differing fraction
 
 
 def binomial_z(kept: int, total: int, p: float) -> float:
-    """z-score of `kept` successes in `total` Bernoulli(1 - p) trials (pure arithmetic)."""
+    """z-score of `kept` successes in `total` Bernoulli(1 - p) trials (pure arithmetic); p is
+    the drop probability."""
     if total <= 0:
         return 0.0
     sd = math.sqrt(p * (1.0 - p) / total)
@@ -64,11 +67,22 @@ def kept_counts(case: Case, keep) -> tuple[int, int]:
     return kept, total
 
 
-def _same_masks(a, b) -> bool:
+def _same_masks(case: Case, a, b) -> bool:
+    """Identical on every allowed pair (masked-out pairs carry no draw and may hold anything)."""
     ma, mb = _masks(a), _masks(b)
-    return len(ma) == len(mb) and all(
-        (x is None and y is None) or (x is not None and y is not None and x.shape == y.shape and torch.equal(x.bool(), y.bool()))
-        for x, y in zip(ma, mb))
+    if len(ma) != len(mb):
+        return False
+    for x, y in zip(ma, mb):
+        if x is None or y is None:
+            if x is not y:
+                return False
+            continue
+        if x.shape != y.shape:
+            return False
+        allowed = _allowed(case, x.shape[-2], x.shape[-1], x.device).expand(x.shape)
+        if not torch.equal(x.bool() & allowed, y.bool() & allowed):
+            return False
+    return True
 
 
 def differing_fraction(case: Case, a, b) -> float:
@@ -94,13 +108,16 @@ def dropout_check(adapter: KernelAdapter, case: Case, device: str) -> tuple[Chec
     results = []
 
     kept, total = kept_counts(case, first.dropout_keep)
-    z = binomial_z(kept, total, p)
+    levels = adapter.capabilities().dropout_keep_levels
+    keep_p = realised_keep_probability(p, levels)
+    z = binomial_z(kept, total, 1.0 - keep_p)
+    declared = f" (the kernel's {levels}-level threshold for p={p:g})" if levels else ""
     results.append(CheckResult(
         "dropout_rate", abs(z) <= Z_LIMIT, z, Z_LIMIT,
-        f"kept {kept}/{total} = {kept / max(total, 1):.4f} of allowed pairs, expected {1 - p:.4f} (|z| <= {Z_LIMIT:g})"))
+        f"kept {kept}/{total} = {kept / max(total, 1):.4f} of allowed pairs, expected {keep_p:.4f}{declared} (|z| <= {Z_LIMIT:g})"))
 
     again, grads2 = run_once(adapter, case, inputs, claims)
-    same = {"mask": _same_masks(first.dropout_keep, again.dropout_keep),
+    same = {"mask": _same_masks(case, first.dropout_keep, again.dropout_keep),
             "out": torch.equal(first.out.detach(), again.out.detach())}
     if claims:
         same.update({n: torch.equal(g1, g2) for n, g1, g2 in zip(("dq", "dk", "dv"), grads1, grads2)})

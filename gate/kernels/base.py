@@ -34,6 +34,11 @@ class Capabilities:
     gqa: bool = True
     deterministic_mode: bool = False
     returns_lse: bool = False
+    # FA2-family kernels draw dropout against an 8-bit threshold: the keep probability they
+    # realise is (floor((1 - p) * 255) + 1) / 256, not 1 - p (measured on the H200 through SDPA
+    # flash: p=0.1 keeps 0.8984 = 230/256 of 16.7M pairs, p=0.3 keeps 0.6993 = 179/256).
+    # 256 says so; 0 means the kernel draws with the exact probability.
+    dropout_keep_levels: int = 0
     # Non-empty when the kernel does not return 0 on rows with no allowed key (e.g. NaN under a
     # -inf additive mask): such cases are SKIPPED with this text, never measured as a pass.
     fully_masked_rows_unsupported: str = ""
@@ -63,6 +68,15 @@ class Capabilities:
             if not ok:
                 return reason
         return None
+
+
+def realised_keep_probability(p: float, levels: int) -> float:
+    """The keep probability a kernel actually draws with for dropout p (see Capabilities)."""
+    if not levels:
+        return 1.0 - p
+    import math
+
+    return (math.floor((1.0 - p) * (levels - 1)) + 1) / levels
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,7 @@ class FA2Adapter(_FlashBase):
 
     def capabilities(self) -> Capabilities:
         return Capabilities(dtypes=("fp16", "bf16"), max_head_dim=256, window=True, softcap=True, alibi=True,
-                            dropout=True, varlen=True, deterministic_mode=True, returns_lse=True)
+                            dropout=True, dropout_keep_levels=256, varlen=True, deterministic_mode=True, returns_lse=True)
 
     def _kwargs(self, call: KernelCall) -> dict:
         kwargs = super()._kwargs(call)

@@ -67,6 +67,7 @@ class SdpaAdapter(KernelAdapter):
             devices=devices, dtypes=dtypes, max_head_dim=256 if self.backend != "cudnn" else 128,
             head_dim_v_differs=self.backend in ("math", "efficient"), window=takes_bias, alibi=takes_bias,
             varlen=True, gqa=True, returns_lse=True, dropout=self.backend == "flash",
+            dropout_keep_levels=256 if self.backend == "flash" else 0,
             deterministic_mode=self.backend in ("efficient", "cpu"), fully_masked_rows_unsupported=nan_rows,
             notes=("GQA by repeating k/v heads", "varlen by running each sequence alone")
             + (("window/ALiBi through the additive attn_mask",) if takes_bias else ())
