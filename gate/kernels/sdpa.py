@@ -16,8 +16,10 @@ differ from flash-attn, and what we do about them:
     Philox seed/offset, which the op saves;
   * deterministic mode (efficient, cpu): torch.use_deterministic_algorithms around forward and
     backward (`deterministic_scope`): SDPA reads it, not an argument;
-  * fully masked rows under a -inf additive mask: the mem-efficient and cuDNN kernels return NaN
-    there (pytorch/pytorch#110213), not 0: declared, so those cases are SKIPPED with the reason.
+  * fully masked rows (seqlen_q > seqlen_k causal, windows): measured on an H200 (torch 2.11,
+    reports/h200/depth.md part D), mem-efficient and cuDNN give 0 there under an additive -inf
+    mask but nonzero rows (max |out| 1.48 and 0.45) through `causal_lower_right`, which torch
+    itself warns about; declared, so those cases are SKIPPED with the reason.
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ class SdpaAdapter(KernelAdapter):
         dtypes = ("fp16", "bf16", "fp32") if self.backend in ("math", "efficient", "cpu") else ("fp16", "bf16")
         nan_rows = ""
         if self.backend in ("efficient", "cudnn"):
-            nan_rows = f"SDPA {self.backend} returns NaN, not 0, on rows with no allowed key (pytorch/pytorch#110213)"
+            nan_rows = (f"SDPA {self.backend} returns nonzero rows, not 0, where no key is allowed under "
+                        f"causal_lower_right (measured on an H200: reports/h200/depth.md part D)")
         return Capabilities(
             devices=devices, dtypes=dtypes, max_head_dim=256 if self.backend != "cudnn" else 128,
             head_dim_v_differs=self.backend in ("math", "efficient"), window=takes_bias, alibi=takes_bias,
