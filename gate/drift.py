@@ -335,8 +335,6 @@ def run_drift(kernel: str, cfg: DriftConfig, device: str, adapter=None, progress
 
 def plot_drift(result: DriftResult, path: Path) -> Path:
     """Loss curves with the band (top) and each curve minus the float32 reference (bottom)."""
-    import os
-    import tempfile
 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -363,15 +361,9 @@ def plot_drift(result: DriftResult, path: Path) -> Path:
     bottom.set_ylabel("minus the fp32 reference")
     bottom.set_xlabel("step")
     top.legend(fontsize=7)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=110)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    from gate.jsonio import save_figure_atomic
+
+    return save_figure_atomic(fig, path, dpi=110)
 
 
 def write_drift_outputs(result: DriftResult, out_dir: Path) -> dict[str, Path]:

@@ -55,6 +55,22 @@ def write_text_atomic(path: Path, text: str) -> None:
         raise
 
 
+def save_figure_atomic(fig, path: Path, **savefig_kwargs) -> Path:
+    """A matplotlib figure as a PNG, written like every other file here: temp file, 0644, rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png", **savefig_kwargs)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
 def read_json(path: Path, *, kind: str, schema_version: int) -> dict[str, Any]:
     """Read a schema-versioned JSON file or raise a UserError that names the file and the fix."""
     path = Path(path)

@@ -81,9 +81,6 @@ def plot_speed_ratios(judgements: tuple[PerfJudgement, ...], title: str, path: P
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png")
-    tmp.replace(path)
-    return path
+    from gate.jsonio import save_figure_atomic
+
+    return save_figure_atomic(fig, path)

@@ -61,9 +61,6 @@ def plot_ratios(verdict: Verdict, sweep: SweepResult, baseline: Baseline, path: 
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.04), ncol=3, frameon=False)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png")
-    tmp.replace(path)
-    return path
+    from gate.jsonio import save_figure_atomic
+
+    return save_figure_atomic(fig, path)

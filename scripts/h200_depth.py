@@ -31,7 +31,6 @@ tiny shapes, 30 drift steps): plumbing only, it measures nothing about GPUs.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 import time

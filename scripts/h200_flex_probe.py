@@ -6,11 +6,9 @@ Runs the flex adapter through run_case on a few shapes, with the adapter's input
 (transposed views of (B, N, H, D)) and made contiguous in (B, H, N, D), and prints the ratios.
 """
 
-import dataclasses
 import sys
 import traceback
 
-import torch
 
 from gate.cases import Case
 from gate.config import ToleranceConfig

@@ -10,6 +10,8 @@ import dataclasses
 
 import torch
 
+from tests.buggy_kernels import _ScaleGrad  # identity forward, scaled gradient
+
 from gate.kernels.base import Capabilities, KernelCall, KernelOutput
 from gate.kernels.tiled import TiledAdapter, _TiledAttention, dropout_keep_mask
 
@@ -119,17 +121,6 @@ class FixedMaskTiled(TiledAdapter):
         return super().__call__(dataclasses.replace(call, seed=1234))
 
 
-class _ScaleGrad(torch.autograd.Function):
-    """Identity forward; the backward scales the gradient (a backward bug the forward hides)."""
-
-    @staticmethod
-    def forward(ctx, x, factor):
-        ctx.factor = factor
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * ctx.factor, None
 
 
 class DriftingTiled(TiledAdapter):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shlex
 import shutil
 from pathlib import Path

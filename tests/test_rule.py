@@ -4,7 +4,6 @@ pure arithmetic of gate/tolerance.py (NaN never passes, the floor is never 0).""
 from __future__ import annotations
 
 import math
-import re
 
 import pytest
 import torch
