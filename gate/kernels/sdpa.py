@@ -14,8 +14,10 @@ differ from flash-attn, and what we do about them:
     negated: keep = S_dmask >= 0 after trimming the tile padding. The RNG is seeded from the
     call's seed (forked, so the caller's RNG is untouched); the backward replays the forward's
     Philox seed/offset, which the op saves;
-  * deterministic mode (efficient, cpu): torch.use_deterministic_algorithms around forward and
-    backward (`deterministic_scope`): SDPA reads it, not an argument;
+  * deterministic mode (cpu only): torch.use_deterministic_algorithms around forward and
+    backward (`deterministic_scope`): SDPA reads it, not an argument. Mem-efficient claims none:
+    under that flag torch only warns for it, and on an H200 its dQ differed in 3 of 10 runs for
+    bf16-b4-h16/4-s2048-d128 (reports/h200/depth.md part B), so its spread is reported instead;
   * fully masked rows (seqlen_q > seqlen_k causal, windows): measured on an H200 (torch 2.11,
     reports/h200/depth.md part D), mem-efficient and cuDNN give 0 there under an additive -inf
     mask but nonzero rows (max |out| 1.48 and 0.45) through `causal_lower_right`, which torch
@@ -71,7 +73,7 @@ class SdpaAdapter(KernelAdapter):
             head_dim_v_differs=self.backend in ("math", "efficient"), window=takes_bias, alibi=takes_bias,
             varlen=True, gqa=True, returns_lse=True, dropout=self.backend == "flash",
             dropout_keep_levels=256 if self.backend == "flash" else 0,
-            deterministic_mode=self.backend in ("efficient", "cpu"), fully_masked_rows_unsupported=nan_rows,
+            deterministic_mode=self.backend == "cpu", fully_masked_rows_unsupported=nan_rows,
             notes=("GQA by repeating k/v heads", "varlen by running each sequence alone")
             + (("window/ALiBi through the additive attn_mask",) if takes_bias else ())
             + (("dropout mask read from the flash op's debug mask (return_debug_mask=True)",) if self.backend == "flash" else ())
