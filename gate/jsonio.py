@@ -11,7 +11,9 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
 
 from gate.errors import UserError
 
@@ -92,6 +94,16 @@ def read_json(path: Path, *, kind: str, schema_version: int) -> dict[str, Any]:
             f"regenerate it with this attn-gate version"
         )
     return payload
+
+
+def read_record(path: Path, *, kind: str, schema_version: int, from_dict: Callable[[dict[str, Any]], T], fix: str) -> T:
+    """A schema-versioned file parsed into its dataclass; a missing or malformed field is a
+    UserError naming the file, the field and `fix` (what to do about it)."""
+    payload = read_json(path, kind=kind, schema_version=schema_version)
+    try:
+        return from_dict(payload)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise UserError(f"{path}: {kind} file is missing or has a bad field ({type(exc).__name__}: {exc}); {fix}") from None
 
 
 def as_float(value: Any) -> float:

@@ -26,7 +26,7 @@ from typing import Any
 from gate.cases import Case, load_suite
 from gate.config import Config, PerfConfig
 from gate.errors import UserError
-from gate.jsonio import read_json, write_json_atomic
+from gate.jsonio import read_record, write_json_atomic
 from gate.perf_verdict import PerfJudgement, PerfRules, PerfSeverity, RatioEstimate, judge
 from gate.timing import PASSES, PassTiming, TimingPlan, TimingRun
 
@@ -135,11 +135,8 @@ class PerfResult:
 
     @classmethod
     def read(cls, path: Path) -> "PerfResult":
-        payload = read_json(path, kind="perf results", schema_version=SCHEMA_VERSION)
-        try:
-            return cls.from_dict(payload)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise UserError(f"{path}: perf results are missing or have a bad field ({exc}); regenerate them") from None
+        return read_record(path, kind="perf results", schema_version=SCHEMA_VERSION, from_dict=cls.from_dict,
+                           fix="regenerate it with `attn-gate perf`")
 
 
 # --------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gate.cases import Case
-from gate.jsonio import as_float, read_json, write_json_atomic
+from gate.jsonio import as_float, read_record, write_json_atomic
 
 SCHEMA_VERSION = 1
 TENSORS = ("out", "lse", "dq", "dk", "dv")
@@ -188,10 +188,5 @@ class SweepResult:
 
     @classmethod
     def read(cls, path: Path) -> "SweepResult":
-        payload = read_json(path, kind="sweep results", schema_version=SCHEMA_VERSION)
-        try:
-            return cls.from_dict(payload)
-        except (KeyError, TypeError, ValueError) as exc:
-            from gate.errors import UserError
-
-            raise UserError(f"{path}: sweep results are missing or have a bad field ({exc}); regenerate them") from None
+        return read_record(path, kind="sweep results", schema_version=SCHEMA_VERSION, from_dict=cls.from_dict,
+                           fix="regenerate it with `attn-gate sweep`")
