@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -32,6 +33,34 @@ def safe_name(kernel: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", kernel)
 
 
+def only_pattern(only: str | None) -> re.Pattern[str] | None:
+    """--only as a compiled regex; an invalid one is a one-line usage error (sweep, check, baseline)."""
+    if only is None:
+        return None
+    try:
+        return re.compile(only)
+    except re.error as exc:
+        raise UserError(f"--only {only!r} is not a regular expression ({exc})") from None
+
+
+def require_writable(path: Path, option: str = "--out", kind: str = "folder") -> None:
+    """Refuse, before minutes of measuring, an output path that cannot be written: `kind` "folder"
+    (--out) or "file" (--summary). The nearest existing folder on the way must be a writable
+    directory; nothing is created here."""
+    path = Path(path)
+    if kind == "file" and path.is_dir():
+        raise UserError(f"{option} {path}: is a directory; pass a file name")
+    probe = path.parent if kind == "file" else path
+    while not probe.exists() and probe.parent != probe:  # exists() is False under a file too (/dev/null/x)
+        probe = probe.parent
+    if not probe.is_dir():
+        where = "exists" if probe == path else f"{probe} exists"
+        raise UserError(f"{option} {path}: {where} and is not a directory; "
+                        f"pass a {'folder' if kind == 'folder' else 'file in a folder'}")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UserError(f"{option} {path}: {probe} is not writable; pass a writable {kind}")
+
+
 def run_sweep(kernel: str, suite_name: str, config: Config, device: str | None = None, progress: bool = True,
               only: str | None = None, extra_checks=(), check_names: tuple[str, ...] = ()) -> SweepResult:
     """`extra_checks` are callables run on every case; `check_names` (gate/checks.py) are added to
@@ -51,10 +80,8 @@ def run_sweep(kernel: str, suite_name: str, config: Config, device: str | None =
         raise UserError(f"kernel {kernel!r} is unavailable here: {missing}")
     if device not in adapter.capabilities().devices:
         raise UserError(f"kernel {kernel!r} runs on {'/'.join(adapter.capabilities().devices)}, not {device}; pass --device")
-    try:
-        cases = [c for c in suite.cases if only is None or re.search(only, c.id)]
-    except re.error as exc:
-        raise UserError(f"--only {only!r} is not a regular expression ({exc})") from None
+    pattern = only_pattern(only)
+    cases = [c for c in suite.cases if pattern is None or pattern.search(c.id)]
     if not cases:
         raise UserError(f"--only {only!r} matches no case of suite {suite_name!r}")
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")

@@ -25,10 +25,9 @@ def main(args: argparse.Namespace) -> int:
     from gate.environment import default_device
     from gate.errors import EXIT_FAIL, EXIT_PASS, UserError
     from gate.report import print_table
-    from gate.sweep import run_sweep, write_sweep_outputs
+    from gate.sweep import require_writable, run_sweep, write_sweep_outputs
 
-    if args.out.exists() and not args.out.is_dir():  # before the sweep, not after minutes of it
-        raise UserError(f"--out {args.out}: exists and is not a directory; pass a folder")
+    require_writable(args.out, "--out")  # before the sweep, not after minutes of it
     config = load_config(args.config)
     device = args.device or default_device()
     profile = config.profile(device)
