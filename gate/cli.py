@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from gate.errors import EXIT_USAGE, UserError
+from gate.errors import EXIT_FAIL, EXIT_USAGE, UserError
 
 # Each module in gate/commands registers its own subcommands.
 COMMANDS = ("sweep", "listing", "check", "baseline", "perf", "bench", "drift")
@@ -37,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"attn-gate: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except SystemExit as exc:  # a kernel or plugin called sys.exit(): never let it pass as exit 0
+        print(f"attn-gate: error: the run was cut short by SystemExit({exc.code!r}) (a kernel or plugin called "
+              f"sys.exit); no verdict, failing closed", file=sys.stderr)
+        return EXIT_FAIL
     except KeyboardInterrupt:
         print("attn-gate: interrupted", file=sys.stderr)
         return EXIT_USAGE

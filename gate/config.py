@@ -53,6 +53,12 @@ class ToleranceConfig:
         return dataclasses.asdict(self)
 
 
+def _require(section, name: str, ok, what: str) -> None:
+    value = getattr(section, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
+        raise ValueError(f"{name} = {value!r} must be {what}")
+
+
 @dataclass(frozen=True)
 class VerdictConfig:
     """Correctness thresholds of `attn-gate check` (see gate/verdict.py)."""
@@ -60,6 +66,12 @@ class VerdictConfig:
     headroom_factor: float = 1.5  # FAIL when ratio grows by more than this factor...
     headroom_step: float = 0.1  # ...and by more than this absolute step
     improvement_factor: float = 2.0  # WARN (refresh the baseline) when ratio shrinks by this factor
+
+    def __post_init__(self) -> None:
+        # nan compares False everywhere, so a nan threshold would silently switch its rule off.
+        _require(self, "headroom_factor", lambda v: v > 1, "a finite number > 1")
+        _require(self, "headroom_step", lambda v: v >= 0, "a finite number >= 0")
+        _require(self, "improvement_factor", lambda v: v > 1, "a finite number > 1")
 
 
 @dataclass(frozen=True)
@@ -79,6 +91,18 @@ class PerfConfig:
     confirm_rounds: int = 30  # rounds of the re-measurement of a suspected regression, and of a baseline (0: no confirm)
     warmup_s: float = 0.25  # warm-up by time, both kernels, before the first round
     cold_l2: bool = True  # flush L2 (a buffer larger than L2) before every timed call
+
+    def __post_init__(self) -> None:
+        # Each of these, out of range, would switch a speed rule off (nan/inf/0) instead of failing.
+        for name in ("regression_pct", "noise_k", "improvement_pct", "max_noise_pct"):
+            _require(self, name, lambda v: v > 0, "a finite number > 0")
+        _require(self, "alpha", lambda v: 0 < v < 1, "a number in (0, 1)")
+        _require(self, "warmup_s", lambda v: v >= 0, "a finite number >= 0")
+        _require(self, "min_rounds", lambda v: v >= 3, "an integer >= 3")
+        # fewer rounds than min_rounds is allowed: such a run is judged INCONCLUSIVE, by rule
+        _require(self, "rounds", lambda v: v >= 1, "an integer >= 1")
+        _require(self, "calls_per_round", lambda v: v >= 1, "an integer >= 1")
+        _require(self, "confirm_rounds", lambda v: v >= 0, "an integer >= 0 (0: no confirm)")
 
     def anchor_for(self, device: str) -> str:
         return self.anchor if device == "cuda" else self.cpu_anchor

@@ -146,7 +146,9 @@ def run_case(adapter: KernelAdapter, case: Case, device: str, tol: ToleranceConf
         checks = tuple(c for check in extra_checks for c in check(adapter, case, device))
     except BadOutput as exc:
         return CaseResult(case=case, status=Status.FAIL, reason=str(exc), seconds=time.perf_counter() - start)
-    except Exception as exc:  # a crashing kernel is a row, not a dead run
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a crashing kernel is a row, not a dead run (sys.exit in a kernel too)
         return CaseResult(case=case, status=Status.ERROR, reason=_first_line(exc), seconds=time.perf_counter() - start,
                           checks=())
     tensors = tuple(worst[n] for n in ("out", "lse", "dq", "dk", "dv") if n in worst)

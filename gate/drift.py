@@ -114,10 +114,12 @@ class Judgement:
 
 
 def judge(kernel: list[float], lower: list[float], upper: list[float]) -> Judgement:
-    """Pass when every step is inside [lower, upper]; a NaN/inf is outside (fail closed)."""
+    """Pass when every step is inside [lower, upper]; a NaN/inf in the kernel's curve or in the
+    band (a diverged reference leaves nothing to compare with) is outside: fail closed."""
     outside, worst, worst_t = 0, 0.0, -1
     for t, (k, lo, hi) in enumerate(zip(kernel, lower, upper)):
-        excess = math.inf if not math.isfinite(k) else max(lo - k, k - hi, 0.0)
+        finite = math.isfinite(k) and math.isfinite(lo) and math.isfinite(hi)
+        excess = math.inf if not finite else max(lo - k, k - hi, 0.0)
         if excess > 0:
             outside += 1
             if excess > worst or worst_t < 0:
@@ -312,7 +314,9 @@ def run_drift(kernel: str, cfg: DriftConfig, device: str, adapter=None, progress
     notes: list[str] = []
     try:
         curves[f"kernel {kernel}"] = train_curve(cfg, kernel_attention(adapter, TORCH_DTYPES[cfg.dtype]), init, device)
-    except Exception as exc:  # a crashing kernel is a failed run, reported, not a traceback
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a crashing kernel (sys.exit too) is a failed run, reported, not a traceback
         text = str(exc).strip().splitlines()
         notes.append(f"the kernel raised {type(exc).__name__}: {text[0] if text else ''}"[:300])
         curves[f"kernel {kernel}"] = [math.nan] * cfg.steps

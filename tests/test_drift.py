@@ -99,3 +99,12 @@ def test_drift_command_exit_codes(tmp_path, monkeypatch):
     assert main(["drift", "--kernel", "drifting", "--device", "cpu", "--steps", "100", "--out", str(out)]) == 1
     with pytest.raises(UserError):
         default_config("cpu", dtype="fp8")
+
+
+def test_judge_fails_closed_when_the_reference_band_diverged():
+    """A NaN in the references makes the band NaN; that must not read as 'inside'."""
+    lower, upper = band([[1.0, math.nan, 1.0], [1.0, 1.0, 1.0]], center=[1.0, math.nan, 1.0], widen=1.0, rel_floor=0.01)
+    j = judge([1.0, 5.0, 1.0], lower, upper)
+    assert not j.passed and j.steps_outside == 1 and j.worst_step == 1
+    finite_lower, finite_upper = band([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]], center=[1.0, 1.0, 1.0], widen=1.0, rel_floor=0.01)
+    assert judge([1.0, 1.0, 1.0], finite_lower, finite_upper).passed

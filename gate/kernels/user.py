@@ -69,12 +69,13 @@ class UserAdapter(KernelAdapter):
 
     def _dense(self, q, k, v, call: KernelCall) -> KernelOutput:
         o = call.opts
-        kwargs = {"softmax_scale": o.softmax_scale, "causal": o.causal}
         optional = {
-            "window_size": tuple(o.window), "softcap": o.softcap, "alibi_slopes": o.alibi_slopes,
+            # a keyword the function does not take is left out (its default is flash_attn_func's:
+            # scale 1/sqrt(d), not causal); cases that need it were skipped by capabilities()
+            "softmax_scale": o.softmax_scale, "causal": o.causal, "window_size": tuple(o.window), "softcap": o.softcap, "alibi_slopes": o.alibi_slopes,
             "deterministic": call.deterministic, "return_attn_probs": True, "dropout_p": o.dropout_p,
         }
-        kwargs.update({k: val for k, val in optional.items() if self._takes(k)})
+        kwargs = {k: val for k, val in optional.items() if self._takes(k)}
         result = self.fn(q, k, v, **kwargs)
         if isinstance(result, (tuple, list)):
             out = result[0]
