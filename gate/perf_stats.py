@@ -2,8 +2,8 @@
 
 Everything here is robust (medians, MAD, order statistics, rank tests) because GPU timings have
 heavy right tails (a context switch, a clock dip) that wreck means and t-tests. Every function
-that cannot answer (too few samples) returns NaN rather than guessing: callers treat NaN as
-INCONCLUSIVE (fail closed), never as "no difference".
+that cannot answer (too few samples, a NaN sample) returns NaN rather than guessing: callers
+treat NaN as INCONCLUSIVE (fail closed), never as "no difference".
 """
 
 from __future__ import annotations
@@ -18,20 +18,22 @@ MEDIAN_SE_FACTOR = math.sqrt(math.pi / 2)
 NAN = float("nan")
 
 
-def _sorted(xs: Sequence[float]) -> list[float]:
+def _sorted(xs: Sequence[float]) -> list[float] | None:
+    """The samples sorted, or None when one is NaN: NaN has no order, so no order statistic or
+    rank test can answer (callers return NaN, which the verdict turns into INCONCLUSIVE)."""
     values = [float(x) for x in xs]
     if any(math.isnan(x) for x in values):
-        raise ValueError("samples contain NaN")
+        return None
     return sorted(values)
 
 
 def quantile(xs: Sequence[float], q: float) -> float:
-    """Linear-interpolation quantile (numpy's default); NaN for no samples."""
+    """Linear-interpolation quantile (numpy's default); NaN for no samples or a NaN sample."""
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"quantile {q} is outside [0, 1]")
     s = _sorted(xs)
     if not s:
         return NAN
-    if not 0.0 <= q <= 1.0:
-        raise ValueError(f"quantile {q} is outside [0, 1]")
     pos = q * (len(s) - 1)
     lo = math.floor(pos)
     hi = min(lo + 1, len(s) - 1)
@@ -95,10 +97,12 @@ def median_ci(xs: Sequence[float], confidence: float = 0.95) -> tuple[float, flo
     1 - 2 P(Binom(n, 1/2) <= j - 1); j is the largest rank keeping that >= `confidence`.
     (NaN, NaN) when n is too small to reach the confidence at all (n < 6 for 95%).
     """
-    s = _sorted(xs)
-    n = len(s)
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence {confidence} is outside (0, 1)")
+    s = _sorted(xs)
+    if s is None:
+        return NAN, NAN
+    n = len(s)
     best = 0
     for j in range(1, n // 2 + 1):
         if 1.0 - 2.0 * _binom_cdf(j - 1, n) >= confidence:
@@ -119,6 +123,8 @@ def sign_test(xs: Sequence[float], mu: float, alternative: str = "greater") -> f
     if alternative not in ("greater", "less"):
         raise ValueError(f"alternative {alternative!r} is not 'greater' or 'less'")
     s = _sorted(xs)
+    if s is None or math.isnan(mu):
+        return NAN
     above = sum(1 for x in s if x > mu)
     below = sum(1 for x in s if x < mu)
     n = above + below
@@ -152,6 +158,8 @@ def mann_whitney(a: Sequence[float], b: Sequence[float], alternative: str = "gre
     if alternative not in ("greater", "less"):
         raise ValueError(f"alternative {alternative!r} is not 'greater' or 'less'")
     sa, sb = _sorted(a), _sorted(b)
+    if sa is None or sb is None:
+        return NAN
     n1, n2 = len(sa), len(sb)
     if n1 < 3 or n2 < 3:
         return NAN

@@ -11,20 +11,21 @@ and a re-measurement with more rounds (confirm) says the same. Two thresholds on
 (pyperf's compare_to: significance AND --min-speed): a significant 0.5% drift is not a
 regression, and a large change inside the noise is not proof of one.
 
-Fail closed: too few rounds, a noise band wider than max_noise_pct, a missing baseline or a test
-that cannot be computed give INCONCLUSIVE, which the gate reports as such and never as a pass.
-An improvement beyond improvement_pct that is significant is a WARN (refresh the baseline, or
-the kernel skipped work).
+Fail closed: too few rounds, a noise band wider than max_noise_pct, a missing baseline, NaN or
+infinite per-round ratios, or a test that cannot be computed give INCONCLUSIVE, which the gate
+reports as such and never as a pass. An improvement beyond improvement_pct that is significant
+is a WARN (refresh the baseline, or the kernel skipped work).
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gate import perf_stats
+from gate.config import PerfConfig
 
 PASSES = ("fwd", "bwd")
 
@@ -63,14 +64,19 @@ class RatioEstimate:
                    samples=tuple(float(x) for x in d.get("samples", ())))
 
 
+_DEFAULTS = PerfConfig()  # one source of truth for the thresholds: [tool.attn-gate.perf]'s defaults
+
+
 @dataclass(frozen=True)
 class PerfRules:
-    regression_pct: float = 3.0
-    noise_k: float = 3.0
-    improvement_pct: float = 10.0
-    alpha: float = 0.01
-    min_rounds: int = 7
-    max_noise_pct: float = 5.0
+    """The thresholds `judge` applies: the subset of PerfConfig it needs, with the same defaults."""
+
+    regression_pct: float = _DEFAULTS.regression_pct
+    noise_k: float = _DEFAULTS.noise_k
+    improvement_pct: float = _DEFAULTS.improvement_pct
+    alpha: float = _DEFAULTS.alpha
+    min_rounds: int = _DEFAULTS.min_rounds
+    max_noise_pct: float = _DEFAULTS.max_noise_pct
 
     @classmethod
     def from_config(cls, perf_config) -> "PerfRules":
@@ -112,6 +118,17 @@ def _p_value(current: RatioEstimate, baseline: RatioEstimate, alternative: str) 
     return math.nan
 
 
+def _not_a_ratio(est: RatioEstimate) -> str:
+    """Why an estimate cannot be judged ('' when it can): a median that is not a positive number,
+    or per-round ratios that are not all finite (a NaN would make the rank test meaningless)."""
+    if not math.isfinite(est.median) or est.median <= 0:
+        return f"median {est.median!r} is not a positive number"
+    bad = sum(1 for x in est.samples if not math.isfinite(x))
+    if bad:
+        return f"{bad} of {len(est.samples)} per-round ratios are NaN or infinite"
+    return ""
+
+
 def _pct(x: float) -> str:
     return f"{x * 100:+.2f}%"
 
@@ -121,13 +138,22 @@ def judge(case_id: str, pass_: str, baseline: RatioEstimate | None, current: Rat
     """Judge one speed ratio. Call once; when the result is `suspected`, re-measure with more
     rounds and call again with `confirm=`: the confirm measurement is then the one of record."""
     base = dict(case_id=case_id, pass_=pass_)
-    if baseline is None or not math.isfinite(baseline.median) or baseline.median <= 0:
+    if baseline is None:
         return PerfJudgement(**base, severity=PerfSeverity.INCONCLUSIVE,
                              message="no speed baseline for this case: run `attn-gate baseline update` on this GPU class")
+    bad_baseline = _not_a_ratio(baseline)
+    if bad_baseline:
+        return PerfJudgement(**base, severity=PerfSeverity.INCONCLUSIVE,
+                             message=f"the baseline's speed ratio is unusable ({bad_baseline}): re-record it with "
+                                     f"`attn-gate baseline update --perf` on this GPU class")
     if current is None or not math.isfinite(current.median) or current.median <= 0:
         return PerfJudgement(**base, severity=PerfSeverity.INCONCLUSIVE, baseline=baseline.median,
                              message="no valid measurement (the kernel or its anchor did not run)")
     values = dict(baseline=baseline.median, current=current.median)
+    bad_current = _not_a_ratio(current)
+    if bad_current:
+        return PerfJudgement(**base, **values, severity=PerfSeverity.INCONCLUSIVE,
+                             message=f"this run's speed ratio is unusable ({bad_current}): re-run on a quiet GPU")
     if current.n < rules.min_rounds or baseline.n < rules.min_rounds:
         return PerfJudgement(**base, **values, severity=PerfSeverity.INCONCLUSIVE,
                              message=f"too few rounds ({current.n} now, {baseline.n} in the baseline; need {rules.min_rounds})")
@@ -168,17 +194,3 @@ def judge(case_id: str, pass_: str, baseline: RatioEstimate | None, current: Rat
                                          f"refresh the baseline, and check the kernel still does all its work")
     return PerfJudgement(**base, **values, severity=PerfSeverity.OK,
                          message=f"change {_pct(change)} within threshold {threshold * 100:.2f}%")
-
-
-@dataclass(frozen=True)
-class PerfVerdict:
-    judgements: tuple[PerfJudgement, ...] = field(default_factory=tuple)
-
-    @property
-    def worst(self) -> PerfSeverity:
-        order = [PerfSeverity.OK, PerfSeverity.WARN, PerfSeverity.INCONCLUSIVE, PerfSeverity.FAIL]
-        return max((j.severity for j in self.judgements), key=order.index, default=PerfSeverity.INCONCLUSIVE)
-
-    @property
-    def passed(self) -> bool:
-        return bool(self.judgements) and not any(j.severity.blocks for j in self.judgements)

@@ -2,7 +2,8 @@
 
 import pytest
 
-from gate.perf_verdict import PerfRules, PerfSeverity, PerfVerdict, RatioEstimate, judge
+from gate.config import PerfConfig
+from gate.perf_verdict import PerfRules, PerfSeverity, RatioEstimate, judge
 
 RULES = PerfRules(regression_pct=2.0, noise_k=3.0, improvement_pct=10.0, alpha=0.01, min_rounds=7, max_noise_pct=5.0)
 
@@ -66,10 +67,47 @@ def test_sign_test_used_when_baseline_kept_no_samples():
 def test_missing_baseline_or_measurement_is_inconclusive_never_pass():
     assert judge("c", "fwd", None, rounds(1.0), RULES).severity is PerfSeverity.INCONCLUSIVE
     assert judge("c", "fwd", BASE, None, RULES).severity is PerfSeverity.INCONCLUSIVE
-    verdict = PerfVerdict((judge("c", "fwd", None, rounds(1.0), RULES),))
-    assert not verdict.passed and verdict.worst is PerfSeverity.INCONCLUSIVE
-    assert PerfVerdict((judge("c", "fwd", BASE, rounds(1.0), RULES),)).passed
-    assert not PerfVerdict(()).passed  # nothing judged is not a pass
+    assert judge("c", "fwd", BASE, rounds(1.0), RULES).severity is PerfSeverity.OK
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+def with_samples(est: RatioEstimate, *bad: float) -> RatioEstimate:
+    """`est` with its first samples replaced (median and noise kept: as a hand-edited baseline would)."""
+    return RatioEstimate(median=est.median, noise=est.noise, n=est.n, samples=bad + est.samples[len(bad):])
+
+
+NON_FINITE = [
+    # id, baseline, current, expected severity, words in the message
+    ("baseline-nan-sample", with_samples(BASE, NAN), rounds(1.10), PerfSeverity.INCONCLUSIVE, "baseline"),
+    ("baseline-nan-sample-no-change", with_samples(BASE, NAN), rounds(1.0), PerfSeverity.INCONCLUSIVE, "baseline"),
+    ("baseline-inf-sample", with_samples(BASE, INF), rounds(1.0), PerfSeverity.INCONCLUSIVE, "baseline"),
+    ("baseline-nan-median", RatioEstimate(median=NAN, noise=0.001, n=15, samples=BASE.samples), rounds(1.0),
+     PerfSeverity.INCONCLUSIVE, "baseline"),
+    ("current-nan-sample", BASE, with_samples(rounds(1.10), NAN, NAN), PerfSeverity.INCONCLUSIVE, "this run"),
+    ("all-finite", BASE, rounds(1.10), PerfSeverity.FAIL, "slower"),
+]
+
+
+@pytest.mark.parametrize("baseline,current,severity,words", [t[1:] for t in NON_FINITE], ids=[t[0] for t in NON_FINITE])
+def test_nan_or_infinite_ratios_are_inconclusive_with_a_reason(baseline, current, severity, words):
+    j = judge("c", "fwd", baseline, current, RULES)
+    assert j.severity is severity, j.message
+    assert words in j.message
+    if severity is PerfSeverity.INCONCLUSIVE:
+        assert "NaN" in j.message or "not a positive number" in j.message
+
+
+def test_nan_samples_from_a_baseline_file_are_inconclusive_not_a_traceback():
+    entry = {**BASE.to_dict(), "samples": ["nan"] + list(BASE.samples[1:])}  # as JSON could hold it
+    j = judge("c", "bwd", RatioEstimate.from_dict(entry), rounds(1.10), RULES)
+    assert j.severity is PerfSeverity.INCONCLUSIVE and "1 of 15 per-round ratios are NaN" in j.message
+
+
+def test_rule_defaults_are_the_config_defaults():
+    assert PerfRules() == PerfRules.from_config(PerfConfig())
+    assert PerfRules().regression_pct == PerfConfig().regression_pct == 2.0
 
 
 def test_estimate_round_trips_through_dict():
