@@ -6,7 +6,9 @@ CPU-only machine `cpu_anchor`, e.g. sdpa-math) or "matmul", a dense matmul of eq
 the anchor cannot run is a SKIP row with the reason; a crash is an ERROR row; the run goes on.
 
 Also here: the judging step of a speed check (`judge_perf`): compare each pass with the
-baseline, re-measure suspected regressions with `confirm_rounds`, return the judgements.
+baseline, re-measure suspected regressions with `confirm_rounds`, return the judgements. It fails
+closed: a case the baseline timed that is skipped now or absent from the run (within --only) is
+INCONCLUSIVE, and a run that judged nothing at all is one run-wide INCONCLUSIVE judgement.
 
 Format history:
   1  first version.
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -184,7 +185,9 @@ def measure_case(adapter, anchor_name: str, case: Case, device: str, plan: Timin
         run = time_pair(cand, anchor, plan, device)
     except NoKernel as exc:
         return PerfCaseResult(case=case, status="SKIP", reason=str(exc))
-    except Exception as exc:  # a crashing kernel is a row, not a dead run
+    except KeyboardInterrupt:  # the user stops the run: not the kernel's fault, not a row
+        raise
+    except BaseException as exc:  # a crashing kernel is a row, not a dead run (SystemExit too: sys.exit() in a kernel)
         return PerfCaseResult(case=case, status="ERROR", reason=_first_line(exc))
     finally:
         _release(device)
@@ -201,13 +204,27 @@ def _release(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def perf_cases(suite_name: str, config: Config, only: str | None = None) -> tuple[Case, ...]:
+def select_perf_cases(suite_name: str, config: Config, only: str | None = None) -> tuple[Case, ...]:
+    """The suite's perf cases within --only; empty when there are none (the caller decides what
+    that means: `perf` refuses, `check` reports speed as not checked). A bad --only regex is a
+    UserError, not a traceback."""
+    from gate.sweep import only_pattern
+
+    pattern = only_pattern(only)
     suite = load_suite(suite_name, config.suites)
-    cases = tuple(c for c in suite.perf_cases if only is None or re.search(only, c.id))
-    if not suite.perf_cases:
-        raise UserError(f"suite {suite_name!r} has no perf cases; mark some with perf = [true] in its matrix")
+    return tuple(c for c in suite.perf_cases if pattern is None or pattern.search(c.id))
+
+
+def no_perf_case_reason(suite_name: str, config: Config, only: str | None) -> str:
+    if only is None or not select_perf_cases(suite_name, config):
+        return f"suite {suite_name!r} has no perf cases; mark some with perf = [true] in its matrix"
+    return f"--only {only!r} matches no perf case of suite {suite_name!r}"
+
+
+def perf_cases(suite_name: str, config: Config, only: str | None = None) -> tuple[Case, ...]:
+    cases = select_perf_cases(suite_name, config, only)
     if not cases:
-        raise UserError(f"--only {only!r} matches no perf case of suite {suite_name!r}")
+        raise UserError(no_perf_case_reason(suite_name, config, only))
     return cases
 
 
@@ -278,24 +295,61 @@ def baseline_estimate(entry: dict[str, Any] | None, pass_: str) -> RatioEstimate
     return RatioEstimate.from_dict(entry[pass_])
 
 
+def _inconclusive(case_id: str, pass_: str, message: str) -> PerfJudgement:
+    return PerfJudgement(case_id=case_id, pass_=pass_, severity=PerfSeverity.INCONCLUSIVE, message=message)
+
+
+def _timed_passes(entry: Any, passes: tuple[str, ...]) -> tuple[str, ...]:
+    """The passes a baseline entry holds a speed ratio for (none for a missing or odd entry)."""
+    return tuple(p for p in passes if isinstance(entry, dict) and p in entry)
+
+
+def unmatched_baseline_judgements(baseline_perf: dict[str, Any] | None, run_case_ids: set[str], only: str | None,
+                                  passes: tuple[str, ...]) -> tuple[PerfJudgement, ...]:
+    """INCONCLUSIVE for every baseline speed ratio within --only that the run has no case for:
+    a perf case that disappeared (renamed, perf flag dropped) is not judged, so it cannot pass."""
+    from gate.sweep import only_pattern
+
+    pattern = only_pattern(only)
+    return tuple(
+        _inconclusive(case_id, p, "the baseline has a speed ratio for this case but this run has no such perf case: "
+                                  "refresh the baseline's speed section (`attn-gate baseline update --perf`) on purpose")
+        for case_id, entry in sorted((baseline_perf or {}).items())
+        if case_id not in run_case_ids and (pattern is None or pattern.search(case_id))
+        for p in _timed_passes(entry, passes))
+
+
+def nothing_judged(result: PerfResult) -> PerfJudgement:
+    """The one run-wide judgement when no case was judged: nothing judged is not a pass."""
+    why = "; ".join(f"{c.case_id}: {c.status} {c.reason}".strip() for c in result.cases[:3])
+    more = f" (and {len(result.cases) - 3} more)" if len(result.cases) > 3 else ""
+    return _inconclusive("", "all", f"speed not judged: none of the {len(result.cases)} perf cases was timed against a "
+                                    f"baseline speed ratio ({why}{more})")
+
+
 def judge_perf(result: PerfResult, baseline_perf: dict[str, Any], config: PerfConfig,
-               remeasure: Callable[[Case, str, int], RatioEstimate | None] | None = None) -> tuple[PerfJudgement, ...]:
+               remeasure: Callable[[Case, str, int], RatioEstimate | None] | None = None,
+               only: str | None = None) -> tuple[PerfJudgement, ...]:
     """One judgement per measured case and pass. A suspected regression is re-measured with
     `confirm_rounds` through `remeasure(case, pass_, rounds)` (None or confirm_rounds 0: no confirm,
-    the suspicion stands as a FAIL)."""
+    the suspicion stands as a FAIL). Fail closed: a case skipped now that the baseline timed, a
+    baseline speed ratio within `only` (the run's --only) that the run has no case for, and a run
+    that judged nothing at all are INCONCLUSIVE. Never returns an empty tuple."""
     rules = PerfRules.from_config(config)
     out = []
     for c in result.cases:
-        if c.status == "SKIP":
-            continue
         entry = (baseline_perf or {}).get(c.case_id)
+        if c.status == "SKIP":  # skipped then and now: nothing to compare; timed then, skipped now: not judged
+            out += [_inconclusive(c.case_id, p, f"skipped now ({c.reason}) but the baseline has a speed ratio for it: "
+                                                f"not judged; make it run again, or refresh the baseline on purpose")
+                    for p in _timed_passes(entry, result.plan.passes)]
+            continue
         for p in result.plan.passes:
             base = baseline_estimate(entry, p)
             if entry is not None and entry.get("anchor") not in (None, result.anchor):
-                out.append(PerfJudgement(
-                    case_id=c.case_id, pass_=p, severity=PerfSeverity.INCONCLUSIVE,
-                    message=f"baseline was measured against anchor {entry.get('anchor')!r}, this run against "
-                            f"{result.anchor!r}: run `attn-gate baseline update` or pass --anchor {entry.get('anchor')}"))
+                out.append(_inconclusive(
+                    c.case_id, p, f"baseline was measured against anchor {entry.get('anchor')!r}, this run against "
+                                  f"{result.anchor!r}: run `attn-gate baseline update` or pass --anchor {entry.get('anchor')}"))
                 continue
             current = c.estimate(p) if c.measured else None
             j = judge(c.case_id, p, base, current, rules)
@@ -304,7 +358,8 @@ def judge_perf(result: PerfResult, baseline_perf: dict[str, Any], config: PerfCo
             if c.status == "ERROR" and not c.measured:
                 j = PerfJudgement(case_id=c.case_id, pass_=p, severity=j.severity, message=f"not measured: {c.reason}")
             out.append(j)
-    return tuple(out)
+    out += unmatched_baseline_judgements(baseline_perf, {c.case_id for c in result.cases}, only, result.plan.passes)
+    return tuple(out) or (nothing_judged(result),)
 
 
 def remeasure_with(kernel: str, anchor: str, device: str, config: PerfConfig) -> Callable[[Case, str, int], RatioEstimate | None]:

@@ -8,6 +8,12 @@
 
 Default: speed is gated on a GPU and not on a CPU-only machine (CPU timings on a shared CI box
 are history, not evidence); `--perf` / `--no-perf` override.
+
+When speed is wanted but cannot be timed, the report says so instead of going quiet:
+  --only with no perf case in scope    INFO (nothing of speed to check there), unless the baseline
+                                       has speed ratios within that scope: INCONCLUSIVE
+  check --results FILE on a GPU class  WARN: the run is re-judged, but its speed half was not
+                                       checked; the headline must not read as a full gate pass
 """
 
 from __future__ import annotations
@@ -19,8 +25,11 @@ from typing import Any
 from gate.config import Config, PerfConfig
 from gate.errors import UserError
 from gate.findings import Finding, Severity
-from gate.perf import PerfResult, baseline_entry, judge_perf, remeasure_with, run_perf
-from gate.perf_verdict import PerfJudgement
+from gate.perf import (
+    PerfResult, baseline_entry, judge_perf, no_perf_case_reason, nothing_judged, remeasure_with, run_perf,
+    select_perf_cases, unmatched_baseline_judgements,
+)
+from gate.perf_verdict import PASSES, PerfJudgement, PerfSeverity
 
 RULE = "speed"
 
@@ -47,9 +56,26 @@ def perf_thresholds(cfg: PerfConfig) -> dict[str, float]:
             "min_rounds": float(cfg.min_rounds), "rounds": float(cfg.rounds), "confirm_rounds": float(cfg.confirm_rounds)}
 
 
+def not_checked(message: str, severity: Severity) -> Finding:
+    """A run-wide speed finding for speed that was wanted and not timed."""
+    return Finding(rule=RULE, severity=severity, case_id="", metric="speed_ratio:all", baseline=None, current=None,
+                   threshold=None, message=message)
+
+
+def results_file_findings(perf: bool | None, device: str) -> list[Finding]:
+    """`check --results FILE`: speed needs a fresh run, so where it would have been gated (a GPU
+    class, or --perf) say that it was not. WARN, not INCONCLUSIVE: re-judging a saved run is a
+    deliberate choice and its correctness verdict stands; not INFO: the PASS headline must show
+    that half of a GPU gate was not run."""
+    if not perf_wanted(perf, device):
+        return []
+    return [not_checked("speed not checked: correctness read from a results file (--results); speed needs a fresh "
+                        "`attn-gate check` on this GPU class", Severity.WARN)]
+
+
 @dataclass(frozen=True)
 class PerfCheck:
-    result: PerfResult
+    result: PerfResult | None  # None: no perf case in scope, nothing was timed
     judgements: tuple[PerfJudgement, ...]
     findings: list[Finding]
     thresholds: dict[str, float]
@@ -62,15 +88,18 @@ def run_perf_check(config: Config, kernel: str, suite: str, device: str, only: s
     from gate.perf import write_perf_outputs
     from gate.perf_report import perf_markdown, plot_speed_ratios
 
+    if not select_perf_cases(suite, config, only):
+        return no_perf_case_check(config, suite, only, baseline_perf)
     result = run_perf(kernel, suite, config, device, only=only, progress=_progress)
     if not baseline_perf:
         judgements = tuple(
-            PerfJudgement(case_id=c.case_id, pass_=p, severity=_inconclusive(),
+            PerfJudgement(case_id=c.case_id, pass_=p, severity=PerfSeverity.INCONCLUSIVE,
                           message=f"the baseline has no speed section: run `attn-gate baseline update --perf --kernel {kernel} "
                                   f"--suite {suite}` on this GPU class and commit it")
-            for c in result.cases if c.status != "SKIP" for p in result.plan.passes)
+            for c in result.cases if c.status != "SKIP" for p in result.plan.passes) or (nothing_judged(result),)
     else:
-        judgements = judge_perf(result, baseline_perf, config.perf, remeasure_with(kernel, result.anchor, device, config.perf))
+        judgements = judge_perf(result, baseline_perf, config.perf, remeasure_with(kernel, result.anchor, device, config.perf),
+                                only=only)
     paths = {"perf": write_perf_outputs(result, out_dir)}
     try:
         from gate.sweep import safe_name
@@ -90,10 +119,15 @@ def run_perf_check(config: Config, kernel: str, suite: str, device: str, only: s
     return PerfCheck(result, judgements, perf_findings(judgements), perf_thresholds(config.perf), paths, md)
 
 
-def _inconclusive():
-    from gate.perf_verdict import PerfSeverity
-
-    return PerfSeverity.INCONCLUSIVE
+def no_perf_case_check(config: Config, suite: str, only: str | None, baseline_perf: dict[str, Any] | None) -> PerfCheck:
+    """No perf case in the run's scope: nothing is timed. INFO when the baseline has no speed ratio
+    there either (that scope holds no speed to check); INCONCLUSIVE for each baseline speed ratio
+    within the scope (a perf case that disappeared is not judged, so it cannot pass)."""
+    why = no_perf_case_reason(suite, config, only)
+    judgements = unmatched_baseline_judgements(baseline_perf, set(), only, PASSES)
+    findings = perf_findings(judgements) or [not_checked(f"speed not checked: no perf case in scope ({why})", Severity.INFO)]
+    md = f"\n### Speed\n\nNot timed: {why}.\n"
+    return PerfCheck(None, judgements, findings, perf_thresholds(config.perf), {}, md)
 
 
 def _progress(line: str) -> None:

@@ -1,12 +1,20 @@
 """Speed joined with correctness in `attn-gate check` / `baseline update`, on a tiny CPU case.
-A doctored baseline must FAIL the speed rule; a lax one must pass; nothing asserts a speed."""
+A doctored baseline must FAIL the speed rule; a lax one must pass; nothing asserts a speed.
+Speed that was wanted and not judged (skipped, missing, out of scope, a results file) must say so."""
 
 import json
 from pathlib import Path
 
 import pytest
 
+from gate.cases import Case
 from gate.cli import main
+from gate.config import Config, PerfConfig
+from gate.errors import UserError
+from gate.findings import decide
+from gate.perf import PerfCaseResult, PerfResult, baseline_entry, judge_perf, measure_case, perf_cases
+from gate.perf_check import perf_findings
+from gate.timing import PASSES, PassTiming, TimingPlan, TimingRun
 
 CONFIG = """
 [tool.attn-gate]
@@ -35,8 +43,17 @@ seqlens = ["32"]
 heads = ["2"]
 head_dims = ["16"]
 perf = [true]
+
+[[tool.attn-gate.suites.tiny.matrix]]
+dtype = ["fp32"]
+batch = [1]
+seqlens = ["16"]
+heads = ["2"]
+head_dims = ["16"]
+perf = [false]
 """
 CASE = "fp32-b1-h2-s32-d16"
+NOT_PERF = "fp32-b1-h2-s16-d16"  # a correctness-only case of the same suite
 
 
 def write_config(tmp: Path, extra: str = "") -> Path:
@@ -149,3 +166,169 @@ def test_speed_section_from_a_perf_file_made_elsewhere(project):
     perf_file.write_text(json.dumps(other))
     assert main(["baseline", "update", "--device", "cpu", "--config", cfg, "--from-results", str(sweep),
                  "--perf-from", str(perf_file), "--out", str(tmp / "out")]) == 2  # another kernel's timings: refused
+
+
+def speed_findings(tmp: Path) -> list[dict]:
+    return [f for f in findings(tmp) if f["rule"] == "speed"]
+
+
+def add_perf_entry(baseline: Path, case_id: str) -> None:
+    """Give the baseline a speed ratio for `case_id` (as if it was a perf case when recorded)."""
+    data = json.loads(baseline.read_text())
+    data["perf"][case_id] = data["perf"][CASE]
+    baseline.write_text(json.dumps(data))
+
+
+# ---------------------------------------------------------------- judged or said not to be
+
+
+A = Case(batch=1, seqlen_q=32, seqlen_k=32, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="fp32", perf=True)
+B = Case(batch=1, seqlen_q=64, seqlen_k=64, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="fp32", perf=True)
+PLAN = TimingPlan(rounds=15, calls_per_round=1, warmup_s=0.0)
+ANCHOR = "sdpa-math"
+
+
+def measured(case: Case) -> PerfCaseResult:
+    """A synthetic timed case: 15 rounds of ratios 1.0 +- 0.2% (no timing happens)."""
+    ratios = [1.0 + 0.002 * ((i * 7) % 15 / 7 - 1) for i in range(15)]
+    passes = tuple(PassTiming(p, tuple((r,) for r in ratios), tuple((1.0,) for _ in ratios)) for p in PASSES)
+    return PerfCaseResult(case=case, status="OK", timing=TimingRun(method="perf_counter", plan=PLAN, passes=passes))
+
+
+def skipped(case: Case) -> PerfCaseResult:
+    return PerfCaseResult(case=case, status="SKIP", reason="sdpa-flash refused the case after a torch upgrade")
+
+
+def errored(case: Case) -> PerfCaseResult:
+    return PerfCaseResult(case=case, status="ERROR", reason="SystemExit: 0")
+
+
+def run_of(*cases: PerfCaseResult) -> PerfResult:
+    return PerfResult(kernel="k", anchor=ANCHOR, suite="s", device="cuda", environment={}, plan=PLAN, cases=cases,
+                      started_at="", wall_s=0.0)
+
+
+BASE_A = {A.id: baseline_entry(measured(A), ANCHOR)}
+BASE_AB = {**BASE_A, B.id: baseline_entry(measured(B), ANCHOR)}
+INC, OK = "INCONCLUSIVE", "OK"
+
+JUDGED = [
+    # id, run cases, baseline perf, --only, expected (case_id, severity) per judgement, words in the first message
+    ("unchanged-passes", (measured(A),), BASE_A, None, [(A.id, OK)] * 2, "within threshold"),
+    ("skipped-now-baseline-timed-it", (skipped(A),), BASE_A, None, [(A.id, INC)] * 2, "sdpa-flash refused"),
+    ("skipped-now-among-passing", (measured(B), skipped(A)), BASE_AB, None, [(B.id, OK)] * 2 + [(A.id, INC)] * 2,
+     "within threshold"),
+    ("baseline-case-missing-from-run", (measured(A),), BASE_AB, None, [(A.id, OK)] * 2 + [(B.id, INC)] * 2,
+     "within threshold"),
+    ("baseline-case-missing-within-only", (measured(A),), BASE_AB, "h2", [(A.id, OK)] * 2 + [(B.id, INC)] * 2,
+     "within threshold"),
+    ("baseline-case-outside-only", (measured(A),), BASE_AB, "s32", [(A.id, OK)] * 2, "within threshold"),
+    ("errored-now", (errored(A),), BASE_A, None, [(A.id, INC)] * 2, "not measured: SystemExit"),
+    ("skipped-then-and-now", (skipped(B),), BASE_A, "s64", [("", INC)], "speed not judged"),
+    ("skipped-no-speed-baseline", (skipped(A),), {}, None, [("", INC)], "speed not judged"),
+]
+
+
+@pytest.mark.parametrize("cases,base,only,expected,words", [t[1:] for t in JUDGED], ids=[t[0] for t in JUDGED])
+def test_every_baseline_speed_ratio_is_judged_or_inconclusive(cases, base, only, expected, words):
+    js = judge_perf(run_of(*cases), base, PerfConfig(), only=only)
+    assert [(j.case_id, j.severity.value) for j in js] == expected, [j.message for j in js]
+    assert words in js[0].message
+    verdict = decide(perf_findings(js))
+    assert verdict.passed is all(sev == OK for _, sev in expected)  # skipped, missing or nothing judged: no pass
+
+
+# ---------------------------------------------------------------- a kernel that ends the process
+
+
+KERNELS = """
+import sys
+
+def exits_zero(q, k, v, softmax_scale=None, causal=False):
+    sys.exit(0)
+
+def raises_system_exit_one(q, k, v, softmax_scale=None, causal=False):
+    raise SystemExit(1)
+
+def crashes(q, k, v, softmax_scale=None, causal=False):
+    raise RuntimeError("boom")
+
+def interrupted(q, k, v, softmax_scale=None, causal=False):
+    raise KeyboardInterrupt
+"""
+
+
+@pytest.mark.parametrize("fn,reason", [("exits_zero", "SystemExit"), ("raises_system_exit_one", "SystemExit"),
+                                       ("crashes", "RuntimeError: boom")])
+def test_a_kernel_ending_the_process_while_timed_is_an_error_row(fn, reason, tmp_path, monkeypatch):
+    from gate.kernels.user import UserAdapter
+
+    (tmp_path / "perf_exiting.py").write_text(KERNELS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    row = measure_case(UserAdapter(f"perf_exiting:{fn}"), ANCHOR, A, "cpu", TimingPlan(rounds=1, calls_per_round=1, warmup_s=0.0))
+    assert (row.status, row.measured) == ("ERROR", False) and reason in row.reason
+
+
+def test_ctrl_c_while_timed_stops_the_run(tmp_path, monkeypatch):
+    from gate.kernels.user import UserAdapter
+
+    (tmp_path / "perf_exiting.py").write_text(KERNELS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(KeyboardInterrupt):
+        measure_case(UserAdapter("perf_exiting:interrupted"), ANCHOR, A, "cpu", TimingPlan(rounds=1, calls_per_round=1, warmup_s=0.0))
+
+
+# ---------------------------------------------------------------- scope and usage
+
+
+def test_an_invalid_only_regex_is_a_one_line_usage_error(tmp_path, capsys):
+    cfg = write_config(tmp_path)
+    assert main(["perf", "--device", "cpu", "--config", str(cfg), "--only", "fp32-(", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--only 'fp32-(' is not a regular expression" in err and "Traceback" not in err and len(err.splitlines()) == 1
+    with pytest.raises(UserError, match="not a regular expression"):
+        perf_cases("smoke", Config(), only="[")
+    assert perf_cases("smoke", Config(), only="d64")  # a valid one still selects
+
+
+def test_only_without_a_perf_case_reports_speed_not_checked_and_keeps_correctness(project):
+    tmp, baseline = project
+    assert check(tmp, "--perf", "--only", NOT_PERF) == 0
+    speed = speed_findings(tmp)
+    assert [(f["severity"], f["case_id"]) for f in speed] == [("INFO", "")]
+    assert "speed not checked: no perf case in scope" in speed[0]["message"]
+    assert any(f["rule"] != "speed" and f["case_id"] == NOT_PERF for f in findings(tmp))  # correctness was judged
+    add_perf_entry(baseline, NOT_PERF)  # the baseline timed it: out of the perf cases now, it cannot pass
+    assert check(tmp, "--perf", "--only", NOT_PERF) == 1
+    assert [(f["severity"], f["case_id"]) for f in speed_findings(tmp)] == [("INCONCLUSIVE", NOT_PERF)] * 2
+
+
+def test_a_baseline_speed_ratio_the_run_has_no_case_for_is_inconclusive(project):
+    tmp, baseline = project
+    write_config(tmp, "max_noise_pct = 100000.0")  # CI noise must not decide this test
+    assert check(tmp, "--perf") == 0
+    add_perf_entry(baseline, "fp32-b1-h2-s48-d16")  # e.g. a perf case renamed since the baseline
+    assert check(tmp, "--perf") == 1
+    missing = [f for f in speed_findings(tmp) if f["severity"] == "INCONCLUSIVE"]
+    assert {f["case_id"] for f in missing} == {"fp32-b1-h2-s48-d16"} and len(missing) == 2
+    assert "this run has no such perf case" in missing[0]["message"]
+
+
+@pytest.mark.parametrize("device,gpu_class,expected", [("cuda", "h200", [("WARN", "")]), ("cpu", "cpu", [])])
+def test_check_from_a_results_file_says_speed_was_not_checked_on_a_gpu_class(project, device, gpu_class, expected):
+    tmp, baseline = project
+    sweep_file = next((tmp / "out").glob("sweep-*.json"))
+    sweep = json.loads(sweep_file.read_text())
+    sweep["environment"].update(device=device, gpu_class=gpu_class)  # as if the sweep ran on that machine
+    results = tmp / "results.json"
+    results.write_text(json.dumps(sweep))
+    data = json.loads(baseline.read_text())
+    data["gpu_class"] = gpu_class
+    data["environment"].update(device=device, gpu_class=gpu_class)
+    (tmp / "baselines" / gpu_class).mkdir(exist_ok=True)
+    (tmp / "baselines" / gpu_class / baseline.name).write_text(json.dumps(data))
+    assert main(["check", "--config", str(tmp / "pyproject.toml"), "--results", str(results), "--out", str(tmp / "out")]) == 0
+    speed = speed_findings(tmp)
+    assert [(f["severity"], f["case_id"]) for f in speed] == expected
+    if expected:
+        assert "speed not checked: correctness read from a results file" in speed[0]["message"]
