@@ -153,6 +153,10 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
         if perf_wanted(perf, target.device):  # speed joins the same verdict (#4): default on a GPU, off on a CPU
             perf_run = run_perf_check(config, target.kernel, target.suite, target.device, only, baseline.perf, Path(out_dir))
             findings, thresholds = list(findings) + perf_run.findings, {**thresholds, **perf_run.thresholds}
+    else:  # a results file: speed was not timed, and where it would have been gated the report says so
+        from gate.perf_check import results_file_findings
+
+        findings = list(findings) + results_file_findings(perf, target.device)
     context = {"kernel": sweep.kernel, "suite": sweep.suite, "gpu_class": baseline.gpu_class, "baseline": str(path),
                "baseline_measured_at": baseline.measured_at, "run_started_at": sweep.started_at,
                "config": config.source, "scope": scope,
