@@ -2,12 +2,15 @@
 
     run_check:            target -> baseline (must exist, must parse) -> sweep (fresh or a results
                           file) -> refuse incomparable -> compare -> decide -> render (md, json, png)
-    run_baseline_update:  sweep -> refuse a failing run (unless allow_failing) -> merge with the old
-                          baseline -> diff for the reviewer -> atomic write
+    run_baseline_update:  sweep -> refuse a run that lacks cases of the suite (or of its --only scope)
+                          -> refuse a failing run (unless allow_failing) -> merge with the old
+                          baseline -> diff for the reviewer -> summary, then the atomic write
 
 Everything that can be wrong with the inputs (no baseline, malformed or truncated file, unknown
-schema version, another GPU class or suite) raises a UserError (exit 2) before anything is
-written, so a refused run never overwrites a file.
+schema version, another GPU class or suite, a case id twice, an --out or --summary that cannot be
+written) raises a UserError (exit 2) before anything is written or measured, so a refused run
+never overwrites a file; an OSError while writing is a UserError too (never a traceback, never
+exit 1, which would read as a gate FAIL).
 
 No baseline yet: `check` exits 2 and prints the exact `attn-gate baseline update` command. It does
 not run the sweep first: without a baseline there is nothing to gate, and a gate that passes
@@ -18,6 +21,7 @@ without a reference would pass anything (fail closed). The perf verdict (#4) plu
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
 import re
 import sys
@@ -29,7 +33,9 @@ from gate.config import Config
 from gate.errors import EXIT_FAIL, EXIT_PASS, UserError
 from gate.findings import Finding, Verdict, decide
 from gate.results import SweepResult
-from gate.verdict import check_comparable, compare, correctness_thresholds, refuse_other_gpu_class
+from gate.verdict import (
+    check_comparable, compare, correctness_thresholds, refuse_duplicate_cases, refuse_other_gpu_class, rule_incomplete_pass,
+)
 
 
 @dataclass(frozen=True)
@@ -73,8 +79,18 @@ def current_gpu_class(device: str) -> str:
     return describe(device, "", "")["gpu_class"]
 
 
+@contextlib.contextmanager
+def writing(fix: str):
+    """An OSError while writing an output (full disk, read-only folder) -> a one-line UserError."""
+    try:
+        yield
+    except OSError as exc:
+        raise UserError(f"cannot write {exc.filename or 'the output'} ({exc.strerror or exc}); {fix}") from None
+
+
 def read_results(path: Path, kernel: str | None, suite: str | None) -> SweepResult:
     sweep = SweepResult.read(path)
+    refuse_duplicate_cases(sweep, path)
     for option, wanted, found in (("--kernel", kernel, sweep.kernel), ("--suite", suite, sweep.suite)):
         if wanted is not None and wanted != found:
             raise UserError(f"{option} {wanted} but {path} holds results of {found}; drop {option} or pass the right file")
@@ -139,6 +155,9 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
         raise UserError("--only filters a fresh run; with --results the file is compared as it is (drop --only)")
     if results_path is not None and perf:
         raise UserError("--perf times the kernel now, so it needs a fresh run: drop --results (or --perf)")
+    from gate.sweep import require_writable
+
+    require_writable(Path(out_dir), "--out")  # before the sweep, not after minutes of it
     results = read_results(results_path, kernel, suite) if results_path is not None else None
     target = resolve_target(config, kernel, suite, device, results)
     path, baseline = load_existing_baseline(config, target, baseline_file)
@@ -162,7 +181,8 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
                "config": config.source, "scope": scope,
                "measured": sum(1 for c in sweep.cases if c.tensors), "cases": len(sweep.cases)}
     verdict = decide(findings, thresholds, context)
-    paths = render_check(verdict, sweep, baseline, Path(out_dir), console, perf_run.markdown if perf_run else "")
+    with writing(f"pass a writable --out folder (verdict: {'PASS' if verdict.passed else 'FAIL'})"):
+        paths = render_check(verdict, sweep, baseline, Path(out_dir), console, perf_run.markdown if perf_run else "")
     if perf_run:
         paths.update(perf_run.paths)
     return CheckOutcome(verdict, sweep, baseline, path, paths)
@@ -198,12 +218,50 @@ def render_check(verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_d
 # ---------------------------------------------------------------- baseline update
 
 
+def require_complete_run(config: Config, sweep: SweepResult, source: object, path: Path) -> None:
+    """A baseline update replaces every case of its scope (the whole suite without --only): a run
+    that lacks some of them (a truncated or edited results file) would silently delete them from
+    the baseline, and a PASS row without its tensors would record a pass with nothing to compare."""
+    from gate.cases import load_suite
+    from gate.sweep import only_pattern, suite_hash
+
+    redo = update_command(sweep.kernel, sweep.suite, str(sweep.environment.get("gpu_class", "unknown")))
+    suite = load_suite(sweep.suite, config.suites, config.source)
+    if sweep.suite_hash != suite_hash(suite):
+        raise UserError(f"{source}: made from another definition of suite {sweep.suite!r} (hash {sweep.suite_hash}) than "
+                        f"{config.source} gives now ({suite_hash(suite)}), so `check` could never compare with the "
+                        f"baseline; update from a run of the suite as it is now (`{redo}`)")
+    scope = sweep_scope(sweep)
+    pattern = only_pattern(scope)
+    wanted = [c.id for c in suite.cases if pattern is None or pattern.search(c.id)]
+    ran = {c.case_id for c in sweep.cases}
+    missing = [cid for cid in wanted if cid not in ran]
+    if missing:
+        within = f" matching --only {scope!r}" if scope is not None else ""
+        raise UserError(f"{source}: holds {len(wanted) - len(missing)} of the {len(wanted)} cases of suite {sweep.suite!r}"
+                        f"{within}; missing {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; updating {path} "
+                        f"from it would drop them from the baseline: update from a complete run (`{redo}`)")
+    incomplete = [f.case_id for f in (rule_incomplete_pass(c.case_id, c.status.value, {t.tensor for t in c.tensors})
+                                      for c in sweep.cases) if f]
+    if incomplete:
+        raise UserError(f"{source}: {len(incomplete)} PASS rows carry no out/dq/dk/dv ratios ({', '.join(incomplete[:5])}"
+                        f"{' ...' if len(incomplete) > 5 else ''}), so the baseline would hold nothing to compare "
+                        f"with; regenerate the file with `attn-gate sweep` or run `{redo}`")
+
+
 def run_baseline_update(config: Config, kernel: str | None = None, suite: str | None = None, device: str | None = None,
                         only: str | None = None, results_path: Path | None = None, allow_failing: bool = False,
                         summary_path: Path | None = None, out_dir: Path = Path("out"), progress: bool = True,
                         perf: bool | None = None, perf_from: Path | None = None) -> UpdateOutcome:
     if results_path is not None and only is not None:
         raise UserError("--only filters a fresh run; a --from-results file is taken as it is (drop --only)")
+    from gate.sweep import only_pattern, require_writable
+
+    only_pattern(only)
+    if summary_path is not None:  # checked before the sweep; written before the baseline
+        require_writable(Path(summary_path), "--summary", kind="file")
+    if results_path is None:
+        require_writable(Path(out_dir), "--out")
     results = read_results(results_path, kernel, suite) if results_path is not None else None
     target = resolve_target(config, kernel, suite, device, results)
     path = baseline_path(config.baselines_dir, target.gpu_class, target.kernel, target.suite)
@@ -217,12 +275,19 @@ def run_baseline_update(config: Config, kernel: str | None = None, suite: str | 
         if old.gpu_class != target.gpu_class:
             raise UserError(f"{path}: holds a baseline for GPU class {old.gpu_class!r}, not {target.gpu_class!r}; it is left "
                             f"as it is: move it to {Path(config.baselines_dir) / old.gpu_class}/ or delete it, then rerun")
+    scope = only if results is None else sweep_scope(results)
+    if old is None and scope is not None:  # a filtered run merges into a baseline; without one it would BE the baseline
+        what = f"--only {only!r}" if results is None else f"{results_path}: a run filtered with --only {scope!r}"
+        raise UserError(f"{what}, but there is no baseline at {path} yet, so it would hold only those cases; create it "
+                        f"from the whole suite first: run without --only (`{update_command(target.kernel, target.suite, target.gpu_class)}`)")
     sweep = results if results is not None else fresh_sweep(config, target, only, progress)
     if results is None:
         from gate.sweep import write_sweep_outputs
 
-        saved = write_sweep_outputs(sweep, Path(out_dir))["json"]
+        with writing("pass a writable --out folder"):
+            saved = write_sweep_outputs(sweep, Path(out_dir))["json"]
         print(f"the run is saved in {saved} (reuse it with --from-results)")
+    require_complete_run(config, sweep, results_path if results is not None else "this run", path)
     perf_section = None
     if results is not None and perf:
         raise UserError("--perf times the kernel now, so it needs a fresh run: drop --from-results (or --perf), "
@@ -248,12 +313,14 @@ def run_baseline_update(config: Config, kernel: str | None = None, suite: str | 
         print(f"attn-gate: refusing to write {path}: the run itself fails: {why}. Fix the kernel, or record the "
               f"failure on purpose with --allow-failing (check keeps failing on those cases).", file=sys.stderr)
         return UpdateOutcome(diff, path, False, sweep, EXIT_FAIL)
-    new.write(path)
     text = diff.markdown()
-    if summary_path is not None:
+    if summary_path is not None:  # first: a summary that cannot be written leaves the baseline untouched
         from gate.jsonio import write_text_atomic
 
-        write_text_atomic(Path(summary_path), text)
+        with writing("pass a writable --summary file; the baseline was not written"):
+            write_text_atomic(Path(summary_path), text)
+    with writing(f"{path} was not written" + (f" ({summary_path} describes the change it would make)" if summary_path else "")):
+        new.write(path)
     print(text)
     print(f"wrote {path}: review the summary above and commit it in a PR"
           + (f" (summary for the PR body in {summary_path})" if summary_path else ""))

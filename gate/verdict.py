@@ -13,8 +13,18 @@ The rules, with thresholds from [tool.attn-gate.verdict] (VerdictConfig), printe
     FAIL  headroom       ratio > baseline x headroom_factor AND ratio - baseline > headroom_step:
                          the slow loosening a fixed tolerance never sees; the absolute step keeps
                          tiny ratios (0.01 -> 0.03: noise of a different CPU) from flaking
-    INCONCLUSIVE  nothing_measured  every case skipped: nothing validated, fail closed (the gate fails)
-    WARN  new_case / removed_case / newly_skipped / newly_measured / fixed / tensor_dropped
+    INCONCLUSIVE  (fails closed: coverage or data lost is never a silent pass)
+          nothing_measured  every case skipped: nothing validated
+          newly_skipped     measured in the baseline, SKIPPED now (a kernel that dropped its softcap or
+                            window_size keyword, SDPA's "No available kernel" after an upgrade): accept
+                            the coverage loss on purpose with `attn-gate baseline update`
+          removed_case      a baseline case of the same suite (equal suite_hash) missing from the run:
+                            a truncated or edited results file (with a changed suite hash: WARN)
+          tensor_dropped    a PASS case no longer measures a tensor the baseline had (e.g. its LSE)
+          incomplete_pass   a PASS row without out/dq/dk/dv: run_case measures all four for every PASS,
+                            so the row is corrupt; nothing shows the case is right, nothing shows it
+                            is wrong (re-run the sweep)
+    WARN  new_case / newly_measured / fixed
     WARN  improvement    baseline / ratio >= improvement_factor AND baseline - ratio > headroom_step:
                          refresh the baseline so the gate keeps its teeth
     WARN  env_drift      torch, driver, CUDA, GPU name or kernel version differ from the baseline's
@@ -22,8 +32,9 @@ The rules, with thresholds from [tool.attn-gate.verdict] (VerdictConfig), printe
     OK    one per case compared and found within bound and baseline
 
 Refused outright (UserError, exit 2), never compared: another GPU class, another suite or suite
-hash, other tolerance multipliers. Comparing a result with itself never produces a relative
-finding (tests/test_verdict.py), so a passing result always passes against itself.
+hash, other tolerance multipliers, a results file holding a case id twice. Comparing a result with
+itself never produces a relative finding (tests/test_verdict.py), so a passing result always
+passes against itself.
 
 For the perf verdict (#4): produce Findings with metric "speed_ratio:fwd" / "speed_ratio:bwd",
 add them to `compare(...)`'s list, and reduce everything with `gate.findings.decide`.
@@ -33,6 +44,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -47,6 +59,8 @@ if TYPE_CHECKING:
 
 MEASURED = ("PASS", "FAIL", "ERROR")
 FAILED = ("FAIL", "ERROR")
+# run_case measures these for every case it passes (lse only where the kernel exposes it).
+REQUIRED_TENSORS = ("out", "dq", "dk", "dv")
 # Environment keys whose change makes ratios less comparable (WARN) or is just worth knowing (INFO).
 # `machine` (x86_64 / aarch64) is drift: CPU code paths of another ISA move ratios by up to ~0.14.
 DRIFT_KEYS = ("gpu_name", "compute_capability", "driver", "cuda", "torch", "kernel", "kernel_version", "machine")
@@ -112,17 +126,28 @@ def rule_improvement(case_id: str, tensor: str, base: float, cur: float, factor:
                    f"refresh the baseline so the gate keeps its teeth")
 
 
-def rule_case_presence(case_id: str, base_status: str | None, cur_status: str | None, reason: str) -> Finding | None:
-    """A case that appeared, disappeared, stopped or started being measured, or got fixed."""
+def rule_case_presence(case_id: str, base_status: str | None, cur_status: str | None, reason: str,
+                       same_suite: bool = True, accept: str = "attn-gate baseline update") -> Finding | None:
+    """A case that appeared, disappeared, stopped or started being measured, or got fixed.
+
+    Lost coverage blocks (INCONCLUSIVE): a case measured in the baseline that is SKIPPED now, and,
+    when the run is of the same suite (`same_suite`: equal suite hash), a baseline case missing
+    from it. `accept` is the command that records the loss on purpose."""
     if base_status is None and cur_status is not None:
         return Finding("new_case", Severity.WARN, case_id, "status", None, cur_status, None,
-                       f"{case_id}: new case ({cur_status}), not in the baseline; add it with `attn-gate baseline update`")
+                       f"{case_id}: new case ({cur_status}), not in the baseline; add it with `{accept}`")
     if cur_status is None and base_status is not None:
-        return Finding("removed_case", Severity.WARN, case_id, "status", base_status, None, None,
-                       f"{case_id}: in the baseline but not run; if it was removed on purpose, refresh the baseline")
+        if not same_suite:
+            return Finding("removed_case", Severity.WARN, case_id, "status", base_status, None, None,
+                           f"{case_id}: in the baseline but not run; if it was removed on purpose, refresh the baseline")
+        return Finding("removed_case", Severity.INCONCLUSIVE, case_id, "status", base_status, None, None,
+                       f"{case_id}: in the baseline and in this suite (same suite hash) but missing from the run: "
+                       f"not validated (a truncated or edited results file?); re-run the sweep")
     if base_status in MEASURED and cur_status == "SKIP":
-        return Finding("newly_skipped", Severity.WARN, case_id, "status", base_status, cur_status, None,
-                       f"{case_id}: measured in the baseline ({base_status}), now SKIPPED: {reason or 'no reason given'}")
+        return Finding("newly_skipped", Severity.INCONCLUSIVE, case_id, "status", base_status, cur_status, None,
+                       f"{case_id}: measured in the baseline ({base_status}), now SKIPPED: {reason or 'no reason given'}; "
+                       f"not validated any more. If that coverage loss is on purpose, accept it with `{accept}` "
+                       f"and review the diff in the PR")
     if base_status == "SKIP" and cur_status in MEASURED:
         return Finding("newly_measured", Severity.WARN, case_id, "status", base_status, cur_status, None,
                        f"{case_id}: skipped in the baseline, measured now ({cur_status}); refresh the baseline")
@@ -135,14 +160,30 @@ def rule_case_presence(case_id: str, base_status: str | None, cur_status: str | 
     return None
 
 
-def rule_tensor_presence(case_id: str, tensor: str, base: float | None, cur: float | None) -> Finding | None:
+def rule_tensor_presence(case_id: str, tensor: str, base: float | None, cur: float | None,
+                         accept: str = "attn-gate baseline update") -> Finding | None:
+    """A tensor the baseline validated that a passing case no longer measures (e.g. the kernel
+    stopped returning its LSE) is lost coverage: INCONCLUSIVE, accepted on purpose with `accept`."""
     if base is not None and cur is None:
-        return Finding("tensor_dropped", Severity.WARN, case_id, f"ratio:{tensor}", base, None, None,
-                       f"{case_id}: {tensor} was measured in the baseline, not any more")
+        return Finding("tensor_dropped", Severity.INCONCLUSIVE, case_id, f"ratio:{tensor}", base, None, None,
+                       f"{case_id}: {tensor} was measured in the baseline, not any more, so it is not validated; "
+                       f"if that is on purpose, accept it with `{accept}` and review the diff in the PR")
     if base is None and cur is not None:
         return Finding("tensor_added", Severity.INFO, case_id, f"ratio:{tensor}", None, cur, None,
                        f"{case_id}: {tensor} measured now, not in the baseline")
     return None
+
+
+def rule_incomplete_pass(case_id: str, status: str, tensors: set[str] | frozenset[str]) -> Finding | None:
+    """A PASS row must carry the evidence for it: run_case measures out, dq, dk and dv for every
+    case it passes, so a PASS without them is a corrupt or edited results file. INCONCLUSIVE, not
+    FAIL: nothing says the kernel is wrong, only that nothing shows it is right."""
+    missing = [t for t in REQUIRED_TENSORS if t not in tensors]
+    if status != "PASS" or not missing:
+        return None
+    return Finding("incomplete_pass", Severity.INCONCLUSIVE, case_id, "status", None, status, None,
+                   f"{case_id}: PASS without {', '.join(missing)}: nothing shows it is within its bounds "
+                   f"(edited or truncated results?); re-run the sweep")
 
 
 def rule_env_drift(key: str, base: Value, cur: Value) -> Finding | None:
@@ -171,6 +212,15 @@ def refuse_other_gpu_class(baseline: Baseline, cur_class: str, kernel: str, suit
             f"{path}: baseline is for GPU class {baseline.gpu_class!r} but this run is on {cur_class!r}; attn-gate never "
             f"compares across GPU classes: run on a {baseline.gpu_class} machine, or create a {cur_class} baseline with "
             f"`{update_command(kernel, suite, cur_class)}`")
+
+
+def refuse_duplicate_cases(sweep: "SweepResult", path: Any) -> None:
+    """A case id twice in one run: which row is the truth? (The join would compare both.)"""
+    twice = sorted(cid for cid, n in Counter(c.case_id for c in sweep.cases).items() if n > 1)
+    if twice:
+        raise UserError(f"{path}: {len(twice)} case ids appear more than once ({', '.join(twice[:5])}"
+                        f"{' ...' if len(twice) > 5 else ''}); a sweep holds each case once: regenerate the file "
+                        f"with `attn-gate sweep --kernel {sweep.kernel} --suite {sweep.suite}`")
 
 
 def check_comparable(baseline: Baseline, sweep: "SweepResult", path: Any) -> None:
@@ -226,6 +276,8 @@ def compare_correctness(baseline: Baseline, sweep: "SweepResult", cfg: "VerdictC
     """Every rule over the joined cases and tensors. `scope` is the --only regex the run was
     filtered with: baseline cases outside it were not run and are not 'removed'."""
     cases, tensors, out_of_scope = _frames(baseline, sweep, scope)
+    same_suite = baseline.suite_hash == sweep.suite_hash
+    accept = update_command(sweep.kernel, sweep.suite, baseline.gpu_class)
     findings: list[Finding] = []
     cur_status_of: dict[str, str] = {}
     base_status_of: dict[str, str] = {}
@@ -239,9 +291,13 @@ def compare_correctness(baseline: Baseline, sweep: "SweepResult", cfg: "VerdictC
         if in_base:
             base_status_of[row.case_id] = base_status
         findings += [f for f in (
-            rule_case_presence(row.case_id, base_status, cur_status, reason),
+            rule_case_presence(row.case_id, base_status, cur_status, reason, same_suite, accept),
             rule_status(row.case_id, base_status, cur_status, reason) if in_cur else None,
         ) if f]
+    incomplete = [f for f in (rule_incomplete_pass(c.case_id, c.status.value, {t.tensor for t in c.tensors})
+                              for c in sweep.cases) if f]
+    findings += incomplete
+    complete_pass = {cid for cid, status in cur_status_of.items() if status == "PASS"} - {f.case_id for f in incomplete}
     for row in tensors.itertuples(index=False):
         in_cur, in_base = _sides(row.side)
         cur = float(row.ratio_cur) if in_cur else None
@@ -254,10 +310,10 @@ def compare_correctness(baseline: Baseline, sweep: "SweepResult", cfg: "VerdictC
         if in_cur and in_base:
             found = (rule_headroom(row.case_id, row.tensor, base, cur, cfg.headroom_factor, cfg.headroom_step),
                      rule_improvement(row.case_id, row.tensor, base, cur, cfg.improvement_factor, cfg.headroom_step))
-        elif in_cur or cur_status_of.get(row.case_id) in ("PASS", "FAIL"):
-            found = (rule_tensor_presence(row.case_id, row.tensor, base, cur),)
-        else:
-            found = ()  # the case did not produce tensors now (SKIP/ERROR): the case rules spoke
+        elif in_cur or row.case_id in complete_pass:
+            found = (rule_tensor_presence(row.case_id, row.tensor, base, cur, accept),)
+        else:  # no tensors now (SKIP/ERROR/FAIL, not run) or an incomplete PASS: another rule spoke
+            found = ()
         findings += [f for f in found if f]
     if out_of_scope:
         findings.append(Finding("out_of_scope", Severity.INFO, "", "status", None, None, None,

@@ -22,6 +22,25 @@ CPU_BASELINE = ROOT / "baselines" / "cpu" / "sdpa-cpu-smoke.json"
 SQUARE_NON_GQA = "^(bf16|fp16)-b2-h4-s128-d64"  # SDPA's top-left causal equals flash-attn's here
 
 
+def sdpa_with_lse(q, k, v, softmax_scale=None, causal=False, return_attn_probs=False):
+    """tests.verdict_kernels:sdpa_ok that also returns its LSE, as flash_attn_func does with
+    return_attn_probs=True (`--kernel tests.test_check_cli:sdpa_with_lse`)."""
+    import torch
+
+    from tests.verdict_kernels import sdpa_ok
+
+    out = sdpa_ok(q, k, v, softmax_scale=softmax_scale, causal=causal)
+    if not return_attn_probs:
+        return out
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    with torch.no_grad():
+        scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * scale
+        if causal:  # square cases only (SQUARE_NON_GQA): top-left equals bottom-right
+            scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)
+    return out, lse, None
+
+
 @pytest.fixture(scope="module")
 def full_check(tmp_path_factory):
     """`attn-gate check` exactly as scripts/gate.sh runs it on a CPU-only machine."""
@@ -92,10 +111,17 @@ def test_check_exits_1_for_a_buggy_kernel_and_0_for_a_correct_one(in_repo_root, 
     bad = findings_of(tmp_path / "bad", "tests.verdict_kernels_scale_off_by_5pct-smoke")
     assert {f["rule"] for f in bad["findings"] if f["severity"] == "FAIL"} >= {"tolerance", "status"}
     assert "FAIL: " in capsys.readouterr().out
-    # the same SDPA call with the right scale passes against the same baseline (lse not returned: a WARN)
-    assert main(["check", "--kernel", "tests.verdict_kernels:sdpa_ok", *common, "--out", str(tmp_path / "ok")]) == 0
-    ok = findings_of(tmp_path / "ok", "tests.verdict_kernels_sdpa_ok-smoke")
-    assert ok["verdict"] == "PASS" and {f["rule"] for f in ok["findings"] if f["severity"] == "WARN"} == {"env_drift", "tensor_dropped"}
+    # the same SDPA call with the right scale, returning its LSE, passes against the same baseline
+    assert main(["check", "--kernel", "tests.test_check_cli:sdpa_with_lse", *common, "--out", str(tmp_path / "ok")]) == 0
+    ok = findings_of(tmp_path / "ok", "tests.test_check_cli_sdpa_with_lse-smoke")
+    assert ok["verdict"] == "PASS" and {f["rule"] for f in ok["findings"] if f["severity"] == "WARN"} == {"env_drift"}
+    # the same kernel without its LSE: the baseline validated lse, the run does not any more -> blocks
+    assert main(["check", "--kernel", "tests.verdict_kernels:sdpa_ok", *common, "--out", str(tmp_path / "nolse")]) == 1
+    nolse = findings_of(tmp_path / "nolse", "tests.verdict_kernels_sdpa_ok-smoke")
+    blocking = {(f["rule"], f["metric"]) for f in nolse["findings"] if f["severity"] in ("FAIL", "INCONCLUSIVE")}
+    assert blocking == {("tensor_dropped", "ratio:lse")}
+    assert all("accept it with `attn-gate baseline update --kernel tests.verdict_kernels:sdpa_ok --suite smoke --device cpu`"
+               in f["message"] for f in nolse["findings"] if f["rule"] == "tensor_dropped")
 
 
 # ---------------------------------------------------------------- crafted results files
@@ -237,13 +263,12 @@ def test_update_summary_lists_what_moved(project, results, tmp_path, capsys):
 
     def move(data):
         case_of(data, "bf16-b2-h4-s128-d64")["tensors"]["dq"]["ratio"] = 0.9
-        data["cases"] = [c for c in data["cases"] if c["case_id"] != "bf16-b2-h4-s1-d64"]
     moved = edit_results(results, move)
     summary = tmp_path / "body.md"
     assert main(["baseline", "update", "--config", str(cfg), "--from-results", str(moved), "--summary", str(summary)]) == 0
     text = summary.read_text()
     assert "1 tensor ratios moved beyond noise" in text and "| `bf16-b2-h4-s128-d64` | dq |" in text
-    assert "Removed: `bf16-b2-h4-s1-d64`" in text
+    assert "0 cases added, 0 removed" in text  # removing a case takes a change of the suite (tests/test_baselines.py)
     assert (baselines / "cpu" / "sdpa-cpu-smoke.json").stat().st_mtime_ns != mtime
     assert main(["baseline", "show", "--config", str(cfg), "--device", "cpu"]) == 0
     assert "bf16-b2-h4-s128-d64" in capsys.readouterr().out
@@ -259,3 +284,147 @@ def test_update_from_a_gpu_artifact_writes_that_class_folder(project, results, c
     assert main(["baseline", "update", "--config", str(cfg), "--from-results", str(h200)]) == 0
     assert (baselines / "h200" / "sdpa-cpu-smoke.json").is_file() and not (baselines / "cpu").exists()
     assert main(["check", "--config", str(cfg), "--results", str(h200), "--out", str(cfg.parent / "o")]) == 0
+
+
+# ---------------------------------------------------------------- lost coverage and missing data block
+
+
+def _delete_case(data):
+    data["cases"] = [c for c in data["cases"] if c["case_id"] != "bf16-b2-h4-s128-d64"]
+
+
+def _no_tensors(data):
+    case_of(data, "bf16-b2-h4-s128-d64")["tensors"] = {}
+
+
+def _newly_skipped(data):  # e.g. a user kernel that dropped its softcap keyword, SDPA's "No available kernel"
+    c = case_of(data, "bf16-b2-h4-s128-d64")
+    c["status"], c["reason"], c["tensors"] = "SKIP", "No available kernel. Aborting execution.", {}
+
+
+def _lse_dropped(data):
+    del case_of(data, "bf16-b2-h4-s128-d64")["tensors"]["lse"]
+
+
+@pytest.mark.parametrize("edit, rule", [
+    (_delete_case, "removed_case"),  # same suite hash, no --only note: a truncated results file
+    (_no_tensors, "incomplete_pass"),  # a PASS row with no evidence
+    (_newly_skipped, "newly_skipped"),
+    (_lse_dropped, "tensor_dropped"),
+])
+def test_lost_coverage_or_missing_data_fails_closed(in_repo_root, results, tmp_path, edit, rule):
+    assert main(["check", "--results", str(edit_results(results, edit)), "--out", str(tmp_path)]) == 1
+    data = findings_of(tmp_path)
+    blocking = [(f["severity"], f["rule"], f["case_id"]) for f in data["findings"] if f["severity"] in ("FAIL", "INCONCLUSIVE")]
+    assert blocking == [("INCONCLUSIVE", rule, "bf16-b2-h4-s128-d64")]
+    assert data["verdict"] == "FAIL" and data["headline"].startswith("FAIL: 1 inconclusive finding in 1 case")
+
+
+def _duplicate_case(data):
+    data["cases"].append(dict(case_of(data, "bf16-b2-h4-s128-d64")))
+
+
+def test_duplicate_case_ids_are_a_usage_error_naming_the_file(project, results, tmp_path, capsys):
+    dup = edit_results(results, _duplicate_case)
+    for argv in (["check", "--results", str(dup), "--baseline", str(CPU_BASELINE), "--out", str(tmp_path / "o")],
+                 ["baseline", "update", "--from-results", str(dup)]):
+        assert main([*argv, "--config", str(project[0])]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"attn-gate: error: {dup}: 1 case ids appear more than once (bf16-b2-h4-s128-d64)"), err
+        assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists() and not project[1].exists()
+
+
+# ---------------------------------------------------------------- baseline update never drops cases by accident
+
+
+@pytest.mark.parametrize("with_old", [False, True], ids=["new baseline", "existing baseline"])
+@pytest.mark.parametrize("edit, words", [
+    (_delete_case, ["holds 35 of the 36 cases of suite 'smoke'", "missing bf16-b2-h4-s128-d64", "would drop them"]),
+    (_no_tensors, ["1 PASS rows carry no out/dq/dk/dv ratios (bf16-b2-h4-s128-d64)"]),
+    (lambda data: data.update(suite_hash="0123456789abcdef"), ["another definition of suite 'smoke'"]),
+], ids=["truncated", "pass without tensors", "other suite definition"])
+def test_update_refuses_an_incomplete_run(project, results, capsys, with_old, edit, words):
+    cfg, baselines = project
+    path = baselines / "cpu" / "sdpa-cpu-smoke.json"
+    if with_old:
+        path.parent.mkdir(parents=True)
+        shutil.copy(CPU_BASELINE, path)
+    before = path.read_bytes() if with_old else None
+    bad = edit_results(results, edit)
+    assert main(["baseline", "update", "--config", str(cfg), "--from-results", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"attn-gate: error: {bad}: ") and len(err.strip().splitlines()) == 1, err
+    for w in [*words, "attn-gate baseline update --kernel sdpa-cpu --suite smoke --device cpu"]:
+        assert w in err, err
+    assert (path.read_bytes() if with_old else path.exists()) == (before if with_old else False)
+
+
+def test_update_only_without_a_baseline_is_refused_before_the_sweep(project, results, capsys, monkeypatch):
+    cfg, baselines = project
+    monkeypatch.setattr("gate.check.fresh_sweep", lambda *a, **k: pytest.fail("the sweep ran"))
+    assert main(["baseline", "update", "--config", str(cfg), "--device", "cpu", "--only", "s128"]) == 2
+    err = capsys.readouterr().err
+    assert "there is no baseline at" in err and "run without --only (`attn-gate baseline update --kernel sdpa-cpu" in err
+    # the same for a results file made with --only
+    filtered = edit_results(results, lambda d: d.update(notes=[*d["notes"], "filtered with --only 's128'"],
+                                                        cases=[c for c in d["cases"] if "s128" in c["case_id"]]))
+    assert main(["baseline", "update", "--config", str(cfg), "--from-results", str(filtered)]) == 2
+    assert f"{filtered}: a run filtered with --only 's128', but there is no baseline" in capsys.readouterr().err
+    assert not baselines.exists()
+    # with a baseline to merge into, the filtered file replaces just its cases
+    (baselines / "cpu").mkdir(parents=True)
+    shutil.copy(CPU_BASELINE, baselines / "cpu" / "sdpa-cpu-smoke.json")
+    assert main(["baseline", "update", "--config", str(cfg), "--from-results", str(filtered)]) == 0
+    assert "cases outside the filtered run kept as they were" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- output paths: checked first, OSError is exit 2
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["check", "--device", "cpu", "--out", "/dev/null/x"], "--out /dev/null/x: /dev/null exists and is not a directory"),
+    (["check", "--device", "cpu", "--out", str(CPU_BASELINE)], f"--out {CPU_BASELINE}: exists and is not a directory"),
+    (["baseline", "update", "--device", "cpu", "--out", "/dev/null/x"], "--out /dev/null/x: /dev/null exists"),
+    (["baseline", "update", "--device", "cpu", "--summary", "/dev/null/s.md"], "--summary /dev/null/s.md: /dev/null exists"),
+    (["baseline", "update", "--device", "cpu", "--summary", "."], "--summary .: is a directory"),
+    (["baseline", "show", "--device", "cpu", "--only", "(causal"], "--only '(causal' is not a regular expression"),
+    (["baseline", "update", "--device", "cpu", "--only", "(causal"], "--only '(causal' is not a regular expression"),
+], ids=["check out under a file", "check out is a file", "update out", "update summary under a file",
+        "update summary is a folder", "show bad regex", "update bad regex"])
+def test_unwritable_outputs_and_bad_regex_are_refused_before_the_sweep(project, capsys, monkeypatch, argv, words):
+    cfg, baselines = project
+    (baselines / "cpu").mkdir(parents=True)
+    shutil.copy(CPU_BASELINE, baselines / "cpu" / "sdpa-cpu-smoke.json")
+    before = (baselines / "cpu" / "sdpa-cpu-smoke.json").read_bytes()
+    monkeypatch.setattr("gate.check.fresh_sweep", lambda *a, **k: pytest.fail("the sweep ran"))
+    assert main([*argv, "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attn-gate: error: ") and words in err and len(err.strip().splitlines()) == 1, err
+    assert (baselines / "cpu" / "sdpa-cpu-smoke.json").read_bytes() == before
+
+
+def test_a_failing_write_is_exit_2_and_the_summary_goes_before_the_baseline(project, results, tmp_path, capsys, monkeypatch):
+    cfg, baselines = project
+    import gate.jsonio
+
+    real = gate.jsonio.write_text_atomic
+
+    def full_disk_for(name):
+        def write(path, text):
+            if Path(path).name.startswith(name):
+                raise OSError(28, "No space left on device", str(path))
+            return real(path, text)
+        return write
+    monkeypatch.setattr(gate.jsonio, "write_text_atomic", full_disk_for("body"))
+    summary = tmp_path / "body.md"
+    assert main(["baseline", "update", "--config", str(cfg), "--from-results", str(results), "--summary", str(summary)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write {summary} (No space left on device); pass a writable --summary file; the baseline was not written" in err
+    assert not baselines.exists()  # the summary failed first: no baseline without its summary
+    monkeypatch.setattr(gate.jsonio, "write_text_atomic", full_disk_for("findings"))
+    assert main(["check", "--config", str(cfg), "--results", str(results), "--baseline", str(CPU_BASELINE),
+                 "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "findings-sdpa-cpu-smoke.json (No space left on device); pass a writable --out folder (verdict: PASS)" in err
+    assert len(err.strip().splitlines()) == 1

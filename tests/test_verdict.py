@@ -17,9 +17,9 @@ from gate.errors import UserError
 from gate.findings import Finding, Severity, decide
 from gate.results import CaseResult, Status, SweepResult, TensorError
 from gate.verdict import (
-    check_comparable, compare, compare_environment, is_headroom_regression, is_large_improvement, rule_case_presence,
-    rule_env_drift, rule_headroom, rule_improvement, rule_nothing_measured, rule_status, rule_tensor_presence,
-    rule_tolerance,
+    check_comparable, compare, compare_environment, is_headroom_regression, is_large_improvement, refuse_duplicate_cases,
+    rule_case_presence, rule_env_drift, rule_headroom, rule_improvement, rule_incomplete_pass, rule_nothing_measured,
+    rule_status, rule_tensor_presence, rule_tolerance,
 )
 
 CFG = VerdictConfig(headroom_factor=1.5, headroom_step=0.1, improvement_factor=2.0)
@@ -48,8 +48,10 @@ def sweep(*cases: CaseResult, env: dict | None = None, suite_hash: str = "h1", t
                        tolerance=dict(tolerance or TOL), started_at="2026-01-01T00:00:00+00:00", wall_s=1.0, notes=notes)
 
 
-GOOD = sweep(result(1, out=0.2, dq=0.3, dk=0.25, dv=0.22), result(2, out=0.0, dq=0.01), result(3, "SKIP", "no softcap"),
-             result(4, out=0.6, dk=0.9))
+# A PASS always carries out, dq, dk and dv (run_case measures all four); lse where the kernel returns it.
+GOOD = sweep(result(1, out=0.2, lse=0.1, dq=0.3, dk=0.25, dv=0.22), result(2, out=0.0, dq=0.01, dk=0.01, dv=0.01),
+             result(3, "SKIP", "no softcap"), result(4, out=0.6, dq=0.5, dk=0.9, dv=0.5))
+ACCEPT = "attn-gate baseline update --kernel k --suite smoke --device cpu"
 
 
 def rules_of(findings: list[Finding], severities=(Severity.FAIL, Severity.INCONCLUSIVE, Severity.WARN)) -> set[tuple[str, str, str]]:
@@ -114,26 +116,52 @@ def test_rule_improvement(base, cur, warns):
     assert (f is not None) == is_large_improvement(base, cur, 2.0, 0.1)
 
 
-@pytest.mark.parametrize("base, cur, rule, severity", [
-    ("PASS", "PASS", None, None),
-    ("FAIL", "FAIL", None, None),  # rule_status speaks for that
-    (None, "PASS", "new_case", Severity.WARN),
-    ("PASS", None, "removed_case", Severity.WARN),
-    ("PASS", "SKIP", "newly_skipped", Severity.WARN),
-    ("ERROR", "SKIP", "newly_skipped", Severity.WARN),
-    ("SKIP", "PASS", "newly_measured", Severity.WARN),
-    ("FAIL", "PASS", "fixed", Severity.WARN),
-    ("SKIP", "SKIP", "skipped", Severity.INFO),
+@pytest.mark.parametrize("base, cur, same_suite, rule, severity", [
+    ("PASS", "PASS", True, None, None),
+    ("FAIL", "FAIL", True, None, None),  # rule_status speaks for that
+    (None, "PASS", True, "new_case", Severity.WARN),
+    ("PASS", None, True, "removed_case", Severity.INCONCLUSIVE),  # same suite, case missing: truncated results
+    ("SKIP", None, True, "removed_case", Severity.INCONCLUSIVE),
+    ("PASS", None, False, "removed_case", Severity.WARN),  # the suite itself changed (check refuses that first)
+    ("PASS", "SKIP", True, "newly_skipped", Severity.INCONCLUSIVE),  # e.g. softcap keyword dropped: coverage lost
+    ("ERROR", "SKIP", True, "newly_skipped", Severity.INCONCLUSIVE),  # a failing case may not escape by skipping
+    ("SKIP", "PASS", True, "newly_measured", Severity.WARN),
+    ("FAIL", "PASS", True, "fixed", Severity.WARN),
+    ("SKIP", "SKIP", True, "skipped", Severity.INFO),
 ])
-def test_rule_case_presence(base, cur, rule, severity):
-    f = rule_case_presence("c", base, cur, "reason")
+def test_rule_case_presence(base, cur, same_suite, rule, severity):
+    f = rule_case_presence("c", base, cur, "No available kernel", same_suite, ACCEPT)
     assert (f.rule, f.severity) == (rule, severity) if rule else f is None
+    if rule == "newly_skipped":  # says why, and how to accept the loss on purpose
+        assert "No available kernel" in f.message and f"`{ACCEPT}`" in f.message and f.severity.blocks
 
 
-@pytest.mark.parametrize("base, cur, rule", [(0.2, None, "tensor_dropped"), (None, 0.2, "tensor_added"), (0.2, 0.3, None)])
-def test_rule_tensor_presence(base, cur, rule):
-    f = rule_tensor_presence("c", "lse", base, cur)
+@pytest.mark.parametrize("base, cur, rule, blocks", [
+    (0.2, None, "tensor_dropped", True),  # e.g. the kernel stopped returning its LSE
+    (None, 0.2, "tensor_added", False), (0.2, 0.3, None, False),
+])
+def test_rule_tensor_presence(base, cur, rule, blocks):
+    f = rule_tensor_presence("c", "lse", base, cur, ACCEPT)
     assert (f.rule if f else None) == rule
+    assert (f is not None and f.severity.blocks) == blocks
+    if blocks:
+        assert f.severity is Severity.INCONCLUSIVE and ACCEPT in f.message
+
+
+@pytest.mark.parametrize("status, tensors, missing", [
+    ("PASS", {"out", "dq", "dk", "dv"}, None),
+    ("PASS", {"out", "lse", "dq", "dk", "dv"}, None),
+    ("PASS", set(), "out, dq, dk, dv"),  # a PASS row with no evidence at all
+    ("PASS", {"out", "lse", "dq", "dk"}, "dv"),
+    ("PASS", {"out"}, "dq, dk, dv"),
+    ("FAIL", set(), None),  # a bad output FAILs without tensors: rule_status speaks
+    ("SKIP", set(), None),
+])
+def test_rule_incomplete_pass(status, tensors, missing):
+    f = rule_incomplete_pass("c", status, tensors)
+    assert (f is not None) == (missing is not None), f
+    if f:
+        assert f.severity is Severity.INCONCLUSIVE and f"PASS without {missing}:" in f.message
 
 
 @pytest.mark.parametrize("key, base, cur, severity", [
@@ -169,14 +197,16 @@ def test_headroom_needs_both_thresholds():
 
 
 def test_self_comparison_never_fails_or_warns():
-    for s in (GOOD, sweep(result(1, out=0.999, dq=0.0)), sweep(result(1, "SKIP", "x"), result(2, out=0.5))):
+    for s in (GOOD, sweep(result(1, out=0.999, dq=0.0, dk=0.0, dv=1.0)),
+              sweep(result(1, "SKIP", "x"), result(2, out=0.5, dq=0.5, dk=0.5, dv=0.5))):
         findings = compare(Baseline.from_sweep(s), s, CFG)
         assert not rules_of(findings), rules_of(findings)
         assert decide(findings).passed
 
 
 def test_self_comparison_of_a_failing_result_fails_only_on_absolute_rules():
-    bad = sweep(result(1, out=0.2), result(2, "FAIL", "dk error > bound", dk=1.7), result(3, "ERROR", "RuntimeError: boom"))
+    bad = sweep(result(1, out=0.2, dq=0.2, dk=0.2, dv=0.2), result(2, "FAIL", "dk error > bound", dk=1.7),
+                result(3, "ERROR", "RuntimeError: boom"))
     findings = compare(Baseline.from_sweep(bad), bad, CFG)
     blocking = {(f.rule, f.case_id) for f in findings if f.severity.blocks}
     assert blocking == {("tolerance", case(2).id), ("status", case(2).id), ("status", case(3).id)}
@@ -187,21 +217,29 @@ BASE = GOOD
 CURRENT_TABLE = [
     # (name, current sweep, expected FAIL/WARN set as (severity, rule, case n), passes)
     ("identical", GOOD, set(), True),
-    ("tolerance violation", sweep(result(1, "FAIL", "dk", out=0.2, dq=0.3, dk=1.3, dv=0.22), *GOOD.cases[1:]),
+    ("tolerance violation", sweep(result(1, "FAIL", "dk", out=0.2, lse=0.1, dq=0.3, dk=1.3, dv=0.22), *GOOD.cases[1:]),
      {("FAIL", "tolerance", 1), ("FAIL", "status", 1)}, True and False),
     ("newly errors", sweep(result(1, "ERROR", "RuntimeError: bad"), *GOOD.cases[1:]),
      {("FAIL", "status", 1)}, False),
-    ("headroom regression", sweep(result(1, out=0.2, dq=0.3, dk=0.25, dv=0.45), *GOOD.cases[1:]),
+    ("fails with no tensors", sweep(result(1, "FAIL", "seed 0: out has shape (1,)"), *GOOD.cases[1:]),
+     {("FAIL", "status", 1)}, False),  # the status says it; no tensor_dropped noise on top
+    ("headroom regression", sweep(result(1, out=0.2, lse=0.1, dq=0.3, dk=0.25, dv=0.45), *GOOD.cases[1:]),
      {("FAIL", "headroom", 1)}, False),
-    ("within noise", sweep(result(1, out=0.26, dq=0.35, dk=0.3, dv=0.3), result(2, out=0.09, dq=0.1), *GOOD.cases[2:]),
-     set(), True),
-    ("new case", sweep(*GOOD.cases, result(5, out=0.3)), {("WARN", "new_case", 5)}, True),
-    ("removed case", sweep(*GOOD.cases[:3]), {("WARN", "removed_case", 4)}, True),
-    ("newly skipped", sweep(*GOOD.cases[:3], result(4, "SKIP", "no longer supported")), {("WARN", "newly_skipped", 4)}, True),
-    ("large improvement", sweep(*GOOD.cases[:3], result(4, out=0.6, dk=0.3)), {("WARN", "improvement", 4)}, True),
-    ("tensor dropped", sweep(result(1, out=0.2, dq=0.3, dk=0.25), *GOOD.cases[1:]), {("WARN", "tensor_dropped", 1)}, True),
+    ("within noise", sweep(result(1, out=0.26, lse=0.15, dq=0.35, dk=0.3, dv=0.3),
+                           result(2, out=0.09, dq=0.1, dk=0.05, dv=0.0), *GOOD.cases[2:]), set(), True),
+    ("new case", sweep(*GOOD.cases, result(5, out=0.3, dq=0.3, dk=0.3, dv=0.3)), {("WARN", "new_case", 5)}, True),
+    ("removed case (same suite: truncated results)", sweep(*GOOD.cases[:3]), {("INCONCLUSIVE", "removed_case", 4)}, False),
+    ("removed case (suite changed)", sweep(*GOOD.cases[:3], suite_hash="h2"), {("WARN", "removed_case", 4)}, True),
+    ("newly skipped", sweep(*GOOD.cases[:3], result(4, "SKIP", "the kernel takes no softcap")),
+     {("INCONCLUSIVE", "newly_skipped", 4)}, False),
+    ("large improvement", sweep(*GOOD.cases[:3], result(4, out=0.6, dq=0.5, dk=0.3, dv=0.5)), {("WARN", "improvement", 4)}, True),
+    ("lse dropped", sweep(result(1, out=0.2, dq=0.3, dk=0.25, dv=0.22), *GOOD.cases[1:]),
+     {("INCONCLUSIVE", "tensor_dropped", 1)}, False),
+    ("pass without dv", sweep(result(1, out=0.2, lse=0.1, dq=0.3, dk=0.25), *GOOD.cases[1:]),
+     {("INCONCLUSIVE", "incomplete_pass", 1)}, False),
+    ("pass without any tensor", sweep(result(1), *GOOD.cases[1:]), {("INCONCLUSIVE", "incomplete_pass", 1)}, False),
     ("all skipped", sweep(*(result(n, "SKIP", "no") for n in (1, 2, 3, 4))),
-     {("WARN", "newly_skipped", 1), ("WARN", "newly_skipped", 2), ("WARN", "newly_skipped", 4),
+     {("INCONCLUSIVE", "newly_skipped", 1), ("INCONCLUSIVE", "newly_skipped", 2), ("INCONCLUSIVE", "newly_skipped", 4),
       ("INCONCLUSIVE", "nothing_measured", 0)}, False),
 ]
 
@@ -227,8 +265,29 @@ def test_a_filtered_run_does_not_report_unrun_cases_as_removed():
     findings = compare(Baseline.from_sweep(GOOD), filtered, CFG, scope="s1-")
     assert not rules_of(findings)
     assert any(f.rule == "out_of_scope" and "3 baseline cases" in f.message for f in findings)
-    # without the scope the same run loses three cases
-    assert len([f for f in compare(Baseline.from_sweep(GOOD), filtered, CFG) if f.rule == "removed_case"]) == 3
+    # without the scope the same run loses three cases, and that blocks
+    removed = [f for f in compare(Baseline.from_sweep(GOOD), filtered, CFG) if f.rule == "removed_case"]
+    assert len(removed) == 3 and all(f.severity is Severity.INCONCLUSIVE for f in removed)
+
+
+def test_a_filtered_run_missing_a_case_of_its_scope_is_inconclusive():
+    """--only 's[12]-' ran case 1 only: case 2 matches the scope, so its result is missing data."""
+    findings = compare(Baseline.from_sweep(GOOD), sweep(GOOD.cases[0]), CFG, scope="s[12]-")
+    assert rules_of(findings) == {("INCONCLUSIVE", "removed_case", case(2).id)}
+    assert not decide(findings).passed
+
+
+@pytest.mark.parametrize("ids, twice", [((1, 2, 3), None), ((1, 2, 1), [1]), ((1, 2, 2, 1, 3), [1, 2])])
+def test_duplicate_case_ids_are_refused_naming_the_file(ids, twice):
+    run = sweep(*(result(n, out=0.1, dq=0.1, dk=0.1, dv=0.1) for n in ids))
+    if twice is None:
+        refuse_duplicate_cases(run, "r.json")
+        return
+    with pytest.raises(UserError) as err:
+        refuse_duplicate_cases(run, "r.json")
+    message = str(err.value)
+    assert message.startswith(f"r.json: {len(twice)} case ids appear more than once")
+    assert all(case(n).id in message for n in twice) and "attn-gate sweep --kernel k --suite smoke" in message
 
 
 def test_environment_drift_warns_but_passes():

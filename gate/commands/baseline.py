@@ -1,13 +1,15 @@
 """`attn-gate baseline update|show`: rewrite this GPU class's baseline on purpose, or print it.
 
 update: exit 0 written, 1 refused because the run itself fails its bounds (nothing written; pass
---allow-failing to record the failure on purpose), 2 usage or environment error.
+--allow-failing to record the failure on purpose), 2 usage or environment error: among them a run
+that lacks cases of the suite (a truncated results file would delete them from the baseline),
+--only without an existing baseline, an --out or --summary that cannot be written (checked before
+the sweep; the summary is written before the baseline).
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
 from gate.commands.common import add_config, add_kernel_suite
@@ -58,7 +60,9 @@ def show(args: argparse.Namespace) -> int:
     from gate.check import resolve_target
     from gate.config import load_config
     from gate.results import TENSORS
+    from gate.sweep import only_pattern
 
+    pattern = only_pattern(args.only)  # an invalid regex is a one-line usage error, before anything is read
     config = load_config(args.config)
     if args.file is not None:
         path = args.file
@@ -76,7 +80,7 @@ def show(args: argparse.Namespace) -> int:
     for name in TENSORS:
         table.add_column(name, justify="right")
     for cid, c in sorted(b.correctness.items()):
-        if args.only and not re.search(args.only, cid):
+        if pattern is not None and not pattern.search(cid):
             continue
         table.add_row(cid, c.status.value, *(f"{c.tensors[n].ratio:.3f}" if n in c.tensors else "-" for n in TENSORS))
     console.print(table)

@@ -1,8 +1,9 @@
 """`attn-gate check`: run (or read) the sweep, compare with the committed baseline, decide.
 
-Exit 0 pass, 1 fail (a blocking finding), 2 usage or environment error: no baseline yet (the
-message gives the command that creates one), an unreadable baseline or results file, another GPU
-class, a changed suite.
+Exit 0 pass, 1 fail (a blocking finding: FAIL or INCONCLUSIVE), 2 usage or environment error: no
+baseline yet (the message gives the command that creates one), an unreadable baseline or results
+file, a results file with a case id twice, another GPU class, a changed suite, an --out that
+cannot be written (checked before the sweep).
 """
 
 from __future__ import annotations
