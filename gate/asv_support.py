@@ -22,8 +22,6 @@ from typing import Any
 from gate.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-ENV_KEYS = ("ATTN_GATE_CONFIG", "ATTN_GATE_KERNEL", "ATTN_GATE_SUITE", "ATTN_GATE_ANCHOR", "ATTN_GATE_DEVICE",
-            "ATTN_GATE_ONLY", "ATTN_GATE_ROUNDS")
 
 
 @dataclass(frozen=True)

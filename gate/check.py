@@ -63,7 +63,6 @@ class CheckOutcome:
 class UpdateOutcome:
     diff: BaselineDiff
     path: Path
-    written: bool
     sweep: SweepResult
     exit_code: int
 
@@ -312,7 +311,7 @@ def run_baseline_update(config: Config, kernel: str | None = None, suite: str | 
                if failing else "no case passed (all skipped)")
         print(f"attn-gate: refusing to write {path}: the run itself fails: {why}. Fix the kernel, or record the "
               f"failure on purpose with --allow-failing (check keeps failing on those cases).", file=sys.stderr)
-        return UpdateOutcome(diff, path, False, sweep, EXIT_FAIL)
+        return UpdateOutcome(diff, path, sweep, EXIT_FAIL)
     text = diff.markdown()
     if summary_path is not None:  # first: a summary that cannot be written leaves the baseline untouched
         from gate.jsonio import write_text_atomic
@@ -324,4 +323,4 @@ def run_baseline_update(config: Config, kernel: str | None = None, suite: str | 
     print(text)
     print(f"wrote {path}: review the summary above and commit it in a PR"
           + (f" (summary for the PR body in {summary_path})" if summary_path else ""))
-    return UpdateOutcome(diff, path, True, sweep, EXIT_PASS)
+    return UpdateOutcome(diff, path, sweep, EXIT_PASS)

@@ -8,7 +8,6 @@ row: the sweep goes on either way.
 from __future__ import annotations
 
 import time
-import traceback
 
 import torch
 
@@ -162,6 +161,3 @@ def run_case(adapter: KernelAdapter, case: Case, device: str, tol: ToleranceConf
     return CaseResult(case=case, status=Status.PASS, reason="; ".join(sorted(set(notes))), tensors=tensors, checks=checks,
                       seconds=time.perf_counter() - start)
 
-
-def format_traceback(exc: BaseException) -> str:
-    return "".join(traceback.format_exception(exc))

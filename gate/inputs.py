@@ -32,9 +32,6 @@ class AttnInputs:
     seqlens: tuple[int, ...] | None
     seed: int
 
-    @property
-    def is_varlen(self) -> bool:
-        return self.cu_seqlens is not None
 
 
 def make_inputs(case: Case, seed: int, device: str | torch.device) -> AttnInputs:
