@@ -1,4 +1,4 @@
-"""asv suites: thin track_* wrappers over attn-gate's timing engine (gate/timing.py).
+"""asv suites: thin track_* wrappers over attn-gate's timing engine (gate/speed/timing.py).
 
 asv times `time_*` with a wall clock, which means nothing for asynchronous GPU work, so every
 number here is a `track_*` returning what the engine measured (CUDA events, cold L2, candidate
@@ -10,7 +10,7 @@ ATTN_GATE_CONFIG (pyproject.toml), ATTN_GATE_KERNEL, ATTN_GATE_SUITE, ATTN_GATE_
 ATTN_GATE_DEVICE, ATTN_GATE_ONLY (regex on case ids), ATTN_GATE_ROUNDS.
 """
 
-from gate.asv_support import bench_case_ids, bench_measure, bench_peak_mem
+from gate.speed.asv import bench_case_ids, bench_measure, bench_peak_mem
 
 
 class AttentionSpeed:

@@ -1,5 +1,5 @@
 import sys
 
-from gate.cli import main
+from gate.commands.main import main
 
 sys.exit(main())

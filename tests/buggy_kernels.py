@@ -3,7 +3,7 @@
 They are what `--kernel tests.buggy_kernels:NAME` runs: q, k, v are (batch, seqlen, heads,
 head_dim); keywords softmax_scale, causal, window_size=(left, right), alibi_slopes,
 return_attn_probs as flash-attn spells them. All share one plain implementation (float32
-arithmetic, autograd for the backward, masks written out here and not taken from gate.masks, so
+arithmetic, autograd for the backward, masks written out here and not taken from gate.attention.masks, so
 a bug there cannot hide in both kernel and reference). Each bug is the smallest realistic change
 to that implementation:
 

@@ -7,16 +7,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gate.cases import Case
-from gate.cli import main
-from gate.config import ToleranceConfig
-from gate.correctness import leaf_call, references, run_case
-from gate.inputs import make_inputs
+from gate.core.cases import Case
+from gate.commands.main import main
+from gate.core.config import ToleranceConfig
+from gate.correctness.run_case import leaf_call, references, run_case
+from gate.attention.inputs import make_inputs
 from gate.kernels.base import Capabilities, KernelAdapter, KernelOutput
 from gate.kernels.registry import get_adapter, kernel_names
 from gate.kernels.tiled import TiledAdapter
 from gate.kernels.user import UserAdapter
-from gate.results import Status
+from gate.core.results import Status
 
 TOL = ToleranceConfig()
 

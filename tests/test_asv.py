@@ -48,7 +48,7 @@ def asv_run(tmp_path_factory):
     conf.update(repo=str(REPO), benchmark_dir=str(REPO / "benchmarks"), results_dir=str(tmp / "results"),
                 html_dir=str(tmp / "html"), env_dir=str(tmp / "env"))
     (tmp / "asv.conf.json").write_text(json.dumps(conf))
-    from gate.asv_support import git_commit
+    from gate.speed.asv import git_commit
 
     commit = git_commit("HEAD", REPO)  # fixed up front: others may commit while the test runs
     env = {**os.environ, "HOME": str(tmp)}  # asv keeps its machine file in ~/.asv-machine.json
@@ -61,7 +61,7 @@ def asv_run(tmp_path_factory):
 def test_asv_discovers_and_runs_the_track_benchmarks(asv_run):
     tmp, _, proc, commit = asv_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    from gate.asv_support import read_results
+    from gate.speed.asv import read_results
 
     rows = read_results(tmp / "asv.conf.json", "cpu-test", commit)
     got = {r["benchmark"].split(".")[-1]: r for r in rows if r["params"] == (CASE_ID,)}

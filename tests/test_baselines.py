@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from gate.baselines import Baseline, baseline_path, diff_baselines, merge_baseline, read_baseline
-from gate.config import load_config
-from gate.errors import UserError
-from gate.results import Status
+from gate.compare.baselines import Baseline, baseline_path, diff_baselines, merge_baseline, read_baseline
+from gate.core.config import load_config
+from gate.core.errors import UserError
+from gate.core.results import Status
 from tests.test_verdict import CFG, GOOD, case, result, sweep
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,8 +116,8 @@ def test_diff_lists_what_moved_beyond_noise():
 def test_committed_cpu_baseline_matches_the_suite_and_config():
     """The file CI gates against: readable, for this suite as it is now and these multipliers
     (otherwise `check` refuses and the baseline must be refreshed on purpose)."""
-    from gate.cases import load_suite
-    from gate.sweep import suite_hash
+    from gate.core.cases import load_suite
+    from gate.core.cases import suite_hash
 
     b = read_baseline(CPU_BASELINE)
     config = load_config(ROOT / "pyproject.toml")

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from gate.cases import Case, expand_suite, load_suite, suite_names
-from gate.errors import UserError
+from gate.core.cases import Case, expand_suite, load_suite, suite_names
+from gate.core.errors import UserError
 
 
 def make(**kw):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gate.cli import build_parser, main
+from gate.commands.main import build_parser, main
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU_BASELINE = ROOT / "baselines" / "cpu" / "sdpa-cpu-smoke.json"
@@ -362,7 +362,7 @@ def test_update_refuses_an_incomplete_run(project, results, capsys, with_old, ed
 
 def test_update_only_without_a_baseline_is_refused_before_the_sweep(project, results, capsys, monkeypatch):
     cfg, baselines = project
-    monkeypatch.setattr("gate.check.fresh_sweep", lambda *a, **k: pytest.fail("the sweep ran"))
+    monkeypatch.setattr("gate.workflow.check.fresh_sweep", lambda *a, **k: pytest.fail("the sweep ran"))
     assert main(["baseline", "update", "--config", str(cfg), "--device", "cpu", "--only", "s128"]) == 2
     err = capsys.readouterr().err
     assert "there is no baseline at" in err and "run without --only (`attn-gate baseline update --kernel sdpa-cpu" in err
@@ -397,7 +397,7 @@ def test_unwritable_outputs_and_bad_regex_are_refused_before_the_sweep(project, 
     (baselines / "cpu").mkdir(parents=True)
     shutil.copy(CPU_BASELINE, baselines / "cpu" / "sdpa-cpu-smoke.json")
     before = (baselines / "cpu" / "sdpa-cpu-smoke.json").read_bytes()
-    monkeypatch.setattr("gate.check.fresh_sweep", lambda *a, **k: pytest.fail("the sweep ran"))
+    monkeypatch.setattr("gate.workflow.check.fresh_sweep", lambda *a, **k: pytest.fail("the sweep ran"))
     assert main([*argv, "--config", str(cfg)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("attn-gate: error: ") and words in err and len(err.strip().splitlines()) == 1, err
@@ -406,9 +406,9 @@ def test_unwritable_outputs_and_bad_regex_are_refused_before_the_sweep(project, 
 
 def test_a_failing_write_is_exit_2_and_the_summary_goes_before_the_baseline(project, results, tmp_path, capsys, monkeypatch):
     cfg, baselines = project
-    import gate.jsonio
+    import gate.core.jsonio
 
-    real = gate.jsonio.write_text_atomic
+    real = gate.core.jsonio.write_text_atomic
 
     def full_disk_for(name):
         def write(path, text):
@@ -416,13 +416,13 @@ def test_a_failing_write_is_exit_2_and_the_summary_goes_before_the_baseline(proj
                 raise OSError(28, "No space left on device", str(path))
             return real(path, text)
         return write
-    monkeypatch.setattr(gate.jsonio, "write_text_atomic", full_disk_for("body"))
+    monkeypatch.setattr(gate.core.jsonio, "write_text_atomic", full_disk_for("body"))
     summary = tmp_path / "body.md"
     assert main(["baseline", "update", "--config", str(cfg), "--from-results", str(results), "--summary", str(summary)]) == 2
     err = capsys.readouterr().err
     assert f"cannot write {summary} (No space left on device); pass a writable --summary file; the baseline was not written" in err
     assert not baselines.exists()  # the summary failed first: no baseline without its summary
-    monkeypatch.setattr(gate.jsonio, "write_text_atomic", full_disk_for("findings"))
+    monkeypatch.setattr(gate.core.jsonio, "write_text_atomic", full_disk_for("findings"))
     assert main(["check", "--config", str(cfg), "--results", str(results), "--baseline", str(CPU_BASELINE),
                  "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gate.config import Config, ToleranceConfig, load_config
-from gate.errors import UserError
+from gate.core.config import Config, ToleranceConfig, load_config
+from gate.core.errors import UserError
 from tests.conftest import ROOT
 
 

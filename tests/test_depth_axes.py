@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gate.cases import Case
-from gate.config import ToleranceConfig
-from gate.correctness import leaf_call, run_case
-from gate.inputs import make_inputs
+from gate.core.cases import Case
+from gate.core.config import ToleranceConfig
+from gate.correctness.run_case import leaf_call, run_case
+from gate.attention.inputs import make_inputs
 from gate.kernels.registry import get_adapter
-from gate.results import Status
+from gate.core.results import Status
 
 
 def _case(nq, nk, hq=2, hkv=2, d=32, dv=None, dtype="bf16", **kw):

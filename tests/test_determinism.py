@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from gate.cases import Case, expand_suite, load_suite
-from gate.checks import CHECKS, checks_for, parse_names
-from gate.config import Config, ToleranceConfig
-from gate.correctness import run_case
-from gate.determinism import batch_invariance_check, determinism_check, race_check
-from gate.errors import UserError
+from gate.core.cases import Case, expand_suite, load_suite
+from gate.correctness.probes.registry import CHECKS, checks_for, parse_names
+from gate.core.config import Config, ToleranceConfig
+from gate.correctness.run_case import run_case
+from gate.correctness.probes.determinism import batch_invariance_check, determinism_check, race_check
+from gate.core.errors import UserError
 from gate.kernels.registry import get_adapter
 from gate.kernels.tiled import TiledAdapter
-from gate.results import Status
+from gate.core.results import Status
 from tests.depth_kernels import BatchCoupledTiled, RacyTiled, RacyTiledNoClaim
 
 TOL = ToleranceConfig()
@@ -136,9 +136,9 @@ def test_shipped_suites_turn_checks_on():
 
 
 def test_sweep_and_cli_run_checks_and_the_note_shows_them(tmp_path, monkeypatch):
-    from gate import sweep as sweep_mod
-    from gate.cli import main
-    from gate.report import validation_note
+    from gate.workflow import sweep as sweep_mod
+    from gate.commands.main import main
+    from gate.report.sweep_report import validation_note
 
     config = Config(suites={"mini": _mini_spec()})
     good = sweep_mod.run_sweep("tiled", "mini", config, "cpu", progress=False, check_names=("determinism",))

@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from gate.drift import REFERENCE, band, default_config, judge, moving_average, reference_curves, run_drift, write_drift_outputs
-from gate.errors import UserError
+from gate.correctness.drift import REFERENCE, band, default_config, judge, moving_average, reference_curves, run_drift, write_drift_outputs
+from gate.core.errors import UserError
 from tests.depth_kernels import DriftingTiled
 
 
@@ -85,7 +85,7 @@ def test_kernel_that_raises_fails_the_run(cpu_run):
 
 
 def test_drift_command_exit_codes(tmp_path, monkeypatch):
-    from gate.cli import main
+    from gate.commands.main import main
 
     out = tmp_path / "out"
     assert main(["drift", "--kernel", "sdpa-math", "--device", "cpu", "--steps", "12", "--out", str(out)]) == 0

@@ -10,13 +10,13 @@ import math
 import pytest
 import torch
 
-from gate.cases import Case
-from gate.checks import checks_for
-from gate.config import ToleranceConfig
-from gate.correctness import run_case
-from gate.dropout import Z_LIMIT, binomial_z, dropout_check, kept_counts
+from gate.core.cases import Case
+from gate.correctness.probes.registry import checks_for
+from gate.core.config import ToleranceConfig
+from gate.correctness.run_case import run_case
+from gate.correctness.probes.dropout import Z_LIMIT, binomial_z, dropout_check, kept_counts
 from gate.kernels.tiled import TiledAdapter
-from gate.results import Status
+from gate.core.results import Status
 from tests.depth_kernels import FixedMaskTiled, NewMaskBackwardTiled, WrongRateTiled, WrongRescaleTiled
 
 TOL = ToleranceConfig()

@@ -5,13 +5,13 @@ import math
 
 import pytest
 
-from gate.cases import Case
-from gate.cli import main
-from gate.config import PerfConfig, ToleranceConfig, VerdictConfig, load_config
-from gate.correctness import run_case
-from gate.errors import UserError
+from gate.core.cases import Case
+from gate.commands.main import main
+from gate.core.config import PerfConfig, ToleranceConfig, VerdictConfig, load_config
+from gate.correctness.run_case import run_case
+from gate.core.errors import UserError
 from gate.kernels.user import UserAdapter
-from gate.results import Status
+from gate.core.results import Status
 
 CASE = Case(batch=1, seqlen_q=16, seqlen_k=16, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16", seeds=(0,))
 

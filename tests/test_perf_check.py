@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from gate.cases import Case
-from gate.cli import main
-from gate.config import Config, PerfConfig
-from gate.errors import UserError
-from gate.findings import decide
-from gate.perf import PerfCaseResult, PerfResult, baseline_entry, judge_perf, measure_case, perf_cases
-from gate.perf_check import perf_findings
-from gate.timing import PASSES, PassTiming, TimingPlan, TimingRun
+from gate.core.cases import Case
+from gate.commands.main import main
+from gate.core.config import Config, PerfConfig
+from gate.core.errors import UserError
+from gate.compare.findings import decide
+from gate.speed.runs import PerfCaseResult, PerfResult, baseline_entry, judge_perf, measure_case, perf_cases
+from gate.workflow.speed_check import perf_findings
+from gate.speed.timing import PASSES, PassTiming, TimingPlan, TimingRun
 
 CONFIG = """
 [tool.attn-gate]

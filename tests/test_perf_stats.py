@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from gate import perf_stats as st
+from gate.speed import stats as st
 
 
 def test_median_and_quantiles_known_values():

@@ -2,8 +2,8 @@
 
 import pytest
 
-from gate.config import PerfConfig
-from gate.perf_verdict import PerfRules, PerfSeverity, RatioEstimate, judge
+from gate.core.config import PerfConfig
+from gate.speed.rule import PerfRules, PerfSeverity, RatioEstimate, judge
 
 RULES = PerfRules(regression_pct=2.0, noise_k=3.0, improvement_pct=10.0, alpha=0.01, min_rounds=7, max_noise_pct=5.0)
 

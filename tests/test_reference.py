@@ -1,4 +1,4 @@
-"""gate/reference.py against computations written independently here.
+"""gate/attention/reference.py against computations written independently here.
 
 (a) autograd of the naive float64 formula softmax(S) V, with every mask and score modifier
     spelled out in this file (bottom-right alignment, window, softcap, ALiBi, GQA);
@@ -15,9 +15,9 @@ import math
 import pytest
 import torch
 
-import gate.reference
-from gate.masks import alibi_slopes
-from gate.reference import AttnOptions, attention_reference
+import gate.attention.reference
+from gate.attention.masks import alibi_slopes
+from gate.attention.reference import AttnOptions, attention_reference
 
 F64 = torch.float64
 TIGHT = dict(rtol=1e-10, atol=1e-11)
@@ -196,11 +196,11 @@ def test_chunking_over_queries_changes_nothing(cfg, monkeypatch):
     q, k, v, dout, opts = make_case(cfg)
     whole = attention_reference(q, k, v, dout, opts, F64)
     nk = k.shape[1]
-    monkeypatch.setattr(gate.reference, "CHUNK_ELEMENTS", 3 * B * HQ * nk)  # 3 query rows per chunk
+    monkeypatch.setattr(gate.attention.reference, "CHUNK_ELEMENTS", 3 * B * HQ * nk)  # 3 query rows per chunk
     chunked = attention_reference(q, k, v, dout, opts, F64)
     for name, t in whole.tensors().items():
         torch.testing.assert_close(chunked.tensors()[name], t, **TIGHT, msg=lambda m, name=name: f"{name}: {m}")
-    monkeypatch.setattr(gate.reference, "CHUNK_ELEMENTS", 1)  # one row per chunk
+    monkeypatch.setattr(gate.attention.reference, "CHUNK_ELEMENTS", 1)  # one row per chunk
     single = attention_reference(q, k, v, dout, opts, F64)
     torch.testing.assert_close(single.dk, whole.dk, **TIGHT)
     torch.testing.assert_close(single.out, whole.out, **TIGHT)

@@ -1,5 +1,5 @@
 """The tolerance rule fails planted bugs and passes correct kernels, through run_case; and the
-pure arithmetic of gate/tolerance.py (NaN never passes, the floor is never 0)."""
+pure arithmetic of gate/correctness/tolerance.py (NaN never passes, the floor is never 0)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import math
 import pytest
 import torch
 
-from gate.cases import Case
-from gate.config import ToleranceConfig
-from gate.correctness import measure, run_case
+from gate.core.cases import Case
+from gate.core.config import ToleranceConfig
+from gate.correctness.run_case import measure, run_case
 from gate.kernels.tiled import TiledAdapter
 from gate.kernels.user import UserAdapter
-from gate.results import Status
-from gate.tolerance import EPS, error_bound, error_ratio, rounding_floor
+from gate.core.results import Status
+from gate.correctness.tolerance import EPS, error_bound, error_ratio, rounding_floor
 
 TOL = ToleranceConfig()
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gate.cli import main
-from gate.results import SweepResult
+from gate.commands.main import main
+from gate.core.results import SweepResult
 from tests.conftest import ROOT
 
 HARNESS_FIELDS = {"name", "shape", "dtype", "causal", "fwd_max_abs", "dq_max_abs", "dk_max_abs", "dv_max_abs", "pass"}
@@ -202,9 +202,9 @@ def test_reasons_are_printed_literally_not_as_rich_markup(smoke_sweeps):
     """A kernel's exception text is data: '[/]' or '[bold]' in it must neither crash nor vanish."""
     from rich.console import Console
 
-    from gate.cases import Case
-    from gate.report import print_table
-    from gate.results import CaseResult, Status
+    from gate.core.cases import Case
+    from gate.report.sweep_report import print_table
+    from gate.core.results import CaseResult, Status
 
     _, _, _, out = smoke_sweeps["tiled"]
     sweep = SweepResult.read(out / "sweep-tiled-smoke.json")
@@ -226,12 +226,12 @@ def test_a_sweep_where_every_case_is_skipped_fails(tmp_path, capsys, in_repo_roo
 
 
 def test_a_report_folder_that_cannot_be_written_is_one_line(tmp_path, capsys, monkeypatch, in_repo_root):
-    import gate.sweep
+    import gate.workflow.sweep
 
     def refuse(*_a, **_k):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(gate.sweep, "write_sweep_outputs", refuse)
+    monkeypatch.setattr(gate.workflow.sweep, "write_sweep_outputs", refuse)
     assert main(["sweep", "--kernel", "tiled", "--suite", "smoke", "--only", "^bf16-b2-h4-s1-d64$",
                  "--out", str(tmp_path / "ro"), "--no-progress"]) == 2
     err = capsys.readouterr().err

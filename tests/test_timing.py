@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from gate.cases import Case
-from gate.timing import (
+from gate.core.cases import Case
+from gate.speed.timing import (
     CpuClock, FunctionWorkload, GpuState, MatmulWorkload, PassTiming, TimingPlan, TimingRun, throttle_names, time_pair,
 )
 
@@ -75,7 +75,7 @@ def test_matmul_anchor_matches_the_case_flops():
 
 def test_real_kernels_on_cpu_keep_raw_samples_and_reset_grads():
     from gate.kernels.registry import get_adapter
-    from gate.perf import measure_case
+    from gate.speed.runs import measure_case
 
     plan = TimingPlan(rounds=3, calls_per_round=2, warmup_s=0.0)
     result = measure_case(get_adapter("tiled"), "sdpa-math", TINY, "cpu", plan)
@@ -89,7 +89,7 @@ def test_real_kernels_on_cpu_keep_raw_samples_and_reset_grads():
 
 def test_backward_alone_does_not_accumulate_grads():
     from gate.kernels.registry import get_adapter
-    from gate.timing import KernelWorkload
+    from gate.speed.timing import KernelWorkload
 
     w = KernelWorkload(get_adapter("sdpa-math"), TINY, "cpu")
     w.prepare()
@@ -99,7 +99,7 @@ def test_backward_alone_does_not_accumulate_grads():
 
 
 def test_a_crashing_kernel_is_an_error_row():
-    from gate.perf import measure_case
+    from gate.speed.runs import measure_case
     from gate.kernels.registry import get_adapter
 
     adapter = get_adapter("tiled")

@@ -10,13 +10,13 @@ import sys
 
 import pytest
 
-from gate.baselines import Baseline
-from gate.cases import Case
-from gate.config import VerdictConfig
-from gate.errors import UserError
-from gate.findings import Finding, Severity, decide
-from gate.results import CaseResult, Status, SweepResult, TensorError
-from gate.verdict import (
+from gate.compare.baselines import Baseline
+from gate.core.cases import Case
+from gate.core.config import VerdictConfig
+from gate.core.errors import UserError
+from gate.compare.findings import Finding, Severity, decide
+from gate.core.results import CaseResult, Status, SweepResult, TensorError
+from gate.compare.sweep_rules import (
     check_comparable, compare, compare_environment, is_headroom_regression, is_large_improvement, refuse_duplicate_cases,
     rule_case_presence, rule_env_drift, rule_headroom, rule_improvement, rule_incomplete_pass, rule_nothing_measured,
     rule_status, rule_tensor_presence, rule_tolerance,
@@ -337,6 +337,6 @@ def test_inconclusive_blocks_like_fail():
 
 
 def test_verdict_modules_import_no_torch():
-    code = "import sys, gate.verdict, gate.findings, gate.baselines, gate.check_report; print('torch' in sys.modules)"
+    code = "import sys, gate.compare.sweep_rules, gate.compare.findings, gate.compare.baselines, gate.report.check_report; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"

@@ -41,8 +41,8 @@ def register(sub) -> None:
 
 
 def update(args: argparse.Namespace) -> int:
-    from gate.check import run_baseline_update
-    from gate.config import load_config
+    from gate.workflow.check import run_baseline_update
+    from gate.core.config import load_config
 
     config = load_config(args.config)
     outcome = run_baseline_update(config, kernel=args.kernel, suite=args.suite, device=args.device, only=args.only,
@@ -56,11 +56,11 @@ def show(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from gate.baselines import baseline_path, read_baseline
-    from gate.check import resolve_target
-    from gate.config import load_config
-    from gate.results import TENSORS
-    from gate.sweep import only_pattern
+    from gate.compare.baselines import baseline_path, read_baseline
+    from gate.workflow.check import resolve_target
+    from gate.core.config import load_config
+    from gate.core.results import TENSORS
+    from gate.core.cases import only_pattern
 
     pattern = only_pattern(args.only)  # an invalid regex is a one-line usage error, before anything is read
     config = load_config(args.config)

@@ -28,8 +28,8 @@ def register(sub) -> None:
 
 
 def bench_main(args: argparse.Namespace) -> int:
-    from gate import asv_support as A
-    from gate.errors import EXIT_FAIL, EXIT_PASS
+    from gate.speed import asv as A
+    from gate.core.errors import EXIT_FAIL, EXIT_PASS
 
     conf = A.asv_conf(args.asv_config)
     settings = A.BenchSettings(config_path=(args.config or A.REPO_ROOT / "pyproject.toml").resolve(), kernel=args.kernel,
@@ -47,8 +47,8 @@ def bench_main(args: argparse.Namespace) -> int:
 
 
 def publish_main(args: argparse.Namespace) -> int:
-    from gate import asv_support as A
-    from gate.errors import EXIT_FAIL, EXIT_PASS
+    from gate.speed import asv as A
+    from gate.core.errors import EXIT_FAIL, EXIT_PASS
 
     conf = A.asv_conf(args.asv_config)
     rc = A.publish(conf)

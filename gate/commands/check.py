@@ -31,8 +31,8 @@ def register(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gate.check import run_check
-    from gate.config import load_config
+    from gate.workflow.check import run_check
+    from gate.core.config import load_config
 
     config = load_config(args.config)
     outcome = run_check(config, kernel=args.kernel, suite=args.suite, device=args.device, only=args.only,

@@ -22,9 +22,9 @@ def register(sub) -> None:
 def main(args: argparse.Namespace) -> int:
     import sys
 
-    from gate.drift import default_config, run_drift, write_drift_outputs
-    from gate.environment import default_device
-    from gate.errors import EXIT_FAIL, EXIT_PASS, UserError
+    from gate.correctness.drift import default_config, run_drift, write_drift_outputs
+    from gate.core.environment import default_device
+    from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
 
     if args.steps is not None and args.steps < 2:
         raise UserError(f"--steps {args.steps}: drift needs at least 2 training steps")

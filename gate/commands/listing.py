@@ -30,8 +30,8 @@ def kernels(args: argparse.Namespace) -> int:
 
 
 def suites(args: argparse.Namespace) -> int:
-    from gate.cases import load_suite, suite_names
-    from gate.config import load_config
+    from gate.core.cases import load_suite, suite_names
+    from gate.core.config import load_config
 
     config = load_config(args.config)
     for name in suite_names(config.suites):

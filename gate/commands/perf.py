@@ -21,15 +21,15 @@ def register(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gate.config import load_config
-    from gate.errors import EXIT_FAIL, EXIT_PASS, UserError
-    from gate.perf import run_perf, write_perf_outputs
-    from gate.perf_report import print_perf_table
+    from gate.core.config import load_config
+    from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
+    from gate.speed.runs import run_perf, write_perf_outputs
+    from gate.report.speed_report import print_perf_table
 
     if args.rounds is not None and args.rounds < 1:
         raise UserError(f"--rounds {args.rounds}: must be >= 1")
     config = load_config(args.config)
-    from gate.environment import default_device
+    from gate.core.environment import default_device
 
     device = args.device or default_device()
     result = run_perf(args.kernel or config.profile(device).kernel, args.suite or config.profile(device).suite, config,

@@ -21,17 +21,18 @@ def register(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gate.config import load_config
-    from gate.environment import default_device
-    from gate.errors import EXIT_FAIL, EXIT_PASS, UserError
-    from gate.report import print_table
-    from gate.sweep import require_writable, run_sweep, write_sweep_outputs
+    from gate.core.config import load_config
+    from gate.core.environment import default_device
+    from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
+    from gate.report.sweep_report import print_table
+    from gate.core.files import require_writable
+    from gate.workflow.sweep import run_sweep, write_sweep_outputs
 
     require_writable(args.out, "--out")  # before the sweep, not after minutes of it
     config = load_config(args.config)
     device = args.device or default_device()
     profile = config.profile(device)
-    from gate.checks import parse_names
+    from gate.correctness.probes.registry import parse_names
 
     check_names = parse_names(args.checks)
     result = run_sweep(args.kernel or profile.kernel, args.suite or profile.suite, config, device,

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gate.cases import Case
-from gate.reference import AttnOptions
+from gate.core.cases import Case
+from gate.attention.reference import AttnOptions
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from gate.cases import Case
+from gate.core.cases import Case
 from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, per_sequence
-from gate.masks import effective_window
+from gate.attention.masks import effective_window
 
 RECOMPILE_LIMIT = 512
 

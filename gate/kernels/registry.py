@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gate.errors import UserError
+from gate.core.errors import UserError
 from gate.kernels.base import KernelAdapter
 
 

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, flash_lse_to_reference, per_sequence
-from gate.masks import dense_bias
+from gate.attention.masks import dense_bias
 
 BACKENDS = {
     "math": ("MATH", "SDPA math (reference-style composite)"),

@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 
 from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, per_sequence
-from gate.masks import alibi_bias, allowed_mask
-from gate.reference import AttnOptions
+from gate.attention.masks import alibi_bias, allowed_mask
+from gate.attention.reference import AttnOptions
 
 TILE = 64
 

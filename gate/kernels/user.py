@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from gate.errors import UserError
+from gate.core.errors import UserError
 from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, per_sequence
 
 

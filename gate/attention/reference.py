@@ -1,0 +1,133 @@
+"""Reference attention, forward and analytic backward, written out step by step.
+
+Two uses, one function:
+  * the golden reference: compute_dtype=float64 on the kernel's own rounded inputs;
+  * the low-precision reference: the same math in the input dtype. Its error against golden is
+    what "the PyTorch implementation" loses to rounding, the yardstick of the tolerance rule.
+
+Queries are processed in chunks so the score matrix never exceeds a fixed number of elements:
+16k-32k sequences fit on one GPU. The backward is the closed form (no autograd), so dK and dV
+accumulate across chunks:
+    P = softmax(S),  O = (P * Z) V            (Z = keep / (1 - p) under dropout, else 1)
+    dV = (P * Z)^T dO,  dP = (dO V^T) * Z,  dS = P * (dP - rowsum(P * dP))
+    dQ = dS K * scale,  dK = dS^T Q * scale   (times 1 - tanh^2 under softcap)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gate.attention.masks import alibi_bias, allowed_mask
+
+# Elements in one chunk's score matrix: 2**25 float64 values are 256 MiB per live temporary.
+CHUNK_ELEMENTS = 2**25
+
+
+@dataclass(frozen=True)
+class AttnOptions:
+    softmax_scale: float
+    causal: bool = False
+    window: tuple[int, int] = (-1, -1)
+    softcap: float = 0.0
+    alibi_slopes: torch.Tensor | None = None
+    dropout_p: float = 0.0
+
+
+@dataclass(frozen=True)
+class AttnResult:
+    """out/dq/dk/dv in the layout of the inputs; lse is (batch, heads, seqlen_q) dense or
+    (heads, total_q) varlen, float32 or wider, -inf on fully masked rows."""
+
+    out: torch.Tensor
+    lse: torch.Tensor
+    dq: torch.Tensor
+    dk: torch.Tensor
+    dv: torch.Tensor
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"out": self.out, "lse": self.lse, "dq": self.dq, "dk": self.dk, "dv": self.dv}
+
+
+def _dense(q, k, v, dout, opts: AttnOptions, cd: torch.dtype, keep: torch.Tensor | None) -> AttnResult:
+    b, nq, hq, d = q.shape
+    _, nk, hkv, dv_dim = v.shape
+    group = hq // hkv
+    qh = q.to(cd).transpose(1, 2)  # B, Hq, Nq, D
+    kh = k.to(cd).transpose(1, 2).repeat_interleave(group, dim=1)  # B, Hq, Nk, D
+    vh = v.to(cd).transpose(1, 2).repeat_interleave(group, dim=1)
+    doh = dout.to(cd).transpose(1, 2)
+    lse_dtype = torch.float64 if cd == torch.float64 else torch.float32
+    out = torch.empty(b, hq, nq, dv_dim, dtype=cd, device=q.device)
+    lse = torch.empty(b, hq, nq, dtype=lse_dtype, device=q.device)
+    dq = torch.empty(b, hq, nq, d, dtype=cd, device=q.device)
+    dk = torch.zeros(b, hq, nk, d, dtype=cd, device=q.device)
+    dvv = torch.zeros(b, hq, nk, dv_dim, dtype=cd, device=q.device)
+    scale = opts.softmax_scale
+    rescale = 1.0 / (1.0 - opts.dropout_p) if opts.dropout_p else 1.0
+    chunk = max(1, CHUNK_ELEMENTS // max(1, b * hq * nk))
+    for r0 in range(0, nq, chunk):
+        r1 = min(nq, r0 + chunk)
+        rows = torch.arange(r0, r1, device=q.device)
+        s = (qh[:, :, r0:r1] @ kh.transpose(-1, -2)) * scale
+        tanh = None
+        if opts.softcap:
+            tanh = torch.tanh(s / opts.softcap)
+            s = tanh * opts.softcap
+        if opts.alibi_slopes is not None:
+            # In float64: -slope * distance is inexact in float32 for non-dyadic slopes (16+ heads).
+            s = s + alibi_bias(opts.alibi_slopes.to(torch.float64), rows, nq, nk).to(cd)
+        allowed = allowed_mask(rows, nq, nk, opts.causal, opts.window)
+        if allowed is not None:
+            s = s.masked_fill(~allowed, float("-inf"))
+        row_max = s.amax(dim=-1, keepdim=True)
+        safe_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+        unnorm = torch.exp(s - safe_max)
+        denom = unnorm.sum(dim=-1, keepdim=True)
+        empty = denom == 0
+        p = torch.where(empty, torch.zeros_like(unnorm), unnorm / torch.where(empty, torch.ones_like(denom), denom))
+        lse[:, :, r0:r1] = (safe_max + torch.log(denom)).squeeze(-1).to(lse_dtype).masked_fill(empty.squeeze(-1), float("-inf"))
+        pz = p if keep is None else p * keep[:, :, r0:r1].to(cd) * rescale
+        out[:, :, r0:r1] = pz @ vh
+        dpz = doh[:, :, r0:r1] @ vh.transpose(-1, -2)
+        dp = dpz if keep is None else dpz * keep[:, :, r0:r1].to(cd) * rescale
+        ds = p * (dp - (p * dp).sum(dim=-1, keepdim=True))
+        if tanh is not None:
+            ds = ds * (1 - tanh * tanh)
+        dq[:, :, r0:r1] = (ds @ kh) * scale
+        dk += (ds.transpose(-1, -2) @ qh[:, :, r0:r1]) * scale
+        dvv += pz.transpose(-1, -2) @ doh[:, :, r0:r1]
+    dk = dk.view(b, hkv, group, nk, d).sum(dim=2)
+    dvv = dvv.view(b, hkv, group, nk, dv_dim).sum(dim=2)
+    return AttnResult(out=out.transpose(1, 2), lse=lse, dq=dq.transpose(1, 2), dk=dk.transpose(1, 2), dv=dvv.transpose(1, 2))
+
+
+def attention_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, opts: AttnOptions,
+    compute_dtype: torch.dtype, *, cu_seqlens: torch.Tensor | None = None,
+    dropout_keep: torch.Tensor | list[torch.Tensor] | None = None,
+) -> AttnResult:
+    """Forward + backward in `compute_dtype`; outputs returned in that dtype.
+
+    Dense: q (B, Nq, Hq, D), k (B, Nk, Hkv, D), v (B, Nk, Hkv, Dv), dropout_keep (B, Hq, Nq, Nk).
+    Varlen: packed (total, H, D) with cu_seqlens; dropout_keep a list of (1, Hq, n, n) per sequence.
+    """
+    if cu_seqlens is None:
+        return _dense(q, k, v, dout, opts, compute_dtype, dropout_keep)
+    offsets = cu_seqlens.tolist()
+    hq = q.shape[1]
+    lse_dtype = torch.float64 if compute_dtype == torch.float64 else torch.float32
+    out = torch.zeros(q.shape[0], hq, v.shape[-1], dtype=compute_dtype, device=q.device)
+    lse = torch.full((hq, q.shape[0]), float("-inf"), dtype=lse_dtype, device=q.device)
+    dq = torch.zeros(q.shape, dtype=compute_dtype, device=q.device)
+    dk = torch.zeros(k.shape, dtype=compute_dtype, device=q.device)
+    dv = torch.zeros(v.shape, dtype=compute_dtype, device=q.device)
+    for i, (a, z) in enumerate(zip(offsets[:-1], offsets[1:])):
+        if z == a:
+            continue
+        keep = None if dropout_keep is None else dropout_keep[i]
+        part = _dense(q[a:z][None], k[a:z][None], v[a:z][None], dout[a:z][None], opts, compute_dtype, keep)
+        out[a:z], dq[a:z], dk[a:z], dv[a:z] = part.out[0], part.dq[0], part.dk[0], part.dv[0]
+        lse[:, a:z] = part.lse[0]
+    return AttnResult(out=out, lse=lse, dq=dq, dk=dk, dv=dv)

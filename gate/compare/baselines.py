@@ -1,0 +1,267 @@
+"""Committed baselines: what a kernel measured on one GPU class, one file per (kernel, suite).
+
+    baselines/<gpu-class>/<kernel>-<suite>.json      e.g. baselines/cpu/sdpa-cpu-smoke.json
+
+A baseline is the reviewed memory of the gate: `attn-gate check` compares a fresh run with it,
+`attn-gate baseline update` rewrites it on purpose (the diff goes in a reviewed PR). The file is
+schema-versioned JSON with sorted keys, ratios rounded to 4 significant digits and cases keyed by
+their stable id, so `git diff` of a baseline reads like a changelog.
+
+Layout (schema_version 1):
+
+    kind           "attn-gate baseline"
+    kernel, suite, suite_hash, gpu_class
+    environment    the fingerprint of the run (FINGERPRINT_KEYS: GPU name and class, driver, CUDA,
+                   torch, kernel and kernel_version, attn-gate version ...)
+    tolerance      the rule's multipliers the ratios were measured with (a change refuses comparison)
+    measured_at    when the sweep behind it started
+    correctness    {case_id: {"status": PASS|FAIL|ERROR|SKIP, "reason": str,
+                              "tensors": {tensor: {"ratio", "max_err", "mean_err", "bound", "pt_err"}}}}
+    perf           null, or the timing engine's section (#4), keyed by case id: this module stores
+                   and round-trips it untouched; `baseline update` from a correctness run keeps it.
+
+No torch here: a baseline is plain data, read by the pure verdict.
+
+Format history:
+  1  first version.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gate.compare.headroom import is_headroom_regression, is_large_improvement
+from gate.core.errors import UserError
+from gate.core.jsonio import as_float, read_json, write_json_atomic
+from gate.core.results import Status, SweepResult
+
+SCHEMA_VERSION = 1
+KIND = "attn-gate baseline"
+
+# What a baseline remembers of the run's environment (gate.core.environment.describe keys).
+FINGERPRINT_KEYS = ("device", "gpu_name", "gpu_class", "compute_capability", "driver", "cuda", "torch", "python",
+                    "kernel", "kernel_version", "attn_gate", "machine", "cpu")
+
+
+def _round(x: float, digits: int = 4) -> float:
+    """4 significant digits: far below any threshold, and diffs stay readable."""
+    if not math.isfinite(x) or x == 0:
+        return x
+    return float(f"{x:.{digits}g}")
+
+
+@dataclass(frozen=True)
+class TensorBaseline:
+    ratio: float
+    max_err: float
+    mean_err: float
+    bound: float
+    pt_err: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: _round(getattr(self, k)) for k in ("ratio", "max_err", "mean_err", "bound", "pt_err")}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TensorBaseline":
+        return cls(**{k: as_float(d[k]) for k in ("ratio", "max_err", "mean_err", "bound", "pt_err")})
+
+
+@dataclass(frozen=True)
+class CaseBaseline:
+    status: Status
+    reason: str = ""
+    tensors: dict[str, TensorBaseline] = field(default_factory=dict)
+
+    @property
+    def measured(self) -> bool:
+        return self.status is not Status.SKIP
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": self.status.value, "reason": self.reason,
+                "tensors": {name: t.to_dict() for name, t in sorted(self.tensors.items())}}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CaseBaseline":
+        return cls(status=Status(d["status"]), reason=d.get("reason", ""),
+                   tensors={name: TensorBaseline.from_dict(t) for name, t in d.get("tensors", {}).items()})
+
+
+@dataclass(frozen=True)
+class Baseline:
+    kernel: str
+    suite: str
+    suite_hash: str
+    gpu_class: str
+    environment: dict[str, str]
+    tolerance: dict[str, float]
+    measured_at: str
+    correctness: dict[str, CaseBaseline]
+    perf: dict[str, Any] | None = None
+    schema_version: int = SCHEMA_VERSION
+
+    @classmethod
+    def from_sweep(cls, sweep: SweepResult, perf: dict[str, Any] | None = None) -> "Baseline":
+        env = {k: str(sweep.environment[k]) for k in FINGERPRINT_KEYS if k in sweep.environment}
+        cases = {
+            c.case_id: CaseBaseline(
+                status=c.status, reason=c.reason,
+                tensors={t.tensor: TensorBaseline(t.ratio, t.max_err, t.mean_err, t.bound, t.pt_err) for t in c.tensors},
+            )
+            for c in sweep.cases
+        }
+        return cls(kernel=sweep.kernel, suite=sweep.suite, suite_hash=sweep.suite_hash,
+                   gpu_class=str(sweep.environment.get("gpu_class", "unknown")), environment=env,
+                   tolerance=dict(sweep.tolerance), measured_at=sweep.started_at, correctness=cases, perf=perf)
+
+    @property
+    def failing_cases(self) -> list[str]:
+        return sorted(cid for cid, c in self.correctness.items() if c.status.failed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version, "kind": KIND, "kernel": self.kernel, "suite": self.suite,
+            "suite_hash": self.suite_hash, "gpu_class": self.gpu_class, "environment": dict(sorted(self.environment.items())),
+            "tolerance": self.tolerance, "measured_at": self.measured_at,
+            "correctness": {cid: c.to_dict() for cid, c in sorted(self.correctness.items())}, "perf": self.perf,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Baseline":
+        return cls(kernel=d["kernel"], suite=d["suite"], suite_hash=d["suite_hash"], gpu_class=d["gpu_class"],
+                   environment=dict(d["environment"]), tolerance={k: float(v) for k, v in d["tolerance"].items()},
+                   measured_at=d["measured_at"],
+                   correctness={cid: CaseBaseline.from_dict(c) for cid, c in d["correctness"].items()},
+                   perf=d.get("perf"))
+
+    def write(self, path: Path) -> None:
+        write_json_atomic(path, self.to_dict())
+
+
+def baseline_path(baselines_dir: str | Path, gpu_class: str, kernel: str, suite: str) -> Path:
+    from gate.core.files import safe_name  # the same file-name rule as the sweep outputs
+
+    return Path(baselines_dir) / gpu_class / f"{safe_name(kernel)}-{suite}.json"
+
+
+def read_baseline(path: Path) -> Baseline:
+    """Read and validate a baseline; every problem is a UserError naming the file and the fix."""
+    path = Path(path)
+    payload = read_json(path, kind="baseline", schema_version=SCHEMA_VERSION)
+    if payload.get("kind") != KIND:
+        raise UserError(f"{path}: this is a {payload.get('kind', 'unknown')!r} file, not an {KIND!r} file; "
+                        f"point to a file under baselines/<gpu-class>/ or create one with `attn-gate baseline update`")
+    try:
+        baseline = Baseline.from_dict(payload)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise UserError(f"{path}: baseline is missing or has a bad field ({type(exc).__name__}: {exc}); "
+                        f"restore it from git or regenerate it with `attn-gate baseline update`") from None
+    if baseline.environment.get("gpu_class", baseline.gpu_class) != baseline.gpu_class:
+        raise UserError(f"{path}: gpu_class {baseline.gpu_class!r} disagrees with its environment's "
+                        f"{baseline.environment['gpu_class']!r} (hand-edited?); restore it from git or regenerate it "
+                        f"with `attn-gate baseline update`")
+    return baseline
+
+
+# ---------------------------------------------------------------- the diff a maintainer reviews
+
+
+@dataclass(frozen=True)
+class BaselineDiff:
+    """What `baseline update` changes, for a human: moved ratios are the ones the check's own
+    rules would have flagged (headroom regression or large improvement); the rest is noise."""
+
+    path: str
+    created: bool
+    added: tuple[str, ...]
+    removed: tuple[str, ...]
+    status_changes: tuple[tuple[str, str, str], ...]  # (case, old, new)
+    moved: tuple[tuple[str, str, float, float], ...]  # (case, tensor, old ratio, new ratio)
+    unchanged: int
+    env_changes: tuple[tuple[str, str, str], ...]  # (key, old, new)
+    suite_hash_change: tuple[str, str] | None
+    kept_out_of_scope: int  # cases kept from the old baseline because the run was filtered
+    failing: tuple[str, ...]
+
+    def markdown(self) -> str:
+        lines = [f"### Baseline {'created' if self.created else 'updated'}: `{self.path}`", ""]
+        if self.created:
+            lines.append(f"New baseline with {self.unchanged + len(self.added)} cases.")
+        if self.suite_hash_change:
+            lines.append(f"- suite changed: hash `{self.suite_hash_change[0]}` -> `{self.suite_hash_change[1]}`")
+        for key, old, new in self.env_changes:
+            lines.append(f"- environment `{key}`: {old} -> {new}")
+        if not self.created:
+            lines.append(f"- {len(self.moved)} tensor ratios moved beyond noise, {len(self.status_changes)} statuses changed, "
+                         f"{len(self.added)} cases added, {len(self.removed)} removed, {self.unchanged} cases unchanged")
+        if self.kept_out_of_scope:
+            lines.append(f"- {self.kept_out_of_scope} cases outside the filtered run kept as they were")
+        if self.failing:
+            lines.append(f"- **{len(self.failing)} cases fail their bounds in this baseline** (written with --allow-failing); "
+                         f"`attn-gate check` keeps failing on them: " + ", ".join(f"`{c}`" for c in self.failing[:10]))
+        if self.moved:
+            lines += ["", "| case | tensor | old ratio | new ratio |", "|---|---|---|---|"]
+            lines += [f"| `{c}` | {t} | {o:.3f} | {n:.3f} |" for c, t, o, n in self.moved]
+        if self.status_changes:
+            lines += ["", "| case | old status | new status |", "|---|---|---|"]
+            lines += [f"| `{c}` | {o} | {n} |" for c, o, n in self.status_changes]
+        if self.added and not self.created:
+            lines += ["", "Added: " + ", ".join(f"`{c}`" for c in self.added)]
+        if self.removed:
+            lines += ["", "Removed: " + ", ".join(f"`{c}`" for c in self.removed)]
+        return "\n".join(lines) + "\n"
+
+
+def merge_baseline(new: Baseline, old: Baseline | None, scope: str | None) -> tuple[Baseline, int]:
+    """The baseline to write. A run filtered with --only replaces only the cases in its scope;
+    the old baseline's other cases are kept (and counted). The perf section is always kept."""
+    import re
+
+    if old is None:
+        return new, 0
+    kept = {}
+    if scope is not None:
+        if old.suite_hash != new.suite_hash or old.tolerance != new.tolerance:
+            what = "suite" if old.suite_hash != new.suite_hash else "tolerance"
+            raise UserError(f"the {what} changed since the baseline was made, so a run filtered with --only {scope!r} "
+                            f"cannot update it piecemeal; update it from a run of the whole suite (drop --only)")
+        kept = {cid: c for cid, c in old.correctness.items() if not re.search(scope, cid) and cid not in new.correctness}
+    merged = Baseline(kernel=new.kernel, suite=new.suite, suite_hash=new.suite_hash, gpu_class=new.gpu_class,
+                      environment=new.environment, tolerance=new.tolerance, measured_at=new.measured_at,
+                      correctness={**kept, **new.correctness}, perf=new.perf if new.perf is not None else old.perf)
+    return merged, len(kept)
+
+
+def diff_baselines(old: Baseline | None, new: Baseline, path: Path, headroom_factor: float, headroom_step: float,
+                   improvement_factor: float, kept: int = 0) -> BaselineDiff:
+    failing = tuple(new.failing_cases)
+    if old is None:
+        return BaselineDiff(str(path), True, tuple(sorted(new.correctness)), (), (), (), 0, (), None, 0, failing)
+    added = tuple(sorted(set(new.correctness) - set(old.correctness)))
+    removed = tuple(sorted(set(old.correctness) - set(new.correctness)))
+    status_changes, moved, unchanged = [], [], 0
+    for cid in sorted(set(old.correctness) & set(new.correctness)):
+        o, n = old.correctness[cid], new.correctness[cid]
+        changed = False
+        if o.status is not n.status:
+            status_changes.append((cid, o.status.value, n.status.value))
+            changed = True
+        for tensor in sorted(set(o.tensors) & set(n.tensors)):
+            a, b = o.tensors[tensor].ratio, n.tensors[tensor].ratio
+            if is_headroom_regression(a, b, headroom_factor, headroom_step) or is_large_improvement(a, b, improvement_factor, headroom_step):
+                moved.append((cid, tensor, a, b))
+                changed = True
+        unchanged += not changed
+    env_changes = tuple((k, old.environment.get(k, "-"), new.environment.get(k, "-"))
+                        for k in FINGERPRINT_KEYS if old.environment.get(k) != new.environment.get(k))
+    hash_change = (old.suite_hash, new.suite_hash) if old.suite_hash != new.suite_hash else None
+    return BaselineDiff(str(path), False, added, removed, tuple(status_changes), tuple(moved), unchanged, env_changes,
+                        hash_change, kept, failing)
+
+
+def update_command(kernel: str, suite: str, gpu_class: str) -> str:
+    """The exact command that (re)creates a baseline, quoted in every message that needs one."""
+    device = " --device cpu" if gpu_class == "cpu" else ""
+    return f"attn-gate baseline update --kernel {kernel} --suite {suite}{device}"

@@ -1,0 +1,164 @@
+"""Findings and the verdict reduced from them: the one currency between rules and renderers.
+
+A rule (gate/compare/sweep_rules.py for correctness, the perf verdict of the timing engine for speed) looks at
+a current measurement and its baseline and returns `Finding`s; `decide()` reduces any list of
+findings to a `Verdict` (PASS/FAIL, exit code, the headline). Renderers (gate/report/check_report.py,
+gate/report/plots.py) only read findings: decide first, render after.
+
+Plugging in another rule family (e.g. speed ratios, #4):
+
+    findings = compare_correctness(baseline, sweep, cfg) + my_perf_findings(baseline.perf, run, perf_cfg)
+    verdict = decide(findings, {**correctness_thresholds(cfg), **my_perf_thresholds(perf_cfg)})
+
+A Finding is
+    rule       short name of the rule that spoke ("tolerance", "headroom", "speed_regression" ...)
+    severity   FAIL (the gate fails), INCONCLUSIVE (could not judge: the gate fails closed, re-measure),
+               WARN (passes; a maintainer should look), INFO, OK (checked, fine)
+    case_id    Case.id, or "" for a run-wide finding (environment drift, nothing measured)
+    metric     "<quantity>:<item>", e.g. "ratio:dk", "status", "env:torch", "speed_ratio:fwd",
+               "speed_ratio:bwd"; the quantity before ':' groups findings in tables
+    baseline, current   the two values compared (float, str for versions/statuses, None when absent)
+    threshold  the limit the rule applied (None when the rule has no number)
+    message    one line a human can act on; says both numbers
+
+`Severity.blocks` is the one place that says which severities fail the gate (FAIL, INCONCLUSIVE):
+a measurement that cannot decide never passes silently.
+
+Format history of the findings JSON (`Verdict.to_dict`):
+  1  first version.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from gate.core.errors import EXIT_FAIL, EXIT_PASS
+
+SCHEMA_VERSION = 1
+
+Value = float | str | None
+
+
+class Severity(str, enum.Enum):
+    FAIL = "FAIL"
+    INCONCLUSIVE = "INCONCLUSIVE"
+    WARN = "WARN"
+    INFO = "INFO"
+    OK = "OK"
+
+    @property
+    def rank(self) -> int:
+        """Higher is worse: sort findings worst first."""
+        return {"FAIL": 4, "INCONCLUSIVE": 3, "WARN": 2, "INFO": 1, "OK": 0}[self.value]
+
+    @property
+    def blocks(self) -> bool:
+        """Does a finding of this severity fail the gate? (fail closed on INCONCLUSIVE)"""
+        return self in (Severity.FAIL, Severity.INCONCLUSIVE)
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    severity: Severity
+    case_id: str
+    metric: str
+    baseline: Value
+    current: Value
+    threshold: float | None
+    message: str
+
+    @property
+    def detail(self) -> str:
+        """The message without the leading case id (for tables that show the case in a column)."""
+        for prefix in (f"{self.case_id}: ", f"{self.case_id} "):
+            if self.case_id and self.message.startswith(prefix):
+                return self.message[len(prefix):]
+        return self.message
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["severity"] = self.severity.value
+        return data
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Finding":
+        return cls(rule=d["rule"], severity=Severity(d["severity"]), case_id=d["case_id"], metric=d["metric"],
+                   baseline=d["baseline"], current=d["current"], threshold=d["threshold"], message=d["message"])
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The reduction of findings: passed iff no FAIL. `thresholds` are what the rules applied,
+    printed in every report so a reader can check the decision."""
+
+    findings: tuple[Finding, ...]
+    thresholds: dict[str, float] = field(default_factory=dict)
+    context: dict[str, Any] = field(default_factory=dict)  # kernel, suite, gpu_class, baseline path ...
+
+    @property
+    def passed(self) -> bool:
+        return not any(f.severity.blocks for f in self.findings)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_PASS if self.passed else EXIT_FAIL
+
+    def of(self, severity: Severity) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.severity is severity)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        c = Counter(f.severity.value for f in self.findings)
+        return {s.value: c.get(s.value, 0) for s in Severity}
+
+    @property
+    def headline(self) -> str:
+        """The top line of every report: PASS/FAIL and why, in one sentence."""
+        fails = tuple(f for f in self.findings if f.severity.blocks)
+        warns = self.of(Severity.WARN)
+        if fails:
+            cases = sorted({f.case_id for f in fails if f.case_id})
+            first = min(fails, key=sort_key)
+            where = f" in {len(cases)} case{'s' * (len(cases) != 1)}" if cases else ""
+            more = f" (and {len(fails) - 1} more)" if len(fails) > 1 else ""
+            kind = "failing" if any(f.severity is Severity.FAIL for f in fails) else "inconclusive"
+            return f"FAIL: {len(fails)} {kind} finding{'s' * (len(fails) != 1)}{where}: {first.message}{more}"
+        tail = f"; {len(warns)} warning{'s' * (len(warns) != 1)} to review" if warns else ""
+        measured = self.context.get("measured")
+        what = f"{measured} cases measured, all" if measured is not None else "all cases"
+        return f"PASS: {what} within their bounds and baseline{tail}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION, "kind": "attn-gate findings", "verdict": "PASS" if self.passed else "FAIL",
+            "exit_code": self.exit_code, "headline": self.headline, "counts": self.counts,
+            "thresholds": self.thresholds, "context": self.context,
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+def sort_key(f: Finding) -> tuple:
+    return (-f.severity.rank, f.case_id, f.metric, f.rule)
+
+
+def decide(findings: list[Finding] | tuple[Finding, ...], thresholds: dict[str, float] | None = None,
+           context: dict[str, Any] | None = None) -> Verdict:
+    """Any findings from any rule family -> the Verdict (worst first, stable order)."""
+    return Verdict(findings=tuple(sorted(findings, key=sort_key)), thresholds=dict(thresholds or {}),
+                   context=dict(context or {}))
+
+
+def fmt(value: Value) -> str:
+    """A value as the reports print it: ratios to 3 digits, strings as they are, '-' for absent."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        return f"{value:.3g}" if abs(value) < 1e-3 and value != 0 else f"{value:.3f}".rstrip("0").rstrip(".") or "0"
+    return str(value)

@@ -1,0 +1,360 @@
+"""Cases and suites: what to test, as frozen, hashable identities with readable ids.
+
+A Case says nothing about results; a suite is a tuple of Cases expanded from a matrix (the
+cartesian product of the axes each matrix block lists). Default suites ship in `suites.toml`
+beside this module; `[tool.attn-gate.suites.NAME]` in pyproject.toml replaces a suite of the
+same name or adds a new one, in the same format.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+import tomllib
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from gate.core.errors import UserError
+
+DTYPES = ("fp16", "bf16", "fp32")
+
+# Depth checks (probes) a case may ask for, by name -> what each proves. The functions behind the
+# names live in gate/correctness/probes/registry.py, which imports this vocabulary.
+CHECKS: dict[str, str] = {
+    "determinism": "forward+backward 10 times: bit-identical (torch.equal) where the adapter claims a "
+                   "deterministic mode (it is asked for it); elsewhere the run-to-run max spread, as information",
+    "race": "the determinism check at 4x the batch (more blocks in flight: atomics and split reductions race)",
+    "batch_invariance": "a sequence's outputs and grads are bit-identical when the other sequences of its batch "
+                        "change (judged for every tensor that is bit-reproducible run to run)",
+    "dropout": "the kept fraction is binomially plausible for p; the same seed gives the same mask, out (and "
+               "grads in deterministic mode), another seed a different mask",
+}
+
+# Axes a matrix block may name, with the default used when a block leaves one out.
+MATRIX_AXES: dict[str, Any] = {
+    "dtype": ["bf16"],
+    "batch": [2],
+    "seqlens": ["128"],
+    "heads": ["4"],
+    "head_dims": ["64"],
+    "causal": [False],
+    "window": [None],
+    "softcap": [0.0],
+    "alibi": [False],
+    "dropout_p": [0.0],
+    "varlen": [None],
+    "perf": [False],
+    "checks": [[]],  # extra checks by name (gate/correctness/probes/registry.py), e.g. [["determinism", "batch_invariance"]]
+}
+
+
+def _num(x: float) -> str:
+    """The shortest text that reads back as x (20.0 -> '20', 0.1 -> '0.1'): unlike `:g`, two
+    different values never share an id (the suite would merge them as one case)."""
+    text = repr(float(x))
+    return text[:-2] if text.endswith(".0") else text
+
+
+@dataclass(frozen=True)
+class Case:
+    """One attention problem. `window` uses flash-attn's (left, right); -1 means unbounded.
+
+    With `varlen` set, the batch is that many sequences of the given lengths (the same for
+    queries and keys), packed as flash-attn's varlen API takes them; `batch`, `seqlen_q` and
+    `seqlen_k` then describe the padded equivalent (len(varlen), max(varlen)).
+    """
+
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    head_dim_v: int
+    dtype: str
+    causal: bool = False
+    window: tuple[int, int] = (-1, -1)
+    softcap: float = 0.0
+    alibi: bool = False
+    dropout_p: float = 0.0
+    varlen: tuple[int, ...] | None = None
+    seeds: tuple[int, ...] = (0, 1)
+    perf: bool = False  # also a timing case for the speed suites
+    # Extra checks run on this case (names from gate/correctness/probes/registry.py). Not part of the id: the same
+    # problem is the same case whichever checks also run on it (a suite merges them).
+    checks: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.dtype not in DTYPES:
+            problems.append(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        for name in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "head_dim_v"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1")
+        if self.heads_kv >= 1 and self.heads_q % self.heads_kv:
+            problems.append(f"heads_q {self.heads_q} is not a multiple of heads_kv {self.heads_kv}")
+        if not 0.0 <= self.dropout_p < 1.0:
+            problems.append("dropout_p must be in [0, 1)")
+        if self.softcap < 0:
+            problems.append("softcap must be >= 0")
+        if len(self.window) != 2 or any(w < -1 for w in self.window):
+            problems.append("window must be (left, right) with -1 for unbounded")
+        if self.varlen is not None:
+            if not self.varlen or any(n < 0 for n in self.varlen) or max(self.varlen) < 1:
+                problems.append("varlen needs non-negative lengths with at least one > 0")
+            elif (self.batch, self.seqlen_q, self.seqlen_k) != (len(self.varlen), max(self.varlen), max(self.varlen)):
+                problems.append("varlen cases must have batch=len(varlen) and seqlens=max(varlen)")
+        if not self.seeds:
+            problems.append("at least one seed is needed")
+        if not isinstance(self.checks, tuple) or not all(isinstance(c, str) for c in self.checks):
+            problems.append("checks must be a tuple of check names")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def has_window(self) -> bool:
+        return self.window != (-1, -1)
+
+    @property
+    def is_gqa(self) -> bool:
+        return self.heads_q != self.heads_kv
+
+    @property
+    def has_fully_masked_rows(self) -> bool:
+        """Some query row may see no key (bottom-right alignment, as gate.attention.masks): its output must be 0.
+
+        Row i sees keys [i + off - left, i + off + right] with off = seqlen_k - seqlen_q. The last
+        row always sees key seqlen_k - 1, so only the first rows can be empty: when off + right < 0
+        (varlen sequences have off = 0 and never are)."""
+        right = self.window[1]
+        if self.causal:
+            right = 0 if right < 0 else min(right, 0)
+        return self.varlen is None and right >= 0 and self.seqlen_k - self.seqlen_q + right < 0
+
+    @property
+    def id(self) -> str:
+        """Stable and readable: e.g. `bf16-b2-h16-s2048-d128-causal`."""
+        parts = [self.dtype, f"b{self.batch}"]
+        parts.append(f"h{self.heads_q}" + (f"/{self.heads_kv}" if self.is_gqa else ""))
+        parts.append(f"s{self.seqlen_q}" + (f"x{self.seqlen_k}" if self.seqlen_k != self.seqlen_q else ""))
+        parts.append(f"d{self.head_dim}" + (f"/{self.head_dim_v}" if self.head_dim_v != self.head_dim else ""))
+        if self.causal:
+            parts.append("causal")
+        if self.has_window:
+            parts.append(f"win{self.window[0]}.{self.window[1]}")
+        if self.softcap:
+            parts.append(f"cap{_num(self.softcap)}")
+        if self.alibi:
+            parts.append("alibi")
+        if self.dropout_p:
+            parts.append(f"drop{_num(self.dropout_p)}")
+        if self.varlen is not None:
+            parts.append("varlen" + ".".join(str(n) for n in self.varlen))
+        return "-".join(parts)
+
+    def flops(self, pass_: str = "fwd") -> float:
+        """FLOPs counted as flash-attn's benchmarks do: fwd 4*B*H*Nq*Nk*D, halved for causal; bwd 2.5x."""
+        if self.varlen is not None:
+            pairs = sum(n * n for n in self.varlen)
+            total = 4.0 * self.heads_q * pairs * (self.head_dim + self.head_dim_v) / 2
+        else:
+            total = 4.0 * self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * (self.head_dim + self.head_dim_v) / 2
+        if self.causal:
+            total /= 2
+        return total * (2.5 if pass_ == "bwd" else 1.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["window"] = list(self.window)
+        data["seeds"] = list(self.seeds)
+        data["varlen"] = list(self.varlen) if self.varlen is not None else None
+        # Only written when set, so cases without checks (and their suite hashes) are unchanged.
+        data.pop("checks")
+        if self.checks:
+            data["checks"] = list(self.checks)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Case":
+        data = dict(data)
+        data["window"] = tuple(data.get("window", (-1, -1)))
+        data["seeds"] = tuple(data.get("seeds", (0, 1)))
+        if data.get("varlen") is not None:
+            data["varlen"] = tuple(data["varlen"])
+        data["checks"] = tuple(data.get("checks", ()))
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    cases: tuple[Case, ...] = field(default_factory=tuple)
+    source: str = ""
+
+    @property
+    def perf_cases(self) -> tuple[Case, ...]:
+        return tuple(c for c in self.cases if c.perf)
+
+
+def _pair(value: Any, sep: str, axis: str, where: str) -> tuple[int, int]:
+    """Parse '97x257' / '16/4' / 128 into a pair (a single number means both equal)."""
+    if isinstance(value, bool):
+        raise UserError(f"{where}: axis {axis!r} value {value!r} is not a number")
+    if isinstance(value, int):
+        return value, value
+    if isinstance(value, str):
+        bits = value.split(sep)
+        try:
+            nums = [int(b) for b in bits]
+        except ValueError:
+            nums = []
+        if len(nums) == 1:
+            return nums[0], nums[0]
+        if len(nums) == 2:
+            return nums[0], nums[1]
+    raise UserError(f"{where}: axis {axis!r} value {value!r} should look like 128 or '128{sep}64'")
+
+
+def _window(value: Any, where: str) -> tuple[int, int]:
+    if value is None or value == "none" or value == []:
+        return (-1, -1)
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return int(value[0]), int(value[1])
+    raise UserError(f"{where}: window value {value!r} should be [left, right] (-1 = unbounded) or 'none'")
+
+
+def _checks(value: Any, where: str) -> tuple[str, ...]:
+    """A `checks` axis value: a list of the depth-check (probe) names in CHECKS."""
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise UserError(f"{where}: checks value {value!r} should be a list of check names, e.g. [\"determinism\"]")
+    unknown = [v for v in value if v not in CHECKS]
+    if unknown:
+        raise UserError(f"{where}: unknown check {unknown[0]!r}; known checks: {', '.join(CHECKS)}")
+    return tuple(dict.fromkeys(value))
+
+
+# Axes whose values are plain scalars, with the types each value must have.
+SCALAR_AXES: dict[str, tuple[type, ...]] = {
+    "dtype": (str,), "batch": (int,), "causal": (bool,), "alibi": (bool,), "perf": (bool,),
+    "softcap": (int, float), "dropout_p": (int, float),
+}
+SCALAR_AXES_HINT = {
+    "dtype": f"one of {', '.join(DTYPES)}", "batch": "an integer", "causal": "true or false", "alibi": "true or false",
+    "perf": "true or false", "softcap": "a number", "dropout_p": "a number in [0, 1)",
+}
+
+
+def expand_block(block: dict[str, Any], seeds: tuple[int, ...], where: str) -> list[Case]:
+    """Expand one matrix block (axis -> list of values) into Cases, in a stable order."""
+    unknown = sorted(set(block) - set(MATRIX_AXES))
+    if unknown:
+        raise UserError(f"{where}: unknown matrix axis {unknown[0]!r}; known axes: {', '.join(MATRIX_AXES)}")
+    axes = {}
+    for axis, default in MATRIX_AXES.items():
+        values = block.get(axis, default)
+        if not isinstance(values, list) or not values:
+            raise UserError(f"{where}: axis {axis!r} must be a non-empty list, got {values!r}")
+        kinds = SCALAR_AXES.get(axis)
+        for value in values if kinds else ():
+            # bool is an int in Python: `causal = ["false"]` or `batch = [true]` must not slip through.
+            if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+                raise UserError(f"{where}: axis {axis!r} value {value!r} should be {SCALAR_AXES_HINT[axis]}")
+        axes[axis] = values
+    cases = []
+    for combo in itertools.product(*axes.values()):
+        point = dict(zip(axes, combo))
+        seqlen_q, seqlen_k = _pair(point["seqlens"], "x", "seqlens", where)
+        heads_q, heads_kv = _pair(point["heads"], "/", "heads", where)
+        head_dim, head_dim_v = _pair(point["head_dims"], "/", "head_dims", where)
+        varlen = point["varlen"]
+        batch = point["batch"]
+        checks = _checks(point["checks"], where)
+        if varlen is not None:
+            if not isinstance(varlen, list) or not varlen or not all(isinstance(n, int) and not isinstance(n, bool) for n in varlen):
+                raise UserError(f"{where}: varlen value {varlen!r} should be a non-empty list of sequence lengths")
+            varlen = tuple(varlen)
+            batch, seqlen_q, seqlen_k = len(varlen), max(varlen), max(varlen)
+        try:
+            cases.append(
+                Case(
+                    batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q, heads_kv=heads_kv,
+                    head_dim=head_dim, head_dim_v=head_dim_v, dtype=point["dtype"], causal=bool(point["causal"]),
+                    window=_window(point["window"], where), softcap=float(point["softcap"]),
+                    alibi=bool(point["alibi"]), dropout_p=float(point["dropout_p"]), varlen=varlen,
+                    seeds=seeds, perf=bool(point["perf"]), checks=checks,
+                )
+            )
+        except (TypeError, ValueError) as exc:
+            raise UserError(f"{where}: invalid case {point}: {exc}") from None
+    return cases
+
+
+def expand_suite(name: str, spec: dict[str, Any], source: str, table: str = "suites") -> Suite:
+    """`table` is where the suite sits in `source`, for messages: `suites` in suites.toml,
+    `tool.attn-gate.suites` in pyproject.toml."""
+    where = f"{source} [{table}.{name}]"
+    unknown = sorted(set(spec) - {"seeds", "matrix", "description"})
+    if unknown:
+        raise UserError(f"{where}: unknown key {unknown[0]!r}; a suite has 'seeds', 'matrix' and 'description'")
+    seeds = spec.get("seeds", [0, 1])
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise UserError(f"{where}: seeds must be a non-empty list of integers")
+    blocks = spec.get("matrix")
+    if not isinstance(blocks, list) or not blocks:
+        raise UserError(f"{where}: a suite needs at least one [[suites.{name}.matrix]] block")
+    seen: dict[str, Case] = {}
+    for i, block in enumerate(blocks):
+        if not isinstance(block, dict):
+            raise UserError(f"{where}: matrix block {i} must be a table")
+        for case in expand_block(block, tuple(seeds), f"{where} matrix[{i}]"):
+            prior = seen.get(case.id)
+            # The same problem named twice is one case; a perf flag on either copy wins and
+            # the checks of both copies run.
+            if prior is not None:
+                checks = tuple(dict.fromkeys(prior.checks + case.checks))
+                case = replace(case if case.perf else prior, checks=checks)
+            seen[case.id] = case
+    return Suite(name=name, cases=tuple(seen.values()), source=source)
+
+
+DEFAULT_SUITES_FILE = Path(__file__).with_name("suites.toml")
+
+
+def default_suite_specs() -> dict[str, Any]:
+    with DEFAULT_SUITES_FILE.open("rb") as fh:
+        return tomllib.load(fh)["suites"]
+
+
+def load_suite(name: str, overrides: dict[str, Any] | None = None, override_source: str = "pyproject.toml") -> Suite:
+    """The named suite: a config override if there is one, else the packaged default."""
+    overrides = overrides or {}
+    if name in overrides:
+        return expand_suite(name, overrides[name], override_source, "tool.attn-gate.suites")
+    defaults = default_suite_specs()
+    if name in defaults:
+        return expand_suite(name, defaults[name], str(DEFAULT_SUITES_FILE.name))
+    known = sorted(set(defaults) | set(overrides))
+    raise UserError(f"unknown suite {name!r}; choose one of: {', '.join(known)} (or define [tool.attn-gate.suites.{name}])")
+
+
+def suite_names(overrides: dict[str, Any] | None = None) -> list[str]:
+    return sorted(set(default_suite_specs()) | set(overrides or {}))
+
+
+def suite_hash(suite: Suite) -> str:
+    """Changes when any case of the suite changes: a baseline from another suite is refused."""
+    blob = json.dumps([c.to_dict() for c in suite.cases], sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def only_pattern(only: str | None) -> re.Pattern[str] | None:
+    """--only as a compiled regex; an invalid one is a one-line usage error (sweep, check, baseline)."""
+    if only is None:
+        return None
+    try:
+        return re.compile(only)
+    except re.error as exc:
+        raise UserError(f"--only {only!r} is not a regular expression ({exc})") from None

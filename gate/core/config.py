@@ -1,0 +1,201 @@
+"""`[tool.attn-gate]` in pyproject.toml: declared once, typed, validated; unknown keys are errors.
+
+Every section is a frozen dataclass; a wrong type or an unknown key raises a UserError that
+names the file, the key and the fix. Missing file or section means the defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gate.core.errors import UserError
+
+
+# mult per tensor (the tolerance rule, gate/correctness/tolerance.py): dQ accumulates across key
+# tiles (atomics / split reductions), hence 3.
+DEFAULT_MULT = {"out": 2.0, "lse": 2.0, "dq": 3.0, "dk": 2.0, "dv": 2.0}
+
+@dataclass(frozen=True)
+class Profile:
+    """What the main job runs on a machine of this kind."""
+
+    kernel: str
+    suite: str
+
+
+@dataclass(frozen=True)
+class ToleranceConfig:
+    mult_out: float = DEFAULT_MULT["out"]
+    mult_lse: float = DEFAULT_MULT["lse"]
+    mult_dq: float = DEFAULT_MULT["dq"]
+    mult_dk: float = DEFAULT_MULT["dk"]
+    mult_dv: float = DEFAULT_MULT["dv"]
+    # fp32 only: the yardstick P is then itself exact to a few ulps, the same size as any
+    # kernel's reduction-order noise, so mult alone fails correct kernels (measured on CPU,
+    # 8 seeds: tiled dK ratio 1.07, torch's CPU kernel 1.52 at mult 2). A 1e-4 relative error
+    # still exceeds the widened bound by far (measured ratio ~60 on out, ~75 on dK at d=64;
+    # tests/test_rule.py).
+    fp32_factor: float = 4.0
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                # 0, negative, inf or nan would make every bound meaningless (pass or fail all).
+                raise ValueError(f"{f.name} = {value!r} must be a positive finite number")
+
+    def mult(self, tensor: str, dtype: str = "bf16") -> float:
+        return getattr(self, f"mult_{tensor}") * (self.fp32_factor if dtype == "fp32" else 1.0)
+
+    def as_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+def _require(section, name: str, ok, what: str) -> None:
+    value = getattr(section, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
+        raise ValueError(f"{name} = {value!r} must be {what}")
+
+
+@dataclass(frozen=True)
+class VerdictConfig:
+    """Correctness thresholds of `attn-gate check` (see gate/compare/sweep_rules.py)."""
+
+    headroom_factor: float = 1.5  # FAIL when ratio grows by more than this factor...
+    headroom_step: float = 0.1  # ...and by more than this absolute step
+    improvement_factor: float = 2.0  # WARN (refresh the baseline) when ratio shrinks by this factor
+
+    def __post_init__(self) -> None:
+        # nan compares False everywhere, so a nan threshold would silently switch its rule off.
+        _require(self, "headroom_factor", lambda v: v > 1, "a finite number > 1")
+        _require(self, "headroom_step", lambda v: v >= 0, "a finite number >= 0")
+        _require(self, "improvement_factor", lambda v: v > 1, "a finite number > 1")
+
+
+@dataclass(frozen=True)
+class PerfConfig:
+    """Speed thresholds and timing effort (see gate/speed/timing.py and gate/speed/rule.py)."""
+
+    anchor: str = "sdpa-cudnn"  # an adapter name, or "matmul" (a matmul of equal FLOPs)
+    cpu_anchor: str = "sdpa-math"  # the anchor where no GPU exists
+    regression_pct: float = 2.0  # FAIL when a speed ratio is worse by more than this...
+    noise_k: float = 3.0  # ...and by more than k x measured noise, and significantly (alpha)
+    alpha: float = 0.01  # significance level of the one-sided rank test
+    improvement_pct: float = 10.0  # WARN when faster by more than this (significantly)
+    max_noise_pct: float = 5.0  # INCONCLUSIVE when noise_k x noise exceeds this
+    min_rounds: int = 7  # INCONCLUSIVE below this many rounds
+    rounds: int = 15  # interleaved candidate/anchor rounds per pass
+    calls_per_round: int = 5  # timed calls per kernel per round (the round's value is their median)
+    confirm_rounds: int = 30  # rounds of the re-measurement of a suspected regression, and of a baseline (0: no confirm)
+    warmup_s: float = 0.25  # warm-up by time, both kernels, before the first round
+    cold_l2: bool = True  # flush L2 (a buffer larger than L2) before every timed call
+
+    def __post_init__(self) -> None:
+        # Each of these, out of range, would switch a speed rule off (nan/inf/0) instead of failing.
+        for name in ("regression_pct", "noise_k", "improvement_pct", "max_noise_pct"):
+            _require(self, name, lambda v: v > 0, "a finite number > 0")
+        _require(self, "alpha", lambda v: 0 < v < 1, "a number in (0, 1)")
+        _require(self, "warmup_s", lambda v: v >= 0, "a finite number >= 0")
+        _require(self, "min_rounds", lambda v: v >= 3, "an integer >= 3")
+        # fewer rounds than min_rounds is allowed: such a run is judged INCONCLUSIVE, by rule
+        _require(self, "rounds", lambda v: v >= 1, "an integer >= 1")
+        _require(self, "calls_per_round", lambda v: v >= 1, "an integer >= 1")
+        _require(self, "confirm_rounds", lambda v: v >= 0, "an integer >= 0 (0: no confirm)")
+
+    def anchor_for(self, device: str) -> str:
+        return self.anchor if device == "cuda" else self.cpu_anchor
+
+
+@dataclass(frozen=True)
+class Config:
+    source: str = "defaults"
+    gpu: Profile = field(default_factory=lambda: Profile(kernel="sdpa-flash", suite="pr"))
+    cpu: Profile = field(default_factory=lambda: Profile(kernel="sdpa-cpu", suite="smoke"))
+    baselines_dir: str = "baselines"
+    tolerance: ToleranceConfig = field(default_factory=ToleranceConfig)
+    verdict: VerdictConfig = field(default_factory=VerdictConfig)
+    perf: PerfConfig = field(default_factory=PerfConfig)
+    suites: dict[str, Any] = field(default_factory=dict)
+
+    def profile(self, device: str) -> Profile:
+        return self.gpu if device == "cuda" else self.cpu
+
+
+def _section(cls, raw: Any, where: str):
+    if not isinstance(raw, dict):
+        raise UserError(f"{where}: expected a table")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise UserError(f"{where}: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(fields))}")
+    values = {}
+    defaults = cls() if all(f.default is not dataclasses.MISSING for f in fields.values()) else None
+    for key, value in raw.items():
+        expected = type(getattr(defaults, key)) if defaults is not None else str
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            raise UserError(f"{where}: {key} = {value!r} should be a {expected.__name__}")
+        values[key] = value
+    try:
+        return cls(**values)
+    except ValueError as exc:  # the section's own range checks (__post_init__)
+        raise UserError(f"{where}: {exc}") from None
+
+
+def _check_suites(suites: dict[str, Any], path: Path) -> None:
+    """Expand every suite the file defines now, so a bad matrix is reported against this file
+    (and before any work), not later under a default name or only when that suite is run."""
+    from gate.core.cases import expand_suite
+
+    for name, spec in suites.items():
+        if not isinstance(spec, dict):
+            raise UserError(f"{path} [tool.attn-gate.suites.{name}]: expected a table with 'seeds' and [[matrix]] blocks")
+        expand_suite(name, spec, str(path), "tool.attn-gate.suites")
+
+
+def load_config(path: Path | None = None) -> Config:
+    """Read [tool.attn-gate] from `path` (default ./pyproject.toml); defaults when absent."""
+    path = Path(path) if path is not None else Path("pyproject.toml")
+    if not path.is_file():
+        if path.name != "pyproject.toml" or path.parent != Path("."):
+            raise UserError(f"--config {path}: no such file")
+        return Config()
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path}: invalid TOML ({exc})") from None
+    raw = data.get("tool", {}).get("attn-gate")
+    if raw is None:
+        return Config(source=str(path))
+    where = f"{path} [tool.attn-gate]"
+    known = {"gpu", "cpu", "baselines_dir", "tolerance", "verdict", "perf", "suites"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise UserError(f"{where}: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(known))}")
+    base = Config()
+    profiles = {}
+    for name in ("gpu", "cpu"):
+        section = raw.get(name, {})
+        merged = {**dataclasses.asdict(getattr(base, name)), **section} if isinstance(section, dict) else section
+        profiles[name] = _section(Profile, merged, f"{where}.{name}")
+    suites = raw.get("suites", {})
+    if not isinstance(suites, dict):
+        raise UserError(f"{where}.suites: expected tables [tool.attn-gate.suites.NAME]")
+    _check_suites(suites, path)
+    baselines_dir = raw.get("baselines_dir", base.baselines_dir)
+    if not isinstance(baselines_dir, str):
+        raise UserError(f"{where}: baselines_dir should be a path string")
+    return Config(
+        source=str(path), gpu=profiles["gpu"], cpu=profiles["cpu"], baselines_dir=baselines_dir,
+        tolerance=_section(ToleranceConfig, raw.get("tolerance", {}), f"{where}.tolerance"),
+        verdict=_section(VerdictConfig, raw.get("verdict", {}), f"{where}.verdict"),
+        perf=_section(PerfConfig, raw.get("perf", {}), f"{where}.perf"),
+        suites=suites,
+    )

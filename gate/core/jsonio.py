@@ -1,0 +1,113 @@
+"""Atomic, sorted JSON files with a schema version: the only way attn-gate writes to disk.
+
+Sorted keys and a fixed indent make a `git diff` of a baseline read like a changelog; writing to a
+temporary file and renaming it means a crash never leaves half a file behind.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
+
+from gate.core.errors import UserError
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN/Inf: store them as strings so the file stays strict JSON."""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return value
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(_clean(payload), indent=1, sort_keys=True, allow_nan=False) + "\n"
+    write_text_atomic(path, text)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results and baselines are meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def save_figure_atomic(fig, path: Path, **savefig_kwargs) -> Path:
+    """A matplotlib figure as a PNG, written like every other file here: temp file, 0644, rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png", **savefig_kwargs)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def read_json(path: Path, *, kind: str, schema_version: int) -> dict[str, Any]:
+    """Read a schema-versioned JSON file or raise a UserError that names the file and the fix."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no such {kind} file")
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(
+            f"{path}: not valid JSON ({exc}); the file is truncated or hand-edited: "
+            f"restore it from git or regenerate it"
+        ) from None
+    if not isinstance(payload, dict):
+        raise UserError(f"{path}: expected a JSON object for a {kind} file")
+    found = payload.get("schema_version")
+    if found != schema_version:
+        raise UserError(
+            f"{path}: {kind} schema_version {found!r} is not the supported {schema_version}; "
+            f"regenerate it with this attn-gate version"
+        )
+    return payload
+
+
+def read_record(path: Path, *, kind: str, schema_version: int, from_dict: Callable[[dict[str, Any]], T], fix: str) -> T:
+    """A schema-versioned file parsed into its dataclass; a missing or malformed field is a
+    UserError naming the file, the field and `fix` (what to do about it)."""
+    payload = read_json(path, kind=kind, schema_version=schema_version)
+    try:
+        return from_dict(payload)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise UserError(f"{path}: {kind} file is missing or has a bad field ({type(exc).__name__}: {exc}); {fix}") from None
+
+
+def as_float(value: Any) -> float:
+    """Inverse of `_clean` for floats stored as 'nan'/'inf'."""
+    if isinstance(value, str):
+        return float(value)
+    return float(value)

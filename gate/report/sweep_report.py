@@ -1,0 +1,101 @@
+"""Render sweep results: a terminal table and the Markdown validation note. Reads results
+only; decides nothing (the status of each case was decided in gate.correctness.run_case)."""
+
+from __future__ import annotations
+
+import os
+
+from gate.core.results import TENSORS, CaseResult, Status, SweepResult
+
+
+def _ratio_cells(c: CaseResult) -> list[str]:
+    cells = []
+    for name in TENSORS:
+        t = c.tensor(name)
+        cells.append("-" if t is None else f"{t.ratio:.2f}")
+    return cells
+
+
+def print_table(result: SweepResult, console=None, show_passing: bool = True) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    if console is None:
+        console = Console()
+        if not console.is_terminal and "COLUMNS" not in os.environ:
+            console = Console(width=200)  # a CI log: rich would squeeze the table into 80 columns
+    table = Table(title=f"{result.kernel} / {result.suite}: error ratio = err / bound (pass <= 1)")
+    table.add_column("case", no_wrap=True)
+    table.add_column("status")
+    for name in TENSORS:
+        table.add_column(name, justify="right")
+    table.add_column("reason", overflow="fold")
+    style = {Status.PASS: "green", Status.FAIL: "bold red", Status.ERROR: "bold red", Status.SKIP: "yellow"}
+    for c in result.cases:
+        if c.status is Status.PASS and not show_passing:
+            continue
+        table.add_row(escape(c.case_id), f"[{style[c.status]}]{c.status.value}[/]", *_ratio_cells(c), escape(c.reason))
+    console.print(table)
+    console.print(summary_line(result), highlight=False, markup=False)
+
+
+def summary_line(result: SweepResult) -> str:
+    counts = ", ".join(f"{result.count(s)} {s.value.lower()}" for s in Status)
+    measured = [c for c in result.cases if c.tensors]
+    worst = max(measured, key=lambda c: c.worst_ratio, default=None)
+    tail = f"; worst ratio {worst.worst_ratio:.2f} ({worst.case_id})" if worst else ""
+    verdict = "PASS" if result.passed else "FAIL"
+    return f"{verdict}: {result.kernel} on {result.suite}: {counts}{tail}; {result.wall_s:.1f}s"
+
+
+def validation_note(result: SweepResult) -> str:
+    env = result.environment
+    lines = [
+        f"# Validation note: `{result.kernel}` on suite `{result.suite}`",
+        "",
+        f"**{summary_line(result)}**",
+        "",
+        f"- device: {env.get('gpu_name', 'cpu')} (class `{env.get('gpu_class')}`), driver {env.get('driver')}, "
+        f"CUDA {env.get('cuda')}, torch {env.get('torch')}, kernel version {env.get('kernel_version')}",
+        f"- started {result.started_at}, wall {result.wall_s:.1f}s, suite hash `{result.suite_hash}`",
+        "",
+        "## The rule",
+        "",
+        "Per case, tensor and seed: `bound = mult * max|P - G| + floor`, `ratio = max|K - G| / bound`, pass when",
+        "ratio <= 1 (G: float64 reference, P: the same math in the input dtype, K: the kernel, floor: twice the",
+        "dtype's rounding near the reference values). The worst seed counts. Multipliers: "
+        + ", ".join(f"{k.removeprefix('mult_')} x{v:g}" for k, v in sorted(result.tolerance.items())) + ".",
+        "The seed lecture's fixed band (bf16 5e-3, fp16 1e-3, fp32 1e-5/1e-4) is shown as information only.",
+        "",
+    ]
+    measured = [c for c in result.cases if c.status is not Status.SKIP]
+    failed = [c for c in result.cases if c.status.failed]
+    skipped = [c for c in result.cases if c.status is Status.SKIP]
+    if failed:
+        lines += ["## Failures", ""]
+        lines += [f"- `{c.case_id}`: **{c.status.value}** {c.reason}" for c in failed]
+        lines.append("")
+    lines += ["## Validated", "", f"{len(measured)} cases measured (seeds per case: {measured[0].case.seeds if measured else '-'}).", ""]
+    lines.append("| case | status | " + " | ".join(TENSORS) + " | worst headroom | outside fixed band |")
+    lines.append("|---|---|" + "---|" * len(TENSORS) + "---|---|")
+    for c in measured:
+        headroom = f"{1 - c.worst_ratio:.2f}" if c.tensors else "-"
+        outside = ", ".join(t.tensor for t in c.tensors if not t.band_ok) or "-"
+        lines.append(f"| `{c.case_id}` | {c.status.value} | " + " | ".join(_ratio_cells(c)) + f" | {headroom} | {outside} |")
+    lines.append("")
+    checks = [(c.case_id, k) for c in measured for k in c.checks]
+    if checks:
+        lines += ["## Further checks", "", "| case | check | passed | value | limit | detail |", "|---|---|---|---|---|---|"]
+        for case_id, k in checks:
+            passed = {True: "yes", False: "**NO**", None: "info"}[k.passed]
+            lines.append(f"| `{case_id}` | {k.name} | {passed} | {k.value:.4g} | {k.limit:.4g} | {k.detail} |")
+        lines.append("")
+    lines += ["## Skipped (not validated)", ""]
+    if skipped:
+        lines += [f"- `{c.case_id}`: {c.reason}" for c in skipped]
+    else:
+        lines.append("- none")
+    if result.notes:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in result.notes]
+    return "\n".join(lines) + "\n"

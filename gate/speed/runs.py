@@ -1,0 +1,374 @@
+"""Run the perf cases of a suite: candidate vs anchor through the timing engine -> PerfResult.
+
+The anchor is another adapter (default `[tool.attn-gate.perf] anchor`, e.g. sdpa-cudnn; on a
+CPU-only machine `cpu_anchor`, e.g. sdpa-math) or "matmul", a dense matmul of equal FLOPs (then
+1 / speed_ratio is the kernel's efficiency against the chip's GEMM rate). A case the candidate or
+the anchor cannot run is a SKIP row with the reason; a crash is an ERROR row; the run goes on.
+
+Also here: the judging step of a speed check (`judge_perf`): compare each pass with the
+baseline, re-measure suspected regressions with `confirm_rounds`, return the judgements. It fails
+closed: a case the baseline timed that is skipped now or absent from the run (within --only) is
+INCONCLUSIVE, and a run that judged nothing at all is one run-wide INCONCLUSIVE judgement.
+
+Format history:
+  1  first version.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gate.core.cases import Case, load_suite
+from gate.core.config import Config, PerfConfig
+from gate.core.errors import UserError
+from gate.core.jsonio import read_record, write_json_atomic
+from gate.speed.rule import PerfJudgement, PerfRules, PerfSeverity, RatioEstimate, judge
+from gate.speed.timing import PASSES, PassTiming, TimingPlan, TimingRun
+
+SCHEMA_VERSION = 1
+MATMUL = "matmul"
+
+
+@dataclass(frozen=True)
+class PerfCaseResult:
+    """One case: status OK / SKIP / ERROR, and the raw timing run (everything else is derived)."""
+
+    case: Case
+    status: str
+    reason: str = ""
+    timing: TimingRun | None = None
+
+    @property
+    def case_id(self) -> str:
+        return self.case.id
+
+    @property
+    def measured(self) -> bool:
+        return self.status == "OK" and self.timing is not None
+
+    def pass_timing(self, pass_: str) -> PassTiming | None:
+        return self.timing.pass_timing(pass_) if self.timing is not None else None
+
+    def estimate(self, pass_: str) -> RatioEstimate | None:
+        p = self.pass_timing(pass_)
+        return p.estimate() if p is not None else None
+
+    def tflops(self, pass_: str, who: str = "candidate") -> float:
+        p = self.pass_timing(pass_)
+        if p is None:
+            return math.nan
+        ms = p.candidate_median_ms if who == "candidate" else p.anchor_median_ms
+        return self.case.flops(pass_) / (ms * 1e-3) / 1e12
+
+    @property
+    def throttled(self) -> bool:
+        return self.timing is not None and self.timing.throttled
+
+    def summary(self) -> dict[str, Any]:
+        """Derived numbers for readers of the JSON (never read back: recomputed from `timing`)."""
+        out: dict[str, Any] = {}
+        for p in PASSES:
+            t = self.pass_timing(p)
+            if t is None:
+                continue
+            lo, hi = t.ratio_ci
+            out[p] = {"speed_ratio": t.speed_ratio, "ci95": [lo, hi], "noise": t.noise, "spread": t.spread,
+                      "rounds": t.rounds, "candidate_ms": t.candidate_median_ms, "anchor_ms": t.anchor_median_ms,
+                      "candidate_tflops": self.tflops(p), "anchor_tflops": self.tflops(p, "anchor")}
+        if self.timing is not None:
+            out["peak_mem_mb"] = self.timing.peak_mem_mb
+            out["throttled"] = self.throttled
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"case_id": self.case_id, "case": self.case.to_dict(), "status": self.status, "reason": self.reason,
+                "summary": self.summary(), "timing": None if self.timing is None else self.timing.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "PerfCaseResult":
+        timing = d.get("timing")
+        return cls(case=Case.from_dict(d["case"]), status=d["status"], reason=d.get("reason", ""),
+                   timing=None if timing is None else TimingRun.from_dict(timing))
+
+
+@dataclass(frozen=True)
+class PerfResult:
+    kernel: str
+    anchor: str
+    suite: str
+    device: str
+    environment: dict[str, Any]
+    plan: TimingPlan
+    cases: tuple[PerfCaseResult, ...]
+    started_at: str
+    wall_s: float
+    schema_version: int = SCHEMA_VERSION
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def case(self, case_id: str) -> PerfCaseResult | None:
+        return next((c for c in self.cases if c.case_id == case_id), None)
+
+    @property
+    def any_error(self) -> bool:
+        return any(c.status == "ERROR" for c in self.cases)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema_version": self.schema_version, "kind": "attn-gate perf", "kernel": self.kernel,
+                "anchor": self.anchor, "suite": self.suite, "device": self.device, "environment": self.environment,
+                "plan": self.plan.to_dict(), "started_at": self.started_at, "wall_s": round(self.wall_s, 2),
+                "notes": list(self.notes), "cases": [c.to_dict() for c in self.cases]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "PerfResult":
+        return cls(kernel=d["kernel"], anchor=d["anchor"], suite=d["suite"], device=d["device"],
+                   environment=d["environment"], plan=TimingPlan.from_dict(d["plan"]),
+                   cases=tuple(PerfCaseResult.from_dict(c) for c in d["cases"]), started_at=d["started_at"],
+                   wall_s=float(d["wall_s"]), notes=tuple(d.get("notes", ())))
+
+    def write(self, path: Path) -> None:
+        write_json_atomic(path, self.to_dict())
+
+    @classmethod
+    def read(cls, path: Path) -> "PerfResult":
+        return read_record(path, kind="perf results", schema_version=SCHEMA_VERSION, from_dict=cls.from_dict,
+                           fix="regenerate it with `attn-gate perf`")
+
+
+# --------------------------------------------------------------------------------------------
+# Measuring
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def resolve_anchor(name: str | None, config: PerfConfig, device: str) -> str:
+    return name or config.anchor_for(device)
+
+
+def _workloads(adapter, anchor_name: str, case: Case, device: str):
+    from gate.kernels.registry import get_adapter
+    from gate.speed.timing import KernelWorkload, MatmulWorkload
+
+    from gate.attention.inputs import make_inputs
+
+    if anchor_name == MATMUL:
+        return KernelWorkload(adapter, case, device), MatmulWorkload(case, device), None
+    anchor = get_adapter(anchor_name)
+    why = anchor.unavailable_reason() or anchor.capabilities().unsupported_reason(case, device)
+    if why:
+        return None, None, f"anchor {anchor_name} cannot run this case: {why}"
+    inputs = make_inputs(case, 0, device)  # drawn once, shared: both kernels see the same values
+    return KernelWorkload(adapter, case, device, inputs), KernelWorkload(anchor, case, device, inputs), None
+
+
+def measure_case(adapter, anchor_name: str, case: Case, device: str, plan: TimingPlan) -> PerfCaseResult:
+    """Time one case; never raises for a kernel problem (SKIP / ERROR rows)."""
+    from gate.kernels.sdpa import NoKernel
+
+    why = adapter.capabilities().unsupported_reason(case, device)
+    if why:
+        return PerfCaseResult(case=case, status="SKIP", reason=why)
+    try:
+        cand, anchor, why = _workloads(adapter, anchor_name, case, device)
+        if why:
+            return PerfCaseResult(case=case, status="SKIP", reason=why)
+        from gate.speed.timing import time_pair
+
+        run = time_pair(cand, anchor, plan, device)
+    except NoKernel as exc:
+        return PerfCaseResult(case=case, status="SKIP", reason=str(exc))
+    except KeyboardInterrupt:  # the user stops the run: not the kernel's fault, not a row
+        raise
+    except BaseException as exc:  # a crashing kernel is a row, not a dead run (SystemExit too: sys.exit() in a kernel)
+        return PerfCaseResult(case=case, status="ERROR", reason=_first_line(exc))
+    finally:
+        _release(device)
+    return PerfCaseResult(case=case, status="OK", timing=run)
+
+
+def _release(device: str) -> None:
+    if device == "cuda":
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def select_perf_cases(suite_name: str, config: Config, only: str | None = None) -> tuple[Case, ...]:
+    """The suite's perf cases within --only; empty when there are none (the caller decides what
+    that means: `perf` refuses, `check` reports speed as not checked). A bad --only regex is a
+    UserError, not a traceback."""
+    from gate.core.cases import only_pattern
+
+    pattern = only_pattern(only)
+    suite = load_suite(suite_name, config.suites)
+    return tuple(c for c in suite.perf_cases if pattern is None or pattern.search(c.id))
+
+
+def no_perf_case_reason(suite_name: str, config: Config, only: str | None) -> str:
+    if only is None or not select_perf_cases(suite_name, config):
+        return f"suite {suite_name!r} has no perf cases; mark some with perf = [true] in its matrix"
+    return f"--only {only!r} matches no perf case of suite {suite_name!r}"
+
+
+def perf_cases(suite_name: str, config: Config, only: str | None = None) -> tuple[Case, ...]:
+    cases = select_perf_cases(suite_name, config, only)
+    if not cases:
+        raise UserError(no_perf_case_reason(suite_name, config, only))
+    return cases
+
+
+def run_perf(kernel: str, suite_name: str, config: Config, device: str | None = None, anchor: str | None = None,
+             only: str | None = None, rounds: int | None = None, progress: Callable[[str], None] | None = None,
+             passes: tuple[str, ...] = PASSES) -> PerfResult:
+    from gate.core.environment import default_device, describe
+    from gate.kernels.registry import get_adapter
+
+    device = device or default_device()
+    anchor_name = resolve_anchor(anchor, config.perf, device)
+    adapter = get_adapter(kernel)
+    missing = adapter.unavailable_reason()
+    if missing:
+        raise UserError(f"kernel {kernel!r} is unavailable here: {missing}")
+    if anchor_name != MATMUL:
+        anchor_adapter = get_adapter(anchor_name)
+        missing = anchor_adapter.unavailable_reason()
+        if missing:
+            raise UserError(f"--anchor {anchor_name!r} is unavailable here: {missing}; pick another "
+                            f"(attn-gate kernels) or 'matmul', or set [tool.attn-gate.perf] anchor")
+    cases = perf_cases(suite_name, config, only)
+    plan = TimingPlan.from_config(config.perf, rounds=rounds, passes=passes)
+    started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    t0 = time.perf_counter()
+    results = []
+    for case in cases:
+        results.append(measure_case(adapter, anchor_name, case, device, plan))
+        if progress:
+            progress(f"{results[-1].status:5} {case.id} {results[-1].reason}")
+    env = describe(device, kernel, adapter.version())
+    env["anchor"] = anchor_name
+    notes = ("CPU timings (perf_counter, no L2 flush): history only, not a gate",) if device != "cuda" else ()
+    notes += (f"filtered with --only {only!r}",) if only else ()
+    return PerfResult(kernel=kernel, anchor=anchor_name, suite=suite_name, device=device, environment=env, plan=plan,
+                      cases=tuple(results), started_at=started, wall_s=time.perf_counter() - t0, notes=notes)
+
+
+def write_perf_outputs(result: PerfResult, out_dir: Path) -> Path:
+    from gate.core.files import safe_name
+
+    path = Path(out_dir) / f"perf-{safe_name(result.kernel)}-{result.suite}.json"
+    result.write(path)
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# Baseline entries and judging
+
+
+def baseline_entry(c: PerfCaseResult, anchor: str) -> dict[str, Any] | None:
+    """What a baseline keeps for one case: per pass the ratio median, its noise, the rounds and
+    the per-round ratios (rounded: readable diffs), and the anchor it was measured against."""
+    if not c.measured:
+        return None
+    entry: dict[str, Any] = {"anchor": anchor}
+    for p in PASSES:
+        est = c.estimate(p)
+        if est is not None:
+            entry[p] = {"median": round(est.median, 6), "noise": round(est.noise, 6), "n": est.n,
+                        "samples": [round(x, 6) for x in est.samples]}
+    return entry
+
+
+def baseline_estimate(entry: dict[str, Any] | None, pass_: str) -> RatioEstimate | None:
+    if not entry or pass_ not in entry:
+        return None
+    return RatioEstimate.from_dict(entry[pass_])
+
+
+def _inconclusive(case_id: str, pass_: str, message: str) -> PerfJudgement:
+    return PerfJudgement(case_id=case_id, pass_=pass_, severity=PerfSeverity.INCONCLUSIVE, message=message)
+
+
+def _timed_passes(entry: Any, passes: tuple[str, ...]) -> tuple[str, ...]:
+    """The passes a baseline entry holds a speed ratio for (none for a missing or odd entry)."""
+    return tuple(p for p in passes if isinstance(entry, dict) and p in entry)
+
+
+def unmatched_baseline_judgements(baseline_perf: dict[str, Any] | None, run_case_ids: set[str], only: str | None,
+                                  passes: tuple[str, ...]) -> tuple[PerfJudgement, ...]:
+    """INCONCLUSIVE for every baseline speed ratio within --only that the run has no case for:
+    a perf case that disappeared (renamed, perf flag dropped) is not judged, so it cannot pass."""
+    from gate.core.cases import only_pattern
+
+    pattern = only_pattern(only)
+    return tuple(
+        _inconclusive(case_id, p, "the baseline has a speed ratio for this case but this run has no such perf case: "
+                                  "refresh the baseline's speed section (`attn-gate baseline update --perf`) on purpose")
+        for case_id, entry in sorted((baseline_perf or {}).items())
+        if case_id not in run_case_ids and (pattern is None or pattern.search(case_id))
+        for p in _timed_passes(entry, passes))
+
+
+def nothing_judged(result: PerfResult) -> PerfJudgement:
+    """The one run-wide judgement when no case was judged: nothing judged is not a pass."""
+    why = "; ".join(f"{c.case_id}: {c.status} {c.reason}".strip() for c in result.cases[:3])
+    more = f" (and {len(result.cases) - 3} more)" if len(result.cases) > 3 else ""
+    return _inconclusive("", "all", f"speed not judged: none of the {len(result.cases)} perf cases was timed against a "
+                                    f"baseline speed ratio ({why}{more})")
+
+
+def judge_perf(result: PerfResult, baseline_perf: dict[str, Any], config: PerfConfig,
+               remeasure: Callable[[Case, str, int], RatioEstimate | None] | None = None,
+               only: str | None = None) -> tuple[PerfJudgement, ...]:
+    """One judgement per measured case and pass. A suspected regression is re-measured with
+    `confirm_rounds` through `remeasure(case, pass_, rounds)` (None or confirm_rounds 0: no confirm,
+    the suspicion stands as a FAIL). Fail closed: a case skipped now that the baseline timed, a
+    baseline speed ratio within `only` (the run's --only) that the run has no case for, and a run
+    that judged nothing at all are INCONCLUSIVE. Never returns an empty tuple."""
+    rules = PerfRules.from_config(config)
+    out = []
+    for c in result.cases:
+        entry = (baseline_perf or {}).get(c.case_id)
+        if c.status == "SKIP":  # skipped then and now: nothing to compare; timed then, skipped now: not judged
+            out += [_inconclusive(c.case_id, p, f"skipped now ({c.reason}) but the baseline has a speed ratio for it: "
+                                                f"not judged; make it run again, or refresh the baseline on purpose")
+                    for p in _timed_passes(entry, result.plan.passes)]
+            continue
+        for p in result.plan.passes:
+            base = baseline_estimate(entry, p)
+            if entry is not None and entry.get("anchor") not in (None, result.anchor):
+                out.append(_inconclusive(
+                    c.case_id, p, f"baseline was measured against anchor {entry.get('anchor')!r}, this run against "
+                                  f"{result.anchor!r}: run `attn-gate baseline update` or pass --anchor {entry.get('anchor')}"))
+                continue
+            current = c.estimate(p) if c.measured else None
+            j = judge(c.case_id, p, base, current, rules)
+            if j.suspected and remeasure is not None and config.confirm_rounds > 0:
+                j = judge(c.case_id, p, base, current, rules, confirm=remeasure(c.case, p, config.confirm_rounds))
+            if c.status == "ERROR" and not c.measured:
+                j = PerfJudgement(case_id=c.case_id, pass_=p, severity=j.severity, message=f"not measured: {c.reason}")
+            out.append(j)
+    out += unmatched_baseline_judgements(baseline_perf, {c.case_id for c in result.cases}, only, result.plan.passes)
+    return tuple(out) or (nothing_judged(result),)
+
+
+def remeasure_with(kernel: str, anchor: str, device: str, config: PerfConfig) -> Callable[[Case, str, int], RatioEstimate | None]:
+    """A `remeasure` for judge_perf: times one pass of one case again with more rounds."""
+    from gate.kernels.registry import get_adapter
+
+    def remeasure(case: Case, pass_: str, rounds: int) -> RatioEstimate | None:
+        plan = TimingPlan.from_config(config, rounds=rounds, passes=(pass_,))
+        c = measure_case(get_adapter(kernel), anchor, case, device, plan)
+        return c.estimate(pass_) if c.measured else None
+
+    return remeasure

@@ -1,0 +1,328 @@
+"""The two workflows around a baseline, as small steps (nox-style): CLI-free, one call each.
+
+    run_check:            target -> baseline (must exist, must parse) -> sweep (fresh or a results
+                          file) -> refuse incomparable -> compare -> decide -> render (md, json, png)
+    run_baseline_update:  sweep -> refuse a run that lacks cases of the suite (or of its --only scope)
+                          -> refuse a failing run (unless allow_failing) -> merge with the old
+                          baseline -> diff for the reviewer -> summary, then the atomic write
+
+Everything that can be wrong with the inputs (no baseline, malformed or truncated file, unknown
+schema version, another GPU class or suite, a case id twice, an --out or --summary that cannot be
+written) raises a UserError (exit 2) before anything is written or measured, so a refused run
+never overwrites a file; an OSError while writing is a UserError too (never a traceback, never
+exit 1, which would read as a gate FAIL).
+
+No baseline yet: `check` exits 2 and prints the exact `attn-gate baseline update` command. It does
+not run the sweep first: without a baseline there is nothing to gate, and a gate that passes
+without a reference would pass anything (fail closed). The perf verdict (#4) plugs in at
+`compare_all`: add its findings and thresholds there.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gate.compare.baselines import Baseline, BaselineDiff, baseline_path, diff_baselines, merge_baseline, read_baseline, update_command
+from gate.core.config import Config
+from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
+from gate.compare.findings import Finding, Verdict, decide
+from gate.core.results import SweepResult
+from gate.compare.sweep_rules import (
+    check_comparable, compare, correctness_thresholds, refuse_duplicate_cases, refuse_other_gpu_class, rule_incomplete_pass,
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    kernel: str
+    suite: str
+    device: str
+    gpu_class: str
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    verdict: Verdict
+    sweep: SweepResult
+    baseline: Baseline
+    baseline_path: Path
+    paths: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        return self.verdict.exit_code
+
+
+@dataclass(frozen=True)
+class UpdateOutcome:
+    diff: BaselineDiff
+    path: Path
+    sweep: SweepResult
+    exit_code: int
+
+
+# ---------------------------------------------------------------- steps
+
+
+def current_gpu_class(device: str) -> str:
+    if device == "cpu":
+        return "cpu"
+    from gate.core.environment import describe
+
+    return describe(device, "", "")["gpu_class"]
+
+
+@contextlib.contextmanager
+def writing(fix: str):
+    """An OSError while writing an output (full disk, read-only folder) -> a one-line UserError."""
+    try:
+        yield
+    except OSError as exc:
+        raise UserError(f"cannot write {exc.filename or 'the output'} ({exc.strerror or exc}); {fix}") from None
+
+
+def read_results(path: Path, kernel: str | None, suite: str | None) -> SweepResult:
+    sweep = SweepResult.read(path)
+    refuse_duplicate_cases(sweep, path)
+    for option, wanted, found in (("--kernel", kernel, sweep.kernel), ("--suite", suite, sweep.suite)):
+        if wanted is not None and wanted != found:
+            raise UserError(f"{option} {wanted} but {path} holds results of {found}; drop {option} or pass the right file")
+    return sweep
+
+
+def resolve_target(config: Config, kernel: str | None, suite: str | None, device: str | None,
+                   results: SweepResult | None) -> Target:
+    if results is not None:
+        env = results.environment
+        return Target(results.kernel, results.suite, str(env.get("device", "?")), str(env.get("gpu_class", "unknown")))
+    from gate.core.environment import default_device
+
+    device = device or default_device()
+    profile = config.profile(device)
+    return Target(kernel or profile.kernel, suite or profile.suite, device, current_gpu_class(device))
+
+
+def sweep_scope(sweep: SweepResult) -> str | None:
+    """The --only regex a sweep was filtered with (gate.workflow.sweep records it in the notes)."""
+    for note in sweep.notes:
+        m = re.fullmatch(r"filtered with --only (.+)", note)
+        if m:
+            try:
+                return str(ast.literal_eval(m.group(1)))
+            except (ValueError, SyntaxError):
+                return m.group(1)
+    return None
+
+
+def fresh_sweep(config: Config, target: Target, only: str | None, progress: bool) -> SweepResult:
+    from gate.workflow.sweep import run_sweep
+
+    return run_sweep(target.kernel, target.suite, config, target.device, progress=progress, only=only)
+
+
+def load_existing_baseline(config: Config, target: Target, baseline_file: Path | None) -> tuple[Path, Baseline]:
+    path = Path(baseline_file) if baseline_file else baseline_path(config.baselines_dir, target.gpu_class, target.kernel, target.suite)
+    if not path.is_file():
+        where = "--baseline" if baseline_file else f"gpu class {target.gpu_class!r}"
+        raise UserError(
+            f"no baseline for kernel {target.kernel!r} on suite {target.suite!r} ({where}): {path} does not exist. "
+            f"Create it with `{update_command(target.kernel, target.suite, target.gpu_class)}`, review the printed "
+            f"summary and commit {path} (see README, 'Baselines')")
+    baseline = read_baseline(path)
+    refuse_other_gpu_class(baseline, target.gpu_class, target.kernel, target.suite, path)  # before a long sweep
+    return path, baseline
+
+
+def compare_all(baseline: Baseline, sweep: SweepResult, config: Config, scope: str | None) -> tuple[list[Finding], dict[str, float]]:
+    """Every rule family's findings and thresholds (the perf verdict adds its own here)."""
+    return compare(baseline, sweep, config.verdict, scope), correctness_thresholds(config.verdict)
+
+
+# ---------------------------------------------------------------- check
+
+
+def run_check(config: Config, kernel: str | None = None, suite: str | None = None, device: str | None = None,
+              only: str | None = None, results_path: Path | None = None, baseline_file: Path | None = None,
+              out_dir: Path = Path("out"), progress: bool = True, console=None, perf: bool | None = None) -> CheckOutcome:
+    if results_path is not None and only is not None:
+        raise UserError("--only filters a fresh run; with --results the file is compared as it is (drop --only)")
+    if results_path is not None and perf:
+        raise UserError("--perf times the kernel now, so it needs a fresh run: drop --results (or --perf)")
+    from gate.core.files import require_writable
+
+    require_writable(Path(out_dir), "--out")  # before the sweep, not after minutes of it
+    results = read_results(results_path, kernel, suite) if results_path is not None else None
+    target = resolve_target(config, kernel, suite, device, results)
+    path, baseline = load_existing_baseline(config, target, baseline_file)
+    sweep = results if results is not None else fresh_sweep(config, target, only, progress)
+    check_comparable(baseline, sweep, path)
+    scope = sweep_scope(sweep)
+    findings, thresholds = compare_all(baseline, sweep, config, scope)
+    perf_run = None
+    if results is None:
+        from gate.workflow.speed_check import perf_wanted, run_perf_check
+
+        if perf_wanted(perf, target.device):  # speed joins the same verdict (#4): default on a GPU, off on a CPU
+            perf_run = run_perf_check(config, target.kernel, target.suite, target.device, only, baseline.perf, Path(out_dir))
+            findings, thresholds = list(findings) + perf_run.findings, {**thresholds, **perf_run.thresholds}
+    else:  # a results file: speed was not timed, and where it would have been gated the report says so
+        from gate.workflow.speed_check import results_file_findings
+
+        findings = list(findings) + results_file_findings(perf, target.device)
+    context = {"kernel": sweep.kernel, "suite": sweep.suite, "gpu_class": baseline.gpu_class, "baseline": str(path),
+               "baseline_measured_at": baseline.measured_at, "run_started_at": sweep.started_at,
+               "config": config.source, "scope": scope,
+               "measured": sum(1 for c in sweep.cases if c.tensors), "cases": len(sweep.cases)}
+    verdict = decide(findings, thresholds, context)
+    with writing(f"pass a writable --out folder (verdict: {'PASS' if verdict.passed else 'FAIL'})"):
+        paths = render_check(verdict, sweep, baseline, Path(out_dir), console, perf_run.markdown if perf_run else "")
+    if perf_run:
+        paths.update(perf_run.paths)
+    return CheckOutcome(verdict, sweep, baseline, path, paths)
+
+
+def render_check(verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_dir: Path, console=None,
+                 extra_markdown: str = "") -> dict[str, Path]:
+    from gate.report.check_report import markdown_summary, print_check
+    from gate.core.jsonio import write_json_atomic, write_text_atomic
+    from gate.core.files import safe_name
+    from gate.workflow.sweep import write_sweep_outputs
+
+    stem = f"{safe_name(sweep.kernel)}-{sweep.suite}"
+    paths = write_sweep_outputs(sweep, out_dir)
+    paths["findings"] = out_dir / f"findings-{stem}.json"
+    write_json_atomic(paths["findings"], verdict.to_dict())
+    summary = markdown_summary(verdict, sweep, baseline) + extra_markdown
+    paths["summary"] = out_dir / f"check-{stem}.md"
+    write_text_atomic(paths["summary"], summary)
+    try:
+        from gate.report.plots import plot_ratios
+
+        paths["plot"] = plot_ratios(verdict, sweep, baseline, out_dir / f"ratios-{stem}.png")
+    except Exception as exc:  # an artifact, not the verdict: say so and go on
+        print(f"attn-gate: warning: the plot was not drawn ({type(exc).__name__}: {exc})", file=sys.stderr)
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step_summary:
+        with open(step_summary, "a", encoding="utf-8") as fh:
+            fh.write(summary + "\n")
+    print_check(verdict, sweep, console)
+    return paths
+
+
+# ---------------------------------------------------------------- baseline update
+
+
+def require_complete_run(config: Config, sweep: SweepResult, source: object, path: Path) -> None:
+    """A baseline update replaces every case of its scope (the whole suite without --only): a run
+    that lacks some of them (a truncated or edited results file) would silently delete them from
+    the baseline, and a PASS row without its tensors would record a pass with nothing to compare."""
+    from gate.core.cases import load_suite
+    from gate.core.cases import only_pattern, suite_hash
+
+    redo = update_command(sweep.kernel, sweep.suite, str(sweep.environment.get("gpu_class", "unknown")))
+    suite = load_suite(sweep.suite, config.suites, config.source)
+    if sweep.suite_hash != suite_hash(suite):
+        raise UserError(f"{source}: made from another definition of suite {sweep.suite!r} (hash {sweep.suite_hash}) than "
+                        f"{config.source} gives now ({suite_hash(suite)}), so `check` could never compare with the "
+                        f"baseline; update from a run of the suite as it is now (`{redo}`)")
+    scope = sweep_scope(sweep)
+    pattern = only_pattern(scope)
+    wanted = [c.id for c in suite.cases if pattern is None or pattern.search(c.id)]
+    ran = {c.case_id for c in sweep.cases}
+    missing = [cid for cid in wanted if cid not in ran]
+    if missing:
+        within = f" matching --only {scope!r}" if scope is not None else ""
+        raise UserError(f"{source}: holds {len(wanted) - len(missing)} of the {len(wanted)} cases of suite {sweep.suite!r}"
+                        f"{within}; missing {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; updating {path} "
+                        f"from it would drop them from the baseline: update from a complete run (`{redo}`)")
+    incomplete = [f.case_id for f in (rule_incomplete_pass(c.case_id, c.status.value, {t.tensor for t in c.tensors})
+                                      for c in sweep.cases) if f]
+    if incomplete:
+        raise UserError(f"{source}: {len(incomplete)} PASS rows carry no out/dq/dk/dv ratios ({', '.join(incomplete[:5])}"
+                        f"{' ...' if len(incomplete) > 5 else ''}), so the baseline would hold nothing to compare "
+                        f"with; regenerate the file with `attn-gate sweep` or run `{redo}`")
+
+
+def run_baseline_update(config: Config, kernel: str | None = None, suite: str | None = None, device: str | None = None,
+                        only: str | None = None, results_path: Path | None = None, allow_failing: bool = False,
+                        summary_path: Path | None = None, out_dir: Path = Path("out"), progress: bool = True,
+                        perf: bool | None = None, perf_from: Path | None = None) -> UpdateOutcome:
+    if results_path is not None and only is not None:
+        raise UserError("--only filters a fresh run; a --from-results file is taken as it is (drop --only)")
+    from gate.core.cases import only_pattern
+    from gate.core.files import require_writable
+
+    only_pattern(only)
+    if summary_path is not None:  # checked before the sweep; written before the baseline
+        require_writable(Path(summary_path), "--summary", kind="file")
+    if results_path is None:
+        require_writable(Path(out_dir), "--out")
+    results = read_results(results_path, kernel, suite) if results_path is not None else None
+    target = resolve_target(config, kernel, suite, device, results)
+    path = baseline_path(config.baselines_dir, target.gpu_class, target.kernel, target.suite)
+    old = None
+    if path.exists():
+        try:
+            old = read_baseline(path)
+        except UserError as exc:
+            raise UserError(f"{exc} (the existing baseline is unreadable, so it is left as it is: restore it with "
+                            f"`git checkout -- {path}`, or delete it to start afresh)") from None
+        if old.gpu_class != target.gpu_class:
+            raise UserError(f"{path}: holds a baseline for GPU class {old.gpu_class!r}, not {target.gpu_class!r}; it is left "
+                            f"as it is: move it to {Path(config.baselines_dir) / old.gpu_class}/ or delete it, then rerun")
+    scope = only if results is None else sweep_scope(results)
+    if old is None and scope is not None:  # a filtered run merges into a baseline; without one it would BE the baseline
+        what = f"--only {only!r}" if results is None else f"{results_path}: a run filtered with --only {scope!r}"
+        raise UserError(f"{what}, but there is no baseline at {path} yet, so it would hold only those cases; create it "
+                        f"from the whole suite first: run without --only (`{update_command(target.kernel, target.suite, target.gpu_class)}`)")
+    sweep = results if results is not None else fresh_sweep(config, target, only, progress)
+    if results is None:
+        from gate.workflow.sweep import write_sweep_outputs
+
+        with writing("pass a writable --out folder"):
+            saved = write_sweep_outputs(sweep, Path(out_dir))["json"]
+        print(f"the run is saved in {saved} (reuse it with --from-results)")
+    require_complete_run(config, sweep, results_path if results is not None else "this run", path)
+    perf_section = None
+    if results is not None and perf:
+        raise UserError("--perf times the kernel now, so it needs a fresh run: drop --from-results (or --perf), "
+                        "or pass the timings of that machine with --perf-from perf-K-S.json")
+    if perf_from is not None:  # timings made elsewhere (e.g. `attn-gate perf --rounds 30` on the GPU runner)
+        from gate.workflow.speed_check import perf_section_from_file
+
+        perf_section = perf_section_from_file(Path(perf_from), target.kernel, target.suite, target.gpu_class, config,
+                                              old.perf if old is not None else None)
+    elif results is None:
+        from gate.workflow.speed_check import perf_baseline_section, perf_wanted
+
+        if perf_wanted(perf, target.device):  # speed ratios with their noise (#4); None keeps the old section
+            perf_section, _ = perf_baseline_section(config, target.kernel, target.suite, target.device, only,
+                                                    old.perf if old is not None else None)
+    new, kept = merge_baseline(Baseline.from_sweep(sweep, perf=perf_section), old, sweep_scope(sweep))
+    cfg = config.verdict
+    diff = diff_baselines(old, new, path, cfg.headroom_factor, cfg.headroom_step, cfg.improvement_factor, kept)
+    if not sweep.passed and not allow_failing:
+        failing = [c.case_id for c in sweep.cases if c.status.failed]
+        why = (f"{len(failing)} cases fail their bounds ({', '.join(failing[:5])}{' ...' if len(failing) > 5 else ''})"
+               if failing else "no case passed (all skipped)")
+        print(f"attn-gate: refusing to write {path}: the run itself fails: {why}. Fix the kernel, or record the "
+              f"failure on purpose with --allow-failing (check keeps failing on those cases).", file=sys.stderr)
+        return UpdateOutcome(diff, path, sweep, EXIT_FAIL)
+    text = diff.markdown()
+    if summary_path is not None:  # first: a summary that cannot be written leaves the baseline untouched
+        from gate.core.jsonio import write_text_atomic
+
+        with writing("pass a writable --summary file; the baseline was not written"):
+            write_text_atomic(Path(summary_path), text)
+    with writing(f"{path} was not written" + (f" ({summary_path} describes the change it would make)" if summary_path else "")):
+        new.write(path)
+    print(text)
+    print(f"wrote {path}: review the summary above and commit it in a PR"
+          + (f" (summary for the PR body in {summary_path})" if summary_path else ""))
+    return UpdateOutcome(diff, path, sweep, EXIT_PASS)

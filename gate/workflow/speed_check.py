@@ -1,0 +1,172 @@
+"""Speed inside `attn-gate check` and `attn-gate baseline update`: small steps, no CLI.
+
+    check:            perf cases -> engine (candidate vs anchor) -> judge each pass against the
+                      baseline's perf section (suspects re-measured with confirm_rounds) ->
+                      Findings (metric "speed_ratio:fwd|bwd") joined with correctness in one verdict
+    baseline update:  perf cases -> engine with confirm_rounds rounds -> the baseline's perf section
+                      {case_id: {"anchor", "fwd": {median, noise, n, samples}, "bwd": {...}}}
+
+Default: speed is gated on a GPU and not on a CPU-only machine (CPU timings on a shared CI box
+are history, not evidence); `--perf` / `--no-perf` override.
+
+When speed is wanted but cannot be timed, the report says so instead of going quiet:
+  --only with no perf case in scope    INFO (nothing of speed to check there), unless the baseline
+                                       has speed ratios within that scope: INCONCLUSIVE
+  check --results FILE on a GPU class  WARN: the run is re-judged, but its speed half was not
+                                       checked; the headline must not read as a full gate pass
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gate.core.config import Config, PerfConfig
+from gate.core.errors import UserError
+from gate.compare.findings import Finding, Severity
+from gate.speed.runs import (
+    PerfResult, baseline_entry, judge_perf, no_perf_case_reason, nothing_judged, remeasure_with, run_perf,
+    select_perf_cases, unmatched_baseline_judgements,
+)
+from gate.speed.rule import PASSES, PerfJudgement, PerfSeverity
+
+RULE = "speed"
+
+
+def perf_wanted(flag: bool | None, device: str) -> bool:
+    return flag if flag is not None else device == "cuda"
+
+
+def perf_findings(judgements: tuple[PerfJudgement, ...]) -> list[Finding]:
+    """One Finding per case and pass. threshold is the speed ratio above which it fails."""
+    out = []
+    for j in judgements:
+        limit = j.baseline * (1 + j.threshold) if j.threshold == j.threshold and j.baseline == j.baseline else None
+        out.append(Finding(rule=RULE, severity=Severity(j.severity.value), case_id=j.case_id, metric=j.metric,
+                           baseline=None if j.baseline != j.baseline else round(j.baseline, 4),
+                           current=None if j.current != j.current else round(j.current, 4),
+                           threshold=None if limit is None else round(limit, 4), message=j.message))
+    return out
+
+
+def perf_thresholds(cfg: PerfConfig) -> dict[str, float]:
+    return {"regression_pct": cfg.regression_pct, "noise_k": cfg.noise_k, "alpha": cfg.alpha,
+            "improvement_pct": cfg.improvement_pct, "max_noise_pct": cfg.max_noise_pct,
+            "min_rounds": float(cfg.min_rounds), "rounds": float(cfg.rounds), "confirm_rounds": float(cfg.confirm_rounds)}
+
+
+def not_checked(message: str, severity: Severity) -> Finding:
+    """A run-wide speed finding for speed that was wanted and not timed."""
+    return Finding(rule=RULE, severity=severity, case_id="", metric="speed_ratio:all", baseline=None, current=None,
+                   threshold=None, message=message)
+
+
+def results_file_findings(perf: bool | None, device: str) -> list[Finding]:
+    """`check --results FILE`: speed needs a fresh run, so where it would have been gated (a GPU
+    class, or --perf) say that it was not. WARN, not INCONCLUSIVE: re-judging a saved run is a
+    deliberate choice and its correctness verdict stands; not INFO: the PASS headline must show
+    that half of a GPU gate was not run."""
+    if not perf_wanted(perf, device):
+        return []
+    return [not_checked("speed not checked: correctness read from a results file (--results); speed needs a fresh "
+                        "`attn-gate check` on this GPU class", Severity.WARN)]
+
+
+@dataclass(frozen=True)
+class PerfCheck:
+    result: PerfResult | None  # None: no perf case in scope, nothing was timed
+    judgements: tuple[PerfJudgement, ...]
+    findings: list[Finding]
+    thresholds: dict[str, float]
+    paths: dict[str, Path] = field(default_factory=dict)
+    markdown: str = ""
+
+
+def run_perf_check(config: Config, kernel: str, suite: str, device: str, only: str | None,
+                   baseline_perf: dict[str, Any] | None, out_dir: Path) -> PerfCheck:
+    from gate.speed.runs import write_perf_outputs
+    from gate.report.speed_report import perf_markdown, plot_speed_ratios
+
+    if not select_perf_cases(suite, config, only):
+        return no_perf_case_check(config, suite, only, baseline_perf)
+    result = run_perf(kernel, suite, config, device, only=only, progress=_progress)
+    if not baseline_perf:
+        judgements = tuple(
+            PerfJudgement(case_id=c.case_id, pass_=p, severity=PerfSeverity.INCONCLUSIVE,
+                          message=f"the baseline has no speed section: run `attn-gate baseline update --perf --kernel {kernel} "
+                                  f"--suite {suite}` on this GPU class and commit it")
+            for c in result.cases if c.status != "SKIP" for p in result.plan.passes) or (nothing_judged(result),)
+    else:
+        judgements = judge_perf(result, baseline_perf, config.perf, remeasure_with(kernel, result.anchor, device, config.perf),
+                                only=only)
+    paths = {"perf": write_perf_outputs(result, out_dir)}
+    try:
+        from gate.core.files import safe_name
+
+        paths["speed_plot"] = plot_speed_ratios(judgements, f"{kernel} vs {result.anchor} / {suite}: speed ratio vs baseline",
+                                                Path(out_dir) / f"speed-{safe_name(kernel)}-{suite}.png")
+    except Exception as exc:  # an artifact, not the verdict
+        print(f"attn-gate: warning: the speed plot was not drawn ({type(exc).__name__}: {exc})")
+    md = "\n".join([
+        "", f"### Speed: `{kernel}` against anchor `{result.anchor}` (speed ratio = kernel time / anchor time; lower is faster)", "",
+        f"FAIL when a ratio is worse than the baseline by more than max({config.perf.regression_pct:g}%, "
+        f"{config.perf.noise_k:g} x noise), significant at alpha {config.perf.alpha:g}, and confirmed by a "
+        f"{config.perf.confirm_rounds}-round re-run; INCONCLUSIVE (fails closed) when too noisy or too few rounds; "
+        f"WARN when faster by more than {config.perf.improvement_pct:g}%.", "",
+        perf_markdown(result),
+    ])
+    return PerfCheck(result, judgements, perf_findings(judgements), perf_thresholds(config.perf), paths, md)
+
+
+def no_perf_case_check(config: Config, suite: str, only: str | None, baseline_perf: dict[str, Any] | None) -> PerfCheck:
+    """No perf case in the run's scope: nothing is timed. INFO when the baseline has no speed ratio
+    there either (that scope holds no speed to check); INCONCLUSIVE for each baseline speed ratio
+    within the scope (a perf case that disappeared is not judged, so it cannot pass)."""
+    why = no_perf_case_reason(suite, config, only)
+    judgements = unmatched_baseline_judgements(baseline_perf, set(), only, PASSES)
+    findings = perf_findings(judgements) or [not_checked(f"speed not checked: no perf case in scope ({why})", Severity.INFO)]
+    md = f"\n### Speed\n\nNot timed: {why}.\n"
+    return PerfCheck(None, judgements, findings, perf_thresholds(config.perf), {}, md)
+
+
+def _progress(line: str) -> None:
+    import sys
+
+    print(f"perf: {line}", file=sys.stderr, flush=True)
+
+
+def perf_baseline_section(config: Config, kernel: str, suite: str, device: str, only: str | None,
+                          old_perf: dict[str, Any] | None) -> tuple[dict[str, Any], PerfResult]:
+    """The baseline's perf section from a fresh run with confirm_rounds rounds (a filtered run
+    replaces only its own cases)."""
+    rounds = max(config.perf.confirm_rounds, config.perf.rounds)
+    result = run_perf(kernel, suite, config, device, only=only, rounds=rounds, progress=_progress)
+    measured = {c.case_id: baseline_entry(c, result.anchor) for c in result.cases if c.measured}
+    if not measured:
+        raise UserError(f"no perf case of suite {suite!r} could be timed for {kernel!r} (all skipped or failed); "
+                        f"see `attn-gate perf --kernel {kernel} --suite {suite}`")
+    section = {**(old_perf or {}), **measured} if only else measured
+    return dict(sorted(section.items())), result
+
+
+def perf_section_from_file(path: Path, kernel: str, suite: str, gpu_class: str, config: Config,
+                           old_perf: dict[str, Any] | None) -> dict[str, Any]:
+    """The baseline's perf section from a PerfResult file made on a machine of this GPU class
+    (refused when kernel, suite or GPU class differ, or when it has fewer than min_rounds rounds)."""
+    result = PerfResult.read(path)
+    found_class = str(result.environment.get("gpu_class", "unknown"))
+    for what, wanted, found in (("kernel", kernel, result.kernel), ("suite", suite, result.suite),
+                                ("GPU class", gpu_class, found_class)):
+        if wanted != found:
+            raise UserError(f"--perf-from {path}: holds timings of {what} {found!r}, this baseline is for {wanted!r}; "
+                            f"pass the perf JSON of the same {what}")
+    if result.plan.rounds < config.perf.min_rounds:
+        raise UserError(f"--perf-from {path}: {result.plan.rounds} rounds is below min_rounds {config.perf.min_rounds}; "
+                        f"re-run `attn-gate perf --rounds {config.perf.confirm_rounds}`")
+    measured = {c.case_id: baseline_entry(c, result.anchor) for c in result.cases if c.measured}
+    if not measured:
+        raise UserError(f"--perf-from {path}: no case was timed (all skipped or failed)")
+    filtered = any("--only" in n for n in result.notes)
+    section = {**(old_perf or {}), **measured} if filtered else measured
+    return dict(sorted(section.items()))

@@ -1,0 +1,131 @@
+"""The package's plan, enforced: imports run one way, and the pure decision code stays pure.
+
+Every `import` in gate/ is read with ast (module level and inside functions alike, since a lazy
+import is still a dependency), so a cycle or a layer breach fails here, not in review.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "gate"
+
+# Subpackages bottom-up: a package may import itself and anything listed before it, nothing after.
+LAYERS = ("core", "attention", "kernels", "correctness", "speed", "compare", "report", "workflow", "commands")
+# The statistics and verdict code: plain floats and dataclasses in, decisions out.
+PURE = ("gate.speed.stats", "gate.speed.rule", "gate.compare")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module `path` imports, resolved to full dotted names (relative imports included)."""
+    tree = ast.parse(path.read_text(), str(path))
+    here = module_name(path).split(".")
+    package = here if path.name == "__init__.py" else here[:-1]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)  # `from gate.speed import stats`
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in ROOT.rglob("*.py")}
+    edges = {}
+    for name, path in modules.items():
+        edges[name] = {m for m in imports_of(path) if m in modules and m != name}
+    return edges
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """A cycle as a list of nodes (first == last), or None. Iterative DFS with colours."""
+    colour = {n: 0 for n in edges}
+    for start in sorted(edges):
+        if colour[start]:
+            continue
+        stack = [(start, iter(sorted(edges[start])))]
+        path = [start]
+        colour[start] = 1
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                colour[node] = 2
+                stack.pop()
+                path.pop()
+            elif colour.get(child, 2) == 1:
+                return path[path.index(child):] + [child]
+            elif colour.get(child) == 0:
+                colour[child] = 1
+                path.append(child)
+                stack.append((child, iter(sorted(edges[child]))))
+    return None
+
+
+def layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[1] in LAYERS else None
+
+
+def test_no_module_import_cycle():
+    cycle = find_cycle(graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_find_cycle_finds_a_planted_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_layers_import_downwards_only():
+    breaches = []
+    for mod, deps in graph().items():
+        own = layer(mod)
+        if own is None:
+            continue
+        for dep in deps:
+            other = layer(dep)
+            if other is not None and LAYERS.index(other) > LAYERS.index(own):
+                breaches.append(f"{mod} ({own}) imports {dep} ({other})")
+    assert not breaches, "imports that run upwards:\n" + "\n".join(sorted(breaches))
+
+
+def test_argparse_only_in_commands():
+    users = [module_name(p) for p in ROOT.rglob("*.py") if "argparse" in imports_of(p)]
+    assert users and all(u.startswith("gate.commands") for u in users), users
+
+
+def test_pure_code_never_reaches_torch():
+    """Statistics and verdict modules, and every gate module they import (transitively), have no
+    torch import anywhere, lazy ones included."""
+    edges = graph()
+    paths = {module_name(p): p for p in ROOT.rglob("*.py")}
+    roots = [m for m in edges if any(m == p or m.startswith(p + ".") for p in PURE)]
+    assert roots
+    seen, todo = set(), list(roots)
+    while todo:
+        mod = todo.pop()
+        if mod in seen:
+            continue
+        seen.add(mod)
+        todo.extend(edges[mod])
+    torchy = sorted(m for m in seen if any(i == "torch" or i.startswith("torch.") for i in imports_of(paths[m])))
+    assert not torchy, f"pure decision code reaches torch through: {torchy}"
+
+
+@pytest.mark.parametrize("layer_name", LAYERS)
+def test_every_layer_is_a_package(layer_name):
+    assert (ROOT / layer_name / "__init__.py").is_file()
