@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from gate.core.cases import Case
+from gate.attention.kvcache import CacheInputs, make_cache_inputs
 from gate.attention.masks import alibi_slopes
 
 TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -31,6 +32,10 @@ class AttnInputs:
     cu_seqlens: torch.Tensor | None
     seqlens: tuple[int, ...] | None
     seed: int
+    # issue #10: a kvcache case's cache (q above is the decode step's query), and the learnable
+    # sink logits (Hq,) float32 of a case with sinks.
+    cache: "CacheInputs | None" = None
+    sink: torch.Tensor | None = None
 
 
 
@@ -53,5 +58,11 @@ def make_inputs(case: Case, seed: int, device: str | torch.device) -> AttnInputs
             offsets.append(offsets[-1] + n)
         cu = torch.tensor(offsets, dtype=torch.int32, device=device)
     slopes = alibi_slopes(case.heads_q).to(device) if case.alibi else None
+    # issue #10: drawn after everything else, so the inputs of older cases are unchanged. A sink
+    # logit near log(keys) weighs about as much as all keys together: a kernel that drops it is far off.
+    cache = make_cache_inputs(case, q, gen, dtype, device) if case.entry == "kvcache" else None
+    sink = None
+    if case.sinks:
+        sink = (torch.randn(case.heads_q, generator=gen) + float(torch.tensor(float(case.seqlen_k)).log())).to(device)
     return AttnInputs(q=q, k=k, v=v, dout=dout, softmax_scale=case.head_dim ** -0.5,
-                      alibi_slopes=slopes, cu_seqlens=cu, seqlens=case.varlen, seed=seed)
+                      alibi_slopes=slopes, cu_seqlens=cu, seqlens=case.varlen, seed=seed, cache=cache, sink=sink)

@@ -62,6 +62,7 @@ MEASURED = ("PASS", "FAIL", "ERROR")
 FAILED = ("FAIL", "ERROR")
 # run_case measures these for every case it passes (lse only where the kernel exposes it).
 REQUIRED_TENSORS = ("out", "dq", "dk", "dv")
+FORWARD_ONLY_REQUIRED = ("out",)  # issue #10: forward-only rows (CaseResult.forward_only)
 # Environment keys whose change makes ratios less comparable (WARN) or is just worth knowing (INFO).
 # `machine` (x86_64 / aarch64) is drift: CPU code paths of another ISA move ratios by up to ~0.14.
 DRIFT_KEYS = ("gpu_name", "compute_capability", "driver", "cuda", "torch", "kernel", "kernel_version", "machine")
@@ -163,11 +164,13 @@ def rule_tensor_presence(case_id: str, tensor: str, base: float | None, cur: flo
     return None
 
 
-def rule_incomplete_pass(case_id: str, status: str, tensors: set[str] | frozenset[str]) -> Finding | None:
+def rule_incomplete_pass(case_id: str, status: str, tensors: set[str] | frozenset[str],
+                         forward_only: bool = False) -> Finding | None:
     """A PASS row must carry the evidence for it: run_case measures out, dq, dk and dv for every
     case it passes, so a PASS without them is a corrupt or edited results file. INCONCLUSIVE, not
-    FAIL: nothing says the kernel is wrong, only that nothing shows it is right."""
-    missing = [t for t in REQUIRED_TENSORS if t not in tensors]
+    FAIL: nothing says the kernel is wrong, only that nothing shows it is right. A forward-only row
+    (issue #10: decode, or a kernel declared backward = false) has no gradients: out is required."""
+    missing = [t for t in (FORWARD_ONLY_REQUIRED if forward_only else REQUIRED_TENSORS) if t not in tensors]
     if status != "PASS" or not missing:
         return None
     return Finding("incomplete_pass", Severity.INCONCLUSIVE, case_id, "status", None, status, None,
@@ -283,7 +286,8 @@ def compare_correctness(baseline: Baseline, sweep: "SweepResult", cfg: "VerdictC
             rule_case_presence(row.case_id, base_status, cur_status, reason, same_suite, accept),
             rule_status(row.case_id, base_status, cur_status, reason) if in_cur else None,
         ) if f]
-    incomplete = [f for f in (rule_incomplete_pass(c.case_id, c.status.value, {t.tensor for t in c.tensors})
+    incomplete = [f for f in (rule_incomplete_pass(c.case_id, c.status.value, {t.tensor for t in c.tensors},
+                                                   c.forward_only or c.case.forward_only)
                               for c in sweep.cases) if f]
     findings += incomplete
     complete_pass = {cid for cid, status in cur_status_of.items() if status == "PASS"} - {f.case_id for f in incomplete}

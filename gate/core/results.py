@@ -20,6 +20,10 @@ from gate.core.jsonio import as_float, read_record, write_json_atomic
 
 SCHEMA_VERSION = 1
 TENSORS = ("out", "lse", "dq", "dk", "dv")
+# issue #10: the sink logits' gradient (cases with sinks), and the cache contents after a decode call
+# (judged exact). Kept apart so tables that show the usual five stay as they were.
+ENTRY_TENSORS = ("dsink", "k_cache", "v_cache")
+ALL_TENSORS = TENSORS + ENTRY_TENSORS
 
 
 class Status(str, enum.Enum):
@@ -97,6 +101,7 @@ class CaseResult:
     tensors: tuple[TensorError, ...] = ()
     checks: tuple[CheckResult, ...] = ()
     seconds: float = 0.0
+    forward_only: bool = False  # issue #10: judged without gradients (decode, or a kernel declared backward = false)
 
     @property
     def case_id(self) -> str:
@@ -114,7 +119,7 @@ class CaseResult:
             "case_id": self.case_id, "case": self.case.to_dict(), "status": self.status.value, "reason": self.reason,
             "tensors": {t.tensor: t.to_dict() for t in self.tensors},
             "checks": [c.to_dict() for c in self.checks], "seconds": round(self.seconds, 3),
-        }
+        } | ({"forward_only": True} if self.forward_only else {})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CaseResult":
@@ -122,6 +127,7 @@ class CaseResult:
             case=Case.from_dict(d["case"]), status=Status(d["status"]), reason=d.get("reason", ""),
             tensors=tuple(TensorError.from_dict(t) for t in d.get("tensors", {}).values()),
             checks=tuple(CheckResult.from_dict(c) for c in d.get("checks", [])), seconds=float(d.get("seconds", 0.0)),
+            forward_only=bool(d.get("forward_only", False)),
         )
 
 

@@ -7,6 +7,7 @@ row: the sweep goes on either way.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -16,8 +17,9 @@ from gate.core.config import ToleranceConfig
 from gate.attention.inputs import TORCH_DTYPES, AttnInputs, make_inputs
 from gate.kernels.base import KernelAdapter, KernelCall, KernelOutput
 from gate.kernels.sdpa import NoKernel
-from gate.attention.reference import AttnOptions, AttnResult, attention_reference
-from gate.core.results import CaseResult, Status, TensorError
+from gate.attention.kvcache import expected_cache, gather_dense
+from gate.attention.reference import AttnOptions, AttnResult, DecodeResult, attention_reference, decode_reference
+from gate.core.results import ALL_TENSORS, CaseResult, Status, TensorError
 from gate.correctness.tolerance import BANDS, error_bound, error_ratio, rounding_floor
 
 
@@ -54,11 +56,23 @@ def measure(name: str, kernel: torch.Tensor, gold: torch.Tensor, low: torch.Tens
 
 
 def leaf_call(case: Case, inputs: AttnInputs, deterministic: bool = False) -> KernelCall:
+    if inputs.cache is not None:
+        return decode_call(case, inputs)
     q, k, v = (t.detach().clone().requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v))
+    sink = None if inputs.sink is None else inputs.sink.detach().clone().requires_grad_(True)
     return KernelCall(
         q=q, k=k, v=v, opts=options(case, inputs), cu_seqlens=inputs.cu_seqlens,
         max_seqlen=max(case.varlen) if case.varlen else 0, seqlens=case.varlen, deterministic=deterministic, seed=inputs.seed,
+        sink=sink,
     )
+
+
+def decode_call(case: Case, inputs: AttnInputs) -> KernelCall:
+    """A decode call on clones of the cache: the kernel may write into them, the inputs stay as drawn."""
+    cache = inputs.cache
+    mine = dataclasses.replace(cache, k_cache=cache.k_cache.clone(), v_cache=cache.v_cache.clone())
+    return KernelCall(q=cache.q.detach().clone(), k=mine.k_cache, v=mine.v_cache, opts=options(case, inputs),
+                      seed=inputs.seed, cache=mine, sink=None if inputs.sink is None else inputs.sink.detach().clone())
 
 
 def options(case: Case, inputs: AttnInputs) -> AttnOptions:
@@ -66,12 +80,20 @@ def options(case: Case, inputs: AttnInputs) -> AttnOptions:
                        softcap=case.softcap, alibi_slopes=inputs.alibi_slopes, dropout_p=case.dropout_p)
 
 
+def is_forward_only(adapter: KernelAdapter, case: Case) -> bool:
+    """Decode cases, and every case of a kernel declared forward-only (backward = false)."""
+    return case.forward_only or not adapter.capabilities().backward
+
+
 def run_kernel(adapter: KernelAdapter, case: Case, inputs: AttnInputs, deterministic: bool = False):
-    """Forward + backward once: (KernelOutput, (dq, dk, dv)), outputs validated."""
+    """Forward + backward once: (KernelOutput, (dq, dk, dv[, dsink])), outputs validated. Forward-only
+    (see is_forward_only): (KernelOutput, None)."""
     call = leaf_call(case, inputs, deterministic)
     result = adapter(call)
     if not isinstance(result, KernelOutput):
         raise BadOutput(f"adapter returned {type(result).__name__}, not KernelOutput")
+    if call.cache is not None and result.cache is None:
+        result = dataclasses.replace(result, cache=(call.cache.k_cache, call.cache.v_cache))
     expected = tuple(inputs.dout.shape)
     if tuple(result.out.shape) != expected:
         raise BadOutput(f"out has shape {tuple(result.out.shape)}, expected {expected}")
@@ -79,11 +101,14 @@ def run_kernel(adapter: KernelAdapter, case: Case, inputs: AttnInputs, determini
         raise BadOutput(f"out has dtype {result.out.dtype}, expected {inputs.q.dtype}")
     if not torch.isfinite(result.out).all():
         raise BadOutput("out contains NaN/Inf")
+    if is_forward_only(adapter, case):
+        return result, None
     if not result.out.requires_grad:
         raise BadOutput("out has no autograd graph back to q, k, v (detached, or computed under no_grad)")
     # allow_unused: an output that ignores k is a wrong answer (FAIL "dk is missing"), not a crash.
-    grads = torch.autograd.grad(result.out, (call.q, call.k, call.v), inputs.dout, allow_unused=True)
-    for name, grad, ref in zip(("dq", "dk", "dv"), grads, (inputs.q, inputs.k, inputs.v)):
+    leaves = (call.q, call.k, call.v) + (() if call.sink is None else (call.sink,))
+    grads = torch.autograd.grad(result.out, leaves, inputs.dout, allow_unused=True)
+    for name, grad, ref in zip(("dq", "dk", "dv", "dsink"), grads, leaves):
         if grad is None:
             raise BadOutput(f"{name} is missing: out does not depend on {name[1:]}")
         if tuple(grad.shape) != tuple(ref.shape):
@@ -97,9 +122,35 @@ def references(case: Case, inputs: AttnInputs, keep) -> tuple[AttnResult, AttnRe
     """(golden float64, low-precision in the input dtype) on the same rounded inputs."""
     opts = options(case, inputs)
     args = (inputs.q, inputs.k, inputs.v, inputs.dout, opts)
-    gold = attention_reference(*args, torch.float64, cu_seqlens=inputs.cu_seqlens, dropout_keep=keep)
-    low = attention_reference(*args, TORCH_DTYPES[case.dtype], cu_seqlens=inputs.cu_seqlens, dropout_keep=keep)
+    gold = attention_reference(*args, torch.float64, cu_seqlens=inputs.cu_seqlens, dropout_keep=keep, sink=inputs.sink)
+    low = attention_reference(*args, TORCH_DTYPES[case.dtype], cu_seqlens=inputs.cu_seqlens, dropout_keep=keep, sink=inputs.sink)
     return gold, low
+
+
+def decode_references(case: Case, inputs: AttnInputs) -> tuple[DecodeResult, DecodeResult, tuple[torch.Tensor, torch.Tensor]]:
+    """(golden, low-precision, expected (k_cache, v_cache) after the call) for a decode case: the
+    references read dense K/V gathered from the expected cache, never the kernel's."""
+    k_after, v_after = expected_cache(inputs.cache)
+    dense = gather_dense(inputs.cache, k_after, v_after)
+    opts = options(case, inputs)
+    gold = decode_reference(inputs.cache.q, dense, opts, torch.float64, inputs.sink)
+    low = decode_reference(inputs.cache.q, dense, opts, TORCH_DTYPES[case.dtype], inputs.sink)
+    return gold, low, (k_after, v_after)
+
+
+def measure_exact(name: str, kernel: torch.Tensor, expected: torch.Tensor, dtype: str, seed: int) -> TensorError:
+    """A copy (the cache after an append) must be exact: bound = the smallest rounding floor, so
+    any slot written wrongly, or not at all, is a ratio far above 1."""
+    diff = (kernel.double() - expected.double()).abs()
+    if tuple(kernel.shape) != tuple(expected.shape):
+        raise BadOutput(f"{name} has shape {tuple(kernel.shape)}, expected {tuple(expected.shape)}")
+    max_err = float(diff.max()) if diff.numel() else 0.0
+    flat = int(diff.flatten().argmax()) if diff.numel() else 0
+    worst = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape)) if diff.numel() else ()
+    bound = rounding_floor(0.0, dtype)
+    atol, rtol = BANDS[dtype]
+    return TensorError(name, max_err, float(diff.mean()) if diff.numel() else 0.0, 0.0, bound, 1.0, bound,
+                       error_ratio(max_err, bound), worst, atol, rtol, max_err == 0.0, seed)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -111,11 +162,15 @@ def run_case(adapter: KernelAdapter, case: Case, device: str, tol: ToleranceConf
     """Measure `case` on every seed. `extra_checks` are callables (adapter, case, device) ->
     tuple[CheckResult] run after the error measurement (determinism, dropout statistics...)."""
     start = time.perf_counter()
-    reason = adapter.capabilities().unsupported_reason(case, device)
+    reason = adapter.unsupported_reason(case, device)
     if reason:
         return CaseResult(case=case, status=Status.SKIP, reason=reason)
     worst: dict[str, TensorError] = {}
     notes = []
+    forward_only = is_forward_only(adapter, case)
+    if forward_only:  # said on the row, so a reader never takes a forward-only pass for a full one
+        notes.append("forward-only: judged on out, lse" + (" and the cache after the call" if case.forward_only else "")
+                     + "; no gradients")
     try:
         adapter.prepare(case)
         for seed in case.seeds:
@@ -128,8 +183,23 @@ def run_case(adapter: KernelAdapter, case: Case, device: str, tol: ToleranceConf
                 return CaseResult(case=case, status=Status.FAIL, reason=f"seed {seed}: {exc}", seconds=time.perf_counter() - start)
             if case.dropout_p and kout.dropout_keep is None:
                 raise BadOutput("the kernel ran with dropout but exposed no dropout mask")
-            gold, low = references(case, inputs, kout.dropout_keep)
-            measured = {"out": kout.out, "dq": grads[0], "dk": grads[1], "dv": grads[2]}
+            if case.entry == "kvcache":
+                gold, low, (k_after, v_after) = decode_references(case, inputs)
+                call_cache = kout.cache if kout.cache is not None else None
+                if call_cache is None:
+                    raise BadOutput("the adapter returned no cache for a decode call")
+                worst_exact = {"k_cache": measure_exact("k_cache", call_cache[0].detach(), k_after, case.dtype, seed),
+                               "v_cache": measure_exact("v_cache", call_cache[1].detach(), v_after, case.dtype, seed)}
+                for name, err in worst_exact.items():
+                    if name not in worst or not err.ratio <= worst[name].ratio:
+                        worst[name] = err
+            else:
+                gold, low = references(case, inputs, kout.dropout_keep)
+            measured = {"out": kout.out}
+            if grads is not None:
+                measured.update(dq=grads[0], dk=grads[1], dv=grads[2])
+                if len(grads) > 3:
+                    measured["dsink"] = grads[3]
             if kout.lse is not None:
                 if tuple(kout.lse.shape) != tuple(gold.lse.shape):
                     return CaseResult(case=case, status=Status.FAIL, seconds=time.perf_counter() - start,
@@ -137,6 +207,8 @@ def run_case(adapter: KernelAdapter, case: Case, device: str, tol: ToleranceConf
                 measured["lse"] = kout.lse
             elif adapter.capabilities().returns_lse:
                 notes.append("lse not exposed for this case")
+            elif forward_only:
+                notes.append("lse not returned: judged on out alone")
             for name, tensor in measured.items():
                 err = measure(name, tensor.detach(), getattr(gold, name), getattr(low, name), case.dtype, tol.mult(name, case.dtype), seed)
                 if name not in worst or not err.ratio <= worst[name].ratio:
@@ -150,14 +222,14 @@ def run_case(adapter: KernelAdapter, case: Case, device: str, tol: ToleranceConf
     except BaseException as exc:  # a crashing kernel is a row, not a dead run (sys.exit in a kernel too)
         return CaseResult(case=case, status=Status.ERROR, reason=_first_line(exc), seconds=time.perf_counter() - start,
                           checks=())
-    tensors = tuple(worst[n] for n in ("out", "lse", "dq", "dk", "dv") if n in worst)
+    tensors = tuple(worst[n] for n in ALL_TENSORS if n in worst)
     bad = [t for t in tensors if not t.passed]
     failed_checks = [c for c in checks if c.passed is False]
     if bad or failed_checks:
         why = [f"{t.tensor} error {t.max_err:.3g} > bound {t.bound:.3g} (ratio {t.ratio:.2f}, seed {t.seed})" for t in bad]
         why += [f"{c.name}: {c.detail}" for c in failed_checks]
         return CaseResult(case=case, status=Status.FAIL, reason="; ".join(why), tensors=tensors, checks=checks,
-                          seconds=time.perf_counter() - start)
-    return CaseResult(case=case, status=Status.PASS, reason="; ".join(sorted(set(notes))), tensors=tensors, checks=checks,
-                      seconds=time.perf_counter() - start)
+                          seconds=time.perf_counter() - start, forward_only=forward_only)
+    return CaseResult(case=case, status=Status.PASS, reason="; ".join(dict.fromkeys(notes)), tensors=tensors, checks=checks,
+                      seconds=time.perf_counter() - start, forward_only=forward_only)
 

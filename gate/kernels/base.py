@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gate.core.cases import Case
+from gate.attention.kvcache import CacheInputs
 from gate.attention.reference import AttnOptions
 
 
@@ -43,17 +44,29 @@ class Capabilities:
     # -inf additive mask): such cases are SKIPPED with this text, never measured as a pass.
     fully_masked_rows_unsupported: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # --- issue #10: entry points beyond flash_attn_func ---
+    kvcache: bool = False  # a decode entry point (flash_attn_with_kvcache convention, or emulated on a gathered cache)
+    paged: bool = False  # takes a paged cache with a block table
+    page_size_multiple: int = 1  # page sizes it accepts (FA2: 256)
+    sinks: bool = False  # learnable per-head sink logits
+    backward: bool = True  # False: a forward-only (inference) kernel, judged on out and LSE
 
     def unsupported_reason(self, case: Case, device: str) -> str | None:
         """The first reason this kernel cannot run `case` on `device`, or None."""
+        decode = case.entry == "kvcache"
         checks = [
             (device in self.devices, f"runs on {'/'.join(self.devices)}, not {device}"),
+            (self.kvcache or not decode, "no KV-cache (decode) entry point"),
+            (self.paged or not case.page_size, "no paged KV cache (block table)"),
+            (not case.page_size or case.page_size % self.page_size_multiple == 0,
+             f"page size {case.page_size} not a multiple of {self.page_size_multiple}"),
+            (self.sinks or not case.sinks, "no learnable sinks"),
             (case.dtype in self.dtypes, f"no {case.dtype} (supports {', '.join(self.dtypes)})"),
             (max(case.head_dim, case.head_dim_v) <= self.max_head_dim, f"head_dim > {self.max_head_dim}"),
             (case.head_dim % self.head_dim_multiple == 0 and case.head_dim_v % self.head_dim_multiple == 0,
              f"head_dim not a multiple of {self.head_dim_multiple}"),
             (self.head_dim_v_differs or case.head_dim == case.head_dim_v, "head_dim_v != head_dim"),
-            (self.seqlen_q_ne_k or case.seqlen_q == case.seqlen_k or case.varlen is not None, "seqlen_q != seqlen_k"),
+            (self.seqlen_q_ne_k or case.seqlen_q == case.seqlen_k or case.varlen is not None or decode, "seqlen_q != seqlen_k"),
             (self.causal or not case.causal, "no causal mask"),
             (self.window or not case.has_window, "no sliding window"),
             (self.softcap or not case.softcap, "no softcap"),
@@ -93,6 +106,11 @@ class KernelCall:
     deterministic: bool = False
     seed: int = 0
     want_lse: bool = True  # False when timing: adapters may skip extra work done only to expose the LSE
+    # issue #10: a decode call carries its cache (the adapter writes appended tokens into these very
+    # tensors, as flash_attn_with_kvcache does; q/k/v above are then q, k_cache, v_cache); `sink` is
+    # the (Hq,) float32 learnable sink logits (a leaf with requires_grad when the backward is run).
+    cache: "CacheInputs | None" = None
+    sink: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -104,6 +122,9 @@ class KernelOutput:
     out: torch.Tensor
     lse: torch.Tensor | None = None
     dropout_keep: torch.Tensor | list[torch.Tensor] | None = None
+    # issue #10, decode: (k_cache, v_cache) after the call; None = the call's own cache tensors,
+    # written in place (flash_attn_with_kvcache's way)
+    cache: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class KernelAdapter(ABC):
@@ -116,6 +137,10 @@ class KernelAdapter(ABC):
 
     @abstractmethod
     def capabilities(self) -> Capabilities: ...
+
+    def unsupported_reason(self, case: Case, device: str) -> str | None:
+        """Why this kernel cannot run `case` here, or None. A kernel family answers per entry point."""
+        return self.capabilities().unsupported_reason(case, device)
 
     @abstractmethod
     def __call__(self, call: KernelCall) -> KernelOutput: ...

@@ -111,7 +111,7 @@ def bench_peak_mem(settings: BenchSettings | None = None) -> dict[str, float | N
     adapter = get_adapter(settings.kernel or config.profile(device).kernel)
     out: dict[str, float | None] = {}
     for case in perf_cases(_profile_suite(settings, config), config, settings.only):
-        if device != "cuda" or adapter.capabilities().unsupported_reason(case, device):
+        if device != "cuda" or adapter.unsupported_reason(case, device):
             out[case.id] = None
             continue
         try:

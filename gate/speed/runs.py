@@ -162,7 +162,7 @@ def _workloads(adapter, anchor_name: str, case: Case, device: str):
     if anchor_name == MATMUL:
         return KernelWorkload(adapter, case, device), MatmulWorkload(case, device), None
     anchor = get_adapter(anchor_name)
-    why = anchor.unavailable_reason() or anchor.capabilities().unsupported_reason(case, device)
+    why = anchor.unavailable_reason() or anchor.unsupported_reason(case, device)
     if why:
         return None, None, f"anchor {anchor_name} cannot run this case: {why}"
     inputs = make_inputs(case, 0, device)  # drawn once, shared: both kernels see the same values
@@ -173,7 +173,7 @@ def measure_case(adapter, anchor_name: str, case: Case, device: str, plan: Timin
     """Time one case; never raises for a kernel problem (SKIP / ERROR rows)."""
     from gate.kernels.sdpa import NoKernel
 
-    why = adapter.capabilities().unsupported_reason(case, device)
+    why = adapter.unsupported_reason(case, device)
     if why:
         return PerfCaseResult(case=case, status="SKIP", reason=why)
     try:

@@ -241,7 +241,8 @@ def require_complete_run(config: Config, sweep: SweepResult, source: object, pat
         raise UserError(f"{source}: holds {len(wanted) - len(missing)} of the {len(wanted)} cases of suite {sweep.suite!r}"
                         f"{within}; missing {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; updating {path} "
                         f"from it would drop them from the baseline: update from a complete run (`{redo}`)")
-    incomplete = [f.case_id for f in (rule_incomplete_pass(c.case_id, c.status.value, {t.tensor for t in c.tensors})
+    incomplete = [f.case_id for f in (rule_incomplete_pass(c.case_id, c.status.value, {t.tensor for t in c.tensors},
+                                                           c.forward_only or c.case.forward_only)
                                       for c in sweep.cases) if f]
     if incomplete:
         raise UserError(f"{source}: {len(incomplete)} PASS rows carry no out/dq/dk/dv ratios ({', '.join(incomplete[:5])}"
