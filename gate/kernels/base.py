@@ -182,3 +182,63 @@ def per_sequence(call: KernelCall, dense_fn) -> KernelOutput:
 def flash_lse_to_reference(lse: torch.Tensor, seqlen_q: int) -> torch.Tensor:
     """Flash kernels may pad the LSE's query dimension (e.g. to a multiple of 32): trim it."""
     return lse[..., :seqlen_q]
+
+
+# --- issue #10: the kernel side of a KV cache -------------------------------------------------
+# A page walk of its own (logical page pos // page -> block_table -> physical block), sharing no
+# code with the references' flat gather in gate/attention/kvcache.py.
+
+
+def read_pages(cache: torch.Tensor, block_table, page: int, b: int, start: int, stop: int) -> torch.Tensor:
+    """Tokens start..stop-1 of batch element b, walking the block table page by page (contiguous
+    cache: one slice of row b)."""
+    if block_table is None:
+        return cache[b, start:stop]
+    parts, pos = [], start
+    while pos < stop:
+        block, offset = int(block_table[b, pos // page]), pos % page
+        n = min(page - offset, stop - pos)
+        parts.append(cache[block, offset:offset + n])
+        pos += n
+    return torch.cat(parts, dim=0)
+
+
+def write_pages(cache: torch.Tensor, block_table, page: int, b: int, start: int, values: torch.Tensor) -> None:
+    """Write `values` (n, H, D) as tokens start.. of batch element b, page by page."""
+    if block_table is None:
+        cache[b, start:start + values.shape[0]] = values
+        return
+    pos, done = start, 0
+    while done < values.shape[0]:
+        block, offset = int(block_table[b, pos // page]), pos % page
+        n = min(page - offset, values.shape[0] - done)
+        cache[block, offset:offset + n] = values[done:done + n]
+        pos, done = pos + n, done + n
+
+
+def gathered_decode(call: KernelCall, dense_fn) -> KernelOutput:
+    """A decode step for kernels without a KV-cache API (SDPA, Flex): the adapter appends the new
+    tokens into the cache itself, gathers each batch element's keys by the page walk, and runs the
+    dense kernel on them (q (1, Nq, H, D) against (1, L_b, Hkv, D), bottom-right aligned). What is
+    judged is the kernel's attention; the append and the paging are this emulation's."""
+    c = call.cache
+    q = call.q
+    bsz, nq, hq, _ = q.shape
+    dv_dim = c.v_cache.shape[-1]
+    outs, lses = [], []
+    for b, cached in enumerate(c.cache_seqlens.tolist()):
+        if c.k_new is not None:
+            write_pages(c.k_cache, c.block_table, c.page_size, b, cached, c.k_new[b])
+            write_pages(c.v_cache, c.block_table, c.page_size, b, cached, c.v_new[b])
+        nk = cached + (0 if c.k_new is None else c.k_new.shape[1])
+        if nk == 0:  # no key: nothing to call the kernel on; out 0, LSE -inf by convention
+            outs.append(torch.zeros(nq, hq, dv_dim, dtype=q.dtype, device=q.device))
+            lses.append(torch.full((hq, nq), float("-inf"), device=q.device))
+            continue
+        kb = read_pages(c.k_cache, c.block_table, c.page_size, b, 0, nk)
+        vb = read_pages(c.v_cache, c.block_table, c.page_size, b, 0, nk)
+        part = dense_fn(q[b:b + 1], kb[None], vb[None])
+        outs.append(part.out[0].detach())
+        lses.append(None if part.lse is None else part.lse[0].detach().float())
+    lse = None if any(x is None for x in lses) else torch.stack(lses)
+    return KernelOutput(out=torch.stack(outs), lse=lse)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from gate.core.cases import Case
-from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, per_sequence
+from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, gathered_decode, per_sequence
 from gate.attention.masks import effective_window
 
 RECOMPILE_LIMIT = 512
@@ -40,7 +40,9 @@ class FlexAdapter(KernelAdapter):
         return Capabilities(
             devices=("cuda",), dtypes=("fp16", "bf16", "fp32"), max_head_dim=256, head_dim_v_differs=True,
             window=True, softcap=True, alibi=True, varlen=True, gqa=True, deterministic_mode=True, returns_lse=True,
-            notes=("varlen by running each sequence alone",),
+            kvcache=True, paged=True,  # issue #10: on a gathered dense cache
+            notes=("varlen by running each sequence alone",
+                   "decode: on each batch element's gathered cache (append and paging emulated by the adapter)"),
         )
 
     def _fn(self):
@@ -127,6 +129,8 @@ class FlexAdapter(KernelAdapter):
         self._block_masks.clear()
 
     def __call__(self, call: KernelCall) -> KernelOutput:
+        if call.cache is not None:
+            return gathered_decode(call, lambda q, k, v: self._dense(q, k, v, call))
         if call.cu_seqlens is not None:
             return per_sequence(call, lambda q, k, v: self._dense(q, k, v, call))
         return self._dense(call.q, call.k, call.v, call)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, per_sequence
+from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, per_sequence, read_pages, write_pages
 from gate.attention.masks import alibi_bias, allowed_mask
 from gate.attention.reference import AttnOptions
 
@@ -139,33 +139,6 @@ def _softmax_start(b: int, hq: int, rows: int, sink, device):
     return m, torch.ones_like(m)
 
 
-def _read_pages(cache: torch.Tensor, block_table, page: int, b: int, start: int, stop: int) -> torch.Tensor:
-    """Tokens start..stop-1 of batch element b, walking the block table page by page (contiguous
-    cache: one slice of row b)."""
-    if block_table is None:
-        return cache[b, start:stop]
-    parts, pos = [], start
-    while pos < stop:
-        block, offset = int(block_table[b, pos // page]), pos % page
-        n = min(page - offset, stop - pos)
-        parts.append(cache[block, offset:offset + n])
-        pos += n
-    return torch.cat(parts, dim=0)
-
-
-def _write_pages(cache: torch.Tensor, block_table, page: int, b: int, start: int, values: torch.Tensor) -> None:
-    """Write `values` (n, H, D) as tokens start.. of batch element b, page by page."""
-    if block_table is None:
-        cache[b, start:start + values.shape[0]] = values
-        return
-    pos, done = start, 0
-    while done < values.shape[0]:
-        block, offset = int(block_table[b, pos // page]), pos % page
-        n = min(page - offset, values.shape[0] - done)
-        cache[block, offset:offset + n] = values[done:done + n]
-        pos, done = pos + n, done + n
-
-
 def decode(call: KernelCall) -> KernelOutput:
     """A decode step on call.cache: append (if any), then each batch element's queries against its
     own cached keys, streamed tile by tile from the pages. Forward only."""
@@ -180,16 +153,16 @@ def decode(call: KernelCall) -> KernelOutput:
     rows = torch.arange(nq, device=q.device)
     for b, cached in enumerate(c.cache_seqlens.tolist()):
         if c.k_new is not None:
-            _write_pages(c.k_cache, c.block_table, c.page_size, b, cached, c.k_new[b])
-            _write_pages(c.v_cache, c.block_table, c.page_size, b, cached, c.v_new[b])
+            write_pages(c.k_cache, c.block_table, c.page_size, b, cached, c.k_new[b])
+            write_pages(c.v_cache, c.block_table, c.page_size, b, cached, c.v_new[b])
         nk = cached + (0 if c.k_new is None else c.k_new.shape[1])
         qf = q[b:b + 1].float().transpose(1, 2)
         m, l = _softmax_start(1, hq, nq, call.sink, q.device)
         acc = torch.zeros(1, hq, nq, dv_dim, device=q.device)
         for c0 in range(0, nk, TILE):
             cols = slice(c0, min(nk, c0 + TILE))
-            kt = _read_pages(c.k_cache, c.block_table, c.page_size, b, cols.start, cols.stop)
-            vt = _read_pages(c.v_cache, c.block_table, c.page_size, b, cols.start, cols.stop)
+            kt = read_pages(c.k_cache, c.block_table, c.page_size, b, cols.start, cols.stop)
+            vt = read_pages(c.v_cache, c.block_table, c.page_size, b, cols.start, cols.stop)
             kf = kt.float().transpose(0, 1).repeat_interleave(group, dim=0)[None]
             vf = vt.float().transpose(0, 1).repeat_interleave(group, dim=0)[None]
             s, _ = _scores(qf, kf, rows, cols, nq, nk, opts)
