@@ -26,6 +26,11 @@ ENTRY_TENSORS = ("dsink", "k_cache", "v_cache")
 ALL_TENSORS = TENSORS + ENTRY_TENSORS
 
 
+def shown_tensors(cases) -> tuple[str, ...]:
+    """Columns for a table of these CaseResults: the usual five, plus issue #10's where any case has them."""
+    return TENSORS + tuple(t for t in ENTRY_TENSORS if any(c.tensor(t) is not None for c in cases))
+
+
 class Status(str, enum.Enum):
     PASS = "PASS"
     FAIL = "FAIL"  # measured and out of bounds (or wrong shape/dtype, NaN/Inf)

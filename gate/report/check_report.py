@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from gate.compare.baselines import Baseline
 from gate.compare.findings import Finding, Severity, Verdict, fmt
-from gate.core.results import TENSORS, SweepResult
+from gate.core.results import SweepResult, shown_tensors
 
 MAX_ROWS = 60  # per top table; the findings JSON always has everything
 MAX_DETAIL_ROWS = 600  # GitHub comments are capped at 65536 characters
@@ -48,11 +48,12 @@ def thresholds_table(verdict: Verdict) -> list[str]:
 
 
 def _ratio_cells(sweep: SweepResult, baseline: Baseline) -> list[str]:
-    lines = ["| case | status (baseline) | " + " | ".join(TENSORS) + " |", "|---|---|" + "---|" * len(TENSORS)]
+    names = shown_tensors(sweep.cases)
+    lines = ["| case | status (baseline) | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
     for c in sweep.cases[:MAX_DETAIL_ROWS]:
         base = baseline.correctness.get(c.case_id)
         cells = []
-        for name in TENSORS:
+        for name in names:
             t = c.tensor(name)
             b = base.tensors.get(name) if base else None
             now = "-" if t is None else f"{t.ratio:.2f}"
