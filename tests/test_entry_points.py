@@ -145,6 +145,21 @@ def test_sdpa_runs_decode_on_a_gathered_cache(kernel):
     assert run_case(get_adapter(kernel), sinks, "cpu", TOL).reason == "no learnable sinks"
 
 
+@pytest.mark.parametrize("page_size", [0, 16])
+def test_equal_cache_lengths_take_one_batched_call_and_still_pass(page_size):
+    """The speed cases' shape (every element's cache full): SDPA is called once for the batch."""
+    case = Case(**{**DECODE, "cache_seqlens": None, "seqlen_k": 40, "cache_new": False}, page_size=page_size,
+                shuffled_pages=bool(page_size))
+    adapter = get_adapter("sdpa-math")
+    calls = []
+    dense = adapter._dense
+    adapter._dense = lambda *a, **k: calls.append(a[0].shape[0]) or dense(*a, **k)
+    result = run_case(adapter, case, "cpu", TOL)
+    assert result.status is Status.PASS, result.reason
+    assert calls == [3] * len(case.seeds)  # the whole batch in one call per seed
+    assert run_case(get_adapter("tiled"), case, "cpu", TOL).status is Status.PASS
+
+
 def test_tiled_with_sinks_passes_dense_varlen_and_decode_and_reports_dsink():
     for case in [c for c in load_suite("smoke").cases if c.sinks]:
         result = run_case(get_adapter("tiled"), case, "cpu", TOL)
