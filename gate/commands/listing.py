@@ -23,7 +23,8 @@ def kernels(args: argparse.Namespace) -> int:
         adapter = get_adapter(name)
         why = adapter.unavailable_reason()
         caps = adapter.capabilities()
-        feats = [f for f in ("window", "softcap", "alibi", "dropout", "varlen", "gqa", "deterministic_mode", "returns_lse") if getattr(caps, f)]
+        feats = [f for f in ("window", "softcap", "alibi", "dropout", "varlen", "gqa", "deterministic_mode", "returns_lse",
+                                 "kvcache", "paged", "sinks") if getattr(caps, f)]
         state = "available" if why is None else f"unavailable: {why}"
         print(f"{name:15} {state}\n{'':15} {adapter.description}; {'/'.join(caps.dtypes)}; {', '.join(feats)}")
     return 0

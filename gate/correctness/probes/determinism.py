@@ -49,7 +49,8 @@ def run_tensors(adapter: KernelAdapter, case: Case, inputs: AttnInputs, determin
     tensors = {"out": kout.out.detach()}
     if kout.lse is not None:
         tensors["lse"] = kout.lse.detach()
-    tensors.update(dq=grads[0].detach(), dk=grads[1].detach(), dv=grads[2].detach())
+    if grads is not None:  # None: a forward-only run (issue #10) has out and lse alone
+        tensors.update(dq=grads[0].detach(), dk=grads[1].detach(), dv=grads[2].detach())
     return tensors
 
 
