@@ -168,6 +168,21 @@ def test_tiled_with_sinks_passes_dense_varlen_and_decode_and_reports_dsink():
             assert result.tensor("dsink") is not None
 
 
+def test_a_kernel_declaring_no_sink_gradient_is_judged_without_dsink_and_says_so():
+    import dataclasses
+
+    from gate.kernels.tiled import TiledAdapter
+
+    class NoSinkGrad(TiledAdapter):
+        def capabilities(self):
+            return dataclasses.replace(super().capabilities(), sink_grad=False)
+
+    case = next(c for c in load_suite("smoke").cases if c.sinks and c.varlen is None and not c.forward_only)
+    result = run_case(NoSinkGrad(), case, "cpu", TOL)
+    assert result.status is Status.PASS and result.tensor("dsink") is None
+    assert "dsink not judged: the adapter declares no sink gradient" in result.reason
+
+
 # ---------------------------------------------------------------- kernel families: config
 
 

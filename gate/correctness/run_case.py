@@ -106,7 +106,8 @@ def run_kernel(adapter: KernelAdapter, case: Case, inputs: AttnInputs, determini
     if not result.out.requires_grad:
         raise BadOutput("out has no autograd graph back to q, k, v (detached, or computed under no_grad)")
     # allow_unused: an output that ignores k is a wrong answer (FAIL "dk is missing"), not a crash.
-    leaves = (call.q, call.k, call.v) + (() if call.sink is None else (call.sink,))
+    with_sink = call.sink is not None and adapter.capabilities().sink_grad
+    leaves = (call.q, call.k, call.v) + ((call.sink,) if with_sink else ())
     grads = torch.autograd.grad(result.out, leaves, inputs.dout, allow_unused=True)
     for name, grad, ref in zip(("dq", "dk", "dv", "dsink"), grads, leaves):
         if grad is None:
@@ -209,6 +210,8 @@ def run_case(adapter: KernelAdapter, case: Case, device: str, tol: ToleranceConf
                 notes.append("lse not exposed for this case")
             elif forward_only:
                 notes.append("lse not returned: judged on out alone")
+            if case.sinks and not forward_only and not adapter.capabilities().sink_grad:
+                notes.append("dsink not judged: the adapter declares no sink gradient")
             for name, tensor in measured.items():
                 err = measure(name, tensor.detach(), getattr(gold, name), getattr(low, name), case.dtype, tol.mult(name, case.dtype), seed)
                 if name not in worst or not err.ratio <= worst[name].ratio:

@@ -49,6 +49,7 @@ class Capabilities:
     paged: bool = False  # takes a paged cache with a block table
     page_size_multiple: int = 1  # page sizes it accepts (FA2: 256)
     sinks: bool = False  # learnable per-head sink logits
+    sink_grad: bool = True  # with sinks: its backward returns dsink (False: dsink not judged, and the row says so)
     backward: bool = True  # False: a forward-only (inference) kernel, judged on out and LSE
 
     def unsupported_reason(self, case: Case, device: str) -> str | None:

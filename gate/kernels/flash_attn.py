@@ -183,6 +183,9 @@ class FA4Adapter(_FlashBase):
                             window=True, softcap=True, varlen=True, deterministic_mode=True, returns_lse=True,
                             kvcache=self._takes("flash_attn_varlen_func", "seqused_k"), paged=paged,
                             sinks=self._takes("flash_attn_func", "learnable_sink"),
+                            # not seen on a GPU yet whether its backward returns the sink's gradient:
+                            # dsink is not judged (the row says so) until it has been
+                            sink_grad=False,
                             notes=("decode: flash_attn_varlen_func with seqused_k (and page_table); the new k/v are "
                                    "written into the cache by the adapter (FA4 has no append)",))
 
