@@ -160,6 +160,31 @@ def test_equal_cache_lengths_take_one_batched_call_and_still_pass(page_size):
     assert run_case(get_adapter("tiled"), case, "cpu", TOL).status is Status.PASS
 
 
+def test_flex_decode_mask_mods_pass_ragged_paged_and_biased_caches():
+    """Flex runs decode as one call on a padded batch with a per-element length mask (one compile per
+    case on a GPU). Here its mods run through eager flex_attention on the CPU: the masking logic is
+    what is checked, not Flex's GPU kernel."""
+    import dataclasses
+
+    from gate.kernels.flex import FlexAdapter
+
+    class EagerFlex(FlexAdapter):
+        def capabilities(self):
+            return dataclasses.replace(super().capabilities(), devices=("cpu", "cuda"))
+
+        def _fn(self):
+            from torch.nn.attention.flex_attention import flex_attention
+
+            return flex_attention
+
+    adapter = EagerFlex()
+    for case in (Case(**DECODE), Case(**DECODE, page_size=7, shuffled_pages=True),
+                 Case(**{**DECODE, "causal": False, "cache_seqlens": (5, 60, 1), "heads_kv": 1}, window=(8, 0),
+                      softcap=20.0, alibi=True, page_size=16)):
+        result = run_case(adapter, case, "cpu", TOL)
+        assert result.status is Status.PASS, (case.id, result.reason)
+
+
 def test_tiled_with_sinks_passes_dense_varlen_and_decode_and_reports_dsink():
     for case in [c for c in load_suite("smoke").cases if c.sinks]:
         result = run_case(get_adapter("tiled"), case, "cpu", TOL)
