@@ -315,6 +315,15 @@ def test_capabilities_come_from_each_entry_points_signature(tmp_path):
     assert reasons["kvcache"].startswith("no kvcache entry point")
 
 
+def test_attn_gate_kernels_lists_the_configs_families(tmp_path, capsys):
+    config = write_config(tmp_path, backward=False, kvcache=None)
+    with contextlib.chdir(ROOT):
+        assert main(["kernels", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("mykernel        available\n")
+    assert "entry points: dense, varlen; forward-only" in out
+
+
 # ---------------------------------------------------------------- kernel families: the gate
 
 

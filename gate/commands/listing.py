@@ -9,6 +9,7 @@ from gate.commands.common import add_config
 
 def register(sub) -> None:
     p = sub.add_parser("kernels", help="list kernels, whether each runs here, and what it supports")
+    add_config(p)  # issue #10: the config's kernel families are listed too
     p.set_defaults(main=kernels)
     p = sub.add_parser("suites", help="list suites and their case counts")
     add_config(p)
@@ -17,8 +18,21 @@ def register(sub) -> None:
 
 
 def kernels(args: argparse.Namespace) -> int:
-    from gate.kernels.registry import get_adapter, kernel_names
+    from gate.core.config import load_config
+    from gate.core.errors import UserError
+    from gate.kernels.registry import family_adapter, get_adapter, kernel_names
 
+    config = load_config(getattr(args, "config", None))
+    for name in config.kernels:  # issue #10: families first; one that does not load says why
+        try:
+            adapter = family_adapter(name, config)
+        except UserError as exc:
+            print(f"{name:15} unavailable: {exc}")
+            continue
+        caps = adapter.capabilities()
+        entries = ", ".join(adapter.entries)
+        print(f"{name:15} {'available' if adapter.unavailable_reason() is None else 'unavailable'}\n{'':15} "
+              f"{adapter.description}; entry points: {entries}{'' if caps.backward else '; forward-only'}")
     for name in kernel_names():
         adapter = get_adapter(name)
         why = adapter.unavailable_reason()
