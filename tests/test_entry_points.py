@@ -441,3 +441,14 @@ def test_the_pr_tier_times_decode_and_varlen():
     assert any(c.entry == "kvcache" and c.page_size for c in perf)
     assert any(c.entry == "kvcache" and not c.page_size for c in perf)
     assert any(c.varlen is not None for c in perf)
+
+
+def test_drift_trains_a_family_through_its_dense_entry_point_and_refuses_a_forward_only_one(tmp_path, capsys):
+    entry_kernels.CALLS.clear()
+    with contextlib.chdir(ROOT):
+        assert main(["drift", "--kernel", "mykernel", "--config", str(write_config(tmp_path)), "--device", "cpu",
+                     "--steps", "3", "--out", str(tmp_path)]) == 0
+        assert entry_kernels.CALLS["dense"] > 0
+        assert main(["drift", "--kernel", "mykernel", "--config", str(write_config(tmp_path, backward=False)),
+                     "--device", "cpu", "--steps", "3", "--out", str(tmp_path)]) == 2
+    assert "a forward-only family (backward = false) cannot be trained" in capsys.readouterr().err

@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from gate.commands.common import add_config
+
 
 def register(sub) -> None:
     p = sub.add_parser("drift", help="training drift: a toy transformer trained with the kernel vs the float32 reference")
@@ -16,6 +18,7 @@ def register(sub) -> None:
     p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when a GPU is visible")
     p.add_argument("--dtype", default="bf16", help="dtype the kernel sees: bf16 (default), fp16 or fp32")
     p.add_argument("--seed", type=int, default=0, help="seed of the initialisation and the data")
+    add_config(p)  # issue #10: a kernel family of the config trains through its dense entry point
     p.set_defaults(main=main)
 
 
@@ -30,7 +33,14 @@ def main(args: argparse.Namespace) -> int:
         raise UserError(f"--steps {args.steps}: drift needs at least 2 training steps")
     device = args.device or default_device()
     cfg = default_config(device, steps=args.steps, dtype=args.dtype, seed=args.seed)
-    result = run_drift(args.kernel, cfg, device, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    from gate.core.config import load_config
+    from gate.kernels.registry import family_adapter
+
+    family = family_adapter(args.kernel, load_config(args.config))
+    if family is not None and not family.capabilities().backward:
+        raise UserError(f"--kernel {args.kernel}: a forward-only family (backward = false) cannot be trained; drift needs a backward")
+    result = run_drift(args.kernel, cfg, device, adapter=family,
+                       progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     paths = write_drift_outputs(result, args.out)
     verdict = "PASS" if result.passed else "FAIL"
     print(f"{verdict}: drift of {result.kernel} over {cfg.steps} steps ({cfg.dtype}, {device}): {result.reason}")
