@@ -43,6 +43,14 @@ class Capabilities:
     # -inf additive mask): such cases are SKIPPED with this text, never measured as a pass.
     fully_masked_rows_unsupported: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # ---- issue #16 (branch bias): a custom bias (float, added to the scaled scores), its gradient,
+    # a bias in another dtype than the inputs (fp32 with bf16/fp16), and boolean masks.
+    # `bias_unsupported` (non-empty) is the reason every bias case is skipped, said as it is.
+    bias: bool = False
+    bias_grad: bool = False
+    bias_other_dtype: bool = True
+    bool_mask: bool = False
+    bias_unsupported: str = ""
 
     def unsupported_reason(self, case: Case, device: str) -> str | None:
         """The first reason this kernel cannot run `case` on `device`, or None."""
@@ -63,11 +71,25 @@ class Capabilities:
             (self.gqa or not case.is_gqa, "no GQA/MQA"),
             (not self.fully_masked_rows_unsupported or not case.has_fully_masked_rows,
              f"fully masked rows: {self.fully_masked_rows_unsupported}"),
+            *self._bias_checks(case),
         ]
         for ok, reason in checks:
             if not ok:
                 return reason
         return None
+
+
+    def _bias_checks(self, case: Case) -> list[tuple[bool, str]]:
+        """issue #16: what a bias case needs, as (ok, reason) pairs."""
+        if not case.has_bias:
+            return []
+        return [
+            (not self.bias_unsupported, self.bias_unsupported),
+            (self.bias or not case.has_float_bias, "no custom bias (attn_bias)"),
+            (self.bias_grad or not case.bias_grad, "no bias gradient"),
+            (self.bias_other_dtype or case.bias_dtype is None, f"no {case.bias_dtype} bias with {case.dtype} inputs"),
+            (self.bool_mask or not case.has_bool_bias, "no boolean custom mask"),
+        ]
 
 
 def realised_keep_probability(p: float, levels: int) -> float:
