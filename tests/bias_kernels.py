@@ -36,7 +36,7 @@ def _plain(q, k, v, softmax_scale=None, causal=False, attn_bias=None, *, bias_fn
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     e = torch.exp(s - m)
     denom = e.sum(dim=-1, keepdim=True)
-    p = e / denom.clamp_min(torch.finfo(torch.float32).tiny)  # a fully masked row: p = 0
+    p = e / torch.where(denom > 0, denom, torch.ones_like(denom))  # a fully masked row: e = 0, so p = 0 (grads too)
     out = (p @ vf).transpose(1, 2).to(q.dtype)
     lse = (m + torch.log(denom)).squeeze(-1).detach()
     return out, lse

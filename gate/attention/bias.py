@@ -35,6 +35,8 @@ TABLE_STD = 16.0  # values to about +-50: a bf16 rounding of an fp32 bias moves 
 KEY_STD = 2.0
 BOOL_DENSITY = 0.3  # fraction of (query, key) pairs the random pattern allows (plus the diagonal)
 EMPTY_ROW_EVERY = 5  # bool_empty_rows: rows i with i % 5 == 2 see nothing
+SHIFT = -160.0  # shifted_rows: rows i with i % 4 == 1 get this added (exact in fp32, bf16 and fp16)
+SHIFT_EVERY = 4
 
 
 def bias_shape(case: Case) -> tuple[int, int, int, int]:
@@ -42,7 +44,8 @@ def bias_shape(case: Case) -> tuple[int, int, int, int]:
     b, h, nq, nk = case.batch, case.heads_q, case.seqlen_q, case.seqlen_k
     return {
         "dense": (b, h, nq, nk), "broadcast_b": (1, h, nq, nk), "broadcast_h": (b, 1, nq, nk),
-        "broadcast_1": (1, 1, nq, nk), "bool_mask": (b, h, nq, nk), "bool_empty_rows": (b, h, nq, nk),
+        "broadcast_1": (1, 1, nq, nk), "shifted_rows": (b, h, nq, nk),
+        "bool_mask": (b, h, nq, nk), "bool_empty_rows": (b, h, nq, nk),
         "document": (b, 1, nq, nk), "prefix_lm": (b, 1, nq, nk),
     }[case.bias]
 
@@ -87,6 +90,8 @@ def make_bias(case: Case, seed: int, device: str | torch.device, dtype: torch.dt
             rows = torch.arange(r0, min(nq, r0 + step), device=device)
             bucket = _buckets(cols.view(1, -1) - _positions(rows, nq, nk).view(-1, 1), nk)  # (r, nk)
             vals = table[:, :, bucket] + keyterm[:, :, None, :]  # float32 (bb, hb, r, nk)
+            if case.bias == "shifted_rows":  # softmax ignores a row shift; the LSE (and exp) do not
+                vals = vals + torch.where(rows % SHIFT_EVERY == 1, SHIFT, 0.0).view(1, 1, -1, 1)
             out[:, :, r0:r0 + len(rows)] = vals.to(dtype)
         return out
     assert case.bias in BOOL_BIAS_KINDS

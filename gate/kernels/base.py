@@ -51,6 +51,7 @@ class Capabilities:
     bias_other_dtype: bool = True
     bool_mask: bool = False
     bias_unsupported: str = ""
+    bias_grad_unsupported: str = ""  # why there is no bias gradient, when the kernel says
 
     def unsupported_reason(self, case: Case, device: str) -> str | None:
         """The first reason this kernel cannot run `case` on `device`, or None."""
@@ -86,7 +87,7 @@ class Capabilities:
         return [
             (not self.bias_unsupported, self.bias_unsupported),
             (self.bias or not case.has_float_bias, "no custom bias (attn_bias)"),
-            (self.bias_grad or not case.bias_grad, "no bias gradient"),
+            (self.bias_grad or not case.bias_grad, self.bias_grad_unsupported or "no bias gradient"),
             (self.bias_other_dtype or case.bias_dtype is None, f"no {case.bias_dtype} bias with {case.dtype} inputs"),
             (self.bool_mask or not case.has_bool_bias, "no boolean custom mask"),
         ]

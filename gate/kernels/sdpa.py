@@ -88,6 +88,11 @@ class SdpaAdapter(KernelAdapter):
             # issue #16: custom bias through attn_mask; its gradient only where the backward op returns one
             bias=takes_bias, bool_mask=takes_bias, bias_grad=self.backend in ("math", "efficient"),
             bias_unsupported="" if takes_bias else "SDPA flash takes no attn_mask (custom bias or mask)",
+            bias_grad_unsupported={
+                "cudnn": "no bias gradient: the cuDNN backward op returns none for attn_bias",
+                "cpu": "no bias gradient: torch's CPU flash kernel refuses an attn_mask that requires grad "
+                       "(No available kernel) and its backward returns none",
+            }.get(self.backend, ""),
         )
 
     def deterministic_scope(self):
