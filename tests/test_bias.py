@@ -356,3 +356,19 @@ def test_planted_bias_bugs_fail_check_against_the_correct_kernels_baseline(bias_
     failing = [f for f in findings["findings"] if f["severity"] == "FAIL"]
     assert any(f["rule"] == rule for f in failing)
     assert all(re.search(where, f["case_id"]) for f in failing), [f["case_id"] for f in failing]
+
+
+def test_speed_workload_and_determinism_take_the_bias_gradient():
+    from gate.correctness.probes.determinism import batch_invariance_check, determinism_check
+    from gate.speed.timing import KernelWorkload
+
+    c = case(bias="broadcast_b", bias_grad=True, perf=True)
+    work = KernelWorkload(get_adapter("sdpa-math"), c, "cpu")
+    work.prepare()
+    grads = work.run("bwd")
+    assert len(grads) == 4 and tuple(grads[3].shape) == bias_shape(c)  # the timed backward computes dBias too
+    (det,) = determinism_check(get_adapter("tiled"), c, "cpu", runs=2)
+    assert det.passed and "dbias" in det.detail
+    for kind in ("dense", "broadcast_b"):  # a per-batch dBias is judged per sequence; a shared one is not one sequence's
+        (inv,) = batch_invariance_check(get_adapter("tiled"), case(bias=kind, bias_grad=True), "cpu")
+        assert inv.passed and ("dbias" in inv.detail) == (kind == "dense"), inv.detail

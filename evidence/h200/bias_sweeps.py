@@ -18,7 +18,7 @@ prefix_lm, with and without the bias gradient, fp32 biases with bf16/fp16 inputs
                                          CuTe kernels driven by Flex's mods), where that exists;
                                          an experiment: its rows are evidence, not a gate verdict
 Kernels run as parallel processes (Flex compiles are CPU-bound), each with its own time budget
-(BIAS_BUDGET_S, default 240 s per kernel; the whole script stays near 5 minutes). Cases are
+(BIAS_BUDGET_S, default 210 s per kernel; the whole script stays near 5 minutes). Cases are
 ordered so every bias kind comes early; cases left when the budget runs out are written as SKIP
 rows that say so. A kernel that crashes leaves ERROR rows with the first line of the exception.
 
@@ -41,7 +41,7 @@ from pathlib import Path
 
 DRY = os.environ.get("BIAS_SWEEPS_DRY") == "1"
 OUT = Path(os.environ.get("OUT") or "out/h200_bias")
-BUDGET_S = float(os.environ.get("BIAS_BUDGET_S", "60" if DRY else "240"))
+BUDGET_S = float(os.environ.get("BIAS_BUDGET_S", "60" if DRY else "210"))
 KERNELS = ("tiled", "sdpa-math") if DRY else ("sdpa-efficient", "sdpa-cudnn", "sdpa-math", "flex", "fa4", "flex-flash")
 SUITE = "smoke" if DRY else "pr"
 DEVICE = "cpu" if DRY else "cuda"
