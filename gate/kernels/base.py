@@ -52,6 +52,9 @@ class Capabilities:
     bool_mask: bool = False
     bias_unsupported: str = ""
     bias_grad_unsupported: str = ""  # why there is no bias gradient, when the kernel says
+    # Rows emptied by a custom bias/mask are fine even where fully_masked_rows_unsupported says
+    # otherwise (SDPA efficient/cuDNN: 0 under an additive -inf mask, nonzero only via causal_lower_right).
+    fully_masked_rows_ok_with_bias: bool = False
 
     def unsupported_reason(self, case: Case, device: str) -> str | None:
         """The first reason this kernel cannot run `case` on `device`, or None."""
@@ -70,7 +73,8 @@ class Capabilities:
             (self.dropout or not case.dropout_p, "no dropout (or its mask cannot be observed)"),
             (self.varlen or case.varlen is None, "no varlen"),
             (self.gqa or not case.is_gqa, "no GQA/MQA"),
-            (not self.fully_masked_rows_unsupported or not case.has_fully_masked_rows,
+            (not self.fully_masked_rows_unsupported or not case.has_fully_masked_rows
+             or (case.has_bias and self.fully_masked_rows_ok_with_bias),  # issue #16
              f"fully masked rows: {self.fully_masked_rows_unsupported}"),
             *self._bias_checks(case),
         ]
