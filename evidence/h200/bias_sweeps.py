@@ -25,7 +25,7 @@ rows that say so. A kernel that crashes leaves ERROR rows with the first line of
 Each FAIL/ERROR row carries a reproduction command (`attn-gate sweep --kernel K --suite pr --only
 '^ID$'`), to trace a failure to a kernel bug before anything is claimed about it.
 
-BIAS_SWEEPS_DRY=1 rehearses the plumbing on the CPU (tiled and sdpa-math on the smoke suite's
+BIAS_KERNELS=flex,sdpa-math runs a subset; BIAS_SWEEPS_DRY=1 rehearses the plumbing on the CPU (tiled and sdpa-math on the smoke suite's
 bias cases, 60 s budget): it measures nothing about GPUs.
 """
 
@@ -42,7 +42,8 @@ from pathlib import Path
 DRY = os.environ.get("BIAS_SWEEPS_DRY") == "1"
 OUT = Path(os.environ.get("OUT") or "out/h200_bias")
 BUDGET_S = float(os.environ.get("BIAS_BUDGET_S", "60" if DRY else "210"))
-KERNELS = ("tiled", "sdpa-math") if DRY else ("sdpa-efficient", "sdpa-cudnn", "sdpa-math", "flex", "fa4", "flex-flash")
+KERNELS = tuple(os.environ["BIAS_KERNELS"].split(",")) if os.environ.get("BIAS_KERNELS") else (
+    ("tiled", "sdpa-math") if DRY else ("sdpa-efficient", "sdpa-cudnn", "sdpa-math", "flex", "fa4", "flex-flash"))
 SUITE = "smoke" if DRY else "pr"
 DEVICE = "cpu" if DRY else "cuda"
 
