@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from gate.core.cases import Case
+from gate.attention.bias import make_bias
 from gate.attention.masks import alibi_slopes
 
 TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -31,6 +32,8 @@ class AttnInputs:
     cu_seqlens: torch.Tensor | None
     seqlens: tuple[int, ...] | None
     seed: int
+    # issue #16: the case's custom bias (float in the bias dtype, or bool), None without one.
+    bias: torch.Tensor | None = None
 
 
 
@@ -53,5 +56,11 @@ def make_inputs(case: Case, seed: int, device: str | torch.device) -> AttnInputs
             offsets.append(offsets[-1] + n)
         cu = torch.tensor(offsets, dtype=torch.int32, device=device)
     slopes = alibi_slopes(case.heads_q).to(device) if case.alibi else None
+    bias = make_bias(case, seed, device, bias_dtype(case))  # issue #16: its own generator, q/k/v unchanged
     return AttnInputs(q=q, k=k, v=v, dout=dout, softmax_scale=case.head_dim ** -0.5,
-                      alibi_slopes=slopes, cu_seqlens=cu, seqlens=case.varlen, seed=seed)
+                      alibi_slopes=slopes, cu_seqlens=cu, seqlens=case.varlen, seed=seed, bias=bias)
+
+
+def bias_dtype(case: Case) -> torch.dtype:
+    """issue #16: the dtype of a float bias: the input dtype unless the case asks for fp32."""
+    return torch.float32 if case.bias_dtype == "fp32" else TORCH_DTYPES[case.dtype]

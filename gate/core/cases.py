@@ -48,7 +48,33 @@ MATRIX_AXES: dict[str, Any] = {
     "varlen": [None],
     "perf": [False],
     "checks": [[]],  # extra checks by name (gate/correctness/probes/registry.py), e.g. [["determinism", "batch_invariance"]]
+    # ---- issue #16 (branch bias): a custom bias / boolean mask handed to the kernel (see BIAS_KINDS)
+    "bias": ["none"],
+    "bias_dtype": ["input"],  # "input" = the input dtype; "fp32" = a float32 bias with bf16/fp16 inputs
+    "bias_grad": [False],
 }
+
+# ---- issue #16 (branch bias): the kinds of custom bias a case may give the kernel, -> what each is.
+# Float kinds are an additive tensor broadcastable to (batch, heads_q, seqlen_q, seqlen_k), added to
+# the scaled (and capped) scores; boolean kinds are True where a query may see a key. Every boolean
+# pattern allows each row's diagonal key (bottom-right aligned, clamped into range), so it never
+# empties a row on its own; `bool_empty_rows` empties every 5th row on purpose (output 0 there).
+FLOAT_BIAS_KINDS: dict[str, str] = {
+    "dense": "float (B, H, Nq, Nk): a relative-position-like bias of tens, different per batch and head",
+    "broadcast_b": "float (1, H, Nq, Nk): broadcast over the batch",
+    "broadcast_h": "float (B, 1, Nq, Nk): broadcast over the heads",
+    "broadcast_1": "float (1, 1, Nq, Nk): broadcast over batch and heads",
+    "shifted_rows": "float (B, H, Nq, Nk): dense, with every 4th query row shifted by -160 so its LSE is "
+                    "below -88.7 (exp underflows in fp32: pytorch #196678, cuDNN NaN dQ); best with bias_dtype fp32",
+}
+BOOL_BIAS_KINDS: dict[str, str] = {
+    "bool_mask": "bool (B, H, Nq, Nk): a random sparse pattern (about 30% allowed) plus each row's diagonal key",
+    "bool_empty_rows": "bool (B, H, Nq, Nk): bool_mask with every 5th query row fully masked (its output must be 0)",
+    "document": "bool (B, 1, Nq, Nk): block-diagonal documents (packed sequences), different boundaries per batch",
+    "prefix_lm": "bool (B, 1, Nq, Nk): a bidirectional prefix per batch, causal after it",
+}
+BIAS_KINDS = ("none", *FLOAT_BIAS_KINDS, *BOOL_BIAS_KINDS)
+BIAS_DTYPES = ("input", "fp32")
 
 
 def _num(x: float) -> str:
@@ -86,6 +112,12 @@ class Case:
     # Extra checks run on this case (names from gate/correctness/probes/registry.py). Not part of the id: the same
     # problem is the same case whichever checks also run on it (a suite merges them).
     checks: tuple[str, ...] = ()
+    # ---- issue #16 (branch bias): a custom bias or boolean mask given to the kernel (`attn_bias`,
+    # SDPA's attn_mask, a Flex score_mod/mask_mod). bias_dtype None = the input dtype; bias_grad:
+    # the bias requires grad and dBias is measured like dQ/dK/dV. Defaults leave ids unchanged.
+    bias: str = "none"
+    bias_dtype: str | None = None
+    bias_grad: bool = False
 
     def __post_init__(self) -> None:
         problems = []
@@ -111,8 +143,38 @@ class Case:
             problems.append("at least one seed is needed")
         if not isinstance(self.checks, tuple) or not all(isinstance(c, str) for c in self.checks):
             problems.append("checks must be a tuple of check names")
+        problems += self._bias_problems()
         if problems:
             raise ValueError("; ".join(problems))
+
+    # ---- issue #16 (branch bias)
+    def _bias_problems(self) -> list[str]:
+        problems = []
+        if self.bias not in BIAS_KINDS:
+            problems.append(f"bias {self.bias!r} is not one of {', '.join(BIAS_KINDS)}")
+        if self.bias_dtype not in (None, "fp32"):
+            problems.append(f"bias_dtype {self.bias_dtype!r} must be None (the input dtype) or 'fp32'")
+        if self.bias == "none" and (self.bias_dtype is not None or self.bias_grad):
+            problems.append("bias_dtype and bias_grad need a bias")
+        if self.bias in BOOL_BIAS_KINDS and (self.bias_dtype is not None or self.bias_grad):
+            problems.append(f"bias {self.bias!r} is boolean: it has no dtype choice and no gradient")
+        if self.bias_dtype == "fp32" and self.dtype == "fp32":
+            problems.append("bias_dtype 'fp32' is for bf16/fp16 inputs (an fp32 case's bias is fp32 already)")
+        if self.bias != "none" and self.varlen is not None:
+            problems.append("a custom bias is not defined for varlen cases (no packed-bias convention)")
+        return problems
+
+    @property
+    def has_bias(self) -> bool:
+        return self.bias != "none"
+
+    @property
+    def has_float_bias(self) -> bool:
+        return self.bias in FLOAT_BIAS_KINDS
+
+    @property
+    def has_bool_bias(self) -> bool:
+        return self.bias in BOOL_BIAS_KINDS
 
     @property
     def has_window(self) -> bool:
@@ -129,6 +191,8 @@ class Case:
         Row i sees keys [i + off - left, i + off + right] with off = seqlen_k - seqlen_q. The last
         row always sees key seqlen_k - 1, so only the first rows can be empty: when off + right < 0
         (varlen sequences have off = 0 and never are)."""
+        if self.bias == "bool_empty_rows":  # issue #16: empty rows on purpose
+            return True
         right = self.window[1]
         if self.causal:
             right = 0 if right < 0 else min(right, 0)
@@ -153,6 +217,9 @@ class Case:
             parts.append(f"drop{_num(self.dropout_p)}")
         if self.varlen is not None:
             parts.append("varlen" + ".".join(str(n) for n in self.varlen))
+        if self.has_bias:  # issue #16: e.g. bias.dense, bias.dense.fp32.grad
+            parts.append(".".join(["bias", self.bias] + ([self.bias_dtype] if self.bias_dtype else [])
+                                  + (["grad"] if self.bias_grad else [])))
         return "-".join(parts)
 
     def flops(self, pass_: str = "fwd") -> float:
@@ -175,6 +242,10 @@ class Case:
         data.pop("checks")
         if self.checks:
             data["checks"] = list(self.checks)
+        # issue #16: the bias fields only when set, so cases without a bias (and suite hashes) are unchanged.
+        for name, default in (("bias", "none"), ("bias_dtype", None), ("bias_grad", False)):
+            if data[name] == default:
+                data.pop(name)
         return data
 
     @classmethod
@@ -236,14 +307,28 @@ def _checks(value: Any, where: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(value))
 
 
+def _bias_fields(point: dict[str, Any], where: str) -> dict[str, Any]:
+    """issue #16: the bias axes of one matrix point as Case fields (names checked here, so a typo
+    is a one-line error naming the suite, not a ValueError from deep inside)."""
+    if point["bias"] not in BIAS_KINDS:
+        raise UserError(f"{where}: bias value {point['bias']!r} should be one of {', '.join(BIAS_KINDS)}")
+    if point["bias_dtype"] not in BIAS_DTYPES:
+        raise UserError(f"{where}: bias_dtype value {point['bias_dtype']!r} should be one of {', '.join(BIAS_DTYPES)}")
+    return {"bias": point["bias"], "bias_dtype": None if point["bias_dtype"] == "input" else point["bias_dtype"],
+            "bias_grad": bool(point["bias_grad"])}
+
+
 # Axes whose values are plain scalars, with the types each value must have.
 SCALAR_AXES: dict[str, tuple[type, ...]] = {
     "dtype": (str,), "batch": (int,), "causal": (bool,), "alibi": (bool,), "perf": (bool,),
     "softcap": (int, float), "dropout_p": (int, float),
+    "bias": (str,), "bias_dtype": (str,), "bias_grad": (bool,),  # issue #16
 }
 SCALAR_AXES_HINT = {
     "dtype": f"one of {', '.join(DTYPES)}", "batch": "an integer", "causal": "true or false", "alibi": "true or false",
     "perf": "true or false", "softcap": "a number", "dropout_p": "a number in [0, 1)",
+    "bias": f"one of {', '.join(BIAS_KINDS)}", "bias_dtype": f"one of {', '.join(BIAS_DTYPES)}",  # issue #16
+    "bias_grad": "true or false",
 }
 
 
@@ -285,6 +370,7 @@ def expand_block(block: dict[str, Any], seeds: tuple[int, ...], where: str) -> l
                     window=_window(point["window"], where), softcap=float(point["softcap"]),
                     alibi=bool(point["alibi"]), dropout_p=float(point["dropout_p"]), varlen=varlen,
                     seeds=seeds, perf=bool(point["perf"]), checks=checks,
+                    **_bias_fields(point, where),
                 )
             )
         except (TypeError, ValueError) as exc:

@@ -19,7 +19,9 @@ from gate.core.cases import Case
 from gate.core.jsonio import as_float, read_record, write_json_atomic
 
 SCHEMA_VERSION = 1
-TENSORS = ("out", "lse", "dq", "dk", "dv")
+# Every tensor a case may measure, in report order. A case has only some of them: lse where the
+# kernel exposes it; dbias (issue #16) only for a case whose bias requires grad.
+TENSORS = ("out", "lse", "dq", "dk", "dv", "dbias")
 
 
 class Status(str, enum.Enum):

@@ -7,6 +7,7 @@ row: the sweep goes on either way.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -17,7 +18,7 @@ from gate.attention.inputs import TORCH_DTYPES, AttnInputs, make_inputs
 from gate.kernels.base import KernelAdapter, KernelCall, KernelOutput
 from gate.kernels.sdpa import NoKernel
 from gate.attention.reference import AttnOptions, AttnResult, attention_reference
-from gate.core.results import CaseResult, Status, TensorError
+from gate.core.results import TENSORS, CaseResult, Status, TensorError
 from gate.correctness.tolerance import BANDS, error_bound, error_ratio, rounding_floor
 
 
@@ -55,19 +56,24 @@ def measure(name: str, kernel: torch.Tensor, gold: torch.Tensor, low: torch.Tens
 
 def leaf_call(case: Case, inputs: AttnInputs, deterministic: bool = False) -> KernelCall:
     q, k, v = (t.detach().clone().requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v))
+    opts = options(case, inputs)
+    if inputs.bias is not None:  # issue #16: the kernel gets its own leaf, with grad when the case asks
+        opts = dataclasses.replace(opts, bias=inputs.bias.detach().clone().requires_grad_(case.bias_grad))
     return KernelCall(
-        q=q, k=k, v=v, opts=options(case, inputs), cu_seqlens=inputs.cu_seqlens,
+        q=q, k=k, v=v, opts=opts, cu_seqlens=inputs.cu_seqlens,
         max_seqlen=max(case.varlen) if case.varlen else 0, seqlens=case.varlen, deterministic=deterministic, seed=inputs.seed,
     )
 
 
 def options(case: Case, inputs: AttnInputs) -> AttnOptions:
     return AttnOptions(softmax_scale=inputs.softmax_scale, causal=case.causal, window=case.window,
-                       softcap=case.softcap, alibi_slopes=inputs.alibi_slopes, dropout_p=case.dropout_p)
+                       softcap=case.softcap, alibi_slopes=inputs.alibi_slopes, dropout_p=case.dropout_p,
+                       bias=inputs.bias)
 
 
 def run_kernel(adapter: KernelAdapter, case: Case, inputs: AttnInputs, deterministic: bool = False):
-    """Forward + backward once: (KernelOutput, (dq, dk, dv)), outputs validated."""
+    """Forward + backward once: (KernelOutput, (dq, dk, dv) or, with bias_grad, (dq, dk, dv, dbias)),
+    outputs validated."""
     call = leaf_call(case, inputs, deterministic)
     result = adapter(call)
     if not isinstance(result, KernelOutput):
@@ -82,9 +88,14 @@ def run_kernel(adapter: KernelAdapter, case: Case, inputs: AttnInputs, determini
     if not result.out.requires_grad:
         raise BadOutput("out has no autograd graph back to q, k, v (detached, or computed under no_grad)")
     # allow_unused: an output that ignores k is a wrong answer (FAIL "dk is missing"), not a crash.
-    grads = torch.autograd.grad(result.out, (call.q, call.k, call.v), inputs.dout, allow_unused=True)
-    for name, grad, ref in zip(("dq", "dk", "dv"), grads, (inputs.q, inputs.k, inputs.v)):
+    leaves, names = (call.q, call.k, call.v), ("dq", "dk", "dv")
+    if case.bias_grad:  # issue #16: dBias must flow back to the bias the kernel was given
+        leaves, names = leaves + (call.opts.bias,), names + ("dbias",)
+    grads = torch.autograd.grad(result.out, leaves, inputs.dout, allow_unused=True)
+    for name, grad, ref in zip(names, grads, leaves):
         if grad is None:
+            if name == "dbias":
+                raise BadOutput("dbias is missing: the bias got no gradient (detached, or not part of the graph)")
             raise BadOutput(f"{name} is missing: out does not depend on {name[1:]}")
         if tuple(grad.shape) != tuple(ref.shape):
             raise BadOutput(f"{name} has shape {None if grad is None else tuple(grad.shape)}, expected {tuple(ref.shape)}")
@@ -130,6 +141,8 @@ def run_case(adapter: KernelAdapter, case: Case, device: str, tol: ToleranceConf
                 raise BadOutput("the kernel ran with dropout but exposed no dropout mask")
             gold, low = references(case, inputs, kout.dropout_keep)
             measured = {"out": kout.out, "dq": grads[0], "dk": grads[1], "dv": grads[2]}
+            if case.bias_grad:  # issue #16
+                measured["dbias"] = grads[3]
             if kout.lse is not None:
                 if tuple(kout.lse.shape) != tuple(gold.lse.shape):
                     return CaseResult(case=case, status=Status.FAIL, seconds=time.perf_counter() - start,
@@ -150,7 +163,7 @@ def run_case(adapter: KernelAdapter, case: Case, device: str, tol: ToleranceConf
     except BaseException as exc:  # a crashing kernel is a row, not a dead run (sys.exit in a kernel too)
         return CaseResult(case=case, status=Status.ERROR, reason=_first_line(exc), seconds=time.perf_counter() - start,
                           checks=())
-    tensors = tuple(worst[n] for n in ("out", "lse", "dq", "dk", "dv") if n in worst)
+    tensors = tuple(worst[n] for n in TENSORS if n in worst)
     bad = [t for t in tensors if not t.passed]
     failed_checks = [c for c in checks if c.passed is False]
     if bad or failed_checks:
