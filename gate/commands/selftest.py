@@ -22,6 +22,9 @@ def register(sub) -> None:
                    "the time budget runs out; at least 1)")
     p.add_argument("--budget-s", type=float, default=None, help="time budget in seconds; the slowdown repetitions stop "
                    "when the next one would not fit (default 330 on a GPU, none on a CPU)")
+    p.add_argument("--rehearse-slowdowns-on-cpu", action="store_true",
+                   help="run the slowdown part on a CPU with a busy-wait: checks the plumbing, measures nothing about GPUs, "
+                        "never decides the exit code")
     p.set_defaults(main=main)
 
 
@@ -33,8 +36,12 @@ def main(args: argparse.Namespace) -> int:
     bugs = tuple(n.strip() for n in (args.bugs or "").split(",") if n.strip())
     report = run_selftest(config, args.kernel, args.suite, args.device, args.out, bugs=bugs,
                           slowdowns=not args.no_slowdowns, budget_s=args.budget_s,
-                          reps=DEFAULT_REPS if args.reps is None else args.reps)
+                          reps=DEFAULT_REPS if args.reps is None else args.reps,
+                          rehearse_slowdowns_on_cpu=args.rehearse_slowdowns_on_cpu)
+    from gate.report.selftest_report import selftest_table
+
     paths = write_outputs(report, args.out)
+    print(selftest_table(report))
     problems = report.problems()
     killed = sum(1 for b in report.bugs if b.killed)
     counted = sum(1 for b in report.bugs if b.status.value != "PENDING")

@@ -58,6 +58,9 @@ def selftest_markdown(r: SelftestReport) -> str:
         lines.append(s.reason)
     else:
         cal = s.calibration
+        if not s.gating:
+            lines += ["_CPU rehearsal (busy-wait delay, CPU timings): checks the plumbing, measures nothing about GPUs; "
+                      "not part of the verdict._", ""]
         lines += [f"Case `{s.case_id}` against anchor `{s.anchor}`; {len({t.rep for t in s.trials})} repetitions "
                   f"(planned {s.reps_planned}). Calibration: {cal.get('method', '')}; "
                   f"{_num(cal.get('cycles_per_ms'), 6)} cycles/ms; pass times "
@@ -73,7 +76,9 @@ def selftest_markdown(r: SelftestReport) -> str:
             for lv in s.levels_pct:
                 ts = [t for t in s.trials if t.pass_ == p and t.level_pct == lv]
                 caught = sum(1 for t in ts if t.severity == "FAIL")
-                cells.append(f"{caught}/{len(ts)}, {s.median_shift(p, lv):+.2f}% (kernel {s.median_shift(p, lv, 'candidate_shift_pct'):+.2f}%)"
+                unsure = sum(1 for t in ts if t.severity == "INCONCLUSIVE")
+                cells.append(f"{caught}/{len(ts)}{f' ({unsure} inconclusive)' if unsure else ''}, "
+                             f"{s.median_shift(p, lv):+.2f}% (kernel {s.median_shift(p, lv, 'candidate_shift_pct'):+.2f}%)"
                              if ts else "-")
             lines.append(f"| {p} | {'-' if smallest is None else f'+{smallest:g}%'} | {alarms}/{n} | " + " | ".join(cells) + " |")
         lines += ["", "Measured shift: the speed ratio's change against the in-run speed baseline (what the rule judged); "
@@ -82,3 +87,20 @@ def selftest_markdown(r: SelftestReport) -> str:
     if not r.complete:
         lines += ["", "_Partial: the selftest is still running or was cut short._"]
     return "\n".join(lines) + "\n"
+
+
+def selftest_table(r: SelftestReport) -> str:
+    """A short plain-text table for the console and CI logs."""
+    rows = [f"{'planted bug':30} {'in':12} {'result':14} {'rule':10} {'ratio':>9}  case"]
+    for b in r.bugs:
+        rows.append(f"{b.name:30} {b.host[:12]:12} {b.status.value:14} {b.rule or '-':10} {_num(b.ratio):>9}  {b.case_id or '-'}")
+    s = r.slowdowns
+    if s.ran:
+        for p in s.passes():
+            smallest = s.smallest_caught(p)
+            alarms, n = s.false_alarms(p)
+            rows.append(f"slowdown {p}: smallest caught in every rep {'-' if smallest is None else f'+{smallest:g}%'}; "
+                        f"A/A false alarms {alarms}/{n}" + ("" if s.gating else " (CPU rehearsal, not a gate)"))
+    else:
+        rows.append(f"slowdowns: {s.reason}")
+    return "\n".join(rows)

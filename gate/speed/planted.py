@@ -13,10 +13,25 @@ shift can exceed the nominal one on short passes: the selftest reports the measu
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import torch
 
 from gate.kernels.base import KernelAdapter, KernelCall, KernelOutput
+
+
+def spin(cycles: int, on_gpu: bool) -> None:
+    """A real delay in the pass: torch.cuda._sleep in the stream on a GPU; on a CPU (the rehearsal
+    of the plumbing only) a busy-wait of `cycles` nanoseconds."""
+    if on_gpu:
+        torch.cuda._sleep(cycles)
+        return
+    end = time.perf_counter_ns() + cycles
+    while time.perf_counter_ns() < end:
+        pass
+
+
+CPU_CYCLES_PER_MS = 1e6  # the CPU rehearsal's "cycle" is a nanosecond of busy-wait
 
 
 class _SleepInBackward(torch.autograd.Function):
@@ -29,7 +44,7 @@ class _SleepInBackward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        torch.cuda._sleep(ctx.cycles)
+        spin(ctx.cycles, grad.is_cuda)
         return grad, None
 
 
@@ -60,7 +75,7 @@ class SlowedKernel(KernelAdapter):
         res = self.inner(call)
         out = res.out
         if self.fwd_cycles:
-            torch.cuda._sleep(self.fwd_cycles)
+            spin(self.fwd_cycles, out.is_cuda)
         if self.bwd_cycles:
             out = _SleepInBackward.apply(out, self.bwd_cycles)
         return dataclasses.replace(res, out=out)

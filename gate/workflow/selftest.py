@@ -218,7 +218,7 @@ def run_bug(run: _Run, bug) -> BugOutcome:
 def run_slowdowns(run: _Run, reps: int, deadline: float | None, levels=LEVELS_PCT) -> SlowdownSection:
     """Planted slowdowns of the forward and backward, and an A/A control, repeated `reps` times
     or until `deadline` (perf_counter seconds): at least one repetition always runs."""
-    from gate.speed.planted import SlowedKernel, planted_cycles
+    from gate.speed.planted import CPU_CYCLES_PER_MS, SlowedKernel, planted_cycles
     from gate.speed.runs import PerfResult, baseline_entry, judge_perf, measure_case, select_perf_cases
     from gate.speed.timing import PASSES, TimingPlan, sleep_cycles_per_ms
 
@@ -235,16 +235,18 @@ def run_slowdowns(run: _Run, reps: int, deadline: float | None, levels=LEVELS_PC
                                case_id=case.id, anchor=anchor)
     baseline_perf = {case.id: baseline_entry(base, anchor)}
     pass_ms = {p: base.pass_timing(p).candidate_median_ms for p in PASSES}
-    cycles_per_ms = sleep_cycles_per_ms(samples=5)
+    gpu = run.device == "cuda"
+    cycles_per_ms = sleep_cycles_per_ms(samples=5) if gpu else CPU_CYCLES_PER_MS
     cycles = {(p, lv): planted_cycles(lv, pass_ms[p], cycles_per_ms) for p in PASSES for lv in levels}
     calibration = {"cycles_per_ms": cycles_per_ms, "pass_ms": pass_ms,
                    "baseline_ratio": {p: base.estimate(p).median for p in PASSES},
                    "baseline_noise_pct": {p: base.estimate(p).noise * 100 for p in PASSES},
                    "cycles": {f"{p}+{lv:g}%": n for (p, lv), n in cycles.items()},
-                   "method": "cycles = level/100 x the pass's median time in the in-run baseline x torch.cuda._sleep "
-                             "cycles per ms (measured with CUDA events)"}
+                   "method": ("cycles = level/100 x the pass's median time in the in-run baseline x torch.cuda._sleep "
+                              "cycles per ms (measured with CUDA events)") if gpu else
+                             "CPU rehearsal: a busy-wait of level/100 x the pass's median time; plumbing only, not a gate"}
     section = SlowdownSection(ran=True, case_id=case.id, anchor=anchor, levels_pct=tuple(levels), reps_planned=reps,
-                              calibration=calibration)
+                              calibration=calibration, gating=gpu)
     run.update(slowdowns=section)
     experiments = [("both", 0.0)] + [(p, lv) for lv in levels for p in PASSES]
     trials: list[SlowdownTrial] = []
@@ -290,7 +292,11 @@ def run_slowdowns(run: _Run, reps: int, deadline: float | None, levels=LEVELS_PC
 
 def run_selftest(config: Config, kernel: str | None = None, suite: str | None = None, device: str | None = None,
                  out_dir: Path = Path("out"), bugs: tuple[str, ...] = (), slowdowns: bool = True,
-                 budget_s: float | None = None, reps: int = DEFAULT_REPS, log=_log) -> SelftestReport:
+                 budget_s: float | None = None, reps: int = DEFAULT_REPS, log=_log,
+                 rehearse_slowdowns_on_cpu: bool = False) -> SelftestReport:
+    """`rehearse_slowdowns_on_cpu` runs the slowdown part on a CPU with a busy-wait: it checks the
+    plumbing (engine, rule, report) where no GPU exists, measures nothing about GPUs, and never
+    decides the exit code."""
     from gate.correctness.planted import select_bugs
     from gate.core.cases import load_suite
     from gate.core.environment import default_device
@@ -337,7 +343,7 @@ def run_selftest(config: Config, kernel: str | None = None, suite: str | None = 
             run.update(bugs=tuple(outcomes))
         if not slowdowns:
             section = SlowdownSection(ran=False, reason="not run: --no-slowdowns")
-        elif device != "cuda":
+        elif device != "cuda" and not rehearse_slowdowns_on_cpu:
             section = SlowdownSection(ran=False, reason=CPU_SLOWDOWN_REASON)
         else:
             section = run_slowdowns(run, reps, deadline)
