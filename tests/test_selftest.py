@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -45,7 +46,9 @@ def selftest(tmp_path, config: str, *args: str) -> tuple[int, dict, str]:
     return code, report, (out / "selftest.md").read_text()
 
 
-def test_selftest_kills_planted_bugs_with_default_thresholds(tmp_path, capsys):
+def test_selftest_kills_planted_bugs_with_default_thresholds(tmp_path, capsys, monkeypatch):
+    summary = tmp_path / "step-summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     code, report, md = selftest(tmp_path, write_config(tmp_path), "--bugs", "dk_x1.02,causal_peek")
     assert code == 0, capsys.readouterr()
     assert report["passed"] and report["complete"] and report["schema_version"] == 1
@@ -56,6 +59,7 @@ def test_selftest_kills_planted_bugs_with_default_thresholds(tmp_path, capsys):
     assert bugs["causal_peek"]["rule"] in ("tolerance", "status", "headroom") and bugs["causal_peek"]["case_id"]
     assert "not run: planted slowdowns need a CUDA GPU" in report["slowdowns"]["reason"]
     assert "| `dk_x1.02`" in md and "| yes |" in md
+    assert summary.read_text().strip() == md.strip()  # the kill matrix lands in the CI step summary
 
 
 def test_loosened_threshold_lets_a_planted_bug_survive(tmp_path, capsys):
@@ -87,6 +91,33 @@ def test_a_failing_control_ends_the_selftest_naming_the_case(tmp_path, capsys, i
     assert not control["passed"] and "bf16-b2-h4/2-s70-d32-causal" in control["detail"]
     assert report["bugs"] == []
     assert "control tests.buggy_kernels:dk_scaled_1_02 failed" in capsys.readouterr().out
+
+
+def test_a_control_whose_second_run_disagrees_fails(tmp_path, capsys, in_repo_root, monkeypatch):
+    """The control's second sweep is checked against the baseline made from its first: a kernel
+    that drifts between runs is a failed control (exit 1, the rule and case named), not a pass."""
+    monkeypatch.setattr("tests.buggy_kernels._DRIFT_CALLS", [0])
+    code, report, _ = selftest(tmp_path, write_config(tmp_path), "--kernel", "tests.buggy_kernels:drifting")
+    assert code == 1
+    control = report["controls"][0]
+    assert not control["passed"] and "second run fails against the baseline" in control["detail"]
+    assert "bf16-b2-h4/2-s70-d32-causal" in control["failing_cases"]
+
+
+def test_slowdown_plumbing_rehearsed_on_cpu(tmp_path, capsys):
+    """The GPU slowdown path (calibration, planted delay, engine, speed rule, report) runs end to
+    end on a CPU with a busy-wait; it is reported, never the verdict."""
+    config = write_config(tmp_path, "[tool.attn-gate.perf]\nrounds = 7\ncalls_per_round = 2\nconfirm_rounds = 0\nwarmup_s = 0.0\n")
+    Path(config).write_text(Path(config).read_text().replace("causal = [true]", "causal = [true]\nperf = [true]"))
+    code, report, md = selftest(tmp_path, config, "--bugs", "dk_x1.02", "--reps", "1", "--rehearse-slowdowns-on-cpu")
+    assert code == 0, capsys.readouterr()
+    s = report["slowdowns"]
+    assert s["ran"] and not s["gating"] and s["case_id"] == "bf16-b2-h4/2-s70-d32-causal"
+    levels = {(t["pass_"], t["level_pct"]) for t in s["trials"]}
+    assert levels == {(p, lv) for p in ("fwd", "bwd") for lv in (0.0, 1.0, 2.0, 3.0, 5.0, 10.0)}
+    assert s["calibration"]["cycles"]["bwd+10%"] > s["calibration"]["cycles"]["bwd+1%"] > 0
+    assert all(t["severity"] in ("OK", "FAIL", "INCONCLUSIVE", "WARN") for t in s["trials"])
+    assert "CPU rehearsal" in md and "| fwd |" in md and set(s["summary"]) == {"fwd", "bwd"}
 
 
 def test_unknown_bug_is_a_usage_error(tmp_path, capsys):
