@@ -206,6 +206,11 @@ def run_bug(run: _Run, bug) -> BugOutcome:
             return BugOutcome(**common, status=BugStatus.KILLED, rule=f.rule, case_id=f.case_id, metric=f.metric,
                               ratio=float(ratio), baseline=float(base), message=f.message, cases_run=ran,
                               exercisable=len(cases), wall_s=time.perf_counter() - t0)
+    if not any(c.status.value != "SKIP" for sw in sweeps for c in sw.cases):
+        why = next((c.reason for sw in sweeps for c in sw.cases if c.reason), "skipped")
+        return BugOutcome(**common, status=BugStatus.NOT_EXERCISED, cases_run=ran, exercisable=len(cases),
+                          message=f"every case of its axis ({bug.trigger.axis}) was skipped by {host_name} ({why}); "
+                                  f"add one it runs", wall_s=time.perf_counter() - t0)
     msg, ratio, case_id, base = _survivor_message(bug, sweeps, run, host_name)
     return BugOutcome(**common, status=BugStatus.SURVIVED, case_id=case_id, ratio=ratio, baseline=base,
                       message=f"passed the gate on all {ran} cases of its axis; {msg}", cases_run=ran,
