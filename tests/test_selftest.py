@@ -178,3 +178,19 @@ def test_exit_code_decisions():
     missed = SlowdownSection(ran=True, levels_pct=(10.0,), trials=_trials("bwd", 0.0, ["OK"]) + _trials("bwd", 10.0, ["OK"]))
     assert _report(slowdowns=missed).exit_code == 1 and missed.smallest_caught("bwd") is None
     assert math.isnan(s.median_shift("bwd", 2.0))
+
+
+@pytest.mark.parametrize("kernel, suite, device", [("sdpa-cpu", "smoke", "cpu"), ("sdpa-flash", "pr", "cuda")])
+def test_shipped_suites_exercise_every_bug_whose_axis_exists(kernel, suite, device):
+    """Statically (capabilities only, nothing runs): the CPU selftest on smoke and the H200 one on
+    pr have a case for every planted bug that is not pending, on the host it is planted in."""
+    from gate.core.cases import load_suite
+    from gate.correctness.planted import host_of
+    from gate.kernels.registry import get_adapter
+    from gate.workflow.selftest import exercising_cases
+
+    adapter = get_adapter(kernel)
+    cases = load_suite(suite).cases
+    missing = [b.name for b in BUGS if not b.trigger.pending
+               and not exercising_cases(b, cases, adapter if host_of(b, adapter) == "kernel" else TiledAdapter(), device)]
+    assert missing == []

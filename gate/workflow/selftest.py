@@ -160,8 +160,16 @@ def _survivor_message(bug, sweeps: list[SweepResult], run: _Run, host_name: str)
     return msg, t.ratio, c.case_id, base
 
 
+def exercising_cases(bug, cases, host_adapter, device: str) -> list:
+    """The cases that expose `bug` and its host can run on `device`, cheapest first."""
+    from gate.correctness.planted import case_cost
+
+    caps = host_adapter.capabilities()
+    return sorted((c for c in cases if bug.trigger.applies(c) and caps.unsupported_reason(c, device) is None), key=case_cost)
+
+
 def run_bug(run: _Run, bug) -> BugOutcome:
-    from gate.correctness.planted import case_cost, host_of, planted_adapter
+    from gate.correctness.planted import host_of, planted_adapter
     from gate.core.cases import load_suite
     from gate.kernels.registry import get_adapter
 
@@ -173,11 +181,8 @@ def run_bug(run: _Run, bug) -> BugOutcome:
         return BugOutcome(**common, status=BugStatus.PENDING,
                           message=f"pending: needs the case field `{bug.trigger.field}`, which this attn-gate does not have "
                                   f"yet; it is judged once the field exists")
-    host_adapter = get_adapter(host_name)
     suite = load_suite(run.suite, run.config.suites, run.config.source)
-    caps = host_adapter.capabilities()
-    cases = sorted((c for c in suite.cases if bug.trigger.applies(c) and caps.unsupported_reason(c, run.device) is None),
-                   key=case_cost)
+    cases = exercising_cases(bug, suite.cases, get_adapter(host_name), run.device)
     if not cases:
         return BugOutcome(**common, status=BugStatus.NOT_EXERCISED,
                           message=f"suite {run.suite!r} has no case that {host_name} runs on {run.device} of the axis that "
