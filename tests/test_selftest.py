@@ -175,6 +175,10 @@ def test_exit_code_decisions():
     assert _report(slowdowns=s).exit_code == 0
     alarm = SlowdownSection(ran=True, levels_pct=(10.0,), trials=_trials("fwd", 0.0, ["FAIL"]) + _trials("fwd", 10.0, ["FAIL"]))
     assert _report(slowdowns=alarm).exit_code == 1
+    noisy = SlowdownSection(ran=True, levels_pct=(10.0,), trials=_trials("fwd", 0.0, ["INCONCLUSIVE"]) + _trials("fwd", 10.0, ["FAIL"]))
+    assert noisy.aa_inconclusive("fwd") == 1 and _report(slowdowns=noisy).exit_code == 1
+    rehearsal = SlowdownSection(ran=True, levels_pct=(10.0,), gating=False, trials=_trials("fwd", 0.0, ["FAIL"]))
+    assert _report(slowdowns=rehearsal).exit_code == 0  # the CPU rehearsal never decides
     missed = SlowdownSection(ran=True, levels_pct=(10.0,), trials=_trials("bwd", 0.0, ["OK"]) + _trials("bwd", 10.0, ["OK"]))
     assert _report(slowdowns=missed).exit_code == 1 and missed.smallest_caught("bwd") is None
     assert math.isnan(s.median_shift("bwd", 2.0))

@@ -114,6 +114,10 @@ class SlowdownSection:
         ts = [t for t in self.trials if t.pass_ == pass_ and t.level_pct == 0]
         return sum(1 for t in ts if t.severity == "FAIL"), len(ts)
 
+    def aa_inconclusive(self, pass_: str) -> int:
+        """A/A checks judged INCONCLUSIVE: the gate would block an unchanged kernel (fails closed)."""
+        return sum(1 for t in self.trials if t.pass_ == pass_ and t.level_pct == 0 and t.severity == "INCONCLUSIVE")
+
     def median_shift(self, pass_: str, level: float, key: str = "shift_pct") -> float:
         xs = sorted(getattr(t, key) for t in self.trials if t.pass_ == pass_ and t.level_pct == level)
         if not xs:
@@ -159,6 +163,9 @@ class SelftestReport:
                 alarms, n = s.false_alarms(p)
                 if alarms:
                     out.append(f"slowdown A/A control: {alarms}/{n} false alarms on {p} (the unchanged kernel failed the speed rule)")
+                if s.aa_inconclusive(p):
+                    out.append(f"slowdown A/A control: {s.aa_inconclusive(p)}/{n} INCONCLUSIVE on {p} (too noisy to judge: "
+                               f"the gate would block an unchanged kernel)")
                 top = max(s.levels_pct) if s.levels_pct else None
                 if top is not None and s.caught_every_rep(p, top) is False:
                     out.append(f"planted {p} slowdown of {top:g}% not caught in every repetition (measured shift "
@@ -181,6 +188,7 @@ class SelftestReport:
         s = self.slowdowns
         d["slowdowns"]["summary"] = {
             p: {"smallest_caught_every_rep_pct": s.smallest_caught(p), "false_alarms": list(s.false_alarms(p)),
+                "aa_inconclusive": s.aa_inconclusive(p),
                 "measured_shift_median_pct": {f"{lv:g}": s.median_shift(p, lv) for lv in s.levels_pct}}
             for p in s.passes()}
         return _finite(d)

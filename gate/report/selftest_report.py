@@ -80,7 +80,9 @@ def selftest_markdown(r: SelftestReport) -> str:
                 cells.append(f"{caught}/{len(ts)}{f' ({unsure} inconclusive)' if unsure else ''}, "
                              f"{s.median_shift(p, lv):+.2f}% (kernel {s.median_shift(p, lv, 'candidate_shift_pct'):+.2f}%)"
                              if ts else "-")
-            lines.append(f"| {p} | {'-' if smallest is None else f'+{smallest:g}%'} | {alarms}/{n} | " + " | ".join(cells) + " |")
+            unsure = s.aa_inconclusive(p)
+            lines.append(f"| {p} | {'-' if smallest is None else f'+{smallest:g}%'} | {alarms}/{n}"
+                         f"{f' ({unsure} inconclusive)' if unsure else ''} | " + " | ".join(cells) + " |")
         lines += ["", "Measured shift: the speed ratio's change against the in-run speed baseline (what the rule judged); "
                       "kernel: the kernel's own time change. The planted delay is one extra kernel, so it can measure "
                       "above its nominal size on short passes."]

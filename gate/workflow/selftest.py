@@ -236,7 +236,7 @@ def run_slowdowns(run: _Run, reps: int, deadline: float | None, levels=LEVELS_PC
     cases = select_perf_cases(run.suite, run.config)
     if not cases:
         return SlowdownSection(ran=False, reason=f"not run: suite {run.suite!r} has no perf case (perf = [true])")
-    case = cases[0]
+    case = min(cases, key=lambda c: c.flops("fwd") + c.flops("bwd"))  # the cheapest: more repetitions fit the budget
     anchor = cfg.anchor_for(run.device)
     base_plan = TimingPlan.from_config(cfg, rounds=max(cfg.confirm_rounds, cfg.rounds))
     base = measure_case(run.adapter, anchor, case, run.device, base_plan)
