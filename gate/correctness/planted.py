@@ -102,7 +102,6 @@ class Wrapped(KernelAdapter):
         self.inner, self.bug, self.perturb = inner, bug, perturb
         self.name = inner.name
         self.description = f"{inner.description} + planted bug {bug}"
-        self.case: Case | None = None
 
     def unavailable_reason(self):
         return self.inner.unavailable_reason()
@@ -114,7 +113,6 @@ class Wrapped(KernelAdapter):
         return self.inner.version()
 
     def prepare(self, case: Case) -> None:
-        self.case = case
         self.inner.prepare(case)
 
     def deterministic_scope(self):
@@ -405,7 +403,8 @@ DETERMINISM = Trigger("a case with the determinism check (checks = [[\"determini
                       lambda c: "determinism" in c.checks or "race" in c.checks)
 DROPOUT = Trigger("a dropout case", lambda c: c.dropout_p > 0)
 LSE = Trigger("a case where the kernel returns its LSE", _any_keys)
-EXTREME = Trigger("an inputs = large/outliers case (extreme logits)", lambda c: _field("inputs", "normal")(c) in ("large", "outliers"),
+EXTREME = Trigger("an inputs = large/shifted/outliers case (extreme logits)",
+                  lambda c: _field("inputs", "normal")(c) in ("large", "shifted", "outliers"),
                   field="inputs")
 NONCONTIG_K = Trigger("a layout case with a non-contiguous K (k_sliced, qkv_packed, bhsd_view)",
                       lambda c: _field("layout", "contiguous")(c) in ("k_sliced", "qkv_packed", "bhsd_view"), field="layout")
