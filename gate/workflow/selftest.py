@@ -123,8 +123,9 @@ def run_control(run: _Run, kernel_name: str) -> ControlOutcome:
 
 
 def _survivor_message(bug, sweeps: list[SweepResult], run: _Run, host_name: str) -> tuple[str, float, str, float]:
-    """Why it survived and what would catch it: the closest call (highest ratio) and the
-    multiplier / headroom factor at which the rules would have fired. (message, ratio, case, base)"""
+    """Why it survived and what would catch it: the closest call (the tensor the bug moved most
+    against the in-run baseline) and the multiplier / headroom factor at which the rules would
+    have fired. Returns (message, ratio, case id, baseline ratio)."""
     from gate.correctness.planted import mult_to_catch
 
     _, baseline = run.baselines[host_name]
@@ -148,13 +149,14 @@ def _survivor_message(bug, sweeps: list[SweepResult], run: _Run, host_name: str)
     c, t = best
     base = base_ratio(c.case_id, t.tensor)
     tol = run.config.tolerance
-    mult_now = tol.mult(t.tensor, c.case.dtype)
-    need = mult_to_catch(t.max_err, t.pt_err, t.floor)
-    msg = (f"closest call: {t.tensor} ratio {t.ratio:.3g} on {c.case_id} (in-run baseline {base:.3g}); the tolerance rule "
-           f"would catch it at mult_{t.tensor} < {need / (mult_now / getattr(tol, f'mult_{t.tensor}')):.3g} "
-           f"(now {getattr(tol, f'mult_{t.tensor}'):g})")
+    msg = f"closest call: {t.tensor} ratio {t.ratio:.3g} on {c.case_id} (in-run baseline {base:.3g})"
+    configured = getattr(tol, f"mult_{t.tensor}", None)  # a tensor without its own multiplier: no such hint
+    if configured:
+        dtype_factor = tol.mult(t.tensor, c.case.dtype) / configured  # fp32_factor on fp32 cases
+        need = mult_to_catch(t.max_err, t.pt_err, t.floor) / dtype_factor
+        msg += f"; the tolerance rule would catch it at mult_{t.tensor} < {need:.3g} (now {configured:g})"
     if math.isfinite(base) and base > 0:
-        msg += f", the headroom rule at headroom_factor < {t.ratio / base:.3g} with headroom_step < {t.ratio - base:.3g}"
+        msg += f"; the headroom rule at headroom_factor < {t.ratio / base:.3g} with headroom_step < {t.ratio - base:.3g}"
     if bug.hint:
         msg += f"; also: {bug.hint}"
     return msg, t.ratio, c.case_id, base
