@@ -120,6 +120,19 @@ def test_slowdown_plumbing_rehearsed_on_cpu(tmp_path, capsys):
     assert "CPU rehearsal" in md and "| fwd |" in md and set(s["summary"]) == {"fwd", "bwd"}
 
 
+def test_a_bug_that_cannot_be_planted_counts_as_surviving(tmp_path, capsys, monkeypatch):
+    """A wrapper that finds no tensor to perturb (here: dBias on a call without a bias) must not
+    read as a kill (its crash would be an ERROR row, which the check fails): NOT_PLANTED, exit 1."""
+    import gate.correctness.planted as planted
+
+    bug = planted.PlantedBug("bias_probe", "dBias 2% too large", "kernel", planted.ANY, planted.wrap(planted._bias_grad_scaled))
+    monkeypatch.setattr(planted, "BUGS", planted.BUGS + (bug,))
+    code, report, _ = selftest(tmp_path, write_config(tmp_path), "--bugs", "bias_probe")
+    assert code == 1
+    (outcome,) = report["bugs"]
+    assert outcome["status"] == "NOT_PLANTED" and "KernelCall.bias" in outcome["message"]
+
+
 def test_unknown_bug_is_a_usage_error(tmp_path, capsys):
     code = main(["selftest", "--device", "cpu", "--bugs", "nope", "--out", str(tmp_path)])
     assert code == 2 and "unknown planted bug 'nope'" in capsys.readouterr().err
