@@ -130,7 +130,7 @@ def test_a_bug_that_cannot_be_planted_counts_as_surviving(tmp_path, capsys, monk
     code, report, _ = selftest(tmp_path, write_config(tmp_path), "--bugs", "bias_probe")
     assert code == 1
     (outcome,) = report["bugs"]
-    assert outcome["status"] == "NOT_PLANTED" and "KernelCall.bias" in outcome["message"]
+    assert outcome["status"] == "NOT_PLANTED" and "no learnable bias" in outcome["message"]
 
 
 def test_unknown_bug_is_a_usage_error(tmp_path, capsys):

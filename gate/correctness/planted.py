@@ -194,10 +194,10 @@ def _noncontiguous_k(w: Wrapped, call: KernelCall) -> KernelOutput:
 
 
 def _bias_grad_scaled(w: Wrapped, call: KernelCall) -> KernelOutput:
-    bias = getattr(call, "bias", None)
-    if not isinstance(bias, torch.Tensor):
-        raise PlantError("the call carries no `bias` tensor (KernelCall.bias): update _bias_grad_scaled to the bias API")
-    return w.inner(dataclasses.replace(call, bias=_ScaleGrad.apply(bias, 1.02)))
+    bias = call.opts.bias  # issue #16: the custom bias travels in AttnOptions.bias
+    if not isinstance(bias, torch.Tensor) or not bias.requires_grad:
+        raise PlantError("the call carries no learnable bias (AttnOptions.bias with requires_grad)")
+    return w.inner(dataclasses.replace(call, opts=dataclasses.replace(call.opts, bias=_ScaleGrad.apply(bias, 1.02))))
 
 
 def _paged_block_table_swapped(w: Wrapped, call: KernelCall) -> KernelOutput:
@@ -446,7 +446,7 @@ BUGS: tuple[PlantedBug, ...] = (
     PlantedBug("noncontiguous_k", "wrong results for a non-contiguous K (strides ignored)", "kernel", NONCONTIG_K,
                wrap(_noncontiguous_k)),
     PlantedBug("bias_grad_x1.02", "dBias 2% too large (a broadcast bias's gradient reduced wrongly)", "kernel", BIAS_GRAD,
-               wrap(_bias_grad_scaled)),
+               wrap(_bias_grad_scaled), needs="bias_grad"),
     PlantedBug("paged_pages_swapped", "paged-cache-only indexing: two pages of the block table read swapped", "kernel", PAGED,
                wrap(_paged_block_table_swapped)),
 )
