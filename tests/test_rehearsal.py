@@ -504,13 +504,14 @@ def test_fork_pr_end_to_end(tmp_path):
 # ---- the asv step with real asv: this commit against the stored history ------------------------
 
 def test_rehearsal_asv_compares_the_head_with_stored_history(tmp_path):
-    """The gate job with its asv step (real asv, one CPU perf case), twice, in a checkout of this
-    branch's committed history: on the parent commit before any history exists (a note, not a
-    failure), then, with the parent's results stored as publish.yml leaves them on asv-results, on
-    the head commit: `asv compare` parent -> head."""
+    """The gate job with its asv step (real asv, one CPU perf case), twice, in a clone of this
+    branch with one more commit (the PR head): on the parent commit before any history exists (a
+    note, not a failure), then, with the parent's results stored as publish.yml leaves them on
+    asv-results, on the head commit: `asv compare` parent -> head."""
     work = tmp_path / "checkout"
-    git("clone", "-q", str(ROOT), str(work), cwd=tmp_path)
+    git("clone", "-q", str(ROOT), str(work), cwd=tmp_path)  # CI's own checkout may be shallow: one commit is enough
     (work / ".venv").symlink_to(ROOT / ".venv")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "the PR head", cwd=work)
     head, base = git("rev-parse", "HEAD", cwd=work).strip(), git("rev-parse", "HEAD^", cwd=work).strip()
     variables = {"ATTN_GATE_KERNEL": "sdpa-cpu", "ATTN_GATE_ONLY": PERF_CASE, "ATTN_GATE_DEVICE": "cpu"}
     fast = {"ATTN_GATE_ROUNDS": "3"}
