@@ -62,8 +62,8 @@ class _FlashBase(KernelAdapter):
             out, lse = self._split(mod.flash_attn_func(call.q, call.k, call.v, **kwargs))
         else:
             out, lse = self._split(mod.flash_attn_varlen_func(
-                call.q, call.k, call.v, cu_seqlens_q=call.cu_seqlens, cu_seqlens_k=call.cu_seqlens,
-                max_seqlen_q=call.max_seqlen, max_seqlen_k=call.max_seqlen, **kwargs))
+                call.q, call.k, call.v, cu_seqlens_q=call.cu_seqlens, cu_seqlens_k=call.keys_cu_seqlens,
+                max_seqlen_q=call.max_seqlen, max_seqlen_k=call.keys_max_seqlen, **kwargs))
         return KernelOutput(out=out, lse=lse)
 
 
@@ -94,7 +94,8 @@ class FA2Adapter(_FlashBase):
                 out, lse, s_dmask = mod.flash_attn_func(call.q, call.k, call.v, **kwargs)
             else:
                 out, lse, s_dmask = mod.flash_attn_varlen_func(
-                    call.q, call.k, call.v, call.cu_seqlens, call.cu_seqlens, call.max_seqlen, call.max_seqlen, **kwargs)
+                    call.q, call.k, call.v, call.cu_seqlens, call.keys_cu_seqlens, call.max_seqlen, call.keys_max_seqlen,
+                    **kwargs)
         keep = None
         if call.opts.dropout_p:
             # FA2 encodes a dropped element as a negative entry of S_dmask (padded to 128/256);
@@ -103,7 +104,8 @@ class FA2Adapter(_FlashBase):
                 nq, nk = call.q.shape[1], call.k.shape[1]
                 keep = (s_dmask[:, :, :nq, :nk] >= 0)
             else:
-                keep = [None if not n else s_dmask[i:i + 1, :, :n, :n] >= 0 for i, n in enumerate(call.seqlens)]
+                keys = call.seqlens_k or call.seqlens
+                keep = [None if not n else s_dmask[i:i + 1, :, :n, :keys[i]] >= 0 for i, n in enumerate(call.seqlens)]
         return KernelOutput(out=out, lse=lse.detach().float(), dropout_keep=keep)
 
 
