@@ -23,10 +23,10 @@ EPS = {"fp32": 2.0**-23, "bf16": 2.0**-7, "fp16": 2.0**-10}
 # issue #9: the LSE floor's allowance for approximate exp/log (kernels use fast transcendental
 # functions: torch's CPU flash kernel's vectorised exp, ex2.approx/lg2.approx on NVIDIA GPUs). An
 # error in the row sum l of relative size e moves LSE = m + log(l) by e, whatever |LSE| is, so
-# this is absolute. Measured on CPU: torch's CPU kernel errs 2.4-3.0e-5 in bf16/fp16 (d 40-128),
-# tiled and float32 references ~5e-7. 2**-13 = 1.2e-4 keeps those at ratio <= ~0.3, and an LSE
-# off by 1e-3 fails at ratio ~8 (tests/test_coverage_axes.py).
-LSE_APPROX_FLOOR = 2.0**-13
+# this is absolute. Measured on CPU: torch's CPU kernel errs 2.4-3.0e-5 in bf16/fp16 (d 40-128;
+# up to 6e-5 on causal rows), tiled and the float32 reference ~5e-7. 2**-12 = 2.4e-4 keeps those
+# at ratio <= ~0.25, and an LSE off by 1e-3 fails at ratio ~4 (tests/test_coverage_axes.py).
+LSE_APPROX_FLOOR = 2.0**-12
 
 
 def rounding_floor(measured: float, dtype: str) -> float:
