@@ -95,17 +95,17 @@ def _attn(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, bu
     if "scale_from_dv" in bugs:
         scale = v.shape[-1] ** -0.5
     group = hq // hkv
-    kv_head = torch.arange(hq) // group
+    kv_head = torch.arange(hq, device=q.device) // group
     if "pack_gqa_decode_wrong" in bugs and nq == 1 and group > 1:
-        kv_head = torch.arange(hq) % hkv
+        kv_head = torch.arange(hq, device=q.device) % hkv
     qf = q.float().transpose(1, 2)
     kf = k.float().transpose(1, 2)[:, kv_head]
     vf = v.float().transpose(1, 2)[:, kv_head]
     s = (qf @ kf.transpose(-1, -2)) * scale
     if softcap and "ignores_softcap" not in bugs:
         s = softcap * torch.tanh(s / softcap)
-    i = torch.arange(nq).view(-1, 1) + (0 if "causal_top_left" in bugs else nk - nq)
-    j = torch.arange(nk).view(1, -1)
+    i = torch.arange(nq, device=q.device).view(-1, 1) + (0 if "causal_top_left" in bugs else nk - nq)
+    j = torch.arange(nk, device=q.device).view(1, -1)
     if alibi_slopes is not None:
         dist = (i - j) if "alibi_causal_only" in bugs else (i - j).abs()
         s = s - alibi_slopes.float().view(1, -1, 1, 1) * dist
@@ -116,7 +116,7 @@ def _attn(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, bu
         if "window_ignored_when_causal" in bugs:
             left, right = -1, 0
         right = 0 if right < 0 else min(right, 0)
-    allowed = torch.ones(nq, nk, dtype=torch.bool)
+    allowed = torch.ones(nq, nk, dtype=torch.bool, device=q.device)
     if right >= 0:
         allowed &= j <= i + right
     if left >= 0:

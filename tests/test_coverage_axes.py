@@ -243,3 +243,15 @@ def test_correct_cpu_kernels_keep_lse_margin(kernel, case):
 def test_sdpa_math_lse_not_exposed_but_passes():
     result = run_case(get_adapter("sdpa-math"), _lse_case(causal=True), "cpu", TOL)
     assert result.status is Status.PASS and "lse not exposed" in result.reason
+
+
+def test_fa4_raw_window_hands_the_minus_one_spelling_to_the_kernel():
+    from gate.attention.reference import AttnOptions
+    from gate.kernels.base import KernelCall
+    from gate.kernels.flash_attn import FA4Adapter, FA4RawWindowAdapter
+
+    x = torch.zeros(1, 4, 1, 8)
+    call = KernelCall(q=x, k=x, v=x, opts=AttnOptions(softmax_scale=1.0, causal=True, window=(-1, 0)))
+    assert FA4Adapter()._window(call) == (None, 0)
+    assert FA4RawWindowAdapter()._window(call) == (-1, 0)
+    assert get_adapter("fa4-raw-window").name == "fa4-raw-window"

@@ -119,6 +119,22 @@ def references(case: Case, inputs: AttnInputs, keep) -> tuple[AttnResult, AttnRe
     return gold, low
 
 
+# issue #9: from this many keys on, a CUDA run notes the float64 reference's peak memory in the row
+# (the nightly 65,537 / 131,072-key cases: the reference runs in query chunks to fit).
+NOTE_REFERENCE_PEAK_FROM_KEYS = 65536
+
+
+def _references_noting_peak(case: Case, inputs: AttnInputs, keep, device: str, notes: list[str]):
+    if case.seqlen_k < NOTE_REFERENCE_PEAK_FROM_KEYS or not str(device).startswith("cuda"):
+        return references(case, inputs, keep)
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    gold, low = references(case, inputs, keep)
+    peak = torch.cuda.max_memory_allocated() - before
+    notes.append(f"references (float64 and {case.dtype}) peak {peak / 2**30:.2f} GiB on the GPU, query-chunked")
+    return gold, low
+
+
 def lse_yardstick(case: Case, inputs: AttnInputs, keep, low: AttnResult) -> torch.Tensor:
     """The LSE as a kernel computes it (issue #9): the reference in float32 on the rounded inputs."""
     if TORCH_DTYPES[case.dtype] == TORCH_DTYPES[LSE_YARDSTICK_DTYPE]:
@@ -154,7 +170,7 @@ def run_case(adapter: KernelAdapter, case: Case, device: str, tol: ToleranceConf
                 return CaseResult(case=case, status=Status.FAIL, reason=f"seed {seed}: {exc}", seconds=time.perf_counter() - start)
             if case.dropout_p and kout.dropout_keep is None:
                 raise BadOutput("the kernel ran with dropout but exposed no dropout mask")
-            gold, low = references(case, inputs, kout.dropout_keep)
+            gold, low = _references_noting_peak(case, inputs, kout.dropout_keep, device, notes)
             measured = {"out": kout.out, "dq": grads[0], "dk": grads[1], "dv": grads[2]}
             if kout.lse is not None:
                 if tuple(kout.lse.shape) != tuple(gold.lse.shape):
