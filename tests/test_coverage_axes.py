@@ -175,6 +175,16 @@ def test_suite_toml_errors_name_the_axis():
         expand_block({"pairwise": "yes"}, (0,), "x")
     with pytest.raises(UserError, match="varlen_k"):
         expand_block({"varlen_k": [[3, 4]]}, (0,), "x")
+    with pytest.raises(UserError, match="seeds"):
+        expand_block({"seeds": []}, (0,), "x")
+
+
+def test_a_block_may_run_fewer_seeds_than_its_suite():
+    assert {c.seeds for c in expand_block({"seeds": [0]}, (0, 1), "x")} == {(0,)}
+    assert {c.seeds for c in expand_block({}, (0, 1), "x")} == {(0, 1)}
+    pr = load_suite("pr")
+    assert {len(c.seeds) for c in pr.cases if c.perf} == {2}  # the timed shapes keep two seeds
+    assert sum(len(c.seeds) for c in pr.cases) < 1.3 * len(pr.cases)  # breadth blocks: one seed
 
 
 @pytest.mark.parametrize("sizes", [[3, 3, 3, 3], [6, 5, 4, 3, 2, 2, 2, 5], [2], [4, 1, 3]])

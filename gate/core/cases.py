@@ -346,6 +346,11 @@ def expand_block(block: dict[str, Any], seeds: tuple[int, ...], where: str) -> l
     pairwise = block.pop("pairwise", False)
     if not isinstance(pairwise, bool):
         raise UserError(f"{where}: pairwise must be true or false, got {pairwise!r}")
+    if "seeds" in block:  # issue #9: a block may run fewer seeds than its suite (breadth over depth)
+        seeds = block.pop("seeds")
+        if not isinstance(seeds, list) or not seeds or not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds):
+            raise UserError(f"{where}: seeds must be a non-empty list of integers")
+        seeds = tuple(seeds)
     unknown = sorted(set(block) - set(MATRIX_AXES))
     if unknown:
         raise UserError(f"{where}: unknown matrix axis {unknown[0]!r}; known axes: {', '.join(MATRIX_AXES)}")
