@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Issue #9 evidence on one H200, in two parts (two device calls, ~8 minutes of H200 time in all).
 #
-#   PART=sweeps (<= ~4 min): the pr sweeps of sdpa-efficient, sdpa-cudnn, sdpa-flash, flex (and fa4
-#     where it imports, plus fa4-raw-window on the window cases) as parallel processes (correctness only, no timing), each under its own
-#     time budget; then the LSE-yardstick margin table over every sweep that finished, and the
-#     planted LSE bias of 1e-3 (tests/coverage_kernels.py:lse_bias_1e_3) on two bf16 pr cases.
+#   PART=sweeps (<= ~4.5 min): the pr sweeps of sdpa-flash, sdpa-efficient, sdpa-cudnn, flex (and fa4
+#     where it imports, plus fa4-raw-window on the window cases) as parallel processes (correctness
+#     only, no timing), each kernel within SWEEP_BUDGET_S (200 s) and in pieces (bf16/fp16 x causal
+#     or not) written as each ends, so a budget that runs out keeps what finished; flex (~13 cases/min
+#     on the H200, a compile per shape family) runs the sliced-K cases first (pytorch #146377), then
+#     the (-1, 0) window spelling, then the other views. Then the LSE-yardstick margin table over
+#     every piece written, and the planted LSE bias of 1e-3 (tests/coverage_kernels.py:lse_bias_1e_3)
+#     on two bf16 pr cases, which must FAIL on lse.
 #   PART=flash  (<= ~4.5 min): alone on the GPU (timing!): `attn-gate baseline update` of sdpa-flash
 #     on pr (sweep + speed, the refresh of baselines/h200/sdpa-flash-pr.json) into $OUT, then the pr
 #     verdict `attn-gate check` against it, wall-timed: the issue's <= 180 s criterion.
@@ -13,8 +17,6 @@
 # Everything lands in $OUT/coverage/ as it goes (partial results survive a time-out): sweep JSONs,
 # logs, status.txt (rc and wall time per step), lse-margins.md, and for PART=flash the new
 # baseline, the check's findings/summary and check-wall.txt. A short table is printed at the end.
-# Flex compiles once per shape family (the pr tier has many): its budget may end before its sweep
-# does; it then runs per-dtype halves so one half at least is written.
 #
 #   usage (repository root, on the H200):  PART=sweeps PYTHONPATH=. bash evidence/h200/coverage.sh
 #                                          PART=flash  PYTHONPATH=. bash evidence/h200/coverage.sh
@@ -46,15 +48,27 @@ sweep() {  # kernel budget_s outdir [extra args]: one sweep, its rc and wall tim
   status "sweep $k $* rc=$? wall_s=$(( $(date +%s) - t0 ))"
 }
 
+pieces() {  # kernel budget_s regex...: the sweep in pieces, one after the other, each written when it
+  local k=$1 deadline=$(( $(date +%s) + $2 )) i=0; shift 2  # ends, so a budget that runs out keeps the rest
+  for re in "$@"; do
+    i=$((i + 1)); local left=$(( deadline - $(date +%s) ))
+    if [ "$left" -lt 15 ]; then status "sweep $k piece $i ($re) not run: budget spent"; continue; fi
+    sweep "$k" "$left" "$out/sweeps/$k-$i" "--only=$re"
+  done
+}
+
 if [ "$part" = sweeps ] || [ "$part" = all ]; then
-  start=$(date +%s)
+  start=$(date +%s); budget=${SWEEP_BUDGET_S:-200}
+  quarters=('^bf16.*-causal' '^bf16(?!.*-causal)' '^fp16.*-causal' '^fp16(?!.*-causal)')
   for k in "${kernels[@]}"; do
-    if [ "$k" = flex ] && [ -z "${DRY:-}" ]; then  # halves, so one is written even if the budget ends
-      ( sweep flex 110 "$out/sweeps/flex-bf16" --only '^bf16'; sweep flex 110 "$out/sweeps/flex-fp16" --only '^fp16' ) &
+    if [ -n "${DRY:-}" ]; then
+      sweep "$k" "$budget" "$out/sweeps/$k" &
+    elif [ "$k" = flex ]; then  # ~13 cases/min (a compile per shape family): the sliced-K class first (pytorch #146377)
+      pieces flex "$budget" '-k_sliced' '-win-1\.' '-(bhsd_view|dout_noncontig)' &
     elif [ "$k" = fa4 ]; then  # and the raw (-1, 0) window spelling through FA4 (TransformerEngine #3528)
-      ( sweep fa4 "${SWEEP_BUDGET_S:-220}" "$out/sweeps/fa4"; sweep fa4-raw-window 60 "$out/sweeps/fa4-raw-window" --only '-win' ) &
+      ( pieces fa4 $(( budget - 40 )) "${quarters[@]}"; sweep fa4-raw-window 40 "$out/sweeps/fa4-raw-window" --only=-win ) &
     else
-      sweep "$k" "${SWEEP_BUDGET_S:-220}" "$out/sweeps/$k" &
+      pieces "$k" "$budget" "${quarters[@]}" &
     fi
   done
   wait
