@@ -8,7 +8,8 @@
 #     on the H200, a compile per shape family) runs the sliced-K cases first (pytorch #146377), then
 #     the (-1, 0) window spelling, then the other views. Then the LSE-yardstick margin table over
 #     every piece written, and the planted LSE bias of 1e-3 (tests/coverage_kernels.py:lse_bias_1e_3)
-#     on two bf16 pr cases, which must FAIL on lse.
+#     on two bf16 pr cases, which must FAIL on lse; then nightly's 65,537/131,072-key cases on
+#     sdpa-flash, whose rows note the float64 reference's GPU peak (long/peaks.txt).
 #   PART=flash  (<= ~4.5 min): alone on the GPU (timing!): `attn-gate baseline update` of sdpa-flash
 #     on pr (sweep + speed, the refresh of baselines/h200/sdpa-flash-pr.json) into $OUT, then the pr
 #     verdict `attn-gate check` against it, wall-timed: the issue's <= 180 s criterion.
@@ -78,6 +79,18 @@ if [ "$part" = sweeps ] || [ "$part" = all ]; then
   timeout 60 python3 -m gate sweep --kernel tests.coverage_kernels:lse_bias_1e_3 --suite "$suite_lse" --device "$device" \
     --only "$lse_only" --no-progress --out "$out/lse-bias" > "$out/lse-bias/log.txt" 2>&1 || true
   status "lse bias sweep wall_s=$(( $(date +%s) - t0 ))"
+  # nightly's 65,537 / 131,072-key cases on sdpa-flash: each row notes the references' GPU peak.
+  if [ -z "${DRY:-}" ]; then
+    t0=$(date +%s); mkdir -p "$out/long"
+    timeout 90 python3 -m gate sweep --kernel sdpa-flash --suite nightly --device cuda --only '(65537|131072)' --no-progress \
+      --out "$out/long" > "$out/long/log.txt" 2>&1
+    status "long-key sweep (nightly, sdpa-flash) rc=$? wall_s=$(( $(date +%s) - t0 ))"
+    python3 -c "
+import json, glob
+for p in glob.glob('$out/long/sweep-*.json'):
+    for c in json.load(open(p))['cases']:
+        print(c['case_id'], c['status'], c['reason'])" | tee "$out/long/peaks.txt"
+  fi
   python3 - "$out" <<'EOF'
 import glob, json, math, statistics, sys
 from pathlib import Path
