@@ -265,3 +265,14 @@ def test_fa4_raw_window_hands_the_minus_one_spelling_to_the_kernel():
     assert FA4Adapter()._window(call) == (None, 0)
     assert FA4RawWindowAdapter()._window(call) == (-1, 0)
     assert get_adapter("fa4-raw-window").name == "fa4-raw-window"
+
+
+def test_depth_probes_follow_varlen_k():
+    from gate.correctness.probes.determinism import batch_invariance_check, scaled_batch
+
+    case = Case(batch=3, seqlen_q=40, seqlen_k=9, heads_q=2, heads_kv=1, head_dim=16, head_dim_v=16, dtype="bf16",
+                varlen=(5, 40, 0), varlen_k=(9, 3, 4), seeds=(0,), layout="k_sliced")
+    big = scaled_batch(case, 2)
+    assert big.varlen == (5, 40, 0) * 2 and big.varlen_k == (9, 3, 4) * 2
+    (inv,) = batch_invariance_check(get_adapter("tiled"), case, "cpu")
+    assert inv.passed is None and "cu_seqlens_k" in inv.detail  # stated as not applicable, never a silent pass
