@@ -137,16 +137,19 @@ def _add_bias(s: torch.Tensor, bias: torch.Tensor, cd: torch.dtype) -> torch.Ten
 def attention_reference(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, opts: AttnOptions,
     compute_dtype: torch.dtype, *, cu_seqlens: torch.Tensor | None = None,
-    dropout_keep: torch.Tensor | list[torch.Tensor] | None = None,
+    dropout_keep: torch.Tensor | list[torch.Tensor] | None = None, cu_seqlens_k: torch.Tensor | None = None,
 ) -> AttnResult:
     """Forward + backward in `compute_dtype`; outputs returned in that dtype.
 
     Dense: q (B, Nq, Hq, D), k (B, Nk, Hkv, D), v (B, Nk, Hkv, Dv), dropout_keep (B, Hq, Nq, Nk).
     Varlen: packed (total, H, D) with cu_seqlens; dropout_keep a list of (1, Hq, n, n) per sequence.
+    cu_seqlens_k (issue #9): the keys' offsets where they differ from the queries' (bottom-right
+    alignment within each sequence).
     """
     if cu_seqlens is None:
         return _dense(q, k, v, dout, opts, compute_dtype, dropout_keep)
     offsets = cu_seqlens.tolist()
+    keys = (cu_seqlens_k if cu_seqlens_k is not None else cu_seqlens).tolist()
     hq = q.shape[1]
     lse_dtype = torch.float64 if compute_dtype == torch.float64 else torch.float32
     out = torch.zeros(q.shape[0], hq, v.shape[-1], dtype=compute_dtype, device=q.device)
@@ -154,11 +157,11 @@ def attention_reference(
     dq = torch.zeros(q.shape, dtype=compute_dtype, device=q.device)
     dk = torch.zeros(k.shape, dtype=compute_dtype, device=q.device)
     dv = torch.zeros(v.shape, dtype=compute_dtype, device=q.device)
-    for i, (a, z) in enumerate(zip(offsets[:-1], offsets[1:])):
+    for i, (a, z, ka, kz) in enumerate(zip(offsets[:-1], offsets[1:], keys[:-1], keys[1:])):
         if z == a:
             continue
         keep = None if dropout_keep is None else dropout_keep[i]
-        part = _dense(q[a:z][None], k[a:z][None], v[a:z][None], dout[a:z][None], opts, compute_dtype, keep)
-        out[a:z], dq[a:z], dk[a:z], dv[a:z] = part.out[0], part.dq[0], part.dk[0], part.dv[0]
+        part = _dense(q[a:z][None], k[ka:kz][None], v[ka:kz][None], dout[a:z][None], opts, compute_dtype, keep)
+        out[a:z], dq[a:z], dk[ka:kz], dv[ka:kz] = part.out[0], part.dq[0], part.dk[0], part.dv[0]
         lse[:, a:z] = part.lse[0]
     return AttnResult(out=out, lse=lse, dq=dq, dk=dk, dv=dv)

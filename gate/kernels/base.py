@@ -108,7 +108,8 @@ def realised_keep_probability(p: float, levels: int) -> float:
 
 @dataclass(frozen=True)
 class KernelCall:
-    """One call: q/k/v are leaf tensors with requires_grad (dense (B, N, H, D) or packed varlen)."""
+    """One call: q/k/v track gradients (dense (B, N, H, D) or packed varlen): contiguous leaves, or
+    under a case's `layout` (issue #9) strided views of leaves, which the kernel must honour."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -120,6 +121,18 @@ class KernelCall:
     deterministic: bool = False
     seed: int = 0
     want_lse: bool = True  # False when timing: adapters may skip extra work done only to expose the LSE
+    # issue #9: varlen keys whose lengths differ from the queries' (None: cu_seqlens serves both)
+    cu_seqlens_k: torch.Tensor | None = None
+    max_seqlen_k: int = 0
+    seqlens_k: tuple[int, ...] | None = None
+
+    @property
+    def keys_cu_seqlens(self) -> torch.Tensor | None:
+        return self.cu_seqlens_k if self.cu_seqlens_k is not None else self.cu_seqlens
+
+    @property
+    def keys_max_seqlen(self) -> int:
+        return self.max_seqlen_k if self.cu_seqlens_k is not None else self.max_seqlen
 
 
 @dataclass(frozen=True)
@@ -166,12 +179,13 @@ def per_sequence(call: KernelCall, dense_fn) -> KernelOutput:
     Used by adapters without a varlen API: the kernel is still what computes every sequence;
     zero-length sequences are not sent to it (they have no rows)."""
     offsets = call.cu_seqlens.tolist()
+    keys = call.keys_cu_seqlens.tolist()
     outs, lses, keeps = [], [], []
-    for a, z in zip(offsets[:-1], offsets[1:]):
+    for a, z, ka, kz in zip(offsets[:-1], offsets[1:], keys[:-1], keys[1:]):
         if z == a:
             keeps.append(None)  # the reference wants one dropout mask per sequence, empty ones as None
             continue
-        part = dense_fn(call.q[a:z][None], call.k[a:z][None], call.v[a:z][None])
+        part = dense_fn(call.q[a:z][None], call.k[ka:kz][None], call.v[ka:kz][None])
         outs.append(part.out[0])
         lses.append(None if part.lse is None else part.lse[0])
         keeps.append(part.dropout_keep)

@@ -62,8 +62,8 @@ class _FlashBase(KernelAdapter):
             out, lse = self._split(mod.flash_attn_func(call.q, call.k, call.v, **kwargs))
         else:
             out, lse = self._split(mod.flash_attn_varlen_func(
-                call.q, call.k, call.v, cu_seqlens_q=call.cu_seqlens, cu_seqlens_k=call.cu_seqlens,
-                max_seqlen_q=call.max_seqlen, max_seqlen_k=call.max_seqlen, **kwargs))
+                call.q, call.k, call.v, cu_seqlens_q=call.cu_seqlens, cu_seqlens_k=call.keys_cu_seqlens,
+                max_seqlen_q=call.max_seqlen, max_seqlen_k=call.keys_max_seqlen, **kwargs))
         return KernelOutput(out=out, lse=lse)
 
 
@@ -94,7 +94,8 @@ class FA2Adapter(_FlashBase):
                 out, lse, s_dmask = mod.flash_attn_func(call.q, call.k, call.v, **kwargs)
             else:
                 out, lse, s_dmask = mod.flash_attn_varlen_func(
-                    call.q, call.k, call.v, call.cu_seqlens, call.cu_seqlens, call.max_seqlen, call.max_seqlen, **kwargs)
+                    call.q, call.k, call.v, call.cu_seqlens, call.keys_cu_seqlens, call.max_seqlen, call.keys_max_seqlen,
+                    **kwargs)
         keep = None
         if call.opts.dropout_p:
             # FA2 encodes a dropped element as a negative entry of S_dmask (padded to 128/256);
@@ -103,7 +104,8 @@ class FA2Adapter(_FlashBase):
                 nq, nk = call.q.shape[1], call.k.shape[1]
                 keep = (s_dmask[:, :, :nq, :nk] >= 0)
             else:
-                keep = [None if not n else s_dmask[i:i + 1, :, :n, :n] >= 0 for i, n in enumerate(call.seqlens)]
+                keys = call.seqlens_k or call.seqlens
+                keep = [None if not n else s_dmask[i:i + 1, :, :n, :keys[i]] >= 0 for i, n in enumerate(call.seqlens)]
         return KernelOutput(out=out, lse=lse.detach().float(), dropout_keep=keep)
 
 
@@ -168,3 +170,16 @@ class FA4Adapter(_FlashBase):
         kwargs = super()._kwargs(call)
         kwargs["return_lse"] = True
         return kwargs
+
+
+class FA4RawWindowAdapter(FA4Adapter):
+    """FA4 handed the window exactly as flash_attn_func callers spell it: -1 for an unbounded side
+    (issue #9). FA4's API spells that None and reads -1 differently (TransformerEngine #3528:
+    causal + window (-1, 0) returned zeros), so both spellings must reach the kernel: `fa4` takes
+    None, this one -1; the window cases of the suites run through both."""
+
+    name = "fa4-raw-window"
+    description = "flash-attn 4 with window_size passed raw (-1 = unbounded), as FA2/FA3 callers write it"
+
+    def _window(self, call: KernelCall):
+        return tuple(call.opts.window)

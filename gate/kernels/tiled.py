@@ -166,8 +166,7 @@ class TiledAdapter(KernelAdapter):
         drawn = [0]
 
         def run(q, k, v):  # each sequence its own mask, from seed + its index among non-empty ones
-            n = q.shape[1]
-            keep = dropout_keep_mask((1, q.shape[2], n, n), p, call.seed + drawn[0], q.device)
+            keep = dropout_keep_mask((1, q.shape[2], q.shape[1], k.shape[1]), p, call.seed + drawn[0], q.device)
             drawn[0] += 1
             return self._dense(q, k, v, call, keep)
 

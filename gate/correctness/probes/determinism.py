@@ -79,7 +79,8 @@ def _bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 def scaled_batch(case: Case, factor: int) -> Case:
     """The case with `factor` times as many sequences (varlen: the length list repeated)."""
     if case.varlen is not None:
-        return dataclasses.replace(case, varlen=case.varlen * factor, batch=len(case.varlen) * factor)
+        keys = None if case.varlen_k is None else case.varlen_k * factor  # issue #9: keys per sequence too
+        return dataclasses.replace(case, varlen=case.varlen * factor, batch=len(case.varlen) * factor, varlen_k=keys)
     return dataclasses.replace(case, batch=case.batch * factor)
 
 
@@ -150,6 +151,8 @@ def _splice(keep_from: AttnInputs, others_from: AttnInputs, where: slice | int) 
 
 def batch_invariance_check(adapter: KernelAdapter, case: Case, device: str) -> tuple[CheckResult, ...]:
     name = "batch_invariance"
+    if case.varlen_k is not None:  # issue #9: splicing one sequence would need separate key offsets
+        return (CheckResult(name, None, 0.0, 0.0, "not applicable: varlen with cu_seqlens_k != cu_seqlens_q"),)
     if case.varlen is None and case.batch < 2:
         case = dataclasses.replace(case, batch=2)
     slices = _sequence_slices(case)
