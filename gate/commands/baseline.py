@@ -44,8 +44,16 @@ def update(args: argparse.Namespace) -> int:
     from gate.workflow.check import run_baseline_update
     from gate.core.config import load_config
 
+    from gate.workflow.validate import check_device, validate_target
+
     config = load_config(args.config)
-    outcome = run_baseline_update(config, kernel=args.kernel, suite=args.suite, device=args.device, only=args.only,
+    kernel, suite, device = args.kernel, args.suite, args.device
+    if args.from_results is None:  # names first: a typo is a typo
+        t = validate_target(config, kernel, suite, device, args.only)
+        kernel, suite, device = t.kernel, t.suite, t.device
+    else:
+        check_device(device)
+    outcome = run_baseline_update(config, kernel=kernel, suite=suite, device=device, only=args.only,
                                   results_path=args.from_results, allow_failing=args.allow_failing,
                                   summary_path=args.summary, out_dir=args.out, progress=not args.no_progress,
                                   perf=args.perf, perf_from=args.perf_from)
@@ -67,7 +75,10 @@ def show(args: argparse.Namespace) -> int:
     if args.file is not None:
         path = args.file
     else:
-        target = resolve_target(config, args.kernel, args.suite, args.device, None)
+        from gate.workflow.validate import validate_target
+
+        valid = validate_target(config, args.kernel, args.suite, args.device, args.only, check_kernel_runs=False)
+        target = resolve_target(config, valid.kernel, valid.suite, valid.device, None)
         path = baseline_path(config.baselines_dir, target.gpu_class, target.kernel, target.suite)
     b = read_baseline(path)
     console = Console()

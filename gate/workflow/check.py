@@ -38,6 +38,10 @@ from gate.compare.sweep_rules import (
 )
 
 
+# The README section that every "no baseline" message points to (tests/test_validate.py checks it exists).
+BASELINES_README_SECTION = "The gate: `attn-gate check` and baselines"
+
+
 @dataclass(frozen=True)
 class Target:
     kernel: str
@@ -129,11 +133,16 @@ def fresh_sweep(config: Config, target: Target, only: str | None, progress: bool
 def load_existing_baseline(config: Config, target: Target, baseline_file: Path | None) -> tuple[Path, Baseline]:
     path = Path(baseline_file) if baseline_file else baseline_path(config.baselines_dir, target.gpu_class, target.kernel, target.suite)
     if not path.is_file():
-        where = "--baseline" if baseline_file else f"gpu class {target.gpu_class!r}"
+        if baseline_file:  # a typo in --baseline: never advise creating (and committing) a file by that name
+            raise UserError(f"--baseline {baseline_file}: no such file; pass an existing baseline JSON, or leave "
+                            f"--baseline out to use {baseline_path(config.baselines_dir, target.gpu_class, target.kernel, target.suite)}")
+        from gate.workflow.validate import check_working_directory
+
+        check_working_directory(config)  # run from another folder: say so, not "no baseline"
         raise UserError(
-            f"no baseline for kernel {target.kernel!r} on suite {target.suite!r} ({where}): {path} does not exist. "
-            f"Create it with `{update_command(target.kernel, target.suite, target.gpu_class)}`, review the printed "
-            f"summary and commit {path} (see README, 'Baselines')")
+            f"no baseline for kernel {target.kernel!r} on suite {target.suite!r} (gpu class {target.gpu_class!r}): {path} "
+            f"does not exist. Create it with `{update_command(target.kernel, target.suite, target.gpu_class)}`, review "
+            f"the printed summary and commit {path} (see README, '{BASELINES_README_SECTION}')")
     baseline = read_baseline(path)
     refuse_other_gpu_class(baseline, target.gpu_class, target.kernel, target.suite, path)  # before a long sweep
     return path, baseline
