@@ -123,7 +123,7 @@ class Verdict:
         warns = self.of(Severity.WARN)
         if fails:
             cases = sorted({f.case_id for f in fails if f.case_id})
-            first = min(fails, key=sort_key)
+            first = min(fails, key=worst_first)
             where = f" in {len(cases)} case{'s' * (len(cases) != 1)}" if cases else ""
             more = f" (and {len(fails) - 1} more)" if len(fails) > 1 else ""
             kind = "failing" if any(f.severity is Severity.FAIL for f in fails) else "inconclusive"
@@ -140,6 +140,12 @@ class Verdict:
             "thresholds": self.thresholds, "context": self.context,
             "findings": [f.to_dict() for f in self.findings],
         }
+
+
+def worst_first(f: Finding) -> tuple:
+    """Severity, then size: the headline names the largest error ratio, not the first id (#15)."""
+    size = f.current if isinstance(f.current, float) and f.metric.startswith("ratio:") and not math.isnan(f.current) else 0.0
+    return (-f.severity.rank, -size, f.case_id, f.metric)
 
 
 def sort_key(f: Finding) -> tuple:

@@ -108,7 +108,9 @@ def traceback_tail(exc: BaseException, lines: int = 12) -> str:
     import traceback
 
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip().splitlines()
-    return "\n".join(text[-lines:])[-2000:]
+    if len(text) > lines + 1:
+        text = [text[0], "  ...", *text[-lines:]]
+    return "\n".join(text)[-2000:]
 
 
 def _first_line(exc: BaseException) -> str:

@@ -186,7 +186,7 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
         findings = list(findings) + results_file_findings(perf, target.device)
     context = {"kernel": sweep.kernel, "suite": sweep.suite, "gpu_class": baseline.gpu_class, "baseline": str(path),
                "baseline_measured_at": baseline.measured_at, "run_started_at": sweep.started_at,
-               "config": config.source, "scope": scope,
+               "config": config.source, "scope": scope, "baseline_option": str(baseline_file) if baseline_file else None,
                "measured": sum(1 for c in sweep.cases if c.tensors), "cases": len(sweep.cases)}
     verdict = decide(findings, thresholds, context)
     with writing(f"pass a writable --out folder (verdict: {'PASS' if verdict.passed else 'FAIL'})"):
@@ -207,9 +207,13 @@ def render_check(verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_d
     paths = write_sweep_outputs(sweep, out_dir)
     paths["findings"] = out_dir / f"findings-{stem}.json"
     write_json_atomic(paths["findings"], verdict.to_dict())
-    summary = markdown_summary(verdict, sweep, baseline) + extra_markdown
+    from gate.report.comment import Links
+
+    summary = markdown_summary(verdict, sweep, baseline, Links.from_env(os.environ), extra_markdown)
     paths["summary"] = out_dir / f"check-{stem}.md"
     write_text_atomic(paths["summary"], summary)
+    paths["comment"] = out_dir / f"comment-{stem}.md"  # the PR comment: the same text, under GitHub's limit
+    write_text_atomic(paths["comment"], summary)
     try:
         from gate.report.plots import plot_ratios
 
