@@ -30,7 +30,7 @@ COMMENT_LIMIT = 65_536  # GitHub's maximum comment body (characters)
 BUDGET = 60_000  # what this comment may use: room for the workflow's own header and footer
 TOP_ROWS = 15  # rows of the worst-findings table; the rest is folded
 SPEED_RULE = "speed"
-ASV_BENCHMARK = "bench_attention.AttentionSpeed.track_{pass_}_speed_ratio"
+ASV_BENCHMARK = "bench_attention.AttentionSpeed.track_{pass_}_speed_ratio"  # benchmarks/bench_attention.py
 
 
 def _cell(text: object) -> str:
@@ -79,10 +79,12 @@ class Links:
         plain = sha.removesuffix("+dirty")
         return f"[`{short}`]({self.repository}/commit/{plain})" if self.repository else f"`{short}`"
 
-    def asv_graph(self, case_id: str, pass_: str) -> str:
+    def asv_graph(self, case_id: str, pass_: str, kernel: str = "") -> str:
+        """asv's graph page of one speed ratio; its parameters are kernel, anchor and case."""
         if not self.asv:
             return ""
-        return f"{self.asv}/#{ASV_BENCHMARK.format(pass_=pass_)}?p-case={quote(repr(case_id))}"
+        kernel_param = f"p-kernel={quote(repr(kernel))}&" if kernel else ""
+        return f"{self.asv}/#{ASV_BENCHMARK.format(pass_=pass_)}?{kernel_param}p-case={quote(repr(case_id))}"
 
 
 # ---------------------------------------------------------------- what the failing cases share
@@ -210,6 +212,7 @@ def _case_rows(verdict: Verdict, sweep: SweepResult, baseline: Baseline, severit
 
 
 def _speed_rows(verdict: Verdict, links: Links, severities: set[Severity] | None) -> list[Row]:
+    kernel = str(verdict.context.get("kernel", ""))
     rows = []
     for f in verdict.findings:
         if not _is_speed(f) or (severities is not None and f.severity not in severities):
@@ -221,7 +224,7 @@ def _speed_rows(verdict: Verdict, links: Links, severities: set[Severity] | None
             limit = f"{(f.threshold / base - 1) * 100:+.2f}%" if isinstance(f.threshold, float) else "-"
             cells = (f.severity.value, f"`{f.case_id}` {pass_}" if f.case_id else f"(run) {pass_}", "speed ratio (kernel/anchor time)",
                      f"{now:.4g}", f"{base:.4g}", f"**{change * 100:+.2f}%**" if f.severity.blocks else f"{change * 100:+.2f}%", limit)
-            graph = links.asv_graph(f.case_id, pass_) if f.case_id and f.severity is not Severity.OK else ""
+            graph = links.asv_graph(f.case_id, pass_, kernel) if f.case_id and f.severity is not Severity.OK else ""
             if graph:
                 cells = cells[:2] + (f"[{cells[2]}]({graph})",) + cells[3:]
             rows.append(Row(f.severity.rank, change, cells))
