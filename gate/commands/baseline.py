@@ -13,12 +13,14 @@ import argparse
 from pathlib import Path
 
 from gate.commands.common import add_config, add_kernel_suite
+from gate.commands.help_text import parser_kwargs
 
 
 def register(sub) -> None:
-    p = sub.add_parser("baseline", help="update or show the committed baseline of this GPU class")
+    p = sub.add_parser("baseline", help="update or show the committed baseline of this GPU class", **parser_kwargs("baseline"))
     bsub = p.add_subparsers(dest="baseline_command", required=True, metavar="ACTION")
-    u = bsub.add_parser("update", help="rewrite baselines/<gpu-class>/<kernel>-<suite>.json from a fresh run or a results file")
+    u = bsub.add_parser("update", help="rewrite baselines/<gpu-class>/<kernel>-<suite>.json from a fresh run or a results file",
+                        **parser_kwargs("baseline update"))
     add_kernel_suite(u)
     add_config(u)
     u.add_argument("--from-results", type=Path, default=None, metavar="FILE",
@@ -33,7 +35,7 @@ def register(sub) -> None:
     u.add_argument("--perf-from", type=Path, default=None, metavar="FILE",
                    help="take the speed section from a perf JSON (`attn-gate perf --rounds 30` on a machine of this GPU class)")
     u.set_defaults(main=update)
-    s = bsub.add_parser("show", help="print a baseline: fingerprint and each case's ratios")
+    s = bsub.add_parser("show", help="print a baseline: fingerprint and each case's ratios", **parser_kwargs("baseline show"))
     add_kernel_suite(s)
     add_config(s)
     s.add_argument("--file", type=Path, default=None, help="a baseline file (default: this machine's for the kernel and suite)")

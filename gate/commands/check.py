@@ -12,10 +12,12 @@ import argparse
 from pathlib import Path
 
 from gate.commands.common import add_config, add_kernel_suite
+from gate.commands.help_text import parser_kwargs
 
 
 def register(sub) -> None:
-    p = sub.add_parser("check", help="gate a kernel: sweep, compare with baselines/<gpu-class>/, exit 0 pass / 1 fail")
+    p = sub.add_parser("check", help="gate a kernel: sweep, compare with baselines/<gpu-class>/, exit 0 pass / 1 fail",
+                       **parser_kwargs("check"))
     add_kernel_suite(p)
     add_config(p)
     p.add_argument("--results", type=Path, default=None, metavar="FILE",

@@ -8,10 +8,12 @@ import argparse
 from pathlib import Path
 
 from gate.commands.common import add_config
+from gate.commands.help_text import parser_kwargs
 
 
 def register(sub) -> None:
-    p = sub.add_parser("drift", help="training drift: a toy transformer trained with the kernel vs the float32 reference")
+    p = sub.add_parser("drift", help="training drift: a toy transformer trained with the kernel vs the float32 reference",
+                       **parser_kwargs("drift"))
     p.add_argument("--kernel", default=None, help="kernel name (attn-gate kernels lists them) or package.module:function; "
                    "default: the config's gpu/cpu profile, as in every other command")
     p.add_argument("--steps", type=int, default=None, help="training steps (default 1000 on a GPU, 100 on a CPU)")

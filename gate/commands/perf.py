@@ -7,10 +7,12 @@ import sys
 from pathlib import Path
 
 from gate.commands.common import add_config, add_kernel_suite
+from gate.commands.help_text import parser_kwargs
 
 
 def register(sub) -> None:
-    p = sub.add_parser("perf", help="speed ratios (fwd, bwd) of a kernel against an anchor over a suite's perf cases")
+    p = sub.add_parser("perf", help="speed ratios (fwd, bwd) of a kernel against an anchor over a suite's perf cases",
+                       **parser_kwargs("perf"))
     add_kernel_suite(p)
     add_config(p)
     p.add_argument("--anchor", default=None, help="adapter name or 'matmul' (equal-FLOPs dense matmul); "

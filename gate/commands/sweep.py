@@ -6,10 +6,11 @@ import argparse
 from pathlib import Path
 
 from gate.commands.common import add_config, add_kernel_suite
+from gate.commands.help_text import parser_kwargs
 
 
 def register(sub) -> None:
-    p = sub.add_parser("sweep", help="correctness sweep of one kernel over one suite")
+    p = sub.add_parser("sweep", help="correctness sweep of one kernel over one suite", **parser_kwargs("sweep"))
     add_kernel_suite(p)
     add_config(p)
     p.add_argument("--out", type=Path, default=Path("out"), help="folder for the JSON report and validation note")
