@@ -195,3 +195,25 @@ def test_the_environment_records_cpu_model_and_capability():
     env = describe("cpu", "k", "1")
     assert env["cpu_model"] and env["cpu_model"] != env["machine"]
     assert env["cpu_capability"] in ("DEFAULT", "NO AVX", "AVX2", "AVX512", "ZVECTOR", "VSX", "SVE256") or env["cpu_capability"]
+
+
+def test_plots_are_150_dpi_and_show_at_most_the_worst_cases(causal_bug, tmp_path):
+    """#15: readable plots: 150 dpi, one row per case (at most MAX_CASES, so labels stay legible)."""
+    from PIL import Image
+
+    from gate.compare.sweep_rules import compare, correctness_thresholds
+    from gate.core.config import VerdictConfig
+    from gate.report.plots import MAX_CASES, plot_ratios
+
+    png = causal_bug[1] / f"ratios-{BUG_STEM}.png"
+    with Image.open(png) as im:
+        assert round(im.info["dpi"][0]) == 150
+        small_height = im.size[1]
+    sweep = SweepResult.read(causal_bug[1] / f"sweep-{BUG_STEM}.json")
+    baseline = read_baseline(CPU_BASELINE)
+    many = dataclasses.replace(sweep, cases=tuple(dataclasses.replace(c, case=dataclasses.replace(c.case, heads_q=c.case.heads_q * (k + 1)))
+                                                  for k in range(10) for c in sweep.cases))
+    verdict = decide(compare(baseline, many, VerdictConfig()), correctness_thresholds(VerdictConfig()))
+    with Image.open(plot_ratios(verdict, many, baseline, tmp_path / "many.png")) as im:
+        per_row = small_height / len(sweep.cases)
+        assert im.size[1] < per_row * (MAX_CASES + 12)  # capped: 360 cases do not make a 360-row plot
