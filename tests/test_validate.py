@@ -112,3 +112,12 @@ def test_nearest_offers_nothing_for_a_name_far_from_all():
 
     assert nearest("sdpa-cpuu", ["sdpa-cpu", "flex"]) == " (did you mean sdpa-cpu?)"
     assert nearest("zzzzzz", ["sdpa-cpu", "flex"]) == ""
+
+
+@pytest.mark.parametrize("args, words", [(["--kernel", "sdpa-cpuu"], "did you mean sdpa-cpu"),
+                                         (["--suite", "smok"], "did you mean smoke"),
+                                         (["--anchor", "sdpa-mat"], "did you mean sdpa-math")])
+def test_bench_checks_names_before_asv_runs(args, words, capsys):
+    """Also: the default asv.conf.json is the repository's (it was looked for under gate/)."""
+    rc, _, err = run(["bench", "--device", "cpu", *args], capsys)
+    assert rc == 2 and words in err and "asv.conf.json" not in err

@@ -34,7 +34,17 @@ def bench_main(args: argparse.Namespace) -> int:
     from gate.speed import asv as A
     from gate.core.errors import EXIT_FAIL, EXIT_PASS
 
+    from gate.core.config import load_config
+    from gate.workflow.validate import check_device, check_kernel, check_suite
+
     conf = A.asv_conf(args.asv_config)
+    device = check_device(args.device)  # names first: a typo is a typo, not an asv failure
+    if args.kernel is not None:
+        check_kernel(args.kernel, device)
+    if args.anchor not in (None, "matmul"):
+        check_kernel(args.anchor, device, "--anchor")
+    if args.suite is not None:
+        check_suite(load_config((args.config or A.REPO_ROOT / "pyproject.toml").resolve()), args.suite)
     settings = A.BenchSettings(config_path=(args.config or A.REPO_ROOT / "pyproject.toml").resolve(), kernel=args.kernel,
                                suite=args.suite, anchor=args.anchor, device=args.device, only=args.only, rounds=args.rounds)
     commit = A.git_commit(args.commit, A.asv_repo(conf))

@@ -40,7 +40,10 @@ def print_perf_table(result: PerfResult, console=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # a CI log: rich would squeeze the table into 80 columns
+            console = Console(width=200)
     table = Table(title=f"{result.kernel} vs {result.anchor} / {result.suite} ({result.device}, "
                         f"{result.plan.rounds} rounds x {result.plan.calls_per_round} calls): speed ratio = kernel / anchor time")
     for h in HEADER:
@@ -58,7 +61,7 @@ def perf_markdown(result: PerfResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_speed_ratios(judgements: tuple[PerfJudgement, ...], title: str, path: Path, noise_k: float | None = None) -> Path:
+def plot_speed_ratios(judgements: tuple[PerfJudgement, ...], title: str, path: Path) -> Path:
     """One row per case and pass: the change of the speed ratio against the baseline (%), with its
     95% confidence interval (1.96 x the combined noise of both medians) as error bars, and the
     slowdown that fails (the threshold) marked. Slower is red, faster green; legend outside."""

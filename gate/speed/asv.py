@@ -21,7 +21,7 @@ from typing import Any
 
 from gate.core.errors import UserError
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]  # gate/speed/asv.py -> the repository
 
 
 @dataclass(frozen=True)
