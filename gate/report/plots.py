@@ -61,8 +61,8 @@ def plot_ratios(verdict: Verdict, sweep: SweepResult, baseline: Baseline, path: 
     for y, n, b in zip(ys, now, base):
         if math.isfinite(n) and math.isfinite(b):
             ax.plot([b, n], [y, y], color="#bbbbbb", linewidth=1, zorder=1)
-    ax.scatter(base, ys, facecolors="none", edgecolors="black", s=42, zorder=2, label="baseline (worst tensor)")
-    ax.scatter(now, ys, c=colors, s=30, zorder=3, label="now: red fails, orange warns, green passes")
+    ax.scatter(base, ys, facecolors="none", edgecolors="black", linewidths=1.2, s=80, zorder=4, label="baseline (worst tensor): ring")
+    ax.scatter(now, ys, c=colors, s=22, zorder=3, label="now: dot; red fails, orange warns, green passes")
     limits = [max(r[2] * factor, r[2] + step) if math.isfinite(r[2]) else math.nan for r in rows]
     ax.scatter(limits, ys, marker="|", color="grey", s=80, zorder=1, label=f"headroom limit (x{factor:g} and +{step:g})")
     missing = [y for y, r in zip(ys, rows) if not math.isfinite(r[1])]
@@ -76,7 +76,7 @@ def plot_ratios(verdict: Verdict, sweep: SweepResult, baseline: Baseline, path: 
     ax.set_yticks(ys)
     ax.set_yticklabels([f"{r[0]}  [{r[4]}]" if r[4] != "PASS" else r[0] for r in rows], fontsize=8, family="monospace")
     ax.set_ylim(-0.7, len(rows) - 0.3)
-    ax.set_xlabel("error / bound of the worst tensor (log scale; <= 1 passes)")
+    ax.set_xlabel(f"error / bound of the worst tensor (log scale; <= 1 passes; below {floor:g} drawn at {floor:g})")
     verdict_word = "PASS" if verdict.passed else "FAIL"
     shown = f"the {len(rows)} worst of {len(rows) + hidden} cases" if hidden else f"all {len(rows)} cases"
     ax.set_title(f"{sweep.kernel} / {sweep.suite} on {baseline.gpu_class}: {verdict_word} ({shown})", fontsize=10)
