@@ -61,7 +61,7 @@ def check_kernel(kernel: str, device: str, option: str = "--kernel") -> None:
     missing = adapter.unavailable_reason()
     if missing:
         runnable = [n for n in names if ":" not in n and _runs_on(n, device)]
-        raise UserError(f"{option} {kernel!r} cannot run here: {missing}; on {device} try {', '.join(runnable) or 'none'}")
+        raise UserError(f"kernel {kernel!r} is unavailable here: {missing}; on {device} try {', '.join(runnable) or 'none'}")
     devices = adapter.capabilities().devices
     if device not in devices:
         raise UserError(f"{option} {kernel!r} runs on {'/'.join(devices)}, not {device}; pass --device "
