@@ -217,3 +217,28 @@ def test_plots_are_150_dpi_and_show_at_most_the_worst_cases(causal_bug, tmp_path
     with Image.open(plot_ratios(verdict, many, baseline, tmp_path / "many.png")) as im:
         per_row = small_height / len(sweep.cases)
         assert im.size[1] < per_row * (MAX_CASES + 12)  # capped: 360 cases do not make a 360-row plot
+
+
+def test_another_cpu_model_turns_a_moved_ratio_into_info_end_to_end():
+    """#15, through the real rules: an unchanged kernel on another CPU model whose dv ratio halved
+    reads as INFO naming the CPU change, not as a WARN to refresh; the same move on the same CPU warns."""
+    from gate.compare.baselines import TensorBaseline
+    from gate.compare.sweep_rules import compare
+    from gate.core.config import VerdictConfig
+
+    sweep = SweepResult.read(ROOT / "reports" / "cpu" / "check-sdpa-cpu-smoke" / "sweep-sdpa-cpu-smoke.json")
+    baseline = read_baseline(CPU_BASELINE)
+    case = next(c for c in sweep.cases if c.tensor("dv") is not None and c.tensor("dv").ratio > 0.2)
+    dv = case.tensor("dv")
+    old = baseline.correctness[case.case_id]
+    moved = dataclasses.replace(old, tensors={**old.tensors, "dv": TensorBaseline(dv.ratio * 2.5, dv.max_err, dv.mean_err, dv.bound, dv.pt_err)})
+    env_now = {k: str(v) for k, v in sweep.environment.items()}
+    for other_cpu, expected in (("Intel Xeon Platinum 8375C", Severity.INFO), (env_now["cpu_model"], Severity.WARN)):
+        base = dataclasses.replace(baseline, correctness={**baseline.correctness, case.case_id: moved},
+                                   environment={**baseline.environment, "cpu_model": other_cpu,
+                                                "cpu_capability": env_now["cpu_capability"]})
+        verdict = decide(compare(base, sweep, VerdictConfig()))
+        f = next(f for f in verdict.findings if f.case_id == case.case_id and f.metric == "ratio:dv")
+        assert f.rule == "improvement" and f.severity is expected, f
+        if expected is Severity.INFO:
+            assert f"cpu_model {other_cpu} -> {env_now['cpu_model']}" in f.message and "refresh" not in f.message

@@ -167,7 +167,7 @@ def temper(findings: list[Finding] | tuple[Finding, ...]) -> list[Finding]:
     FAIL and INCONCLUSIVE are never softened (fail closed)."""
     failing = any(f.severity.blocks for f in findings)
     env_changes = [f"{f.metric.split(':', 1)[1]} {fmt(f.baseline)} -> {fmt(f.current)}" for f in findings
-                   if f.metric.startswith("env:") and f.severity is Severity.WARN and f.baseline is not None]
+                   if f.metric.startswith("env:") and f.severity in (Severity.WARN, Severity.INFO) and f.baseline is not None]
     out = []
     for f in findings:
         if f.severity is Severity.WARN and f.case_id and f.rule in RATIO_CHANGE_RULES and env_changes:

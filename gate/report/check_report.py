@@ -8,7 +8,7 @@ artifact; gate/report/comment.py builds it worst first (#15).
 from __future__ import annotations
 
 from gate.compare.baselines import Baseline
-from gate.compare.findings import Severity, Verdict, fmt
+from gate.compare.findings import Severity, Verdict, fmt, worst_first
 from gate.core.results import SweepResult
 
 MAX_ROWS = 60  # terminal table rows; the findings JSON always has everything
@@ -32,7 +32,8 @@ def print_check(verdict: Verdict, sweep: SweepResult, console=None) -> None:
         console = Console()
         if not console.is_terminal:  # a CI log: rich would fold everything to 80 columns
             console = Console(width=200)
-    shown = [f for f in verdict.findings if f.severity.blocks or f.severity is Severity.WARN]
+    # worst first, as in the PR comment: severity, then the size of the error ratio (#15)
+    shown = sorted((f for f in verdict.findings if f.severity.blocks or f.severity is Severity.WARN), key=worst_first)
     style = {Severity.FAIL: "bold red", Severity.INCONCLUSIVE: "bold red", Severity.WARN: "yellow"}
     if shown:
         table = Table(title=f"{sweep.kernel} / {sweep.suite} against its baseline")

@@ -304,7 +304,8 @@ def _speed_clause(verdict: Verdict) -> str:
                 if worst is not None else f"; {_cell(blocking[0].message)[:120]}")
         return f"speed **{kind}** in {len(blocking)} of {len(speed)} passes{tail}"
     if not judged:
-        return f"speed not judged ({_cell(speed[0].message)[:120]})"
+        message = _cell(speed[0].message).rstrip(".")
+        return message if message.startswith("speed") else f"speed not judged: {message}"
     worst = max(judged, key=lambda f: f.current / f.baseline)
     return (f"speed **PASS** ({len(judged)} passes; largest change `{worst.case_id}` {worst.metric.split(':')[-1]} "
             f"{(worst.current / worst.baseline - 1) * 100:+.2f}%)")
