@@ -56,9 +56,9 @@ def test_the_worst_case_leads_the_first_table(causal_bug):
     assert "correctness **FAIL** in 14 of 36 cases" in verdict and "speed not timed" in verdict
     assert f"`{worst.case_id}`" in verdict
     table = top.split("### Worst findings", 1)[1].strip().splitlines()
-    assert table[0].startswith("|  | case | what | now | baseline |")
+    assert table[0].startswith("|  | case | what | baseline | now | change | limit |")
     assert f"`{worst.case_id}`" in table[2]  # the first data row
-    ratios = [float(re.sub(r"[ ,x]", "", row.split(" | ")[3])) for row in table[2:] if row.startswith("| FAIL")]
+    ratios = [float(re.sub(r"[ ,x]", "", row.split(" | ")[4])) for row in table[2:] if row.startswith("| FAIL")]
     assert ratios == sorted(ratios, reverse=True) and len(ratios) == 14  # one row per case, worst first
     assert len(comment) < COMMENT_LIMIT
 
@@ -143,7 +143,7 @@ def test_a_passing_h200_run_shows_speed_baseline_now_and_change_per_pass():
     for j in judgements:
         row = next(r for r in speed.splitlines() if r.startswith("| ") and f"`{j.case_id}` {j.pass_} |" in r)
         cells = [c.strip() for c in row.strip("|").split("|")]
-        assert cells[3] == f"{j.current:.4g}" and cells[4] == f"{j.baseline:.4g}"
+        assert cells[3] == f"{j.baseline:.4g}" and cells[4] == f"{j.current:.4g}"
         assert abs(float(cells[5].rstrip("%")) - j.change * 100) < 0.011 and cells[6].endswith("%")  # 4-digit ratios
 
 

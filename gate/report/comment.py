@@ -37,6 +37,16 @@ def _cell(text: object) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _short(text: str, limit: int = 160) -> str:
+    """A table cell's worth of a message: its first sentence, cut at `limit`, never leaving a
+    code span open (an odd backtick would swallow the rest of the table)."""
+    text = _cell(text)
+    head = text.split(". ", 1)[0].split("; ", 1)[0] if len(text) > limit else text
+    if len(head) > limit:
+        head = head[:limit - 3].rstrip() + "..."
+    return head.replace("`", "") if head.count("`") % 2 else head
+
+
 def _is_speed(f: Finding) -> bool:
     return f.rule == SPEED_RULE or f.metric.startswith("speed_ratio")
 
@@ -178,7 +188,7 @@ class Row:
     cells: tuple[str, ...]
 
 
-HEADER = ("", "case", "what", "now", "baseline", "change", "limit")
+HEADER = ("", "case", "what", "baseline", "now", "change", "limit")
 
 
 def _case_rows(verdict: Verdict, sweep: SweepResult, baseline: Baseline, severities: set[Severity]) -> list[Row]:
@@ -203,11 +213,11 @@ def _case_rows(verdict: Verdict, sweep: SweepResult, baseline: Baseline, severit
             if worst.rule == "headroom":
                 what += ": headroom regression"
             rows.append(Row(worst.severity.rank, magnitude, (
-                worst.severity.value, f"`{cid}`", what, _x(t.ratio), _x(b.ratio) if b else "-", change,
+                worst.severity.value, f"`{cid}`", what, _x(b.ratio) if b else "-", _x(t.ratio), change,
                 "1 x" if worst.rule != "headroom" else _x(worst.threshold))))
         else:
-            rows.append(Row(worst.severity.rank, 0.0, (worst.severity.value, f"`{cid}`", _cell(worst.detail)[:160],
-                                                        fmt(worst.current), fmt(worst.baseline), "-", "-")))
+            rows.append(Row(worst.severity.rank, 0.0, (worst.severity.value, f"`{cid}`", _short(worst.detail),
+                                                        fmt(worst.baseline), fmt(worst.current), "-", "-")))
     return rows
 
 
@@ -223,14 +233,14 @@ def _speed_rows(verdict: Verdict, links: Links, severities: set[Severity] | None
             change = now / base - 1
             limit = f"{(f.threshold / base - 1) * 100:+.2f}%" if isinstance(f.threshold, float) else "-"
             cells = (f.severity.value, f"`{f.case_id}` {pass_}" if f.case_id else f"(run) {pass_}", "speed ratio (kernel/anchor time)",
-                     f"{now:.4g}", f"{base:.4g}", f"**{change * 100:+.2f}%**" if f.severity.blocks else f"{change * 100:+.2f}%", limit)
+                     f"{base:.4g}", f"{now:.4g}", f"**{change * 100:+.2f}%**" if f.severity.blocks else f"{change * 100:+.2f}%", limit)
             graph = links.asv_graph(f.case_id, pass_, kernel) if f.case_id and f.severity is not Severity.OK else ""
             if graph:
                 cells = cells[:2] + (f"[{cells[2]}]({graph})",) + cells[3:]
             rows.append(Row(f.severity.rank, change, cells))
         else:
             rows.append(Row(f.severity.rank, 0.0, (f.severity.value, f"`{f.case_id}` {pass_}" if f.case_id else "(run)",
-                                                   _cell(f.message)[:160], fmt(now), fmt(base), "-", "-")))
+                                                   _short(f.message), fmt(base), fmt(now), "-", "-")))
     return rows
 
 
@@ -398,6 +408,11 @@ def pr_comment(verdict: Verdict, sweep: SweepResult, baseline: Baseline, links: 
 
     worst = (_case_rows(verdict, sweep, baseline, {Severity.FAIL, Severity.INCONCLUSIVE, Severity.WARN})
              + _speed_rows(verdict, links, {Severity.FAIL, Severity.INCONCLUSIVE, Severity.WARN}))
+    for reason, cases in error_groups(sweep):  # one row per distinct error, above the ratios: nothing was measured
+        if any(f.severity.blocks for f in verdict.findings if f.case_id in {c.case_id for c in cases}):
+            first = f"`{cases[0].case_id}`" + (f" and {len(cases) - 1} more" if len(cases) > 1 else "")
+            worst.append(Row(Severity.FAIL.rank, math.inf, ("FAIL", first, f"raised {_short(reason, 120)} (see Errors)",
+                                                            "-", "ERROR", "-", "-")))
     if worst:
         lines += ["### Worst findings", "", *_table(worst, TOP_ROWS), ""]
     run_wide = [f for f in verdict.findings if not f.case_id and f.severity.blocks]
