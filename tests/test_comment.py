@@ -242,3 +242,15 @@ def test_another_cpu_model_turns_a_moved_ratio_into_info_end_to_end():
         assert f.rule == "improvement" and f.severity is expected, f
         if expected is Severity.INFO:
             assert f"cpu_model {other_cpu} -> {env_now['cpu_model']}" in f.message and "refresh" not in f.message
+
+
+def test_the_pattern_line_says_so_when_nothing_distinguishes_the_failing_cases():
+    from gate.core.cases import Case
+    from gate.report.comment import shared_pattern
+
+    a = Case(batch=1, seqlen_q=8, seqlen_k=8, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16")
+    b = dataclasses.replace(a, causal=True)
+    c = dataclasses.replace(a, dtype="fp16")
+    assert shared_pattern([a, b], []).startswith("every measured case fails (2)")
+    assert shared_pattern([b], [a, c]).startswith("the failing case is causal")
+    assert shared_pattern([c], [a, b]).startswith("the failing case is fp16")

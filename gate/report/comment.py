@@ -123,6 +123,8 @@ def shared_pattern(failing: list[Case], passing: list[Case]) -> str:
     if not failing:
         return ""
     n = len(failing)
+    if not passing:
+        return f"every measured case fails ({n}): nothing specific to a shape, dtype or mask"
     traits_f = [case_traits(c) for c in failing]
     traits_p = [case_traits(c) for c in passing]
     found: list[tuple[int, str]] = []
@@ -149,7 +151,8 @@ def shared_pattern(failing: list[Case], passing: list[Case]) -> str:
     if found and (best is None or found[0][0] <= best[0]):
         names = [v for also, v in found[:3] if also <= found[0][0] or also < len(passing) / 2]
         tail = f" ({found[0][0]} of {len(passing)} passing cases are {found[0][1]} too)" if passing else ""
-        return f"all {n} failing case{'s' * (n != 1)} are {' and '.join(names)}{tail}"
+        subject = f"all {n} failing cases are" if n != 1 else "the failing case is"
+        return f"{subject} {' and '.join(names)}{tail}"
     if best is not None:
         return f"all {n} failing cases are {best[1]} ({best[0]} of {len(passing)} passing cases are too)"
     dtypes = sorted({c.dtype for c in failing})
