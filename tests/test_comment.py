@@ -254,3 +254,22 @@ def test_the_pattern_line_says_so_when_nothing_distinguishes_the_failing_cases()
     assert shared_pattern([a, b], []).startswith("every measured case fails (2)")
     assert shared_pattern([b], [a, c]).startswith("the failing case is causal")
     assert shared_pattern([c], [a, b]).startswith("the failing case is fp16")
+
+
+def test_the_committed_h200_check_speed_findings_render_baseline_now_and_change():
+    """The real H200 `check --perf` (reports/h200/check-sdpa-flash-pr, speed findings with the
+    baseline and current speed ratio and the failing limit) rendered by this renderer."""
+    data = json.loads((ROOT / "reports" / "h200" / "check-sdpa-flash-pr" / "findings-sdpa-flash-pr.json").read_text())
+    speed = [Finding.from_dict(f) for f in data["findings"] if f["rule"] == "speed"]
+    assert len(speed) == 4
+    verdict, sweep, baseline, _ = _h200_inputs()
+    verdict = decide([f for f in verdict.findings if f.rule != "speed"] + speed, {}, verdict.context)
+    top = _top(pr_comment(verdict, sweep, baseline))
+    assert "speed **PASS** (4 passes; largest change" in top.splitlines()[3]
+    table = top.split("### Speed per pass: baseline -> now", 1)[1]
+    for f in speed:
+        pass_ = f.metric.split(":")[1]
+        row = next(r for r in table.splitlines() if f"`{f.case_id}` {pass_} |" in r)
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[3:7] == [f"{f.baseline:.4g}", f"{f.current:.4g}", f"{(f.current / f.baseline - 1) * 100:+.2f}%",
+                              f"{(f.threshold / f.baseline - 1) * 100:+.2f}%"]
