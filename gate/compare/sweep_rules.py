@@ -71,8 +71,12 @@ def required_tensors(bias_grad: bool) -> tuple[str, ...]:
 
 # Environment keys whose change makes ratios less comparable (WARN) or is just worth knowing (INFO).
 # `machine` (x86_64 / aarch64) is drift: CPU code paths of another ISA move ratios by up to ~0.14.
-DRIFT_KEYS = ("gpu_name", "compute_capability", "driver", "cuda", "torch", "kernel", "kernel_version", "machine")
-INFO_KEYS = ("attn_gate", "python", "cpu")
+# cpu_capability (#15): another torch dispatch level (AVX2 vs AVX512) runs other CPU code, which moved
+# a dv ratio 0.246 -> 0.106 on an unchanged kernel. cpu_model is INFO: hosted CI runners change model
+# from run to run; it is shown, and a ratio that moved with it is explained by it (findings.temper).
+DRIFT_KEYS = ("gpu_name", "compute_capability", "driver", "cuda", "torch", "kernel", "kernel_version", "machine",
+              "cpu_capability")
+INFO_KEYS = ("attn_gate", "python", "cpu", "cpu_model")
 
 
 def correctness_thresholds(cfg: "VerdictConfig") -> dict[str, float]:
@@ -186,6 +190,9 @@ def rule_incomplete_pass(case_id: str, status: str, tensors: set[str] | frozense
 def rule_env_drift(key: str, base: Value, cur: Value) -> Finding | None:
     if base == cur or (key not in DRIFT_KEYS and key not in INFO_KEYS):
         return None
+    if base is None:  # an older baseline did not record it: nothing to compare, worth knowing
+        return Finding("env_info", Severity.INFO, "", f"env:{key}", None, cur, None,
+                       f"environment {key} is {fmt(cur)} now; the baseline did not record it")
     severity = Severity.WARN if key in DRIFT_KEYS else Severity.INFO
     return Finding("env_drift" if severity is Severity.WARN else "env_info", severity, "", f"env:{key}", base, cur, None,
                    f"environment {key} changed: baseline {fmt(base)}, now {fmt(cur)}"

@@ -99,6 +99,9 @@ class CaseResult:
     tensors: tuple[TensorError, ...] = ()
     checks: tuple[CheckResult, ...] = ()
     seconds: float = 0.0
+    # (#15) the last lines of the traceback of an ERROR row, so a report can show where it raised;
+    # written only when set (older files and other rows are unchanged)
+    traceback: str = ""
 
     @property
     def case_id(self) -> str:
@@ -116,6 +119,7 @@ class CaseResult:
             "case_id": self.case_id, "case": self.case.to_dict(), "status": self.status.value, "reason": self.reason,
             "tensors": {t.tensor: t.to_dict() for t in self.tensors},
             "checks": [c.to_dict() for c in self.checks], "seconds": round(self.seconds, 3),
+            **({"traceback": self.traceback} if self.traceback else {}),
         }
 
     @classmethod
@@ -124,6 +128,7 @@ class CaseResult:
             case=Case.from_dict(d["case"]), status=Status(d["status"]), reason=d.get("reason", ""),
             tensors=tuple(TensorError.from_dict(t) for t in d.get("tensors", {}).values()),
             checks=tuple(CheckResult.from_dict(c) for c in d.get("checks", [])), seconds=float(d.get("seconds", 0.0)),
+            traceback=str(d.get("traceback", "")),
         )
 
 

@@ -156,6 +156,17 @@ def lse_yardstick(case: Case, inputs: AttnInputs, keep, low: AttnResult) -> torc
                                TORCH_DTYPES[LSE_YARDSTICK_DTYPE], **varlen).lse
 
 
+def traceback_tail(exc: BaseException, lines: int = 12) -> str:
+    """The last frames of a crash and the error itself: enough to see where the kernel raised,
+    short enough that a report can quote it (#15)."""
+    import traceback
+
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip().splitlines()
+    if len(text) > lines + 1:
+        text = [text[0], "  ...", *text[-lines:]]
+    return "\n".join(text)[-2000:]
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
@@ -211,7 +222,7 @@ def run_case(adapter: KernelAdapter, case: Case, device: str, tol: ToleranceConf
         raise
     except BaseException as exc:  # a crashing kernel is a row, not a dead run (sys.exit in a kernel too)
         return CaseResult(case=case, status=Status.ERROR, reason=_first_line(exc), seconds=time.perf_counter() - start,
-                          checks=())
+                          checks=(), traceback=traceback_tail(exc))
     tensors = tuple(worst[n] for n in TENSORS if n in worst)
     bad = [t for t in tensors if not t.passed]
     failed_checks = [c for c in checks if c.passed is False]
