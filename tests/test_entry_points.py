@@ -452,3 +452,58 @@ def test_drift_trains_a_family_through_its_dense_entry_point_and_refuses_a_forwa
         assert main(["drift", "--kernel", "mykernel", "--config", str(write_config(tmp_path, backward=False)),
                      "--device", "cpu", "--steps", "3", "--out", str(tmp_path)]) == 2
     assert "a forward-only family (backward = false) cannot be trained" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- merged with main (#9 coverage, #13 selftest, #15 ux, #16 bias)
+
+
+@pytest.mark.parametrize("changes", [dict(layout="k_sliced"), dict(inputs="large"), dict(bias="dense")])
+def test_a_decode_case_takes_no_layout_inputs_or_bias(changes):
+    with pytest.raises(ValueError, match="a kvcache case takes no layout, inputs or bias"):
+        Case(**DECODE, **changes)
+
+
+def test_tiled_judges_sinks_and_a_learnable_bias_together():
+    """#10 sinks and #16 bias in one case: the reference adds both, tiled's backward returns dsink and dbias."""
+    from gate.kernels.tiled import TiledAdapter
+
+    case = Case(batch=2, seqlen_q=40, seqlen_k=56, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="fp32",
+                causal=True, sinks=True, bias="dense", bias_grad=True, seeds=(0,))
+    row = run_case(TiledAdapter(), case, "cpu", TOL)
+    assert row.status is Status.PASS, row.reason
+    assert {"out", "lse", "dq", "dk", "dv", "dbias", "dsink"} <= {t.tensor for t in row.tensors}
+
+
+def test_a_family_varlen_entry_gets_the_keys_own_cu_seqlens_with_sinks(tmp_path):
+    """#9 varlen_k through a family's varlen entry point (cu_seqlens_k, max_seqlen_k), with sinks."""
+    adapter = family_adapter("mykernel", load_config(write_config(tmp_path)))
+    case = Case(batch=4, seqlen_q=40, seqlen_k=50, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="bf16",
+                causal=True, varlen=(5, 40, 0, 30), varlen_k=(50, 3, 7, 30), sinks=True, seeds=(0,))
+    row = run_case(adapter, case, "cpu", TOL)
+    assert row.status is Status.PASS, row.reason
+    assert row.tensor("dsink") is not None
+
+
+def test_validation_knows_the_configs_families(tmp_path):
+    """#15 validates --kernel before anything runs: a family of the config is a known kernel; a typo of it is named."""
+    from gate.workflow.validate import check_kernel
+
+    config = load_config(write_config(tmp_path))
+    check_kernel("mykernel", "cpu", config=config)
+    with pytest.raises(UserError, match="did you mean mykernel"):
+        check_kernel("mykernal", "cpu", config=config)
+
+
+def test_the_selftests_paged_bug_is_active_and_fails_a_paged_case_only():
+    """#13's planted `paged_pages_swapped` reads call.cache.block_table: a paged case fails, the
+    unplanted kernel passes it, and the bug is not pending."""
+    from gate.correctness.planted import BUGS, planted_adapter
+    from gate.kernels.tiled import TiledAdapter
+
+    bug = next(b for b in BUGS if b.name == "paged_pages_swapped")
+    assert not bug.trigger.pending
+    case = Case(**DECODE, page_size=16, shuffled_pages=True, seeds=(0,))
+    assert bug.trigger.applies(case) and not bug.trigger.applies(Case(**DECODE))
+    assert run_case(TiledAdapter(), case, "cpu", TOL).status is Status.PASS
+    row = run_case(planted_adapter(bug, TiledAdapter()), case, "cpu", TOL)
+    assert row.status is Status.FAIL, row.reason

@@ -12,10 +12,12 @@ import argparse
 from pathlib import Path
 
 from gate.commands.common import add_config, add_kernel_suite
+from gate.commands.help_text import parser_kwargs
 
 
 def register(sub) -> None:
-    p = sub.add_parser("check", help="gate a kernel: sweep, compare with baselines/<gpu-class>/, exit 0 pass / 1 fail")
+    p = sub.add_parser("check", help="gate a kernel: sweep, compare with baselines/<gpu-class>/, exit 0 pass / 1 fail",
+                       **parser_kwargs("check"))
     add_kernel_suite(p)
     add_config(p)
     p.add_argument("--results", type=Path, default=None, metavar="FILE",
@@ -31,11 +33,18 @@ def register(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gate.workflow.check import run_check
     from gate.core.config import load_config
+    from gate.workflow.check import run_check
+    from gate.workflow.validate import check_device, validate_target
 
     config = load_config(args.config)
-    outcome = run_check(config, kernel=args.kernel, suite=args.suite, device=args.device, only=args.only,
+    kernel, suite, device = args.kernel, args.suite, args.device
+    if args.results is None:  # names first: a typo is a typo, not "no baseline"
+        t = validate_target(config, kernel, suite, device, args.only)
+        kernel, suite, device = t.kernel, t.suite, t.device
+    else:
+        check_device(device)
+    outcome = run_check(config, kernel=kernel, suite=suite, device=device, only=args.only,
                         results_path=args.results, baseline_file=args.baseline, out_dir=args.out,
                         progress=not args.no_progress, perf=args.perf)
     print("wrote " + ", ".join(str(p) for p in outcome.paths.values()))

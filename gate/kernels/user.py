@@ -15,6 +15,11 @@ signature: a keyword it does not take (softcap, window_size, alibi_slopes, dropo
 deterministic, learnable_sink, block_table, k/v for appending) is a feature it does not have,
 and cases that need it are SKIPPED. A tuple result is (out, lse, ...), as flash-attn returns with
 return_attn_probs=True / return_softmax_lse=True.
+
+`attn_bias` (issue #16): a float tensor broadcastable to (batch, heads, seqlen_q, seqlen_k), in the
+case's bias dtype (the input dtype, or float32), to be ADDED to the scaled (and capped) scores
+before the causal/window masks; it may hold -inf; when it requires grad, the gradient must flow
+back to it. Boolean masks arrive in the same keyword as 0 / -inf in the input dtype.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from pathlib import Path
 import torch
 
 from gate.core.errors import UserError
+from gate.attention.bias import as_additive
 from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, per_sequence
 
 
@@ -113,10 +119,15 @@ class UserAdapter(KernelAdapter):
             deterministic_mode=self._takes("deterministic"), returns_lse=self._takes("return_attn_probs"),
             sinks=self._takes("learnable_sink"), backward=self.backward,
             notes=("varlen by running each sequence alone",),
+            # issue #16: a kernel with an `attn_bias` keyword takes every bias kind (bool as 0/-inf)
+            bias=self._takes("attn_bias"), bias_grad=self._takes("attn_bias"), bool_mask=self._takes("attn_bias"),
         )
 
     def _dense(self, q, k, v, call: KernelCall) -> KernelOutput:
-        return _split_result(self.fn(q, k, v, **_common_kwargs(self.sig, call, "return_attn_probs")))
+        kwargs = _common_kwargs(self.sig, call, "return_attn_probs")
+        if call.opts.bias is not None:  # issue #16: only cases with a bias pass it (capabilities() skipped the rest)
+            kwargs["attn_bias"] = as_additive(call.opts.bias, q.dtype)
+        return _split_result(self.fn(q, k, v, **kwargs))
 
     def __call__(self, call: KernelCall) -> KernelOutput:
         if call.cu_seqlens is not None:
@@ -145,12 +156,12 @@ class VarlenEntry(KernelAdapter):
         )
 
     def __call__(self, call: KernelCall) -> KernelOutput:
-        cu = call.cu_seqlens
+        cu, cu_k = call.cu_seqlens, call.keys_cu_seqlens  # issue #9: key lengths may differ from the queries'
         kwargs = _common_kwargs(self.sig, call, "return_attn_probs")
         if self.sig.takes("seqused_k"):
-            kwargs["seqused_k"] = (cu[1:] - cu[:-1]).to(torch.int32)
-        return _split_result(self.fn(call.q, call.k, call.v, cu_seqlens_q=cu, cu_seqlens_k=cu,
-                                     max_seqlen_q=call.max_seqlen, max_seqlen_k=call.max_seqlen, **kwargs))
+            kwargs["seqused_k"] = (cu_k[1:] - cu_k[:-1]).to(torch.int32)
+        return _split_result(self.fn(call.q, call.k, call.v, cu_seqlens_q=cu, cu_seqlens_k=cu_k,
+                                     max_seqlen_q=call.max_seqlen, max_seqlen_k=call.keys_max_seqlen, **kwargs))
 
 
 class KVCacheEntry(KernelAdapter):

@@ -308,6 +308,8 @@ class KernelWorkload(Workload):
             self._grad = None
             self._prepared = True
             return
+        if self.case.bias_grad:  # issue #16: the backward of a trainable bias computes dBias too
+            self._leaves += (self.call.opts.bias,)
         self._out = self.adapter(self.call).out  # the graph every backward call reuses
         self._grad = torch.autograd.grad
         self._prepared = True
