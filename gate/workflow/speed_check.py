@@ -98,7 +98,7 @@ def run_perf_check(config: Config, kernel: str, suite: str, device: str, only: s
                                   f"--suite {suite}` on this GPU class and commit it")
             for c in result.cases if c.status != "SKIP" for p in result.plan.passes) or (nothing_judged(result),)
     else:
-        judgements = judge_perf(result, baseline_perf, config.perf, remeasure_with(kernel, result.anchor, device, config.perf),
+        judgements = judge_perf(result, baseline_perf, config.perf, remeasure_with(kernel, result.anchor, device, config.perf, config),
                                 only=only)
     paths = {"perf": write_perf_outputs(result, out_dir)}
     try:

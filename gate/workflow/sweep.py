@@ -16,7 +16,7 @@ from gate.correctness.run_case import run_case
 from gate.core.environment import default_device, describe
 from gate.core.errors import UserError
 from gate.core.files import safe_name
-from gate.kernels.registry import get_adapter
+from gate.kernels.registry import family_adapter, get_adapter
 from gate.core.results import CaseResult, SweepResult
 
 
@@ -37,7 +37,8 @@ def run_sweep(kernel: str, suite_name: str, config: Config, device: str | None =
         if not torch.cuda.is_available():
             raise UserError("--device cuda: no CUDA GPU is visible here; leave --device out to use the CPU")
     suite = load_suite(suite_name, config.suites, config.source)
-    adapter = adapter if adapter is not None else get_adapter(kernel)
+    if adapter is None:  # issue #10: a kernel family of the config, else a built-in or package.module:function
+        adapter = family_adapter(kernel, config) or get_adapter(kernel)
     missing = adapter.unavailable_reason()
     if missing:
         raise UserError(f"kernel {kernel!r} is unavailable here: {missing}")

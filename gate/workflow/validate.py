@@ -46,13 +46,16 @@ def check_device(device: str | None) -> str:
     return device or default_device()
 
 
-def check_kernel(kernel: str, device: str, option: str = "--kernel") -> None:
-    """A known name (or an importable `package.module:function`), installed, and able to run on `device`."""
-    from gate.kernels.registry import get_adapter, kernel_names
+def check_kernel(kernel: str, device: str, option: str = "--kernel", config: Config | None = None) -> None:
+    """A known name (or an importable `package.module:function`, or a kernel family of `config`,
+    issue #10), installed, and able to run on `device`."""
+    from gate.kernels.registry import family_adapter, get_adapter, kernel_names
 
-    names = kernel_names()
+    families = sorted(getattr(config, "kernels", None) or {}) if config is not None else []
+    names = kernel_names() + [f for f in families if f not in kernel_names()]
     try:
-        adapter = get_adapter(kernel)  # a user kernel that does not import is a UserError here
+        # a family that takes a built-in's name, or a user kernel that does not import, is a UserError here
+        adapter = (family_adapter(kernel, config) if config is not None else None) or get_adapter(kernel)
     except UserError:
         if ":" in kernel or kernel in names:
             raise
@@ -60,7 +63,7 @@ def check_kernel(kernel: str, device: str, option: str = "--kernel") -> None:
                         f"or name your own function as 'package.module:function' (`attn-gate kernels` lists them)") from None
     missing = adapter.unavailable_reason()
     if missing:
-        runnable = [n for n in names if ":" not in n and _runs_on(n, device)]
+        runnable = [n for n in names if ":" not in n and n not in families and _runs_on(n, device)]
         raise UserError(f"kernel {kernel!r} is unavailable here: {missing}; on {device} try {', '.join(runnable) or 'none'}")
     devices = adapter.capabilities().devices
     if device not in devices:
@@ -103,11 +106,11 @@ def validate_target(config: Config, kernel: str | None, suite: str | None, devic
     kernel = kernel or profile.kernel
     suite = suite or profile.suite
     if check_kernel_runs:
-        check_kernel(kernel, device)
+        check_kernel(kernel, device, config=config)
     else:
         from gate.kernels.registry import kernel_names
 
-        if ":" not in kernel and kernel not in kernel_names():
+        if ":" not in kernel and kernel not in kernel_names() and kernel not in (getattr(config, "kernels", None) or {}):
             raise UserError(f"--kernel {kernel!r} is not a known kernel{nearest(kernel, kernel_names())}; "
                             f"`attn-gate kernels` lists them")
     check_suite(config, suite)
