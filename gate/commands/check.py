@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gate.commands.common import add_config, add_kernel_suite
+from gate.commands.common import add_config, add_kernel_suite, add_run_options, run_options
 
 
 def register(sub) -> None:
@@ -27,6 +27,7 @@ def register(sub) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--perf", action=argparse.BooleanOptionalAction, default=None,
                    help="also gate speed ratios against the baseline's perf section (default: on with a GPU, off on a CPU)")
+    add_run_options(p, shard=False)  # a shard is judged after `attn-gate merge`, with --results
     p.set_defaults(main=main)
 
 
@@ -34,9 +35,15 @@ def main(args: argparse.Namespace) -> int:
     from gate.workflow.check import run_check
     from gate.core.config import load_config
 
+    from gate.commands.common import run_options
+    from gate.core.files import FolderLock, require_writable
+
     config = load_config(args.config)
-    outcome = run_check(config, kernel=args.kernel, suite=args.suite, device=args.device, only=args.only,
-                        results_path=args.results, baseline_file=args.baseline, out_dir=args.out,
-                        progress=not args.no_progress, perf=args.perf)
+    options = run_options(args)
+    require_writable(args.out, "--out")
+    with FolderLock(args.out, "--out"):
+        outcome = run_check(config, kernel=args.kernel, suite=args.suite, device=args.device, only=args.only,
+                            results_path=args.results, baseline_file=args.baseline, out_dir=args.out,
+                            progress=not args.no_progress, perf=args.perf, options=options)
     print("wrote " + ", ".join(str(p) for p in outcome.paths.values()))
     return outcome.exit_code

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gate.commands.common import add_config, add_kernel_suite
+from gate.commands.common import add_config, add_kernel_suite, add_run_options, run_options
 
 
 def register(sub) -> None:
@@ -17,6 +17,7 @@ def register(sub) -> None:
     p.add_argument("--checks", default=None, metavar="NAMES",
                    help="extra checks on every case, comma-separated: determinism, race, batch_invariance, dropout "
                         "(added to those the suite names)")
+    add_run_options(p)
     p.set_defaults(main=main)
 
 
@@ -30,17 +31,21 @@ def main(args: argparse.Namespace) -> int:
 
     require_writable(args.out, "--out")  # before the sweep, not after minutes of it
     config = load_config(args.config)
+    options = run_options(args)
     device = args.device or default_device()
     profile = config.profile(device)
     from gate.correctness.probes.registry import parse_names
 
     check_names = parse_names(args.checks)
-    result = run_sweep(args.kernel or profile.kernel, args.suite or profile.suite, config, device,
-                       progress=not args.no_progress, only=args.only, check_names=check_names)
-    try:
-        paths = write_sweep_outputs(result, args.out)
-    except OSError as exc:
-        raise UserError(f"--out {args.out}: cannot write the report there ({exc.strerror or exc}); pass a writable folder") from None
+    from gate.core.files import FolderLock
+
+    with FolderLock(args.out, "--out"):
+        result = run_sweep(args.kernel or profile.kernel, args.suite or profile.suite, config, device,
+                           progress=not args.no_progress, only=args.only, check_names=check_names, options=options)
+        try:
+            paths = write_sweep_outputs(result, args.out)
+        except OSError as exc:
+            raise UserError(f"--out {args.out}: cannot write the report there ({exc.strerror or exc}); pass a writable folder") from None
     print_table(result)
     print(f"wrote {paths['json']} and {paths['note']}")
     return EXIT_PASS if result.passed else EXIT_FAIL

@@ -112,6 +112,21 @@ class PerfConfig:
 
 
 @dataclass(frozen=True)
+class IsolationConfig:
+    """Worker processes (issue #11, gate/workflow/isolation.py): how long a case may take before its
+    worker is killed and the case is an ERROR row. --case-timeout S replaces the per-case value."""
+
+    case_timeout_s: float = 300.0  # every case: worker warm-up, compilation (flex), the first CUDA call
+    timeout_s_per_gflop: float = 0.05  # plus this per GFLOP of fwd+bwd over its seeds (a CPU does ~20 GFLOP/s)
+    worker_start_timeout_s: float = 300.0  # importing torch and the kernel in a fresh worker
+
+    def __post_init__(self) -> None:
+        _require(self, "case_timeout_s", lambda v: v > 0, "a finite number > 0")
+        _require(self, "timeout_s_per_gflop", lambda v: v >= 0, "a finite number >= 0")
+        _require(self, "worker_start_timeout_s", lambda v: v > 0, "a finite number > 0")
+
+
+@dataclass(frozen=True)
 class Config:
     source: str = "defaults"
     gpu: Profile = field(default_factory=lambda: Profile(kernel="sdpa-flash", suite="pr"))
@@ -121,6 +136,7 @@ class Config:
     verdict: VerdictConfig = field(default_factory=VerdictConfig)
     perf: PerfConfig = field(default_factory=PerfConfig)
     suites: dict[str, Any] = field(default_factory=dict)
+    isolation: IsolationConfig = field(default_factory=IsolationConfig)  # issue #11
 
     def profile(self, device: str) -> Profile:
         return self.gpu if device == "cuda" else self.cpu
@@ -175,7 +191,7 @@ def load_config(path: Path | None = None) -> Config:
     if raw is None:
         return Config(source=str(path))
     where = f"{path} [tool.attn-gate]"
-    known = {"gpu", "cpu", "baselines_dir", "tolerance", "verdict", "perf", "suites"}
+    known = {"gpu", "cpu", "baselines_dir", "tolerance", "verdict", "perf", "suites", "isolation"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise UserError(f"{where}: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(known))}")
@@ -198,4 +214,5 @@ def load_config(path: Path | None = None) -> Config:
         verdict=_section(VerdictConfig, raw.get("verdict", {}), f"{where}.verdict"),
         perf=_section(PerfConfig, raw.get("perf", {}), f"{where}.perf"),
         suites=suites,
+        isolation=_section(IsolationConfig, raw.get("isolation", {}), f"{where}.isolation"),
     )

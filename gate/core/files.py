@@ -33,3 +33,39 @@ def require_writable(path: Path, option: str = "--out", kind: str = "folder") ->
                         f"pass a {'folder' if kind == 'folder' else 'file in a folder'}")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise UserError(f"{option} {path}: {probe} is not writable; pass a writable {kind}")
+
+
+class FolderLock:
+    """An exclusive lock on a folder that a run writes to (`--out`, a baselines folder), held while it
+    writes: a second run on the same folder is refused at once instead of interleaving files with the
+    first (two `baseline update` runs would lose one update). The lock is flock(2) on a file named
+    after the folder's real path in the system temp folder: nothing is written in (or creates) the
+    folder itself, and the lock ends with the process, so a killed run never leaves a stale lock."""
+
+    def __init__(self, folder: Path, option: str = "--out"):
+        self.folder, self.option = Path(folder), option
+        self._fd: int | None = None
+
+    def __enter__(self) -> "FolderLock":
+        import fcntl
+        import hashlib
+        import tempfile
+
+        key = hashlib.sha256(os.path.realpath(self.folder).encode()).hexdigest()[:24]
+        locks = Path(tempfile.gettempdir()) / "attn-gate-locks"
+        locks.mkdir(exist_ok=True)
+        self._fd = os.open(locks / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self._fd)
+            self._fd = None
+            raise UserError(f"{self.option} {self.folder}: another attn-gate run is writing there; wait for it to end "
+                            f"or pass another folder") from None
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        if self._fd is not None:
+            os.close(self._fd)  # closing releases the flock
+            self._fd = None
+        return False

@@ -68,29 +68,47 @@ def options(case: Case, inputs: AttnInputs) -> AttnOptions:
 
 def run_kernel(adapter: KernelAdapter, case: Case, inputs: AttnInputs, deterministic: bool = False):
     """Forward + backward once: (KernelOutput, (dq, dk, dv)), outputs validated."""
+    result, grads = kernel_pass(adapter, case, inputs, deterministic)
+    validate_outputs(inputs, result.out, grads)
+    return result, grads
+
+
+def kernel_pass(adapter: KernelAdapter, case: Case, inputs: AttnInputs, deterministic: bool = False):
+    """Forward + backward once, as the kernel returns them: (KernelOutput, (dq, dk, dv)); a grad is
+    None where out does not depend on that input. Only what autograd needs is checked here; the
+    values are judged by `validate_outputs` and `measure` (in the gate's own process when the
+    kernel runs in a worker, gate/workflow/isolation.py)."""
     call = leaf_call(case, inputs, deterministic)
     result = adapter(call)
     if not isinstance(result, KernelOutput):
         raise BadOutput(f"adapter returned {type(result).__name__}, not KernelOutput")
-    expected = tuple(inputs.dout.shape)
-    if tuple(result.out.shape) != expected:
-        raise BadOutput(f"out has shape {tuple(result.out.shape)}, expected {expected}")
-    if result.out.dtype != inputs.q.dtype:
-        raise BadOutput(f"out has dtype {result.out.dtype}, expected {inputs.q.dtype}")
-    if not torch.isfinite(result.out).all():
-        raise BadOutput("out contains NaN/Inf")
+    if not isinstance(result.out, torch.Tensor):
+        raise BadOutput(f"out is a {type(result.out).__name__}, not a tensor")
+    if tuple(result.out.shape) != tuple(inputs.dout.shape):
+        raise BadOutput(f"out has shape {tuple(result.out.shape)}, expected {tuple(inputs.dout.shape)}")
     if not result.out.requires_grad:
         raise BadOutput("out has no autograd graph back to q, k, v (detached, or computed under no_grad)")
     # allow_unused: an output that ignores k is a wrong answer (FAIL "dk is missing"), not a crash.
-    grads = torch.autograd.grad(result.out, (call.q, call.k, call.v), inputs.dout, allow_unused=True)
+    grads = torch.autograd.grad(result.out, (call.q, call.k, call.v), inputs.dout.to(result.out.dtype), allow_unused=True)
+    return result, grads
+
+
+def validate_outputs(inputs: AttnInputs, out: torch.Tensor, grads) -> None:
+    """A wrong shape or dtype, NaN/Inf or a missing grad is a BadOutput (a FAIL row)."""
+    expected = tuple(inputs.dout.shape)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected:
+        raise BadOutput(f"out has shape {tuple(getattr(out, 'shape', ()))}, expected {expected}")
+    if out.dtype != inputs.q.dtype:
+        raise BadOutput(f"out has dtype {out.dtype}, expected {inputs.q.dtype}")
+    if not torch.isfinite(out).all():
+        raise BadOutput("out contains NaN/Inf")
     for name, grad, ref in zip(("dq", "dk", "dv"), grads, (inputs.q, inputs.k, inputs.v)):
         if grad is None:
             raise BadOutput(f"{name} is missing: out does not depend on {name[1:]}")
-        if tuple(grad.shape) != tuple(ref.shape):
-            raise BadOutput(f"{name} has shape {None if grad is None else tuple(grad.shape)}, expected {tuple(ref.shape)}")
+        if not isinstance(grad, torch.Tensor) or tuple(grad.shape) != tuple(ref.shape):
+            raise BadOutput(f"{name} has shape {tuple(getattr(grad, 'shape', ()))}, expected {tuple(ref.shape)}")
         if not torch.isfinite(grad).all():
             raise BadOutput(f"{name} contains NaN/Inf")
-    return result, grads
 
 
 def references(case: Case, inputs: AttnInputs, keep) -> tuple[AttnResult, AttnResult]:
@@ -102,62 +120,79 @@ def references(case: Case, inputs: AttnInputs, keep) -> tuple[AttnResult, AttnRe
     return gold, low
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
-def run_case(adapter: KernelAdapter, case: Case, device: str, tol: ToleranceConfig, extra_checks=()) -> CaseResult:
-    """Measure `case` on every seed. `extra_checks` are callables (adapter, case, device) ->
-    tuple[CheckResult] run after the error measurement (determinism, dropout statistics...)."""
-    start = time.perf_counter()
-    reason = adapter.capabilities().unsupported_reason(case, device)
-    if reason:
-        return CaseResult(case=case, status=Status.SKIP, reason=reason)
-    worst: dict[str, TensorError] = {}
-    notes = []
-    try:
-        adapter.prepare(case)
-        for seed in case.seeds:
-            inputs = make_inputs(case, seed, device)
-            try:
-                kout, grads = run_kernel(adapter, case, inputs)
-            except NoKernel as exc:
-                return CaseResult(case=case, status=Status.SKIP, reason=str(exc), seconds=time.perf_counter() - start)
-            except BadOutput as exc:
-                return CaseResult(case=case, status=Status.FAIL, reason=f"seed {seed}: {exc}", seconds=time.perf_counter() - start)
-            if case.dropout_p and kout.dropout_keep is None:
-                raise BadOutput("the kernel ran with dropout but exposed no dropout mask")
-            gold, low = references(case, inputs, kout.dropout_keep)
-            measured = {"out": kout.out, "dq": grads[0], "dk": grads[1], "dv": grads[2]}
-            if kout.lse is not None:
-                if tuple(kout.lse.shape) != tuple(gold.lse.shape):
-                    return CaseResult(case=case, status=Status.FAIL, seconds=time.perf_counter() - start,
-                                      reason=f"seed {seed}: lse has shape {tuple(kout.lse.shape)}, expected {tuple(gold.lse.shape)}")
-                measured["lse"] = kout.lse
-            elif adapter.capabilities().returns_lse:
-                notes.append("lse not exposed for this case")
-            for name, tensor in measured.items():
-                err = measure(name, tensor.detach(), getattr(gold, name), getattr(low, name), case.dtype, tol.mult(name, case.dtype), seed)
-                if name not in worst or not err.ratio <= worst[name].ratio:
-                    worst[name] = err
-            del kout, grads, gold, low, inputs
-        checks = tuple(c for check in extra_checks for c in check(adapter, case, device))
-    except BadOutput as exc:
-        return CaseResult(case=case, status=Status.FAIL, reason=str(exc), seconds=time.perf_counter() - start)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # a crashing kernel is a row, not a dead run (sys.exit in a kernel too)
-        return CaseResult(case=case, status=Status.ERROR, reason=_first_line(exc), seconds=time.perf_counter() - start,
-                          checks=())
+def measure_seed(case: Case, inputs: AttnInputs, out, lse, grads, dropout_keep, tol: ToleranceConfig,
+                 worst: dict[str, TensorError], notes: list[str], returns_lse: bool) -> str | None:
+    """Judge one seed's raw kernel outputs against both references (computed here, from `inputs`):
+    update `worst` per tensor and return a FAIL reason, or None. Raises BadOutput on an invalid answer."""
+    validate_outputs(inputs, out, grads)
+    if case.dropout_p and dropout_keep is None:
+        raise BadOutput("the kernel ran with dropout but exposed no dropout mask")
+    gold, low = references(case, inputs, dropout_keep)
+    measured = {"out": out, "dq": grads[0], "dk": grads[1], "dv": grads[2]}
+    if lse is not None:
+        if tuple(lse.shape) != tuple(gold.lse.shape):
+            return f"seed {inputs.seed}: lse has shape {tuple(lse.shape)}, expected {tuple(gold.lse.shape)}"
+        measured["lse"] = lse
+    elif returns_lse:
+        notes.append("lse not exposed for this case")
+    for name, tensor in measured.items():
+        err = measure(name, tensor.detach(), getattr(gold, name), getattr(low, name), case.dtype, tol.mult(name, case.dtype), inputs.seed)
+        if name not in worst or not err.ratio <= worst[name].ratio:
+            worst[name] = err
+    return None
+
+
+def verdict_row(case: Case, worst: dict[str, TensorError], checks, notes, seconds: float) -> CaseResult:
+    """PASS or FAIL from the measured tensors and the checks' results."""
     tensors = tuple(worst[n] for n in ("out", "lse", "dq", "dk", "dv") if n in worst)
     bad = [t for t in tensors if not t.passed]
     failed_checks = [c for c in checks if c.passed is False]
     if bad or failed_checks:
         why = [f"{t.tensor} error {t.max_err:.3g} > bound {t.bound:.3g} (ratio {t.ratio:.2f}, seed {t.seed})" for t in bad]
         why += [f"{c.name}: {c.detail}" for c in failed_checks]
-        return CaseResult(case=case, status=Status.FAIL, reason="; ".join(why), tensors=tensors, checks=checks,
-                          seconds=time.perf_counter() - start)
+        return CaseResult(case=case, status=Status.FAIL, reason="; ".join(why), tensors=tensors, checks=checks, seconds=seconds)
     return CaseResult(case=case, status=Status.PASS, reason="; ".join(sorted(set(notes))), tensors=tensors, checks=checks,
-                      seconds=time.perf_counter() - start)
+                      seconds=seconds)
 
+
+def run_case(adapter: KernelAdapter, case: Case, device: str, tol: ToleranceConfig, extra_checks=()) -> CaseResult:
+    """Measure `case` on every seed, in this process. `extra_checks` are callables (adapter, case, device) ->
+    tuple[CheckResult] run after the error measurement (determinism, dropout statistics...).
+
+    The isolated path (gate/workflow/isolation.py) runs `kernel_pass` in a worker and the same
+    `measure_seed` / `verdict_row` here."""
+    start = time.perf_counter()
+    reason = adapter.capabilities().unsupported_reason(case, device)
+    if reason:
+        return CaseResult(case=case, status=Status.SKIP, reason=reason)
+    worst: dict[str, TensorError] = {}
+    notes: list[str] = []
+    try:
+        adapter.prepare(case)
+        for seed in case.seeds:
+            inputs = make_inputs(case, seed, device)
+            try:
+                kout, grads = kernel_pass(adapter, case, inputs)
+                fail = measure_seed(case, inputs, kout.out, kout.lse, grads, kout.dropout_keep, tol, worst, notes,
+                                    adapter.capabilities().returns_lse)
+            except NoKernel as exc:
+                return CaseResult(case=case, status=Status.SKIP, reason=str(exc), seconds=time.perf_counter() - start)
+            except BadOutput as exc:
+                return CaseResult(case=case, status=Status.FAIL, reason=f"seed {seed}: {exc}", seconds=time.perf_counter() - start)
+            if fail:
+                return CaseResult(case=case, status=Status.FAIL, reason=fail, seconds=time.perf_counter() - start)
+            del kout, grads, inputs
+        checks = tuple(c for check in extra_checks for c in check(adapter, case, device))
+    except BadOutput as exc:
+        return CaseResult(case=case, status=Status.FAIL, reason=str(exc), seconds=time.perf_counter() - start)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a crashing kernel is a row, not a dead run (sys.exit in a kernel too)
+        return CaseResult(case=case, status=Status.ERROR, reason=first_line(exc), seconds=time.perf_counter() - start,
+                          checks=())
+    return verdict_row(case, worst, checks, notes, time.perf_counter() - start)

@@ -120,10 +120,12 @@ def sweep_scope(sweep: SweepResult) -> str | None:
     return None
 
 
-def fresh_sweep(config: Config, target: Target, only: str | None, progress: bool) -> SweepResult:
-    from gate.workflow.sweep import run_sweep
+def fresh_sweep(config: Config, target: Target, only: str | None, progress: bool, options=None) -> SweepResult:
+    """`options` (gate.workflow.sweep.SweepOptions): the run in worker processes, journal, resume (#11)."""
+    from gate.workflow.sweep import SweepOptions, run_sweep
 
-    return run_sweep(target.kernel, target.suite, config, target.device, progress=progress, only=only)
+    return run_sweep(target.kernel, target.suite, config, target.device, progress=progress, only=only,
+                     options=options if options is not None else SweepOptions())
 
 
 def load_existing_baseline(config: Config, target: Target, baseline_file: Path | None) -> tuple[Path, Baseline]:
@@ -149,7 +151,8 @@ def compare_all(baseline: Baseline, sweep: SweepResult, config: Config, scope: s
 
 def run_check(config: Config, kernel: str | None = None, suite: str | None = None, device: str | None = None,
               only: str | None = None, results_path: Path | None = None, baseline_file: Path | None = None,
-              out_dir: Path = Path("out"), progress: bool = True, console=None, perf: bool | None = None) -> CheckOutcome:
+              out_dir: Path = Path("out"), progress: bool = True, console=None, perf: bool | None = None,
+              options=None) -> CheckOutcome:
     if results_path is not None and only is not None:
         raise UserError("--only filters a fresh run; with --results the file is compared as it is (drop --only)")
     if results_path is not None and perf:
@@ -160,7 +163,7 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
     results = read_results(results_path, kernel, suite) if results_path is not None else None
     target = resolve_target(config, kernel, suite, device, results)
     path, baseline = load_existing_baseline(config, target, baseline_file)
-    sweep = results if results is not None else fresh_sweep(config, target, only, progress)
+    sweep = results if results is not None else fresh_sweep(config, target, only, progress, options)
     check_comparable(baseline, sweep, path)
     scope = sweep_scope(sweep)
     findings, thresholds = compare_all(baseline, sweep, config, scope)

@@ -1,0 +1,297 @@
+"""Kernels run in worker processes; the gate's process measures and decides.
+
+    gate process (this module)                      worker (gate/workflow/worker_main.py)
+      inputs, references, errors, verdict  <-file--   imports the kernel, runs fwd+bwd per seed,
+      never imports the kernel under test   -json->   sends raw out/lse/dq/dk/dv (torch.save)
+
+A worker is persistent (cases run one after another in it: the kernel is imported and compiled
+once), and it is replaced when it dies (any exit code, any signal), hangs past the case's
+timeout (it is killed with its process group), reports a CUDA fault (the context is poisoned)
+or changes its working directory. Each of those is an ERROR row naming the case, the exit code or
+signal and the last lines of the worker's stderr; the next case runs in a fresh worker.
+
+Raw outputs come back through `torch.load(weights_only=True)`: a worker can send wrong numbers
+(any kernel can), never code. The temp folder is made by `tempfile` outside the repository and
+removed at the end.
+
+`--workers N` runs N slots at once, each with its own worker; on a GPU machine slot i's worker
+sees only GPU i (CUDA_VISIBLE_DEVICES) and the references of its cases run on that GPU here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from gate.core.cases import Case
+from gate.core.config import IsolationConfig, ToleranceConfig
+from gate.core.errors import UserError
+from gate.core.results import CaseResult, CheckResult, Status
+
+STDERR_LINES = 8  # how much of a dead worker's stderr an ERROR row carries
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """What the worker says about the kernel: the parent needs it and never imports the kernel."""
+
+    version: str
+    devices: tuple[str, ...]
+    unavailable: str | None
+    notes: tuple[str, ...]
+    returns_lse: bool
+
+
+class WorkerGone(Exception):
+    """The worker died, hung or could not answer; the message says how."""
+
+
+def case_timeout(case: Case, cfg: IsolationConfig, check_names: tuple[str, ...] = ()) -> float:
+    """Seconds a case may take in its worker: a base plus time per GFLOP of its forward+backward on
+    every seed, times the extra runs its probes make (determinism runs it 10 more times)."""
+    gflops = (case.flops("fwd") + case.flops("bwd")) * len(case.seeds) / 1e9
+    runs = 1 + 10 * len(set(case.checks) | set(check_names))
+    return cfg.case_timeout_s + cfg.timeout_s_per_gflop * gflops * runs
+
+
+def visible_gpus() -> list[str]:
+    """The GPU ids a worker may be pinned to (CUDA_VISIBLE_DEVICES entries, else 0..count-1)."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    listed = [g.strip() for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    return listed[:count] if listed else [str(i) for i in range(count)]
+
+
+def default_workers(device: str) -> int:
+    return max(1, len(visible_gpus())) if device == "cuda" else 1
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(code).name
+    except ValueError:
+        return f"signal {code}"
+
+
+class Worker:
+    """One worker process and its reply channel."""
+
+    def __init__(self, kernel: str, device: str, tmpdir: Path, label: str, gpu: str | None):
+        self.kernel, self.device, self.tmpdir, self.label = kernel, device, tmpdir, label
+        env = dict(os.environ)
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpu
+        self.stderr_path = tmpdir / f"worker-{label}.stderr"
+        with open(self.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", "gate.workflow.worker_main"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=err, env=env, start_new_session=True)
+        self._buf = b""
+
+    def stderr_tail(self) -> str:
+        try:
+            lines = [ln.strip() for ln in self.stderr_path.read_text(errors="replace").splitlines() if ln.strip()]
+        except OSError:
+            return ""
+        return " | ".join(ln[:200] for ln in lines[-STDERR_LINES:])
+
+    def _gone(self, what: str) -> WorkerGone:
+        self.kill()
+        code = self.proc.returncode
+        how = what if code is None else (f"{what}: killed by {_signal_name(-code)}" if code < 0 else f"{what}: exited with code {code}")
+        tail = self.stderr_tail()
+        return WorkerGone(how + (f"; stderr: {tail}" if tail else "; stderr empty"))
+
+    def call(self, request: dict, timeout: float) -> dict:
+        try:
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise self._gone("the worker was gone before the case started") from None
+        deadline = time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self._gone(f"timed out after {timeout:.0f} s (--case-timeout); the worker was killed")
+            ready, _, _ = select.select([fd], [], [], min(left, 1.0))
+            if ready:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        self.proc.wait(timeout=10)
+                    raise self._gone("the worker died during the case")
+                self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        try:
+            reply = json.loads(line)
+        except json.JSONDecodeError:
+            raise self._gone("the worker sent a garbled reply") from None
+        if not isinstance(reply, dict):
+            raise self._gone("the worker sent a garbled reply")
+        return reply
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        for stream in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(OSError):
+                stream.close()
+
+
+class Slot:
+    """One place a case can run: a (replaceable) worker, pinned to one GPU on a GPU machine."""
+
+    def __init__(self, pool: "WorkerPool", index: int, gpu: str | None):
+        self.pool, self.index, self.gpu = pool, index, gpu
+        self.worker: Worker | None = None
+        self.generation = 0
+        # where this slot's references run: the GPU its worker sees
+        self.ref_device = "cpu" if pool.device == "cpu" else f"cuda:{index if gpu is not None else 0}"
+
+    def ensure(self) -> tuple[Worker, dict]:
+        if self.worker is not None and self.worker.proc.poll() is None:
+            return self.worker, {}
+        self.generation += 1
+        self.worker = Worker(self.pool.kernel, self.pool.device, self.pool.tmpdir, f"{self.index}-{self.generation}", self.gpu)
+        hello = self.worker.call({"op": "hello", "kernel": self.pool.kernel, "device": self.pool.device},
+                                 self.pool.cfg.worker_start_timeout_s)
+        return self.worker, hello
+
+    def discard(self) -> None:
+        if self.worker is not None:
+            self.worker.kill()
+            self.worker = None
+
+
+class WorkerPool:
+    """N slots and the temp folder their raw outputs pass through. Use as a context manager."""
+
+    def __init__(self, kernel: str, device: str, workers: int, cfg: IsolationConfig):
+        self.kernel, self.device, self.cfg = kernel, device, cfg
+        self.tmpdir = Path(tempfile.mkdtemp(prefix="attn-gate-"))
+        gpus = visible_gpus() if device == "cuda" else []
+        if device == "cuda" and workers > max(1, len(gpus)):
+            raise UserError(f"--workers {workers}: only {len(gpus)} GPU(s) visible; a worker needs a GPU of its own "
+                            f"(pass --workers {max(1, len(gpus))} or fewer)")
+        self.slots = [Slot(self, i, gpus[i] if device == "cuda" and workers > 1 else None) for i in range(workers)]
+        self._free: list[Slot] = list(self.slots)
+        self._cond = threading.Condition()
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        for slot in self.slots:
+            slot.discard()
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+        return False
+
+    def kernel_info(self) -> KernelInfo:
+        """Start the first worker and ask it about the kernel (an unknown or broken kernel is a UserError)."""
+        try:
+            _, hello = self.slots[0].ensure()
+        except WorkerGone as exc:
+            raise UserError(f"--kernel {self.kernel!r}: the worker process could not load it ({exc})") from None
+        if "user_error" in hello:
+            raise UserError(str(hello["user_error"]))
+        return KernelInfo(version=str(hello.get("version", "")), devices=tuple(hello.get("devices", ())),
+                          unavailable=hello.get("unavailable"), notes=tuple(hello.get("notes", ())),
+                          returns_lse=bool(hello.get("returns_lse", False)))
+
+    @contextlib.contextmanager
+    def slot(self):
+        with self._cond:
+            while not self._free:
+                self._cond.wait()
+            slot = self._free.pop(0)
+        try:
+            yield slot
+        finally:
+            with self._cond:
+                self._free.append(slot)
+                self._cond.notify()
+
+    def run_case(self, case: Case, tol: ToleranceConfig, check_names: tuple[str, ...], timeout: float | None,
+                 returns_lse: bool) -> CaseResult:
+        with self.slot() as slot:
+            return run_isolated_case(slot, case, tol, check_names, timeout or case_timeout(case, self.cfg, check_names),
+                                     returns_lse)
+
+
+def _error(case: Case, reason: str, start: float) -> CaseResult:
+    return CaseResult(case=case, status=Status.ERROR, reason=reason[:1500], seconds=time.perf_counter() - start)
+
+
+def run_isolated_case(slot: Slot, case: Case, tol: ToleranceConfig, check_names: tuple[str, ...], timeout: float,
+                      returns_lse: bool) -> CaseResult:
+    """One case: the kernel runs in the slot's worker, the errors are measured here."""
+    start = time.perf_counter()
+    file = slot.pool.tmpdir / f"case-{slot.index}.pt"
+    try:
+        worker, hello = slot.ensure()
+        if "user_error" in hello:
+            return _error(case, f"a fresh worker could not load the kernel: {hello['user_error']}", start)
+        reply = worker.call({"op": "case", "case": case.to_dict(), "checks": list(check_names), "file": str(file)}, timeout)
+    except WorkerGone as exc:
+        slot.discard()
+        return _error(case, f"case {case.id}: {exc}", start)
+    if reply.get("restart"):
+        slot.discard()  # a CUDA fault or a moved working directory: the next case gets a clean process
+    status = reply.get("status")
+    if status in ("SKIP", "FAIL", "ERROR"):
+        return CaseResult(case=case, status=Status(status), reason=str(reply.get("reason", ""))[:1500],
+                          seconds=0.0 if status == "SKIP" else time.perf_counter() - start)
+    if status != "RAN":
+        slot.discard()
+        return _error(case, f"case {case.id}: the worker answered {status!r}", start)
+    try:
+        return judge_raw_outputs(case, file, slot.ref_device, tol, reply, returns_lse, start)
+    finally:
+        with contextlib.suppress(OSError):
+            file.unlink()
+
+
+def judge_raw_outputs(case: Case, file: Path, device: str, tol: ToleranceConfig, reply: dict, returns_lse: bool,
+                      start: float) -> CaseResult:
+    """The kernel's raw outputs, judged in this process against references computed here."""
+    import torch
+
+    from gate.attention.inputs import make_inputs
+    from gate.correctness.run_case import BadOutput, first_line, measure_seed, verdict_row
+
+    try:
+        payload = torch.load(file, map_location=device, weights_only=True)
+        seeds = payload["seeds"]
+        got = [s.get("seed") for s in seeds]
+        if got != list(case.seeds):
+            return _error(case, f"the worker returned seeds {got}, expected {list(case.seeds)}", start)
+        checks = tuple(CheckResult.from_dict(c) for c in reply.get("checks", ()))
+        worst, notes = {}, []
+        for entry in seeds:
+            inputs = make_inputs(case, entry["seed"], device)
+            try:
+                fail = measure_seed(case, inputs, entry["out"], entry["lse"], (entry["dq"], entry["dk"], entry["dv"]),
+                                    entry["dropout_keep"], tol, worst, notes, returns_lse)
+            except BadOutput as exc:
+                return CaseResult(case=case, status=Status.FAIL, reason=f"seed {entry['seed']}: {exc}",
+                                  seconds=time.perf_counter() - start)
+            if fail:
+                return CaseResult(case=case, status=Status.FAIL, reason=fail, seconds=time.perf_counter() - start)
+    except Exception as exc:  # a payload that is not what a worker writes: the case is not measured
+        return _error(case, f"the kernel's outputs could not be judged ({first_line(exc)})", start)
+    return verdict_row(case, worst, checks, notes, time.perf_counter() - start)

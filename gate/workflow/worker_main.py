@@ -1,0 +1,114 @@
+"""The kernel's process: `python -m gate.workflow.worker_main`, started and fed by gate/workflow/isolation.py.
+
+It imports the kernel under test, runs each case's forward and backward on every seed and sends
+the kernel's raw outputs (out, lse, dq, dk, dv, dropout mask) back through a temp file
+(torch.save of CPU tensors); it never judges them. The errors, the bounds and the verdict are
+computed in the gate's own process, which never imports the kernel: a kernel that patches the
+measurement here, changes directory or ends this process changes nothing that is judged.
+
+Protocol: one JSON request per line on stdin, one JSON reply per line on the file descriptor
+that was stdout at start. stdout itself is pointed at stderr before the kernel is imported, so a
+kernel's prints cannot corrupt the replies (and end up in the stderr tail of an ERROR row).
+Depth checks (probes: determinism, dropout statistics) run here and send their CheckResults.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def _send(channel, payload: dict) -> None:
+    channel.write(json.dumps(payload) + "\n")
+    channel.flush()
+
+
+def _cuda_failed(text: str) -> bool:
+    """An error that leaves the CUDA context unusable: this worker must not run another case."""
+    return any(s in text for s in ("CUDA error", "illegal memory access", "AcceleratorError", "device-side assert",
+                                   "CUBLAS_STATUS", "cudaError", "unspecified launch failure"))
+
+
+def run_one(adapter, request: dict, device: str) -> dict:
+    import torch
+
+    from gate.attention.inputs import make_inputs
+    from gate.core.cases import Case
+    from gate.correctness.probes.registry import checks_for
+    from gate.correctness.run_case import BadOutput, first_line, kernel_pass
+    from gate.kernels.sdpa import NoKernel
+
+    case = Case.from_dict(request["case"])
+    start = time.perf_counter()
+    reason = adapter.capabilities().unsupported_reason(case, device)
+    if reason:
+        return {"status": "SKIP", "reason": reason}
+    seeds = []
+    try:
+        adapter.prepare(case)
+        for seed in case.seeds:
+            inputs = make_inputs(case, seed, device)
+            try:
+                kout, grads = kernel_pass(adapter, case, inputs)
+            except NoKernel as exc:
+                return {"status": "SKIP", "reason": str(exc)}
+            except BadOutput as exc:
+                return {"status": "FAIL", "reason": f"seed {seed}: {exc}"}
+
+            def cpu(t):
+                return None if t is None else t.detach().to("cpu").clone()
+
+            seeds.append({"seed": seed, "out": cpu(kout.out), "lse": cpu(kout.lse), "dq": cpu(grads[0]),
+                          "dk": cpu(grads[1]), "dv": cpu(grads[2]), "dropout_keep": cpu(kout.dropout_keep)})
+            del kout, grads, inputs
+        checks = [c.to_dict() for check in checks_for(case, tuple(request.get("checks", ()))) for c in check(adapter, case, device)]
+        if device == "cuda":
+            torch.cuda.synchronize()  # an asynchronous fault belongs to this case, not to the next
+    except BadOutput as exc:
+        return {"status": "FAIL", "reason": str(exc)}
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a raising kernel (sys.exit too) is an ERROR row; the worker is replaced after a CUDA fault
+        text = first_line(exc)
+        return {"status": "ERROR", "reason": text, "restart": device == "cuda" and _cuda_failed(f"{type(exc).__name__} {exc}")}
+    torch.save({"seeds": seeds}, request["file"])
+    return {"status": "RAN", "checks": checks, "seconds": time.perf_counter() - start}
+
+
+def main() -> int:
+    import faulthandler
+
+    faulthandler.enable()  # a segfault or abort prints the Python stack to stderr: the ERROR row's tail shows it
+    channel = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)  # the kernel's prints go to stderr, never into the replies
+    sys.stdout = sys.stderr
+    cwd = os.getcwd()
+    hello = json.loads(sys.stdin.readline() or "{}")
+    device = hello.get("device", "cpu")
+    try:
+        from gate.core.errors import UserError
+        from gate.kernels.registry import get_adapter
+
+        adapter = get_adapter(hello["kernel"])
+        caps = adapter.capabilities()
+        _send(channel, {"op": "hello", "version": adapter.version(), "devices": list(caps.devices),
+                        "unavailable": adapter.unavailable_reason(), "notes": list(caps.notes),
+                        "returns_lse": caps.returns_lse})
+    except UserError as exc:
+        _send(channel, {"op": "hello", "user_error": str(exc)})
+        return 0
+    for line in sys.stdin:
+        request = json.loads(line)
+        reply = run_one(adapter, request, device)
+        if os.getcwd() != cwd:  # a kernel that moves the process is wrong, whatever it returned
+            reply = {"status": "ERROR", "reason": f"the kernel changed the working directory to {os.getcwd()}", "restart": True}
+        _send(channel, reply)
+        if reply.get("restart"):
+            return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
