@@ -104,7 +104,11 @@ class Worker:
             lines = [ln.strip() for ln in self.stderr_path.read_text(errors="replace").splitlines() if ln.strip()]
         except OSError:
             return ""
-        return " | ".join(ln[:200] for ln in lines[-STDERR_LINES:])
+        tail = lines[-STDERR_LINES:]
+        fatal = [ln for ln in lines if ln.startswith("Fatal Python error")]  # faulthandler: what happened
+        if fatal and fatal[-1] not in tail:
+            tail = [fatal[-1], "..."] + [ln for ln in tail if not ln.startswith("Extension modules:")]
+        return " | ".join(ln[:200] for ln in tail)
 
     def _gone(self, what: str) -> WorkerGone:
         self.kill()
