@@ -63,3 +63,29 @@ def cheats(q, k, v, softmax_scale=None, causal=False):
     rc.validate_outputs = lambda *a, **k: None
     rc.measure_seed = lambda *a, **k: None
     return q * 0 + (k.sum() + v.sum()) * 0
+
+
+def _illegal_memory_access(t: torch.Tensor) -> None:
+    """A store far outside any allocation on the GPU: an illegal memory access (a sticky error that
+    poisons the CUDA context of the process). Triton when it imports, else a raw pointer copy."""
+    try:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def _oob(ptr, offset):
+            tl.store(ptr + offset, 1.0)
+
+        _oob[(1,)](t, 1 << 38)
+    except ImportError:
+        ctypes.CDLL("libcudart.so").cudaMemcpy(ctypes.c_void_p(t.data_ptr() + (1 << 38)), ctypes.c_void_p(t.data_ptr()),
+                                               ctypes.c_size_t(4), ctypes.c_int(3))
+    torch.cuda.synchronize()
+
+
+def cuda_fault(q, k, v, softmax_scale=None, causal=False):
+    """Correct attention (SDPA), except an illegal memory access on sequence length
+    ATTN_GATE_TEST_FAULT_SEQLEN (default 257): evidence/h200/isolation.py."""
+    if q.is_cuda and q.shape[1] == int(os.environ.get("ATTN_GATE_TEST_FAULT_SEQLEN", "257")):
+        _illegal_memory_access(torch.zeros(16, device=q.device, dtype=torch.float32))
+    return _attention(q, k, v, softmax_scale, causal)

@@ -31,6 +31,9 @@ def main(args: argparse.Namespace) -> int:
         raise UserError(f"--out {args.out} is one of the shard folders; pass a new folder for the merged result")
     require_writable(args.out, "--out")
     config = load_config(args.config)
+    from gate.core.files import refuse_inside_baselines
+
+    refuse_inside_baselines(args.out, config.baselines_dir)
     merged = merge_shards(list(args.folders), config)
     with FolderLock(args.out, "--out"):
         try:

@@ -31,6 +31,9 @@ def main(args: argparse.Namespace) -> int:
 
     require_writable(args.out, "--out")  # before the sweep, not after minutes of it
     config = load_config(args.config)
+    from gate.core.files import refuse_inside_baselines
+
+    refuse_inside_baselines(args.out, config.baselines_dir)
     options = run_options(args)
     device = args.device or default_device()
     profile = config.profile(device)

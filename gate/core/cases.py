@@ -247,6 +247,20 @@ SCALAR_AXES_HINT = {
 }
 
 
+# A suite larger than this is refused before it is expanded (#11): a matrix of ~48M cases made
+# every command hang. The nightly suite holds a few hundred; 20000 CPU-tiny cases take hours.
+MAX_SUITE_CASES = 20_000
+
+
+def block_size(block: dict[str, Any]) -> int:
+    """How many cases a matrix block would expand to (the product of its axis lengths), without expanding it."""
+    size = 1
+    for axis in MATRIX_AXES:
+        values = block.get(axis, MATRIX_AXES[axis])
+        size *= len(values) if isinstance(values, list) else 1
+    return size
+
+
 def expand_block(block: dict[str, Any], seeds: tuple[int, ...], where: str) -> list[Case]:
     """Expand one matrix block (axis -> list of values) into Cases, in a stable order."""
     unknown = sorted(set(block) - set(MATRIX_AXES))
@@ -305,10 +319,14 @@ def expand_suite(name: str, spec: dict[str, Any], source: str, table: str = "sui
     blocks = spec.get("matrix")
     if not isinstance(blocks, list) or not blocks:
         raise UserError(f"{where}: a suite needs at least one [[suites.{name}.matrix]] block")
+    if any(not isinstance(b, dict) for b in blocks):
+        raise UserError(f"{where}: matrix block {next(i for i, b in enumerate(blocks) if not isinstance(b, dict))} must be a table")
+    total = sum(block_size(b) for b in blocks)
+    if total > MAX_SUITE_CASES:
+        raise UserError(f"{where}: the matrix would expand to {total} cases, more than the cap of {MAX_SUITE_CASES} "
+                        f"(gate/core/cases.py MAX_SUITE_CASES); split it into smaller suites or list fewer axis values")
     seen: dict[str, Case] = {}
     for i, block in enumerate(blocks):
-        if not isinstance(block, dict):
-            raise UserError(f"{where}: matrix block {i} must be a table")
         for case in expand_block(block, tuple(seeds), f"{where} matrix[{i}]"):
             prior = seen.get(case.id)
             # The same problem named twice is one case; a perf flag on either copy wins and

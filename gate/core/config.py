@@ -175,6 +175,12 @@ def _check_suites(suites: dict[str, Any], path: Path) -> None:
         expand_suite(name, spec, str(path), "tool.attn-gate.suites")
 
 
+def _beside(config_file: Path, folder: str) -> str:
+    """A relative path in the config is relative to the config file's folder, not to where the
+    command runs (#11: `--config ../x/pyproject.toml` found no baseline and suggested a second one)."""
+    return folder if Path(folder).is_absolute() else str(config_file.parent / folder)
+
+
 def load_config(path: Path | None = None) -> Config:
     """Read [tool.attn-gate] from `path` (default ./pyproject.toml); defaults when absent."""
     path = Path(path) if path is not None else Path("pyproject.toml")
@@ -189,7 +195,7 @@ def load_config(path: Path | None = None) -> Config:
         raise UserError(f"{path}: invalid TOML ({exc})") from None
     raw = data.get("tool", {}).get("attn-gate")
     if raw is None:
-        return Config(source=str(path))
+        return Config(source=str(path), baselines_dir=_beside(path, Config().baselines_dir))
     where = f"{path} [tool.attn-gate]"
     known = {"gpu", "cpu", "baselines_dir", "tolerance", "verdict", "perf", "suites", "isolation"}
     unknown = sorted(set(raw) - known)
@@ -209,7 +215,7 @@ def load_config(path: Path | None = None) -> Config:
     if not isinstance(baselines_dir, str):
         raise UserError(f"{where}: baselines_dir should be a path string")
     return Config(
-        source=str(path), gpu=profiles["gpu"], cpu=profiles["cpu"], baselines_dir=baselines_dir,
+        source=str(path), gpu=profiles["gpu"], cpu=profiles["cpu"], baselines_dir=_beside(path, baselines_dir),
         tolerance=_section(ToleranceConfig, raw.get("tolerance", {}), f"{where}.tolerance"),
         verdict=_section(VerdictConfig, raw.get("verdict", {}), f"{where}.verdict"),
         perf=_section(PerfConfig, raw.get("perf", {}), f"{where}.perf"),

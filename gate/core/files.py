@@ -35,6 +35,14 @@ def require_writable(path: Path, option: str = "--out", kind: str = "folder") ->
         raise UserError(f"{option} {path}: {probe} is not writable; pass a writable {kind}")
 
 
+def refuse_inside_baselines(out: Path, baselines_dir: str | Path, option: str = "--out") -> None:
+    """Run outputs never go into the committed baselines folder (`git add -A` there would commit them)."""
+    out_real, base_real = os.path.realpath(out), os.path.realpath(baselines_dir)
+    if out_real == base_real or out_real.startswith(base_real.rstrip(os.sep) + os.sep):
+        raise UserError(f"{option} {out}: is inside the baselines folder {baselines_dir}, which holds committed baselines "
+                        f"only; pass another folder (e.g. --out out)")
+
+
 class FolderLock:
     """An exclusive lock on a folder that a run writes to (`--out`, a baselines folder), held while it
     writes: a second run on the same folder is refused at once instead of interleaving files with the

@@ -299,3 +299,47 @@ def judge_raw_outputs(case: Case, file: Path, device: str, tol: ToleranceConfig,
     except Exception as exc:  # a payload that is not what a worker writes: the case is not measured
         return _error(case, f"the kernel's outputs could not be judged ({first_line(exc)})", start)
     return verdict_row(case, worst, checks, notes, time.perf_counter() - start)
+
+
+class PerfWorker:
+    """Speed cases timed in one worker of their own (`with PerfWorker(...) as pw: run_perf(..., measure=pw.measure)`):
+    the sweep's workers are gone by then, so a timed case never shares its GPU with other work. A
+    worker that dies or hangs makes that case an ERROR row (fail closed); a fresh one times the next."""
+
+    def __init__(self, kernel: str, device: str, cfg: IsolationConfig):
+        self.pool = WorkerPool(kernel, device, 1, cfg)
+        self.info: KernelInfo | None = None
+
+    def __enter__(self) -> "PerfWorker":
+        try:
+            self.info = self.pool.kernel_info()
+        except BaseException:
+            self.pool.__exit__(None, None, None)
+            raise
+        if self.info.unavailable:
+            self.pool.__exit__(None, None, None)
+            raise UserError(f"kernel {self.pool.kernel!r} is unavailable here: {self.info.unavailable}")
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        return self.pool.__exit__(*exc)
+
+    def measure(self, case: Case, anchor: str, plan):
+        from gate.speed.runs import PerfCaseResult
+
+        slot = self.pool.slots[0]
+        timeout = case_timeout(case, self.pool.cfg) + 5.0 * plan.rounds * len(plan.passes)
+        try:
+            worker, hello = slot.ensure()
+            if "user_error" in hello:
+                return PerfCaseResult(case=case, status="ERROR", reason=str(hello["user_error"])[:300])
+            reply = worker.call({"op": "perf_case", "case": case.to_dict(), "anchor": anchor, "plan": plan.to_dict()}, timeout)
+            if reply.get("restart"):
+                slot.discard()
+            return PerfCaseResult.from_dict(reply["result"])
+        except WorkerGone as exc:
+            slot.discard()
+            return PerfCaseResult(case=case, status="ERROR", reason=f"case {case.id}: {exc}"[:1500])
+        except (KeyError, TypeError, ValueError) as exc:
+            slot.discard()
+            return PerfCaseResult(case=case, status="ERROR", reason=f"case {case.id}: the worker's timing is unreadable ({exc})")

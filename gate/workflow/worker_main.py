@@ -77,6 +77,17 @@ def run_one(adapter, request: dict, device: str) -> dict:
     return {"status": "RAN", "checks": checks, "seconds": time.perf_counter() - start}
 
 
+def run_perf_case(adapter, request: dict, device: str) -> dict:
+    """Time one case against the anchor (gate/speed/runs.py measure_case) and send the raw timing."""
+    from gate.core.cases import Case
+    from gate.speed.runs import measure_case
+    from gate.speed.timing import TimingPlan
+
+    result = measure_case(adapter, request["anchor"], Case.from_dict(request["case"]), device,
+                          TimingPlan.from_dict(request["plan"]))
+    return {"status": "PERF", "result": result.to_dict(), "restart": result.status == "ERROR" and device == "cuda"}
+
+
 def main() -> int:
     import faulthandler
 
@@ -101,7 +112,7 @@ def main() -> int:
         return 0
     for line in sys.stdin:
         request = json.loads(line)
-        reply = run_one(adapter, request, device)
+        reply = run_perf_case(adapter, request, device) if request.get("op") == "perf_case" else run_one(adapter, request, device)
         if os.getcwd() != cwd:  # a kernel that moves the process is wrong, whatever it returned
             reply = {"status": "ERROR", "reason": f"the kernel changed the working directory to {os.getcwd()}", "restart": True}
         _send(channel, reply)
