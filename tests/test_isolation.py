@@ -81,6 +81,7 @@ def test_a_kernel_that_patches_the_measurement_in_its_process_still_fails(tmp_pa
                  str(config), "--out", str(tmp_path / "out"), "--no-progress"]) == 1
     row = rows(tmp_path / "out")["fp32-b1-h2-s16-d8"]
     assert row["status"] == "FAIL" and row["tensors"]["out"]["ratio"] > 1
+    assert "tests.fault_kernels" not in sys.modules  # the deciding process never imported the kernel
     # in one process the same kernel would have fooled the measurement: that is what the worker prevents
     import gate.correctness.run_case as rc
 
