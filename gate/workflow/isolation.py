@@ -20,6 +20,7 @@ sees only GPU i (CUDA_VISIBLE_DEVICES) and the references of its cases run on th
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -196,26 +197,35 @@ class WorkerPool:
         self._free: list[Slot] = list(self.slots)
         self._cond = threading.Condition()
 
+        self._info: KernelInfo | None = None
+
     def __enter__(self) -> "WorkerPool":
         return self
 
     def __exit__(self, *exc) -> bool:
+        self.close()
+        return False
+
+    def close(self) -> None:
         for slot in self.slots:
             slot.discard()
         shutil.rmtree(self.tmpdir, ignore_errors=True)
-        return False
 
     def kernel_info(self) -> KernelInfo:
         """Start the first worker and ask it about the kernel (an unknown or broken kernel is a UserError)."""
+        if self._info is not None:
+            return self._info
         try:
             _, hello = self.slots[0].ensure()
         except WorkerGone as exc:
             raise UserError(f"--kernel {self.kernel!r}: the worker process could not load it ({exc})") from None
         if "user_error" in hello:
+            self.slots[0].discard()
             raise UserError(str(hello["user_error"]))
-        return KernelInfo(version=str(hello.get("version", "")), devices=tuple(hello.get("devices", ())),
-                          unavailable=hello.get("unavailable"), notes=tuple(hello.get("notes", ())),
-                          returns_lse=bool(hello.get("returns_lse", False)))
+        self._info = KernelInfo(version=str(hello.get("version", "")), devices=tuple(hello.get("devices", ())),
+                                unavailable=hello.get("unavailable"), notes=tuple(hello.get("notes", ())),
+                                returns_lse=bool(hello.get("returns_lse", False)))
+        return self._info
 
     @contextlib.contextmanager
     def slot(self):
@@ -235,6 +245,49 @@ class WorkerPool:
         with self.slot() as slot:
             return run_isolated_case(slot, case, tol, check_names, timeout or case_timeout(case, self.cfg, check_names),
                                      returns_lse)
+
+
+# Pools kept warm between runs of one process, keyed by everything a worker inherits: the sweep's
+# workers then time the speed cases of the same `check` (after the sweep: no GPU is shared), and a
+# test session does not pay a worker start (importing torch) per command. A pool is owned by one
+# run at a time (taken out of the cache while in use); a worker that died is replaced on next use.
+_WARM: dict[tuple, WorkerPool] = {}
+_WARM_LOCK = threading.Lock()
+MAX_WARM_POOLS = 2
+
+
+def _close_warm() -> None:
+    with _WARM_LOCK:
+        pools = list(_WARM.values())
+        _WARM.clear()
+    for pool in pools:
+        pool.close()
+
+
+atexit.register(_close_warm)
+
+
+@contextlib.contextmanager
+def worker_pool(kernel: str, device: str, workers: int, cfg: IsolationConfig):
+    """A WorkerPool for this run: a warm one of an earlier run in this process with the same kernel,
+    device, worker count, working directory and environment, or a new one."""
+    # the working directory matters to a user kernel (`package.module:function` imports from it) only
+    key = (kernel, device, workers, os.getcwd() if ":" in kernel else "", tuple(sorted(os.environ.items())))
+    with _WARM_LOCK:
+        pool = _WARM.pop(key, None)
+    if pool is None:
+        pool = WorkerPool(kernel, device, workers, cfg)
+    pool.cfg = cfg
+    try:
+        yield pool
+    except BaseException:
+        pool.close()
+        raise
+    with _WARM_LOCK:
+        _WARM[key] = pool
+        evicted = [_WARM.pop(k) for k in list(_WARM)[:-MAX_WARM_POOLS]]
+    for old in evicted:
+        old.close()
 
 
 def _error(case: Case, reason: str, start: float) -> CaseResult:
@@ -307,22 +360,23 @@ class PerfWorker:
     worker that dies or hangs makes that case an ERROR row (fail closed); a fresh one times the next."""
 
     def __init__(self, kernel: str, device: str, cfg: IsolationConfig):
-        self.pool = WorkerPool(kernel, device, 1, cfg)
+        self._ctx = worker_pool(kernel, device, 1, cfg)
+        self.pool: WorkerPool | None = None
         self.info: KernelInfo | None = None
 
     def __enter__(self) -> "PerfWorker":
+        self.pool = self._ctx.__enter__()
         try:
             self.info = self.pool.kernel_info()
-        except BaseException:
-            self.pool.__exit__(None, None, None)
+            if self.info.unavailable:
+                raise UserError(f"kernel {self.pool.kernel!r} is unavailable here: {self.info.unavailable}")
+        except BaseException as exc:
+            self._ctx.__exit__(type(exc), exc, exc.__traceback__)
             raise
-        if self.info.unavailable:
-            self.pool.__exit__(None, None, None)
-            raise UserError(f"kernel {self.pool.kernel!r} is unavailable here: {self.info.unavailable}")
         return self
 
     def __exit__(self, *exc) -> bool:
-        return self.pool.__exit__(*exc)
+        return bool(self._ctx.__exit__(*exc))
 
     def measure(self, case: Case, anchor: str, plan):
         from gate.speed.runs import PerfCaseResult

@@ -111,13 +111,13 @@ def _run_isolated(kernel: str, suite, config: Config, device: str, progress: boo
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from gate.workflow.isolation import WorkerPool, default_workers
+    from gate.workflow.isolation import default_workers, worker_pool
     from gate.workflow.journal import Journal, journal_path, read_journal
 
     workers = options.workers if options.workers is not None else default_workers(device)
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
-    with WorkerPool(kernel, device, workers, config.isolation) as pool:
+    with worker_pool(kernel, device, workers, config.isolation) as pool:
         info = pool.kernel_info()
         if info.unavailable:
             raise UserError(f"kernel {kernel!r} is unavailable here: {info.unavailable}")
