@@ -67,7 +67,8 @@ def cheats(q, k, v, softmax_scale=None, causal=False):
 
 def _illegal_memory_access(t: torch.Tensor) -> None:
     """A store far outside any allocation on the GPU: an illegal memory access (a sticky error that
-    poisons the CUDA context of the process). Triton when it imports, else a raw pointer copy."""
+    poisons the CUDA context of the process). Triton when it imports; else an out-of-bounds index,
+    whose device-side assert poisons the context the same way."""
     try:
         import triton
         import triton.language as tl
@@ -78,8 +79,7 @@ def _illegal_memory_access(t: torch.Tensor) -> None:
 
         _oob[(1,)](t, 1 << 38)
     except ImportError:
-        ctypes.CDLL("libcudart.so").cudaMemcpy(ctypes.c_void_p(t.data_ptr() + (1 << 38)), ctypes.c_void_p(t.data_ptr()),
-                                               ctypes.c_size_t(4), ctypes.c_int(3))
+        t[torch.tensor([1 << 30], device=t.device)] = 1.0
     torch.cuda.synchronize()
 
 

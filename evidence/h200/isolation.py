@@ -20,7 +20,7 @@ Produces, in $OUT (default out/h200_isolation), for reports/h200/isolation/:
      as close as the kernel's run-to-run noise; bit-equality is tested on the CPU).
      H200_ISO_SUITE=nightly measures the nightly suite instead of pr (longer).
 
-A time budget per part (H200_ISO_BUDGET_S, default 200 s overall) turns what is left into SKIP
+A time budget (H200_ISO_BUDGET_S, default 225 s overall) turns what is left into SKIP
 lines that say so; every part's failure is a row, never a dead script. A short table is printed
 at the end. H200_ISO_DRY=1 rehearses the plumbing on the CPU (sdpa-cpu, smoke suite, no fault):
 it measures nothing about GPUs.
@@ -38,7 +38,7 @@ from pathlib import Path
 T0 = time.perf_counter()
 ROOT = Path(__file__).resolve().parents[2]
 DRY = os.environ.get("H200_ISO_DRY") == "1"
-BUDGET_S = float(os.environ.get("H200_ISO_BUDGET_S", "200"))
+BUDGET_S = float(os.environ.get("H200_ISO_BUDGET_S", "225"))
 OUT = Path(os.environ.get("OUT") or "out/h200_isolation").resolve()
 OUT.mkdir(parents=True, exist_ok=True)
 SUITE = os.environ.get("H200_ISO_SUITE", "smoke" if DRY else "pr")
