@@ -142,3 +142,10 @@ def test_run_options_out_of_range_are_usage_errors(project, capsys, flag, value,
     refused(["sweep", "--kernel", "sdpa-cpu", "--suite", "g", "--config", str(config), "--device", "cpu",
              "--out", str(proj / "o"), flag, value], capsys, words)
     assert not (proj / "o").exists()
+
+
+def test_check_refuses_to_run_the_kernel_in_the_deciding_process(project, capsys):
+    proj, config, _, _ = project
+    refused(["check", "--kernel", "sdpa-cpu", "--suite", "g", "--config", str(config), "--device", "cpu",
+             "--out", str(proj / "o"), "--workers", "0"], capsys, "--workers 0")
+    assert not (proj / "o").exists()

@@ -36,10 +36,14 @@ def main(args: argparse.Namespace) -> int:
     from gate.core.config import load_config
 
     from gate.commands.common import run_options
+    from gate.core.errors import UserError
     from gate.core.files import FolderLock, require_writable
 
     config = load_config(args.config)
     options = run_options(args)
+    if options.workers == 0:  # the gate's verdict never comes from a process the kernel ran in (#11)
+        raise UserError("--workers 0 runs the kernel in the deciding process, unisolated: `check` refuses it; "
+                        "pass --workers 1 or more (or use `attn-gate sweep --workers 0` to debug)")
     require_writable(args.out, "--out")
     with FolderLock(args.out, "--out"):
         outcome = run_check(config, kernel=args.kernel, suite=args.suite, device=args.device, only=args.only,
