@@ -178,6 +178,8 @@ def test_shards_merge_into_the_sweep_a_single_run_writes(tmp_path, monkeypatch, 
 
     assert load("m") == load("whole")
     assert 0 < len(load("s1")["cases"]) < 5
+    assert main(common + ["--out", str(tmp_path / "w2"), "--workers", "2"]) == 0  # two workers at once: the same sweep
+    assert load("w2") == load("whole")
     (merged,) = (tmp_path / "m").glob("sweep-*.json")
     assert main(["baseline", "update", "--from-results", str(merged), "--config", str(config)]) == 0
     assert main(["check", "--results", str(merged), "--config", str(config), "--out", str(tmp_path / "judged")]) == 0
@@ -228,3 +230,27 @@ def test_a_second_run_on_the_same_out_folder_is_refused(tmp_path, monkeypatch, c
                      "--out", str(tmp_path / "out"), "--no-progress"]) == 2
     assert "another attn-gate run is writing there" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_torn_last_journal_line_is_dropped_and_runs_again(tmp_path):
+    """SIGKILL in the middle of an append leaves a partial line: it is not a result, and the next
+    append starts on a line of its own."""
+    from gate.core.results import CaseResult, Status
+    from gate.workflow.journal import Journal, read_journal
+
+    case = Case(batch=1, seqlen_q=8, seqlen_k=8, heads_q=1, heads_kv=1, head_dim=8, head_dim_v=8, dtype="fp32", seeds=(0,))
+    other = Case(batch=1, seqlen_q=9, seqlen_k=9, heads_q=1, heads_kv=1, head_dim=8, head_dim_v=8, dtype="fp32", seeds=(0,))
+    header = {"kernel": "k", "suite": "s", "suite_hash": "h", "device": "cpu", "environment": {}, "tolerance": {},
+              "only": None, "checks": [], "shard": None, "started_at": "t0"}
+    journal = Journal(tmp_path / "journal.jsonl")
+    journal.start(header, resume=False)
+    journal.add(CaseResult(case=case, status=Status.SKIP, reason="r"))
+    with open(journal.path, "a") as fh:
+        fh.write('{"case_id": "fp32-b1-h1-s9-d8", "sta')  # torn
+    started, done = read_journal(journal.path, header)
+    assert started == "t0" and list(done) == [case.id]
+    journal.start(header, resume=True)
+    journal.add(CaseResult(case=other, status=Status.SKIP, reason="r"))
+    assert list(read_journal(journal.path, header)[1]) == [case.id, other.id]
+    with pytest.raises(Exception, match="suite_hash was 'h', now 'x'"):
+        read_journal(journal.path, {**header, "suite_hash": "x"})
