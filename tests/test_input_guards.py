@@ -149,3 +149,24 @@ def test_check_refuses_to_run_the_kernel_in_the_deciding_process(project, capsys
     refused(["check", "--kernel", "sdpa-cpu", "--suite", "g", "--config", str(config), "--device", "cpu",
              "--out", str(proj / "o"), "--workers", "0"], capsys, "--workers 0")
     assert not (proj / "o").exists()
+
+
+def test_a_summary_path_that_is_a_fifo_is_refused_and_left_alone(project, capsys):
+    import os
+    import stat
+
+    proj, config, results, baseline = project
+    fifo = proj / "fifo"
+    os.mkfifo(fifo)
+    refused(["baseline", "update", "--from-results", str(results), "--config", str(config), "--summary", str(fifo)],
+            capsys, "not a regular file")
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert main(["baseline", "update", "--from-results", str(results), "--config", str(config), "--summary",
+                 str(proj / "summary.md")]) == 0
+
+
+def test_an_unwritable_step_summary_does_not_turn_a_pass_into_an_error(project, capsys, monkeypatch):
+    proj, config, results, _ = project
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(proj))  # a folder: cannot be opened for appending
+    assert main(["check", "--results", str(results), "--config", str(config), "--out", str(proj / "out")]) == 0
+    assert "GITHUB_STEP_SUMMARY" in capsys.readouterr().err

@@ -24,6 +24,9 @@ def require_writable(path: Path, option: str = "--out", kind: str = "folder") ->
     path = Path(path)
     if kind == "file" and path.is_dir():
         raise UserError(f"{option} {path}: is a directory; pass a file name")
+    if kind == "file" and (path.exists() or path.is_symlink()) and not path.is_file():
+        # a device file or FIFO would be replaced by the atomic write's rename (#11)
+        raise UserError(f"{option} {path}: exists and is not a regular file (a device, FIFO or socket); pass a file name")
     probe = path.parent if kind == "file" else path
     while not probe.exists() and probe.parent != probe:  # exists() is False under a file too (/dev/null/x)
         probe = probe.parent

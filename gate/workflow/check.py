@@ -233,8 +233,12 @@ def render_check(verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_d
         print(f"attn-gate: warning: the plot was not drawn ({type(exc).__name__}: {exc})", file=sys.stderr)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
-        with open(step_summary, "a", encoding="utf-8") as fh:
-            fh.write(summary + "\n")
+        try:  # the job summary is a convenience: the verdict and its files are written already (#11)
+            with open(step_summary, "a", encoding="utf-8") as fh:
+                fh.write(summary + "\n")
+        except OSError as exc:
+            print(f"attn-gate: warning: $GITHUB_STEP_SUMMARY {step_summary} was not written ({exc.strerror or exc}); "
+                  f"the summary is in {paths['summary']}", file=sys.stderr)
     print_check(verdict, sweep, console)
     return paths
 
