@@ -170,3 +170,32 @@ def test_an_unwritable_step_summary_does_not_turn_a_pass_into_an_error(project, 
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(proj))  # a folder: cannot be opened for appending
     assert main(["check", "--results", str(results), "--config", str(config), "--out", str(proj / "out")]) == 0
     assert "GITHUB_STEP_SUMMARY" in capsys.readouterr().err
+
+
+def test_an_all_skip_baseline_is_refused(project, capsys):
+    proj, config, results, baseline = project
+
+    def all_skip(d):
+        for c in d["correctness"].values():
+            c.update(status="SKIP", tensors={})
+
+    edit(baseline, all_skip)
+    refused(["check", "--results", str(results), "--config", str(config), "--out", str(proj / "out")], capsys,
+            "every case of the baseline is SKIP")
+
+
+@pytest.mark.parametrize("line,words", [("softcap = [nan]", "softcap must be a finite number"),
+                                        ("softcap = [inf]", "softcap must be a finite number")])
+def test_a_non_finite_softcap_is_refused(tmp_path, line, words):
+    cfg = tmp_path / "pyproject.toml"
+    cfg.write_text(SUITE + line + "\n")
+    with pytest.raises(UserError, match=words):
+        load_config(cfg)
+
+
+@pytest.mark.parametrize("seeds", ["[-1]", "[4294967296]", "[true]"])
+def test_out_of_range_seeds_are_refused(tmp_path, seeds):
+    cfg = tmp_path / "pyproject.toml"
+    cfg.write_text(SUITE.replace("seeds = [0]", f"seeds = {seeds}"))
+    with pytest.raises(UserError, match="seeds must be"):
+        load_config(cfg)

@@ -98,8 +98,8 @@ class Case:
             problems.append(f"heads_q {self.heads_q} is not a multiple of heads_kv {self.heads_kv}")
         if not 0.0 <= self.dropout_p < 1.0:
             problems.append("dropout_p must be in [0, 1)")
-        if self.softcap < 0:
-            problems.append("softcap must be >= 0")
+        if not (self.softcap >= 0 and self.softcap != float("inf")):  # nan fails this too (#11)
+            problems.append("softcap must be a finite number >= 0")
         if len(self.window) != 2 or any(w < -1 for w in self.window):
             problems.append("window must be (left, right) with -1 for unbounded")
         if self.varlen is not None:
@@ -109,6 +109,8 @@ class Case:
                 problems.append("varlen cases must have batch=len(varlen) and seqlens=max(varlen)")
         if not self.seeds:
             problems.append("at least one seed is needed")
+        elif not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**32 for x in self.seeds):
+            problems.append("seeds must be integers in [0, 2**32)")
         if not isinstance(self.checks, tuple) or not all(isinstance(c, str) for c in self.checks):
             problems.append("checks must be a tuple of check names")
         if problems:
@@ -314,8 +316,9 @@ def expand_suite(name: str, spec: dict[str, Any], source: str, table: str = "sui
     if unknown:
         raise UserError(f"{where}: unknown key {unknown[0]!r}; a suite has 'seeds', 'matrix' and 'description'")
     seeds = spec.get("seeds", [0, 1])
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
-        raise UserError(f"{where}: seeds must be a non-empty list of integers")
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**32
+                                                           for s in seeds):
+        raise UserError(f"{where}: seeds must be a non-empty list of integers in [0, 2**32)")
     blocks = spec.get("matrix")
     if not isinstance(blocks, list) or not blocks:
         raise UserError(f"{where}: a suite needs at least one [[suites.{name}.matrix]] block")

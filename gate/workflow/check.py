@@ -159,6 +159,9 @@ def require_complete_baseline(config: Config, baseline: Baseline, path: Path) ->
                 f"has {len(empty)} PASS rows without ratios ({', '.join(empty[:3])}{' ...' if len(empty) > 3 else ''})")
         raise UserError(f"{path}: the baseline {what}, so they would not be gated; restore it with `git checkout -- {path}` "
                         f"or regenerate it with `{update_command(baseline.kernel, baseline.suite, baseline.gpu_class)}`")
+    if not any(c.measured for c in baseline.correctness.values()):
+        raise UserError(f"{path}: every case of the baseline is SKIP, so it gates nothing; regenerate it on a machine "
+                        f"where the kernel runs (`{update_command(baseline.kernel, baseline.suite, baseline.gpu_class)}`)")
 
 
 def compare_all(baseline: Baseline, sweep: SweepResult, config: Config, scope: str | None) -> tuple[list[Finding], dict[str, float]]:
