@@ -5,17 +5,25 @@ number here is a `track_*` returning what the engine measured (CUDA events, cold
 and anchor interleaved). One engine run per perf case happens in `setup_cache` (once per asv
 run); the track functions only read it.
 
+Identity (#15): every benchmark is parameterised by kernel, anchor and case, so a history line is
+one kernel against one anchor; changing either starts a new line instead of a false regression.
+Direction: asv flags an INCREASE as a regression, so only lower-is-better numbers are tracked
+(milliseconds, speed ratio = kernel time / anchor time, MiB). Throughput (TFLOP/s, higher is
+better) would read the wrong way round and is left out; it is in `attn-gate perf`'s JSON.
+
 What runs comes from the environment (`attn-gate bench` sets it) or the config's profile:
 ATTN_GATE_CONFIG (pyproject.toml), ATTN_GATE_KERNEL, ATTN_GATE_SUITE, ATTN_GATE_ANCHOR,
 ATTN_GATE_DEVICE, ATTN_GATE_ONLY (regex on case ids), ATTN_GATE_ROUNDS.
 """
 
-from gate.speed.asv import bench_case_ids, bench_measure, bench_peak_mem
+from gate.speed.asv import bench_case_ids, bench_identity, bench_measure, bench_peak_mem
+
+KERNELS, ANCHORS = bench_identity()
 
 
 class AttentionSpeed:
-    params = [bench_case_ids()]
-    param_names = ["case"]
+    params = [KERNELS, ANCHORS, bench_case_ids()]
+    param_names = ["kernel", "anchor", "case"]
     timeout = 3600
 
     def setup_cache(self):
@@ -23,46 +31,36 @@ class AttentionSpeed:
 
     setup_cache.timeout = 3600
 
-    def setup(self, cache, case):
+    def setup(self, cache, kernel, anchor, case):
         if cache.get(case, {}).get("status") != "OK":
             raise NotImplementedError(cache.get(case, {}).get("reason", "not measured"))  # asv: skipped
 
-    def track_fwd_ms(self, cache, case):
+    def track_fwd_ms(self, cache, kernel, anchor, case):
         return cache[case]["fwd"]["candidate_ms"]
 
     track_fwd_ms.unit = "ms"
 
-    def track_bwd_ms(self, cache, case):
+    def track_bwd_ms(self, cache, kernel, anchor, case):
         return cache[case]["bwd"]["candidate_ms"]
 
     track_bwd_ms.unit = "ms"
 
-    def track_fwd_speed_ratio(self, cache, case):
+    def track_fwd_speed_ratio(self, cache, kernel, anchor, case):
         return cache[case]["fwd"]["speed_ratio"]
 
-    track_fwd_speed_ratio.unit = "candidate/anchor"
+    track_fwd_speed_ratio.unit = "kernel time / anchor time"
 
-    def track_bwd_speed_ratio(self, cache, case):
+    def track_bwd_speed_ratio(self, cache, kernel, anchor, case):
         return cache[case]["bwd"]["speed_ratio"]
 
-    track_bwd_speed_ratio.unit = "candidate/anchor"
-
-    def track_tflops(self, cache, case):
-        return cache[case]["fwd"]["candidate_tflops"]
-
-    track_tflops.unit = "TFLOP/s (fwd)"
-
-    def track_bwd_tflops(self, cache, case):
-        return cache[case]["bwd"]["candidate_tflops"]
-
-    track_bwd_tflops.unit = "TFLOP/s (bwd)"
+    track_bwd_speed_ratio.unit = "kernel time / anchor time"
 
 
 class AttentionMemory:
     """Peak GPU memory of one fwd+bwd, measured alone (skipped without a GPU: no allocator stats)."""
 
-    params = [bench_case_ids()]
-    param_names = ["case"]
+    params = [KERNELS, bench_case_ids()]
+    param_names = ["kernel", "case"]
     timeout = 1800
 
     def setup_cache(self):
@@ -70,12 +68,11 @@ class AttentionMemory:
 
     setup_cache.timeout = 1800
 
-    def setup(self, cache, case):
+    def setup(self, cache, kernel, case):
         if cache.get(case) is None:
             raise NotImplementedError("peak memory is measured on a GPU only")  # asv: skipped
 
-    def track_peak_mem_mb(self, cache, case):
+    def track_peak_mem_mb(self, cache, kernel, case):
         return cache[case]
 
     track_peak_mem_mb.unit = "MiB"
-

@@ -135,3 +135,16 @@ def wrong_shape(q, k, v, softmax_scale=None, causal=False):
 def returns_nan(q, k, v, softmax_scale=None, causal=False):
     out = _plain(q, k, v, softmax_scale, causal)[0]
     return out * torch.where(torch.arange(out.shape[1]).view(1, -1, 1, 1) == out.shape[1] - 1, float("nan"), 1.0).to(out.dtype)
+
+
+_DRIFT_CALLS = [0]
+
+
+def drifting(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
+             return_attn_probs=False):
+    """Correct on its first call, dK x1.02 on every later one: a kernel whose second run disagrees
+    with its first (what the selftest's control must refuse to call a pass)."""
+    _DRIFT_CALLS[0] += 1
+    if _DRIFT_CALLS[0] > 1:
+        k = _ScaleGrad.apply(k, 1.02)
+    return _result(*_plain(q, k, v, softmax_scale, causal, window_size, alibi_slopes), return_attn_probs)

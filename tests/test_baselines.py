@@ -28,7 +28,7 @@ def test_round_trip_sorted_and_rounded(tmp_path):
     b.write(path)
     text = path.read_text()
     data = json.loads(text)
-    assert data["schema_version"] == 1 and data["kind"] == "attn-gate baseline" and data["gpu_class"] == "cpu"
+    assert data["schema_version"] == 2 and data["kind"] == "attn-gate baseline" and data["gpu_class"] == "cpu"
     assert list(data) == sorted(data) and list(data["correctness"]) == sorted(data["correctness"])
     assert text == json.dumps(data, indent=1, sort_keys=True) + "\n"  # canonical: a rewrite changes nothing
     back = read_baseline(path)
@@ -50,7 +50,7 @@ BAD_FILES = [
     ("malformed", GOOD_TEXT.replace('"status": "PASS"', '"status": PASS', 1), "not valid JSON"),
     ("truncated", GOOD_TEXT[: len(GOOD_TEXT) // 2], "truncated"),
     ("empty", "", "not valid JSON"),
-    ("unknown schema", GOOD_TEXT.replace('"schema_version": 1', '"schema_version": 99'), "schema_version 99"),
+    ("unknown schema", GOOD_TEXT.replace('"schema_version": 2', '"schema_version": 99'), "schema_version 99"),
     ("not a baseline", json.dumps({"schema_version": 1, "kind": "attn-gate sweep"}), "not an 'attn-gate baseline'"),
     ("missing field", GOOD_TEXT.replace('"suite_hash"', '"suite_hash_x"'), "missing or has a bad field"),
     ("bad status", GOOD_TEXT.replace('"status": "PASS"', '"status": "GREEN"', 1), "missing or has a bad field"),
@@ -126,3 +126,21 @@ def test_committed_cpu_baseline_matches_the_suite_and_config():
     assert b.tolerance == config.tolerance.as_dict()
     assert b.failing_cases == []
     assert set(b.correctness) == {c.id for c in load_suite("smoke", config.suites).cases}
+
+
+def test_a_schema_1_baseline_is_migrated_and_records_its_commit_from_now_on(tmp_path):
+    """#15: version 2 stores the git commit a baseline was measured at; version 1 files still read."""
+    import dataclasses
+
+    data = json.loads(GOOD_TEXT)
+    data["schema_version"] = 1
+    data.pop("commit")
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(data))
+    migrated = read_baseline(old)
+    assert migrated.commit == "" and migrated.schema_version == 2
+    sweep = dataclasses.replace(GOOD, environment={**GOOD.environment, "git_commit": "abc123"})
+    assert Baseline.from_sweep(sweep).commit == "abc123"
+    new = tmp_path / "new.json"
+    Baseline.from_sweep(sweep).write(new)
+    assert json.loads(new.read_text())["commit"] == "abc123" and read_baseline(new).commit == "abc123"

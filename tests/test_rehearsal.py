@@ -1,17 +1,22 @@
-"""A rehearsal of the PR gate: gate.yml's `gate` job, its `run:` steps in order, on this CPU.
+"""A rehearsal of the PR gate: gate.yml's `gate` job, its `run:` steps in order, on this CPU, and
+the chain around it: a fork PR's own events reach no GPU job, a comment is vetted (or not) by
+vet.yml's script, the gate runs on the vetted branch, and report.yml's scripts accept that run and
+post its summary.
 
 The steps run as the runner runs them (`bash --noprofile --norc -eo pipefail`, from the repository
-root) with GITHUB_STEP_SUMMARY, GITHUB_OUTPUT, GITHUB_ENV and RUNNER_TEMP pointing at temporary
-files, the job's and step's `env:` with their expressions filled in from a table of known values
-(an expression the table does not know fails the test: the rehearsal must learn it), and GitHub's
-rule for which steps run after a failure. `uses:` steps are GitHub's own actions and are skipped;
-so is the set-up step (scripts/setup.sh, which .ci/run has just run). On a CPU `attn-gate check`
-takes the config's cpu profile (sdpa-cpu, suite smoke, baselines/cpu/); the repository variables
-the workflow reads select the kernel and a few cases, so a buggy kernel can be swapped in.
+root) with GITHUB_STEP_SUMMARY, GITHUB_OUTPUT, GITHUB_ENV, RUNNER_TEMP and HOME pointing at
+temporary files, the job's and step's `env:` with their expressions filled in from a table of known
+values (an expression the table does not know fails the test: the rehearsal must learn it), and
+GitHub's rule for which steps run after a failure, including `steps.<id>.outcome` conditions.
+`uses:` steps are GitHub's own actions and are skipped; so is the set-up step (scripts/setup.sh,
+which .ci/run has just run). On a CPU `attn-gate check` takes the config's cpu profile (sdpa-cpu,
+suite smoke, baselines/cpu/); the repository variables the workflow reads select the kernel and a
+few cases, so a buggy kernel can be swapped in. The asv step runs in its own test (real asv).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -21,12 +26,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests import test_workflows as wf
+
 ROOT = Path(__file__).resolve().parents[1]
 GATE = ROOT / ".github" / "workflows" / "gate.yml"
 EXPRESSION = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
 CASES = "^fp32-b2-h2-s65x33-d40"  # two small fp32 cases of the smoke suite (causal and not): seconds
-SKIPPED_RUN_STEPS = {"setup"}  # step ids not run here; their reason is in the module docstring
-RUNS_AFTER_FAILURE = {"${{ !cancelled() }}", "${{ always() }}", "always()", "!cancelled()"}
+PERF_CASE = "^bf16-b2-h4-s256-d64$"  # one perf case of the smoke suite: what asv times on a CPU
+SKIPPED_RUN_STEPS = {"setup", "asv"}  # step ids not run by default; their reasons are in the module docstring
 PR_NUMBER, HEAD_SHA = "123", "0123456789abcdef0123456789abcdef01234567"
 
 
@@ -69,6 +76,22 @@ def fill(value, known: dict[str, str], where: str) -> str:
     return EXPRESSION.sub(sub, str(value))
 
 
+def should_run(condition: str | None, failed: bool, outcomes: dict[str, str], where: str) -> bool:
+    """GitHub's step condition: none means success(); `!cancelled()`/`always()` run after a failure;
+    `steps.<id>.outcome == '<value>'` reads an earlier step's outcome. Other forms fail the test."""
+    if condition is None:
+        return not failed
+    terms = [t.strip() for t in EXPRESSION.sub(lambda m: m.group(1), condition).split("&&")]
+    result = True
+    for term in terms:
+        outcome = re.fullmatch(r"steps\.([\w-]+)\.outcome == '(\w+)'", term)
+        if term in ("!cancelled()", "always()"):
+            continue
+        assert outcome, f"{where}: condition term {term!r} is not modelled here"
+        result = result and outcomes.get(outcome[1]) == outcome[2]
+    return result
+
+
 def parse_outputs(text: str) -> dict[str, str]:
     """$GITHUB_OUTPUT's two forms: `key=value` and `key<<DELIM` ... `DELIM`."""
     out, lines = {}, iter(text.splitlines())
@@ -82,42 +105,47 @@ def parse_outputs(text: str) -> dict[str, str]:
     return out
 
 
-def rehearse(tmp_path: Path, variables: dict[str, str]) -> Rehearsal:
-    """Run the gate job's steps; `variables` are the repository variables (vars.*) it reads."""
+def rehearse(tmp_path: Path, variables: dict[str, str], *, cwd: Path = ROOT, skip: set[str] = SKIPPED_RUN_STEPS,
+             ref_name: str = f"pull-request/{PR_NUMBER}", sha: str = HEAD_SHA, extra_env: dict | None = None,
+             home: Path | None = None) -> Rehearsal:
+    """Run the gate job's steps; `variables` are the repository variables (vars.*) it reads. The run
+    is what vet.yml dispatches: on branch `ref_name` at commit `sha`, in this repository."""
     temp = tmp_path / "runner-temp"
     temp.mkdir()
+    if home is None:
+        home = tmp_path / "home"  # a fresh machine: no canary yet
+        home.mkdir()
     summary, github_env = tmp_path / "step-summary.md", tmp_path / "github-env"
     summary.touch()
     github_env.touch()
     known = {
-        "github.event.pull_request.number": PR_NUMBER,
-        "github.event.pull_request.head.sha || github.sha": HEAD_SHA,
         "runner.temp": str(temp),
-        "runner.os": "Linux",
-        "!cancelled()": "true",
         **{f"vars.{k}": v for k, v in variables.items()},
     }
     job = gate_job()
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "RUNNER_", "ATTN_GATE_"))}
+    base_env = {k: v for k, v in os.environ.items()
+                if not k.startswith(("GITHUB_", "RUNNER_", "ATTN_GATE_")) and k not in ("PYTHONNOUSERSITE", "HOME")}
     base_env.update({k: fill(v, known, "job env") for k, v in job.get("env", {}).items()})
     base_env.update({"RUNNER_TEMP": str(temp), "GITHUB_STEP_SUMMARY": str(summary), "GITHUB_ENV": str(github_env),
-                     "CI": "true", "GITHUB_ACTIONS": "true"})
-    steps, failed, rendered = [], False, {}
+                     "HOME": str(home), "CI": "true", "GITHUB_ACTIONS": "true", "GITHUB_REF_NAME": ref_name,
+                     "GITHUB_SHA": sha, "GITHUB_REPOSITORY": "o/r", "GITHUB_RUN_ID": "55", "GITHUB_JOB": "gate",
+                     **(extra_env or {})})
+    steps, failed, rendered, outcomes = [], False, {}, {}
     for i, step in enumerate(job["steps"]):
         name = step.get("id") or step.get("name") or step.get("uses")
-        condition = step.get("if")
-        if condition is not None:
-            assert condition in RUNS_AFTER_FAILURE, f"step {name}: condition {condition!r} is not modelled here"
-        if failed and condition is None:
+        if not should_run(step.get("if"), failed, outcomes, f"step {name}"):
             steps.append(StepRun(name, "skipped"))
+            outcomes[name] = "skipped"
             continue
         if "uses" in step:
             rendered[name] = {k: fill(v, known, f"step {name}") for k, v in step.get("with", {}).items()
                               if "steps." not in str(v) and "hashFiles" not in str(v)}
             steps.append(StepRun(name, "uses"))
+            outcomes[name] = "success"
             continue
-        if step.get("id") in SKIPPED_RUN_STEPS:
+        if step.get("id") in skip:
             steps.append(StepRun(name, "skipped"))
+            outcomes[name] = "success" if step.get("id") == "setup" else "skipped"
             continue
         assert "${{" not in step["run"], f"step {name}: an expression inside run:"
         output_file = tmp_path / f"output-{i}"
@@ -128,23 +156,28 @@ def rehearse(tmp_path: Path, variables: dict[str, str]) -> Rehearsal:
         env["GITHUB_OUTPUT"] = str(output_file)
         script = tmp_path / f"step-{i}.sh"
         script.write_text(step["run"])
-        proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)], cwd=ROOT, env=env,
+        proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)], cwd=cwd, env=env,
                               capture_output=True, text=True, timeout=300)
         steps.append(StepRun(name, "run", proc.returncode, proc.stdout + proc.stderr,
                              parse_outputs(output_file.read_text())))
+        outcomes[name] = "success" if proc.returncode == 0 else "failure"
         failed = failed or proc.returncode != 0
     return Rehearsal(steps, failed, summary.read_text(), temp, rendered)
 
 
-def assert_artifact_complete(r: Rehearsal) -> Path:
-    """What report.yml reads is where the upload step picks it up."""
-    upload = r.rendered["Upload results, findings and plots"]
-    results = Path(upload["path"])
-    assert results == r.runner_temp / "gate-results"
-    assert (results / "pr-number").read_text().strip() == PR_NUMBER
-    assert (results / "head-sha").read_text().strip() == HEAD_SHA
-    assert (results / "summary.md").read_text().strip()
+def assert_artifacts_complete(r: Rehearsal, pr_number: str = PR_NUMBER, sha: str = HEAD_SHA) -> Path:
+    """What report.yml reads is where the upload steps pick it up: the small summary artifact."""
+    summary = Path(r.rendered["Upload the summary for the report workflow (small)"]["path"])
+    results = Path(r.rendered["Upload results, findings, plots and asv results"]["path"])
+    assert (summary, results) == (r.runner_temp / "gate-summary", r.runner_temp / "gate-results")
+    assert (summary / "pr-number").read_text().strip() == pr_number
+    assert (summary / "head-sha").read_text().strip() == sha
+    assert (summary / "summary.md").read_text().strip()
+    assert (summary / "summary.md").read_text() == (results / "summary.md").read_text()[:60000]
     return results
+
+
+KINDS = ["run", "uses", "run", "uses", "skipped", "run", "run", "run", "skipped", "run", "uses", "uses"]
 
 
 def test_rehearsal_passing_kernel(tmp_path):
@@ -152,12 +185,13 @@ def test_rehearsal_passing_kernel(tmp_path):
     gate = r.step("gate")
     assert gate.returncode == 0, gate.output[-3000:]
     assert not r.failed
-    assert [s.kind for s in r.steps] == ["uses", "run", "run", "uses", "skipped", "run", "run", "run", "uses"]
-    assert "gating on cpu" in r.step("Check that torch sees the GPU").output
+    assert [s.kind for s in r.steps] == KINDS
+    assert "user site off" in r.step("Check that the venv ignores the user site").output
+    assert "gating on cpu" in r.step("gpu").output
     assert gate.outputs == {"exit-code": "0"}
     assert r.step_summary.startswith("## attn-gate check: PASS")
     assert r.step_summary.count("## attn-gate") == 1  # check wrote it once; the fallback note stayed quiet
-    results = assert_artifact_complete(r)
+    results = assert_artifacts_complete(r)
     assert (results / "summary.md").read_text().strip() == r.step_summary.strip()
     assert list(results.glob("findings-*.json")) and list(results.glob("sweep-*.json")) and list(results.glob("*.png"))
 
@@ -171,10 +205,10 @@ def test_rehearsal_buggy_kernel_fails_the_job_and_still_uploads(tmp_path):
     assert gate.returncode == 1, gate.output[-3000:]  # a verdict, not a usage error
     assert r.failed
     assert gate.outputs == {"exit-code": "1"}
-    assert r.steps[-1].kind == "uses"  # the upload still runs (if: !cancelled())
+    assert [s.kind for s in r.steps[-2:]] == ["uses", "uses"]  # the uploads still run (if: !cancelled())
     assert r.step_summary.startswith("## attn-gate check: FAIL")
     assert "tolerance" in r.step_summary
-    assert "FAIL" in (assert_artifact_complete(r) / "summary.md").read_text().splitlines()[0]
+    assert "FAIL" in (assert_artifacts_complete(r) / "summary.md").read_text().splitlines()[0]
 
 
 def test_rehearsal_usage_error_still_leaves_a_summary(tmp_path):
@@ -184,17 +218,28 @@ def test_rehearsal_usage_error_still_leaves_a_summary(tmp_path):
     assert gate.returncode == 2 and "no_such_module" in gate.output
     assert r.failed
     assert r.step_summary.startswith("## attn-gate: no verdict")
-    assert_artifact_complete(r)
+    assert_artifacts_complete(r)
 
 
 def test_rehearsal_without_a_gpu_fails_closed(tmp_path):
-    # the workflow's default device is cuda: a runner whose torch sees no GPU must not gate on CPU
+    # no variables at all (the defaults): device cuda; a runner whose torch sees no GPU must not gate on CPU
     r = rehearse(tmp_path, {})
-    guard = r.step("Check that torch sees the GPU")
+    guard = r.step("gpu")
     assert guard.returncode == 1 and "::error::" in guard.output and "sees no CUDA GPU" in guard.output
     assert r.step("gate").kind == "skipped"
     assert r.step_summary.startswith("## attn-gate: no verdict")
-    assert_artifact_complete(r)
+    assert_artifacts_complete(r)
+
+
+def test_rehearsal_on_a_reused_runner_stops_before_any_project_code(tmp_path):
+    used = tmp_path / "used-home"  # the machine already ran a job
+    used.mkdir()
+    (used / ".attn-gate-runner-canary").write_text("repo=o/r run=54 job=gate\n")
+    r = rehearse(tmp_path, {"ATTN_GATE_KERNEL": "sdpa-cpu", "ATTN_GATE_ONLY": CASES, "ATTN_GATE_DEVICE": "cpu"}, home=used)
+    fresh = r.step("fresh")
+    assert fresh.returncode == 1 and "already ran a job (repo=o/r run=54 job=gate)" in fresh.output
+    assert all(s.kind == "skipped" for s in r.steps if s.name in ("gpu", "gate", "Check that the venv ignores the user site"))
+    assert r.step_summary.startswith("## attn-gate: no verdict")  # the report still says something
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -268,7 +313,7 @@ def test_publish_history_starts_and_extends_the_results_branch(tmp_path, github)
         "results/h200/machine.json"]
     assert git("rev-parse", "main", cwd=bare) != git("rev-parse", "asv-results", cwd=bare)  # main untouched
     r = history_run(tmp_path, github, second, "ccc")  # nothing new: no empty commit
-    assert r.returncode == 0 and "no new results" in r.stdout
+    assert r.returncode == 0 and "nothing new for asv-results" in r.stdout
     assert len(git("log", "--format=%s", "asv-results", cwd=bare).splitlines()) == 2
 
 
@@ -290,8 +335,8 @@ def test_publish_history_refuses_a_symlink(tmp_path, github):
     assert r.returncode == 1 and "not a plain file" in r.stdout
 
 
-def baseline_pr_run(tmp_path: Path, github: dict, files: dict[str, str]):
-    """The PR job's script in a clone of "GitHub", with a fake `gh` that records its arguments."""
+def baseline_branch_run(tmp_path: Path, github: dict, files: dict[str, str]):
+    """The branch job's script in a clone of "GitHub"; a fake `gh` records any call (there must be none)."""
     work = tmp_path / "checkout"
     git("clone", "-q", str(github["bare"]), str(work), cwd=tmp_path)
     temp = tmp_path / "temp"
@@ -302,36 +347,199 @@ def baseline_pr_run(tmp_path: Path, github: dict, files: dict[str, str]):
     fake_bin.mkdir()
     (fake_bin / "gh").write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$GH_ARGS"\n')
     (fake_bin / "gh").chmod(0o755)
-    summary = tmp_path / "step-summary.md"
-    script = job_step("baselines.yml", "pull-request", "Commit it on a branch and open the PR")["run"]
+    summary, output = tmp_path / "step-summary.md", tmp_path / "output"
+    output.touch()
+    script = job_step("baselines.yml", "branch", "Commit it on a branch and link the PR to open")["run"]
     env = {k: v for k, v in github.items() if k != "bare"}
     r = run_script(script, work, {**env, "PATH": f"{fake_bin}:{os.environ['PATH']}", "GH_ARGS": str(tmp_path / "gh-args"),
                                   "RUNNER_TEMP": str(temp), "GITHUB_RUN_ID": "42", "GITHUB_REF_NAME": "main",
-                                  "GITHUB_STEP_SUMMARY": str(summary), "SUITE": "smoke", "KERNEL": "k"})
-    gh_args = (tmp_path / "gh-args").read_text().splitlines() if (tmp_path / "gh-args").exists() else None
-    return r, gh_args, summary.read_text() if summary.exists() else ""
+                                  "GITHUB_STEP_SUMMARY": str(summary), "GITHUB_OUTPUT": str(output),
+                                  "SUITE": "smoke", "KERNEL": "k"})
+    assert not (tmp_path / "gh-args").exists(), "the branch job must not call gh (no PR with GITHUB_TOKEN)"
+    return r, summary.read_text() if summary.exists() else "", parse_outputs(output.read_text()), temp
 
 
-def test_baseline_pr_pushes_a_branch_and_opens_a_pr_with_the_summary(tmp_path, github):
-    r, gh_args, summary = baseline_pr_run(tmp_path, github, {"baselines/cpu/k-smoke.json": '{"ratio": 0.4}\n'})
+def test_baseline_branch_is_pushed_with_a_compare_link_and_no_pr(tmp_path, github):
+    r, summary, outputs, temp = baseline_branch_run(tmp_path, github, {"baselines/cpu/k-smoke.json": '{"ratio": 0.4}\n'})
     assert r.returncode == 0, r.stdout + r.stderr
     bare = github["bare"]
     branch = "attn-gate/baseline-update-42"
     assert git("show", f"{branch}:baselines/cpu/k-smoke.json", cwd=bare) == '{"ratio": 0.4}\n'
     assert git("log", "-1", "--format=%s", branch, cwd=bare).strip() == "Baseline update: suite smoke, kernel k"
-    assert gh_args[:8] == ["pr", "create", "--base", "main", "--head", branch, "--title",
-                           "Baseline update: suite smoke, kernel k"]
-    body = Path(gh_args[gh_args.index("--body-file") + 1]).read_text()
-    assert body.startswith("## Baseline diff") and "0.50 -> 0.40" in body
-    assert "Opened the baseline PR" in summary
+    assert f"{github['GITHUB_SERVER_URL']}/repo/compare/main...{branch}?expand=1" in summary
+    assert "0.50 -> 0.40" in summary  # the diff summary, to paste as the PR body
+    assert outputs == {"branch": branch, "title": "Baseline update: suite smoke, kernel k"}  # for the optional App step
+    assert (temp / "pr-body.md").read_text().startswith("## Baseline diff")
 
 
-def test_baseline_pr_skips_an_unchanged_baseline(tmp_path, github):
-    r, gh_args, summary = baseline_pr_run(tmp_path, github, {"baselines/cpu/k-smoke.json": '{"ratio": 0.5}\n'})
-    assert r.returncode == 0 and gh_args is None and "did not change" in summary
+def test_baseline_branch_skips_an_unchanged_baseline(tmp_path, github):
+    r, summary, outputs, _ = baseline_branch_run(tmp_path, github, {"baselines/cpu/k-smoke.json": '{"ratio": 0.5}\n'})
+    assert r.returncode == 0 and "did not change" in summary and outputs == {}
     assert "baseline-update" not in git("branch", "--list", cwd=github["bare"])
 
 
-def test_baseline_pr_refuses_files_that_are_not_baselines(tmp_path, github):
-    r, gh_args, _ = baseline_pr_run(tmp_path, github, {"baselines/cpu/k-smoke.json": "{}", "baselines/hook.sh": "id"})
-    assert r.returncode == 1 and "not baselines" in r.stdout and gh_args is None
+def test_baseline_branch_refuses_files_that_are_not_baselines(tmp_path, github):
+    r, _, _, _ = baseline_branch_run(tmp_path, github, {"baselines/cpu/k-smoke.json": "{}", "baselines/hook.sh": "id"})
+    assert r.returncode == 1 and "not baselines" in r.stdout
+
+
+def test_publish_history_retries_a_push_rejected_by_a_concurrent_run(tmp_path, github):
+    """Another run pushes to asv-results between this run's fetch and its push: the push is
+    rejected (non-fast-forward), the script refetches, re-applies its files and pushes again;
+    both runs' results end up on the branch."""
+    assert history_run(tmp_path, github, {"h200/aaa-x.json": "{}"}, "aaa").returncode == 0
+    rival = tmp_path / "rival"
+    git("clone", "-q", "-b", "asv-results", str(github["bare"]), str(rival), cwd=tmp_path)
+    (rival / "results" / "h200" / "zzz-x.json").write_text('{"rival": 1}')
+    git("add", ".", cwd=rival)
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "rival", cwd=rival)
+    real_git = subprocess.run(["which", "git"], capture_output=True, text=True).stdout.strip()
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    # the first push of the script lets the rival push first
+    (fake_bin / "git").write_text(f"""#!/bin/sh
+case " $* " in *" push "*)
+  if [ ! -e "{tmp_path}/raced" ]; then touch "{tmp_path}/raced"; "{real_git}" -C "{rival}" push -q origin asv-results; fi;;
+esac
+exec "{real_git}" "$@"
+""")
+    (fake_bin / "git").chmod(0o755)
+    work = tmp_path / "work-bbb"
+    (work / "temp" / "asv-results" / "h200").mkdir(parents=True)
+    (work / "temp" / "asv-results" / "h200" / "bbb-x.json").write_text('{"v": 2}')
+    script = job_step("publish.yml", "history", "Commit them to the branch asv-results")["run"]
+    r = run_script(script, work, {"GITHUB_SERVER_URL": github["GITHUB_SERVER_URL"], "GITHUB_REPOSITORY": "repo",
+                                  "RUNNER_TEMP": str(work / "temp"), "GITHUB_SHA": "bbb", "GITHUB_EVENT_NAME": "push",
+                                  "PATH": f"{fake_bin}:{os.environ['PATH']}"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "rejected (attempt 1 of 5)" in r.stdout and "pushed to asv-results (attempt 2)" in r.stdout
+    bare = github["bare"]
+    assert sorted(git("ls-tree", "-r", "--name-only", "asv-results", cwd=bare).split()) == [
+        "results/h200/aaa-x.json", "results/h200/bbb-x.json", "results/h200/zzz-x.json"]
+    assert git("log", "--format=%s", "asv-results", cwd=bare).splitlines() == [
+        "asv results for bbb (push)", "rival", "asv results for aaa (push)"]
+
+
+def selftest_history_run(tmp_path: Path, github: dict, files: dict[str, str], sha: str):
+    work = tmp_path / f"selftest-{sha}"
+    for name, text in files.items():
+        (work / "temp" / "selftest" / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / "temp" / "selftest" / name).write_text(text)
+    script = job_step("selftest.yml", "history", "Commit it to the branch asv-results")["run"]
+    return run_script(script, work, {"GITHUB_SERVER_URL": github["GITHUB_SERVER_URL"], "GITHUB_REPOSITORY": "repo",
+                                     "RUNNER_TEMP": str(work / "temp"), "GITHUB_SHA": sha * 4, "GITHUB_EVENT_NAME": "schedule"})
+
+
+def test_selftest_report_is_kept_beside_the_asv_history(tmp_path, github):
+    assert history_run(tmp_path, github, {"h200/aaa-x.json": "{}"}, "aaa").returncode == 0
+    r = selftest_history_run(tmp_path, github, {"selftest.md": "# kill matrix 1\n", "selftest.json": "{}"}, "abc")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = selftest_history_run(tmp_path, github, {"selftest.md": "# kill matrix 2\n", "selftest.json": "{}"}, "def")
+    assert r.returncode == 0, r.stdout + r.stderr
+    files = git("ls-tree", "-r", "--name-only", "asv-results", cwd=github["bare"]).split()
+    assert "results/h200/aaa-x.json" in files  # the asv history is untouched
+    assert len([f for f in files if re.fullmatch(r"selftest/\d{4}-\d\d-\d\d-(abcabcabcabc|defdefdefdef)/selftest\.md", f)]) == 2
+    assert git("show", "asv-results:selftest/latest/selftest.md", cwd=github["bare"]) == "# kill matrix 2\n"
+
+
+@pytest.mark.parametrize("files", [{"selftest.md": "x", "run.sh": "id"}, {"selftest.json": "{}"}])
+def test_selftest_history_refuses_what_is_not_a_report(tmp_path, github, files):
+    r = selftest_history_run(tmp_path, github, files, "abc")
+    assert r.returncode == 1 and "::error::" in r.stdout
+    assert "asv-results" not in git("branch", "--list", cwd=github["bare"])
+
+
+# ---- a fork PR from its first event to the report ---------------------------------------------
+
+def workflows_started_by(event: str) -> dict[str, dict]:
+    found = {}
+    for path in wf.WORKFLOW_FILES:
+        doc = wf.load(path)
+        if event in wf.triggers(doc):
+            found[path.name] = doc
+    return found
+
+
+def test_fork_pr_end_to_end(tmp_path):
+    """mallory/r opens PR 7 against o/r. (1) Its pull_request event, in which every repository
+    variable reads empty, starts only hosted jobs that read no variable. (2) Mallory's own
+    `/attn-gate run` comment and a maintainer's comment naming a stale SHA vet nothing. (3) A
+    maintainer's comment naming the head dispatches gate.yml on pull-request/7, which this
+    rehearsal runs on the CPU; (4) report.yml accepts that run and posts its summary on PR 7."""
+    head = wf.SHA
+    # (1) the fork's own event: vars empty, head repository another
+    started = workflows_started_by("pull_request")
+    assert set(started) == {"ci.yml"}
+    for name, doc in started.items():
+        for job in doc["jobs"].values():
+            assert job["runs-on"] == "ubuntu-latest"
+            assert fill(json.dumps(job), {}, name) == json.dumps(job)  # nothing that reads vars (or anything) to fill
+    # (2) vetting refused
+    perms = {"mallory": {"permission": "read", "role_name": "read"}, "maint": {"permission": "admin", "role_name": "admin"}}
+    for login, sha in (("mallory", head), ("maint", wf.OTHER)):
+        calls = wf.vet(wf.subdir(tmp_path, f"vet-{login}"), f"/attn-gate run {sha}", login=login, permissions=perms)
+        assert wf.named(calls, *wf.VET_WRITES) == []
+    # (3) vetted: the gate runs on the branch vet.yml set
+    calls = wf.vet(wf.subdir(tmp_path, "vet-ok"), f"/attn-gate run {head}", login="maint", permissions=perms)
+    [(_, dispatch)] = wf.named(calls, "actions.createWorkflowDispatch")
+    gate_dir = tmp_path / "gate"
+    gate_dir.mkdir()
+    r = rehearse(gate_dir, {"ATTN_GATE_KERNEL": "sdpa-cpu", "ATTN_GATE_ONLY": CASES, "ATTN_GATE_DEVICE": "cpu"},
+                 ref_name=dispatch["ref"], sha=head)
+    assert not r.failed, r.step("gate").output[-2000:]
+    assert_artifacts_complete(r, pr_number="7", sha=head)
+    summary_dir = r.runner_temp / "gate-summary"
+    # (4) the report: the run as GitHub describes it to report.yml
+    run = wf.gate_run(event="workflow_dispatch", head_branch=dispatch["ref"], head_sha=head, conclusion="success")
+    out = wf.report_check(wf.subdir(tmp_path, "report-check"), run)
+    assert out["ok"] == "true" and out["pr"] == "7"
+    post = wf.run_node(wf.subdir(tmp_path, "report-post"), wf.script_of("report.yml", "report", 2),
+                       {"payload": {"workflow_run": run}, "lists": {"pulls.listFiles": [{"filename": "gate/kernels/x.py"}]}},
+                       env={"RESULTS_DIR": str(summary_dir), "PR_NUMBER": out["pr"]})
+    assert wf.named(post, "repos.createCommitStatus")[0][1]["state"] == "success"
+    body = wf.comment_body(post)
+    assert "**attn-gate passed**" in body and "## attn-gate check: PASS" in body and "`gate/`" in body
+
+
+# ---- the asv step with real asv: this commit against the stored history ------------------------
+
+def test_rehearsal_asv_compares_the_head_with_stored_history(tmp_path):
+    """The gate job with its asv step (real asv, one CPU perf case), twice, in a clone of this
+    branch with one more commit (the PR head): on the parent commit before any history exists (a
+    note, not a failure), then, with the parent's results stored as publish.yml leaves them on
+    asv-results, on the head commit: `asv compare` parent -> head."""
+    work = tmp_path / "checkout"
+    git("clone", "-q", str(ROOT), str(work), cwd=tmp_path)  # CI's own checkout may be shallow: one commit is enough
+    (work / ".venv").symlink_to(ROOT / ".venv")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "the PR head", cwd=work)
+    head, base = git("rev-parse", "HEAD", cwd=work).strip(), git("rev-parse", "HEAD^", cwd=work).strip()
+    variables = {"ATTN_GATE_KERNEL": "sdpa-cpu", "ATTN_GATE_ONLY": PERF_CASE, "ATTN_GATE_DEVICE": "cpu"}
+    fast = {"ATTN_GATE_ROUNDS": "3"}
+
+    git("checkout", "-q", "--detach", base, cwd=work)
+    first = rehearse(wf.subdir(tmp_path, "first"), variables, cwd=work,
+                     skip={"setup", "gate"}, sha=base, extra_env=fast)
+    assert first.step("asv").returncode == 0, first.step("asv").output[-3000:]
+    note = (first.runner_temp / "gate-summary" / "asv-compare.md").read_text()
+    assert note.startswith("### asv history (not the verdict)")
+    assert f"No stored asv results for an ancestor of {base[:12]} on machine cpu" in note
+    stored = first.runner_temp / "gate-results" / "asv-results"  # the parent's results, filed under its SHA
+    assert list((stored / "cpu").glob(f"{base[:8]}-*.json"))
+
+    git("checkout", "-q", "-", cwd=work)
+    stored.rename(work / ".asv-history")  # what the history checkout of asv-results brings ...
+    (work / ".asv-history").rename(work / "results")
+    (work / ".asv-history").mkdir()
+    (work / "results").rename(work / ".asv-history" / "results")  # ... as .asv-history/results/<machine>/
+    (work / ".asv").rename(tmp_path / "first-run-asv")  # a fresh runner: nothing else of the first run
+    second = rehearse(wf.subdir(tmp_path, "second"), variables, cwd=work,
+                      skip={"setup", "gate"}, sha=head, extra_env=fast)
+    asv = second.step("asv")
+    assert asv.returncode == 0, asv.output[-3000:]
+    note = (second.runner_temp / "gate-summary" / "asv-compare.md").read_text()
+    assert f"asv compare {base[:12]} (newest ancestor with stored results) -> {head[:12]} (this commit), machine cpu" in note
+    assert f"Before [{base[:8]}]" in note and f"After [{head[:8]}]" in note  # asv's own table
+    assert re.search(r"track_fwd_speed_ratio\('bf16-b2-h4-s256-d64'\)", note)
+    assert note in second.step_summary
+    assert list((second.runner_temp / "gate-results" / "asv-results" / "cpu").glob(f"{head[:8]}-*.json"))
+    assert second.step("gate").kind == "skipped" and second.failed is False

@@ -219,7 +219,7 @@ def test_reasons_are_printed_literally_not_as_rich_markup(smoke_sweeps):
 
 def test_a_sweep_where_every_case_is_skipped_fails(tmp_path, capsys, in_repo_root):
     """Nothing validated is not a pass (fail closed): the user kernel takes no softcap."""
-    code = main(["sweep", "--kernel", "tests.buggy_kernels:correct", "--suite", "smoke", "--only", "cap20",
+    code = main(["sweep", "--kernel", "tests.buggy_kernels:correct", "--suite", "smoke", "--only", "s150x90-d64-causal-cap20",
                  "--out", str(tmp_path), "--no-progress"])
     assert code == 1
     assert "FAIL: tests.buggy_kernels:correct on smoke: 0 pass, 0 fail, 0 error, 2 skip" in capsys.readouterr().out

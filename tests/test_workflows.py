@@ -1,7 +1,10 @@
-"""The GitHub workflows are correct and safe: schema-valid, zero zizmor findings, and the project's
-own rules (pinned actions, no expressions in scripts, least privilege, fork safety) that a linter
-alone does not state. Each rule is a small function shown failing on a bad workflow and passing
-on ours; report.yml's comment script runs under node against a fake GitHub API.
+"""The GitHub workflows are correct and safe: schema-valid, zero zizmor findings (regular and
+pedantic; the auditor persona's findings are the ones the README explains), and the project's own
+rules that a linter alone does not state: pinned actions on node24 majors, no expressions in
+scripts, least privilege, no GPU work reachable from a pull_request event, ephemeral runners
+checked, trusted jobs on their own runner group without caches. Each rule is a small function
+shown failing on a bad workflow and passing on ours; vet.yml's and report.yml's scripts run under
+node against a fake GitHub API, and the persistence canary runs in bash.
 """
 
 from __future__ import annotations
@@ -108,11 +111,52 @@ def checkouts_keeping_credentials(doc: dict) -> list[str]:
 
 
 def default_runner_labels(runs_on) -> list[str] | None:
-    """The label list of `fromJSON(vars.X || '[...]')`, or the literal list; None for hosted runners."""
+    """The label list of `fromJSON(vars.X || '[...]')`, or the literal list, also inside a
+    `{group, labels}` mapping; None for hosted runners."""
+    if isinstance(runs_on, dict):
+        runs_on = runs_on.get("labels")
     if isinstance(runs_on, list):
         return runs_on
     m = re.search(r"'(\[.*?\])'", str(runs_on))
     return json.loads(m[1]) if m else None
+
+
+def runner_groups(runs_on) -> set[str]:
+    """The runner groups a job can land in (both branches of a `cond && 'a' || 'b'` expression)."""
+    if not isinstance(runs_on, dict):
+        return set()
+    group = runs_on["group"]
+    return set(re.findall(r"&& '([^']+)' \|\| '([^']+)'", group)[0]) if "${{" in group else {group}
+
+
+def self_hosted_jobs():
+    for path in WORKFLOW_FILES:
+        for job_id, job in load(path)["jobs"].items():
+            labels = default_runner_labels(job["runs-on"])
+            if labels and "self-hosted" in labels:
+                yield path.name, job_id, job
+
+
+def triggers(doc: dict) -> set[str]:
+    on = doc.get("on", {})
+    return {on} if isinstance(on, str) else set(on)
+
+
+def gpu_reachable_from_pull_requests(doc: dict) -> list[str]:
+    """A pull_request run uses the PR's own copy of the file: no job of such a workflow may run on
+    a self-hosted runner, whatever its `if:` says (the PR author can edit that)."""
+    if not triggers(doc) & {"pull_request", "pull_request_target"}:
+        return []
+    return [job_id for job_id, job in doc.get("jobs", {}).items()
+            if job.get("runs-on") != "ubuntu-latest" and "ubuntu" not in str(job.get("runs-on"))]
+
+
+def vars_in_fork_context(doc: dict, text: str) -> list[str]:
+    """Repository variables and secrets are empty in a fork's pull_request run: a workflow that
+    such a run can start must not read them (a routing decision would silently see '')."""
+    if not triggers(doc) & {"pull_request", "pull_request_target"}:
+        return []
+    return re.findall(r"(?:vars|secrets)\.[A-Za-z_]+", text)
 
 
 # ---- the rules fail on bad workflows ---------------------------------------------------------
@@ -163,8 +207,22 @@ def test_schema_and_zizmor_fail_a_bad_workflow(tmp_path):
 
 # ---- and pass on ours ------------------------------------------------------------------------
 
-def test_the_five_workflows_exist():
-    assert [p.name for p in WORKFLOW_FILES] == ["baselines.yml", "ci.yml", "gate.yml", "publish.yml", "report.yml"]
+PINS = {  # current majors, all on node24; each SHA is the commit its release tag points at
+    "actions/checkout": ("3d3c42e5aac5ba805825da76410c181273ba90b1", "v7.0.1"),
+    "actions/setup-python": ("5fda3b95a4ea91299a34e894583c3862153e4b97", "v7.0.0"),
+    "actions/upload-artifact": ("043fb46d1a93c77aae656e7c1c64a875d1fc6a0a", "v7.0.1"),
+    "actions/download-artifact": ("3e5f45b2cfb9172054b4087a40e8e0b5a5461e7c", "v8.0.1"),
+    "actions/github-script": ("3a2844b7e9c422d3c10d287c895573f7108da1b3", "v9.0.0"),
+    "actions/upload-pages-artifact": ("fc324d3547104276b827a68afc52ff2a11cc49c9", "v5.0.0"),
+    "actions/deploy-pages": ("cd2ce8fcbc39b97be8ca5fce6e763baed58fa128", "v5.0.0"),
+    "actions/create-github-app-token": ("bcd2ba49218906704ab6c1aa796996da409d3eb1", "v3.2.0"),
+}
+GPU_GROUP, TRUSTED_GROUP = "attn-gate-gpu", "attn-gate-trusted"
+
+
+def test_the_workflows_exist():
+    assert [p.name for p in WORKFLOW_FILES] == ["baselines.yml", "ci.yml", "gate.yml", "nightly.yml", "publish.yml",
+                                                "report.yml", "selftest.yml", "vet.yml"]
 
 
 def test_workflows_match_the_github_workflow_schema():
@@ -173,10 +231,28 @@ def test_workflows_match_the_github_workflow_schema():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_zizmor_offline_finds_nothing():
-    r = subprocess.run([tool("zizmor"), "--offline", "--format", "json", str(WORKFLOWS)],
+@pytest.mark.parametrize("persona", ["regular", "pedantic"])
+def test_zizmor_offline_finds_nothing(persona):
+    r = subprocess.run([tool("zizmor"), "--offline", "--persona", persona, "--format", "json", str(WORKFLOWS)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and json.loads(r.stdout) == [], r.stdout + r.stderr
+
+
+# What the auditor persona still reports, each explained in the README ("zizmor --persona auditor").
+AUDITOR_EXPLAINED = {
+    ("self-hosted-runner", "baselines.yml"), ("self-hosted-runner", "gate.yml"), ("self-hosted-runner", "nightly.yml"),
+    ("self-hosted-runner", "publish.yml"), ("self-hosted-runner", "selftest.yml"),
+}
+
+
+def test_zizmor_auditor_findings_are_the_explained_ones():
+    r = subprocess.run([tool("zizmor"), "--offline", "--persona", "auditor", "--format", "json", str(WORKFLOWS)],
+                       capture_output=True, text=True, timeout=120)
+    found = {(f["ident"], Path(f["locations"][0]["symbolic"]["key"]["Local"]["verbatim_path"]).name)
+             for f in json.loads(r.stdout)}
+    assert found == AUDITOR_EXPLAINED, r.stdout[-3000:]
+    readme = (ROOT / "README.md").read_text()
+    assert all(ident in readme for ident, _ in found)
 
 
 @pytest.mark.parametrize("path", WORKFLOW_FILES, ids=lambda p: p.name)
@@ -187,87 +263,133 @@ def test_project_rules_hold(path):
     assert dangerous_triggers(doc) == []
     assert permission_problems(doc) == []
     assert checkouts_keeping_credentials(doc) == []
+    assert gpu_reachable_from_pull_requests(doc) == []
+    assert vars_in_fork_context(doc, path.read_text()) == []
     for job_id, job in doc["jobs"].items():
         assert "timeout-minutes" in job, f"{path.name}/{job_id}: no timeout-minutes (a hung job holds its runner for 6 h)"
 
 
-def test_each_action_is_pinned_to_one_sha_everywhere():
-    pins: dict[str, set[str]] = {}
+def test_actions_are_the_current_node24_majors_pinned_to_one_sha_everywhere():
+    pins: dict[str, set[tuple[str, str]]] = {}
     for path in WORKFLOW_FILES:
         for line in path.read_text().splitlines():
             m = USES_LINE.match(line)
             if m:
                 action, sha = m["ref"].split("@")
-                pins.setdefault(action, set()).add(f"{sha} {VERSION_COMMENT.search(m['rest'])[0]}")
-    assert {a: len(v) for a, v in pins.items() if len(v) != 1} == {}
+                pins.setdefault(action, set()).add((sha, VERSION_COMMENT.search(m["rest"])[0].lstrip("# ").strip()))
+    assert pins == {action: {pin} for action, pin in PINS.items()}
+    assert "actions/cache" not in pins  # no cache: what a PR job saved never reaches another job
+
+
+# The old gate.yml shape: routing of fork PRs decided inside a pull_request run, from vars.
+FORK_ROUTED = """\
+name: gate
+on: pull_request
+permissions: {}
+jobs:
+  gate:
+    if: github.event.pull_request.head.repo.full_name == github.repository || vars.ATTN_GATE_FORK_PRS == 'review'
+    runs-on: ${{ fromJSON(vars.ATTN_GATE_RUNNER || '["self-hosted","linux","gpu","h200"]') }}
+    permissions: {}
+    steps: [{run: "true"}]
+"""
+
+
+def test_fork_routing_rules_fail_the_old_gate():
+    doc = yaml.safe_load(FORK_ROUTED)
+    doc["on"] = doc.pop(True)
+    assert gpu_reachable_from_pull_requests(doc) == ["gate"]
+    assert vars_in_fork_context(doc, FORK_ROUTED) == ["vars.ATTN_GATE_FORK_PRS", "vars.ATTN_GATE_RUNNER"]
 
 
 def test_permissions_are_exactly_these():
     """Least privilege, written out: any new write permission must be added here on purpose."""
     got = {p.name: {j: job["permissions"] for j, job in load(p)["jobs"].items()} for p in WORKFLOW_FILES}
     assert got == {
-        "baselines.yml": {"update": {"contents": "read"},
-                          "pull-request": {"contents": "write", "pull-requests": "write"}},
+        "baselines.yml": {"update": {"contents": "read"}, "branch": {"contents": "write"}},
         "ci.yml": {"tests": {"contents": "read"}},
-        "gate.yml": {"fork-pr-blocked": {}, "gate": {"contents": "read"}},
+        "gate.yml": {"gate": {"contents": "read"}},
+        "nightly.yml": {"shard": {"contents": "read"}, "verdict": {"contents": "read"}},
         "publish.yml": {"bench": {"contents": "read"}, "history": {"contents": "write"},
                         "deploy": {"pages": "write", "id-token": "write"}},
-        "report.yml": {"comment": {"actions": "read", "pull-requests": "write"}},
+        "report.yml": {"report": {"actions": "read", "pull-requests": "write", "statuses": "write"}},
+        "selftest.yml": {"selftest": {"contents": "read"}, "history": {"contents": "write"}},
+        "vet.yml": {"vet": {"contents": "write", "actions": "write", "statuses": "write", "pull-requests": "write"}},
     }
 
 
-def test_jobs_that_write_run_no_project_code_and_not_on_the_gpu_runner():
+def test_jobs_that_write_run_no_project_code_and_not_on_a_self_hosted_runner():
     for path in WORKFLOW_FILES:
         for job_id, job in load(path)["jobs"].items():
             if "write" not in job["permissions"].values():
                 continue
             assert job["runs-on"] == "ubuntu-latest", f"{path.name}/{job_id}"
+            assert not any(str(s.get("uses", "")).startswith("actions/checkout@") and "ref" in s.get("with", {})
+                           for s in job["steps"]), f"{path.name}/{job_id}: checks out another ref"
             scripts = "\n".join(s.get("run", "") for s in job.get("steps", []))
-            assert not re.search(r"attn-gate |setup\.sh|\.venv|pip install|python", scripts), f"{path.name}/{job_id}"
+            assert not re.search(r"^\s*attn-gate |setup\.sh|\.venv|pip install|python", scripts, re.MULTILINE), \
+                f"{path.name}/{job_id}"
 
 
-def test_gate_runs_on_pull_requests_on_the_gpu_runner_read_only():
+def test_gate_runs_only_vetted_commits_on_the_gpu_group():
     doc = workflow("gate.yml")
-    assert set(doc["on"]) == {"pull_request", "merge_group"}
-    assert doc["concurrency"] == {"group": "gate-${{ github.event.pull_request.number || github.ref }}",
-                                  "cancel-in-progress": True}
+    # no pull_request: the GPU run's workflow file is the vetted commit's, started in this repository
+    assert doc["on"] == {"push": {"branches": ["pull-request/**"]}, "workflow_dispatch": None, "merge_group": None}
+    assert doc["concurrency"] == {"group": "gate-${{ github.ref }}", "cancel-in-progress": True}
     job = doc["jobs"]["gate"]
+    assert runner_groups(job["runs-on"]) == {GPU_GROUP}
     assert default_runner_labels(job["runs-on"]) == GPU_DEFAULT_LABELS
-    assert "vars.ATTN_GATE_RUNNER" in job["runs-on"]
+    assert "vars.ATTN_GATE_RUNNER" in job["runs-on"]["labels"]
+    assert "if" not in job and "environment" not in job
     gate_step = next(s for s in job["steps"] if s.get("id") == "gate")
-    assert "attn-gate check" in gate_step["run"]
-    upload = next(s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact@"))
-    assert upload["if"] == "${{ !cancelled() }}"  # results are uploaded when the gate fails too
-    assert upload["with"]["name"] == "gate-results"
+    assert "attn-gate check" in gate_step["run"] and "--no-progress" not in gate_step["run"]
+    uploads = {s["with"]["name"]: s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact@")}
+    assert set(uploads) == {"gate-summary", "gate-results"}
+    assert all(u["if"] == "${{ !cancelled() }}" for u in uploads.values())  # uploaded when the gate fails too
 
 
-FORK = "github.event.pull_request.head.repo.full_name != github.repository"
-SAME_REPO = "github.event.pull_request.head.repo.full_name == github.repository"
+def test_no_workflow_passes_no_progress():
+    """Non-TTY progress is one line per case (the ux branch); workflow logs keep it."""
+    assert [p.name for p in WORKFLOW_FILES if "--no-progress" in p.read_text()] == []
 
 
-def test_fork_prs_reach_the_gpu_runner_only_through_a_reviewed_environment():
-    jobs = workflow("gate.yml")["jobs"]
-    gate, blocked = jobs["gate"], jobs["fork-pr-blocked"]
-    # the GPU job runs for a fork PR only when maintainers declared the review environment set up
-    assert [term.strip() for term in gate["if"].split("||")] == [
-        "github.event_name != 'pull_request'", SAME_REPO, "vars.ATTN_GATE_FORK_PRS == 'review'"]
-    # and then in the environment whose required reviewers approve each run
-    assert gate["environment"] == ("${{ (github.event_name == 'pull_request' && " + FORK
-                                   + ") && 'gpu-fork-pr' || 'gpu' }}")
-    # otherwise a hosted job fails, so a fork PR cannot go green by skipping the gate
-    assert blocked["runs-on"] == "ubuntu-latest"
-    assert FORK in blocked["if"] and "vars.ATTN_GATE_FORK_PRS != 'review'" in blocked["if"]
-    assert "exit 1" in blocked["steps"][0]["run"]
+def test_self_hosted_jobs_are_ephemeral_and_grouped():
+    """Every self-hosted job starts with the persistence canary, ignores the user site, and runs in
+    a runner group; main's trusted jobs run in the trusted group with no pip cache, the PR gate in
+    the GPU group; nothing restores a cache."""
+    canary = next(iter(self_hosted_jobs()))[2]["steps"][0]
+    seen = {}
+    for name, job_id, job in self_hosted_jobs():
+        first = job["steps"][0]
+        assert first["id"] == "fresh" and first["run"] == canary["run"], f"{name}/{job_id}"
+        assert job["env"]["PYTHONNOUSERSITE"] == "1", f"{name}/{job_id}"
+        assert job["env"]["PERSISTENT_RUNNER_ACCEPTED"] == "${{ vars.ATTN_GATE_PERSISTENT_RUNNER_ACCEPTED }}"
+        names = [s.get("name") for s in job["steps"]]
+        assert names.index("Check that the venv ignores the user site") < names.index("Check that torch sees the GPU")
+        seen[f"{name}/{job_id}"] = runner_groups(job["runs-on"])
+        if TRUSTED_GROUP in seen[f"{name}/{job_id}"]:
+            assert job["env"]["PIP_NO_CACHE_DIR"] == "1", f"{name}/{job_id}"
+    assert seen == {
+        "baselines.yml/update": {TRUSTED_GROUP, GPU_GROUP},  # main -> trusted, another branch -> GPU group
+        "gate.yml/gate": {GPU_GROUP},
+        "nightly.yml/shard": {TRUSTED_GROUP, GPU_GROUP},
+        "nightly.yml/verdict": {TRUSTED_GROUP, GPU_GROUP},
+        "publish.yml/bench": {TRUSTED_GROUP},
+        "selftest.yml/selftest": {TRUSTED_GROUP, GPU_GROUP},
+    }
+    for name, job_id, job in self_hosted_jobs():
+        if len(seen[f"{name}/{job_id}"]) == 2:
+            assert job["runs-on"]["group"] == (
+                "${{ github.ref == 'refs/heads/main' && 'attn-gate-trusted' || 'attn-gate-gpu' }}"), f"{name}/{job_id}"
+    assert workflow("publish.yml")["jobs"]["bench"]["if"] == "github.ref == 'refs/heads/main'"
+    assert not any("actions/cache" in p.read_text() for p in WORKFLOW_FILES)
 
 
 def test_self_hosted_labels_are_declared_for_actionlint():
     declared = set(yaml.safe_load((ROOT / ".github" / "actionlint.yaml").read_text())["self-hosted-runner"]["labels"])
     used = set()
-    for path in WORKFLOW_FILES:
-        for job in load(path)["jobs"].values():
-            labels = default_runner_labels(job["runs-on"])
-            if labels and "self-hosted" in labels:
-                used |= set(labels) - {"self-hosted", "linux", "x64"}
+    for _, _, job in self_hosted_jobs():
+        used |= set(default_runner_labels(job["runs-on"])) - {"self-hosted", "linux", "x64"}
     assert used == {"gpu", "h200"} and used <= declared
 
 
@@ -279,15 +401,26 @@ def test_variables_read_are_declared_for_actionlint():
     assert used == declared
 
 
-def test_report_reads_the_gates_artifact_without_running_pr_code():
+def test_vet_runs_from_the_default_branch_and_checks_out_nothing():
+    doc = workflow("vet.yml")
+    assert doc["on"] == {"issue_comment": {"types": ["created"]}}  # always the default branch's file
+    job = doc["jobs"]["vet"]
+    assert job["runs-on"] == "ubuntu-latest"
+    assert [s["uses"].split("@")[0] for s in job["steps"]] == ["actions/github-script"]
+    assert job["if"] == "github.event.issue.pull_request && startsWith(github.event.comment.body, '/attn-gate run')"
+
+
+def test_report_reads_only_the_small_artifact_without_running_pr_code():
     doc = workflow("report.yml")
     assert doc["on"] == {"workflow_run": {"workflows": [workflow("gate.yml")["name"]], "types": ["completed"]}}
-    steps = doc["jobs"]["comment"]["steps"]
+    steps = doc["jobs"]["report"]["steps"]
     assert not any(str(s.get("uses", "")).startswith("actions/checkout@") for s in steps)
     assert not any("run" in s for s in steps)  # nothing from the artifact reaches a shell
-    download = steps[0]
-    assert download["with"]["name"] == "gate-results"
+    download = steps[1]
+    assert download["if"] == "steps.run.outputs.artifact-id != ''"  # only after the size check
+    assert download["with"]["artifact-ids"] == "${{ steps.run.outputs.artifact-id }}"
     assert download["with"]["run-id"] == "${{ github.event.workflow_run.id }}"
+    assert "name" not in download["with"]
 
 
 def test_publish_keeps_history_and_deploys_pages():
@@ -296,11 +429,11 @@ def test_publish_keeps_history_and_deploys_pages():
     assert doc["on"]["push"] == {"branches": ["main"]}
     assert doc["concurrency"]["cancel-in-progress"] is False
     bench = doc["jobs"]["bench"]
-    assert default_runner_labels(bench["runs-on"]) == GPU_DEFAULT_LABELS
     history = next(s for s in bench["steps"] if s.get("id") == "history")
     assert history["with"]["ref"] == "asv-results"
     runs = "\n".join(s.get("run", "") for s in bench["steps"])
     assert "attn-gate bench" in runs and "attn-gate publish" in runs
+    assert ".asv-history/selftest/latest/" in runs  # the self-test report beside asv's site
     assert doc["jobs"]["deploy"]["environment"]["name"] == "github-pages"
 
 
@@ -308,6 +441,85 @@ def test_ci_runs_the_same_command_as_ci_run():
     steps = workflow("ci.yml")["jobs"]["tests"]["steps"]
     assert [s["run"] for s in steps if "run" in s] == ["bash .ci/run"]
     assert (ROOT / ".ci" / "run").exists()
+
+
+def test_nightly_shards_then_merges_and_checks():
+    """The iso branch's contract: sweep --shard K/N --out, merge DIR... --out, check --results."""
+    doc = workflow("nightly.yml")
+    assert set(doc["on"]) == {"schedule", "workflow_dispatch"}
+    shard, verdict = doc["jobs"]["shard"], doc["jobs"]["verdict"]
+    shards = shard["strategy"]["matrix"]["shard"]
+    assert shards == list(range(1, len(shards) + 1)) and shard["env"]["SHARDS"] == str(len(shards))
+    assert shard["strategy"]["fail-fast"] is False
+    sweep = next(s for s in shard["steps"] if s.get("id") == "sweep")["run"]
+    assert re.search(r'attn-gate sweep --suite nightly --shard "\$SHARD/\$SHARDS" --device "\$ATTN_GATE_DEVICE" --out "\$out"', sweep)
+    upload = next(s for s in shard["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact@"))
+    assert upload["with"]["name"] == "nightly-shard-${{ matrix.shard }}"
+    assert verdict["needs"] == "shard" and verdict["if"] == "${{ !cancelled() }}"
+    download = next(s for s in verdict["steps"] if str(s.get("uses", "")).startswith("actions/download-artifact@"))
+    assert download["with"]["pattern"] == "nightly-shard-*"
+    merge = next(s for s in verdict["steps"] if "attn-gate merge" in s.get("run", ""))["run"]
+    assert f"-ne {len(shards)} ]" in merge  # a missing shard fails closed, not a smaller suite judged
+    assert merge.index("attn-gate merge") < merge.index("attn-gate check --results")
+
+
+def test_selftest_reports_on_the_run_page_and_beside_the_history():
+    """The selftest branch's contract: selftest --out DIR writes DIR/selftest.md and .json, exit 0 only if all killed."""
+    doc = workflow("selftest.yml")
+    assert set(doc["on"]) == {"schedule", "workflow_dispatch"}
+    assert doc["on"]["schedule"][0]["cron"].split()[2:] == ["*", "*", "1"]  # weekly
+    job, history = doc["jobs"]["selftest"], doc["jobs"]["history"]
+    step = next(s for s in job["steps"] if s.get("id") == "selftest")["run"]
+    assert 'attn-gate selftest --device "$ATTN_GATE_DEVICE" --out "$out"' in step
+    assert '"$out/selftest.md" >> "$GITHUB_STEP_SUMMARY"' in step and 'exit "$status"' in step
+    assert history["needs"] == "selftest" and "github.ref == 'refs/heads/main'" in history["if"]
+    push = history["steps"][-1]["run"]
+    assert "selftest/latest/" in push and "asv-results" in push
+
+
+# ---- the persistence canary and the user-site check, run for real -----------------------------
+
+def canary_step() -> str:
+    return workflow("gate.yml")["jobs"]["gate"]["steps"][0]["run"]
+
+
+def run_canary(home: Path, summary: Path, accepted: str = "") -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "GITHUB_STEP_SUMMARY": str(summary), "GITHUB_REPOSITORY": "o/r",
+           "GITHUB_RUN_ID": "7", "GITHUB_JOB": "gate", "PERSISTENT_RUNNER_ACCEPTED": accepted}
+    return subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", canary_step()], env=env,
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_persistence_canary_trips_on_a_reused_runner(tmp_path):
+    summary = tmp_path / "summary.md"
+    summary.touch()
+    first = run_canary(tmp_path, summary)
+    assert first.returncode == 0, first.stdout + first.stderr  # a fresh machine: passes, leaves the marker
+    assert (tmp_path / ".attn-gate-runner-canary").read_text() == "repo=o/r run=7 job=gate\n"
+    second = run_canary(tmp_path, summary)  # the same machine, a later job
+    assert second.returncode == 1 and "::error::this runner already ran a job (repo=o/r run=7 job=gate)" in second.stdout
+    assert run_canary(tmp_path, summary, accepted="true").returncode == 1  # only the documented value opts out
+    accepted = run_canary(tmp_path, summary, accepted="yes")
+    assert accepted.returncode == 0 and "::warning::this runner is not ephemeral" in accepted.stdout
+    assert "persistent runner accepted by the admin" in summary.read_text()  # visible on the run page
+
+
+def test_persistence_canary_does_not_echo_a_planted_marker_as_a_command(tmp_path):
+    (tmp_path / ".attn-gate-runner-canary").write_text("x\n::set-env name=EVIL::1\n$(id)")
+    r = run_canary(tmp_path, tmp_path / "summary.md")
+    assert r.returncode == 1 and "::set-env" not in r.stdout and "$(id)" not in r.stdout
+
+
+def test_the_venv_ignores_the_user_site_only_with_the_job_env():
+    step = next(s for s in workflow("gate.yml")["jobs"]["gate"]["steps"]
+                if s.get("name") == "Check that the venv ignores the user site")["run"]
+    assert (ROOT / ".venv" / "bin" / "activate").exists(), "scripts/setup.sh makes .venv"
+    base = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONNOUSERSITE"}
+    with_env = subprocess.run(["bash", "-eo", "pipefail", "-c", step], cwd=ROOT, capture_output=True, text=True,
+                              env={**base, "PYTHONNOUSERSITE": workflow("gate.yml")["jobs"]["gate"]["env"]["PYTHONNOUSERSITE"]})
+    assert with_env.returncode == 0 and "user site off" in with_env.stdout, with_env.stdout + with_env.stderr
+    without = subprocess.run(["bash", "-eo", "pipefail", "-c", step], cwd=ROOT, capture_output=True, text=True, env=base)
+    assert without.returncode == 1 and "loads the user site" in without.stderr  # the venv has --system-site-packages
 
 
 # ---- baselines.yml: the input validation step, run for real ----------------------------------
@@ -335,44 +547,80 @@ def test_baseline_inputs_rejected(suite, kernel):
     assert run_validation(suite, kernel) == 2
 
 
-def test_baseline_update_opens_a_pr_from_a_job_that_can_write():
+def test_baseline_update_pushes_a_branch_and_never_opens_a_pr_with_github_token():
     jobs = workflow("baselines.yml")["jobs"]
     assert set(workflow("baselines.yml")["on"]) == {"workflow_dispatch"}
     assert "attn-gate baseline update" in "\n".join(s.get("run", "") for s in jobs["update"]["steps"])
-    assert jobs["pull-request"]["needs"] == "update"
-    assert "gh pr create" in jobs["pull-request"]["steps"][-1]["run"]
-    assert "--body-file" in jobs["pull-request"]["steps"][-1]["run"]
+    branch = jobs["branch"]
+    assert branch["needs"] == "update" and "pull-requests" not in branch["permissions"]
+    push = next(s for s in branch["steps"] if s.get("id") == "push")
+    assert "/compare/" in push["run"] and "gh pr" not in push["run"]
+    # the optional PR is opened with the GitHub App's token, never github.token
+    app = next(s for s in branch["steps"] if s.get("id") == "app-token")
+    assert "vars.ATTN_GATE_APP_CLIENT_ID != ''" in app["if"]
+    opener = next(s for s in branch["steps"] if "gh pr create" in s.get("run", ""))
+    assert opener["env"]["GH_TOKEN"] == "${{ steps.app-token.outputs.token }}"
+    assert opener["if"] == "steps.app-token.outcome == 'success'"
 
 
-# ---- report.yml's comment script under node, against a fake GitHub API -----------------------
+def test_readme_setup_enables_no_token_self_approval():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## GitHub Actions"):]
+    section = section[:section.index("\n## ", 4)]
+    assert "Allow GitHub Actions to create and approve pull requests" in section  # named, to say: leave it off
+    assert "Tick *Allow GitHub Actions" not in section
+    assert re.search(r"leave[^.\n]*off|stays off|keep[^.\n]*off", section, re.IGNORECASE)
+    assert "ephemeral" in section.lower() and "recommended" not in section.lower()
+
+
+def test_codeowners_cover_what_decides_a_verdict():
+    owners = (ROOT / ".github" / "CODEOWNERS").read_text()
+    rules = dict(line.split(None, 1) for line in owners.splitlines() if line.strip() and not line.startswith("#"))
+    assert set(rules) == {"/.github/", "/gate/", "/baselines/", "/pyproject.toml", "/scripts/"}
+    assert all(owner.strip().startswith("@") for owner in rules.values())
+
+
+# ---- vet.yml's and report.yml's scripts under node, against a fake GitHub API ----------------
 
 NODE_DRIVER = r"""
 const fs = require('fs');
 const script = fs.readFileSync(process.argv[2], 'utf8');
-const scenario = JSON.parse(fs.readFileSync(process.argv[3], 'utf8'));
+const s = JSON.parse(fs.readFileSync(process.argv[3], 'utf8'));
 const calls = [];
+const record = (name, result) => async (args) => {
+  calls.push([name, args]);
+  if ((s.fail || {})[name]) { const e = new Error(s.fail[name].message); e.status = s.fail[name].status; throw e; }
+  return { data: typeof result === 'function' ? result(args) : result };
+};
+const notFound = () => { const e = new Error('Not Found'); e.status = 404; throw e; };
 const core = {
   setFailed: (m) => calls.push(['setFailed', m]),
   warning: (m) => calls.push(['warning', m]),
   info: (m) => calls.push(['info', m]),
+  setOutput: (k, v) => calls.push(['setOutput', k, v]),
 };
 const github = {
   rest: {
-    pulls: { get: async ({ pull_number }) => {
-      calls.push(['pulls.get', pull_number]);
-      const pr = scenario.prs[String(pull_number)];
-      if (!pr) { const e = new Error('Not Found'); e.status = 404; throw e; }
-      return { data: pr };
-    } },
+    pulls: {
+      get: record('pulls.get', ({ pull_number }) => s.prs[String(pull_number)] || notFound()),
+      listFiles: 'pulls.listFiles',
+    },
+    repos: {
+      getCollaboratorPermissionLevel: record('repos.getCollaboratorPermissionLevel',
+        ({ username }) => s.permissions[username] || notFound()),
+      createCommitStatus: record('repos.createCommitStatus', {}),
+    },
+    git: { updateRef: record('git.updateRef', {}), createRef: record('git.createRef', {}) },
+    actions: { createWorkflowDispatch: record('actions.createWorkflowDispatch', {}), listWorkflowRunArtifacts: 'artifacts' },
     issues: {
-      listComments: 'listComments',
-      updateComment: async (a) => { calls.push(['updateComment', a]); return { data: {} }; },
-      createComment: async (a) => { calls.push(['createComment', a]); return { data: { id: 99 } }; },
+      listComments: 'comments',
+      updateComment: record('issues.updateComment', {}),
+      createComment: record('issues.createComment', { id: 99 }),
     },
   },
-  paginate: async (fn, args) => { calls.push(['paginate', fn, args.issue_number]); return scenario.comments; },
+  paginate: async (fn, args) => { calls.push(['paginate', fn, args]); return s.lists[fn] || []; },
 };
-const context = { payload: { workflow_run: scenario.run }, repo: { owner: 'o', repo: 'r' } };
+const context = { payload: s.payload, repo: { owner: 'o', repo: 'r' } };
 // as actions/github-script calls the script: the body of an async function of these names
 const AsyncFunction = Object.getPrototypeOf(async function () {}).constructor;
 new AsyncFunction('require', 'github', 'context', 'core', script)(require, github, context, core)
@@ -380,101 +628,261 @@ new AsyncFunction('require', 'github', 'context', 'core', script)(require, githu
   .catch((e) => { console.log(JSON.stringify([...calls, ['threw', String(e)]])); });
 """
 
-SHA = "a" * 40
+SHA, OTHER = "a" * 40, "b" * 40
 BOT = {"login": "github-actions[bot]", "type": "Bot"}
 
 
-def report_script() -> str:
-    step = workflow("report.yml")["jobs"]["comment"]["steps"][1]
+def script_of(name: str, job: str, index: int) -> str:
+    step = workflow(name)["jobs"][job]["steps"][index]
     assert step["uses"].startswith("actions/github-script@")
     return step["with"]["script"]
 
 
-def run_report(tmp_path, artifact: dict[str, str] | None, prs: dict, comments=(), run=None) -> list:
+def run_node(tmp_path: Path, script: str, scenario: dict, env: dict[str, str] | None = None) -> list:
     node = shutil.which("node")
-    assert node, "node is needed to run report.yml's github-script (apt-get install nodejs)"
-    results = tmp_path / "gate-results"
-    if artifact is not None:
-        results.mkdir()
-        for name, text in artifact.items():
-            (results / name).write_text(text)
-    run = run or {"head_sha": SHA, "conclusion": "failure", "html_url": "https://example.invalid/run/1",
-                  "pull_requests": []}
-    (tmp_path / "script.js").write_text(report_script())
+    assert node, "node is needed to run the workflows' github-script steps (apt-get install nodejs)"
+    (tmp_path / "script.js").write_text(script)
     (tmp_path / "driver.js").write_text(NODE_DRIVER)
-    (tmp_path / "scenario.json").write_text(json.dumps({"prs": prs, "comments": list(comments), "run": run}))
+    scenario = {"prs": {}, "permissions": {}, "lists": {}, "fail": {}, **scenario}
+    (tmp_path / "scenario.json").write_text(json.dumps(scenario))
     r = subprocess.run([node, str(tmp_path / "driver.js"), str(tmp_path / "script.js"), str(tmp_path / "scenario.json")],
-                       env={"PATH": "/usr/bin:/bin", "RESULTS_DIR": str(results)}, capture_output=True, text=True, timeout=60)
+                       env={"PATH": "/usr/bin:/bin", **(env or {})}, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
 
-def writes(calls):
-    return [c for c in calls if c[0] in ("createComment", "updateComment")]
+def subdir(tmp_path: Path, name: str) -> Path:
+    (tmp_path / name).mkdir()
+    return tmp_path / name
 
 
-def test_report_creates_one_comment_for_a_fork_pr(tmp_path):
-    calls = run_report(tmp_path, {"pr-number": "7\n", "summary.md": "## attn-gate: FAIL\n\ncc @someone"},
-                       prs={"7": {"number": 7, "head": {"sha": SHA}}})
-    [(kind, args)] = writes(calls)
-    assert kind == "createComment" and args["issue_number"] == 7
-    body = args["body"]
+def named(calls, *names):
+    return [c for c in calls if c[0] in names]
+
+
+# vet.yml: a comment on PR 7 whose head is SHA; the fork context (head repo another) as GitHub sends it
+
+FORK_PR = {"number": 7, "state": "open", "head": {"sha": SHA, "repo": {"full_name": "mallory/r"}},
+           "base": {"repo": {"full_name": "o/r"}}}
+
+
+def vet(tmp_path, body: str, login: str = "maint", permissions=None, pr=None, fail=None) -> list:
+    payload = {"issue": {"number": 7, "pull_request": {"url": "https://api.github.com/repos/o/r/pulls/7"}},
+               "comment": {"body": body, "user": {"login": login},
+                           "author_association": "OWNER" if login == "owner-but-read" else "NONE"}}
+    perms = permissions if permissions is not None else {
+        "maint": {"permission": "write", "role_name": "maintain"}, "writer": {"permission": "write", "role_name": "write"},
+        "reader": {"permission": "read", "role_name": "read"}, "triager": {"permission": "read", "role_name": "triage"},
+        "owner-but-read": {"permission": "read", "role_name": "read"}}
+    return run_node(tmp_path, script_of("vet.yml", "vet", 0),
+                    {"payload": payload, "permissions": perms, "prs": {"7": pr or FORK_PR}, "fail": fail or {}})
+
+
+VET_WRITES = ("git.updateRef", "git.createRef", "repos.createCommitStatus", "actions.createWorkflowDispatch")
+
+
+@pytest.mark.parametrize("login", ["maint", "writer"])
+def test_vet_hands_a_maintainers_sha_of_a_fork_pr_to_the_gate(tmp_path, login):
+    calls = vet(tmp_path, f"/attn-gate run {SHA}\n", login=login)
+    assert [c[0] for c in named(calls, *VET_WRITES)] == ["git.updateRef", "repos.createCommitStatus",
+                                                          "actions.createWorkflowDispatch"]
+    assert named(calls, "git.updateRef")[0][1] == {"owner": "o", "repo": "r", "ref": "heads/pull-request/7", "sha": SHA,
+                                                   "force": True}
+    status = named(calls, "repos.createCommitStatus")[0][1]
+    assert (status["sha"], status["state"], status["context"]) == (SHA, "pending", "attn-gate/gpu")
+    assert named(calls, "actions.createWorkflowDispatch")[0][1] == {"owner": "o", "repo": "r", "workflow_id": "gate.yml",
+                                                                    "ref": "pull-request/7"}
+    assert not named(calls, "setFailed") and f"Vetted {SHA}" in named(calls, "issues.createComment")[0][1]["body"]
+
+
+def test_vet_creates_the_branch_the_first_time(tmp_path):
+    calls = vet(tmp_path, f"/attn-gate run {SHA}", fail={"git.updateRef": {"status": 422, "message": "Reference does not exist"}})
+    assert named(calls, "git.createRef")[0][1]["ref"] == "refs/heads/pull-request/7"
+    assert named(calls, "actions.createWorkflowDispatch")
+
+
+def test_vet_explains_a_commit_the_token_cannot_push(tmp_path):
+    fail = {"git.updateRef": {"status": 422, "message": "no ref"}, "git.createRef": {"status": 403, "message": "workflows permission"}}
+    calls = vet(tmp_path, f"/attn-gate run {SHA}", fail=fail)
+    assert not named(calls, "repos.createCommitStatus", "actions.createWorkflowDispatch")
+    assert f"git push origin {SHA}:refs/heads/pull-request/7" in named(calls, "issues.createComment")[0][1]["body"]
+
+
+@pytest.mark.parametrize("login", ["reader", "triager", "owner-but-read", "stranger"])
+def test_vet_refuses_a_commenter_without_write_access(tmp_path, login):
+    # owner-but-read: author_association says OWNER, the API says read; the API decides
+    calls = vet(tmp_path, f"/attn-gate run {SHA}", login=login)
+    assert named(calls, *VET_WRITES) == []
+    assert named(calls, "repos.getCollaboratorPermissionLevel")[0][1]["username"] == login
+    assert "needs write access" in named(calls, "issues.createComment")[0][1]["body"]
+    assert named(calls, "setFailed")
+
+
+def test_vet_refuses_a_stale_sha(tmp_path):
+    calls = vet(tmp_path, f"/attn-gate run {OTHER}")  # reviewed an older head; the PR moved on
+    assert named(calls, *VET_WRITES) == []
+    body = named(calls, "issues.createComment")[0][1]["body"]
+    assert "is not the head of this PR" in body and f"/attn-gate run {SHA}" in body
+
+
+def test_vet_refuses_a_closed_pr(tmp_path):
+    calls = vet(tmp_path, f"/attn-gate run {SHA}", pr={**FORK_PR, "state": "closed"})
+    assert named(calls, *VET_WRITES) == [] and named(calls, "setFailed")
+
+
+@pytest.mark.parametrize("body", [f"/attn-gate run {SHA[:12]}", f"/attn-gate run {SHA.upper()}", "/attn-gate run",
+                                  f"/attn-gate run {SHA} extra", f"/attn-gate run {SHA}\n/attn-gate run {OTHER}",
+                                  f"/attn-gate run main"])
+def test_vet_accepts_only_one_full_sha(tmp_path, body):
+    calls = vet(tmp_path, body)
+    assert named(calls, *VET_WRITES) == [] and not named(calls, "repos.getCollaboratorPermissionLevel")
+    assert "Usage" in named(calls, "issues.createComment")[0][1]["body"]
+
+
+# report.yml: a gate run on pull-request/7 of this repository (the vetted copy of fork PR 7)
+
+def gate_run(**over) -> dict:
+    return {"id": 55, "path": ".github/workflows/gate.yml", "event": "workflow_dispatch", "head_branch": "pull-request/7",
+            "head_sha": SHA, "head_repository": {"full_name": "o/r"}, "conclusion": "failure",
+            "html_url": "https://example.invalid/run/55", **over}
+
+
+SMALL_ARTIFACT = [{"id": 901, "name": "gate-summary", "size_in_bytes": 2048, "expired": False},
+                  {"id": 902, "name": "gate-results", "size_in_bytes": 50_000_000, "expired": False}]
+
+
+def report_check(tmp_path, run: dict, prs=None, artifacts=SMALL_ARTIFACT) -> dict:
+    calls = run_node(tmp_path, script_of("report.yml", "report", 0),
+                     {"payload": {"workflow_run": run}, "prs": prs if prs is not None else {"7": FORK_PR},
+                      "lists": {"artifacts": artifacts}})
+    outputs = {c[1]: c[2] for c in named(calls, "setOutput")}
+    outputs["warnings"] = [c[1] for c in named(calls, "warning")]
+    return outputs
+
+
+def test_report_accepts_the_vetted_run_and_picks_the_small_artifact(tmp_path):
+    out = report_check(tmp_path, gate_run())
+    assert out == {"ok": "true", "pr": "7", "artifact-id": "901", "warnings": []}
+    assert report_check(tmp_path, gate_run(event="push"))["ok"] == "true"  # a maintainer's manual push
+    merge = report_check(tmp_path, gate_run(event="merge_group", head_branch="gh-readonly-queue/main/pr-7-" + OTHER))
+    assert merge["ok"] == "true" and merge["pr"] == ""  # the merge queue: a status, no comment
+
+
+@pytest.mark.parametrize("change,why", [
+    ({"path": ".github/workflows/evil.yml"}, "not .github/workflows/gate.yml"),  # a workflow merely named gate
+    ({"head_repository": {"full_name": "mallory/r"}}, "not o/r"),  # a fork's run
+    ({"event": "pull_request"}, "never carries a vetted commit"),  # a fork's own pull_request workflow
+    ({"head_branch": "main"}, "not pull-request/<N>"),
+    ({"head_branch": "pull-request/7x"}, "not pull-request/<N>"),
+    ({"head_sha": OTHER}, "a newer push?"),  # the PR moved on since the vetted run
+    ({"event": "merge_group", "head_branch": "pull-request/7"}, "merge-group run"),
+])
+def test_report_refuses_a_run_that_is_not_the_vetted_gate(tmp_path, change, why):
+    out = report_check(tmp_path, gate_run(**change))
+    assert out["ok"] == "false" and "pr" not in out and "artifact-id" not in out
+    assert any(why in w for w in out["warnings"]), out
+
+
+def test_report_refuses_a_forged_pr_number(tmp_path):
+    # pull-request/8 exists but PR 8's head is another commit: nothing goes to PR 8
+    out = report_check(tmp_path, gate_run(head_branch="pull-request/8"),
+                       prs={"7": FORK_PR, "8": {**FORK_PR, "number": 8, "head": {"sha": OTHER}}})
+    assert out["ok"] == "false"
+
+
+def test_report_skips_an_oversized_summary_artifact(tmp_path):
+    big = [{"id": 901, "name": "gate-summary", "size_in_bytes": 10_000_000, "expired": False}]
+    out = report_check(tmp_path, gate_run(), artifacts=big)
+    assert out["ok"] == "true" and "artifact-id" not in out and any("over" in w for w in out["warnings"])
+
+
+def report_post(tmp_path, artifact: dict[str, str] | None, run=None, files=(), comments=(), pr="7") -> list:
+    results = tmp_path / "gate-summary"
+    if artifact is not None:
+        results.mkdir()
+        for name, text in artifact.items():
+            (results / name).write_text(text)
+    scenario = {"payload": {"workflow_run": run or gate_run()},
+                "lists": {"pulls.listFiles": [{"filename": f} for f in files], "comments": list(comments)}}
+    return run_node(tmp_path, script_of("report.yml", "report", 2), scenario,
+                    env={"RESULTS_DIR": str(results), "PR_NUMBER": pr})
+
+
+def comment_body(calls) -> str:
+    [(_, args)] = named(calls, "issues.createComment", "issues.updateComment")
+    return args["body"]
+
+
+def test_report_sets_the_status_and_labels_pr_made_text(tmp_path):
+    calls = report_post(tmp_path, {"summary.md": "## attn-gate check: PASS\n\nall good", "asv-compare.md": "### asv history (not the verdict)\n"})
+    [(_, status)] = named(calls, "repos.createCommitStatus")
+    assert (status["sha"], status["state"], status["context"]) == (SHA, "failure", "attn-gate/gpu")  # the run's conclusion
+    body = comment_body(calls)
     assert body.startswith("<!-- attn-gate-report -->\n**attn-gate failed** on aaaaaaaaaaaa")
-    assert "## attn-gate: FAIL" in body and "@someone" not in body  # PR-made text pings nobody
+    # the PR-made "PASS" sits below the label, after the report's own verdict line
+    assert body.index("written by the PR's code") < body.index("## attn-gate check: PASS")
+    assert "### asv history (not the verdict)" in body
+    assert named(calls, "issues.createComment")[0][1]["issue_number"] == 7
+
+
+@pytest.mark.parametrize("evil", ["@someone", "&#64;someone", "&#x40;someone", "&commat;someone", "\uff20someone",
+                                  "other/repo#12", "#12", "GH-12", "https://github.com/other/repo/issues/12"])
+def test_report_neutralises_mentions_and_references(tmp_path, evil):
+    body = comment_body(report_post(tmp_path, {"summary.md": f"## attn-gate: FAIL\n\ncc {evil} please"}))
+    made = body[body.index("## attn-gate: FAIL"):]
+    assert evil not in made
+    assert not re.search(r"(^|[^\w])@\w|&#|&commat;|#\d|GH-\d|github\.com/", made)
+
+
+def test_report_flags_prs_that_touch_what_decides_the_verdict(tmp_path):
+    body = comment_body(report_post(tmp_path, {"summary.md": "x"}, files=[".github/workflows/gate.yml", "gate/compare/rule.py",
+                                                                         "baselines/h200/k.json", "README.md"]))
+    warning = body[body.index("[!WARNING]"):body.index("[!NOTE]")]
+    assert "`.github/`" in warning and "`gate/`" in warning and "`baselines/`" in warning and "README" not in warning
+    assert "[!WARNING]" not in comment_body(report_post(subdir(tmp_path, "b"), {"summary.md": "x"}, files=["README.md", "kernels/x.py"]))
 
 
 def test_report_updates_its_own_comment_not_someone_elses(tmp_path):
-    comments = [
-        {"id": 1, "user": {"login": "mallory", "type": "User"}, "body": "<!-- attn-gate-report -->\nfake"},
-        {"id": 2, "user": BOT, "body": "<!-- attn-gate-report -->\nold"},
-    ]
-    calls = run_report(tmp_path, {"pr-number": "7", "summary.md": "## attn-gate: PASS"},
-                       prs={"7": {"number": 7, "head": {"sha": SHA}}}, comments=comments)
-    [(kind, args)] = writes(calls)
-    assert kind == "updateComment" and args["comment_id"] == 2
+    comments = [{"id": 1, "user": {"login": "mallory", "type": "User"}, "body": "<!-- attn-gate-report -->\nfake"},
+                {"id": 2, "user": BOT, "body": "<!-- attn-gate-report -->\nold"}]
+    calls = report_post(tmp_path, {"summary.md": "## attn-gate check: PASS"}, comments=comments)
+    [(kind, args)] = named(calls, "issues.createComment", "issues.updateComment")
+    assert kind == "issues.updateComment" and args["comment_id"] == 2
 
 
-@pytest.mark.parametrize("claimed", ["7; rm -rf /", "0", "-1", "7.0", "1e3", "${{ github.token }}", "12345678901"])
-def test_report_refuses_a_pr_number_that_is_not_one(tmp_path, claimed):
-    calls = run_report(tmp_path, {"pr-number": claimed, "summary.md": "x"}, prs={"7": {"number": 7, "head": {"sha": SHA}}})
-    assert writes(calls) == [] and not any(c[0] == "pulls.get" for c in calls)
-    assert calls[-1][0] == "setFailed" and "not a PR number" in calls[-1][1]
+def test_report_without_artifact_says_so(tmp_path):
+    body = comment_body(report_post(tmp_path, None))
+    assert "without a summary" in body
 
 
-def test_report_posts_nothing_when_the_pr_head_is_not_the_gated_commit(tmp_path):
-    # a forged number (another PR) or a run superseded by a newer push
-    calls = run_report(tmp_path, {"pr-number": "8", "summary.md": "## attn-gate: PASS"},
-                       prs={"8": {"number": 8, "head": {"sha": "b" * 40}}})
-    assert writes(calls) == [] and calls[-1][0] == "warning"
+def test_report_reads_a_huge_summary_only_up_to_its_limit(tmp_path):
+    body = comment_body(report_post(tmp_path, {"summary.md": "x" * 1_000_000, "asv-compare.md": "y" * 1_000_000}))
+    assert len(body) < 65536 and body.count("truncated") == 2
 
 
-def test_report_without_artifact_says_so_on_a_same_repo_pr(tmp_path):
-    run = {"head_sha": SHA, "conclusion": "failure", "html_url": "https://example.invalid/run/2",
-           "pull_requests": [{"number": 5}]}
-    calls = run_report(tmp_path, None, prs={"5": {"number": 5, "head": {"sha": SHA}}}, run=run)
-    [(kind, args)] = writes(calls)
-    assert kind == "createComment" and args["issue_number"] == 5
-    assert "without a summary" in args["body"]
+def test_report_refuses_a_symlinked_summary(tmp_path):
+    (tmp_path / "gate-summary").mkdir()
+    (tmp_path / "secret").write_text("TOKEN=abc")
+    (tmp_path / "gate-summary" / "summary.md").symlink_to(tmp_path / "secret")
+    body = comment_body(report_post(tmp_path, None))
+    assert "TOKEN" not in body and "without a summary" in body
 
 
-def test_report_truncates_a_huge_summary(tmp_path):
-    calls = run_report(tmp_path, {"pr-number": "7", "summary.md": "x" * 100_000},
-                       prs={"7": {"number": 7, "head": {"sha": SHA}}})
-    [(_, args)] = writes(calls)
-    assert len(args["body"]) < 65536 and "truncated" in args["body"]
+def test_report_merge_queue_sets_the_status_only(tmp_path):
+    run = gate_run(event="merge_group", head_branch="gh-readonly-queue/main/x", conclusion="success")
+    calls = report_post(tmp_path, {"summary.md": "x"}, run=run, pr="")
+    assert named(calls, "repos.createCommitStatus")[0][1]["state"] == "success"
+    assert named(calls, "issues.createComment", "issues.updateComment") == []
 
 
 def test_every_gpu_job_refuses_to_run_without_a_gpu():
     """A GPU runner whose torch sees no GPU would gate (or baseline, or benchmark) the CPU instead."""
-    for path in WORKFLOW_FILES:
-        for job_id, job in load(path)["jobs"].items():
-            labels = default_runner_labels(job["runs-on"])
-            if not labels or "gpu" not in labels:
-                continue
-            assert job["env"]["ATTN_GATE_DEVICE"] == "${{ vars.ATTN_GATE_DEVICE || 'cuda' }}", f"{path.name}/{job_id}"
-            names = [s.get("name", "") for s in job["steps"]]
-            first_use = next(i for i, s in enumerate(job["steps"])
-                             if re.search(r"^\s*attn-gate \w", s.get("run", ""), re.MULTILINE))
-            assert names.index("Check that torch sees the GPU") < first_use, f"{path.name}/{job_id}"
-            gpu_runs = [s["run"] for s in job["steps"] if re.search(r"attn-gate (check|bench|baseline)", s.get("run", ""))]
-            assert gpu_runs and all('--device "$ATTN_GATE_DEVICE"' in r for r in gpu_runs), f"{path.name}/{job_id}"
+    for name, job_id, job in self_hosted_jobs():
+        assert job["env"]["ATTN_GATE_DEVICE"] == "${{ vars.ATTN_GATE_DEVICE || 'cuda' }}", f"{name}/{job_id}"
+        names = [s.get("name", "") for s in job["steps"]]
+        first_use = next(i for i, s in enumerate(job["steps"])
+                         if re.search(r"^\s*attn-gate \w", s.get("run", ""), re.MULTILINE))
+        assert names.index("Check that torch sees the GPU") < first_use, f"{name}/{job_id}"
+        gpu_runs = [s["run"] for s in job["steps"]
+                    if re.search(r"attn-gate (check|bench|baseline|sweep|selftest)", s.get("run", ""))]
+        assert gpu_runs and all('--device "$ATTN_GATE_DEVICE"' in r for r in gpu_runs), f"{name}/{job_id}"

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from gate.core.cases import Case
+from gate.attention.bias import make_bias
 from gate.attention.masks import alibi_slopes
 
 TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -31,27 +32,141 @@ class AttnInputs:
     cu_seqlens: torch.Tensor | None
     seqlens: tuple[int, ...] | None
     seed: int
+    # issue #16: the case's custom bias (float in the bias dtype, or bool), None without one.
+    bias: torch.Tensor | None = None
+    # issue #9: the keys' cu_seqlens where they differ from the queries' (None: the same)
+    cu_seqlens_k: torch.Tensor | None = None
+    seqlens_k: tuple[int, ...] | None = None
 
+
+
+# issue #9, `inputs = "large"`: the typical score size without softcap; past exp's float32 range
+# (+-88) at the tails, so a softmax that skips the running max overflows.
+LARGE_SCORE_STD = 32.0
+# `inputs = "shifted"`: every score is about -SHIFT (q and k share a channel +a / -a): every
+# row's LSE sits far below -88, where exp(LSE) underflows float32 (pytorch #196678).
+SHIFTED_SCORE = 120.0
+# `inputs = "outliers"`: these channels of K and V are this much larger than the others.
+OUTLIER_FACTOR = 30.0
+OUTLIER_CHANNELS = 2
+
+
+def _shape_values(case: Case, q, k, v):
+    """issue #9: q, k, v (float32, before rounding) drawn as `case.inputs` says; the scale
+    factors are powers of two where they can be, so rounding adds no error of its own."""
+    if case.inputs == "large":
+        std = case.softcap / 4 if case.softcap else LARGE_SCORE_STD
+        q = q * std  # scores scale * q.k have std ~1 for unit-normal q, k
+    elif case.inputs == "shifted":
+        a = (SHIFTED_SCORE / (case.head_dim ** -0.5)) ** 0.5  # scale * a * a = SHIFTED_SCORE
+        q, k = q.clone(), k.clone()
+        q[..., 0] += a
+        k[..., 0] -= a
+    elif case.inputs == "outliers":
+        k, v = k.clone(), v.clone()
+        for t in (k, v):
+            channels = torch.linspace(0, t.shape[-1] - 1, OUTLIER_CHANNELS + 2).round().long()[1:-1]
+            t[..., channels] *= OUTLIER_FACTOR
+    return q, k, v
+
+
+def _cu(lengths, device) -> torch.Tensor:
+    offsets = [0]
+    for n in lengths:
+        offsets.append(offsets[-1] + n)
+    return torch.tensor(offsets, dtype=torch.int32, device=device)
 
 
 def make_inputs(case: Case, seed: int, device: str | torch.device) -> AttnInputs:
     dtype = TORCH_DTYPES[case.dtype]
     gen = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + 17)
     if case.varlen is not None:
-        total = sum(case.varlen)
-        shapes = [(total, case.heads_q, case.head_dim), (total, case.heads_kv, case.head_dim),
-                  (total, case.heads_kv, case.head_dim_v), (total, case.heads_q, case.head_dim_v)]
+        total, total_k = sum(case.varlen), sum(case.keys_varlen)
+        shapes = [(total, case.heads_q, case.head_dim), (total_k, case.heads_kv, case.head_dim),
+                  (total_k, case.heads_kv, case.head_dim_v), (total, case.heads_q, case.head_dim_v)]
     else:
         b, nq, nk = case.batch, case.seqlen_q, case.seqlen_k
         shapes = [(b, nq, case.heads_q, case.head_dim), (b, nk, case.heads_kv, case.head_dim),
                   (b, nk, case.heads_kv, case.head_dim_v), (b, nq, case.heads_q, case.head_dim_v)]
-    q, k, v, dout = (torch.randn(s, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype) for s in shapes)
-    cu = None
-    if case.varlen is not None:
-        offsets = [0]
-        for n in case.varlen:
-            offsets.append(offsets[-1] + n)
-        cu = torch.tensor(offsets, dtype=torch.int32, device=device)
+    q, k, v, dout = (torch.randn(s, generator=gen, dtype=torch.float32) for s in shapes)
+    q, k, v = _shape_values(case, q, k, v)
+    q, k, v, dout = (t.to(device=device, dtype=dtype) for t in (q, k, v, dout))
+    cu = _cu(case.varlen, device) if case.varlen is not None else None
+    cu_k = _cu(case.varlen_k, device) if case.varlen_k is not None else None
     slopes = alibi_slopes(case.heads_q).to(device) if case.alibi else None
+    bias = make_bias(case, seed, device, bias_dtype(case))  # issue #16: its own generator, q/k/v unchanged
     return AttnInputs(q=q, k=k, v=v, dout=dout, softmax_scale=case.head_dim ** -0.5,
-                      alibi_slopes=slopes, cu_seqlens=cu, seqlens=case.varlen, seed=seed)
+                      alibi_slopes=slopes, cu_seqlens=cu, seqlens=case.varlen, seed=seed,
+                      cu_seqlens_k=cu_k, seqlens_k=case.varlen_k, bias=bias)
+
+
+def bias_dtype(case: Case) -> torch.dtype:
+    """issue #16: the dtype of a float bias: the input dtype unless the case asks for fp32."""
+    return torch.float32 if case.bias_dtype == "fp32" else TORCH_DTYPES[case.dtype]
+
+
+@dataclass(frozen=True)
+class KernelTensors:
+    """What the kernel is handed (issue #9): q, k, v track gradients (through leaves they are views
+    of, under a non-default layout) and dout is the gradient handed to the backward. Values equal
+    the AttnInputs' exactly; only strides, offsets and shared storage differ."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    dout: torch.Tensor
+
+
+def _leaf(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().clone().requires_grad_(True)
+
+
+def kernel_tensors(case: Case, inputs: AttnInputs) -> KernelTensors:
+    """The case's `layout` made real: the kernel receives the VIEW (not a contiguous copy), and
+    gradients are taken with respect to that view, so they come back in the view's shape and
+    are compared as usual. The seq dim is 1 dense, 0 varlen; the head dim -2; features -1."""
+    q, k, v, dout = inputs.q, inputs.k, inputs.v, inputs.dout
+    seq = 0 if inputs.cu_seqlens is not None else 1
+    if case.layout == "contiguous":
+        return KernelTensors(_leaf(q), _leaf(k), _leaf(v), dout)
+    if case.layout == "bhsd_view" or case.layout == "dout_noncontig":
+        def transposed(t):  # allocated with heads before the sequence, handed over transposed back
+            return t.transpose(seq, -2).contiguous().transpose(seq, -2)
+        if case.layout == "dout_noncontig":
+            return KernelTensors(_leaf(q), _leaf(k), _leaf(v), transposed(dout))
+        bufs = [_leaf(t.transpose(seq, -2).contiguous()) for t in (q, k, v)]
+        views = [b.transpose(seq, -2) for b in bufs]
+        return KernelTensors(*views, dout)
+    if case.layout == "k_sliced":
+        d = k.shape[-1]
+        pad = 8 + (-d) % 8  # the row stride stays a multiple of 8 elements (16-byte aligned rows)
+        shape = list(k.shape)
+        shape[seq] += 1
+        shape[-1] += pad
+        buf = torch.zeros(shape, dtype=k.dtype, device=k.device)
+        index = [slice(None)] * k.dim()
+        index[seq] = slice(1, None)
+        index[-1] = slice(0, d)
+        buf[tuple(index)] = k
+        buf.requires_grad_(True)
+        return KernelTensors(_leaf(q), buf[tuple(index)], _leaf(v), dout)
+    if case.layout == "qkv_packed":
+        # One buffer (…, max_seq, Hq + 2 Hkv, max_d): q, k, v are head-slices of it (a fused QKV
+        # projection's output); q/k lengths or d/dv that differ use the leading part of each dim.
+        hq, hkv = q.shape[-2], k.shape[-2]
+        shape = list(q.shape)
+        shape[seq] = max(q.shape[seq], k.shape[seq])
+        shape[-2] = hq + 2 * hkv
+        shape[-1] = max(q.shape[-1], v.shape[-1])
+        buf = torch.zeros(shape, dtype=q.dtype, device=q.device)
+        parts = []
+        for t, h0 in ((q, 0), (k, hq), (v, hq + hkv)):
+            index = [slice(None)] * t.dim()
+            index[seq] = slice(0, t.shape[seq])
+            index[-2] = slice(h0, h0 + t.shape[-2])
+            index[-1] = slice(0, t.shape[-1])
+            buf[tuple(index)] = t
+            parts.append(tuple(index))
+        buf.requires_grad_(True)
+        return KernelTensors(*(buf[i] for i in parts), dout)
+    raise ValueError(f"unknown layout {case.layout!r}")

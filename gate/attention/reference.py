@@ -11,6 +11,12 @@ accumulate across chunks:
     P = softmax(S),  O = (P * Z) V            (Z = keep / (1 - p) under dropout, else 1)
     dV = (P * Z)^T dO,  dP = (dO V^T) * Z,  dS = P * (dP - rowsum(P * dP))
     dQ = dS K * scale,  dK = dS^T Q * scale   (times 1 - tanh^2 under softcap)
+
+A custom bias (issue #16, gate/attention/bias.py) is added to the scaled, capped scores before the
+masks (a boolean one masks instead), exactly: in float64 for the golden reference; in the low-
+precision one with PyTorch's type promotion (bf16 scores + an fp32 bias are an fp32 sum, so the
+yardstick does not round away the precision a kernel must keep; P goes back to the input dtype
+after the softmax). dBias = dS (before the softcap factor) summed over the bias's broadcast dims.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gate.attention.bias import reduce_to_bias_shape
 from gate.attention.masks import alibi_bias, allowed_mask
 
 # Elements in one chunk's score matrix: 2**25 float64 values are 256 MiB per live temporary.
@@ -33,6 +40,8 @@ class AttnOptions:
     softcap: float = 0.0
     alibi_slopes: torch.Tensor | None = None
     dropout_p: float = 0.0
+    # issue #16: a custom float bias or boolean mask broadcastable to (B, Hq, Nq, Nk), or None.
+    bias: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -45,9 +54,13 @@ class AttnResult:
     dq: torch.Tensor
     dk: torch.Tensor
     dv: torch.Tensor
+    dbias: torch.Tensor | None = None  # issue #16: only for a float bias, in the bias's own shape
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {"out": self.out, "lse": self.lse, "dq": self.dq, "dk": self.dk, "dv": self.dv}
+        named = {"out": self.out, "lse": self.lse, "dq": self.dq, "dk": self.dk, "dv": self.dv}
+        if self.dbias is not None:
+            named["dbias"] = self.dbias
+        return named
 
 
 def _dense(q, k, v, dout, opts: AttnOptions, cd: torch.dtype, keep: torch.Tensor | None) -> AttnResult:
@@ -67,6 +80,9 @@ def _dense(q, k, v, dout, opts: AttnOptions, cd: torch.dtype, keep: torch.Tensor
     scale = opts.softmax_scale
     rescale = 1.0 / (1.0 - opts.dropout_p) if opts.dropout_p else 1.0
     chunk = max(1, CHUNK_ELEMENTS // max(1, b * hq * nk))
+    bias = opts.bias
+    float_bias = bias is not None and bias.dtype != torch.bool
+    dbias = torch.zeros(bias.shape, dtype=cd, device=q.device) if float_bias else None
     for r0 in range(0, nq, chunk):
         r1 = min(nq, r0 + chunk)
         rows = torch.arange(r0, r1, device=q.device)
@@ -78,6 +94,8 @@ def _dense(q, k, v, dout, opts: AttnOptions, cd: torch.dtype, keep: torch.Tensor
         if opts.alibi_slopes is not None:
             # In float64: -slope * distance is inexact in float32 for non-dyadic slopes (16+ heads).
             s = s + alibi_bias(opts.alibi_slopes.to(torch.float64), rows, nq, nk).to(cd)
+        if bias is not None:  # issue #16
+            s = _add_bias(s, bias[:, :, r0:r1], cd)
         allowed = allowed_mask(rows, nq, nk, opts.causal, opts.window)
         if allowed is not None:
             s = s.masked_fill(~allowed, float("-inf"))
@@ -88,11 +106,14 @@ def _dense(q, k, v, dout, opts: AttnOptions, cd: torch.dtype, keep: torch.Tensor
         empty = denom == 0
         p = torch.where(empty, torch.zeros_like(unnorm), unnorm / torch.where(empty, torch.ones_like(denom), denom))
         lse[:, :, r0:r1] = (safe_max + torch.log(denom)).squeeze(-1).to(lse_dtype).masked_fill(empty.squeeze(-1), float("-inf"))
+        p = p.to(cd)  # issue #16: back to the input dtype if a wider bias promoted the scores
         pz = p if keep is None else p * keep[:, :, r0:r1].to(cd) * rescale
         out[:, :, r0:r1] = pz @ vh
         dpz = doh[:, :, r0:r1] @ vh.transpose(-1, -2)
         dp = dpz if keep is None else dpz * keep[:, :, r0:r1].to(cd) * rescale
         ds = p * (dp - (p * dp).sum(dim=-1, keepdim=True))
+        if dbias is not None:  # issue #16: the bias is added after the softcap
+            dbias[:, :, r0:r1] = reduce_to_bias_shape(ds, tuple(bias.shape))
         if tanh is not None:
             ds = ds * (1 - tanh * tanh)
         dq[:, :, r0:r1] = (ds @ kh) * scale
@@ -100,22 +121,35 @@ def _dense(q, k, v, dout, opts: AttnOptions, cd: torch.dtype, keep: torch.Tensor
         dvv += pz.transpose(-1, -2) @ doh[:, :, r0:r1]
     dk = dk.view(b, hkv, group, nk, d).sum(dim=2)
     dvv = dvv.view(b, hkv, group, nk, dv_dim).sum(dim=2)
-    return AttnResult(out=out.transpose(1, 2), lse=lse, dq=dq.transpose(1, 2), dk=dk.transpose(1, 2), dv=dvv.transpose(1, 2))
+    return AttnResult(out=out.transpose(1, 2), lse=lse, dq=dq.transpose(1, 2), dk=dk.transpose(1, 2), dv=dvv.transpose(1, 2),
+                      dbias=dbias)
+
+
+def _add_bias(s: torch.Tensor, bias: torch.Tensor, cd: torch.dtype) -> torch.Tensor:
+    """issue #16: scores plus a float bias (type-promoted, as PyTorch adds them), or masked by a bool one."""
+    if bias.dtype == torch.bool:
+        return s.masked_fill(~bias, float("-inf"))
+    if cd == torch.float64:
+        return s + bias.to(torch.float64)
+    return s.to(torch.promote_types(cd, bias.dtype)) + bias
 
 
 def attention_reference(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, opts: AttnOptions,
     compute_dtype: torch.dtype, *, cu_seqlens: torch.Tensor | None = None,
-    dropout_keep: torch.Tensor | list[torch.Tensor] | None = None,
+    dropout_keep: torch.Tensor | list[torch.Tensor] | None = None, cu_seqlens_k: torch.Tensor | None = None,
 ) -> AttnResult:
     """Forward + backward in `compute_dtype`; outputs returned in that dtype.
 
     Dense: q (B, Nq, Hq, D), k (B, Nk, Hkv, D), v (B, Nk, Hkv, Dv), dropout_keep (B, Hq, Nq, Nk).
     Varlen: packed (total, H, D) with cu_seqlens; dropout_keep a list of (1, Hq, n, n) per sequence.
+    cu_seqlens_k (issue #9): the keys' offsets where they differ from the queries' (bottom-right
+    alignment within each sequence).
     """
     if cu_seqlens is None:
         return _dense(q, k, v, dout, opts, compute_dtype, dropout_keep)
     offsets = cu_seqlens.tolist()
+    keys = (cu_seqlens_k if cu_seqlens_k is not None else cu_seqlens).tolist()
     hq = q.shape[1]
     lse_dtype = torch.float64 if compute_dtype == torch.float64 else torch.float32
     out = torch.zeros(q.shape[0], hq, v.shape[-1], dtype=compute_dtype, device=q.device)
@@ -123,11 +157,11 @@ def attention_reference(
     dq = torch.zeros(q.shape, dtype=compute_dtype, device=q.device)
     dk = torch.zeros(k.shape, dtype=compute_dtype, device=q.device)
     dv = torch.zeros(v.shape, dtype=compute_dtype, device=q.device)
-    for i, (a, z) in enumerate(zip(offsets[:-1], offsets[1:])):
+    for i, (a, z, ka, kz) in enumerate(zip(offsets[:-1], offsets[1:], keys[:-1], keys[1:])):
         if z == a:
             continue
         keep = None if dropout_keep is None else dropout_keep[i]
-        part = _dense(q[a:z][None], k[a:z][None], v[a:z][None], dout[a:z][None], opts, compute_dtype, keep)
-        out[a:z], dq[a:z], dk[a:z], dv[a:z] = part.out[0], part.dq[0], part.dk[0], part.dv[0]
+        part = _dense(q[a:z][None], k[ka:kz][None], v[ka:kz][None], dout[a:z][None], opts, compute_dtype, keep)
+        out[a:z], dq[a:z], dk[ka:kz], dv[ka:kz] = part.out[0], part.dq[0], part.dk[0], part.dv[0]
         lse[:, a:z] = part.lse[0]
     return AttnResult(out=out, lse=lse, dq=dq, dk=dk, dv=dv)

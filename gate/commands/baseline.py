@@ -13,12 +13,14 @@ import argparse
 from pathlib import Path
 
 from gate.commands.common import add_config, add_kernel_suite
+from gate.commands.help_text import parser_kwargs
 
 
 def register(sub) -> None:
-    p = sub.add_parser("baseline", help="update or show the committed baseline of this GPU class")
+    p = sub.add_parser("baseline", help="update or show the committed baseline of this GPU class", **parser_kwargs("baseline"))
     bsub = p.add_subparsers(dest="baseline_command", required=True, metavar="ACTION")
-    u = bsub.add_parser("update", help="rewrite baselines/<gpu-class>/<kernel>-<suite>.json from a fresh run or a results file")
+    u = bsub.add_parser("update", help="rewrite baselines/<gpu-class>/<kernel>-<suite>.json from a fresh run or a results file",
+                        **parser_kwargs("baseline update"))
     add_kernel_suite(u)
     add_config(u)
     u.add_argument("--from-results", type=Path, default=None, metavar="FILE",
@@ -33,7 +35,7 @@ def register(sub) -> None:
     u.add_argument("--perf-from", type=Path, default=None, metavar="FILE",
                    help="take the speed section from a perf JSON (`attn-gate perf --rounds 30` on a machine of this GPU class)")
     u.set_defaults(main=update)
-    s = bsub.add_parser("show", help="print a baseline: fingerprint and each case's ratios")
+    s = bsub.add_parser("show", help="print a baseline: fingerprint and each case's ratios", **parser_kwargs("baseline show"))
     add_kernel_suite(s)
     add_config(s)
     s.add_argument("--file", type=Path, default=None, help="a baseline file (default: this machine's for the kernel and suite)")
@@ -44,8 +46,16 @@ def update(args: argparse.Namespace) -> int:
     from gate.workflow.check import run_baseline_update
     from gate.core.config import load_config
 
+    from gate.workflow.validate import check_device, validate_target
+
     config = load_config(args.config)
-    outcome = run_baseline_update(config, kernel=args.kernel, suite=args.suite, device=args.device, only=args.only,
+    kernel, suite, device = args.kernel, args.suite, args.device
+    if args.from_results is None:  # names first: a typo is a typo
+        t = validate_target(config, kernel, suite, device, args.only, kernel_in_worker=True)  # its sweep runs in workers (#11)
+        kernel, suite, device = t.kernel, t.suite, t.device
+    else:
+        check_device(device)
+    outcome = run_baseline_update(config, kernel=kernel, suite=suite, device=device, only=args.only,
                                   results_path=args.from_results, allow_failing=args.allow_failing,
                                   summary_path=args.summary, out_dir=args.out, progress=not args.no_progress,
                                   perf=args.perf, perf_from=args.perf_from)
@@ -67,7 +77,10 @@ def show(args: argparse.Namespace) -> int:
     if args.file is not None:
         path = args.file
     else:
-        target = resolve_target(config, args.kernel, args.suite, args.device, None)
+        from gate.workflow.validate import validate_target
+
+        valid = validate_target(config, args.kernel, args.suite, args.device, args.only, check_kernel_runs=False)
+        target = resolve_target(config, valid.kernel, valid.suite, valid.device, None)
         path = baseline_path(config.baselines_dir, target.gpu_class, target.kernel, target.suite)
     b = read_baseline(path)
     console = Console()

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from gate.commands.help_text import parser_kwargs
+
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help="run the asv suites (benchmarks/) on this commit: `asv run --python=same "
-                       "--set-commit-hash`; history only, the PR verdict is `attn-gate check`")
+                       "--set-commit-hash`; history only, the PR verdict is `attn-gate check`", **parser_kwargs("bench"))
     p.add_argument("--asv-config", type=Path, default=None, help="asv.conf.json (default: the repository's)")
     p.add_argument("--commit", default="HEAD", help="commit the results are filed under (default HEAD)")
     p.add_argument("--machine", default=None, help="asv machine name (default: the GPU class, e.g. h200, or 'cpu')")
@@ -22,7 +24,8 @@ def register(sub) -> None:
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds per pass (default: the config's)")
     p.add_argument("--config", type=Path, default=None, help="pyproject.toml holding [tool.attn-gate]")
     p.set_defaults(main=bench_main)
-    p = sub.add_parser("publish", help="render asv's HTML history (`asv publish`) into the asv html_dir")
+    p = sub.add_parser("publish", help="render asv's HTML history (`asv publish`) into the asv html_dir, readable offline",
+                       **parser_kwargs("publish"))
     p.add_argument("--asv-config", type=Path, default=None, help="asv.conf.json (default: the repository's)")
     p.set_defaults(main=publish_main)
 
@@ -31,7 +34,17 @@ def bench_main(args: argparse.Namespace) -> int:
     from gate.speed import asv as A
     from gate.core.errors import EXIT_FAIL, EXIT_PASS
 
+    from gate.core.config import load_config
+    from gate.workflow.validate import check_device, check_kernel, check_suite
+
     conf = A.asv_conf(args.asv_config)
+    device = check_device(args.device)  # names first: a typo is a typo, not an asv failure
+    if args.kernel is not None:
+        check_kernel(args.kernel, device)
+    if args.anchor not in (None, "matmul"):
+        check_kernel(args.anchor, device, "--anchor")
+    if args.suite is not None:
+        check_suite(load_config((args.config or A.REPO_ROOT / "pyproject.toml").resolve()), args.suite)
     settings = A.BenchSettings(config_path=(args.config or A.REPO_ROOT / "pyproject.toml").resolve(), kernel=args.kernel,
                                suite=args.suite, anchor=args.anchor, device=args.device, only=args.only, rounds=args.rounds)
     commit = A.git_commit(args.commit, A.asv_repo(conf))

@@ -11,11 +11,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gate.commands.common import add_config, add_kernel_suite, add_run_options, run_options
+from gate.commands.common import add_config, add_kernel_suite, add_run_options
+from gate.commands.help_text import parser_kwargs
 
 
 def register(sub) -> None:
-    p = sub.add_parser("check", help="gate a kernel: sweep, compare with baselines/<gpu-class>/, exit 0 pass / 1 fail")
+    p = sub.add_parser("check", help="gate a kernel: sweep, compare with baselines/<gpu-class>/, exit 0 pass / 1 fail",
+                       **parser_kwargs("check"))
     add_kernel_suite(p)
     add_config(p)
     p.add_argument("--results", type=Path, default=None, metavar="FILE",
@@ -32,8 +34,9 @@ def register(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gate.workflow.check import run_check
     from gate.core.config import load_config
+    from gate.workflow.check import run_check
+    from gate.workflow.validate import check_device, validate_target
 
     from gate.commands.common import run_options
     from gate.core.errors import UserError
@@ -44,9 +47,15 @@ def main(args: argparse.Namespace) -> int:
     if options.workers == 0:  # the gate's verdict never comes from a process the kernel ran in (#11)
         raise UserError("--workers 0 runs the kernel in the deciding process, unisolated: `check` refuses it; "
                         "pass --workers 1 or more (or use `attn-gate sweep --workers 0` to debug)")
+    kernel, suite, device = args.kernel, args.suite, args.device
+    if args.results is None:  # names first: a typo is a typo, not "no baseline"
+        t = validate_target(config, kernel, suite, device, args.only, kernel_in_worker=True)
+        kernel, suite, device = t.kernel, t.suite, t.device
+    else:
+        check_device(device)
     require_writable(args.out, "--out")
     with FolderLock(args.out, "--out"):
-        outcome = run_check(config, kernel=args.kernel, suite=args.suite, device=args.device, only=args.only,
+        outcome = run_check(config, kernel=kernel, suite=suite, device=device, only=args.only,
                             results_path=args.results, baseline_file=args.baseline, out_dir=args.out,
                             progress=not args.no_progress, perf=args.perf, options=options)
     print("wrote " + ", ".join(str(p) for p in outcome.paths.values()))

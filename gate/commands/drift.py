@@ -7,15 +7,21 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from gate.commands.common import add_config
+from gate.commands.help_text import parser_kwargs
+
 
 def register(sub) -> None:
-    p = sub.add_parser("drift", help="training drift: a toy transformer trained with the kernel vs the float32 reference")
-    p.add_argument("--kernel", required=True, help="kernel name (attn-gate kernels lists them)")
+    p = sub.add_parser("drift", help="training drift: a toy transformer trained with the kernel vs the float32 reference",
+                       **parser_kwargs("drift"))
+    p.add_argument("--kernel", default=None, help="kernel name (attn-gate kernels lists them) or package.module:function; "
+                   "default: the config's gpu/cpu profile, as in every other command")
     p.add_argument("--steps", type=int, default=None, help="training steps (default 1000 on a GPU, 100 on a CPU)")
     p.add_argument("--out", type=Path, default=Path("out"), help="folder for drift-KERNEL.json and drift-KERNEL.png")
     p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when a GPU is visible")
     p.add_argument("--dtype", default="bf16", help="dtype the kernel sees: bf16 (default), fp16 or fp32")
     p.add_argument("--seed", type=int, default=0, help="seed of the initialisation and the data")
+    add_config(p)
     p.set_defaults(main=main)
 
 
@@ -23,14 +29,20 @@ def main(args: argparse.Namespace) -> int:
     import sys
 
     from gate.correctness.drift import default_config, run_drift, write_drift_outputs
-    from gate.core.environment import default_device
     from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
 
     if args.steps is not None and args.steps < 2:
         raise UserError(f"--steps {args.steps}: drift needs at least 2 training steps")
-    device = args.device or default_device()
+    from gate.core.config import load_config
+    from gate.workflow.validate import check_device, check_kernel
+
+    device = check_device(args.device)
+    if args.dtype not in ("bf16", "fp16", "fp32"):
+        raise UserError(f"--dtype {args.dtype!r}: choose bf16, fp16 or fp32")
+    kernel = args.kernel or load_config(args.config).profile(device).kernel
+    check_kernel(kernel, device)
     cfg = default_config(device, steps=args.steps, dtype=args.dtype, seed=args.seed)
-    result = run_drift(args.kernel, cfg, device, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    result = run_drift(kernel, cfg, device, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     paths = write_drift_outputs(result, args.out)
     verdict = "PASS" if result.passed else "FAIL"
     print(f"{verdict}: drift of {result.kernel} over {cfg.steps} steps ({cfg.dtype}, {device}): {result.reason}")

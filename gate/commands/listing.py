@@ -5,14 +5,15 @@ from __future__ import annotations
 import argparse
 
 from gate.commands.common import add_config
+from gate.commands.help_text import parser_kwargs
 
 
 def register(sub) -> None:
-    p = sub.add_parser("kernels", help="list kernels, whether each runs here, and what it supports")
+    p = sub.add_parser("kernels", help="list kernels, whether each runs here, and what it supports", **parser_kwargs("kernels"))
     p.set_defaults(main=kernels)
-    p = sub.add_parser("suites", help="list suites and their case counts")
+    p = sub.add_parser("suites", help="list suites and their case counts", **parser_kwargs("suites"))
     add_config(p)
-    p.add_argument("--cases", action="store_true", help="print every case id")
+    p.add_argument("--cases", action="store_true", help="print every case id, with a legend of the id grammar")
     p.set_defaults(main=suites)
 
 
@@ -34,6 +35,10 @@ def suites(args: argparse.Namespace) -> int:
     from gate.core.config import load_config
 
     config = load_config(args.config)
+    if args.cases:
+        from gate.commands.help_text import CASE_ID_LEGEND
+
+        print(CASE_ID_LEGEND + "\n")
     for name in suite_names(config.suites):
         suite = load_suite(name, config.suites, config.source)
         print(f"{name:10} {len(suite.cases):4} cases ({len(suite.perf_cases)} timing) from {suite.source}")

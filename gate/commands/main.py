@@ -13,11 +13,21 @@ import sys
 from gate.core.errors import EXIT_FAIL, EXIT_USAGE, UserError
 
 # Each module in gate/commands registers its own subcommands.
-COMMANDS = ("sweep", "listing", "check", "baseline", "perf", "bench", "drift", "merge")
+COMMANDS = ("sweep", "listing", "check", "baseline", "perf", "bench", "drift", "selftest", "merge")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="attn-gate", description="Regression gate for attention kernels.")
+    import gate
+
+    parser = argparse.ArgumentParser(
+        prog="attn-gate", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Regression gate for attention kernels: correctness against a float64 reference and speed against "
+                    "an anchor, compared with committed baselines.",
+        epilog="start here:\n  attn-gate kernels && attn-gate suites\n  attn-gate check --device cpu\n\n"
+               "exit codes (every command):\n  0  pass\n  1  fail (a tolerance violation, a regression, an "
+               "inconclusive measurement)\n  2  usage or environment error; the one-line message names the fix\n\n"
+               "`attn-gate COMMAND --help` shows each command's examples.")
+    parser.add_argument("--version", action="version", version=f"attn-gate {gate.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"gate.commands.{name}").register(sub)
@@ -44,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("attn-gate: interrupted", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # `attn-gate suites --cases | head`: the reader left, nothing is wrong
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
+        return 0
 
 
 if __name__ == "__main__":

@@ -7,10 +7,12 @@ import sys
 from pathlib import Path
 
 from gate.commands.common import add_config, add_kernel_suite
+from gate.commands.help_text import parser_kwargs
 
 
 def register(sub) -> None:
-    p = sub.add_parser("perf", help="speed ratios (fwd, bwd) of a kernel against an anchor over a suite's perf cases")
+    p = sub.add_parser("perf", help="speed ratios (fwd, bwd) of a kernel against an anchor over a suite's perf cases",
+                       **parser_kwargs("perf"))
     add_kernel_suite(p)
     add_config(p)
     p.add_argument("--anchor", default=None, help="adapter name or 'matmul' (equal-FLOPs dense matmul); "
@@ -29,10 +31,13 @@ def main(args: argparse.Namespace) -> int:
     if args.rounds is not None and args.rounds < 1:
         raise UserError(f"--rounds {args.rounds}: must be >= 1")
     config = load_config(args.config)
-    from gate.core.environment import default_device
+    from gate.workflow.validate import check_kernel, validate_target
 
-    device = args.device or default_device()
-    result = run_perf(args.kernel or config.profile(device).kernel, args.suite or config.profile(device).suite, config,
+    target = validate_target(config, args.kernel, args.suite, args.device, args.only)
+    device = target.device
+    if args.anchor is not None and args.anchor != "matmul":
+        check_kernel(args.anchor, device, "--anchor")
+    result = run_perf(target.kernel, target.suite, config,
                       device, anchor=args.anchor, only=args.only, rounds=args.rounds,
                       progress=lambda line: print(line, file=sys.stderr, flush=True))
     path = write_perf_outputs(result, args.out)

@@ -6,10 +6,11 @@ import argparse
 from pathlib import Path
 
 from gate.commands.common import add_config, add_kernel_suite, add_run_options, run_options
+from gate.commands.help_text import parser_kwargs
 
 
 def register(sub) -> None:
-    p = sub.add_parser("sweep", help="correctness sweep of one kernel over one suite")
+    p = sub.add_parser("sweep", help="correctness sweep of one kernel over one suite", **parser_kwargs("sweep"))
     add_kernel_suite(p)
     add_config(p)
     p.add_argument("--out", type=Path, default=Path("out"), help="folder for the JSON report and validation note")
@@ -23,7 +24,6 @@ def register(sub) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from gate.core.config import load_config
-    from gate.core.environment import default_device
     from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
     from gate.report.sweep_report import print_table
     from gate.core.files import require_writable
@@ -35,15 +35,17 @@ def main(args: argparse.Namespace) -> int:
 
     refuse_inside_baselines(args.out, config.baselines_dir)
     options = run_options(args)
-    device = args.device or default_device()
-    profile = config.profile(device)
     from gate.correctness.probes.registry import parse_names
+    from gate.workflow.validate import validate_target
 
+    target = validate_target(config, args.kernel, args.suite, args.device, args.only,
+                             kernel_in_worker=options.workers != 0)
+    device = target.device
     check_names = parse_names(args.checks)
     from gate.core.files import FolderLock
 
     with FolderLock(args.out, "--out"):
-        result = run_sweep(args.kernel or profile.kernel, args.suite or profile.suite, config, device,
+        result = run_sweep(target.kernel, target.suite, config, device,
                            progress=not args.no_progress, only=args.only, check_names=check_names, options=options)
         try:
             paths = write_sweep_outputs(result, args.out)

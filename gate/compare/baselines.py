@@ -7,7 +7,7 @@ A baseline is the reviewed memory of the gate: `attn-gate check` compares a fres
 schema-versioned JSON with sorted keys, ratios rounded to 4 significant digits and cases keyed by
 their stable id, so `git diff` of a baseline reads like a changelog.
 
-Layout (schema_version 1):
+Layout (schema_version 2):
 
     kind           "attn-gate baseline"
     kernel, suite, suite_hash, gpu_class
@@ -15,6 +15,8 @@ Layout (schema_version 1):
                    torch, kernel and kernel_version, attn-gate version ...)
     tolerance      the rule's multipliers the ratios were measured with (a change refuses comparison)
     measured_at    when the sweep behind it started
+    commit         the git commit the sweep ran at ('' when unknown; '+dirty' with local changes),
+                   so a report can link to the code the baseline was measured with
     correctness    {case_id: {"status": PASS|FAIL|ERROR|SKIP, "reason": str,
                               "tensors": {tensor: {"ratio", "max_err", "mean_err", "bound", "pt_err"}}}}
     perf           null, or the timing engine's section (#4), keyed by case id: this module stores
@@ -24,6 +26,8 @@ No torch here: a baseline is plain data, read by the pure verdict.
 
 Format history:
   1  first version.
+  2  `commit` (#15); cpu_model and cpu_capability in the environment. Version 1 files are read
+     (migrated: commit ''); the next `baseline update` writes version 2.
 """
 
 from __future__ import annotations
@@ -38,12 +42,13 @@ from gate.core.errors import UserError
 from gate.core.jsonio import as_float, checked_name, measured_float, read_json, write_json_atomic
 from gate.core.results import Status, SweepResult
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # migrate_baseline turns each older one into the current layout
 KIND = "attn-gate baseline"
 
 # What a baseline remembers of the run's environment (gate.core.environment.describe keys).
 FINGERPRINT_KEYS = ("device", "gpu_name", "gpu_class", "compute_capability", "driver", "cuda", "torch", "python",
-                    "kernel", "kernel_version", "attn_gate", "machine", "cpu")
+                    "kernel", "kernel_version", "attn_gate", "machine", "cpu", "cpu_model", "cpu_capability")
 
 
 def _round(x: float, digits: int = 4) -> float:
@@ -101,6 +106,7 @@ class Baseline:
     correctness: dict[str, CaseBaseline]
     perf: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
+    commit: str = ""  # (#15) git commit of the run behind it; '' when unknown
 
     @classmethod
     def from_sweep(cls, sweep: SweepResult, perf: dict[str, Any] | None = None) -> "Baseline":
@@ -114,7 +120,8 @@ class Baseline:
         }
         return cls(kernel=sweep.kernel, suite=sweep.suite, suite_hash=sweep.suite_hash,
                    gpu_class=str(sweep.environment.get("gpu_class", "unknown")), environment=env,
-                   tolerance=dict(sweep.tolerance), measured_at=sweep.started_at, correctness=cases, perf=perf)
+                   tolerance=dict(sweep.tolerance), measured_at=sweep.started_at, correctness=cases, perf=perf,
+                   commit=str(sweep.environment.get("git_commit", "")))
 
     @property
     def failing_cases(self) -> list[str]:
@@ -124,7 +131,7 @@ class Baseline:
         return {
             "schema_version": self.schema_version, "kind": KIND, "kernel": self.kernel, "suite": self.suite,
             "suite_hash": self.suite_hash, "gpu_class": self.gpu_class, "environment": dict(sorted(self.environment.items())),
-            "tolerance": self.tolerance, "measured_at": self.measured_at,
+            "tolerance": self.tolerance, "measured_at": self.measured_at, "commit": self.commit,
             "correctness": {cid: c.to_dict() for cid, c in sorted(self.correctness.items())}, "perf": self.perf,
         }
 
@@ -139,7 +146,7 @@ class Baseline:
                    tolerance={k: measured_float(v, f"tolerance.{k}") for k, v in d["tolerance"].items()},
                    measured_at=d["measured_at"],
                    correctness={cid: CaseBaseline.from_dict(c) for cid, c in d["correctness"].items()},
-                   perf=d.get("perf"))
+                   perf=d.get("perf"), commit=str(d.get("commit", "")))
 
     def write(self, path: Path) -> None:
         write_json_atomic(path, self.to_dict())
@@ -151,10 +158,17 @@ def baseline_path(baselines_dir: str | Path, gpu_class: str, kernel: str, suite:
     return Path(baselines_dir) / gpu_class / f"{safe_name(kernel)}-{suite}.json"
 
 
+def migrate_baseline(payload: dict[str, Any]) -> dict[str, Any]:
+    """An older layout as the current one: 1 -> 2 adds `commit` ('', not known then)."""
+    if payload.get("schema_version") == 1:
+        payload = {**payload, "schema_version": 2, "commit": payload.get("commit", "")}
+    return payload
+
+
 def read_baseline(path: Path) -> Baseline:
     """Read and validate a baseline; every problem is a UserError naming the file and the fix."""
     path = Path(path)
-    payload = read_json(path, kind="baseline", schema_version=SCHEMA_VERSION)
+    payload = migrate_baseline(read_json(path, kind="baseline", schema_version=READABLE_VERSIONS))
     if payload.get("kind") != KIND:
         raise UserError(f"{path}: this is a {payload.get('kind', 'unknown')!r} file, not an {KIND!r} file; "
                         f"point to a file under baselines/<gpu-class>/ or create one with `attn-gate baseline update`")
@@ -235,7 +249,8 @@ def merge_baseline(new: Baseline, old: Baseline | None, scope: str | None) -> tu
         kept = {cid: c for cid, c in old.correctness.items() if not re.search(scope, cid) and cid not in new.correctness}
     merged = Baseline(kernel=new.kernel, suite=new.suite, suite_hash=new.suite_hash, gpu_class=new.gpu_class,
                       environment=new.environment, tolerance=new.tolerance, measured_at=new.measured_at,
-                      correctness={**kept, **new.correctness}, perf=new.perf if new.perf is not None else old.perf)
+                      correctness={**kept, **new.correctness}, perf=new.perf if new.perf is not None else old.perf,
+                      commit=new.commit)
     return merged, len(kept)
 
 

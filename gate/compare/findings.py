@@ -33,7 +33,7 @@ from __future__ import annotations
 import enum
 import math
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from gate.core.errors import EXIT_FAIL, EXIT_PASS
@@ -123,7 +123,7 @@ class Verdict:
         warns = self.of(Severity.WARN)
         if fails:
             cases = sorted({f.case_id for f in fails if f.case_id})
-            first = min(fails, key=sort_key)
+            first = min(fails, key=worst_first)
             where = f" in {len(cases)} case{'s' * (len(cases) != 1)}" if cases else ""
             more = f" (and {len(fails) - 1} more)" if len(fails) > 1 else ""
             kind = "failing" if any(f.severity is Severity.FAIL for f in fails) else "inconclusive"
@@ -142,14 +142,55 @@ class Verdict:
         }
 
 
+def worst_first(f: Finding) -> tuple:
+    """Severity, then size: the headline names the largest error ratio, not the first id (#15)."""
+    size = f.current if isinstance(f.current, float) and f.metric.startswith("ratio:") and not math.isnan(f.current) else 0.0
+    return (-f.severity.rank, -size, f.case_id, f.metric)
+
+
 def sort_key(f: Finding) -> tuple:
     return (-f.severity.rank, f.case_id, f.metric, f.rule)
 
 
+REFRESH = "refresh the baseline"
+# Ratio changes that may follow from the machine rather than the kernel (#15).
+RATIO_CHANGE_RULES = ("improvement", "speed")
+
+
+def temper(findings: list[Finding] | tuple[Finding, ...]) -> list[Finding]:
+    """Advice that would be wrong in context, taken back (#15):
+
+    - a run that fails never advises refreshing the baseline: refreshing would record the failure.
+      Such WARNs become INFO and lose the advice;
+    - a ratio that moved while the environment changed (another CPU model, torch, driver...) is
+      INFO naming the change, not a WARN to refresh: the kernel may not have changed at all.
+    FAIL and INCONCLUSIVE are never softened (fail closed)."""
+    failing = any(f.severity.blocks for f in findings)
+    env_changes = [f"{f.metric.split(':', 1)[1]} {fmt(f.baseline)} -> {fmt(f.current)}" for f in findings
+                   if f.metric.startswith("env:") and f.severity in (Severity.WARN, Severity.INFO) and f.baseline is not None]
+    out = []
+    for f in findings:
+        if f.severity is Severity.WARN and f.case_id and f.rule in RATIO_CHANGE_RULES and env_changes:
+            f = replace(f, severity=Severity.INFO, message=_drop_advice(f.message)
+                        + f"; coincides with an environment change ({', '.join(env_changes[:3])}), so it may not be the kernel")
+        elif f.severity is Severity.WARN and failing and REFRESH in f.message:
+            f = replace(f, severity=Severity.INFO, message=_drop_advice(f.message) + " (the run fails: do not refresh the baseline now)")
+        out.append(f)
+    return out
+
+
+def _drop_advice(message: str) -> str:
+    """'dv ratio improved 0.2 -> 0.1 (/2 or better); refresh the baseline so ...' -> the part before the advice."""
+    head, sep, _ = message.partition(REFRESH)
+    if not sep:
+        return message
+    return head.rstrip(" ;,:(").removesuffix("; if it was removed on purpose,").rstrip(" ;,")
+
+
 def decide(findings: list[Finding] | tuple[Finding, ...], thresholds: dict[str, float] | None = None,
            context: dict[str, Any] | None = None) -> Verdict:
-    """Any findings from any rule family -> the Verdict (worst first, stable order)."""
-    return Verdict(findings=tuple(sorted(findings, key=sort_key)), thresholds=dict(thresholds or {}),
+    """Any findings from any rule family -> the Verdict (worst first, stable order), after `temper`."""
+    return Verdict(findings=tuple(sorted(temper(findings), key=sort_key)), thresholds=dict(thresholds or {}),
                    context=dict(context or {}))
 
 

@@ -62,10 +62,21 @@ MEASURED = ("PASS", "FAIL", "ERROR")
 FAILED = ("FAIL", "ERROR")
 # run_case measures these for every case it passes (lse only where the kernel exposes it).
 REQUIRED_TENSORS = ("out", "dq", "dk", "dv")
+
+
+def required_tensors(bias_grad: bool) -> tuple[str, ...]:
+    """issue #16: a case whose bias requires grad measures dbias for every PASS too."""
+    return REQUIRED_TENSORS + (("dbias",) if bias_grad else ())
+
+
 # Environment keys whose change makes ratios less comparable (WARN) or is just worth knowing (INFO).
 # `machine` (x86_64 / aarch64) is drift: CPU code paths of another ISA move ratios by up to ~0.14.
-DRIFT_KEYS = ("gpu_name", "compute_capability", "driver", "cuda", "torch", "kernel", "kernel_version", "machine")
-INFO_KEYS = ("attn_gate", "python", "cpu")
+# cpu_capability (#15): another torch dispatch level (AVX2 vs AVX512) runs other CPU code, which moved
+# a dv ratio 0.246 -> 0.106 on an unchanged kernel. cpu_model is INFO: hosted CI runners change model
+# from run to run; it is shown, and a ratio that moved with it is explained by it (findings.temper).
+DRIFT_KEYS = ("gpu_name", "compute_capability", "driver", "cuda", "torch", "kernel", "kernel_version", "machine",
+              "cpu_capability")
+INFO_KEYS = ("attn_gate", "python", "cpu", "cpu_model")
 
 
 def correctness_thresholds(cfg: "VerdictConfig") -> dict[str, float]:
@@ -163,11 +174,12 @@ def rule_tensor_presence(case_id: str, tensor: str, base: float | None, cur: flo
     return None
 
 
-def rule_incomplete_pass(case_id: str, status: str, tensors: set[str] | frozenset[str]) -> Finding | None:
+def rule_incomplete_pass(case_id: str, status: str, tensors: set[str] | frozenset[str],
+                         required: tuple[str, ...] = REQUIRED_TENSORS) -> Finding | None:
     """A PASS row must carry the evidence for it: run_case measures out, dq, dk and dv for every
     case it passes, so a PASS without them is a corrupt or edited results file. INCONCLUSIVE, not
     FAIL: nothing says the kernel is wrong, only that nothing shows it is right."""
-    missing = [t for t in REQUIRED_TENSORS if t not in tensors]
+    missing = [t for t in required if t not in tensors]
     if status != "PASS" or not missing:
         return None
     return Finding("incomplete_pass", Severity.INCONCLUSIVE, case_id, "status", None, status, None,
@@ -178,6 +190,9 @@ def rule_incomplete_pass(case_id: str, status: str, tensors: set[str] | frozense
 def rule_env_drift(key: str, base: Value, cur: Value) -> Finding | None:
     if base == cur or (key not in DRIFT_KEYS and key not in INFO_KEYS):
         return None
+    if base is None:  # an older baseline did not record it: nothing to compare, worth knowing
+        return Finding("env_info", Severity.INFO, "", f"env:{key}", None, cur, None,
+                       f"environment {key} is {fmt(cur)} now; the baseline did not record it")
     severity = Severity.WARN if key in DRIFT_KEYS else Severity.INFO
     return Finding("env_drift" if severity is Severity.WARN else "env_info", severity, "", f"env:{key}", base, cur, None,
                    f"environment {key} changed: baseline {fmt(base)}, now {fmt(cur)}"
@@ -283,7 +298,8 @@ def compare_correctness(baseline: Baseline, sweep: "SweepResult", cfg: "VerdictC
             rule_case_presence(row.case_id, base_status, cur_status, reason, same_suite, accept),
             rule_status(row.case_id, base_status, cur_status, reason) if in_cur else None,
         ) if f]
-    incomplete = [f for f in (rule_incomplete_pass(c.case_id, c.status.value, {t.tensor for t in c.tensors})
+    incomplete = [f for f in (rule_incomplete_pass(c.case_id, c.status.value, {t.tensor for t in c.tensors},
+                                                   required_tensors(c.case.bias_grad))
                               for c in sweep.cases) if f]
     findings += incomplete
     complete_pass = {cid for cid, status in cur_status_of.items() if status == "PASS"} - {f.case_id for f in incomplete}

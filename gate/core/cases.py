@@ -48,7 +48,55 @@ MATRIX_AXES: dict[str, Any] = {
     "varlen": [None],
     "perf": [False],
     "checks": [[]],  # extra checks by name (gate/correctness/probes/registry.py), e.g. [["determinism", "batch_invariance"]]
+    # ---- issue #16 (branch bias): a custom bias / boolean mask handed to the kernel (see BIAS_KINDS)
+    "bias": ["none"],
+    "bias_dtype": ["input"],  # "input" = the input dtype; "fp32" = a float32 bias with bf16/fp16 inputs
+    "bias_grad": [False],
+    # issue #9 (coverage)
+    "layout": ["contiguous"],
+    "inputs": ["normal"],
+    "varlen_k": [None],
 }
+
+# issue #9 (coverage): how q, k, v and dO reach the kernel (gate/attention/inputs.py kernel_views), by name -> what.
+LAYOUTS: dict[str, str] = {
+    "contiguous": "each tensor its own contiguous (B, N, H, D) allocation",
+    "k_sliced": "K a strided slice of a wider buffer (one extra leading key row, head dim padded by >= 8): "
+                "non-contiguous, non-zero storage offset",
+    "qkv_packed": "q, k and v are head-slices of ONE (B, N, Hq + 2 Hkv, D) buffer, as a fused QKV projection leaves them",
+    "bhsd_view": "q, k, v allocated (B, H, N, D) and handed over transposed as (B, N, H, D) views",
+    "dout_noncontig": "dO allocated (B, H, N, Dv) and handed to the backward transposed (its strides differ from out's)",
+}
+# issue #9 (coverage): how the values are drawn (gate/attention/inputs.py), by name -> what.
+INPUTS: dict[str, str] = {
+    "normal": "q, k, v, dO standard normal",
+    "large": "q scaled so the scores reach well past +-88 (softcap cases: scores of softcap/4 typical size, "
+             "deep into the cap, as FA3's tests scale q)",
+    "shifted": "q and k share one aligned channel (q +a, k -a) so every score, and every row's LSE, sits far below -88",
+    "outliers": "two channels of K and V 30x larger than the rest, as real activations have",
+}
+
+# ---- issue #16 (branch bias): the kinds of custom bias a case may give the kernel, -> what each is.
+# Float kinds are an additive tensor broadcastable to (batch, heads_q, seqlen_q, seqlen_k), added to
+# the scaled (and capped) scores; boolean kinds are True where a query may see a key. Every boolean
+# pattern allows each row's diagonal key (bottom-right aligned, clamped into range), so it never
+# empties a row on its own; `bool_empty_rows` empties every 5th row on purpose (output 0 there).
+FLOAT_BIAS_KINDS: dict[str, str] = {
+    "dense": "float (B, H, Nq, Nk): a relative-position-like bias of tens, different per batch and head",
+    "broadcast_b": "float (1, H, Nq, Nk): broadcast over the batch",
+    "broadcast_h": "float (B, 1, Nq, Nk): broadcast over the heads",
+    "broadcast_1": "float (1, 1, Nq, Nk): broadcast over batch and heads",
+    "shifted_rows": "float (B, H, Nq, Nk): dense, with every 4th query row shifted by -160 so its LSE is "
+                    "below -88.7 (exp underflows in fp32: pytorch #196678, cuDNN NaN dQ); best with bias_dtype fp32",
+}
+BOOL_BIAS_KINDS: dict[str, str] = {
+    "bool_mask": "bool (B, H, Nq, Nk): a random sparse pattern (about 30% allowed) plus each row's diagonal key",
+    "bool_empty_rows": "bool (B, H, Nq, Nk): bool_mask with every 5th query row fully masked (its output must be 0)",
+    "document": "bool (B, 1, Nq, Nk): block-diagonal documents (packed sequences), different boundaries per batch",
+    "prefix_lm": "bool (B, 1, Nq, Nk): a bidirectional prefix per batch, causal after it",
+}
+BIAS_KINDS = ("none", *FLOAT_BIAS_KINDS, *BOOL_BIAS_KINDS)
+BIAS_DTYPES = ("input", "fp32")
 
 
 def _num(x: float) -> str:
@@ -86,6 +134,18 @@ class Case:
     # Extra checks run on this case (names from gate/correctness/probes/registry.py). Not part of the id: the same
     # problem is the same case whichever checks also run on it (a suite merges them).
     checks: tuple[str, ...] = ()
+    # --- issue #9 (coverage): memory layout handed to the kernel, how values are drawn, and varlen keys
+    # lengths that differ from the queries' (cu_seqlens_q != cu_seqlens_k). Defaults are left out of
+    # the id and of to_dict, so earlier cases (and their baselines) are unchanged.
+    layout: str = "contiguous"
+    inputs: str = "normal"
+    varlen_k: tuple[int, ...] | None = None
+    # ---- issue #16 (branch bias): a custom bias or boolean mask given to the kernel (`attn_bias`,
+    # SDPA's attn_mask, a Flex score_mod/mask_mod). bias_dtype None = the input dtype; bias_grad:
+    # the bias requires grad and dBias is measured like dQ/dK/dV. Defaults leave ids unchanged.
+    bias: str = "none"
+    bias_dtype: str | None = None
+    bias_grad: bool = False
 
     def __post_init__(self) -> None:
         problems = []
@@ -105,16 +165,60 @@ class Case:
         if self.varlen is not None:
             if not self.varlen or any(n < 0 for n in self.varlen) or max(self.varlen) < 1:
                 problems.append("varlen needs non-negative lengths with at least one > 0")
-            elif (self.batch, self.seqlen_q, self.seqlen_k) != (len(self.varlen), max(self.varlen), max(self.varlen)):
-                problems.append("varlen cases must have batch=len(varlen) and seqlens=max(varlen)")
+            elif (self.batch, self.seqlen_q, self.seqlen_k) != (len(self.varlen), max(self.varlen), max(self.keys_varlen)):
+                problems.append("varlen cases must have batch=len(varlen) and seqlens=max(varlen) (keys: max(varlen_k))")
+        if self.layout not in LAYOUTS:
+            problems.append(f"layout {self.layout!r} is not one of {', '.join(LAYOUTS)}")
+        if self.inputs not in INPUTS:
+            problems.append(f"inputs {self.inputs!r} is not one of {', '.join(INPUTS)}")
+        if self.varlen_k is not None:
+            if self.varlen is None or len(self.varlen_k) != len(self.varlen):
+                problems.append("varlen_k needs varlen, with one key length per sequence")
+            elif any(nk < 1 and nq > 0 for nq, nk in zip(self.varlen, self.varlen_k)) or any(n < 0 for n in self.varlen_k):
+                problems.append("varlen_k: every sequence with queries needs at least one key")
         if not self.seeds:
             problems.append("at least one seed is needed")
         elif not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**32 for x in self.seeds):
             problems.append("seeds must be integers in [0, 2**32)")
         if not isinstance(self.checks, tuple) or not all(isinstance(c, str) for c in self.checks):
             problems.append("checks must be a tuple of check names")
+        problems += self._bias_problems()
         if problems:
             raise ValueError("; ".join(problems))
+
+    # ---- issue #16 (branch bias)
+    def _bias_problems(self) -> list[str]:
+        problems = []
+        if self.bias not in BIAS_KINDS:
+            problems.append(f"bias {self.bias!r} is not one of {', '.join(BIAS_KINDS)}")
+        if self.bias_dtype not in (None, "fp32"):
+            problems.append(f"bias_dtype {self.bias_dtype!r} must be None (the input dtype) or 'fp32'")
+        if self.bias == "none" and (self.bias_dtype is not None or self.bias_grad):
+            problems.append("bias_dtype and bias_grad need a bias")
+        if self.bias in BOOL_BIAS_KINDS and (self.bias_dtype is not None or self.bias_grad):
+            problems.append(f"bias {self.bias!r} is boolean: it has no dtype choice and no gradient")
+        if self.bias_dtype == "fp32" and self.dtype == "fp32":
+            problems.append("bias_dtype 'fp32' is for bf16/fp16 inputs (an fp32 case's bias is fp32 already)")
+        if self.bias != "none" and self.varlen is not None:
+            problems.append("a custom bias is not defined for varlen cases (no packed-bias convention)")
+        return problems
+
+    @property
+    def has_bias(self) -> bool:
+        return self.bias != "none"
+
+    @property
+    def has_float_bias(self) -> bool:
+        return self.bias in FLOAT_BIAS_KINDS
+
+    @property
+    def has_bool_bias(self) -> bool:
+        return self.bias in BOOL_BIAS_KINDS
+
+    @property
+    def keys_varlen(self) -> tuple[int, ...] | None:
+        """The varlen key lengths: varlen_k where given, else the query lengths."""
+        return self.varlen_k if self.varlen_k is not None else self.varlen
 
     @property
     def has_window(self) -> bool:
@@ -131,10 +235,16 @@ class Case:
         Row i sees keys [i + off - left, i + off + right] with off = seqlen_k - seqlen_q. The last
         row always sees key seqlen_k - 1, so only the first rows can be empty: when off + right < 0
         (varlen sequences have off = 0 and never are)."""
+        if self.bias == "bool_empty_rows":  # issue #16: empty rows on purpose
+            return True
         right = self.window[1]
         if self.causal:
             right = 0 if right < 0 else min(right, 0)
-        return self.varlen is None and right >= 0 and self.seqlen_k - self.seqlen_q + right < 0
+        if right < 0:
+            return False
+        if self.varlen is not None:  # per sequence (issue #9: keys may differ from queries)
+            return any(nq and nk - nq + right < 0 for nq, nk in zip(self.varlen, self.keys_varlen))
+        return self.seqlen_k - self.seqlen_q + right < 0
 
     @property
     def id(self) -> str:
@@ -154,13 +264,21 @@ class Case:
         if self.dropout_p:
             parts.append(f"drop{_num(self.dropout_p)}")
         if self.varlen is not None:
-            parts.append("varlen" + ".".join(str(n) for n in self.varlen))
+            parts.append("varlen" + ".".join(str(n) for n in self.varlen)
+                         + ("" if self.varlen_k is None else "x" + ".".join(str(n) for n in self.varlen_k)))
+        if self.layout != "contiguous":
+            parts.append(self.layout)
+        if self.inputs != "normal":
+            parts.append(self.inputs)
+        if self.has_bias:  # issue #16: e.g. bias.dense, bias.dense.fp32.grad
+            parts.append(".".join(["bias", self.bias] + ([self.bias_dtype] if self.bias_dtype else [])
+                                  + (["grad"] if self.bias_grad else [])))
         return "-".join(parts)
 
     def flops(self, pass_: str = "fwd") -> float:
         """FLOPs counted as flash-attn's benchmarks do: fwd 4*B*H*Nq*Nk*D, halved for causal; bwd 2.5x."""
         if self.varlen is not None:
-            pairs = sum(n * n for n in self.varlen)
+            pairs = sum(nq * nk for nq, nk in zip(self.varlen, self.keys_varlen))
             total = 4.0 * self.heads_q * pairs * (self.head_dim + self.head_dim_v) / 2
         else:
             total = 4.0 * self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * (self.head_dim + self.head_dim_v) / 2
@@ -177,6 +295,16 @@ class Case:
         data.pop("checks")
         if self.checks:
             data["checks"] = list(self.checks)
+        # issue #9: only written when not the default (ids and suite hashes of earlier cases unchanged)
+        for name, default in (("layout", "contiguous"), ("inputs", "normal"), ("varlen_k", None)):
+            if data[name] == default:
+                data.pop(name)
+        if self.varlen_k is not None:
+            data["varlen_k"] = list(self.varlen_k)
+        # issue #16: the bias fields only when set, so cases without a bias (and suite hashes) are unchanged.
+        for name, default in (("bias", "none"), ("bias_dtype", None), ("bias_grad", False)):
+            if data[name] == default:
+                data.pop(name)
         return data
 
     @classmethod
@@ -187,6 +315,8 @@ class Case:
         if data.get("varlen") is not None:
             data["varlen"] = tuple(data["varlen"])
         data["checks"] = tuple(data.get("checks", ()))
+        if data.get("varlen_k") is not None:
+            data["varlen_k"] = tuple(data["varlen_k"])
         return cls(**data)
 
 
@@ -238,14 +368,29 @@ def _checks(value: Any, where: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(value))
 
 
+def _bias_fields(point: dict[str, Any], where: str) -> dict[str, Any]:
+    """issue #16: the bias axes of one matrix point as Case fields (names checked here, so a typo
+    is a one-line error naming the suite, not a ValueError from deep inside)."""
+    if point["bias"] not in BIAS_KINDS:
+        raise UserError(f"{where}: bias value {point['bias']!r} should be one of {', '.join(BIAS_KINDS)}")
+    if point["bias_dtype"] not in BIAS_DTYPES:
+        raise UserError(f"{where}: bias_dtype value {point['bias_dtype']!r} should be one of {', '.join(BIAS_DTYPES)}")
+    return {"bias": point["bias"], "bias_dtype": None if point["bias_dtype"] == "input" else point["bias_dtype"],
+            "bias_grad": bool(point["bias_grad"])}
+
+
 # Axes whose values are plain scalars, with the types each value must have.
 SCALAR_AXES: dict[str, tuple[type, ...]] = {
     "dtype": (str,), "batch": (int,), "causal": (bool,), "alibi": (bool,), "perf": (bool,),
-    "softcap": (int, float), "dropout_p": (int, float),
+    "softcap": (int, float), "dropout_p": (int, float), "layout": (str,), "inputs": (str,),
+    "bias": (str,), "bias_dtype": (str,), "bias_grad": (bool,),  # issue #16
 }
 SCALAR_AXES_HINT = {
     "dtype": f"one of {', '.join(DTYPES)}", "batch": "an integer", "causal": "true or false", "alibi": "true or false",
     "perf": "true or false", "softcap": "a number", "dropout_p": "a number in [0, 1)",
+    "layout": f"one of {', '.join(LAYOUTS)}", "inputs": f"one of {', '.join(INPUTS)}",
+    "bias": f"one of {', '.join(BIAS_KINDS)}", "bias_dtype": f"one of {', '.join(BIAS_DTYPES)}",  # issue #16
+    "bias_grad": "true or false",
 }
 
 
@@ -255,16 +400,66 @@ MAX_SUITE_CASES = 20_000
 
 
 def block_size(block: dict[str, Any]) -> int:
-    """How many cases a matrix block would expand to (the product of its axis lengths), without expanding it."""
-    size = 1
+    """How many cases a matrix block would expand to (the product of its axis lengths), without
+    expanding it. A `pairwise = true` block (#9) is bounded instead by its number of value pairs
+    (each all-pairs row covers at least one new pair), which is what its expansion can cost."""
+    lengths = []
     for axis in MATRIX_AXES:
         values = block.get(axis, MATRIX_AXES[axis])
-        size *= len(values) if isinstance(values, list) else 1
+        lengths.append(len(values) if isinstance(values, list) else 1)
+    size = 1
+    for n in lengths:
+        size *= n
+    if block.get("pairwise") is True:
+        pairs = sum(a * b for i, a in enumerate(lengths) for b in lengths[i + 1:])
+        size = min(size, max(pairs, max(lengths, default=1)))
     return size
 
 
+def pairwise_points(sizes: list[int]) -> list[tuple[int, ...]]:
+    """Index tuples covering every pair of values of every two axes at least once (all-pairs,
+    issue #9): far fewer than the product (the pr suite's blocks: dozens instead of thousands),
+    and a bug that needs two settings together is still met. Greedy and deterministic: each new
+    row starts from the first pair not yet covered, then takes, axis by axis, the value that
+    covers most uncovered pairs with the values already chosen (ties: the value used least, then
+    the first)."""
+    n = len(sizes)
+    uncovered = {(a, i, b, j) for a in range(n) for b in range(a + 1, n) for i in range(sizes[a]) for j in range(sizes[b])}
+    used = [[0] * s for s in sizes]
+    rows: list[tuple[int, ...]] = []
+    if n == 1:
+        return [(i,) for i in range(sizes[0])]
+    while uncovered:
+        a, i, b, j = min(uncovered)
+        row: dict[int, int] = {a: i, b: j}
+        for axis in range(n):
+            if axis in row:
+                continue
+            def gain(v: int, axis: int = axis) -> tuple[int, int, int]:
+                hits = sum(((x, row[x], axis, v) if x < axis else (axis, v, x, row[x])) in uncovered for x in row)
+                return hits, -used[axis][v], -v
+            row[axis] = max(range(sizes[axis]), key=gain)
+        point = tuple(row[x] for x in range(n))
+        for x in range(n):
+            used[x][point[x]] += 1
+            for y in range(x + 1, n):
+                uncovered.discard((x, point[x], y, point[y]))
+        rows.append(point)
+    return rows
+
+
 def expand_block(block: dict[str, Any], seeds: tuple[int, ...], where: str) -> list[Case]:
-    """Expand one matrix block (axis -> list of values) into Cases, in a stable order."""
+    """Expand one matrix block (axis -> list of values) into Cases, in a stable order: the
+    cartesian product of its axes, or with `pairwise = true` (issue #9) an all-pairs cover."""
+    block = dict(block)
+    pairwise = block.pop("pairwise", False)
+    if not isinstance(pairwise, bool):
+        raise UserError(f"{where}: pairwise must be true or false, got {pairwise!r}")
+    if "seeds" in block:  # issue #9: a block may run fewer seeds than its suite (breadth over depth)
+        seeds = block.pop("seeds")
+        if not isinstance(seeds, list) or not seeds or not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds):
+            raise UserError(f"{where}: seeds must be a non-empty list of integers")
+        seeds = tuple(seeds)
     unknown = sorted(set(block) - set(MATRIX_AXES))
     if unknown:
         raise UserError(f"{where}: unknown matrix axis {unknown[0]!r}; known axes: {', '.join(MATRIX_AXES)}")
@@ -280,7 +475,12 @@ def expand_block(block: dict[str, Any], seeds: tuple[int, ...], where: str) -> l
                 raise UserError(f"{where}: axis {axis!r} value {value!r} should be {SCALAR_AXES_HINT[axis]}")
         axes[axis] = values
     cases = []
-    for combo in itertools.product(*axes.values()):
+    values = list(axes.values())
+    if pairwise:
+        combos = [tuple(values[x][i] for x, i in enumerate(p)) for p in pairwise_points([len(v) for v in values])]
+    else:
+        combos = list(itertools.product(*values))
+    for combo in combos:
         point = dict(zip(axes, combo))
         seqlen_q, seqlen_k = _pair(point["seqlens"], "x", "seqlens", where)
         heads_q, heads_kv = _pair(point["heads"], "/", "heads", where)
@@ -293,6 +493,12 @@ def expand_block(block: dict[str, Any], seeds: tuple[int, ...], where: str) -> l
                 raise UserError(f"{where}: varlen value {varlen!r} should be a non-empty list of sequence lengths")
             varlen = tuple(varlen)
             batch, seqlen_q, seqlen_k = len(varlen), max(varlen), max(varlen)
+        varlen_k = point["varlen_k"]
+        if varlen_k is not None:
+            if varlen is None or not isinstance(varlen_k, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in varlen_k):
+                raise UserError(f"{where}: varlen_k value {varlen_k!r} should be a list of key lengths, one per varlen sequence")
+            varlen_k = tuple(varlen_k)
+            seqlen_k = max(varlen_k) if varlen_k else 0
         try:
             cases.append(
                 Case(
@@ -301,6 +507,8 @@ def expand_block(block: dict[str, Any], seeds: tuple[int, ...], where: str) -> l
                     window=_window(point["window"], where), softcap=float(point["softcap"]),
                     alibi=bool(point["alibi"]), dropout_p=float(point["dropout_p"]), varlen=varlen,
                     seeds=seeds, perf=bool(point["perf"]), checks=checks,
+                    layout=point["layout"], inputs=point["inputs"], varlen_k=varlen_k,
+                    **_bias_fields(point, where),
                 )
             )
         except (TypeError, ValueError) as exc:

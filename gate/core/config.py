@@ -19,6 +19,10 @@ from gate.core.errors import UserError
 # mult per tensor (the tolerance rule, gate/correctness/tolerance.py): dQ accumulates across key
 # tiles (atomics / split reductions), hence 3.
 DEFAULT_MULT = {"out": 2.0, "lse": 2.0, "dq": 3.0, "dk": 2.0, "dv": 2.0}
+# issue #16: dBias is dS summed over the bias's broadcast dims (batch, heads): an accumulation
+# across tiles and heads like dQ's, so it takes dQ's multiplier. Sharing it (not a new
+# `mult_dbias` key) keeps the tolerance dict, and every committed baseline, comparable.
+MULT_OF = {"dbias": "dq"}
 
 @dataclass(frozen=True)
 class Profile:
@@ -50,7 +54,7 @@ class ToleranceConfig:
                 raise ValueError(f"{f.name} = {value!r} must be a positive finite number")
 
     def mult(self, tensor: str, dtype: str = "bf16") -> float:
-        return getattr(self, f"mult_{tensor}") * (self.fp32_factor if dtype == "fp32" else 1.0)
+        return getattr(self, f"mult_{MULT_OF.get(tensor, tensor)}") * (self.fp32_factor if dtype == "fp32" else 1.0)
 
     def as_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)

@@ -32,11 +32,50 @@ def _driver() -> str:
         return "unknown"
 
 
+def cpu_model() -> str:
+    """'AMD EPYC 7763 64-Core Processor': what `platform.machine()` ('x86_64') does not say, and
+    what moves CPU ratios (another model takes other code paths in torch's CPU kernels)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.lower().startswith(("model name", "hardware", "cpu model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_capability() -> str:
+    """torch's dispatch level for CPU kernels (DEFAULT, AVX2, AVX512, ...): two machines with
+    different levels run different code for the same op."""
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except Exception:
+        return "unknown"
+
+
+def git_commit(folder: str | None = None) -> str:
+    """The commit the working tree is at ('' outside git), with '+dirty' when it has changes:
+    a baseline records it so a report can link to the code it was measured with."""
+    import subprocess
+
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True, text=True, timeout=10)
+        if sha.returncode != 0:
+            return ""
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=folder,
+                               capture_output=True, text=True, timeout=10)
+        return sha.stdout.strip() + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def describe(device: str, kernel: str, kernel_version: str) -> dict[str, str]:
     env = {
         "device": device, "torch": torch.__version__, "python": platform.python_version(),
         "attn_gate": gate.__version__, "kernel": kernel, "kernel_version": kernel_version,
-        "machine": platform.machine(),
+        "machine": platform.machine(), "cpu_model": cpu_model(), "cpu_capability": cpu_capability(),
+        "git_commit": git_commit(),
     }
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)

@@ -73,8 +73,9 @@ def save_figure_atomic(fig, path: Path, **savefig_kwargs) -> Path:
     return path
 
 
-def read_json(path: Path, *, kind: str, schema_version: int) -> dict[str, Any]:
-    """Read a schema-versioned JSON file or raise a UserError that names the file and the fix."""
+def read_json(path: Path, *, kind: str, schema_version: int | tuple[int, ...]) -> dict[str, Any]:
+    """Read a schema-versioned JSON file or raise a UserError that names the file and the fix.
+    `schema_version` may list every version the caller can migrate from (the newest last)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such {kind} file")
@@ -91,9 +92,10 @@ def read_json(path: Path, *, kind: str, schema_version: int) -> dict[str, Any]:
     if not isinstance(payload, dict):
         raise UserError(f"{path}: expected a JSON object for a {kind} file")
     found = payload.get("schema_version")
-    if found != schema_version:
+    accepted = schema_version if isinstance(schema_version, tuple) else (schema_version,)
+    if found not in accepted or isinstance(found, bool):
         raise UserError(
-            f"{path}: {kind} schema_version {found!r} is not the supported {schema_version}; "
+            f"{path}: {kind} schema_version {found!r} is not the supported {' or '.join(map(str, accepted))}; "
             f"regenerate it with this attn-gate version"
         )
     return payload

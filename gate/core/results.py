@@ -19,7 +19,9 @@ from gate.core.cases import Case
 from gate.core.jsonio import as_float, checked_name, measured_float, read_record, write_json_atomic
 
 SCHEMA_VERSION = 1
-TENSORS = ("out", "lse", "dq", "dk", "dv")
+# Every tensor a case may measure, in report order. A case has only some of them: lse where the
+# kernel exposes it; dbias (issue #16) only for a case whose bias requires grad.
+TENSORS = ("out", "lse", "dq", "dk", "dv", "dbias")
 
 
 class Status(str, enum.Enum):
@@ -99,6 +101,9 @@ class CaseResult:
     tensors: tuple[TensorError, ...] = ()
     checks: tuple[CheckResult, ...] = ()
     seconds: float = 0.0
+    # (#15) the last lines of the traceback of an ERROR row, so a report can show where it raised;
+    # written only when set (older files and other rows are unchanged)
+    traceback: str = ""
 
     @property
     def case_id(self) -> str:
@@ -116,6 +121,7 @@ class CaseResult:
             "case_id": self.case_id, "case": self.case.to_dict(), "status": self.status.value, "reason": self.reason,
             "tensors": {t.tensor: t.to_dict() for t in self.tensors},
             "checks": [c.to_dict() for c in self.checks], "seconds": round(self.seconds, 3),
+            **({"traceback": self.traceback} if self.traceback else {}),
         }
 
     @classmethod
@@ -124,6 +130,7 @@ class CaseResult:
             case=Case.from_dict(d["case"]), status=Status(d["status"]), reason=d.get("reason", ""),
             tensors=tuple(TensorError.from_dict(t) for t in d.get("tensors", {}).values()),
             checks=tuple(CheckResult.from_dict(c) for c in d.get("checks", [])), seconds=float(d.get("seconds", 0.0)),
+            traceback=str(d.get("traceback", "")),
         )
 
 

@@ -7,33 +7,45 @@ row: the sweep goes on either way.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
 
 from gate.core.cases import Case
 from gate.core.config import ToleranceConfig
-from gate.attention.inputs import TORCH_DTYPES, AttnInputs, make_inputs
+from gate.attention.inputs import TORCH_DTYPES, AttnInputs, KernelTensors, kernel_tensors, make_inputs
 from gate.kernels.base import KernelAdapter, KernelCall, KernelOutput
 from gate.kernels.sdpa import NoKernel
 from gate.attention.reference import AttnOptions, AttnResult, attention_reference
-from gate.core.results import CaseResult, Status, TensorError
-from gate.correctness.tolerance import BANDS, error_bound, error_ratio, rounding_floor
+from gate.core.results import TENSORS, CaseResult, Status, TensorError
+from gate.correctness.tolerance import BANDS, LSE_APPROX_FLOOR, error_bound, error_ratio, rounding_floor
 
 
 class BadOutput(Exception):
     """The kernel returned something that is not a valid answer (shape, dtype, NaN/Inf)."""
 
 
-def measure(name: str, kernel: torch.Tensor, gold: torch.Tensor, low: torch.Tensor, dtype: str, mult: float, seed: int) -> TensorError:
+# issue #9: the LSE is a float32 tensor in every kernel, computed from scores of the rounded
+# inputs accumulated in float32. Its yardstick P is therefore the reference computed in float32
+# (not in the input dtype, whose bf16 scores made the bound ~0.06 nats and let a 1e-3 bias pass),
+# its rounding floor is float32's, and its mult is the fp32 one (ToleranceConfig.fp32_factor).
+LSE_YARDSTICK_DTYPE = "fp32"
+
+
+def measure(name: str, kernel: torch.Tensor, gold: torch.Tensor, low: torch.Tensor, dtype: str, mult: float, seed: int,
+            floor_dtype: str | None = None, floor_extra: float = 0.0) -> TensorError:
     """One tensor's errors. For the LSE only rows with at least one allowed key are compared
-    (a fully masked row's LSE is a convention: -inf here, +inf in flash-attn)."""
+    (a fully masked row's LSE is a convention: -inf here, +inf in flash-attn). `floor_dtype`:
+    the dtype whose rounding makes the floor (default: the input dtype); `floor_extra` is added
+    to the floor (the LSE's allowance for approximate exp/log, tolerance.LSE_APPROX_FLOOR)."""
     k, g, p = kernel.double(), gold.double(), low.double()
     if name == "lse":
         keep = torch.isfinite(g)
         k, g, p = k[keep], g[keep], p[keep]
     if g.numel() == 0:
-        return TensorError(name, 0.0, 0.0, 0.0, rounding_floor(0.0, dtype), mult, rounding_floor(0.0, dtype), 0.0, (), *BANDS[dtype], True, seed)
+        empty_floor = rounding_floor(0.0, floor_dtype or dtype) + floor_extra
+        return TensorError(name, 0.0, 0.0, 0.0, empty_floor, mult, empty_floor, 0.0, (), *BANDS[dtype], True, seed)
     diff = (k - g).abs()
     nan = torch.isnan(diff)
     if nan.any():
@@ -45,56 +57,82 @@ def measure(name: str, kernel: torch.Tensor, gold: torch.Tensor, low: torch.Tens
     worst = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape)) if name != "lse" else (flat,)
     mean_err = float(diff.mean())
     pt_err = float((p - g).abs().max())
-    gd = g.to(TORCH_DTYPES[dtype])
-    floor = rounding_floor(2.0 * float(((gd + 0.3) - 0.3 - gd).abs().max()), dtype)
+    floor_dtype = floor_dtype or dtype
+    gd = g.to(TORCH_DTYPES[floor_dtype])
+    floor = rounding_floor(2.0 * float(((gd + 0.3) - 0.3 - gd).abs().max()), floor_dtype) + floor_extra
     bound = error_bound(pt_err, floor, mult)
     atol, rtol = BANDS[dtype]
     band_ok = bool((diff <= atol + rtol * g.abs()).all())
     return TensorError(name, max_err, mean_err, pt_err, floor, mult, bound, error_ratio(max_err, bound), worst, atol, rtol, band_ok, seed)
 
 
-def leaf_call(case: Case, inputs: AttnInputs, deterministic: bool = False) -> KernelCall:
-    q, k, v = (t.detach().clone().requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v))
+def leaf_call(case: Case, inputs: AttnInputs, deterministic: bool = False, tensors: KernelTensors | None = None) -> KernelCall:
+    """The call the kernel gets: q, k, v in the case's layout (issue #9: views, never contiguous
+    copies, unless the layout is the default), tracking gradients; a custom bias (issue #16) is its
+    own leaf, with grad when the case asks."""
+    t = tensors if tensors is not None else kernel_tensors(case, inputs)
+    opts = options(case, inputs)
+    if inputs.bias is not None:
+        opts = dataclasses.replace(opts, bias=inputs.bias.detach().clone().requires_grad_(case.bias_grad))
     return KernelCall(
-        q=q, k=k, v=v, opts=options(case, inputs), cu_seqlens=inputs.cu_seqlens,
+        q=t.q, k=t.k, v=t.v, opts=opts, cu_seqlens=inputs.cu_seqlens,
         max_seqlen=max(case.varlen) if case.varlen else 0, seqlens=case.varlen, deterministic=deterministic, seed=inputs.seed,
+        cu_seqlens_k=inputs.cu_seqlens_k, max_seqlen_k=max(case.varlen_k) if case.varlen_k else 0, seqlens_k=case.varlen_k,
     )
 
 
 def options(case: Case, inputs: AttnInputs) -> AttnOptions:
     return AttnOptions(softmax_scale=inputs.softmax_scale, causal=case.causal, window=case.window,
-                       softcap=case.softcap, alibi_slopes=inputs.alibi_slopes, dropout_p=case.dropout_p)
+                       softcap=case.softcap, alibi_slopes=inputs.alibi_slopes, dropout_p=case.dropout_p,
+                       bias=inputs.bias)
+
+
+def grad_names(case: Case) -> tuple[str, ...]:
+    """The gradients a case measures, in the order `kernel_pass` returns them (dbias: issue #16)."""
+    return ("dq", "dk", "dv", "dbias") if case.bias_grad else ("dq", "dk", "dv")
 
 
 def run_kernel(adapter: KernelAdapter, case: Case, inputs: AttnInputs, deterministic: bool = False):
-    """Forward + backward once: (KernelOutput, (dq, dk, dv)), outputs validated."""
+    """Forward + backward once: (KernelOutput, (dq, dk, dv) or, with bias_grad, (dq, dk, dv, dbias)),
+    outputs validated."""
     result, grads = kernel_pass(adapter, case, inputs, deterministic)
-    validate_outputs(inputs, result.out, grads)
+    validate_outputs(case, inputs, result.out, grads)
     return result, grads
 
 
 def kernel_pass(adapter: KernelAdapter, case: Case, inputs: AttnInputs, deterministic: bool = False):
-    """Forward + backward once, as the kernel returns them: (KernelOutput, (dq, dk, dv)); a grad is
-    None where out does not depend on that input. Only what autograd needs is checked here; the
-    values are judged by `validate_outputs` and `measure` (in the gate's own process when the
-    kernel runs in a worker, gate/workflow/isolation.py)."""
-    call = leaf_call(case, inputs, deterministic)
+    """Forward + backward once, as the kernel returns them: (KernelOutput, grads in `grad_names`
+    order); a grad is None where out does not depend on that input. The kernel gets the case's
+    layout views (issue #9) and its own bias leaf (issue #16); the grads are taken w.r.t. those
+    views with the layout's dO. Only what autograd needs is checked here, plus the cheap checks of
+    out a FAIL row names first; the values are judged by `validate_outputs` and `measure_seed` (in
+    the gate's own process when the kernel runs in a worker, gate/workflow/isolation.py)."""
+    tensors = kernel_tensors(case, inputs)
+    call = leaf_call(case, inputs, deterministic, tensors)
     result = adapter(call)
     if not isinstance(result, KernelOutput):
         raise BadOutput(f"adapter returned {type(result).__name__}, not KernelOutput")
     if not isinstance(result.out, torch.Tensor):
         raise BadOutput(f"out is a {type(result.out).__name__}, not a tensor")
-    if tuple(result.out.shape) != tuple(inputs.dout.shape):
-        raise BadOutput(f"out has shape {tuple(result.out.shape)}, expected {tuple(inputs.dout.shape)}")
+    expected = tuple(inputs.dout.shape)
+    if tuple(result.out.shape) != expected:
+        raise BadOutput(f"out has shape {tuple(result.out.shape)}, expected {expected}")
+    if result.out.dtype != inputs.q.dtype:
+        raise BadOutput(f"out has dtype {result.out.dtype}, expected {inputs.q.dtype}")
+    if not torch.isfinite(result.out).all():
+        raise BadOutput("out contains NaN/Inf")
     if not result.out.requires_grad:
         raise BadOutput("out has no autograd graph back to q, k, v (detached, or computed under no_grad)")
     # allow_unused: an output that ignores k is a wrong answer (FAIL "dk is missing"), not a crash.
-    grads = torch.autograd.grad(result.out, (call.q, call.k, call.v), inputs.dout.to(result.out.dtype), allow_unused=True)
+    leaves = (call.q, call.k, call.v)
+    if case.bias_grad:  # issue #16: dBias must flow back to the bias the kernel was given
+        leaves = leaves + (call.opts.bias,)
+    grads = torch.autograd.grad(result.out, leaves, tensors.dout, allow_unused=True)
     return result, grads
 
 
-def validate_outputs(inputs: AttnInputs, out: torch.Tensor, grads) -> None:
-    """A wrong shape or dtype, NaN/Inf or a missing grad is a BadOutput (a FAIL row)."""
+def validate_outputs(case: Case, inputs: AttnInputs, out: torch.Tensor, grads) -> None:
+    """A wrong shape or dtype, NaN/Inf or a missing grad (dbias too, with bias_grad) is a BadOutput (a FAIL row)."""
     expected = tuple(inputs.dout.shape)
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected:
         raise BadOutput(f"out has shape {tuple(getattr(out, 'shape', ()))}, expected {expected}")
@@ -102,8 +140,14 @@ def validate_outputs(inputs: AttnInputs, out: torch.Tensor, grads) -> None:
         raise BadOutput(f"out has dtype {out.dtype}, expected {inputs.q.dtype}")
     if not torch.isfinite(out).all():
         raise BadOutput("out contains NaN/Inf")
-    for name, grad, ref in zip(("dq", "dk", "dv"), grads, (inputs.q, inputs.k, inputs.v)):
+    names = grad_names(case)
+    refs = (inputs.q, inputs.k, inputs.v, inputs.bias)
+    if len(grads) != len(names):
+        raise BadOutput(f"{len(grads)} gradients, expected {len(names)} ({', '.join(names)})")
+    for name, grad, ref in zip(names, grads, refs):
         if grad is None:
+            if name == "dbias":
+                raise BadOutput("dbias is missing: the bias got no gradient (detached, or not part of the graph)")
             raise BadOutput(f"{name} is missing: out does not depend on {name[1:]}")
         if not isinstance(grad, torch.Tensor) or tuple(grad.shape) != tuple(ref.shape):
             raise BadOutput(f"{name} has shape {tuple(getattr(grad, 'shape', ()))}, expected {tuple(ref.shape)}")
@@ -115,9 +159,46 @@ def references(case: Case, inputs: AttnInputs, keep) -> tuple[AttnResult, AttnRe
     """(golden float64, low-precision in the input dtype) on the same rounded inputs."""
     opts = options(case, inputs)
     args = (inputs.q, inputs.k, inputs.v, inputs.dout, opts)
-    gold = attention_reference(*args, torch.float64, cu_seqlens=inputs.cu_seqlens, dropout_keep=keep)
-    low = attention_reference(*args, TORCH_DTYPES[case.dtype], cu_seqlens=inputs.cu_seqlens, dropout_keep=keep)
+    varlen = dict(cu_seqlens=inputs.cu_seqlens, cu_seqlens_k=inputs.cu_seqlens_k, dropout_keep=keep)
+    gold = attention_reference(*args, torch.float64, **varlen)
+    low = attention_reference(*args, TORCH_DTYPES[case.dtype], **varlen)
     return gold, low
+
+
+# issue #9: from this many keys on, a CUDA run notes the float64 reference's peak memory in the row
+# (the nightly 65,537 / 131,072-key cases: the reference runs in query chunks to fit).
+NOTE_REFERENCE_PEAK_FROM_KEYS = 65536
+
+
+def _references_noting_peak(case: Case, inputs: AttnInputs, keep, device: str, notes: list[str]):
+    if case.seqlen_k < NOTE_REFERENCE_PEAK_FROM_KEYS or not str(device).startswith("cuda"):
+        return references(case, inputs, keep)
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    gold, low = references(case, inputs, keep)
+    peak = torch.cuda.max_memory_allocated() - before
+    notes.append(f"references (float64 and {case.dtype}) peak {peak / 2**30:.2f} GiB on the GPU, query-chunked")
+    return gold, low
+
+
+def lse_yardstick(case: Case, inputs: AttnInputs, keep, low: AttnResult) -> torch.Tensor:
+    """The LSE as a kernel computes it (issue #9): the reference in float32 on the rounded inputs."""
+    if TORCH_DTYPES[case.dtype] == TORCH_DTYPES[LSE_YARDSTICK_DTYPE]:
+        return low.lse
+    varlen = dict(cu_seqlens=inputs.cu_seqlens, cu_seqlens_k=inputs.cu_seqlens_k, dropout_keep=keep)
+    return attention_reference(inputs.q, inputs.k, inputs.v, inputs.dout, options(case, inputs),
+                               TORCH_DTYPES[LSE_YARDSTICK_DTYPE], **varlen).lse
+
+
+def traceback_tail(exc: BaseException, lines: int = 12) -> str:
+    """The last frames of a crash and the error itself: enough to see where the kernel raised,
+    short enough that a report can quote it (#15)."""
+    import traceback
+
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip().splitlines()
+    if len(text) > lines + 1:
+        text = [text[0], "  ...", *text[-lines:]]
+    return "\n".join(text)[-2000:]
 
 
 def first_line(exc: BaseException) -> str:
@@ -125,15 +206,19 @@ def first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
+_first_line = first_line  # the name main's callers knew
+
+
 def measure_seed(case: Case, inputs: AttnInputs, out, lse, grads, dropout_keep, tol: ToleranceConfig,
-                 worst: dict[str, TensorError], notes: list[str], returns_lse: bool) -> str | None:
+                 worst: dict[str, TensorError], notes: list[str], returns_lse: bool, device: str = "cpu") -> str | None:
     """Judge one seed's raw kernel outputs against both references (computed here, from `inputs`):
-    update `worst` per tensor and return a FAIL reason, or None. Raises BadOutput on an invalid answer."""
-    validate_outputs(inputs, out, grads)
+    update `worst` per tensor (dbias with bias_grad, #16; the LSE against its float32 yardstick,
+    #9) and return a FAIL reason, or None. Raises BadOutput on an invalid answer."""
+    validate_outputs(case, inputs, out, grads)
     if case.dropout_p and dropout_keep is None:
         raise BadOutput("the kernel ran with dropout but exposed no dropout mask")
-    gold, low = references(case, inputs, dropout_keep)
-    measured = {"out": out, "dq": grads[0], "dk": grads[1], "dv": grads[2]}
+    gold, low = _references_noting_peak(case, inputs, dropout_keep, device, notes)
+    measured = dict(zip(("out",) + grad_names(case), (out,) + tuple(grads)))
     if lse is not None:
         if tuple(lse.shape) != tuple(gold.lse.shape):
             return f"seed {inputs.seed}: lse has shape {tuple(lse.shape)}, expected {tuple(gold.lse.shape)}"
@@ -141,7 +226,13 @@ def measure_seed(case: Case, inputs: AttnInputs, out, lse, grads, dropout_keep, 
     elif returns_lse:
         notes.append("lse not exposed for this case")
     for name, tensor in measured.items():
-        err = measure(name, tensor.detach(), getattr(gold, name), getattr(low, name), case.dtype, tol.mult(name, case.dtype), inputs.seed)
+        if name == "lse":
+            err = measure(name, tensor.detach(), gold.lse, lse_yardstick(case, inputs, dropout_keep, low), case.dtype,
+                          tol.mult(name, LSE_YARDSTICK_DTYPE), inputs.seed, floor_dtype=LSE_YARDSTICK_DTYPE,
+                          floor_extra=LSE_APPROX_FLOOR)
+        else:
+            err = measure(name, tensor.detach(), getattr(gold, name), getattr(low, name), case.dtype,
+                          tol.mult(name, case.dtype), inputs.seed)
         if name not in worst or not err.ratio <= worst[name].ratio:
             worst[name] = err
     return None
@@ -149,7 +240,7 @@ def measure_seed(case: Case, inputs: AttnInputs, out, lse, grads, dropout_keep, 
 
 def verdict_row(case: Case, worst: dict[str, TensorError], checks, notes, seconds: float) -> CaseResult:
     """PASS or FAIL from the measured tensors and the checks' results."""
-    tensors = tuple(worst[n] for n in ("out", "lse", "dq", "dk", "dv") if n in worst)
+    tensors = tuple(worst[n] for n in TENSORS if n in worst)
     bad = [t for t in tensors if not t.passed]
     failed_checks = [c for c in checks if c.passed is False]
     if bad or failed_checks:
@@ -179,7 +270,7 @@ def run_case(adapter: KernelAdapter, case: Case, device: str, tol: ToleranceConf
             try:
                 kout, grads = kernel_pass(adapter, case, inputs)
                 fail = measure_seed(case, inputs, kout.out, kout.lse, grads, kout.dropout_keep, tol, worst, notes,
-                                    adapter.capabilities().returns_lse)
+                                    adapter.capabilities().returns_lse, device)
             except NoKernel as exc:
                 return CaseResult(case=case, status=Status.SKIP, reason=str(exc), seconds=time.perf_counter() - start)
             except BadOutput as exc:
@@ -194,5 +285,5 @@ def run_case(adapter: KernelAdapter, case: Case, device: str, tol: ToleranceConf
         raise
     except BaseException as exc:  # a crashing kernel is a row, not a dead run (sys.exit in a kernel too)
         return CaseResult(case=case, status=Status.ERROR, reason=first_line(exc), seconds=time.perf_counter() - start,
-                          checks=())
+                          checks=(), traceback=traceback_tail(exc))
     return verdict_row(case, worst, checks, notes, time.perf_counter() - start)

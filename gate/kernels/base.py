@@ -43,6 +43,18 @@ class Capabilities:
     # -inf additive mask): such cases are SKIPPED with this text, never measured as a pass.
     fully_masked_rows_unsupported: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # ---- issue #16 (branch bias): a custom bias (float, added to the scaled scores), its gradient,
+    # a bias in another dtype than the inputs (fp32 with bf16/fp16), and boolean masks.
+    # `bias_unsupported` (non-empty) is the reason every bias case is skipped, said as it is.
+    bias: bool = False
+    bias_grad: bool = False
+    bias_other_dtype: bool = True
+    bool_mask: bool = False
+    bias_unsupported: str = ""
+    bias_grad_unsupported: str = ""  # why there is no bias gradient, when the kernel says
+    # Rows emptied by a custom bias/mask are fine even where fully_masked_rows_unsupported says
+    # otherwise (SDPA efficient/cuDNN: 0 under an additive -inf mask, nonzero only via causal_lower_right).
+    fully_masked_rows_ok_with_bias: bool = False
 
     def unsupported_reason(self, case: Case, device: str) -> str | None:
         """The first reason this kernel cannot run `case` on `device`, or None."""
@@ -61,13 +73,28 @@ class Capabilities:
             (self.dropout or not case.dropout_p, "no dropout (or its mask cannot be observed)"),
             (self.varlen or case.varlen is None, "no varlen"),
             (self.gqa or not case.is_gqa, "no GQA/MQA"),
-            (not self.fully_masked_rows_unsupported or not case.has_fully_masked_rows,
+            (not self.fully_masked_rows_unsupported or not case.has_fully_masked_rows
+             or (case.has_bias and self.fully_masked_rows_ok_with_bias),  # issue #16
              f"fully masked rows: {self.fully_masked_rows_unsupported}"),
+            *self._bias_checks(case),
         ]
         for ok, reason in checks:
             if not ok:
                 return reason
         return None
+
+
+    def _bias_checks(self, case: Case) -> list[tuple[bool, str]]:
+        """issue #16: what a bias case needs, as (ok, reason) pairs."""
+        if not case.has_bias:
+            return []
+        return [
+            (not self.bias_unsupported, self.bias_unsupported),
+            (self.bias or not case.has_float_bias, "no custom bias (attn_bias)"),
+            (self.bias_grad or not case.bias_grad, self.bias_grad_unsupported or "no bias gradient"),
+            (self.bias_other_dtype or case.bias_dtype is None, f"no {case.bias_dtype} bias with {case.dtype} inputs"),
+            (self.bool_mask or not case.has_bool_bias, "no boolean custom mask"),
+        ]
 
 
 def realised_keep_probability(p: float, levels: int) -> float:
@@ -81,7 +108,8 @@ def realised_keep_probability(p: float, levels: int) -> float:
 
 @dataclass(frozen=True)
 class KernelCall:
-    """One call: q/k/v are leaf tensors with requires_grad (dense (B, N, H, D) or packed varlen)."""
+    """One call: q/k/v track gradients (dense (B, N, H, D) or packed varlen): contiguous leaves, or
+    under a case's `layout` (issue #9) strided views of leaves, which the kernel must honour."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -93,6 +121,18 @@ class KernelCall:
     deterministic: bool = False
     seed: int = 0
     want_lse: bool = True  # False when timing: adapters may skip extra work done only to expose the LSE
+    # issue #9: varlen keys whose lengths differ from the queries' (None: cu_seqlens serves both)
+    cu_seqlens_k: torch.Tensor | None = None
+    max_seqlen_k: int = 0
+    seqlens_k: tuple[int, ...] | None = None
+
+    @property
+    def keys_cu_seqlens(self) -> torch.Tensor | None:
+        return self.cu_seqlens_k if self.cu_seqlens_k is not None else self.cu_seqlens
+
+    @property
+    def keys_max_seqlen(self) -> int:
+        return self.max_seqlen_k if self.cu_seqlens_k is not None else self.max_seqlen
 
 
 @dataclass(frozen=True)
@@ -139,12 +179,13 @@ def per_sequence(call: KernelCall, dense_fn) -> KernelOutput:
     Used by adapters without a varlen API: the kernel is still what computes every sequence;
     zero-length sequences are not sent to it (they have no rows)."""
     offsets = call.cu_seqlens.tolist()
+    keys = call.keys_cu_seqlens.tolist()
     outs, lses, keeps = [], [], []
-    for a, z in zip(offsets[:-1], offsets[1:]):
+    for a, z, ka, kz in zip(offsets[:-1], offsets[1:], keys[:-1], keys[1:]):
         if z == a:
             keeps.append(None)  # the reference wants one dropout mask per sequence, empty ones as None
             continue
-        part = dense_fn(call.q[a:z][None], call.k[a:z][None], call.v[a:z][None])
+        part = dense_fn(call.q[a:z][None], call.k[ka:kz][None], call.v[ka:kz][None])
         outs.append(part.out[0])
         lses.append(None if part.lse is None else part.lse[0])
         keeps.append(part.dropout_keep)

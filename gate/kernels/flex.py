@@ -5,6 +5,11 @@ softcap and ALiBi as a score_mod. Compilation is the trap: each new (shape, dtyp
 recompiles, and dynamo gives up after its recompile limit. So the compiled function is made
 once per adapter, the limit is raised for a suite's worth of shape families, and the mods and
 block mask are built once per case in `prepare` (not once per seed).
+
+Custom biases (issue #16): a float bias is read by a score_mod that captures the tensor
+(`score + bias[b, h, q_idx, kv_idx]`, index 0 on a broadcast dim), so Flex's backward returns
+its gradient; a boolean mask becomes a mask_mod reading the captured bool tensor, and its block
+mask is built once per case (the patterns do not change with the seed).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ class FlexAdapter(KernelAdapter):
             devices=("cuda",), dtypes=("fp16", "bf16", "fp32"), max_head_dim=256, head_dim_v_differs=True,
             window=True, softcap=True, alibi=True, varlen=True, gqa=True, deterministic_mode=True, returns_lse=True,
             notes=("varlen by running each sequence alone",),
+            bias=True, bias_grad=True, bool_mask=True,  # issue #16: score_mod / mask_mod over the captured tensor
         )
 
     def _fn(self):
@@ -72,7 +78,40 @@ class FlexAdapter(KernelAdapter):
         holder, mask_mod, score_mod = self._mod_cache[key]
         holder.clear()
         holder.update(params)
+        if o.bias is not None:  # issue #16
+            return self._bias_mods(key, o.bias, mask_mod, score_mod)
         return mask_mod, score_mod
+
+    def _bias_mods(self, key, bias: torch.Tensor, mask_mod, score_mod):
+        """issue #16: the case's mods with the custom bias read on top, built once per structure
+        (bias kind, broadcast dims) and fed the tensor through a holder like the other numbers."""
+        is_bool = bias.dtype == torch.bool
+        bkey = ("bias", key, is_bool, bias.shape[0] == 1, bias.shape[1] == 1)
+        if bkey not in self._mod_cache:
+            self._mod_cache[bkey] = self._make_bias_mods(mask_mod, score_mod, *bkey[2:])
+        holder, new_mask, new_score = self._mod_cache[bkey]
+        holder.clear()
+        holder["bias"] = bias
+        return new_mask, new_score
+
+    @staticmethod
+    def _make_bias_mods(base_mask, base_score, is_bool: bool, one_batch: bool, one_head: bool):
+        p: dict = {}
+
+        def at(b, h, q_idx, kv_idx):
+            return p["bias"][0 if one_batch else b, 0 if one_head else h, q_idx, kv_idx]
+
+        if is_bool:
+            def mask_mod(b, h, q_idx, kv_idx):
+                ok = at(b, h, q_idx, kv_idx)
+                return ok if base_mask is None else ok & base_mask(b, h, q_idx, kv_idx)
+            return p, mask_mod, base_score
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            if base_score is not None:
+                score = base_score(score, b, h, q_idx, kv_idx)
+            return score + at(b, h, q_idx, kv_idx)
+        return p, base_mask, score_mod
 
     @staticmethod
     def _make_mods(has_left: bool, has_right: bool, has_cap: bool, has_alibi: bool):
@@ -106,9 +145,15 @@ class FlexAdapter(KernelAdapter):
         block_mask = None
         if mask_mod is not None:
             key = (nq, nk, call.opts.causal, call.opts.window, str(q.device))
+            bb = hb = None
+            bias = call.opts.bias
+            if bias is not None and bias.dtype == torch.bool:  # issue #16: per (batch, head) where the mask varies
+                bb = None if bias.shape[0] == 1 else bias.shape[0]
+                hb = None if bias.shape[1] == 1 else bias.shape[1]
+                key += ("bool_bias", tuple(bias.shape))
             block_mask = self._block_masks.get(key)
             if block_mask is None:
-                block_mask = create_block_mask(mask_mod, None, None, nq, nk, device=q.device)
+                block_mask = create_block_mask(mask_mod, bb, hb, nq, nk, device=q.device)
                 self._block_masks[key] = block_mask
         kwargs = dict(score_mod=score_mod, block_mask=block_mask, scale=call.opts.softmax_scale,
                       enable_gqa=qh.shape[1] != kh.shape[1])

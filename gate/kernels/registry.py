@@ -7,13 +7,14 @@ from gate.kernels.base import KernelAdapter
 
 
 def _builtins() -> dict:
-    from gate.kernels.flash_attn import FA2Adapter, FA3Adapter, FA4Adapter
+    from gate.kernels.flash_attn import FA2Adapter, FA3Adapter, FA4Adapter, FA4RawWindowAdapter
     from gate.kernels.flex import FlexAdapter
     from gate.kernels.sdpa import BACKENDS, SdpaAdapter
     from gate.kernels.tiled import TiledAdapter
 
     table = {f"sdpa-{b}": (lambda b=b: SdpaAdapter(b)) for b in BACKENDS}
     table.update({"flex": FlexAdapter, "fa2": FA2Adapter, "fa3": FA3Adapter, "fa4": FA4Adapter, "tiled": TiledAdapter})
+    table["fa4-raw-window"] = FA4RawWindowAdapter  # issue #9: the (-1, 0) spelling reaching FA4
     return table
 
 

@@ -21,7 +21,13 @@ differ from flash-attn, and what we do about them:
   * fully masked rows (seqlen_q > seqlen_k causal, windows): measured on an H200 (torch 2.11,
     reports/h200/depth.md part D), mem-efficient and cuDNN give 0 there under an additive -inf
     mask but nonzero rows (max |out| 1.48 and 0.45) through `causal_lower_right`, which torch
-    itself warns about; declared, so those cases are SKIPPED with the reason.
+    itself warns about; declared, so those cases are SKIPPED with the reason;
+  * custom bias (issue #16): the case's bias goes in as `attn_mask` as it is (float in its own
+    dtype, fp32 with bf16 inputs included; bool as bool), with causal/window/ALiBi folded into it
+    (SDPA takes attn_mask or is_causal, not both). The bias gradient comes back from math
+    (autograd) and mem-efficient (its backward returns grad_attn_bias); cuDNN's and the CPU
+    kernel's backward ops return no attn_bias gradient, so bias_grad cases are SKIPPED there;
+    flash takes no attn_mask at all.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, flash_lse_to_reference, per_sequence
-from gate.attention.masks import dense_bias
+from gate.attention.masks import allowed_mask, dense_bias
 
 BACKENDS = {
     "math": ("MATH", "SDPA math (reference-style composite)"),
@@ -79,6 +85,17 @@ class SdpaAdapter(KernelAdapter):
             + (("dropout mask read from the flash op's debug mask (return_debug_mask=True)",) if self.backend == "flash" else ())
             + (("deterministic mode: torch.use_deterministic_algorithms(True) around forward and backward",)
                if self.backend in ("efficient", "cpu") else ()),
+            # issue #16: custom bias through attn_mask; its gradient only where the backward op returns one
+            bias=takes_bias, bool_mask=takes_bias, bias_grad=self.backend in ("math", "efficient"),
+            bias_unsupported="" if takes_bias else "SDPA flash takes no attn_mask (custom bias or mask)",
+            bias_grad_unsupported={
+                "cudnn": "no bias gradient: the cuDNN backward op returns none for attn_bias",
+                "cpu": "no bias gradient: torch's CPU flash kernel refuses an attn_mask that requires grad "
+                       "(No available kernel) and its backward returns none",
+            }.get(self.backend, ""),
+            # a custom bias always goes in as attn_mask (folded causal included): the additive -inf path,
+            # measured to give 0 on empty rows (reports/h200/depth.md part D, the alibi and window rows)
+            fully_masked_rows_ok_with_bias=True,
         )
 
     def deterministic_scope(self):
@@ -87,6 +104,8 @@ class SdpaAdapter(KernelAdapter):
     def _mask(self, call: KernelCall, nq: int, nk: int, dtype) -> tuple[object, bool]:
         """(attn_mask, is_causal) for SDPA's public API."""
         o = call.opts
+        if o.bias is not None:
+            return _with_custom_bias(o.bias, call, nq, nk), False
         needs_bias = o.window != (-1, -1) or o.alibi_slopes is not None
         if not needs_bias:
             if not o.causal:
@@ -171,6 +190,20 @@ class SdpaAdapter(KernelAdapter):
 
             return per_sequence(call, one)
         return self._dense(call.q, call.k, call.v, call)
+
+
+def _with_custom_bias(bias: torch.Tensor, call: KernelCall, nq: int, nk: int) -> torch.Tensor:
+    """issue #16: the case's bias as SDPA's attn_mask, causal/window/ALiBi folded in. The bias
+    keeps its dtype (an fp32 mask with bf16 inputs is what the case tests) and, being an autograd
+    input, gets its gradient through the fold (broadcast dims summed by autograd)."""
+    o = call.opts
+    if bias.dtype == torch.bool and o.alibi_slopes is None:
+        allowed = allowed_mask(torch.arange(nq, device=bias.device), nq, nk, o.causal, o.window)
+        return bias if allowed is None else bias & allowed
+    if bias.dtype == torch.bool:  # a boolean mask with ALiBi: additive in the input dtype
+        bias = torch.zeros(bias.shape, dtype=call.q.dtype, device=bias.device).masked_fill(~bias, float("-inf"))
+    fold = dense_bias(1, nq, nk, o.causal, o.window, o.alibi_slopes, bias.device, bias.dtype)
+    return bias if fold is None else bias + fold.unsqueeze(0)
 
 
 @contextlib.contextmanager

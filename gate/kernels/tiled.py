@@ -10,6 +10,8 @@ Backward recomputes P = exp(S - LSE) tile by tile instead of storing it:
     dV += P^T dO;  dP = dO V^T;  dS = P * (dP - D);  dQ += scale * dS K;  dK += scale * dS^T Q
 Arithmetic is float32 (as a GPU kernel accumulates); inputs and outputs keep their dtype.
 Dropout draws its keep-mask from the call's seed and reuses it in the backward.
+A custom bias (issue #16) is added to each tile's scores after the softcap (a boolean one masks);
+its gradient is dS (before the softcap factor) summed over the bias's broadcast dims.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from __future__ import annotations
 import torch
 
 from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, per_sequence
+from gate.attention.bias import reduce_to_bias_shape
 from gate.attention.masks import alibi_bias, allowed_mask
 from gate.attention.reference import AttnOptions
 
 TILE = 64
 
 
-def _scores(qt, kt, rows, cols, nq, nk, opts: AttnOptions):
+def _scores(qt, kt, rows, cols, nq, nk, opts: AttnOptions, bias=None):
     """Masked, capped, biased scores for one tile, and tanh (for softcap's backward) or None."""
     s = (qt @ kt.transpose(-1, -2)) * opts.softmax_scale
     tanh = None
@@ -32,6 +35,9 @@ def _scores(qt, kt, rows, cols, nq, nk, opts: AttnOptions):
         s = tanh * opts.softcap
     if opts.alibi_slopes is not None:
         s = s + alibi_bias(opts.alibi_slopes, rows, nq, nk)[:, :, cols]
+    if bias is not None:  # issue #16
+        tile = bias[:, :, rows][:, :, :, cols]
+        s = s.masked_fill(~tile, float("-inf")) if tile.dtype == torch.bool else s + tile.float()
     allowed = allowed_mask(rows, nq, nk, opts.causal, opts.window)
     if allowed is not None:
         s = s.masked_fill(~allowed[:, cols], float("-inf"))
@@ -40,7 +46,7 @@ def _scores(qt, kt, rows, cols, nq, nk, opts: AttnOptions):
 
 class _TiledAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, opts: AttnOptions, keep):
+    def forward(ctx, q, k, v, opts: AttnOptions, keep, bias=None):
         b, nq, hq, d = q.shape
         nk, hkv = k.shape[1], k.shape[2]
         group = hq // hkv
@@ -57,7 +63,7 @@ class _TiledAttention(torch.autograd.Function):
             acc = torch.zeros(b, hq, len(rows), v.shape[-1], device=q.device)
             for c0 in range(0, nk, TILE):
                 cols = slice(c0, min(nk, c0 + TILE))
-                s, _ = _scores(qf[:, :, rows], kf[:, :, cols], rows, cols, nq, nk, opts)
+                s, _ = _scores(qf[:, :, rows], kf[:, :, cols], rows, cols, nq, nk, opts, bias)
                 m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
                 m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
                 p = torch.exp(s - m_safe)
@@ -71,16 +77,22 @@ class _TiledAttention(torch.autograd.Function):
             out[:, :, rows] = torch.where(empty, torch.zeros_like(acc), acc / torch.where(empty, torch.ones_like(l), l))
             lse[:, :, rows] = torch.where(empty, torch.full_like(l, float("-inf")), m + torch.log(l)).squeeze(-1)
         out_t = out.transpose(1, 2).to(q.dtype)
-        ctx.save_for_backward(q, k, v, out_t, lse, keep if keep is not None else torch.empty(0))
+        ctx.save_for_backward(q, k, v, out_t, lse, keep if keep is not None else torch.empty(0),
+                              bias if bias is not None else torch.empty(0))
         ctx.opts = opts
         ctx.has_keep = keep is not None
+        ctx.has_bias = bias is not None
         ctx.mark_non_differentiable(lse)
         return out_t, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse, keep = ctx.saved_tensors
+        q, k, v, out, lse, keep, bias = ctx.saved_tensors
         keep = keep if ctx.has_keep else None
+        bias = bias if ctx.has_bias else None
+        dbias = None
+        if bias is not None and bias.dtype != torch.bool and ctx.needs_input_grad[5]:
+            dbias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
         opts: AttnOptions = ctx.opts
         b, nq, hq, d = q.shape
         nk, hkv = k.shape[1], k.shape[2]
@@ -100,7 +112,7 @@ class _TiledAttention(torch.autograd.Function):
             rows = torch.arange(r0, min(nq, r0 + TILE), device=q.device)
             for c0 in range(0, nk, TILE):
                 cols = slice(c0, min(nk, c0 + TILE))
-                s, tanh = _scores(qf[:, :, rows], kf[:, :, cols], rows, cols, nq, nk, opts)
+                s, tanh = _scores(qf[:, :, rows], kf[:, :, cols], rows, cols, nq, nk, opts, bias)
                 p = torch.exp(s - lse_bwd[:, :, rows])
                 dp = do[:, :, rows] @ vf[:, :, cols].transpose(-1, -2)
                 pz = p
@@ -109,13 +121,16 @@ class _TiledAttention(torch.autograd.Function):
                     pz, dp = p * z, dp * z
                 dv[:, :, cols] += pz.transpose(-1, -2) @ do[:, :, rows]
                 ds = p * (dp - delta[:, :, rows])
+                if dbias is not None:  # issue #16
+                    dbias[:, :, r0:r0 + len(rows), cols] += reduce_to_bias_shape(ds, tuple(bias.shape))
                 if tanh is not None:
                     ds = ds * (1 - tanh * tanh)
                 dq[:, :, rows] += (ds @ kf[:, :, cols]) * opts.softmax_scale
                 dk[:, :, cols] += (ds.transpose(-1, -2) @ qf[:, :, rows]) * opts.softmax_scale
         dk = dk.view(b, hkv, group, nk, d).sum(dim=2)
         dv = dv.view(b, hkv, group, nk, v.shape[-1]).sum(dim=2)
-        return (dq.transpose(1, 2).to(q.dtype), dk.transpose(1, 2).to(k.dtype), dv.transpose(1, 2).to(v.dtype), None, None)
+        return (dq.transpose(1, 2).to(q.dtype), dk.transpose(1, 2).to(k.dtype), dv.transpose(1, 2).to(v.dtype), None, None,
+                None if dbias is None else dbias.to(bias.dtype))
 
 
 def dropout_keep_mask(shape, p: float, seed: int, device) -> torch.Tensor:
@@ -131,10 +146,11 @@ class TiledAdapter(KernelAdapter):
         return Capabilities(
             devices=("cpu", "cuda"), dtypes=("fp16", "bf16", "fp32"), max_head_dim=512, head_dim_v_differs=True,
             window=True, softcap=True, alibi=True, dropout=True, varlen=True, deterministic_mode=True, returns_lse=True,
+            bias=True, bias_grad=True, bool_mask=True,  # issue #16
         )
 
     def _dense(self, q, k, v, call: KernelCall, keep=None) -> KernelOutput:
-        out, lse = _TiledAttention.apply(q, k, v, call.opts, keep)
+        out, lse = _TiledAttention.apply(q, k, v, call.opts, keep, call.opts.bias)
         return KernelOutput(out=out, lse=lse, dropout_keep=keep)
 
     def __call__(self, call: KernelCall) -> KernelOutput:
@@ -150,8 +166,7 @@ class TiledAdapter(KernelAdapter):
         drawn = [0]
 
         def run(q, k, v):  # each sequence its own mask, from seed + its index among non-empty ones
-            n = q.shape[1]
-            keep = dropout_keep_mask((1, q.shape[2], n, n), p, call.seed + drawn[0], q.device)
+            keep = dropout_keep_mask((1, q.shape[2], q.shape[1], k.shape[1]), p, call.seed + drawn[0], q.device)
             drawn[0] += 1
             return self._dense(q, k, v, call, keep)
 

@@ -4,6 +4,11 @@ What it supports is read from its signature: a keyword it does not take (softcap
 alibi_slopes, dropout_p, deterministic) is a feature it does not have, and cases that need it
 are SKIPPED. A tuple result is (out, lse, ...), as flash_attn_func returns with
 return_attn_probs=True.
+
+`attn_bias` (issue #16): a float tensor broadcastable to (batch, heads, seqlen_q, seqlen_k), in the
+case's bias dtype (the input dtype, or float32), to be ADDED to the scaled (and capped) scores
+before the causal/window masks; it may hold -inf; when it requires grad, the gradient must flow
+back to it. Boolean masks arrive in the same keyword as 0 / -inf in the input dtype.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from pathlib import Path
 import torch
 
 from gate.core.errors import UserError
+from gate.attention.bias import as_additive
 from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, per_sequence
 
 
@@ -65,6 +71,8 @@ class UserAdapter(KernelAdapter):
             alibi=self._takes("alibi_slopes"), dropout=False, varlen=True, gqa=True,
             deterministic_mode=self._takes("deterministic"), returns_lse=self._takes("return_attn_probs"),
             notes=("varlen by running each sequence alone",),
+            # issue #16: a kernel with an `attn_bias` keyword takes every bias kind (bool as 0/-inf)
+            bias=self._takes("attn_bias"), bias_grad=self._takes("attn_bias"), bool_mask=self._takes("attn_bias"),
         )
 
     def _dense(self, q, k, v, call: KernelCall) -> KernelOutput:
@@ -76,6 +84,8 @@ class UserAdapter(KernelAdapter):
             "deterministic": call.deterministic, "return_attn_probs": True, "dropout_p": o.dropout_p,
         }
         kwargs = {k: val for k, val in optional.items() if self._takes(k)}
+        if o.bias is not None:  # issue #16: only cases with a bias pass it (capabilities() skipped the rest)
+            kwargs["attn_bias"] = as_additive(o.bias, q.dtype)
         result = self.fn(q, k, v, **kwargs)
         if isinstance(result, (tuple, list)):
             out = result[0]

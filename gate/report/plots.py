@@ -15,9 +15,19 @@ from gate.compare.findings import Severity, Verdict
 from gate.core.results import SweepResult
 
 COLORS = {"blocks": "#d62728", "WARN": "#ff7f0e", "fine": "#2ca02c"}
+MAX_CASES = 40  # the worst N cases; a plot of hundreds of cases is unreadable (the tables have them all)
+DPI = 150
 
 
-def plot_ratios(verdict: Verdict, sweep: SweepResult, baseline: Baseline, path: Path) -> Path:
+def _worst_ratio(tensors) -> float:
+    values = [t for t in tensors if not math.isnan(t)]
+    return max(values) if values else math.nan
+
+
+def plot_ratios(verdict: Verdict, sweep: SweepResult, baseline: Baseline, path: Path, max_cases: int = MAX_CASES) -> Path:
+    """One row per case (the worst `max_cases`, worst at the top): the worst error / bound now
+    (filled, coloured by finding) and in the baseline (hollow), on a log axis so 1.2x, 15x and
+    665x stay apart; the bound (1) and each case's headroom limit marked; legend outside the data."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -27,40 +37,52 @@ def plot_ratios(verdict: Verdict, sweep: SweepResult, baseline: Baseline, path: 
     for f in verdict.findings:
         if f.case_id and (f.case_id not in worst_severity or f.severity.rank > worst_severity[f.case_id].rank):
             worst_severity[f.case_id] = f.severity
-    ids = [c.case_id for c in sweep.cases]
-    xs = range(len(ids))
-    now = [c.worst_ratio if c.tensors else math.nan for c in sweep.cases]
-    base = []
-    for cid in ids:
-        b = baseline.correctness.get(cid)
-        base.append(max((t.ratio for t in b.tensors.values()), default=math.nan) if b else math.nan)
-    colors = []
-    for cid in ids:
-        sev = worst_severity.get(cid, Severity.OK)
-        colors.append(COLORS["blocks"] if sev.blocks else COLORS["WARN"] if sev is Severity.WARN else COLORS["fine"])
+    rows = []
+    for c in sweep.cases:
+        b = baseline.correctness.get(c.case_id)
+        base = _worst_ratio([t.ratio for t in b.tensors.values()]) if b else math.nan
+        now = c.worst_ratio if c.tensors else math.nan
+        sev = worst_severity.get(c.case_id, Severity.OK)
+        rows.append((c.case_id, now, base, sev, c.status.value))
+    # worst first: blocking findings, then warnings, then by ratio; unmeasured cases last
+    rows.sort(key=lambda r: (-r[3].rank if r[3].blocks or r[3] is Severity.WARN else 0,
+                             -(r[1] if math.isfinite(r[1]) else (math.inf if r[1] == math.inf else -1.0))))
+    hidden = max(0, len(rows) - max_cases)
+    rows = rows[:max_cases][::-1]  # matplotlib draws y from the bottom: the worst ends on top
+    ys = list(range(len(rows)))
+    floor = 1e-3  # ratios below are drawn at the floor (log axis)
+    now = [max(r[1], floor) if math.isfinite(r[1]) else math.nan for r in rows]
+    base = [max(r[2], floor) if math.isfinite(r[2]) else math.nan for r in rows]
+    colors = [COLORS["blocks"] if r[3].blocks else COLORS["WARN"] if r[3] is Severity.WARN else COLORS["fine"] for r in rows]
 
-    fig = Figure(figsize=(max(10.0, 0.26 * len(ids) + 2), 5.5), dpi=100)
+    fig = Figure(figsize=(12.0, 1.6 + 0.27 * len(rows)), dpi=DPI)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    shown_now = [min(r, 2.0) if math.isfinite(r) else (2.0 if r == math.inf else math.nan) for r in now]
-    ax.scatter(xs, shown_now, c=colors, s=28, zorder=3, label="worst ratio now (red FAIL, orange WARN)")
-    ax.scatter(xs, base, facecolors="none", edgecolors="black", s=46, zorder=2, label="worst ratio in baseline")
-    limits = [max(b * factor, b + step) if math.isfinite(b) else math.nan for b in base]
-    ax.scatter(xs, [min(v, 2.0) for v in limits], marker="_", color="grey", s=90, zorder=1,
-               label=f"headroom limit (x{factor:g} and +{step:g})")
-    skipped = [i for i, c in enumerate(sweep.cases) if not c.tensors]
-    if skipped:
-        ax.scatter(skipped, [0.0] * len(skipped), marker="x", color="grey", s=30, zorder=3, label="not measured (skip/error)")
-    ax.axhline(1.0, color=COLORS["blocks"], linestyle="--", linewidth=1, label="bound (ratio 1)")
-    ax.set_ylim(0, max(1.15, min(2.05, max((r for r in shown_now if math.isfinite(r)), default=1.0) + 0.1)))
-    ax.set_xticks(list(xs))
-    ax.set_xticklabels(ids, rotation=90, fontsize=6)
-    ax.set_ylabel("error / bound (worst tensor, worst seed)")
+    for y, n, b in zip(ys, now, base):
+        if math.isfinite(n) and math.isfinite(b):
+            ax.plot([b, n], [y, y], color="#bbbbbb", linewidth=1, zorder=1)
+    ax.scatter(base, ys, facecolors="none", edgecolors="black", linewidths=1.2, s=80, zorder=4, label="baseline (worst tensor): ring")
+    ax.scatter(now, ys, c=colors, s=22, zorder=3, label="now: dot; red fails, orange warns, green passes")
+    limits = [max(r[2] * factor, r[2] + step) if math.isfinite(r[2]) else math.nan for r in rows]
+    ax.scatter(limits, ys, marker="|", color="grey", s=80, zorder=1, label=f"headroom limit (x{factor:g} and +{step:g})")
+    missing = [y for y, r in zip(ys, rows) if not math.isfinite(r[1])]
+    if missing:
+        ax.scatter([floor] * len(missing), missing, marker="x", color="grey", s=30, zorder=3,
+                   label="not measured (skipped or raised)")
+    ax.axvline(1.0, color=COLORS["blocks"], linestyle="--", linewidth=1, label="bound: error / bound = 1")
+    ax.set_xscale("log")
+    finite = [v for v in now + base + limits if math.isfinite(v)]
+    ax.set_xlim(min([floor * 0.8] + [v * 0.7 for v in finite]), max([2.0] + [v * 1.5 for v in finite]))
+    ax.set_yticks(ys)
+    ax.set_yticklabels([f"{r[0]}  [{r[4]}]" if r[4] != "PASS" else r[0] for r in rows], fontsize=8, family="monospace")
+    ax.set_ylim(-0.7, len(rows) - 0.3)
+    ax.set_xlabel(f"error / bound of the worst tensor (log scale; <= 1 passes; below {floor:g} drawn at {floor:g})")
     verdict_word = "PASS" if verdict.passed else "FAIL"
-    ax.set_title(f"{sweep.kernel} / {sweep.suite} on {baseline.gpu_class}: {verdict_word} (ratios above 2 drawn at 2)", fontsize=10, pad=36)
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.04), ncol=3, frameon=False)
+    shown = f"the {len(rows)} worst of {len(rows) + hidden} cases" if hidden else f"all {len(rows)} cases"
+    ax.set_title(f"{sweep.kernel} / {sweep.suite} on {baseline.gpu_class}: {verdict_word} ({shown})", fontsize=10)
+    ax.grid(axis="x", which="both", alpha=0.25)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     from gate.core.jsonio import save_figure_atomic
 
-    return save_figure_atomic(fig, path)
+    return save_figure_atomic(fig, path, bbox_inches="tight")

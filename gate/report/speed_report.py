@@ -40,7 +40,10 @@ def print_perf_table(result: PerfResult, console=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # a CI log: rich would squeeze the table into 80 columns
+            console = Console(width=200)
     table = Table(title=f"{result.kernel} vs {result.anchor} / {result.suite} ({result.device}, "
                         f"{result.plan.rounds} rounds x {result.plan.calls_per_round} calls): speed ratio = kernel / anchor time")
     for h in HEADER:
@@ -59,28 +62,42 @@ def perf_markdown(result: PerfResult) -> str:
 
 
 def plot_speed_ratios(judgements: tuple[PerfJudgement, ...], title: str, path: Path) -> Path:
-    """Per case and pass: speed ratio now vs baseline (as change %), with the FAIL threshold."""
+    """One row per case and pass: the change of the speed ratio against the baseline (%), with its
+    95% confidence interval (1.96 x the combined noise of both medians) as error bars, and the
+    slowdown that fails (the threshold) marked. Slower is red, faster green; legend outside."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     js = [j for j in judgements if math.isfinite(j.change)]
-    labels = [f"{j.case_id} {j.pass_}" for j in js]
-    fig = Figure(figsize=(max(7.0, 0.45 * len(js) + 3), 4.5), dpi=100)
+    js.sort(key=lambda j: j.change)  # the largest slowdown ends on top
+    labels = [f"{j.case_id}  {j.pass_}" for j in js]
+    fig = Figure(figsize=(11.0, 1.8 + 0.32 * max(len(js), 1)), dpi=150)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    xs = list(range(len(js)))
-    colors = ["#d62728" if j.severity.blocks else "#ff7f0e" if j.severity.value == "WARN" else "#2ca02c" for j in js]
-    ax.bar(xs, [j.change * 100 for j in js], color=colors, zorder=2, label="change of speed ratio vs baseline (%)")
-    ax.scatter(xs, [j.threshold * 100 for j in js], marker="_", s=300, color="black", zorder=3,
-               label="FAIL threshold: max(regression_pct, k x noise)")
-    ax.axhline(0.0, color="grey", linewidth=0.8)
-    ax.set_xticks(xs)
-    ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel("speed ratio now / baseline - 1 (%)  (up = slower)")
+    ys = list(range(len(js)))
+    for y, j in zip(ys, js):
+        slower = j.change > 0
+        color = "#d62728" if j.severity.blocks or (slower and j.severity.value != "OK") else "#e377c2" if slower else "#2ca02c"
+        ci = 1.96 * j.noise * 100 if math.isfinite(j.noise) else 0.0
+        ax.errorbar([j.change * 100], [y], xerr=[[ci], [ci]], fmt="o", color=color, ecolor=color, elinewidth=1.5,
+                    capsize=4, markersize=6, zorder=3)
+    thresholds = [j.threshold * 100 if math.isfinite(j.threshold) else math.nan for j in js]
+    ax.scatter(thresholds, ys, marker="|", s=220, color="black", zorder=2)
+    ax.axvline(0.0, color="grey", linewidth=0.8)
+    # legend entries drawn once, outside the data
+    ax.errorbar([], [], xerr=[], fmt="o", color="#d62728", label="slower, flagged (FAIL / INCONCLUSIVE / WARN)")
+    ax.errorbar([], [], xerr=[], fmt="o", color="#e377c2", label="slower, within the threshold")
+    ax.errorbar([], [], xerr=[], fmt="o", color="#2ca02c", label="faster")
+    ax.scatter([], [], marker="|", s=220, color="black", label="FAIL threshold: max(regression_pct, k x noise)")
+    ax.plot([], [], color="grey", label="error bar: 95% confidence interval")
+    ax.set_yticks(ys)
+    ax.set_yticklabels(labels, fontsize=8, family="monospace")
+    ax.set_ylim(-0.7, max(len(js), 1) - 0.3)
+    ax.set_xlabel("change of the speed ratio (kernel time / anchor time) vs baseline, %   (right = slower)")
     ax.set_title(title, fontsize=10)
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     from gate.core.jsonio import save_figure_atomic
 
-    return save_figure_atomic(fig, path)
+    return save_figure_atomic(fig, path, bbox_inches="tight")

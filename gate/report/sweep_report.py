@@ -66,7 +66,7 @@ def validation_note(result: SweepResult) -> str:
         "ratio <= 1 (G: float64 reference, P: the same math in the input dtype, K: the kernel, floor: twice the",
         "dtype's rounding near the reference values). The worst seed counts. Multipliers: "
         + ", ".join(f"{k.removeprefix('mult_')} x{v:g}" for k, v in sorted(result.tolerance.items())) + ".",
-        "The seed lecture's fixed band (bf16 5e-3, fp16 1e-3, fp32 1e-5/1e-4) is shown as information only.",
+        "The common fixed tolerance band (bf16 5e-3, fp16 1e-3, fp32 1e-5/1e-4) is shown as information only.",
         "",
     ]
     measured = [c for c in result.cases if c.status is not Status.SKIP]

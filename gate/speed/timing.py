@@ -302,6 +302,8 @@ class KernelWorkload(Workload):
             self.inputs = make_inputs(self.case, 0, self.device)
         self.call = dataclasses.replace(leaf_call(self.case, self.inputs), want_lse=False)
         self._leaves = (self.call.q, self.call.k, self.call.v)
+        if self.case.bias_grad:  # issue #16: the backward of a trainable bias computes dBias too
+            self._leaves += (self.call.opts.bias,)
         self._out = self.adapter(self.call).out  # the graph every backward call reuses
         self._grad = torch.autograd.grad
         self._prepared = True

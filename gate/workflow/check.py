@@ -35,7 +35,12 @@ from gate.compare.findings import Finding, Verdict, decide
 from gate.core.results import SweepResult
 from gate.compare.sweep_rules import (
     check_comparable, compare, correctness_thresholds, refuse_duplicate_cases, refuse_other_gpu_class, rule_incomplete_pass,
+    required_tensors,
 )
+
+
+# The README section that every "no baseline" message points to (tests/test_validate.py checks it exists).
+BASELINES_README_SECTION = "The gate: `attn-gate check` and baselines"
 
 
 @dataclass(frozen=True)
@@ -131,11 +136,16 @@ def fresh_sweep(config: Config, target: Target, only: str | None, progress: bool
 def load_existing_baseline(config: Config, target: Target, baseline_file: Path | None) -> tuple[Path, Baseline]:
     path = Path(baseline_file) if baseline_file else baseline_path(config.baselines_dir, target.gpu_class, target.kernel, target.suite)
     if not path.is_file():
-        where = "--baseline" if baseline_file else f"gpu class {target.gpu_class!r}"
+        if baseline_file:  # a typo in --baseline: never advise creating (and committing) a file by that name
+            raise UserError(f"--baseline {baseline_file}: no such file; pass an existing baseline JSON, or leave "
+                            f"--baseline out to use {baseline_path(config.baselines_dir, target.gpu_class, target.kernel, target.suite)}")
+        from gate.workflow.validate import check_working_directory
+
+        check_working_directory(config)  # run from another folder: say so, not "no baseline"
         raise UserError(
-            f"no baseline for kernel {target.kernel!r} on suite {target.suite!r} ({where}): {path} does not exist. "
-            f"Create it with `{update_command(target.kernel, target.suite, target.gpu_class)}`, review the printed "
-            f"summary and commit {path} (see README, 'Baselines')")
+            f"no baseline for kernel {target.kernel!r} on suite {target.suite!r} (gpu class {target.gpu_class!r}): {path} "
+            f"does not exist. Create it with `{update_command(target.kernel, target.suite, target.gpu_class)}`, review "
+            f"the printed summary and commit {path} (see README, '{BASELINES_README_SECTION}')")
     baseline = read_baseline(path)
     refuse_other_gpu_class(baseline, target.gpu_class, target.kernel, target.suite, path)  # before a long sweep
     require_complete_baseline(config, baseline, path)
@@ -204,7 +214,7 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
         findings = list(findings) + results_file_findings(perf, target.device)
     context = {"kernel": sweep.kernel, "suite": sweep.suite, "gpu_class": baseline.gpu_class, "baseline": str(path),
                "baseline_measured_at": baseline.measured_at, "run_started_at": sweep.started_at,
-               "config": config.source, "scope": scope,
+               "config": config.source, "scope": scope, "baseline_option": str(baseline_file) if baseline_file else None,
                "measured": sum(1 for c in sweep.cases if c.tensors), "cases": len(sweep.cases)}
     verdict = decide(findings, thresholds, context)
     with writing(f"pass a writable --out folder (verdict: {'PASS' if verdict.passed else 'FAIL'})"):
@@ -225,9 +235,13 @@ def render_check(verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_d
     paths = write_sweep_outputs(sweep, out_dir)
     paths["findings"] = out_dir / f"findings-{stem}.json"
     write_json_atomic(paths["findings"], verdict.to_dict())
-    summary = markdown_summary(verdict, sweep, baseline) + extra_markdown
+    from gate.report.comment import Links
+
+    summary = markdown_summary(verdict, sweep, baseline, Links.from_env(os.environ), extra_markdown)
     paths["summary"] = out_dir / f"check-{stem}.md"
     write_text_atomic(paths["summary"], summary)
+    paths["comment"] = out_dir / f"comment-{stem}.md"  # the PR comment: the same text, under GitHub's limit
+    write_text_atomic(paths["comment"], summary)
     try:
         from gate.report.plots import plot_ratios
 
@@ -272,7 +286,8 @@ def require_complete_run(config: Config, sweep: SweepResult, source: object, pat
         raise UserError(f"{source}: holds {len(wanted) - len(missing)} of the {len(wanted)} cases of suite {sweep.suite!r}"
                         f"{within}; missing {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; updating {path} "
                         f"from it would drop them from the baseline: update from a complete run (`{redo}`)")
-    incomplete = [f.case_id for f in (rule_incomplete_pass(c.case_id, c.status.value, {t.tensor for t in c.tensors})
+    incomplete = [f.case_id for f in (rule_incomplete_pass(c.case_id, c.status.value, {t.tensor for t in c.tensors},
+                                                           required_tensors(c.case.bias_grad))  # issue #16: + dbias
                                       for c in sweep.cases) if f]
     if incomplete:
         raise UserError(f"{source}: {len(incomplete)} PASS rows carry no out/dq/dk/dv ratios ({', '.join(incomplete[:5])}"

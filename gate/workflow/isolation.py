@@ -55,7 +55,12 @@ class KernelInfo:
 
 
 class WorkerGone(Exception):
-    """The worker died, hung or could not answer; the message says how."""
+    """The worker died, hung or could not answer; the message says how, `stderr` holds the last
+    lines of its stderr (one per line)."""
+
+    def __init__(self, message: str, stderr: str = ""):
+        super().__init__(message)
+        self.stderr = stderr
 
 
 def case_timeout(case: Case, cfg: IsolationConfig, check_names: tuple[str, ...] = ()) -> float:
@@ -116,7 +121,7 @@ class Worker:
         code = self.proc.returncode
         how = what if code is None else (f"{what}: killed by {_signal_name(-code)}" if code < 0 else f"{what}: exited with code {code}")
         tail = self.stderr_tail()
-        return WorkerGone(how + (f"; stderr: {tail}" if tail else "; stderr empty"))
+        return WorkerGone(how + (f"; stderr: {tail}" if tail else "; stderr empty"), stderr=tail.replace(" | ", "\n"))
 
     def call(self, request: dict, timeout: float) -> dict:
         try:
@@ -290,8 +295,9 @@ def worker_pool(kernel: str, device: str, workers: int, cfg: IsolationConfig):
         old.close()
 
 
-def _error(case: Case, reason: str, start: float) -> CaseResult:
-    return CaseResult(case=case, status=Status.ERROR, reason=reason[:1500], seconds=time.perf_counter() - start)
+def _error(case: Case, reason: str, start: float, traceback: str = "") -> CaseResult:
+    return CaseResult(case=case, status=Status.ERROR, reason=reason[:1500], seconds=time.perf_counter() - start,
+                      traceback=traceback[-2000:])
 
 
 def run_isolated_case(slot: Slot, case: Case, tol: ToleranceConfig, check_names: tuple[str, ...], timeout: float,
@@ -306,13 +312,17 @@ def run_isolated_case(slot: Slot, case: Case, tol: ToleranceConfig, check_names:
         reply = worker.call({"op": "case", "case": case.to_dict(), "checks": list(check_names), "file": str(file)}, timeout)
     except WorkerGone as exc:
         slot.discard()
-        return _error(case, f"case {case.id}: {exc}", start)
+        # a dead worker has no Python traceback to send: its stderr's last lines (faulthandler's
+        # stack after a segfault) are the ERROR row's traceback (#15)
+        return _error(case, f"case {case.id}: {exc}", start, traceback=exc.stderr)
     if reply.get("restart"):
         slot.discard()  # a CUDA fault or a moved working directory: the next case gets a clean process
     status = reply.get("status")
     if status in ("SKIP", "FAIL", "ERROR"):
+        # an ERROR row carries the kernel's traceback tail, as run_case makes it in the worker (#15)
         return CaseResult(case=case, status=Status(status), reason=str(reply.get("reason", ""))[:1500],
-                          seconds=0.0 if status == "SKIP" else time.perf_counter() - start)
+                          seconds=0.0 if status == "SKIP" else time.perf_counter() - start,
+                          traceback=str(reply.get("traceback", ""))[-2000:] if status == "ERROR" else "")
     if status != "RAN":
         slot.discard()
         return _error(case, f"case {case.id}: the worker answered {status!r}", start)
@@ -329,7 +339,7 @@ def judge_raw_outputs(case: Case, file: Path, device: str, tol: ToleranceConfig,
     import torch
 
     from gate.attention.inputs import make_inputs
-    from gate.correctness.run_case import BadOutput, first_line, measure_seed, verdict_row
+    from gate.correctness.run_case import BadOutput, first_line, grad_names, measure_seed, verdict_row
 
     try:
         payload = torch.load(file, map_location=device, weights_only=True)
@@ -342,8 +352,10 @@ def judge_raw_outputs(case: Case, file: Path, device: str, tol: ToleranceConfig,
         for entry in seeds:
             inputs = make_inputs(case, entry["seed"], device)
             try:
-                fail = measure_seed(case, inputs, entry["out"], entry["lse"], (entry["dq"], entry["dk"], entry["dv"]),
-                                    entry["dropout_keep"], tol, worst, notes, returns_lse)
+                # dbias (#16) only where the case measures it; one the worker did not send is None: "dbias is missing"
+                grads = tuple(entry.get(name) for name in grad_names(case))
+                fail = measure_seed(case, inputs, entry["out"], entry["lse"], grads, entry["dropout_keep"], tol, worst,
+                                    notes, returns_lse, device)
             except BadOutput as exc:
                 return CaseResult(case=case, status=Status.FAIL, reason=f"seed {entry['seed']}: {exc}",
                                   seconds=time.perf_counter() - start)

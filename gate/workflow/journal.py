@@ -32,6 +32,17 @@ def journal_path(out_dir: Path, kernel: str, suite: str) -> Path:
     return Path(out_dir) / f"journal-{safe_name(kernel)}-{suite}.jsonl"
 
 
+def _same(key: str, was: Any, now: Any) -> bool:
+    """Whether a header key matches. The environment's git_commit (#15) is where the working
+    directory's checkout is: it must match when both runs were inside a checkout (another commit is
+    other code), and is not compared when one was not (the same machine and code run from another
+    folder)."""
+    if key == "environment" and isinstance(was, dict) and isinstance(now, dict):
+        if not (was.get("git_commit") and now.get("git_commit")):
+            was, now = ({k: v for k, v in env.items() if k != "git_commit"} for env in (was, now))
+    return was == now
+
+
 def read_journal(path: Path, header: dict[str, Any]) -> tuple[str, dict[str, CaseResult]]:
     """(started_at of the journal's run, finished results by case id) for `--resume`."""
     if not path.is_file():
@@ -45,7 +56,7 @@ def read_journal(path: Path, header: dict[str, Any]) -> tuple[str, dict[str, Cas
     if not isinstance(first, dict) or first.get("kind") != KIND or first.get("schema_version") != SCHEMA_VERSION:
         raise UserError(f"--resume: {path} is not a journal of this attn-gate version; run without --resume to start afresh")
     for key in IDENTITY:
-        if first.get(key) != header.get(key):
+        if not _same(key, first.get(key), header.get(key)):
             raise UserError(f"--resume: {path} was written by another run: {key} was {first.get(key)!r}, now "
                             f"{header.get(key)!r}; resume with the same kernel, suite, config, options and machine, "
                             f"or run without --resume")

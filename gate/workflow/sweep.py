@@ -56,11 +56,14 @@ class SweepOptions:
 
 def run_sweep(kernel: str, suite_name: str, config: Config, device: str | None = None, progress: bool = True,
               only: str | None = None, extra_checks=(), check_names: tuple[str, ...] = (),
-              options: SweepOptions | None = None) -> SweepResult:
+              options: SweepOptions | None = None, adapter=None) -> SweepResult:
     """`extra_checks` are callables run on every case (in-process runs only); `check_names`
     (gate/correctness/probes/registry.py) are added to the checks each case of the suite asks for.
     `options` None runs in this process, as a library call from a test does; the CLI always passes
-    options, so its runs are isolated in workers unless --workers 0 says otherwise."""
+    options, so its runs are isolated in workers unless --workers 0 says otherwise.
+    `adapter` (selftest, #13) runs that adapter under the name `kernel`, in this process: a planted
+    bug wrapped around the kernel is swept and judged exactly as the kernel itself (an adapter
+    object cannot be sent to a worker; the selftest's kernels are attn-gate's own and its wrappers)."""
     device = device or default_device()
     if device == "cuda":
         import torch
@@ -80,8 +83,10 @@ def run_sweep(kernel: str, suite_name: str, config: Config, device: str | None =
     if options is not None and options.workers != 0:
         if extra_checks:
             raise ValueError("extra_checks are callables: they run in-process only (workers=0); name checks instead")
+        if adapter is not None:
+            raise ValueError("an adapter object runs in-process only (workers=0 or options None); name the kernel instead")
         return _run_isolated(kernel, suite, config, device, progress, only, check_names, options, cases, extra_notes)
-    adapter = get_adapter(kernel)
+    adapter = adapter if adapter is not None else get_adapter(kernel)
     missing = adapter.unavailable_reason()
     if missing:
         raise UserError(f"kernel {kernel!r} is unavailable here: {missing}")

@@ -1,7 +1,7 @@
 """The kernel's process: `python -m gate.workflow.worker_main`, started and fed by gate/workflow/isolation.py.
 
 It imports the kernel under test, runs each case's forward and backward on every seed and sends
-the kernel's raw outputs (out, lse, dq, dk, dv, dropout mask) back through a temp file
+the kernel's raw outputs (out, lse, dq, dk, dv, dbias, dropout mask) back through a temp file
 (torch.save of CPU tensors); it never judges them. The errors, the bounds and the verdict are
 computed in the gate's own process, which never imports the kernel: a kernel that patches the
 measurement here, changes directory or ends this process changes nothing that is judged.
@@ -37,7 +37,7 @@ def run_one(adapter, request: dict, device: str) -> dict:
     from gate.attention.inputs import make_inputs
     from gate.core.cases import Case
     from gate.correctness.probes.registry import checks_for
-    from gate.correctness.run_case import BadOutput, first_line, kernel_pass
+    from gate.correctness.run_case import BadOutput, first_line, grad_names, kernel_pass, traceback_tail
     from gate.kernels.sdpa import NoKernel
 
     case = Case.from_dict(request["case"])
@@ -60,8 +60,11 @@ def run_one(adapter, request: dict, device: str) -> dict:
             def cpu(t):
                 return None if t is None else t.detach().to("cpu").clone()
 
-            seeds.append({"seed": seed, "out": cpu(kout.out), "lse": cpu(kout.lse), "dq": cpu(grads[0]),
-                          "dk": cpu(grads[1]), "dv": cpu(grads[2]), "dropout_keep": cpu(kout.dropout_keep)})
+            # the grads run_case measures: dq, dk, dv (w.r.t. the layout views the kernel got, #9) and
+            # dbias w.r.t. the bias leaf rebuilt here from the case (bias_grad cases, #16)
+            entry = {"seed": seed, "out": cpu(kout.out), "lse": cpu(kout.lse), "dropout_keep": cpu(kout.dropout_keep)}
+            entry.update({name: cpu(grad) for name, grad in zip(grad_names(case), grads)})
+            seeds.append(entry)
             del kout, grads, inputs
         checks = [c.to_dict() for check in checks_for(case, tuple(request.get("checks", ()))) for c in check(adapter, case, device)]
         if device == "cuda":
@@ -72,7 +75,8 @@ def run_one(adapter, request: dict, device: str) -> dict:
         raise
     except BaseException as exc:  # a raising kernel (sys.exit too) is an ERROR row; the worker is replaced after a CUDA fault
         text = first_line(exc)
-        return {"status": "ERROR", "reason": text, "restart": device == "cuda" and _cuda_failed(f"{type(exc).__name__} {exc}")}
+        return {"status": "ERROR", "reason": text, "traceback": traceback_tail(exc),
+                "restart": device == "cuda" and _cuda_failed(f"{type(exc).__name__} {exc}")}
     torch.save({"seeds": seeds}, request["file"])
     return {"status": "RAN", "checks": checks, "seconds": time.perf_counter() - start}
 

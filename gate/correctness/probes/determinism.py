@@ -50,6 +50,8 @@ def run_tensors(adapter: KernelAdapter, case: Case, inputs: AttnInputs, determin
     if kout.lse is not None:
         tensors["lse"] = kout.lse.detach()
     tensors.update(dq=grads[0].detach(), dk=grads[1].detach(), dv=grads[2].detach())
+    if len(grads) > 3:  # issue #16: a trainable bias's gradient (summed across heads/batch: atomics race too)
+        tensors["dbias"] = grads[3].detach()
     return tensors
 
 
@@ -77,7 +79,8 @@ def _bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 def scaled_batch(case: Case, factor: int) -> Case:
     """The case with `factor` times as many sequences (varlen: the length list repeated)."""
     if case.varlen is not None:
-        return dataclasses.replace(case, varlen=case.varlen * factor, batch=len(case.varlen) * factor)
+        keys = None if case.varlen_k is None else case.varlen_k * factor  # issue #9: keys per sequence too
+        return dataclasses.replace(case, varlen=case.varlen * factor, batch=len(case.varlen) * factor, varlen_k=keys)
     return dataclasses.replace(case, batch=case.batch * factor)
 
 
@@ -141,11 +144,15 @@ def _splice(keep_from: AttnInputs, others_from: AttnInputs, where: slice | int) 
         t = getattr(others_from, f).clone()
         t[where] = getattr(keep_from, f)[where]
         fields[f] = t
+    if keep_from.bias is not None:  # issue #16: the sequence keeps its own bias (the others still change via q/k/v)
+        fields["bias"] = keep_from.bias
     return dataclasses.replace(others_from, seed=keep_from.seed, **fields)
 
 
 def batch_invariance_check(adapter: KernelAdapter, case: Case, device: str) -> tuple[CheckResult, ...]:
     name = "batch_invariance"
+    if case.varlen_k is not None:  # issue #9: splicing one sequence would need separate key offsets
+        return (CheckResult(name, None, 0.0, 0.0, "not applicable: varlen with cu_seqlens_k != cu_seqlens_q"),)
     if case.varlen is None and case.batch < 2:
         case = dataclasses.replace(case, batch=2)
     slices = _sequence_slices(case)
@@ -157,6 +164,8 @@ def batch_invariance_check(adapter: KernelAdapter, case: Case, device: str) -> t
     neighbours = make_inputs(case, case.seeds[0] + NEIGHBOUR_SEED_OFFSET, device)
     changed = _splice(base, neighbours, target)
     first = run_tensors(adapter, case, base, claims)
+    if "dbias" in first and first["dbias"].shape[0] == 1:
+        del first["dbias"]  # issue #16: a bias shared by the batch sums every sequence's dS: not one sequence's
     # Run-to-run noise over whole tensors (a race may hit any sequence), more repeats where the
     # kernel promises nothing: a tensor is judged only if every repeat reproduced it bit for bit.
     noisy: dict[str, float] = {t: 0.0 for t in first}

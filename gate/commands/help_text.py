@@ -1,0 +1,92 @@
+"""What `attn-gate COMMAND --help` says besides the options (#15): what the command is for, two
+or three examples to copy, and its exit codes. Kept in one place so every command reads alike."""
+
+from __future__ import annotations
+
+import argparse
+
+EXIT_2 = "2  usage or environment error (unknown kernel/suite, bad file or option); the message names the fix"
+
+HELP: dict[str, tuple[str, list[str], list[str]]] = {
+    # name: (description, examples, exit codes)
+    "check": ("The gate: run the sweep (and, with a GPU, the speed check) and compare it with the committed "
+              "baseline baselines/<gpu-class>/<kernel>-<suite>.json. Writes the PR comment "
+              "(comment-<kernel>-<suite>.md), findings JSON, sweep JSON and plots to --out.",
+              ["attn-gate check                                   # the configured kernel and suite",
+               "attn-gate check --kernel sdpa-cpu --suite smoke --device cpu --only causal",
+               "attn-gate check --results out/sweep-sdpa-flash-pr.json   # judge a CI artifact"],
+              ["0  pass (warnings may still ask for a look)",
+               "1  fail: a case out of bounds, a regression, or an inconclusive measurement", EXIT_2]),
+    "baseline": ("Rewrite or print the committed baseline of this GPU class.",
+                 ["attn-gate baseline update --kernel sdpa-cpu --suite smoke --device cpu",
+                  "attn-gate baseline show --device cpu --only causal"],
+                 ["0  written / shown", "1  refused: the run fails its own bounds (pass --allow-failing)", EXIT_2]),
+    "baseline update": ("Rerun the suite (or read --from-results) and rewrite baselines/<gpu-class>/<kernel>-<suite>.json "
+                        "atomically; prints what moved, for the PR that commits it.",
+                        ["attn-gate baseline update --kernel sdpa-cpu --suite smoke --device cpu",
+                         "attn-gate baseline update --from-results out/sweep-sdpa-flash-pr.json --summary body.md"],
+                        ["0  written", "1  refused: the run fails its own bounds (nothing written; --allow-failing)", EXIT_2]),
+    "baseline show": ("Print a baseline: where and when it was measured and each case's error ratios.",
+                      ["attn-gate baseline show --device cpu", "attn-gate baseline show --file baselines/h200/fa4-pr.json"],
+                      ["0  shown", EXIT_2]),
+    "sweep": ("Correctness of one kernel over one suite, without a baseline: each case's error against a float64 "
+              "reference, divided by its bound (pass <= 1).",
+              ["attn-gate sweep --kernel sdpa-cpu --suite smoke --device cpu",
+               "attn-gate sweep --kernel mypkg.attn:flash_fwd --suite pr --only 'bf16-.*causal'"],
+              ["0  every case within its bounds", "1  a case fails or raises", EXIT_2]),
+    "perf": ("Speed ratios (kernel time / anchor time, forward and backward) over a suite's timing cases, with "
+             "their noise. No baseline, no verdict: `check` gates speed.",
+             ["attn-gate perf --kernel sdpa-flash --suite pr --rounds 30",
+              "attn-gate perf --kernel sdpa-cpu --suite smoke --device cpu --anchor matmul"],
+             ["0  measured", "1  a case raised", EXIT_2]),
+    "bench": ("Record this commit's timings in the asv history (asv run); history only, the verdict is `check`.",
+              ["attn-gate bench --quick --device cpu", "attn-gate bench --kernel sdpa-flash --suite pr"],
+              ["0  recorded", "1  asv failed or saved nothing", EXIT_2]),
+    "publish": ("Render the asv history as a static site that works offline (its scripts are shipped with it).",
+                ["attn-gate publish && python -m http.server -d .asv/html"],
+                ["0  published", "1  asv publish failed", EXIT_2]),
+    "drift": ("Train a toy transformer with the kernel and with reference attention; pass when the kernel's loss "
+              "curve stays inside the band the reference runs span.",
+              ["attn-gate drift --device cpu --steps 100", "attn-gate drift --kernel sdpa-flash --dtype bf16"],
+              ["0  inside the band", "1  left the band, raised, or the loss went NaN", EXIT_2]),
+    "kernels": ("Every built-in kernel, whether it runs on this machine, and what it supports.",
+                ["attn-gate kernels"], ["0"]),
+    "suites": ("The suites (built in and from [tool.attn-gate.suites]) and their case counts; --cases lists every case "
+               "id with a legend of the id grammar.",
+               ["attn-gate suites", "attn-gate suites --cases"], ["0", EXIT_2]),
+}
+
+
+def parser_kwargs(name: str) -> dict:
+    """description, epilog (examples and exit codes) and a formatter that keeps their lines."""
+    description, examples, codes = HELP[name]
+    epilog = "examples:\n" + "\n".join(f"  {e}" for e in examples) + "\n\nexit codes:\n" + "\n".join(f"  {c}" for c in codes)
+    return {"description": description, "epilog": epilog, "formatter_class": argparse.RawDescriptionHelpFormatter}
+
+
+CASE_ID_LEGEND = """\
+case id legend (e.g. bf16-b2-h16/4-s97x257-d192/128-causal-win32.0-cap20-alibi-varlen1.97.0.130):
+  bf16 | fp16 | fp32     the input dtype
+  b2                     batch 2
+  h16  | h16/4           16 query heads; /4: 4 key/value heads (grouped-query attention; /1 is multi-query)
+  s128 | s97x257         sequence length; 97x257: 97 queries, 257 keys
+  d64  | d192/128        head dim; /128: a different head dim for V (and the output)
+  causal                 causal mask, aligned bottom-right as flash-attn does
+  win32.0                sliding window: 32 keys to the left, 0 to the right
+  cap20                  softcap 20 (scores pass through 20 * tanh(s / 20))
+  alibi                  ALiBi position bias
+  drop0.1                dropout probability 0.1
+  varlen1.97.0.130       variable length: 4 sequences of lengths 1, 97, 0 and 130 packed into one batch
+  varlen5.40x50.3        ...x50.3: the keys' lengths per sequence differ from the queries' (cu_seqlens_k)
+  k_sliced | qkv_packed | bhsd_view | dout_noncontig
+                         what the kernel is handed: K a strided slice; q, k, v head-slices of one QKV
+                         buffer; (B, H, N, D) memory viewed as (B, N, H, D); a non-contiguous dO
+  large | shifted | outliers
+                         how values are drawn: scores past +-88 (or deep into the softcap); every row's
+                         LSE far below -88; two channels of K and V 30x larger
+  bias.dense | bias.broadcast_b | bias.broadcast_h | bias.broadcast_1 | bias.shifted_rows
+                         a float bias added to the scores: (B,H,Nq,Nk), shared over batch / heads / both,
+                         rows shifted below -88; .fp32: a float32 bias with bf16/fp16 inputs; .grad: dBias judged
+  bias.bool_mask | bias.bool_empty_rows | bias.document | bias.prefix_lm
+                         a boolean mask: random sparse, with fully masked rows, block-diagonal documents, prefix-LM
+  [perf]                 also timed by `perf` / `check` (speed)"""

@@ -1,0 +1,492 @@
+"""Planted correctness bugs: the registry `attn-gate selftest` (#13) runs through the gate.
+
+Each bug is one real kernel bug class at the smallest size a kernel would ship by mistake. Two
+ways to plant one:
+
+  * `host="kernel"`: an adapter wrapped around the CONFIGURED kernel that perturbs its outputs or
+    gradients (autograd wrappers), so detection is measured against that kernel's own error
+    level. A bug that needs a capability the configured kernel lacks (its LSE, a deterministic
+    mode) is wrapped around `tiled` instead.
+  * `host="tiled"`: a variant of attn-gate's `tiled` algorithm with one flag flipped, for bugs
+    that need another algorithm (a mask off by one, a dropped term of the backward). With no
+    flag the variant is bit-identical to `tiled` (tests/test_selftest.py), so every difference
+    the gate sees is the bug.
+
+Each bug declares the case axis that exposes it (`Trigger`): on a suite without such a case the
+bug is "not exercised" (it survives, and the selftest names the axis). A trigger on a Case field
+that this attn-gate does not have yet (`field`: layout/inputs from #9, bias from #16, entry from
+#10) is "pending" and lights up by itself once the field exists.
+
+To add a bug: write its perturbation (a `Wrap` function or a tiled flag) and append a PlantedBug
+to BUGS.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from gate.attention.masks import alibi_bias, allowed_mask, effective_window
+from gate.attention.reference import AttnOptions
+from gate.core.cases import Case
+from gate.kernels.base import KernelAdapter, KernelCall, KernelOutput
+from gate.kernels.tiled import TILE, TiledAdapter, dropout_keep_mask
+
+
+class PlantError(Exception):
+    """The bug cannot be planted in this call (e.g. the call lacks the tensor it perturbs)."""
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """Which cases expose a bug: `axis` names it for people ("a causal case"), `applies` decides.
+    `field` is the Case field the axis lives in when another branch adds it (None: exists today)."""
+
+    axis: str
+    applies: Callable[[Case], bool]
+    field: str | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self.field is not None and self.field not in Case.__dataclass_fields__
+
+
+@dataclass(frozen=True)
+class PlantedBug:
+    name: str
+    what: str  # the real kernel bug it stands for
+    host: str  # "kernel" (wrapped around the configured kernel) or "tiled" (a tiled variant)
+    trigger: Trigger
+    plant: Callable[..., "KernelAdapter"]  # (host adapter) -> buggy adapter
+    needs: str = ""  # a Capabilities flag the host must have; a "kernel" bug moves to tiled without it
+    hint: str = ""  # what else would catch it, for the survivor message
+
+
+# ---------------------------------------------------------------- wrappers around a kernel
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; the gradient flowing back through it is multiplied by `factor`."""
+
+    @staticmethod
+    def forward(ctx, x, factor):
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.factor, None
+
+
+class _NoisyGradUnderDeterminism(torch.autograd.Function):
+    """Identity forward; the backward adds fresh run-to-run noise to the gradient: up to 1% relative,
+    about one bf16 ulp, as an fp32 atomic accumulation order shows after the cast."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * (1.0 + 1e-2 * torch.rand_like(grad))
+
+
+class Wrapped(KernelAdapter):
+    """The inner adapter with `perturb(call, inner) -> KernelOutput` in place of its call."""
+
+    def __init__(self, inner: KernelAdapter, bug: str, perturb):
+        self.inner, self.bug, self.perturb = inner, bug, perturb
+        self.name = inner.name
+        self.description = f"{inner.description} + planted bug {bug}"
+
+    def unavailable_reason(self):
+        return self.inner.unavailable_reason()
+
+    def capabilities(self):
+        return self.inner.capabilities()
+
+    def version(self) -> str:
+        return self.inner.version()
+
+    def prepare(self, case: Case) -> None:
+        self.inner.prepare(case)
+
+    def deterministic_scope(self):
+        return self.inner.deterministic_scope()
+
+    def __call__(self, call: KernelCall) -> KernelOutput:
+        return self.perturb(self, call)
+
+
+def wrap(perturb):
+    return lambda inner, name: Wrapped(inner, name, perturb)
+
+
+def _grad_scaled(tensor: str, factor: float):
+    def perturb(w: Wrapped, call: KernelCall) -> KernelOutput:
+        return w.inner(dataclasses.replace(call, **{tensor: _ScaleGrad.apply(getattr(call, tensor), factor)}))
+    return perturb
+
+
+def _lse_shifted(w: Wrapped, call: KernelCall) -> KernelOutput:
+    res = w.inner(call)
+    return res if res.lse is None else dataclasses.replace(res, lse=res.lse + 1e-3)
+
+
+def _masked_rows_nan(w: Wrapped, call: KernelCall) -> KernelOutput:
+    """Rows that see no key come back NaN (0/0 in the normalisation) instead of 0."""
+    res = w.inner(call)
+    if call.cu_seqlens is not None:
+        return res
+    nq, nk = call.q.shape[1], call.k.shape[1]
+    allowed = allowed_mask(torch.arange(nq, device=call.q.device), nq, nk, call.opts.causal, call.opts.window)
+    if allowed is None:
+        return res
+    empty = ~allowed.any(dim=-1)
+    nan = torch.where(empty, float("nan"), 0.0).to(res.out.dtype).view(1, nq, 1, 1)
+    return dataclasses.replace(res, out=res.out + nan)
+
+
+def _batch_leak(w: Wrapped, call: KernelCall) -> KernelOutput:
+    """The last query row of batch element 1 is read from element 0 (a batch stride off at the boundary)."""
+    res = w.inner(call)
+    if call.cu_seqlens is not None or res.out.shape[0] < 2:
+        return res
+    out = res.out.clone()
+    out[1, -1] = res.out[0, -1]
+    return dataclasses.replace(res, out=out)
+
+
+def _varlen_boundary(w: Wrapped, call: KernelCall) -> KernelOutput:
+    """Packed sequences: the first row of the second non-empty sequence takes the row before it
+    (the previous sequence's last row): cu_seqlens read one off."""
+    res = w.inner(call)
+    if call.cu_seqlens is None:
+        return res
+    starts = [a for a, z in zip(call.cu_seqlens.tolist()[:-1], call.cu_seqlens.tolist()[1:]) if z > a]
+    if len(starts) < 2:
+        return res
+    out = res.out.clone()
+    out[starts[1]] = res.out[starts[1] - 1]
+    return dataclasses.replace(res, out=out)
+
+
+def _dq_noise_when_deterministic(w: Wrapped, call: KernelCall) -> KernelOutput:
+    if not call.deterministic:
+        return w.inner(call)
+    return w.inner(dataclasses.replace(call, q=_NoisyGradUnderDeterminism.apply(call.q)))
+
+
+def _noncontiguous_k(w: Wrapped, call: KernelCall) -> KernelOutput:
+    """K read as if it were contiguous (its strides ignored): right only when it is."""
+    k = call.k
+    if k.is_contiguous():
+        return w.inner(call)
+    strides, acc = [], 1
+    for n in reversed(k.shape):
+        strides.insert(0, acc)
+        acc *= n
+    return w.inner(dataclasses.replace(call, k=torch.as_strided(k, k.shape, strides, k.storage_offset())))
+
+
+def _bias_grad_scaled(w: Wrapped, call: KernelCall) -> KernelOutput:
+    bias = call.opts.bias  # issue #16: the custom bias travels in AttnOptions.bias
+    if not isinstance(bias, torch.Tensor) or not bias.requires_grad:
+        raise PlantError("the call carries no learnable bias (AttnOptions.bias with requires_grad)")
+    return w.inner(dataclasses.replace(call, opts=dataclasses.replace(call.opts, bias=_ScaleGrad.apply(bias, 1.02))))
+
+
+def _paged_block_table_swapped(w: Wrapped, call: KernelCall) -> KernelOutput:
+    table = getattr(call, "block_table", None)
+    if not isinstance(table, torch.Tensor) or table.numel() < 2:
+        raise PlantError("the call carries no paged `block_table` (KernelCall.block_table): update _paged_block_table_swapped")
+    swapped = table.clone()
+    flat = swapped.view(-1)
+    flat[[0, -1]] = flat[[-1, 0]]  # two pages of the cache swapped: only paged reads see it
+    return w.inner(dataclasses.replace(call, block_table=swapped))
+
+
+# ---------------------------------------------------------------- tiled variants
+
+
+def _variant_scores(qt, kt, rows, cols, nq, nk, opts: AttnOptions, flags: frozenset):
+    """tiled's _scores with the flags' bugs; with no flag, the same arithmetic in the same order."""
+    if "softcap_before_scale" in flags and opts.softcap:
+        tanh = torch.tanh((qt @ kt.transpose(-1, -2)) / opts.softcap)
+        s = tanh * opts.softcap * opts.softmax_scale
+    else:
+        s = (qt @ kt.transpose(-1, -2)) * opts.softmax_scale
+        tanh = None
+        if opts.softcap and "softcap_ignored" not in flags:
+            tanh = torch.tanh(s / opts.softcap)
+            s = tanh * opts.softcap
+    if opts.alibi_slopes is not None:
+        bias = alibi_bias(opts.alibi_slopes, rows, nq, nk)[:, :, cols]
+        s = s - bias if "alibi_wrong_sign" in flags else s + bias
+    causal, window = opts.causal, opts.window
+    if "causal_window_ignores_window" in flags and causal:
+        window = (-1, -1)
+    if "causal_peek" in flags and causal:
+        left, right = effective_window(causal, window)
+        causal, window = False, (left, right + 1)
+    if "window_off_by_one" in flags and window != (-1, -1):
+        window = tuple(w + 1 if w >= 0 else w for w in window)
+    allowed = allowed_mask(rows, nq, nk, causal, window)
+    if allowed is not None:
+        s = s.masked_fill(~allowed[:, cols], float("-inf"))
+    return s, tanh
+
+
+def _key_end(nk: int, flags: frozenset) -> int:
+    """Where the key loop stops: nk, or (bug) before the last partial tile."""
+    return nk - nk % TILE if "skip_last_partial_tile" in flags else nk
+
+
+def _expand_kv(t, group: int, flags: frozenset):
+    """(b, hkv, n, d) -> (b, hq, n, d): query head h reads kv head h // group (bug: h % hkv)."""
+    return t.repeat(1, group, 1, 1) if "gqa_mod" in flags else t.repeat_interleave(group, dim=1)
+
+
+def _reduce_kv(t, b: int, hkv: int, group: int, flags: frozenset):
+    n, d = t.shape[-2:]
+    return t.view(b, group, hkv, n, d).sum(dim=1) if "gqa_mod" in flags else t.view(b, hkv, group, n, d).sum(dim=2)
+
+
+class _VariantAttention(torch.autograd.Function):
+    """gate/kernels/tiled.py's _TiledAttention, line for line, with the planted flags."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, opts: AttnOptions, keep, flags: frozenset, keep_bwd):
+        b, nq, hq, d = q.shape
+        nk, hkv = k.shape[1], k.shape[2]
+        group = hq // hkv
+        qf = q.float().transpose(1, 2)
+        kf = _expand_kv(k.float().transpose(1, 2), group, flags)
+        vf = _expand_kv(v.float().transpose(1, 2), group, flags)
+        rescale = 1.0 / (1.0 - opts.dropout_p) if opts.dropout_p else 1.0
+        out = torch.zeros(b, hq, nq, v.shape[-1], dtype=torch.float32, device=q.device)
+        lse = torch.empty(b, hq, nq, dtype=torch.float32, device=q.device)
+        no_max = "no_max_subtraction" in flags
+        for r0 in range(0, nq, TILE):
+            rows = torch.arange(r0, min(nq, r0 + TILE), device=q.device)
+            m = torch.full((b, hq, len(rows), 1), float("-inf"), device=q.device)
+            l = torch.zeros_like(m)
+            acc = torch.zeros(b, hq, len(rows), v.shape[-1], device=q.device)
+            for c0 in range(0, _key_end(nk, flags), TILE):
+                cols = slice(c0, min(nk, c0 + TILE))
+                s, _ = _variant_scores(qf[:, :, rows], kf[:, :, cols], rows, cols, nq, nk, opts, flags)
+                if no_max:  # exp of the raw scores: fine for small logits, inf beyond ~88 in float32
+                    m_new = torch.zeros_like(m)
+                    m_safe = m_new
+                    alpha = torch.ones_like(m)
+                else:
+                    m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+                    m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+                    alpha = torch.exp(m - m_safe)
+                p = torch.exp(s - m_safe)
+                l = alpha * l + p.sum(dim=-1, keepdim=True)
+                if keep is not None:
+                    p = p * keep[:, :, rows][:, :, :, cols] * rescale
+                acc = alpha * acc + p @ vf[:, :, cols]
+                m = m_new
+            empty = l == 0
+            out[:, :, rows] = torch.where(empty, torch.zeros_like(acc), acc / torch.where(empty, torch.ones_like(l), l))
+            lse[:, :, rows] = torch.where(empty, torch.full_like(l, float("-inf")), m + torch.log(l)).squeeze(-1)
+        out_t = out.transpose(1, 2).to(q.dtype)
+        keep_b = keep_bwd if keep_bwd is not None else keep
+        ctx.save_for_backward(q, k, v, out_t, lse, keep_b if keep_b is not None else torch.empty(0))
+        ctx.opts, ctx.flags = opts, flags
+        ctx.has_keep = keep_b is not None
+        ctx.mark_non_differentiable(lse)
+        return out_t, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, keep = ctx.saved_tensors
+        keep = keep if ctx.has_keep else None
+        opts: AttnOptions = ctx.opts
+        flags = ctx.flags
+        b, nq, hq, d = q.shape
+        nk, hkv = k.shape[1], k.shape[2]
+        group = hq // hkv
+        qf = q.float().transpose(1, 2)
+        kf = _expand_kv(k.float().transpose(1, 2), group, flags)
+        vf = _expand_kv(v.float().transpose(1, 2), group, flags)
+        do = dout.float().transpose(1, 2)
+        delta = (do * out.float().transpose(1, 2)).sum(dim=-1, keepdim=True)
+        if "drop_delta" in flags:  # the rowsum(dO * O) term of dS forgotten
+            delta = torch.zeros_like(delta)
+        lse_bwd = torch.where(torch.isinf(lse), torch.full_like(lse, float("inf")), lse).unsqueeze(-1)
+        rescale = 1.0 / (1.0 - opts.dropout_p) if opts.dropout_p else 1.0
+        dq = torch.zeros_like(qf)
+        dk = torch.zeros_like(kf)
+        dv = torch.zeros_like(vf)
+        for r0 in range(0, nq, TILE):
+            rows = torch.arange(r0, min(nq, r0 + TILE), device=q.device)
+            for c0 in range(0, _key_end(nk, flags), TILE):
+                cols = slice(c0, min(nk, c0 + TILE))
+                s, tanh = _variant_scores(qf[:, :, rows], kf[:, :, cols], rows, cols, nq, nk, opts, flags)
+                p = torch.exp(s - lse_bwd[:, :, rows])
+                dp = do[:, :, rows] @ vf[:, :, cols].transpose(-1, -2)
+                pz = p
+                if keep is not None:
+                    z = keep[:, :, rows][:, :, :, cols] * rescale
+                    pz, dp = p * z, dp * z
+                dv[:, :, cols] += pz.transpose(-1, -2) @ do[:, :, rows]
+                ds = p * (dp - delta[:, :, rows])
+                if tanh is not None and "softcap_no_derivative" not in flags:
+                    ds = ds * (1 - tanh * tanh)
+                dq[:, :, rows] += (ds @ kf[:, :, cols]) * opts.softmax_scale
+                dk[:, :, cols] += (ds.transpose(-1, -2) @ qf[:, :, rows]) * opts.softmax_scale
+        dk = _reduce_kv(dk, b, hkv, group, flags)
+        dv = _reduce_kv(dv, b, hkv, group, flags)
+        return (dq.transpose(1, 2).to(q.dtype), dk.transpose(1, 2).to(k.dtype), dv.transpose(1, 2).to(v.dtype),
+                None, None, None, None)
+
+
+class TiledVariant(TiledAdapter):
+    """`tiled` with planted flags (no flag: bit-identical to tiled)."""
+
+    def __init__(self, flags: frozenset = frozenset(), bug: str = ""):
+        self.flags, self.bug = frozenset(flags), bug
+        self.description = f"tiled variant with planted bug {bug}" if bug else "tiled variant (no bug)"
+
+    def _dense(self, q, k, v, call: KernelCall, keep=None) -> KernelOutput:
+        opts = call.opts
+        d = q.shape[-1]
+        if "head_dim_padded_scale" in self.flags and d % 32:
+            # the scale of the head dim the tiles are padded to, not of the real one: only off-grid dims see it
+            opts = dataclasses.replace(opts, softmax_scale=(-(-d // 32) * 32) ** -0.5)
+        keep_bwd = None
+        if keep is not None and "dropout_redrawn" in self.flags:
+            keep_bwd = dropout_keep_mask(tuple(keep.shape), opts.dropout_p, call.seed + 1, keep.device)
+        out, lse = _VariantAttention.apply(q, k, v, opts, keep, self.flags, keep_bwd)
+        return KernelOutput(out=out, lse=lse, dropout_keep=keep)
+
+
+def variant(flag: str):
+    return lambda _inner, name: TiledVariant(frozenset({flag}), name)
+
+
+# ---------------------------------------------------------------- the registry
+
+
+def _any_keys(c: Case) -> bool:
+    return c.seqlen_k > 1 or (c.varlen is not None and max(c.varlen) > 1)
+
+
+def _field(name: str, default):
+    return lambda c: getattr(c, name, default)
+
+
+ANY = Trigger("a case with more than one key", _any_keys)
+CAUSAL = Trigger("a causal case with more than one key", lambda c: c.causal and _any_keys(c))
+WINDOW = Trigger("a sliding-window case", lambda c: c.has_window)
+CAUSAL_WINDOW = Trigger("a causal case with a sliding window (left < seqlen_k)",
+                        lambda c: c.causal and 0 <= c.window[0] < c.seqlen_k - 1)
+PARTIAL_TILE = Trigger(f"a case with seqlen_k > {TILE} and not a multiple of the key tile ({TILE})",
+                       lambda c: any(n > TILE and n % TILE for n in (c.varlen if c.varlen is not None else (c.seqlen_k,))))
+GQA = Trigger("a GQA case with more than one kv head (heads 'Hq/Hkv', Hkv >= 2)", lambda c: c.is_gqa and c.heads_kv >= 2 and _any_keys(c))
+SOFTCAP = Trigger("a softcap case", lambda c: c.softcap > 0)
+ALIBI = Trigger("an ALiBi case", lambda c: c.alibi and _any_keys(c))
+OFF_GRID = Trigger("a case with head_dim not a multiple of 32", lambda c: c.head_dim % 32 != 0)
+MASKED_ROWS = Trigger("a case with fully masked rows (causal with seqlen_q > seqlen_k)", lambda c: c.has_fully_masked_rows)
+BATCH = Trigger("a dense case with batch >= 2", lambda c: c.varlen is None and c.batch >= 2)
+VARLEN = Trigger("a varlen case with two or more non-empty sequences",
+                 lambda c: (c.varlen is not None and sum(1 for n in c.varlen if n) >= 2)
+                 or (getattr(c, "entry", "dense") == "varlen"))
+DETERMINISM = Trigger("a case with the determinism check (checks = [[\"determinism\"]])",
+                      lambda c: "determinism" in c.checks or "race" in c.checks)
+DROPOUT = Trigger("a dropout case", lambda c: c.dropout_p > 0)
+LSE = Trigger("a case where the kernel returns its LSE", _any_keys)
+EXTREME = Trigger("an inputs = large/shifted/outliers case (extreme logits)",
+                  lambda c: _field("inputs", "normal")(c) in ("large", "shifted", "outliers"),
+                  field="inputs")
+NONCONTIG_K = Trigger("a layout case with a non-contiguous K (k_sliced, qkv_packed, bhsd_view)",
+                      lambda c: _field("layout", "contiguous")(c) in ("k_sliced", "qkv_packed", "bhsd_view"), field="layout")
+BIAS_GRAD = Trigger("a case with a learnable bias (bias_grad = true)", lambda c: bool(getattr(c, "bias_grad", False)), field="bias_grad")
+PAGED = Trigger("a paged kv-cache case (entry = kvcache with a page size)",
+                lambda c: _field("entry", "dense")(c) == "kvcache" and bool(getattr(c, "page_size", 0)), field="entry")
+
+BUGS: tuple[PlantedBug, ...] = (
+    PlantedBug("dk_x1.02", "dK 2% too large (a wrong constant in the backward epilogue)", "kernel", ANY, wrap(_grad_scaled("k", 1.02))),
+    PlantedBug("dq_x1.02", "dQ 2% too large (a wrong scale on the dQ accumulator)", "kernel", ANY, wrap(_grad_scaled("q", 1.02))),
+    PlantedBug("lse_plus_1e-3", "the LSE off by 1e-3 (a log2/ln constant rounded)", "kernel", LSE, wrap(_lse_shifted),
+               needs="returns_lse", hint="an fp32 case: in bf16/fp16 the LSE bound is ~1e-2, ten times this error"),
+    PlantedBug("masked_row_nan", "a fully masked row gives NaN instead of 0 (0/0 in the normalisation)", "kernel", MASKED_ROWS,
+               wrap(_masked_rows_nan)),
+    PlantedBug("batch_leak", "a batch element leaks into its neighbour (batch stride off at the boundary)", "kernel", BATCH,
+               wrap(_batch_leak)),
+    PlantedBug("varlen_boundary", "varlen-only indexing: cu_seqlens read one off at a sequence boundary", "kernel", VARLEN,
+               wrap(_varlen_boundary)),
+    PlantedBug("dq_noise_deterministic", "run-to-run noise in dQ under deterministic mode (an atomic left in)", "kernel",
+               DETERMINISM, wrap(_dq_noise_when_deterministic), needs="deterministic_mode"),
+    PlantedBug("drop_delta", "the rowsum(dO * O) term of dS dropped", "tiled", ANY, variant("drop_delta")),
+    PlantedBug("causal_peek", "the causal mask peeks one key ahead", "tiled", CAUSAL, variant("causal_peek")),
+    PlantedBug("window_off_by_one", "the sliding window one key too wide on each side", "tiled", WINDOW, variant("window_off_by_one")),
+    PlantedBug("causal_window_ignores_window", "causal + window applies only the causal mask", "tiled", CAUSAL_WINDOW,
+               variant("causal_window_ignores_window")),
+    PlantedBug("skip_last_partial_tile", "the last partial key tile skipped", "tiled", PARTIAL_TILE, variant("skip_last_partial_tile")),
+    PlantedBug("gqa_h_mod_hkv", "GQA head mapping h % Hkv instead of h // (Hq/Hkv)", "tiled", GQA, variant("gqa_mod")),
+    PlantedBug("softcap_no_derivative", "softcap's derivative (1 - tanh^2) dropped in the backward", "tiled", SOFTCAP,
+               variant("softcap_no_derivative")),
+    PlantedBug("softcap_ignored", "the softcap not applied at all", "tiled", SOFTCAP, variant("softcap_ignored")),
+    PlantedBug("softcap_before_scale", "the cap applied before the softmax scale (the cap scaled)", "tiled", SOFTCAP,
+               variant("softcap_before_scale")),
+    PlantedBug("alibi_wrong_sign", "ALiBi bias added with the wrong sign", "tiled", ALIBI, variant("alibi_wrong_sign")),
+    PlantedBug("head_dim_off_grid", "softmax scale of the head dim padded to 32 (wrong only off the 32-grid)", "tiled", OFF_GRID,
+               variant("head_dim_padded_scale")),
+    PlantedBug("dropout_redrawn", "the dropout mask redrawn in the backward", "tiled", DROPOUT, variant("dropout_redrawn")),
+    PlantedBug("exp_overflow", "no running max: exp overflows/underflows at extreme logits", "tiled", EXTREME,
+               variant("no_max_subtraction")),
+    PlantedBug("noncontiguous_k", "wrong results for a non-contiguous K (strides ignored)", "kernel", NONCONTIG_K,
+               wrap(_noncontiguous_k)),
+    PlantedBug("bias_grad_x1.02", "dBias 2% too large (a broadcast bias's gradient reduced wrongly)", "kernel", BIAS_GRAD,
+               wrap(_bias_grad_scaled), needs="bias_grad"),
+    PlantedBug("paged_pages_swapped", "paged-cache-only indexing: two pages of the block table read swapped", "kernel", PAGED,
+               wrap(_paged_block_table_swapped)),
+)
+
+
+def bug_names() -> list[str]:
+    return [b.name for b in BUGS]
+
+
+def select_bugs(names: tuple[str, ...] = ()) -> tuple[PlantedBug, ...]:
+    """All bugs, or those named (unknown names are a UserError naming the known ones)."""
+    if not names:
+        return BUGS
+    from gate.core.errors import UserError
+
+    known = {b.name: b for b in BUGS}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UserError(f"--bugs: unknown planted bug {unknown[0]!r}; known: {', '.join(known)}")
+    return tuple(known[n] for n in names)
+
+
+def host_of(bug: PlantedBug, kernel: KernelAdapter) -> str:
+    """'kernel' or 'tiled': a kernel-hosted bug moves to tiled when the kernel lacks what it needs."""
+    if bug.host == "kernel" and bug.needs and not getattr(kernel.capabilities(), bug.needs):
+        return "tiled"
+    return bug.host
+
+
+def planted_adapter(bug: PlantedBug, host: KernelAdapter) -> KernelAdapter:
+    return bug.plant(host, bug.name)
+
+
+def case_cost(case: Case) -> float:
+    """Order cases cheapest first (a bug is usually killed by the first few)."""
+    return case.flops("fwd") * (3.5 if case.dtype != "fp32" else 7.0) * len(case.seeds) + 1e4 * (1 + len(case.checks) * 10)
+
+
+def mult_to_catch(max_err: float, pt_err: float, floor: float) -> float:
+    """The tolerance multiplier at or below which an error of max_err would fail (ratio > 1)."""
+    if pt_err <= 0 or not math.isfinite(max_err):
+        return math.inf if max_err > floor else 0.0
+    return max(0.0, (max_err - floor) / pt_err)

@@ -1,0 +1,151 @@
+"""Check a command's names and options before anything runs (#15): kernel, suite, device, the
+working directory. A typo must be answered as a typo ("did you mean sdpa-cpu?", exit 2), never
+with advice that follows from it (a "no baseline, create one" for a kernel that does not exist,
+a traceback for `--device cuda` on a CPU machine).
+
+Every command calls `validate_target` first; `baseline_hint` checks the working directory when a
+baseline is missing, so "no baseline" is only said where a baseline could exist.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+
+from gate.core.config import Config
+from gate.core.errors import UserError
+
+
+@dataclass(frozen=True)
+class ValidTarget:
+    kernel: str
+    suite: str
+    device: str
+
+
+def nearest(name: str, known: list[str] | tuple[str, ...], n: int = 3) -> str:
+    """' (did you mean a or b?)' for the closest known names, or '' when none is close."""
+    close = difflib.get_close_matches(name, list(known), n=n, cutoff=0.6)
+    if not close:
+        close = [k for k in known if name and (name.lower() in k.lower() or k.lower() in name.lower())][:n]
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
+
+
+def check_device(device: str | None) -> str:
+    """`--device cuda` without a visible GPU is a usage error of one line, not a traceback."""
+    from gate.core.environment import default_device
+
+    if device not in (None, "cpu", "cuda"):
+        raise UserError(f"--device {device!r}: choose cpu or cuda{nearest(str(device), ('cpu', 'cuda'))}")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UserError("--device cuda: no CUDA GPU is visible here; leave --device out to use the CPU")
+    return device or default_device()
+
+
+def _check_kernel_in_worker(kernel: str, device: str, option: str, isolation) -> None:
+    from gate.core.config import IsolationConfig
+    from gate.workflow.isolation import worker_pool
+
+    module, _, function = kernel.partition(":")
+    if not module or not function:
+        raise UserError(f"{option} {kernel!r}: a user kernel is named 'package.module:function'")
+    with worker_pool(kernel, device, 1, isolation or IsolationConfig()) as pool:
+        info = pool.kernel_info()  # a kernel that does not import: the worker's one-line UserError
+    if info.unavailable:
+        raise UserError(f"kernel {kernel!r} is unavailable here: {info.unavailable}")
+    if device not in info.devices:
+        raise UserError(f"{option} {kernel!r} runs on {'/'.join(info.devices)}, not {device}; pass --device "
+                        f"{info.devices[0] if info.devices else 'cuda'} on a machine that has it")
+
+
+def check_kernel(kernel: str, device: str, option: str = "--kernel", kernel_in_worker: bool = False,
+                 isolation=None) -> None:
+    """A known name (or an importable `package.module:function`), installed, and able to run on `device`.
+
+    `kernel_in_worker` (#11): the run loads the kernel in a worker process, and the deciding
+    process must never import a user kernel (`package.module:function`), not even to check it: a
+    worker is started here and its first answer says whether the kernel imports, is installed and
+    runs on `device` (the pool stays warm: the run's sweep reuses that worker)."""
+    from gate.kernels.registry import get_adapter, kernel_names
+
+    names = kernel_names()
+    if kernel_in_worker and ":" in kernel:
+        _check_kernel_in_worker(kernel, device, option, isolation)
+        return
+    try:
+        adapter = get_adapter(kernel)  # a user kernel that does not import is a UserError here
+    except UserError:
+        if ":" in kernel or kernel in names:
+            raise
+        raise UserError(f"{option} {kernel!r} is not a known kernel; choose one of {', '.join(names)}{nearest(kernel, names)}, "
+                        f"or name your own function as 'package.module:function' (`attn-gate kernels` lists them)") from None
+    missing = adapter.unavailable_reason()
+    if missing:
+        runnable = [n for n in names if ":" not in n and _runs_on(n, device)]
+        raise UserError(f"kernel {kernel!r} is unavailable here: {missing}; on {device} try {', '.join(runnable) or 'none'}")
+    devices = adapter.capabilities().devices
+    if device not in devices:
+        raise UserError(f"{option} {kernel!r} runs on {'/'.join(devices)}, not {device}; pass --device "
+                        f"{devices[0]} on a machine that has it, or choose a {device} kernel (`attn-gate kernels`)")
+
+
+def _runs_on(name: str, device: str) -> bool:
+    from gate.kernels.registry import get_adapter
+
+    try:
+        adapter = get_adapter(name)
+        return adapter.unavailable_reason() is None and device in adapter.capabilities().devices
+    except Exception:
+        return False
+
+
+def check_suite(config: Config, suite: str) -> None:
+    from gate.core.cases import suite_names
+
+    names = suite_names(config.suites)
+    if suite not in names:
+        raise UserError(f"--suite {suite!r}: unknown suite {suite!r}; choose one of: {', '.join(names)}{nearest(suite, names)} "
+                        f"(`attn-gate suites` lists them; define your own under [tool.attn-gate.suites] in {config.source})")
+
+
+def check_only(only: str | None) -> None:
+    from gate.core.cases import only_pattern
+
+    only_pattern(only)  # an invalid regex is a one-line UserError
+
+
+def validate_target(config: Config, kernel: str | None, suite: str | None, device: str | None,
+                    only: str | None = None, check_kernel_runs: bool = True, kernel_in_worker: bool = False) -> ValidTarget:
+    """Resolve the defaults and check every name, in the order a user reads the command line:
+    device, kernel, suite, --only. `check_kernel_runs=False` for commands that only read files
+    (`baseline show`): the name must be known, the kernel need not be installed here.
+    `kernel_in_worker`: the run is isolated (#11); a user kernel is not imported here (check_kernel)."""
+    device = check_device(device)
+    profile = config.profile(device)
+    kernel = kernel or profile.kernel
+    suite = suite or profile.suite
+    if check_kernel_runs:
+        check_kernel(kernel, device, kernel_in_worker=kernel_in_worker, isolation=config.isolation)
+    else:
+        from gate.kernels.registry import kernel_names
+
+        if ":" not in kernel and kernel not in kernel_names():
+            raise UserError(f"--kernel {kernel!r} is not a known kernel{nearest(kernel, kernel_names())}; "
+                            f"`attn-gate kernels` lists them")
+    check_suite(config, suite)
+    check_only(only)
+    return ValidTarget(kernel, suite, device)
+
+
+def check_working_directory(config: Config, baselines_dir: str | Path | None = None) -> None:
+    """Run from another folder, `baselines/` (relative to the working directory) is not there and
+    every check would say "no baseline": say where to run from instead."""
+    folder = Path(baselines_dir if baselines_dir is not None else config.baselines_dir)
+    if folder.is_dir() or config.source != "defaults":
+        return  # a configured project without baselines yet: "no baseline, create it with ..." is right
+    raise UserError(f"no pyproject.toml and no {folder}/ folder in {Path.cwd()}: run attn-gate from your "
+                    f"repository's root (where pyproject.toml and {folder}/ are), or pass --config PATH/pyproject.toml")

@@ -1,0 +1,278 @@
+"""The coverage axes of issue #9: every axis is in the smoke suite in a small form, a bug of its
+class planted in a user kernel (tests/coverage_kernels.py) makes `attn-gate check` fail on that
+axis's cases and pass the cases the suites had before, and the correct kernel passes them all.
+Also: layouts really hand the kernel views, the pairwise cover, the tiers' sizes, and the LSE
+yardstick (a 1e-3 bias fails a bf16 case by the rule alone; correct CPU kernels keep margin)."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from gate.attention.inputs import kernel_tensors, make_inputs
+from gate.commands.main import main
+from gate.core.cases import Case, expand_block, load_suite, pairwise_points
+from gate.core.config import ToleranceConfig
+from gate.core.errors import UserError
+from gate.core.results import Status
+from gate.correctness.run_case import leaf_call, run_case, run_kernel
+from gate.kernels.registry import get_adapter
+
+ROOT = Path(__file__).resolve().parent.parent
+CPU_BASELINE = ROOT / "baselines" / "cpu" / "sdpa-cpu-smoke.json"
+TOL = ToleranceConfig()
+SMOKE = load_suite("smoke")
+NEW_AXES = ("layout", "inputs", "varlen_k")
+
+# bug -> (regex of the smoke cases of its axis that must FAIL the check, one pre-#9 smoke case it passes)
+PLANTED = {
+    "assumes_contiguous": (r"-(k_sliced|qkv_packed|bhsd_view)$", "bf16-b2-h4/1-s97x257-d64-causal"),
+    "dout_assumed_contiguous": (r"-dout_noncontig$", "bf16-b2-h4/1-s97x257-d64-causal"),
+    "no_max_subtraction": (r"-d64(-causal)?-(large|shifted)$", "bf16-b2-h4-s128-d64"),
+    "ignores_softcap": (r"-cap20-large$", "bf16-b2-h4-s128-d64-causal"),
+    "v_saturates_at_16": (r"-outliers$", "bf16-b2-h4/2-s200-d64-win16.16"),
+    "dq_head_dim_tail_dropped": (r"^bf16-b2-h2-s33x65-d(59|72|111)$", "bf16-b2-h4-s128-d64-causal"),
+    "scale_from_dv": (r"-d192/128$", "bf16-b2-h4/1-s97x257-d64-causal"),
+    "causal_top_left": (r"^fp16-b2-h2-s(1x339|239x1|113x203)-d32-causal$|-causal-varlen5\.40\.0\.30x", "bf16-b2-h4-s128-d64-causal"),
+    "key_tile_floor": (r"^fp16-b2-h2-s129-d32(-causal)?$", "bf16-b2-h4-s128-d64-causal"),
+    "window_ignored_when_causal": (r"-causal-win(32\.0|16\.-1)$", "bf16-b2-h4/2-s200-d64-win32.0"),
+    "window_minus_one_ignored": (r"^bf16-b2-h2-s96x128-d32-win-1\.0$", "bf16-b2-h4/2-s200-d64-win32.0"),
+    "alibi_causal_only": (r"^bf16-b2-h4-s80x100-d32-(win24\.24-)?(cap20-)?alibi$", "bf16-b2-h2-s150x90-d64-causal-cap20-alibi"),
+    "pack_gqa_decode_wrong": (r"-h8/(2|4)-s1x300-d64$", "bf16-b2-h4/1-s1-d64-causal"),
+}
+
+
+def _check(kernel: str, only: str, out: Path) -> tuple[int, dict]:
+    with contextlib.chdir(ROOT):
+        rc = main(["check", "--kernel", f"tests.coverage_kernels:{kernel}", "--baseline", str(CPU_BASELINE),
+                   f"--only={only}", "--device", "cpu", "--no-progress", "--out", str(out)])
+    stem = f"tests.coverage_kernels_{kernel}-smoke"
+    return rc, json.loads((out / f"findings-{stem}.json").read_text())
+
+
+def _smoke_ids(pattern: str) -> list[str]:
+    return [c.id for c in SMOKE.cases if re.search(pattern, c.id)]
+
+
+@pytest.fixture(autouse=True)
+def no_step_summary(monkeypatch):
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+
+
+# ---------------------------------------------------------------- the axes in smoke, and their bugs
+
+
+def test_smoke_carries_every_new_axis_value():
+    layouts = {c.layout for c in SMOKE.cases}
+    inputs = {c.inputs for c in SMOKE.cases}
+    assert layouts == {"contiguous", "k_sliced", "qkv_packed", "bhsd_view", "dout_noncontig"}
+    assert inputs == {"normal", "large", "shifted", "outliers"}
+    assert any(c.varlen_k is not None for c in SMOKE.cases)
+    assert {c.head_dim for c in SMOKE.cases} >= {59, 72, 111, 192}
+    assert any(c.head_dim_v != c.head_dim for c in SMOKE.cases if c.dtype != "fp32")
+    assert any(c.causal and c.has_window for c in SMOKE.cases) and any(not c.causal and c.window == (-1, 0) for c in SMOKE.cases)
+    assert any(c.alibi and not c.causal for c in SMOKE.cases) and any(c.alibi and c.has_window for c in SMOKE.cases)
+    assert any(c.softcap and not c.causal for c in SMOKE.cases)
+    assert any(c.softcap and c.varlen for c in SMOKE.cases) and any(c.has_window and c.varlen for c in SMOKE.cases)
+    assert {c.heads_kv for c in SMOKE.cases if c.seqlen_q == 1 and c.seqlen_k > 1} >= {1, 2, 4}
+
+
+def test_correct_kernel_passes_every_coverage_case(tmp_path):
+    ids = [c.id for c in SMOKE.cases if c.layout != "contiguous" or c.inputs != "normal" or c.varlen_k]
+    rc, findings = _check("correct", "|".join(f"^{re.escape(i)}$" for i in ids) + "|d(59|72|111|192)|1x300|129|239x1|1x339|113x203"
+                          "|96x128|80x100|varlen1\\.40", tmp_path)
+    assert rc == 0 and findings["verdict"] == "PASS", [f["message"] for f in findings["findings"] if f["severity"] == "FAIL"]
+    sweep = json.loads((tmp_path / "sweep-tests.coverage_kernels_correct-smoke.json").read_text())
+    statuses = [c["status"] for c in sweep["cases"]]
+    assert len(statuses) >= 40 and set(statuses) == {"PASS"}  # every coverage case measured, none skipped
+
+
+@pytest.mark.parametrize("bug", sorted(PLANTED))
+def test_planted_bug_fails_check_on_its_axis_and_passes_without_it(bug, tmp_path):
+    pattern, control = PLANTED[bug]
+    targets = _smoke_ids(pattern)
+    assert targets, f"no smoke case matches {pattern}"
+    rc, findings = _check(bug, pattern, tmp_path)
+    assert rc == 1 and findings["verdict"] == "FAIL"
+    failed = {f["case_id"] for f in findings["findings"] if f["severity"] == "FAIL" and f["rule"] in ("tolerance", "status")}
+    assert failed == set(targets), (bug, sorted(set(targets) - failed))
+    # before #9 the suites had no case for it: the same bug passes an old case
+    case = next(c for c in SMOKE.cases if c.id == control)
+    result = run_case(get_adapter(f"tests.coverage_kernels:{bug}"), case, "cpu", TOL)
+    assert result.status is Status.PASS, (bug, control, result.reason)
+
+
+# ---------------------------------------------------------------- layouts are views, not copies
+
+
+@pytest.mark.parametrize("layout", ["k_sliced", "qkv_packed", "bhsd_view", "dout_noncontig"])
+@pytest.mark.parametrize("varlen", [False, True])
+def test_layout_hands_the_kernel_a_view_with_the_same_values(layout, varlen):
+    kw = dict(varlen=(3, 0, 17), batch=3, seqlen_q=17, seqlen_k=17) if varlen else dict(batch=2, seqlen_q=9, seqlen_k=13)
+    case = Case(heads_q=4, heads_kv=2, head_dim=24, head_dim_v=16, dtype="bf16", layout=layout, seeds=(0,), **kw)
+    inputs = make_inputs(case, 0, "cpu")
+    t = kernel_tensors(case, inputs)
+    for got, want in zip((t.q, t.k, t.v, t.dout), (inputs.q, inputs.k, inputs.v, inputs.dout)):
+        assert torch.equal(got.detach(), want) and got.shape == want.shape
+    moved = {"k_sliced": (t.k,), "qkv_packed": (t.q, t.k, t.v), "bhsd_view": (t.q, t.k, t.v), "dout_noncontig": (t.dout,)}[layout]
+    assert all(not x.is_contiguous() for x in moved)
+    if layout == "qkv_packed":
+        assert t.q.untyped_storage().data_ptr() == t.k.untyped_storage().data_ptr() == t.v.untyped_storage().data_ptr()
+    if layout == "k_sliced":
+        assert t.k.storage_offset() > 0
+    seen = {}
+
+    def spy(q, k, v, softmax_scale=None):
+        seen.update(q=q, k=k, v=v)
+        return (torch.softmax(q.float().transpose(1, 2) @ k.float().transpose(1, 2).repeat_interleave(2, 1).transpose(-1, -2)
+                              * softmax_scale, -1) @ v.float().transpose(1, 2).repeat_interleave(2, 1)).transpose(1, 2).to(q.dtype)
+
+    import tests.coverage_kernels as mod
+
+    mod._spy = spy
+    try:
+        adapter = get_adapter("tests.coverage_kernels:_spy")
+        _, grads = run_kernel(adapter, case, inputs)
+    finally:
+        del mod._spy
+    if layout != "dout_noncontig":
+        name = "k" if layout == "k_sliced" else "q"
+        assert not seen[name].is_contiguous()  # the kernel got the view itself (varlen: a slice of it)
+    assert [g.shape for g in grads] == [inputs.q.shape, inputs.k.shape, inputs.v.shape]
+
+
+# ---------------------------------------------------------------- ids, defaults, validation
+
+
+def test_new_fields_default_out_of_ids_and_dicts():
+    plain = Case(batch=2, seqlen_q=8, seqlen_k=8, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16")
+    assert "layout" not in plain.to_dict() and "inputs" not in plain.to_dict() and "varlen_k" not in plain.to_dict()
+    assert plain.id == "bf16-b2-h2-s8-d16"
+    fancy = Case(batch=2, seqlen_q=5, seqlen_k=9, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16",
+                 varlen=(5, 0), varlen_k=(9, 2), layout="bhsd_view", inputs="shifted")
+    assert fancy.id.endswith("-varlen5.0x9.2-bhsd_view-shifted")
+    assert Case.from_dict(fancy.to_dict()) == fancy
+
+
+@pytest.mark.parametrize("kw", [dict(layout="nope"), dict(inputs="huge"), dict(varlen_k=(4,)),
+                                dict(varlen=(3, 2), batch=2, seqlen_q=3, seqlen_k=3, varlen_k=(0, 3))])
+def test_bad_new_fields_are_refused(kw):
+    base = dict(batch=2, seqlen_q=4, seqlen_k=4, heads_q=2, heads_kv=2, head_dim=8, head_dim_v=8, dtype="bf16")
+    with pytest.raises(ValueError):
+        Case(**{**base, **kw})
+
+
+def test_suite_toml_errors_name_the_axis():
+    with pytest.raises(UserError, match="layout"):
+        expand_block({"layout": ["diagonal"]}, (0,), "x")
+    with pytest.raises(UserError, match="pairwise"):
+        expand_block({"pairwise": "yes"}, (0,), "x")
+    with pytest.raises(UserError, match="varlen_k"):
+        expand_block({"varlen_k": [[3, 4]]}, (0,), "x")
+    with pytest.raises(UserError, match="seeds"):
+        expand_block({"seeds": []}, (0,), "x")
+
+
+def test_a_block_may_run_fewer_seeds_than_its_suite():
+    assert {c.seeds for c in expand_block({"seeds": [0]}, (0, 1), "x")} == {(0,)}
+    assert {c.seeds for c in expand_block({}, (0, 1), "x")} == {(0, 1)}
+    pr = load_suite("pr")
+    assert {len(c.seeds) for c in pr.cases if c.perf} == {2}  # the timed shapes keep two seeds
+    assert sum(len(c.seeds) for c in pr.cases) < 1.3 * len(pr.cases)  # breadth blocks: one seed
+
+
+@pytest.mark.parametrize("sizes", [[3, 3, 3, 3], [6, 5, 4, 3, 2, 2, 2, 5], [2], [4, 1, 3]])
+def test_pairwise_covers_every_pair_with_fewer_rows_than_the_product(sizes):
+    rows = pairwise_points(sizes)
+    for a, b in itertools.combinations(range(len(sizes)), 2):
+        assert {(r[a], r[b]) for r in rows} == set(itertools.product(range(sizes[a]), range(sizes[b])))
+    product = 1
+    for s in sizes:
+        product *= s
+    assert len(rows) <= product and (len(sizes) < 4 or len(rows) < product / 4)
+    assert pairwise_points(sizes) == rows  # deterministic: suite hashes must not move
+
+
+# ---------------------------------------------------------------- tiers
+
+
+def test_tiers_have_their_sizes_and_every_axis():
+    pr, nightly = load_suite("pr"), load_suite("nightly")
+    assert len(pr.cases) >= 300 and len(pr.perf_cases) >= 24
+    for suite in (pr, nightly):
+        assert {c.layout for c in suite.cases} == {"contiguous", "k_sliced", "qkv_packed", "bhsd_view", "dout_noncontig"}
+        assert {c.inputs for c in suite.cases} == {"normal", "large", "shifted", "outliers"}
+        assert any(c.varlen_k for c in suite.cases)
+    perf = pr.perf_cases
+    assert {c.head_dim for c in perf} >= {64, 128, 256} and {c.dtype for c in perf} == {"bf16", "fp16"}
+    assert any(c.causal for c in perf) and any(not c.causal for c in perf) and any(c.is_gqa for c in perf)
+    assert any(c.seqlen_q == 1 and c.seqlen_k >= 8192 for c in perf) and any(c.varlen for c in perf)
+    assert {512, 2048, 8192, 16384} <= {c.seqlen_k for c in perf}
+    assert {65537, 131072} <= {c.seqlen_k for c in nightly.cases}
+    assert max(c.seqlen_k for c in pr.cases) <= 16384
+
+
+# ---------------------------------------------------------------- the LSE yardstick
+
+
+def _lse_case(**kw):
+    base = dict(batch=2, seqlen_q=128, seqlen_k=128, heads_q=4, heads_kv=4, head_dim=64, head_dim_v=64, dtype="bf16", seeds=(0, 1))
+    return Case(**{**base, **kw})
+
+
+@pytest.mark.parametrize("case", [_lse_case(), _lse_case(causal=True), _lse_case(dtype="fp16", seqlen_q=97, seqlen_k=257)],
+                         ids=["bf16", "bf16-causal", "fp16-skewed"])
+def test_lse_bias_of_1e_3_fails_by_the_rule_alone(case):
+    result = run_case(get_adapter("tests.coverage_kernels:lse_bias_1e_3"), case, "cpu", TOL)
+    assert result.status is Status.FAIL and "lse error" in result.reason
+    lse = next(t for t in result.tensors if t.tensor == "lse")
+    assert lse.ratio > 2.0 and lse.bound < 5e-4, lse
+    assert all(t.passed for t in result.tensors if t.tensor != "lse")
+
+
+@pytest.mark.parametrize("kernel", ["sdpa-cpu", "tiled", "tests.coverage_kernels:correct"])
+@pytest.mark.parametrize("case", [_lse_case(), _lse_case(causal=True), _lse_case(inputs="shifted"),
+                                  _lse_case(dtype="fp16", seqlen_q=97, seqlen_k=257, causal=True)],
+                         ids=["bf16", "bf16-causal", "bf16-shifted", "fp16-skewed-causal"])
+def test_correct_cpu_kernels_keep_lse_margin(kernel, case):
+    result = run_case(get_adapter(kernel), case, "cpu", TOL)
+    assert result.status is Status.PASS, result.reason
+    lse = next((t for t in result.tensors if t.tensor == "lse"), None)
+    if lse is None:
+        assert kernel == "sdpa-cpu" and case.causal and case.seqlen_q != case.seqlen_k  # causal_lower_right: no LSE op
+        return
+    assert lse.ratio < 0.6, lse  # margin: a correct kernel sits well inside the bound
+
+
+def test_sdpa_math_lse_not_exposed_but_passes():
+    result = run_case(get_adapter("sdpa-math"), _lse_case(causal=True), "cpu", TOL)
+    assert result.status is Status.PASS and "lse not exposed" in result.reason
+
+
+def test_fa4_raw_window_hands_the_minus_one_spelling_to_the_kernel():
+    from gate.attention.reference import AttnOptions
+    from gate.kernels.base import KernelCall
+    from gate.kernels.flash_attn import FA4Adapter, FA4RawWindowAdapter
+
+    x = torch.zeros(1, 4, 1, 8)
+    call = KernelCall(q=x, k=x, v=x, opts=AttnOptions(softmax_scale=1.0, causal=True, window=(-1, 0)))
+    assert FA4Adapter()._window(call) == (None, 0)
+    assert FA4RawWindowAdapter()._window(call) == (-1, 0)
+    assert get_adapter("fa4-raw-window").name == "fa4-raw-window"
+
+
+def test_depth_probes_follow_varlen_k():
+    from gate.correctness.probes.determinism import batch_invariance_check, scaled_batch
+
+    case = Case(batch=3, seqlen_q=40, seqlen_k=9, heads_q=2, heads_kv=1, head_dim=16, head_dim_v=16, dtype="bf16",
+                varlen=(5, 40, 0), varlen_k=(9, 3, 4), seeds=(0,), layout="k_sliced")
+    big = scaled_batch(case, 2)
+    assert big.varlen == (5, 40, 0) * 2 and big.varlen_k == (9, 3, 4) * 2
+    (inv,) = batch_invariance_check(get_adapter("tiled"), case, "cpu")
+    assert inv.passed is None and "cu_seqlens_k" in inv.detail  # stated as not applicable, never a silent pass
