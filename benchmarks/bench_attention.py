@@ -8,8 +8,12 @@ run); the track functions only read it.
 Identity (#15): every benchmark is parameterised by kernel, anchor and case, so a history line is
 one kernel against one anchor; changing either starts a new line instead of a false regression.
 Direction: asv flags an INCREASE as a regression, so only lower-is-better numbers are tracked
-(milliseconds, speed ratio = kernel time / anchor time, MiB). Throughput (TFLOP/s, higher is
-better) would read the wrong way round and is left out; it is in `attn-gate perf`'s JSON.
+(milliseconds, speed ratio = kernel time / anchor time, MiB). Throughput (TFLOP/s, and a decode
+case's K/V GB/s, issue #10: higher is better) would read the wrong way round and is left out; it
+is in `attn-gate perf`'s JSON.
+
+Forward-only cases (decode, issue #10) have no backward: their bwd tracks skip themselves for
+that case (never recorded as 0 or failed).
 
 What runs comes from the environment (`attn-gate bench` sets it) or the config's profile:
 ATTN_GATE_CONFIG (pyproject.toml), ATTN_GATE_KERNEL, ATTN_GATE_SUITE, ATTN_GATE_ANCHOR,
@@ -18,7 +22,21 @@ ATTN_GATE_DEVICE, ATTN_GATE_ONLY (regex on case ids), ATTN_GATE_ROUNDS.
 
 from gate.speed.asv import bench_case_ids, bench_identity, bench_measure, bench_peak_mem
 
+try:  # asv >= 0.6 (asv_runner): a track function may skip itself for one parameter set
+    from asv_runner.benchmarks.mark import SkipNotImplemented
+except ImportError:  # pragma: no cover - older asv skips on NotImplementedError
+    SkipNotImplemented = NotImplementedError
+
 KERNELS, ANCHORS = bench_identity()
+
+
+def _value(cache, case, pass_, key):
+    """One measured number; a forward-only case (decode, issue #10) has no backward: skipped for
+    that case, never recorded as 0 or failed."""
+    row = cache[case].get(pass_) or {}
+    if key not in row:
+        raise SkipNotImplemented(f"{case}: no {pass_} {key} (forward-only case)")
+    return row[key]
 
 
 class AttentionSpeed:
@@ -36,22 +54,22 @@ class AttentionSpeed:
             raise NotImplementedError(cache.get(case, {}).get("reason", "not measured"))  # asv: skipped
 
     def track_fwd_ms(self, cache, kernel, anchor, case):
-        return cache[case]["fwd"]["candidate_ms"]
+        return _value(cache, case, "fwd", "candidate_ms")
 
     track_fwd_ms.unit = "ms"
 
     def track_bwd_ms(self, cache, kernel, anchor, case):
-        return cache[case]["bwd"]["candidate_ms"]
+        return _value(cache, case, "bwd", "candidate_ms")
 
     track_bwd_ms.unit = "ms"
 
     def track_fwd_speed_ratio(self, cache, kernel, anchor, case):
-        return cache[case]["fwd"]["speed_ratio"]
+        return _value(cache, case, "fwd", "speed_ratio")
 
     track_fwd_speed_ratio.unit = "kernel time / anchor time"
 
     def track_bwd_speed_ratio(self, cache, kernel, anchor, case):
-        return cache[case]["bwd"]["speed_ratio"]
+        return _value(cache, case, "bwd", "speed_ratio")
 
     track_bwd_speed_ratio.unit = "kernel time / anchor time"
 

@@ -35,9 +35,19 @@ seqlens = ["32"]
 heads = ["2"]
 head_dims = ["16"]
 perf = [true]
+
+[[tool.attn-gate.suites.tiny.matrix]]
+dtype = ["fp32"]
+entry = ["kvcache"]
+batch = [2]
+seqlens = ["1x64"]
+heads = ["2/1"]
+head_dims = ["16"]
+perf = [true]
 """
 
 CASE_ID = "fp32-b1-h2-s32-d16"
+DECODE_ID = "fp32-b2-h2/1-s1x64-d16-kv"  # issue #10: forward-only (its bwd tracks skip themselves)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +87,11 @@ def test_asv_discovers_and_runs_the_track_benchmarks(asv_run):
     assert peak is None or math.isnan(peak)  # no allocator statistics on the CPU: skipped, not 0
     assert "failed" not in proc.stdout
     assert "track_fwd_speed_ratio" in proc.stdout
-
+    decode = {r["benchmark"].split(".")[-1]: r for r in rows if r["params"][-1] == DECODE_ID}
+    assert decode["track_fwd_ms"]["value"] > 0 and decode["track_fwd_speed_ratio"]["value"] > 0, decode
+    for name in ("track_bwd_ms", "track_bwd_speed_ratio"):  # issue #10, forward-only: skipped, not 0
+        assert decode[name]["value"] is None or math.isnan(decode[name]["value"]), decode[name]
+    assert not any("gbps" in name for name in got)  # K/V GB/s is higher-is-better: in perf's JSON, not asv
 
 def test_asv_publish_writes_html(asv_run):
     tmp, env, proc, _ = asv_run

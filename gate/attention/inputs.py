@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from gate.core.cases import Case
+from gate.attention.kvcache import CacheInputs, make_cache_inputs
 from gate.attention.bias import make_bias
 from gate.attention.masks import alibi_slopes
 
@@ -32,6 +33,10 @@ class AttnInputs:
     cu_seqlens: torch.Tensor | None
     seqlens: tuple[int, ...] | None
     seed: int
+    # issue #10: a kvcache case's cache (q above is the decode step's query), and the learnable
+    # sink logits (Hq,) float32 of a case with sinks.
+    cache: "CacheInputs | None" = None
+    sink: torch.Tensor | None = None
     # issue #16: the case's custom bias (float in the bias dtype, or bool), None without one.
     bias: torch.Tensor | None = None
     # issue #9: the keys' cu_seqlens where they differ from the queries' (None: the same)
@@ -94,10 +99,16 @@ def make_inputs(case: Case, seed: int, device: str | torch.device) -> AttnInputs
     cu = _cu(case.varlen, device) if case.varlen is not None else None
     cu_k = _cu(case.varlen_k, device) if case.varlen_k is not None else None
     slopes = alibi_slopes(case.heads_q).to(device) if case.alibi else None
+    # issue #10: drawn after everything else, so the inputs of older cases are unchanged. A sink
+    # logit near log(keys) weighs about as much as all keys together: a kernel that drops it is far off.
+    cache = make_cache_inputs(case, q, gen, dtype, device) if case.entry == "kvcache" else None
+    sink = None
+    if case.sinks:
+        sink = (torch.randn(case.heads_q, generator=gen) + float(torch.tensor(float(case.seqlen_k)).log())).to(device)
     bias = make_bias(case, seed, device, bias_dtype(case))  # issue #16: its own generator, q/k/v unchanged
     return AttnInputs(q=q, k=k, v=v, dout=dout, softmax_scale=case.head_dim ** -0.5,
                       alibi_slopes=slopes, cu_seqlens=cu, seqlens=case.varlen, seed=seed,
-                      cu_seqlens_k=cu_k, seqlens_k=case.varlen_k, bias=bias)
+                      cu_seqlens_k=cu_k, seqlens_k=case.varlen_k, bias=bias, cache=cache, sink=sink)
 
 
 def bias_dtype(case: Case) -> torch.dtype:

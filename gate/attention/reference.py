@@ -12,6 +12,13 @@ accumulate across chunks:
     dV = (P * Z)^T dO,  dP = (dO V^T) * Z,  dS = P * (dP - rowsum(P * dP))
     dQ = dS K * scale,  dK = dS^T Q * scale   (times 1 - tanh^2 under softcap)
 
+Learnable sinks (issue #10): one logit t_h per query head joins every row's softmax denominator
+as a column with no value: P = exp(S) / (sum exp(S) + exp(t)), LSE = log(sum exp(S) + exp(t)),
+O = P V. The sink column has dP = 0, so dS keeps its form and
+    dsink_h = -sum over rows of exp(t_h - LSE) * rowsum(dO * O).
+Decode (issue #10): `decode_reference` gathers each batch element's dense K/V from the expected
+cache (gate.attention.kvcache.gather_dense) and runs the same dense math, forward only.
+
 A custom bias (issue #16, gate/attention/bias.py) is added to the scaled, capped scores before the
 masks (a boolean one masks instead), exactly: in float64 for the golden reference; in the low-
 precision one with PyTorch's type promotion (bf16 scores + an fp32 bias are an fp32 sum, so the
@@ -54,16 +61,20 @@ class AttnResult:
     dq: torch.Tensor
     dk: torch.Tensor
     dv: torch.Tensor
+    dsink: torch.Tensor | None = None  # issue #10: (Hq,) with sinks
     dbias: torch.Tensor | None = None  # issue #16: only for a float bias, in the bias's own shape
 
     def tensors(self) -> dict[str, torch.Tensor]:
         named = {"out": self.out, "lse": self.lse, "dq": self.dq, "dk": self.dk, "dv": self.dv}
+        if self.dsink is not None:
+            named["dsink"] = self.dsink
         if self.dbias is not None:
             named["dbias"] = self.dbias
         return named
 
 
-def _dense(q, k, v, dout, opts: AttnOptions, cd: torch.dtype, keep: torch.Tensor | None) -> AttnResult:
+def _dense(q, k, v, dout, opts: AttnOptions, cd: torch.dtype, keep: torch.Tensor | None,
+           sink: torch.Tensor | None = None) -> AttnResult:
     b, nq, hq, d = q.shape
     _, nk, hkv, dv_dim = v.shape
     group = hq // hkv
@@ -77,6 +88,8 @@ def _dense(q, k, v, dout, opts: AttnOptions, cd: torch.dtype, keep: torch.Tensor
     dq = torch.empty(b, hq, nq, d, dtype=cd, device=q.device)
     dk = torch.zeros(b, hq, nk, d, dtype=cd, device=q.device)
     dvv = torch.zeros(b, hq, nk, dv_dim, dtype=cd, device=q.device)
+    dsink = torch.zeros(hq, dtype=cd, device=q.device) if sink is not None else None
+    sink_col = None if sink is None else sink.to(cd).view(1, hq, 1, 1)
     scale = opts.softmax_scale
     rescale = 1.0 / (1.0 - opts.dropout_p) if opts.dropout_p else 1.0
     chunk = max(1, CHUNK_ELEMENTS // max(1, b * hq * nk))
@@ -100,9 +113,13 @@ def _dense(q, k, v, dout, opts: AttnOptions, cd: torch.dtype, keep: torch.Tensor
         if allowed is not None:
             s = s.masked_fill(~allowed, float("-inf"))
         row_max = s.amax(dim=-1, keepdim=True)
+        if sink_col is not None:  # the sink is one more column of the softmax (with no value)
+            row_max = torch.maximum(row_max, sink_col.expand_as(row_max))
         safe_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
         unnorm = torch.exp(s - safe_max)
         denom = unnorm.sum(dim=-1, keepdim=True)
+        if sink_col is not None:
+            denom = denom + torch.exp(sink_col - safe_max)
         empty = denom == 0
         p = torch.where(empty, torch.zeros_like(unnorm), unnorm / torch.where(empty, torch.ones_like(denom), denom))
         lse[:, :, r0:r1] = (safe_max + torch.log(denom)).squeeze(-1).to(lse_dtype).masked_fill(empty.squeeze(-1), float("-inf"))
@@ -111,7 +128,11 @@ def _dense(q, k, v, dout, opts: AttnOptions, cd: torch.dtype, keep: torch.Tensor
         out[:, :, r0:r1] = pz @ vh
         dpz = doh[:, :, r0:r1] @ vh.transpose(-1, -2)
         dp = dpz if keep is None else dpz * keep[:, :, r0:r1].to(cd) * rescale
-        ds = p * (dp - (p * dp).sum(dim=-1, keepdim=True))
+        delta = (p * dp).sum(dim=-1, keepdim=True)  # = rowsum(dO * O)
+        ds = p * (dp - delta)
+        if sink_col is not None:
+            p_sink = torch.exp(sink_col - lse[:, :, r0:r1].unsqueeze(-1).to(cd))
+            dsink -= (p_sink * delta).sum(dim=(0, 2, 3))
         if dbias is not None:  # issue #16: the bias is added after the softcap
             dbias[:, :, r0:r1] = reduce_to_bias_shape(ds, tuple(bias.shape))
         if tanh is not None:
@@ -122,7 +143,7 @@ def _dense(q, k, v, dout, opts: AttnOptions, cd: torch.dtype, keep: torch.Tensor
     dk = dk.view(b, hkv, group, nk, d).sum(dim=2)
     dvv = dvv.view(b, hkv, group, nk, dv_dim).sum(dim=2)
     return AttnResult(out=out.transpose(1, 2), lse=lse, dq=dq.transpose(1, 2), dk=dk.transpose(1, 2), dv=dvv.transpose(1, 2),
-                      dbias=dbias)
+                      dsink=dsink, dbias=dbias)
 
 
 def _add_bias(s: torch.Tensor, bias: torch.Tensor, cd: torch.dtype) -> torch.Tensor:
@@ -138,6 +159,7 @@ def attention_reference(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, opts: AttnOptions,
     compute_dtype: torch.dtype, *, cu_seqlens: torch.Tensor | None = None,
     dropout_keep: torch.Tensor | list[torch.Tensor] | None = None, cu_seqlens_k: torch.Tensor | None = None,
+    sink: torch.Tensor | None = None,
 ) -> AttnResult:
     """Forward + backward in `compute_dtype`; outputs returned in that dtype.
 
@@ -147,7 +169,7 @@ def attention_reference(
     alignment within each sequence).
     """
     if cu_seqlens is None:
-        return _dense(q, k, v, dout, opts, compute_dtype, dropout_keep)
+        return _dense(q, k, v, dout, opts, compute_dtype, dropout_keep, sink)
     offsets = cu_seqlens.tolist()
     keys = (cu_seqlens_k if cu_seqlens_k is not None else cu_seqlens).tolist()
     hq = q.shape[1]
@@ -157,11 +179,42 @@ def attention_reference(
     dq = torch.zeros(q.shape, dtype=compute_dtype, device=q.device)
     dk = torch.zeros(k.shape, dtype=compute_dtype, device=q.device)
     dv = torch.zeros(v.shape, dtype=compute_dtype, device=q.device)
+    dsink = None if sink is None else torch.zeros(hq, dtype=compute_dtype, device=q.device)
     for i, (a, z, ka, kz) in enumerate(zip(offsets[:-1], offsets[1:], keys[:-1], keys[1:])):
         if z == a:
             continue
         keep = None if dropout_keep is None else dropout_keep[i]
-        part = _dense(q[a:z][None], k[ka:kz][None], v[ka:kz][None], dout[a:z][None], opts, compute_dtype, keep)
+        part = _dense(q[a:z][None], k[ka:kz][None], v[ka:kz][None], dout[a:z][None], opts, compute_dtype, keep, sink)
         out[a:z], dq[a:z], dk[ka:kz], dv[ka:kz] = part.out[0], part.dq[0], part.dk[0], part.dv[0]
         lse[:, a:z] = part.lse[0]
-    return AttnResult(out=out, lse=lse, dq=dq, dk=dk, dv=dv)
+        if dsink is not None:
+            dsink += part.dsink
+    return AttnResult(out=out, lse=lse, dq=dq, dk=dk, dv=dv, dsink=dsink)
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    """A decode step's answer: out (B, Nq, Hq, Dv) and lse (B, Hq, Nq); -inf where a row sees no key."""
+
+    out: torch.Tensor
+    lse: torch.Tensor
+
+
+def decode_reference(q: torch.Tensor, dense_kv: list[tuple[torch.Tensor, torch.Tensor]], opts: AttnOptions,
+                     compute_dtype: torch.dtype, sink: torch.Tensor | None = None) -> DecodeResult:
+    """Forward of a decode step: batch element b's queries against its own gathered (L_b, Hkv, D)
+    keys and values, bottom-right aligned (query i sits at key position L_b - Nq + i)."""
+    b, nq, hq, _ = q.shape
+    dv_dim = dense_kv[0][1].shape[-1]
+    lse_dtype = torch.float64 if compute_dtype == torch.float64 else torch.float32
+    out = torch.zeros(b, nq, hq, dv_dim, dtype=compute_dtype, device=q.device)
+    lse = torch.full((b, hq, nq), float("-inf"), dtype=lse_dtype, device=q.device)
+    for i, (kb, vb) in enumerate(dense_kv):
+        if kb.shape[0] == 0:
+            if sink is not None:  # no key: the sink alone is the denominator, out stays 0
+                lse[i] = sink.to(lse_dtype).view(hq, 1).expand(hq, nq)
+            continue
+        dout = torch.zeros(1, nq, hq, dv_dim, dtype=q.dtype, device=q.device)
+        part = _dense(q[i:i + 1], kb[None], vb[None], dout, opts, compute_dtype, None, sink)
+        out[i], lse[i] = part.out[0], part.lse[0]
+    return DecodeResult(out=out, lse=lse)

@@ -69,7 +69,7 @@ def show(args: argparse.Namespace) -> int:
     from gate.compare.baselines import baseline_path, read_baseline
     from gate.workflow.check import resolve_target
     from gate.core.config import load_config
-    from gate.core.results import TENSORS
+    from gate.core.results import EXTRA_TENSORS, TENSORS
     from gate.core.cases import only_pattern
 
     pattern = only_pattern(args.only)  # an invalid regex is a one-line usage error, before anything is read
@@ -90,12 +90,14 @@ def show(args: argparse.Namespace) -> int:
     table = Table(title="error ratio per tensor (pass <= 1)")
     table.add_column("case")
     table.add_column("status")
-    for name in TENSORS:
+    # the usual five, plus dbias/dsink/k_cache/v_cache (issues #16, #10) where a case has them
+    names = TENSORS + tuple(n for n in EXTRA_TENSORS if any(n in c.tensors for c in b.correctness.values()))
+    for name in names:
         table.add_column(name, justify="right")
     for cid, c in sorted(b.correctness.items()):
         if pattern is not None and not pattern.search(cid):
             continue
-        table.add_row(cid, c.status.value, *(f"{c.tensors[n].ratio:.3f}" if n in c.tensors else "-" for n in TENSORS))
+        table.add_row(cid, c.status.value, *(f"{c.tensors[n].ratio:.3f}" if n in c.tensors else "-" for n in names))
     console.print(table)
     console.print(f"perf section: {'none' if b.perf is None else f'{len(b.perf)} entries'}", highlight=False)
     return 0

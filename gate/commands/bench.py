@@ -39,12 +39,13 @@ def bench_main(args: argparse.Namespace) -> int:
 
     conf = A.asv_conf(args.asv_config)
     device = check_device(args.device)  # names first: a typo is a typo, not an asv failure
+    config = load_config((args.config or A.REPO_ROOT / "pyproject.toml").resolve())
     if args.kernel is not None:
-        check_kernel(args.kernel, device)
+        check_kernel(args.kernel, device, config=config)  # issue #10: a kernel family of the config too
     if args.anchor not in (None, "matmul"):
         check_kernel(args.anchor, device, "--anchor")
     if args.suite is not None:
-        check_suite(load_config((args.config or A.REPO_ROOT / "pyproject.toml").resolve()), args.suite)
+        check_suite(config, args.suite)
     settings = A.BenchSettings(config_path=(args.config or A.REPO_ROOT / "pyproject.toml").resolve(), kernel=args.kernel,
                                suite=args.suite, anchor=args.anchor, device=args.device, only=args.only, rounds=args.rounds)
     commit = A.git_commit(args.commit, A.asv_repo(conf))

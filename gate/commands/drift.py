@@ -21,7 +21,7 @@ def register(sub) -> None:
     p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when a GPU is visible")
     p.add_argument("--dtype", default="bf16", help="dtype the kernel sees: bf16 (default), fp16 or fp32")
     p.add_argument("--seed", type=int, default=0, help="seed of the initialisation and the data")
-    add_config(p)
+    add_config(p)  # issue #10: a kernel family of the config trains through its dense entry point
     p.set_defaults(main=main)
 
 
@@ -39,10 +39,17 @@ def main(args: argparse.Namespace) -> int:
     device = check_device(args.device)
     if args.dtype not in ("bf16", "fp16", "fp32"):
         raise UserError(f"--dtype {args.dtype!r}: choose bf16, fp16 or fp32")
-    kernel = args.kernel or load_config(args.config).profile(device).kernel
-    check_kernel(kernel, device)
+    config = load_config(args.config)
+    kernel = args.kernel or config.profile(device).kernel
+    check_kernel(kernel, device, config=config)
     cfg = default_config(device, steps=args.steps, dtype=args.dtype, seed=args.seed)
-    result = run_drift(kernel, cfg, device, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    from gate.kernels.registry import family_adapter
+
+    family = family_adapter(kernel, config)  # issue #10: a kernel family of the config trains through its dense entry point
+    if family is not None and not family.capabilities().backward:
+        raise UserError(f"--kernel {kernel}: a forward-only family (backward = false) cannot be trained; drift needs a backward")
+    result = run_drift(kernel, cfg, device, adapter=family,
+                       progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     paths = write_drift_outputs(result, args.out)
     verdict = "PASS" if result.passed else "FAIL"
     print(f"{verdict}: drift of {result.kernel} over {cfg.steps} steps ({cfg.dtype}, {device}): {result.reason}")

@@ -78,6 +78,12 @@ case id legend (e.g. bf16-b2-h16/4-s97x257-d192/128-causal-win32.0-cap20-alibi-v
   drop0.1                dropout probability 0.1
   varlen1.97.0.130       variable length: 4 sequences of lengths 1, 97, 0 and 130 packed into one batch
   varlen5.40x50.3        ...x50.3: the keys' lengths per sequence differ from the queries' (cu_seqlens_k)
+  kv | kv17.80           decode against a KV cache (flash_attn_with_kvcache): seqlens are query tokens x cache
+                         capacity; .17.80: tokens already cached per batch element (none given: a full cache)
+  append                 the decode call appends its new k/v tokens into the cache, then attends to them
+  page16                 a paged cache of 16-token pages with a block table
+  shuffled               the block table maps pages to physical blocks in a shuffled order
+  sinks                  a learnable per-head sink logit in every softmax denominator
   k_sliced | qkv_packed | bhsd_view | dout_noncontig
                          what the kernel is handed: K a strided slice; q, k, v head-slices of one QKV
                          buffer; (B, H, N, D) memory viewed as (B, N, H, D); a non-contiguous dO

@@ -10,6 +10,7 @@ from gate.commands.help_text import parser_kwargs
 
 def register(sub) -> None:
     p = sub.add_parser("kernels", help="list kernels, whether each runs here, and what it supports", **parser_kwargs("kernels"))
+    add_config(p)  # issue #10: the config's kernel families are listed too
     p.set_defaults(main=kernels)
     p = sub.add_parser("suites", help="list suites and their case counts", **parser_kwargs("suites"))
     add_config(p)
@@ -18,13 +19,27 @@ def register(sub) -> None:
 
 
 def kernels(args: argparse.Namespace) -> int:
-    from gate.kernels.registry import get_adapter, kernel_names
+    from gate.core.config import load_config
+    from gate.core.errors import UserError
+    from gate.kernels.registry import family_adapter, get_adapter, kernel_names
 
+    config = load_config(getattr(args, "config", None))
+    for name in config.kernels:  # issue #10: families first; one that does not load says why
+        try:
+            adapter = family_adapter(name, config)
+        except UserError as exc:
+            print(f"{name:15} unavailable: {exc}")
+            continue
+        caps = adapter.capabilities()
+        entries = ", ".join(adapter.entries)
+        print(f"{name:15} {'available' if adapter.unavailable_reason() is None else 'unavailable'}\n{'':15} "
+              f"{adapter.description}; entry points: {entries}{'' if caps.backward else '; forward-only'}")
     for name in kernel_names():
         adapter = get_adapter(name)
         why = adapter.unavailable_reason()
         caps = adapter.capabilities()
-        feats = [f for f in ("window", "softcap", "alibi", "dropout", "varlen", "gqa", "deterministic_mode", "returns_lse") if getattr(caps, f)]
+        feats = [f for f in ("window", "softcap", "alibi", "dropout", "varlen", "gqa", "deterministic_mode", "returns_lse",
+                                 "kvcache", "paged", "sinks") if getattr(caps, f)]
         state = "available" if why is None else f"unavailable: {why}"
         print(f"{name:15} {state}\n{'':15} {adapter.description}; {'/'.join(caps.dtypes)}; {', '.join(feats)}")
     return 0

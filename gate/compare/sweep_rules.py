@@ -62,10 +62,14 @@ MEASURED = ("PASS", "FAIL", "ERROR")
 FAILED = ("FAIL", "ERROR")
 # run_case measures these for every case it passes (lse only where the kernel exposes it).
 REQUIRED_TENSORS = ("out", "dq", "dk", "dv")
+FORWARD_ONLY_REQUIRED = ("out",)  # issue #10: forward-only rows (CaseResult.forward_only)
 
 
-def required_tensors(bias_grad: bool) -> tuple[str, ...]:
-    """issue #16: a case whose bias requires grad measures dbias for every PASS too."""
+def required_tensors(bias_grad: bool, forward_only: bool = False) -> tuple[str, ...]:
+    """issue #16: a case whose bias requires grad measures dbias for every PASS too. issue #10: a
+    forward-only row (decode, or a kernel declared backward = false) has no gradients: out only."""
+    if forward_only:
+        return FORWARD_ONLY_REQUIRED
     return REQUIRED_TENSORS + (("dbias",) if bias_grad else ())
 
 
@@ -175,11 +179,12 @@ def rule_tensor_presence(case_id: str, tensor: str, base: float | None, cur: flo
 
 
 def rule_incomplete_pass(case_id: str, status: str, tensors: set[str] | frozenset[str],
-                         required: tuple[str, ...] = REQUIRED_TENSORS) -> Finding | None:
+                         required: tuple[str, ...] = REQUIRED_TENSORS, forward_only: bool = False) -> Finding | None:
     """A PASS row must carry the evidence for it: run_case measures out, dq, dk and dv for every
     case it passes, so a PASS without them is a corrupt or edited results file. INCONCLUSIVE, not
-    FAIL: nothing says the kernel is wrong, only that nothing shows it is right."""
-    missing = [t for t in required if t not in tensors]
+    FAIL: nothing says the kernel is wrong, only that nothing shows it is right. A forward-only row
+    (issue #10: decode, or a kernel declared backward = false) has no gradients: out is required."""
+    missing = [t for t in (FORWARD_ONLY_REQUIRED if forward_only else required) if t not in tensors]
     if status != "PASS" or not missing:
         return None
     return Finding("incomplete_pass", Severity.INCONCLUSIVE, case_id, "status", None, status, None,
@@ -299,7 +304,7 @@ def compare_correctness(baseline: Baseline, sweep: "SweepResult", cfg: "VerdictC
             rule_status(row.case_id, base_status, cur_status, reason) if in_cur else None,
         ) if f]
     incomplete = [f for f in (rule_incomplete_pass(c.case_id, c.status.value, {t.tensor for t in c.tensors},
-                                                   required_tensors(c.case.bias_grad))
+                                                   required_tensors(c.case.bias_grad, c.forward_only or c.case.forward_only))
                               for c in sweep.cases) if f]
     findings += incomplete
     complete_pass = {cid for cid, status in cur_status_of.items() if status == "PASS"} - {f.case_id for f in incomplete}

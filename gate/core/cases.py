@@ -48,6 +48,13 @@ MATRIX_AXES: dict[str, Any] = {
     "varlen": [None],
     "perf": [False],
     "checks": [[]],  # extra checks by name (gate/correctness/probes/registry.py), e.g. [["determinism", "batch_invariance"]]
+    # --- entry points, decode / KV cache, sinks (issue #10) ---
+    "entry": ["dense"],  # "kvcache": q of a few tokens against a cache (flash_attn_with_kvcache)
+    "cache_seqlens": [None],  # kvcache: tokens already in the cache per batch element (ragged); None = full
+    "cache_new": [False],  # kvcache: the call appends seqlen_q new k/v tokens into the cache
+    "page_size": [0],  # kvcache: 0 = one contiguous cache per batch element; N = paged, N tokens a page
+    "shuffled_pages": [False],  # kvcache, paged: the block table maps pages in a shuffled order
+    "sinks": [False],  # a learnable per-head logit in every softmax denominator
     # ---- issue #16 (branch bias): a custom bias / boolean mask handed to the kernel (see BIAS_KINDS)
     "bias": ["none"],
     "bias_dtype": ["input"],  # "input" = the input dtype; "fp32" = a float32 bias with bf16/fp16 inputs
@@ -57,6 +64,10 @@ MATRIX_AXES: dict[str, Any] = {
     "inputs": ["normal"],
     "varlen_k": [None],
 }
+
+# Entry points a case can be called through (issue #10): dense (flash_attn_func), varlen
+# (flash_attn_varlen_func: every case with `varlen` set), kvcache (flash_attn_with_kvcache).
+ENTRIES = ("dense", "kvcache")
 
 # issue #9 (coverage): how q, k, v and dO reach the kernel (gate/attention/inputs.py kernel_views), by name -> what.
 LAYOUTS: dict[str, str] = {
@@ -134,6 +145,19 @@ class Case:
     # Extra checks run on this case (names from gate/correctness/probes/registry.py). Not part of the id: the same
     # problem is the same case whichever checks also run on it (a suite merges them).
     checks: tuple[str, ...] = ()
+    # --- issue #10: entry points, decode with a KV cache, learnable sinks. Defaults keep every
+    # older case (and its id) as it was. With entry="kvcache": seqlen_q is the number of query
+    # tokens of the decode step (1..16 typically), seqlen_k the cache capacity per batch element,
+    # cache_seqlens the tokens already cached per batch element before the call (None: a full
+    # cache), cache_new whether the call appends seqlen_q new k/v tokens after them (flash_attn_
+    # with_kvcache's k=, v=), page_size > 0 a paged cache with a block table (shuffled_pages: the
+    # table maps logical pages to physical blocks in a shuffled order). Forward only.
+    entry: str = "dense"
+    cache_seqlens: tuple[int, ...] | None = None
+    cache_new: bool = False
+    page_size: int = 0
+    shuffled_pages: bool = False
+    sinks: bool = False
     # --- issue #9 (coverage): memory layout handed to the kernel, how values are drawn, and varlen keys
     # lengths that differ from the queries' (cu_seqlens_q != cu_seqlens_k). Defaults are left out of
     # the id and of to_dict, so earlier cases (and their baselines) are unchanged.
@@ -148,7 +172,7 @@ class Case:
     bias_grad: bool = False
 
     def __post_init__(self) -> None:
-        problems = []
+        problems = self._entry_problems()
         if self.dtype not in DTYPES:
             problems.append(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
         for name in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "head_dim_v"):
@@ -185,6 +209,76 @@ class Case:
         problems += self._bias_problems()
         if problems:
             raise ValueError("; ".join(problems))
+
+    def _entry_problems(self) -> list[str]:
+        """Issue #10's fields: kvcache-only fields need entry="kvcache"; the cache must hold what it is asked to."""
+        problems = []
+        if self.entry not in ENTRIES:
+            problems.append(f"entry {self.entry!r} is not one of {', '.join(ENTRIES)} (varlen cases are those with varlen set)")
+            return problems
+        if self.entry != "kvcache":
+            if self.cache_seqlens is not None or self.cache_new or self.page_size or self.shuffled_pages:
+                problems.append("cache_seqlens, cache_new, page_size and shuffled_pages need entry = \"kvcache\"")
+            return problems
+        if self.varlen is not None:
+            problems.append("a kvcache case cannot also be varlen")
+        if self.dropout_p:
+            problems.append("a kvcache case is forward-only: no dropout")
+        # issue #9/#16 axes apply to q/k/v drawn densely; a decode case's cache is drawn apart
+        if self.layout != "contiguous" or self.inputs != "normal" or self.bias != "none":
+            problems.append("a kvcache case takes no layout, inputs or bias (they are defined for dense/varlen q, k, v)")
+        if self.page_size < 0:
+            problems.append("page_size must be >= 0")
+        if self.shuffled_pages and not self.page_size:
+            problems.append("shuffled_pages needs a paged cache (page_size > 0)")
+        if self.cache_seqlens is not None:
+            if len(self.cache_seqlens) != self.batch:
+                problems.append(f"cache_seqlens has {len(self.cache_seqlens)} lengths for batch {self.batch}")
+            if any(n < 0 for n in self.cache_seqlens):
+                problems.append("cache_seqlens must be >= 0")
+        room = self.seqlen_k - (self.seqlen_q if self.cache_new else 0)
+        if room < 0 or max(self.cached_lengths, default=0) > room:
+            problems.append(f"the cache (capacity seqlen_k={self.seqlen_k}) cannot hold cache_seqlens"
+                            + (f" plus {self.seqlen_q} appended tokens" if self.cache_new else ""))
+        if max(self.key_lengths, default=0) < 1:
+            problems.append("a kvcache case needs at least one key in some batch element")
+        return problems
+
+    # --- issue #10: derived facts of the entry point and the cache ---
+    @property
+    def entry_point(self) -> str:
+        """The entry point a kernel family is called through: dense, varlen or kvcache."""
+        if self.entry == "kvcache":
+            return "kvcache"
+        return "varlen" if self.varlen is not None else "dense"
+
+    @property
+    def forward_only(self) -> bool:
+        """Decode has no backward (flash_attn_with_kvcache has none): judged on out, LSE and the cache."""
+        return self.entry == "kvcache"
+
+    @property
+    def cached_lengths(self) -> tuple[int, ...]:
+        """Tokens in the cache before the call, per batch element."""
+        if self.cache_seqlens is not None:
+            return self.cache_seqlens
+        return (self.seqlen_k - (self.seqlen_q if self.cache_new else 0),) * self.batch
+
+    @property
+    def key_lengths(self) -> tuple[int, ...]:
+        """Keys each batch element attends to: the cached tokens plus the appended ones."""
+        return tuple(n + (self.seqlen_q if self.cache_new else 0) for n in self.cached_lengths)
+
+    def kv_bytes(self) -> float:
+        """Bytes of K and V a decode step must read at least (its memory-bound cost): every attended key once."""
+        size = {"fp16": 2, "bf16": 2, "fp32": 4}[self.dtype]
+        if self.entry == "kvcache":
+            keys = sum(self.key_lengths)
+        elif self.varlen is not None:
+            keys = sum(self.varlen)
+        else:
+            keys = self.batch * self.seqlen_k
+        return float(keys * self.heads_kv * (self.head_dim + self.head_dim_v) * size)
 
     # ---- issue #16 (branch bias)
     def _bias_problems(self) -> list[str]:
@@ -242,6 +336,8 @@ class Case:
             right = 0 if right < 0 else min(right, 0)
         if right < 0:
             return False
+        if self.entry == "kvcache":  # per batch element: its own key count against seqlen_q (issue #10)
+            return min(self.key_lengths) - self.seqlen_q + right < 0
         if self.varlen is not None:  # per sequence (issue #9: keys may differ from queries)
             return any(nq and nk - nq + right < 0 for nq, nk in zip(self.varlen, self.keys_varlen))
         return self.seqlen_k - self.seqlen_q + right < 0
@@ -266,6 +362,7 @@ class Case:
         if self.varlen is not None:
             parts.append("varlen" + ".".join(str(n) for n in self.varlen)
                          + ("" if self.varlen_k is None else "x" + ".".join(str(n) for n in self.varlen_k)))
+        parts += self._entry_id_parts()
         if self.layout != "contiguous":
             parts.append(self.layout)
         if self.inputs != "normal":
@@ -275,8 +372,25 @@ class Case:
                                   + (["grad"] if self.bias_grad else [])))
         return "-".join(parts)
 
+    def _entry_id_parts(self) -> list[str]:
+        """Issue #10's id parts; empty for default values, so older ids are unchanged."""
+        parts = []
+        if self.entry == "kvcache":
+            parts.append("kv" + ("" if self.cache_seqlens is None else ".".join(str(n) for n in self.cache_seqlens)))
+        if self.cache_new:
+            parts.append("append")
+        if self.page_size:
+            parts.append(f"page{self.page_size}")
+        if self.shuffled_pages:
+            parts.append("shuffled")
+        if self.sinks:
+            parts.append("sinks")
+        return parts
+
     def flops(self, pass_: str = "fwd") -> float:
         """FLOPs counted as flash-attn's benchmarks do: fwd 4*B*H*Nq*Nk*D, halved for causal; bwd 2.5x."""
+        if self.entry == "kvcache":  # forward only; causal does not halve a decode step's work
+            return 4.0 * self.heads_q * self.seqlen_q * sum(self.key_lengths) * (self.head_dim + self.head_dim_v) / 2
         if self.varlen is not None:
             pairs = sum(nq * nk for nq, nk in zip(self.varlen, self.keys_varlen))
             total = 4.0 * self.heads_q * pairs * (self.head_dim + self.head_dim_v) / 2
@@ -295,6 +409,11 @@ class Case:
         data.pop("checks")
         if self.checks:
             data["checks"] = list(self.checks)
+        # issue #10: only written when not the default, so older cases and suite hashes are unchanged
+        for name, default in ENTRY_DEFAULTS.items():
+            value = data.pop(name)
+            if value != default:
+                data[name] = list(value) if isinstance(value, tuple) else value
         # issue #9: only written when not the default (ids and suite hashes of earlier cases unchanged)
         for name, default in (("layout", "contiguous"), ("inputs", "normal"), ("varlen_k", None)):
             if data[name] == default:
@@ -315,9 +434,16 @@ class Case:
         if data.get("varlen") is not None:
             data["varlen"] = tuple(data["varlen"])
         data["checks"] = tuple(data.get("checks", ()))
+        if data.get("cache_seqlens") is not None:
+            data["cache_seqlens"] = tuple(data["cache_seqlens"])
         if data.get("varlen_k") is not None:
             data["varlen_k"] = tuple(data["varlen_k"])
         return cls(**data)
+
+
+# issue #10: Case fields written to disk only when they differ from these.
+ENTRY_DEFAULTS: dict[str, Any] = {"entry": "dense", "cache_seqlens": None, "cache_new": False, "page_size": 0,
+                                  "shuffled_pages": False, "sinks": False}
 
 
 @dataclass(frozen=True)
@@ -384,6 +510,8 @@ SCALAR_AXES: dict[str, tuple[type, ...]] = {
     "dtype": (str,), "batch": (int,), "causal": (bool,), "alibi": (bool,), "perf": (bool,),
     "softcap": (int, float), "dropout_p": (int, float), "layout": (str,), "inputs": (str,),
     "bias": (str,), "bias_dtype": (str,), "bias_grad": (bool,),  # issue #16
+    # issue #10
+    "entry": (str,), "cache_new": (bool,), "page_size": (int,), "shuffled_pages": (bool,), "sinks": (bool,),
 }
 SCALAR_AXES_HINT = {
     "dtype": f"one of {', '.join(DTYPES)}", "batch": "an integer", "causal": "true or false", "alibi": "true or false",
@@ -391,6 +519,8 @@ SCALAR_AXES_HINT = {
     "layout": f"one of {', '.join(LAYOUTS)}", "inputs": f"one of {', '.join(INPUTS)}",
     "bias": f"one of {', '.join(BIAS_KINDS)}", "bias_dtype": f"one of {', '.join(BIAS_DTYPES)}",  # issue #16
     "bias_grad": "true or false",
+    "entry": f"one of {', '.join(ENTRIES)}", "cache_new": "true or false", "page_size": "an integer (0 = not paged)",
+    "shuffled_pages": "true or false", "sinks": "true or false",  # issue #10
 }
 
 
@@ -493,6 +623,13 @@ def expand_block(block: dict[str, Any], seeds: tuple[int, ...], where: str) -> l
                 raise UserError(f"{where}: varlen value {varlen!r} should be a non-empty list of sequence lengths")
             varlen = tuple(varlen)
             batch, seqlen_q, seqlen_k = len(varlen), max(varlen), max(varlen)
+        cache_seqlens = point["cache_seqlens"]
+        if cache_seqlens is not None:  # issue #10: ragged cache lengths give the batch, as varlen does
+            if not isinstance(cache_seqlens, list) or not cache_seqlens or not all(
+                    isinstance(n, int) and not isinstance(n, bool) for n in cache_seqlens):
+                raise UserError(f"{where}: cache_seqlens value {cache_seqlens!r} should be a non-empty list of cached lengths")
+            cache_seqlens = tuple(cache_seqlens)
+            batch = len(cache_seqlens)
         varlen_k = point["varlen_k"]
         if varlen_k is not None:
             if varlen is None or not isinstance(varlen_k, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in varlen_k):
@@ -507,6 +644,8 @@ def expand_block(block: dict[str, Any], seeds: tuple[int, ...], where: str) -> l
                     window=_window(point["window"], where), softcap=float(point["softcap"]),
                     alibi=bool(point["alibi"]), dropout_p=float(point["dropout_p"]), varlen=varlen,
                     seeds=seeds, perf=bool(point["perf"]), checks=checks,
+                    entry=point["entry"], cache_seqlens=cache_seqlens, cache_new=point["cache_new"],
+                    page_size=point["page_size"], shuffled_pages=point["shuffled_pages"], sinks=point["sinks"],
                     layout=point["layout"], inputs=point["inputs"], varlen_k=varlen_k,
                     **_bias_fields(point, where),
                 )

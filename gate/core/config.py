@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,8 @@ from gate.core.errors import UserError
 
 # mult per tensor (the tolerance rule, gate/correctness/tolerance.py): dQ accumulates across key
 # tiles (atomics / split reductions), hence 3.
-DEFAULT_MULT = {"out": 2.0, "lse": 2.0, "dq": 3.0, "dk": 2.0, "dv": 2.0}
+DEFAULT_MULT = {"out": 2.0, "lse": 2.0, "dq": 3.0, "dk": 2.0, "dv": 2.0,
+                "dsink": 3.0}  # issue #10: dsink sums over every row and batch element, as dQ over key tiles
 # issue #16: dBias is dS summed over the bias's broadcast dims (batch, heads): an accumulation
 # across tiles and heads like dQ's, so it takes dQ's multiplier. Sharing it (not a new
 # `mult_dbias` key) keeps the tolerance dict, and every committed baseline, comparable.
@@ -39,6 +41,7 @@ class ToleranceConfig:
     mult_dq: float = DEFAULT_MULT["dq"]
     mult_dk: float = DEFAULT_MULT["dk"]
     mult_dv: float = DEFAULT_MULT["dv"]
+    mult_dsink: float = DEFAULT_MULT["dsink"]  # issue #10
     # fp32 only: the yardstick P is then itself exact to a few ulps, the same size as any
     # kernel's reduction-order noise, so mult alone fails correct kernels (measured on CPU,
     # 8 seeds: tiled dK ratio 1.07, torch's CPU kernel 1.52 at mult 2). A 1e-4 relative error
@@ -57,7 +60,10 @@ class ToleranceConfig:
         return getattr(self, f"mult_{MULT_OF.get(tensor, tensor)}") * (self.fp32_factor if dtype == "fp32" else 1.0)
 
     def as_dict(self) -> dict[str, float]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if data["mult_dsink"] == DEFAULT_MULT["dsink"]:  # issue #10: left out at its default, so older
+            del data["mult_dsink"]                         # baselines' multipliers still compare equal
+        return data
 
 
 def _require(section, name: str, ok, what: str) -> None:
@@ -115,6 +121,56 @@ class PerfConfig:
         return self.anchor if device == "cuda" else self.cpu_anchor
 
 
+# --- issue #10: user kernel families -------------------------------------------------------
+
+FAMILY_ENTRIES = ("dense", "varlen", "kvcache")
+_CALLABLE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+_FAMILY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class KernelFamily:
+    """`[tool.attn-gate.kernels.NAME]`: one kernel's entry points, each 'package.module:function' in
+    flash-attn's convention for it (dense: flash_attn_func, varlen: flash_attn_varlen_func, kvcache:
+    flash_attn_with_kvcache). backward = false declares a forward-only (inference) kernel."""
+
+    name: str
+    dense: str | None = None
+    varlen: str | None = None
+    kvcache: str | None = None
+    backward: bool = True
+
+    def entry(self, name: str) -> str | None:
+        return getattr(self, name)
+
+
+def _kernel_families(raw: Any, where: str) -> dict[str, KernelFamily]:
+    if not isinstance(raw, dict):
+        raise UserError(f"{where}: expected tables [tool.attn-gate.kernels.NAME]")
+    families = {}
+    for name, spec in raw.items():
+        here = f"{where}.{name}"
+        if not _FAMILY_NAME.match(name):
+            raise UserError(f"{here}: a kernel name is letters, digits, '_', '-', '.' (no ':'); rename the table")
+        if not isinstance(spec, dict):
+            raise UserError(f"{here}: expected a table with {', '.join(FAMILY_ENTRIES)} and backward")
+        unknown = sorted(set(spec) - set(FAMILY_ENTRIES) - {"backward"})
+        if unknown:
+            raise UserError(f"{here}: unknown key {unknown[0]!r}; known keys: backward, {', '.join(FAMILY_ENTRIES)}")
+        for entry in FAMILY_ENTRIES:
+            value = spec.get(entry)
+            if value is not None and not (isinstance(value, str) and _CALLABLE.match(value)):
+                raise UserError(f"{here}: {entry} = {value!r} should name a function as 'package.module:function'")
+        if not any(spec.get(e) for e in FAMILY_ENTRIES):
+            raise UserError(f"{here}: names no entry point; give at least one of {', '.join(FAMILY_ENTRIES)}")
+        backward = spec.get("backward", True)
+        if not isinstance(backward, bool):
+            raise UserError(f"{here}: backward = {backward!r} should be true or false")
+        families[name] = KernelFamily(name=name, dense=spec.get("dense"), varlen=spec.get("varlen"),
+                                      kvcache=spec.get("kvcache"), backward=backward)
+    return families
+
+
 @dataclass(frozen=True)
 class IsolationConfig:
     """Worker processes (issue #11, gate/workflow/isolation.py): how long a case may take before its
@@ -141,6 +197,7 @@ class Config:
     perf: PerfConfig = field(default_factory=PerfConfig)
     suites: dict[str, Any] = field(default_factory=dict)
     isolation: IsolationConfig = field(default_factory=IsolationConfig)  # issue #11
+    kernels: dict[str, KernelFamily] = field(default_factory=dict)  # issue #10
 
     def profile(self, device: str) -> Profile:
         return self.gpu if device == "cuda" else self.cpu
@@ -201,7 +258,7 @@ def load_config(path: Path | None = None) -> Config:
     if raw is None:
         return Config(source=str(path), baselines_dir=_beside(path, Config().baselines_dir))
     where = f"{path} [tool.attn-gate]"
-    known = {"gpu", "cpu", "baselines_dir", "tolerance", "verdict", "perf", "suites", "isolation"}
+    known = {"gpu", "cpu", "baselines_dir", "tolerance", "verdict", "perf", "suites", "isolation", "kernels"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise UserError(f"{where}: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(known))}")
@@ -223,6 +280,6 @@ def load_config(path: Path | None = None) -> Config:
         tolerance=_section(ToleranceConfig, raw.get("tolerance", {}), f"{where}.tolerance"),
         verdict=_section(VerdictConfig, raw.get("verdict", {}), f"{where}.verdict"),
         perf=_section(PerfConfig, raw.get("perf", {}), f"{where}.perf"),
-        suites=suites,
+        suites=suites, kernels=_kernel_families(raw.get("kernels", {}), f"{where}.kernels"),
         isolation=_section(IsolationConfig, raw.get("isolation", {}), f"{where}.isolation"),
     )

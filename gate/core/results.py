@@ -19,9 +19,20 @@ from gate.core.cases import Case
 from gate.core.jsonio import as_float, checked_name, measured_float, read_record, write_json_atomic
 
 SCHEMA_VERSION = 1
-# Every tensor a case may measure, in report order. A case has only some of them: lse where the
-# kernel exposes it; dbias (issue #16) only for a case whose bias requires grad.
-TENSORS = ("out", "lse", "dq", "dk", "dv", "dbias")
+# The tensors every table shows, in report order (lse where the kernel exposes it).
+TENSORS = ("out", "lse", "dq", "dk", "dv")
+# Tensors only some cases measure, shown only where a case has them: dbias (issue #16) for a case
+# whose bias requires grad; the sink logits' gradient (issue #10, cases with sinks), and the cache
+# contents after a decode call (issue #10, judged exact). Kept apart so tables that show the usual
+# five stay as they were.
+EXTRA_TENSORS = ("dbias", "dsink", "k_cache", "v_cache")
+# Every tensor a case may measure, in report order.
+ALL_TENSORS = TENSORS + EXTRA_TENSORS
+
+
+def shown_tensors(cases) -> tuple[str, ...]:
+    """Columns for a table of these CaseResults: the usual five, plus the extra ones any case has."""
+    return TENSORS + tuple(t for t in EXTRA_TENSORS if any(c.tensor(t) is not None for c in cases))
 
 
 class Status(str, enum.Enum):
@@ -101,6 +112,7 @@ class CaseResult:
     tensors: tuple[TensorError, ...] = ()
     checks: tuple[CheckResult, ...] = ()
     seconds: float = 0.0
+    forward_only: bool = False  # issue #10: judged without gradients (decode, or a kernel declared backward = false)
     # (#15) the last lines of the traceback of an ERROR row, so a report can show where it raised;
     # written only when set (older files and other rows are unchanged)
     traceback: str = ""
@@ -121,6 +133,7 @@ class CaseResult:
             "case_id": self.case_id, "case": self.case.to_dict(), "status": self.status.value, "reason": self.reason,
             "tensors": {t.tensor: t.to_dict() for t in self.tensors},
             "checks": [c.to_dict() for c in self.checks], "seconds": round(self.seconds, 3),
+            **({"forward_only": True} if self.forward_only else {}),
             **({"traceback": self.traceback} if self.traceback else {}),
         }
 
@@ -130,6 +143,7 @@ class CaseResult:
             case=Case.from_dict(d["case"]), status=Status(d["status"]), reason=d.get("reason", ""),
             tensors=tuple(TensorError.from_dict(t) for t in d.get("tensors", {}).values()),
             checks=tuple(CheckResult.from_dict(c) for c in d.get("checks", [])), seconds=float(d.get("seconds", 0.0)),
+            forward_only=bool(d.get("forward_only", False)),
             traceback=str(d.get("traceback", "")),
         )
 

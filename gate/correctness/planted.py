@@ -201,13 +201,18 @@ def _bias_grad_scaled(w: Wrapped, call: KernelCall) -> KernelOutput:
 
 
 def _paged_block_table_swapped(w: Wrapped, call: KernelCall) -> KernelOutput:
-    table = getattr(call, "block_table", None)
+    """issue #10: a decode call carries its cache in `call.cache` (gate/attention/kvcache.py
+    CacheInputs); a paged one has `block_table` (B, pages) mapping logical pages to physical
+    blocks. The kernel gets the same cache tensors (so its in-place appends land where it writes
+    them) through a table with two entries swapped: only a paged read sees it."""
+    cache = getattr(call, "cache", None)
+    table = getattr(cache, "block_table", None)
     if not isinstance(table, torch.Tensor) or table.numel() < 2:
-        raise PlantError("the call carries no paged `block_table` (KernelCall.block_table): update _paged_block_table_swapped")
+        raise PlantError("the call carries no paged cache (KernelCall.cache.block_table): update _paged_block_table_swapped")
     swapped = table.clone()
     flat = swapped.view(-1)
     flat[[0, -1]] = flat[[-1, 0]]  # two pages of the cache swapped: only paged reads see it
-    return w.inner(dataclasses.replace(call, block_table=swapped))
+    return w.inner(dataclasses.replace(call, cache=dataclasses.replace(cache, block_table=swapped)))
 
 
 # ---------------------------------------------------------------- tiled variants
@@ -448,7 +453,7 @@ BUGS: tuple[PlantedBug, ...] = (
     PlantedBug("bias_grad_x1.02", "dBias 2% too large (a broadcast bias's gradient reduced wrongly)", "kernel", BIAS_GRAD,
                wrap(_bias_grad_scaled), needs="bias_grad"),
     PlantedBug("paged_pages_swapped", "paged-cache-only indexing: two pages of the block table read swapped", "kernel", PAGED,
-               wrap(_paged_block_table_swapped)),
+               wrap(_paged_block_table_swapped), needs="paged"),
 )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -17,8 +18,9 @@ from gate.core.config import ToleranceConfig
 from gate.attention.inputs import TORCH_DTYPES, AttnInputs, KernelTensors, kernel_tensors, make_inputs
 from gate.kernels.base import KernelAdapter, KernelCall, KernelOutput
 from gate.kernels.sdpa import NoKernel
-from gate.attention.reference import AttnOptions, AttnResult, attention_reference
-from gate.core.results import TENSORS, CaseResult, Status, TensorError
+from gate.attention.kvcache import expected_cache, gather_dense
+from gate.attention.reference import AttnOptions, AttnResult, DecodeResult, attention_reference, decode_reference
+from gate.core.results import ALL_TENSORS, CaseResult, Status, TensorError
 from gate.correctness.tolerance import BANDS, LSE_APPROX_FLOOR, error_bound, error_ratio, rounding_floor
 
 
@@ -69,16 +71,29 @@ def measure(name: str, kernel: torch.Tensor, gold: torch.Tensor, low: torch.Tens
 def leaf_call(case: Case, inputs: AttnInputs, deterministic: bool = False, tensors: KernelTensors | None = None) -> KernelCall:
     """The call the kernel gets: q, k, v in the case's layout (issue #9: views, never contiguous
     copies, unless the layout is the default), tracking gradients; a custom bias (issue #16) is its
-    own leaf, with grad when the case asks."""
+    own leaf, with grad when the case asks; so are the sink logits (issue #10). A decode case
+    (issue #10) gets its cache instead (decode_call)."""
+    if inputs.cache is not None:
+        return decode_call(case, inputs)
     t = tensors if tensors is not None else kernel_tensors(case, inputs)
     opts = options(case, inputs)
     if inputs.bias is not None:
         opts = dataclasses.replace(opts, bias=inputs.bias.detach().clone().requires_grad_(case.bias_grad))
+    sink = None if inputs.sink is None else inputs.sink.detach().clone().requires_grad_(True)
     return KernelCall(
         q=t.q, k=t.k, v=t.v, opts=opts, cu_seqlens=inputs.cu_seqlens,
         max_seqlen=max(case.varlen) if case.varlen else 0, seqlens=case.varlen, deterministic=deterministic, seed=inputs.seed,
         cu_seqlens_k=inputs.cu_seqlens_k, max_seqlen_k=max(case.varlen_k) if case.varlen_k else 0, seqlens_k=case.varlen_k,
+        sink=sink,
     )
+
+
+def decode_call(case: Case, inputs: AttnInputs) -> KernelCall:
+    """A decode call on clones of the cache: the kernel may write into them, the inputs stay as drawn."""
+    cache = inputs.cache
+    mine = dataclasses.replace(cache, k_cache=cache.k_cache.clone(), v_cache=cache.v_cache.clone())
+    return KernelCall(q=cache.q.detach().clone(), k=mine.k_cache, v=mine.v_cache, opts=options(case, inputs),
+                      seed=inputs.seed, cache=mine, sink=None if inputs.sink is None else inputs.sink.detach().clone())
 
 
 def options(case: Case, inputs: AttnInputs) -> AttnOptions:
@@ -87,31 +102,70 @@ def options(case: Case, inputs: AttnInputs) -> AttnOptions:
                        bias=inputs.bias)
 
 
-def grad_names(case: Case) -> tuple[str, ...]:
-    """The gradients a case measures, in the order `kernel_pass` returns them (dbias: issue #16)."""
-    return ("dq", "dk", "dv", "dbias") if case.bias_grad else ("dq", "dk", "dv")
+@dataclass(frozen=True)
+class KernelTraits:
+    """What judging a kernel's raw outputs needs to know about the kernel, from its adapter's
+    capabilities: read here, or in the worker's first answer before any case ran (issue #11: the
+    deciding process never imports the kernel, and never takes per-case word from its process)."""
+
+    returns_lse: bool = False
+    sink_grad: bool = True  # issue #10: with sinks, its backward returns dsink
+    backward: bool = True  # issue #10: False = a forward-only (inference) kernel
+
+    @classmethod
+    def of(cls, adapter: KernelAdapter) -> "KernelTraits":
+        caps = adapter.capabilities()
+        return cls(returns_lse=caps.returns_lse, sink_grad=caps.sink_grad, backward=caps.backward)
+
+
+def _traits(kernel: "KernelAdapter | KernelTraits") -> KernelTraits:
+    return kernel if isinstance(kernel, KernelTraits) else KernelTraits.of(kernel)
+
+
+def is_forward_only(adapter: "KernelAdapter | KernelTraits", case: Case) -> bool:
+    """Decode cases, and every case of a kernel declared forward-only (backward = false)."""
+    return case.forward_only or not _traits(adapter).backward
+
+
+def forward_only_note(case: Case) -> str:
+    """Said on the row, so a reader never takes a forward-only pass for a full one (issue #10)."""
+    return ("forward-only: judged on out, lse" + (" and the cache after the call" if case.forward_only else "")
+            + "; no gradients")
+
+
+def grad_names(adapter: "KernelAdapter | KernelTraits", case: Case, inputs: AttnInputs) -> tuple[str, ...]:
+    """The gradients run_kernel returns, in order: dq, dk, dv, then dbias when the case's bias
+    requires grad (issue #16), then dsink when the case has sinks and the adapter declares their
+    gradient (issue #10)."""
+    return (("dq", "dk", "dv") + (("dbias",) if case.bias_grad else ())
+            + (("dsink",) if inputs.sink is not None and _traits(adapter).sink_grad else ()))
 
 
 def run_kernel(adapter: KernelAdapter, case: Case, inputs: AttnInputs, deterministic: bool = False):
-    """Forward + backward once: (KernelOutput, (dq, dk, dv) or, with bias_grad, (dq, dk, dv, dbias)),
-    outputs validated."""
+    """Forward + backward once: (KernelOutput, grads), outputs validated; grads are (dq, dk, dv),
+    then dbias with bias_grad (issue #16), then dsink with sinks where the adapter declares a sink
+    gradient (issue #10): `grad_names` says which. Forward-only (see is_forward_only): (KernelOutput, None)."""
     result, grads = kernel_pass(adapter, case, inputs, deterministic)
-    validate_outputs(case, inputs, result.out, grads)
+    validate_outputs(case, inputs, result.out, grads, grad_names(adapter, case, inputs))
     return result, grads
 
 
 def kernel_pass(adapter: KernelAdapter, case: Case, inputs: AttnInputs, deterministic: bool = False):
     """Forward + backward once, as the kernel returns them: (KernelOutput, grads in `grad_names`
-    order); a grad is None where out does not depend on that input. The kernel gets the case's
-    layout views (issue #9) and its own bias leaf (issue #16); the grads are taken w.r.t. those
-    views with the layout's dO. Only what autograd needs is checked here, plus the cheap checks of
-    out a FAIL row names first; the values are judged by `validate_outputs` and `measure_seed` (in
-    the gate's own process when the kernel runs in a worker, gate/workflow/isolation.py)."""
-    tensors = kernel_tensors(case, inputs)
+    order, or None for a forward-only run); a grad is None where out does not depend on that input.
+    The kernel gets the case's layout views (issue #9), its own bias leaf (issue #16), its own sink
+    leaf and, for a decode case, clones of the cache (issue #10, returned as KernelOutput.cache when
+    written in place); the grads are taken w.r.t. those leaves with the layout's dO. Only what
+    autograd needs is checked here, plus the cheap checks of out a FAIL row names first; the values
+    are judged by `validate_outputs` and `measure_seed` (in the gate's own process when the kernel
+    runs in a worker, gate/workflow/isolation.py)."""
+    tensors = None if inputs.cache is not None else kernel_tensors(case, inputs)
     call = leaf_call(case, inputs, deterministic, tensors)
     result = adapter(call)
     if not isinstance(result, KernelOutput):
         raise BadOutput(f"adapter returned {type(result).__name__}, not KernelOutput")
+    if call.cache is not None and result.cache is None:
+        result = dataclasses.replace(result, cache=(call.cache.k_cache, call.cache.v_cache))
     if not isinstance(result.out, torch.Tensor):
         raise BadOutput(f"out is a {type(result.out).__name__}, not a tensor")
     expected = tuple(inputs.dout.shape)
@@ -121,18 +175,23 @@ def kernel_pass(adapter: KernelAdapter, case: Case, inputs: AttnInputs, determin
         raise BadOutput(f"out has dtype {result.out.dtype}, expected {inputs.q.dtype}")
     if not torch.isfinite(result.out).all():
         raise BadOutput("out contains NaN/Inf")
+    if is_forward_only(adapter, case):
+        return result, None
     if not result.out.requires_grad:
         raise BadOutput("out has no autograd graph back to q, k, v (detached, or computed under no_grad)")
     # allow_unused: an output that ignores k is a wrong answer (FAIL "dk is missing"), not a crash.
     leaves = (call.q, call.k, call.v)
     if case.bias_grad:  # issue #16: dBias must flow back to the bias the kernel was given
         leaves = leaves + (call.opts.bias,)
+    if call.sink is not None and adapter.capabilities().sink_grad:  # issue #10
+        leaves = leaves + (call.sink,)
     grads = torch.autograd.grad(result.out, leaves, tensors.dout, allow_unused=True)
     return result, grads
 
 
-def validate_outputs(case: Case, inputs: AttnInputs, out: torch.Tensor, grads) -> None:
-    """A wrong shape or dtype, NaN/Inf or a missing grad (dbias too, with bias_grad) is a BadOutput (a FAIL row)."""
+def validate_outputs(case: Case, inputs: AttnInputs, out: torch.Tensor, grads, names: tuple[str, ...]) -> None:
+    """A wrong shape or dtype, NaN/Inf or a missing grad (each of `names`: dbias with bias_grad,
+    dsink with sinks) is a BadOutput (a FAIL row). `grads` None: a forward-only run."""
     expected = tuple(inputs.dout.shape)
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected:
         raise BadOutput(f"out has shape {tuple(getattr(out, 'shape', ()))}, expected {expected}")
@@ -140,14 +199,18 @@ def validate_outputs(case: Case, inputs: AttnInputs, out: torch.Tensor, grads) -
         raise BadOutput(f"out has dtype {out.dtype}, expected {inputs.q.dtype}")
     if not torch.isfinite(out).all():
         raise BadOutput("out contains NaN/Inf")
-    names = grad_names(case)
-    refs = (inputs.q, inputs.k, inputs.v, inputs.bias)
+    if grads is None:
+        return
+    refs = {"dq": inputs.q, "dk": inputs.k, "dv": inputs.v, "dbias": inputs.bias, "dsink": inputs.sink}
     if len(grads) != len(names):
         raise BadOutput(f"{len(grads)} gradients, expected {len(names)} ({', '.join(names)})")
-    for name, grad, ref in zip(names, grads, refs):
+    for name, grad in zip(names, grads):
+        ref = refs[name]
         if grad is None:
             if name == "dbias":
                 raise BadOutput("dbias is missing: the bias got no gradient (detached, or not part of the graph)")
+            if name == "dsink":
+                raise BadOutput("dsink is missing: the sink logits got no gradient")
             raise BadOutput(f"{name} is missing: out does not depend on {name[1:]}")
         if not isinstance(grad, torch.Tensor) or tuple(grad.shape) != tuple(ref.shape):
             raise BadOutput(f"{name} has shape {tuple(getattr(grad, 'shape', ()))}, expected {tuple(ref.shape)}")
@@ -159,10 +222,36 @@ def references(case: Case, inputs: AttnInputs, keep) -> tuple[AttnResult, AttnRe
     """(golden float64, low-precision in the input dtype) on the same rounded inputs."""
     opts = options(case, inputs)
     args = (inputs.q, inputs.k, inputs.v, inputs.dout, opts)
-    varlen = dict(cu_seqlens=inputs.cu_seqlens, cu_seqlens_k=inputs.cu_seqlens_k, dropout_keep=keep)
+    varlen = dict(cu_seqlens=inputs.cu_seqlens, cu_seqlens_k=inputs.cu_seqlens_k, dropout_keep=keep, sink=inputs.sink)
     gold = attention_reference(*args, torch.float64, **varlen)
     low = attention_reference(*args, TORCH_DTYPES[case.dtype], **varlen)
     return gold, low
+
+
+def decode_references(case: Case, inputs: AttnInputs) -> tuple[DecodeResult, DecodeResult, tuple[torch.Tensor, torch.Tensor]]:
+    """(golden, low-precision, expected (k_cache, v_cache) after the call) for a decode case: the
+    references read dense K/V gathered from the expected cache, never the kernel's."""
+    k_after, v_after = expected_cache(inputs.cache)
+    dense = gather_dense(inputs.cache, k_after, v_after)
+    opts = options(case, inputs)
+    gold = decode_reference(inputs.cache.q, dense, opts, torch.float64, inputs.sink)
+    low = decode_reference(inputs.cache.q, dense, opts, TORCH_DTYPES[case.dtype], inputs.sink)
+    return gold, low, (k_after, v_after)
+
+
+def measure_exact(name: str, kernel: torch.Tensor, expected: torch.Tensor, dtype: str, seed: int) -> TensorError:
+    """A copy (the cache after an append) must be exact: bound = the smallest rounding floor, so
+    any slot written wrongly, or not at all, is a ratio far above 1."""
+    diff = (kernel.double() - expected.double()).abs()
+    if tuple(kernel.shape) != tuple(expected.shape):
+        raise BadOutput(f"{name} has shape {tuple(kernel.shape)}, expected {tuple(expected.shape)}")
+    max_err = float(diff.max()) if diff.numel() else 0.0
+    flat = int(diff.flatten().argmax()) if diff.numel() else 0
+    worst = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape)) if diff.numel() else ()
+    bound = rounding_floor(0.0, dtype)
+    atol, rtol = BANDS[dtype]
+    return TensorError(name, max_err, float(diff.mean()) if diff.numel() else 0.0, 0.0, bound, 1.0, bound,
+                       error_ratio(max_err, bound), worst, atol, rtol, max_err == 0.0, seed)
 
 
 # issue #9: from this many keys on, a CUDA run notes the float64 reference's peak memory in the row
@@ -181,11 +270,15 @@ def _references_noting_peak(case: Case, inputs: AttnInputs, keep, device: str, n
     return gold, low
 
 
-def lse_yardstick(case: Case, inputs: AttnInputs, keep, low: AttnResult) -> torch.Tensor:
-    """The LSE as a kernel computes it (issue #9): the reference in float32 on the rounded inputs."""
+def lse_yardstick(case: Case, inputs: AttnInputs, keep, low: AttnResult | DecodeResult) -> torch.Tensor:
+    """The LSE as a kernel computes it (issue #9): the reference in float32 on the rounded inputs
+    (a decode case's, issue #10: on the K/V gathered from the expected cache, as decode_references)."""
     if TORCH_DTYPES[case.dtype] == TORCH_DTYPES[LSE_YARDSTICK_DTYPE]:
         return low.lse
-    varlen = dict(cu_seqlens=inputs.cu_seqlens, cu_seqlens_k=inputs.cu_seqlens_k, dropout_keep=keep)
+    if inputs.cache is not None:
+        dense = gather_dense(inputs.cache, *expected_cache(inputs.cache))
+        return decode_reference(inputs.cache.q, dense, options(case, inputs), TORCH_DTYPES[LSE_YARDSTICK_DTYPE], inputs.sink).lse
+    varlen = dict(cu_seqlens=inputs.cu_seqlens, cu_seqlens_k=inputs.cu_seqlens_k, dropout_keep=keep, sink=inputs.sink)
     return attention_reference(inputs.q, inputs.k, inputs.v, inputs.dout, options(case, inputs),
                                TORCH_DTYPES[LSE_YARDSTICK_DTYPE], **varlen).lse
 
@@ -209,22 +302,44 @@ def first_line(exc: BaseException) -> str:
 _first_line = first_line  # the name main's callers knew
 
 
+def _keep_worst(worst: dict[str, TensorError], err: TensorError) -> None:
+    if err.tensor not in worst or not err.ratio <= worst[err.tensor].ratio:
+        worst[err.tensor] = err
+
+
 def measure_seed(case: Case, inputs: AttnInputs, out, lse, grads, dropout_keep, tol: ToleranceConfig,
-                 worst: dict[str, TensorError], notes: list[str], returns_lse: bool, device: str = "cpu") -> str | None:
-    """Judge one seed's raw kernel outputs against both references (computed here, from `inputs`):
-    update `worst` per tensor (dbias with bias_grad, #16; the LSE against its float32 yardstick,
-    #9) and return a FAIL reason, or None. Raises BadOutput on an invalid answer."""
-    validate_outputs(case, inputs, out, grads)
+                 worst: dict[str, TensorError], notes: list[str], traits: KernelTraits, device: str = "cpu",
+                 cache=None) -> str | None:
+    """Judge one seed's raw kernel outputs against the references (computed here, from `inputs`):
+    update `worst` per tensor and return a FAIL reason, or None. Raises BadOutput on an invalid
+    answer. Measured: out; the grads `grad_names` lists (dbias #16, dsink #10) unless the run is
+    forward-only (`grads` None); the LSE against its float32 yardstick (#9); for a decode case the
+    cache after the call (`cache` = (k_cache, v_cache)), exact (#10)."""
+    forward_only = is_forward_only(traits, case)
+    validate_outputs(case, inputs, out, None if forward_only else grads, grad_names(traits, case, inputs))
     if case.dropout_p and dropout_keep is None:
         raise BadOutput("the kernel ran with dropout but exposed no dropout mask")
-    gold, low = _references_noting_peak(case, inputs, dropout_keep, device, notes)
-    measured = dict(zip(("out",) + grad_names(case), (out,) + tuple(grads)))
+    if case.entry == "kvcache":
+        gold, low, (k_after, v_after) = decode_references(case, inputs)
+        if cache is None:
+            raise BadOutput("the adapter returned no cache for a decode call")
+        _keep_worst(worst, measure_exact("k_cache", cache[0].detach(), k_after, case.dtype, inputs.seed))
+        _keep_worst(worst, measure_exact("v_cache", cache[1].detach(), v_after, case.dtype, inputs.seed))
+    else:
+        gold, low = _references_noting_peak(case, inputs, dropout_keep, device, notes)
+    measured = {"out": out}
+    if not forward_only:  # dq, dk, dv, then dbias (issue #16) and dsink (issue #10) as grad_names says
+        measured.update(zip(grad_names(traits, case, inputs), grads))
     if lse is not None:
         if tuple(lse.shape) != tuple(gold.lse.shape):
             return f"seed {inputs.seed}: lse has shape {tuple(lse.shape)}, expected {tuple(gold.lse.shape)}"
         measured["lse"] = lse
-    elif returns_lse:
+    elif traits.returns_lse:
         notes.append("lse not exposed for this case")
+    elif forward_only:
+        notes.append("lse not returned: judged on out alone")
+    if case.sinks and not forward_only and not traits.sink_grad:
+        notes.append("dsink not judged: the adapter declares no sink gradient")
     for name, tensor in measured.items():
         if name == "lse":
             err = measure(name, tensor.detach(), gold.lse, lse_yardstick(case, inputs, dropout_keep, low), case.dtype,
@@ -233,22 +348,23 @@ def measure_seed(case: Case, inputs: AttnInputs, out, lse, grads, dropout_keep, 
         else:
             err = measure(name, tensor.detach(), getattr(gold, name), getattr(low, name), case.dtype,
                           tol.mult(name, case.dtype), inputs.seed)
-        if name not in worst or not err.ratio <= worst[name].ratio:
-            worst[name] = err
+        _keep_worst(worst, err)
     return None
 
 
-def verdict_row(case: Case, worst: dict[str, TensorError], checks, notes, seconds: float) -> CaseResult:
+def verdict_row(case: Case, worst: dict[str, TensorError], checks, notes, seconds: float,
+                forward_only: bool = False) -> CaseResult:
     """PASS or FAIL from the measured tensors and the checks' results."""
-    tensors = tuple(worst[n] for n in TENSORS if n in worst)
+    tensors = tuple(worst[n] for n in ALL_TENSORS if n in worst)
     bad = [t for t in tensors if not t.passed]
     failed_checks = [c for c in checks if c.passed is False]
     if bad or failed_checks:
         why = [f"{t.tensor} error {t.max_err:.3g} > bound {t.bound:.3g} (ratio {t.ratio:.2f}, seed {t.seed})" for t in bad]
         why += [f"{c.name}: {c.detail}" for c in failed_checks]
-        return CaseResult(case=case, status=Status.FAIL, reason="; ".join(why), tensors=tensors, checks=checks, seconds=seconds)
-    return CaseResult(case=case, status=Status.PASS, reason="; ".join(sorted(set(notes))), tensors=tensors, checks=checks,
-                      seconds=seconds)
+        return CaseResult(case=case, status=Status.FAIL, reason="; ".join(why), tensors=tensors, checks=checks,
+                          seconds=seconds, forward_only=forward_only)
+    return CaseResult(case=case, status=Status.PASS, reason="; ".join(dict.fromkeys(notes)), tensors=tensors, checks=checks,
+                      seconds=seconds, forward_only=forward_only)
 
 
 def run_case(adapter: KernelAdapter, case: Case, device: str, tol: ToleranceConfig, extra_checks=()) -> CaseResult:
@@ -258,19 +374,21 @@ def run_case(adapter: KernelAdapter, case: Case, device: str, tol: ToleranceConf
     The isolated path (gate/workflow/isolation.py) runs `kernel_pass` in a worker and the same
     `measure_seed` / `verdict_row` here."""
     start = time.perf_counter()
-    reason = adapter.capabilities().unsupported_reason(case, device)
+    reason = adapter.unsupported_reason(case, device)
     if reason:
         return CaseResult(case=case, status=Status.SKIP, reason=reason)
     worst: dict[str, TensorError] = {}
-    notes: list[str] = []
+    traits = KernelTraits.of(adapter)
+    forward_only = is_forward_only(traits, case)
+    notes: list[str] = [forward_only_note(case)] if forward_only else []
     try:
         adapter.prepare(case)
         for seed in case.seeds:
             inputs = make_inputs(case, seed, device)
             try:
                 kout, grads = kernel_pass(adapter, case, inputs)
-                fail = measure_seed(case, inputs, kout.out, kout.lse, grads, kout.dropout_keep, tol, worst, notes,
-                                    adapter.capabilities().returns_lse, device)
+                fail = measure_seed(case, inputs, kout.out, kout.lse, grads, kout.dropout_keep, tol, worst, notes, traits,
+                                    device, kout.cache)
             except NoKernel as exc:
                 return CaseResult(case=case, status=Status.SKIP, reason=str(exc), seconds=time.perf_counter() - start)
             except BadOutput as exc:
@@ -286,4 +404,4 @@ def run_case(adapter: KernelAdapter, case: Case, device: str, tol: ToleranceConf
     except BaseException as exc:  # a crashing kernel is a row, not a dead run (sys.exit in a kernel too)
         return CaseResult(case=case, status=Status.ERROR, reason=first_line(exc), seconds=time.perf_counter() - start,
                           checks=(), traceback=traceback_tail(exc))
-    return verdict_row(case, worst, checks, notes, time.perf_counter() - start)
+    return verdict_row(case, worst, checks, notes, time.perf_counter() - start, forward_only)

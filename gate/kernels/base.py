@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gate.core.cases import Case
+from gate.attention.kvcache import CacheInputs
 from gate.attention.reference import AttnOptions
 
 
@@ -43,6 +44,13 @@ class Capabilities:
     # -inf additive mask): such cases are SKIPPED with this text, never measured as a pass.
     fully_masked_rows_unsupported: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # --- issue #10: entry points beyond flash_attn_func ---
+    kvcache: bool = False  # a decode entry point (flash_attn_with_kvcache convention, or emulated on a gathered cache)
+    paged: bool = False  # takes a paged cache with a block table
+    page_size_multiple: int = 1  # page sizes it accepts (FA2: 256)
+    sinks: bool = False  # learnable per-head sink logits
+    sink_grad: bool = True  # with sinks: its backward returns dsink (False: dsink not judged, and the row says so)
+    backward: bool = True  # False: a forward-only (inference) kernel, judged on out and LSE
     # ---- issue #16 (branch bias): a custom bias (float, added to the scaled scores), its gradient,
     # a bias in another dtype than the inputs (fp32 with bf16/fp16), and boolean masks.
     # `bias_unsupported` (non-empty) is the reason every bias case is skipped, said as it is.
@@ -58,14 +66,20 @@ class Capabilities:
 
     def unsupported_reason(self, case: Case, device: str) -> str | None:
         """The first reason this kernel cannot run `case` on `device`, or None."""
+        decode = case.entry == "kvcache"
         checks = [
             (device in self.devices, f"runs on {'/'.join(self.devices)}, not {device}"),
+            (self.kvcache or not decode, "no KV-cache (decode) entry point"),
+            (self.paged or not case.page_size, "no paged KV cache (block table)"),
+            (not case.page_size or case.page_size % self.page_size_multiple == 0,
+             f"page size {case.page_size} not a multiple of {self.page_size_multiple}"),
+            (self.sinks or not case.sinks, "no learnable sinks"),
             (case.dtype in self.dtypes, f"no {case.dtype} (supports {', '.join(self.dtypes)})"),
             (max(case.head_dim, case.head_dim_v) <= self.max_head_dim, f"head_dim > {self.max_head_dim}"),
             (case.head_dim % self.head_dim_multiple == 0 and case.head_dim_v % self.head_dim_multiple == 0,
              f"head_dim not a multiple of {self.head_dim_multiple}"),
             (self.head_dim_v_differs or case.head_dim == case.head_dim_v, "head_dim_v != head_dim"),
-            (self.seqlen_q_ne_k or case.seqlen_q == case.seqlen_k or case.varlen is not None, "seqlen_q != seqlen_k"),
+            (self.seqlen_q_ne_k or case.seqlen_q == case.seqlen_k or case.varlen is not None or decode, "seqlen_q != seqlen_k"),
             (self.causal or not case.causal, "no causal mask"),
             (self.window or not case.has_window, "no sliding window"),
             (self.softcap or not case.softcap, "no softcap"),
@@ -121,6 +135,11 @@ class KernelCall:
     deterministic: bool = False
     seed: int = 0
     want_lse: bool = True  # False when timing: adapters may skip extra work done only to expose the LSE
+    # issue #10: a decode call carries its cache (the adapter writes appended tokens into these very
+    # tensors, as flash_attn_with_kvcache does; q/k/v above are then q, k_cache, v_cache); `sink` is
+    # the (Hq,) float32 learnable sink logits (a leaf with requires_grad when the backward is run).
+    cache: "CacheInputs | None" = None
+    sink: torch.Tensor | None = None
     # issue #9: varlen keys whose lengths differ from the queries' (None: cu_seqlens serves both)
     cu_seqlens_k: torch.Tensor | None = None
     max_seqlen_k: int = 0
@@ -144,6 +163,9 @@ class KernelOutput:
     out: torch.Tensor
     lse: torch.Tensor | None = None
     dropout_keep: torch.Tensor | list[torch.Tensor] | None = None
+    # issue #10, decode: (k_cache, v_cache) after the call; None = the call's own cache tensors,
+    # written in place (flash_attn_with_kvcache's way)
+    cache: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class KernelAdapter(ABC):
@@ -156,6 +178,10 @@ class KernelAdapter(ABC):
 
     @abstractmethod
     def capabilities(self) -> Capabilities: ...
+
+    def unsupported_reason(self, case: Case, device: str) -> str | None:
+        """Why this kernel cannot run `case` here, or None. A kernel family answers per entry point."""
+        return self.capabilities().unsupported_reason(case, device)
 
     @abstractmethod
     def __call__(self, call: KernelCall) -> KernelOutput: ...
@@ -198,3 +224,73 @@ def per_sequence(call: KernelCall, dense_fn) -> KernelOutput:
 def flash_lse_to_reference(lse: torch.Tensor, seqlen_q: int) -> torch.Tensor:
     """Flash kernels may pad the LSE's query dimension (e.g. to a multiple of 32): trim it."""
     return lse[..., :seqlen_q]
+
+
+# --- issue #10: the kernel side of a KV cache -------------------------------------------------
+# A page walk of its own (logical page pos // page -> block_table -> physical block), sharing no
+# code with the references' flat gather in gate/attention/kvcache.py.
+
+
+def read_pages(cache: torch.Tensor, block_table, page: int, b: int, start: int, stop: int) -> torch.Tensor:
+    """Tokens start..stop-1 of batch element b: the pages they lie on, looked up in the block table
+    (one gather), laid end to end, then trimmed (contiguous cache: one slice of row b)."""
+    if block_table is None:
+        return cache[b, start:stop]
+    if stop <= start:
+        return cache[0, :0]
+    first, last = start // page, (stop - 1) // page
+    blocks = cache[block_table[b, first:last + 1].long()]  # (pages, page, H, D)
+    flat = blocks.reshape(-1, *cache.shape[2:])
+    return flat[start - first * page: stop - first * page]
+
+
+def write_pages(cache: torch.Tensor, block_table, page: int, b: int, start: int, values: torch.Tensor) -> None:
+    """Write `values` (n, H, D) as tokens start.. of batch element b, page by page."""
+    if block_table is None:
+        cache[b, start:start + values.shape[0]] = values
+        return
+    pos, done = start, 0
+    while done < values.shape[0]:
+        block, offset = int(block_table[b, pos // page]), pos % page
+        n = min(page - offset, values.shape[0] - done)
+        cache[block, offset:offset + n] = values[done:done + n]
+        pos, done = pos + n, done + n
+
+
+def gathered_decode(call: KernelCall, dense_fn) -> KernelOutput:
+    """A decode step for kernels without a KV-cache API (SDPA, Flex): the adapter appends the new
+    tokens into the cache itself, gathers each batch element's keys by the page walk, and runs the
+    dense kernel on them (q (1, Nq, H, D) against (1, L_b, Hkv, D), bottom-right aligned). What is
+    judged is the kernel's attention; the append and the paging are this emulation's."""
+    c = call.cache
+    q = call.q
+    bsz, nq, hq, _ = q.shape
+    dv_dim = c.v_cache.shape[-1]
+    cached_lengths = c.cache_seqlens.tolist()
+    for b, cached in enumerate(cached_lengths):
+        if c.k_new is not None:
+            write_pages(c.k_cache, c.block_table, c.page_size, b, cached, c.k_new[b])
+            write_pages(c.v_cache, c.block_table, c.page_size, b, cached, c.v_new[b])
+    lengths = [n + (0 if c.k_new is None else c.k_new.shape[1]) for n in cached_lengths]
+    if len(set(lengths)) == 1 and lengths[0] > 0:  # equal lengths: one batched call (as the speed cases have)
+        n = lengths[0]
+        if c.block_table is None:  # a view of the cache: no copy in the timed call
+            kb, vb = c.k_cache[:, :n], c.v_cache[:, :n]
+        else:
+            kb = torch.stack([read_pages(c.k_cache, c.block_table, c.page_size, b, 0, n) for b in range(bsz)])
+            vb = torch.stack([read_pages(c.v_cache, c.block_table, c.page_size, b, 0, n) for b in range(bsz)])
+        part = dense_fn(q, kb, vb)
+        return KernelOutput(out=part.out.detach(), lse=None if part.lse is None else part.lse.detach().float())
+    outs, lses = [], []
+    for b, nk in enumerate(lengths):
+        if nk == 0:  # no key: nothing to call the kernel on; out 0, LSE -inf by convention
+            outs.append(torch.zeros(nq, hq, dv_dim, dtype=q.dtype, device=q.device))
+            lses.append(torch.full((hq, nq), float("-inf"), device=q.device))
+            continue
+        kb = read_pages(c.k_cache, c.block_table, c.page_size, b, 0, nk)
+        vb = read_pages(c.v_cache, c.block_table, c.page_size, b, 0, nk)
+        part = dense_fn(q[b:b + 1], kb[None], vb[None])
+        outs.append(part.out[0].detach())
+        lses.append(None if part.lse is None else part.lse[0].detach().float())
+    lse = None if any(x is None for x in lses) else torch.stack(lses)
+    return KernelOutput(out=torch.stack(outs), lse=lse)

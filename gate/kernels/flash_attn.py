@@ -16,7 +16,7 @@ import importlib.metadata
 
 import torch
 
-from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput
+from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, write_pages
 
 
 def _import(module: str):
@@ -26,6 +26,7 @@ def _import(module: str):
 class _FlashBase(KernelAdapter):
     module = ""
     dist = ""
+    kvcache_fn = ""  # issue #10: the module's decode entry point ("" = none)
 
     def unavailable_reason(self) -> str | None:
         if not torch.cuda.is_available():
@@ -67,13 +68,37 @@ class _FlashBase(KernelAdapter):
         return KernelOutput(out=out, lse=lse)
 
 
+# --- issue #10: decode through flash_attn_with_kvcache (FA2, FA3). Written to the documented APIs;
+# not run here (no GPU build of FA2/FA3 was available): the H200 script says what it found.
+
+
+def with_kvcache(fn, call: KernelCall, paged_keyword: str, window: tuple) -> KernelOutput:
+    """flash_attn_with_kvcache(q, k_cache, v_cache, k=, v=, cache_seqlens=, <block_table|page_table>=,
+    softmax_scale=, causal=, window_size=, softcap=, [alibi_slopes=], return_softmax_lse=True): the new
+    k/v are appended into k_cache/v_cache in place; lse is (B, H, Nq)."""
+    c = call.cache
+    kwargs = dict(cache_seqlens=c.cache_seqlens, softmax_scale=call.opts.softmax_scale, causal=call.opts.causal,
+                  window_size=window, softcap=call.opts.softcap, return_softmax_lse=True)
+    if call.opts.alibi_slopes is not None:
+        kwargs["alibi_slopes"] = call.opts.alibi_slopes
+    if c.k_new is not None:
+        kwargs.update(k=c.k_new, v=c.v_new)
+    if c.block_table is not None:
+        kwargs[paged_keyword] = c.block_table
+    result = fn(call.q, c.k_cache, c.v_cache, **kwargs)
+    out, lse = (result[0], result[1]) if isinstance(result, tuple) else (result, None)
+    return KernelOutput(out=out, lse=None if lse is None else lse.detach().float())
+
+
 class FA2Adapter(_FlashBase):
     name, module, dist = "fa2", "flash_attn", "flash-attn"
     description = "flash-attn 2 (flash_attn.flash_attn_func)"
 
     def capabilities(self) -> Capabilities:
+        # flash_attn_with_kvcache: paged KV needs page_block_size % 256 == 0 (its docstring)
         return Capabilities(dtypes=("fp16", "bf16"), max_head_dim=256, window=True, softcap=True, alibi=True,
-                            dropout=True, dropout_keep_levels=256, varlen=True, deterministic_mode=True, returns_lse=True)
+                            dropout=True, dropout_keep_levels=256, varlen=True, deterministic_mode=True, returns_lse=True,
+                            kvcache=True, paged=True, page_size_multiple=256)
 
     def _kwargs(self, call: KernelCall) -> dict:
         kwargs = super()._kwargs(call)
@@ -82,6 +107,8 @@ class FA2Adapter(_FlashBase):
 
     def __call__(self, call: KernelCall) -> KernelOutput:
         mod = _import(self.module)
+        if call.cache is not None:
+            return with_kvcache(mod.flash_attn_with_kvcache, call, "block_table", tuple(call.opts.window))
         kwargs = self._kwargs(call)
         # FA2 draws dropout from torch's CUDA generator: seed it from the call (forked, so the
         # caller's RNG is untouched) so the same seed gives the same mask; the backward replays
@@ -115,7 +142,8 @@ class FA3Adapter(_FlashBase):
 
     def capabilities(self) -> Capabilities:
         return Capabilities(dtypes=("fp16", "bf16"), max_head_dim=256, head_dim_multiple=8, head_dim_v_differs=True,
-                            window=True, softcap=True, varlen=True, deterministic_mode=True, returns_lse=True)
+                            window=True, softcap=True, varlen=True, deterministic_mode=True, returns_lse=True,
+                            kvcache=True, paged=True)
 
     def _kwargs(self, call: KernelCall) -> dict:
         kwargs = super()._kwargs(call)
@@ -123,6 +151,8 @@ class FA3Adapter(_FlashBase):
         return kwargs
 
     def __call__(self, call: KernelCall) -> KernelOutput:
+        if call.cache is not None:  # FA3 names the block table page_table
+            return with_kvcache(_import(self.module).flash_attn_with_kvcache, call, "page_table", tuple(call.opts.window))
         try:
             return super().__call__(call)
         except TypeError as exc:
@@ -138,9 +168,28 @@ class FA4Adapter(_FlashBase):
     name, module, dist = "fa4", "flash_attn.cute", "flash-attn-4"
     description = "flash-attn 4, CuTe DSL (flash_attn.cute.flash_attn_func)"
 
+    def _takes(self, fn_name: str, keyword: str) -> bool:
+        """Whether this FA4 build's fn_name takes `keyword` (False where it does not import)."""
+        import inspect
+
+        try:
+            return keyword in inspect.signature(getattr(_import(self.module), fn_name)).parameters
+        except Exception:
+            return False
+
     def capabilities(self) -> Capabilities:
+        # issue #10: decode through flash_attn_varlen_func(page_table=, seqused_k=) and learnable
+        # sinks, each only where this build's signature has it.
+        paged = self._takes("flash_attn_varlen_func", "page_table")
         return Capabilities(dtypes=("fp16", "bf16"), max_head_dim=256, head_dim_multiple=8, head_dim_v_differs=True,
                             window=True, softcap=True, varlen=True, deterministic_mode=True, returns_lse=True,
+                            kvcache=self._takes("flash_attn_varlen_func", "seqused_k"), paged=paged,
+                            sinks=self._takes("flash_attn_func", "learnable_sink"),
+                            # not seen on a GPU yet whether its backward returns the sink's gradient:
+                            # dsink is not judged (the row says so) until it has been
+                            sink_grad=False,
+                            notes=("decode: flash_attn_varlen_func with seqused_k (and page_table); the new k/v are "
+                                   "written into the cache by the adapter (FA4 has no append)",),
                             bias_unsupported=self._bias_reason())  # issue #16
 
     def _bias_reason(self) -> str:
@@ -169,7 +218,29 @@ class FA4Adapter(_FlashBase):
     def _kwargs(self, call: KernelCall) -> dict:
         kwargs = super()._kwargs(call)
         kwargs["return_lse"] = True
+        if call.sink is not None:
+            kwargs["learnable_sink"] = call.sink
         return kwargs
+
+    def __call__(self, call: KernelCall) -> KernelOutput:
+        if call.cache is None:
+            return super().__call__(call)
+        mod = _import(self.module)
+        c = call.cache
+        lengths = c.cache_seqlens
+        if c.k_new is not None:  # FA4 does not append: write the new tokens, then attend over them too
+            for b, start in enumerate(c.cache_seqlens.tolist()):
+                write_pages(c.k_cache, c.block_table, c.page_size, b, start, c.k_new[b])
+                write_pages(c.v_cache, c.block_table, c.page_size, b, start, c.v_new[b])
+            lengths = c.cache_seqlens + c.k_new.shape[1]
+        kwargs = dict(softmax_scale=call.opts.softmax_scale, causal=call.opts.causal, window_size=self._window(call),
+                      softcap=call.opts.softcap, seqused_k=lengths.to(torch.int32), return_lse=True)
+        if c.block_table is not None:
+            kwargs["page_table"] = c.block_table
+        if call.sink is not None:
+            kwargs["learnable_sink"] = call.sink
+        out, lse = self._split(mod.flash_attn_varlen_func(call.q, c.k_cache, c.v_cache, **kwargs))
+        return KernelOutput(out=out, lse=lse)
 
 
 class FA4RawWindowAdapter(FA4Adapter):

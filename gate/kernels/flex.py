@@ -45,7 +45,10 @@ class FlexAdapter(KernelAdapter):
         return Capabilities(
             devices=("cuda",), dtypes=("fp16", "bf16", "fp32"), max_head_dim=256, head_dim_v_differs=True,
             window=True, softcap=True, alibi=True, varlen=True, gqa=True, deterministic_mode=True, returns_lse=True,
-            notes=("varlen by running each sequence alone",),
+            kvcache=True, paged=True,  # issue #10: on a gathered dense cache
+            notes=("varlen by running each sequence alone",
+                   "decode: one call on the gathered cache padded to the longest element, a mask_mod with each "
+                   "element's length (append and paging emulated by the adapter)"),
             bias=True, bias_grad=True, bool_mask=True,  # issue #16: score_mod / mask_mod over the captured tensor
         )
 
@@ -171,7 +174,82 @@ class FlexAdapter(KernelAdapter):
     def prepare(self, case: Case) -> None:
         self._block_masks.clear()
 
+    # --- issue #10: decode as ONE flex call per case (not one per key length: each would compile) ---
+
+    @staticmethod
+    def _make_decode_mods(has_left: bool, has_right: bool, has_cap: bool, has_alibi: bool):
+        """Mods over a batch padded to the longest cache: key j of element b exists when j < lens[b],
+        and query i sits at key lens[b] - nq + i (bottom-right, per element)."""
+        p: dict = {}
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            n = p["lens"][b]
+            diag = q_idx + n - p["nq"]
+            ok = kv_idx < n
+            if has_right:
+                ok = ok & (kv_idx <= diag + p["right"])
+            if has_left:
+                ok = ok & (kv_idx >= diag - p["left"])
+            return ok
+
+        score_mod = None
+        if has_cap or has_alibi:
+            def score_mod(score, b, h, q_idx, kv_idx):
+                if has_cap:
+                    score = torch.tanh(score / p["cap"]) * p["cap"]
+                if has_alibi:
+                    score = score - p["slopes"][h] * (q_idx + p["lens"][b] - p["nq"] - kv_idx).abs()
+                return score
+        return p, mask_mod, score_mod
+
+    def _decode(self, call: KernelCall) -> KernelOutput:
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        from gate.kernels.base import read_pages, write_pages
+
+        c, o, q = call.cache, call.opts, call.q
+        bsz, nq = q.shape[0], q.shape[1]
+        for b, start in enumerate(c.cache_seqlens.tolist()):
+            if c.k_new is not None:  # the append is this adapter's emulation (Flex has no cache API)
+                write_pages(c.k_cache, c.block_table, c.page_size, b, start, c.k_new[b])
+                write_pages(c.v_cache, c.block_table, c.page_size, b, start, c.v_new[b])
+        lens = c.cache_seqlens.long() + (0 if c.k_new is None else c.k_new.shape[1])
+        longest = max(1, int(lens.max()))
+        hkv = c.k_cache.shape[-2]
+        kb = q.new_zeros(bsz, longest, hkv, c.k_cache.shape[-1])
+        vb = q.new_zeros(bsz, longest, hkv, c.v_cache.shape[-1])
+        for b, n in enumerate(lens.tolist()):
+            kb[b, :n] = read_pages(c.k_cache, c.block_table, c.page_size, b, 0, n)
+            vb[b, :n] = read_pages(c.v_cache, c.block_table, c.page_size, b, 0, n)
+        left, right = effective_window(o.causal, o.window)
+        key = ("decode", left >= 0, right >= 0, bool(o.softcap), o.alibi_slopes is not None, str(q.device))
+        if key not in self._mod_cache:
+            self._mod_cache[key] = self._make_decode_mods(*key[1:5])
+        holder, mask_mod, score_mod = self._mod_cache[key]
+        holder.clear()
+        holder.update(lens=lens.to(q.device), nq=torch.tensor(nq, device=q.device), left=torch.tensor(left, device=q.device),
+                      right=torch.tensor(right, device=q.device), cap=torch.tensor(float(o.softcap or 1.0), device=q.device),
+                      slopes=o.alibi_slopes if o.alibi_slopes is not None else torch.zeros(1, device=q.device))
+        mkey = ("decode", tuple(lens.tolist()), nq, o.causal, o.window, str(q.device))
+        block_mask = self._block_masks.get(mkey)
+        if block_mask is None:
+            block_mask = create_block_mask(mask_mod, bsz, None, nq, longest, device=q.device)
+            self._block_masks[mkey] = block_mask
+        qh, kh, vh = q.transpose(1, 2), kb.transpose(1, 2), vb.transpose(1, 2)
+        kwargs = dict(score_mod=score_mod, block_mask=block_mask, scale=o.softmax_scale, enable_gqa=qh.shape[1] != kh.shape[1])
+        fn = self._fn()
+        try:
+            from torch.nn.attention.flex_attention import AuxRequest
+
+            out, aux = fn(qh, kh, vh, **kwargs, return_aux=AuxRequest(lse=True))
+            lse = aux.lse
+        except ImportError:
+            out, lse = fn(qh, kh, vh, **kwargs, return_lse=True)
+        return KernelOutput(out=out.transpose(1, 2), lse=lse.detach().float())
+
     def __call__(self, call: KernelCall) -> KernelOutput:
+        if call.cache is not None:
+            return self._decode(call)
         if call.cu_seqlens is not None:
             return per_sequence(call, lambda q, k, v: self._dense(q, k, v, call))
         return self._dense(call.q, call.k, call.v, call)

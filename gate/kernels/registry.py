@@ -22,6 +22,20 @@ def kernel_names() -> list[str]:
     return sorted(_builtins())
 
 
+def family_adapter(name: str, config) -> KernelAdapter | None:
+    """The kernel family `[tool.attn-gate.kernels.NAME]` of `config` (issue #10), or None when `name`
+    is not one. A family may not take a built-in kernel's name: `--kernel NAME` must mean one thing."""
+    families = getattr(config, "kernels", None) or {}
+    if name not in families:
+        return None
+    if name in _builtins():
+        raise UserError(f"{config.source} [tool.attn-gate.kernels.{name}]: {name!r} is a built-in kernel's name; "
+                        f"rename the table")
+    from gate.kernels.user import FamilyAdapter
+
+    return FamilyAdapter(families[name])
+
+
 def get_adapter(name: str) -> KernelAdapter:
     if ":" in name:
         from gate.kernels.user import UserAdapter

@@ -37,7 +37,9 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, flash_lse_to_reference, per_sequence
+from gate.kernels.base import (
+    Capabilities, KernelAdapter, KernelCall, KernelOutput, flash_lse_to_reference, gathered_decode, per_sequence,
+)
 from gate.attention.masks import allowed_mask, dense_bias
 
 BACKENDS = {
@@ -80,7 +82,9 @@ class SdpaAdapter(KernelAdapter):
             varlen=True, gqa=True, returns_lse=True, dropout=self.backend == "flash",
             dropout_keep_levels=256 if self.backend == "flash" else 0,
             deterministic_mode=self.backend == "cpu", fully_masked_rows_unsupported=nan_rows,
-            notes=("GQA by repeating k/v heads", "varlen by running each sequence alone")
+            kvcache=True, paged=True,  # issue #10: on a gathered dense cache (gate.kernels.base.gathered_decode)
+            notes=("GQA by repeating k/v heads", "varlen by running each sequence alone",
+                   "decode: on each batch element's gathered cache (append and paging emulated by the adapter)")
             + (("window/ALiBi through the additive attn_mask",) if takes_bias else ())
             + (("dropout mask read from the flash op's debug mask (return_debug_mask=True)",) if self.backend == "flash" else ())
             + (("deterministic mode: torch.use_deterministic_algorithms(True) around forward and backward",)
@@ -181,6 +185,8 @@ class SdpaAdapter(KernelAdapter):
         return KernelOutput(out=out.transpose(1, 2), lse=lse)
 
     def __call__(self, call: KernelCall) -> KernelOutput:
+        if call.cache is not None:
+            return gathered_decode(call, lambda q, k, v: self._dense(q, k, v, call))
         if call.cu_seqlens is not None:
             drawn = [0]
 

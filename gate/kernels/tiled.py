@@ -10,6 +10,12 @@ Backward recomputes P = exp(S - LSE) tile by tile instead of storing it:
     dV += P^T dO;  dP = dO V^T;  dS = P * (dP - D);  dQ += scale * dS K;  dK += scale * dS^T Q
 Arithmetic is float32 (as a GPU kernel accumulates); inputs and outputs keep their dtype.
 Dropout draws its keep-mask from the call's seed and reuses it in the backward.
+
+Issue #10. Sinks: the running max starts at the head's sink logit and the running sum at 1
+(exp(sink - sink)), so the sink sits in every denominator; dsink = -sum_rows exp(sink - LSE) * D.
+Decode: `decode` implements the KV cache itself: it appends the new k/v by walking the block table
+(logical page pos // page -> physical block, offset pos % page), then streams the cached keys tile
+by tile through the same page walk, so the whole paged path runs (and is tested) on a CPU.
 A custom bias (issue #16) is added to each tile's scores after the softcap (a boolean one masks);
 its gradient is dS (before the softcap factor) summed over the bias's broadcast dims.
 """
@@ -18,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, per_sequence
+from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, per_sequence, read_pages, write_pages
 from gate.attention.bias import reduce_to_bias_shape
 from gate.attention.masks import alibi_bias, allowed_mask
 from gate.attention.reference import AttnOptions
@@ -46,7 +52,7 @@ def _scores(qt, kt, rows, cols, nq, nk, opts: AttnOptions, bias=None):
 
 class _TiledAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, opts: AttnOptions, keep, bias=None):
+    def forward(ctx, q, k, v, opts: AttnOptions, keep, sink=None, bias=None):
         b, nq, hq, d = q.shape
         nk, hkv = k.shape[1], k.shape[2]
         group = hq // hkv
@@ -58,8 +64,7 @@ class _TiledAttention(torch.autograd.Function):
         lse = torch.empty(b, hq, nq, dtype=torch.float32, device=q.device)
         for r0 in range(0, nq, TILE):
             rows = torch.arange(r0, min(nq, r0 + TILE), device=q.device)
-            m = torch.full((b, hq, len(rows), 1), float("-inf"), device=q.device)
-            l = torch.zeros_like(m)
+            m, l = _softmax_start(b, hq, len(rows), sink, q.device)
             acc = torch.zeros(b, hq, len(rows), v.shape[-1], device=q.device)
             for c0 in range(0, nk, TILE):
                 cols = slice(c0, min(nk, c0 + TILE))
@@ -78,20 +83,21 @@ class _TiledAttention(torch.autograd.Function):
             lse[:, :, rows] = torch.where(empty, torch.full_like(l, float("-inf")), m + torch.log(l)).squeeze(-1)
         out_t = out.transpose(1, 2).to(q.dtype)
         ctx.save_for_backward(q, k, v, out_t, lse, keep if keep is not None else torch.empty(0),
-                              bias if bias is not None else torch.empty(0))
+                              sink if sink is not None else torch.empty(0), bias if bias is not None else torch.empty(0))
         ctx.opts = opts
         ctx.has_keep = keep is not None
+        ctx.has_sink = sink is not None
         ctx.has_bias = bias is not None
         ctx.mark_non_differentiable(lse)
         return out_t, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse, keep, bias = ctx.saved_tensors
+        q, k, v, out, lse, keep, sink, bias = ctx.saved_tensors
         keep = keep if ctx.has_keep else None
         bias = bias if ctx.has_bias else None
         dbias = None
-        if bias is not None and bias.dtype != torch.bool and ctx.needs_input_grad[5]:
+        if bias is not None and bias.dtype != torch.bool and ctx.needs_input_grad[6]:
             dbias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
         opts: AttnOptions = ctx.opts
         b, nq, hq, d = q.shape
@@ -129,8 +135,61 @@ class _TiledAttention(torch.autograd.Function):
                 dk[:, :, cols] += (ds.transpose(-1, -2) @ qf[:, :, rows]) * opts.softmax_scale
         dk = dk.view(b, hkv, group, nk, d).sum(dim=2)
         dv = dv.view(b, hkv, group, nk, v.shape[-1]).sum(dim=2)
+        dsink = None
+        if ctx.has_sink:  # the sink's share of each row, times -D (see the module doc)
+            p_sink = torch.exp(sink.float().view(1, hq, 1) - lse)
+            dsink = -(p_sink * delta.squeeze(-1)).sum(dim=(0, 2)).to(sink.dtype)
         return (dq.transpose(1, 2).to(q.dtype), dk.transpose(1, 2).to(k.dtype), dv.transpose(1, 2).to(v.dtype), None, None,
-                None if dbias is None else dbias.to(bias.dtype))
+                dsink, None if dbias is None else dbias.to(bias.dtype))
+
+
+def _softmax_start(b: int, hq: int, rows: int, sink, device):
+    """(running max, running sum) before the first key tile: -inf and 0, or the sink and 1."""
+    if sink is None:
+        m = torch.full((b, hq, rows, 1), float("-inf"), device=device)
+        return m, torch.zeros_like(m)
+    m = sink.float().view(1, hq, 1, 1).expand(b, hq, rows, 1).clone()
+    return m, torch.ones_like(m)
+
+
+def decode(call: KernelCall) -> KernelOutput:
+    """A decode step on call.cache: append (if any), then each batch element's queries against its
+    own cached keys, streamed tile by tile from the pages. Forward only."""
+    c, opts = call.cache, call.opts
+    q = call.q
+    bsz, nq, hq, _ = q.shape
+    hkv = c.k_cache.shape[-2]
+    group = hq // hkv
+    dv_dim = c.v_cache.shape[-1]
+    out = torch.zeros(bsz, hq, nq, dv_dim, dtype=torch.float32, device=q.device)
+    lse = torch.empty(bsz, hq, nq, dtype=torch.float32, device=q.device)
+    rows = torch.arange(nq, device=q.device)
+    for b, cached in enumerate(c.cache_seqlens.tolist()):
+        if c.k_new is not None:
+            write_pages(c.k_cache, c.block_table, c.page_size, b, cached, c.k_new[b])
+            write_pages(c.v_cache, c.block_table, c.page_size, b, cached, c.v_new[b])
+        nk = cached + (0 if c.k_new is None else c.k_new.shape[1])
+        qf = q[b:b + 1].float().transpose(1, 2)
+        m, l = _softmax_start(1, hq, nq, call.sink, q.device)
+        acc = torch.zeros(1, hq, nq, dv_dim, device=q.device)
+        for c0 in range(0, nk, TILE):
+            cols = slice(c0, min(nk, c0 + TILE))
+            kt = read_pages(c.k_cache, c.block_table, c.page_size, b, cols.start, cols.stop)
+            vt = read_pages(c.v_cache, c.block_table, c.page_size, b, cols.start, cols.stop)
+            kf = kt.float().transpose(0, 1).repeat_interleave(group, dim=0)[None]
+            vf = vt.float().transpose(0, 1).repeat_interleave(group, dim=0)[None]
+            s, _ = _scores(qf, kf, rows, cols, nq, nk, opts)
+            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+            m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+            p = torch.exp(s - m_safe)
+            alpha = torch.exp(m - m_safe)
+            l = alpha * l + p.sum(dim=-1, keepdim=True)
+            acc = alpha * acc + p @ vf
+            m = m_new
+        empty = l == 0
+        out[b] = torch.where(empty, torch.zeros_like(acc), acc / torch.where(empty, torch.ones_like(l), l))[0]
+        lse[b] = torch.where(empty, torch.full_like(l, float("-inf")), m + torch.log(l))[0].squeeze(-1)
+    return KernelOutput(out=out.transpose(1, 2).to(q.dtype), lse=lse)
 
 
 def dropout_keep_mask(shape, p: float, seed: int, device) -> torch.Tensor:
@@ -146,14 +205,17 @@ class TiledAdapter(KernelAdapter):
         return Capabilities(
             devices=("cpu", "cuda"), dtypes=("fp16", "bf16", "fp32"), max_head_dim=512, head_dim_v_differs=True,
             window=True, softcap=True, alibi=True, dropout=True, varlen=True, deterministic_mode=True, returns_lse=True,
+            kvcache=True, paged=True, sinks=True,
             bias=True, bias_grad=True, bool_mask=True,  # issue #16
         )
 
     def _dense(self, q, k, v, call: KernelCall, keep=None) -> KernelOutput:
-        out, lse = _TiledAttention.apply(q, k, v, call.opts, keep, call.opts.bias)
+        out, lse = _TiledAttention.apply(q, k, v, call.opts, keep, call.sink, call.opts.bias)
         return KernelOutput(out=out, lse=lse, dropout_keep=keep)
 
     def __call__(self, call: KernelCall) -> KernelOutput:
+        if call.cache is not None:
+            return decode(call)
         p = call.opts.dropout_p
         if call.cu_seqlens is None:
             keep = None

@@ -24,7 +24,7 @@ from urllib.parse import quote
 from gate.compare.baselines import Baseline
 from gate.compare.findings import Finding, Severity, Verdict, fmt
 from gate.core.cases import Case
-from gate.core.results import TENSORS, CaseResult, Status, SweepResult
+from gate.core.results import CaseResult, Status, SweepResult, shown_tensors
 
 COMMENT_LIMIT = 65_536  # GitHub's maximum comment body (characters)
 RERUN_LIMIT = 4_000  # a longer rerun command is no copy-paste command: the suite is rerun instead
@@ -379,11 +379,12 @@ def _all_findings(findings: list[Finding]) -> list[str]:
 
 
 def _ratio_cells(sweep: SweepResult, baseline: Baseline) -> list[str]:
-    lines = ["| case | status (baseline) | " + " | ".join(TENSORS) + " |", "|---|---|" + "---|" * len(TENSORS)]
+    names = shown_tensors(sweep.cases)  # issue #10/#16: dbias, dsink, k_cache, v_cache where a case has them
+    lines = ["| case | status (baseline) | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
     for c in sweep.cases:
         base = baseline.correctness.get(c.case_id)
         cells = []
-        for name in TENSORS:
+        for name in names:
             t = c.tensor(name)
             b = base.tensors.get(name) if base else None
             now = "-" if t is None else f"{t.ratio:.2f}"

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 
-from gate.core.results import TENSORS, CaseResult, Status, SweepResult
+from gate.core.results import CaseResult, Status, SweepResult, shown_tensors
 
 
-def _ratio_cells(c: CaseResult) -> list[str]:
+def _ratio_cells(c: CaseResult, names: tuple[str, ...]) -> list[str]:
     cells = []
-    for name in TENSORS:
+    for name in names:
         t = c.tensor(name)
         cells.append("-" if t is None else f"{t.ratio:.2f}")
     return cells
@@ -28,14 +28,15 @@ def print_table(result: SweepResult, console=None, show_passing: bool = True) ->
     table = Table(title=f"{result.kernel} / {result.suite}: error ratio = err / bound (pass <= 1)")
     table.add_column("case", no_wrap=True)
     table.add_column("status")
-    for name in TENSORS:
+    names = shown_tensors(result.cases)
+    for name in names:
         table.add_column(name, justify="right")
     table.add_column("reason", overflow="fold")
     style = {Status.PASS: "green", Status.FAIL: "bold red", Status.ERROR: "bold red", Status.SKIP: "yellow"}
     for c in result.cases:
         if c.status is Status.PASS and not show_passing:
             continue
-        table.add_row(escape(c.case_id), f"[{style[c.status]}]{c.status.value}[/]", *_ratio_cells(c), escape(c.reason))
+        table.add_row(escape(c.case_id), f"[{style[c.status]}]{c.status.value}[/]", *_ratio_cells(c, names), escape(c.reason))
     console.print(table)
     console.print(summary_line(result), highlight=False, markup=False)
 
@@ -69,6 +70,13 @@ def validation_note(result: SweepResult) -> str:
         "The common fixed tolerance band (bf16 5e-3, fp16 1e-3, fp32 1e-5/1e-4) is shown as information only.",
         "",
     ]
+    if any(c.forward_only for c in result.cases):  # issue #10: say what a forward-only pass covers
+        lines += [
+            "Forward-only rows (decode cases; a kernel declared `backward = false`) have no gradients: they are",
+            "judged on out and the LSE where the kernel returns it, and decode rows also on the cache after the",
+            "call (`k_cache`, `v_cache`: appended tokens where they belong, every other slot untouched, exact).",
+            "",
+        ]
     measured = [c for c in result.cases if c.status is not Status.SKIP]
     failed = [c for c in result.cases if c.status.failed]
     skipped = [c for c in result.cases if c.status is Status.SKIP]
@@ -77,12 +85,13 @@ def validation_note(result: SweepResult) -> str:
         lines += [f"- `{c.case_id}`: **{c.status.value}** {c.reason}" for c in failed]
         lines.append("")
     lines += ["## Validated", "", f"{len(measured)} cases measured (seeds per case: {measured[0].case.seeds if measured else '-'}).", ""]
-    lines.append("| case | status | " + " | ".join(TENSORS) + " | worst headroom | outside fixed band |")
-    lines.append("|---|---|" + "---|" * len(TENSORS) + "---|---|")
+    names = shown_tensors(result.cases)
+    lines.append("| case | status | " + " | ".join(names) + " | worst headroom | outside fixed band |")
+    lines.append("|---|---|" + "---|" * len(names) + "---|---|")
     for c in measured:
         headroom = f"{1 - c.worst_ratio:.2f}" if c.tensors else "-"
         outside = ", ".join(t.tensor for t in c.tensors if not t.band_ok) or "-"
-        lines.append(f"| `{c.case_id}` | {c.status.value} | " + " | ".join(_ratio_cells(c)) + f" | {headroom} | {outside} |")
+        lines.append(f"| `{c.case_id}` | {c.status.value} | " + " | ".join(_ratio_cells(c, names)) + f" | {headroom} | {outside} |")
     lines.append("")
     checks = [(c.case_id, k) for c in measured for k in c.checks]
     if checks:

@@ -111,17 +111,18 @@ def bench_measure(settings: BenchSettings | None = None) -> dict[str, dict[str, 
 
 def bench_peak_mem(settings: BenchSettings | None = None) -> dict[str, float | None]:
     """Peak GPU memory of one fwd+bwd per perf case (None where not measurable: CPU, skipped case)."""
-    from gate.kernels.registry import get_adapter
+    from gate.kernels.registry import family_adapter, get_adapter
     from gate.speed.runs import perf_cases
     from gate.speed.timing import KernelWorkload, workload_peak_mem_mb
 
     settings = settings or BenchSettings.from_env()
     config = _config(settings)
     device = settings.device or ("cuda" if _cuda() else "cpu")
-    adapter = get_adapter(settings.kernel or config.profile(device).kernel)
+    name = settings.kernel or config.profile(device).kernel
+    adapter = family_adapter(name, config) or get_adapter(name)
     out: dict[str, float | None] = {}
     for case in perf_cases(_profile_suite(settings, config), config, settings.only):
-        if device != "cuda" or adapter.capabilities().unsupported_reason(case, device):
+        if device != "cuda" or adapter.unsupported_reason(case, device):
             out[case.id] = None
             continue
         try:

@@ -16,6 +16,7 @@ Format history:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 import time
@@ -70,6 +71,15 @@ class PerfCaseResult:
     def throttled(self) -> bool:
         return self.timing is not None and self.timing.throttled
 
+    def kv_gbps(self, who: str = "candidate") -> float:
+        """Achieved GB/s of K/V read in the forward (Case.kv_bytes over the median time): for decode,
+        against the chip's memory bandwidth (H200: ~4.8 TB/s)."""
+        p = self.pass_timing("fwd")
+        if p is None:
+            return math.nan
+        ms = p.candidate_median_ms if who == "candidate" else p.anchor_median_ms
+        return self.case.kv_bytes() / (ms * 1e-3) / 1e9
+
     def summary(self) -> dict[str, Any]:
         """Derived numbers for readers of the JSON (never read back: recomputed from `timing`)."""
         out: dict[str, Any] = {}
@@ -81,6 +91,8 @@ class PerfCaseResult:
             out[p] = {"speed_ratio": t.speed_ratio, "ci95": [lo, hi], "noise": t.noise, "spread": t.spread,
                       "rounds": t.rounds, "candidate_ms": t.candidate_median_ms, "anchor_ms": t.anchor_median_ms,
                       "candidate_tflops": self.tflops(p), "anchor_tflops": self.tflops(p, "anchor")}
+        if self.case.entry == "kvcache" and "fwd" in out:  # issue #10: a decode step is bound by reading K/V
+            out["fwd"]["candidate_kv_gbps"] = self.kv_gbps()
         if self.timing is not None:
             out["peak_mem_mb"] = self.timing.peak_mem_mb
             out["throttled"] = self.throttled
@@ -162,7 +174,7 @@ def _workloads(adapter, anchor_name: str, case: Case, device: str):
     if anchor_name == MATMUL:
         return KernelWorkload(adapter, case, device), MatmulWorkload(case, device), None
     anchor = get_adapter(anchor_name)
-    why = anchor.unavailable_reason() or anchor.capabilities().unsupported_reason(case, device)
+    why = anchor.unavailable_reason() or anchor.unsupported_reason(case, device)
     if why:
         return None, None, f"anchor {anchor_name} cannot run this case: {why}"
     inputs = make_inputs(case, 0, device)  # drawn once, shared: both kernels see the same values
@@ -173,9 +185,13 @@ def measure_case(adapter, anchor_name: str, case: Case, device: str, plan: Timin
     """Time one case; never raises for a kernel problem (SKIP / ERROR rows)."""
     from gate.kernels.sdpa import NoKernel
 
-    why = adapter.capabilities().unsupported_reason(case, device)
+    why = adapter.unsupported_reason(case, device)
     if why:
         return PerfCaseResult(case=case, status="SKIP", reason=why)
+    if case.forward_only or not adapter.capabilities().backward:  # issue #10: decode / inference kernels
+        if "fwd" not in plan.passes:
+            return PerfCaseResult(case=case, status="SKIP", reason="forward-only: no backward to time")
+        plan = dataclasses.replace(plan, passes=("fwd",))
     try:
         cand, anchor, why = _workloads(adapter, anchor_name, case, device)
         if why:
@@ -235,12 +251,12 @@ def run_perf(kernel: str, suite_name: str, config: Config, device: str | None = 
     gate/workflow/isolation.py: this process then never imports the kernel); `kernel_version` is
     then what that process reported. Without it the kernel is loaded and timed here."""
     from gate.core.environment import default_device, describe
-    from gate.kernels.registry import get_adapter
+    from gate.kernels.registry import family_adapter, get_adapter
 
     device = device or default_device()
     anchor_name = resolve_anchor(anchor, config.perf, device)
     if measure is None:
-        adapter = get_adapter(kernel)
+        adapter = family_adapter(kernel, config) or get_adapter(kernel)  # issue #10: a kernel family of the config
         missing = adapter.unavailable_reason()
         if missing:
             raise UserError(f"kernel {kernel!r} is unavailable here: {missing}")
@@ -352,7 +368,9 @@ def judge_perf(result: PerfResult, baseline_perf: dict[str, Any], config: PerfCo
                                                 f"not judged; make it run again, or refresh the baseline on purpose")
                     for p in _timed_passes(entry, result.plan.passes)]
             continue
-        for p in result.plan.passes:
+        # a forward-only case (issue #10) was timed forward only: judged on the passes it has
+        timed = tuple(p for p in result.plan.passes if not c.measured or c.pass_timing(p) is not None)
+        for p in timed:
             base = baseline_estimate(entry, p)
             if entry is not None and entry.get("anchor") not in (None, result.anchor):
                 out.append(_inconclusive(
@@ -371,14 +389,16 @@ def judge_perf(result: PerfResult, baseline_perf: dict[str, Any], config: PerfCo
 
 
 def remeasure_with(kernel: str, anchor: str, device: str, config: PerfConfig,
-                   measure: Callable | None = None) -> Callable[[Case, str, int], RatioEstimate | None]:
+                   families: Config | None = None, measure: Callable | None = None) -> Callable[[Case, str, int], RatioEstimate | None]:
     """A `remeasure` for judge_perf: times one pass of one case again with more rounds (through
-    `measure`, as run_perf, when the kernel runs in a worker)."""
-    from gate.kernels.registry import get_adapter
+    `measure`, as run_perf, when the kernel runs in a worker). `families`: the Config whose
+    [tool.attn-gate.kernels] may define `kernel` (issue #10)."""
+    from gate.kernels.registry import family_adapter, get_adapter
 
     def remeasure(case: Case, pass_: str, rounds: int) -> RatioEstimate | None:
         plan = TimingPlan.from_config(config, rounds=rounds, passes=(pass_,))
-        c = measure(case, anchor, plan) if measure is not None else measure_case(get_adapter(kernel), anchor, case, device, plan)
+        c = measure(case, anchor, plan) if measure is not None else \
+            measure_case(family_adapter(kernel, families) or get_adapter(kernel), anchor, case, device, plan)
         return c.estimate(pass_) if c.measured else None
 
     return remeasure

@@ -287,7 +287,8 @@ def require_complete_run(config: Config, sweep: SweepResult, source: object, pat
                         f"{within}; missing {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; updating {path} "
                         f"from it would drop them from the baseline: update from a complete run (`{redo}`)")
     incomplete = [f.case_id for f in (rule_incomplete_pass(c.case_id, c.status.value, {t.tensor for t in c.tensors},
-                                                           required_tensors(c.case.bias_grad))  # issue #16: + dbias
+                                                           # issue #16: + dbias; issue #10: forward-only rows need out only
+                                                           required_tensors(c.case.bias_grad, c.forward_only or c.case.forward_only))
                                       for c in sweep.cases) if f]
     if incomplete:
         raise UserError(f"{source}: {len(incomplete)} PASS rows carry no out/dq/dk/dv ratios ({', '.join(incomplete[:5])}"

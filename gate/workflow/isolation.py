@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import json
 import os
 import select
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gate.core.cases import Case
-from gate.core.config import IsolationConfig, ToleranceConfig
+from gate.core.config import IsolationConfig, KernelFamily, ToleranceConfig
 from gate.core.errors import UserError
 from gate.core.results import CaseResult, CheckResult, Status
 
@@ -52,6 +53,14 @@ class KernelInfo:
     unavailable: str | None
     notes: tuple[str, ...]
     returns_lse: bool
+    sink_grad: bool = True  # issue #10
+    backward: bool = True  # issue #10: False = forward-only kernel
+
+    @property
+    def traits(self):
+        from gate.correctness.run_case import KernelTraits
+
+        return KernelTraits(returns_lse=self.returns_lse, sink_grad=self.sink_grad, backward=self.backward)
 
 
 class WorkerGone(Exception):
@@ -61,6 +70,21 @@ class WorkerGone(Exception):
     def __init__(self, message: str, stderr: str = ""):
         super().__init__(message)
         self.stderr = stderr
+
+
+def family_of(kernel: str, config) -> "KernelFamily | None":
+    """The kernel family `[tool.attn-gate.kernels.NAME]` of `config` (issue #10) that `kernel` names,
+    or None; sent to the worker, which imports its entry points (this process never does). A
+    family may not take a built-in kernel's name (gate/kernels/registry.py family_adapter)."""
+    families = getattr(config, "kernels", None) or {}
+    if kernel not in families:
+        return None
+    from gate.kernels.registry import kernel_names
+
+    if kernel in kernel_names():
+        raise UserError(f"{config.source} [tool.attn-gate.kernels.{kernel}]: {kernel!r} is a built-in kernel's name; "
+                        f"rename the table")
+    return families[kernel]
 
 
 def case_timeout(case: Case, cfg: IsolationConfig, check_names: tuple[str, ...] = ()) -> float:
@@ -178,7 +202,9 @@ class Slot:
             return self.worker, {}
         self.generation += 1
         self.worker = Worker(self.pool.kernel, self.pool.device, self.pool.tmpdir, f"{self.index}-{self.generation}", self.gpu)
-        hello = self.worker.call({"op": "hello", "kernel": self.pool.kernel, "device": self.pool.device},
+        family = self.pool.family
+        hello = self.worker.call({"op": "hello", "kernel": self.pool.kernel, "device": self.pool.device,
+                                  "family": None if family is None else dataclasses.asdict(family)},
                                  self.pool.cfg.worker_start_timeout_s)
         return self.worker, hello
 
@@ -191,8 +217,8 @@ class Slot:
 class WorkerPool:
     """N slots and the temp folder their raw outputs pass through. Use as a context manager."""
 
-    def __init__(self, kernel: str, device: str, workers: int, cfg: IsolationConfig):
-        self.kernel, self.device, self.cfg = kernel, device, cfg
+    def __init__(self, kernel: str, device: str, workers: int, cfg: IsolationConfig, family: KernelFamily | None = None):
+        self.kernel, self.device, self.cfg, self.family = kernel, device, cfg, family
         self.tmpdir = Path(tempfile.mkdtemp(prefix="attn-gate-"))
         gpus = visible_gpus() if device == "cuda" else []
         if device == "cuda" and workers > max(1, len(gpus)):
@@ -229,7 +255,8 @@ class WorkerPool:
             raise UserError(str(hello["user_error"]))
         self._info = KernelInfo(version=str(hello.get("version", "")), devices=tuple(hello.get("devices", ())),
                                 unavailable=hello.get("unavailable"), notes=tuple(hello.get("notes", ())),
-                                returns_lse=bool(hello.get("returns_lse", False)))
+                                returns_lse=bool(hello.get("returns_lse", False)),
+                                sink_grad=bool(hello.get("sink_grad", True)), backward=bool(hello.get("backward", True)))
         return self._info
 
     @contextlib.contextmanager
@@ -246,10 +273,12 @@ class WorkerPool:
                 self._cond.notify()
 
     def run_case(self, case: Case, tol: ToleranceConfig, check_names: tuple[str, ...], timeout: float | None,
-                 returns_lse: bool) -> CaseResult:
+                 traits=None) -> CaseResult:
+        """`traits` (run_case.KernelTraits): what the worker's hello declared; None asks kernel_info."""
+        traits = traits if traits is not None else self.kernel_info().traits
         with self.slot() as slot:
             return run_isolated_case(slot, case, tol, check_names, timeout or case_timeout(case, self.cfg, check_names),
-                                     returns_lse)
+                                     traits)
 
 
 # Pools kept warm between runs of one process, keyed by everything a worker inherits: the sweep's
@@ -273,15 +302,17 @@ atexit.register(_close_warm)
 
 
 @contextlib.contextmanager
-def worker_pool(kernel: str, device: str, workers: int, cfg: IsolationConfig):
-    """A WorkerPool for this run: a warm one of an earlier run in this process with the same kernel,
-    device, worker count, working directory and environment, or a new one."""
+def worker_pool(kernel: str, device: str, workers: int, cfg: IsolationConfig, family: KernelFamily | None = None):
+    """A WorkerPool for this run: a warm one of an earlier run in this process with the same kernel
+    (and kernel family definition, #10), device, worker count, working directory and environment,
+    or a new one."""
     # the working directory matters to a user kernel (`package.module:function` imports from it) only
-    key = (kernel, device, workers, os.getcwd() if ":" in kernel else "", tuple(sorted(os.environ.items())))
+    user_code = ":" in kernel or family is not None
+    key = (kernel, repr(family), device, workers, os.getcwd() if user_code else "", tuple(sorted(os.environ.items())))
     with _WARM_LOCK:
         pool = _WARM.pop(key, None)
     if pool is None:
-        pool = WorkerPool(kernel, device, workers, cfg)
+        pool = WorkerPool(kernel, device, workers, cfg, family)
     pool.cfg = cfg
     try:
         yield pool
@@ -301,7 +332,7 @@ def _error(case: Case, reason: str, start: float, traceback: str = "") -> CaseRe
 
 
 def run_isolated_case(slot: Slot, case: Case, tol: ToleranceConfig, check_names: tuple[str, ...], timeout: float,
-                      returns_lse: bool) -> CaseResult:
+                      traits) -> CaseResult:
     """One case: the kernel runs in the slot's worker, the errors are measured here."""
     start = time.perf_counter()
     file = slot.pool.tmpdir / f"case-{slot.index}.pt"
@@ -327,19 +358,24 @@ def run_isolated_case(slot: Slot, case: Case, tol: ToleranceConfig, check_names:
         slot.discard()
         return _error(case, f"case {case.id}: the worker answered {status!r}", start)
     try:
-        return judge_raw_outputs(case, file, slot.ref_device, tol, reply, returns_lse, start)
+        return judge_raw_outputs(case, file, slot.ref_device, tol, reply, traits, start)
     finally:
         with contextlib.suppress(OSError):
             file.unlink()
 
 
-def judge_raw_outputs(case: Case, file: Path, device: str, tol: ToleranceConfig, reply: dict, returns_lse: bool,
+def judge_raw_outputs(case: Case, file: Path, device: str, tol: ToleranceConfig, reply: dict, traits,
                       start: float) -> CaseResult:
-    """The kernel's raw outputs, judged in this process against references computed here."""
+    """The kernel's raw outputs, judged in this process against references computed here. What is
+    judged follows from the case and the kernel's declared `traits` (KernelTraits, from the worker's
+    hello before any case ran), never from the case's reply: a worker cannot make a case
+    forward-only or drop a gradient from the measurement."""
     import torch
 
     from gate.attention.inputs import make_inputs
-    from gate.correctness.run_case import BadOutput, first_line, grad_names, measure_seed, verdict_row
+    from gate.correctness.run_case import (
+        BadOutput, first_line, forward_only_note, grad_names, is_forward_only, measure_seed, verdict_row,
+    )
 
     try:
         payload = torch.load(file, map_location=device, weights_only=True)
@@ -348,14 +384,17 @@ def judge_raw_outputs(case: Case, file: Path, device: str, tol: ToleranceConfig,
         if got != list(case.seeds):
             return _error(case, f"the worker returned seeds {got}, expected {list(case.seeds)}", start)
         checks = tuple(CheckResult.from_dict(c) for c in reply.get("checks", ()))
-        worst, notes = {}, []
+        forward_only = is_forward_only(traits, case)
+        worst, notes = {}, ([forward_only_note(case)] if forward_only else [])
         for entry in seeds:
             inputs = make_inputs(case, entry["seed"], device)
             try:
-                # dbias (#16) only where the case measures it; one the worker did not send is None: "dbias is missing"
-                grads = tuple(entry.get(name) for name in grad_names(case))
+                # dbias (#16), dsink (#10) only where the case measures them; one the worker did not
+                # send is None: "dbias is missing"
+                grads = None if forward_only else tuple(entry.get(name) for name in grad_names(traits, case, inputs))
+                cache = entry.get("cache")  # a decode call's (k_cache, v_cache) after the call (#10)
                 fail = measure_seed(case, inputs, entry["out"], entry["lse"], grads, entry["dropout_keep"], tol, worst,
-                                    notes, returns_lse, device)
+                                    notes, traits, device, None if cache is None else tuple(cache))
             except BadOutput as exc:
                 return CaseResult(case=case, status=Status.FAIL, reason=f"seed {entry['seed']}: {exc}",
                                   seconds=time.perf_counter() - start)
@@ -363,7 +402,7 @@ def judge_raw_outputs(case: Case, file: Path, device: str, tol: ToleranceConfig,
                 return CaseResult(case=case, status=Status.FAIL, reason=fail, seconds=time.perf_counter() - start)
     except Exception as exc:  # a payload that is not what a worker writes: the case is not measured
         return _error(case, f"the kernel's outputs could not be judged ({first_line(exc)})", start)
-    return verdict_row(case, worst, checks, notes, time.perf_counter() - start)
+    return verdict_row(case, worst, checks, notes, time.perf_counter() - start, forward_only)
 
 
 class PerfWorker:
@@ -371,8 +410,8 @@ class PerfWorker:
     the sweep's workers are gone by then, so a timed case never shares its GPU with other work. A
     worker that dies or hangs makes that case an ERROR row (fail closed); a fresh one times the next."""
 
-    def __init__(self, kernel: str, device: str, cfg: IsolationConfig):
-        self._ctx = worker_pool(kernel, device, 1, cfg)
+    def __init__(self, kernel: str, device: str, cfg: IsolationConfig, family: KernelFamily | None = None):
+        self._ctx = worker_pool(kernel, device, 1, cfg, family)
         self.pool: WorkerPool | None = None
         self.info: KernelInfo | None = None
 

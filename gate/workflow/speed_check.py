@@ -90,9 +90,9 @@ def run_perf_check(config: Config, kernel: str, suite: str, device: str, only: s
 
     if not select_perf_cases(suite, config, only):
         return no_perf_case_check(config, suite, only, baseline_perf)
-    from gate.workflow.isolation import PerfWorker
+    from gate.workflow.isolation import PerfWorker, family_of
 
-    with PerfWorker(kernel, device, config.isolation) as worker:  # the kernel is timed in a worker (#11)
+    with PerfWorker(kernel, device, config.isolation, family_of(kernel, config)) as worker:  # the kernel is timed in a worker (#11)
         return _judged_perf(config, kernel, suite, device, only, baseline_perf, out_dir, worker)
 
 
@@ -111,7 +111,8 @@ def _judged_perf(config: Config, kernel: str, suite: str, device: str, only: str
             for c in result.cases if c.status != "SKIP" for p in result.plan.passes) or (nothing_judged(result),)
     else:
         judgements = judge_perf(result, baseline_perf, config.perf,
-                                remeasure_with(kernel, result.anchor, device, config.perf, measure=worker.measure), only=only)
+                                remeasure_with(kernel, result.anchor, device, config.perf, config, measure=worker.measure),
+                                only=only)
     paths = {"perf": write_perf_outputs(result, out_dir)}
     try:
         from gate.core.files import safe_name
@@ -152,10 +153,10 @@ def perf_baseline_section(config: Config, kernel: str, suite: str, device: str, 
                           old_perf: dict[str, Any] | None) -> tuple[dict[str, Any], PerfResult]:
     """The baseline's perf section from a fresh run with confirm_rounds rounds (a filtered run
     replaces only its own cases)."""
-    from gate.workflow.isolation import PerfWorker
+    from gate.workflow.isolation import PerfWorker, family_of
 
     rounds = max(config.perf.confirm_rounds, config.perf.rounds)
-    with PerfWorker(kernel, device, config.isolation) as worker:  # the kernel is timed in a worker (#11)
+    with PerfWorker(kernel, device, config.isolation, family_of(kernel, config)) as worker:  # the kernel is timed in a worker (#11)
         result = run_perf(kernel, suite, config, device, only=only, rounds=rounds, progress=_progress,
                           measure=worker.measure, kernel_version=worker.info.version)
     measured = {c.case_id: baseline_entry(c, result.anchor) for c in result.cases if c.measured}

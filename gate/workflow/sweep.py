@@ -19,7 +19,7 @@ from gate.correctness.run_case import run_case
 from gate.core.environment import default_device, describe
 from gate.core.errors import UserError
 from gate.core.files import safe_name
-from gate.kernels.registry import get_adapter
+from gate.kernels.registry import family_adapter, get_adapter
 from gate.core.results import CaseResult, SweepResult
 from gate.workflow.shards import shard_cases, shard_note
 
@@ -86,7 +86,8 @@ def run_sweep(kernel: str, suite_name: str, config: Config, device: str | None =
         if adapter is not None:
             raise ValueError("an adapter object runs in-process only (workers=0 or options None); name the kernel instead")
         return _run_isolated(kernel, suite, config, device, progress, only, check_names, options, cases, extra_notes)
-    adapter = adapter if adapter is not None else get_adapter(kernel)
+    if adapter is None:  # issue #10: a kernel family of the config, else a built-in or package.module:function
+        adapter = family_adapter(kernel, config) or get_adapter(kernel)
     missing = adapter.unavailable_reason()
     if missing:
         raise UserError(f"kernel {kernel!r} is unavailable here: {missing}")
@@ -122,7 +123,9 @@ def _run_isolated(kernel: str, suite, config: Config, device: str, progress: boo
     workers = options.workers if options.workers is not None else default_workers(device)
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
-    with worker_pool(kernel, device, workers, config.isolation) as pool:
+    from gate.workflow.isolation import family_of
+
+    with worker_pool(kernel, device, workers, config.isolation, family_of(kernel, config)) as pool:
         info = pool.kernel_info()
         if info.unavailable:
             raise UserError(f"kernel {kernel!r} is unavailable here: {info.unavailable}")
@@ -148,7 +151,7 @@ def _run_isolated(kernel: str, suite, config: Config, device: str, progress: boo
         fresh: dict[str, CaseResult] = {}
         with _progress(progress, len(todo), f"{kernel} / {suite.name}") as advance:
             def one(case):
-                result = pool.run_case(case, config.tolerance, check_names, options.case_timeout, info.returns_lse)
+                result = pool.run_case(case, config.tolerance, check_names, options.case_timeout, info.traits)
                 with lock:
                     if journal is not None:
                         journal.add(result)

@@ -46,14 +46,17 @@ def check_device(device: str | None) -> str:
     return device or default_device()
 
 
-def _check_kernel_in_worker(kernel: str, device: str, option: str, isolation) -> None:
+def _check_kernel_in_worker(kernel: str, device: str, option: str, config: Config | None) -> None:
     from gate.core.config import IsolationConfig
-    from gate.workflow.isolation import worker_pool
+    from gate.workflow.isolation import family_of, worker_pool
 
-    module, _, function = kernel.partition(":")
-    if not module or not function:
-        raise UserError(f"{option} {kernel!r}: a user kernel is named 'package.module:function'")
-    with worker_pool(kernel, device, 1, isolation or IsolationConfig()) as pool:
+    family = family_of(kernel, config)
+    if family is None:
+        module, _, function = kernel.partition(":")
+        if not module or not function:
+            raise UserError(f"{option} {kernel!r}: a user kernel is named 'package.module:function'")
+    isolation = getattr(config, "isolation", None) or IsolationConfig()
+    with worker_pool(kernel, device, 1, isolation, family) as pool:
         info = pool.kernel_info()  # a kernel that does not import: the worker's one-line UserError
     if info.unavailable:
         raise UserError(f"kernel {kernel!r} is unavailable here: {info.unavailable}")
@@ -62,22 +65,25 @@ def _check_kernel_in_worker(kernel: str, device: str, option: str, isolation) ->
                         f"{info.devices[0] if info.devices else 'cuda'} on a machine that has it")
 
 
-def check_kernel(kernel: str, device: str, option: str = "--kernel", kernel_in_worker: bool = False,
-                 isolation=None) -> None:
-    """A known name (or an importable `package.module:function`), installed, and able to run on `device`.
+def check_kernel(kernel: str, device: str, option: str = "--kernel", config: Config | None = None,
+                 kernel_in_worker: bool = False) -> None:
+    """A known name (or an importable `package.module:function`, or a kernel family of `config`,
+    issue #10), installed, and able to run on `device`.
 
     `kernel_in_worker` (#11): the run loads the kernel in a worker process, and the deciding
-    process must never import a user kernel (`package.module:function`), not even to check it: a
-    worker is started here and its first answer says whether the kernel imports, is installed and
-    runs on `device` (the pool stays warm: the run's sweep reuses that worker)."""
-    from gate.kernels.registry import get_adapter, kernel_names
+    process must never import a user kernel (`package.module:function`, or a family's entry
+    points), not even to check it: a worker is started here and its first answer says whether the
+    kernel imports, is installed and runs on `device` (the pool stays warm: the run reuses it)."""
+    from gate.kernels.registry import family_adapter, get_adapter, kernel_names
 
-    names = kernel_names()
-    if kernel_in_worker and ":" in kernel:
-        _check_kernel_in_worker(kernel, device, option, isolation)
+    families = sorted(getattr(config, "kernels", None) or {}) if config is not None else []
+    names = kernel_names() + [f for f in families if f not in kernel_names()]
+    if kernel_in_worker and (":" in kernel or (kernel in families and kernel not in kernel_names())):
+        _check_kernel_in_worker(kernel, device, option, config)
         return
     try:
-        adapter = get_adapter(kernel)  # a user kernel that does not import is a UserError here
+        # a family that takes a built-in's name, or a user kernel that does not import, is a UserError here
+        adapter = (family_adapter(kernel, config) if config is not None else None) or get_adapter(kernel)
     except UserError:
         if ":" in kernel or kernel in names:
             raise
@@ -85,7 +91,7 @@ def check_kernel(kernel: str, device: str, option: str = "--kernel", kernel_in_w
                         f"or name your own function as 'package.module:function' (`attn-gate kernels` lists them)") from None
     missing = adapter.unavailable_reason()
     if missing:
-        runnable = [n for n in names if ":" not in n and _runs_on(n, device)]
+        runnable = [n for n in names if ":" not in n and n not in families and _runs_on(n, device)]
         raise UserError(f"kernel {kernel!r} is unavailable here: {missing}; on {device} try {', '.join(runnable) or 'none'}")
     devices = adapter.capabilities().devices
     if device not in devices:
@@ -129,11 +135,11 @@ def validate_target(config: Config, kernel: str | None, suite: str | None, devic
     kernel = kernel or profile.kernel
     suite = suite or profile.suite
     if check_kernel_runs:
-        check_kernel(kernel, device, kernel_in_worker=kernel_in_worker, isolation=config.isolation)
+        check_kernel(kernel, device, config=config, kernel_in_worker=kernel_in_worker)
     else:
         from gate.kernels.registry import kernel_names
 
-        if ":" not in kernel and kernel not in kernel_names():
+        if ":" not in kernel and kernel not in kernel_names() and kernel not in (getattr(config, "kernels", None) or {}):
             raise UserError(f"--kernel {kernel!r} is not a known kernel{nearest(kernel, kernel_names())}; "
                             f"`attn-gate kernels` lists them")
     check_suite(config, suite)

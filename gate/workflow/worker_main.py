@@ -1,7 +1,7 @@
 """The kernel's process: `python -m gate.workflow.worker_main`, started and fed by gate/workflow/isolation.py.
 
 It imports the kernel under test, runs each case's forward and backward on every seed and sends
-the kernel's raw outputs (out, lse, dq, dk, dv, dbias, dropout mask) back through a temp file
+the kernel's raw outputs (out, lse, dq, dk, dv, dbias, dsink, dropout mask, a decode call's cache) back through a temp file
 (torch.save of CPU tensors); it never judges them. The errors, the bounds and the verdict are
 computed in the gate's own process, which never imports the kernel: a kernel that patches the
 measurement here, changes directory or ends this process changes nothing that is judged.
@@ -42,7 +42,7 @@ def run_one(adapter, request: dict, device: str) -> dict:
 
     case = Case.from_dict(request["case"])
     start = time.perf_counter()
-    reason = adapter.capabilities().unsupported_reason(case, device)
+    reason = adapter.unsupported_reason(case, device)  # a kernel family answers per entry point (#10)
     if reason:
         return {"status": "SKIP", "reason": reason}
     seeds = []
@@ -60,10 +60,13 @@ def run_one(adapter, request: dict, device: str) -> dict:
             def cpu(t):
                 return None if t is None else t.detach().to("cpu").clone()
 
-            # the grads run_case measures: dq, dk, dv (w.r.t. the layout views the kernel got, #9) and
-            # dbias w.r.t. the bias leaf rebuilt here from the case (bias_grad cases, #16)
-            entry = {"seed": seed, "out": cpu(kout.out), "lse": cpu(kout.lse), "dropout_keep": cpu(kout.dropout_keep)}
-            entry.update({name: cpu(grad) for name, grad in zip(grad_names(case), grads)})
+            # the grads run_case measures: dq, dk, dv (w.r.t. the layout views the kernel got, #9),
+            # dbias w.r.t. the bias leaf rebuilt here from the case (bias_grad cases, #16) and dsink
+            # (#10); none for a forward-only run; a decode call's cache after the call (#10)
+            entry = {"seed": seed, "out": cpu(kout.out), "lse": cpu(kout.lse), "dropout_keep": cpu(kout.dropout_keep),
+                     "cache": None if kout.cache is None else [cpu(kout.cache[0]), cpu(kout.cache[1])]}
+            if grads is not None:
+                entry.update({name: cpu(grad) for name, grad in zip(grad_names(adapter, case, inputs), grads)})
             seeds.append(entry)
             del kout, grads, inputs
         checks = [c.to_dict() for check in checks_for(case, tuple(request.get("checks", ()))) for c in check(adapter, case, device)]
@@ -106,11 +109,17 @@ def main() -> int:
         from gate.core.errors import UserError
         from gate.kernels.registry import get_adapter
 
-        adapter = get_adapter(hello["kernel"])
+        if hello.get("family"):  # issue #10: a kernel family of the gate's config, its entry points imported here
+            from gate.core.config import KernelFamily
+            from gate.kernels.user import FamilyAdapter
+
+            adapter = FamilyAdapter(KernelFamily(**hello["family"]))
+        else:
+            adapter = get_adapter(hello["kernel"])
         caps = adapter.capabilities()
         _send(channel, {"op": "hello", "version": adapter.version(), "devices": list(caps.devices),
                         "unavailable": adapter.unavailable_reason(), "notes": list(caps.notes),
-                        "returns_lse": caps.returns_lse})
+                        "returns_lse": caps.returns_lse, "sink_grad": caps.sink_grad, "backward": caps.backward})
     except UserError as exc:
         _send(channel, {"op": "hello", "user_error": str(exc)})
         return 0

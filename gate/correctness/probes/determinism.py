@@ -24,7 +24,7 @@ import dataclasses
 import torch
 
 from gate.core.cases import Case
-from gate.correctness.run_case import run_kernel
+from gate.correctness.run_case import grad_names, run_kernel
 from gate.attention.inputs import AttnInputs, make_inputs
 from gate.kernels.base import KernelAdapter
 from gate.core.results import CheckResult
@@ -49,9 +49,10 @@ def run_tensors(adapter: KernelAdapter, case: Case, inputs: AttnInputs, determin
     tensors = {"out": kout.out.detach()}
     if kout.lse is not None:
         tensors["lse"] = kout.lse.detach()
-    tensors.update(dq=grads[0].detach(), dk=grads[1].detach(), dv=grads[2].detach())
-    if len(grads) > 3:  # issue #16: a trainable bias's gradient (summed across heads/batch: atomics race too)
-        tensors["dbias"] = grads[3].detach()
+    if grads is not None:  # None: a forward-only run (issue #10) has out and lse alone
+        # dq, dk, dv; then a trainable bias's gradient (issue #16: summed across heads/batch, so
+        # atomics race too) and the sink gradient (issue #10) where the run produced them
+        tensors.update((name, g.detach()) for name, g in zip(grad_names(adapter, case, inputs), grads))
     return tensors
 
 

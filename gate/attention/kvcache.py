@@ -1,0 +1,124 @@
+"""Decode inputs (issue #10): a KV cache, contiguous or paged, as flash_attn_with_kvcache takes it.
+
+    q             (B, Nq, Hq, D)          the decode step's query tokens
+    k_cache       (B, cap, Hkv, D)        contiguous: one row of `cap` slots per batch element
+                  (blocks, page, Hkv, D)  paged: physical blocks of `page` slots; block_table maps
+    block_table   (B, pages_per_seq) int32  logical page j of batch element b -> physical block
+    cache_seqlens (B,) int32              tokens already cached per batch element, before the call
+    k_new, v_new  (B, Nq, Hkv, D)         with case.cache_new: written at slots
+                                          cache_seqlens[b] .. cache_seqlens[b] + Nq - 1, then attended
+
+Slots past a batch element's tokens hold loud garbage (large keys, shifted values) and the pool has
+spare blocks of it, so a kernel that reads past cache_seqlens, ignores the block table or assumes
+contiguous pages gets a visibly wrong answer. The references never see the cache: they get the dense
+K/V of each batch element from `gather_dense`, computed here with one flat index (slot -> block,
+offset) that shares no code with any adapter's page walk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gate.core.cases import Case
+
+SPARE_BLOCKS = 3  # garbage blocks in the pool that no block table entry points at
+
+
+@dataclass(frozen=True)
+class CacheInputs:
+    """One decode call's inputs. The cache tensors are the state BEFORE the call; an adapter gets clones."""
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    cache_seqlens: torch.Tensor
+    block_table: torch.Tensor | None
+    k_new: torch.Tensor | None
+    v_new: torch.Tensor | None
+    page_size: int  # 0: contiguous
+
+    @property
+    def paged(self) -> bool:
+        return self.block_table is not None
+
+    @property
+    def key_lengths(self) -> list[int]:
+        """Keys each batch element attends to after the call (cached + appended)."""
+        extra = 0 if self.k_new is None else self.k_new.shape[1]
+        return [int(n) + extra for n in self.cache_seqlens.tolist()]
+
+
+def _garbage(shape, gen, dtype, device, shift: float) -> torch.Tensor:
+    return (torch.randn(shape, generator=gen, dtype=torch.float32) * 3.0 + shift).to(device=device, dtype=dtype)
+
+
+def make_cache_inputs(case: Case, q: torch.Tensor, gen: torch.Generator, dtype, device) -> CacheInputs:
+    """The cache for a kvcache case: real tokens at the front of each element's slots, garbage after."""
+    b, cap, hkv = case.batch, case.seqlen_k, case.heads_kv
+    cached = case.cached_lengths
+    page = case.page_size
+    slots_k = (b, cap, hkv, case.head_dim)
+    slots_v = (b, cap, hkv, case.head_dim_v)
+    k_slots = torch.randn(slots_k, generator=gen, dtype=torch.float32)
+    v_slots = torch.randn(slots_v, generator=gen, dtype=torch.float32)
+    used = torch.arange(cap).view(1, cap) < torch.tensor(cached).view(b, 1)  # (B, cap)
+    k_slots = torch.where(used[..., None, None], k_slots, _garbage(slots_k, gen, torch.float32, "cpu", 4.0))
+    v_slots = torch.where(used[..., None, None], v_slots, _garbage(slots_v, gen, torch.float32, "cpu", 8.0))
+    k_new = v_new = None
+    if case.cache_new:
+        k_new = torch.randn((b, case.seqlen_q, hkv, case.head_dim), generator=gen).to(device=device, dtype=dtype)
+        v_new = torch.randn((b, case.seqlen_q, hkv, case.head_dim_v), generator=gen).to(device=device, dtype=dtype)
+    block_table = None
+    if page:
+        pages = -(-cap // page)
+        padded = pages * page
+        k_slots = torch.cat([k_slots, _garbage((b, padded - cap, hkv, case.head_dim), gen, torch.float32, "cpu", 4.0)], 1)
+        v_slots = torch.cat([v_slots, _garbage((b, padded - cap, hkv, case.head_dim_v), gen, torch.float32, "cpu", 8.0)], 1)
+        blocks = b * pages + SPARE_BLOCKS
+        order = torch.randperm(blocks, generator=gen) if case.shuffled_pages else torch.arange(blocks)
+        block_table = order[: b * pages].view(b, pages).to(torch.int32)
+        k_pool = _garbage((blocks, page, hkv, case.head_dim), gen, torch.float32, "cpu", 4.0)
+        v_pool = _garbage((blocks, page, hkv, case.head_dim_v), gen, torch.float32, "cpu", 8.0)
+        k_pool[block_table.flatten().long()] = k_slots.reshape(b * pages, page, hkv, case.head_dim)
+        v_pool[block_table.flatten().long()] = v_slots.reshape(b * pages, page, hkv, case.head_dim_v)
+        k_slots, v_slots = k_pool, v_pool
+        block_table = block_table.to(device)
+    return CacheInputs(
+        q=q, k_cache=k_slots.to(device=device, dtype=dtype), v_cache=v_slots.to(device=device, dtype=dtype),
+        cache_seqlens=torch.tensor(cached, dtype=torch.int32, device=device), block_table=block_table,
+        k_new=k_new, v_new=v_new, page_size=page,
+    )
+
+
+def slot_index(cache: CacheInputs, b: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, column) of the cache tensor holding token `positions` of batch element b."""
+    if not cache.paged:
+        return torch.full_like(positions, b), positions
+    page = cache.page_size
+    return cache.block_table[b].long()[positions // page], positions % page
+
+
+def expected_cache(cache: CacheInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(k_cache, v_cache) as they must be after the call: the new tokens written after each
+    element's cached ones, every other slot (garbage and spare blocks included) untouched."""
+    k, v = cache.k_cache.clone(), cache.v_cache.clone()
+    if cache.k_new is None:
+        return k, v
+    n = cache.k_new.shape[1]
+    for b, start in enumerate(cache.cache_seqlens.tolist()):
+        rows, cols = slot_index(cache, b, torch.arange(start, start + n, device=k.device))
+        k[rows, cols] = cache.k_new[b]
+        v[rows, cols] = cache.v_new[b]
+    return k, v
+
+
+def gather_dense(cache: CacheInputs, k_cache: torch.Tensor, v_cache: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per batch element, the dense (L_b, Hkv, D) keys and values it attends to, read from the
+    given cache tensors (the expected ones, for the references)."""
+    out = []
+    for b, n in enumerate(cache.key_lengths):
+        rows, cols = slot_index(cache, b, torch.arange(n, device=k_cache.device))
+        out.append((k_cache[rows, cols], v_cache[rows, cols]))
+    return out
