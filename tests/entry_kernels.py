@@ -13,16 +13,31 @@ and learnable sinks), so each bug below lives in ONE entry point's own handling:
                                  right for an in-order table, wrong for a shuffled one
     attn_with_kvcache_no_append  attends over the new tokens but never writes them into the cache
 
-The entry points count their calls in CALLS, so a test can show which one the gate used.
+The entry points count their calls in CALLS, so a test can show which one the gate used; where
+the kernel runs in a worker process (issue #11), ATTN_GATE_TEST_CALLS names a file each call is
+also appended to (one entry point name a line), which the test reads back.
 """
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 
 import torch
 
-CALLS: Counter = Counter()
+
+class _Calls(Counter):
+    """A Counter that also appends each counted call to $ATTN_GATE_TEST_CALLS (the worker's calls)."""
+
+    def __setitem__(self, key, value):
+        path = os.environ.get("ATTN_GATE_TEST_CALLS")
+        if path and value > self.get(key, 0):
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write(f"{key}\n" * (value - self.get(key, 0)))
+        super().__setitem__(key, value)
+
+
+CALLS: Counter = _Calls()
 
 
 def _attend(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, sink=None):

@@ -51,7 +51,7 @@ def update(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     kernel, suite, device = args.kernel, args.suite, args.device
     if args.from_results is None:  # names first: a typo is a typo
-        t = validate_target(config, kernel, suite, device, args.only)
+        t = validate_target(config, kernel, suite, device, args.only, kernel_in_worker=True)  # its sweep runs in workers (#11)
         kernel, suite, device = t.kernel, t.suite, t.device
     else:
         check_device(device)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gate.commands.common import add_config, add_kernel_suite
+from gate.commands.common import add_config, add_kernel_suite, add_run_options
 from gate.commands.help_text import parser_kwargs
 
 
@@ -29,6 +29,7 @@ def register(sub) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--perf", action=argparse.BooleanOptionalAction, default=None,
                    help="also gate speed ratios against the baseline's perf section (default: on with a GPU, off on a CPU)")
+    add_run_options(p, shard=False)  # a shard is judged after `attn-gate merge`, with --results
     p.set_defaults(main=main)
 
 
@@ -37,15 +38,25 @@ def main(args: argparse.Namespace) -> int:
     from gate.workflow.check import run_check
     from gate.workflow.validate import check_device, validate_target
 
+    from gate.commands.common import run_options
+    from gate.core.errors import UserError
+    from gate.core.files import FolderLock, require_writable
+
     config = load_config(args.config)
+    options = run_options(args)
+    if options.workers == 0:  # the gate's verdict never comes from a process the kernel ran in (#11)
+        raise UserError("--workers 0 runs the kernel in the deciding process, unisolated: `check` refuses it; "
+                        "pass --workers 1 or more (or use `attn-gate sweep --workers 0` to debug)")
     kernel, suite, device = args.kernel, args.suite, args.device
     if args.results is None:  # names first: a typo is a typo, not "no baseline"
-        t = validate_target(config, kernel, suite, device, args.only)
+        t = validate_target(config, kernel, suite, device, args.only, kernel_in_worker=True)
         kernel, suite, device = t.kernel, t.suite, t.device
     else:
         check_device(device)
-    outcome = run_check(config, kernel=kernel, suite=suite, device=device, only=args.only,
-                        results_path=args.results, baseline_file=args.baseline, out_dir=args.out,
-                        progress=not args.no_progress, perf=args.perf)
+    require_writable(args.out, "--out")
+    with FolderLock(args.out, "--out"):
+        outcome = run_check(config, kernel=kernel, suite=suite, device=device, only=args.only,
+                            results_path=args.results, baseline_file=args.baseline, out_dir=args.out,
+                            progress=not args.no_progress, perf=args.perf, options=options)
     print("wrote " + ", ".join(str(p) for p in outcome.paths.values()))
     return outcome.exit_code

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gate.commands.common import add_config, add_kernel_suite
+from gate.commands.common import add_config, add_kernel_suite, add_run_options, run_options
 from gate.commands.help_text import parser_kwargs
 
 
@@ -18,6 +18,7 @@ def register(sub) -> None:
     p.add_argument("--checks", default=None, metavar="NAMES",
                    help="extra checks on every case, comma-separated: determinism, race, batch_invariance, dropout "
                         "(added to those the suite names)")
+    add_run_options(p)
     p.set_defaults(main=main)
 
 
@@ -30,18 +31,26 @@ def main(args: argparse.Namespace) -> int:
 
     require_writable(args.out, "--out")  # before the sweep, not after minutes of it
     config = load_config(args.config)
+    from gate.core.files import refuse_inside_baselines
+
+    refuse_inside_baselines(args.out, config.baselines_dir)
+    options = run_options(args)
     from gate.correctness.probes.registry import parse_names
     from gate.workflow.validate import validate_target
 
-    target = validate_target(config, args.kernel, args.suite, args.device, args.only)
+    target = validate_target(config, args.kernel, args.suite, args.device, args.only,
+                             kernel_in_worker=options.workers != 0)
     device = target.device
     check_names = parse_names(args.checks)
-    result = run_sweep(target.kernel, target.suite, config, device,
-                       progress=not args.no_progress, only=args.only, check_names=check_names)
-    try:
-        paths = write_sweep_outputs(result, args.out)
-    except OSError as exc:
-        raise UserError(f"--out {args.out}: cannot write the report there ({exc.strerror or exc}); pass a writable folder") from None
+    from gate.core.files import FolderLock
+
+    with FolderLock(args.out, "--out"):
+        result = run_sweep(target.kernel, target.suite, config, device,
+                           progress=not args.no_progress, only=args.only, check_names=check_names, options=options)
+        try:
+            paths = write_sweep_outputs(result, args.out)
+        except OSError as exc:
+            raise UserError(f"--out {args.out}: cannot write the report there ({exc.strerror or exc}); pass a writable folder") from None
     print_table(result)
     print(f"wrote {paths['json']} and {paths['note']}")
     return EXIT_PASS if result.passed else EXIT_FAIL

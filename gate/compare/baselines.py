@@ -39,7 +39,7 @@ from typing import Any
 
 from gate.compare.headroom import is_headroom_regression, is_large_improvement
 from gate.core.errors import UserError
-from gate.core.jsonio import as_float, read_json, write_json_atomic
+from gate.core.jsonio import as_float, checked_name, measured_float, read_json, write_json_atomic
 from gate.core.results import Status, SweepResult
 
 SCHEMA_VERSION = 2
@@ -71,7 +71,7 @@ class TensorBaseline:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TensorBaseline":
-        return cls(**{k: as_float(d[k]) for k in ("ratio", "max_err", "mean_err", "bound", "pt_err")})
+        return cls(**{k: measured_float(d[k], k) for k in ("ratio", "max_err", "mean_err", "bound", "pt_err")})
 
 
 @dataclass(frozen=True)
@@ -137,8 +137,13 @@ class Baseline:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Baseline":
+        checked_name(d["suite"], "suite")  # both become parts of a path (#11)
+        checked_name(d["gpu_class"], "gpu_class")
+        if not isinstance(d["correctness"], dict) or not isinstance(d["kernel"], str):
+            raise TypeError("correctness must be an object keyed by case id and kernel a string")
         return cls(kernel=d["kernel"], suite=d["suite"], suite_hash=d["suite_hash"], gpu_class=d["gpu_class"],
-                   environment=dict(d["environment"]), tolerance={k: float(v) for k, v in d["tolerance"].items()},
+                   environment=dict(d["environment"]),
+                   tolerance={k: measured_float(v, f"tolerance.{k}") for k, v in d["tolerance"].items()},
                    measured_at=d["measured_at"],
                    correctness={cid: CaseBaseline.from_dict(c) for cid, c in d["correctness"].items()},
                    perf=d.get("perf"), commit=str(d.get("commit", "")))

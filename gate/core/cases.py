@@ -182,8 +182,8 @@ class Case:
             problems.append(f"heads_q {self.heads_q} is not a multiple of heads_kv {self.heads_kv}")
         if not 0.0 <= self.dropout_p < 1.0:
             problems.append("dropout_p must be in [0, 1)")
-        if self.softcap < 0:
-            problems.append("softcap must be >= 0")
+        if not (self.softcap >= 0 and self.softcap != float("inf")):  # nan fails this too (#11)
+            problems.append("softcap must be a finite number >= 0")
         if len(self.window) != 2 or any(w < -1 for w in self.window):
             problems.append("window must be (left, right) with -1 for unbounded")
         if self.varlen is not None:
@@ -202,6 +202,8 @@ class Case:
                 problems.append("varlen_k: every sequence with queries needs at least one key")
         if not self.seeds:
             problems.append("at least one seed is needed")
+        elif not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**32 for x in self.seeds):
+            problems.append("seeds must be integers in [0, 2**32)")
         if not isinstance(self.checks, tuple) or not all(isinstance(c, str) for c in self.checks):
             problems.append("checks must be a tuple of check names")
         problems += self._bias_problems()
@@ -522,6 +524,28 @@ SCALAR_AXES_HINT = {
 }
 
 
+# A suite larger than this is refused before it is expanded (#11): a matrix of ~48M cases made
+# every command hang. The nightly suite holds a few hundred; 20000 CPU-tiny cases take hours.
+MAX_SUITE_CASES = 20_000
+
+
+def block_size(block: dict[str, Any]) -> int:
+    """How many cases a matrix block would expand to (the product of its axis lengths), without
+    expanding it. A `pairwise = true` block (#9) is bounded instead by its number of value pairs
+    (each all-pairs row covers at least one new pair), which is what its expansion can cost."""
+    lengths = []
+    for axis in MATRIX_AXES:
+        values = block.get(axis, MATRIX_AXES[axis])
+        lengths.append(len(values) if isinstance(values, list) else 1)
+    size = 1
+    for n in lengths:
+        size *= n
+    if block.get("pairwise") is True:
+        pairs = sum(a * b for i, a in enumerate(lengths) for b in lengths[i + 1:])
+        size = min(size, max(pairs, max(lengths, default=1)))
+    return size
+
+
 def pairwise_points(sizes: list[int]) -> list[tuple[int, ...]]:
     """Index tuples covering every pair of values of every two axes at least once (all-pairs,
     issue #9): far fewer than the product (the pr suite's blocks: dozens instead of thousands),
@@ -639,15 +663,20 @@ def expand_suite(name: str, spec: dict[str, Any], source: str, table: str = "sui
     if unknown:
         raise UserError(f"{where}: unknown key {unknown[0]!r}; a suite has 'seeds', 'matrix' and 'description'")
     seeds = spec.get("seeds", [0, 1])
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
-        raise UserError(f"{where}: seeds must be a non-empty list of integers")
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**32
+                                                           for s in seeds):
+        raise UserError(f"{where}: seeds must be a non-empty list of integers in [0, 2**32)")
     blocks = spec.get("matrix")
     if not isinstance(blocks, list) or not blocks:
         raise UserError(f"{where}: a suite needs at least one [[suites.{name}.matrix]] block")
+    if any(not isinstance(b, dict) for b in blocks):
+        raise UserError(f"{where}: matrix block {next(i for i, b in enumerate(blocks) if not isinstance(b, dict))} must be a table")
+    total = sum(block_size(b) for b in blocks)
+    if total > MAX_SUITE_CASES:
+        raise UserError(f"{where}: the matrix would expand to {total} cases, more than the cap of {MAX_SUITE_CASES} "
+                        f"(gate/core/cases.py MAX_SUITE_CASES); split it into smaller suites or list fewer axis values")
     seen: dict[str, Case] = {}
     for i, block in enumerate(blocks):
-        if not isinstance(block, dict):
-            raise UserError(f"{where}: matrix block {i} must be a table")
         for case in expand_block(block, tuple(seeds), f"{where} matrix[{i}]"):
             prior = seen.get(case.id)
             # The same problem named twice is one case; a perf flag on either copy wins and

@@ -172,6 +172,21 @@ def _kernel_families(raw: Any, where: str) -> dict[str, KernelFamily]:
 
 
 @dataclass(frozen=True)
+class IsolationConfig:
+    """Worker processes (issue #11, gate/workflow/isolation.py): how long a case may take before its
+    worker is killed and the case is an ERROR row. --case-timeout S replaces the per-case value."""
+
+    case_timeout_s: float = 300.0  # every case: worker warm-up, compilation (flex), the first CUDA call
+    timeout_s_per_gflop: float = 0.05  # plus this per GFLOP of fwd+bwd over its seeds (a CPU does ~20 GFLOP/s)
+    worker_start_timeout_s: float = 300.0  # importing torch and the kernel in a fresh worker
+
+    def __post_init__(self) -> None:
+        _require(self, "case_timeout_s", lambda v: v > 0, "a finite number > 0")
+        _require(self, "timeout_s_per_gflop", lambda v: v >= 0, "a finite number >= 0")
+        _require(self, "worker_start_timeout_s", lambda v: v > 0, "a finite number > 0")
+
+
+@dataclass(frozen=True)
 class Config:
     source: str = "defaults"
     gpu: Profile = field(default_factory=lambda: Profile(kernel="sdpa-flash", suite="pr"))
@@ -181,6 +196,7 @@ class Config:
     verdict: VerdictConfig = field(default_factory=VerdictConfig)
     perf: PerfConfig = field(default_factory=PerfConfig)
     suites: dict[str, Any] = field(default_factory=dict)
+    isolation: IsolationConfig = field(default_factory=IsolationConfig)  # issue #11
     kernels: dict[str, KernelFamily] = field(default_factory=dict)  # issue #10
 
     def profile(self, device: str) -> Profile:
@@ -220,6 +236,12 @@ def _check_suites(suites: dict[str, Any], path: Path) -> None:
         expand_suite(name, spec, str(path), "tool.attn-gate.suites")
 
 
+def _beside(config_file: Path, folder: str) -> str:
+    """A relative path in the config is relative to the config file's folder, not to where the
+    command runs (#11: `--config ../x/pyproject.toml` found no baseline and suggested a second one)."""
+    return folder if Path(folder).is_absolute() else str(config_file.parent / folder)
+
+
 def load_config(path: Path | None = None) -> Config:
     """Read [tool.attn-gate] from `path` (default ./pyproject.toml); defaults when absent."""
     path = Path(path) if path is not None else Path("pyproject.toml")
@@ -234,9 +256,9 @@ def load_config(path: Path | None = None) -> Config:
         raise UserError(f"{path}: invalid TOML ({exc})") from None
     raw = data.get("tool", {}).get("attn-gate")
     if raw is None:
-        return Config(source=str(path))
+        return Config(source=str(path), baselines_dir=_beside(path, Config().baselines_dir))
     where = f"{path} [tool.attn-gate]"
-    known = {"gpu", "cpu", "baselines_dir", "tolerance", "verdict", "perf", "suites", "kernels"}
+    known = {"gpu", "cpu", "baselines_dir", "tolerance", "verdict", "perf", "suites", "isolation", "kernels"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise UserError(f"{where}: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(known))}")
@@ -254,9 +276,10 @@ def load_config(path: Path | None = None) -> Config:
     if not isinstance(baselines_dir, str):
         raise UserError(f"{where}: baselines_dir should be a path string")
     return Config(
-        source=str(path), gpu=profiles["gpu"], cpu=profiles["cpu"], baselines_dir=baselines_dir,
+        source=str(path), gpu=profiles["gpu"], cpu=profiles["cpu"], baselines_dir=_beside(path, baselines_dir),
         tolerance=_section(ToleranceConfig, raw.get("tolerance", {}), f"{where}.tolerance"),
         verdict=_section(VerdictConfig, raw.get("verdict", {}), f"{where}.verdict"),
         perf=_section(PerfConfig, raw.get("perf", {}), f"{where}.perf"),
         suites=suites, kernels=_kernel_families(raw.get("kernels", {}), f"{where}.kernels"),
+        isolation=_section(IsolationConfig, raw.get("isolation", {}), f"{where}.isolation"),
     )

@@ -24,6 +24,9 @@ def require_writable(path: Path, option: str = "--out", kind: str = "folder") ->
     path = Path(path)
     if kind == "file" and path.is_dir():
         raise UserError(f"{option} {path}: is a directory; pass a file name")
+    if kind == "file" and (path.exists() or path.is_symlink()) and not path.is_file():
+        # a device file or FIFO would be replaced by the atomic write's rename (#11)
+        raise UserError(f"{option} {path}: exists and is not a regular file (a device, FIFO or socket); pass a file name")
     probe = path.parent if kind == "file" else path
     while not probe.exists() and probe.parent != probe:  # exists() is False under a file too (/dev/null/x)
         probe = probe.parent
@@ -33,3 +36,47 @@ def require_writable(path: Path, option: str = "--out", kind: str = "folder") ->
                         f"pass a {'folder' if kind == 'folder' else 'file in a folder'}")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise UserError(f"{option} {path}: {probe} is not writable; pass a writable {kind}")
+
+
+def refuse_inside_baselines(out: Path, baselines_dir: str | Path, option: str = "--out") -> None:
+    """Run outputs never go into the committed baselines folder (`git add -A` there would commit them)."""
+    out_real, base_real = os.path.realpath(out), os.path.realpath(baselines_dir)
+    if out_real == base_real or out_real.startswith(base_real.rstrip(os.sep) + os.sep):
+        raise UserError(f"{option} {out}: is inside the baselines folder {baselines_dir}, which holds committed baselines "
+                        f"only; pass another folder (e.g. --out out)")
+
+
+class FolderLock:
+    """An exclusive lock on a folder that a run writes to (`--out`, a baselines folder), held while it
+    writes: a second run on the same folder is refused at once instead of interleaving files with the
+    first (two `baseline update` runs would lose one update). The lock is flock(2) on a file named
+    after the folder's real path in the system temp folder: nothing is written in (or creates) the
+    folder itself, and the lock ends with the process, so a killed run never leaves a stale lock."""
+
+    def __init__(self, folder: Path, option: str = "--out"):
+        self.folder, self.option = Path(folder), option
+        self._fd: int | None = None
+
+    def __enter__(self) -> "FolderLock":
+        import fcntl
+        import hashlib
+        import tempfile
+
+        key = hashlib.sha256(os.path.realpath(self.folder).encode()).hexdigest()[:24]
+        locks = Path(tempfile.gettempdir()) / "attn-gate-locks"
+        locks.mkdir(exist_ok=True)
+        self._fd = os.open(locks / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self._fd)
+            self._fd = None
+            raise UserError(f"{self.option} {self.folder}: another attn-gate run is writing there; wait for it to end "
+                            f"or pass another folder") from None
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        if self._fd is not None:
+            os.close(self._fd)  # closing releases the flock
+            self._fd = None
+        return False

@@ -80,12 +80,15 @@ def read_json(path: Path, *, kind: str, schema_version: int | tuple[int, ...]) -
     if not path.is_file():
         raise UserError(f"{path}: no such {kind} file")
     try:
-        payload = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        payload = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_no_duplicate_keys)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # JSONDecodeError is a ValueError; so are huge ints
+        what = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise UserError(
-            f"{path}: not valid JSON ({exc}); the file is truncated or hand-edited: "
+            f"{path}: not valid JSON ({what}); the file is truncated or hand-edited: "
             f"restore it from git or regenerate it"
         ) from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot be read ({exc.strerror or exc}); pass a readable {kind} file") from None
     if not isinstance(payload, dict):
         raise UserError(f"{path}: expected a JSON object for a {kind} file")
     found = payload.get("schema_version")
@@ -106,6 +109,41 @@ def read_record(path: Path, *, kind: str, schema_version: int, from_dict: Callab
         return from_dict(payload)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise UserError(f"{path}: {kind} file is missing or has a bad field ({type(exc).__name__}: {exc}); {fix}") from None
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A key twice in one object is refused (json keeps the last silently: a hand-edit would win unseen)."""
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise ValueError(f"key {key!r} appears twice in one object")
+        data[key] = value
+    return data
+
+
+MAX_MEASURE = 1e6  # an error, bound or ratio above this is no measurement: refused when read (#11)
+
+
+def measured_float(value: Any, field: str, upper: float = MAX_MEASURE) -> float:
+    """A stored error, bound or ratio: a finite number in [0, upper]. NaN, inf, negative or absurd
+    values would switch a rule off (every comparison with NaN is False), so they are refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{field} = {value!r} is not a number")
+    number = as_float(value)
+    if not (math.isfinite(number) and 0.0 <= number <= upper):
+        limit = f"in [0, {upper:g}]" if math.isfinite(upper) else ">= 0"
+        raise ValueError(f"{field} = {value!r} must be a finite number {limit}")
+    return number
+
+
+NAME_RE = __import__("re").compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
+
+
+def checked_name(value: Any, field: str) -> str:
+    """A name read from a file that becomes part of a path (suite, GPU class): no separators, no '..'."""
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value) or ".." in value or len(value) > 100:
+        raise ValueError(f"{field} = {value!r} is not a plain name (letters, digits, _ . + -; no path separators or '..')")
+    return value
 
 
 def as_float(value: Any) -> float:

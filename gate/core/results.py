@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gate.core.cases import Case
-from gate.core.jsonio import as_float, read_record, write_json_atomic
+from gate.core.jsonio import as_float, checked_name, measured_float, read_record, write_json_atomic
 
 SCHEMA_VERSION = 1
 # The tensors every table shows, in report order (lse where the kernel exposes it).
@@ -78,7 +78,9 @@ class TensorError:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TensorError":
         floats = ("max_err", "mean_err", "pt_err", "floor", "mult", "bound", "ratio", "band_atol", "band_rtol")
-        data = {k: (as_float(d[k]) if k in floats else d[k]) for k in d}
+        # a stored NaN, inf, negative or absurd number would switch the headroom rule off: refused (#11)
+        # (no upper limit here: a broken kernel's FAIL row may carry any finite error)
+        data = {k: (measured_float(d[k], f"{d.get('tensor', '?')}.{k}", math.inf) if k in floats else d[k]) for k in d}
         data["worst_index"] = tuple(d["worst_index"])
         return cls(**data)
 
@@ -198,6 +200,10 @@ class SweepResult:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SweepResult":
+        if not isinstance(d["environment"], dict) or not isinstance(d["cases"], list) or not isinstance(d["kernel"], str):
+            raise TypeError("environment must be an object, cases a list and kernel a string")
+        checked_name(d["suite"], "suite")
+        checked_name(d["environment"].get("gpu_class", "unknown"), "environment.gpu_class")  # becomes a folder name
         return cls(
             kernel=d["kernel"], suite=d["suite"], suite_hash=d["suite_hash"], environment=d["environment"],
             cases=tuple(CaseResult.from_dict(c) for c in d["cases"]), tolerance=d["tolerance"],

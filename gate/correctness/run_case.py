@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -101,23 +102,63 @@ def options(case: Case, inputs: AttnInputs) -> AttnOptions:
                        bias=inputs.bias)
 
 
-def is_forward_only(adapter: KernelAdapter, case: Case) -> bool:
+@dataclass(frozen=True)
+class KernelTraits:
+    """What judging a kernel's raw outputs needs to know about the kernel, from its adapter's
+    capabilities: read here, or in the worker's first answer before any case ran (issue #11: the
+    deciding process never imports the kernel, and never takes per-case word from its process)."""
+
+    returns_lse: bool = False
+    sink_grad: bool = True  # issue #10: with sinks, its backward returns dsink
+    backward: bool = True  # issue #10: False = a forward-only (inference) kernel
+
+    @classmethod
+    def of(cls, adapter: KernelAdapter) -> "KernelTraits":
+        caps = adapter.capabilities()
+        return cls(returns_lse=caps.returns_lse, sink_grad=caps.sink_grad, backward=caps.backward)
+
+
+def _traits(kernel: "KernelAdapter | KernelTraits") -> KernelTraits:
+    return kernel if isinstance(kernel, KernelTraits) else KernelTraits.of(kernel)
+
+
+def is_forward_only(adapter: "KernelAdapter | KernelTraits", case: Case) -> bool:
     """Decode cases, and every case of a kernel declared forward-only (backward = false)."""
-    return case.forward_only or not adapter.capabilities().backward
+    return case.forward_only or not _traits(adapter).backward
 
 
-def grad_names(adapter: KernelAdapter, case: Case, inputs: AttnInputs) -> tuple[str, ...]:
+def forward_only_note(case: Case) -> str:
+    """Said on the row, so a reader never takes a forward-only pass for a full one (issue #10)."""
+    return ("forward-only: judged on out, lse" + (" and the cache after the call" if case.forward_only else "")
+            + "; no gradients")
+
+
+def grad_names(adapter: "KernelAdapter | KernelTraits", case: Case, inputs: AttnInputs) -> tuple[str, ...]:
     """The gradients run_kernel returns, in order: dq, dk, dv, then dbias when the case's bias
     requires grad (issue #16), then dsink when the case has sinks and the adapter declares their
     gradient (issue #10)."""
     return (("dq", "dk", "dv") + (("dbias",) if case.bias_grad else ())
-            + (("dsink",) if inputs.sink is not None and adapter.capabilities().sink_grad else ()))
+            + (("dsink",) if inputs.sink is not None and _traits(adapter).sink_grad else ()))
 
 
 def run_kernel(adapter: KernelAdapter, case: Case, inputs: AttnInputs, deterministic: bool = False):
     """Forward + backward once: (KernelOutput, grads), outputs validated; grads are (dq, dk, dv),
     then dbias with bias_grad (issue #16), then dsink with sinks where the adapter declares a sink
     gradient (issue #10): `grad_names` says which. Forward-only (see is_forward_only): (KernelOutput, None)."""
+    result, grads = kernel_pass(adapter, case, inputs, deterministic)
+    validate_outputs(case, inputs, result.out, grads, grad_names(adapter, case, inputs))
+    return result, grads
+
+
+def kernel_pass(adapter: KernelAdapter, case: Case, inputs: AttnInputs, deterministic: bool = False):
+    """Forward + backward once, as the kernel returns them: (KernelOutput, grads in `grad_names`
+    order, or None for a forward-only run); a grad is None where out does not depend on that input.
+    The kernel gets the case's layout views (issue #9), its own bias leaf (issue #16), its own sink
+    leaf and, for a decode case, clones of the cache (issue #10, returned as KernelOutput.cache when
+    written in place); the grads are taken w.r.t. those leaves with the layout's dO. Only what
+    autograd needs is checked here, plus the cheap checks of out a FAIL row names first; the values
+    are judged by `validate_outputs` and `measure_seed` (in the gate's own process when the kernel
+    runs in a worker, gate/workflow/isolation.py)."""
     tensors = None if inputs.cache is not None else kernel_tensors(case, inputs)
     call = leaf_call(case, inputs, deterministic, tensors)
     result = adapter(call)
@@ -125,6 +166,8 @@ def run_kernel(adapter: KernelAdapter, case: Case, inputs: AttnInputs, determini
         raise BadOutput(f"adapter returned {type(result).__name__}, not KernelOutput")
     if call.cache is not None and result.cache is None:
         result = dataclasses.replace(result, cache=(call.cache.k_cache, call.cache.v_cache))
+    if not isinstance(result.out, torch.Tensor):
+        raise BadOutput(f"out is a {type(result.out).__name__}, not a tensor")
     expected = tuple(inputs.dout.shape)
     if tuple(result.out.shape) != expected:
         raise BadOutput(f"out has shape {tuple(result.out.shape)}, expected {expected}")
@@ -137,23 +180,42 @@ def run_kernel(adapter: KernelAdapter, case: Case, inputs: AttnInputs, determini
     if not result.out.requires_grad:
         raise BadOutput("out has no autograd graph back to q, k, v (detached, or computed under no_grad)")
     # allow_unused: an output that ignores k is a wrong answer (FAIL "dk is missing"), not a crash.
-    leaves, refs = (call.q, call.k, call.v), (inputs.q, inputs.k, inputs.v)
+    leaves = (call.q, call.k, call.v)
     if case.bias_grad:  # issue #16: dBias must flow back to the bias the kernel was given
-        leaves, refs = leaves + (call.opts.bias,), refs + (call.opts.bias,)
+        leaves = leaves + (call.opts.bias,)
     if call.sink is not None and adapter.capabilities().sink_grad:  # issue #10
-        leaves, refs = leaves + (call.sink,), refs + (call.sink,)
-    names = grad_names(adapter, case, inputs)
+        leaves = leaves + (call.sink,)
     grads = torch.autograd.grad(result.out, leaves, tensors.dout, allow_unused=True)
-    for name, grad, ref in zip(names, grads, refs):
+    return result, grads
+
+
+def validate_outputs(case: Case, inputs: AttnInputs, out: torch.Tensor, grads, names: tuple[str, ...]) -> None:
+    """A wrong shape or dtype, NaN/Inf or a missing grad (each of `names`: dbias with bias_grad,
+    dsink with sinks) is a BadOutput (a FAIL row). `grads` None: a forward-only run."""
+    expected = tuple(inputs.dout.shape)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected:
+        raise BadOutput(f"out has shape {tuple(getattr(out, 'shape', ()))}, expected {expected}")
+    if out.dtype != inputs.q.dtype:
+        raise BadOutput(f"out has dtype {out.dtype}, expected {inputs.q.dtype}")
+    if not torch.isfinite(out).all():
+        raise BadOutput("out contains NaN/Inf")
+    if grads is None:
+        return
+    refs = {"dq": inputs.q, "dk": inputs.k, "dv": inputs.v, "dbias": inputs.bias, "dsink": inputs.sink}
+    if len(grads) != len(names):
+        raise BadOutput(f"{len(grads)} gradients, expected {len(names)} ({', '.join(names)})")
+    for name, grad in zip(names, grads):
+        ref = refs[name]
         if grad is None:
             if name == "dbias":
                 raise BadOutput("dbias is missing: the bias got no gradient (detached, or not part of the graph)")
+            if name == "dsink":
+                raise BadOutput("dsink is missing: the sink logits got no gradient")
             raise BadOutput(f"{name} is missing: out does not depend on {name[1:]}")
-        if tuple(grad.shape) != tuple(ref.shape):
-            raise BadOutput(f"{name} has shape {None if grad is None else tuple(grad.shape)}, expected {tuple(ref.shape)}")
+        if not isinstance(grad, torch.Tensor) or tuple(grad.shape) != tuple(ref.shape):
+            raise BadOutput(f"{name} has shape {tuple(getattr(grad, 'shape', ()))}, expected {tuple(ref.shape)}")
         if not torch.isfinite(grad).all():
             raise BadOutput(f"{name} contains NaN/Inf")
-    return result, grads
 
 
 def references(case: Case, inputs: AttnInputs, keep) -> tuple[AttnResult, AttnResult]:
@@ -232,81 +294,67 @@ def traceback_tail(exc: BaseException, lines: int = 12) -> str:
     return "\n".join(text)[-2000:]
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
-def run_case(adapter: KernelAdapter, case: Case, device: str, tol: ToleranceConfig, extra_checks=()) -> CaseResult:
-    """Measure `case` on every seed. `extra_checks` are callables (adapter, case, device) ->
-    tuple[CheckResult] run after the error measurement (determinism, dropout statistics...)."""
-    start = time.perf_counter()
-    reason = adapter.unsupported_reason(case, device)
-    if reason:
-        return CaseResult(case=case, status=Status.SKIP, reason=reason)
-    worst: dict[str, TensorError] = {}
-    notes = []
-    forward_only = is_forward_only(adapter, case)
-    if forward_only:  # said on the row, so a reader never takes a forward-only pass for a full one
-        notes.append("forward-only: judged on out, lse" + (" and the cache after the call" if case.forward_only else "")
-                     + "; no gradients")
-    try:
-        adapter.prepare(case)
-        for seed in case.seeds:
-            inputs = make_inputs(case, seed, device)
-            try:
-                kout, grads = run_kernel(adapter, case, inputs)
-            except NoKernel as exc:
-                return CaseResult(case=case, status=Status.SKIP, reason=str(exc), seconds=time.perf_counter() - start)
-            except BadOutput as exc:
-                return CaseResult(case=case, status=Status.FAIL, reason=f"seed {seed}: {exc}", seconds=time.perf_counter() - start)
-            if case.dropout_p and kout.dropout_keep is None:
-                raise BadOutput("the kernel ran with dropout but exposed no dropout mask")
-            if case.entry == "kvcache":
-                gold, low, (k_after, v_after) = decode_references(case, inputs)
-                call_cache = kout.cache  # run_kernel filled it from the call when the adapter wrote in place
-                if call_cache is None:
-                    raise BadOutput("the adapter returned no cache for a decode call")
-                worst_exact = {"k_cache": measure_exact("k_cache", call_cache[0].detach(), k_after, case.dtype, seed),
-                               "v_cache": measure_exact("v_cache", call_cache[1].detach(), v_after, case.dtype, seed)}
-                for name, err in worst_exact.items():
-                    if name not in worst or not err.ratio <= worst[name].ratio:
-                        worst[name] = err
-            else:
-                gold, low = _references_noting_peak(case, inputs, kout.dropout_keep, device, notes)
-            measured = {"out": kout.out}
-            if grads is not None:  # dq, dk, dv, then dbias (issue #16) and dsink (issue #10) as grad_names says
-                measured.update(zip(grad_names(adapter, case, inputs), grads))
-            if kout.lse is not None:
-                if tuple(kout.lse.shape) != tuple(gold.lse.shape):
-                    return CaseResult(case=case, status=Status.FAIL, seconds=time.perf_counter() - start,
-                                      reason=f"seed {seed}: lse has shape {tuple(kout.lse.shape)}, expected {tuple(gold.lse.shape)}")
-                measured["lse"] = kout.lse
-            elif adapter.capabilities().returns_lse:
-                notes.append("lse not exposed for this case")
-            elif forward_only:
-                notes.append("lse not returned: judged on out alone")
-            if case.sinks and not forward_only and not adapter.capabilities().sink_grad:
-                notes.append("dsink not judged: the adapter declares no sink gradient")
-            for name, tensor in measured.items():
-                if name == "lse":
-                    err = measure(name, tensor.detach(), gold.lse, lse_yardstick(case, inputs, kout.dropout_keep, low), case.dtype,
-                                  tol.mult(name, LSE_YARDSTICK_DTYPE), seed, floor_dtype=LSE_YARDSTICK_DTYPE,
-                                  floor_extra=LSE_APPROX_FLOOR)
-                else:
-                    err = measure(name, tensor.detach(), getattr(gold, name), getattr(low, name), case.dtype,
-                                  tol.mult(name, case.dtype), seed)
-                if name not in worst or not err.ratio <= worst[name].ratio:
-                    worst[name] = err
-            del kout, grads, gold, low, inputs
-        checks = tuple(c for check in extra_checks for c in check(adapter, case, device))
-    except BadOutput as exc:
-        return CaseResult(case=case, status=Status.FAIL, reason=str(exc), seconds=time.perf_counter() - start)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # a crashing kernel is a row, not a dead run (sys.exit in a kernel too)
-        return CaseResult(case=case, status=Status.ERROR, reason=_first_line(exc), seconds=time.perf_counter() - start,
-                          checks=(), traceback=traceback_tail(exc))
+_first_line = first_line  # the name main's callers knew
+
+
+def _keep_worst(worst: dict[str, TensorError], err: TensorError) -> None:
+    if err.tensor not in worst or not err.ratio <= worst[err.tensor].ratio:
+        worst[err.tensor] = err
+
+
+def measure_seed(case: Case, inputs: AttnInputs, out, lse, grads, dropout_keep, tol: ToleranceConfig,
+                 worst: dict[str, TensorError], notes: list[str], traits: KernelTraits, device: str = "cpu",
+                 cache=None) -> str | None:
+    """Judge one seed's raw kernel outputs against the references (computed here, from `inputs`):
+    update `worst` per tensor and return a FAIL reason, or None. Raises BadOutput on an invalid
+    answer. Measured: out; the grads `grad_names` lists (dbias #16, dsink #10) unless the run is
+    forward-only (`grads` None); the LSE against its float32 yardstick (#9); for a decode case the
+    cache after the call (`cache` = (k_cache, v_cache)), exact (#10)."""
+    forward_only = is_forward_only(traits, case)
+    validate_outputs(case, inputs, out, None if forward_only else grads, grad_names(traits, case, inputs))
+    if case.dropout_p and dropout_keep is None:
+        raise BadOutput("the kernel ran with dropout but exposed no dropout mask")
+    if case.entry == "kvcache":
+        gold, low, (k_after, v_after) = decode_references(case, inputs)
+        if cache is None:
+            raise BadOutput("the adapter returned no cache for a decode call")
+        _keep_worst(worst, measure_exact("k_cache", cache[0].detach(), k_after, case.dtype, inputs.seed))
+        _keep_worst(worst, measure_exact("v_cache", cache[1].detach(), v_after, case.dtype, inputs.seed))
+    else:
+        gold, low = _references_noting_peak(case, inputs, dropout_keep, device, notes)
+    measured = {"out": out}
+    if not forward_only:  # dq, dk, dv, then dbias (issue #16) and dsink (issue #10) as grad_names says
+        measured.update(zip(grad_names(traits, case, inputs), grads))
+    if lse is not None:
+        if tuple(lse.shape) != tuple(gold.lse.shape):
+            return f"seed {inputs.seed}: lse has shape {tuple(lse.shape)}, expected {tuple(gold.lse.shape)}"
+        measured["lse"] = lse
+    elif traits.returns_lse:
+        notes.append("lse not exposed for this case")
+    elif forward_only:
+        notes.append("lse not returned: judged on out alone")
+    if case.sinks and not forward_only and not traits.sink_grad:
+        notes.append("dsink not judged: the adapter declares no sink gradient")
+    for name, tensor in measured.items():
+        if name == "lse":
+            err = measure(name, tensor.detach(), gold.lse, lse_yardstick(case, inputs, dropout_keep, low), case.dtype,
+                          tol.mult(name, LSE_YARDSTICK_DTYPE), inputs.seed, floor_dtype=LSE_YARDSTICK_DTYPE,
+                          floor_extra=LSE_APPROX_FLOOR)
+        else:
+            err = measure(name, tensor.detach(), getattr(gold, name), getattr(low, name), case.dtype,
+                          tol.mult(name, case.dtype), inputs.seed)
+        _keep_worst(worst, err)
+    return None
+
+
+def verdict_row(case: Case, worst: dict[str, TensorError], checks, notes, seconds: float,
+                forward_only: bool = False) -> CaseResult:
+    """PASS or FAIL from the measured tensors and the checks' results."""
     tensors = tuple(worst[n] for n in ALL_TENSORS if n in worst)
     bad = [t for t in tensors if not t.passed]
     failed_checks = [c for c in checks if c.passed is False]
@@ -314,7 +362,46 @@ def run_case(adapter: KernelAdapter, case: Case, device: str, tol: ToleranceConf
         why = [f"{t.tensor} error {t.max_err:.3g} > bound {t.bound:.3g} (ratio {t.ratio:.2f}, seed {t.seed})" for t in bad]
         why += [f"{c.name}: {c.detail}" for c in failed_checks]
         return CaseResult(case=case, status=Status.FAIL, reason="; ".join(why), tensors=tensors, checks=checks,
-                          seconds=time.perf_counter() - start, forward_only=forward_only)
+                          seconds=seconds, forward_only=forward_only)
     return CaseResult(case=case, status=Status.PASS, reason="; ".join(dict.fromkeys(notes)), tensors=tensors, checks=checks,
-                      seconds=time.perf_counter() - start, forward_only=forward_only)
+                      seconds=seconds, forward_only=forward_only)
 
+
+def run_case(adapter: KernelAdapter, case: Case, device: str, tol: ToleranceConfig, extra_checks=()) -> CaseResult:
+    """Measure `case` on every seed, in this process. `extra_checks` are callables (adapter, case, device) ->
+    tuple[CheckResult] run after the error measurement (determinism, dropout statistics...).
+
+    The isolated path (gate/workflow/isolation.py) runs `kernel_pass` in a worker and the same
+    `measure_seed` / `verdict_row` here."""
+    start = time.perf_counter()
+    reason = adapter.unsupported_reason(case, device)
+    if reason:
+        return CaseResult(case=case, status=Status.SKIP, reason=reason)
+    worst: dict[str, TensorError] = {}
+    traits = KernelTraits.of(adapter)
+    forward_only = is_forward_only(traits, case)
+    notes: list[str] = [forward_only_note(case)] if forward_only else []
+    try:
+        adapter.prepare(case)
+        for seed in case.seeds:
+            inputs = make_inputs(case, seed, device)
+            try:
+                kout, grads = kernel_pass(adapter, case, inputs)
+                fail = measure_seed(case, inputs, kout.out, kout.lse, grads, kout.dropout_keep, tol, worst, notes, traits,
+                                    device, kout.cache)
+            except NoKernel as exc:
+                return CaseResult(case=case, status=Status.SKIP, reason=str(exc), seconds=time.perf_counter() - start)
+            except BadOutput as exc:
+                return CaseResult(case=case, status=Status.FAIL, reason=f"seed {seed}: {exc}", seconds=time.perf_counter() - start)
+            if fail:
+                return CaseResult(case=case, status=Status.FAIL, reason=fail, seconds=time.perf_counter() - start)
+            del kout, grads, inputs
+        checks = tuple(c for check in extra_checks for c in check(adapter, case, device))
+    except BadOutput as exc:
+        return CaseResult(case=case, status=Status.FAIL, reason=str(exc), seconds=time.perf_counter() - start)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a crashing kernel is a row, not a dead run (sys.exit in a kernel too)
+        return CaseResult(case=case, status=Status.ERROR, reason=first_line(exc), seconds=time.perf_counter() - start,
+                          checks=(), traceback=traceback_tail(exc))
+    return verdict_row(case, worst, checks, notes, time.perf_counter() - start, forward_only)

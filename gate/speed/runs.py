@@ -246,16 +246,24 @@ def perf_cases(suite_name: str, config: Config, only: str | None = None) -> tupl
 
 def run_perf(kernel: str, suite_name: str, config: Config, device: str | None = None, anchor: str | None = None,
              only: str | None = None, rounds: int | None = None, progress: Callable[[str], None] | None = None,
-             passes: tuple[str, ...] = PASSES) -> PerfResult:
+             passes: tuple[str, ...] = PASSES, measure: Callable | None = None, kernel_version: str | None = None) -> PerfResult:
+    """`measure` (case, anchor, plan) -> PerfCaseResult times a case elsewhere (a worker process,
+    gate/workflow/isolation.py: this process then never imports the kernel); `kernel_version` is
+    then what that process reported. Without it the kernel is loaded and timed here."""
     from gate.core.environment import default_device, describe
     from gate.kernels.registry import family_adapter, get_adapter
 
     device = device or default_device()
     anchor_name = resolve_anchor(anchor, config.perf, device)
-    adapter = family_adapter(kernel, config) or get_adapter(kernel)
-    missing = adapter.unavailable_reason()
-    if missing:
-        raise UserError(f"kernel {kernel!r} is unavailable here: {missing}")
+    if measure is None:
+        adapter = family_adapter(kernel, config) or get_adapter(kernel)  # issue #10: a kernel family of the config
+        missing = adapter.unavailable_reason()
+        if missing:
+            raise UserError(f"kernel {kernel!r} is unavailable here: {missing}")
+        kernel_version = adapter.version()
+
+        def measure(case, anchor_name, plan):
+            return measure_case(adapter, anchor_name, case, device, plan)
     if anchor_name != MATMUL:
         anchor_adapter = get_adapter(anchor_name)
         missing = anchor_adapter.unavailable_reason()
@@ -268,10 +276,10 @@ def run_perf(kernel: str, suite_name: str, config: Config, device: str | None = 
     t0 = time.perf_counter()
     results = []
     for case in cases:
-        results.append(measure_case(adapter, anchor_name, case, device, plan))
+        results.append(measure(case, anchor_name, plan))
         if progress:
             progress(f"{results[-1].status:5} {case.id} {results[-1].reason}")
-    env = describe(device, kernel, adapter.version())
+    env = describe(device, kernel, kernel_version or "")
     env["anchor"] = anchor_name
     notes = ("CPU timings (perf_counter, no L2 flush): history only, not a gate",) if device != "cuda" else ()
     notes += (f"filtered with --only {only!r}",) if only else ()
@@ -381,14 +389,16 @@ def judge_perf(result: PerfResult, baseline_perf: dict[str, Any], config: PerfCo
 
 
 def remeasure_with(kernel: str, anchor: str, device: str, config: PerfConfig,
-                   families: Config | None = None) -> Callable[[Case, str, int], RatioEstimate | None]:
-    """A `remeasure` for judge_perf: times one pass of one case again with more rounds. `families`:
-    the Config whose [tool.attn-gate.kernels] may define `kernel` (issue #10)."""
+                   families: Config | None = None, measure: Callable | None = None) -> Callable[[Case, str, int], RatioEstimate | None]:
+    """A `remeasure` for judge_perf: times one pass of one case again with more rounds (through
+    `measure`, as run_perf, when the kernel runs in a worker). `families`: the Config whose
+    [tool.attn-gate.kernels] may define `kernel` (issue #10)."""
     from gate.kernels.registry import family_adapter, get_adapter
 
     def remeasure(case: Case, pass_: str, rounds: int) -> RatioEstimate | None:
         plan = TimingPlan.from_config(config, rounds=rounds, passes=(pass_,))
-        c = measure_case(family_adapter(kernel, families) or get_adapter(kernel), anchor, case, device, plan)
+        c = measure(case, anchor, plan) if measure is not None else \
+            measure_case(family_adapter(kernel, families) or get_adapter(kernel), anchor, case, device, plan)
         return c.estimate(pass_) if c.measured else None
 
     return remeasure

@@ -125,10 +125,12 @@ def sweep_scope(sweep: SweepResult) -> str | None:
     return None
 
 
-def fresh_sweep(config: Config, target: Target, only: str | None, progress: bool) -> SweepResult:
-    from gate.workflow.sweep import run_sweep
+def fresh_sweep(config: Config, target: Target, only: str | None, progress: bool, options=None) -> SweepResult:
+    """`options` (gate.workflow.sweep.SweepOptions): the run in worker processes, journal, resume (#11)."""
+    from gate.workflow.sweep import SweepOptions, run_sweep
 
-    return run_sweep(target.kernel, target.suite, config, target.device, progress=progress, only=only)
+    return run_sweep(target.kernel, target.suite, config, target.device, progress=progress, only=only,
+                     options=options if options is not None else SweepOptions())
 
 
 def load_existing_baseline(config: Config, target: Target, baseline_file: Path | None) -> tuple[Path, Baseline]:
@@ -146,7 +148,30 @@ def load_existing_baseline(config: Config, target: Target, baseline_file: Path |
             f"the printed summary and commit {path} (see README, '{BASELINES_README_SECTION}')")
     baseline = read_baseline(path)
     refuse_other_gpu_class(baseline, target.gpu_class, target.kernel, target.suite, path)  # before a long sweep
+    require_complete_baseline(config, baseline, path)
     return path, baseline
+
+
+def require_complete_baseline(config: Config, baseline: Baseline, path: Path) -> None:
+    """A baseline cut to a few cases (or to `{}`), or with PASS rows that carry no ratios, would gate
+    nothing on the cases it lost: refused as a damaged file (#11). A baseline of another definition of
+    the suite is left to check_comparable, which says so."""
+    from gate.core.cases import load_suite, suite_hash
+
+    suite = load_suite(baseline.suite, config.suites, config.source)
+    if suite_hash(suite) != baseline.suite_hash:
+        return
+    missing = [c.id for c in suite.cases if c.id not in baseline.correctness]
+    empty = [cid for cid, c in baseline.correctness.items() if c.status.value == "PASS" and not c.tensors]
+    if missing or empty:
+        what = (f"lacks {len(missing)} of the {len(suite.cases)} cases of suite {baseline.suite!r} ({', '.join(missing[:3])}"
+                f"{' ...' if len(missing) > 3 else ''})" if missing else
+                f"has {len(empty)} PASS rows without ratios ({', '.join(empty[:3])}{' ...' if len(empty) > 3 else ''})")
+        raise UserError(f"{path}: the baseline {what}, so they would not be gated; restore it with `git checkout -- {path}` "
+                        f"or regenerate it with `{update_command(baseline.kernel, baseline.suite, baseline.gpu_class)}`")
+    if not any(c.measured for c in baseline.correctness.values()):
+        raise UserError(f"{path}: every case of the baseline is SKIP, so it gates nothing; regenerate it on a machine "
+                        f"where the kernel runs (`{update_command(baseline.kernel, baseline.suite, baseline.gpu_class)}`)")
 
 
 def compare_all(baseline: Baseline, sweep: SweepResult, config: Config, scope: str | None) -> tuple[list[Finding], dict[str, float]]:
@@ -159,18 +184,20 @@ def compare_all(baseline: Baseline, sweep: SweepResult, config: Config, scope: s
 
 def run_check(config: Config, kernel: str | None = None, suite: str | None = None, device: str | None = None,
               only: str | None = None, results_path: Path | None = None, baseline_file: Path | None = None,
-              out_dir: Path = Path("out"), progress: bool = True, console=None, perf: bool | None = None) -> CheckOutcome:
+              out_dir: Path = Path("out"), progress: bool = True, console=None, perf: bool | None = None,
+              options=None) -> CheckOutcome:
     if results_path is not None and only is not None:
         raise UserError("--only filters a fresh run; with --results the file is compared as it is (drop --only)")
     if results_path is not None and perf:
         raise UserError("--perf times the kernel now, so it needs a fresh run: drop --results (or --perf)")
-    from gate.core.files import require_writable
+    from gate.core.files import refuse_inside_baselines, require_writable
 
     require_writable(Path(out_dir), "--out")  # before the sweep, not after minutes of it
+    refuse_inside_baselines(Path(out_dir), config.baselines_dir)
     results = read_results(results_path, kernel, suite) if results_path is not None else None
     target = resolve_target(config, kernel, suite, device, results)
     path, baseline = load_existing_baseline(config, target, baseline_file)
-    sweep = results if results is not None else fresh_sweep(config, target, only, progress)
+    sweep = results if results is not None else fresh_sweep(config, target, only, progress, options)
     check_comparable(baseline, sweep, path)
     scope = sweep_scope(sweep)
     findings, thresholds = compare_all(baseline, sweep, config, scope)
@@ -223,8 +250,12 @@ def render_check(verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_d
         print(f"attn-gate: warning: the plot was not drawn ({type(exc).__name__}: {exc})", file=sys.stderr)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
-        with open(step_summary, "a", encoding="utf-8") as fh:
-            fh.write(summary + "\n")
+        try:  # the job summary is a convenience: the verdict and its files are written already (#11)
+            with open(step_summary, "a", encoding="utf-8") as fh:
+                fh.write(summary + "\n")
+        except OSError as exc:
+            print(f"attn-gate: warning: $GITHUB_STEP_SUMMARY {step_summary} was not written ({exc.strerror or exc}); "
+                  f"the summary is in {paths['summary']}", file=sys.stderr)
     print_check(verdict, sweep, console)
     return paths
 
@@ -265,10 +296,21 @@ def require_complete_run(config: Config, sweep: SweepResult, source: object, pat
                         f"with; regenerate the file with `attn-gate sweep` or run `{redo}`")
 
 
-def run_baseline_update(config: Config, kernel: str | None = None, suite: str | None = None, device: str | None = None,
-                        only: str | None = None, results_path: Path | None = None, allow_failing: bool = False,
-                        summary_path: Path | None = None, out_dir: Path = Path("out"), progress: bool = True,
-                        perf: bool | None = None, perf_from: Path | None = None) -> UpdateOutcome:
+def run_baseline_update(config: Config, **kwargs) -> UpdateOutcome:
+    """`_update_baseline` holding the baselines folder's lock from reading the old baseline to writing
+    the new one (#11): two updates at once would each merge into the same old file and one would be lost."""
+    from gate.core.files import FolderLock, refuse_inside_baselines
+
+    if kwargs.get("results_path") is None:
+        refuse_inside_baselines(Path(kwargs.get("out_dir") or "out"), config.baselines_dir)
+    with FolderLock(Path(config.baselines_dir), "baselines_dir"):
+        return _update_baseline(config, **kwargs)
+
+
+def _update_baseline(config: Config, kernel: str | None = None, suite: str | None = None, device: str | None = None,
+                     only: str | None = None, results_path: Path | None = None, allow_failing: bool = False,
+                     summary_path: Path | None = None, out_dir: Path = Path("out"), progress: bool = True,
+                     perf: bool | None = None, perf_from: Path | None = None) -> UpdateOutcome:
     if results_path is not None and only is not None:
         raise UserError("--only filters a fresh run; a --from-results file is taken as it is (drop --only)")
     from gate.core.cases import only_pattern

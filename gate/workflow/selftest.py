@@ -76,6 +76,11 @@ class _Run:
         write_outputs(self.report, self.out_dir)
 
     def sweep(self, kernel_name: str, adapter=None, only: str | None = None) -> SweepResult:
+        """In this process (run_sweep without options, #11): a planted bug is an adapter object
+        wrapped around the kernel, which cannot be sent to a worker. The judging is the same code
+        as the isolated path's (run_case.kernel_pass -> measure_seed -> verdict_row), and
+        tests/test_isolation_features.py shows a worker's row equal to this process's row for every
+        feature a bug here plants (dBias, layouts, LSE, dropout, probes)."""
         from gate.workflow.sweep import run_sweep
 
         return run_sweep(kernel_name, self.suite, self.config, self.device, progress=False, only=only, adapter=adapter)

@@ -90,7 +90,19 @@ def run_perf_check(config: Config, kernel: str, suite: str, device: str, only: s
 
     if not select_perf_cases(suite, config, only):
         return no_perf_case_check(config, suite, only, baseline_perf)
-    result = run_perf(kernel, suite, config, device, only=only, progress=_progress)
+    from gate.workflow.isolation import PerfWorker, family_of
+
+    with PerfWorker(kernel, device, config.isolation, family_of(kernel, config)) as worker:  # the kernel is timed in a worker (#11)
+        return _judged_perf(config, kernel, suite, device, only, baseline_perf, out_dir, worker)
+
+
+def _judged_perf(config: Config, kernel: str, suite: str, device: str, only: str | None,
+                 baseline_perf: dict[str, Any] | None, out_dir: Path, worker) -> PerfCheck:
+    from gate.speed.runs import write_perf_outputs
+    from gate.report.speed_report import perf_markdown, plot_speed_ratios
+
+    result = run_perf(kernel, suite, config, device, only=only, progress=_progress, measure=worker.measure,
+                      kernel_version=worker.info.version)
     if not baseline_perf:
         judgements = tuple(
             PerfJudgement(case_id=c.case_id, pass_=p, severity=PerfSeverity.INCONCLUSIVE,
@@ -98,7 +110,8 @@ def run_perf_check(config: Config, kernel: str, suite: str, device: str, only: s
                                   f"--suite {suite}` on this GPU class and commit it")
             for c in result.cases if c.status != "SKIP" for p in result.plan.passes) or (nothing_judged(result),)
     else:
-        judgements = judge_perf(result, baseline_perf, config.perf, remeasure_with(kernel, result.anchor, device, config.perf, config),
+        judgements = judge_perf(result, baseline_perf, config.perf,
+                                remeasure_with(kernel, result.anchor, device, config.perf, config, measure=worker.measure),
                                 only=only)
     paths = {"perf": write_perf_outputs(result, out_dir)}
     try:
@@ -140,8 +153,12 @@ def perf_baseline_section(config: Config, kernel: str, suite: str, device: str, 
                           old_perf: dict[str, Any] | None) -> tuple[dict[str, Any], PerfResult]:
     """The baseline's perf section from a fresh run with confirm_rounds rounds (a filtered run
     replaces only its own cases)."""
+    from gate.workflow.isolation import PerfWorker, family_of
+
     rounds = max(config.perf.confirm_rounds, config.perf.rounds)
-    result = run_perf(kernel, suite, config, device, only=only, rounds=rounds, progress=_progress)
+    with PerfWorker(kernel, device, config.isolation, family_of(kernel, config)) as worker:  # the kernel is timed in a worker (#11)
+        result = run_perf(kernel, suite, config, device, only=only, rounds=rounds, progress=_progress,
+                          measure=worker.measure, kernel_version=worker.info.version)
     measured = {c.case_id: baseline_entry(c, result.anchor) for c in result.cases if c.measured}
     if not measured:
         raise UserError(f"no perf case of suite {suite!r} could be timed for {kernel!r} (all skipped or failed); "

@@ -7,7 +7,10 @@ environment problem (unknown kernel or suite, kernel not installed) stops it bef
 from __future__ import annotations
 
 import datetime as dt
+import math
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from gate.core.cases import load_suite, only_pattern, suite_hash
@@ -18,18 +21,49 @@ from gate.core.errors import UserError
 from gate.core.files import safe_name
 from gate.kernels.registry import family_adapter, get_adapter
 from gate.core.results import CaseResult, SweepResult
+from gate.workflow.shards import shard_cases, shard_note
 
 
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    """How a run is carried out (issue #11): where the kernel runs and what is kept along the way.
+
+    workers       None: one worker per visible GPU (1 on a CPU); 0: in this process, no isolation
+                  (a kernel that exits or crashes then takes the run down: for debugging and for
+                  measuring the workers' overhead only)
+    case_timeout  seconds a case may take in its worker (None: sized per case from [isolation])
+    out_dir       where the journal is streamed (None: no journal)
+    resume        skip the cases the journal in out_dir already holds
+    shard         (K, N): run only part K of N (gate/workflow/shards.py)
+    """
+
+    workers: int | None = None
+    case_timeout: float | None = None
+    out_dir: Path | None = None
+    resume: bool = False
+    shard: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.workers is not None and (isinstance(self.workers, bool) or not 0 <= self.workers <= 64):
+            raise UserError(f"--workers {self.workers}: expected 0 (in process) to 64")
+        if self.case_timeout is not None and not (math.isfinite(self.case_timeout) and self.case_timeout > 0):
+            raise UserError(f"--case-timeout {self.case_timeout}: expected a number of seconds > 0")
+        if self.resume and self.out_dir is None:
+            raise UserError("--resume needs the --out folder of the interrupted run")
 
 
 def run_sweep(kernel: str, suite_name: str, config: Config, device: str | None = None, progress: bool = True,
               only: str | None = None, extra_checks=(), check_names: tuple[str, ...] = (),
-              adapter=None) -> SweepResult:
-    """`extra_checks` are callables run on every case; `check_names` (gate/correctness/probes/registry.py) are added to
-    the checks each case of the suite asks for. `adapter` (selftest, #13) runs that adapter under the name `kernel`:
-    a planted bug wrapped around the kernel is swept and judged exactly as the kernel itself."""
-    from gate.correctness.probes.registry import checks_for
-
+              options: SweepOptions | None = None, adapter=None) -> SweepResult:
+    """`extra_checks` are callables run on every case (in-process runs only); `check_names`
+    (gate/correctness/probes/registry.py) are added to the checks each case of the suite asks for.
+    `options` None runs in this process, as a library call from a test does; the CLI always passes
+    options, so its runs are isolated in workers unless --workers 0 says otherwise.
+    `adapter` (selftest, #13) runs that adapter under the name `kernel`, in this process: a planted
+    bug wrapped around the kernel is swept and judged exactly as the kernel itself (an adapter
+    object cannot be sent to a worker; the selftest's kernels are attn-gate's own and its wrappers)."""
     device = device or default_device()
     if device == "cuda":
         import torch
@@ -37,6 +71,21 @@ def run_sweep(kernel: str, suite_name: str, config: Config, device: str | None =
         if not torch.cuda.is_available():
             raise UserError("--device cuda: no CUDA GPU is visible here; leave --device out to use the CPU")
     suite = load_suite(suite_name, config.suites, config.source)
+    pattern = only_pattern(only)
+    cases = [c for c in suite.cases if pattern is None or pattern.search(c.id)]
+    if not cases:
+        raise UserError(f"--only {only!r} matches no case of suite {suite_name!r}")
+    shard = options.shard if options is not None else None
+    cases = shard_cases(cases, shard)
+    extra_notes = ((f"filtered with --only {only!r}",) if only else ()) \
+        + ((f"extra checks on every case: {', '.join(check_names)}",) if check_names else ()) \
+        + ((shard_note(shard),) if shard else ())
+    if options is not None and options.workers != 0:
+        if extra_checks:
+            raise ValueError("extra_checks are callables: they run in-process only (workers=0); name checks instead")
+        if adapter is not None:
+            raise ValueError("an adapter object runs in-process only (workers=0 or options None); name the kernel instead")
+        return _run_isolated(kernel, suite, config, device, progress, only, check_names, options, cases, extra_notes)
     if adapter is None:  # issue #10: a kernel family of the config, else a built-in or package.module:function
         adapter = family_adapter(kernel, config) or get_adapter(kernel)
     missing = adapter.unavailable_reason()
@@ -44,10 +93,8 @@ def run_sweep(kernel: str, suite_name: str, config: Config, device: str | None =
         raise UserError(f"kernel {kernel!r} is unavailable here: {missing}")
     if device not in adapter.capabilities().devices:
         raise UserError(f"kernel {kernel!r} runs on {'/'.join(adapter.capabilities().devices)}, not {device}; pass --device")
-    pattern = only_pattern(only)
-    cases = [c for c in suite.cases if pattern is None or pattern.search(c.id)]
-    if not cases:
-        raise UserError(f"--only {only!r} matches no case of suite {suite_name!r}")
+    from gate.correctness.probes.registry import checks_for
+
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
     results: list[CaseResult] = []
@@ -60,8 +107,69 @@ def run_sweep(kernel: str, suite_name: str, config: Config, device: str | None =
         kernel=kernel, suite=suite_name, suite_hash=suite_hash(suite),
         environment=describe(device, kernel, adapter.version()), cases=tuple(results),
         tolerance=config.tolerance.as_dict(), started_at=started, wall_s=time.perf_counter() - t0,
-        notes=caps.notes + ((f"filtered with --only {only!r}",) if only else ())
-        + ((f"extra checks on every case: {', '.join(check_names)}",) if check_names else ()),
+        notes=caps.notes + extra_notes,
+    )
+
+
+def _run_isolated(kernel: str, suite, config: Config, device: str, progress: bool, only: str | None,
+                  check_names: tuple[str, ...], options: SweepOptions, cases: list, extra_notes: tuple[str, ...]) -> SweepResult:
+    """Every case in a worker process (gate/workflow/isolation.py), streamed to the journal."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gate.workflow.isolation import default_workers, worker_pool
+    from gate.workflow.journal import Journal, journal_path, read_journal
+
+    workers = options.workers if options.workers is not None else default_workers(device)
+    started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    t0 = time.perf_counter()
+    from gate.workflow.isolation import family_of
+
+    with worker_pool(kernel, device, workers, config.isolation, family_of(kernel, config)) as pool:
+        info = pool.kernel_info()
+        if info.unavailable:
+            raise UserError(f"kernel {kernel!r} is unavailable here: {info.unavailable}")
+        if device not in info.devices:
+            raise UserError(f"kernel {kernel!r} runs on {'/'.join(info.devices)}, not {device}; pass --device")
+        environment = describe(device, kernel, info.version)
+        header = {"kernel": kernel, "suite": suite.name, "suite_hash": suite_hash(suite), "device": device,
+                  "environment": environment, "tolerance": config.tolerance.as_dict(), "only": only,
+                  "checks": list(check_names), "shard": list(options.shard) if options.shard else None,
+                  "started_at": started}
+        done: dict[str, CaseResult] = {}
+        journal = None
+        if options.out_dir is not None:
+            journal = Journal(journal_path(options.out_dir, kernel, suite.name))
+            if options.resume:
+                started, done = read_journal(journal.path, header)
+                done = {c.id: done[c.id] for c in cases if c.id in done}
+                print(f"attn-gate: --resume: {len(done)} of {len(cases)} cases are done in {journal.path}; "
+                      f"running the other {len(cases) - len(done)}", file=sys.stderr)
+            journal.start(header, options.resume)
+        todo = [c for c in cases if c.id not in done]
+        lock = threading.Lock()
+        fresh: dict[str, CaseResult] = {}
+        with _progress(progress, len(todo), f"{kernel} / {suite.name}") as advance:
+            def one(case):
+                result = pool.run_case(case, config.tolerance, check_names, options.case_timeout, info.traits)
+                with lock:
+                    if journal is not None:
+                        journal.add(result)
+                    fresh[case.id] = result
+                    advance(case.id, result.status.value)
+
+            if len(pool.slots) == 1:
+                for case in todo:
+                    one(case)
+            else:
+                with ThreadPoolExecutor(max_workers=len(pool.slots), thread_name_prefix="attn-gate-slot") as ex:
+                    for future in [ex.submit(one, c) for c in todo]:
+                        future.result()
+    results = tuple(done[c.id] if c.id in done else fresh[c.id] for c in cases)
+    return SweepResult(
+        kernel=kernel, suite=suite.name, suite_hash=suite_hash(suite), environment=environment, cases=results,
+        tolerance=config.tolerance.as_dict(), started_at=started, wall_s=time.perf_counter() - t0,
+        notes=info.notes + extra_notes,
     )
 
 

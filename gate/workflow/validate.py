@@ -46,13 +46,41 @@ def check_device(device: str | None) -> str:
     return device or default_device()
 
 
-def check_kernel(kernel: str, device: str, option: str = "--kernel", config: Config | None = None) -> None:
+def _check_kernel_in_worker(kernel: str, device: str, option: str, config: Config | None) -> None:
+    from gate.core.config import IsolationConfig
+    from gate.workflow.isolation import family_of, worker_pool
+
+    family = family_of(kernel, config)
+    if family is None:
+        module, _, function = kernel.partition(":")
+        if not module or not function:
+            raise UserError(f"{option} {kernel!r}: a user kernel is named 'package.module:function'")
+    isolation = getattr(config, "isolation", None) or IsolationConfig()
+    with worker_pool(kernel, device, 1, isolation, family) as pool:
+        info = pool.kernel_info()  # a kernel that does not import: the worker's one-line UserError
+    if info.unavailable:
+        raise UserError(f"kernel {kernel!r} is unavailable here: {info.unavailable}")
+    if device not in info.devices:
+        raise UserError(f"{option} {kernel!r} runs on {'/'.join(info.devices)}, not {device}; pass --device "
+                        f"{info.devices[0] if info.devices else 'cuda'} on a machine that has it")
+
+
+def check_kernel(kernel: str, device: str, option: str = "--kernel", config: Config | None = None,
+                 kernel_in_worker: bool = False) -> None:
     """A known name (or an importable `package.module:function`, or a kernel family of `config`,
-    issue #10), installed, and able to run on `device`."""
+    issue #10), installed, and able to run on `device`.
+
+    `kernel_in_worker` (#11): the run loads the kernel in a worker process, and the deciding
+    process must never import a user kernel (`package.module:function`, or a family's entry
+    points), not even to check it: a worker is started here and its first answer says whether the
+    kernel imports, is installed and runs on `device` (the pool stays warm: the run reuses it)."""
     from gate.kernels.registry import family_adapter, get_adapter, kernel_names
 
     families = sorted(getattr(config, "kernels", None) or {}) if config is not None else []
     names = kernel_names() + [f for f in families if f not in kernel_names()]
+    if kernel_in_worker and (":" in kernel or (kernel in families and kernel not in kernel_names())):
+        _check_kernel_in_worker(kernel, device, option, config)
+        return
     try:
         # a family that takes a built-in's name, or a user kernel that does not import, is a UserError here
         adapter = (family_adapter(kernel, config) if config is not None else None) or get_adapter(kernel)
@@ -97,16 +125,17 @@ def check_only(only: str | None) -> None:
 
 
 def validate_target(config: Config, kernel: str | None, suite: str | None, device: str | None,
-                    only: str | None = None, check_kernel_runs: bool = True) -> ValidTarget:
+                    only: str | None = None, check_kernel_runs: bool = True, kernel_in_worker: bool = False) -> ValidTarget:
     """Resolve the defaults and check every name, in the order a user reads the command line:
     device, kernel, suite, --only. `check_kernel_runs=False` for commands that only read files
-    (`baseline show`): the name must be known, the kernel need not be installed here."""
+    (`baseline show`): the name must be known, the kernel need not be installed here.
+    `kernel_in_worker`: the run is isolated (#11); a user kernel is not imported here (check_kernel)."""
     device = check_device(device)
     profile = config.profile(device)
     kernel = kernel or profile.kernel
     suite = suite or profile.suite
     if check_kernel_runs:
-        check_kernel(kernel, device, config=config)
+        check_kernel(kernel, device, config=config, kernel_in_worker=kernel_in_worker)
     else:
         from gate.kernels.registry import kernel_names
 

@@ -1,0 +1,450 @@
+"""Kernels run in worker processes; the gate's process measures and decides.
+
+    gate process (this module)                      worker (gate/workflow/worker_main.py)
+      inputs, references, errors, verdict  <-file--   imports the kernel, runs fwd+bwd per seed,
+      never imports the kernel under test   -json->   sends raw out/lse/dq/dk/dv (torch.save)
+
+A worker is persistent (cases run one after another in it: the kernel is imported and compiled
+once), and it is replaced when it dies (any exit code, any signal), hangs past the case's
+timeout (it is killed with its process group), reports a CUDA fault (the context is poisoned)
+or changes its working directory. Each of those is an ERROR row naming the case, the exit code or
+signal and the last lines of the worker's stderr; the next case runs in a fresh worker.
+
+Raw outputs come back through `torch.load(weights_only=True)`: a worker can send wrong numbers
+(any kernel can), never code. The temp folder is made by `tempfile` outside the repository and
+removed at the end.
+
+`--workers N` runs N slots at once, each with its own worker; on a GPU machine slot i's worker
+sees only GPU i (CUDA_VISIBLE_DEVICES) and the references of its cases run on that GPU here.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from gate.core.cases import Case
+from gate.core.config import IsolationConfig, KernelFamily, ToleranceConfig
+from gate.core.errors import UserError
+from gate.core.results import CaseResult, CheckResult, Status
+
+STDERR_LINES = 8  # how much of a dead worker's stderr an ERROR row carries
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """What the worker says about the kernel: the parent needs it and never imports the kernel."""
+
+    version: str
+    devices: tuple[str, ...]
+    unavailable: str | None
+    notes: tuple[str, ...]
+    returns_lse: bool
+    sink_grad: bool = True  # issue #10
+    backward: bool = True  # issue #10: False = forward-only kernel
+
+    @property
+    def traits(self):
+        from gate.correctness.run_case import KernelTraits
+
+        return KernelTraits(returns_lse=self.returns_lse, sink_grad=self.sink_grad, backward=self.backward)
+
+
+class WorkerGone(Exception):
+    """The worker died, hung or could not answer; the message says how, `stderr` holds the last
+    lines of its stderr (one per line)."""
+
+    def __init__(self, message: str, stderr: str = ""):
+        super().__init__(message)
+        self.stderr = stderr
+
+
+def family_of(kernel: str, config) -> "KernelFamily | None":
+    """The kernel family `[tool.attn-gate.kernels.NAME]` of `config` (issue #10) that `kernel` names,
+    or None; sent to the worker, which imports its entry points (this process never does). A
+    family may not take a built-in kernel's name (gate/kernels/registry.py family_adapter)."""
+    families = getattr(config, "kernels", None) or {}
+    if kernel not in families:
+        return None
+    from gate.kernels.registry import kernel_names
+
+    if kernel in kernel_names():
+        raise UserError(f"{config.source} [tool.attn-gate.kernels.{kernel}]: {kernel!r} is a built-in kernel's name; "
+                        f"rename the table")
+    return families[kernel]
+
+
+def case_timeout(case: Case, cfg: IsolationConfig, check_names: tuple[str, ...] = ()) -> float:
+    """Seconds a case may take in its worker: a base plus time per GFLOP of its forward+backward on
+    every seed, times the extra runs its probes make (determinism runs it 10 more times)."""
+    gflops = (case.flops("fwd") + case.flops("bwd")) * len(case.seeds) / 1e9
+    runs = 1 + 10 * len(set(case.checks) | set(check_names))
+    return cfg.case_timeout_s + cfg.timeout_s_per_gflop * gflops * runs
+
+
+def visible_gpus() -> list[str]:
+    """The GPU ids a worker may be pinned to (CUDA_VISIBLE_DEVICES entries, else 0..count-1)."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    listed = [g.strip() for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    return listed[:count] if listed else [str(i) for i in range(count)]
+
+
+def default_workers(device: str) -> int:
+    return max(1, len(visible_gpus())) if device == "cuda" else 1
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(code).name
+    except ValueError:
+        return f"signal {code}"
+
+
+class Worker:
+    """One worker process and its reply channel."""
+
+    def __init__(self, kernel: str, device: str, tmpdir: Path, label: str, gpu: str | None):
+        self.kernel, self.device, self.tmpdir, self.label = kernel, device, tmpdir, label
+        env = dict(os.environ)
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpu
+        self.stderr_path = tmpdir / f"worker-{label}.stderr"
+        with open(self.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", "gate.workflow.worker_main"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=err, env=env, start_new_session=True)
+        self._buf = b""
+
+    def stderr_tail(self) -> str:
+        try:
+            lines = [ln.strip() for ln in self.stderr_path.read_text(errors="replace").splitlines() if ln.strip()]
+        except OSError:
+            return ""
+        tail = lines[-STDERR_LINES:]
+        fatal = [ln for ln in lines if ln.startswith("Fatal Python error")]  # faulthandler: what happened
+        if fatal and fatal[-1] not in tail:
+            tail = [fatal[-1], "..."] + [ln for ln in tail if not ln.startswith("Extension modules:")]
+        return " | ".join(ln[:200] for ln in tail)
+
+    def _gone(self, what: str) -> WorkerGone:
+        self.kill()
+        code = self.proc.returncode
+        how = what if code is None else (f"{what}: killed by {_signal_name(-code)}" if code < 0 else f"{what}: exited with code {code}")
+        tail = self.stderr_tail()
+        return WorkerGone(how + (f"; stderr: {tail}" if tail else "; stderr empty"), stderr=tail.replace(" | ", "\n"))
+
+    def call(self, request: dict, timeout: float) -> dict:
+        try:
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise self._gone("the worker was gone before the case started") from None
+        deadline = time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self._gone(f"timed out after {timeout:.0f} s (--case-timeout); the worker was killed")
+            ready, _, _ = select.select([fd], [], [], min(left, 1.0))
+            if ready:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        self.proc.wait(timeout=10)
+                    raise self._gone("the worker died during the case")
+                self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        try:
+            reply = json.loads(line)
+        except json.JSONDecodeError:
+            raise self._gone("the worker sent a garbled reply") from None
+        if not isinstance(reply, dict):
+            raise self._gone("the worker sent a garbled reply")
+        return reply
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        for stream in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(OSError):
+                stream.close()
+
+
+class Slot:
+    """One place a case can run: a (replaceable) worker, pinned to one GPU on a GPU machine."""
+
+    def __init__(self, pool: "WorkerPool", index: int, gpu: str | None):
+        self.pool, self.index, self.gpu = pool, index, gpu
+        self.worker: Worker | None = None
+        self.generation = 0
+        # where this slot's references run: the GPU its worker sees
+        self.ref_device = "cpu" if pool.device == "cpu" else f"cuda:{index if gpu is not None else 0}"
+
+    def ensure(self) -> tuple[Worker, dict]:
+        if self.worker is not None and self.worker.proc.poll() is None:
+            return self.worker, {}
+        self.generation += 1
+        self.worker = Worker(self.pool.kernel, self.pool.device, self.pool.tmpdir, f"{self.index}-{self.generation}", self.gpu)
+        family = self.pool.family
+        hello = self.worker.call({"op": "hello", "kernel": self.pool.kernel, "device": self.pool.device,
+                                  "family": None if family is None else dataclasses.asdict(family)},
+                                 self.pool.cfg.worker_start_timeout_s)
+        return self.worker, hello
+
+    def discard(self) -> None:
+        if self.worker is not None:
+            self.worker.kill()
+            self.worker = None
+
+
+class WorkerPool:
+    """N slots and the temp folder their raw outputs pass through. Use as a context manager."""
+
+    def __init__(self, kernel: str, device: str, workers: int, cfg: IsolationConfig, family: KernelFamily | None = None):
+        self.kernel, self.device, self.cfg, self.family = kernel, device, cfg, family
+        self.tmpdir = Path(tempfile.mkdtemp(prefix="attn-gate-"))
+        gpus = visible_gpus() if device == "cuda" else []
+        if device == "cuda" and workers > max(1, len(gpus)):
+            raise UserError(f"--workers {workers}: only {len(gpus)} GPU(s) visible; a worker needs a GPU of its own "
+                            f"(pass --workers {max(1, len(gpus))} or fewer)")
+        self.slots = [Slot(self, i, gpus[i] if device == "cuda" and workers > 1 else None) for i in range(workers)]
+        self._free: list[Slot] = list(self.slots)
+        self._cond = threading.Condition()
+
+        self._info: KernelInfo | None = None
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.close()
+        return False
+
+    def close(self) -> None:
+        for slot in self.slots:
+            slot.discard()
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+    def kernel_info(self) -> KernelInfo:
+        """Start the first worker and ask it about the kernel (an unknown or broken kernel is a UserError)."""
+        if self._info is not None:
+            return self._info
+        try:
+            _, hello = self.slots[0].ensure()
+        except WorkerGone as exc:
+            raise UserError(f"--kernel {self.kernel!r}: the worker process could not load it ({exc})") from None
+        if "user_error" in hello:
+            self.slots[0].discard()
+            raise UserError(str(hello["user_error"]))
+        self._info = KernelInfo(version=str(hello.get("version", "")), devices=tuple(hello.get("devices", ())),
+                                unavailable=hello.get("unavailable"), notes=tuple(hello.get("notes", ())),
+                                returns_lse=bool(hello.get("returns_lse", False)),
+                                sink_grad=bool(hello.get("sink_grad", True)), backward=bool(hello.get("backward", True)))
+        return self._info
+
+    @contextlib.contextmanager
+    def slot(self):
+        with self._cond:
+            while not self._free:
+                self._cond.wait()
+            slot = self._free.pop(0)
+        try:
+            yield slot
+        finally:
+            with self._cond:
+                self._free.append(slot)
+                self._cond.notify()
+
+    def run_case(self, case: Case, tol: ToleranceConfig, check_names: tuple[str, ...], timeout: float | None,
+                 traits=None) -> CaseResult:
+        """`traits` (run_case.KernelTraits): what the worker's hello declared; None asks kernel_info."""
+        traits = traits if traits is not None else self.kernel_info().traits
+        with self.slot() as slot:
+            return run_isolated_case(slot, case, tol, check_names, timeout or case_timeout(case, self.cfg, check_names),
+                                     traits)
+
+
+# Pools kept warm between runs of one process, keyed by everything a worker inherits: the sweep's
+# workers then time the speed cases of the same `check` (after the sweep: no GPU is shared), and a
+# test session does not pay a worker start (importing torch) per command. A pool is owned by one
+# run at a time (taken out of the cache while in use); a worker that died is replaced on next use.
+_WARM: dict[tuple, WorkerPool] = {}
+_WARM_LOCK = threading.Lock()
+MAX_WARM_POOLS = 2
+
+
+def _close_warm() -> None:
+    with _WARM_LOCK:
+        pools = list(_WARM.values())
+        _WARM.clear()
+    for pool in pools:
+        pool.close()
+
+
+atexit.register(_close_warm)
+
+
+@contextlib.contextmanager
+def worker_pool(kernel: str, device: str, workers: int, cfg: IsolationConfig, family: KernelFamily | None = None):
+    """A WorkerPool for this run: a warm one of an earlier run in this process with the same kernel
+    (and kernel family definition, #10), device, worker count, working directory and environment,
+    or a new one."""
+    # the working directory matters to a user kernel (`package.module:function` imports from it) only
+    user_code = ":" in kernel or family is not None
+    key = (kernel, repr(family), device, workers, os.getcwd() if user_code else "", tuple(sorted(os.environ.items())))
+    with _WARM_LOCK:
+        pool = _WARM.pop(key, None)
+    if pool is None:
+        pool = WorkerPool(kernel, device, workers, cfg, family)
+    pool.cfg = cfg
+    try:
+        yield pool
+    except BaseException:
+        pool.close()
+        raise
+    with _WARM_LOCK:
+        _WARM[key] = pool
+        evicted = [_WARM.pop(k) for k in list(_WARM)[:-MAX_WARM_POOLS]]
+    for old in evicted:
+        old.close()
+
+
+def _error(case: Case, reason: str, start: float, traceback: str = "") -> CaseResult:
+    return CaseResult(case=case, status=Status.ERROR, reason=reason[:1500], seconds=time.perf_counter() - start,
+                      traceback=traceback[-2000:])
+
+
+def run_isolated_case(slot: Slot, case: Case, tol: ToleranceConfig, check_names: tuple[str, ...], timeout: float,
+                      traits) -> CaseResult:
+    """One case: the kernel runs in the slot's worker, the errors are measured here."""
+    start = time.perf_counter()
+    file = slot.pool.tmpdir / f"case-{slot.index}.pt"
+    try:
+        worker, hello = slot.ensure()
+        if "user_error" in hello:
+            return _error(case, f"a fresh worker could not load the kernel: {hello['user_error']}", start)
+        reply = worker.call({"op": "case", "case": case.to_dict(), "checks": list(check_names), "file": str(file)}, timeout)
+    except WorkerGone as exc:
+        slot.discard()
+        # a dead worker has no Python traceback to send: its stderr's last lines (faulthandler's
+        # stack after a segfault) are the ERROR row's traceback (#15)
+        return _error(case, f"case {case.id}: {exc}", start, traceback=exc.stderr)
+    if reply.get("restart"):
+        slot.discard()  # a CUDA fault or a moved working directory: the next case gets a clean process
+    status = reply.get("status")
+    if status in ("SKIP", "FAIL", "ERROR"):
+        # an ERROR row carries the kernel's traceback tail, as run_case makes it in the worker (#15)
+        return CaseResult(case=case, status=Status(status), reason=str(reply.get("reason", ""))[:1500],
+                          seconds=0.0 if status == "SKIP" else time.perf_counter() - start,
+                          traceback=str(reply.get("traceback", ""))[-2000:] if status == "ERROR" else "")
+    if status != "RAN":
+        slot.discard()
+        return _error(case, f"case {case.id}: the worker answered {status!r}", start)
+    try:
+        return judge_raw_outputs(case, file, slot.ref_device, tol, reply, traits, start)
+    finally:
+        with contextlib.suppress(OSError):
+            file.unlink()
+
+
+def judge_raw_outputs(case: Case, file: Path, device: str, tol: ToleranceConfig, reply: dict, traits,
+                      start: float) -> CaseResult:
+    """The kernel's raw outputs, judged in this process against references computed here. What is
+    judged follows from the case and the kernel's declared `traits` (KernelTraits, from the worker's
+    hello before any case ran), never from the case's reply: a worker cannot make a case
+    forward-only or drop a gradient from the measurement."""
+    import torch
+
+    from gate.attention.inputs import make_inputs
+    from gate.correctness.run_case import (
+        BadOutput, first_line, forward_only_note, grad_names, is_forward_only, measure_seed, verdict_row,
+    )
+
+    try:
+        payload = torch.load(file, map_location=device, weights_only=True)
+        seeds = payload["seeds"]
+        got = [s.get("seed") for s in seeds]
+        if got != list(case.seeds):
+            return _error(case, f"the worker returned seeds {got}, expected {list(case.seeds)}", start)
+        checks = tuple(CheckResult.from_dict(c) for c in reply.get("checks", ()))
+        forward_only = is_forward_only(traits, case)
+        worst, notes = {}, ([forward_only_note(case)] if forward_only else [])
+        for entry in seeds:
+            inputs = make_inputs(case, entry["seed"], device)
+            try:
+                # dbias (#16), dsink (#10) only where the case measures them; one the worker did not
+                # send is None: "dbias is missing"
+                grads = None if forward_only else tuple(entry.get(name) for name in grad_names(traits, case, inputs))
+                cache = entry.get("cache")  # a decode call's (k_cache, v_cache) after the call (#10)
+                fail = measure_seed(case, inputs, entry["out"], entry["lse"], grads, entry["dropout_keep"], tol, worst,
+                                    notes, traits, device, None if cache is None else tuple(cache))
+            except BadOutput as exc:
+                return CaseResult(case=case, status=Status.FAIL, reason=f"seed {entry['seed']}: {exc}",
+                                  seconds=time.perf_counter() - start)
+            if fail:
+                return CaseResult(case=case, status=Status.FAIL, reason=fail, seconds=time.perf_counter() - start)
+    except Exception as exc:  # a payload that is not what a worker writes: the case is not measured
+        return _error(case, f"the kernel's outputs could not be judged ({first_line(exc)})", start)
+    return verdict_row(case, worst, checks, notes, time.perf_counter() - start, forward_only)
+
+
+class PerfWorker:
+    """Speed cases timed in one worker of their own (`with PerfWorker(...) as pw: run_perf(..., measure=pw.measure)`):
+    the sweep's workers are gone by then, so a timed case never shares its GPU with other work. A
+    worker that dies or hangs makes that case an ERROR row (fail closed); a fresh one times the next."""
+
+    def __init__(self, kernel: str, device: str, cfg: IsolationConfig, family: KernelFamily | None = None):
+        self._ctx = worker_pool(kernel, device, 1, cfg, family)
+        self.pool: WorkerPool | None = None
+        self.info: KernelInfo | None = None
+
+    def __enter__(self) -> "PerfWorker":
+        self.pool = self._ctx.__enter__()
+        try:
+            self.info = self.pool.kernel_info()
+            if self.info.unavailable:
+                raise UserError(f"kernel {self.pool.kernel!r} is unavailable here: {self.info.unavailable}")
+        except BaseException as exc:
+            self._ctx.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        return bool(self._ctx.__exit__(*exc))
+
+    def measure(self, case: Case, anchor: str, plan):
+        from gate.speed.runs import PerfCaseResult
+
+        slot = self.pool.slots[0]
+        timeout = case_timeout(case, self.pool.cfg) + 5.0 * plan.rounds * len(plan.passes)
+        try:
+            worker, hello = slot.ensure()
+            if "user_error" in hello:
+                return PerfCaseResult(case=case, status="ERROR", reason=str(hello["user_error"])[:300])
+            reply = worker.call({"op": "perf_case", "case": case.to_dict(), "anchor": anchor, "plan": plan.to_dict()}, timeout)
+            if reply.get("restart"):
+                slot.discard()
+            return PerfCaseResult.from_dict(reply["result"])
+        except WorkerGone as exc:
+            slot.discard()
+            return PerfCaseResult(case=case, status="ERROR", reason=f"case {case.id}: {exc}"[:1500])
+        except (KeyError, TypeError, ValueError) as exc:
+            slot.discard()
+            return PerfCaseResult(case=case, status="ERROR", reason=f"case {case.id}: the worker's timing is unreadable ({exc})")

@@ -1,0 +1,58 @@
+"""`--shard K/N`: a deterministic split of a suite's cases into N parts of about equal expected cost.
+
+Greedy longest-processing-time: cases by decreasing expected cost (ties in suite order), each to
+the part with the least cost so far (ties to the lowest part). The same suite and N always give
+the same parts on any machine, so shards run as independent jobs (a CI matrix) and `attn-gate
+merge` can check that every shard ran exactly its part.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gate.core.cases import Case
+from gate.core.errors import UserError
+
+CASE_OVERHEAD_FLOPS = 2e8  # a case's fixed cost (inputs, references, launch) in FLOP-equivalents
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
+    if not m or not 1 <= int(m.group(1)) <= int(m.group(2)) or int(m.group(2)) > 1000:
+        raise UserError(f"--shard {text!r}: expected K/N with 1 <= K <= N <= 1000, e.g. --shard 1/2")
+    return int(m.group(1)), int(m.group(2))
+
+
+def expected_cost(case: Case) -> float:
+    """Forward + backward FLOPs over every seed, the probes' extra runs, plus a fixed cost per case."""
+    runs = 1 + 10 * len(case.checks)
+    return (case.flops("fwd") + case.flops("bwd") + CASE_OVERHEAD_FLOPS) * len(case.seeds) * runs
+
+
+def assign(cases: tuple[Case, ...] | list[Case], n: int) -> list[int]:
+    """The part (1..n) of each case, in the order given."""
+    loads = [0.0] * n
+    part = [0] * len(cases)
+    for i in sorted(range(len(cases)), key=lambda i: (-expected_cost(cases[i]), i)):
+        target = min(range(n), key=lambda p: (loads[p], p))
+        loads[target] += expected_cost(cases[i])
+        part[i] = target + 1
+    return part
+
+
+def shard_cases(cases, shard: tuple[int, int] | None) -> list[Case]:
+    if shard is None:
+        return list(cases)
+    k, n = shard
+    return [c for c, p in zip(cases, assign(list(cases), n)) if p == k]
+
+
+def shard_note(shard: tuple[int, int]) -> str:
+    return f"shard {shard[0]}/{shard[1]}"
+
+
+def note_shard(note: str) -> tuple[int, int] | None:
+    m = re.fullmatch(r"shard (\d+)/(\d+)", note)
+    return (int(m.group(1)), int(m.group(2))) if m else None

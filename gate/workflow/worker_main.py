@@ -1,0 +1,138 @@
+"""The kernel's process: `python -m gate.workflow.worker_main`, started and fed by gate/workflow/isolation.py.
+
+It imports the kernel under test, runs each case's forward and backward on every seed and sends
+the kernel's raw outputs (out, lse, dq, dk, dv, dbias, dsink, dropout mask, a decode call's cache) back through a temp file
+(torch.save of CPU tensors); it never judges them. The errors, the bounds and the verdict are
+computed in the gate's own process, which never imports the kernel: a kernel that patches the
+measurement here, changes directory or ends this process changes nothing that is judged.
+
+Protocol: one JSON request per line on stdin, one JSON reply per line on the file descriptor
+that was stdout at start. stdout itself is pointed at stderr before the kernel is imported, so a
+kernel's prints cannot corrupt the replies (and end up in the stderr tail of an ERROR row).
+Depth checks (probes: determinism, dropout statistics) run here and send their CheckResults.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def _send(channel, payload: dict) -> None:
+    channel.write(json.dumps(payload) + "\n")
+    channel.flush()
+
+
+def _cuda_failed(text: str) -> bool:
+    """An error that leaves the CUDA context unusable: this worker must not run another case."""
+    return any(s in text for s in ("CUDA error", "illegal memory access", "AcceleratorError", "device-side assert",
+                                   "CUBLAS_STATUS", "cudaError", "unspecified launch failure"))
+
+
+def run_one(adapter, request: dict, device: str) -> dict:
+    import torch
+
+    from gate.attention.inputs import make_inputs
+    from gate.core.cases import Case
+    from gate.correctness.probes.registry import checks_for
+    from gate.correctness.run_case import BadOutput, first_line, grad_names, kernel_pass, traceback_tail
+    from gate.kernels.sdpa import NoKernel
+
+    case = Case.from_dict(request["case"])
+    start = time.perf_counter()
+    reason = adapter.unsupported_reason(case, device)  # a kernel family answers per entry point (#10)
+    if reason:
+        return {"status": "SKIP", "reason": reason}
+    seeds = []
+    try:
+        adapter.prepare(case)
+        for seed in case.seeds:
+            inputs = make_inputs(case, seed, device)
+            try:
+                kout, grads = kernel_pass(adapter, case, inputs)
+            except NoKernel as exc:
+                return {"status": "SKIP", "reason": str(exc)}
+            except BadOutput as exc:
+                return {"status": "FAIL", "reason": f"seed {seed}: {exc}"}
+
+            def cpu(t):
+                return None if t is None else t.detach().to("cpu").clone()
+
+            # the grads run_case measures: dq, dk, dv (w.r.t. the layout views the kernel got, #9),
+            # dbias w.r.t. the bias leaf rebuilt here from the case (bias_grad cases, #16) and dsink
+            # (#10); none for a forward-only run; a decode call's cache after the call (#10)
+            entry = {"seed": seed, "out": cpu(kout.out), "lse": cpu(kout.lse), "dropout_keep": cpu(kout.dropout_keep),
+                     "cache": None if kout.cache is None else [cpu(kout.cache[0]), cpu(kout.cache[1])]}
+            if grads is not None:
+                entry.update({name: cpu(grad) for name, grad in zip(grad_names(adapter, case, inputs), grads)})
+            seeds.append(entry)
+            del kout, grads, inputs
+        checks = [c.to_dict() for check in checks_for(case, tuple(request.get("checks", ()))) for c in check(adapter, case, device)]
+        if device == "cuda":
+            torch.cuda.synchronize()  # an asynchronous fault belongs to this case, not to the next
+    except BadOutput as exc:
+        return {"status": "FAIL", "reason": str(exc)}
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a raising kernel (sys.exit too) is an ERROR row; the worker is replaced after a CUDA fault
+        text = first_line(exc)
+        return {"status": "ERROR", "reason": text, "traceback": traceback_tail(exc),
+                "restart": device == "cuda" and _cuda_failed(f"{type(exc).__name__} {exc}")}
+    torch.save({"seeds": seeds}, request["file"])
+    return {"status": "RAN", "checks": checks, "seconds": time.perf_counter() - start}
+
+
+def run_perf_case(adapter, request: dict, device: str) -> dict:
+    """Time one case against the anchor (gate/speed/runs.py measure_case) and send the raw timing."""
+    from gate.core.cases import Case
+    from gate.speed.runs import measure_case
+    from gate.speed.timing import TimingPlan
+
+    result = measure_case(adapter, request["anchor"], Case.from_dict(request["case"]), device,
+                          TimingPlan.from_dict(request["plan"]))
+    return {"status": "PERF", "result": result.to_dict(), "restart": result.status == "ERROR" and device == "cuda"}
+
+
+def main() -> int:
+    import faulthandler
+
+    faulthandler.enable()  # a segfault or abort prints the Python stack to stderr: the ERROR row's tail shows it
+    channel = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)  # the kernel's prints go to stderr, never into the replies
+    sys.stdout = sys.stderr
+    cwd = os.getcwd()
+    hello = json.loads(sys.stdin.readline() or "{}")
+    device = hello.get("device", "cpu")
+    try:
+        from gate.core.errors import UserError
+        from gate.kernels.registry import get_adapter
+
+        if hello.get("family"):  # issue #10: a kernel family of the gate's config, its entry points imported here
+            from gate.core.config import KernelFamily
+            from gate.kernels.user import FamilyAdapter
+
+            adapter = FamilyAdapter(KernelFamily(**hello["family"]))
+        else:
+            adapter = get_adapter(hello["kernel"])
+        caps = adapter.capabilities()
+        _send(channel, {"op": "hello", "version": adapter.version(), "devices": list(caps.devices),
+                        "unavailable": adapter.unavailable_reason(), "notes": list(caps.notes),
+                        "returns_lse": caps.returns_lse, "sink_grad": caps.sink_grad, "backward": caps.backward})
+    except UserError as exc:
+        _send(channel, {"op": "hello", "user_error": str(exc)})
+        return 0
+    for line in sys.stdin:
+        request = json.loads(line)
+        reply = run_perf_case(adapter, request, device) if request.get("op") == "perf_case" else run_one(adapter, request, device)
+        if os.getcwd() != cwd:  # a kernel that moves the process is wrong, whatever it returned
+            reply = {"status": "ERROR", "reason": f"the kernel changed the working directory to {os.getcwd()}", "restart": True}
+        _send(channel, reply)
+        if reply.get("restart"):
+            return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""The worker (issue #11) measures what run_case measures in one process, for every feature merged
+after it: dBias of a trainable bias (#16), the layout views and their dO (#9), varlen keys (#9),
+the LSE against its float32 yardstick (#9), dropout, the probes, the traceback of a kernel that
+raises (#15), and the entry points (#10): decode with a (paged) KV cache judged on the cache after
+the call, sinks and dsink, forward-only kernels, kernel families built in the worker.
+
+The same case is run in this process (`run_case`) and through a worker (`WorkerPool.run_case`):
+the rows must be the same tensor for tensor, and a planted bug of each feature must fail through
+the worker as it does in one process. Cases are tiny (one seed, <= 24 tokens); each user kernel
+costs one worker start (~1-2 s)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gate.core.cases import Case
+from gate.core.config import IsolationConfig, KernelFamily, ToleranceConfig
+from gate.core.results import Status
+from gate.correctness.probes.registry import checks_for
+from gate.correctness.run_case import run_case
+from gate.kernels.registry import get_adapter
+from gate.workflow.isolation import WorkerPool
+
+TOL = ToleranceConfig()
+
+
+def tiny(**kw) -> Case:
+    base = dict(batch=1, seqlen_q=17, seqlen_k=17, heads_q=2, heads_kv=2, head_dim=8, head_dim_v=8, dtype="fp32", seeds=(0,))
+    return Case(**{**base, **kw})
+
+
+FEATURE_CASES = {
+    "dbias": tiny(bias="dense", bias_grad=True),
+    "dbias_fp32_bias_bf16": tiny(dtype="bf16", bias="broadcast_h", bias_dtype="fp32", bias_grad=True),
+    "bool_mask": tiny(bias="bool_empty_rows"),
+    "k_sliced": tiny(layout="k_sliced", dtype="bf16"),
+    "qkv_packed": tiny(layout="qkv_packed", heads_q=4, heads_kv=2),
+    "bhsd_view": tiny(layout="bhsd_view"),
+    "dout_noncontig": tiny(layout="dout_noncontig", dtype="bf16"),
+    "varlen_k": tiny(batch=2, seqlen_q=9, seqlen_k=13, varlen=(5, 9), varlen_k=(13, 7), causal=True),
+    "dropout": tiny(dropout_p=0.2),
+    "determinism_probe": tiny(checks=("determinism",)),
+    "sinks_dsink": tiny(sinks=True),
+    "decode_paged": tiny(batch=2, seqlen_q=2, seqlen_k=40, heads_q=4, heads_kv=2, dtype="bf16", entry="kvcache",
+                         cache_seqlens=(5, 30), cache_new=True, causal=True, page_size=8, shuffled_pages=True),
+    "decode_sinks": tiny(batch=2, seqlen_q=1, seqlen_k=24, entry="kvcache", cache_seqlens=(3, 20), sinks=True),
+}
+
+
+def _row(result) -> dict:
+    d = result.to_dict()
+    d.pop("seconds", None)
+    return d
+
+
+@pytest.fixture(scope="module")
+def tiled_pool():
+    with WorkerPool("tiled", "cpu", 1, IsolationConfig()) as pool:
+        yield pool
+
+
+@pytest.mark.parametrize("name", list(FEATURE_CASES))
+def test_the_worker_measures_what_one_process_measures(name, tiled_pool):
+    case = FEATURE_CASES[name]
+    here = run_case(get_adapter("tiled"), case, "cpu", TOL, checks_for(case, ()))
+    isolated = tiled_pool.run_case(case, TOL, (), None)
+    assert here.status is Status.PASS, here.reason
+    assert _row(isolated) == _row(here)
+    measured = {t.tensor for t in isolated.tensors}
+    if case.entry == "kvcache":  # forward-only, judged on the cache after the call too (#10)
+        assert isolated.forward_only and measured == {"out", "lse", "k_cache", "v_cache"}
+    else:
+        assert measured >= {"out", "lse", "dq", "dk", "dv"} and not isolated.forward_only
+    assert ("dbias" in measured) == case.bias_grad
+    assert ("dsink" in measured) == (case.sinks and case.entry != "kvcache")
+    if case.checks:
+        assert [c.name for c in isolated.checks] == list(case.checks) and all(c.passed for c in isolated.checks)
+
+
+# (kernel, case, what the FAIL row must say): one planted bug per feature, judged through the worker
+PLANTED = [
+    ("tests.bias_kernels:bias_no_grad", tiny(bias="dense", bias_grad=True), "dbias is missing"),
+    ("tests.bias_kernels:bias_head0", tiny(bias="dense"), "out error"),
+    ("tests.coverage_kernels:assumes_contiguous", tiny(layout="k_sliced"), "error"),
+    ("tests.coverage_kernels:dout_assumed_contiguous", tiny(layout="dout_noncontig"), "dq error"),
+    ("tests.coverage_kernels:lse_bias_1e_3", tiny(dtype="bf16"), "lse error"),
+]
+
+
+@pytest.mark.parametrize("kernel,case,words", PLANTED, ids=[k.split(":")[1] for k, _, _ in PLANTED])
+def test_each_features_planted_bug_fails_through_the_worker_as_in_one_process(kernel, case, words):
+    here = run_case(get_adapter(kernel), case, "cpu", TOL)
+    with WorkerPool(kernel, "cpu", 1, IsolationConfig()) as pool:
+        isolated = pool.run_case(case, TOL, (), None)
+    assert here.status is Status.FAIL and words in here.reason, here.reason
+    assert _row(isolated) == _row(here)
+
+
+DECODE = dict(batch=2, seqlen_q=2, seqlen_k=40, heads_q=4, heads_kv=2, dtype="bf16", entry="kvcache",
+              cache_seqlens=(5, 30), cache_new=True, causal=True, page_size=8, shuffled_pages=True)
+# (family, case, what the row must say): a family's entry points are imported in the worker only
+FAMILIES = [
+    (KernelFamily(name="fam", kvcache="tests.entry_kernels:attn_with_kvcache_no_append"), tiny(**DECODE), "k_cache error"),
+    (KernelFamily(name="fam", kvcache="tests.entry_kernels:attn_with_kvcache_contiguous"), tiny(**DECODE), "error"),
+    (KernelFamily(name="fam", dense="tests.entry_kernels:attn_func_ignores_sink"), tiny(sinks=True), "dsink is missing"),
+    (KernelFamily(name="fam", dense="tests.entry_kernels:attn_func", backward=False), tiny(), "forward-only"),
+]
+
+
+@pytest.mark.parametrize("family,case,words", FAMILIES, ids=["no_append", "pages_contiguous", "ignores_sink", "forward_only"])
+def test_a_kernel_family_runs_in_the_worker_and_is_judged_as_in_one_process(family, case, words):
+    from gate.kernels.user import FamilyAdapter
+
+    here = run_case(FamilyAdapter(family), case, "cpu", TOL)
+    with WorkerPool("fam", "cpu", 1, IsolationConfig(), family) as pool:
+        isolated = pool.run_case(case, TOL, (), None)
+    assert words in here.reason and here.status is (Status.PASS if words == "forward-only" else Status.FAIL), here.reason
+    assert _row(isolated) == _row(here)
+    if not family.backward:
+        assert isolated.forward_only and not {"dq", "dk", "dv"} & {t.tensor for t in isolated.tensors}
+
+
+def test_a_kernel_that_raises_in_its_worker_is_an_error_row_with_its_traceback():
+    case = tiny()
+    with WorkerPool("tests.buggy_kernels:raises", "cpu", 1, IsolationConfig()) as pool:
+        row = pool.run_case(case, TOL, (), None)
+    assert row.status is Status.ERROR and row.reason.startswith("RuntimeError: planted crash")
+    assert "Traceback" in row.traceback and "buggy_kernels.py" in row.traceback and "second line" in row.traceback
+
+
+def test_a_dead_worker_leaves_its_stderr_tail_as_the_rows_traceback(monkeypatch):
+    monkeypatch.setenv("ATTN_GATE_TEST_FAULT", "segfault")
+    with WorkerPool("tests.fault_kernels:by_env", "cpu", 1, IsolationConfig()) as pool:
+        row = pool.run_case(tiny(), TOL, (), None)
+    assert row.status is Status.ERROR and "SIGSEGV" in row.reason
+    assert "Fatal Python error" in row.traceback
