@@ -98,10 +98,11 @@ class _Run:
 # ---------------------------------------------------------------- controls
 
 
-def run_control(run: _Run, kernel_name: str) -> ControlOutcome:
-    """Baseline sweep -> temp baseline -> a second sweep checked against it: must pass."""
+def run_control(run: _Run, kernel_name: str, only: str | None = None) -> ControlOutcome:
+    """Baseline sweep -> temp baseline -> a second sweep checked against it: must pass. `only`
+    limits the control to the cases its planted bugs are judged on (tiled_control_scope)."""
     t0 = time.perf_counter()
-    first = run.sweep(kernel_name, adapter=run.adapter if kernel_name == run.kernel else None)
+    first = run.sweep(kernel_name, adapter=run.adapter if kernel_name == run.kernel else None, only=only)
     failing = [c for c in first.cases if c.status.failed]
     measured = sum(1 for c in first.cases if c.status.value != "SKIP")
     skipped = len(first.cases) - measured
@@ -113,7 +114,7 @@ def run_control(run: _Run, kernel_name: str) -> ControlOutcome:
     path = baseline_path(run.tmp / "baselines", run.gpu_class, kernel_name, run.suite)
     Baseline.from_sweep(first).write(path)
     run.baselines[kernel_name] = (path, read_baseline(path))
-    second = run.sweep(kernel_name)
+    second = run.sweep(kernel_name, only=only)
     verdict = run.judge(kernel_name, second)
     if verdict.passed:
         return ControlOutcome(kernel_name, True, measured, skipped, "", (), time.perf_counter() - t0)
@@ -167,6 +168,24 @@ def _survivor_message(bug, sweeps: list[SweepResult], run: _Run, host_name: str)
     return msg, t.ratio, c.case_id, base
 
 
+def tiled_control_scope(run: _Run, bugs) -> str | None:
+    """Where `tiled` is only the host of planted bugs (not the kernel under test), its control
+    covers the cases those bugs are judged on - each tiled-hosted bug's first batch - instead of
+    the whole suite: on an H200 two pr sweeps of tiled (plain PyTorch tiles, 454 cases) alone
+    outlast a 10-minute CI step. A bug's later batches stay within the control's cases (run_bug)."""
+    from gate.core.cases import load_suite
+    from gate.correctness.planted import host_of
+    from gate.kernels.registry import get_adapter
+
+    if run.kernel == "tiled":
+        return None
+    cases = load_suite(run.suite, run.config.suites, run.config.source).cases
+    tiled = get_adapter("tiled")
+    ids = {c.id for bug in bugs if not bug.trigger.pending and host_of(bug, run.adapter) == "tiled"
+           for c in exercising_cases(bug, cases, tiled, run.device)[:FIRST_BATCH]}
+    return _ids_regex(sorted(ids)) if ids else None
+
+
 def exercising_cases(bug, cases, host_adapter, device: str) -> list:
     """The cases that expose `bug` and its host can run on `device`, cheapest first."""
     from gate.correctness.planted import case_cost
@@ -190,6 +209,9 @@ def run_bug(run: _Run, bug) -> BugOutcome:
                                   f"yet; it is judged once the field exists")
     suite = load_suite(run.suite, run.config.suites, run.config.source)
     cases = exercising_cases(bug, suite.cases, get_adapter(host_name), run.device)
+    if host_name in run.baselines:  # a control limited to some cases (tiled_control_scope) judges only those
+        in_baseline = run.baselines[host_name][1].correctness
+        cases = [c for c in cases if c.id in in_baseline]
     if not cases:
         return BugOutcome(**common, status=BugStatus.NOT_EXERCISED,
                           message=f"suite {run.suite!r} has no case that {host_name} runs on {run.device} of the axis that "
@@ -342,8 +364,10 @@ def run_selftest(config: Config, kernel: str | None = None, suite: str | None = 
             raise UserError(f"kernel {kernel!r} is unavailable here: {missing}")
         controls: list[ControlOutcome] = []
         for name in dict.fromkeys((kernel, "tiled")):
-            log(f"control {name} on {suite}: baseline sweep, then a second sweep checked against it")
-            controls.append(run_control(run, name))
+            scope = tiled_control_scope(run, chosen) if name == "tiled" else None
+            log(f"control {name} on {suite}{' (the cases its planted bugs are judged on)' if scope else ''}: "
+                f"baseline sweep, then a second sweep checked against it")
+            controls.append(run_control(run, name, only=scope))
             c = controls[-1]
             log(f"control {name}: {'PASS' if c.passed else 'FAIL'} ({c.cases} cases measured, {c.skipped} skipped, "
                 f"{c.wall_s:.1f}s){'' if c.passed else ': ' + c.detail}")
