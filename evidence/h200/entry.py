@@ -97,7 +97,7 @@ def part_a(env: dict[str, str]) -> None:
         folder = OUT / label
         folder.mkdir(exist_ok=True)
         cmd = [sys.executable, "-m", "gate", "sweep", "--kernel", kernel, "--suite", SUITE, "--device", DEVICE,
-               "--no-progress", "--out", str(folder)] + (["--only", only] if only else [])
+               "--no-progress", "--out", str(folder)] + ([f"--only={only}"] if only else [])  # = : a regex may start with "-"
         log = open(OUT / f"log-{label}.txt", "w", encoding="utf-8")  # noqa: SIM115 - closed below
         running.append((label, kernel, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=kenv), log, folder))
     for label, kernel, proc, log, folder in running:
@@ -123,7 +123,7 @@ def part_b(env: dict[str, str], anchor: str | None = None, only: str | None = No
     folder = OUT / label
     folder.mkdir(exist_ok=True)
     cmd = [sys.executable, "-m", "gate", "perf", "--kernel", kernel, "--suite", SUITE, "--device", DEVICE,
-           "--only", only, "--out", str(folder)] + (["--rounds", "3"] if DRY else []) + (["--anchor", anchor] if anchor else [])
+           f"--only={only}", "--out", str(folder)] + (["--rounds", "3"] if DRY else []) + (["--anchor", anchor] if anchor else [])
     t0 = time.perf_counter()
     with open(OUT / f"log-{label}.txt", "w", encoding="utf-8") as log:
         try:

@@ -97,6 +97,10 @@ class SdpaAdapter(KernelAdapter):
                 "cpu": "no bias gradient: torch's CPU flash kernel refuses an attn_mask that requires grad "
                        "(No available kernel) and its backward returns none",
             }.get(self.backend, ""),
+            bias_other_dtype_unsupported=(
+                "no fp32 bias with bf16/fp16 inputs: the mem-efficient kernel refuses it (measured on an H200, "
+                "torch 2.11: RuntimeError 'invalid dtype for bias - should match query's dtype')"
+                if self.backend == "efficient" else ""),
             # a custom bias always goes in as attn_mask (folded causal included): the additive -inf path,
             # measured to give 0 on empty rows (reports/h200/depth.md part D, the alibi and window rows)
             fully_masked_rows_ok_with_bias=True,
