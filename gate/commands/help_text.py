@@ -27,7 +27,7 @@ HELP: dict[str, tuple[str, list[str], list[str]]] = {
                          "attn-gate baseline update --from-results out/sweep-sdpa-flash-pr.json --summary body.md"],
                         ["0  written", "1  refused: the run fails its own bounds (nothing written; --allow-failing)", EXIT_2]),
     "baseline show": ("Print a baseline: where and when it was measured and each case's error ratios.",
-                      ["attn-gate baseline show --device cpu", "attn-gate baseline show --file baselines/h200/fa4-pr.json"],
+                      ["attn-gate baseline show --device cpu", "attn-gate baseline show --file baselines/h200/sdpa-flash-pr.json"],
                       ["0  shown", EXIT_2]),
     "sweep": ("Correctness of one kernel over one suite, without a baseline: each case's error against a float64 "
               "reference, divided by its bound (pass <= 1).",
