@@ -33,7 +33,7 @@ import torch
 from gate.attention.masks import alibi_bias, allowed_mask, effective_window
 from gate.attention.reference import AttnOptions
 from gate.core.cases import Case
-from gate.kernels.base import KernelAdapter, KernelCall, KernelOutput
+from gate.kernels.base import DelegatingAdapter, KernelAdapter, KernelCall, KernelOutput
 from gate.kernels.tiled import TILE, TiledAdapter, dropout_keep_mask
 
 
@@ -95,28 +95,12 @@ class _NoisyGradUnderDeterminism(torch.autograd.Function):
         return grad * (1.0 + 1e-2 * torch.rand_like(grad))
 
 
-class Wrapped(KernelAdapter):
+class Wrapped(DelegatingAdapter):
     """The inner adapter with `perturb(call, inner) -> KernelOutput` in place of its call."""
 
     def __init__(self, inner: KernelAdapter, bug: str, perturb):
-        self.inner, self.bug, self.perturb = inner, bug, perturb
-        self.name = inner.name
-        self.description = f"{inner.description} + planted bug {bug}"
-
-    def unavailable_reason(self):
-        return self.inner.unavailable_reason()
-
-    def capabilities(self):
-        return self.inner.capabilities()
-
-    def version(self) -> str:
-        return self.inner.version()
-
-    def prepare(self, case: Case) -> None:
-        self.inner.prepare(case)
-
-    def deterministic_scope(self):
-        return self.inner.deterministic_scope()
+        super().__init__(inner, f"{inner.description} + planted bug {bug}")
+        self.bug, self.perturb = bug, perturb
 
     def __call__(self, call: KernelCall) -> KernelOutput:
         return self.perturb(self, call)

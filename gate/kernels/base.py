@@ -116,6 +116,7 @@ class Capabilities:
         ]
 
 
+
 def realised_keep_probability(p: float, levels: int) -> float:
     """The keep probability a kernel actually draws with for dropout p (see Capabilities)."""
     if not levels:
@@ -202,6 +203,35 @@ class KernelAdapter(ABC):
         that take `deterministic=` read KernelCall.deterministic; this is for those that read a
         global switch instead (SDPA: torch.use_deterministic_algorithms)."""
         return contextlib.nullcontext()
+
+
+class DelegatingAdapter(KernelAdapter):
+    """Another adapter with only its call changed (a planted bug, a planted delay): what it runs,
+    declares and is named comes from the inner adapter, per entry point too (unsupported_reason),
+    so a wrapper can never claim more, or less, than the kernel it wraps."""
+
+    def __init__(self, inner: KernelAdapter, description: str):
+        self.inner = inner
+        self.name = inner.name
+        self.description = description
+
+    def unavailable_reason(self):
+        return self.inner.unavailable_reason()
+
+    def capabilities(self):
+        return self.inner.capabilities()
+
+    def unsupported_reason(self, case: Case, device: str) -> str | None:
+        return self.inner.unsupported_reason(case, device)
+
+    def version(self) -> str:
+        return self.inner.version()
+
+    def prepare(self, case: Case) -> None:
+        self.inner.prepare(case)
+
+    def deterministic_scope(self):
+        return self.inner.deterministic_scope()
 
 
 def per_sequence(call: KernelCall, dense_fn) -> KernelOutput:

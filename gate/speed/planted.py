@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from gate.kernels.base import KernelAdapter, KernelCall, KernelOutput
+from gate.kernels.base import DelegatingAdapter, KernelAdapter, KernelCall, KernelOutput
 
 
 def spin(cycles: int, on_gpu: bool) -> None:
@@ -48,28 +48,12 @@ class _SleepInBackward(torch.autograd.Function):
         return grad, None
 
 
-class SlowedKernel(KernelAdapter):
+class SlowedKernel(DelegatingAdapter):
     """The inner adapter with `fwd_cycles` / `bwd_cycles` of GPU sleep added to its passes."""
 
     def __init__(self, inner: KernelAdapter, fwd_cycles: int = 0, bwd_cycles: int = 0):
-        self.inner, self.fwd_cycles, self.bwd_cycles = inner, int(fwd_cycles), int(bwd_cycles)
-        self.name = inner.name
-        self.description = f"{inner.description} + planted delay (fwd {self.fwd_cycles}, bwd {self.bwd_cycles} cycles)"
-
-    def unavailable_reason(self):
-        return self.inner.unavailable_reason()
-
-    def capabilities(self):
-        return self.inner.capabilities()
-
-    def version(self) -> str:
-        return self.inner.version()
-
-    def prepare(self, case) -> None:
-        self.inner.prepare(case)
-
-    def deterministic_scope(self):
-        return self.inner.deterministic_scope()
+        super().__init__(inner, f"{inner.description} + planted delay (fwd {int(fwd_cycles)}, bwd {int(bwd_cycles)} cycles)")
+        self.fwd_cycles, self.bwd_cycles = int(fwd_cycles), int(bwd_cycles)
 
     def __call__(self, call: KernelCall) -> KernelOutput:
         res = self.inner(call)
