@@ -28,6 +28,7 @@ from gate.core.results import CaseResult, Status, SweepResult, shown_tensors
 
 COMMENT_LIMIT = 65_536  # GitHub's maximum comment body (characters)
 RERUN_LIMIT = 4_000  # a longer rerun command is no copy-paste command: the suite is rerun instead
+SPEED_ROWS = 100  # every pass of a pr-sized speed suite (33 cases, <= 66 passes) is shown; more are in the JSON
 BUDGET = 60_000  # what this comment may use: room for the workflow's own header and footer
 TOP_ROWS = 15  # rows of the worst-findings table; the rest is folded
 SPEED_RULE = "speed"
@@ -447,7 +448,7 @@ def pr_comment(verdict: Verdict, sweep: SweepResult, baseline: Baseline, links: 
     if speed_all and any(isinstance(f.baseline, float) for f in verdict.findings if _is_speed(f)):
         lines += ["### Speed per pass: baseline -> now", "",
                   "Speed ratio = kernel time / anchor time (lower is faster); change = now / baseline - 1; "
-                  "limit = the slowdown that fails.", "", *_table(speed_all, 30), ""]
+                  "limit = the slowdown that fails.", "", *_table(speed_all, SPEED_ROWS), ""]
     link_items = []
     if links.artifacts:
         link_items.append(f"[run artifacts]({links.artifacts}) (sweep and findings JSON, plots)")
