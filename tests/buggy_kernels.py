@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import torch
 
+from gate.correctness.planted import ScaleGrad
+
 
 def _plain(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
            *, right_shift=0):
@@ -72,17 +74,8 @@ def correct_out_only(q, k, v, softmax_scale=None, causal=False):
     return _plain(q, k, v, softmax_scale, causal)[0]
 
 
-class _ScaleGrad(torch.autograd.Function):
-    """Identity forward; the gradient flowing back through it is multiplied by `factor`."""
-
-    @staticmethod
-    def forward(ctx, x, factor):
-        ctx.factor = factor
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * ctx.factor, None
+# identity forward, the gradient flowing back scaled: the selftest's own wrapper
+_ScaleGrad = ScaleGrad
 
 
 def dk_scaled_1_02(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,

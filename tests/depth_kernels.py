@@ -13,7 +13,7 @@ import torch
 from tests.buggy_kernels import _ScaleGrad  # identity forward, scaled gradient
 
 from gate.kernels.base import Capabilities, KernelCall, KernelOutput
-from gate.kernels.tiled import TiledAdapter, _TiledAttention, dropout_keep_mask
+from gate.kernels.tiled import TiledAdapter, dropout_keep_mask, tiled_attention
 
 
 class _LastBitJitter(torch.autograd.Function):
@@ -82,7 +82,7 @@ class WrongRescaleTiled(TiledAdapter):
         p = call.opts.dropout_p
         keep = _dense_keep(call, p, call.seed)
         wrong = dataclasses.replace(call.opts, dropout_p=p / 2)
-        out, lse = _TiledAttention.apply(call.q, call.k, call.v, wrong, keep)
+        out, lse = tiled_attention(call.q, call.k, call.v, wrong, keep)
         return KernelOutput(out=out, lse=lse, dropout_keep=keep)
 
 
@@ -97,8 +97,8 @@ class NewMaskBackwardTiled(TiledAdapter):
         keep = _dense_keep(call, p, call.seed)
         fresh = torch.rand(keep.shape) >= p
         with torch.no_grad():
-            out_fwd, lse = _TiledAttention.apply(call.q, call.k, call.v, call.opts, keep)
-        out_bwd, _ = _TiledAttention.apply(call.q, call.k, call.v, call.opts, fresh.to(keep.device))
+            out_fwd, lse = tiled_attention(call.q, call.k, call.v, call.opts, keep)
+        out_bwd, _ = tiled_attention(call.q, call.k, call.v, call.opts, fresh.to(keep.device))
         return KernelOutput(out=out_bwd + (out_fwd - out_bwd).detach(), lse=lse, dropout_keep=keep)
 
 
@@ -110,7 +110,7 @@ class WrongRateTiled(TiledAdapter):
 
     def __call__(self, call: KernelCall) -> KernelOutput:
         keep = _dense_keep(call, call.opts.dropout_p + 0.05, call.seed)
-        out, lse = _TiledAttention.apply(call.q, call.k, call.v, call.opts, keep)
+        out, lse = tiled_attention(call.q, call.k, call.v, call.opts, keep)
         return KernelOutput(out=out, lse=lse, dropout_keep=keep)
 
 

@@ -34,7 +34,7 @@ from gate.attention.masks import alibi_bias, allowed_mask, effective_window
 from gate.attention.reference import AttnOptions
 from gate.core.cases import Case
 from gate.kernels.base import DelegatingAdapter, KernelAdapter, KernelCall, KernelOutput
-from gate.kernels.tiled import TILE, TiledAdapter, dropout_keep_mask
+from gate.kernels.tiled import TILE, TiledAdapter, TileSteps, dropout_keep_mask, tiled_attention
 
 
 class PlantError(Exception):
@@ -69,7 +69,7 @@ class PlantedBug:
 # ---------------------------------------------------------------- wrappers around a kernel
 
 
-class _ScaleGrad(torch.autograd.Function):
+class ScaleGrad(torch.autograd.Function):
     """Identity forward; the gradient flowing back through it is multiplied by `factor`."""
 
     @staticmethod
@@ -112,7 +112,7 @@ def wrap(perturb):
 
 def _grad_scaled(tensor: str, factor: float):
     def perturb(w: Wrapped, call: KernelCall) -> KernelOutput:
-        return w.inner(dataclasses.replace(call, **{tensor: _ScaleGrad.apply(getattr(call, tensor), factor)}))
+        return w.inner(dataclasses.replace(call, **{tensor: ScaleGrad.apply(getattr(call, tensor), factor)}))
     return perturb
 
 
@@ -181,7 +181,7 @@ def _bias_grad_scaled(w: Wrapped, call: KernelCall) -> KernelOutput:
     bias = call.opts.bias  # issue #16: the custom bias travels in AttnOptions.bias
     if not isinstance(bias, torch.Tensor) or not bias.requires_grad:
         raise PlantError("the call carries no learnable bias (AttnOptions.bias with requires_grad)")
-    return w.inner(dataclasses.replace(call, opts=dataclasses.replace(call.opts, bias=_ScaleGrad.apply(bias, 1.02))))
+    return w.inner(dataclasses.replace(call, opts=dataclasses.replace(call.opts, bias=ScaleGrad.apply(bias, 1.02))))
 
 
 def _paged_block_table_swapped(w: Wrapped, call: KernelCall) -> KernelOutput:
@@ -202,139 +202,76 @@ def _paged_block_table_swapped(w: Wrapped, call: KernelCall) -> KernelOutput:
 # ---------------------------------------------------------------- tiled variants
 
 
-def _variant_scores(qt, kt, rows, cols, nq, nk, opts: AttnOptions, flags: frozenset):
-    """tiled's _scores with the flags' bugs; with no flag, the same arithmetic in the same order."""
-    if "softcap_before_scale" in flags and opts.softcap:
-        tanh = torch.tanh((qt @ kt.transpose(-1, -2)) / opts.softcap)
-        s = tanh * opts.softcap * opts.softmax_scale
-    else:
-        s = (qt @ kt.transpose(-1, -2)) * opts.softmax_scale
-        tanh = None
-        if opts.softcap and "softcap_ignored" not in flags:
-            tanh = torch.tanh(s / opts.softcap)
-            s = tanh * opts.softcap
-    if opts.alibi_slopes is not None:
-        bias = alibi_bias(opts.alibi_slopes, rows, nq, nk)[:, :, cols]
-        s = s - bias if "alibi_wrong_sign" in flags else s + bias
-    causal, window = opts.causal, opts.window
-    if "causal_window_ignores_window" in flags and causal:
-        window = (-1, -1)
-    if "causal_peek" in flags and causal:
-        left, right = effective_window(causal, window)
-        causal, window = False, (left, right + 1)
-    if "window_off_by_one" in flags and window != (-1, -1):
-        window = tuple(w + 1 if w >= 0 else w for w in window)
-    allowed = allowed_mask(rows, nq, nk, causal, window)
-    if allowed is not None:
-        s = s.masked_fill(~allowed[:, cols], float("-inf"))
-    return s, tanh
+class _PlantedSteps(TileSteps):
+    """tiled's tile steps with the flags' bugs (gate/kernels/tiled.py TileSteps); with no flag, the
+    base steps themselves, so a variant differs from `tiled` only where a flag says."""
+
+    def __init__(self, flags: frozenset):
+        self.flags = flags
+
+    def scores(self, qt, kt, rows, cols, nq, nk, opts: AttnOptions, bias=None):
+        flags = self.flags
+        if not flags & SCORE_FLAGS:
+            return super().scores(qt, kt, rows, cols, nq, nk, opts, bias)
+        if "softcap_before_scale" in flags and opts.softcap:
+            tanh = torch.tanh((qt @ kt.transpose(-1, -2)) / opts.softcap)
+            s = tanh * opts.softcap * opts.softmax_scale
+        else:
+            s = (qt @ kt.transpose(-1, -2)) * opts.softmax_scale
+            tanh = None
+            if opts.softcap and "softcap_ignored" not in flags:
+                tanh = torch.tanh(s / opts.softcap)
+                s = tanh * opts.softcap
+        if opts.alibi_slopes is not None:
+            alibi = alibi_bias(opts.alibi_slopes, rows, nq, nk)[:, :, cols]
+            s = s - alibi if "alibi_wrong_sign" in flags else s + alibi
+        causal, window = opts.causal, opts.window
+        if "causal_window_ignores_window" in flags and causal:
+            window = (-1, -1)
+        if "causal_peek" in flags and causal:
+            left, right = effective_window(causal, window)
+            causal, window = False, (left, right + 1)
+        if "window_off_by_one" in flags and window != (-1, -1):
+            window = tuple(w + 1 if w >= 0 else w for w in window)
+        allowed = allowed_mask(rows, nq, nk, causal, window)
+        if allowed is not None:
+            s = s.masked_fill(~allowed[:, cols], float("-inf"))
+        return s, tanh
+
+    def expand_kv(self, t, group: int):
+        """bug gqa_mod: query head h reads kv head h % hkv."""
+        return t.repeat(1, group, 1, 1) if "gqa_mod" in self.flags else super().expand_kv(t, group)
+
+    def reduce_kv(self, t, b: int, hkv: int, group: int):
+        if "gqa_mod" not in self.flags:
+            return super().reduce_kv(t, b, hkv, group)
+        n, d = t.shape[-2:]
+        return t.view(b, group, hkv, n, d).sum(dim=1)
+
+    def key_end(self, nk: int) -> int:
+        """bug skip_last_partial_tile: the key loop stops before the last partial tile."""
+        return nk - nk % TILE if "skip_last_partial_tile" in self.flags else nk
+
+    def rescale(self, m, s):
+        """bug no_max_subtraction: exp of the raw scores, fine for small logits, inf beyond ~88 in float32."""
+        if "no_max_subtraction" not in self.flags:
+            return super().rescale(m, s)
+        zero = torch.zeros_like(m)
+        return zero, zero, torch.ones_like(m)
+
+    def delta(self, do, out):
+        """bug drop_delta: the rowsum(dO * O) term of dS forgotten."""
+        d = super().delta(do, out)
+        return torch.zeros_like(d) if "drop_delta" in self.flags else d
+
+    def softcap_grad(self, ds, tanh):
+        """bug softcap_no_derivative: the softcap's factor left out of dS."""
+        return ds if "softcap_no_derivative" in self.flags else super().softcap_grad(ds, tanh)
 
 
-def _key_end(nk: int, flags: frozenset) -> int:
-    """Where the key loop stops: nk, or (bug) before the last partial tile."""
-    return nk - nk % TILE if "skip_last_partial_tile" in flags else nk
-
-
-def _expand_kv(t, group: int, flags: frozenset):
-    """(b, hkv, n, d) -> (b, hq, n, d): query head h reads kv head h // group (bug: h % hkv)."""
-    return t.repeat(1, group, 1, 1) if "gqa_mod" in flags else t.repeat_interleave(group, dim=1)
-
-
-def _reduce_kv(t, b: int, hkv: int, group: int, flags: frozenset):
-    n, d = t.shape[-2:]
-    return t.view(b, group, hkv, n, d).sum(dim=1) if "gqa_mod" in flags else t.view(b, hkv, group, n, d).sum(dim=2)
-
-
-class _VariantAttention(torch.autograd.Function):
-    """gate/kernels/tiled.py's _TiledAttention, line for line, with the planted flags."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, opts: AttnOptions, keep, flags: frozenset, keep_bwd):
-        b, nq, hq, d = q.shape
-        nk, hkv = k.shape[1], k.shape[2]
-        group = hq // hkv
-        qf = q.float().transpose(1, 2)
-        kf = _expand_kv(k.float().transpose(1, 2), group, flags)
-        vf = _expand_kv(v.float().transpose(1, 2), group, flags)
-        rescale = 1.0 / (1.0 - opts.dropout_p) if opts.dropout_p else 1.0
-        out = torch.zeros(b, hq, nq, v.shape[-1], dtype=torch.float32, device=q.device)
-        lse = torch.empty(b, hq, nq, dtype=torch.float32, device=q.device)
-        no_max = "no_max_subtraction" in flags
-        for r0 in range(0, nq, TILE):
-            rows = torch.arange(r0, min(nq, r0 + TILE), device=q.device)
-            m = torch.full((b, hq, len(rows), 1), float("-inf"), device=q.device)
-            l = torch.zeros_like(m)
-            acc = torch.zeros(b, hq, len(rows), v.shape[-1], device=q.device)
-            for c0 in range(0, _key_end(nk, flags), TILE):
-                cols = slice(c0, min(nk, c0 + TILE))
-                s, _ = _variant_scores(qf[:, :, rows], kf[:, :, cols], rows, cols, nq, nk, opts, flags)
-                if no_max:  # exp of the raw scores: fine for small logits, inf beyond ~88 in float32
-                    m_new = torch.zeros_like(m)
-                    m_safe = m_new
-                    alpha = torch.ones_like(m)
-                else:
-                    m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
-                    m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-                    alpha = torch.exp(m - m_safe)
-                p = torch.exp(s - m_safe)
-                l = alpha * l + p.sum(dim=-1, keepdim=True)
-                if keep is not None:
-                    p = p * keep[:, :, rows][:, :, :, cols] * rescale
-                acc = alpha * acc + p @ vf[:, :, cols]
-                m = m_new
-            empty = l == 0
-            out[:, :, rows] = torch.where(empty, torch.zeros_like(acc), acc / torch.where(empty, torch.ones_like(l), l))
-            lse[:, :, rows] = torch.where(empty, torch.full_like(l, float("-inf")), m + torch.log(l)).squeeze(-1)
-        out_t = out.transpose(1, 2).to(q.dtype)
-        keep_b = keep_bwd if keep_bwd is not None else keep
-        ctx.save_for_backward(q, k, v, out_t, lse, keep_b if keep_b is not None else torch.empty(0))
-        ctx.opts, ctx.flags = opts, flags
-        ctx.has_keep = keep_b is not None
-        ctx.mark_non_differentiable(lse)
-        return out_t, lse
-
-    @staticmethod
-    def backward(ctx, dout, _dlse):
-        q, k, v, out, lse, keep = ctx.saved_tensors
-        keep = keep if ctx.has_keep else None
-        opts: AttnOptions = ctx.opts
-        flags = ctx.flags
-        b, nq, hq, d = q.shape
-        nk, hkv = k.shape[1], k.shape[2]
-        group = hq // hkv
-        qf = q.float().transpose(1, 2)
-        kf = _expand_kv(k.float().transpose(1, 2), group, flags)
-        vf = _expand_kv(v.float().transpose(1, 2), group, flags)
-        do = dout.float().transpose(1, 2)
-        delta = (do * out.float().transpose(1, 2)).sum(dim=-1, keepdim=True)
-        if "drop_delta" in flags:  # the rowsum(dO * O) term of dS forgotten
-            delta = torch.zeros_like(delta)
-        lse_bwd = torch.where(torch.isinf(lse), torch.full_like(lse, float("inf")), lse).unsqueeze(-1)
-        rescale = 1.0 / (1.0 - opts.dropout_p) if opts.dropout_p else 1.0
-        dq = torch.zeros_like(qf)
-        dk = torch.zeros_like(kf)
-        dv = torch.zeros_like(vf)
-        for r0 in range(0, nq, TILE):
-            rows = torch.arange(r0, min(nq, r0 + TILE), device=q.device)
-            for c0 in range(0, _key_end(nk, flags), TILE):
-                cols = slice(c0, min(nk, c0 + TILE))
-                s, tanh = _variant_scores(qf[:, :, rows], kf[:, :, cols], rows, cols, nq, nk, opts, flags)
-                p = torch.exp(s - lse_bwd[:, :, rows])
-                dp = do[:, :, rows] @ vf[:, :, cols].transpose(-1, -2)
-                pz = p
-                if keep is not None:
-                    z = keep[:, :, rows][:, :, :, cols] * rescale
-                    pz, dp = p * z, dp * z
-                dv[:, :, cols] += pz.transpose(-1, -2) @ do[:, :, rows]
-                ds = p * (dp - delta[:, :, rows])
-                if tanh is not None and "softcap_no_derivative" not in flags:
-                    ds = ds * (1 - tanh * tanh)
-                dq[:, :, rows] += (ds @ kf[:, :, cols]) * opts.softmax_scale
-                dk[:, :, cols] += (ds.transpose(-1, -2) @ qf[:, :, rows]) * opts.softmax_scale
-        dk = _reduce_kv(dk, b, hkv, group, flags)
-        dv = _reduce_kv(dv, b, hkv, group, flags)
-        return (dq.transpose(1, 2).to(q.dtype), dk.transpose(1, 2).to(k.dtype), dv.transpose(1, 2).to(v.dtype),
-                None, None, None, None)
+# flags that change how a tile's scores are computed (the rest change other steps)
+SCORE_FLAGS = frozenset({"softcap_before_scale", "softcap_ignored", "alibi_wrong_sign", "causal_window_ignores_window",
+                         "causal_peek", "window_off_by_one"})
 
 
 class TiledVariant(TiledAdapter):
@@ -353,7 +290,7 @@ class TiledVariant(TiledAdapter):
         keep_bwd = None
         if keep is not None and "dropout_redrawn" in self.flags:
             keep_bwd = dropout_keep_mask(tuple(keep.shape), opts.dropout_p, call.seed + 1, keep.device)
-        out, lse = _VariantAttention.apply(q, k, v, opts, keep, self.flags, keep_bwd)
+        out, lse = tiled_attention(q, k, v, opts, keep, steps=_PlantedSteps(self.flags), keep_bwd=keep_bwd)
         return KernelOutput(out=out, lse=lse, dropout_keep=keep)
 
 

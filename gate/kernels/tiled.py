@@ -50,15 +50,55 @@ def _scores(qt, kt, rows, cols, nq, nk, opts: AttnOptions, bias=None):
     return s, tanh
 
 
+class TileSteps:
+    """The steps of the tile loop a kernel could get wrong, one method each. `tiled` uses these;
+    the selftest's planted bugs (gate/correctness/planted.py) subclass it and override one step, so
+    a planted bug differs from `tiled` in exactly that step and nowhere else."""
+
+    def scores(self, qt, kt, rows, cols, nq, nk, opts: AttnOptions, bias=None):
+        return _scores(qt, kt, rows, cols, nq, nk, opts, bias)
+
+    def expand_kv(self, t, group: int):
+        """(b, hkv, n, d) -> (b, hq, n, d): query head h reads kv head h // group."""
+        return t.repeat_interleave(group, dim=1)
+
+    def reduce_kv(self, t, b: int, hkv: int, group: int):
+        """The inverse of expand_kv for gradients: the query heads of a group summed into their kv head."""
+        n, d = t.shape[-2:]
+        return t.view(b, hkv, group, n, d).sum(dim=2)
+
+    def key_end(self, nk: int) -> int:
+        """Where the key loop stops."""
+        return nk
+
+    def rescale(self, m, s):
+        """(new running max, the max subtracted in exp, alpha = exp(old max - subtracted))."""
+        m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+        m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        return m_new, m_safe, torch.exp(m - m_safe)
+
+    def delta(self, do, out):
+        """D = rowsum(dO * O)."""
+        return (do * out.float().transpose(1, 2)).sum(dim=-1, keepdim=True)
+
+    def softcap_grad(self, ds, tanh):
+        """dS through the softcap: times d(cap * tanh(s / cap))/ds = 1 - tanh^2."""
+        return ds * (1 - tanh * tanh)
+
+
+STEPS = TileSteps()
+
+
 class _TiledAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, opts: AttnOptions, keep, sink=None, bias=None):
+    def forward(ctx, q, k, v, opts: AttnOptions, keep, sink=None, bias=None, steps: TileSteps = STEPS, keep_bwd=None):
+        """`keep_bwd`: the dropout mask the backward uses, when it is not `keep` (a planted bug)."""
         b, nq, hq, d = q.shape
         nk, hkv = k.shape[1], k.shape[2]
         group = hq // hkv
         qf = q.float().transpose(1, 2)
-        kf = k.float().transpose(1, 2).repeat_interleave(group, dim=1)
-        vf = v.float().transpose(1, 2).repeat_interleave(group, dim=1)
+        kf = steps.expand_kv(k.float().transpose(1, 2), group)
+        vf = steps.expand_kv(v.float().transpose(1, 2), group)
         rescale = 1.0 / (1.0 - opts.dropout_p) if opts.dropout_p else 1.0
         out = torch.zeros(b, hq, nq, v.shape[-1], dtype=torch.float32, device=q.device)
         lse = torch.empty(b, hq, nq, dtype=torch.float32, device=q.device)
@@ -66,13 +106,11 @@ class _TiledAttention(torch.autograd.Function):
             rows = torch.arange(r0, min(nq, r0 + TILE), device=q.device)
             m, l = _softmax_start(b, hq, len(rows), sink, q.device)
             acc = torch.zeros(b, hq, len(rows), v.shape[-1], device=q.device)
-            for c0 in range(0, nk, TILE):
+            for c0 in range(0, steps.key_end(nk), TILE):
                 cols = slice(c0, min(nk, c0 + TILE))
-                s, _ = _scores(qf[:, :, rows], kf[:, :, cols], rows, cols, nq, nk, opts, bias)
-                m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
-                m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+                s, _ = steps.scores(qf[:, :, rows], kf[:, :, cols], rows, cols, nq, nk, opts, bias)
+                m_new, m_safe, alpha = steps.rescale(m, s)
                 p = torch.exp(s - m_safe)
-                alpha = torch.exp(m - m_safe)
                 l = alpha * l + p.sum(dim=-1, keepdim=True)
                 if keep is not None:
                     p = p * keep[:, :, rows][:, :, :, cols] * rescale
@@ -82,9 +120,10 @@ class _TiledAttention(torch.autograd.Function):
             out[:, :, rows] = torch.where(empty, torch.zeros_like(acc), acc / torch.where(empty, torch.ones_like(l), l))
             lse[:, :, rows] = torch.where(empty, torch.full_like(l, float("-inf")), m + torch.log(l)).squeeze(-1)
         out_t = out.transpose(1, 2).to(q.dtype)
+        keep = keep_bwd if keep_bwd is not None else keep
         ctx.save_for_backward(q, k, v, out_t, lse, keep if keep is not None else torch.empty(0),
                               sink if sink is not None else torch.empty(0), bias if bias is not None else torch.empty(0))
-        ctx.opts = opts
+        ctx.opts, ctx.steps = opts, steps
         ctx.has_keep = keep is not None
         ctx.has_sink = sink is not None
         ctx.has_bias = bias is not None
@@ -100,14 +139,15 @@ class _TiledAttention(torch.autograd.Function):
         if bias is not None and bias.dtype != torch.bool and ctx.needs_input_grad[6]:
             dbias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
         opts: AttnOptions = ctx.opts
+        steps: TileSteps = ctx.steps
         b, nq, hq, d = q.shape
         nk, hkv = k.shape[1], k.shape[2]
         group = hq // hkv
         qf = q.float().transpose(1, 2)
-        kf = k.float().transpose(1, 2).repeat_interleave(group, dim=1)
-        vf = v.float().transpose(1, 2).repeat_interleave(group, dim=1)
+        kf = steps.expand_kv(k.float().transpose(1, 2), group)
+        vf = steps.expand_kv(v.float().transpose(1, 2), group)
         do = dout.float().transpose(1, 2)
-        delta = (do * out.float().transpose(1, 2)).sum(dim=-1, keepdim=True)
+        delta = steps.delta(do, out)
         # A fully masked row has LSE -inf; +inf there makes exp(S - LSE) = 0 instead of NaN.
         lse_bwd = torch.where(torch.isinf(lse), torch.full_like(lse, float("inf")), lse).unsqueeze(-1)
         rescale = 1.0 / (1.0 - opts.dropout_p) if opts.dropout_p else 1.0
@@ -116,9 +156,9 @@ class _TiledAttention(torch.autograd.Function):
         dv = torch.zeros_like(vf)
         for r0 in range(0, nq, TILE):
             rows = torch.arange(r0, min(nq, r0 + TILE), device=q.device)
-            for c0 in range(0, nk, TILE):
+            for c0 in range(0, steps.key_end(nk), TILE):
                 cols = slice(c0, min(nk, c0 + TILE))
-                s, tanh = _scores(qf[:, :, rows], kf[:, :, cols], rows, cols, nq, nk, opts, bias)
+                s, tanh = steps.scores(qf[:, :, rows], kf[:, :, cols], rows, cols, nq, nk, opts, bias)
                 p = torch.exp(s - lse_bwd[:, :, rows])
                 dp = do[:, :, rows] @ vf[:, :, cols].transpose(-1, -2)
                 pz = p
@@ -130,17 +170,23 @@ class _TiledAttention(torch.autograd.Function):
                 if dbias is not None:  # issue #16
                     dbias[:, :, r0:r0 + len(rows), cols] += reduce_to_bias_shape(ds, tuple(bias.shape))
                 if tanh is not None:
-                    ds = ds * (1 - tanh * tanh)
+                    ds = steps.softcap_grad(ds, tanh)
                 dq[:, :, rows] += (ds @ kf[:, :, cols]) * opts.softmax_scale
                 dk[:, :, cols] += (ds.transpose(-1, -2) @ qf[:, :, rows]) * opts.softmax_scale
-        dk = dk.view(b, hkv, group, nk, d).sum(dim=2)
-        dv = dv.view(b, hkv, group, nk, v.shape[-1]).sum(dim=2)
+        dk = steps.reduce_kv(dk, b, hkv, group)
+        dv = steps.reduce_kv(dv, b, hkv, group)
         dsink = None
         if ctx.has_sink:  # the sink's share of each row, times -D (see the module doc)
             p_sink = torch.exp(sink.float().view(1, hq, 1) - lse)
             dsink = -(p_sink * delta.squeeze(-1)).sum(dim=(0, 2)).to(sink.dtype)
         return (dq.transpose(1, 2).to(q.dtype), dk.transpose(1, 2).to(k.dtype), dv.transpose(1, 2).to(v.dtype), None, None,
-                dsink, None if dbias is None else dbias.to(bias.dtype))
+                dsink, None if dbias is None else dbias.to(bias.dtype), None, None)
+
+
+def tiled_attention(q, k, v, opts: AttnOptions, keep=None, sink=None, bias=None, steps: TileSteps = STEPS,
+                    keep_bwd=None):
+    """(out, lse) of the tile loop, differentiable in q, k, v, sink and a float bias."""
+    return _TiledAttention.apply(q, k, v, opts, keep, sink, bias, steps, keep_bwd)
 
 
 def _softmax_start(b: int, hq: int, rows: int, sink, device):
@@ -179,10 +225,8 @@ def decode(call: KernelCall) -> KernelOutput:
             kf = kt.float().transpose(0, 1).repeat_interleave(group, dim=0)[None]
             vf = vt.float().transpose(0, 1).repeat_interleave(group, dim=0)[None]
             s, _ = _scores(qf, kf, rows, cols, nq, nk, opts)
-            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
-            m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+            m_new, m_safe, alpha = STEPS.rescale(m, s)
             p = torch.exp(s - m_safe)
-            alpha = torch.exp(m - m_safe)
             l = alpha * l + p.sum(dim=-1, keepdim=True)
             acc = alpha * acc + p @ vf
             m = m_new
@@ -210,7 +254,7 @@ class TiledAdapter(KernelAdapter):
         )
 
     def _dense(self, q, k, v, call: KernelCall, keep=None) -> KernelOutput:
-        out, lse = _TiledAttention.apply(q, k, v, call.opts, keep, call.sink, call.opts.bias)
+        out, lse = tiled_attention(q, k, v, call.opts, keep, call.sink, call.opts.bias)
         return KernelOutput(out=out, lse=lse, dropout_keep=keep)
 
     def __call__(self, call: KernelCall) -> KernelOutput:
