@@ -23,7 +23,7 @@ from gate.core.cases import Case, load_suite
 from gate.core.config import ToleranceConfig, load_config
 from gate.core.errors import UserError
 from gate.core.results import Status
-from gate.compare.sweep_rules import rule_incomplete_pass
+from gate.compare.sweep_rules import required_tensors, rule_incomplete_pass
 from gate.correctness.run_case import run_case
 from gate.kernels.registry import family_adapter, get_adapter
 from tests import entry_kernels
@@ -420,7 +420,7 @@ def test_a_forward_only_family_is_judged_on_out_and_lse_and_says_so(tmp_path):
 
 
 def test_a_pass_without_gradients_is_complete_only_for_a_forward_only_row():
-    assert rule_incomplete_pass("c", "PASS", {"out", "lse"}, forward_only=True) is None
+    assert rule_incomplete_pass("c", "PASS", {"out", "lse"}, required_tensors(False, forward_only=True)) is None
     finding = rule_incomplete_pass("c", "PASS", {"out", "lse"})
     assert finding is not None and "PASS without dq, dk, dv" in finding.message
 

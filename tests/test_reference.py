@@ -285,3 +285,24 @@ def test_low_precision_reference_is_the_same_math_in_the_input_dtype(dtype):
         err = float((low.tensors()[name].double() - gold.tensors()[name]).abs().max())
         scale = float(gold.tensors()[name].abs().max())
         assert 0 < err < 64 * eps * scale, f"{name}: error {err:.3g} vs scale {scale:.3g}"
+
+
+def test_forward_only_reference_gives_the_same_out_and_lse_without_gradients():
+    """backward=False (the float32 LSE yardstick, decode steps) skips only the backward: out and LSE
+    are bit-identical to the full reference's, dense and varlen."""
+    import torch
+
+    from gate.attention.reference import AttnOptions, attention_reference
+
+    gen = torch.Generator().manual_seed(3)
+    q, k, v, do = (torch.randn(2, 70, 4, 32, generator=gen) for _ in range(4))
+    opts = AttnOptions(softmax_scale=32 ** -0.5, causal=True, window=(-1, -1), softcap=20.0)
+    full = attention_reference(q, k, v, do, opts, torch.float32)
+    fwd = attention_reference(q, k, v, do, opts, torch.float32, backward=False)
+    assert torch.equal(full.out, fwd.out) and torch.equal(full.lse, fwd.lse)
+    assert fwd.dq is None and set(fwd.tensors()) == {"out", "lse"}
+    cu = torch.tensor([0, 30, 70])
+    packed = [t.reshape(140, 4, 32)[:70] for t in (q, k, v, do)]
+    full = attention_reference(*packed, opts, torch.float32, cu_seqlens=cu)
+    fwd = attention_reference(*packed, opts, torch.float32, cu_seqlens=cu, backward=False)
+    assert torch.equal(full.out, fwd.out) and torch.equal(full.lse, fwd.lse) and fwd.dk is None

@@ -58,44 +58,44 @@ class AttnResult:
 
     out: torch.Tensor
     lse: torch.Tensor
-    dq: torch.Tensor
-    dk: torch.Tensor
-    dv: torch.Tensor
+    dq: torch.Tensor | None  # None from a forward-only reference (backward=False)
+    dk: torch.Tensor | None
+    dv: torch.Tensor | None
     dsink: torch.Tensor | None = None  # issue #10: (Hq,) with sinks
     dbias: torch.Tensor | None = None  # issue #16: only for a float bias, in the bias's own shape
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        named = {"out": self.out, "lse": self.lse, "dq": self.dq, "dk": self.dk, "dv": self.dv}
-        if self.dsink is not None:
-            named["dsink"] = self.dsink
-        if self.dbias is not None:
-            named["dbias"] = self.dbias
-        return named
+        named = {"out": self.out, "lse": self.lse, "dq": self.dq, "dk": self.dk, "dv": self.dv,
+                 "dsink": self.dsink, "dbias": self.dbias}
+        return {name: t for name, t in named.items() if t is not None}
 
 
 def _dense(q, k, v, dout, opts: AttnOptions, cd: torch.dtype, keep: torch.Tensor | None,
-           sink: torch.Tensor | None = None) -> AttnResult:
+           sink: torch.Tensor | None = None, backward: bool = True) -> AttnResult:
+    """`backward` False: out and lse only (dq/dk/dv/dsink/dbias None), for a forward-only caller
+    (a decode step, the float32 LSE yardstick) that would throw the gradients away."""
     b, nq, hq, d = q.shape
     _, nk, hkv, dv_dim = v.shape
     group = hq // hkv
     qh = q.to(cd).transpose(1, 2)  # B, Hq, Nq, D
     kh = k.to(cd).transpose(1, 2).repeat_interleave(group, dim=1)  # B, Hq, Nk, D
     vh = v.to(cd).transpose(1, 2).repeat_interleave(group, dim=1)
-    doh = dout.to(cd).transpose(1, 2)
+    doh = dout.to(cd).transpose(1, 2) if backward else None
     lse_dtype = torch.float64 if cd == torch.float64 else torch.float32
     out = torch.empty(b, hq, nq, dv_dim, dtype=cd, device=q.device)
     lse = torch.empty(b, hq, nq, dtype=lse_dtype, device=q.device)
-    dq = torch.empty(b, hq, nq, d, dtype=cd, device=q.device)
-    dk = torch.zeros(b, hq, nk, d, dtype=cd, device=q.device)
-    dvv = torch.zeros(b, hq, nk, dv_dim, dtype=cd, device=q.device)
-    dsink = torch.zeros(hq, dtype=cd, device=q.device) if sink is not None else None
+    if backward:
+        dq = torch.empty(b, hq, nq, d, dtype=cd, device=q.device)
+        dk = torch.zeros(b, hq, nk, d, dtype=cd, device=q.device)
+        dvv = torch.zeros(b, hq, nk, dv_dim, dtype=cd, device=q.device)
+    dsink = torch.zeros(hq, dtype=cd, device=q.device) if sink is not None and backward else None
     sink_col = None if sink is None else sink.to(cd).view(1, hq, 1, 1)
     scale = opts.softmax_scale
     rescale = 1.0 / (1.0 - opts.dropout_p) if opts.dropout_p else 1.0
     chunk = max(1, CHUNK_ELEMENTS // max(1, b * hq * nk))
     bias = opts.bias
     float_bias = bias is not None and bias.dtype != torch.bool
-    dbias = torch.zeros(bias.shape, dtype=cd, device=q.device) if float_bias else None
+    dbias = torch.zeros(bias.shape, dtype=cd, device=q.device) if float_bias and backward else None
     for r0 in range(0, nq, chunk):
         r1 = min(nq, r0 + chunk)
         rows = torch.arange(r0, r1, device=q.device)
@@ -126,6 +126,8 @@ def _dense(q, k, v, dout, opts: AttnOptions, cd: torch.dtype, keep: torch.Tensor
         p = p.to(cd)  # issue #16: back to the input dtype if a wider bias promoted the scores
         pz = p if keep is None else p * keep[:, :, r0:r1].to(cd) * rescale
         out[:, :, r0:r1] = pz @ vh
+        if not backward:
+            continue
         dpz = doh[:, :, r0:r1] @ vh.transpose(-1, -2)
         dp = dpz if keep is None else dpz * keep[:, :, r0:r1].to(cd) * rescale
         delta = (p * dp).sum(dim=-1, keepdim=True)  # = rowsum(dO * O)
@@ -140,6 +142,8 @@ def _dense(q, k, v, dout, opts: AttnOptions, cd: torch.dtype, keep: torch.Tensor
         dq[:, :, r0:r1] = (ds @ kh) * scale
         dk += (ds.transpose(-1, -2) @ qh[:, :, r0:r1]) * scale
         dvv += pz.transpose(-1, -2) @ doh[:, :, r0:r1]
+    if not backward:
+        return AttnResult(out=out.transpose(1, 2), lse=lse, dq=None, dk=None, dv=None)
     dk = dk.view(b, hkv, group, nk, d).sum(dim=2)
     dvv = dvv.view(b, hkv, group, nk, dv_dim).sum(dim=2)
     return AttnResult(out=out.transpose(1, 2), lse=lse, dq=dq.transpose(1, 2), dk=dk.transpose(1, 2), dv=dvv.transpose(1, 2),
@@ -159,9 +163,10 @@ def attention_reference(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, opts: AttnOptions,
     compute_dtype: torch.dtype, *, cu_seqlens: torch.Tensor | None = None,
     dropout_keep: torch.Tensor | list[torch.Tensor] | None = None, cu_seqlens_k: torch.Tensor | None = None,
-    sink: torch.Tensor | None = None,
+    sink: torch.Tensor | None = None, backward: bool = True,
 ) -> AttnResult:
-    """Forward + backward in `compute_dtype`; outputs returned in that dtype.
+    """Forward + backward in `compute_dtype`; outputs returned in that dtype (`backward` False:
+    forward only, gradients None).
 
     Dense: q (B, Nq, Hq, D), k (B, Nk, Hkv, D), v (B, Nk, Hkv, Dv), dropout_keep (B, Hq, Nq, Nk).
     Varlen: packed (total, H, D) with cu_seqlens; dropout_keep a list of (1, Hq, n, n) per sequence.
@@ -169,7 +174,7 @@ def attention_reference(
     alignment within each sequence).
     """
     if cu_seqlens is None:
-        return _dense(q, k, v, dout, opts, compute_dtype, dropout_keep, sink)
+        return _dense(q, k, v, dout, opts, compute_dtype, dropout_keep, sink, backward)
     offsets = cu_seqlens.tolist()
     keys = (cu_seqlens_k if cu_seqlens_k is not None else cu_seqlens).tolist()
     hq = q.shape[1]
@@ -184,11 +189,17 @@ def attention_reference(
         if z == a:
             continue
         keep = None if dropout_keep is None else dropout_keep[i]
-        part = _dense(q[a:z][None], k[ka:kz][None], v[ka:kz][None], dout[a:z][None], opts, compute_dtype, keep, sink)
-        out[a:z], dq[a:z], dk[ka:kz], dv[ka:kz] = part.out[0], part.dq[0], part.dk[0], part.dv[0]
+        part = _dense(q[a:z][None], k[ka:kz][None], v[ka:kz][None], dout[a:z][None], opts, compute_dtype, keep, sink,
+                      backward)
+        out[a:z] = part.out[0]
         lse[:, a:z] = part.lse[0]
+        if not backward:
+            continue
+        dq[a:z], dk[ka:kz], dv[ka:kz] = part.dq[0], part.dk[0], part.dv[0]
         if dsink is not None:
             dsink += part.dsink
+    if not backward:
+        return AttnResult(out=out, lse=lse, dq=None, dk=None, dv=None)
     return AttnResult(out=out, lse=lse, dq=dq, dk=dk, dv=dv, dsink=dsink)
 
 
@@ -214,7 +225,6 @@ def decode_reference(q: torch.Tensor, dense_kv: list[tuple[torch.Tensor, torch.T
             if sink is not None:  # no key: the sink alone is the denominator, out stays 0
                 lse[i] = sink.to(lse_dtype).view(hq, 1).expand(hq, nq)
             continue
-        dout = torch.zeros(1, nq, hq, dv_dim, dtype=q.dtype, device=q.device)
-        part = _dense(q[i:i + 1], kb[None], vb[None], dout, opts, compute_dtype, None, sink)
+        part = _dense(q[i:i + 1], kb[None], vb[None], None, opts, compute_dtype, None, sink, backward=False)
         out[i], lse[i] = part.out[0], part.lse[0]
     return DecodeResult(out=out, lse=lse)

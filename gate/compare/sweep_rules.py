@@ -178,13 +178,21 @@ def rule_tensor_presence(case_id: str, tensor: str, base: float | None, cur: flo
     return None
 
 
+def incomplete_pass(c: "CaseResult") -> Finding | None:
+    """rule_incomplete_pass for one results row, with the tensors its case must carry (issue #16:
+    + dbias; issue #10: a forward-only row needs out only; run_case sets `forward_only` from the case
+    and the kernel's declaration)."""
+    return rule_incomplete_pass(c.case_id, c.status.value, {t.tensor for t in c.tensors},
+                                required_tensors(c.case.bias_grad, c.forward_only))
+
+
 def rule_incomplete_pass(case_id: str, status: str, tensors: set[str] | frozenset[str],
-                         required: tuple[str, ...] = REQUIRED_TENSORS, forward_only: bool = False) -> Finding | None:
+                         required: tuple[str, ...] = REQUIRED_TENSORS) -> Finding | None:
     """A PASS row must carry the evidence for it: run_case measures out, dq, dk and dv for every
     case it passes, so a PASS without them is a corrupt or edited results file. INCONCLUSIVE, not
     FAIL: nothing says the kernel is wrong, only that nothing shows it is right. A forward-only row
     (issue #10: decode, or a kernel declared backward = false) has no gradients: out is required."""
-    missing = [t for t in (FORWARD_ONLY_REQUIRED if forward_only else required) if t not in tensors]
+    missing = [t for t in required if t not in tensors]
     if status != "PASS" or not missing:
         return None
     return Finding("incomplete_pass", Severity.INCONCLUSIVE, case_id, "status", None, status, None,
@@ -303,9 +311,7 @@ def compare_correctness(baseline: Baseline, sweep: "SweepResult", cfg: "VerdictC
             rule_case_presence(row.case_id, base_status, cur_status, reason, same_suite, accept),
             rule_status(row.case_id, base_status, cur_status, reason) if in_cur else None,
         ) if f]
-    incomplete = [f for f in (rule_incomplete_pass(c.case_id, c.status.value, {t.tensor for t in c.tensors},
-                                                   required_tensors(c.case.bias_grad, c.forward_only or c.case.forward_only))
-                              for c in sweep.cases) if f]
+    incomplete = [f for f in map(incomplete_pass, sweep.cases) if f]
     findings += incomplete
     complete_pass = {cid for cid, status in cur_status_of.items() if status == "PASS"} - {f.case_id for f in incomplete}
     for row in tensors.itertuples(index=False):

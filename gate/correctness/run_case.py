@@ -280,7 +280,7 @@ def lse_yardstick(case: Case, inputs: AttnInputs, keep, low: AttnResult | Decode
         return decode_reference(inputs.cache.q, dense, options(case, inputs), TORCH_DTYPES[LSE_YARDSTICK_DTYPE], inputs.sink).lse
     varlen = dict(cu_seqlens=inputs.cu_seqlens, cu_seqlens_k=inputs.cu_seqlens_k, dropout_keep=keep, sink=inputs.sink)
     return attention_reference(inputs.q, inputs.k, inputs.v, inputs.dout, options(case, inputs),
-                               TORCH_DTYPES[LSE_YARDSTICK_DTYPE], **varlen).lse
+                               TORCH_DTYPES[LSE_YARDSTICK_DTYPE], backward=False, **varlen).lse
 
 
 def traceback_tail(exc: BaseException, lines: int = 12) -> str:

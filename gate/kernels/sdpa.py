@@ -211,7 +211,7 @@ def _with_custom_bias(bias: torch.Tensor, call: KernelCall, nq: int, nk: int) ->
         allowed = allowed_mask(torch.arange(nq, device=bias.device), nq, nk, o.causal, o.window)
         return bias if allowed is None else bias & allowed
     if bias.dtype == torch.bool:  # a boolean mask with ALiBi: additive in the input dtype
-        bias = torch.zeros(bias.shape, dtype=call.q.dtype, device=bias.device).masked_fill(~bias, float("-inf"))
+        bias = as_additive(bias, call.q.dtype)
     fold = dense_bias(1, nq, nk, o.causal, o.window, o.alibi_slopes, bias.device, bias.dtype)
     return bias if fold is None else bias + fold.unsqueeze(0)
 

@@ -34,7 +34,7 @@ from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
 from gate.compare.findings import Finding, Verdict, decide
 from gate.core.results import SweepResult
 from gate.compare.sweep_rules import (
-    check_comparable, compare, correctness_thresholds, refuse_duplicate_cases, refuse_other_gpu_class, rule_incomplete_pass,
+    check_comparable, compare, correctness_thresholds, refuse_duplicate_cases, refuse_other_gpu_class, incomplete_pass,
     required_tensors,
 )
 
@@ -286,10 +286,7 @@ def require_complete_run(config: Config, sweep: SweepResult, source: object, pat
         raise UserError(f"{source}: holds {len(wanted) - len(missing)} of the {len(wanted)} cases of suite {sweep.suite!r}"
                         f"{within}; missing {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; updating {path} "
                         f"from it would drop them from the baseline: update from a complete run (`{redo}`)")
-    incomplete = [f.case_id for f in (rule_incomplete_pass(c.case_id, c.status.value, {t.tensor for t in c.tensors},
-                                                           # issue #16: + dbias; issue #10: forward-only rows need out only
-                                                           required_tensors(c.case.bias_grad, c.forward_only or c.case.forward_only))
-                                      for c in sweep.cases) if f]
+    incomplete = [f.case_id for f in map(incomplete_pass, sweep.cases) if f]
     if incomplete:
         raise UserError(f"{source}: {len(incomplete)} PASS rows carry no out/dq/dk/dv ratios ({', '.join(incomplete[:5])}"
                         f"{' ...' if len(incomplete) > 5 else ''}), so the baseline would hold nothing to compare "
