@@ -38,6 +38,9 @@ class CacheInputs:
     k_new: torch.Tensor | None
     v_new: torch.Tensor | None
     page_size: int  # 0: contiguous
+    # cache_seqlens on the host: adapters read lengths here, since cache_seqlens.tolist() on a GPU
+    # tensor is a device sync inside every timed call (the varlen lesson, gate/kernels/base.py per_sequence)
+    cached: tuple[int, ...] = ()
 
     @property
     def paged(self) -> bool:
@@ -47,7 +50,7 @@ class CacheInputs:
     def key_lengths(self) -> list[int]:
         """Keys each batch element attends to after the call (cached + appended)."""
         extra = 0 if self.k_new is None else self.k_new.shape[1]
-        return [int(n) + extra for n in self.cache_seqlens.tolist()]
+        return [n + extra for n in self.cached]
 
 
 def _garbage(shape, gen, dtype, device, shift: float) -> torch.Tensor:
@@ -88,7 +91,7 @@ def make_cache_inputs(case: Case, q: torch.Tensor, gen: torch.Generator, dtype, 
     return CacheInputs(
         q=q, k_cache=k_slots.to(device=device, dtype=dtype), v_cache=v_slots.to(device=device, dtype=dtype),
         cache_seqlens=torch.tensor(cached, dtype=torch.int32, device=device), block_table=block_table,
-        k_new=k_new, v_new=v_new, page_size=page,
+        k_new=k_new, v_new=v_new, page_size=page, cached=tuple(int(n) for n in cached),
     )
 
 
@@ -107,7 +110,7 @@ def expected_cache(cache: CacheInputs) -> tuple[torch.Tensor, torch.Tensor]:
     if cache.k_new is None:
         return k, v
     n = cache.k_new.shape[1]
-    for b, start in enumerate(cache.cache_seqlens.tolist()):
+    for b, start in enumerate(cache.cached):
         rows, cols = slot_index(cache, b, torch.arange(start, start + n, device=k.device))
         k[rows, cols] = cache.k_new[b]
         v[rows, cols] = cache.v_new[b]

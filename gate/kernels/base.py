@@ -312,7 +312,7 @@ def gathered_decode(call: KernelCall, dense_fn) -> KernelOutput:
     q = call.q
     bsz, nq, hq, _ = q.shape
     dv_dim = c.v_cache.shape[-1]
-    cached_lengths = c.cache_seqlens.tolist()
+    cached_lengths = c.cached
     for b, cached in enumerate(cached_lengths):
         if c.k_new is not None:
             write_pages(c.k_cache, c.block_table, c.page_size, b, cached, c.k_new[b])

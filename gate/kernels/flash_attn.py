@@ -229,7 +229,7 @@ class FA4Adapter(_FlashBase):
         c = call.cache
         lengths = c.cache_seqlens
         if c.k_new is not None:  # FA4 does not append: write the new tokens, then attend over them too
-            for b, start in enumerate(c.cache_seqlens.tolist()):
+            for b, start in enumerate(c.cached):
                 write_pages(c.k_cache, c.block_table, c.page_size, b, start, c.k_new[b])
                 write_pages(c.v_cache, c.block_table, c.page_size, b, start, c.v_new[b])
             lengths = c.cache_seqlens + c.k_new.shape[1]

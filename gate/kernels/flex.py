@@ -31,6 +31,7 @@ class FlexAdapter(KernelAdapter):
         self._compiled = None
         self._block_masks: dict = {}
         self._mod_cache: dict = {}
+        self._scalars: dict = {}  # _on: device copies of the numbers the mods read
 
     def unavailable_reason(self) -> str | None:
         try:
@@ -67,6 +68,15 @@ class FlexAdapter(KernelAdapter):
             self._compiled = torch.compile(flex_attention, dynamic=False)
         return self._compiled
 
+    def _on(self, device, value):
+        """`value` (a number or a tuple of numbers) as a device tensor, made once and reused: a new
+        torch.tensor(..., device=cuda) is a host-to-device copy, i.e. a wait on the GPU, in every
+        timed call."""
+        key = (str(device), type(value), value)
+        if key not in self._scalars:
+            self._scalars[key] = torch.tensor(value, device=device)
+        return self._scalars[key]
+
     def _mods(self, call: KernelCall, nq: int, nk: int):
         """(mask_mod, score_mod), built once per structure and reused: the numbers they read
         (offset, window sides, softcap, slopes) are device tensors, so a new case changes
@@ -75,9 +85,9 @@ class FlexAdapter(KernelAdapter):
         left, right = effective_window(o.causal, o.window)
         device = call.q.device
         params = {
-            "offset": torch.tensor(nk - nq, device=device), "left": torch.tensor(left, device=device),
-            "right": torch.tensor(right, device=device), "cap": torch.tensor(float(o.softcap or 1.0), device=device),
-            "slopes": o.alibi_slopes if o.alibi_slopes is not None else torch.zeros(1, device=device),
+            "offset": self._on(device, nk - nq), "left": self._on(device, left), "right": self._on(device, right),
+            "cap": self._on(device, float(o.softcap or 1.0)),
+            "slopes": o.alibi_slopes if o.alibi_slopes is not None else self._on(device, (0.0,)),
         }
         key = (left >= 0, right >= 0, bool(o.softcap), o.alibi_slopes is not None, str(device))
         if key not in self._mod_cache:
@@ -213,16 +223,16 @@ class FlexAdapter(KernelAdapter):
 
         c, o, q = call.cache, call.opts, call.q
         bsz, nq = q.shape[0], q.shape[1]
-        for b, start in enumerate(c.cache_seqlens.tolist()):
+        for b, start in enumerate(c.cached):
             if c.k_new is not None:  # the append is this adapter's emulation (Flex has no cache API)
                 write_pages(c.k_cache, c.block_table, c.page_size, b, start, c.k_new[b])
                 write_pages(c.v_cache, c.block_table, c.page_size, b, start, c.v_new[b])
-        lens = c.cache_seqlens.long() + (0 if c.k_new is None else c.k_new.shape[1])
-        longest = max(1, int(lens.max()))
+        lengths = c.key_lengths  # host-side: no device sync in the timed call
+        longest = max(1, max(lengths))
         hkv = c.k_cache.shape[-2]
         kb = q.new_zeros(bsz, longest, hkv, c.k_cache.shape[-1])
         vb = q.new_zeros(bsz, longest, hkv, c.v_cache.shape[-1])
-        for b, n in enumerate(lens.tolist()):
+        for b, n in enumerate(lengths):
             kb[b, :n] = read_pages(c.k_cache, c.block_table, c.page_size, b, 0, n)
             vb[b, :n] = read_pages(c.v_cache, c.block_table, c.page_size, b, 0, n)
         left, right = effective_window(o.causal, o.window)
@@ -231,10 +241,11 @@ class FlexAdapter(KernelAdapter):
             self._mod_cache[key] = self._make_decode_mods(*key[1:5])
         holder, mask_mod, score_mod = self._mod_cache[key]
         holder.clear()
-        holder.update(lens=lens.to(q.device), nq=torch.tensor(nq, device=q.device), left=torch.tensor(left, device=q.device),
-                      right=torch.tensor(right, device=q.device), cap=torch.tensor(float(o.softcap or 1.0), device=q.device),
-                      slopes=o.alibi_slopes if o.alibi_slopes is not None else torch.zeros(1, device=q.device))
-        mkey = ("decode", tuple(lens.tolist()), nq, o.causal, o.window, str(q.device))
+        dev = q.device
+        holder.update(lens=self._on(dev, tuple(lengths)), nq=self._on(dev, nq), left=self._on(dev, left),
+                      right=self._on(dev, right), cap=self._on(dev, float(o.softcap or 1.0)),
+                      slopes=o.alibi_slopes if o.alibi_slopes is not None else self._on(dev, (0.0,)))
+        mkey = ("decode", tuple(lengths), nq, o.causal, o.window, str(q.device))
         block_mask = self._block_masks.get(mkey)
         if block_mask is None:
             block_mask = create_block_mask(mask_mod, bsz, None, nq, longest, device=q.device)

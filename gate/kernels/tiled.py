@@ -210,7 +210,7 @@ def decode(call: KernelCall) -> KernelOutput:
     out = torch.zeros(bsz, hq, nq, dv_dim, dtype=torch.float32, device=q.device)
     lse = torch.empty(bsz, hq, nq, dtype=torch.float32, device=q.device)
     rows = torch.arange(nq, device=q.device)
-    for b, cached in enumerate(c.cache_seqlens.tolist()):
+    for b, cached in enumerate(c.cached):
         if c.k_new is not None:
             write_pages(c.k_cache, c.block_table, c.page_size, b, cached, c.k_new[b])
             write_pages(c.v_cache, c.block_table, c.page_size, b, cached, c.v_new[b])
