@@ -226,12 +226,12 @@ def test_a_sweep_where_every_case_is_skipped_fails(tmp_path, capsys, in_repo_roo
 
 
 def test_a_report_folder_that_cannot_be_written_is_one_line(tmp_path, capsys, monkeypatch, in_repo_root):
-    import gate.workflow.sweep
+    import gate.report.sweep_report
 
     def refuse(*_a, **_k):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(gate.workflow.sweep, "write_sweep_outputs", refuse)
+    monkeypatch.setattr(gate.report.sweep_report, "write_sweep_outputs", refuse)
     assert main(["sweep", "--kernel", "tiled", "--suite", "smoke", "--only", "^bf16-b2-h4-s1-d64$",
                  "--out", str(tmp_path / "ro"), "--no-progress"]) == 2
     err = capsys.readouterr().err

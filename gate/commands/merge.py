@@ -25,7 +25,7 @@ def main(args: argparse.Namespace) -> int:
     from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
     from gate.core.files import FolderLock, require_writable
     from gate.workflow.merge import merge_shards
-    from gate.workflow.sweep import write_sweep_outputs
+    from gate.report.sweep_report import write_sweep_outputs
 
     if any(os.path.realpath(f) == os.path.realpath(args.out) for f in args.folders):
         raise UserError(f"--out {args.out} is one of the shard folders; pass a new folder for the merged result")

@@ -27,7 +27,8 @@ def main(args: argparse.Namespace) -> int:
     from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
     from gate.report.sweep_report import print_table
     from gate.core.files import require_writable
-    from gate.workflow.sweep import run_sweep, write_sweep_outputs
+    from gate.report.sweep_report import write_sweep_outputs
+    from gate.workflow.sweep import run_sweep
 
     require_writable(args.out, "--out")  # before the sweep, not after minutes of it
     config = load_config(args.config)

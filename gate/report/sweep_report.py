@@ -4,7 +4,10 @@ only; decides nothing (the status of each case was decided in gate.correctness.r
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+from gate.core.files import safe_name
+from gate.core.jsonio import write_text_atomic
 from gate.core.results import CaseResult, Status, SweepResult, shown_tensors
 
 
@@ -108,3 +111,13 @@ def validation_note(result: SweepResult) -> str:
     if result.notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in result.notes]
     return "\n".join(lines) + "\n"
+
+
+def write_sweep_outputs(result: SweepResult, out_dir: Path) -> dict[str, Path]:
+    """The sweep JSON and its validation note, under the names every command uses. Here, not in
+    workflow/sweep.py, so that writing results (merge, check --results) does not import torch."""
+    stem = f"{safe_name(result.kernel)}-{result.suite}"
+    paths = {"json": Path(out_dir) / f"sweep-{stem}.json", "note": Path(out_dir) / f"validation-{stem}.md"}
+    result.write(paths["json"])
+    write_text_atomic(paths["note"], validation_note(result))
+    return paths

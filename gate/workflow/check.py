@@ -229,7 +229,7 @@ def render_check(verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_d
     from gate.report.check_report import markdown_summary, print_check
     from gate.core.jsonio import write_json_atomic, write_text_atomic
     from gate.core.files import safe_name
-    from gate.workflow.sweep import write_sweep_outputs
+    from gate.report.sweep_report import write_sweep_outputs
 
     stem = f"{safe_name(sweep.kernel)}-{sweep.suite}"
     paths = write_sweep_outputs(sweep, out_dir)
@@ -338,7 +338,7 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
                         f"from the whole suite first: run without --only (`{update_command(target.kernel, target.suite, target.gpu_class)}`)")
     sweep = results if results is not None else fresh_sweep(config, target, only, progress)
     if results is None:
-        from gate.workflow.sweep import write_sweep_outputs
+        from gate.report.sweep_report import write_sweep_outputs
 
         with writing("pass a writable --out folder"):
             saved = write_sweep_outputs(sweep, Path(out_dir))["json"]

@@ -18,7 +18,6 @@ from gate.core.config import Config
 from gate.correctness.run_case import run_case
 from gate.core.environment import default_device, describe
 from gate.core.errors import UserError
-from gate.core.files import safe_name
 from gate.kernels.registry import family_adapter, get_adapter
 from gate.core.results import CaseResult, SweepResult
 from gate.workflow.shards import shard_cases, shard_note
@@ -205,14 +204,3 @@ class _progress:
         if self.enabled and getattr(self, "_bar", None) is not None:
             self._bar.__exit__(*exc)
         return False
-
-
-def write_sweep_outputs(result: SweepResult, out_dir: Path) -> dict[str, Path]:
-    from gate.report.sweep_report import validation_note
-    from gate.core.jsonio import write_text_atomic
-
-    stem = f"{safe_name(result.kernel)}-{result.suite}"
-    paths = {"json": Path(out_dir) / f"sweep-{stem}.json", "note": Path(out_dir) / f"validation-{stem}.md"}
-    result.write(paths["json"])
-    write_text_atomic(paths["note"], validation_note(result))
-    return paths

@@ -33,9 +33,8 @@ def nearest(name: str, known: list[str] | tuple[str, ...], n: int = 3) -> str:
 
 
 def check_device(device: str | None) -> str:
-    """`--device cuda` without a visible GPU is a usage error of one line, not a traceback."""
-    from gate.core.environment import default_device
-
+    """`--device cuda` without a visible GPU is a usage error of one line, not a traceback. torch
+    is imported only to answer a question about the GPU (`--device cpu` needs none)."""
     if device not in (None, "cpu", "cuda"):
         raise UserError(f"--device {device!r}: choose cpu or cuda{nearest(str(device), ('cpu', 'cuda'))}")
     if device == "cuda":
@@ -43,7 +42,11 @@ def check_device(device: str | None) -> str:
 
         if not torch.cuda.is_available():
             raise UserError("--device cuda: no CUDA GPU is visible here; leave --device out to use the CPU")
-    return device or default_device()
+    if device is not None:
+        return device
+    from gate.core.environment import default_device
+
+    return default_device()
 
 
 def _check_kernel_in_worker(kernel: str, device: str, option: str, config: Config | None) -> None:
