@@ -30,7 +30,7 @@ def register(sub) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from gate.core.config import load_config
-    from gate.workflow.selftest import DEFAULT_REPS, run_selftest, write_outputs
+    from gate.workflow.selftest import DEFAULT_REPS, output_paths, run_selftest
 
     config = load_config(args.config)
     bugs = tuple(n.strip() for n in (args.bugs or "").split(",") if n.strip())
@@ -40,7 +40,7 @@ def main(args: argparse.Namespace) -> int:
                           rehearse_slowdowns_on_cpu=args.rehearse_slowdowns_on_cpu)
     from gate.report.selftest_report import selftest_table
 
-    paths = write_outputs(report, args.out)
+    paths = output_paths(args.out)  # written by the run after every step
     print(selftest_table(report))
     problems = report.problems()
     killed = sum(1 for b in report.bugs if b.killed)

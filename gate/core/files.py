@@ -80,3 +80,18 @@ class FolderLock:
             os.close(self._fd)  # closing releases the flock
             self._fd = None
         return False
+
+
+def append_step_summary(text: str) -> None:
+    """Append to $GITHUB_STEP_SUMMARY when it is set. A convenience beside files already written:
+    an unwritable summary is a warning on stderr, never a changed exit code (#11)."""
+    import sys
+
+    path = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not path:
+        return
+    try:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+    except OSError as exc:
+        print(f"attn-gate: warning: $GITHUB_STEP_SUMMARY {path} was not written ({exc.strerror or exc})", file=sys.stderr)

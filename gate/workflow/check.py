@@ -31,6 +31,7 @@ from pathlib import Path
 from gate.compare.baselines import Baseline, BaselineDiff, baseline_path, diff_baselines, merge_baseline, read_baseline, update_command
 from gate.core.config import Config
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
+from gate.core.files import append_step_summary
 from gate.compare.findings import Finding, Verdict, decide
 from gate.core.results import SweepResult
 from gate.compare.sweep_rules import (
@@ -248,14 +249,7 @@ def render_check(verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_d
         paths["plot"] = plot_ratios(verdict, sweep, baseline, out_dir / f"ratios-{stem}.png")
     except Exception as exc:  # an artifact, not the verdict: say so and go on
         print(f"attn-gate: warning: the plot was not drawn ({type(exc).__name__}: {exc})", file=sys.stderr)
-    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if step_summary:
-        try:  # the job summary is a convenience: the verdict and its files are written already (#11)
-            with open(step_summary, "a", encoding="utf-8") as fh:
-                fh.write(summary + "\n")
-        except OSError as exc:
-            print(f"attn-gate: warning: $GITHUB_STEP_SUMMARY {step_summary} was not written ({exc.strerror or exc}); "
-                  f"the summary is in {paths['summary']}", file=sys.stderr)
+    append_step_summary(summary)  # the verdict and its files are written already (#11)
     print_check(verdict, sweep, console)
     return paths
 

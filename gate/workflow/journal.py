@@ -20,6 +20,7 @@ from typing import Any
 
 from gate.core.errors import UserError
 from gate.core.files import safe_name
+from gate.core.jsonio import write_text_atomic
 from gate.core.results import CaseResult
 
 SCHEMA_VERSION = 1
@@ -87,12 +88,7 @@ class Journal:
                 if data and not data.endswith(b"\n"):
                     fh.truncate(data.rfind(b"\n") + 1)
             return
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(json.dumps({"kind": KIND, "schema_version": SCHEMA_VERSION, **header}, sort_keys=True) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
+        write_text_atomic(self.path, json.dumps({"kind": KIND, "schema_version": SCHEMA_VERSION, **header}, sort_keys=True) + "\n")
 
     def add(self, result: CaseResult) -> None:
         from gate.core.jsonio import _clean

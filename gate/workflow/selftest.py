@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import os
 import re
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from gate.compare.selftest import (
 from gate.compare.sweep_rules import check_comparable, compare, correctness_thresholds
 from gate.core.config import Config
 from gate.core.errors import UserError
+from gate.core.files import append_step_summary
 from gate.core.results import SweepResult
 
 LEVELS_PCT = (1.0, 2.0, 3.0, 5.0, 10.0)
@@ -395,20 +395,19 @@ def run_selftest(config: Config, kernel: str | None = None, suite: str | None = 
 def _finish(run: _Run) -> SelftestReport:
     from gate.report.selftest_report import selftest_markdown
 
-    run.update()
-    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if step_summary:
-        with open(step_summary, "a", encoding="utf-8") as fh:
-            fh.write(selftest_markdown(run.report) + "\n")
+    append_step_summary(selftest_markdown(run.report))  # the last run.update() wrote the files
     return run.report
+
+
+def output_paths(out_dir: Path) -> dict[str, Path]:
+    return {"json": Path(out_dir) / "selftest.json", "md": Path(out_dir) / "selftest.md"}
 
 
 def write_outputs(report: SelftestReport, out_dir: Path) -> dict[str, Path]:
     from gate.core.jsonio import write_json_atomic, write_text_atomic
     from gate.report.selftest_report import selftest_markdown
 
-    out_dir = Path(out_dir)
-    paths = {"json": out_dir / "selftest.json", "md": out_dir / "selftest.md"}
+    paths = output_paths(out_dir)
     try:
         write_json_atomic(paths["json"], report.to_dict())
         write_text_atomic(paths["md"], selftest_markdown(report))
