@@ -317,8 +317,9 @@ def run_drift(kernel: str, cfg: DriftConfig, device: str, adapter=None, progress
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # a crashing kernel (sys.exit too) is a failed run, reported, not a traceback
-        text = str(exc).strip().splitlines()
-        notes.append(f"the kernel raised {type(exc).__name__}: {text[0] if text else ''}"[:300])
+        from gate.correctness.run_case import first_line
+
+        notes.append(f"the kernel raised {first_line(exc)}")
         curves[f"kernel {kernel}"] = [math.nan] * cfg.steps
     smoothed = {name: moving_average(c, cfg.window) for name, c in curves.items()}
     refs = [smoothed[name] for name in curves if not name.startswith("kernel ")]

@@ -299,8 +299,6 @@ def first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
-_first_line = first_line  # the name main's callers knew
-
 
 def _keep_worst(worst: dict[str, TensorError], err: TensorError) -> None:
     if err.tensor not in worst or not err.ratio <= worst[err.tensor].ratio:

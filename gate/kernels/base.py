@@ -56,11 +56,10 @@ class Capabilities:
     # `bias_unsupported` (non-empty) is the reason every bias case is skipped, said as it is.
     bias: bool = False
     bias_grad: bool = False
-    bias_other_dtype: bool = True
     bool_mask: bool = False
     bias_unsupported: str = ""
     bias_grad_unsupported: str = ""  # why there is no bias gradient, when the kernel says
-    bias_other_dtype_unsupported: str = ""  # why a bias in another dtype than q is refused (implies not bias_other_dtype)
+    bias_other_dtype_unsupported: str = ""  # why a bias in another dtype than q is refused ('' = taken)
     bias_grad_other_dtype_unsupported: str = ""  # why the gradient of such a bias is refused, when only that is
     # Rows emptied by a custom bias/mask are fine even where fully_masked_rows_unsupported says
     # otherwise (SDPA efficient/cuDNN: 0 under an additive -inf mask, nonzero only via causal_lower_right).
@@ -108,8 +107,8 @@ class Capabilities:
             (not self.bias_unsupported, self.bias_unsupported),
             (self.bias or not case.has_float_bias, "no custom bias (attn_bias)"),
             (self.bias_grad or not case.bias_grad, self.bias_grad_unsupported or "no bias gradient"),
-            ((self.bias_other_dtype and not self.bias_other_dtype_unsupported) or case.bias_dtype is None,
-             self.bias_other_dtype_unsupported or f"no {case.bias_dtype} bias with {case.dtype} inputs"),
+            (not self.bias_other_dtype_unsupported or case.bias_dtype is None,
+             self.bias_other_dtype_unsupported),
             (not self.bias_grad_other_dtype_unsupported or not (case.bias_grad and case.bias_dtype),
              self.bias_grad_other_dtype_unsupported),
             (self.bool_mask or not case.has_bool_bias, "no boolean custom mask"),

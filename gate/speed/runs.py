@@ -28,6 +28,7 @@ from typing import Any
 from gate.core.cases import Case, load_suite
 from gate.core.config import Config, PerfConfig
 from gate.core.errors import UserError
+from gate.correctness.run_case import first_line
 from gate.core.jsonio import read_record, write_json_atomic
 from gate.speed.rule import PerfJudgement, PerfRules, PerfSeverity, RatioEstimate, judge
 from gate.speed.timing import PASSES, PassTiming, TimingPlan, TimingRun
@@ -156,11 +157,6 @@ class PerfResult:
 # Measuring
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
-
-
 def resolve_anchor(name: str | None, config: PerfConfig, device: str) -> str:
     return name or config.anchor_for(device)
 
@@ -204,7 +200,7 @@ def measure_case(adapter, anchor_name: str, case: Case, device: str, plan: Timin
     except KeyboardInterrupt:  # the user stops the run: not the kernel's fault, not a row
         raise
     except BaseException as exc:  # a crashing kernel is a row, not a dead run (SystemExit too: sys.exit() in a kernel)
-        return PerfCaseResult(case=case, status="ERROR", reason=_first_line(exc))
+        return PerfCaseResult(case=case, status="ERROR", reason=first_line(exc))
     finally:
         _release(device)
     return PerfCaseResult(case=case, status="OK", timing=run)

@@ -262,21 +262,15 @@ class Workload:
     def time_scale(self, pass_: str) -> float:
         return 1.0
 
-    def flops(self, pass_: str) -> float:
-        return math.nan
-
 
 class FunctionWorkload(Workload):
     """Plain callables (tests, custom anchors)."""
 
-    def __init__(self, name: str, fwd: Callable[[], Any], bwd: Callable[[], Any], flops: dict[str, float] | None = None):
-        self.name, self._fns, self._flops = name, {"fwd": fwd, "bwd": bwd}, flops or {}
+    def __init__(self, name: str, fwd: Callable[[], Any], bwd: Callable[[], Any]):
+        self.name, self._fns = name, {"fwd": fwd, "bwd": bwd}
 
     def run(self, pass_: str) -> Any:
         return self._fns[pass_]()
-
-    def flops(self, pass_: str) -> float:
-        return self._flops.get(pass_, math.nan)
 
 
 class KernelWorkload(Workload):
@@ -326,9 +320,6 @@ class KernelWorkload(Workload):
         if not self.forward_only:
             torch.autograd.grad(out, self._leaves, self.inputs.dout)
 
-    def flops(self, pass_: str) -> float:
-        return self.case.flops(pass_)
-
 
 class MatmulWorkload(Workload):
     """A dense matmul of (about) the case's FLOPs per pass, in the case dtype: the chip's GEMM rate.
@@ -374,9 +365,6 @@ class MatmulWorkload(Workload):
 
     def time_scale(self, pass_: str) -> float:
         return self.case.flops(pass_) / self.matmul_flops(pass_)
-
-    def flops(self, pass_: str) -> float:
-        return self.matmul_flops(pass_)
 
 
 # --------------------------------------------------------------------------------------------

@@ -54,10 +54,9 @@ class SweepOptions:
 
 
 def run_sweep(kernel: str, suite_name: str, config: Config, device: str | None = None, progress: bool = True,
-              only: str | None = None, extra_checks=(), check_names: tuple[str, ...] = (),
+              only: str | None = None, check_names: tuple[str, ...] = (),
               options: SweepOptions | None = None, adapter=None) -> SweepResult:
-    """`extra_checks` are callables run on every case (in-process runs only); `check_names`
-    (gate/correctness/probes/registry.py) are added to the checks each case of the suite asks for.
+    """`check_names` (gate/correctness/probes/registry.py) are added to the checks each case of the suite asks for.
     `options` None runs in this process, as a library call from a test does; the CLI always passes
     options, so its runs are isolated in workers unless --workers 0 says otherwise.
     `adapter` (selftest, #13) runs that adapter under the name `kernel`, in this process: a planted
@@ -80,8 +79,6 @@ def run_sweep(kernel: str, suite_name: str, config: Config, device: str | None =
         + ((f"extra checks on every case: {', '.join(check_names)}",) if check_names else ()) \
         + ((shard_note(shard),) if shard else ())
     if options is not None and options.workers != 0:
-        if extra_checks:
-            raise ValueError("extra_checks are callables: they run in-process only (workers=0); name checks instead")
         if adapter is not None:
             raise ValueError("an adapter object runs in-process only (workers=0 or options None); name the kernel instead")
         return _run_isolated(kernel, suite, config, device, progress, only, check_names, options, cases, extra_notes)
@@ -99,7 +96,7 @@ def run_sweep(kernel: str, suite_name: str, config: Config, device: str | None =
     results: list[CaseResult] = []
     with _progress(progress, len(cases), f"{kernel} / {suite_name}") as advance:
         for case in cases:
-            results.append(run_case(adapter, case, device, config.tolerance, tuple(extra_checks) + checks_for(case, check_names)))
+            results.append(run_case(adapter, case, device, config.tolerance, checks_for(case, check_names)))
             advance(case.id, results[-1].status.value)
     caps = adapter.capabilities()
     return SweepResult(
