@@ -60,6 +60,10 @@ class SdpaAdapter(KernelAdapter):
         self.backend = backend
         self.name = f"sdpa-{backend}"
         self.description = BACKENDS[backend][1]
+        self._folds: dict = {}  # this case's window/ALiBi masks by shape and options; see _mask
+
+    def prepare(self, case) -> None:
+        self._folds.clear()  # a new case: new options, new masks
 
     def unavailable_reason(self) -> str | None:
         if self.backend != "cpu" and self.backend != "math" and not torch.cuda.is_available():
@@ -123,8 +127,14 @@ class SdpaAdapter(KernelAdapter):
             from torch.nn.attention.bias import causal_lower_right
 
             return causal_lower_right(nq, nk), False
-        bias = dense_bias(1, nq, nk, o.causal, o.window, o.alibi_slopes, call.q.device, dtype)
-        return bias.unsqueeze(0), False  # (1, 1, Nq, Nk): the 4-D form every backend broadcasts
+        # Built once per case and shape, not in every (timed) call: the options are the case's,
+        # and a dense Nq x Nk mask rebuilt per call is time charged to the kernel (or the anchor).
+        slopes = None if o.alibi_slopes is None else tuple(o.alibi_slopes.shape)  # ALiBi slopes follow the head count
+        key = (nq, nk, dtype, str(call.q.device), o.causal, o.window, slopes)
+        if key not in self._folds:
+            bias = dense_bias(1, nq, nk, o.causal, o.window, o.alibi_slopes, call.q.device, dtype)
+            self._folds[key] = bias.unsqueeze(0)  # (1, 1, Nq, Nk): the 4-D form every backend broadcasts
+        return self._folds[key], False
 
     def _lse(self, q, k, v, call: KernelCall, is_causal: bool, mask) -> torch.Tensor | None:
         """LSE from the backend's aten op; only for cases without a mask object (None if not exposed)."""

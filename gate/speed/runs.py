@@ -161,15 +161,27 @@ def resolve_anchor(name: str | None, config: PerfConfig, device: str) -> str:
     return name or config.anchor_for(device)
 
 
-def _workloads(adapter, anchor_name: str, case: Case, device: str):
+_ANCHORS: dict = {}
+
+
+def anchor_adapter(name: str):
+    """The anchor's adapter, one per process: a new one per case would throw away what it caches
+    (Flex's compiled function and block masks: a recompile per case)."""
     from gate.kernels.registry import get_adapter
+
+    if name not in _ANCHORS:
+        _ANCHORS[name] = get_adapter(name)
+    return _ANCHORS[name]
+
+
+def _workloads(adapter, anchor_name: str, case: Case, device: str):
     from gate.speed.timing import KernelWorkload, MatmulWorkload
 
     from gate.attention.inputs import make_inputs
 
     if anchor_name == MATMUL:
         return KernelWorkload(adapter, case, device), MatmulWorkload(case, device), None
-    anchor = get_adapter(anchor_name)
+    anchor = anchor_adapter(anchor_name)
     why = anchor.unavailable_reason() or anchor.unsupported_reason(case, device)
     if why:
         return None, None, f"anchor {anchor_name} cannot run this case: {why}"
@@ -261,8 +273,7 @@ def run_perf(kernel: str, suite_name: str, config: Config, device: str | None = 
         def measure(case, anchor_name, plan):
             return measure_case(adapter, anchor_name, case, device, plan)
     if anchor_name != MATMUL:
-        anchor_adapter = get_adapter(anchor_name)
-        missing = anchor_adapter.unavailable_reason()
+        missing = anchor_adapter(anchor_name).unavailable_reason()
         if missing:
             raise UserError(f"--anchor {anchor_name!r} is unavailable here: {missing}; pick another "
                             f"(attn-gate kernels) or 'matmul', or set [tool.attn-gate.perf] anchor")
@@ -391,10 +402,11 @@ def remeasure_with(kernel: str, anchor: str, device: str, config: PerfConfig,
     [tool.attn-gate.kernels] may define `kernel` (issue #10)."""
     from gate.kernels.registry import family_adapter, get_adapter
 
+    adapter = None if measure is not None else (family_adapter(kernel, families) or get_adapter(kernel))  # once, not per re-run
+
     def remeasure(case: Case, pass_: str, rounds: int) -> RatioEstimate | None:
         plan = TimingPlan.from_config(config, rounds=rounds, passes=(pass_,))
-        c = measure(case, anchor, plan) if measure is not None else \
-            measure_case(family_adapter(kernel, families) or get_adapter(kernel), anchor, case, device, plan)
+        c = measure(case, anchor, plan) if measure is not None else measure_case(adapter, anchor, case, device, plan)
         return c.estimate(pass_) if c.measured else None
 
     return remeasure
