@@ -106,3 +106,15 @@ def test_a_missing_config_file_is_an_error_but_a_missing_default_is_not(tmp_path
         load_config(tmp_path / "nope.toml")
     monkeypatch.chdir(tmp_path)
     assert load_config() == Config()
+
+
+def test_tolerance_changes_counts_a_missing_multiplier_at_its_default():
+    """A baseline written before a tensor's multiplier existed compares equal at that default, and
+    unequal as soon as the configured value differs from it."""
+    from gate.core.config import ToleranceConfig, tolerance_changes
+
+    now = ToleranceConfig().as_dict()
+    old = {k: v for k, v in now.items() if k != "mult_dsink"}
+    assert tolerance_changes(old, now) == []
+    assert tolerance_changes(old, {**now, "mult_dsink": 5.0}) == ["mult_dsink"]
+    assert tolerance_changes(now, {**now, "mult_dk": 2.5}) == ["mult_dk"]

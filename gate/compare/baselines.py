@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from gate.compare.headroom import is_headroom_regression, is_large_improvement
+from gate.core.config import tolerance_changes
 from gate.core.errors import UserError
 from gate.core.jsonio import as_float, checked_name, measured_float, read_json, write_json_atomic
 from gate.core.results import Status, SweepResult
@@ -242,7 +243,7 @@ def merge_baseline(new: Baseline, old: Baseline | None, scope: str | None) -> tu
         return new, 0
     kept = {}
     if scope is not None:
-        if old.suite_hash != new.suite_hash or old.tolerance != new.tolerance:
+        if old.suite_hash != new.suite_hash or tolerance_changes(old.tolerance, new.tolerance):
             what = "suite" if old.suite_hash != new.suite_hash else "tolerance"
             raise UserError(f"the {what} changed since the baseline was made, so a run filtered with --only {scope!r} "
                             f"cannot update it piecemeal; update it from a run of the whole suite (drop --only)")

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from gate.compare.baselines import Baseline, update_command
+from gate.core.config import tolerance_changes
 from gate.core.errors import UserError
 from gate.compare.headroom import is_headroom_regression, is_large_improvement
 from gate.compare.findings import Finding, Severity, Value, fmt
@@ -252,9 +253,8 @@ def check_comparable(baseline: Baseline, sweep: "SweepResult", path: Any) -> Non
         raise UserError(
             f"{path}: suite {sweep.suite!r} changed since the baseline was made (hash {baseline.suite_hash} -> "
             f"{sweep.suite_hash}); refresh it with `{redo}` and review the diff in the PR")
-    if baseline.tolerance != sweep.tolerance:
-        changed = sorted(k for k in set(baseline.tolerance) | set(sweep.tolerance)
-                         if baseline.tolerance.get(k) != sweep.tolerance.get(k))
+    changed = tolerance_changes(baseline.tolerance, sweep.tolerance)
+    if changed:
         raise UserError(
             f"{path}: tolerance multipliers changed since the baseline was made ({', '.join(changed)}), so ratios are "
             f"not comparable; refresh it with `{redo}` and review the diff in the PR")

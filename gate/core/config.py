@@ -60,10 +60,16 @@ class ToleranceConfig:
         return getattr(self, f"mult_{MULT_OF.get(tensor, tensor)}") * (self.fp32_factor if dtype == "fp32" else 1.0)
 
     def as_dict(self) -> dict[str, float]:
-        data = dataclasses.asdict(self)
-        if data["mult_dsink"] == DEFAULT_MULT["dsink"]:  # issue #10: left out at its default, so older
-            del data["mult_dsink"]                         # baselines' multipliers still compare equal
-        return data
+        return dataclasses.asdict(self)
+
+
+def tolerance_changes(a: dict[str, float], b: dict[str, float]) -> list[str]:
+    """The multipliers that differ between two recorded tolerance dicts. A key one of them lacks
+    was added later (mult_dsink, #10) and counts at its default, so files written before a new
+    tensor's multiplier existed stay comparable without special-casing each new key."""
+    defaults = ToleranceConfig().as_dict()
+    a, b = {**defaults, **a}, {**defaults, **b}
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 
 def _require(section, name: str, ok, what: str) -> None:
