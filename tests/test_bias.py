@@ -397,3 +397,17 @@ def test_kernels_skip_the_bias_forms_the_h200_showed_they_refuse():
     assert flex.unsupported_reason(fp32, "cuda") is None
     assert "shared memory" in flex.unsupported_reason(fp32_grad, "cuda")
     assert flex.unsupported_reason(dataclasses.replace(base, bias_grad=True), "cuda") is None
+
+
+def test_sdpa_folds_a_boolean_mask_with_alibi_into_an_additive_mask():
+    """The one SDPA path that turns a boolean mask additive (ALiBi must be added to it): sdpa-math
+    runs it on the CPU and passes against the float64 reference."""
+    from gate.core.cases import Case
+    from gate.core.config import ToleranceConfig
+    from gate.correctness.run_case import run_case
+    from gate.kernels.registry import get_adapter
+
+    case = Case(batch=2, seqlen_q=48, seqlen_k=64, heads_q=4, heads_kv=4, head_dim=32, head_dim_v=32, dtype="bf16",
+                alibi=True, bias="bool_mask", seeds=(0,))
+    row = run_case(get_adapter("sdpa-math"), case, "cpu", ToleranceConfig())
+    assert row.status.value == "PASS", row.reason

@@ -40,7 +40,7 @@ from typing import Any
 from gate.compare.headroom import is_headroom_regression, is_large_improvement
 from gate.core.config import tolerance_changes
 from gate.core.errors import UserError
-from gate.core.jsonio import as_float, checked_name, measured_float, read_json, write_json_atomic
+from gate.core.jsonio import checked_name, measured_float, read_json, write_json_atomic
 from gate.core.results import Status, SweepResult
 
 SCHEMA_VERSION = 2

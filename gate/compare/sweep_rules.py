@@ -57,7 +57,7 @@ from gate.compare.findings import Finding, Severity, Value, fmt
 
 if TYPE_CHECKING:
     from gate.core.config import VerdictConfig
-    from gate.core.results import SweepResult
+    from gate.core.results import CaseResult, SweepResult
 
 MEASURED = ("PASS", "FAIL", "ERROR")
 FAILED = ("FAIL", "ERROR")

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from gate.kernels.base import (
     Capabilities, KernelAdapter, KernelCall, KernelOutput, flash_lse_to_reference, gathered_decode, per_sequence,
 )
+from gate.attention.bias import as_additive
 from gate.attention.masks import allowed_mask, dense_bias
 
 BACKENDS = {

@@ -7,31 +7,21 @@ artifact; gate/report/comment.py builds it worst first (#15).
 
 from __future__ import annotations
 
-from gate.compare.baselines import Baseline
 from gate.compare.findings import Severity, Verdict, fmt, worst_first
 from gate.core.results import SweepResult
+from gate.report import terminal_console
 
 MAX_ROWS = 60  # terminal table rows; the findings JSON always has everything
-
-
-def markdown_summary(verdict: Verdict, sweep: SweepResult, baseline: Baseline, links=None, speed_markdown: str = "") -> str:
-    """The summary and PR comment: worst first, everything else folded (gate/report/comment.py)."""
-    from gate.report.comment import Links, pr_comment
-
-    return pr_comment(verdict, sweep, baseline, links or Links(), speed_markdown)
 
 
 def print_check(verdict: Verdict, sweep: SweepResult, console=None) -> None:
     """The terminal view: what needs a human, the thresholds, the headline last (it is what a CI
     log shows at the bottom)."""
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     if console is None:
-        console = Console()
-        if not console.is_terminal:  # a CI log: rich would fold everything to 80 columns
-            console = Console(width=200)
+        console = terminal_console()
     # worst first, as in the PR comment: severity, then the size of the error ratio (#15)
     shown = sorted((f for f in verdict.findings if f.severity.blocks or f.severity is Severity.WARN), key=worst_first)
     style = {Severity.FAIL: "bold red", Severity.INCONCLUSIVE: "bold red", Severity.WARN: "yellow"}

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from gate.speed.runs import PerfResult
+from gate.report import terminal_console
 from gate.speed.rule import PerfJudgement
 
 
@@ -43,13 +44,10 @@ HEADER = ["case", "pass", "ms", "anchor ms", "speed ratio", "95% CI", "noise", "
 
 
 def print_perf_table(result: PerfResult, console=None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     if console is None:
-        console = Console()
-        if not console.is_terminal:  # a CI log: rich would squeeze the table into 80 columns
-            console = Console(width=200)
+        console = terminal_console()
     table = Table(title=f"{result.kernel} vs {result.anchor} / {result.suite} ({result.device}, "
                         f"{result.plan.rounds} rounds x {result.plan.calls_per_round} calls): speed ratio = kernel / anchor time")
     for h in HEADER:

@@ -3,10 +3,10 @@ only; decides nothing (the status of each case was decided in gate.correctness.r
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from gate.core.files import safe_name
+from gate.report import terminal_console
 from gate.core.jsonio import write_text_atomic
 from gate.core.results import CaseResult, Status, SweepResult, shown_tensors
 
@@ -20,14 +20,11 @@ def _ratio_cells(c: CaseResult, names: tuple[str, ...]) -> list[str]:
 
 
 def print_table(result: SweepResult, console=None, show_passing: bool = True) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     if console is None:
-        console = Console()
-        if not console.is_terminal and "COLUMNS" not in os.environ:
-            console = Console(width=200)  # a CI log: rich would squeeze the table into 80 columns
+        console = terminal_console()
     table = Table(title=f"{result.kernel} / {result.suite}: error ratio = err / bound (pass <= 1)")
     table.add_column("case", no_wrap=True)
     table.add_column("status")

@@ -36,7 +36,6 @@ from gate.compare.findings import Finding, Verdict, decide
 from gate.core.results import SweepResult
 from gate.compare.sweep_rules import (
     check_comparable, compare, correctness_thresholds, refuse_duplicate_cases, refuse_other_gpu_class, incomplete_pass,
-    required_tensors,
 )
 
 
@@ -227,7 +226,7 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
 
 def render_check(verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_dir: Path, console=None,
                  extra_markdown: str = "") -> dict[str, Path]:
-    from gate.report.check_report import markdown_summary, print_check
+    from gate.report.check_report import print_check
     from gate.core.jsonio import write_json_atomic, write_text_atomic
     from gate.core.files import safe_name
     from gate.report.sweep_report import write_sweep_outputs
@@ -236,9 +235,9 @@ def render_check(verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_d
     paths = write_sweep_outputs(sweep, out_dir)
     paths["findings"] = out_dir / f"findings-{stem}.json"
     write_json_atomic(paths["findings"], verdict.to_dict())
-    from gate.report.comment import Links
+    from gate.report.comment import Links, pr_comment
 
-    summary = markdown_summary(verdict, sweep, baseline, Links.from_env(os.environ), extra_markdown)
+    summary = pr_comment(verdict, sweep, baseline, Links.from_env(os.environ), extra_markdown)
     paths["summary"] = out_dir / f"check-{stem}.md"
     write_text_atomic(paths["summary"], summary)
     paths["comment"] = out_dir / f"comment-{stem}.md"  # the PR comment: the same text, under GitHub's limit

@@ -85,9 +85,6 @@ class PerfCheck:
 
 def run_perf_check(config: Config, kernel: str, suite: str, device: str, only: str | None,
                    baseline_perf: dict[str, Any] | None, out_dir: Path) -> PerfCheck:
-    from gate.speed.runs import write_perf_outputs
-    from gate.report.speed_report import perf_markdown, plot_speed_ratios
-
     if not select_perf_cases(suite, config, only):
         return no_perf_case_check(config, suite, only, baseline_perf)
     from gate.workflow.isolation import PerfWorker, family_of
