@@ -387,6 +387,13 @@ class Case:
             parts.append("sinks")
         return parts
 
+    def work(self, check_names: tuple[str, ...] = ()) -> float:
+        """FLOPs of everything a sweep runs for this case: forward + backward on every seed, and
+        each depth check (its own and `check_names`, run-wide) about 10 runs more. What shards are
+        balanced on and case timeouts are sized by."""
+        runs = 1 + 10 * len(set(self.checks) | set(check_names))
+        return (self.flops("fwd") + self.flops("bwd")) * len(self.seeds) * runs
+
     def flops(self, pass_: str = "fwd") -> float:
         """FLOPs counted as flash-attn's benchmarks do: fwd 4*B*H*Nq*Nk*D, halved for causal; bwd 2.5x."""
         if self.entry == "kvcache":  # forward only; causal does not halve a decode step's work

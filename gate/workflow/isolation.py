@@ -90,9 +90,7 @@ def family_of(kernel: str, config) -> "KernelFamily | None":
 def case_timeout(case: Case, cfg: IsolationConfig, check_names: tuple[str, ...] = ()) -> float:
     """Seconds a case may take in its worker: a base plus time per GFLOP of its forward+backward on
     every seed, times the extra runs its probes make (determinism runs it 10 more times)."""
-    gflops = (case.flops("fwd") + case.flops("bwd")) * len(case.seeds) / 1e9
-    runs = 1 + 10 * len(set(case.checks) | set(check_names))
-    return cfg.case_timeout_s + cfg.timeout_s_per_gflop * gflops * runs
+    return cfg.case_timeout_s + cfg.timeout_s_per_gflop * case.work(check_names) / 1e9
 
 
 def visible_gpus() -> list[str]:
