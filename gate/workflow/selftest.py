@@ -337,22 +337,16 @@ def run_selftest(config: Config, kernel: str | None = None, suite: str | None = 
     plumbing (engine, rule, report) where no GPU exists, measures nothing about GPUs, and never
     decides the exit code."""
     from gate.correctness.planted import select_bugs
-    from gate.core.cases import load_suite
-    from gate.core.environment import default_device
     from gate.core.files import require_writable
+    from gate.workflow.validate import validate_target
 
-    device = device or default_device()
-    if device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise UserError("--device cuda: no CUDA GPU is visible here; pass --device cpu")
-    profile = config.profile(device)
-    kernel, suite = kernel or profile.kernel, suite or profile.suite
+    # the same checks, defaults and "did you mean" answers as every other command (#15); the planted
+    # bugs wrap the kernel in this process, so it is loaded here
+    target = validate_target(config, kernel, suite, device)
+    kernel, suite, device = target.kernel, target.suite, target.device
     if reps < 1:
         raise UserError(f"--reps {reps}: must be >= 1")
     require_writable(Path(out_dir), "--out")
-    load_suite(suite, config.suites, config.source)  # an unknown suite is a usage error before anything runs
     chosen = select_bugs(tuple(bugs))
     if budget_s is None and device == "cuda":
         budget_s = DEFAULT_GPU_BUDGET_S
