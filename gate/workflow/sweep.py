@@ -16,7 +16,7 @@ from pathlib import Path
 from gate.core.cases import load_suite, only_pattern, suite_hash
 from gate.core.config import Config
 from gate.correctness.run_case import run_case
-from gate.core.environment import default_device, describe
+from gate.core.environment import describe
 from gate.core.errors import UserError
 from gate.kernels.registry import family_adapter, get_adapter
 from gate.core.results import CaseResult, SweepResult
@@ -62,12 +62,9 @@ def run_sweep(kernel: str, suite_name: str, config: Config, device: str | None =
     `adapter` (selftest, #13) runs that adapter under the name `kernel`, in this process: a planted
     bug wrapped around the kernel is swept and judged exactly as the kernel itself (an adapter
     object cannot be sent to a worker; the selftest's kernels are attn-gate's own and its wrappers)."""
-    device = device or default_device()
-    if device == "cuda":
-        import torch
+    from gate.workflow.validate import check_device
 
-        if not torch.cuda.is_available():
-            raise UserError("--device cuda: no CUDA GPU is visible here; leave --device out to use the CPU")
+    device = check_device(device)  # a library call (tests, selftest) gets the CLI's one-line answer too
     suite = load_suite(suite_name, config.suites, config.source)
     pattern = only_pattern(only)
     cases = [c for c in suite.cases if pattern is None or pattern.search(c.id)]
