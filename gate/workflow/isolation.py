@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import select
@@ -225,7 +226,7 @@ class WorkerPool:
         self.slots = [Slot(self, i, gpus[i] if device == "cuda" and workers > 1 else None) for i in range(workers)]
         self._free: list[Slot] = list(self.slots)
         self._cond = threading.Condition()
-
+        self._files = itertools.count()  # one temp file per case: a case being judged keeps its own
         self._info: KernelInfo | None = None
 
     def __enter__(self) -> "WorkerPool":
@@ -272,11 +273,26 @@ class WorkerPool:
 
     def run_case(self, case: Case, tol: ToleranceConfig, check_names: tuple[str, ...], timeout: float | None,
                  traits=None) -> CaseResult:
-        """`traits` (run_case.KernelTraits): what the worker's hello declared; None asks kernel_info."""
+        """`traits` (run_case.KernelTraits): what the worker's hello declared; None asks kernel_info.
+
+        The slot (its worker) is held only while the kernel runs; the outputs are judged after it
+        is released, so with two callers per slot (the sweep's `judging_threads`) the worker runs
+        the next case while this process computes the references of the last one: the float64
+        references and the kernel overlap instead of taking turns (issue #9's PR time budget)."""
         traits = traits if traits is not None else self.kernel_info().traits
+        start = time.perf_counter()
+        with self._cond:
+            file = self.tmpdir / f"case-{next(self._files)}.pt"
         with self.slot() as slot:
-            return run_isolated_case(slot, case, tol, check_names, timeout or case_timeout(case, self.cfg, check_names),
-                                     traits)
+            ran = run_in_worker(slot, case, check_names, timeout or case_timeout(case, self.cfg, check_names), file)
+            ref_device = slot.ref_device
+        if isinstance(ran, CaseResult):
+            return ran
+        try:
+            return judge_raw_outputs(case, file, ref_device, tol, ran, traits, start)
+        finally:
+            with contextlib.suppress(OSError):
+                file.unlink()
 
 
 # Pools kept warm between runs of one process, keyed by everything a worker inherits: the sweep's
@@ -329,11 +345,11 @@ def _error(case: Case, reason: str, start: float, traceback: str = "") -> CaseRe
                       traceback=traceback[-2000:])
 
 
-def run_isolated_case(slot: Slot, case: Case, tol: ToleranceConfig, check_names: tuple[str, ...], timeout: float,
-                      traits) -> CaseResult:
-    """One case: the kernel runs in the slot's worker, the errors are measured here."""
+def run_in_worker(slot: Slot, case: Case, check_names: tuple[str, ...], timeout: float, file: Path) -> "CaseResult | dict":
+    """One case's kernel run in the slot's worker, its raw outputs written to `file`: the worker's
+    reply (status RAN) for judge_raw_outputs, or the case's row when there is nothing to judge (a
+    SKIP, the kernel's FAIL or ERROR, a dead or hung worker)."""
     start = time.perf_counter()
-    file = slot.pool.tmpdir / f"case-{slot.index}.pt"
     try:
         worker, hello = slot.ensure()
         if "user_error" in hello:
@@ -355,11 +371,7 @@ def run_isolated_case(slot: Slot, case: Case, tol: ToleranceConfig, check_names:
     if status != "RAN":
         slot.discard()
         return _error(case, f"case {case.id}: the worker answered {status!r}", start)
-    try:
-        return judge_raw_outputs(case, file, slot.ref_device, tol, reply, traits, start)
-    finally:
-        with contextlib.suppress(OSError):
-            file.unlink()
+    return reply
 
 
 def judge_raw_outputs(case: Case, file: Path, device: str, tol: ToleranceConfig, reply: dict, traits,

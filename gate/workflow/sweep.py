@@ -22,7 +22,7 @@ from gate.kernels.registry import family_adapter, get_adapter
 from gate.core.results import CaseResult, SweepResult
 from gate.workflow.shards import shard_cases, shard_note
 
-
+JUDGING_THREADS_PER_SLOT = 2  # a case judged here while the next one runs in the worker
 
 
 @dataclass(frozen=True)
@@ -151,13 +151,16 @@ def _run_isolated(kernel: str, suite, config: Config, device: str, progress: boo
                     fresh[case.id] = result
                     advance(case.id, result.status.value)
 
-            if len(pool.slots) == 1:
-                for case in todo:
-                    one(case)
-            else:
-                with ThreadPoolExecutor(max_workers=len(pool.slots), thread_name_prefix="attn-gate-slot") as ex:
-                    for future in [ex.submit(one, c) for c in todo]:
-                        future.result()
+            # JUDGING_THREADS_PER_SLOT callers per worker: while one judges its case's outputs here,
+            # the next case already runs in the worker (gate/workflow/isolation.py WorkerPool.run_case)
+            ex = ThreadPoolExecutor(max_workers=JUDGING_THREADS_PER_SLOT * len(pool.slots), thread_name_prefix="attn-gate-case")
+            try:
+                for future in [ex.submit(one, c) for c in todo]:
+                    future.result()
+            except BaseException:
+                ex.shutdown(wait=False, cancel_futures=True)  # Ctrl-C or a broken journal: no case starts after it
+                raise
+            ex.shutdown(wait=True)
     results = tuple(done[c.id] if c.id in done else fresh[c.id] for c in cases)
     return SweepResult(
         kernel=kernel, suite=suite.name, suite_hash=suite_hash(suite), environment=environment, cases=results,
