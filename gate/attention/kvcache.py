@@ -53,8 +53,19 @@ class CacheInputs:
         return [n + extra for n in self.cached]
 
 
-def _garbage(shape, gen, dtype, device, shift: float) -> torch.Tensor:
-    return (torch.randn(shape, generator=gen, dtype=torch.float32) * 3.0 + shift).to(device=device, dtype=dtype)
+GARBAGE_TILE = 61  # slots of random garbage, repeated over the unused slots (a prime: no page size divides it)
+
+
+def _garbage(shape, gen, shift: float) -> torch.Tensor:
+    """Loud float32 garbage for `shape` (slots on dim 1): a random tile of GARBAGE_TILE slots repeated.
+    Every slot is still far from a real token (keys ~N(4, 3), values ~N(8, 3)), so a kernel that
+    reads one gets a visibly wrong answer; a tile instead of fresh noise per slot keeps a large
+    cache cheap to make (a 16 x 8192-slot paged cache drew ~10^9 normals per call before: ~30 s of
+    an H200 case spent on the host, in the worker and again in the gate)."""
+    lead, n, rest = shape[0], shape[1], tuple(shape[2:])
+    tile = torch.randn((lead, min(n, GARBAGE_TILE), *rest), generator=gen, dtype=torch.float32) * 3.0 + shift
+    reps = -(-n // max(1, tile.shape[1]))
+    return tile.repeat(1, reps, *([1] * len(rest)))[:, :n] if n else tile
 
 
 def make_cache_inputs(case: Case, q: torch.Tensor, gen: torch.Generator, dtype, device) -> CacheInputs:
@@ -64,11 +75,11 @@ def make_cache_inputs(case: Case, q: torch.Tensor, gen: torch.Generator, dtype, 
     page = case.page_size
     slots_k = (b, cap, hkv, case.head_dim)
     slots_v = (b, cap, hkv, case.head_dim_v)
-    k_slots = torch.randn(slots_k, generator=gen, dtype=torch.float32)
-    v_slots = torch.randn(slots_v, generator=gen, dtype=torch.float32)
-    used = torch.arange(cap).view(1, cap) < torch.tensor(cached).view(b, 1)  # (B, cap)
-    k_slots = torch.where(used[..., None, None], k_slots, _garbage(slots_k, gen, torch.float32, "cpu", 4.0))
-    v_slots = torch.where(used[..., None, None], v_slots, _garbage(slots_v, gen, torch.float32, "cpu", 8.0))
+    k_slots = _garbage(slots_k, gen, 4.0)
+    v_slots = _garbage(slots_v, gen, 8.0)
+    for i, n in enumerate(cached):  # real tokens only where they are cached: no normals drawn for the rest
+        k_slots[i, :n] = torch.randn((n, hkv, case.head_dim), generator=gen, dtype=torch.float32)
+        v_slots[i, :n] = torch.randn((n, hkv, case.head_dim_v), generator=gen, dtype=torch.float32)
     k_new = v_new = None
     if case.cache_new:
         k_new = torch.randn((b, case.seqlen_q, hkv, case.head_dim), generator=gen).to(device=device, dtype=dtype)
@@ -77,15 +88,18 @@ def make_cache_inputs(case: Case, q: torch.Tensor, gen: torch.Generator, dtype, 
     if page:
         pages = -(-cap // page)
         padded = pages * page
-        k_slots = torch.cat([k_slots, _garbage((b, padded - cap, hkv, case.head_dim), gen, torch.float32, "cpu", 4.0)], 1)
-        v_slots = torch.cat([v_slots, _garbage((b, padded - cap, hkv, case.head_dim_v), gen, torch.float32, "cpu", 8.0)], 1)
+        k_slots = torch.cat([k_slots, _garbage((b, padded - cap, hkv, case.head_dim), gen, 4.0)], 1)
+        v_slots = torch.cat([v_slots, _garbage((b, padded - cap, hkv, case.head_dim_v), gen, 8.0)], 1)
         blocks = b * pages + SPARE_BLOCKS
         order = torch.randperm(blocks, generator=gen) if case.shuffled_pages else torch.arange(blocks)
         block_table = order[: b * pages].view(b, pages).to(torch.int32)
-        k_pool = _garbage((blocks, page, hkv, case.head_dim), gen, torch.float32, "cpu", 4.0)
-        v_pool = _garbage((blocks, page, hkv, case.head_dim_v), gen, torch.float32, "cpu", 8.0)
+        k_pool = torch.empty((blocks, page, hkv, case.head_dim))
+        v_pool = torch.empty((blocks, page, hkv, case.head_dim_v))
         k_pool[block_table.flatten().long()] = k_slots.reshape(b * pages, page, hkv, case.head_dim)
         v_pool[block_table.flatten().long()] = v_slots.reshape(b * pages, page, hkv, case.head_dim_v)
+        spare = order[b * pages:].long()  # the blocks no table entry points at: garbage too
+        k_pool[spare] = _garbage((SPARE_BLOCKS, page, hkv, case.head_dim), gen, 4.0)
+        v_pool[spare] = _garbage((SPARE_BLOCKS, page, hkv, case.head_dim_v), gen, 8.0)
         k_slots, v_slots = k_pool, v_pool
         block_table = block_table.to(device)
     return CacheInputs(
