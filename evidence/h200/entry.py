@@ -70,10 +70,15 @@ def slices(env: dict[str, str]) -> list[tuple[str, str, str, dict[str, str]]]:
     else:
         ROWS.append({"label": "fa2", "kernel": "fa2", "rc": None,
                      "note": "flash_attn does not import (carry the fa2-triton wheel): not run"})
+    if ENTRY_LABELS:
+        import re
+
+        out = [s for s in out if re.search(ENTRY_LABELS, s[0])]
     return out
 
 
 ROWS: list[dict] = []
+ENTRY_LABELS = os.environ.get("ENTRY_LABELS")  # a regex: only the slices whose label matches (evidence/h200/session-x2.sh)
 
 
 def summarise(label: str, kernel: str, rc: int | None, wall: float, folder: Path, note: str = "") -> dict:

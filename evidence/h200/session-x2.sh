@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# One session of H200 evidence on a host with two H200s (device kind nvidia-h200-x2), in three
+# device calls of < 10 minutes each, run back to back while the machine stays warm. Two lanes run
+# side by side, one per GPU, each pinned to half of the host's cores (taskset) so a compile or a
+# reference on one lane does not steal the CPU that launches the other lane's timed kernels.
+#
+#   CALL=1  lane 0 (timing, GPU 0 alone): `attn-gate check` of sdpa-flash on pr, wall-timed, against the
+#           committed baseline; `baseline update --from-results/--perf-from` of that run (the refresh of
+#           baselines/h200/sdpa-flash-pr.json); the check again against the refreshed baseline, wall-timed
+#           (issue #9's <= 180 s, isolation on: #11).
+#           lane 1 (GPU 1): cudnn_bias_repro.py and the bias sweeps of sdpa-efficient, sdpa-cudnn, flex with
+#           the new declarations (#16); nightly shard 1/8 of sdpa-flash with one worker (the 1-GPU half of #11's
+#           scale-out measurement).
+#           then both GPUs: the same nightly shard with --workers 2 (the 2-GPU half).
+#   CALL=2  (carries .wheels/a, staged to /root/stage for CALL=3)
+#           lane 0: `attn-gate selftest` of sdpa-flash on pr, correctness part (--no-slowdowns): controls and
+#           every planted bug (#13).
+#           lane 1: the same selftest's slowdown part (--bugs of one cheap bug, then planted 1-10 % slowdowns
+#           and the A/A control, repeated within the budget) (#13).
+#   CALL=3  (carries .wheels/b: FA4 installed from the staged halves)
+#           lane 0: fa4 pr sweep in pieces, fa4-raw-window, the fa4 bias probe (#16) and fa4 decode/sinks (#10).
+#           lane 1: flex decode slices (#10), then the pr sweep pieces of flex, sdpa-efficient and sdpa-cudnn
+#           that the last session did not reach (#9).
+#
+# Each call packs what it wrote into $OUT/partN.tar.gz (the device returns at most 8 files) and prints
+# status lines; the whole call runs under CALL_BUDGET_S (550 s) so it is packed even when cut. With one GPU visible, lane 1 runs after lane 0 (and takes longer than a call).
+set -uo pipefail
+call=${CALL:?CALL=1, 2 or 3}
+RESULT=${OUT:-out/h200_x2}
+W=${WORK:-/tmp/h200_x2}/part$call
+mkdir -p "$W" "$RESULT"
+if [ -z "${SESSION_INNER:-}" ]; then  # the work runs under one deadline, so what it wrote is always packed and returned
+  SESSION_INNER=1 timeout -k 10 "${CALL_BUDGET_S:-550}" bash "$0"; rc=$?
+  [ "$rc" = 124 ] && echo "call $call stopped at its ${CALL_BUDGET_S:-550} s budget" | tee -a "$W/session.txt"
+  tar -czf "$RESULT/part$call.tar.gz" -C "$(dirname "$W")" "$(basename "$W")"
+  cp "$W/session.txt" "$RESULT/session-$call.txt" 2>/dev/null
+  cat "$W/session.txt"
+  exit "$rc"
+fi
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-8}
+python3 -m pip install -q --no-deps --no-build-isolation -e . > "$W/pip.log" 2>&1 || echo "pip install -e . failed (see pip.log)"
+nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,temperature.gpu --format=csv > "$W/nvidia-smi.txt" 2>&1
+gpus=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+cores=$(nproc); half=$(( cores / 2 ))
+start=$(date +%s)
+say() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$W/session.txt"; }
+pin=; command -v taskset > /dev/null && pin=1
+lane() {  # lane N: GPU N and half of the cores (with one GPU: GPU 0, all cores; no taskset: no pinning)
+  if [ "$gpus" -ge 2 ] && [ -z "$pin" ]; then echo "env CUDA_VISIBLE_DEVICES=$1"
+  elif [ "$gpus" -ge 2 ]; then
+    if [ "$1" = 0 ]; then echo "env CUDA_VISIBLE_DEVICES=0 taskset -c 0-$(( half - 1 ))"
+    else echo "env CUDA_VISIBLE_DEVICES=1 taskset -c $half-$(( cores - 1 ))"; fi
+  else echo "env CUDA_VISIBLE_DEVICES=0"; fi
+}
+timed() {  # label budget_s cmd...: run, record rc and wall seconds
+  local label=$1 budget=$2; shift 2
+  local t0; t0=$(date +%s.%N)
+  timeout "$budget" "$@"; local rc=$?
+  say "$label rc=$rc wall_s=$(python3 -c "import time; print(round(time.time() - $t0, 1))")"
+}
+say "call $call: $gpus GPU(s), $cores cores"
+gate() { python3 -m gate "$@"; }
+
+case "$call" in
+1)
+  lane0() {
+    local L; L=$(lane 0); local d="$W/flash"; mkdir -p "$d/baselines"
+    printf '[tool.attn-gate]\nbaselines_dir = "%s"\n' "$d/baselines" > "$d/pyproject.toml"
+    timed "check-1 sdpa-flash pr vs committed baseline" 240 $L python3 -m gate check --kernel sdpa-flash --suite pr \
+      --device cuda --baseline baselines/h200/sdpa-flash-pr.json --no-progress --out "$d/check1" > "$d/check1.log" 2>&1
+    timed "baseline update from check-1" 60 $L python3 -m gate baseline update --config "$d/pyproject.toml" \
+      --kernel sdpa-flash --suite pr --device cuda --from-results "$d/check1/sweep-sdpa-flash-pr.json" \
+      --perf-from "$d/check1/perf-sdpa-flash-pr.json" --summary "$d/baseline-summary.md" > "$d/update.log" 2>&1
+    local file; file=$(ls "$d"/baselines/*/sdpa-flash-pr.json 2>/dev/null | head -1)
+    if [ -n "$file" ]; then
+      timed "check-2 sdpa-flash pr vs refreshed baseline" 240 $L python3 -m gate check --kernel sdpa-flash --suite pr \
+        --device cuda --baseline "$file" --no-progress --out "$d/check2" > "$d/check2.log" 2>&1
+    fi
+    grep -hE "^(PASS|FAIL|INCONCLUSIVE)" "$d"/check*.log | tee -a "$W/session.txt"
+  }
+  lane1() {
+    local L; L=$(lane 1)
+    timed "cudnn bias repro" 90 $L env OUT="$W/cudnn-repro" python3 evidence/h200/cudnn_bias_repro.py > "$W/cudnn-repro.log" 2>&1
+    timed "bias sweeps efficient/cudnn/flex" 230 $L env OUT="$W/bias" BIAS_KERNELS=sdpa-efficient,sdpa-cudnn,flex \
+      BIAS_BUDGET_S=200 python3 evidence/h200/bias_sweeps.py > "$W/bias.log" 2>&1
+    timed "nightly shard 1/8 sdpa-flash --workers 1" 200 $L python3 -m gate sweep --kernel sdpa-flash --suite nightly \
+      --device cuda --shard 1/8 --workers 1 --no-progress --out "$W/scale/w1" > "$W/scale-w1.log" 2>&1
+  }
+  if [ "$gpus" -ge 2 ]; then lane0 & lane1 & wait; else lane0; lane1; fi
+  if [ "$gpus" -ge 2 ]; then
+    timed "nightly shard 1/8 sdpa-flash --workers 2" 150 python3 -m gate sweep --kernel sdpa-flash --suite nightly \
+      --device cuda --shard 1/8 --workers 2 --no-progress --out "$W/scale/w2" > "$W/scale-w2.log" 2>&1
+  fi
+  ;;
+2)
+  mkdir -p /root/stage && cp .wheels/a/* /root/stage/ 2>/dev/null && say "staged .wheels/a in /root/stage"
+  lane0() {
+    timed "selftest correctness part" 520 $(lane 0) python3 -m gate selftest --kernel sdpa-flash --suite pr --device cuda \
+      --no-slowdowns --out "$W/selftest-bugs" > "$W/selftest-bugs.log" 2>&1
+  }
+  lane1() {
+    timed "selftest slowdown part" 520 $(lane 1) python3 -m gate selftest --kernel sdpa-flash --suite pr --device cuda \
+      --bugs "${SLOWDOWN_BUG:-dk_x1.02}" --budget-s 490 --reps 5 --out "$W/selftest-slowdowns" > "$W/selftest-slowdowns.log" 2>&1
+  }
+  if [ "$gpus" -ge 2 ]; then lane0 & lane1 & wait; else lane0; fi
+  ;;
+3)
+  if [ -d /root/stage ] && [ -x .wheels/b/install.sh ]; then
+    exports=$(.wheels/b/install.sh /root/stage 2> "$W/fa4-install.err") && eval "$exports" && say "FA4 installed: $exports"
+  fi
+  python3 -c "import flash_attn.cute" > "$W/fa4-import.txt" 2>&1 && say "flash_attn.cute imports" || say "flash_attn.cute does NOT import"
+  pieces() {  # L kernel budget regex...: a pr sweep in pieces, each written as it ends
+    local L=$1 k=$2 deadline=$(( $(date +%s) + $3 )) i=0; shift 3
+    for re in "$@"; do
+      i=$((i + 1)); local left=$(( deadline - $(date +%s) ))
+      if [ "$left" -lt 20 ]; then say "sweep $k piece $i ($re) not run: budget spent"; continue; fi
+      mkdir -p "$W/sweeps/$k-$i"
+      timed "sweep $k pr --only=$re" "$left" $L python3 -m gate sweep --kernel "$k" --suite pr --device cuda --no-progress \
+        --out "$W/sweeps/$k-$i" "--only=$re" > "$W/sweeps/$k-$i/log.txt" 2>&1
+    done
+  }
+  lane0() {
+    local L; L=$(lane 0)
+    timed "fa4 bias probe" 160 $L env OUT="$W/fa4-bias" python3 evidence/h200/fa4_bias_probe.py > "$W/fa4-bias.log" 2>&1
+    timed "fa4 decode/sinks (entry part A)" 150 $L env OUT="$W/entry-fa4" ENTRY_PART=A ENTRY_LABELS='^fa4' ENTRY_BUDGET_S=130 \
+      python3 evidence/h200/entry.py > "$W/entry-fa4.log" 2>&1
+    pieces "$L" fa4 200 '^bf16.*-causal' '^bf16(?!.*-causal)' '^fp16'
+    timed "fa4-raw-window" 60 $L python3 -m gate sweep --kernel fa4-raw-window --suite pr --device cuda --no-progress \
+      --only=-win --out "$W/sweeps/fa4-raw-window" > "$W/fa4-raw-window.log" 2>&1
+  }
+  lane1() {
+    local L; L=$(lane 1)
+    timed "flex decode (entry part A)" 170 $L env OUT="$W/entry-flex" ENTRY_PART=A ENTRY_LABELS='^flex' ENTRY_BUDGET_S=160 \
+      python3 evidence/h200/entry.py > "$W/entry-flex.log" 2>&1
+    pieces "$L" sdpa-efficient 120 '^fp16(?!.*-causal)'
+    pieces "$L" sdpa-cudnn 150 '^bf16(?!.*-causal)' '^fp16'
+    pieces "$L" flex 100 '-win-1\.' '-(bhsd_view|dout_noncontig|qkv_packed)'
+  }
+  if [ "$gpus" -ge 2 ]; then lane0 & lane1 & wait; else lane0; fi
+  ;;
+esac
+say "done"
