@@ -255,7 +255,9 @@ class FA4Adapter(_FlashBase):
                         score_mod_bwd=fa4_mods.bias_score_mod_bwd, aux_tensors=[fa4_bias_aux(bias)])
         o = call.opts
         key = (bias.data_ptr(), bias._version, tuple(bias.shape), str(bias.device), o.causal, tuple(o.window))
-        if key not in self._masks:  # built once per case, not in every timed call
+        # Built once per case, not in every timed call. A boolean pattern does not depend on the seed
+        # (gate.attention.bias), so a later seed's mask at the same address is the same mask.
+        if key not in self._masks:
             self._masks[key] = fa4_mask_aux(bias, call.q.shape[1], call.k.shape[1], o.causal, tuple(o.window))
         return dict(mask_mod=fa4_mods.bool_mask_mod(one_batch, one_head), aux_tensors=[self._masks[key]],
                     causal=False, window_size=(None, None))
