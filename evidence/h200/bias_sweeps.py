@@ -12,8 +12,9 @@ prefix_lm, with and without the bias gradient, fp32 biases with bf16/fp16 inputs
                                          attn_bias gradient, so its bias_grad rows are SKIPPED
   flex                                   score_mod capturing the bias (with backward), mask_mod for
                                          the boolean patterns
-  fa4                                    only where `flash_attn.cute` imports: its bias rows are
-                                         SKIPPED with what its API offers (no CuTe mod written yet)
+  fa4                                    only where `flash_attn.cute` imports: CuTe score_mod /
+                                         mask_mod over aux_tensors (gate/kernels/fa4_mods.py); its
+                                         bias_grad rows are SKIPPED (no aux-tensor gradient)
   flex-flash                             FlexAttention with kernel_options BACKEND=FLASH (the FA4
                                          CuTe kernels driven by Flex's mods), where that exists;
                                          an experiment: its rows are evidence, not a gate verdict

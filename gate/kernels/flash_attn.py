@@ -7,6 +7,12 @@ LSE (B, H, Nq) dense and (H, total_q) varlen. Differences handled here: FA4 spel
 window side None (not -1) and always returns (out, lse); FA3 returns (out, lse) in some
 releases and out alone in others; FA2 returns the LSE (and its dropout mask, encoded in the sign
 of S_dmask) only with return_attn_probs=True.
+
+Custom bias (issue #16), FA4 only: a float bias goes in as aux_tensors[0] read by a CuTe score_mod
+(score + bias[b, h, q, k], with an identity score_mod_bwd), a boolean mask as a uint8 aux tensor
+read by a mask_mod, causal/window folded into it (FA4 drops both under a mask_mod). FA4's backward
+returns no gradient for an aux tensor, so bias_grad cases are SKIPPED; softcap and a score_mod
+cannot be combined in FA4, so neither can softcap and a float bias. The mods: gate/kernels/fa4_mods.py.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import importlib.metadata
 
 import torch
 
+from gate.attention.masks import allowed_mask
 from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, write_pages
 
 
@@ -168,6 +175,12 @@ class FA4Adapter(_FlashBase):
     name, module, dist = "fa4", "flash_attn.cute", "flash-attn-4"
     description = "flash-attn 4, CuTe DSL (flash_attn.cute.flash_attn_func)"
 
+    def __init__(self):
+        self._masks: dict = {}  # issue #16: this case's folded boolean masks (see fa4_mask_aux)
+
+    def prepare(self, case) -> None:
+        self._masks.clear()  # a new case: a new mask and new options
+
     def _takes(self, fn_name: str, keyword: str) -> bool:
         """Whether this FA4 build's fn_name takes `keyword` (False where it does not import)."""
         import inspect
@@ -189,28 +202,33 @@ class FA4Adapter(_FlashBase):
                             # dsink is not judged (the row says so) until it has been
                             sink_grad=False,
                             notes=("decode: flash_attn_varlen_func with seqused_k (and page_table); the new k/v are "
-                                   "written into the cache by the adapter (FA4 has no append)",),
-                            bias_unsupported=self._bias_reason())  # issue #16
+                                   "written into the cache by the adapter (FA4 has no append)",
+                                   "custom bias: a CuTe score_mod reading the bias from aux_tensors; boolean masks: a "
+                                   "mask_mod, with causal/window folded into the mask (gate/kernels/fa4_mods.py)"),
+                            # issue #16: float biases through score_mod, boolean masks through mask_mod
+                            bias=True, bool_mask=True, bias_grad=False,
+                            bias_unsupported=self._bias_reason(),
+                            bias_grad_unsupported=BIAS_GRAD_REASON)
+
+    def unsupported_reason(self, case, device: str) -> str | None:
+        reason = super().unsupported_reason(case, device)
+        if reason is None and case.has_float_bias and case.softcap:
+            return SOFTCAP_BIAS_REASON
+        return reason
 
     def _bias_reason(self) -> str:
-        """issue #16: why FA4 bias/mask cases are skipped, read from its API (never guessed).
-
-        FA4's score_mod / mask_mod are CuTe DSL functions over `aux_tensors`, and its backward
-        returns no gradient for an aux tensor. attn-gate does not write CuTe mods yet (nothing
-        here could test one: no GPU on the CI machine), so every bias case is SKIPPED with what
-        the installed API offers. FlexAttention's FLASH backend compiles Python mods into these
-        kernels: evidence/h200/bias_sweeps.py tries that route where it exists."""
+        """issue #16: '' when this FA4's flash_attn_func takes the mods the bias path hands it;
+        else why every bias case is skipped, read from its signature (never guessed)."""
         try:
             import inspect
 
             params = set(inspect.signature(_import(self.module).flash_attn_func).parameters)
         except Exception as exc:  # not installed, or a signature we cannot read
-            return f"custom bias not wired for FA4 (its API could not be inspected: {type(exc).__name__})"
-        mods = sorted(params & {"score_mod", "mask_mod", "aux_tensors"})
-        if not mods:
-            return "this flash-attn-4 has no score_mod/mask_mod: no custom bias or mask"
-        return (f"FA4 takes {'/'.join(mods)} as CuTe DSL functions; attn-gate has no CuTe bias mod yet "
-                f"(untested here), so the custom bias path is not run")
+            return f"FA4's flash_attn_func could not be inspected for score_mod/mask_mod ({type(exc).__name__})"
+        missing = [p for p in BIAS_KEYWORDS if p not in params]
+        if missing:
+            return f"this flash-attn-4's flash_attn_func takes no {'/'.join(missing)}: no custom bias or mask"
+        return ""
 
     def _window(self, call: KernelCall):
         return tuple(None if w < 0 else w for w in call.opts.window)
@@ -220,7 +238,29 @@ class FA4Adapter(_FlashBase):
         kwargs["return_lse"] = True
         if call.sink is not None:
             kwargs["learnable_sink"] = call.sink
+        if call.opts.bias is not None:  # issue #16
+            kwargs.update(self._bias_kwargs(call))
         return kwargs
+
+    def _bias_kwargs(self, call: KernelCall) -> dict:
+        """issue #16: the mod and aux tensor for the call's bias. A boolean mask goes through
+        mask_mod, under which FA4 drops causal and window (interface._resolve_causal_local_window):
+        they are folded into the mask, and causal/window are passed as off to say so."""
+        from gate.kernels import fa4_mods  # needs cutlass: only here, for a bias case
+
+        bias = call.opts.bias
+        one_batch, one_head = bias.shape[0] == 1, bias.shape[1] == 1
+        if bias.dtype != torch.bool:
+            return dict(score_mod=fa4_mods.bias_score_mod(one_batch, one_head),
+                        score_mod_bwd=fa4_mods.bias_score_mod_bwd, aux_tensors=[fa4_bias_aux(bias)])
+        o = call.opts
+        key = (bias.data_ptr(), bias._version, tuple(bias.shape), str(bias.device), o.causal, tuple(o.window))
+        # Built once per case, not in every timed call. A boolean pattern does not depend on the seed
+        # (gate.attention.bias), so a later seed's mask at the same address is the same mask.
+        if key not in self._masks:
+            self._masks[key] = fa4_mask_aux(bias, call.q.shape[1], call.k.shape[1], o.causal, tuple(o.window))
+        return dict(mask_mod=fa4_mods.bool_mask_mod(one_batch, one_head), aux_tensors=[self._masks[key]],
+                    causal=False, window_size=(None, None))
 
     def __call__(self, call: KernelCall) -> KernelOutput:
         if call.cache is None:
@@ -241,6 +281,32 @@ class FA4Adapter(_FlashBase):
             kwargs["learnable_sink"] = call.sink
         out, lse = self._split(mod.flash_attn_varlen_func(call.q, c.k_cache, c.v_cache, **kwargs))
         return KernelOutput(out=out, lse=lse)
+
+
+# --- issue #16: FA4's custom bias and masks, the torch side (the CuTe side: gate/kernels/fa4_mods.py)
+
+BIAS_KEYWORDS = ("score_mod", "score_mod_bwd", "mask_mod", "aux_tensors")
+BIAS_GRAD_REASON = ("no bias gradient: FA4's backward (FlashAttnFunc.backward, 4.0.0b36) returns None for "
+                    "aux_tensors, so the bias read by score_mod gets no dBias")
+SOFTCAP_BIAS_REASON = "no custom bias with softcap: FA4 takes softcap or a score_mod, not both (its interface asserts)"
+
+
+def fa4_bias_aux(bias: torch.Tensor) -> torch.Tensor:
+    """The float bias as score_mod reads it: the tensor itself, in its own dtype and broadcast
+    shape (the mod indexes 0 on a dimension of size 1), detached (FA4 returns no gradient for it)
+    and contiguous (one stride-1 dimension, as FA4's aux-tensor layout check wants)."""
+    return bias.detach().contiguous()
+
+
+def fa4_mask_aux(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, causal: bool, window: tuple[int, int]) -> torch.Tensor:
+    """The boolean mask as mask_mod reads it: uint8 (1 = allowed), with causal and the window
+    folded in (bottom-right aligned, gate.attention.masks, as FA4's own causal is), because FA4
+    ignores both when a mask_mod is given. Without causal/window: a zero-copy uint8 view."""
+    allowed = allowed_mask(torch.arange(seqlen_q, device=mask.device), seqlen_q, seqlen_k, causal, window)
+    mask = mask.detach()
+    if allowed is not None:
+        mask = mask & allowed  # (b, h, Nq, Nk) & (Nq, Nk): the mask keeps its broadcast shape
+    return mask.contiguous().view(torch.uint8)
 
 
 class FA4RawWindowAdapter(FA4Adapter):
