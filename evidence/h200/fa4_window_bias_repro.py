@@ -47,29 +47,50 @@ def run(label: str, hkv: int, window, bias_scale: float | None) -> dict:
         bias = torch.randn(b, h, s, s, device="cuda", dtype=torch.bfloat16, generator=gen) * bias_scale
         kwargs.update(score_mod=add_bias, score_mod_bwd=pass_grad, aux_tensors=[bias])
     row = {"case": label, "hkv": hkv, "window": list(window), "bias_scale": bias_scale}
+    phase = "forward"
     try:
         out = flash_attn_func(q, k, v, **kwargs)
         out = out[0] if isinstance(out, tuple) else out
+        torch.cuda.synchronize()
+        phase = "backward"
         out.backward(torch.randn_like(out))
+        torch.cuda.synchronize()
         row.update({name: bool(torch.isfinite(t).all()) for name, t in
                     (("out", out), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad))})
         row["dq_nonfinite"] = int((~torch.isfinite(q.grad)).sum())
     except Exception as exc:  # noqa: BLE001 - a refusal is a row
-        row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        row["error"] = f"{phase}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     return row
 
 
+VARIANTS = [
+    ("MHA, no window, bias", 8, (None, None), 2.0),
+    ("GQA 8/2, no window, bias", 2, (None, None), 2.0),
+    ("MHA, window (256, 0), bias", 8, (256, 0), 2.0),
+    ("GQA 8/2, window (256, 0), bias", 2, (256, 0), 2.0),
+    ("GQA 8/2, window (256, 0), zero bias", 2, (256, 0), 0.0),
+    ("GQA 8/2, window (256, 0), no score_mod", 2, (256, 0), None),
+]
+
+
 def main() -> None:
+    """Each variant in a process of its own (an illegal memory access poisons the CUDA context);
+    CUDA_LAUNCH_BLOCKING=1 so a fault is reported by the call that made it (forward or backward)."""
+    import subprocess
+    import sys
+
+    if len(sys.argv) > 1:
+        print("ROW " + json.dumps(run(*VARIANTS[int(sys.argv[1])])))
+        return
     out_dir = Path(os.environ.get("OUT") or "out/h200_fa4_window_bias")
     out_dir.mkdir(parents=True, exist_ok=True)
-    rows = [
-        run("MHA, no window, bias", 8, (None, None), 2.0),
-        run("GQA 8/2, no window, bias", 2, (None, None), 2.0),
-        run("MHA, window (256, 0), bias", 8, (256, 0), 2.0),
-        run("GQA 8/2, window (256, 0), bias", 2, (256, 0), 2.0),
-        run("GQA 8/2, window (256, 0), zero bias", 2, (256, 0), 0.0),
-        run("GQA 8/2, window (256, 0), no score_mod", 2, (256, 0), None),
-    ]
+    rows = []
+    for i, variant in enumerate(VARIANTS):
+        proc = subprocess.run([sys.executable, __file__, str(i)], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "CUDA_LAUNCH_BLOCKING": "1"})
+        found = [ln[4:] for ln in proc.stdout.splitlines() if ln.startswith("ROW ")]
+        rows.append(json.loads(found[0]) if found else
+                    {"case": variant[0], "error": f"exit {proc.returncode}: " + " | ".join(proc.stderr.strip().splitlines()[-3:])[:400]})
     for r in rows:
         print(f"{r['case']:42} {r.get('error') or {k: r[k] for k in ('out', 'dq', 'dk', 'dv', 'dq_nonfinite')}}")
     (out_dir / "fa4-window-bias-repro.json").write_text(json.dumps({"schema_version": 1, "rows": rows}, indent=1))
