@@ -118,6 +118,15 @@ def test_slowdown_plumbing_rehearsed_on_cpu(tmp_path, capsys):
     assert s["calibration"]["cycles"]["bwd+10%"] > s["calibration"]["cycles"]["bwd+1%"] > 0
     assert all(t["severity"] in ("OK", "FAIL", "INCONCLUSIVE", "WARN") for t in s["trials"])
     assert "CPU rehearsal" in md and "| fwd |" in md and set(s["summary"]) == {"fwd", "bwd"}
+    # dk_x1.02 is planted around the kernel: tiled hosts none of the chosen bugs, so its control is
+    # not swept (on the H200 it swept all of pr, > 7 minutes, before this was fixed)
+    assert [c["kernel"] for c in report["controls"]] == ["sdpa-cpu"]
+
+
+def test_tiled_control_runs_when_a_chosen_bug_lives_in_tiled(tmp_path, capsys):
+    code, report, _ = selftest(tmp_path, write_config(tmp_path), "--bugs", "causal_peek", "--no-slowdowns")
+    assert code == 0, capsys.readouterr()
+    assert [c["kernel"] for c in report["controls"]] == ["sdpa-cpu", "tiled"]
 
 
 def test_a_bug_that_cannot_be_planted_counts_as_surviving(tmp_path, capsys, monkeypatch):

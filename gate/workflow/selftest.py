@@ -359,6 +359,11 @@ def run_selftest(config: Config, kernel: str | None = None, suite: str | None = 
         controls: list[ControlOutcome] = []
         for name in dict.fromkeys((kernel, "tiled")):
             scope = tiled_control_scope(run, chosen) if name == "tiled" else None
+            if name == "tiled" and scope is None and kernel != "tiled":
+                # tiled is here only as the host of planted bugs; none of the chosen ones lives in it
+                # (seen on the H200: `--bugs dk_x1.02` swept all of pr with tiled, > 7 minutes)
+                log("control tiled: not run: none of the chosen planted bugs is planted in tiled")
+                continue
             log(f"control {name} on {suite}{' (the cases its planted bugs are judged on)' if scope else ''}: "
                 f"baseline sweep, then a second sweep checked against it")
             controls.append(run_control(run, name, only=scope))
