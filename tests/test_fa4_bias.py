@@ -27,7 +27,7 @@ from gate.core.config import ToleranceConfig
 from gate.correctness.run_case import leaf_call, run_case
 from gate.attention.inputs import make_inputs
 from gate.kernels.flash_attn import (
-    BIAS_GRAD_REASON, SOFTCAP_BIAS_REASON, FA4Adapter, fa4_bias_aux, fa4_mask_aux,
+    BIAS_GRAD_REASON, GQA_DV_REASON, SOFTCAP_BIAS_REASON, FA4Adapter, fa4_bias_aux, fa4_mask_aux,
 )
 
 MODS_PATH = Path(gate.kernels.__file__).parent / "fa4_mods.py"
@@ -208,6 +208,15 @@ def test_fa4_declares_float_bias_and_masks_but_no_bias_gradient(fake_fa4):
     assert a.unsupported_reason(case(bias="dense", softcap=20.0), "cuda") == SOFTCAP_BIAS_REASON
     assert a.unsupported_reason(case(bias="document", softcap=20.0), "cuda") is None  # mask_mod + softcap: allowed
     assert a.unsupported_reason(case(softcap=20.0), "cuda") is None
+
+
+def test_fa4_skips_gqa_with_a_different_value_head_dim_as_its_backward_asserts(fake_fa4):
+    """Seen on the H200: FA4 4.0.0b36 raised 'GQA backward requires head_dim == head_dim_v' (an
+    ERROR row); the case is SKIPPED with that reason, MHA with dv != d and GQA with dv == d still run."""
+    a = FA4Adapter()
+    assert a.unsupported_reason(case(head_dim=32, head_dim_v=16), "cuda") == GQA_DV_REASON
+    assert a.unsupported_reason(case(head_dim=32, head_dim_v=16, heads_kv=4), "cuda") is None
+    assert a.unsupported_reason(case(head_dim=32, head_dim_v=32), "cuda") is None
 
 
 def test_an_fa4_without_the_mod_keywords_skips_every_bias_case_saying_which(monkeypatch, fake_fa4):

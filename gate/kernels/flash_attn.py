@@ -214,6 +214,8 @@ class FA4Adapter(_FlashBase):
         reason = super().unsupported_reason(case, device)
         if reason is None and case.has_float_bias and case.softcap:
             return SOFTCAP_BIAS_REASON
+        if reason is None and case.is_gqa and case.head_dim != case.head_dim_v and case.entry != "kvcache":
+            return GQA_DV_REASON
         return reason
 
     def _bias_reason(self) -> str:
@@ -288,6 +290,9 @@ class FA4Adapter(_FlashBase):
 BIAS_KEYWORDS = ("score_mod", "score_mod_bwd", "mask_mod", "aux_tensors")
 BIAS_GRAD_REASON = ("no bias gradient: FA4's backward (FlashAttnFunc.backward, 4.0.0b36) returns None for "
                     "aux_tensors, so the bias read by score_mod gets no dBias")
+# seen on the H200 (reports/h200/session-2026-12-01, fa4 pr sweep): FA4 4.0.0b36 asserts in its
+# backward "GQA backward requires head_dim == head_dim_v" (bf16-b2-h8/2-s257x1000-d192/128-causal)
+GQA_DV_REASON = "GQA with head_dim_v != head_dim: FA4's backward asserts head_dim == head_dim_v under GQA"
 SOFTCAP_BIAS_REASON = "no custom bias with softcap: FA4 takes softcap or a score_mod, not both (its interface asserts)"
 
 
