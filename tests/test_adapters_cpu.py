@@ -227,3 +227,38 @@ def test_sweep_of_an_unavailable_kernel_exits_2_with_the_reason(kernel, capsys, 
     assert err.startswith(f"attn-gate: error: kernel {kernel!r} is unavailable here: {get_adapter(kernel).unavailable_reason()}; "
                           f"on cpu try ")  # #15: and what runs here instead
     assert "needs a CUDA GPU" in err and not list(tmp_path.iterdir())
+
+
+def test_a_trimmed_fa3_build_skips_what_its_config_says_it_was_built_without(monkeypatch):
+    """FA3's setup.py writes its FLASH_ATTENTION_DISABLE_* switches into flash_attn_config.CONFIG:
+    the adapter reads them, so the trimmed build carried to the H200 (.fa3: no softcap, no head dim
+    above 128, no dv != d) SKIPS those cases with the reason instead of raising in each."""
+    import sys
+    import types
+
+    from gate.core.cases import Case
+    from gate.kernels.flash_attn import FA3Adapter
+
+    def case(**kw):
+        base = dict(batch=2, seqlen_q=64, seqlen_k=64, heads_q=4, heads_kv=4, head_dim=128, head_dim_v=128,
+                    dtype="bf16", seeds=(0,))
+        return Case(**{**base, **kw})
+
+    full = FA3Adapter().capabilities()  # no flash_attn_config here: the full build's capabilities
+    assert full.softcap and full.max_head_dim == 256 and full.head_dim_v_differs and not full.notes
+    flags = {"FLASHATTENTION_DISABLE_SOFTCAP": True, "FLASHATTENTION_DISABLE_HDIM96": True,
+             "FLASHATTENTION_DISABLE_HDIM192": True, "FLASHATTENTION_DISABLE_HDIM256": True,
+             "FLASHATTENTION_DISABLE_HDIM64": False, "FLASHATTENTION_DISABLE_HDIM128": False,
+             "FLASH_ATTENTION_DISABLE_HDIMDIFF64": True, "FLASH_ATTENTION_DISABLE_HDIMDIFF192": True,
+             "FLASHATTENTION_DISABLE_APPENDKV": True, "FLASHATTENTION_DISABLE_FP16": False,
+             "FLASHATTENTION_ENABLE_VCOLMAJOR": False}
+    monkeypatch.setitem(sys.modules, "flash_attn_config", types.SimpleNamespace(CONFIG={"build_flags": flags}))
+    a = FA3Adapter()
+    caps = a.capabilities()
+    assert not caps.softcap and caps.max_head_dim == 128 and not caps.head_dim_v_differs and caps.window
+    assert "softcap" in caps.notes[0] and "hdim256" in caps.notes[0] and "vcolmajor" not in caps.notes[0]
+    assert "softcap" in caps.unsupported_reason(case(softcap=30.0), "cuda")
+    assert "head_dim > 128" in caps.unsupported_reason(case(head_dim=192, head_dim_v=192), "cuda")
+    assert "head_dim_v" in caps.unsupported_reason(case(head_dim_v=64), "cuda")
+    assert caps.unsupported_reason(case(head_dim=72, head_dim_v=72), "cuda") is None  # 72 runs the 128 kernel
+    assert "append-KV" in a.unsupported_reason(case(entry="kvcache", seqlen_q=1, seqlen_k=256, cache_new=True), "cuda")

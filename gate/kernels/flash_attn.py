@@ -143,14 +143,47 @@ class FA2Adapter(_FlashBase):
         return KernelOutput(out=out, lse=lse.detach().float(), dropout_keep=keep)
 
 
+def fa3_build_flags() -> dict:
+    """FA3's build switches, as its setup.py writes them into `flash_attn_config.CONFIG["build_flags"]`
+    beside the extension ({} where there is no such module: a build that predates it, or no FA3)."""
+    try:
+        flags = _import("flash_attn_config").CONFIG["build_flags"]
+    except Exception:
+        return {}
+    return dict(flags) if isinstance(flags, dict) else {}
+
+
 class FA3Adapter(_FlashBase):
     name, module, dist = "fa3", "flash_attn_interface", "flash-attn-3"
     description = "flash-attn 3, Hopper (flash_attn_interface.flash_attn_func)"
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(dtypes=("fp16", "bf16"), max_head_dim=256, head_dim_multiple=8, head_dim_v_differs=True,
-                            window=True, softcap=True, varlen=True, deterministic_mode=True, returns_lse=True,
-                            kvcache=True, paged=True)
+        """What this FA3 build runs. A build made with hopper/setup.py's FLASH_ATTENTION_DISABLE_*
+        switches says which in the `flash_attn_config.CONFIG` it generates beside the extension; a
+        trimmed build (the one evidence/h200 carries: no softcap, head dims 64/128 only) then SKIPS
+        what it lacks with that reason instead of raising in every such case."""
+        flags = fa3_build_flags()
+        off = {k.replace("FLASH_ATTENTION_", "FLASHATTENTION_"): bool(v) for k, v in flags.items()}
+        dims = [d for d in (64, 96, 128, 192, 256) if not off.get(f"FLASHATTENTION_DISABLE_HDIM{d}")]
+        trimmed = sorted(k.removeprefix("FLASHATTENTION_DISABLE_").lower() for k, v in off.items()
+                         if v and k.startswith("FLASHATTENTION_DISABLE_"))
+        return Capabilities(dtypes=("bf16",) if off.get("FLASHATTENTION_DISABLE_FP16") else ("fp16", "bf16"),
+                            max_head_dim=max(dims, default=256), head_dim_multiple=8,
+                            head_dim_v_differs=not (off.get("FLASHATTENTION_DISABLE_HDIMDIFF64")
+                                                    and off.get("FLASHATTENTION_DISABLE_HDIMDIFF192")),
+                            window=not off.get("FLASHATTENTION_DISABLE_LOCAL"),
+                            softcap=not off.get("FLASHATTENTION_DISABLE_SOFTCAP"),
+                            varlen=not off.get("FLASHATTENTION_DISABLE_VARLEN"),
+                            deterministic_mode=True, returns_lse=True, kvcache=True,
+                            paged=not off.get("FLASHATTENTION_DISABLE_PAGEDKV"),
+                            backward=not off.get("FLASHATTENTION_DISABLE_BACKWARD"),
+                            notes=(f"FA3 build without: {', '.join(trimmed)} (its flash_attn_config)",) if trimmed else ())
+
+    def unsupported_reason(self, case, device: str) -> str | None:
+        reason = super().unsupported_reason(case, device)
+        if reason is None and case.cache_new and fa3_build_flags().get("FLASHATTENTION_DISABLE_APPENDKV"):
+            return "this FA3 build has no append-KV (built with FLASH_ATTENTION_DISABLE_APPENDKV)"
+        return reason
 
     def _kwargs(self, call: KernelCall) -> dict:
         kwargs = super()._kwargs(call)
