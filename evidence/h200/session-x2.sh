@@ -21,6 +21,8 @@
 #           lane 0: fa4 pr sweep in pieces, fa4-raw-window, the fa4 bias probe (#16) and fa4 decode/sinks (#10).
 #           lane 1: flex decode slices (#10), then the pr sweep pieces of flex, sdpa-efficient and sdpa-cudnn
 #           that the last session did not reach (#9).
+#   CALL=4  (carries .fa3, the FA3 build of reports/fa3-build) lane 0: the selftest's planted slowdowns (#13);
+#           lane 1: evidence/h200/fa3.sh (#10). CALL_BUDGET_S=570 fits both.
 #
 # Each call packs what it wrote into $OUT/partN.tar.gz (the device returns at most 8 files) and prints
 # status lines; the whole call runs under CALL_BUDGET_S (550 s) so it is packed even when cut. With one GPU visible, lane 1 runs after lane 0 (and takes longer than a call).
@@ -135,6 +137,19 @@ case "$call" in
     pieces "$L" sdpa-efficient 120 '^fp16(?!.*-causal)'
     pieces "$L" sdpa-cudnn 150 '^bf16(?!.*-causal)' '^fp16'
     pieces "$L" flex 100 '-win-1\.' '-(bhsd_view|dout_noncontig|qkv_packed)'
+  }
+  if [ "$gpus" -ge 2 ]; then lane0 & lane1 & wait; else lane0; fi
+  ;;
+4)
+  # next session (carries .fa3): the selftest's planted slowdowns alone on GPU 0 (#13; the tiled
+  # control is no longer swept for a kernel-hosted bug, d17c769), FA3 from the CPU-made build on GPU 1 (#10)
+  lane0() {
+    timed "selftest slowdown part" 540 $(lane 0) python3 -m gate selftest --kernel sdpa-flash --suite pr --device cuda \
+      --bugs "${SLOWDOWN_BUG:-dk_x1.02}" --budget-s 500 --reps 5 --out "$W/selftest-slowdowns" > "$W/selftest-slowdowns.log" 2>&1
+  }
+  lane1() {
+    timed "fa3 (evidence/h200/fa3.sh)" 540 $(lane 1) env OUT="$W" FA3_BUDGET_S=300 FA3_PERF_S=100 bash evidence/h200/fa3.sh \
+      > "$W/fa3.log" 2>&1
   }
   if [ "$gpus" -ge 2 ]; then lane0 & lane1 & wait; else lane0; fi
   ;;
