@@ -22,7 +22,8 @@
 #           lane 1: flex decode slices (#10), then the pr sweep pieces of flex, sdpa-efficient and sdpa-cudnn
 #           that the last session did not reach (#9).
 #   CALL=4  (carries .fa3, the FA3 build of reports/fa3-build) lane 0: the selftest's planted slowdowns (#13);
-#           lane 1: evidence/h200/fa3.sh (#10). CALL_BUDGET_S=570 fits both.
+#           lane 1: FA=fa3 evidence/h200/flash_build.sh (#10). CALL_BUDGET_S=570 fits both. FA2 (.fa2, 44 MiB)
+#           needs a call of its own: FA=fa2 bash evidence/h200/flash_build.sh.
 #
 # Each call packs what it wrote into $OUT/partN.tar.gz (the device returns at most 8 files) and prints
 # status lines; the whole call runs under CALL_BUDGET_S (550 s) so it is packed even when cut. With one GPU visible, lane 1 runs after lane 0 (and takes longer than a call).
@@ -148,7 +149,7 @@ case "$call" in
       --bugs "${SLOWDOWN_BUG:-dk_x1.02}" --budget-s 500 --reps 5 --out "$W/selftest-slowdowns" > "$W/selftest-slowdowns.log" 2>&1
   }
   lane1() {
-    timed "fa3 (evidence/h200/fa3.sh)" 540 $(lane 1) env OUT="$W" FA3_BUDGET_S=300 FA3_PERF_S=100 bash evidence/h200/fa3.sh \
+    timed "fa3 (evidence/h200/flash_build.sh)" 540 $(lane 1) env FA=fa3 OUT="$W" FA_BUDGET_S=300 FA_PERF_S=100 bash evidence/h200/flash_build.sh \
       > "$W/fa3.log" 2>&1
   }
   if [ "$gpus" -ge 2 ]; then lane0 & lane1 & wait; else lane0; fi
