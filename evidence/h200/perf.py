@@ -28,7 +28,6 @@ no profiler; checks the plumbing, measures nothing about GPUs).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import os
 import platform
@@ -253,63 +252,12 @@ def fit_budget(active: list[str], cost: dict[str, float], remaining_trials: int,
     return kept
 
 
-def spin(cycles: int) -> None:
-    """A real delay on the device: torch.cuda._sleep on a GPU; a busy-wait in the CPU dry run."""
-    import torch
-
-    if DRY:
-        end = time.perf_counter_ns() + cycles
-        while time.perf_counter_ns() < end:
-            pass
-    else:
-        torch.cuda._sleep(cycles)
-
-
-@functools.cache
-def _planted_class():
-    import torch
-
-    from gate.kernels.base import KernelAdapter, KernelOutput
-
-    class SleepInBackward(torch.autograd.Function):
-        """Identity forward; the backward spins `cycles` on the GPU before passing the gradient on."""
-
-        @staticmethod
-        def forward(ctx, x, cycles):
-            ctx.cycles = cycles
-            return x.view_as(x)
-
-        @staticmethod
-        def backward(ctx, grad):
-            spin(ctx.cycles)
-            return grad, None
-
-    class Planted(KernelAdapter):
-        def __init__(self, inner, fwd_cycles: int, bwd_cycles: int):
-            self.inner, self.fwd_cycles, self.bwd_cycles = inner, fwd_cycles, bwd_cycles
-            self.name = f"{inner.name}+sleep(f{fwd_cycles},b{bwd_cycles})"
-            self.description = "planted slowdown"
-
-        def capabilities(self):
-            return self.inner.capabilities()
-
-        def prepare(self, case) -> None:
-            self.inner.prepare(case)
-
-        def __call__(self, call):
-            result = self.inner(call)
-            out = result.out
-            if self.fwd_cycles:
-                spin(self.fwd_cycles)
-            if self.bwd_cycles:
-                out = SleepInBackward.apply(out, self.bwd_cycles)
-            return KernelOutput(out=out, lse=result.lse)
-
-    return Planted
-
-
 def PlantedSlowdown(inner, fwd_cycles: int, bwd_cycles: int):
-    return _planted_class()(inner, fwd_cycles, bwd_cycles)
+    """The selftest's own planted delay (gate/speed/planted.py SlowedKernel: torch.cuda._sleep in the
+    stream on a GPU, a busy-wait on the CPU dry run), so this report measures the same delay."""
+    from gate.speed.planted import SlowedKernel
+
+    return SlowedKernel(inner, fwd_cycles=fwd_cycles, bwd_cycles=bwd_cycles)
 
 
 def profiler_agreement(s, torch) -> dict:
