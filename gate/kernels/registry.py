@@ -22,18 +22,27 @@ def kernel_names() -> list[str]:
     return sorted(_builtins())
 
 
-def family_adapter(name: str, config) -> KernelAdapter | None:
-    """The kernel family `[tool.attn-gate.kernels.NAME]` of `config` (issue #10), or None when `name`
-    is not one. A family may not take a built-in kernel's name: `--kernel NAME` must mean one thing."""
+def kernel_family(name: str, config):
+    """The kernel family `[tool.attn-gate.kernels.NAME]` of `config` (issue #10, a KernelFamily) that
+    `name` names, or None; nothing of it is imported here (the isolated path sends it to a worker).
+    A family may not take a built-in kernel's name: `--kernel NAME` must mean one thing."""
     families = getattr(config, "kernels", None) or {}
     if name not in families:
         return None
     if name in _builtins():
         raise UserError(f"{config.source} [tool.attn-gate.kernels.{name}]: {name!r} is a built-in kernel's name; "
                         f"rename the table")
+    return families[name]
+
+
+def family_adapter(name: str, config) -> KernelAdapter | None:
+    """The adapter of kernel family `name` (kernel_family), its entry points imported; None when not one."""
+    family = kernel_family(name, config)
+    if family is None:
+        return None
     from gate.kernels.user import FamilyAdapter
 
-    return FamilyAdapter(families[name])
+    return FamilyAdapter(family)
 
 
 def get_adapter(name: str) -> KernelAdapter:

@@ -74,18 +74,11 @@ class WorkerGone(Exception):
 
 
 def family_of(kernel: str, config) -> "KernelFamily | None":
-    """The kernel family `[tool.attn-gate.kernels.NAME]` of `config` (issue #10) that `kernel` names,
-    or None; sent to the worker, which imports its entry points (this process never does). A
-    family may not take a built-in kernel's name (gate/kernels/registry.py family_adapter)."""
-    families = getattr(config, "kernels", None) or {}
-    if kernel not in families:
-        return None
-    from gate.kernels.registry import kernel_names
+    """The kernel family that `kernel` names (gate/kernels/registry.py kernel_family), or None; sent to
+    the worker, which imports its entry points (this process never does)."""
+    from gate.kernels.registry import kernel_family
 
-    if kernel in kernel_names():
-        raise UserError(f"{config.source} [tool.attn-gate.kernels.{kernel}]: {kernel!r} is a built-in kernel's name; "
-                        f"rename the table")
-    return families[kernel]
+    return kernel_family(kernel, config)
 
 
 def case_timeout(case: Case, cfg: IsolationConfig, check_names: tuple[str, ...] = ()) -> float:
