@@ -40,6 +40,7 @@ OUT.mkdir(parents=True, exist_ok=True)
 BUDGET_A = float(os.environ.get("ENTRY_BUDGET_S", "220"))
 BUDGET_B = float(os.environ.get("ENTRY_PERF_S", "80"))
 SUITE = "smoke" if DRY else "pr"
+ENTRY_LABELS = os.environ.get("ENTRY_LABELS")  # a regex: only the slices whose label matches (evidence/h200/session-x2.sh)
 DEVICE = "cpu" if DRY else "cuda"
 ENTRY_CASES = r"-kv([\d.]|-|$)|-sinks"  # decode and sinks cases ("kv" alone also matched qkv_packed: seen on the H200)
 FLEX_SLICES = {  # flex recompiles per key length: three small slices instead of one long one
@@ -78,7 +79,6 @@ def slices(env: dict[str, str]) -> list[tuple[str, str, str, dict[str, str]]]:
 
 
 ROWS: list[dict] = []
-ENTRY_LABELS = os.environ.get("ENTRY_LABELS")  # a regex: only the slices whose label matches (evidence/h200/session-x2.sh)
 
 
 def summarise(label: str, kernel: str, rc: int | None, wall: float, folder: Path, note: str = "") -> dict:

@@ -143,14 +143,17 @@ class FA2Adapter(_FlashBase):
         return KernelOutput(out=out, lse=lse.detach().float(), dropout_keep=keep)
 
 
-def fa3_build_flags() -> dict:
+def fa3_build_flags() -> dict[str, bool]:
     """FA3's build switches, as its setup.py writes them into `flash_attn_config.CONFIG["build_flags"]`
-    beside the extension ({} where there is no such module: a build that predates it, or no FA3)."""
+    beside the extension, with one spelling (it writes both FLASHATTENTION_ and FLASH_ATTENTION_
+    prefixes); {} where there is no such module (a build that predates it, or no FA3)."""
     try:
         flags = _import("flash_attn_config").CONFIG["build_flags"]
     except Exception:
         return {}
-    return dict(flags) if isinstance(flags, dict) else {}
+    if not isinstance(flags, dict):
+        return {}
+    return {k.replace("FLASH_ATTENTION_", "FLASHATTENTION_"): bool(v) for k, v in flags.items()}
 
 
 class FA3Adapter(_FlashBase):
@@ -162,8 +165,7 @@ class FA3Adapter(_FlashBase):
         switches says which in the `flash_attn_config.CONFIG` it generates beside the extension; a
         trimmed build (the one evidence/h200 carries: no softcap, head dims 64/128 only) then SKIPS
         what it lacks with that reason instead of raising in every such case."""
-        flags = fa3_build_flags()
-        off = {k.replace("FLASH_ATTENTION_", "FLASHATTENTION_"): bool(v) for k, v in flags.items()}
+        off = fa3_build_flags()
         dims = [d for d in (64, 96, 128, 192, 256) if not off.get(f"FLASHATTENTION_DISABLE_HDIM{d}")]
         trimmed = sorted(k.removeprefix("FLASHATTENTION_DISABLE_").lower() for k, v in off.items()
                          if v and k.startswith("FLASHATTENTION_DISABLE_"))
