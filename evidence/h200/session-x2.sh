@@ -24,11 +24,13 @@
 #   CALL=4  (carries .fa3, the FA3 build of reports/fa3-build) lane 0: the selftest's planted slowdowns (#13);
 #           lane 1: FA=fa3 evidence/h200/flash_build.sh (#10). CALL_BUDGET_S=570 fits both. FA2 (.fa2, 44 MiB)
 #           needs a call of its own: FA=fa2 bash evidence/h200/flash_build.sh.
+#   CALL=5  (one GPU) the whole selftest of sdpa-flash on pr: controls, planted bugs, slowdowns (#13).
+#   CALL=6  (one GPU, carries .fa3) FA3's flash_build.sh;  CALL=7 (one GPU, carries .fa2) FA2's (#10).
 #
 # Each call packs what it wrote into $OUT/partN.tar.gz (the device returns at most 8 files) and prints
 # status lines; the whole call runs under CALL_BUDGET_S (550 s) so it is packed even when cut. With one GPU visible, lane 1 runs after lane 0 (and takes longer than a call).
 set -uo pipefail
-call=${CALL:?CALL=1, 2 or 3}
+call=${CALL:?CALL=1..7}
 RESULT=${OUT:-out/h200_x2}
 W=${WORK:-/tmp/h200_x2}/part$call
 mkdir -p "$W" "$RESULT"
@@ -153,6 +155,20 @@ case "$call" in
       > "$W/fa3.log" 2>&1
   }
   if [ "$gpus" -ge 2 ]; then lane0 & lane1 & wait; else lane0; fi
+  ;;
+5)
+  # one GPU (only nvidia-h200 lent on 2026-12-01b): the whole selftest of sdpa-flash on pr in one run -
+  # controls, every planted bug, then the planted slowdowns and the A/A control while the budget lasts (#13)
+  timed "selftest sdpa-flash pr (whole)" 560 $(lane 0) python3 -m gate selftest --kernel sdpa-flash --suite pr \
+    --device cuda --budget-s "${SELFTEST_BUDGET_S:-500}" --reps 5 --out "$W/selftest" > "$W/selftest.log" 2>&1
+  grep -E "^(control|slowdowns|\[)" "$W/selftest.log" | tail -40 >> "$W/session.txt"
+  ;;
+6|7)
+  # one GPU: FA3 (CALL=6, carries .fa3) or FA2 (CALL=7, carries .fa2) from the CPU-made builds (#10)
+  fa=fa3; [ "$call" = 7 ] && fa=fa2
+  timed "$fa (evidence/h200/flash_build.sh)" 560 $(lane 0) env FA=$fa OUT="$W" FA_BUDGET_S="${FA_BUDGET_S:-270}" \
+    FA_PERF_S="${FA_PERF_S:-100}" bash evidence/h200/flash_build.sh > "$W/$fa.log" 2>&1
+  cat "$W/$fa/status.txt" >> "$W/session.txt" 2>/dev/null
   ;;
 esac
 say "done"
