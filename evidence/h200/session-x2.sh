@@ -161,7 +161,7 @@ case "$call" in
   # controls, every planted bug, then the planted slowdowns and the A/A control while the budget lasts (#13)
   timed "selftest sdpa-flash pr (whole)" 560 $(lane 0) python3 -m gate selftest --kernel sdpa-flash --suite pr \
     --device cuda --budget-s "${SELFTEST_BUDGET_S:-500}" --reps 5 --out "$W/selftest" > "$W/selftest.log" 2>&1
-  grep -E "^(control|slowdowns|\[)" "$W/selftest.log" | tail -40 >> "$W/session.txt"
+  grep -E "^selftest: (control|slowdowns|\[)" "$W/selftest.log" | tail -40 >> "$W/session.txt"
   ;;
 6|7)
   # one GPU: FA3 (CALL=6, carries .fa3) or FA2 (CALL=7, carries .fa2) from the CPU-made builds (#10)
