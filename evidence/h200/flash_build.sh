@@ -15,6 +15,7 @@
 # 2. the decode/paged/append cases of pr (flash_attn_with_kvcache), then the pr sweep in pieces,
 #    each piece written as it ends (FA_BUDGET_S, default 300 s, for the sweeps);
 # 3. the pr speed cases against the config's anchor (`attn-gate perf`, FA_PERF_S, default 120 s);
+#    (FA_PIECES=1,3 runs only those pieces - 1 bf16 causal, 2 bf16 not causal, 3 fp16 - and stops there);
 # 4. the determinism check (deterministic=True: ten runs bit-identical) on two pr cases.
 # A short status table at the end; every part's rc and wall time are in $OUT/<fa>/status.txt.
 set -uo pipefail
@@ -52,11 +53,16 @@ sweep() {  # label budget extra-args...
 # the .fa2 build has head dims 64 and 128 only (no config file says so): its sweeps keep to those cases
 pre='^'; [ "$fa" = fa2 ] && pre='^(?=.*-d(64|128)(-|$))'
 deadline=$(( $(date +%s) + ${FA_BUDGET_S:-300} ))
-sweep decode 90 "--only=$pre.*-kv([\d.]|-|\$)"
+[ -z "${FA_PIECES:-}" ] && sweep decode 90 "--only=$pre.*-kv([\d.]|-|\$)"
+# each piece gets its own folder (a label made from the regex alone gave two pieces one folder, and the
+# second overwrote the first: 2026-12-01b, fixed then)
+i=0
 for piece in "${pre}bf16.*-causal" "${pre}bf16(?!.*-causal)" "${pre}fp16"; do
+  i=$((i + 1)); [ -n "${FA_PIECES:-}" ] && [[ ",$FA_PIECES," != *",$i,"* ]] && continue
   left=$(( deadline - $(date +%s) )); [ "$left" -lt 20 ] && { status "sweep $piece not run: budget spent"; continue; }
-  sweep "pr-$(echo "$piece" | tr -dc 'a-z0-9')" "$left" "--only=$piece"
+  sweep "pr-$i-$(echo "$piece" | tr -dc 'a-z0-9')" "$left" "--only=$piece"
 done
+[ -n "${FA_PIECES:-}" ] && { echo; cat "$out/status.txt"; exit 0; }  # a re-run of pieces only
 t0=$(date +%s)
 timeout "${FA_PERF_S:-120}" python3 -m gate perf --kernel "$fa" --suite pr --device cuda --out "$out/perf" \
   > "$out/perf.log" 2>&1

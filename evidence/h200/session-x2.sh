@@ -26,11 +26,13 @@
 #           needs a call of its own: FA=fa2 bash evidence/h200/flash_build.sh.
 #   CALL=5  (one GPU) the whole selftest of sdpa-flash on pr: controls, planted bugs, slowdowns (#13).
 #   CALL=6  (one GPU, carries .fa3) FA3's flash_build.sh;  CALL=7 (one GPU, carries .fa2) FA2's (#10).
+#   CALL=8  (one GPU, carries .fa2) fa2_repro.py and FA2's bf16 causal pr piece again.
+#   CALL=9  (one GPU, carries .fa3) FA3's bf16 causal pr piece again; the whole nightly of sdpa-flash, timed (#9).
 #
 # Each call packs what it wrote into $OUT/partN.tar.gz (the device returns at most 8 files) and prints
 # status lines; the whole call runs under CALL_BUDGET_S (550 s) so it is packed even when cut. With one GPU visible, lane 1 runs after lane 0 (and takes longer than a call).
 set -uo pipefail
-call=${CALL:?CALL=1..7}
+call=${CALL:?CALL=1..9}
 RESULT=${OUT:-out/h200_x2}
 W=${WORK:-/tmp/h200_x2}/part$call
 mkdir -p "$W" "$RESULT"
@@ -169,6 +171,29 @@ case "$call" in
   timed "$fa (evidence/h200/flash_build.sh)" 560 $(lane 0) env FA=$fa OUT="$W" FA_BUDGET_S="${FA_BUDGET_S:-270}" \
     FA_PERF_S="${FA_PERF_S:-100}" bash evidence/h200/flash_build.sh > "$W/$fa.log" 2>&1
   cat "$W/$fa/status.txt" >> "$W/session.txt" 2>/dev/null
+  ;;
+8)
+  # one GPU, carries .fa2: the FA2 repro of the pr failures (window (l, -1) with sq > sk; causal + ALiBi LSE),
+  # then the bf16 causal piece of FA2's pr sweep again (CALL=7 wrote it into the folder of piece 2)
+  python3 .fa2/unpack.py > "$W/fa2-unpack.txt" 2>&1
+  timed "fa2 repro" 90 $(lane 0) env PYTHONPATH=.fa2 OUT="$W/fa2-repro" python3 evidence/h200/fa2_repro.py > "$W/fa2-repro.log" 2>&1
+  cat "$W/fa2-repro.log" >> "$W/session.txt"
+  timed "fa2 pr piece 1" 200 $(lane 0) env FA=fa2 FA_PIECES=1 FA_BUDGET_S=180 OUT="$W" bash evidence/h200/flash_build.sh \
+    > "$W/fa2.log" 2>&1
+  cat "$W/fa2/status.txt" >> "$W/session.txt" 2>/dev/null
+  ;;
+9)
+  # one GPU, carries .fa3: FA3's bf16 causal pr piece again (as CALL=8 for FA2), then the whole nightly of
+  # sdpa-flash - sweep and speed cases - wall-timed (#9's <= 30 min), the source of baselines/h200/sdpa-flash-nightly
+  timed "fa3 pr piece 1" 120 $(lane 0) env FA=fa3 FA_PIECES=1 FA_BUDGET_S=110 OUT="$W" bash evidence/h200/flash_build.sh \
+    > "$W/fa3.log" 2>&1
+  cat "$W/fa3/status.txt" >> "$W/session.txt" 2>/dev/null
+  d="$W/nightly"; mkdir -p "$d"
+  timed "nightly sdpa-flash sweep" "${NIGHTLY_SWEEP_S:-330}" $(lane 0) python3 -m gate sweep --kernel sdpa-flash --suite nightly \
+    --device cuda --no-progress --out "$d" > "$d/sweep.log" 2>&1
+  timed "nightly sdpa-flash perf" 100 $(lane 0) python3 -m gate perf --kernel sdpa-flash --suite nightly --device cuda \
+    --out "$d" > "$d/perf.log" 2>&1
+  grep -hE "^(PASS|FAIL|INCONCLUSIVE)" "$d"/*.log | tee -a "$W/session.txt"
   ;;
 esac
 say "done"
