@@ -39,6 +39,9 @@ FEATURE_CASES = {
     "dout_noncontig": tiny(layout="dout_noncontig", dtype="bf16"),
     "varlen_k": tiny(batch=2, seqlen_q=9, seqlen_k=13, varlen=(5, 9), varlen_k=(13, 7), causal=True),
     "dropout": tiny(dropout_p=0.2),
+    # the kernel's keep mask is a list of per-sequence masks here (an ERROR row on the H200 nightly,
+    # 2026-12-01b: the worker called .detach() on the list)
+    "dropout_varlen": tiny(batch=2, seqlen_q=13, seqlen_k=13, varlen=(5, 13), dropout_p=0.2, causal=True),
     "determinism_probe": tiny(checks=("determinism",)),
     "sinks_dsink": tiny(sinks=True),
     "decode_paged": tiny(batch=2, seqlen_q=2, seqlen_k=40, heads_q=4, heads_kv=2, dtype="bf16", entry="kvcache",

@@ -57,7 +57,9 @@ def run_one(adapter, request: dict, device: str) -> dict:
             except BadOutput as exc:
                 return {"status": "FAIL", "reason": f"seed {seed}: {exc}"}
 
-            def cpu(t):
+            def cpu(t):  # a tensor, or a list of them (varlen dropout keeps one mask per sequence)
+                if isinstance(t, (list, tuple)):
+                    return [cpu(x) for x in t]
                 return None if t is None else t.detach().to("cpu").clone()
 
             # the grads run_case measures: dq, dk, dv (w.r.t. the layout views the kernel got, #9),
