@@ -16,7 +16,8 @@
 #    each piece written as it ends (FA_BUDGET_S, default 300 s, for the sweeps);
 # 3. the pr speed cases against the config's anchor (`attn-gate perf`, FA_PERF_S, default 120 s);
 #    (FA_PIECES=1,3 runs only those pieces - 1 bf16 causal, 2 bf16 not causal, 3 fp16 - and stops there);
-# 4. the determinism check (deterministic=True: ten runs bit-identical) on two pr cases.
+# 4. the depth checks (deterministic=True: ten runs bit-identical, the race hunt, batch invariance) on two
+#    pr cases, FA2 also dropout's; FA_DEPTH_ONLY=1 runs this part alone (2026-12-01b ran determinism only).
 # A short status table at the end; every part's rc and wall time are in $OUT/<fa>/status.txt.
 set -uo pipefail
 fa=${FA:?FA=fa3 or FA=fa2}
@@ -52,6 +53,12 @@ sweep() {  # label budget extra-args...
 }
 # the .fa2 build has head dims 64 and 128 only (no config file says so): its sweeps keep to those cases
 pre='^'; [ "$fa" = fa2 ] && pre='^(?=.*-d(64|128)(-|$))'
+depth() {  # the depth checks: determinism, the race hunt at 4x the batch and batch invariance under
+  # deterministic=True on two pr cases; FA2 (which has dropout) also the dropout checks on its pr dropout cases
+  sweep depth 150 --only='^bf16-b2-h16/4-s2048-d128(-causal)?$' --checks determinism,race,batch_invariance
+  [ "$fa" = fa2 ] && sweep dropout 120 "--only=${pre}.*-drop" --checks dropout
+}
+if [ -n "${FA_DEPTH_ONLY:-}" ]; then depth; echo; cat "$out/status.txt"; exit 0; fi  # FA_DEPTH_ONLY=1: the depth part alone
 deadline=$(( $(date +%s) + ${FA_BUDGET_S:-300} ))
 [ -z "${FA_PIECES:-}" ] && sweep decode 90 "--only=$pre.*-kv([\d.]|-|\$)"
 # each piece gets its own folder (a label made from the regex alone gave two pieces one folder, and the
@@ -67,6 +74,6 @@ t0=$(date +%s)
 timeout "${FA_PERF_S:-120}" python3 -m gate perf --kernel "$fa" --suite pr --device cuda --out "$out/perf" \
   > "$out/perf.log" 2>&1
 status "perf rc=$? wall_s=$(( $(date +%s) - t0 ))"
-sweep determinism 60 --only='^bf16-b2-h16/4-s2048-d128(-causal)?$' --checks determinism
+depth
 # (perf above times every pr speed case; with .fa2 the head-dim-256 ones are ERROR rows of the build)
 echo; cat "$out/status.txt"

@@ -28,11 +28,12 @@
 #   CALL=6  (one GPU, carries .fa3) FA3's flash_build.sh;  CALL=7 (one GPU, carries .fa2) FA2's (#10).
 #   CALL=8  (one GPU, carries .fa2) fa2_repro.py and FA2's bf16 causal pr piece again.
 #   CALL=9  (one GPU, carries .fa3) FA3's bf16 causal pr piece again; the whole nightly of sdpa-flash, timed (#9).
+#   CALL=10 (carries .fa3) / CALL=11 (carries .fa2): the depth checks of FA3 / FA2 (next session).
 #
 # Each call packs what it wrote into $OUT/partN.tar.gz (the device returns at most 8 files) and prints
 # status lines; the whole call runs under CALL_BUDGET_S (550 s) so it is packed even when cut. With one GPU visible, lane 1 runs after lane 0 (and takes longer than a call).
 set -uo pipefail
-call=${CALL:?CALL=1..9}
+call=${CALL:?CALL=1..11}
 RESULT=${OUT:-out/h200_x2}
 W=${WORK:-/tmp/h200_x2}/part$call
 mkdir -p "$W" "$RESULT"
@@ -194,6 +195,15 @@ case "$call" in
   timed "nightly sdpa-flash perf" 100 $(lane 0) python3 -m gate perf --kernel sdpa-flash --suite nightly --device cuda \
     --out "$d" > "$d/perf.log" 2>&1
   grep -hE "^(PASS|FAIL|INCONCLUSIVE)" "$d"/*.log | tee -a "$W/session.txt"
+  ;;
+10)
+  # one GPU: the depth checks of FA3 (carry .fa3) then, in a second call, FA2 (CALL=11, carry .fa2) (#10)
+  timed "fa3 depth" 200 $(lane 0) env FA=fa3 FA_DEPTH_ONLY=1 OUT="$W" bash evidence/h200/flash_build.sh > "$W/fa3.log" 2>&1
+  cat "$W/fa3/status.txt" >> "$W/session.txt" 2>/dev/null
+  ;;
+11)
+  timed "fa2 depth" 300 $(lane 0) env FA=fa2 FA_DEPTH_ONLY=1 OUT="$W" bash evidence/h200/flash_build.sh > "$W/fa2.log" 2>&1
+  cat "$W/fa2/status.txt" >> "$W/session.txt" 2>/dev/null
   ;;
 esac
 say "done"
