@@ -99,6 +99,10 @@ class PerfConfig:
 
     anchor: str = "sdpa-cudnn"  # an adapter name, or "matmul" (a matmul of equal FLOPs)
     cpu_anchor: str = "sdpa-math"  # the anchor where no GPU exists
+    # the anchor of a case the anchor cannot run (its unsupported_reason: e.g. the cuDNN anchor above
+    # head dim 128 on an H200), so such a perf case is still timed; "" leaves it a SKIP row. Only
+    # "matmul" (equal FLOPs), which runs every case: a fallback that may refuse would need a fallback.
+    anchor_fallback: str = "matmul"
     regression_pct: float = 2.0  # FAIL when a speed ratio is worse by more than this...
     noise_k: float = 3.0  # ...and by more than k x measured noise, and significantly (alpha)
     alpha: float = 0.01  # significance level of the one-sided rank test
@@ -122,6 +126,9 @@ class PerfConfig:
         _require(self, "rounds", lambda v: v >= 1, "an integer >= 1")
         _require(self, "calls_per_round", lambda v: v >= 1, "an integer >= 1")
         _require(self, "confirm_rounds", lambda v: v >= 0, "an integer >= 0 (0: no confirm)")
+        if self.anchor_fallback not in ("", "matmul"):
+            raise ValueError(f'anchor_fallback = {self.anchor_fallback!r} must be "matmul" (time a case the anchor '
+                             f'cannot run against a matmul of equal FLOPs) or "" (such a case SKIPs)')
 
     def anchor_for(self, device: str) -> str:
         return self.anchor if device == "cuda" else self.cpu_anchor

@@ -28,6 +28,8 @@ def perf_rows(result: PerfResult) -> list[list[str]]:
             lo, hi = t.ratio_ci
             mem = c.timing.peak_mem_mb.get("candidate", math.nan)
             flags = "THROTTLED" if c.throttled else ""
+            if c.anchor_or(result.anchor) != result.anchor:  # timed against the anchor_fallback
+                flags = (flags + f" vs {c.anchor}").strip()
             if t.spread > 0.1:
                 flags = (flags + " noisy").strip()
             rows.append([c.case_id, p, _f(t.candidate_median_ms), _f(t.anchor_median_ms), _f(t.speed_ratio, ".4f"),

@@ -39,12 +39,16 @@ MATMUL = "matmul"
 
 @dataclass(frozen=True)
 class PerfCaseResult:
-    """One case: status OK / SKIP / ERROR, and the raw timing run (everything else is derived)."""
+    """One case: status OK / SKIP / ERROR, and the raw timing run (everything else is derived).
+    `anchor` is what this case was timed against: the run's anchor, or the config's
+    `anchor_fallback` where the anchor cannot run the case ("" in files written before it existed:
+    the run's anchor)."""
 
     case: Case
     status: str
     reason: str = ""
     timing: TimingRun | None = None
+    anchor: str = ""
 
     @property
     def case_id(self) -> str:
@@ -101,13 +105,18 @@ class PerfCaseResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"case_id": self.case_id, "case": self.case.to_dict(), "status": self.status, "reason": self.reason,
-                "summary": self.summary(), "timing": None if self.timing is None else self.timing.to_dict()}
+                "anchor": self.anchor, "summary": self.summary(),
+                "timing": None if self.timing is None else self.timing.to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PerfCaseResult":
         timing = d.get("timing")
         return cls(case=Case.from_dict(d["case"]), status=d["status"], reason=d.get("reason", ""),
-                   timing=None if timing is None else TimingRun.from_dict(timing))
+                   timing=None if timing is None else TimingRun.from_dict(timing), anchor=d.get("anchor", ""))
+
+    def anchor_or(self, run_anchor: str) -> str:
+        """The anchor this case was timed against (`run_anchor` when the row does not say)."""
+        return self.anchor or run_anchor
 
 
 @dataclass(frozen=True)
@@ -174,6 +183,19 @@ def anchor_adapter(name: str):
     return _ANCHORS[name]
 
 
+def case_anchor(anchor_name: str, config: PerfConfig, case: Case, device: str) -> str:
+    """The anchor a case is timed against: `anchor_name`, or `config.anchor_fallback` where that
+    anchor is available but cannot run the case (seen on the H200: the cuDNN anchor refuses head dim
+    256, so the pr suite's d256 perf cases were never timed). Deterministic, so a baseline and the
+    check that reads it pick the same anchor for a case; the row records it."""
+    if anchor_name == MATMUL or not config.anchor_fallback:
+        return anchor_name
+    anchor = anchor_adapter(anchor_name)
+    if anchor.unavailable_reason() is None and anchor.unsupported_reason(case, device):
+        return config.anchor_fallback
+    return anchor_name
+
+
 def _workloads(adapter, anchor_name: str, case: Case, device: str):
     from gate.speed.timing import KernelWorkload, MatmulWorkload
 
@@ -195,27 +217,27 @@ def measure_case(adapter, anchor_name: str, case: Case, device: str, plan: Timin
 
     why = adapter.unsupported_reason(case, device)
     if why:
-        return PerfCaseResult(case=case, status="SKIP", reason=why)
+        return PerfCaseResult(case=case, status="SKIP", reason=why, anchor=anchor_name)
     if case.forward_only or not adapter.capabilities().backward:  # issue #10: decode / inference kernels
         if "fwd" not in plan.passes:
-            return PerfCaseResult(case=case, status="SKIP", reason="forward-only: no backward to time")
+            return PerfCaseResult(case=case, status="SKIP", reason="forward-only: no backward to time", anchor=anchor_name)
         plan = dataclasses.replace(plan, passes=("fwd",))
     try:
         cand, anchor, why = _workloads(adapter, anchor_name, case, device)
         if why:
-            return PerfCaseResult(case=case, status="SKIP", reason=why)
+            return PerfCaseResult(case=case, status="SKIP", reason=why, anchor=anchor_name)
         from gate.speed.timing import time_pair
 
         run = time_pair(cand, anchor, plan, device)
     except NoKernel as exc:
-        return PerfCaseResult(case=case, status="SKIP", reason=str(exc))
+        return PerfCaseResult(case=case, status="SKIP", reason=str(exc), anchor=anchor_name)
     except KeyboardInterrupt:  # the user stops the run: not the kernel's fault, not a row
         raise
     except BaseException as exc:  # a crashing kernel is a row, not a dead run (SystemExit too: sys.exit() in a kernel)
-        return PerfCaseResult(case=case, status="ERROR", reason=first_line(exc))
+        return PerfCaseResult(case=case, status="ERROR", reason=first_line(exc), anchor=anchor_name)
     finally:
         _release(device)
-    return PerfCaseResult(case=case, status="OK", timing=run)
+    return PerfCaseResult(case=case, status="OK", timing=run, anchor=anchor_name)
 
 
 def _release(device: str) -> None:
@@ -283,7 +305,7 @@ def run_perf(kernel: str, suite_name: str, config: Config, device: str | None = 
     t0 = time.perf_counter()
     results = []
     for case in cases:
-        results.append(measure(case, anchor_name, plan))
+        results.append(measure(case, case_anchor(anchor_name, config.perf, case, device), plan))
         if progress:
             progress(f"{results[-1].status:5} {case.id} {results[-1].reason}")
     env = describe(device, kernel, kernel_version or "")
@@ -308,10 +330,11 @@ def write_perf_outputs(result: PerfResult, out_dir: Path) -> Path:
 
 def baseline_entry(c: PerfCaseResult, anchor: str) -> dict[str, Any] | None:
     """What a baseline keeps for one case: per pass the ratio median, its noise, the rounds and
-    the per-round ratios (rounded: readable diffs), and the anchor it was measured against."""
+    the per-round ratios (rounded: readable diffs), and the anchor it was measured against (the
+    row's own, a fallback included; `anchor`, the run's, for a row that does not say)."""
     if not c.measured:
         return None
-    entry: dict[str, Any] = {"anchor": anchor}
+    entry: dict[str, Any] = {"anchor": c.anchor_or(anchor)}
     for p in PASSES:
         est = c.estimate(p)
         if est is not None:
@@ -379,10 +402,11 @@ def judge_perf(result: PerfResult, baseline_perf: dict[str, Any], config: PerfCo
         timed = tuple(p for p in result.plan.passes if not c.measured or c.pass_timing(p) is not None)
         for p in timed:
             base = baseline_estimate(entry, p)
-            if entry is not None and entry.get("anchor") not in (None, result.anchor):
+            anchor = c.anchor_or(result.anchor)
+            if entry is not None and entry.get("anchor") not in (None, anchor):
                 out.append(_inconclusive(
                     c.case_id, p, f"baseline was measured against anchor {entry.get('anchor')!r}, this run against "
-                                  f"{result.anchor!r}: run `attn-gate baseline update` or pass --anchor {entry.get('anchor')}"))
+                                  f"{anchor!r}: run `attn-gate baseline update` or pass --anchor {entry.get('anchor')}"))
                 continue
             current = c.estimate(p) if c.measured else None
             j = judge(c.case_id, p, base, current, rules)
@@ -406,7 +430,8 @@ def remeasure_with(kernel: str, anchor: str, device: str, config: PerfConfig,
 
     def remeasure(case: Case, pass_: str, rounds: int) -> RatioEstimate | None:
         plan = TimingPlan.from_config(config, rounds=rounds, passes=(pass_,))
-        c = measure(case, anchor, plan) if measure is not None else measure_case(adapter, anchor, case, device, plan)
+        used = case_anchor(anchor, config, case, device)  # the anchor the case was first timed against
+        c = measure(case, used, plan) if measure is not None else measure_case(adapter, used, case, device, plan)
         return c.estimate(pass_) if c.measured else None
 
     return remeasure

@@ -258,7 +258,7 @@ def run_slowdowns(run: _Run, reps: int, deadline: float | None, levels=LEVELS_PC
     """Planted slowdowns of the forward and backward, and an A/A control, repeated `reps` times
     or until `deadline` (perf_counter seconds): at least one repetition always runs."""
     from gate.speed.planted import CPU_CYCLES_PER_MS, SlowedKernel, planted_cycles
-    from gate.speed.runs import PerfResult, baseline_entry, judge_perf, measure_case, select_perf_cases
+    from gate.speed.runs import PerfResult, baseline_entry, case_anchor, judge_perf, measure_case, select_perf_cases
     from gate.speed.timing import PASSES, TimingPlan, sleep_cycles_per_ms
 
     cfg = run.config.perf
@@ -266,7 +266,7 @@ def run_slowdowns(run: _Run, reps: int, deadline: float | None, levels=LEVELS_PC
     if not cases:
         return SlowdownSection(ran=False, reason=f"not run: suite {run.suite!r} has no perf case (perf = [true])")
     case = min(cases, key=lambda c: c.flops("fwd") + c.flops("bwd"))  # the cheapest: more repetitions fit the budget
-    anchor = cfg.anchor_for(run.device)
+    anchor = case_anchor(cfg.anchor_for(run.device), cfg, case, run.device)
     base_plan = TimingPlan.from_config(cfg, rounds=max(cfg.confirm_rounds, cfg.rounds))
     base = measure_case(run.adapter, anchor, case, run.device, base_plan)
     if not base.measured:

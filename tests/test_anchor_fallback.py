@@ -1,0 +1,124 @@
+"""The anchor fallback (`[tool.attn-gate.perf] anchor_fallback`): a perf case the anchor cannot run
+is timed against a matmul of equal FLOPs instead of being a SKIP row. On the H200 the cuDNN anchor
+refuses head dim 256, so without it the pr suite's d256 perf cases were never timed.
+
+On the CPU the anchor that refuses is a user kernel without a `softcap` parameter
+(tests.verdict_kernels:sdpa_ok): a softcap perf case falls back, a plain one does not. The row, the
+baseline entry and the judgement all carry the anchor the case was really timed against, so a
+baseline and a check agree, and a baseline made against another anchor is INCONCLUSIVE, not compared."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gate.core.cases import Case
+from gate.core.config import PerfConfig, load_config
+from gate.core.errors import UserError
+from gate.kernels.registry import get_adapter
+from gate.speed.rule import PerfSeverity
+from gate.speed.runs import (
+    MATMUL, PerfCaseResult, baseline_entry, case_anchor, judge_perf, measure_case, run_perf,
+)
+from gate.speed.timing import TimingPlan
+
+REFUSING_ANCHOR = "tests.verdict_kernels:sdpa_ok"  # no softcap parameter: SKIPs softcap cases
+PLAIN = Case(batch=1, seqlen_q=32, seqlen_k=32, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="fp32", seeds=(0,))
+
+CONFIG = """
+[tool.attn-gate]
+baselines_dir = "baselines"
+
+[tool.attn-gate.cpu]
+kernel = "tiled"
+suite = "tiny"
+
+[tool.attn-gate.perf]
+cpu_anchor = "{anchor}"
+anchor_fallback = "{fallback}"
+rounds = 3
+calls_per_round = 1
+confirm_rounds = 3
+min_rounds = 3
+warmup_s = 0.0
+
+[tool.attn-gate.suites.tiny]
+seeds = [0]
+
+[[tool.attn-gate.suites.tiny.matrix]]
+dtype = ["fp32"]
+batch = [1]
+seqlens = ["32"]
+heads = ["2"]
+head_dims = ["16"]
+softcap = [0.0, 20.0]
+perf = [true]
+"""
+
+
+def capped(case: Case) -> Case:
+    import dataclasses
+
+    return dataclasses.replace(case, softcap=20.0)
+
+
+def config(tmp_path: Path, fallback: str = "matmul", anchor: str = REFUSING_ANCHOR):
+    path = tmp_path / "pyproject.toml"
+    path.write_text(CONFIG.format(anchor=anchor, fallback=fallback))
+    return load_config(path)
+
+
+def test_a_case_the_anchor_refuses_gets_the_fallback_and_only_that_case():
+    from gate.speed.runs import anchor_adapter
+
+    assert anchor_adapter(REFUSING_ANCHOR).unsupported_reason(capped(PLAIN), "cpu")  # the premise: it refuses softcap
+    on, off = PerfConfig(anchor_fallback="matmul"), PerfConfig(anchor_fallback="")
+    assert case_anchor(REFUSING_ANCHOR, on, capped(PLAIN), "cpu") == MATMUL
+    assert case_anchor(REFUSING_ANCHOR, on, PLAIN, "cpu") == REFUSING_ANCHOR
+    assert case_anchor(REFUSING_ANCHOR, off, capped(PLAIN), "cpu") == REFUSING_ANCHOR
+    assert case_anchor("tiled", on, capped(PLAIN), "cpu") == "tiled"  # an anchor that runs it keeps it
+
+
+def test_run_perf_times_the_refused_case_against_matmul_and_records_it(tmp_path):
+    cfg = config(tmp_path)
+    result = run_perf("tiled", "tiny", cfg, "cpu")
+    rows = {c.case.softcap: c for c in result.cases}
+    assert result.anchor == REFUSING_ANCHOR
+    assert rows[0.0].status == "OK" and rows[0.0].anchor == REFUSING_ANCHOR
+    assert rows[20.0].status == "OK" and rows[20.0].anchor == MATMUL, rows[20.0].reason
+    entries = {c.case_id: baseline_entry(c, result.anchor) for c in result.cases}
+    assert entries[rows[20.0].case_id]["anchor"] == MATMUL
+    assert entries[rows[0.0].case_id]["anchor"] == REFUSING_ANCHOR
+    # a baseline made the same way judges every pass of both cases (none INCONCLUSIVE for its anchor)
+    judged = judge_perf(result, entries, cfg.perf)
+    assert {j.case_id for j in judged} == set(entries)
+    assert not [j for j in judged if "anchor" in j.message], [j.message for j in judged]
+    # a baseline that timed the softcap case against the run's anchor is another measurement: not compared
+    doctored = dict(entries)
+    doctored[rows[20.0].case_id] = {**entries[rows[20.0].case_id], "anchor": REFUSING_ANCHOR}
+    mismatched = [j for j in judge_perf(result, doctored, cfg.perf) if j.case_id == rows[20.0].case_id]
+    assert mismatched and all(j.severity is PerfSeverity.INCONCLUSIVE for j in mismatched)
+    assert all("'matmul'" in j.message and REFUSING_ANCHOR in j.message for j in mismatched)
+
+
+def test_without_the_fallback_the_refused_case_is_a_skip_row_naming_the_anchor(tmp_path):
+    result = run_perf("tiled", "tiny", config(tmp_path, fallback=""), "cpu")
+    row = next(c for c in result.cases if c.case.softcap)
+    assert row.status == "SKIP" and f"anchor {REFUSING_ANCHOR} cannot run this case" in row.reason
+
+
+def test_a_row_keeps_its_anchor_through_json_and_an_old_row_reads_as_the_runs():
+    row = measure_case(get_adapter("sdpa-cpu"), MATMUL,
+                       PLAIN, "cpu", TimingPlan(rounds=1, calls_per_round=1, warmup_s=0.0))
+    again = PerfCaseResult.from_dict(row.to_dict())
+    assert again.anchor == MATMUL == row.anchor
+    old = row.to_dict()
+    del old["anchor"]  # a file written before the fallback existed
+    assert PerfCaseResult.from_dict(old).anchor_or("sdpa-math") == "sdpa-math"
+
+
+@pytest.mark.parametrize("bad", ["sdpa-flash", "mat mul", "none"])
+def test_an_anchor_fallback_that_might_refuse_too_is_a_config_error_naming_the_key(tmp_path, bad):
+    with pytest.raises(UserError, match=r"perf: anchor_fallback = .* must be \"matmul\""):
+        config(tmp_path, fallback=bad)
