@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The nightly tier of several kernels on one H200, across as many device calls as it takes (issue #9):
+# each call goes on where the last one stopped. A kernel's sweep journals every case into the git-ignored
+# out/h200-nightly/<kernel>/ (kept between calls while the machine is warm; carry that folder to go on
+# after a cold start), so a call cut by its budget resumes with `--resume` in the next one. When a
+# kernel's sweep is complete its speed cases run once (`attn-gate perf --suite nightly`).
+#
+#   KERNELS=sdpa-efficient,sdpa-cudnn NIGHTLY_BUDGET_S=540 bash evidence/h200/nightly.sh
+#
+# Wall time per kernel = the sum of its calls' sweep seconds (status.txt) plus its perf seconds.
+# $OUT/nightly.tar.gz packs out/h200-nightly/ (sweep JSON, validation note, perf JSON and table, the
+# journals, logs: one file, as the device returns at most 8); $OUT/status.txt has one line per step:
+# rc, wall seconds, the verdict line. NIGHTLY_DEVICE=cpu NIGHTLY_SUITE=smoke KERNELS=tiled rehearses it
+# on a CPU (plumbing only).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUTDIR=${OUT:-out/h200_nightly}; mkdir -p "$OUTDIR"
+deadline=$(( $(date +%s) + ${NIGHTLY_BUDGET_S:-540} ))
+suite=${NIGHTLY_SUITE:-nightly} device=${NIGHTLY_DEVICE:-cuda} state=${NIGHTLY_STATE:-out/h200-nightly}
+status() { echo "$*" | tee -a "$OUTDIR/status.txt"; }
+python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUTDIR/pip.log" 2>&1 || status "pip install -e . failed"
+IFS=, read -r -a kernels <<< "${KERNELS:?KERNELS=k1,k2,...}"
+for k in "${kernels[@]}"; do
+  d=$state/$k; mkdir -p "$d"
+  if [ ! -f "$d/sweep-$k-$suite.json" ]; then
+    left=$(( deadline - $(date +%s) )); [ "$left" -lt 30 ] && { status "$k sweep not started: budget spent"; continue; }
+    resume=; ls "$d"/journal-*.jsonl > /dev/null 2>&1 && resume=--resume
+    t0=$(date +%s)
+    timeout "$left" python3 -m gate sweep --kernel "$k" --suite "$suite" --device "$device" --no-progress --out "$d" $resume \
+      > "$d/sweep-$(date +%s).log" 2>&1
+    rc=$?
+    status "$k sweep ${resume:-(fresh)} rc=$rc wall_s=$(( $(date +%s) - t0 )) $(grep -hE '^(PASS|FAIL)' "$d"/sweep-*.log | tail -1)"
+  fi
+  if [ -f "$d/sweep-$k-$suite.json" ] && [ ! -f "$d/perf-$k-$suite.json" ]; then
+    left=$(( deadline - $(date +%s) )); [ "$left" -lt 60 ] && { status "$k perf not started: budget spent"; continue; }
+    t0=$(date +%s)
+    timeout "$left" python3 -m gate perf --kernel "$k" --suite "$suite" --device "$device" --out "$d" > "$d/perf-table.txt" 2>&1
+    status "$k perf rc=$? wall_s=$(( $(date +%s) - t0 ))"
+  fi
+done
+tar -czf "$OUTDIR/nightly.tar.gz" -C "$(dirname "$state")" "$(basename "$state")"
+echo; cat "$OUTDIR/status.txt"
