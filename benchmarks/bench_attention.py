@@ -31,11 +31,12 @@ KERNELS, ANCHORS = bench_identity()
 
 
 def _value(cache, case, pass_, key):
-    """One measured number; a forward-only case (decode, issue #10) has no backward: skipped for
-    that case, never recorded as 0 or failed."""
+    """One measured number; a forward-only case (decode, issue #10) has no backward, and a case
+    timed against the anchor fallback has no speed ratio on this anchor's line: skipped for that
+    case, never recorded as 0 or failed."""
     row = cache[case].get(pass_) or {}
     if key not in row:
-        raise SkipNotImplemented(f"{case}: no {pass_} {key} (forward-only case)")
+        raise SkipNotImplemented(f"{case}: no {pass_} {key} (a forward-only case, or one timed against the anchor fallback)")
     return row[key]
 
 

@@ -122,3 +122,34 @@ def test_a_row_keeps_its_anchor_through_json_and_an_old_row_reads_as_the_runs():
 def test_an_anchor_fallback_that_might_refuse_too_is_a_config_error_naming_the_key(tmp_path, bad):
     with pytest.raises(UserError, match=r"perf: anchor_fallback = .* must be \"matmul\""):
         config(tmp_path, fallback=bad)
+
+
+def test_a_crashed_fallback_row_is_judged_not_measured_rather_than_on_its_anchor(tmp_path):
+    """An ERROR row (a worker that died) says why it was not measured; it is not blamed on an anchor
+    mismatch, whose advice (refresh the baseline) would drop the case from the baseline."""
+    cfg = config(tmp_path)
+    result = run_perf("tiled", "tiny", cfg, "cpu")
+    entries = {c.case_id: baseline_entry(c, result.anchor) for c in result.cases}
+    import dataclasses
+
+    crashed = tuple(dataclasses.replace(c, status="ERROR", reason="case x: the worker died (SIGSEGV)", timing=None, anchor="")
+                    if c.case.softcap else c for c in result.cases)
+    judged = [j for j in judge_perf(dataclasses.replace(result, cases=crashed), entries, cfg.perf)
+              if j.case_id == next(c.case_id for c in crashed if c.case.softcap)]
+    assert judged and all(j.severity is PerfSeverity.INCONCLUSIVE for j in judged)
+    assert all("not measured: case x: the worker died" in j.message and "anchor" not in j.message for j in judged)
+
+
+def test_asv_keeps_the_ms_but_not_the_ratio_of_a_fallback_case(tmp_path):
+    """One asv history line is one kernel against one anchor (#15): a ratio against the fallback
+    must not be filed under the run's anchor; the kernel's own time still is."""
+    from gate.speed.asv import BenchSettings, bench_measure
+
+    config(tmp_path)
+    rows = bench_measure(BenchSettings(config_path=tmp_path / "pyproject.toml", kernel="tiled", suite="tiny",
+                                       anchor=None, device="cpu", only=None, rounds=None))
+    plain, capped_row = (rows[next(i for i in rows if ("cap" in i) == want)] for want in (False, True))
+    for p in ("fwd", "bwd"):
+        assert "speed_ratio" in plain[p] and "candidate_ms" in plain[p]
+        assert "speed_ratio" not in capped_row[p] and "anchor_ms" not in capped_row[p]
+        assert capped_row[p]["candidate_ms"] > 0

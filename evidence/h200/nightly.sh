@@ -24,12 +24,17 @@ for k in "${kernels[@]}"; do
   d=$state/$k; mkdir -p "$d"
   if [ ! -f "$d/sweep-$k-$suite.json" ]; then
     left=$(( deadline - $(date +%s) )); [ "$left" -lt 30 ] && { status "$k sweep not started: budget spent"; continue; }
-    resume=; ls "$d"/journal-*.jsonl > /dev/null 2>&1 && resume=--resume
-    t0=$(date +%s)
+    resume=; [ -f "$d/journal-$k-$suite.jsonl" ] && resume=--resume
+    t0=$(date +%s); log="$d/sweep-$t0.log"
     timeout "$left" python3 -m gate sweep --kernel "$k" --suite "$suite" --device "$device" --no-progress --out "$d" $resume \
-      > "$d/sweep-$(date +%s).log" 2>&1
+      > "$log" 2>&1
     rc=$?
-    status "$k sweep ${resume:-(fresh)} rc=$rc wall_s=$(( $(date +%s) - t0 )) $(grep -hE '^(PASS|FAIL)' "$d"/sweep-*.log | tail -1)"
+    if [ "$rc" = 2 ] && [ -n "$resume" ] && grep -q -- "--resume:" "$log"; then
+      # the journal is another run's (another host after a cold start, other code): kept aside, not resumed
+      mv "$d/journal-$k-$suite.jsonl" "$d/journal-$k-$suite.refused-$(date +%s).jsonl"
+      status "$k sweep: --resume refused ($(grep -h -- '--resume:' "$log" | tail -1 | cut -c1-160)); journal set aside, next call starts afresh"
+    fi
+    status "$k sweep ${resume:-(fresh)} rc=$rc wall_s=$(( $(date +%s) - t0 )) $(grep -hE '^(PASS|FAIL)' "$log" | tail -1)"
   fi
   if [ -f "$d/sweep-$k-$suite.json" ] && [ ! -f "$d/perf-$k-$suite.json" ]; then
     left=$(( deadline - $(date +%s) )); [ "$left" -lt 60 ] && { status "$k perf not started: budget spent"; continue; }

@@ -403,10 +403,12 @@ def judge_perf(result: PerfResult, baseline_perf: dict[str, Any], config: PerfCo
         for p in timed:
             base = baseline_estimate(entry, p)
             anchor = c.anchor_or(result.anchor)
-            if entry is not None and entry.get("anchor") not in (None, anchor):
+            if c.measured and entry is not None and entry.get("anchor") not in (None, anchor):
+                # (an unmeasured row is judged below as "not measured: <why>", whatever its anchor)
                 out.append(_inconclusive(
                     c.case_id, p, f"baseline was measured against anchor {entry.get('anchor')!r}, this run against "
-                                  f"{anchor!r}: run `attn-gate baseline update` or pass --anchor {entry.get('anchor')}"))
+                                  f"{anchor!r}: refresh the baseline on purpose (`attn-gate baseline update`), or set "
+                                  f"[tool.attn-gate.perf] anchor / anchor_fallback back to what it was"))
                 continue
             current = c.estimate(p) if c.measured else None
             j = judge(c.case_id, p, base, current, rules)

@@ -440,14 +440,15 @@ class PerfWorker:
         try:
             worker, hello = slot.ensure()
             if "user_error" in hello:
-                return PerfCaseResult(case=case, status="ERROR", reason=str(hello["user_error"])[:300])
+                return PerfCaseResult(case=case, status="ERROR", reason=str(hello["user_error"])[:300], anchor=anchor)
             reply = worker.call({"op": "perf_case", "case": case.to_dict(), "anchor": anchor, "plan": plan.to_dict()}, timeout)
             if reply.get("restart"):
                 slot.discard()
             return PerfCaseResult.from_dict(reply["result"])
         except WorkerGone as exc:
             slot.discard()
-            return PerfCaseResult(case=case, status="ERROR", reason=f"case {case.id}: {exc}"[:1500])
+            return PerfCaseResult(case=case, status="ERROR", reason=f"case {case.id}: {exc}"[:1500], anchor=anchor)
         except (KeyError, TypeError, ValueError) as exc:
             slot.discard()
-            return PerfCaseResult(case=case, status="ERROR", reason=f"case {case.id}: the worker's timing is unreadable ({exc})")
+            return PerfCaseResult(case=case, status="ERROR", reason=f"case {case.id}: the worker's timing is unreadable ({exc})",
+                                  anchor=anchor)
