@@ -22,31 +22,18 @@ from gate.speed.runs import (
     MATMUL, PerfCaseResult, baseline_entry, case_anchor, judge_perf, measure_case, run_perf,
 )
 from gate.speed.timing import TimingPlan
+from tests.test_perf_check import write_config
 
 REFUSING_ANCHOR = "tests.verdict_kernels:sdpa_ok"  # no softcap parameter: SKIPs softcap cases
 PLAIN = Case(batch=1, seqlen_q=32, seqlen_k=32, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="fp32", seeds=(0,))
 
-CONFIG = """
-[tool.attn-gate]
-baselines_dir = "baselines"
+# the perf-check tests' project (tests/test_perf_check.py), plus a suite with a softcap perf case
+CAPPED_SUITE = """anchor_fallback = "{fallback}"
 
-[tool.attn-gate.cpu]
-kernel = "tiled"
-suite = "tiny"
-
-[tool.attn-gate.perf]
-cpu_anchor = "{anchor}"
-anchor_fallback = "{fallback}"
-rounds = 3
-calls_per_round = 1
-confirm_rounds = 3
-min_rounds = 3
-warmup_s = 0.0
-
-[tool.attn-gate.suites.tiny]
+[tool.attn-gate.suites.capped]
 seeds = [0]
 
-[[tool.attn-gate.suites.tiny.matrix]]
+[[tool.attn-gate.suites.capped.matrix]]
 dtype = ["fp32"]
 batch = [1]
 seqlens = ["32"]
@@ -63,10 +50,14 @@ def capped(case: Case) -> Case:
     return dataclasses.replace(case, softcap=20.0)
 
 
-def config(tmp_path: Path, fallback: str = "matmul", anchor: str = REFUSING_ANCHOR):
-    path = tmp_path / "pyproject.toml"
-    path.write_text(CONFIG.format(anchor=anchor, fallback=fallback))
-    return load_config(path)
+def config(tmp_path: Path, fallback: str = "matmul"):
+    return load_config(write_config(tmp_path, CAPPED_SUITE.format(fallback=fallback)))
+
+
+def perf(tmp_path: Path, fallback: str = "matmul"):
+    """tiled (which runs softcap) timed on the capped suite against the anchor that refuses it."""
+    cfg = config(tmp_path, fallback)
+    return cfg, run_perf("tiled", "capped", cfg, "cpu", anchor=REFUSING_ANCHOR)
 
 
 def test_a_case_the_anchor_refuses_gets_the_fallback_and_only_that_case():
@@ -81,8 +72,7 @@ def test_a_case_the_anchor_refuses_gets_the_fallback_and_only_that_case():
 
 
 def test_run_perf_times_the_refused_case_against_matmul_and_records_it(tmp_path):
-    cfg = config(tmp_path)
-    result = run_perf("tiled", "tiny", cfg, "cpu")
+    cfg, result = perf(tmp_path)
     rows = {c.case.softcap: c for c in result.cases}
     assert result.anchor == REFUSING_ANCHOR
     assert rows[0.0].status == "OK" and rows[0.0].anchor == REFUSING_ANCHOR
@@ -103,7 +93,7 @@ def test_run_perf_times_the_refused_case_against_matmul_and_records_it(tmp_path)
 
 
 def test_without_the_fallback_the_refused_case_is_a_skip_row_naming_the_anchor(tmp_path):
-    result = run_perf("tiled", "tiny", config(tmp_path, fallback=""), "cpu")
+    _, result = perf(tmp_path, fallback="")
     row = next(c for c in result.cases if c.case.softcap)
     assert row.status == "SKIP" and f"anchor {REFUSING_ANCHOR} cannot run this case" in row.reason
 
@@ -127,8 +117,7 @@ def test_an_anchor_fallback_that_might_refuse_too_is_a_config_error_naming_the_k
 def test_a_crashed_fallback_row_is_judged_not_measured_rather_than_on_its_anchor(tmp_path):
     """An ERROR row (a worker that died) says why it was not measured; it is not blamed on an anchor
     mismatch, whose advice (refresh the baseline) would drop the case from the baseline."""
-    cfg = config(tmp_path)
-    result = run_perf("tiled", "tiny", cfg, "cpu")
+    cfg, result = perf(tmp_path)
     entries = {c.case_id: baseline_entry(c, result.anchor) for c in result.cases}
     import dataclasses
 
@@ -146,8 +135,8 @@ def test_asv_keeps_the_ms_but_not_the_ratio_of_a_fallback_case(tmp_path):
     from gate.speed.asv import BenchSettings, bench_measure
 
     config(tmp_path)
-    rows = bench_measure(BenchSettings(config_path=tmp_path / "pyproject.toml", kernel="tiled", suite="tiny",
-                                       anchor=None, device="cpu", only=None, rounds=None))
+    rows = bench_measure(BenchSettings(config_path=tmp_path / "pyproject.toml", kernel="tiled", suite="capped",
+                                       anchor=REFUSING_ANCHOR, device="cpu", only=None, rounds=None))
     plain, capped_row = (rows[next(i for i in rows if ("cap" in i) == want)] for want in (False, True))
     for p in ("fwd", "bwd"):
         assert "speed_ratio" in plain[p] and "candidate_ms" in plain[p]
