@@ -75,20 +75,19 @@ def correct_out_only(q, k, v, softmax_scale=None, causal=False):
 
 
 # identity forward, the gradient flowing back scaled: the selftest's own wrapper
-_ScaleGrad = ScaleGrad
 
 
 def dk_scaled_1_02(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
                    return_attn_probs=False):
     """Forward exact; dK multiplied by 1.02."""
-    k = _ScaleGrad.apply(k, 1.02)
+    k = ScaleGrad.apply(k, 1.02)
     return _result(*_plain(q, k, v, softmax_scale, causal, window_size, alibi_slopes), return_attn_probs)
 
 
 def relative_1e_4(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
                   return_attn_probs=False):
     """out and dK both 1e-4 too large (relative): invisible in bf16, a clear failure in fp32."""
-    k = _ScaleGrad.apply(k, 1.0 + 1e-4)
+    k = ScaleGrad.apply(k, 1.0 + 1e-4)
     out, lse = _plain(q, k, v, softmax_scale, causal, window_size, alibi_slopes)
     return _result(out * (1.0 + 1e-4), lse, return_attn_probs)
 
@@ -139,5 +138,5 @@ def drifting(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), al
     with its first (what the selftest's control must refuse to call a pass)."""
     _DRIFT_CALLS[0] += 1
     if _DRIFT_CALLS[0] > 1:
-        k = _ScaleGrad.apply(k, 1.02)
+        k = ScaleGrad.apply(k, 1.02)
     return _result(*_plain(q, k, v, softmax_scale, causal, window_size, alibi_slopes), return_attn_probs)

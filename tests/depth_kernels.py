@@ -10,7 +10,7 @@ import dataclasses
 
 import torch
 
-from tests.buggy_kernels import _ScaleGrad  # identity forward, scaled gradient
+from gate.correctness.planted import ScaleGrad  # identity forward, scaled gradient
 
 from gate.kernels.base import Capabilities, KernelCall, KernelOutput
 from gate.kernels.tiled import TiledAdapter, dropout_keep_mask, tiled_attention
@@ -133,5 +133,5 @@ class DriftingTiled(TiledAdapter):
     name = "drifting-tiled"
 
     def __call__(self, call: KernelCall) -> KernelOutput:
-        q, k = _ScaleGrad.apply(call.q, 0.5), _ScaleGrad.apply(call.k, 0.5)
+        q, k = ScaleGrad.apply(call.q, 0.5), ScaleGrad.apply(call.k, 0.5)
         return super().__call__(dataclasses.replace(call, q=q, k=k))

@@ -236,13 +236,10 @@ def test_a_trimmed_fa3_build_skips_what_its_config_says_it_was_built_without(mon
     import sys
     import types
 
-    from gate.core.cases import Case
     from gate.kernels.flash_attn import FA3Adapter
 
-    def case(**kw):
-        base = dict(batch=2, seqlen_q=64, seqlen_k=64, heads_q=4, heads_kv=4, head_dim=128, head_dim_v=128,
-                    dtype="bf16", seeds=(0,))
-        return Case(**{**base, **kw})
+    def d128(**kw):  # the module's case() at the build's head dim
+        return case(**{"head_dim": 128, "head_dim_v": 128, "seeds": (0,), **kw})
 
     full = FA3Adapter().capabilities()  # no flash_attn_config here: the full build's capabilities
     assert full.softcap and full.max_head_dim == 256 and full.head_dim_v_differs and not full.notes
@@ -257,8 +254,8 @@ def test_a_trimmed_fa3_build_skips_what_its_config_says_it_was_built_without(mon
     caps = a.capabilities()
     assert not caps.softcap and caps.max_head_dim == 128 and not caps.head_dim_v_differs and caps.window
     assert "softcap" in caps.notes[0] and "hdim256" in caps.notes[0] and "vcolmajor" not in caps.notes[0]
-    assert "softcap" in caps.unsupported_reason(case(softcap=30.0), "cuda")
-    assert "head_dim > 128" in caps.unsupported_reason(case(head_dim=192, head_dim_v=192), "cuda")
-    assert "head_dim_v" in caps.unsupported_reason(case(head_dim_v=64), "cuda")
-    assert caps.unsupported_reason(case(head_dim=72, head_dim_v=72), "cuda") is None  # 72 runs the 128 kernel
-    assert "append-KV" in a.unsupported_reason(case(entry="kvcache", seqlen_q=1, seqlen_k=256, cache_new=True), "cuda")
+    assert "softcap" in caps.unsupported_reason(d128(softcap=30.0), "cuda")
+    assert "head_dim > 128" in caps.unsupported_reason(d128(head_dim=192, head_dim_v=192), "cuda")
+    assert "head_dim_v" in caps.unsupported_reason(d128(head_dim_v=64), "cuda")
+    assert caps.unsupported_reason(d128(head_dim=72, head_dim_v=72), "cuda") is None  # 72 runs the 128 kernel
+    assert "append-KV" in a.unsupported_reason(d128(entry="kvcache", seqlen_q=1, seqlen_k=256, cache_new=True), "cuda")

@@ -158,6 +158,23 @@ def test_tiled_variant_without_flags_is_bit_identical_to_tiled():
     assert all(torch.equal(a, b) for a, b in zip(ref_grads, got_grads))
 
 
+@pytest.mark.parametrize("flag", ["softcap_before_scale", "softcap_ignored", "alibi_wrong_sign",
+                                  "causal_window_ignores_window", "causal_peek", "window_off_by_one"])
+def test_a_score_bug_changes_nothing_where_its_feature_is_absent_a_custom_bias_included(flag):
+    """A planted score bug overrides only its step of tiled's scores (gate/kernels/tiled.py TileSteps):
+    on a case without softcap, ALiBi, causal or window it is tiled itself, the trainable bias and its
+    gradient included (a re-written score function once dropped the bias, so a variant 'failed' bias
+    cases for that, not for its bug)."""
+    case = Case(batch=2, seqlen_q=40, seqlen_k=56, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="fp32",
+                bias="dense", bias_grad=True, seeds=(0,))
+    inputs = make_inputs(case, 0, "cpu")
+    ref, ref_grads = run_kernel(TiledAdapter(), case, inputs)
+    got, got_grads = run_kernel(TiledVariant(frozenset({flag}), flag), case, inputs)
+    assert torch.equal(ref.out, got.out) and torch.equal(ref.lse, got.lse)
+    assert len(ref_grads) == len(got_grads) == 4  # dq, dk, dv, dbias
+    assert all(torch.equal(a, b) for a, b in zip(ref_grads, got_grads))
+
+
 def test_every_bug_declares_an_axis_and_a_host():
     names = [b.name for b in BUGS]
     assert len(names) == len(set(names))

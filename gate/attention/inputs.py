@@ -7,6 +7,7 @@ tensors the kernel sees.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -75,11 +76,13 @@ def _shape_values(case: Case, q, k, v):
     return q, k, v
 
 
+def offsets(lengths) -> list[int]:
+    """Packed start offsets of sequences of `lengths`, on the host: [0, l0, l0 + l1, ...]."""
+    return [0, *itertools.accumulate(int(n) for n in lengths)]
+
+
 def _cu(lengths, device) -> torch.Tensor:
-    offsets = [0]
-    for n in lengths:
-        offsets.append(offsets[-1] + n)
-    return torch.tensor(offsets, dtype=torch.int32, device=device)
+    return torch.tensor(offsets(lengths), dtype=torch.int32, device=device)
 
 
 def make_inputs(case: Case, seed: int, device: str | torch.device) -> AttnInputs:

@@ -40,7 +40,7 @@ class CacheInputs:
     page_size: int  # 0: contiguous
     # cache_seqlens on the host: adapters read lengths here, since cache_seqlens.tolist() on a GPU
     # tensor is a device sync inside every timed call (the varlen lesson, gate/kernels/base.py per_sequence)
-    cached: tuple[int, ...] = ()
+    cached: tuple[int, ...]
 
     @property
     def paged(self) -> bool:
@@ -65,7 +65,7 @@ def _garbage(shape, gen, shift: float) -> torch.Tensor:
     lead, n, rest = shape[0], shape[1], tuple(shape[2:])
     tile = torch.randn((lead, min(n, GARBAGE_TILE), *rest), generator=gen, dtype=torch.float32) * 3.0 + shift
     reps = -(-n // max(1, tile.shape[1]))
-    return tile.repeat(1, reps, *([1] * len(rest)))[:, :n] if n else tile
+    return tile.repeat(1, reps, *([1] * len(rest)))[:, :n]
 
 
 def make_cache_inputs(case: Case, q: torch.Tensor, gen: torch.Generator, dtype, device) -> CacheInputs:

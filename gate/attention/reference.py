@@ -181,16 +181,17 @@ def attention_reference(
     lse_dtype = torch.float64 if compute_dtype == torch.float64 else torch.float32
     out = torch.zeros(q.shape[0], hq, v.shape[-1], dtype=compute_dtype, device=q.device)
     lse = torch.full((hq, q.shape[0]), float("-inf"), dtype=lse_dtype, device=q.device)
-    dq = torch.zeros(q.shape, dtype=compute_dtype, device=q.device)
-    dk = torch.zeros(k.shape, dtype=compute_dtype, device=q.device)
-    dv = torch.zeros(v.shape, dtype=compute_dtype, device=q.device)
-    dsink = None if sink is None else torch.zeros(hq, dtype=compute_dtype, device=q.device)
+    if backward:
+        dq = torch.zeros(q.shape, dtype=compute_dtype, device=q.device)
+        dk = torch.zeros(k.shape, dtype=compute_dtype, device=q.device)
+        dv = torch.zeros(v.shape, dtype=compute_dtype, device=q.device)
+    dsink = None if sink is None or not backward else torch.zeros(hq, dtype=compute_dtype, device=q.device)
     for i, (a, z, ka, kz) in enumerate(zip(offsets[:-1], offsets[1:], keys[:-1], keys[1:])):
         if z == a:
             continue
         keep = None if dropout_keep is None else dropout_keep[i]
-        part = _dense(q[a:z][None], k[ka:kz][None], v[ka:kz][None], dout[a:z][None], opts, compute_dtype, keep, sink,
-                      backward)
+        part = _dense(q[a:z][None], k[ka:kz][None], v[ka:kz][None], dout[a:z][None] if backward else None, opts,
+                      compute_dtype, keep, sink, backward)
         out[a:z] = part.out[0]
         lse[:, a:z] = part.lse[0]
         if not backward:

@@ -387,12 +387,15 @@ class Case:
             parts.append("sinks")
         return parts
 
+    def runs(self, check_names: tuple[str, ...] = ()) -> int:
+        """Kernel runs per seed a sweep makes for this case: one, and about 10 more for each depth
+        check (its own and `check_names`, run-wide)."""
+        return 1 + 10 * len(set(self.checks) | set(check_names))
+
     def work(self, check_names: tuple[str, ...] = ()) -> float:
-        """FLOPs of everything a sweep runs for this case: forward + backward on every seed, and
-        each depth check (its own and `check_names`, run-wide) about 10 runs more. What shards are
-        balanced on and case timeouts are sized by."""
-        runs = 1 + 10 * len(set(self.checks) | set(check_names))
-        return (self.flops("fwd") + self.flops("bwd")) * len(self.seeds) * runs
+        """FLOPs of everything a sweep runs for this case: forward + backward on every seed, each
+        run counted (`runs`). What shards are balanced on and case timeouts are sized by."""
+        return (self.flops("fwd") + self.flops("bwd")) * len(self.seeds) * self.runs(check_names)
 
     def flops(self, pass_: str = "fwd") -> float:
         """FLOPs counted as flash-attn's benchmarks do: fwd 4*B*H*Nq*Nk*D, halved for causal; bwd 2.5x."""

@@ -30,11 +30,11 @@ from dataclasses import dataclass
 
 import torch
 
-from gate.attention.masks import alibi_bias, allowed_mask, effective_window
+from gate.attention.masks import allowed_mask, effective_window
 from gate.attention.reference import AttnOptions
 from gate.core.cases import Case
 from gate.kernels.base import DelegatingAdapter, KernelAdapter, KernelCall, KernelOutput
-from gate.kernels.tiled import TILE, TiledAdapter, TileSteps, dropout_keep_mask, tiled_attention
+from gate.kernels.tiled import TILE, TiledAdapter, TileSteps, dropout_keep_mask
 
 
 class PlantError(Exception):
@@ -206,26 +206,27 @@ class _PlantedSteps(TileSteps):
     """tiled's tile steps with the flags' bugs (gate/kernels/tiled.py TileSteps); with no flag, the
     base steps themselves, so a variant differs from `tiled` only where a flag says."""
 
-    def __init__(self, flags: frozenset):
+    def __init__(self, flags: frozenset, redrawn_keep=None):
         self.flags = flags
+        self.redrawn_keep = redrawn_keep  # bug dropout_redrawn: the backward's own dropout mask
 
-    def scores(self, qt, kt, rows, cols, nq, nk, opts: AttnOptions, bias=None):
+    def scaled_capped(self, qk, opts: AttnOptions):
+        """bugs softcap_ignored (no cap) and softcap_before_scale (cap * tanh(qk / cap), then the scale)."""
+        if opts.softcap and "softcap_ignored" in self.flags:
+            return qk * opts.softmax_scale, None
+        if opts.softcap and "softcap_before_scale" in self.flags:
+            tanh = torch.tanh(qk / opts.softcap)
+            return tanh * opts.softcap * opts.softmax_scale, tanh
+        return super().scaled_capped(qk, opts)
+
+    def alibi(self, slopes, rows, nq, nk):
+        """bug alibi_wrong_sign."""
+        bias = super().alibi(slopes, rows, nq, nk)
+        return -bias if "alibi_wrong_sign" in self.flags else bias
+
+    def mask(self, causal: bool, window):
+        """bugs causal_window_ignores_window, causal_peek (one key ahead), window_off_by_one."""
         flags = self.flags
-        if not flags & SCORE_FLAGS:
-            return super().scores(qt, kt, rows, cols, nq, nk, opts, bias)
-        if "softcap_before_scale" in flags and opts.softcap:
-            tanh = torch.tanh((qt @ kt.transpose(-1, -2)) / opts.softcap)
-            s = tanh * opts.softcap * opts.softmax_scale
-        else:
-            s = (qt @ kt.transpose(-1, -2)) * opts.softmax_scale
-            tanh = None
-            if opts.softcap and "softcap_ignored" not in flags:
-                tanh = torch.tanh(s / opts.softcap)
-                s = tanh * opts.softcap
-        if opts.alibi_slopes is not None:
-            alibi = alibi_bias(opts.alibi_slopes, rows, nq, nk)[:, :, cols]
-            s = s - alibi if "alibi_wrong_sign" in flags else s + alibi
-        causal, window = opts.causal, opts.window
         if "causal_window_ignores_window" in flags and causal:
             window = (-1, -1)
         if "causal_peek" in flags and causal:
@@ -233,10 +234,10 @@ class _PlantedSteps(TileSteps):
             causal, window = False, (left, right + 1)
         if "window_off_by_one" in flags and window != (-1, -1):
             window = tuple(w + 1 if w >= 0 else w for w in window)
-        allowed = allowed_mask(rows, nq, nk, causal, window)
-        if allowed is not None:
-            s = s.masked_fill(~allowed[:, cols], float("-inf"))
-        return s, tanh
+        return causal, window
+
+    def backward_keep(self, keep):
+        return self.redrawn_keep if self.redrawn_keep is not None else keep
 
     def expand_kv(self, t, group: int):
         """bug gqa_mod: query head h reads kv head h % hkv."""
@@ -269,11 +270,6 @@ class _PlantedSteps(TileSteps):
         return ds if "softcap_no_derivative" in self.flags else super().softcap_grad(ds, tanh)
 
 
-# flags that change how a tile's scores are computed (the rest change other steps)
-SCORE_FLAGS = frozenset({"softcap_before_scale", "softcap_ignored", "alibi_wrong_sign", "causal_window_ignores_window",
-                         "causal_peek", "window_off_by_one"})
-
-
 class TiledVariant(TiledAdapter):
     """`tiled` with planted flags (no flag: bit-identical to tiled)."""
 
@@ -281,17 +277,18 @@ class TiledVariant(TiledAdapter):
         self.flags, self.bug = frozenset(flags), bug
         self.description = f"tiled variant with planted bug {bug}" if bug else "tiled variant (no bug)"
 
+    def tile_steps(self, call: KernelCall, keep) -> TileSteps:
+        redrawn = None
+        if keep is not None and "dropout_redrawn" in self.flags:
+            redrawn = dropout_keep_mask(tuple(keep.shape), call.opts.dropout_p, call.seed + 1, keep.device)
+        return _PlantedSteps(self.flags, redrawn)
+
     def _dense(self, q, k, v, call: KernelCall, keep=None) -> KernelOutput:
-        opts = call.opts
         d = q.shape[-1]
         if "head_dim_padded_scale" in self.flags and d % 32:
             # the scale of the head dim the tiles are padded to, not of the real one: only off-grid dims see it
-            opts = dataclasses.replace(opts, softmax_scale=(-(-d // 32) * 32) ** -0.5)
-        keep_bwd = None
-        if keep is not None and "dropout_redrawn" in self.flags:
-            keep_bwd = dropout_keep_mask(tuple(keep.shape), opts.dropout_p, call.seed + 1, keep.device)
-        out, lse = tiled_attention(q, k, v, opts, keep, steps=_PlantedSteps(self.flags), keep_bwd=keep_bwd)
-        return KernelOutput(out=out, lse=lse, dropout_keep=keep)
+            call = dataclasses.replace(call, opts=dataclasses.replace(call.opts, softmax_scale=(-(-d // 32) * 32) ** -0.5))
+        return super()._dense(q, k, v, call, keep)
 
 
 def variant(flag: str):

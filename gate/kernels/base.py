@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gate.core.cases import Case
+from gate.attention.inputs import offsets
 from gate.attention.kvcache import CacheInputs
 from gate.attention.reference import AttnOptions
 
@@ -241,11 +242,11 @@ def per_sequence(call: KernelCall, dense_fn) -> KernelOutput:
     host-side lengths when the call has them: `cu_seqlens.tolist()` on a GPU tensor is a device
     sync in every call, which made the timed forward of varlen cases host-bound and noisy (H200:
     the pr suite's varlen speed ratios moved 7-11% between two runs of an unchanged kernel)."""
-    offsets = _host_offsets(call.seqlens) if call.seqlens is not None else call.cu_seqlens.tolist()
+    starts = offsets(call.seqlens) if call.seqlens is not None else call.cu_seqlens.tolist()
     key_lengths = call.seqlens_k if call.cu_seqlens_k is not None else call.seqlens
-    keys = _host_offsets(key_lengths) if key_lengths is not None else call.keys_cu_seqlens.tolist()
+    keys = offsets(key_lengths) if key_lengths is not None else call.keys_cu_seqlens.tolist()
     outs, lses, keeps = [], [], []
-    for a, z, ka, kz in zip(offsets[:-1], offsets[1:], keys[:-1], keys[1:]):
+    for a, z, ka, kz in zip(starts[:-1], starts[1:], keys[:-1], keys[1:]):
         if z == a:
             keeps.append(None)  # the reference wants one dropout mask per sequence, empty ones as None
             continue
@@ -257,13 +258,6 @@ def per_sequence(call: KernelCall, dense_fn) -> KernelOutput:
     lse = None if any(x is None for x in lses) else torch.cat(lses, dim=-1)
     keep = keeps if any(k is not None for k in keeps) else None
     return KernelOutput(out=out, lse=lse, dropout_keep=keep)
-
-
-def _host_offsets(lengths: tuple[int, ...]) -> list[int]:
-    offsets = [0]
-    for n in lengths:
-        offsets.append(offsets[-1] + int(n))
-    return offsets
 
 
 def flash_lse_to_reference(lse: torch.Tensor, seqlen_q: int) -> torch.Tensor:

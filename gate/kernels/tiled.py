@@ -32,31 +32,43 @@ from gate.attention.reference import AttnOptions
 TILE = 64
 
 
-def _scores(qt, kt, rows, cols, nq, nk, opts: AttnOptions, bias=None):
-    """Masked, capped, biased scores for one tile, and tanh (for softcap's backward) or None."""
-    s = (qt @ kt.transpose(-1, -2)) * opts.softmax_scale
-    tanh = None
-    if opts.softcap:
-        tanh = torch.tanh(s / opts.softcap)
-        s = tanh * opts.softcap
-    if opts.alibi_slopes is not None:
-        s = s + alibi_bias(opts.alibi_slopes, rows, nq, nk)[:, :, cols]
-    if bias is not None:  # issue #16
-        tile = bias[:, :, rows][:, :, :, cols]
-        s = s.masked_fill(~tile, float("-inf")) if tile.dtype == torch.bool else s + tile.float()
-    allowed = allowed_mask(rows, nq, nk, opts.causal, opts.window)
-    if allowed is not None:
-        s = s.masked_fill(~allowed[:, cols], float("-inf"))
-    return s, tanh
-
-
 class TileSteps:
     """The steps of the tile loop a kernel could get wrong, one method each. `tiled` uses these;
     the selftest's planted bugs (gate/correctness/planted.py) subclass it and override one step, so
     a planted bug differs from `tiled` in exactly that step and nowhere else."""
 
     def scores(self, qt, kt, rows, cols, nq, nk, opts: AttnOptions, bias=None):
-        return _scores(qt, kt, rows, cols, nq, nk, opts, bias)
+        """Masked, capped, biased scores for one tile, and tanh (for softcap's backward) or None."""
+        s, tanh = self.scaled_capped(qt @ kt.transpose(-1, -2), opts)
+        if opts.alibi_slopes is not None:
+            s = s + self.alibi(opts.alibi_slopes, rows, nq, nk)[:, :, cols]
+        if bias is not None:  # issue #16
+            tile = bias[:, :, rows][:, :, :, cols]
+            s = s.masked_fill(~tile, float("-inf")) if tile.dtype == torch.bool else s + tile.float()
+        allowed = allowed_mask(rows, nq, nk, *self.mask(opts.causal, opts.window))
+        if allowed is not None:
+            s = s.masked_fill(~allowed[:, cols], float("-inf"))
+        return s, tanh
+
+    def scaled_capped(self, qk, opts: AttnOptions):
+        """(Q K^T * scale, softcapped: cap * tanh(. / cap)), and tanh or None."""
+        s = qk * opts.softmax_scale
+        if not opts.softcap:
+            return s, None
+        tanh = torch.tanh(s / opts.softcap)
+        return tanh * opts.softcap, tanh
+
+    def alibi(self, slopes, rows, nq, nk):
+        """The ALiBi bias added to the rows' scores."""
+        return alibi_bias(slopes, rows, nq, nk)
+
+    def mask(self, causal: bool, window):
+        """The (causal, window) the tile is masked with."""
+        return causal, window
+
+    def backward_keep(self, keep):
+        """The dropout mask the backward uses: the forward's."""
+        return keep
 
     def expand_kv(self, t, group: int):
         """(b, hkv, n, d) -> (b, hq, n, d): query head h reads kv head h // group."""
@@ -91,8 +103,7 @@ STEPS = TileSteps()
 
 class _TiledAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, opts: AttnOptions, keep, sink=None, bias=None, steps: TileSteps = STEPS, keep_bwd=None):
-        """`keep_bwd`: the dropout mask the backward uses, when it is not `keep` (a planted bug)."""
+    def forward(ctx, q, k, v, opts: AttnOptions, keep, sink=None, bias=None, steps: TileSteps = STEPS):
         b, nq, hq, d = q.shape
         nk, hkv = k.shape[1], k.shape[2]
         group = hq // hkv
@@ -120,7 +131,7 @@ class _TiledAttention(torch.autograd.Function):
             out[:, :, rows] = torch.where(empty, torch.zeros_like(acc), acc / torch.where(empty, torch.ones_like(l), l))
             lse[:, :, rows] = torch.where(empty, torch.full_like(l, float("-inf")), m + torch.log(l)).squeeze(-1)
         out_t = out.transpose(1, 2).to(q.dtype)
-        keep = keep_bwd if keep_bwd is not None else keep
+        keep = steps.backward_keep(keep)
         ctx.save_for_backward(q, k, v, out_t, lse, keep if keep is not None else torch.empty(0),
                               sink if sink is not None else torch.empty(0), bias if bias is not None else torch.empty(0))
         ctx.opts, ctx.steps = opts, steps
@@ -180,13 +191,12 @@ class _TiledAttention(torch.autograd.Function):
             p_sink = torch.exp(sink.float().view(1, hq, 1) - lse)
             dsink = -(p_sink * delta.squeeze(-1)).sum(dim=(0, 2)).to(sink.dtype)
         return (dq.transpose(1, 2).to(q.dtype), dk.transpose(1, 2).to(k.dtype), dv.transpose(1, 2).to(v.dtype), None, None,
-                dsink, None if dbias is None else dbias.to(bias.dtype), None, None)
+                dsink, None if dbias is None else dbias.to(bias.dtype), None)
 
 
-def tiled_attention(q, k, v, opts: AttnOptions, keep=None, sink=None, bias=None, steps: TileSteps = STEPS,
-                    keep_bwd=None):
+def tiled_attention(q, k, v, opts: AttnOptions, keep=None, sink=None, bias=None, steps: TileSteps = STEPS):
     """(out, lse) of the tile loop, differentiable in q, k, v, sink and a float bias."""
-    return _TiledAttention.apply(q, k, v, opts, keep, sink, bias, steps, keep_bwd)
+    return _TiledAttention.apply(q, k, v, opts, keep, sink, bias, steps)
 
 
 def _softmax_start(b: int, hq: int, rows: int, sink, device):
@@ -224,7 +234,7 @@ def decode(call: KernelCall) -> KernelOutput:
             vt = read_pages(c.v_cache, c.block_table, c.page_size, b, cols.start, cols.stop)
             kf = kt.float().transpose(0, 1).repeat_interleave(group, dim=0)[None]
             vf = vt.float().transpose(0, 1).repeat_interleave(group, dim=0)[None]
-            s, _ = _scores(qf, kf, rows, cols, nq, nk, opts)
+            s, _ = STEPS.scores(qf, kf, rows, cols, nq, nk, opts)
             m_new, m_safe, alpha = STEPS.rescale(m, s)
             p = torch.exp(s - m_safe)
             l = alpha * l + p.sum(dim=-1, keepdim=True)
@@ -253,8 +263,12 @@ class TiledAdapter(KernelAdapter):
             bias=True, bias_grad=True, bool_mask=True,  # issue #16
         )
 
+    def tile_steps(self, call: KernelCall, keep) -> TileSteps:
+        """The tile loop's steps for this call: tiled's own (the selftest's variants plant theirs)."""
+        return STEPS
+
     def _dense(self, q, k, v, call: KernelCall, keep=None) -> KernelOutput:
-        out, lse = tiled_attention(q, k, v, call.opts, keep, call.sink, call.opts.bias)
+        out, lse = tiled_attention(q, k, v, call.opts, keep, call.sink, call.opts.bias, self.tile_steps(call, keep))
         return KernelOutput(out=out, lse=lse, dropout_keep=keep)
 
     def __call__(self, call: KernelCall) -> KernelOutput:

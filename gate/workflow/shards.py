@@ -28,8 +28,7 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
 def expected_cost(case: Case) -> float:
     """Case.work (the FLOPs a sweep runs for it) plus a fixed cost per seed and run, so tiny
     cases are not free."""
-    runs = 1 + 10 * len(case.checks)
-    return case.work() + CASE_OVERHEAD_FLOPS * len(case.seeds) * runs
+    return case.work() + CASE_OVERHEAD_FLOPS * len(case.seeds) * case.runs()
 
 
 def assign(cases: tuple[Case, ...] | list[Case], n: int) -> list[int]:
