@@ -11,11 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from gate.core.cases import Case
 from gate.core.config import PerfConfig, load_config
-from gate.core.errors import UserError
 from gate.kernels.registry import get_adapter
 from gate.speed.rule import PerfSeverity
 from gate.speed.runs import (
@@ -108,12 +105,6 @@ def test_a_row_keeps_its_anchor_through_json_and_an_old_row_reads_as_the_runs():
     assert PerfCaseResult.from_dict(old).anchor_or("sdpa-math") == "sdpa-math"
 
 
-@pytest.mark.parametrize("bad", ["sdpa-flash", "mat mul", "none"])
-def test_an_anchor_fallback_that_might_refuse_too_is_a_config_error_naming_the_key(tmp_path, bad):
-    with pytest.raises(UserError, match=r"perf: anchor_fallback = .* must be \"matmul\""):
-        config(tmp_path, fallback=bad)
-
-
 def test_a_crashed_fallback_row_is_judged_not_measured_rather_than_on_its_anchor(tmp_path):
     """An ERROR row (a worker that died) says why it was not measured; it is not blamed on an anchor
     mismatch, whose advice (refresh the baseline) would drop the case from the baseline."""
@@ -134,11 +125,11 @@ def test_asv_keeps_the_ms_but_not_the_ratio_of_a_fallback_case(tmp_path):
     must not be filed under the run's anchor; the kernel's own time still is."""
     from gate.speed.asv import BenchSettings, bench_measure
 
-    config(tmp_path)
+    write_config(tmp_path, CAPPED_SUITE.format(fallback="matmul"))
     rows = bench_measure(BenchSettings(config_path=tmp_path / "pyproject.toml", kernel="tiled", suite="capped",
                                        anchor=REFUSING_ANCHOR, device="cpu", only=None, rounds=None))
     plain, capped_row = (rows[next(i for i in rows if ("cap" in i) == want)] for want in (False, True))
     for p in ("fwd", "bwd"):
         assert "speed_ratio" in plain[p] and "candidate_ms" in plain[p]
-        assert "speed_ratio" not in capped_row[p] and "anchor_ms" not in capped_row[p]
+        assert not {"speed_ratio", "anchor_ms", "noise", "ci95"} & set(capped_row[p])
         assert capped_row[p]["candidate_ms"] > 0

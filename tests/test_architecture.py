@@ -129,3 +129,14 @@ def test_pure_code_never_reaches_torch():
 @pytest.mark.parametrize("layer_name", LAYERS)
 def test_every_layer_is_a_package(layer_name):
     assert (ROOT / layer_name / "__init__.py").is_file()
+
+
+def test_speed_judging_modules_load_without_torch():
+    """`check --results` and `baseline update --perf-from` read and judge files: importing the speed
+    modules they use must not load torch (~0.7 s; it once came in through a helper of run_case)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, gate.speed.runs, gate.workflow.speed_check, gate.report.speed_report; "
+            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT.parent).returncode == 0

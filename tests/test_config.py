@@ -63,6 +63,9 @@ kernel = "tiled"
     ("[tool.attn-gate.verdict]\nheadroom_factor = 'big'\n", "[tool.attn-gate].verdict: headroom_factor = 'big' should be a float"),
     ("[tool.attn-gate.perf]\nrounds = 1.5\n", "[tool.attn-gate].perf: rounds = 1.5 should be a int"),
     ("[tool.attn-gate.perf]\ncold_l2 = 1\n", "cold_l2 = 1 should be a bool"),
+    # a fallback anchor that may refuse too would need a fallback of its own: only matmul or none
+    ("[tool.attn-gate.perf]\nanchor_fallback = 'sdpa-flash'\n", "[tool.attn-gate].perf: anchor_fallback = 'sdpa-flash' must be \"matmul\""),
+    ("[tool.attn-gate.perf]\nanchor_fallback = 'none'\n", "anchor_fallback = 'none' must be \"matmul\""),
     ("[tool.attn-gate]\nbaselines_dir = 3\n", "baselines_dir should be a path string"),
     ("[tool.attn-gate]\nsuites = 3\n", "[tool.attn-gate].suites: expected tables"),
     ("[tool.attn-gate.suites]\nmine = 3\n", "[tool.attn-gate.suites.mine]: expected a table"),

@@ -66,6 +66,7 @@ def main() -> int:
     from gate.attention.inputs import make_inputs
     from gate.kernels.registry import get_adapter
     from gate.speed.rule import PerfRules, judge
+    from gate.speed.planted import CPU_CYCLES_PER_MS, SlowedKernel, planted_cycles
     from gate.speed.timing import KernelWorkload, TimingPlan, make_clock, read_gpu_state, sleep_cycles_per_ms, time_pair
 
     global CANDIDATE, ANCHOR, FALLBACK_ANCHOR
@@ -85,7 +86,7 @@ def main() -> int:
         "trials_per_experiment": TRIALS, "shapes": {}, "experiments": {}, "dropped": [], "errors": [],
         "gpu_state_start": read_gpu_state().to_dict(),
     }
-    cycles_per_ms = 1e6 if DRY else sleep_cycles_per_ms(samples=5)  # dry run: a "cycle" is a nanosecond of busy-wait
+    cycles_per_ms = CPU_CYCLES_PER_MS if DRY else sleep_cycles_per_ms(samples=5)
     report["sleep_cycles_per_ms"] = cycles_per_ms
     log(f"GPU {report['environment'].get('gpu_name')}, torch {torch.__version__}, _sleep {cycles_per_ms:.0f} cycles/ms")
 
@@ -157,8 +158,8 @@ def main() -> int:
         if kind == "aa":
             workloads[name] = s["cand"]
         else:
-            cycles = int(level / 100 * s["pass_ms"][p] * cycles_per_ms)
-            planted = PlantedSlowdown(flash, fwd_cycles=cycles if p == "fwd" else 0, bwd_cycles=cycles if p == "bwd" else 0)
+            cycles = planted_cycles(level, s["pass_ms"][p], cycles_per_ms)  # the selftest's delay, sized as it does
+            planted = SlowedKernel(flash, fwd_cycles=cycles if p == "fwd" else 0, bwd_cycles=cycles if p == "bwd" else 0)
             workloads[name] = KernelWorkload(planted, s["case"], DEVICE, s["inputs"])
             report["experiments"].setdefault(name, {})["sleep_cycles"] = cycles
         report["experiments"].setdefault(name, {}).update(shape=k, kind=kind, pass_=p, nominal_pct=level, trials=[])
@@ -250,14 +251,6 @@ def fit_budget(active: list[str], cost: dict[str, float], remaining_trials: int,
     if report["dropped"]:
         log("time budget: dropped " + ", ".join(report["dropped"]))
     return kept
-
-
-def PlantedSlowdown(inner, fwd_cycles: int, bwd_cycles: int):
-    """The selftest's own planted delay (gate/speed/planted.py SlowedKernel: torch.cuda._sleep in the
-    stream on a GPU, a busy-wait on the CPU dry run), so this report measures the same delay."""
-    from gate.speed.planted import SlowedKernel
-
-    return SlowedKernel(inner, fwd_cycles=fwd_cycles, bwd_cycles=bwd_cycles)
 
 
 def profiler_agreement(s, torch) -> dict:

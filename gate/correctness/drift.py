@@ -317,7 +317,7 @@ def run_drift(kernel: str, cfg: DriftConfig, device: str, adapter=None, progress
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # a crashing kernel (sys.exit too) is a failed run, reported, not a traceback
-        from gate.correctness.run_case import first_line
+        from gate.core.errors import first_line
 
         notes.append(f"the kernel raised {first_line(exc)}")
         curves[f"kernel {kernel}"] = [math.nan] * cfg.steps

@@ -15,6 +15,7 @@ import torch
 
 from gate.core.cases import Case
 from gate.core.config import ToleranceConfig
+from gate.core.errors import first_line
 from gate.attention.inputs import TORCH_DTYPES, AttnInputs, KernelTensors, kernel_tensors, make_inputs
 from gate.kernels.base import KernelAdapter, KernelCall, KernelOutput
 from gate.kernels.sdpa import NoKernel
@@ -292,11 +293,6 @@ def traceback_tail(exc: BaseException, lines: int = 12) -> str:
     if len(text) > lines + 1:
         text = [text[0], "  ...", *text[-lines:]]
     return "\n".join(text)[-2000:]
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
 

@@ -118,7 +118,7 @@ class SdpaAdapter(KernelAdapter):
         """(attn_mask, is_causal) for SDPA's public API."""
         o = call.opts
         if o.bias is not None:
-            return _with_custom_bias(o.bias, call, nq, nk), False
+            return self._with_custom_bias(o.bias, call, nq, nk), False
         needs_bias = o.window != (-1, -1) or o.alibi_slopes is not None
         if not needs_bias:
             if not o.causal:
@@ -128,14 +128,37 @@ class SdpaAdapter(KernelAdapter):
             from torch.nn.attention.bias import causal_lower_right
 
             return causal_lower_right(nq, nk), False
-        # Built once per case and shape, not in every (timed) call: the options are the case's,
-        # and a dense Nq x Nk mask rebuilt per call is time charged to the kernel (or the anchor).
+        return self._fold(call, nq, nk, dtype, call.q.device), False
+
+    def _fold(self, call: KernelCall, nq: int, nk: int, dtype, device, boolean: bool = False):
+        """The case's causal/window/ALiBi as a (1, 1, Nq, Nk) additive mask (`boolean`: the allowed
+        mask, None when everything is allowed). Built once per case and shape, not in every (timed)
+        call: the options are the case's, and a dense Nq x Nk mask rebuilt per call is time charged to
+        the kernel (or the anchor)."""
+        o = call.opts
         slopes = None if o.alibi_slopes is None else tuple(o.alibi_slopes.shape)  # ALiBi slopes follow the head count
-        key = (nq, nk, dtype, str(call.q.device), o.causal, o.window, slopes)
+        key = (nq, nk, dtype, str(device), o.causal, o.window, slopes, boolean)
         if key not in self._folds:
-            bias = dense_bias(1, nq, nk, o.causal, o.window, o.alibi_slopes, call.q.device, dtype)
-            self._folds[key] = bias.unsqueeze(0)  # (1, 1, Nq, Nk): the 4-D form every backend broadcasts
-        return self._folds[key], False
+            if boolean:
+                self._folds[key] = allowed_mask(torch.arange(nq, device=device), nq, nk, o.causal, o.window)
+            else:
+                fold = dense_bias(1, nq, nk, o.causal, o.window, o.alibi_slopes, device, dtype)
+                self._folds[key] = None if fold is None else fold.unsqueeze(0)  # the 4-D form every backend broadcasts
+        return self._folds[key]
+
+    def _with_custom_bias(self, bias: torch.Tensor, call: KernelCall, nq: int, nk: int) -> torch.Tensor:
+        """issue #16: the case's bias as SDPA's attn_mask, causal/window/ALiBi folded in (the fold
+        cached per case, _fold; the combination per call, since the bias is an autograd input whose
+        gradient flows through it, broadcast dims summed by autograd). The bias keeps its dtype (an
+        fp32 mask with bf16 inputs is what the case tests)."""
+        o = call.opts
+        if bias.dtype == torch.bool and o.alibi_slopes is None:
+            allowed = self._fold(call, nq, nk, torch.bool, bias.device, boolean=True)
+            return bias if allowed is None else bias & allowed
+        if bias.dtype == torch.bool:  # a boolean mask with ALiBi: additive in the input dtype
+            bias = as_additive(bias, call.q.dtype)
+        fold = self._fold(call, nq, nk, bias.dtype, bias.device)
+        return bias if fold is None else bias + fold
 
     def _lse(self, q, k, v, call: KernelCall, is_causal: bool, mask) -> torch.Tensor | None:
         """LSE from the backend's aten op; only for cases without a mask object (None if not exposed)."""
@@ -211,20 +234,6 @@ class SdpaAdapter(KernelAdapter):
 
             return per_sequence(call, one)
         return self._dense(call.q, call.k, call.v, call)
-
-
-def _with_custom_bias(bias: torch.Tensor, call: KernelCall, nq: int, nk: int) -> torch.Tensor:
-    """issue #16: the case's bias as SDPA's attn_mask, causal/window/ALiBi folded in. The bias
-    keeps its dtype (an fp32 mask with bf16 inputs is what the case tests) and, being an autograd
-    input, gets its gradient through the fold (broadcast dims summed by autograd)."""
-    o = call.opts
-    if bias.dtype == torch.bool and o.alibi_slopes is None:
-        allowed = allowed_mask(torch.arange(nq, device=bias.device), nq, nk, o.causal, o.window)
-        return bias if allowed is None else bias & allowed
-    if bias.dtype == torch.bool:  # a boolean mask with ALiBi: additive in the input dtype
-        bias = as_additive(bias, call.q.dtype)
-    fold = dense_bias(1, nq, nk, o.causal, o.window, o.alibi_slopes, bias.device, bias.dtype)
-    return bias if fold is None else bias + fold.unsqueeze(0)
 
 
 @contextlib.contextmanager

@@ -28,7 +28,7 @@ def perf_rows(result: PerfResult) -> list[list[str]]:
             lo, hi = t.ratio_ci
             mem = c.timing.peak_mem_mb.get("candidate", math.nan)
             flags = "THROTTLED" if c.throttled else ""
-            if c.anchor_or(result.anchor) != result.anchor:  # timed against the anchor_fallback
+            if c.fell_back(result.anchor):
                 flags = (flags + f" vs {c.anchor}").strip()
             if t.spread > 0.1:
                 flags = (flags + " noisy").strip()

@@ -88,6 +88,11 @@ def bench_identity(settings: BenchSettings | None = None) -> tuple[list[str], li
     return [settings.kernel or config.profile(device).kernel], [settings.anchor or config.perf.anchor_for(device)]
 
 
+# a perf summary's numbers of the kernel alone (the rest - speed_ratio, its CI, noise, spread, the
+# anchor's ms - depend on the anchor)
+KERNEL_ONLY_KEYS = frozenset({"candidate_ms", "candidate_tflops", "candidate_kv_gbps", "rounds"})
+
+
 def bench_measure(settings: BenchSettings | None = None) -> dict[str, dict[str, Any]]:
     """One engine run over the perf cases, flattened to plain numbers for asv's track_* methods."""
     from gate.speed.runs import run_perf
@@ -105,12 +110,12 @@ def bench_measure(settings: BenchSettings | None = None) -> dict[str, dict[str, 
         if c.measured:
             summary = c.summary()
             row.update({p: summary[p] for p in ("fwd", "bwd") if p in summary})
-            if c.anchor_or(result.anchor) != result.anchor:
-                # timed against the anchor_fallback: its ratio is not one of this history line's (the
-                # line's `anchor` parameter is the run's anchor); the kernel's own ms still are
+            if c.fell_back(result.anchor):
+                # timed against the anchor_fallback: nothing measured against it belongs on this history
+                # line (its `anchor` parameter is the run's anchor); the kernel's own numbers do
                 for p in ("fwd", "bwd"):
                     if p in row:
-                        row[p] = {k: v for k, v in row[p].items() if not k.startswith(("speed_ratio", "anchor_", "ci95"))}
+                        row[p] = {k: v for k, v in row[p].items() if k in KERNEL_ONLY_KEYS}
         out[c.case_id] = row
     return out
 

@@ -27,8 +27,7 @@ from typing import Any
 
 from gate.core.cases import Case, load_suite
 from gate.core.config import Config, PerfConfig
-from gate.core.errors import UserError
-from gate.correctness.run_case import first_line
+from gate.core.errors import UserError, first_line
 from gate.core.jsonio import read_record, write_json_atomic
 from gate.speed.rule import PerfJudgement, PerfRules, PerfSeverity, RatioEstimate, judge
 from gate.speed.timing import PASSES, PassTiming, TimingPlan, TimingRun
@@ -117,6 +116,10 @@ class PerfCaseResult:
     def anchor_or(self, run_anchor: str) -> str:
         """The anchor this case was timed against (`run_anchor` when the row does not say)."""
         return self.anchor or run_anchor
+
+    def fell_back(self, run_anchor: str) -> bool:
+        """Whether this case was timed against the anchor fallback, not the run's anchor."""
+        return self.anchor_or(run_anchor) != run_anchor
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from gate.core.cases import Case
 from gate.core.config import IsolationConfig, KernelFamily, ToleranceConfig
-from gate.core.errors import UserError
+from gate.core.errors import UserError, first_line
 from gate.core.results import CaseResult, CheckResult, Status
 
 STDERR_LINES = 8  # how much of a dead worker's stderr an ERROR row carries
@@ -71,14 +71,6 @@ class WorkerGone(Exception):
     def __init__(self, message: str, stderr: str = ""):
         super().__init__(message)
         self.stderr = stderr
-
-
-def family_of(kernel: str, config) -> "KernelFamily | None":
-    """The kernel family that `kernel` names (gate/kernels/registry.py kernel_family), or None; sent to
-    the worker, which imports its entry points (this process never does)."""
-    from gate.kernels.registry import kernel_family
-
-    return kernel_family(kernel, config)
 
 
 def case_timeout(case: Case, cfg: IsolationConfig, check_names: tuple[str, ...] = ()) -> float:
@@ -377,7 +369,7 @@ def judge_raw_outputs(case: Case, file: Path, device: str, tol: ToleranceConfig,
 
     from gate.attention.inputs import make_inputs
     from gate.correctness.run_case import (
-        BadOutput, first_line, forward_only_note, grad_names, is_forward_only, measure_seed, verdict_row,
+        BadOutput, forward_only_note, grad_names, is_forward_only, measure_seed, verdict_row,
     )
 
     try:

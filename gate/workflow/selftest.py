@@ -169,7 +169,7 @@ def _survivor_message(bug, sweeps: list[SweepResult], run: _Run, host_name: str)
 
 
 def tiled_control_scope(run: _Run, bugs) -> str | None:
-    """Where `tiled` is only the host of planted bugs (not the kernel under test), its control
+    """For `tiled` as only the host of planted bugs (not the kernel under test), its control
     covers the cases those bugs are judged on - each tiled-hosted bug's first batch - instead of
     the whole suite: on an H200 two pr sweeps of tiled (plain PyTorch tiles, 454 cases) alone
     outlast a 10-minute CI step. A bug's later batches stay within the control's cases (run_bug)."""
@@ -177,8 +177,6 @@ def tiled_control_scope(run: _Run, bugs) -> str | None:
     from gate.correctness.planted import host_of
     from gate.kernels.registry import get_adapter
 
-    if run.kernel == "tiled":
-        return None
     cases = load_suite(run.suite, run.config.suites, run.config.source).cases
     tiled = get_adapter("tiled")
     ids = {c.id for bug in bugs if not bug.trigger.pending and host_of(bug, run.adapter) == "tiled"
@@ -352,14 +350,11 @@ def run_selftest(config: Config, kernel: str | None = None, suite: str | None = 
         budget_s = DEFAULT_GPU_BUDGET_S
     deadline = None if budget_s is None else time.perf_counter() + budget_s
     with tempfile.TemporaryDirectory(prefix="attn-gate-selftest-") as tmp:
-        run = _Run(config, kernel, suite, device, Path(out_dir), Path(tmp), log)
-        missing = run.adapter.unavailable_reason()
-        if missing:
-            raise UserError(f"kernel {kernel!r} is unavailable here: {missing}")
+        run = _Run(config, kernel, suite, device, Path(out_dir), Path(tmp), log)  # validate_target checked it is available
         controls: list[ControlOutcome] = []
         for name in dict.fromkeys((kernel, "tiled")):
-            scope = tiled_control_scope(run, chosen) if name == "tiled" else None
-            if name == "tiled" and scope is None and kernel != "tiled":
+            scope = tiled_control_scope(run, chosen) if name != kernel else None
+            if name != kernel and scope is None:
                 # tiled is here only as the host of planted bugs; none of the chosen ones lives in it
                 # (seen on the H200: `--bugs dk_x1.02` swept all of pr with tiled, > 7 minutes)
                 log("control tiled: not run: none of the chosen planted bugs is planted in tiled")

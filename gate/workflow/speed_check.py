@@ -87,9 +87,10 @@ def run_perf_check(config: Config, kernel: str, suite: str, device: str, only: s
                    baseline_perf: dict[str, Any] | None, out_dir: Path) -> PerfCheck:
     if not select_perf_cases(suite, config, only):
         return no_perf_case_check(config, suite, only, baseline_perf)
-    from gate.workflow.isolation import PerfWorker, family_of
+    from gate.kernels.registry import kernel_family
+    from gate.workflow.isolation import PerfWorker
 
-    with PerfWorker(kernel, device, config.isolation, family_of(kernel, config)) as worker:  # the kernel is timed in a worker (#11)
+    with PerfWorker(kernel, device, config.isolation, kernel_family(kernel, config)) as worker:  # the kernel is timed in a worker (#11)
         return _judged_perf(config, kernel, suite, device, only, baseline_perf, out_dir, worker)
 
 
@@ -150,10 +151,11 @@ def perf_baseline_section(config: Config, kernel: str, suite: str, device: str, 
                           old_perf: dict[str, Any] | None) -> tuple[dict[str, Any], PerfResult]:
     """The baseline's perf section from a fresh run with confirm_rounds rounds (a filtered run
     replaces only its own cases)."""
-    from gate.workflow.isolation import PerfWorker, family_of
+    from gate.kernels.registry import kernel_family
+    from gate.workflow.isolation import PerfWorker
 
     rounds = max(config.perf.confirm_rounds, config.perf.rounds)
-    with PerfWorker(kernel, device, config.isolation, family_of(kernel, config)) as worker:  # the kernel is timed in a worker (#11)
+    with PerfWorker(kernel, device, config.isolation, kernel_family(kernel, config)) as worker:  # the kernel is timed in a worker (#11)
         result = run_perf(kernel, suite, config, device, only=only, rounds=rounds, progress=_progress,
                           measure=worker.measure, kernel_version=worker.info.version)
     measured = {c.case_id: baseline_entry(c, result.anchor) for c in result.cases if c.measured}

@@ -116,9 +116,9 @@ def _run_isolated(kernel: str, suite, config: Config, device: str, progress: boo
     workers = options.workers if options.workers is not None else default_workers(device)
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
-    from gate.workflow.isolation import family_of
+    from gate.kernels.registry import kernel_family
 
-    with worker_pool(kernel, device, workers, config.isolation, family_of(kernel, config)) as pool:
+    with worker_pool(kernel, device, workers, config.isolation, kernel_family(kernel, config)) as pool:
         info = pool.kernel_info()
         if info.unavailable:
             raise UserError(f"kernel {kernel!r} is unavailable here: {info.unavailable}")

@@ -51,9 +51,10 @@ def check_device(device: str | None) -> str:
 
 def _check_kernel_in_worker(kernel: str, device: str, option: str, config: Config | None) -> None:
     from gate.core.config import IsolationConfig
-    from gate.workflow.isolation import family_of, worker_pool
+    from gate.kernels.registry import kernel_family
+    from gate.workflow.isolation import worker_pool
 
-    family = family_of(kernel, config)
+    family = kernel_family(kernel, config)
     if family is None:
         module, _, function = kernel.partition(":")
         if not module or not function:

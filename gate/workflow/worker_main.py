@@ -37,7 +37,8 @@ def run_one(adapter, request: dict, device: str) -> dict:
     from gate.attention.inputs import make_inputs
     from gate.core.cases import Case
     from gate.correctness.probes.registry import checks_for
-    from gate.correctness.run_case import BadOutput, first_line, grad_names, kernel_pass, traceback_tail
+    from gate.core.errors import first_line
+    from gate.correctness.run_case import BadOutput, grad_names, kernel_pass, traceback_tail
     from gate.kernels.sdpa import NoKernel
 
     case = Case.from_dict(request["case"])
