@@ -29,11 +29,14 @@
 #   CALL=8  (one GPU, carries .fa2) fa2_repro.py and FA2's bf16 causal pr piece again.
 #   CALL=9  (one GPU, carries .fa3) FA3's bf16 causal pr piece again; the whole nightly of sdpa-flash, timed (#9).
 #   CALL=10 (carries .fa3) / CALL=11 (carries .fa2): the depth checks of FA3 / FA2 (next session).
+#   CALL=12 (one GPU, carries .wheels/a) the pr baseline refreshed with anchor_fallback on, alone on the GPU.
+#   CALL=13 (carries .wheels/b) FA4 installed, fa4_gqa_headdim_repro.py, then FANOUT_JOBS side by side
+#           (evidence/h200/fanout.py); CALL=14 the same sweeps resumed (#9).
 #
 # Each call packs what it wrote into $OUT/partN.tar.gz (the device returns at most 8 files) and prints
 # status lines; the whole call runs under CALL_BUDGET_S (550 s) so it is packed even when cut. With one GPU visible, lane 1 runs after lane 0 (and takes longer than a call).
 set -uo pipefail
-call=${CALL:?CALL=1..11}
+call=${CALL:?CALL=1..14}
 RESULT=${OUT:-out/h200_x2}
 W=${WORK:-/tmp/h200_x2}/part$call
 mkdir -p "$W" "$RESULT"
@@ -69,23 +72,25 @@ timed() {  # label budget_s cmd...: run, record rc and wall seconds
 say "call $call: $gpus GPU(s), $cores cores"
 gate() { python3 -m gate "$@"; }
 
+refresh_pr() {  # the pr check wall-timed, the baseline refreshed from it, the check again (CALL=1, CALL=12)
+  local L; L=$(lane 0); local d="$W/flash"; mkdir -p "$d/baselines"
+  printf '[tool.attn-gate]\nbaselines_dir = "%s"\n' "$d/baselines" > "$d/pyproject.toml"
+  timed "check-1 sdpa-flash pr vs committed baseline" 240 $L python3 -m gate check --kernel sdpa-flash --suite pr \
+    --device cuda --baseline baselines/h200/sdpa-flash-pr.json --no-progress --out "$d/check1" > "$d/check1.log" 2>&1
+  timed "baseline update from check-1" 60 $L python3 -m gate baseline update --config "$d/pyproject.toml" \
+    --kernel sdpa-flash --suite pr --device cuda --from-results "$d/check1/sweep-sdpa-flash-pr.json" \
+    --perf-from "$d/check1/perf-sdpa-flash-pr.json" --summary "$d/baseline-summary.md" > "$d/update.log" 2>&1
+  local file; file=$(ls "$d"/baselines/*/sdpa-flash-pr.json 2>/dev/null | head -1)
+  if [ -n "$file" ]; then
+    timed "check-2 sdpa-flash pr vs refreshed baseline" 240 $L python3 -m gate check --kernel sdpa-flash --suite pr \
+      --device cuda --baseline "$file" --no-progress --out "$d/check2" > "$d/check2.log" 2>&1
+  fi
+  grep -hE "^(PASS|FAIL|INCONCLUSIVE)" "$d"/check*.log | tee -a "$W/session.txt"
+}
+
 case "$call" in
 1)
-  lane0() {
-    local L; L=$(lane 0); local d="$W/flash"; mkdir -p "$d/baselines"
-    printf '[tool.attn-gate]\nbaselines_dir = "%s"\n' "$d/baselines" > "$d/pyproject.toml"
-    timed "check-1 sdpa-flash pr vs committed baseline" 240 $L python3 -m gate check --kernel sdpa-flash --suite pr \
-      --device cuda --baseline baselines/h200/sdpa-flash-pr.json --no-progress --out "$d/check1" > "$d/check1.log" 2>&1
-    timed "baseline update from check-1" 60 $L python3 -m gate baseline update --config "$d/pyproject.toml" \
-      --kernel sdpa-flash --suite pr --device cuda --from-results "$d/check1/sweep-sdpa-flash-pr.json" \
-      --perf-from "$d/check1/perf-sdpa-flash-pr.json" --summary "$d/baseline-summary.md" > "$d/update.log" 2>&1
-    local file; file=$(ls "$d"/baselines/*/sdpa-flash-pr.json 2>/dev/null | head -1)
-    if [ -n "$file" ]; then
-      timed "check-2 sdpa-flash pr vs refreshed baseline" 240 $L python3 -m gate check --kernel sdpa-flash --suite pr \
-        --device cuda --baseline "$file" --no-progress --out "$d/check2" > "$d/check2.log" 2>&1
-    fi
-    grep -hE "^(PASS|FAIL|INCONCLUSIVE)" "$d"/check*.log | tee -a "$W/session.txt"
-  }
+  lane0() { refresh_pr; }
   lane1() {
     local L; L=$(lane 1)
     timed "cudnn bias repro" 90 $L env OUT="$W/cudnn-repro" python3 evidence/h200/cudnn_bias_repro.py > "$W/cudnn-repro.log" 2>&1
@@ -204,6 +209,32 @@ case "$call" in
 11)
   timed "fa2 depth" 300 $(lane 0) env FA=fa2 FA_DEPTH_ONLY=1 OUT="$W" bash evidence/h200/flash_build.sh > "$W/fa2.log" 2>&1
   cat "$W/fa2/status.txt" >> "$W/session.txt" 2>/dev/null
+  ;;
+12)
+  # one GPU, carries .wheels/a (staged for CALL=13): the pr baseline refreshed with [perf] anchor_fallback on, so
+  # the head-dim-256 speed cases the cuDNN anchor refuses are timed against matmul (#9); nothing else on the GPU
+  mkdir -p /root/stage && cp .wheels/a/* /root/stage/ 2>/dev/null && say "staged .wheels/a in /root/stage"
+  refresh_pr
+  ;;
+13|14)
+  # one GPU. CALL=13 carries .wheels/b (FA4 installed from the halves CALL=12 staged) and reproduces FA4's GQA
+  # off-grid head-dim gradient failures in plain FA4; both then run many correctness sweeps side by side
+  # (evidence/h200/fanout.py: FANOUT_JOBS, each KERNEL:SUITE:SHARDS), CALL=14 resuming what CALL=13 left (#9)
+  if [ "$call" = 13 ] && [ -d /root/stage ] && [ -x .wheels/b/install.sh ]; then
+    .wheels/b/install.sh /root/stage > /root/fa4-exports.sh 2> "$W/fa4-install.err" && say "FA4 installed"
+  fi
+  [ -f /root/fa4-exports.sh ] && . /root/fa4-exports.sh
+  python3 -c "import flash_attn.cute" > "$W/fa4-import.txt" 2>&1 && say "flash_attn.cute imports" || say "flash_attn.cute does NOT import"
+  if [ "$call" = 13 ]; then
+    timed "fa4 gqa head-dim repro" 150 $(lane 0) env OUT="$W/fa4-gqa-repro" python3 evidence/h200/fa4_gqa_headdim_repro.py \
+      > "$W/fa4-gqa-repro.log" 2>&1 &
+  fi
+  timed "fanout" $(( ${CALL_BUDGET_S:-550} - 20 )) $(lane 0) python3 evidence/h200/fanout.py --state out/fanout --out "$W/fanout" \
+    --budget-s "${FANOUT_BUDGET_S:-500}" $(for j in ${FANOUT_JOBS:?FANOUT_JOBS=k:suite:n ...}; do echo --job "$j"; done) \
+    > "$W/fanout.log" 2>&1
+  wait
+  cat "$W/fanout/status.md" >> "$W/session.txt" 2>/dev/null
+  tail -30 "$W/fa4-gqa-repro.log" >> "$W/session.txt" 2>/dev/null
   ;;
 esac
 say "done"

@@ -1,0 +1,193 @@
+"""Many correctness sweeps at once on one GPU, across as many device calls as it takes (issue #9).
+
+A correctness sweep is bound by the CPU far more than by the H200: FlexAttention and FA4 compile every
+new shape (Inductor, CuTe DSL), and the gate draws inputs and launches float64 references from one
+Python thread. One sweep at a time leaves the GPU mostly idle, so this runs every job's shards side by
+side, each its own `attn-gate sweep --shard k/N` process with its own worker. Correctness does not
+depend on what else the GPU runs; timing does, so no speed case is measured here (`attn-gate perf` on a
+quiet GPU does that).
+
+    python3 evidence/h200/fanout.py --budget-s 540 --job flex:pr:6 --job fa4:pr:3 --job sdpa-cudnn:nightly:2
+
+Every shard journals each case as it ends (into the git-ignored --state folder, kept between calls
+while the machine is warm; carry it after a cold start), so a call cut by the budget goes on with
+`--resume` in the next call. A journal that `--resume` refuses (another machine or other code) is set
+aside and that shard starts afresh. Once all shards of a job have written their sweep JSON they are
+joined with `attn-gate merge` into <state>/<kernel>-<suite>/merged/.
+
+$OUT gets status.md (one row per job: shards finished, cases journalled by status, the worst rows)
+and fanout.tar.gz (the whole state folder: sweep JSON, validation notes, journals, logs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Shard:
+    kernel: str
+    suite: str
+    index: int  # 1-based
+    count: int
+    folder: Path
+
+    @property
+    def label(self) -> str:
+        return f"{self.kernel}:{self.suite}:{self.index}/{self.count}"
+
+    @property
+    def sweep_json(self) -> Path:
+        return self.folder / f"sweep-{self.kernel}-{self.suite}.json"
+
+    @property
+    def journal(self) -> Path:
+        return self.folder / f"journal-{self.kernel}-{self.suite}.jsonl"
+
+
+def parse_job(text: str, state: Path) -> list[Shard]:
+    parts = text.split(":")
+    if len(parts) != 3 or not parts[2].isdigit() or int(parts[2]) < 1:
+        raise SystemExit(f"--job {text!r}: expected KERNEL:SUITE:SHARDS, e.g. flex:pr:6")
+    kernel, suite, count = parts[0], parts[1], int(parts[2])
+    job = state / f"{kernel}-{suite}"
+    return [Shard(kernel, suite, i, count, job / f"shard-{i}-of-{count}") for i in range(1, count + 1)]
+
+
+def journal_counts(path: Path) -> tuple[Counter, list[tuple[str, str, str]]]:
+    """Statuses of the cases a journal holds, and its FAIL/ERROR rows (id, status, reason)."""
+    counts: Counter = Counter()
+    bad: list[tuple[str, str, str]] = []
+    if not path.is_file():
+        return counts, bad
+    for line in path.read_text(encoding="utf-8", errors="replace").split("\n")[1:]:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # empty or torn last line
+        counts[row.get("status", "?")] += 1
+        if row.get("status") in ("FAIL", "ERROR"):
+            bad.append((row.get("case_id", "?"), row["status"], str(row.get("reason", ""))[:200]))
+    return counts, bad
+
+
+def launch(shard: Shard, device: str, threads: int) -> tuple[subprocess.Popen, Path]:
+    shard.folder.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "gate", "sweep", "--kernel", shard.kernel, "--suite", shard.suite, "--device", device,
+           "--no-progress", "--out", str(shard.folder)]
+    if shard.count > 1:
+        cmd += ["--shard", f"{shard.index}/{shard.count}"]
+    if shard.journal.is_file():
+        cmd.append("--resume")
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+               TORCHINDUCTOR_COMPILE_THREADS="1", PYTHONUNBUFFERED="1")
+    log = shard.folder / f"sweep-{int(time.time())}.log"
+    with open(log, "w") as fh:
+        fh.write("$ " + " ".join(cmd) + "\n")
+        fh.flush()
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return proc, log
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """The shard's process group (the gate and its worker): SIGTERM, then SIGKILL after 15 s."""
+    for sig, grace in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+        if proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--job", action="append", required=True, help="KERNEL:SUITE:SHARDS (repeatable)")
+    ap.add_argument("--budget-s", type=float, default=540)
+    ap.add_argument("--state", default="out/fanout")
+    ap.add_argument("--out", default=os.environ.get("OUT", "out/fanout-out"))
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--threads", type=int, default=2, help="OMP threads per shard process")
+    args = ap.parse_args()
+    state, out = Path(args.state), Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    deadline = time.time() + args.budget_s
+    jobs = {j: parse_job(j, state) for j in args.job}
+    shards = [s for js in jobs.values() for s in js]
+    running: dict[Shard, tuple[subprocess.Popen, Path, float]] = {}
+    notes: list[str] = []
+    for s in shards:
+        if not s.sweep_json.is_file():
+            proc, log = launch(s, args.device, args.threads)
+            running[s] = (proc, log, time.time())
+    print(f"fanout: {len(running)} shard processes started, {len(shards) - len(running)} already finished; "
+          f"budget {args.budget_s:.0f} s", flush=True)
+    t0, last = time.time(), time.time()
+    while running and time.time() < deadline:
+        time.sleep(2)
+        for s, (proc, log, started) in list(running.items()):
+            if proc.poll() is None:
+                continue
+            del running[s]
+            text = log.read_text(errors="replace")
+            if proc.returncode == 2 and "--resume:" in text and s.journal.is_file():
+                aside = s.journal.with_suffix(f".refused-{int(time.time())}.jsonl")
+                s.journal.rename(aside)
+                notes.append(f"{s.label}: --resume refused, journal set aside as {aside.name}; starts afresh next call")
+            verdict = next((ln for ln in reversed(text.splitlines()) if ln.startswith(("PASS", "FAIL"))), "")
+            print(f"[{time.time() - t0:5.0f}s] {s.label} rc={proc.returncode} {time.time() - started:.0f}s {verdict[:120]}",
+                  flush=True)
+        if time.time() - last > 60:
+            last = time.time()
+            done = sum(sum(journal_counts(s.journal)[0].values()) for s in shards)
+            print(f"[{time.time() - t0:5.0f}s] {len(running)} shards running, {done} cases journalled", flush=True)
+    for s, (proc, _log, _started) in running.items():
+        stop(proc)
+        notes.append(f"{s.label}: stopped at the budget (its journal keeps every finished case)")
+    lines = [f"# fanout on {args.device}, budget {args.budget_s:.0f} s, wall {time.time() - t0:.0f} s", "",
+             "| job | shards finished | PASS | FAIL | ERROR | SKIP | journalled | merged |", "|---|---|---|---|---|---|---|---|"]
+    bad_rows: list[str] = []
+    for name, js in jobs.items():
+        counts: Counter = Counter()
+        for s in js:
+            c, bad = journal_counts(s.journal)
+            counts += c
+            bad_rows += [f"- {s.kernel} {cid}: {st} {reason}" for cid, st, reason in bad]
+        finished = sum(s.sweep_json.is_file() for s in js)
+        merged = ""
+        if finished == len(js):
+            target = state / f"{js[0].kernel}-{js[0].suite}" / "merged"
+            if len(js) == 1:
+                merged = str(js[0].folder)
+            else:
+                r = subprocess.run([sys.executable, "-m", "gate", "merge", "--out", str(target), *[str(s.folder) for s in js]],
+                                   capture_output=True, text=True)
+                merged = str(target) if r.returncode == 0 else f"merge rc={r.returncode}: {(r.stderr or r.stdout)[-200:]}"
+        lines.append(f"| {name} | {finished}/{len(js)} | {counts['PASS']} | {counts['FAIL']} | {counts['ERROR']} | "
+                     f"{counts['SKIP']} | {sum(counts.values())} | {merged} |")
+    lines += ["", *([f"- {n}" for n in notes]), "", "## FAIL / ERROR rows", "", *(bad_rows or ["none"])]
+    (out / "status.md").write_text("\n".join(lines) + "\n")
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "status.md").write_text("\n".join(lines) + "\n")
+    with tarfile.open(out / "fanout.tar.gz", "w:gz") as tar:
+        tar.add(state, arcname=state.name)
+    print("\n".join(lines), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
