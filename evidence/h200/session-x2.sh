@@ -29,9 +29,10 @@
 #   CALL=8  (one GPU, carries .fa2) fa2_repro.py and FA2's bf16 causal pr piece again.
 #   CALL=9  (one GPU, carries .fa3) FA3's bf16 causal pr piece again; the whole nightly of sdpa-flash, timed (#9).
 #   CALL=10 (carries .fa3) / CALL=11 (carries .fa2): the depth checks of FA3 / FA2 (next session).
-#   CALL=12 (one GPU, carries .wheels/a) the pr baseline refreshed with anchor_fallback on, alone on the GPU.
-#   CALL=13 (carries .wheels/b) FA4 installed, fa4_gqa_headdim_repro.py, then FANOUT_JOBS side by side
-#           (evidence/h200/fanout.py); CALL=14 the same sweeps resumed (#9).
+#   CALL=12 (one GPU) the pr baseline refreshed with anchor_fallback on, alone on the GPU.
+#   CALL=13/14 FANOUT_JOBS side by side (evidence/h200/fanout.py), 14 resuming 13; FA4 installed (and
+#           fa4_gqa_headdim_repro.py run) by the call that finds all three of .wheels/s1..s3 staged (#9).
+#   Any call carrying one of .wheels/s1, s2, s3 (thirds of FA4's wheels) stages it in /root/stage.
 #
 # Each call packs what it wrote into $OUT/partN.tar.gz (the device returns at most 8 files) and prints
 # status lines; the whole call runs under CALL_BUDGET_S (550 s) so it is packed even when cut. With one GPU visible, lane 1 runs after lane 0 (and takes longer than a call).
@@ -69,6 +70,9 @@ timed() {  # label budget_s cmd...: run, record rc and wall seconds
   timeout "$budget" "$@"; local rc=$?
   say "$label rc=$rc wall_s=$(python3 -c "import time; print(round(time.time() - $t0, 1))")"
 }
+for part in .wheels/s1 .wheels/s2 .wheels/s3; do  # a third of FA4's wheels carried by this call (CALL=13/14 install them)
+  [ -d "$part" ] && mkdir -p /root/stage && cp "$part"/* /root/stage/ && echo "staged $part" >> "$W/session.txt"
+done
 say "call $call: $gpus GPU(s), $cores cores"
 gate() { python3 -m gate "$@"; }
 
@@ -211,25 +215,29 @@ case "$call" in
   cat "$W/fa2/status.txt" >> "$W/session.txt" 2>/dev/null
   ;;
 12)
-  # one GPU, carries .wheels/a (staged for CALL=13): the pr baseline refreshed with [perf] anchor_fallback on, so
-  # the head-dim-256 speed cases the cuDNN anchor refuses are timed against matmul (#9); nothing else on the GPU
-  mkdir -p /root/stage && cp .wheels/a/* /root/stage/ 2>/dev/null && say "staged .wheels/a in /root/stage"
+  # one GPU: the pr baseline refreshed with [perf] anchor_fallback on, so the head-dim-256 speed cases the cuDNN
+  # anchor refuses are timed against matmul (#9); nothing else on the GPU
   refresh_pr
   ;;
 13|14)
-  # one GPU. CALL=13 carries .wheels/b (FA4 installed from the halves CALL=12 staged) and reproduces FA4's GQA
-  # off-grid head-dim gradient failures in plain FA4; both then run many correctness sweeps side by side
-  # (evidence/h200/fanout.py: FANOUT_JOBS, each KERNEL:SUITE:SHARDS), CALL=14 resuming what CALL=13 left (#9)
-  if [ "$call" = 13 ] && [ -d /root/stage ] && [ -x .wheels/b/install.sh ]; then
-    .wheels/b/install.sh /root/stage > /root/fa4-exports.sh 2> "$W/fa4-install.err" && say "FA4 installed"
+  # one GPU: many correctness sweeps side by side (evidence/h200/fanout.py: FANOUT_JOBS, each KERNEL:SUITE:SHARDS),
+  # CALL=14 resuming what CALL=13 left (#9). FA4's wheels (~100 MB) travel in three thirds (.wheels/s1..s3, each
+  # staged by whichever call carries it, as the repo leaves ~40 MB of a call's 64 MiB); the call that finds all three
+  # installs FA4 and reproduces its GQA off-grid head-dim gradient failures in plain FA4.
+  if [ ! -f /root/fa4-exports.sh ] && [ -f /root/stage/chunk.3 ] && [ -f /root/stage/bigname ]; then
+    cat /root/stage/chunk.? > "/root/stage/$(cat /root/stage/bigname)" && rm -f /root/stage/chunk.? &&
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        /root/stage/*.whl > "$W/fa4-install.log" 2>&1 &&
+      echo 'export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}' > /root/fa4-exports.sh &&
+      say "FA4 installed" && fa4_new=1
   fi
   [ -f /root/fa4-exports.sh ] && . /root/fa4-exports.sh
   python3 -c "import flash_attn.cute" > "$W/fa4-import.txt" 2>&1 && say "flash_attn.cute imports" || say "flash_attn.cute does NOT import"
-  if [ "$call" = 13 ]; then
+  if [ -n "${fa4_new:-}" ]; then
     timed "fa4 gqa head-dim repro" 150 $(lane 0) env OUT="$W/fa4-gqa-repro" python3 evidence/h200/fa4_gqa_headdim_repro.py \
       > "$W/fa4-gqa-repro.log" 2>&1 &
   fi
-  timed "fanout" $(( ${CALL_BUDGET_S:-550} - 20 )) $(lane 0) python3 evidence/h200/fanout.py --state out/fanout --out "$W/fanout" \
+  timed "fanout" $(( ${CALL_BUDGET_S:-550} - 15 )) $(lane 0) python3 evidence/h200/fanout.py --state out/fanout --out "$W/fanout" --device "${FANOUT_DEVICE:-cuda}" \
     --budget-s "${FANOUT_BUDGET_S:-500}" $(for j in ${FANOUT_JOBS:?FANOUT_JOBS=k:suite:n ...}; do echo --job "$j"; done) \
     > "$W/fanout.log" 2>&1
   wait
