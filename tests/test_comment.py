@@ -136,7 +136,7 @@ def _h200_inputs():
 
     config = load_config(ROOT / "pyproject.toml")
     baseline = read_baseline(ROOT / "baselines" / "h200" / "sdpa-flash-pr.json")
-    run = ROOT / "reports" / "h200" / "session-2026-12-01" / "check-sdpa-flash-pr"  # the run checked against that baseline
+    run = ROOT / "reports" / "h200" / "session-2026-12-01c" / "call12" / "check2"  # the run checked against that baseline
     sweep = SweepResult.read(run / "sweep-sdpa-flash-pr.json")
     perf = PerfResult.read(run / "perf-sdpa-flash-pr.json")
     judgements = judge_perf(perf, baseline.perf, config.perf)
