@@ -1,6 +1,7 @@
 """Standalone reproduction of the FA4 gradient failures of the H200 pr sweep (reports/h200/session-2026-12-01,
-sweeps/fa4-1), in plain PyTorch and FA4 with no attn-gate code: written after the sweep, NOT YET RUN (the
-session's device time was spent).
+sweeps/fa4-1), in plain PyTorch and FA4 with no attn-gate code. Run on 2026-12-01 (third session,
+reports/h200/session-2026-12-01c/fa4-gqa-repro/): it reproduces them (dQ 259-658x the bf16 yardstick at
+d72/80/104 for MHA and GQA, dK/dV 374-647x under GQA, ~1-2x at d64/128; d104 non-causal: MLIRError).
 
 The sweep (FA4 4.0.0b36, flash_attn.cute, H200) failed dQ/dK/dV by 20-45x the bound on GQA cases with
 head dims off the power-of-two grid, e.g. bf16-b2-h8/2-s1000-d80-causal, bf16-b2-h8/2-s257x1000-d{72,80,104}-causal,

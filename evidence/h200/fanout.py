@@ -15,6 +15,12 @@ while the machine is warm; carry it after a cold start), so a call cut by the bu
 aside and that shard starts afresh. Once all shards of a job have written their sweep JSON they are
 joined with `attn-gate merge` into <state>/<kernel>-<suite>/merged/.
 
+Many shards on one GPU can exhaust its memory (each process's caching allocator keeps what it once
+held; a 131,072-key float64 reference peaks at 7 GiB): a case that raised an out-of-memory error, or
+another error matching --retry, is therefore run once more after the parallel phase, alone on the GPU
+(its journal row set aside, the shard resumed), so such an ERROR is either the kernel's or goes away.
+--max-procs caps how many shard processes run at once.
+
 $OUT gets status.md (one row per job: shards finished, cases journalled by status, the worst rows)
 and fanout.tar.gz (the whole state folder: sweep JSON, validation notes, journals, logs).
 """
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,6 +39,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+
+from gate.core.files import safe_name  # the gate's own file naming of a kernel (a user kernel is module:function)
 
 
 @dataclass(frozen=True)
@@ -48,19 +57,19 @@ class Shard:
 
     @property
     def sweep_json(self) -> Path:
-        return self.folder / f"sweep-{self.kernel}-{self.suite}.json"
+        return self.folder / f"sweep-{safe_name(self.kernel)}-{self.suite}.json"
 
     @property
     def journal(self) -> Path:
-        return self.folder / f"journal-{self.kernel}-{self.suite}.jsonl"
+        return self.folder / f"journal-{safe_name(self.kernel)}-{self.suite}.jsonl"
 
 
 def parse_job(text: str, state: Path) -> list[Shard]:
-    parts = text.split(":")
+    parts = text.rsplit(":", 2)  # a user kernel is package.module:function
     if len(parts) != 3 or not parts[2].isdigit() or int(parts[2]) < 1:
         raise SystemExit(f"--job {text!r}: expected KERNEL:SUITE:SHARDS, e.g. flex:pr:6")
     kernel, suite, count = parts[0], parts[1], int(parts[2])
-    job = state / f"{kernel}-{suite}"
+    job = state / f"{safe_name(kernel)}-{suite}"
     return [Shard(kernel, suite, i, count, job / f"shard-{i}-of-{count}") for i in range(1, count + 1)]
 
 
@@ -79,6 +88,36 @@ def journal_counts(path: Path) -> tuple[Counter, list[tuple[str, str, str]]]:
         if row.get("status") in ("FAIL", "ERROR"):
             bad.append((row.get("case_id", "?"), row["status"], str(row.get("reason", ""))[:200]))
     return counts, bad
+
+
+RETRY_DEFAULT = r"out of memory|OutOfMemoryError|NoValidChoicesError|mha_graph\.execute"
+
+
+def set_aside_for_retry(shard: Shard, pattern: "re.Pattern[str]") -> list[str]:
+    """Drop the journal's ERROR rows whose reason matches (each case once: <job>/retried.txt), so a
+    --resume runs them again; the journal as it was is kept beside it. Returns the case ids."""
+    done_file = shard.folder.parent / "retried.txt"
+    done = set(done_file.read_text().split()) if done_file.is_file() else set()
+    if not shard.journal.is_file():
+        return []
+    lines = shard.journal.read_text(encoding="utf-8", errors="replace").split("\n")
+    keep, again = [lines[0]], []
+    for line in lines[1:]:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if row.get("status") == "ERROR" and pattern.search(str(row.get("reason", ""))) and row["case_id"] not in done:
+            again.append(row["case_id"])
+        else:
+            keep.append(line)
+    if again:
+        shard.journal.rename(shard.journal.with_suffix(f".before-retry-{int(time.time())}.jsonl"))
+        shard.journal.write_text("\n".join(keep) + "\n", encoding="utf-8")
+        shard.sweep_json.unlink(missing_ok=True)
+        with open(done_file, "a") as fh:
+            fh.write("".join(f"{cid}\n" for cid in again))
+    return again
 
 
 def launch(shard: Shard, device: str, threads: int) -> tuple[subprocess.Popen, Path]:
@@ -122,6 +161,10 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "out/fanout-out"))
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--threads", type=int, default=2, help="OMP threads per shard process")
+    ap.add_argument("--max-procs", type=int, default=0, help="shard processes at once (0: all)")
+    ap.add_argument("--retry", default=RETRY_DEFAULT,
+                    help="regex: ERROR rows whose reason matches run once more, alone on the GPU, after the parallel phase "
+                         "('' for none)")
     args = ap.parse_args()
     state, out = Path(args.state), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -130,15 +173,13 @@ def main() -> int:
     shards = [s for js in jobs.values() for s in js]
     running: dict[Shard, tuple[subprocess.Popen, Path, float]] = {}
     notes: list[str] = []
-    for s in shards:
-        if not s.sweep_json.is_file():
-            proc, log = launch(s, args.device, args.threads)
-            running[s] = (proc, log, time.time())
-    print(f"fanout: {len(running)} shard processes started, {len(shards) - len(running)} already finished; "
+    pending = [s for s in shards if not s.sweep_json.is_file()]
+    cap = args.max_procs if args.max_procs > 0 else len(pending) or 1
+    print(f"fanout: {len(pending)} shards to run ({cap} at once), {len(shards) - len(pending)} already finished; "
           f"budget {args.budget_s:.0f} s", flush=True)
     t0, last = time.time(), time.time()
-    while running and time.time() < deadline:
-        time.sleep(2)
+
+    def reap() -> None:
         for s, (proc, log, started) in list(running.items()):
             if proc.poll() is None:
                 continue
@@ -151,10 +192,36 @@ def main() -> int:
             verdict = next((ln for ln in reversed(text.splitlines()) if ln.startswith(("PASS", "FAIL"))), "")
             print(f"[{time.time() - t0:5.0f}s] {s.label} rc={proc.returncode} {time.time() - started:.0f}s {verdict[:120]}",
                   flush=True)
+
+    while (running or pending) and time.time() < deadline:
+        while pending and len(running) < cap:
+            s = pending.pop(0)
+            proc, log = launch(s, args.device, args.threads)
+            running[s] = (proc, log, time.time())
+        time.sleep(2)
+        reap()
         if time.time() - last > 60:
             last = time.time()
             done = sum(sum(journal_counts(s.journal)[0].values()) for s in shards)
-            print(f"[{time.time() - t0:5.0f}s] {len(running)} shards running, {done} cases journalled", flush=True)
+            print(f"[{time.time() - t0:5.0f}s] {len(running)} shards running, {len(pending)} waiting, {done} cases journalled",
+                  flush=True)
+    notes += [f"{s.label}: not started (budget spent)" for s in pending]
+    retried: dict[str, list[str]] = {}
+    if args.retry and not running and not pending:  # the quiet phase: one shard at a time, nothing else on the GPU
+        pattern = re.compile(args.retry)
+        for s in shards:
+            if time.time() > deadline - 30:
+                break
+            again = set_aside_for_retry(s, pattern)
+            if not again:
+                continue
+            retried[s.label] = again
+            print(f"[{time.time() - t0:5.0f}s] {s.label}: {len(again)} ERROR rows run again alone", flush=True)
+            proc, log = launch(s, args.device, args.threads)
+            running[s] = (proc, log, time.time())
+            while running and time.time() < deadline:
+                time.sleep(2)
+                reap()
     for s, (proc, _log, _started) in running.items():
         stop(proc)
         notes.append(f"{s.label}: stopped at the budget (its journal keeps every finished case)")
@@ -170,15 +237,26 @@ def main() -> int:
         finished = sum(s.sweep_json.is_file() for s in js)
         merged = ""
         if finished == len(js):
-            target = state / f"{js[0].kernel}-{js[0].suite}" / "merged"
+            target = js[0].folder.parent / "merged"
             if len(js) == 1:
                 merged = str(js[0].folder)
             else:
                 r = subprocess.run([sys.executable, "-m", "gate", "merge", "--out", str(target), *[str(s.folder) for s in js]],
                                    capture_output=True, text=True)
-                merged = str(target) if r.returncode == 0 else f"merge rc={r.returncode}: {(r.stderr or r.stdout)[-200:]}"
+                merged = str(target) if r.returncode in (0, 1) else f"merge rc={r.returncode}: {(r.stderr or r.stdout)[-200:]}"
         lines.append(f"| {name} | {finished}/{len(js)} | {counts['PASS']} | {counts['FAIL']} | {counts['ERROR']} | "
                      f"{counts['SKIP']} | {sum(counts.values())} | {merged} |")
+    for label, ids in retried.items():
+        shard = next(s for s in shards if s.label == label)
+        now = {}
+        for line in shard.journal.read_text(encoding="utf-8", errors="replace").split("\n")[1:]:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            now[row["case_id"]] = row["status"]
+        outcome = Counter(now.get(cid, "not reached") for cid in ids)
+        notes.append(f"{label}: {len(ids)} ERROR rows run again alone: " + ", ".join(f"{k} {v}" for k, v in sorted(outcome.items())))
     lines += ["", *([f"- {n}" for n in notes]), "", "## FAIL / ERROR rows", "", *(bad_rows or ["none"])]
     (out / "status.md").write_text("\n".join(lines) + "\n")
     state.mkdir(parents=True, exist_ok=True)

@@ -32,12 +32,13 @@
 #   CALL=12 (one GPU) the pr baseline refreshed with anchor_fallback on, alone on the GPU.
 #   CALL=13/14 FANOUT_JOBS side by side (evidence/h200/fanout.py), 14 resuming 13; FA4 installed (and
 #           fa4_gqa_headdim_repro.py run) by the call that finds all three of .wheels/s1..s3 staged (#9).
+#   CALL=15 the same with evidence/h200/cudnn_dout_repro.py beside it (next session).
 #   Any call carrying one of .wheels/s1, s2, s3 (thirds of FA4's wheels) stages it in /root/stage.
 #
 # Each call packs what it wrote into $OUT/partN.tar.gz (the device returns at most 8 files) and prints
 # status lines; the whole call runs under CALL_BUDGET_S (550 s) so it is packed even when cut. With one GPU visible, lane 1 runs after lane 0 (and takes longer than a call).
 set -uo pipefail
-call=${CALL:?CALL=1..14}
+call=${CALL:?CALL=1..15}
 RESULT=${OUT:-out/h200_x2}
 W=${WORK:-/tmp/h200_x2}/part$call
 mkdir -p "$W" "$RESULT"
@@ -219,7 +220,7 @@ case "$call" in
   # anchor refuses are timed against matmul (#9); nothing else on the GPU
   refresh_pr
   ;;
-13|14)
+13|14|15)
   # one GPU: many correctness sweeps side by side (evidence/h200/fanout.py: FANOUT_JOBS, each KERNEL:SUITE:SHARDS),
   # CALL=14 resuming what CALL=13 left (#9). FA4's wheels (~100 MB) travel in three thirds (.wheels/s1..s3, each
   # staged by whichever call carries it, as the repo leaves ~40 MB of a call's 64 MiB); the call that finds all three
@@ -237,12 +238,17 @@ case "$call" in
     timed "fa4 gqa head-dim repro" 150 $(lane 0) env OUT="$W/fa4-gqa-repro" python3 evidence/h200/fa4_gqa_headdim_repro.py \
       > "$W/fa4-gqa-repro.log" 2>&1 &
   fi
+  if [ "$call" = 15 ]; then  # next session: the cuDNN dout_noncontig probe beside the sweeps
+    timed "cudnn dout repro" 200 $(lane 0) env OUT="$W/cudnn-dout-repro" python3 evidence/h200/cudnn_dout_repro.py \
+      > "$W/cudnn-dout-repro.log" 2>&1 &
+  fi
   timed "fanout" $(( ${CALL_BUDGET_S:-550} - 15 )) $(lane 0) python3 evidence/h200/fanout.py --state out/fanout --out "$W/fanout" --device "${FANOUT_DEVICE:-cuda}" \
-    --budget-s "${FANOUT_BUDGET_S:-500}" $(for j in ${FANOUT_JOBS:?FANOUT_JOBS=k:suite:n ...}; do echo --job "$j"; done) \
+    --budget-s "${FANOUT_BUDGET_S:-500}" --max-procs "${FANOUT_MAX_PROCS:-0}" $(for j in ${FANOUT_JOBS:?FANOUT_JOBS=k:suite:n ...}; do echo --job "$j"; done) \
     > "$W/fanout.log" 2>&1
   wait
   cat "$W/fanout/status.md" >> "$W/session.txt" 2>/dev/null
   tail -30 "$W/fa4-gqa-repro.log" >> "$W/session.txt" 2>/dev/null
+  grep -E "dO|^(bfloat16|float16)" "$W/cudnn-dout-repro.log" >> "$W/session.txt" 2>/dev/null
   ;;
 esac
 say "done"
