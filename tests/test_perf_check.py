@@ -332,3 +332,27 @@ def test_check_from_a_results_file_says_speed_was_not_checked_on_a_gpu_class(pro
     assert [(f["severity"], f["case_id"]) for f in speed] == expected
     if expected:
         assert "speed not checked: correctness read from a results file" in speed[0]["message"]
+
+
+# ---------------------------------------------------------------- a FAIL on a very short pass says so
+
+
+def timed(case: Case, candidate_ms: float, ratio: float) -> PerfCaseResult:
+    """A synthetic timed case whose candidate takes `candidate_ms` per call at speed ratio `ratio` (+-0.2%)."""
+    wobble = [1.0 + 0.002 * ((i * 7) % 15 / 7 - 1) for i in range(15)]
+    passes = tuple(PassTiming(p, tuple((candidate_ms * w,) for w in wobble), tuple((candidate_ms / ratio,) for _ in wobble))
+                   for p in PASSES)
+    return PerfCaseResult(case=case, status="OK", timing=TimingRun(method="cuda-events", plan=PLAN, passes=passes))
+
+
+@pytest.mark.parametrize("candidate_ms,ratio,severity,noted", [
+    (0.035, 1.06, "FAIL", True),    # the H200's s512 forward: a 35 us pass 6% slower
+    (1.5, 1.06, "FAIL", False),     # the same change on a long pass: no host caveat
+    (0.035, 1.0, "OK", False),      # a short pass within its threshold: nothing to say
+])
+def test_a_speed_fail_on_a_pass_under_100_us_names_host_drift_and_still_fails(candidate_ms, ratio, severity, noted):
+    base = {A.id: baseline_entry(timed(A, candidate_ms, 1.0), ANCHOR)}
+    js = judge_perf(run_of(timed(A, candidate_ms, ratio)), base, PerfConfig())
+    assert [j.severity.value for j in js] == [severity] * 2, [j.message for j in js]
+    assert all(("us pass: passes under 100 us also move between hosts" in j.message) is noted for j in js), js[0].message
+    assert decide(perf_findings(js)).passed is (severity == "OK")  # the note never turns a FAIL into a pass
