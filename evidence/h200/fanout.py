@@ -21,6 +21,11 @@ another error matching --retry, is therefore run once more after the parallel ph
 (its journal row set aside, the shard resumed), so such an ERROR is either the kernel's or goes away.
 --max-procs caps how many shard processes run at once.
 
+On a host with several GPUs the shards are spread over them (--gpus, default every GPU nvidia-smi
+lists), each shard on the GPU running the fewest. With --perf, a job whose sweep is whole then runs
+its speed cases (`attn-gate perf`) with nothing else on the machine, once (this replaces
+evidence/h200/nightly.sh).
+
 $OUT gets status.md (one row per job: shards finished, cases journalled by status, the worst rows)
 and fanout.tar.gz (the whole state folder: sweep JSON, validation notes, journals, logs).
 """
@@ -120,7 +125,15 @@ def set_aside_for_retry(shard: Shard, pattern: "re.Pattern[str]") -> list[str]:
     return again
 
 
-def launch(shard: Shard, device: str, threads: int) -> tuple[subprocess.Popen, Path]:
+def visible_gpus() -> int:
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(line.startswith("GPU ") for line in listing.splitlines())
+
+
+def launch(shard: Shard, device: str, threads: int, gpu: int | None = None) -> tuple[subprocess.Popen, Path]:
     shard.folder.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "gate", "sweep", "--kernel", shard.kernel, "--suite", shard.suite, "--device", device,
            "--no-progress", "--out", str(shard.folder)]
@@ -130,6 +143,8 @@ def launch(shard: Shard, device: str, threads: int) -> tuple[subprocess.Popen, P
         cmd.append("--resume")
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
                TORCHINDUCTOR_COMPILE_THREADS="1", PYTHONUNBUFFERED="1")
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     log = shard.folder / f"sweep-{int(time.time())}.log"
     with open(log, "w") as fh:
         fh.write("$ " + " ".join(cmd) + "\n")
@@ -153,6 +168,26 @@ def stop(proc: subprocess.Popen) -> None:
             pass
 
 
+def perf_once(shard: Shard, folder: Path, args: argparse.Namespace, deadline: float) -> str:
+    """A whole job's speed cases, once, into its merged folder; run only when no sweep is running, so
+    the timed kernels have the machine to themselves."""
+    target = folder / f"perf-{safe_name(shard.kernel)}-{shard.suite}.json"
+    if target.is_file():
+        return f"done ({target.name})"
+    left = deadline - time.time()
+    if left < 60:
+        return "not run: budget spent"
+    t0 = time.time()
+    with open(folder / "perf.log", "w") as fh:
+        try:
+            rc = subprocess.run([sys.executable, "-m", "gate", "perf", "--kernel", shard.kernel, "--suite", shard.suite,
+                                 "--device", args.device, "--out", str(folder)], stdout=fh, stderr=subprocess.STDOUT,
+                                timeout=left).returncode
+        except subprocess.TimeoutExpired:
+            return f"cut at the budget after {time.time() - t0:.0f} s"
+    return f"rc={rc}, {time.time() - t0:.0f} s"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--job", action="append", required=True, help="KERNEL:SUITE:SHARDS (repeatable)")
@@ -162,6 +197,8 @@ def main() -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--threads", type=int, default=2, help="OMP threads per shard process")
     ap.add_argument("--max-procs", type=int, default=0, help="shard processes at once (0: all)")
+    ap.add_argument("--gpus", type=int, default=-1, help="GPUs to spread the shards over (default: all nvidia-smi lists)")
+    ap.add_argument("--perf", action="store_true", help="then each whole job's speed cases, alone on the machine")
     ap.add_argument("--retry", default=RETRY_DEFAULT,
                     help="regex: ERROR rows whose reason matches run once more, alone on the GPU, after the parallel phase "
                          "('' for none)")
@@ -172,7 +209,16 @@ def main() -> int:
     jobs = {j: parse_job(j, state) for j in args.job}
     shards = [s for js in jobs.values() for s in js]
     running: dict[Shard, tuple[subprocess.Popen, Path, float]] = {}
+    on_gpu: dict[Shard, int | None] = {}
+    gpus = (visible_gpus() if args.gpus < 0 else args.gpus) if args.device == "cuda" else 0
     notes: list[str] = []
+
+    def start(s: Shard) -> None:
+        load = Counter(on_gpu[r] for r in running)
+        gpu = min(range(gpus), key=lambda g: load[g]) if gpus > 1 else None
+        proc, log = launch(s, args.device, args.threads, gpu)
+        running[s], on_gpu[s] = (proc, log, time.time()), gpu
+
     pending = [s for s in shards if not s.sweep_json.is_file()]
     cap = args.max_procs if args.max_procs > 0 else len(pending) or 1
     print(f"fanout: {len(pending)} shards to run ({cap} at once), {len(shards) - len(pending)} already finished; "
@@ -195,9 +241,7 @@ def main() -> int:
 
     while (running or pending) and time.time() < deadline:
         while pending and len(running) < cap:
-            s = pending.pop(0)
-            proc, log = launch(s, args.device, args.threads)
-            running[s] = (proc, log, time.time())
+            start(pending.pop(0))
         time.sleep(2)
         reap()
         if time.time() - last > 60:
@@ -217,8 +261,7 @@ def main() -> int:
                 continue
             retried[s.label] = again
             print(f"[{time.time() - t0:5.0f}s] {s.label}: {len(again)} ERROR rows run again alone", flush=True)
-            proc, log = launch(s, args.device, args.threads)
-            running[s] = (proc, log, time.time())
+            start(s)
             while running and time.time() < deadline:
                 time.sleep(2)
                 reap()
@@ -226,7 +269,8 @@ def main() -> int:
         stop(proc)
         notes.append(f"{s.label}: stopped at the budget (its journal keeps every finished case)")
     lines = [f"# fanout on {args.device}, budget {args.budget_s:.0f} s, wall {time.time() - t0:.0f} s", "",
-             "| job | shards finished | PASS | FAIL | ERROR | SKIP | journalled | merged |", "|---|---|---|---|---|---|---|---|"]
+             "| job | shards finished | PASS | FAIL | ERROR | SKIP | journalled | merged | speed |",
+             "|---|---|---|---|---|---|---|---|---|"]
     bad_rows: list[str] = []
     for name, js in jobs.items():
         counts: Counter = Counter()
@@ -244,8 +288,9 @@ def main() -> int:
                 r = subprocess.run([sys.executable, "-m", "gate", "merge", "--out", str(target), *[str(s.folder) for s in js]],
                                    capture_output=True, text=True)
                 merged = str(target) if r.returncode in (0, 1) else f"merge rc={r.returncode}: {(r.stderr or r.stdout)[-200:]}"
+        speed = perf_once(js[0], Path(merged), args, deadline) if args.perf and merged and not merged.startswith("merge rc") else ""
         lines.append(f"| {name} | {finished}/{len(js)} | {counts['PASS']} | {counts['FAIL']} | {counts['ERROR']} | "
-                     f"{counts['SKIP']} | {sum(counts.values())} | {merged} |")
+                     f"{counts['SKIP']} | {sum(counts.values())} | {merged} | {speed} |")
     for label, ids in retried.items():
         shard = next(s for s in shards if s.label == label)
         now = {}
