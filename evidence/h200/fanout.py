@@ -234,7 +234,8 @@ def main() -> int:
             if proc.returncode == 2 and "--resume:" in text and s.journal.is_file():
                 aside = s.journal.with_suffix(f".refused-{int(time.time())}.jsonl")
                 s.journal.rename(aside)
-                notes.append(f"{s.label}: --resume refused, journal set aside as {aside.name}; starts afresh next call")
+                pending.append(s)  # afresh, in this call
+                notes.append(f"{s.label}: --resume refused (another machine or other code), journal set aside as {aside.name}")
             verdict = next((ln for ln in reversed(text.splitlines()) if ln.startswith(("PASS", "FAIL"))), "")
             print(f"[{time.time() - t0:5.0f}s] {s.label} rc={proc.returncode} {time.time() - started:.0f}s {verdict[:120]}",
                   flush=True)
