@@ -55,6 +55,7 @@ class Shard:
     index: int  # 1-based
     count: int
     folder: Path
+    only: str = ""  # a --only regex (a recheck job: the case ids of a file)
 
     @property
     def label(self) -> str:
@@ -70,12 +71,24 @@ class Shard:
 
 
 def parse_job(text: str, state: Path) -> list[Shard]:
-    parts = text.rsplit(":", 2)  # a user kernel is package.module:function
+    """KERNEL:SUITE:SHARDS, or KERNEL:SUITE:SHARDS@FILE: only the case ids FILE lists (one a line), e.g.
+    the ERROR rows of an earlier run checked again on a quiet GPU; such a job has its own folder."""
+    spec, _, ids_file = text.partition("@")
+    parts = spec.rsplit(":", 2)  # a user kernel is package.module:function
     if len(parts) != 3 or not parts[2].isdigit() or int(parts[2]) < 1:
-        raise SystemExit(f"--job {text!r}: expected KERNEL:SUITE:SHARDS, e.g. flex:pr:6")
+        raise SystemExit(f"--job {text!r}: expected KERNEL:SUITE:SHARDS[@IDS_FILE], e.g. flex:pr:6")
     kernel, suite, count = parts[0], parts[1], int(parts[2])
-    job = state / f"{safe_name(kernel)}-{suite}"
-    return [Shard(kernel, suite, i, count, job / f"shard-{i}-of-{count}") for i in range(1, count + 1)]
+    only, job = "", state / f"{safe_name(kernel)}-{suite}"
+    if ids_file:
+        try:
+            ids = [line.strip() for line in Path(ids_file).read_text().splitlines() if line.strip()]
+        except OSError as exc:
+            raise SystemExit(f"--job {text!r}: cannot read {ids_file}: {exc.strerror}") from None
+        if not ids:
+            raise SystemExit(f"--job {text!r}: {ids_file} lists no case ids")
+        only = "^(?:" + "|".join(re.escape(i) for i in ids) + ")$"
+        job = state / f"{safe_name(kernel)}-{suite}-{Path(ids_file).stem}"
+    return [Shard(kernel, suite, i, count, job / f"shard-{i}-of-{count}", only) for i in range(1, count + 1)]
 
 
 def journal_counts(path: Path) -> tuple[Counter, list[tuple[str, str, str]]]:
@@ -139,6 +152,8 @@ def launch(shard: Shard, device: str, threads: int, gpu: int | None = None) -> t
            "--no-progress", "--out", str(shard.folder)]
     if shard.count > 1:
         cmd += ["--shard", f"{shard.index}/{shard.count}"]
+    if shard.only:
+        cmd.append(f"--only={shard.only}")
     if shard.journal.is_file():
         cmd.append("--resume")
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
@@ -190,7 +205,7 @@ def perf_once(shard: Shard, folder: Path, args: argparse.Namespace, deadline: fl
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--job", action="append", required=True, help="KERNEL:SUITE:SHARDS (repeatable)")
+    ap.add_argument("--job", action="append", required=True, help="KERNEL:SUITE:SHARDS[@IDS_FILE] (repeatable)")
     ap.add_argument("--budget-s", type=float, default=540)
     ap.add_argument("--state", default="out/fanout")
     ap.add_argument("--out", default=os.environ.get("OUT", "out/fanout-out"))

@@ -32,7 +32,8 @@
 #   CALL=12 (one GPU) the pr baseline refreshed with anchor_fallback on, alone on the GPU.
 #   CALL=13/14 FANOUT_JOBS side by side (evidence/h200/fanout.py), 14 resuming 13; FA4 installed (and
 #           fa4_gqa_headdim_repro.py run) by the call that finds all three of .wheels/s1..s3 staged (#9).
-#   CALL=15 the same with evidence/h200/cudnn_dout_repro.py beside it (next session).
+#   CALL=15 (next session) FANOUT_QUIET_JOBS first, alone on the GPU (e.g. the ERROR rows of 2026-12-01c listed in
+#           evidence/h200/recheck/), then evidence/h200/cudnn_dout_repro.py beside the FANOUT_JOBS sweeps.
 #   Any call carrying one of .wheels/s1, s2, s3 (thirds of FA4's wheels) stages it in /root/stage.
 #
 # Each call packs what it wrote into $OUT/partN.tar.gz (the device returns at most 8 files) and prints
@@ -237,6 +238,13 @@ case "$call" in
   if [ -n "${fa4_new:-}" ]; then
     timed "fa4 gqa head-dim repro" 150 $(lane 0) env OUT="$W/fa4-gqa-repro" python3 evidence/h200/fa4_gqa_headdim_repro.py \
       > "$W/fa4-gqa-repro.log" 2>&1 &
+  fi
+  if [ "$call" = 15 ] && [ -n "${FANOUT_QUIET_JOBS:-}" ]; then  # first, alone on the GPU, one shard at a time: e.g.
+    # the ERROR rows of 2026-12-01c's shared-GPU sweeps, KERNEL:SUITE:1@evidence/h200/recheck/<file>
+    timed "fanout quiet recheck" $(( ${QUIET_BUDGET_S:-150} + 20 )) $(lane 0) python3 evidence/h200/fanout.py --state out/fanout \
+      --out "$W/recheck" --device "${FANOUT_DEVICE:-cuda}" --max-procs 1 --budget-s "${QUIET_BUDGET_S:-150}" \
+      $(for j in $FANOUT_QUIET_JOBS; do echo --job "$j"; done) > "$W/recheck.log" 2>&1
+    cat "$W/recheck/status.md" >> "$W/session.txt" 2>/dev/null
   fi
   if [ "$call" = 15 ]; then  # next session: the cuDNN dout_noncontig probe beside the sweeps
     timed "cudnn dout repro" 200 $(lane 0) env OUT="$W/cudnn-dout-repro" python3 evidence/h200/cudnn_dout_repro.py \
