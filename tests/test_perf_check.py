@@ -188,11 +188,18 @@ PLAN = TimingPlan(rounds=15, calls_per_round=1, warmup_s=0.0)
 ANCHOR = "sdpa-math"
 
 
-def measured(case: Case) -> PerfCaseResult:
-    """A synthetic timed case: 15 rounds of ratios 1.0 +- 0.2% (no timing happens)."""
-    ratios = [1.0 + 0.002 * ((i * 7) % 15 / 7 - 1) for i in range(15)]
-    passes = tuple(PassTiming(p, tuple((r,) for r in ratios), tuple((1.0,) for _ in ratios)) for p in PASSES)
+def timed(case: Case, candidate_ms: float = 1.0, ratio: float = 1.0) -> PerfCaseResult:
+    """A synthetic timed case (no timing happens): 15 rounds, the candidate taking `candidate_ms` per
+    call at speed ratio `ratio`, +-0.2% from round to round."""
+    wobble = [1.0 + 0.002 * ((i * 7) % 15 / 7 - 1) for i in range(15)]
+    passes = tuple(PassTiming(p, tuple((candidate_ms * w,) for w in wobble), tuple((candidate_ms / ratio,) for _ in wobble))
+                   for p in PASSES)
     return PerfCaseResult(case=case, status="OK", timing=TimingRun(method="perf_counter", plan=PLAN, passes=passes))
+
+
+def measured(case: Case) -> PerfCaseResult:
+    """A synthetic timed case of speed ratio 1.0 +- 0.2%."""
+    return timed(case)
 
 
 def skipped(case: Case) -> PerfCaseResult:
@@ -335,14 +342,6 @@ def test_check_from_a_results_file_says_speed_was_not_checked_on_a_gpu_class(pro
 
 
 # ---------------------------------------------------------------- a FAIL on a very short pass says so
-
-
-def timed(case: Case, candidate_ms: float, ratio: float) -> PerfCaseResult:
-    """A synthetic timed case whose candidate takes `candidate_ms` per call at speed ratio `ratio` (+-0.2%)."""
-    wobble = [1.0 + 0.002 * ((i * 7) % 15 / 7 - 1) for i in range(15)]
-    passes = tuple(PassTiming(p, tuple((candidate_ms * w,) for w in wobble), tuple((candidate_ms / ratio,) for _ in wobble))
-                   for p in PASSES)
-    return PerfCaseResult(case=case, status="OK", timing=TimingRun(method="cuda-events", plan=PLAN, passes=passes))
 
 
 @pytest.mark.parametrize("candidate_ms,ratio,severity,noted", [

@@ -23,8 +23,7 @@ another error matching --retry, is therefore run once more after the parallel ph
 
 On a host with several GPUs the shards are spread over them (--gpus, default every GPU nvidia-smi
 lists), each shard on the GPU running the fewest. With --perf, a job whose sweep is whole then runs
-its speed cases (`attn-gate perf`) with nothing else on the machine, once (this replaces
-evidence/h200/nightly.sh).
+its speed cases (`attn-gate perf`) with nothing else on the machine, once.
 
 $OUT gets status.md (one row per job: shards finished, cases journalled by status, the worst rows)
 and fanout.tar.gz (the whole state folder: sweep JSON, validation notes, journals, logs).
@@ -33,7 +32,6 @@ and fanout.tar.gz (the whole state folder: sweep JSON, validation notes, journal
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import signal
@@ -46,6 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gate.core.files import safe_name  # the gate's own file naming of a kernel (a user kernel is module:function)
+from gate.core.errors import UserError
+from gate.workflow.journal import drop_cases, journal_results
 
 
 @dataclass(frozen=True)
@@ -93,19 +93,12 @@ def parse_job(text: str, state: Path) -> list[Shard]:
 
 def journal_counts(path: Path) -> tuple[Counter, list[tuple[str, str, str]]]:
     """Statuses of the cases a journal holds, and its FAIL/ERROR rows (id, status, reason)."""
-    counts: Counter = Counter()
-    bad: list[tuple[str, str, str]] = []
-    if not path.is_file():
-        return counts, bad
-    for line in path.read_text(encoding="utf-8", errors="replace").split("\n")[1:]:
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # empty or torn last line
-        counts[row.get("status", "?")] += 1
-        if row.get("status") in ("FAIL", "ERROR"):
-            bad.append((row.get("case_id", "?"), row["status"], str(row.get("reason", ""))[:200]))
-    return counts, bad
+    try:
+        results = journal_results(path).values()
+    except UserError as exc:  # a damaged line: said in the status, the other jobs still reported and packed
+        return Counter({"damaged journal": 1}), [(path.name, "ERROR", str(exc)[:200])]
+    bad = [(r.case_id, r.status.value, r.reason[:200]) for r in results if r.status.value in ("FAIL", "ERROR")]
+    return Counter(r.status.value for r in results), bad
 
 
 RETRY_DEFAULT = r"out of memory|OutOfMemoryError|NoValidChoicesError|mha_graph\.execute"
@@ -116,22 +109,10 @@ def set_aside_for_retry(shard: Shard, pattern: "re.Pattern[str]") -> list[str]:
     --resume runs them again; the journal as it was is kept beside it. Returns the case ids."""
     done_file = shard.folder.parent / "retried.txt"
     done = set(done_file.read_text().split()) if done_file.is_file() else set()
-    if not shard.journal.is_file():
-        return []
-    lines = shard.journal.read_text(encoding="utf-8", errors="replace").split("\n")
-    keep, again = [lines[0]], []
-    for line in lines[1:]:
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if row.get("status") == "ERROR" and pattern.search(str(row.get("reason", ""))) and row["case_id"] not in done:
-            again.append(row["case_id"])
-        else:
-            keep.append(line)
+    again = [cid for cid, r in journal_results(shard.journal).items()
+             if r.status.value == "ERROR" and pattern.search(r.reason) and cid not in done]
     if again:
-        shard.journal.rename(shard.journal.with_suffix(f".before-retry-{int(time.time())}.jsonl"))
-        shard.journal.write_text("\n".join(keep) + "\n", encoding="utf-8")
+        drop_cases(shard.journal, set(again), shard.journal.with_suffix(f".before-retry-{int(time.time())}.jsonl"))
         shard.sweep_json.unlink(missing_ok=True)
         with open(done_file, "a") as fh:
             fh.write("".join(f"{cid}\n" for cid in again))
@@ -309,13 +290,7 @@ def main() -> int:
                      f"{counts['SKIP']} | {sum(counts.values())} | {merged} | {speed} |")
     for label, ids in retried.items():
         shard = next(s for s in shards if s.label == label)
-        now = {}
-        for line in shard.journal.read_text(encoding="utf-8", errors="replace").split("\n")[1:]:
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            now[row["case_id"]] = row["status"]
+        now = {cid: r.status.value for cid, r in journal_results(shard.journal).items()}
         outcome = Counter(now.get(cid, "not reached") for cid in ids)
         notes.append(f"{label}: {len(ids)} ERROR rows run again alone: " + ", ".join(f"{k} {v}" for k, v in sorted(outcome.items())))
     lines += ["", *([f"- {n}" for n in notes]), "", "## FAIL / ERROR rows", "", *(bad_rows or ["none"])]
