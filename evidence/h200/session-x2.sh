@@ -29,10 +29,10 @@
 #   CALL=8  (one GPU, carries .fa2) fa2_repro.py and FA2's bf16 causal pr piece again.
 #   CALL=9  (one GPU, carries .fa3) FA3's bf16 causal pr piece again; the whole nightly of sdpa-flash, timed (#9).
 #   CALL=10 (carries .fa3) / CALL=11 (carries .fa2): the depth checks of FA3 / FA2 (next session).
-#   CALL=12 (one GPU) the pr baseline refreshed with anchor_fallback on, alone on the GPU.
+#   CALL=12 (one GPU) the pr baseline refreshed with anchor_fallback on, alone on the GPU; then FANOUT_QUIET_JOBS.
 #   CALL=13/14 FANOUT_JOBS side by side (evidence/h200/fanout.py), 14 resuming 13; FA4 installed (and
 #           fa4_gqa_headdim_repro.py run) by the call that finds all three of .wheels/s1..s3 staged (#9).
-#   CALL=15 (next session) FANOUT_QUIET_JOBS first, alone on the GPU (e.g. the ERROR rows of 2026-12-01c listed in
+#   CALL=15 FANOUT_QUIET_JOBS first (QUIET_MAX_PROCS shards at a time, 1 unless set), alone on the GPU (e.g. the ERROR rows of 2026-12-01c listed in
 #           evidence/h200/recheck/), then evidence/h200/cudnn_dout_repro.py beside the FANOUT_JOBS sweeps.
 #   Any call carrying one of .wheels/s1, s2, s3 (thirds of FA4's wheels) stages it in /root/stage.
 #
@@ -92,6 +92,15 @@ refresh_pr() {  # the pr check wall-timed, the baseline refreshed from it, the c
       --device cuda --baseline "$file" --no-progress --out "$d/check2" > "$d/check2.log" 2>&1
   fi
   grep -hE "^(PASS|FAIL|INCONCLUSIVE)" "$d"/check*.log | tee -a "$W/session.txt"
+}
+
+quiet_recheck() {  # FANOUT_QUIET_JOBS with nothing else on the GPU, QUIET_MAX_PROCS (1) shards at a time: e.g. the
+  # ERROR rows of 2026-12-01c's shared-GPU sweeps, KERNEL:SUITE:SHARDS@evidence/h200/recheck/<file> (CALL=12, 15)
+  [ -n "${FANOUT_QUIET_JOBS:-}" ] || return 0
+  timed "fanout quiet recheck" $(( ${QUIET_BUDGET_S:-150} + 20 )) $(lane 0) python3 evidence/h200/fanout.py --state out/fanout \
+    --out "$W/recheck" --device "${FANOUT_DEVICE:-cuda}" --max-procs "${QUIET_MAX_PROCS:-1}" --budget-s "${QUIET_BUDGET_S:-150}" \
+    $(for j in $FANOUT_QUIET_JOBS; do echo --job "$j"; done) > "$W/recheck.log" 2>&1
+  cat "$W/recheck/status.md" >> "$W/session.txt" 2>/dev/null
 }
 
 case "$call" in
@@ -218,8 +227,9 @@ case "$call" in
   ;;
 12)
   # one GPU: the pr baseline refreshed with [perf] anchor_fallback on, so the head-dim-256 speed cases the cuDNN
-  # anchor refuses are timed against matmul (#9); nothing else on the GPU
+  # anchor refuses are timed against matmul (#9); nothing else on the GPU. Then FANOUT_QUIET_JOBS, if set.
   refresh_pr
+  quiet_recheck
   ;;
 13|14|15)
   # one GPU: many correctness sweeps side by side (evidence/h200/fanout.py: FANOUT_JOBS, each KERNEL:SUITE:SHARDS),
@@ -235,17 +245,11 @@ case "$call" in
   fi
   [ -f /root/fa4-exports.sh ] && . /root/fa4-exports.sh
   python3 -c "import flash_attn.cute" > "$W/fa4-import.txt" 2>&1 && say "flash_attn.cute imports" || say "flash_attn.cute does NOT import"
-  if [ -n "${fa4_new:-}" ]; then
+  if [ -n "${fa4_new:-}" ] && [ "${FA4_REPRO:-1}" = 1 ]; then  # FA4_REPRO=0: the repro ran in an earlier session
     timed "fa4 gqa head-dim repro" 150 $(lane 0) env OUT="$W/fa4-gqa-repro" python3 evidence/h200/fa4_gqa_headdim_repro.py \
       > "$W/fa4-gqa-repro.log" 2>&1 &
   fi
-  if [ "$call" = 15 ] && [ -n "${FANOUT_QUIET_JOBS:-}" ]; then  # first, alone on the GPU, one shard at a time: e.g.
-    # the ERROR rows of 2026-12-01c's shared-GPU sweeps, KERNEL:SUITE:1@evidence/h200/recheck/<file>
-    timed "fanout quiet recheck" $(( ${QUIET_BUDGET_S:-150} + 20 )) $(lane 0) python3 evidence/h200/fanout.py --state out/fanout \
-      --out "$W/recheck" --device "${FANOUT_DEVICE:-cuda}" --max-procs 1 --budget-s "${QUIET_BUDGET_S:-150}" \
-      $(for j in $FANOUT_QUIET_JOBS; do echo --job "$j"; done) > "$W/recheck.log" 2>&1
-    cat "$W/recheck/status.md" >> "$W/session.txt" 2>/dev/null
-  fi
+  [ "$call" = 15 ] && quiet_recheck
   if [ "$call" = 15 ]; then  # next session: the cuDNN dout_noncontig probe beside the sweeps
     timed "cudnn dout repro" 200 $(lane 0) env OUT="$W/cudnn-dout-repro" python3 evidence/h200/cudnn_dout_repro.py \
       > "$W/cudnn-dout-repro.log" 2>&1 &

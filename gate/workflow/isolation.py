@@ -278,6 +278,10 @@ class WorkerPool:
         finally:
             with contextlib.suppress(OSError):
                 file.unlink()
+            if ref_device != "cpu":  # the float64 references' blocks back to the GPU the worker (and other sweeps) share
+                import torch
+
+                torch.cuda.empty_cache()
 
 
 # Pools kept warm between runs of one process, keyed by everything a worker inherits: the sweep's

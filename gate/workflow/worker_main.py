@@ -87,6 +87,17 @@ def run_one(adapter, request: dict, device: str) -> dict:
     return {"status": "RAN", "checks": checks, "seconds": time.perf_counter() - start}
 
 
+def release_cached_gpu_memory() -> None:
+    """Give the blocks this process's caching allocator keeps back to the GPU after a correctness case.
+    The worker, its judging parent and, under evidence/h200/fanout.py, other sweeps share one GPU: a
+    131,072-key case's peak kept cached here made other processes' cases fail out of memory (16 such
+    ERROR rows in 2026-12-01c's shared-GPU sweeps). Not after a timed case: the timing loop's own
+    allocations stay warm."""
+    import torch
+
+    torch.cuda.empty_cache()
+
+
 def run_perf_case(adapter, request: dict, device: str) -> dict:
     """Time one case against the anchor (gate/speed/runs.py measure_case) and send the raw timing."""
     from gate.core.cases import Case
@@ -134,6 +145,8 @@ def main() -> int:
         _send(channel, reply)
         if reply.get("restart"):
             return 0
+        if device == "cuda" and request.get("op") != "perf_case":
+            release_cached_gpu_memory()
     return 0
 
 
