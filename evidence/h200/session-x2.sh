@@ -83,6 +83,13 @@ refresh_pr() {  # the pr check wall-timed, the baseline refreshed from it, the c
   printf '[tool.attn-gate]\nbaselines_dir = "%s"\n' "$d/baselines" > "$d/pyproject.toml"
   timed "check-1 sdpa-flash pr vs committed baseline" 240 $L python3 -m gate check --kernel sdpa-flash --suite pr \
     --device cuda --baseline baselines/h200/sdpa-flash-pr.json --no-progress --out "$d/check1" > "$d/check1.log" 2>&1
+  if [ ! -f "$d/check1/sweep-sdpa-flash-pr.json" ]; then  # check-1 refused the committed baseline (another suite
+    # definition: new case ids): the same sweep and speed run, without a comparison, is what the refresh records
+    timed "sweep sdpa-flash pr (no baseline to compare)" 200 $L python3 -m gate sweep --kernel sdpa-flash --suite pr \
+      --device cuda --no-progress --out "$d/check1" > "$d/sweep1.log" 2>&1
+    timed "perf sdpa-flash pr" 120 $L python3 -m gate perf --kernel sdpa-flash --suite pr --device cuda \
+      --out "$d/check1" > "$d/perf1.log" 2>&1
+  fi
   timed "baseline update from check-1" 60 $L python3 -m gate baseline update --config "$d/pyproject.toml" \
     --kernel sdpa-flash --suite pr --device cuda --from-results "$d/check1/sweep-sdpa-flash-pr.json" \
     --perf-from "$d/check1/perf-sdpa-flash-pr.json" --summary "$d/baseline-summary.md" > "$d/update.log" 2>&1

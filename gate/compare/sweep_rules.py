@@ -244,16 +244,25 @@ def refuse_duplicate_cases(sweep: "SweepResult", path: Any) -> None:
 def check_comparable(baseline: Baseline, sweep: "SweepResult", path: Any) -> None:
     """Raise a UserError naming the file and the fix when the two must not be compared."""
     cur_class = str(sweep.environment.get("gpu_class", "unknown"))
-    redo = update_command(sweep.kernel, sweep.suite, cur_class)
     refuse_other_gpu_class(baseline, cur_class, sweep.kernel, sweep.suite, path)
-    if baseline.suite != sweep.suite:
-        raise UserError(f"{path}: baseline is for suite {baseline.suite!r}, this run is suite {sweep.suite!r}; "
+    refuse_stale_baseline(baseline, sweep.kernel, sweep.suite, sweep.suite_hash, sweep.tolerance, cur_class, path)
+
+
+def refuse_stale_baseline(baseline: Baseline, kernel: str, suite: str, suite_hash: str, tolerance: dict[str, Any],
+                          gpu_class: str, path: Any) -> None:
+    """A baseline of another suite, another definition of it, or other tolerance multipliers cannot be
+    compared with a run. `check` asks this before it sweeps (with the suite and tolerance it is about to
+    run), not only after: a refusal then costs a second, not a whole sweep whose results it would not
+    keep (a pr check on an H200 ran 149 s and then refused a baseline of the previous suite)."""
+    redo = update_command(kernel, suite, gpu_class)
+    if baseline.suite != suite:
+        raise UserError(f"{path}: baseline is for suite {baseline.suite!r}, this run is suite {suite!r}; "
                         f"pass --suite {baseline.suite} or create a baseline with `{redo}`")
-    if baseline.suite_hash != sweep.suite_hash:
+    if baseline.suite_hash != suite_hash:
         raise UserError(
-            f"{path}: suite {sweep.suite!r} changed since the baseline was made (hash {baseline.suite_hash} -> "
-            f"{sweep.suite_hash}); refresh it with `{redo}` and review the diff in the PR")
-    changed = tolerance_changes(baseline.tolerance, sweep.tolerance)
+            f"{path}: suite {suite!r} changed since the baseline was made (hash {baseline.suite_hash} -> "
+            f"{suite_hash}); refresh it with `{redo}` and review the diff in the PR")
+    changed = tolerance_changes(baseline.tolerance, tolerance)
     if changed:
         raise UserError(
             f"{path}: tolerance multipliers changed since the baseline was made ({', '.join(changed)}), so ratios are "

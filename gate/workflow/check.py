@@ -36,6 +36,7 @@ from gate.compare.findings import Finding, Verdict, decide
 from gate.core.results import SweepResult
 from gate.compare.sweep_rules import (
     check_comparable, compare, correctness_thresholds, refuse_duplicate_cases, refuse_other_gpu_class, incomplete_pass,
+    refuse_stale_baseline,
 )
 
 
@@ -197,6 +198,12 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
     results = read_results(results_path, kernel, suite) if results_path is not None else None
     target = resolve_target(config, kernel, suite, device, results)
     path, baseline = load_existing_baseline(config, target, baseline_file)
+    if results is None:  # refused now, not after the sweep it would throw away
+        from gate.core.cases import load_suite, suite_hash
+
+        refuse_stale_baseline(baseline, target.kernel, target.suite,
+                              suite_hash(load_suite(target.suite, config.suites, config.source)),
+                              config.tolerance.as_dict(), target.gpu_class, path)
     sweep = results if results is not None else fresh_sweep(config, target, only, progress, options)
     check_comparable(baseline, sweep, path)
     scope = sweep_scope(sweep)
