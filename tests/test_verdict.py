@@ -170,6 +170,7 @@ def test_rule_incomplete_pass(status, tensors, missing):
     ("driver", "570.1", "575.2", Severity.WARN),
     ("kernel_version", "2.8.3", "2.8.4", Severity.WARN),
     ("cuda", "12.8", "13.0", Severity.WARN),
+    ("cudnn", "91002", "91900", Severity.WARN),  # SDPA-cuDNN's kernel and the speed anchor
     ("machine", "x86_64", "aarch64", Severity.WARN),
     ("attn_gate", "0.1.0", "0.2.0", Severity.INFO),
     ("started", "a", "b", None),  # not a fingerprint key

@@ -79,7 +79,7 @@ def required_tensors(bias_grad: bool, forward_only: bool = False) -> tuple[str, 
 # cpu_capability (#15): another torch dispatch level (AVX2 vs AVX512) runs other CPU code, which moved
 # a dv ratio 0.246 -> 0.106 on an unchanged kernel. cpu_model is INFO: hosted CI runners change model
 # from run to run; it is shown, and a ratio that moved with it is explained by it (findings.temper).
-DRIFT_KEYS = ("gpu_name", "compute_capability", "driver", "cuda", "torch", "kernel", "kernel_version", "machine",
+DRIFT_KEYS = ("gpu_name", "compute_capability", "driver", "cuda", "cudnn", "torch", "kernel", "kernel_version", "machine",
               "cpu_capability")
 INFO_KEYS = ("attn_gate", "python", "cpu", "cpu_model")
 

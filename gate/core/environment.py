@@ -70,6 +70,18 @@ def git_commit(folder: str | None = None) -> str:
         return ""
 
 
+def cudnn_version() -> str:
+    """The cuDNN that torch loaded ('91900' for 9.19.0; 'none' without one). It is SDPA-cuDNN's kernel and
+    the default speed anchor, so a new one moves cuDNN's results and every speed ratio; the torch
+    version alone does not say it (pip can swap nvidia-cudnn under the same torch). On the H200, the
+    sdpa-cudnn dout_noncontig failures of one run did not show in an earlier one with the same torch,
+    and nothing recorded which cuDNN either had."""
+    try:
+        return str(torch.backends.cudnn.version() or "none")
+    except Exception:
+        return "unknown"
+
+
 def describe(device: str, kernel: str, kernel_version: str) -> dict[str, str]:
     env = {
         "device": device, "torch": torch.__version__, "python": platform.python_version(),
@@ -80,7 +92,7 @@ def describe(device: str, kernel: str, kernel_version: str) -> dict[str, str]:
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         env.update(gpu_name=props.name, gpu_class=gpu_class(props.name), cuda=str(torch.version.cuda),
-                   driver=_driver(), compute_capability=f"{props.major}.{props.minor}")
+                   driver=_driver(), compute_capability=f"{props.major}.{props.minor}", cudnn=cudnn_version())
     else:
         env.update(gpu_name="none", gpu_class="cpu", cuda="none", driver="none",
                    cpu=platform.processor() or platform.machine())
