@@ -32,8 +32,9 @@
 #   CALL=12 (one GPU) the pr baseline refreshed with anchor_fallback on, alone on the GPU; then FANOUT_QUIET_JOBS.
 #   CALL=13/14 FANOUT_JOBS side by side (evidence/h200/fanout.py), 14 resuming 13; FA4 installed (and
 #           fa4_gqa_headdim_repro.py run) by the call that finds all three of .wheels/s1..s3 staged (#9).
-#   CALL=15 FANOUT_QUIET_JOBS first (QUIET_MAX_PROCS shards at a time, 1 unless set), alone on the GPU (e.g. the ERROR rows of 2026-12-01c listed in
-#           evidence/h200/recheck/), then evidence/h200/cudnn_dout_repro.py beside the FANOUT_JOBS sweeps.
+#   CALL=15 REPROS (scripts run one after another, alone; 2026-12-01d ran cudnn_dout_repro.py beside the sweeps), then
+#           FANOUT_QUIET_JOBS (QUIET_MAX_PROCS shards at a time, 1 unless set), alone on the GPU (e.g. the ERROR rows
+#           listed in evidence/h200/recheck/), then the FANOUT_JOBS sweeps side by side.
 #   Any call carrying one of .wheels/s1, s2, s3 (thirds of FA4's wheels) stages it in /root/stage.
 #
 # Each call packs what it wrote into $OUT/partN.tar.gz (the device returns at most 8 files) and prints
@@ -256,10 +257,13 @@ case "$call" in
     timed "fa4 gqa head-dim repro" 150 $(lane 0) env OUT="$W/fa4-gqa-repro" python3 evidence/h200/fa4_gqa_headdim_repro.py \
       > "$W/fa4-gqa-repro.log" 2>&1 &
   fi
-  [ "$call" = 15 ] && quiet_recheck
-  if [ "$call" = 15 ]; then  # next session: the cuDNN dout_noncontig probe beside the sweeps
-    timed "cudnn dout repro" 200 $(lane 0) env OUT="$W/cudnn-dout-repro" python3 evidence/h200/cudnn_dout_repro.py \
-      > "$W/cudnn-dout-repro.log" 2>&1 &
+  if [ "$call" = 15 ]; then  # REPROS (plain-PyTorch probes, one after another, alone), then FANOUT_QUIET_JOBS
+    for repro in ${REPROS:-}; do
+      name=$(basename "$repro" .py)
+      timed "repro $name" "${REPRO_BUDGET_S:-200}" $(lane 0) env OUT="$W/$name" python3 "$repro" > "$W/$name.log" 2>&1
+      grep -vE "Warning|warn\(|^ +return|^ +warnings" "$W/$name.log" | tail -25 >> "$W/session.txt"
+    done
+    quiet_recheck
   fi
   timed "fanout" $(( ${CALL_BUDGET_S:-550} - 15 )) $(lane 0) python3 evidence/h200/fanout.py --state out/fanout --out "$W/fanout" --device "${FANOUT_DEVICE:-cuda}" \
     --budget-s "${FANOUT_BUDGET_S:-500}" --max-procs "${FANOUT_MAX_PROCS:-0}" $(for j in ${FANOUT_JOBS:?FANOUT_JOBS=k:suite:n ...}; do echo --job "$j"; done) \
@@ -267,7 +271,6 @@ case "$call" in
   wait
   cat "$W/fanout/status.md" >> "$W/session.txt" 2>/dev/null
   tail -30 "$W/fa4-gqa-repro.log" >> "$W/session.txt" 2>/dev/null
-  grep -E "dO|^(bfloat16|float16)" "$W/cudnn-dout-repro.log" >> "$W/session.txt" 2>/dev/null
   ;;
 esac
 say "done"
