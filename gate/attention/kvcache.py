@@ -56,40 +56,56 @@ class CacheInputs:
 GARBAGE_TILE = 61  # slots of random garbage, repeated over the unused slots (a prime: no page size divides it)
 
 
-def _garbage(shape, gen, shift: float) -> torch.Tensor:
-    """Loud float32 garbage for `shape` (slots on dim 1): a random tile of GARBAGE_TILE slots repeated.
-    Every slot is still far from a real token (keys ~N(4, 3), values ~N(8, 3)), so a kernel that
-    reads one gets a visibly wrong answer; a tile instead of fresh noise per slot keeps a large
-    cache cheap to make (a 16 x 8192-slot paged cache drew ~10^9 normals per call before: ~30 s of
-    an H200 case spent on the host, in the worker and again in the gate)."""
-    lead, n, rest = shape[0], shape[1], tuple(shape[2:])
-    tile = torch.randn((lead, min(n, GARBAGE_TILE), *rest), generator=gen, dtype=torch.float32) * 3.0 + shift
-    reps = -(-n // max(1, tile.shape[1]))
-    return tile.repeat(1, reps, *([1] * len(rest)))[:, :n]
+def _garbage_tile(lead: int, n: int, rest: tuple[int, ...], gen, shift: float) -> torch.Tensor:
+    """Loud float32 garbage for n slots: a random tile of GARBAGE_TILE slots (fewer if n is smaller),
+    repeated over the slots by _fill_garbage. Every slot is still far from a real token (keys
+    ~N(4, 3), values ~N(8, 3)), so a kernel that reads one gets a visibly wrong answer; a tile instead
+    of fresh noise per slot keeps a large cache cheap to make (a 16 x 8192-slot paged cache drew ~10^9
+    normals per call before: ~30 s of an H200 case spent on the host, in the worker and again in the gate)."""
+    return torch.randn((lead, min(n, GARBAGE_TILE), *rest), generator=gen, dtype=torch.float32) * 3.0 + shift
+
+
+def _fill_garbage(slots: torch.Tensor, tile: torch.Tensor, i: int, start: int, stop: int, first: int) -> None:
+    """Slots start..stop-1 of row i get the tile repeated from slot `first` on (slot p holds tile
+    column (p - first) % tile width), written in place: only the slots no real token overwrites."""
+    if stop > start:
+        cols = torch.arange(start - first, stop - first) % tile.shape[1]
+        slots[i, start:stop] = tile[i, cols]
 
 
 def make_cache_inputs(case: Case, q: torch.Tensor, gen: torch.Generator, dtype, device) -> CacheInputs:
-    """The cache for a kvcache case: real tokens at the front of each element's slots, garbage after."""
+    """The cache for a kvcache case: real tokens at the front of each element's slots, garbage after.
+
+    Built in place, in one buffer per tensor: the random draws come in the same order as always
+    (garbage tiles, each element's tokens, the appended tokens, the page padding's tiles, the
+    shuffle, the spare blocks), so every case's inputs are the ones its baselines were measured on
+    (tests/test_kvcache_inputs.py pins them), while no garbage is written where a token goes and
+    no whole-cache concatenation or tile repeat is made (a 16 x 8192-slot cache took ~7 s here)."""
     b, cap, hkv = case.batch, case.seqlen_k, case.heads_kv
     cached = case.cached_lengths
     page = case.page_size
-    slots_k = (b, cap, hkv, case.head_dim)
-    slots_v = (b, cap, hkv, case.head_dim_v)
-    k_slots = _garbage(slots_k, gen, 4.0)
-    v_slots = _garbage(slots_v, gen, 8.0)
+    padded = -(-cap // page) * page if page else cap
+    dims = {"k": case.head_dim, "v": case.head_dim_v}
+    slots = {name: torch.empty((b, padded, hkv, d)) for name, d in dims.items()}
+    tiles = {name: _garbage_tile(b, cap, (hkv, d), gen, shift) for (name, d), shift in zip(dims.items(), (4.0, 8.0))}
+    for name in dims:
+        for i, n in enumerate(cached):
+            _fill_garbage(slots[name], tiles[name], i, n, cap, 0)
     for i, n in enumerate(cached):  # real tokens only where they are cached: no normals drawn for the rest
-        k_slots[i, :n] = torch.randn((n, hkv, case.head_dim), generator=gen, dtype=torch.float32)
-        v_slots[i, :n] = torch.randn((n, hkv, case.head_dim_v), generator=gen, dtype=torch.float32)
+        slots["k"][i, :n].normal_(generator=gen)
+        slots["v"][i, :n].normal_(generator=gen)
     k_new = v_new = None
     if case.cache_new:
         k_new = torch.randn((b, case.seqlen_q, hkv, case.head_dim), generator=gen).to(device=device, dtype=dtype)
         v_new = torch.randn((b, case.seqlen_q, hkv, case.head_dim_v), generator=gen).to(device=device, dtype=dtype)
     block_table = None
+    k_slots, v_slots = slots["k"], slots["v"]
     if page:
-        pages = -(-cap // page)
-        padded = pages * page
-        k_slots = torch.cat([k_slots, _garbage((b, padded - cap, hkv, case.head_dim), gen, 4.0)], 1)
-        v_slots = torch.cat([v_slots, _garbage((b, padded - cap, hkv, case.head_dim_v), gen, 8.0)], 1)
+        for (name, d), shift in zip(dims.items(), (4.0, 8.0)):  # the padding of the last page: garbage too
+            pad = _garbage_tile(b, padded - cap, (hkv, d), gen, shift)
+            for i in range(b):
+                _fill_garbage(slots[name], pad, i, cap, padded, cap)
+        pages = padded // page
         blocks = b * pages + SPARE_BLOCKS
         order = torch.randperm(blocks, generator=gen) if case.shuffled_pages else torch.arange(blocks)
         block_table = order[: b * pages].view(b, pages).to(torch.int32)
@@ -98,8 +114,9 @@ def make_cache_inputs(case: Case, q: torch.Tensor, gen: torch.Generator, dtype, 
         k_pool[block_table.flatten().long()] = k_slots.reshape(b * pages, page, hkv, case.head_dim)
         v_pool[block_table.flatten().long()] = v_slots.reshape(b * pages, page, hkv, case.head_dim_v)
         spare = order[b * pages:].long()  # the blocks no table entry points at: garbage too
-        k_pool[spare] = _garbage((SPARE_BLOCKS, page, hkv, case.head_dim), gen, 4.0)
-        v_pool[spare] = _garbage((SPARE_BLOCKS, page, hkv, case.head_dim_v), gen, 8.0)
+        for pool, (name, d), shift in zip((k_pool, v_pool), dims.items(), (4.0, 8.0)):
+            tile = _garbage_tile(SPARE_BLOCKS, page, (hkv, d), gen, shift)
+            pool[spare] = tile.repeat(1, -(-page // tile.shape[1]), 1, 1)[:, :page]
         k_slots, v_slots = k_pool, v_pool
         block_table = block_table.to(device)
     return CacheInputs(

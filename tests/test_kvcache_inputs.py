@@ -1,0 +1,79 @@
+"""The decode caches' values are pinned: every baseline (baselines/cpu, baselines/h200) was measured on
+these exact inputs, so a faster way to build them (gate/attention/kvcache.py builds them in place)
+must draw the same numbers in the same order. The digests were taken from the builder before it was
+rewritten in place; a change to any value (a garbage slot, the page padding, the spare blocks, the
+shuffle, an appended token) changes its digest."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+import pytest
+import torch
+
+from gate.attention.inputs import make_inputs
+from gate.core.cases import load_suite
+
+
+def digest(inputs) -> str:
+    h = hashlib.sha256()
+    c = inputs.cache
+    for t in (inputs.q, inputs.k, inputs.v, inputs.dout, inputs.sink, c.k_cache, c.v_cache, c.cache_seqlens,
+              c.block_table, c.k_new, c.v_new):
+        h.update(b"-" if t is None else t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _cases() -> dict:
+    smoke = [c for c in load_suite("smoke").cases if c.entry == "kvcache"]
+    pr = [c for c in load_suite("pr").cases if c.entry == "kvcache" and c.batch < 16]
+    base = next(c for c in smoke if c.page_size == 16 and c.shuffled_pages and c.batch == 2)
+    full = [dataclasses.replace(base, cache_seqlens=(96, 96), cache_new=False, seqlen_q=1),  # every slot real, 96 % 16 == 0
+            dataclasses.replace(base, cache_seqlens=(96, 96), cache_new=False, seqlen_q=1, page_size=0, shuffled_pages=False)]
+    return {c.id: c for c in smoke + pr[:4] + pr[8:10] + full}
+
+
+CASES = _cases()
+
+PINNED = [  # (case id, cache_seqlens, page size, shuffled, digest of make_inputs(case, seed 1) on the CPU)
+    ("bf16-b2-h4/2-s1x96-d64-causal-kv17.80", (17, 80), 0, False, "96c2bbe0d1282bf1"),
+    ("bf16-b2-h4/2-s1x96-d64-causal-kv17.80-append", (17, 80), 0, False, "b08fed11477d602a"),
+    ("bf16-b2-h4/1-s1x96-d64-causal-kv17.80", (17, 80), 0, False, "8b251f25ff317b13"),
+    ("bf16-b2-h4/1-s1x96-d64-causal-kv17.80-append", (17, 80), 0, False, "b9e45c5f230375a8"),
+    ("bf16-b2-h4/2-s7x96-d64-causal-kv17.80", (17, 80), 0, False, "ca214b6af2d1086a"),
+    ("bf16-b2-h4/2-s7x96-d64-causal-kv17.80-append", (17, 80), 0, False, "a643f395322f770e"),
+    ("bf16-b2-h4/1-s7x96-d64-causal-kv17.80", (17, 80), 0, False, "b3df3bbc0d87ed87"),
+    ("bf16-b2-h4/1-s7x96-d64-causal-kv17.80-append", (17, 80), 0, False, "4aba2224e6e4f45e"),
+    ("bf16-b3-h4/2-s5x100-d64-causal-kv33.90.0-append-page16", (33, 90, 0), 16, False, "448f00b7a4c81eed"),
+    ("bf16-b3-h4/2-s5x100-d64-causal-kv33.90.0-append-page16-shuffled", (33, 90, 0), 16, True, "5a34073f72d90a5e"),
+    ("bf16-b3-h4/2-s5x100-d64-causal-kv33.90.0-append-page7", (33, 90, 0), 7, False, "a3dc787f610d38a7"),
+    ("bf16-b3-h4/2-s5x100-d64-causal-kv33.90.0-append-page7-shuffled", (33, 90, 0), 7, True, "22663ee28e4cb86b"),
+    ("fp16-b2-h4/2-s4x96-d64-win16.0-kv50.80-append-page16-shuffled", (50, 80), 16, True, "d32829a94df644ea"),
+    ("fp16-b2-h4/2-s4x96-d64-win16.0-cap25-kv50.80-append-page16-shuffled", (50, 80), 16, True, "d32829a94df644ea"),
+    ("bf16-b2-h4/2-s3x96-d64-causal-kv17.80-append-page16-sinks", (17, 80), 16, False, "452d9868e329e005"),
+    ("bf16-b4-h32/8-s1x4096-d128-causal-kv1.1000.4000.33", (1, 1000, 4000, 33), 0, False, "16ed1e7d210e44ef"),
+    ("bf16-b4-h32/8-s1x4096-d128-causal-kv1.1000.4000.33-append", (1, 1000, 4000, 33), 0, False, "2a8646b198961139"),
+    ("bf16-b4-h32/1-s1x4096-d128-causal-kv1.1000.4000.33", (1, 1000, 4000, 33), 0, False, "eeb7f7a62657627f"),
+    ("bf16-b4-h32/1-s1x4096-d128-causal-kv1.1000.4000.33-append", (1, 1000, 4000, 33), 0, False, "f52c835deb2f825d"),
+    ("bf16-b3-h16/4-s4x4096-d128-causal-kv100.4000.2049-append-page256", (100, 4000, 2049), 256, False, "77a7f18b752956a6"),
+    ("bf16-b3-h16/4-s4x4096-d128-causal-kv100.4000.2049-append-page256-shuffled", (100, 4000, 2049), 256, True, "814d5bd1b86f10fc"),
+    ("fp16-b2-h4/2-s1x96-d64-win16.0-kv96.96-page16-shuffled", (96, 96), 16, True, "5ba3ca4354987c2e"),
+    ("fp16-b2-h4/2-s1x96-d64-win16.0-kv96.96", (96, 96), 0, False, "7dad5fb3a386cfd9"),
+]
+
+
+@pytest.mark.parametrize("case_id, cached, page, shuffled, want", PINNED, ids=[p[0] for p in PINNED])
+def test_decode_inputs_are_the_ones_the_baselines_were_measured_on(case_id, cached, page, shuffled, want):
+    case = CASES[case_id]
+    assert (case.cache_seqlens, case.page_size, case.shuffled_pages) == (cached, page, shuffled)
+    assert digest(make_inputs(case, 1, "cpu")) == want
+
+
+def test_the_digest_sees_one_garbage_slot():
+    """The pin has teeth: one changed slot past a batch element's tokens changes the digest."""
+    case = CASES["bf16-b2-h4/2-s1x96-d64-causal-kv17.80"]
+    inputs = make_inputs(case, 1, "cpu")
+    before = digest(inputs)
+    inputs.cache.k_cache[0, 50, 0, 0] += 1.0
+    assert digest(inputs) != before
