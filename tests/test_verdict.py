@@ -341,3 +341,15 @@ def test_verdict_modules_import_no_torch():
     code = "import sys, gate.compare.sweep_rules, gate.compare.findings, gate.compare.baselines, gate.report.check_report; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"
+
+
+def test_a_baseline_remembers_the_cudnn_version_and_a_new_one_warns():
+    """cuDNN is SDPA-cuDNN's kernel and the default speed anchor: the baseline keeps its version,
+    so the same cuDNN is silent and another one is an env-drift warning (not an 'unrecorded' note)."""
+    base = sweep(*GOOD.cases, env={**ENV, "cudnn": "91002"})
+    baseline = Baseline.from_sweep(base)
+    assert baseline.environment["cudnn"] == "91002"
+    def env_findings(run):
+        return {(f.severity, f.rule, f.metric) for f in compare(baseline, run, CFG) if f.metric.startswith("env:")}
+    assert env_findings(base) == set()
+    assert env_findings(sweep(*GOOD.cases, env={**ENV, "cudnn": "91900"})) == {(Severity.WARN, "env_drift", "env:cudnn")}

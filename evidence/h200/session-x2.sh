@@ -84,8 +84,9 @@ refresh_pr() {  # the pr check wall-timed, the baseline refreshed from it, the c
   printf '[tool.attn-gate]\nbaselines_dir = "%s"\n' "$d/baselines" > "$d/pyproject.toml"
   timed "check-1 sdpa-flash pr vs committed baseline" 240 $L python3 -m gate check --kernel sdpa-flash --suite pr \
     --device cuda --baseline baselines/h200/sdpa-flash-pr.json --no-progress --out "$d/check1" > "$d/check1.log" 2>&1
-  if [ ! -f "$d/check1/sweep-sdpa-flash-pr.json" ]; then  # check-1 refused the committed baseline (another suite
-    # definition: new case ids): the same sweep and speed run, without a comparison, is what the refresh records
+  if [ ! -f "$d/check1/sweep-sdpa-flash-pr.json" ] && grep -qE "changed since the baseline" "$d/check1.log"; then
+    # check-1 refused the committed baseline (another suite definition: new case ids) before sweeping: the same sweep
+    # and speed run, without a comparison, is what the refresh records (not after a check-1 cut by its own timeout)
     timed "sweep sdpa-flash pr (no baseline to compare)" 200 $L python3 -m gate sweep --kernel sdpa-flash --suite pr \
       --device cuda --no-progress --out "$d/check1" > "$d/sweep1.log" 2>&1
     timed "perf sdpa-flash pr" 120 $L python3 -m gate perf --kernel sdpa-flash --suite pr --device cuda \
@@ -265,8 +266,10 @@ case "$call" in
     done
     quiet_recheck
   fi
-  timed "fanout" $(( ${CALL_BUDGET_S:-550} - 15 )) $(lane 0) python3 evidence/h200/fanout.py --state out/fanout --out "$W/fanout" --device "${FANOUT_DEVICE:-cuda}" \
-    --budget-s "${FANOUT_BUDGET_S:-500}" --max-procs "${FANOUT_MAX_PROCS:-0}" $(for j in ${FANOUT_JOBS:?FANOUT_JOBS=k:suite:n ...}; do echo --job "$j"; done) \
+  left=$(( ${CALL_BUDGET_S:-550} - ($(date +%s) - start) - 30 ))  # what the probes and the recheck left of the call
+  fanout_s=${FANOUT_BUDGET_S:-500}; [ "$fanout_s" -gt "$left" ] && fanout_s=$left
+  timed "fanout" $(( fanout_s + 15 )) $(lane 0) python3 evidence/h200/fanout.py --state out/fanout --out "$W/fanout" --device "${FANOUT_DEVICE:-cuda}" \
+    --budget-s "$fanout_s" --max-procs "${FANOUT_MAX_PROCS:-0}" $(for j in ${FANOUT_JOBS:?FANOUT_JOBS=k:suite:n ...}; do echo --job "$j"; done) \
     > "$W/fanout.log" 2>&1
   wait
   cat "$W/fanout/status.md" >> "$W/session.txt" 2>/dev/null

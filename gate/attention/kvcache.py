@@ -86,7 +86,7 @@ def make_cache_inputs(case: Case, q: torch.Tensor, gen: torch.Generator, dtype, 
     page = case.page_size
     padded = -(-cap // page) * page if page else cap
     dims = {"k": case.head_dim, "v": case.head_dim_v}
-    slots = {name: torch.empty((b, padded, hkv, d)) for name, d in dims.items()}
+    slots = {name: torch.empty((b, padded, hkv, d), dtype=torch.float32) for name, d in dims.items()}
     tiles = {name: _garbage_tile(b, cap, (hkv, d), gen, shift) for (name, d), shift in zip(dims.items(), (4.0, 8.0))}
     for name in dims:
         for i, n in enumerate(cached):
@@ -109,8 +109,8 @@ def make_cache_inputs(case: Case, q: torch.Tensor, gen: torch.Generator, dtype, 
         blocks = b * pages + SPARE_BLOCKS
         order = torch.randperm(blocks, generator=gen) if case.shuffled_pages else torch.arange(blocks)
         block_table = order[: b * pages].view(b, pages).to(torch.int32)
-        k_pool = torch.empty((blocks, page, hkv, case.head_dim))
-        v_pool = torch.empty((blocks, page, hkv, case.head_dim_v))
+        k_pool = torch.empty((blocks, page, hkv, case.head_dim), dtype=torch.float32)
+        v_pool = torch.empty((blocks, page, hkv, case.head_dim_v), dtype=torch.float32)
         k_pool[block_table.flatten().long()] = k_slots.reshape(b * pages, page, hkv, case.head_dim)
         v_pool[block_table.flatten().long()] = v_slots.reshape(b * pages, page, hkv, case.head_dim_v)
         spare = order[b * pages:].long()  # the blocks no table entry points at: garbage too

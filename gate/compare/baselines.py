@@ -48,7 +48,7 @@ READABLE_VERSIONS = (1, 2)  # migrate_baseline turns each older one into the cur
 KIND = "attn-gate baseline"
 
 # What a baseline remembers of the run's environment (gate.core.environment.describe keys).
-FINGERPRINT_KEYS = ("device", "gpu_name", "gpu_class", "compute_capability", "driver", "cuda", "torch", "python",
+FINGERPRINT_KEYS = ("device", "gpu_name", "gpu_class", "compute_capability", "driver", "cuda", "cudnn", "torch", "python",
                     "kernel", "kernel_version", "attn_gate", "machine", "cpu", "cpu_model", "cpu_capability")
 
 
