@@ -11,7 +11,7 @@ Layout (schema_version 2):
 
     kind           "attn-gate baseline"
     kernel, suite, suite_hash, gpu_class
-    environment    the fingerprint of the run (FINGERPRINT_KEYS: GPU name and class, driver, CUDA,
+    environment    the fingerprint of the run (FINGERPRINT_KEYS: GPU name and class, driver, CUDA, cuDNN,
                    torch, kernel and kernel_version, attn-gate version ...)
     tolerance      the rule's multipliers the ratios were measured with (a change refuses comparison)
     measured_at    when the sweep behind it started
