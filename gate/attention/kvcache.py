@@ -58,19 +58,19 @@ GARBAGE_TILE = 61  # slots of random garbage, repeated over the unused slots (a 
 
 def _garbage_tile(lead: int, n: int, rest: tuple[int, ...], gen, shift: float) -> torch.Tensor:
     """Loud float32 garbage for n slots: a random tile of GARBAGE_TILE slots (fewer if n is smaller),
-    repeated over the slots by _fill_garbage. Every slot is still far from a real token (keys
+    repeated over the slots (_tile_span). Every slot is still far from a real token (keys
     ~N(4, 3), values ~N(8, 3)), so a kernel that reads one gets a visibly wrong answer; a tile instead
     of fresh noise per slot keeps a large cache cheap to make (a 16 x 8192-slot paged cache drew ~10^9
     normals per call before: ~30 s of an H200 case spent on the host, in the worker and again in the gate)."""
     return torch.randn((lead, min(n, GARBAGE_TILE), *rest), generator=gen, dtype=torch.float32) * 3.0 + shift
 
 
-def _fill_garbage(slots: torch.Tensor, tile: torch.Tensor, i: int, start: int, stop: int, first: int) -> None:
-    """Slots start..stop-1 of row i get the tile repeated from slot `first` on (slot p holds tile
-    column (p - first) % tile width), written in place: only the slots no real token overwrites."""
-    if stop > start:
-        cols = torch.arange(start - first, stop - first) % tile.shape[1]
-        slots[i, start:stop] = tile[i, cols]
+def _tile_span(tile: torch.Tensor, start: int, stop: int, first: int) -> torch.Tensor:
+    """The garbage for slots start..stop-1 (dim 1) when slot `first` holds the tile's column 0 and the
+    tile repeats from there: slot p gets column (p - first) % tile width."""
+    if stop <= start:
+        return tile[:, :0]
+    return tile[:, torch.arange(start - first, stop - first) % tile.shape[1]]
 
 
 def make_cache_inputs(case: Case, q: torch.Tensor, gen: torch.Generator, dtype, device) -> CacheInputs:
@@ -88,9 +88,9 @@ def make_cache_inputs(case: Case, q: torch.Tensor, gen: torch.Generator, dtype, 
     dims = {"k": case.head_dim, "v": case.head_dim_v}
     slots = {name: torch.empty((b, padded, hkv, d), dtype=torch.float32) for name, d in dims.items()}
     tiles = {name: _garbage_tile(b, cap, (hkv, d), gen, shift) for (name, d), shift in zip(dims.items(), (4.0, 8.0))}
-    for name in dims:
+    for name in dims:  # garbage only where no token goes
         for i, n in enumerate(cached):
-            _fill_garbage(slots[name], tiles[name], i, n, cap, 0)
+            slots[name][i:i + 1, n:cap] = _tile_span(tiles[name][i:i + 1], n, cap, 0)
     for i, n in enumerate(cached):  # real tokens only where they are cached: no normals drawn for the rest
         slots["k"][i, :n].normal_(generator=gen)
         slots["v"][i, :n].normal_(generator=gen)
@@ -103,8 +103,7 @@ def make_cache_inputs(case: Case, q: torch.Tensor, gen: torch.Generator, dtype, 
     if page:
         for (name, d), shift in zip(dims.items(), (4.0, 8.0)):  # the padding of the last page: garbage too
             pad = _garbage_tile(b, padded - cap, (hkv, d), gen, shift)
-            for i in range(b):
-                _fill_garbage(slots[name], pad, i, cap, padded, cap)
+            slots[name][:, cap:padded] = _tile_span(pad, cap, padded, cap)
         pages = padded // page
         blocks = b * pages + SPARE_BLOCKS
         order = torch.randperm(blocks, generator=gen) if case.shuffled_pages else torch.arange(blocks)
@@ -115,8 +114,7 @@ def make_cache_inputs(case: Case, q: torch.Tensor, gen: torch.Generator, dtype, 
         v_pool[block_table.flatten().long()] = v_slots.reshape(b * pages, page, hkv, case.head_dim_v)
         spare = order[b * pages:].long()  # the blocks no table entry points at: garbage too
         for pool, (name, d), shift in zip((k_pool, v_pool), dims.items(), (4.0, 8.0)):
-            tile = _garbage_tile(SPARE_BLOCKS, page, (hkv, d), gen, shift)
-            pool[spare] = tile.repeat(1, -(-page // tile.shape[1]), 1, 1)[:, :page]
+            pool[spare] = _tile_span(_garbage_tile(SPARE_BLOCKS, page, (hkv, d), gen, shift), 0, page, 0)
         k_slots, v_slots = k_pool, v_pool
         block_table = block_table.to(device)
     return CacheInputs(

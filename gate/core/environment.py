@@ -99,5 +99,14 @@ def describe(device: str, kernel: str, kernel_version: str) -> dict[str, str]:
     return env
 
 
+def release_cached_gpu_memory(device: str) -> None:
+    """Give the blocks this process's caching allocator keeps back to the GPU (a no-op off CUDA).
+    A sweep's worker, its judging parent and, under evidence/h200/fanout.py, other sweeps share one
+    GPU: a large case's peak kept cached by one made the others' cases fail out of memory (47 of the
+    103 ERROR rows of 2026-12-01c's shared-GPU sweeps). Timing calls it between cases too."""
+    if str(device).startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"

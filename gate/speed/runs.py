@@ -244,13 +244,14 @@ def measure_case(adapter, anchor_name: str, case: Case, device: str, plan: Timin
 
 
 def _release(device: str) -> None:
+    """The timed workloads' tensors collected, then their blocks given back (between timed cases)."""
     if device == "cuda":
         import gc
 
-        import torch
+        from gate.core.environment import release_cached_gpu_memory
 
         gc.collect()
-        torch.cuda.empty_cache()
+        release_cached_gpu_memory(device)
 
 
 def select_perf_cases(suite_name: str, config: Config, only: str | None = None) -> tuple[Case, ...]:

@@ -278,10 +278,9 @@ class WorkerPool:
         finally:
             with contextlib.suppress(OSError):
                 file.unlink()
-            if ref_device != "cpu":  # the float64 references' blocks back to the GPU the worker (and other sweeps) share
-                import torch
+            from gate.core.environment import release_cached_gpu_memory
 
-                torch.cuda.empty_cache()
+            release_cached_gpu_memory(ref_device)  # the float64 references' blocks, back to the GPU the worker shares
 
 
 # Pools kept warm between runs of one process, keyed by everything a worker inherits: the sweep's

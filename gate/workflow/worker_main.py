@@ -87,17 +87,6 @@ def run_one(adapter, request: dict, device: str) -> dict:
     return {"status": "RAN", "checks": checks, "seconds": time.perf_counter() - start}
 
 
-def release_cached_gpu_memory() -> None:
-    """Give the blocks this process's caching allocator keeps back to the GPU after a correctness case.
-    The worker, its judging parent and, under evidence/h200/fanout.py, other sweeps share one GPU: a
-    131,072-key case's peak kept cached here made other processes' cases fail out of memory (16 such
-    ERROR rows in 2026-12-01c's shared-GPU sweeps). Not after a timed case: the timing loop's own
-    allocations stay warm."""
-    import torch
-
-    torch.cuda.empty_cache()
-
-
 def run_perf_case(adapter, request: dict, device: str) -> dict:
     """Time one case against the anchor (gate/speed/runs.py measure_case) and send the raw timing."""
     from gate.core.cases import Case
@@ -145,9 +134,11 @@ def main() -> int:
         _send(channel, reply)
         if reply.get("restart"):
             return 0
-        if device == "cuda" and request.get("op") != "perf_case":
+        if request.get("op") != "perf_case":  # a timed case keeps its loop's allocations warm
+            from gate.core.environment import release_cached_gpu_memory
+
             try:
-                release_cached_gpu_memory()
+                release_cached_gpu_memory(device)
             except Exception:  # a CUDA fault the case left pending: this process's CUDA state is gone, start afresh
                 return 0
     return 0
