@@ -31,11 +31,12 @@
 #   CALL=10 (carries .fa3) / CALL=11 (carries .fa2): the depth checks of FA3 / FA2 (next session).
 #   CALL=12 (one GPU) the pr baseline refreshed with anchor_fallback on, alone on the GPU; then FANOUT_QUIET_JOBS.
 #   CALL=13/14 FANOUT_JOBS side by side (evidence/h200/fanout.py), 14 resuming 13; FA4 installed (and
-#           fa4_gqa_headdim_repro.py run) by the call that finds all three of .wheels/s1..s3 staged (#9).
+#           fa4_gqa_headdim_repro.py run) by the call that finds both halves .wheels/x1, x2 staged (#9).
 #   CALL=15 REPROS (scripts run one after another, alone; 2026-12-01d ran cudnn_dout_repro.py beside the sweeps), then
 #           FANOUT_QUIET_JOBS (QUIET_MAX_PROCS shards at a time, 1 unless set), alone on the GPU (e.g. the ERROR rows
 #           listed in evidence/h200/recheck/), then the FANOUT_JOBS sweeps side by side.
-#   Any call carrying one of .wheels/s1, s2, s3 (thirds of FA4's wheels) stages it in /root/stage.
+#   Any call carrying .wheels/x1 or .wheels/x2 (halves of FA4's wheels: evidence/h200/fa4_wheels.sh pack) stages it
+#   in /root/stage.
 #
 # Each call packs what it wrote into $OUT/partN.tar.gz (the device returns at most 8 files) and prints
 # status lines; the whole call runs under CALL_BUDGET_S (550 s) so it is packed even when cut. With one GPU visible, lane 1 runs after lane 0 (and takes longer than a call).
@@ -73,7 +74,7 @@ timed() {  # label budget_s cmd...: run, record rc and wall seconds
   timeout "$budget" "$@"; local rc=$?
   say "$label rc=$rc wall_s=$(python3 -c "import time; print(round(time.time() - $t0, 1))")"
 }
-for part in .wheels/s1 .wheels/s2 .wheels/s3; do  # a third of FA4's wheels carried by this call (CALL=13/14 install them)
+for part in .wheels/x1 .wheels/x2; do  # a half of FA4's wheels carried by this call (CALL=13/14/15 install them)
   [ -d "$part" ] && mkdir -p /root/stage && cp "$part"/* /root/stage/ && echo "staged $part" >> "$W/session.txt"
 done
 say "call $call: $gpus GPU(s), $cores cores"
@@ -242,15 +243,12 @@ case "$call" in
   ;;
 13|14|15)
   # one GPU: many correctness sweeps side by side (evidence/h200/fanout.py: FANOUT_JOBS, each KERNEL:SUITE:SHARDS),
-  # CALL=14 resuming what CALL=13 left (#9). FA4's wheels (~100 MB) travel in three thirds (.wheels/s1..s3, each
-  # staged by whichever call carries it, as the repo leaves ~40 MB of a call's 64 MiB); the call that finds all three
-  # installs FA4 and reproduces its GQA off-grid head-dim gradient failures in plain FA4.
-  if [ ! -f /root/fa4-exports.sh ] && [ -f /root/stage/chunk.3 ] && [ -f /root/stage/bigname ]; then
-    cat /root/stage/chunk.? > "/root/stage/$(cat /root/stage/bigname)" && rm -f /root/stage/chunk.? &&
-      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        /root/stage/*.whl > "$W/fa4-install.log" 2>&1 &&
-      echo 'export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}' > /root/fa4-exports.sh &&
-      say "FA4 installed" && fa4_new=1
+  # CALL=14 resuming what CALL=13 left (#9). FA4's wheels (~100 MB) travel in two halves (.wheels/x1, x2, each
+  # staged by whichever call carries it; evidence/h200/fa4_wheels.sh), as the repo leaves ~45 MB of a call's 64 MiB;
+  # the call that finds both installs FA4 and reproduces its GQA off-grid head-dim gradient failures in plain FA4.
+  if [ ! -f /root/fa4-exports.sh ] && [ -f /root/stage/big.tar.xz.part1 ] && [ -f /root/stage/big.tar.xz.part2 ]; then
+    exports=$(bash evidence/h200/fa4_wheels.sh install /root/stage /tmp/site 2> "$W/fa4-install.log") &&
+      echo "$exports" > /root/fa4-exports.sh && say "FA4 installed" && fa4_new=1
   fi
   [ -f /root/fa4-exports.sh ] && . /root/fa4-exports.sh
   python3 -c "import flash_attn.cute" > "$W/fa4-import.txt" 2>&1 && say "flash_attn.cute imports" || say "flash_attn.cute does NOT import"
