@@ -11,7 +11,8 @@ backend (float32 accumulation) returns finite ones.
      every `bias.*.fp32` case; the class of pytorch PR #191612, cuDNN reading an fp32 mask as bf16);
   2. dQ NaN/Inf when a boolean mask empties whole rows (`bias.bool_empty_rows`; the class of
      pytorch #196678), forward finite.
-Not yet run: written after the sweep, when the session's device time was spent.
+Written after the sweep; run on 2026-12-01 (reports/h200/session-2026-12-01, bias/cudnn-bias-repro.log): both failures
+reproduce.
 """
 
 from __future__ import annotations

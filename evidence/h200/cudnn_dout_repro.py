@@ -1,6 +1,7 @@
 """Standalone probe of the SDPA-cuDNN `dout_noncontig` failures of the H200 nightly sweep
 (reports/h200/session-2026-12-01c, fanout/sdpa-cudnn-nightly), in plain PyTorch with no attn-gate
-code: written after the sweep, NOT YET RUN (the session's device time was spent).
+code: written after the sweep, run on 2026-12-01d (reports/h200/session-2026-12-01d, call15/cudnn-dout-repro/):
+gradients 287-10,944x off whenever dO's strides differ from O's, 1-3.5x when they match.
 
 The sweep (torch 2.11.0+cu130, cuDNN backend) failed dQ/dK/dV by 2-1,000x the bound on all 64 of its
 `dout_noncontig` cases that cuDNN ran, all GQA 8/2 at head dims 72 and 128, seqlens 113x203 and

@@ -1,6 +1,7 @@
 """Standalone probe of the SDPA mem-efficient FAILs at 65,537 keys with a bias (H200, 2026-12-01d), in
-plain PyTorch with no attn-gate code: written after the sweep, NOT YET RUN (the session's device time
-was spent).
+plain PyTorch with no attn-gate code: written after the sweep, run on 2026-12-01e
+(reports/h200/session-2026-12-01e, call15/): agreement to bf16 rounding up to S = 65,536, every query row from
+~2**32 / S on wrong at 65,537 and 70,000, as expected below.
 
 The nightly recheck of 2026-12-01d (reports/h200/session-2026-12-01d, recheck/) ran the three
 `bf16-b1-h2-s65537-d64-*bias*` cases of sdpa-efficient alone for the first time (the shared-GPU sweep

@@ -1,5 +1,6 @@
 """Standalone probe of FlexAttention's compile ERRORs in the H200 sweeps, in plain PyTorch with no
-attn-gate code: written after the 2026-12-01d recheck, NOT YET RUN (the session's device time was spent).
+attn-gate code: written after the 2026-12-01d recheck, run on 2026-12-01e (reports/h200/session-2026-12-01e,
+call15/): all six shapes fail alike with either mask_mod, the control compiles.
 
 Of the 52 flex pr rows that ERRORed in 2026-12-01c's shared-GPU sweep, 15 ran again in 2026-12-01d
 with four small processes on the GPU (reports/h200/session-2026-12-01d, recheck/): 12 ERRORed the
