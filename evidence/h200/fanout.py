@@ -101,7 +101,10 @@ def journal_counts(path: Path) -> tuple[Counter, list[tuple[str, str, str]]]:
     return Counter(r.status.value for r in results), bad
 
 
-RETRY_DEFAULT = r"out of memory|OutOfMemoryError|NoValidChoicesError|mha_graph\.execute"
+# ERRORs that sharing the GPU and CPU can cause: out of memory, an autotune left without a valid choice, cuDNN
+# refusing to execute, and a case past --case-timeout (2026-12-01e: flex's s97 GQA cases compiling beside 15 other
+# sweeps took > 300 s; with 8 processes on 2026-12-01d the same kind ended in 31-186 s)
+RETRY_DEFAULT = r"out of memory|OutOfMemoryError|NoValidChoicesError|mha_graph\.execute|timed out after \d+ s \(--case-timeout\)"
 
 
 def set_aside_for_retry(shard: Shard, pattern: "re.Pattern[str]") -> list[str]:
