@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # FA4's wheels (~100 MB) in two halves small enough to ride one device call each (64 MiB per call,
-# the repo itself ~18 MB), so FA4 is installed by the second call of a session instead of the third.
+# the repo itself ~20 MB on 2026-12-01e: a half of 37 MB leaves ~10 MB to grow), so FA4 is installed by the second call of a session instead of the third.
 # The one big wheel (nvidia-cutlass-dsl-libs-cu13, 92 MB as a zip) is unpacked and re-compressed with
 # xz (-9e: 64 MB), and split across the halves with the small wheels.
 #

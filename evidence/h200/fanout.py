@@ -17,7 +17,7 @@ joined with `attn-gate merge` into <state>/<kernel>-<suite>/merged/.
 
 Many shards on one GPU can exhaust its memory (each process's caching allocator keeps what it once
 held; a 131,072-key float64 reference peaks at 7 GiB): a case that raised an out-of-memory error, or
-another error matching --retry, is therefore run once more after the parallel phase, alone on the GPU
+another error matching --retry (RETRY_DEFAULT), is therefore run once more after the parallel phase, alone on the GPU
 (its journal row set aside, the shard resumed), so such an ERROR is either the kernel's or goes away.
 --max-procs caps how many shard processes run at once.
 
@@ -101,10 +101,13 @@ def journal_counts(path: Path) -> tuple[Counter, list[tuple[str, str, str]]]:
     return Counter(r.status.value for r in results), bad
 
 
-# ERRORs that sharing the GPU and CPU can cause: out of memory, an autotune left without a valid choice, cuDNN
-# refusing to execute, and a case past --case-timeout (2026-12-01e: flex's s97 GQA cases compiling beside 15 other
-# sweeps took > 300 s; with 8 processes on 2026-12-01d the same kind ended in 31-186 s)
-RETRY_DEFAULT = r"out of memory|OutOfMemoryError|NoValidChoicesError|mha_graph\.execute|timed out after \d+ s \(--case-timeout\)"
+# ERRORs that sharing the GPU and CPU can cause: out of memory (not Triton's "OutOfMemoryError: out of resource",
+# a shared-memory limit of the compiled kernel that recurs alone), cuDNN refusing to execute, and a case past
+# --case-timeout (2026-12-01e: flex's s97 GQA cases compiling beside 15 other sweeps took > 300 s; with 8 processes
+# on 2026-12-01d the same kind ended in 31-186 s). Inductor's NoValidChoicesError is no longer retried: all 41 flex
+# pr rows re-run alone (2026-12-01d/e) recurred.
+RETRY_DEFAULT = (r"out of memory|OutOfMemoryError(?!: out of resource)|mha_graph\.execute"
+                 r"|timed out after \d+ s \(--case-timeout\)")
 
 
 def set_aside_for_retry(shard: Shard, pattern: "re.Pattern[str]") -> list[str]:

@@ -248,7 +248,7 @@ case "$call" in
   # the call that finds both installs FA4 and reproduces its GQA off-grid head-dim gradient failures in plain FA4.
   if [ ! -f /root/fa4-exports.sh ] && [ -f /root/stage/big.tar.xz.part1 ] && [ -f /root/stage/big.tar.xz.part2 ]; then
     exports=$(bash evidence/h200/fa4_wheels.sh install /root/stage /tmp/site 2> "$W/fa4-install.log") &&
-      echo "$exports" > /root/fa4-exports.sh && say "FA4 installed" && fa4_new=1
+      echo "$exports" > /root/fa4-exports.sh && say "FA4 installed" && fa4_new=1 || say "FA4 install failed (fa4-install.log)"
   fi
   [ -f /root/fa4-exports.sh ] && . /root/fa4-exports.sh
   python3 -c "import flash_attn.cute" > "$W/fa4-import.txt" 2>&1 && say "flash_attn.cute imports" || say "flash_attn.cute does NOT import"
