@@ -80,12 +80,13 @@ def run(seqlen: int, causal: bool) -> dict:
     bias = torch.randn(1, 1, seqlen, seqlen, device=DEVICE, dtype=dtype, generator=gen)
     grads = DEVICE != "cpu"  # flex has no backward on the CPU: the rehearsal checks the forward only
 
-    def add_bias(score, b, h, q_idx, kv_idx):  # the read the gate's flex adapter makes
+    def read_bias(score, b, h, q_idx, kv_idx):  # the read the gate's flex adapter makes
         return score + bias[0, 0, q_idx, kv_idx]
 
-    if PLANT_SHIFT:  # rehearsal: a wrong read the probe must see (kept out of the real run's index arithmetic)
-        def add_bias(score, b, h, q_idx, kv_idx):  # noqa: F811
-            return score + bias[0, 0, (q_idx + PLANT_SHIFT) % seqlen, kv_idx]
+    def read_bias_off(score, b, h, q_idx, kv_idx):  # rehearsal: a wrong read the probe must see
+        return score + bias[0, 0, (q_idx + PLANT_SHIFT) % seqlen, kv_idx]
+
+    add_bias = read_bias_off if PLANT_SHIFT else read_bias  # the real run's index arithmetic stays the adapter's
 
     row = {"seqlen": seqlen, "causal": causal, "flat_bias_elements": seqlen * seqlen,
            "past_int31": seqlen * seqlen > 2**31 - 1, "plant_shift": PLANT_SHIFT}
