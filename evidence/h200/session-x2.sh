@@ -12,12 +12,12 @@
 #           the new declarations (#16); nightly shard 1/8 of sdpa-flash with one worker (the 1-GPU half of #11's
 #           scale-out measurement).
 #           then both GPUs: the same nightly shard with --workers 2 (the 2-GPU half).
-#   CALL=2  (carries .wheels/a, staged to /root/stage for CALL=3)
+#   CALL=2  (carries .wheels/x1, staged to /root/stage for CALL=3)
 #           lane 0: `attn-gate selftest` of sdpa-flash on pr, correctness part (--no-slowdowns): controls and
 #           every planted bug (#13).
 #           lane 1: the same selftest's slowdown part (--bugs of one cheap bug, then planted 1-10 % slowdowns
 #           and the A/A control, repeated within the budget) (#13).
-#   CALL=3  (carries .wheels/b: FA4 installed from the staged halves)
+#   CALL=3  (carries .wheels/x2: FA4 installed from the staged halves)
 #           lane 0: fa4 pr sweep in pieces, fa4-raw-window, the fa4 bias probe (#16) and fa4 decode/sinks (#10).
 #           lane 1: flex decode slices (#10), then the pr sweep pieces of flex, sdpa-efficient and sdpa-cudnn
 #           that the last session did not reach (#9).
@@ -74,11 +74,20 @@ timed() {  # label budget_s cmd...: run, record rc and wall seconds
   timeout "$budget" "$@"; local rc=$?
   say "$label rc=$rc wall_s=$(python3 -c "import time; print(round(time.time() - $t0, 1))")"
 }
-for part in .wheels/x1 .wheels/x2; do  # a half of FA4's wheels carried by this call (CALL=13/14/15 install them)
+for part in .wheels/x1 .wheels/x2; do  # a half of FA4's wheels carried by this call (install_fa4 joins them)
   [ -d "$part" ] && mkdir -p /root/stage && cp "$part"/* /root/stage/ && echo "staged $part" >> "$W/session.txt"
 done
 say "call $call: $gpus GPU(s), $cores cores"
 gate() { python3 -m gate "$@"; }
+install_fa4() {  # FA4 from the staged halves (.wheels/x1, x2: evidence/h200/fa4_wheels.sh), once per warm machine;
+  # sets fa4_new when this call installed it, and exports its PYTHONPATH whenever it is installed (CALL=3, 13-15)
+  if [ ! -f /root/fa4-exports.sh ] && [ -f /root/stage/big.tar.xz.part1 ] && [ -f /root/stage/big.tar.xz.part2 ]; then
+    exports=$(bash evidence/h200/fa4_wheels.sh install /root/stage /tmp/site 2> "$W/fa4-install.log") &&
+      echo "$exports" > /root/fa4-exports.sh && say "FA4 installed" && fa4_new=1 || say "FA4 install failed (fa4-install.log)"
+  fi
+  [ -f /root/fa4-exports.sh ] && . /root/fa4-exports.sh
+  python3 -c "import flash_attn.cute" > "$W/fa4-import.txt" 2>&1 && say "flash_attn.cute imports" || say "flash_attn.cute does NOT import"
+}
 
 refresh_pr() {  # the pr check wall-timed, the baseline refreshed from it, the check again (CALL=1, CALL=12)
   local L; L=$(lane 0); local d="$W/flash"; mkdir -p "$d/baselines"
@@ -131,7 +140,6 @@ case "$call" in
   fi
   ;;
 2)
-  mkdir -p /root/stage && cp .wheels/a/* /root/stage/ 2>/dev/null && say "staged .wheels/a in /root/stage"
   lane0() {
     timed "selftest correctness part" 520 $(lane 0) python3 -m gate selftest --kernel sdpa-flash --suite pr --device cuda \
       --no-slowdowns --out "$W/selftest-bugs" > "$W/selftest-bugs.log" 2>&1
@@ -143,10 +151,7 @@ case "$call" in
   if [ "$gpus" -ge 2 ]; then lane0 & lane1 & wait; else lane0; fi
   ;;
 3)
-  if [ -d /root/stage ] && [ -x .wheels/b/install.sh ]; then
-    exports=$(.wheels/b/install.sh /root/stage 2> "$W/fa4-install.err") && eval "$exports" && say "FA4 installed: $exports"
-  fi
-  python3 -c "import flash_attn.cute" > "$W/fa4-import.txt" 2>&1 && say "flash_attn.cute imports" || say "flash_attn.cute does NOT import"
+  install_fa4
   pieces() {  # L kernel budget regex...: a pr sweep in pieces, each written as it ends
     local L=$1 k=$2 deadline=$(( $(date +%s) + $3 )) i=0; shift 3
     for re in "$@"; do
@@ -246,12 +251,7 @@ case "$call" in
   # CALL=14 resuming what CALL=13 left (#9). FA4's wheels (~100 MB) travel in two halves (.wheels/x1, x2, each
   # staged by whichever call carries it; evidence/h200/fa4_wheels.sh), as the repo leaves ~45 MB of a call's 64 MiB;
   # the call that finds both installs FA4 and reproduces its GQA off-grid head-dim gradient failures in plain FA4.
-  if [ ! -f /root/fa4-exports.sh ] && [ -f /root/stage/big.tar.xz.part1 ] && [ -f /root/stage/big.tar.xz.part2 ]; then
-    exports=$(bash evidence/h200/fa4_wheels.sh install /root/stage /tmp/site 2> "$W/fa4-install.log") &&
-      echo "$exports" > /root/fa4-exports.sh && say "FA4 installed" && fa4_new=1 || say "FA4 install failed (fa4-install.log)"
-  fi
-  [ -f /root/fa4-exports.sh ] && . /root/fa4-exports.sh
-  python3 -c "import flash_attn.cute" > "$W/fa4-import.txt" 2>&1 && say "flash_attn.cute imports" || say "flash_attn.cute does NOT import"
+  install_fa4
   if [ -n "${fa4_new:-}" ] && [ "${FA4_REPRO:-1}" = 1 ]; then  # FA4_REPRO=0: the repro ran in an earlier session
     timed "fa4 gqa head-dim repro" 150 $(lane 0) env OUT="$W/fa4-gqa-repro" python3 evidence/h200/fa4_gqa_headdim_repro.py \
       > "$W/fa4-gqa-repro.log" 2>&1 &
