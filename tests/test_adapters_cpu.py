@@ -259,3 +259,45 @@ def test_a_trimmed_fa3_build_skips_what_its_config_says_it_was_built_without(mon
     assert "head_dim_v" in caps.unsupported_reason(d128(head_dim_v=64), "cuda")
     assert caps.unsupported_reason(d128(head_dim=72, head_dim_v=72), "cuda") is None  # 72 runs the 128 kernel
     assert "append-KV" in a.unsupported_reason(d128(entry="kvcache", seqlen_q=1, seqlen_k=256, cache_new=True), "cuda")
+
+
+def test_flex_never_hands_one_tensor_to_two_mod_slots():
+    """The flex adapter's mods read their numbers (diagonal offset, window sides, softcap, cache
+    lengths) from captured device tensors made once per value. Two slots sharing one tensor when
+    their values coincide (offset 0 and right 0 on a square sequence, left 4 and nq 4 in decode)
+    makes dynamo's no-aliasing guard fail whenever the sharing changes, as it does between the
+    sequences of one varlen case: a recompile each time, and on torch 2.11 a crash in the recompile
+    diagnostics (the 2026-12-01f H200 nightly's two flex "__closure__" ERRORs). Every slot gets its own."""
+    import dataclasses
+
+    from gate.kernels.flex import FlexAdapter
+
+    class EagerFlex(FlexAdapter):
+        def capabilities(self):
+            return dataclasses.replace(super().capabilities(), devices=("cpu", "cuda"))
+
+        def _fn(self):
+            from torch.nn.attention.flex_attention import flex_attention
+
+            return flex_attention
+
+    def assert_no_shared_slot(adapter):
+        for holder, *_ in adapter._mod_cache.values():
+            tensors = [t for t in holder.values() if isinstance(t, torch.Tensor)]
+            assert len({id(t) for t in tensors}) == len(tensors), sorted(holder)
+
+    adapter = EagerFlex()
+    square = case(causal=True, window=(16, 0), heads_kv=2)  # offset 0 == right 0
+    x = make_inputs(square, 0, "cpu")
+    call = leaf_call(square, x)  # forward only: Flex has no CPU backward
+    call = type(call)(**{**call.__dict__, "q": call.q.detach(), "k": call.k.detach(), "v": call.v.detach()})
+    adapter.prepare(square)
+    out = adapter(call).out
+    gold, _ = references(square, x, None)
+    assert float((out.double() - gold.out).abs().max()) < 0.02
+    assert_no_shared_slot(adapter)
+    decode = Case(batch=3, seqlen_q=4, seqlen_k=100, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="bf16",
+                  entry="kvcache", cache_seqlens=(5, 60, 9), cache_new=True, window=(4, 4))  # left 4 == nq 4 == right 4
+    result = run_case(adapter, decode, "cpu", TOL)
+    assert result.status is Status.PASS, result.reason
+    assert_no_shared_slot(adapter)

@@ -68,11 +68,16 @@ class FlexAdapter(KernelAdapter):
             self._compiled = torch.compile(flex_attention, dynamic=False)
         return self._compiled
 
-    def _on(self, device, value):
-        """`value` (a number or a tuple of numbers) as a device tensor, made once and reused: a new
-        torch.tensor(..., device=cuda) is a host-to-device copy, i.e. a wait on the GPU, in every
-        timed call."""
-        key = (str(device), type(value), value)
+    def _on(self, device, slot: str, value):
+        """`value` (a number or a tuple of numbers) for the mods' `slot` as a device tensor, made once
+        and reused: a new torch.tensor(..., device=cuda) is a host-to-device copy, i.e. a wait on the
+        GPU, in every timed call. Keyed by slot as well as value, so two slots never share one tensor
+        when their values coincide (offset 0 and window right 0 on a square sequence): dynamo guards
+        that the captured tensors do not alias, so sharing that comes and goes between the sequences
+        of one varlen case recompiles, and torch 2.11's recompile diagnostics then crashed (2026-12-01f
+        H200 nightly: "AttributeError: 'NoneType' object has no attribute '__closure__'" in
+        recompilation_reason_for_no_tensor_aliasing_guard, pytorch #176211)."""
+        key = (str(device), slot, type(value), value)
         if key not in self._scalars:
             self._scalars[key] = torch.tensor(value, device=device)
         return self._scalars[key]
@@ -85,9 +90,9 @@ class FlexAdapter(KernelAdapter):
         left, right = effective_window(o.causal, o.window)
         device = call.q.device
         params = {
-            "offset": self._on(device, nk - nq), "left": self._on(device, left), "right": self._on(device, right),
-            "cap": self._on(device, float(o.softcap or 1.0)),
-            "slopes": o.alibi_slopes if o.alibi_slopes is not None else self._on(device, (0.0,)),
+            "offset": self._on(device, "offset", nk - nq), "left": self._on(device, "left", left),
+            "right": self._on(device, "right", right), "cap": self._on(device, "cap", float(o.softcap or 1.0)),
+            "slopes": o.alibi_slopes if o.alibi_slopes is not None else self._on(device, "slopes", (0.0,)),
         }
         key = (left >= 0, right >= 0, bool(o.softcap), o.alibi_slopes is not None, str(device))
         if key not in self._mod_cache:
@@ -242,9 +247,9 @@ class FlexAdapter(KernelAdapter):
         holder, mask_mod, score_mod = self._mod_cache[key]
         holder.clear()
         dev = q.device
-        holder.update(lens=self._on(dev, tuple(lengths)), nq=self._on(dev, nq), left=self._on(dev, left),
-                      right=self._on(dev, right), cap=self._on(dev, float(o.softcap or 1.0)),
-                      slopes=o.alibi_slopes if o.alibi_slopes is not None else self._on(dev, (0.0,)))
+        holder.update({slot: self._on(dev, slot, value) for slot, value in (
+            ("lens", tuple(lengths)), ("nq", nq), ("left", left), ("right", right), ("cap", float(o.softcap or 1.0)))})
+        holder["slopes"] = o.alibi_slopes if o.alibi_slopes is not None else self._on(dev, "slopes", (0.0,))
         mkey = ("decode", tuple(lengths), nq, o.causal, o.window, str(q.device))
         block_mask = self._block_masks.get(mkey)
         if block_mask is None:
