@@ -1,33 +1,40 @@
-"""Standalone probe of FlexAttention's illegal memory access at 65,537 keys with a bias (H200,
-2026-12-01e), in plain PyTorch with no attn-gate code: written after the sweep, NOT YET RUN on the GPU
-(the session's device time was spent).
+"""Standalone probe of FlexAttention's illegal memory access at 65,537 keys with a bias (H200), in
+plain PyTorch with no attn-gate code. Written after 2026-12-01e; RAN on 2026-12-01f
+(reports/h200/session-2026-12-01f, call1/): S = 46,340 and 46,341 agree with float64 (relative error
+<= 0.0035 on every probed row, out and dQ, causal or not; dK/dV finite), and S = 65,537 faults in the
+forward, causal or not ("CUDA driver error: an illegal memory access"). So plain FlexAttention faults
+as the gate's sweep did: the two flex ERROR rows are FlexAttention's. The boundary is not 2**31 bias
+elements (46,341**2 > 2**31 runs right) but lies between 46,341**2 and 65,537**2 > 2**32;
+`REPRO_SIZES=65536` (S*S = 2**32 exactly) is the next run that narrows it.
 
 The flex nightly of 2026-12-01e (reports/h200/session-2026-12-01e) ERRORed both
 `bf16-b1-h2-s65537-d64[-causal]-bias.broadcast_1` cases with "CUDA error: an illegal memory access".
 FlexAttention reads that bias through a score_mod that captures a (1, 1, S, S) tensor, so the
 generated Triton kernels index it at q_idx * S + kv_idx. At S = 65,537 that flat index passes
-2**31 - 1 from query row 32,768 on, and 2**32 from row 65,536 on: the class of pytorch #190857 (flex
-faults once a flattened offset exceeds INT32_MAX; fixed by 64-bit offsets). The gate's fa4 and
-sdpa-cudnn pass the same cases.
+2**31 - 1 from query row 32,768 on, and 2**32 from row 65,536 on. The first guess was the class of
+pytorch #190857 (flex faults once a flattened offset exceeds INT32_MAX); 46,341 running right rules
+that boundary out here, so it is an offset past 2**32 or something else that grows with S. The
+gate's fa4 and sdpa-cudnn pass the same cases.
 
 No float64 reference of the whole 65k x 65k problem is needed: a query row's output and dQ depend on
 that row alone (out_i = softmax(s_i) V, dq_i = scale * dS_i K with dS_i = P_i * (dO_i V^T - dO_i . out_i)),
 so the probe checks a few rows on both sides of each boundary (0, 32,767, 32,768, 46,340, 65,535, 65,536
 and the last) against a float64 computation from the same bf16 inputs and a bias drawn at random
 (varying along each row, so a read from a wrong row or column shows; a read wrapped by exactly 2**32
-lands on another row shifted by one column, which a row-constant bias could not see). It also says
+lands on another row shifted by one column, which a row-constant bias could not see). The error is
+relative to the reference row's largest entry; where that row is exactly zero (dQ of causal row 0,
+which sees one key) it is the absolute error instead (2026-12-01f printed "inf" there). It also says
 whether dK/dV are finite. S = 46,340 (S*S < 2**31), 46,341 (just over) and 65,537, causal or not,
 each in a process of its own with CUDA_LAUNCH_BLOCKING=1 (a fault poisons the context and is then
 reported by the call that made it: forward or backward). Each row is printed and the JSON rewritten as
 its run ends, so a cut run keeps what it finished:
 
-    python3 evidence/h200/flex_long_bias_repro.py      # ~6 compiles, give it ~6 minutes (REPRO_BUDGET_S=360)
+    python3 evidence/h200/flex_long_bias_repro.py      # ~6 compiles: 165 s on 2026-12-01f (REPRO_BUDGET_S=360)
+    REPRO_SIZES=65536 python3 evidence/h200/flex_long_bias_repro.py                           # the next run
     REPRO_SIZES=64,65 REPRO_DEVICE=cpu python3 evidence/h200/flex_long_bias_repro.py         # rehearsal
     REPRO_SIZES=64 REPRO_DEVICE=cpu REPRO_PLANT_SHIFT=1 python3 ...   # the bias read one row off: must differ
 
 GPU memory per run: the bias (S*S bf16: 8.6 GB at 65,537) and the compiled block mask; q/k/v are small.
-Expected if the gate's ERRORs are FlexAttention's: the 46,340 rows agree (relative error ~1e-2, bf16),
-the runs past 2**31 elements fault or disagree on the rows past the boundary.
 """
 
 from __future__ import annotations
@@ -66,6 +73,13 @@ def reference_rows(q, k, v, dout, bias, rows: list[int], causal: bool, scale: fl
     dp = torch.einsum("hid,hjd->hij", dor, vv)
     ds = p * (dp - (dor * out).sum(-1, keepdim=True))
     return out, torch.einsum("hij,hjd->hid", ds, kk) * scale
+
+
+def row_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |got - ref| relative to the reference row's largest entry; the absolute error where the
+    reference row is exactly zero (dQ of a row that sees one key), never inf or nan."""
+    err, size = float((got.double() - ref).abs().max()), float(ref.abs().max())
+    return err / size if size > 0 else err
 
 
 def first_line(exc: Exception) -> str:
@@ -110,12 +124,10 @@ def run(seqlen: int, causal: bool) -> dict:
     rows = probe_rows(seqlen)
     ref_out, ref_dq = reference_rows(q, k, v, dout, bias, rows, causal, scale)
     row["rows"] = rows
-    row["out_rel_err"] = [float(((out[0][:, r].double() - ref_out[:, i]).abs().max() / ref_out[:, i].abs().max()))
-                          for i, r in enumerate(rows)]
+    row["out_rel_err"] = [row_error(out[0][:, r], ref_out[:, i]) for i, r in enumerate(rows)]
     if grads:
         dq = leaves[0].grad[0]
-        row["dq_rel_err"] = [float(((dq[:, r].double() - ref_dq[:, i]).abs().max() / ref_dq[:, i].abs().max()))
-                             for i, r in enumerate(rows)]
+        row["dq_rel_err"] = [row_error(dq[:, r], ref_dq[:, i]) for i, r in enumerate(rows)]
         row["dk_finite"] = bool(torch.isfinite(leaves[1].grad).all())
         row["dv_finite"] = bool(torch.isfinite(leaves[2].grad).all())
     return row
