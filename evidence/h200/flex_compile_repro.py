@@ -24,9 +24,9 @@ under 128 rows with a power-of-two GQA group goes to the flex-decoding kernel, w
 group, BLOCK_M = next_power_of_2(q_len * group) (>= 16); every config is dropped when the block mask's
 128-row Q block is not a multiple of it: q_len * group > 128 (no mask: one 2**30-row block; MHA packs
 nothing). It fits the 2026-12-01e run and, offline (evidence/h200/flex_decode_rule_check.py over the
-committed journals), the 1,655 flex case results of 2026-12-01d/e/f: it predicts all 275
-`NoValidChoicesError` rows, and of the cases it predicts only 2 did not end so: one SKIP (never ran) and
-one `__closure__` crash before compiling (each failing varlen batch holds a 97, 127 or 77-long
+committed sweeps), the 2,057 flex case results of pr (2026-12-01c) and nightly (2026-12-01d/e/f), a
+later re-run winning: it predicts all 275 `NoValidChoicesError` rows, and of the cases it predicts only
+4 did not end so: 3 SKIPs (never ran) and one `__closure__` crash before compiling (each failing varlen batch holds a 97, 127 or 77-long
 sequence; 8/2 4224.1.17 batches pass, 17 * 4 = 68).
 
     REPRO_SET=window python3 evidence/h200/flex_compile_repro.py   # 11 shapes, 21 compiles: ~4-6 min

@@ -1,5 +1,6 @@
-"""Offline check of the flex-decoding rule against every flex case the H200 sweeps journalled
-(reports/h200/session-2026-12-01d, e, f): does the rule predict exactly the Inductor
+"""Offline check of the flex-decoding rule against every flex case the H200 sweeps ran (all of pr in
+reports/h200/session-2026-12-01c, its re-runs and all of nightly in 2026-12-01d, e, f, a later run
+winning): does the rule predict exactly the Inductor
 `NoValidChoicesError` rows? CPU only, reads the committed journals; no torch needed.
 
 The rule (flex_compile_repro.py's `rule_of`, read in torch's torch/_inductor/kernel/flex/flex_decoding.py;
@@ -24,7 +25,16 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+PR_SWEEP = "reports/h200/session-2026-12-01c/fanout/flex-pr/sweep-flex-pr.json.gz"
 BOOL_BIAS = ("bias.bool_mask", "bias.bool_empty_rows", "bias.document", "bias.prefix_lm")
+
+
+def sweep_rows(path: str) -> dict:
+    """(suite, case id) -> result, from one sweep JSON (gzipped or not)."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(ROOT / path, "rt") as fh:
+        sweep = json.load(fh)
+    return {(sweep["suite"], c["case_id"]): c for c in sweep["cases"]}
 
 
 def journal_rows(pattern: str) -> dict:
@@ -59,7 +69,8 @@ def predicts_no_valid_choices(case_id: str, case: dict) -> bool:
 
 
 def main() -> None:
-    rows = journal_rows("reports/h200/session-2026-12-01[def]/journals/**/*.jsonl*")
+    rows = sweep_rows(PR_SWEEP)  # all of pr (2026-12-01c), then the re-runs and the nightly over it
+    rows.update(journal_rows("reports/h200/session-2026-12-01[def]/journals/**/*.jsonl*"))
     table, misses = collections.Counter(), []
     for (suite, case_id), r in sorted(rows.items()):
         observed = "NoValidChoicesError" in (r.get("reason") or "")
@@ -67,7 +78,7 @@ def main() -> None:
         table[(predicted, observed)] += 1
         if predicted != observed:
             misses.append(f"  {suite} {case_id}: predicted {predicted}, {r['status']} {(r.get('reason') or '')[:90]}")
-    print(f"{len(rows)} flex case results journalled (nightly and pr re-runs, 2026-12-01d/e/f; a later run wins)")
+    print(f"{len(rows)} flex case results: all of pr (2026-12-01c) and nightly (2026-12-01d/e/f), a later re-run winning")
     print("| predicted NoValidChoicesError | observed | cases |\n|---|---|---|")
     for (p, o), n in sorted(table.items()):
         print(f"| {p} | {o} | {n} |")
