@@ -9,31 +9,44 @@ illegal memory access", surfacing at the first look at the forward's output. The
 a uint8 (1, 1, S, S) aux tensor read by a CuTe mask_mod at [0, 0, q_idx, kv_idx]. The same size with a bf16
 (1, 1, S, S) bias read by a score_mod passed, and masks up to S = 4,224 pass.
 
-Hypothesis: a 32-bit index or offset for the mask_mod's aux-tensor read. The flat index q_idx * S + kv_idx
-passes 2**31 - 1 on the last row at S = 46,341, reaches 2**32 - 1 at S = 65,536 (2**32 elements exactly),
-and passes 2**32 from row 65,536 on at S = 65,537. Variants, each in a process of its own (a fault poisons
-the CUDA context; CUDA_LAUNCH_BLOCKING=1, so the faulting call is the one named), smallest S first:
-  mask_mod   the gate's read: uint8 (1, 1, S, S) mask, the gate's documents (same seed), 4.3 GB at 65,537
-  score_mod  the contrast that passed in the gate: a random bf16 (1, 1, S, S) bias, 8.6 GB at 65,537
-  doc_ids    the same documents through FA4's own idiom (its cute_document_mask): a mask_mod reading an
-             int32 (1, 1, S) document id per token, so every index stays below S
-For each: forward and backward (random dO) through flash_attn.cute.flash_attn_func; query rows on both
-sides of each boundary (0, 32767, 32768, S//2, 46340, 65535, 65536, S-1 where < S) against float64 from the
-same bf16 inputs. Row i of out and dQ depends only on row i of q and dO, all of k and v, and row i of the
-mask or bias (out_i = P_i V, dq_i = scale * dS_i K, dS_i = P_i * (dO_i V^T - dO_i . out_i)), so no S x S
-reference is built. Errors are relative to the reference row's largest entry (absolute where that row is
-zero); dK/dV are only checked finite.
+Two hypotheses. (1) A 32-bit index or offset for the aux read: the flat index q_idx * S + kv_idx passes
+2**31 - 1 at S = 46,341, reaches 2**32 - 1 at 65,536 and passes 2**32 at 65,537. Against it: FA4 converts
+aux tensors with dynamic 64-bit strides (cute_dsl_utils.py to_cute_aux_tensor: from_dlpack, then
+mark_layout_dynamic), and the bf16 score_mod read with the same element offsets passes. (2) An
+out-of-bounds read (read in the 4.0.0b36 wheel's source, not run): FA4's score_mod path takes every index
+modulo the sequence length before calling the mod ("in order to not read OOB", softmax.py), but its SM90
+forward mask path (mask.py apply_mask) wraps only when mask_seqlen is set, i.e. on the key tile that masks
+the sequence end; on every other key tile the rows of the last, partial query tile (192 rows for d64:
+65,472-65,663 at S = 65,537) reach mask_mod unwrapped, so mask[0, 0, q, kv] is read up to ~8 MB past the
+end of the tensor. The results of those rows are discarded, but the load can fault once it leaves the
+allocation: with S = 4,224 (22 x 192) there is no partial tile, and a short overshoot stays inside the
+allocator's rounding. flash-attention PR #2091 ("Fix IMA in fwd on m boundary") fixed this gating for
+SM100 only. If (2) holds, the fault is FA4's (the wrap is its documented job), the gate's
+gate/kernels/fa4_mods.py docstring that says FA4 wraps boundary indices is wrong for SM90 mask_mod,
+and an adapter could guard with the index modulo S.
 
-Reading it: mask_mod faulting or disagreeing at 65,537 = FA4's bug, not the adapter's (nothing else is
-involved). First failing S: 46,341 = a signed 32-bit offset; 65,536 = an offset at or past 2**32 - 1 (or a
-size S*S computed in 32 bits); only 65,537 = an unsigned 32-bit wrap. Rows past the boundary wrong while
-rows before it agree = a wrapped read, not a crash. doc_ids passing where mask_mod fails = the S x S aux
-read is the culprit (and doc ids are the workaround for document masks); doc_ids failing too = FA4's mask
-path at this length, not the aux read. score_mod failing = the passing gate row was luck; agreeing
-everywhere here while the gate faulted = look at the adapter. bf16 agreement is ~1e-2 or better.
+Variants, each in a process of its own (a fault poisons the CUDA context; CUDA_LAUNCH_BLOCKING=1, so the
+faulting call is the one named), most telling first (DEFAULT_VARIANTS):
+  mask_mod      the gate's read: uint8 (1, 1, S, S) mask, the gate's documents (same seed), 4.3 GB at 65,537
+  mask_wrapped  the same read with q_idx and kv_idx taken modulo S first: passes where mask_mod faults = (2)
+  mask_mod at S = 65,664 (342 x 192 = 513 x 128): past 2**32 elements, no partial query tile: passes = (2),
+                faults = (1)
+  score_mod     the contrast that passed in the gate: a random bf16 (1, 1, S, S) bias, 8.6 GB at 65,537
+  doc_ids       the same documents through FA4's own idiom (its cute_document_mask): a mask_mod reading an
+                int32 (1, 1, S) document id per token (an overshoot of (2) is ~0.5 KB there)
+and mask_mod / score_mod / doc_ids at 46,341 and 65,536. For each: forward and backward (random dO) through
+flash_attn.cute.flash_attn_func; query rows on both sides of each boundary (0, 32767, 32768, S//2, 46340,
+65535, 65536, S-1 where < S) against float64 from the same bf16 inputs. Row i of out and dQ depends only
+on row i of q and dO, all of k and v, and row i of the mask or bias (out_i = P_i V, dq_i = scale * dS_i K,
+dS_i = P_i * (dO_i V^T - dO_i . out_i)), so no S x S reference is built. Errors are relative to the
+reference row's largest entry (absolute where that row is zero); dK/dV are only checked finite. bf16
+agreement is ~1e-2 or better. The sanitizer run shows (2) directly at a small S: an "Invalid __global__
+read of size 1" past the mask's allocation in the forward with mask_mod, none with score_mod.
 
-    REPRO_BUDGET_S=300 python3 evidence/h200/fa4_long_mask_repro.py    # 9 runs; a guess: 20-40 s each
-    REPRO_SIZES=65537 REPRO_MODES=mask_mod,doc_ids python3 ...          # only the faulting size
+    REPRO_BUDGET_S=420 python3 evidence/h200/fa4_long_mask_repro.py    # 11 runs, a guess: 20-40 s each
+    REPRO_SIZES=65537 REPRO_MODES=mask_mod,mask_wrapped python3 ...     # only the decisive pair
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 REPRO_SIZES=1000 REPRO_MODES=mask_mod,score_mod \
+      REPRO_WRAPPER="/usr/local/cuda-13.0/bin/compute-sanitizer --tool memcheck" python3 ...
     REPRO_PLANT=1 REPRO_SIZES=46341 python3 ...   # rehearsal: reference reads row i + S//2: errors ~1
     python3 evidence/h200/fa4_long_mask_repro.py --self-check          # CPU: the row reference vs dense
 Each row is printed and $OUT/fa4-long-mask-repro.json rewritten as its run ends; REPRO_BUDGET_S (the wall
@@ -63,10 +76,22 @@ try:  # FA4 and its CuTe DSL: absent on a CPU machine, where only --self-check r
 except Exception as exc:  # noqa: BLE001 - any failure to import is the same answer: no FA4 here
     FA4_MISSING = f"flash_attn.cute does not import ({type(exc).__name__}: {str(exc)[:120]})"
 
-SIZES = sorted(int(s) for s in os.environ.get("REPRO_SIZES", "46341,65536,65537").split(","))
-MODES = os.environ.get("REPRO_MODES", "mask_mod,score_mod,doc_ids").split(",")
-# the two the gate ran first, all sizes; then the doc_ids diagnostic (a cut run keeps the core rows)
-VARIANTS = sorted(((s, m) for m in MODES for s in SIZES), key=lambda v: (v[1] == "doc_ids", v[0], MODES.index(v[1])))
+KNOWN_MODES = ("mask_mod", "mask_wrapped", "score_mod", "doc_ids")
+# Default order, most telling first so a cut run keeps it: the gate's fault; the same read with the row
+# index wrapped into range (the out-of-bounds hypothesis, below); 65,664 = 342 x 192 = 513 x 128 rows, past
+# 2**32 elements but with no partial query tile; the score_mod contrast; then the other sizes and doc_ids.
+DEFAULT_VARIANTS = [(65537, "mask_mod"), (65537, "mask_wrapped"), (65664, "mask_mod"), (65537, "score_mod"),
+                    (46341, "mask_mod"), (65536, "mask_mod"), (65537, "doc_ids"), (46341, "score_mod"),
+                    (65536, "score_mod"), (46341, "doc_ids"), (65536, "doc_ids")]
+MODES = os.environ.get("REPRO_MODES", ",".join(KNOWN_MODES)).split(",")
+if os.environ.get("REPRO_SIZES") or os.environ.get("REPRO_MODES"):  # a chosen product, smallest S first
+    SIZES = sorted(int(s) for s in os.environ.get("REPRO_SIZES", "46341,65536,65537").split(","))
+    VARIANTS = [(s, m) for s in SIZES for m in MODES]
+else:
+    VARIANTS = DEFAULT_VARIANTS
+# e.g. "/usr/local/cuda-13.0/bin/compute-sanitizer --tool memcheck": put before each child's command; its
+# "=========" lines are kept in the row (run with PYTORCH_NO_CUDA_MEMORY_CACHING=1 and a small S)
+WRAPPER = os.environ.get("REPRO_WRAPPER", "").split()
 RUN_TIMEOUT_S = float(os.environ.get("REPRO_RUN_TIMEOUT_S", "240"))
 BUDGET_S = float(os.environ.get("REPRO_BUDGET_S") or 0)  # 0: no overall limit
 PLANT = os.environ.get("REPRO_PLANT", "0") == "1"  # rehearsal: the reference reads row (i + S//2) % S
@@ -102,8 +127,23 @@ if not FA4_MISSING:
     def pass_grad(grad, score, batch_idx, head_idx, q_idx, kv_idx, seqlen_info, aux_tensors):
         return grad
 
-    MOD_KWARGS = {"mask_mod": dict(mask_mod=mask_from_uint8), "doc_ids": dict(mask_mod=mask_from_doc_ids),
-                  "score_mod": dict(score_mod=add_bias, score_mod_bwd=pass_grad)}
+    def mask_wrapped_into_range(seqlen: int):
+        """The gate's read with both indices taken modulo S first: what FA4's score_mod path does to every
+        index it hands a mod (softmax.py), and its SM90 forward mask path only on the tile it masks for
+        the sequence end, so rows past S on the last query tile reach mask_mod unwrapped (the hypothesis)."""
+        @cute.jit
+        def mask_from_uint8_wrapped(batch_idx, head_idx, q_idx, kv_idx, seqlen_info, aux_tensors):
+            mask = aux_tensors[0]
+            allowed = cute.make_rmem_tensor(1, cutlass.Boolean)
+            allowed[0] = cutlass.Int32(mask[batch_idx[0] * 0, head_idx[0] * 0, q_idx[0] % seqlen,
+                                            kv_idx[0] % seqlen]) != cutlass.Int32(0)
+            return allowed.load()
+        return mask_from_uint8_wrapped
+
+    MOD_KWARGS = {"mask_mod": lambda s: dict(mask_mod=mask_from_uint8),
+                  "mask_wrapped": lambda s: dict(mask_mod=mask_wrapped_into_range(s)),
+                  "doc_ids": lambda s: dict(mask_mod=mask_from_doc_ids),
+                  "score_mod": lambda s: dict(score_mod=add_bias, score_mod_bwd=pass_grad)}
 
 
 def document_ids(seqlen: int, device) -> torch.Tensor:
@@ -126,7 +166,7 @@ def build_aux(mode: str, seqlen: int, gen: torch.Generator, device, chunk: int =
     doc = document_ids(seqlen, device)
     if mode == "doc_ids":
         return doc.view(1, 1, seqlen).contiguous()
-    if mode == "mask_mod":
+    if mode in ("mask_mod", "mask_wrapped"):
         aux = torch.empty(1, 1, seqlen, seqlen, dtype=torch.uint8, device=device)
         for r0 in range(0, seqlen, chunk):
             aux[0, 0, r0:r0 + chunk] = doc[r0:r0 + chunk, None] == doc[None, :]  # bool -> 1 / 0
@@ -141,7 +181,7 @@ def additive_rows(mode: str, aux: torch.Tensor, rows: list[int]) -> torch.Tensor
     """float64 (R, S) added to the scaled scores of `rows`: 0 / -inf from the mask, or the bias."""
     if mode == "score_mod":
         return aux[0, 0, rows].double()
-    allowed = aux[0, 0, rows] != 0 if mode == "mask_mod" else aux[0, 0, rows][:, None] == aux[0, 0][None, :]
+    allowed = aux[0, 0, rows] != 0 if aux.dim() == 4 else aux[0, 0, rows][:, None] == aux[0, 0][None, :]
     return torch.zeros(allowed.shape, dtype=torch.float64, device=aux.device).masked_fill(~allowed, float("-inf"))
 
 
@@ -198,7 +238,7 @@ def run(seqlen: int, mode: str) -> dict:
         lap(phase)
         phase = "forward"  # the keyword arguments the gate's fa4 adapter passes for this case
         result = flash_attn_func(*leaves, softmax_scale=scale, causal=False, window_size=(None, None),
-                                 return_lse=True, aux_tensors=[aux], **MOD_KWARGS[mode])
+                                 return_lse=True, aux_tensors=[aux], **MOD_KWARGS[mode](seqlen))
         out = result[0] if isinstance(result, tuple) else result  # FA4 returns (out, lse)
         lap(phase)
         phase = "backward"
@@ -223,11 +263,12 @@ def fmt(e: float | None) -> str:
 
 
 def describe(r: dict) -> str:
-    head = f"S={r['seqlen']:6} {r['mode']:9}"
+    head = f"S={r['seqlen']:6} {r['mode']:12}"
+    tail = "".join(f"\n    {line}" for line in r.get("sanitizer", []))
     if "error" in r:
-        return f"{head} {r['error']}"
+        return f"{head} {r['error']}{tail}"
     parts = [f"row {row}: out {fmt(o)} dq {fmt(d)}" for row, o, d in zip(r["rows"], r["out_err"], r["dq_err"])]
-    return f"{head} " + "; ".join(parts) + f" | dK finite {r['dk_finite']}, dV finite {r['dv_finite']}"
+    return f"{head} " + "; ".join(parts) + f" | dK finite {r['dk_finite']}, dV finite {r['dv_finite']}" + tail
 
 
 def self_check(seqlen: int = 70) -> int:
@@ -239,7 +280,7 @@ def self_check(seqlen: int = 70) -> int:
     doc, rows, verdicts = document_ids(seqlen, "cpu"), list(range(seqlen)), []
     print(f"self-check S={seqlen} (documents start at {[0] + [i for i in rows[1:] if doc[i] != doc[i - 1]]}), "
           f"plant={PLANT}: row reference vs dense float64 + autograd", flush=True)
-    for mode in ("mask_mod", "doc_ids", "score_mod"):
+    for mode in ("mask_mod", "doc_ids", "score_mod"):  # mask_wrapped: mask_mod's aux and reference
         aux = build_aux(mode, seqlen, gen, "cpu", chunk=16)  # 16: several chunks, one ragged
         if mode == "mask_mod":
             assert bool((aux[0, 0].bool() == (doc[:, None] == doc[None, :])).all()), "chunked mask != documents"
@@ -261,9 +302,9 @@ def self_check(seqlen: int = 70) -> int:
 def main() -> None:
     if sys.argv[1:] == ["--self-check"]:
         sys.exit(self_check(int(os.environ.get("REPRO_SELF_CHECK_S", "70"))))
-    unknown = [m for m in MODES if m not in ("mask_mod", "score_mod", "doc_ids")]
+    unknown = [m for m in MODES if m not in KNOWN_MODES]
     if unknown:
-        sys.exit(f"fa4_long_mask_repro: REPRO_MODES has {unknown}; known: mask_mod, score_mod, doc_ids")
+        sys.exit(f"fa4_long_mask_repro: REPRO_MODES has {unknown}; known: {', '.join(KNOWN_MODES)}")
     missing = "; ".join(m for m in (FA4_MISSING, "" if torch.cuda.is_available() else "no CUDA device") if m)
     if missing:
         sys.exit(f"fa4_long_mask_repro: needs a CUDA GPU and flash-attn-4: {missing} (try --self-check)")
@@ -288,12 +329,15 @@ def main() -> None:
             row = {"seqlen": seqlen, "mode": mode, "error": "not run: REPRO_BUDGET_S spent"}
         else:
             try:
-                proc = subprocess.run([sys.executable, __file__, str(i)], capture_output=True, text=True, timeout=timeout,
-                                      env={**os.environ, "CUDA_LAUNCH_BLOCKING": "1"})
+                proc = subprocess.run([*WRAPPER, sys.executable, __file__, str(i)], capture_output=True, text=True,
+                                      timeout=timeout, env={**os.environ, "CUDA_LAUNCH_BLOCKING": "1"})
                 found = [ln[4:] for ln in proc.stdout.splitlines() if ln.startswith("ROW ")]
                 row = json.loads(found[0]) if found else {
                     "seqlen": seqlen, "mode": mode,
                     "error": f"exit {proc.returncode}: " + " | ".join(proc.stderr.strip().splitlines()[-3:])[:400]}
+                if WRAPPER:  # the sanitizer's first findings and its summary
+                    said = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith("=========")]
+                    row["sanitizer"] = said[:6] + [ln for ln in said[6:] if "ERROR SUMMARY" in ln]
             except subprocess.TimeoutExpired:
                 row = {"seqlen": seqlen, "mode": mode, "error": f"timed out after {timeout:.0f} s"}
         rows.append(row)

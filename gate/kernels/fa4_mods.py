@@ -15,8 +15,13 @@ Every index argument is a TensorSSA of one element: with aux_tensors FA4's SM90 
 mods one score at a time (flash_fwd.py score_vec_size, flash_bwd_sm90.py vec_size: 1 when
 has_aux_tensors), and the forward SM90 mask path always does. `score` is the scaled score
 (softmax_scale applied before the mod), float32; head_idx is the query head (FA4 unpacks
-pack-GQA before calling); q_idx / kv_idx are the row and key within the sequence (wrapped into
-range by FA4 on boundary tiles, whose out-of-range entries it masks itself).
+pack-GQA before calling); q_idx / kv_idx are the row and key within the sequence. FA4 wraps them
+into range before a score_mod (softmax.py, "in order to not read OOB") and masks the out-of-range
+entries itself; before a mask_mod its SM90 forward wraps them only on the key tile that masks the
+sequence end (mask.py apply_mask, mask_seqlen), so on other key tiles the rows of a partial last
+query tile arrive past the end (read in the 4.0.0b36 source; flash-attention PR #2091 fixed that for
+SM100). The mods here read them as given, as a user's would: the likely cause of the fault at 65,537
+keys with a boolean mask (reports/h200/session-2026-12-01f; evidence/h200/fa4_long_mask_repro.py).
 
 aux_tensors[0] is the bias (float: bf16, fp16 or fp32, read and widened to float32) or the mask
 (uint8, nonzero = allowed), in the case's own 4-D shape (b, h, Nq, Nk) with b in {B, 1} and h in
