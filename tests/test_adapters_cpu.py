@@ -265,9 +265,11 @@ def test_flex_never_hands_one_tensor_to_two_mod_slots():
     """The flex adapter's mods read their numbers (diagonal offset, window sides, softcap, cache
     lengths) from captured device tensors made once per value. Two slots sharing one tensor when
     their values coincide (offset 0 and right 0 on a square sequence, left 4 and nq 4 in decode)
-    makes dynamo's no-aliasing guard fail whenever the sharing changes, as it does between the
-    sequences of one varlen case: a recompile each time, and on torch 2.11 a crash in the recompile
-    diagnostics (the 2026-12-01f H200 nightly's two flex "__closure__" ERRORs). Every slot gets its own."""
+    makes dynamo's no-aliasing guard fail for any cached compile made while the sharing was otherwise
+    (by an earlier case in the same worker, or an earlier sequence of a varlen case); on torch 2.11
+    that guard's failure report re-reads the old compile's sources and crashed where they pass through
+    a score_mod that is now None (the 2026-12-01f H200 nightly's two flex "__closure__" ERRORs,
+    pytorch #176211). Every slot gets its own, so that guard cannot fail."""
     import dataclasses
 
     from gate.kernels.flex import FlexAdapter
@@ -290,7 +292,7 @@ def test_flex_never_hands_one_tensor_to_two_mod_slots():
     square = case(causal=True, window=(16, 0), heads_kv=2)  # offset 0 == right 0
     x = make_inputs(square, 0, "cpu")
     call = leaf_call(square, x)  # forward only: Flex has no CPU backward
-    call = type(call)(**{**call.__dict__, "q": call.q.detach(), "k": call.k.detach(), "v": call.v.detach()})
+    call = dataclasses.replace(call, q=call.q.detach(), k=call.k.detach(), v=call.v.detach())
     adapter.prepare(square)
     out = adapter(call).out
     gold, _ = references(square, x, None)

@@ -7,7 +7,8 @@ packing boolean mask) ERRORed in the FA4 nightly of 2026-12-01e (out of memory b
 again in 2026-12-01f alone on the GPU (reports/h200/session-2026-12-01f, call2 recheck): "CUDA error: an
 illegal memory access", surfacing at the first look at the forward's output. The gate hands FA4 that mask as
 a uint8 (1, 1, S, S) aux tensor read by a CuTe mask_mod at [0, 0, q_idx, kv_idx]. The same size with a bf16
-(1, 1, S, S) bias read by a score_mod passed, and masks up to S = 4,224 pass.
+(1, 1, S, S) bias read by a score_mod passed, and FA4's boolean-mask rows pass up to 1,088 keys in the
+nightly and 4,096 in pr.
 
 Two hypotheses. (1) A 32-bit index or offset for the aux read: the flat index q_idx * S + kv_idx passes
 2**31 - 1 at S = 46,341, reaches 2**32 - 1 at 65,536 and passes 2**32 at 65,537. Against it: FA4 converts
@@ -19,10 +20,10 @@ forward mask path (mask.py apply_mask) wraps only when mask_seqlen is set, i.e. 
 the sequence end; on every other key tile the rows of the last, partial query tile (192 rows for d64:
 65,472-65,663 at S = 65,537) reach mask_mod unwrapped, so mask[0, 0, q, kv] is read up to ~8 MB past the
 end of the tensor. The results of those rows are discarded, but the load can fault once it leaves the
-allocation: with S = 4,224 (22 x 192) there is no partial tile, and a short overshoot stays inside the
-allocator's rounding. flash-attention PR #2091 ("Fix IMA in fwd on m boundary") fixed this gating for
-SM100 only. If (2) holds, the fault is FA4's (the wrap is its documented job), the gate's
-gate/kernels/fa4_mods.py docstring that says FA4 wraps boundary indices is wrong for SM90 mask_mod,
+allocation: at the sizes that pass (S <= 4,096) a partial tile's extra rows read under ~1 MB past the
+mask, memory the caching allocator holds anyway. flash-attention PR #2091 ("Fix IMA in fwd on m boundary") fixed this gating for
+SM100 only. If (2) holds, the fault is FA4's (the wrap is its documented job; gate/kernels/fa4_mods.py
+said FA4 wraps boundary indices for every mod, since corrected),
 and an adapter could guard with the index modulo S.
 
 Variants, each in a process of its own (a fault poisons the CUDA context; CUDA_LAUNCH_BLOCKING=1, so the

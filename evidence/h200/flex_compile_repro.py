@@ -9,14 +9,15 @@ process): causal GQA off the 128 grid (97, 127, 16x4096) failed alike either way
 `NoValidChoicesError` "No choices exist for backend"), d256 over shared memory ("No valid triton
 configs"), the s128 control compiled. (2026-12-01d: 12 of 15 flex pr ERRORs failed again alone.)
 
-REPRO_SET=window has NOT yet run on a GPU. The 2026-12-01f nightly had ~113 flex `NoValidChoicesError`s
+REPRO_SET=window has NOT yet run on a GPU. The 2026-12-01f nightly had 111 flex `NoValidChoicesError`s
 in varlen GQA batches (8/2 heads, d128, bf16/fp16) with a causal or window mask (causal, (128, 0),
 (64, 64), causal + (64, 64)), softcap/ALiBi or not, the pr suite 23; the batches without a mask pass, as
 do fixed-length GQA windows at long lengths (1000x3000, 1023x1024). The adapter runs a varlen batch as
 one flex call per non-empty sequence (gate/kernels/base.py `per_sequence`: batch 1, a slice of the packed
 (total, heads, d) buffer transposed to (1, heads, n, d)); this set compiles single sequences of those
 batches laid out and called that way (scale, LSE), the captured variant reading offset, left and right
-from three separate 0-d tensors. REPRO_SET=all runs both sets.
+from three separate 0-d tensors, as the adapter does since aedcafa (at 1dd6246, which ran the sweeps,
+equal values shared one tensor). REPRO_SET=all runs both sets.
 
 Each row carries what `rule_of` predicts, read in torch 2.13's torch/_inductor/kernel/flex/
 flex_decoding.py (pytorch PR #185349 describes it at Q_LEN=100, 2 query heads per KV head): a query
@@ -26,8 +27,10 @@ group, BLOCK_M = next_power_of_2(q_len * group) (>= 16); every config is dropped
 nothing). It fits the 2026-12-01e run and, offline (evidence/h200/flex_decode_rule_check.py over the
 committed sweeps), the 2,057 flex case results of pr (2026-12-01c) and nightly (2026-12-01d/e/f), a
 later re-run winning: it predicts all 275 `NoValidChoicesError` rows, and of the cases it predicts only
-4 did not end so: 3 SKIPs (never ran) and one `__closure__` crash before compiling (each failing varlen batch holds a 97, 127 or 77-long
-sequence; 8/2 4224.1.17 batches pass, 17 * 4 = 68).
+4 did not end so: 3 SKIPs (never ran) and one `__closure__` crash before compiling. Each failing varlen
+batch holds a sequence with q_len * group > 128 (97 or 127 long at 8/2, or 17 at 8/1: 136); the 8/2
+4224.1.17 batches pass (17 * 4 = 68). The 275 rows are about a dozen distinct (length, group) pairs,
+most of them q = 97, 113 or 127 at group 4, so the count says less than its size: this set is the test.
 
     REPRO_SET=window python3 evidence/h200/flex_compile_repro.py   # 11 shapes, 21 compiles: ~4-6 min
     REPRO_SET=window python3 evidence/h200/flex_compile_repro.py --check-masks   # CPU rehearsal of the masks
@@ -155,6 +158,14 @@ def compiled():
     return torch.compile(flex_attention, dynamic=False)
 
 
+def row_head(kind: str, spec) -> dict:
+    """What names a row, the same whether its child finished or not."""
+    if kind == "causal":
+        return {"set": kind, "case": spec[0], "rule": rule_of(kind, spec)}
+    label, hq, hkv, window = spec[0], spec[1], spec[2], spec[5]
+    return {"set": kind, "case": f"bf16-b1-h{hq}/{hkv}-d128 {label}", "window": window, "rule": rule_of(kind, spec)}
+
+
 def run_row(kind: str, spec, report=lambda key, value: None) -> dict:
     """Both variants of one shape; `report` hears each as it ends (a child prints it, for a timed-out parent)."""
     start, fn = time.time(), compiled()
@@ -171,14 +182,14 @@ def run_row(kind: str, spec, report=lambda key, value: None) -> dict:
 
             def captured(bi, h, qi, ki):  # the same, the offset read from a captured device tensor
                 return ki <= qi + offset
-        row, sequence, force = {"set": kind, "case": label}, False, False
+        sequence, force = False, False
     else:
         label, hq, hkv, nq, nk, window, force = spec
         tensors = [torch.randn(1 + n, h, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
                    for n, h in ((nq, hq), (nk, hkv), (nk, hkv))]
         plain, captured = window_mods(nq, nk, *window, "cuda") if window else (None, None)
-        row, sequence = {"set": kind, "case": f"bf16-b1-h{hq}/{hkv}-d128 {label}", "window": window}, True
-    row["rule"] = rule_of(kind, spec)
+        sequence = True
+    row = row_head(kind, spec)
     for key, mod in (("plain mask_mod", plain), ("captured-tensor mask_mod", captured)):
         row[key] = attempt(fn, tensors, mod, nq, nk, sequence, force) if mod or key == "plain mask_mod" else "(no mask)"
         report(key, row[key])
@@ -239,8 +250,8 @@ def run_child(i: int, kind: str, spec) -> dict:
     if found:
         return found[0]
     missing = (missing + " | ".join(err.strip().splitlines()[-3:])[:300]).strip()
-    return {"set": kind, "case": spec[0], "rule": rule_of(kind, spec), "plain mask_mod": missing,
-            "captured-tensor mask_mod": missing, **dict(json.loads(ln[5:]) for ln in lines if ln.startswith("PART "))}
+    return {**row_head(kind, spec), "plain mask_mod": missing, "captured-tensor mask_mod": missing,
+            **dict(json.loads(ln[5:]) for ln in lines if ln.startswith("PART "))}
 
 
 def describe(r: dict) -> str:

@@ -9,8 +9,12 @@ a query shorter than 128 rows and a power-of-two GQA group g goes to the flex-de
 tile packs the group: BLOCK_M = next_power_of_2(q_len * g), at least 16. Every config is dropped when
 BLOCK_M does not divide the block mask's 128-row Q block, i.e. when q_len * g > 128. The gate's flex
 adapter runs a varlen batch as one call per non-empty sequence, so a varlen case fails when any of its
-sequences does; a case has a block mask when it is causal, windowed, decodes from a cache, or carries a
-boolean bias (a float bias is a score_mod only).
+sequences does. Flex-decoding is taken only with a one-head block mask under GQA (a per-head one
+falls back to the main kernel: pytorch PR #148857), so a case counts as masked when it is causal,
+windowed, decodes from a cache (its length mask), or carries a boolean bias whose mask has one head
+(`document`, `prefix_lm`; `bool_mask` and `bool_empty_rows` are per head); a float bias is a score_mod
+only. The rule was read in torch 2.13's source; the H200 ran torch 2.11. Its controls in the data: 17-long
+sequences at group 4 (68) compile, 17 at group 8 (136) do not, and the unmasked and MHA cases compile.
 
     python3 evidence/h200/flex_decode_rule_check.py
 """
@@ -21,12 +25,11 @@ import collections
 import glob
 import gzip
 import json
-import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PR_SWEEP = "reports/h200/session-2026-12-01c/fanout/flex-pr/sweep-flex-pr.json.gz"
-BOOL_BIAS = ("bias.bool_mask", "bias.bool_empty_rows", "bias.document", "bias.prefix_lm")
+ONE_HEAD_BOOL_BIAS = ("document", "prefix_lm")  # gate/attention/bias.py bias_shape: (b, 1, nq, nk)
 
 
 def sweep_rows(path: str) -> dict:
@@ -38,7 +41,8 @@ def sweep_rows(path: str) -> dict:
 
 
 def journal_rows(pattern: str) -> dict:
-    """(suite, case id) -> the last journalled result of the flex kernel (a later re-run wins)."""
+    """(suite, case id) -> the journalled result of the flex kernel. Paths are read in sorted order, which
+    is session order (2026-12-01d < e < f): a later session's re-run of a case replaces the earlier row."""
     rows = {}
     for path in sorted(glob.glob(str(ROOT / pattern), recursive=True)):
         opener = gzip.open if path.endswith(".gz") else open
@@ -46,26 +50,27 @@ def journal_rows(pattern: str) -> dict:
             lines = [json.loads(line) for line in fh if line.strip()]
         if not lines or lines[0].get("kernel") != "flex":
             continue
-        suite = "pr" if "-pr" in Path(path).parts[-3] else "nightly"
+        suite = lines[0]["suite"]
         for r in lines[1:]:
             if "case_id" in r:
                 rows[(suite, r["case_id"])] = r
     return rows
 
 
-def query_lengths(case_id: str, case: dict) -> list[int]:
-    """Each call's query length: the varlen sequences of the id (q side), else the case's seqlen_q."""
-    m = re.search(r"-varlen([\d.]+)", case_id)
-    return [int(x) for x in m.group(1).split(".")] if m else [case["seqlen_q"]]
+def query_lengths(case: dict) -> list[int]:
+    """Each flex call's query length: one per varlen sequence (the adapter calls per sequence), else seqlen_q."""
+    return list(case["varlen"]) if case.get("varlen") else [case["seqlen_q"]]
 
 
-def predicts_no_valid_choices(case_id: str, case: dict) -> bool:
-    masked = (case["causal"] or tuple(case["window"]) != (-1, -1) or any(b in case_id for b in BOOL_BIAS)
-              or case.get("entry") in ("kvcache",) or "-cache" in case_id)
+def predicts_no_valid_choices(case: dict) -> bool:
+    """The rule of the module docstring: some call of the case lowers to flex-decoding with a one-head block
+    mask and a packed BLOCK_M = next_power_of_2(q_len * group) (>= 16) that the 128-row Q block cannot hold."""
+    masked = (case["causal"] or tuple(case["window"]) != (-1, -1) or case.get("bias") in ONE_HEAD_BOOL_BIAS
+              or case.get("entry") == "kvcache")
     group = case["heads_q"] // case["heads_kv"]
     if not masked or group & (group - 1):
         return False
-    return any(0 < n < 128 and max(16, 1 << (n * group - 1).bit_length()) > 128 for n in query_lengths(case_id, case))
+    return any(0 < n < 128 and max(16, 1 << (n * group - 1).bit_length()) > 128 for n in query_lengths(case))
 
 
 def main() -> None:
@@ -74,7 +79,7 @@ def main() -> None:
     table, misses = collections.Counter(), []
     for (suite, case_id), r in sorted(rows.items()):
         observed = "NoValidChoicesError" in (r.get("reason") or "")
-        predicted = predicts_no_valid_choices(case_id, r["case"])
+        predicted = predicts_no_valid_choices(r["case"])
         table[(predicted, observed)] += 1
         if predicted != observed:
             misses.append(f"  {suite} {case_id}: predicted {predicted}, {r['status']} {(r.get('reason') or '')[:90]}")

@@ -75,9 +75,12 @@ def reference_rows(q, k, v, dout, bias, rows: list[int], causal: bool, scale: fl
     return out, torch.einsum("hij,hjd->hid", ds, kk) * scale
 
 
-def row_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+def row_error(got: torch.Tensor, ref: torch.Tensor) -> float | None:
     """max |got - ref| relative to the reference row's largest entry; the absolute error where the
-    reference row is exactly zero (dQ of a row that sees one key), never inf or nan."""
+    reference row is exactly zero (dQ of a row that sees one key); None (printed 'non-finite') where
+    the kernel's row holds a NaN or inf."""
+    if not bool(torch.isfinite(got).all()):
+        return None
     err, size = float((got.double() - ref).abs().max()), float(ref.abs().max())
     return err / size if size > 0 else err
 
@@ -137,8 +140,12 @@ def describe(r: dict) -> str:
     head = f"S={r['seqlen']:6} {'causal' if r['causal'] else 'full  '}"
     if "error" in r:
         return f"{head} {r['error']}"
-    parts = [f"row {row}: out {o:.2g}" + (f" dq {d:.2g}" if d is not None else "")
-             for row, o, d in zip(r["rows"], r["out_rel_err"], r.get("dq_rel_err") or [None] * len(r["rows"]))]
+    def fmt(e: float | None) -> str:
+        return "non-finite" if e is None else f"{e:.2g}"
+
+    dq = r.get("dq_rel_err")
+    parts = [f"row {row}: out {fmt(o)}" + (f" dq {fmt(dq[i])}" if dq else "")
+             for i, (row, o) in enumerate(zip(r["rows"], r["out_rel_err"]))]
     finite = "" if "dk_finite" not in r else f" | dK finite {r['dk_finite']}, dV finite {r['dv_finite']}"
     return f"{head} " + "; ".join(parts) + finite
 

@@ -72,11 +72,13 @@ class FlexAdapter(KernelAdapter):
         """`value` (a number or a tuple of numbers) for the mods' `slot` as a device tensor, made once
         and reused: a new torch.tensor(..., device=cuda) is a host-to-device copy, i.e. a wait on the
         GPU, in every timed call. Keyed by slot as well as value, so two slots never share one tensor
-        when their values coincide (offset 0 and window right 0 on a square sequence): dynamo guards
-        that the captured tensors do not alias, so sharing that comes and goes between the sequences
-        of one varlen case recompiles, and torch 2.11's recompile diagnostics then crashed (2026-12-01f
-        H200 nightly: "AttributeError: 'NoneType' object has no attribute '__closure__'" in
-        recompilation_reason_for_no_tensor_aliasing_guard, pytorch #176211)."""
+        when their values coincide (offset 0 and window right 0 on a square sequence). Dynamo guards
+        that captured tensors do not alias; with sharing, that guard fails for any cached compile made
+        while the sharing was otherwise (an earlier case in the worker, an earlier varlen sequence),
+        and torch 2.11's report of that failure re-reads the old compile's sources, crashing where one
+        passes through a score_mod that is now None (2026-12-01f H200 nightly: "AttributeError:
+        'NoneType' object has no attribute '__closure__'" in recompilation_reason_for_no_tensor_aliasing_guard,
+        pytorch #176211, fix PR #184793). Without sharing that guard cannot fail."""
         key = (str(device), slot, type(value), value)
         if key not in self._scalars:
             self._scalars[key] = torch.tensor(value, device=device)
