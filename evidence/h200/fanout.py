@@ -238,6 +238,9 @@ def main() -> int:
                 s.journal.rename(aside)
                 pending.append(s)  # afresh, in this call
                 notes.append(f"{s.label}: --resume refused (another machine or other code), journal set aside as {aside.name}")
+            elif proc.returncode not in (0, 1):  # 0 PASS, 1 FAIL: anything else ended the sweep itself
+                last_line = next((ln for ln in reversed(text.splitlines()) if ln.strip()), "")
+                notes.append(f"{s.label}: the sweep exited rc={proc.returncode}: {last_line[:200]}")
             verdict = next((ln for ln in reversed(text.splitlines()) if ln.startswith(("PASS", "FAIL"))), "")
             print(f"[{time.time() - t0:5.0f}s] {s.label} rc={proc.returncode} {time.time() - started:.0f}s {verdict[:120]}",
                   flush=True)
