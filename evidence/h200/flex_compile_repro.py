@@ -56,6 +56,8 @@ from pathlib import Path
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, create_mask, flex_attention
 
+from flex_decode_rule_check import decode_block_m  # the sibling script (torch-free): one statement of the rule
+
 REPRO_SET = os.environ.get("REPRO_SET", "causal")
 SHAPE_TIMEOUT_S = float(os.environ.get("REPRO_SHAPE_TIMEOUT_S", "150"))
 
@@ -97,10 +99,9 @@ def rule_of(kind: str, spec) -> str:
         (hq, hkv, nq), masked, force = spec[2:5], spec[7], False
     else:  # label, hq, hkv, nq, nk, window, force
         (hq, hkv, nq), masked, force = spec[1:4], spec[5] is not None, spec[6]
-    group = hq // hkv
-    if force or not masked or not 0 < nq < 128 or group & (group - 1):
+    block_m = None if force or not masked else decode_block_m(nq, hq // hkv)
+    if block_m is None:
         return "ok: main kernel, or no mask"
-    block_m = max(16, 1 << (nq * group - 1).bit_length())
     return f"fails: decode BLOCK_M {block_m} > 128" if block_m > 128 else f"ok: decode BLOCK_M {block_m}"
 
 

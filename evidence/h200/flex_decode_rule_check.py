@@ -62,15 +62,22 @@ def query_lengths(case: dict) -> list[int]:
     return list(case["varlen"]) if case.get("varlen") else [case["seqlen_q"]]
 
 
+def decode_block_m(q_len: int, group: int) -> int | None:
+    """The packed BLOCK_M of flex-decoding for one masked call, next_power_of_2(q_len * group) (>= 16),
+    or None where flex-decoding is not taken (q_len not under 128, or a group not a power of two).
+    The lowering fails when it is over 128. flex_compile_repro.py labels its rows with this too."""
+    if not 0 < q_len < 128 or group & (group - 1):
+        return None
+    return max(16, 1 << (q_len * group - 1).bit_length())
+
+
 def predicts_no_valid_choices(case: dict) -> bool:
     """The rule of the module docstring: some call of the case lowers to flex-decoding with a one-head block
-    mask and a packed BLOCK_M = next_power_of_2(q_len * group) (>= 16) that the 128-row Q block cannot hold."""
+    mask and a packed BLOCK_M that the 128-row Q block cannot hold."""
     masked = (case["causal"] or tuple(case["window"]) != (-1, -1) or case.get("bias") in ONE_HEAD_BOOL_BIAS
               or case.get("entry") == "kvcache")
     group = case["heads_q"] // case["heads_kv"]
-    if not masked or group & (group - 1):
-        return False
-    return any(0 < n < 128 and max(16, 1 << (n * group - 1).bit_length()) > 128 for n in query_lengths(case))
+    return masked and any((decode_block_m(n, group) or 0) > 128 for n in query_lengths(case))
 
 
 def main() -> None:
