@@ -4,6 +4,8 @@ rows; GPU-only kernels are reported as unavailable, never a crash."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -303,3 +305,47 @@ def test_flex_never_hands_one_tensor_to_two_mod_slots():
     result = run_case(adapter, decode, "cpu", TOL)
     assert result.status is Status.PASS, result.reason
     assert_no_shared_slot(adapter)
+
+
+@pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")), reason="torch.compile on CPU needs a C++ compiler")
+def test_flex_builds_long_block_masks_compiled_and_short_ones_eagerly(monkeypatch):
+    """Past EAGER_BLOCK_MASK_MAX_ELEMENTS the flex adapter builds its block mask with a compiled
+    create_block_mask: the eager build evaluates the mask_mod densely and ran the H200 out of memory
+    alone at 65,537 keys with a document mask (2026-12-01g). The threshold is lowered here so a small
+    document-mask case crosses it: the compiled build must give the block mask the eager one gives and
+    the case must still pass; under the threshold the compiled builder is never made."""
+    import dataclasses
+
+    import gate.kernels.flex as flex_module
+    from gate.kernels.flex import FlexAdapter
+
+    class EagerFlex(FlexAdapter):
+        def capabilities(self):
+            return dataclasses.replace(super().capabilities(), devices=("cpu", "cuda"))
+
+        def _fn(self):
+            from torch.nn.attention.flex_attention import flex_attention
+
+            return flex_attention
+
+    document = case(bias="document", seqlen_q=200, seqlen_k=200, batch=1)
+    x = make_inputs(document, 0, "cpu")
+    call = leaf_call(document, x)
+    call = dataclasses.replace(call, q=call.q.detach(), k=call.k.detach(), v=call.v.detach())  # no CPU backward
+    gold, _ = references(document, x, None)
+
+    def build(threshold):
+        monkeypatch.setattr(flex_module, "EAGER_BLOCK_MASK_MAX_ELEMENTS", threshold)
+        adapter = EagerFlex()
+        adapter.prepare(document)
+        out = adapter(call).out
+        assert float((out.double() - gold.out).abs().max()) < 0.02
+        (block_mask,) = adapter._block_masks.values()
+        return adapter, block_mask
+
+    eager_adapter, eager = build(1 << 40)
+    assert eager_adapter._compiled_block_mask is None
+    compiled_adapter, compiled = build(200 * 200 - 1)
+    assert compiled_adapter._compiled_block_mask is not None
+    for part in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
+        assert torch.equal(getattr(eager, part), getattr(compiled, part)), part

@@ -21,6 +21,13 @@ from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOut
 from gate.attention.masks import effective_window
 
 RECOMPILE_LIMIT = 512
+# Above this many mask elements (batch x heads x queries x keys, broadcast dims counted once) the block
+# mask is built by a compiled create_block_mask. The eager one evaluates the mask_mod densely under vmap:
+# at 65,537 x 65,537 with a mask_mod reading a bool tensor it held 136 GiB of the H200's 140 in aten.index
+# and died out of memory alone on the GPU (2026-12-01g, call 1, bf16-b1-h2-s65537-d64-bias.document),
+# while compiling it is how FlexAttention's users build long masks (torchtitan compiles it). 2**28 keeps
+# every case up to 16k x 16k on the eager path it has always run on; only the 65,537-key masks cross it.
+EAGER_BLOCK_MASK_MAX_ELEMENTS = 1 << 28
 
 
 class FlexAdapter(KernelAdapter):
@@ -29,6 +36,7 @@ class FlexAdapter(KernelAdapter):
 
     def __init__(self) -> None:
         self._compiled = None
+        self._compiled_block_mask = None
         self._block_masks: dict = {}
         self._mod_cache: dict = {}
         self._scalars: dict = {}  # _on: device copies of the numbers the mods read
@@ -67,6 +75,22 @@ class FlexAdapter(KernelAdapter):
                     setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), RECOMPILE_LIMIT))
             self._compiled = torch.compile(flex_attention, dynamic=False)
         return self._compiled
+
+    def _block_mask(self, key, mask_mod, batch, heads, nq: int, nk: int, device):
+        """The case's block mask, built once per case and key (the patterns do not change with the seed):
+        eagerly where the mask is small, by a compiled create_block_mask past EAGER_BLOCK_MASK_MAX_ELEMENTS,
+        where the eager build's dense evaluation does not fit in the GPU's memory."""
+        block_mask = self._block_masks.get(key)
+        if block_mask is None:
+            from torch.nn.attention.flex_attention import create_block_mask
+
+            build = create_block_mask
+            if (batch or 1) * (heads or 1) * nq * nk > EAGER_BLOCK_MASK_MAX_ELEMENTS:
+                if self._compiled_block_mask is None:
+                    self._compiled_block_mask = torch.compile(create_block_mask)
+                build = self._compiled_block_mask
+            block_mask = self._block_masks[key] = build(mask_mod, batch, heads, nq, nk, device=device)
+        return block_mask
 
     def _on(self, device, slot: str, value):
         """`value` (a number or a tuple of numbers) for the mods' `slot` as a device tensor, made once
@@ -161,8 +185,6 @@ class FlexAdapter(KernelAdapter):
         return p, mask_mod, score_mod
 
     def _dense(self, q, k, v, call: KernelCall) -> KernelOutput:
-        from torch.nn.attention.flex_attention import create_block_mask
-
         qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         nq, nk = qh.shape[2], kh.shape[2]
         mask_mod, score_mod = self._mods(call, nq, nk)
@@ -175,10 +197,7 @@ class FlexAdapter(KernelAdapter):
                 bb = None if bias.shape[0] == 1 else bias.shape[0]
                 hb = None if bias.shape[1] == 1 else bias.shape[1]
                 key += ("bool_bias", tuple(bias.shape))
-            block_mask = self._block_masks.get(key)
-            if block_mask is None:
-                block_mask = create_block_mask(mask_mod, bb, hb, nq, nk, device=q.device)
-                self._block_masks[key] = block_mask
+            block_mask = self._block_mask(key, mask_mod, bb, hb, nq, nk, q.device)
         kwargs = dict(score_mod=score_mod, block_mask=block_mask, scale=call.opts.softmax_scale,
                       enable_gqa=qh.shape[1] != kh.shape[1])
         fn = self._fn()
@@ -224,8 +243,6 @@ class FlexAdapter(KernelAdapter):
         return p, mask_mod, score_mod
 
     def _decode(self, call: KernelCall) -> KernelOutput:
-        from torch.nn.attention.flex_attention import create_block_mask
-
         from gate.kernels.base import read_pages, write_pages
 
         c, o, q = call.cache, call.opts, call.q
@@ -253,10 +270,7 @@ class FlexAdapter(KernelAdapter):
             ("lens", tuple(lengths)), ("nq", nq), ("left", left), ("right", right), ("cap", float(o.softcap or 1.0)))})
         holder["slopes"] = o.alibi_slopes if o.alibi_slopes is not None else self._on(dev, "slopes", (0.0,))
         mkey = ("decode", tuple(lengths), nq, o.causal, o.window, str(q.device))
-        block_mask = self._block_masks.get(mkey)
-        if block_mask is None:
-            block_mask = create_block_mask(mask_mod, bsz, None, nq, longest, device=q.device)
-            self._block_masks[mkey] = block_mask
+        block_mask = self._block_mask(mkey, mask_mod, bsz, None, nq, longest, q.device)
         qh, kh, vh = q.transpose(1, 2), kb.transpose(1, 2), vb.transpose(1, 2)
         kwargs = dict(score_mod=score_mod, block_mask=block_mask, scale=o.softmax_scale, enable_gqa=qh.shape[1] != kh.shape[1])
         fn = self._fn()
