@@ -1,6 +1,15 @@
 """Standalone probe of FA4's illegal memory access at 65,537 tokens with a mask_mod reading a (1, 1, S, S)
 uint8 mask (H200), in plain PyTorch and flash-attn-4 (`flash_attn.cute`) with no attn-gate code, so it can
-be filed upstream as is. Written after 2026-12-01f; NOT YET RUN on a GPU (only its CPU self-check ran).
+be filed upstream as is. Written after 2026-12-01f; RAN on 2026-12-01g (reports/h200/session-2026-12-01g,
+call2/, all 11 runs in 247 s, FA4 4.0.0b36, torch 2.11): hypothesis (2) below holds.
+  mask_mod      faults in the forward (cudaErrorIllegalAddress) at S = 46,341, 65,536 and 65,537: every
+                size with a partial last query tile (46,341 = 241 x 192 + 69, 65,536 = 341 x 192 + 64)
+  mask_wrapped  the same read with indices taken modulo S: runs right at 65,537
+  mask_mod at S = 65,664 (no partial tile, more elements than 65,537): runs right, so (1) is ruled out
+  score_mod and doc_ids: run right at all three sizes
+Every row that ran: out and dQ within 0.0044 of float64 (relative to the row's largest entry), dK and dV
+finite. So the nightly's `bf16-b1-h2-s65537-d64-bias.document` ERROR is FA4's: its SM90 forward hands a
+mask_mod the unwrapped rows of a partial last query tile, whose reads leave the mask's allocation.
 
 Why: `bf16-b1-h2-s65537-d64-bias.document` (batch 1, 2 heads, head dim 64, bf16, non-causal, a document-
 packing boolean mask) ERRORed in the FA4 nightly of 2026-12-01e (out of memory beside 15 other sweeps) and
@@ -44,7 +53,7 @@ reference row's largest entry (absolute where that row is zero); dK/dV are only 
 agreement is ~1e-2 or better. The sanitizer run shows (2) directly at a small S: an "Invalid __global__
 read of size 1" past the mask's allocation in the forward with mask_mod, none with score_mod.
 
-    REPRO_BUDGET_S=420 python3 evidence/h200/fa4_long_mask_repro.py    # 11 runs, a guess: 20-40 s each
+    REPRO_BUDGET_S=420 python3 evidence/h200/fa4_long_mask_repro.py    # 11 runs: 247 s on 2026-12-01g
     REPRO_SIZES=65537 REPRO_MODES=mask_mod,mask_wrapped python3 ...     # only the decisive pair
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 REPRO_SIZES=1000 REPRO_MODES=mask_mod,score_mod \
       REPRO_WRAPPER="/usr/local/cuda-13.0/bin/compute-sanitizer --tool memcheck" python3 ...

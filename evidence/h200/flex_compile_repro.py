@@ -9,7 +9,12 @@ process): causal GQA off the 128 grid (97, 127, 16x4096) failed alike either way
 `NoValidChoicesError` "No choices exist for backend"), d256 over shared memory ("No valid triton
 configs"), the s128 control compiled. (2026-12-01d: 12 of 15 flex pr ERRORs failed again alone.)
 
-REPRO_SET=window has NOT yet run on a GPU. The 2026-12-01f nightly had 111 flex `NoValidChoicesError`s
+REPRO_SET=window RAN on 2026-12-01g (reports/h200/session-2026-12-01g, call1/, 368 s, one process per
+shape): all 11 rows came out as the rule says, plain and captured alike. The 5 predicted to fail ended in
+`NoValidChoicesError`, among them s17-win64.0 at 8/1 (BLOCK_M 256); the 6 it calls ok compiled: s17 at 8/2
+(BLOCK_M 128), MHA 8/8 at s97, s97 with no mask, s513x13 (q >= 128, the main kernel), the on-grid s128, and
+s97-win128.0 with FORCE_USE_FLEX_ATTENTION. So the failing varlen/window rows are FlexAttention's.
+The 2026-12-01f nightly had 111 flex `NoValidChoicesError`s
 in varlen GQA batches (8/2 heads, d128, bf16/fp16) with a causal or window mask (causal, (128, 0),
 (64, 64), causal + (64, 64)), softcap/ALiBi or not, the pr suite 23; the batches without a mask pass, as
 do fixed-length GQA windows at long lengths (1000x3000, 1023x1024). The adapter runs a varlen batch as
@@ -17,7 +22,7 @@ one flex call per non-empty sequence (gate/kernels/base.py `per_sequence`: batch
 (total, heads, d) buffer transposed to (1, heads, n, d)); this set compiles single sequences of those
 batches laid out and called that way (scale, LSE), the captured variant reading offset, left and right
 from three separate 0-d tensors, as the adapter does since aedcafa (at 1dd6246, which ran the sweeps,
-equal values shared one tensor). REPRO_SET=all runs both sets.
+equal values shared one tensor). REPRO_SET=all runs every set.
 
 Each row carries what `rule_of` predicts, read in torch 2.13's torch/_inductor/kernel/flex/
 flex_decoding.py (pytorch PR #185349 describes it at Q_LEN=100, 2 query heads per KV head): a query
@@ -32,7 +37,15 @@ batch holds a sequence with q_len * group > 128 (97 or 127 long at 8/2, or 17 at
 4224.1.17 batches pass (17 * 4 = 68). The 275 rows are about a dozen distinct (length, group) pairs,
 most of them q = 97, 113 or 127 at group 4, so the count says less than its size: this set is the test.
 
-    REPRO_SET=window python3 evidence/h200/flex_compile_repro.py   # 11 shapes, 21 compiles: ~4-6 min
+REPRO_SET=smem (NOT YET RUN on a GPU) tests flex_decode_rule_check.py's second rule in plain flex: unmasked
+GQA shapes under 128 query rows go to flex-decoding too, whose packed Q tile (BLOCK_M x the head dim rounded
+up to a power of two x 2 bytes) must fit in the H200's 232,448 bytes of shared memory per block: 3 shapes of
+the nightlies over the line, 2 controls under it, and the s97 16/1 d128 row whose sweep case hit the 300 s
+case timeout twice (2026-12-01f and g) while siblings of the same BLOCK_M 2048 ended in "No valid triton
+configs" (bf16 d96 in 9 s on 2026-12-01g); REPRO_SHAPE_TIMEOUT_S=400 gives it time to show how it ends.
+
+    REPRO_SET=window python3 evidence/h200/flex_compile_repro.py   # 11 shapes, 21 compiles: 368 s on 2026-12-01g
+    REPRO_SET=smem REPRO_SHAPE_TIMEOUT_S=400 python3 evidence/h200/flex_compile_repro.py   # 6 shapes
     REPRO_SET=window python3 evidence/h200/flex_compile_repro.py --check-masks   # CPU rehearsal of the masks
 
 Each shape runs in a process group of its own under REPRO_SHAPE_TIMEOUT_S (150; 0: all in this process,
@@ -56,7 +69,7 @@ from pathlib import Path
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, create_mask, flex_attention
 
-from flex_decode_rule_check import decode_block_m  # the sibling script (torch-free): one statement of the rule
+from flex_decode_rule_check import SHARED_MEMORY_BYTES, decode_block_m, decode_q_tile_bytes  # torch-free sibling: the rules
 
 REPRO_SET = os.environ.get("REPRO_SET", "causal")
 SHAPE_TIMEOUT_S = float(os.environ.get("REPRO_SHAPE_TIMEOUT_S", "150"))
@@ -88,17 +101,35 @@ WINDOW = [
     ("s97-win64.64", 8, 2, 97, 97, (64, 64), False),           # a two-sided window
     ("s97x200-win128.0", 8, 2, 97, 200, (128, 0), False),      # of 1.97.0.1000.513 x 1.200.0.999.13: q < k
 ]
-ROWS = ([("causal", r) for r in CAUSAL] if REPRO_SET in ("causal", "all") else []) + \
-       ([("window", r) for r in WINDOW] if REPRO_SET in ("window", "all") else [])
+# The shared-memory rule (flex_decode_rule_check.py's second): unmasked GQA calls under 128 query rows, laid out
+# like the causal set's rows (causal False). Failing shapes of the 2026-12-01d-g nightlies with controls either
+# side of the 232,448-byte line; the slow one last (its sweep case hit the 300 s case timeout twice).
+SMEM = [
+    ("bf16-b2-h16/1-s97-d64", 2, 16, 1, 97, 97, 64, False, torch.bfloat16),            # 2048 x 64 x 2 = 256 KiB
+    ("bf16-b2-h8/1-s127-d64 (control)", 2, 8, 1, 127, 127, 64, False, torch.bfloat16),  # 1024 x 64 x 2 = 128 KiB
+    ("bf16-b2-h8/1-s127-d72", 2, 8, 1, 127, 127, 72, False, torch.bfloat16),            # 1024 x 128 x 2 = 256 KiB
+    ("bf16-b2-h8/2-s127-d128 (control)", 2, 8, 2, 127, 127, 128, False, torch.bfloat16),  # 512 x 128 x 2 = 128 KiB
+    ("bf16-b2-h8/2-s127-d160", 2, 8, 2, 127, 127, 160, False, torch.bfloat16),          # 512 x 256 x 2 = 256 KiB
+    ("bf16-b2-h16/1-s97-d128", 2, 16, 1, 97, 97, 128, False, torch.bfloat16),           # 2048 x 128 x 2 = 512 KiB
+]
+SETS = {"causal": CAUSAL, "window": WINDOW, "smem": SMEM}
+ROWS = [("window" if name == "window" else "causal", r) for name, rows in SETS.items()
+        if REPRO_SET in (name, "all") for r in rows]
 
 
 def rule_of(kind: str, spec) -> str:
-    """What torch's flex-decoding lowering should do with this shape (the module docstring's rule; it says
-    nothing of shared memory, the d256 row's failure)."""
+    """What torch's flex-decoding lowering should do with this shape: flex_decode_rule_check.py's two rules
+    (a masked call's BLOCK_M against the 128-row Q block; an unmasked call's packed Q tile against shared memory)."""
     if kind == "causal":  # label, b, hq, hkv, nq, nk, d, causal, dtype
         (hq, hkv, nq), masked, force = spec[2:5], spec[7], False
     else:  # label, hq, hkv, nq, nk, window, force
         (hq, hkv, nq), masked, force = spec[1:4], spec[5] is not None, spec[6]
+    if not masked and not force:  # the shared-memory rule (an unmasked call takes decoding too); the window set is bf16 d128
+        head_dim, element_bytes = (spec[6], spec[8].itemsize) if kind == "causal" else (128, 2)
+        tile = decode_q_tile_bytes(nq, hq // hkv, head_dim, element_bytes)
+        if tile is not None:
+            verdict = "fails" if tile > SHARED_MEMORY_BYTES else "ok"
+            return f"{verdict}: decode Q tile {tile} B {'>' if verdict == 'fails' else '<='} {SHARED_MEMORY_BYTES}"
     block_m = None if force or not masked else decode_block_m(nq, hq // hkv)
     if block_m is None:
         return "ok: main kernel, or no mask"

@@ -4,8 +4,14 @@ plain PyTorch with no attn-gate code. Written after 2026-12-01e; RAN on 2026-12-
 <= 0.0035 on every probed row, out and dQ, causal or not; dK/dV finite), and S = 65,537 faults in the
 forward, causal or not ("CUDA driver error: an illegal memory access"). So plain FlexAttention faults
 as the gate's sweep did: the two flex ERROR rows are FlexAttention's. The boundary is not 2**31 bias
-elements (46,341**2 > 2**31 runs right) but lies between 46,341**2 and 65,537**2 > 2**32;
-`REPRO_SIZES=65536` (S*S = 2**32 exactly) is the next run that narrows it.
+elements (46,341**2 > 2**31 runs right) but lies between 46,341**2 and 65,537**2 > 2**32.
+RAN with REPRO_SIZES=65536 on 2026-12-01g (reports/h200/session-2026-12-01g, call3/, 81 s): S*S = 2**32
+exactly, every flat index under 2**32, and the forward still faults, causal or not. So the fault is not a
+flat index wrapping at 2**32 either. A row offset q_idx * S computed in 32 bits would be one candidate:
+it first overflows at S = 46,342 (46,341 * 46,342 > 2**31), one past the largest size that ran right.
+The next run tests it and keeps the generated kernels, where the bias read's index arithmetic can be read:
+
+    REPRO_SIZES=46342,55000 REPRO_CAUSAL=0 REPRO_OUTPUT_CODE=1 python3 evidence/h200/flex_long_bias_repro.py
 
 The flex nightly of 2026-12-01e (reports/h200/session-2026-12-01e) ERRORed both
 `bf16-b1-h2-s65537-d64[-causal]-bias.broadcast_1` cases with "CUDA error: an illegal memory access".
@@ -30,7 +36,7 @@ reported by the call that made it: forward or backward). Each row is printed and
 its run ends, so a cut run keeps what it finished:
 
     python3 evidence/h200/flex_long_bias_repro.py      # ~6 compiles: 165 s on 2026-12-01f (REPRO_BUDGET_S=360)
-    REPRO_SIZES=65536 python3 evidence/h200/flex_long_bias_repro.py                           # the next run
+    REPRO_SIZES=65536 python3 evidence/h200/flex_long_bias_repro.py                   # 81 s on 2026-12-01g
     REPRO_SIZES=64,65 REPRO_DEVICE=cpu python3 evidence/h200/flex_long_bias_repro.py         # rehearsal
     REPRO_SIZES=64 REPRO_DEVICE=cpu REPRO_PLANT_SHIFT=1 python3 ...   # the bias read one row off: must differ
 
@@ -50,7 +56,9 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 DEVICE = os.environ.get("REPRO_DEVICE", "cuda")
 SIZES = [int(s) for s in os.environ.get("REPRO_SIZES", "46340,46341,65537").split(",")]
-VARIANTS = [(s, causal) for s in SIZES for causal in (False, True)]
+CAUSAL = [c == "1" for c in os.environ.get("REPRO_CAUSAL", "0,1").split(",")]  # 0: full, 1: causal
+VARIANTS = [(s, causal) for s in SIZES for causal in CAUSAL]
+OUTPUT_CODE = os.environ.get("REPRO_OUTPUT_CODE", "0") == "1"  # keep each run's generated Triton code (TORCH_LOGS)
 RUN_TIMEOUT_S = float(os.environ.get("REPRO_RUN_TIMEOUT_S", "300"))
 PLANT_SHIFT = int(os.environ.get("REPRO_PLANT_SHIFT", "0"))  # rehearsal only: the bias read this many rows off
 
@@ -161,8 +169,11 @@ def main() -> None:
     rows = []
     for i, (seqlen, causal) in enumerate(VARIANTS):
         try:
+            env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1", **({"TORCH_LOGS": "output_code"} if OUTPUT_CODE else {})}
             proc = subprocess.run([sys.executable, __file__, str(i)], capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-                                  env={**os.environ, "CUDA_LAUNCH_BLOCKING": "1"})
+                                  env=env)
+            if OUTPUT_CODE:  # the kernels inductor generated, to read how the bias read is indexed (its dtype)
+                (out_dir / f"output-code-s{seqlen}-{'causal' if causal else 'full'}.log").write_text(proc.stderr)
             found = [ln[4:] for ln in proc.stdout.splitlines() if ln.startswith("ROW ")]
             row = json.loads(found[0]) if found else {
                 "seqlen": seqlen, "causal": causal,

@@ -20,8 +20,10 @@ into range before a score_mod (softmax.py, "in order to not read OOB") and masks
 entries itself; before a mask_mod its SM90 forward wraps them only on the key tile that masks the
 sequence end (mask.py apply_mask, mask_seqlen), so on other key tiles the rows of a partial last
 query tile arrive past the end (read in the 4.0.0b36 source; flash-attention PR #2091 fixed that for
-SM100). The mods here read them as given, as a user's would: the likely cause of the fault at 65,537
-keys with a boolean mask (reports/h200/session-2026-12-01f; evidence/h200/fa4_long_mask_repro.py).
+SM100). The mods here read them as given, as a user's would. That is the fault at 65,537 keys with a
+boolean mask, reproduced in plain FA4 on the H200 (evidence/h200/fa4_long_mask_repro.py, 2026-12-01g):
+a mask_mod reading a (1, 1, S, S) mask faults at S = 46,341, 65,536 and 65,537, each with a partial
+last query tile, runs right at S = 65,664 (no partial tile) and with its indices taken modulo S.
 
 aux_tensors[0] is the bias (float: bf16, fp16 or fp32, read and widened to float32) or the mask
 (uint8, nonzero = allowed), in the case's own 4-D shape (b, h, Nq, Nk) with b in {B, 1} and h in
