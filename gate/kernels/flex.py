@@ -9,7 +9,9 @@ block mask are built once per case in `prepare` (not once per seed).
 Custom biases (issue #16): a float bias is read by a score_mod that captures the tensor
 (`score + bias[b, h, q_idx, kv_idx]`, index 0 on a broadcast dim), so Flex's backward returns
 its gradient; a boolean mask becomes a mask_mod reading the captured bool tensor, and its block
-mask is built once per case (the patterns do not change with the seed).
+mask is built once per case (the patterns do not change with the seed). Block masks are built by
+create_block_mask as users call it: eagerly, or compiled past EAGER_BLOCK_MASK_MAX_ELEMENTS, where
+the eager build's dense evaluation of the mask_mod does not fit in a GPU (65,537 keys).
 """
 
 from __future__ import annotations
