@@ -9,9 +9,15 @@ RAN with REPRO_SIZES=65536 on 2026-12-01g (reports/h200/session-2026-12-01g, cal
 exactly, every flat index under 2**32, and the forward still faults, causal or not. So the fault is not a
 flat index wrapping at 2**32 either. A row offset q_idx * S computed in 32 bits would be one candidate:
 it first overflows at S = 46,342 (46,341 * 46,342 > 2**31), one past the largest size that ran right.
-The next run tests it and keeps the generated kernels, where the bias read's index arithmetic can be read:
+The next run tests it and keeps the generated kernels, where the bias read's index arithmetic can be read.
 
-    REPRO_SIZES=46342,55000 REPRO_CAUSAL=0 REPRO_OUTPUT_CODE=1 python3 evidence/h200/flex_long_bias_repro.py
+REPRO_READ=mask_mod reads a random boolean (1, 1, S, S) mask (9 keys in 10 allowed, the diagonal always)
+through a mask_mod instead, as the adapter reads a boolean bias such as the nightly's document mask,
+with a compiled block mask: whether flex's long-tensor fault reaches that read too (the gate's
+`bf16-b1-h2-s65537-d64-bias.document` row, whose 2026-12-01g out-of-memory was the adapter's). The next run:
+
+    REPRO_SIZES=46342,55000,65537 REPRO_CAUSAL=0 REPRO_READ=score_mod,mask_mod REPRO_OUTPUT_CODE=1 \
+      python3 evidence/h200/flex_long_bias_repro.py      # 6 runs (46,342 and 55,000 narrow the score_mod fault)
 
 The flex nightly of 2026-12-01e (reports/h200/session-2026-12-01e) ERRORed both
 `bf16-b1-h2-s65537-d64[-causal]-bias.broadcast_1` cases with "CUDA error: an illegal memory access".
@@ -39,8 +45,11 @@ its run ends, so a cut run keeps what it finished:
     REPRO_SIZES=65536 python3 evidence/h200/flex_long_bias_repro.py                   # 81 s on 2026-12-01g
     REPRO_SIZES=64,65 REPRO_DEVICE=cpu python3 evidence/h200/flex_long_bias_repro.py         # rehearsal
     REPRO_SIZES=64 REPRO_DEVICE=cpu REPRO_PLANT_SHIFT=1 python3 ...   # the bias read one row off: must differ
+    REPRO_SIZES=65 REPRO_DEVICE=cpu REPRO_READ=score_mod,mask_mod [REPRO_PLANT_SHIFT=1] python3 ...  # both reads
+    (on the CPU: <= 0.0043 as read; 0.27-1.9 one row off)
 
-GPU memory per run: the bias (S*S bf16: 8.6 GB at 65,537) and the compiled block mask; q/k/v are small.
+GPU memory per run: the bias (S*S bf16: 8.6 GB at 65,537; a bool mask 4.3 GB, drawn from 17 GB of float32)
+and the compiled block mask; q/k/v are small.
 """
 
 from __future__ import annotations
@@ -57,7 +66,10 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 DEVICE = os.environ.get("REPRO_DEVICE", "cuda")
 SIZES = [int(s) for s in os.environ.get("REPRO_SIZES", "46340,46341,65537").split(",")]
 CAUSAL = [c == "1" for c in os.environ.get("REPRO_CAUSAL", "0,1").split(",")]  # 0: full, 1: causal
-VARIANTS = [(s, causal) for s in SIZES for causal in CAUSAL]
+READS = os.environ.get("REPRO_READ", "score_mod").split(",")  # score_mod: a bf16 bias added; mask_mod: a bool mask
+if not set(READS) <= {"score_mod", "mask_mod"}:
+    sys.exit(f"REPRO_READ={','.join(READS)!r}: expected score_mod, mask_mod or both, comma-separated")
+VARIANTS = [(s, causal, read) for read in READS for s in SIZES for causal in CAUSAL]
 OUTPUT_CODE = os.environ.get("REPRO_OUTPUT_CODE", "0") == "1"  # keep each run's generated Triton code (TORCH_LOGS)
 RUN_TIMEOUT_S = float(os.environ.get("REPRO_RUN_TIMEOUT_S", "300"))
 PLANT_SHIFT = int(os.environ.get("REPRO_PLANT_SHIFT", "0"))  # rehearsal only: the bias read this many rows off
@@ -69,10 +81,11 @@ def probe_rows(seqlen: int) -> list[int]:
     return sorted(r for r in wanted if r < seqlen)
 
 
-def reference_rows(q, k, v, dout, bias, rows: list[int], causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 out and dQ of the given query rows (heads kept), from the bf16 inputs."""
+def reference_rows(q, k, v, dout, row_bias, rows: list[int], causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 out and dQ of the given query rows (heads kept), from the bf16 inputs; row_bias is the
+    (len(rows), S) float64 addend of those rows (the bias, or 0 / -inf for a boolean mask)."""
     qr, kk, vv, dor = (t.double() for t in (q[0][:, rows], k[0], v[0], dout[0][:, rows]))
-    scores = torch.einsum("hid,hjd->hij", qr, kk) * scale + bias[0, 0, rows].double()
+    scores = torch.einsum("hid,hjd->hij", qr, kk) * scale + row_bias
     if causal:
         cols = torch.arange(kk.shape[1], device=kk.device)
         scores = scores.masked_fill(cols[None, None, :] > torch.tensor(rows, device=kk.device)[None, :, None], float("-inf"))
@@ -97,33 +110,41 @@ def first_line(exc: Exception) -> str:
     return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
 
 
-def run(seqlen: int, causal: bool) -> dict:
+def run(seqlen: int, causal: bool, read: str) -> dict:
     heads, head_dim, dtype = 2, 64, torch.bfloat16
     scale = head_dim ** -0.5
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     q, k, v, dout = (torch.randn(1, heads, seqlen, head_dim, device=DEVICE, dtype=dtype, generator=gen) for _ in range(4))
-    bias = torch.randn(1, 1, seqlen, seqlen, device=DEVICE, dtype=dtype, generator=gen)
+    if read == "score_mod":
+        bias = torch.randn(1, 1, seqlen, seqlen, device=DEVICE, dtype=dtype, generator=gen)
+    else:  # a random boolean mask (9 in 10 keys allowed, the diagonal always), read as the adapter reads one
+        bias = torch.rand(1, 1, seqlen, seqlen, device=DEVICE, generator=gen) < 0.9
+        bias[0, 0].diagonal().fill_(True)
     grads = DEVICE != "cpu"  # flex has no backward on the CPU: the rehearsal checks the forward only
+    shift = PLANT_SHIFT  # rehearsal only: a wrong read the probe must see; 0 keeps the adapter's index arithmetic
 
-    def read_bias(score, b, h, q_idx, kv_idx):  # the read the gate's flex adapter makes
-        return score + bias[0, 0, q_idx, kv_idx]
+    def add_bias(score, b, h, q_idx, kv_idx):  # the score_mod read the gate's flex adapter makes
+        return score + bias[0, 0, (q_idx + shift) % seqlen if shift else q_idx, kv_idx]
 
-    def read_bias_off(score, b, h, q_idx, kv_idx):  # rehearsal: a wrong read the probe must see
-        return score + bias[0, 0, (q_idx + PLANT_SHIFT) % seqlen, kv_idx]
+    def causal_mask(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
 
-    add_bias = read_bias_off if PLANT_SHIFT else read_bias  # the real run's index arithmetic stays the adapter's
+    def read_mask(b, h, q_idx, kv_idx):  # the mask_mod read the gate's flex adapter makes (& causal)
+        ok = bias[0, 0, (q_idx + shift) % seqlen if shift else q_idx, kv_idx]
+        return ok & (q_idx >= kv_idx) if causal else ok
 
-    row = {"seqlen": seqlen, "causal": causal, "flat_bias_elements": seqlen * seqlen,
+    row = {"seqlen": seqlen, "causal": causal, "read": read, "flat_bias_elements": seqlen * seqlen,
            "past_int31": seqlen * seqlen > 2**31 - 1, "plant_shift": PLANT_SHIFT}
     phase = "block mask"
     try:
+        mask_mod = read_mask if read == "mask_mod" else causal_mask if causal else None
         block_mask = None
-        if causal:  # compiled: the eager build materialises several S x S tensors
-            block_mask = create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, None, None, seqlen, seqlen,
-                                           device=DEVICE, _compile=True)
+        if mask_mod is not None:  # compiled: the eager build materialises several S x S tensors
+            block_mask = create_block_mask(mask_mod, None, None, seqlen, seqlen, device=DEVICE, _compile=True)
         leaves = [t.clone().requires_grad_(grads) for t in (q, k, v)]
         phase = "forward"
-        out = torch.compile(flex_attention, dynamic=False)(*leaves, score_mod=add_bias, block_mask=block_mask, scale=scale)
+        out = torch.compile(flex_attention, dynamic=False)(*leaves, score_mod=add_bias if read == "score_mod" else None,
+                                                           block_mask=block_mask, scale=scale)
         torch.cuda.synchronize() if DEVICE == "cuda" else None
         phase = "backward"
         if grads:
@@ -133,7 +154,11 @@ def run(seqlen: int, causal: bool) -> dict:
         row["error"] = f"{phase}: {first_line(exc)}"
         return row
     rows = probe_rows(seqlen)
-    ref_out, ref_dq = reference_rows(q, k, v, dout, bias, rows, causal, scale)
+    if read == "score_mod":
+        row_bias = bias[0, 0, rows].double()
+    else:
+        row_bias = torch.zeros(len(rows), seqlen, dtype=torch.float64, device=DEVICE).masked_fill(~bias[0, 0, rows], float("-inf"))
+    ref_out, ref_dq = reference_rows(q, k, v, dout, row_bias, rows, causal, scale)
     row["rows"] = rows
     row["out_rel_err"] = [row_error(out[0][:, r], ref_out[:, i]) for i, r in enumerate(rows)]
     if grads:
@@ -145,7 +170,7 @@ def run(seqlen: int, causal: bool) -> dict:
 
 
 def describe(r: dict) -> str:
-    head = f"S={r['seqlen']:6} {'causal' if r['causal'] else 'full  '}"
+    head = f"S={r['seqlen']:6} {'causal' if r['causal'] else 'full  '} {r.get('read', 'score_mod'):9}"
     if "error" in r:
         return f"{head} {r['error']}"
     def fmt(e: float | None) -> str:
@@ -164,25 +189,25 @@ def main() -> None:
         return
     out_dir = Path(os.environ.get("OUT") or "out/h200_flex_long_bias")
     out_dir.mkdir(parents=True, exist_ok=True)
-    print("flex_attention with a random (1, 1, S, S) bias read by a score_mod: relative error of chosen query rows "
-          "against float64 from the same inputs", flush=True)
+    print("flex_attention with a random (1, 1, S, S) bf16 bias read by a score_mod, or bool mask by a mask_mod: "
+          "relative error of chosen query rows against float64 from the same inputs", flush=True)
     rows = []
-    for i, (seqlen, causal) in enumerate(VARIANTS):
+    for i, (seqlen, causal, read) in enumerate(VARIANTS):
         try:
             env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1", **({"TORCH_LOGS": "output_code"} if OUTPUT_CODE else {})}
             proc = subprocess.run([sys.executable, __file__, str(i)], capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
                                   env=env)
             if OUTPUT_CODE:  # the kernels inductor generated, to read how the bias read is indexed (its dtype)
-                (out_dir / f"output-code-s{seqlen}-{'causal' if causal else 'full'}.log").write_text(proc.stderr)
+                (out_dir / f"output-code-{read}-s{seqlen}-{'causal' if causal else 'full'}.log").write_text(proc.stderr)
             found = [ln[4:] for ln in proc.stdout.splitlines() if ln.startswith("ROW ")]
             row = json.loads(found[0]) if found else {
-                "seqlen": seqlen, "causal": causal,
+                "seqlen": seqlen, "causal": causal, "read": read,
                 "error": f"exit {proc.returncode}: " + " | ".join(proc.stderr.strip().splitlines()[-3:])[:400]}
         except subprocess.TimeoutExpired:
-            row = {"seqlen": seqlen, "causal": causal, "error": f"timed out after {RUN_TIMEOUT_S:.0f} s"}
+            row = {"seqlen": seqlen, "causal": causal, "read": read, "error": f"timed out after {RUN_TIMEOUT_S:.0f} s"}
         rows.append(row)
         print(describe(row), flush=True)
-        (out_dir / "flex-long-bias-repro.json").write_text(json.dumps({"schema_version": 2, "rows": rows}, indent=1))
+        (out_dir / "flex-long-bias-repro.json").write_text(json.dumps({"schema_version": 3, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
