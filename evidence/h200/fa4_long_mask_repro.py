@@ -2,8 +2,9 @@
 uint8 mask (H200), in plain PyTorch and flash-attn-4 (`flash_attn.cute`) with no attn-gate code, so it can
 be filed upstream as is. Written after 2026-12-01f; RAN on 2026-12-01g (reports/h200/session-2026-12-01g,
 call2/, all 11 runs in 247 s, FA4 4.0.0b36, torch 2.11): hypothesis (2) below holds.
-  mask_mod      faults in the forward (cudaErrorIllegalAddress) at S = 46,341, 65,536 and 65,537: every
-                size with a partial last query tile (46,341 = 241 x 192 + 69, 65,536 = 341 x 192 + 64)
+  mask_mod      faults in the forward (cudaErrorIllegalAddress) at S = 46,341, 65,536 and 65,537: the three
+                sizes tried with a partial last query tile (46,341 = 241 x 192 + 69, 65,536 = 341 x 192 + 64;
+                65,536 is a multiple of 128, so the tile is FA4's 192 rows)
   mask_wrapped  the same read with indices taken modulo S: runs right at 65,537
   mask_mod at S = 65,664 (no partial tile, more elements than 65,537): runs right, so (1) is ruled out
   score_mod and doc_ids: run right at all three sizes
@@ -23,14 +24,15 @@ Two hypotheses. (1) A 32-bit index or offset for the aux read: the flat index q_
 2**31 - 1 at S = 46,341, reaches 2**32 - 1 at 65,536 and passes 2**32 at 65,537. Against it: FA4 converts
 aux tensors with dynamic 64-bit strides (cute_dsl_utils.py to_cute_aux_tensor: from_dlpack, then
 mark_layout_dynamic), and the bf16 score_mod read with the same element offsets passes. (2) An
-out-of-bounds read (read in the 4.0.0b36 wheel's source, not run): FA4's score_mod path takes every index
+out-of-bounds read (read in the 4.0.0b36 wheel's source; the 2026-12-01g run bore out what it predicts,
+above): FA4's score_mod path takes every index
 modulo the sequence length before calling the mod ("in order to not read OOB", softmax.py), but its SM90
 forward mask path (mask.py apply_mask) wraps only when mask_seqlen is set, i.e. on the key tile that masks
 the sequence end; on every other key tile the rows of the last, partial query tile (192 rows for d64:
 65,472-65,663 at S = 65,537) reach mask_mod unwrapped, so mask[0, 0, q, kv] is read up to ~8 MB past the
 end of the tensor. The results of those rows are discarded, but the load can fault once it leaves the
 allocation: at the sizes that pass (S <= 4,096) a partial tile's extra rows read under ~1 MB past the
-mask, memory the caching allocator holds anyway. flash-attention PR #2091 ("Fix IMA in fwd on m boundary") fixed this gating for
+mask, likely memory the caching allocator holds anyway (not measured). flash-attention PR #2091 ("Fix IMA in fwd on m boundary") fixed this gating for
 SM100 only. If (2) holds, the fault is FA4's (the wrap is its documented job; gate/kernels/fa4_mods.py
 said FA4 wraps boundary indices for every mod, since corrected),
 and an adapter could guard with the index modulo S.
@@ -50,8 +52,9 @@ flash_attn.cute.flash_attn_func; query rows on both sides of each boundary (0, 3
 on row i of q and dO, all of k and v, and row i of the mask or bias (out_i = P_i V, dq_i = scale * dS_i K,
 dS_i = P_i * (dO_i V^T - dO_i . out_i)), so no S x S reference is built. Errors are relative to the
 reference row's largest entry (absolute where that row is zero); dK/dV are only checked finite. bf16
-agreement is ~1e-2 or better. The sanitizer run shows (2) directly at a small S: an "Invalid __global__
-read of size 1" past the mask's allocation in the forward with mask_mod, none with score_mod.
+agreement is ~1e-2 or better. The sanitizer run (not run yet) would show (2) directly at a small S: an
+"Invalid __global__ read of size 1" past the mask's allocation in the forward with mask_mod, none with
+score_mod.
 
     REPRO_BUDGET_S=420 python3 evidence/h200/fa4_long_mask_repro.py    # 11 runs: 247 s on 2026-12-01g
     REPRO_SIZES=65537 REPRO_MODES=mask_mod,mask_wrapped python3 ...     # only the decisive pair

@@ -40,12 +40,12 @@ most of them q = 97, 113 or 127 at group 4, so the count says less than its size
 REPRO_SET=smem (NOT YET RUN on a GPU) tests flex_decode_rule_check.py's second rule in plain flex: unmasked
 GQA shapes under 128 query rows go to flex-decoding too, whose packed Q tile (BLOCK_M x the head dim rounded
 up to a power of two x 2 bytes) must fit in the H200's 232,448 bytes of shared memory per block: 3 shapes of
-the nightlies over the line, 2 controls under it, and the s97 16/1 d128 row whose sweep case hit the 300 s
-case timeout twice (2026-12-01f and g) while siblings of the same BLOCK_M 2048 ended in "No valid triton
-configs" (bf16 d96 in 9 s on 2026-12-01g); REPRO_SHAPE_TIMEOUT_S=400 gives it time to show how it ends.
+pr and nightly over the line, 2 controls under it, and the s97 16/1 d128 row whose sweep case hit the 300 s
+case timeout twice (2026-12-01e and g) while siblings of the same BLOCK_M 2048 ended in "No valid triton
+configs" (bf16 d96 in 9 s on 2026-12-01g); REPRO_SHAPE_TIMEOUT_S=360 gives it more than the sweep did.
 
     REPRO_SET=window python3 evidence/h200/flex_compile_repro.py   # 11 shapes, 21 compiles: 368 s on 2026-12-01g
-    REPRO_SET=smem REPRO_SHAPE_TIMEOUT_S=400 python3 evidence/h200/flex_compile_repro.py   # 6 shapes
+    REPRO_SET=smem REPRO_SHAPE_TIMEOUT_S=360 python3 evidence/h200/flex_compile_repro.py   # 6 shapes
     REPRO_SET=window python3 evidence/h200/flex_compile_repro.py --check-masks   # CPU rehearsal of the masks
 
 Each shape runs in a process group of its own under REPRO_SHAPE_TIMEOUT_S (150; 0: all in this process,
@@ -102,7 +102,7 @@ WINDOW = [
     ("s97x200-win128.0", 8, 2, 97, 200, (128, 0), False),      # of 1.97.0.1000.513 x 1.200.0.999.13: q < k
 ]
 # The shared-memory rule (flex_decode_rule_check.py's second): unmasked GQA calls under 128 query rows, laid out
-# like the causal set's rows (causal False). Failing shapes of the 2026-12-01d-g nightlies with controls either
+# like the causal set's rows (causal False). Failing shapes of flex's pr and nightly sweeps with controls either
 # side of the 232,448-byte line; the slow one last (its sweep case hit the 300 s case timeout twice).
 SMEM = [
     ("bf16-b2-h16/1-s97-d64", 2, 16, 1, 97, 97, 64, False, torch.bfloat16),            # 2048 x 64 x 2 = 256 KiB

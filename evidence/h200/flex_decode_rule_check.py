@@ -21,7 +21,7 @@ takes flex-decoding too (flex gives it a one-head block mask whose Q block is 2*
 divides), so nothing caps BLOCK_M, and the kernel keeps the whole packed Q tile in shared memory: BLOCK_M x
 the head dim rounded up to a power of two x the element size. Every config fails ("No valid triton
 configs. OutOfMemoryError: out of resource") when that tile alone exceeds the H200's 232,448 bytes per
-block, e.g. q_len 97 at group 16 (BLOCK_M 2048) at any head dim, 127 at group 8 (1024) from head dim 72,
+block, e.g. q_len 97 at group 16 (BLOCK_M 2048) from head dim 64, 127 at group 8 (1024) from head dim 72,
 97 or 127 at group 4 (512) from head dim 160. The "Required" size in each of the 20 observed messages is
 this tile plus one 64-row V tile, (BLOCK_M x rounded qk dim + 64 x rounded v dim) x 2 bytes, exactly. A
 masked call cannot get there: its BLOCK_M is at most 128. Some of these compiles never reach their error

@@ -25,8 +25,9 @@ from gate.attention.masks import effective_window
 RECOMPILE_LIMIT = 512
 # Above this many mask elements (batch x heads x queries x keys, broadcast dims counted once) the block
 # mask is built by a compiled create_block_mask. The eager one evaluates the mask_mod densely under vmap:
-# at 65,537 x 65,537 with a mask_mod reading a bool tensor it held 136 GiB of the H200's 140 in aten.index
-# and died out of memory alone on the GPU (2026-12-01g, call 1, bf16-b1-h2-s65537-d64-bias.document),
+# at 65,537 x 65,537 with a mask_mod reading a bool tensor the process held 136 GiB of the H200's 140 when
+# it died out of memory in vmap's aten.index (2026-12-01g, call 1, bf16-b1-h2-s65537-d64-bias.document;
+# two other processes held 1.3 GiB),
 # while compiling it is how FlexAttention's users build long masks (torchtitan compiles it). 2**28 keeps
 # every case up to 16k x 16k on the eager path it has always run on; only the 65,537-key masks cross it.
 EAGER_BLOCK_MASK_MAX_ELEMENTS = 1 << 28
