@@ -149,7 +149,7 @@ def main() -> None:
     table(rows, predicts_no_valid_choices, lambda r: "NoValidChoicesError" in (r.get("reason") or ""),
           "NoValidChoicesError")
     print()
-    table(rows, lambda case: predicts_shared_memory_failure(case) or False, shared_memory_outcome,
+    table(rows, predicts_shared_memory_failure, shared_memory_outcome,
           "shared-memory failure")
 
 

@@ -121,17 +121,19 @@ def run(seqlen: int, causal: bool, read: str) -> dict:
         bias = torch.rand(1, 1, seqlen, seqlen, device=DEVICE, generator=gen) < 0.9
         bias[0, 0].diagonal().fill_(True)
     grads = DEVICE != "cpu"  # flex has no backward on the CPU: the rehearsal checks the forward only
-    shift = PLANT_SHIFT  # rehearsal only: a wrong read the probe must see; 0 keeps the adapter's index arithmetic
 
-    def add_bias(score, b, h, q_idx, kv_idx):  # the score_mod read the gate's flex adapter makes
-        return score + bias[0, 0, (q_idx + shift) % seqlen if shift else q_idx, kv_idx]
+    def bias_at(q_idx, kv_idx):  # the read the gate's flex adapter makes; PLANT_SHIFT (rehearsal only) reads a wrong row
+        return bias[0, 0, (q_idx + PLANT_SHIFT) % seqlen if PLANT_SHIFT else q_idx, kv_idx]
+
+    def add_bias(score, b, h, q_idx, kv_idx):
+        return score + bias_at(q_idx, kv_idx)
 
     def causal_mask(b, h, q_idx, kv_idx):
         return q_idx >= kv_idx
 
-    def read_mask(b, h, q_idx, kv_idx):  # the mask_mod read the gate's flex adapter makes (& causal)
-        ok = bias[0, 0, (q_idx + shift) % seqlen if shift else q_idx, kv_idx]
-        return ok & (q_idx >= kv_idx) if causal else ok
+    def read_mask(b, h, q_idx, kv_idx):
+        ok = bias_at(q_idx, kv_idx)
+        return ok & causal_mask(b, h, q_idx, kv_idx) if causal else ok
 
     row = {"seqlen": seqlen, "causal": causal, "read": read, "flat_bias_elements": seqlen * seqlen,
            "past_int31": seqlen * seqlen > 2**31 - 1, "plant_shift": PLANT_SHIFT}
@@ -140,7 +142,7 @@ def run(seqlen: int, causal: bool, read: str) -> dict:
         mask_mod = read_mask if read == "mask_mod" else causal_mask if causal else None
         block_mask = None
         if mask_mod is not None:  # compiled: the eager build materialises several S x S tensors
-            block_mask = create_block_mask(mask_mod, None, None, seqlen, seqlen, device=DEVICE, _compile=True)
+            block_mask = torch.compile(create_block_mask)(mask_mod, None, None, seqlen, seqlen, device=DEVICE)
         leaves = [t.clone().requires_grad_(grads) for t in (q, k, v)]
         phase = "forward"
         out = torch.compile(flex_attention, dynamic=False)(*leaves, score_mod=add_bias if read == "score_mod" else None,
