@@ -47,6 +47,7 @@ configs" (bf16 d96 in 9 s on 2026-12-01g); REPRO_SHAPE_TIMEOUT_S=360 gives it mo
     REPRO_SET=window python3 evidence/h200/flex_compile_repro.py   # 11 shapes, 21 compiles: 368 s on 2026-12-01g
     REPRO_SET=smem REPRO_SHAPE_TIMEOUT_S=360 python3 evidence/h200/flex_compile_repro.py   # 6 shapes
     REPRO_SET=window python3 evidence/h200/flex_compile_repro.py --check-masks   # CPU rehearsal of the masks
+    REPRO_SET=smem REPRO_ONLY=s97-d128 python3 evidence/h200/flex_compile_repro.py   # one shape of the set
 
 Each shape runs in a process group of its own under REPRO_SHAPE_TIMEOUT_S (150; 0: all in this process,
 as 2026-12-01e ran); each row is printed, and the JSON ($OUT, else out/h200_flex_compile) rewritten, as it
@@ -113,8 +114,9 @@ SMEM = [
     ("bf16-b2-h16/1-s97-d128", 2, 16, 1, 97, 97, 128, False, torch.bfloat16),           # 2048 x 128 x 2 = 512 KiB
 ]
 SETS = {"causal": CAUSAL, "window": WINDOW, "smem": SMEM}
+REPRO_ONLY = os.environ.get("REPRO_ONLY", "")  # run only the set's shapes whose name contains this
 ROWS = [("window" if name == "window" else "causal", r) for name, rows in SETS.items()
-        if REPRO_SET in (name, "all") for r in rows]
+        if REPRO_SET in (name, "all") for r in rows if REPRO_ONLY in r[0]]
 
 
 def rule_of(kind: str, spec) -> str:
