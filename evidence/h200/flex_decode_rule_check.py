@@ -1,6 +1,6 @@
 """Offline check of the flex-decoding rule against every flex case the H200 sweeps ran (all of pr in
-reports/h200/session-2026-12-01c, its re-runs and all of nightly in 2026-12-01d, e, f, a later run
-winning): does the rule predict exactly the Inductor
+reports/h200/session-2026-12-01c, its re-runs and all of nightly in 2026-12-01d, e, f, re-runs in g, h, a
+later run winning): does the rule predict exactly the Inductor
 `NoValidChoicesError` rows? CPU only, reads the committed journals; no torch needed.
 
 The rule (flex_compile_repro.py's `rule_of`, read in torch's torch/_inductor/kernel/flex/flex_decoding.py;
@@ -25,7 +25,8 @@ block, e.g. q_len 97 at group 16 (BLOCK_M 2048) from head dim 64, 127 at group 8
 97 or 127 at group 4 (512) from head dim 160. The "Required" size in each of the 20 observed messages is
 this tile plus one 64-row V tile, (BLOCK_M x rounded qk dim + 64 x rounded v dim) x 2 bytes, exactly. A
 masked call cannot get there: its BLOCK_M is at most 128. Some of these compiles never reach their error
-within the sweep's 300 s case timeout; they are counted as predicted, ended by the timeout.
+within the sweep's 300 s case timeout; they are counted as predicted, ended by the timeout (plain flex
+reached the error on one of them, q97 16/1 d128, after 496 s: flex_compile_repro.py REPRO_SET=smem, 2026-12-01h).
 
     python3 evidence/h200/flex_decode_rule_check.py
 """
@@ -43,7 +44,7 @@ PR_SWEEP = "reports/h200/session-2026-12-01c/fanout/flex-pr/sweep-flex-pr.json.g
 ONE_HEAD_BOOL_BIAS = ("document", "prefix_lm")  # gate/attention/bias.py bias_shape: (b, 1, nq, nk)
 PER_HEAD_BOOL_BIAS = ("bool_mask", "bool_empty_rows")  # (b, h, nq, nk): GQA falls back to the main kernel
 SHARED_MEMORY_BYTES = 232_448  # the H200's per-block limit, as Triton's out-of-resource message gives it
-SESSIONS = "reports/h200/session-2026-12-01[defg]/journals/**/*.jsonl*"
+SESSIONS = "reports/h200/session-2026-12-01[defgh]/journals/**/*.jsonl*"
 
 
 def sweep_rows(path: str) -> dict:
@@ -145,7 +146,7 @@ def shared_memory_outcome(r: dict) -> str | bool:
 def main() -> None:
     rows = sweep_rows(PR_SWEEP)  # all of pr (2026-12-01c), then the re-runs and the nightly over it
     rows.update(journal_rows(SESSIONS))
-    print(f"{len(rows)} flex case results: all of pr (2026-12-01c) and nightly (2026-12-01d/e/f/g), a later re-run winning")
+    print(f"{len(rows)} flex case results: all of pr (2026-12-01c) and nightly (2026-12-01d/e/f, re-runs g/h), a later re-run winning")
     table(rows, predicts_no_valid_choices, lambda r: "NoValidChoicesError" in (r.get("reason") or ""),
           "NoValidChoicesError")
     print()

@@ -9,15 +9,24 @@ RAN with REPRO_SIZES=65536 on 2026-12-01g (reports/h200/session-2026-12-01g, cal
 exactly, every flat index under 2**32, and the forward still faults, causal or not. So the fault is not a
 flat index wrapping at 2**32 either. A row offset q_idx * S computed in 32 bits would be one candidate:
 it first overflows at S = 46,342 (46,341 * 46,342 > 2**31), one past the largest size that ran right.
-The next run tests it and keeps the generated kernels, where the bias read's index arithmetic can be read.
+RAN with REPRO_SIZES=46342,55000,65537 REPRO_CAUSAL=0 REPRO_READ=score_mod,mask_mod REPRO_OUTPUT_CODE=1 on
+2026-12-01h (reports/h200/session-2026-12-01h, call2/, 199 s): the score_mod bias faults in the forward at
+all three; the mask_mod at 46,342 runs without an error and returns wrong rows 46,340 and 46,341 (out
+0.70 and 1.20, dQ 0.96 and 1.09; rows 0, 23,171, 32,767, 32,768 <= 0.0041), and faults at 55,000 and
+65,537. The generated kernels (output-code-*.log.gz there) show the cause: flex's template sets
+INDEX_DTYPE = tl.int32 and reads the captured tensor at `in_ptr + kv + 46342*q` with q (offs_m) in 32
+bits, which wraps from q = 46,340 on (46,340 * 46,342 > 2**31 - 1): exactly the rows that came out wrong.
+The block-mask build's kernel indexes in 64 bits. The class of NeMo Automodel PR #3802 (a flex mask_mod
+lookup wrong past ~46k tokens, faulting at 64k).
 
 REPRO_READ=mask_mod reads a random boolean (1, 1, S, S) mask (9 keys in 10 allowed, the diagonal always)
 through a mask_mod instead, as the adapter reads a boolean bias such as the nightly's document mask,
 with a compiled block mask: whether flex's long-tensor fault reaches that read too (the gate's
-`bf16-b1-h2-s65537-d64-bias.document` row, whose 2026-12-01g out-of-memory was the adapter's). The next run:
+`bf16-b1-h2-s65537-d64-bias.document` row, whose 2026-12-01g out-of-memory was the adapter's). It does
+(2026-12-01h, above), and the document row, with its block mask now built compiled, faults alike.
 
     REPRO_SIZES=46342,55000,65537 REPRO_CAUSAL=0 REPRO_READ=score_mod,mask_mod REPRO_OUTPUT_CODE=1 \
-      python3 evidence/h200/flex_long_bias_repro.py      # 6 runs (46,342 and 55,000 narrow the score_mod fault)
+      python3 evidence/h200/flex_long_bias_repro.py      # 6 runs: 199 s on 2026-12-01h
 
 The flex nightly of 2026-12-01e (reports/h200/session-2026-12-01e) ERRORed both
 `bf16-b1-h2-s65537-d64[-causal]-bias.broadcast_1` cases with "CUDA error: an illegal memory access".

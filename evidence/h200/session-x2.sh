@@ -34,7 +34,7 @@
 #           fa4_gqa_headdim_repro.py run) by the call that finds both halves .wheels/x1, x2 staged (#9).
 #   CALL=15 REPROS (scripts run one after another, alone; 2026-12-01d ran cudnn_dout_repro.py beside the sweeps), then
 #           FANOUT_QUIET_JOBS (QUIET_MAX_PROCS shards at a time, 1 unless set), alone on the GPU (e.g. the ERROR rows
-#           listed in evidence/h200/recheck/), then the FANOUT_JOBS sweeps side by side.
+#           listed in evidence/h200/recheck/), then the FANOUT_JOBS sweeps side by side (if set: else the probes alone).
 #   Any call carrying .wheels/x1 or .wheels/x2 (halves of FA4's wheels: evidence/h200/fa4_wheels.sh pack) stages it
 #   in /root/stage.
 #
@@ -264,11 +264,13 @@ case "$call" in
     done
     quiet_recheck
   fi
-  left=$(( ${CALL_BUDGET_S:-550} - ($(date +%s) - start) - 30 ))  # what the probes and the recheck left of the call
-  fanout_s=${FANOUT_BUDGET_S:-500}; [ "$fanout_s" -gt "$left" ] && fanout_s=$left
-  timed "fanout" $(( fanout_s + 15 )) $(lane 0) python3 evidence/h200/fanout.py --state out/fanout --out "$W/fanout" --device "${FANOUT_DEVICE:-cuda}" \
-    --budget-s "$fanout_s" --max-procs "${FANOUT_MAX_PROCS:-0}" $(for j in ${FANOUT_JOBS:?FANOUT_JOBS=k:suite:n ...}; do echo --job "$j"; done) \
-    > "$W/fanout.log" 2>&1
+  if [ -n "${FANOUT_JOBS:-}" ] || [ "$call" != 15 ]; then  # CALL=15 without FANOUT_JOBS: the probes alone
+    left=$(( ${CALL_BUDGET_S:-550} - ($(date +%s) - start) - 30 ))  # what the probes and the recheck left of the call
+    fanout_s=${FANOUT_BUDGET_S:-500}; [ "$fanout_s" -gt "$left" ] && fanout_s=$left
+    timed "fanout" $(( fanout_s + 15 )) $(lane 0) python3 evidence/h200/fanout.py --state out/fanout --out "$W/fanout" --device "${FANOUT_DEVICE:-cuda}" \
+      --budget-s "$fanout_s" --max-procs "${FANOUT_MAX_PROCS:-0}" $(for j in ${FANOUT_JOBS:?FANOUT_JOBS=k:suite:n ...}; do echo --job "$j"; done) \
+      > "$W/fanout.log" 2>&1
+  fi
   wait
   cat "$W/fanout/status.md" >> "$W/session.txt" 2>/dev/null
   tail -30 "$W/fa4-gqa-repro.log" >> "$W/session.txt" 2>/dev/null
