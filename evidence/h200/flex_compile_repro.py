@@ -35,10 +35,10 @@ later re-run winning: it predicts all 276 `NoValidChoicesError` rows, and of the
 3 did not end so: 3 SKIPs (never ran; the `__closure__` crash of 2026-12-01f re-ran on 2026-12-01h into the
 predicted error). Each failing varlen
 batch holds a sequence with q_len * group > 128 (97 or 127 long at 8/2, or 17 at 8/1: 136); the 8/2
-4224.1.17 batches pass (17 * 4 = 68). The 275 rows are about a dozen distinct (length, group) pairs,
+4224.1.17 batches pass (17 * 4 = 68). The 276 rows are about a dozen distinct (length, group) pairs,
 most of them q = 97, 113 or 127 at group 4, so the count says less than its size: this set is the test.
 
-REPRO_SET=smem (RAN on 2026-12-01h: reports/h200/session-2026-12-01h, call1/ for five shapes in 520 s,
+REPRO_SET=smem (RAN on 2026-12-01h: reports/h200/session-2026-12-01h, call1/ for five shapes in 342 s,
 call3/ for the s97 d128 one with REPRO_ONLY, 508 s) tests flex_decode_rule_check.py's second rule in plain flex: unmasked
 GQA shapes under 128 query rows go to flex-decoding too, whose packed Q tile (BLOCK_M x the head dim rounded
 up to a power of two x 2 bytes) must fit in the H200's 232,448 bytes of shared memory per block: 3 shapes of
@@ -47,13 +47,14 @@ case timeout twice (2026-12-01e and g) while siblings of the same BLOCK_M 2048 e
 configs" (bf16 d96 in 9 s on 2026-12-01g); REPRO_SHAPE_TIMEOUT_S=360 gives it more than the sweep did.
 All 6 came out as the rule says: the 4 over the line fail with "No valid triton configs. OutOfMemoryError",
 Triton's "Required" equal to the Q tile plus one 64-row V tile (270,336 / 278,528 / 294,912 / 540,672 bytes),
-the 2 controls compile; the s97 d128 shape took 496 s to reach that error (past 360 s: it was cut in
-call 1 and run alone under REPRO_SHAPE_TIMEOUT_S=560), so the sweep's 5 case timeouts are this failure, slow.
+the 2 controls compile; the s97 d128 shape took 496 s to reach that error (call 1's REPRO_BUDGET_S=520 cut
+it after ~180 s; call 3 ran it alone under REPRO_SHAPE_TIMEOUT_S=560). So one of the sweep's 5 case-timeout
+shapes is this failure, slow; the other four (d192/128, d256, fp16 d96, d256) are that by the rule only.
 
     REPRO_SET=window python3 evidence/h200/flex_compile_repro.py   # 11 shapes, 21 compiles: 368 s on 2026-12-01g
-    REPRO_SET=smem REPRO_SHAPE_TIMEOUT_S=560 python3 evidence/h200/flex_compile_repro.py   # 6 shapes, ~840 s
+    REPRO_SET=smem REPRO_SHAPE_TIMEOUT_S=560 python3 evidence/h200/flex_compile_repro.py   # 6 shapes, ~900 s
     REPRO_SET=window python3 evidence/h200/flex_compile_repro.py --check-masks   # CPU rehearsal of the masks
-    REPRO_SET=smem REPRO_ONLY=s97-d128 python3 evidence/h200/flex_compile_repro.py   # one shape of the set
+    REPRO_SET=smem REPRO_ONLY=s97-d128 REPRO_SHAPE_TIMEOUT_S=560 python3 evidence/h200/flex_compile_repro.py  # 508 s
 
 Each shape runs in a process group of its own under REPRO_SHAPE_TIMEOUT_S (150; 0: all in this process,
 as 2026-12-01e ran); each row is printed, and the JSON ($OUT, else out/h200_flex_compile) rewritten, as it

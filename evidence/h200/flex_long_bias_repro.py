@@ -15,7 +15,8 @@ all three; the mask_mod at 46,342 runs without an error and returns wrong rows 4
 0.70 and 1.20, dQ 0.96 and 1.09; rows 0, 23,171, 32,767, 32,768 <= 0.0041), and faults at 55,000 and
 65,537. The generated kernels (output-code-*.log.gz there) show the cause: flex's template sets
 INDEX_DTYPE = tl.int32 and reads the captured tensor at `in_ptr + kv + 46342*q` with q (offs_m) in 32
-bits, which wraps from q = 46,340 on (46,340 * 46,342 > 2**31 - 1): exactly the rows that came out wrong.
+bits, which wraps from q = 46,340 on (46,340 * 46,342 > 2**31 - 1): of the six rows probed, exactly the
+two that came out wrong.
 The block-mask build's kernel indexes in 64 bits. The class of NeMo Automodel PR #3802 (a flex mask_mod
 lookup wrong past ~46k tokens, faulting at 64k).
 
@@ -23,7 +24,8 @@ REPRO_READ=mask_mod reads a random boolean (1, 1, S, S) mask (9 keys in 10 allow
 through a mask_mod instead, as the adapter reads a boolean bias such as the nightly's document mask,
 with a compiled block mask: whether flex's long-tensor fault reaches that read too (the gate's
 `bf16-b1-h2-s65537-d64-bias.document` row, whose 2026-12-01g out-of-memory was the adapter's). It does
-(2026-12-01h, above), and the document row, with its block mask now built compiled, faults alike.
+(2026-12-01h, above), and the document row, with its block mask now built compiled, faults too (an illegal
+memory access, reported asynchronously in the sweep).
 
     REPRO_SIZES=46342,55000,65537 REPRO_CAUSAL=0 REPRO_READ=score_mod,mask_mod REPRO_OUTPUT_CODE=1 \
       python3 evidence/h200/flex_long_bias_repro.py      # 6 runs: 199 s on 2026-12-01h

@@ -270,9 +270,9 @@ case "$call" in
     timed "fanout" $(( fanout_s + 15 )) $(lane 0) python3 evidence/h200/fanout.py --state out/fanout --out "$W/fanout" --device "${FANOUT_DEVICE:-cuda}" \
       --budget-s "$fanout_s" --max-procs "${FANOUT_MAX_PROCS:-0}" $(for j in ${FANOUT_JOBS:?FANOUT_JOBS=k:suite:n ...}; do echo --job "$j"; done) \
       > "$W/fanout.log" 2>&1
+    cat "$W/fanout/status.md" >> "$W/session.txt" 2>/dev/null  # inside: a warm machine's folder may hold an older one
   fi
   wait
-  cat "$W/fanout/status.md" >> "$W/session.txt" 2>/dev/null
   tail -30 "$W/fa4-gqa-repro.log" >> "$W/session.txt" 2>/dev/null
   ;;
 esac

@@ -30,8 +30,8 @@ RECOMPILE_LIMIT = 512
 # two other processes held 1.3 GiB),
 # while compiling it is how FlexAttention's users build long masks (torchtitan compiles it). 2**28 keeps
 # every case up to 16k x 16k on the eager path it has always run on; only the 65,537-key masks cross it.
-# On 2026-12-01h that row, built so, got past the build to flex's own fault (a 32-bit index into the
-# captured mask in flex's kernel; evidence/h200/flex_long_bias_repro.py faults alike in plain flex).
+# On 2026-12-01h that row, built so, got past the build and faulted as plain flex does on the same mask (a
+# 32-bit index into the captured mask in flex's kernel: evidence/h200/flex_long_bias_repro.py).
 EAGER_BLOCK_MASK_MAX_ELEMENTS = 1 << 28
 
 
