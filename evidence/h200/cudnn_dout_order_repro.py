@@ -1,0 +1,85 @@
+"""Does SDPA-cuDNN's wrong backward for a dO whose strides differ from O's depend on what ran before?
+
+Why: cudnn_dout_repro.py (2026-12-01d) found cuDNN's dQ/dK/dV 287-10,944x off with a (B, H, N, D)-contiguous
+dO on every configuration it tried, and the gate's nightly failed all 64 of its sdpa-cudnn `dout_noncontig`
+cases. But the pr suite's 10 `dout_noncontig` cases that cuDNN runs pass (ratios <= 0.3), on two hosts
+(2026-12-01 and 2026-12-01h), among them a shape the probe found wrong (fp16 s1023x1024 GQA 8/4 d80
+causal). The same adapter code ran both sweeps. What differs: the probe runs each shape with dO in O's
+stride order first and the contiguous dO second; the nightly runs each `dout_noncontig` shape after the
+same shape's other layouts (full products); the pr suite (pairwise) meets each `dout_noncontig` shape
+once, in a fresh shape. So the hypothesis: cuDNN (or SDPA's cache of cuDNN graphs) reuses a backward
+built for one dO stride order when handed another of the same shapes.
+
+Each ORDER runs in a process of its own (a fresh cache), on the same inputs, calling cuDNN's backward
+with dO in the listed stride orders one after another and printing each call's error ratio (cuDNN's
+error against float64 / a bf16-or-fp16 SDPA-math run's, the worst of dQ, dK, dV):
+
+    python3 evidence/h200/cudnn_dout_order_repro.py      # ~1 min on an H200; OUT= for the JSON
+
+If "BHSD first" is right on its first call and wrong only after "like O", the failure needs the cache;
+if it is wrong on its first call, it does not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cudnn_dout_repro import grads, inputs  # noqa: E402  the same inputs and SDPA calls as the first probe
+
+from torch.nn.attention import SDPBackend  # noqa: E402
+
+CONFIGS = [  # (nq, nk, h, hkv, d, causal, dtype): a nightly FAIL shape, the pr PASS shape the probe found wrong, one more
+    (113, 203, 8, 2, 72, False, "bfloat16"),
+    (1023, 1024, 8, 4, 80, True, "float16"),
+    (3, 799, 8, 4, 64, False, "bfloat16"),
+]
+ORDERS = {
+    "BHSD first": ("BHSD", "like O", "BHSD"),
+    "like O first": ("like O", "BHSD", "like O"),
+}
+
+
+def run_order(config_index: int, order: str) -> dict:
+    nq, nk, h, hkv, d, causal, dtype_name = CONFIGS[config_index]
+    dtype = getattr(torch, dtype_name)
+    q, k, v, dout_bhsd = inputs(2, nq, nk, h, hkv, d, dtype)
+    douts = {"BHSD": dout_bhsd, "like O": dout_bhsd.transpose(1, 2).contiguous().transpose(1, 2)}
+    gold = grads(SDPBackend.MATH, q.double(), k.double(), v.double(), dout_bhsd.double(), causal)
+    low = grads(SDPBackend.MATH, q, k, v, dout_bhsd, causal)
+    steps = []
+    for label in ORDERS[order]:
+        got = grads(SDPBackend.CUDNN_ATTENTION, q, k, v, douts[label], causal)
+        ratios = {name: (g.double() - ref).abs().max().item() / max((lo.double() - ref).abs().max().item(), 1e-12)
+                  for name, g, lo, ref in zip(("out", "dq", "dk", "dv"), got, low, gold)}
+        steps.append({"dout": label, "worst_grad_ratio": round(max(ratios["dq"], ratios["dk"], ratios["dv"]), 2)})
+    return {"config": [nq, nk, h, hkv, d, causal, dtype_name], "order": order, "steps": steps}
+
+
+def main() -> None:
+    if len(sys.argv) == 3:  # one (config, order) in this process
+        print(json.dumps(run_order(int(sys.argv[1]), sys.argv[2])))
+        return
+    out_dir = Path(os.environ.get("OUT") or "out/h200_cudnn_dout_order")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i in range(len(CONFIGS)):
+        for order in ORDERS:
+            proc = subprocess.run([sys.executable, __file__, str(i), order], capture_output=True, text=True, timeout=300)
+            lines = proc.stdout.strip().splitlines()
+            row = json.loads(lines[-1]) if proc.returncode == 0 and lines else {
+                "config": list(CONFIGS[i]), "order": order, "error": (proc.stderr.strip().splitlines() or ["?"])[-1][:200]}
+            rows.append(row)
+            cells = row.get("error") or "  then  ".join(f"{s['dout']}: {s['worst_grad_ratio']}" for s in row["steps"])
+            print(f"{' '.join(map(str, row['config']))} | {order:12} | {cells}", flush=True)
+            (out_dir / "cudnn-dout-order-repro.json").write_text(json.dumps({"schema_version": 1, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
