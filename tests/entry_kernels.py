@@ -9,6 +9,11 @@ and learnable sinks), so each bug below lives in ONE entry point's own handling:
 
     attn_varlen_func_overread    reads max_seqlen_k keys from each sequence's start: the next
                                  sequence's keys leak into every shorter sequence
+    attn_varlen_func_softcap_ignored    takes softcap and forgets it on the varlen path only (flash-attention
+                                 PR #2544's class: softcap x varlen wrong while dense softcap is right)
+    attn_varlen_func_window_unclamped   a window's left bound taken in packed positions, not clamped at the
+                                 sequence's start: a sequence's first rows see the previous sequence's last keys
+    attn_varlen_func_seqused_off_by_one reads seqused_k as the index of the last key, not the count
     attn_with_kvcache_contiguous assumes a sequence's pages are consecutive blocks (block_table[b, 0] + j):
                                  right for an in-order table, wrong for a shuffled one
     attn_with_kvcache_no_append  attends over the new tokens but never writes them into the cache
@@ -81,15 +86,21 @@ def attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), s
 
 
 def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, softmax_scale, causal, window_size, softcap, sink,
-            return_attn_probs, overread):
+            return_attn_probs, overread=False, bug=None, seqused_k=None):
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    if bug == "softcap_ignored":
+        softcap = 0.0
     outs, lses = [], []
     for i in range(len(cq) - 1):
         if cq[i + 1] == cq[i]:
             continue
-        k_end = min(ck[i] + max_seqlen_k, k.shape[0]) if overread else ck[i + 1]
-        o, l = _attend(q[cq[i]:cq[i + 1]], k[ck[i]:k_end], v[ck[i]:k_end], scale, causal, window_size, softcap, sink)
+        k_start, k_end = ck[i], (min(ck[i] + max_seqlen_k, k.shape[0]) if overread else ck[i + 1])
+        if seqused_k is not None:  # the true key count of the sequence (what a kernel with seqused_k reads)
+            k_end = ck[i] + int(seqused_k[i]) - (1 if bug == "seqused_off_by_one" else 0)
+        if bug == "window_unclamped" and window_size[0] >= 0:  # the band reaches back past the sequence start
+            k_start = max(0, ck[i] - window_size[0])
+        o, l = _attend(q[cq[i]:cq[i + 1]], k[k_start:k_end], v[k_start:k_end], scale, causal, window_size, softcap, sink)
         outs.append(o)
         lses.append(l)
     out, lse = torch.cat(outs), torch.cat(lses, dim=-1)
@@ -100,7 +111,24 @@ def attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                      causal=False, window_size=(-1, -1), softcap=0.0, learnable_sink=None, return_attn_probs=False):
     CALLS["varlen"] += 1
     return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, softmax_scale, causal, window_size, softcap,
-                   learnable_sink, return_attn_probs, overread=False)
+                   learnable_sink, return_attn_probs, seqused_k=seqused_k)
+
+
+def _varlen_entry(bug: str):
+    def fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None, softmax_scale=None,
+           causal=False, window_size=(-1, -1), softcap=0.0, learnable_sink=None, return_attn_probs=False):
+        CALLS["varlen"] += 1
+        return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, softmax_scale, causal, window_size, softcap,
+                       learnable_sink, return_attn_probs, bug=bug, seqused_k=seqused_k)
+
+    fn.__name__ = f"attn_varlen_func_{bug}"
+    fn.__doc__ = f"attn_varlen_func with the planted bug {bug!r} (see the module docstring)."
+    return fn
+
+
+attn_varlen_func_softcap_ignored = _varlen_entry("softcap_ignored")
+attn_varlen_func_window_unclamped = _varlen_entry("window_unclamped")
+attn_varlen_func_seqused_off_by_one = _varlen_entry("seqused_off_by_one")
 
 
 def attn_varlen_func_overread(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,

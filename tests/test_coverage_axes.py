@@ -1,6 +1,8 @@
 """The coverage axes of issue #9: every axis is in the smoke suite in a small form, a bug of its
 class planted in a user kernel (tests/coverage_kernels.py) makes `attn-gate check` fail on that
-axis's cases and pass the cases the suites had before, and the correct kernel passes them all.
+axis's cases and pass the cases the suites had before, and the correct kernel passes them all; the
+varlen combinations (softcap, window) and seqused_k, whose bugs live in a varlen entry point, likewise
+through a kernel family (tests/entry_kernels.py).
 Also: layouts really hand the kernel views, the pairwise cover, the tiers' sizes, and the LSE
 yardstick (a 1e-3 bias fails a bf16 case by the rule alone; correct CPU kernels keep margin)."""
 
@@ -21,7 +23,7 @@ from gate.core.cases import Case, expand_block, load_suite, pairwise_points
 from gate.core.config import ToleranceConfig
 from gate.core.errors import UserError
 from gate.core.results import Status
-from gate.correctness.run_case import leaf_call, run_case, run_kernel
+from gate.correctness.run_case import run_case, run_kernel
 from gate.kernels.registry import get_adapter
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,6 +108,43 @@ def test_planted_bug_fails_check_on_its_axis_and_passes_without_it(bug, tmp_path
     case = next(c for c in SMOKE.cases if c.id == control)
     result = run_case(get_adapter(f"tests.coverage_kernels:{bug}"), case, "cpu", TOL)
     assert result.status is Status.PASS, (bug, control, result.reason)
+
+
+# Bugs that live in a kernel's varlen entry point alone (flash_attn_varlen_func convention, one call for the
+# packed batch: tests/entry_kernels.py), planted in a family whose dense entry point is right. The CPU
+# cases of the combination each must FAIL; every other varlen case of smoke (ALiBi aside: these entry
+# points take no alibi_slopes) must PASS, as the correct varlen entry point passes them all.
+VARLEN_CASES = r"^(?!.*alibi).*-varlen"
+VARLEN_PLANTED = {
+    "attn_varlen_func_softcap_ignored": r"-cap20-varlen",   # softcap x varlen (flash-attention PR #2544)
+    "attn_varlen_func_window_unclamped": r"-win16\.0-varlen",  # window x varlen: the band crosses sequence starts
+    "attn_varlen_func_seqused_off_by_one": VARLEN_CASES,     # seqused_k, handed where the entry point takes it
+}
+
+
+def _family_check(varlen_entry: str, tmp_path: Path) -> tuple[int, dict[str, str]]:
+    config = tmp_path / "pyproject.toml"
+    config.write_text('[tool.attn-gate.kernels.cov]\ndense = "tests.entry_kernels:attn_func"\n'
+                      f'varlen = "tests.entry_kernels:{varlen_entry}"\n')
+    with contextlib.chdir(ROOT):
+        rc = main(["check", "--config", str(config), "--kernel", "cov", "--suite", "smoke", "--baseline", str(CPU_BASELINE),
+                   f"--only={VARLEN_CASES}", "--device", "cpu", "--no-progress", "--out", str(tmp_path / "out")])
+    sweep = json.loads((tmp_path / "out" / "sweep-cov-smoke.json").read_text())
+    return rc, {c["case_id"]: c["status"] for c in sweep["cases"]}
+
+
+def test_correct_varlen_entry_point_passes_every_varlen_case(tmp_path):
+    rc, statuses = _family_check("attn_varlen_func", tmp_path)
+    assert rc == 0 and len(statuses) >= 9 and set(statuses.values()) == {"PASS"}, statuses
+
+
+@pytest.mark.parametrize("bug", sorted(VARLEN_PLANTED))
+def test_planted_varlen_bug_fails_exactly_its_combination(bug, tmp_path):
+    rc, statuses = _family_check(bug, tmp_path)
+    targets = {i for i in statuses if re.search(VARLEN_PLANTED[bug], i)}
+    assert targets and rc == 1
+    assert {i for i, s in statuses.items() if s == "FAIL"} == targets, statuses
+    assert all(statuses[i] == "PASS" for i in set(statuses) - targets), statuses
 
 
 # ---------------------------------------------------------------- layouts are views, not copies
