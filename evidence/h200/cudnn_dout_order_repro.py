@@ -1,4 +1,5 @@
 """Does SDPA-cuDNN's wrong backward for a dO whose strides differ from O's depend on what ran before?
+NOT YET RUN on a GPU (written in 2026-12-01h with too little device time left to start a machine).
 
 Why: cudnn_dout_repro.py (2026-12-01d) found cuDNN's dQ/dK/dV 287-10,944x off with a (B, H, N, D)-contiguous
 dO on every configuration it tried, and the gate's nightly failed all 64 of its sdpa-cudnn `dout_noncontig`
