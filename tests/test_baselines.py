@@ -130,6 +130,25 @@ def test_committed_cpu_baseline_matches_the_suite_and_config():
     assert set(b.correctness) == {c.id for c in load_suite("smoke", config.suites).cases}
 
 
+@pytest.mark.parametrize("suite, failing", [("pr", []), ("nightly", ["bf16-b6-h8/2-s4224-d128-causal-drop0.1-varlen1.97.0.1000.513.4224"])])
+def test_committed_h200_baselines_match_their_suites_and_config(suite, failing):
+    """The H200 gate refuses a baseline whose suite or multipliers changed (at run time, on the GPU
+    runner): this catches it in CI, where an edit of suites.toml or the tolerance lands. The nightly's
+    one failing row is the harness ERROR fixed in 39fc284 (README: re-run PASS on 2026-12-01h), kept
+    until a whole nightly run refreshes the file; a new failing row must be looked at, not absorbed."""
+    from gate.core.cases import load_suite, suite_hash
+    from gate.core.config import tolerance_changes
+
+    b = read_baseline(ROOT / "baselines" / "h200" / f"sdpa-flash-{suite}.json")
+    config = load_config(ROOT / "pyproject.toml")
+    cases = load_suite(suite, config.suites)
+    assert (b.kernel, b.suite, b.gpu_class) == ("sdpa-flash", suite, "h200")
+    assert b.suite_hash == suite_hash(cases)
+    assert tolerance_changes(b.tolerance, config.tolerance.as_dict()) == []
+    assert sorted(b.failing_cases) == failing
+    assert set(b.correctness) == {c.id for c in cases.cases}
+
+
 def test_a_schema_1_baseline_is_migrated_and_records_its_commit_from_now_on(tmp_path):
     """#15: version 2 stores the git commit a baseline was measured at; version 1 files still read."""
     import dataclasses
