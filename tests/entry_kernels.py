@@ -9,11 +9,14 @@ and learnable sinks), so each bug below lives in ONE entry point's own handling:
 
     attn_varlen_func_overread    reads max_seqlen_k keys from each sequence's start: the next
                                  sequence's keys leak into every shorter sequence
-    attn_varlen_func_softcap_ignored    takes softcap and forgets it on the varlen path only (flash-attention
-                                 PR #2544's class: softcap x varlen wrong while dense softcap is right)
+    attn_varlen_func_softcap_ignored    takes softcap and forgets it on the whole varlen path (forward and
+                                 backward) while the dense entry point caps: louder than PR #2544
+    attn_varlen_func_softcap_backward_dropped  the varlen forward caps, its backward differentiates the
+                                 uncapped scores (the tanh's derivative left out): flash-attention PR
+                                 #2544's class, softcap x varlen with a wrong backward only
     attn_varlen_func_window_unclamped   a window's left bound taken in packed positions, not clamped at the
                                  sequence's start: a sequence's first rows see the previous sequence's last keys
-    attn_varlen_func_seqused_off_by_one reads seqused_k as the index of the last key, not the count
+    attn_varlen_func_seqused_off_by_one reads seqused_k - 1 keys of each sequence (drops its last key)
     attn_with_kvcache_contiguous assumes a sequence's pages are consecutive blocks (block_table[b, 0] + j):
                                  right for an in-order table, wrong for a shuffled one
     attn_with_kvcache_no_append  attends over the new tokens but never writes them into the cache
@@ -45,7 +48,7 @@ class _Calls(Counter):
 CALLS: Counter = _Calls()
 
 
-def _attend(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, sink=None):
+def _attend(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, sink=None, softcap_in_backward=True):
     """q (Nq, Hq, D), k/v (Nk, Hkv, D) -> out (Nq, Hq, Dv) in q's dtype, lse (Hq, Nq) float32."""
     nq, hq, _ = q.shape
     nk, hkv, _ = k.shape
@@ -54,7 +57,8 @@ def _attend(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, sink=Non
     vf = v.float().transpose(0, 1).repeat_interleave(hq // hkv, dim=0)
     s = (qf @ kf.transpose(-1, -2)) * scale
     if softcap:
-        s = torch.tanh(s / softcap) * softcap
+        capped = torch.tanh(s / softcap) * softcap
+        s = capped if softcap_in_backward else s + (capped - s).detach()  # the latter: capped values, uncapped grads
     left, right = window
     if causal:
         right = 0 if right < 0 else min(right, 0)
@@ -97,10 +101,11 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, softmax_scale, ca
             continue
         k_start, k_end = ck[i], (min(ck[i] + max_seqlen_k, k.shape[0]) if overread else ck[i + 1])
         if seqused_k is not None:  # the true key count of the sequence (what a kernel with seqused_k reads)
-            k_end = ck[i] + int(seqused_k[i]) - (1 if bug == "seqused_off_by_one" else 0)
+            k_end = max(ck[i], ck[i] + int(seqused_k[i]) - (1 if bug == "seqused_off_by_one" else 0))
         if bug == "window_unclamped" and window_size[0] >= 0:  # the band reaches back past the sequence start
             k_start = max(0, ck[i] - window_size[0])
-        o, l = _attend(q[cq[i]:cq[i + 1]], k[k_start:k_end], v[k_start:k_end], scale, causal, window_size, softcap, sink)
+        o, l = _attend(q[cq[i]:cq[i + 1]], k[k_start:k_end], v[k_start:k_end], scale, causal, window_size, softcap, sink,
+                       softcap_in_backward=bug != "softcap_backward_dropped")
         outs.append(o)
         lses.append(l)
     out, lse = torch.cat(outs), torch.cat(lses, dim=-1)
@@ -127,6 +132,7 @@ def _varlen_entry(bug: str):
 
 
 attn_varlen_func_softcap_ignored = _varlen_entry("softcap_ignored")
+attn_varlen_func_softcap_backward_dropped = _varlen_entry("softcap_backward_dropped")
 attn_varlen_func_window_unclamped = _varlen_entry("window_unclamped")
 attn_varlen_func_seqused_off_by_one = _varlen_entry("seqused_off_by_one")
 

@@ -113,10 +113,13 @@ def test_planted_bug_fails_check_on_its_axis_and_passes_without_it(bug, tmp_path
 # Bugs that live in a kernel's varlen entry point alone (flash_attn_varlen_func convention, one call for the
 # packed batch: tests/entry_kernels.py), planted in a family whose dense entry point is right. The CPU
 # cases of the combination each must FAIL; every other varlen case of smoke (ALiBi aside: these entry
-# points take no alibi_slopes) must PASS, as the correct varlen entry point passes them all.
+# points take no alibi_slopes) and the dense softcap/window cases (the right dense entry point) must
+# PASS, as the correct varlen entry point passes them all.
 VARLEN_CASES = r"^(?!.*alibi).*-varlen"
+DENSE_CONTROLS = r"^(?!.*alibi)(?!.*varlen)(?!.*-kv\d).*-(cap20|win16\.)"
 VARLEN_PLANTED = {
-    "attn_varlen_func_softcap_ignored": r"-cap20-varlen",   # softcap x varlen (flash-attention PR #2544)
+    "attn_varlen_func_softcap_ignored": r"-cap20-varlen",   # softcap x varlen, forward and backward
+    "attn_varlen_func_softcap_backward_dropped": r"-cap20-varlen",  # only the backward: flash-attention PR #2544
     "attn_varlen_func_window_unclamped": r"-win16\.0-varlen",  # window x varlen: the band crosses sequence starts
     "attn_varlen_func_seqused_off_by_one": VARLEN_CASES,     # seqused_k, handed where the entry point takes it
 }
@@ -128,14 +131,15 @@ def _family_check(varlen_entry: str, tmp_path: Path) -> tuple[int, dict[str, str
                       f'varlen = "tests.entry_kernels:{varlen_entry}"\n')
     with contextlib.chdir(ROOT):
         rc = main(["check", "--config", str(config), "--kernel", "cov", "--suite", "smoke", "--baseline", str(CPU_BASELINE),
-                   f"--only={VARLEN_CASES}", "--device", "cpu", "--no-progress", "--out", str(tmp_path / "out")])
+                   f"--only={VARLEN_CASES}|{DENSE_CONTROLS}", "--device", "cpu", "--no-progress", "--out", str(tmp_path / "out")])
     sweep = json.loads((tmp_path / "out" / "sweep-cov-smoke.json").read_text())
     return rc, {c["case_id"]: c["status"] for c in sweep["cases"]}
 
 
 def test_correct_varlen_entry_point_passes_every_varlen_case(tmp_path):
     rc, statuses = _family_check("attn_varlen_func", tmp_path)
-    assert rc == 0 and len(statuses) >= 9 and set(statuses.values()) == {"PASS"}, statuses
+    assert rc == 0 and set(statuses.values()) == {"PASS"}, statuses
+    assert sum("-varlen" in i for i in statuses) >= 9 and sum("-varlen" not in i for i in statuses) >= 3, statuses
 
 
 @pytest.mark.parametrize("bug", sorted(VARLEN_PLANTED))
