@@ -263,15 +263,9 @@ def test_a_trimmed_fa3_build_skips_what_its_config_says_it_was_built_without(mon
     assert "append-KV" in a.unsupported_reason(d128(entry="kvcache", seqlen_q=1, seqlen_k=256, cache_new=True), "cuda")
 
 
-def test_flex_never_hands_one_tensor_to_two_mod_slots():
-    """The flex adapter's mods read their numbers (diagonal offset, window sides, softcap, cache
-    lengths) from captured device tensors made once per value. Two slots sharing one tensor when
-    their values coincide (offset 0 and right 0 on a square sequence, left 4 and nq 4 in decode)
-    makes dynamo's no-aliasing guard fail for any cached compile made while the sharing was otherwise
-    (by an earlier case in the same worker, or an earlier sequence of a varlen case); on torch 2.11
-    that guard's failure report re-reads the old compile's sources and crashed where they pass through
-    a score_mod that is now None (the 2026-12-01f H200 nightly's two flex "__closure__" ERRORs,
-    pytorch #176211). Every slot gets its own, so that guard cannot fail."""
+def _eager_flex():
+    """The flex adapter with flex_attention uncompiled, allowed on the CPU (forward only: Flex has no CPU
+    backward), so its mods and block masks can be checked here."""
     import dataclasses
 
     from gate.kernels.flex import FlexAdapter
@@ -285,18 +279,36 @@ def test_flex_never_hands_one_tensor_to_two_mod_slots():
 
             return flex_attention
 
+    return EagerFlex()
+
+
+def _forward_call(c, x):
+    """The case's call with q, k, v detached: Flex has no CPU backward."""
+    import dataclasses
+
+    call = leaf_call(c, x)
+    return dataclasses.replace(call, q=call.q.detach(), k=call.k.detach(), v=call.v.detach())
+
+
+def test_flex_never_hands_one_tensor_to_two_mod_slots():
+    """The flex adapter's mods read their numbers (diagonal offset, window sides, softcap, cache
+    lengths) from captured device tensors made once per value. Two slots sharing one tensor when
+    their values coincide (offset 0 and right 0 on a square sequence, left 4 and nq 4 in decode)
+    makes dynamo's no-aliasing guard fail for any cached compile made while the sharing was otherwise
+    (by an earlier case in the same worker, or an earlier sequence of a varlen case); on torch 2.11
+    that guard's failure report re-reads the old compile's sources and crashed where they pass through
+    a score_mod that is now None (the 2026-12-01f H200 nightly's two flex "__closure__" ERRORs,
+    pytorch #176211). Every slot gets its own, so that guard cannot fail."""
     def assert_no_shared_slot(adapter):
         for holder, *_ in adapter._mod_cache.values():
             tensors = [t for t in holder.values() if isinstance(t, torch.Tensor)]
             assert len({id(t) for t in tensors}) == len(tensors), sorted(holder)
 
-    adapter = EagerFlex()
+    adapter = _eager_flex()
     square = case(causal=True, window=(16, 0), heads_kv=2)  # offset 0 == right 0
     x = make_inputs(square, 0, "cpu")
-    call = leaf_call(square, x)  # forward only: Flex has no CPU backward
-    call = dataclasses.replace(call, q=call.q.detach(), k=call.k.detach(), v=call.v.detach())
     adapter.prepare(square)
-    out = adapter(call).out
+    out = adapter(_forward_call(square, x)).out
     gold, _ = references(square, x, None)
     assert float((out.double() - gold.out).abs().max()) < 0.02
     assert_no_shared_slot(adapter)
@@ -315,29 +327,16 @@ def test_flex_builds_long_block_masks_compiled_and_short_ones_eagerly(monkeypatc
     here so a small document-mask case crosses it: the compiled build must give the block mask the eager
     one gives and the output must still match the reference; under the threshold the compiled builder
     is never made."""
-    import dataclasses
-
     import gate.kernels.flex as flex_module
-    from gate.kernels.flex import FlexAdapter
-
-    class EagerFlex(FlexAdapter):
-        def capabilities(self):
-            return dataclasses.replace(super().capabilities(), devices=("cpu", "cuda"))
-
-        def _fn(self):
-            from torch.nn.attention.flex_attention import flex_attention
-
-            return flex_attention
 
     document = case(bias="document", seqlen_q=200, seqlen_k=200, batch=1)
     x = make_inputs(document, 0, "cpu")
-    call = leaf_call(document, x)
-    call = dataclasses.replace(call, q=call.q.detach(), k=call.k.detach(), v=call.v.detach())  # no CPU backward
+    call = _forward_call(document, x)
     gold, _ = references(document, x, None)
 
     def build(threshold):
         monkeypatch.setattr(flex_module, "EAGER_BLOCK_MASK_MAX_ELEMENTS", threshold)
-        adapter = EagerFlex()
+        adapter = _eager_flex()
         adapter.prepare(document)
         out = adapter(call).out
         assert float((out.double() - gold.out).abs().max()) < 0.02

@@ -28,16 +28,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
+from torch.nn.attention import SDPBackend
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cudnn_dout_repro import grads, inputs  # noqa: E402  the same inputs and SDPA calls as the first probe
-
-from torch.nn.attention import SDPBackend  # noqa: E402
+from cudnn_dout_repro import grads, inputs  # sibling: the same inputs and SDPA calls as the first probe
+from repro_child import emit, run_variant  # sibling: one process per variant
 
 CONFIGS = [  # (nq, nk, h, hkv, d, causal, dtype): a nightly FAIL shape, the pr PASS shape the probe found wrong, one more
     (113, 203, 8, 2, 72, False, "bfloat16"),
@@ -69,21 +67,15 @@ def run_order(config_index: int, order: str) -> dict:
 
 def main() -> None:
     if len(sys.argv) == 3:  # one (config, order) in this process
-        print(json.dumps(run_order(int(sys.argv[1]), sys.argv[2])))
+        emit(run_order(int(sys.argv[1]), sys.argv[2]))
         return
     out_dir = Path(os.environ.get("OUT") or "out/h200_cudnn_dout_order")
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     for i in range(len(CONFIGS)):
         for order in ORDERS:
-            try:
-                proc = subprocess.run([sys.executable, __file__, str(i), order], capture_output=True, text=True,
-                                      timeout=RUN_TIMEOUT_S)
-                lines = proc.stdout.strip().splitlines()
-                row = json.loads(lines[-1]) if proc.returncode == 0 and lines else {
-                    "config": list(CONFIGS[i]), "order": order, "error": (proc.stderr.strip().splitlines() or ["?"])[-1][:200]}
-            except subprocess.TimeoutExpired:  # the child is killed; the next order still runs
-                row = {"config": list(CONFIGS[i]), "order": order, "error": f"timed out after {RUN_TIMEOUT_S:g} s"}
+            row, _ = run_variant([sys.executable, __file__, str(i), order], {"config": list(CONFIGS[i]), "order": order},
+                                 RUN_TIMEOUT_S)
             rows.append(row)
             cells = row.get("error") or "  then  ".join(f"{s['dout']}: {s['worst_grad_ratio']}" for s in row["steps"])
             print(f"{' '.join(map(str, row['config']))} | {order:12} | {cells}", flush=True)

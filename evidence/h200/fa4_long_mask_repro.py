@@ -71,7 +71,6 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -80,6 +79,8 @@ try:
     import torch
 except ImportError:
     sys.exit("fa4_long_mask_repro: needs PyTorch (import torch failed)")
+
+from repro_child import emit, first_line, row_error, run_variant  # sibling: one process per variant
 
 try:  # FA4 and its CuTe DSL: absent on a CPU machine, where only --self-check runs
     import cutlass
@@ -218,19 +219,6 @@ def read_rows(rows: list[int], seqlen: int) -> list[int]:
     return [(r + seqlen // 2) % seqlen for r in rows] if PLANT else rows
 
 
-def row_error(got: torch.Tensor, ref: torch.Tensor) -> float | None:
-    """max |got - ref| over the row (both heads) relative to the reference row's largest entry; absolute
-    where that row is all zero; None where the kernel's row is not finite (printed 'non-finite')."""
-    if not bool(torch.isfinite(got).all()):
-        return None
-    err, size = float((got.double() - ref).abs().max()), float(ref.abs().max())
-    return err / size if size > 0 else err
-
-
-def first_line(exc: Exception) -> str:
-    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
-
-
 def run(seqlen: int, mode: str) -> dict:
     """One variant on the GPU (a child process): build, forward, backward, then the row checks."""
     scale, device = HEAD_DIM ** -0.5, "cuda"
@@ -322,7 +310,7 @@ def main() -> None:
     if missing:
         sys.exit(f"fa4_long_mask_repro: needs a CUDA GPU and flash-attn-4: {missing} (try --self-check)")
     if len(sys.argv) > 1:
-        print("ROW " + json.dumps(run(*VARIANTS[int(sys.argv[1])])))
+        emit(run(*VARIANTS[int(sys.argv[1])]))
         return
     out_dir = Path(os.environ.get("OUT") or "out/h200_fa4_long_mask")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -341,18 +329,11 @@ def main() -> None:
         if timeout < 15:
             row = {"seqlen": seqlen, "mode": mode, "error": "not run: REPRO_BUDGET_S spent"}
         else:
-            try:
-                proc = subprocess.run([*WRAPPER, sys.executable, __file__, str(i)], capture_output=True, text=True,
-                                      timeout=timeout, env={**os.environ, "CUDA_LAUNCH_BLOCKING": "1"})
-                found = [ln[4:] for ln in proc.stdout.splitlines() if ln.startswith("ROW ")]
-                row = json.loads(found[0]) if found else {
-                    "seqlen": seqlen, "mode": mode,
-                    "error": f"exit {proc.returncode}: " + " | ".join(proc.stderr.strip().splitlines()[-3:])[:400]}
-                if WRAPPER:  # the sanitizer's first findings and its summary
-                    said = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith("=========")]
-                    row["sanitizer"] = said[:6] + [ln for ln in said[6:] if "ERROR SUMMARY" in ln]
-            except subprocess.TimeoutExpired:
-                row = {"seqlen": seqlen, "mode": mode, "error": f"timed out after {timeout:.0f} s"}
+            row, proc = run_variant([*WRAPPER, sys.executable, __file__, str(i)], {"seqlen": seqlen, "mode": mode},
+                                    timeout, {**os.environ, "CUDA_LAUNCH_BLOCKING": "1"})
+            if WRAPPER and proc is not None:  # the sanitizer's first findings and its summary
+                said = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith("=========")]
+                row["sanitizer"] = said[:6] + [ln for ln in said[6:] if "ERROR SUMMARY" in ln]
         rows.append(row)
         print(describe(row), flush=True)
         (out_dir / "fa4-long-mask-repro.json").write_text(json.dumps(

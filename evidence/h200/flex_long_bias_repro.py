@@ -67,12 +67,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+from repro_child import emit, first_line, row_error, run_variant  # sibling: one process per variant
 
 DEVICE = os.environ.get("REPRO_DEVICE", "cuda")
 SIZES = [int(s) for s in os.environ.get("REPRO_SIZES", "46340,46341,65537").split(",")]
@@ -105,20 +106,6 @@ def reference_rows(q, k, v, dout, row_bias, rows: list[int], causal: bool, scale
     dp = torch.einsum("hid,hjd->hij", dor, vv)
     ds = p * (dp - (dor * out).sum(-1, keepdim=True))
     return out, torch.einsum("hij,hjd->hid", ds, kk) * scale
-
-
-def row_error(got: torch.Tensor, ref: torch.Tensor) -> float | None:
-    """max |got - ref| relative to the reference row's largest entry; the absolute error where the
-    reference row is exactly zero (dQ of a row that sees one key); None (printed 'non-finite') where
-    the kernel's row holds a NaN or inf."""
-    if not bool(torch.isfinite(got).all()):
-        return None
-    err, size = float((got.double() - ref).abs().max()), float(ref.abs().max())
-    return err / size if size > 0 else err
-
-
-def first_line(exc: Exception) -> str:
-    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
 
 
 def run(seqlen: int, causal: bool, read: str) -> dict:
@@ -198,7 +185,7 @@ def describe(r: dict) -> str:
 
 def main() -> None:
     if len(sys.argv) > 1:
-        print("ROW " + json.dumps(run(*VARIANTS[int(sys.argv[1])])))
+        emit(run(*VARIANTS[int(sys.argv[1])]))
         return
     out_dir = Path(os.environ.get("OUT") or "out/h200_flex_long_bias")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -206,18 +193,11 @@ def main() -> None:
           "relative error of chosen query rows against float64 from the same inputs", flush=True)
     rows = []
     for i, (seqlen, causal, read) in enumerate(VARIANTS):
-        try:
-            env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1", **({"TORCH_LOGS": "output_code"} if OUTPUT_CODE else {})}
-            proc = subprocess.run([sys.executable, __file__, str(i)], capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-                                  env=env)
-            if OUTPUT_CODE:  # the kernels inductor generated, to read how the bias read is indexed (its dtype)
-                (out_dir / f"output-code-{read}-s{seqlen}-{'causal' if causal else 'full'}.log").write_text(proc.stderr)
-            found = [ln[4:] for ln in proc.stdout.splitlines() if ln.startswith("ROW ")]
-            row = json.loads(found[0]) if found else {
-                "seqlen": seqlen, "causal": causal, "read": read,
-                "error": f"exit {proc.returncode}: " + " | ".join(proc.stderr.strip().splitlines()[-3:])[:400]}
-        except subprocess.TimeoutExpired:
-            row = {"seqlen": seqlen, "causal": causal, "read": read, "error": f"timed out after {RUN_TIMEOUT_S:.0f} s"}
+        env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1", **({"TORCH_LOGS": "output_code"} if OUTPUT_CODE else {})}
+        row, proc = run_variant([sys.executable, __file__, str(i)], {"seqlen": seqlen, "causal": causal, "read": read},
+                                RUN_TIMEOUT_S, env)
+        if OUTPUT_CODE and proc is not None:  # the kernels inductor generated, to read how the bias read is indexed
+            (out_dir / f"output-code-{read}-s{seqlen}-{'causal' if causal else 'full'}.log").write_text(proc.stderr)
         rows.append(row)
         print(describe(row), flush=True)
         (out_dir / "flex-long-bias-repro.json").write_text(json.dumps({"schema_version": 3, "rows": rows}, indent=1))
