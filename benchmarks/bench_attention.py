@@ -5,14 +5,14 @@ number here is a `track_*` returning what the engine measured (CUDA events, cold
 and anchor interleaved). One engine run per perf case happens in `setup_cache` (once per asv
 run); the track functions only read it.
 
-Identity (#15): every benchmark is parameterised by kernel, anchor and case, so a history line is
+Identity: every benchmark is parameterised by kernel, anchor and case, so a history line is
 one kernel against one anchor; changing either starts a new line instead of a false regression.
 Direction: asv flags an INCREASE as a regression, so only lower-is-better numbers are tracked
 (milliseconds, speed ratio = kernel time / anchor time, MiB). Throughput (TFLOP/s, and a decode
-case's K/V GB/s, issue #10: higher is better) would read the wrong way round and is left out; it
+case's K/V GB/s, higher is better) would read the wrong way round and is left out; it
 is in `attn-gate perf`'s JSON.
 
-Forward-only cases (decode, issue #10) have no backward: their bwd tracks skip themselves for
+Forward-only cases (decode) have no backward: their bwd tracks skip themselves for
 that case (never recorded as 0 or failed).
 
 What runs comes from the environment (`attn-gate bench` sets it) or the config's profile:
@@ -31,7 +31,7 @@ KERNELS, ANCHORS = bench_identity()
 
 
 def _value(cache, case, pass_, key):
-    """One measured number; a forward-only case (decode, issue #10) has no backward, and a case
+    """One measured number; a forward-only case (decode) has no backward, and a case
     timed against the anchor fallback has no speed ratio on this anchor's line: skipped for that
     case, never recorded as 0 or failed."""
     row = cache[case].get(pass_) or {}

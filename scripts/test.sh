@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The tests: set up, then run pytest (CPU only; GPU facts live in reports/, not in tests).
+# The tests: set up, then run pytest (CPU only; GPU measurements live in docs/results/, not in tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

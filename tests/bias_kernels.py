@@ -1,4 +1,4 @@
-"""User kernels that take an `attn_bias` (issue #16): one correct, three with the planted bias bugs.
+"""User kernels that take an `attn_bias`: one correct, three with the planted bias bugs.
 
 `--kernel tests.bias_kernels:NAME`. The convention they follow (README "Custom bias"): attn_bias
 is a float tensor broadcastable to (batch, heads, seqlen_q, seqlen_k), added to the scaled scores

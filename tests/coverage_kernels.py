@@ -1,10 +1,10 @@
-"""User kernels for the coverage axes (issue #9): one correct, and one planted bug per axis class.
+"""User kernels for the coverage axes: one correct, and one planted bug per axis class.
 
 `--kernel tests.coverage_kernels:NAME` runs them (flash_attn_func convention: q, k, v are
 (batch, seqlen, heads, head_dim); keywords softmax_scale, causal, window_size, softcap,
 alibi_slopes, return_attn_probs). All share one plain implementation (float32 arithmetic,
 autograd for the backward, masks written out here, not taken from gate.attention), and each bug is
-the smallest realistic change to it, silent on the cases the suites had before #9:
+the smallest realistic change to it, silent on the cases that lack its axis:
 
   assumes_contiguous          reads q, k, v storage as if contiguous (B, N, H, D), ignoring the
                               strides it was given (pytorch #146377: flex, sliced K)

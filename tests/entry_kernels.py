@@ -1,4 +1,4 @@
-"""A user kernel family in plain PyTorch (issue #10): one entry point per flash-attn convention.
+"""A user kernel family in plain PyTorch: one entry point per flash-attn convention.
 
     attn_func          flash_attn_func(q, k, v, ...)                          dense (B, N, H, D)
     attn_varlen_func   flash_attn_varlen_func(q, k, v, cu_seqlens_q, ...)    packed (total, H, D)
@@ -22,7 +22,7 @@ and learnable sinks), so each bug below lives in ONE entry point's own handling:
     attn_with_kvcache_no_append  attends over the new tokens but never writes them into the cache
 
 The entry points count their calls in CALLS, so a test can show which one the gate used; where
-the kernel runs in a worker process (issue #11), ATTN_GATE_TEST_CALLS names a file each call is
+the kernel runs in a worker process, ATTN_GATE_TEST_CALLS names a file each call is
 also appended to (one entry point name a line), which the test reads back.
 """
 

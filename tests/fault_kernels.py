@@ -1,4 +1,4 @@
-"""User kernels that attack the process they run in (issue #11): exit, abort, segfault, hang, move
+"""User kernels that attack the process they run in: exit, abort, segfault, hang, move
 the working directory, or patch the gate's measurement. Each misbehaves on one sequence length
 only, so one sweep shows the faulty case as an ERROR row and every other case measured."""
 
@@ -85,7 +85,7 @@ def _illegal_memory_access(t: torch.Tensor) -> None:
 
 def cuda_fault(q, k, v, softmax_scale=None, causal=False):
     """Correct attention (SDPA), except an illegal memory access on sequence length
-    ATTN_GATE_TEST_FAULT_SEQLEN (default 257): evidence/h200/isolation.py."""
+    ATTN_GATE_TEST_FAULT_SEQLEN (default 257): a GPU run picks its own."""
     if q.is_cuda and q.shape[1] == int(os.environ.get("ATTN_GATE_TEST_FAULT_SEQLEN", "257")):
         _illegal_memory_access(torch.zeros(16, device=q.device, dtype=torch.float32))
     return _attention(q, k, v, softmax_scale, causal)

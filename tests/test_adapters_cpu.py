@@ -227,7 +227,7 @@ def test_sweep_of_an_unavailable_kernel_exits_2_with_the_reason(kernel, capsys, 
     assert main(["sweep", "--kernel", kernel, "--suite", "smoke", "--out", str(tmp_path), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"attn-gate: error: kernel {kernel!r} is unavailable here: {get_adapter(kernel).unavailable_reason()}; "
-                          f"on cpu try ")  # #15: and what runs here instead
+                          f"on cpu try ")  # and what runs here instead
     assert "needs a CUDA GPU" in err and not list(tmp_path.iterdir())
 
 
@@ -297,7 +297,7 @@ def test_flex_never_hands_one_tensor_to_two_mod_slots():
     makes dynamo's no-aliasing guard fail for any cached compile made while the sharing was otherwise
     (by an earlier case in the same worker, or an earlier sequence of a varlen case); on torch 2.11
     that guard's failure report re-reads the old compile's sources and crashed where they pass through
-    a score_mod that is now None (the 2026-12-01f H200 nightly's two flex "__closure__" ERRORs,
+    a score_mod that is now None (two flex "__closure__" ERRORs of an H200 nightly,
     pytorch #176211). Every slot gets its own, so that guard cannot fail."""
     def assert_no_shared_slot(adapter):
         for holder, *_ in adapter._mod_cache.values():
@@ -323,7 +323,7 @@ def test_flex_never_hands_one_tensor_to_two_mod_slots():
 def test_flex_builds_long_block_masks_compiled_and_short_ones_eagerly(monkeypatch):
     """Past EAGER_BLOCK_MASK_MAX_ELEMENTS the flex adapter builds its block mask with a compiled
     create_block_mask: the eager build evaluates the mask_mod densely and ran the H200 out of memory
-    at 65,537 keys with a document mask (136 GiB in that process, 2026-12-01g). The threshold is lowered
+    at 65,537 keys with a document mask (136 GiB in that process on an H200). The threshold is lowered
     here so a small document-mask case crosses it: the compiled build must give the block mask the eager
     one gives and the output must still match the reference; under the threshold the compiled builder
     is never made."""

@@ -121,7 +121,7 @@ def test_a_crashed_fallback_row_is_judged_not_measured_rather_than_on_its_anchor
 
 
 def test_asv_keeps_the_ms_but_not_the_ratio_of_a_fallback_case(tmp_path):
-    """One asv history line is one kernel against one anchor (#15): a ratio against the fallback
+    """One asv history line is one kernel against one anchor: a ratio against the fallback
     must not be filed under the run's anchor; the kernel's own time still is."""
     from gate.speed.asv import BenchSettings, bench_measure
 

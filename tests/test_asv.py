@@ -47,7 +47,7 @@ perf = [true]
 """
 
 CASE_ID = "fp32-b1-h2-s32-d16"
-DECODE_ID = "fp32-b2-h2/1-s1x64-d16-kv"  # issue #10: forward-only (its bwd tracks skip themselves)
+DECODE_ID = "fp32-b2-h2/1-s1x64-d16-kv"  # forward-only (its bwd tracks skip themselves)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def test_asv_discovers_and_runs_the_track_benchmarks(asv_run):
     for name in ("track_fwd_ms", "track_bwd_ms", "track_fwd_speed_ratio", "track_bwd_speed_ratio"):
         assert name in got, sorted(got)
         assert isinstance(got[name]["value"], float) and got[name]["value"] > 0, got[name]
-    # #15: kernel and anchor are part of the identity; only lower-is-better numbers are tracked
+    # kernel and anchor are part of the identity; only lower-is-better numbers are tracked
     assert got["track_fwd_speed_ratio"]["params"] == ("tiled", "sdpa-math", CASE_ID)
     assert got["track_peak_mem_mb"]["params"] == ("tiled", CASE_ID)
     assert not any("tflops" in name for name in got)
@@ -89,7 +89,7 @@ def test_asv_discovers_and_runs_the_track_benchmarks(asv_run):
     assert "track_fwd_speed_ratio" in proc.stdout
     decode = {r["benchmark"].split(".")[-1]: r for r in rows if r["params"][-1] == DECODE_ID}
     assert decode["track_fwd_ms"]["value"] > 0 and decode["track_fwd_speed_ratio"]["value"] > 0, decode
-    for name in ("track_bwd_ms", "track_bwd_speed_ratio"):  # issue #10, forward-only: skipped, not 0
+    for name in ("track_bwd_ms", "track_bwd_speed_ratio"):  # forward-only: skipped, not 0
         assert decode[name]["value"] is None or math.isnan(decode[name]["value"]), decode[name]
     assert not any("gbps" in name for name in got)  # K/V GB/s is higher-is-better: in perf's JSON, not asv
 
@@ -102,7 +102,7 @@ def test_asv_publish_writes_html(asv_run):
     assert (tmp / "html" / "index.html").is_file()
     from gate.speed.asv_offline import remote_resources
 
-    for page in (tmp / "html").glob("*.html"):  # #15: nothing loaded from a CDN; the copies are there
+    for page in (tmp / "html").glob("*.html"):  # nothing loaded from a CDN; the copies are there
         assert remote_resources(page.read_text()) == [], page
     assert (tmp / "html" / "vendor" / "js" / "jquery.min.js").is_file()
 
@@ -115,11 +115,10 @@ def test_bench_without_asv_config_is_a_usage_error(tmp_path):
 
 @pytest.mark.skipif(__import__("shutil").which("chromium") is None, reason="needs chromium (apt-get install chromium)")
 def test_the_published_site_runs_its_scripts_in_a_browser_without_network(asv_run, monkeypatch):
-    """#15: headless Chromium, every host but 127.0.0.1 unreachable. asv's own output (scripts from
+    """headless Chromium, every host but 127.0.0.1 unreachable. asv's own output (scripts from
     CDNs) shows asv's "failed to load" page; after make_offline (what `attn-gate publish` does) the
-    page runs its scripts and lists the benchmarks. evidence/asv_offline.py does the same with two
-    commits of history, checks the graph is drawn, and saves the screenshots."""
-    from evidence.asv_offline import GRAPH, browse, scripts_ran, serve
+    page runs its scripts and lists the benchmarks."""
+    from tests.asv_browser import GRAPH, browse, scripts_ran, serve
     from gate.speed import asv as A
     from gate.speed.asv_offline import make_offline
 

@@ -134,7 +134,7 @@ def test_committed_cpu_baseline_matches_the_suite_and_config():
 def test_committed_h200_baselines_match_their_suites_and_config(suite, failing):
     """The H200 gate refuses a baseline whose suite or multipliers changed (at run time, on the GPU
     runner): this catches it in CI, where an edit of suites.toml or the tolerance lands. The nightly's
-    one failing row is the harness ERROR fixed in 39fc284 (README: re-run PASS on 2026-12-01h), kept
+    one failing row is an ERROR of the gate's own harness, since fixed (alone on an H200 it passes), kept
     until a whole nightly run refreshes the file; a new failing row must be looked at, not absorbed."""
     from gate.core.cases import load_suite, suite_hash
     from gate.core.config import tolerance_changes
@@ -150,7 +150,7 @@ def test_committed_h200_baselines_match_their_suites_and_config(suite, failing):
 
 
 def test_a_schema_1_baseline_is_migrated_and_records_its_commit_from_now_on(tmp_path):
-    """#15: version 2 stores the git commit a baseline was measured at; version 1 files still read."""
+    """version 2 stores the git commit a baseline was measured at; version 1 files still read."""
     import dataclasses
 
     data = json.loads(GOOD_TEXT)

@@ -1,4 +1,4 @@
-"""Custom biases and masks (issue #16): the axis, the tensors, the reference's dBias, the kernels
+"""Custom biases and masks: the axis, the tensors, the reference's dBias, the kernels
 that take a bias, and `attn-gate check` catching the planted bias bugs of tests/bias_kernels.py."""
 
 from __future__ import annotations
@@ -260,7 +260,7 @@ def test_planted_bias_bugs_fail_the_case(kernel, words, in_repo_root):
 def test_flex_mods_read_the_bias_as_the_reference_does():
     """Flex on CPU runs forward only (eager): enough to show the score_mod/mask_mod index the
     captured tensor right (broadcast dims, bottom-right masks, softcap order). Its backward runs on
-    the H200 (evidence/h200/bias_sweeps.py)."""
+    an H200."""
     pytest.importorskip("torch.nn.attention.flex_attention")
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -380,7 +380,7 @@ def test_speed_workload_and_determinism_take_the_bias_gradient():
 
 
 def test_kernels_skip_the_bias_forms_the_h200_showed_they_refuse():
-    """Declared from the H200 bias sweep (reports/h200/bias/): mem-efficient raises on an fp32 bias
+    """Declared from an H200 bias sweep: mem-efficient raises on an fp32 bias
     with bf16 inputs, Flex's compiled backward of an fp32 bias does not fit in shared memory. Both
     are SKIPs with the measured reason, not ERROR rows; the bf16 bias and Flex's forward still run."""
     from gate.core.cases import Case

@@ -165,9 +165,9 @@ def test_an_override_replaces_the_default_and_names_its_table():
 SHIPPED = {name: load_suite(name) for name in ("smoke", "pr", "nightly")}
 READABLE_ID = re.compile(r"^(bf16|fp16|fp32)-b\d+-h\d+(/\d+)?-s\d+(x\d+)?-d\d+(/\d+)?(-causal)?(-win-?\d+\.-?\d+)?"
                          r"(-cap[\d.e+-]+)?(-alibi)?(-drop[\d.e+-]+)?(-varlen[\d.]+(x[\d.]+)?)?"
-                         r"(-kv[\d.]*)?(-append)?(-page\d+)?(-shuffled)?(-sinks)?"  # issue #10
-                         r"(-(k_sliced|qkv_packed|bhsd_view|dout_noncontig))?(-(large|shifted|outliers))?"  # layout, inputs: #9
-                         r"(-bias\.[a-z_1]+(\.fp32)?(\.grad)?)?$")  # issue #16
+                         r"(-kv[\d.]*)?(-append)?(-page\d+)?(-shuffled)?(-sinks)?"
+                         r"(-(k_sliced|qkv_packed|bhsd_view|dout_noncontig))?(-(large|shifted|outliers))?"  # layout, inputs
+                         r"(-bias\.[a-z_1]+(\.fp32)?(\.grad)?)?$")
 
 
 @pytest.mark.parametrize("name", SHIPPED)

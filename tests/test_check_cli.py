@@ -102,7 +102,7 @@ def test_check_passes_against_committed_cpu_baseline(full_check):
     assert data["counts"]["FAIL"] == 0 and data["counts"]["INCONCLUSIVE"] == 0 and data["counts"]["OK"] > 20
     assert data["thresholds"] == {"tolerance_ratio": 1.0, "headroom_factor": 1.5, "headroom_step": 0.1, "improvement_factor": 2.0}
     summary = (out / "check-sdpa-cpu-smoke.md").read_text()
-    assert summary.startswith("## attn-gate check: PASS\n\n> [!")  # the verdict line (GitHub alert syntax, #15)
+    assert summary.startswith("## attn-gate check: PASS\n\n> [!")  # the verdict line (GitHub alert syntax)
     assert "<details>" in summary and "headroom_step" in summary
     assert (out / "ratios-sdpa-cpu-smoke.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((out / "sweep-sdpa-cpu-smoke.json").read_text())["kind"] == "attn-gate sweep"
@@ -119,7 +119,7 @@ def test_check_exits_1_for_a_buggy_kernel_and_0_for_a_correct_one(in_repo_root, 
     ok = findings_of(tmp_path / "ok", "tests.test_check_cli_sdpa_with_lse-smoke")
     assert ok["verdict"] == "PASS" and {f["rule"] for f in ok["findings"] if f["severity"] == "WARN"} <= {"env_drift", "improvement"}
     # its exact float32 logsumexp beats the CPU kernel's approximate-exp LSE by far under the float32
-    # LSE yardstick (#9): an improvement WARN on lse, never on another tensor
+    # LSE yardstick: an improvement WARN on lse, never on another tensor
     assert {f["metric"] for f in ok["findings"] if f["rule"] == "improvement"} <= {"ratio:lse"}
     # the same kernel without its LSE: the baseline validated lse, the run does not any more -> blocks
     assert main(["check", "--kernel", "tests.verdict_kernels:sdpa_ok", *common, "--out", str(tmp_path / "nolse")]) == 1

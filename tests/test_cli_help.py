@@ -1,4 +1,4 @@
-"""The command line reads alike everywhere (#15): --version; every command's --help has a
+"""The command line reads alike everywhere: --version; every command's --help has a
 description, examples and exit codes; `suites --cases` explains the case-id grammar; the same
 defaults everywhere (drift's --kernel defaults to the profile's like the others)."""
 

@@ -1,4 +1,4 @@
-"""The PR comment, worst first (#15), rendered from real runs: a planted causal-mask bug (a user
+"""The PR comment, worst first, rendered from real runs: a planted causal-mask bug (a user
 kernel whose causal diagonal is off by one), a crashing kernel, and the committed H200 run with
 speed. Each test reads the comment as a reviewer would and checks what they need is there."""
 
@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gzip
 import json
 import re
 import shlex
@@ -21,6 +22,15 @@ from gate.report.comment import COMMENT_LIMIT, Links, pr_comment
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU_BASELINE = ROOT / "baselines" / "cpu" / "sdpa-cpu-smoke.json"
+# Real runs, gzipped: an H200 `check --perf` of sdpa-flash on pr against baselines/h200/sdpa-flash-pr.json,
+# and a CPU sweep of sdpa-cpu on smoke (tests/data/README.md names their commits).
+DATA = ROOT / "tests" / "data"
+
+
+def _unzipped(name: str, tmp: Path) -> Path:
+    out = tmp / name.removesuffix(".gz")
+    out.write_bytes(gzip.decompress((DATA / name).read_bytes()))
+    return out
 BUG = "tests.buggy_kernels:causal_off_by_one"
 BUG_STEM = "tests.buggy_kernels_causal_off_by_one-smoke"
 
@@ -128,7 +138,7 @@ def test_identical_errors_are_grouped_with_their_traceback(tmp_path, capsys):
     assert "```text\nTraceback" in top or "buggy_kernels.py" in top.split("```text", 1)[1]
 
 
-def _h200_inputs():
+def _h200_inputs(tmp: Path):
     from gate.compare.sweep_rules import compare
     from gate.core.config import load_config
     from gate.speed.runs import PerfResult, judge_perf
@@ -136,17 +146,16 @@ def _h200_inputs():
 
     config = load_config(ROOT / "pyproject.toml")
     baseline = read_baseline(ROOT / "baselines" / "h200" / "sdpa-flash-pr.json")
-    run = ROOT / "reports" / "h200" / "session-2026-12-01c" / "call12" / "check2"  # the run checked against that baseline
-    sweep = SweepResult.read(run / "sweep-sdpa-flash-pr.json")
-    perf = PerfResult.read(run / "perf-sdpa-flash-pr.json")
+    sweep = SweepResult.read(_unzipped("h200-sweep-sdpa-flash-pr.json.gz", tmp))
+    perf = PerfResult.read(_unzipped("h200-perf-sdpa-flash-pr.json.gz", tmp))
     judgements = judge_perf(perf, baseline.perf, config.perf)
     findings = compare(baseline, sweep, config.verdict) + perf_findings(judgements)
     return decide(findings, {}, {"kernel": sweep.kernel, "suite": sweep.suite, "baseline": "baselines/h200/sdpa-flash-pr.json"}), \
         sweep, baseline, judgements
 
 
-def test_a_passing_h200_run_shows_speed_baseline_now_and_change_per_pass():
-    verdict, sweep, baseline, judgements = _h200_inputs()
+def test_a_passing_h200_run_shows_speed_baseline_now_and_change_per_pass(tmp_path):
+    verdict, sweep, baseline, judgements = _h200_inputs(tmp_path)
     comment = pr_comment(verdict, sweep, baseline)
     top = _top(comment)
     assert verdict.passed and top.splitlines()[2] in ("> [!TIP]", "> [!WARNING]")
@@ -161,8 +170,8 @@ def test_a_passing_h200_run_shows_speed_baseline_now_and_change_per_pass():
         assert abs(float(cells[5].rstrip("%")) - j.change * 100) < 0.011 and cells[6].endswith("%")  # 4-digit ratios
 
 
-def test_a_speed_regression_leads_with_baseline_now_change_and_limit():
-    verdict, sweep, baseline, judgements = _h200_inputs()
+def test_a_speed_regression_leads_with_baseline_now_change_and_limit(tmp_path):
+    verdict, sweep, baseline, judgements = _h200_inputs(tmp_path)
     j = judgements[0]
     slow = Finding("speed", Severity.FAIL, j.case_id, j.metric, round(j.baseline, 4), round(j.baseline * 1.05, 4),
                    round(j.baseline * 1.02, 4), "slower by +5.00%")
@@ -213,7 +222,7 @@ def test_the_environment_records_cpu_model_and_capability():
 
 
 def test_plots_are_150_dpi_and_show_at_most_the_worst_cases(causal_bug, tmp_path):
-    """#15: readable plots: 150 dpi, one row per case (at most MAX_CASES, so labels stay legible)."""
+    """readable plots: 150 dpi, one row per case (at most MAX_CASES, so labels stay legible)."""
     from PIL import Image
 
     from gate.compare.sweep_rules import compare, correctness_thresholds
@@ -236,14 +245,14 @@ def test_plots_are_150_dpi_and_show_at_most_the_worst_cases(causal_bug, tmp_path
         assert im.size[1] < per_row * (MAX_CASES + 12)  # capped: 360 cases do not make a 360-row plot
 
 
-def test_another_cpu_model_turns_a_moved_ratio_into_info_end_to_end():
-    """#15, through the real rules: an unchanged kernel on another CPU model whose dv ratio halved
+def test_another_cpu_model_turns_a_moved_ratio_into_info_end_to_end(tmp_path):
+    """Through the real rules: an unchanged kernel on another CPU model whose dv ratio halved
     reads as INFO naming the CPU change, not as a WARN to refresh; the same move on the same CPU warns."""
     from gate.compare.baselines import TensorBaseline
     from gate.compare.sweep_rules import compare
     from gate.core.config import VerdictConfig
 
-    sweep = SweepResult.read(ROOT / "reports" / "cpu" / "check-sdpa-cpu-smoke" / "sweep-sdpa-cpu-smoke.json")
+    sweep = SweepResult.read(_unzipped("cpu-sweep-sdpa-cpu-smoke.json.gz", tmp_path))
     baseline = read_baseline(CPU_BASELINE)
     case = next(c for c in sweep.cases if c.tensor("dv") is not None and c.tensor("dv").ratio > 0.2)
     dv = case.tensor("dv")
@@ -273,13 +282,13 @@ def test_the_pattern_line_says_so_when_nothing_distinguishes_the_failing_cases()
     assert shared_pattern([c], [a, b]).startswith("the failing case is fp16")
 
 
-def test_the_committed_h200_check_speed_findings_render_baseline_now_and_change():
-    """The real H200 `check --perf` (reports/h200/check-sdpa-flash-pr, speed findings with the
+def test_the_committed_h200_check_speed_findings_render_baseline_now_and_change(tmp_path):
+    """The real H200 `check --perf` (tests/data, speed findings with the
     baseline and current speed ratio and the failing limit) rendered by this renderer."""
-    data = json.loads((ROOT / "reports" / "h200" / "check-sdpa-flash-pr" / "findings-sdpa-flash-pr.json").read_text())
+    data = json.loads(gzip.decompress((DATA / "h200-findings-sdpa-flash-pr.json.gz").read_bytes()))
     speed = [Finding.from_dict(f) for f in data["findings"] if f["rule"] == "speed"]
     assert len(speed) == 4
-    verdict, sweep, baseline, _ = _h200_inputs()
+    verdict, sweep, baseline, _ = _h200_inputs(tmp_path)
     verdict = decide([f for f in verdict.findings if f.rule != "speed"] + speed, {}, verdict.context)
     top = _top(pr_comment(verdict, sweep, baseline))
     assert "speed **PASS** (4 passes; largest change" in top.splitlines()[3]

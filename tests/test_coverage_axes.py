@@ -1,4 +1,4 @@
-"""The coverage axes of issue #9: every axis is in the smoke suite in a small form, a bug of its
+"""The coverage axes of every axis is in the smoke suite in a small form, a bug of its
 class planted in a user kernel (tests/coverage_kernels.py) makes `attn-gate check` fail on that
 axis's cases and pass the cases the suites had before, and the correct kernel passes them all; the
 varlen combinations (softcap, window) and seqused_k, whose bugs live in a varlen entry point, likewise
@@ -32,7 +32,7 @@ TOL = ToleranceConfig()
 SMOKE = load_suite("smoke")
 NEW_AXES = ("layout", "inputs", "varlen_k")
 
-# bug -> (regex of the smoke cases of its axis that must FAIL the check, one pre-#9 smoke case it passes)
+# bug -> (regex of the smoke cases of its axis that must FAIL the check, one smoke case without the axis that it passes)
 PLANTED = {
     "assumes_contiguous": (r"-(k_sliced|qkv_packed|bhsd_view)$", "bf16-b2-h4/1-s97x257-d64-causal"),
     "dout_assumed_contiguous": (r"-dout_noncontig$", "bf16-b2-h4/1-s97x257-d64-causal"),
@@ -104,7 +104,7 @@ def test_planted_bug_fails_check_on_its_axis_and_passes_without_it(bug, tmp_path
     assert rc == 1 and findings["verdict"] == "FAIL"
     failed = {f["case_id"] for f in findings["findings"] if f["severity"] == "FAIL" and f["rule"] in ("tolerance", "status")}
     assert failed == set(targets), (bug, sorted(set(targets) - failed))
-    # before #9 the suites had no case for it: the same bug passes an old case
+    # the same bug passes a case without its axis
     case = next(c for c in SMOKE.cases if c.id == control)
     result = run_case(get_adapter(f"tests.coverage_kernels:{bug}"), case, "cpu", TOL)
     assert result.status is Status.PASS, (bug, control, result.reason)

@@ -1,4 +1,4 @@
-"""Issue #10: kernel families with several entry points, decode with a (paged) KV cache, sinks,
+"""kernel families with several entry points, decode with a (paged) KV cache, sinks,
 forward-only kernels. The acceptance test is `test_check_calls_every_entry_point_...` below: a
 plain-PyTorch family (tests/entry_kernels.py) gated by `attn-gate check`, then the same family with
 a bug planted in one entry point only."""
@@ -348,7 +348,7 @@ def good_family(tmp_path_factory):
     with contextlib.chdir(ROOT):
         assert main(["baseline", "update", "--config", str(config), "--kernel", "mykernel", "--suite", "entry",
                      "--device", "cpu", "--no-progress", "--out", str(tmp / "update")]) == 0
-    # the check runs the family in a worker (issue #11): its calls come back through ATTN_GATE_TEST_CALLS
+    # the check runs the family in a worker: its calls come back through ATTN_GATE_TEST_CALLS
     log = tmp / "calls.txt"
     log.write_text("")
     with pytest.MonkeyPatch.context() as mp:
@@ -460,7 +460,7 @@ def test_drift_trains_a_family_through_its_dense_entry_point_and_refuses_a_forwa
     assert "a forward-only family (backward = false) cannot be trained" in capsys.readouterr().err
 
 
-# ---------------------------------------------------------------- merged with main (#9 coverage, #13 selftest, #15 ux, #16 bias)
+# ---------------------------------------------------------------- merged with main: coverage, selftest, ux and bias
 
 
 @pytest.mark.parametrize("changes", [dict(layout="k_sliced"), dict(inputs="large"), dict(bias="dense")])
@@ -470,7 +470,7 @@ def test_a_decode_case_takes_no_layout_inputs_or_bias(changes):
 
 
 def test_tiled_judges_sinks_and_a_learnable_bias_together():
-    """#10 sinks and #16 bias in one case: the reference adds both, tiled's backward returns dsink and dbias."""
+    """Sinks and a bias in one case: the reference adds both, tiled's backward returns dsink and dbias."""
     from gate.kernels.tiled import TiledAdapter
 
     case = Case(batch=2, seqlen_q=40, seqlen_k=56, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="fp32",
@@ -481,7 +481,7 @@ def test_tiled_judges_sinks_and_a_learnable_bias_together():
 
 
 def test_a_family_varlen_entry_gets_the_keys_own_cu_seqlens_with_sinks(tmp_path):
-    """#9 varlen_k through a family's varlen entry point (cu_seqlens_k, max_seqlen_k), with sinks."""
+    """varlen_k through a family's varlen entry point (cu_seqlens_k, max_seqlen_k), with sinks."""
     adapter = family_adapter("mykernel", load_config(write_config(tmp_path)))
     case = Case(batch=4, seqlen_q=40, seqlen_k=50, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="bf16",
                 causal=True, varlen=(5, 40, 0, 30), varlen_k=(50, 3, 7, 30), sinks=True, seeds=(0,))
@@ -491,7 +491,7 @@ def test_a_family_varlen_entry_gets_the_keys_own_cu_seqlens_with_sinks(tmp_path)
 
 
 def test_validation_knows_the_configs_families(tmp_path):
-    """#15 validates --kernel before anything runs: a family of the config is a known kernel; a typo of it is named."""
+    """validates --kernel before anything runs: a family of the config is a known kernel; a typo of it is named."""
     from gate.workflow.validate import check_kernel
 
     config = load_config(write_config(tmp_path))
@@ -501,7 +501,7 @@ def test_validation_knows_the_configs_families(tmp_path):
 
 
 def test_the_selftests_paged_bug_is_active_and_fails_a_paged_case_only():
-    """#13's planted `paged_pages_swapped` reads call.cache.block_table: a paged case fails, the
+    """The planted `paged_pages_swapped` reads call.cache.block_table: a paged case fails, the
     unplanted kernel passes it, and the bug is not pending."""
     from gate.correctness.planted import BUGS, planted_adapter
     from gate.kernels.tiled import TiledAdapter

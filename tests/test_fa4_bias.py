@@ -1,10 +1,10 @@
-"""FA4's custom bias and masks (issue #16), without a GPU: a fake `flash_attn.cute` records what the
+"""FA4's custom bias and masks, without a GPU: a fake `flash_attn.cute` records what the
 fa4 adapter hands it, and a fake `cutlass` lets the CuTe mods of gate/kernels/fa4_mods.py run as
 plain Python on torch tensors. The fake kernel applies the mods element by element the way FA4
 calls them (one-element index vectors, q_idx/kv_idx/seqlen_info/aux_tensors as keywords for
 score_mod) and, like FA4, drops causal/window under a mask_mod, so `run_case` against the float64
 reference checks what the mods read and what the adapter folds. What it cannot check: that the
-mods compile with the real CuTe DSL, and FA4's kernels themselves (evidence/h200/fa4_bias_probe.py).
+mods compile with the real CuTe DSL, and FA4's kernels themselves (on a GPU only).
 """
 
 from __future__ import annotations

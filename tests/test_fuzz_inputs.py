@@ -1,4 +1,4 @@
-"""Property-based fuzz (Hypothesis, issue #11) over the files the gate reads: a results file, a
+"""Property-based fuzz (Hypothesis) over the files the gate reads: a results file, a
 baseline and a config, each mutated the way a hostile or clumsy hand would (values of the wrong
 type, NaN/inf/negative/huge numbers, lost cases, path-like names, duplicate keys, truncation).
 

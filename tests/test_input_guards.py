@@ -1,4 +1,4 @@
-"""Issue #11's bad-input classes, one rule each: refused with exit 2 and a one-line message naming the
+"""bad-input classes, one rule each: refused with exit 2 and a one-line message naming the
 file or option, nothing written; and the same command passing on the good input."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue #11: a kernel runs in a worker process and cannot pass, kill or hang the gate; a killed run
+"""a kernel runs in a worker process and cannot pass, kill or hang the gate; a killed run
 resumes; shards merge into the sweep a single run writes.
 
 The planted kernels are in tests/fault_kernels.py. Cases are tiny (fp32, 1x16-23x2x8) so each

@@ -1,7 +1,7 @@
-"""The worker (issue #11) measures what run_case measures in one process, for every feature merged
-after it: dBias of a trainable bias (#16), the layout views and their dO (#9), varlen keys (#9),
-the LSE against its float32 yardstick (#9), dropout, the probes, the traceback of a kernel that
-raises (#15), and the entry points (#10): decode with a (paged) KV cache judged on the cache after
+"""The worker measures what run_case measures in one process, for every feature merged
+after it: dBias of a trainable bias, the layout views and their dO, varlen keys,
+the LSE against its float32 yardstick, dropout, the probes, the traceback of a kernel that
+raises, and the entry points: decode with a (paged) KV cache judged on the cache after
 the call, sinks and dsink, forward-only kernels, kernel families built in the worker.
 
 The same case is run in this process (`run_case`) and through a worker (`WorkerPool.run_case`):
@@ -40,7 +40,7 @@ FEATURE_CASES = {
     "varlen_k": tiny(batch=2, seqlen_q=9, seqlen_k=13, varlen=(5, 9), varlen_k=(13, 7), causal=True),
     "dropout": tiny(dropout_p=0.2),
     # the kernel's keep mask is a list of per-sequence masks here (an ERROR row on the H200 nightly,
-    # 2026-12-01b: the worker called .detach() on the list)
+    # the worker once called .detach() on the list)
     "dropout_varlen": tiny(batch=2, seqlen_q=13, seqlen_k=13, varlen=(5, 13), dropout_p=0.2, causal=True),
     "determinism_probe": tiny(checks=("determinism",)),
     "sinks_dsink": tiny(sinks=True),
@@ -70,7 +70,7 @@ def test_the_worker_measures_what_one_process_measures(name, tiled_pool):
     assert here.status is Status.PASS, here.reason
     assert _row(isolated) == _row(here)
     measured = {t.tensor for t in isolated.tensors}
-    if case.entry == "kvcache":  # forward-only, judged on the cache after the call too (#10)
+    if case.entry == "kvcache":  # forward-only, judged on the cache after the call too
         assert isolated.forward_only and measured == {"out", "lse", "k_cache", "v_cache"}
     else:
         assert measured >= {"out", "lse", "dq", "dk", "dv"} and not isolated.forward_only

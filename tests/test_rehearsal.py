@@ -539,7 +539,7 @@ def test_rehearsal_asv_compares_the_head_with_stored_history(tmp_path):
     note = (second.runner_temp / "gate-summary" / "asv-compare.md").read_text()
     assert f"asv compare {base[:12]} (newest ancestor with stored results) -> {head[:12]} (this commit), machine cpu" in note
     assert f"Before [{base[:8]}]" in note and f"After [{head[:8]}]" in note  # asv's own table
-    # #15: kernel and anchor are part of a benchmark's identity (one history line per pair)
+    # kernel and anchor are part of a benchmark's identity (one history line per pair)
     assert re.search(r"track_fwd_speed_ratio\('sdpa-cpu', 'sdpa-math', 'bf16-b2-h4-s256-d64'\)", note)
     assert note in second.step_summary
     assert list((second.runner_temp / "gate-results" / "asv-results" / "cpu").glob(f"{head[:8]}-*.json"))

@@ -1,4 +1,4 @@
-"""`attn-gate selftest` (#13): the gate's own teeth, measured through the real check path.
+"""`attn-gate selftest`: the gate's own teeth, measured through the real check path.
 
 Cheap on purpose: a two-case suite from a config file, one or two planted bugs. The full CPU
 selftest (`attn-gate selftest --device cpu --suite smoke`, every bug) runs in .ci/run after the tests.

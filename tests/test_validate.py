@@ -1,4 +1,4 @@
-"""Names and options are checked before anything runs (#15): a typo is answered as a typo, with the
+"""Names and options are checked before anything runs: a typo is answered as a typo, with the
 nearest known names and exit 2, in every command; "no baseline" is said only for a valid kernel and
 suite, with a command that works; `--device cuda` without CUDA is one line and exit 2."""
 

@@ -1,4 +1,4 @@
-"""Custom biases and boolean masks (issue #16): the tensor a case hands the kernel, built once here.
+"""Custom biases and boolean masks: the tensor a case hands the kernel, built once here.
 
 The convention (what every path takes, README "Custom bias"):
   * a float bias is broadcastable to (batch, heads_q, seqlen_q, seqlen_k) and is ADDED to the

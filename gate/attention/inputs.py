@@ -34,19 +34,19 @@ class AttnInputs:
     cu_seqlens: torch.Tensor | None
     seqlens: tuple[int, ...] | None
     seed: int
-    # issue #10: a kvcache case's cache (q above is the decode step's query), and the learnable
+    # a kvcache case's cache (q above is the decode step's query), and the learnable
     # sink logits (Hq,) float32 of a case with sinks.
     cache: "CacheInputs | None" = None
     sink: torch.Tensor | None = None
-    # issue #16: the case's custom bias (float in the bias dtype, or bool), None without one.
+    # the case's custom bias (float in the bias dtype, or bool), None without one.
     bias: torch.Tensor | None = None
-    # issue #9: the keys' cu_seqlens where they differ from the queries' (None: the same)
+    # the keys' cu_seqlens where they differ from the queries' (None: the same)
     cu_seqlens_k: torch.Tensor | None = None
     seqlens_k: tuple[int, ...] | None = None
 
 
 
-# issue #9, `inputs = "large"`: the typical score size without softcap; past exp's float32 range
+# `inputs = "large"`: the typical score size without softcap; past exp's float32 range
 # (+-88) at the tails, so a softmax that skips the running max overflows.
 LARGE_SCORE_STD = 32.0
 # `inputs = "shifted"`: every score is about -SHIFT (q and k share a channel +a / -a): every
@@ -58,7 +58,7 @@ OUTLIER_CHANNELS = 2
 
 
 def _shape_values(case: Case, q, k, v):
-    """issue #9: q, k, v (float32, before rounding) drawn as `case.inputs` says; the scale
+    """q, k, v (float32, before rounding) drawn as `case.inputs` says; the scale
     factors are powers of two where they can be, so rounding adds no error of its own."""
     if case.inputs == "large":
         std = case.softcap / 4 if case.softcap else LARGE_SCORE_STD
@@ -102,26 +102,26 @@ def make_inputs(case: Case, seed: int, device: str | torch.device) -> AttnInputs
     cu = _cu(case.varlen, device) if case.varlen is not None else None
     cu_k = _cu(case.varlen_k, device) if case.varlen_k is not None else None
     slopes = alibi_slopes(case.heads_q).to(device) if case.alibi else None
-    # issue #10: drawn after everything else, so the inputs of older cases are unchanged. A sink
+    # drawn after everything else, so the inputs of older cases are unchanged. A sink
     # logit near log(keys) weighs about as much as all keys together: a kernel that drops it is far off.
     cache = make_cache_inputs(case, q, gen, dtype, device) if case.entry == "kvcache" else None
     sink = None
     if case.sinks:
         sink = (torch.randn(case.heads_q, generator=gen) + float(torch.tensor(float(case.seqlen_k)).log())).to(device)
-    bias = make_bias(case, seed, device, bias_dtype(case))  # issue #16: its own generator, q/k/v unchanged
+    bias = make_bias(case, seed, device, bias_dtype(case))  # its own generator, q/k/v unchanged
     return AttnInputs(q=q, k=k, v=v, dout=dout, softmax_scale=case.head_dim ** -0.5,
                       alibi_slopes=slopes, cu_seqlens=cu, seqlens=case.varlen, seed=seed,
                       cu_seqlens_k=cu_k, seqlens_k=case.varlen_k, bias=bias, cache=cache, sink=sink)
 
 
 def bias_dtype(case: Case) -> torch.dtype:
-    """issue #16: the dtype of a float bias: the input dtype unless the case asks for fp32."""
+    """the dtype of a float bias: the input dtype unless the case asks for fp32."""
     return torch.float32 if case.bias_dtype == "fp32" else TORCH_DTYPES[case.dtype]
 
 
 @dataclass(frozen=True)
 class KernelTensors:
-    """What the kernel is handed (issue #9): q, k, v track gradients (through leaves they are views
+    """What the kernel is handed: q, k, v track gradients (through leaves they are views
     of, under a non-default layout) and dout is the gradient handed to the backward. Values equal
     the AttnInputs' exactly; only strides, offsets and shared storage differ."""
 

@@ -1,4 +1,4 @@
-"""Decode inputs (issue #10): a KV cache, contiguous or paged, as flash_attn_with_kvcache takes it.
+"""Decode inputs: a KV cache, contiguous or paged, as flash_attn_with_kvcache takes it.
 
     q             (B, Nq, Hq, D)          the decode step's query tokens
     k_cache       (B, cap, Hkv, D)        contiguous: one row of `cap` slots per batch element

@@ -12,14 +12,14 @@ accumulate across chunks:
     dV = (P * Z)^T dO,  dP = (dO V^T) * Z,  dS = P * (dP - rowsum(P * dP))
     dQ = dS K * scale,  dK = dS^T Q * scale   (times 1 - tanh^2 under softcap)
 
-Learnable sinks (issue #10): one logit t_h per query head joins every row's softmax denominator
+Learnable sinks: one logit t_h per query head joins every row's softmax denominator
 as a column with no value: P = exp(S) / (sum exp(S) + exp(t)), LSE = log(sum exp(S) + exp(t)),
 O = P V. The sink column has dP = 0, so dS keeps its form and
     dsink_h = -sum over rows of exp(t_h - LSE) * rowsum(dO * O).
-Decode (issue #10): `decode_reference` gathers each batch element's dense K/V from the expected
+Decode: `decode_reference` gathers each batch element's dense K/V from the expected
 cache (gate.attention.kvcache.gather_dense) and runs the same dense math, forward only.
 
-A custom bias (issue #16, gate/attention/bias.py) is added to the scaled, capped scores before the
+A custom bias (gate/attention/bias.py) is added to the scaled, capped scores before the
 masks (a boolean one masks instead), exactly: in float64 for the golden reference; in the low-
 precision one with PyTorch's type promotion (bf16 scores + an fp32 bias are an fp32 sum, so the
 yardstick does not round away the precision a kernel must keep; P goes back to the input dtype
@@ -47,7 +47,7 @@ class AttnOptions:
     softcap: float = 0.0
     alibi_slopes: torch.Tensor | None = None
     dropout_p: float = 0.0
-    # issue #16: a custom float bias or boolean mask broadcastable to (B, Hq, Nq, Nk), or None.
+    # a custom float bias or boolean mask broadcastable to (B, Hq, Nq, Nk), or None.
     bias: torch.Tensor | None = None
 
 
@@ -61,8 +61,8 @@ class AttnResult:
     dq: torch.Tensor | None  # None from a forward-only reference (backward=False)
     dk: torch.Tensor | None
     dv: torch.Tensor | None
-    dsink: torch.Tensor | None = None  # issue #10: (Hq,) with sinks
-    dbias: torch.Tensor | None = None  # issue #16: only for a float bias, in the bias's own shape
+    dsink: torch.Tensor | None = None  # (Hq,) with sinks
+    dbias: torch.Tensor | None = None  # only for a float bias, in the bias's own shape
 
     def tensors(self) -> dict[str, torch.Tensor]:
         named = {"out": self.out, "lse": self.lse, "dq": self.dq, "dk": self.dk, "dv": self.dv,
@@ -107,7 +107,7 @@ def _dense(q, k, v, dout, opts: AttnOptions, cd: torch.dtype, keep: torch.Tensor
         if opts.alibi_slopes is not None:
             # In float64: -slope * distance is inexact in float32 for non-dyadic slopes (16+ heads).
             s = s + alibi_bias(opts.alibi_slopes.to(torch.float64), rows, nq, nk).to(cd)
-        if bias is not None:  # issue #16
+        if bias is not None:
             s = _add_bias(s, bias[:, :, r0:r1], cd)
         allowed = allowed_mask(rows, nq, nk, opts.causal, opts.window)
         if allowed is not None:
@@ -123,7 +123,7 @@ def _dense(q, k, v, dout, opts: AttnOptions, cd: torch.dtype, keep: torch.Tensor
         empty = denom == 0
         p = torch.where(empty, torch.zeros_like(unnorm), unnorm / torch.where(empty, torch.ones_like(denom), denom))
         lse[:, :, r0:r1] = (safe_max + torch.log(denom)).squeeze(-1).to(lse_dtype).masked_fill(empty.squeeze(-1), float("-inf"))
-        p = p.to(cd)  # issue #16: back to the input dtype if a wider bias promoted the scores
+        p = p.to(cd)  # back to the input dtype if a wider bias promoted the scores
         pz = p if keep is None else p * keep[:, :, r0:r1].to(cd) * rescale
         out[:, :, r0:r1] = pz @ vh
         if not backward:
@@ -135,7 +135,7 @@ def _dense(q, k, v, dout, opts: AttnOptions, cd: torch.dtype, keep: torch.Tensor
         if sink_col is not None:
             p_sink = torch.exp(sink_col - lse[:, :, r0:r1].unsqueeze(-1).to(cd))
             dsink -= (p_sink * delta).sum(dim=(0, 2, 3))
-        if dbias is not None:  # issue #16: the bias is added after the softcap
+        if dbias is not None:  # the bias is added after the softcap
             dbias[:, :, r0:r1] = reduce_to_bias_shape(ds, tuple(bias.shape))
         if tanh is not None:
             ds = ds * (1 - tanh * tanh)
@@ -151,7 +151,7 @@ def _dense(q, k, v, dout, opts: AttnOptions, cd: torch.dtype, keep: torch.Tensor
 
 
 def _add_bias(s: torch.Tensor, bias: torch.Tensor, cd: torch.dtype) -> torch.Tensor:
-    """issue #16: scores plus a float bias (type-promoted, as PyTorch adds them), or masked by a bool one."""
+    """scores plus a float bias (type-promoted, as PyTorch adds them), or masked by a bool one."""
     if bias.dtype == torch.bool:
         return s.masked_fill(~bias, float("-inf"))
     if cd == torch.float64:
@@ -170,7 +170,7 @@ def attention_reference(
 
     Dense: q (B, Nq, Hq, D), k (B, Nk, Hkv, D), v (B, Nk, Hkv, Dv), dropout_keep (B, Hq, Nq, Nk).
     Varlen: packed (total, H, D) with cu_seqlens; dropout_keep a list of (1, Hq, n, n) per sequence.
-    cu_seqlens_k (issue #9): the keys' offsets where they differ from the queries' (bottom-right
+    cu_seqlens_k: the keys' offsets where they differ from the queries' (bottom-right
     alignment within each sequence).
     """
     if cu_seqlens is None:

@@ -51,7 +51,7 @@ def update(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     kernel, suite, device = args.kernel, args.suite, args.device
     if args.from_results is None:  # names first: a typo is a typo
-        t = validate_target(config, kernel, suite, device, args.only, kernel_in_worker=True)  # its sweep runs in workers (#11)
+        t = validate_target(config, kernel, suite, device, args.only, kernel_in_worker=True)  # its sweep runs in workers
         kernel, suite, device = t.kernel, t.suite, t.device
     else:
         check_device(device)
@@ -90,7 +90,7 @@ def show(args: argparse.Namespace) -> int:
     table = Table(title="error ratio per tensor (pass <= 1)")
     table.add_column("case")
     table.add_column("status")
-    # the usual five, plus dbias/dsink/k_cache/v_cache (issues #16, #10) where a case has them
+    # the usual five, plus dbias/dsink/k_cache/v_cache where a case has them
     names = TENSORS + tuple(n for n in EXTRA_TENSORS if any(n in c.tensors for c in b.correctness.values()))
     for name in names:
         table.add_column(name, justify="right")

@@ -41,7 +41,7 @@ def bench_main(args: argparse.Namespace) -> int:
     device = check_device(args.device)  # names first: a typo is a typo, not an asv failure
     config = load_config((args.config or A.REPO_ROOT / "pyproject.toml").resolve())
     if args.kernel is not None:
-        check_kernel(args.kernel, device, config=config)  # issue #10: a kernel family of the config too
+        check_kernel(args.kernel, device, config=config)  # a kernel family of the config too
     if args.anchor not in (None, "matmul"):
         check_kernel(args.anchor, device, "--anchor")
     if args.suite is not None:

@@ -44,7 +44,7 @@ def main(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     options = run_options(args)
-    if options.workers == 0:  # the gate's verdict never comes from a process the kernel ran in (#11)
+    if options.workers == 0:  # the gate's verdict never comes from a process the kernel ran in
         raise UserError("--workers 0 runs the kernel in the deciding process, unisolated: `check` refuses it; "
                         "pass --workers 1 or more (or use `attn-gate sweep --workers 0` to debug)")
     kernel, suite, device = args.kernel, args.suite, args.device

@@ -19,7 +19,7 @@ def add_kernel_suite(p: argparse.ArgumentParser) -> None:
 
 
 def add_run_options(p: argparse.ArgumentParser, shard: bool = True) -> None:
-    """Where the kernel runs and what a run keeps (issue #11, gate/workflow/isolation.py)."""
+    """Where the kernel runs and what a run keeps (gate/workflow/isolation.py)."""
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="worker processes the kernel runs in (default: one per visible GPU, 1 on a CPU); "
                         "0 runs it in this process without isolation (debugging, overhead measurement)")

@@ -21,7 +21,7 @@ def register(sub) -> None:
     p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when a GPU is visible")
     p.add_argument("--dtype", default="bf16", help="dtype the kernel sees: bf16 (default), fp16 or fp32")
     p.add_argument("--seed", type=int, default=0, help="seed of the initialisation and the data")
-    add_config(p)  # issue #10: a kernel family of the config trains through its dense entry point
+    add_config(p)  # a kernel family of the config trains through its dense entry point
     p.set_defaults(main=main)
 
 
@@ -45,7 +45,7 @@ def main(args: argparse.Namespace) -> int:
     cfg = default_config(device, steps=args.steps, dtype=args.dtype, seed=args.seed)
     from gate.kernels.registry import family_adapter
 
-    family = family_adapter(kernel, config)  # issue #10: a kernel family of the config trains through its dense entry point
+    family = family_adapter(kernel, config)  # a kernel family of the config trains through its dense entry point
     if family is not None and not family.capabilities().backward:
         raise UserError(f"--kernel {kernel}: a forward-only family (backward = false) cannot be trained; drift needs a backward")
     result = run_drift(kernel, cfg, device, adapter=family,

@@ -1,4 +1,4 @@
-"""What `attn-gate COMMAND --help` says besides the options (#15): what the command is for, two
+"""What `attn-gate COMMAND --help` says besides the options: what the command is for, two
 or three examples to copy, and its exit codes. Kept in one place so every command reads alike."""
 
 from __future__ import annotations

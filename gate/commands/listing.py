@@ -10,7 +10,7 @@ from gate.commands.help_text import parser_kwargs
 
 def register(sub) -> None:
     p = sub.add_parser("kernels", help="list kernels, whether each runs here, and what it supports", **parser_kwargs("kernels"))
-    add_config(p)  # issue #10: the config's kernel families are listed too
+    add_config(p)  # the config's kernel families are listed too
     p.set_defaults(main=kernels)
     p = sub.add_parser("suites", help="list suites and their case counts", **parser_kwargs("suites"))
     add_config(p)
@@ -24,7 +24,7 @@ def kernels(args: argparse.Namespace) -> int:
     from gate.kernels.registry import family_adapter, get_adapter, kernel_names
 
     config = load_config(getattr(args, "config", None))
-    for name in config.kernels:  # issue #10: families first; one that does not load says why
+    for name in config.kernels:  # families first; one that does not load says why
         try:
             adapter = family_adapter(name, config)
         except UserError as exc:

@@ -19,14 +19,14 @@ Layout (schema_version 2):
                    so a report can link to the code the baseline was measured with
     correctness    {case_id: {"status": PASS|FAIL|ERROR|SKIP, "reason": str,
                               "tensors": {tensor: {"ratio", "max_err", "mean_err", "bound", "pt_err"}}}}
-    perf           null, or the timing engine's section (#4), keyed by case id: this module stores
+    perf           null, or the timing engine's section, keyed by case id: this module stores
                    and round-trips it untouched; `baseline update` from a correctness run keeps it.
 
 No torch here: a baseline is plain data, read by the pure verdict.
 
 Format history:
   1  first version.
-  2  `commit` (#15); cpu_model and cpu_capability in the environment. Version 1 files are read
+  2  `commit`; cpu_model and cpu_capability in the environment. Version 1 files are read
      (migrated: commit ''); the next `baseline update` writes version 2.
 """
 
@@ -107,7 +107,7 @@ class Baseline:
     correctness: dict[str, CaseBaseline]
     perf: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
-    commit: str = ""  # (#15) git commit of the run behind it; '' when unknown
+    commit: str = ""  # git commit of the run behind it; '' when unknown
 
     @classmethod
     def from_sweep(cls, sweep: SweepResult, perf: dict[str, Any] | None = None) -> "Baseline":
@@ -138,7 +138,7 @@ class Baseline:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Baseline":
-        checked_name(d["suite"], "suite")  # both become parts of a path (#11)
+        checked_name(d["suite"], "suite")  # both become parts of a path
         checked_name(d["gpu_class"], "gpu_class")
         if not isinstance(d["correctness"], dict) or not isinstance(d["kernel"], str):
             raise TypeError("correctness must be an object keyed by case id and kernel a string")

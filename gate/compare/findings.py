@@ -5,7 +5,7 @@ a current measurement and its baseline and returns `Finding`s; `decide()` reduce
 findings to a `Verdict` (PASS/FAIL, exit code, the headline). Renderers (gate/report/check_report.py,
 gate/report/plots.py) only read findings: decide first, render after.
 
-Plugging in another rule family (e.g. speed ratios, #4):
+Plugging in another rule family (e.g. speed ratios):
 
     findings = compare_correctness(baseline, sweep, cfg) + my_perf_findings(baseline.perf, run, perf_cfg)
     verdict = decide(findings, {**correctness_thresholds(cfg), **my_perf_thresholds(perf_cfg)})
@@ -143,7 +143,7 @@ class Verdict:
 
 
 def worst_first(f: Finding) -> tuple:
-    """Severity, then size: the headline names the largest error ratio, not the first id (#15)."""
+    """Severity, then size: the headline names the largest error ratio, not the first id."""
     size = f.current if isinstance(f.current, float) and f.metric.startswith("ratio:") and not math.isnan(f.current) else 0.0
     return (-f.severity.rank, -size, f.case_id, f.metric)
 
@@ -153,12 +153,12 @@ def sort_key(f: Finding) -> tuple:
 
 
 REFRESH = "refresh the baseline"
-# Ratio changes that may follow from the machine rather than the kernel (#15).
+# Ratio changes that may follow from the machine rather than the kernel.
 RATIO_CHANGE_RULES = ("improvement", "speed")
 
 
 def temper(findings: list[Finding] | tuple[Finding, ...]) -> list[Finding]:
-    """Advice that would be wrong in context, taken back (#15):
+    """Advice that would be wrong in context, taken back:
 
     - a run that fails never advises refreshing the baseline: refreshing would record the failure.
       Such WARNs become INFO and lose the advice;

@@ -1,4 +1,4 @@
-"""The selftest's record and its decisions (#13): controls, the kill matrix, planted slowdowns.
+"""The selftest's record and its decisions: controls, the kill matrix, planted slowdowns.
 
 Pure data and decisions (no torch, no I/O): gate/workflow/selftest.py measures and fills these,
 gate/report/selftest_report.py renders them. The exit code is reduced here:

@@ -36,7 +36,7 @@ hash, other tolerance multipliers, a results file holding a case id twice. Compa
 itself never produces a relative finding (tests/test_verdict.py), so a passing result always
 passes against itself.
 
-For the perf verdict (#4): produce Findings with metric "speed_ratio:fwd" / "speed_ratio:bwd",
+For the perf verdict: produce Findings with metric "speed_ratio:fwd" / "speed_ratio:bwd",
 add them to `compare(...)`'s list, and reduce everything with `gate.compare.findings.decide`.
 """
 
@@ -63,11 +63,11 @@ MEASURED = ("PASS", "FAIL", "ERROR")
 FAILED = ("FAIL", "ERROR")
 # run_case measures these for every case it passes (lse only where the kernel exposes it).
 REQUIRED_TENSORS = ("out", "dq", "dk", "dv")
-FORWARD_ONLY_REQUIRED = ("out",)  # issue #10: forward-only rows (CaseResult.forward_only)
+FORWARD_ONLY_REQUIRED = ("out",)  # forward-only rows (CaseResult.forward_only)
 
 
 def required_tensors(bias_grad: bool, forward_only: bool = False) -> tuple[str, ...]:
-    """issue #16: a case whose bias requires grad measures dbias for every PASS too. issue #10: a
+    """a case whose bias requires grad measures dbias for every PASS too. a
     forward-only row (decode, or a kernel declared backward = false) has no gradients: out only."""
     if forward_only:
         return FORWARD_ONLY_REQUIRED
@@ -76,7 +76,7 @@ def required_tensors(bias_grad: bool, forward_only: bool = False) -> tuple[str, 
 
 # Environment keys whose change makes ratios less comparable (WARN) or is just worth knowing (INFO).
 # `machine` (x86_64 / aarch64) is drift: CPU code paths of another ISA move ratios by up to ~0.14.
-# cpu_capability (#15): another torch dispatch level (AVX2 vs AVX512) runs other CPU code, which moved
+# cpu_capability: another torch dispatch level (AVX2 vs AVX512) runs other CPU code, which moved
 # a dv ratio 0.246 -> 0.106 on an unchanged kernel. cpu_model is INFO: hosted CI runners change model
 # from run to run; it is shown, and a ratio that moved with it is explained by it (findings.temper).
 DRIFT_KEYS = ("gpu_name", "compute_capability", "driver", "cuda", "cudnn", "torch", "kernel", "kernel_version", "machine",
@@ -180,8 +180,8 @@ def rule_tensor_presence(case_id: str, tensor: str, base: float | None, cur: flo
 
 
 def incomplete_pass(c: "CaseResult") -> Finding | None:
-    """rule_incomplete_pass for one results row, with the tensors its case must carry (issue #16:
-    + dbias; issue #10: a forward-only row needs out only; run_case sets `forward_only` from the case
+    """rule_incomplete_pass for one results row, with the tensors its case must carry (
+    + dbias; a forward-only row needs out only; run_case sets `forward_only` from the case
     and the kernel's declaration)."""
     return rule_incomplete_pass(c.case_id, c.status.value, {t.tensor for t in c.tensors},
                                 required_tensors(c.case.bias_grad, c.forward_only))
@@ -192,7 +192,7 @@ def rule_incomplete_pass(case_id: str, status: str, tensors: set[str] | frozense
     """A PASS row must carry the evidence for it: run_case measures out, dq, dk and dv for every
     case it passes, so a PASS without them is a corrupt or edited results file. INCONCLUSIVE, not
     FAIL: nothing says the kernel is wrong, only that nothing shows it is right. A forward-only row
-    (issue #10: decode, or a kernel declared backward = false) has no gradients: out is required."""
+    (decode, or a kernel declared backward = false) has no gradients: out is required."""
     missing = [t for t in required if t not in tensors]
     if status != "PASS" or not missing:
         return None

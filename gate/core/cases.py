@@ -48,28 +48,28 @@ MATRIX_AXES: dict[str, Any] = {
     "varlen": [None],
     "perf": [False],
     "checks": [[]],  # extra checks by name (gate/correctness/probes/registry.py), e.g. [["determinism", "batch_invariance"]]
-    # --- entry points, decode / KV cache, sinks (issue #10) ---
+    # --- entry points, decode / KV cache, sinks ---
     "entry": ["dense"],  # "kvcache": q of a few tokens against a cache (flash_attn_with_kvcache)
     "cache_seqlens": [None],  # kvcache: tokens already in the cache per batch element (ragged); None = full
     "cache_new": [False],  # kvcache: the call appends seqlen_q new k/v tokens into the cache
     "page_size": [0],  # kvcache: 0 = one contiguous cache per batch element; N = paged, N tokens a page
     "shuffled_pages": [False],  # kvcache, paged: the block table maps pages in a shuffled order
     "sinks": [False],  # a learnable per-head logit in every softmax denominator
-    # ---- issue #16 (branch bias): a custom bias / boolean mask handed to the kernel (see BIAS_KINDS)
+    # ---- custom bias: a custom bias / boolean mask handed to the kernel (see BIAS_KINDS)
     "bias": ["none"],
     "bias_dtype": ["input"],  # "input" = the input dtype; "fp32" = a float32 bias with bf16/fp16 inputs
     "bias_grad": [False],
-    # issue #9 (coverage)
+    # ---- coverage
     "layout": ["contiguous"],
     "inputs": ["normal"],
     "varlen_k": [None],
 }
 
-# Entry points a case can be called through (issue #10): dense (flash_attn_func), varlen
+# Entry points a case can be called through: dense (flash_attn_func), varlen
 # (flash_attn_varlen_func: every case with `varlen` set), kvcache (flash_attn_with_kvcache).
 ENTRIES = ("dense", "kvcache")
 
-# issue #9 (coverage): how q, k, v and dO reach the kernel (gate/attention/inputs.py kernel_views), by name -> what.
+# ---- coverage: how q, k, v and dO reach the kernel (gate/attention/inputs.py kernel_views), by name -> what.
 LAYOUTS: dict[str, str] = {
     "contiguous": "each tensor its own contiguous (B, N, H, D) allocation",
     "k_sliced": "K a strided slice of a wider buffer (one extra leading key row, head dim padded by >= 8): "
@@ -78,7 +78,7 @@ LAYOUTS: dict[str, str] = {
     "bhsd_view": "q, k, v allocated (B, H, N, D) and handed over transposed as (B, N, H, D) views",
     "dout_noncontig": "dO allocated (B, H, N, Dv) and handed to the backward transposed (its strides differ from out's)",
 }
-# issue #9 (coverage): how the values are drawn (gate/attention/inputs.py), by name -> what.
+# ---- coverage: how the values are drawn (gate/attention/inputs.py), by name -> what.
 INPUTS: dict[str, str] = {
     "normal": "q, k, v, dO standard normal",
     "large": "q scaled so the scores reach well past +-88 (softcap cases: scores of softcap/4 typical size, "
@@ -87,7 +87,7 @@ INPUTS: dict[str, str] = {
     "outliers": "two channels of K and V 30x larger than the rest, as real activations have",
 }
 
-# ---- issue #16 (branch bias): the kinds of custom bias a case may give the kernel, -> what each is.
+# ---- custom bias: the kinds of custom bias a case may give the kernel, -> what each is.
 # Float kinds are an additive tensor broadcastable to (batch, heads_q, seqlen_q, seqlen_k), added to
 # the scaled (and capped) scores; boolean kinds are True where a query may see a key. Every boolean
 # pattern allows each row's diagonal key (bottom-right aligned, clamped into range), so it never
@@ -145,7 +145,7 @@ class Case:
     # Extra checks run on this case (names from gate/correctness/probes/registry.py). Not part of the id: the same
     # problem is the same case whichever checks also run on it (a suite merges them).
     checks: tuple[str, ...] = ()
-    # --- issue #10: entry points, decode with a KV cache, learnable sinks. Defaults keep every
+    # --- entry points, decode with a KV cache, learnable sinks. Defaults keep every
     # older case (and its id) as it was. With entry="kvcache": seqlen_q is the number of query
     # tokens of the decode step (1..16 typically), seqlen_k the cache capacity per batch element,
     # cache_seqlens the tokens already cached per batch element before the call (None: a full
@@ -158,13 +158,13 @@ class Case:
     page_size: int = 0
     shuffled_pages: bool = False
     sinks: bool = False
-    # --- issue #9 (coverage): memory layout handed to the kernel, how values are drawn, and varlen keys
+    # ---- coverage: memory layout handed to the kernel, how values are drawn, and varlen keys
     # lengths that differ from the queries' (cu_seqlens_q != cu_seqlens_k). Defaults are left out of
     # the id and of to_dict, so earlier cases (and their baselines) are unchanged.
     layout: str = "contiguous"
     inputs: str = "normal"
     varlen_k: tuple[int, ...] | None = None
-    # ---- issue #16 (branch bias): a custom bias or boolean mask given to the kernel (`attn_bias`,
+    # ---- custom bias: a custom bias or boolean mask given to the kernel (`attn_bias`,
     # SDPA's attn_mask, a Flex score_mod/mask_mod). bias_dtype None = the input dtype; bias_grad:
     # the bias requires grad and dBias is measured like dQ/dK/dV. Defaults leave ids unchanged.
     bias: str = "none"
@@ -182,7 +182,7 @@ class Case:
             problems.append(f"heads_q {self.heads_q} is not a multiple of heads_kv {self.heads_kv}")
         if not 0.0 <= self.dropout_p < 1.0:
             problems.append("dropout_p must be in [0, 1)")
-        if not (self.softcap >= 0 and self.softcap != float("inf")):  # nan fails this too (#11)
+        if not (self.softcap >= 0 and self.softcap != float("inf")):  # nan fails this too
             problems.append("softcap must be a finite number >= 0")
         if len(self.window) != 2 or any(w < -1 for w in self.window):
             problems.append("window must be (left, right) with -1 for unbounded")
@@ -211,7 +211,7 @@ class Case:
             raise ValueError("; ".join(problems))
 
     def _entry_problems(self) -> list[str]:
-        """Issue #10's fields: kvcache-only fields need entry="kvcache"; the cache must hold what it is asked to."""
+        """The decode fields: kvcache-only fields need entry="kvcache"; the cache must hold what it is asked to."""
         problems = []
         if self.entry not in ENTRIES:
             problems.append(f"entry {self.entry!r} is not one of {', '.join(ENTRIES)} (varlen cases are those with varlen set)")
@@ -224,7 +224,7 @@ class Case:
             problems.append("a kvcache case cannot also be varlen")
         if self.dropout_p:
             problems.append("a kvcache case is forward-only: no dropout")
-        # issue #9/#16 axes apply to q/k/v drawn densely; a decode case's cache is drawn apart
+        # the layout, inputs and bias axes apply to q/k/v drawn densely; a decode case's cache is drawn apart
         if self.layout != "contiguous" or self.inputs != "normal" or self.bias != "none":
             problems.append("a kvcache case takes no layout, inputs or bias (they are defined for dense/varlen q, k, v)")
         if self.page_size < 0:
@@ -244,7 +244,7 @@ class Case:
             problems.append("a kvcache case needs at least one key in some batch element")
         return problems
 
-    # --- issue #10: derived facts of the entry point and the cache ---
+    # --- derived facts of the entry point and the cache ---
     @property
     def entry_point(self) -> str:
         """The entry point a kernel family is called through: dense, varlen or kvcache."""
@@ -280,7 +280,7 @@ class Case:
             keys = self.batch * self.seqlen_k
         return float(keys * self.heads_kv * (self.head_dim + self.head_dim_v) * size)
 
-    # ---- issue #16 (branch bias)
+    # ---- custom bias
     def _bias_problems(self) -> list[str]:
         problems = []
         if self.bias not in BIAS_KINDS:
@@ -329,16 +329,16 @@ class Case:
         Row i sees keys [i + off - left, i + off + right] with off = seqlen_k - seqlen_q. The last
         row always sees key seqlen_k - 1, so only the first rows can be empty: when off + right < 0
         (varlen sequences have off = 0 and never are)."""
-        if self.bias == "bool_empty_rows":  # issue #16: empty rows on purpose
+        if self.bias == "bool_empty_rows":  # empty rows on purpose
             return True
         right = self.window[1]
         if self.causal:
             right = 0 if right < 0 else min(right, 0)
         if right < 0:
             return False
-        if self.entry == "kvcache":  # per batch element: its own key count against seqlen_q (issue #10)
+        if self.entry == "kvcache":  # per batch element: its own key count against seqlen_q
             return min(self.key_lengths) - self.seqlen_q + right < 0
-        if self.varlen is not None:  # per sequence (issue #9: keys may differ from queries)
+        if self.varlen is not None:  # per sequence (keys may differ from queries)
             return any(nq and nk - nq + right < 0 for nq, nk in zip(self.varlen, self.keys_varlen))
         return self.seqlen_k - self.seqlen_q + right < 0
 
@@ -367,13 +367,13 @@ class Case:
             parts.append(self.layout)
         if self.inputs != "normal":
             parts.append(self.inputs)
-        if self.has_bias:  # issue #16: e.g. bias.dense, bias.dense.fp32.grad
+        if self.has_bias:  # e.g. bias.dense, bias.dense.fp32.grad
             parts.append(".".join(["bias", self.bias] + ([self.bias_dtype] if self.bias_dtype else [])
                                   + (["grad"] if self.bias_grad else [])))
         return "-".join(parts)
 
     def _entry_id_parts(self) -> list[str]:
-        """Issue #10's id parts; empty for default values, so older ids are unchanged."""
+        """The decode id parts; empty for default values, so older ids are unchanged."""
         parts = []
         if self.entry == "kvcache":
             parts.append("kv" + ("" if self.cache_seqlens is None else ".".join(str(n) for n in self.cache_seqlens)))
@@ -419,18 +419,18 @@ class Case:
         data.pop("checks")
         if self.checks:
             data["checks"] = list(self.checks)
-        # issue #10: only written when not the default, so older cases and suite hashes are unchanged
+        # only written when not the default, so older cases and suite hashes are unchanged
         for name, default in ENTRY_DEFAULTS.items():
             value = data.pop(name)
             if value != default:
                 data[name] = list(value) if isinstance(value, tuple) else value
-        # issue #9: only written when not the default (ids and suite hashes of earlier cases unchanged)
+        # only written when not the default (ids and suite hashes of earlier cases unchanged)
         for name, default in (("layout", "contiguous"), ("inputs", "normal"), ("varlen_k", None)):
             if data[name] == default:
                 data.pop(name)
         if self.varlen_k is not None:
             data["varlen_k"] = list(self.varlen_k)
-        # issue #16: the bias fields only when set, so cases without a bias (and suite hashes) are unchanged.
+        # the bias fields only when set, so cases without a bias (and suite hashes) are unchanged.
         for name, default in (("bias", "none"), ("bias_dtype", None), ("bias_grad", False)):
             if data[name] == default:
                 data.pop(name)
@@ -451,7 +451,7 @@ class Case:
         return cls(**data)
 
 
-# issue #10: Case fields written to disk only when they differ from these.
+# Case fields written to disk only when they differ from these.
 ENTRY_DEFAULTS: dict[str, Any] = {"entry": "dense", "cache_seqlens": None, "cache_new": False, "page_size": 0,
                                   "shuffled_pages": False, "sinks": False}
 
@@ -505,7 +505,7 @@ def _checks(value: Any, where: str) -> tuple[str, ...]:
 
 
 def _bias_fields(point: dict[str, Any], where: str) -> dict[str, Any]:
-    """issue #16: the bias axes of one matrix point as Case fields (names checked here, so a typo
+    """the bias axes of one matrix point as Case fields (names checked here, so a typo
     is a one-line error naming the suite, not a ValueError from deep inside)."""
     if point["bias"] not in BIAS_KINDS:
         raise UserError(f"{where}: bias value {point['bias']!r} should be one of {', '.join(BIAS_KINDS)}")
@@ -519,29 +519,28 @@ def _bias_fields(point: dict[str, Any], where: str) -> dict[str, Any]:
 SCALAR_AXES: dict[str, tuple[type, ...]] = {
     "dtype": (str,), "batch": (int,), "causal": (bool,), "alibi": (bool,), "perf": (bool,),
     "softcap": (int, float), "dropout_p": (int, float), "layout": (str,), "inputs": (str,),
-    "bias": (str,), "bias_dtype": (str,), "bias_grad": (bool,),  # issue #16
-    # issue #10
+    "bias": (str,), "bias_dtype": (str,), "bias_grad": (bool,),
     "entry": (str,), "cache_new": (bool,), "page_size": (int,), "shuffled_pages": (bool,), "sinks": (bool,),
 }
 SCALAR_AXES_HINT = {
     "dtype": f"one of {', '.join(DTYPES)}", "batch": "an integer", "causal": "true or false", "alibi": "true or false",
     "perf": "true or false", "softcap": "a number", "dropout_p": "a number in [0, 1)",
     "layout": f"one of {', '.join(LAYOUTS)}", "inputs": f"one of {', '.join(INPUTS)}",
-    "bias": f"one of {', '.join(BIAS_KINDS)}", "bias_dtype": f"one of {', '.join(BIAS_DTYPES)}",  # issue #16
+    "bias": f"one of {', '.join(BIAS_KINDS)}", "bias_dtype": f"one of {', '.join(BIAS_DTYPES)}",
     "bias_grad": "true or false",
     "entry": f"one of {', '.join(ENTRIES)}", "cache_new": "true or false", "page_size": "an integer (0 = not paged)",
-    "shuffled_pages": "true or false", "sinks": "true or false",  # issue #10
+    "shuffled_pages": "true or false", "sinks": "true or false",
 }
 
 
-# A suite larger than this is refused before it is expanded (#11): a matrix of ~48M cases made
+# A suite larger than this is refused before it is expanded: a matrix of ~48M cases made
 # every command hang. The nightly suite holds a few hundred; 20000 CPU-tiny cases take hours.
 MAX_SUITE_CASES = 20_000
 
 
 def block_size(block: dict[str, Any]) -> int:
     """How many cases a matrix block would expand to (the product of its axis lengths), without
-    expanding it. A `pairwise = true` block (#9) is bounded instead by its number of value pairs
+    expanding it. A `pairwise = true` block is bounded instead by its number of value pairs
     (each all-pairs row covers at least one new pair), which is what its expansion can cost."""
     lengths = []
     for axis in MATRIX_AXES:
@@ -558,7 +557,7 @@ def block_size(block: dict[str, Any]) -> int:
 
 def pairwise_points(sizes: list[int]) -> list[tuple[int, ...]]:
     """Index tuples covering every pair of values of every two axes at least once (all-pairs,
-    issue #9): far fewer than the product (the pr suite's blocks: dozens instead of thousands),
+    ): far fewer than the product (the pr suite's blocks: dozens instead of thousands),
     and a bug that needs two settings together is still met. Greedy and deterministic: each new
     row starts from the first pair not yet covered, then takes, axis by axis, the value that
     covers most uncovered pairs with the values already chosen (ties: the value used least, then
@@ -590,12 +589,12 @@ def pairwise_points(sizes: list[int]) -> list[tuple[int, ...]]:
 
 def expand_block(block: dict[str, Any], seeds: tuple[int, ...], where: str) -> list[Case]:
     """Expand one matrix block (axis -> list of values) into Cases, in a stable order: the
-    cartesian product of its axes, or with `pairwise = true` (issue #9) an all-pairs cover."""
+    cartesian product of its axes, or with `pairwise = true` an all-pairs cover."""
     block = dict(block)
     pairwise = block.pop("pairwise", False)
     if not isinstance(pairwise, bool):
         raise UserError(f"{where}: pairwise must be true or false, got {pairwise!r}")
-    if "seeds" in block:  # issue #9: a block may run fewer seeds than its suite (breadth over depth)
+    if "seeds" in block:  # a block may run fewer seeds than its suite (breadth over depth)
         seeds = block.pop("seeds")
         if not isinstance(seeds, list) or not seeds or not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds):
             raise UserError(f"{where}: seeds must be a non-empty list of integers")
@@ -634,7 +633,7 @@ def expand_block(block: dict[str, Any], seeds: tuple[int, ...], where: str) -> l
             varlen = tuple(varlen)
             batch, seqlen_q, seqlen_k = len(varlen), max(varlen), max(varlen)
         cache_seqlens = point["cache_seqlens"]
-        if cache_seqlens is not None:  # issue #10: ragged cache lengths give the batch, as varlen does
+        if cache_seqlens is not None:  # ragged cache lengths give the batch, as varlen does
             if not isinstance(cache_seqlens, list) or not cache_seqlens or not all(
                     isinstance(n, int) and not isinstance(n, bool) for n in cache_seqlens):
                 raise UserError(f"{where}: cache_seqlens value {cache_seqlens!r} should be a non-empty list of cached lengths")

@@ -20,8 +20,8 @@ from gate.core.errors import UserError
 # mult per tensor (the tolerance rule, gate/correctness/tolerance.py): dQ accumulates across key
 # tiles (atomics / split reductions), hence 3.
 DEFAULT_MULT = {"out": 2.0, "lse": 2.0, "dq": 3.0, "dk": 2.0, "dv": 2.0,
-                "dsink": 3.0}  # issue #10: dsink sums over every row and batch element, as dQ over key tiles
-# issue #16: dBias is dS summed over the bias's broadcast dims (batch, heads): an accumulation
+                "dsink": 3.0}  # dsink sums over every row and batch element, as dQ over key tiles
+# dBias is dS summed over the bias's broadcast dims (batch, heads): an accumulation
 # across tiles and heads like dQ's, so it takes dQ's multiplier. Sharing it (not a new
 # `mult_dbias` key) keeps the tolerance dict, and every committed baseline, comparable.
 MULT_OF = {"dbias": "dq"}
@@ -41,7 +41,7 @@ class ToleranceConfig:
     mult_dq: float = DEFAULT_MULT["dq"]
     mult_dk: float = DEFAULT_MULT["dk"]
     mult_dv: float = DEFAULT_MULT["dv"]
-    mult_dsink: float = DEFAULT_MULT["dsink"]  # issue #10
+    mult_dsink: float = DEFAULT_MULT["dsink"]
     # fp32 only: the yardstick P is then itself exact to a few ulps, the same size as any
     # kernel's reduction-order noise, so mult alone fails correct kernels (measured on CPU,
     # 8 seeds: tiled dK ratio 1.07, torch's CPU kernel 1.52 at mult 2). A 1e-4 relative error
@@ -65,7 +65,7 @@ class ToleranceConfig:
 
 def tolerance_changes(a: dict[str, float], b: dict[str, float]) -> list[str]:
     """The multipliers that differ between two recorded tolerance dicts. A key one of them lacks
-    was added later (mult_dsink, #10) and counts at its default, so files written before a new
+    was added later (mult_dsink) and counts at its default, so files written before a new
     tensor's multiplier existed stay comparable without special-casing each new key."""
     defaults = ToleranceConfig().as_dict()
     a, b = {**defaults, **a}, {**defaults, **b}
@@ -134,7 +134,7 @@ class PerfConfig:
         return self.anchor if device == "cuda" else self.cpu_anchor
 
 
-# --- issue #10: user kernel families -------------------------------------------------------
+# --- user kernel families -------------------------------------------------------
 
 FAMILY_ENTRIES = ("dense", "varlen", "kvcache")
 _CALLABLE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -186,7 +186,7 @@ def _kernel_families(raw: Any, where: str) -> dict[str, KernelFamily]:
 
 @dataclass(frozen=True)
 class IsolationConfig:
-    """Worker processes (issue #11, gate/workflow/isolation.py): how long a case may take before its
+    """Worker processes (gate/workflow/isolation.py): how long a case may take before its
     worker is killed and the case is an ERROR row. --case-timeout S replaces the per-case value."""
 
     case_timeout_s: float = 300.0  # every case: worker warm-up, compilation (flex), the first CUDA call
@@ -209,8 +209,8 @@ class Config:
     verdict: VerdictConfig = field(default_factory=VerdictConfig)
     perf: PerfConfig = field(default_factory=PerfConfig)
     suites: dict[str, Any] = field(default_factory=dict)
-    isolation: IsolationConfig = field(default_factory=IsolationConfig)  # issue #11
-    kernels: dict[str, KernelFamily] = field(default_factory=dict)  # issue #10
+    isolation: IsolationConfig = field(default_factory=IsolationConfig)
+    kernels: dict[str, KernelFamily] = field(default_factory=dict)
 
     def profile(self, device: str) -> Profile:
         return self.gpu if device == "cuda" else self.cpu
@@ -251,7 +251,7 @@ def _check_suites(suites: dict[str, Any], path: Path) -> None:
 
 def _beside(config_file: Path, folder: str) -> str:
     """A relative path in the config is relative to the config file's folder, not to where the
-    command runs (#11: `--config ../x/pyproject.toml` found no baseline and suggested a second one)."""
+    command runs (`--config ../x/pyproject.toml` found no baseline and suggested a second one)."""
     return folder if Path(folder).is_absolute() else str(config_file.parent / folder)
 
 

@@ -101,9 +101,9 @@ def describe(device: str, kernel: str, kernel_version: str) -> dict[str, str]:
 
 def release_cached_gpu_memory(device: str) -> None:
     """Give the blocks this process's caching allocator keeps back to the GPU (a no-op off CUDA).
-    A sweep's worker, its judging parent and, under evidence/h200/fanout.py, other sweeps share one
-    GPU: a large case's peak kept cached by one made the others' cases fail out of memory (47 of the
-    103 ERROR rows of 2026-12-01c's shared-GPU sweeps). Timing calls it between cases too."""
+    A sweep's worker, its judging parent and other sweeps of one host can share one
+    GPU: a large case's peak kept cached by one made the others' cases fail out of memory (47 of 103
+    ERROR rows of sweeps sharing one H200). Timing calls it between cases too."""
     if str(device).startswith("cuda"):
         torch.cuda.empty_cache()
 

@@ -25,7 +25,7 @@ def require_writable(path: Path, option: str = "--out", kind: str = "folder") ->
     if kind == "file" and path.is_dir():
         raise UserError(f"{option} {path}: is a directory; pass a file name")
     if kind == "file" and (path.exists() or path.is_symlink()) and not path.is_file():
-        # a device file or FIFO would be replaced by the atomic write's rename (#11)
+        # a device file or FIFO would be replaced by the atomic write's rename
         raise UserError(f"{option} {path}: exists and is not a regular file (a device, FIFO or socket); pass a file name")
     probe = path.parent if kind == "file" else path
     while not probe.exists() and probe.parent != probe:  # exists() is False under a file too (/dev/null/x)
@@ -84,7 +84,7 @@ class FolderLock:
 
 def append_step_summary(text: str) -> None:
     """Append to $GITHUB_STEP_SUMMARY when it is set. A convenience beside files already written:
-    an unwritable summary is a warning on stderr, never a changed exit code (#11)."""
+    an unwritable summary is a warning on stderr, never a changed exit code."""
     import sys
 
     path = os.environ.get("GITHUB_STEP_SUMMARY")

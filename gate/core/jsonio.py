@@ -121,7 +121,7 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return data
 
 
-MAX_MEASURE = 1e6  # an error, bound or ratio above this is no measurement: refused when read (#11)
+MAX_MEASURE = 1e6  # an error, bound or ratio above this is no measurement: refused when read
 
 
 def measured_float(value: Any, field: str, upper: float = MAX_MEASURE) -> float:

@@ -21,9 +21,9 @@ from gate.core.jsonio import as_float, checked_name, measured_float, read_record
 SCHEMA_VERSION = 1
 # The tensors every table shows, in report order (lse where the kernel exposes it).
 TENSORS = ("out", "lse", "dq", "dk", "dv")
-# Tensors only some cases measure, shown only where a case has them: dbias (issue #16) for a case
-# whose bias requires grad; the sink logits' gradient (issue #10, cases with sinks), and the cache
-# contents after a decode call (issue #10, judged exact). Kept apart so tables that show the usual
+# Tensors only some cases measure, shown only where a case has them: dbias for a case
+# whose bias requires grad; the sink logits' gradient (cases with sinks), and the cache
+# contents after a decode call (judged exact). Kept apart so tables that show the usual
 # five stay as they were.
 EXTRA_TENSORS = ("dbias", "dsink", "k_cache", "v_cache")
 # Every tensor a case may measure, in report order.
@@ -78,7 +78,7 @@ class TensorError:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TensorError":
         floats = ("max_err", "mean_err", "pt_err", "floor", "mult", "bound", "ratio", "band_atol", "band_rtol")
-        # a stored NaN, inf, negative or absurd number would switch the headroom rule off: refused (#11)
+        # a stored NaN, inf, negative or absurd number would switch the headroom rule off: refused
         # (no upper limit here: a broken kernel's FAIL row may carry any finite error)
         data = {k: (measured_float(d[k], f"{d.get('tensor', '?')}.{k}", math.inf) if k in floats else d[k]) for k in d}
         data["worst_index"] = tuple(d["worst_index"])
@@ -112,8 +112,8 @@ class CaseResult:
     tensors: tuple[TensorError, ...] = ()
     checks: tuple[CheckResult, ...] = ()
     seconds: float = 0.0
-    forward_only: bool = False  # issue #10: judged without gradients (decode, or a kernel declared backward = false)
-    # (#15) the last lines of the traceback of an ERROR row, so a report can show where it raised;
+    forward_only: bool = False  # judged without gradients (decode, or a kernel declared backward = false)
+    # the last lines of the traceback of an ERROR row, so a report can show where it raised;
     # written only when set (older files and other rows are unchanged)
     traceback: str = ""
 

@@ -1,4 +1,4 @@
-"""Planted correctness bugs: the registry `attn-gate selftest` (#13) runs through the gate.
+"""Planted correctness bugs: the registry `attn-gate selftest` runs through the gate.
 
 Each bug is one real kernel bug class at the smallest size a kernel would ship by mistake. Two
 ways to plant one:
@@ -14,8 +14,7 @@ ways to plant one:
 
 Each bug declares the case axis that exposes it (`Trigger`): on a suite without such a case the
 bug is "not exercised" (it survives, and the selftest names the axis). A trigger on a Case field
-that this attn-gate does not have yet (`field`: layout/inputs from #9, bias from #16, entry from
-#10) is "pending" and lights up by itself once the field exists.
+that this attn-gate does not have yet (`field`: layout, inputs, bias, entry) is "pending" and lights up by itself once the field exists.
 
 To add a bug: write its perturbation (a `Wrap` function or a tiled flag) and append a PlantedBug
 to BUGS.
@@ -178,14 +177,14 @@ def _noncontiguous_k(w: Wrapped, call: KernelCall) -> KernelOutput:
 
 
 def _bias_grad_scaled(w: Wrapped, call: KernelCall) -> KernelOutput:
-    bias = call.opts.bias  # issue #16: the custom bias travels in AttnOptions.bias
+    bias = call.opts.bias  # the custom bias travels in AttnOptions.bias
     if not isinstance(bias, torch.Tensor) or not bias.requires_grad:
         raise PlantError("the call carries no learnable bias (AttnOptions.bias with requires_grad)")
     return w.inner(dataclasses.replace(call, opts=dataclasses.replace(call.opts, bias=ScaleGrad.apply(bias, 1.02))))
 
 
 def _paged_block_table_swapped(w: Wrapped, call: KernelCall) -> KernelOutput:
-    """issue #10: a decode call carries its cache in `call.cache` (gate/attention/kvcache.py
+    """a decode call carries its cache in `call.cache` (gate/attention/kvcache.py
     CacheInputs); a paged one has `block_table` (B, pages) mapping logical pages to physical
     blocks. The kernel gets the same cache tensors (so its in-place appends land where it writes
     them) through a table with two entries swapped: only a paged read sees it."""

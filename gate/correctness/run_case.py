@@ -29,7 +29,7 @@ class BadOutput(Exception):
     """The kernel returned something that is not a valid answer (shape, dtype, NaN/Inf)."""
 
 
-# issue #9: the LSE is a float32 tensor in every kernel, computed from scores of the rounded
+# the LSE is a float32 tensor in every kernel, computed from scores of the rounded
 # inputs accumulated in float32. Its yardstick P is therefore the reference computed in float32
 # (not in the input dtype, whose bf16 scores made the bound ~0.06 nats and let a 1e-3 bias pass),
 # its rounding floor is float32's, and its mult is the fp32 one (ToleranceConfig.fp32_factor).
@@ -70,10 +70,10 @@ def measure(name: str, kernel: torch.Tensor, gold: torch.Tensor, low: torch.Tens
 
 
 def leaf_call(case: Case, inputs: AttnInputs, deterministic: bool = False, tensors: KernelTensors | None = None) -> KernelCall:
-    """The call the kernel gets: q, k, v in the case's layout (issue #9: views, never contiguous
-    copies, unless the layout is the default), tracking gradients; a custom bias (issue #16) is its
-    own leaf, with grad when the case asks; so are the sink logits (issue #10). A decode case
-    (issue #10) gets its cache instead (decode_call)."""
+    """The call the kernel gets: q, k, v in the case's layout (views, never contiguous
+    copies, unless the layout is the default), tracking gradients; a custom bias is its
+    own leaf, with grad when the case asks; so are the sink logits. A decode case
+    gets its cache instead (decode_call)."""
     if inputs.cache is not None:
         return decode_call(case, inputs)
     t = tensors if tensors is not None else kernel_tensors(case, inputs)
@@ -106,12 +106,12 @@ def options(case: Case, inputs: AttnInputs) -> AttnOptions:
 @dataclass(frozen=True)
 class KernelTraits:
     """What judging a kernel's raw outputs needs to know about the kernel, from its adapter's
-    capabilities: read here, or in the worker's first answer before any case ran (issue #11: the
+    capabilities: read here, or in the worker's first answer before any case ran (the
     deciding process never imports the kernel, and never takes per-case word from its process)."""
 
     returns_lse: bool = False
-    sink_grad: bool = True  # issue #10: with sinks, its backward returns dsink
-    backward: bool = True  # issue #10: False = a forward-only (inference) kernel
+    sink_grad: bool = True  # with sinks, its backward returns dsink
+    backward: bool = True  # False = a forward-only (inference) kernel
 
     @classmethod
     def of(cls, adapter: KernelAdapter) -> "KernelTraits":
@@ -129,23 +129,23 @@ def is_forward_only(adapter: "KernelAdapter | KernelTraits", case: Case) -> bool
 
 
 def forward_only_note(case: Case) -> str:
-    """Said on the row, so a reader never takes a forward-only pass for a full one (issue #10)."""
+    """Said on the row, so a reader never takes a forward-only pass for a full one."""
     return ("forward-only: judged on out, lse" + (" and the cache after the call" if case.forward_only else "")
             + "; no gradients")
 
 
 def grad_names(adapter: "KernelAdapter | KernelTraits", case: Case, inputs: AttnInputs) -> tuple[str, ...]:
     """The gradients run_kernel returns, in order: dq, dk, dv, then dbias when the case's bias
-    requires grad (issue #16), then dsink when the case has sinks and the adapter declares their
-    gradient (issue #10)."""
+    requires grad, then dsink when the case has sinks and the adapter declares their
+    gradient."""
     return (("dq", "dk", "dv") + (("dbias",) if case.bias_grad else ())
             + (("dsink",) if inputs.sink is not None and _traits(adapter).sink_grad else ()))
 
 
 def run_kernel(adapter: KernelAdapter, case: Case, inputs: AttnInputs, deterministic: bool = False):
     """Forward + backward once: (KernelOutput, grads), outputs validated; grads are (dq, dk, dv),
-    then dbias with bias_grad (issue #16), then dsink with sinks where the adapter declares a sink
-    gradient (issue #10): `grad_names` says which. Forward-only (see is_forward_only): (KernelOutput, None)."""
+    then dbias with bias_grad, then dsink with sinks where the adapter declares a sink
+    gradient: `grad_names` says which. Forward-only (see is_forward_only): (KernelOutput, None)."""
     result, grads = kernel_pass(adapter, case, inputs, deterministic)
     validate_outputs(case, inputs, result.out, grads, grad_names(adapter, case, inputs))
     return result, grads
@@ -154,8 +154,8 @@ def run_kernel(adapter: KernelAdapter, case: Case, inputs: AttnInputs, determini
 def kernel_pass(adapter: KernelAdapter, case: Case, inputs: AttnInputs, deterministic: bool = False):
     """Forward + backward once, as the kernel returns them: (KernelOutput, grads in `grad_names`
     order, or None for a forward-only run); a grad is None where out does not depend on that input.
-    The kernel gets the case's layout views (issue #9), its own bias leaf (issue #16), its own sink
-    leaf and, for a decode case, clones of the cache (issue #10, returned as KernelOutput.cache when
+    The kernel gets the case's layout views, its own bias leaf, its own sink
+    leaf and, for a decode case, clones of the cache (returned as KernelOutput.cache when
     written in place); the grads are taken w.r.t. those leaves with the layout's dO. Only what
     autograd needs is checked here, plus the cheap checks of out a FAIL row names first; the values
     are judged by `validate_outputs` and `measure_seed` (in the gate's own process when the kernel
@@ -182,9 +182,9 @@ def kernel_pass(adapter: KernelAdapter, case: Case, inputs: AttnInputs, determin
         raise BadOutput("out has no autograd graph back to q, k, v (detached, or computed under no_grad)")
     # allow_unused: an output that ignores k is a wrong answer (FAIL "dk is missing"), not a crash.
     leaves = (call.q, call.k, call.v)
-    if case.bias_grad:  # issue #16: dBias must flow back to the bias the kernel was given
+    if case.bias_grad:  # dBias must flow back to the bias the kernel was given
         leaves = leaves + (call.opts.bias,)
-    if call.sink is not None and adapter.capabilities().sink_grad:  # issue #10
+    if call.sink is not None and adapter.capabilities().sink_grad:
         leaves = leaves + (call.sink,)
     grads = torch.autograd.grad(result.out, leaves, tensors.dout, allow_unused=True)
     return result, grads
@@ -255,7 +255,7 @@ def measure_exact(name: str, kernel: torch.Tensor, expected: torch.Tensor, dtype
                        error_ratio(max_err, bound), worst, atol, rtol, max_err == 0.0, seed)
 
 
-# issue #9: from this many keys on, a CUDA run notes the float64 reference's peak memory in the row
+# from this many keys on, a CUDA run notes the float64 reference's peak memory in the row
 # (the nightly 65,537 / 131,072-key cases: the reference runs in query chunks to fit).
 NOTE_REFERENCE_PEAK_FROM_KEYS = 65536
 
@@ -272,8 +272,8 @@ def _references_noting_peak(case: Case, inputs: AttnInputs, keep, device: str, n
 
 
 def lse_yardstick(case: Case, inputs: AttnInputs, keep, low: AttnResult | DecodeResult) -> torch.Tensor:
-    """The LSE as a kernel computes it (issue #9): the reference in float32 on the rounded inputs
-    (a decode case's, issue #10: on the K/V gathered from the expected cache, as decode_references)."""
+    """The LSE as a kernel computes it: the reference in float32 on the rounded inputs
+    (a decode case's, on the K/V gathered from the expected cache, as decode_references)."""
     if TORCH_DTYPES[case.dtype] == TORCH_DTYPES[LSE_YARDSTICK_DTYPE]:
         return low.lse
     if inputs.cache is not None:
@@ -286,7 +286,7 @@ def lse_yardstick(case: Case, inputs: AttnInputs, keep, low: AttnResult | Decode
 
 def traceback_tail(exc: BaseException, lines: int = 12) -> str:
     """The last frames of a crash and the error itself: enough to see where the kernel raised,
-    short enough that a report can quote it (#15)."""
+    short enough that a report can quote it."""
     import traceback
 
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip().splitlines()
@@ -306,9 +306,9 @@ def measure_seed(case: Case, inputs: AttnInputs, out, lse, grads, dropout_keep, 
                  cache=None) -> str | None:
     """Judge one seed's raw kernel outputs against the references (computed here, from `inputs`):
     update `worst` per tensor and return a FAIL reason, or None. Raises BadOutput on an invalid
-    answer. Measured: out; the grads `grad_names` lists (dbias #16, dsink #10) unless the run is
-    forward-only (`grads` None); the LSE against its float32 yardstick (#9); for a decode case the
-    cache after the call (`cache` = (k_cache, v_cache)), exact (#10)."""
+    answer. Measured: out; the grads `grad_names` lists (dbias, dsink) unless the run is
+    forward-only (`grads` None); the LSE against its float32 yardstick; for a decode case the
+    cache after the call (`cache` = (k_cache, v_cache)), exact."""
     forward_only = is_forward_only(traits, case)
     validate_outputs(case, inputs, out, None if forward_only else grads, grad_names(traits, case, inputs))
     if case.dropout_p and dropout_keep is None:
@@ -322,7 +322,7 @@ def measure_seed(case: Case, inputs: AttnInputs, out, lse, grads, dropout_keep, 
     else:
         gold, low = _references_noting_peak(case, inputs, dropout_keep, device, notes)
     measured = {"out": out}
-    if not forward_only:  # dq, dk, dv, then dbias (issue #16) and dsink (issue #10) as grad_names says
+    if not forward_only:  # dq, dk, dv, then dbias and dsink as grad_names says
         measured.update(zip(grad_names(traits, case, inputs), grads))
     if lse is not None:
         if tuple(lse.shape) != tuple(gold.lse.shape):

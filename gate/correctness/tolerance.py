@@ -20,7 +20,7 @@ BANDS = {"fp32": (1e-5, 1e-4), "bf16": (5e-3, 5e-3), "fp16": (1e-3, 1e-3)}
 EPS = {"fp32": 2.0**-23, "bf16": 2.0**-7, "fp16": 2.0**-10}
 
 
-# issue #9: the LSE floor's allowance for approximate exp/log (kernels use fast transcendental
+# the LSE floor's allowance for approximate exp/log (kernels use fast transcendental
 # functions: torch's CPU flash kernel's vectorised exp, ex2.approx/lg2.approx on NVIDIA GPUs). An
 # error in the row sum l of relative size e moves LSE = m + log(l) by e, whatever |LSE| is, so
 # this is absolute. Measured on CPU: torch's CPU kernel errs 2.4-3.0e-5 in bf16/fp16 (d 40-128;

@@ -45,14 +45,14 @@ class Capabilities:
     # -inf additive mask): such cases are SKIPPED with this text, never measured as a pass.
     fully_masked_rows_unsupported: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
-    # --- issue #10: entry points beyond flash_attn_func ---
+    # --- entry points beyond flash_attn_func ---
     kvcache: bool = False  # a decode entry point (flash_attn_with_kvcache convention, or emulated on a gathered cache)
     paged: bool = False  # takes a paged cache with a block table
     page_size_multiple: int = 1  # page sizes it accepts (FA2: 256)
     sinks: bool = False  # learnable per-head sink logits
     sink_grad: bool = True  # with sinks: its backward returns dsink (False: dsink not judged, and the row says so)
     backward: bool = True  # False: a forward-only (inference) kernel, judged on out and LSE
-    # ---- issue #16 (branch bias): a custom bias (float, added to the scaled scores), its gradient,
+    # ---- custom bias: a custom bias (float, added to the scaled scores), its gradient,
     # a bias in another dtype than the inputs (fp32 with bf16/fp16), and boolean masks.
     # `bias_unsupported` (non-empty) is the reason every bias case is skipped, said as it is.
     bias: bool = False
@@ -90,7 +90,7 @@ class Capabilities:
             (self.varlen or case.varlen is None, "no varlen"),
             (self.gqa or not case.is_gqa, "no GQA/MQA"),
             (not self.fully_masked_rows_unsupported or not case.has_fully_masked_rows
-             or (case.has_bias and self.fully_masked_rows_ok_with_bias),  # issue #16
+             or (case.has_bias and self.fully_masked_rows_ok_with_bias),
              f"fully masked rows: {self.fully_masked_rows_unsupported}"),
             *self._bias_checks(case),
         ]
@@ -101,7 +101,7 @@ class Capabilities:
 
 
     def _bias_checks(self, case: Case) -> list[tuple[bool, str]]:
-        """issue #16: what a bias case needs, as (ok, reason) pairs."""
+        """what a bias case needs, as (ok, reason) pairs."""
         if not case.has_bias:
             return []
         return [
@@ -129,7 +129,7 @@ def realised_keep_probability(p: float, levels: int) -> float:
 @dataclass(frozen=True)
 class KernelCall:
     """One call: q/k/v track gradients (dense (B, N, H, D) or packed varlen): contiguous leaves, or
-    under a case's `layout` (issue #9) strided views of leaves, which the kernel must honour."""
+    under a case's `layout` strided views of leaves, which the kernel must honour."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -141,12 +141,12 @@ class KernelCall:
     deterministic: bool = False
     seed: int = 0
     want_lse: bool = True  # False when timing: adapters may skip extra work done only to expose the LSE
-    # issue #10: a decode call carries its cache (the adapter writes appended tokens into these very
+    # a decode call carries its cache (the adapter writes appended tokens into these very
     # tensors, as flash_attn_with_kvcache does; q/k/v above are then q, k_cache, v_cache); `sink` is
     # the (Hq,) float32 learnable sink logits (a leaf with requires_grad when the backward is run).
     cache: "CacheInputs | None" = None
     sink: torch.Tensor | None = None
-    # issue #9: varlen keys whose lengths differ from the queries' (None: cu_seqlens serves both)
+    # varlen keys whose lengths differ from the queries' (None: cu_seqlens serves both)
     cu_seqlens_k: torch.Tensor | None = None
     max_seqlen_k: int = 0
     seqlens_k: tuple[int, ...] | None = None
@@ -169,7 +169,7 @@ class KernelOutput:
     out: torch.Tensor
     lse: torch.Tensor | None = None
     dropout_keep: torch.Tensor | list[torch.Tensor] | None = None
-    # issue #10, decode: (k_cache, v_cache) after the call; None = the call's own cache tensors,
+    # decode: (k_cache, v_cache) after the call; None = the call's own cache tensors,
     # written in place (flash_attn_with_kvcache's way)
     cache: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -265,7 +265,7 @@ def flash_lse_to_reference(lse: torch.Tensor, seqlen_q: int) -> torch.Tensor:
     return lse[..., :seqlen_q]
 
 
-# --- issue #10: the kernel side of a KV cache -------------------------------------------------
+# --- the kernel side of a KV cache -------------------------------------------------
 # A page walk of its own (logical page pos // page -> block_table -> physical block), sharing no
 # code with the references' flat gather in gate/attention/kvcache.py.
 

@@ -1,4 +1,4 @@
-"""CuTe DSL mods that hand FA4 (`flash_attn.cute`) a case's custom bias or boolean mask (issue #16).
+"""CuTe DSL mods that hand FA4 (`flash_attn.cute`) a case's custom bias or boolean mask.
 
 Imported only by the fa4 adapter, and only for a bias case: it needs `cutlass` (nvidia-cutlass-dsl),
 which comes with flash-attn-4 and is absent on CPU machines.
@@ -21,7 +21,7 @@ entries itself; before a mask_mod its SM90 forward wraps them only on the key ti
 sequence end (mask.py apply_mask, mask_seqlen), so on other key tiles the rows of a partial last
 query tile arrive past the end (read in the 4.0.0b36 source; flash-attention PR #2091 fixed that for
 SM100). The mods here read them as given, as a user's would. That is the fault at 65,537 keys with a
-boolean mask, reproduced in plain FA4 on the H200 (evidence/h200/fa4_long_mask_repro.py, 2026-12-01g):
+boolean mask, reproduced in plain FA4 on an H200 (docs/upstream-findings.md):
 a mask_mod reading a (1, 1, S, S) mask faults at S = 46,341, 65,536 and 65,537, each with a partial
 last query tile, runs right at S = 65,664 (no partial tile) and with its indices taken modulo S.
 

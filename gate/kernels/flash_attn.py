@@ -8,7 +8,7 @@ window side None (not -1) and always returns (out, lse); FA3 returns (out, lse) 
 releases and out alone in others; FA2 returns the LSE (and its dropout mask, encoded in the sign
 of S_dmask) only with return_attn_probs=True.
 
-Custom bias (issue #16), FA4 only: a float bias goes in as aux_tensors[0] read by a CuTe score_mod
+Custom bias, FA4 only: a float bias goes in as aux_tensors[0] read by a CuTe score_mod
 (score + bias[b, h, q, k], with an identity score_mod_bwd), a boolean mask as a uint8 aux tensor
 read by a mask_mod, causal/window folded into it (FA4 drops both under a mask_mod). FA4's backward
 returns no gradient for an aux tensor, so bias_grad cases are SKIPPED; softcap and a score_mod
@@ -33,7 +33,7 @@ def _import(module: str):
 class _FlashBase(KernelAdapter):
     module = ""
     dist = ""
-    kvcache_fn = ""  # issue #10: the module's decode entry point ("" = none)
+    kvcache_fn = ""  # the module's decode entry point ("" = none)
 
     def unavailable_reason(self) -> str | None:
         if not torch.cuda.is_available():
@@ -75,7 +75,7 @@ class _FlashBase(KernelAdapter):
         return KernelOutput(out=out, lse=lse)
 
 
-# --- issue #10: decode through flash_attn_with_kvcache (FA2, FA3). Written to the documented APIs;
+# --- decode through flash_attn_with_kvcache (FA2, FA3). Written to the documented APIs;
 # not run here (no GPU build of FA2/FA3 was available): the H200 script says what it found.
 
 
@@ -163,7 +163,7 @@ class FA3Adapter(_FlashBase):
     def capabilities(self) -> Capabilities:
         """What this FA3 build runs. A build made with hopper/setup.py's FLASH_ATTENTION_DISABLE_*
         switches says which in the `flash_attn_config.CONFIG` it generates beside the extension; a
-        trimmed build (the one evidence/h200 carries: no softcap, head dims 64/128 only) then SKIPS
+        trimmed build (e.g. no softcap, head dims 64/128 only) then SKIPS
         what it lacks with that reason instead of raising in every such case."""
         off = fa3_build_flags()
         dims = [d for d in (64, 96, 128, 192, 256) if not off.get(f"FLASHATTENTION_DISABLE_HDIM{d}")]
@@ -211,7 +211,7 @@ class FA4Adapter(_FlashBase):
     description = "flash-attn 4, CuTe DSL (flash_attn.cute.flash_attn_func)"
 
     def __init__(self):
-        self._masks: dict = {}  # issue #16: this case's folded boolean masks (see fa4_mask_aux)
+        self._masks: dict = {}  # this case's folded boolean masks (see fa4_mask_aux)
 
     def prepare(self, case) -> None:
         self._masks.clear()  # a new case: a new mask and new options
@@ -226,7 +226,7 @@ class FA4Adapter(_FlashBase):
             return False
 
     def capabilities(self) -> Capabilities:
-        # issue #10: decode through flash_attn_varlen_func(page_table=, seqused_k=) and learnable
+        # decode through flash_attn_varlen_func(page_table=, seqused_k=) and learnable
         # sinks, each only where this build's signature has it.
         paged = self._takes("flash_attn_varlen_func", "page_table")
         return Capabilities(dtypes=("fp16", "bf16"), max_head_dim=256, head_dim_multiple=8, head_dim_v_differs=True,
@@ -240,7 +240,7 @@ class FA4Adapter(_FlashBase):
                                    "written into the cache by the adapter (FA4 has no append)",
                                    "custom bias: a CuTe score_mod reading the bias from aux_tensors; boolean masks: a "
                                    "mask_mod, with causal/window folded into the mask (gate/kernels/fa4_mods.py)"),
-                            # issue #16: float biases through score_mod, boolean masks through mask_mod
+                            # float biases through score_mod, boolean masks through mask_mod
                             bias=True, bool_mask=True, bias_grad=False,
                             bias_unsupported=self._bias_reason(),
                             bias_grad_unsupported=BIAS_GRAD_REASON)
@@ -254,7 +254,7 @@ class FA4Adapter(_FlashBase):
         return reason
 
     def _bias_reason(self) -> str:
-        """issue #16: '' when this FA4's flash_attn_func takes the mods the bias path hands it;
+        """'' when this FA4's flash_attn_func takes the mods the bias path hands it;
         else why every bias case is skipped, read from its signature (never guessed)."""
         try:
             import inspect
@@ -275,12 +275,12 @@ class FA4Adapter(_FlashBase):
         kwargs["return_lse"] = True
         if call.sink is not None:
             kwargs["learnable_sink"] = call.sink
-        if call.opts.bias is not None:  # issue #16
+        if call.opts.bias is not None:
             kwargs.update(self._bias_kwargs(call))
         return kwargs
 
     def _bias_kwargs(self, call: KernelCall) -> dict:
-        """issue #16: the mod and aux tensor for the call's bias. A boolean mask goes through
+        """the mod and aux tensor for the call's bias. A boolean mask goes through
         mask_mod, under which FA4 drops causal and window (interface._resolve_causal_local_window):
         they are folded into the mask, and causal/window are passed as off to say so."""
         from gate.kernels import fa4_mods  # needs cutlass: only here, for a bias case
@@ -320,12 +320,12 @@ class FA4Adapter(_FlashBase):
         return KernelOutput(out=out, lse=lse)
 
 
-# --- issue #16: FA4's custom bias and masks, the torch side (the CuTe side: gate/kernels/fa4_mods.py)
+# --- FA4's custom bias and masks, the torch side (the CuTe side: gate/kernels/fa4_mods.py)
 
 BIAS_KEYWORDS = ("score_mod", "score_mod_bwd", "mask_mod", "aux_tensors")
 BIAS_GRAD_REASON = ("no bias gradient: FA4's backward (FlashAttnFunc.backward, 4.0.0b36) returns None for "
                     "aux_tensors, so the bias read by score_mod gets no dBias")
-# seen on the H200 (reports/h200/session-2026-12-01, fa4 pr sweep): FA4 4.0.0b36 asserts in its
+# FA4 4.0.0b36 asserts in its
 # backward "GQA backward requires head_dim == head_dim_v" (bf16-b2-h8/2-s257x1000-d192/128-causal)
 GQA_DV_REASON = "GQA with head_dim_v != head_dim: FA4's backward asserts head_dim == head_dim_v under GQA"
 SOFTCAP_BIAS_REASON = "no custom bias with softcap: FA4 takes softcap or a score_mod, not both (its interface asserts)"
@@ -351,7 +351,7 @@ def fa4_mask_aux(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, causal: bool,
 
 class FA4RawWindowAdapter(FA4Adapter):
     """FA4 handed the window exactly as flash_attn_func callers spell it: -1 for an unbounded side
-    (issue #9). FA4's API spells that None and reads -1 differently (TransformerEngine #3528:
+   . FA4's API spells that None and reads -1 differently (TransformerEngine #3528:
     causal + window (-1, 0) returned zeros), so both spellings must reach the kernel: `fa4` takes
     None, this one -1; the window cases of the suites run through both."""
 

@@ -6,7 +6,7 @@ recompiles, and dynamo gives up after its recompile limit. So the compiled funct
 once per adapter, the limit is raised for a suite's worth of shape families, and the mods and
 block mask are built once per case in `prepare` (not once per seed).
 
-Custom biases (issue #16): a float bias is read by a score_mod that captures the tensor
+Custom biases: a float bias is read by a score_mod that captures the tensor
 (`score + bias[b, h, q_idx, kv_idx]`, index 0 on a broadcast dim), so Flex's backward returns
 its gradient; a boolean mask becomes a mask_mod reading the captured bool tensor, and its block
 mask is built once per case (the patterns do not change with the seed). Block masks are built by
@@ -26,12 +26,11 @@ RECOMPILE_LIMIT = 512
 # Above this many mask elements (batch x heads x queries x keys, broadcast dims counted once) the block
 # mask is built by a compiled create_block_mask. The eager one evaluates the mask_mod densely under vmap:
 # at 65,537 x 65,537 with a mask_mod reading a bool tensor the process held 136 GiB of the H200's 140 when
-# it died out of memory in vmap's aten.index (2026-12-01g, call 1, bf16-b1-h2-s65537-d64-bias.document;
-# two other processes held 1.3 GiB),
+# it died out of memory in vmap's aten.index (bf16-b1-h2-s65537-d64-bias.document),
 # while compiling it is how FlexAttention's users build long masks (torchtitan compiles it). 2**28 keeps
 # every case up to 16k x 16k on the eager path it has always run on; only the 65,537-key masks cross it.
-# On 2026-12-01h that row, built so, got past the build and faulted as plain flex does on the same mask (a
-# 32-bit index into the captured mask in flex's kernel: evidence/h200/flex_long_bias_repro.py).
+# Built so, that row gets past the build and faults as plain flex does on the same mask (a 32-bit
+# index into the captured mask in flex's kernel: docs/upstream-findings.md).
 EAGER_BLOCK_MASK_MAX_ELEMENTS = 1 << 28
 
 
@@ -59,11 +58,11 @@ class FlexAdapter(KernelAdapter):
         return Capabilities(
             devices=("cuda",), dtypes=("fp16", "bf16", "fp32"), max_head_dim=256, head_dim_v_differs=True,
             window=True, softcap=True, alibi=True, varlen=True, gqa=True, deterministic_mode=True, returns_lse=True,
-            kvcache=True, paged=True,  # issue #10: on a gathered dense cache
+            kvcache=True, paged=True,  # on a gathered dense cache
             notes=("varlen by running each sequence alone",
                    "decode: one call on the gathered cache padded to the longest element, a mask_mod with each "
                    "element's length (append and paging emulated by the adapter)"),
-            bias=True, bias_grad=True, bool_mask=True,  # issue #16: score_mod / mask_mod over the captured tensor
+            bias=True, bias_grad=True, bool_mask=True,  # score_mod / mask_mod over the captured tensor
             bias_grad_other_dtype_unsupported=(
                 "no gradient of an fp32 bias with bf16/fp16 inputs: the compiled backward does not fit in shared "
                 "memory (measured on an H200, torch 2.11, d128: Inductor 'No valid triton configs', 262 KB needed, "
@@ -105,7 +104,7 @@ class FlexAdapter(KernelAdapter):
         that captured tensors do not alias; with sharing, that guard fails for any cached compile made
         while the sharing was otherwise (an earlier case in the worker, an earlier varlen sequence),
         and torch 2.11's report of that failure re-reads the old compile's sources, crashing where one
-        passes through a score_mod that is now None (2026-12-01f H200 nightly: "AttributeError:
+        passes through a score_mod that is now None ("AttributeError:
         'NoneType' object has no attribute '__closure__'" in recompilation_reason_for_no_tensor_aliasing_guard,
         pytorch #176211, fix PR #184793). Without sharing that guard cannot fail."""
         key = (str(device), slot, type(value), value)
@@ -131,12 +130,12 @@ class FlexAdapter(KernelAdapter):
         holder, mask_mod, score_mod = self._mod_cache[key]
         holder.clear()
         holder.update(params)
-        if o.bias is not None:  # issue #16
+        if o.bias is not None:
             return self._bias_mods(key, o.bias, mask_mod, score_mod)
         return mask_mod, score_mod
 
     def _bias_mods(self, key, bias: torch.Tensor, mask_mod, score_mod):
-        """issue #16: the case's mods with the custom bias read on top, built once per structure
+        """the case's mods with the custom bias read on top, built once per structure
         (bias kind, broadcast dims) and fed the tensor through a holder like the other numbers."""
         is_bool = bias.dtype == torch.bool
         bkey = ("bias", key, is_bool, bias.shape[0] == 1, bias.shape[1] == 1)
@@ -198,7 +197,7 @@ class FlexAdapter(KernelAdapter):
             key = (nq, nk, call.opts.causal, call.opts.window, str(q.device))
             bb = hb = None
             bias = call.opts.bias
-            if bias is not None and bias.dtype == torch.bool:  # issue #16: per (batch, head) where the mask varies
+            if bias is not None and bias.dtype == torch.bool:  # per (batch, head) where the mask varies
                 bb = None if bias.shape[0] == 1 else bias.shape[0]
                 hb = None if bias.shape[1] == 1 else bias.shape[1]
                 key += ("bool_bias", tuple(bias.shape))
@@ -219,7 +218,7 @@ class FlexAdapter(KernelAdapter):
     def prepare(self, case: Case) -> None:
         self._block_masks.clear()
 
-    # --- issue #10: decode as ONE flex call per case (not one per key length: each would compile) ---
+    # --- decode as ONE flex call per case (not one per key length: each would compile) ---
 
     @staticmethod
     def _make_decode_mods(has_left: bool, has_right: bool, has_cap: bool, has_alibi: bool):

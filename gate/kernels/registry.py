@@ -14,7 +14,7 @@ def _builtins() -> dict:
 
     table = {f"sdpa-{b}": (lambda b=b: SdpaAdapter(b)) for b in BACKENDS}
     table.update({"flex": FlexAdapter, "fa2": FA2Adapter, "fa3": FA3Adapter, "fa4": FA4Adapter, "tiled": TiledAdapter})
-    table["fa4-raw-window"] = FA4RawWindowAdapter  # issue #9: the (-1, 0) spelling reaching FA4
+    table["fa4-raw-window"] = FA4RawWindowAdapter  # the (-1, 0) spelling reaching FA4
     return table
 
 
@@ -23,7 +23,7 @@ def kernel_names() -> list[str]:
 
 
 def kernel_family(name: str, config):
-    """The kernel family `[tool.attn-gate.kernels.NAME]` of `config` (issue #10, a KernelFamily) that
+    """The kernel family `[tool.attn-gate.kernels.NAME]` of `config` (a KernelFamily) that
     `name` names, or None; nothing of it is imported here (the isolated path sends it to a worker).
     A family may not take a built-in kernel's name: `--kernel NAME` must mean one thing."""
     families = getattr(config, "kernels", None) or {}

@@ -17,12 +17,12 @@ differ from flash-attn, and what we do about them:
   * deterministic mode (cpu only): torch.use_deterministic_algorithms around forward and
     backward (`deterministic_scope`): SDPA reads it, not an argument. Mem-efficient claims none:
     under that flag torch only warns for it, and on an H200 its dQ differed in 3 of 10 runs for
-    bf16-b4-h16/4-s2048-d128 (reports/h200/depth.md part B), so its spread is reported instead;
-  * fully masked rows (seqlen_q > seqlen_k causal, windows): measured on an H200 (torch 2.11,
-    reports/h200/depth.md part D), mem-efficient and cuDNN give 0 there under an additive -inf
+    bf16-b4-h16/4-s2048-d128, so its spread is reported instead;
+  * fully masked rows (seqlen_q > seqlen_k causal, windows): measured on an H200 (torch 2.11),
+    mem-efficient and cuDNN give 0 there under an additive -inf
     mask but nonzero rows (max |out| 1.48 and 0.45) through `causal_lower_right`, which torch
     itself warns about; declared, so those cases are SKIPPED with the reason;
-  * custom bias (issue #16): the case's bias goes in as `attn_mask` as it is (float in its own
+  * custom bias: the case's bias goes in as `attn_mask` as it is (float in its own
     dtype, fp32 with bf16 inputs included; bool as bool), with causal/window/ALiBi folded into it
     (SDPA takes attn_mask or is_causal, not both). The bias gradient comes back from math
     (autograd) and mem-efficient (its backward returns grad_attn_bias); cuDNN's and the CPU
@@ -80,21 +80,21 @@ class SdpaAdapter(KernelAdapter):
         nan_rows = ""
         if self.backend in ("efficient", "cudnn"):
             nan_rows = (f"SDPA {self.backend} returns nonzero rows, not 0, where no key is allowed under "
-                        f"causal_lower_right (measured on an H200: reports/h200/depth.md part D)")
+                        f"causal_lower_right (measured on an H200, torch 2.11)")
         return Capabilities(
             devices=devices, dtypes=dtypes, max_head_dim=256 if self.backend != "cudnn" else 128,
             head_dim_v_differs=self.backend in ("math", "efficient"), window=takes_bias, alibi=takes_bias,
             varlen=True, gqa=True, returns_lse=True, dropout=self.backend == "flash",
             dropout_keep_levels=256 if self.backend == "flash" else 0,
             deterministic_mode=self.backend == "cpu", fully_masked_rows_unsupported=nan_rows,
-            kvcache=True, paged=True,  # issue #10: on a gathered dense cache (gate.kernels.base.gathered_decode)
+            kvcache=True, paged=True,  # on a gathered dense cache (gate.kernels.base.gathered_decode)
             notes=("GQA by repeating k/v heads", "varlen by running each sequence alone",
                    "decode: on each batch element's gathered cache (append and paging emulated by the adapter)")
             + (("window/ALiBi through the additive attn_mask",) if takes_bias else ())
             + (("dropout mask read from the flash op's debug mask (return_debug_mask=True)",) if self.backend == "flash" else ())
             + (("deterministic mode: torch.use_deterministic_algorithms(True) around forward and backward",)
                if self.backend in ("efficient", "cpu") else ()),
-            # issue #16: custom bias through attn_mask; its gradient only where the backward op returns one
+            # custom bias through attn_mask; its gradient only where the backward op returns one
             bias=takes_bias, bool_mask=takes_bias, bias_grad=self.backend in ("math", "efficient"),
             bias_unsupported="" if takes_bias else "SDPA flash takes no attn_mask (custom bias or mask)",
             bias_grad_unsupported={
@@ -107,7 +107,7 @@ class SdpaAdapter(KernelAdapter):
                 "torch 2.11: RuntimeError 'invalid dtype for bias - should match query's dtype')"
                 if self.backend == "efficient" else ""),
             # a custom bias always goes in as attn_mask (folded causal included): the additive -inf path,
-            # measured to give 0 on empty rows (reports/h200/depth.md part D, the alibi and window rows)
+            # measured to give 0 on empty rows (the alibi and window rows on an H200)
             fully_masked_rows_ok_with_bias=True,
         )
 
@@ -147,7 +147,7 @@ class SdpaAdapter(KernelAdapter):
         return self._folds[key]
 
     def _with_custom_bias(self, bias: torch.Tensor, call: KernelCall, nq: int, nk: int) -> torch.Tensor:
-        """issue #16: the case's bias as SDPA's attn_mask, causal/window/ALiBi folded in (the fold
+        """the case's bias as SDPA's attn_mask, causal/window/ALiBi folded in (the fold
         cached per case, _fold; the combination per call, since the bias is an autograd input whose
         gradient flows through it, broadcast dims summed by autograd). The bias keeps its dtype (an
         fp32 mask with bf16 inputs is what the case tests)."""

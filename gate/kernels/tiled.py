@@ -11,12 +11,12 @@ Backward recomputes P = exp(S - LSE) tile by tile instead of storing it:
 Arithmetic is float32 (as a GPU kernel accumulates); inputs and outputs keep their dtype.
 Dropout draws its keep-mask from the call's seed and reuses it in the backward.
 
-Issue #10. Sinks: the running max starts at the head's sink logit and the running sum at 1
+Sinks: the running max starts at the head's sink logit and the running sum at 1
 (exp(sink - sink)), so the sink sits in every denominator; dsink = -sum_rows exp(sink - LSE) * D.
 Decode: `decode` implements the KV cache itself: it appends the new k/v by walking the block table
 (logical page pos // page -> physical block, offset pos % page), then streams the cached keys tile
 by tile through the same page walk, so the whole paged path runs (and is tested) on a CPU.
-A custom bias (issue #16) is added to each tile's scores after the softcap (a boolean one masks);
+A custom bias is added to each tile's scores after the softcap (a boolean one masks);
 its gradient is dS (before the softcap factor) summed over the bias's broadcast dims.
 """
 
@@ -42,7 +42,7 @@ class TileSteps:
         s, tanh = self.scaled_capped(qt @ kt.transpose(-1, -2), opts)
         if opts.alibi_slopes is not None:
             s = s + self.alibi(opts.alibi_slopes, rows, nq, nk)[:, :, cols]
-        if bias is not None:  # issue #16
+        if bias is not None:
             tile = bias[:, :, rows][:, :, :, cols]
             s = s.masked_fill(~tile, float("-inf")) if tile.dtype == torch.bool else s + tile.float()
         allowed = allowed_mask(rows, nq, nk, *self.mask(opts.causal, opts.window))
@@ -178,7 +178,7 @@ class _TiledAttention(torch.autograd.Function):
                     pz, dp = p * z, dp * z
                 dv[:, :, cols] += pz.transpose(-1, -2) @ do[:, :, rows]
                 ds = p * (dp - delta[:, :, rows])
-                if dbias is not None:  # issue #16
+                if dbias is not None:
                     dbias[:, :, r0:r0 + len(rows), cols] += reduce_to_bias_shape(ds, tuple(bias.shape))
                 if tanh is not None:
                     ds = steps.softcap_grad(ds, tanh)
@@ -260,7 +260,7 @@ class TiledAdapter(KernelAdapter):
             devices=("cpu", "cuda"), dtypes=("fp16", "bf16", "fp32"), max_head_dim=512, head_dim_v_differs=True,
             window=True, softcap=True, alibi=True, dropout=True, varlen=True, deterministic_mode=True, returns_lse=True,
             kvcache=True, paged=True, sinks=True,
-            bias=True, bias_grad=True, bool_mask=True,  # issue #16
+            bias=True, bias_grad=True, bool_mask=True,
         )
 
     def tile_steps(self, call: KernelCall, keep) -> TileSteps:

@@ -1,5 +1,5 @@
 """User kernels: one function (`--kernel package.module:function`, flash_attn_func convention),
-or a kernel family declared in pyproject.toml with an entry point per convention (issue #10):
+or a kernel family declared in pyproject.toml with an entry point per convention:
 
     [tool.attn-gate.kernels.mykernel]
     dense   = "pkg.mod:attn_func"            # flash_attn_func(q, k, v, ...)            (B, N, H, D)
@@ -16,7 +16,7 @@ deterministic, learnable_sink, block_table, k/v for appending) is a feature it d
 and cases that need it are SKIPPED. A tuple result is (out, lse, ...), as flash-attn returns with
 return_attn_probs=True / return_softmax_lse=True.
 
-`attn_bias` (issue #16): a float tensor broadcastable to (batch, heads, seqlen_q, seqlen_k), in the
+`attn_bias`: a float tensor broadcastable to (batch, heads, seqlen_q, seqlen_k), in the
 case's bias dtype (the input dtype, or float32), to be ADDED to the scaled (and capped) scores
 before the causal/window masks; it may hold -inf; when it requires grad, the gradient must flow
 back to it. Boolean masks arrive in the same keyword as 0 / -inf in the input dtype.
@@ -119,13 +119,13 @@ class UserAdapter(KernelAdapter):
             deterministic_mode=self._takes("deterministic"), returns_lse=self._takes("return_attn_probs"),
             sinks=self._takes("learnable_sink"), backward=self.backward,
             notes=("varlen by running each sequence alone",),
-            # issue #16: a kernel with an `attn_bias` keyword takes every bias kind (bool as 0/-inf)
+            # a kernel with an `attn_bias` keyword takes every bias kind (bool as 0/-inf)
             bias=self._takes("attn_bias"), bias_grad=self._takes("attn_bias"), bool_mask=self._takes("attn_bias"),
         )
 
     def _dense(self, q, k, v, call: KernelCall) -> KernelOutput:
         kwargs = _common_kwargs(self.sig, call, "return_attn_probs")
-        if call.opts.bias is not None:  # issue #16: only cases with a bias pass it (capabilities() skipped the rest)
+        if call.opts.bias is not None:  # only cases with a bias pass it (capabilities() skipped the rest)
             kwargs["attn_bias"] = as_additive(call.opts.bias, q.dtype)
         return _split_result(self.fn(q, k, v, **kwargs))
 
@@ -135,7 +135,7 @@ class UserAdapter(KernelAdapter):
         return self._dense(call.q, call.k, call.v, call)
 
 
-# --- issue #10: kernel families ------------------------------------------------------------
+# --- kernel families ------------------------------------------------------------
 
 
 class VarlenEntry(KernelAdapter):
@@ -156,7 +156,7 @@ class VarlenEntry(KernelAdapter):
         )
 
     def __call__(self, call: KernelCall) -> KernelOutput:
-        cu, cu_k = call.cu_seqlens, call.keys_cu_seqlens  # issue #9: key lengths may differ from the queries'
+        cu, cu_k = call.cu_seqlens, call.keys_cu_seqlens  # key lengths may differ from the queries'
         kwargs = _common_kwargs(self.sig, call, "return_attn_probs")
         if self.sig.takes("seqused_k"):
             kwargs["seqused_k"] = (cu_k[1:] - cu_k[:-1]).to(torch.int32)

@@ -2,7 +2,7 @@
 decides nothing (gate/compare/sweep_rules.py and gate/compare/findings.py decided).
 
 The Markdown is written once and used three ways: $GITHUB_STEP_SUMMARY, the PR comment, and the
-artifact; gate/report/comment.py builds it worst first (#15).
+artifact; gate/report/comment.py builds it worst first.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def print_check(verdict: Verdict, sweep: SweepResult, console=None) -> None:
 
     if console is None:
         console = terminal_console()
-    # worst first, as in the PR comment: severity, then the size of the error ratio (#15)
+    # worst first, as in the PR comment: severity, then the size of the error ratio
     shown = sorted((f for f in verdict.findings if f.severity.blocks or f.severity is Severity.WARN), key=worst_first)
     style = {Severity.FAIL: "bold red", Severity.INCONCLUSIVE: "bold red", Severity.WARN: "yellow"}
     if shown:

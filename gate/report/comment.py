@@ -1,4 +1,4 @@
-"""The PR comment of `attn-gate check`, worst first (#15): what a maintainer reads in ten seconds.
+"""The PR comment of `attn-gate check`, worst first: what a maintainer reads in ten seconds.
 
     1. one verdict line (GitHub alert syntax) that names correctness AND speed;
     2. what the failing cases share (dtype, causal, window, head dim ...) and a copy-paste command
@@ -380,7 +380,7 @@ def _all_findings(findings: list[Finding]) -> list[str]:
 
 
 def _ratio_cells(sweep: SweepResult, baseline: Baseline) -> list[str]:
-    names = shown_tensors(sweep.cases)  # issue #10/#16: dbias, dsink, k_cache, v_cache where a case has them
+    names = shown_tensors(sweep.cases)  # dbias, dsink, k_cache, v_cache where a case has them
     lines = ["| case | status (baseline) | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
     for c in sweep.cases:
         base = baseline.correctness.get(c.case_id)

@@ -1,4 +1,4 @@
-"""The selftest's kill matrix as Markdown (#13): reads a SelftestReport, decides nothing."""
+"""The selftest's kill matrix as Markdown: reads a SelftestReport, decides nothing."""
 
 from __future__ import annotations
 

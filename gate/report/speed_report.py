@@ -23,7 +23,7 @@ def perf_rows(result: PerfResult) -> list[list[str]]:
             continue
         for p in result.plan.passes:
             t = c.pass_timing(p)
-            if t is None:  # a forward-only case (issue #10) has no backward timing
+            if t is None:  # a forward-only case has no backward timing
                 continue
             lo, hi = t.ratio_ci
             mem = c.timing.peak_mem_mb.get("candidate", math.nan)
@@ -35,14 +35,14 @@ def perf_rows(result: PerfResult) -> list[list[str]]:
             rows.append([c.case_id, p, _f(t.candidate_median_ms), _f(t.anchor_median_ms), _f(t.speed_ratio, ".4f"),
                          f"[{_f(lo, '.4f')}, {_f(hi, '.4f')}]", f"{_f(t.noise * 100, '.2f')}%",
                          f"{_f(c.tflops(p), '.1f')} / {_f(c.tflops(p, 'anchor'), '.1f')}"
-                         # issue #10: a decode step is memory-bound: achieved GB/s of K/V read (H200 ~4800)
+                         # a decode step is memory-bound: achieved GB/s of K/V read (H200 ~4800)
                          + (f"; K/V {_f(c.kv_gbps(), '.0f')} / {_f(c.kv_gbps('anchor'), '.0f')} GB/s" if c.case.entry == "kvcache" else ""),
                          f"{_f(mem, '.0f')} {flags}".strip()])
     return rows
 
 
 HEADER = ["case", "pass", "ms", "anchor ms", "speed ratio", "95% CI", "noise", "TFLOP/s (kernel/anchor)", "peak MiB / flags"]
-# Decode cases (issue #10) add "; K/V <kernel> / <anchor> GB/s" to the TFLOP/s cell.
+# Decode cases add "; K/V <kernel> / <anchor> GB/s" to the TFLOP/s cell.
 
 
 def print_perf_table(result: PerfResult, console=None) -> None:

@@ -70,7 +70,7 @@ def validation_note(result: SweepResult) -> str:
         "The common fixed tolerance band (bf16 5e-3, fp16 1e-3, fp32 1e-5/1e-4) is shown as information only.",
         "",
     ]
-    if any(c.forward_only for c in result.cases):  # issue #10: say what a forward-only pass covers
+    if any(c.forward_only for c in result.cases):  # say what a forward-only pass covers
         lines += [
             "Forward-only rows (decode cases; a kernel declared `backward = false`) have no gradients: they are",
             "judged on out and the LSE where the kernel returns it, and decode rows also on the cache after the",

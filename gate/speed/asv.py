@@ -79,7 +79,7 @@ def bench_case_ids(settings: BenchSettings | None = None) -> list[str]:
 
 
 def bench_identity(settings: BenchSettings | None = None) -> tuple[list[str], list[str]]:
-    """The kernel and the anchor, as asv parameters (#15): they are part of a benchmark's identity,
+    """The kernel and the anchor, as asv parameters: they are part of a benchmark's identity,
     so switching the kernel (or the anchor) starts a new line in the history instead of reading as
     a 7x regression of the old one."""
     settings = settings or BenchSettings.from_env()
@@ -218,7 +218,7 @@ def bench(conf: Path, settings: BenchSettings, machine: str, commit: str, quick:
 
 
 def publish(conf: Path) -> int:
-    """`asv publish`, then the site made readable offline (its scripts shipped with it, #15)."""
+    """`asv publish`, then the site made readable offline (its scripts shipped with it)."""
     rc = run_asv(["publish"], conf)
     if rc == 0:
         from gate.speed.asv_offline import make_offline

@@ -1,4 +1,4 @@
-"""Make a published asv site work without network access (#15).
+"""Make a published asv site work without network access.
 
 asv 0.6's index.html loads jQuery, flot, bootstrap, stupidtable and md5 from CDNs, so a reader
 without internet access (common on GPU clusters) sees asv's "failed to load" page. attn-gate

@@ -1,4 +1,4 @@
-"""Planted slowdowns for `attn-gate selftest` (#13): a kernel made slower by a real GPU-side delay.
+"""Planted slowdowns for `attn-gate selftest`: a kernel made slower by a real GPU-side delay.
 
 `torch.cuda._sleep(cycles)` enqueues a kernel that spins for that many clock cycles, in the same
 stream as the attention kernel, so the engine times it exactly as it would time a slower kernel

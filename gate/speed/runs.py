@@ -95,7 +95,7 @@ class PerfCaseResult:
             out[p] = {"speed_ratio": t.speed_ratio, "ci95": [lo, hi], "noise": t.noise, "spread": t.spread,
                       "rounds": t.rounds, "candidate_ms": t.candidate_median_ms, "anchor_ms": t.anchor_median_ms,
                       "candidate_tflops": self.tflops(p), "anchor_tflops": self.tflops(p, "anchor")}
-        if self.case.entry == "kvcache" and "fwd" in out:  # issue #10: a decode step is bound by reading K/V
+        if self.case.entry == "kvcache" and "fwd" in out:  # a decode step is bound by reading K/V
             out["fwd"]["candidate_kv_gbps"] = self.kv_gbps()
         if self.timing is not None:
             out["peak_mem_mb"] = self.timing.peak_mem_mb
@@ -221,7 +221,7 @@ def measure_case(adapter, anchor_name: str, case: Case, device: str, plan: Timin
     why = adapter.unsupported_reason(case, device)
     if why:
         return PerfCaseResult(case=case, status="SKIP", reason=why, anchor=anchor_name)
-    if case.forward_only or not adapter.capabilities().backward:  # issue #10: decode / inference kernels
+    if case.forward_only or not adapter.capabilities().backward:  # decode / inference kernels
         if "fwd" not in plan.passes:
             return PerfCaseResult(case=case, status="SKIP", reason="forward-only: no backward to time", anchor=anchor_name)
         plan = dataclasses.replace(plan, passes=("fwd",))
@@ -290,7 +290,7 @@ def run_perf(kernel: str, suite_name: str, config: Config, device: str | None = 
     device = device or default_device()
     anchor_name = resolve_anchor(anchor, config.perf, device)
     if measure is None:
-        adapter = family_adapter(kernel, config) or get_adapter(kernel)  # issue #10: a kernel family of the config
+        adapter = family_adapter(kernel, config) or get_adapter(kernel)  # a kernel family of the config
         missing = adapter.unavailable_reason()
         if missing:
             raise UserError(f"kernel {kernel!r} is unavailable here: {missing}")
@@ -388,7 +388,7 @@ def nothing_judged(result: PerfResult) -> PerfJudgement:
 # Passes this short move with the host, not only with the kernel: on the H200, SDPA flash's seqlen-512
 # forward passes (23-38 us) read 3.6-6.6% slower against a baseline recorded a day earlier on another
 # host, kernel and timing code unchanged, while every pass of 0.1 ms or more moved at most +1.8% (one
-# +3.4% inside its noise allowance; reports/h200/session-2026-12-01c). Such a FAIL stays a FAIL (fail
+# +3.4% inside its noise allowance). Such a FAIL stays a FAIL (fail
 # closed); its message says so, so a maintainer looks at the runner before the kernel.
 SHORT_PASS_MS = 0.1
 
@@ -419,7 +419,7 @@ def judge_perf(result: PerfResult, baseline_perf: dict[str, Any], config: PerfCo
                                                 f"not judged; make it run again, or refresh the baseline on purpose")
                     for p in _timed_passes(entry, result.plan.passes)]
             continue
-        # a forward-only case (issue #10) was timed forward only: judged on the passes it has
+        # a forward-only case was timed forward only: judged on the passes it has
         timed = tuple(p for p in result.plan.passes if not c.measured or c.pass_timing(p) is not None)
         for p in timed:
             base = baseline_estimate(entry, p)
@@ -448,7 +448,7 @@ def remeasure_with(kernel: str, anchor: str, device: str, config: PerfConfig,
                    families: Config | None = None, measure: Callable | None = None) -> Callable[[Case, str, int], RatioEstimate | None]:
     """A `remeasure` for judge_perf: times one pass of one case again with more rounds (through
     `measure`, as run_perf, when the kernel runs in a worker). `families`: the Config whose
-    [tool.attn-gate.kernels] may define `kernel` (issue #10)."""
+    [tool.attn-gate.kernels] may define `kernel`."""
     from gate.kernels.registry import family_adapter, get_adapter
 
     adapter = None if measure is not None else (family_adapter(kernel, families) or get_adapter(kernel))  # once, not per re-run

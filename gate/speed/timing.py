@@ -296,13 +296,13 @@ class KernelWorkload(Workload):
             self.inputs = make_inputs(self.case, 0, self.device)
         self.call = dataclasses.replace(leaf_call(self.case, self.inputs), want_lse=False)
         self._leaves = (self.call.q, self.call.k, self.call.v)
-        # issue #10: decode cases and forward-only kernels have no backward to build or time
+        # decode cases and forward-only kernels have no backward to build or time
         self.forward_only = self.case.forward_only or not self.adapter.capabilities().backward
         if self.forward_only:
             self._grad = None
             self._prepared = True
             return
-        if self.case.bias_grad:  # issue #16: the backward of a trainable bias computes dBias too
+        if self.case.bias_grad:  # the backward of a trainable bias computes dBias too
             self._leaves += (self.call.opts.bias,)
         self._out = self.adapter(self.call).out  # the graph every backward call reuses
         self._grad = torch.autograd.grad

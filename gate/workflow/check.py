@@ -14,7 +14,7 @@ exit 1, which would read as a gate FAIL).
 
 No baseline yet: `check` exits 2 and prints the exact `attn-gate baseline update` command. It does
 not run the sweep first: without a baseline there is nothing to gate, and a gate that passes
-without a reference would pass anything (fail closed). The perf verdict (#4) plugs in at
+without a reference would pass anything (fail closed). The perf verdict plugs in at
 `compare_all`: add its findings and thresholds there.
 """
 
@@ -127,7 +127,7 @@ def sweep_scope(sweep: SweepResult) -> str | None:
 
 
 def fresh_sweep(config: Config, target: Target, only: str | None, progress: bool, options=None) -> SweepResult:
-    """`options` (gate.workflow.sweep.SweepOptions): the run in worker processes, journal, resume (#11)."""
+    """`options` (gate.workflow.sweep.SweepOptions): the run in worker processes, journal, resume."""
     from gate.workflow.sweep import SweepOptions, run_sweep
 
     return run_sweep(target.kernel, target.suite, config, target.device, progress=progress, only=only,
@@ -155,7 +155,7 @@ def load_existing_baseline(config: Config, target: Target, baseline_file: Path |
 
 def require_complete_baseline(config: Config, baseline: Baseline, path: Path) -> None:
     """A baseline cut to a few cases (or to `{}`), or with PASS rows that carry no ratios, would gate
-    nothing on the cases it lost: refused as a damaged file (#11). A baseline of another definition of
+    nothing on the cases it lost: refused as a damaged file. A baseline of another definition of
     the suite is left to check_comparable, which says so."""
     from gate.core.cases import load_suite, suite_hash
 
@@ -212,7 +212,7 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
     if results is None:
         from gate.workflow.speed_check import perf_wanted, run_perf_check
 
-        if perf_wanted(perf, target.device):  # speed joins the same verdict (#4): default on a GPU, off on a CPU
+        if perf_wanted(perf, target.device):  # speed joins the same verdict: default on a GPU, off on a CPU
             perf_run = run_perf_check(config, target.kernel, target.suite, target.device, only, baseline.perf, Path(out_dir))
             findings, thresholds = list(findings) + perf_run.findings, {**thresholds, **perf_run.thresholds}
     else:  # a results file: speed was not timed, and where it would have been gated the report says so
@@ -255,7 +255,7 @@ def render_check(verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_d
         paths["plot"] = plot_ratios(verdict, sweep, baseline, out_dir / f"ratios-{stem}.png")
     except Exception as exc:  # an artifact, not the verdict: say so and go on
         print(f"attn-gate: warning: the plot was not drawn ({type(exc).__name__}: {exc})", file=sys.stderr)
-    append_step_summary(summary)  # the verdict and its files are written already (#11)
+    append_step_summary(summary)  # the verdict and its files are written already
     print_check(verdict, sweep, console)
     return paths
 
@@ -295,7 +295,7 @@ def require_complete_run(config: Config, sweep: SweepResult, source: object, pat
 
 def run_baseline_update(config: Config, **kwargs) -> UpdateOutcome:
     """`_update_baseline` holding the baselines folder's lock from reading the old baseline to writing
-    the new one (#11): two updates at once would each merge into the same old file and one would be lost."""
+    the new one: two updates at once would each merge into the same old file and one would be lost."""
     from gate.core.files import FolderLock, refuse_inside_baselines
 
     if kwargs.get("results_path") is None:
@@ -356,7 +356,7 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
     elif results is None:
         from gate.workflow.speed_check import perf_baseline_section, perf_wanted
 
-        if perf_wanted(perf, target.device):  # speed ratios with their noise (#4); None keeps the old section
+        if perf_wanted(perf, target.device):  # speed ratios with their noise; None keeps the old section
             perf_section, _ = perf_baseline_section(config, target.kernel, target.suite, target.device, only,
                                                     old.perf if old is not None else None)
     new, kept = merge_baseline(Baseline.from_sweep(sweep, perf=perf_section), old, sweep_scope(sweep))

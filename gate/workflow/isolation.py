@@ -54,8 +54,8 @@ class KernelInfo:
     unavailable: str | None
     notes: tuple[str, ...]
     returns_lse: bool
-    sink_grad: bool = True  # issue #10
-    backward: bool = True  # issue #10: False = forward-only kernel
+    sink_grad: bool = True
+    backward: bool = True  # False = forward-only kernel
 
     @property
     def traits(self):
@@ -263,7 +263,7 @@ class WorkerPool:
         The slot (its worker) is held only while the kernel runs; the outputs are judged after it
         is released, so with two callers per slot (the sweep's `judging_threads`) the worker runs
         the next case while this process computes the references of the last one: the float64
-        references and the kernel overlap instead of taking turns (issue #9's PR time budget)."""
+        references and the kernel overlap instead of taking turns (the pr tier's time budget)."""
         traits = traits if traits is not None else self.kernel_info().traits
         with self._cond:
             file = self.tmpdir / f"case-{next(self._files)}.pt"
@@ -306,7 +306,7 @@ atexit.register(_close_warm)
 @contextlib.contextmanager
 def worker_pool(kernel: str, device: str, workers: int, cfg: IsolationConfig, family: KernelFamily | None = None):
     """A WorkerPool for this run: a warm one of an earlier run in this process with the same kernel
-    (and kernel family definition, #10), device, worker count, working directory and environment,
+    (and kernel family definition), device, worker count, working directory and environment,
     or a new one."""
     # the working directory matters to a user kernel (`package.module:function` imports from it) only
     user_code = ":" in kernel or family is not None
@@ -346,13 +346,13 @@ def run_in_worker(slot: Slot, case: Case, check_names: tuple[str, ...], timeout:
     except WorkerGone as exc:
         slot.discard()
         # a dead worker has no Python traceback to send: its stderr's last lines (faulthandler's
-        # stack after a segfault) are the ERROR row's traceback (#15)
+        # stack after a segfault) are the ERROR row's traceback
         return _error(case, f"case {case.id}: {exc}", start, traceback=exc.stderr)
     if reply.get("restart"):
         slot.discard()  # a CUDA fault or a moved working directory: the next case gets a clean process
     status = reply.get("status")
     if status in ("SKIP", "FAIL", "ERROR"):
-        # an ERROR row carries the kernel's traceback tail, as run_case makes it in the worker (#15)
+        # an ERROR row carries the kernel's traceback tail, as run_case makes it in the worker
         return CaseResult(case=case, status=Status(status), reason=str(reply.get("reason", ""))[:1500],
                           seconds=0.0 if status == "SKIP" else time.perf_counter() - start,
                           traceback=str(reply.get("traceback", ""))[-2000:] if status == "ERROR" else "")
@@ -387,10 +387,10 @@ def judge_raw_outputs(case: Case, file: Path, device: str, tol: ToleranceConfig,
         for entry in seeds:
             inputs = make_inputs(case, entry["seed"], device)
             try:
-                # dbias (#16), dsink (#10) only where the case measures them; one the worker did not
+                # dbias, dsink only where the case measures them; one the worker did not
                 # send is None: "dbias is missing"
                 grads = None if forward_only else tuple(entry.get(name) for name in grad_names(traits, case, inputs))
-                cache = entry.get("cache")  # a decode call's (k_cache, v_cache) after the call (#10)
+                cache = entry.get("cache")  # a decode call's (k_cache, v_cache) after the call
                 fail = measure_seed(case, inputs, entry["out"], entry["lse"], grads, entry["dropout_keep"], tol, worst,
                                     notes, traits, device, None if cache is None else tuple(cache))
             except BadOutput as exc:

@@ -34,7 +34,7 @@ def journal_path(out_dir: Path, kernel: str, suite: str) -> Path:
 
 
 def _same(key: str, was: Any, now: Any) -> bool:
-    """Whether a header key matches. The environment's git_commit (#15) is where the working
+    """Whether a header key matches. The environment's git_commit is where the working
     directory's checkout is: it must match when both runs were inside a checkout (another commit is
     other code), and is not compared when one was not (the same machine and code run from another
     folder)."""
@@ -66,7 +66,7 @@ def read_journal(path: Path, header: dict[str, Any]) -> tuple[str, dict[str, Cas
 
 def journal_results(path: Path) -> dict[str, CaseResult]:
     """The finished cases of a journal, by case id, with no identity check: for a tool that reports on
-    a run still going or cut (evidence/h200/fanout.py). Empty when there is no journal yet."""
+    a run still going or cut. Empty when there is no journal yet."""
     if not Path(path).is_file():
         return {}
     return _finished(path, Path(path).read_text(encoding="utf-8", errors="replace").split("\n"))
@@ -74,7 +74,7 @@ def journal_results(path: Path) -> dict[str, CaseResult]:
 
 def drop_cases(path: Path, case_ids: set[str], keep_as: Path) -> None:
     """Remove these cases' rows from a journal, so `--resume` runs them again (a tool re-running ERROR
-    rows alone, evidence/h200/fanout.py). The journal as it was is kept at `keep_as`; the header and
+    rows alone). The journal as it was is kept at `keep_as`; the header and
     every other row stay as written; a torn last line is dropped, as a resume would."""
     path = Path(path)
     lines = path.read_text(encoding="utf-8", errors="replace").split("\n")

@@ -1,4 +1,4 @@
-"""`attn-gate selftest` (#13): the gate proves its own teeth here, with this config and suite.
+"""`attn-gate selftest`: the gate proves its own teeth here, with this config and suite.
 
     controls:   for the configured kernel and `tiled`: sweep -> baseline (in a temp folder, never
                 baselines/) -> a second sweep checked against it -> must PASS (a false failure is
@@ -76,7 +76,7 @@ class _Run:
         write_outputs(self.report, self.out_dir)
 
     def sweep(self, kernel_name: str, adapter=None, only: str | None = None) -> SweepResult:
-        """In this process (run_sweep without options, #11): a planted bug is an adapter object
+        """In this process (run_sweep without options): a planted bug is an adapter object
         wrapped around the kernel, which cannot be sent to a worker. The judging is the same code
         as the isolated path's (run_case.kernel_pass -> measure_seed -> verdict_row), and
         tests/test_isolation_features.py shows a worker's row equal to this process's row for every
@@ -338,7 +338,7 @@ def run_selftest(config: Config, kernel: str | None = None, suite: str | None = 
     from gate.core.files import require_writable
     from gate.workflow.validate import validate_target
 
-    # the same checks, defaults and "did you mean" answers as every other command (#15); the planted
+    # the same checks, defaults and "did you mean" answers as every other command; the planted
     # bugs wrap the kernel in this process, so it is loaded here
     target = validate_target(config, kernel, suite, device)
     kernel, suite, device = target.kernel, target.suite, target.device

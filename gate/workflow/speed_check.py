@@ -90,7 +90,7 @@ def run_perf_check(config: Config, kernel: str, suite: str, device: str, only: s
     from gate.kernels.registry import kernel_family
     from gate.workflow.isolation import PerfWorker
 
-    with PerfWorker(kernel, device, config.isolation, kernel_family(kernel, config)) as worker:  # the kernel is timed in a worker (#11)
+    with PerfWorker(kernel, device, config.isolation, kernel_family(kernel, config)) as worker:  # the kernel is timed in a worker
         return _judged_perf(config, kernel, suite, device, only, baseline_perf, out_dir, worker)
 
 
@@ -155,7 +155,7 @@ def perf_baseline_section(config: Config, kernel: str, suite: str, device: str, 
     from gate.workflow.isolation import PerfWorker
 
     rounds = max(config.perf.confirm_rounds, config.perf.rounds)
-    with PerfWorker(kernel, device, config.isolation, kernel_family(kernel, config)) as worker:  # the kernel is timed in a worker (#11)
+    with PerfWorker(kernel, device, config.isolation, kernel_family(kernel, config)) as worker:  # the kernel is timed in a worker
         result = run_perf(kernel, suite, config, device, only=only, rounds=rounds, progress=_progress,
                           measure=worker.measure, kernel_version=worker.info.version)
     measured = {c.case_id: baseline_entry(c, result.anchor) for c in result.cases if c.measured}

@@ -27,7 +27,7 @@ JUDGING_THREADS_PER_SLOT = 2  # a case judged here while the next one runs in th
 
 @dataclass(frozen=True)
 class SweepOptions:
-    """How a run is carried out (issue #11): where the kernel runs and what is kept along the way.
+    """How a run is carried out: where the kernel runs and what is kept along the way.
 
     workers       None: one worker per visible GPU (1 on a CPU); 0: in this process, no isolation
                   (a kernel that exits or crashes then takes the run down: for debugging and for
@@ -59,7 +59,7 @@ def run_sweep(kernel: str, suite_name: str, config: Config, device: str | None =
     """`check_names` (gate/correctness/probes/registry.py) are added to the checks each case of the suite asks for.
     `options` None runs in this process, as a library call from a test does; the CLI always passes
     options, so its runs are isolated in workers unless --workers 0 says otherwise.
-    `adapter` (selftest, #13) runs that adapter under the name `kernel`, in this process: a planted
+    `adapter` (selftest) runs that adapter under the name `kernel`, in this process: a planted
     bug wrapped around the kernel is swept and judged exactly as the kernel itself (an adapter
     object cannot be sent to a worker; the selftest's kernels are attn-gate's own and its wrappers)."""
     from gate.workflow.validate import check_device
@@ -79,7 +79,7 @@ def run_sweep(kernel: str, suite_name: str, config: Config, device: str | None =
         if adapter is not None:
             raise ValueError("an adapter object runs in-process only (workers=0 or options None); name the kernel instead")
         return _run_isolated(kernel, suite, config, device, progress, only, check_names, options, cases, extra_notes)
-    if adapter is None:  # issue #10: a kernel family of the config, else a built-in or package.module:function
+    if adapter is None:  # a kernel family of the config, else a built-in or package.module:function
         adapter = family_adapter(kernel, config) or get_adapter(kernel)
     missing = adapter.unavailable_reason()
     if missing:

@@ -1,4 +1,4 @@
-"""Check a command's names and options before anything runs (#15): kernel, suite, device, the
+"""Check a command's names and options before anything runs: kernel, suite, device, the
 working directory. A typo must be answered as a typo ("did you mean sdpa-cpu?", exit 2), never
 with advice that follows from it (a "no baseline, create one" for a kernel that does not exist,
 a traceback for `--device cuda` on a CPU machine).
@@ -72,9 +72,9 @@ def _check_kernel_in_worker(kernel: str, device: str, option: str, config: Confi
 def check_kernel(kernel: str, device: str, option: str = "--kernel", config: Config | None = None,
                  kernel_in_worker: bool = False) -> None:
     """A known name (or an importable `package.module:function`, or a kernel family of `config`,
-    issue #10), installed, and able to run on `device`.
+    entry points), installed, and able to run on `device`.
 
-    `kernel_in_worker` (#11): the run loads the kernel in a worker process, and the deciding
+    `kernel_in_worker`: the run loads the kernel in a worker process, and the deciding
     process must never import a user kernel (`package.module:function`, or a family's entry
     points), not even to check it: a worker is started here and its first answer says whether the
     kernel imports, is installed and runs on `device` (the pool stays warm: the run reuses it)."""
@@ -133,7 +133,7 @@ def validate_target(config: Config, kernel: str | None, suite: str | None, devic
     """Resolve the defaults and check every name, in the order a user reads the command line:
     device, kernel, suite, --only. `check_kernel_runs=False` for commands that only read files
     (`baseline show`): the name must be known, the kernel need not be installed here.
-    `kernel_in_worker`: the run is isolated (#11); a user kernel is not imported here (check_kernel)."""
+    `kernel_in_worker`: the run is isolated; a user kernel is not imported here (check_kernel)."""
     device = check_device(device)
     profile = config.profile(device)
     kernel = kernel or profile.kernel

@@ -43,7 +43,7 @@ def run_one(adapter, request: dict, device: str) -> dict:
 
     case = Case.from_dict(request["case"])
     start = time.perf_counter()
-    reason = adapter.unsupported_reason(case, device)  # a kernel family answers per entry point (#10)
+    reason = adapter.unsupported_reason(case, device)  # a kernel family answers per entry point
     if reason:
         return {"status": "SKIP", "reason": reason}
     seeds = []
@@ -63,9 +63,9 @@ def run_one(adapter, request: dict, device: str) -> dict:
                     return [cpu(x) for x in t]
                 return None if t is None else t.detach().to("cpu").clone()
 
-            # the grads run_case measures: dq, dk, dv (w.r.t. the layout views the kernel got, #9),
-            # dbias w.r.t. the bias leaf rebuilt here from the case (bias_grad cases, #16) and dsink
-            # (#10); none for a forward-only run; a decode call's cache after the call (#10)
+            # the grads run_case measures: dq, dk, dv (w.r.t. the layout views the kernel got),
+            # dbias w.r.t. the bias leaf rebuilt here from the case (bias_grad cases) and dsink
+            #; none for a forward-only run; a decode call's cache after the call
             entry = {"seed": seed, "out": cpu(kout.out), "lse": cpu(kout.lse), "dropout_keep": cpu(kout.dropout_keep),
                      "cache": None if kout.cache is None else [cpu(kout.cache[0]), cpu(kout.cache[1])]}
             if grads is not None:
@@ -112,7 +112,7 @@ def main() -> int:
         from gate.core.errors import UserError
         from gate.kernels.registry import get_adapter
 
-        if hello.get("family"):  # issue #10: a kernel family of the gate's config, its entry points imported here
+        if hello.get("family"):  # a kernel family of the gate's config, its entry points imported here
             from gate.core.config import KernelFamily
             from gate.kernels.user import FamilyAdapter
 

@@ -49,9 +49,9 @@ def run_tensors(adapter: KernelAdapter, case: Case, inputs: AttnInputs, determin
     tensors = {"out": kout.out.detach()}
     if kout.lse is not None:
         tensors["lse"] = kout.lse.detach()
-    if grads is not None:  # None: a forward-only run (issue #10) has out and lse alone
-        # dq, dk, dv; then a trainable bias's gradient (issue #16: summed across heads/batch, so
-        # atomics race too) and the sink gradient (issue #10) where the run produced them
+    if grads is not None:  # None: a forward-only run has out and lse alone
+        # dq, dk, dv; then a trainable bias's gradient (summed across heads/batch, so
+        # atomics race too) and the sink gradient where the run produced them
         tensors.update((name, g.detach()) for name, g in zip(grad_names(adapter, case, inputs), grads))
     return tensors
 
@@ -80,7 +80,7 @@ def _bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 def scaled_batch(case: Case, factor: int) -> Case:
     """The case with `factor` times as many sequences (varlen: the length list repeated)."""
     if case.varlen is not None:
-        keys = None if case.varlen_k is None else case.varlen_k * factor  # issue #9: keys per sequence too
+        keys = None if case.varlen_k is None else case.varlen_k * factor  # keys per sequence too
         return dataclasses.replace(case, varlen=case.varlen * factor, batch=len(case.varlen) * factor, varlen_k=keys)
     return dataclasses.replace(case, batch=case.batch * factor)
 
@@ -145,14 +145,14 @@ def _splice(keep_from: AttnInputs, others_from: AttnInputs, where: slice | int) 
         t = getattr(others_from, f).clone()
         t[where] = getattr(keep_from, f)[where]
         fields[f] = t
-    if keep_from.bias is not None:  # issue #16: the sequence keeps its own bias (the others still change via q/k/v)
+    if keep_from.bias is not None:  # the sequence keeps its own bias (the others still change via q/k/v)
         fields["bias"] = keep_from.bias
     return dataclasses.replace(others_from, seed=keep_from.seed, **fields)
 
 
 def batch_invariance_check(adapter: KernelAdapter, case: Case, device: str) -> tuple[CheckResult, ...]:
     name = "batch_invariance"
-    if case.varlen_k is not None:  # issue #9: splicing one sequence would need separate key offsets
+    if case.varlen_k is not None:  # splicing one sequence would need separate key offsets
         return (CheckResult(name, None, 0.0, 0.0, "not applicable: varlen with cu_seqlens_k != cu_seqlens_q"),)
     if case.varlen is None and case.batch < 2:
         case = dataclasses.replace(case, batch=2)
@@ -166,7 +166,7 @@ def batch_invariance_check(adapter: KernelAdapter, case: Case, device: str) -> t
     changed = _splice(base, neighbours, target)
     first = run_tensors(adapter, case, base, claims)
     if "dbias" in first and first["dbias"].shape[0] == 1:
-        del first["dbias"]  # issue #16: a bias shared by the batch sums every sequence's dS: not one sequence's
+        del first["dbias"]  # a bias shared by the batch sums every sequence's dS: not one sequence's
     # Run-to-run noise over whole tensors (a race may hit any sequence), more repeats where the
     # kernel promises nothing: a tensor is judged only if every repeat reproduced it bit for bit.
     noisy: dict[str, float] = {t: 0.0 for t in first}
