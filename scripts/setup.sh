@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh machine: a virtualenv in .venv with attn-gate and its test tools.
 # The venv sees system site-packages, so a GPU machine's own CUDA torch is used as it is; where no
-# torch is importable, the CPU build (torch==2.13.0) is installed - never a multi-GB CUDA wheel.
+# torch is importable, the CPU build (torch==2.13.0) is installed - never a multi-GB CUDA wheel -
+# from ATTN_GATE_TORCH_INDEX_URL when set (one --index-url, never an extra index that could
+# shadow a PyPI name).
+#
+# --locked (the trusted GPU jobs): no pip upgrade, no test tools, no resolver: every package from
+# .ci/requirements-trusted.txt with its hash, wheels only, then attn-gate itself with no build
+# isolation and no index. torch must be the runner's own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
@@ -9,8 +15,17 @@ if [ ! -x .venv/bin/python ]; then
   "$py" -m venv --system-site-packages .venv
 fi
 . .venv/bin/activate
+if [ "${1:-}" = "--locked" ]; then
+  if ! python -c "import torch" >/dev/null 2>&1; then
+    echo "::error::no torch in the runner's python3: the trusted jobs use the runner's own CUDA build (docs/ci.md)" >&2
+    exit 1
+  fi
+  python -m pip install -q --require-hashes --only-binary :all: --no-deps -r .ci/requirements-trusted.txt
+  python -m pip install -q --no-deps --no-build-isolation --no-index -e .
+  exit 0
+fi
 python -m pip install -q --upgrade pip >/dev/null
 if ! python -c "import torch" >/dev/null 2>&1; then
-  python -m pip install -q torch==2.13.0
+  python -m pip install -q ${ATTN_GATE_TORCH_INDEX_URL:+--index-url "$ATTN_GATE_TORCH_INDEX_URL"} torch==2.13.0
 fi
 python -m pip install -q -e '.[test]'

@@ -1,14 +1,17 @@
 """A rehearsal of the PR gate: gate.yml's `gate` job, its `run:` steps in order, on this CPU, and
 the chain around it: a fork PR's own events reach no GPU job, a comment is vetted (or not) by
-vet.yml's script, the gate runs on the vetted branch, and report.yml's scripts accept that run and
-post its summary.
+vet.yml's script, main's gate.yml runs on the vetted commit, and report.yml's scripts accept that
+run and post its summary.
 
-The steps run as the runner runs them (`bash --noprofile --norc -eo pipefail`, from the repository
-root) with GITHUB_STEP_SUMMARY, GITHUB_OUTPUT, GITHUB_ENV, RUNNER_TEMP and HOME pointing at
-temporary files, the job's and step's `env:` with their expressions filled in from a table of known
+First the runner guard runs as the runner's job-started hook would (the real script, with the
+recorded workflow_dispatch payload and a canary in a temporary folder); what it writes to
+GITHUB_ENV (HOME and the caches under RUNNER_TEMP) is the job's environment. Then the steps run as
+the runner runs them (`bash --noprofile --norc -eo pipefail`, from the repository root) with
+GITHUB_STEP_SUMMARY, GITHUB_OUTPUT, GITHUB_ENV and RUNNER_TEMP pointing at temporary files, the job's and step's `env:` with their expressions filled in from a table of known
 values (an expression the table does not know fails the test: the rehearsal must learn it), and
 GitHub's rule for which steps run after a failure, including `steps.<id>.outcome` conditions.
-`uses:` steps are GitHub's own actions and are skipped; so is the set-up step (scripts/setup.sh,
+`uses:` steps are GitHub's own actions and are skipped (the checkout too: the rehearsal gates this
+working tree's HEAD, passed as the vetted sha); so is the set-up step (scripts/setup.sh,
 which .ci/run has just run). On a CPU `attn-gate check` takes the config's cpu profile (sdpa-cpu,
 suite smoke, baselines/cpu/); the repository variables the workflow reads select the kernel and a
 few cases, so a buggy kernel can be swapped in. The asv step runs in its own test (real asv).
@@ -26,6 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests import test_runner_guard as guard
 from tests import test_workflows as wf
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +38,8 @@ EXPRESSION = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
 CASES = "^fp32-b2-h2-s65x33-d40"  # two small fp32 cases of the smoke suite (causal and not): seconds
 PERF_CASE = "^bf16-b2-h4-s256-d64$"  # one perf case of the smoke suite: what asv times on a CPU
 SKIPPED_RUN_STEPS = {"setup", "asv"}  # step ids not run by default; their reasons are in the module docstring
-PR_NUMBER, HEAD_SHA = "123", "0123456789abcdef0123456789abcdef01234567"
+PR_NUMBER = "123"
+HEAD_SHA = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
 
 def gate_job() -> dict:
@@ -57,6 +62,7 @@ class Rehearsal:
     step_summary: str
     runner_temp: Path
     rendered: dict  # the job's `uses:` steps' `with:` as they would be passed, by step name
+    hook: str = ""  # the runner guard's output
 
     def step(self, name_or_id: str) -> StepRun:
         return next(s for s in self.steps if s.name == name_or_id)
@@ -106,30 +112,46 @@ def parse_outputs(text: str) -> dict[str, str]:
 
 
 def rehearse(tmp_path: Path, variables: dict[str, str], *, cwd: Path = ROOT, skip: set[str] = SKIPPED_RUN_STEPS,
-             ref_name: str = f"pull-request/{PR_NUMBER}", sha: str = HEAD_SHA, extra_env: dict | None = None,
-             home: Path | None = None) -> Rehearsal:
-    """Run the gate job's steps; `variables` are the repository variables (vars.*) it reads. The run
-    is what vet.yml dispatches: on branch `ref_name` at commit `sha`, in this repository."""
+             pr: str = PR_NUMBER, sha: str = HEAD_SHA, extra_env: dict | None = None,
+             canary: str | None = None) -> Rehearsal:
+    """The runner guard, then the gate job's steps; `variables` are the repository variables (vars.*)
+    it reads. The run is what vet.yml dispatches: main's gate.yml with inputs pr and sha. `canary`:
+    what an earlier job on this host left (None: a fresh machine)."""
     temp = tmp_path / "runner-temp"
     temp.mkdir()
-    if home is None:
-        home = tmp_path / "home"  # a fresh machine: no canary yet
-        home.mkdir()
     summary, github_env = tmp_path / "step-summary.md", tmp_path / "github-env"
     summary.touch()
-    github_env.touch()
+    hook_dir = tmp_path / "hook"
+    hook_dir.mkdir()
+    config = guard.write_config(hook_dir)
+    if canary is not None:
+        (hook_dir / "state").mkdir()
+        (hook_dir / "state" / "canary").write_text(canary)
+    payload = {**guard.DISPATCH_GATE, "inputs": {"pr": pr, "sha": sha}}
+    hook_env = {"RUNNER_TEMP": str(temp)}
+    hook, guard_env = guard.run_guard(hook_dir, config, payload, extra=hook_env)
+    github_env.touch()  # the job's own GITHUB_ENV, empty at its first step
     known = {
         "runner.temp": str(temp),
+        "inputs.pr": pr,
+        "inputs.sha": sha,
+        # the checkout's ref, as GitHub evaluates it for a dispatch
+        "github.event_name == 'merge_group' && github.sha || format('refs/pull/{0}/head', inputs.pr)": f"refs/pull/{pr}/head",
         **{f"vars.{k}": v for k, v in variables.items()},
     }
     job = gate_job()
     base_env = {k: v for k, v in os.environ.items()
-                if not k.startswith(("GITHUB_", "RUNNER_", "ATTN_GATE_")) and k not in ("PYTHONNOUSERSITE", "HOME")}
+                if not k.startswith(("GITHUB_", "RUNNER_", "ATTN_GATE_", "PIP_")) and k not in ("PYTHONNOUSERSITE", "HOME")}
+    base_env.update({"HOME": str(tmp_path / "runner-home")})  # the runner's own HOME, replaced by the guard's
+    base_env.update(guard_env)
     base_env.update({k: fill(v, known, "job env") for k, v in job.get("env", {}).items()})
     base_env.update({"RUNNER_TEMP": str(temp), "GITHUB_STEP_SUMMARY": str(summary), "GITHUB_ENV": str(github_env),
-                     "HOME": str(home), "CI": "true", "GITHUB_ACTIONS": "true", "GITHUB_REF_NAME": ref_name,
-                     "GITHUB_SHA": sha, "GITHUB_REPOSITORY": "o/r", "GITHUB_RUN_ID": "55", "GITHUB_JOB": "gate",
-                     **(extra_env or {})})
+                     "CI": "true", "GITHUB_ACTIONS": "true", "GITHUB_REF_NAME": "main", "GITHUB_REF": "refs/heads/main",
+                     "GITHUB_EVENT_NAME": "workflow_dispatch", "GITHUB_SHA": "c" * 40, "GITHUB_REPOSITORY": "o/r",
+                     "GITHUB_RUN_ID": "55", "GITHUB_JOB": "gate", **(extra_env or {})})
+    if hook.returncode != 0:  # the runner does not start the job
+        return Rehearsal([StepRun(s.get("id") or s.get("name") or s.get("uses"), "skipped") for s in job["steps"]],
+                         True, summary.read_text(), temp, {}, hook.stdout + hook.stderr)
     steps, failed, rendered, outcomes = [], False, {}, {}
     for i, step in enumerate(job["steps"]):
         name = step.get("id") or step.get("name") or step.get("uses")
@@ -162,7 +184,7 @@ def rehearse(tmp_path: Path, variables: dict[str, str], *, cwd: Path = ROOT, ski
                              parse_outputs(output_file.read_text())))
         outcomes[name] = "success" if proc.returncode == 0 else "failure"
         failed = failed or proc.returncode != 0
-    return Rehearsal(steps, failed, summary.read_text(), temp, rendered)
+    return Rehearsal(steps, failed, summary.read_text(), temp, rendered, hook.stdout + hook.stderr)
 
 
 def assert_artifacts_complete(r: Rehearsal, pr_number: str = PR_NUMBER, sha: str = HEAD_SHA) -> Path:
@@ -177,7 +199,7 @@ def assert_artifacts_complete(r: Rehearsal, pr_number: str = PR_NUMBER, sha: str
     return results
 
 
-KINDS = ["run", "uses", "run", "uses", "skipped", "run", "run", "run", "skipped", "run", "uses", "uses"]
+KINDS = ["run", "run", "uses", "run", "run", "uses", "skipped", "run", "run", "run", "skipped", "run", "uses", "uses"]
 
 
 def test_rehearsal_passing_kernel(tmp_path):
@@ -231,15 +253,24 @@ def test_rehearsal_without_a_gpu_fails_closed(tmp_path):
     assert_artifacts_complete(r)
 
 
-def test_rehearsal_on_a_reused_runner_stops_before_any_project_code(tmp_path):
-    used = tmp_path / "used-home"  # the machine already ran a job
-    used.mkdir()
-    (used / ".attn-gate-runner-canary").write_text("repo=o/r run=54 job=gate\n")
-    r = rehearse(tmp_path, {"ATTN_GATE_KERNEL": "sdpa-cpu", "ATTN_GATE_ONLY": CASES, "ATTN_GATE_DEVICE": "cpu"}, home=used)
-    fresh = r.step("fresh")
-    assert fresh.returncode == 1 and "already ran a job (repo=o/r run=54 job=gate)" in fresh.output
-    assert all(s.kind == "skipped" for s in r.steps if s.name in ("gpu", "gate", "Check that the venv ignores the user site"))
-    assert r.step_summary.startswith("## attn-gate: no verdict")  # the report still says something
+def test_rehearsal_on_a_reused_runner_never_starts_the_job(tmp_path):
+    r = rehearse(tmp_path, {"ATTN_GATE_KERNEL": "sdpa-cpu", "ATTN_GATE_ONLY": CASES, "ATTN_GATE_DEVICE": "cpu"},
+                 canary="repo=o/r run=54 job=gate\n")
+    assert r.failed and "this host already ran a job (repo=o/r run=54 job=gate)" in r.hook
+    assert all(s.kind == "skipped" for s in r.steps)  # no step, so no project code, ran
+
+
+def test_rehearsal_of_a_commit_other_than_the_vetted_one_stops_before_setup(tmp_path):
+    r = rehearse(tmp_path, {"ATTN_GATE_KERNEL": "sdpa-cpu", "ATTN_GATE_ONLY": CASES, "ATTN_GATE_DEVICE": "cpu"},
+                 sha="f" * 40)
+    commit = r.step("commit")
+    assert commit.returncode == 1 and f"not the vetted {'f' * 40}" in commit.output
+    assert r.step("gate").kind == "skipped" and r.failed
+
+
+def test_rehearsal_refuses_bad_inputs(tmp_path):
+    r = rehearse(tmp_path, {"ATTN_GATE_DEVICE": "cpu"}, pr="7; id")
+    assert r.failed and "dispatch input pr" in r.hook  # the guard refuses before the job's own check
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -462,11 +493,13 @@ def workflows_started_by(event: str) -> dict[str, dict]:
 
 def test_fork_pr_end_to_end(tmp_path):
     """mallory/r opens PR 7 against o/r. (1) Its pull_request event, in which every repository
-    variable reads empty, starts only hosted jobs that read no variable. (2) Mallory's own
-    `/attn-gate run` comment and a maintainer's comment naming a stale SHA vet nothing. (3) A
-    maintainer's comment naming the head dispatches gate.yml on pull-request/7, which this
-    rehearsal runs on the CPU; (4) report.yml accepts that run and posts its summary on PR 7."""
-    head = wf.SHA
+    variable reads empty, starts only hosted jobs that read no variable, and the runner guard
+    refuses it anyway. (2) Mallory's own `/attn-gate run` comment and a maintainer's comment naming
+    a stale SHA vet nothing. (3) A maintainer's comment naming the head dispatches main's gate.yml
+    with pr=7 and the sha; the guard admits it and this rehearsal runs it on the CPU; (4) report.yml
+    accepts that run by its title and posts its summary on PR 7."""
+    head = HEAD_SHA  # the PR head is this working tree's commit, which the rehearsal checks out
+    pr = {**wf.FORK_PR, "head": {"sha": head, "repo": {"full_name": "mallory/r"}}}
     # (1) the fork's own event: vars empty, head repository another
     started = workflows_started_by("pull_request")
     assert set(started) == {"ci.yml"}
@@ -474,29 +507,36 @@ def test_fork_pr_end_to_end(tmp_path):
         for job in doc["jobs"].values():
             assert job["runs-on"] == "ubuntu-latest"
             assert fill(json.dumps(job), {}, name) == json.dumps(job)  # nothing that reads vars (or anything) to fill
+    refused = guard.guard.decide(guard.GPU, guard.env_for("pull_request", "ci.yml", "refs/pull/7/merge"),
+                                 guard.FORK_PULL_REQUEST)
+    assert not refused.allowed  # had mallory's ci.yml asked for the GPU group
     # (2) vetting refused
     perms = {"mallory": {"permission": "read", "role_name": "read"}, "maint": {"permission": "admin", "role_name": "admin"}}
     for login, sha in (("mallory", head), ("maint", wf.OTHER)):
-        calls = wf.vet(wf.subdir(tmp_path, f"vet-{login}"), f"/attn-gate run {sha}", login=login, permissions=perms)
+        calls = wf.vet(wf.subdir(tmp_path, f"vet-{login}"), f"/attn-gate run {sha}", login=login, permissions=perms, pr=pr)
         assert wf.named(calls, *wf.VET_WRITES) == []
-    # (3) vetted: the gate runs on the branch vet.yml set
-    calls = wf.vet(wf.subdir(tmp_path, "vet-ok"), f"/attn-gate run {head}", login="maint", permissions=perms)
+    # (3) vetted: main's gate runs with the inputs vet.yml passed
+    calls = wf.vet(wf.subdir(tmp_path, "vet-ok"), f"/attn-gate run {head}", login="maint", permissions=perms, pr=pr)
     [(_, dispatch)] = wf.named(calls, "actions.createWorkflowDispatch")
+    assert dispatch["ref"] == "main"
     gate_dir = tmp_path / "gate"
     gate_dir.mkdir()
     r = rehearse(gate_dir, {"ATTN_GATE_KERNEL": "sdpa-cpu", "ATTN_GATE_ONLY": CASES, "ATTN_GATE_DEVICE": "cpu"},
-                 ref_name=dispatch["ref"], sha=head)
-    assert not r.failed, r.step("gate").output[-2000:]
+                 pr=dispatch["inputs"]["pr"], sha=dispatch["inputs"]["sha"])
+    assert not r.failed, r.hook + r.step("gate").output[-2000:]
     assert_artifacts_complete(r, pr_number="7", sha=head)
     summary_dir = r.runner_temp / "gate-summary"
-    # (4) the report: the run as GitHub describes it to report.yml
-    run = wf.gate_run(event="workflow_dispatch", head_branch=dispatch["ref"], head_sha=head, conclusion="success")
-    out = wf.report_check(wf.subdir(tmp_path, "report-check"), run)
-    assert out["ok"] == "true" and out["pr"] == "7"
+    # (4) the report: the run as GitHub describes it to report.yml (the title is gate.yml's run-name)
+    run = wf.gate_run(display_title=f"attn-gate PR #{dispatch['inputs']['pr']} at {dispatch['inputs']['sha']}",
+                      conclusion="success")
+    out = wf.report_check(wf.subdir(tmp_path, "report-check"), run, prs={"7": pr})
+    assert out["ok"] == "true" and out["pr"] == "7" and out["sha"] == head
     post = wf.run_node(wf.subdir(tmp_path, "report-post"), wf.script_of("report.yml", "report", 2),
-                       {"payload": {"workflow_run": run}, "lists": {"pulls.listFiles": [{"filename": "gate/kernels/x.py"}]}},
-                       env={"RESULTS_DIR": str(summary_dir), "PR_NUMBER": out["pr"]})
-    assert wf.named(post, "repos.createCommitStatus")[0][1]["state"] == "success"
+                       {"payload": {"workflow_run": run, "repository": wf.REPORT_PAYLOAD_REPO}, "prs": {"7": pr},
+                        "lists": {"pulls.listFiles": [{"filename": "gate/kernels/x.py"}]}},
+                       env={"RESULTS_DIR": str(summary_dir), "PR_NUMBER": out["pr"], "GATED_SHA": out["sha"]})
+    status = wf.named(post, "repos.createCommitStatus")[0][1]
+    assert status["state"] == "success" and status["sha"] == head
     body = wf.comment_body(post)
     assert "**attn-gate passed**" in body and "## attn-gate check: PASS" in body and "`gate/`" in body
 

@@ -1,10 +1,11 @@
 """The GitHub workflows are correct and safe: schema-valid, zero zizmor findings (regular and
-pedantic; the auditor persona's findings are the ones the README explains), and the project's own
+pedantic; the auditor persona's findings are the ones docs/ci.md explains), and the project's own
 rules that a linter alone does not state: pinned actions on node24 majors, no expressions in
-scripts, least privilege, no GPU work reachable from a pull_request event, ephemeral runners
-checked, trusted jobs on their own runner group without caches. Each rule is a small function
-shown failing on a bad workflow and passing on ours; vet.yml's and report.yml's scripts run under
-node against a fake GitHub API, and the persistence canary runs in bash.
+scripts, least privilege, no GPU work reachable from a pull_request event, the runner guard
+required, trusted jobs on their own runner group with hash-locked installs and no caches. Each rule
+is a small function shown failing on a bad workflow and passing on ours; vet.yml's and report.yml's
+scripts run under node against a fake GitHub API, and the guard check runs in bash after the real
+guard (tests/test_runner_guard.py tests the guard itself).
 """
 
 from __future__ import annotations
@@ -238,7 +239,7 @@ def test_zizmor_offline_finds_nothing(persona):
     assert r.returncode == 0 and json.loads(r.stdout) == [], r.stdout + r.stderr
 
 
-# What the auditor persona still reports, each explained in the README ("zizmor --persona auditor").
+# What the auditor persona still reports, each explained in docs/ci.md ("zizmor").
 AUDITOR_EXPLAINED = {
     ("self-hosted-runner", "baselines.yml"), ("self-hosted-runner", "gate.yml"), ("self-hosted-runner", "nightly.yml"),
     ("self-hosted-runner", "publish.yml"), ("self-hosted-runner", "selftest.yml"),
@@ -251,8 +252,8 @@ def test_zizmor_auditor_findings_are_the_explained_ones():
     found = {(f["ident"], Path(f["locations"][0]["symbolic"]["key"]["Local"]["verbatim_path"]).name)
              for f in json.loads(r.stdout)}
     assert found == AUDITOR_EXPLAINED, r.stdout[-3000:]
-    readme = (ROOT / "README.md").read_text()
-    assert all(ident in readme for ident, _ in found)
+    docs = (ROOT / "docs" / "ci.md").read_text()
+    assert all(ident in docs for ident, _ in found)
 
 
 @pytest.mark.parametrize("path", WORKFLOW_FILES, ids=lambda p: p.name)
@@ -314,7 +315,7 @@ def test_permissions_are_exactly_these():
                         "deploy": {"pages": "write", "id-token": "write"}},
         "report.yml": {"report": {"actions": "read", "pull-requests": "write", "statuses": "write"}},
         "selftest.yml": {"selftest": {"contents": "read"}, "history": {"contents": "write"}},
-        "vet.yml": {"vet": {"contents": "write", "actions": "write", "statuses": "write", "pull-requests": "write"}},
+        "vet.yml": {"vet": {"actions": "write", "statuses": "write", "pull-requests": "write"}},  # writes no branch
     }
 
 
@@ -333,14 +334,24 @@ def test_jobs_that_write_run_no_project_code_and_not_on_a_self_hosted_runner():
 
 def test_gate_runs_only_vetted_commits_on_the_gpu_group():
     doc = workflow("gate.yml")
-    # no pull_request: the GPU run's workflow file is the vetted commit's, started in this repository
-    assert doc["on"] == {"push": {"branches": ["pull-request/**"]}, "workflow_dispatch": None, "merge_group": None}
-    assert doc["concurrency"] == {"group": "gate-${{ github.ref }}", "cancel-in-progress": True}
+    # main's copy, dispatched with the vetted PR and commit, or the merge queue; no pull_request, no push
+    assert set(doc["on"]) == {"workflow_dispatch", "merge_group"}
+    inputs = doc["on"]["workflow_dispatch"]["inputs"]
+    assert {k: (v["required"], v["type"]) for k, v in inputs.items()} == {"pr": (True, "string"), "sha": (True, "string")}
+    assert doc["run-name"].endswith("format('attn-gate PR #{0} at {1}', inputs.pr, inputs.sha) }}")  # report.yml reads it
+    assert "concurrency" not in doc  # job-level, keyed on the maintainer's PR number or the run id
+    assert doc["jobs"]["gate"]["concurrency"] == {"group": "gate-${{ inputs.pr || github.run_id }}", "cancel-in-progress": True}
+    steps = doc["jobs"]["gate"]["steps"]
+    checkout = next(s for s in steps if str(s.get("uses", "")).startswith("actions/checkout@"))
+    assert checkout["with"]["ref"] == "${{ github.event_name == 'merge_group' && github.sha || format('refs/pull/{0}/head', inputs.pr) }}"
+    ids = [s.get("id") for s in steps]
+    assert ids.index("inputs") < steps.index(checkout) < ids.index("commit") < ids.index("setup")  # verified before use
     job = doc["jobs"]["gate"]
     assert runner_groups(job["runs-on"]) == {GPU_GROUP}
     assert default_runner_labels(job["runs-on"]) == GPU_DEFAULT_LABELS
     assert "vars.ATTN_GATE_RUNNER" in job["runs-on"]["labels"]
     assert "if" not in job and "environment" not in job
+    assert "pull-request/" not in GATE_TEXT()  # no branch route left
     gate_step = next(s for s in job["steps"] if s.get("id") == "gate")
     assert "attn-gate check" in gate_step["run"] and "--no-progress" not in gate_step["run"]
     uploads = {s["with"]["name"]: s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact@")}
@@ -348,41 +359,69 @@ def test_gate_runs_only_vetted_commits_on_the_gpu_group():
     assert all(u["if"] == "${{ !cancelled() }}" for u in uploads.values())  # uploaded when the gate fails too
 
 
+def GATE_TEXT() -> str:
+    return (WORKFLOWS / "gate.yml").read_text()
+
+
 def test_no_workflow_passes_no_progress():
     """Non-TTY progress is one line per case (the ux branch); workflow logs keep it."""
     assert [p.name for p in WORKFLOW_FILES if "--no-progress" in p.read_text()] == []
 
 
-def test_self_hosted_jobs_are_ephemeral_and_grouped():
-    """Every self-hosted job starts with the persistence canary, ignores the user site, and runs in
-    a runner group; main's trusted jobs run in the trusted group with no pip cache, the PR gate in
-    the GPU group; nothing restores a cache."""
-    canary = next(iter(self_hosted_jobs()))[2]["steps"][0]
+def test_self_hosted_jobs_require_the_guard_and_are_grouped():
+    """Every self-hosted job starts by checking that the runner guard ran (the guard itself checks
+    the event, the workflow@ref and the canary), ignores the user site, and runs in a runner group:
+    main's trusted jobs only on the trusted group, with hash-locked installs and no pip cache; the
+    PR gate on the GPU group; nothing restores a cache; no variable relaxes any check."""
+    guard_step = workflow("gate.yml")["jobs"]["gate"]["steps"][0]
     seen = {}
     for name, job_id, job in self_hosted_jobs():
         first = job["steps"][0]
-        assert first["id"] == "fresh" and first["run"] == canary["run"], f"{name}/{job_id}"
+        assert first["id"] == "guard" and first["run"] == guard_step["run"], f"{name}/{job_id}"
         assert job["env"]["PYTHONNOUSERSITE"] == "1", f"{name}/{job_id}"
-        assert job["env"]["PERSISTENT_RUNNER_ACCEPTED"] == "${{ vars.ATTN_GATE_PERSISTENT_RUNNER_ACCEPTED }}"
+        assert "PERSISTENT_RUNNER_ACCEPTED" not in json.dumps(job), f"{name}/{job_id}"
         names = [s.get("name") for s in job["steps"]]
         assert names.index("Check that the venv ignores the user site") < names.index("Check that torch sees the GPU")
         seen[f"{name}/{job_id}"] = runner_groups(job["runs-on"])
+        setup = next(s for s in job["steps"] if s.get("id") == "setup")["run"]
         if TRUSTED_GROUP in seen[f"{name}/{job_id}"]:
             assert job["env"]["PIP_NO_CACHE_DIR"] == "1", f"{name}/{job_id}"
+            assert setup == "bash scripts/setup.sh --locked", f"{name}/{job_id}"
+            assert "github.ref == 'refs/heads/main'" in job["if"], f"{name}/{job_id}"  # the guard refuses the rest
     assert seen == {
-        "baselines.yml/update": {TRUSTED_GROUP, GPU_GROUP},  # main -> trusted, another branch -> GPU group
+        "baselines.yml/update": {TRUSTED_GROUP},
         "gate.yml/gate": {GPU_GROUP},
-        "nightly.yml/shard": {TRUSTED_GROUP, GPU_GROUP},
-        "nightly.yml/verdict": {TRUSTED_GROUP, GPU_GROUP},
+        "nightly.yml/shard": {TRUSTED_GROUP},
+        "nightly.yml/verdict": {TRUSTED_GROUP},
         "publish.yml/bench": {TRUSTED_GROUP},
-        "selftest.yml/selftest": {TRUSTED_GROUP, GPU_GROUP},
+        "selftest.yml/selftest": {TRUSTED_GROUP},
     }
-    for name, job_id, job in self_hosted_jobs():
-        if len(seen[f"{name}/{job_id}"]) == 2:
-            assert job["runs-on"]["group"] == (
-                "${{ github.ref == 'refs/heads/main' && 'attn-gate-trusted' || 'attn-gate-gpu' }}"), f"{name}/{job_id}"
-    assert workflow("publish.yml")["jobs"]["bench"]["if"] == "github.ref == 'refs/heads/main'"
     assert not any("actions/cache" in p.read_text() for p in WORKFLOW_FILES)
+
+
+def test_trusted_lock_is_hash_pinned_and_matches_its_input():
+    """.ci/requirements-trusted.txt (uv pip compile --generate-hashes) pins every package to one
+    version with hashes, holds every name of its input, and the input holds attn-gate's runtime
+    dependencies but torch (the runner's own)."""
+    lock = (ROOT / ".ci" / "requirements-trusted.txt").read_text()
+    entries = re.split(r"\n(?=[A-Za-z0-9])", "\n".join(l for l in lock.splitlines() if not l.lstrip().startswith("#")).strip())
+    pinned = {}
+    for entry in entries:
+        m = re.match(r"^([A-Za-z0-9_.-]+)==([^\s;\\]+)", entry)
+        assert m and "--hash=sha256:" in entry, f"not pinned with a hash: {entry[:80]}"
+        pinned[m[1].lower().replace("_", "-")] = m[2]
+    wanted = [re.split(r"[<>=!~;\s]", l)[0].lower() for l in (ROOT / ".ci" / "requirements-trusted.in").read_text().splitlines()
+              if l.strip() and not l.startswith("#")]
+    assert set(wanted) <= set(pinned), set(wanted) - set(pinned)
+    project = __import__("tomllib").loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    runtime = {re.split(r"[<>=!~;\s]", d)[0].lower() for d in project} - {"torch"}
+    assert runtime | {"setuptools"} == set(wanted)
+    assert "torch" not in pinned and "nvidia-cudnn-cu12" not in pinned
+    from packaging.requirements import Requirement
+    for line in (ROOT / ".ci" / "requirements-trusted.in").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            req = Requirement(line)
+            assert req.specifier.contains(pinned[req.name.lower()]), f"{req} vs {pinned[req.name.lower()]}"
 
 
 def test_self_hosted_labels_are_declared_for_actionlint():
@@ -455,7 +494,7 @@ def test_nightly_shards_then_merges_and_checks():
     assert re.search(r'attn-gate sweep --suite nightly --shard "\$SHARD/\$SHARDS" --device "\$ATTN_GATE_DEVICE" --out "\$out"', sweep)
     upload = next(s for s in shard["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact@"))
     assert upload["with"]["name"] == "nightly-shard-${{ matrix.shard }}"
-    assert verdict["needs"] == "shard" and verdict["if"] == "${{ !cancelled() }}"
+    assert verdict["needs"] == "shard" and verdict["if"] == "${{ !cancelled() && github.ref == 'refs/heads/main' }}"
     download = next(s for s in verdict["steps"] if str(s.get("uses", "")).startswith("actions/download-artifact@"))
     assert download["with"]["pattern"] == "nightly-shard-*"
     merge = next(s for s in verdict["steps"] if "attn-gate merge" in s.get("run", ""))["run"]
@@ -477,37 +516,24 @@ def test_selftest_reports_on_the_run_page_and_beside_the_history():
     assert "selftest/latest/" in push and "asv-results" in push
 
 
-# ---- the persistence canary and the user-site check, run for real -----------------------------
+# ---- the guard check and the user-site check, run for real -------------------------------------
 
-def canary_step() -> str:
-    return workflow("gate.yml")["jobs"]["gate"]["steps"][0]["run"]
-
-
-def run_canary(home: Path, summary: Path, accepted: str = "") -> subprocess.CompletedProcess:
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "GITHUB_STEP_SUMMARY": str(summary), "GITHUB_REPOSITORY": "o/r",
-           "GITHUB_RUN_ID": "7", "GITHUB_JOB": "gate", "PERSISTENT_RUNNER_ACCEPTED": accepted}
-    return subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", canary_step()], env=env,
-                          capture_output=True, text=True, timeout=30)
+def guard_check(env: dict[str, str]) -> subprocess.CompletedProcess:
+    step = workflow("gate.yml")["jobs"]["gate"]["steps"][0]["run"]
+    return subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step],
+                          env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, text=True, timeout=30)
 
 
-def test_persistence_canary_trips_on_a_reused_runner(tmp_path):
-    summary = tmp_path / "summary.md"
-    summary.touch()
-    first = run_canary(tmp_path, summary)
-    assert first.returncode == 0, first.stdout + first.stderr  # a fresh machine: passes, leaves the marker
-    assert (tmp_path / ".attn-gate-runner-canary").read_text() == "repo=o/r run=7 job=gate\n"
-    second = run_canary(tmp_path, summary)  # the same machine, a later job
-    assert second.returncode == 1 and "::error::this runner already ran a job (repo=o/r run=7 job=gate)" in second.stdout
-    assert run_canary(tmp_path, summary, accepted="true").returncode == 1  # only the documented value opts out
-    accepted = run_canary(tmp_path, summary, accepted="yes")
-    assert accepted.returncode == 0 and "::warning::this runner is not ephemeral" in accepted.stdout
-    assert "persistent runner accepted by the admin" in summary.read_text()  # visible on the run page
-
-
-def test_persistence_canary_does_not_echo_a_planted_marker_as_a_command(tmp_path):
-    (tmp_path / ".attn-gate-runner-canary").write_text("x\n::set-env name=EVIL::1\n$(id)")
-    r = run_canary(tmp_path, tmp_path / "summary.md")
-    assert r.returncode == 1 and "::set-env" not in r.stdout and "$(id)" not in r.stdout
+def test_guard_check_fails_on_a_runner_without_the_guard(tmp_path):
+    from tests import test_runner_guard as g
+    bare = guard_check({"HOME": "/home/runner", "RUNNER_TEMP": str(tmp_path / "runner-temp")})
+    assert bare.returncode == 1 and "::error::this runner has no attn-gate guard" in bare.stdout
+    r, values = g.run_guard(tmp_path, g.write_config(tmp_path))  # the hook, as the runner runs it first
+    assert r.returncode == 0, r.stdout + r.stderr
+    guarded = guard_check({**values, "RUNNER_TEMP": str(tmp_path / "runner-temp")})
+    assert guarded.returncode == 0 and "runner guard ran (group attn-gate-gpu)" in guarded.stdout
+    moved = guard_check({**values, "RUNNER_TEMP": str(tmp_path / "runner-temp"), "HOME": "/home/runner"})
+    assert moved.returncode == 1  # a HOME that outlives the job is refused too
 
 
 def test_the_venv_ignores_the_user_site_only_with_the_job_env():
@@ -563,21 +589,29 @@ def test_baseline_update_pushes_a_branch_and_never_opens_a_pr_with_github_token(
     assert opener["if"] == "steps.app-token.outcome == 'success'"
 
 
-def test_readme_setup_enables_no_token_self_approval():
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## GitHub Actions"):]
-    section = section[:section.index("\n## ", 4)]
-    assert "Allow GitHub Actions to create and approve pull requests" in section  # named, to say: leave it off
-    assert "Tick *Allow GitHub Actions" not in section
-    assert re.search(r"leave[^.\n]*off|stays off|keep[^.\n]*off", section, re.IGNORECASE)
-    assert "ephemeral" in section.lower() and "recommended" not in section.lower()
+def test_ci_docs_enable_no_token_self_approval_and_no_push_route():
+    docs = (ROOT / "docs" / "ci.md").read_text()
+    assert "Allow GitHub Actions to create and approve pull requests" in docs  # named, to say: leave it off
+    assert "Tick *Allow GitHub Actions" not in docs
+    assert re.search(r"leave[^.\n]*off|stays off|keep[^.\n]*off", docs, re.IGNORECASE)
+    assert "ephemeral" in docs.lower() and "recommended" not in docs.lower()
+    for path in (ROOT / "README.md", ROOT / "docs" / "ci.md"):  # nobody is asked to push to pull-request/*
+        assert not re.search(r"push[^\n]*refs/heads/pull-request|git push origin [^\n]*pull-request", path.read_text()), path
+    for needle in ("ACTIONS_RUNNER_HOOK_JOB_STARTED", "prevent self-review", "attn-gate-app", "re-imaged",
+                   "requirements-trusted.txt", "/attn-gate run <sha>"):
+        assert needle.lower() in docs.lower(), needle
 
 
 def test_codeowners_cover_what_decides_a_verdict():
     owners = (ROOT / ".github" / "CODEOWNERS").read_text()
     rules = dict(line.split(None, 1) for line in owners.splitlines() if line.strip() and not line.startswith("#"))
-    assert set(rules) == {"/.github/", "/gate/", "/baselines/", "/pyproject.toml", "/scripts/"}
-    assert all(owner.strip().startswith("@") for owner in rules.values())
+    assert list(rules)[0] == "*"  # a default owner: nothing is unowned, a new folder included
+    assert set(rules) == {"*", "/.github/", "/.ci/", "/gate/", "/tests/", "/benchmarks/", "/baselines/", "/scripts/",
+                          "/pyproject.toml", "/asv.conf.json"}
+    assert len(set(rules.values())) == 1 and all(owner.strip().startswith("@") for owner in rules.values())
+    # report.yml warns about the same paths
+    sensitive = re.search(r"const SENSITIVE = \[(.*?)\];", (WORKFLOWS / "report.yml").read_text())[1]
+    assert {p.strip(" '") for p in sensitive.split(",")} == {r.lstrip("/") for r in rules if r != "*"}
 
 
 # ---- vet.yml's and report.yml's scripts under node, against a fake GitHub API ----------------
@@ -602,7 +636,10 @@ const core = {
 const github = {
   rest: {
     pulls: {
-      get: record('pulls.get', ({ pull_number }) => s.prs[String(pull_number)] || notFound()),
+      get: record('pulls.get', ({ pull_number }) => {
+        const pr = s.prs[String(pull_number)];
+        return Array.isArray(pr) ? (pr.length > 1 ? pr.shift() : pr[0]) : (pr || notFound());
+      }),
       listFiles: 'pulls.listFiles',
     },
     repos: {
@@ -667,7 +704,8 @@ FORK_PR = {"number": 7, "state": "open", "head": {"sha": SHA, "repo": {"full_nam
 
 
 def vet(tmp_path, body: str, login: str = "maint", permissions=None, pr=None, fail=None) -> list:
-    payload = {"issue": {"number": 7, "pull_request": {"url": "https://api.github.com/repos/o/r/pulls/7"}},
+    payload = {"repository": {"full_name": "o/r", "default_branch": "main"},
+               "issue": {"number": 7, "pull_request": {"url": "https://api.github.com/repos/o/r/pulls/7"}},
                "comment": {"body": body, "user": {"login": login},
                            "author_association": "OWNER" if login == "owner-but-read" else "NONE"}}
     perms = permissions if permissions is not None else {
@@ -678,34 +716,27 @@ def vet(tmp_path, body: str, login: str = "maint", permissions=None, pr=None, fa
                     {"payload": payload, "permissions": perms, "prs": {"7": pr or FORK_PR}, "fail": fail or {}})
 
 
-VET_WRITES = ("git.updateRef", "git.createRef", "repos.createCommitStatus", "actions.createWorkflowDispatch")
+VET_WRITES = ("git.updateRef", "git.createRef", "repos.createCommitStatus", "actions.createWorkflowDispatch")  # the first two: never
 
 
 @pytest.mark.parametrize("login", ["maint", "writer"])
-def test_vet_hands_a_maintainers_sha_of_a_fork_pr_to_the_gate(tmp_path, login):
+def test_vet_hands_a_maintainers_sha_of_a_fork_pr_to_mains_gate(tmp_path, login):
     calls = vet(tmp_path, f"/attn-gate run {SHA}\n", login=login)
-    assert [c[0] for c in named(calls, *VET_WRITES)] == ["git.updateRef", "repos.createCommitStatus",
-                                                          "actions.createWorkflowDispatch"]
-    assert named(calls, "git.updateRef")[0][1] == {"owner": "o", "repo": "r", "ref": "heads/pull-request/7", "sha": SHA,
-                                                   "force": True}
+    assert [c[0] for c in named(calls, *VET_WRITES)] == ["repos.createCommitStatus", "actions.createWorkflowDispatch"]
     status = named(calls, "repos.createCommitStatus")[0][1]
     assert (status["sha"], status["state"], status["context"]) == (SHA, "pending", "attn-gate/gpu")
-    assert named(calls, "actions.createWorkflowDispatch")[0][1] == {"owner": "o", "repo": "r", "workflow_id": "gate.yml",
-                                                                    "ref": "pull-request/7"}
+    # main's gate.yml, told which PR and commit: no branch is written, whatever the PR changed
+    assert named(calls, "actions.createWorkflowDispatch")[0][1] == {
+        "owner": "o", "repo": "r", "workflow_id": "gate.yml", "ref": "main", "inputs": {"pr": "7", "sha": SHA}}
     assert not named(calls, "setFailed") and f"Vetted {SHA}" in named(calls, "issues.createComment")[0][1]["body"]
 
 
-def test_vet_creates_the_branch_the_first_time(tmp_path):
-    calls = vet(tmp_path, f"/attn-gate run {SHA}", fail={"git.updateRef": {"status": 422, "message": "Reference does not exist"}})
-    assert named(calls, "git.createRef")[0][1]["ref"] == "refs/heads/pull-request/7"
-    assert named(calls, "actions.createWorkflowDispatch")
-
-
-def test_vet_explains_a_commit_the_token_cannot_push(tmp_path):
-    fail = {"git.updateRef": {"status": 422, "message": "no ref"}, "git.createRef": {"status": 403, "message": "workflows permission"}}
-    calls = vet(tmp_path, f"/attn-gate run {SHA}", fail=fail)
-    assert not named(calls, "repos.createCommitStatus", "actions.createWorkflowDispatch")
-    assert f"git push origin {SHA}:refs/heads/pull-request/7" in named(calls, "issues.createComment")[0][1]["body"]
+def test_vet_dispatches_a_commit_that_changes_workflows_the_same_way(tmp_path):
+    """No push route: main's gate.yml runs it; the report warns that the PR changes .github/."""
+    text = (WORKFLOWS / "vet.yml").read_text()
+    assert "updateRef" not in text and "createRef" not in text and "git push" not in text
+    calls = vet(tmp_path, f"/attn-gate run {SHA}")
+    assert named(calls, "actions.createWorkflowDispatch")[0][1]["ref"] == "main"
 
 
 @pytest.mark.parametrize("login", ["reader", "triager", "owner-but-read", "stranger"])
@@ -739,12 +770,16 @@ def test_vet_accepts_only_one_full_sha(tmp_path, body):
     assert "Usage" in named(calls, "issues.createComment")[0][1]["body"]
 
 
-# report.yml: a gate run on pull-request/7 of this repository (the vetted copy of fork PR 7)
+# report.yml: main's gate.yml dispatched by vet.yml for fork PR 7 at SHA (main itself is at MAIN)
+
+MAIN = "c" * 40
+REPORT_PAYLOAD_REPO = {"full_name": "o/r", "default_branch": "main"}
+
 
 def gate_run(**over) -> dict:
-    return {"id": 55, "path": ".github/workflows/gate.yml", "event": "workflow_dispatch", "head_branch": "pull-request/7",
-            "head_sha": SHA, "head_repository": {"full_name": "o/r"}, "conclusion": "failure",
-            "html_url": "https://example.invalid/run/55", **over}
+    return {"id": 55, "path": ".github/workflows/gate.yml", "event": "workflow_dispatch", "head_branch": "main",
+            "head_sha": MAIN, "display_title": f"attn-gate PR #7 at {SHA}", "head_repository": {"full_name": "o/r"},
+            "conclusion": "failure", "html_url": "https://example.invalid/run/55", **over}
 
 
 SMALL_ARTIFACT = [{"id": 901, "name": "gate-summary", "size_in_bytes": 2048, "expired": False},
@@ -753,8 +788,8 @@ SMALL_ARTIFACT = [{"id": 901, "name": "gate-summary", "size_in_bytes": 2048, "ex
 
 def report_check(tmp_path, run: dict, prs=None, artifacts=SMALL_ARTIFACT) -> dict:
     calls = run_node(tmp_path, script_of("report.yml", "report", 0),
-                     {"payload": {"workflow_run": run}, "prs": prs if prs is not None else {"7": FORK_PR},
-                      "lists": {"artifacts": artifacts}})
+                     {"payload": {"workflow_run": run, "repository": REPORT_PAYLOAD_REPO},
+                      "prs": prs if prs is not None else {"7": FORK_PR}, "lists": {"artifacts": artifacts}})
     outputs = {c[1]: c[2] for c in named(calls, "setOutput")}
     outputs["warnings"] = [c[1] for c in named(calls, "warning")]
     return outputs
@@ -762,20 +797,23 @@ def report_check(tmp_path, run: dict, prs=None, artifacts=SMALL_ARTIFACT) -> dic
 
 def test_report_accepts_the_vetted_run_and_picks_the_small_artifact(tmp_path):
     out = report_check(tmp_path, gate_run())
-    assert out == {"ok": "true", "pr": "7", "artifact-id": "901", "warnings": []}
-    assert report_check(tmp_path, gate_run(event="push"))["ok"] == "true"  # a maintainer's manual push
-    merge = report_check(tmp_path, gate_run(event="merge_group", head_branch="gh-readonly-queue/main/pr-7-" + OTHER))
-    assert merge["ok"] == "true" and merge["pr"] == ""  # the merge queue: a status, no comment
+    assert out == {"ok": "true", "pr": "7", "sha": SHA, "artifact-id": "901", "warnings": []}  # the PR's commit, not main's
+    merge = report_check(tmp_path, gate_run(event="merge_group", head_branch="gh-readonly-queue/main/pr-7-" + OTHER,
+                                            head_sha=OTHER, display_title="attn-gate merge queue " + OTHER))
+    assert merge["ok"] == "true" and merge["pr"] == "" and merge["sha"] == OTHER  # the merge queue: a status, no comment
 
 
 @pytest.mark.parametrize("change,why", [
     ({"path": ".github/workflows/evil.yml"}, "not .github/workflows/gate.yml"),  # a workflow merely named gate
     ({"head_repository": {"full_name": "mallory/r"}}, "not o/r"),  # a fork's run
     ({"event": "pull_request"}, "never carries a vetted commit"),  # a fork's own pull_request workflow
-    ({"head_branch": "main"}, "not pull-request/<N>"),
-    ({"head_branch": "pull-request/7x"}, "not pull-request/<N>"),
-    ({"head_sha": OTHER}, "a newer push?"),  # the PR moved on since the vetted run
-    ({"event": "merge_group", "head_branch": "pull-request/7"}, "merge-group run"),
+    ({"event": "push"}, "never carries a vetted commit"),  # no push route any more
+    ({"head_branch": "feature"}, "not main's copy"),  # a branch's edited gate.yml, dispatched by a writer
+    ({"head_branch": "pull-request/7"}, "not main's copy"),
+    ({"display_title": f"attn-gate PR #7 at {SHA} "}, "not \"attn-gate PR #<N> at <sha>\""),
+    ({"display_title": f"attn-gate PR #7x at {SHA}"}, "not \"attn-gate PR #<N> at <sha>\""),
+    ({"display_title": f"attn-gate PR #7 at {OTHER}"}, "a newer push?"),  # the PR moved on since the vetted run
+    ({"event": "merge_group", "head_branch": "gh-readonly-queue/dev/x"}, "merge-group run"),
 ])
 def test_report_refuses_a_run_that_is_not_the_vetted_gate(tmp_path, change, why):
     out = report_check(tmp_path, gate_run(**change))
@@ -784,8 +822,8 @@ def test_report_refuses_a_run_that_is_not_the_vetted_gate(tmp_path, change, why)
 
 
 def test_report_refuses_a_forged_pr_number(tmp_path):
-    # pull-request/8 exists but PR 8's head is another commit: nothing goes to PR 8
-    out = report_check(tmp_path, gate_run(head_branch="pull-request/8"),
+    # a title naming PR 8 with PR 7's commit: PR 8's head is another commit, nothing goes to PR 8
+    out = report_check(tmp_path, gate_run(display_title=f"attn-gate PR #8 at {SHA}"),
                        prs={"7": FORK_PR, "8": {**FORK_PR, "number": 8, "head": {"sha": OTHER}}})
     assert out["ok"] == "false"
 
@@ -796,16 +834,18 @@ def test_report_skips_an_oversized_summary_artifact(tmp_path):
     assert out["ok"] == "true" and "artifact-id" not in out and any("over" in w for w in out["warnings"])
 
 
-def report_post(tmp_path, artifact: dict[str, str] | None, run=None, files=(), comments=(), pr="7") -> list:
+def report_post(tmp_path, artifact: dict[str, str] | None, run=None, files=(), comments=(), pr="7", sha=SHA,
+                prs=None) -> list:
     results = tmp_path / "gate-summary"
     if artifact is not None:
         results.mkdir()
         for name, text in artifact.items():
             (results / name).write_text(text)
-    scenario = {"payload": {"workflow_run": run or gate_run()},
+    scenario = {"payload": {"workflow_run": run or gate_run(), "repository": REPORT_PAYLOAD_REPO},
+                "prs": prs if prs is not None else {"7": FORK_PR},
                 "lists": {"pulls.listFiles": [{"filename": f} for f in files], "comments": list(comments)}}
     return run_node(tmp_path, script_of("report.yml", "report", 2), scenario,
-                    env={"RESULTS_DIR": str(results), "PR_NUMBER": pr})
+                    env={"RESULTS_DIR": str(results), "PR_NUMBER": pr, "GATED_SHA": sha})
 
 
 def comment_body(calls) -> str:
@@ -819,10 +859,21 @@ def test_report_sets_the_status_and_labels_pr_made_text(tmp_path):
     assert (status["sha"], status["state"], status["context"]) == (SHA, "failure", "attn-gate/gpu")  # the run's conclusion
     body = comment_body(calls)
     assert body.startswith("<!-- attn-gate-report -->\n**attn-gate failed** on aaaaaaaaaaaa")
-    # the PR-made "PASS" sits below the label, after the report's own verdict line
-    assert body.index("written by the PR's code") < body.index("## attn-gate check: PASS")
+    # the PR-made "PASS" sits below the label, after the report's own verdict line, as literal text
+    assert body.index("written by the PR's code") < body.index("```text\n## attn-gate check: PASS")
     assert "### asv history (not the verdict)" in body
     assert named(calls, "issues.createComment")[0][1]["issue_number"] == 7
+
+
+def test_report_fences_pr_text_longer_than_its_longest_backtick_run(tmp_path):
+    evil = "ok\n`````\n![badge](https://evil.invalid/pass.svg) [click](https://evil.invalid)\n``````\nend"
+    body = comment_body(report_post(tmp_path, {"summary.md": evil}))
+    made = body[body.index("written by the PR's code"):]
+    fence = "`" * 7  # one longer than the 6-backtick run inside
+    assert f"{fence}text\n" in made and made.rstrip().endswith(fence)
+    inside = made[made.index(fence) + len(fence):made.rindex(fence)]
+    assert "![badge]" in inside  # shown as text, inside the fence, never rendered
+    assert not re.search(r"^`{7,}", inside, re.MULTILINE)  # nothing inside can close the fence
 
 
 @pytest.mark.parametrize("evil", ["@someone", "&#64;someone", "&#x40;someone", "&commat;someone", "\uff20someone",
@@ -836,10 +887,28 @@ def test_report_neutralises_mentions_and_references(tmp_path, evil):
 
 def test_report_flags_prs_that_touch_what_decides_the_verdict(tmp_path):
     body = comment_body(report_post(tmp_path, {"summary.md": "x"}, files=[".github/workflows/gate.yml", "gate/compare/rule.py",
-                                                                         "baselines/h200/k.json", "README.md"]))
+                                                                         "baselines/h200/k.json", "tests/t.py", "README.md"]))
     warning = body[body.index("[!WARNING]"):body.index("[!NOTE]")]
-    assert "`.github/`" in warning and "`gate/`" in warning and "`baselines/`" in warning and "README" not in warning
+    assert "`.github/`" in warning and "`gate/`" in warning and "`baselines/`" in warning and "`tests/`" in warning
+    assert "README" not in warning and "main's workflows ran" in warning
     assert "[!WARNING]" not in comment_body(report_post(subdir(tmp_path, "b"), {"summary.md": "x"}, files=["README.md", "kernels/x.py"]))
+
+
+def test_report_treats_over_3000_changed_files_as_sensitive(tmp_path):
+    files = [f"kernels/k{i}.py" for i in range(3000)]  # all the API lists; the rest is unseen
+    body = comment_body(report_post(tmp_path, {"summary.md": "x"}, files=files))
+    warning = body[body.index("[!WARNING]"):body.index("[!NOTE]")]
+    assert "over 3000 files" in warning and "`.github/`" in warning
+
+
+def test_report_rechecks_the_head_before_each_write(tmp_path):
+    moved = {"7": {**FORK_PR, "head": {"sha": OTHER}}}  # a push landed after the run check
+    calls = report_post(tmp_path, {"summary.md": "x"}, prs=moved)
+    assert named(calls, "repos.createCommitStatus", "issues.createComment", "issues.updateComment") == []
+    assert any("moved to" in c[1] for c in named(calls, "warning"))
+    # the head moves between the status and the comment: the status is written, the comment is not
+    calls = report_post(subdir(tmp_path, "b"), {"summary.md": "x"}, prs={"7": [FORK_PR, moved["7"]]})
+    assert named(calls, "repos.createCommitStatus") and not named(calls, "issues.createComment", "issues.updateComment")
 
 
 def test_report_updates_its_own_comment_not_someone_elses(tmp_path):
@@ -869,9 +938,10 @@ def test_report_refuses_a_symlinked_summary(tmp_path):
 
 
 def test_report_merge_queue_sets_the_status_only(tmp_path):
-    run = gate_run(event="merge_group", head_branch="gh-readonly-queue/main/x", conclusion="success")
-    calls = report_post(tmp_path, {"summary.md": "x"}, run=run, pr="")
-    assert named(calls, "repos.createCommitStatus")[0][1]["state"] == "success"
+    run = gate_run(event="merge_group", head_branch="gh-readonly-queue/main/x", head_sha=OTHER, conclusion="success")
+    calls = report_post(tmp_path, {"summary.md": "x"}, run=run, pr="", sha=OTHER)
+    status = named(calls, "repos.createCommitStatus")[0][1]
+    assert status["state"] == "success" and status["sha"] == OTHER
     assert named(calls, "issues.createComment", "issues.updateComment") == []
 
 

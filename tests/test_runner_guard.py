@@ -1,0 +1,276 @@
+"""The runner guard (gate/workflow/templates/runner/job_started.py), which the self-hosted runner
+runs before every job: recorded event payloads, as GitHub writes them to GITHUB_EVENT_PATH, are
+allowed or refused per runner group whatever the workflow's YAML asks for; the persistence canary
+and the job's environment are checked by running the script as the runner runs it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNNER = ROOT / "gate" / "workflow" / "templates" / "runner"
+GUARD = RUNNER / "job_started.py"
+SHA, MAIN_SHA = "a" * 40, "c" * 40
+
+spec = importlib.util.spec_from_file_location("job_started", GUARD)
+guard = importlib.util.module_from_spec(spec)
+sys.modules["job_started"] = guard  # dataclasses look their module up by name
+spec.loader.exec_module(guard)
+
+
+def shipped(group: str) -> dict:
+    raw = json.loads((RUNNER / f"{group}.json").read_text())
+    return {**raw, "repository": "o/r"}
+
+
+GPU, TRUSTED = guard.parse_config(shipped("attn-gate-gpu")), guard.parse_config(shipped("attn-gate-trusted"))
+REPO = {"full_name": "o/r", "fork": False}
+
+# ---- recorded payloads (the fields GitHub sends that the guard reads, with their neighbours) ----
+
+FORK_PULL_REQUEST = {  # mallory/r opened PR 7; "Approve and run" on her edited ci.yml
+    "action": "synchronize", "number": 7,
+    "pull_request": {"number": 7, "head": {"sha": SHA, "ref": "main", "repo": {"full_name": "mallory/r", "fork": True}},
+                     "base": {"ref": "main", "repo": REPO}},
+    "repository": REPO, "sender": {"login": "mallory"},
+}
+DISPATCH_GATE = {"inputs": {"pr": "7", "sha": SHA}, "ref": "refs/heads/main", "repository": REPO,
+                 "sender": {"login": "github-actions[bot]"}, "workflow": ".github/workflows/gate.yml"}
+MERGE_GROUP = {"action": "checks_requested", "repository": REPO,
+               "merge_group": {"head_sha": MAIN_SHA, "head_ref": f"refs/heads/gh-readonly-queue/main/pr-7-{SHA}",
+                               "base_sha": "d" * 40, "base_ref": "refs/heads/main"}}
+PUSH_MAIN = {"ref": "refs/heads/main", "before": "d" * 40, "after": MAIN_SHA, "repository": REPO}
+SCHEDULE = {"schedule": "41 1 * * *", "repository": REPO}
+ISSUE_COMMENT = {"action": "created", "issue": {"number": 7, "pull_request": {"url": "x"}},
+                 "comment": {"body": f"/attn-gate run {SHA}"}, "repository": REPO}
+
+
+def env_for(event: str, workflow: str, ref: str, repo: str = "o/r") -> dict:
+    return {"GITHUB_EVENT_NAME": event, "GITHUB_REPOSITORY": repo, "GITHUB_REF": ref,
+            "GITHUB_WORKFLOW_REF": f"{repo}/.github/workflows/{workflow}@{ref}", "GITHUB_RUN_ID": "55", "GITHUB_JOB": "gate"}
+
+
+CASES = [  # (id, group, event, workflow, ref, payload, allowed, why)
+    ("pull_request job", GPU, "pull_request", "ci.yml", "refs/pull/7/merge", FORK_PULL_REQUEST, False, "pull_request"),
+    ("fork's edited ci.yml asks for the GPU group", GPU, "pull_request", "ci.yml", "refs/pull/7/merge",
+     FORK_PULL_REQUEST, False, "PR's own workflow file"),
+    ("fork's edited ci.yml asks for the trusted group", TRUSTED, "pull_request", "ci.yml", "refs/pull/7/merge",
+     FORK_PULL_REQUEST, False, "pull_request"),
+    ("pull_request_target", GPU, "pull_request_target", "gate.yml", "refs/heads/main", FORK_PULL_REQUEST, False,
+     "pull_request_target"),
+    ("pull_request payload under another name", GPU, "workflow_dispatch", "gate.yml", "refs/heads/main",
+     {**DISPATCH_GATE, "pull_request": FORK_PULL_REQUEST["pull_request"]}, False, "pull_request"),
+    ("main's gate.yml dispatched with inputs", GPU, "workflow_dispatch", "gate.yml", "refs/heads/main", DISPATCH_GATE,
+     True, "allowed in runner group attn-gate-gpu"),
+    ("main's gate.yml on the trusted group", TRUSTED, "workflow_dispatch", "gate.yml", "refs/heads/main", DISPATCH_GATE,
+     False, "allow-list"),
+    ("a branch's gate.yml", GPU, "workflow_dispatch", "gate.yml", "refs/heads/feature",
+     {**DISPATCH_GATE, "ref": "refs/heads/feature"}, False, "comes from refs/heads/feature, not refs/heads/main"),
+    ("a branch's gate.yml on push", GPU, "push", "gate.yml", "refs/heads/pull-request/7",
+     {**PUSH_MAIN, "ref": "refs/heads/pull-request/7"}, False, "event push is not one of workflow_dispatch"),
+    ("gate.yml with a short sha", GPU, "workflow_dispatch", "gate.yml", "refs/heads/main",
+     {**DISPATCH_GATE, "inputs": {"pr": "7", "sha": SHA[:12]}}, False, "dispatch input sha"),
+    ("gate.yml without inputs", GPU, "workflow_dispatch", "gate.yml", "refs/heads/main",
+     {**DISPATCH_GATE, "inputs": {}}, False, "dispatch input pr"),
+    ("gate.yml with an extra input", GPU, "workflow_dispatch", "gate.yml", "refs/heads/main",
+     {**DISPATCH_GATE, "inputs": {"pr": "7", "sha": SHA, "kernel": "x"}}, False, "['kernel'] are not among"),
+    ("payload names another workflow", GPU, "workflow_dispatch", "gate.yml", "refs/heads/main",
+     {**DISPATCH_GATE, "workflow": ".github/workflows/evil.yml"}, False, "names another workflow"),
+    ("merge queue", GPU, "merge_group", "gate.yml", MERGE_GROUP["merge_group"]["head_ref"], MERGE_GROUP, True,
+     "allowed"),
+    ("merge queue of another base", GPU, "merge_group", "gate.yml", "refs/heads/gh-readonly-queue/main/pr-7-x",
+     {"merge_group": {"head_ref": "refs/heads/gh-readonly-queue/main/pr-7-x", "base_ref": "refs/heads/dev"}}, False,
+     "targets 'refs/heads/dev'"),
+    ("publish on push to main", TRUSTED, "push", "publish.yml", "refs/heads/main", PUSH_MAIN, True, "allowed"),
+    ("publish from a branch", TRUSTED, "push", "publish.yml", "refs/heads/x", {**PUSH_MAIN, "ref": "refs/heads/x"},
+     False, "not refs/heads/main"),
+    ("nightly schedule", TRUSTED, "schedule", "nightly.yml", "refs/heads/main", SCHEDULE, True, "allowed"),
+    ("baselines dispatched from main", TRUSTED, "workflow_dispatch", "baselines.yml", "refs/heads/main",
+     {**DISPATCH_GATE, "workflow": ".github/workflows/baselines.yml", "inputs": {"suite": "pr", "kernel": ""}}, True,
+     "allowed"),
+    ("baselines with a shell in an input", TRUSTED, "workflow_dispatch", "baselines.yml", "refs/heads/main",
+     {**DISPATCH_GATE, "workflow": ".github/workflows/baselines.yml", "inputs": {"suite": "$(id)"}}, False,
+     "dispatch input suite"),
+    ("baselines on the PR group", GPU, "workflow_dispatch", "baselines.yml", "refs/heads/main",
+     {**DISPATCH_GATE, "workflow": ".github/workflows/baselines.yml", "inputs": {}}, False, "allow-list"),
+    ("main's vet.yml asks for a GPU", GPU, "issue_comment", "vet.yml", "refs/heads/main", ISSUE_COMMENT, False,
+     "allow-list"),
+]
+
+
+@pytest.mark.parametrize("name,config,event,workflow,ref,payload,allowed,why", CASES, ids=[c[0] for c in CASES])
+def test_guard_decides_from_the_runners_facts(name, config, event, workflow, ref, payload, allowed, why):
+    d = guard.decide(config, env_for(event, workflow, ref), payload)
+    assert d.allowed is allowed, d.reasons
+    assert any(why in r for r in d.reasons), d.reasons
+
+
+def test_guard_refuses_another_repository_and_inconsistent_facts():
+    other = guard.decide(GPU, env_for("workflow_dispatch", "gate.yml", "refs/heads/main", repo="mallory/r"),
+                         {**DISPATCH_GATE, "repository": {"full_name": "mallory/r"}})
+    assert not other.allowed and "is not o/r" in other.reasons[0]
+    env = {**env_for("workflow_dispatch", "gate.yml", "refs/heads/main"), "GITHUB_REF": "refs/heads/feature"}
+    assert not guard.decide(GPU, env, DISPATCH_GATE).allowed  # the workflow's ref and the run's ref disagree
+    env = {**env_for("workflow_dispatch", "gate.yml", "refs/heads/main"),
+           "GITHUB_WORKFLOW_REF": "mallory/r/.github/workflows/gate.yml@refs/heads/main"}
+    assert not guard.decide(GPU, env, DISPATCH_GATE).allowed  # a workflow of another repository
+    assert not guard.decide(GPU, {}, DISPATCH_GATE).allowed  # nothing from the runner: refuse
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"repository": "OWNER/REPO"}, "repository must be"),
+    ({"surprise": 1}, "unknown keys"),
+    ({"allow": []}, "allow is empty"),
+    ({"allow": [{"workflow": ".github/workflows/ci.yml", "events": ["pull_request"], "ref": "refs/heads/main"}]},
+     "without pull_request"),
+    ({"allow": [{"workflow": "gate.yml", "events": ["push"], "ref": "refs/heads/main"}]}, "must be a path"),
+    ({"persistent_runner_accepted": "yes"}, "true or false"),
+    ({"schema_version": 2}, "schema_version"),
+])
+def test_guard_settings_errors_name_the_key(change, message):
+    with pytest.raises(guard.ConfigError, match=message):
+        guard.parse_config({**shipped("attn-gate-gpu"), **change})
+
+
+def test_shipped_settings_list_exactly_the_workflows_each_group_runs():
+    """The templates and the workflows agree: every self-hosted job's workflow is allowed on the
+    group its runs-on names, with exactly the workflow's triggers, from main."""
+    wanted: dict[str, set[tuple[str, str]]] = {}
+    for path in sorted((ROOT / ".github" / "workflows").glob("*.yml")):
+        doc = yaml.safe_load(path.read_text())
+        on = doc.get(True, doc.get("on"))
+        for job in doc["jobs"].values():
+            runs_on = job["runs-on"]
+            if isinstance(runs_on, dict):
+                for event in on:
+                    wanted.setdefault(runs_on["group"], set()).add((f".github/workflows/{path.name}", event))
+    for config in (GPU, TRUSTED):
+        got = {(r.workflow, e) for r in config.allow for e in r.events}
+        assert got == wanted[config.group], config.group
+        assert all(r.ref == "refs/heads/main" or r.ref_prefix == "refs/heads/gh-readonly-queue/main/"
+                   for r in config.allow)
+    assert set(wanted) == {"attn-gate-gpu", "attn-gate-trusted"}
+
+
+# ---- the script as the runner runs it ------------------------------------------------------------
+
+def write_config(tmp_path: Path, **over) -> Path:
+    raw = {**shipped("attn-gate-gpu"), "canary": str(tmp_path / "state" / "canary"), "canary_sudo": "",
+           "read_only_paths": [], **over}
+    path = tmp_path / "guard.json"
+    path.write_text(json.dumps(raw))
+    return path
+
+
+def run_guard(tmp_path: Path, config: Path, payload: dict = DISPATCH_GATE, extra: dict | None = None,
+              event: str = "workflow_dispatch", workflow: str = "gate.yml", ref: str = "refs/heads/main"):
+    temp = tmp_path / "runner-temp"
+    temp.mkdir(exist_ok=True)
+    (tmp_path / "event.json").write_text(json.dumps(payload))
+    github_env = tmp_path / "github-env"
+    github_env.write_text("")
+    env = {"PATH": "/usr/bin:/bin", **env_for(event, workflow, ref), "GITHUB_EVENT_PATH": str(tmp_path / "event.json"),
+           "GITHUB_ENV": str(github_env), "RUNNER_TEMP": str(temp), **(extra or {})}
+    r = subprocess.run([sys.executable, "-I", str(GUARD), "--config", str(config)], env=env, capture_output=True,
+                       text=True, timeout=60)
+    values = dict(line.split("=", 1) for line in github_env.read_text().splitlines())
+    return r, values
+
+
+def test_guard_script_confines_the_job_to_its_temp_dir(tmp_path):
+    r, values = run_guard(tmp_path, write_config(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    temp = str(tmp_path / "runner-temp")
+    assert values["ATTN_GATE_GUARD"] == "attn-gate-gpu"
+    for key in ("HOME", "XDG_CACHE_HOME", "PIP_CACHE_DIR", "TORCH_HOME", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",
+                "CUDA_CACHE_PATH", "TMPDIR"):
+        assert values[key].startswith(temp + "/"), key
+    assert values["PIP_CONFIG_FILE"] == os.devnull and values["PIP_EXTRA_INDEX_URL"] == ""
+    assert values["PIP_INDEX_URL"] == "https://pypi.org/simple" and values["PYTHONNOUSERSITE"] == "1"
+    assert (tmp_path / "runner-temp" / "home").is_dir()
+
+
+def test_guard_script_refuses_a_pull_request_and_writes_nothing(tmp_path):
+    r, values = run_guard(tmp_path, write_config(tmp_path), FORK_PULL_REQUEST, event="pull_request", workflow="ci.yml",
+                          ref="refs/pull/7/merge")
+    assert r.returncode == 1 and "::error::attn-gate guard: refused: event pull_request" in r.stdout
+    assert values == {} and not (tmp_path / "state" / "canary").exists()
+
+
+def test_canary_refuses_a_reused_host_and_no_job_variable_turns_it_off(tmp_path):
+    config = write_config(tmp_path)
+    assert run_guard(tmp_path, config)[0].returncode == 0
+    assert (tmp_path / "state" / "canary").read_text().startswith("repo=o/r run=55 job=gate")
+    # the old opt-out, a job variable, and an attempt to point the guard at other settings: all ignored
+    sneaky = {"ATTN_GATE_PERSISTENT_RUNNER_ACCEPTED": "yes", "PERSISTENT_RUNNER_ACCEPTED": "yes",
+              "PYTHONPATH": str(tmp_path), "ATTN_GATE_GUARD_CONFIG": "/dev/null"}
+    (tmp_path / "json.py").write_text("raise SystemExit(0)\n")  # would shadow json without -I
+    again, values = run_guard(tmp_path, config, extra=sneaky)
+    assert again.returncode == 1 and values == {}
+    assert "this host already ran a job (repo=o/r run=55 job=gate" in again.stdout
+    accepted = write_config(tmp_path, persistent_runner_accepted=True)  # only the host's settings opt out
+    r, values = run_guard(tmp_path, accepted)
+    assert r.returncode == 0 and "::warning::attn-gate guard: this host is not fresh" in r.stdout and values
+
+
+def test_canary_does_not_echo_a_planted_marker_as_a_command(tmp_path):
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "canary").write_text("x\n::set-env name=EVIL::1\n$(id)")
+    r, _ = run_guard(tmp_path, write_config(tmp_path))
+    assert r.returncode == 1 and "::set-env" not in r.stdout and "$(id)" not in r.stdout
+
+
+def test_canary_in_a_folder_the_job_can_write_is_named_as_a_tripwire(tmp_path):
+    r, _ = run_guard(tmp_path, write_config(tmp_path))
+    if os.access(tmp_path / "state", os.W_OK):
+        assert "::warning::attn-gate guard: the canary's folder" in r.stdout
+    # with canary_sudo, a writable folder is refused: the root-written marker must be out of the job's reach
+    r, values = run_guard(tmp_path, write_config(tmp_path, canary_sudo="/usr/bin/sudo", canary=str(tmp_path / "c2" / "x")))
+    assert r.returncode == 1 and "canary_sudo is set but this user can write" in r.stdout and values == {}
+
+
+def test_mark_canary_takes_no_argument_from_its_caller(tmp_path):
+    """The helper run through sudo: fixed command, label from stdin, exit 0 then 3."""
+    config = write_config(tmp_path)
+    cmd = [sys.executable, "-I", str(GUARD), "--config", str(config), "--mark-canary"]
+    first = subprocess.run(cmd, input="repo=o/r run=1\n::evil::", capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0
+    second = subprocess.run(cmd, input="repo=o/r run=2", capture_output=True, text=True, timeout=60)
+    assert second.returncode == guard.USED and "repo=o/r run=1" in second.stdout and "::evil" not in second.stdout
+    assert subprocess.run([*cmd, "/tmp/elsewhere"], capture_output=True, timeout=60).returncode == 2  # argparse
+
+
+def test_guard_refuses_a_writable_guard_or_base_python(tmp_path):
+    writable = tmp_path / "opt"
+    writable.mkdir()
+    r, values = run_guard(tmp_path, write_config(tmp_path, read_only_paths=[str(writable)]))
+    if os.access(writable, os.W_OK):
+        assert r.returncode == 1 and f"this user can write {writable}" in r.stdout and values == {}
+    assert guard.parse_config(shipped("attn-gate-gpu")).read_only_paths[-1] == "@python"
+
+
+def test_guard_refuses_bad_settings_and_a_missing_payload(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**shipped("attn-gate-gpu"), "repository": "OWNER/REPO"}))
+    r, _ = run_guard(tmp_path, bad)
+    assert r.returncode == 2 and "repository must be this runner's OWNER/REPO" in r.stdout
+    config = write_config(tmp_path)
+    r, values = run_guard(tmp_path, config, extra={"GITHUB_EVENT_PATH": str(tmp_path / "missing.json")})
+    assert r.returncode == 1 and "cannot read the event payload" in r.stdout and values == {}
+
+
+def test_wrapper_fixes_its_paths_and_runs_python_isolated():
+    text = (RUNNER / "job_started.sh").read_text()
+    exec_line = [line for line in text.splitlines() if line.startswith("exec ")]
+    assert exec_line == ["exec /usr/bin/python3 -I /opt/attn-gate-runner/job_started.py "
+                         "--config /etc/attn-gate-runner/guard.json"]
+    assert "$" not in exec_line[0]  # no variable decides what runs or which settings apply
