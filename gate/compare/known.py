@@ -173,7 +173,7 @@ def refuse_unmatched(entries: Iterable[KnownFailure], kernel: str, suites: Mappi
         if not any(entry.pattern.search(cid) for cids in ids.values() for cid in cids):
             raise UserError(f"{entry.source} {TABLE} #{entry.index}: cases = {entry.cases!r} matches no case of "
                             f"suite {' or '.join(sorted(ids))} for kernel {kernel!r} (reason: {entry.reason}); fix the "
-                            f"pattern (`attn-gate list --suite S` prints case ids) or delete the entry")
+                            f"pattern (`attn-gate suites --cases` prints every case id) or delete the entry")
 
 
 def apply_known(findings: Iterable[Finding], sweep: "SweepResult", entries: Iterable[KnownFailure]
