@@ -51,7 +51,7 @@ def print_known(verdict: Verdict, console) -> None:
     groups = [g for g in known_groups(verdict) if g.known or g.xpass]
     if not groups:
         return
-    table = Table(title="known failures (declared in [[tool.attn-gate.known_failures]]; not failures)")
+    table = Table(title=escape("known failures (declared in [[tool.attn-gate.known_failures]]; not failures)"))
     for col in ("entry", "KNOWN cases", "XPASS", "covers", "reason", "link"):
         table.add_column(col, overflow="fold")
     for g in groups:
