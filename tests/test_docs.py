@@ -13,10 +13,6 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 README_MAX_LINES = 250
 
-# Pages other branches are writing; a link to one is allowed only while the page is absent.
-# Once a page exists, its entry must go (test_pending_pages_are_still_pending), so this cannot go stale.
-PENDING_PAGES = {"docs/known-failures.md"}
-
 FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.M | re.S)
 INLINE_CODE = re.compile(r"`[^`\n]*`")
 LINK = re.compile(r"\[[^\]\n]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
@@ -44,8 +40,7 @@ def broken_links(text: str, where: Path, root: Path = ROOT) -> list[str]:
         if re.match(r"(https?|mailto):", target) or target.startswith("#"):
             continue
         path = (where.parent / target.split("#", 1)[0]).resolve()
-        rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
-        if not path.exists() and rel not in PENDING_PAGES:
+        if not path.exists():
             broken.append(target)
     return broken
 
@@ -107,11 +102,6 @@ def rows_without_commit(text: str) -> list[str]:
 @pytest.mark.parametrize("path", doc_files(), ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_relative_links_resolve(path):
     assert broken_links(path.read_text(), path) == [], f"{path.relative_to(ROOT)}: links to missing files"
-
-
-def test_pending_pages_are_still_pending():
-    landed = sorted(p for p in PENDING_PAGES if (ROOT / p).exists())
-    assert not landed, f"{landed} exist now: remove them from PENDING_PAGES so links to them are checked"
 
 
 def test_readme_is_short_and_starts_with_the_two_commands():

@@ -1,7 +1,8 @@
 """`attn-gate baseline update|show`: rewrite this GPU class's baseline on purpose, or print it.
 
-update: exit 0 written, 1 refused because the run itself fails its bounds (nothing written; pass
---allow-failing to record the failure on purpose), 2 usage or environment error: among them a run
+update: exit 0 written, 1 refused because the run itself fails its bounds on a case no
+[[tool.attn-gate.known_failures]] declaration covers (nothing written; the message names the rows
+and the tensors to declare), 2 usage or environment error: among them a run
 that lacks cases of the suite (a truncated results file would delete them from the baseline),
 --only without an existing baseline, an --out or --summary that cannot be written (checked before
 the sweep; the summary is written before the baseline).
@@ -16,6 +17,13 @@ from gate.commands.common import add_config, add_kernel_suite
 from gate.commands.help_text import parser_kwargs
 
 
+class RemovedFlag(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} was removed: declare each failing case as an upstream bug in "
+                     f"[[tool.attn-gate.known_failures]] (kernel, cases, tensors, reason, link) and run "
+                     f"`attn-gate baseline update` again; see docs/known-failures.md")
+
+
 def register(sub) -> None:
     p = sub.add_parser("baseline", help="update or show the committed baseline of this GPU class", **parser_kwargs("baseline"))
     bsub = p.add_subparsers(dest="baseline_command", required=True, metavar="ACTION")
@@ -25,8 +33,9 @@ def register(sub) -> None:
     add_config(u)
     u.add_argument("--from-results", type=Path, default=None, metavar="FILE",
                    help="a sweep JSON (from `attn-gate sweep` or `check`, e.g. a CI artifact) instead of a fresh run")
-    u.add_argument("--allow-failing", action="store_true",
-                   help="write the baseline even though the run fails its bounds (check keeps failing on those cases)")
+    # gone: a failing row is recorded only under a declaration with a reason and a link. Kept as a
+    # hidden flag so an old CI script gets the way forward, not just "unrecognized arguments".
+    u.add_argument("--allow-failing", nargs=0, action=RemovedFlag, help=argparse.SUPPRESS)
     u.add_argument("--summary", type=Path, default=None, metavar="FILE", help="also write the change summary (Markdown) here")
     u.add_argument("--out", type=Path, default=Path("out"), metavar="DIR", help="where a fresh run's sweep JSON is saved")
     u.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -56,7 +65,7 @@ def update(args: argparse.Namespace) -> int:
     else:
         check_device(device)
     outcome = run_baseline_update(config, kernel=kernel, suite=suite, device=device, only=args.only,
-                                  results_path=args.from_results, allow_failing=args.allow_failing,
+                                  results_path=args.from_results,
                                   summary_path=args.summary, out_dir=args.out, progress=not args.no_progress,
                                   perf=args.perf, perf_from=args.perf_from)
     return outcome.exit_code

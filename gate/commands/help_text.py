@@ -20,12 +20,13 @@ HELP: dict[str, tuple[str, list[str], list[str]]] = {
     "baseline": ("Rewrite or print the committed baseline of this GPU class.",
                  ["attn-gate baseline update --kernel sdpa-cpu --suite smoke --device cpu",
                   "attn-gate baseline show --device cpu --only causal"],
-                 ["0  written / shown", "1  refused: the run fails its own bounds (pass --allow-failing)", EXIT_2]),
+                 ["0  written / shown", "1  refused: a case fails that no [[tool.attn-gate.known_failures]] declaration covers", EXIT_2]),
     "baseline update": ("Rerun the suite (or read --from-results) and rewrite baselines/<gpu-class>/<kernel>-<suite>.json "
                         "atomically; prints what moved, for the PR that commits it.",
                         ["attn-gate baseline update --kernel sdpa-cpu --suite smoke --device cpu",
                          "attn-gate baseline update --from-results out/sweep-sdpa-flash-pr.json --summary body.md"],
-                        ["0  written", "1  refused: the run fails its own bounds (nothing written; --allow-failing)", EXIT_2]),
+                        ["0  written", "1  refused: a case fails that no known_failures declaration covers (nothing written; "
+                         "docs/known-failures.md)", EXIT_2]),
     "baseline show": ("Print a baseline: where and when it was measured and each case's error ratios.",
                       ["attn-gate baseline show --device cpu", "attn-gate baseline show --file baselines/h200/sdpa-flash-pr.json"],
                       ["0  shown", EXIT_2]),

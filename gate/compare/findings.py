@@ -13,19 +13,23 @@ Plugging in another rule family (e.g. speed ratios):
 A Finding is
     rule       short name of the rule that spoke ("tolerance", "headroom", "speed_regression" ...)
     severity   FAIL (the gate fails), INCONCLUSIVE (could not judge: the gate fails closed, re-measure),
-               WARN (passes; a maintainer should look), INFO, OK (checked, fine)
+               WARN (passes; a maintainer should look), KNOWN (a failure declared in
+               [[tool.attn-gate.known_failures]]: listed apart, does not fail), INFO, OK (checked, fine)
     case_id    Case.id, or "" for a run-wide finding (environment drift, nothing measured)
     metric     "<quantity>:<item>", e.g. "ratio:dk", "status", "env:torch", "speed_ratio:fwd",
                "speed_ratio:bwd"; the quantity before ':' groups findings in tables
     baseline, current   the two values compared (float, str for versions/statuses, None when absent)
     threshold  the limit the rule applied (None when the rule has no number)
     message    one line a human can act on; says both numbers
+    entry      the index of the known_failures declaration the finding is about (KNOWN, XPASS), or None
 
 `Severity.blocks` is the one place that says which severities fail the gate (FAIL, INCONCLUSIVE):
 a measurement that cannot decide never passes silently.
 
 Format history of the findings JSON (`Verdict.to_dict`):
   1  first version.
+  2  severity KNOWN, `entry` on each finding, context `known_failures` (the declarations that
+     applied to the run: index, reason, link, cases, tensors, strict).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from typing import Any
 
 from gate.core.errors import EXIT_FAIL, EXIT_PASS
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 Value = float | str | None
 
@@ -47,13 +51,14 @@ class Severity(str, enum.Enum):
     FAIL = "FAIL"
     INCONCLUSIVE = "INCONCLUSIVE"
     WARN = "WARN"
+    KNOWN = "KNOWN"
     INFO = "INFO"
     OK = "OK"
 
     @property
     def rank(self) -> int:
         """Higher is worse: sort findings worst first."""
-        return {"FAIL": 4, "INCONCLUSIVE": 3, "WARN": 2, "INFO": 1, "OK": 0}[self.value]
+        return {"FAIL": 5, "INCONCLUSIVE": 4, "WARN": 3, "KNOWN": 2, "INFO": 1, "OK": 0}[self.value]
 
     @property
     def blocks(self) -> bool:
@@ -71,6 +76,7 @@ class Finding:
     current: Value
     threshold: float | None
     message: str
+    entry: int | None = None
 
     @property
     def detail(self) -> str:
@@ -88,7 +94,8 @@ class Finding:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Finding":
         return cls(rule=d["rule"], severity=Severity(d["severity"]), case_id=d["case_id"], metric=d["metric"],
-                   baseline=d["baseline"], current=d["current"], threshold=d["threshold"], message=d["message"])
+                   baseline=d["baseline"], current=d["current"], threshold=d["threshold"], message=d["message"],
+                   entry=d.get("entry"))
 
 
 @dataclass(frozen=True)
@@ -129,6 +136,9 @@ class Verdict:
             kind = "failing" if any(f.severity is Severity.FAIL for f in fails) else "inconclusive"
             return f"FAIL: {len(fails)} {kind} finding{'s' * (len(fails) != 1)}{where}: {first.message}{more}"
         tail = f"; {len(warns)} warning{'s' * (len(warns) != 1)} to review" if warns else ""
+        known = sorted({f.case_id for f in self.of(Severity.KNOWN)})
+        if known:
+            tail = f" except {len(known)} known failure{'s' * (len(known) != 1)} (declared upstream bugs){tail}"
         measured = self.context.get("measured")
         what = f"{measured} cases measured, all" if measured is not None else "all cases"
         return f"PASS: {what} within their bounds and baseline{tail}"

@@ -199,6 +199,110 @@ class IsolationConfig:
         _require(self, "worker_start_timeout_s", lambda v: v > 0, "a finite number > 0")
 
 
+# --- known failures -------------------------------------------------------------
+
+KNOWN_FAILURE_KEYS = ("kernel", "cases", "tensors", "reason", "link", "versions", "strict")
+# what a row can fail on besides its tensors: the kernel raised (an ERROR row)
+ERROR_NAME = "error"
+
+
+@dataclass(frozen=True)
+class KnownFailure:
+    """`[[tool.attn-gate.known_failures]]`: an upstream bug the gate lives with, pytest's
+    xfail(reason=, strict=) for a kernel. The decisions (KNOWN, XPASS, unmatched) are
+    gate/compare/known.py's; this is the validated declaration.
+
+    index    1-based position among the file's [[...known_failures]] blocks: how reports name it
+    kernel   an fnmatch pattern on the kernel name ("fa2", "sdpa-*", "mypkg.attn:*")
+    cases    a regular expression searched in case ids (as --only)
+    tensors  the names it covers (a tensor, a check, or "error"); None covers any failure
+    versions a PEP 440 specifier on the kernel_version the run records; None: every version"""
+
+    index: int
+    kernel: str
+    cases: str
+    reason: str
+    link: str
+    tensors: tuple[str, ...] | None = None
+    versions: str | None = None
+    strict: bool = False
+    source: str = "pyproject.toml"
+
+    @property
+    def pattern(self) -> re.Pattern[str]:
+        return re.compile(self.cases)
+
+    @property
+    def name(self) -> str:
+        """How every report and error message names the entry."""
+        return f"known_failures #{self.index} ({self.reason})"
+
+    def covers(self, failure: str) -> bool:
+        return self.tensors is None or failure in self.tensors
+
+
+def known_failure_names() -> tuple[str, ...]:
+    """What `tensors` may name: every tensor a row may measure, every check, and "error"."""
+    from gate.core.cases import CHECKS
+    from gate.core.results import ALL_TENSORS
+
+    return ALL_TENSORS + tuple(CHECKS) + (ERROR_NAME,)
+
+
+def _known_failures(raw: Any, path: Path) -> tuple[KnownFailure, ...]:
+    where = f"{path} [[tool.attn-gate.known_failures]]"
+    if not isinstance(raw, list):
+        raise UserError(f"{where}: expected an array of tables: write each entry as [[tool.attn-gate.known_failures]]")
+    names = known_failure_names()
+    entries = []
+    for index, spec in enumerate(raw, start=1):
+        here = f"{where} #{index}"
+        if not isinstance(spec, dict):
+            raise UserError(f"{here}: expected a table with keys {', '.join(KNOWN_FAILURE_KEYS)}")
+        unknown = sorted(set(spec) - set(KNOWN_FAILURE_KEYS))
+        if unknown:
+            raise UserError(f"{here}: unknown key {unknown[0]!r}; known keys: {', '.join(KNOWN_FAILURE_KEYS)}")
+        for key, what in (("kernel", 'a kernel name or fnmatch pattern, e.g. "fa2" or "sdpa-*"'),
+                          ("cases", "a regular expression searched in case ids, as --only"),
+                          ("reason", "one line saying what is wrong upstream"),
+                          ("link", "the upstream issue or pull request, https://...")):
+            value = spec.get(key)
+            if not isinstance(value, str) or not value.strip():
+                raise UserError(f"{here}: {key} is required: {what}" if value is None
+                                else f"{here}: {key} = {value!r} should be {what}")
+        try:
+            re.compile(spec["cases"])
+        except re.error as exc:
+            raise UserError(f"{here}: cases = {spec['cases']!r} is not a regular expression ({exc})") from None
+        if not re.match(r"^https?://\S+$", spec["link"]):
+            raise UserError(f"{here}: link = {spec['link']!r} should be the upstream issue or pull request URL (https://...)")
+        tensors = spec.get("tensors")
+        if tensors is not None:
+            if not (isinstance(tensors, list) and tensors and all(isinstance(t, str) for t in tensors)):
+                raise UserError(f"{here}: tensors = {tensors!r} should be a non-empty list of names "
+                                f"(leave the key out to cover any failure of the case)")
+            bad = [t for t in tensors if t not in names]
+            if bad:
+                raise UserError(f"{here}: tensors names {bad[0]!r}; known names: {', '.join(names)}")
+            tensors = tuple(dict.fromkeys(tensors))
+        versions = spec.get("versions")
+        if versions is not None:
+            if not isinstance(versions, str):
+                raise UserError(f"{here}: versions = {versions!r} should be a PEP 440 specifier string, e.g. \">=2.8,<2.8.4\"")
+            from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+            try:
+                SpecifierSet(versions)
+            except InvalidSpecifier:
+                raise UserError(f"{here}: versions = {versions!r} is not a PEP 440 specifier; write e.g. \">=2.8,<2.8.4\"") from None
+        strict = spec.get("strict", False)
+        if not isinstance(strict, bool):
+            raise UserError(f"{here}: strict = {strict!r} should be true or false")
+        entries.append(KnownFailure(index=index, kernel=spec["kernel"], cases=spec["cases"], reason=spec["reason"].strip(),
+                                    link=spec["link"], tensors=tensors, versions=versions, strict=strict, source=str(path)))
+    return tuple(entries)
+
+
 @dataclass(frozen=True)
 class Config:
     source: str = "defaults"
@@ -211,6 +315,7 @@ class Config:
     suites: dict[str, Any] = field(default_factory=dict)
     isolation: IsolationConfig = field(default_factory=IsolationConfig)
     kernels: dict[str, KernelFamily] = field(default_factory=dict)
+    known_failures: tuple[KnownFailure, ...] = ()
 
     def profile(self, device: str) -> Profile:
         return self.gpu if device == "cuda" else self.cpu
@@ -271,7 +376,8 @@ def load_config(path: Path | None = None) -> Config:
     if raw is None:
         return Config(source=str(path), baselines_dir=_beside(path, Config().baselines_dir))
     where = f"{path} [tool.attn-gate]"
-    known = {"gpu", "cpu", "baselines_dir", "tolerance", "verdict", "perf", "suites", "isolation", "kernels"}
+    known = {"gpu", "cpu", "baselines_dir", "tolerance", "verdict", "perf", "suites", "isolation", "kernels",
+             "known_failures"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise UserError(f"{where}: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(known))}")
@@ -295,4 +401,5 @@ def load_config(path: Path | None = None) -> Config:
         perf=_section(PerfConfig, raw.get("perf", {}), f"{where}.perf"),
         suites=suites, kernels=_kernel_families(raw.get("kernels", {}), f"{where}.kernels"),
         isolation=_section(IsolationConfig, raw.get("isolation", {}), f"{where}.isolation"),
+        known_failures=_known_failures(raw.get("known_failures", []), path),
     )

@@ -260,6 +260,34 @@ def _table(rows: list[Row], limit: int) -> list[str]:
     return lines
 
 
+# ---------------------------------------------------------------- known failures
+
+
+def _known_section(verdict: Verdict) -> list[str]:
+    """Each declaration that covered a case or now passes: its reason, its upstream link, its cases."""
+    from gate.report.check_report import known_groups
+
+    groups = [g for g in known_groups(verdict) if g.known or g.xpass]
+    if not groups:
+        return []
+    lines = ["### Known failures", "",
+             "Declared in `[[tool.attn-gate.known_failures]]`: upstream bugs the gate lives with. KNOWN rows do not fail "
+             "the check; a failure on anything a declaration does not cover still does.", ""]
+    for g in groups:
+        e = g.entry
+        ids = ", ".join(f"`{c}`" for c in g.cases[:8]) + (f" and {len(g.cases) - 8} more" if len(g.cases) > 8 else "")
+        what = f"KNOWN in {len(g.cases)} case{'s' * (len(g.cases) != 1)} ({ids})" if g.cases else "KNOWN in no case"
+        xpass = ""
+        if g.xpass:
+            how = "FAIL, strict" if e.get("strict") else "WARN"
+            xpass = (f"; **XPASS** ({how}) in {len(g.xpass)}: "
+                     + ", ".join(f"`{f.case_id}`" for f in g.xpass[:8]) + (" ..." if len(g.xpass) > 8 else "")
+                     + (" (delete the entry if the fix landed)" if not g.cases else ""))
+        lines.append(f"- **#{e['index']}** {_cell(e['reason'])} ([upstream]({e['link']})): {what}, covers "
+                     f"{_cell(g.covers)}{xpass}")
+    return lines + [""]
+
+
 # ---------------------------------------------------------------- errors
 
 
@@ -289,6 +317,10 @@ def _errors(sweep: SweepResult) -> list[str]:
 def _correctness_clause(verdict: Verdict, sweep: SweepResult) -> str:
     blocking = [f for f in verdict.findings if f.severity.blocks and not _is_speed(f)]
     measured = sum(1 for c in sweep.cases if c.status is not Status.SKIP)
+    known = {f.case_id for f in verdict.of(Severity.KNOWN)}
+    if not blocking and known:
+        return (f"correctness **PASS** ({measured} of {len(sweep.cases)} cases measured, all within bounds and baseline "
+                f"except {len(known)} KNOWN: declared upstream bugs, see Known failures)")
     if not blocking:
         return f"correctness **PASS** ({measured} of {len(sweep.cases)} cases measured, all within bounds and baseline)"
     failed = {f.case_id for f in blocking if f.case_id and f.severity is Severity.FAIL}
@@ -442,6 +474,7 @@ def pr_comment(verdict: Verdict, sweep: SweepResult, baseline: Baseline, links: 
         lines.append(f"- **{f.severity.value}**: {_cell(f.message)}")
     if run_wide:
         lines.append("")
+    lines += _known_section(verdict)
     if error_groups(sweep):
         lines += ["### Errors", "", *_errors(sweep)]
     speed_all = _speed_rows(verdict, links, None)

@@ -14,7 +14,7 @@ from gate.compare.baselines import Baseline
 from gate.compare.findings import Severity, Verdict
 from gate.core.results import SweepResult
 
-COLORS = {"blocks": "#d62728", "WARN": "#ff7f0e", "fine": "#2ca02c"}
+COLORS = {"blocks": "#d62728", "WARN": "#ff7f0e", "KNOWN": "#9467bd", "fine": "#2ca02c"}
 MAX_CASES = 40  # the worst N cases; a plot of hundreds of cases is unreadable (the tables have them all)
 DPI = 150
 
@@ -53,7 +53,8 @@ def plot_ratios(verdict: Verdict, sweep: SweepResult, baseline: Baseline, path: 
     floor = 1e-3  # ratios below are drawn at the floor (log axis)
     now = [max(r[1], floor) if math.isfinite(r[1]) else math.nan for r in rows]
     base = [max(r[2], floor) if math.isfinite(r[2]) else math.nan for r in rows]
-    colors = [COLORS["blocks"] if r[3].blocks else COLORS["WARN"] if r[3] is Severity.WARN else COLORS["fine"] for r in rows]
+    colors = [COLORS["blocks"] if r[3].blocks else COLORS["WARN"] if r[3] is Severity.WARN
+              else COLORS["KNOWN"] if r[3] is Severity.KNOWN else COLORS["fine"] for r in rows]
 
     fig = Figure(figsize=(12.0, 1.6 + 0.27 * len(rows)), dpi=DPI)
     FigureCanvasAgg(fig)
@@ -62,7 +63,7 @@ def plot_ratios(verdict: Verdict, sweep: SweepResult, baseline: Baseline, path: 
         if math.isfinite(n) and math.isfinite(b):
             ax.plot([b, n], [y, y], color="#bbbbbb", linewidth=1, zorder=1)
     ax.scatter(base, ys, facecolors="none", edgecolors="black", linewidths=1.2, s=80, zorder=4, label="baseline (worst tensor): ring")
-    ax.scatter(now, ys, c=colors, s=22, zorder=3, label="now: dot; red fails, orange warns, green passes")
+    ax.scatter(now, ys, c=colors, s=22, zorder=3, label="now: dot; red fails, orange warns, purple known (declared), green passes")
     limits = [max(r[2] * factor, r[2] + step) if math.isfinite(r[2]) else math.nan for r in rows]
     ax.scatter(limits, ys, marker="|", color="grey", s=80, zorder=1, label=f"headroom limit (x{factor:g} and +{step:g})")
     missing = [y for y, r in zip(ys, rows) if not math.isfinite(r[1])]

@@ -1,10 +1,11 @@
 """The two workflows around a baseline, as small steps (nox-style): CLI-free, one call each.
 
-    run_check:            target -> baseline (must exist, must parse) -> sweep (fresh or a results
-                          file) -> refuse incomparable -> compare -> decide -> render (md, json, png)
+    run_check:            target -> known failures (each must match a case) -> baseline (must exist,
+                          must parse) -> sweep (fresh or a results file) -> refuse incomparable ->
+                          compare -> known failures -> decide -> render (md, json, png)
     run_baseline_update:  sweep -> refuse a run that lacks cases of the suite (or of its --only scope)
-                          -> refuse a failing run (unless allow_failing) -> merge with the old
-                          baseline -> diff for the reviewer -> summary, then the atomic write
+                          -> refuse a failing row no known_failures declaration covers -> merge with
+                          the old baseline -> diff for the reviewer -> summary, then the atomic write
 
 Everything that can be wrong with the inputs (no baseline, malformed or truncated file, unknown
 schema version, another GPU class or suite, a case id twice, an --out or --summary that cannot be
@@ -33,6 +34,7 @@ from gate.core.config import Config
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
 from gate.core.files import append_step_summary
 from gate.compare.findings import Finding, Verdict, decide
+from gate.compare.known import TABLE, apply_known, for_kernel, refuse_unmatched, undeclared_failures
 from gate.core.results import SweepResult
 from gate.compare.sweep_rules import (
     check_comparable, compare, correctness_thresholds, refuse_duplicate_cases, refuse_other_gpu_class, incomplete_pass,
@@ -175,9 +177,22 @@ def require_complete_baseline(config: Config, baseline: Baseline, path: Path) ->
                         f"where the kernel runs (`{update_command(baseline.kernel, baseline.suite, baseline.gpu_class)}`)")
 
 
-def compare_all(baseline: Baseline, sweep: SweepResult, config: Config, scope: str | None) -> tuple[list[Finding], dict[str, float]]:
-    """Every rule family's findings and thresholds (the perf verdict adds its own here)."""
-    return compare(baseline, sweep, config.verdict, scope), correctness_thresholds(config.verdict)
+def compare_all(baseline: Baseline, sweep: SweepResult, config: Config,
+                scope: str | None) -> tuple[list[Finding], dict[str, float], list[dict]]:
+    """Every rule family's findings and thresholds (the perf verdict adds its own here), with the
+    correctness failures the known_failures declarations cover turned KNOWN; and those declarations."""
+    findings, known = apply_known(compare(baseline, sweep, config.verdict, scope), sweep, config.known_failures)
+    return findings, correctness_thresholds(config.verdict), known
+
+
+def refuse_unmatched_known(config: Config, kernel: str) -> None:
+    """Before any sweep: a known_failures declaration for this kernel must match a case of some suite."""
+    if not for_kernel(config.known_failures, kernel):
+        return
+    from gate.core.cases import load_suite, suite_names
+
+    suites = {name: [c.id for c in load_suite(name, config.suites, config.source).cases] for name in suite_names(config.suites)}
+    refuse_unmatched(config.known_failures, kernel, suites)
 
 
 # ---------------------------------------------------------------- check
@@ -197,6 +212,7 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
     refuse_inside_baselines(Path(out_dir), config.baselines_dir)
     results = read_results(results_path, kernel, suite) if results_path is not None else None
     target = resolve_target(config, kernel, suite, device, results)
+    refuse_unmatched_known(config, target.kernel)
     path, baseline = load_existing_baseline(config, target, baseline_file)
     if results is None:  # refused now, not after the sweep it would throw away
         from gate.core.cases import load_suite, suite_hash
@@ -207,7 +223,7 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
     sweep = results if results is not None else fresh_sweep(config, target, only, progress, options)
     check_comparable(baseline, sweep, path)
     scope = sweep_scope(sweep)
-    findings, thresholds = compare_all(baseline, sweep, config, scope)
+    findings, thresholds, known = compare_all(baseline, sweep, config, scope)
     perf_run = None
     if results is None:
         from gate.workflow.speed_check import perf_wanted, run_perf_check
@@ -222,7 +238,8 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
     context = {"kernel": sweep.kernel, "suite": sweep.suite, "gpu_class": baseline.gpu_class, "baseline": str(path),
                "baseline_measured_at": baseline.measured_at, "run_started_at": sweep.started_at,
                "config": config.source, "scope": scope, "baseline_option": str(baseline_file) if baseline_file else None,
-               "measured": sum(1 for c in sweep.cases if c.tensors), "cases": len(sweep.cases)}
+               "measured": sum(1 for c in sweep.cases if c.tensors), "cases": len(sweep.cases),
+               "known_failures": known}
     verdict = decide(findings, thresholds, context)
     with writing(f"pass a writable --out folder (verdict: {'PASS' if verdict.passed else 'FAIL'})"):
         paths = render_check(verdict, sweep, baseline, Path(out_dir), console, perf_run.markdown if perf_run else "")
@@ -293,6 +310,22 @@ def require_complete_run(config: Config, sweep: SweepResult, source: object, pat
                         f"with; regenerate the file with `attn-gate sweep` or run `{redo}`")
 
 
+def refuse_failing_run(sweep: SweepResult, config: Config) -> str:
+    """Why a run must not become a baseline ('' when it may): a failing row is recorded only when
+    known_failures declarations cover everything it fails on (an upstream bug with a reason and a
+    link, which `check` then reports as KNOWN); a run with no PASS row validates nothing."""
+    if not any(c.status.value == "PASS" for c in sweep.cases):
+        return "no case passed (all skipped or failing), so the baseline would validate nothing; fix the kernel or the suite"
+    undeclared = undeclared_failures(sweep, config.known_failures)
+    if not undeclared:
+        return ""
+    rows = "; ".join(f"{cid} ({', '.join(names)})" for cid, names in undeclared[:5]) + (" ..." if len(undeclared) > 5 else "")
+    return (f"{len(undeclared)} failing case{'s' * (len(undeclared) != 1)} no known_failures declaration covers: {rows}. "
+            f"Fix the kernel, or, for an upstream bug, declare it in {config.source if config.source != 'defaults' else 'pyproject.toml'} "
+            f"as {TABLE} with kernel = {sweep.kernel!r}, cases (a regex on case ids), tensors (the names in "
+            f"parentheses), reason and link (the upstream issue); see docs/known-failures.md")
+
+
 def run_baseline_update(config: Config, **kwargs) -> UpdateOutcome:
     """`_update_baseline` holding the baselines folder's lock from reading the old baseline to writing
     the new one: two updates at once would each merge into the same old file and one would be lost."""
@@ -305,7 +338,7 @@ def run_baseline_update(config: Config, **kwargs) -> UpdateOutcome:
 
 
 def _update_baseline(config: Config, kernel: str | None = None, suite: str | None = None, device: str | None = None,
-                     only: str | None = None, results_path: Path | None = None, allow_failing: bool = False,
+                     only: str | None = None, results_path: Path | None = None,
                      summary_path: Path | None = None, out_dir: Path = Path("out"), progress: bool = True,
                      perf: bool | None = None, perf_from: Path | None = None) -> UpdateOutcome:
     if results_path is not None and only is not None:
@@ -320,6 +353,7 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
         require_writable(Path(out_dir), "--out")
     results = read_results(results_path, kernel, suite) if results_path is not None else None
     target = resolve_target(config, kernel, suite, device, results)
+    refuse_unmatched_known(config, target.kernel)
     path = baseline_path(config.baselines_dir, target.gpu_class, target.kernel, target.suite)
     old = None
     if path.exists():
@@ -362,12 +396,9 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
     new, kept = merge_baseline(Baseline.from_sweep(sweep, perf=perf_section), old, sweep_scope(sweep))
     cfg = config.verdict
     diff = diff_baselines(old, new, path, cfg.headroom_factor, cfg.headroom_step, cfg.improvement_factor, kept)
-    if not sweep.passed and not allow_failing:
-        failing = [c.case_id for c in sweep.cases if c.status.failed]
-        why = (f"{len(failing)} cases fail their bounds ({', '.join(failing[:5])}{' ...' if len(failing) > 5 else ''})"
-               if failing else "no case passed (all skipped)")
-        print(f"attn-gate: refusing to write {path}: the run itself fails: {why}. Fix the kernel, or record the "
-              f"failure on purpose with --allow-failing (check keeps failing on those cases).", file=sys.stderr)
+    refusal = refuse_failing_run(sweep, config)
+    if refusal:
+        print(f"attn-gate: refusing to write {path}: {refusal}", file=sys.stderr)
         return UpdateOutcome(diff, path, sweep, EXIT_FAIL)
     text = diff.markdown()
     if summary_path is not None:  # first: a summary that cannot be written leaves the baseline untouched

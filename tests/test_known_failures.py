@@ -1,0 +1,336 @@
+"""Known failures ([[tool.attn-gate.known_failures]]): each rule of gate/compare/known.py with a table
+(bad input speaks, good input stays silent), the config's validation, and the acceptance runs
+through the real `attn-gate check` on CPU with planted upstream bugs (tests/known_kernels.py) on a
+two-case suite, so the end-to-end part stays under a minute on two cores."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from gate.commands.main import main
+from gate.compare.baselines import Baseline
+from gate.compare.findings import Finding, Severity, decide
+from gate.compare.known import (
+    UNATTRIBUTED, apply_known, coverage, refuse_unmatched, row_failures, rule_known, rule_unused, rule_version, rule_xpass,
+    undeclared_failures,
+)
+from gate.compare.sweep_rules import compare
+from gate.core.config import KnownFailure, load_config
+from gate.core.errors import UserError
+from gate.report.comment import pr_comment
+from tests.test_verdict import CFG, ENV, result, sweep
+
+ROOT = Path(__file__).resolve().parent.parent
+LINK = "https://github.com/Dao-AILab/flash-attention/issues/895"
+
+
+def entry(index: int = 1, kernel: str = "k", cases: str = "s7", tensors=None, versions=None, strict=False) -> KnownFailure:
+    return KnownFailure(index=index, kernel=kernel, cases=cases, reason=f"bug {index}", link=LINK,
+                        tensors=tuple(tensors) if tensors else None, versions=versions, strict=strict)
+
+
+# ---------------------------------------------------------------- config: typed, validated
+
+GOOD_ENTRY = 'kernel = "fa2"\ncases = "causal"\nreason = "r"\nlink = "https://x.org/1"\n'
+
+
+def load(tmp_path, body: str):
+    path = tmp_path / "attn.toml"
+    path.write_text("[[tool.attn-gate.known_failures]]\n" + body)
+    return load_config(path)
+
+
+@pytest.mark.parametrize("body, words", [
+    (GOOD_ENTRY + "tensor = ['dq']\n", "#1: unknown key 'tensor'; known keys: kernel, cases, tensors"),
+    (GOOD_ENTRY.replace('reason = "r"\n', ""), "#1: reason is required"),
+    (GOOD_ENTRY.replace('link = "https://x.org/1"\n', ""), "#1: link is required"),
+    (GOOD_ENTRY.replace("https://x.org/1", "see slack"), "link = 'see slack' should be the upstream issue"),
+    (GOOD_ENTRY.replace('"causal"', '"causal("'), "cases = 'causal(' is not a regular expression"),
+    (GOOD_ENTRY + "tensors = ['dQ']\n", "tensors names 'dQ'; known names: out, lse, dq"),
+    (GOOD_ENTRY + "tensors = []\n", "should be a non-empty list"),
+    (GOOD_ENTRY + "versions = 'before 2.8'\n", "versions = 'before 2.8' is not a PEP 440 specifier"),
+    (GOOD_ENTRY + "strict = 'yes'\n", "strict = 'yes' should be true or false"),
+    (GOOD_ENTRY.replace('"fa2"', "3"), "kernel = 3 should be a kernel name or fnmatch pattern"),
+])
+def test_a_bad_declaration_names_file_entry_and_key(tmp_path, body, words):
+    with pytest.raises(UserError) as err:
+        load(tmp_path, body)
+    message = str(err.value)
+    assert "\n" not in message and str(tmp_path / "attn.toml") in message and words in message, message
+
+
+def test_a_good_declaration_is_typed(tmp_path):
+    cfg = load(tmp_path, GOOD_ENTRY + "tensors = ['dq', 'error']\nversions = '>=2.8,<2.8.4'\nstrict = true\n")
+    (e,) = cfg.known_failures
+    assert (e.index, e.kernel, e.tensors, e.versions, e.strict) == (1, "fa2", ("dq", "error"), ">=2.8,<2.8.4", True)
+    assert e.covers("dq") and not e.covers("dk") and entry().covers("anything")
+
+
+def test_the_project_config_declares_nothing_for_gpu_kernels_yet():
+    assert load_config(ROOT / "pyproject.toml").known_failures == ()
+
+
+# ---------------------------------------------------------------- one table per rule
+
+
+@pytest.mark.parametrize("status, ratios, checks, reason, expected", [
+    ("PASS", {"out": 0.2, "dq": 0.9}, [], "", set()),
+    ("SKIP", {}, [], "no softcap", set()),
+    ("FAIL", {"out": 0.2, "dq": 1.5, "dk": math.nan}, [], "", {"dq", "dk"}),  # NaN never passes
+    ("FAIL", {"out": 0.2}, ["determinism"], "", {"determinism"}),
+    ("FAIL", {}, [], "seed 1: dq contains NaN/Inf", {"dq"}),  # refused before it was measured
+    ("FAIL", {}, [], "out has shape (1, 2), expected (2, 1)", {"out"}),
+    ("FAIL", {}, [], "something odd", {UNATTRIBUTED}),  # only a declaration without tensors covers it
+    ("ERROR", {}, [], "CUDA error", {"error"}),
+])
+def test_row_failures(status, ratios, checks, reason, expected):
+    assert row_failures(status, ratios, checks, reason) == expected
+
+
+def test_coverage_takes_the_first_declaration_that_names_each_failure():
+    a, b = entry(1, tensors=["dq"]), entry(2)
+    assert coverage({"dq", "dk"}, [b, a]) == {"dq": a, "dk": b}
+    assert coverage({"dq", "dk"}, [a]) == {"dq": a}
+    assert coverage({"?"}, [a]) == {} and coverage({"?"}, [b]) == {"?": b}
+
+
+def fail(rule: str, metric: str, current="FAIL") -> Finding:
+    return Finding(rule, Severity.FAIL, "c", metric, None, current, None, f"c: {rule}")
+
+
+@pytest.mark.parametrize("finding, failures, declared, known", [
+    (fail("tolerance", "ratio:dq", 1.5), {"dq"}, ["dq"], True),
+    (fail("tolerance", "ratio:dk", 1.2), {"dq", "dk"}, ["dq"], False),  # not named: a new bug still fails
+    (fail("status", "status"), {"dq"}, ["dq"], True),
+    (fail("status", "status"), {"dq", "dk"}, ["dq"], False),  # the row fails on more than declared
+    (fail("status", "status", "ERROR"), {"error"}, ["dq"], False),
+    (fail("status", "status", "ERROR"), {"error"}, ["error"], True),
+    (fail("headroom", "ratio:dk", 0.9), {"dq"}, None, False),  # worse elsewhere: never covered
+    (Finding("removed_case", Severity.INCONCLUSIVE, "c", "status", "PASS", None, None, "gone"), set(), None, False),
+])
+def test_rule_known(finding, failures, declared, known):
+    e = entry(tensors=declared)
+    f = rule_known(finding, frozenset(failures), coverage(failures, [e]))
+    assert (f is not None) == known, f
+    if known:
+        assert f.severity is Severity.KNOWN and f.entry == 1 and LINK in f.message and not f.severity.blocks
+
+
+@pytest.mark.parametrize("status, failures, measured, declared, strict, severity", [
+    ("PASS", set(), ["out", "dq", "dk", "dv"], ["dq"], False, Severity.WARN),
+    ("PASS", set(), ["out", "dq", "dk", "dv"], None, True, Severity.FAIL),  # strict: an XPASS fails
+    ("FAIL", {"dk"}, ["out", "dq", "dk", "dv"], ["dq"], False, Severity.WARN),  # dq passes now; dk is another bug
+    ("FAIL", {"dq"}, ["out", "dq", "dk", "dv"], ["dq"], False, None),  # still failing: the declaration holds
+    ("FAIL", {"dk"}, ["out"], ["dq"], False, None),  # dq not measured: unknown
+    ("ERROR", {"error"}, [], ["dq"], False, None),
+    ("SKIP", set(), [], None, False, None),
+])
+def test_rule_xpass(status, failures, measured, declared, strict, severity):
+    f = rule_xpass(entry(tensors=declared, strict=strict), "c", status, frozenset(failures), measured, 0, 1)
+    assert (f.severity if f else None) is severity, f
+    if f:
+        assert "known_failures #1 (bug 1)" in f.message and "delete the entry" in f.message and f.entry == 1
+
+
+def test_rule_xpass_advises_narrowing_while_other_cases_still_fail():
+    f = rule_xpass(entry(), "c", "PASS", frozenset(), ["out"], 3, 4)
+    assert "narrow its cases or tensors (3 of the 4 cases" in f.message
+
+
+@pytest.mark.parametrize("versions, version, applies", [
+    (None, "unknown", True),
+    (">=2.8,<2.8.4", "2.8.3", True),
+    (">=2.8,<2.8.4", "2.8.3.post2", True),
+    (">=2.8,<2.8.4", "2.8.4", False),  # the fix landed: judged as any other case
+    ("<2.14", "2.13.0+cpu", True),  # torch's local version
+    ("<2.14", "2.14.0.dev20261201", False),
+    ("<2.14", "unknown", False),  # cannot compare: not applied, fails closed
+])
+def test_rule_version(versions, version, applies):
+    f = rule_version(entry(versions=versions), version)
+    assert (f is None) == applies, f
+
+
+def test_rule_unused():
+    assert rule_unused(entry(), 2) is None
+    assert rule_unused(entry(), 0).severity is Severity.INFO
+
+
+@pytest.mark.parametrize("kernel, cases, refused", [
+    ("k", "s7", False),
+    ("k", "s77", True),  # a typo: matches no case of any suite
+    ("k*", "s77", True),  # a pattern that names this kernel is checked too
+    ("other", "s77", False),  # another kernel's declaration is not checked against this run
+])
+def test_refuse_unmatched(kernel, cases, refused):
+    suites = {"smoke": ["bf16-b1-h1-s7-d8"], "pr": ["bf16-b1-h1-s9-d8"]}
+    if refused:
+        with pytest.raises(UserError, match=r"#1: cases = .* matches no case of suite pr or smoke for kernel 'k'"):
+            refuse_unmatched([entry(kernel=kernel, cases=cases)], "k", suites)
+    else:
+        refuse_unmatched([entry(kernel=kernel, cases=cases)], "k", suites)
+
+
+# ---------------------------------------------------------------- the rules together
+
+
+BASE = sweep(result(7, "FAIL", dq=1.6, out=0.2, dk=0.3, dv=0.3), result(8, out=0.2, dq=0.3, dk=0.3, dv=0.3))
+
+
+def judged(current, entries):
+    findings, applied = apply_known(compare(Baseline.from_sweep(BASE), current, CFG), current, entries)
+    return decide(findings, {}, {"known_failures": applied})
+
+
+def test_a_declared_failure_is_known_and_passes():
+    v = judged(BASE, [entry(tensors=["dq"])])
+    assert v.passed and {f.rule for f in v.of(Severity.KNOWN)} == {"tolerance", "status"}
+    assert "except 1 known failure" in v.headline
+
+
+def test_a_new_error_inside_a_declared_case_still_fails():
+    worse = sweep(result(7, "FAIL", dq=1.6, out=0.2, dk=1.3, dv=0.3), result(8, out=0.2, dq=0.3, dk=0.3, dv=0.3))
+    v = judged(worse, [entry(tensors=["dq"])])
+    assert not v.passed and {(f.rule, f.metric) for f in v.of(Severity.FAIL)} == {("tolerance", "ratio:dk"), ("status", "status")}
+    # within its bound but past the baseline's headroom: the headroom rule still speaks
+    looser = sweep(result(7, "FAIL", dq=1.6, out=0.2, dk=0.9, dv=0.3), result(8, out=0.2, dq=0.3, dk=0.3, dv=0.3))
+    assert {f.rule for f in judged(looser, [entry(tensors=["dq"])]).of(Severity.FAIL)} == {"headroom"}
+
+
+def test_an_undeclared_failure_fails_and_another_kernels_declaration_changes_nothing():
+    assert not judged(BASE, []).passed
+    assert not judged(BASE, [entry(kernel="fa2")]).passed
+    assert not judged(BASE, [entry(cases="s8")]).passed  # declared on the wrong case
+
+
+def test_a_declared_case_that_passes_is_xpass():
+    fixed = sweep(result(7, out=0.2, dq=0.3, dk=0.3, dv=0.3), result(8, out=0.2, dq=0.3, dk=0.3, dv=0.3))
+    v = judged(fixed, [entry(tensors=["dq"])])
+    (x,) = [f for f in v.findings if f.rule == "xpass"]
+    assert v.passed and x.severity is Severity.WARN and "known_failures #1 (bug 1)" in x.message
+    assert not judged(fixed, [entry(tensors=["dq"], strict=True)]).passed
+
+
+def test_undeclared_failures_for_baseline_update():
+    run = sweep(result(7, "FAIL", dq=1.6, dk=1.2, out=0.2, dv=0.3), result(8, "ERROR", "boom"))
+    assert undeclared_failures(run, []) == [("bf16-b1-h1-s7-d8", ["dk", "dq"]), ("bf16-b1-h1-s8-d8", ["error"])]
+    assert undeclared_failures(run, [entry(tensors=["dq"]), entry(2, cases="s8")]) == [("bf16-b1-h1-s7-d8", ["dk"])]
+    assert undeclared_failures(run, [entry(), entry(2, cases="s8", versions=">=2")]) == [("bf16-b1-h1-s8-d8", ["error"])]
+
+
+def test_the_comment_lists_known_failures_apart_with_their_link():
+    v = judged(BASE, [entry(tensors=["dq"])])
+    text = pr_comment(v, BASE, Baseline.from_sweep(BASE))
+    known = text[text.index("### Known failures"):]
+    assert "**#1** bug 1" in known and LINK in known and "`bf16-b1-h1-s7-d8`" in known
+    assert "KNOWN" in text.split("\n")[3]  # the verdict line says so
+
+
+# ---------------------------------------------------------------- acceptance: the real `attn-gate check`
+
+SUITE = """
+[tool.attn-gate.suites.tiny]
+seeds = [0]
+[[tool.attn-gate.suites.tiny.matrix]]
+dtype = ["bf16"]
+seqlens = ["64"]
+heads = ["2"]
+head_dims = ["32"]
+causal = [false, true]
+"""
+CAUSAL = "bf16-b2-h2-s64-d32-causal"
+DECLARED = f'''
+[[tool.attn-gate.known_failures]]
+kernel = "planted"
+cases = "-causal$"
+tensors = ["dq"]
+reason = "causal backward: dQ 10% too large"
+link = "{LINK}"
+'''
+
+
+def project(tmp_path: Path, name: str, function: str, known: str = DECLARED) -> Path:
+    """A config whose kernel `planted` is tests.known_kernels:FUNCTION: the same kernel name (and
+    baseline file) before and after the planted bug is fixed."""
+    path = tmp_path / f"{name}.toml"
+    path.write_text(f'[tool.attn-gate]\nbaselines_dir = "{(tmp_path / "baselines").as_posix()}"\n'
+                    f'[tool.attn-gate.kernels.planted]\ndense = "tests.known_kernels:{function}"\n' + SUITE + known)
+    return path
+
+
+def gate(*argv: str) -> int:
+    with pytest.MonkeyPatch.context() as mp, contextlib.chdir(ROOT):
+        mp.delenv("GITHUB_STEP_SUMMARY", raising=False)
+        return main([*argv, "--kernel", "planted", "--suite", "tiny", "--device", "cpu", "--no-progress"]
+                    if argv[0] != "check" or "--results" not in argv else list(argv))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The baseline of the buggy kernel (declared), then fresh checks of three versions of it."""
+    tmp = tmp_path_factory.mktemp("known")
+    buggy = project(tmp, "buggy", "causal_dq_bug")
+    assert gate("baseline", "update", "--config", str(buggy), "--out", str(tmp / "base")) == 0
+    rcs = {name: gate("check", "--config", str(project(tmp, name, function)), "--out", str(tmp / name))
+           for name, function in (("buggy", "causal_dq_bug"), ("worse", "causal_dq_bug_and_dk"), ("fixed", "fixed"))}
+    return tmp, rcs
+
+
+def findings(out: Path) -> dict:
+    return json.loads((out / "findings-planted-tiny.json").read_text())
+
+
+def test_a_declared_planted_bug_passes_as_known_with_its_link(runs):
+    tmp, rcs = runs
+    assert rcs["buggy"] == 0
+    data = findings(tmp / "buggy")
+    assert {(f["severity"], f["rule"], f["case_id"]) for f in data["findings"] if f["severity"] == "KNOWN"} == {
+        ("KNOWN", "tolerance", CAUSAL), ("KNOWN", "status", CAUSAL)}
+    assert data["context"]["known_failures"][0]["link"] == LINK
+    for name in ("check-planted-tiny.md", "comment-planted-tiny.md"):
+        text = (tmp / "buggy" / name).read_text()
+        assert "### Known failures" in text and LINK in text and f"`{CAUSAL}`" in text
+
+
+def test_selftest_a_planted_bug_inside_a_declared_case_still_fails(runs):
+    """dQ is declared; a new 5% dK error in the same causal case is not, and fails the check."""
+    tmp, rcs = runs
+    assert rcs["worse"] == 1
+    failing = {(f["rule"], f["metric"]) for f in findings(tmp / "worse")["findings"]
+               if f["severity"] == "FAIL" and f["case_id"] == CAUSAL}
+    assert ("tolerance", "ratio:dk") in failing and ("status", "status") in failing
+
+
+def test_the_fixed_kernel_is_xpass_naming_the_entry_and_fails_under_strict(runs, capsys):
+    tmp, rcs = runs
+    assert rcs["fixed"] == 0
+    (x,) = [f for f in findings(tmp / "fixed")["findings"] if f["rule"] == "xpass"]
+    assert x["severity"] == "WARN" and "known_failures #1 (causal backward: dQ 10% too large)" in x["message"]
+    assert "delete the entry" in x["message"]
+    strict = project(tmp, "strict", "fixed", DECLARED + "strict = true\n")
+    assert gate("check", "--config", str(strict), "--results", str(tmp / "fixed" / "sweep-planted-tiny.json"),
+                "--out", str(tmp / "strict")) == 1
+    assert "XPASS" in capsys.readouterr().out
+
+
+def test_an_undeclared_failure_fails(runs):
+    tmp, _ = runs
+    bare = project(tmp, "bare", "causal_dq_bug", known="")
+    assert gate("check", "--config", str(bare), "--results", str(tmp / "buggy" / "sweep-planted-tiny.json"),
+                "--out", str(tmp / "bare")) == 1
+
+
+def test_an_unmatched_declaration_is_a_usage_error_before_the_sweep(tmp_path, capsys):
+    typo = project(tmp_path, "typo", "causal_dq_bug", DECLARED.replace("-causal$", "-casual$"))
+    assert gate("check", "--config", str(typo), "--out", str(tmp_path / "o")) == 2
+    err = capsys.readouterr().err
+    assert "known_failures]] #1: cases = '-casual$' matches no case" in err and str(typo) in err
+    assert not (tmp_path / "o" / "sweep-planted-tiny.json").exists()
+    # the same typo in a declaration for another kernel is not this run's business
+    other = project(tmp_path, "other", "fixed", DECLARED.replace("-causal$", "-casual$").replace('"planted"', '"fa2"'))
+    assert gate("baseline", "update", "--config", str(other), "--out", str(tmp_path / "b")) == 0
