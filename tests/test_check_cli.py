@@ -374,7 +374,7 @@ def test_update_only_without_a_baseline_is_refused_before_the_sweep(project, res
     err = capsys.readouterr().err
     assert "there is no baseline at" in err and "run without --only (`attn-gate baseline update --kernel sdpa-cpu" in err
     # the same for a results file made with --only
-    filtered = edit_results(results, lambda d: d.update(notes=[*d["notes"], "filtered with --only 's128'"],
+    filtered = edit_results(results, lambda d: d.update(scope="s128",
                                                         cases=[c for c in d["cases"] if "s128" in c["case_id"]]))
     assert main(["baseline", "update", "--config", str(cfg), "--from-results", str(filtered)]) == 2
     assert f"{filtered}: a run filtered with --only 's128', but there is no baseline" in capsys.readouterr().err

@@ -101,7 +101,7 @@ def read_json(path: Path, *, kind: str, schema_version: int | tuple[int, ...]) -
     return payload
 
 
-def read_record(path: Path, *, kind: str, schema_version: int, from_dict: Callable[[dict[str, Any]], T], fix: str) -> T:
+def read_record(path: Path, *, kind: str, schema_version: int | tuple[int, ...], from_dict: Callable[[dict[str, Any]], T], fix: str) -> T:
     """A schema-versioned file parsed into its dataclass; a missing or malformed field is a
     UserError naming the file, the field and `fix` (what to do about it)."""
     payload = read_json(path, kind=kind, schema_version=schema_version)

@@ -5,12 +5,17 @@ derived properties, never stored twice.
 
 Format history:
   1  first version.
+  2  `scope`: the --only regex the run was filtered with (null for the whole suite), a field of
+     its own; version 1 kept it as a note ("filtered with --only 'REGEX'"), which
+     `migrate_results` turns into the field.
 """
 
 from __future__ import annotations
 
+import ast
 import enum
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +23,8 @@ from typing import Any
 from gate.core.cases import Case
 from gate.core.jsonio import as_float, checked_name, measured_float, read_record, write_json_atomic
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # migrate_results turns each older one into the current layout
 # The tensors every table shows, in report order (lse where the kernel exposes it).
 TENSORS = ("out", "lse", "dq", "dk", "dv")
 # Tensors only some cases measure, shown only where a case has them: dbias for a case
@@ -160,6 +166,7 @@ class SweepResult:
     wall_s: float
     schema_version: int = SCHEMA_VERSION
     notes: tuple[str, ...] = field(default_factory=tuple)
+    scope: str | None = None  # the --only regex the run was filtered with; None: the whole suite
 
     def count(self, status: Status) -> int:
         return sum(1 for c in self.cases if c.status is status)
@@ -194,7 +201,7 @@ class SweepResult:
             "schema_version": self.schema_version, "kind": "attn-gate sweep", "kernel": self.kernel, "suite": self.suite,
             "suite_hash": self.suite_hash, "environment": self.environment, "tolerance": self.tolerance,
             "started_at": self.started_at, "wall_s": round(self.wall_s, 2), "notes": list(self.notes),
-            "summary": {s.value: self.count(s) for s in Status},
+            "scope": self.scope, "summary": {s.value: self.count(s) for s in Status},
             "cases": [c.to_dict() for c in self.cases], "harness_report": self.harness_report(),
         }
 
@@ -208,6 +215,7 @@ class SweepResult:
             kernel=d["kernel"], suite=d["suite"], suite_hash=d["suite_hash"], environment=d["environment"],
             cases=tuple(CaseResult.from_dict(c) for c in d["cases"]), tolerance=d["tolerance"],
             started_at=d["started_at"], wall_s=float(d["wall_s"]), notes=tuple(d.get("notes", [])),
+            scope=d.get("scope"),
         )
 
     def write(self, path: Path) -> None:
@@ -215,5 +223,29 @@ class SweepResult:
 
     @classmethod
     def read(cls, path: Path) -> "SweepResult":
-        return read_record(path, kind="sweep results", schema_version=SCHEMA_VERSION, from_dict=cls.from_dict,
-                           fix="regenerate it with `attn-gate sweep`")
+        return read_record(path, kind="sweep results", schema_version=READABLE_VERSIONS,
+                           from_dict=lambda d: cls.from_dict(migrate_results(d)), fix="regenerate it with `attn-gate sweep`")
+
+
+SCOPE_NOTE = re.compile(r"filtered with --only (.+)")
+
+
+def migrate_results(payload: dict[str, Any]) -> dict[str, Any]:
+    """An older layout as the current one: 1 -> 2 moves the --only note into `scope`."""
+    if payload.get("schema_version") == 1:
+        notes = payload.get("notes", [])
+        if not isinstance(notes, list):
+            raise TypeError("notes must be a list of strings")
+        scope, kept = None, []
+        for note in notes:
+            m = SCOPE_NOTE.fullmatch(note) if isinstance(note, str) else None
+            if m is None:
+                kept.append(note)
+                continue
+            try:  # version 1 wrote the regex with repr()
+                scope = ast.literal_eval(m.group(1))
+            except (ValueError, SyntaxError, RecursionError, MemoryError):
+                scope = m.group(1)
+            scope = str(scope)
+        payload = {**payload, "schema_version": 2, "notes": kept, "scope": scope}
+    return payload

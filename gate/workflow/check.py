@@ -20,10 +20,8 @@ without a reference would pass anything (fail closed). The perf verdict plugs in
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import os
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,18 +112,6 @@ def resolve_target(config: Config, kernel: str | None, suite: str | None, device
     return Target(kernel or profile.kernel, suite or profile.suite, device, current_gpu_class(device))
 
 
-def sweep_scope(sweep: SweepResult) -> str | None:
-    """The --only regex a sweep was filtered with (gate.workflow.sweep records it in the notes)."""
-    for note in sweep.notes:
-        m = re.fullmatch(r"filtered with --only (.+)", note)
-        if m:
-            try:
-                return str(ast.literal_eval(m.group(1)))
-            except (ValueError, SyntaxError):
-                return m.group(1)
-    return None
-
-
 def fresh_sweep(config: Config, target: Target, only: str | None, progress: bool, options=None) -> SweepResult:
     """`options` (gate.workflow.sweep.SweepOptions): the run in worker processes, journal, resume."""
     from gate.workflow.sweep import SweepOptions, run_sweep
@@ -206,7 +192,7 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
                               config.tolerance.as_dict(), target.gpu_class, path)
     sweep = results if results is not None else fresh_sweep(config, target, only, progress, options)
     check_comparable(baseline, sweep, path)
-    scope = sweep_scope(sweep)
+    scope = sweep.scope
     findings, thresholds = compare_all(baseline, sweep, config, scope)
     perf_run = None
     if results is None:
@@ -276,7 +262,7 @@ def require_complete_run(config: Config, sweep: SweepResult, source: object, pat
         raise UserError(f"{source}: made from another definition of suite {sweep.suite!r} (hash {sweep.suite_hash}) than "
                         f"{config.source} gives now ({suite_hash(suite)}), so `check` could never compare with the "
                         f"baseline; update from a run of the suite as it is now (`{redo}`)")
-    scope = sweep_scope(sweep)
+    scope = sweep.scope
     pattern = only_pattern(scope)
     wanted = [c.id for c in suite.cases if pattern is None or pattern.search(c.id)]
     ran = {c.case_id for c in sweep.cases}
@@ -331,7 +317,7 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
         if old.gpu_class != target.gpu_class:
             raise UserError(f"{path}: holds a baseline for GPU class {old.gpu_class!r}, not {target.gpu_class!r}; it is left "
                             f"as it is: move it to {Path(config.baselines_dir) / old.gpu_class}/ or delete it, then rerun")
-    scope = only if results is None else sweep_scope(results)
+    scope = only if results is None else results.scope
     if old is None and scope is not None:  # a filtered run merges into a baseline; without one it would BE the baseline
         what = f"--only {only!r}" if results is None else f"{results_path}: a run filtered with --only {scope!r}"
         raise UserError(f"{what}, but there is no baseline at {path} yet, so it would hold only those cases; create it "
@@ -359,7 +345,7 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
         if perf_wanted(perf, target.device):  # speed ratios with their noise; None keeps the old section
             perf_section, _ = perf_baseline_section(config, target.kernel, target.suite, target.device, only,
                                                     old.perf if old is not None else None)
-    new, kept = merge_baseline(Baseline.from_sweep(sweep, perf=perf_section), old, sweep_scope(sweep))
+    new, kept = merge_baseline(Baseline.from_sweep(sweep, perf=perf_section), old, sweep.scope)
     cfg = config.verdict
     diff = diff_baselines(old, new, path, cfg.headroom_factor, cfg.headroom_step, cfg.improvement_factor, kept)
     if not sweep.passed and not allow_failing:

@@ -86,11 +86,9 @@ class _Run:
         return run_sweep(kernel_name, self.suite, self.config, self.device, progress=False, only=only, adapter=adapter)
 
     def judge(self, kernel_name: str, sweep: SweepResult):
-        from gate.workflow.check import sweep_scope
-
         path, baseline = self.baselines[kernel_name]
         check_comparable(baseline, sweep, path)
-        findings = compare(baseline, sweep, self.config.verdict, sweep_scope(sweep))
+        findings = compare(baseline, sweep, self.config.verdict, sweep.scope)
         return decide(findings, correctness_thresholds(self.config.verdict),
                       {"kernel": kernel_name, "suite": self.suite, "baseline": str(path)})
 
