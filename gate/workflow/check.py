@@ -30,7 +30,7 @@ from gate.compare.baselines import Baseline, BaselineDiff, baseline_path, diff_b
 from gate.core.config import Config
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
 from gate.core.files import append_step_summary
-from gate.compare.findings import Finding, Verdict, decide
+from gate.compare.findings import CheckContext, Finding, Verdict, decide
 from gate.core.results import SweepResult
 from gate.compare.sweep_rules import (
     check_comparable, compare, correctness_thresholds, refuse_duplicate_cases, refuse_other_gpu_class, incomplete_pass,
@@ -205,10 +205,11 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
         from gate.workflow.speed_check import results_file_findings
 
         findings = list(findings) + results_file_findings(perf, target.device)
-    context = {"kernel": sweep.kernel, "suite": sweep.suite, "gpu_class": baseline.gpu_class, "baseline": str(path),
-               "baseline_measured_at": baseline.measured_at, "run_started_at": sweep.started_at,
-               "config": config.source, "scope": scope, "baseline_option": str(baseline_file) if baseline_file else None,
-               "measured": sum(1 for c in sweep.cases if c.tensors), "cases": len(sweep.cases)}
+    context = CheckContext(kernel=sweep.kernel, suite=sweep.suite, gpu_class=baseline.gpu_class, baseline=str(path),
+                           baseline_measured_at=baseline.measured_at, run_started_at=sweep.started_at,
+                           config=str(config.source), scope=scope,
+                           baseline_option=str(baseline_file) if baseline_file else None,
+                           measured=sum(1 for c in sweep.cases if c.tensors), cases=len(sweep.cases))
     verdict = decide(findings, thresholds, context)
     with writing(f"pass a writable --out folder (verdict: {'PASS' if verdict.passed else 'FAIL'})"):
         paths = render_check(verdict, sweep, baseline, Path(out_dir), console, perf_run.markdown if perf_run else "")

@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gate.compare.baselines import Baseline, baseline_path, read_baseline
-from gate.compare.findings import Severity, decide
+from gate.compare.findings import CheckContext, Severity, decide
 from gate.compare.selftest import (
     BugOutcome, BugStatus, ControlOutcome, SelftestReport, SlowdownSection, SlowdownTrial,
 )
@@ -90,7 +90,7 @@ class _Run:
         check_comparable(baseline, sweep, path)
         findings = compare(baseline, sweep, self.config.verdict, sweep.scope)
         return decide(findings, correctness_thresholds(self.config.verdict),
-                      {"kernel": kernel_name, "suite": self.suite, "baseline": str(path)})
+                      CheckContext(kernel=kernel_name, suite=self.suite, baseline=str(path)))
 
 
 # ---------------------------------------------------------------- controls
