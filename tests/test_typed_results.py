@@ -27,3 +27,20 @@ def test_a_mapping_context_with_an_unknown_key_is_refused():
     assert decide([], {}, {"kernel": "k"}).context == CheckContext(kernel="k")
     with pytest.raises(TypeError):
         decide([], {}, {"kernal": "k"})
+
+
+def test_a_perf_row_status_is_the_status_enum_and_its_file_keeps_ok():
+    from gate.core.cases import Case
+    from gate.core.results import Status
+    from gate.speed.runs import PerfCaseResult
+
+    case = Case(dtype="bf16", batch=1, heads_q=2, heads_kv=2, seqlen_q=16, seqlen_k=16, head_dim=32, head_dim_v=32)
+    timed = PerfCaseResult(case=case, status=Status.PASS)
+    assert timed.label == "OK" and timed.to_dict()["status"] == "OK"
+    for status in (Status.PASS, Status.SKIP, Status.ERROR):
+        row = PerfCaseResult(case=case, status=status, reason="r")
+        assert PerfCaseResult.from_dict(row.to_dict()).status is status
+    assert PerfCaseResult.from_dict({**timed.to_dict(), "status": "OK"}).status is Status.PASS  # files as written
+    for bad in ("FAIL", "PASS", "ok", 1, None):
+        with pytest.raises(ValueError):
+            PerfCaseResult.from_dict({**timed.to_dict(), "status": bad})
