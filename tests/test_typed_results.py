@@ -44,3 +44,26 @@ def test_a_perf_row_status_is_the_status_enum_and_its_file_keeps_ok():
     for bad in ("FAIL", "PASS", "ok", 1, None):
         with pytest.raises(ValueError):
             PerfCaseResult.from_dict({**timed.to_dict(), "status": bad})
+
+
+def test_every_tensor_a_result_may_hold_has_one_comparison_spec():
+    from gate.core.results import ALL_TENSORS
+    from gate.correctness.tolerance import SPECS, tensor_spec
+
+    assert tuple(SPECS) == ALL_TENSORS
+    assert all(tensor_spec(n).name == n for n in ALL_TENSORS)
+    lse = tensor_spec("lse")
+    assert (lse.finite_only, lse.flat_index, lse.yardstick_dtype, lse.packed_token_dim) == (True, True, "fp32", 1)
+    assert [n for n, s in SPECS.items() if s.grad_of] == ["dq", "dk", "dv", "dbias", "dsink"]
+    assert [n for n, s in SPECS.items() if s.exact] == ["k_cache", "v_cache"]
+
+
+def test_the_comparison_code_asks_the_spec_not_the_name():
+    """No `name == "lse"`-style branch in the code that measures tensors."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "gate"
+    for rel in ("correctness/run_case.py", "correctness/probes/determinism.py", "workflow/isolation.py"):
+        text = (root / rel).read_text()
+        assert not re.search(r"""name\s*[!=]=\s*["'](out|lse|dq|dk|dv|dbias|dsink)["']""", text), rel
