@@ -26,8 +26,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gate.compare.baselines import Baseline, BaselineDiff, baseline_path, diff_baselines, merge_baseline, read_baseline, update_command
-from gate.core.config import Config
+from gate.compare.baselines import (
+    Baseline, BaselineDiff, baseline_path, diff_baselines, merge_baseline, read_baseline, update_command, validate_written,
+)
+from gate.core.config import Config, tolerance_changes
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
 from gate.core.files import append_step_summary
 from gate.compare.findings import CheckContext, Finding, Verdict, decide
@@ -98,6 +100,21 @@ def read_results(path: Path, kernel: str | None, suite: str | None) -> SweepResu
         if wanted is not None and wanted != found:
             raise UserError(f"{option} {wanted} but {path} holds results of {found}; drop {option} or pass the right file")
     return sweep
+
+
+def refuse_results_of_another_config(config: Config, sweep: SweepResult, path: Path) -> None:
+    """A results file is judged under the config as it is now: one measured with another
+    definition of its suite or other tolerance multipliers is not what this config would gate."""
+    from gate.core.cases import load_suite, suite_hash
+
+    now = suite_hash(load_suite(sweep.suite, config.suites, config.source))
+    if sweep.suite_hash != now:
+        raise UserError(f"{path}: made from another definition of suite {sweep.suite!r} (hash {sweep.suite_hash}) than "
+                        f"{config.source} gives now ({now}); re-run the sweep with this config")
+    changed = tolerance_changes(sweep.tolerance, config.tolerance.as_dict())
+    if changed:
+        raise UserError(f"{path}: measured with other tolerance multipliers than {config.source} sets "
+                        f"({', '.join(changed)}); re-run the sweep with this config")
 
 
 def resolve_target(config: Config, kernel: str | None, suite: str | None, device: str | None,
@@ -182,6 +199,8 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
     require_writable(Path(out_dir), "--out")  # before the sweep, not after minutes of it
     refuse_inside_baselines(Path(out_dir), config.baselines_dir)
     results = read_results(results_path, kernel, suite) if results_path is not None else None
+    if results is not None:
+        refuse_results_of_another_config(config, results, results_path)
     target = resolve_target(config, kernel, suite, device, results)
     path, baseline = load_existing_baseline(config, target, baseline_file)
     if results is None:  # refused now, not after the sweep it would throw away
@@ -331,6 +350,11 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
             saved = write_sweep_outputs(sweep, Path(out_dir))["json"]
         print(f"the run is saved in {saved} (reuse it with --from-results)")
     require_complete_run(config, sweep, results_path if results is not None else "this run", path)
+    changed = tolerance_changes(sweep.tolerance, config.tolerance.as_dict())
+    if changed:
+        raise UserError(f"{results_path if results is not None else 'this run'}: measured with other tolerance "
+                        f"multipliers than {config.source} sets ({', '.join(changed)}); a baseline of them could "
+                        f"never be compared with a check: update from a run with this config")
     perf_section = None
     if results is not None and perf:
         raise UserError("--perf times the kernel now, so it needs a fresh run: drop --from-results (or --perf), "
@@ -362,6 +386,7 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
 
         with writing("pass a writable --summary file; the baseline was not written"):
             write_text_atomic(Path(summary_path), text)
+    validate_written(new, path)  # the reader `check` uses, before the file is replaced
     with writing(f"{path} was not written" + (f" ({summary_path} describes the change it would make)" if summary_path else "")):
         new.write(path)
     print(text)
