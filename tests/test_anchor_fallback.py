@@ -72,8 +72,8 @@ def test_run_perf_times_the_refused_case_against_matmul_and_records_it(tmp_path)
     cfg, result = perf(tmp_path)
     rows = {c.case.softcap: c for c in result.cases}
     assert result.anchor == REFUSING_ANCHOR
-    assert rows[0.0].status == "OK" and rows[0.0].anchor == REFUSING_ANCHOR
-    assert rows[20.0].status == "OK" and rows[20.0].anchor == MATMUL, rows[20.0].reason
+    assert rows[0.0].label == "OK" and rows[0.0].anchor == REFUSING_ANCHOR
+    assert rows[20.0].label == "OK" and rows[20.0].anchor == MATMUL, rows[20.0].reason
     entries = {c.case_id: baseline_entry(c, result.anchor) for c in result.cases}
     assert entries[rows[20.0].case_id]["anchor"] == MATMUL
     assert entries[rows[0.0].case_id]["anchor"] == REFUSING_ANCHOR

@@ -76,7 +76,7 @@ def test_path_is_per_gpu_class_kernel_and_suite():
 
 def test_merge_filtered_run_replaces_only_its_cases_and_keeps_perf():
     old = Baseline.from_sweep(GOOD, perf={"x": 1})
-    new = Baseline.from_sweep(sweep(result(1, out=0.5), notes=("filtered with --only 's1-'",)))
+    new = Baseline.from_sweep(sweep(result(1, out=0.5), scope="s1-"))
     merged, kept = merge_baseline(new, old, "s1-")
     assert kept == 3 and set(merged.correctness) == set(old.correctness)
     assert merged.correctness[case(1).id].tensors["out"].ratio == 0.5

@@ -87,6 +87,11 @@ def edit_results(path: Path, edit) -> Path:
     return path
 
 
+def set_ratio(tensor: dict, ratio: float) -> None:
+    """A crafted ratio with the error it comes from: a reader recomputes max_err / bound."""
+    tensor["ratio"], tensor["max_err"] = ratio, ratio * tensor["bound"]
+
+
 def case_of(data: dict, case_id: str) -> dict:
     return next(c for c in data["cases"] if c["case_id"] == case_id)
 
@@ -138,7 +143,8 @@ def test_results_file_of_the_baseline_run_passes_and_crafted_bad_ones_fail(in_re
 
     def violate(data):
         c = case_of(data, "bf16-b2-h4-s128-d64")
-        c["status"], c["tensors"]["dk"]["ratio"] = "FAIL", 1.3
+        c["status"] = "FAIL"
+        set_ratio(c["tensors"]["dk"], 1.3)
     assert main(["check", "--results", str(edit_results(results, violate)), "--out", str(tmp_path / "v")]) == 1
     assert {(f["rule"], f["case_id"]) for f in findings_of(tmp_path / "v")["findings"] if f["severity"] == "FAIL"} == {
         ("tolerance", "bf16-b2-h4-s128-d64"), ("status", "bf16-b2-h4-s128-d64")}
@@ -146,7 +152,7 @@ def test_results_file_of_the_baseline_run_passes_and_crafted_bad_ones_fail(in_re
 
 def test_headroom_regression_within_bound_fails(in_repo_root, results, tmp_path):
     def loosen(data):  # still within the bound, but 0.2-ish -> 0.9: the slow loosening
-        case_of(data, "bf16-b2-h4-s128-d64")["tensors"]["dq"]["ratio"] = 0.9
+        set_ratio(case_of(data, "bf16-b2-h4-s128-d64")["tensors"]["dq"], 0.9)
     assert main(["check", "--results", str(edit_results(results, loosen)), "--out", str(tmp_path)]) == 1
     fails = [f for f in findings_of(tmp_path)["findings"] if f["severity"] == "FAIL"]
     assert [(f["rule"], f["metric"], f["current"]) for f in fails] == [("headroom", "ratio:dq", 0.9)]
@@ -252,7 +258,8 @@ def test_update_records_a_failing_run_only_where_declared_known(project, results
 
     def violate(data):
         c = case_of(data, "fp16-b2-h4-s128-d64")
-        c["status"], c["reason"], c["tensors"]["out"]["ratio"] = "FAIL", "out error > bound", 2.0
+        c["status"], c["reason"] = "FAIL", "out error > bound"
+        set_ratio(c["tensors"]["out"], 2.0)
     bad = edit_results(results, violate)
     assert main(["baseline", "update", "--config", str(cfg), "--from-results", str(bad)]) == 1
     err = capsys.readouterr().err
@@ -278,7 +285,7 @@ def test_update_summary_lists_what_moved(project, results, tmp_path, capsys):
     mtime = (baselines / "cpu" / "sdpa-cpu-smoke.json").stat().st_mtime_ns
 
     def move(data):
-        case_of(data, "bf16-b2-h4-s128-d64")["tensors"]["dq"]["ratio"] = 0.9
+        set_ratio(case_of(data, "bf16-b2-h4-s128-d64")["tensors"]["dq"], 0.9)
     moved = edit_results(results, move)
     summary = tmp_path / "body.md"
     assert main(["baseline", "update", "--config", str(cfg), "--from-results", str(moved), "--summary", str(summary)]) == 0
@@ -384,7 +391,7 @@ def test_update_only_without_a_baseline_is_refused_before_the_sweep(project, res
     err = capsys.readouterr().err
     assert "there is no baseline at" in err and "run without --only (`attn-gate baseline update --kernel sdpa-cpu" in err
     # the same for a results file made with --only
-    filtered = edit_results(results, lambda d: d.update(notes=[*d["notes"], "filtered with --only 's128'"],
+    filtered = edit_results(results, lambda d: d.update(scope="s128",
                                                         cases=[c for c in d["cases"] if "s128" in c["case_id"]]))
     assert main(["baseline", "update", "--config", str(cfg), "--from-results", str(filtered)]) == 2
     assert f"{filtered}: a run filtered with --only 's128', but there is no baseline" in capsys.readouterr().err

@@ -435,7 +435,7 @@ def test_a_decode_perf_case_is_timed_forward_only_with_its_kv_bandwidth():
     case = Case(**{**DECODE, "perf": True}, page_size=16)
     plan = TimingPlan(rounds=3, calls_per_round=1, warmup_s=0.0, cold_l2=False)
     result = measure_case(get_adapter("tiled"), "sdpa-math", case, "cpu", plan)
-    assert result.status == "OK", result.reason
+    assert result.label == "OK", result.reason
     assert result.pass_timing("bwd") is None and result.timing.plan.passes == ("fwd",)
     gbps = result.summary()["fwd"]["candidate_kv_gbps"]
     assert math.isfinite(gbps) and gbps > 0

@@ -79,7 +79,7 @@ def test_real_kernels_on_cpu_keep_raw_samples_and_reset_grads():
 
     plan = TimingPlan(rounds=3, calls_per_round=2, warmup_s=0.0)
     result = measure_case(get_adapter("tiled"), "sdpa-math", TINY, "cpu", plan)
-    assert result.status == "OK", result.reason
+    assert result.label == "OK", result.reason
     for p in ("fwd", "bwd"):
         t = result.pass_timing(p)
         assert t.rounds == 3 and len(t.ratios) == 3 and all(r > 0 for r in t.ratios)

@@ -43,9 +43,10 @@ def result(n: int, status: str = "PASS", reason: str = "", **ratios: float) -> C
 
 
 def sweep(*cases: CaseResult, env: dict | None = None, suite_hash: str = "h1", tolerance: dict | None = None,
-          notes: tuple[str, ...] = ()) -> SweepResult:
+          notes: tuple[str, ...] = (), scope: str | None = None) -> SweepResult:
     return SweepResult(kernel="k", suite="smoke", suite_hash=suite_hash, environment=dict(env or ENV), cases=tuple(cases),
-                       tolerance=dict(tolerance or TOL), started_at="2026-01-01T00:00:00+00:00", wall_s=1.0, notes=notes)
+                       tolerance=dict(tolerance or TOL), started_at="2026-01-01T00:00:00+00:00", wall_s=1.0, notes=notes,
+                       scope=scope)
 
 
 # A PASS always carries out, dq, dk and dv (run_case measures all four); lse where the kernel returns it.
@@ -262,7 +263,7 @@ def test_every_passing_case_gets_one_ok_row():
 
 
 def test_a_filtered_run_does_not_report_unrun_cases_as_removed():
-    filtered = sweep(GOOD.cases[0], notes=("filtered with --only 's1-'",))
+    filtered = sweep(GOOD.cases[0], scope="s1-")
     findings = compare(Baseline.from_sweep(GOOD), filtered, CFG, scope="s1-")
     assert not rules_of(findings)
     assert any(f.rule == "out_of_scope" and "3 baseline cases" in f.message for f in findings)

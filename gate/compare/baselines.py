@@ -32,6 +32,7 @@ Format history:
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,12 +41,16 @@ from typing import Any
 from gate.compare.headroom import is_headroom_regression, is_large_improvement
 from gate.core.config import tolerance_changes
 from gate.core.errors import UserError
-from gate.core.jsonio import checked_name, measured_float, read_json, write_json_atomic
-from gate.core.results import Status, SweepResult
+from gate.core.jsonio import (
+    bad_field, checked_kernel, checked_name, checked_tolerance, clean_json, measured_float, read_json, write_json_atomic,
+)
+from gate.core.results import ALL_TENSORS, Status, SweepResult
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # migrate_baseline turns each older one into the current layout
 KIND = "attn-gate baseline"
+# ratio, max_err and bound are each rounded to 4 significant digits: ratio and max_err / bound agree to ~1e-3
+ROUNDED_REL_TOL = 2e-3
 
 # What a baseline remembers of the run's environment (gate.core.environment.describe keys).
 FINGERPRINT_KEYS = ("device", "gpu_name", "gpu_class", "compute_capability", "driver", "cuda", "cudnn", "torch", "python",
@@ -71,8 +76,14 @@ class TensorBaseline:
         return {k: _round(getattr(self, k)) for k in ("ratio", "max_err", "mean_err", "bound", "pt_err")}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "TensorBaseline":
-        return cls(**{k: measured_float(d[k], k) for k in ("ratio", "max_err", "mean_err", "bound", "pt_err")})
+    def from_dict(cls, d: dict[str, Any], name: str = "?") -> "TensorBaseline":
+        t = cls(**{k: measured_float(d[k], f"{name}.{k}") for k in ("ratio", "max_err", "mean_err", "bound", "pt_err")})
+        # the stored ratio is never trusted over the numbers it comes from (all rounded to 4 digits)
+        if not t.bound > 0:
+            raise ValueError(f"{name}.bound = {t.bound!r} must be > 0 (the rounding floor is never 0)")
+        if not math.isclose(t.ratio, t.max_err / t.bound, rel_tol=ROUNDED_REL_TOL, abs_tol=1e-12):
+            raise ValueError(f"{name}.ratio = {t.ratio!r} is not max_err / bound = {t.max_err / t.bound:.4g}")
+        return t
 
 
 @dataclass(frozen=True)
@@ -91,8 +102,19 @@ class CaseBaseline:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CaseBaseline":
-        return cls(status=Status(d["status"]), reason=d.get("reason", ""),
-                   tensors={name: TensorBaseline.from_dict(t) for name, t in d.get("tensors", {}).items()})
+        tensors, reason = d.get("tensors", {}), d.get("reason", "")
+        if not isinstance(tensors, dict) or not isinstance(reason, str):
+            raise TypeError("tensors must be an object keyed by tensor name and reason a string")
+        unknown = [name for name in tensors if name not in ALL_TENSORS]
+        if unknown:
+            raise ValueError(f"tensor {unknown[0]!r} is not one of {', '.join(ALL_TENSORS)}")
+        case = cls(status=Status(d["status"]), reason=reason,
+                   tensors={name: TensorBaseline.from_dict(t, name) for name, t in tensors.items()})
+        over = [name for name, t in case.tensors.items() if not t.ratio <= 1.0]
+        if case.status is Status.PASS and over:
+            raise ValueError(f"status PASS contradicts the row: {', '.join(over)} over the bound "
+                             f"(ratio {max(case.tensors[n].ratio for n in over):.4g})")
+        return case
 
 
 @dataclass(frozen=True)
@@ -138,16 +160,26 @@ class Baseline:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Baseline":
-        checked_name(d["suite"], "suite")  # both become parts of a path
+        checked_name(d["suite"], "suite")  # all three become parts of a path
         checked_name(d["gpu_class"], "gpu_class")
-        if not isinstance(d["correctness"], dict) or not isinstance(d["kernel"], str):
-            raise TypeError("correctness must be an object keyed by case id and kernel a string")
+        checked_kernel(d["kernel"], "kernel")
+        if not isinstance(d["correctness"], dict) or not isinstance(d["environment"], dict):
+            raise TypeError("correctness must be an object keyed by case id and environment an object")
+        for key in ("suite_hash", "measured_at"):
+            if not isinstance(d[key], str):
+                raise TypeError(f"{key} = {d[key]!r} must be a string")
+        if d.get("perf") is not None and not isinstance(d["perf"], dict):
+            raise TypeError("perf must be an object or null")
+        correctness = {}
+        for cid, c in d["correctness"].items():
+            try:
+                correctness[cid] = CaseBaseline.from_dict(c)
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise ValueError(f"correctness[{cid!r}]: {bad_field(exc)}") from None
         return cls(kernel=d["kernel"], suite=d["suite"], suite_hash=d["suite_hash"], gpu_class=d["gpu_class"],
-                   environment=dict(d["environment"]),
-                   tolerance={k: measured_float(v, f"tolerance.{k}") for k, v in d["tolerance"].items()},
-                   measured_at=d["measured_at"],
-                   correctness={cid: CaseBaseline.from_dict(c) for cid, c in d["correctness"].items()},
-                   perf=d.get("perf"), commit=str(d.get("commit", "")))
+                   environment={str(k): str(v) for k, v in d["environment"].items()},
+                   tolerance=checked_tolerance(d["tolerance"]), measured_at=d["measured_at"],
+                   correctness=correctness, perf=d.get("perf"), commit=str(d.get("commit", "")))
 
     def write(self, path: Path) -> None:
         write_json_atomic(path, self.to_dict())
@@ -169,14 +201,29 @@ def migrate_baseline(payload: dict[str, Any]) -> dict[str, Any]:
 def read_baseline(path: Path) -> Baseline:
     """Read and validate a baseline; every problem is a UserError naming the file and the fix."""
     path = Path(path)
-    payload = migrate_baseline(read_json(path, kind="baseline", schema_version=READABLE_VERSIONS))
+    return parse_baseline(read_json(path, kind="baseline", schema_version=READABLE_VERSIONS), path)
+
+
+def validate_written(baseline: Baseline, path: Path) -> None:
+    """What `baseline update` is about to write, read back through `parse_baseline` first: a
+    baseline its own reader would refuse (a ratio of 1e308, a PASS row over its bound) is never written."""
+    try:
+        parse_baseline(json.loads(json.dumps(clean_json(baseline.to_dict()), allow_nan=False)), path)
+    except UserError as exc:
+        raise UserError(f"refusing to write {exc}".replace("restore it from git or regenerate it with", "fix the run behind "
+                        "it (its results file) and rerun")) from None
+
+
+def parse_baseline(payload: dict[str, Any], path: Path) -> Baseline:
+    """The one reader of a baseline's content (a file's, or one about to be written)."""
+    payload = migrate_baseline(payload)
     if payload.get("kind") != KIND:
         raise UserError(f"{path}: this is a {payload.get('kind', 'unknown')!r} file, not an {KIND!r} file; "
                         f"point to a file under baselines/<gpu-class>/ or create one with `attn-gate baseline update`")
     try:
         baseline = Baseline.from_dict(payload)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise UserError(f"{path}: baseline is missing or has a bad field ({type(exc).__name__}: {exc}); "
+    except Exception as exc:  # noqa: BLE001 - whatever a hand-edited file makes the parser raise, never a traceback
+        raise UserError(f"{path}: baseline is missing or has a bad field ({bad_field(exc)}); "
                         f"restore it from git or regenerate it with `attn-gate baseline update`") from None
     if baseline.environment.get("gpu_class", baseline.gpu_class) != baseline.gpu_class:
         raise UserError(f"{path}: gpu_class {baseline.gpu_class!r} disagrees with its environment's "
@@ -204,6 +251,7 @@ class BaselineDiff:
     suite_hash_change: tuple[str, str] | None
     kept_out_of_scope: int  # cases kept from the old baseline because the run was filtered
     failing: tuple[str, ...]
+    dropped: tuple[tuple[str, str], ...] = ()  # (case, tensor) the old baseline had and the new one lacks
 
     def markdown(self) -> str:
         lines = [f"### Baseline {'created' if self.created else 'updated'}: `{self.path}`", ""]
@@ -216,6 +264,10 @@ class BaselineDiff:
         if not self.created:
             lines.append(f"- {len(self.moved)} tensor ratios moved beyond noise, {len(self.status_changes)} statuses changed, "
                          f"{len(self.added)} cases added, {len(self.removed)} removed, {self.unchanged} cases unchanged")
+        if self.dropped:
+            shown = ", ".join(f"`{c}` {t}" for c, t in self.dropped[:10])
+            lines.append(f"- **{len(self.dropped)} tensors dropped** (in the old baseline, not measured any more, so "
+                         f"no longer gated): {shown}{' ...' if len(self.dropped) > 10 else ''}")
         if self.kept_out_of_scope:
             lines.append(f"- {self.kept_out_of_scope} cases outside the filtered run kept as they were")
         if self.failing:
@@ -262,10 +314,14 @@ def diff_baselines(old: Baseline | None, new: Baseline, path: Path, headroom_fac
         return BaselineDiff(str(path), True, tuple(sorted(new.correctness)), (), (), (), 0, (), None, 0, failing)
     added = tuple(sorted(set(new.correctness) - set(old.correctness)))
     removed = tuple(sorted(set(old.correctness) - set(new.correctness)))
-    status_changes, moved, unchanged = [], [], 0
+    status_changes, moved, unchanged, dropped = [], [], 0, []
     for cid in sorted(set(old.correctness) & set(new.correctness)):
         o, n = old.correctness[cid], new.correctness[cid]
         changed = False
+        if n.status is Status.PASS:  # a FAIL, ERROR or SKIP row has no tensors: its status change says it
+            lost = [(cid, t) for t in sorted(set(o.tensors) - set(n.tensors))]
+            dropped += lost
+            changed = bool(lost)
         if o.status is not n.status:
             status_changes.append((cid, o.status.value, n.status.value))
             changed = True
@@ -279,7 +335,7 @@ def diff_baselines(old: Baseline | None, new: Baseline, path: Path, headroom_fac
                         for k in FINGERPRINT_KEYS if old.environment.get(k) != new.environment.get(k))
     hash_change = (old.suite_hash, new.suite_hash) if old.suite_hash != new.suite_hash else None
     return BaselineDiff(str(path), False, added, removed, tuple(status_changes), tuple(moved), unchanged, env_changes,
-                        hash_change, kept, failing)
+                        hash_change, kept, failing, tuple(dropped))
 
 
 def update_command(kernel: str, suite: str, gpu_class: str) -> str:

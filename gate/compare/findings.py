@@ -37,7 +37,8 @@ from __future__ import annotations
 import enum
 import math
 from collections import Counter
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from gate.core.errors import EXIT_FAIL, EXIT_PASS
@@ -99,13 +100,51 @@ class Finding:
 
 
 @dataclass(frozen=True)
+class CheckContext(Mapping):
+    """What a verdict was about, for its reports: the run, the baseline and how they were chosen.
+    Typed fields; also read as a mapping (`ctx["kernel"]`, `ctx.get("scope")`), as the renderers
+    and the findings JSON do, with exactly these keys."""
+
+    kernel: str = ""
+    suite: str = ""
+    gpu_class: str = ""
+    baseline: str = ""  # the baseline file compared with
+    baseline_measured_at: str = ""
+    run_started_at: str = ""
+    config: str = ""  # the config file's path, or "defaults"
+    scope: str | None = None  # the run's --only regex; None: the whole suite
+    baseline_option: str | None = None  # --baseline as given (None: the default path)
+    measured: int | None = None  # cases with measured tensors
+    cases: int | None = None  # cases in the run
+    known_failures: tuple[dict[str, Any], ...] = ()  # the known_failures declarations that applied
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._keys():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys())
+
+    def __len__(self) -> int:
+        return len(self._keys())
+
+    @classmethod
+    def _keys(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class Verdict:
     """The reduction of findings: passed iff no FAIL. `thresholds` are what the rules applied,
     printed in every report so a reader can check the decision."""
 
     findings: tuple[Finding, ...]
     thresholds: dict[str, float] = field(default_factory=dict)
-    context: dict[str, Any] = field(default_factory=dict)  # kernel, suite, gpu_class, baseline path ...
+    context: CheckContext = field(default_factory=CheckContext)
 
     @property
     def passed(self) -> bool:
@@ -139,7 +178,7 @@ class Verdict:
         known = sorted({f.case_id for f in self.of(Severity.KNOWN)})
         if known:
             tail = f" except {len(known)} known failure{'s' * (len(known) != 1)} (declared upstream bugs){tail}"
-        measured = self.context.get("measured")
+        measured = self.context.measured
         what = f"{measured} cases measured, all" if measured is not None else "all cases"
         return f"PASS: {what} within their bounds and baseline{tail}"
 
@@ -147,7 +186,7 @@ class Verdict:
         return {
             "schema_version": SCHEMA_VERSION, "kind": "attn-gate findings", "verdict": "PASS" if self.passed else "FAIL",
             "exit_code": self.exit_code, "headline": self.headline, "counts": self.counts,
-            "thresholds": self.thresholds, "context": self.context,
+            "thresholds": self.thresholds, "context": self.context.to_dict(),
             "findings": [f.to_dict() for f in self.findings],
         }
 
@@ -198,10 +237,13 @@ def _drop_advice(message: str) -> str:
 
 
 def decide(findings: list[Finding] | tuple[Finding, ...], thresholds: dict[str, float] | None = None,
-           context: dict[str, Any] | None = None) -> Verdict:
-    """Any findings from any rule family -> the Verdict (worst first, stable order), after `temper`."""
+           context: CheckContext | Mapping[str, Any] | None = None) -> Verdict:
+    """Any findings from any rule family -> the Verdict (worst first, stable order), after `temper`.
+    A plain mapping as `context` must use CheckContext's keys (an unknown key is a TypeError)."""
+    if not isinstance(context, CheckContext):
+        context = CheckContext(**dict(context or {}))
     return Verdict(findings=tuple(sorted(temper(findings), key=sort_key)), thresholds=dict(thresholds or {}),
-                   context=dict(context or {}))
+                   context=context)
 
 
 def fmt(value: Value) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gate.core.errors import UserError
+from gate.core.jsonio import MAX_MULT, checked_name
 
 
 # mult per tensor (the tolerance rule, gate/correctness/tolerance.py): dQ accumulates across key
@@ -52,9 +53,11 @@ class ToleranceConfig:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0):
                 # 0, negative, inf or nan would make every bound meaningless (pass or fail all).
                 raise ValueError(f"{f.name} = {value!r} must be a positive finite number")
+            if value > MAX_MULT:  # a multiplier of 1e300 passes a planted causal bug
+                raise ValueError(f"{f.name} = {value!r} must be <= {MAX_MULT:g}")
 
     def mult(self, tensor: str, dtype: str = "bf16") -> float:
         return getattr(self, f"mult_{MULT_OF.get(tensor, tensor)}") * (self.fp32_factor if dtype == "fp32" else 1.0)
@@ -320,6 +323,11 @@ class Config:
     def profile(self, device: str) -> Profile:
         return self.gpu if device == "cuda" else self.cpu
 
+    def profile_key(self, device: str, key: str) -> str:
+        """Where a profile's value comes from, for a message: `FILE [tool.attn-gate.cpu] kernel`."""
+        name = "gpu" if device == "cuda" else "cpu"
+        return f"{self.source} [tool.attn-gate.{name}] {key}" if self.source != "defaults" else f"the default {name} {key}"
+
 
 def _section(cls, raw: Any, where: str):
     if not isinstance(raw, dict):
@@ -349,6 +357,10 @@ def _check_suites(suites: dict[str, Any], path: Path) -> None:
     from gate.core.cases import expand_suite
 
     for name, spec in suites.items():
+        try:  # a suite's name becomes part of file names (sweep-K-SUITE.json, baselines/...)
+            checked_name(name, "suite name")
+        except ValueError as exc:
+            raise UserError(f"{path} [tool.attn-gate.suites]: {exc}; rename the table") from None
         if not isinstance(spec, dict):
             raise UserError(f"{path} [tool.attn-gate.suites.{name}]: expected a table with 'seeds' and [[matrix]] blocks")
         expand_suite(name, spec, str(path), "tool.attn-gate.suites")

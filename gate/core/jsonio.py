@@ -33,6 +33,11 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def clean_json(value: Any) -> Any:
+    """A payload as written to disk (NaN/inf as strings), for validating it before writing."""
+    return _clean(value)
+
+
 def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -101,14 +106,23 @@ def read_json(path: Path, *, kind: str, schema_version: int | tuple[int, ...]) -
     return payload
 
 
-def read_record(path: Path, *, kind: str, schema_version: int, from_dict: Callable[[dict[str, Any]], T], fix: str) -> T:
+def read_record(path: Path, *, kind: str, schema_version: int | tuple[int, ...], from_dict: Callable[[dict[str, Any]], T], fix: str) -> T:
     """A schema-versioned file parsed into its dataclass; a missing or malformed field is a
     UserError naming the file, the field and `fix` (what to do about it)."""
     payload = read_json(path, kind=kind, schema_version=schema_version)
     try:
         return from_dict(payload)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise UserError(f"{path}: {kind} file is missing or has a bad field ({type(exc).__name__}: {exc}); {fix}") from None
+    except Exception as exc:  # noqa: BLE001 - whatever a hand-edited file makes the parser raise, never a traceback
+        raise UserError(f"{path}: {kind} file is missing or has a bad field ({bad_field(exc)}); {fix}") from None
+
+
+def bad_field(exc: BaseException) -> str:
+    """A parsing exception as the field it is about: a KeyError names the missing field."""
+    if isinstance(exc, KeyError):
+        return f"missing field {exc.args[0]!r}" if exc.args else "missing field"
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return f"{type(exc).__name__}: {str(exc)[:500]}"
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -129,7 +143,10 @@ def measured_float(value: Any, field: str, upper: float = MAX_MEASURE) -> float:
     values would switch a rule off (every comparison with NaN is False), so they are refused."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError(f"{field} = {value!r} is not a number")
-    number = as_float(value)
+    try:
+        number = as_float(value)
+    except ValueError as exc:
+        raise ValueError(f"{field}: {exc}") from None
     if not (math.isfinite(number) and 0.0 <= number <= upper):
         limit = f"in [0, {upper:g}]" if math.isfinite(upper) else ">= 0"
         raise ValueError(f"{field} = {value!r} must be a finite number {limit}")
@@ -147,7 +164,39 @@ def checked_name(value: Any, field: str) -> str:
 
 
 def as_float(value: Any) -> float:
-    """Inverse of `_clean` for floats stored as 'nan'/'inf'."""
-    if isinstance(value, str):
+    """Inverse of `_clean` for floats stored as 'nan'/'inf'. An int too large for a float (a
+    401-digit number) is a ValueError like any other bad number, not an OverflowError."""
+    if isinstance(value, str) and len(value) > 40:
+        raise ValueError(f"{value[:20]!r}... is not a number")
+    try:
         return float(value)
-    return float(value)
+    except OverflowError:
+        raise ValueError(f"{str(value)[:20]}... ({len(str(value))} digits) is out of range for a number") from None
+
+
+MAX_MULT = 100.0  # a tolerance multiplier above this would pass a planted bug: no rule of ours needs one
+
+
+def checked_tolerance(value: Any, field: str = "tolerance") -> dict[str, float]:
+    """Tolerance multipliers as a file records them: an object of positive finite numbers <= MAX_MULT."""
+    if not isinstance(value, dict) or not value:
+        raise ValueError(f"{field} = {value!r} must be an object of multipliers (mult_out, mult_dq, ...)")
+    out = {}
+    for key, number in value.items():
+        if not (key.startswith("mult_") or key == "fp32_factor") or len(key) > 40:
+            raise ValueError(f"{field}.{key} is not a tolerance multiplier (mult_<tensor> or fp32_factor)")
+        out[key] = measured_float(number, f"{field}.{key}", MAX_MULT)
+        if out[key] <= 0:
+            raise ValueError(f"{field}.{key} = {number!r} must be > 0")
+    return out
+
+
+KERNEL_RE = __import__("re").compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]*")
+
+
+def checked_kernel(value: Any, field: str) -> str:
+    """A kernel name read from a file (a built-in, a family or package.module:function): it
+    becomes part of a file name, so no separators, no '..'."""
+    if not isinstance(value, str) or not KERNEL_RE.fullmatch(value) or ".." in value or len(value) > 200:
+        raise ValueError(f"{field} = {value!r} is not a kernel name (letters, digits, _ . : -; no path separators or '..')")
+    return value

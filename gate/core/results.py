@@ -5,20 +5,28 @@ derived properties, never stored twice.
 
 Format history:
   1  first version.
+  2  `scope`: the --only regex the run was filtered with (null for the whole suite), a field of
+     its own; version 1 kept it as a note ("filtered with --only 'REGEX'"), which
+     `migrate_results` turns into the field.
 """
 
 from __future__ import annotations
 
+import ast
 import enum
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gate.core.cases import Case
-from gate.core.jsonio import as_float, checked_name, measured_float, read_record, write_json_atomic
+from gate.core.jsonio import (
+    as_float, checked_kernel, checked_name, checked_tolerance, measured_float, read_record, write_json_atomic,
+)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # migrate_results turns each older one into the current layout
 # The tensors every table shows, in report order (lse where the kernel exposes it).
 TENSORS = ("out", "lse", "dq", "dk", "dv")
 # Tensors only some cases measure, shown only where a case has them: dbias for a case
@@ -28,6 +36,24 @@ TENSORS = ("out", "lse", "dq", "dk", "dv")
 EXTRA_TENSORS = ("dbias", "dsink", "k_cache", "v_cache")
 # Every tensor a case may measure, in report order.
 ALL_TENSORS = TENSORS + EXTRA_TENSORS
+# Read back, a row's own numbers must agree to this relative precision (files keep full floats).
+REL_TOL = 1e-6
+MAX_ERROR = 1e300  # a broken kernel's FAIL row may carry any finite error; beyond this it is no float64 measurement
+MAX_SECONDS = 1e7  # about four months: a longer case or run is no measurement
+
+
+def _plain_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**63
+
+
+def _number(value: Any, field: str) -> float:
+    """A check's value or limit: a number, possibly NaN/inf as stored by jsonio ('nan', 'inf')."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{field} = {value!r} is not a number")
+    number = as_float(value)
+    if math.isfinite(number) and abs(number) > MAX_ERROR:
+        raise ValueError(f"{field} = {value!r} is out of range")
+    return number
 
 
 def shown_tensors(cases) -> tuple[str, ...]:
@@ -80,9 +106,31 @@ class TensorError:
         floats = ("max_err", "mean_err", "pt_err", "floor", "mult", "bound", "ratio", "band_atol", "band_rtol")
         # a stored NaN, inf, negative or absurd number would switch the headroom rule off: refused
         # (no upper limit here: a broken kernel's FAIL row may carry any finite error)
-        data = {k: (measured_float(d[k], f"{d.get('tensor', '?')}.{k}", math.inf) if k in floats else d[k]) for k in d}
-        data["worst_index"] = tuple(d["worst_index"])
-        return cls(**data)
+        name = d.get("tensor")
+        if name not in ALL_TENSORS:
+            raise ValueError(f"tensor = {name!r} is not one of {', '.join(ALL_TENSORS)}")
+        data = {k: (measured_float(d[k], f"{name}.{k}", MAX_ERROR) if k in floats else d[k]) for k in d}
+        index = d["worst_index"]
+        if not isinstance(index, list) or len(index) > 8 or not all(_plain_int(i) for i in index):
+            raise ValueError(f"{name}.worst_index = {index!r} is not a short list of indices")
+        if not isinstance(d["band_ok"], bool) or not _plain_int(d["seed"]):
+            raise ValueError(f"{name}.band_ok must be true/false and {name}.seed an integer")
+        data["worst_index"] = tuple(index)
+        error = cls(**data)
+        error.check_consistent()
+        return error
+
+    def check_consistent(self) -> None:
+        """The row's own numbers must agree: a bound > 0 that is mult x pt_err + floor, and a ratio
+        that is max_err / bound. A stored ratio is never trusted over the numbers it comes from."""
+        t = self.tensor
+        if not self.bound > 0:
+            raise ValueError(f"{t}.bound = {self.bound!r} must be > 0 (the rounding floor is never 0)")
+        expected_bound = self.mult * self.pt_err + self.floor
+        if not math.isclose(self.bound, expected_bound, rel_tol=REL_TOL, abs_tol=1e-300):
+            raise ValueError(f"{t}.bound = {self.bound!r} is not mult x pt_err + floor = {expected_bound!r}")
+        if not math.isclose(self.ratio, self.max_err / self.bound, rel_tol=REL_TOL, abs_tol=1e-300):
+            raise ValueError(f"{t}.ratio = {self.ratio!r} is not max_err / bound = {self.max_err / self.bound!r}")
 
 
 @dataclass(frozen=True)
@@ -101,7 +149,13 @@ class CheckResult:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CheckResult":
-        return cls(name=d["name"], passed=d["passed"], value=as_float(d["value"]), limit=as_float(d["limit"]), detail=d.get("detail", ""))
+        name, passed, detail = d["name"], d["passed"], d.get("detail", "")
+        if not isinstance(name, str) or not isinstance(detail, str):
+            raise ValueError(f"checks[].name and .detail must be strings, not {name!r} and {type(detail).__name__}")
+        if passed is not None and not isinstance(passed, bool):
+            raise ValueError(f"checks[{name}].passed = {passed!r} must be true, false or null")
+        return cls(name=name, passed=passed, value=_number(d["value"], f"checks[{name}].value"),
+                   limit=_number(d["limit"], f"checks[{name}].limit"), detail=detail)
 
 
 @dataclass(frozen=True)
@@ -139,13 +193,47 @@ class CaseResult:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CaseResult":
-        return cls(
-            case=Case.from_dict(d["case"]), status=Status(d["status"]), reason=d.get("reason", ""),
-            tensors=tuple(TensorError.from_dict(t) for t in d.get("tensors", {}).values()),
-            checks=tuple(CheckResult.from_dict(c) for c in d.get("checks", [])), seconds=float(d.get("seconds", 0.0)),
-            forward_only=bool(d.get("forward_only", False)),
-            traceback=str(d.get("traceback", "")),
-        )
+        """A row as read from a file, its status recomputed from its tensors and checks: a row
+        that contradicts itself is refused (ValueError naming the case and the field)."""
+        case = Case.from_dict(d["case"])
+        where = f"case {case.id}"
+        try:
+            tensors, checks = d.get("tensors", {}), d.get("checks", [])
+            if not isinstance(tensors, dict) or not isinstance(checks, list):
+                raise ValueError("tensors must be an object keyed by tensor name and checks a list")
+            for key, value in (("reason", d.get("reason", "")), ("traceback", d.get("traceback", ""))):
+                if not isinstance(value, str):
+                    raise ValueError(f"{key} must be a string, not {type(value).__name__}")
+            if not isinstance(d.get("forward_only", False), bool):
+                raise ValueError(f"forward_only = {d['forward_only']!r} must be true or false")
+            if d.get("case_id", case.id) != case.id:
+                raise ValueError(f"case_id {d['case_id']!r} is not the id of its case ({case.id})")
+            errors = tuple(TensorError.from_dict(t) for t in tensors.values())
+            if [t.tensor for t in errors] != list(tensors):
+                raise ValueError("a tensor is stored under another tensor's name")
+            result = cls(
+                case=case, status=Status(d["status"]), reason=d.get("reason", ""), tensors=errors,
+                checks=tuple(CheckResult.from_dict(c) for c in checks),
+                seconds=measured_float(d.get("seconds", 0.0), "seconds", MAX_SECONDS),
+                forward_only=d.get("forward_only", False), traceback=d.get("traceback", ""),
+            )
+            result.check_consistent()
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        return result
+
+    def check_consistent(self) -> None:
+        """The stored status must be the one the row's own numbers give: PASS only with every
+        tensor within its bound and no failed check; FAIL with measured tensors only when one is
+        out of bounds or a check failed (a FAIL without tensors is an invalid answer: its reason)."""
+        over = [t.tensor for t in self.tensors if not t.passed]
+        failed = [c.name for c in self.checks if c.passed is False]
+        if self.status is Status.PASS and (over or failed):
+            what = (f"{', '.join(over)} over the bound (ratio {max(t.ratio for t in self.tensors):.4g})" if over
+                    else f"the {', '.join(failed)} check failed")
+            raise ValueError(f"status PASS contradicts the row: {what}")
+        if self.status is Status.FAIL and self.tensors and not over and not failed:
+            raise ValueError("status FAIL contradicts the row: every tensor is within its bound and no check failed")
 
 
 @dataclass(frozen=True)
@@ -160,6 +248,7 @@ class SweepResult:
     wall_s: float
     schema_version: int = SCHEMA_VERSION
     notes: tuple[str, ...] = field(default_factory=tuple)
+    scope: str | None = None  # the --only regex the run was filtered with; None: the whole suite
 
     def count(self, status: Status) -> int:
         return sum(1 for c in self.cases if c.status is status)
@@ -194,7 +283,7 @@ class SweepResult:
             "schema_version": self.schema_version, "kind": "attn-gate sweep", "kernel": self.kernel, "suite": self.suite,
             "suite_hash": self.suite_hash, "environment": self.environment, "tolerance": self.tolerance,
             "started_at": self.started_at, "wall_s": round(self.wall_s, 2), "notes": list(self.notes),
-            "summary": {s.value: self.count(s) for s in Status},
+            "scope": self.scope, "summary": {s.value: self.count(s) for s in Status},
             "cases": [c.to_dict() for c in self.cases], "harness_report": self.harness_report(),
         }
 
@@ -204,16 +293,66 @@ class SweepResult:
             raise TypeError("environment must be an object, cases a list and kernel a string")
         checked_name(d["suite"], "suite")
         checked_name(d["environment"].get("gpu_class", "unknown"), "environment.gpu_class")  # becomes a folder name
-        return cls(
+        checked_kernel(d["kernel"], "kernel")
+        for key in ("suite_hash", "started_at"):
+            if not isinstance(d[key], str):
+                raise TypeError(f"{key} = {d[key]!r} must be a string")
+        notes = d.get("notes", [])
+        if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+            raise TypeError("notes must be a list of strings")
+        sweep = cls(
             kernel=d["kernel"], suite=d["suite"], suite_hash=d["suite_hash"], environment=d["environment"],
-            cases=tuple(CaseResult.from_dict(c) for c in d["cases"]), tolerance=d["tolerance"],
-            started_at=d["started_at"], wall_s=float(d["wall_s"]), notes=tuple(d.get("notes", [])),
+            cases=tuple(CaseResult.from_dict(c) for c in d["cases"]), tolerance=checked_tolerance(d["tolerance"]),
+            started_at=d["started_at"], wall_s=measured_float(d["wall_s"], "wall_s", MAX_SECONDS), notes=tuple(notes),
+            scope=d.get("scope"),
         )
+        sweep.check_scope()
+        return sweep
+
+    def check_scope(self) -> None:
+        """A scope is a regex that every case of the run matches: one that excludes the run's own
+        cases would take them (and every baseline case) out of the comparison."""
+        if self.scope is None:
+            return
+        if not isinstance(self.scope, str) or len(self.scope) > 100_000:
+            raise ValueError(f"scope = {self.scope!r} must be a regular expression (a string) or null")
+        try:
+            pattern = re.compile(self.scope)
+        except re.error as exc:
+            raise ValueError(f"scope = {self.scope!r} is not a regular expression ({exc})") from None
+        outside = [c.case_id for c in self.cases if not pattern.search(c.case_id)]
+        if outside:
+            raise ValueError(f"scope = {self.scope!r} excludes the file's own case {outside[0]}"
+                             f"{f' (and {len(outside) - 1} more)' if len(outside) > 1 else ''}")
 
     def write(self, path: Path) -> None:
         write_json_atomic(path, self.to_dict())
 
     @classmethod
     def read(cls, path: Path) -> "SweepResult":
-        return read_record(path, kind="sweep results", schema_version=SCHEMA_VERSION, from_dict=cls.from_dict,
-                           fix="regenerate it with `attn-gate sweep`")
+        return read_record(path, kind="sweep results", schema_version=READABLE_VERSIONS,
+                           from_dict=lambda d: cls.from_dict(migrate_results(d)), fix="regenerate it with `attn-gate sweep`")
+
+
+SCOPE_NOTE = re.compile(r"filtered with --only (.+)")
+
+
+def migrate_results(payload: dict[str, Any]) -> dict[str, Any]:
+    """An older layout as the current one: 1 -> 2 moves the --only note into `scope`."""
+    if payload.get("schema_version") == 1:
+        notes = payload.get("notes", [])
+        if not isinstance(notes, list):
+            raise TypeError("notes must be a list of strings")
+        scope, kept = None, []
+        for note in notes:
+            m = SCOPE_NOTE.fullmatch(note) if isinstance(note, str) else None
+            if m is None:
+                kept.append(note)
+                continue
+            try:  # version 1 wrote the regex with repr()
+                scope = ast.literal_eval(m.group(1))
+            except (ValueError, SyntaxError, RecursionError, MemoryError):
+                scope = m.group(1)
+            scope = str(scope)
+        payload = {**payload, "schema_version": 2, "notes": kept, "scope": scope}
+    return payload

@@ -22,28 +22,21 @@ from gate.kernels.sdpa import NoKernel
 from gate.attention.kvcache import expected_cache, gather_dense
 from gate.attention.reference import AttnOptions, AttnResult, DecodeResult, attention_reference, decode_reference
 from gate.core.results import ALL_TENSORS, CaseResult, Status, TensorError
-from gate.correctness.tolerance import BANDS, LSE_APPROX_FLOOR, error_bound, error_ratio, rounding_floor
+from gate.correctness.tolerance import BANDS, error_bound, error_ratio, rounding_floor, tensor_spec
 
 
 class BadOutput(Exception):
     """The kernel returned something that is not a valid answer (shape, dtype, NaN/Inf)."""
 
 
-# the LSE is a float32 tensor in every kernel, computed from scores of the rounded
-# inputs accumulated in float32. Its yardstick P is therefore the reference computed in float32
-# (not in the input dtype, whose bf16 scores made the bound ~0.06 nats and let a 1e-3 bias pass),
-# its rounding floor is float32's, and its mult is the fp32 one (ToleranceConfig.fp32_factor).
-LSE_YARDSTICK_DTYPE = "fp32"
-
-
-def measure(name: str, kernel: torch.Tensor, gold: torch.Tensor, low: torch.Tensor, dtype: str, mult: float, seed: int,
-            floor_dtype: str | None = None, floor_extra: float = 0.0) -> TensorError:
-    """One tensor's errors. For the LSE only rows with at least one allowed key are compared
-    (a fully masked row's LSE is a convention: -inf here, +inf in flash-attn). `floor_dtype`:
-    the dtype whose rounding makes the floor (default: the input dtype); `floor_extra` is added
-    to the floor (the LSE's allowance for approximate exp/log, tolerance.LSE_APPROX_FLOOR)."""
+def measure(name: str, kernel: torch.Tensor, gold: torch.Tensor, low: torch.Tensor, dtype: str, mult: float,
+            seed: int) -> TensorError:
+    """One tensor's errors, compared as its spec says (tolerance.SPECS: which elements, the
+    dtype of the floor and what is added to it, how the worst element is located)."""
+    spec = tensor_spec(name)
+    floor_dtype, floor_extra = spec.yardstick_dtype, spec.floor_extra
     k, g, p = kernel.double(), gold.double(), low.double()
-    if name == "lse":
+    if spec.finite_only:
         keep = torch.isfinite(g)
         k, g, p = k[keep], g[keep], p[keep]
     if g.numel() == 0:
@@ -57,7 +50,7 @@ def measure(name: str, kernel: torch.Tensor, gold: torch.Tensor, low: torch.Tens
     else:
         flat = int(diff.flatten().argmax())
         max_err = float(diff.flatten()[flat])
-    worst = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape)) if name != "lse" else (flat,)
+    worst = (flat,) if spec.flat_index else tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape))
     mean_err = float(diff.mean())
     pt_err = float((p - g).abs().max())
     floor_dtype = floor_dtype or dtype
@@ -202,17 +195,13 @@ def validate_outputs(case: Case, inputs: AttnInputs, out: torch.Tensor, grads, n
         raise BadOutput("out contains NaN/Inf")
     if grads is None:
         return
-    refs = {"dq": inputs.q, "dk": inputs.k, "dv": inputs.v, "dbias": inputs.bias, "dsink": inputs.sink}
     if len(grads) != len(names):
         raise BadOutput(f"{len(grads)} gradients, expected {len(names)} ({', '.join(names)})")
     for name, grad in zip(names, grads):
-        ref = refs[name]
+        spec = tensor_spec(name)
+        ref = getattr(inputs, spec.grad_of)
         if grad is None:
-            if name == "dbias":
-                raise BadOutput("dbias is missing: the bias got no gradient (detached, or not part of the graph)")
-            if name == "dsink":
-                raise BadOutput("dsink is missing: the sink logits got no gradient")
-            raise BadOutput(f"{name} is missing: out does not depend on {name[1:]}")
+            raise BadOutput(f"{name} is missing: {spec.missing}")
         if not isinstance(grad, torch.Tensor) or tuple(grad.shape) != tuple(ref.shape):
             raise BadOutput(f"{name} has shape {tuple(getattr(grad, 'shape', ()))}, expected {tuple(ref.shape)}")
         if not torch.isfinite(grad).all():
@@ -271,17 +260,20 @@ def _references_noting_peak(case: Case, inputs: AttnInputs, keep, device: str, n
     return gold, low
 
 
-def lse_yardstick(case: Case, inputs: AttnInputs, keep, low: AttnResult | DecodeResult) -> torch.Tensor:
-    """The LSE as a kernel computes it: the reference in float32 on the rounded inputs
-    (a decode case's, on the K/V gathered from the expected cache, as decode_references)."""
-    if TORCH_DTYPES[case.dtype] == TORCH_DTYPES[LSE_YARDSTICK_DTYPE]:
-        return low.lse
+def yardstick(name: str, case: Case, inputs: AttnInputs, keep, low: AttnResult | DecodeResult) -> torch.Tensor:
+    """P for tensor `name`: the low-precision reference, or, where its spec names another dtype
+    (the LSE: float32, as a kernel computes it), the forward reference in that dtype on the same
+    rounded inputs (a decode case's on the K/V gathered from the expected cache, as decode_references)."""
+    dtype = tensor_spec(name).yardstick_dtype
+    if dtype is None or TORCH_DTYPES[case.dtype] == TORCH_DTYPES[dtype]:
+        return getattr(low, name)
     if inputs.cache is not None:
         dense = gather_dense(inputs.cache, *expected_cache(inputs.cache))
-        return decode_reference(inputs.cache.q, dense, options(case, inputs), TORCH_DTYPES[LSE_YARDSTICK_DTYPE], inputs.sink).lse
+        return getattr(decode_reference(inputs.cache.q, dense, options(case, inputs), TORCH_DTYPES[dtype], inputs.sink), name)
     varlen = dict(cu_seqlens=inputs.cu_seqlens, cu_seqlens_k=inputs.cu_seqlens_k, dropout_keep=keep, sink=inputs.sink)
-    return attention_reference(inputs.q, inputs.k, inputs.v, inputs.dout, options(case, inputs),
-                               TORCH_DTYPES[LSE_YARDSTICK_DTYPE], backward=False, **varlen).lse
+    return getattr(attention_reference(inputs.q, inputs.k, inputs.v, inputs.dout, options(case, inputs),
+                                       TORCH_DTYPES[dtype], backward=False, **varlen), name)
+
 
 
 def traceback_tail(exc: BaseException, lines: int = 12) -> str:
@@ -335,13 +327,9 @@ def measure_seed(case: Case, inputs: AttnInputs, out, lse, grads, dropout_keep, 
     if case.sinks and not forward_only and not traits.sink_grad:
         notes.append("dsink not judged: the adapter declares no sink gradient")
     for name, tensor in measured.items():
-        if name == "lse":
-            err = measure(name, tensor.detach(), gold.lse, lse_yardstick(case, inputs, dropout_keep, low), case.dtype,
-                          tol.mult(name, LSE_YARDSTICK_DTYPE), inputs.seed, floor_dtype=LSE_YARDSTICK_DTYPE,
-                          floor_extra=LSE_APPROX_FLOOR)
-        else:
-            err = measure(name, tensor.detach(), getattr(gold, name), getattr(low, name), case.dtype,
-                          tol.mult(name, case.dtype), inputs.seed)
+        mult = tol.mult(name, tensor_spec(name).yardstick_dtype or case.dtype)
+        err = measure(name, tensor.detach(), getattr(gold, name), yardstick(name, case, inputs, dropout_keep, low),
+                      case.dtype, mult, inputs.seed)
         _keep_worst(worst, err)
     return None
 

@@ -12,6 +12,7 @@ H200); this rule does not, and still catches a 2% error in dK.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 # The seed lecture's per-dtype bands (atol, rtol): reported as information, never the verdict.
 BANDS = {"fp32": (1e-5, 1e-4), "bf16": (5e-3, 5e-3), "fp16": (1e-3, 1e-3)}
@@ -49,3 +50,46 @@ def error_ratio(err: float, bound: float) -> float:
     if bound <= 0:
         return 0.0 if err == 0 else math.inf
     return err / bound
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """How one kind of tensor is compared with its reference, as data (torch.testing's Pair
+    classes): the comparison code reads these fields and never asks which tensor it holds."""
+
+    name: str
+    # the leaf input this is the gradient of (its shape is the gradient's); "" for a forward tensor
+    grad_of: str = ""
+    # compare only where the reference is finite: a fully masked row's LSE is a convention
+    # (-inf here, +inf in flash-attn), not a value
+    finite_only: bool = False
+    # where the worst element is: a flat index into the compared elements (they are a selection)
+    flat_index: bool = False
+    # the dtype of the yardstick P and of the rounding floor; None: the input dtype. The LSE is
+    # float32 in every kernel, accumulated from the rounded inputs' scores in float32: its
+    # yardstick in bf16 made the bound ~0.06 nats and let a 1e-3 bias pass
+    yardstick_dtype: str | None = None
+    floor_extra: float = 0.0  # added to the rounding floor (approximate exp/log for the LSE)
+    # within a packed (total, ...) varlen tensor, the dimension that runs over tokens
+    packed_token_dim: int = 0
+    missing: str = ""  # why a gradient can be missing, said when it is
+    exact: bool = False  # judged bit-exact against the expected value (a copy: the cache after a decode call)
+
+
+SPECS: dict[str, TensorSpec] = {s.name: s for s in (
+    TensorSpec("out"),
+    TensorSpec("lse", finite_only=True, flat_index=True, yardstick_dtype="fp32", floor_extra=LSE_APPROX_FLOOR,
+               packed_token_dim=1),
+    TensorSpec("dq", grad_of="q", missing="out does not depend on q"),
+    TensorSpec("dk", grad_of="k", missing="out does not depend on k"),
+    TensorSpec("dv", grad_of="v", missing="out does not depend on v"),
+    TensorSpec("dbias", grad_of="bias", missing="the bias got no gradient (detached, or not part of the graph)"),
+    TensorSpec("dsink", grad_of="sink", missing="the sink logits got no gradient"),
+    TensorSpec("k_cache", exact=True),
+    TensorSpec("v_cache", exact=True),
+)}
+
+
+def tensor_spec(name: str) -> TensorSpec:
+    """The comparison spec of a tensor kind; an unknown name is a programming error (KeyError)."""
+    return SPECS[name]

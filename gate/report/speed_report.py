@@ -19,7 +19,7 @@ def perf_rows(result: PerfResult) -> list[list[str]]:
     rows = []
     for c in result.cases:
         if not c.measured:
-            rows.append([c.case_id, c.status, "", "", "", "", "", "", c.reason])
+            rows.append([c.case_id, c.label, "", "", "", "", "", "", c.reason])
             continue
         for p in result.plan.passes:
             t = c.pass_timing(p)

@@ -105,8 +105,9 @@ def validation_note(result: SweepResult) -> str:
         lines += [f"- `{c.case_id}`: {c.reason}" for c in skipped]
     else:
         lines.append("- none")
-    if result.notes:
-        lines += ["", "## Notes", ""] + [f"- {n}" for n in result.notes]
+    notes = ((f"filtered with --only {result.scope!r}",) if result.scope is not None else ()) + tuple(result.notes)
+    if notes:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
 
 

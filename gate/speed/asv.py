@@ -106,7 +106,7 @@ def bench_measure(settings: BenchSettings | None = None) -> dict[str, dict[str, 
                       progress=lambda line: print(f"attn-gate bench: {line}", file=sys.stderr, flush=True))
     out = {}
     for c in result.cases:
-        row: dict[str, Any] = {"status": c.status, "reason": c.reason}
+        row: dict[str, Any] = {"status": c.label, "reason": c.reason}
         if c.measured:
             summary = c.summary()
             row.update({p: summary[p] for p in ("fwd", "bwd") if p in summary})

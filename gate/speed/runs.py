@@ -11,7 +11,8 @@ closed: a case the baseline timed that is skipped now or absent from the run (wi
 INCONCLUSIVE, and a run that judged nothing at all is one run-wide INCONCLUSIVE judgement.
 
 Format history:
-  1  first version.
+  1  first version. A row's status is written "OK" (timed), "SKIP" or "ERROR"; in memory it is
+     the Status enum, "OK" being Status.PASS.
 """
 
 from __future__ import annotations
@@ -29,11 +30,24 @@ from gate.core.cases import Case, load_suite
 from gate.core.config import Config, PerfConfig
 from gate.core.errors import UserError, first_line
 from gate.core.jsonio import read_record, write_json_atomic
+from gate.core.results import Status
 from gate.speed.rule import PerfJudgement, PerfRules, PerfSeverity, RatioEstimate, judge
 from gate.speed.timing import PASSES, PassTiming, TimingPlan, TimingRun
 
 SCHEMA_VERSION = 1
 MATMUL = "matmul"
+# A perf row's status as perf files spell it: a timed case is "OK" (timing judges nothing, so not "PASS").
+PERF_LABELS = {Status.PASS: "OK", Status.SKIP: "SKIP", Status.ERROR: "ERROR"}
+
+
+def perf_status(value: Status | str) -> Status:
+    """A perf row's status from the enum or its file spelling; FAIL and unknown words are refused."""
+    if isinstance(value, Status) and value in PERF_LABELS:
+        return value
+    for status, label in PERF_LABELS.items():
+        if value == label and isinstance(value, str):
+            return status
+    raise ValueError(f"perf status {value!r} is not one of {', '.join(PERF_LABELS.values())}")
 
 
 @dataclass(frozen=True)
@@ -44,18 +58,26 @@ class PerfCaseResult:
     the run's anchor)."""
 
     case: Case
-    status: str
+    status: Status  # PASS: timed; SKIP; ERROR (a string in its file spelling is taken too)
     reason: str = ""
     timing: TimingRun | None = None
     anchor: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", perf_status(self.status))
 
     @property
     def case_id(self) -> str:
         return self.case.id
 
     @property
+    def label(self) -> str:
+        """The status as perf files and tables spell it (OK, SKIP, ERROR)."""
+        return PERF_LABELS[self.status]
+
+    @property
     def measured(self) -> bool:
-        return self.status == "OK" and self.timing is not None
+        return self.status is Status.PASS and self.timing is not None
 
     def pass_timing(self, pass_: str) -> PassTiming | None:
         return self.timing.pass_timing(pass_) if self.timing is not None else None
@@ -103,7 +125,7 @@ class PerfCaseResult:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"case_id": self.case_id, "case": self.case.to_dict(), "status": self.status, "reason": self.reason,
+        return {"case_id": self.case_id, "case": self.case.to_dict(), "status": self.label, "reason": self.reason,
                 "anchor": self.anchor, "summary": self.summary(),
                 "timing": None if self.timing is None else self.timing.to_dict()}
 
@@ -141,7 +163,7 @@ class PerfResult:
 
     @property
     def any_error(self) -> bool:
-        return any(c.status == "ERROR" for c in self.cases)
+        return any(c.status is Status.ERROR for c in self.cases)
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema_version": self.schema_version, "kind": "attn-gate perf", "kernel": self.kernel,
@@ -220,27 +242,27 @@ def measure_case(adapter, anchor_name: str, case: Case, device: str, plan: Timin
 
     why = adapter.unsupported_reason(case, device)
     if why:
-        return PerfCaseResult(case=case, status="SKIP", reason=why, anchor=anchor_name)
+        return PerfCaseResult(case=case, status=Status.SKIP, reason=why, anchor=anchor_name)
     if case.forward_only or not adapter.capabilities().backward:  # decode / inference kernels
         if "fwd" not in plan.passes:
-            return PerfCaseResult(case=case, status="SKIP", reason="forward-only: no backward to time", anchor=anchor_name)
+            return PerfCaseResult(case=case, status=Status.SKIP, reason="forward-only: no backward to time", anchor=anchor_name)
         plan = dataclasses.replace(plan, passes=("fwd",))
     try:
         cand, anchor, why = _workloads(adapter, anchor_name, case, device)
         if why:
-            return PerfCaseResult(case=case, status="SKIP", reason=why, anchor=anchor_name)
+            return PerfCaseResult(case=case, status=Status.SKIP, reason=why, anchor=anchor_name)
         from gate.speed.timing import time_pair
 
         run = time_pair(cand, anchor, plan, device)
     except NoKernel as exc:
-        return PerfCaseResult(case=case, status="SKIP", reason=str(exc), anchor=anchor_name)
+        return PerfCaseResult(case=case, status=Status.SKIP, reason=str(exc), anchor=anchor_name)
     except KeyboardInterrupt:  # the user stops the run: not the kernel's fault, not a row
         raise
     except BaseException as exc:  # a crashing kernel is a row, not a dead run (SystemExit too: sys.exit() in a kernel)
-        return PerfCaseResult(case=case, status="ERROR", reason=first_line(exc), anchor=anchor_name)
+        return PerfCaseResult(case=case, status=Status.ERROR, reason=first_line(exc), anchor=anchor_name)
     finally:
         _release(device)
-    return PerfCaseResult(case=case, status="OK", timing=run, anchor=anchor_name)
+    return PerfCaseResult(case=case, status=Status.PASS, timing=run, anchor=anchor_name)
 
 
 def _release(device: str) -> None:
@@ -311,7 +333,7 @@ def run_perf(kernel: str, suite_name: str, config: Config, device: str | None = 
     for case in cases:
         results.append(measure(case, case_anchor(anchor_name, config.perf, case, device), plan))
         if progress:
-            progress(f"{results[-1].status:5} {case.id} {results[-1].reason}")
+            progress(f"{results[-1].label:5} {case.id} {results[-1].reason}")
     env = describe(device, kernel, kernel_version or "")
     env["anchor"] = anchor_name
     notes = ("CPU timings (perf_counter, no L2 flush): history only, not a gate",) if device != "cuda" else ()
@@ -379,7 +401,7 @@ def unmatched_baseline_judgements(baseline_perf: dict[str, Any] | None, run_case
 
 def nothing_judged(result: PerfResult) -> PerfJudgement:
     """The one run-wide judgement when no case was judged: nothing judged is not a pass."""
-    why = "; ".join(f"{c.case_id}: {c.status} {c.reason}".strip() for c in result.cases[:3])
+    why = "; ".join(f"{c.case_id}: {c.label} {c.reason}".strip() for c in result.cases[:3])
     more = f" (and {len(result.cases) - 3} more)" if len(result.cases) > 3 else ""
     return _inconclusive("", "all", f"speed not judged: none of the {len(result.cases)} perf cases was timed against a "
                                     f"baseline speed ratio ({why}{more})")
@@ -414,7 +436,7 @@ def judge_perf(result: PerfResult, baseline_perf: dict[str, Any], config: PerfCo
     out = []
     for c in result.cases:
         entry = (baseline_perf or {}).get(c.case_id)
-        if c.status == "SKIP":  # skipped then and now: nothing to compare; timed then, skipped now: not judged
+        if c.status is Status.SKIP:  # skipped then and now: nothing to compare; timed then, skipped now: not judged
             out += [_inconclusive(c.case_id, p, f"skipped now ({c.reason}) but the baseline has a speed ratio for it: "
                                                 f"not judged; make it run again, or refresh the baseline on purpose")
                     for p in _timed_passes(entry, result.plan.passes)]
@@ -435,7 +457,7 @@ def judge_perf(result: PerfResult, baseline_perf: dict[str, Any], config: PerfCo
             j = judge(c.case_id, p, base, current, rules)
             if j.suspected and remeasure is not None and config.confirm_rounds > 0:
                 j = judge(c.case_id, p, base, current, rules, confirm=remeasure(c.case, p, config.confirm_rounds))
-            if c.status == "ERROR" and not c.measured:
+            if c.status is Status.ERROR and not c.measured:
                 j = PerfJudgement(case_id=c.case_id, pass_=p, severity=j.severity, message=f"not measured: {c.reason}")
             elif j.severity is PerfSeverity.FAIL:
                 j = dataclasses.replace(j, message=j.message + _short_pass_note(c, p))

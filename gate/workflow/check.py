@@ -21,19 +21,19 @@ without a reference would pass anything (fail closed). The perf verdict plugs in
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import os
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gate.compare.baselines import Baseline, BaselineDiff, baseline_path, diff_baselines, merge_baseline, read_baseline, update_command
-from gate.core.config import Config
+from gate.compare.baselines import (
+    Baseline, BaselineDiff, baseline_path, diff_baselines, merge_baseline, read_baseline, update_command, validate_written,
+)
+from gate.core.config import Config, tolerance_changes
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
 from gate.core.files import append_step_summary
-from gate.compare.findings import Finding, Verdict, decide
+from gate.compare.findings import CheckContext, Finding, Verdict, decide
 from gate.compare.known import TABLE, apply_known, for_kernel, refuse_unmatched, undeclared_failures
 from gate.core.results import SweepResult
 from gate.compare.sweep_rules import (
@@ -104,6 +104,21 @@ def read_results(path: Path, kernel: str | None, suite: str | None) -> SweepResu
     return sweep
 
 
+def refuse_results_of_another_config(config: Config, sweep: SweepResult, path: Path) -> None:
+    """A results file is judged under the config as it is now: one measured with another
+    definition of its suite or other tolerance multipliers is not what this config would gate."""
+    from gate.core.cases import load_suite, suite_hash
+
+    now = suite_hash(load_suite(sweep.suite, config.suites, config.source))
+    if sweep.suite_hash != now:
+        raise UserError(f"{path}: made from another definition of suite {sweep.suite!r} (hash {sweep.suite_hash}) than "
+                        f"{config.source} gives now ({now}); re-run the sweep with this config")
+    changed = tolerance_changes(sweep.tolerance, config.tolerance.as_dict())
+    if changed:
+        raise UserError(f"{path}: measured with other tolerance multipliers than {config.source} sets "
+                        f"({', '.join(changed)}); re-run the sweep with this config")
+
+
 def resolve_target(config: Config, kernel: str | None, suite: str | None, device: str | None,
                    results: SweepResult | None) -> Target:
     if results is not None:
@@ -114,18 +129,6 @@ def resolve_target(config: Config, kernel: str | None, suite: str | None, device
     device = device or default_device()
     profile = config.profile(device)
     return Target(kernel or profile.kernel, suite or profile.suite, device, current_gpu_class(device))
-
-
-def sweep_scope(sweep: SweepResult) -> str | None:
-    """The --only regex a sweep was filtered with (gate.workflow.sweep records it in the notes)."""
-    for note in sweep.notes:
-        m = re.fullmatch(r"filtered with --only (.+)", note)
-        if m:
-            try:
-                return str(ast.literal_eval(m.group(1)))
-            except (ValueError, SyntaxError):
-                return m.group(1)
-    return None
 
 
 def fresh_sweep(config: Config, target: Target, only: str | None, progress: bool, options=None) -> SweepResult:
@@ -211,6 +214,8 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
     require_writable(Path(out_dir), "--out")  # before the sweep, not after minutes of it
     refuse_inside_baselines(Path(out_dir), config.baselines_dir)
     results = read_results(results_path, kernel, suite) if results_path is not None else None
+    if results is not None:
+        refuse_results_of_another_config(config, results, results_path)
     target = resolve_target(config, kernel, suite, device, results)
     refuse_unmatched_known(config, target.kernel)
     path, baseline = load_existing_baseline(config, target, baseline_file)
@@ -222,7 +227,7 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
                               config.tolerance.as_dict(), target.gpu_class, path)
     sweep = results if results is not None else fresh_sweep(config, target, only, progress, options)
     check_comparable(baseline, sweep, path)
-    scope = sweep_scope(sweep)
+    scope = sweep.scope
     findings, thresholds, known = compare_all(baseline, sweep, config, scope)
     perf_run = None
     if results is None:
@@ -235,11 +240,12 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
         from gate.workflow.speed_check import results_file_findings
 
         findings = list(findings) + results_file_findings(perf, target.device)
-    context = {"kernel": sweep.kernel, "suite": sweep.suite, "gpu_class": baseline.gpu_class, "baseline": str(path),
-               "baseline_measured_at": baseline.measured_at, "run_started_at": sweep.started_at,
-               "config": config.source, "scope": scope, "baseline_option": str(baseline_file) if baseline_file else None,
-               "measured": sum(1 for c in sweep.cases if c.tensors), "cases": len(sweep.cases),
-               "known_failures": known}
+    context = CheckContext(kernel=sweep.kernel, suite=sweep.suite, gpu_class=baseline.gpu_class, baseline=str(path),
+                           baseline_measured_at=baseline.measured_at, run_started_at=sweep.started_at,
+                           config=str(config.source), scope=scope,
+                           baseline_option=str(baseline_file) if baseline_file else None,
+                           measured=sum(1 for c in sweep.cases if c.tensors), cases=len(sweep.cases),
+                           known_failures=tuple(known))
     verdict = decide(findings, thresholds, context)
     with writing(f"pass a writable --out folder (verdict: {'PASS' if verdict.passed else 'FAIL'})"):
         paths = render_check(verdict, sweep, baseline, Path(out_dir), console, perf_run.markdown if perf_run else "")
@@ -293,7 +299,7 @@ def require_complete_run(config: Config, sweep: SweepResult, source: object, pat
         raise UserError(f"{source}: made from another definition of suite {sweep.suite!r} (hash {sweep.suite_hash}) than "
                         f"{config.source} gives now ({suite_hash(suite)}), so `check` could never compare with the "
                         f"baseline; update from a run of the suite as it is now (`{redo}`)")
-    scope = sweep_scope(sweep)
+    scope = sweep.scope
     pattern = only_pattern(scope)
     wanted = [c.id for c in suite.cases if pattern is None or pattern.search(c.id)]
     ran = {c.case_id for c in sweep.cases}
@@ -365,7 +371,7 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
         if old.gpu_class != target.gpu_class:
             raise UserError(f"{path}: holds a baseline for GPU class {old.gpu_class!r}, not {target.gpu_class!r}; it is left "
                             f"as it is: move it to {Path(config.baselines_dir) / old.gpu_class}/ or delete it, then rerun")
-    scope = only if results is None else sweep_scope(results)
+    scope = only if results is None else results.scope
     if old is None and scope is not None:  # a filtered run merges into a baseline; without one it would BE the baseline
         what = f"--only {only!r}" if results is None else f"{results_path}: a run filtered with --only {scope!r}"
         raise UserError(f"{what}, but there is no baseline at {path} yet, so it would hold only those cases; create it "
@@ -378,6 +384,11 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
             saved = write_sweep_outputs(sweep, Path(out_dir))["json"]
         print(f"the run is saved in {saved} (reuse it with --from-results)")
     require_complete_run(config, sweep, results_path if results is not None else "this run", path)
+    changed = tolerance_changes(sweep.tolerance, config.tolerance.as_dict())
+    if changed:
+        raise UserError(f"{results_path if results is not None else 'this run'}: measured with other tolerance "
+                        f"multipliers than {config.source} sets ({', '.join(changed)}); a baseline of them could "
+                        f"never be compared with a check: update from a run with this config")
     perf_section = None
     if results is not None and perf:
         raise UserError("--perf times the kernel now, so it needs a fresh run: drop --from-results (or --perf), "
@@ -393,7 +404,7 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
         if perf_wanted(perf, target.device):  # speed ratios with their noise; None keeps the old section
             perf_section, _ = perf_baseline_section(config, target.kernel, target.suite, target.device, only,
                                                     old.perf if old is not None else None)
-    new, kept = merge_baseline(Baseline.from_sweep(sweep, perf=perf_section), old, sweep_scope(sweep))
+    new, kept = merge_baseline(Baseline.from_sweep(sweep, perf=perf_section), old, sweep.scope)
     cfg = config.verdict
     diff = diff_baselines(old, new, path, cfg.headroom_factor, cfg.headroom_step, cfg.improvement_factor, kept)
     refusal = refuse_failing_run(sweep, config)
@@ -406,6 +417,7 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
 
         with writing("pass a writable --summary file; the baseline was not written"):
             write_text_atomic(Path(summary_path), text)
+    validate_written(new, path)  # the reader `check` uses, before the file is replaced
     with writing(f"{path} was not written" + (f" ({summary_path} describes the change it would make)" if summary_path else "")):
         new.write(path)
     print(text)

@@ -20,7 +20,7 @@ from typing import Any
 
 from gate.core.errors import UserError
 from gate.core.files import safe_name
-from gate.core.jsonio import write_text_atomic
+from gate.core.jsonio import bad_field, write_text_atomic
 from gate.core.results import CaseResult
 
 SCHEMA_VERSION = 1
@@ -52,7 +52,7 @@ def read_journal(path: Path, header: dict[str, Any]) -> tuple[str, dict[str, Cas
     lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
     try:
         first = json.loads(lines[0])
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # JSONDecodeError, a huge int, nesting too deep
         first = None
     if not isinstance(first, dict) or first.get("kind") != KIND or first.get("schema_version") != SCHEMA_VERSION:
         raise UserError(f"--resume: {path} is not a journal of this attn-gate version; run without --resume to start afresh")
@@ -90,9 +90,11 @@ def _finished(path: Path, lines: list[str]) -> dict[str, CaseResult]:
         if not line.strip():
             continue
         try:
+            # the same reader as a results file: the row's status is recomputed, never trusted
             result = CaseResult.from_dict(json.loads(line))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
-            raise UserError(f"--resume: {path} line {number} is damaged; run without --resume to start afresh") from None
+        except Exception as exc:  # noqa: BLE001 - a damaged line is a UserError, never a traceback
+            raise UserError(f"--resume: {path} line {number} is damaged ({bad_field(exc)}); run without --resume to "
+                            f"start afresh") from None
         done[result.case_id] = result
     return done
 

@@ -42,14 +42,12 @@ def read_shard(folder: Path) -> tuple[Path, SweepResult]:
 
 
 def merge_shards(folders: list[Path], config: Config) -> SweepResult:
-    from gate.workflow.check import sweep_scope
-
     if not folders:
         raise UserError("merge: name the shards' --out folders")
     read = [read_shard(f) for f in folders]
     first_path, first = read[0]
     for path, sweep in read[1:]:
-        for key in ("kernel", "suite", "suite_hash", "tolerance"):
+        for key in ("kernel", "suite", "suite_hash", "tolerance", "scope"):
             if getattr(sweep, key) != getattr(first, key):
                 raise UserError(f"merge: {path} has {key} {getattr(sweep, key)!r} but {first_path} has "
                                 f"{getattr(first, key)!r}; merge shards of one run only")
@@ -79,7 +77,7 @@ def merge_shards(folders: list[Path], config: Config) -> SweepResult:
     if suite_hash(suite) != first.suite_hash:
         raise UserError(f"merge: the shards ran suite {first.suite!r} as defined then (hash {first.suite_hash}); "
                         f"{config.source} defines it differently now ({suite_hash(suite)}); pass the --config they ran with")
-    pattern = only_pattern(sweep_scope(first))
+    pattern = only_pattern(first.scope)
     cases = [c for c in suite.cases if pattern is None or pattern.search(c.id)]
     parts = assign(cases, total)
     merged = {}
@@ -101,4 +99,5 @@ def merge_shards(folders: list[Path], config: Config) -> SweepResult:
         kernel=first.kernel, suite=first.suite, suite_hash=first.suite_hash, environment=first.environment,
         cases=tuple(merged[c.id] for c in cases), tolerance=first.tolerance,
         started_at=min(s.started_at for s in sweeps), wall_s=max(s.wall_s for s in sweeps), notes=base_notes,
+        scope=first.scope,
     )

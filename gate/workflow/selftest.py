@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gate.compare.baselines import Baseline, baseline_path, read_baseline
-from gate.compare.findings import Severity, decide
+from gate.compare.findings import CheckContext, Severity, decide
 from gate.compare.selftest import (
     BugOutcome, BugStatus, ControlOutcome, SelftestReport, SlowdownSection, SlowdownTrial,
 )
@@ -86,13 +86,11 @@ class _Run:
         return run_sweep(kernel_name, self.suite, self.config, self.device, progress=False, only=only, adapter=adapter)
 
     def judge(self, kernel_name: str, sweep: SweepResult):
-        from gate.workflow.check import sweep_scope
-
         path, baseline = self.baselines[kernel_name]
         check_comparable(baseline, sweep, path)
-        findings = compare(baseline, sweep, self.config.verdict, sweep_scope(sweep))
+        findings = compare(baseline, sweep, self.config.verdict, sweep.scope)
         return decide(findings, correctness_thresholds(self.config.verdict),
-                      {"kernel": kernel_name, "suite": self.suite, "baseline": str(path)})
+                      CheckContext(kernel=kernel_name, suite=self.suite, baseline=str(path)))
 
 
 # ---------------------------------------------------------------- controls

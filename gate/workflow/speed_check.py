@@ -24,6 +24,7 @@ from typing import Any
 
 from gate.core.config import Config, PerfConfig
 from gate.core.errors import UserError
+from gate.core.results import Status
 from gate.compare.findings import Finding, Severity
 from gate.speed.runs import (
     PerfResult, baseline_entry, judge_perf, no_perf_case_reason, nothing_judged, remeasure_with, run_perf,
@@ -106,7 +107,7 @@ def _judged_perf(config: Config, kernel: str, suite: str, device: str, only: str
             PerfJudgement(case_id=c.case_id, pass_=p, severity=PerfSeverity.INCONCLUSIVE,
                           message=f"the baseline has no speed section: run `attn-gate baseline update --perf --kernel {kernel} "
                                   f"--suite {suite}` on this GPU class and commit it")
-            for c in result.cases if c.status != "SKIP" for p in result.plan.passes) or (nothing_judged(result),)
+            for c in result.cases if c.status is not Status.SKIP for p in result.plan.passes) or (nothing_judged(result),)
     else:
         judgements = judge_perf(result, baseline_perf, config.perf,
                                 remeasure_with(kernel, result.anchor, device, config.perf, config, measure=worker.measure),

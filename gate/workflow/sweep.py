@@ -72,8 +72,7 @@ def run_sweep(kernel: str, suite_name: str, config: Config, device: str | None =
         raise UserError(f"--only {only!r} matches no case of suite {suite_name!r}")
     shard = options.shard if options is not None else None
     cases = shard_cases(cases, shard)
-    extra_notes = ((f"filtered with --only {only!r}",) if only else ()) \
-        + ((f"extra checks on every case: {', '.join(check_names)}",) if check_names else ()) \
+    extra_notes = ((f"extra checks on every case: {', '.join(check_names)}",) if check_names else ()) \
         + ((shard_note(shard),) if shard else ())
     if options is not None and options.workers != 0:
         if adapter is not None:
@@ -100,7 +99,7 @@ def run_sweep(kernel: str, suite_name: str, config: Config, device: str | None =
         kernel=kernel, suite=suite_name, suite_hash=suite_hash(suite),
         environment=describe(device, kernel, adapter.version()), cases=tuple(results),
         tolerance=config.tolerance.as_dict(), started_at=started, wall_s=time.perf_counter() - t0,
-        notes=caps.notes + extra_notes,
+        notes=caps.notes + extra_notes, scope=only,
     )
 
 
@@ -165,7 +164,7 @@ def _run_isolated(kernel: str, suite, config: Config, device: str, progress: boo
     return SweepResult(
         kernel=kernel, suite=suite.name, suite_hash=suite_hash(suite), environment=environment, cases=results,
         tolerance=config.tolerance.as_dict(), started_at=started, wall_s=time.perf_counter() - t0,
-        notes=info.notes + extra_notes,
+        notes=info.notes + extra_notes, scope=only,
     )
 
 

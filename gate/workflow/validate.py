@@ -113,12 +113,12 @@ def _runs_on(name: str, device: str) -> bool:
         return False
 
 
-def check_suite(config: Config, suite: str) -> None:
+def check_suite(config: Config, suite: str, option: str = "--suite") -> None:
     from gate.core.cases import suite_names
 
     names = suite_names(config.suites)
     if suite not in names:
-        raise UserError(f"--suite {suite!r}: unknown suite {suite!r}; choose one of: {', '.join(names)}{nearest(suite, names)} "
+        raise UserError(f"{option} {suite!r}: unknown suite {suite!r}; choose one of: {', '.join(names)}{nearest(suite, names)} "
                         f"(`attn-gate suites` lists them; define your own under [tool.attn-gate.suites] in {config.source})")
 
 
@@ -136,17 +136,20 @@ def validate_target(config: Config, kernel: str | None, suite: str | None, devic
     `kernel_in_worker`: the run is isolated; a user kernel is not imported here (check_kernel)."""
     device = check_device(device)
     profile = config.profile(device)
+    # a value from the config file is named by its file and key, never blamed on a flag not given
+    kernel_option = "--kernel" if kernel else config.profile_key(device, "kernel")
+    suite_option = "--suite" if suite else config.profile_key(device, "suite")
     kernel = kernel or profile.kernel
     suite = suite or profile.suite
     if check_kernel_runs:
-        check_kernel(kernel, device, config=config, kernel_in_worker=kernel_in_worker)
+        check_kernel(kernel, device, kernel_option, config=config, kernel_in_worker=kernel_in_worker)
     else:
         from gate.kernels.registry import kernel_names
 
         if ":" not in kernel and kernel not in kernel_names() and kernel not in (getattr(config, "kernels", None) or {}):
-            raise UserError(f"--kernel {kernel!r} is not a known kernel{nearest(kernel, kernel_names())}; "
+            raise UserError(f"{kernel_option} {kernel!r} is not a known kernel{nearest(kernel, kernel_names())}; "
                             f"`attn-gate kernels` lists them")
-    check_suite(config, suite)
+    check_suite(config, suite, suite_option)
     check_only(only)
     return ValidTarget(kernel, suite, device)
 

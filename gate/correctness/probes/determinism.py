@@ -25,6 +25,7 @@ import torch
 
 from gate.core.cases import Case
 from gate.correctness.run_case import grad_names, run_kernel
+from gate.correctness.tolerance import tensor_spec
 from gate.attention.inputs import AttnInputs, make_inputs
 from gate.kernels.base import KernelAdapter
 from gate.core.results import CheckResult
@@ -132,9 +133,10 @@ def _sequence_slices(case: Case) -> list[slice | int]:
 
 
 def _part(name: str, tensor: torch.Tensor, where: slice | int) -> torch.Tensor:
-    """One sequence of a result tensor; the LSE is (B, H, Nq) dense or (H, total) packed."""
-    if name == "lse" and isinstance(where, slice):
-        return tensor[:, where]
+    """One sequence of a result tensor: batch element `where` (dense), or tokens `where` along the
+    spec's token dimension (packed varlen: the LSE is (H, total), the others (total, ...))."""
+    if isinstance(where, slice):
+        return tensor.narrow(tensor_spec(name).packed_token_dim, where.start, where.stop - where.start)
     return tensor[where]
 
 

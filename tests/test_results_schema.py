@@ -1,0 +1,67 @@
+"""The sweep results format, one test per schema version: every version a run ever wrote still reads.
+
+Version 1 files are real runs (tests/data, a CPU and an H200 sweep); version 2 is what this code
+writes. A version 1 file filtered with --only kept the regex in a note; it reads as the `scope` field.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from gate.core.results import SCHEMA_VERSION, SweepResult, migrate_results
+
+DATA = Path(__file__).parent / "data"
+V1_FILES = ("cpu-sweep-sdpa-cpu-smoke.json.gz", "h200-sweep-sdpa-flash-pr.json.gz")
+
+
+def v1_payload(name: str) -> dict:
+    return json.loads(gzip.decompress((DATA / name).read_bytes()))
+
+
+@pytest.mark.parametrize("name", V1_FILES)
+def test_version_1_reads_and_rewrites_as_the_current_version(name, tmp_path):
+    payload = v1_payload(name)
+    assert payload["schema_version"] == 1
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(payload))
+    sweep = SweepResult.read(path)
+    assert sweep.scope is None and len(sweep.cases) == len(payload["cases"])
+    assert sweep.notes == tuple(payload["notes"])
+    again = tmp_path / "v2.json"
+    sweep.write(again)
+    data = json.loads(again.read_text())
+    assert data["schema_version"] == SCHEMA_VERSION == 2 and data["scope"] is None
+    assert SweepResult.read(again) == sweep
+
+
+def test_version_1_only_note_becomes_the_scope(tmp_path):
+    payload = v1_payload(V1_FILES[0])
+    first = payload["cases"][0]["case_id"]
+    payload.update(notes=[*payload["notes"], f"filtered with --only {first!r}"], cases=payload["cases"][:1])
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(payload))
+    sweep = SweepResult.read(path)
+    assert sweep.scope == first
+    assert not any("--only" in n for n in sweep.notes)  # the note became the field, not both
+
+
+@pytest.mark.parametrize("note, scope", [("filtered with --only 's1-'", "s1-"), ("filtered with --only s1-", "s1-"),
+                                         ("filtered with --only 'a\\\\d'", "a\\d")])
+def test_migration_of_the_note_forms_version_1_wrote(note, scope):
+    migrated = migrate_results({"schema_version": 1, "notes": ["other", note]})
+    assert (migrated["schema_version"], migrated["scope"], migrated["notes"]) == (2, scope, ["other"])
+
+
+def test_version_2_keeps_the_scope_as_a_field(tmp_path):
+    payload = v1_payload(V1_FILES[0])
+    sweep = SweepResult.from_dict(migrate_results(payload))
+    first = sweep.cases[0]
+    filtered = SweepResult(**{**sweep.__dict__, "cases": (first,), "scope": first.case_id})
+    path = tmp_path / "v2.json"
+    filtered.write(path)
+    assert json.loads(path.read_text())["scope"] == first.case_id
+    assert SweepResult.read(path).scope == first.case_id
