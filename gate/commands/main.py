@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
+import threading
 
 from gate.core.errors import EXIT_FAIL, EXIT_USAGE, UserError
 
 # Each module in gate/commands registers its own subcommands.
 COMMANDS = ("sweep", "listing", "check", "baseline", "perf", "bench", "drift", "selftest", "merge")
+# Set by a run that supervises this process (`sweep --workers 0`, gate/commands/sweep.py): the file
+# this process writes its exit code to when it returns; a kernel that ends the process skips it.
+DONE_FILE_ENV = "ATTN_GATE_DONE_FILE"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,11 +43,45 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    code = _main(argv)
+    done = os.environ.get(DONE_FILE_ENV)
+    if done:  # this process returned normally: the supervising run may trust its exit code
+        with open(done, "w", encoding="utf-8") as fh:
+            fh.write(str(code))
+    return code
+
+
+def resume_hint(args: argparse.Namespace) -> str:
+    """For a run that journals its cases (`--out` and `--resume`): the exact command that goes on
+    where it stopped; the case in flight was not journalled, so it runs again."""
+    if not hasattr(args, "resume") or getattr(args, "results", None) is not None or getattr(args, "out", None) is None:
+        return ""
+    import shlex
+
+    argv = [a for a in args.argv if a != "--resume"]
+    return f"; the finished cases are kept in {args.out}: go on with\n  attn-gate {shlex.join(argv + ['--resume'])}"
+
+
+def _on_sigterm(signum, frame) -> None:
+    """SIGTERM of the gate (a cancelled CI job, `timeout`): its workers go first, then the gate, as
+    SIGTERM would have ended it."""
+    isolation = sys.modules.get("gate.workflow.isolation")
+    if isolation is not None:
+        isolation.kill_all_workers()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _main(argv: list[str]) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: --help is 0, a usage error is 2
         return int(exc.code or 0)
+    args.argv = argv
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         return int(args.main(args))
     except UserError as exc:
@@ -52,11 +92,9 @@ def main(argv: list[str] | None = None) -> int:
               f"sys.exit); no verdict, failing closed", file=sys.stderr)
         return EXIT_FAIL
     except KeyboardInterrupt:
-        print("attn-gate: interrupted", file=sys.stderr)
+        print("attn-gate: interrupted" + resume_hint(args), file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:  # `attn-gate suites --cases | head`: the reader left, nothing is wrong
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
         return 0
 
