@@ -7,8 +7,10 @@ Exit codes: 0 pass, 1 fail (a tolerance violation, a regression), 2 usage or env
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -22,10 +24,48 @@ COMMANDS = ("sweep", "listing", "check", "baseline", "perf", "bench", "drift", "
 DONE_FILE_ENV = "ATTN_GATE_DONE_FILE"
 
 
+class HintingParser(argparse.ArgumentParser):
+    """argparse, plus the nearest names for a misspelled subcommand or flag ("did you mean ...?")."""
+
+    def error(self, message: str):
+        hint = nearest_name_hint(self, message)
+        super().error(message + hint)
+
+
+def _flags(parser: argparse.ArgumentParser) -> set[str]:
+    """Every long flag of `parser` and its subcommands (the top parser reports their unknown flags)."""
+    flags = set()
+    for action in parser._actions:
+        flags |= {o for o in action.option_strings if o.startswith("--")}
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                flags |= _flags(sub)
+    return flags
+
+
+def nearest_name_hint(parser: argparse.ArgumentParser, message: str) -> str:
+    choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if choice:
+        options = re.findall(r"'?([\w.:-]+)'?", choice.group(2))
+        close = difflib.get_close_matches(choice.group(1), options, n=3, cutoff=0.6)
+        return f"; did you mean {' or '.join(close)}?" if close else ""
+    unknown = re.search(r"unrecognized arguments: (.*)", message)
+    if unknown:
+        flags = sorted(_flags(parser))
+        hints = []
+        for word in unknown.group(1).split():
+            if word.startswith("-"):
+                close = difflib.get_close_matches(word.split("=", 1)[0], flags, n=2, cutoff=0.6)
+                if close:
+                    hints.append(f"{word}: did you mean {' or '.join(close)}?")
+        return ("; " + "; ".join(hints)) if hints else ""
+    return ""
+
+
 def build_parser() -> argparse.ArgumentParser:
     import gate
 
-    parser = argparse.ArgumentParser(
+    parser = HintingParser(
         prog="attn-gate", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Regression gate for attention kernels: correctness against a float64 reference and speed against "
                     "an anchor, compared with committed baselines.",
@@ -34,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
                "inconclusive measurement)\n  2  usage or environment error; the one-line message names the fix\n\n"
                "`attn-gate COMMAND --help` shows each command's examples.")
     parser.add_argument("--version", action="version", version=f"attn-gate {gate.__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=HintingParser)
     for name in COMMANDS:
         importlib.import_module(f"gate.commands.{name}").register(sub)
     return parser
