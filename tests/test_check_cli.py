@@ -99,6 +99,7 @@ def case_of(data: dict, case_id: str) -> dict:
 # ---------------------------------------------------------------- the main job
 
 
+@pytest.mark.slow
 def test_check_passes_against_committed_cpu_baseline(full_check):
     rc, out = full_check
     assert rc == 0
@@ -113,6 +114,7 @@ def test_check_passes_against_committed_cpu_baseline(full_check):
     assert json.loads((out / "sweep-sdpa-cpu-smoke.json").read_text())["kind"] == "attn-gate sweep"
 
 
+@pytest.mark.slow
 def test_check_exits_1_for_a_buggy_kernel_and_0_for_a_correct_one(in_repo_root, tmp_path, capsys):
     common = ["--baseline", str(CPU_BASELINE), "--only", SQUARE_NON_GQA, "--device", "cpu", "--no-progress"]
     assert main(["check", "--kernel", "tests.verdict_kernels:scale_off_by_5pct", *common, "--out", str(tmp_path / "bad")]) == 1
@@ -138,6 +140,7 @@ def test_check_exits_1_for_a_buggy_kernel_and_0_for_a_correct_one(in_repo_root, 
 # ---------------------------------------------------------------- crafted results files
 
 
+@pytest.mark.slow
 def test_results_file_of_the_baseline_run_passes_and_crafted_bad_ones_fail(in_repo_root, results, tmp_path):
     assert main(["check", "--results", str(results), "--out", str(tmp_path / "same")]) == 0
 

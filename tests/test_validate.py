@@ -51,6 +51,7 @@ def test_a_known_name_passes_validation(capsys):
     assert (target.kernel, target.suite, target.device) == ("sdpa-cpu", "smoke", "cpu")
 
 
+@pytest.mark.slow
 def test_a_user_kernel_that_does_not_import_is_a_usage_error(capsys):
     rc, _, err = run(["check", "--kernel", "tests.no_such_module:fn", "--device", "cpu"], capsys)
     assert rc == 2 and "does not import" in err and "baseline update" not in err
@@ -83,6 +84,7 @@ def test_running_from_another_folder_says_where_to_run(capsys, tmp_path):
     assert rc == 2 and "repository's root" in err and "baseline update" not in err
 
 
+@pytest.mark.slow
 def test_no_baseline_for_a_valid_kernel_gives_a_command_that_works(capsys, tmp_path):
     """A valid kernel and suite without a baseline: the message names the command, and that
     command (run as printed, on one case) creates the baseline."""

@@ -279,7 +279,7 @@ def render_check(verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_d
     except Exception as exc:  # an artifact, not the verdict: say so and go on
         print(f"attn-gate: warning: the plot was not drawn ({type(exc).__name__}: {exc})", file=sys.stderr)
     append_step_summary(summary)  # the verdict and its files are written already
-    print_check(verdict, sweep, console)
+    print_check(verdict, sweep, console, paths["summary"])
     return paths
 
 
