@@ -25,6 +25,7 @@ from gate.compare.baselines import Baseline
 from gate.compare.findings import Finding, Severity, Verdict, fmt
 from gate.core.cases import Case
 from gate.core.results import CaseResult, Status, SweepResult, shown_tensors
+from gate.report.known import known_groups
 
 COMMENT_LIMIT = 65_536  # GitHub's maximum comment body (characters)
 RERUN_LIMIT = 4_000  # a longer rerun command is no copy-paste command: the suite is rerun instead
@@ -335,7 +336,6 @@ def _table(rows: list[Row], limit: int) -> list[str]:
 
 def _known_section(verdict: Verdict) -> list[str]:
     """Each declaration that covered a case or now passes: its reason, its upstream link, its cases."""
-    from gate.report.check_report import known_groups
 
     groups = [g for g in known_groups(verdict) if g.known or g.xpass]
     if not groups:
