@@ -9,9 +9,12 @@ once), and it is replaced when it dies (any exit code, any signal), hangs past t
 timeout (it is killed with its process group), reports a CUDA fault (the context is poisoned)
 or changes its working directory. Each of those is an ERROR row naming the case, the exit code or
 signal and the last lines of the worker's stderr; the next case runs in a fresh worker. It is also
-replaced after any FAIL or ERROR row and whenever the kernel changed the process's state (grad
-mode, a patched torch function; worker_main.py compares a fingerprint): a kernel that breaks
-its own process must not make a later, correct case misreport.
+replaced after any ERROR row, after a row the worker itself refused (a non-finite or misshapen
+output) and whenever the kernel changed the process's state (grad mode, default dtype, a patched
+torch function; worker_main.py compares a fingerprint before and after every case): a kernel that
+breaks its own process must not make a later, correct case misreport. A FAIL judged here (wrong
+numbers) keeps the worker when its fingerprint is unchanged: that is the kernel's answer, and a
+restart per failing case would cost a CUDA context and the kernel's JIT caches each time.
 
 A worker dies with the gate: it asks Linux for SIGKILL when the thread that started it ends
 (PR_SET_PDEATHSIG; workers are started from one long-lived thread for that reason), runs in a
@@ -378,8 +381,12 @@ class WorkerPool:
             return ran
         try:
             result = judge_raw_outputs(case, file, ref_device, tol, ran, traits, start)
-            if result.status in (Status.FAIL, Status.ERROR):
-                # a wrong answer may come from a process the kernel broke: the next case gets a fresh one
+            if result.status is Status.ERROR:
+                # outputs that could not be judged may come from a process the kernel broke. A wrong
+                # number is the kernel's answer, not a broken process: whether the process is still
+                # sound is the worker's state fingerprint's call (it asks for a restart), so a kernel
+                # with many failing cases does not pay a worker start (a CUDA context, its JIT caches)
+                # per case
                 slot.retired = max(slot.retired, generation)
             return result
         finally:
