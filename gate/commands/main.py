@@ -13,7 +13,7 @@ import sys
 from gate.core.errors import EXIT_FAIL, EXIT_USAGE, UserError
 
 # Each module in gate/commands registers its own subcommands.
-COMMANDS = ("sweep", "listing", "check", "baseline", "perf", "bench", "drift", "selftest", "merge")
+COMMANDS = ("sweep", "listing", "check", "baseline", "perf", "bench", "drift", "selftest", "merge", "init")
 
 
 def build_parser() -> argparse.ArgumentParser:
