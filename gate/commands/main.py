@@ -18,7 +18,7 @@ import threading
 from gate.core.errors import EXIT_FAIL, EXIT_USAGE, UserError
 
 # Each module in gate/commands registers its own subcommands.
-COMMANDS = ("sweep", "listing", "check", "baseline", "perf", "bench", "drift", "selftest", "merge")
+COMMANDS = ("sweep", "listing", "check", "baseline", "perf", "bench", "drift", "selftest", "merge", "init")
 # Set by a run that supervises this process (`sweep --workers 0`, gate/commands/sweep.py): the file
 # this process writes its exit code to when it returns; a kernel that ends the process skips it.
 DONE_FILE_ENV = "ATTN_GATE_DONE_FILE"
