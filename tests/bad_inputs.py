@@ -153,6 +153,31 @@ def update_with_another_tolerance(p: Project):
     return p.update(p.write("update-tolerance.json", data)), ["other tolerance multipliers than", "mult_out"]
 
 
+# ---------------------------------------------------------------- baselines that contradict themselves
+
+
+def _baseline_variant(p: Project, name: str, edit: Callable[[dict], None]) -> list[str]:
+    """`check` of the good results against an edited copy of the baseline (`--baseline` before
+    `--results`: the refused file is the first JSON file of the command)."""
+    data = json.loads(p.baseline.read_text())
+    edit(next(iter(data["correctness"].values())))
+    bad = p.write(name, data)
+    return ["check", "--config", str(p.config), "--baseline", str(bad), "--results", str(p.results),
+            "--out", str(p.root / "out-bad"), "--no-progress"]
+
+
+def baseline_pass_row_relabelled_fail(p: Project):
+    def edit(row):
+        row["status"] = "FAIL"
+    return _baseline_variant(p, "baseline-relabelled-fail.json", edit), ["status FAIL contradicts the row"]
+
+
+def baseline_pass_row_without_dq(p: Project):
+    def edit(row):
+        del row["tensors"]["dq"]
+    return _baseline_variant(p, "baseline-without-dq.json", edit), ["status PASS without dq"]
+
+
 # ---------------------------------------------------------------- configs
 
 
@@ -178,5 +203,6 @@ CLASSES = {f.__name__: f for f in (
     huge_int, tolerance_null, bad_scope_regex, scope_excludes_own_cases, notes_not_strings,
     results_of_another_tolerance, results_of_another_suite_definition,
     update_from_pass_row_over_bound, update_with_another_tolerance,
+    baseline_pass_row_relabelled_fail, baseline_pass_row_without_dq,
     multiplier_1e300, suite_name_with_a_path, profile_kernel_unknown,
 )}

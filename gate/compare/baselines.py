@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,7 @@ from gate.core.errors import UserError
 from gate.core.jsonio import (
     bad_field, checked_kernel, checked_name, checked_tolerance, clean_json, measured_float, read_json, write_json_atomic,
 )
-from gate.core.results import ALL_TENSORS, Status, SweepResult
+from gate.core.results import ALL_TENSORS, GRADIENTS, Status, SweepResult, required_tensors
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # migrate_baseline turns each older one into the current layout
@@ -101,7 +102,10 @@ class CaseBaseline:
                 "tensors": {name: t.to_dict() for name, t in sorted(self.tensors.items())}}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "CaseBaseline":
+    def from_dict(cls, d: dict[str, Any], case_id: str = "") -> "CaseBaseline":
+        """A row whose status is recomputed from its numbers both ways, as the results reader does
+        (CaseResult.check_consistent), and a PASS row that lacks the tensors its case must carry
+        is refused. The row keeps no Case: bias_grad and decode are read off its id."""
         tensors, reason = d.get("tensors", {}), d.get("reason", "")
         if not isinstance(tensors, dict) or not isinstance(reason, str):
             raise TypeError("tensors must be an object keyed by tensor name and reason a string")
@@ -114,7 +118,37 @@ class CaseBaseline:
         if case.status is Status.PASS and over:
             raise ValueError(f"status PASS contradicts the row: {', '.join(over)} over the bound "
                              f"(ratio {max(case.tensors[n].ratio for n in over):.4g})")
+        if case.status is Status.FAIL and case.tensors and not over and not _names_failed_check(reason):
+            # a baseline keeps no checks: a failed one survives only in the reason verdict_row wrote
+            raise ValueError("status FAIL contradicts the row: every tensor is within its bound and its reason "
+                             "names no failed check")
+        if case.status is Status.PASS:
+            # a row with no gradient at all is forward-only (decode, or a kernel without backward)
+            forward_only = _is_decode_id(case_id) or not any(g in case.tensors for g in GRADIENTS)
+            missing = [t for t in required_tensors(_has_bias_grad_id(case_id), forward_only) if t not in case.tensors]
+            if missing:
+                raise ValueError(f"status PASS without {', '.join(missing)}: nothing shows it is within its bounds")
         return case
+
+
+# The id parts of gate/core/cases.py Case.id that decide which tensors a row must carry.
+_DECODE_PART = re.compile(r"kv[\d.]*")
+
+
+def _is_decode_id(case_id: str) -> bool:
+    return any(_DECODE_PART.fullmatch(part) for part in case_id.split("-"))
+
+
+def _has_bias_grad_id(case_id: str) -> bool:
+    return any(part.startswith("bias.") and part.endswith(".grad") for part in case_id.split("-"))
+
+
+# verdict_row's reason for a failed check: "name: detail", joined by "; "
+_FAILED_CHECK = re.compile(r"[a-z][a-z0-9_]*: ")
+
+
+def _names_failed_check(reason: str) -> bool:
+    return any(_FAILED_CHECK.match(part) for part in reason.split("; "))
 
 
 @dataclass(frozen=True)
@@ -173,7 +207,7 @@ class Baseline:
         correctness = {}
         for cid, c in d["correctness"].items():
             try:
-                correctness[cid] = CaseBaseline.from_dict(c)
+                correctness[cid] = CaseBaseline.from_dict(c, str(cid))
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 raise ValueError(f"correctness[{cid!r}]: {bad_field(exc)}") from None
         return cls(kernel=d["kernel"], suite=d["suite"], suite_hash=d["suite_hash"], gpu_class=d["gpu_class"],

@@ -52,6 +52,7 @@ import pandas as pd
 from gate.compare.baselines import Baseline, update_command
 from gate.core.config import tolerance_changes
 from gate.core.errors import UserError
+from gate.core.results import FORWARD_ONLY_REQUIRED, REQUIRED_TENSORS, required_tensors  # noqa: F401 - re-exported
 from gate.compare.headroom import is_headroom_regression, is_large_improvement
 from gate.compare.findings import Finding, Severity, Value, fmt
 
@@ -61,17 +62,6 @@ if TYPE_CHECKING:
 
 MEASURED = ("PASS", "FAIL", "ERROR")
 FAILED = ("FAIL", "ERROR")
-# run_case measures these for every case it passes (lse only where the kernel exposes it).
-REQUIRED_TENSORS = ("out", "dq", "dk", "dv")
-FORWARD_ONLY_REQUIRED = ("out",)  # forward-only rows (CaseResult.forward_only)
-
-
-def required_tensors(bias_grad: bool, forward_only: bool = False) -> tuple[str, ...]:
-    """a case whose bias requires grad measures dbias for every PASS too. a
-    forward-only row (decode, or a kernel declared backward = false) has no gradients: out only."""
-    if forward_only:
-        return FORWARD_ONLY_REQUIRED
-    return REQUIRED_TENSORS + (("dbias",) if bias_grad else ())
 
 
 # Environment keys whose change makes ratios less comparable (WARN) or is just worth knowing (INFO).

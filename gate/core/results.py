@@ -36,6 +36,10 @@ TENSORS = ("out", "lse", "dq", "dk", "dv")
 EXTRA_TENSORS = ("dbias", "dsink", "k_cache", "v_cache")
 # Every tensor a case may measure, in report order.
 ALL_TENSORS = TENSORS + EXTRA_TENSORS
+# run_case measures these for every case it passes (lse only where the kernel exposes it).
+REQUIRED_TENSORS = ("out", "dq", "dk", "dv")
+FORWARD_ONLY_REQUIRED = ("out",)  # forward-only rows (CaseResult.forward_only)
+GRADIENTS = ("dq", "dk", "dv", "dbias", "dsink")
 # Read back, a row's own numbers must agree to this relative precision (files keep full floats).
 REL_TOL = 1e-6
 MAX_ERROR = 1e300  # a broken kernel's FAIL row may carry any finite error; beyond this it is no float64 measurement
@@ -59,6 +63,15 @@ def _number(value: Any, field: str) -> float:
 def shown_tensors(cases) -> tuple[str, ...]:
     """Columns for a table of these CaseResults: the usual five, plus the extra ones any case has."""
     return TENSORS + tuple(t for t in EXTRA_TENSORS if any(c.tensor(t) is not None for c in cases))
+
+
+def required_tensors(bias_grad: bool, forward_only: bool = False) -> tuple[str, ...]:
+    """The tensors a PASS row must carry: a case whose bias requires grad measures dbias for every
+    PASS too; a forward-only row (decode, or a kernel declared backward = false) has no gradients:
+    out only. Every reader of a row (results, baselines) asks this one rule."""
+    if forward_only:
+        return FORWARD_ONLY_REQUIRED
+    return REQUIRED_TENSORS + (("dbias",) if bias_grad else ())
 
 
 class Status(str, enum.Enum):
