@@ -4,7 +4,9 @@ the file and the field or key, no traceback, nothing written where it was refuse
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import time
 
 import pytest
 
@@ -110,3 +112,30 @@ def test_the_update_summary_lists_dropped_tensors(project):
     diff = diff_baselines(old, new, project.baseline, 1.5, 0.05, 4.0)
     assert diff.dropped == ((cid, lost),)
     assert f"1 tensors dropped" in diff.markdown() and f"`{cid}` {lost}" in diff.markdown()
+
+
+UNWRITABLE = "/proc/attn-gate-unwritable"  # root may write almost anywhere, never a new entry under /proc
+OUT_COMMANDS = {
+    "sweep": ["sweep", "--kernel", "sdpa-cpu", "--device", "cpu", "--no-progress"],
+    "check": ["check", "--kernel", "sdpa-cpu", "--device", "cpu", "--no-progress"],
+    "baseline update": ["baseline", "update", "--kernel", "sdpa-cpu", "--device", "cpu", "--no-progress"],
+    "merge": ["merge"],
+    "selftest": ["selftest", "--kernel", "sdpa-cpu", "--device", "cpu"],
+}
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
+@pytest.mark.parametrize("name", sorted(OUT_COMMANDS))
+def test_an_unwritable_out_is_one_line_and_exit_2_before_any_case(name, project, capsys):
+    """The default workers, a real suite: refused before a worker starts or a case runs."""
+    command = OUT_COMMANDS[name] + ["--config", str(project.config), "--out", UNWRITABLE]
+    if name == "merge":
+        command.append(str(project.root))
+    elif name != "selftest":
+        command += ["--suite", SUITE]
+    started = time.monotonic()
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"--out {UNWRITABLE}" in err and "pass a writable folder" in err, err
+    assert time.monotonic() - started < 20

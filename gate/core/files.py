@@ -20,7 +20,7 @@ def safe_name(kernel: str) -> str:
 def require_writable(path: Path, option: str = "--out", kind: str = "folder") -> None:
     """Refuse, before minutes of measuring, an output path that cannot be written: `kind` "folder"
     (--out) or "file" (--summary). The nearest existing folder on the way must be a writable
-    directory; nothing is created here."""
+    directory; nothing is left behind here."""
     path = Path(path)
     if kind == "file" and path.is_dir():
         raise UserError(f"{option} {path}: is a directory; pass a file name")
@@ -36,6 +36,14 @@ def require_writable(path: Path, option: str = "--out", kind: str = "folder") ->
                         f"pass a {'folder' if kind == 'folder' else 'file in a folder'}")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise UserError(f"{option} {path}: {probe} is not writable; pass a writable {kind}")
+    # access() says yes to root on /proc and on read-only mounts: a file made and removed at once answers
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=probe, prefix=".attn-gate-probe-"):
+            pass
+    except OSError as exc:
+        raise UserError(f"{option} {path}: cannot write in {probe} ({exc.strerror or exc}); pass a writable {kind}") from None
 
 
 def refuse_inside_baselines(out: Path, baselines_dir: str | Path, option: str = "--out") -> None:

@@ -137,7 +137,11 @@ def _run_isolated(kernel: str, suite, config: Config, device: str, progress: boo
                 done = {c.id: done[c.id] for c in cases if c.id in done}
                 print(f"attn-gate: --resume: {len(done)} of {len(cases)} cases are done in {journal.path}; "
                       f"running the other {len(cases) - len(done)}", file=sys.stderr)
-            journal.start(header, options.resume)
+            try:
+                journal.start(header, options.resume)
+            except OSError as exc:  # checked before the sweep too; a folder can change under a run
+                raise UserError(f"--out {options.out_dir}: cannot write the journal there ({exc.strerror or exc}); "
+                                f"pass a writable folder") from None
         todo = [c for c in cases if c.id not in done]
         lock = threading.Lock()
         stopping = threading.Event()  # set on Ctrl-C: a case cut short by it is no result
