@@ -136,6 +136,13 @@ def results_of_another_suite_definition(p: Project):
     return p.check(p.write("other-suite.json", data)), ["another definition of suite 'tiny'"]
 
 
+def results_without_cases(p: Project):
+    data = p.results_json()
+    data["cases"], data["harness_report"] = [], []
+    data["summary"] = {k: 0 for k in data["summary"]}
+    return p.check(p.write("no-cases.json", data)), ["cases = []", "no case"]
+
+
 # ---------------------------------------------------------------- baseline update
 
 
@@ -201,7 +208,7 @@ def profile_kernel_unknown(p: Project):
 CLASSES = {f.__name__: f for f in (
     pass_row_with_failed_check, bound_zero, ratio_not_err_over_bound, pass_row_at_ratio_50, checks_passed_not_a_bool,
     huge_int, tolerance_null, bad_scope_regex, scope_excludes_own_cases, notes_not_strings,
-    results_of_another_tolerance, results_of_another_suite_definition,
+    results_of_another_tolerance, results_of_another_suite_definition, results_without_cases,
     update_from_pass_row_over_bound, update_with_another_tolerance,
     baseline_pass_row_relabelled_fail, baseline_pass_row_without_dq,
     multiplier_1e300, suite_name_with_a_path, profile_kernel_unknown,

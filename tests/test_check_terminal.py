@@ -71,7 +71,17 @@ def test_last_failed_without_a_last_run_is_a_usage_error(tmp_path, capsys):
     (["check", "--kernal", "x"], "--kernal: did you mean --kernel?"),
     (["sweep", "--no-progess"], "--no-progess: did you mean --no-progress"),
     (["baseline", "updte"], "did you mean update?"),
+    (["--verison"], "--verison: did you mean --version?"),
+    (["--verison", "check"], "--verison: did you mean --version?"),
 ])
 def test_a_misspelt_subcommand_or_flag_gets_the_nearest_name(argv, hint, capsys):
     assert main(argv) == 2
     assert hint in capsys.readouterr().err
+
+
+def test_workers_0_with_resume_is_a_usage_error(tmp_path, capsys):
+    """The in-process run keeps no journal: --resume would be ignored and every case rerun."""
+    assert main(["sweep", "--kernel", "sdpa-cpu", "--device", "cpu", "--out", str(tmp_path / "out"), "--workers", "0",
+                 "--resume", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "--resume with --workers 0" in err and len(err.strip().splitlines()) == 1, err

@@ -27,9 +27,30 @@ DONE_FILE_ENV = "ATTN_GATE_DONE_FILE"
 class HintingParser(argparse.ArgumentParser):
     """argparse, plus the nearest names for a misspelled subcommand or flag ("did you mean ...?")."""
 
+    def parse_known_args(self, args=None, namespace=None):
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str):
+        stray = self._stray_flags()
+        if stray and message.startswith("the following arguments are required"):
+            # `attn-gate --verison`: argparse names the missing COMMAND, not the misspelt flag
+            message = f"unrecognized arguments: {' '.join(stray)}"
         hint = nearest_name_hint(self, message)
         super().error(message + hint)
+
+    def _stray_flags(self) -> list[str]:
+        """Flags before the subcommand that this parser does not know (the top parser only)."""
+        if not any(isinstance(a, argparse._SubParsersAction) for a in self._actions):
+            return []
+        known = {o for a in self._actions for o in a.option_strings}
+        stray = []
+        for word in getattr(self, "_argv", []):
+            if not word.startswith("-"):
+                break
+            if word.split("=", 1)[0] not in known:
+                stray.append(word)
+        return stray
 
 
 def _flags(parser: argparse.ArgumentParser) -> set[str]:

@@ -313,6 +313,8 @@ class SweepResult:
         notes = d.get("notes", [])
         if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
             raise TypeError("notes must be a list of strings")
+        if not d["cases"]:  # a sweep runs at least one case (--only matching none is refused): nothing to judge
+            raise ValueError("cases = []: the file holds no case, so nothing was measured")
         sweep = cls(
             kernel=d["kernel"], suite=d["suite"], suite_hash=d["suite_hash"], environment=d["environment"],
             cases=tuple(CaseResult.from_dict(c) for c in d["cases"]), tolerance=checked_tolerance(d["tolerance"]),

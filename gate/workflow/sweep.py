@@ -51,6 +51,9 @@ class SweepOptions:
             raise UserError(f"--case-timeout {self.case_timeout}: expected a number of seconds > 0")
         if self.resume and self.out_dir is None:
             raise UserError("--resume needs the --out folder of the interrupted run")
+        if self.resume and self.workers == 0:  # the in-process run keeps no journal to resume from
+            raise UserError("--resume with --workers 0: a run in the gate's own process keeps no journal, so there is "
+                            "nothing to resume; drop --workers 0 (runs in workers journal every case) or --resume")
 
 
 def run_sweep(kernel: str, suite_name: str, config: Config, device: str | None = None, progress: bool = True,
