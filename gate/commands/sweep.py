@@ -64,11 +64,13 @@ def main(args: argparse.Namespace) -> int:
     from gate.correctness.probes.registry import parse_names
     from gate.workflow.validate import validate_target
 
+    # a supervised run imports the kernel in its child only: this process stays free of its code
+    supervised = options.workers == 0 and not os.environ.get(DONE_FILE_ENV)
     target = validate_target(config, args.kernel, args.suite, args.device, args.only,
-                             kernel_in_worker=options.workers != 0)
+                             kernel_in_worker=options.workers != 0 or supervised)
     device = target.device
     check_names = parse_names(args.checks)
-    if options.workers == 0 and not os.environ.get(DONE_FILE_ENV):
+    if supervised:
         return run_supervised(args.argv)
     from gate.core.files import FolderLock
 
