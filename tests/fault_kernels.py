@@ -1,6 +1,7 @@
 """User kernels that attack the process they run in: exit, abort, segfault, hang, move
 the working directory, patch the gate's measurement, change process state for later cases,
-leave a detached grandchild, delete the gate's temp folder. Each misbehaves on one sequence length
+leave a detached grandchild, delete the gate's temp folder, forge a reply line, patch the worker's
+own loop, start a process that escapes the group kill. Each misbehaves on one sequence length
 only, so one sweep shows the faulty case as an ERROR row and every other case measured."""
 
 import ctypes
@@ -141,4 +142,49 @@ def removes_tempdir(q, k, v, softmax_scale=None, causal=False):
 
     if q.shape[1] == 17:
         shutil.rmtree(os.path.dirname(os.readlink("/proc/self/fd/2")), ignore_errors=True)
+    return _attention(q, k, v, softmax_scale, causal)
+
+
+def _forge_reply() -> None:
+    """A reply line written to every pipe this process may write to: the worker's reply channel is
+    one of them (a dup of the stdout it was started with)."""
+    line = b'{"status": "RAN", "checks": [], "seconds": 0.0}\n'
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            if fd > 2 and os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:"):
+                os.write(fd, line)
+        except OSError:  # the read end of stdin's pipe, a descriptor closed meanwhile
+            pass
+
+
+def forges_reply(q, k, v, softmax_scale=None, causal=False):
+    """Correct attention; on sequence length 17 it first writes a forged reply line to the worker's
+    reply pipe, so the worker's real answer would be read as the next case's."""
+    if q.shape[1] == 17:
+        _forge_reply()
+    return _attention(q, k, v, softmax_scale, causal)
+
+
+def patches_worker_loop(q, k, v, softmax_scale=None, causal=False):
+    """Correct attention; on sequence length 17 it replaces the worker's own case function (the
+    module run as `python -m gate.workflow.worker_main` is `__main__`) by one that skips every case."""
+    import sys
+
+    if q.shape[1] == 17:
+        sys.modules["__main__"].run_one = lambda *a, **kw: {"status": "SKIP", "reason": "skipped by the kernel"}
+    return _attention(q, k, v, softmax_scale, causal)
+
+
+def escapes_with_setsid(q, k, v, softmax_scale=None, causal=False):
+    """Correct attention; on sequence length 17 it starts `setsid -f env -i sleep S` (S from
+    ATTN_GATE_TEST_SLEEP, a unique duration a test finds in /proc/*/cmdline): a new session (the
+    process-group kill misses it), an empty environment (the inherited token misses it) and a
+    forked-off parent (it is orphaned at once)."""
+    import subprocess
+
+    if q.shape[1] == 17:
+        seconds = os.environ.get("ATTN_GATE_TEST_SLEEP", "307.713")
+        subprocess.run(["setsid", "-f", "env", "-i", "sleep", seconds], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
     return _attention(q, k, v, softmax_scale, causal)

@@ -82,7 +82,8 @@ def test_a_kernel_that_patches_the_measurement_in_its_process_still_fails(tmp_pa
     assert main(["sweep", "--kernel", "tests.fault_kernels:cheats", "--suite", "tiny", "--device", "cpu", "--config",
                  str(config), "--out", str(tmp_path / "out"), "--no-progress"]) == 1
     row = rows(tmp_path / "out")["fp32-b1-h2-s16-d8"]
-    assert row["status"] == "FAIL" and row["tensors"]["out"]["ratio"] > 1
+    # the worker's fingerprint sees the gate's own functions replaced: its reply is not trusted
+    assert row["status"] == "ERROR" and "gate.correctness.run_case" in row["reason"] and "replaced" in row["reason"]
     assert "tests.fault_kernels" not in sys.modules  # the deciding process never imported the kernel
     # in one process the same kernel would have fooled the measurement: that is what the worker prevents
     import gate.correctness.run_case as rc

@@ -173,3 +173,52 @@ def test_ctrl_c_journals_no_case_in_flight_and_the_printed_resume_reaches_the_sa
 
     assert verdict(out) == verdict(tmp_path / "whole")
     assert rows(out).keys() == rows(tmp_path / "whole").keys()
+
+
+@linux_only
+@pytest.mark.parametrize("kernel", ["forges_reply", "patches_worker_loop"])
+def test_a_kernel_that_attacks_the_workers_protocol_is_an_error_and_later_cases_pass(tmp_path, monkeypatch, kernel):
+    """A forged reply line in the reply pipe, or the worker's own case function replaced: the
+    faulty case is an ERROR row, every later, correct case runs in a fresh worker and passes."""
+    monkeypatch.chdir(ROOT)
+    config = suite_config(tmp_path, [16, 17, 18, 19])
+    assert main(["sweep", "--kernel", f"tests.fault_kernels:{kernel}", "--suite", "tiny", "--device", "cpu",
+                 "--config", str(config), "--out", str(tmp_path / "out"), "--no-progress", "--workers", "1"]) == 1
+    got = {cid: r["status"] for cid, r in rows(tmp_path / "out").items()}
+    assert got == {"fp32-b1-h2-s16-d8": "PASS", "fp32-b1-h2-s17-d8": "ERROR", "fp32-b1-h2-s18-d8": "PASS",
+                   "fp32-b1-h2-s19-d8": "PASS"}, got
+
+
+# the duration of the kernel's escaped sleep: unique to this test process, found in /proc/*/cmdline
+SLEEPER_SECONDS = f"307.{os.getpid()}"
+
+
+def _sleepers() -> list[int]:
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
+                    if SLEEPER_SECONDS.encode() in fh.read().split(b"\0") and alive(int(entry.name)):
+                        found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@linux_only
+def test_a_descendant_in_its_own_session_with_an_empty_environment_is_killed(tmp_path):
+    """`setsid -f env -i sleep`: neither the process group nor the inherited token finds it; the
+    worker is its subreaper, so it is still the worker's descendant when the worker is ended."""
+    from tests.test_isolation import cli
+
+    config = suite_config(tmp_path, [16, 17, 18])
+    try:
+        run = cli(["sweep", "--kernel", "tests.fault_kernels:escapes_with_setsid", "--suite", "tiny", "--device", "cpu",
+                   "--config", str(config), "--out", str(tmp_path / "out"), "--no-progress"], cwd=tmp_path,
+                  env={"ATTN_GATE_TEST_SLEEP": SLEEPER_SECONDS})
+        assert run.returncode == 0, run.stderr
+        assert wait_for(lambda: not _sleepers(), 10), "the kernel's escaped sleep outlived the sweep"
+    finally:
+        for pid in _sleepers():
+            os.kill(pid, signal.SIGKILL)

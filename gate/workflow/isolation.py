@@ -16,9 +16,16 @@ breaks its own process must not make a later, correct case misreport. A FAIL jud
 numbers) keeps the worker when its fingerprint is unchanged: that is the kernel's answer, and a
 restart per failing case would cost a CUDA context and the kernel's JIT caches each time.
 
+Each request carries an id (a per-worker nonce and a counter) that its reply must echo: a line
+without it, a reply to another request or an extra line (a kernel wrote to the reply pipe) makes
+the case an ERROR and the worker is killed; bytes that arrive between cases retire the worker
+before its next case.
+
 A worker dies with the gate: it asks Linux for SIGKILL when the thread that started it ends
 (PR_SET_PDEATHSIG; workers are started from one long-lived thread for that reason), runs in a
-process group of its own that `kill` ends with every descendant, and the gate's SIGTERM handler
+process group of its own that `kill` ends with every descendant (the worker is their subreaper,
+so its /proc tree holds even those in a session of their own with an empty environment; the tree
+is stopped, then killed), and the gate's SIGTERM handler
 (gate/commands/main.py) calls `kill_all_workers` before the gate exits. While waiting
 for a reply the gate polls the worker's exit: a dead worker whose detached grandchild still holds
 the reply pipe is reported at once, not after the case's timeout.
@@ -39,6 +46,7 @@ import dataclasses
 import itertools
 import json
 import os
+import secrets
 import select
 import shutil
 import signal
@@ -54,6 +62,7 @@ from gate.core.cases import Case
 from gate.core.config import IsolationConfig, KernelFamily, ToleranceConfig
 from gate.core.errors import UserError, first_line
 from gate.core.results import CaseResult, CheckResult, Status
+from gate.workflow.worker_main import kill_tree
 
 STDERR_LINES = 8  # how much of a dead worker's stderr an ERROR row carries
 POLL_S = 0.25  # how often a wait for a reply looks at whether the worker is still alive
@@ -195,6 +204,8 @@ class Worker:
         with _LIVE_LOCK:
             _LIVE.add(self)
         self._buf = b""
+        self._ids = itertools.count(1)
+        self._nonce = secrets.token_hex(8)
 
     def stderr_tail(self) -> str:
         try:
@@ -214,7 +225,21 @@ class Worker:
         tail = self.stderr_tail()
         return WorkerGone(how + (f"; stderr: {tail}" if tail else "; stderr empty"), stderr=tail.replace(" | ", "\n"))
 
+    def stray_output(self) -> bool:
+        """Whether the reply channel holds bytes no request asked for (a kernel wrote to it after
+        the last reply): a worker whose channel is not its own again runs no case."""
+        if self._buf:
+            return True
+        with contextlib.suppress(OSError, ValueError):
+            return bool(select.select([self.proc.stdout.fileno()], [], [], 0)[0]) and self.proc.poll() is None
+        return False
+
     def call(self, request: dict, timeout: float) -> dict:
+        """The worker's reply to `request`: the one line that echoes the request's id, alone. A line
+        without it, or one more line after it, was not written by the worker's loop (a kernel wrote
+        to the reply pipe): the worker is garbled, killed, and the case is an ERROR."""
+        rid = f"{self._nonce}-{next(self._ids)}"
+        request = {**request, "id": rid}
         try:
             self.proc.stdin.write((json.dumps(request) + "\n").encode())
             self.proc.stdin.flush()
@@ -240,15 +265,24 @@ class Worker:
         line, _, self._buf = self._buf.partition(b"\n")
         try:
             reply = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             raise self._gone("the worker sent a garbled reply") from None
         if not isinstance(reply, dict):
             raise self._gone("the worker sent a garbled reply")
+        if reply.get("id") != rid:
+            raise self._gone("the reply channel carried a line that is not the worker's answer to this case (a kernel "
+                             "wrote to it?); the worker was killed")
+        if self._buf:
+            raise self._gone("the reply channel carried more than the worker's answer to this case (a kernel wrote "
+                             "to it?); the worker was killed")
         return reply
 
     def kill(self) -> None:
-        # the whole group, also when the worker itself is gone: what the kernel started (a
-        # grandchild holding the reply pipe, a hung helper) goes with it
+        # the worker's tree first (it is its descendants' subreaper: a process in a session of its
+        # own with an empty environment is still in it), then the whole group, also when the worker
+        # itself is gone: what the kernel started (a grandchild holding the reply pipe, a hung
+        # helper) goes with it
+        _kill_worker_tree(self.proc)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         for pid in _descendants_by_token(self.token):
@@ -263,11 +297,21 @@ class Worker:
             _LIVE.discard(self)
 
 
+def _kill_worker_tree(proc: subprocess.Popen) -> None:
+    """The worker stopped, then every descendant of it killed (stopped first, so none forks away)."""
+    if proc.poll() is not None:  # reaped or dead: its pid may not be its own any more, its orphans went up
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(proc.pid, signal.SIGSTOP)
+    kill_tree(proc.pid)
+
+
 def kill_all_workers() -> None:
     """Every worker this process started, with its process group (the gate is going away)."""
     with _LIVE_LOCK:
         workers = list(_LIVE)
     for worker in workers:
+        _kill_worker_tree(worker.proc)
         for kill, pid in [(os.killpg, worker.proc.pid)] + [(os.kill, p) for p in _descendants_by_token(worker.token)]:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 kill(pid, signal.SIGKILL)
@@ -285,7 +329,7 @@ class Slot:
         self.ref_device = "cpu" if pool.device == "cpu" else f"cuda:{index if gpu is not None else 0}"
 
     def ensure(self) -> tuple[Worker, dict]:
-        if self.worker is not None and self.retired == self.generation:
+        if self.worker is not None and (self.retired == self.generation or self.worker.stray_output()):
             self.discard()
         if self.worker is not None and self.worker.proc.poll() is None:
             return self.worker, {}

@@ -9,12 +9,21 @@ measurement here, changes directory or ends this process changes nothing that is
 Protocol: one JSON request per line on stdin, one JSON reply per line on the file descriptor
 that was stdout at start. stdout itself is pointed at stderr before the kernel is imported, so a
 kernel's prints cannot corrupt the replies (and end up in the stderr tail of an ERROR row).
+Each request carries an `id` that its reply echoes: a line a kernel writes to the reply pipe
+itself is no answer (the gate makes the case an ERROR and replaces this process). The loop holds
+its own functions, json's and stdin as locals taken before the kernel is imported, so a kernel
+that replaces them in this module (`sys.modules['__main__']`) changes nothing the loop calls.
 Depth checks (probes: determinism, dropout statistics) run here and send their CheckResults.
 
 The process dies with the gate (PR_SET_PDEATHSIG on Linux), and it ends itself after a case that
 changed its state (grad mode, default dtype, a torch function patched): `state_fingerprint`
 before and after the case differ, the reply asks for a restart, so a later case never runs in a
-process a kernel broke.
+process a kernel broke. A replaced function of the gate's own code here (this module, json,
+gate.*) makes the case itself an ERROR: its reply was made by code the kernel rewrote.
+
+It is the subreaper of everything the kernel starts (PR_SET_CHILD_SUBREAPER): an orphan, even one
+in a session of its own with an empty environment, stays its descendant, so `process_tree`
+finds it; this process kills its tree before it exits, the gate kills it when it ends the worker.
 """
 
 from __future__ import annotations
@@ -43,14 +52,96 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
+def enable_subreaper() -> None:
+    """Orphans of this process's descendants reparent to it, not to init (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    PR_SET_CHILD_SUBREAPER = 36
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+
+
+def process_tree(root: int) -> list[int]:
+    """Every live descendant of `root` (Linux: /proc parent links), children before grandchildren."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
+    except OSError:
+        return []
+    for name in entries:
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields and fields[0] != b"Z":
+            children.setdefault(int(fields[1]), []).append(int(name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.append(child)
+                todo.append(child)
+    return found
+
+
+def kill_tree(root: int) -> None:
+    """SIGKILL every descendant of `root`, stopped first (round after round until no new one
+    appears), so that none forks a process the kill would miss."""
+    import signal
+
+    stopped: list[int] = []
+    for _ in range(20):
+        fresh = [pid for pid in process_tree(root) if pid not in stopped]
+        if not fresh:
+            break
+        for pid in fresh:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except OSError:
+                pass
+        stopped += fresh
+    for pid in stopped:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 # Where a kernel reaches for process-wide state: the functions of these namespaces (by identity).
 _WATCHED = ("torch", "torch.nn.functional", "torch.autograd", "torch.Tensor")
 # What torch replaces itself on a lazy import (torch._dynamo wraps torch.manual_seed): not a kernel's doing
 _TORCH_REWRAPS = {("torch", "manual_seed")}
+# The gate's own code in this process: this module (run as __main__), json, and every gate.* module
+_OWN_MODULES = ("__main__", "json", "json.decoder", "json.encoder")
+
+
+def _functions(space_name: str, space) -> list[tuple[str, str, int]]:
+    return [(space_name, attr, id(value)) for attr, value in sorted(vars(space).items())
+            if (callable(value) or isinstance(value, (staticmethod, classmethod, property)))
+            and not isinstance(value, type) and not attr.startswith("__")]
+
+
+def _own_functions() -> list[tuple[str, str, int]]:
+    """The functions of the gate's own modules here, with those of the classes they define."""
+    funcs = []
+    for name, module in sorted(sys.modules.items()):
+        if module is None or not (name in _OWN_MODULES or name == "gate" or name.startswith("gate.")):
+            continue
+        funcs += _functions(name, module)
+        for cls_name, value in sorted(vars(module).items()):
+            if isinstance(value, type) and getattr(value, "__module__", None) == module.__name__:
+                funcs += _functions(f"{name}.{cls_name}", value)
+    return funcs
 
 
 def state_fingerprint() -> tuple:
-    """What a kernel could change in this process that would make a later case measure wrongly."""
+    """What a kernel could change in this process that would make a later case measure wrongly:
+    torch's process state and functions, then the gate's own functions (index 5)."""
     import importlib
 
     import torch
@@ -58,12 +149,17 @@ def state_fingerprint() -> tuple:
     funcs = []
     for name in _WATCHED:
         space = torch.Tensor if name == "torch.Tensor" else importlib.import_module(name)
-        for attr, value in sorted(vars(space).items()):
-            if callable(value) and not isinstance(value, type) and not attr.startswith("__") \
-                    and (name, attr) not in _TORCH_REWRAPS:
-                funcs.append((name, attr, id(value)))
+        funcs += [f for f in _functions(name, space) if (f[0], f[1]) not in _TORCH_REWRAPS]
     return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.get_default_dtype(),
-            torch.are_deterministic_algorithms_enabled(), tuple(funcs))
+            torch.are_deterministic_algorithms_enabled(), tuple(funcs), tuple(_own_functions()))
+
+
+def _replaced(before: tuple, after: tuple) -> str | None:
+    was = {(space, attr): ident for space, attr, ident in before}
+    for space, attr, ident in after:
+        if (space, attr) in was and was[(space, attr)] != ident:
+            return f"{space}.{attr} was replaced"
+    return None
 
 
 def state_change(before: tuple, after: tuple) -> str | None:
@@ -72,15 +168,16 @@ def state_change(before: tuple, after: tuple) -> str | None:
     for label, was, now in zip(labels, before[:4], after[:4]):
         if was != now:
             return f"{label} was {was}, now {now}"
-    was = {(space, attr): ident for space, attr, ident in before[4]}
-    for space, attr, ident in after[4]:
-        if (space, attr) in was and was[(space, attr)] != ident:
-            return f"{space}.{attr} was replaced"
-    return None
+    return _replaced(before[4], after[4]) or own_change(before, after)
 
 
-def _send(channel, payload: dict) -> None:
-    channel.write(json.dumps(payload) + "\n")
+def own_change(before: tuple, after: tuple) -> str | None:
+    """A replaced function of the gate's own code: the case's reply is not to be trusted."""
+    return _replaced(before[5], after[5])
+
+
+def _send(channel, payload: dict, dumps=json.dumps) -> None:
+    channel.write(dumps(payload) + "\n")  # one write: a reply is never split around a kernel's line
     channel.flush()
 
 
@@ -158,16 +255,30 @@ def run_perf_case(adapter, request: dict, device: str) -> dict:
 
 
 def main() -> int:
+    try:
+        return _serve()
+    finally:
+        kill_tree(os.getpid())  # what the kernel started (orphans too: this process is their subreaper)
+
+
+def _serve() -> int:
     import faulthandler
 
     die_with_parent()
+    enable_subreaper()
     faulthandler.enable()  # a segfault or abort prints the Python stack to stderr: the ERROR row's tail shows it
     channel = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)  # the kernel's prints go to stderr, never into the replies
     sys.stdout = sys.stderr
-    cwd = os.getcwd()
-    hello = json.loads(sys.stdin.readline() or "{}")
+    # taken before any kernel code runs: a kernel that replaces them in this module or in json
+    # changes nothing this loop calls (the fingerprint then makes its case an ERROR)
+    stdin, dumps, loads, getcwd = sys.stdin, json.dumps, json.loads, os.getcwd
+    send, fingerprint, changes, own = _send, state_fingerprint, state_change, own_change
+    one_case, perf_case = run_one, run_perf_case
+    cwd = getcwd()
+    hello = loads(stdin.readline() or "{}")
     device = hello.get("device", "cpu")
+    hello_id = hello.get("id")
     try:
         from gate.core.errors import UserError
         from gate.kernels.registry import get_adapter
@@ -180,23 +291,34 @@ def main() -> int:
         else:
             adapter = get_adapter(hello["kernel"])
         caps = adapter.capabilities()
-        _send(channel, {"op": "hello", "version": adapter.version(), "devices": list(caps.devices),
-                        "unavailable": adapter.unavailable_reason(), "notes": list(caps.notes),
-                        "returns_lse": caps.returns_lse, "sink_grad": caps.sink_grad, "backward": caps.backward})
+        send(channel, {"op": "hello", "id": hello_id, "version": adapter.version(), "devices": list(caps.devices),
+                       "unavailable": adapter.unavailable_reason(), "notes": list(caps.notes),
+                       "returns_lse": caps.returns_lse, "sink_grad": caps.sink_grad, "backward": caps.backward}, dumps)
     except UserError as exc:
-        _send(channel, {"op": "hello", "user_error": str(exc)})
+        send(channel, {"op": "hello", "id": hello_id, "user_error": str(exc)}, dumps)
         return 0
-    for line in sys.stdin:
-        request = json.loads(line)
-        before = state_fingerprint()
-        reply = run_perf_case(adapter, request, device) if request.get("op") == "perf_case" else run_one(adapter, request, device)
-        if os.getcwd() != cwd:  # a kernel that moves the process is wrong, whatever it returned
-            reply = {"status": "ERROR", "reason": f"the kernel changed the working directory to {os.getcwd()}", "restart": True}
-        changed = state_change(before, state_fingerprint())
-        if changed:  # this case's own reply stands (it is judged in the gate); no later case runs here
+    # the gate's modules a case runs, imported now: the fingerprint then covers them from the first case
+    import gate.attention.inputs  # noqa: F401
+    import gate.correctness.probes.registry  # noqa: F401
+    import gate.correctness.run_case  # noqa: F401
+
+    for line in stdin:
+        request = loads(line)
+        before = fingerprint()
+        reply = perf_case(adapter, request, device) if request.get("op") == "perf_case" else one_case(adapter, request, device)
+        if getcwd() != cwd:  # a kernel that moves the process is wrong, whatever it returned
+            reply = {"status": "ERROR", "reason": f"the kernel changed the working directory to {getcwd()}", "restart": True}
+        after = fingerprint()
+        replaced = own(before, after)
+        changed = changes(before, after)
+        if replaced:  # the reply came from code the kernel rewrote: not an answer to judge
+            reply = {"status": "ERROR", "reason": f"the kernel replaced the gate's own code in its worker ({replaced})",
+                     "restart": True}
+        elif changed:  # this case's own reply stands (it is judged in the gate); no later case runs here
             reply = {**reply, "restart": True}
+        if changed:
             print(f"attn-gate worker: the kernel changed this process's state ({changed}); restarting", file=sys.stderr)
-        _send(channel, reply)
+        send(channel, {**reply, "id": request.get("id")}, dumps)
         if reply.get("restart"):
             return 0
         if request.get("op") != "perf_case":  # a timed case keeps its loop's allocations warm
