@@ -34,7 +34,7 @@ def case(**kw):
     if kw.get("varlen"):
         n = max(kw["varlen"])
         base.update(batch=len(kw["varlen"]), seqlen_q=n, seqlen_k=n)
-    return Case(**{**base, **kw})
+    return Case.build(**{**base, **kw})
 
 
 # Every axis the reference supports; tiled claims them all.
@@ -81,7 +81,7 @@ def test_tiled_dropout_matches_reference_fed_its_own_mask(kw):
     assert abs(1 - kept.mean().item() - c.dropout_p) < 0.03
     gold_with_mask, _ = references(c, inputs, kout.dropout_keep)
     assert (gold_with_mask.out - kout.out.double()).abs().max() < 0.05
-    no_drop = Case(**{**c.to_dict(), "window": c.window, "seeds": c.seeds, "varlen": c.varlen, "dropout_p": 0.0})
+    no_drop = c.with_fields(dropout_p=0.0)
     gold_without, _ = references(no_drop, make_inputs(no_drop, 0, "cpu"), None)
     assert (gold_without.out - kout.out.double()).abs().max() > 0.1
 
@@ -312,7 +312,7 @@ def test_flex_never_hands_one_tensor_to_two_mod_slots():
     gold, _ = references(square, x, None)
     assert float((out.double() - gold.out).abs().max()) < 0.02
     assert_no_shared_slot(adapter)
-    decode = Case(batch=3, seqlen_q=4, seqlen_k=100, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="bf16",
+    decode = Case.build(batch=3, seqlen_q=4, seqlen_k=100, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="bf16",
                   entry="kvcache", cache_seqlens=(5, 60, 9), cache_new=True, window=(4, 4))  # left 4 == nq 4 == right 4
     result = run_case(adapter, decode, "cpu", TOL)
     assert result.status is Status.PASS, result.reason

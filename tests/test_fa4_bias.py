@@ -37,7 +37,7 @@ def case(**kw) -> Case:
     base = dict(batch=2, seqlen_q=9, seqlen_k=13, heads_q=4, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16",
                 seeds=(0,))
     base.update(kw)
-    return Case(**base)
+    return Case.build(**base)
 
 
 # ---------------------------------------------------------------- fakes

@@ -31,7 +31,7 @@ import torch
 
 from gate.attention.masks import allowed_mask, effective_window
 from gate.attention.reference import AttnOptions
-from gate.core.cases import Case
+from gate.core.cases import FLAT_FIELDS, Case
 from gate.kernels.base import DelegatingAdapter, KernelAdapter, KernelCall, KernelOutput
 from gate.kernels.tiled import TILE, TiledAdapter, TileSteps, dropout_keep_mask
 
@@ -43,7 +43,7 @@ class PlantError(Exception):
 @dataclass(frozen=True)
 class Trigger:
     """Which cases expose a bug: `axis` names it for people ("a causal case"), `applies` decides.
-    `field` is the Case field the axis lives in when another branch adds it (None: exists today)."""
+    `field` is the Case field (by its flat name) the axis lives in when another branch adds it (None: exists today)."""
 
     axis: str
     applies: Callable[[Case], bool]
@@ -51,7 +51,7 @@ class Trigger:
 
     @property
     def pending(self) -> bool:
-        return self.field is not None and self.field not in Case.__dataclass_fields__
+        return self.field is not None and self.field not in FLAT_FIELDS
 
 
 @dataclass(frozen=True)
@@ -298,11 +298,7 @@ def variant(flag: str):
 
 
 def _any_keys(c: Case) -> bool:
-    return c.seqlen_k > 1 or (c.varlen is not None and max(c.varlen) > 1)
-
-
-def _field(name: str, default):
-    return lambda c: getattr(c, name, default)
+    return c.seqlen_k > 1 or (c.entry.varlen is not None and max(c.entry.varlen) > 1)
 
 
 ANY = Trigger("a case with more than one key", _any_keys)
@@ -311,28 +307,27 @@ WINDOW = Trigger("a sliding-window case", lambda c: c.has_window)
 CAUSAL_WINDOW = Trigger("a causal case with a sliding window (left < seqlen_k)",
                         lambda c: c.causal and 0 <= c.window[0] < c.seqlen_k - 1)
 PARTIAL_TILE = Trigger(f"a case with seqlen_k > {TILE} and not a multiple of the key tile ({TILE})",
-                       lambda c: any(n > TILE and n % TILE for n in (c.varlen if c.varlen is not None else (c.seqlen_k,))))
+                       lambda c: any(n > TILE and n % TILE for n in (c.entry.varlen if c.entry.varlen is not None else (c.seqlen_k,))))
 GQA = Trigger("a GQA case with more than one kv head (heads 'Hq/Hkv', Hkv >= 2)", lambda c: c.is_gqa and c.heads_kv >= 2 and _any_keys(c))
 SOFTCAP = Trigger("a softcap case", lambda c: c.softcap > 0)
 ALIBI = Trigger("an ALiBi case", lambda c: c.alibi and _any_keys(c))
 OFF_GRID = Trigger("a case with head_dim not a multiple of 32", lambda c: c.head_dim % 32 != 0)
 MASKED_ROWS = Trigger("a case with fully masked rows (causal with seqlen_q > seqlen_k)", lambda c: c.has_fully_masked_rows)
-BATCH = Trigger("a dense case with batch >= 2", lambda c: c.varlen is None and c.batch >= 2)
+BATCH = Trigger("a dense case with batch >= 2", lambda c: c.entry.varlen is None and c.batch >= 2)
 VARLEN = Trigger("a varlen case with two or more non-empty sequences",
-                 lambda c: (c.varlen is not None and sum(1 for n in c.varlen if n) >= 2)
-                 or (getattr(c, "entry", "dense") == "varlen"))
+                 lambda c: c.entry.varlen is not None and sum(1 for n in c.entry.varlen if n) >= 2)
 DETERMINISM = Trigger("a case with the determinism check (checks = [[\"determinism\"]])",
                       lambda c: "determinism" in c.checks or "race" in c.checks)
 DROPOUT = Trigger("a dropout case", lambda c: c.dropout_p > 0)
 LSE = Trigger("a case where the kernel returns its LSE", _any_keys)
 EXTREME = Trigger("an inputs = large/shifted/outliers case (extreme logits)",
-                  lambda c: _field("inputs", "normal")(c) in ("large", "shifted", "outliers"),
+                  lambda c: c.inputs in ("large", "shifted", "outliers"),
                   field="inputs")
 NONCONTIG_K = Trigger("a layout case with a non-contiguous K (k_sliced, qkv_packed, bhsd_view)",
-                      lambda c: _field("layout", "contiguous")(c) in ("k_sliced", "qkv_packed", "bhsd_view"), field="layout")
-BIAS_GRAD = Trigger("a case with a learnable bias (bias_grad = true)", lambda c: bool(getattr(c, "bias_grad", False)), field="bias_grad")
+                      lambda c: c.layout in ("k_sliced", "qkv_packed", "bhsd_view"), field="layout")
+BIAS_GRAD = Trigger("a case with a learnable bias (bias_grad = true)", lambda c: c.bias.grad, field="bias_grad")
 PAGED = Trigger("a paged kv-cache case (entry = kvcache with a page size)",
-                lambda c: _field("entry", "dense")(c) == "kvcache" and bool(getattr(c, "page_size", 0)), field="entry")
+                lambda c: c.entry.kind == "kvcache" and bool(c.entry.page_size), field="entry")
 
 BUGS: tuple[PlantedBug, ...] = (
     PlantedBug("dk_x1.02", "dK 2% too large (a wrong constant in the backward epilogue)", "kernel", ANY, wrap(_grad_scaled("k", 1.02))),

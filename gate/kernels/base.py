@@ -68,26 +68,26 @@ class Capabilities:
 
     def unsupported_reason(self, case: Case, device: str) -> str | None:
         """The first reason this kernel cannot run `case` on `device`, or None."""
-        decode = case.entry == "kvcache"
+        decode = case.entry.kind == "kvcache"
         checks = [
             (device in self.devices, f"runs on {'/'.join(self.devices)}, not {device}"),
             (self.kvcache or not decode, "no KV-cache (decode) entry point"),
-            (self.paged or not case.page_size, "no paged KV cache (block table)"),
-            (not case.page_size or case.page_size % self.page_size_multiple == 0,
-             f"page size {case.page_size} not a multiple of {self.page_size_multiple}"),
-            (self.sinks or not case.sinks, "no learnable sinks"),
+            (self.paged or not case.entry.page_size, "no paged KV cache (block table)"),
+            (not case.entry.page_size or case.entry.page_size % self.page_size_multiple == 0,
+             f"page size {case.entry.page_size} not a multiple of {self.page_size_multiple}"),
+            (self.sinks or not case.entry.sinks, "no learnable sinks"),
             (case.dtype in self.dtypes, f"no {case.dtype} (supports {', '.join(self.dtypes)})"),
             (max(case.head_dim, case.head_dim_v) <= self.max_head_dim, f"head_dim > {self.max_head_dim}"),
             (case.head_dim % self.head_dim_multiple == 0 and case.head_dim_v % self.head_dim_multiple == 0,
              f"head_dim not a multiple of {self.head_dim_multiple}"),
             (self.head_dim_v_differs or case.head_dim == case.head_dim_v, "head_dim_v != head_dim"),
-            (self.seqlen_q_ne_k or case.seqlen_q == case.seqlen_k or case.varlen is not None or decode, "seqlen_q != seqlen_k"),
+            (self.seqlen_q_ne_k or case.seqlen_q == case.seqlen_k or case.entry.varlen is not None or decode, "seqlen_q != seqlen_k"),
             (self.causal or not case.causal, "no causal mask"),
             (self.window or not case.has_window, "no sliding window"),
             (self.softcap or not case.softcap, "no softcap"),
             (self.alibi or not case.alibi, "no ALiBi"),
             (self.dropout or not case.dropout_p, "no dropout (or its mask cannot be observed)"),
-            (self.varlen or case.varlen is None, "no varlen"),
+            (self.varlen or case.entry.varlen is None, "no varlen"),
             (self.gqa or not case.is_gqa, "no GQA/MQA"),
             (not self.fully_masked_rows_unsupported or not case.has_fully_masked_rows
              or (case.has_bias and self.fully_masked_rows_ok_with_bias),
@@ -107,10 +107,10 @@ class Capabilities:
         return [
             (not self.bias_unsupported, self.bias_unsupported),
             (self.bias or not case.has_float_bias, "no custom bias (attn_bias)"),
-            (self.bias_grad or not case.bias_grad, self.bias_grad_unsupported or "no bias gradient"),
-            (not self.bias_other_dtype_unsupported or case.bias_dtype is None,
+            (self.bias_grad or not case.bias.grad, self.bias_grad_unsupported or "no bias gradient"),
+            (not self.bias_other_dtype_unsupported or case.bias.dtype is None,
              self.bias_other_dtype_unsupported),
-            (not self.bias_grad_other_dtype_unsupported or not (case.bias_grad and case.bias_dtype),
+            (not self.bias_grad_other_dtype_unsupported or not (case.bias.grad and case.bias.dtype),
              self.bias_grad_other_dtype_unsupported),
             (self.bool_mask or not case.has_bool_bias, "no boolean custom mask"),
         ]

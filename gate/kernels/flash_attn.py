@@ -183,7 +183,7 @@ class FA3Adapter(_FlashBase):
 
     def unsupported_reason(self, case, device: str) -> str | None:
         reason = super().unsupported_reason(case, device)
-        if reason is None and case.cache_new and fa3_build_flags().get("FLASHATTENTION_DISABLE_APPENDKV"):
+        if reason is None and case.entry.cache_new and fa3_build_flags().get("FLASHATTENTION_DISABLE_APPENDKV"):
             return "this FA3 build has no append-KV (built with FLASH_ATTENTION_DISABLE_APPENDKV)"
         return reason
 
@@ -249,7 +249,7 @@ class FA4Adapter(_FlashBase):
         reason = super().unsupported_reason(case, device)
         if reason is None and case.has_float_bias and case.softcap:
             return SOFTCAP_BIAS_REASON
-        if reason is None and case.is_gqa and case.head_dim != case.head_dim_v and case.entry != "kvcache":
+        if reason is None and case.is_gqa and case.head_dim != case.head_dim_v and case.entry.kind != "kvcache":
             return GQA_DV_REASON
         return reason
 

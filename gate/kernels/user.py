@@ -183,7 +183,7 @@ class KVCacheEntry(KernelAdapter):
         )
 
     def unsupported_reason(self, case, device: str) -> str | None:
-        if case.cache_new and not (self.sig.takes("k") and self.sig.takes("v")):
+        if case.entry.cache_new and not (self.sig.takes("k") and self.sig.takes("v")):
             return "its kvcache entry point takes no k=/v= to append"
         return super().unsupported_reason(case, device)
 

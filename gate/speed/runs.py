@@ -13,6 +13,8 @@ INCONCLUSIVE, and a run that judged nothing at all is one run-wide INCONCLUSIVE 
 Format history:
   1  first version. A row's status is written "OK" (timed), "SKIP" or "ERROR"; in memory it is
      the Status enum, "OK" being Status.PASS.
+  2  each row's `case` in the case dict's schema 2 (nested parts, gate/core/cases.py);
+     `migrate_perf` turns version 1's flat case dicts into it.
 """
 
 from __future__ import annotations
@@ -30,11 +32,12 @@ from gate.core.cases import Case, load_suite
 from gate.core.config import Config, PerfConfig
 from gate.core.errors import UserError, first_line
 from gate.core.jsonio import read_record, write_json_atomic
-from gate.core.results import Status
+from gate.core.results import Status, migrate_rows
 from gate.speed.rule import PerfJudgement, PerfRules, PerfSeverity, RatioEstimate, judge
 from gate.speed.timing import PASSES, PassTiming, TimingPlan, TimingRun
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # migrate_perf turns each older one into the current layout
 MATMUL = "matmul"
 # A perf row's status as perf files spell it: a timed case is "OK" (timing judges nothing, so not "PASS").
 PERF_LABELS = {Status.PASS: "OK", Status.SKIP: "SKIP", Status.ERROR: "ERROR"}
@@ -117,7 +120,7 @@ class PerfCaseResult:
             out[p] = {"speed_ratio": t.speed_ratio, "ci95": [lo, hi], "noise": t.noise, "spread": t.spread,
                       "rounds": t.rounds, "candidate_ms": t.candidate_median_ms, "anchor_ms": t.anchor_median_ms,
                       "candidate_tflops": self.tflops(p), "anchor_tflops": self.tflops(p, "anchor")}
-        if self.case.entry == "kvcache" and "fwd" in out:  # a decode step is bound by reading K/V
+        if self.case.entry.kind == "kvcache" and "fwd" in out:  # a decode step is bound by reading K/V
             out["fwd"]["candidate_kv_gbps"] = self.kv_gbps()
         if self.timing is not None:
             out["peak_mem_mb"] = self.timing.peak_mem_mb
@@ -183,8 +186,15 @@ class PerfResult:
 
     @classmethod
     def read(cls, path: Path) -> "PerfResult":
-        return read_record(path, kind="perf results", schema_version=SCHEMA_VERSION, from_dict=cls.from_dict,
-                           fix="regenerate it with `attn-gate perf`")
+        return read_record(path, kind="perf results", schema_version=READABLE_VERSIONS,
+                           from_dict=lambda d: cls.from_dict(migrate_perf(d)), fix="regenerate it with `attn-gate perf`")
+
+
+def migrate_perf(payload: dict[str, Any]) -> dict[str, Any]:
+    """An older layout as the current one: 1 -> 2 writes each row's case in the current case schema."""
+    if payload.get("schema_version") == 1:
+        payload = {**payload, "schema_version": 2, "cases": migrate_rows(payload.get("cases"))}
+    return payload
 
 
 # --------------------------------------------------------------------------------------------
