@@ -33,6 +33,7 @@ from gate.attention.masks import allowed_mask, effective_window
 from gate.attention.reference import AttnOptions
 from gate.core.cases import FLAT_FIELDS, Case
 from gate.kernels.base import DelegatingAdapter, KernelAdapter, KernelCall, KernelOutput
+from gate.kernels.capabilities import Capabilities, Feature
 from gate.kernels.tiled import TILE, TiledAdapter, TileSteps, dropout_keep_mask
 
 
@@ -61,7 +62,8 @@ class PlantedBug:
     host: str  # "kernel" (wrapped around the configured kernel) or "tiled" (a tiled variant)
     trigger: Trigger
     plant: Callable[..., "KernelAdapter"]  # (host adapter) -> buggy adapter
-    needs: str = ""  # a Capabilities flag the host must have; a "kernel" bug moves to tiled without it
+    # what the host must have (a Capabilities feature or trait); a "kernel" bug moves to tiled without it
+    needs: Callable[[Capabilities], bool] | None = None
     hint: str = ""  # what else would catch it, for the survivor message
 
 
@@ -333,7 +335,7 @@ BUGS: tuple[PlantedBug, ...] = (
     PlantedBug("dk_x1.02", "dK 2% too large (a wrong constant in the backward epilogue)", "kernel", ANY, wrap(_grad_scaled("k", 1.02))),
     PlantedBug("dq_x1.02", "dQ 2% too large (a wrong scale on the dQ accumulator)", "kernel", ANY, wrap(_grad_scaled("q", 1.02))),
     PlantedBug("lse_plus_1e-3", "the LSE off by 1e-3 (a log2/ln constant rounded)", "kernel", LSE, wrap(_lse_shifted),
-               needs="returns_lse", hint="an fp32 case: in bf16/fp16 the LSE bound is ~1e-2, ten times this error"),
+               needs=lambda caps: caps.returns_lse, hint="an fp32 case: in bf16/fp16 the LSE bound is ~1e-2, ten times this error"),
     PlantedBug("masked_row_nan", "a fully masked row gives NaN instead of 0 (0/0 in the normalisation)", "kernel", MASKED_ROWS,
                wrap(_masked_rows_nan)),
     PlantedBug("batch_leak", "a batch element leaks into its neighbour (batch stride off at the boundary)", "kernel", BATCH,
@@ -341,7 +343,7 @@ BUGS: tuple[PlantedBug, ...] = (
     PlantedBug("varlen_boundary", "varlen-only indexing: cu_seqlens read one off at a sequence boundary", "kernel", VARLEN,
                wrap(_varlen_boundary)),
     PlantedBug("dq_noise_deterministic", "run-to-run noise in dQ under deterministic mode (an atomic left in)", "kernel",
-               DETERMINISM, wrap(_dq_noise_when_deterministic), needs="deterministic_mode"),
+               DETERMINISM, wrap(_dq_noise_when_deterministic), needs=lambda caps: caps.deterministic_mode),
     PlantedBug("drop_delta", "the rowsum(dO * O) term of dS dropped", "tiled", ANY, variant("drop_delta")),
     PlantedBug("causal_peek", "the causal mask peeks one key ahead", "tiled", CAUSAL, variant("causal_peek")),
     PlantedBug("window_off_by_one", "the sliding window one key too wide on each side", "tiled", WINDOW, variant("window_off_by_one")),
@@ -363,9 +365,9 @@ BUGS: tuple[PlantedBug, ...] = (
     PlantedBug("noncontiguous_k", "wrong results for a non-contiguous K (strides ignored)", "kernel", NONCONTIG_K,
                wrap(_noncontiguous_k)),
     PlantedBug("bias_grad_x1.02", "dBias 2% too large (a broadcast bias's gradient reduced wrongly)", "kernel", BIAS_GRAD,
-               wrap(_bias_grad_scaled), needs="bias_grad"),
+               wrap(_bias_grad_scaled), needs=lambda caps: caps.supports(Feature.BIAS_GRAD)),
     PlantedBug("paged_pages_swapped", "paged-cache-only indexing: two pages of the block table read swapped", "kernel", PAGED,
-               wrap(_paged_block_table_swapped), needs="paged"),
+               wrap(_paged_block_table_swapped), needs=lambda caps: caps.supports(Feature.PAGED)),
 )
 
 
@@ -388,7 +390,7 @@ def select_bugs(names: tuple[str, ...] = ()) -> tuple[PlantedBug, ...]:
 
 def host_of(bug: PlantedBug, kernel: KernelAdapter) -> str:
     """'kernel' or 'tiled': a kernel-hosted bug moves to tiled when the kernel lacks what it needs."""
-    if bug.host == "kernel" and bug.needs and not getattr(kernel.capabilities(), bug.needs):
+    if bug.host == "kernel" and bug.needs is not None and not bug.needs(kernel.capabilities()):
         return "tiled"
     return bug.host
 
