@@ -3,7 +3,9 @@
 # The venv sees system site-packages, so a GPU machine's own CUDA torch is used as it is; where no
 # torch is importable, the CPU build (torch==2.13.0) is installed - never a multi-GB CUDA wheel -
 # from ATTN_GATE_TORCH_INDEX_URL when set (one --index-url, never an extra index that could
-# shadow a PyPI name).
+# shadow a PyPI name). A second run is quiet and takes a second: the install is skipped while
+# pyproject.toml (what it installs from) is unchanged since the last one that succeeded (its hash,
+# in .venv/.attn-gate-setup).
 #
 # --locked (the trusted GPU jobs): no pip upgrade, no test tools, no resolver: every package from
 # .ci/requirements-trusted.txt with its hash, wheels only, then attn-gate itself with no build
@@ -24,8 +26,19 @@ if [ "${1:-}" = "--locked" ]; then
   python -m pip install -q --no-deps --no-build-isolation --no-index -e .
   exit 0
 fi
-python -m pip install -q --upgrade pip >/dev/null
-if ! python -c "import torch" >/dev/null 2>&1; then
-  python -m pip install -q ${ATTN_GATE_TORCH_INDEX_URL:+--index-url "$ATTN_GATE_TORCH_INDEX_URL"} torch==2.13.0
+stamp=.venv/.attn-gate-setup
+want=$(python -c 'import hashlib, sys; print(hashlib.sha256(open("pyproject.toml", "rb").read()).hexdigest(), sys.version)')
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && python -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ('gate', 'torch', 'pytest', 'xdist')))"; then
+  exit 0
 fi
-python -m pip install -q -e '.[test]'
+# pip's and setuptools' chatter (index warnings, the editable-install banner) goes to a log that is
+# shown only when the install fails
+log=.venv/setup.log
+{
+  python -m pip install -q --upgrade pip
+  if ! python -c "import torch" >/dev/null 2>&1; then
+    python -m pip install -q ${ATTN_GATE_TORCH_INDEX_URL:+--index-url "$ATTN_GATE_TORCH_INDEX_URL"} torch==2.13.0
+  fi
+  python -m pip install -q -e '.[test]'
+} >"$log" 2>&1 || { cat "$log" >&2; echo "scripts/setup.sh: the install failed (log above, kept in $log)" >&2; exit 1; }
+echo "$want" >"$stamp"

@@ -1,6 +1,6 @@
 """User kernels that take an `attn_bias`: one correct, three with the planted bias bugs.
 
-`--kernel tests.bias_kernels:NAME`. The convention they follow (README "Custom bias"): attn_bias
+`--kernel tests.bias_kernels:NAME`. The convention they follow (docs/kernels.md, "Custom bias and masks"): attn_bias
 is a float tensor broadcastable to (batch, heads, seqlen_q, seqlen_k), added to the scaled scores
 before the causal mask; -inf allowed; gradient flows to it. One plain float32 implementation
 with autograd, masks written out here (not taken from gate.attention), and each bug the smallest

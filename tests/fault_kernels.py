@@ -1,5 +1,6 @@
 """User kernels that attack the process they run in: exit, abort, segfault, hang, move
-the working directory, or patch the gate's measurement. Each misbehaves on one sequence length
+the working directory, patch the gate's measurement, change process state for later cases,
+leave a detached grandchild, delete the gate's temp folder. Each misbehaves on one sequence length
 only, so one sweep shows the faulty case as an ERROR row and every other case measured."""
 
 import ctypes
@@ -88,4 +89,56 @@ def cuda_fault(q, k, v, softmax_scale=None, causal=False):
     ATTN_GATE_TEST_FAULT_SEQLEN (default 257): a GPU run picks its own."""
     if q.is_cuda and q.shape[1] == int(os.environ.get("ATTN_GATE_TEST_FAULT_SEQLEN", "257")):
         _illegal_memory_access(torch.zeros(16, device=q.device, dtype=torch.float32))
+    return _attention(q, k, v, softmax_scale, causal)
+
+
+def grad_off(q, k, v, softmax_scale=None, causal=False):
+    """Correct attention; on sequence length 17 it then turns grad mode off for the whole process
+    (its own output keeps its graph: this case passes, a later one would have no gradients)."""
+    with torch.enable_grad():
+        out = _attention(q, k, v, softmax_scale, causal)
+    if q.shape[1] == 17:
+        torch.set_grad_enabled(False)
+    return out
+
+
+def patches_save(q, k, v, softmax_scale=None, causal=False):
+    """Correct attention; on sequence length 17 it replaces torch.save (the worker sends the outputs
+    with it) by one that passes this case's outputs and writes zeros from its next call on."""
+    if q.shape[1] == 17:
+        real, calls = torch.save, []
+
+        def zeros(obj, f, *a, **kw):
+            calls.append(1)
+            if len(calls) > 1:
+                obj = torch.utils._pytree.tree_map(lambda t: t * 0 if isinstance(t, torch.Tensor) else t, obj)
+            return real(obj, f, *a, **kw)
+
+        torch.save = zeros
+    return _attention(q, k, v, softmax_scale, causal)
+
+
+def detached_grandchild(q, k, v, softmax_scale=None, causal=False):
+    """On sequence length 17: forks a child that leaves the process group (setsid) and sleeps
+    holding every inherited descriptor (the reply pipe too), then ends the worker. Its pid goes
+    to ATTN_GATE_TEST_PIDFILE, so a test can tell whether it was killed."""
+    if q.shape[1] == 17:
+        pid = os.fork()
+        if pid == 0:
+            os.setsid()
+            time.sleep(3600)
+            os._exit(0)
+        with open(os.environ["ATTN_GATE_TEST_PIDFILE"], "w") as fh:
+            fh.write(str(pid))
+        os._exit(0)
+    return _attention(q, k, v, softmax_scale, causal)
+
+
+def removes_tempdir(q, k, v, softmax_scale=None, causal=False):
+    """Correct attention; on sequence length 17 it deletes the gate's temp folder (the worker's
+    stderr file is in it, so /proc/self/fd/2 names it): the case's own outputs cannot be written."""
+    import shutil
+
+    if q.shape[1] == 17:
+        shutil.rmtree(os.path.dirname(os.readlink("/proc/self/fd/2")), ignore_errors=True)
     return _attention(q, k, v, softmax_scale, causal)

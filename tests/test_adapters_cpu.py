@@ -295,6 +295,7 @@ def _forward_call(c, x):
     return dataclasses.replace(call, q=call.q.detach(), k=call.k.detach(), v=call.v.detach())
 
 
+@pytest.mark.slow
 def test_flex_never_hands_one_tensor_to_two_mod_slots():
     """The flex adapter's mods read their numbers (diagonal offset, window sides, softcap, cache
     lengths) from captured device tensors made once per value. Two slots sharing one tensor when
@@ -324,6 +325,7 @@ def test_flex_never_hands_one_tensor_to_two_mod_slots():
     assert_no_shared_slot(adapter)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")), reason="torch.compile on CPU needs a C++ compiler")
 def test_flex_builds_long_block_masks_compiled_and_short_ones_eagerly(monkeypatch):
     """Past EAGER_BLOCK_MASK_MAX_ELEMENTS the flex adapter builds its block mask with a compiled

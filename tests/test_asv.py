@@ -68,6 +68,7 @@ def asv_run(tmp_path_factory):
     return tmp, env, proc, commit
 
 
+@pytest.mark.slow
 def test_asv_discovers_and_runs_the_track_benchmarks(asv_run):
     tmp, _, proc, commit = asv_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -93,6 +94,7 @@ def test_asv_discovers_and_runs_the_track_benchmarks(asv_run):
         assert decode[name]["value"] is None or math.isnan(decode[name]["value"]), decode[name]
     assert not any("gbps" in name for name in got)  # K/V GB/s is higher-is-better: in perf's JSON, not asv
 
+@pytest.mark.slow
 def test_asv_publish_writes_html(asv_run):
     tmp, env, proc, _ = asv_run
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -113,6 +115,7 @@ def test_bench_without_asv_config_is_a_usage_error(tmp_path):
     assert proc.returncode == 2 and "nope.json: no such file" in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(__import__("shutil").which("chromium") is None, reason="needs chromium (apt-get install chromium)")
 def test_the_published_site_runs_its_scripts_in_a_browser_without_network(asv_run, monkeypatch):
     """headless Chromium, every host but 127.0.0.1 unreachable. asv's own output (scripts from

@@ -257,6 +257,7 @@ def test_planted_bias_bugs_fail_the_case(kernel, words, in_repo_root):
     assert r.status.value == "FAIL" and words in r.reason
 
 
+@pytest.mark.slow
 def test_flex_mods_read_the_bias_as_the_reference_does():
     """Flex on CPU runs forward only (eager): enough to show the score_mod/mask_mod index the
     captured tensor right (broadcast dims, bottom-right masks, softcap order). Its backward runs on
@@ -340,6 +341,7 @@ def _check(kernel: str, cfg: Path, baseline: Path, out: Path) -> tuple[int, dict
     return rc, json.loads(findings.read_text())
 
 
+@pytest.mark.slow
 def test_the_correct_bias_kernel_passes_check_against_its_baseline(bias_baseline, in_repo_root, tmp_path):
     rc, cfg, path = bias_baseline
     assert rc == 0
@@ -349,6 +351,7 @@ def test_the_correct_bias_kernel_passes_check_against_its_baseline(bias_baseline
     assert rc == 0 and findings["verdict"] == "PASS"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel, rule, where", [
     ("bias_rounded_to_input_dtype", "tolerance", r"\.fp32"),  # only the fp32-bias cases change
     ("bias_head0", "tolerance", r"bias\.(dense|broadcast_b|bool_empty_rows)"),  # per-head ones; not document (1 head)

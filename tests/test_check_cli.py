@@ -12,6 +12,7 @@ import json
 import re
 import shlex
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,7 @@ def case_of(data: dict, case_id: str) -> dict:
 # ---------------------------------------------------------------- the main job
 
 
+@pytest.mark.slow
 def test_check_passes_against_committed_cpu_baseline(full_check):
     rc, out = full_check
     assert rc == 0
@@ -113,6 +115,7 @@ def test_check_passes_against_committed_cpu_baseline(full_check):
     assert json.loads((out / "sweep-sdpa-cpu-smoke.json").read_text())["kind"] == "attn-gate sweep"
 
 
+@pytest.mark.slow
 def test_check_exits_1_for_a_buggy_kernel_and_0_for_a_correct_one(in_repo_root, tmp_path, capsys):
     common = ["--baseline", str(CPU_BASELINE), "--only", SQUARE_NON_GQA, "--device", "cpu", "--no-progress"]
     assert main(["check", "--kernel", "tests.verdict_kernels:scale_off_by_5pct", *common, "--out", str(tmp_path / "bad")]) == 1
@@ -138,6 +141,7 @@ def test_check_exits_1_for_a_buggy_kernel_and_0_for_a_correct_one(in_repo_root, 
 # ---------------------------------------------------------------- crafted results files
 
 
+@pytest.mark.slow
 def test_results_file_of_the_baseline_run_passes_and_crafted_bad_ones_fail(in_repo_root, results, tmp_path):
     assert main(["check", "--results", str(results), "--out", str(tmp_path / "same")]) == 0
 
@@ -440,13 +444,20 @@ def test_a_failing_write_is_exit_2_and_the_summary_goes_before_the_baseline(proj
                 raise OSError(28, "No space left on device", str(path))
             return real(path, text)
         return write
-    monkeypatch.setattr(gate.core.jsonio, "write_text_atomic", full_disk_for("body"))
+    def patch_writes(fake):  # every module that took the function by name, and its own
+        for module in [m for name, m in sys.modules.items() if name.startswith("gate.")]:
+            if getattr(module, "write_text_atomic", None) in (real, current[0]):
+                monkeypatch.setattr(module, "write_text_atomic", fake)
+        current[0] = fake
+
+    current = [real]
+    patch_writes(full_disk_for("body"))
     summary = tmp_path / "body.md"
     assert main(["baseline", "update", "--config", str(cfg), "--from-results", str(results), "--summary", str(summary)]) == 2
     err = capsys.readouterr().err
     assert f"cannot write {summary} (No space left on device); pass a writable --summary file; the baseline was not written" in err
     assert not baselines.exists()  # the summary failed first: no baseline without its summary
-    monkeypatch.setattr(gate.core.jsonio, "write_text_atomic", full_disk_for("findings"))
+    patch_writes(full_disk_for("findings"))
     assert main(["check", "--config", str(cfg), "--results", str(results), "--baseline", str(CPU_BASELINE),
                  "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err

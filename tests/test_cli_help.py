@@ -14,7 +14,7 @@ from gate.commands.main import build_parser, main
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMANDS = [["check"], ["sweep"], ["perf"], ["baseline"], ["baseline", "update"], ["baseline", "show"], ["bench"],
-            ["publish"], ["drift"], ["kernels"], ["suites"]]
+            ["publish"], ["drift"], ["kernels"], ["suites"], ["init"]]
 
 
 def test_version(capsys):
@@ -44,10 +44,10 @@ def test_suites_cases_prints_a_legend_of_every_id_part(capsys):
         assert re.search(rf"(?<![\w]){re.escape(word)}(\d|\b)", legend), word
 
 
-def test_readme_has_the_case_id_legend():
+def test_the_coverage_page_has_the_case_id_legend():
     from gate.commands.help_text import CASE_ID_LEGEND
 
-    assert CASE_ID_LEGEND in (ROOT / "README.md").read_text()
+    assert CASE_ID_LEGEND in (ROOT / "docs" / "coverage.md").read_text()
 
 
 def test_drift_kernel_defaults_like_every_other_command():

@@ -59,6 +59,7 @@ def _top(comment: str) -> str:
     return comment.split("<details>", 1)[0]
 
 
+@pytest.mark.slow
 def test_the_worst_case_leads_the_first_table(causal_bug):
     rc, out = causal_bug
     assert rc == 1
@@ -83,6 +84,7 @@ def test_the_worst_case_leads_the_first_table(causal_bug):
     assert len(comment) < COMMENT_LIMIT
 
 
+@pytest.mark.slow
 def test_the_pattern_line_names_causal(causal_bug):
     comment = (causal_bug[1] / f"comment-{BUG_STEM}.md").read_text()
     line = next(line for line in comment.splitlines() if line.startswith("**What the failing cases share:**"))
@@ -90,6 +92,7 @@ def test_the_pattern_line_names_causal(causal_bug):
     assert "causal" in line and f"{n_failing} failing cases" in line
 
 
+@pytest.mark.slow
 def test_a_fail_never_advises_refreshing_the_baseline(causal_bug):
     out = causal_bug[1]
     findings = json.loads((out / f"findings-{BUG_STEM}.json").read_text())["findings"]
@@ -97,6 +100,7 @@ def test_a_fail_never_advises_refreshing_the_baseline(causal_bug):
     assert "refresh" not in _top((out / f"comment-{BUG_STEM}.md").read_text())
 
 
+@pytest.mark.slow
 def test_links_to_artifacts_and_the_baseline_commit(causal_bug):
     top = _top((causal_bug[1] / f"comment-{BUG_STEM}.md").read_text())
     assert "https://github.com/acme/attn/actions/runs/42#artifacts" in top
@@ -107,6 +111,7 @@ def test_links_to_artifacts_and_the_baseline_commit(causal_bug):
         "[`0123456789ab`](https://github.com/acme/attn/commit/0123456789abcdef)"
 
 
+@pytest.mark.slow
 def test_the_rerun_command_reproduces_exactly_the_failing_cases(causal_bug, tmp_path, capsys):
     out = causal_bug[1]
     comment = (out / f"comment-{BUG_STEM}.md").read_text()
@@ -124,6 +129,7 @@ def test_the_rerun_command_reproduces_exactly_the_failing_cases(causal_bug, tmp_
     assert all(c.status is Status.FAIL for c in again.cases)
 
 
+@pytest.mark.slow
 def test_identical_errors_are_grouped_with_their_traceback(tmp_path, capsys):
     with contextlib.chdir(ROOT):
         assert main(["check", "--kernel", "tests.buggy_kernels:raises", "--device", "cpu", "--baseline", str(CPU_BASELINE),
@@ -185,6 +191,7 @@ def test_a_speed_regression_leads_with_baseline_now_change_and_limit(tmp_path):
     assert "https://acme.github.io/attn/#bench_attention.AttentionSpeed.track_" in first
 
 
+@pytest.mark.slow
 def test_a_huge_failing_run_stays_under_the_comment_limit(causal_bug):
     sweep = SweepResult.read(causal_bug[1] / f"sweep-{BUG_STEM}.json")
     baseline = read_baseline(CPU_BASELINE)
@@ -221,6 +228,7 @@ def test_the_environment_records_cpu_model_and_capability():
     assert env["cpu_capability"] in ("DEFAULT", "NO AVX", "AVX2", "AVX512", "ZVECTOR", "VSX", "SVE256") or env["cpu_capability"]
 
 
+@pytest.mark.slow
 def test_plots_are_150_dpi_and_show_at_most_the_worst_cases(causal_bug, tmp_path):
     """readable plots: 150 dpi, one row per case (at most MAX_CASES, so labels stay legible)."""
     from PIL import Image

@@ -85,6 +85,7 @@ def test_smoke_carries_every_new_axis_value():
     assert {c.heads_kv for c in SMOKE.cases if c.seqlen_q == 1 and c.seqlen_k > 1} >= {1, 2, 4}
 
 
+@pytest.mark.slow
 def test_correct_kernel_passes_every_coverage_case(tmp_path):
     ids = [c.id for c in SMOKE.cases if c.layout != "contiguous" or c.inputs != "normal" or c.entry.varlen_k]
     rc, findings = _check("correct", "|".join(f"^{re.escape(i)}$" for i in ids) + "|d(59|72|111|192)|1x300|129|239x1|1x339|113x203"
@@ -95,6 +96,7 @@ def test_correct_kernel_passes_every_coverage_case(tmp_path):
     assert len(statuses) >= 40 and set(statuses) == {"PASS"}  # every coverage case measured, none skipped
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bug", sorted(PLANTED))
 def test_planted_bug_fails_check_on_its_axis_and_passes_without_it(bug, tmp_path):
     pattern, control = PLANTED[bug]
@@ -136,12 +138,14 @@ def _family_check(varlen_entry: str, tmp_path: Path) -> tuple[int, dict[str, str
     return rc, {c["case_id"]: c["status"] for c in sweep["cases"]}
 
 
+@pytest.mark.slow
 def test_correct_varlen_entry_point_passes_every_varlen_case(tmp_path):
     rc, statuses = _family_check("attn_varlen_func", tmp_path)
     assert rc == 0 and set(statuses.values()) == {"PASS"}, statuses
     assert sum("-varlen" in i for i in statuses) >= 9 and sum("-varlen" not in i for i in statuses) >= 3, statuses
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bug", sorted(VARLEN_PLANTED))
 def test_planted_varlen_bug_fails_exactly_its_combination(bug, tmp_path):
     rc, statuses = _family_check(bug, tmp_path)

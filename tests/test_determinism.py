@@ -135,6 +135,7 @@ def test_shipped_suites_turn_checks_on():
     assert "race" in {c for case in load_suite("nightly").cases for c in case.checks}
 
 
+@pytest.mark.slow
 def test_sweep_and_cli_run_checks_and_the_note_shows_them(tmp_path, monkeypatch):
     from gate.workflow import sweep as sweep_mod
     from gate.commands.main import main

@@ -55,6 +55,7 @@ def cpu_run():
     return cfg, refs
 
 
+@pytest.mark.slow
 def test_correct_kernel_stays_inside_and_drifting_kernel_leaves_the_band(cpu_run, tmp_path):
     cfg, refs = cpu_run
     # the task is learned within the run: the band is tested on a real slope, not a plateau
@@ -73,6 +74,7 @@ def test_correct_kernel_stays_inside_and_drifting_kernel_leaves_the_band(cpu_run
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_kernel_that_raises_fails_the_run(cpu_run):
     cfg, refs = cpu_run
 
@@ -84,6 +86,7 @@ def test_kernel_that_raises_fails_the_run(cpu_run):
     assert not result.passed and "RuntimeError: illegal memory access" in result.reason
 
 
+@pytest.mark.slow
 def test_drift_command_exit_codes(tmp_path, monkeypatch):
     from gate.commands.main import main
 

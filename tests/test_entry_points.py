@@ -162,6 +162,7 @@ def test_equal_cache_lengths_take_one_batched_call_and_still_pass(page_size):
     assert run_case(get_adapter("tiled"), case, "cpu", TOL).status is Status.PASS
 
 
+@pytest.mark.slow
 def test_flex_decode_mask_mods_pass_ragged_paged_and_biased_caches():
     """Flex runs decode as one call on a padded batch with a per-element length mask (one compile per
     case on a GPU). Here its mods run through eager flex_attention on the CPU: the masking logic is
@@ -358,6 +359,7 @@ def good_family(tmp_path_factory):
     return tmp, rc, calls
 
 
+@pytest.mark.slow
 def test_check_calls_every_entry_point_of_a_family_and_passes(good_family):
     tmp, rc, calls = good_family
     assert rc == 0
@@ -369,6 +371,7 @@ def test_check_calls_every_entry_point_of_a_family_and_passes(good_family):
     assert set(statuses(tmp / "good").values()) == {"PASS"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entries, bad", [
     (dict(varlen="tests.entry_kernels:attn_varlen_func_overread"), "varlen"),
     (dict(kvcache="tests.entry_kernels:attn_with_kvcache_contiguous"), "shuffled"),
@@ -389,6 +392,7 @@ def test_a_bug_in_one_entry_point_fails_the_gate_while_the_other_paths_pass(good
     assert gate(config, tmp_path / "rest", "--only", others) == 0
 
 
+@pytest.mark.slow
 def test_the_cache_check_names_what_was_not_written(good_family, tmp_path):
     tmp = good_family[0]
     config = write_config(tmp, kvcache="tests.entry_kernels:attn_with_kvcache_no_append")
@@ -399,6 +403,7 @@ def test_the_cache_check_names_what_was_not_written(good_family, tmp_path):
     assert row["tensors"]["out"]["ratio"] <= 1  # the attention itself was right: only the cache is wrong
 
 
+@pytest.mark.slow
 def test_a_forward_only_family_is_judged_on_out_and_lse_and_says_so(tmp_path):
     config = write_config(tmp_path, backward=False)
     with contextlib.chdir(ROOT):

@@ -22,6 +22,7 @@ def test_a_kernel_calling_sys_exit_is_an_error_row(fn):
     assert result.status is Status.ERROR and "SystemExit" in result.reason
 
 
+@pytest.mark.slow
 def test_sweep_with_a_kernel_calling_sys_exit_zero_exits_one(tmp_path, capsys):
     rc = main(["sweep", "--kernel", "tests.exiting_kernels:exits_zero", "--suite", "smoke", "--device", "cpu",
                "--only", "^bf16-b2-h4-s128-d64$", "--out", str(tmp_path), "--no-progress"])

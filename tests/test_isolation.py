@@ -44,6 +44,7 @@ def rows(out_dir: Path) -> dict[str, dict]:
     return {c["case_id"]: c for c in json.loads(path.read_text())["cases"]}
 
 
+@pytest.mark.slow
 def test_each_fault_is_an_error_row_of_its_case_and_the_other_cases_are_measured(tmp_path):
     """os._exit(0), os._exit(3), os.abort(), a segfault, a hang and os.chdir, one case each."""
     config = suite_config(tmp_path, [16, 17, 18, 19, 20, 21, 22, 23])
@@ -74,6 +75,7 @@ def test_each_fault_is_an_error_row_of_its_case_and_the_other_cases_are_measured
     assert len(journal) == 1 + 8
 
 
+@pytest.mark.slow
 def test_a_kernel_that_patches_the_measurement_in_its_process_still_fails(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     config = suite_config(tmp_path, [16])
@@ -93,6 +95,7 @@ def test_a_kernel_that_patches_the_measurement_in_its_process_still_fails(tmp_pa
         rc.measure, rc.validate_outputs, rc.measure_seed = saved
 
 
+@pytest.mark.slow
 def test_check_with_a_kernel_that_exits_zero_fails_closed_with_its_outputs_written(tmp_path, monkeypatch):
     """The issue's headline: os._exit(0) in one case made `check` exit 0 with nothing written."""
     monkeypatch.chdir(ROOT)
@@ -108,6 +111,7 @@ def test_check_with_a_kernel_that_exits_zero_fails_closed_with_its_outputs_writt
     assert rows(tmp_path / "out")["fp32-b1-h2-s18-d8"]["status"] == "PASS"
 
 
+@pytest.mark.slow
 def test_a_killed_check_resumes_with_only_the_missing_cases_and_the_same_verdict(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     seqlens = [16, 18, 19, 20, 21, 22]
@@ -146,6 +150,7 @@ def test_a_killed_check_resumes_with_only_the_missing_cases_and_the_same_verdict
     assert verdict(out) == verdict(tmp_path / "judged")
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_journal_of_another_run(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     config = suite_config(tmp_path, [16, 17])
@@ -158,6 +163,7 @@ def test_resume_refuses_a_journal_of_another_run(tmp_path, monkeypatch, capsys):
     assert "2 of 2 cases are done" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_shards_merge_into_the_sweep_a_single_run_writes(tmp_path, monkeypatch, capsys):
     """Fields that differ by nature: started_at (earliest shard), wall_s (longest shard), each case's seconds."""
     monkeypatch.chdir(ROOT)

@@ -62,6 +62,7 @@ def tiled_pool():
         yield pool
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(FEATURE_CASES))
 def test_the_worker_measures_what_one_process_measures(name, tiled_pool):
     case = FEATURE_CASES[name]
@@ -90,6 +91,7 @@ PLANTED = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel,case,words", PLANTED, ids=[k.split(":")[1] for k, _, _ in PLANTED])
 def test_each_features_planted_bug_fails_through_the_worker_as_in_one_process(kernel, case, words):
     here = run_case(get_adapter(kernel), case, "cpu", TOL)
@@ -110,6 +112,7 @@ FAMILIES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,case,words", FAMILIES, ids=["no_append", "pages_contiguous", "ignores_sink", "forward_only"])
 def test_a_kernel_family_runs_in_the_worker_and_is_judged_as_in_one_process(family, case, words):
     from gate.kernels.user import FamilyAdapter
@@ -123,6 +126,7 @@ def test_a_kernel_family_runs_in_the_worker_and_is_judged_as_in_one_process(fami
         assert isolated.forward_only and not {"dq", "dk", "dv"} & {t.tensor for t in isolated.tensors}
 
 
+@pytest.mark.slow
 def test_a_kernel_that_raises_in_its_worker_is_an_error_row_with_its_traceback():
     case = tiny()
     with WorkerPool("tests.buggy_kernels:raises", "cpu", 1, IsolationConfig()) as pool:
@@ -131,6 +135,7 @@ def test_a_kernel_that_raises_in_its_worker_is_an_error_row_with_its_traceback()
     assert "Traceback" in row.traceback and "buggy_kernels.py" in row.traceback and "second line" in row.traceback
 
 
+@pytest.mark.slow
 def test_a_dead_worker_leaves_its_stderr_tail_as_the_rows_traceback(monkeypatch):
     monkeypatch.setenv("ATTN_GATE_TEST_FAULT", "segfault")
     with WorkerPool("tests.fault_kernels:by_env", "cpu", 1, IsolationConfig()) as pool:

@@ -91,6 +91,7 @@ def doctor(baseline: Path, factor: float) -> None:
     baseline.write_text(json.dumps(data))
 
 
+@pytest.mark.slow
 def test_baseline_update_records_speed_ratios_with_noise(project):
     _, baseline = project
     perf = json.loads(baseline.read_text())["perf"]
@@ -100,6 +101,7 @@ def test_baseline_update_records_speed_ratios_with_noise(project):
         assert entry[p]["n"] == 7 and len(entry[p]["samples"]) == 7 and entry[p]["median"] > 0 and entry[p]["noise"] >= 0
 
 
+@pytest.mark.slow
 def test_check_joins_speed_findings_into_one_report(project):
     tmp, _ = project
     check(tmp, "--perf")
@@ -110,6 +112,7 @@ def test_check_joins_speed_findings_into_one_report(project):
     assert "### Speed" in (tmp / "out" / "check-sdpa-cpu-tiny.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_far_slower_kernel_fails_and_a_lax_threshold_passes(project):
     tmp, baseline = project
     write_config(tmp, "max_noise_pct = 100000.0")  # CI noise must not turn the planted case inconclusive
@@ -124,6 +127,7 @@ def test_a_far_slower_kernel_fails_and_a_lax_threshold_passes(project):
     assert all(f["severity"] in ("OK", "WARN") for f in findings(tmp) if f["rule"] == "speed")
 
 
+@pytest.mark.slow
 def test_no_speed_section_is_inconclusive_not_pass(project):
     tmp, baseline = project
     data = json.loads(baseline.read_text())
@@ -135,12 +139,14 @@ def test_no_speed_section_is_inconclusive_not_pass(project):
     assert "baseline update --perf" in speed[0]["message"]
 
 
+@pytest.mark.slow
 def test_speed_is_off_by_default_on_a_cpu(project):
     tmp, _ = project
     assert check(tmp) == 0
     assert not [f for f in findings(tmp) if f["rule"] == "speed"]
 
 
+@pytest.mark.slow
 def test_perf_with_a_results_file_is_a_usage_error(project, capsys):
     tmp, _ = project
     results = next((tmp / "out").glob("sweep-*.json"))
@@ -148,6 +154,7 @@ def test_perf_with_a_results_file_is_a_usage_error(project, capsys):
     assert "--perf times the kernel now" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_speed_section_from_a_perf_file_made_elsewhere(project):
     tmp, baseline = project
     cfg = str(tmp / "pyproject.toml")
@@ -298,6 +305,7 @@ def test_an_invalid_only_regex_is_a_one_line_usage_error(tmp_path, capsys):
     assert perf_cases("smoke", Config(), only="d64")  # a valid one still selects
 
 
+@pytest.mark.slow
 def test_only_without_a_perf_case_reports_speed_not_checked_and_keeps_correctness(project):
     tmp, baseline = project
     assert check(tmp, "--perf", "--only", NOT_PERF) == 0
@@ -310,6 +318,7 @@ def test_only_without_a_perf_case_reports_speed_not_checked_and_keeps_correctnes
     assert [(f["severity"], f["case_id"]) for f in speed_findings(tmp)] == [("INCONCLUSIVE", NOT_PERF)] * 2
 
 
+@pytest.mark.slow
 def test_a_baseline_speed_ratio_the_run_has_no_case_for_is_inconclusive(project):
     tmp, baseline = project
     write_config(tmp, "max_noise_pct = 100000.0")  # CI noise must not decide this test
@@ -321,6 +330,7 @@ def test_a_baseline_speed_ratio_the_run_has_no_case_for_is_inconclusive(project)
     assert "this run has no such perf case" in missing[0]["message"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device,gpu_class,expected", [("cuda", "h200", [("WARN", "")]), ("cpu", "cpu", [])])
 def test_check_from_a_results_file_says_speed_was_not_checked_on_a_gpu_class(project, device, gpu_class, expected):
     tmp, baseline = project

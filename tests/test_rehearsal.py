@@ -31,6 +31,7 @@ import yaml
 
 from tests import test_runner_guard as guard
 from tests import test_workflows as wf
+from tests.tools import interpreter_path_prefix
 
 ROOT = Path(__file__).resolve().parents[1]
 GATE = ROOT / ".github" / "workflows" / "gate.yml"
@@ -177,7 +178,8 @@ def rehearse(tmp_path: Path, variables: dict[str, str], *, cwd: Path = ROOT, ski
         env.update({k: fill(v, known, f"step {name} env") for k, v in step.get("env", {}).items()})
         env["GITHUB_OUTPUT"] = str(output_file)
         script = tmp_path / f"step-{i}.sh"
-        script.write_text(step["run"])
+        # the steps' `. .venv/bin/activate`, for whichever venv runs the tests (setup.sh's .venv or another)
+        script.write_text(step["run"].replace(". .venv/bin/activate", interpreter_path_prefix()))
         proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)], cwd=cwd, env=env,
                               capture_output=True, text=True, timeout=300)
         steps.append(StepRun(name, "run", proc.returncode, proc.stdout + proc.stderr,
@@ -202,6 +204,7 @@ def assert_artifacts_complete(r: Rehearsal, pr_number: str = PR_NUMBER, sha: str
 KINDS = ["run", "run", "uses", "run", "run", "uses", "skipped", "run", "run", "run", "skipped", "run", "uses", "uses"]
 
 
+@pytest.mark.slow
 def test_rehearsal_passing_kernel(tmp_path):
     r = rehearse(tmp_path, {"ATTN_GATE_KERNEL": "sdpa-cpu", "ATTN_GATE_ONLY": CASES, "ATTN_GATE_DEVICE": "cpu"})
     gate = r.step("gate")
@@ -218,6 +221,7 @@ def test_rehearsal_passing_kernel(tmp_path):
     assert list(results.glob("findings-*.json")) and list(results.glob("sweep-*.json")) and list(results.glob("*.png"))
 
 
+@pytest.mark.slow
 def test_rehearsal_buggy_kernel_fails_the_job_and_still_uploads(tmp_path):
     # a wrong softmax scale, gated against the good kernel's baseline
     r = rehearse(tmp_path, {"ATTN_GATE_KERNEL": "tests.buggy_kernels:scale_one_over_d",
@@ -233,6 +237,7 @@ def test_rehearsal_buggy_kernel_fails_the_job_and_still_uploads(tmp_path):
     assert "FAIL" in (assert_artifacts_complete(r) / "summary.md").read_text().splitlines()[0]
 
 
+@pytest.mark.slow
 def test_rehearsal_usage_error_still_leaves_a_summary(tmp_path):
     r = rehearse(tmp_path, {"ATTN_GATE_KERNEL": "no_such_module:attention", "ATTN_GATE_ONLY": CASES,
                             "ATTN_GATE_DEVICE": "cpu"})
@@ -243,6 +248,7 @@ def test_rehearsal_usage_error_still_leaves_a_summary(tmp_path):
     assert_artifacts_complete(r)
 
 
+@pytest.mark.slow
 def test_rehearsal_without_a_gpu_fails_closed(tmp_path):
     # no variables at all (the defaults): device cuda; a runner whose torch sees no GPU must not gate on CPU
     r = rehearse(tmp_path, {})
@@ -414,6 +420,7 @@ def test_baseline_branch_refuses_files_that_are_not_baselines(tmp_path, github):
     assert r.returncode == 1 and "not baselines" in r.stdout
 
 
+@pytest.mark.slow
 def test_publish_history_retries_a_push_rejected_by_a_concurrent_run(tmp_path, github):
     """Another run pushes to asv-results between this run's fetch and its push: the push is
     rejected (non-fast-forward), the script refetches, re-applies its files and pushes again;
@@ -491,6 +498,7 @@ def workflows_started_by(event: str) -> dict[str, dict]:
     return found
 
 
+@pytest.mark.slow
 def test_fork_pr_end_to_end(tmp_path):
     """mallory/r opens PR 7 against o/r. (1) Its pull_request event, in which every repository
     variable reads empty, starts only hosted jobs that read no variable, and the runner guard
@@ -543,6 +551,7 @@ def test_fork_pr_end_to_end(tmp_path):
 
 # ---- the asv step with real asv: this commit against the stored history ------------------------
 
+@pytest.mark.slow
 def test_rehearsal_asv_compares_the_head_with_stored_history(tmp_path):
     """The gate job with its asv step (real asv, one CPU perf case), twice, in a clone of this
     branch with one more commit (the PR head): on the parent commit before any history exists (a
@@ -550,7 +559,6 @@ def test_rehearsal_asv_compares_the_head_with_stored_history(tmp_path):
     asv-results, on the head commit: `asv compare` parent -> head."""
     work = tmp_path / "checkout"
     git("clone", "-q", str(ROOT), str(work), cwd=tmp_path)  # CI's own checkout may be shallow: one commit is enough
-    (work / ".venv").symlink_to(ROOT / ".venv")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "the PR head", cwd=work)
     head, base = git("rev-parse", "HEAD", cwd=work).strip(), git("rev-parse", "HEAD^", cwd=work).strip()
     variables = {"ATTN_GATE_KERNEL": "sdpa-cpu", "ATTN_GATE_ONLY": PERF_CASE, "ATTN_GATE_DEVICE": "cpu"}

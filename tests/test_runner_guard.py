@@ -274,3 +274,29 @@ def test_wrapper_fixes_its_paths_and_runs_python_isolated():
     assert exec_line == ["exec /usr/bin/python3 -I /opt/attn-gate-runner/job_started.py "
                          "--config /etc/attn-gate-runner/guard.json"]
     assert "$" not in exec_line[0]  # no variable decides what runs or which settings apply
+
+
+def _fake_proc(tmp_path, chain):
+    """A /proc with `chain` as (pid, exe, ppid) rows: what runner_root walks up."""
+    proc = tmp_path / "proc"
+    for pid, exe, ppid in chain:
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "exe").symlink_to(exe)
+        (proc / str(pid) / "stat").write_text(f"{pid} (x y) S {ppid} 0 0\n")
+    return str(proc)
+
+
+def test_the_runner_install_is_found_among_the_ancestors_and_must_be_read_only(tmp_path):
+    root = tmp_path / "actions-runner"
+    (root / "bin").mkdir(parents=True)
+    (root / ".env").write_text("ACTIONS_RUNNER_HOOK_JOB_STARTED=/opt/attn-gate-runner/job_started.sh\n")
+    proc = _fake_proc(tmp_path, [(300, "/usr/bin/python3", 200), (200, "/usr/bin/bash", 100),
+                                 (100, str(root / "bin" / "Runner.Worker"), 1)])
+    assert guard.runner_root(300, proc) == str(root)
+    assert guard.runner_root(300, _fake_proc(tmp_path / "other", [(300, "/usr/bin/python3", 1)])) is None
+    config = guard.parse_config({**json.loads(json.dumps(shipped("attn-gate-gpu"))), "read_only_paths": ["@runner"]})
+    if os.access(root / ".env", os.W_OK):  # a job could remove the hook line for the next job on the host
+        assert str(root / ".env") in guard.writable_paths(config, str(root))
+    lost = guard.writable_paths(config, None) if guard.runner_root() is None else ["@runner"]
+    assert lost and lost[0].startswith("@runner")  # not under a runner: the guard cannot vouch for it
+    assert "@runner" in guard.parse_config(shipped("attn-gate-gpu")).read_only_paths

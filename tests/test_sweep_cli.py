@@ -41,6 +41,7 @@ def smoke_sweeps(tmp_path_factory):
     return runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel", ["sdpa-cpu", "tiled"])
 def test_smoke_sweep_passes_and_writes_report_and_note(smoke_sweeps, kernel):
     code, stdout, _, out = smoke_sweeps[kernel]
@@ -66,6 +67,7 @@ def test_smoke_sweep_passes_and_writes_report_and_note(smoke_sweeps, kernel):
     assert f"wrote {out / f'sweep-{kernel}-smoke.json'}" in stdout
 
 
+@pytest.mark.slow
 def test_the_note_lists_every_skipped_case_with_its_reason(smoke_sweeps):
     _, _, _, out = smoke_sweeps["sdpa-cpu"]
     report = json.loads((out / "sweep-sdpa-cpu-smoke.json").read_text())
@@ -79,6 +81,7 @@ def test_the_note_lists_every_skipped_case_with_its_reason(smoke_sweeps):
     assert "- `fp32-b2-h2-s65x33-d64/32`: head_dim_v != head_dim" in section
 
 
+@pytest.mark.slow
 def test_tiled_validates_every_smoke_case(smoke_sweeps):
     _, _, stderr, out = smoke_sweeps["tiled"]
     report = json.loads((out / "sweep-tiled-smoke.json").read_text())
@@ -88,6 +91,7 @@ def test_tiled_validates_every_smoke_case(smoke_sweeps):
     assert stderr.count("PASS") == len(report["cases"]) and "[1/" in stderr
 
 
+@pytest.mark.slow
 def test_the_table_is_readable_in_a_ci_log(smoke_sweeps):
     """Not a terminal: the table is wide enough that case ids are never cut or folded."""
     _, stdout, _, _ = smoke_sweeps["sdpa-cpu"]
@@ -98,6 +102,7 @@ def test_the_table_is_readable_in_a_ci_log(smoke_sweeps):
     assert any(line.startswith("PASS: sdpa-cpu on smoke:") for line in lines)
 
 
+@pytest.mark.slow
 def test_a_buggy_user_kernel_fails_the_sweep(tmp_path, capsys, in_repo_root):
     code = main(["sweep", "--kernel", "tests.buggy_kernels:dk_scaled_1_02", "--suite", "smoke",
                  "--only", "^fp16-b2-h4-s(97x257|128)-d64-causal$", "--out", str(tmp_path), "--no-progress"])
@@ -111,6 +116,7 @@ def test_a_buggy_user_kernel_fails_the_sweep(tmp_path, capsys, in_repo_root):
     assert "FAIL: tests.buggy_kernels:dk_scaled_1_02 on smoke: 0 pass, 2 fail" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_crashing_user_kernel_fails_the_sweep_with_error_rows(tmp_path, in_repo_root):
     code = main(["sweep", "--kernel", "tests.buggy_kernels:raises", "--suite", "smoke", "--only", "^bf16-b2-h4-s1-d64",
                  "--out", str(tmp_path), "--no-progress"])
@@ -149,6 +155,7 @@ def bad_inputs(tmp_path):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", ["unknown kernel", "unknown suite", "invalid matrix", "module does not import",
                                   "no such function", "bad spec", "only matches nothing", "missing config", "out is a file",
                                   "bad regex"])
@@ -162,6 +169,7 @@ def test_bad_input_exits_2_with_one_line(what, tmp_path, capsys, in_repo_root):
     assert captured.out == "" and not out_dir.exists()
 
 
+@pytest.mark.slow
 def test_a_kernel_module_that_fails_on_import_is_one_line(tmp_path, capsys, monkeypatch):
     (tmp_path / "broken_kernel.py").write_text("raise ImportError('libcuda.so.1: cannot open shared object file\\nmore')\n")
     monkeypatch.chdir(tmp_path)
@@ -188,6 +196,7 @@ def attn_gate_executable() -> str:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", ["module does not import", "invalid matrix"])
 def test_real_command_prints_one_line_and_no_traceback(what, tmp_path):
     args, words = bad_inputs(tmp_path)[what]
@@ -198,6 +207,7 @@ def test_real_command_prints_one_line_and_no_traceback(what, tmp_path):
     assert "Traceback" not in proc.stderr + proc.stdout and proc.stdout == ""
 
 
+@pytest.mark.slow
 def test_reasons_are_printed_literally_not_as_rich_markup(smoke_sweeps):
     """A kernel's exception text is data: '[/]' or '[bold]' in it must neither crash nor vanish."""
     from rich.console import Console
@@ -217,6 +227,7 @@ def test_reasons_are_printed_literally_not_as_rich_markup(smoke_sweeps):
     assert "FAIL: tiled on smoke: 0 pass, 0 fail, 1 error" in buffer.getvalue()
 
 
+@pytest.mark.slow
 def test_a_sweep_where_every_case_is_skipped_fails(tmp_path, capsys, in_repo_root):
     """Nothing validated is not a pass (fail closed): the user kernel takes no softcap."""
     code = main(["sweep", "--kernel", "tests.buggy_kernels:correct", "--suite", "smoke", "--only", "s150x90-d64-causal-cap20",
@@ -225,6 +236,7 @@ def test_a_sweep_where_every_case_is_skipped_fails(tmp_path, capsys, in_repo_roo
     assert "FAIL: tests.buggy_kernels:correct on smoke: 0 pass, 0 fail, 0 error, 2 skip" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_report_folder_that_cannot_be_written_is_one_line(tmp_path, capsys, monkeypatch, in_repo_root):
     import gate.report.sweep_report
 

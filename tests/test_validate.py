@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from gate.commands.main import main
-from gate.workflow.check import BASELINES_README_SECTION
+from gate.workflow.check import BASELINES_DOC
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,6 +51,7 @@ def test_a_known_name_passes_validation(capsys):
     assert (target.kernel, target.suite, target.device) == ("sdpa-cpu", "smoke", "cpu")
 
 
+@pytest.mark.slow
 def test_a_user_kernel_that_does_not_import_is_a_usage_error(capsys):
     rc, _, err = run(["check", "--kernel", "tests.no_such_module:fn", "--device", "cpu"], capsys)
     assert rc == 2 and "does not import" in err and "baseline update" not in err
@@ -83,6 +84,7 @@ def test_running_from_another_folder_says_where_to_run(capsys, tmp_path):
     assert rc == 2 and "repository's root" in err and "baseline update" not in err
 
 
+@pytest.mark.slow
 def test_no_baseline_for_a_valid_kernel_gives_a_command_that_works(capsys, tmp_path):
     """A valid kernel and suite without a baseline: the message names the command, and that
     command (run as printed, on one case) creates the baseline."""
@@ -92,19 +94,25 @@ def test_no_baseline_for_a_valid_kernel_gives_a_command_that_works(capsys, tmp_p
     rc, _, err = run(["check", "--device", "cpu", "--kernel", "sdpa-math", "--config", str(cfg)], capsys, cwd=tmp_path)
     assert rc == 2
     command = re.search(r"`(attn-gate baseline update[^`]*)`", err).group(1)
-    assert f"README, '{BASELINES_README_SECTION}'" in err
+    assert f"{BASELINES_DOC[0]}, '{BASELINES_DOC[1]}'" in err
     argv = shlex.split(command)[1:] + ["--config", str(cfg), "--no-progress", "--out", str(tmp_path / "out")]
     rc, _, _ = run(argv, capsys, cwd=tmp_path)
     assert rc == 0 and (tmp_path / "baselines" / "cpu" / "sdpa-math-smoke.json").is_file()
 
 
-def test_every_readme_section_a_message_points_to_exists():
-    headings = {line.lstrip("#").strip() for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("#")}
-    referenced = set()
+def test_every_doc_section_a_message_points_to_exists():
+    """A message that says "see docs/PAGE.md, 'Section'" names a page and a heading that exist."""
+    referenced = {BASELINES_DOC}
     for path in (ROOT / "gate").rglob("*.py"):
-        referenced |= {s for s in re.findall(r"README, '([^'{]+)'", path.read_text())}
-    referenced.add(BASELINES_README_SECTION)
-    assert referenced <= headings, referenced - headings
+        referenced |= set(re.findall(r"(docs/[\w/.-]+\.md), '([^'{]+)'", path.read_text()))
+    missing = []
+    for page, section in sorted(referenced):
+        file = ROOT / page
+        headings = {line.lstrip("#").strip() for line in file.read_text().splitlines() if line.startswith("#")} \
+            if file.is_file() else set()
+        if section not in headings:
+            missing.append((page, section))
+    assert missing == []
 
 
 def test_nearest_offers_nothing_for_a_name_far_from_all():

@@ -1,6 +1,6 @@
 """Custom biases and boolean masks: the tensor a case hands the kernel, built once here.
 
-The convention (what every path takes, README "Custom bias"):
+The convention (what every path takes, docs/kernels.md, "Custom bias and masks"):
   * a float bias is broadcastable to (batch, heads_q, seqlen_q, seqlen_k) and is ADDED to the
     scaled (and capped) scores, before the causal/window masks; -inf is allowed;
   * a boolean mask has the same broadcastable shape and is True where a query may see a key;

@@ -11,7 +11,7 @@ from gate.commands.help_text import parser_kwargs
 def register(sub) -> None:
     p = sub.add_parser("bench", help="run the asv suites (benchmarks/) on this commit: `asv run --python=same "
                        "--set-commit-hash`; history only, the PR verdict is `attn-gate check`", **parser_kwargs("bench"))
-    p.add_argument("--asv-config", type=Path, default=None, help="asv.conf.json (default: the repository's)")
+    p.add_argument("--asv-config", type=Path, default=None, help="asv.conf.json (default: ./asv.conf.json)")
     p.add_argument("--commit", default="HEAD", help="commit the results are filed under (default HEAD)")
     p.add_argument("--machine", default=None, help="asv machine name (default: the GPU class, e.g. h200, or 'cpu')")
     p.add_argument("--quick", action="store_true", help="asv --quick: one measurement, no repeats")
@@ -26,7 +26,7 @@ def register(sub) -> None:
     p.set_defaults(main=bench_main)
     p = sub.add_parser("publish", help="render asv's HTML history (`asv publish`) into the asv html_dir, readable offline",
                        **parser_kwargs("publish"))
-    p.add_argument("--asv-config", type=Path, default=None, help="asv.conf.json (default: the repository's)")
+    p.add_argument("--asv-config", type=Path, default=None, help="asv.conf.json (default: ./asv.conf.json)")
     p.set_defaults(main=publish_main)
 
 
@@ -39,14 +39,14 @@ def bench_main(args: argparse.Namespace) -> int:
 
     conf = A.asv_conf(args.asv_config)
     device = check_device(args.device)  # names first: a typo is a typo, not an asv failure
-    config = load_config((args.config or A.REPO_ROOT / "pyproject.toml").resolve())
+    config = load_config((args.config or A.CONFIG_FILE).resolve())
     if args.kernel is not None:
         check_kernel(args.kernel, device, config=config)  # a kernel family of the config too
     if args.anchor not in (None, "matmul"):
         check_kernel(args.anchor, device, "--anchor")
     if args.suite is not None:
         check_suite(config, args.suite)
-    settings = A.BenchSettings(config_path=(args.config or A.REPO_ROOT / "pyproject.toml").resolve(), kernel=args.kernel,
+    settings = A.BenchSettings(config_path=(args.config or A.CONFIG_FILE).resolve(), kernel=args.kernel,
                                suite=args.suite, anchor=args.anchor, device=args.device, only=args.only, rounds=args.rounds)
     commit = A.git_commit(args.commit, A.asv_repo(conf))
     machine = args.machine or A.machine_name(args.device)

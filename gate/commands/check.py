@@ -29,8 +29,41 @@ def register(sub) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--perf", action=argparse.BooleanOptionalAction, default=None,
                    help="also gate speed ratios against the baseline's perf section (default: on with a GPU, off on a CPU)")
+    p.add_argument("--last-failed", action="store_true",
+                   help="rerun only the cases that failed in the last check written to --out (its findings JSON)")
     add_run_options(p, shard=False)  # a shard is judged after `attn-gate merge`, with --results
     p.set_defaults(main=main)
+
+
+def last_failed_only(out: Path, kernel: str | None, suite: str | None) -> str:
+    """An exact `--only` regex of the cases that failed (or were inconclusive) in the last check
+    written to `out`: its findings JSON, the one of this kernel and suite where several are there."""
+    import json
+
+    from gate.core.errors import UserError
+    from gate.report.comment import exact_regex
+
+    found = sorted(Path(out).glob("findings-*.json"), key=lambda p: p.stat().st_mtime)
+    if kernel is not None or suite is not None:
+        def matches(path: Path) -> bool:
+            try:
+                ctx = json.loads(path.read_text(encoding="utf-8")).get("context", {})
+            except (OSError, ValueError, AttributeError):
+                return False
+            return kernel in (None, ctx.get("kernel")) and suite in (None, ctx.get("suite"))
+        found = [p for p in found if matches(p)]
+    if not found:
+        raise UserError(f"--last-failed: no findings JSON of an earlier check in {out}; run the check once without "
+                        f"--last-failed (or pass its --out folder)")
+    try:
+        data = json.loads(found[-1].read_text(encoding="utf-8"))
+        failed = sorted({str(f["case_id"]) for f in data["findings"]
+                         if f.get("case_id") and f.get("severity") in ("FAIL", "INCONCLUSIVE")})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raise UserError(f"--last-failed: {found[-1]} is not a findings JSON attn-gate wrote; run without --last-failed") from None
+    if not failed:
+        raise UserError(f"--last-failed: no case failed in the last check in {out} ({found[-1].name}); run without --last-failed")
+    return exact_regex(failed)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -48,6 +81,10 @@ def main(args: argparse.Namespace) -> int:
         raise UserError("--workers 0 runs the kernel in the deciding process, unisolated: `check` refuses it; "
                         "pass --workers 1 or more (or use `attn-gate sweep --workers 0` to debug)")
     kernel, suite, device = args.kernel, args.suite, args.device
+    if args.last_failed:
+        if args.only is not None or args.results is not None:
+            raise UserError("--last-failed picks the cases itself: drop --only (and --results)")
+        args.only = last_failed_only(args.out, kernel, suite)
     if args.results is None:  # names first: a typo is a typo, not "no baseline"
         t = validate_target(config, kernel, suite, device, args.only, kernel_in_worker=True)
         kernel, suite, device = t.kernel, t.suite, t.device

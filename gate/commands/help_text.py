@@ -55,6 +55,15 @@ HELP: dict[str, tuple[str, list[str], list[str]]] = {
     "suites": ("The suites (built in and from [tool.attn-gate.suites]) and their case counts; --cases lists every case "
                "id with a legend of the id grammar.",
                ["attn-gate suites", "attn-gate suites --cases"], ["0", EXIT_2]),
+    "init": ("Set up a kernel repository for the gate: append [tool.attn-gate] to pyproject.toml and write the "
+             "workflows, CODEOWNERS, the runner guard (.github/attn-gate-runner/), asv.conf.json and benchmarks/ "
+             "from the templates of this attn-gate version. Writes only what is absent (--force replaces), prints "
+             "what it did and the admin checklist; --check compares the files with the templates.",
+             ["attn-gate init --kernel mypkg.attn:attn_func --gpu-class h100 --yes",
+              "attn-gate init --dense mypkg.attn:attn_func --varlen mypkg.attn:attn_varlen_func --yes",
+              "attn-gate init --check                 # after upgrading attn-gate: what changed?"],
+             ["0  written (or nothing to do); --check: the files equal the templates",
+              "1  --check: a file drifted from the templates (a diff per file)", EXIT_2]),
 }
 
 

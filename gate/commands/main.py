@@ -7,19 +7,65 @@ Exit codes: 0 pass, 1 fail (a tolerance violation, a regression), 2 usage or env
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
+import os
+import re
+import signal
 import sys
+import threading
 
 from gate.core.errors import EXIT_FAIL, EXIT_USAGE, UserError
 
 # Each module in gate/commands registers its own subcommands.
-COMMANDS = ("sweep", "listing", "check", "baseline", "perf", "bench", "drift", "selftest", "merge")
+COMMANDS = ("sweep", "listing", "check", "baseline", "perf", "bench", "drift", "selftest", "merge", "init")
+# Set by a run that supervises this process (`sweep --workers 0`, gate/commands/sweep.py): the file
+# this process writes its exit code to when it returns; a kernel that ends the process skips it.
+DONE_FILE_ENV = "ATTN_GATE_DONE_FILE"
+
+
+class HintingParser(argparse.ArgumentParser):
+    """argparse, plus the nearest names for a misspelled subcommand or flag ("did you mean ...?")."""
+
+    def error(self, message: str):
+        hint = nearest_name_hint(self, message)
+        super().error(message + hint)
+
+
+def _flags(parser: argparse.ArgumentParser) -> set[str]:
+    """Every long flag of `parser` and its subcommands (the top parser reports their unknown flags)."""
+    flags = set()
+    for action in parser._actions:
+        flags |= {o for o in action.option_strings if o.startswith("--")}
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                flags |= _flags(sub)
+    return flags
+
+
+def nearest_name_hint(parser: argparse.ArgumentParser, message: str) -> str:
+    choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if choice:
+        options = re.findall(r"'?([\w.:-]+)'?", choice.group(2))
+        close = difflib.get_close_matches(choice.group(1), options, n=3, cutoff=0.6)
+        return f"; did you mean {' or '.join(close)}?" if close else ""
+    unknown = re.search(r"unrecognized arguments: (.*)", message)
+    if unknown:
+        flags = sorted(_flags(parser))
+        hints = []
+        for word in unknown.group(1).split():
+            if word.startswith("-"):
+                close = difflib.get_close_matches(word.split("=", 1)[0], flags, n=2, cutoff=0.6)
+                if close:
+                    hints.append(f"{word}: did you mean {' or '.join(close)}?")
+        return ("; " + "; ".join(hints)) if hints else ""
+    return ""
 
 
 def build_parser() -> argparse.ArgumentParser:
     import gate
 
-    parser = argparse.ArgumentParser(
+    parser = HintingParser(
         prog="attn-gate", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Regression gate for attention kernels: correctness against a float64 reference and speed against "
                     "an anchor, compared with committed baselines.",
@@ -28,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
                "inconclusive measurement)\n  2  usage or environment error; the one-line message names the fix\n\n"
                "`attn-gate COMMAND --help` shows each command's examples.")
     parser.add_argument("--version", action="version", version=f"attn-gate {gate.__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=HintingParser)
     for name in COMMANDS:
         importlib.import_module(f"gate.commands.{name}").register(sub)
     return parser
@@ -37,11 +83,45 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    code = _main(argv)
+    done = os.environ.get(DONE_FILE_ENV)
+    if done:  # this process returned normally: the supervising run may trust its exit code
+        with open(done, "w", encoding="utf-8") as fh:
+            fh.write(str(code))
+    return code
+
+
+def resume_hint(args: argparse.Namespace) -> str:
+    """For a run that journals its cases (`--out` and `--resume`): the exact command that goes on
+    where it stopped; the case in flight was not journalled, so it runs again."""
+    if not hasattr(args, "resume") or getattr(args, "results", None) is not None or getattr(args, "out", None) is None:
+        return ""
+    import shlex
+
+    argv = [a for a in args.argv if a != "--resume"]
+    return f"; the finished cases are kept in {args.out}: go on with\n  attn-gate {shlex.join(argv + ['--resume'])}"
+
+
+def _on_sigterm(signum, frame) -> None:
+    """SIGTERM of the gate (a cancelled CI job, `timeout`): its workers go first, then the gate, as
+    SIGTERM would have ended it."""
+    isolation = sys.modules.get("gate.workflow.isolation")
+    if isolation is not None:
+        isolation.kill_all_workers()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _main(argv: list[str]) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: --help is 0, a usage error is 2
         return int(exc.code or 0)
+    args.argv = argv
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         return int(args.main(args))
     except UserError as exc:
@@ -52,11 +132,9 @@ def main(argv: list[str] | None = None) -> int:
               f"sys.exit); no verdict, failing closed", file=sys.stderr)
         return EXIT_FAIL
     except KeyboardInterrupt:
-        print("attn-gate: interrupted", file=sys.stderr)
+        print("attn-gate: interrupted" + resume_hint(args), file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:  # `attn-gate suites --cases | head`: the reader left, nothing is wrong
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
         return 0
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
+from gate.commands.main import DONE_FILE_ENV
 from gate.commands.common import add_config, add_kernel_suite, add_run_options, run_options
 from gate.commands.help_text import parser_kwargs
 
@@ -20,6 +22,29 @@ def register(sub) -> None:
                         "(added to those the suite names)")
     add_run_options(p)
     p.set_defaults(main=main)
+
+
+def run_supervised(argv: list[str]) -> int:
+    """`--workers 0` runs the kernel in the sweep's own process, so a kernel that ends the process
+    (os._exit(0)) would end the run with exit 0 and nothing written: the sweep runs in a child
+    process instead, and its exit code counts only when it returned normally (it wrote the file
+    DONE_FILE_ENV names)."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from gate.core.errors import EXIT_FAIL
+
+    with tempfile.TemporaryDirectory(prefix="attn-gate-") as tmp:
+        done = Path(tmp) / "exit-code"
+        proc = subprocess.run([sys.executable, "-m", "gate", *argv], env={**os.environ, DONE_FILE_ENV: str(done)})
+        if done.is_file():
+            return proc.returncode
+    how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit code {proc.returncode}"
+    print(f"attn-gate: error: the sweep ended ({how}) before it wrote its report: with --workers 0 the kernel runs "
+          f"in the sweep's own process, so a kernel that exits or crashes ends the run; rerun without --workers 0 "
+          f"to get an ERROR row for the case instead", file=sys.stderr)
+    return EXIT_FAIL
 
 
 def main(args: argparse.Namespace) -> int:
@@ -43,6 +68,8 @@ def main(args: argparse.Namespace) -> int:
                              kernel_in_worker=options.workers != 0)
     device = target.device
     check_names = parse_names(args.checks)
+    if options.workers == 0 and not os.environ.get(DONE_FILE_ENV):
+        return run_supervised(args.argv)
     from gate.core.files import FolderLock
 
     with FolderLock(args.out, "--out"):

@@ -202,6 +202,49 @@ class IsolationConfig:
         _require(self, "worker_start_timeout_s", lambda v: v > 0, "a finite number > 0")
 
 
+# --- CI files written by `attn-gate init` -----------------------------------------
+
+CI_LIST_KEYS = ("runner_labels", "protected")
+
+
+@dataclass(frozen=True)
+class CiConfig:
+    """`[tool.attn-gate.ci]`: the parameters the workflow templates are rendered with
+    (gate/workflow/init.py). `attn-gate init` writes them; `init --check` renders the templates
+    of the installed attn-gate with them and compares. Empty means "not initialised"."""
+
+    repository: str = ""  # OWNER/REPO: the runner guard admits this repository only
+    runner_labels: tuple[str, ...] = ()  # the GPU runners' default labels (ATTN_GATE_RUNNER overrides)
+    owners: str = ""  # CODEOWNERS owner of every protected path, e.g. @org/maintainers
+    setup: str = ""  # the PR gate's install step (one shell line; makes .venv)
+    setup_locked: str = ""  # the trusted jobs' install step
+    ci_run: str = ""  # the hosted CPU job's command
+    nightly_suite: str = "nightly"
+    protected: tuple[str, ...] = ()  # paths that decide a verdict: CODEOWNERS and the report's warning
+    docs: str = ""  # where the workflows' error messages send a reader
+
+
+def _ci_section(raw: Any, where: str) -> CiConfig:
+    if not isinstance(raw, dict):
+        raise UserError(f"{where}: expected a table")
+    fields = {f.name for f in dataclasses.fields(CiConfig)}
+    unknown = sorted(set(raw) - fields)
+    if unknown:
+        raise UserError(f"{where}: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(fields))}")
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in CI_LIST_KEYS:
+            if not (isinstance(value, list) and all(isinstance(v, str) and v for v in value)):
+                raise UserError(f"{where}: {key} = {value!r} should be a list of non-empty strings")
+            value = tuple(value)
+        elif not isinstance(value, str):
+            raise UserError(f"{where}: {key} = {value!r} should be a string")
+        elif "\n" in value:  # each value is rendered into one line of a workflow
+            raise UserError(f"{where}: {key} should be one line; chain commands with &&")
+        values[key] = value
+    return CiConfig(**values)
+
+
 # --- known failures -------------------------------------------------------------
 
 KNOWN_FAILURE_KEYS = ("kernel", "cases", "tensors", "reason", "link", "versions", "strict")
@@ -319,6 +362,7 @@ class Config:
     isolation: IsolationConfig = field(default_factory=IsolationConfig)
     kernels: dict[str, KernelFamily] = field(default_factory=dict)
     known_failures: tuple[KnownFailure, ...] = ()
+    ci: CiConfig = field(default_factory=CiConfig)
 
     def profile(self, device: str) -> Profile:
         return self.gpu if device == "cuda" else self.cpu
@@ -389,7 +433,7 @@ def load_config(path: Path | None = None) -> Config:
         return Config(source=str(path), baselines_dir=_beside(path, Config().baselines_dir))
     where = f"{path} [tool.attn-gate]"
     known = {"gpu", "cpu", "baselines_dir", "tolerance", "verdict", "perf", "suites", "isolation", "kernels",
-             "known_failures"}
+             "known_failures", "ci"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise UserError(f"{where}: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(known))}")
@@ -414,4 +458,5 @@ def load_config(path: Path | None = None) -> Config:
         suites=suites, kernels=_kernel_families(raw.get("kernels", {}), f"{where}.kernels"),
         isolation=_section(IsolationConfig, raw.get("isolation", {}), f"{where}.isolation"),
         known_failures=_known_failures(raw.get("known_failures", []), path),
+        ci=_ci_section(raw.get("ci", {}), f"{where}.ci"),
     )

@@ -76,8 +76,8 @@ class _FlashBase(KernelAdapter):
         return KernelOutput(out=out, lse=lse)
 
 
-# --- decode through flash_attn_with_kvcache (FA2, FA3). Written to the documented APIs;
-# not run here (no GPU build of FA2/FA3 was available): the H200 script says what it found.
+# --- decode through flash_attn_with_kvcache (FA2, FA3), written to the documented APIs
+# (docs/results/h200.md has their decode runs).
 
 
 def with_kvcache(fn, call: KernelCall, paged_keyword: str, window: tuple) -> KernelOutput:

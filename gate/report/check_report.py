@@ -7,41 +7,12 @@ artifact; gate/report/comment.py builds it worst first.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
-from gate.compare.findings import Finding, Severity, Verdict, fmt, worst_first
-from gate.core.results import SweepResult
+from gate.compare.findings import Severity, Verdict, fmt, worst_first
+from gate.core.results import Status, SweepResult
 from gate.report import terminal_console
+from gate.report.known import known_groups
 
 MAX_ROWS = 60  # terminal table rows; the findings JSON always has everything
-
-
-@dataclass(frozen=True)
-class KnownGroup:
-    """One known_failures declaration that applied to the run, with what it covered and what passes now."""
-
-    entry: dict[str, Any]  # verdict.context["known_failures"] item: index, reason, link, cases, tensors ...
-    known: tuple[Finding, ...]  # KNOWN findings it covered
-    xpass: tuple[Finding, ...]  # its cases that pass now
-
-    @property
-    def cases(self) -> list[str]:
-        return sorted({f.case_id for f in self.known})
-
-    @property
-    def covers(self) -> str:
-        return ", ".join(self.entry.get("tensors") or ["any failure"])
-
-
-def known_groups(verdict: Verdict) -> list[KnownGroup]:
-    """The declarations that applied, in file order, each with its KNOWN and XPASS findings."""
-    groups = []
-    for entry in verdict.context.get("known_failures") or []:
-        mine = [f for f in verdict.findings if f.entry == entry["index"]]
-        groups.append(KnownGroup(entry, tuple(f for f in mine if f.severity is Severity.KNOWN),
-                                 tuple(f for f in mine if f.rule == "xpass")))
-    return groups
 
 
 def print_known(verdict: Verdict, console) -> None:
@@ -61,9 +32,65 @@ def print_known(verdict: Verdict, console) -> None:
     console.print(table)
 
 
-def print_check(verdict: Verdict, sweep: SweepResult, console=None) -> None:
-    """The terminal view: what needs a human, the thresholds, the headline last (it is what a CI
-    log shows at the bottom)."""
+def _plain(markdown: str) -> str:
+    return markdown.replace("**", "").replace("`", "")
+
+
+def skipped_by_reason(sweep: SweepResult) -> list[tuple[str, int]]:
+    """SKIP rows counted by their reason's first clause, most first."""
+    counts: dict[str, int] = {}
+    for c in sweep.cases:
+        if c.status is Status.SKIP:
+            reason = (c.reason or "no reason").split(";")[0].split(": ")[0].strip()[:60]
+            counts[reason] = counts.get(reason, 0) + 1
+    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+def summary_lines(verdict: Verdict, sweep: SweepResult, summary_path=None) -> list[str]:
+    """The last lines of a check, as pytest ends a run: counts in cases, the shared pattern, a
+    command that reruns exactly the failing cases, where the Markdown report is, and the verdict
+    with its worst case last."""
+    from gate.report.comment import (
+        RERUN_LIMIT, _correctness_clause, _is_speed, _speed_clause, diagnosis, rerun_command,
+    )
+
+    failed = sorted({f.case_id for f in verdict.findings if f.severity is Severity.FAIL and f.case_id})
+    blocking = sorted({f.case_id for f in verdict.findings if f.severity.blocks and f.case_id})
+    focus = failed or blocking
+    results = {c.case_id: c for c in sweep.cases}
+    passed = sum(1 for c in sweep.cases if c.status is Status.PASS and c.case_id not in blocking)
+    skipped = skipped_by_reason(sweep)
+    counts = [f"{len(failed)} failed"] + ([f"{len(blocking) - len(failed)} inconclusive"] if len(blocking) > len(failed) else [])
+    known = {f.case_id for f in verdict.findings if f.severity is Severity.KNOWN and f.case_id}
+    if known:
+        counts.append(f"{len(known)} known (declared upstream bugs)")
+    counts.append(f"{passed} passed")
+    if skipped:
+        counts.append(f"{sum(n for _, n in skipped)} skipped (" + "; ".join(f"{r}: {n}" for r, n in skipped[:4])
+                      + ("; ..." if len(skipped) > 4 else "") + ")")
+    lines = [f"cases: {', '.join(counts)} of {len(sweep.cases)}"]
+    if focus:
+        passing = [c.case for c in sweep.cases if c.case_id not in set(blocking) and c.status is Status.PASS]
+        pattern = diagnosis([results[c] for c in focus if c in results], passing)
+        if pattern:
+            lines.append(f"pattern: {pattern}")
+        device = str(sweep.environment.get("device", "cpu"))
+        command = rerun_command(verdict.context, device, focus)
+        if len(command) > RERUN_LIMIT:
+            command = rerun_command(verdict.context, device, None) + "  # too many cases for --only; or --last-failed"
+        lines.append(f"rerun: {command}")
+    if summary_path is not None:
+        lines.append(f"report: {summary_path}")
+    verdict_text = _plain(_correctness_clause(verdict, sweep))
+    if any(_is_speed(f) for f in verdict.findings):
+        verdict_text += "; " + _plain(_speed_clause(verdict))
+    lines.append(f"{'PASS' if verdict.passed else 'FAIL'}: {verdict_text}")
+    return lines
+
+
+def print_check(verdict: Verdict, sweep: SweepResult, console=None, summary_path=None) -> None:
+    """The terminal view: what needs a human, the thresholds, then the summary lines (the verdict
+    last: it is what a CI log shows at the bottom). Case ids are never cut: the other columns wrap."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -75,7 +102,10 @@ def print_check(verdict: Verdict, sweep: SweepResult, console=None) -> None:
     if shown:
         table = Table(title=f"{sweep.kernel} / {sweep.suite} against its baseline")
         for col in ("severity", "case", "rule", "metric", "baseline", "now", "limit", "what"):
-            table.add_column(col, overflow="fold", justify="right" if col in ("baseline", "now", "limit") else "left")
+            if col == "case":
+                table.add_column(col, no_wrap=True, min_width=max(len(f.case_id or "(run)") for f in shown[:MAX_ROWS]))
+            else:
+                table.add_column(col, overflow="fold", justify="right" if col in ("baseline", "now", "limit") else "left")
         for f in shown[:MAX_ROWS]:
             table.add_row(f"[{style[f.severity]}]{f.severity.value}[/]", f.case_id or "(run)", f.rule, f.metric,
                           escape(fmt(f.baseline)), escape(fmt(f.current)), fmt(f.threshold), escape(f.detail))
@@ -84,6 +114,8 @@ def print_check(verdict: Verdict, sweep: SweepResult, console=None) -> None:
             console.print(f"... and {len(shown) - MAX_ROWS} more in the findings JSON")
     print_known(verdict, console)
     console.print("thresholds: " + ", ".join(f"{k}={v:g}" for k, v in verdict.thresholds.items()), highlight=False)
-    console.print("findings: " + ", ".join(f"{n} {k}" for k, n in verdict.counts.items() if n), highlight=False)
+    lines = summary_lines(verdict, sweep, summary_path)
+    for line in lines[:-1]:
+        console.print(escape(line), highlight=False, soft_wrap=True)
     color = "green" if verdict.passed else "bold red"
-    console.print(f"[{color}]{escape(verdict.headline)}[/]", highlight=False)
+    console.print(f"[{color}]{escape(lines[-1])}[/]", highlight=False, soft_wrap=True)

@@ -52,9 +52,13 @@ def print_perf_table(result: PerfResult, console=None) -> None:
         console = terminal_console()
     table = Table(title=f"{result.kernel} vs {result.anchor} / {result.suite} ({result.device}, "
                         f"{result.plan.rounds} rounds x {result.plan.calls_per_round} calls): speed ratio = kernel / anchor time")
-    for h in HEADER:
-        table.add_column(h, justify="left" if h in ("case", "pass") else "right")
-    for row in perf_rows(result):
+    rows = perf_rows(result)
+    for h in HEADER:  # the case id is never cut: the other columns fold
+        if h == "case":
+            table.add_column(h, no_wrap=True, min_width=max((len(str(r[0])) for r in rows), default=4))
+        else:
+            table.add_column(h, justify="left" if h == "pass" else "right", overflow="fold")
+    for row in rows:
         table.add_row(*row)
     console.print(table)
     for note in result.notes:

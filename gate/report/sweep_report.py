@@ -26,11 +26,11 @@ def print_table(result: SweepResult, console=None, show_passing: bool = True) ->
     if console is None:
         console = terminal_console()
     table = Table(title=f"{result.kernel} / {result.suite}: error ratio = err / bound (pass <= 1)")
-    table.add_column("case", no_wrap=True)
-    table.add_column("status")
+    table.add_column("case", no_wrap=True, min_width=max((len(c.case_id) for c in result.cases), default=4))  # never cut
+    table.add_column("status", min_width=5)  # a narrow terminal squeezes the ratio columns, never the id or status
     names = shown_tensors(result.cases)
     for name in names:
-        table.add_column(name, justify="right")
+        table.add_column(name, justify="right", overflow="fold")
     table.add_column("reason", overflow="fold")
     style = {Status.PASS: "green", Status.FAIL: "bold red", Status.ERROR: "bold red", Status.SKIP: "yellow"}
     for c in result.cases:

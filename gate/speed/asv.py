@@ -21,7 +21,9 @@ from typing import Any
 
 from gate.core.errors import UserError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]  # gate/speed/asv.py -> the repository
+# The repository is where the command runs (an installed attn-gate has no checkout to point at).
+CONFIG_FILE = Path("pyproject.toml")
+ASV_CONF = Path("asv.conf.json")
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,7 @@ class BenchSettings:
     def from_env(cls, env: dict[str, str] | None = None) -> "BenchSettings":
         env = os.environ if env is None else env
         rounds = env.get("ATTN_GATE_ROUNDS")
-        return cls(config_path=Path(env.get("ATTN_GATE_CONFIG") or REPO_ROOT / "pyproject.toml"),
+        return cls(config_path=Path(env.get("ATTN_GATE_CONFIG") or CONFIG_FILE.resolve()),
                    kernel=env.get("ATTN_GATE_KERNEL") or None, suite=env.get("ATTN_GATE_SUITE") or None,
                    anchor=env.get("ATTN_GATE_ANCHOR") or None, device=env.get("ATTN_GATE_DEVICE") or None,
                    only=env.get("ATTN_GATE_ONLY") or None, rounds=int(rounds) if rounds else None)
@@ -160,9 +162,9 @@ def asv_executable() -> list[str]:
 
 
 def asv_conf(path: Path | None) -> Path:
-    path = Path(path) if path else REPO_ROOT / "asv.conf.json"
+    path = Path(path) if path else ASV_CONF.resolve()
     if not path.is_file():
-        raise UserError(f"--asv-config {path}: no such file (the repository's asv.conf.json is the default)")
+        raise UserError(f"--asv-config {path}: no such file (default: ./asv.conf.json; `attn-gate init` writes one)")
     return path
 
 

@@ -42,8 +42,9 @@ from gate.compare.sweep_rules import (
 )
 
 
-# The README section that every "no baseline" message points to (tests/test_validate.py checks it exists).
-BASELINES_README_SECTION = "The gate: `attn-gate check` and baselines"
+# The documentation page and section that every "no baseline" message points to (tests/test_validate.py
+# checks both exist).
+BASELINES_DOC = ("docs/baselines.md", "Baselines")
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,7 @@ def load_existing_baseline(config: Config, target: Target, baseline_file: Path |
         raise UserError(
             f"no baseline for kernel {target.kernel!r} on suite {target.suite!r} (gpu class {target.gpu_class!r}): {path} "
             f"does not exist. Create it with `{update_command(target.kernel, target.suite, target.gpu_class)}`, review "
-            f"the printed summary and commit {path} (see README, '{BASELINES_README_SECTION}')")
+            f"the printed summary and commit {path} (see {BASELINES_DOC[0]}, '{BASELINES_DOC[1]}')")
     baseline = read_baseline(path)
     refuse_other_gpu_class(baseline, target.gpu_class, target.kernel, target.suite, path)  # before a long sweep
     require_complete_baseline(config, baseline, path)
@@ -279,7 +280,7 @@ def render_check(verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_d
     except Exception as exc:  # an artifact, not the verdict: say so and go on
         print(f"attn-gate: warning: the plot was not drawn ({type(exc).__name__}: {exc})", file=sys.stderr)
     append_step_summary(summary)  # the verdict and its files are written already
-    print_check(verdict, sweep, console)
+    print_check(verdict, sweep, console, paths["summary"])
     return paths
 
 

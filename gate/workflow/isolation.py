@@ -8,7 +8,20 @@ A worker is persistent (cases run one after another in it: the kernel is importe
 once), and it is replaced when it dies (any exit code, any signal), hangs past the case's
 timeout (it is killed with its process group), reports a CUDA fault (the context is poisoned)
 or changes its working directory. Each of those is an ERROR row naming the case, the exit code or
-signal and the last lines of the worker's stderr; the next case runs in a fresh worker.
+signal and the last lines of the worker's stderr; the next case runs in a fresh worker. It is also
+replaced after any ERROR row, after a row the worker itself refused (a non-finite or misshapen
+output) and whenever the kernel changed the process's state (grad mode, default dtype, a patched
+torch function; worker_main.py compares a fingerprint before and after every case): a kernel that
+breaks its own process must not make a later, correct case misreport. A FAIL judged here (wrong
+numbers) keeps the worker when its fingerprint is unchanged: that is the kernel's answer, and a
+restart per failing case would cost a CUDA context and the kernel's JIT caches each time.
+
+A worker dies with the gate: it asks Linux for SIGKILL when the thread that started it ends
+(PR_SET_PDEATHSIG; workers are started from one long-lived thread for that reason), runs in a
+process group of its own that `kill` ends with every descendant, and the gate's SIGTERM handler
+(gate/commands/main.py) calls `kill_all_workers` before the gate exits. While waiting
+for a reply the gate polls the worker's exit: a dead worker whose detached grandchild still holds
+the reply pipe is reported at once, not after the case's timeout.
 
 Raw outputs come back through `torch.load(weights_only=True)`: a worker can send wrong numbers
 (any kernel can), never code. The temp folder is made by `tempfile` outside the repository and
@@ -43,6 +56,23 @@ from gate.core.errors import UserError, first_line
 from gate.core.results import CaseResult, CheckResult, Status
 
 STDERR_LINES = 8  # how much of a dead worker's stderr an ERROR row carries
+POLL_S = 0.25  # how often a wait for a reply looks at whether the worker is still alive
+WORKER_TOKEN = "ATTN_GATE_WORKER_TOKEN"
+
+
+def _descendants_by_token(token: str) -> list[int]:
+    """Processes (Linux: /proc) whose environment carries this worker's token: the worker's
+    descendants, including those that left its process group (setsid, a double fork)."""
+    needle = f"{WORKER_TOKEN}={token}".encode()
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError):
+                    with open(f"/proc/{entry.name}/environ", "rb") as fh:
+                        if needle in fh.read().split(b"\0"):
+                            found.append(int(entry.name))
+    return found
 
 
 @dataclass(frozen=True)
@@ -99,6 +129,52 @@ def _signal_name(code: int) -> str:
         return f"signal {code}"
 
 
+# Every worker alive in this process, so that a SIGTERM of the gate can end them all.
+_LIVE: set["Worker"] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+class _Spawner:
+    """Starts every worker from one thread that lives as long as the gate: PR_SET_PDEATHSIG fires
+    when the *thread* that forked the child ends, and a case thread of the sweep's executor ends
+    with the sweep, which would kill a warm worker kept for the next run."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._requests: list = []
+        self._wake = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+
+    def popen(self, *args, **kwargs) -> subprocess.Popen:
+        done = threading.Event()
+        box: dict = {}
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="attn-gate-spawner", daemon=True)
+                self._thread.start()
+            self._requests.append((args, kwargs, box, done))
+            self._wake.notify()
+        done.wait()
+        if "error" in box:
+            raise box["error"]
+        return box["proc"]
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._requests:
+                    self._wake.wait()
+                args, kwargs, box, done = self._requests.pop(0)
+            try:
+                box["proc"] = subprocess.Popen(*args, **kwargs)
+            except BaseException as exc:  # handed to the caller, who raises it
+                box["error"] = exc
+            done.set()
+
+
+_SPAWNER = _Spawner()
+
+
 class Worker:
     """One worker process and its reply channel."""
 
@@ -107,10 +183,17 @@ class Worker:
         env = dict(os.environ)
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu
+        env["ATTN_GATE_PARENT_PID"] = str(os.getpid())  # the worker checks it after asking for PDEATHSIG
+        # inherited by whatever the kernel starts, even in a session of its own: `kill` finds them by it
+        self.token = f"{os.getpid()}-{label}-{time.monotonic_ns()}"
+        env[WORKER_TOKEN] = self.token
+        tmpdir.mkdir(parents=True, exist_ok=True)  # a kernel may have deleted it
         self.stderr_path = tmpdir / f"worker-{label}.stderr"
         with open(self.stderr_path, "wb") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "gate.workflow.worker_main"], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=err, env=env, start_new_session=True)
+            self.proc = _SPAWNER.popen([sys.executable, "-m", "gate.workflow.worker_main"], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, stderr=err, env=env, start_new_session=True)
+        with _LIVE_LOCK:
+            _LIVE.add(self)
         self._buf = b""
 
     def stderr_tail(self) -> str:
@@ -143,7 +226,8 @@ class Worker:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise self._gone(f"timed out after {timeout:.0f} s (--case-timeout); the worker was killed")
-            ready, _, _ = select.select([fd], [], [], min(left, 1.0))
+            exited = self.proc.poll() is not None  # before the read: a reply sent just before exiting still counts
+            ready, _, _ = select.select([fd], [], [], 0 if exited else min(left, POLL_S))
             if ready:
                 chunk = os.read(fd, 1 << 16)
                 if not chunk:
@@ -151,6 +235,8 @@ class Worker:
                         self.proc.wait(timeout=10)
                     raise self._gone("the worker died during the case")
                 self._buf += chunk
+            elif exited:  # dead, and whatever still holds the pipe open (a detached grandchild) will not answer
+                raise self._gone("the worker died during the case")
         line, _, self._buf = self._buf.partition(b"\n")
         try:
             reply = json.loads(line)
@@ -161,14 +247,30 @@ class Worker:
         return reply
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
+        # the whole group, also when the worker itself is gone: what the kernel started (a
+        # grandchild holding the reply pipe, a hung helper) goes with it
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        for pid in _descendants_by_token(self.token):
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
         for stream in (self.proc.stdin, self.proc.stdout):
             with contextlib.suppress(OSError):
                 stream.close()
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
+
+
+def kill_all_workers() -> None:
+    """Every worker this process started, with its process group (the gate is going away)."""
+    with _LIVE_LOCK:
+        workers = list(_LIVE)
+    for worker in workers:
+        for kill, pid in [(os.killpg, worker.proc.pid)] + [(os.kill, p) for p in _descendants_by_token(worker.token)]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                kill(pid, signal.SIGKILL)
 
 
 class Slot:
@@ -178,10 +280,13 @@ class Slot:
         self.pool, self.index, self.gpu = pool, index, gpu
         self.worker: Worker | None = None
         self.generation = 0
+        self.retired = 0  # the generation whose worker must not run another case (after a FAIL or ERROR)
         # where this slot's references run: the GPU its worker sees
         self.ref_device = "cpu" if pool.device == "cpu" else f"cuda:{index if gpu is not None else 0}"
 
     def ensure(self) -> tuple[Worker, dict]:
+        if self.worker is not None and self.retired == self.generation:
+            self.discard()
         if self.worker is not None and self.worker.proc.poll() is None:
             return self.worker, {}
         self.generation += 1
@@ -269,12 +374,21 @@ class WorkerPool:
             file = self.tmpdir / f"case-{next(self._files)}.pt"
         with self.slot() as slot:
             start = time.perf_counter()  # a case's seconds: its own run and judging, not its wait for the slot
+            self.tmpdir.mkdir(parents=True, exist_ok=True)  # a kernel of an earlier case may have deleted it
             ran = run_in_worker(slot, case, check_names, timeout or case_timeout(case, self.cfg, check_names), file)
-            ref_device = slot.ref_device
+            ref_device, generation = slot.ref_device, slot.generation
         if isinstance(ran, CaseResult):
             return ran
         try:
-            return judge_raw_outputs(case, file, ref_device, tol, ran, traits, start)
+            result = judge_raw_outputs(case, file, ref_device, tol, ran, traits, start)
+            if result.status is Status.ERROR:
+                # outputs that could not be judged may come from a process the kernel broke. A wrong
+                # number is the kernel's answer, not a broken process: whether the process is still
+                # sound is the worker's state fingerprint's call (it asks for a restart), so a kernel
+                # with many failing cases does not pay a worker start (a CUDA context, its JIT caches)
+                # per case
+                slot.retired = max(slot.retired, generation)
+            return result
         finally:
             with contextlib.suppress(OSError):
                 file.unlink()
@@ -348,9 +462,11 @@ def run_in_worker(slot: Slot, case: Case, check_names: tuple[str, ...], timeout:
         # a dead worker has no Python traceback to send: its stderr's last lines (faulthandler's
         # stack after a segfault) are the ERROR row's traceback
         return _error(case, f"case {case.id}: {exc}", start, traceback=exc.stderr)
-    if reply.get("restart"):
-        slot.discard()  # a CUDA fault or a moved working directory: the next case gets a clean process
     status = reply.get("status")
+    if reply.get("restart") or status in ("FAIL", "ERROR"):
+        # a CUDA fault, a moved working directory, a changed process state, or a FAIL or ERROR
+        # row (the kernel may have broken its process): the next case gets a clean one
+        slot.discard()
     if status in ("SKIP", "FAIL", "ERROR"):
         # an ERROR row carries the kernel's traceback tail, as run_case makes it in the worker
         return CaseResult(case=case, status=Status(status), reason=str(reply.get("reason", ""))[:1500],

@@ -140,11 +140,14 @@ def _run_isolated(kernel: str, suite, config: Config, device: str, progress: boo
             journal.start(header, options.resume)
         todo = [c for c in cases if c.id not in done]
         lock = threading.Lock()
+        stopping = threading.Event()  # set on Ctrl-C: a case cut short by it is no result
         fresh: dict[str, CaseResult] = {}
         with _progress(progress, len(todo), f"{kernel} / {suite.name}") as advance:
             def one(case):
                 result = pool.run_case(case, config.tolerance, check_names, options.case_timeout, info.traits)
                 with lock:
+                    if stopping.is_set():  # its worker was killed by the interrupt: it runs again on --resume
+                        return
                     if journal is not None:
                         journal.add(result)
                     fresh[case.id] = result
@@ -157,6 +160,8 @@ def _run_isolated(kernel: str, suite, config: Config, device: str, progress: boo
                 for future in [ex.submit(one, c) for c in todo]:
                     future.result()
             except BaseException:
+                with lock:
+                    stopping.set()
                 ex.shutdown(wait=False, cancel_futures=True)  # Ctrl-C or a broken journal: no case starts after it
                 raise
             ex.shutdown(wait=True)

@@ -10,6 +10,11 @@ Protocol: one JSON request per line on stdin, one JSON reply per line on the fil
 that was stdout at start. stdout itself is pointed at stderr before the kernel is imported, so a
 kernel's prints cannot corrupt the replies (and end up in the stderr tail of an ERROR row).
 Depth checks (probes: determinism, dropout statistics) run here and send their CheckResults.
+
+The process dies with the gate (PR_SET_PDEATHSIG on Linux), and it ends itself after a case that
+changed its state (grad mode, default dtype, a torch function patched): `state_fingerprint`
+before and after the case differ, the reply asks for a restart, so a later case never runs in a
+process a kernel broke.
 """
 
 from __future__ import annotations
@@ -18,6 +23,60 @@ import json
 import os
 import sys
 import time
+
+
+def die_with_parent() -> None:
+    """SIGKILL when the gate's thread that started this process ends (Linux); where the call is not
+    available the gate's SIGTERM handler and its process-group kill still end this process."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    parent = os.environ.get("ATTN_GATE_PARENT_PID")
+    if parent and os.getppid() != int(parent):  # the gate died before the request took effect
+        os._exit(1)
+
+
+# Where a kernel reaches for process-wide state: the functions of these namespaces (by identity).
+_WATCHED = ("torch", "torch.nn.functional", "torch.autograd", "torch.Tensor")
+# What torch replaces itself on a lazy import (torch._dynamo wraps torch.manual_seed): not a kernel's doing
+_TORCH_REWRAPS = {("torch", "manual_seed")}
+
+
+def state_fingerprint() -> tuple:
+    """What a kernel could change in this process that would make a later case measure wrongly."""
+    import importlib
+
+    import torch
+
+    funcs = []
+    for name in _WATCHED:
+        space = torch.Tensor if name == "torch.Tensor" else importlib.import_module(name)
+        for attr, value in sorted(vars(space).items()):
+            if callable(value) and not isinstance(value, type) and not attr.startswith("__") \
+                    and (name, attr) not in _TORCH_REWRAPS:
+                funcs.append((name, attr, id(value)))
+    return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.get_default_dtype(),
+            torch.are_deterministic_algorithms_enabled(), tuple(funcs))
+
+
+def state_change(before: tuple, after: tuple) -> str | None:
+    """The first difference, in words, or None."""
+    labels = ("grad mode", "inference mode", "the default dtype", "deterministic algorithms")
+    for label, was, now in zip(labels, before[:4], after[:4]):
+        if was != now:
+            return f"{label} was {was}, now {now}"
+    was = {(space, attr): ident for space, attr, ident in before[4]}
+    for space, attr, ident in after[4]:
+        if (space, attr) in was and was[(space, attr)] != ident:
+            return f"{space}.{attr} was replaced"
+    return None
 
 
 def _send(channel, payload: dict) -> None:
@@ -101,6 +160,7 @@ def run_perf_case(adapter, request: dict, device: str) -> dict:
 def main() -> int:
     import faulthandler
 
+    die_with_parent()
     faulthandler.enable()  # a segfault or abort prints the Python stack to stderr: the ERROR row's tail shows it
     channel = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)  # the kernel's prints go to stderr, never into the replies
@@ -128,9 +188,14 @@ def main() -> int:
         return 0
     for line in sys.stdin:
         request = json.loads(line)
+        before = state_fingerprint()
         reply = run_perf_case(adapter, request, device) if request.get("op") == "perf_case" else run_one(adapter, request, device)
         if os.getcwd() != cwd:  # a kernel that moves the process is wrong, whatever it returned
             reply = {"status": "ERROR", "reason": f"the kernel changed the working directory to {os.getcwd()}", "restart": True}
+        changed = state_change(before, state_fingerprint())
+        if changed:  # this case's own reply stands (it is judged in the gate); no later case runs here
+            reply = {**reply, "restart": True}
+            print(f"attn-gate worker: the kernel changed this process's state ({changed}); restarting", file=sys.stderr)
         _send(channel, reply)
         if reply.get("restart"):
             return 0

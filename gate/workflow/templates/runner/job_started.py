@@ -248,14 +248,46 @@ def check_canary(config: Config, env: dict, config_path: str = "") -> Decision:
                             "host is the only opt-out"], warnings)
 
 
-def writable_paths(config: Config) -> list[str]:
-    """Paths a job must not be able to change: the guard, its settings, the base Python.
-    `@python` stands for this interpreter's stdlib, site-packages and scripts folders."""
+RUNNER_PROCESSES = ("Runner.Worker", "Runner.Listener")
+
+
+def runner_root(pid: int | None = None, proc: str = "/proc") -> str | None:
+    """The runner's install folder (the one holding `.env`, `bin/` and `externals/`): the parent of
+    the `bin/` of the Runner.Worker or Runner.Listener among this process's ancestors; None when
+    none is found (not under a runner, or no /proc)."""
+    pid = os.getppid() if pid is None else pid
+    for _ in range(32):
+        if pid <= 1:
+            return None
+        try:
+            exe = os.readlink(f"{proc}/{pid}/exe")
+            with open(f"{proc}/{pid}/stat", encoding="ascii") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+        if os.path.basename(exe) in RUNNER_PROCESSES:
+            return os.path.dirname(os.path.dirname(exe))
+        pid = ppid
+    return None
+
+
+def writable_paths(config: Config, root: str | None = None) -> list[str]:
+    """Paths a job must not be able to change: the guard, its settings, the base Python, and the
+    runner's own install (its `.env` names this hook: a job that could edit it could switch the
+    guard off for the next job on the host). `@python` stands for this interpreter's stdlib,
+    site-packages and scripts folders; `@runner` for the runner's install folder, its `.env`,
+    `bin/` and `externals/` (`root`, else found among this process's ancestors; not found, it is
+    reported as such: the guard cannot vouch for a runner it cannot see)."""
     paths = []
     for p in config.read_only_paths:
         if p == "@python":
             sp = sysconfig.get_paths()
             paths += [sys.executable, sp["stdlib"], sp["purelib"], sp["platlib"], sp["scripts"]]
+        elif p == "@runner":
+            found = root or runner_root()
+            if found is None:
+                return ["@runner (no Runner.Worker among this process's ancestors to find the runner's install)"]
+            paths += [found] + [os.path.join(found, name) for name in (".env", "bin", "externals")]
         else:
             paths.append(p)
     return [p for p in dict.fromkeys(paths) if os.path.exists(p) and os.access(p, os.W_OK)]

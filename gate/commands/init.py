@@ -1,0 +1,84 @@
+"""`attn-gate init`: write the gate's configuration and CI files into a kernel repository, or with
+--check say whether they drifted from the installed attn-gate's templates.
+
+init: exit 0 (what it wrote, kept or left unchanged is printed, then the admin checklist),
+2 usage error (no kernel when it cannot ask, a bad value). --check: exit 0 the files equal the
+templates, 1 they drift (a diff summary per file), 2 not initialised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from gate.commands.help_text import parser_kwargs
+
+
+def register(sub) -> None:
+    p = sub.add_parser("init", help="set up a kernel repository: [tool.attn-gate], workflows, CODEOWNERS, runner guard, "
+                       "asv; --check shows drift from the installed templates", **parser_kwargs("init"))
+    p.add_argument("--dir", type=Path, default=Path("."), help="the repository root (default: here)")
+    p.add_argument("--kernel", default=None, help="the kernel: package.module:function in the flash_attn_func "
+                   "convention, or a built-in name")
+    for entry, convention in (("dense", "flash_attn_func"), ("varlen", "flash_attn_varlen_func"),
+                              ("kvcache", "flash_attn_with_kvcache")):
+        p.add_argument(f"--{entry}", default=None, metavar="MODULE:FUNCTION",
+                       help=f"a kernel family's {entry} entry point ({convention} convention)")
+    p.add_argument("--family", default=None, metavar="NAME", help="the family's name (default: from its package)")
+    p.add_argument("--forward-only", action="store_true", help="the family has no backward (an inference kernel)")
+    p.add_argument("--gpu-class", default=None, help="GPU class of the runners and baselines/<class>/ (default h200)")
+    p.add_argument("--runner-labels", default=None, metavar="L1,L2,..",
+                   help="the GPU runners' labels (default: self-hosted,linux,gpu,<gpu class>)")
+    p.add_argument("--suite", default=None, help="suite gated on every PR (default pr)")
+    p.add_argument("--cpu-suite", default=None, help="suite of the CPU gate in the hosted job (default smoke)")
+    p.add_argument("--nightly-suite", default=None, help="suite of the nightly sharded run (default nightly)")
+    p.add_argument("--repository", default=None, metavar="OWNER/REPO", help="default: the origin remote on GitHub")
+    p.add_argument("--owners", default=None, help="CODEOWNERS owner of the gate's files (default @OWNER/maintainers)")
+    p.add_argument("--install", default=None, metavar="REQUIREMENT",
+                   help="how the jobs install attn-gate (default: attn-gate==<this version>)")
+    p.add_argument("--yes", "-y", action="store_true", help="ask nothing; take the defaults (also when stdin is not a TTY)")
+    p.add_argument("--force", action="store_true", help="replace files and the [tool.attn-gate] section that differ")
+    p.add_argument("--check", action="store_true", help="only compare the files with the templates; exit 1 on drift")
+    p.set_defaults(main=main)
+
+
+def ask(question: str, default: str) -> str:
+    return input(f"{question} [{default}]: " if default else f"{question}: ")
+
+
+def main(args: argparse.Namespace) -> int:
+    import gate
+    from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
+    from gate.workflow import init as I
+
+    root = args.dir.resolve()
+    if not root.is_dir():
+        raise UserError(f"--dir {args.dir}: no such folder")
+    if args.check:
+        drift = I.check(root)
+        for d in drift:
+            print(f"drift: {d.path}" + (" (missing)" if d.diff == ("missing",) else ""))
+            for line in d.diff[:40] if d.diff != ("missing",) else ():
+                print(f"    {line}")
+            if len(d.diff) > 40:
+                print(f"    ... {len(d.diff) - 40} more diff lines")
+        n = len(I.render_files(I.load_ci(root)))
+        print(f"attn-gate {gate.__version__} templates: {n - len(drift)} of {n} files equal"
+              + (f", {len(drift)} drift: `attn-gate init --force` rewrites them" if drift else ""))
+        return EXIT_FAIL if drift else EXIT_PASS
+    entries = tuple((e, getattr(args, e)) for e in ("dense", "varlen", "kvcache") if getattr(args, e))
+    labels = tuple(l.strip() for l in args.runner_labels.split(",") if l.strip()) if args.runner_labels else ()
+    options = I.InitOptions(kernel=args.kernel, family=args.family, entries=entries, forward_only=args.forward_only,
+                            gpu_class=args.gpu_class, runner_labels=labels, suite=args.suite, cpu_suite=args.cpu_suite,
+                            nightly_suite=args.nightly_suite, repository=args.repository, owners=args.owners,
+                            install=args.install, force=args.force)
+    interactive = not args.yes and sys.stdin.isatty()
+    options = I.resolve(options, root, gate.__version__, ask if interactive else None)
+    actions, ci = I.init(root, options, gate.__version__)
+    for a in actions:
+        print(f"{a.what:>10}  {a.path}" if len(a.what) <= 10 else f"{a.path}: {a.what}")
+    changed = sum(a.what not in ("unchanged",) and not a.what.startswith("kept") for a in actions)
+    print(f"{changed} written, {len(actions) - changed} unchanged or kept\n")
+    print("\n".join(I.admin_checklist(ci)))
+    return EXIT_PASS
