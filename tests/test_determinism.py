@@ -148,10 +148,8 @@ def test_sweep_and_cli_run_checks_and_the_note_shows_them(tmp_path, monkeypatch)
     assert "## Further checks" in note and "| determinism | yes |" in note
     assert any("extra checks on every case: determinism" in n for n in good.notes)
 
-    monkeypatch.setattr(sweep_mod, "get_adapter", lambda name: RacyTiled())
-    bad = sweep_mod.run_sweep("racy", "mini", config, "cpu", progress=False, check_names=("determinism",))
+    bad = sweep_mod.run_sweep("racy", "mini", config, "cpu", progress=False, check_names=("determinism",), adapter=RacyTiled())
     assert not bad.passed and "| determinism | **NO** |" in validation_note(bad)
-    monkeypatch.undo()
 
     pyproject = tmp_path / "pyproject.toml"
     pyproject.write_text('[tool.attn-gate.suites.mini]\nseeds = [0]\n[[tool.attn-gate.suites.mini.matrix]]\n'

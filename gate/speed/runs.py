@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gate.core.cases import Case, load_suite
+from gate.core.cases import Case, Suite, load_suite, only_pattern
 from gate.core.config import Config, PerfConfig
 from gate.core.errors import UserError, first_line
 from gate.core.jsonio import read_record, write_json_atomic
@@ -286,43 +286,47 @@ def _release(device: str) -> None:
         release_cached_gpu_memory(device)
 
 
-def select_perf_cases(suite_name: str, config: Config, only: str | None = None) -> tuple[Case, ...]:
-    """The suite's perf cases within --only; empty when there are none (the caller decides what
-    that means: `perf` refuses, `check` reports speed as not checked). A bad --only regex is a
-    UserError, not a traceback."""
-    from gate.core.cases import only_pattern
-
+def perf_cases_in(suite: Suite, only: str | None = None) -> tuple[Case, ...]:
+    """The suite's perf cases within --only (a bad regex is a UserError, not a traceback)."""
     pattern = only_pattern(only)
-    suite = load_suite(suite_name, config.suites)
     return tuple(c for c in suite.perf_cases if pattern is None or pattern.search(c.id))
 
 
-def no_perf_case_reason(suite_name: str, config: Config, only: str | None) -> str:
-    if only is None or not select_perf_cases(suite_name, config):
-        return f"suite {suite_name!r} has no perf cases; mark some with perf = [true] in its matrix"
-    return f"--only {only!r} matches no perf case of suite {suite_name!r}"
+def select_perf_cases(suite_name: str, config: Config, only: str | None = None) -> tuple[Case, ...]:
+    """The suite's perf cases within --only; empty when there are none (the caller decides what
+    that means: `perf` refuses, `check` reports speed as not checked)."""
+    return perf_cases_in(load_suite(suite_name, config.suites, config.source), only)
+
+
+def no_perf_case_reason(suite: Suite, only: str | None) -> str:
+    if only is None or not perf_cases_in(suite):
+        return f"suite {suite.name!r} has no perf cases; mark some with perf = [true] in its matrix"
+    return f"--only {only!r} matches no perf case of suite {suite.name!r}"
 
 
 def perf_cases(suite_name: str, config: Config, only: str | None = None) -> tuple[Case, ...]:
-    cases = select_perf_cases(suite_name, config, only)
+    suite = load_suite(suite_name, config.suites, config.source)
+    cases = perf_cases_in(suite, only)
     if not cases:
-        raise UserError(no_perf_case_reason(suite_name, config, only))
+        raise UserError(no_perf_case_reason(suite, only))
     return cases
 
 
 def run_perf(kernel: str, suite_name: str, config: Config, device: str | None = None, anchor: str | None = None,
              only: str | None = None, rounds: int | None = None, progress: Callable[[str], None] | None = None,
-             passes: tuple[str, ...] = PASSES, measure: Callable | None = None, kernel_version: str | None = None) -> PerfResult:
+             passes: tuple[str, ...] = PASSES, measure: Callable | None = None, kernel_version: str | None = None,
+             cases: tuple[Case, ...] | None = None) -> PerfResult:
     """`measure` (case, anchor, plan) -> PerfCaseResult times a case elsewhere (a worker process,
     gate/workflow/isolation.py: this process then never imports the kernel); `kernel_version` is
-    then what that process reported. Without it the kernel is loaded and timed here."""
+    then what that process reported. Without it the kernel is loaded and timed here. `cases`: the
+    perf cases a run plan selected already (None: selected here from the suite)."""
     from gate.core.environment import default_device, describe
-    from gate.kernels.registry import family_adapter, get_adapter
+    from gate.kernels.registry import resolve_kernel
 
     device = device or default_device()
     anchor_name = resolve_anchor(anchor, config.perf, device)
     if measure is None:
-        adapter = family_adapter(kernel, config) or get_adapter(kernel)  # a kernel family of the config
+        adapter = resolve_kernel(kernel, config)  # a kernel family of the config, else a built-in or module:function
         missing = adapter.unavailable_reason()
         if missing:
             raise UserError(f"kernel {kernel!r} is unavailable here: {missing}")
@@ -335,7 +339,7 @@ def run_perf(kernel: str, suite_name: str, config: Config, device: str | None = 
         if missing:
             raise UserError(f"--anchor {anchor_name!r} is unavailable here: {missing}; pick another "
                             f"(attn-gate kernels) or 'matmul', or set [tool.attn-gate.perf] anchor")
-    cases = perf_cases(suite_name, config, only)
+    cases = cases if cases is not None else perf_cases(suite_name, config, only)
     plan = TimingPlan.from_config(config.perf, rounds=rounds, passes=passes)
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
@@ -481,9 +485,9 @@ def remeasure_with(kernel: str, anchor: str, device: str, config: PerfConfig,
     """A `remeasure` for judge_perf: times one pass of one case again with more rounds (through
     `measure`, as run_perf, when the kernel runs in a worker). `families`: the Config whose
     [tool.attn-gate.kernels] may define `kernel`."""
-    from gate.kernels.registry import family_adapter, get_adapter
+    from gate.kernels.registry import resolve_kernel
 
-    adapter = None if measure is not None else (family_adapter(kernel, families) or get_adapter(kernel))  # once, not per re-run
+    adapter = None if measure is not None else resolve_kernel(kernel, families)  # once, not per re-run
 
     def remeasure(case: Case, pass_: str, rounds: int) -> RatioEstimate | None:
         plan = TimingPlan.from_config(config, rounds=rounds, passes=(pass_,))
