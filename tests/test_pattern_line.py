@@ -3,8 +3,6 @@ no passing case has, stated with counts. Tables of synthetic cases; no kernel ru
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from gate.core.cases import Case
