@@ -15,6 +15,7 @@ from gate.core.config import ToleranceConfig
 from gate.correctness.run_case import leaf_call, references, run_case
 from gate.attention.inputs import make_inputs
 from gate.kernels.base import Capabilities, KernelAdapter, KernelOutput
+from gate.kernels.capabilities import Feature, feature_set
 from gate.kernels.registry import get_adapter, kernel_names
 from gate.kernels.tiled import TiledAdapter
 from gate.kernels.user import UserAdapter
@@ -34,7 +35,7 @@ def case(**kw):
     if kw.get("varlen"):
         n = max(kw["varlen"])
         base.update(batch=len(kw["varlen"]), seqlen_q=n, seqlen_k=n)
-    return Case(**{**base, **kw})
+    return Case.build(**{**base, **kw})
 
 
 # Every axis the reference supports; tiled claims them all.
@@ -81,7 +82,7 @@ def test_tiled_dropout_matches_reference_fed_its_own_mask(kw):
     assert abs(1 - kept.mean().item() - c.dropout_p) < 0.03
     gold_with_mask, _ = references(c, inputs, kout.dropout_keep)
     assert (gold_with_mask.out - kout.out.double()).abs().max() < 0.05
-    no_drop = Case(**{**c.to_dict(), "window": c.window, "seeds": c.seeds, "varlen": c.varlen, "dropout_p": 0.0})
+    no_drop = c.with_fields(dropout_p=0.0)
     gold_without, _ = references(no_drop, make_inputs(no_drop, 0, "cpu"), None)
     assert (gold_without.out - kout.out.double()).abs().max() > 0.1
 
@@ -118,8 +119,8 @@ def test_a_case_the_kernel_cannot_run_is_skipped_with_its_reason(kernel, kw, rea
 
 
 def test_capability_reasons_are_specific():
-    caps = Capabilities(devices=("cpu",), dtypes=("bf16",), max_head_dim=64, head_dim_multiple=8, seqlen_q_ne_k=False,
-                        causal=False, varlen=False, gqa=False)
+    caps = Capabilities(devices=("cpu",), dtypes=("bf16",), max_head_dim=64, head_dim_multiple=8,
+                        features=feature_set(seqlen_q_ne_k=False, causal=False, varlen=False, gqa=False))
     assert caps.unsupported_reason(case(dtype="fp16"), "cpu") == "no fp16 (supports bf16)"
     assert caps.unsupported_reason(case(head_dim=128, head_dim_v=128), "cpu") == "head_dim > 64"
     assert caps.unsupported_reason(case(head_dim=36, head_dim_v=36), "cpu") == "head_dim not a multiple of 8"
@@ -133,8 +134,10 @@ def test_capability_reasons_are_specific():
 
 def test_a_user_kernel_supports_what_its_signature_takes():
     full, bare = UserAdapter("tests.buggy_kernels:correct").capabilities(), UserAdapter("tests.buggy_kernels:correct_out_only").capabilities()
-    assert full.window and full.alibi and full.returns_lse and not full.softcap
-    assert not (bare.window or bare.alibi or bare.returns_lse) and bare.causal
+    assert full.supports(Feature.WINDOW) and full.supports(Feature.ALIBI) and full.returns_lse
+    assert not full.supports(Feature.SOFTCAP)
+    assert not (bare.supports(Feature.WINDOW) or bare.supports(Feature.ALIBI) or bare.returns_lse)
+    assert bare.supports(Feature.CAUSAL)
 
 
 # --- broken kernels are rows, not crashes ----------------------------------------------------
@@ -185,7 +188,7 @@ def test_an_adapter_returning_garbage_fails(fn, words):
 
 def test_dropout_without_an_observable_mask_fails():
     fn = lambda call: KernelOutput(out=TiledAdapter()(call).out)  # noqa: E731 (drops the mask)
-    result = run_case(_Adapter(fn, dropout=True), case(dropout_p=0.2), "cpu", TOL)
+    result = run_case(_Adapter(fn, features=feature_set(dropout=True)), case(dropout_p=0.2), "cpu", TOL)
     assert result.status is Status.FAIL and "exposed no dropout mask" in result.reason
 
 
@@ -244,7 +247,8 @@ def test_a_trimmed_fa3_build_skips_what_its_config_says_it_was_built_without(mon
         return case(**{"head_dim": 128, "head_dim_v": 128, "seeds": (0,), **kw})
 
     full = FA3Adapter().capabilities()  # no flash_attn_config here: the full build's capabilities
-    assert full.softcap and full.max_head_dim == 256 and full.head_dim_v_differs and not full.notes
+    assert full.supports(Feature.SOFTCAP) and full.max_head_dim == 256 and full.supports(Feature.HEAD_DIM_V_DIFFERS)
+    assert not full.notes
     flags = {"FLASHATTENTION_DISABLE_SOFTCAP": True, "FLASHATTENTION_DISABLE_HDIM96": True,
              "FLASHATTENTION_DISABLE_HDIM192": True, "FLASHATTENTION_DISABLE_HDIM256": True,
              "FLASHATTENTION_DISABLE_HDIM64": False, "FLASHATTENTION_DISABLE_HDIM128": False,
@@ -254,7 +258,8 @@ def test_a_trimmed_fa3_build_skips_what_its_config_says_it_was_built_without(mon
     monkeypatch.setitem(sys.modules, "flash_attn_config", types.SimpleNamespace(CONFIG={"build_flags": flags}))
     a = FA3Adapter()
     caps = a.capabilities()
-    assert not caps.softcap and caps.max_head_dim == 128 and not caps.head_dim_v_differs and caps.window
+    assert not caps.supports(Feature.SOFTCAP) and caps.max_head_dim == 128
+    assert not caps.supports(Feature.HEAD_DIM_V_DIFFERS) and caps.supports(Feature.WINDOW)
     assert "softcap" in caps.notes[0] and "hdim256" in caps.notes[0] and "vcolmajor" not in caps.notes[0]
     assert "softcap" in caps.unsupported_reason(d128(softcap=30.0), "cuda")
     assert "head_dim > 128" in caps.unsupported_reason(d128(head_dim=192, head_dim_v=192), "cuda")
@@ -313,7 +318,7 @@ def test_flex_never_hands_one_tensor_to_two_mod_slots():
     gold, _ = references(square, x, None)
     assert float((out.double() - gold.out).abs().max()) < 0.02
     assert_no_shared_slot(adapter)
-    decode = Case(batch=3, seqlen_q=4, seqlen_k=100, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="bf16",
+    decode = Case.build(batch=3, seqlen_q=4, seqlen_k=100, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="bf16",
                   entry="kvcache", cache_seqlens=(5, 60, 9), cache_new=True, window=(4, 4))  # left 4 == nq 4 == right 4
     result = run_case(adapter, decode, "cpu", TOL)
     assert result.status is Status.PASS, result.reason

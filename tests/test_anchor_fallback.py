@@ -22,7 +22,7 @@ from gate.speed.timing import TimingPlan
 from tests.test_perf_check import write_config
 
 REFUSING_ANCHOR = "tests.verdict_kernels:sdpa_ok"  # no softcap parameter: SKIPs softcap cases
-PLAIN = Case(batch=1, seqlen_q=32, seqlen_k=32, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="fp32", seeds=(0,))
+PLAIN = Case.build(batch=1, seqlen_q=32, seqlen_k=32, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="fp32", seeds=(0,))
 
 # the perf-check tests' project (tests/test_perf_check.py), plus a suite with a softcap perf case
 CAPPED_SUITE = """anchor_fallback = "{fallback}"
@@ -42,9 +42,7 @@ perf = [true]
 
 
 def capped(case: Case) -> Case:
-    import dataclasses
-
-    return dataclasses.replace(case, softcap=20.0)
+    return case.with_fields(softcap=20.0)
 
 
 def config(tmp_path: Path, fallback: str = "matmul"):

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1] / "gate"
 # Subpackages bottom-up: a package may import itself and anything listed before it, nothing after.
 LAYERS = ("core", "attention", "kernels", "correctness", "speed", "compare", "report", "workflow", "commands")
 # The statistics and verdict code: plain floats and dataclasses in, decisions out.
-PURE = ("gate.speed.stats", "gate.speed.rule", "gate.compare")
+PURE = ("gate.speed.stats", "gate.speed.rule", "gate.compare", "gate.kernels.capabilities")
 
 
 def package_files() -> list[Path]:

@@ -13,7 +13,7 @@ from gate.core.errors import UserError
 
 def make(**kw):
     base = dict(batch=2, seqlen_q=128, seqlen_k=128, heads_q=4, heads_kv=4, head_dim=64, head_dim_v=64, dtype="bf16")
-    return Case(**{**base, **kw})
+    return Case.build(**{**base, **kw})
 
 
 @pytest.mark.parametrize("kw, case_id", [
@@ -106,7 +106,7 @@ def test_the_same_case_in_two_blocks_is_one_case_and_perf_wins():
 
 def test_varlen_sets_batch_and_seqlens():
     (c,) = expand_suite("t", spec({"varlen": [[1, 97, 0, 130]], "batch": [7]}), "f.toml").cases
-    assert (c.batch, c.seqlen_q, c.seqlen_k, c.varlen) == (4, 130, 130, (1, 97, 0, 130))
+    assert (c.batch, c.seqlen_q, c.seqlen_k, c.entry.varlen) == (4, 130, 130, (1, 97, 0, 130))
 
 
 @pytest.mark.parametrize("block, key", [
@@ -187,7 +187,7 @@ def test_shipped_suites_cover_what_the_issue_asks_for():
     assert any(c.heads_kv == 1 and c.heads_q > 1 for c in every) and any(1 < c.heads_kv < c.heads_q for c in every)
     for flag in ("causal", "has_window", "softcap", "alibi"):
         assert any(getattr(c, flag) for c in SHIPPED["smoke"].cases), flag
-    assert any(c.varlen and 0 in c.varlen for c in SHIPPED["smoke"].cases)
+    assert any(c.entry.varlen and 0 in c.entry.varlen for c in SHIPPED["smoke"].cases)
     assert {c.dtype for c in SHIPPED["smoke"].cases} == {"bf16", "fp16", "fp32"}
     assert any(c.seqlen_q >= 8192 for c in SHIPPED["nightly"].cases)
     assert not any(c.seqlen_q >= 8192 for c in SHIPPED["smoke"].cases)

@@ -195,7 +195,7 @@ def test_a_speed_regression_leads_with_baseline_now_change_and_limit(tmp_path):
 def test_a_huge_failing_run_stays_under_the_comment_limit(causal_bug):
     sweep = SweepResult.read(causal_bug[1] / f"sweep-{BUG_STEM}.json")
     baseline = read_baseline(CPU_BASELINE)
-    many = tuple(dataclasses.replace(c, case=dataclasses.replace(c.case, heads_q=c.case.heads_q * (k + 1)))
+    many = tuple(dataclasses.replace(c, case=c.case.with_fields(heads_q=c.case.heads_q * (k + 1)))
                  for k in range(60) for c in sweep.cases)
     big = dataclasses.replace(sweep, cases=many)
     from gate.compare.sweep_rules import compare
@@ -245,7 +245,7 @@ def test_plots_are_150_dpi_and_show_at_most_the_worst_cases(causal_bug, tmp_path
     few = dataclasses.replace(sweep, cases=sweep.cases[:10])
     with Image.open(plot_ratios(decide(compare(baseline, few, VerdictConfig())), few, baseline, tmp_path / "few.png")) as im:
         small_height = im.size[1]
-    many = dataclasses.replace(sweep, cases=tuple(dataclasses.replace(c, case=dataclasses.replace(c.case, heads_q=c.case.heads_q * (k + 1)))
+    many = dataclasses.replace(sweep, cases=tuple(dataclasses.replace(c, case=c.case.with_fields(heads_q=c.case.heads_q * (k + 1)))
                                                   for k in range(10) for c in sweep.cases))
     verdict = decide(compare(baseline, many, VerdictConfig()), correctness_thresholds(VerdictConfig()))
     with Image.open(plot_ratios(verdict, many, baseline, tmp_path / "many.png")) as im:
@@ -282,9 +282,9 @@ def test_the_pattern_line_says_so_when_nothing_distinguishes_the_failing_cases()
     from gate.core.cases import Case
     from gate.report.comment import shared_pattern
 
-    a = Case(batch=1, seqlen_q=8, seqlen_k=8, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16")
-    b = dataclasses.replace(a, causal=True)
-    c = dataclasses.replace(a, dtype="fp16")
+    a = Case.build(batch=1, seqlen_q=8, seqlen_k=8, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16")
+    b = a.with_fields(causal=True)
+    c = a.with_fields(dtype="fp16")
     assert shared_pattern([a, b], []).startswith("every measured case fails (2)")
     assert shared_pattern([b], [a, c]).startswith("the failing case is causal")
     assert shared_pattern([c], [a, b]).startswith("the failing case is fp16")

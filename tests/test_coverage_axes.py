@@ -75,19 +75,19 @@ def test_smoke_carries_every_new_axis_value():
     inputs = {c.inputs for c in SMOKE.cases}
     assert layouts == {"contiguous", "k_sliced", "qkv_packed", "bhsd_view", "dout_noncontig"}
     assert inputs == {"normal", "large", "shifted", "outliers"}
-    assert any(c.varlen_k is not None for c in SMOKE.cases)
+    assert any(c.entry.varlen_k is not None for c in SMOKE.cases)
     assert {c.head_dim for c in SMOKE.cases} >= {59, 72, 111, 192}
     assert any(c.head_dim_v != c.head_dim for c in SMOKE.cases if c.dtype != "fp32")
     assert any(c.causal and c.has_window for c in SMOKE.cases) and any(not c.causal and c.window == (-1, 0) for c in SMOKE.cases)
     assert any(c.alibi and not c.causal for c in SMOKE.cases) and any(c.alibi and c.has_window for c in SMOKE.cases)
     assert any(c.softcap and not c.causal for c in SMOKE.cases)
-    assert any(c.softcap and c.varlen for c in SMOKE.cases) and any(c.has_window and c.varlen for c in SMOKE.cases)
+    assert any(c.softcap and c.entry.varlen for c in SMOKE.cases) and any(c.has_window and c.entry.varlen for c in SMOKE.cases)
     assert {c.heads_kv for c in SMOKE.cases if c.seqlen_q == 1 and c.seqlen_k > 1} >= {1, 2, 4}
 
 
 @pytest.mark.slow
 def test_correct_kernel_passes_every_coverage_case(tmp_path):
-    ids = [c.id for c in SMOKE.cases if c.layout != "contiguous" or c.inputs != "normal" or c.varlen_k]
+    ids = [c.id for c in SMOKE.cases if c.layout != "contiguous" or c.inputs != "normal" or c.entry.varlen_k]
     rc, findings = _check("correct", "|".join(f"^{re.escape(i)}$" for i in ids) + "|d(59|72|111|192)|1x300|129|239x1|1x339|113x203"
                           "|96x128|80x100|varlen1\\.40", tmp_path)
     assert rc == 0 and findings["verdict"] == "PASS", [f["message"] for f in findings["findings"] if f["severity"] == "FAIL"]
@@ -162,7 +162,7 @@ def test_planted_varlen_bug_fails_exactly_its_combination(bug, tmp_path):
 @pytest.mark.parametrize("varlen", [False, True])
 def test_layout_hands_the_kernel_a_view_with_the_same_values(layout, varlen):
     kw = dict(varlen=(3, 0, 17), batch=3, seqlen_q=17, seqlen_k=17) if varlen else dict(batch=2, seqlen_q=9, seqlen_k=13)
-    case = Case(heads_q=4, heads_kv=2, head_dim=24, head_dim_v=16, dtype="bf16", layout=layout, seeds=(0,), **kw)
+    case = Case.build(heads_q=4, heads_kv=2, head_dim=24, head_dim_v=16, dtype="bf16", layout=layout, seeds=(0,), **kw)
     inputs = make_inputs(case, 0, "cpu")
     t = kernel_tensors(case, inputs)
     for got, want in zip((t.q, t.k, t.v, t.dout), (inputs.q, inputs.k, inputs.v, inputs.dout)):
@@ -197,11 +197,11 @@ def test_layout_hands_the_kernel_a_view_with_the_same_values(layout, varlen):
 # ---------------------------------------------------------------- ids, defaults, validation
 
 
-def test_new_fields_default_out_of_ids_and_dicts():
-    plain = Case(batch=2, seqlen_q=8, seqlen_k=8, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16")
-    assert "layout" not in plain.to_dict() and "inputs" not in plain.to_dict() and "varlen_k" not in plain.to_dict()
+def test_new_fields_default_out_of_ids_and_hashes():
+    plain = Case.build(batch=2, seqlen_q=8, seqlen_k=8, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16")
+    assert "layout" not in plain.hash_dict() and "inputs" not in plain.hash_dict() and "varlen_k" not in plain.hash_dict()
     assert plain.id == "bf16-b2-h2-s8-d16"
-    fancy = Case(batch=2, seqlen_q=5, seqlen_k=9, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16",
+    fancy = Case.build(batch=2, seqlen_q=5, seqlen_k=9, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16",
                  varlen=(5, 0), varlen_k=(9, 2), layout="bhsd_view", inputs="shifted")
     assert fancy.id.endswith("-varlen5.0x9.2-bhsd_view-shifted")
     assert Case.from_dict(fancy.to_dict()) == fancy
@@ -212,7 +212,7 @@ def test_new_fields_default_out_of_ids_and_dicts():
 def test_bad_new_fields_are_refused(kw):
     base = dict(batch=2, seqlen_q=4, seqlen_k=4, heads_q=2, heads_kv=2, head_dim=8, head_dim_v=8, dtype="bf16")
     with pytest.raises(ValueError):
-        Case(**{**base, **kw})
+        Case.build(**{**base, **kw})
 
 
 def test_suite_toml_errors_name_the_axis():
@@ -255,11 +255,11 @@ def test_tiers_have_their_sizes_and_every_axis():
     for suite in (pr, nightly):
         assert {c.layout for c in suite.cases} == {"contiguous", "k_sliced", "qkv_packed", "bhsd_view", "dout_noncontig"}
         assert {c.inputs for c in suite.cases} == {"normal", "large", "shifted", "outliers"}
-        assert any(c.varlen_k for c in suite.cases)
+        assert any(c.entry.varlen_k for c in suite.cases)
     perf = pr.perf_cases
     assert {c.head_dim for c in perf} >= {64, 128, 256} and {c.dtype for c in perf} == {"bf16", "fp16"}
     assert any(c.causal for c in perf) and any(not c.causal for c in perf) and any(c.is_gqa for c in perf)
-    assert any(c.seqlen_q == 1 and c.seqlen_k >= 8192 for c in perf) and any(c.varlen for c in perf)
+    assert any(c.seqlen_q == 1 and c.seqlen_k >= 8192 for c in perf) and any(c.entry.varlen for c in perf)
     assert {512, 2048, 8192, 16384} <= {c.seqlen_k for c in perf}
     assert {65537, 131072} <= {c.seqlen_k for c in nightly.cases}
     assert max(c.seqlen_k for c in pr.cases) <= 16384
@@ -270,7 +270,7 @@ def test_tiers_have_their_sizes_and_every_axis():
 
 def _lse_case(**kw):
     base = dict(batch=2, seqlen_q=128, seqlen_k=128, heads_q=4, heads_kv=4, head_dim=64, head_dim_v=64, dtype="bf16", seeds=(0, 1))
-    return Case(**{**base, **kw})
+    return Case.build(**{**base, **kw})
 
 
 @pytest.mark.parametrize("case", [_lse_case(), _lse_case(causal=True), _lse_case(dtype="fp16", seqlen_q=97, seqlen_k=257)],
@@ -317,9 +317,9 @@ def test_fa4_raw_window_hands_the_minus_one_spelling_to_the_kernel():
 def test_depth_probes_follow_varlen_k():
     from gate.correctness.probes.determinism import batch_invariance_check, scaled_batch
 
-    case = Case(batch=3, seqlen_q=40, seqlen_k=9, heads_q=2, heads_kv=1, head_dim=16, head_dim_v=16, dtype="bf16",
+    case = Case.build(batch=3, seqlen_q=40, seqlen_k=9, heads_q=2, heads_kv=1, head_dim=16, head_dim_v=16, dtype="bf16",
                 varlen=(5, 40, 0), varlen_k=(9, 3, 4), seeds=(0,), layout="k_sliced")
     big = scaled_batch(case, 2)
-    assert big.varlen == (5, 40, 0) * 2 and big.varlen_k == (9, 3, 4) * 2
+    assert big.entry.varlen == (5, 40, 0) * 2 and big.entry.varlen_k == (9, 3, 4) * 2
     (inv,) = batch_invariance_check(get_adapter("tiled"), case, "cpu")
     assert inv.passed is None and "cu_seqlens_k" in inv.detail  # stated as not applicable, never a silent pass

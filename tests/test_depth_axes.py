@@ -16,7 +16,7 @@ from gate.core.results import Status
 
 
 def _case(nq, nk, hq=2, hkv=2, d=32, dv=None, dtype="bf16", **kw):
-    return Case(batch=kw.pop("batch", 2), seqlen_q=nq, seqlen_k=nk, heads_q=hq, heads_kv=hkv, head_dim=d,
+    return Case.build(batch=kw.pop("batch", 2), seqlen_q=nq, seqlen_k=nk, heads_q=hq, heads_kv=hkv, head_dim=d,
                 head_dim_v=dv or d, dtype=dtype, seeds=(0,), **kw)
 
 
@@ -26,7 +26,7 @@ AXES = {
     "softcap": _case(70, 70, softcap=20.0, causal=True),
     "alibi-bias-path": _case(80, 110, 4, 4, alibi=True),
     "alibi-causal-rows-empty": _case(150, 90, alibi=True, causal=True),
-    "varlen-zero-length": Case(batch=4, seqlen_q=97, seqlen_k=97, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32,
+    "varlen-zero-length": Case.build(batch=4, seqlen_q=97, seqlen_k=97, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32,
                                dtype="bf16", varlen=(1, 97, 0, 40), causal=True, seeds=(0,)),
     "mqa": _case(64, 64, 4, 1, causal=True),
     "q-shorter": _case(33, 65, causal=True, dtype="fp16"),
@@ -80,7 +80,7 @@ def test_fully_masked_rows_are_zero(kernel):
     (_case(40, 90, window=(4, 8)), False),  # bottom-right: the last row always sees the last key
     (_case(65, 33, window=(-1, 2)), True),
     (_case(64, 64, window=(0, 0)), False),
-    (Case(batch=2, seqlen_q=5, seqlen_k=5, heads_q=1, heads_kv=1, head_dim=8, head_dim_v=8, dtype="bf16",
+    (Case.build(batch=2, seqlen_q=5, seqlen_k=5, heads_q=1, heads_kv=1, head_dim=8, head_dim_v=8, dtype="bf16",
           varlen=(0, 5), causal=True), False),
 ])
 def test_has_fully_masked_rows(case, expected):

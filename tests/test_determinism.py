@@ -17,9 +17,9 @@ from gate.core.results import Status
 from tests.depth_kernels import BatchCoupledTiled, RacyTiled, RacyTiledNoClaim
 
 TOL = ToleranceConfig()
-DENSE = Case(batch=2, seqlen_q=48, seqlen_k=70, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="bf16",
+DENSE = Case.build(batch=2, seqlen_q=48, seqlen_k=70, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="bf16",
              causal=True, seeds=(0,))
-VARLEN = Case(batch=3, seqlen_q=40, seqlen_k=40, heads_q=2, heads_kv=1, head_dim=32, head_dim_v=32, dtype="fp16",
+VARLEN = Case.build(batch=3, seqlen_q=40, seqlen_k=40, heads_q=2, heads_kv=1, head_dim=32, head_dim_v=32, dtype="fp16",
               varlen=(0, 40, 23), seeds=(0,))
 
 
@@ -75,9 +75,9 @@ def test_batch_coupled_kernel_fails_batch_invariance():
 
 
 def test_batch_of_one_is_widened_to_two_for_invariance():
-    single = Case(batch=1, seqlen_q=20, seqlen_k=20, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="fp32", seeds=(0,))
+    single = Case.build(batch=1, seqlen_q=20, seqlen_k=20, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="fp32", seeds=(0,))
     assert _check(batch_invariance_check(BatchCoupledTiled(), single, "cpu"), "batch_invariance").passed is False
-    lone = Case(batch=2, seqlen_q=9, seqlen_k=9, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="fp32",
+    lone = Case.build(batch=2, seqlen_q=9, seqlen_k=9, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="fp32",
                 varlen=(0, 9), seeds=(0,))
     assert _check(batch_invariance_check(TiledAdapter(), lone, "cpu"), "batch_invariance").passed is None
 
@@ -105,7 +105,7 @@ def test_checks_axis_sets_case_checks_without_changing_ids():
     checked = expand_suite("mini", _mini_spec(checks=[["determinism", "batch_invariance"]]), "test")
     assert [c.id for c in plain.cases] == [c.id for c in checked.cases]
     assert checked.cases[0].checks == ("determinism", "batch_invariance")
-    assert "checks" not in plain.cases[0].to_dict()  # unchanged serialisation (and suite hash) without checks
+    assert "checks" not in plain.cases[0].hash_dict()  # the suite hash is unchanged without checks
     assert Case.from_dict(checked.cases[0].to_dict()) == checked.cases[0]
     # the same problem twice: one case, running the checks of both copies
     spec = {"seeds": [0], "matrix": [_mini_spec(checks=[["dropout"]])["matrix"][0], _mini_spec(checks=[["determinism"]])["matrix"][0]]}
@@ -148,10 +148,8 @@ def test_sweep_and_cli_run_checks_and_the_note_shows_them(tmp_path, monkeypatch)
     assert "## Further checks" in note and "| determinism | yes |" in note
     assert any("extra checks on every case: determinism" in n for n in good.notes)
 
-    monkeypatch.setattr(sweep_mod, "get_adapter", lambda name: RacyTiled())
-    bad = sweep_mod.run_sweep("racy", "mini", config, "cpu", progress=False, check_names=("determinism",))
+    bad = sweep_mod.run_sweep("racy", "mini", config, "cpu", progress=False, check_names=("determinism",), adapter=RacyTiled())
     assert not bad.passed and "| determinism | **NO** |" in validation_note(bad)
-    monkeypatch.undo()
 
     pyproject = tmp_path / "pyproject.toml"
     pyproject.write_text('[tool.attn-gate.suites.mini]\nseeds = [0]\n[[tool.attn-gate.suites.mini.matrix]]\n'

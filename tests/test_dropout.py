@@ -20,9 +20,9 @@ from gate.core.results import Status
 from tests.depth_kernels import FixedMaskTiled, NewMaskBackwardTiled, WrongRateTiled, WrongRescaleTiled
 
 TOL = ToleranceConfig()
-DENSE = Case(batch=2, seqlen_q=64, seqlen_k=90, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="bf16",
+DENSE = Case.build(batch=2, seqlen_q=64, seqlen_k=90, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="bf16",
              causal=True, dropout_p=0.2, seeds=(0, 1), checks=("dropout",))
-VARLEN = Case(batch=3, seqlen_q=70, seqlen_k=70, heads_q=2, heads_kv=2, head_dim=32, head_dim_v=32, dtype="bf16",
+VARLEN = Case.build(batch=3, seqlen_q=70, seqlen_k=70, heads_q=2, heads_kv=2, head_dim=32, head_dim_v=32, dtype="bf16",
               dropout_p=0.15, varlen=(33, 0, 70), seeds=(0,), checks=("dropout",))
 
 
@@ -41,7 +41,7 @@ def test_binomial_z(kept, total, p, z):
 
 
 def test_kept_counts_only_count_pairs_that_may_attend():
-    case = Case(batch=1, seqlen_q=5, seqlen_k=8, heads_q=2, heads_kv=2, head_dim=8, head_dim_v=8, dtype="fp32",
+    case = Case.build(batch=1, seqlen_q=5, seqlen_k=8, heads_q=2, heads_kv=2, head_dim=8, head_dim_v=8, dtype="fp32",
                 causal=True, dropout_p=0.5)
     all_kept = torch.ones(1, 2, 5, 8, dtype=torch.bool)
     # bottom-right causal: row i sees keys 0..i+3 -> 4+5+6+7+8 = 30 pairs per head
@@ -91,6 +91,6 @@ def test_mask_that_ignores_the_seed_fails_new_seed():
 
 
 def test_dropout_check_on_a_case_without_dropout_is_information():
-    case = Case(batch=1, seqlen_q=8, seqlen_k=8, heads_q=1, heads_kv=1, head_dim=8, head_dim_v=8, dtype="fp32")
+    case = Case.build(batch=1, seqlen_q=8, seqlen_k=8, heads_q=1, heads_kv=1, head_dim=8, head_dim_v=8, dtype="fp32")
     (only,) = dropout_check(TiledAdapter(), case, "cpu")
     assert only.passed is None and "not applicable" in only.detail

@@ -38,14 +38,14 @@ DECODE = dict(batch=3, seqlen_q=4, seqlen_k=100, heads_q=4, heads_kv=2, head_dim
 
 
 def test_defaults_leave_older_cases_and_their_ids_as_they_were():
-    case = Case(batch=2, seqlen_q=128, seqlen_k=128, heads_q=4, heads_kv=4, head_dim=64, head_dim_v=64, dtype="bf16")
+    case = Case.build(batch=2, seqlen_q=128, seqlen_k=128, heads_q=4, heads_kv=4, head_dim=64, head_dim_v=64, dtype="bf16")
     assert case.id == "bf16-b2-h4-s128-d64"
-    assert not {"entry", "cache_seqlens", "cache_new", "page_size", "shuffled_pages", "sinks"} & set(case.to_dict())
+    assert not {"entry", "cache_seqlens", "cache_new", "page_size", "shuffled_pages", "sinks"} & set(case.hash_dict())
     assert case.entry_point == "dense" and not case.forward_only
 
 
 def test_a_decode_case_has_a_readable_id_and_reads_back():
-    case = Case(**DECODE, page_size=16, shuffled_pages=True, sinks=True)
+    case = Case.build(**DECODE, page_size=16, shuffled_pages=True, sinks=True)
     assert case.id == "bf16-b3-h4/2-s4x100-d32-causal-kv5.60.0-append-page16-shuffled-sinks"
     assert Case.from_dict(json.loads(json.dumps(case.to_dict()))) == case
     assert case.entry_point == "kvcache" and case.forward_only
@@ -63,14 +63,14 @@ def test_a_decode_case_has_a_readable_id_and_reads_back():
 ])
 def test_impossible_decode_cases_are_refused(changes, words):
     with pytest.raises(ValueError, match=words):
-        Case(**{**DECODE, **changes})
+        Case.build(**{**DECODE, **changes})
 
 
 def test_a_matrix_block_expands_ragged_cache_lengths_into_the_batch():
     suite = load_suite("smoke")
-    paged = [c for c in suite.cases if c.page_size]
-    assert paged and all(c.batch == len(c.cache_seqlens) for c in paged)
-    assert {c.shuffled_pages for c in paged} == {False, True}
+    paged = [c for c in suite.cases if c.entry.page_size]
+    assert paged and all(c.batch == len(c.entry.cache_seqlens) for c in paged)
+    assert {c.entry.shuffled_pages for c in paged} == {False, True}
     with pytest.raises(UserError, match="cache_seqlens value 7 should be a non-empty list"):
         from gate.core.cases import expand_block
 
@@ -83,8 +83,8 @@ def test_a_matrix_block_expands_ragged_cache_lengths_into_the_batch():
 def test_a_shuffled_paged_cache_gathers_the_same_tokens_as_a_contiguous_one():
     """Same case and seed, cache laid out two ways: the references' gather must see identical K/V,
     and the slots past each element's tokens must differ from them (loud garbage, not zeros)."""
-    contiguous = make_inputs(Case(**DECODE), 0, "cpu").cache
-    paged = make_inputs(Case(**DECODE, page_size=16, shuffled_pages=True), 0, "cpu").cache
+    contiguous = make_inputs(Case.build(**DECODE), 0, "cpu").cache
+    paged = make_inputs(Case.build(**DECODE, page_size=16, shuffled_pages=True), 0, "cpu").cache
     assert paged.k_cache.shape[1] == 16 and paged.block_table.shape == (3, 7)
     assert sorted(paged.block_table.flatten().tolist()) != paged.block_table.flatten().tolist()
     for a, b in zip(gather_dense(contiguous, *expected_cache(contiguous)), gather_dense(paged, *expected_cache(paged))):
@@ -94,7 +94,7 @@ def test_a_shuffled_paged_cache_gathers_the_same_tokens_as_a_contiguous_one():
 
 
 def test_the_expected_cache_holds_the_new_tokens_after_the_cached_ones():
-    cache = make_inputs(Case(**DECODE, page_size=16, shuffled_pages=True), 0, "cpu").cache
+    cache = make_inputs(Case.build(**DECODE, page_size=16, shuffled_pages=True), 0, "cpu").cache
     k_after, _ = expected_cache(cache)
     dense = gather_dense(cache, k_after, expected_cache(cache)[1])
     for b, cached in enumerate(cache.cache_seqlens.tolist()):
@@ -126,7 +126,7 @@ def test_the_reference_sink_and_its_gradient_match_autograd():
 # ---------------------------------------------------------------- built-in adapters on decode
 
 
-DECODE_SMOKE = [c for c in load_suite("smoke").cases if c.entry == "kvcache"]
+DECODE_SMOKE = [c for c in load_suite("smoke").cases if c.entry.kind == "kvcache"]
 
 
 @pytest.mark.parametrize("case", DECODE_SMOKE, ids=lambda c: c.id)
@@ -140,17 +140,17 @@ def test_tiled_passes_every_decode_and_paged_case_of_smoke(case):
 
 @pytest.mark.parametrize("kernel", ["sdpa-cpu", "sdpa-math"])
 def test_sdpa_runs_decode_on_a_gathered_cache(kernel):
-    for case in [c for c in DECODE_SMOKE if not c.sinks][::3]:
+    for case in [c for c in DECODE_SMOKE if not c.entry.sinks][::3]:
         result = run_case(get_adapter(kernel), case, "cpu", TOL)
         assert result.status is Status.PASS, (case.id, result.reason)
-    sinks = next(c for c in DECODE_SMOKE if c.sinks)
+    sinks = next(c for c in DECODE_SMOKE if c.entry.sinks)
     assert run_case(get_adapter(kernel), sinks, "cpu", TOL).reason == "no learnable sinks"
 
 
 @pytest.mark.parametrize("page_size", [0, 16])
 def test_equal_cache_lengths_take_one_batched_call_and_still_pass(page_size):
     """The speed cases' shape (every element's cache full): SDPA is called once for the batch."""
-    case = Case(**{**DECODE, "cache_seqlens": None, "seqlen_k": 40, "cache_new": False}, page_size=page_size,
+    case = Case.build(**{**DECODE, "cache_seqlens": None, "seqlen_k": 40, "cache_new": False}, page_size=page_size,
                 shuffled_pages=bool(page_size))
     adapter = get_adapter("sdpa-math")
     calls = []
@@ -181,15 +181,15 @@ def test_flex_decode_mask_mods_pass_ragged_paged_and_biased_caches():
             return flex_attention
 
     adapter = EagerFlex()
-    for case in (Case(**DECODE), Case(**DECODE, page_size=7, shuffled_pages=True),
-                 Case(**{**DECODE, "causal": False, "cache_seqlens": (5, 60, 1), "heads_kv": 1}, window=(8, 0),
+    for case in (Case.build(**DECODE), Case.build(**DECODE, page_size=7, shuffled_pages=True),
+                 Case.build(**{**DECODE, "causal": False, "cache_seqlens": (5, 60, 1), "heads_kv": 1}, window=(8, 0),
                       softcap=20.0, alibi=True, page_size=16)):
         result = run_case(adapter, case, "cpu", TOL)
         assert result.status is Status.PASS, (case.id, result.reason)
 
 
 def test_tiled_with_sinks_passes_dense_varlen_and_decode_and_reports_dsink():
-    for case in [c for c in load_suite("smoke").cases if c.sinks]:
+    for case in [c for c in load_suite("smoke").cases if c.entry.sinks]:
         result = run_case(get_adapter("tiled"), case, "cpu", TOL)
         assert result.status is Status.PASS, (case.id, result.reason)
         if not case.forward_only:
@@ -205,7 +205,7 @@ def test_a_kernel_declaring_no_sink_gradient_is_judged_without_dsink_and_says_so
         def capabilities(self):
             return dataclasses.replace(super().capabilities(), sink_grad=False)
 
-    case = next(c for c in load_suite("smoke").cases if c.sinks and c.varlen is None and not c.forward_only)
+    case = next(c for c in load_suite("smoke").cases if c.entry.sinks and c.entry.varlen is None and not c.forward_only)
     result = run_case(NoSinkGrad(), case, "cpu", TOL)
     assert result.status is Status.PASS and result.tensor("dsink") is None
     assert "dsink not judged: the adapter declares no sink gradient" in result.reason
@@ -437,7 +437,7 @@ def test_a_decode_perf_case_is_timed_forward_only_with_its_kv_bandwidth():
     from gate.speed.runs import measure_case
     from gate.speed.timing import TimingPlan
 
-    case = Case(**{**DECODE, "perf": True}, page_size=16)
+    case = Case.build(**{**DECODE, "perf": True}, page_size=16)
     plan = TimingPlan(rounds=3, calls_per_round=1, warmup_s=0.0, cold_l2=False)
     result = measure_case(get_adapter("tiled"), "sdpa-math", case, "cpu", plan)
     assert result.label == "OK", result.reason
@@ -449,9 +449,9 @@ def test_a_decode_perf_case_is_timed_forward_only_with_its_kv_bandwidth():
 
 def test_the_pr_tier_times_decode_and_varlen():
     perf = load_suite("pr").perf_cases
-    assert any(c.entry == "kvcache" and c.page_size for c in perf)
-    assert any(c.entry == "kvcache" and not c.page_size for c in perf)
-    assert any(c.varlen is not None for c in perf)
+    assert any(c.entry.kind == "kvcache" and c.entry.page_size for c in perf)
+    assert any(c.entry.kind == "kvcache" and not c.entry.page_size for c in perf)
+    assert any(c.entry.varlen is not None for c in perf)
 
 
 def test_drift_trains_a_family_through_its_dense_entry_point_and_refuses_a_forward_only_one(tmp_path, capsys):
@@ -471,14 +471,14 @@ def test_drift_trains_a_family_through_its_dense_entry_point_and_refuses_a_forwa
 @pytest.mark.parametrize("changes", [dict(layout="k_sliced"), dict(inputs="large"), dict(bias="dense")])
 def test_a_decode_case_takes_no_layout_inputs_or_bias(changes):
     with pytest.raises(ValueError, match="a kvcache case takes no layout, inputs or bias"):
-        Case(**DECODE, **changes)
+        Case.build(**DECODE, **changes)
 
 
 def test_tiled_judges_sinks_and_a_learnable_bias_together():
     """Sinks and a bias in one case: the reference adds both, tiled's backward returns dsink and dbias."""
     from gate.kernels.tiled import TiledAdapter
 
-    case = Case(batch=2, seqlen_q=40, seqlen_k=56, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="fp32",
+    case = Case.build(batch=2, seqlen_q=40, seqlen_k=56, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="fp32",
                 causal=True, sinks=True, bias="dense", bias_grad=True, seeds=(0,))
     row = run_case(TiledAdapter(), case, "cpu", TOL)
     assert row.status is Status.PASS, row.reason
@@ -488,7 +488,7 @@ def test_tiled_judges_sinks_and_a_learnable_bias_together():
 def test_a_family_varlen_entry_gets_the_keys_own_cu_seqlens_with_sinks(tmp_path):
     """varlen_k through a family's varlen entry point (cu_seqlens_k, max_seqlen_k), with sinks."""
     adapter = family_adapter("mykernel", load_config(write_config(tmp_path)))
-    case = Case(batch=4, seqlen_q=40, seqlen_k=50, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="bf16",
+    case = Case.build(batch=4, seqlen_q=40, seqlen_k=50, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="bf16",
                 causal=True, varlen=(5, 40, 0, 30), varlen_k=(50, 3, 7, 30), sinks=True, seeds=(0,))
     row = run_case(adapter, case, "cpu", TOL)
     assert row.status is Status.PASS, row.reason
@@ -513,8 +513,8 @@ def test_the_selftests_paged_bug_is_active_and_fails_a_paged_case_only():
 
     bug = next(b for b in BUGS if b.name == "paged_pages_swapped")
     assert not bug.trigger.pending
-    case = Case(**DECODE, page_size=16, shuffled_pages=True, seeds=(0,))
-    assert bug.trigger.applies(case) and not bug.trigger.applies(Case(**DECODE))
+    case = Case.build(**DECODE, page_size=16, shuffled_pages=True, seeds=(0,))
+    assert bug.trigger.applies(case) and not bug.trigger.applies(Case.build(**DECODE))
     assert run_case(TiledAdapter(), case, "cpu", TOL).status is Status.PASS
     row = run_case(planted_adapter(bug, TiledAdapter()), case, "cpu", TOL)
     assert row.status is Status.FAIL, row.reason

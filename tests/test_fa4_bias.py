@@ -26,6 +26,7 @@ from gate.core.cases import Case
 from gate.core.config import ToleranceConfig
 from gate.correctness.run_case import leaf_call, run_case
 from gate.attention.inputs import make_inputs
+from gate.kernels.capabilities import Feature
 from gate.kernels.flash_attn import (
     BIAS_GRAD_REASON, GQA_DV_REASON, SOFTCAP_BIAS_REASON, FA4Adapter, fa4_bias_aux, fa4_mask_aux,
 )
@@ -37,7 +38,7 @@ def case(**kw) -> Case:
     base = dict(batch=2, seqlen_q=9, seqlen_k=13, heads_q=4, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16",
                 seeds=(0,))
     base.update(kw)
-    return Case(**base)
+    return Case.build(**base)
 
 
 # ---------------------------------------------------------------- fakes
@@ -199,7 +200,8 @@ def test_mask_aux_folds_causal_and_window_bottom_right(kind, causal, window, nq,
 def test_fa4_declares_float_bias_and_masks_but_no_bias_gradient(fake_fa4):
     a = FA4Adapter()
     caps = a.capabilities()
-    assert caps.bias and caps.bool_mask and not caps.bias_grad and caps.bias_unsupported == ""
+    assert caps.supports(Feature.BIAS) and caps.supports(Feature.BOOL_MASK) and not caps.supports(Feature.BIAS_GRAD)
+    assert caps.reason(Feature.BIAS_GRAD).startswith("no bias gradient: FA4's backward")
     for kind in ("dense", "broadcast_b", "broadcast_h", "broadcast_1", "bool_mask", "bool_empty_rows", "document", "prefix_lm"):
         assert a.unsupported_reason(case(bias=kind), "cuda") is None, kind
     assert a.unsupported_reason(case(bias="shifted_rows", bias_dtype="fp32"), "cuda") is None

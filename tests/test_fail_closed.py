@@ -13,7 +13,7 @@ from gate.core.errors import UserError
 from gate.kernels.user import UserAdapter
 from gate.core.results import Status
 
-CASE = Case(batch=1, seqlen_q=16, seqlen_k=16, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16", seeds=(0,))
+CASE = Case.build(batch=1, seqlen_q=16, seqlen_k=16, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16", seeds=(0,))
 
 
 @pytest.mark.parametrize("fn", ["exits_zero", "exits_one"])
@@ -73,5 +73,5 @@ def test_user_kernel_without_causal_keyword_runs_non_causal_cases(tmp_path, monk
     monkeypatch.syspath_prepend(str(tmp_path))
     adapter = UserAdapter("nocausal:attn")
     assert run_case(adapter, CASE, "cpu", ToleranceConfig()).status is Status.PASS
-    causal = run_case(adapter, Case(**{**CASE.to_dict(), "causal": True, "seeds": (0,), "window": (-1, -1)}), "cpu", ToleranceConfig())
+    causal = run_case(adapter, CASE.with_fields(causal=True, seeds=(0,)), "cpu", ToleranceConfig())
     assert causal.status is Status.SKIP and "causal" in causal.reason

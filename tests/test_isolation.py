@@ -212,7 +212,7 @@ def test_shards_merge_into_the_sweep_a_single_run_writes(tmp_path, monkeypatch, 
 
 
 def test_shard_parts_are_deterministic_balanced_and_cover_the_suite():
-    cases = [Case(batch=1, seqlen_q=s, seqlen_k=s, heads_q=2, heads_kv=2, head_dim=64, head_dim_v=64, dtype="bf16")
+    cases = [Case.build(batch=1, seqlen_q=s, seqlen_k=s, heads_q=2, heads_kv=2, head_dim=64, head_dim_v=64, dtype="bf16")
              for s in (1, 97, 128, 256, 512, 1000, 2048, 4096, 33, 64)]
     for n in (1, 2, 3, 4):
         parts = assign(cases, n)
@@ -245,8 +245,8 @@ def test_a_torn_last_journal_line_is_dropped_and_runs_again(tmp_path):
     from gate.core.results import CaseResult, Status
     from gate.workflow.journal import Journal, read_journal
 
-    case = Case(batch=1, seqlen_q=8, seqlen_k=8, heads_q=1, heads_kv=1, head_dim=8, head_dim_v=8, dtype="fp32", seeds=(0,))
-    other = Case(batch=1, seqlen_q=9, seqlen_k=9, heads_q=1, heads_kv=1, head_dim=8, head_dim_v=8, dtype="fp32", seeds=(0,))
+    case = Case.build(batch=1, seqlen_q=8, seqlen_k=8, heads_q=1, heads_kv=1, head_dim=8, head_dim_v=8, dtype="fp32", seeds=(0,))
+    other = Case.build(batch=1, seqlen_q=9, seqlen_k=9, heads_q=1, heads_kv=1, head_dim=8, head_dim_v=8, dtype="fp32", seeds=(0,))
     header = {"kernel": "k", "suite": "s", "suite_hash": "h", "device": "cpu", "environment": {}, "tolerance": {},
               "only": None, "checks": [], "shard": None, "started_at": "t0"}
     journal = Journal(tmp_path / "journal.jsonl")
@@ -269,7 +269,7 @@ def test_dropped_journal_cases_run_again_on_resume_and_the_old_journal_is_kept(t
     from gate.core.results import CaseResult, Status
     from gate.workflow.journal import Journal, drop_cases, journal_results, read_journal
 
-    cases = [Case(batch=1, seqlen_q=n, seqlen_k=n, heads_q=1, heads_kv=1, head_dim=8, head_dim_v=8, dtype="fp32", seeds=(0,))
+    cases = [Case.build(batch=1, seqlen_q=n, seqlen_k=n, heads_q=1, heads_kv=1, head_dim=8, head_dim_v=8, dtype="fp32", seeds=(0,))
              for n in (8, 9, 10)]
     header = {"kernel": "k", "suite": "s", "suite_hash": "h", "device": "cpu", "environment": {}, "tolerance": {},
               "only": None, "checks": [], "shard": None, "started_at": "t0"}

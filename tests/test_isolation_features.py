@@ -26,7 +26,7 @@ TOL = ToleranceConfig()
 
 def tiny(**kw) -> Case:
     base = dict(batch=1, seqlen_q=17, seqlen_k=17, heads_q=2, heads_kv=2, head_dim=8, head_dim_v=8, dtype="fp32", seeds=(0,))
-    return Case(**{**base, **kw})
+    return Case.build(**{**base, **kw})
 
 
 FEATURE_CASES = {
@@ -71,12 +71,12 @@ def test_the_worker_measures_what_one_process_measures(name, tiled_pool):
     assert here.status is Status.PASS, here.reason
     assert _row(isolated) == _row(here)
     measured = {t.tensor for t in isolated.tensors}
-    if case.entry == "kvcache":  # forward-only, judged on the cache after the call too
+    if case.entry.kind == "kvcache":  # forward-only, judged on the cache after the call too
         assert isolated.forward_only and measured == {"out", "lse", "k_cache", "v_cache"}
     else:
         assert measured >= {"out", "lse", "dq", "dk", "dv"} and not isolated.forward_only
-    assert ("dbias" in measured) == case.bias_grad
-    assert ("dsink" in measured) == (case.sinks and case.entry != "kvcache")
+    assert ("dbias" in measured) == case.bias.grad
+    assert ("dsink" in measured) == (case.entry.sinks and case.entry.kind != "kvcache")
     if case.checks:
         assert [c.name for c in isolated.checks] == list(case.checks) and all(c.passed for c in isolated.checks)
 

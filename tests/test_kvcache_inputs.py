@@ -26,11 +26,11 @@ def digest(inputs) -> str:
 
 
 def _cases() -> dict:
-    smoke = [c for c in load_suite("smoke").cases if c.entry == "kvcache"]
-    pr = [c for c in load_suite("pr").cases if c.entry == "kvcache" and c.batch < 16]
-    base = next(c for c in smoke if c.page_size == 16 and c.shuffled_pages and c.batch == 2)
-    full = [dataclasses.replace(base, cache_seqlens=(96, 96), cache_new=False, seqlen_q=1),  # every slot real, 96 % 16 == 0
-            dataclasses.replace(base, cache_seqlens=(96, 96), cache_new=False, seqlen_q=1, page_size=0, shuffled_pages=False)]
+    smoke = [c for c in load_suite("smoke").cases if c.entry.kind == "kvcache"]
+    pr = [c for c in load_suite("pr").cases if c.entry.kind == "kvcache" and c.batch < 16]
+    base = next(c for c in smoke if c.entry.page_size == 16 and c.entry.shuffled_pages and c.batch == 2)
+    full = [base.with_fields(cache_seqlens=(96, 96), cache_new=False, seqlen_q=1),  # every slot real, 96 % 16 == 0
+            base.with_fields(cache_seqlens=(96, 96), cache_new=False, seqlen_q=1, page_size=0, shuffled_pages=False)]
     return {c.id: c for c in smoke + pr[:4] + pr[8:10] + full}
 
 
@@ -66,7 +66,7 @@ PINNED = [  # (case id, cache_seqlens, page size, shuffled, digest of make_input
 @pytest.mark.parametrize("case_id, cached, page, shuffled, want", PINNED, ids=[p[0] for p in PINNED])
 def test_decode_inputs_are_the_ones_the_baselines_were_measured_on(case_id, cached, page, shuffled, want):
     case = CASES[case_id]
-    assert (case.cache_seqlens, case.page_size, case.shuffled_pages) == (cached, page, shuffled)
+    assert (case.entry.cache_seqlens, case.entry.page_size, case.entry.shuffled_pages) == (cached, page, shuffled)
     assert digest(make_inputs(case, 1, "cpu")) == want
 
 

@@ -3,19 +3,17 @@ no passing case has, stated with counts. Tables of synthetic cases; no kernel ru
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from gate.core.cases import Case
 from gate.core.results import CaseResult, Status, TensorError
 from gate.report.comment import diagnosis, failing_tensors, separating_trait
 
-BASE = Case(batch=2, seqlen_q=128, seqlen_k=128, heads_q=4, heads_kv=4, head_dim=64, head_dim_v=64, dtype="bf16")
+BASE = Case.build(batch=2, seqlen_q=128, seqlen_k=128, heads_q=4, heads_kv=4, head_dim=64, head_dim_v=64, dtype="bf16")
 
 
 def case(**kw) -> Case:
-    return dataclasses.replace(BASE, **kw)
+    return BASE.with_fields(**kw)
 
 
 def result(c: Case, over: dict[str, float]) -> CaseResult:

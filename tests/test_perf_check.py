@@ -189,8 +189,8 @@ def add_perf_entry(baseline: Path, case_id: str) -> None:
 # ---------------------------------------------------------------- judged or said not to be
 
 
-A = Case(batch=1, seqlen_q=32, seqlen_k=32, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="fp32", perf=True)
-B = Case(batch=1, seqlen_q=64, seqlen_k=64, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="fp32", perf=True)
+A = Case.build(batch=1, seqlen_q=32, seqlen_k=32, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="fp32", perf=True)
+B = Case.build(batch=1, seqlen_q=64, seqlen_k=64, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="fp32", perf=True)
 PLAN = TimingPlan(rounds=15, calls_per_round=1, warmup_s=0.0)
 ANCHOR = "sdpa-math"
 

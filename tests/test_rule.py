@@ -24,7 +24,7 @@ def user(name: str) -> UserAdapter:
 
 
 def case(dtype, nq=64, nk=64, hq=4, hkv=2, d=40, causal=True, **kw):
-    return Case(batch=1, seqlen_q=nq, seqlen_k=nk, heads_q=hq, heads_kv=hkv, head_dim=d, head_dim_v=d, dtype=dtype,
+    return Case.build(batch=1, seqlen_q=nq, seqlen_k=nk, heads_q=hq, heads_kv=hkv, head_dim=d, head_dim_v=d, dtype=dtype,
                 causal=causal, seeds=(0, 1), **kw)
 
 

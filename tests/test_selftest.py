@@ -149,7 +149,7 @@ def test_unknown_bug_is_a_usage_error(tmp_path, capsys):
 
 def test_tiled_variant_without_flags_is_bit_identical_to_tiled():
     """Every difference the gate sees in a tiled-variant bug is the bug, not a re-implementation."""
-    case = Case(batch=2, seqlen_q=70, seqlen_k=90, heads_q=4, heads_kv=2, head_dim=40, head_dim_v=40, dtype="bf16",
+    case = Case.build(batch=2, seqlen_q=70, seqlen_k=90, heads_q=4, heads_kv=2, head_dim=40, head_dim_v=40, dtype="bf16",
                 causal=True, window=(30, 0), softcap=10.0, alibi=True, seeds=(0,))
     inputs = make_inputs(case, 0, "cpu")
     ref, ref_grads = run_kernel(TiledAdapter(), case, inputs)
@@ -165,7 +165,7 @@ def test_a_score_bug_changes_nothing_where_its_feature_is_absent_a_custom_bias_i
     on a case without softcap, ALiBi, causal or window it is tiled itself, the trainable bias and its
     gradient included (a re-written score function once dropped the bias, so a variant 'failed' bias
     cases for that, not for its bug)."""
-    case = Case(batch=2, seqlen_q=40, seqlen_k=56, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="fp32",
+    case = Case.build(batch=2, seqlen_q=40, seqlen_k=56, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="fp32",
                 bias="dense", bias_grad=True, seeds=(0,))
     inputs = make_inputs(case, 0, "cpu")
     ref, ref_grads = run_kernel(TiledAdapter(), case, inputs)

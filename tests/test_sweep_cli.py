@@ -47,7 +47,7 @@ def test_smoke_sweep_passes_and_writes_report_and_note(smoke_sweeps, kernel):
     code, stdout, _, out = smoke_sweeps[kernel]
     assert code == 0, stdout[-3000:]
     report = json.loads((out / f"sweep-{kernel}-smoke.json").read_text())
-    assert report["schema_version"] == 2 and report["kernel"] == kernel and report["suite"] == "smoke"
+    assert report["schema_version"] == 3 and report["kernel"] == kernel and report["suite"] == "smoke"
     assert report["summary"]["FAIL"] == report["summary"]["ERROR"] == 0 and report["summary"]["PASS"] > 0
     rows = report["harness_report"]
     assert rows and all(HARNESS_FIELDS <= set(r) for r in rows)
@@ -218,7 +218,7 @@ def test_reasons_are_printed_literally_not_as_rich_markup(smoke_sweeps):
 
     _, _, _, out = smoke_sweeps["tiled"]
     sweep = SweepResult.read(out / "sweep-tiled-smoke.json")
-    case = Case(batch=1, seqlen_q=8, seqlen_k=8, heads_q=1, heads_kv=1, head_dim=8, head_dim_v=8, dtype="bf16")
+    case = Case.build(batch=1, seqlen_q=8, seqlen_k=8, heads_q=1, heads_kv=1, head_dim=8, head_dim_v=8, dtype="bf16")
     reason = "RuntimeError: expected [bold] shape [1, 8] got [/] [8, 1]"
     broken = SweepResult(**{**sweep.__dict__, "cases": (CaseResult(case=case, status=Status.ERROR, reason=reason),)})
     buffer = io.StringIO()

@@ -10,7 +10,7 @@ from gate.speed.timing import (
     CpuClock, FunctionWorkload, GpuState, MatmulWorkload, PassTiming, TimingPlan, TimingRun, throttle_names, time_pair,
 )
 
-TINY = Case(batch=1, seqlen_q=32, seqlen_k=32, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="fp32", perf=True)
+TINY = Case.build(batch=1, seqlen_q=32, seqlen_k=32, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="fp32", perf=True)
 
 
 def test_rounds_interleave_candidate_and_anchor_per_pass():

@@ -30,7 +30,7 @@ TOL = {"mult_out": 2.0, "mult_dq": 3.0}
 
 def case(n: int) -> Case:
     """Distinct, stable cases: the seqlen tells them apart (ids like bf16-b1-h1-s7-d8)."""
-    return Case(batch=1, seqlen_q=n, seqlen_k=n, heads_q=1, heads_kv=1, head_dim=8, head_dim_v=8, dtype="bf16")
+    return Case.build(batch=1, seqlen_q=n, seqlen_k=n, heads_q=1, heads_kv=1, head_dim=8, head_dim_v=8, dtype="bf16")
 
 
 def tensor(name: str, ratio: float) -> TensorError:

@@ -47,7 +47,7 @@ def bias_shape(case: Case) -> tuple[int, int, int, int]:
         "broadcast_1": (1, 1, nq, nk), "shifted_rows": (b, h, nq, nk),
         "bool_mask": (b, h, nq, nk), "bool_empty_rows": (b, h, nq, nk),
         "document": (b, 1, nq, nk), "prefix_lm": (b, 1, nq, nk),
-    }[case.bias]
+    }[case.bias.kind]
 
 
 def _positions(rows: torch.Tensor, nq: int, nk: int) -> torch.Tensor:
@@ -79,7 +79,7 @@ def make_bias(case: Case, seed: int, device: str | torch.device, dtype: torch.dt
         return None
     shape = bias_shape(case)
     bb, hb, nq, nk = shape
-    if case.bias in FLOAT_BIAS_KINDS:
+    if case.bias.kind in FLOAT_BIAS_KINDS:
         gen = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + 29)
         table = (torch.randn(bb, hb, 2 * BUCKETS_PER_SIDE, generator=gen) * TABLE_STD).to(device)
         keyterm = (torch.randn(bb, hb, nk, generator=gen) * KEY_STD).to(device)
@@ -90,17 +90,17 @@ def make_bias(case: Case, seed: int, device: str | torch.device, dtype: torch.dt
             rows = torch.arange(r0, min(nq, r0 + step), device=device)
             bucket = _buckets(cols.view(1, -1) - _positions(rows, nq, nk).view(-1, 1), nk)  # (r, nk)
             vals = table[:, :, bucket] + keyterm[:, :, None, :]  # float32 (bb, hb, r, nk)
-            if case.bias == "shifted_rows":  # softmax ignores a row shift; the LSE (and exp) do not
+            if case.bias.kind == "shifted_rows":  # softmax ignores a row shift; the LSE (and exp) do not
                 vals = vals + torch.where(rows % SHIFT_EVERY == 1, SHIFT, 0.0).view(1, 1, -1, 1)
             out[:, :, r0:r0 + len(rows)] = vals.to(dtype)
         return out
-    assert case.bias in BOOL_BIAS_KINDS
+    assert case.bias.kind in BOOL_BIAS_KINDS
     gen = torch.Generator(device="cpu").manual_seed(nq * 7919 + nk * 104729 + bb)
     starts = None
     prefix = None
-    if case.bias == "document":
+    if case.bias.kind == "document":
         starts = [_document_starts(nk, gen).to(device) for _ in range(bb)]
-    if case.bias == "prefix_lm":
+    if case.bias.kind == "prefix_lm":
         prefix = torch.randint(1, nk + 1, (bb,), generator=gen).to(device)
     out = torch.empty(shape, dtype=torch.bool, device=device)
     step = max(1, BUILD_CHUNK // max(1, nk * hb))
@@ -110,14 +110,14 @@ def make_bias(case: Case, seed: int, device: str | torch.device, dtype: torch.dt
         pos = _positions(rows, nq, nk)
         diag = cols.view(1, -1) == pos.view(-1, 1)  # (r, nk)
         for b in range(bb):
-            if case.bias in ("bool_mask", "bool_empty_rows"):
+            if case.bias.kind in ("bool_mask", "bool_empty_rows"):
                 bi = torch.tensor(b, device=device)
                 hi = torch.arange(hb, device=device).view(-1, 1, 1)
                 allowed = _hash(bi, hi, rows.view(1, -1, 1), cols.view(1, 1, -1)) < int(BOOL_DENSITY * 0x10000)
                 allowed = allowed | diag
-                if case.bias == "bool_empty_rows":
+                if case.bias.kind == "bool_empty_rows":
                     allowed = allowed & (rows % EMPTY_ROW_EVERY != 2).view(1, -1, 1)
-            elif case.bias == "document":
+            elif case.bias.kind == "document":
                 doc = torch.searchsorted(starts[b], cols, right=True)  # document id of each key
                 allowed = (doc[pos].view(-1, 1) == doc.view(1, -1)).unsqueeze(0)
             else:  # prefix_lm: the prefix sees itself both ways; after it, causal

@@ -88,8 +88,8 @@ def _cu(lengths, device) -> torch.Tensor:
 def make_inputs(case: Case, seed: int, device: str | torch.device) -> AttnInputs:
     dtype = TORCH_DTYPES[case.dtype]
     gen = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + 17)
-    if case.varlen is not None:
-        total, total_k = sum(case.varlen), sum(case.keys_varlen)
+    if case.entry.varlen is not None:
+        total, total_k = sum(case.entry.varlen), sum(case.keys_varlen)
         shapes = [(total, case.heads_q, case.head_dim), (total_k, case.heads_kv, case.head_dim),
                   (total_k, case.heads_kv, case.head_dim_v), (total, case.heads_q, case.head_dim_v)]
     else:
@@ -99,24 +99,24 @@ def make_inputs(case: Case, seed: int, device: str | torch.device) -> AttnInputs
     q, k, v, dout = (torch.randn(s, generator=gen, dtype=torch.float32) for s in shapes)
     q, k, v = _shape_values(case, q, k, v)
     q, k, v, dout = (t.to(device=device, dtype=dtype) for t in (q, k, v, dout))
-    cu = _cu(case.varlen, device) if case.varlen is not None else None
-    cu_k = _cu(case.varlen_k, device) if case.varlen_k is not None else None
+    cu = _cu(case.entry.varlen, device) if case.entry.varlen is not None else None
+    cu_k = _cu(case.entry.varlen_k, device) if case.entry.varlen_k is not None else None
     slopes = alibi_slopes(case.heads_q).to(device) if case.alibi else None
     # drawn after everything else, so the inputs of older cases are unchanged. A sink
     # logit near log(keys) weighs about as much as all keys together: a kernel that drops it is far off.
-    cache = make_cache_inputs(case, q, gen, dtype, device) if case.entry == "kvcache" else None
+    cache = make_cache_inputs(case, q, gen, dtype, device) if case.entry.kind == "kvcache" else None
     sink = None
-    if case.sinks:
+    if case.entry.sinks:
         sink = (torch.randn(case.heads_q, generator=gen) + float(torch.tensor(float(case.seqlen_k)).log())).to(device)
     bias = make_bias(case, seed, device, bias_dtype(case))  # its own generator, q/k/v unchanged
     return AttnInputs(q=q, k=k, v=v, dout=dout, softmax_scale=case.head_dim ** -0.5,
-                      alibi_slopes=slopes, cu_seqlens=cu, seqlens=case.varlen, seed=seed,
-                      cu_seqlens_k=cu_k, seqlens_k=case.varlen_k, bias=bias, cache=cache, sink=sink)
+                      alibi_slopes=slopes, cu_seqlens=cu, seqlens=case.entry.varlen, seed=seed,
+                      cu_seqlens_k=cu_k, seqlens_k=case.entry.varlen_k, bias=bias, cache=cache, sink=sink)
 
 
 def bias_dtype(case: Case) -> torch.dtype:
     """the dtype of a float bias: the input dtype unless the case asks for fp32."""
-    return torch.float32 if case.bias_dtype == "fp32" else TORCH_DTYPES[case.dtype]
+    return torch.float32 if case.bias.dtype == "fp32" else TORCH_DTYPES[case.dtype]
 
 
 @dataclass(frozen=True)

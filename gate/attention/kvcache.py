@@ -5,7 +5,7 @@
                   (blocks, page, Hkv, D)  paged: physical blocks of `page` slots; block_table maps
     block_table   (B, pages_per_seq) int32  logical page j of batch element b -> physical block
     cache_seqlens (B,) int32              tokens already cached per batch element, before the call
-    k_new, v_new  (B, Nq, Hkv, D)         with case.cache_new: written at slots
+    k_new, v_new  (B, Nq, Hkv, D)         with case.entry.cache_new: written at slots
                                           cache_seqlens[b] .. cache_seqlens[b] + Nq - 1, then attended
 
 Slots past a batch element's tokens hold loud garbage (large keys, shifted values) and the pool has
@@ -83,7 +83,7 @@ def make_cache_inputs(case: Case, q: torch.Tensor, gen: torch.Generator, dtype, 
     no whole-cache concatenation or tile repeat is made (a 16 x 8192-slot cache took ~7 s here)."""
     b, cap, hkv = case.batch, case.seqlen_k, case.heads_kv
     cached = case.cached_lengths
-    page = case.page_size
+    page = case.entry.page_size
     padded = -(-cap // page) * page if page else cap
     dims = {"k": case.head_dim, "v": case.head_dim_v}
     slots = {name: torch.empty((b, padded, hkv, d), dtype=torch.float32) for name, d in dims.items()}
@@ -95,7 +95,7 @@ def make_cache_inputs(case: Case, q: torch.Tensor, gen: torch.Generator, dtype, 
         slots["k"][i, :n].normal_(generator=gen)
         slots["v"][i, :n].normal_(generator=gen)
     k_new = v_new = None
-    if case.cache_new:
+    if case.entry.cache_new:
         k_new = torch.randn((b, case.seqlen_q, hkv, case.head_dim), generator=gen).to(device=device, dtype=dtype)
         v_new = torch.randn((b, case.seqlen_q, hkv, case.head_dim_v), generator=gen).to(device=device, dtype=dtype)
     block_table = None
@@ -106,7 +106,7 @@ def make_cache_inputs(case: Case, q: torch.Tensor, gen: torch.Generator, dtype, 
             slots[name][:, cap:padded] = _tile_span(pad, cap, padded, cap)
         pages = padded // page
         blocks = b * pages + SPARE_BLOCKS
-        order = torch.randperm(blocks, generator=gen) if case.shuffled_pages else torch.arange(blocks)
+        order = torch.randperm(blocks, generator=gen) if case.entry.shuffled_pages else torch.arange(blocks)
         block_table = order[: b * pages].view(b, pages).to(torch.int32)
         k_pool = torch.empty((blocks, page, hkv, case.head_dim), dtype=torch.float32)
         v_pool = torch.empty((blocks, page, hkv, case.head_dim_v), dtype=torch.float32)

@@ -52,22 +52,22 @@ def register(sub) -> None:
 
 
 def update(args: argparse.Namespace) -> int:
-    from gate.workflow.check import run_baseline_update
+    from gate.workflow.check import resolve_plan, run_baseline_update
     from gate.core.config import load_config
 
-    from gate.workflow.validate import check_device, validate_target
+    from gate.workflow.validate import check_device
 
     config = load_config(args.config)
     kernel, suite, device = args.kernel, args.suite, args.device
-    if args.from_results is None:  # names first: a typo is a typo
-        t = validate_target(config, kernel, suite, device, args.only, kernel_in_worker=True)  # its sweep runs in workers
-        kernel, suite, device = t.kernel, t.suite, t.device
+    plan = None
+    if args.from_results is None:  # names first: a typo is a typo; its sweep runs in workers
+        plan = resolve_plan(config, kernel, suite, device, args.only, perf=args.perf)
     else:
         check_device(device)
     outcome = run_baseline_update(config, kernel=kernel, suite=suite, device=device, only=args.only,
                                   results_path=args.from_results,
                                   summary_path=args.summary, out_dir=args.out, progress=not args.no_progress,
-                                  perf=args.perf, perf_from=args.perf_from)
+                                  perf=args.perf, perf_from=args.perf_from, plan=plan)
     return outcome.exit_code
 
 

@@ -68,8 +68,8 @@ def last_failed_only(out: Path, kernel: str | None, suite: str | None) -> str:
 
 def main(args: argparse.Namespace) -> int:
     from gate.core.config import load_config
-    from gate.workflow.check import run_check
-    from gate.workflow.validate import check_device, validate_target
+    from gate.workflow.check import resolve_plan, run_check
+    from gate.workflow.validate import check_device
 
     from gate.commands.common import run_options
     from gate.core.errors import UserError
@@ -85,15 +85,15 @@ def main(args: argparse.Namespace) -> int:
         if args.only is not None or args.results is not None:
             raise UserError("--last-failed picks the cases itself: drop --only (and --results)")
         args.only = last_failed_only(args.out, kernel, suite)
-    if args.results is None:  # names first: a typo is a typo, not "no baseline"
-        t = validate_target(config, kernel, suite, device, args.only, kernel_in_worker=True)
-        kernel, suite, device = t.kernel, t.suite, t.device
+    plan = None
+    if args.results is None:  # names first: a typo is a typo, not "no baseline"; the plan is resolved once, here
+        plan = resolve_plan(config, kernel, suite, device, args.only, options, args.perf, args.baseline)
     else:
         check_device(device)
     require_writable(args.out, "--out")
     with FolderLock(args.out, "--out"):
         outcome = run_check(config, kernel=kernel, suite=suite, device=device, only=args.only,
                             results_path=args.results, baseline_file=args.baseline, out_dir=args.out,
-                            progress=not args.no_progress, perf=args.perf, options=options)
+                            progress=not args.no_progress, perf=args.perf, options=options, plan=plan)
     print("wrote " + ", ".join(str(p) for p in outcome.paths.values()))
     return outcome.exit_code

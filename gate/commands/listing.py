@@ -6,6 +6,7 @@ import argparse
 
 from gate.commands.common import add_config
 from gate.commands.help_text import parser_kwargs
+from gate.kernels.capabilities import Feature
 
 
 def register(sub) -> None:
@@ -38,8 +39,10 @@ def kernels(args: argparse.Namespace) -> int:
         adapter = get_adapter(name)
         why = adapter.unavailable_reason()
         caps = adapter.capabilities()
+        has = {f.value: caps.supports(f) for f in Feature} | {"deterministic_mode": caps.deterministic_mode,
+                                                             "returns_lse": caps.returns_lse}
         feats = [f for f in ("window", "softcap", "alibi", "dropout", "varlen", "gqa", "deterministic_mode", "returns_lse",
-                                 "kvcache", "paged", "sinks") if getattr(caps, f)]
+                             "kvcache", "paged", "sinks") if has[f]]
         state = "available" if why is None else f"unavailable: {why}"
         print(f"{name:15} {state}\n{'':15} {adapter.description}; {'/'.join(caps.dtypes)}; {', '.join(feats)}")
     return 0

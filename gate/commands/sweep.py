@@ -53,7 +53,7 @@ def main(args: argparse.Namespace) -> int:
     from gate.report.sweep_report import print_table
     from gate.core.files import require_writable
     from gate.report.sweep_report import write_sweep_outputs
-    from gate.workflow.sweep import run_sweep
+    from gate.workflow.sweep import resolve_plan, sweep_plan
 
     require_writable(args.out, "--out")  # before the sweep, not after minutes of it
     config = load_config(args.config)
@@ -62,21 +62,18 @@ def main(args: argparse.Namespace) -> int:
     refuse_inside_baselines(args.out, config.baselines_dir)
     options = run_options(args)
     from gate.correctness.probes.registry import parse_names
-    from gate.workflow.validate import validate_target
 
     # a supervised run imports the kernel in its child only: this process stays free of its code
     supervised = options.workers == 0 and not os.environ.get(DONE_FILE_ENV)
-    target = validate_target(config, args.kernel, args.suite, args.device, args.only,
-                             kernel_in_worker=options.workers != 0 or supervised)
-    device = target.device
+    plan = resolve_plan(config, args.kernel, args.suite, args.device, args.only, options,
+                        kernel_in_worker=options.workers != 0 or supervised)
     check_names = parse_names(args.checks)
     if supervised:
         return run_supervised(args.argv)
     from gate.core.files import FolderLock
 
     with FolderLock(args.out, "--out"):
-        result = run_sweep(target.kernel, target.suite, config, device,
-                           progress=not args.no_progress, only=args.only, check_names=check_names, options=options)
+        result = sweep_plan(plan, progress=not args.no_progress, check_names=check_names)
         try:
             paths = write_sweep_outputs(result, args.out)
         except OSError as exc:

@@ -174,7 +174,7 @@ def incomplete_pass(c: "CaseResult") -> Finding | None:
     + dbias; a forward-only row needs out only; run_case sets `forward_only` from the case
     and the kernel's declaration)."""
     return rule_incomplete_pass(c.case_id, c.status.value, {t.tensor for t in c.tensors},
-                                required_tensors(c.case.bias_grad, c.forward_only))
+                                required_tensors(c.case.bias.grad, c.forward_only))
 
 
 def rule_incomplete_pass(case_id: str, status: str, tensors: set[str] | frozenset[str],

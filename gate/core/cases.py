@@ -1,6 +1,7 @@
 """Cases and suites: what to test, as frozen, hashable identities with readable ids.
 
-A Case says nothing about results; a suite is a tuple of Cases expanded from a matrix (the
+A Case says nothing about results; it is composed of small frozen parts (Shape, Masking, Entry,
+Bias) and derives its id and hash from them. A suite is a tuple of Cases expanded from a matrix (the
 cartesian product of the axes each matrix block lists). Default suites ship in `suites.toml`
 beside this module; `[tool.attn-gate.suites.NAME]` in pyproject.toml replaces a suite of the
 same name or adds a new one, in the same format.
@@ -117,14 +118,12 @@ def _num(x: float) -> str:
     return text[:-2] if text.endswith(".0") else text
 
 
+# Every part is checked when it becomes part of a Case (its `problems`), so one message lists
+# every problem of the case, the cross-part ones included.
 @dataclass(frozen=True)
-class Case:
-    """One attention problem. `window` uses flash-attn's (left, right); -1 means unbounded.
-
-    With `varlen` set, the batch is that many sequences of the given lengths (the same for
-    queries and keys), packed as flash-attn's varlen API takes them; `batch`, `seqlen_q` and
-    `seqlen_k` then describe the padded equivalent (len(varlen), max(varlen)).
-    """
+class Shape:
+    """The problem's size and dtype. With varlen lengths (Entry) `batch`, `seqlen_q` and
+    `seqlen_k` are the padded equivalent (len(varlen), max(varlen), max(varlen_k))."""
 
     batch: int
     seqlen_q: int
@@ -134,45 +133,9 @@ class Case:
     head_dim: int
     head_dim_v: int
     dtype: str
-    causal: bool = False
-    window: tuple[int, int] = (-1, -1)
-    softcap: float = 0.0
-    alibi: bool = False
-    dropout_p: float = 0.0
-    varlen: tuple[int, ...] | None = None
-    seeds: tuple[int, ...] = (0, 1)
-    perf: bool = False  # also a timing case for the speed suites
-    # Extra checks run on this case (names from gate/correctness/probes/registry.py). Not part of the id: the same
-    # problem is the same case whichever checks also run on it (a suite merges them).
-    checks: tuple[str, ...] = ()
-    # --- entry points, decode with a KV cache, learnable sinks. Defaults keep every
-    # older case (and its id) as it was. With entry="kvcache": seqlen_q is the number of query
-    # tokens of the decode step (1..16 typically), seqlen_k the cache capacity per batch element,
-    # cache_seqlens the tokens already cached per batch element before the call (None: a full
-    # cache), cache_new whether the call appends seqlen_q new k/v tokens after them (flash_attn_
-    # with_kvcache's k=, v=), page_size > 0 a paged cache with a block table (shuffled_pages: the
-    # table maps logical pages to physical blocks in a shuffled order). Forward only.
-    entry: str = "dense"
-    cache_seqlens: tuple[int, ...] | None = None
-    cache_new: bool = False
-    page_size: int = 0
-    shuffled_pages: bool = False
-    sinks: bool = False
-    # ---- coverage: memory layout handed to the kernel, how values are drawn, and varlen keys
-    # lengths that differ from the queries' (cu_seqlens_q != cu_seqlens_k). Defaults are left out of
-    # the id and of to_dict, so earlier cases (and their baselines) are unchanged.
-    layout: str = "contiguous"
-    inputs: str = "normal"
-    varlen_k: tuple[int, ...] | None = None
-    # ---- custom bias: a custom bias or boolean mask given to the kernel (`attn_bias`,
-    # SDPA's attn_mask, a Flex score_mod/mask_mod). bias_dtype None = the input dtype; bias_grad:
-    # the bias requires grad and dBias is measured like dQ/dK/dV. Defaults leave ids unchanged.
-    bias: str = "none"
-    bias_dtype: str | None = None
-    bias_grad: bool = False
 
-    def __post_init__(self) -> None:
-        problems = self._entry_problems()
+    def problems(self) -> list[str]:
+        problems = []
         if self.dtype not in DTYPES:
             problems.append(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
         for name in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "head_dim_v"):
@@ -180,25 +143,186 @@ class Case:
                 problems.append(f"{name} must be >= 1")
         if self.heads_kv >= 1 and self.heads_q % self.heads_kv:
             problems.append(f"heads_q {self.heads_q} is not a multiple of heads_kv {self.heads_kv}")
+        return problems
+
+
+@dataclass(frozen=True)
+class Masking:
+    """What shapes the scores: `window` is flash-attn's (left, right), -1 unbounded."""
+
+    causal: bool = False
+    window: tuple[int, int] = (-1, -1)
+    softcap: float = 0.0
+    alibi: bool = False
+    dropout_p: float = 0.0
+
+    def problems(self) -> list[str]:
+        problems = []
         if not 0.0 <= self.dropout_p < 1.0:
             problems.append("dropout_p must be in [0, 1)")
         if not (self.softcap >= 0 and self.softcap != float("inf")):  # nan fails this too
             problems.append("softcap must be a finite number >= 0")
         if len(self.window) != 2 or any(w < -1 for w in self.window):
             problems.append("window must be (left, right) with -1 for unbounded")
-        if self.varlen is not None:
-            if not self.varlen or any(n < 0 for n in self.varlen) or max(self.varlen) < 1:
+        return problems
+
+    @property
+    def has_window(self) -> bool:
+        return self.window != (-1, -1)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """How the kernel is called and the extra tensors the call takes.
+
+    kind "dense" is flash_attn_func, or flash_attn_varlen_func when `varlen` lengths are set
+    (queries; `varlen_k` keys where they differ). kind "kvcache" is flash_attn_with_kvcache:
+    seqlen_q is the number of query tokens of the decode step (1..16 typically), seqlen_k the
+    cache capacity per batch element, cache_seqlens the tokens already cached per batch element
+    before the call (None: a full cache), cache_new whether the call appends seqlen_q new k/v
+    tokens after them (flash_attn_with_kvcache's k=, v=), page_size > 0 a paged cache with a block
+    table (shuffled_pages: the table maps logical pages to physical blocks in a shuffled order).
+    Forward only. `sinks`: a learnable per-head logit in every softmax denominator."""
+
+    kind: str = "dense"
+    varlen: tuple[int, ...] | None = None
+    varlen_k: tuple[int, ...] | None = None
+    cache_seqlens: tuple[int, ...] | None = None
+    cache_new: bool = False
+    page_size: int = 0
+    shuffled_pages: bool = False
+    sinks: bool = False
+
+    @property
+    def point(self) -> str:
+        """The entry point a kernel family is called through: dense, varlen or kvcache."""
+        if self.kind == "kvcache":
+            return "kvcache"
+        return "varlen" if self.varlen is not None else "dense"
+
+    @property
+    def keys_varlen(self) -> tuple[int, ...] | None:
+        """The varlen key lengths: varlen_k where given, else the query lengths."""
+        return self.varlen_k if self.varlen_k is not None else self.varlen
+
+
+@dataclass(frozen=True)
+class Bias:
+    """A custom bias or boolean mask given to the kernel (`attn_bias`, SDPA's attn_mask, a Flex
+    score_mod/mask_mod), see BIAS_KINDS. dtype None = the input dtype; grad: the bias requires
+    grad and dBias is measured like dQ/dK/dV."""
+
+    kind: str = "none"
+    dtype: str | None = None
+    grad: bool = False
+
+    def problems(self) -> list[str]:
+        problems = []
+        if self.kind not in BIAS_KINDS:
+            problems.append(f"bias {self.kind!r} is not one of {', '.join(BIAS_KINDS)}")
+        if self.dtype not in (None, "fp32"):
+            problems.append(f"bias_dtype {self.dtype!r} must be None (the input dtype) or 'fp32'")
+        if self.kind == "none" and (self.dtype is not None or self.grad):
+            problems.append("bias_dtype and bias_grad need a bias")
+        if self.kind in BOOL_BIAS_KINDS and (self.dtype is not None or self.grad):
+            problems.append(f"bias {self.kind!r} is boolean: it has no dtype choice and no gradient")
+        return problems
+
+    @property
+    def present(self) -> bool:
+        return self.kind != "none"
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind in FLOAT_BIAS_KINDS
+
+    @property
+    def is_bool(self) -> bool:
+        return self.kind in BOOL_BIAS_KINDS
+
+
+# Case dict format history (`Case.to_dict`; results and perf files embed it, and so does the
+# worker protocol):
+#   1  one flat dict of every field (no schema_version key); fields added after the first suites
+#      were hashed (checks, entry and cache fields, sinks, layout, inputs, varlen_k, bias) were
+#      left out at their defaults so that suite hashes did not move.
+#   2  schema_version 2; the parts as nested objects (shape, masking, entry, bias), every field
+#      written. `migrate_case` turns a version 1 dict into this.
+CASE_SCHEMA_VERSION = 2
+
+# Version 1's flat names -> (part, field); part None: a field of Case itself.
+FLAT_FIELDS: dict[str, tuple[str | None, str]] = {
+    **{name: ("shape", name) for name in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim",
+                                          "head_dim_v", "dtype")},
+    **{name: ("masking", name) for name in ("causal", "window", "softcap", "alibi", "dropout_p")},
+    "entry": ("entry", "kind"), "varlen": ("entry", "varlen"), "varlen_k": ("entry", "varlen_k"),
+    "cache_seqlens": ("entry", "cache_seqlens"), "cache_new": ("entry", "cache_new"), "page_size": ("entry", "page_size"),
+    "shuffled_pages": ("entry", "shuffled_pages"), "sinks": ("entry", "sinks"),
+    "bias": ("bias", "kind"), "bias_dtype": ("bias", "dtype"), "bias_grad": ("bias", "grad"),
+    "layout": (None, "layout"), "inputs": (None, "inputs"), "seeds": (None, "seeds"), "perf": (None, "perf"),
+    "checks": (None, "checks"),
+}
+# Version 1 left these out at their defaults; suite_hash digests version 1's form, so it must
+# keep doing so (a suite that uses none of them keeps its hash, and its baselines stay valid).
+FLAT_OMITTED_AT_DEFAULT: dict[str, Any] = {
+    "checks": (), "entry": "dense", "cache_seqlens": None, "cache_new": False, "page_size": 0, "shuffled_pages": False,
+    "sinks": False, "layout": "contiguous", "inputs": "normal", "varlen_k": None, "bias": "none", "bias_dtype": None,
+    "bias_grad": False,
+}
+PARTS: dict[str, type] = {"shape": Shape, "masking": Masking, "entry": Entry, "bias": Bias}
+# Fields whose values are tuples in memory and lists in JSON.
+_SEQUENCES = {("masking", "window"), ("entry", "varlen"), ("entry", "varlen_k"), ("entry", "cache_seqlens"),
+              (None, "seeds"), (None, "checks")}
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+@dataclass(frozen=True)
+class Case:
+    """One attention problem, composed of frozen parts: its shape, masking, entry point (with
+    varlen lengths, the KV cache and sinks), custom bias, the layout q/k/v reach the kernel in
+    and how their values are drawn. The id and suite hash are derived from the parts.
+
+    The shape and masking fields are also read-only properties (`case.batch`, `case.causal`):
+    they are read everywhere; the entry and bias fields are read through their part
+    (`case.entry.varlen`, `case.bias.kind`)."""
+
+    shape: Shape
+    masking: Masking = Masking()
+    entry: Entry = Entry()
+    bias: Bias = Bias()
+    # ---- coverage: how q, k, v and dO reach the kernel (LAYOUTS) and how their values are drawn (INPUTS)
+    layout: str = "contiguous"
+    inputs: str = "normal"
+    seeds: tuple[int, ...] = (0, 1)
+    perf: bool = False  # also a timing case for the speed suites
+    # Extra checks run on this case (names from gate/correctness/probes/registry.py). Not part of the id: the same
+    # problem is the same case whichever checks also run on it (a suite merges them).
+    checks: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name, kind in PARTS.items():
+            if not isinstance(getattr(self, name), kind):
+                raise TypeError(f"{name} must be a {kind.__name__}, not {type(getattr(self, name)).__name__}")
+        problems = self._entry_problems()
+        problems += self.shape.problems() + self.masking.problems()
+        varlen = self.entry.varlen
+        if varlen is not None:
+            if not varlen or any(n < 0 for n in varlen) or max(varlen) < 1:
                 problems.append("varlen needs non-negative lengths with at least one > 0")
-            elif (self.batch, self.seqlen_q, self.seqlen_k) != (len(self.varlen), max(self.varlen), max(self.keys_varlen)):
+            elif (self.batch, self.seqlen_q, self.seqlen_k) != (len(varlen), max(varlen), max(self.keys_varlen)):
                 problems.append("varlen cases must have batch=len(varlen) and seqlens=max(varlen) (keys: max(varlen_k))")
         if self.layout not in LAYOUTS:
             problems.append(f"layout {self.layout!r} is not one of {', '.join(LAYOUTS)}")
         if self.inputs not in INPUTS:
             problems.append(f"inputs {self.inputs!r} is not one of {', '.join(INPUTS)}")
-        if self.varlen_k is not None:
-            if self.varlen is None or len(self.varlen_k) != len(self.varlen):
+        varlen_k = self.entry.varlen_k
+        if varlen_k is not None:
+            if varlen is None or len(varlen_k) != len(varlen):
                 problems.append("varlen_k needs varlen, with one key length per sequence")
-            elif any(nk < 1 and nq > 0 for nq, nk in zip(self.varlen, self.varlen_k)) or any(n < 0 for n in self.varlen_k):
+            elif any(nk < 1 and nq > 0 for nq, nk in zip(varlen, varlen_k)) or any(n < 0 for n in varlen_k):
                 problems.append("varlen_k: every sequence with queries needs at least one key")
         if not self.seeds:
             problems.append("at least one seed is needed")
@@ -210,36 +334,100 @@ class Case:
         if problems:
             raise ValueError("; ".join(problems))
 
+    @classmethod
+    def build(cls, **fields: Any) -> "Case":
+        """A Case from version 1's flat field names (`Case.build(batch=2, ..., causal=True)`):
+        terse where a test or a tool writes one case by hand."""
+        return cls.from_dict(fields)
+
+    def with_fields(self, **changes: Any) -> "Case":
+        """This case with some fields changed, by their flat names (`case.with_fields(batch=4)`)."""
+        return Case.build(**{**self.flat(), **changes})
+
+    # --- the shape and masking fields, read through the case ---
+    @property
+    def batch(self) -> int:
+        return self.shape.batch
+
+    @property
+    def seqlen_q(self) -> int:
+        return self.shape.seqlen_q
+
+    @property
+    def seqlen_k(self) -> int:
+        return self.shape.seqlen_k
+
+    @property
+    def heads_q(self) -> int:
+        return self.shape.heads_q
+
+    @property
+    def heads_kv(self) -> int:
+        return self.shape.heads_kv
+
+    @property
+    def head_dim(self) -> int:
+        return self.shape.head_dim
+
+    @property
+    def head_dim_v(self) -> int:
+        return self.shape.head_dim_v
+
+    @property
+    def dtype(self) -> str:
+        return self.shape.dtype
+
+    @property
+    def causal(self) -> bool:
+        return self.masking.causal
+
+    @property
+    def window(self) -> tuple[int, int]:
+        return self.masking.window
+
+    @property
+    def softcap(self) -> float:
+        return self.masking.softcap
+
+    @property
+    def alibi(self) -> bool:
+        return self.masking.alibi
+
+    @property
+    def dropout_p(self) -> float:
+        return self.masking.dropout_p
+
     def _entry_problems(self) -> list[str]:
         """The decode fields: kvcache-only fields need entry="kvcache"; the cache must hold what it is asked to."""
         problems = []
-        if self.entry not in ENTRIES:
-            problems.append(f"entry {self.entry!r} is not one of {', '.join(ENTRIES)} (varlen cases are those with varlen set)")
+        e = self.entry
+        if e.kind not in ENTRIES:
+            problems.append(f"entry {e.kind!r} is not one of {', '.join(ENTRIES)} (varlen cases are those with varlen set)")
             return problems
-        if self.entry != "kvcache":
-            if self.cache_seqlens is not None or self.cache_new or self.page_size or self.shuffled_pages:
+        if e.kind != "kvcache":
+            if e.cache_seqlens is not None or e.cache_new or e.page_size or e.shuffled_pages:
                 problems.append("cache_seqlens, cache_new, page_size and shuffled_pages need entry = \"kvcache\"")
             return problems
-        if self.varlen is not None:
+        if e.varlen is not None:
             problems.append("a kvcache case cannot also be varlen")
         if self.dropout_p:
             problems.append("a kvcache case is forward-only: no dropout")
         # the layout, inputs and bias axes apply to q/k/v drawn densely; a decode case's cache is drawn apart
-        if self.layout != "contiguous" or self.inputs != "normal" or self.bias != "none":
+        if self.layout != "contiguous" or self.inputs != "normal" or self.bias.present:
             problems.append("a kvcache case takes no layout, inputs or bias (they are defined for dense/varlen q, k, v)")
-        if self.page_size < 0:
+        if e.page_size < 0:
             problems.append("page_size must be >= 0")
-        if self.shuffled_pages and not self.page_size:
+        if e.shuffled_pages and not e.page_size:
             problems.append("shuffled_pages needs a paged cache (page_size > 0)")
-        if self.cache_seqlens is not None:
-            if len(self.cache_seqlens) != self.batch:
-                problems.append(f"cache_seqlens has {len(self.cache_seqlens)} lengths for batch {self.batch}")
-            if any(n < 0 for n in self.cache_seqlens):
+        if e.cache_seqlens is not None:
+            if len(e.cache_seqlens) != self.batch:
+                problems.append(f"cache_seqlens has {len(e.cache_seqlens)} lengths for batch {self.batch}")
+            if any(n < 0 for n in e.cache_seqlens):
                 problems.append("cache_seqlens must be >= 0")
-        room = self.seqlen_k - (self.seqlen_q if self.cache_new else 0)
+        room = self.seqlen_k - (self.seqlen_q if e.cache_new else 0)
         if room < 0 or max(self.cached_lengths, default=0) > room:
             problems.append(f"the cache (capacity seqlen_k={self.seqlen_k}) cannot hold cache_seqlens"
-                            + (f" plus {self.seqlen_q} appended tokens" if self.cache_new else ""))
+                            + (f" plus {self.seqlen_q} appended tokens" if e.cache_new else ""))
         if max(self.key_lengths, default=0) < 1:
             problems.append("a kvcache case needs at least one key in some batch element")
         return problems
@@ -248,75 +436,65 @@ class Case:
     @property
     def entry_point(self) -> str:
         """The entry point a kernel family is called through: dense, varlen or kvcache."""
-        if self.entry == "kvcache":
-            return "kvcache"
-        return "varlen" if self.varlen is not None else "dense"
+        return self.entry.point
 
     @property
     def forward_only(self) -> bool:
         """Decode has no backward (flash_attn_with_kvcache has none): judged on out, LSE and the cache."""
-        return self.entry == "kvcache"
+        return self.entry.kind == "kvcache"
 
     @property
     def cached_lengths(self) -> tuple[int, ...]:
         """Tokens in the cache before the call, per batch element."""
-        if self.cache_seqlens is not None:
-            return self.cache_seqlens
-        return (self.seqlen_k - (self.seqlen_q if self.cache_new else 0),) * self.batch
+        if self.entry.cache_seqlens is not None:
+            return self.entry.cache_seqlens
+        return (self.seqlen_k - (self.seqlen_q if self.entry.cache_new else 0),) * self.batch
 
     @property
     def key_lengths(self) -> tuple[int, ...]:
         """Keys each batch element attends to: the cached tokens plus the appended ones."""
-        return tuple(n + (self.seqlen_q if self.cache_new else 0) for n in self.cached_lengths)
+        return tuple(n + (self.seqlen_q if self.entry.cache_new else 0) for n in self.cached_lengths)
 
     def kv_bytes(self) -> float:
         """Bytes of K and V a decode step must read at least (its memory-bound cost): every attended key once."""
         size = {"fp16": 2, "bf16": 2, "fp32": 4}[self.dtype]
-        if self.entry == "kvcache":
+        if self.entry.kind == "kvcache":
             keys = sum(self.key_lengths)
-        elif self.varlen is not None:
-            keys = sum(self.varlen)
+        elif self.entry.varlen is not None:
+            keys = sum(self.entry.varlen)
         else:
             keys = self.batch * self.seqlen_k
         return float(keys * self.heads_kv * (self.head_dim + self.head_dim_v) * size)
 
     # ---- custom bias
     def _bias_problems(self) -> list[str]:
-        problems = []
-        if self.bias not in BIAS_KINDS:
-            problems.append(f"bias {self.bias!r} is not one of {', '.join(BIAS_KINDS)}")
-        if self.bias_dtype not in (None, "fp32"):
-            problems.append(f"bias_dtype {self.bias_dtype!r} must be None (the input dtype) or 'fp32'")
-        if self.bias == "none" and (self.bias_dtype is not None or self.bias_grad):
-            problems.append("bias_dtype and bias_grad need a bias")
-        if self.bias in BOOL_BIAS_KINDS and (self.bias_dtype is not None or self.bias_grad):
-            problems.append(f"bias {self.bias!r} is boolean: it has no dtype choice and no gradient")
-        if self.bias_dtype == "fp32" and self.dtype == "fp32":
+        problems = self.bias.problems()
+        if self.bias.dtype == "fp32" and self.dtype == "fp32":
             problems.append("bias_dtype 'fp32' is for bf16/fp16 inputs (an fp32 case's bias is fp32 already)")
-        if self.bias != "none" and self.varlen is not None:
+        if self.bias.present and self.entry.varlen is not None:
             problems.append("a custom bias is not defined for varlen cases (no packed-bias convention)")
         return problems
 
     @property
     def has_bias(self) -> bool:
-        return self.bias != "none"
+        return self.bias.present
 
     @property
     def has_float_bias(self) -> bool:
-        return self.bias in FLOAT_BIAS_KINDS
+        return self.bias.is_float
 
     @property
     def has_bool_bias(self) -> bool:
-        return self.bias in BOOL_BIAS_KINDS
+        return self.bias.is_bool
 
     @property
     def keys_varlen(self) -> tuple[int, ...] | None:
         """The varlen key lengths: varlen_k where given, else the query lengths."""
-        return self.varlen_k if self.varlen_k is not None else self.varlen
+        return self.entry.keys_varlen
 
     @property
     def has_window(self) -> bool:
-        return self.window != (-1, -1)
+        return self.masking.has_window
 
     @property
     def is_gqa(self) -> bool:
@@ -329,22 +507,22 @@ class Case:
         Row i sees keys [i + off - left, i + off + right] with off = seqlen_k - seqlen_q. The last
         row always sees key seqlen_k - 1, so only the first rows can be empty: when off + right < 0
         (varlen sequences have off = 0 and never are)."""
-        if self.bias == "bool_empty_rows":  # empty rows on purpose
+        if self.bias.kind == "bool_empty_rows":  # empty rows on purpose
             return True
         right = self.window[1]
         if self.causal:
             right = 0 if right < 0 else min(right, 0)
         if right < 0:
             return False
-        if self.entry == "kvcache":  # per batch element: its own key count against seqlen_q
+        if self.entry.kind == "kvcache":  # per batch element: its own key count against seqlen_q
             return min(self.key_lengths) - self.seqlen_q + right < 0
-        if self.varlen is not None:  # per sequence (keys may differ from queries)
-            return any(nq and nk - nq + right < 0 for nq, nk in zip(self.varlen, self.keys_varlen))
+        if self.entry.varlen is not None:  # per sequence (keys may differ from queries)
+            return any(nq and nk - nq + right < 0 for nq, nk in zip(self.entry.varlen, self.keys_varlen))
         return self.seqlen_k - self.seqlen_q + right < 0
 
     @property
     def id(self) -> str:
-        """Stable and readable: e.g. `bf16-b2-h16-s2048-d128-causal`."""
+        """Stable and readable: e.g. `bf16-b2-h16-s2048-d128-causal`. A part at its defaults adds nothing."""
         parts = [self.dtype, f"b{self.batch}"]
         parts.append(f"h{self.heads_q}" + (f"/{self.heads_kv}" if self.is_gqa else ""))
         parts.append(f"s{self.seqlen_q}" + (f"x{self.seqlen_k}" if self.seqlen_k != self.seqlen_q else ""))
@@ -359,31 +537,33 @@ class Case:
             parts.append("alibi")
         if self.dropout_p:
             parts.append(f"drop{_num(self.dropout_p)}")
-        if self.varlen is not None:
-            parts.append("varlen" + ".".join(str(n) for n in self.varlen)
-                         + ("" if self.varlen_k is None else "x" + ".".join(str(n) for n in self.varlen_k)))
+        e = self.entry
+        if e.varlen is not None:
+            parts.append("varlen" + ".".join(str(n) for n in e.varlen)
+                         + ("" if e.varlen_k is None else "x" + ".".join(str(n) for n in e.varlen_k)))
         parts += self._entry_id_parts()
         if self.layout != "contiguous":
             parts.append(self.layout)
         if self.inputs != "normal":
             parts.append(self.inputs)
         if self.has_bias:  # e.g. bias.dense, bias.dense.fp32.grad
-            parts.append(".".join(["bias", self.bias] + ([self.bias_dtype] if self.bias_dtype else [])
-                                  + (["grad"] if self.bias_grad else [])))
+            parts.append(".".join(["bias", self.bias.kind] + ([self.bias.dtype] if self.bias.dtype else [])
+                                  + (["grad"] if self.bias.grad else [])))
         return "-".join(parts)
 
     def _entry_id_parts(self) -> list[str]:
-        """The decode id parts; empty for default values, so older ids are unchanged."""
+        """The decode id parts; empty for default values."""
         parts = []
-        if self.entry == "kvcache":
-            parts.append("kv" + ("" if self.cache_seqlens is None else ".".join(str(n) for n in self.cache_seqlens)))
-        if self.cache_new:
+        e = self.entry
+        if e.kind == "kvcache":
+            parts.append("kv" + ("" if e.cache_seqlens is None else ".".join(str(n) for n in e.cache_seqlens)))
+        if e.cache_new:
             parts.append("append")
-        if self.page_size:
-            parts.append(f"page{self.page_size}")
-        if self.shuffled_pages:
+        if e.page_size:
+            parts.append(f"page{e.page_size}")
+        if e.shuffled_pages:
             parts.append("shuffled")
-        if self.sinks:
+        if e.sinks:
             parts.append("sinks")
         return parts
 
@@ -399,10 +579,10 @@ class Case:
 
     def flops(self, pass_: str = "fwd") -> float:
         """FLOPs counted as flash-attn's benchmarks do: fwd 4*B*H*Nq*Nk*D, halved for causal; bwd 2.5x."""
-        if self.entry == "kvcache":  # forward only; causal does not halve a decode step's work
+        if self.entry.kind == "kvcache":  # forward only; causal does not halve a decode step's work
             return 4.0 * self.heads_q * self.seqlen_q * sum(self.key_lengths) * (self.head_dim + self.head_dim_v) / 2
-        if self.varlen is not None:
-            pairs = sum(nq * nk for nq, nk in zip(self.varlen, self.keys_varlen))
+        if self.entry.varlen is not None:
+            pairs = sum(nq * nk for nq, nk in zip(self.entry.varlen, self.keys_varlen))
             total = 4.0 * self.heads_q * pairs * (self.head_dim + self.head_dim_v) / 2
         else:
             total = 4.0 * self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * (self.head_dim + self.head_dim_v) / 2
@@ -410,50 +590,67 @@ class Case:
             total /= 2
         return total * (2.5 if pass_ == "bwd" else 1.0)
 
+    # --- serialisation ---
+    def flat(self) -> dict[str, Any]:
+        """Every field under its version 1 flat name (tuples as lists, as JSON has them)."""
+        return {name: _plain(getattr(self if part is None else getattr(self, part), key))
+                for name, (part, key) in FLAT_FIELDS.items()}
+
+    def hash_dict(self) -> dict[str, Any]:
+        """What suite_hash digests: version 1's flat form, later fields left out at their defaults.
+        Kept apart from `to_dict` so the file format can change without moving any hash."""
+        return {name: value for name, value in self.flat().items()
+                if name not in FLAT_OMITTED_AT_DEFAULT or value != _plain(FLAT_OMITTED_AT_DEFAULT[name])}
+
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["window"] = list(self.window)
-        data["seeds"] = list(self.seeds)
-        data["varlen"] = list(self.varlen) if self.varlen is not None else None
-        # Only written when set, so cases without checks (and their suite hashes) are unchanged.
-        data.pop("checks")
-        if self.checks:
-            data["checks"] = list(self.checks)
-        # only written when not the default, so older cases and suite hashes are unchanged
-        for name, default in ENTRY_DEFAULTS.items():
-            value = data.pop(name)
-            if value != default:
-                data[name] = list(value) if isinstance(value, tuple) else value
-        # only written when not the default (ids and suite hashes of earlier cases unchanged)
-        for name, default in (("layout", "contiguous"), ("inputs", "normal"), ("varlen_k", None)):
-            if data[name] == default:
-                data.pop(name)
-        if self.varlen_k is not None:
-            data["varlen_k"] = list(self.varlen_k)
-        # the bias fields only when set, so cases without a bias (and suite hashes) are unchanged.
-        for name, default in (("bias", "none"), ("bias_dtype", None), ("bias_grad", False)):
-            if data[name] == default:
-                data.pop(name)
+        data: dict[str, Any] = {"schema_version": CASE_SCHEMA_VERSION}
+        for name in PARTS:
+            data[name] = {key: _plain(value) for key, value in asdict(getattr(self, name)).items()}
+        for name in ("layout", "inputs", "seeds", "perf", "checks"):
+            data[name] = _plain(getattr(self, name))
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Case":
-        data = dict(data)
-        data["window"] = tuple(data.get("window", (-1, -1)))
-        data["seeds"] = tuple(data.get("seeds", (0, 1)))
-        if data.get("varlen") is not None:
-            data["varlen"] = tuple(data["varlen"])
-        data["checks"] = tuple(data.get("checks", ()))
-        if data.get("cache_seqlens") is not None:
-            data["cache_seqlens"] = tuple(data["cache_seqlens"])
-        if data.get("varlen_k") is not None:
-            data["varlen_k"] = tuple(data["varlen_k"])
-        return cls(**data)
+        """A case dict of any readable version (`migrate_case`). A missing, unknown or
+        mistyped field raises KeyError, TypeError or ValueError naming it."""
+        data = migrate_case(data)
+        unknown = sorted(set(data) - {"schema_version", *PARTS, "layout", "inputs", "seeds", "perf", "checks"})
+        if unknown:
+            raise TypeError(f"unknown case field {unknown[0]!r}")
+        parts: dict[str, Any] = {}
+        for name, kind in PARTS.items():
+            fields = data.get(name, {}) if name != "shape" else data["shape"]
+            if not isinstance(fields, dict):
+                raise TypeError(f"case field {name!r} must be an object")
+            parts[name] = kind(**{key: tuple(v) if (name, key) in _SEQUENCES and v is not None else v
+                                  for key, v in fields.items()})
+        return cls(**parts, layout=data.get("layout", "contiguous"), inputs=data.get("inputs", "normal"),
+                   seeds=tuple(data.get("seeds", (0, 1))), perf=data.get("perf", False),
+                   checks=tuple(data.get("checks", ())))
 
 
-# Case fields written to disk only when they differ from these.
-ENTRY_DEFAULTS: dict[str, Any] = {"entry": "dense", "cache_seqlens": None, "cache_new": False, "page_size": 0,
-                                  "shuffled_pages": False, "sinks": False}
+def migrate_case(data: dict[str, Any]) -> dict[str, Any]:
+    """A case dict of an older version as the current one (see the format history above)."""
+    if not isinstance(data, dict):
+        raise TypeError(f"a case must be an object, not {type(data).__name__}")
+    version = data.get("schema_version", 1)
+    if version == CASE_SCHEMA_VERSION:
+        return data
+    if version != 1:
+        raise ValueError(f"case schema_version {version!r} is not one this attn-gate reads (1 or {CASE_SCHEMA_VERSION})")
+    nested: dict[str, Any] = {"schema_version": CASE_SCHEMA_VERSION, **{name: {} for name in PARTS}}
+    for name, value in data.items():
+        if name == "schema_version":
+            continue
+        if name not in FLAT_FIELDS:
+            raise TypeError(f"unknown case field {name!r}")
+        part, key = FLAT_FIELDS[name]
+        if part is None:
+            nested[key] = value
+        else:
+            nested[part][key] = value
+    return nested
 
 
 @dataclass(frozen=True)
@@ -504,15 +701,15 @@ def _checks(value: Any, where: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(value))
 
 
-def _bias_fields(point: dict[str, Any], where: str) -> dict[str, Any]:
-    """the bias axes of one matrix point as Case fields (names checked here, so a typo
+def _bias_part(point: dict[str, Any], where: str) -> Bias:
+    """The bias axes of one matrix point as a Bias (names checked here, so a typo
     is a one-line error naming the suite, not a ValueError from deep inside)."""
     if point["bias"] not in BIAS_KINDS:
         raise UserError(f"{where}: bias value {point['bias']!r} should be one of {', '.join(BIAS_KINDS)}")
     if point["bias_dtype"] not in BIAS_DTYPES:
         raise UserError(f"{where}: bias_dtype value {point['bias_dtype']!r} should be one of {', '.join(BIAS_DTYPES)}")
-    return {"bias": point["bias"], "bias_dtype": None if point["bias_dtype"] == "input" else point["bias_dtype"],
-            "bias_grad": bool(point["bias_grad"])}
+    return Bias(kind=point["bias"], dtype=None if point["bias_dtype"] == "input" else point["bias_dtype"],
+                grad=bool(point["bias_grad"]))
 
 
 # Axes whose values are plain scalars, with the types each value must have.
@@ -646,19 +843,18 @@ def expand_block(block: dict[str, Any], seeds: tuple[int, ...], where: str) -> l
             varlen_k = tuple(varlen_k)
             seqlen_k = max(varlen_k) if varlen_k else 0
         try:
-            cases.append(
-                Case(
-                    batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q, heads_kv=heads_kv,
-                    head_dim=head_dim, head_dim_v=head_dim_v, dtype=point["dtype"], causal=bool(point["causal"]),
-                    window=_window(point["window"], where), softcap=float(point["softcap"]),
-                    alibi=bool(point["alibi"]), dropout_p=float(point["dropout_p"]), varlen=varlen,
-                    seeds=seeds, perf=bool(point["perf"]), checks=checks,
-                    entry=point["entry"], cache_seqlens=cache_seqlens, cache_new=point["cache_new"],
-                    page_size=point["page_size"], shuffled_pages=point["shuffled_pages"], sinks=point["sinks"],
-                    layout=point["layout"], inputs=point["inputs"], varlen_k=varlen_k,
-                    **_bias_fields(point, where),
-                )
-            )
+            cases.append(Case(
+                shape=Shape(batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q, heads_kv=heads_kv,
+                            head_dim=head_dim, head_dim_v=head_dim_v, dtype=point["dtype"]),
+                masking=Masking(causal=bool(point["causal"]), window=_window(point["window"], where),
+                                softcap=float(point["softcap"]), alibi=bool(point["alibi"]),
+                                dropout_p=float(point["dropout_p"])),
+                entry=Entry(kind=point["entry"], varlen=varlen, varlen_k=varlen_k, cache_seqlens=cache_seqlens,
+                            cache_new=point["cache_new"], page_size=point["page_size"],
+                            shuffled_pages=point["shuffled_pages"], sinks=point["sinks"]),
+                bias=_bias_part(point, where), layout=point["layout"], inputs=point["inputs"],
+                seeds=seeds, perf=bool(point["perf"]), checks=checks,
+            ))
         except (TypeError, ValueError) as exc:
             raise UserError(f"{where}: invalid case {point}: {exc}") from None
     return cases
@@ -723,7 +919,7 @@ def suite_names(overrides: dict[str, Any] | None = None) -> list[str]:
 
 def suite_hash(suite: Suite) -> str:
     """Changes when any case of the suite changes: a baseline from another suite is refused."""
-    blob = json.dumps([c.to_dict() for c in suite.cases], sort_keys=True).encode()
+    blob = json.dumps([c.hash_dict() for c in suite.cases], sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 

@@ -8,6 +8,8 @@ Format history:
   2  `scope`: the --only regex the run was filtered with (null for the whole suite), a field of
      its own; version 1 kept it as a note ("filtered with --only 'REGEX'"), which
      `migrate_results` turns into the field.
+  3  each row's `case` in the case dict's schema 2 (nested parts with their own schema_version,
+     gate/core/cases.py); `migrate_results` turns version 2's flat case dicts into it.
 """
 
 from __future__ import annotations
@@ -20,13 +22,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gate.core.cases import Case
+from gate.core.cases import Case, migrate_case
 from gate.core.jsonio import (
     as_float, checked_kernel, checked_name, checked_tolerance, measured_float, read_record, write_json_atomic,
 )
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # migrate_results turns each older one into the current layout
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)  # migrate_results turns each older one into the current layout
 # The tensors every table shows, in report order (lse where the kernel exposes it).
 TENSORS = ("out", "lse", "dq", "dk", "dv")
 # Tensors only some cases measure, shown only where a case has them: dbias for a case
@@ -353,7 +355,8 @@ SCOPE_NOTE = re.compile(r"filtered with --only (.+)")
 
 
 def migrate_results(payload: dict[str, Any]) -> dict[str, Any]:
-    """An older layout as the current one: 1 -> 2 moves the --only note into `scope`."""
+    """An older layout as the current one: 1 -> 2 moves the --only note into `scope`; 2 -> 3
+    writes each row's case in the current case schema."""
     if payload.get("schema_version") == 1:
         notes = payload.get("notes", [])
         if not isinstance(notes, list):
@@ -370,4 +373,13 @@ def migrate_results(payload: dict[str, Any]) -> dict[str, Any]:
                 scope = m.group(1)
             scope = str(scope)
         payload = {**payload, "schema_version": 2, "notes": kept, "scope": scope}
+    if payload.get("schema_version") == 2:
+        payload = {**payload, "schema_version": 3, "cases": migrate_rows(payload.get("cases"))}
     return payload
+
+
+def migrate_rows(rows: Any) -> list[Any]:
+    """Rows (results or perf) with their `case` in the current case schema."""
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise TypeError("cases must be a list of objects")
+    return [{**r, "case": migrate_case(r["case"])} if "case" in r else r for r in rows]

@@ -31,8 +31,9 @@ import torch
 
 from gate.attention.masks import allowed_mask, effective_window
 from gate.attention.reference import AttnOptions
-from gate.core.cases import Case
+from gate.core.cases import FLAT_FIELDS, Case
 from gate.kernels.base import DelegatingAdapter, KernelAdapter, KernelCall, KernelOutput
+from gate.kernels.capabilities import Capabilities, Feature
 from gate.kernels.tiled import TILE, TiledAdapter, TileSteps, dropout_keep_mask
 
 
@@ -43,7 +44,7 @@ class PlantError(Exception):
 @dataclass(frozen=True)
 class Trigger:
     """Which cases expose a bug: `axis` names it for people ("a causal case"), `applies` decides.
-    `field` is the Case field the axis lives in when another branch adds it (None: exists today)."""
+    `field` is the Case field (by its flat name) the axis lives in when another branch adds it (None: exists today)."""
 
     axis: str
     applies: Callable[[Case], bool]
@@ -51,7 +52,7 @@ class Trigger:
 
     @property
     def pending(self) -> bool:
-        return self.field is not None and self.field not in Case.__dataclass_fields__
+        return self.field is not None and self.field not in FLAT_FIELDS
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,8 @@ class PlantedBug:
     host: str  # "kernel" (wrapped around the configured kernel) or "tiled" (a tiled variant)
     trigger: Trigger
     plant: Callable[..., "KernelAdapter"]  # (host adapter) -> buggy adapter
-    needs: str = ""  # a Capabilities flag the host must have; a "kernel" bug moves to tiled without it
+    # what the host must have (a Capabilities feature or trait); a "kernel" bug moves to tiled without it
+    needs: Callable[[Capabilities], bool] | None = None
     hint: str = ""  # what else would catch it, for the survivor message
 
 
@@ -298,11 +300,7 @@ def variant(flag: str):
 
 
 def _any_keys(c: Case) -> bool:
-    return c.seqlen_k > 1 or (c.varlen is not None and max(c.varlen) > 1)
-
-
-def _field(name: str, default):
-    return lambda c: getattr(c, name, default)
+    return c.seqlen_k > 1 or (c.entry.varlen is not None and max(c.entry.varlen) > 1)
 
 
 ANY = Trigger("a case with more than one key", _any_keys)
@@ -311,34 +309,33 @@ WINDOW = Trigger("a sliding-window case", lambda c: c.has_window)
 CAUSAL_WINDOW = Trigger("a causal case with a sliding window (left < seqlen_k)",
                         lambda c: c.causal and 0 <= c.window[0] < c.seqlen_k - 1)
 PARTIAL_TILE = Trigger(f"a case with seqlen_k > {TILE} and not a multiple of the key tile ({TILE})",
-                       lambda c: any(n > TILE and n % TILE for n in (c.varlen if c.varlen is not None else (c.seqlen_k,))))
+                       lambda c: any(n > TILE and n % TILE for n in (c.entry.varlen if c.entry.varlen is not None else (c.seqlen_k,))))
 GQA = Trigger("a GQA case with more than one kv head (heads 'Hq/Hkv', Hkv >= 2)", lambda c: c.is_gqa and c.heads_kv >= 2 and _any_keys(c))
 SOFTCAP = Trigger("a softcap case", lambda c: c.softcap > 0)
 ALIBI = Trigger("an ALiBi case", lambda c: c.alibi and _any_keys(c))
 OFF_GRID = Trigger("a case with head_dim not a multiple of 32", lambda c: c.head_dim % 32 != 0)
 MASKED_ROWS = Trigger("a case with fully masked rows (causal with seqlen_q > seqlen_k)", lambda c: c.has_fully_masked_rows)
-BATCH = Trigger("a dense case with batch >= 2", lambda c: c.varlen is None and c.batch >= 2)
+BATCH = Trigger("a dense case with batch >= 2", lambda c: c.entry.varlen is None and c.batch >= 2)
 VARLEN = Trigger("a varlen case with two or more non-empty sequences",
-                 lambda c: (c.varlen is not None and sum(1 for n in c.varlen if n) >= 2)
-                 or (getattr(c, "entry", "dense") == "varlen"))
+                 lambda c: c.entry.varlen is not None and sum(1 for n in c.entry.varlen if n) >= 2)
 DETERMINISM = Trigger("a case with the determinism check (checks = [[\"determinism\"]])",
                       lambda c: "determinism" in c.checks or "race" in c.checks)
 DROPOUT = Trigger("a dropout case", lambda c: c.dropout_p > 0)
 LSE = Trigger("a case where the kernel returns its LSE", _any_keys)
 EXTREME = Trigger("an inputs = large/shifted/outliers case (extreme logits)",
-                  lambda c: _field("inputs", "normal")(c) in ("large", "shifted", "outliers"),
+                  lambda c: c.inputs in ("large", "shifted", "outliers"),
                   field="inputs")
 NONCONTIG_K = Trigger("a layout case with a non-contiguous K (k_sliced, qkv_packed, bhsd_view)",
-                      lambda c: _field("layout", "contiguous")(c) in ("k_sliced", "qkv_packed", "bhsd_view"), field="layout")
-BIAS_GRAD = Trigger("a case with a learnable bias (bias_grad = true)", lambda c: bool(getattr(c, "bias_grad", False)), field="bias_grad")
+                      lambda c: c.layout in ("k_sliced", "qkv_packed", "bhsd_view"), field="layout")
+BIAS_GRAD = Trigger("a case with a learnable bias (bias_grad = true)", lambda c: c.bias.grad, field="bias_grad")
 PAGED = Trigger("a paged kv-cache case (entry = kvcache with a page size)",
-                lambda c: _field("entry", "dense")(c) == "kvcache" and bool(getattr(c, "page_size", 0)), field="entry")
+                lambda c: c.entry.kind == "kvcache" and bool(c.entry.page_size), field="entry")
 
 BUGS: tuple[PlantedBug, ...] = (
     PlantedBug("dk_x1.02", "dK 2% too large (a wrong constant in the backward epilogue)", "kernel", ANY, wrap(_grad_scaled("k", 1.02))),
     PlantedBug("dq_x1.02", "dQ 2% too large (a wrong scale on the dQ accumulator)", "kernel", ANY, wrap(_grad_scaled("q", 1.02))),
     PlantedBug("lse_plus_1e-3", "the LSE off by 1e-3 (a log2/ln constant rounded)", "kernel", LSE, wrap(_lse_shifted),
-               needs="returns_lse", hint="an fp32 case: in bf16/fp16 the LSE bound is ~1e-2, ten times this error"),
+               needs=lambda caps: caps.returns_lse, hint="an fp32 case: in bf16/fp16 the LSE bound is ~1e-2, ten times this error"),
     PlantedBug("masked_row_nan", "a fully masked row gives NaN instead of 0 (0/0 in the normalisation)", "kernel", MASKED_ROWS,
                wrap(_masked_rows_nan)),
     PlantedBug("batch_leak", "a batch element leaks into its neighbour (batch stride off at the boundary)", "kernel", BATCH,
@@ -346,7 +343,7 @@ BUGS: tuple[PlantedBug, ...] = (
     PlantedBug("varlen_boundary", "varlen-only indexing: cu_seqlens read one off at a sequence boundary", "kernel", VARLEN,
                wrap(_varlen_boundary)),
     PlantedBug("dq_noise_deterministic", "run-to-run noise in dQ under deterministic mode (an atomic left in)", "kernel",
-               DETERMINISM, wrap(_dq_noise_when_deterministic), needs="deterministic_mode"),
+               DETERMINISM, wrap(_dq_noise_when_deterministic), needs=lambda caps: caps.deterministic_mode),
     PlantedBug("drop_delta", "the rowsum(dO * O) term of dS dropped", "tiled", ANY, variant("drop_delta")),
     PlantedBug("causal_peek", "the causal mask peeks one key ahead", "tiled", CAUSAL, variant("causal_peek")),
     PlantedBug("window_off_by_one", "the sliding window one key too wide on each side", "tiled", WINDOW, variant("window_off_by_one")),
@@ -368,9 +365,9 @@ BUGS: tuple[PlantedBug, ...] = (
     PlantedBug("noncontiguous_k", "wrong results for a non-contiguous K (strides ignored)", "kernel", NONCONTIG_K,
                wrap(_noncontiguous_k)),
     PlantedBug("bias_grad_x1.02", "dBias 2% too large (a broadcast bias's gradient reduced wrongly)", "kernel", BIAS_GRAD,
-               wrap(_bias_grad_scaled), needs="bias_grad"),
+               wrap(_bias_grad_scaled), needs=lambda caps: caps.supports(Feature.BIAS_GRAD)),
     PlantedBug("paged_pages_swapped", "paged-cache-only indexing: two pages of the block table read swapped", "kernel", PAGED,
-               wrap(_paged_block_table_swapped), needs="paged"),
+               wrap(_paged_block_table_swapped), needs=lambda caps: caps.supports(Feature.PAGED)),
 )
 
 
@@ -393,7 +390,7 @@ def select_bugs(names: tuple[str, ...] = ()) -> tuple[PlantedBug, ...]:
 
 def host_of(bug: PlantedBug, kernel: KernelAdapter) -> str:
     """'kernel' or 'tiled': a kernel-hosted bug moves to tiled when the kernel lacks what it needs."""
-    if bug.host == "kernel" and bug.needs and not getattr(kernel.capabilities(), bug.needs):
+    if bug.host == "kernel" and bug.needs is not None and not bug.needs(kernel.capabilities()):
         return "tiled"
     return bug.host
 

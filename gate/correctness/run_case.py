@@ -72,12 +72,12 @@ def leaf_call(case: Case, inputs: AttnInputs, deterministic: bool = False, tenso
     t = tensors if tensors is not None else kernel_tensors(case, inputs)
     opts = options(case, inputs)
     if inputs.bias is not None:
-        opts = dataclasses.replace(opts, bias=inputs.bias.detach().clone().requires_grad_(case.bias_grad))
+        opts = dataclasses.replace(opts, bias=inputs.bias.detach().clone().requires_grad_(case.bias.grad))
     sink = None if inputs.sink is None else inputs.sink.detach().clone().requires_grad_(True)
     return KernelCall(
         q=t.q, k=t.k, v=t.v, opts=opts, cu_seqlens=inputs.cu_seqlens,
-        max_seqlen=max(case.varlen) if case.varlen else 0, seqlens=case.varlen, deterministic=deterministic, seed=inputs.seed,
-        cu_seqlens_k=inputs.cu_seqlens_k, max_seqlen_k=max(case.varlen_k) if case.varlen_k else 0, seqlens_k=case.varlen_k,
+        max_seqlen=max(case.entry.varlen) if case.entry.varlen else 0, seqlens=case.entry.varlen, deterministic=deterministic, seed=inputs.seed,
+        cu_seqlens_k=inputs.cu_seqlens_k, max_seqlen_k=max(case.entry.varlen_k) if case.entry.varlen_k else 0, seqlens_k=case.entry.varlen_k,
         sink=sink,
     )
 
@@ -131,7 +131,7 @@ def grad_names(adapter: "KernelAdapter | KernelTraits", case: Case, inputs: Attn
     """The gradients run_kernel returns, in order: dq, dk, dv, then dbias when the case's bias
     requires grad, then dsink when the case has sinks and the adapter declares their
     gradient."""
-    return (("dq", "dk", "dv") + (("dbias",) if case.bias_grad else ())
+    return (("dq", "dk", "dv") + (("dbias",) if case.bias.grad else ())
             + (("dsink",) if inputs.sink is not None and _traits(adapter).sink_grad else ()))
 
 
@@ -175,7 +175,7 @@ def kernel_pass(adapter: KernelAdapter, case: Case, inputs: AttnInputs, determin
         raise BadOutput("out has no autograd graph back to q, k, v (detached, or computed under no_grad)")
     # allow_unused: an output that ignores k is a wrong answer (FAIL "dk is missing"), not a crash.
     leaves = (call.q, call.k, call.v)
-    if case.bias_grad:  # dBias must flow back to the bias the kernel was given
+    if case.bias.grad:  # dBias must flow back to the bias the kernel was given
         leaves = leaves + (call.opts.bias,)
     if call.sink is not None and adapter.capabilities().sink_grad:
         leaves = leaves + (call.sink,)
@@ -305,7 +305,7 @@ def measure_seed(case: Case, inputs: AttnInputs, out, lse, grads, dropout_keep, 
     validate_outputs(case, inputs, out, None if forward_only else grads, grad_names(traits, case, inputs))
     if case.dropout_p and dropout_keep is None:
         raise BadOutput("the kernel ran with dropout but exposed no dropout mask")
-    if case.entry == "kvcache":
+    if case.entry.kind == "kvcache":
         gold, low, (k_after, v_after) = decode_references(case, inputs)
         if cache is None:
             raise BadOutput("the adapter returned no cache for a decode call")
@@ -324,7 +324,7 @@ def measure_seed(case: Case, inputs: AttnInputs, out, lse, grads, dropout_keep, 
         notes.append("lse not exposed for this case")
     elif forward_only:
         notes.append("lse not returned: judged on out alone")
-    if case.sinks and not forward_only and not traits.sink_grad:
+    if case.entry.sinks and not forward_only and not traits.sink_grad:
         notes.append("dsink not judged: the adapter declares no sink gradient")
     for name, tensor in measured.items():
         mult = tol.mult(name, tensor_spec(name).yardstick_dtype or case.dtype)

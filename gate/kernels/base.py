@@ -2,119 +2,24 @@
 
 The sweep asks an adapter two questions before running a case: is the kernel here at all
 (`unavailable_reason`: not installed, no GPU) and can it run this case (`Capabilities.
-unsupported_reason`). Either answer becomes a SKIPPED row with the reason, never a silent drop.
+unsupported_reason`, gate/kernels/capabilities.py: each feature the case needs and the kernel lacks
+has its reason as data).
+Either answer becomes a SKIPPED row with the reason, never a silent drop.
 """
 
 from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from gate.core.cases import Case
+from gate.kernels.capabilities import Capabilities
 from gate.attention.inputs import offsets
 from gate.attention.kvcache import CacheInputs
 from gate.attention.reference import AttnOptions
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    devices: tuple[str, ...] = ("cuda",)
-    dtypes: tuple[str, ...] = ("fp16", "bf16")
-    max_head_dim: int = 256
-    head_dim_multiple: int = 1
-    head_dim_v_differs: bool = False
-    seqlen_q_ne_k: bool = True
-    causal: bool = True
-    window: bool = False
-    softcap: bool = False
-    alibi: bool = False
-    dropout: bool = False
-    varlen: bool = False
-    gqa: bool = True
-    deterministic_mode: bool = False
-    returns_lse: bool = False
-    # FA2-family kernels draw dropout against an 8-bit threshold: the keep probability they
-    # realise is (floor((1 - p) * 255) + 1) / 256, not 1 - p (measured on the H200 through SDPA
-    # flash: p=0.1 keeps 0.8984 = 230/256 of 16.7M pairs, p=0.3 keeps 0.6993 = 179/256).
-    # 256 says so; 0 means the kernel draws with the exact probability.
-    dropout_keep_levels: int = 0
-    # Non-empty when the kernel does not return 0 on rows with no allowed key (e.g. NaN under a
-    # -inf additive mask): such cases are SKIPPED with this text, never measured as a pass.
-    fully_masked_rows_unsupported: str = ""
-    notes: tuple[str, ...] = field(default_factory=tuple)
-    # --- entry points beyond flash_attn_func ---
-    kvcache: bool = False  # a decode entry point (flash_attn_with_kvcache convention, or emulated on a gathered cache)
-    paged: bool = False  # takes a paged cache with a block table
-    page_size_multiple: int = 1  # page sizes it accepts (FA2: 256)
-    sinks: bool = False  # learnable per-head sink logits
-    sink_grad: bool = True  # with sinks: its backward returns dsink (False: dsink not judged, and the row says so)
-    backward: bool = True  # False: a forward-only (inference) kernel, judged on out and LSE
-    # ---- custom bias: a custom bias (float, added to the scaled scores), its gradient,
-    # a bias in another dtype than the inputs (fp32 with bf16/fp16), and boolean masks.
-    # `bias_unsupported` (non-empty) is the reason every bias case is skipped, said as it is.
-    bias: bool = False
-    bias_grad: bool = False
-    bool_mask: bool = False
-    bias_unsupported: str = ""
-    bias_grad_unsupported: str = ""  # why there is no bias gradient, when the kernel says
-    bias_other_dtype_unsupported: str = ""  # why a bias in another dtype than q is refused ('' = taken)
-    bias_grad_other_dtype_unsupported: str = ""  # why the gradient of such a bias is refused, when only that is
-    # Rows emptied by a custom bias/mask are fine even where fully_masked_rows_unsupported says
-    # otherwise (SDPA efficient/cuDNN: 0 under an additive -inf mask, nonzero only via causal_lower_right).
-    fully_masked_rows_ok_with_bias: bool = False
-
-    def unsupported_reason(self, case: Case, device: str) -> str | None:
-        """The first reason this kernel cannot run `case` on `device`, or None."""
-        decode = case.entry == "kvcache"
-        checks = [
-            (device in self.devices, f"runs on {'/'.join(self.devices)}, not {device}"),
-            (self.kvcache or not decode, "no KV-cache (decode) entry point"),
-            (self.paged or not case.page_size, "no paged KV cache (block table)"),
-            (not case.page_size or case.page_size % self.page_size_multiple == 0,
-             f"page size {case.page_size} not a multiple of {self.page_size_multiple}"),
-            (self.sinks or not case.sinks, "no learnable sinks"),
-            (case.dtype in self.dtypes, f"no {case.dtype} (supports {', '.join(self.dtypes)})"),
-            (max(case.head_dim, case.head_dim_v) <= self.max_head_dim, f"head_dim > {self.max_head_dim}"),
-            (case.head_dim % self.head_dim_multiple == 0 and case.head_dim_v % self.head_dim_multiple == 0,
-             f"head_dim not a multiple of {self.head_dim_multiple}"),
-            (self.head_dim_v_differs or case.head_dim == case.head_dim_v, "head_dim_v != head_dim"),
-            (self.seqlen_q_ne_k or case.seqlen_q == case.seqlen_k or case.varlen is not None or decode, "seqlen_q != seqlen_k"),
-            (self.causal or not case.causal, "no causal mask"),
-            (self.window or not case.has_window, "no sliding window"),
-            (self.softcap or not case.softcap, "no softcap"),
-            (self.alibi or not case.alibi, "no ALiBi"),
-            (self.dropout or not case.dropout_p, "no dropout (or its mask cannot be observed)"),
-            (self.varlen or case.varlen is None, "no varlen"),
-            (self.gqa or not case.is_gqa, "no GQA/MQA"),
-            (not self.fully_masked_rows_unsupported or not case.has_fully_masked_rows
-             or (case.has_bias and self.fully_masked_rows_ok_with_bias),
-             f"fully masked rows: {self.fully_masked_rows_unsupported}"),
-            *self._bias_checks(case),
-        ]
-        for ok, reason in checks:
-            if not ok:
-                return reason
-        return None
-
-
-    def _bias_checks(self, case: Case) -> list[tuple[bool, str]]:
-        """what a bias case needs, as (ok, reason) pairs."""
-        if not case.has_bias:
-            return []
-        return [
-            (not self.bias_unsupported, self.bias_unsupported),
-            (self.bias or not case.has_float_bias, "no custom bias (attn_bias)"),
-            (self.bias_grad or not case.bias_grad, self.bias_grad_unsupported or "no bias gradient"),
-            (not self.bias_other_dtype_unsupported or case.bias_dtype is None,
-             self.bias_other_dtype_unsupported),
-            (not self.bias_grad_other_dtype_unsupported or not (case.bias_grad and case.bias_dtype),
-             self.bias_grad_other_dtype_unsupported),
-            (self.bool_mask or not case.has_bool_bias, "no boolean custom mask"),
-        ]
-
 
 
 def realised_keep_probability(p: float, levels: int) -> float:

@@ -24,6 +24,7 @@ import torch
 
 from gate.attention.masks import allowed_mask
 from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, write_pages
+from gate.kernels.capabilities import Feature, feature_set
 
 
 def _import(module: str):
@@ -103,9 +104,10 @@ class FA2Adapter(_FlashBase):
 
     def capabilities(self) -> Capabilities:
         # flash_attn_with_kvcache: paged KV needs page_block_size % 256 == 0 (its docstring)
-        return Capabilities(dtypes=("fp16", "bf16"), max_head_dim=256, window=True, softcap=True, alibi=True,
-                            dropout=True, dropout_keep_levels=256, varlen=True, deterministic_mode=True, returns_lse=True,
-                            kvcache=True, paged=True, page_size_multiple=256)
+        return Capabilities(dtypes=("fp16", "bf16"), max_head_dim=256, page_size_multiple=256,
+                            features=feature_set(window=True, softcap=True, alibi=True, dropout=True, varlen=True,
+                                                 kvcache=True, paged=True),
+                            dropout_keep_levels=256, deterministic_mode=True, returns_lse=True)
 
     def _kwargs(self, call: KernelCall) -> dict:
         kwargs = super()._kwargs(call)
@@ -171,19 +173,20 @@ class FA3Adapter(_FlashBase):
                          if v and k.startswith("FLASHATTENTION_DISABLE_"))
         return Capabilities(dtypes=("bf16",) if off.get("FLASHATTENTION_DISABLE_FP16") else ("fp16", "bf16"),
                             max_head_dim=max(dims, default=256), head_dim_multiple=8,
-                            head_dim_v_differs=not (off.get("FLASHATTENTION_DISABLE_HDIMDIFF64")
-                                                    and off.get("FLASHATTENTION_DISABLE_HDIMDIFF192")),
-                            window=not off.get("FLASHATTENTION_DISABLE_LOCAL"),
-                            softcap=not off.get("FLASHATTENTION_DISABLE_SOFTCAP"),
-                            varlen=not off.get("FLASHATTENTION_DISABLE_VARLEN"),
-                            deterministic_mode=True, returns_lse=True, kvcache=True,
-                            paged=not off.get("FLASHATTENTION_DISABLE_PAGEDKV"),
+                            features=feature_set(
+                                head_dim_v_differs=not (off.get("FLASHATTENTION_DISABLE_HDIMDIFF64")
+                                                        and off.get("FLASHATTENTION_DISABLE_HDIMDIFF192")),
+                                window=not off.get("FLASHATTENTION_DISABLE_LOCAL"),
+                                softcap=not off.get("FLASHATTENTION_DISABLE_SOFTCAP"),
+                                varlen=not off.get("FLASHATTENTION_DISABLE_VARLEN"), kvcache=True,
+                                paged=not off.get("FLASHATTENTION_DISABLE_PAGEDKV")),
+                            deterministic_mode=True, returns_lse=True,
                             backward=not off.get("FLASHATTENTION_DISABLE_BACKWARD"),
                             notes=(f"FA3 build without: {', '.join(trimmed)} (its flash_attn_config)",) if trimmed else ())
 
     def unsupported_reason(self, case, device: str) -> str | None:
         reason = super().unsupported_reason(case, device)
-        if reason is None and case.cache_new and fa3_build_flags().get("FLASHATTENTION_DISABLE_APPENDKV"):
+        if reason is None and case.entry.cache_new and fa3_build_flags().get("FLASHATTENTION_DISABLE_APPENDKV"):
             return "this FA3 build has no append-KV (built with FLASH_ATTENTION_DISABLE_APPENDKV)"
         return reason
 
@@ -229,27 +232,29 @@ class FA4Adapter(_FlashBase):
         # decode through flash_attn_varlen_func(page_table=, seqused_k=) and learnable
         # sinks, each only where this build's signature has it.
         paged = self._takes("flash_attn_varlen_func", "page_table")
-        return Capabilities(dtypes=("fp16", "bf16"), max_head_dim=256, head_dim_multiple=8, head_dim_v_differs=True,
-                            window=True, softcap=True, varlen=True, deterministic_mode=True, returns_lse=True,
-                            kvcache=self._takes("flash_attn_varlen_func", "seqused_k"), paged=paged,
-                            sinks=self._takes("flash_attn_func", "learnable_sink"),
+        no_bias = self._bias_reason()
+        return Capabilities(dtypes=("fp16", "bf16"), max_head_dim=256, head_dim_multiple=8,
+                            # float biases through score_mod, boolean masks through mask_mod
+                            features=feature_set(head_dim_v_differs=True, window=True, softcap=True, varlen=True,
+                                                 kvcache=self._takes("flash_attn_varlen_func", "seqused_k"), paged=paged,
+                                                 sinks=self._takes("flash_attn_func", "learnable_sink"),
+                                                 bias=True, bool_mask=True),
+                            reasons={Feature.BIAS_GRAD: BIAS_GRAD_REASON,
+                                     **({Feature.BIAS: no_bias, Feature.BOOL_MASK: no_bias} if no_bias else {})},
+                            deterministic_mode=True, returns_lse=True,
                             # not seen on a GPU yet whether its backward returns the sink's gradient:
                             # dsink is not judged (the row says so) until it has been
                             sink_grad=False,
                             notes=("decode: flash_attn_varlen_func with seqused_k (and page_table); the new k/v are "
                                    "written into the cache by the adapter (FA4 has no append)",
                                    "custom bias: a CuTe score_mod reading the bias from aux_tensors; boolean masks: a "
-                                   "mask_mod, with causal/window folded into the mask (gate/kernels/fa4_mods.py)"),
-                            # float biases through score_mod, boolean masks through mask_mod
-                            bias=True, bool_mask=True, bias_grad=False,
-                            bias_unsupported=self._bias_reason(),
-                            bias_grad_unsupported=BIAS_GRAD_REASON)
+                                   "mask_mod, with causal/window folded into the mask (gate/kernels/fa4_mods.py)"))
 
     def unsupported_reason(self, case, device: str) -> str | None:
         reason = super().unsupported_reason(case, device)
         if reason is None and case.has_float_bias and case.softcap:
             return SOFTCAP_BIAS_REASON
-        if reason is None and case.is_gqa and case.head_dim != case.head_dim_v and case.entry != "kvcache":
+        if reason is None and case.is_gqa and case.head_dim != case.head_dim_v and case.entry.kind != "kvcache":
             return GQA_DV_REASON
         return reason
 

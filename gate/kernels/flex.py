@@ -20,6 +20,7 @@ import torch
 
 from gate.core.cases import Case
 from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, per_sequence
+from gate.kernels.capabilities import Feature, feature_set
 from gate.attention.masks import effective_window
 
 RECOMPILE_LIMIT = 512
@@ -56,17 +57,18 @@ class FlexAdapter(KernelAdapter):
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
-            devices=("cuda",), dtypes=("fp16", "bf16", "fp32"), max_head_dim=256, head_dim_v_differs=True,
-            window=True, softcap=True, alibi=True, varlen=True, gqa=True, deterministic_mode=True, returns_lse=True,
-            kvcache=True, paged=True,  # on a gathered dense cache
+            devices=("cuda",), dtypes=("fp16", "bf16", "fp32"), max_head_dim=256,
+            features=feature_set(head_dim_v_differs=True, window=True, softcap=True, alibi=True, varlen=True, gqa=True,
+                                 kvcache=True, paged=True,  # on a gathered dense cache
+                                 bias=True, bias_grad=True, bool_mask=True),  # score_mod / mask_mod over the captured tensor
+            deterministic_mode=True, returns_lse=True,
             notes=("varlen by running each sequence alone",
                    "decode: one call on the gathered cache padded to the longest element, a mask_mod with each "
                    "element's length (append and paging emulated by the adapter)"),
-            bias=True, bias_grad=True, bool_mask=True,  # score_mod / mask_mod over the captured tensor
-            bias_grad_other_dtype_unsupported=(
+            reasons={Feature.BIAS_GRAD_OTHER_DTYPE: (
                 "no gradient of an fp32 bias with bf16/fp16 inputs: the compiled backward does not fit in shared "
                 "memory (measured on an H200, torch 2.11, d128: Inductor 'No valid triton configs', 262 KB needed, "
-                "227 KB available)"),
+                "227 KB available)")},
         )
 
     def _fn(self):

@@ -45,6 +45,12 @@ def family_adapter(name: str, config) -> KernelAdapter | None:
     return FamilyAdapter(family)
 
 
+def resolve_kernel(name: str, config=None) -> KernelAdapter:
+    """The adapter `name` stands for: a kernel family of `config`, else a built-in or a
+    `package.module:function`. The one place a kernel name becomes an adapter."""
+    return (family_adapter(name, config) if config is not None else None) or get_adapter(name)
+
+
 def get_adapter(name: str) -> KernelAdapter:
     if ":" in name:
         from gate.kernels.user import UserAdapter

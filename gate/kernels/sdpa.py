@@ -41,6 +41,7 @@ from gate.kernels.base import (
     Capabilities, KernelAdapter, KernelCall, KernelOutput, flash_lse_to_reference, gathered_decode, per_sequence,
 )
 from gate.attention.bias import as_additive
+from gate.kernels.capabilities import Feature, feature_set
 from gate.attention.masks import allowed_mask, dense_bias
 
 BACKENDS = {
@@ -79,37 +80,48 @@ class SdpaAdapter(KernelAdapter):
         dtypes = ("fp16", "bf16", "fp32") if self.backend in ("math", "efficient", "cpu") else ("fp16", "bf16")
         nan_rows = ""
         if self.backend in ("efficient", "cudnn"):
-            nan_rows = (f"SDPA {self.backend} returns nonzero rows, not 0, where no key is allowed under "
+            nan_rows = (f"fully masked rows: SDPA {self.backend} returns nonzero rows, not 0, where no key is allowed under "
                         f"causal_lower_right (measured on an H200, torch 2.11)")
         return Capabilities(
             devices=devices, dtypes=dtypes, max_head_dim=256 if self.backend != "cudnn" else 128,
-            head_dim_v_differs=self.backend in ("math", "efficient"), window=takes_bias, alibi=takes_bias,
-            varlen=True, gqa=True, returns_lse=True, dropout=self.backend == "flash",
-            dropout_keep_levels=256 if self.backend == "flash" else 0,
-            deterministic_mode=self.backend == "cpu", fully_masked_rows_unsupported=nan_rows,
-            kvcache=True, paged=True,  # on a gathered dense cache (gate.kernels.base.gathered_decode)
+            features=feature_set(
+                head_dim_v_differs=self.backend in ("math", "efficient"), window=takes_bias, alibi=takes_bias,
+                varlen=True, gqa=True, dropout=self.backend == "flash",
+                kvcache=True, paged=True,  # on a gathered dense cache (gate.kernels.base.gathered_decode)
+                # custom bias through attn_mask; its gradient only where the backward op returns one
+                bias=takes_bias, bool_mask=takes_bias, bias_grad=self.backend in ("math", "efficient")),
+            reasons=self._reasons(takes_bias, nan_rows),
+            returns_lse=True, dropout_keep_levels=256 if self.backend == "flash" else 0,
+            deterministic_mode=self.backend == "cpu",
             notes=("GQA by repeating k/v heads", "varlen by running each sequence alone",
                    "decode: on each batch element's gathered cache (append and paging emulated by the adapter)")
             + (("window/ALiBi through the additive attn_mask",) if takes_bias else ())
             + (("dropout mask read from the flash op's debug mask (return_debug_mask=True)",) if self.backend == "flash" else ())
             + (("deterministic mode: torch.use_deterministic_algorithms(True) around forward and backward",)
                if self.backend in ("efficient", "cpu") else ()),
-            # custom bias through attn_mask; its gradient only where the backward op returns one
-            bias=takes_bias, bool_mask=takes_bias, bias_grad=self.backend in ("math", "efficient"),
-            bias_unsupported="" if takes_bias else "SDPA flash takes no attn_mask (custom bias or mask)",
-            bias_grad_unsupported={
-                "cudnn": "no bias gradient: the cuDNN backward op returns none for attn_bias",
-                "cpu": "no bias gradient: torch's CPU flash kernel refuses an attn_mask that requires grad "
-                       "(No available kernel) and its backward returns none",
-            }.get(self.backend, ""),
-            bias_other_dtype_unsupported=(
-                "no fp32 bias with bf16/fp16 inputs: the mem-efficient kernel refuses it (measured on an H200, "
-                "torch 2.11: RuntimeError 'invalid dtype for bias - should match query's dtype')"
-                if self.backend == "efficient" else ""),
             # a custom bias always goes in as attn_mask (folded causal included): the additive -inf path,
             # measured to give 0 on empty rows (the alibi and window rows on an H200)
             fully_masked_rows_ok_with_bias=True,
         )
+
+    def _reasons(self, takes_bias: bool, nan_rows: str) -> dict[Feature, str]:
+        """Why this backend lacks what it lacks, as measured."""
+        reasons = {Feature.FULLY_MASKED_ROWS: nan_rows} if nan_rows else {}
+        if not takes_bias:
+            no_mask = "SDPA flash takes no attn_mask (custom bias or mask)"
+            reasons.update({Feature.BIAS: no_mask, Feature.BOOL_MASK: no_mask})
+        no_grad = {
+            "cudnn": "no bias gradient: the cuDNN backward op returns none for attn_bias",
+            "cpu": "no bias gradient: torch's CPU flash kernel refuses an attn_mask that requires grad "
+                   "(No available kernel) and its backward returns none",
+        }.get(self.backend)
+        if no_grad:
+            reasons[Feature.BIAS_GRAD] = no_grad
+        if self.backend == "efficient":
+            reasons[Feature.BIAS_OTHER_DTYPE] = (
+                "no fp32 bias with bf16/fp16 inputs: the mem-efficient kernel refuses it (measured on an H200, "
+                "torch 2.11: RuntimeError 'invalid dtype for bias - should match query's dtype')")
+        return reasons
 
     def deterministic_scope(self):
         return _deterministic_algorithms()

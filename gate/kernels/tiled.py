@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, per_sequence, read_pages, write_pages
+from gate.kernels.capabilities import feature_set
 from gate.attention.bias import reduce_to_bias_shape
 from gate.attention.masks import alibi_bias, allowed_mask
 from gate.attention.reference import AttnOptions
@@ -257,10 +258,10 @@ class TiledAdapter(KernelAdapter):
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
-            devices=("cpu", "cuda"), dtypes=("fp16", "bf16", "fp32"), max_head_dim=512, head_dim_v_differs=True,
-            window=True, softcap=True, alibi=True, dropout=True, varlen=True, deterministic_mode=True, returns_lse=True,
-            kvcache=True, paged=True, sinks=True,
-            bias=True, bias_grad=True, bool_mask=True,
+            devices=("cpu", "cuda"), dtypes=("fp16", "bf16", "fp32"), max_head_dim=512,
+            features=feature_set(head_dim_v_differs=True, window=True, softcap=True, alibi=True, dropout=True, varlen=True,
+                                 kvcache=True, paged=True, sinks=True, bias=True, bias_grad=True, bool_mask=True),
+            deterministic_mode=True, returns_lse=True,
         )
 
     def tile_steps(self, call: KernelCall, keep) -> TileSteps:

@@ -35,6 +35,7 @@ import torch
 from gate.core.errors import UserError
 from gate.attention.bias import as_additive
 from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, per_sequence
+from gate.kernels.capabilities import Feature, feature_set
 
 
 def load_callable(spec: str):
@@ -113,14 +114,15 @@ class UserAdapter(KernelAdapter):
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
-            devices=("cpu", "cuda"), dtypes=("fp16", "bf16", "fp32"), max_head_dim=1024, head_dim_v_differs=True,
-            causal=self._takes("causal"), window=self._takes("window_size"), softcap=self._takes("softcap"),
-            alibi=self._takes("alibi_slopes"), dropout=False, varlen=True, gqa=True,
+            devices=("cpu", "cuda"), dtypes=("fp16", "bf16", "fp32"), max_head_dim=1024,
+            features=feature_set(
+                head_dim_v_differs=True, causal=self._takes("causal"), window=self._takes("window_size"),
+                softcap=self._takes("softcap"), alibi=self._takes("alibi_slopes"), dropout=False, varlen=True, gqa=True,
+                sinks=self._takes("learnable_sink"),
+                # a kernel with an `attn_bias` keyword takes every bias kind (bool as 0/-inf)
+                bias=self._takes("attn_bias"), bias_grad=self._takes("attn_bias"), bool_mask=self._takes("attn_bias")),
             deterministic_mode=self._takes("deterministic"), returns_lse=self._takes("return_attn_probs"),
-            sinks=self._takes("learnable_sink"), backward=self.backward,
-            notes=("varlen by running each sequence alone",),
-            # a kernel with an `attn_bias` keyword takes every bias kind (bool as 0/-inf)
-            bias=self._takes("attn_bias"), bias_grad=self._takes("attn_bias"), bool_mask=self._takes("attn_bias"),
+            backward=self.backward, notes=("varlen by running each sequence alone",),
         )
 
     def _dense(self, q, k, v, call: KernelCall) -> KernelOutput:
@@ -149,10 +151,10 @@ class VarlenEntry(KernelAdapter):
     def capabilities(self) -> Capabilities:
         t = self.sig.takes
         return Capabilities(
-            devices=("cpu", "cuda"), dtypes=("fp16", "bf16", "fp32"), max_head_dim=1024, head_dim_v_differs=True,
-            causal=t("causal"), window=t("window_size"), softcap=t("softcap"), alibi=t("alibi_slopes"), dropout=False,
-            varlen=True, gqa=True, deterministic_mode=t("deterministic"), returns_lse=t("return_attn_probs"),
-            sinks=t("learnable_sink"), backward=self.backward,
+            devices=("cpu", "cuda"), dtypes=("fp16", "bf16", "fp32"), max_head_dim=1024,
+            features=feature_set(head_dim_v_differs=True, causal=t("causal"), window=t("window_size"), softcap=t("softcap"),
+                                 alibi=t("alibi_slopes"), dropout=False, varlen=True, gqa=True, sinks=t("learnable_sink")),
+            deterministic_mode=t("deterministic"), returns_lse=t("return_attn_probs"), backward=self.backward,
         )
 
     def __call__(self, call: KernelCall) -> KernelOutput:
@@ -176,14 +178,15 @@ class KVCacheEntry(KernelAdapter):
     def capabilities(self) -> Capabilities:
         t = self.sig.takes
         return Capabilities(
-            devices=("cpu", "cuda"), dtypes=("fp16", "bf16", "fp32"), max_head_dim=1024, head_dim_v_differs=True,
-            causal=t("causal"), window=t("window_size"), softcap=t("softcap"), alibi=t("alibi_slopes"), gqa=True,
-            returns_lse=t("return_softmax_lse"), kvcache=True, paged=t("block_table"), sinks=t("learnable_sink"),
-            backward=False,
+            devices=("cpu", "cuda"), dtypes=("fp16", "bf16", "fp32"), max_head_dim=1024,
+            features=feature_set(head_dim_v_differs=True, causal=t("causal"), window=t("window_size"), softcap=t("softcap"),
+                                 alibi=t("alibi_slopes"), gqa=True, kvcache=True, paged=t("block_table"),
+                                 sinks=t("learnable_sink")),
+            returns_lse=t("return_softmax_lse"), backward=False,
         )
 
     def unsupported_reason(self, case, device: str) -> str | None:
-        if case.cache_new and not (self.sig.takes("k") and self.sig.takes("v")):
+        if case.entry.cache_new and not (self.sig.takes("k") and self.sig.takes("v")):
             return "its kvcache entry point takes no k=/v= to append"
         return super().unsupported_reason(case, device)
 
@@ -221,7 +224,8 @@ class FamilyAdapter(KernelAdapter):
         notes = tuple(f"{e} entry point: {a.name}" for e, a in self.entries.items())
         if not self.family.backward:
             notes += ("forward-only kernel (backward = false): judged on out and LSE, no gradients",)
-        return dataclasses.replace(first, kvcache="kvcache" in self.entries, backward=self.family.backward, notes=notes)
+        features = first.features - {Feature.KVCACHE} | ({Feature.KVCACHE} if "kvcache" in self.entries else set())
+        return dataclasses.replace(first, features=features, backward=self.family.backward, notes=notes)
 
     def entry_for(self, case) -> KernelAdapter | None:
         return self.entries.get(case.entry_point)

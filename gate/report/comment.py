@@ -113,7 +113,7 @@ def case_traits(case: Case) -> dict[str, str]:
         "gqa": "grouped-query (GQA/MQA)" if case.is_gqa else "one KV head per query head",
         "lengths": "seqlen_q != seqlen_k" if case.seqlen_q != case.seqlen_k else "seqlen_q == seqlen_k",
         "decode": "one query (seqlen 1)" if case.seqlen_q == 1 else "more than one query",
-        "varlen": "variable length" if case.varlen is not None else "fixed length",
+        "varlen": "variable length" if case.entry.varlen is not None else "fixed length",
         "softcap": "softcap" if case.softcap else "no softcap",
         "alibi": "ALiBi" if case.alibi else "no ALiBi",
     }
@@ -209,7 +209,7 @@ def shared_pattern(failing: list[Case], passing: list[Case]) -> str:
     found.sort()
     # two boolean traits that together cover every failing case ("causal or windowed")
     flags = {"causal": lambda c: c.causal, "windowed": lambda c: c.has_window, "softcap": lambda c: bool(c.softcap),
-             "ALiBi": lambda c: c.alibi, "variable length": lambda c: c.varlen is not None, "GQA/MQA": lambda c: c.is_gqa,
+             "ALiBi": lambda c: c.alibi, "variable length": lambda c: c.entry.varlen is not None, "GQA/MQA": lambda c: c.is_gqa,
              "seqlen_q != seqlen_k": lambda c: c.seqlen_q != c.seqlen_k}
     best = None
     names = list(flags)

@@ -36,7 +36,7 @@ def perf_rows(result: PerfResult) -> list[list[str]]:
                          f"[{_f(lo, '.4f')}, {_f(hi, '.4f')}]", f"{_f(t.noise * 100, '.2f')}%",
                          f"{_f(c.tflops(p), '.1f')} / {_f(c.tflops(p, 'anchor'), '.1f')}"
                          # a decode step is memory-bound: achieved GB/s of K/V read (H200 ~4800)
-                         + (f"; K/V {_f(c.kv_gbps(), '.0f')} / {_f(c.kv_gbps('anchor'), '.0f')} GB/s" if c.case.entry == "kvcache" else ""),
+                         + (f"; K/V {_f(c.kv_gbps(), '.0f')} / {_f(c.kv_gbps('anchor'), '.0f')} GB/s" if c.case.entry.kind == "kvcache" else ""),
                          f"{_f(mem, '.0f')} {flags}".strip()])
     return rows
 

@@ -13,6 +13,8 @@ INCONCLUSIVE, and a run that judged nothing at all is one run-wide INCONCLUSIVE 
 Format history:
   1  first version. A row's status is written "OK" (timed), "SKIP" or "ERROR"; in memory it is
      the Status enum, "OK" being Status.PASS.
+  2  each row's `case` in the case dict's schema 2 (nested parts, gate/core/cases.py);
+     `migrate_perf` turns version 1's flat case dicts into it.
 """
 
 from __future__ import annotations
@@ -26,15 +28,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gate.core.cases import Case, load_suite
+from gate.core.cases import Case, Suite, load_suite, only_pattern
 from gate.core.config import Config, PerfConfig
 from gate.core.errors import UserError, first_line
 from gate.core.jsonio import read_record, write_json_atomic
-from gate.core.results import Status
+from gate.core.results import Status, migrate_rows
 from gate.speed.rule import PerfJudgement, PerfRules, PerfSeverity, RatioEstimate, judge
 from gate.speed.timing import PASSES, PassTiming, TimingPlan, TimingRun
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # migrate_perf turns each older one into the current layout
 MATMUL = "matmul"
 # A perf row's status as perf files spell it: a timed case is "OK" (timing judges nothing, so not "PASS").
 PERF_LABELS = {Status.PASS: "OK", Status.SKIP: "SKIP", Status.ERROR: "ERROR"}
@@ -117,7 +120,7 @@ class PerfCaseResult:
             out[p] = {"speed_ratio": t.speed_ratio, "ci95": [lo, hi], "noise": t.noise, "spread": t.spread,
                       "rounds": t.rounds, "candidate_ms": t.candidate_median_ms, "anchor_ms": t.anchor_median_ms,
                       "candidate_tflops": self.tflops(p), "anchor_tflops": self.tflops(p, "anchor")}
-        if self.case.entry == "kvcache" and "fwd" in out:  # a decode step is bound by reading K/V
+        if self.case.entry.kind == "kvcache" and "fwd" in out:  # a decode step is bound by reading K/V
             out["fwd"]["candidate_kv_gbps"] = self.kv_gbps()
         if self.timing is not None:
             out["peak_mem_mb"] = self.timing.peak_mem_mb
@@ -183,8 +186,15 @@ class PerfResult:
 
     @classmethod
     def read(cls, path: Path) -> "PerfResult":
-        return read_record(path, kind="perf results", schema_version=SCHEMA_VERSION, from_dict=cls.from_dict,
-                           fix="regenerate it with `attn-gate perf`")
+        return read_record(path, kind="perf results", schema_version=READABLE_VERSIONS,
+                           from_dict=lambda d: cls.from_dict(migrate_perf(d)), fix="regenerate it with `attn-gate perf`")
+
+
+def migrate_perf(payload: dict[str, Any]) -> dict[str, Any]:
+    """An older layout as the current one: 1 -> 2 writes each row's case in the current case schema."""
+    if payload.get("schema_version") == 1:
+        payload = {**payload, "schema_version": 2, "cases": migrate_rows(payload.get("cases"))}
+    return payload
 
 
 # --------------------------------------------------------------------------------------------
@@ -276,43 +286,47 @@ def _release(device: str) -> None:
         release_cached_gpu_memory(device)
 
 
-def select_perf_cases(suite_name: str, config: Config, only: str | None = None) -> tuple[Case, ...]:
-    """The suite's perf cases within --only; empty when there are none (the caller decides what
-    that means: `perf` refuses, `check` reports speed as not checked). A bad --only regex is a
-    UserError, not a traceback."""
-    from gate.core.cases import only_pattern
-
+def perf_cases_in(suite: Suite, only: str | None = None) -> tuple[Case, ...]:
+    """The suite's perf cases within --only (a bad regex is a UserError, not a traceback)."""
     pattern = only_pattern(only)
-    suite = load_suite(suite_name, config.suites)
     return tuple(c for c in suite.perf_cases if pattern is None or pattern.search(c.id))
 
 
-def no_perf_case_reason(suite_name: str, config: Config, only: str | None) -> str:
-    if only is None or not select_perf_cases(suite_name, config):
-        return f"suite {suite_name!r} has no perf cases; mark some with perf = [true] in its matrix"
-    return f"--only {only!r} matches no perf case of suite {suite_name!r}"
+def select_perf_cases(suite_name: str, config: Config, only: str | None = None) -> tuple[Case, ...]:
+    """The suite's perf cases within --only; empty when there are none (the caller decides what
+    that means: `perf` refuses, `check` reports speed as not checked)."""
+    return perf_cases_in(load_suite(suite_name, config.suites, config.source), only)
+
+
+def no_perf_case_reason(suite: Suite, only: str | None) -> str:
+    if only is None or not perf_cases_in(suite):
+        return f"suite {suite.name!r} has no perf cases; mark some with perf = [true] in its matrix"
+    return f"--only {only!r} matches no perf case of suite {suite.name!r}"
 
 
 def perf_cases(suite_name: str, config: Config, only: str | None = None) -> tuple[Case, ...]:
-    cases = select_perf_cases(suite_name, config, only)
+    suite = load_suite(suite_name, config.suites, config.source)
+    cases = perf_cases_in(suite, only)
     if not cases:
-        raise UserError(no_perf_case_reason(suite_name, config, only))
+        raise UserError(no_perf_case_reason(suite, only))
     return cases
 
 
 def run_perf(kernel: str, suite_name: str, config: Config, device: str | None = None, anchor: str | None = None,
              only: str | None = None, rounds: int | None = None, progress: Callable[[str], None] | None = None,
-             passes: tuple[str, ...] = PASSES, measure: Callable | None = None, kernel_version: str | None = None) -> PerfResult:
+             passes: tuple[str, ...] = PASSES, measure: Callable | None = None, kernel_version: str | None = None,
+             cases: tuple[Case, ...] | None = None) -> PerfResult:
     """`measure` (case, anchor, plan) -> PerfCaseResult times a case elsewhere (a worker process,
     gate/workflow/isolation.py: this process then never imports the kernel); `kernel_version` is
-    then what that process reported. Without it the kernel is loaded and timed here."""
+    then what that process reported. Without it the kernel is loaded and timed here. `cases`: the
+    perf cases a run plan selected already (None: selected here from the suite)."""
     from gate.core.environment import default_device, describe
-    from gate.kernels.registry import family_adapter, get_adapter
+    from gate.kernels.registry import resolve_kernel
 
     device = device or default_device()
     anchor_name = resolve_anchor(anchor, config.perf, device)
     if measure is None:
-        adapter = family_adapter(kernel, config) or get_adapter(kernel)  # a kernel family of the config
+        adapter = resolve_kernel(kernel, config)  # a kernel family of the config, else a built-in or module:function
         missing = adapter.unavailable_reason()
         if missing:
             raise UserError(f"kernel {kernel!r} is unavailable here: {missing}")
@@ -325,7 +339,7 @@ def run_perf(kernel: str, suite_name: str, config: Config, device: str | None = 
         if missing:
             raise UserError(f"--anchor {anchor_name!r} is unavailable here: {missing}; pick another "
                             f"(attn-gate kernels) or 'matmul', or set [tool.attn-gate.perf] anchor")
-    cases = perf_cases(suite_name, config, only)
+    cases = cases if cases is not None else perf_cases(suite_name, config, only)
     plan = TimingPlan.from_config(config.perf, rounds=rounds, passes=passes)
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
@@ -471,9 +485,9 @@ def remeasure_with(kernel: str, anchor: str, device: str, config: PerfConfig,
     """A `remeasure` for judge_perf: times one pass of one case again with more rounds (through
     `measure`, as run_perf, when the kernel runs in a worker). `families`: the Config whose
     [tool.attn-gate.kernels] may define `kernel`."""
-    from gate.kernels.registry import family_adapter, get_adapter
+    from gate.kernels.registry import resolve_kernel
 
-    adapter = None if measure is not None else (family_adapter(kernel, families) or get_adapter(kernel))  # once, not per re-run
+    adapter = None if measure is not None else resolve_kernel(kernel, families)  # once, not per re-run
 
     def remeasure(case: Case, pass_: str, rounds: int) -> RatioEstimate | None:
         plan = TimingPlan.from_config(config, rounds=rounds, passes=(pass_,))

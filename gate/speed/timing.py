@@ -302,7 +302,7 @@ class KernelWorkload(Workload):
             self._grad = None
             self._prepared = True
             return
-        if self.case.bias_grad:  # the backward of a trainable bias computes dBias too
+        if self.case.bias.grad:  # the backward of a trainable bias computes dBias too
             self._leaves += (self.call.opts.bias,)
         self._out = self.adapter(self.call).out  # the graph every backward call reuses
         self._grad = torch.autograd.grad

@@ -1,9 +1,9 @@
 """The two workflows around a baseline, as small steps (nox-style): CLI-free, one call each.
 
-    run_check:            target -> known failures (each must match a case) -> baseline (must exist,
+    run_check:            plan -> known failures (each must match a case) -> baseline (must exist,
                           must parse) -> sweep (fresh or a results file) -> refuse incomparable ->
                           compare -> known failures -> decide -> render (md, json, png)
-    run_baseline_update:  sweep -> refuse a run that lacks cases of the suite (or of its --only scope)
+    run_baseline_update:  plan -> sweep -> refuse a run that lacks cases of the suite (or of its --only scope)
                           -> refuse a failing row no known_failures declaration covers -> merge with
                           the old baseline -> diff for the reviewer -> summary, then the atomic write
 
@@ -12,6 +12,9 @@ schema version, another GPU class or suite, a case id twice, an --out or --summa
 written) raises a UserError (exit 2) before anything is written or measured, so a refused run
 never overwrites a file; an OSError while writing is a UserError too (never a traceback, never
 exit 1, which would read as a gate FAIL).
+
+The plan (gate/workflow/plan.py: kernel, suite cases, device, GPU class, baseline path, options)
+is resolved once, by the command or from a results file, and every step reads it.
 
 No baseline yet: `check` exits 2 and prints the exact `attn-gate baseline update` command. It does
 not run the sweep first: without a baseline there is nothing to gate, and a gate that passes
@@ -22,6 +25,7 @@ without a reference would pass anything (fail closed). The perf verdict plugs in
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass, field
@@ -40,6 +44,8 @@ from gate.compare.sweep_rules import (
     check_comparable, compare, correctness_thresholds, refuse_duplicate_cases, refuse_other_gpu_class, incomplete_pass,
     refuse_stale_baseline,
 )
+from gate.core.cases import load_suite, only_pattern, suite_names
+from gate.workflow.plan import RunPlan, current_gpu_class, plan_run, resolve_plan
 
 
 # The documentation page and section that every "no baseline" message points to (tests/test_validate.py
@@ -79,14 +85,6 @@ class UpdateOutcome:
 # ---------------------------------------------------------------- steps
 
 
-def current_gpu_class(device: str) -> str:
-    if device == "cpu":
-        return "cpu"
-    from gate.core.environment import describe
-
-    return describe(device, "", "")["gpu_class"]
-
-
 @contextlib.contextmanager
 def writing(fix: str):
     """An OSError while writing an output (full disk, read-only folder) -> a one-line UserError."""
@@ -105,15 +103,13 @@ def read_results(path: Path, kernel: str | None, suite: str | None) -> SweepResu
     return sweep
 
 
-def refuse_results_of_another_config(config: Config, sweep: SweepResult, path: Path) -> None:
+def refuse_results_of_another_config(plan: RunPlan, sweep: SweepResult, path: Path) -> None:
     """A results file is judged under the config as it is now: one measured with another
     definition of its suite or other tolerance multipliers is not what this config would gate."""
-    from gate.core.cases import load_suite, suite_hash
-
-    now = suite_hash(load_suite(sweep.suite, config.suites, config.source))
-    if sweep.suite_hash != now:
+    config = plan.config
+    if sweep.suite_hash != plan.suite_hash:
         raise UserError(f"{path}: made from another definition of suite {sweep.suite!r} (hash {sweep.suite_hash}) than "
-                        f"{config.source} gives now ({now}); re-run the sweep with this config")
+                        f"{config.source} gives now ({plan.suite_hash}); re-run the sweep with this config")
     changed = tolerance_changes(sweep.tolerance, config.tolerance.as_dict())
     if changed:
         raise UserError(f"{path}: measured with other tolerance multipliers than {config.source} sets "
@@ -122,6 +118,7 @@ def refuse_results_of_another_config(config: Config, sweep: SweepResult, path: P
 
 def resolve_target(config: Config, kernel: str | None, suite: str | None, device: str | None,
                    results: SweepResult | None) -> Target:
+    """The names only, for commands that read a baseline and run nothing (`baseline show`)."""
     if results is not None:
         env = results.environment
         return Target(results.kernel, results.suite, str(env.get("device", "?")), str(env.get("gpu_class", "unknown")))
@@ -132,41 +129,47 @@ def resolve_target(config: Config, kernel: str | None, suite: str | None, device
     return Target(kernel or profile.kernel, suite or profile.suite, device, current_gpu_class(device))
 
 
-def fresh_sweep(config: Config, target: Target, only: str | None, progress: bool, options=None) -> SweepResult:
-    """`options` (gate.workflow.sweep.SweepOptions): the run in worker processes, journal, resume."""
-    from gate.workflow.sweep import SweepOptions, run_sweep
+def plan_of_results(config: Config, results: SweepResult, baseline_file: Path | None = None) -> RunPlan:
+    """The plan a results file stands for: its own kernel, suite, device and GPU class."""
+    env = results.environment
+    return plan_run(config, results.kernel, results.suite, str(env.get("device", "?")), baseline_file=baseline_file,
+                    gpu_class=str(env.get("gpu_class", "unknown")))
 
-    return run_sweep(target.kernel, target.suite, config, target.device, progress=progress, only=only,
-                     options=options if options is not None else SweepOptions())
+
+def fresh_sweep(plan: RunPlan, progress: bool) -> SweepResult:
+    """The plan's cases swept (in worker processes unless its options say otherwise)."""
+    from gate.workflow.sweep import SweepOptions, sweep_plan
+
+    if plan.options is None:
+        plan = dataclasses.replace(plan, options=SweepOptions())
+    return sweep_plan(plan, progress=progress)
 
 
-def load_existing_baseline(config: Config, target: Target, baseline_file: Path | None) -> tuple[Path, Baseline]:
-    path = Path(baseline_file) if baseline_file else baseline_path(config.baselines_dir, target.gpu_class, target.kernel, target.suite)
+def load_existing_baseline(plan: RunPlan, baseline_file: Path | None) -> tuple[Path, Baseline]:
+    path = plan.baseline_path
     if not path.is_file():
         if baseline_file:  # a typo in --baseline: never advise creating (and committing) a file by that name
             raise UserError(f"--baseline {baseline_file}: no such file; pass an existing baseline JSON, or leave "
-                            f"--baseline out to use {baseline_path(config.baselines_dir, target.gpu_class, target.kernel, target.suite)}")
+                            f"--baseline out to use {baseline_path(plan.config.baselines_dir, plan.gpu_class, plan.kernel, plan.suite.name)}")
         from gate.workflow.validate import check_working_directory
 
-        check_working_directory(config)  # run from another folder: say so, not "no baseline"
+        check_working_directory(plan.config)  # run from another folder: say so, not "no baseline"
         raise UserError(
-            f"no baseline for kernel {target.kernel!r} on suite {target.suite!r} (gpu class {target.gpu_class!r}): {path} "
-            f"does not exist. Create it with `{update_command(target.kernel, target.suite, target.gpu_class)}`, review "
+            f"no baseline for kernel {plan.kernel!r} on suite {plan.suite.name!r} (gpu class {plan.gpu_class!r}): {path} "
+            f"does not exist. Create it with `{update_command(plan.kernel, plan.suite.name, plan.gpu_class)}`, review "
             f"the printed summary and commit {path} (see {BASELINES_DOC[0]}, '{BASELINES_DOC[1]}')")
     baseline = read_baseline(path)
-    refuse_other_gpu_class(baseline, target.gpu_class, target.kernel, target.suite, path)  # before a long sweep
-    require_complete_baseline(config, baseline, path)
+    refuse_other_gpu_class(baseline, plan.gpu_class, plan.kernel, plan.suite.name, path)  # before a long sweep
+    require_complete_baseline(plan, baseline, path)
     return path, baseline
 
 
-def require_complete_baseline(config: Config, baseline: Baseline, path: Path) -> None:
+def require_complete_baseline(plan: RunPlan, baseline: Baseline, path: Path) -> None:
     """A baseline cut to a few cases (or to `{}`), or with PASS rows that carry no ratios, would gate
-    nothing on the cases it lost: refused as a damaged file. A baseline of another definition of
-    the suite is left to check_comparable, which says so."""
-    from gate.core.cases import load_suite, suite_hash
-
-    suite = load_suite(baseline.suite, config.suites, config.source)
-    if suite_hash(suite) != baseline.suite_hash:
+    nothing on the cases it lost: refused as a damaged file. A baseline of another suite, or of
+    another definition of it, is left to check_comparable, which says so."""
+    suite = plan.suite
+    if baseline.suite != suite.name or plan.suite_hash != baseline.suite_hash:
         return
     missing = [c.id for c in suite.cases if c.id not in baseline.correctness]
     empty = [cid for cid, c in baseline.correctness.items() if c.status.value == "PASS" and not c.tensors]
@@ -189,14 +192,15 @@ def compare_all(baseline: Baseline, sweep: SweepResult, config: Config,
     return findings, correctness_thresholds(config.verdict), known
 
 
-def refuse_unmatched_known(config: Config, kernel: str) -> None:
-    """Before any sweep: a known_failures declaration for this kernel must match a case of some suite."""
-    if not for_kernel(config.known_failures, kernel):
+def refuse_unmatched_known(plan: RunPlan) -> None:
+    """Before any sweep: a known_failures declaration for this kernel must match a case of some
+    suite (the plan's suite as loaded; the others only when a declaration names the kernel)."""
+    config = plan.config
+    if not for_kernel(config.known_failures, plan.kernel):
         return
-    from gate.core.cases import load_suite, suite_names
-
-    suites = {name: [c.id for c in load_suite(name, config.suites, config.source).cases] for name in suite_names(config.suites)}
-    refuse_unmatched(config.known_failures, kernel, suites)
+    suites = {name: [c.id for c in (plan.suite if name == plan.suite.name else load_suite(name, config.suites, config.source)).cases]
+              for name in suite_names(config.suites)}
+    refuse_unmatched(config.known_failures, plan.kernel, suites)
 
 
 # ---------------------------------------------------------------- check
@@ -205,7 +209,11 @@ def refuse_unmatched_known(config: Config, kernel: str) -> None:
 def run_check(config: Config, kernel: str | None = None, suite: str | None = None, device: str | None = None,
               only: str | None = None, results_path: Path | None = None, baseline_file: Path | None = None,
               out_dir: Path = Path("out"), progress: bool = True, console=None, perf: bool | None = None,
-              options=None) -> CheckOutcome:
+              options=None, plan: RunPlan | None = None) -> CheckOutcome:
+    """`plan`: the run resolved by the caller (the CLI resolves it while checking the names); without
+    it the plan is resolved here from the names, or taken from the results file."""
+    if plan is not None:
+        only, perf = plan.only, plan.perf
     if results_path is not None and only is not None:
         raise UserError("--only filters a fresh run; with --results the file is compared as it is (drop --only)")
     if results_path is not None and perf:
@@ -216,17 +224,16 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
     refuse_inside_baselines(Path(out_dir), config.baselines_dir)
     results = read_results(results_path, kernel, suite) if results_path is not None else None
     if results is not None:
-        refuse_results_of_another_config(config, results, results_path)
-    target = resolve_target(config, kernel, suite, device, results)
-    refuse_unmatched_known(config, target.kernel)
-    path, baseline = load_existing_baseline(config, target, baseline_file)
+        plan = plan_of_results(config, results, baseline_file)
+        refuse_results_of_another_config(plan, results, results_path)
+    elif plan is None:
+        plan = resolve_plan(config, kernel, suite, device, only, options, perf, baseline_file)
+    refuse_unmatched_known(plan)
+    path, baseline = load_existing_baseline(plan, baseline_file)
     if results is None:  # refused now, not after the sweep it would throw away
-        from gate.core.cases import load_suite, suite_hash
-
-        refuse_stale_baseline(baseline, target.kernel, target.suite,
-                              suite_hash(load_suite(target.suite, config.suites, config.source)),
-                              config.tolerance.as_dict(), target.gpu_class, path)
-    sweep = results if results is not None else fresh_sweep(config, target, only, progress, options)
+        refuse_stale_baseline(baseline, plan.kernel, plan.suite.name, plan.suite_hash,
+                              config.tolerance.as_dict(), plan.gpu_class, path)
+    sweep = results if results is not None else fresh_sweep(plan, progress)
     check_comparable(baseline, sweep, path)
     scope = sweep.scope
     findings, thresholds, known = compare_all(baseline, sweep, config, scope)
@@ -234,13 +241,13 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
     if results is None:
         from gate.workflow.speed_check import perf_wanted, run_perf_check
 
-        if perf_wanted(perf, target.device):  # speed joins the same verdict: default on a GPU, off on a CPU
-            perf_run = run_perf_check(config, target.kernel, target.suite, target.device, only, baseline.perf, Path(out_dir))
+        if perf_wanted(perf, plan.device):  # speed joins the same verdict: default on a GPU, off on a CPU
+            perf_run = run_perf_check(plan, baseline.perf, Path(out_dir))
             findings, thresholds = list(findings) + perf_run.findings, {**thresholds, **perf_run.thresholds}
     else:  # a results file: speed was not timed, and where it would have been gated the report says so
         from gate.workflow.speed_check import results_file_findings
 
-        findings = list(findings) + results_file_findings(perf, target.device)
+        findings = list(findings) + results_file_findings(perf, plan.device)
     context = CheckContext(kernel=sweep.kernel, suite=sweep.suite, gpu_class=baseline.gpu_class, baseline=str(path),
                            baseline_measured_at=baseline.measured_at, run_started_at=sweep.started_at,
                            config=str(config.source), scope=scope,
@@ -287,18 +294,15 @@ def render_check(verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_d
 # ---------------------------------------------------------------- baseline update
 
 
-def require_complete_run(config: Config, sweep: SweepResult, source: object, path: Path) -> None:
+def require_complete_run(plan: RunPlan, sweep: SweepResult, source: object, path: Path) -> None:
     """A baseline update replaces every case of its scope (the whole suite without --only): a run
     that lacks some of them (a truncated or edited results file) would silently delete them from
     the baseline, and a PASS row without its tensors would record a pass with nothing to compare."""
-    from gate.core.cases import load_suite
-    from gate.core.cases import only_pattern, suite_hash
-
     redo = update_command(sweep.kernel, sweep.suite, str(sweep.environment.get("gpu_class", "unknown")))
-    suite = load_suite(sweep.suite, config.suites, config.source)
-    if sweep.suite_hash != suite_hash(suite):
+    suite = plan.suite
+    if sweep.suite_hash != plan.suite_hash:
         raise UserError(f"{source}: made from another definition of suite {sweep.suite!r} (hash {sweep.suite_hash}) than "
-                        f"{config.source} gives now ({suite_hash(suite)}), so `check` could never compare with the "
+                        f"{plan.config.source} gives now ({plan.suite_hash}), so `check` could never compare with the "
                         f"baseline; update from a run of the suite as it is now (`{redo}`)")
     scope = sweep.scope
     pattern = only_pattern(scope)
@@ -347,10 +351,11 @@ def run_baseline_update(config: Config, **kwargs) -> UpdateOutcome:
 def _update_baseline(config: Config, kernel: str | None = None, suite: str | None = None, device: str | None = None,
                      only: str | None = None, results_path: Path | None = None,
                      summary_path: Path | None = None, out_dir: Path = Path("out"), progress: bool = True,
-                     perf: bool | None = None, perf_from: Path | None = None) -> UpdateOutcome:
+                     perf: bool | None = None, perf_from: Path | None = None, plan: RunPlan | None = None) -> UpdateOutcome:
+    if plan is not None:
+        only, perf = plan.only, plan.perf
     if results_path is not None and only is not None:
         raise UserError("--only filters a fresh run; a --from-results file is taken as it is (drop --only)")
-    from gate.core.cases import only_pattern
     from gate.core.files import require_writable
 
     only_pattern(only)
@@ -359,9 +364,12 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
     if results_path is None:
         require_writable(Path(out_dir), "--out")
     results = read_results(results_path, kernel, suite) if results_path is not None else None
-    target = resolve_target(config, kernel, suite, device, results)
-    refuse_unmatched_known(config, target.kernel)
-    path = baseline_path(config.baselines_dir, target.gpu_class, target.kernel, target.suite)
+    if results is not None:
+        plan = plan_of_results(config, results)
+    elif plan is None:
+        plan = resolve_plan(config, kernel, suite, device, only, perf=perf)
+    refuse_unmatched_known(plan)
+    path = plan.baseline_path
     old = None
     if path.exists():
         try:
@@ -369,22 +377,22 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
         except UserError as exc:
             raise UserError(f"{exc} (the existing baseline is unreadable, so it is left as it is: restore it with "
                             f"`git checkout -- {path}`, or delete it to start afresh)") from None
-        if old.gpu_class != target.gpu_class:
-            raise UserError(f"{path}: holds a baseline for GPU class {old.gpu_class!r}, not {target.gpu_class!r}; it is left "
+        if old.gpu_class != plan.gpu_class:
+            raise UserError(f"{path}: holds a baseline for GPU class {old.gpu_class!r}, not {plan.gpu_class!r}; it is left "
                             f"as it is: move it to {Path(config.baselines_dir) / old.gpu_class}/ or delete it, then rerun")
     scope = only if results is None else results.scope
     if old is None and scope is not None:  # a filtered run merges into a baseline; without one it would BE the baseline
         what = f"--only {only!r}" if results is None else f"{results_path}: a run filtered with --only {scope!r}"
         raise UserError(f"{what}, but there is no baseline at {path} yet, so it would hold only those cases; create it "
-                        f"from the whole suite first: run without --only (`{update_command(target.kernel, target.suite, target.gpu_class)}`)")
-    sweep = results if results is not None else fresh_sweep(config, target, only, progress)
+                        f"from the whole suite first: run without --only (`{update_command(plan.kernel, plan.suite.name, plan.gpu_class)}`)")
+    sweep = results if results is not None else fresh_sweep(plan, progress)
     if results is None:
         from gate.report.sweep_report import write_sweep_outputs
 
         with writing("pass a writable --out folder"):
             saved = write_sweep_outputs(sweep, Path(out_dir))["json"]
         print(f"the run is saved in {saved} (reuse it with --from-results)")
-    require_complete_run(config, sweep, results_path if results is not None else "this run", path)
+    require_complete_run(plan, sweep, results_path if results is not None else "this run", path)
     changed = tolerance_changes(sweep.tolerance, config.tolerance.as_dict())
     if changed:
         raise UserError(f"{results_path if results is not None else 'this run'}: measured with other tolerance "
@@ -397,14 +405,13 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
     if perf_from is not None:  # timings made elsewhere (e.g. `attn-gate perf --rounds 30` on the GPU runner)
         from gate.workflow.speed_check import perf_section_from_file
 
-        perf_section = perf_section_from_file(Path(perf_from), target.kernel, target.suite, target.gpu_class, config,
+        perf_section = perf_section_from_file(Path(perf_from), plan.kernel, plan.suite.name, plan.gpu_class, config,
                                               old.perf if old is not None else None)
     elif results is None:
         from gate.workflow.speed_check import perf_baseline_section, perf_wanted
 
-        if perf_wanted(perf, target.device):  # speed ratios with their noise; None keeps the old section
-            perf_section, _ = perf_baseline_section(config, target.kernel, target.suite, target.device, only,
-                                                    old.perf if old is not None else None)
+        if perf_wanted(perf, plan.device):  # speed ratios with their noise; None keeps the old section
+            perf_section, _ = perf_baseline_section(plan, old.perf if old is not None else None)
     new, kept = merge_baseline(Baseline.from_sweep(sweep, perf=perf_section), old, sweep.scope)
     cfg = config.verdict
     diff = diff_baselines(old, new, path, cfg.headroom_factor, cfg.headroom_step, cfg.improvement_factor, kept)

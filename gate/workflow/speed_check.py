@@ -28,9 +28,10 @@ from gate.core.results import Status
 from gate.compare.findings import Finding, Severity
 from gate.speed.runs import (
     PerfResult, baseline_entry, judge_perf, no_perf_case_reason, nothing_judged, remeasure_with, run_perf,
-    select_perf_cases, unmatched_baseline_judgements,
+    unmatched_baseline_judgements,
 )
 from gate.speed.rule import PASSES, PerfJudgement, PerfSeverity
+from gate.workflow.plan import RunPlan
 
 RULE = "speed"
 
@@ -84,24 +85,23 @@ class PerfCheck:
     markdown: str = ""
 
 
-def run_perf_check(config: Config, kernel: str, suite: str, device: str, only: str | None,
-                   baseline_perf: dict[str, Any] | None, out_dir: Path) -> PerfCheck:
-    if not select_perf_cases(suite, config, only):
-        return no_perf_case_check(config, suite, only, baseline_perf)
-    from gate.kernels.registry import kernel_family
+def run_perf_check(plan: RunPlan, baseline_perf: dict[str, Any] | None, out_dir: Path) -> PerfCheck:
+    """The plan's perf cases timed in a worker process and judged against the baseline's perf section."""
+    if not plan.perf_cases:
+        return no_perf_case_check(plan, baseline_perf)
     from gate.workflow.isolation import PerfWorker
 
-    with PerfWorker(kernel, device, config.isolation, kernel_family(kernel, config)) as worker:  # the kernel is timed in a worker
-        return _judged_perf(config, kernel, suite, device, only, baseline_perf, out_dir, worker)
+    with PerfWorker(plan.kernel, plan.device, plan.isolation, plan.family) as worker:  # the kernel is timed in a worker
+        return _judged_perf(plan, baseline_perf, out_dir, worker)
 
 
-def _judged_perf(config: Config, kernel: str, suite: str, device: str, only: str | None,
-                 baseline_perf: dict[str, Any] | None, out_dir: Path, worker) -> PerfCheck:
+def _judged_perf(plan: RunPlan, baseline_perf: dict[str, Any] | None, out_dir: Path, worker) -> PerfCheck:
     from gate.speed.runs import write_perf_outputs
     from gate.report.speed_report import perf_markdown, plot_speed_ratios
 
+    config, kernel, suite, device, only = plan.config, plan.kernel, plan.suite.name, plan.device, plan.only
     result = run_perf(kernel, suite, config, device, only=only, progress=_progress, measure=worker.measure,
-                      kernel_version=worker.info.version)
+                      kernel_version=worker.info.version, cases=plan.perf_cases)
     if not baseline_perf:
         judgements = tuple(
             PerfJudgement(case_id=c.case_id, pass_=p, severity=PerfSeverity.INCONCLUSIVE,
@@ -131,15 +131,15 @@ def _judged_perf(config: Config, kernel: str, suite: str, device: str, only: str
     return PerfCheck(result, judgements, perf_findings(judgements), perf_thresholds(config.perf), paths, md)
 
 
-def no_perf_case_check(config: Config, suite: str, only: str | None, baseline_perf: dict[str, Any] | None) -> PerfCheck:
+def no_perf_case_check(plan: RunPlan, baseline_perf: dict[str, Any] | None) -> PerfCheck:
     """No perf case in the run's scope: nothing is timed. INFO when the baseline has no speed ratio
     there either (that scope holds no speed to check); INCONCLUSIVE for each baseline speed ratio
     within the scope (a perf case that disappeared is not judged, so it cannot pass)."""
-    why = no_perf_case_reason(suite, config, only)
-    judgements = unmatched_baseline_judgements(baseline_perf, set(), only, PASSES)
+    why = no_perf_case_reason(plan.suite, plan.only)
+    judgements = unmatched_baseline_judgements(baseline_perf, set(), plan.only, PASSES)
     findings = perf_findings(judgements) or [not_checked(f"speed not checked: no perf case in scope ({why})", Severity.INFO)]
     md = f"\n### Speed\n\nNot timed: {why}.\n"
-    return PerfCheck(None, judgements, findings, perf_thresholds(config.perf), {}, md)
+    return PerfCheck(None, judgements, findings, perf_thresholds(plan.perf_config), {}, md)
 
 
 def _progress(line: str) -> None:
@@ -148,17 +148,18 @@ def _progress(line: str) -> None:
     print(f"perf: {line}", file=sys.stderr, flush=True)
 
 
-def perf_baseline_section(config: Config, kernel: str, suite: str, device: str, only: str | None,
-                          old_perf: dict[str, Any] | None) -> tuple[dict[str, Any], PerfResult]:
+def perf_baseline_section(plan: RunPlan, old_perf: dict[str, Any] | None) -> tuple[dict[str, Any], PerfResult]:
     """The baseline's perf section from a fresh run with confirm_rounds rounds (a filtered run
     replaces only its own cases)."""
-    from gate.kernels.registry import kernel_family
     from gate.workflow.isolation import PerfWorker
 
+    config, kernel, suite, device, only = plan.config, plan.kernel, plan.suite.name, plan.device, plan.only
+    if not plan.perf_cases:
+        raise UserError(no_perf_case_reason(plan.suite, only))
     rounds = max(config.perf.confirm_rounds, config.perf.rounds)
-    with PerfWorker(kernel, device, config.isolation, kernel_family(kernel, config)) as worker:  # the kernel is timed in a worker
+    with PerfWorker(kernel, device, config.isolation, plan.family) as worker:  # the kernel is timed in a worker
         result = run_perf(kernel, suite, config, device, only=only, rounds=rounds, progress=_progress,
-                          measure=worker.measure, kernel_version=worker.info.version)
+                          measure=worker.measure, kernel_version=worker.info.version, cases=plan.perf_cases)
     measured = {c.case_id: baseline_entry(c, result.anchor) for c in result.cases if c.measured}
     if not measured:
         raise UserError(f"no perf case of suite {suite!r} could be timed for {kernel!r} (all skipped or failed); "

@@ -13,13 +13,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gate.core.cases import load_suite, only_pattern, suite_hash
 from gate.core.config import Config
 from gate.correctness.run_case import run_case
 from gate.core.environment import describe
 from gate.core.errors import UserError
-from gate.kernels.registry import family_adapter, get_adapter
 from gate.core.results import CaseResult, SweepResult
+from gate.workflow.plan import RunPlan, plan_run, resolve_plan
 from gate.workflow.shards import shard_cases, shard_note
 
 JUDGING_THREADS_PER_SLOT = 2  # a case judged here while the next one runs in the worker
@@ -68,21 +67,24 @@ def run_sweep(kernel: str, suite_name: str, config: Config, device: str | None =
     from gate.workflow.validate import check_device
 
     device = check_device(device)  # a library call (tests, selftest) gets the CLI's one-line answer too
-    suite = load_suite(suite_name, config.suites, config.source)
-    pattern = only_pattern(only)
-    cases = [c for c in suite.cases if pattern is None or pattern.search(c.id)]
-    if not cases:
-        raise UserError(f"--only {only!r} matches no case of suite {suite_name!r}")
+    if options is not None and options.workers != 0 and adapter is not None:
+        raise ValueError("an adapter object runs in-process only (workers=0 or options None); name the kernel instead")
+    plan = plan_run(config, kernel, suite_name, device, only, options, adapter=adapter)
+    return sweep_plan(plan, progress, check_names)
+
+
+def sweep_plan(plan: RunPlan, progress: bool = True, check_names: tuple[str, ...] = ()) -> SweepResult:
+    """The plan's cases (its suite within --only, its shard) through its kernel: in worker processes
+    unless its options say otherwise, else in this process through the plan's adapter."""
+    options = plan.options
     shard = options.shard if options is not None else None
-    cases = shard_cases(cases, shard)
+    cases = shard_cases(list(plan.cases), shard)
     extra_notes = ((f"extra checks on every case: {', '.join(check_names)}",) if check_names else ()) \
         + ((shard_note(shard),) if shard else ())
     if options is not None and options.workers != 0:
-        if adapter is not None:
-            raise ValueError("an adapter object runs in-process only (workers=0 or options None); name the kernel instead")
-        return _run_isolated(kernel, suite, config, device, progress, only, check_names, options, cases, extra_notes)
-    if adapter is None:  # a kernel family of the config, else a built-in or package.module:function
-        adapter = family_adapter(kernel, config) or get_adapter(kernel)
+        return _run_isolated(plan, progress, check_names, cases, extra_notes)
+    kernel, device, config = plan.kernel, plan.device, plan.config
+    adapter = plan.in_process_adapter()  # a kernel family of the config, else a built-in or package.module:function
     missing = adapter.unavailable_reason()
     if missing:
         raise UserError(f"kernel {kernel!r} is unavailable here: {missing}")
@@ -93,22 +95,23 @@ def run_sweep(kernel: str, suite_name: str, config: Config, device: str | None =
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
     results: list[CaseResult] = []
-    with _progress(progress, len(cases), f"{kernel} / {suite_name}") as advance:
+    with _progress(progress, len(cases), f"{kernel} / {plan.suite.name}") as advance:
         for case in cases:
             results.append(run_case(adapter, case, device, config.tolerance, checks_for(case, check_names)))
             advance(case.id, results[-1].status.value)
     caps = adapter.capabilities()
     return SweepResult(
-        kernel=kernel, suite=suite_name, suite_hash=suite_hash(suite),
+        kernel=kernel, suite=plan.suite.name, suite_hash=plan.suite_hash,
         environment=describe(device, kernel, adapter.version()), cases=tuple(results),
         tolerance=config.tolerance.as_dict(), started_at=started, wall_s=time.perf_counter() - t0,
-        notes=caps.notes + extra_notes, scope=only,
+        notes=caps.notes + extra_notes, scope=plan.only,
     )
 
 
-def _run_isolated(kernel: str, suite, config: Config, device: str, progress: bool, only: str | None,
-                  check_names: tuple[str, ...], options: SweepOptions, cases: list, extra_notes: tuple[str, ...]) -> SweepResult:
+def _run_isolated(plan: RunPlan, progress: bool, check_names: tuple[str, ...], cases: list,
+                  extra_notes: tuple[str, ...]) -> SweepResult:
     """Every case in a worker process (gate/workflow/isolation.py), streamed to the journal."""
+    kernel, suite, config, device, only, options = plan.kernel, plan.suite, plan.config, plan.device, plan.only, plan.options
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
@@ -118,16 +121,14 @@ def _run_isolated(kernel: str, suite, config: Config, device: str, progress: boo
     workers = options.workers if options.workers is not None else default_workers(device)
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
-    from gate.kernels.registry import kernel_family
-
-    with worker_pool(kernel, device, workers, config.isolation, kernel_family(kernel, config)) as pool:
+    with worker_pool(kernel, device, workers, config.isolation, plan.family) as pool:
         info = pool.kernel_info()
         if info.unavailable:
             raise UserError(f"kernel {kernel!r} is unavailable here: {info.unavailable}")
         if device not in info.devices:
             raise UserError(f"kernel {kernel!r} runs on {'/'.join(info.devices)}, not {device}; pass --device")
         environment = describe(device, kernel, info.version)
-        header = {"kernel": kernel, "suite": suite.name, "suite_hash": suite_hash(suite), "device": device,
+        header = {"kernel": kernel, "suite": suite.name, "suite_hash": plan.suite_hash, "device": device,
                   "environment": environment, "tolerance": config.tolerance.as_dict(), "only": only,
                   "checks": list(check_names), "shard": list(options.shard) if options.shard else None,
                   "started_at": started}
@@ -174,7 +175,7 @@ def _run_isolated(kernel: str, suite, config: Config, device: str, progress: boo
             ex.shutdown(wait=True)
     results = tuple(done[c.id] if c.id in done else fresh[c.id] for c in cases)
     return SweepResult(
-        kernel=kernel, suite=suite.name, suite_hash=suite_hash(suite), environment=environment, cases=results,
+        kernel=kernel, suite=suite.name, suite_hash=plan.suite_hash, environment=environment, cases=results,
         tolerance=config.tolerance.as_dict(), started_at=started, wall_s=time.perf_counter() - t0,
         notes=info.notes + extra_notes, scope=only,
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gate.core.config import Config
 from gate.core.errors import UserError
@@ -22,6 +23,7 @@ class ValidTarget:
     kernel: str
     suite: str
     device: str
+    adapter: Any = None  # the adapter check_kernel built here; None where a worker checked the kernel
 
 
 def nearest(name: str, known: list[str] | tuple[str, ...], n: int = 3) -> str:
@@ -70,24 +72,25 @@ def _check_kernel_in_worker(kernel: str, device: str, option: str, config: Confi
 
 
 def check_kernel(kernel: str, device: str, option: str = "--kernel", config: Config | None = None,
-                 kernel_in_worker: bool = False) -> None:
+                 kernel_in_worker: bool = False):
     """A known name (or an importable `package.module:function`, or a kernel family of `config`,
-    entry points), installed, and able to run on `device`.
+    entry points), installed, and able to run on `device`. Returns the adapter it built (a run
+    plan keeps it), or None where a worker checked the kernel.
 
     `kernel_in_worker`: the run loads the kernel in a worker process, and the deciding
     process must never import a user kernel (`package.module:function`, or a family's entry
     points), not even to check it: a worker is started here and its first answer says whether the
     kernel imports, is installed and runs on `device` (the pool stays warm: the run reuses it)."""
-    from gate.kernels.registry import family_adapter, get_adapter, kernel_names
+    from gate.kernels.registry import kernel_names, resolve_kernel
 
     families = sorted(getattr(config, "kernels", None) or {}) if config is not None else []
     names = kernel_names() + [f for f in families if f not in kernel_names()]
     if kernel_in_worker and (":" in kernel or (kernel in families and kernel not in kernel_names())):
         _check_kernel_in_worker(kernel, device, option, config)
-        return
+        return None
     try:
         # a family that takes a built-in's name, or a user kernel that does not import, is a UserError here
-        adapter = (family_adapter(kernel, config) if config is not None else None) or get_adapter(kernel)
+        adapter = resolve_kernel(kernel, config)
     except UserError:
         if ":" in kernel or kernel in names:
             raise
@@ -101,6 +104,7 @@ def check_kernel(kernel: str, device: str, option: str = "--kernel", config: Con
     if device not in devices:
         raise UserError(f"{option} {kernel!r} runs on {'/'.join(devices)}, not {device}; pass --device "
                         f"{devices[0]} on a machine that has it, or choose a {device} kernel (`attn-gate kernels`)")
+    return adapter
 
 
 def _runs_on(name: str, device: str) -> bool:
@@ -141,8 +145,9 @@ def validate_target(config: Config, kernel: str | None, suite: str | None, devic
     suite_option = "--suite" if suite else config.profile_key(device, "suite")
     kernel = kernel or profile.kernel
     suite = suite or profile.suite
+    adapter = None
     if check_kernel_runs:
-        check_kernel(kernel, device, kernel_option, config=config, kernel_in_worker=kernel_in_worker)
+        adapter = check_kernel(kernel, device, kernel_option, config=config, kernel_in_worker=kernel_in_worker)
     else:
         from gate.kernels.registry import kernel_names
 
@@ -151,7 +156,7 @@ def validate_target(config: Config, kernel: str | None, suite: str | None, devic
                             f"`attn-gate kernels` lists them")
     check_suite(config, suite, suite_option)
     check_only(only)
-    return ValidTarget(kernel, suite, device)
+    return ValidTarget(kernel, suite, device, adapter)
 
 
 def check_working_directory(config: Config, baselines_dir: str | Path | None = None) -> None:

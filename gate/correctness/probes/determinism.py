@@ -80,10 +80,12 @@ def _bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def scaled_batch(case: Case, factor: int) -> Case:
     """The case with `factor` times as many sequences (varlen: the length list repeated)."""
-    if case.varlen is not None:
-        keys = None if case.varlen_k is None else case.varlen_k * factor  # keys per sequence too
-        return dataclasses.replace(case, varlen=case.varlen * factor, batch=len(case.varlen) * factor, varlen_k=keys)
-    return dataclasses.replace(case, batch=case.batch * factor)
+    shape = dataclasses.replace(case.shape, batch=case.batch * factor)
+    if case.entry.varlen is not None:
+        keys = None if case.entry.varlen_k is None else case.entry.varlen_k * factor  # keys per sequence too
+        entry = dataclasses.replace(case.entry, varlen=case.entry.varlen * factor, varlen_k=keys)
+        return dataclasses.replace(case, shape=shape, entry=entry)
+    return dataclasses.replace(case, shape=shape)
 
 
 def determinism_check(adapter: KernelAdapter, case: Case, device: str, runs: int = DEFAULT_RUNS,
@@ -122,10 +124,10 @@ def race_check(adapter: KernelAdapter, case: Case, device: str, runs: int = DEFA
 
 def _sequence_slices(case: Case) -> list[slice | int]:
     """How to cut one sequence out of a (B, ...) or packed (total, ...) tensor, per non-empty sequence."""
-    if case.varlen is None:
+    if case.entry.varlen is None:
         return list(range(case.batch))
     out, start = [], 0
-    for n in case.varlen:
+    for n in case.entry.varlen:
         if n:
             out.append(slice(start, start + n))
         start += n
@@ -154,10 +156,10 @@ def _splice(keep_from: AttnInputs, others_from: AttnInputs, where: slice | int) 
 
 def batch_invariance_check(adapter: KernelAdapter, case: Case, device: str) -> tuple[CheckResult, ...]:
     name = "batch_invariance"
-    if case.varlen_k is not None:  # splicing one sequence would need separate key offsets
+    if case.entry.varlen_k is not None:  # splicing one sequence would need separate key offsets
         return (CheckResult(name, None, 0.0, 0.0, "not applicable: varlen with cu_seqlens_k != cu_seqlens_q"),)
-    if case.varlen is None and case.batch < 2:
-        case = dataclasses.replace(case, batch=2)
+    if case.entry.varlen is None and case.batch < 2:
+        case = dataclasses.replace(case, shape=dataclasses.replace(case.shape, batch=2))
     slices = _sequence_slices(case)
     if len(slices) < 2:
         return (CheckResult(name, None, 0.0, 0.0, "not applicable: fewer than 2 non-empty sequences"),)
@@ -192,7 +194,7 @@ def batch_invariance_check(adapter: KernelAdapter, case: Case, device: str) -> t
                 bad.append(f"{t} changed by {dep:.3g}")
         else:
             unjudged.append(f"{t} (run-to-run spread {noise:.3g}, change {dep:.3g})")
-    seq = "sequence 0" if case.varlen is None else "the first non-empty sequence"
+    seq = "sequence 0" if case.entry.varlen is None else "the first non-empty sequence"
     info = f"; not judged, not bit-reproducible: {', '.join(unjudged)}" if unjudged else ""
     if not judged:
         return (CheckResult(name, None, 0.0, 0.0, f"nothing bit-reproducible to judge{info}"),)

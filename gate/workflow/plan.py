@@ -1,0 +1,109 @@
+"""The plan of one run, resolved once from config and flags (asv's Config, nox's task tuple).
+
+A RunPlan names the kernel and what resolving it gave (a kernel family of the config, and the
+adapter where one was built in this process), the suite's cases, the device and GPU class, the
+baseline file, and the config that carries tolerance, isolation and perf settings. `check`,
+`baseline update` and the sweep and perf steps read it; none of them loads the suite or resolves
+the kernel again.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gate.compare.baselines import baseline_path
+from gate.core.cases import Case, Suite, load_suite, only_pattern, suite_hash
+from gate.core.config import Config, IsolationConfig, PerfConfig, ToleranceConfig
+from gate.core.errors import UserError
+from gate.workflow.validate import validate_target
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    config: Config
+    kernel: str
+    family: Any  # the [tool.attn-gate.kernels] KernelFamily `kernel` names, or None
+    suite: Suite
+    device: str
+    gpu_class: str
+    baseline_path: Path | None = None  # None: a run that is not compared (`sweep`, `perf`)
+    only: str | None = None
+    options: Any = None  # gate.workflow.sweep.SweepOptions; None: in this process
+    perf: bool | None = None  # --perf / --no-perf; None: the device's default (speed_check.perf_wanted)
+    # The adapter, where this process built one (a built-in checked here, or an in-process run);
+    # None where only a worker process loads the kernel.
+    adapter: Any = None
+
+    @property
+    def tolerance(self) -> ToleranceConfig:
+        return self.config.tolerance
+
+    @property
+    def isolation(self) -> IsolationConfig:
+        return self.config.isolation
+
+    @property
+    def perf_config(self) -> PerfConfig:
+        return self.config.perf
+
+    @functools.cached_property
+    def suite_hash(self) -> str:
+        return suite_hash(self.suite)
+
+    @functools.cached_property
+    def cases(self) -> tuple[Case, ...]:
+        """The suite's cases within --only."""
+        pattern = only_pattern(self.only)
+        return tuple(c for c in self.suite.cases if pattern is None or pattern.search(c.id))
+
+    @functools.cached_property
+    def perf_cases(self) -> tuple[Case, ...]:
+        """The suite's perf cases within --only (empty when there are none: the caller decides)."""
+        return tuple(c for c in self.cases if c.perf)
+
+    def in_process_adapter(self):
+        """The adapter for a run in this process: the plan's own, else built from the family or
+        the name (once per plan: the answer is kept)."""
+        if self.adapter is None:
+            from gate.kernels.registry import resolve_kernel
+
+            object.__setattr__(self, "adapter", resolve_kernel(self.kernel, self.config))
+        return self.adapter
+
+
+def current_gpu_class(device: str) -> str:
+    if device == "cpu":
+        return "cpu"
+    from gate.core.environment import describe
+
+    return describe(device, "", "")["gpu_class"]
+
+
+def plan_run(config: Config, kernel: str, suite: str, device: str, only: str | None = None, options: Any = None,
+             perf: bool | None = None, baseline_file: Path | None = None, adapter: Any = None,
+             gpu_class: str | None = None) -> RunPlan:
+    """A plan from names already checked (validate_target, or a results file's own names)."""
+    from gate.kernels.registry import kernel_family
+
+    gpu_class = gpu_class if gpu_class is not None else current_gpu_class(device)
+    path = Path(baseline_file) if baseline_file else baseline_path(config.baselines_dir, gpu_class, kernel, suite)
+    plan = RunPlan(config=config, kernel=kernel, family=kernel_family(kernel, config),
+                   suite=load_suite(suite, config.suites, config.source), device=device, gpu_class=gpu_class,
+                   baseline_path=path, only=only, options=options, perf=perf, adapter=adapter)
+    if only is not None and not plan.cases:
+        raise UserError(f"--only {only!r} matches no case of suite {suite!r}")
+    return plan
+
+
+def resolve_plan(config: Config, kernel: str | None = None, suite: str | None = None, device: str | None = None,
+                 only: str | None = None, options: Any = None, perf: bool | None = None,
+                 baseline_file: Path | None = None, kernel_in_worker: bool = True) -> RunPlan:
+    """Defaults filled in from the config's profile, every name checked in the order a user reads
+    the command line (a typo is a typo, not "no baseline"), then the plan. `kernel_in_worker`: the
+    run is isolated, so a user kernel is checked in a worker and never imported here."""
+    target = validate_target(config, kernel, suite, device, only, kernel_in_worker=kernel_in_worker)
+    return plan_run(config, target.kernel, target.suite, target.device, only, options, perf, baseline_file,
+                    adapter=target.adapter)

@@ -1,0 +1,92 @@
+"""The run plan is resolved once: a `check` (and a `baseline update`) loads its suite once and turns
+the kernel's name into an adapter once, however many steps (names check, stale-baseline check,
+sweep, completeness checks) read it. Counted with monkeypatch where every module calls them."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+import gate.commands.main
+import gate.core.cases
+import gate.kernels.registry
+import gate.speed.runs
+import gate.workflow.check
+import gate.workflow.plan
+import gate.workflow.speed_check
+import gate.workflow.sweep
+import gate.workflow.validate
+from gate.commands.main import main
+from gate.core.config import load_config
+from gate.workflow.check import run_check
+from gate.workflow.plan import resolve_plan
+from gate.workflow.sweep import SweepOptions
+
+ROOT = Path(__file__).resolve().parent.parent
+FEW = "^bf16-b2-h4-s128-d64"  # a few smoke cases: the walk is what is counted, not the sweep
+
+
+def counted(monkeypatch, module, name: str) -> list:
+    """Calls of module.name, from whichever gate module calls it (each imported it by name)."""
+    original, calls = getattr(module, name), []
+
+    def counting(*args, **kwargs):
+        calls.append(args[0] if args else kwargs)
+        return original(*args, **kwargs)
+
+    for mod in list(sys.modules.values()):
+        if getattr(mod, "__name__", "").startswith("gate") and getattr(mod, name, None) is original:
+            monkeypatch.setattr(mod, name, counting)
+    return calls
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    return {"load_suite": counted(monkeypatch, gate.core.cases, "load_suite"),
+            "resolve_kernel": counted(monkeypatch, gate.kernels.registry, "resolve_kernel"),
+            "kernel_family": counted(monkeypatch, gate.kernels.registry, "kernel_family")}
+
+
+def test_check_loads_the_suite_once_and_resolves_the_kernel_once(calls, tmp_path):
+    with contextlib.chdir(ROOT):
+        rc = main(["check", "--device", "cpu", "--kernel", "sdpa-cpu", "--suite", "smoke", "--only", FEW,
+                   "--no-progress", "--workers", "1", "--out", str(tmp_path / "out")])
+    assert rc == 0
+    assert calls["load_suite"].count("smoke") == 1, calls["load_suite"]
+    assert calls["resolve_kernel"] == ["sdpa-cpu"]  # checked here; the sweep runs it in a worker
+
+
+def test_an_in_process_sweep_reuses_the_plans_adapter(calls, tmp_path):
+    with contextlib.chdir(ROOT):
+        config = load_config(None)
+        plan = resolve_plan(config, "sdpa-cpu", "smoke", "cpu", FEW, SweepOptions(workers=0))
+        outcome = run_check(config, out_dir=tmp_path / "out", progress=False, plan=plan)
+    assert outcome.exit_code == 0 and outcome.sweep.scope == FEW
+    assert calls["load_suite"].count("smoke") == 1 and calls["resolve_kernel"] == ["sdpa-cpu"]
+
+
+def test_baseline_update_loads_the_suite_once(calls, tmp_path):
+    baselines = tmp_path / "baselines"
+    shutil.copytree(ROOT / "baselines" / "cpu", baselines / "cpu")
+    config = tmp_path / "pyproject.toml"
+    config.write_text(f'[tool.attn-gate]\nbaselines_dir = "{baselines}"\n')
+    rc = main(["baseline", "update", "--config", str(config), "--device", "cpu", "--kernel", "sdpa-cpu",
+               "--suite", "smoke", "--only", FEW, "--no-progress", "--out", str(tmp_path / "out")])
+    assert rc == 0
+    assert calls["load_suite"].count("smoke") == 1, calls["load_suite"]
+    assert calls["resolve_kernel"] == ["sdpa-cpu"]
+
+
+@pytest.mark.slow  # times two perf cases in a worker (~25 s on 2 cores)
+def test_check_with_perf_reads_the_perf_cases_from_the_plan(calls, tmp_path):
+    with contextlib.chdir(ROOT):
+        main(["check", "--device", "cpu", "--kernel", "sdpa-cpu", "--suite", "smoke", "--perf", "--no-progress",
+              "--only", "^bf16-b2-h4-s(128|256)-d64(-causal)?$", "--workers", "1", "--out", str(tmp_path / "out")])
+    assert (tmp_path / "out" / "perf-sdpa-cpu-smoke.json").is_file()  # the speed step ran
+    assert calls["load_suite"].count("smoke") == 1, calls["load_suite"]
+    assert calls["resolve_kernel"] == ["sdpa-cpu"]  # the anchor is the anchor's own adapter
