@@ -268,6 +268,17 @@ def test_a_trimmed_fa3_build_skips_what_its_config_says_it_was_built_without(mon
     assert "append-KV" in a.unsupported_reason(d128(entry="kvcache", seqlen_q=1, seqlen_k=256, cache_new=True), "cuda")
 
 
+@pytest.mark.parametrize("d, dv, runs", [(144, 128, True), (160, 128, True), (192, 128, True), (128, 96, False),
+                                         (256, 128, False), (64, 256, True), (96, 64, False)])
+def test_fa3_declares_its_head_dim_pairs(d, dv, runs):
+    """FA3 raises on a V head dim pair outside its rule: the adapter skips it with FA3's words instead."""
+    from gate.kernels.flash_attn import FA3Adapter
+
+    reason = FA3Adapter().unsupported_reason(case(head_dim=d, head_dim_v=dv, seeds=(0,)), "cuda")
+    assert (reason is None) == runs, reason
+    assert runs or "(128, 192]" in reason
+
+
 def _eager_flex():
     """The flex adapter with flex_attention uncompiled, allowed on the CPU (forward only: Flex has no CPU
     backward), so its mods and block masks can be checked here."""

@@ -40,7 +40,7 @@ PLANTED = {
     "ignores_softcap": (r"-cap20-large$", "bf16-b2-h4-s128-d64-causal"),
     "v_saturates_at_16": (r"-outliers$", "bf16-b2-h4/2-s200-d64-win16.16"),
     "dq_head_dim_tail_dropped": (r"^bf16-b2-h2-s33x65-d(59|72|111)$", "bf16-b2-h4-s128-d64-causal"),
-    "scale_from_dv": (r"-d192/128$", "bf16-b2-h4/1-s97x257-d64-causal"),
+    "scale_from_dv": (r"-d(192|144|160)/128$|-d128/96$", "bf16-b2-h2-s33x65-d256"),
     "causal_top_left": (r"^fp16-b2-h2-s(1x339|239x1|113x203)-d32-causal$|-causal-varlen5\.40\.0\.30x", "bf16-b2-h4-s128-d64-causal"),
     "key_tile_floor": (r"^fp16-b2-h2-s129-d32(-causal)?$", "bf16-b2-h4-s128-d64-causal"),
     "window_ignored_when_causal": (r"-causal-win(32\.0|16\.-1)$", "bf16-b2-h4/2-s200-d64-win32.0"),
@@ -76,7 +76,8 @@ def test_smoke_carries_every_new_axis_value():
     assert layouts == {"contiguous", "k_sliced", "qkv_packed", "bhsd_view", "dout_noncontig"}
     assert inputs == {"normal", "large", "shifted", "outliers"}
     assert any(c.entry.varlen_k is not None for c in SMOKE.cases)
-    assert {c.head_dim for c in SMOKE.cases} >= {59, 72, 111, 192}
+    assert {c.head_dim for c in SMOKE.cases} >= {59, 72, 111, 192, 144, 160, 256}
+    assert {(c.head_dim, c.head_dim_v) for c in SMOKE.cases} >= {(144, 128), (160, 128), (128, 96), (256, 256)}
     assert any(c.head_dim_v != c.head_dim for c in SMOKE.cases if c.dtype != "fp32")
     assert any(c.causal and c.has_window for c in SMOKE.cases) and any(not c.causal and c.window == (-1, 0) for c in SMOKE.cases)
     assert any(c.alibi and not c.causal for c in SMOKE.cases) and any(c.alibi and c.has_window for c in SMOKE.cases)
@@ -88,7 +89,7 @@ def test_smoke_carries_every_new_axis_value():
 @pytest.mark.slow
 def test_correct_kernel_passes_every_coverage_case(tmp_path):
     ids = [c.id for c in SMOKE.cases if c.layout != "contiguous" or c.inputs != "normal" or c.entry.varlen_k]
-    rc, findings = _check("correct", "|".join(f"^{re.escape(i)}$" for i in ids) + "|d(59|72|111|192)|1x300|129|239x1|1x339|113x203"
+    rc, findings = _check("correct", "|".join(f"^{re.escape(i)}$" for i in ids) + "|d(59|72|111|192|144|160|256)|d128/96|1x300|129|239x1|1x339|113x203"
                           "|96x128|80x100|varlen1\\.40", tmp_path)
     assert rc == 0 and findings["verdict"] == "PASS", [f["message"] for f in findings["findings"] if f["severity"] == "FAIL"]
     sweep = json.loads((tmp_path / "sweep-tests.coverage_kernels_correct-smoke.json").read_text())
