@@ -36,6 +36,7 @@ NEW_AXES = ("layout", "inputs", "varlen_k")
 PLANTED = {
     "assumes_contiguous": (r"-(k_sliced|qkv_packed|bhsd_view)$", "bf16-b2-h4/1-s97x257-d64-causal"),
     "dout_assumed_contiguous": (r"-dout_noncontig$", "bf16-b2-h4/1-s97x257-d64-causal"),
+    "zero_stride_as_dense": (r"-kv_stride0$", "bf16-b2-h4/2-s70x90-d40-k_sliced"),
     "no_max_subtraction": (r"-d64(-causal)?-(large|shifted)$", "bf16-b2-h4-s128-d64"),
     "ignores_softcap": (r"-cap20-large$", "bf16-b2-h4-s128-d64-causal"),
     "v_saturates_at_16": (r"-outliers$", "bf16-b2-h4/2-s200-d64-win16.16"),
@@ -73,7 +74,9 @@ def no_step_summary(monkeypatch):
 def test_smoke_carries_every_new_axis_value():
     layouts = {c.layout for c in SMOKE.cases}
     inputs = {c.inputs for c in SMOKE.cases}
-    assert layouts == {"contiguous", "k_sliced", "qkv_packed", "bhsd_view", "dout_noncontig"}
+    assert layouts == {"contiguous", "k_sliced", "qkv_packed", "bhsd_view", "dout_noncontig", "kv_stride0"}
+    assert {c.layout for c in SMOKE.cases if c.dtype == "fp32"} >= set(layouts) - {"contiguous"}
+    assert any(c.layout == "kv_stride0" and c.entry.varlen for c in SMOKE.cases)
     assert inputs == {"normal", "large", "shifted", "outliers"}
     assert any(c.entry.varlen_k is not None for c in SMOKE.cases)
     assert {c.head_dim for c in SMOKE.cases} >= {59, 72, 111, 192, 144, 160, 256}
@@ -159,7 +162,7 @@ def test_planted_varlen_bug_fails_exactly_its_combination(bug, tmp_path):
 # ---------------------------------------------------------------- layouts are views, not copies
 
 
-@pytest.mark.parametrize("layout", ["k_sliced", "qkv_packed", "bhsd_view", "dout_noncontig"])
+@pytest.mark.parametrize("layout", ["k_sliced", "qkv_packed", "bhsd_view", "dout_noncontig", "kv_stride0"])
 @pytest.mark.parametrize("varlen", [False, True])
 def test_layout_hands_the_kernel_a_view_with_the_same_values(layout, varlen):
     kw = dict(varlen=(3, 0, 17), batch=3, seqlen_q=17, seqlen_k=17) if varlen else dict(batch=2, seqlen_q=9, seqlen_k=13)
@@ -168,12 +171,16 @@ def test_layout_hands_the_kernel_a_view_with_the_same_values(layout, varlen):
     t = kernel_tensors(case, inputs)
     for got, want in zip((t.q, t.k, t.v, t.dout), (inputs.q, inputs.k, inputs.v, inputs.dout)):
         assert torch.equal(got.detach(), want) and got.shape == want.shape
-    moved = {"k_sliced": (t.k,), "qkv_packed": (t.q, t.k, t.v), "bhsd_view": (t.q, t.k, t.v), "dout_noncontig": (t.dout,)}[layout]
+    moved = {"k_sliced": (t.k,), "qkv_packed": (t.q, t.k, t.v), "bhsd_view": (t.q, t.k, t.v), "dout_noncontig": (t.dout,),
+             "kv_stride0": (t.k, t.v)}[layout]
     assert all(not x.is_contiguous() for x in moved)
     if layout == "qkv_packed":
         assert t.q.untyped_storage().data_ptr() == t.k.untyped_storage().data_ptr() == t.v.untyped_storage().data_ptr()
     if layout == "k_sliced":
         assert t.k.storage_offset() > 0
+    if layout == "kv_stride0":  # 0 over the KV heads (and the batch, dense); the buffer holds more than the view
+        assert t.k.stride(-2) == t.v.stride(-2) == 0 and (varlen or t.k.stride(0) == 0)
+        assert t.k.untyped_storage().nbytes() == inputs.k.numel() * inputs.k.element_size()
     seen = {}
 
     def spy(q, k, v, softmax_scale=None):
@@ -190,7 +197,7 @@ def test_layout_hands_the_kernel_a_view_with_the_same_values(layout, varlen):
     finally:
         del mod._spy
     if layout != "dout_noncontig":
-        name = "k" if layout == "k_sliced" else "q"
+        name = "k" if layout in ("k_sliced", "kv_stride0") else "q"
         assert not seen[name].is_contiguous()  # the kernel got the view itself (varlen: a slice of it)
     assert [g.shape for g in grads] == [inputs.q.shape, inputs.k.shape, inputs.v.shape]
 
