@@ -367,3 +367,29 @@ def test_flex_builds_long_block_masks_compiled_and_short_ones_eagerly(monkeypatc
     assert compiled_adapter._compiled_block_mask is not None
     for part in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
         assert torch.equal(getattr(eager, part), getattr(compiled, part)), part
+
+
+@pytest.mark.parametrize("name, native", [("sdpa-cpu", True), ("sdpa-math", True), ("sdpa-cpu-copyheads", False),
+                                          ("sdpa-math-copyheads", False)])
+def test_sdpa_hands_gqa_to_torch_or_copies_heads_by_name(name, native, monkeypatch):
+    """GQA/MQA reach SDPA's own GQA path (enable_gqa=True, K/V with their own head count); the
+    -copyheads kernels repeat the K/V heads instead. Both pass the case."""
+    import torch.nn.functional as F
+
+    from gate.core.results import Status
+    from gate.correctness.run_case import run_case
+    from gate.core.config import ToleranceConfig
+    from gate.kernels.registry import get_adapter
+
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, *args, **kwargs):
+        seen.append((q.shape[1], k.shape[1], kwargs.get("enable_gqa", False)))
+        return real(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    gqa = case(heads_q=8, heads_kv=2, causal=True, seeds=(0,))
+    result = run_case(get_adapter(name), gqa, "cpu", ToleranceConfig())
+    assert result.status is Status.PASS, result.reason
+    assert seen and set(seen) == ({(8, 2, True)} if native else {(8, 8, False)})
