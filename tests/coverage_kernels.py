@@ -9,6 +9,8 @@ the smallest realistic change to it, silent on the cases that lack its axis:
   assumes_contiguous          reads q, k, v storage as if contiguous (B, N, H, D), ignoring the
                               strides it was given (pytorch #146377: flex, sliced K)
   dout_assumed_contiguous     the backward reads dO as if contiguous (dO's strides != out's)
+  zero_stride_as_dense        a K/V stride of 0 (an `expand`ed, broadcast K/V) taken for the
+                              dense stride of that dim: honours every other stride
   no_max_subtraction          softmax without the running max: exp overflows past +88 (large
                               scores) and 0/0 below -103 (every row's LSE far below -88:
                               pytorch #196678's regime)
@@ -70,6 +72,15 @@ def _as_contiguous_storage(t: torch.Tensor) -> torch.Tensor:
     return t.as_strided(t.shape, _contiguous_strides(t.shape), t.storage_offset())
 
 
+def _zero_strides_as_dense(t: torch.Tensor) -> torch.Tensor:
+    """What a kernel that takes a stride of 0 for "not given, dense" reads: every 0 stride
+    replaced by the contiguous stride of its dim. The same tensor when no stride is 0."""
+    if 0 not in t.stride():
+        return t
+    strides = tuple(d if s == 0 else s for s, d in zip(t.stride(), _contiguous_strides(t.shape)))
+    return t.as_strided(t.shape, strides, t.storage_offset())
+
+
 class _ContiguousDout(torch.autograd.Function):
     """Identity forward; the backward reads the incoming dO as if it were contiguous."""
 
@@ -87,6 +98,8 @@ def _attn(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, bu
     nk, hkv = k.shape[1], k.shape[2]
     if "assumes_contiguous" in bugs:
         q, k, v = (_as_contiguous_storage(t) for t in (q, k, v))
+    if "zero_stride_as_dense" in bugs:
+        k, v = _zero_strides_as_dense(k), _zero_strides_as_dense(v)
     if "v_saturates_at_16" in bugs:
         v = v.clamp(-16, 16)
     if "dq_head_dim_tail_dropped" in bugs and d % 32:
@@ -157,13 +170,14 @@ def _kernel(bug: str | None):
 
 
 BUGS = (
-    "assumes_contiguous", "dout_assumed_contiguous", "no_max_subtraction", "ignores_softcap", "v_saturates_at_16",
+    "assumes_contiguous", "dout_assumed_contiguous", "zero_stride_as_dense", "no_max_subtraction", "ignores_softcap", "v_saturates_at_16",
     "dq_head_dim_tail_dropped", "scale_from_dv", "causal_top_left", "key_tile_floor", "window_ignored_when_causal",
     "window_minus_one_ignored", "alibi_causal_only", "pack_gqa_decode_wrong", "lse_bias_1e_3",
 )
 correct = _kernel(None)
 assumes_contiguous = _kernel("assumes_contiguous")
 dout_assumed_contiguous = _kernel("dout_assumed_contiguous")
+zero_stride_as_dense = _kernel("zero_stride_as_dense")
 no_max_subtraction = _kernel("no_max_subtraction")
 ignores_softcap = _kernel("ignores_softcap")
 v_saturates_at_16 = _kernel("v_saturates_at_16")

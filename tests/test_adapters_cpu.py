@@ -268,6 +268,17 @@ def test_a_trimmed_fa3_build_skips_what_its_config_says_it_was_built_without(mon
     assert "append-KV" in a.unsupported_reason(d128(entry="kvcache", seqlen_q=1, seqlen_k=256, cache_new=True), "cuda")
 
 
+@pytest.mark.parametrize("d, dv, runs", [(144, 128, True), (160, 128, True), (192, 128, True), (128, 96, False),
+                                         (256, 128, False), (64, 256, True), (96, 64, False)])
+def test_fa3_declares_its_head_dim_pairs(d, dv, runs):
+    """FA3 raises on a V head dim pair outside its rule: the adapter skips it with FA3's words instead."""
+    from gate.kernels.flash_attn import FA3Adapter
+
+    reason = FA3Adapter().unsupported_reason(case(head_dim=d, head_dim_v=dv, seeds=(0,)), "cuda")
+    assert (reason is None) == runs, reason
+    assert runs or "(128, 192]" in reason
+
+
 def _eager_flex():
     """The flex adapter with flex_attention uncompiled, allowed on the CPU (forward only: Flex has no CPU
     backward), so its mods and block masks can be checked here."""
@@ -356,3 +367,29 @@ def test_flex_builds_long_block_masks_compiled_and_short_ones_eagerly(monkeypatc
     assert compiled_adapter._compiled_block_mask is not None
     for part in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
         assert torch.equal(getattr(eager, part), getattr(compiled, part)), part
+
+
+@pytest.mark.parametrize("name, native", [("sdpa-cpu", True), ("sdpa-math", True), ("sdpa-cpu-copyheads", False),
+                                          ("sdpa-math-copyheads", False)])
+def test_sdpa_hands_gqa_to_torch_or_copies_heads_by_name(name, native, monkeypatch):
+    """GQA/MQA reach SDPA's own GQA path (enable_gqa=True, K/V with their own head count); the
+    -copyheads kernels repeat the K/V heads instead. Both pass the case."""
+    import torch.nn.functional as F
+
+    from gate.core.results import Status
+    from gate.correctness.run_case import run_case
+    from gate.core.config import ToleranceConfig
+    from gate.kernels.registry import get_adapter
+
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, *args, **kwargs):
+        seen.append((q.shape[1], k.shape[1], kwargs.get("enable_gqa", False)))
+        return real(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    gqa = case(heads_q=8, heads_kv=2, causal=True, seeds=(0,))
+    result = run_case(get_adapter(name), gqa, "cpu", ToleranceConfig())
+    assert result.status is Status.PASS, result.reason
+    assert seen and set(seen) == ({(8, 2, True)} if native else {(8, 8, False)})

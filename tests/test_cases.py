@@ -147,7 +147,7 @@ def test_suite_errors_name_the_file_and_key(bad, key):
 
 
 def test_unknown_suite_lists_the_known_ones():
-    with pytest.raises(UserError, match=r"unknown suite 'smok'; choose one of: nightly, pr, smoke"):
+    with pytest.raises(UserError, match=r"unknown suite 'smok'; choose one of: coverage2, nightly, pr, smoke"):
         load_suite("smok")
 
 
@@ -162,11 +162,11 @@ def test_an_override_replaces_the_default_and_names_its_table():
 
 # --- the shipped suites ----------------------------------------------------------------------
 
-SHIPPED = {name: load_suite(name) for name in ("smoke", "pr", "nightly")}
+SHIPPED = {name: load_suite(name) for name in ("smoke", "pr", "nightly", "coverage2")}
 READABLE_ID = re.compile(r"^(bf16|fp16|fp32)-b\d+-h\d+(/\d+)?-s\d+(x\d+)?-d\d+(/\d+)?(-causal)?(-win-?\d+\.-?\d+)?"
                          r"(-cap[\d.e+-]+)?(-alibi)?(-drop[\d.e+-]+)?(-varlen[\d.]+(x[\d.]+)?)?"
                          r"(-kv[\d.]*)?(-append)?(-page\d+)?(-shuffled)?(-sinks)?"
-                         r"(-(k_sliced|qkv_packed|bhsd_view|dout_noncontig))?(-(large|shifted|outliers))?"  # layout, inputs
+                         r"(-(k_sliced|qkv_packed|bhsd_view|dout_noncontig|kv_stride0))?(-(large|shifted|outliers))?"  # layout, inputs
                          r"(-bias\.[a-z_1]+(\.fp32)?(\.grad)?)?$")
 
 

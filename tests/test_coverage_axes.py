@@ -36,11 +36,12 @@ NEW_AXES = ("layout", "inputs", "varlen_k")
 PLANTED = {
     "assumes_contiguous": (r"-(k_sliced|qkv_packed|bhsd_view)$", "bf16-b2-h4/1-s97x257-d64-causal"),
     "dout_assumed_contiguous": (r"-dout_noncontig$", "bf16-b2-h4/1-s97x257-d64-causal"),
+    "zero_stride_as_dense": (r"-kv_stride0$", "bf16-b2-h4/2-s70x90-d40-k_sliced"),
     "no_max_subtraction": (r"-d64(-causal)?-(large|shifted)$", "bf16-b2-h4-s128-d64"),
     "ignores_softcap": (r"-cap20-large$", "bf16-b2-h4-s128-d64-causal"),
     "v_saturates_at_16": (r"-outliers$", "bf16-b2-h4/2-s200-d64-win16.16"),
     "dq_head_dim_tail_dropped": (r"^bf16-b2-h2-s33x65-d(59|72|111)$", "bf16-b2-h4-s128-d64-causal"),
-    "scale_from_dv": (r"-d192/128$", "bf16-b2-h4/1-s97x257-d64-causal"),
+    "scale_from_dv": (r"-d(192|144|160)/128$|-d128/96$", "bf16-b2-h2-s33x65-d256"),
     "causal_top_left": (r"^fp16-b2-h2-s(1x339|239x1|113x203)-d32-causal$|-causal-varlen5\.40\.0\.30x", "bf16-b2-h4-s128-d64-causal"),
     "key_tile_floor": (r"^fp16-b2-h2-s129-d32(-causal)?$", "bf16-b2-h4-s128-d64-causal"),
     "window_ignored_when_causal": (r"-causal-win(32\.0|16\.-1)$", "bf16-b2-h4/2-s200-d64-win32.0"),
@@ -73,10 +74,13 @@ def no_step_summary(monkeypatch):
 def test_smoke_carries_every_new_axis_value():
     layouts = {c.layout for c in SMOKE.cases}
     inputs = {c.inputs for c in SMOKE.cases}
-    assert layouts == {"contiguous", "k_sliced", "qkv_packed", "bhsd_view", "dout_noncontig"}
+    assert layouts == {"contiguous", "k_sliced", "qkv_packed", "bhsd_view", "dout_noncontig", "kv_stride0"}
+    assert {c.layout for c in SMOKE.cases if c.dtype == "fp32"} >= set(layouts) - {"contiguous"}
+    assert any(c.layout == "kv_stride0" and c.entry.varlen for c in SMOKE.cases)
     assert inputs == {"normal", "large", "shifted", "outliers"}
     assert any(c.entry.varlen_k is not None for c in SMOKE.cases)
-    assert {c.head_dim for c in SMOKE.cases} >= {59, 72, 111, 192}
+    assert {c.head_dim for c in SMOKE.cases} >= {59, 72, 111, 192, 144, 160, 256}
+    assert {(c.head_dim, c.head_dim_v) for c in SMOKE.cases} >= {(144, 128), (160, 128), (128, 96), (256, 256)}
     assert any(c.head_dim_v != c.head_dim for c in SMOKE.cases if c.dtype != "fp32")
     assert any(c.causal and c.has_window for c in SMOKE.cases) and any(not c.causal and c.window == (-1, 0) for c in SMOKE.cases)
     assert any(c.alibi and not c.causal for c in SMOKE.cases) and any(c.alibi and c.has_window for c in SMOKE.cases)
@@ -88,7 +92,7 @@ def test_smoke_carries_every_new_axis_value():
 @pytest.mark.slow
 def test_correct_kernel_passes_every_coverage_case(tmp_path):
     ids = [c.id for c in SMOKE.cases if c.layout != "contiguous" or c.inputs != "normal" or c.entry.varlen_k]
-    rc, findings = _check("correct", "|".join(f"^{re.escape(i)}$" for i in ids) + "|d(59|72|111|192)|1x300|129|239x1|1x339|113x203"
+    rc, findings = _check("correct", "|".join(f"^{re.escape(i)}$" for i in ids) + "|d(59|72|111|192|144|160|256)|d128/96|1x300|129|239x1|1x339|113x203"
                           "|96x128|80x100|varlen1\\.40", tmp_path)
     assert rc == 0 and findings["verdict"] == "PASS", [f["message"] for f in findings["findings"] if f["severity"] == "FAIL"]
     sweep = json.loads((tmp_path / "sweep-tests.coverage_kernels_correct-smoke.json").read_text())
@@ -158,7 +162,7 @@ def test_planted_varlen_bug_fails_exactly_its_combination(bug, tmp_path):
 # ---------------------------------------------------------------- layouts are views, not copies
 
 
-@pytest.mark.parametrize("layout", ["k_sliced", "qkv_packed", "bhsd_view", "dout_noncontig"])
+@pytest.mark.parametrize("layout", ["k_sliced", "qkv_packed", "bhsd_view", "dout_noncontig", "kv_stride0"])
 @pytest.mark.parametrize("varlen", [False, True])
 def test_layout_hands_the_kernel_a_view_with_the_same_values(layout, varlen):
     kw = dict(varlen=(3, 0, 17), batch=3, seqlen_q=17, seqlen_k=17) if varlen else dict(batch=2, seqlen_q=9, seqlen_k=13)
@@ -167,12 +171,16 @@ def test_layout_hands_the_kernel_a_view_with_the_same_values(layout, varlen):
     t = kernel_tensors(case, inputs)
     for got, want in zip((t.q, t.k, t.v, t.dout), (inputs.q, inputs.k, inputs.v, inputs.dout)):
         assert torch.equal(got.detach(), want) and got.shape == want.shape
-    moved = {"k_sliced": (t.k,), "qkv_packed": (t.q, t.k, t.v), "bhsd_view": (t.q, t.k, t.v), "dout_noncontig": (t.dout,)}[layout]
+    moved = {"k_sliced": (t.k,), "qkv_packed": (t.q, t.k, t.v), "bhsd_view": (t.q, t.k, t.v), "dout_noncontig": (t.dout,),
+             "kv_stride0": (t.k, t.v)}[layout]
     assert all(not x.is_contiguous() for x in moved)
     if layout == "qkv_packed":
         assert t.q.untyped_storage().data_ptr() == t.k.untyped_storage().data_ptr() == t.v.untyped_storage().data_ptr()
     if layout == "k_sliced":
         assert t.k.storage_offset() > 0
+    if layout == "kv_stride0":  # 0 over the KV heads (and the batch, dense); the buffer holds more than the view
+        assert t.k.stride(-2) == t.v.stride(-2) == 0 and (varlen or t.k.stride(0) == 0)
+        assert t.k.untyped_storage().nbytes() == inputs.k.numel() * inputs.k.element_size()
     seen = {}
 
     def spy(q, k, v, softmax_scale=None):
@@ -189,7 +197,7 @@ def test_layout_hands_the_kernel_a_view_with_the_same_values(layout, varlen):
     finally:
         del mod._spy
     if layout != "dout_noncontig":
-        name = "k" if layout == "k_sliced" else "q"
+        name = "k" if layout in ("k_sliced", "kv_stride0") else "q"
         assert not seen[name].is_contiguous()  # the kernel got the view itself (varlen: a slice of it)
     assert [g.shape for g in grads] == [inputs.q.shape, inputs.k.shape, inputs.v.shape]
 

@@ -98,6 +98,8 @@ def make_inputs(case: Case, seed: int, device: str | torch.device) -> AttnInputs
                   (b, nk, case.heads_kv, case.head_dim_v), (b, nq, case.heads_q, case.head_dim_v)]
     q, k, v, dout = (torch.randn(s, generator=gen, dtype=torch.float32) for s in shapes)
     q, k, v = _shape_values(case, q, k, v)
+    if case.layout == "kv_stride0":  # the values one expanded slab can hold (kernel_tensors hands the expand)
+        k, v = (t[_stride0_slab(t.dim())].expand_as(t).clone() for t in (k, v))
     q, k, v, dout = (t.to(device=device, dtype=dtype) for t in (q, k, v, dout))
     cu = _cu(case.entry.varlen, device) if case.entry.varlen is not None else None
     cu_k = _cu(case.entry.varlen_k, device) if case.entry.varlen_k is not None else None
@@ -112,6 +114,14 @@ def make_inputs(case: Case, seed: int, device: str | torch.device) -> AttnInputs
     return AttnInputs(q=q, k=k, v=v, dout=dout, softmax_scale=case.head_dim ** -0.5,
                       alibi_slopes=slopes, cu_seqlens=cu, seqlens=case.entry.varlen, seed=seed,
                       cu_seqlens_k=cu_k, seqlens_k=case.entry.varlen_k, bias=bias, cache=cache, sink=sink)
+
+
+def _stride0_slab(dim: int) -> tuple[slice, ...]:
+    """The part of K/V a `kv_stride0` view is expanded from: batch 0 and KV head 0 of a dense
+    (B, N, H, D) tensor, KV head 0 of a packed varlen (total, H, D) one."""
+    if dim == 4:
+        return (slice(0, 1), slice(None), slice(0, 1), slice(None))
+    return (slice(None), slice(0, 1), slice(None))
 
 
 def bias_dtype(case: Case) -> torch.dtype:
@@ -183,4 +193,15 @@ def kernel_tensors(case: Case, inputs: AttnInputs) -> KernelTensors:
             parts.append(tuple(index))
         buf.requires_grad_(True)
         return KernelTensors(*(buf[i] for i in parts), dout)
+    if case.layout == "kv_stride0":
+        # The slab sits in a buffer of K's full size whose other elements are -K: a kernel that
+        # reads past a 0 stride as if the tensor were dense gets wrong values, not an out-of-range read.
+        views = []
+        for t in (k, v):
+            slab = _stride0_slab(t.dim())
+            buf = (-t).contiguous()
+            buf[slab] = t[slab]
+            buf.requires_grad_(True)
+            views.append(buf[slab].expand(t.shape))
+        return KernelTensors(_leaf(q), *views, dout)
     raise ValueError(f"unknown layout {case.layout!r}")

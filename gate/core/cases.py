@@ -78,6 +78,8 @@ LAYOUTS: dict[str, str] = {
     "qkv_packed": "q, k and v are head-slices of ONE (B, N, Hq + 2 Hkv, D) buffer, as a fused QKV projection leaves them",
     "bhsd_view": "q, k, v allocated (B, H, N, D) and handed over transposed as (B, N, H, D) views",
     "dout_noncontig": "dO allocated (B, H, N, Dv) and handed to the backward transposed (its strides differ from out's)",
+    "kv_stride0": "K and V are `expand`ed views of one (seqlen, head_dim) slab: stride 0 over batch and KV heads "
+                  "(varlen: over KV heads), the slab inside a full-size buffer whose other elements differ",
 }
 # ---- coverage: how the values are drawn (gate/attention/inputs.py), by name -> what.
 INPUTS: dict[str, str] = {

@@ -158,6 +158,17 @@ def fa3_build_flags() -> dict[str, bool]:
     return {k.replace("FLASH_ATTENTION_", "FLASHATTENTION_"): bool(v) for k, v in flags.items()}
 
 
+# FA3's hopper/flash_api.cpp refuses every other pair with a TORCH_CHECK (a raise, not a skip):
+# declared, so 128/96 is a SKIP with FA3's own words while 144/128 and 160/128 run.
+FA3_DV_REASON = ("head_dim_v != head_dim: FA3 takes Q/K head dim in (128, 192] with V head dim in (96, 128], "
+                 "or Q/K <= 64 with V <= 512 (hopper/flash_api.cpp)")
+
+
+def fa3_serves_dv(d: int, dv: int) -> bool:
+    """Whether FA3 runs Q/K head dim d with V head dim dv != d (its flash_api.cpp rule)."""
+    return (128 < d <= 192 and 96 < dv <= 128) or (d <= 64 and dv <= 512)
+
+
 class FA3Adapter(_FlashBase):
     name, module, dist = "fa3", "flash_attn_interface", "flash-attn-3"
     description = "flash-attn 3, Hopper (flash_attn_interface.flash_attn_func)"
@@ -186,6 +197,8 @@ class FA3Adapter(_FlashBase):
 
     def unsupported_reason(self, case, device: str) -> str | None:
         reason = super().unsupported_reason(case, device)
+        if reason is None and case.head_dim != case.head_dim_v and not fa3_serves_dv(case.head_dim, case.head_dim_v):
+            return FA3_DV_REASON
         if reason is None and case.entry.cache_new and fa3_build_flags().get("FLASHATTENTION_DISABLE_APPENDKV"):
             return "this FA3 build has no append-KV (built with FLASH_ATTENTION_DISABLE_APPENDKV)"
         return reason

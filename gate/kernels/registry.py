@@ -13,6 +13,8 @@ def _builtins() -> dict:
     from gate.kernels.tiled import TiledAdapter
 
     table = {f"sdpa-{b}": (lambda b=b: SdpaAdapter(b)) for b in BACKENDS}
+    # GQA/MQA by copied K/V heads (repeat_interleave), beside the enable_gqa=True path above
+    table.update({f"sdpa-{b}-copyheads": (lambda b=b: SdpaAdapter(b, copy_heads=True)) for b in BACKENDS})
     table.update({"flex": FlexAdapter, "fa2": FA2Adapter, "fa3": FA3Adapter, "fa4": FA4Adapter, "tiled": TiledAdapter})
     table["fa4-raw-window"] = FA4RawWindowAdapter  # the (-1, 0) spelling reaching FA4
     return table

@@ -6,7 +6,12 @@ differ from flash-attn, and what we do about them:
     (flash-attn's bottom-right), or fold it into the additive mask;
   * window and ALiBi exist only as an additive `attn_mask` (the custom-bias path), which the
     math, mem-efficient, cuDNN and CPU kernels take and the flash kernel does not;
-  * GQA: k/v heads are repeated (autograd sums their gradients back);
+  * GQA/MQA: K/V go in with their own head count and `enable_gqa=True` (torch >= 2.5), so each
+    backend's own GQA path runs (cuDNN's and mem-efficient's included); the `-copyheads` kernels
+    (`sdpa-flash-copyheads`...) repeat the K/V heads instead (autograd sums their gradients
+    back), the path these adapters took before. The flash dropout path and the LSE ops are aten
+    ops without `enable_gqa`: they get copied heads (the LSE op runs without grad, apart from
+    the measured call);
   * no varlen API: each sequence runs separately (gate.kernels.base.per_sequence);
   * the LSE comes from the same backend's aten op, called once more without grad;
   * dropout (flash only): the aten op `_scaled_dot_product_flash_attention(...,
@@ -58,10 +63,11 @@ class NoKernel(Exception):
 
 
 class SdpaAdapter(KernelAdapter):
-    def __init__(self, backend: str):
+    def __init__(self, backend: str, copy_heads: bool = False):
         self.backend = backend
-        self.name = f"sdpa-{backend}"
-        self.description = BACKENDS[backend][1]
+        self.copy_heads = copy_heads
+        self.name = f"sdpa-{backend}" + ("-copyheads" if copy_heads else "")
+        self.description = BACKENDS[backend][1] + (", GQA/MQA by copying K/V heads" if copy_heads else "")
         self._folds: dict = {}  # this case's window/ALiBi masks by shape and options; see _mask
 
     def prepare(self, case) -> None:
@@ -93,7 +99,8 @@ class SdpaAdapter(KernelAdapter):
             reasons=self._reasons(takes_bias, nan_rows),
             returns_lse=True, dropout_keep_levels=256 if self.backend == "flash" else 0,
             deterministic_mode=self.backend == "cpu",
-            notes=("GQA by repeating k/v heads", "varlen by running each sequence alone",
+            notes=("GQA by repeating k/v heads" if self.copy_heads else "GQA/MQA through enable_gqa=True (K/V heads not copied)",
+                   "varlen by running each sequence alone",
                    "decode: on each batch element's gathered cache (append and paging emulated by the adapter)")
             + (("window/ALiBi through the additive attn_mask",) if takes_bias else ())
             + (("dropout mask read from the flash op's debug mask (return_debug_mask=True)",) if self.backend == "flash" else ())
@@ -216,18 +223,28 @@ class SdpaAdapter(KernelAdapter):
 
         qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         group = qh.shape[1] // kh.shape[1]
-        if group > 1:
-            kh, vh = kh.repeat_interleave(group, dim=1), vh.repeat_interleave(group, dim=1)
+
+        def copied(t):  # K/V with one head per query head
+            return t.repeat_interleave(group, dim=1) if group > 1 else t
+
+        if self.copy_heads or call.opts.dropout_p:  # the dropout path is an aten op without enable_gqa
+            kh, vh = copied(kh), copied(vh)
         if call.opts.dropout_p:
             if self.backend != "flash":
                 raise NoKernel(f"SDPA {self.backend}: dropout mask not observable")
             return self._flash_dropout(qh, kh, vh, call, call.seed if seed is None else seed)
         mask, is_causal = self._mask(call, qh.shape[2], kh.shape[2], q.dtype)
         backend = getattr(SDPBackend, BACKENDS[self.backend][0])
+        gqa = {"enable_gqa": True} if kh.shape[1] != qh.shape[1] else {}
         try:
             with sdpa_kernel([backend]):
-                out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=is_causal, scale=call.opts.softmax_scale)
-                lse = self._lse(qh.detach(), kh.detach(), vh.detach(), call, is_causal, mask) if call.want_lse else None
+                out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=is_causal,
+                                                     scale=call.opts.softmax_scale, **gqa)
+                lse = None
+                if call.want_lse:
+                    with torch.no_grad():
+                        lse = self._lse(qh.detach(), copied(kh.detach()) if gqa else kh.detach(),
+                                        copied(vh.detach()) if gqa else vh.detach(), call, is_causal, mask)
         except RuntimeError as exc:
             if "No available kernel" in str(exc):
                 raise NoKernel(f"SDPA {self.backend} refused this case: {str(exc).splitlines()[0]}") from None
