@@ -7,6 +7,7 @@ import is still a dependency), so a cycle or a layer breach fails here, not in r
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,85 @@ def test_speed_judging_modules_load_without_torch():
     code = ("import sys, gate.speed.runs, gate.workflow.speed_check, gate.report.speed_report; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT.parent).returncode == 0
+
+
+# What may stay a function-level import: torch and the kernels' libraries, and the heavy helpers
+# (plots, asv, tables, arrays) a command loads only when it needs them.
+HEAVY_ROOTS = {"torch", "triton", "flash_attn", "flash_attn_interface", "flash_attn_config", "matplotlib", "asv",
+               "pandas", "numpy", "rich", "pynvml", "yaml", "packaging"}
+MAX_NEEDLESS_LAZY_IMPORTS = 20
+
+
+def module_level_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    found: set[str] = set()
+    for node in tree.body:
+        for n in ([node] if isinstance(node, (ast.Import, ast.ImportFrom)) else
+                  ast.walk(node) if isinstance(node, (ast.If, ast.Try)) else ()):
+            if isinstance(n, ast.Import):
+                found |= {a.name for a in n.names}
+            elif isinstance(n, ast.ImportFrom) and n.module and not n.level:
+                found |= {n.module} | {f"{n.module}.{a.name}" for a in n.names}
+    return found
+
+
+def heavy_modules(paths: dict[str, Path]) -> set[str]:
+    """The gate modules whose module-level imports reach a heavy library, directly or through
+    other gate modules: importing one is what a lazy import puts off."""
+    direct = {m: module_level_imports(p) for m, p in paths.items()}
+    heavy = {m for m, imps in direct.items()
+             if any(i.split(".")[0] in HEAVY_ROOTS or i.split(".")[0] not in {"gate", "__future__", *sys.stdlib_module_names}
+                    for i in imps)}
+    changed = True
+    while changed:
+        changed = False
+        for m, imps in direct.items():
+            if m not in heavy and any(i in heavy for i in imps):
+                heavy.add(m)
+                changed = True
+    return heavy
+
+
+def needless_lazy_imports(paths: dict[str, Path], stdlib: frozenset[str] = frozenset(sys.stdlib_module_names)) -> list[str]:
+    """Imports inside functions of a module that could stand at its top: a standard-library module,
+    or a gate module that loads nothing heavy (or nothing the importer does not load already)."""
+    heavy = heavy_modules(paths)
+    found = []
+    for m, p in sorted(paths.items()):
+        for f in ast.walk(ast.parse(p.read_text(), str(p))):
+            if not isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for n in ast.walk(f):
+                if isinstance(n, ast.Import):
+                    targets = [a.name for a in n.names]
+                elif isinstance(n, ast.ImportFrom) and not n.level and n.module:  # `from pkg import module` too
+                    targets = [n.module] + [f"{n.module}.{a.name}" for a in n.names if f"{n.module}.{a.name}" in paths]
+                else:
+                    continue
+                for t in targets:
+                    root = t.split(".")[0]
+                    if root in HEAVY_ROOTS:
+                        continue
+                    if root == "gate":
+                        if t in paths and t in heavy and m not in heavy:
+                            continue
+                    elif root not in stdlib:
+                        continue  # an optional third-party module: lazy on purpose
+                    found.append(f"{m}:{n.lineno} {t}")
+    return found
+
+
+def test_imports_stand_at_the_top_unless_they_must_be_lazy():
+    paths = {module_name(p): p for p in package_files()}
+    needless = needless_lazy_imports(paths)
+    assert len(needless) <= MAX_NEEDLESS_LAZY_IMPORTS, "\n".join(needless)
+
+
+def test_the_lazy_import_count_tells_a_needless_one_from_a_needed_one(tmp_path):
+    light = tmp_path / "light.py"
+    light.write_text("import json\n\ndef f():\n    import os\n    import torch\n    from gate.heavy import x\n")
+    heavy = tmp_path / "heavy.py"
+    heavy.write_text("import torch\n\ndef g():\n    import re\n    from gate.light import f\n")
+    found = needless_lazy_imports({"gate.light": light, "gate.heavy": heavy})
+    # os (stdlib) and gate.light (light) need not be lazy; torch and a heavy module from a light one must be
+    assert found == ["gate.heavy:4 re", "gate.heavy:5 gate.light", "gate.light:4 os"]

@@ -15,6 +15,11 @@ from pathlib import Path
 
 from gate.commands.common import add_config, add_kernel_suite
 from gate.commands.help_text import parser_kwargs
+from gate.core.config import load_config
+from gate.workflow.validate import check_device, validate_target
+from gate.compare.baselines import baseline_path, read_baseline
+from gate.core.results import EXTRA_TENSORS, TENSORS
+from gate.core.cases import only_pattern
 
 
 class RemovedFlag(argparse.Action):
@@ -53,9 +58,7 @@ def register(sub) -> None:
 
 def update(args: argparse.Namespace) -> int:
     from gate.workflow.check import resolve_plan, run_baseline_update
-    from gate.core.config import load_config
 
-    from gate.workflow.validate import check_device
 
     config = load_config(args.config)
     kernel, suite, device = args.kernel, args.suite, args.device
@@ -75,18 +78,13 @@ def show(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from gate.compare.baselines import baseline_path, read_baseline
     from gate.workflow.check import resolve_target
-    from gate.core.config import load_config
-    from gate.core.results import EXTRA_TENSORS, TENSORS
-    from gate.core.cases import only_pattern
 
     pattern = only_pattern(args.only)  # an invalid regex is a one-line usage error, before anything is read
     config = load_config(args.config)
     if args.file is not None:
         path = args.file
     else:
-        from gate.workflow.validate import validate_target
 
         valid = validate_target(config, args.kernel, args.suite, args.device, args.only, check_kernel_runs=False)
         target = resolve_target(config, valid.kernel, valid.suite, valid.device, None)

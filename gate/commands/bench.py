@@ -6,6 +6,10 @@ import argparse
 from pathlib import Path
 
 from gate.commands.help_text import parser_kwargs
+from gate.speed import asv as A
+from gate.core.errors import EXIT_FAIL, EXIT_PASS
+from gate.core.config import load_config
+from gate.workflow.validate import check_device, check_kernel, check_suite
 
 
 def register(sub) -> None:
@@ -31,11 +35,7 @@ def register(sub) -> None:
 
 
 def bench_main(args: argparse.Namespace) -> int:
-    from gate.speed import asv as A
-    from gate.core.errors import EXIT_FAIL, EXIT_PASS
 
-    from gate.core.config import load_config
-    from gate.workflow.validate import check_device, check_kernel, check_suite
 
     conf = A.asv_conf(args.asv_config)
     device = check_device(args.device)  # names first: a typo is a typo, not an asv failure
@@ -61,8 +61,6 @@ def bench_main(args: argparse.Namespace) -> int:
 
 
 def publish_main(args: argparse.Namespace) -> int:
-    from gate.speed import asv as A
-    from gate.core.errors import EXIT_FAIL, EXIT_PASS
 
     conf = A.asv_conf(args.asv_config)
     rc = A.publish(conf)

@@ -11,8 +11,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gate.commands.common import add_config, add_kernel_suite, add_run_options
+from gate.commands.common import add_config, add_kernel_suite, add_run_options, run_options
 from gate.commands.help_text import parser_kwargs
+import json
+from gate.core.errors import UserError
+from gate.report.comment import exact_regex
+from gate.core.config import load_config
+from gate.workflow.validate import check_device
+from gate.core.files import FolderLock, require_writable
 
 
 def register(sub) -> None:
@@ -38,10 +44,7 @@ def register(sub) -> None:
 def last_failed_only(out: Path, kernel: str | None, suite: str | None) -> str:
     """An exact `--only` regex of the cases that failed (or were inconclusive) in the last check
     written to `out`: its findings JSON, the one of this kernel and suite where several are there."""
-    import json
 
-    from gate.core.errors import UserError
-    from gate.report.comment import exact_regex
 
     found = sorted(Path(out).glob("findings-*.json"), key=lambda p: p.stat().st_mtime)
     if kernel is not None or suite is not None:
@@ -67,13 +70,8 @@ def last_failed_only(out: Path, kernel: str | None, suite: str | None) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gate.core.config import load_config
     from gate.workflow.check import resolve_plan, run_check
-    from gate.workflow.validate import check_device
 
-    from gate.commands.common import run_options
-    from gate.core.errors import UserError
-    from gate.core.files import FolderLock, require_writable
 
     config = load_config(args.config)
     options = run_options(args)

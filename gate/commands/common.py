@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from gate.workflow.shards import parse_shard
 
 
 def add_config(p: argparse.ArgumentParser) -> None:
@@ -34,7 +35,6 @@ def add_run_options(p: argparse.ArgumentParser, shard: bool = True) -> None:
 
 
 def run_options(args: argparse.Namespace):
-    from gate.workflow.shards import parse_shard
     from gate.workflow.sweep import SweepOptions
 
     return SweepOptions(workers=args.workers, case_timeout=args.case_timeout, out_dir=args.out, resume=args.resume,

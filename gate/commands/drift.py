@@ -9,6 +9,11 @@ from pathlib import Path
 
 from gate.commands.common import add_config
 from gate.commands.help_text import parser_kwargs
+import sys
+from gate.correctness.drift import default_config, run_drift, write_drift_outputs
+from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
+from gate.core.config import load_config
+from gate.workflow.validate import check_device, check_kernel
 
 
 def register(sub) -> None:
@@ -26,15 +31,10 @@ def register(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    import sys
 
-    from gate.correctness.drift import default_config, run_drift, write_drift_outputs
-    from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
 
     if args.steps is not None and args.steps < 2:
         raise UserError(f"--steps {args.steps}: drift needs at least 2 training steps")
-    from gate.core.config import load_config
-    from gate.workflow.validate import check_device, check_kernel
 
     device = check_device(args.device)
     if args.dtype not in ("bf16", "fp16", "fp32"):

@@ -13,6 +13,9 @@ import sys
 from pathlib import Path
 
 from gate.commands.help_text import parser_kwargs
+import gate
+from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
+from gate.workflow import init as I
 
 
 def register(sub) -> None:
@@ -48,9 +51,6 @@ def ask(question: str, default: str) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    import gate
-    from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
-    from gate.workflow import init as I
 
     root = args.dir.resolve()
     if not root.is_dir():

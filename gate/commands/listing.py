@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 
 from gate.commands.common import add_config
-from gate.commands.help_text import parser_kwargs
+from gate.commands.help_text import CASE_ID_LEGEND, parser_kwargs
 from gate.kernels.capabilities import Feature
+from gate.core.config import load_config
+from gate.core.errors import UserError
+from gate.core.cases import load_suite, suite_names
 
 
 def register(sub) -> None:
@@ -20,8 +23,6 @@ def register(sub) -> None:
 
 
 def kernels(args: argparse.Namespace) -> int:
-    from gate.core.config import load_config
-    from gate.core.errors import UserError
     from gate.kernels.registry import family_adapter, get_adapter, kernel_names
 
     config = load_config(getattr(args, "config", None))
@@ -49,12 +50,9 @@ def kernels(args: argparse.Namespace) -> int:
 
 
 def suites(args: argparse.Namespace) -> int:
-    from gate.core.cases import load_suite, suite_names
-    from gate.core.config import load_config
 
     config = load_config(args.config)
     if args.cases:
-        from gate.commands.help_text import CASE_ID_LEGEND
 
         print(CASE_ID_LEGEND + "\n")
     for name in suite_names(config.suites):

@@ -16,6 +16,8 @@ import sys
 import threading
 
 from gate.core.errors import EXIT_FAIL, EXIT_USAGE, UserError
+import gate
+import shlex
 
 # Each module in gate/commands registers its own subcommands.
 COMMANDS = ("sweep", "listing", "check", "baseline", "perf", "bench", "drift", "selftest", "merge", "init")
@@ -84,7 +86,6 @@ def nearest_name_hint(parser: argparse.ArgumentParser, message: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    import gate
 
     parser = HintingParser(
         prog="attn-gate", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -118,7 +119,6 @@ def resume_hint(args: argparse.Namespace) -> str:
     where it stopped; the case in flight was not journalled, so it runs again."""
     if not hasattr(args, "resume") or getattr(args, "results", None) is not None or getattr(args, "out", None) is None:
         return ""
-    import shlex
 
     argv = [a for a in args.argv if a != "--resume"]
     return f"; the finished cases are kept in {args.out}: go on with\n  attn-gate {shlex.join(argv + ['--resume'])}"

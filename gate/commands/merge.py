@@ -7,6 +7,12 @@ import argparse
 from pathlib import Path
 
 from gate.commands.common import add_config
+import os
+from gate.core.config import load_config
+from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
+from gate.core.files import FolderLock, refuse_inside_baselines, require_writable
+from gate.workflow.merge import merge_shards
+from gate.report.sweep_report import write_sweep_outputs
 
 
 def register(sub) -> None:
@@ -19,19 +25,12 @@ def register(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    import os
 
-    from gate.core.config import load_config
-    from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
-    from gate.core.files import FolderLock, require_writable
-    from gate.workflow.merge import merge_shards
-    from gate.report.sweep_report import write_sweep_outputs
 
     if any(os.path.realpath(f) == os.path.realpath(args.out) for f in args.folders):
         raise UserError(f"--out {args.out} is one of the shard folders; pass a new folder for the merged result")
     require_writable(args.out, "--out")
     config = load_config(args.config)
-    from gate.core.files import refuse_inside_baselines
 
     refuse_inside_baselines(args.out, config.baselines_dir)
     merged = merge_shards(list(args.folders), config)

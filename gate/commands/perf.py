@@ -8,6 +8,11 @@ from pathlib import Path
 
 from gate.commands.common import add_config, add_kernel_suite
 from gate.commands.help_text import parser_kwargs
+from gate.core.config import load_config
+from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
+from gate.speed.runs import run_perf, write_perf_outputs
+from gate.report.speed_report import print_perf_table
+from gate.workflow.validate import check_kernel, validate_target
 
 
 def register(sub) -> None:
@@ -23,15 +28,10 @@ def register(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gate.core.config import load_config
-    from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
-    from gate.speed.runs import run_perf, write_perf_outputs
-    from gate.report.speed_report import print_perf_table
 
     if args.rounds is not None and args.rounds < 1:
         raise UserError(f"--rounds {args.rounds}: must be >= 1")
     config = load_config(args.config)
-    from gate.workflow.validate import check_kernel, validate_target
 
     target = validate_target(config, args.kernel, args.suite, args.device, args.only)
     device = target.device

@@ -7,6 +7,8 @@ import argparse
 from pathlib import Path
 
 from gate.commands.common import add_config
+from gate.core.config import load_config
+from gate.report.selftest_report import selftest_table
 
 
 def register(sub) -> None:
@@ -29,7 +31,6 @@ def register(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gate.core.config import load_config
     from gate.workflow.selftest import DEFAULT_REPS, output_paths, run_selftest
 
     config = load_config(args.config)
@@ -38,7 +39,6 @@ def main(args: argparse.Namespace) -> int:
                           slowdowns=not args.no_slowdowns, budget_s=args.budget_s,
                           reps=DEFAULT_REPS if args.reps is None else args.reps,
                           rehearse_slowdowns_on_cpu=args.rehearse_slowdowns_on_cpu)
-    from gate.report.selftest_report import selftest_table
 
     paths = output_paths(args.out)  # written by the run after every step
     print(selftest_table(report))

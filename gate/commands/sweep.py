@@ -9,6 +9,14 @@ from pathlib import Path
 from gate.commands.main import DONE_FILE_ENV
 from gate.commands.common import add_config, add_kernel_suite, add_run_options, run_options
 from gate.commands.help_text import parser_kwargs
+import subprocess
+import sys
+import tempfile
+from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
+from gate.core.config import load_config
+from gate.report.sweep_report import print_table, write_sweep_outputs
+from gate.core.files import FolderLock, refuse_inside_baselines, require_writable
+from gate.correctness.probes.registry import parse_names
 
 
 def register(sub) -> None:
@@ -29,11 +37,7 @@ def run_supervised(argv: list[str]) -> int:
     (os._exit(0)) would end the run with exit 0 and nothing written: the sweep runs in a child
     process instead, and its exit code counts only when it returned normally (it wrote the file
     DONE_FILE_ENV names)."""
-    import subprocess
-    import sys
-    import tempfile
 
-    from gate.core.errors import EXIT_FAIL
 
     with tempfile.TemporaryDirectory(prefix="attn-gate-") as tmp:
         done = Path(tmp) / "exit-code"
@@ -48,20 +52,13 @@ def run_supervised(argv: list[str]) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gate.core.config import load_config
-    from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
-    from gate.report.sweep_report import print_table
-    from gate.core.files import require_writable
-    from gate.report.sweep_report import write_sweep_outputs
     from gate.workflow.sweep import resolve_plan, sweep_plan
 
     require_writable(args.out, "--out")  # before the sweep, not after minutes of it
     config = load_config(args.config)
-    from gate.core.files import refuse_inside_baselines
 
     refuse_inside_baselines(args.out, config.baselines_dir)
     options = run_options(args)
-    from gate.correctness.probes.registry import parse_names
 
     # a supervised run imports the kernel in its child only: this process stays free of its code
     supervised = options.workers == 0 and not os.environ.get(DONE_FILE_ENV)
@@ -70,7 +67,6 @@ def main(args: argparse.Namespace) -> int:
     check_names = parse_names(args.checks)
     if supervised:
         return run_supervised(args.argv)
-    from gate.core.files import FolderLock
 
     with FolderLock(args.out, "--out"):
         result = sweep_plan(plan, progress=not args.no_progress, check_names=check_names)

@@ -46,6 +46,7 @@ from gate.core.jsonio import (
     bad_field, checked_kernel, checked_name, checked_tolerance, clean_json, measured_float, read_json, write_json_atomic,
 )
 from gate.core.results import ALL_TENSORS, GRADIENTS, Status, SweepResult, required_tensors
+from gate.core.files import safe_name
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # migrate_baseline turns each older one into the current layout
@@ -220,7 +221,6 @@ class Baseline:
 
 
 def baseline_path(baselines_dir: str | Path, gpu_class: str, kernel: str, suite: str) -> Path:
-    from gate.core.files import safe_name  # the same file-name rule as the sweep outputs
 
     return Path(baselines_dir) / gpu_class / f"{safe_name(kernel)}-{suite}.json"
 
@@ -323,7 +323,6 @@ class BaselineDiff:
 def merge_baseline(new: Baseline, old: Baseline | None, scope: str | None) -> tuple[Baseline, int]:
     """The baseline to write. A run filtered with --only replaces only the cases in its scope;
     the old baseline's other cases are kept (and counted). The perf section is always kept."""
-    import re
 
     if old is None:
         return new, 0

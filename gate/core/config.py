@@ -16,6 +16,8 @@ from typing import Any
 
 from gate.core.errors import UserError
 from gate.core.jsonio import MAX_MULT, checked_name
+from gate.core.cases import CHECKS, expand_suite
+from gate.core.results import ALL_TENSORS
 
 
 # mult per tensor (the tolerance rule, gate/correctness/tolerance.py): dQ accumulates across key
@@ -289,8 +291,6 @@ class KnownFailure:
 
 def known_failure_names() -> tuple[str, ...]:
     """What `tensors` may name: every tensor a row may measure, every check, and "error"."""
-    from gate.core.cases import CHECKS
-    from gate.core.results import ALL_TENSORS
 
     return ALL_TENSORS + tuple(CHECKS) + (ERROR_NAME,)
 
@@ -398,7 +398,6 @@ def _section(cls, raw: Any, where: str):
 def _check_suites(suites: dict[str, Any], path: Path) -> None:
     """Expand every suite the file defines now, so a bad matrix is reported against this file
     (and before any work), not later under a default name or only when that suite is run."""
-    from gate.core.cases import expand_suite
 
     for name, spec in suites.items():
         try:  # a suite's name becomes part of file names (sweep-K-SUITE.json, baselines/...)

@@ -9,6 +9,7 @@ import re
 import torch
 
 import gate
+import subprocess
 
 
 def gpu_class(name: str) -> str:
@@ -57,7 +58,6 @@ def cpu_capability() -> str:
 def git_commit(folder: str | None = None) -> str:
     """The commit the working tree is at ('' outside git), with '+dirty' when it has changes:
     a baseline records it so a report can link to the code it was measured with."""
-    import subprocess
 
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True, text=True, timeout=10)

@@ -11,6 +11,10 @@ import re
 from pathlib import Path
 
 from gate.core.errors import UserError
+import tempfile
+import sys
+import fcntl
+import hashlib
 
 
 def safe_name(kernel: str) -> str:
@@ -37,7 +41,6 @@ def require_writable(path: Path, option: str = "--out", kind: str = "folder") ->
     if not os.access(probe, os.W_OK | os.X_OK):
         raise UserError(f"{option} {path}: {probe} is not writable; pass a writable {kind}")
     # access() says yes to root on /proc and on read-only mounts: a file made and removed at once answers
-    import tempfile
 
     try:
         with tempfile.TemporaryFile(dir=probe, prefix=".attn-gate-probe-"):
@@ -66,9 +69,6 @@ class FolderLock:
         self._fd: int | None = None
 
     def __enter__(self) -> "FolderLock":
-        import fcntl
-        import hashlib
-        import tempfile
 
         key = hashlib.sha256(os.path.realpath(self.folder).encode()).hexdigest()[:24]
         locks = Path(tempfile.gettempdir()) / "attn-gate-locks"
@@ -93,7 +93,6 @@ class FolderLock:
 def append_step_summary(text: str) -> None:
     """Append to $GITHUB_STEP_SUMMARY when it is set. A convenience beside files already written:
     an unwritable summary is a warning on stderr, never a changed exit code."""
-    import sys
 
     path = os.environ.get("GITHUB_STEP_SUMMARY")
     if not path:

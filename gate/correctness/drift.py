@@ -31,7 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from gate.core.errors import UserError
+from gate.core.errors import UserError, first_line
+import copy
+from gate.core.jsonio import save_figure_atomic, write_json_atomic
+from gate.core.files import safe_name
 
 SCHEMA_VERSION = 1
 REFERENCE = "reference fp32"
@@ -160,7 +163,6 @@ class DriftResult:
         return data
 
     def write(self, path: Path) -> None:
-        from gate.core.jsonio import write_json_atomic
 
         write_json_atomic(path, self.to_dict())
 
@@ -271,7 +273,6 @@ def train_curve(cfg: DriftConfig, attend: Callable, init_state: dict, device) ->
 
 
 def initial_state(cfg: DriftConfig, device) -> dict:
-    import copy
 
     return copy.deepcopy(_build_model(cfg, device).state_dict())
 
@@ -317,7 +318,6 @@ def run_drift(kernel: str, cfg: DriftConfig, device: str, adapter=None, progress
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # a crashing kernel (sys.exit too) is a failed run, reported, not a traceback
-        from gate.core.errors import first_line
 
         notes.append(f"the kernel raised {first_line(exc)}")
         curves[f"kernel {kernel}"] = [math.nan] * cfg.steps
@@ -366,13 +366,11 @@ def plot_drift(result: DriftResult, path: Path) -> Path:
     bottom.set_ylabel("minus the fp32 reference")
     bottom.set_xlabel("step")
     top.legend(fontsize=7)
-    from gate.core.jsonio import save_figure_atomic
 
     return save_figure_atomic(fig, path, dpi=110)
 
 
 def write_drift_outputs(result: DriftResult, out_dir: Path) -> dict[str, Path]:
-    from gate.core.files import safe_name
 
     stem = f"drift-{safe_name(result.kernel)}"
     paths = {"json": Path(out_dir) / f"{stem}.json", "png": Path(out_dir) / f"{stem}.png"}

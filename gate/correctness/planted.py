@@ -35,6 +35,7 @@ from gate.core.cases import FLAT_FIELDS, Case
 from gate.kernels.base import DelegatingAdapter, KernelAdapter, KernelCall, KernelOutput
 from gate.kernels.capabilities import Capabilities, Feature
 from gate.kernels.tiled import TILE, TiledAdapter, TileSteps, dropout_keep_mask
+from gate.core.errors import UserError
 
 
 class PlantError(Exception):
@@ -379,7 +380,6 @@ def select_bugs(names: tuple[str, ...] = ()) -> tuple[PlantedBug, ...]:
     """All bugs, or those named (unknown names are a UserError naming the known ones)."""
     if not names:
         return BUGS
-    from gate.core.errors import UserError
 
     known = {b.name: b for b in BUGS}
     unknown = [n for n in names if n not in known]

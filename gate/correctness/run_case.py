@@ -23,6 +23,7 @@ from gate.attention.kvcache import expected_cache, gather_dense
 from gate.attention.reference import AttnOptions, AttnResult, DecodeResult, attention_reference, decode_reference
 from gate.core.results import ALL_TENSORS, CaseResult, Status, TensorError
 from gate.correctness.tolerance import BANDS, error_bound, error_ratio, rounding_floor, tensor_spec
+import traceback
 
 
 class BadOutput(Exception):
@@ -279,7 +280,6 @@ def yardstick(name: str, case: Case, inputs: AttnInputs, keep, low: AttnResult |
 def traceback_tail(exc: BaseException, lines: int = 12) -> str:
     """The last frames of a crash and the error itself: enough to see where the kernel raised,
     short enough that a report can quote it."""
-    import traceback
 
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip().splitlines()
     if len(text) > lines + 1:

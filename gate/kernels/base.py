@@ -20,13 +20,13 @@ from gate.kernels.capabilities import Capabilities
 from gate.attention.inputs import offsets
 from gate.attention.kvcache import CacheInputs
 from gate.attention.reference import AttnOptions
+import math
 
 
 def realised_keep_probability(p: float, levels: int) -> float:
     """The keep probability a kernel actually draws with for dropout p (see Capabilities)."""
     if not levels:
         return 1.0 - p
-    import math
 
     return (math.floor((1.0 - p) * (levels - 1)) + 1) / levels
 

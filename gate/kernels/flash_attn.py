@@ -25,6 +25,7 @@ import torch
 from gate.attention.masks import allowed_mask
 from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, write_pages
 from gate.kernels.capabilities import Feature, feature_set
+import inspect
 
 
 def _import(module: str):
@@ -234,7 +235,6 @@ class FA4Adapter(_FlashBase):
 
     def _takes(self, fn_name: str, keyword: str) -> bool:
         """Whether this FA4 build's fn_name takes `keyword` (False where it does not import)."""
-        import inspect
 
         try:
             return keyword in inspect.signature(getattr(_import(self.module), fn_name)).parameters
@@ -275,7 +275,6 @@ class FA4Adapter(_FlashBase):
         """'' when this FA4's flash_attn_func takes the mods the bias path hands it;
         else why every bias case is skipped, read from its signature (never guessed)."""
         try:
-            import inspect
 
             params = set(inspect.signature(_import(self.module).flash_attn_func).parameters)
         except Exception as exc:  # not installed, or a signature we cannot read

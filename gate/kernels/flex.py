@@ -19,7 +19,9 @@ from __future__ import annotations
 import torch
 
 from gate.core.cases import Case
-from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, per_sequence
+from gate.kernels.base import (
+    Capabilities, KernelAdapter, KernelCall, KernelOutput, per_sequence, read_pages, write_pages,
+)
 from gate.kernels.capabilities import Feature, feature_set
 from gate.attention.masks import effective_window
 
@@ -249,7 +251,6 @@ class FlexAdapter(KernelAdapter):
         return p, mask_mod, score_mod
 
     def _decode(self, call: KernelCall) -> KernelOutput:
-        from gate.kernels.base import read_pages, write_pages
 
         c, o, q = call.cache, call.opts, call.q
         bsz, nq = q.shape[0], q.shape[1]

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from gate.core.errors import UserError
 from gate.kernels.base import KernelAdapter
+from gate.kernels.flash_attn import FA2Adapter, FA3Adapter, FA4Adapter, FA4RawWindowAdapter
+from gate.kernels.flex import FlexAdapter
+from gate.kernels.sdpa import BACKENDS, SdpaAdapter
+from gate.kernels.tiled import TiledAdapter
+from gate.kernels.user import FamilyAdapter, UserAdapter
 
 
 def _builtins() -> dict:
-    from gate.kernels.flash_attn import FA2Adapter, FA3Adapter, FA4Adapter, FA4RawWindowAdapter
-    from gate.kernels.flex import FlexAdapter
-    from gate.kernels.sdpa import BACKENDS, SdpaAdapter
-    from gate.kernels.tiled import TiledAdapter
 
     table = {f"sdpa-{b}": (lambda b=b: SdpaAdapter(b)) for b in BACKENDS}
     # GQA/MQA by copied K/V heads (repeat_interleave), beside the enable_gqa=True path above
@@ -42,7 +43,6 @@ def family_adapter(name: str, config) -> KernelAdapter | None:
     family = kernel_family(name, config)
     if family is None:
         return None
-    from gate.kernels.user import FamilyAdapter
 
     return FamilyAdapter(family)
 
@@ -55,7 +55,6 @@ def resolve_kernel(name: str, config=None) -> KernelAdapter:
 
 def get_adapter(name: str) -> KernelAdapter:
     if ":" in name:
-        from gate.kernels.user import UserAdapter
 
         return UserAdapter(name)
     table = _builtins()

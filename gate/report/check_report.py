@@ -11,6 +11,7 @@ from gate.compare.findings import Severity, Verdict, fmt, worst_first
 from gate.core.results import Status, SweepResult
 from gate.report import terminal_console
 from gate.report.known import known_groups
+from gate.report.comment import RERUN_LIMIT, _correctness_clause, _is_speed, _speed_clause, diagnosis, rerun_command
 
 MAX_ROWS = 60  # terminal table rows; the findings JSON always has everything
 
@@ -50,9 +51,6 @@ def summary_lines(verdict: Verdict, sweep: SweepResult, summary_path=None) -> li
     """The last lines of a check, as pytest ends a run: counts in cases, the shared pattern, a
     command that reruns exactly the failing cases, where the Markdown report is, and the verdict
     with its worst case last."""
-    from gate.report.comment import (
-        RERUN_LIMIT, _correctness_clause, _is_speed, _speed_clause, diagnosis, rerun_command,
-    )
 
     failed = sorted({f.case_id for f in verdict.findings if f.severity is Severity.FAIL and f.case_id})
     blocking = sorted({f.case_id for f in verdict.findings if f.severity.blocks and f.case_id})

@@ -13,6 +13,7 @@ from pathlib import Path
 from gate.compare.baselines import Baseline
 from gate.compare.findings import Severity, Verdict
 from gate.core.results import SweepResult
+from gate.core.jsonio import save_figure_atomic
 
 COLORS = {"blocks": "#d62728", "WARN": "#ff7f0e", "KNOWN": "#9467bd", "fine": "#2ca02c"}
 MAX_CASES = 40  # the worst N cases; a plot of hundreds of cases is unreadable (the tables have them all)
@@ -84,6 +85,5 @@ def plot_ratios(verdict: Verdict, sweep: SweepResult, baseline: Baseline, path: 
     ax.grid(axis="x", which="both", alpha=0.25)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
-    from gate.core.jsonio import save_figure_atomic
 
     return save_figure_atomic(fig, path, bbox_inches="tight")

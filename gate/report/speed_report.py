@@ -9,6 +9,7 @@ from pathlib import Path
 from gate.speed.runs import PerfResult
 from gate.report import terminal_console
 from gate.speed.rule import PerfJudgement
+from gate.core.jsonio import save_figure_atomic
 
 
 def _f(x: float, spec: str = ".3f") -> str:
@@ -108,6 +109,5 @@ def plot_speed_ratios(judgements: tuple[PerfJudgement, ...], title: str, path: P
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
-    from gate.core.jsonio import save_figure_atomic
 
     return save_figure_atomic(fig, path, bbox_inches="tight")

@@ -20,6 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from gate.core.errors import UserError
+from gate.core.config import load_config
+from gate.speed.runs import perf_cases, run_perf
+from gate.speed.timing import KernelWorkload, workload_peak_mem_mb
+import json
+from gate.speed.asv_offline import make_offline
+import itertools
 
 # The repository is where the command runs (an installed attn-gate has no checkout to point at).
 CONFIG_FILE = Path("pyproject.toml")
@@ -53,7 +59,6 @@ class BenchSettings:
 
 
 def _config(settings: BenchSettings):
-    from gate.core.config import load_config
 
     return load_config(settings.config_path)
 
@@ -73,7 +78,6 @@ def _cuda() -> bool:
 
 def bench_case_ids(settings: BenchSettings | None = None) -> list[str]:
     """The asv parameter list: ids of the suite's perf cases (asv discovery; no GPU work)."""
-    from gate.speed.runs import perf_cases
 
     settings = settings or BenchSettings.from_env()
     config = _config(settings)
@@ -97,7 +101,6 @@ KERNEL_ONLY_KEYS = frozenset({"candidate_ms", "candidate_tflops", "candidate_kv_
 
 def bench_measure(settings: BenchSettings | None = None) -> dict[str, dict[str, Any]]:
     """One engine run over the perf cases, flattened to plain numbers for asv's track_* methods."""
-    from gate.speed.runs import run_perf
 
     settings = settings or BenchSettings.from_env()
     config = _config(settings)
@@ -125,8 +128,6 @@ def bench_measure(settings: BenchSettings | None = None) -> dict[str, dict[str, 
 def bench_peak_mem(settings: BenchSettings | None = None) -> dict[str, float | None]:
     """Peak GPU memory of one fwd+bwd per perf case (None where not measurable: CPU, skipped case)."""
     from gate.kernels.registry import family_adapter, get_adapter
-    from gate.speed.runs import perf_cases
-    from gate.speed.timing import KernelWorkload, workload_peak_mem_mb
 
     settings = settings or BenchSettings.from_env()
     config = _config(settings)
@@ -170,7 +171,6 @@ def asv_conf(path: Path | None) -> Path:
 
 def asv_repo(conf: Path) -> Path:
     """The repository asv.conf.json points at (its "repo", relative to the file)."""
-    import json
 
     repo = json.loads(Path(conf).read_text(encoding="utf-8")).get("repo", ".")
     return (Path(conf).parent / repo).resolve()
@@ -223,7 +223,6 @@ def publish(conf: Path) -> int:
     """`asv publish`, then the site made readable offline (its scripts shipped with it)."""
     rc = run_asv(["publish"], conf)
     if rc == 0:
-        from gate.speed.asv_offline import make_offline
 
         html_dir = Path(conf).parent / load_asv_conf(conf).html_dir
         replaced = make_offline(html_dir)
@@ -262,7 +261,6 @@ def read_results(conf: Path, machine: str, commit: str) -> list[dict[str, Any]]:
 
 
 def _param_combos(params) -> list[tuple[str, ...]]:
-    import itertools
 
     if not params:
         return [()]

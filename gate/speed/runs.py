@@ -34,7 +34,9 @@ from gate.core.errors import UserError, first_line
 from gate.core.jsonio import read_record, write_json_atomic
 from gate.core.results import Status, migrate_rows
 from gate.speed.rule import PerfJudgement, PerfRules, PerfSeverity, RatioEstimate, judge
-from gate.speed.timing import PASSES, PassTiming, TimingPlan, TimingRun
+from gate.speed.timing import KernelWorkload, MatmulWorkload, PASSES, PassTiming, TimingPlan, TimingRun, time_pair
+import gc
+from gate.core.files import safe_name
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # migrate_perf turns each older one into the current layout
@@ -232,7 +234,6 @@ def case_anchor(anchor_name: str, config: PerfConfig, case: Case, device: str) -
 
 
 def _workloads(adapter, anchor_name: str, case: Case, device: str):
-    from gate.speed.timing import KernelWorkload, MatmulWorkload
 
     from gate.attention.inputs import make_inputs
 
@@ -261,7 +262,6 @@ def measure_case(adapter, anchor_name: str, case: Case, device: str, plan: Timin
         cand, anchor, why = _workloads(adapter, anchor_name, case, device)
         if why:
             return PerfCaseResult(case=case, status=Status.SKIP, reason=why, anchor=anchor_name)
-        from gate.speed.timing import time_pair
 
         run = time_pair(cand, anchor, plan, device)
     except NoKernel as exc:
@@ -278,7 +278,6 @@ def measure_case(adapter, anchor_name: str, case: Case, device: str, plan: Timin
 def _release(device: str) -> None:
     """The timed workloads' tensors collected, then their blocks given back (between timed cases)."""
     if device == "cuda":
-        import gc
 
         from gate.core.environment import release_cached_gpu_memory
 
@@ -357,7 +356,6 @@ def run_perf(kernel: str, suite_name: str, config: Config, device: str | None = 
 
 
 def write_perf_outputs(result: PerfResult, out_dir: Path) -> Path:
-    from gate.core.files import safe_name
 
     path = Path(out_dir) / f"perf-{safe_name(result.kernel)}-{result.suite}.json"
     result.write(path)
@@ -402,7 +400,6 @@ def unmatched_baseline_judgements(baseline_perf: dict[str, Any] | None, run_case
                                   passes: tuple[str, ...]) -> tuple[PerfJudgement, ...]:
     """INCONCLUSIVE for every baseline speed ratio within --only that the run has no case for:
     a perf case that disappeared (renamed, perf flag dropped) is not judged, so it cannot pass."""
-    from gate.core.cases import only_pattern
 
     pattern = only_pattern(only)
     return tuple(

@@ -36,7 +36,7 @@ from gate.compare.baselines import (
 )
 from gate.core.config import Config, tolerance_changes
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
-from gate.core.files import append_step_summary
+from gate.core.files import FolderLock, append_step_summary, refuse_inside_baselines, require_writable, safe_name
 from gate.compare.findings import CheckContext, Finding, Verdict, decide
 from gate.compare.known import TABLE, apply_known, for_kernel, refuse_unmatched, undeclared_failures
 from gate.core.results import SweepResult
@@ -46,6 +46,17 @@ from gate.compare.sweep_rules import (
 )
 from gate.core.cases import load_suite, only_pattern, suite_names
 from gate.workflow.plan import RunPlan, current_gpu_class, plan_run, resolve_plan
+from gate.core.environment import default_device
+from gate.workflow.sweep import SweepOptions, sweep_plan
+from gate.workflow.validate import check_working_directory
+from gate.workflow.speed_check import (
+    perf_baseline_section, perf_section_from_file, perf_wanted, results_file_findings, run_perf_check,
+)
+from gate.report.check_report import print_check
+from gate.core.jsonio import write_json_atomic, write_text_atomic
+from gate.report.sweep_report import write_sweep_outputs
+from gate.report.comment import Links, pr_comment
+from gate.report.plots import plot_ratios
 
 
 # The documentation page and section that every "no baseline" message points to (tests/test_validate.py
@@ -122,7 +133,6 @@ def resolve_target(config: Config, kernel: str | None, suite: str | None, device
     if results is not None:
         env = results.environment
         return Target(results.kernel, results.suite, str(env.get("device", "?")), str(env.get("gpu_class", "unknown")))
-    from gate.core.environment import default_device
 
     device = device or default_device()
     profile = config.profile(device)
@@ -138,7 +148,6 @@ def plan_of_results(config: Config, results: SweepResult, baseline_file: Path | 
 
 def fresh_sweep(plan: RunPlan, progress: bool) -> SweepResult:
     """The plan's cases swept (in worker processes unless its options say otherwise)."""
-    from gate.workflow.sweep import SweepOptions, sweep_plan
 
     if plan.options is None:
         plan = dataclasses.replace(plan, options=SweepOptions())
@@ -151,7 +160,6 @@ def load_existing_baseline(plan: RunPlan, baseline_file: Path | None) -> tuple[P
         if baseline_file:  # a typo in --baseline: never advise creating (and committing) a file by that name
             raise UserError(f"--baseline {baseline_file}: no such file; pass an existing baseline JSON, or leave "
                             f"--baseline out to use {baseline_path(plan.config.baselines_dir, plan.gpu_class, plan.kernel, plan.suite.name)}")
-        from gate.workflow.validate import check_working_directory
 
         check_working_directory(plan.config)  # run from another folder: say so, not "no baseline"
         raise UserError(
@@ -218,7 +226,6 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
         raise UserError("--only filters a fresh run; with --results the file is compared as it is (drop --only)")
     if results_path is not None and perf:
         raise UserError("--perf times the kernel now, so it needs a fresh run: drop --results (or --perf)")
-    from gate.core.files import refuse_inside_baselines, require_writable
 
     require_writable(Path(out_dir), "--out")  # before the sweep, not after minutes of it
     refuse_inside_baselines(Path(out_dir), config.baselines_dir)
@@ -239,13 +246,11 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
     findings, thresholds, known = compare_all(baseline, sweep, config, scope)
     perf_run = None
     if results is None:
-        from gate.workflow.speed_check import perf_wanted, run_perf_check
 
         if perf_wanted(perf, plan.device):  # speed joins the same verdict: default on a GPU, off on a CPU
             perf_run = run_perf_check(plan, baseline.perf, Path(out_dir))
             findings, thresholds = list(findings) + perf_run.findings, {**thresholds, **perf_run.thresholds}
     else:  # a results file: speed was not timed, and where it would have been gated the report says so
-        from gate.workflow.speed_check import results_file_findings
 
         findings = list(findings) + results_file_findings(perf, plan.device)
     context = CheckContext(kernel=sweep.kernel, suite=sweep.suite, gpu_class=baseline.gpu_class, baseline=str(path),
@@ -264,16 +269,11 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
 
 def render_check(verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_dir: Path, console=None,
                  extra_markdown: str = "") -> dict[str, Path]:
-    from gate.report.check_report import print_check
-    from gate.core.jsonio import write_json_atomic, write_text_atomic
-    from gate.core.files import safe_name
-    from gate.report.sweep_report import write_sweep_outputs
 
     stem = f"{safe_name(sweep.kernel)}-{sweep.suite}"
     paths = write_sweep_outputs(sweep, out_dir)
     paths["findings"] = out_dir / f"findings-{stem}.json"
     write_json_atomic(paths["findings"], verdict.to_dict())
-    from gate.report.comment import Links, pr_comment
 
     summary = pr_comment(verdict, sweep, baseline, Links.from_env(os.environ), extra_markdown)
     paths["summary"] = out_dir / f"check-{stem}.md"
@@ -281,7 +281,6 @@ def render_check(verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_d
     paths["comment"] = out_dir / f"comment-{stem}.md"  # the PR comment: the same text, under GitHub's limit
     write_text_atomic(paths["comment"], summary)
     try:
-        from gate.report.plots import plot_ratios
 
         paths["plot"] = plot_ratios(verdict, sweep, baseline, out_dir / f"ratios-{stem}.png")
     except Exception as exc:  # an artifact, not the verdict: say so and go on
@@ -340,7 +339,6 @@ def refuse_failing_run(sweep: SweepResult, config: Config) -> str:
 def run_baseline_update(config: Config, **kwargs) -> UpdateOutcome:
     """`_update_baseline` holding the baselines folder's lock from reading the old baseline to writing
     the new one: two updates at once would each merge into the same old file and one would be lost."""
-    from gate.core.files import FolderLock, refuse_inside_baselines
 
     if kwargs.get("results_path") is None:
         refuse_inside_baselines(Path(kwargs.get("out_dir") or "out"), config.baselines_dir)
@@ -356,7 +354,6 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
         only, perf = plan.only, plan.perf
     if results_path is not None and only is not None:
         raise UserError("--only filters a fresh run; a --from-results file is taken as it is (drop --only)")
-    from gate.core.files import require_writable
 
     only_pattern(only)
     if summary_path is not None:  # checked before the sweep; written before the baseline
@@ -387,7 +384,6 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
                         f"from the whole suite first: run without --only (`{update_command(plan.kernel, plan.suite.name, plan.gpu_class)}`)")
     sweep = results if results is not None else fresh_sweep(plan, progress)
     if results is None:
-        from gate.report.sweep_report import write_sweep_outputs
 
         with writing("pass a writable --out folder"):
             saved = write_sweep_outputs(sweep, Path(out_dir))["json"]
@@ -403,12 +399,10 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
         raise UserError("--perf times the kernel now, so it needs a fresh run: drop --from-results (or --perf), "
                         "or pass the timings of that machine with --perf-from perf-K-S.json")
     if perf_from is not None:  # timings made elsewhere (e.g. `attn-gate perf --rounds 30` on the GPU runner)
-        from gate.workflow.speed_check import perf_section_from_file
 
         perf_section = perf_section_from_file(Path(perf_from), plan.kernel, plan.suite.name, plan.gpu_class, config,
                                               old.perf if old is not None else None)
     elif results is None:
-        from gate.workflow.speed_check import perf_baseline_section, perf_wanted
 
         if perf_wanted(perf, plan.device):  # speed ratios with their noise; None keeps the old section
             perf_section, _ = perf_baseline_section(plan, old.perf if old is not None else None)
@@ -421,7 +415,6 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
         return UpdateOutcome(diff, path, sweep, EXIT_FAIL)
     text = diff.markdown()
     if summary_path is not None:  # first: a summary that cannot be written leaves the baseline untouched
-        from gate.core.jsonio import write_text_atomic
 
         with writing("pass a writable --summary file; the baseline was not written"):
             write_text_atomic(Path(summary_path), text)

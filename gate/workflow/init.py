@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from gate.core.config import CiConfig, FAMILY_ENTRIES
+from gate.core.config import CiConfig, FAMILY_ENTRIES, load_config
 from gate.core.errors import UserError
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -289,7 +289,6 @@ def write_pyproject(root: Path, section: str, force: bool) -> Action:
 def init(root: Path, options: InitOptions, version: str) -> tuple[list[Action], CiConfig]:
     """Write the section and the files; options already resolved. The CI parameters are the ones
     the repository's pyproject holds when it has them (a second run renders the same files)."""
-    from gate.core.config import load_config
 
     ci = ci_config(options, version)
     action = write_pyproject(root, pyproject_section(options, ci), options.force)
@@ -307,7 +306,6 @@ class Drift:
 
 def load_ci(root: Path) -> CiConfig:
     """The repository's [tool.attn-gate.ci], checked."""
-    from gate.core.config import load_config
 
     pyproject = root / "pyproject.toml"
     if not pyproject.is_file():

@@ -63,6 +63,7 @@ from gate.core.config import IsolationConfig, KernelFamily, ToleranceConfig
 from gate.core.errors import UserError, first_line
 from gate.core.results import CaseResult, CheckResult, Status
 from gate.workflow.worker_main import kill_tree
+from gate.speed.runs import PerfCaseResult
 
 STDERR_LINES = 8  # how much of a dead worker's stderr an ERROR row carries
 POLL_S = 0.25  # how often a wait for a reply looks at whether the worker is still alive
@@ -588,7 +589,6 @@ class PerfWorker:
         return bool(self._ctx.__exit__(*exc))
 
     def measure(self, case: Case, anchor: str, plan):
-        from gate.speed.runs import PerfCaseResult
 
         slot = self.pool.slots[0]
         timeout = case_timeout(case, self.pool.cfg) + 5.0 * plan.rounds * len(plan.passes)

@@ -20,7 +20,7 @@ from typing import Any
 
 from gate.core.errors import UserError
 from gate.core.files import safe_name
-from gate.core.jsonio import bad_field, write_text_atomic
+from gate.core.jsonio import _clean, bad_field, write_text_atomic
 from gate.core.results import CaseResult
 
 SCHEMA_VERSION = 1
@@ -116,7 +116,6 @@ class Journal:
         write_text_atomic(self.path, json.dumps({"kind": KIND, "schema_version": SCHEMA_VERSION, **header}, sort_keys=True) + "\n")
 
     def add(self, result: CaseResult) -> None:
-        from gate.core.jsonio import _clean
 
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(_clean(result.to_dict()), sort_keys=True, allow_nan=False) + "\n")

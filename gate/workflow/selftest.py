@@ -32,8 +32,20 @@ from gate.compare.selftest import (
 from gate.compare.sweep_rules import check_comparable, compare, correctness_thresholds
 from gate.core.config import Config
 from gate.core.errors import UserError
-from gate.core.files import append_step_summary
+from gate.core.files import append_step_summary, require_writable
 from gate.core.results import SweepResult
+from gate.correctness.planted import case_cost, host_of, mult_to_catch, planted_adapter, select_bugs
+from gate.core.cases import load_suite
+from gate.kernels.registry import get_adapter
+from gate.speed.planted import CPU_CYCLES_PER_MS, SlowedKernel, planted_cycles
+from gate.speed.runs import PerfResult, baseline_entry, case_anchor, judge_perf, measure_case, select_perf_cases
+from gate.speed.timing import PASSES, TimingPlan, sleep_cycles_per_ms
+from gate.workflow.validate import validate_target
+from gate.report.selftest_report import selftest_markdown
+from gate.core.jsonio import write_json_atomic, write_text_atomic
+from gate.core.environment import describe
+from gate.workflow.speed_check import perf_thresholds
+from gate.workflow.sweep import run_sweep
 
 LEVELS_PCT = (1.0, 2.0, 3.0, 5.0, 10.0)
 DEFAULT_REPS = 5
@@ -55,9 +67,6 @@ class _Run:
     """State of one selftest run: where it writes, what it found so far."""
 
     def __init__(self, config: Config, kernel: str, suite: str, device: str, out_dir: Path, tmp: Path, log):
-        from gate.core.environment import describe
-        from gate.kernels.registry import get_adapter
-        from gate.workflow.speed_check import perf_thresholds
 
         self.config, self.kernel, self.suite, self.device, self.out_dir, self.tmp, self.log = (
             config, kernel, suite, device, out_dir, tmp, log)
@@ -81,7 +90,6 @@ class _Run:
         as the isolated path's (run_case.kernel_pass -> measure_seed -> verdict_row), and
         tests/test_isolation_features.py shows a worker's row equal to this process's row for every
         feature a bug here plants (dBias, layouts, LSE, dropout, probes)."""
-        from gate.workflow.sweep import run_sweep
 
         return run_sweep(kernel_name, self.suite, self.config, self.device, progress=False, only=only, adapter=adapter)
 
@@ -130,7 +138,6 @@ def _survivor_message(bug, sweeps: list[SweepResult], run: _Run, host_name: str)
     """Why it survived and what would catch it: the closest call (the tensor the bug moved most
     against the in-run baseline) and the multiplier / headroom factor at which the rules would
     have fired. Returns (message, ratio, case id, baseline ratio)."""
-    from gate.correctness.planted import mult_to_catch
 
     _, baseline = run.baselines[host_name]
 
@@ -171,9 +178,6 @@ def tiled_control_scope(run: _Run, bugs) -> str | None:
     covers the cases those bugs are judged on - each tiled-hosted bug's first batch - instead of
     the whole suite: on an H200 two pr sweeps of tiled (plain PyTorch tiles, 454 cases) alone
     outlast a 10-minute CI step. A bug's later batches stay within the control's cases (run_bug)."""
-    from gate.core.cases import load_suite
-    from gate.correctness.planted import host_of
-    from gate.kernels.registry import get_adapter
 
     cases = load_suite(run.suite, run.config.suites, run.config.source).cases
     tiled = get_adapter("tiled")
@@ -184,16 +188,12 @@ def tiled_control_scope(run: _Run, bugs) -> str | None:
 
 def exercising_cases(bug, cases, host_adapter, device: str) -> list:
     """The cases that expose `bug` and its host can run on `device`, cheapest first."""
-    from gate.correctness.planted import case_cost
 
     caps = host_adapter.capabilities()
     return sorted((c for c in cases if bug.trigger.applies(c) and caps.unsupported_reason(c, device) is None), key=case_cost)
 
 
 def run_bug(run: _Run, bug) -> BugOutcome:
-    from gate.correctness.planted import host_of, planted_adapter
-    from gate.core.cases import load_suite
-    from gate.kernels.registry import get_adapter
 
     t0 = time.perf_counter()
     host = host_of(bug, run.adapter)
@@ -253,9 +253,6 @@ def run_bug(run: _Run, bug) -> BugOutcome:
 def run_slowdowns(run: _Run, reps: int, deadline: float | None, levels=LEVELS_PCT) -> SlowdownSection:
     """Planted slowdowns of the forward and backward, and an A/A control, repeated `reps` times
     or until `deadline` (perf_counter seconds): at least one repetition always runs."""
-    from gate.speed.planted import CPU_CYCLES_PER_MS, SlowedKernel, planted_cycles
-    from gate.speed.runs import PerfResult, baseline_entry, case_anchor, judge_perf, measure_case, select_perf_cases
-    from gate.speed.timing import PASSES, TimingPlan, sleep_cycles_per_ms
 
     cfg = run.config.perf
     cases = select_perf_cases(run.suite, run.config)
@@ -332,9 +329,6 @@ def run_selftest(config: Config, kernel: str | None = None, suite: str | None = 
     """`rehearse_slowdowns_on_cpu` runs the slowdown part on a CPU with a busy-wait: it checks the
     plumbing (engine, rule, report) where no GPU exists, measures nothing about GPUs, and never
     decides the exit code."""
-    from gate.correctness.planted import select_bugs
-    from gate.core.files import require_writable
-    from gate.workflow.validate import validate_target
 
     # the same checks, defaults and "did you mean" answers as every other command; the planted
     # bugs wrap the kernel in this process, so it is loaded here
@@ -385,7 +379,6 @@ def run_selftest(config: Config, kernel: str | None = None, suite: str | None = 
 
 
 def _finish(run: _Run) -> SelftestReport:
-    from gate.report.selftest_report import selftest_markdown
 
     append_step_summary(selftest_markdown(run.report))  # the last run.update() wrote the files
     return run.report
@@ -396,8 +389,6 @@ def output_paths(out_dir: Path) -> dict[str, Path]:
 
 
 def write_outputs(report: SelftestReport, out_dir: Path) -> dict[str, Path]:
-    from gate.core.jsonio import write_json_atomic, write_text_atomic
-    from gate.report.selftest_report import selftest_markdown
 
     paths = output_paths(out_dir)
     try:

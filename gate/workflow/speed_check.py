@@ -28,10 +28,14 @@ from gate.core.results import Status
 from gate.compare.findings import Finding, Severity
 from gate.speed.runs import (
     PerfResult, baseline_entry, judge_perf, no_perf_case_reason, nothing_judged, remeasure_with, run_perf,
-    unmatched_baseline_judgements,
+    unmatched_baseline_judgements, write_perf_outputs,
 )
 from gate.speed.rule import PASSES, PerfJudgement, PerfSeverity
 from gate.workflow.plan import RunPlan
+from gate.workflow.isolation import PerfWorker
+from gate.report.speed_report import perf_markdown, plot_speed_ratios
+from gate.core.files import safe_name
+import sys
 
 RULE = "speed"
 
@@ -89,15 +93,12 @@ def run_perf_check(plan: RunPlan, baseline_perf: dict[str, Any] | None, out_dir:
     """The plan's perf cases timed in a worker process and judged against the baseline's perf section."""
     if not plan.perf_cases:
         return no_perf_case_check(plan, baseline_perf)
-    from gate.workflow.isolation import PerfWorker
 
     with PerfWorker(plan.kernel, plan.device, plan.isolation, plan.family) as worker:  # the kernel is timed in a worker
         return _judged_perf(plan, baseline_perf, out_dir, worker)
 
 
 def _judged_perf(plan: RunPlan, baseline_perf: dict[str, Any] | None, out_dir: Path, worker) -> PerfCheck:
-    from gate.speed.runs import write_perf_outputs
-    from gate.report.speed_report import perf_markdown, plot_speed_ratios
 
     config, kernel, suite, device, only = plan.config, plan.kernel, plan.suite.name, plan.device, plan.only
     result = run_perf(kernel, suite, config, device, only=only, progress=_progress, measure=worker.measure,
@@ -114,7 +115,6 @@ def _judged_perf(plan: RunPlan, baseline_perf: dict[str, Any] | None, out_dir: P
                                 only=only)
     paths = {"perf": write_perf_outputs(result, out_dir)}
     try:
-        from gate.core.files import safe_name
 
         paths["speed_plot"] = plot_speed_ratios(judgements, f"{kernel} vs {result.anchor} / {suite}: speed ratio vs baseline",
                                                 Path(out_dir) / f"speed-{safe_name(kernel)}-{suite}.png")
@@ -143,7 +143,6 @@ def no_perf_case_check(plan: RunPlan, baseline_perf: dict[str, Any] | None) -> P
 
 
 def _progress(line: str) -> None:
-    import sys
 
     print(f"perf: {line}", file=sys.stderr, flush=True)
 
@@ -151,7 +150,6 @@ def _progress(line: str) -> None:
 def perf_baseline_section(plan: RunPlan, old_perf: dict[str, Any] | None) -> tuple[dict[str, Any], PerfResult]:
     """The baseline's perf section from a fresh run with confirm_rounds rounds (a filtered run
     replaces only its own cases)."""
-    from gate.workflow.isolation import PerfWorker
 
     config, kernel, suite, device, only = plan.config, plan.kernel, plan.suite.name, plan.device, plan.only
     if not plan.perf_cases:

@@ -20,6 +20,12 @@ from gate.core.errors import UserError
 from gate.core.results import CaseResult, SweepResult
 from gate.workflow.plan import RunPlan, plan_run, resolve_plan
 from gate.workflow.shards import shard_cases, shard_note
+from gate.workflow.validate import check_device
+from gate.correctness.probes.registry import checks_for
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from gate.workflow.isolation import default_workers, worker_pool
+from gate.workflow.journal import Journal, journal_path, read_journal
 
 JUDGING_THREADS_PER_SLOT = 2  # a case judged here while the next one runs in the worker
 
@@ -64,7 +70,6 @@ def run_sweep(kernel: str, suite_name: str, config: Config, device: str | None =
     `adapter` (selftest) runs that adapter under the name `kernel`, in this process: a planted
     bug wrapped around the kernel is swept and judged exactly as the kernel itself (an adapter
     object cannot be sent to a worker; the selftest's kernels are attn-gate's own and its wrappers)."""
-    from gate.workflow.validate import check_device
 
     device = check_device(device)  # a library call (tests, selftest) gets the CLI's one-line answer too
     if options is not None and options.workers != 0 and adapter is not None:
@@ -90,7 +95,6 @@ def sweep_plan(plan: RunPlan, progress: bool = True, check_names: tuple[str, ...
         raise UserError(f"kernel {kernel!r} is unavailable here: {missing}")
     if device not in adapter.capabilities().devices:
         raise UserError(f"kernel {kernel!r} runs on {'/'.join(adapter.capabilities().devices)}, not {device}; pass --device")
-    from gate.correctness.probes.registry import checks_for
 
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
@@ -112,11 +116,7 @@ def _run_isolated(plan: RunPlan, progress: bool, check_names: tuple[str, ...], c
                   extra_notes: tuple[str, ...]) -> SweepResult:
     """Every case in a worker process (gate/workflow/isolation.py), streamed to the journal."""
     kernel, suite, config, device, only, options = plan.kernel, plan.suite, plan.config, plan.device, plan.only, plan.options
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
 
-    from gate.workflow.isolation import default_workers, worker_pool
-    from gate.workflow.journal import Journal, journal_path, read_journal
 
     workers = options.workers if options.workers is not None else default_workers(device)
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")

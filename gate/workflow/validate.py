@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gate.core.config import Config
+from gate.core.config import Config, IsolationConfig
 from gate.core.errors import UserError
+from gate.workflow.isolation import worker_pool
+from gate.core.cases import only_pattern, suite_names
 
 
 @dataclass(frozen=True)
@@ -52,9 +54,7 @@ def check_device(device: str | None) -> str:
 
 
 def _check_kernel_in_worker(kernel: str, device: str, option: str, config: Config | None) -> None:
-    from gate.core.config import IsolationConfig
     from gate.kernels.registry import kernel_family
-    from gate.workflow.isolation import worker_pool
 
     family = kernel_family(kernel, config)
     if family is None:
@@ -118,7 +118,6 @@ def _runs_on(name: str, device: str) -> bool:
 
 
 def check_suite(config: Config, suite: str, option: str = "--suite") -> None:
-    from gate.core.cases import suite_names
 
     names = suite_names(config.suites)
     if suite not in names:
@@ -127,7 +126,6 @@ def check_suite(config: Config, suite: str, option: str = "--suite") -> None:
 
 
 def check_only(only: str | None) -> None:
-    from gate.core.cases import only_pattern
 
     only_pattern(only)  # an invalid regex is a one-line UserError
 

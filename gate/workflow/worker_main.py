@@ -32,6 +32,17 @@ import json
 import os
 import sys
 import time
+import ctypes
+import signal
+import importlib
+from gate.core.cases import Case
+from gate.correctness.probes.registry import checks_for
+from gate.core.errors import UserError, first_line
+from gate.speed.runs import measure_case
+from gate.speed.timing import TimingPlan
+import faulthandler
+import gate.correctness.probes.registry
+from gate.core.config import KernelFamily
 
 
 def die_with_parent() -> None:
@@ -39,8 +50,6 @@ def die_with_parent() -> None:
     available the gate's SIGTERM handler and its process-group kill still end this process."""
     if not sys.platform.startswith("linux"):
         return
-    import ctypes
-    import signal
 
     PR_SET_PDEATHSIG = 1
     try:
@@ -56,7 +65,6 @@ def enable_subreaper() -> None:
     """Orphans of this process's descendants reparent to it, not to init (Linux)."""
     if not sys.platform.startswith("linux"):
         return
-    import ctypes
 
     PR_SET_CHILD_SUBREAPER = 36
     try:
@@ -92,7 +100,6 @@ def process_tree(root: int) -> list[int]:
 def kill_tree(root: int) -> None:
     """SIGKILL every descendant of `root`, stopped first (round after round until no new one
     appears), so that none forks a process the kill would miss."""
-    import signal
 
     stopped: list[int] = []
     for _ in range(20):
@@ -142,7 +149,6 @@ def _own_functions() -> list[tuple[str, str, int]]:
 def state_fingerprint() -> tuple:
     """What a kernel could change in this process that would make a later case measure wrongly:
     torch's process state and functions, then the gate's own functions (index 5)."""
-    import importlib
 
     import torch
 
@@ -191,9 +197,6 @@ def run_one(adapter, request: dict, device: str) -> dict:
     import torch
 
     from gate.attention.inputs import make_inputs
-    from gate.core.cases import Case
-    from gate.correctness.probes.registry import checks_for
-    from gate.core.errors import first_line
     from gate.correctness.run_case import BadOutput, grad_names, kernel_pass, traceback_tail
     from gate.kernels.sdpa import NoKernel
 
@@ -245,9 +248,6 @@ def run_one(adapter, request: dict, device: str) -> dict:
 
 def run_perf_case(adapter, request: dict, device: str) -> dict:
     """Time one case against the anchor (gate/speed/runs.py measure_case) and send the raw timing."""
-    from gate.core.cases import Case
-    from gate.speed.runs import measure_case
-    from gate.speed.timing import TimingPlan
 
     result = measure_case(adapter, request["anchor"], Case.from_dict(request["case"]), device,
                           TimingPlan.from_dict(request["plan"]))
@@ -262,7 +262,6 @@ def main() -> int:
 
 
 def _serve() -> int:
-    import faulthandler
 
     die_with_parent()
     enable_subreaper()
@@ -280,11 +279,9 @@ def _serve() -> int:
     device = hello.get("device", "cpu")
     hello_id = hello.get("id")
     try:
-        from gate.core.errors import UserError
         from gate.kernels.registry import get_adapter
 
         if hello.get("family"):  # a kernel family of the gate's config, its entry points imported here
-            from gate.core.config import KernelFamily
             from gate.kernels.user import FamilyAdapter
 
             adapter = FamilyAdapter(KernelFamily(**hello["family"]))
@@ -299,7 +296,6 @@ def _serve() -> int:
         return 0
     # the gate's modules a case runs, imported now: the fingerprint then covers them from the first case
     import gate.attention.inputs  # noqa: F401
-    import gate.correctness.probes.registry  # noqa: F401
     import gate.correctness.run_case  # noqa: F401
 
     for line in stdin:
