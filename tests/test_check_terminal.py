@@ -17,7 +17,8 @@ from tests.conftest import ROOT
 
 CPU_BASELINE = ROOT / "baselines" / "cpu" / "sdpa-cpu-smoke.json"
 KERNEL = "tests.coverage_kernels:dq_head_dim_tail_dropped"  # dQ wrong where head_dim % 32 != 0
-ONLY = r"^bf16-b2-h2-s33x65-d|^bf16-b2-h4-s128-d64"
+# the smoke head-dim cases with one head dim for Q, K and V (the pairs have their own tests), two controls
+ONLY = r"^bf16-b2-h2-s33x65-d\d+$|^bf16-b2-h4-s128-d64"
 FAILING = {"bf16-b2-h2-s33x65-d59", "bf16-b2-h2-s33x65-d72", "bf16-b2-h2-s33x65-d111"}
 
 

@@ -138,7 +138,7 @@ def bad_inputs(tmp_path):
     config.write_text(BAD_MATRIX)
     return {
         "unknown kernel": (["--kernel", "flash9", "--suite", "smoke"], "--kernel 'flash9' is not a known kernel; choose one of"),
-        "unknown suite": (["--kernel", "tiled", "--suite", "smok"], "unknown suite 'smok'; choose one of: nightly, pr, smoke"),
+        "unknown suite": (["--kernel", "tiled", "--suite", "smok"], "unknown suite 'smok'; choose one of: coverage2, nightly, pr, smoke"),
         "invalid matrix": (["--kernel", "tiled", "--suite", "smoke", "--config", str(config)],
                            f"{config} [tool.attn-gate.suites.mine] matrix[0]: invalid case"),
         "module does not import": (["--kernel", "no_such_pkg.kernels:attn", "--suite", "smoke"],
@@ -238,12 +238,12 @@ def test_a_sweep_where_every_case_is_skipped_fails(tmp_path, capsys, in_repo_roo
 
 @pytest.mark.slow
 def test_a_report_folder_that_cannot_be_written_is_one_line(tmp_path, capsys, monkeypatch, in_repo_root):
-    import gate.report.sweep_report
+    import gate.commands.sweep
 
     def refuse(*_a, **_k):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(gate.report.sweep_report, "write_sweep_outputs", refuse)
+    monkeypatch.setattr(gate.commands.sweep, "write_sweep_outputs", refuse)
     assert main(["sweep", "--kernel", "tiled", "--suite", "smoke", "--only", "^bf16-b2-h4-s1-d64$",
                  "--out", str(tmp_path / "ro"), "--no-progress"]) == 2
     err = capsys.readouterr().err
