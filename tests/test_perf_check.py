@@ -9,7 +9,7 @@ import pytest
 
 from gate.core.cases import Case
 from gate.commands.main import main
-from gate.core.config import Config, PerfConfig
+from gate.core.config import Config, PerfConfig, load_config
 from gate.core.errors import UserError
 from gate.compare.findings import decide
 from gate.speed.runs import PerfCaseResult, PerfResult, baseline_entry, judge_perf, measure_case, perf_cases
@@ -365,3 +365,77 @@ def test_a_speed_fail_on_a_pass_under_100_us_names_host_drift_and_still_fails(ca
     assert [j.severity.value for j in js] == [severity] * 2, [j.message for j in js]
     assert all(("us pass: passes under 100 us also move between hosts" in j.message) is noted for j in js), js[0].message
     assert decide(perf_findings(js)).passed is (severity == "OK")  # the note never turns a FAIL into a pass
+
+
+# ---------------------------------------------------------------- speed of a results file from perf files
+
+
+def planted_perf(tmp: Path, baseline: Path, ratio: float, name: str = "perf.json", **change) -> Path:
+    """A perf file of the project's sweep environment whose speed ratio is `ratio` times the one
+    the baseline now records (synthetic timings: the verdict, not the CPU's noise, is under test)."""
+    case = perf_cases("tiny", load_config(tmp / "pyproject.toml"))[0]
+    data = json.loads(baseline.read_text())
+    data["perf"] = {CASE: baseline_entry(timed(case), ANCHOR)}
+    baseline.write_text(json.dumps(data))
+    env = {**json.loads(next((tmp / "out").glob("sweep-*.json")).read_text())["environment"], "anchor": ANCHOR}
+    result = PerfResult(kernel="sdpa-cpu", anchor=ANCHOR, suite="tiny", device="cpu", environment=env, plan=PLAN,
+                        cases=(timed(case, ratio=ratio),), started_at="", wall_s=0.0)
+    payload = result.to_dict()
+    payload["environment"].update(change.pop("environment", {}))
+    payload.update(change)
+    path = tmp / name
+    path.write_text(json.dumps(payload))
+    return path
+
+
+def check_file(tmp: Path, *perf: Path) -> int:
+    sweep = next((tmp / "out").glob("sweep-*.json"))
+    return main(["check", "--config", str(tmp / "pyproject.toml"), "--results", str(sweep), "--out", str(tmp / "out"),
+                 *(["--perf-results", *map(str, perf)] if perf else [])])
+
+
+@pytest.mark.slow
+def test_perf_files_gate_the_speed_of_a_results_file(project):
+    tmp, baseline = project
+    assert check_file(tmp, planted_perf(tmp, baseline, 1.0)) == 0  # the same ratio within its noise
+    assert [f["severity"] for f in speed_findings(tmp)] == ["OK", "OK"]
+    assert check_file(tmp, planted_perf(tmp, baseline, 1.10)) == 1  # 10% slower: not a pass
+    speed = speed_findings(tmp)
+    assert [(f["case_id"], f["severity"]) for f in speed] == [(CASE, "INCONCLUSIVE")] * 2, speed
+    assert all("slower by +10" in f["message"] and "read from a perf file, so not re-measured" in f["message"]
+               for f in speed)
+    assert "timings from 1 perf file" in (tmp / "out" / "check-sdpa-cpu-tiny.md").read_text()
+    assert check_file(tmp) == 0  # without perf files: today's results-file check (no speed on a CPU)
+    assert not speed_findings(tmp)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("change,words", [
+    ({"suite": "other"}, "timings of suite 'other'"),
+    ({"kernel": "tiled"}, "timings of kernel 'tiled'"),
+    ({"environment": {"gpu_class": "h200"}}, "timings of GPU class 'h200'"),
+    ({"environment": {"torch": "0.0.1"}}, "timed with torch='0.0.1'"),
+])
+def test_perf_files_of_another_run_are_refused_in_one_line(project, capsys, change, words):
+    tmp, baseline = project
+    assert check_file(tmp, planted_perf(tmp, baseline, 1.0, **change)) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.slow
+def test_perf_files_merge_and_refuse_a_case_twice(project, capsys):
+    tmp, baseline = project
+    one, two = planted_perf(tmp, baseline, 1.0, "a.json"), planted_perf(tmp, baseline, 1.0, "b.json")
+    assert check_file(tmp, one, two) == 2
+    assert f"case {CASE} is in" in capsys.readouterr().err
+    other = planted_perf(tmp, baseline, 1.0, "c.json", environment={"driver": "1.2"})
+    assert check_file(tmp, one, other) == 2
+    assert "ran with driver='1.2'" in capsys.readouterr().err
+
+
+def test_perf_results_need_a_results_file(tmp_path, capsys):
+    cfg = write_config(tmp_path)
+    assert main(["check", "--device", "cpu", "--config", str(cfg), "--perf-results", str(tmp_path / "p.json"),
+                 "--out", str(tmp_path / "out")]) == 2
+    assert "pass --results too" in capsys.readouterr().err

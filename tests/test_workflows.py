@@ -500,6 +500,19 @@ def test_nightly_shards_then_merges_and_checks():
     assert merge.index("attn-gate merge") < merge.index("attn-gate check --results")
 
 
+def test_nightly_times_its_speed_cases_and_gates_them_in_the_check():
+    """Speed in the nightly is a gate: perf's files go to the check, and a perf run that timed
+    nothing fails the job after the correctness verdict is written."""
+    step = next(s for s in workflow("nightly.yml")["jobs"]["verdict"]["steps"] if s.get("id") == "check")["run"]
+    perf = 'attn-gate perf --suite nightly --device "$ATTN_GATE_DEVICE" --out "$out/perf" || perf_rc=$?'
+    assert perf in step and 'speed=(--perf-results "$out"/perf/perf-*.json)' in step
+    check = 'attn-gate check --results "${results[0]}" "${speed[@]}" --device "$ATTN_GATE_DEVICE" --out "$out"'
+    assert step.index("attn-gate merge") < step.index(perf) < step.index(check)
+    assert 'if [ "$perf_rc" -le 1 ]; then' in step  # exit 1 (an errored case) is judged by the check
+    tail = step[step.index(check):]
+    assert 'if [ "$perf_rc" -gt 1 ]; then' in tail and "exit 1" in tail  # nothing timed: fail closed
+
+
 def test_selftest_reports_on_the_run_page_and_beside_the_history():
     """The selftest branch's contract: selftest --out DIR writes DIR/selftest.md and .json, exit 0 only if all killed."""
     doc = workflow("selftest.yml")

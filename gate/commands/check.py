@@ -3,7 +3,8 @@
 Exit 0 pass, 1 fail (a blocking finding: FAIL or INCONCLUSIVE), 2 usage or environment error: no
 baseline yet (the message gives the command that creates one), an unreadable baseline or results
 file, a results file with a case id twice, another GPU class, a changed suite, an --out that
-cannot be written (checked before the sweep).
+cannot be written (checked before the sweep), a --perf-results file of another kernel, suite, GPU
+class or run environment.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ def register(sub) -> None:
     add_config(p)
     p.add_argument("--results", type=Path, default=None, metavar="FILE",
                    help="compare this sweep JSON (from `attn-gate sweep`) instead of running the sweep")
+    p.add_argument("--perf-results", type=Path, nargs="+", default=None, metavar="PERF",
+                   help="with --results: judge the speed of these perf JSONs (from `attn-gate perf`, merged; e.g. one "
+                        "per GPU job) against the baseline's perf section; without them speed is not checked")
     p.add_argument("--baseline", type=Path, default=None, metavar="FILE",
                    help="compare with this baseline file (default: baselines/<gpu-class>/<kernel>-<suite>.json)")
     p.add_argument("--out", type=Path, default=Path("out"), metavar="DIR",
@@ -92,6 +96,7 @@ def main(args: argparse.Namespace) -> int:
     with FolderLock(args.out, "--out"):
         outcome = run_check(config, kernel=kernel, suite=suite, device=device, only=args.only,
                             results_path=args.results, baseline_file=args.baseline, out_dir=args.out,
-                            progress=not args.no_progress, perf=args.perf, options=options, plan=plan)
+                            progress=not args.no_progress, perf=args.perf, options=options, plan=plan,
+                            perf_results=args.perf_results)
     print("wrote " + ", ".join(str(p) for p in outcome.paths.values()))
     return outcome.exit_code

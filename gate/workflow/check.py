@@ -50,7 +50,7 @@ from gate.core.environment import default_device
 from gate.workflow.sweep import SweepOptions, sweep_plan
 from gate.workflow.validate import check_working_directory
 from gate.workflow.speed_check import (
-    perf_baseline_section, perf_section_from_file, perf_wanted, results_file_findings, run_perf_check,
+    file_perf_check, perf_baseline_section, perf_section_from_file, perf_wanted, results_file_findings, run_perf_check,
 )
 from gate.report.check_report import print_check
 from gate.core.jsonio import write_json_atomic, write_text_atomic
@@ -217,15 +217,19 @@ def refuse_unmatched_known(plan: RunPlan) -> None:
 def run_check(config: Config, kernel: str | None = None, suite: str | None = None, device: str | None = None,
               only: str | None = None, results_path: Path | None = None, baseline_file: Path | None = None,
               out_dir: Path = Path("out"), progress: bool = True, console=None, perf: bool | None = None,
-              options=None, plan: RunPlan | None = None) -> CheckOutcome:
+              options=None, plan: RunPlan | None = None, perf_results: list[Path] | None = None) -> CheckOutcome:
     """`plan`: the run resolved by the caller (the CLI resolves it while checking the names); without
-    it the plan is resolved here from the names, or taken from the results file."""
+    it the plan is resolved here from the names, or taken from the results file. `perf_results`:
+    `attn-gate perf` files judged as the speed half of a results-file check."""
     if plan is not None:
         only, perf = plan.only, plan.perf
     if results_path is not None and only is not None:
         raise UserError("--only filters a fresh run; with --results the file is compared as it is (drop --only)")
     if results_path is not None and perf:
         raise UserError("--perf times the kernel now, so it needs a fresh run: drop --results (or --perf)")
+    if perf_results and results_path is None:
+        raise UserError("--perf-results judges saved timings with a saved sweep: pass --results too (a fresh check "
+                        "times the kernel itself)")
 
     require_writable(Path(out_dir), "--out")  # before the sweep, not after minutes of it
     refuse_inside_baselines(Path(out_dir), config.baselines_dir)
@@ -250,6 +254,10 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
         if perf_wanted(perf, plan.device):  # speed joins the same verdict: default on a GPU, off on a CPU
             perf_run = run_perf_check(plan, baseline.perf, Path(out_dir))
             findings, thresholds = list(findings) + perf_run.findings, {**thresholds, **perf_run.thresholds}
+    elif perf_results:  # a results file with the timings of its run: speed judged from them
+        perf_run = file_perf_check(list(perf_results), sweep.kernel, sweep.suite, sweep.environment, baseline.gpu_class,
+                                   baseline.perf, config, scope, Path(out_dir))
+        findings, thresholds = list(findings) + perf_run.findings, {**thresholds, **perf_run.thresholds}
     else:  # a results file: speed was not timed, and where it would have been gated the report says so
 
         findings = list(findings) + results_file_findings(perf, plan.device)

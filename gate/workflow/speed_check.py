@@ -14,10 +14,14 @@ When speed is wanted but cannot be timed, the report says so instead of going qu
                                        has speed ratios within that scope: INCONCLUSIVE
   check --results FILE on a GPU class  WARN: the run is re-judged, but its speed half was not
                                        checked; the headline must not read as a full gate pass
+  check --results FILE --perf-results  speed judged from `attn-gate perf` files by the same rule;
+                                       a file cannot be re-measured, so a suspected regression is
+                                       INCONCLUSIVE (fails closed, never PASS), not a confirmed FAIL
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -186,3 +190,89 @@ def perf_section_from_file(path: Path, kernel: str, suite: str, gpu_class: str, 
     filtered = any("--only" in n for n in result.notes)
     section = {**(old_perf or {}), **measured} if filtered else measured
     return dict(sorted(section.items()))
+
+
+# Environment keys that must agree between a perf file and the sweep it is judged with: the
+# software and GPU that timed the kernel. Host details (CPU model, python) may differ between
+# runners of one pool; a shard-to-shard difference in them is refused by `attn-gate merge` already.
+RUN_KEYS = ("device", "gpu_class", "kernel", "kernel_version", "torch", "cuda", "driver", "cudnn", "attn_gate")
+
+
+def read_perf_files(paths: list[Path]) -> PerfResult:
+    """One PerfResult from one or more perf files (e.g. one per GPU job), refused where they differ
+    in kernel, suite, anchor, timing plan or environment, or hold a case twice (pyperf's rule:
+    runs with different metadata do not merge)."""
+    if not paths:
+        raise UserError("--perf-results: name at least one perf JSON (from `attn-gate perf`)")
+    read = [(Path(p), PerfResult.read(Path(p))) for p in paths]
+    first_path, first = read[0]
+    seen: dict[str, Path] = {}
+    for path, result in read:
+        for key in ("kernel", "suite", "anchor", "device", "plan"):
+            if getattr(result, key) != getattr(first, key):
+                raise UserError(f"--perf-results: {path} has {key} {getattr(result, key)!r} but {first_path} has "
+                                f"{getattr(first, key)!r}; pass the perf files of one run")
+        for key in sorted(set(result.environment) | set(first.environment)):
+            if key in RUN_KEYS and result.environment.get(key) != first.environment.get(key):
+                raise UserError(f"--perf-results: {path} ran with {key}={result.environment.get(key)!r} but {first_path} "
+                                f"with {first.environment.get(key)!r}; time them on machines of one kind")
+        for c in result.cases:
+            if c.case_id in seen:
+                raise UserError(f"--perf-results: case {c.case_id} is in {seen[c.case_id]} and in {path}; pass each "
+                                f"perf case's timings once")
+            seen[c.case_id] = path
+    results = [r for _, r in read]
+    notes = tuple(dict.fromkeys(n for r in results for n in r.notes))
+    return PerfResult(kernel=first.kernel, anchor=first.anchor, suite=first.suite, device=first.device,
+                      environment=first.environment, plan=first.plan, cases=tuple(c for r in results for c in r.cases),
+                      started_at=min(r.started_at for r in results), wall_s=sum(r.wall_s for r in results), notes=notes)
+
+
+def refuse_perf_of_another_run(perf: PerfResult, kernel: str, suite: str, environment: dict[str, Any],
+                               baseline_class: str, where: str) -> None:
+    """Perf files are judged with a sweep only when they timed the same kernel and suite on the
+    baseline's GPU class with the same software as the sweep."""
+    for what, wanted, found in (("kernel", kernel, perf.kernel), ("suite", suite, perf.suite),
+                                ("GPU class", baseline_class, str(perf.environment.get("gpu_class", "unknown")))):
+        if wanted != found:
+            raise UserError(f"--perf-results {where}: timings of {what} {found!r}, but the results and baseline are for "
+                            f"{wanted!r}; pass `attn-gate perf` output of the same {what}")
+    for key in RUN_KEYS:
+        if key in environment and perf.environment.get(key) != environment.get(key):
+            raise UserError(f"--perf-results {where}: timed with {key}={perf.environment.get(key)!r} but the results ran "
+                            f"with {environment.get(key)!r}; time the kernel in the same run environment as the sweep")
+
+
+def unconfirmed_from_file(j: PerfJudgement) -> PerfJudgement:
+    """A suspected regression read from a file cannot be re-measured, so it is not confirmed:
+    INCONCLUSIVE (fails closed, never a PASS), with the measured change and the way to confirm it."""
+    if not (j.suspected and j.confirmed is None and j.severity is PerfSeverity.FAIL):
+        return j
+    return dataclasses.replace(j, severity=PerfSeverity.INCONCLUSIVE, message=(
+        f"{j.message.replace('; not yet confirmed', '')}; read from a perf file, so not re-measured: confirm with "
+        f"`attn-gate check --perf --only '{j.case_id}'` on this GPU class"))
+
+
+def file_perf_check(paths: list[Path], kernel: str, suite: str, environment: dict[str, Any], baseline_class: str,
+                    baseline_perf: dict[str, Any] | None, config: Config, only: str | None, out_dir: Path) -> PerfCheck:
+    """`check --results FILE --perf-results PERF...`: the timings of the files judged against the
+    baseline's perf section by the rule a fresh check applies, without its confirm re-run."""
+    result = read_perf_files(paths)
+    refuse_perf_of_another_run(result, kernel, suite, environment, baseline_class, ", ".join(map(str, paths)))
+    if not baseline_perf:
+        judgements = tuple(
+            PerfJudgement(case_id=c.case_id, pass_=p, severity=PerfSeverity.INCONCLUSIVE,
+                          message=f"the baseline has no speed section: run `attn-gate baseline update --perf --kernel {kernel} "
+                                  f"--suite {suite}` on this GPU class and commit it")
+            for c in result.cases if c.status is not Status.SKIP for p in result.plan.passes) or (nothing_judged(result),)
+    else:
+        judgements = tuple(map(unconfirmed_from_file, judge_perf(result, baseline_perf, config.perf, None, only=only)))
+    md = "\n".join([
+        "", f"### Speed: `{kernel}` against anchor `{result.anchor}`, timings from {len(paths)} perf file(s)", "",
+        f"FAIL rule as in a fresh check: worse than the baseline by more than max({config.perf.regression_pct:g}%, "
+        f"{config.perf.noise_k:g} x noise) and significant at alpha {config.perf.alpha:g}; a file cannot be re-measured, "
+        f"so such a regression is INCONCLUSIVE (fails closed) until a fresh check confirms it.", "",
+        perf_markdown(result),
+    ])
+    paths_out = {"perf": write_perf_outputs(result, out_dir)}  # the merged timings, beside the verdict
+    return PerfCheck(result, judgements, perf_findings(judgements), perf_thresholds(config.perf), paths_out, md)
