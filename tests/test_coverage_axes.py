@@ -381,9 +381,11 @@ def test_fp8_dequantizing_kernel_passes_and_descale_bugs_fail(dtype):
 
 def test_kernels_without_fp8_skip_with_the_reason():
     case = _fp8_case()
-    for kernel in ("sdpa-cpu", "tiled"):
+    for kernel in ("sdpa-cpu", "sdpa-math"):
         result = run_case(get_adapter(kernel), case, "cpu", TOL)
         assert result.status is Status.SKIP and result.reason.startswith("no e4m3: no fp8 path"), result.reason
+    tiled = run_case(get_adapter("tiled"), case.with_fields(dtype="e5m2"), "cpu", TOL)  # dequantizes, then its bf16 path
+    assert tiled.status is Status.PASS and max(t.ratio for t in tiled.tensors) < 0.5, tiled.reason
 
     def no_descale(q, k, v, softmax_scale=None, causal=False):
         raise AssertionError("never called for an fp8 case")

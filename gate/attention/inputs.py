@@ -118,7 +118,8 @@ def _quantize(t: torch.Tensor, heads_kv: int, fp8: torch.dtype, shift: int) -> t
     return q8, descale.float()
 
 
-def _dequantize(t8: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
+def dequantize(t8: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
+    """fp8 (B, N, H, D) times its (B, Hkv) descale, a query head taking its KV head's: float32."""
     b, n, h, d = t8.shape
     hkv = descale.shape[1]
     return (t8.float().reshape(b, n, hkv, h // hkv, d) * descale.view(b, 1, hkv, 1, 1)).reshape(b, n, h, d)
@@ -128,7 +129,7 @@ def _fp8_inputs(case: Case, q, k, v) -> tuple[Fp8Inputs, tuple[torch.Tensor, ...
     """The quantized q, k, v of an fp8 case and their dequantized float32 values."""
     fp8 = FP8_TORCH_DTYPES[case.dtype]
     (q8, qs), (k8, ks), (v8, vs) = (_quantize(t, case.heads_kv, fp8, shift) for shift, t in enumerate((q, k, v)))
-    values = (_dequantize(q8, qs), _dequantize(k8, ks), _dequantize(v8, vs))
+    values = (dequantize(q8, qs), dequantize(k8, ks), dequantize(v8, vs))
     return Fp8Inputs(q8, k8, v8, qs, ks, vs), values
 
 
