@@ -49,6 +49,8 @@ PLANTED = {
     "window_minus_one_ignored": (r"^bf16-b2-h2-s96x128-d32-win-1\.0$", "bf16-b2-h4/2-s200-d64-win32.0"),
     "alibi_causal_only": (r"^bf16-b2-h4-s80x100-d32-(win24\.24-)?(cap20-)?alibi$", "bf16-b2-h2-s150x90-d64-causal-cap20-alibi"),
     "pack_gqa_decode_wrong": (r"-h8/(2|4)-s1x300-d64$", "bf16-b2-h4/1-s1-d64-causal"),
+    "ignores_descale": (r"^e(4m3|5m2)-", "bf16-b2-h4/1-s97x257-d64-causal"),
+    "descale_of_first_head": (r"^e(4m3|5m2)-", "bf16-b2-h4/1-s97x257-d64-causal"),
 }
 
 
@@ -88,13 +90,14 @@ def test_smoke_carries_every_new_axis_value():
     assert any(c.softcap and not c.causal for c in SMOKE.cases)
     assert any(c.softcap and c.entry.varlen for c in SMOKE.cases) and any(c.has_window and c.entry.varlen for c in SMOKE.cases)
     assert {c.heads_kv for c in SMOKE.cases if c.seqlen_q == 1 and c.seqlen_k > 1} >= {1, 2, 4}
+    assert {c.dtype for c in SMOKE.cases if c.is_fp8} == {"e4m3", "e5m2"}
 
 
 @pytest.mark.slow
 def test_correct_kernel_passes_every_coverage_case(tmp_path):
     ids = [c.id for c in SMOKE.cases if c.layout != "contiguous" or c.inputs != "normal" or c.entry.varlen_k]
     rc, findings = _check("correct", "|".join(f"^{re.escape(i)}$" for i in ids) + "|d(59|72|111|192|144|160|256)|d128/96|1x300|129|239x1|1x339|113x203"
-                          "|96x128|80x100|varlen1\\.40", tmp_path)
+                          "|96x128|80x100|varlen1\\.40|^e4m3-|^e5m2-", tmp_path)
     assert rc == 0 and findings["verdict"] == "PASS", [f["message"] for f in findings["findings"] if f["severity"] == "FAIL"]
     sweep = json.loads((tmp_path / "sweep-tests.coverage_kernels_correct-smoke.json").read_text())
     statuses = [c["status"] for c in sweep["cases"]]
