@@ -16,7 +16,7 @@ import torch
 from gate.core.cases import Case
 from gate.core.config import ToleranceConfig
 from gate.core.errors import first_line
-from gate.attention.inputs import TORCH_DTYPES, AttnInputs, KernelTensors, kernel_tensors, make_inputs
+from gate.attention.inputs import FP8_TORCH_DTYPES, TORCH_DTYPES, AttnInputs, KernelTensors, kernel_tensors, make_inputs
 from gate.kernels.base import KernelAdapter, KernelCall, KernelOutput
 from gate.kernels.sdpa import NoKernel
 from gate.attention.kvcache import expected_cache, gather_dense
@@ -217,7 +217,7 @@ def references(case: Case, inputs: AttnInputs, keep) -> tuple[AttnResult, AttnRe
     args = (inputs.q, inputs.k, inputs.v, inputs.dout, opts)
     varlen = dict(cu_seqlens=inputs.cu_seqlens, cu_seqlens_k=inputs.cu_seqlens_k, dropout_keep=keep, sink=inputs.sink)
     gold = attention_reference(*args, torch.float64, **varlen)
-    low = attention_reference(*args, TORCH_DTYPES[case.compute_dtype], **varlen)
+    low = attention_reference(*args, TORCH_DTYPES[case.compute_dtype], p_round=FP8_TORCH_DTYPES.get(case.dtype), **varlen)
     return gold, low
 
 
