@@ -2,7 +2,8 @@
 
 `--kernel tests.coverage_kernels:NAME` runs them (flash_attn_func convention: q, k, v are
 (batch, seqlen, heads, head_dim); keywords softmax_scale, causal, window_size, softcap,
-alibi_slopes, return_attn_probs). All share one plain implementation (float32 arithmetic,
+alibi_slopes, return_attn_probs; fp8 q, k, v with q_descale, k_descale, v_descale as FA3 takes
+them). All share one plain implementation (float32 arithmetic,
 autograd for the backward, masks written out here, not taken from gate.attention), and each bug is
 the smallest realistic change to it, silent on the cases that lack its axis:
 
@@ -34,6 +35,9 @@ the smallest realistic change to it, silent on the cases that lack its axis:
   pack_gqa_decode_wrong       decode (seqlen_q 1) with GQA packs query heads onto KV heads as
                               h % Hkv instead of h // group (pytorch #193893: GQA decode, < 8 KV heads)
   lse_bias_1e_3               everything right, the LSE 1e-3 too large
+  ignores_descale             fp8 inputs converted to bf16 without their descale factors
+  descale_of_first_head       every (batch, KV head) dequantized with batch 0 / head 0's descale
+                              (one factor read for a per-head tensor of them)
 """
 
 from __future__ import annotations
@@ -157,9 +161,27 @@ def _attn(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, bu
     return out, lse
 
 
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _dequantize(t, descale, bug):
+    """fp8 (B, N, H, D) times its (B, Hkv) descale (query heads take their KV head's), in bf16:
+    exact, so the rest of the kernel runs as for a bf16 input and returns bf16."""
+    if "ignores_descale" in bug:
+        return t.to(torch.bfloat16)
+    if "descale_of_first_head" in bug:
+        descale = descale[:1, :1].expand_as(descale)
+    b, n, h, d = t.shape
+    hkv = descale.shape[1]
+    values = t.float().reshape(b, n, hkv, h // hkv, d) * descale.view(b, 1, hkv, 1, 1)
+    return values.reshape(b, n, h, d).to(torch.bfloat16)
+
+
 def _kernel(bug: str | None):
     def fn(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-           return_attn_probs=False):
+           return_attn_probs=False, q_descale=None, k_descale=None, v_descale=None):
+        if q.dtype in FP8:
+            q, k, v = (_dequantize(t, s, (bug,)) for t, s in ((q, q_descale), (k, k_descale), (v, v_descale)))
         out, lse = _attn(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, (bug,) if bug else ())
         return (out, lse, None) if return_attn_probs else out
 
@@ -173,6 +195,7 @@ BUGS = (
     "assumes_contiguous", "dout_assumed_contiguous", "zero_stride_as_dense", "no_max_subtraction", "ignores_softcap", "v_saturates_at_16",
     "dq_head_dim_tail_dropped", "scale_from_dv", "causal_top_left", "key_tile_floor", "window_ignored_when_causal",
     "window_minus_one_ignored", "alibi_causal_only", "pack_gqa_decode_wrong", "lse_bias_1e_3",
+    "ignores_descale", "descale_of_first_head",
 )
 correct = _kernel(None)
 assumes_contiguous = _kernel("assumes_contiguous")
@@ -190,3 +213,5 @@ window_minus_one_ignored = _kernel("window_minus_one_ignored")
 alibi_causal_only = _kernel("alibi_causal_only")
 pack_gqa_decode_wrong = _kernel("pack_gqa_decode_wrong")
 lse_bias_1e_3 = _kernel("lse_bias_1e_3")
+ignores_descale = _kernel("ignores_descale")
+descale_of_first_head = _kernel("descale_of_first_head")

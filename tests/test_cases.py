@@ -163,7 +163,7 @@ def test_an_override_replaces_the_default_and_names_its_table():
 # --- the shipped suites ----------------------------------------------------------------------
 
 SHIPPED = {name: load_suite(name) for name in ("smoke", "pr", "nightly", "coverage2")}
-READABLE_ID = re.compile(r"^(bf16|fp16|fp32)-b\d+-h\d+(/\d+)?-s\d+(x\d+)?-d\d+(/\d+)?(-causal)?(-win-?\d+\.-?\d+)?"
+READABLE_ID = re.compile(r"^(bf16|fp16|fp32|e4m3|e5m2)-b\d+-h\d+(/\d+)?-s\d+(x\d+)?-d\d+(/\d+)?(-causal)?(-win-?\d+\.-?\d+)?"
                          r"(-cap[\d.e+-]+)?(-alibi)?(-drop[\d.e+-]+)?(-varlen[\d.]+(x[\d.]+)?)?"
                          r"(-kv[\d.]*)?(-append)?(-page\d+)?(-shuffled)?(-sinks)?"
                          r"(-(k_sliced|qkv_packed|bhsd_view|dout_noncontig|kv_stride0))?(-(large|shifted|outliers))?"  # layout, inputs
@@ -188,7 +188,7 @@ def test_shipped_suites_cover_what_the_issue_asks_for():
     for flag in ("causal", "has_window", "softcap", "alibi"):
         assert any(getattr(c, flag) for c in SHIPPED["smoke"].cases), flag
     assert any(c.entry.varlen and 0 in c.entry.varlen for c in SHIPPED["smoke"].cases)
-    assert {c.dtype for c in SHIPPED["smoke"].cases} == {"bf16", "fp16", "fp32"}
+    assert {c.dtype for c in SHIPPED["smoke"].cases} == {"bf16", "fp16", "fp32", "e4m3", "e5m2"}
     assert any(c.seqlen_q >= 8192 for c in SHIPPED["nightly"].cases)
     assert not any(c.seqlen_q >= 8192 for c in SHIPPED["smoke"].cases)
     assert SHIPPED["smoke"].perf_cases and SHIPPED["pr"].perf_cases

@@ -38,8 +38,10 @@ def test_suites_cases_prints_a_legend_of_every_id_part(capsys):
     ids = [line.strip().split()[0] for line in listing.splitlines() if line.startswith("    ")]
     assert len(ids) > 100
     # every word an id uses (bf16, b, h, s, d, causal, win, cap, alibi, varlen, k_sliced, bias, dense,
-    # fp32, grad ...) is explained: split on '-' and '.', drop the numbers, look the word up
-    words = {re.sub(r"\d+(x\d+)?|/\d+", "", w) for cid in ids for w in re.split(r"[-.]", cid)} - {""}
+    # fp32, grad ...) is explained: split on '-' and '.', drop the numbers, look the word up; the
+    # leading dtype whole (e4m3 has digits inside)
+    words = {re.sub(r"\d+(x\d+)?|/\d+", "", w) for cid in ids for w in re.split(r"[-.]", cid)[1:]} - {""}
+    words |= {cid.split("-")[0] for cid in ids}
     for word in words:
         assert re.search(rf"(?<![\w]){re.escape(word)}(\d|\b)", legend), word
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gate.attention.inputs import kernel_tensors, make_inputs
+from gate.attention.inputs import FP8_TORCH_DTYPES, kernel_tensors, make_inputs
 from gate.commands.main import main
 from gate.core.cases import Case, expand_block, load_suite, pairwise_points
 from gate.core.config import ToleranceConfig
@@ -25,6 +25,7 @@ from gate.core.errors import UserError
 from gate.core.results import Status
 from gate.correctness.run_case import run_case, run_kernel
 from gate.kernels.registry import get_adapter
+from gate.kernels.user import UserAdapter
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU_BASELINE = ROOT / "baselines" / "cpu" / "sdpa-cpu-smoke.json"
@@ -48,6 +49,8 @@ PLANTED = {
     "window_minus_one_ignored": (r"^bf16-b2-h2-s96x128-d32-win-1\.0$", "bf16-b2-h4/2-s200-d64-win32.0"),
     "alibi_causal_only": (r"^bf16-b2-h4-s80x100-d32-(win24\.24-)?(cap20-)?alibi$", "bf16-b2-h2-s150x90-d64-causal-cap20-alibi"),
     "pack_gqa_decode_wrong": (r"-h8/(2|4)-s1x300-d64$", "bf16-b2-h4/1-s1-d64-causal"),
+    "ignores_descale": (r"^e(4m3|5m2)-", "bf16-b2-h4/1-s97x257-d64-causal"),
+    "descale_of_first_head": (r"^e(4m3|5m2)-", "bf16-b2-h4/1-s97x257-d64-causal"),
 }
 
 
@@ -87,13 +90,14 @@ def test_smoke_carries_every_new_axis_value():
     assert any(c.softcap and not c.causal for c in SMOKE.cases)
     assert any(c.softcap and c.entry.varlen for c in SMOKE.cases) and any(c.has_window and c.entry.varlen for c in SMOKE.cases)
     assert {c.heads_kv for c in SMOKE.cases if c.seqlen_q == 1 and c.seqlen_k > 1} >= {1, 2, 4}
+    assert {c.dtype for c in SMOKE.cases if c.is_fp8} == {"e4m3", "e5m2"}
 
 
 @pytest.mark.slow
 def test_correct_kernel_passes_every_coverage_case(tmp_path):
     ids = [c.id for c in SMOKE.cases if c.layout != "contiguous" or c.inputs != "normal" or c.entry.varlen_k]
     rc, findings = _check("correct", "|".join(f"^{re.escape(i)}$" for i in ids) + "|d(59|72|111|192|144|160|256)|d128/96|1x300|129|239x1|1x339|113x203"
-                          "|96x128|80x100|varlen1\\.40", tmp_path)
+                          "|96x128|80x100|varlen1\\.40|^e4m3-|^e5m2-", tmp_path)
     assert rc == 0 and findings["verdict"] == "PASS", [f["message"] for f in findings["findings"] if f["severity"] == "FAIL"]
     sweep = json.loads((tmp_path / "sweep-tests.coverage_kernels_correct-smoke.json").read_text())
     statuses = [c["status"] for c in sweep["cases"]]
@@ -331,3 +335,79 @@ def test_depth_probes_follow_varlen_k():
     assert big.entry.varlen == (5, 40, 0) * 2 and big.entry.varlen_k == (9, 3, 4) * 2
     (inv,) = batch_invariance_check(get_adapter("tiled"), case, "cpu")
     assert inv.passed is None and "cu_seqlens_k" in inv.detail  # stated as not applicable, never a silent pass
+
+
+# ---------------------------------------------------------------- fp8
+
+
+def _fp8_case(dtype="e4m3", **kw):
+    base = dict(batch=2, seqlen_q=33, seqlen_k=65, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype=dtype, seeds=(0,))
+    return Case.build(**{**base, **kw})
+
+
+@pytest.mark.parametrize("dtype", ["e4m3", "e5m2"])
+def test_fp8_inputs_are_exact_dequantized_values_with_per_head_descales(dtype):
+    case = _fp8_case(dtype, inputs="outliers")
+    inputs = make_inputs(case, 0, "cpu")
+    fp8 = inputs.fp8
+    assert inputs.q.dtype == torch.bfloat16 and fp8.q.dtype == FP8_TORCH_DTYPES[dtype]
+    for t8, scale, values in ((fp8.q, fp8.q_descale, inputs.q), (fp8.k, fp8.k_descale, inputs.k), (fp8.v, fp8.v_descale, inputs.v)):
+        assert scale.shape == (2, 2) and scale.dtype == torch.float32
+        assert torch.equal(scale, torch.exp2(torch.log2(scale).round()))  # powers of two
+        assert len(set(scale.flatten().tolist())) > 1  # one factor read for all is wrong somewhere
+        group = case.heads_q // case.heads_kv if t8 is fp8.q else 1
+        per_head = scale.repeat_interleave(group, dim=1).view(2, 1, -1, 1)
+        assert torch.equal(t8.float() * per_head, values.float())  # the references see exactly the kernel's values
+    tensors = kernel_tensors(case, inputs)
+    assert tensors.q is fp8.q and not tensors.q.requires_grad
+
+
+def test_fp8_cases_are_forward_only_dense_and_counted_in_bytes():
+    case = _fp8_case()
+    assert case.forward_only and case.compute_dtype == "bf16" and case.id == "e4m3-b2-h4/2-s33x65-d32"
+    assert case.kv_bytes() == case.batch * case.seqlen_k * case.heads_kv * 64 * 1
+    for kw in (dict(layout="k_sliced"), dict(varlen=(33, 20), seqlen_k=33), dict(dropout_p=0.1), dict(bias="dense")):
+        with pytest.raises(ValueError, match="fp8"):
+            _fp8_case(**kw)
+
+
+@pytest.mark.parametrize("dtype", ["e4m3", "e5m2"])
+def test_fp8_dequantizing_kernel_passes_and_descale_bugs_fail(dtype):
+    case = _fp8_case(dtype, causal=True, seeds=(0, 1))
+    good = run_case(get_adapter("tests.coverage_kernels:correct"), case, "cpu", TOL)
+    assert good.status is Status.PASS and "forward-only" in good.reason, good.reason
+    assert {t.tensor for t in good.tensors} == {"out", "lse"} and max(t.ratio for t in good.tensors) < 0.5
+    assert next(t for t in good.tensors if t.tensor == "out").pt_err > 1e-2  # P rounded to fp8 in the yardstick
+    for bug in ("ignores_descale", "descale_of_first_head"):
+        bad = run_case(get_adapter(f"tests.coverage_kernels:{bug}"), case, "cpu", TOL)
+        assert bad.status is Status.FAIL and "out error" in bad.reason, (bug, bad.reason)
+
+
+def test_kernels_without_fp8_skip_with_the_reason():
+    case = _fp8_case()
+    for kernel in ("sdpa-cpu", "sdpa-math"):
+        result = run_case(get_adapter(kernel), case, "cpu", TOL)
+        assert result.status is Status.SKIP and result.reason.startswith("no e4m3: no fp8 path"), result.reason
+    tiled = run_case(get_adapter("tiled"), case.with_fields(dtype="e5m2"), "cpu", TOL)  # dequantizes, then its bf16 path
+    assert tiled.status is Status.PASS and max(t.ratio for t in tiled.tensors) < 0.5, tiled.reason
+
+    def no_descale(q, k, v, softmax_scale=None, causal=False):
+        raise AssertionError("never called for an fp8 case")
+
+    result = run_case(UserAdapter("plain", no_descale), case, "cpu", TOL)
+    assert result.status is Status.SKIP and "no fp8 path" in result.reason
+
+
+def test_fa3_declares_e4m3_unless_built_without_and_passes_the_descales(monkeypatch):
+    from gate.attention.reference import AttnOptions
+    from gate.kernels import flash_attn
+    from gate.kernels.base import KernelCall
+
+    monkeypatch.setattr(flash_attn, "fa3_build_flags", lambda: {})
+    assert flash_attn.FA3Adapter().capabilities().dtypes == ("fp16", "bf16", "e4m3")  # FA3 refuses e5m2
+    monkeypatch.setattr(flash_attn, "fa3_build_flags", lambda: {"FLASHATTENTION_DISABLE_FP8": True})
+    assert "e4m3" not in flash_attn.FA3Adapter().capabilities().dtypes
+    x, scale = torch.zeros(1, 4, 2, 8), torch.ones(1, 2)
+    call = KernelCall(q=x, k=x, v=x, opts=AttnOptions(softmax_scale=1.0, causal=False), descale=(scale, 2 * scale, 4 * scale))
+    kwargs = flash_attn.FA3Adapter()._kwargs(call)
+    assert [float(kwargs[k][0, 0]) for k in ("q_descale", "k_descale", "v_descale")] == [1.0, 2.0, 4.0]

@@ -17,7 +17,24 @@ from gate.attention.kvcache import CacheInputs, make_cache_inputs
 from gate.attention.bias import make_bias
 from gate.attention.masks import alibi_slopes
 
+# the dtypes tensors are computed in; an fp8 case's q, k, v are handed to the kernel in FP8_TORCH_DTYPES
+# (Fp8Inputs) and seen by the references dequantized, in its compute dtype (Case.compute_dtype)
 TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+FP8_TORCH_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+
+
+@dataclass(frozen=True)
+class Fp8Inputs:
+    """An fp8 case's q, k, v as the kernel gets them: fp8 (B, N, H, D) with float32 descale
+    factors of shape (batch, KV heads), FA3's q_descale/k_descale/v_descale (query heads take their
+    KV head's). value = fp8 * descale; the AttnInputs' q, k, v hold exactly those values."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    q_descale: torch.Tensor
+    k_descale: torch.Tensor
+    v_descale: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -43,6 +60,8 @@ class AttnInputs:
     # the keys' cu_seqlens where they differ from the queries' (None: the same)
     cu_seqlens_k: torch.Tensor | None = None
     seqlens_k: tuple[int, ...] | None = None
+    # an fp8 case's quantized q, k, v and their descales (q, k, v above: the dequantized values)
+    fp8: Fp8Inputs | None = None
 
 
 
@@ -85,8 +104,37 @@ def _cu(lengths, device) -> torch.Tensor:
     return torch.tensor(offsets(lengths), dtype=torch.int32, device=device)
 
 
+def _quantize(t: torch.Tensor, heads_kv: int, fp8: torch.dtype, shift: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 (B, N, H, D) -> (fp8 tensor, float32 descale (B, heads_kv)). Each descale is a power of
+    two just above amax / fp8 max, times 2 ** ((b + h + shift) % 3): the descales differ between
+    batch elements and heads (a kernel that reads one for all is wrong), and every dequantized
+    value fp8 * descale is exact in bf16 (3 or 2 mantissa bits times a power of two)."""
+    b, n, h, d = t.shape
+    grouped = t.reshape(b, n, heads_kv, h // heads_kv, d)
+    amax = grouped.abs().amax(dim=(1, 3, 4)).clamp_min(torch.finfo(torch.float32).tiny)
+    spread = (torch.arange(b).view(-1, 1) + torch.arange(heads_kv).view(1, -1) + shift) % 3
+    descale = torch.exp2(torch.ceil(torch.log2(amax / torch.finfo(fp8).max)) + spread)
+    q8 = (grouped / descale.view(b, 1, heads_kv, 1, 1)).to(fp8).reshape(b, n, h, d)
+    return q8, descale.float()
+
+
+def dequantize(t8: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
+    """fp8 (B, N, H, D) times its (B, Hkv) descale, a query head taking its KV head's: float32."""
+    b, n, h, d = t8.shape
+    hkv = descale.shape[1]
+    return (t8.float().reshape(b, n, hkv, h // hkv, d) * descale.view(b, 1, hkv, 1, 1)).reshape(b, n, h, d)
+
+
+def _fp8_inputs(case: Case, q, k, v) -> tuple[Fp8Inputs, tuple[torch.Tensor, ...]]:
+    """The quantized q, k, v of an fp8 case and their dequantized float32 values."""
+    fp8 = FP8_TORCH_DTYPES[case.dtype]
+    (q8, qs), (k8, ks), (v8, vs) = (_quantize(t, case.heads_kv, fp8, shift) for shift, t in enumerate((q, k, v)))
+    values = (dequantize(q8, qs), dequantize(k8, ks), dequantize(v8, vs))
+    return Fp8Inputs(q8, k8, v8, qs, ks, vs), values
+
+
 def make_inputs(case: Case, seed: int, device: str | torch.device) -> AttnInputs:
-    dtype = TORCH_DTYPES[case.dtype]
+    dtype = TORCH_DTYPES[case.compute_dtype]
     gen = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + 17)
     if case.entry.varlen is not None:
         total, total_k = sum(case.entry.varlen), sum(case.keys_varlen)
@@ -100,6 +148,10 @@ def make_inputs(case: Case, seed: int, device: str | torch.device) -> AttnInputs
     q, k, v = _shape_values(case, q, k, v)
     if case.layout == "kv_stride0":  # the values one expanded slab can hold (kernel_tensors hands the expand)
         k, v = (t[_stride0_slab(t.dim())].expand_as(t).clone() for t in (k, v))
+    fp8 = None
+    if case.is_fp8:
+        fp8, (q, k, v) = _fp8_inputs(case, q, k, v)
+        fp8 = Fp8Inputs(*(t.to(device) for t in (fp8.q, fp8.k, fp8.v, fp8.q_descale, fp8.k_descale, fp8.v_descale)))
     q, k, v, dout = (t.to(device=device, dtype=dtype) for t in (q, k, v, dout))
     cu = _cu(case.entry.varlen, device) if case.entry.varlen is not None else None
     cu_k = _cu(case.entry.varlen_k, device) if case.entry.varlen_k is not None else None
@@ -113,7 +165,7 @@ def make_inputs(case: Case, seed: int, device: str | torch.device) -> AttnInputs
     bias = make_bias(case, seed, device, bias_dtype(case))  # its own generator, q/k/v unchanged
     return AttnInputs(q=q, k=k, v=v, dout=dout, softmax_scale=case.head_dim ** -0.5,
                       alibi_slopes=slopes, cu_seqlens=cu, seqlens=case.entry.varlen, seed=seed,
-                      cu_seqlens_k=cu_k, seqlens_k=case.entry.varlen_k, bias=bias, cache=cache, sink=sink)
+                      cu_seqlens_k=cu_k, seqlens_k=case.entry.varlen_k, bias=bias, cache=cache, sink=sink, fp8=fp8)
 
 
 def _stride0_slab(dim: int) -> tuple[slice, ...]:
@@ -126,7 +178,7 @@ def _stride0_slab(dim: int) -> tuple[slice, ...]:
 
 def bias_dtype(case: Case) -> torch.dtype:
     """the dtype of a float bias: the input dtype unless the case asks for fp32."""
-    return torch.float32 if case.bias.dtype == "fp32" else TORCH_DTYPES[case.dtype]
+    return torch.float32 if case.bias.dtype == "fp32" else TORCH_DTYPES[case.compute_dtype]
 
 
 @dataclass(frozen=True)
@@ -150,6 +202,8 @@ def kernel_tensors(case: Case, inputs: AttnInputs) -> KernelTensors:
     gradients are taken with respect to that view, so they come back in the view's shape and
     are compared as usual. The seq dim is 1 dense, 0 varlen; the head dim -2; features -1."""
     q, k, v, dout = inputs.q, inputs.k, inputs.v, inputs.dout
+    if inputs.fp8 is not None:  # fp8 is forward-only and contiguous: the quantized tensors as they are
+        return KernelTensors(inputs.fp8.q, inputs.fp8.k, inputs.fp8.v, dout)
     seq = 0 if inputs.cu_seqlens is not None else 1
     if case.layout == "contiguous":
         return KernelTensors(_leaf(q), _leaf(k), _leaf(v), dout)

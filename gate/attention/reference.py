@@ -71,9 +71,10 @@ class AttnResult:
 
 
 def _dense(q, k, v, dout, opts: AttnOptions, cd: torch.dtype, keep: torch.Tensor | None,
-           sink: torch.Tensor | None = None, backward: bool = True) -> AttnResult:
+           sink: torch.Tensor | None = None, backward: bool = True, p_round: torch.dtype | None = None) -> AttnResult:
     """`backward` False: out and lse only (dq/dk/dv/dsink/dbias None), for a forward-only caller
-    (a decode step, the float32 LSE yardstick) that would throw the gradients away."""
+    (a decode step, the float32 LSE yardstick) that would throw the gradients away. `p_round`: the
+    dtype the probabilities are rounded to before P @ V (an fp8 kernel's second GEMM)."""
     b, nq, hq, d = q.shape
     _, nk, hkv, dv_dim = v.shape
     group = hq // hkv
@@ -124,6 +125,8 @@ def _dense(q, k, v, dout, opts: AttnOptions, cd: torch.dtype, keep: torch.Tensor
         p = torch.where(empty, torch.zeros_like(unnorm), unnorm / torch.where(empty, torch.ones_like(denom), denom))
         lse[:, :, r0:r1] = (safe_max + torch.log(denom)).squeeze(-1).to(lse_dtype).masked_fill(empty.squeeze(-1), float("-inf"))
         p = p.to(cd)  # back to the input dtype if a wider bias promoted the scores
+        if p_round is not None:  # FA3's fp8 forward multiplies P in e4m3 by V: its own tests' yardstick
+            p = p.to(p_round).to(cd)
         pz = p if keep is None else p * keep[:, :, r0:r1].to(cd) * rescale
         out[:, :, r0:r1] = pz @ vh
         if not backward:
@@ -163,7 +166,7 @@ def attention_reference(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, opts: AttnOptions,
     compute_dtype: torch.dtype, *, cu_seqlens: torch.Tensor | None = None,
     dropout_keep: torch.Tensor | list[torch.Tensor] | None = None, cu_seqlens_k: torch.Tensor | None = None,
-    sink: torch.Tensor | None = None, backward: bool = True,
+    sink: torch.Tensor | None = None, backward: bool = True, p_round: torch.dtype | None = None,
 ) -> AttnResult:
     """Forward + backward in `compute_dtype`; outputs returned in that dtype (`backward` False:
     forward only, gradients None).
@@ -174,7 +177,7 @@ def attention_reference(
     alignment within each sequence).
     """
     if cu_seqlens is None:
-        return _dense(q, k, v, dout, opts, compute_dtype, dropout_keep, sink, backward)
+        return _dense(q, k, v, dout, opts, compute_dtype, dropout_keep, sink, backward, p_round)
     offsets = cu_seqlens.tolist()
     keys = (cu_seqlens_k if cu_seqlens_k is not None else cu_seqlens).tolist()
     hq = q.shape[1]
@@ -191,7 +194,7 @@ def attention_reference(
             continue
         keep = None if dropout_keep is None else dropout_keep[i]
         part = _dense(q[a:z][None], k[ka:kz][None], v[ka:kz][None], dout[a:z][None] if backward else None, opts,
-                      compute_dtype, keep, sink, backward)
+                      compute_dtype, keep, sink, backward, p_round)
         out[a:z] = part.out[0]
         lse[:, a:z] = part.lse[0]
         if not backward:

@@ -78,6 +78,8 @@ def parser_kwargs(name: str) -> dict:
 CASE_ID_LEGEND = """\
 case id legend (e.g. bf16-b2-h16/4-s97x257-d192/128-causal-win32.0-cap20-alibi-varlen1.97.0.130):
   bf16 | fp16 | fp32     the input dtype
+  e4m3 | e5m2            fp8 inputs (float8_e4m3fn / float8_e5m2) with descale factors per (batch, KV
+                         head), FA3's q/k/v_descale; forward-only, out in bf16
   b2                     batch 2
   h16  | h16/4           16 query heads; /4: 4 key/value heads (grouped-query attention; /1 is multi-query)
   s128 | s97x257         sequence length; 97x257: 97 queries, 257 keys

@@ -20,7 +20,16 @@ from typing import Any
 
 from gate.core.errors import UserError
 
-DTYPES = ("fp16", "bf16", "fp32")
+DTYPES = ("fp16", "bf16", "fp32", "e4m3", "e5m2")
+# fp8 input dtypes -> the dtype the kernel computes in and returns out in (FA3's fp8 forward
+# returns bf16): the low-precision reference, the rounding floor and the bands use it.
+FP8_DTYPES = {"e4m3": "bf16", "e5m2": "bf16"}
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "e4m3": 1, "e5m2": 1}
+
+
+def compute_dtype(dtype: str) -> str:
+    """The dtype a case of input dtype `dtype` is computed and judged in (itself but for fp8)."""
+    return FP8_DTYPES.get(dtype, dtype)
 
 # Depth checks (probes) a case may ask for, by name -> what each proves. The functions behind the
 # names live in gate/correctness/probes/registry.py, which imports this vocabulary.
@@ -333,6 +342,10 @@ class Case:
         if not isinstance(self.checks, tuple) or not all(isinstance(c, str) for c in self.checks):
             problems.append("checks must be a tuple of check names")
         problems += self._bias_problems()
+        if self.is_fp8 and (self.entry.kind != "dense" or self.entry.varlen is not None or self.entry.sinks
+                            or self.layout != "contiguous" or self.bias.present or self.dropout_p):
+            # the per-(batch, KV head) descales are defined for dense contiguous q, k, v; FA3's fp8 has no dropout
+            problems.append("an fp8 case is dense and contiguous: no varlen, kvcache, sinks, layout, bias or dropout")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -378,6 +391,15 @@ class Case:
     @property
     def dtype(self) -> str:
         return self.shape.dtype
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.dtype in FP8_DTYPES
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype of out and of the low-precision reference: the input dtype, bf16 for fp8."""
+        return compute_dtype(self.dtype)
 
     @property
     def causal(self) -> bool:
@@ -442,8 +464,9 @@ class Case:
 
     @property
     def forward_only(self) -> bool:
-        """Decode has no backward (flash_attn_with_kvcache has none): judged on out, LSE and the cache."""
-        return self.entry.kind == "kvcache"
+        """Decode has no backward (flash_attn_with_kvcache has none): judged on out, LSE and the cache.
+        Nor has fp8 (FA3's fp8 path is forward-only): judged on out and LSE."""
+        return self.entry.kind == "kvcache" or self.is_fp8
 
     @property
     def cached_lengths(self) -> tuple[int, ...]:
@@ -459,7 +482,7 @@ class Case:
 
     def kv_bytes(self) -> float:
         """Bytes of K and V a decode step must read at least (its memory-bound cost): every attended key once."""
-        size = {"fp16": 2, "bf16": 2, "fp32": 4}[self.dtype]
+        size = DTYPE_BYTES[self.dtype]
         if self.entry.kind == "kvcache":
             keys = sum(self.key_lengths)
         elif self.entry.varlen is not None:

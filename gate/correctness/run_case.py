@@ -16,7 +16,7 @@ import torch
 from gate.core.cases import Case
 from gate.core.config import ToleranceConfig
 from gate.core.errors import first_line
-from gate.attention.inputs import TORCH_DTYPES, AttnInputs, KernelTensors, kernel_tensors, make_inputs
+from gate.attention.inputs import FP8_TORCH_DTYPES, TORCH_DTYPES, AttnInputs, KernelTensors, kernel_tensors, make_inputs
 from gate.kernels.base import KernelAdapter, KernelCall, KernelOutput
 from gate.kernels.sdpa import NoKernel
 from gate.attention.kvcache import expected_cache, gather_dense
@@ -80,6 +80,7 @@ def leaf_call(case: Case, inputs: AttnInputs, deterministic: bool = False, tenso
         max_seqlen=max(case.entry.varlen) if case.entry.varlen else 0, seqlens=case.entry.varlen, deterministic=deterministic, seed=inputs.seed,
         cu_seqlens_k=inputs.cu_seqlens_k, max_seqlen_k=max(case.entry.varlen_k) if case.entry.varlen_k else 0, seqlens_k=case.entry.varlen_k,
         sink=sink,
+        descale=None if inputs.fp8 is None else (inputs.fp8.q_descale, inputs.fp8.k_descale, inputs.fp8.v_descale),
     )
 
 
@@ -124,7 +125,7 @@ def is_forward_only(adapter: "KernelAdapter | KernelTraits", case: Case) -> bool
 
 def forward_only_note(case: Case) -> str:
     """Said on the row, so a reader never takes a forward-only pass for a full one."""
-    return ("forward-only: judged on out, lse" + (" and the cache after the call" if case.forward_only else "")
+    return ("forward-only: judged on out, lse" + (" and the cache after the call" if case.entry.kind == "kvcache" else "")
             + "; no gradients")
 
 
@@ -210,12 +211,13 @@ def validate_outputs(case: Case, inputs: AttnInputs, out: torch.Tensor, grads, n
 
 
 def references(case: Case, inputs: AttnInputs, keep) -> tuple[AttnResult, AttnResult]:
-    """(golden float64, low-precision in the input dtype) on the same rounded inputs."""
+    """(golden float64, low-precision in the compute dtype) on the same rounded inputs (an fp8
+    case's dequantized ones; its low-precision reference is bf16, what its kernel accumulates into)."""
     opts = options(case, inputs)
     args = (inputs.q, inputs.k, inputs.v, inputs.dout, opts)
     varlen = dict(cu_seqlens=inputs.cu_seqlens, cu_seqlens_k=inputs.cu_seqlens_k, dropout_keep=keep, sink=inputs.sink)
     gold = attention_reference(*args, torch.float64, **varlen)
-    low = attention_reference(*args, TORCH_DTYPES[case.dtype], **varlen)
+    low = attention_reference(*args, TORCH_DTYPES[case.compute_dtype], p_round=FP8_TORCH_DTYPES.get(case.dtype), **varlen)
     return gold, low
 
 
@@ -226,7 +228,7 @@ def decode_references(case: Case, inputs: AttnInputs) -> tuple[DecodeResult, Dec
     dense = gather_dense(inputs.cache, k_after, v_after)
     opts = options(case, inputs)
     gold = decode_reference(inputs.cache.q, dense, opts, torch.float64, inputs.sink)
-    low = decode_reference(inputs.cache.q, dense, opts, TORCH_DTYPES[case.dtype], inputs.sink)
+    low = decode_reference(inputs.cache.q, dense, opts, TORCH_DTYPES[case.compute_dtype], inputs.sink)
     return gold, low, (k_after, v_after)
 
 
@@ -257,7 +259,7 @@ def _references_noting_peak(case: Case, inputs: AttnInputs, keep, device: str, n
     torch.cuda.reset_peak_memory_stats()
     gold, low = references(case, inputs, keep)
     peak = torch.cuda.max_memory_allocated() - before
-    notes.append(f"references (float64 and {case.dtype}) peak {peak / 2**30:.2f} GiB on the GPU, query-chunked")
+    notes.append(f"references (float64 and {case.compute_dtype}) peak {peak / 2**30:.2f} GiB on the GPU, query-chunked")
     return gold, low
 
 
@@ -266,7 +268,7 @@ def yardstick(name: str, case: Case, inputs: AttnInputs, keep, low: AttnResult |
     (the LSE: float32, as a kernel computes it), the forward reference in that dtype on the same
     rounded inputs (a decode case's on the K/V gathered from the expected cache, as decode_references)."""
     dtype = tensor_spec(name).yardstick_dtype
-    if dtype is None or TORCH_DTYPES[case.dtype] == TORCH_DTYPES[dtype]:
+    if dtype is None or TORCH_DTYPES[case.compute_dtype] == TORCH_DTYPES[dtype]:
         return getattr(low, name)
     if inputs.cache is not None:
         dense = gather_dense(inputs.cache, *expected_cache(inputs.cache))
@@ -309,8 +311,8 @@ def measure_seed(case: Case, inputs: AttnInputs, out, lse, grads, dropout_keep, 
         gold, low, (k_after, v_after) = decode_references(case, inputs)
         if cache is None:
             raise BadOutput("the adapter returned no cache for a decode call")
-        _keep_worst(worst, measure_exact("k_cache", cache[0].detach(), k_after, case.dtype, inputs.seed))
-        _keep_worst(worst, measure_exact("v_cache", cache[1].detach(), v_after, case.dtype, inputs.seed))
+        _keep_worst(worst, measure_exact("k_cache", cache[0].detach(), k_after, case.compute_dtype, inputs.seed))
+        _keep_worst(worst, measure_exact("v_cache", cache[1].detach(), v_after, case.compute_dtype, inputs.seed))
     else:
         gold, low = _references_noting_peak(case, inputs, dropout_keep, device, notes)
     measured = {"out": out}
@@ -327,9 +329,9 @@ def measure_seed(case: Case, inputs: AttnInputs, out, lse, grads, dropout_keep, 
     if case.entry.sinks and not forward_only and not traits.sink_grad:
         notes.append("dsink not judged: the adapter declares no sink gradient")
     for name, tensor in measured.items():
-        mult = tol.mult(name, tensor_spec(name).yardstick_dtype or case.dtype)
+        mult = tol.mult(name, tensor_spec(name).yardstick_dtype or case.compute_dtype)
         err = measure(name, tensor.detach(), getattr(gold, name), yardstick(name, case, inputs, dropout_keep, low),
-                      case.dtype, mult, inputs.seed)
+                      case.compute_dtype, mult, inputs.seed)
         _keep_worst(worst, err)
     return None
 

@@ -55,6 +55,9 @@ class KernelCall:
     cu_seqlens_k: torch.Tensor | None = None
     max_seqlen_k: int = 0
     seqlens_k: tuple[int, ...] | None = None
+    # an fp8 call: q/k/v are fp8 (no gradients) and these float32 (batch, KV heads) factors
+    # dequantize them (value = fp8 * descale), FA3's q_descale, k_descale, v_descale
+    descale: "tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None" = None
 
     @property
     def keys_cu_seqlens(self) -> torch.Tensor | None:

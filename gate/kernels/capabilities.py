@@ -128,7 +128,8 @@ class Capabilities:
             self._needs(Feature.PAGED, bool(page)),
             (not page or page % self.page_size_multiple == 0, f"page size {page} not a multiple of {self.page_size_multiple}"),
             self._needs(Feature.SINKS, case.entry.sinks),
-            (case.dtype in self.dtypes, f"no {case.dtype} (supports {', '.join(self.dtypes)})"),
+            (case.dtype in self.dtypes, f"no {case.dtype}{': no fp8 path' if case.is_fp8 else ''} "
+                                        f"(supports {', '.join(self.dtypes)})"),
             (max(case.head_dim, case.head_dim_v) <= self.max_head_dim, f"head_dim > {self.max_head_dim}"),
             (case.head_dim % self.head_dim_multiple == 0 and case.head_dim_v % self.head_dim_multiple == 0,
              f"head_dim not a multiple of {self.head_dim_multiple}"),

@@ -183,7 +183,10 @@ class FA3Adapter(_FlashBase):
         dims = [d for d in (64, 96, 128, 192, 256) if not off.get(f"FLASHATTENTION_DISABLE_HDIM{d}")]
         trimmed = sorted(k.removeprefix("FLASHATTENTION_DISABLE_").lower() for k, v in off.items()
                          if v and k.startswith("FLASHATTENTION_DISABLE_"))
-        return Capabilities(dtypes=("bf16",) if off.get("FLASHATTENTION_DISABLE_FP16") else ("fp16", "bf16"),
+        # fp8: e4m3 only (FA3's flash_api.cpp refuses e5m2), forward only (Case.forward_only)
+        dtypes = (("bf16",) if off.get("FLASHATTENTION_DISABLE_FP16") else ("fp16", "bf16")) + (
+            () if off.get("FLASHATTENTION_DISABLE_FP8") else ("e4m3",))
+        return Capabilities(dtypes=dtypes,
                             max_head_dim=max(dims, default=256), head_dim_multiple=8,
                             features=feature_set(
                                 head_dim_v_differs=not (off.get("FLASHATTENTION_DISABLE_HDIMDIFF64")
@@ -207,6 +210,8 @@ class FA3Adapter(_FlashBase):
     def _kwargs(self, call: KernelCall) -> dict:
         kwargs = super()._kwargs(call)
         kwargs["return_attn_probs"] = True  # releases that return out alone honour this; others ignore it
+        if call.descale is not None:  # an fp8 call: q, k, v are float8_e4m3fn, out comes back bf16
+            kwargs.update(q_descale=call.descale[0], k_descale=call.descale[1], v_descale=call.descale[2])
         return kwargs
 
     def __call__(self, call: KernelCall) -> KernelOutput:

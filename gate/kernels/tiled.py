@@ -27,6 +27,7 @@ import torch
 from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, per_sequence, read_pages, write_pages
 from gate.kernels.capabilities import feature_set
 from gate.attention.bias import reduce_to_bias_shape
+from gate.attention.inputs import dequantize
 from gate.attention.masks import alibi_bias, allowed_mask
 from gate.attention.reference import AttnOptions
 
@@ -258,7 +259,7 @@ class TiledAdapter(KernelAdapter):
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
-            devices=("cpu", "cuda"), dtypes=("fp16", "bf16", "fp32"), max_head_dim=512,
+            devices=("cpu", "cuda"), dtypes=("fp16", "bf16", "fp32", "e4m3", "e5m2"), max_head_dim=512,
             features=feature_set(head_dim_v_differs=True, window=True, softcap=True, alibi=True, dropout=True, varlen=True,
                                  kvcache=True, paged=True, sinks=True, bias=True, bias_grad=True, bool_mask=True),
             deterministic_mode=True, returns_lse=True,
@@ -275,6 +276,9 @@ class TiledAdapter(KernelAdapter):
     def __call__(self, call: KernelCall) -> KernelOutput:
         if call.cache is not None:
             return decode(call)
+        if call.descale is not None:  # fp8 (dense, forward-only): its bf16 path on the dequantized values
+            q, k, v = (dequantize(t, s).to(torch.bfloat16) for t, s in zip((call.q, call.k, call.v), call.descale))
+            return self._dense(q, k, v, call)
         p = call.opts.dropout_p
         if call.cu_seqlens is None:
             keep = None

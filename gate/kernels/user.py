@@ -16,6 +16,10 @@ deterministic, learnable_sink, block_table, k/v for appending) is a feature it d
 and cases that need it are SKIPPED. A tuple result is (out, lse, ...), as flash-attn returns with
 return_attn_probs=True / return_softmax_lse=True.
 
+fp8 (e4m3, e5m2) cases run where the function takes `q_descale`, `k_descale` and `v_descale`
+(FA3's flash_attn_func): q, k, v arrive as float8 tensors with float32 descale factors of shape
+(batch, KV heads), value = fp8 * descale; out is expected in bf16. Elsewhere they are SKIPPED.
+
 `attn_bias`: a float tensor broadcastable to (batch, heads, seqlen_q, seqlen_k), in the
 case's bias dtype (the input dtype, or float32), to be ADDED to the scaled (and capped) scores
 before the causal/window masks; it may hold -inf; when it requires grad, the gradient must flow
@@ -62,6 +66,15 @@ def load_callable(spec: str):
     return fn
 
 
+DESCALE_KEYWORDS = ("q_descale", "k_descale", "v_descale")
+FP8_DTYPES = ("e4m3", "e5m2")
+
+
+def _dtypes(sig: "_Signature") -> tuple[str, ...]:
+    """A function that takes the three descale keywords has an fp8 path (FA3's convention)."""
+    return ("fp16", "bf16", "fp32") + (FP8_DTYPES if all(sig.takes(k) for k in DESCALE_KEYWORDS) else ())
+
+
 class _Signature:
     """The keywords a user function takes (all of them, if it takes **kwargs)."""
 
@@ -94,6 +107,8 @@ def _common_kwargs(sig: _Signature, call: KernelCall, lse_flag: str) -> dict:
         "alibi_slopes": o.alibi_slopes, "deterministic": call.deterministic, lse_flag: True, "dropout_p": o.dropout_p,
     }
     kwargs = {k: val for k, val in optional.items() if sig.takes(k)}
+    if call.descale is not None:  # only fp8 cases; capabilities() skipped them where not taken
+        kwargs.update(zip(DESCALE_KEYWORDS, call.descale))
     if call.sink is not None:  # only cases with sinks; capabilities() skipped them where not taken
         kwargs["learnable_sink"] = call.sink
     return kwargs
@@ -114,7 +129,7 @@ class UserAdapter(KernelAdapter):
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
-            devices=("cpu", "cuda"), dtypes=("fp16", "bf16", "fp32"), max_head_dim=1024,
+            devices=("cpu", "cuda"), dtypes=_dtypes(self.sig), max_head_dim=1024,
             features=feature_set(
                 head_dim_v_differs=True, causal=self._takes("causal"), window=self._takes("window_size"),
                 softcap=self._takes("softcap"), alibi=self._takes("alibi_slopes"), dropout=False, varlen=True, gqa=True,

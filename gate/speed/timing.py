@@ -347,7 +347,7 @@ class MatmulWorkload(Workload):
 
         from gate.attention.inputs import TORCH_DTYPES
 
-        dtype = TORCH_DTYPES[self.case.dtype]
+        dtype = TORCH_DTYPES[self.case.compute_dtype]
         gen = torch.Generator(device="cpu").manual_seed(0)
         self._ab = {}
         for p, (m, n, k) in self.shapes.items():
