@@ -111,7 +111,7 @@ def test_the_update_summary_lists_dropped_tensors(project):
     new = Baseline(**{**old.__dict__, "correctness": cut})
     diff = diff_baselines(old, new, project.baseline, 1.5, 0.05, 4.0)
     assert diff.dropped == ((cid, lost),)
-    assert f"1 tensors dropped" in diff.markdown() and f"`{cid}` {lost}" in diff.markdown()
+    assert "1 tensors dropped" in diff.markdown() and f"`{cid}` {lost}" in diff.markdown()
 
 
 UNWRITABLE = "/proc/attn-gate-unwritable"  # root may write almost anywhere, never a new entry under /proc

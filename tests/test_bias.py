@@ -3,7 +3,6 @@ that take a bias, and `attn-gate check` catching the planted bias bugs of tests/
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import warnings

@@ -32,7 +32,7 @@ def prose(text: str) -> str:
     return INLINE_CODE.sub("", FENCE.sub("", text))
 
 
-def broken_links(text: str, where: Path, root: Path = ROOT) -> list[str]:
+def broken_links(text: str, where: Path) -> list[str]:
     """Relative link targets in `text` (a file at `where`) that name no existing file; anchors are
     ignored (only the file part is resolved), as are http(s) and mailto links."""
     broken = []
@@ -134,7 +134,7 @@ def test_link_rule_fails_on_a_missing_file(tmp_path):
     text = ("[ok](there.md) [ok](there.md#a-section) [web](https://example.org/x.md) [mail](mailto:a@b)\n"
             "[gone](missing.md) [gone too](../nowhere/readme.md#top)\n"
             "`[code](not-a-link.md)`\n```\n[fenced](not-a-link-either.md)\n```\n")
-    assert broken_links(text, page, root=tmp_path) == ["missing.md", "../nowhere/readme.md#top"]
+    assert broken_links(text, page) == ["missing.md", "../nowhere/readme.md#top"]
 
 
 def test_tracker_rule_fails_on_our_numbers_not_upstream_ones():

@@ -23,7 +23,7 @@ from gate.compare.sweep_rules import compare
 from gate.core.config import KnownFailure, load_config
 from gate.core.errors import UserError
 from gate.report.comment import pr_comment
-from tests.test_verdict import CFG, ENV, result, sweep
+from tests.test_verdict import CFG, result, sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 LINK = "https://github.com/Dao-AILab/flash-attention/issues/895"

@@ -6,7 +6,6 @@ shuffle, an appended token) changes its digest."""
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 
 import pytest

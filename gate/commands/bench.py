@@ -35,8 +35,6 @@ def register(sub) -> None:
 
 
 def bench_main(args: argparse.Namespace) -> int:
-
-
     conf = A.asv_conf(args.asv_config)
     device = check_device(args.device)  # names first: a typo is a typo, not an asv failure
     config = load_config((args.config or A.CONFIG_FILE).resolve())
@@ -61,7 +59,6 @@ def bench_main(args: argparse.Namespace) -> int:
 
 
 def publish_main(args: argparse.Namespace) -> int:
-
     conf = A.asv_conf(args.asv_config)
     rc = A.publish(conf)
     html = Path(conf.parent) / A.load_asv_conf(conf).html_dir / "index.html"

@@ -31,8 +31,6 @@ def register(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-
-
     if args.steps is not None and args.steps < 2:
         raise UserError(f"--steps {args.steps}: drift needs at least 2 training steps")
 

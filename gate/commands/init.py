@@ -51,7 +51,6 @@ def ask(question: str, default: str) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-
     root = args.dir.resolve()
     if not root.is_dir():
         raise UserError(f"--dir {args.dir}: no such folder")

@@ -50,7 +50,6 @@ def kernels(args: argparse.Namespace) -> int:
 
 
 def suites(args: argparse.Namespace) -> int:
-
     config = load_config(args.config)
     if args.cases:
 

@@ -86,7 +86,6 @@ def nearest_name_hint(parser: argparse.ArgumentParser, message: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-
     parser = HintingParser(
         prog="attn-gate", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Regression gate for attention kernels: correctness against a float64 reference and speed against "

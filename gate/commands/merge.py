@@ -25,8 +25,6 @@ def register(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-
-
     if any(os.path.realpath(f) == os.path.realpath(args.out) for f in args.folders):
         raise UserError(f"--out {args.out} is one of the shard folders; pass a new folder for the merged result")
     require_writable(args.out, "--out")

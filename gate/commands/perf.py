@@ -28,7 +28,6 @@ def register(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-
     if args.rounds is not None and args.rounds < 1:
         raise UserError(f"--rounds {args.rounds}: must be >= 1")
     config = load_config(args.config)

@@ -52,7 +52,8 @@ def run_supervised(argv: list[str]) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gate.workflow.sweep import resolve_plan, sweep_plan
+    from gate.workflow.plan import resolve_plan
+    from gate.workflow.sweep import sweep_plan
 
     require_writable(args.out, "--out")  # before the sweep, not after minutes of it
     config = load_config(args.config)

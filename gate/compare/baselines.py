@@ -221,7 +221,6 @@ class Baseline:
 
 
 def baseline_path(baselines_dir: str | Path, gpu_class: str, kernel: str, suite: str) -> Path:
-
     return Path(baselines_dir) / gpu_class / f"{safe_name(kernel)}-{suite}.json"
 
 

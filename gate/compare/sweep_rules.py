@@ -52,7 +52,7 @@ import pandas as pd
 from gate.compare.baselines import Baseline, update_command
 from gate.core.config import tolerance_changes
 from gate.core.errors import UserError
-from gate.core.results import FORWARD_ONLY_REQUIRED, REQUIRED_TENSORS, required_tensors  # noqa: F401 - re-exported
+from gate.core.results import REQUIRED_TENSORS, required_tensors  # noqa: F401 - re-exported
 from gate.compare.headroom import is_headroom_regression, is_large_improvement
 from gate.compare.findings import Finding, Severity, Value, fmt
 

@@ -69,7 +69,6 @@ class FolderLock:
         self._fd: int | None = None
 
     def __enter__(self) -> "FolderLock":
-
         key = hashlib.sha256(os.path.realpath(self.folder).encode()).hexdigest()[:24]
         locks = Path(tempfile.gettempdir()) / "attn-gate-locks"
         locks.mkdir(exist_ok=True)

@@ -163,7 +163,6 @@ class DriftResult:
         return data
 
     def write(self, path: Path) -> None:
-
         write_json_atomic(path, self.to_dict())
 
 
@@ -273,7 +272,6 @@ def train_curve(cfg: DriftConfig, attend: Callable, init_state: dict, device) ->
 
 
 def initial_state(cfg: DriftConfig, device) -> dict:
-
     return copy.deepcopy(_build_model(cfg, device).state_dict())
 
 
@@ -371,7 +369,6 @@ def plot_drift(result: DriftResult, path: Path) -> Path:
 
 
 def write_drift_outputs(result: DriftResult, out_dir: Path) -> dict[str, Path]:
-
     stem = f"drift-{safe_name(result.kernel)}"
     paths = {"json": Path(out_dir) / f"{stem}.json", "png": Path(out_dir) / f"{stem}.png"}
     result.write(paths["json"])

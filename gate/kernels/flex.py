@@ -251,7 +251,6 @@ class FlexAdapter(KernelAdapter):
         return p, mask_mod, score_mod
 
     def _decode(self, call: KernelCall) -> KernelOutput:
-
         c, o, q = call.cache, call.opts, call.q
         bsz, nq = q.shape[0], q.shape[1]
         for b, start in enumerate(c.cached):

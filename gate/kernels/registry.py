@@ -12,7 +12,6 @@ from gate.kernels.user import FamilyAdapter, UserAdapter
 
 
 def _builtins() -> dict:
-
     table = {f"sdpa-{b}": (lambda b=b: SdpaAdapter(b)) for b in BACKENDS}
     # GQA/MQA by copied K/V heads (repeat_interleave), beside the enable_gqa=True path above
     table.update({f"sdpa-{b}-copyheads": (lambda b=b: SdpaAdapter(b, copy_heads=True)) for b in BACKENDS})

@@ -59,7 +59,6 @@ class BenchSettings:
 
 
 def _config(settings: BenchSettings):
-
     return load_config(settings.config_path)
 
 
@@ -261,7 +260,6 @@ def read_results(conf: Path, machine: str, commit: str) -> list[dict[str, Any]]:
 
 
 def _param_combos(params) -> list[tuple[str, ...]]:
-
     if not params:
         return [()]
     return [tuple(re.sub(r"^'(.*)'$", r"\1", str(p)) for p in combo) for combo in itertools.product(*params)]

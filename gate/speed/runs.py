@@ -234,7 +234,6 @@ def case_anchor(anchor_name: str, config: PerfConfig, case: Case, device: str) -
 
 
 def _workloads(adapter, anchor_name: str, case: Case, device: str):
-
     from gate.attention.inputs import make_inputs
 
     if anchor_name == MATMUL:
@@ -356,7 +355,6 @@ def run_perf(kernel: str, suite_name: str, config: Config, device: str | None = 
 
 
 def write_perf_outputs(result: PerfResult, out_dir: Path) -> Path:
-
     path = Path(out_dir) / f"perf-{safe_name(result.kernel)}-{result.suite}.json"
     result.write(path)
     return path

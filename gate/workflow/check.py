@@ -277,7 +277,6 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
 
 def render_check(verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_dir: Path, console=None,
                  extra_markdown: str = "") -> dict[str, Path]:
-
     stem = f"{safe_name(sweep.kernel)}-{sweep.suite}"
     paths = write_sweep_outputs(sweep, out_dir)
     paths["findings"] = out_dir / f"findings-{stem}.json"

@@ -589,7 +589,6 @@ class PerfWorker:
         return bool(self._ctx.__exit__(*exc))
 
     def measure(self, case: Case, anchor: str, plan):
-
         slot = self.pool.slots[0]
         timeout = case_timeout(case, self.pool.cfg) + 5.0 * plan.rounds * len(plan.passes)
         try:

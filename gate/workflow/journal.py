@@ -116,7 +116,6 @@ class Journal:
         write_text_atomic(self.path, json.dumps({"kind": KIND, "schema_version": SCHEMA_VERSION, **header}, sort_keys=True) + "\n")
 
     def add(self, result: CaseResult) -> None:
-
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(_clean(result.to_dict()), sort_keys=True, allow_nan=False) + "\n")
             fh.flush()

@@ -67,7 +67,6 @@ class _Run:
     """State of one selftest run: where it writes, what it found so far."""
 
     def __init__(self, config: Config, kernel: str, suite: str, device: str, out_dir: Path, tmp: Path, log):
-
         self.config, self.kernel, self.suite, self.device, self.out_dir, self.tmp, self.log = (
             config, kernel, suite, device, out_dir, tmp, log)
         self.adapter = get_adapter(kernel)
@@ -194,7 +193,6 @@ def exercising_cases(bug, cases, host_adapter, device: str) -> list:
 
 
 def run_bug(run: _Run, bug) -> BugOutcome:
-
     t0 = time.perf_counter()
     host = host_of(bug, run.adapter)
     host_name = run.kernel if host == "kernel" else "tiled"
@@ -379,7 +377,6 @@ def run_selftest(config: Config, kernel: str | None = None, suite: str | None = 
 
 
 def _finish(run: _Run) -> SelftestReport:
-
     append_step_summary(selftest_markdown(run.report))  # the last run.update() wrote the files
     return run.report
 
@@ -389,7 +386,6 @@ def output_paths(out_dir: Path) -> dict[str, Path]:
 
 
 def write_outputs(report: SelftestReport, out_dir: Path) -> dict[str, Path]:
-
     paths = output_paths(out_dir)
     try:
         write_json_atomic(paths["json"], report.to_dict())

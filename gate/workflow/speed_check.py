@@ -102,17 +102,21 @@ def run_perf_check(plan: RunPlan, baseline_perf: dict[str, Any] | None, out_dir:
         return _judged_perf(plan, baseline_perf, out_dir, worker)
 
 
-def _judged_perf(plan: RunPlan, baseline_perf: dict[str, Any] | None, out_dir: Path, worker) -> PerfCheck:
+def no_speed_section(result: PerfResult, kernel: str, suite: str) -> tuple[PerfJudgement, ...]:
+    """Every timed pass INCONCLUSIVE when the baseline has no speed section to judge it by."""
+    return tuple(
+        PerfJudgement(case_id=c.case_id, pass_=p, severity=PerfSeverity.INCONCLUSIVE,
+                      message=f"the baseline has no speed section: run `attn-gate baseline update --perf --kernel {kernel} "
+                              f"--suite {suite}` on this GPU class and commit it")
+        for c in result.cases if c.status is not Status.SKIP for p in result.plan.passes) or (nothing_judged(result),)
 
+
+def _judged_perf(plan: RunPlan, baseline_perf: dict[str, Any] | None, out_dir: Path, worker) -> PerfCheck:
     config, kernel, suite, device, only = plan.config, plan.kernel, plan.suite.name, plan.device, plan.only
     result = run_perf(kernel, suite, config, device, only=only, progress=_progress, measure=worker.measure,
                       kernel_version=worker.info.version, cases=plan.perf_cases)
     if not baseline_perf:
-        judgements = tuple(
-            PerfJudgement(case_id=c.case_id, pass_=p, severity=PerfSeverity.INCONCLUSIVE,
-                          message=f"the baseline has no speed section: run `attn-gate baseline update --perf --kernel {kernel} "
-                                  f"--suite {suite}` on this GPU class and commit it")
-            for c in result.cases if c.status is not Status.SKIP for p in result.plan.passes) or (nothing_judged(result),)
+        judgements = no_speed_section(result, kernel, suite)
     else:
         judgements = judge_perf(result, baseline_perf, config.perf,
                                 remeasure_with(kernel, result.anchor, device, config.perf, config, measure=worker.measure),
@@ -147,7 +151,6 @@ def no_perf_case_check(plan: RunPlan, baseline_perf: dict[str, Any] | None) -> P
 
 
 def _progress(line: str) -> None:
-
     print(f"perf: {line}", file=sys.stderr, flush=True)
 
 
@@ -260,11 +263,7 @@ def file_perf_check(paths: list[Path], kernel: str, suite: str, environment: dic
     result = read_perf_files(paths)
     refuse_perf_of_another_run(result, kernel, suite, environment, baseline_class, ", ".join(map(str, paths)))
     if not baseline_perf:
-        judgements = tuple(
-            PerfJudgement(case_id=c.case_id, pass_=p, severity=PerfSeverity.INCONCLUSIVE,
-                          message=f"the baseline has no speed section: run `attn-gate baseline update --perf --kernel {kernel} "
-                                  f"--suite {suite}` on this GPU class and commit it")
-            for c in result.cases if c.status is not Status.SKIP for p in result.plan.passes) or (nothing_judged(result),)
+        judgements = no_speed_section(result, kernel, suite)
     else:
         judgements = tuple(map(unconfirmed_from_file, judge_perf(result, baseline_perf, config.perf, None, only=only)))
     md = "\n".join([

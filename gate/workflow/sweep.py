@@ -18,7 +18,7 @@ from gate.correctness.run_case import run_case
 from gate.core.environment import describe
 from gate.core.errors import UserError
 from gate.core.results import CaseResult, SweepResult
-from gate.workflow.plan import RunPlan, plan_run, resolve_plan
+from gate.workflow.plan import RunPlan, plan_run
 from gate.workflow.shards import shard_cases, shard_note
 from gate.workflow.validate import check_device
 from gate.correctness.probes.registry import checks_for

@@ -118,7 +118,6 @@ def _runs_on(name: str, device: str) -> bool:
 
 
 def check_suite(config: Config, suite: str, option: str = "--suite") -> None:
-
     names = suite_names(config.suites)
     if suite not in names:
         raise UserError(f"{option} {suite!r}: unknown suite {suite!r}; choose one of: {', '.join(names)}{nearest(suite, names)} "
@@ -126,7 +125,6 @@ def check_suite(config: Config, suite: str, option: str = "--suite") -> None:
 
 
 def check_only(only: str | None) -> None:
-
     only_pattern(only)  # an invalid regex is a one-line UserError
 
 

@@ -41,7 +41,6 @@ from gate.core.errors import UserError, first_line
 from gate.speed.runs import measure_case
 from gate.speed.timing import TimingPlan
 import faulthandler
-import gate.correctness.probes.registry
 from gate.core.config import KernelFamily
 
 
@@ -262,7 +261,6 @@ def main() -> int:
 
 
 def _serve() -> int:
-
     die_with_parent()
     enable_subreaper()
     faulthandler.enable()  # a segfault or abort prints the Python stack to stderr: the ERROR row's tail shows it
