@@ -4,25 +4,27 @@
 # times and the memory they take.
 #
 #   scripts/build-flash-attn.sh [--dry-run] [--jobs N] [--out DIR] fa2
-#   scripts/build-flash-attn.sh [--dry-run] [--jobs N] [--out DIR] fa3 --src DIR
+#   scripts/build-flash-attn.sh [--dry-run] [--jobs N] [--out DIR] fa3 --src DIR [--fp8]
 #
 # fa2: flash-attn's own source distribution from the package index (FA2_VERSION, default 2.8.3.post2),
 #      head dims 64 and 128 only (33-64 and 97-128 dispatch to them; any other head dim raises
 #      "not compiled"), FLASH_ATTN_CUDA_ARCHS=90.
 # fa3: that sdist ships hopper/ without its CUDA sources, so --src names a flash-attention source tree
 #      the user provides (hopper/ and the csrc/cutlass submodule); head dims 64 and 128 (72-128 run the
-#      128 kernel), bf16/fp16, no FP8/softcap/pack-GQA/SM80 paths, sm_90a, without -lineinfo.
+#      128 kernel), bf16/fp16, no FP8/softcap/pack-GQA/SM80 paths, sm_90a, without -lineinfo;
+#      --fp8 keeps the e4m3 forward kernels (the fp8 cases of the coverage2 suite need them).
 # --dry-run prints every step and runs none. Wheels land in --out (default dist-flash/).
 set -euo pipefail
 
 usage() { sed -n '5,6p' "$0" | sed 's/^# *//' >&2; exit 2; }
-dry=0 jobs=${MAX_JOBS:-2} out=dist-flash src="" what=""
+dry=0 jobs=${MAX_JOBS:-2} out=dist-flash src="" what="" fp8=0
 while [ $# -gt 0 ]; do
   case $1 in
     --dry-run) dry=1 ;;
     --jobs) jobs=${2:?--jobs N}; shift ;;
     --out) out=${2:?--out DIR}; shift ;;
     --src) src=${2:?--src DIR}; shift ;;
+    --fp8) fp8=1 ;;
     fa2|fa3) what=$1 ;;
     -h|--help) usage ;;
     *) echo "build-flash-attn: unknown argument $1" >&2; usage ;;
@@ -101,7 +103,9 @@ else
     [ -d "$src/csrc/cutlass/include" ] || { echo "build-flash-attn: $src/csrc/cutlass is empty: git submodule update --init csrc/cutlass" >&2; exit 2; }
   fi
   export TORCH_CUDA_ARCH_LIST=9.0a FLASH_ATTENTION_OFFLINE_BUILD=1
-  for f in FP8 SOFTCAP PACKGQA SM80 HDIM96 HDIM192 HDIM256 HDIMDIFF64 HDIMDIFF192; do
+  disabled="SOFTCAP PACKGQA SM80 HDIM96 HDIM192 HDIM256 HDIMDIFF64 HDIMDIFF192"
+  [ "$fp8" = 1 ] || disabled="FP8 $disabled"
+  for f in $disabled; do
     export "FLASH_ATTENTION_DISABLE_$f=TRUE"
     echo "+ export FLASH_ATTENTION_DISABLE_$f=TRUE"
   done

@@ -37,6 +37,7 @@ BOOL_DENSITY = 0.3  # fraction of (query, key) pairs the random pattern allows (
 EMPTY_ROW_EVERY = 5  # bool_empty_rows: rows i with i % 5 == 2 see nothing
 SHIFT = -160.0  # shifted_rows: rows i with i % 4 == 1 get this added (exact in fp32, bf16 and fp16)
 SHIFT_EVERY = 4
+GROW_RISE = 128.0  # growing: added from 0 at the first key to this at the last; past exp's fp32 range (88.7)
 
 
 def bias_shape(case: Case) -> tuple[int, int, int, int]:
@@ -44,7 +45,7 @@ def bias_shape(case: Case) -> tuple[int, int, int, int]:
     b, h, nq, nk = case.batch, case.heads_q, case.seqlen_q, case.seqlen_k
     return {
         "dense": (b, h, nq, nk), "broadcast_b": (1, h, nq, nk), "broadcast_h": (b, 1, nq, nk),
-        "broadcast_1": (1, 1, nq, nk), "shifted_rows": (b, h, nq, nk),
+        "broadcast_1": (1, 1, nq, nk), "shifted_rows": (b, h, nq, nk), "growing": (b, h, nq, nk),
         "bool_mask": (b, h, nq, nk), "bool_empty_rows": (b, h, nq, nk),
         "document": (b, 1, nq, nk), "prefix_lm": (b, 1, nq, nk),
     }[case.bias.kind]
@@ -92,6 +93,9 @@ def make_bias(case: Case, seed: int, device: str | torch.device, dtype: torch.dt
             vals = table[:, :, bucket] + keyterm[:, :, None, :]  # float32 (bb, hb, r, nk)
             if case.bias.kind == "shifted_rows":  # softmax ignores a row shift; the LSE (and exp) do not
                 vals = vals + torch.where(rows % SHIFT_EVERY == 1, SHIFT, 0.0).view(1, 1, -1, 1)
+            if case.bias.kind == "growing":  # every later key tile brings a larger max: the online softmax rescales
+                rise = (cols * (GROW_RISE / max(1, nk - 1))).float().view(1, 1, 1, -1)
+                vals = (keyterm[:, :, None, :] + rise).expand(bb, hb, len(rows), nk)
             out[:, :, r0:r0 + len(rows)] = vals.to(dtype)
         return out
     assert case.bias.kind in BOOL_BIAS_KINDS

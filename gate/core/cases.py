@@ -111,6 +111,8 @@ FLOAT_BIAS_KINDS: dict[str, str] = {
     "broadcast_1": "float (1, 1, Nq, Nk): broadcast over batch and heads",
     "shifted_rows": "float (B, H, Nq, Nk): dense, with every 4th query row shifted by -160 so its LSE is "
                     "below -88.7 (exp underflows in fp32: pytorch #196678, cuDNN NaN dQ); best with bias_dtype fp32",
+    "growing": "float (B, H, Nq, Nk): a per-key term plus a rise of 128 from the first key to the last, so each key "
+               "tile raises the running max (a kernel that stops updating it overflows exp past +88)",
 }
 BOOL_BIAS_KINDS: dict[str, str] = {
     "bool_mask": "bool (B, H, Nq, Nk): a random sparse pattern (about 30% allowed) plus each row's diagonal key",

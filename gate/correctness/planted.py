@@ -256,6 +256,15 @@ class _PlantedSteps(TileSteps):
         return nk - nk % TILE if "skip_last_partial_tile" in self.flags else nk
 
     def rescale(self, m, s):
+        """bugs no_max_subtraction and max_frozen (the running max kept from the first tile with a
+        finite score: right while later tiles stay within exp's range of it)."""
+        if "max_frozen" in self.flags:
+            m_kept = torch.where(torch.isinf(m), s.amax(dim=-1, keepdim=True), m)
+            m_safe = torch.where(torch.isinf(m_kept), torch.zeros_like(m_kept), m_kept)
+            return m_kept, m_safe, torch.exp(m - m_safe)
+        return self._rescale_no_max(m, s)
+
+    def _rescale_no_max(self, m, s):
         """bug no_max_subtraction: exp of the raw scores, fine for small logits, inf beyond ~88 in float32."""
         if "no_max_subtraction" not in self.flags:
             return super().rescale(m, s)
@@ -328,6 +337,8 @@ EXTREME = Trigger("an inputs = large/shifted/outliers case (extreme logits)",
                   field="inputs")
 NONCONTIG_K = Trigger("a layout case with a non-contiguous K (k_sliced, qkv_packed, bhsd_view)",
                       lambda c: c.layout in ("k_sliced", "qkv_packed", "bhsd_view"), field="layout")
+GROWING_BIAS = Trigger("a case with a bias rising along the keys (bias = [\"growing\"])",
+                      lambda c: c.bias.kind == "growing" and _any_keys(c), field="bias")
 BIAS_GRAD = Trigger("a case with a learnable bias (bias_grad = true)", lambda c: c.bias.grad, field="bias_grad")
 PAGED = Trigger("a paged kv-cache case (entry = kvcache with a page size)",
                 lambda c: c.entry.kind == "kvcache" and bool(c.entry.page_size), field="entry")
@@ -363,6 +374,8 @@ BUGS: tuple[PlantedBug, ...] = (
     PlantedBug("dropout_redrawn", "the dropout mask redrawn in the backward", "tiled", DROPOUT, variant("dropout_redrawn")),
     PlantedBug("exp_overflow", "no running max: exp overflows/underflows at extreme logits", "tiled", EXTREME,
                variant("no_max_subtraction")),
+    PlantedBug("running_max_frozen", "the running max never raised after the first key tile: exp overflows once later "
+               "scores pass it by 88", "tiled", GROWING_BIAS, variant("max_frozen"), needs=lambda caps: caps.supports(Feature.BIAS)),
     PlantedBug("noncontiguous_k", "wrong results for a non-contiguous K (strides ignored)", "kernel", NONCONTIG_K,
                wrap(_noncontiguous_k)),
     PlantedBug("bias_grad_x1.02", "dBias 2% too large (a broadcast bias's gradient reduced wrongly)", "kernel", BIAS_GRAD,
