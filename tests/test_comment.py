@@ -22,8 +22,8 @@ from gate.report.comment import COMMENT_LIMIT, Links, pr_comment
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU_BASELINE = ROOT / "baselines" / "cpu" / "sdpa-cpu-smoke.json"
-# Real runs, gzipped: an H200 `check --perf` of sdpa-flash on pr against baselines/h200/sdpa-flash-pr.json,
-# and a CPU sweep of sdpa-cpu on smoke (tests/data/README.md names their commits).
+# Real runs, gzipped: an H200 `check --perf` of sdpa-flash on pr and the baseline it was checked against
+# (baselines/h200/sdpa-flash-pr.json of that time), and a CPU sweep of sdpa-cpu on smoke (tests/data/README.md names their commits).
 DATA = ROOT / "tests" / "data"
 
 
@@ -151,7 +151,7 @@ def _h200_inputs(tmp: Path):
     from gate.workflow.speed_check import perf_findings
 
     config = load_config(ROOT / "pyproject.toml")
-    baseline = read_baseline(ROOT / "baselines" / "h200" / "sdpa-flash-pr.json")
+    baseline = read_baseline(_unzipped("h200-baseline-sdpa-flash-pr.json.gz", tmp))
     sweep = SweepResult.read(_unzipped("h200-sweep-sdpa-flash-pr.json.gz", tmp))
     perf = PerfResult.read(_unzipped("h200-perf-sdpa-flash-pr.json.gz", tmp))
     judgements = judge_perf(perf, baseline.perf, config.perf)
