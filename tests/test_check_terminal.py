@@ -74,6 +74,9 @@ def test_last_failed_without_a_last_run_is_a_usage_error(tmp_path, capsys):
     (["baseline", "updte"], "did you mean update?"),
     (["--verison"], "--verison: did you mean --version?"),
     (["--verison", "check"], "--verison: did you mean --version?"),
+    # a flag of other commands is named as such, never suggested as its own correction
+    (["perf", "--no-progress"], "`attn-gate perf` has no --no-progress (a flag of baseline update, check, "),
+    (["baseline", "update", "--perf-form", "x"], "--perf-form: did you mean --perf-from"),
 ])
 def test_a_misspelt_subcommand_or_flag_gets_the_nearest_name(argv, hint, capsys):
     assert main(argv) == 2

@@ -38,7 +38,7 @@ class HintingParser(argparse.ArgumentParser):
         if stray and message.startswith("the following arguments are required"):
             # `attn-gate --verison`: argparse names the missing COMMAND, not the misspelt flag
             message = f"unrecognized arguments: {' '.join(stray)}"
-        hint = nearest_name_hint(self, message)
+        hint = nearest_name_hint(self, message, getattr(self, "_argv", []))
         super().error(message + hint)
 
     def _stray_flags(self) -> list[str]:
@@ -66,7 +66,35 @@ def _flags(parser: argparse.ArgumentParser) -> set[str]:
     return flags
 
 
-def nearest_name_hint(parser: argparse.ArgumentParser, message: str) -> str:
+def _command_path(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], argparse.ArgumentParser]:
+    """The subcommand words argv names (`baseline update`) and the parser that reads their flags."""
+    words: list[str] = []
+    for word in argv:
+        if word.startswith("-"):
+            continue
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs or word not in subs[0].choices:
+            break
+        words.append(word)
+        parser = subs[0].choices[word]
+    return words, parser
+
+
+def _flag_owners(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, list[str]]:
+    """Each long flag -> the subcommands that take it."""
+    owners: dict[str, list[str]] = {}
+    for action in parser._actions:
+        for o in action.option_strings:
+            if o.startswith("--"):
+                owners.setdefault(o, []).append(prefix.strip() or "attn-gate")
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                for flag, names in _flag_owners(sub, f"{prefix} {name}").items():
+                    owners.setdefault(flag, []).extend(names)
+    return owners
+
+
+def nearest_name_hint(parser: argparse.ArgumentParser, message: str, argv: list[str] = ()) -> str:
     choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
     if choice:
         options = re.findall(r"'?([\w.:-]+)'?", choice.group(2))
@@ -74,13 +102,21 @@ def nearest_name_hint(parser: argparse.ArgumentParser, message: str) -> str:
         return f"; did you mean {' or '.join(close)}?" if close else ""
     unknown = re.search(r"unrecognized arguments: (.*)", message)
     if unknown:
-        flags = sorted(_flags(parser))
+        words, command = _command_path(parser, list(argv))
+        # the flags of the command typed (and the top-level ones before it), not of every command
+        flags = sorted({o for a in command._actions for o in a.option_strings if o.startswith("--")} |
+                       ({o for a in parser._actions for o in a.option_strings if o.startswith("--")} if words else set()))
+        owners = _flag_owners(parser)
         hints = []
         for word in unknown.group(1).split():
-            if word.startswith("-"):
-                close = difflib.get_close_matches(word.split("=", 1)[0], flags, n=2, cutoff=0.6)
-                if close:
-                    hints.append(f"{word}: did you mean {' or '.join(close)}?")
+            if not word.startswith("-"):
+                continue
+            flag = word.split("=", 1)[0]
+            close = [c for c in difflib.get_close_matches(flag, flags, n=2, cutoff=0.6) if c != flag]
+            if close:
+                hints.append(f"{word}: did you mean {' or '.join(close)}?")
+            elif words and flag in owners:
+                hints.append(f"`attn-gate {' '.join(words)}` has no {flag} (a flag of {', '.join(sorted(set(owners[flag])))})")
         return ("; " + "; ".join(hints)) if hints else ""
     return ""
 
