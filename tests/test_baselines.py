@@ -8,10 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from gate.compare.baselines import Baseline, baseline_path, diff_baselines, merge_baseline, read_baseline
+from gate.compare.baselines import (
+    Baseline, baseline_path, cases_to_rerun, diff_baselines, ids_regex, merge_baseline, read_baseline,
+)
+from gate.core.cases import case_hash
 from gate.core.config import load_config
 from gate.core.errors import UserError
-from gate.core.results import Status
+from gate.core.results import CaseResult, Status
 from tests.test_verdict import CFG, GOOD, case, result, sweep
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,7 +31,7 @@ def test_round_trip_sorted_and_rounded(tmp_path):
     b.write(path)
     text = path.read_text()
     data = json.loads(text)
-    assert data["schema_version"] == 2 and data["kind"] == "attn-gate baseline" and data["gpu_class"] == "cpu"
+    assert data["schema_version"] == 3 and data["kind"] == "attn-gate baseline" and data["gpu_class"] == "cpu"
     assert list(data) == sorted(data) and list(data["correctness"]) == sorted(data["correctness"])
     assert text == json.dumps(data, indent=1, sort_keys=True) + "\n"  # canonical: a rewrite changes nothing
     back = read_baseline(path)
@@ -50,7 +53,7 @@ BAD_FILES = [
     ("malformed", GOOD_TEXT.replace('"status": "PASS"', '"status": PASS', 1), "not valid JSON"),
     ("truncated", GOOD_TEXT[: len(GOOD_TEXT) // 2], "truncated"),
     ("empty", "", "not valid JSON"),
-    ("unknown schema", GOOD_TEXT.replace('"schema_version": 2', '"schema_version": 99'), "schema_version 99"),
+    ("unknown schema", GOOD_TEXT.replace('"schema_version": 3', '"schema_version": 99'), "schema_version 99"),
     ("not a baseline", json.dumps({"schema_version": 1, "kind": "attn-gate sweep"}), "not an 'attn-gate baseline'"),
     ("missing field", GOOD_TEXT.replace('"suite_hash"', '"suite_hash_x"'), "missing or has a bad field"),
     ("bad status", GOOD_TEXT.replace('"status": "PASS"', '"status": "GREEN"', 1), "missing or has a bad field"),
@@ -89,7 +92,56 @@ def test_merge_filtered_run_into_changed_suite_is_refused():
     old = Baseline.from_sweep(GOOD)
     new = Baseline.from_sweep(sweep(result(1, out=0.5), suite_hash="h2"))
     with pytest.raises(UserError, match="cannot update it piecemeal"):
-        merge_baseline(new, old, "s1-")
+        merge_baseline(new, old, "s1-")  # no suite given: nothing says which rows still hold
+
+
+def _grown_suite():
+    """GOOD's suite changed: case 2 changed (a seed more), case 3 removed, case 5 added."""
+    changed = case(2).with_fields(seeds=(0, 1, 2))
+    return {case(1).id: case_hash(case(1)), changed.id: case_hash(changed), case(4).id: case_hash(case(4)),
+            case(5).id: case_hash(case(5))}, changed
+
+
+def test_a_grown_suite_keeps_the_rows_of_unchanged_cases_and_runs_the_rest():
+    old = Baseline.from_sweep(GOOD, perf={"x": 1})
+    suite_cases, changed = _grown_suite()
+    assert cases_to_rerun(old, suite_cases) == [changed.id, case(5).id]
+    run = sweep(CaseResult(case=changed, status=Status.PASS, tensors=result(2, out=0.1, dq=0.1, dk=0.1, dv=0.1).tensors),
+                result(5, out=0.2, dq=0.2, dk=0.2, dv=0.2), suite_hash="h2", scope=ids_regex([changed.id, case(5).id]))
+    merged, kept = merge_baseline(Baseline.from_sweep(run), old, run.scope, suite_cases)
+    assert kept == 2 and set(merged.correctness) == set(suite_cases)  # 1 and 4 kept, 3 dropped, 2 and 5 from the run
+    assert merged.correctness[case(1).id] == old.correctness[case(1).id]
+    assert merged.correctness[changed.id].tensors["out"].ratio == 0.1 and merged.suite_hash == "h2" and merged.perf == {"x": 1}
+    assert {cid: c.case_hash for cid, c in merged.correctness.items()} == suite_cases
+
+
+def test_a_grown_suite_refuses_a_run_that_lacks_a_new_or_changed_case_and_names_the_only():
+    old = Baseline.from_sweep(GOOD)
+    suite_cases, changed = _grown_suite()
+    run = sweep(result(5, out=0.2, dq=0.2, dk=0.2, dv=0.2), suite_hash="h2", scope=ids_regex([case(5).id]))
+    with pytest.raises(UserError) as err:
+        merge_baseline(Baseline.from_sweep(run), old, run.scope, suite_cases)
+    message = str(err.value)
+    assert "1 of its cases are new or changed" in message and changed.id in message
+    assert f"--only '{ids_regex([changed.id, case(5).id])}'" in message
+
+
+def test_a_baseline_without_case_hashes_cannot_outlive_a_suite_change():
+    data = json.loads(GOOD_TEXT)
+    for row in data["correctness"].values():
+        row.pop("case_hash")
+    old = Baseline.from_dict({**data, "schema_version": 3})
+    suite_cases, _ = _grown_suite()
+    run = sweep(result(5, out=0.2, dq=0.2, dk=0.2, dv=0.2), suite_hash="h2", scope=ids_regex([case(5).id]))
+    with pytest.raises(UserError, match="predates case hashes"):
+        merge_baseline(Baseline.from_sweep(run), old, run.scope, suite_cases)
+
+
+def test_a_bad_case_hash_is_refused():
+    data = json.loads(GOOD_TEXT)
+    next(iter(data["correctness"].values()))["case_hash"] = "not-hex"
+    with pytest.raises(ValueError, match="case_hash"):
+        Baseline.from_dict(data)
 
 
 def test_diff_lists_what_moved_beyond_noise():
@@ -156,12 +208,62 @@ def test_a_schema_1_baseline_is_migrated_and_records_its_commit_from_now_on(tmp_
     data = json.loads(GOOD_TEXT)
     data["schema_version"] = 1
     data.pop("commit")
+    for row in data["correctness"].values():
+        row.pop("case_hash")
     old = tmp_path / "old.json"
     old.write_text(json.dumps(data))
     migrated = read_baseline(old)
-    assert migrated.commit == "" and migrated.schema_version == 2
+    assert migrated.commit == "" and migrated.schema_version == 3
+    assert all(c.case_hash is None for c in migrated.correctness.values())  # unknown, not invented
     sweep = dataclasses.replace(GOOD, environment={**GOOD.environment, "git_commit": "abc123"})
     assert Baseline.from_sweep(sweep).commit == "abc123"
     new = tmp_path / "new.json"
     Baseline.from_sweep(sweep).write(new)
     assert json.loads(new.read_text())["commit"] == "abc123" and read_baseline(new).commit == "abc123"
+
+
+# ---------------------------------------------------------------- a suite that grows, end to end
+
+MINI = ('[tool.attn-gate.suites.mini]\nseeds = [0]\n[[tool.attn-gate.suites.mini.matrix]]\n'
+        'dtype = ["bf16"]\nseqlens = ["33", "40x56"]\nheads = ["2"]\nhead_dims = ["16"]\n')
+GROWN = MINI + '[[tool.attn-gate.suites.mini.matrix]]\ndtype = ["fp32"]\nseqlens = ["24"]\nheads = ["2"]\nhead_dims = ["16"]\n'
+
+
+def test_after_a_suite_grows_only_the_new_cases_run_and_check_passes(tmp_path, capsys):
+    from gate.commands.main import main
+
+    config = tmp_path / "pyproject.toml"
+    base = ["--kernel", "sdpa-cpu", "--suite", "mini", "--device", "cpu", "--config", str(config), "--no-progress"]
+    config.write_text(MINI)
+    assert main(["baseline", "update", *base, "--out", str(tmp_path / "o1")]) == 0
+    path = tmp_path / "baselines" / "cpu" / "sdpa-cpu-mini.json"
+    first = read_baseline(path)
+    config.write_text(GROWN)
+    capsys.readouterr()
+    # check refuses the stale baseline; a filtered update that lacks the new case is refused with the --only to run
+    assert main(["check", *base, "--out", str(tmp_path / "c0")]) == 2
+    assert "run only its 1 new or changed cases" in capsys.readouterr().err  # and names the --only that does
+    assert main(["baseline", "update", *base, "--only", "^bf16-", "--out", str(tmp_path / "o2")]) == 2
+    assert "--only '^(fp32\\-b2\\-h2\\-s24\\-d16)$'" in capsys.readouterr().err
+    assert main(["baseline", "update", *base, "--only", "^fp32-", "--out", str(tmp_path / "o3")]) == 0
+    grown = read_baseline(path)
+    assert set(grown.correctness) == set(first.correctness) | {"fp32-b2-h2-s24-d16"}
+    assert all(grown.correctness[cid] == row for cid, row in first.correctness.items())  # kept as measured
+    assert main(["check", *base, "--out", str(tmp_path / "c1")]) == 0
+
+
+def test_a_results_row_of_another_case_under_the_same_id_is_refused(tmp_path, capsys):
+    from gate.commands.main import main
+
+    config = tmp_path / "pyproject.toml"
+    config.write_text(MINI)
+    base = ["--kernel", "sdpa-cpu", "--suite", "mini", "--device", "cpu", "--config", str(config)]
+    assert main(["sweep", *base, "--no-progress", "--out", str(tmp_path / "o")]) == 0
+    results = tmp_path / "o" / "sweep-sdpa-cpu-mini.json"
+    data = json.loads(results.read_text())
+    data["cases"][0]["case"]["seeds"] = [0, 1]  # the row claims a case the suite does not have under its id
+    results.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert main(["baseline", "update", *base, "--from-results", str(results)]) == 2
+    err = capsys.readouterr().err
+    assert "not the suite's case of that id" in err and not (tmp_path / "baselines").exists()

@@ -7,7 +7,7 @@ A baseline is the reviewed memory of the gate: `attn-gate check` compares a fres
 schema-versioned JSON with sorted keys, ratios rounded to 4 significant digits and cases keyed by
 their stable id, so `git diff` of a baseline reads like a changelog.
 
-Layout (schema_version 2):
+Layout (schema_version 3):
 
     kind           "attn-gate baseline"
     kernel, suite, suite_hash, gpu_class
@@ -17,8 +17,10 @@ Layout (schema_version 2):
     measured_at    when the sweep behind it started
     commit         the git commit the sweep ran at ('' when unknown; '+dirty' with local changes),
                    so a report can link to the code the baseline was measured with
-    correctness    {case_id: {"status": PASS|FAIL|ERROR|SKIP, "reason": str,
+    correctness    {case_id: {"status": PASS|FAIL|ERROR|SKIP, "reason": str, "case_hash": str,
                               "tensors": {tensor: {"ratio", "max_err", "mean_err", "bound", "pt_err"}}}}
+                   case_hash: the measured case's gate.core.cases.case_hash, so that when the suite
+                   changes, the rows of cases that did not change can be kept by a filtered update
     perf           null, or the timing engine's section, keyed by case id: this module stores
                    and round-trips it untouched; `baseline update` from a correctness run keeps it.
 
@@ -28,6 +30,8 @@ Format history:
   1  first version.
   2  `commit`; cpu_model and cpu_capability in the environment. Version 1 files are read
      (migrated: commit ''); the next `baseline update` writes version 2.
+  3  `case_hash` per row. Version 2 files are read with none (their rows cannot outlive a
+     change of their suite); the next `baseline update` writes version 3.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from gate.compare.headroom import is_headroom_regression, is_large_improvement
+from gate.core.cases import case_hash
 from gate.core.config import tolerance_changes
 from gate.core.errors import UserError
 from gate.core.jsonio import (
@@ -48,8 +53,8 @@ from gate.core.jsonio import (
 from gate.core.results import ALL_TENSORS, GRADIENTS, Status, SweepResult, required_tensors
 from gate.core.files import safe_name
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # migrate_baseline turns each older one into the current layout
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)  # migrate_baseline turns each older one into the current layout
 KIND = "attn-gate baseline"
 # ratio, max_err and bound are each rounded to 4 significant digits: ratio and max_err / bound agree to ~1e-3
 ROUNDED_REL_TOL = 2e-3
@@ -93,28 +98,34 @@ class CaseBaseline:
     status: Status
     reason: str = ""
     tensors: dict[str, TensorBaseline] = field(default_factory=dict)
+    case_hash: str | None = None  # None: written before case hashes (schema 2)
 
     @property
     def measured(self) -> bool:
         return self.status is not Status.SKIP
 
     def to_dict(self) -> dict[str, Any]:
-        return {"status": self.status.value, "reason": self.reason,
-                "tensors": {name: t.to_dict() for name, t in sorted(self.tensors.items())}}
+        row = {"status": self.status.value, "reason": self.reason,
+               "tensors": {name: t.to_dict() for name, t in sorted(self.tensors.items())}}
+        if self.case_hash is not None:
+            row["case_hash"] = self.case_hash
+        return row
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], case_id: str = "") -> "CaseBaseline":
         """A row whose status is recomputed from its numbers both ways, as the results reader does
         (CaseResult.check_consistent), and a PASS row that lacks the tensors its case must carry
         is refused. The row keeps no Case: bias_grad and decode are read off its id."""
-        tensors, reason = d.get("tensors", {}), d.get("reason", "")
+        tensors, reason, digest = d.get("tensors", {}), d.get("reason", ""), d.get("case_hash")
         if not isinstance(tensors, dict) or not isinstance(reason, str):
             raise TypeError("tensors must be an object keyed by tensor name and reason a string")
+        if digest is not None and not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{16}", digest)):
+            raise ValueError(f"case_hash {digest!r} is not 16 hex digits")
         unknown = [name for name in tensors if name not in ALL_TENSORS]
         if unknown:
             raise ValueError(f"tensor {unknown[0]!r} is not one of {', '.join(ALL_TENSORS)}")
         case = cls(status=Status(d["status"]), reason=reason,
-                   tensors={name: TensorBaseline.from_dict(t, name) for name, t in tensors.items()})
+                   tensors={name: TensorBaseline.from_dict(t, name) for name, t in tensors.items()}, case_hash=digest)
         over = [name for name, t in case.tensors.items() if not t.ratio <= 1.0]
         if case.status is Status.PASS and over:
             raise ValueError(f"status PASS contradicts the row: {', '.join(over)} over the bound "
@@ -173,6 +184,7 @@ class Baseline:
             c.case_id: CaseBaseline(
                 status=c.status, reason=c.reason,
                 tensors={t.tensor: TensorBaseline(t.ratio, t.max_err, t.mean_err, t.bound, t.pt_err) for t in c.tensors},
+                case_hash=case_hash(c.case),
             )
             for c in sweep.cases
         }
@@ -225,9 +237,12 @@ def baseline_path(baselines_dir: str | Path, gpu_class: str, kernel: str, suite:
 
 
 def migrate_baseline(payload: dict[str, Any]) -> dict[str, Any]:
-    """An older layout as the current one: 1 -> 2 adds `commit` ('', not known then)."""
+    """An older layout as the current one: 1 -> 2 adds `commit` ('', not known then); 2 -> 3
+    changes nothing present (its rows have no case_hash: unknown, not invented)."""
     if payload.get("schema_version") == 1:
         payload = {**payload, "schema_version": 2, "commit": payload.get("commit", "")}
+    if payload.get("schema_version") == 2:
+        payload = {**payload, "schema_version": 3}
     return payload
 
 
@@ -319,19 +334,47 @@ class BaselineDiff:
         return "\n".join(lines) + "\n"
 
 
-def merge_baseline(new: Baseline, old: Baseline | None, scope: str | None) -> tuple[Baseline, int]:
+def cases_to_rerun(old: Baseline, suite_cases: dict[str, str]) -> list[str]:
+    """The ids of `suite_cases` (id -> case_hash, the suite as it is now) that the old baseline has
+    no row of the same case for: added or changed since (all of them for rows without a case_hash)."""
+    return [cid for cid, digest in suite_cases.items()
+            if cid not in old.correctness or old.correctness[cid].case_hash != digest]
+
+
+def ids_regex(ids: list[str]) -> str:
+    """An --only pattern that selects exactly these case ids."""
+    return "^(" + "|".join(re.escape(cid) for cid in ids) + ")$"
+
+
+def merge_baseline(new: Baseline, old: Baseline | None, scope: str | None,
+                   suite_cases: dict[str, str] | None = None) -> tuple[Baseline, int]:
     """The baseline to write. A run filtered with --only replaces only the cases in its scope;
-    the old baseline's other cases are kept (and counted). The perf section is always kept."""
+    the old baseline's other cases are kept (and counted). The perf section is always kept.
+    When the suite changed since the old baseline (`suite_cases`: id -> case_hash of the suite
+    now), an old row is kept only for a case that is still in the suite and unchanged, and the run
+    must hold every case added or changed: else the update is refused with the --only to run."""
 
     if old is None:
         return new, 0
     kept = {}
     if scope is not None:
-        if old.suite_hash != new.suite_hash or tolerance_changes(old.tolerance, new.tolerance):
-            what = "suite" if old.suite_hash != new.suite_hash else "tolerance"
-            raise UserError(f"the {what} changed since the baseline was made, so a run filtered with --only {scope!r} "
+        if tolerance_changes(old.tolerance, new.tolerance):
+            raise UserError(f"the tolerance changed since the baseline was made, so a run filtered with --only {scope!r} "
                             f"cannot update it piecemeal; update it from a run of the whole suite (drop --only)")
-        kept = {cid: c for cid, c in old.correctness.items() if not re.search(scope, cid) and cid not in new.correctness}
+        if old.suite_hash != new.suite_hash:
+            if suite_cases is None:
+                raise UserError(f"the suite changed since the baseline was made, so a run filtered with --only {scope!r} "
+                                f"cannot update it piecemeal; update it from a run of the whole suite (drop --only)")
+            lacking = [cid for cid in cases_to_rerun(old, suite_cases) if cid not in new.correctness]
+            if lacking:
+                raise UserError(f"the suite changed since the baseline was made: {len(lacking)} of its cases are new or "
+                                f"changed{' (or the baseline predates case hashes)' if any(c.case_hash is None for c in old.correctness.values()) else ''} "
+                                f"and not in this run ({', '.join(lacking[:3])}{' ...' if len(lacking) > 3 else ''}); "
+                                f"run them too: --only '{ids_regex(cases_to_rerun(old, suite_cases))}'")
+            old_rows = {cid: c for cid, c in old.correctness.items() if cid in suite_cases}
+        else:
+            old_rows = old.correctness
+        kept = {cid: c for cid, c in old_rows.items() if not re.search(scope, cid) and cid not in new.correctness}
     merged = Baseline(kernel=new.kernel, suite=new.suite, suite_hash=new.suite_hash, gpu_class=new.gpu_class,
                       environment=new.environment, tolerance=new.tolerance, measured_at=new.measured_at,
                       correctness={**kept, **new.correctness}, perf=new.perf if new.perf is not None else old.perf,

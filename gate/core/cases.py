@@ -944,6 +944,12 @@ def suite_names(overrides: dict[str, Any] | None = None) -> list[str]:
     return sorted(set(default_suite_specs()) | set(overrides or {}))
 
 
+def case_hash(case: Case) -> str:
+    """Changes when the case changes (what suite_hash digests, for one case): a baseline row
+    remembers it, so rows of unchanged cases survive a change elsewhere in their suite."""
+    return hashlib.sha256(json.dumps(case.hash_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
 def suite_hash(suite: Suite) -> str:
     """Changes when any case of the suite changes: a baseline from another suite is refused."""
     blob = json.dumps([c.hash_dict() for c in suite.cases], sort_keys=True).encode()

@@ -44,7 +44,7 @@ from gate.compare.sweep_rules import (
     check_comparable, compare, correctness_thresholds, refuse_duplicate_cases, refuse_other_gpu_class, incomplete_pass,
     refuse_stale_baseline,
 )
-from gate.core.cases import load_suite, only_pattern, suite_names
+from gate.core.cases import case_hash, load_suite, only_pattern, suite_names
 from gate.workflow.plan import RunPlan, current_gpu_class, plan_run, resolve_plan
 from gate.core.environment import default_device
 from gate.workflow.sweep import SweepOptions, sweep_plan
@@ -243,7 +243,7 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
     path, baseline = load_existing_baseline(plan, baseline_file)
     if results is None:  # refused now, not after the sweep it would throw away
         refuse_stale_baseline(baseline, plan.kernel, plan.suite.name, plan.suite_hash,
-                              config.tolerance.as_dict(), plan.gpu_class, path)
+                              config.tolerance.as_dict(), plan.gpu_class, path, {c.id: case_hash(c) for c in plan.suite.cases})
     sweep = results if results is not None else fresh_sweep(plan, progress)
     check_comparable(baseline, sweep, path)
     scope = sweep.scope
@@ -314,6 +314,12 @@ def require_complete_run(plan: RunPlan, sweep: SweepResult, source: object, path
     pattern = only_pattern(scope)
     wanted = [c.id for c in suite.cases if pattern is None or pattern.search(c.id)]
     ran = {c.case_id for c in sweep.cases}
+    by_id = {c.id: c for c in suite.cases}
+    foreign = [c.case_id for c in sweep.cases if by_id.get(c.case_id) != c.case]
+    if foreign:  # the row's case is what its case_hash in the baseline will say was measured
+        raise UserError(f"{source}: {len(foreign)} rows measured a case that is not the suite's case of that id "
+                        f"({', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''}); a baseline of them would "
+                        f"compare other cases: update from a run of the suite as it is now (`{redo}`)")
     missing = [cid for cid in wanted if cid not in ran]
     if missing:
         within = f" matching --only {scope!r}" if scope is not None else ""
@@ -413,7 +419,8 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
 
         if perf_wanted(perf, plan.device):  # speed ratios with their noise; None keeps the old section
             perf_section, _ = perf_baseline_section(plan, old.perf if old is not None else None)
-    new, kept = merge_baseline(Baseline.from_sweep(sweep, perf=perf_section), old, sweep.scope)
+    suite_cases = {c.id: case_hash(c) for c in plan.suite.cases}
+    new, kept = merge_baseline(Baseline.from_sweep(sweep, perf=perf_section), old, sweep.scope, suite_cases)
     cfg = config.verdict
     diff = diff_baselines(old, new, path, cfg.headroom_factor, cfg.headroom_step, cfg.improvement_factor, kept)
     refusal = refuse_failing_run(sweep, config)
