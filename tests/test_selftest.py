@@ -123,6 +123,39 @@ def test_slowdown_plumbing_rehearsed_on_cpu(tmp_path, capsys):
     assert [c["kernel"] for c in report["controls"]] == ["sdpa-cpu"]
 
 
+DECODE_PERF = """
+[[tool.attn-gate.suites.tiny.matrix]]
+dtype = ["bf16"]
+entry = ["kvcache"]
+batch = [2]
+seqlens = ["1x512"]
+heads = ["4/2"]
+head_dims = ["32"]
+page_size = [16]
+causal = [true]
+perf = [true]
+"""
+
+
+def test_a_decode_slowdown_is_planted_in_its_forward_only(tmp_path, capsys):
+    """--slowdown-case picks the perf case: a decode case has no backward, so only its forward is
+    slowed, judged and reported (the kvcache entry's speed, which pr and nightly time)."""
+    config = write_config(tmp_path, "[tool.attn-gate.perf]\nrounds = 7\ncalls_per_round = 2\nconfirm_rounds = 0\nwarmup_s = 0.0\n")
+    Path(config).write_text(Path(config).read_text().replace("causal = [true]", "causal = [true]\nperf = [true]", 1) + DECODE_PERF)
+    code, report, md = selftest(tmp_path, config, "--bugs", "dk_x1.02", "--reps", "1", "--rehearse-slowdowns-on-cpu",
+                                "--slowdown-case", "kv-page")
+    assert code == 0, capsys.readouterr()
+    s = report["slowdowns"]
+    assert s["ran"] and s["case_id"] == "bf16-b2-h4/2-s1x512-d32-causal-kv-page16"
+    assert {(t["pass_"], t["level_pct"]) for t in s["trials"]} == {("fwd", lv) for lv in (0.0, 1.0, 2.0, 3.0, 5.0, 10.0)}
+    assert set(s["summary"]) == {"fwd"} and "| fwd |" in md and "| bwd |" not in md
+    assert s["calibration"]["cycles"]["fwd+10%"] > s["calibration"]["cycles"]["fwd+1%"] > 0
+    # a pattern no perf case matches says so, and the rest of the selftest still decides
+    code, report, _ = selftest(tmp_path, config, "--bugs", "dk_x1.02", "--reps", "1", "--rehearse-slowdowns-on-cpu",
+                               "--slowdown-case", "no-such-case")
+    assert not report["slowdowns"]["ran"] and "matches --slowdown-case 'no-such-case'" in report["slowdowns"]["reason"]
+
+
 def test_tiled_control_runs_when_a_chosen_bug_lives_in_tiled(tmp_path, capsys):
     code, report, _ = selftest(tmp_path, write_config(tmp_path), "--bugs", "causal_peek", "--no-slowdowns")
     assert code == 0, capsys.readouterr()

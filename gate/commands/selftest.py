@@ -24,6 +24,9 @@ def register(sub) -> None:
                    "the time budget runs out; at least 1)")
     p.add_argument("--budget-s", type=float, default=None, help="time budget in seconds; the slowdown repetitions stop "
                    "when the next one would not fit (default 330 on a GPU, none on a CPU)")
+    p.add_argument("--slowdown-case", default=None, metavar="REGEX",
+                   help="plant the slowdowns in the cheapest perf case whose id matches (default: the cheapest perf "
+                        "case); a decode case is slowed in its forward, the only pass it has")
     p.add_argument("--rehearse-slowdowns-on-cpu", action="store_true",
                    help="run the slowdown part on a CPU with a busy-wait: checks the plumbing, measures nothing about GPUs, "
                         "never decides the exit code")
@@ -38,7 +41,7 @@ def main(args: argparse.Namespace) -> int:
     report = run_selftest(config, args.kernel, args.suite, args.device, args.out, bugs=bugs,
                           slowdowns=not args.no_slowdowns, budget_s=args.budget_s,
                           reps=DEFAULT_REPS if args.reps is None else args.reps,
-                          rehearse_slowdowns_on_cpu=args.rehearse_slowdowns_on_cpu)
+                          rehearse_slowdowns_on_cpu=args.rehearse_slowdowns_on_cpu, slowdown_case=args.slowdown_case)
 
     paths = output_paths(args.out)  # written by the run after every step
     print(selftest_table(report))

@@ -69,7 +69,7 @@ def selftest_markdown(r: SelftestReport) -> str:
                   "| pass | smallest caught in every rep | A/A false alarms | "
                   + " | ".join(f"+{lv:g}%: caught, measured shift" for lv in s.levels_pct) + " |",
                   "|---|---|---|" + "---|" * len(s.levels_pct)]
-        for p in ("fwd", "bwd"):
+        for p in s.passes():
             alarms, n = s.false_alarms(p)
             smallest = s.smallest_caught(p)
             cells = []

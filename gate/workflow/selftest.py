@@ -35,7 +35,7 @@ from gate.core.errors import UserError
 from gate.core.files import append_step_summary, require_writable
 from gate.core.results import SweepResult
 from gate.correctness.planted import case_cost, host_of, mult_to_catch, planted_adapter, select_bugs
-from gate.core.cases import load_suite
+from gate.core.cases import load_suite, only_pattern
 from gate.kernels.registry import get_adapter
 from gate.speed.planted import CPU_CYCLES_PER_MS, SlowedKernel, planted_cycles
 from gate.speed.runs import PerfResult, baseline_entry, case_anchor, judge_perf, measure_case, select_perf_cases
@@ -248,15 +248,24 @@ def run_bug(run: _Run, bug) -> BugOutcome:
 # ---------------------------------------------------------------- planted slowdowns
 
 
-def run_slowdowns(run: _Run, reps: int, deadline: float | None, levels=LEVELS_PCT) -> SlowdownSection:
-    """Planted slowdowns of the forward and backward, and an A/A control, repeated `reps` times
-    or until `deadline` (perf_counter seconds): at least one repetition always runs."""
+def run_slowdowns(run: _Run, reps: int, deadline: float | None, levels=LEVELS_PCT,
+                  case_pattern: str | None = None) -> SlowdownSection:
+    """Planted slowdowns of the forward and backward (the forward alone on a decode case), and an
+    A/A control, repeated `reps` times or until `deadline` (perf_counter seconds): at least one
+    repetition always runs. The case: the cheapest perf case, or the cheapest matching `case_pattern`."""
 
     cfg = run.config.perf
     cases = select_perf_cases(run.suite, run.config)
+    if case_pattern is not None:
+        pattern = only_pattern(case_pattern)
+        cases = [c for c in cases if pattern.search(c.id)]
+        if not cases:
+            return SlowdownSection(ran=False, reason=f"not run: no perf case of suite {run.suite!r} matches "
+                                                     f"--slowdown-case {case_pattern!r} (`attn-gate suites --cases` marks them [perf])")
     if not cases:
         return SlowdownSection(ran=False, reason=f"not run: suite {run.suite!r} has no perf case (perf = [true])")
     case = min(cases, key=lambda c: c.flops("fwd") + c.flops("bwd"))  # the cheapest: more repetitions fit the budget
+    passes = ("fwd",) if case.forward_only or not run.adapter.capabilities().backward else PASSES
     anchor = case_anchor(cfg.anchor_for(run.device), cfg, case, run.device)
     base_plan = TimingPlan.from_config(cfg, rounds=max(cfg.confirm_rounds, cfg.rounds))
     base = measure_case(run.adapter, anchor, case, run.device, base_plan)
@@ -264,13 +273,13 @@ def run_slowdowns(run: _Run, reps: int, deadline: float | None, levels=LEVELS_PC
         return SlowdownSection(ran=False, reason=f"not run: the speed baseline of {case.id} failed: {base.status} {base.reason}",
                                case_id=case.id, anchor=anchor)
     baseline_perf = {case.id: baseline_entry(base, anchor)}
-    pass_ms = {p: base.pass_timing(p).candidate_median_ms for p in PASSES}
+    pass_ms = {p: base.pass_timing(p).candidate_median_ms for p in passes}
     gpu = run.device == "cuda"
     cycles_per_ms = sleep_cycles_per_ms(samples=5) if gpu else CPU_CYCLES_PER_MS
-    cycles = {(p, lv): planted_cycles(lv, pass_ms[p], cycles_per_ms) for p in PASSES for lv in levels}
+    cycles = {(p, lv): planted_cycles(lv, pass_ms[p], cycles_per_ms) for p in passes for lv in levels}
     calibration = {"cycles_per_ms": cycles_per_ms, "pass_ms": pass_ms,
-                   "baseline_ratio": {p: base.estimate(p).median for p in PASSES},
-                   "baseline_noise_pct": {p: base.estimate(p).noise * 100 for p in PASSES},
+                   "baseline_ratio": {p: base.estimate(p).median for p in passes},
+                   "baseline_noise_pct": {p: base.estimate(p).noise * 100 for p in passes},
                    "cycles": {f"{p}+{lv:g}%": n for (p, lv), n in cycles.items()},
                    "method": ("cycles = level/100 x the pass's median time in the in-run baseline x torch.cuda._sleep "
                               "cycles per ms (measured with CUDA events)") if gpu else
@@ -278,7 +287,7 @@ def run_slowdowns(run: _Run, reps: int, deadline: float | None, levels=LEVELS_PC
     section = SlowdownSection(ran=True, case_id=case.id, anchor=anchor, levels_pct=tuple(levels), reps_planned=reps,
                               calibration=calibration, gating=gpu)
     run.update(slowdowns=section)
-    experiments = [("both", 0.0)] + [(p, lv) for lv in levels for p in PASSES]
+    experiments = [("both", 0.0)] + [(p, lv) for lv in levels for p in passes]
     trials: list[SlowdownTrial] = []
     started = time.perf_counter()
     for rep in range(reps):
@@ -289,12 +298,12 @@ def run_slowdowns(run: _Run, reps: int, deadline: float | None, levels=LEVELS_PC
                 break
         for p, lv in experiments:
             if lv == 0:
-                adapter, passes = run.adapter, PASSES
+                adapter, timed = run.adapter, passes
             else:
                 adapter = SlowedKernel(run.adapter, fwd_cycles=cycles[(p, lv)] if p == "fwd" else 0,
                                        bwd_cycles=cycles[(p, lv)] if p == "bwd" else 0)
-                passes = (p,)
-            plan = TimingPlan.from_config(cfg, passes=passes)
+                timed = (p,)
+            plan = TimingPlan.from_config(cfg, passes=timed)
             t1 = time.perf_counter()
             pc = measure_case(adapter, anchor, case, run.device, plan)
             result = PerfResult(kernel=run.kernel, anchor=anchor, suite=run.suite, device=run.device,
@@ -323,7 +332,7 @@ def run_slowdowns(run: _Run, reps: int, deadline: float | None, levels=LEVELS_PC
 def run_selftest(config: Config, kernel: str | None = None, suite: str | None = None, device: str | None = None,
                  out_dir: Path = Path("out"), bugs: tuple[str, ...] = (), slowdowns: bool = True,
                  budget_s: float | None = None, reps: int = DEFAULT_REPS, log=_log,
-                 rehearse_slowdowns_on_cpu: bool = False) -> SelftestReport:
+                 rehearse_slowdowns_on_cpu: bool = False, slowdown_case: str | None = None) -> SelftestReport:
     """`rehearse_slowdowns_on_cpu` runs the slowdown part on a CPU with a busy-wait: it checks the
     plumbing (engine, rule, report) where no GPU exists, measures nothing about GPUs, and never
     decides the exit code."""
@@ -371,7 +380,7 @@ def run_selftest(config: Config, kernel: str | None = None, suite: str | None = 
         elif device != "cuda" and not rehearse_slowdowns_on_cpu:
             section = SlowdownSection(ran=False, reason=CPU_SLOWDOWN_REASON)
         else:
-            section = run_slowdowns(run, reps, deadline)
+            section = run_slowdowns(run, reps, deadline, case_pattern=slowdown_case)
         run.update(slowdowns=section, complete=True)
         return _finish(run)
 
