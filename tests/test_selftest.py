@@ -150,6 +150,9 @@ def test_a_decode_slowdown_is_planted_in_its_forward_only(tmp_path, capsys):
     assert {(t["pass_"], t["level_pct"]) for t in s["trials"]} == {("fwd", lv) for lv in (0.0, 1.0, 2.0, 3.0, 5.0, 10.0)}
     assert set(s["summary"]) == {"fwd"} and "| fwd |" in md and "| bwd |" not in md
     assert s["calibration"]["cycles"]["fwd+10%"] > s["calibration"]["cycles"]["fwd+1%"] > 0
+    # by default the cheapest case WITH a backward is slowed (both passes), though the decode case is cheaper
+    code, report, _ = selftest(tmp_path, config, "--bugs", "dk_x1.02", "--reps", "1", "--rehearse-slowdowns-on-cpu")
+    assert report["slowdowns"]["case_id"] == "bf16-b2-h4/2-s70-d32-causal" and set(report["slowdowns"]["summary"]) == {"fwd", "bwd"}
     # a pattern no perf case matches says so, and the rest of the selftest still decides
     code, report, _ = selftest(tmp_path, config, "--bugs", "dk_x1.02", "--reps", "1", "--rehearse-slowdowns-on-cpu",
                                "--slowdown-case", "no-such-case")

@@ -264,6 +264,8 @@ def run_slowdowns(run: _Run, reps: int, deadline: float | None, levels=LEVELS_PC
                                                      f"--slowdown-case {case_pattern!r} (`attn-gate suites --cases` marks them [perf])")
     if not cases:
         return SlowdownSection(ran=False, reason=f"not run: suite {run.suite!r} has no perf case (perf = [true])")
+    if case_pattern is None:  # by default both passes are slowed: a case with a backward where there is one
+        cases = [c for c in cases if not c.forward_only] or cases
     case = min(cases, key=lambda c: c.flops("fwd") + c.flops("bwd"))  # the cheapest: more repetitions fit the budget
     passes = ("fwd",) if case.forward_only or not run.adapter.capabilities().backward else PASSES
     anchor = case_anchor(cfg.anchor_for(run.device), cfg, case, run.device)
