@@ -182,23 +182,29 @@ def test_committed_cpu_baseline_matches_the_suite_and_config():
     assert set(b.correctness) == {c.id for c in load_suite("smoke", config.suites).cases}
 
 
-@pytest.mark.parametrize("suite, failing", [("pr", []), ("nightly", ["bf16-b6-h8/2-s4224-d128-causal-drop0.1-varlen1.97.0.1000.513.4224"])])
-def test_committed_h200_baselines_match_their_suites_and_config(suite, failing):
+H200 = sorted((ROOT / "baselines" / "h200").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", H200, ids=[p.name for p in H200])
+def test_committed_h200_baselines_match_their_suites_and_config(path):
     """The H200 gate refuses a baseline whose suite or multipliers changed (at run time, on the GPU
-    runner): this catches it in CI, where an edit of suites.toml or the tolerance lands. The nightly's
-    one failing row is an ERROR of the gate's own harness, since fixed (alone on an H200 it passes), kept
-    until a whole nightly run refreshes the file; a new failing row must be looked at, not absorbed."""
-    from gate.core.cases import load_suite, suite_hash
+    runner): this catches it in CI, where an edit of suites.toml or the tolerance lands. Every swept
+    case has its row (and, from schema 3 on, the hash of the case it measured); timing-only cases
+    have none. Failing rows are the known_failures declarations' (tests/test_known_failures.py)."""
+    from gate.core.cases import case_hash, load_suite, suite_hash
     from gate.core.config import tolerance_changes
 
-    b = read_baseline(ROOT / "baselines" / "h200" / f"sdpa-flash-{suite}.json")
+    b = read_baseline(path)
     config = load_config(ROOT / "pyproject.toml")
-    cases = load_suite(suite, config.suites)
-    assert (b.kernel, b.suite, b.gpu_class) == ("sdpa-flash", suite, "h200")
-    assert b.suite_hash == suite_hash(cases)
+    suite = load_suite(b.suite, config.suites)
+    assert path.name == f"{b.kernel}-{b.suite}.json" and b.gpu_class == "h200"
+    assert b.suite_hash == suite_hash(suite)
     assert tolerance_changes(b.tolerance, config.tolerance.as_dict()) == []
-    assert sorted(b.failing_cases) == failing
-    assert set(b.correctness) == {c.id for c in cases.cases}
+    assert set(b.correctness) == {c.id for c in suite.swept_cases}
+    hashed = {cid: row.case_hash for cid, row in b.correctness.items() if row.case_hash is not None}
+    assert hashed == {c.id: case_hash(c) for c in suite.swept_cases if c.id in hashed}
+    if b.perf is not None:
+        assert set(b.perf) <= {c.id for c in suite.perf_cases}
 
 
 def test_a_schema_1_baseline_is_migrated_and_records_its_commit_from_now_on(tmp_path):
@@ -267,3 +273,80 @@ def test_a_results_row_of_another_case_under_the_same_id_is_refused(tmp_path, ca
     assert main(["baseline", "update", *base, "--from-results", str(results)]) == 2
     err = capsys.readouterr().err
     assert "not the suite's case of that id" in err and not (tmp_path / "baselines").exists()
+
+
+# ---------------------------------------------------------------- carried with no run
+
+TIMED_ONLY = MINI.replace('seqlens = ["33", "40x56"]', 'seqlens = ["33"]') + (
+    '[[tool.attn-gate.suites.mini.matrix]]\ndtype = ["bf16"]\nseqlens = ["40x56"]\nheads = ["2"]\nhead_dims = ["16"]\n'
+    'perf = ["only"]\n')
+
+
+def _recorded(tmp_path, text: str):
+    from gate.commands.main import main
+
+    config = tmp_path / "pyproject.toml"
+    config.write_text(text)
+    assert main(["baseline", "update", "--kernel", "sdpa-cpu", "--suite", "mini", "--device", "cpu", "--config", str(config),
+                 "--no-progress", "--out", str(tmp_path / "o")]) == 0
+    return config, tmp_path / "baselines" / "cpu" / "sdpa-cpu-mini.json"
+
+
+def test_carry_drops_rows_of_cases_no_longer_swept_and_keeps_the_rest_as_measured(tmp_path, capsys):
+    from gate.commands.main import main
+
+    config, path = _recorded(tmp_path, GROWN)
+    old = read_baseline(path)
+    # the fp32 case leaves the suite and 40x56 becomes timing-only: nothing new to measure
+    config.write_text(TIMED_ONLY)
+    assert main(["baseline", "carry", str(path), "--config", str(config)]) == 0
+    new = read_baseline(path)
+    assert set(new.correctness) == {"bf16-b2-h2-s33-d16"} and new.correctness["bf16-b2-h2-s33-d16"] == old.correctness["bf16-b2-h2-s33-d16"]
+    assert (new.measured_at, new.commit, new.environment) == (old.measured_at, old.commit, old.environment)
+    assert "2 removed" in capsys.readouterr().out
+    assert main(["check", "--kernel", "sdpa-cpu", "--suite", "mini", "--device", "cpu", "--config", str(config),
+                 "--no-progress", "--out", str(tmp_path / "c")]) == 0  # the timing-only case is not swept
+    sweep = json.loads((tmp_path / "c" / "sweep-sdpa-cpu-mini.json").read_text())
+    assert [c["case_id"] for c in sweep["cases"]] == ["bf16-b2-h2-s33-d16"]
+    assert main(["baseline", "carry", str(path), "--config", str(config)]) == 0  # twice: nothing to carry
+    assert "nothing to carry" in capsys.readouterr().out
+
+
+def test_carry_refuses_a_new_or_changed_swept_case_and_names_the_only(tmp_path, capsys):
+    from gate.commands.main import main
+
+    config, path = _recorded(tmp_path, MINI)
+    before = path.read_bytes()
+    config.write_text(GROWN)
+    assert main(["baseline", "carry", str(path), "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "1 cases suite 'mini' sweeps are new or changed" in err and "--only '^(fp32\\-b2\\-h2\\-s24\\-d16)$'" in err
+    assert path.read_bytes() == before  # nothing written
+    # a case removed (carriable) but the multipliers changed: the rows' ratios mean something else now
+    config.write_text(MINI.replace('["33", "40x56"]', '["33"]') + "[tool.attn-gate.tolerance]\nmult_out = 3.0\n")
+    assert main(["baseline", "carry", str(path), "--config", str(config)]) == 2
+    assert "other tolerance multipliers (mult_out" in capsys.readouterr().err and path.read_bytes() == before
+
+
+def test_perf_only_is_timed_never_swept_and_validated():
+    from gate.core.cases import expand_suite
+    from gate.core.errors import UserError
+
+    s = expand_suite("x", {"matrix": [{"seqlens": ["33"], "perf": ["only"]}, {"seqlens": ["40"], "perf": [True]}]}, "t")
+    assert [c.id for c in s.perf_cases] == ["bf16-b2-h4-s33-d64", "bf16-b2-h4-s40-d64"]
+    assert [c.id for c in s.swept_cases] == ["bf16-b2-h4-s40-d64"]
+    # the same problem named timed-only and swept is one swept, timed case
+    both = expand_suite("x", {"matrix": [{"seqlens": ["33"], "perf": ["only"]}, {"seqlens": ["33"]}]}, "t")
+    assert [(c.perf, c.swept) for c in both.cases] == [(True, True)]
+    for bad in ({"perf": ["sometimes"]}, {"perf": ["only"], "checks": [["determinism"]]}):
+        with pytest.raises(UserError, match="perf"):
+            expand_suite("x", {"matrix": [bad]}, "t")
+
+
+def test_suites_lists_timing_only_cases(capsys):
+    from gate.commands.main import main
+
+    assert main(["suites", "--cases", "--config", str(ROOT / "pyproject.toml")]) == 0
+    out = capsys.readouterr().out
+    assert "pr          459 cases (36 timing, 2 of them timing only)" in out
+    assert "    bf16-b64-h32/8-s1x8192-d128-causal-kv  [perf only]" in out

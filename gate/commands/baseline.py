@@ -1,4 +1,5 @@
-"""`attn-gate baseline update|show`: rewrite this GPU class's baseline on purpose, or print it.
+"""`attn-gate baseline update|carry|show`: rewrite this GPU class's baseline on purpose, carry
+baselines to their suites as changed with no run (gate/workflow/carry.py), or print one.
 
 update: exit 0 written, 1 refused because the run itself fails its bounds on a case no
 [[tool.attn-gate.known_failures]] declaration covers (nothing written; the message names the rows
@@ -49,6 +50,11 @@ def register(sub) -> None:
     u.add_argument("--perf-from", type=Path, default=None, metavar="FILE",
                    help="take the speed section from a perf JSON (`attn-gate perf --rounds 30` on a machine of this GPU class)")
     u.set_defaults(main=update)
+    c = bsub.add_parser("carry", help="bring baselines to their suites as defined now, with no run (after cases were "
+                        "removed or made timing-only)", **parser_kwargs("baseline carry"))
+    c.add_argument("files", nargs="+", type=Path, metavar="FILE", help="baseline files, e.g. baselines/h200/*-pr.json")
+    add_config(c)
+    c.set_defaults(main=carry)
     s = bsub.add_parser("show", help="print a baseline: fingerprint and each case's ratios", **parser_kwargs("baseline show"))
     add_kernel_suite(s)
     add_config(s)
@@ -72,6 +78,16 @@ def update(args: argparse.Namespace) -> int:
                                   summary_path=args.summary, out_dir=args.out, progress=not args.no_progress,
                                   perf=args.perf, perf_from=args.perf_from, plan=plan)
     return outcome.exit_code
+
+
+def carry(args: argparse.Namespace) -> int:
+    from gate.workflow.carry import carry_baseline
+
+    config = load_config(args.config)
+    for path in args.files:  # each file whole or not at all; a refusal stops before the next
+        diff = carry_baseline(path, config)
+        print(f"{path}: matches suite as defined now; nothing to carry" if diff is None else diff.markdown())
+    return 0
 
 
 def show(args: argparse.Namespace) -> int:

@@ -28,6 +28,11 @@ HELP: dict[str, tuple[str, list[str], list[str]]] = {
                          "attn-gate baseline update --from-results out/sweep-sdpa-flash-pr.json --summary body.md"],
                         ["0  written", "1  refused: a case fails that no known_failures declaration covers (nothing written; "
                          "docs/known-failures.md)", EXIT_2]),
+    "baseline carry": ("Bring baselines to their suites as defined now, with no run: after a suite lost cases or made "
+                       "some timing-only (perf = \"only\"), drop those rows and keep every other row as measured. Refused, "
+                       "naming the --only to measure, when a swept case is new or changed.",
+                       ["attn-gate baseline carry baselines/h200/*-pr.json"],
+                       ["0  carried (or matched already)", EXIT_2]),
     "baseline show": ("Print a baseline: where and when it was measured and each case's error ratios.",
                       ["attn-gate baseline show --device cpu", "attn-gate baseline show --file baselines/h200/sdpa-flash-pr.json"],
                       ["0  shown", EXIT_2]),

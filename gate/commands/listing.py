@@ -56,8 +56,10 @@ def suites(args: argparse.Namespace) -> int:
         print(CASE_ID_LEGEND + "\n")
     for name in suite_names(config.suites):
         suite = load_suite(name, config.suites, config.source)
-        print(f"{name:10} {len(suite.cases):4} cases ({len(suite.perf_cases)} timing) from {suite.source}")
+        only = len(suite.cases) - len(suite.swept_cases)
+        print(f"{name:10} {len(suite.cases):4} cases ({len(suite.perf_cases)} timing{f', {only} of them timing only' if only else ''}) "
+              f"from {suite.source}")
         if args.cases:
             for c in suite.cases:
-                print(f"    {c.id}{'  [perf]' if c.perf else ''}")
+                print(f"    {c.id}{'  [perf only]' if not c.swept else '  [perf]' if c.perf else ''}")
     return 0

@@ -43,6 +43,8 @@ CHECKS: dict[str, str] = {
                "grads in deterministic mode), another seed a different mask",
 }
 
+PERF_ONLY = "only"  # perf = "only": a timing case that sweeps do not check for correctness
+
 # Axes a matrix block may name, with the default used when a block leaves one out.
 MATRIX_AXES: dict[str, Any] = {
     "dtype": ["bf16"],
@@ -310,7 +312,9 @@ class Case:
     layout: str = "contiguous"
     inputs: str = "normal"
     seeds: tuple[int, ...] = (0, 1)
-    perf: bool = False  # also a timing case for the speed suites
+    # True: also a timing case for the speed suites; "only": timed and never swept for correctness
+    # (a serving-size decode whose float64 reference and inputs cost minutes, for one speed figure)
+    perf: bool | str = False
     # Extra checks run on this case (names from gate/correctness/probes/registry.py). Not part of the id: the same
     # problem is the same case whichever checks also run on it (a suite merges them).
     checks: tuple[str, ...] = ()
@@ -343,6 +347,8 @@ class Case:
             problems.append("seeds must be integers in [0, 2**32)")
         if not isinstance(self.checks, tuple) or not all(isinstance(c, str) for c in self.checks):
             problems.append("checks must be a tuple of check names")
+        if self.perf not in (True, False, PERF_ONLY) or (self.perf == PERF_ONLY and self.checks):
+            problems.append(f"perf must be true, false or {PERF_ONLY!r} (timed, not swept: no checks)")
         problems += self._bias_problems()
         if self.is_fp8 and (self.entry.kind != "dense" or self.entry.varlen is not None or self.entry.sinks
                             or self.layout != "contiguous" or self.bias.present or self.dropout_p):
@@ -604,6 +610,11 @@ class Case:
         run counted (`runs`). What shards are balanced on and case timeouts are sized by."""
         return (self.flops("fwd") + self.flops("bwd")) * len(self.seeds) * self.runs(check_names)
 
+    @property
+    def swept(self) -> bool:
+        """Checked for correctness by sweeps (every case but a perf = "only" one)."""
+        return self.perf != PERF_ONLY
+
     def flops(self, pass_: str = "fwd") -> float:
         """FLOPs counted as flash-attn's benchmarks do: fwd 4*B*H*Nq*Nk*D, halved for causal; bwd 2.5x."""
         if self.entry.kind == "kvcache":  # forward only; causal does not halve a decode step's work
@@ -690,6 +701,11 @@ class Suite:
     def perf_cases(self) -> tuple[Case, ...]:
         return tuple(c for c in self.cases if c.perf)
 
+    @property
+    def swept_cases(self) -> tuple[Case, ...]:
+        """The cases a sweep checks and a baseline holds correctness rows of (all but perf = "only")."""
+        return tuple(c for c in self.cases if c.swept)
+
 
 def _pair(value: Any, sep: str, axis: str, where: str) -> tuple[int, int]:
     """Parse '97x257' / '16/4' / 128 into a pair (a single number means both equal)."""
@@ -741,14 +757,14 @@ def _bias_part(point: dict[str, Any], where: str) -> Bias:
 
 # Axes whose values are plain scalars, with the types each value must have.
 SCALAR_AXES: dict[str, tuple[type, ...]] = {
-    "dtype": (str,), "batch": (int,), "causal": (bool,), "alibi": (bool,), "perf": (bool,),
+    "dtype": (str,), "batch": (int,), "causal": (bool,), "alibi": (bool,), "perf": (bool, str),
     "softcap": (int, float), "dropout_p": (int, float), "layout": (str,), "inputs": (str,),
     "bias": (str,), "bias_dtype": (str,), "bias_grad": (bool,),
     "entry": (str,), "cache_new": (bool,), "page_size": (int,), "shuffled_pages": (bool,), "sinks": (bool,),
 }
 SCALAR_AXES_HINT = {
     "dtype": f"one of {', '.join(DTYPES)}", "batch": "an integer", "causal": "true or false", "alibi": "true or false",
-    "perf": "true or false", "softcap": "a number", "dropout_p": "a number in [0, 1)",
+    "perf": 'true, false or "only" (timed, not swept)', "softcap": "a number", "dropout_p": "a number in [0, 1)",
     "layout": f"one of {', '.join(LAYOUTS)}", "inputs": f"one of {', '.join(INPUTS)}",
     "bias": f"one of {', '.join(BIAS_KINDS)}", "bias_dtype": f"one of {', '.join(BIAS_DTYPES)}",
     "bias_grad": "true or false",
@@ -834,7 +850,8 @@ def expand_block(block: dict[str, Any], seeds: tuple[int, ...], where: str) -> l
         kinds = SCALAR_AXES.get(axis)
         for value in values if kinds else ():
             # bool is an int in Python: `causal = ["false"]` or `batch = [true]` must not slip through.
-            if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            if (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)
+                    or (axis == "perf" and isinstance(value, str) and value != PERF_ONLY)):
                 raise UserError(f"{where}: axis {axis!r} value {value!r} should be {SCALAR_AXES_HINT[axis]}")
         axes[axis] = values
     cases = []
@@ -880,7 +897,7 @@ def expand_block(block: dict[str, Any], seeds: tuple[int, ...], where: str) -> l
                             cache_new=point["cache_new"], page_size=point["page_size"],
                             shuffled_pages=point["shuffled_pages"], sinks=point["sinks"]),
                 bias=_bias_part(point, where), layout=point["layout"], inputs=point["inputs"],
-                seeds=seeds, perf=bool(point["perf"]), checks=checks,
+                seeds=seeds, perf=point["perf"] if point["perf"] == PERF_ONLY else bool(point["perf"]), checks=checks,
             ))
         except (TypeError, ValueError) as exc:
             raise UserError(f"{where}: invalid case {point}: {exc}") from None
@@ -915,7 +932,8 @@ def expand_suite(name: str, spec: dict[str, Any], source: str, table: str = "sui
             # the checks of both copies run.
             if prior is not None:
                 checks = tuple(dict.fromkeys(prior.checks + case.checks))
-                case = replace(case if case.perf else prior, checks=checks)
+                timed, swept = bool(prior.perf or case.perf), prior.swept or case.swept
+                case = replace(case, perf=PERF_ONLY if timed and not swept else timed, checks=checks)
             seen[case.id] = case
     return Suite(name=name, cases=tuple(seen.values()), source=source)
 

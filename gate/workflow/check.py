@@ -179,10 +179,10 @@ def require_complete_baseline(plan: RunPlan, baseline: Baseline, path: Path) -> 
     suite = plan.suite
     if baseline.suite != suite.name or plan.suite_hash != baseline.suite_hash:
         return
-    missing = [c.id for c in suite.cases if c.id not in baseline.correctness]
+    missing = [c.id for c in suite.swept_cases if c.id not in baseline.correctness]
     empty = [cid for cid, c in baseline.correctness.items() if c.status.value == "PASS" and not c.tensors]
     if missing or empty:
-        what = (f"lacks {len(missing)} of the {len(suite.cases)} cases of suite {baseline.suite!r} ({', '.join(missing[:3])}"
+        what = (f"lacks {len(missing)} of the {len(suite.swept_cases)} cases of suite {baseline.suite!r} ({', '.join(missing[:3])}"
                 f"{' ...' if len(missing) > 3 else ''})" if missing else
                 f"has {len(empty)} PASS rows without ratios ({', '.join(empty[:3])}{' ...' if len(empty) > 3 else ''})")
         raise UserError(f"{path}: the baseline {what}, so they would not be gated; restore it with `git checkout -- {path}` "
@@ -243,7 +243,7 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
     path, baseline = load_existing_baseline(plan, baseline_file)
     if results is None:  # refused now, not after the sweep it would throw away
         refuse_stale_baseline(baseline, plan.kernel, plan.suite.name, plan.suite_hash,
-                              config.tolerance.as_dict(), plan.gpu_class, path, {c.id: case_hash(c) for c in plan.suite.cases})
+                              config.tolerance.as_dict(), plan.gpu_class, path, {c.id: case_hash(c) for c in plan.suite.swept_cases})
     sweep = results if results is not None else fresh_sweep(plan, progress)
     check_comparable(baseline, sweep, path)
     scope = sweep.scope
@@ -312,9 +312,9 @@ def require_complete_run(plan: RunPlan, sweep: SweepResult, source: object, path
                         f"baseline; update from a run of the suite as it is now (`{redo}`)")
     scope = sweep.scope
     pattern = only_pattern(scope)
-    wanted = [c.id for c in suite.cases if pattern is None or pattern.search(c.id)]
+    wanted = [c.id for c in suite.swept_cases if pattern is None or pattern.search(c.id)]
     ran = {c.case_id for c in sweep.cases}
-    by_id = {c.id: c for c in suite.cases}
+    by_id = {c.id: c for c in suite.swept_cases}
     foreign = [c.case_id for c in sweep.cases if by_id.get(c.case_id) != c.case]
     if foreign:  # the row's case is what its case_hash in the baseline will say was measured
         raise UserError(f"{source}: {len(foreign)} rows measured a case that is not the suite's case of that id "
@@ -419,7 +419,7 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
 
         if perf_wanted(perf, plan.device):  # speed ratios with their noise; None keeps the old section
             perf_section, _ = perf_baseline_section(plan, old.perf if old is not None else None)
-    suite_cases = {c.id: case_hash(c) for c in plan.suite.cases}
+    suite_cases = {c.id: case_hash(c) for c in plan.suite.swept_cases}
     new, kept = merge_baseline(Baseline.from_sweep(sweep, perf=perf_section), old, sweep.scope, suite_cases)
     cfg = config.verdict
     diff = diff_baselines(old, new, path, cfg.headroom_factor, cfg.headroom_step, cfg.improvement_factor, kept)

@@ -78,7 +78,7 @@ def merge_shards(folders: list[Path], config: Config) -> SweepResult:
         raise UserError(f"merge: the shards ran suite {first.suite!r} as defined then (hash {first.suite_hash}); "
                         f"{config.source} defines it differently now ({suite_hash(suite)}); pass the --config they ran with")
     pattern = only_pattern(first.scope)
-    cases = [c for c in suite.cases if pattern is None or pattern.search(c.id)]
+    cases = [c for c in suite.swept_cases if pattern is None or pattern.search(c.id)]
     parts = assign(cases, total)
     merged = {}
     for k, (path, sweep) in sorted(shards.items()):

@@ -55,14 +55,16 @@ class RunPlan:
 
     @functools.cached_property
     def cases(self) -> tuple[Case, ...]:
-        """The suite's cases within --only."""
+        """The suite's swept cases (all but perf = "only" ones) within --only."""
         pattern = only_pattern(self.only)
-        return tuple(c for c in self.suite.cases if pattern is None or pattern.search(c.id))
+        return tuple(c for c in self.suite.swept_cases if pattern is None or pattern.search(c.id))
 
     @functools.cached_property
     def perf_cases(self) -> tuple[Case, ...]:
-        """The suite's perf cases within --only (empty when there are none: the caller decides)."""
-        return tuple(c for c in self.cases if c.perf)
+        """The suite's perf cases within --only, timing-only ones too (empty when there are none:
+        the caller decides)."""
+        pattern = only_pattern(self.only)
+        return tuple(c for c in self.suite.perf_cases if pattern is None or pattern.search(c.id))
 
     def in_process_adapter(self):
         """The adapter for a run in this process: the plan's own, else built from the family or

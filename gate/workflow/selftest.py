@@ -202,7 +202,7 @@ def run_bug(run: _Run, bug) -> BugOutcome:
                           message=f"pending: needs the case field `{bug.trigger.field}`, which this attn-gate does not have "
                                   f"yet; it is judged once the field exists")
     suite = load_suite(run.suite, run.config.suites, run.config.source)
-    cases = exercising_cases(bug, suite.cases, get_adapter(host_name), run.device)
+    cases = exercising_cases(bug, suite.swept_cases, get_adapter(host_name), run.device)
     if host_name in run.baselines:  # a control limited to some cases (tiled_control_scope) judges only those
         in_baseline = run.baselines[host_name][1].correctness
         cases = [c for c in cases if c.id in in_baseline]

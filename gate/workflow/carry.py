@@ -1,0 +1,62 @@
+"""`attn-gate baseline carry FILE`: a baseline brought to its suite as defined now, with no run.
+
+When a suite loses cases, or a case becomes timing-only (perf = "only"), nothing new needs
+measuring: every swept case of the suite still has its row, unchanged (its case_hash says so).
+Carrying rewrites the baseline for the new suite hash, drops the rows of cases the suite no longer
+sweeps and the speed rows of cases it no longer times, and keeps every other row as measured
+(environment, commit and measured_at stay: the rows were measured then). It refuses, naming the
+`--only` to measure, when a swept case is new or changed, or a timed case has no speed row and no
+row at all (never measured). Runs anywhere: no kernel, no GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from gate.compare.baselines import (
+    SCHEMA_VERSION, BaselineDiff, cases_to_rerun, diff_baselines, ids_regex, read_baseline, update_command,
+    validate_written,
+)
+from gate.core.cases import case_hash, load_suite, suite_hash
+from gate.core.config import Config, tolerance_changes
+from gate.core.errors import UserError
+
+
+def carry_baseline(path: Path, config: Config) -> BaselineDiff | None:
+    """Rewrite the baseline at `path` for its suite as `config` defines it now; None when it
+    matches already. Every refusal is a UserError naming the file and the run that would fix it."""
+    old = read_baseline(path)
+    suite = load_suite(old.suite, config.suites, config.source)
+    now = suite_hash(suite)
+    redo = update_command(old.kernel, old.suite, old.gpu_class)
+    if now == old.suite_hash:
+        return None
+    changed = tolerance_changes(old.tolerance, config.tolerance.as_dict())
+    if changed:
+        raise UserError(f"{path}: measured with other tolerance multipliers ({', '.join(changed)}), so its rows cannot "
+                        f"be carried; regenerate it with `{redo}`")
+    swept = {c.id: case_hash(c) for c in suite.swept_cases}
+    rerun = cases_to_rerun(old, swept)
+    if rerun:
+        why = " (its rows predate case hashes)" if any(r.case_hash is None for r in old.correctness.values()) else ""
+        raise UserError(f"{path}: {len(rerun)} cases suite {old.suite!r} sweeps are new or changed since the baseline{why}; "
+                        f"nothing to carry them from: measure them on a {old.gpu_class} machine with "
+                        f"`{redo} --only '{ids_regex(rerun)}'`")
+    timed = [c.id for c in suite.perf_cases]
+    perf = old.perf
+    if perf is not None:
+        never = [cid for cid in timed if cid not in perf and cid not in old.correctness]
+        if never:
+            raise UserError(f"{path}: {len(never)} timing cases of suite {old.suite!r} were never measured "
+                            f"({', '.join(never[:3])}{' ...' if len(never) > 3 else ''}); time them with `attn-gate perf "
+                            f"--kernel {old.kernel} --suite {old.suite} --rounds 30` on a {old.gpu_class} machine and record "
+                            f"them with `{redo} --perf-from perf-{old.kernel}-{old.suite}.json`")
+        perf = {cid: entry for cid, entry in perf.items() if cid in set(timed)}
+    new = dataclasses.replace(old, suite_hash=now, schema_version=SCHEMA_VERSION, perf=perf,
+                              correctness={cid: row for cid, row in old.correctness.items() if cid in swept})
+    validate_written(new, path)
+    verdict = config.verdict
+    diff = diff_baselines(old, new, path, verdict.headroom_factor, verdict.headroom_step, verdict.improvement_factor)
+    new.write(path)
+    return diff
