@@ -393,3 +393,57 @@ def test_sdpa_hands_gqa_to_torch_or_copies_heads_by_name(name, native, monkeypat
     result = run_case(get_adapter(name), gqa, "cpu", ToleranceConfig())
     assert result.status is Status.PASS, result.reason
     assert seen and set(seen) == ({(8, 2, True)} if native else {(8, 8, False)})
+
+
+def _eager(cls):
+    """`cls` (a flex adapter) with flex_attention uncompiled and allowed on the CPU (forward only)."""
+    import dataclasses
+
+    class Eager(cls):
+        def capabilities(self):
+            return dataclasses.replace(super().capabilities(), devices=("cpu", "cuda"))
+
+        def _fn(self):
+            from torch.nn.attention.flex_attention import flex_attention
+
+            return flex_attention
+
+    return Eager()
+
+
+ADJUSTED_CASES = [
+    case(seqlen_q=97, seqlen_k=257, causal=True),  # bottom-right causal, partial blocks
+    case(seqlen_q=300, seqlen_k=200, window=(40, 16)),  # both window sides, more queries than keys
+    case(seqlen_q=130, seqlen_k=130, bias="document"),  # a boolean custom mask: built exactly
+]
+
+
+@pytest.mark.parametrize("c", ADJUSTED_CASES, ids=lambda c: c.id)
+def test_flex_adjusted_mask_crops_to_the_cases_own_mask_and_answers_the_same(c):
+    """flex-adjusted-mask builds each block mask for a grid 300 longer each way and crops it with
+    BlockMask._adjust: block for block the mask `flex` builds for the case, and the same output."""
+    from gate.kernels.flex import FlexAdapter, FlexAdjustedMaskAdapter
+
+    x = make_inputs(c, 0, "cpu")
+    exact, adjusted = _eager(FlexAdapter), _eager(FlexAdjustedMaskAdapter)
+    outs = []
+    for adapter in (exact, adjusted):
+        adapter.prepare(c)
+        outs.append(adapter(_forward_call(c, x)).out)
+    (mask_exact,), (mask_adjusted,) = exact._block_masks.values(), adjusted._block_masks.values()
+    assert mask_adjusted.seq_lengths == (c.seqlen_q, c.seqlen_k)
+    assert torch.equal(mask_exact.to_dense(), mask_adjusted.to_dense())
+    assert torch.equal(outs[0], outs[1])
+    gold, _ = references(c, x, None)
+    assert float((outs[1].double() - gold.out).abs().max()) < 0.05
+
+
+def test_flex_dynamic_compiles_with_dynamic_shapes(monkeypatch):
+    from gate.kernels.flex import FlexAdapter, FlexDynamicAdapter
+
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw) or fn)
+    FlexDynamicAdapter()._fn()
+    FlexAdapter()._fn()
+    assert seen == [{"dynamic": True}, {"dynamic": False}]
+    assert get_adapter("flex-dynamic").name == "flex-dynamic" and get_adapter("flex-adjusted-mask").mask_margin == 300

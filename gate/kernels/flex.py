@@ -40,6 +40,10 @@ EAGER_BLOCK_MASK_MAX_ELEMENTS = 1 << 28
 class FlexAdapter(KernelAdapter):
     name = "flex"
     description = "torch FlexAttention (torch.compile'd flex_attention)"
+    dynamic = False  # torch.compile(flex_attention, dynamic=...)
+    # > 0: each block mask is built for a grid this many queries and keys larger and cropped to the
+    # case with BlockMask._adjust, as a model reusing one mask made for its longest sequence does
+    mask_margin = 0
 
     def __init__(self) -> None:
         self._compiled = None
@@ -81,10 +85,10 @@ class FlexAdapter(KernelAdapter):
             for knob in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
                 if hasattr(torch._dynamo.config, knob):
                     setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), RECOMPILE_LIMIT))
-            self._compiled = torch.compile(flex_attention, dynamic=False)
+            self._compiled = torch.compile(flex_attention, dynamic=self.dynamic)
         return self._compiled
 
-    def _block_mask(self, key, mask_mod, batch, heads, nq: int, nk: int, device):
+    def _block_mask(self, key, mask_mod, batch, heads, nq: int, nk: int, device, croppable: bool = True):
         """The case's block mask, built once per case and key (the patterns do not change with the seed):
         eagerly where the mask is small, by a compiled create_block_mask past EAGER_BLOCK_MASK_MAX_ELEMENTS,
         where the eager build's dense evaluation does not fit in the GPU's memory."""
@@ -97,7 +101,11 @@ class FlexAdapter(KernelAdapter):
                 if self._compiled_block_mask is None:
                     self._compiled_block_mask = torch.compile(create_block_mask)
                 build = self._compiled_block_mask
-            block_mask = self._block_masks[key] = build(mask_mod, batch, heads, nq, nk, device=device)
+            if self.mask_margin and croppable:
+                big = build(mask_mod, batch, heads, nq + self.mask_margin, nk + self.mask_margin, device=device)
+                block_mask = self._block_masks[key] = big._adjust(nq, nk)
+            else:
+                block_mask = self._block_masks[key] = build(mask_mod, batch, heads, nq, nk, device=device)
         return block_mask
 
     def _on(self, device, slot: str, value):
@@ -205,7 +213,9 @@ class FlexAdapter(KernelAdapter):
                 bb = None if bias.shape[0] == 1 else bias.shape[0]
                 hb = None if bias.shape[1] == 1 else bias.shape[1]
                 key += ("bool_bias", tuple(bias.shape))
-            block_mask = self._block_mask(key, mask_mod, bb, hb, nq, nk, q.device)
+            # a boolean bias's mask_mod reads the bias tensor: a larger grid would index past it
+            block_mask = self._block_mask(key, mask_mod, bb, hb, nq, nk, q.device,
+                                          croppable=bias is None or bias.dtype != torch.bool)
         kwargs = dict(score_mod=score_mod, block_mask=block_mask, scale=call.opts.softmax_scale,
                       enable_gqa=qh.shape[1] != kh.shape[1])
         fn = self._fn()
@@ -295,3 +305,25 @@ class FlexAdapter(KernelAdapter):
         if call.cu_seqlens is not None:
             return per_sequence(call, lambda q, k, v: self._dense(q, k, v, call))
         return self._dense(call.q, call.k, call.v, call)
+
+
+class FlexDynamicAdapter(FlexAdapter):
+    """FlexAttention compiled with dynamic=True: one graph over symbolic shapes instead of one per
+    shape, the path of models that vary their sequence length."""
+
+    name = "flex-dynamic"
+    description = "torch FlexAttention compiled with dynamic=True"
+    dynamic = True
+
+
+class FlexAdjustedMaskAdapter(FlexAdapter):
+    """FlexAttention with each block mask built for a longer grid (300 more queries and keys: not a
+    whole number of 128-blocks) and cropped to the case with BlockMask._adjust, as a model that
+    makes one mask for its longest sequence and reuses it. The gate's mask_mods place each query
+    bottom-right for the case's own lengths, so the crop is the case's mask. A boolean custom mask
+    (read from its tensor, which has the case's size) is built exactly."""
+
+    name = "flex-adjusted-mask"
+    description = "torch FlexAttention with block masks built for a longer grid and BlockMask._adjust'ed"
+    mask_margin = 300
+
