@@ -282,20 +282,9 @@ def test_fa3_declares_its_head_dim_pairs(d, dv, runs):
 def _eager_flex():
     """The flex adapter with flex_attention uncompiled, allowed on the CPU (forward only: Flex has no CPU
     backward), so its mods and block masks can be checked here."""
-    import dataclasses
-
     from gate.kernels.flex import FlexAdapter
 
-    class EagerFlex(FlexAdapter):
-        def capabilities(self):
-            return dataclasses.replace(super().capabilities(), devices=("cpu", "cuda"))
-
-        def _fn(self):
-            from torch.nn.attention.flex_attention import flex_attention
-
-            return flex_attention
-
-    return EagerFlex()
+    return _eager(FlexAdapter)
 
 
 def _forward_call(c, x):
