@@ -126,6 +126,26 @@ def test_a_grown_suite_refuses_a_run_that_lacks_a_new_or_changed_case_and_names_
     assert f"--only '{ids_regex([changed.id, case(5).id])}'" in message
 
 
+def test_the_way_out_of_a_stale_baseline_fits_what_changed():
+    """carry when nothing is new or changed; an --only of the new and changed cases (--no-perf
+    when none is timed); a whole run when the rows predate hashes or the cases are many."""
+    from gate.compare.baselines import MAX_IDS_IN_HINT, remeasure_hint
+
+    old = Baseline.from_sweep(GOOD)
+    same = {cid: c.case_hash for cid, c in old.correctness.items() if cid != case(3).id}  # a case only left
+    assert "attn-gate baseline carry b.json" in remeasure_hint(old, same, set(), "REDO", "b.json")
+    grown = {**same, case(5).id: case_hash(case(5))}
+    assert remeasure_hint(old, grown, set(), "REDO", "b.json").startswith(f"`REDO --only '{ids_regex([case(5).id])}' --no-perf`")
+    assert "--no-perf" not in remeasure_hint(old, grown, {case(5).id}, "REDO", "b.json")  # a new timing case: time it too
+    many = {**same, **{case(100 + i).id: case_hash(case(100 + i)) for i in range(MAX_IDS_IN_HINT + 1)}}
+    assert remeasure_hint(old, many, set(), "REDO", "b.json").startswith("`REDO` (")
+    data = json.loads(GOOD_TEXT)
+    for row in data["correctness"].values():
+        row.pop("case_hash")
+    unhashed = Baseline.from_dict(data)
+    assert "--only" not in remeasure_hint(unhashed, grown, set(), "REDO", "b.json")
+
+
 def test_a_baseline_without_case_hashes_cannot_outlive_a_suite_change():
     data = json.loads(GOOD_TEXT)
     for row in data["correctness"].values():
@@ -203,6 +223,8 @@ def test_committed_h200_baselines_match_their_suites_and_config(path):
     assert set(b.correctness) == {c.id for c in suite.swept_cases}
     hashed = {cid: row.case_hash for cid, row in b.correctness.items() if row.case_hash is not None}
     assert hashed == {c.id: case_hash(c) for c in suite.swept_cases if c.id in hashed}
+    if json.loads(path.read_text())["schema_version"] >= 3:  # written with hashes: every row has its own
+        assert set(hashed) == set(b.correctness)
     if b.perf is not None:
         assert set(b.perf) <= {c.id for c in suite.perf_cases}
 
@@ -248,9 +270,12 @@ def test_after_a_suite_grows_only_the_new_cases_run_and_check_passes(tmp_path, c
     capsys.readouterr()
     # check refuses the stale baseline; a filtered update that lacks the new case is refused with the --only to run
     assert main(["check", *base, "--out", str(tmp_path / "c0")]) == 2
-    assert "run only its 1 new or changed cases" in capsys.readouterr().err  # and names the --only that does
+    # ... naming the --only of the new case (--no-perf: it is not a timing case)
+    assert "--only '^(fp32\\-b2\\-h2\\-s24\\-d16)$' --no-perf` (its 1 new or changed cases" in capsys.readouterr().err
     assert main(["baseline", "update", *base, "--only", "^bf16-", "--out", str(tmp_path / "o2")]) == 2
-    assert "--only '^(fp32\\-b2\\-h2\\-s24\\-d16)$'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--only '^(fp32\\-b2\\-h2\\-s24\\-d16)$'" in err and "not in --only '^bf16-'" in err
+    assert not (tmp_path / "o2").exists()  # refused before the sweep, not after it
     assert main(["baseline", "update", *base, "--only", "^fp32-", "--out", str(tmp_path / "o3")]) == 0
     grown = read_baseline(path)
     assert set(grown.correctness) == set(first.correctness) | {"fp32-b2-h2-s24-d16"}
@@ -338,6 +363,10 @@ def test_perf_only_is_timed_never_swept_and_validated():
     # the same problem named timed-only and swept is one swept, timed case
     both = expand_suite("x", {"matrix": [{"seqlens": ["33"], "perf": ["only"]}, {"seqlens": ["33"]}]}, "t")
     assert [(c.perf, c.swept) for c in both.cases] == [(True, True)]
+    # a timing-only copy never decides what the sweep runs: the swept copy's seeds stay
+    seeds = expand_suite("x", {"matrix": [{"seqlens": ["33"], "seeds": [0, 1, 2]},
+                                          {"seqlens": ["33"], "perf": ["only"], "seeds": [0]}]}, "t")
+    assert [(c.seeds, c.perf) for c in seeds.cases] == [((0, 1, 2), True)]
     for bad in ({"perf": ["sometimes"]}, {"perf": ["only"], "checks": [["determinism"]]}):
         with pytest.raises(UserError, match="perf"):
             expand_suite("x", {"matrix": [bad]}, "t")
@@ -350,3 +379,20 @@ def test_suites_lists_timing_only_cases(capsys):
     out = capsys.readouterr().out
     assert "pr          459 cases (36 timing, 2 of them timing only)" in out
     assert "    bf16-b64-h32/8-s1x8192-d128-causal-kv  [perf only]" in out
+
+
+def test_check_only_a_timing_only_case_judges_its_speed(tmp_path):
+    """--only of a timing-only case (what --last-failed writes after its speed failed) is a check
+    of its speed, not a usage error and not 'nothing measured'."""
+    from gate.commands.main import main
+
+    perf = ('[tool.attn-gate.perf]\nrounds = 7\ncalls_per_round = 2\nconfirm_rounds = 0\nwarmup_s = 0.0\n'
+            'cpu_anchor = "sdpa-cpu"\n')
+    config, _ = _recorded(tmp_path, TIMED_ONLY + perf)
+    base = ["--kernel", "sdpa-cpu", "--suite", "mini", "--device", "cpu", "--config", str(config), "--no-progress"]
+    assert main(["baseline", "update", *base, "--perf", "--out", str(tmp_path / "o2")]) == 0
+    rc = main(["check", *base, "--perf", "--only", "40x56", "--out", str(tmp_path / "c")])
+    assert rc in (0, 1)  # CPU timings may be judged noisy; never a usage error
+    findings = json.loads((tmp_path / "c" / "findings-sdpa-cpu-mini.json").read_text())["findings"]
+    assert any(f["rule"] == "speed" and f["case_id"] == "bf16-b2-h2-s40x56-d16" for f in findings)
+    assert not any(f["rule"] == "nothing_measured" for f in findings)

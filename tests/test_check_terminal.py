@@ -77,6 +77,7 @@ def test_last_failed_without_a_last_run_is_a_usage_error(tmp_path, capsys):
     # a flag of other commands is named as such, never suggested as its own correction
     (["perf", "--no-progress"], "`attn-gate perf` has no --no-progress (a flag of baseline update, check, "),
     (["baseline", "update", "--perf-form", "x"], "--perf-form: did you mean --perf-from"),
+    (["--kernel", "x", "check"], "--kernel goes after the command (a flag of "),
 ])
 def test_a_misspelt_subcommand_or_flag_gets_the_nearest_name(argv, hint, capsys):
     assert main(argv) == 2

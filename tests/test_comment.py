@@ -111,6 +111,14 @@ def test_links_to_artifacts_and_the_baseline_commit(causal_bug):
         "[`0123456789ab`](https://github.com/acme/attn/commit/0123456789abcdef)"
 
 
+def test_a_baseline_joined_from_two_runs_links_both_commits():
+    links = Links(repository="https://github.com/acme/attn")
+    shown = links.commit(f"{'a' * 40}+dirty (454 cases); {'b' * 40} (5 cases)")
+    assert shown == (f"[`{'a' * 12}`](https://github.com/acme/attn/commit/{'a' * 40}) (with uncommitted changes) (454 cases); "
+                     f"[`{'b' * 12}`](https://github.com/acme/attn/commit/{'b' * 40}) (5 cases)")
+    assert links.commit("not a sha") == "`not a sha`"  # shown, never a broken link
+
+
 @pytest.mark.slow
 def test_the_rerun_command_reproduces_exactly_the_failing_cases(causal_bug, tmp_path, capsys):
     out = causal_bug[1]

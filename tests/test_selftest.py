@@ -153,10 +153,23 @@ def test_a_decode_slowdown_is_planted_in_its_forward_only(tmp_path, capsys):
     # by default the cheapest case WITH a backward is slowed (both passes), though the decode case is cheaper
     code, report, _ = selftest(tmp_path, config, "--bugs", "dk_x1.02", "--reps", "1", "--rehearse-slowdowns-on-cpu")
     assert report["slowdowns"]["case_id"] == "bf16-b2-h4/2-s70-d32-causal" and set(report["slowdowns"]["summary"]) == {"fwd", "bwd"}
-    # a pattern no perf case matches says so, and the rest of the selftest still decides
-    code, report, _ = selftest(tmp_path, config, "--bugs", "dk_x1.02", "--reps", "1", "--rehearse-slowdowns-on-cpu",
-                               "--slowdown-case", "no-such-case")
-    assert not report["slowdowns"]["ran"] and "matches --slowdown-case 'no-such-case'" in report["slowdowns"]["reason"]
+
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--slowdown-case", "no-such-case", "--rehearse-slowdowns-on-cpu"), "matches no perf case"),
+    (("--slowdown-case", "(", "--rehearse-slowdowns-on-cpu"), "--slowdown-case '(' is not a regular expression"),
+    (("--slowdown-case", "kv-page"), "planted slowdowns need a CUDA GPU"),
+    (("--slowdown-case", "kv-page", "--no-slowdowns"), "with --no-slowdowns"),
+])
+def test_a_slowdown_case_that_cannot_run_is_a_usage_error_before_any_sweep(tmp_path, capsys, args, words):
+    """The slowdown test asked for must run: never a selftest that exits 0 without it."""
+    config = write_config(tmp_path) + ""
+    Path(config).write_text(Path(config).read_text().replace("causal = [true]", "causal = [true]\nperf = [true]", 1) + DECODE_PERF)
+    assert main(["selftest", "--device", "cpu", "--suite", "tiny", "--config", config, "--out", str(tmp_path / "out"),
+                 "--bugs", "dk_x1.02", *args]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "control" not in err  # refused before the controls swept anything
 
 
 def test_tiled_control_runs_when_a_chosen_bug_lives_in_tiled(tmp_path, capsys):

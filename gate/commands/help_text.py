@@ -29,7 +29,7 @@ HELP: dict[str, tuple[str, list[str], list[str]]] = {
                         ["0  written", "1  refused: a case fails that no known_failures declaration covers (nothing written; "
                          "docs/known-failures.md)", EXIT_2]),
     "baseline carry": ("Bring baselines to their suites as defined now, with no run: after a suite lost cases or made "
-                       "some timing-only (perf = \"only\"), drop those rows and keep every other row as measured. Refused, "
+                       "some timing-only (perf = [\"only\"]), drop those rows and keep every other row as measured. Refused, "
                        "naming the --only to measure, when a swept case is new or changed.",
                        ["attn-gate baseline carry baselines/h200/*-pr.json"],
                        ["0  carried (or matched already)", EXIT_2]),
@@ -115,4 +115,4 @@ case id legend (e.g. bf16-b2-h16/4-s97x257-d192/128-causal-win32.0-cap20-alibi-v
                          bf16/fp16 inputs; .grad: dBias judged
   bias.bool_mask | bias.bool_empty_rows | bias.document | bias.prefix_lm
                          a boolean mask: random sparse, with fully masked rows, block-diagonal documents, prefix-LM
-  [perf]                 also timed by `perf` / `check` (speed)"""
+  [perf]                 also timed by `perf` / `check` (speed); [perf only]: timed, never swept"""

@@ -35,7 +35,7 @@ class HintingParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         stray = self._stray_flags()
-        if stray and message.startswith("the following arguments are required"):
+        if stray and (message.startswith("the following arguments are required") or "invalid choice" in message):
             # `attn-gate --verison`: argparse names the missing COMMAND, not the misspelt flag
             message = f"unrecognized arguments: {' '.join(stray)}"
         hint = nearest_name_hint(self, message, getattr(self, "_argv", []))
@@ -53,17 +53,6 @@ class HintingParser(argparse.ArgumentParser):
             if word.split("=", 1)[0] not in known:
                 stray.append(word)
         return stray
-
-
-def _flags(parser: argparse.ArgumentParser) -> set[str]:
-    """Every long flag of `parser` and its subcommands (the top parser reports their unknown flags)."""
-    flags = set()
-    for action in parser._actions:
-        flags |= {o for o in action.option_strings if o.startswith("--")}
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                flags |= _flags(sub)
-    return flags
 
 
 def _command_path(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], argparse.ArgumentParser]:
@@ -115,8 +104,10 @@ def nearest_name_hint(parser: argparse.ArgumentParser, message: str, argv: list[
             close = [c for c in difflib.get_close_matches(flag, flags, n=2, cutoff=0.6) if c != flag]
             if close:
                 hints.append(f"{word}: did you mean {' or '.join(close)}?")
-            elif words and flag in owners:
+            elif flag in owners and words:
                 hints.append(f"`attn-gate {' '.join(words)}` has no {flag} (a flag of {', '.join(sorted(set(owners[flag])))})")
+            elif flag in owners:  # `attn-gate --kernel x check`: a command's flag before the command
+                hints.append(f"{flag} goes after the command (a flag of {', '.join(sorted(set(owners[flag])))})")
         return ("; " + "; ".join(hints)) if hints else ""
     return ""
 

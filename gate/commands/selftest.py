@@ -26,7 +26,7 @@ def register(sub) -> None:
                    "when the next one would not fit (default 330 on a GPU, none on a CPU)")
     p.add_argument("--slowdown-case", default=None, metavar="REGEX",
                    help="plant the slowdowns in the cheapest perf case whose id matches (default: the cheapest perf "
-                        "case); a decode case is slowed in its forward, the only pass it has")
+                        "case with a backward); a decode case is slowed in its forward, the only pass it has")
     p.add_argument("--rehearse-slowdowns-on-cpu", action="store_true",
                    help="run the slowdown part on a CPU with a busy-wait: checks the plumbing, measures nothing about GPUs, "
                         "never decides the exit code")

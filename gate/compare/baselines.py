@@ -346,6 +346,37 @@ def ids_regex(ids: list[str]) -> str:
     return "^(" + "|".join(re.escape(cid) for cid in ids) + ")$"
 
 
+# Past this many cases to measure, the way out named is a whole run, not an --only of their ids.
+MAX_IDS_IN_HINT = 40
+
+
+def remeasure_hint(old: Baseline, suite_cases: dict[str, str], timed: set[str], redo: str, path: Any) -> str:
+    """How to bring `old` to the suite as it is now (`suite_cases`: its swept cases' id -> hash;
+    `timed`: its timing cases' ids): `baseline carry` when nothing is new or changed, an --only
+    of the new and changed cases (with --no-perf when none is timed, so the speed run is not asked
+    for cases it has none of), or the whole suite when the rows predate hashes or the ids are many."""
+    rerun = cases_to_rerun(old, suite_cases)
+    if not rerun:
+        return f"`attn-gate baseline carry {path}` (no case is new or changed: nothing to measure)"
+    if any(c.case_hash is None for c in old.correctness.values()) or len(rerun) > MAX_IDS_IN_HINT:
+        return f"`{redo}` ({len(rerun)} cases are new or changed, or the rows predate case hashes: a whole run)"
+    no_perf = "" if set(rerun) & timed else " --no-perf"
+    return f"`{redo} --only '{ids_regex(rerun)}'{no_perf}` (its {len(rerun)} new or changed cases; the other rows are kept)"
+
+
+def refuse_lacking_cases(old: Baseline, suite_cases: dict[str, str], covered, what: str) -> None:
+    """A filtered update of a baseline whose suite changed must measure every new or changed case:
+    `covered(case_id)` says whether the run holds (or will hold) it. Refused naming the --only."""
+    rerun = cases_to_rerun(old, suite_cases)
+    lacking = [cid for cid in rerun if not covered(cid)]
+    if lacking:
+        unhashed = any(c.case_hash is None for c in old.correctness.values())
+        only = "drop --only (a whole run)" if unhashed or len(rerun) > MAX_IDS_IN_HINT else f"--only '{ids_regex(rerun)}'"
+        raise UserError(f"the suite changed since the baseline was made: {len(lacking)} of its cases are new or "
+                        f"changed{' (or the baseline predates case hashes)' if unhashed else ''} and not in {what} "
+                        f"({', '.join(lacking[:3])}{' ...' if len(lacking) > 3 else ''}); measure them too: {only}")
+
+
 def merge_baseline(new: Baseline, old: Baseline | None, scope: str | None,
                    suite_cases: dict[str, str] | None = None) -> tuple[Baseline, int]:
     """The baseline to write. A run filtered with --only replaces only the cases in its scope;
@@ -365,12 +396,7 @@ def merge_baseline(new: Baseline, old: Baseline | None, scope: str | None,
             if suite_cases is None:
                 raise UserError(f"the suite changed since the baseline was made, so a run filtered with --only {scope!r} "
                                 f"cannot update it piecemeal; update it from a run of the whole suite (drop --only)")
-            lacking = [cid for cid in cases_to_rerun(old, suite_cases) if cid not in new.correctness]
-            if lacking:
-                raise UserError(f"the suite changed since the baseline was made: {len(lacking)} of its cases are new or "
-                                f"changed{' (or the baseline predates case hashes)' if any(c.case_hash is None for c in old.correctness.values()) else ''} "
-                                f"and not in this run ({', '.join(lacking[:3])}{' ...' if len(lacking) > 3 else ''}); "
-                                f"run them too: --only '{ids_regex(cases_to_rerun(old, suite_cases))}'")
+            refuse_lacking_cases(old, suite_cases, lambda cid: cid in new.correctness, "this run")
             old_rows = {cid: c for cid, c in old.correctness.items() if cid in suite_cases}
         else:
             old_rows = old.correctness

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from gate.compare.baselines import Baseline, cases_to_rerun, ids_regex, update_command
+from gate.compare.baselines import Baseline, remeasure_hint, update_command
 from gate.core.config import tolerance_changes
 from gate.core.errors import UserError
 from gate.core.results import REQUIRED_TENSORS, required_tensors  # noqa: F401 - re-exported
@@ -239,7 +239,8 @@ def check_comparable(baseline: Baseline, sweep: "SweepResult", path: Any) -> Non
 
 
 def refuse_stale_baseline(baseline: Baseline, kernel: str, suite: str, suite_hash: str, tolerance: dict[str, Any],
-                          gpu_class: str, path: Any, suite_cases: dict[str, str] | None = None) -> None:
+                          gpu_class: str, path: Any, suite_cases: dict[str, str] | None = None,
+                          timed: set[str] | None = None) -> None:
     """A baseline of another suite, another definition of it, or other tolerance multipliers cannot be
     compared with a run. `check` asks this before it sweeps (with the suite and tolerance it is about to
     run), not only after: a refusal then costs a second, not a whole sweep whose results it would not
@@ -249,14 +250,11 @@ def refuse_stale_baseline(baseline: Baseline, kernel: str, suite: str, suite_has
         raise UserError(f"{path}: baseline is for suite {baseline.suite!r}, this run is suite {suite!r}; "
                         f"pass --suite {baseline.suite} or create a baseline with `{redo}`")
     if baseline.suite_hash != suite_hash:
-        rerun = cases_to_rerun(baseline, suite_cases) if suite_cases is not None else []
-        cheaper = ""
-        if rerun and len(rerun) < len(suite_cases) and all(c.case_hash for c in baseline.correctness.values()):
-            cheaper = (f" (or run only its {len(rerun)} new or changed cases, keeping the other rows: "
-                       f"`{redo} --only '{ids_regex(rerun)}'`)")
+        way = (remeasure_hint(baseline, suite_cases, timed or set(), redo, path) if suite_cases is not None
+               else f"`{redo}`")
         raise UserError(
             f"{path}: suite {suite!r} changed since the baseline was made (hash {baseline.suite_hash} -> "
-            f"{suite_hash}); refresh it with `{redo}`{cheaper} and review the diff in the PR")
+            f"{suite_hash}); bring it up to date with {way} and review the diff in the PR")
     changed = tolerance_changes(baseline.tolerance, tolerance)
     if changed:
         raise UserError(

@@ -928,12 +928,15 @@ def expand_suite(name: str, spec: dict[str, Any], source: str, table: str = "sui
     for i, block in enumerate(blocks):
         for case in expand_block(block, tuple(seeds), f"{where} matrix[{i}]"):
             prior = seen.get(case.id)
-            # The same problem named twice is one case; a perf flag on either copy wins and
-            # the checks of both copies run.
+            # The same problem named twice is one case: timed if either copy is, swept if either
+            # is, the checks of both run; its other fields (seeds) are a swept copy's, the timed
+            # one's where both are swept (a timing-only copy never decides what a sweep runs).
             if prior is not None:
                 checks = tuple(dict.fromkeys(prior.checks + case.checks))
                 timed, swept = bool(prior.perf or case.perf), prior.swept or case.swept
-                case = replace(case, perf=PERF_ONLY if timed and not swept else timed, checks=checks)
+                copies = [c for c in (prior, case) if c.swept] or [prior, case]
+                base = next((c for c in reversed(copies) if c.perf), copies[0])
+                case = replace(base, perf=PERF_ONLY if timed and not swept else timed, checks=checks)
             seen[case.id] = case
     return Suite(name=name, cases=tuple(seen.values()), source=source)
 

@@ -15,6 +15,8 @@ the workflow gathered; decides nothing.
 
 from __future__ import annotations
 
+import re
+
 import math
 import shlex
 from dataclasses import dataclass
@@ -86,11 +88,15 @@ class Links:
                    asv=env.get("ATTN_GATE_ASV_URL", "").rstrip("/"), repository=repository)
 
     def commit(self, sha: str) -> str:
+        """Each commit a baseline names, linked; a baseline joined from two runs names both."""
         if not sha:
             return "unknown (a baseline written before attn-gate recorded commits)"
-        plain = sha.removesuffix("+dirty")
-        note = " (with uncommitted changes)" if sha.endswith("+dirty") else ""
-        return (f"[`{plain[:12]}`]({self.repository}/commit/{plain})" if self.repository else f"`{plain[:12]}`") + note
+        shown = []
+        for m in re.finditer(r"([0-9a-f]{7,40})(\+dirty)?(?: \(([^)]*)\))?", sha):
+            plain, dirty, what = m.groups()
+            link = f"[`{plain[:12]}`]({self.repository}/commit/{plain})" if self.repository else f"`{plain[:12]}`"
+            shown.append(link + (" (with uncommitted changes)" if dirty else "") + (f" ({what})" if what else ""))
+        return "; ".join(shown) if shown else f"`{sha[:40]}`"
 
     def asv_graph(self, case_id: str, pass_: str, kernel: str = "") -> str:
         """asv's graph page of one speed ratio; its parameters are kernel, anchor and case."""

@@ -15,7 +15,7 @@ import dataclasses
 from pathlib import Path
 
 from gate.compare.baselines import (
-    SCHEMA_VERSION, BaselineDiff, cases_to_rerun, diff_baselines, ids_regex, read_baseline, update_command,
+    SCHEMA_VERSION, BaselineDiff, cases_to_rerun, diff_baselines, read_baseline, remeasure_hint, update_command,
     validate_written,
 )
 from gate.core.cases import case_hash, load_suite, suite_hash
@@ -37,21 +37,20 @@ def carry_baseline(path: Path, config: Config) -> BaselineDiff | None:
         raise UserError(f"{path}: measured with other tolerance multipliers ({', '.join(changed)}), so its rows cannot "
                         f"be carried; regenerate it with `{redo}`")
     swept = {c.id: case_hash(c) for c in suite.swept_cases}
+    timed = [c.id for c in suite.perf_cases]
     rerun = cases_to_rerun(old, swept)
     if rerun:
-        why = " (its rows predate case hashes)" if any(r.case_hash is None for r in old.correctness.values()) else ""
-        raise UserError(f"{path}: {len(rerun)} cases suite {old.suite!r} sweeps are new or changed since the baseline{why}; "
-                        f"nothing to carry them from: measure them on a {old.gpu_class} machine with "
-                        f"`{redo} --only '{ids_regex(rerun)}'`")
-    timed = [c.id for c in suite.perf_cases]
+        raise UserError(f"{path}: {len(rerun)} cases suite {old.suite!r} sweeps are new or changed since the baseline; "
+                        f"nothing to carry them from: on a {old.gpu_class} machine run "
+                        f"{remeasure_hint(old, swept, set(timed), redo, path)}")
     perf = old.perf
     if perf is not None:
         never = [cid for cid in timed if cid not in perf and cid not in old.correctness]
         if never:
             raise UserError(f"{path}: {len(never)} timing cases of suite {old.suite!r} were never measured "
                             f"({', '.join(never[:3])}{' ...' if len(never) > 3 else ''}); time them with `attn-gate perf "
-                            f"--kernel {old.kernel} --suite {old.suite} --rounds 30` on a {old.gpu_class} machine and record "
-                            f"them with `{redo} --perf-from perf-{old.kernel}-{old.suite}.json`")
+                            f"--kernel {old.kernel} --suite {old.suite} --rounds 30 --out out` on a {old.gpu_class} machine and "
+                            f"record them with `{redo} --perf-from out/perf-{old.kernel}-{old.suite}.json`")
         perf = {cid: entry for cid, entry in perf.items() if cid in set(timed)}
     new = dataclasses.replace(old, suite_hash=now, schema_version=SCHEMA_VERSION, perf=perf,
                               correctness={cid: row for cid, row in old.correctness.items() if cid in swept})

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gate.compare.baselines import (
-    Baseline, BaselineDiff, baseline_path, diff_baselines, merge_baseline, read_baseline, update_command, validate_written,
+    Baseline, BaselineDiff, baseline_path, diff_baselines, merge_baseline, read_baseline, refuse_lacking_cases, update_command,
+    validate_written,
 )
 from gate.core.config import Config, tolerance_changes
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
@@ -206,7 +207,8 @@ def refuse_unmatched_known(plan: RunPlan) -> None:
     config = plan.config
     if not for_kernel(config.known_failures, plan.kernel):
         return
-    suites = {name: [c.id for c in (plan.suite if name == plan.suite.name else load_suite(name, config.suites, config.source)).cases]
+    # swept cases: a declaration that matches only timing-only ones would never apply
+    suites = {name: [c.id for c in (plan.suite if name == plan.suite.name else load_suite(name, config.suites, config.source)).swept_cases]
               for name in suite_names(config.suites)}
     refuse_unmatched(config.known_failures, plan.kernel, suites)
 
@@ -243,7 +245,8 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
     path, baseline = load_existing_baseline(plan, baseline_file)
     if results is None:  # refused now, not after the sweep it would throw away
         refuse_stale_baseline(baseline, plan.kernel, plan.suite.name, plan.suite_hash,
-                              config.tolerance.as_dict(), plan.gpu_class, path, {c.id: case_hash(c) for c in plan.suite.swept_cases})
+                              config.tolerance.as_dict(), plan.gpu_class, path, {c.id: case_hash(c) for c in plan.suite.swept_cases},
+                              {c.id for c in plan.suite.perf_cases})
     sweep = results if results is not None else fresh_sweep(plan, progress)
     check_comparable(baseline, sweep, path)
     scope = sweep.scope
@@ -253,6 +256,8 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
 
         if perf_wanted(perf, plan.device):  # speed joins the same verdict: default on a GPU, off on a CPU
             perf_run = run_perf_check(plan, baseline.perf, Path(out_dir))
+            if not plan.cases:  # --only chose timing-only cases: the speed is what this check judges
+                findings = [f for f in findings if f.rule != "nothing_measured"]
             findings, thresholds = list(findings) + perf_run.findings, {**thresholds, **perf_run.thresholds}
     elif perf_results:  # a results file with the timings of its run: speed judged from them
         perf_run = file_perf_check(list(perf_results), sweep.kernel, sweep.suite, sweep.environment, baseline.gpu_class,
@@ -391,6 +396,11 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
             raise UserError(f"{path}: holds a baseline for GPU class {old.gpu_class!r}, not {plan.gpu_class!r}; it is left "
                             f"as it is: move it to {Path(config.baselines_dir) / old.gpu_class}/ or delete it, then rerun")
     scope = only if results is None else results.scope
+    suite_cases = {c.id: case_hash(c) for c in plan.suite.swept_cases}
+    if old is not None and scope is not None and old.suite_hash != plan.suite_hash:  # refused now, not after the sweep
+        pattern = only_pattern(scope)
+        refuse_lacking_cases(old, suite_cases, lambda cid: pattern.search(cid) is not None,
+                             f"--only {scope!r}" if results is None else f"{results_path}")
     if old is None and scope is not None:  # a filtered run merges into a baseline; without one it would BE the baseline
         what = f"--only {only!r}" if results is None else f"{results_path}: a run filtered with --only {scope!r}"
         raise UserError(f"{what}, but there is no baseline at {path} yet, so it would hold only those cases; create it "
@@ -419,8 +429,10 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
 
         if perf_wanted(perf, plan.device):  # speed ratios with their noise; None keeps the old section
             perf_section, _ = perf_baseline_section(plan, old.perf if old is not None else None)
-    suite_cases = {c.id: case_hash(c) for c in plan.suite.swept_cases}
     new, kept = merge_baseline(Baseline.from_sweep(sweep, perf=perf_section), old, sweep.scope, suite_cases)
+    if new.perf is not None:  # speed rows of cases the suite no longer times are not kept
+        timed = {c.id for c in plan.suite.perf_cases}
+        new = dataclasses.replace(new, perf={cid: entry for cid, entry in new.perf.items() if cid in timed})
     cfg = config.verdict
     diff = diff_baselines(old, new, path, cfg.headroom_factor, cfg.headroom_step, cfg.improvement_factor, kept)
     refusal = refuse_failing_run(sweep, config)

@@ -95,7 +95,7 @@ def plan_run(config: Config, kernel: str, suite: str, device: str, only: str | N
     plan = RunPlan(config=config, kernel=kernel, family=kernel_family(kernel, config),
                    suite=load_suite(suite, config.suites, config.source), device=device, gpu_class=gpu_class,
                    baseline_path=path, only=only, options=options, perf=perf, adapter=adapter)
-    if only is not None and not plan.cases:
+    if only is not None and not plan.cases and not plan.perf_cases:
         raise UserError(f"--only {only!r} matches no case of suite {suite!r}")
     return plan
 

@@ -178,7 +178,7 @@ def tiled_control_scope(run: _Run, bugs) -> str | None:
     the whole suite: on an H200 two pr sweeps of tiled (plain PyTorch tiles, 454 cases) alone
     outlast a 10-minute CI step. A bug's later batches stay within the control's cases (run_bug)."""
 
-    cases = load_suite(run.suite, run.config.suites, run.config.source).cases
+    cases = load_suite(run.suite, run.config.suites, run.config.source).swept_cases
     tiled = get_adapter("tiled")
     ids = {c.id for bug in bugs if not bug.trigger.pending and host_of(bug, run.adapter) == "tiled"
            for c in exercising_cases(bug, cases, tiled, run.device)[:FIRST_BATCH]}
@@ -328,6 +328,23 @@ def run_slowdowns(run: _Run, reps: int, deadline: float | None, levels=LEVELS_PC
     return section
 
 
+def refuse_slowdown_case(pattern: str, config: Config, suite: str, device: str, slowdowns: bool, rehearse: bool) -> None:
+    """--slowdown-case names a test the run must make: a bad pattern, one no perf case matches, or
+    a run whose slowdowns would not run at all is a usage error, not a selftest without it."""
+    if not slowdowns:
+        raise UserError("--slowdown-case with --no-slowdowns: drop one of them")
+    if device != "cuda" and not rehearse:
+        raise UserError("--slowdown-case: planted slowdowns need a CUDA GPU; on a CPU add --rehearse-slowdowns-on-cpu "
+                        "(plumbing only) or drop --slowdown-case")
+    try:
+        compiled = re.compile(pattern)
+    except re.error as exc:
+        raise UserError(f"--slowdown-case {pattern!r} is not a regular expression ({exc})") from None
+    if not any(compiled.search(c.id) for c in select_perf_cases(suite, config)):
+        raise UserError(f"--slowdown-case {pattern!r} matches no perf case of suite {suite!r} (`attn-gate suites --cases` "
+                        f"marks them [perf])")
+
+
 # ---------------------------------------------------------------- the run
 
 
@@ -343,6 +360,8 @@ def run_selftest(config: Config, kernel: str | None = None, suite: str | None = 
     # bugs wrap the kernel in this process, so it is loaded here
     target = validate_target(config, kernel, suite, device)
     kernel, suite, device = target.kernel, target.suite, target.device
+    if slowdown_case is not None:  # before minutes of bug sweeps: a slowdown test asked for must run
+        refuse_slowdown_case(slowdown_case, config, suite, device, slowdowns, rehearse_slowdowns_on_cpu)
     if reps < 1:
         raise UserError(f"--reps {reps}: must be >= 1")
     require_writable(Path(out_dir), "--out")
