@@ -92,7 +92,12 @@ if n != 1:
     sys.exit(f"{setup}: found no cxx flags to add the head-dim switch to")
 text = text.replace('"-lineinfo",', '# "-lineinfo",')  # ~3x smaller device code
 setup.write_text(text)
-print(f"kept {len(kept)} kernel sources")
+# the trim, where attn-gate's FA2 adapter reads it: the other head dims are SKIPPED with this reason
+(tree / "flash_attn" / "attn_gate_build.py").write_text(
+    '"""Written by attn-gate\'s scripts/build-flash-attn.sh: this flash-attn build is trimmed."""\n\n'
+    "# head dims 33-64 run the 64 kernel, 97-128 the 128 kernel; no other head dim is compiled\n"
+    "HEAD_DIM_KERNELS = (64, 128)\n")
+print(f"kept {len(kept)} kernel sources; wrote flash_attn/attn_gate_build.py")
 PY
   fi
   step python3 -m pip wheel --no-deps --no-build-isolation -w "$out" "$tree"

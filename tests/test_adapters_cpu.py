@@ -436,3 +436,28 @@ def test_flex_dynamic_compiles_with_dynamic_shapes(monkeypatch):
     FlexAdapter()._fn()
     assert seen == [{"dynamic": True}, {"dynamic": False}]
     assert get_adapter("flex-dynamic").name == "flex-dynamic" and get_adapter("flex-adjusted-mask").mask_margin == 300
+
+
+@pytest.mark.parametrize("head_dim, runs", [(64, True), (40, True), (128, True), (100, True), (32, False), (80, False),
+                                            (96, False), (160, False), (256, False)])
+def test_a_trimmed_fa2_build_skips_the_head_dims_it_did_not_compile(monkeypatch, head_dim, runs):
+    """scripts/build-flash-attn.sh records FA2's compiled head-dim kernels in
+    flash_attn/attn_gate_build.py; the adapter SKIPs the others with that reason (an ERROR row of
+    the build's "not compiled" otherwise), and a full build (no record) runs them all."""
+    import types
+
+    import gate.kernels.flash_attn as fa
+
+    from gate.kernels.flash_attn import FA2Adapter
+
+    monkeypatch.setattr(fa, "_import", lambda name: types.SimpleNamespace(HEAD_DIM_KERNELS=(64, 128))
+                        if name == "flash_attn.attn_gate_build" else pytest.fail(name))
+    c = case(head_dim=head_dim, head_dim_v=head_dim, seeds=(0,))
+    reason = FA2Adapter().unsupported_reason(c, "cuda")
+    assert (reason is None) == runs, reason
+    assert runs or "compiles only the head-dim kernels 64, 128" in reason
+
+    def no_record(name):
+        raise ImportError(name)
+    monkeypatch.setattr(fa, "_import", no_record)
+    assert FA2Adapter().unsupported_reason(c, "cuda") is None

@@ -99,9 +99,35 @@ def with_kvcache(fn, call: KernelCall, paged_keyword: str, window: tuple) -> Ker
     return KernelOutput(out=out, lse=None if lse is None else lse.detach().float())
 
 
+def fa2_head_dim_kernels() -> tuple[int, ...] | None:
+    """The head-dim kernels of a trimmed FA2 build (scripts/build-flash-attn.sh records them in
+    `flash_attn/attn_gate_build.py`), or None for a full build (or no FA2)."""
+    try:
+        kernels = _import("flash_attn.attn_gate_build").HEAD_DIM_KERNELS
+    except Exception:
+        return None
+    return tuple(int(k) for k in kernels)
+
+
+# FA2's HEADDIM_SWITCH: the kernel a head dim runs (32, 64, 96, 128, 192, 256); the next one down + 1 to it.
+FA2_HEAD_DIM_KERNELS = (32, 64, 96, 128, 192, 256)
+
+
+def fa2_kernel_for(head_dim: int) -> int | None:
+    return next((k for k in FA2_HEAD_DIM_KERNELS if head_dim <= k), None)
+
+
 class FA2Adapter(_FlashBase):
     name, module, dist = "fa2", "flash_attn", "flash-attn"
     description = "flash-attn 2 (flash_attn.flash_attn_func)"
+
+    def unsupported_reason(self, case, device: str) -> str | None:
+        reason = super().unsupported_reason(case, device)
+        built = fa2_head_dim_kernels() if reason is None else None
+        if built is not None and fa2_kernel_for(max(case.head_dim, case.head_dim_v)) not in built:
+            return (f"head dim {max(case.head_dim, case.head_dim_v)}: this FA2 build compiles only the head-dim kernels "
+                    f"{', '.join(map(str, built))} (trimmed by scripts/build-flash-attn.sh; flash_attn/attn_gate_build.py)")
+        return reason
 
     def capabilities(self) -> Capabilities:
         # flash_attn_with_kvcache: paged KV needs page_block_size % 256 == 0 (its docstring)
