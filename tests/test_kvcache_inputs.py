@@ -76,3 +76,42 @@ def test_the_digest_sees_one_garbage_slot():
     before = digest(inputs)
     inputs.cache.k_cache[0, 50, 0, 0] += 1.0
     assert digest(inputs) != before
+
+
+def test_drawing_on_a_named_device_is_the_same_draw_and_timing_falls_back_to_the_cpu(monkeypatch, capsys):
+    """make_inputs(draw_on=D) draws every random value with a generator on D (timing draws on the
+    GPU): on the CPU it is exactly the default draw, for every kind of case; and a timing draw that
+    fails on the device is made as the sweep makes it, with a note."""
+    import gate.attention.inputs as inputs_mod
+    from gate.core.cases import Case
+
+    kinds = [
+        dict(batch=2, seqlen_q=37, seqlen_k=70, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="bf16",
+             inputs="outliers", sinks=True),
+        dict(batch=3, seqlen_q=2, seqlen_k=100, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="bf16",
+             entry="kvcache", cache_seqlens=(5, 60, 9), cache_new=True, page_size=16, shuffled_pages=True),
+        dict(batch=2, seqlen_q=33, seqlen_k=65, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="e4m3"),
+    ]
+    for kw in kinds:
+        c = Case.build(**kw)
+        a, b = inputs_mod.make_inputs(c, 1, "cpu"), inputs_mod.make_inputs(c, 1, "cpu", draw_on="cpu")
+        for name in ("q", "k", "v", "dout", "sink"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert (x is None and y is None) or torch.equal(x, y), (c.id, name)
+        if a.cache is not None:
+            assert torch.equal(a.cache.k_cache, b.cache.k_cache) and torch.equal(a.cache.block_table, b.cache.block_table)
+            assert torch.equal(a.cache.k_new, b.cache.k_new)
+        if a.fp8 is not None:
+            assert torch.equal(a.fp8.k_descale, b.fp8.k_descale)
+    c = Case.build(**kinds[0])
+    calls = []
+
+    def fake(case, seed, device, draw_on="cpu"):
+        calls.append(str(draw_on))
+        if draw_on != "cpu":
+            raise RuntimeError("no such device here")
+        return "the sweep's draw"
+    monkeypatch.setattr(inputs_mod, "make_inputs", fake)
+    assert inputs_mod.timing_inputs(c, "cuda") == "the sweep's draw" and calls == ["cuda", "cpu"]
+    assert "timing inputs drawn on the CPU (RuntimeError: no such device here)" in capsys.readouterr().err
+    assert inputs_mod.timing_inputs(c, "cpu") == "the sweep's draw" and calls[-1] == "cpu"

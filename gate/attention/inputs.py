@@ -2,12 +2,14 @@
 
 Values are drawn in float32 on the CPU from a seeded generator, so a case's inputs are the
 same on any machine, then rounded to the case dtype once: the references see exactly the rounded
-tensors the kernel sees.
+tensors the kernel sees. Timing draws them on the GPU instead (`timing_inputs`): the same
+distribution at no CPU cost, where no value has to match another machine's.
 """
 
 from __future__ import annotations
 
 import itertools
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -112,7 +114,7 @@ def _quantize(t: torch.Tensor, heads_kv: int, fp8: torch.dtype, shift: int) -> t
     b, n, h, d = t.shape
     grouped = t.reshape(b, n, heads_kv, h // heads_kv, d)
     amax = grouped.abs().amax(dim=(1, 3, 4)).clamp_min(torch.finfo(torch.float32).tiny)
-    spread = (torch.arange(b).view(-1, 1) + torch.arange(heads_kv).view(1, -1) + shift) % 3
+    spread = (torch.arange(b, device=t.device).view(-1, 1) + torch.arange(heads_kv, device=t.device).view(1, -1) + shift) % 3
     descale = torch.exp2(torch.ceil(torch.log2(amax / torch.finfo(fp8).max)) + spread)
     q8 = (grouped / descale.view(b, 1, heads_kv, 1, 1)).to(fp8).reshape(b, n, h, d)
     return q8, descale.float()
@@ -133,9 +135,11 @@ def _fp8_inputs(case: Case, q, k, v) -> tuple[Fp8Inputs, tuple[torch.Tensor, ...
     return Fp8Inputs(q8, k8, v8, qs, ks, vs), values
 
 
-def make_inputs(case: Case, seed: int, device: str | torch.device) -> AttnInputs:
+def make_inputs(case: Case, seed: int, device: str | torch.device, draw_on: str | torch.device = "cpu") -> AttnInputs:
+    """The case's inputs for `seed`, drawn on `draw_on` (the CPU: the same values on every machine)
+    and placed on `device`."""
     dtype = TORCH_DTYPES[case.compute_dtype]
-    gen = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + 17)
+    gen = torch.Generator(device=draw_on).manual_seed(seed * 1_000_003 + 17)
     if case.entry.varlen is not None:
         total, total_k = sum(case.entry.varlen), sum(case.keys_varlen)
         shapes = [(total, case.heads_q, case.head_dim), (total_k, case.heads_kv, case.head_dim),
@@ -144,7 +148,7 @@ def make_inputs(case: Case, seed: int, device: str | torch.device) -> AttnInputs
         b, nq, nk = case.batch, case.seqlen_q, case.seqlen_k
         shapes = [(b, nq, case.heads_q, case.head_dim), (b, nk, case.heads_kv, case.head_dim),
                   (b, nk, case.heads_kv, case.head_dim_v), (b, nq, case.heads_q, case.head_dim_v)]
-    q, k, v, dout = (torch.randn(s, generator=gen, dtype=torch.float32) for s in shapes)
+    q, k, v, dout = (torch.randn(s, generator=gen, dtype=torch.float32, device=gen.device) for s in shapes)
     q, k, v = _shape_values(case, q, k, v)
     if case.layout == "kv_stride0":  # the values one expanded slab can hold (kernel_tensors hands the expand)
         k, v = (t[_stride0_slab(t.dim())].expand_as(t).clone() for t in (k, v))
@@ -161,11 +165,26 @@ def make_inputs(case: Case, seed: int, device: str | torch.device) -> AttnInputs
     cache = make_cache_inputs(case, q, gen, dtype, device) if case.entry.kind == "kvcache" else None
     sink = None
     if case.entry.sinks:
-        sink = (torch.randn(case.heads_q, generator=gen) + float(torch.tensor(float(case.seqlen_k)).log())).to(device)
+        sink = (torch.randn(case.heads_q, generator=gen, device=gen.device)
+                + float(torch.tensor(float(case.seqlen_k)).log())).to(device)
     bias = make_bias(case, seed, device, bias_dtype(case))  # its own generator, q/k/v unchanged
     return AttnInputs(q=q, k=k, v=v, dout=dout, softmax_scale=case.head_dim ** -0.5,
                       alibi_slopes=slopes, cu_seqlens=cu, seqlens=case.entry.varlen, seed=seed,
                       cu_seqlens_k=cu_k, seqlens_k=case.entry.varlen_k, bias=bias, cache=cache, sink=sink, fp8=fp8)
+
+
+def timing_inputs(case: Case, device: str | torch.device) -> AttnInputs:
+    """Inputs for timing: the case's shapes, layout and regimes, drawn on the GPU where there is
+    one. Timing needs the distribution, not the reproducible CPU values the correctness sweep
+    draws (a batch-64 decode over an 8k cache took 30 s to draw on a CPU). Where the device draw
+    fails they are drawn as the sweep draws them, with a note: a timing never depends on this."""
+    if str(device).startswith("cuda"):
+        try:
+            return make_inputs(case, 0, device, draw_on=device)
+        except Exception as exc:  # noqa: BLE001 - any failure of the fast path falls back to the sweep's
+            print(f"attn-gate: note: {case.id}: timing inputs drawn on the CPU ({type(exc).__name__}: {exc})",
+                  file=sys.stderr)
+    return make_inputs(case, 0, device)
 
 
 def _stride0_slab(dim: int) -> tuple[slice, ...]:

@@ -62,7 +62,7 @@ def _garbage_tile(lead: int, n: int, rest: tuple[int, ...], gen, shift: float) -
     ~N(4, 3), values ~N(8, 3)), so a kernel that reads one gets a visibly wrong answer; a tile instead
     of fresh noise per slot keeps a large cache cheap to make (a 16 x 8192-slot paged cache drew ~10^9
     normals per call before: ~30 s of an H200 case spent on the host, in the worker and again in the gate)."""
-    return torch.randn((lead, min(n, GARBAGE_TILE), *rest), generator=gen, dtype=torch.float32) * 3.0 + shift
+    return torch.randn((lead, min(n, GARBAGE_TILE), *rest), generator=gen, dtype=torch.float32, device=gen.device) * 3.0 + shift
 
 
 def _tile_span(tile: torch.Tensor, start: int, stop: int, first: int) -> torch.Tensor:
@@ -70,7 +70,7 @@ def _tile_span(tile: torch.Tensor, start: int, stop: int, first: int) -> torch.T
     tile repeats from there: slot p gets column (p - first) % tile width."""
     if stop <= start:
         return tile[:, :0]
-    return tile[:, torch.arange(start - first, stop - first) % tile.shape[1]]
+    return tile[:, torch.arange(start - first, stop - first, device=tile.device) % tile.shape[1]]
 
 
 def make_cache_inputs(case: Case, q: torch.Tensor, gen: torch.Generator, dtype, device) -> CacheInputs:
@@ -86,7 +86,7 @@ def make_cache_inputs(case: Case, q: torch.Tensor, gen: torch.Generator, dtype, 
     page = case.entry.page_size
     padded = -(-cap // page) * page if page else cap
     dims = {"k": case.head_dim, "v": case.head_dim_v}
-    slots = {name: torch.empty((b, padded, hkv, d), dtype=torch.float32) for name, d in dims.items()}
+    slots = {name: torch.empty((b, padded, hkv, d), dtype=torch.float32, device=gen.device) for name, d in dims.items()}
     tiles = {name: _garbage_tile(b, cap, (hkv, d), gen, shift) for (name, d), shift in zip(dims.items(), (4.0, 8.0))}
     for name in dims:  # garbage only where no token goes
         for i, n in enumerate(cached):
@@ -96,8 +96,8 @@ def make_cache_inputs(case: Case, q: torch.Tensor, gen: torch.Generator, dtype, 
         slots["v"][i, :n].normal_(generator=gen)
     k_new = v_new = None
     if case.entry.cache_new:
-        k_new = torch.randn((b, case.seqlen_q, hkv, case.head_dim), generator=gen).to(device=device, dtype=dtype)
-        v_new = torch.randn((b, case.seqlen_q, hkv, case.head_dim_v), generator=gen).to(device=device, dtype=dtype)
+        k_new = torch.randn((b, case.seqlen_q, hkv, case.head_dim), generator=gen, device=gen.device).to(device=device, dtype=dtype)
+        v_new = torch.randn((b, case.seqlen_q, hkv, case.head_dim_v), generator=gen, device=gen.device).to(device=device, dtype=dtype)
     block_table = None
     k_slots, v_slots = slots["k"], slots["v"]
     if page:
@@ -106,10 +106,11 @@ def make_cache_inputs(case: Case, q: torch.Tensor, gen: torch.Generator, dtype, 
             slots[name][:, cap:padded] = _tile_span(pad, cap, padded, cap)
         pages = padded // page
         blocks = b * pages + SPARE_BLOCKS
-        order = torch.randperm(blocks, generator=gen) if case.entry.shuffled_pages else torch.arange(blocks)
+        order = (torch.randperm(blocks, generator=gen, device=gen.device) if case.entry.shuffled_pages
+                 else torch.arange(blocks, device=gen.device))
         block_table = order[: b * pages].view(b, pages).to(torch.int32)
-        k_pool = torch.empty((blocks, page, hkv, case.head_dim), dtype=torch.float32)
-        v_pool = torch.empty((blocks, page, hkv, case.head_dim_v), dtype=torch.float32)
+        k_pool = torch.empty((blocks, page, hkv, case.head_dim), dtype=torch.float32, device=gen.device)
+        v_pool = torch.empty((blocks, page, hkv, case.head_dim_v), dtype=torch.float32, device=gen.device)
         k_pool[block_table.flatten().long()] = k_slots.reshape(b * pages, page, hkv, case.head_dim)
         v_pool[block_table.flatten().long()] = v_slots.reshape(b * pages, page, hkv, case.head_dim_v)
         spare = order[b * pages:].long()  # the blocks no table entry points at: garbage too

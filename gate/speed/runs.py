@@ -234,7 +234,7 @@ def case_anchor(anchor_name: str, config: PerfConfig, case: Case, device: str) -
 
 
 def _workloads(adapter, anchor_name: str, case: Case, device: str):
-    from gate.attention.inputs import make_inputs
+    from gate.attention.inputs import timing_inputs
 
     if anchor_name == MATMUL:
         return KernelWorkload(adapter, case, device), MatmulWorkload(case, device), None
@@ -242,7 +242,7 @@ def _workloads(adapter, anchor_name: str, case: Case, device: str):
     why = anchor.unavailable_reason() or anchor.unsupported_reason(case, device)
     if why:
         return None, None, f"anchor {anchor_name} cannot run this case: {why}"
-    inputs = make_inputs(case, 0, device)  # drawn once, shared: both kernels see the same values
+    inputs = timing_inputs(case, device)  # drawn once, shared: both kernels see the same values
     return KernelWorkload(adapter, case, device, inputs), KernelWorkload(anchor, case, device, inputs), None
 
 

@@ -289,11 +289,11 @@ class KernelWorkload(Workload):
         import torch
 
         from gate.correctness.run_case import leaf_call
-        from gate.attention.inputs import make_inputs
+        from gate.attention.inputs import timing_inputs
 
         self.adapter.prepare(self.case)
         if self.inputs is None:
-            self.inputs = make_inputs(self.case, 0, self.device)
+            self.inputs = timing_inputs(self.case, self.device)
         self.call = dataclasses.replace(leaf_call(self.case, self.inputs), want_lse=False)
         self._leaves = (self.call.q, self.call.k, self.call.v)
         # decode cases and forward-only kernels have no backward to build or time
