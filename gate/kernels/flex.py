@@ -23,6 +23,7 @@ from gate.kernels.base import (
     Capabilities, KernelAdapter, KernelCall, KernelOutput, per_sequence, read_pages, write_pages,
 )
 from gate.kernels.capabilities import Feature, feature_set
+from gate.attention.inputs import offsets
 from gate.attention.masks import effective_window
 
 RECOMPILE_LIMIT = 512
@@ -37,6 +38,35 @@ RECOMPILE_LIMIT = 512
 EAGER_BLOCK_MASK_MAX_ELEMENTS = 1 << 28
 
 
+def _band(ok, k_pos, diag, p: dict, has_left: bool, has_right: bool):
+    """`ok` narrowed to the window around `diag` (the query's key position): right, then left side."""
+    if has_right:
+        ok = ok & (k_pos <= diag + p["right"])
+    if has_left:
+        ok = ok & (k_pos >= diag - p["left"])
+    return ok
+
+
+def _capped(score, h, diag, k_pos, p: dict, has_cap: bool, has_alibi: bool):
+    """The softcap, then ALiBi's -slope * |diag - key| (diag: the query's key position)."""
+    if has_cap:
+        score = torch.tanh(score / p["cap"]) * p["cap"]
+    if has_alibi:
+        score = score - p["slopes"][h] * (diag - k_pos).abs()
+    return score
+
+
+def _flex_call(fn, qh, kh, vh, kwargs: dict):
+    """(out, lse) of one flex_attention call, asking for the LSE as this torch spells it."""
+    try:
+        from torch.nn.attention.flex_attention import AuxRequest
+
+        out, aux = fn(qh, kh, vh, **kwargs, return_aux=AuxRequest(lse=True))
+        return out, aux.lse
+    except ImportError:
+        return fn(qh, kh, vh, **kwargs, return_lse=True)
+
+
 class FlexAdapter(KernelAdapter):
     name = "flex"
     description = "torch FlexAttention (torch.compile'd flex_attention)"
@@ -44,6 +74,7 @@ class FlexAdapter(KernelAdapter):
     # > 0: each block mask is built for a grid this many queries and keys larger and cropped to the
     # case with BlockMask._adjust, as a model reusing one mask made for its longest sequence does
     mask_margin = 0
+    packed_varlen = False  # True: a varlen case is one call over the packed sequences (FlexPackedAdapter)
 
     def __init__(self) -> None:
         self._compiled = None
@@ -183,21 +214,11 @@ class FlexAdapter(KernelAdapter):
         mask_mod = None
         if has_left or has_right:
             def mask_mod(b, h, q_idx, kv_idx):
-                diag = q_idx + p["offset"]
-                ok = kv_idx >= 0
-                if has_right:
-                    ok = ok & (kv_idx <= diag + p["right"])
-                if has_left:
-                    ok = ok & (kv_idx >= diag - p["left"])
-                return ok
+                return _band(kv_idx >= 0, kv_idx, q_idx + p["offset"], p, has_left, has_right)
         score_mod = None
         if has_cap or has_alibi:
             def score_mod(score, b, h, q_idx, kv_idx):
-                if has_cap:
-                    score = torch.tanh(score / p["cap"]) * p["cap"]
-                if has_alibi:
-                    score = score - p["slopes"][h] * (q_idx + p["offset"] - kv_idx).abs()
-                return score
+                return _capped(score, h, q_idx + p["offset"], kv_idx, p, has_cap, has_alibi)
         return p, mask_mod, score_mod
 
     def _dense(self, q, k, v, call: KernelCall) -> KernelOutput:
@@ -218,14 +239,7 @@ class FlexAdapter(KernelAdapter):
                                           croppable=bias is None or bias.dtype != torch.bool)
         kwargs = dict(score_mod=score_mod, block_mask=block_mask, scale=call.opts.softmax_scale,
                       enable_gqa=qh.shape[1] != kh.shape[1])
-        fn = self._fn()
-        try:
-            from torch.nn.attention.flex_attention import AuxRequest
-
-            out, aux = fn(qh, kh, vh, **kwargs, return_aux=AuxRequest(lse=True))
-            lse = aux.lse
-        except ImportError:
-            out, lse = fn(qh, kh, vh, **kwargs, return_lse=True)
+        out, lse = _flex_call(self._fn(), qh, kh, vh, kwargs)
         # Flex reports fully masked rows with LSE -inf, like the reference; out is 0 there.
         return KernelOutput(out=out.transpose(1, 2), lse=lse.detach().float())
 
@@ -242,22 +256,12 @@ class FlexAdapter(KernelAdapter):
 
         def mask_mod(b, h, q_idx, kv_idx):
             n = p["lens"][b]
-            diag = q_idx + n - p["nq"]
-            ok = kv_idx < n
-            if has_right:
-                ok = ok & (kv_idx <= diag + p["right"])
-            if has_left:
-                ok = ok & (kv_idx >= diag - p["left"])
-            return ok
+            return _band(kv_idx < n, kv_idx, q_idx + n - p["nq"], p, has_left, has_right)
 
         score_mod = None
         if has_cap or has_alibi:
             def score_mod(score, b, h, q_idx, kv_idx):
-                if has_cap:
-                    score = torch.tanh(score / p["cap"]) * p["cap"]
-                if has_alibi:
-                    score = score - p["slopes"][h] * (q_idx + p["lens"][b] - p["nq"] - kv_idx).abs()
-                return score
+                return _capped(score, h, q_idx + p["lens"][b] - p["nq"], kv_idx, p, has_cap, has_alibi)
         return p, mask_mod, score_mod
 
     def _decode(self, call: KernelCall) -> KernelOutput:
@@ -289,22 +293,78 @@ class FlexAdapter(KernelAdapter):
         block_mask = self._block_mask(mkey, mask_mod, bsz, None, nq, longest, q.device)
         qh, kh, vh = q.transpose(1, 2), kb.transpose(1, 2), vb.transpose(1, 2)
         kwargs = dict(score_mod=score_mod, block_mask=block_mask, scale=o.softmax_scale, enable_gqa=qh.shape[1] != kh.shape[1])
-        fn = self._fn()
-        try:
-            from torch.nn.attention.flex_attention import AuxRequest
-
-            out, aux = fn(qh, kh, vh, **kwargs, return_aux=AuxRequest(lse=True))
-            lse = aux.lse
-        except ImportError:
-            out, lse = fn(qh, kh, vh, **kwargs, return_lse=True)
+        out, lse = _flex_call(self._fn(), qh, kh, vh, kwargs)
         return KernelOutput(out=out.transpose(1, 2), lse=lse.detach().float())
 
     def __call__(self, call: KernelCall) -> KernelOutput:
         if call.cache is not None:
             return self._decode(call)
         if call.cu_seqlens is not None:
+            if self.packed_varlen and call.opts.bias is None:
+                return self._packed(call)
             return per_sequence(call, lambda q, k, v: self._dense(q, k, v, call))
         return self._dense(call.q, call.k, call.v, call)
+
+    # --- varlen as ONE call over the packed sequences (FlexAttention's own varlen: documents) ---
+
+    @staticmethod
+    def _make_packed_mods(has_left: bool, has_right: bool, has_cap: bool, has_alibi: bool):
+        """Mods over packed sequences: a query sees only keys of its own sequence (document), placed
+        bottom-right within it; softcap and ALiBi on the positions inside each sequence."""
+        p: dict = {}
+
+        def local(q_idx, kv_idx):
+            doc = p["doc_q"][q_idx]
+            q_pos = q_idx - p["q_start"][doc] + p["k_len"][doc] - p["q_len"][doc]  # its key position in the doc
+            return doc, q_pos, kv_idx - p["k_start"][doc]
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            doc, q_pos, k_pos = local(q_idx, kv_idx)
+            return _band(p["doc_k"][kv_idx] == doc, k_pos, q_pos, p, has_left, has_right)
+
+        score_mod = None
+        if has_cap or has_alibi:
+            def score_mod(score, b, h, q_idx, kv_idx):
+                _, q_pos, k_pos = local(q_idx, kv_idx)
+                return _capped(score, h, q_pos, k_pos, p, has_cap, has_alibi)
+        return p, mask_mod, score_mod
+
+    def _packed(self, call: KernelCall) -> KernelOutput:
+        o = call.opts
+        q_lens = list(call.seqlens) if call.seqlens is not None else torch.diff(call.cu_seqlens).tolist()
+        k_lens = list(call.seqlens_k) if call.seqlens_k is not None else (
+            torch.diff(call.keys_cu_seqlens).tolist() if call.cu_seqlens_k is not None else q_lens)
+        dev = call.q.device
+        left, right = effective_window(o.causal, o.window)
+        key = ("packed", left >= 0, right >= 0, bool(o.softcap), o.alibi_slopes is not None, str(dev))
+        if key not in self._mod_cache:
+            self._mod_cache[key] = self._make_packed_mods(*key[1:5])
+        holder, mask_mod, score_mod = self._mod_cache[key]
+        holder.clear()
+        docs = range(len(q_lens))
+        holder.update({slot: self._on(dev, slot, tuple(value)) for slot, value in (
+            ("doc_q", [d for d in docs for _ in range(q_lens[d])]), ("doc_k", [d for d in docs for _ in range(k_lens[d])]),
+            ("q_start", offsets(q_lens)[:-1]), ("k_start", offsets(k_lens)[:-1]), ("q_len", q_lens), ("k_len", k_lens))})
+        holder.update({slot: self._on(dev, slot, value) for slot, value in (
+            ("left", left), ("right", right), ("cap", float(o.softcap or 1.0)))})
+        holder["slopes"] = o.alibi_slopes if o.alibi_slopes is not None else self._on(dev, "slopes", (0.0,))
+        nq, nk = sum(q_lens), sum(k_lens)
+        mkey = ("packed", tuple(q_lens), tuple(k_lens), o.causal, o.window, str(dev))
+        block_mask = self._block_mask(mkey, mask_mod, None, None, nq, nk, dev)
+        qh, kh, vh = (t[None].transpose(1, 2) for t in (call.q, call.k, call.v))
+        kwargs = dict(score_mod=score_mod, block_mask=block_mask, scale=o.softmax_scale, enable_gqa=qh.shape[1] != kh.shape[1])
+        out, lse = _flex_call(self._fn(), qh, kh, vh, kwargs)
+        return KernelOutput(out=out.transpose(1, 2)[0], lse=lse[0].detach().float())
+
+
+class FlexPackedAdapter(FlexAdapter):
+    """FlexAttention's own varlen: a varlen case is one call over the packed sequences with a
+    document mask_mod (each query sees its own sequence, placed bottom-right in it), its softcap
+    and ALiBi score_mods on the positions inside each sequence; `flex` runs each sequence alone."""
+
+    name = "flex-packed"
+    description = "torch FlexAttention, varlen as one call over packed sequences with a document mask_mod"
+    packed_varlen = True
 
 
 class FlexDynamicAdapter(FlexAdapter):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from gate.core.errors import UserError
 from gate.kernels.base import KernelAdapter
 from gate.kernels.flash_attn import FA2Adapter, FA3Adapter, FA4Adapter, FA4RawWindowAdapter
-from gate.kernels.flex import FlexAdapter, FlexAdjustedMaskAdapter, FlexDynamicAdapter
+from gate.kernels.flex import FlexAdapter, FlexAdjustedMaskAdapter, FlexDynamicAdapter, FlexPackedAdapter
 from gate.kernels.sdpa import BACKENDS, SdpaAdapter
 from gate.kernels.tiled import TiledAdapter
 from gate.kernels.user import FamilyAdapter, UserAdapter
@@ -17,7 +17,8 @@ def _builtins() -> dict:
     table.update({f"sdpa-{b}-copyheads": (lambda b=b: SdpaAdapter(b, copy_heads=True)) for b in BACKENDS})
     table.update({"flex": FlexAdapter, "fa2": FA2Adapter, "fa3": FA3Adapter, "fa4": FA4Adapter, "tiled": TiledAdapter})
     table["fa4-raw-window"] = FA4RawWindowAdapter  # the (-1, 0) spelling reaching FA4
-    table.update({"flex-dynamic": FlexDynamicAdapter, "flex-adjusted-mask": FlexAdjustedMaskAdapter})
+    table.update({"flex-dynamic": FlexDynamicAdapter, "flex-adjusted-mask": FlexAdjustedMaskAdapter,
+                  "flex-packed": FlexPackedAdapter})
     return table
 
 
