@@ -450,6 +450,7 @@ def test_a_trimmed_fa2_build_skips_the_head_dims_it_did_not_compile(monkeypatch,
 
     from gate.kernels.flash_attn import FA2Adapter
 
+    fa.fa2_head_dim_kernels.cache_clear()  # read once per process: each scenario here is another build
     monkeypatch.setattr(fa, "_import", lambda name: types.SimpleNamespace(HEAD_DIM_KERNELS=(64, 128))
                         if name == "flash_attn.attn_gate_build" else pytest.fail(name))
     c = case(head_dim=head_dim, head_dim_v=head_dim, seeds=(0,))
@@ -460,7 +461,9 @@ def test_a_trimmed_fa2_build_skips_the_head_dims_it_did_not_compile(monkeypatch,
     def no_record(name):
         raise ImportError(name)
     monkeypatch.setattr(fa, "_import", no_record)
+    fa.fa2_head_dim_kernels.cache_clear()
     assert FA2Adapter().unsupported_reason(c, "cuda") is None
+    fa.fa2_head_dim_kernels.cache_clear()  # no fake build outlives this test
 
 
 PACKED_CASES = [

@@ -16,7 +16,7 @@ from gate.commands.common import add_config, add_kernel_suite, add_run_options, 
 from gate.commands.help_text import parser_kwargs
 import json
 from gate.core.errors import UserError
-from gate.report.comment import exact_regex
+from gate.core.cases import exact_regex
 from gate.core.config import load_config
 from gate.workflow.validate import check_device
 from gate.core.files import FolderLock, require_writable

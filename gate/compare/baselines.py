@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from gate.compare.headroom import is_headroom_regression, is_large_improvement
-from gate.core.cases import case_hash
+from gate.core.cases import case_hash, exact_regex
 from gate.core.config import tolerance_changes
 from gate.core.errors import UserError
 from gate.core.jsonio import (
@@ -341,13 +341,16 @@ def cases_to_rerun(old: Baseline, suite_cases: dict[str, str]) -> list[str]:
             if cid not in old.correctness or old.correctness[cid].case_hash != digest]
 
 
-def ids_regex(ids: list[str]) -> str:
-    """An --only pattern that selects exactly these case ids."""
-    return "^(" + "|".join(re.escape(cid) for cid in ids) + ")$"
-
-
 # Past this many cases to measure, the way out named is a whole run, not an --only of their ids.
 MAX_IDS_IN_HINT = 40
+
+
+def rerun_pattern(old: Baseline, rerun: list[str]) -> str | None:
+    """The --only that measures just `rerun` (new or changed cases) and keeps the other rows of
+    `old`; None where only a whole run will do (rows without case hashes, or too many ids)."""
+    if any(c.case_hash is None for c in old.correctness.values()) or len(rerun) > MAX_IDS_IN_HINT:
+        return None
+    return exact_regex(rerun)
 
 
 def remeasure_hint(old: Baseline, suite_cases: dict[str, str], timed: set[str], redo: str, path: Any) -> str:
@@ -358,10 +361,11 @@ def remeasure_hint(old: Baseline, suite_cases: dict[str, str], timed: set[str], 
     rerun = cases_to_rerun(old, suite_cases)
     if not rerun:
         return f"`attn-gate baseline carry {path}` (no case is new or changed: nothing to measure)"
-    if any(c.case_hash is None for c in old.correctness.values()) or len(rerun) > MAX_IDS_IN_HINT:
+    pattern = rerun_pattern(old, rerun)
+    if pattern is None:
         return f"`{redo}` ({len(rerun)} cases are new or changed, or the rows predate case hashes: a whole run)"
     no_perf = "" if set(rerun) & timed else " --no-perf"
-    return f"`{redo} --only '{ids_regex(rerun)}'{no_perf}` (its {len(rerun)} new or changed cases; the other rows are kept)"
+    return f"`{redo} --only '{pattern}'{no_perf}` (its {len(rerun)} new or changed cases; the other rows are kept)"
 
 
 def refuse_lacking_cases(old: Baseline, suite_cases: dict[str, str], covered, what: str) -> None:
@@ -370,11 +374,17 @@ def refuse_lacking_cases(old: Baseline, suite_cases: dict[str, str], covered, wh
     rerun = cases_to_rerun(old, suite_cases)
     lacking = [cid for cid in rerun if not covered(cid)]
     if lacking:
+        pattern = rerun_pattern(old, rerun)
         unhashed = any(c.case_hash is None for c in old.correctness.values())
-        only = "drop --only (a whole run)" if unhashed or len(rerun) > MAX_IDS_IN_HINT else f"--only '{ids_regex(rerun)}'"
         raise UserError(f"the suite changed since the baseline was made: {len(lacking)} of its cases are new or "
                         f"changed{' (or the baseline predates case hashes)' if unhashed else ''} and not in {what} "
-                        f"({', '.join(lacking[:3])}{' ...' if len(lacking) > 3 else ''}); measure them too: {only}")
+                        f"({', '.join(lacking[:3])}{' ...' if len(lacking) > 3 else ''}); measure them too: "
+                        + ("drop --only (a whole run)" if pattern is None else f"--only '{pattern}'"))
+
+
+def timed_perf(perf: dict[str, Any] | None, timed: set[str]) -> dict[str, Any] | None:
+    """A speed section without the rows of cases the suite no longer times."""
+    return None if perf is None else {cid: entry for cid, entry in perf.items() if cid in timed}
 
 
 def merge_baseline(new: Baseline, old: Baseline | None, scope: str | None,

@@ -706,6 +706,10 @@ class Suite:
         """The cases a sweep checks and a baseline holds correctness rows of (all but perf = "only")."""
         return tuple(c for c in self.cases if c.swept)
 
+    def swept_hashes(self) -> dict[str, str]:
+        """Each swept case's id -> case_hash: what a baseline's rows are checked against."""
+        return {c.id: case_hash(c) for c in self.swept_cases}
+
 
 def _pair(value: Any, sep: str, axis: str, where: str) -> tuple[int, int]:
     """Parse '97x257' / '16/4' / 128 into a pair (a single number means both equal)."""
@@ -975,6 +979,14 @@ def suite_hash(suite: Suite) -> str:
     """Changes when any case of the suite changes: a baseline from another suite is refused."""
     blob = json.dumps([c.hash_dict() for c in suite.cases], sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def exact_regex(case_ids) -> str:
+    """A regex `--only` matches exactly these ids with (re.search), and nothing else; readable (only
+    regex metacharacters are escaped, so ids keep their dashes)."""
+    special = set(".^$*+?{}[]\\|()")
+    escaped = ("".join("\\" + ch if ch in special else ch for ch in c) for c in sorted(set(case_ids)))
+    return "^(?:" + "|".join(escaped) + ")$"
 
 
 def only_pattern(only: str | None) -> re.Pattern[str] | None:

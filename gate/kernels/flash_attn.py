@@ -17,6 +17,7 @@ cannot be combined in FA4, so neither can softcap and a float bias. The mods: ga
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 
@@ -99,9 +100,11 @@ def with_kvcache(fn, call: KernelCall, paged_keyword: str, window: tuple) -> Ker
     return KernelOutput(out=out, lse=None if lse is None else lse.detach().float())
 
 
+@functools.lru_cache(maxsize=1)
 def fa2_head_dim_kernels() -> tuple[int, ...] | None:
     """The head-dim kernels of a trimmed FA2 build (scripts/build-flash-attn.sh records them in
-    `flash_attn/attn_gate_build.py`), or None for a full build (or no FA2)."""
+    `flash_attn/attn_gate_build.py`), or None for a full build (or no FA2). Read once: a missing
+    module is searched for again on every import attempt, and every case asks."""
     try:
         kernels = _import("flash_attn.attn_gate_build").HEAD_DIM_KERNELS
     except Exception:

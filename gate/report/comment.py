@@ -25,7 +25,7 @@ from urllib.parse import quote
 
 from gate.compare.baselines import Baseline
 from gate.compare.findings import Finding, Severity, Verdict, fmt
-from gate.core.cases import Case
+from gate.core.cases import Case, exact_regex
 from gate.core.results import CaseResult, Status, SweepResult, shown_tensors
 from gate.report.known import known_groups
 
@@ -239,13 +239,6 @@ def shared_pattern(failing: list[Case], passing: list[Case]) -> str:
 
 
 # ---------------------------------------------------------------- rerun command
-
-
-def exact_regex(case_ids: list[str]) -> str:
-    """A regex `--only` matches exactly these ids with (re.search), and nothing else."""
-    special = set(".^$*+?{}[]\\|()")
-    escaped = ("".join("\\" + ch if ch in special else ch for ch in c) for c in sorted(set(case_ids)))
-    return "^(?:" + "|".join(escaped) + ")$"
 
 
 def rerun_command(context: Mapping[str, Any], device: str, case_ids: list[str] | None) -> str:

@@ -15,10 +15,10 @@ import dataclasses
 from pathlib import Path
 
 from gate.compare.baselines import (
-    SCHEMA_VERSION, BaselineDiff, cases_to_rerun, diff_baselines, read_baseline, remeasure_hint, update_command,
-    validate_written,
+    SCHEMA_VERSION, BaselineDiff, cases_to_rerun, diff_baselines, read_baseline, remeasure_hint, timed_perf,
+    update_command, validate_written,
 )
-from gate.core.cases import case_hash, load_suite, suite_hash
+from gate.core.cases import load_suite, suite_hash
 from gate.core.config import Config, tolerance_changes
 from gate.core.errors import UserError
 
@@ -36,7 +36,7 @@ def carry_baseline(path: Path, config: Config) -> BaselineDiff | None:
     if changed:
         raise UserError(f"{path}: measured with other tolerance multipliers ({', '.join(changed)}), so its rows cannot "
                         f"be carried; regenerate it with `{redo}`")
-    swept = {c.id: case_hash(c) for c in suite.swept_cases}
+    swept = suite.swept_hashes()
     timed = [c.id for c in suite.perf_cases]
     rerun = cases_to_rerun(old, swept)
     if rerun:
@@ -51,7 +51,7 @@ def carry_baseline(path: Path, config: Config) -> BaselineDiff | None:
                             f"({', '.join(never[:3])}{' ...' if len(never) > 3 else ''}); time them with `attn-gate perf "
                             f"--kernel {old.kernel} --suite {old.suite} --rounds 30 --out out` on a {old.gpu_class} machine and "
                             f"record them with `{redo} --perf-from out/perf-{old.kernel}-{old.suite}.json`")
-        perf = {cid: entry for cid, entry in perf.items() if cid in set(timed)}
+        perf = timed_perf(perf, set(timed))
     new = dataclasses.replace(old, suite_hash=now, schema_version=SCHEMA_VERSION, perf=perf,
                               correctness={cid: row for cid, row in old.correctness.items() if cid in swept})
     validate_written(new, path)

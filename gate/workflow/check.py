@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gate.compare.baselines import (
-    Baseline, BaselineDiff, baseline_path, diff_baselines, merge_baseline, read_baseline, refuse_lacking_cases, update_command,
-    validate_written,
+    Baseline, BaselineDiff, baseline_path, diff_baselines, merge_baseline, read_baseline, refuse_lacking_cases, timed_perf,
+    update_command, validate_written,
 )
 from gate.core.config import Config, tolerance_changes
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
@@ -45,7 +45,7 @@ from gate.compare.sweep_rules import (
     check_comparable, compare, correctness_thresholds, refuse_duplicate_cases, refuse_other_gpu_class, incomplete_pass,
     refuse_stale_baseline,
 )
-from gate.core.cases import case_hash, load_suite, only_pattern, suite_names
+from gate.core.cases import load_suite, only_pattern, suite_names
 from gate.workflow.plan import RunPlan, current_gpu_class, plan_run, resolve_plan
 from gate.core.environment import default_device
 from gate.workflow.sweep import SweepOptions, sweep_plan
@@ -245,7 +245,7 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
     path, baseline = load_existing_baseline(plan, baseline_file)
     if results is None:  # refused now, not after the sweep it would throw away
         refuse_stale_baseline(baseline, plan.kernel, plan.suite.name, plan.suite_hash,
-                              config.tolerance.as_dict(), plan.gpu_class, path, {c.id: case_hash(c) for c in plan.suite.swept_cases},
+                              config.tolerance.as_dict(), plan.gpu_class, path, plan.suite.swept_hashes(),
                               {c.id for c in plan.suite.perf_cases})
     sweep = results if results is not None else fresh_sweep(plan, progress)
     check_comparable(baseline, sweep, path)
@@ -396,7 +396,7 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
             raise UserError(f"{path}: holds a baseline for GPU class {old.gpu_class!r}, not {plan.gpu_class!r}; it is left "
                             f"as it is: move it to {Path(config.baselines_dir) / old.gpu_class}/ or delete it, then rerun")
     scope = only if results is None else results.scope
-    suite_cases = {c.id: case_hash(c) for c in plan.suite.swept_cases}
+    suite_cases = plan.suite.swept_hashes()
     if old is not None and scope is not None and old.suite_hash != plan.suite_hash:  # refused now, not after the sweep
         pattern = only_pattern(scope)
         refuse_lacking_cases(old, suite_cases, lambda cid: pattern.search(cid) is not None,
@@ -430,9 +430,7 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
         if perf_wanted(perf, plan.device):  # speed ratios with their noise; None keeps the old section
             perf_section, _ = perf_baseline_section(plan, old.perf if old is not None else None)
     new, kept = merge_baseline(Baseline.from_sweep(sweep, perf=perf_section), old, sweep.scope, suite_cases)
-    if new.perf is not None:  # speed rows of cases the suite no longer times are not kept
-        timed = {c.id for c in plan.suite.perf_cases}
-        new = dataclasses.replace(new, perf={cid: entry for cid, entry in new.perf.items() if cid in timed})
+    new = dataclasses.replace(new, perf=timed_perf(new.perf, {c.id for c in plan.suite.perf_cases}))
     cfg = config.verdict
     diff = diff_baselines(old, new, path, cfg.headroom_factor, cfg.headroom_step, cfg.improvement_factor, kept)
     refusal = refuse_failing_run(sweep, config)

@@ -35,7 +35,7 @@ from gate.core.errors import UserError
 from gate.core.files import append_step_summary, require_writable
 from gate.core.results import SweepResult
 from gate.correctness.planted import case_cost, host_of, mult_to_catch, planted_adapter, select_bugs
-from gate.core.cases import load_suite, only_pattern
+from gate.core.cases import exact_regex, load_suite
 from gate.kernels.registry import get_adapter
 from gate.speed.planted import CPU_CYCLES_PER_MS, SlowedKernel, planted_cycles
 from gate.speed.runs import PerfResult, baseline_entry, case_anchor, judge_perf, measure_case, select_perf_cases
@@ -57,10 +57,6 @@ CPU_SLOWDOWN_REASON = ("not run: planted slowdowns need a CUDA GPU (torch.cuda._
 
 def _log(msg: str) -> None:
     print(f"selftest: {msg}", file=sys.stderr, flush=True)
-
-
-def _ids_regex(case_ids) -> str:
-    return "^(?:" + "|".join(re.escape(c) for c in case_ids) + ")$"
 
 
 class _Run:
@@ -182,7 +178,7 @@ def tiled_control_scope(run: _Run, bugs) -> str | None:
     tiled = get_adapter("tiled")
     ids = {c.id for bug in bugs if not bug.trigger.pending and host_of(bug, run.adapter) == "tiled"
            for c in exercising_cases(bug, cases, tiled, run.device)[:FIRST_BATCH]}
-    return _ids_regex(sorted(ids)) if ids else None
+    return exact_regex(ids) if ids else None
 
 
 def exercising_cases(bug, cases, host_adapter, device: str) -> list:
@@ -216,7 +212,7 @@ def run_bug(run: _Run, bug) -> BugOutcome:
         if not batch:
             continue
         planted = planted_adapter(bug, get_adapter(host_name))
-        sweep = run.sweep(host_name, adapter=planted, only=_ids_regex(c.id for c in batch))
+        sweep = run.sweep(host_name, adapter=planted, only=exact_regex(c.id for c in batch))
         sweeps.append(sweep)
         ran += len(sweep.cases)
         not_planted = [c for c in sweep.cases if "PlantError" in c.reason]
@@ -256,12 +252,8 @@ def run_slowdowns(run: _Run, reps: int, deadline: float | None, levels=LEVELS_PC
 
     cfg = run.config.perf
     cases = select_perf_cases(run.suite, run.config)
-    if case_pattern is not None:
-        pattern = only_pattern(case_pattern)
-        cases = [c for c in cases if pattern.search(c.id)]
-        if not cases:
-            return SlowdownSection(ran=False, reason=f"not run: no perf case of suite {run.suite!r} matches "
-                                                     f"--slowdown-case {case_pattern!r} (`attn-gate suites --cases` marks them [perf])")
+    if case_pattern is not None:  # checked by refuse_slowdown_case: it matches a perf case
+        cases = [c for c in cases if re.search(case_pattern, c.id)]
     if not cases:
         return SlowdownSection(ran=False, reason=f"not run: suite {run.suite!r} has no perf case (perf = [true])")
     if case_pattern is None:  # by default both passes are slowed: a case with a backward where there is one
