@@ -75,6 +75,38 @@ def test_baseline_update_never_writes_a_nan_ratio(project, capsys, value):
     assert baseline.read_bytes() == before
 
 
+def _infinite_error(status):
+    def change(d):
+        row = d["cases"][0]
+        row["status"], row["reason"] = status, "lse over the bound"
+        row["tensors"]["lse"].update(max_err="inf", mean_err="inf", ratio="inf")
+    return change
+
+
+def test_an_infinite_error_is_a_fail_row_that_reads_back(project, capsys):
+    """A kernel's LSE of inf (FA2's window -1 class) is an infinite error: the FAIL row reads
+    back (check fails it, exit 1; a baseline keeps it) instead of losing the run."""
+    proj, config, results, baseline = project
+    edit(results, _infinite_error("FAIL"))
+    assert main(["check", "--results", str(results), "--config", str(config), "--out", str(proj / "out")]) == 1
+    assert "fp32-b1-h2-s8-d8" in (proj / "out" / "check-sdpa-cpu-g.md").read_text()
+
+
+def test_an_infinite_error_on_a_pass_row_is_refused(project, capsys):
+    proj, config, results, _ = project
+    edit(results, _infinite_error("PASS"))
+    refused(["check", "--results", str(results), "--config", str(config), "--out", str(proj / "out")], capsys,
+            "status PASS contradicts")
+
+
+def test_a_nan_error_in_a_results_file_is_refused(project, capsys):
+    """The writer stores a NaN as inf: a NaN read back is a forged or damaged file."""
+    proj, config, results, _ = project
+    edit(results, lambda d: d["cases"][0]["tensors"]["lse"].update(max_err="nan"))
+    refused(["check", "--results", str(results), "--config", str(config), "--out", str(proj / "out")], capsys,
+            "lse.max_err")
+
+
 def test_a_path_in_gpu_class_or_suite_is_refused(project, capsys, tmp_path):
     proj, config, results, _ = project
     edit(results, lambda d: d["environment"].update(gpu_class="../../x"))

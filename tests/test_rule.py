@@ -14,7 +14,8 @@ from gate.correctness.run_case import measure, run_case
 from gate.kernels.tiled import TiledAdapter
 from gate.kernels.user import UserAdapter
 from gate.core.results import Status
-from gate.correctness.tolerance import EPS, error_bound, error_ratio, rounding_floor
+from gate.core.results import error_ratio
+from gate.correctness.tolerance import EPS, error_bound, rounding_floor
 
 TOL = ToleranceConfig()
 
@@ -196,8 +197,25 @@ def test_measure_nan_in_kernel_fails():
     k = g.clone()
     k[1, 2] = math.nan
     t = measured(k.float(), g, g.bfloat16())
-    assert math.isnan(t.max_err) and t.ratio == math.inf and not t.passed
+    assert t.max_err == math.inf and t.ratio == math.inf and not t.passed
     assert t.worst_index == (1, 2)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_broken_lse_row_survives_its_own_file(bad):
+    """An LSE of NaN/inf where the reference is finite (FA2's window -1 class) is a FAIL row
+    with an infinite error, and the sweep file holding it reads back: a writer's row that its own
+    reader refuses would lose the run at merge time."""
+    from gate.core.results import TensorError
+    from gate.core.jsonio import clean_json
+    import json
+    g = torch.linspace(1, 3, 8, dtype=torch.float64)
+    k = g.clone()
+    k[5] = bad
+    t = measure("lse", k.float(), g, g.float(), "bf16", 2.0, 0)
+    assert t.max_err == math.inf and t.ratio == math.inf and not t.passed and t.worst_index == (5,)
+    stored = json.loads(json.dumps(clean_json(t.to_dict())))
+    assert TensorError.from_dict(stored) == t
 
 
 def test_measure_zero_reference_and_exact_kernel():

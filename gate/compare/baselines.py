@@ -50,7 +50,7 @@ from gate.core.errors import UserError
 from gate.core.jsonio import (
     bad_field, checked_kernel, checked_name, checked_tolerance, clean_json, measured_float, read_json, write_json_atomic,
 )
-from gate.core.results import ALL_TENSORS, GRADIENTS, Status, SweepResult, required_tensors
+from gate.core.results import ALL_TENSORS, GRADIENTS, Status, SweepResult, error_ratio, required_tensors
 from gate.core.files import safe_name
 
 SCHEMA_VERSION = 3
@@ -84,12 +84,14 @@ class TensorBaseline:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], name: str = "?") -> "TensorBaseline":
-        t = cls(**{k: measured_float(d[k], f"{name}.{k}") for k in ("ratio", "max_err", "mean_err", "bound", "pt_err")})
+        # a failing row's error may be inf (results.UNBOUNDED_FIELDS); its status is checked below
+        t = cls(**{k: measured_float(d[k], f"{name}.{k}", math.inf) for k in ("ratio", "max_err", "mean_err", "bound", "pt_err")})
         # the stored ratio is never trusted over the numbers it comes from (all rounded to 4 digits)
         if not t.bound > 0:
             raise ValueError(f"{name}.bound = {t.bound!r} must be > 0 (the rounding floor is never 0)")
-        if not math.isclose(t.ratio, t.max_err / t.bound, rel_tol=ROUNDED_REL_TOL, abs_tol=1e-12):
-            raise ValueError(f"{name}.ratio = {t.ratio!r} is not max_err / bound = {t.max_err / t.bound:.4g}")
+        expected = error_ratio(t.max_err, t.bound)
+        if not math.isclose(t.ratio, expected, rel_tol=ROUNDED_REL_TOL, abs_tol=1e-12):
+            raise ValueError(f"{name}.ratio = {t.ratio!r} is not max_err / bound = {expected:.4g}")
         return t
 
 

@@ -139,17 +139,18 @@ MAX_MEASURE = 1e6  # an error, bound or ratio above this is no measurement: refu
 
 
 def measured_float(value: Any, field: str, upper: float = MAX_MEASURE) -> float:
-    """A stored error, bound or ratio: a finite number in [0, upper]. NaN, inf, negative or absurd
-    values would switch a rule off (every comparison with NaN is False), so they are refused."""
+    """A stored error, bound or ratio: a number in [0, upper], finite unless upper is inf. NaN,
+    negative or absurd values would switch a rule off (every comparison with NaN is False), so
+    they are refused."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError(f"{field} = {value!r} is not a number")
     try:
         number = as_float(value)
     except ValueError as exc:
         raise ValueError(f"{field}: {exc}") from None
-    if not (math.isfinite(number) and 0.0 <= number <= upper):
-        limit = f"in [0, {upper:g}]" if math.isfinite(upper) else ">= 0"
-        raise ValueError(f"{field} = {value!r} must be a finite number {limit}")
+    if not 0.0 <= number <= upper or (math.isinf(number) and math.isfinite(upper)):
+        limit = f"a finite number in [0, {upper:g}]" if math.isfinite(upper) else "a number >= 0 (inf allowed)"
+        raise ValueError(f"{field} = {value!r} must be {limit}")
     return number
 
 

@@ -46,6 +46,23 @@ GRADIENTS = ("dq", "dk", "dv", "dbias", "dsink")
 REL_TOL = 1e-6
 MAX_ERROR = 1e300  # a broken kernel's FAIL row may carry any finite error; beyond this it is no float64 measurement
 MAX_SECONDS = 1e7  # about four months: a longer case or run is no measurement
+# A kernel's error may be infinite (an LSE of inf where the reference is finite; a NaN is written
+# as an infinite error) and so may the yardstick's (the low-precision reference overflowed): such a
+# row is a FAIL, its ratio inf. The rule's own numbers (floor, mult, bands) stay finite.
+UNBOUNDED_FIELDS = ("max_err", "mean_err", "pt_err", "bound", "ratio")
+
+
+def error_ratio(err: float, bound: float) -> float:
+    """err / bound; NaN error is infinitely bad (a NaN must never compare as passing).
+
+    Fail closed when the yardstick itself broke: a NaN or infinite bound (the low-precision
+    reference overflowed) judges nothing, so the ratio is inf, never NaN (a NaN ratio would lose
+    every max() over seeds) and never 0 (an inf bound would pass anything)."""
+    if math.isnan(err) or math.isnan(bound) or math.isinf(bound):
+        return math.inf
+    if bound <= 0:
+        return 0.0 if err == 0 else math.inf
+    return err / bound
 
 
 def _plain_int(value: Any) -> bool:
@@ -119,12 +136,13 @@ class TensorError:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TensorError":
         floats = ("max_err", "mean_err", "pt_err", "floor", "mult", "bound", "ratio", "band_atol", "band_rtol")
-        # a stored NaN, inf, negative or absurd number would switch the headroom rule off: refused
-        # (no upper limit here: a broken kernel's FAIL row may carry any finite error)
+        # a stored NaN, negative or absurd number would switch the headroom rule off: refused; an
+        # error may be inf (UNBOUNDED_FIELDS), and the ratio is then recomputed as inf (a FAIL)
         name = d.get("tensor")
         if name not in ALL_TENSORS:
             raise ValueError(f"tensor = {name!r} is not one of {', '.join(ALL_TENSORS)}")
-        data = {k: (measured_float(d[k], f"{name}.{k}", MAX_ERROR) if k in floats else d[k]) for k in d}
+        data = {k: (measured_float(d[k], f"{name}.{k}", math.inf if k in UNBOUNDED_FIELDS else MAX_ERROR)
+                    if k in floats else d[k]) for k in d}
         index = d["worst_index"]
         if not isinstance(index, list) or len(index) > 8 or not all(_plain_int(i) for i in index):
             raise ValueError(f"{name}.worst_index = {index!r} is not a short list of indices")
@@ -144,8 +162,9 @@ class TensorError:
         expected_bound = self.mult * self.pt_err + self.floor
         if not math.isclose(self.bound, expected_bound, rel_tol=REL_TOL, abs_tol=1e-300):
             raise ValueError(f"{t}.bound = {self.bound!r} is not mult x pt_err + floor = {expected_bound!r}")
-        if not math.isclose(self.ratio, self.max_err / self.bound, rel_tol=REL_TOL, abs_tol=1e-300):
-            raise ValueError(f"{t}.ratio = {self.ratio!r} is not max_err / bound = {self.max_err / self.bound!r}")
+        expected_ratio = error_ratio(self.max_err, self.bound)
+        if not math.isclose(self.ratio, expected_ratio, rel_tol=REL_TOL, abs_tol=1e-300):
+            raise ValueError(f"{t}.ratio = {self.ratio!r} is not max_err / bound = {expected_ratio!r}")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,9 @@ row: the sweep goes on either way.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
+import traceback
 from dataclasses import dataclass
 
 import torch
@@ -21,9 +23,8 @@ from gate.kernels.base import KernelAdapter, KernelCall, KernelOutput
 from gate.kernels.sdpa import NoKernel
 from gate.attention.kvcache import expected_cache, gather_dense
 from gate.attention.reference import AttnOptions, AttnResult, DecodeResult, attention_reference, decode_reference
-from gate.core.results import ALL_TENSORS, CaseResult, Status, TensorError
-from gate.correctness.tolerance import BANDS, error_bound, error_ratio, rounding_floor, tensor_spec
-import traceback
+from gate.core.results import ALL_TENSORS, CaseResult, Status, TensorError, error_ratio
+from gate.correctness.tolerance import BANDS, error_bound, rounding_floor, tensor_spec
 
 
 class BadOutput(Exception):
@@ -45,14 +46,14 @@ def measure(name: str, kernel: torch.Tensor, gold: torch.Tensor, low: torch.Tens
         return TensorError(name, 0.0, 0.0, 0.0, empty_floor, mult, empty_floor, 0.0, (), *BANDS[dtype], True, seed)
     diff = (k - g).abs()
     nan = torch.isnan(diff)
-    if nan.any():
+    if nan.any():  # a NaN is infinitely wrong, and written so: files hold no NaN a reader must refuse
         flat = int(nan.flatten().nonzero()[0])
-        max_err = float("nan")
+        max_err = mean_err = math.inf
     else:
         flat = int(diff.flatten().argmax())
         max_err = float(diff.flatten()[flat])
+        mean_err = float(diff.mean())
     worst = (flat,) if spec.flat_index else tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape))
-    mean_err = float(diff.mean())
     pt_err = float((p - g).abs().max())
     floor_dtype = floor_dtype or dtype
     gd = g.to(TORCH_DTYPES[floor_dtype])
@@ -238,6 +239,7 @@ def measure_exact(name: str, kernel: torch.Tensor, expected: torch.Tensor, dtype
     diff = (kernel.double() - expected.double()).abs()
     if tuple(kernel.shape) != tuple(expected.shape):
         raise BadOutput(f"{name} has shape {tuple(kernel.shape)}, expected {tuple(expected.shape)}")
+    diff = torch.nan_to_num(diff, nan=math.inf)  # a NaN slot is infinitely wrong (files hold no NaN)
     max_err = float(diff.max()) if diff.numel() else 0.0
     flat = int(diff.flatten().argmax()) if diff.numel() else 0
     worst = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape)) if diff.numel() else ()

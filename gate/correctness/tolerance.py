@@ -11,8 +11,8 @@ H200); this rule does not, and still catches a 2% error in dK.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
 
 # The seed lecture's per-dtype bands (atol, rtol): reported as information, never the verdict.
 BANDS = {"fp32": (1e-5, 1e-4), "bf16": (5e-3, 5e-3), "fp16": (1e-3, 1e-3)}
@@ -37,19 +37,6 @@ def rounding_floor(measured: float, dtype: str) -> float:
 
 def error_bound(pt_err: float, floor: float, mult: float) -> float:
     return mult * pt_err + floor
-
-
-def error_ratio(err: float, bound: float) -> float:
-    """err / bound; NaN error is infinitely bad (a NaN must never compare as passing).
-
-    Fail closed when the yardstick itself broke: a NaN or infinite bound (the low-precision
-    reference overflowed) judges nothing, so the ratio is inf, never NaN (a NaN ratio would lose
-    every max() over seeds) and never 0 (an inf bound would pass anything)."""
-    if math.isnan(err) or math.isnan(bound) or math.isinf(bound):
-        return math.inf
-    if bound <= 0:
-        return 0.0 if err == 0 else math.inf
-    return err / bound
 
 
 @dataclass(frozen=True)
