@@ -112,5 +112,48 @@ def test_a_crashing_kernel_is_an_error_row():
     assert result.status == "ERROR" and "boom" in result.reason
 
 
+def test_a_backward_that_cannot_run_twice_names_the_compile_setting():
+    """torch.compile may donate a backward's saved buffers; timing runs the backward of one graph
+    again and again, and the ERROR row names the setting that allows it (FlexAttention on an H200)."""
+    import torch
+    from gate.kernels.base import KernelOutput
+    from gate.kernels.registry import get_adapter
+    from gate.speed.runs import measure_case
+    from gate.speed.timing import DONATED_BUFFERS_HINT
+
+    class Donated(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            return q * 1.0
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise RuntimeError("This backward function was compiled with non-empty donated buffers which requires "
+                               "create_graph=False and retain_graph=False.")
+
+    adapter = get_adapter("tiled")
+
+    class Compiled(type(adapter)):
+        def __call__(self, call):
+            return KernelOutput(out=Donated.apply(call.q, call.k, call.v))
+
+    result = measure_case(Compiled(), "sdpa-math", TINY, "cpu", TimingPlan(rounds=1, calls_per_round=1, warmup_s=0.0))
+    assert result.status == "ERROR" and result.reason.endswith(DONATED_BUFFERS_HINT)
+
+
+def test_flex_compiles_without_donated_buffers():
+    """The flex adapter turns donated buffers off before it compiles, so its backward can be timed."""
+    import torch._functorch.config as functorch_config
+    from gate.kernels.registry import get_adapter
+
+    was = functorch_config.donated_buffer
+    try:
+        functorch_config.donated_buffer = True
+        get_adapter("flex")._fn()
+        assert functorch_config.donated_buffer is False
+    finally:
+        functorch_config.donated_buffer = was
+
+
 def test_cpu_clock_returns_one_sample_per_call():
     assert len(CpuClock().time_calls(lambda: None, 4)) == 4

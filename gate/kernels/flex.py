@@ -116,6 +116,11 @@ class FlexAdapter(KernelAdapter):
             for knob in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
                 if hasattr(torch._dynamo.config, knob):
                     setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), RECOMPILE_LIMIT))
+            import torch._functorch.config
+
+            # timing runs the backward of one graph again and again; donated buffers forbid that
+            # (H200, torch 2.11: every flex speed case with a backward failed)
+            torch._functorch.config.donated_buffer = False
             self._compiled = torch.compile(flex_attention, dynamic=self.dynamic)
         return self._compiled
 

@@ -273,6 +273,13 @@ class FunctionWorkload(Workload):
         return self._fns[pass_]()
 
 
+# torch.compile's AOT autograd may free ("donate") saved buffers in the backward; a graph whose
+# buffers were donated cannot be run backward twice, and timing reuses one graph for every backward.
+DONATED_BUFFERS_HINT = (
+    "the kernel's backward was compiled with donated buffers, which forbid the repeated backward over one graph "
+    "that timing runs (retain_graph=True): set torch._functorch.config.donated_buffer = False before it compiles")
+
+
 class KernelWorkload(Workload):
     """An adapter on a case's inputs (seed 0), as training calls it."""
 
@@ -311,7 +318,12 @@ class KernelWorkload(Workload):
     def run(self, pass_: str) -> Any:
         if pass_ == "fwd":
             return self.adapter(self.call).out
-        return self._grad(self._out, self._leaves, self.inputs.dout, retain_graph=True)
+        try:
+            return self._grad(self._out, self._leaves, self.inputs.dout, retain_graph=True)
+        except RuntimeError as exc:
+            if "donated buffers" not in str(exc):
+                raise
+            raise RuntimeError(DONATED_BUFFERS_HINT) from exc
 
     def probe(self) -> None:
         import torch
