@@ -385,6 +385,48 @@ def test_fp8_dequantizing_kernel_passes_and_descale_bugs_fail(dtype):
         assert bad.status is Status.FAIL and "out error" in bad.reason, (bug, bad.reason)
 
 
+def test_fp8_mma_keeps_13_fraction_bits_per_32_products():
+    from gate.attention.reference import fp8_mma
+
+    one = torch.ones(1, 32)
+    exact = torch.full((32, 1), 1.0 + 2.0**-13)  # 32 + 2**-8: within 13 fraction bits of 32
+    assert float(fp8_mma(one, exact)) == 32.0 + 2.0**-8
+    finer = torch.full((32, 1), 1.0 + 2.0**-15)  # 32 + 2**-10 needs 15 fraction bits: cut toward zero
+    assert float(fp8_mma(one, finer)) == 32.0 and float(one @ finer) == 32.0 + 2.0**-10
+    a, b = torch.randn(3, 5, 96), torch.randn(3, 96, 7)
+    error = (fp8_mma(a, b) - a @ b).abs()
+    assert (error <= 3 * 2.0**-13 * (a.abs() @ b.abs())).all() and error.max() > 0  # one cut per 32 products
+
+
+def test_fp8_lse_yardstick_accumulates_scores_as_an_fp8_tensor_core():
+    """Hopper's fp8 tensor cores add up Q K^T in 13 fraction bits, so an fp8 kernel's LSE is far
+    from float32's (FA3 on an H200: LSE errors 0.02-0.09 nats with large inputs, ratios up to 224
+    against a float32 yardstick). A kernel with that accumulator passes; an LSE 0.01 off still fails
+    (at d32 the accumulator's own LSE error is about 1.5e-4, the bound 1.4e-3)."""
+    from gate.attention.reference import attention_reference
+    from gate.correctness.run_case import options
+
+    case = _fp8_case("e4m3", head_dim=128, head_dim_v=128, seqlen_q=64, seqlen_k=256, causal=True, inputs="large")
+    hopper = run_case(get_adapter("tests.coverage_kernels:fp22_scores"), case, "cpu", TOL)
+    assert hopper.status is Status.PASS, hopper.reason
+    lse = hopper.tensor("lse")
+    x = make_inputs(case, 0, "cpu")
+    float32 = attention_reference(x.q, x.k, x.v, x.dout, options(case, x), torch.float32, backward=False)
+    gold = attention_reference(x.q, x.k, x.v, x.dout, options(case, x), torch.float64, backward=False)
+    float32_bound = lse.mult * float((float32.lse.double() - gold.lse).abs().max()) + lse.floor
+    assert lse.max_err > 10 * float32_bound  # what a float32 yardstick would have failed
+    from tests.coverage_kernels import correct
+
+    def lse_off(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                return_attn_probs=False, q_descale=None, k_descale=None, v_descale=None):
+        out, lse, probs = correct(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, True,
+                                  q_descale, k_descale, v_descale)
+        return (out, lse + 0.01, probs) if return_attn_probs else out
+
+    off = run_case(UserAdapter("lse_off", lse_off), _fp8_case("e4m3", causal=True), "cpu", TOL)
+    assert off.status is Status.FAIL and "lse error" in off.reason, off.reason
+
+
 def test_kernels_without_fp8_skip_with_the_reason():
     case = _fp8_case()
     for kernel in ("sdpa-cpu", "sdpa-math"):

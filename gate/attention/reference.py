@@ -38,6 +38,31 @@ from gate.attention.masks import alibi_bias, allowed_mask
 # Elements in one chunk's score matrix: 2**25 float64 values are 256 MiB per live temporary.
 CHUNK_ELEMENTS = 2**25
 
+# Hopper's fp8 tensor cores (wgmma, 32 products along K per instruction) add each instruction's
+# products into an accumulator that keeps 13 fraction bits ("FP22": DeepSeek-V3 report, section
+# 3.3.2; SageAttention2), not float32's 23. An fp8 kernel's scores, and so its LSE, carry that
+# rounding; the yardstick models it (docs/tolerance.md#fp8).
+FP8_MMA_K = 32
+FP8_ACCUMULATOR_FRACTION_BITS = 13
+
+
+def _truncate_fraction(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """x with its significand cut to `bits` fraction bits, toward zero."""
+    mantissa, exponent = torch.frexp(x)  # mantissa in [0.5, 1): one leading bit, then the fraction
+    scale = float(2 ** (bits + 1))
+    return torch.ldexp(torch.trunc(mantissa * scale) / scale, exponent)
+
+
+def fp8_mma(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b in float32 as an fp8 tensor core accumulates it: FP8_MMA_K products at a time, each
+    partial sum added into an accumulator truncated to FP8_ACCUMULATOR_FRACTION_BITS."""
+    a, b = a.float(), b.float()
+    acc = None
+    for k0 in range(0, a.shape[-1], FP8_MMA_K):
+        part = a[..., k0:k0 + FP8_MMA_K] @ b[..., k0:k0 + FP8_MMA_K, :]
+        acc = _truncate_fraction(part if acc is None else acc + part, FP8_ACCUMULATOR_FRACTION_BITS)
+    return acc
+
 
 @dataclass(frozen=True)
 class AttnOptions:
@@ -71,10 +96,12 @@ class AttnResult:
 
 
 def _dense(q, k, v, dout, opts: AttnOptions, cd: torch.dtype, keep: torch.Tensor | None,
-           sink: torch.Tensor | None = None, backward: bool = True, p_round: torch.dtype | None = None) -> AttnResult:
+           sink: torch.Tensor | None = None, backward: bool = True, p_round: torch.dtype | None = None,
+           fp8_scores: bool = False) -> AttnResult:
     """`backward` False: out and lse only (dq/dk/dv/dsink/dbias None), for a forward-only caller
     (a decode step, the float32 LSE yardstick) that would throw the gradients away. `p_round`: the
-    dtype the probabilities are rounded to before P @ V (an fp8 kernel's second GEMM)."""
+    dtype the probabilities are rounded to before P @ V (an fp8 kernel's second GEMM).
+    `fp8_scores`: Q K^T accumulated as an fp8 tensor core does (fp8_mma)."""
     b, nq, hq, d = q.shape
     _, nk, hkv, dv_dim = v.shape
     group = hq // hkv
@@ -100,7 +127,8 @@ def _dense(q, k, v, dout, opts: AttnOptions, cd: torch.dtype, keep: torch.Tensor
     for r0 in range(0, nq, chunk):
         r1 = min(nq, r0 + chunk)
         rows = torch.arange(r0, r1, device=q.device)
-        s = (qh[:, :, r0:r1] @ kh.transpose(-1, -2)) * scale
+        qk = fp8_mma(qh[:, :, r0:r1], kh.transpose(-1, -2)).to(cd) if fp8_scores else qh[:, :, r0:r1] @ kh.transpose(-1, -2)
+        s = qk * scale
         tanh = None
         if opts.softcap:
             tanh = torch.tanh(s / opts.softcap)
@@ -167,6 +195,7 @@ def attention_reference(
     compute_dtype: torch.dtype, *, cu_seqlens: torch.Tensor | None = None,
     dropout_keep: torch.Tensor | list[torch.Tensor] | None = None, cu_seqlens_k: torch.Tensor | None = None,
     sink: torch.Tensor | None = None, backward: bool = True, p_round: torch.dtype | None = None,
+    fp8_scores: bool = False,
 ) -> AttnResult:
     """Forward + backward in `compute_dtype`; outputs returned in that dtype (`backward` False:
     forward only, gradients None).
@@ -177,7 +206,7 @@ def attention_reference(
     alignment within each sequence).
     """
     if cu_seqlens is None:
-        return _dense(q, k, v, dout, opts, compute_dtype, dropout_keep, sink, backward, p_round)
+        return _dense(q, k, v, dout, opts, compute_dtype, dropout_keep, sink, backward, p_round, fp8_scores)
     offsets = cu_seqlens.tolist()
     keys = (cu_seqlens_k if cu_seqlens_k is not None else cu_seqlens).tolist()
     hq = q.shape[1]
@@ -194,7 +223,7 @@ def attention_reference(
             continue
         keep = None if dropout_keep is None else dropout_keep[i]
         part = _dense(q[a:z][None], k[ka:kz][None], v[ka:kz][None], dout[a:z][None] if backward else None, opts,
-                      compute_dtype, keep, sink, backward, p_round)
+                      compute_dtype, keep, sink, backward, p_round, fp8_scores)
         out[a:z] = part.out[0]
         lse[:, a:z] = part.lse[0]
         if not backward:

@@ -213,12 +213,14 @@ def validate_outputs(case: Case, inputs: AttnInputs, out: torch.Tensor, grads, n
 
 def references(case: Case, inputs: AttnInputs, keep) -> tuple[AttnResult, AttnResult]:
     """(golden float64, low-precision in the compute dtype) on the same rounded inputs (an fp8
-    case's dequantized ones; its low-precision reference is bf16, what its kernel accumulates into)."""
+    case's dequantized ones; its low-precision reference is bf16, what its kernel accumulates into,
+    with Q K^T accumulated as an fp8 tensor core does)."""
     opts = options(case, inputs)
     args = (inputs.q, inputs.k, inputs.v, inputs.dout, opts)
     varlen = dict(cu_seqlens=inputs.cu_seqlens, cu_seqlens_k=inputs.cu_seqlens_k, dropout_keep=keep, sink=inputs.sink)
     gold = attention_reference(*args, torch.float64, **varlen)
-    low = attention_reference(*args, TORCH_DTYPES[case.compute_dtype], p_round=FP8_TORCH_DTYPES.get(case.dtype), **varlen)
+    low = attention_reference(*args, TORCH_DTYPES[case.compute_dtype], p_round=FP8_TORCH_DTYPES.get(case.dtype),
+                              fp8_scores=case.is_fp8, **varlen)
     return gold, low
 
 
@@ -277,7 +279,7 @@ def yardstick(name: str, case: Case, inputs: AttnInputs, keep, low: AttnResult |
         return getattr(decode_reference(inputs.cache.q, dense, options(case, inputs), TORCH_DTYPES[dtype], inputs.sink), name)
     varlen = dict(cu_seqlens=inputs.cu_seqlens, cu_seqlens_k=inputs.cu_seqlens_k, dropout_keep=keep, sink=inputs.sink)
     return getattr(attention_reference(inputs.q, inputs.k, inputs.v, inputs.dout, options(case, inputs),
-                                       TORCH_DTYPES[dtype], backward=False, **varlen), name)
+                                       TORCH_DTYPES[dtype], backward=False, fp8_scores=case.is_fp8, **varlen), name)
 
 
 
