@@ -51,7 +51,6 @@ def test_bias_fields_default_away_and_show_in_the_id():
     (dict(bias_grad=True), "need a bias"),
     (dict(bias="dense", bias_dtype="fp64"), "bias_dtype"),
     (dict(bias="dense", bias_dtype="fp32", dtype="fp32"), "bf16/fp16"),
-    (dict(bias="dense", varlen=(33, 20), batch=2, seqlen_q=33, seqlen_k=33), "varlen"),
 ])
 def test_invalid_bias_cases_say_what_is_wrong(kw, words):
     with pytest.raises(ValueError, match=words):
@@ -254,6 +253,74 @@ def test_planted_bias_bugs_fail_the_case(kernel, words, in_repo_root):
     c = case(bias="dense", bias_dtype="fp32", bias_grad=True, heads_kv=4, causal=True)
     r = run_case(get_adapter(f"tests.bias_kernels:{kernel}"), c, "cpu", ToleranceConfig())
     assert r.status.value == "FAIL" and words in r.reason
+
+
+# ---- varlen: a packed bias, each sequence its own block
+
+VARLEN = dict(batch=4, seqlen_q=70, seqlen_k=70, heads_q=4, heads_kv=2, head_dim=16, head_dim_v=16, dtype="fp32",
+              varlen=(1, 45, 0, 70))
+
+
+def test_a_varlen_bias_is_packed_with_one_block_per_sequence():
+    c = case(**{**VARLEN, "varlen_k": (3, 60, 5, 30), "seqlen_k": 60}, bias="dense")
+    assert bias_shape(c) == (1, 4, 116, 98)
+    bias = make_bias(c, 0, "cpu", torch.float32)
+    rows, keys = (0, 1, 46, 46, 116), (0, 3, 63, 68, 98)
+    inside = torch.zeros_like(bias, dtype=torch.bool)
+    for a, z, ka, kz in zip(rows[:-1], rows[1:], keys[:-1], keys[1:]):
+        inside[:, :, a:z, ka:kz] = True
+    assert (bias[~inside] == 0).all() and (bias[inside] != 0).all()
+    # the blocks are not one block repeated: a kernel reading the wrong block reads other numbers
+    assert not torch.equal(bias[0, :, 1:46, 3:63][:, :5, :5], bias[0, :, 46:116, 68:98][:, :5, :5])
+
+
+def test_varlen_reference_reads_each_sequences_block_and_packs_dbias():
+    c = case(**VARLEN, bias="dense", bias_grad=True, causal=True)
+    x = make_inputs(c, 0, "cpu")
+    opts = AttnOptions(x.softmax_scale, causal=True, bias=x.bias)
+    packed = attention_reference(x.q, x.k, x.v, x.dout, opts, F64, cu_seqlens=x.cu_seqlens)
+    a, z = 1, 46  # the second sequence alone, as a dense batch of one with its block of the bias
+    alone = attention_reference(x.q[a:z][None], x.k[a:z][None], x.v[a:z][None], x.dout[a:z][None],
+                                AttnOptions(x.softmax_scale, causal=True, bias=x.bias[:, :, a:z, a:z]), F64)
+    torch.testing.assert_close(packed.out[a:z], alone.out[0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(packed.dbias[:, :, a:z, a:z], alone.dbias, rtol=1e-12, atol=1e-12)
+    assert packed.dbias[:, :, a:z, z:].abs().max() == 0  # no gradient outside a sequence's block
+
+
+class _BiasAtOrigin(type(get_adapter("sdpa-math"))):
+    """A varlen kernel that reads every sequence's bias at the packed origin (its offsets dropped)."""
+
+    def __call__(self, call):
+        import dataclasses
+        bias, rows = call.opts.bias, call.cu_seqlens.tolist()
+        wrong = bias.clone()
+        for a, z in zip(rows[:-1], rows[1:]):
+            wrong[:, :, a:z, a:z] = bias[:, :, :z - a, :z - a]
+        return super().__call__(dataclasses.replace(call, opts=dataclasses.replace(call.opts, bias=wrong)))
+
+
+@pytest.mark.parametrize("kw", [dict(bias="dense"), dict(bias="dense", bias_grad=True, causal=True),
+                                dict(bias="bool_mask", causal=True), dict(bias="broadcast_h")])
+def test_varlen_bias_passes_correct_kernels_and_fails_one_reading_at_the_origin(kw):
+    c = case(**VARLEN, **kw)
+    for kernel in ("tiled", "sdpa-math", "sdpa-cpu"):
+        r = run_case(get_adapter(kernel), c, "cpu", ToleranceConfig())
+        assert r.status.value == "PASS" or (kernel == "sdpa-cpu" and c.bias.grad and r.status.value == "SKIP"), (kernel, r.reason)
+        if r.status.value == "PASS" and c.bias.grad:
+            assert r.tensor("dbias").ratio <= 1
+    wrong = run_case(_BiasAtOrigin(backend="math"), c, "cpu", ToleranceConfig())
+    assert wrong.status.value == "FAIL", wrong.reason
+
+
+def test_kernels_without_a_varlen_bias_skip_with_the_reason():
+    from gate.kernels.capabilities import Capabilities, feature_set
+
+    c = case(**{**VARLEN, "dtype": "bf16"}, bias="dense")
+    native = Capabilities(features=feature_set(varlen=True, bias=True))  # FA4's form: a varlen API, no packed bias
+    assert native.unsupported_reason(c, "cuda") == "no custom bias on a varlen call"
+    assert native.unsupported_reason(case(bias="dense"), "cuda") is None
+    assert get_adapter("flex").capabilities().unsupported_reason(c, "cuda") is None
+    assert get_adapter("sdpa-efficient").capabilities().unsupported_reason(c, "cuda") is None
 
 
 @pytest.mark.slow

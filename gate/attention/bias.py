@@ -41,7 +41,12 @@ GROW_RISE = 128.0  # growing: added from 0 at the first key to this at the last;
 
 
 def bias_shape(case: Case) -> tuple[int, int, int, int]:
-    """The shape of the case's bias: its broadcast dimensions are 1."""
+    """The shape of the case's bias: its broadcast dimensions are 1. A varlen case's bias is
+    packed: (1, heads or 1, all query tokens, all key tokens), sequence i's block on its own
+    rows and keys (cu_seqlens), the rest unused."""
+    if case.entry.varlen is not None:
+        _, hb, _, _ = bias_shape(_sequence_case(case, 1, 1))
+        return 1, hb, sum(case.entry.varlen), sum(case.keys_varlen)
     b, h, nq, nk = case.batch, case.heads_q, case.seqlen_q, case.seqlen_k
     return {
         "dense": (b, h, nq, nk), "broadcast_b": (1, h, nq, nk), "broadcast_h": (b, 1, nq, nk),
@@ -73,11 +78,33 @@ def _hash(b: torch.Tensor, h: torch.Tensor, i: torch.Tensor, j: torch.Tensor) ->
     return x & 0xFFFF
 
 
+def _sequence_case(case: Case, nq: int, nk: int) -> Case:
+    """One varlen sequence as a dense case of batch 1: its bias is built as a dense case's is."""
+    return case.with_fields(batch=1, seqlen_q=nq, seqlen_k=nk, varlen=None, varlen_k=None)
+
+
+def _packed_bias(case: Case, seed: int, device: str | torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A varlen case's bias: each sequence's block built as its own dense case's, with positions
+    inside the sequence; the blocks' values differ (a per-sequence seed), so a kernel that reads
+    another sequence's block, or the block at the packed origin, reads other numbers."""
+    _, hb, total_q, total_k = bias_shape(case)
+    out = torch.zeros((1, hb, total_q, total_k), dtype=torch.bool if case.has_bool_bias else dtype, device=device)
+    q0 = k0 = 0
+    for i, (nq, nk) in enumerate(zip(case.entry.varlen, case.keys_varlen)):
+        if nq and nk:
+            block = make_bias(_sequence_case(case, nq, nk), seed * 7919 + i, device, dtype)
+            out[:, :, q0:q0 + nq, k0:k0 + nk] = block
+        q0, k0 = q0 + nq, k0 + nk
+    return out
+
+
 def make_bias(case: Case, seed: int, device: str | torch.device, dtype: torch.dtype) -> torch.Tensor | None:
     """The case's bias tensor (float in `dtype`, or bool), or None for bias = none.
     `dtype` is the bias dtype: the input dtype, or float32 for bias_dtype fp32."""
     if not case.has_bias:
         return None
+    if case.entry.varlen is not None:
+        return _packed_bias(case, seed, device, dtype)
     shape = bias_shape(case)
     bb, hb, nq, nk = shape
     if case.bias.kind in FLOAT_BIAS_KINDS:

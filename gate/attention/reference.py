@@ -28,7 +28,7 @@ after the softmax). dBias = dS (before the softcap factor) summed over the bias'
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -218,11 +218,15 @@ def attention_reference(
         dk = torch.zeros(k.shape, dtype=compute_dtype, device=q.device)
         dv = torch.zeros(v.shape, dtype=compute_dtype, device=q.device)
     dsink = None if sink is None or not backward else torch.zeros(hq, dtype=compute_dtype, device=q.device)
+    bias = opts.bias  # packed (1, H or 1, total_q, total_k): each sequence reads its own block
+    float_bias = bias is not None and bias.dtype != torch.bool
+    dbias = torch.zeros(bias.shape, dtype=compute_dtype, device=q.device) if float_bias and backward else None
     for i, (a, z, ka, kz) in enumerate(zip(offsets[:-1], offsets[1:], keys[:-1], keys[1:])):
         if z == a:
             continue
         keep = None if dropout_keep is None else dropout_keep[i]
-        part = _dense(q[a:z][None], k[ka:kz][None], v[ka:kz][None], dout[a:z][None] if backward else None, opts,
+        seq_opts = opts if bias is None else replace(opts, bias=bias[:, :, a:z, ka:kz])
+        part = _dense(q[a:z][None], k[ka:kz][None], v[ka:kz][None], dout[a:z][None] if backward else None, seq_opts,
                       compute_dtype, keep, sink, backward, p_round, fp8_scores)
         out[a:z] = part.out[0]
         lse[:, a:z] = part.lse[0]
@@ -231,9 +235,11 @@ def attention_reference(
         dq[a:z], dk[ka:kz], dv[ka:kz] = part.dq[0], part.dk[0], part.dv[0]
         if dsink is not None:
             dsink += part.dsink
+        if dbias is not None:
+            dbias[:, :, a:z, ka:kz] = part.dbias
     if not backward:
         return AttnResult(out=out, lse=lse, dq=None, dk=None, dv=None)
-    return AttnResult(out=out, lse=lse, dq=dq, dk=dk, dv=dv, dsink=dsink)
+    return AttnResult(out=out, lse=lse, dq=dq, dk=dk, dv=dv, dsink=dsink, dbias=dbias)
 
 
 @dataclass(frozen=True)

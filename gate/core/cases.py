@@ -504,8 +504,6 @@ class Case:
         problems = self.bias.problems()
         if self.bias.dtype == "fp32" and self.dtype == "fp32":
             problems.append("bias_dtype 'fp32' is for bf16/fp16 inputs (an fp32 case's bias is fp32 already)")
-        if self.bias.present and self.entry.varlen is not None:
-            problems.append("a custom bias is not defined for varlen cases (no packed-bias convention)")
         return problems
 
     @property

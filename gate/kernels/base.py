@@ -10,6 +10,7 @@ Either answer becomes a SKIPPED row with the reason, never a silent drop.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -142,8 +143,19 @@ class DelegatingAdapter(KernelAdapter):
         return self.inner.deterministic_scope()
 
 
+def sequence_call(call: KernelCall, rows: slice, keys: slice) -> KernelCall:
+    """The call as one varlen sequence sees it: a packed custom bias (query and key axes over all
+    tokens, each sequence's block on its own rows and keys) becomes that sequence's block, a view,
+    so a bias gradient still reaches the packed leaf."""
+    bias = call.opts.bias
+    if bias is None:
+        return call
+    return dataclasses.replace(call, opts=dataclasses.replace(call.opts, bias=bias[:, :, rows, keys]))
+
+
 def per_sequence(call: KernelCall, dense_fn) -> KernelOutput:
-    """Run a dense-only kernel on each varlen sequence separately and pack the results.
+    """Run a dense-only kernel on each varlen sequence separately and pack the results:
+    `dense_fn(q, k, v, sequence_call)` for each non-empty sequence.
 
     Used by adapters without a varlen API: the kernel is still what computes every sequence;
     zero-length sequences are not sent to it (they have no rows). The offsets come from the
@@ -158,7 +170,7 @@ def per_sequence(call: KernelCall, dense_fn) -> KernelOutput:
         if z == a:
             keeps.append(None)  # the reference wants one dropout mask per sequence, empty ones as None
             continue
-        part = dense_fn(call.q[a:z][None], call.k[ka:kz][None], call.v[ka:kz][None])
+        part = dense_fn(call.q[a:z][None], call.k[ka:kz][None], call.v[ka:kz][None], sequence_call(call, slice(a, z), slice(ka, kz)))
         outs.append(part.out[0])
         lses.append(None if part.lse is None else part.lse[0])
         keeps.append(part.dropout_keep)

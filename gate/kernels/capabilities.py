@@ -33,6 +33,7 @@ class Feature(str, enum.Enum):
     BIAS_GRAD = "bias_grad"  # the bias's gradient
     BIAS_OTHER_DTYPE = "bias_other_dtype"  # a bias in another dtype than q (fp32 with bf16/fp16)
     BIAS_GRAD_OTHER_DTYPE = "bias_grad_other_dtype"  # the gradient of such a bias
+    VARLEN_BIAS = "varlen_bias"  # a custom bias or mask on a varlen call (the packed convention)
 
 
 # The reason a SKIP row shows when a kernel lacks a feature and gives no reason of its own.
@@ -55,6 +56,7 @@ DEFAULT_REASONS: dict[Feature, str] = {
     Feature.BIAS_GRAD: "no bias gradient",
     Feature.BIAS_OTHER_DTYPE: "no bias in another dtype than the inputs",
     Feature.BIAS_GRAD_OTHER_DTYPE: "no gradient of a bias in another dtype than the inputs",
+    Feature.VARLEN_BIAS: "no custom bias on a varlen call",
 }
 # What a kernel in the flash_attn_func convention is taken to support unless it says otherwise.
 ASSUMED = frozenset({Feature.CAUSAL, Feature.SEQLEN_Q_NE_K, Feature.GQA, Feature.FULLY_MASKED_ROWS,
@@ -150,5 +152,6 @@ class Capabilities:
             self._needs(Feature.BIAS_GRAD, case.bias.grad),
             self._needs(Feature.BIAS_OTHER_DTYPE, case.bias.dtype is not None),
             self._needs(Feature.BIAS_GRAD_OTHER_DTYPE, case.bias.grad and case.bias.dtype is not None),
+            self._needs(Feature.VARLEN_BIAS, case.has_bias and case.entry.varlen is not None),
         ]
         return next((reason for ok, reason in checks if not ok), None)

@@ -97,7 +97,8 @@ class FlexAdapter(KernelAdapter):
             devices=("cuda",), dtypes=("fp16", "bf16", "fp32"), max_head_dim=256,
             features=feature_set(head_dim_v_differs=True, window=True, softcap=True, alibi=True, varlen=True, gqa=True,
                                  kvcache=True, paged=True,  # on a gathered dense cache
-                                 bias=True, bias_grad=True, bool_mask=True),  # score_mod / mask_mod over the captured tensor
+                                 bias=True, bias_grad=True, bool_mask=True,  # score_mod / mask_mod over the captured tensor
+                                 varlen_bias=True),
             deterministic_mode=True, returns_lse=True,
             notes=("varlen by running each sequence alone",
                    "decode: one call on the gathered cache padded to the longest element, a mask_mod with each "
@@ -238,7 +239,8 @@ class FlexAdapter(KernelAdapter):
             if bias is not None and bias.dtype == torch.bool:  # per (batch, head) where the mask varies
                 bb = None if bias.shape[0] == 1 else bias.shape[0]
                 hb = None if bias.shape[1] == 1 else bias.shape[1]
-                key += ("bool_bias", tuple(bias.shape))
+                # a varlen sequence's block of a packed mask: where it starts tells the blocks apart
+                key += ("bool_bias", tuple(bias.shape), bias.storage_offset())
             # a boolean bias's mask_mod reads the bias tensor: a larger grid would index past it
             block_mask = self._block_mask(key, mask_mod, bb, hb, nq, nk, q.device,
                                           croppable=bias is None or bias.dtype != torch.bool)
@@ -307,7 +309,7 @@ class FlexAdapter(KernelAdapter):
         if call.cu_seqlens is not None:
             if self.packed_varlen and call.opts.bias is None:
                 return self._packed(call)
-            return per_sequence(call, lambda q, k, v: self._dense(q, k, v, call))
+            return per_sequence(call, lambda q, k, v, seq_call: self._dense(q, k, v, seq_call))
         return self._dense(call.q, call.k, call.v, call)
 
     # --- varlen as ONE call over the packed sequences (FlexAttention's own varlen: documents) ---

@@ -95,7 +95,8 @@ class SdpaAdapter(KernelAdapter):
                 varlen=True, gqa=True, dropout=self.backend == "flash",
                 kvcache=True, paged=True,  # on a gathered dense cache (gate.kernels.base.gathered_decode)
                 # custom bias through attn_mask; its gradient only where the backward op returns one
-                bias=takes_bias, bool_mask=takes_bias, bias_grad=self.backend in ("math", "efficient")),
+                bias=takes_bias, bool_mask=takes_bias, bias_grad=self.backend in ("math", "efficient"),
+                varlen_bias=takes_bias),  # each sequence its block of the packed bias
             reasons=self._reasons(takes_bias, nan_rows),
             returns_lse=True, dropout_keep_levels=256 if self.backend == "flash" else 0,
             deterministic_mode=self.backend == "cpu",
@@ -257,9 +258,9 @@ class SdpaAdapter(KernelAdapter):
         if call.cu_seqlens is not None:
             drawn = [0]
 
-            def one(q, k, v):  # under dropout each sequence gets its own seed, as tiled does
+            def one(q, k, v, seq_call):  # under dropout each sequence gets its own seed, as tiled does
                 drawn[0] += 1
-                return self._dense(q, k, v, call, seed=call.seed + drawn[0] - 1)
+                return self._dense(q, k, v, seq_call, seed=call.seed + drawn[0] - 1)
 
             return per_sequence(call, one)
         return self._dense(call.q, call.k, call.v, call)

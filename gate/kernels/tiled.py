@@ -261,7 +261,8 @@ class TiledAdapter(KernelAdapter):
         return Capabilities(
             devices=("cpu", "cuda"), dtypes=("fp16", "bf16", "fp32", "e4m3", "e5m2"), max_head_dim=512,
             features=feature_set(head_dim_v_differs=True, window=True, softcap=True, alibi=True, dropout=True, varlen=True,
-                                 kvcache=True, paged=True, sinks=True, bias=True, bias_grad=True, bool_mask=True),
+                                 kvcache=True, paged=True, sinks=True, bias=True, bias_grad=True, bool_mask=True,
+                                 varlen_bias=True),
             deterministic_mode=True, returns_lse=True,
         )
 
@@ -287,12 +288,12 @@ class TiledAdapter(KernelAdapter):
                 keep = dropout_keep_mask((b, hq, nq, call.k.shape[1]), p, call.seed, call.q.device)
             return self._dense(call.q, call.k, call.v, call, keep)
         if not p:
-            return per_sequence(call, lambda q, k, v: self._dense(q, k, v, call))
+            return per_sequence(call, lambda q, k, v, seq_call: self._dense(q, k, v, seq_call))
         drawn = [0]
 
-        def run(q, k, v):  # each sequence its own mask, from seed + its index among non-empty ones
+        def run(q, k, v, seq_call):  # each sequence its own mask, from seed + its index among non-empty ones
             keep = dropout_keep_mask((1, q.shape[2], q.shape[1], k.shape[1]), p, call.seed + drawn[0], q.device)
             drawn[0] += 1
-            return self._dense(q, k, v, call, keep)
+            return self._dense(q, k, v, seq_call, keep)
 
         return per_sequence(call, run)

@@ -135,7 +135,8 @@ class UserAdapter(KernelAdapter):
                 softcap=self._takes("softcap"), alibi=self._takes("alibi_slopes"), dropout=False, varlen=True, gqa=True,
                 sinks=self._takes("learnable_sink"),
                 # a kernel with an `attn_bias` keyword takes every bias kind (bool as 0/-inf)
-                bias=self._takes("attn_bias"), bias_grad=self._takes("attn_bias"), bool_mask=self._takes("attn_bias")),
+                bias=self._takes("attn_bias"), bias_grad=self._takes("attn_bias"), bool_mask=self._takes("attn_bias"),
+                varlen_bias=self._takes("attn_bias")),  # varlen runs each sequence alone: its block of the bias
             deterministic_mode=self._takes("deterministic"), returns_lse=self._takes("return_attn_probs"),
             backward=self.backward, notes=("varlen by running each sequence alone",),
         )
@@ -148,7 +149,7 @@ class UserAdapter(KernelAdapter):
 
     def __call__(self, call: KernelCall) -> KernelOutput:
         if call.cu_seqlens is not None:
-            return per_sequence(call, lambda q, k, v: self._dense(q, k, v, call))
+            return per_sequence(call, lambda q, k, v, seq_call: self._dense(q, k, v, seq_call))
         return self._dense(call.q, call.k, call.v, call)
 
 
