@@ -99,6 +99,27 @@ def test_an_infinite_error_on_a_pass_row_is_refused(project, capsys):
             "status PASS contradicts")
 
 
+def test_a_baseline_keeps_an_infinite_error_on_a_failing_row_only(project, capsys):
+    """A baseline row of a declared failure may hold an infinite (or huge) error: it reads back;
+    the same numbers on a PASS row are refused, as is an inf ratio whose error is finite."""
+    from gate.compare.baselines import CaseBaseline
+
+    proj, config, results, baseline = project
+    row = json.loads(baseline.read_text())["correctness"]["fp32-b1-h2-s8-d8"]
+    row["tensors"]["out"].update(max_err="inf", mean_err="inf", ratio="inf")
+    row.update(status="FAIL", reason="out over the bound")
+    failing = CaseBaseline.from_dict(json.loads(json.dumps(row)), "fp32-b1-h2-s8-d8")
+    assert failing.tensors["out"].ratio == math.inf
+    huge = dict(row, tensors={**row["tensors"], "out": dict(row["tensors"]["out"], max_err=1.6e6 * row["tensors"]["out"]["bound"],
+                                                           mean_err=1.0, ratio=1.6e6)})
+    assert CaseBaseline.from_dict(huge, "fp32-b1-h2-s8-d8").tensors["out"].ratio == 1.6e6
+    with pytest.raises(ValueError, match="status PASS contradicts"):
+        CaseBaseline.from_dict(dict(row, status="PASS"), "fp32-b1-h2-s8-d8")
+    forged = dict(row, tensors={**row["tensors"], "out": dict(row["tensors"]["out"], max_err=0.0, mean_err=0.0)})
+    with pytest.raises(ValueError, match="ratio"):
+        CaseBaseline.from_dict(forged, "fp32-b1-h2-s8-d8")
+
+
 def test_a_nan_error_in_a_results_file_is_refused(project, capsys):
     """The writer stores a NaN as inf: a NaN read back is a forged or damaged file."""
     proj, config, results, _ = project

@@ -218,6 +218,20 @@ def test_a_broken_lse_row_survives_its_own_file(bad):
     assert TensorError.from_dict(stored) == t
 
 
+def test_a_broken_yardstick_is_an_infinite_bound_that_reads_back():
+    """A NaN in the low-precision yardstick judges nothing: an infinite bound and ratio (a FAIL),
+    written so the file reads back, never a NaN that the reader refuses."""
+    from gate.core.results import TensorError
+    from gate.core.jsonio import clean_json
+    import json
+    g = torch.linspace(1, 3, 8, dtype=torch.float64)
+    low = g.clone()
+    low[2] = math.nan
+    t = measure("out", g.float(), g, low, "bf16", 2.0, 0)
+    assert t.pt_err == math.inf and t.bound == math.inf and t.ratio == math.inf and not t.passed
+    assert TensorError.from_dict(json.loads(json.dumps(clean_json(t.to_dict())))) == t
+
+
 def test_measure_zero_reference_and_exact_kernel():
     """All-zero tensors (a seqlen-1 dV, fully masked rows): the floor keeps the bound above 0."""
     z = torch.zeros(2, 3, dtype=torch.float64)
@@ -236,3 +250,13 @@ def test_measure_lse_ignores_fully_masked_rows_only():
     k2 = torch.tensor([[math.inf, 1.0, 2.5]])
     t = measured(k2, g, g.float(), name="lse")
     assert not t.passed and t.max_err == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_a_non_finite_cache_slot_is_an_infinite_error(bad):
+    from gate.correctness.run_case import measure_exact
+    expected = torch.zeros(2, 3)
+    got = expected.clone()
+    got[1, 2] = bad
+    t = measure_exact("k_cache", got, expected, "bf16", 0)
+    assert t.max_err == math.inf and t.ratio == math.inf and t.worst_index == (1, 2)

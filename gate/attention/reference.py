@@ -38,10 +38,8 @@ from gate.attention.masks import alibi_bias, allowed_mask
 # Elements in one chunk's score matrix: 2**25 float64 values are 256 MiB per live temporary.
 CHUNK_ELEMENTS = 2**25
 
-# Hopper's fp8 tensor cores (wgmma, 32 products along K per instruction) add each instruction's
-# products into an accumulator that keeps 13 fraction bits ("FP22": DeepSeek-V3 report, section
-# 3.3.2; SageAttention2), not float32's 23. An fp8 kernel's scores, and so its LSE, carry that
-# rounding; the yardstick models it (docs/tolerance.md#fp8).
+# Hopper's fp8 tensor cores add each 32-product step into an accumulator of 13 fraction bits, not
+# 23 (DeepSeek-V3 report 3.3.2): an fp8 kernel's scores and LSE carry that rounding (tolerance.md).
 FP8_MMA_K = 32
 FP8_ACCUMULATOR_FRACTION_BITS = 13
 

@@ -256,7 +256,8 @@ def read_baseline(path: Path) -> Baseline:
 
 def validate_written(baseline: Baseline, path: Path) -> None:
     """What `baseline update` is about to write, read back through `parse_baseline` first: a
-    baseline its own reader would refuse (a ratio of 1e308, a PASS row over its bound) is never written."""
+    baseline its own reader would refuse (a ratio that is not max_err / bound, a PASS row over its
+    bound) is never written."""
     try:
         parse_baseline(json.loads(json.dumps(clean_json(baseline.to_dict()), allow_nan=False)), path)
     except UserError as exc:

@@ -135,10 +135,7 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return data
 
 
-MAX_MEASURE = 1e6  # an error, bound or ratio above this is no measurement: refused when read
-
-
-def measured_float(value: Any, field: str, upper: float = MAX_MEASURE) -> float:
+def measured_float(value: Any, field: str, upper: float) -> float:
     """A stored error, bound or ratio: a number in [0, upper], finite unless upper is inf. NaN,
     negative or absurd values would switch a rule off (every comparison with NaN is False), so
     they are refused."""

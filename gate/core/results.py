@@ -44,7 +44,7 @@ FORWARD_ONLY_REQUIRED = ("out",)  # forward-only rows (CaseResult.forward_only)
 GRADIENTS = ("dq", "dk", "dv", "dbias", "dsink")
 # Read back, a row's own numbers must agree to this relative precision (files keep full floats).
 REL_TOL = 1e-6
-MAX_ERROR = 1e300  # a broken kernel's FAIL row may carry any finite error; beyond this it is no float64 measurement
+MAX_ERROR = 1e300  # the rule's own numbers (floor, mult, bands): beyond this they are no float64 measurement
 MAX_SECONDS = 1e7  # about four months: a longer case or run is no measurement
 # A kernel's error may be infinite (an LSE of inf where the reference is finite; a NaN is written
 # as an infinite error) and so may the yardstick's (the low-precision reference overflowed): such a

@@ -54,7 +54,8 @@ def measure(name: str, kernel: torch.Tensor, gold: torch.Tensor, low: torch.Tens
         max_err = float(diff.flatten()[flat])
         mean_err = float(diff.mean())
     worst = (flat,) if spec.flat_index else tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape))
-    pt_err = float((p - g).abs().max())
+    # a yardstick that broke (NaN) judges nothing: an infinite bound, so the ratio is inf (error_ratio)
+    pt_err = float(torch.nan_to_num((p - g).abs(), nan=math.inf).max())
     floor_dtype = floor_dtype or dtype
     gd = g.to(TORCH_DTYPES[floor_dtype])
     floor = rounding_floor(2.0 * float(((gd + 0.3) - 0.3 - gd).abs().max()), floor_dtype) + floor_extra
@@ -241,7 +242,7 @@ def measure_exact(name: str, kernel: torch.Tensor, expected: torch.Tensor, dtype
     diff = (kernel.double() - expected.double()).abs()
     if tuple(kernel.shape) != tuple(expected.shape):
         raise BadOutput(f"{name} has shape {tuple(kernel.shape)}, expected {tuple(expected.shape)}")
-    diff = torch.nan_to_num(diff, nan=math.inf)  # a NaN slot is infinitely wrong (files hold no NaN)
+    diff = torch.nan_to_num(diff, nan=math.inf, posinf=math.inf)  # a NaN slot is infinitely wrong (files hold no NaN)
     max_err = float(diff.max()) if diff.numel() else 0.0
     flat = int(diff.flatten().argmax()) if diff.numel() else 0
     worst = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape)) if diff.numel() else ()

@@ -120,7 +120,6 @@ class FlexAdapter(KernelAdapter):
             import torch._functorch.config
 
             # timing runs the backward of one graph again and again; donated buffers forbid that
-            # (H200, torch 2.11: every flex speed case with a backward failed)
             torch._functorch.config.donated_buffer = False
             self._compiled = torch.compile(flex_attention, dynamic=self.dynamic)
         return self._compiled

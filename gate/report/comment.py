@@ -285,7 +285,8 @@ def _case_rows(verdict: Verdict, sweep: SweepResult, baseline: Baseline, severit
             t = max(c.tensors, key=lambda t: -1.0 if math.isnan(t.ratio) else t.ratio)
             magnitude = math.inf if math.isnan(t.ratio) else t.ratio
             b = base.tensors.get(t.tensor) if base else None
-            change = f"{_num(t.ratio / b.ratio)}x" if b is not None and b.ratio > 0 and math.isfinite(t.ratio) else "-"
+            change = (f"{_num(t.ratio / b.ratio)}x" if b is not None and 0 < b.ratio < math.inf and math.isfinite(t.ratio)
+                      else "-")
             what = f"{t.tensor} error / bound" + ("" if c.status is Status.PASS else f" ({c.status.value})")
             if worst.rule == "headroom":
                 what += ": headroom regression"

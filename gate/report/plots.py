@@ -67,14 +67,19 @@ def plot_ratios(verdict: Verdict, sweep: SweepResult, baseline: Baseline, path: 
     ax.scatter(now, ys, c=colors, s=22, zorder=3, label="now: dot; red fails, orange warns, purple known (declared), green passes")
     limits = [max(r[2] * factor, r[2] + step) if math.isfinite(r[2]) else math.nan for r in rows]
     ax.scatter(limits, ys, marker="|", color="grey", s=80, zorder=1, label=f"headroom limit (x{factor:g} and +{step:g})")
-    missing = [y for y, r in zip(ys, rows) if not math.isfinite(r[1])]
+    missing = [y for y, r in zip(ys, rows) if math.isnan(r[1])]
     if missing:
         ax.scatter([floor] * len(missing), missing, marker="x", color="grey", s=30, zorder=3,
                    label="not measured (skipped or raised)")
     ax.axvline(1.0, color=COLORS["blocks"], linestyle="--", linewidth=1, label="bound: error / bound = 1")
     ax.set_xscale("log")
     finite = [v for v in now + base + limits if math.isfinite(v)]
-    ax.set_xlim(min([floor * 0.8] + [v * 0.7 for v in finite]), max([2.0] + [v * 1.5 for v in finite]))
+    right = max([2.0] + [v * 1.5 for v in finite])
+    ax.set_xlim(min([floor * 0.8] + [v * 0.7 for v in finite]), right)
+    infinite = [(y, c) for y, r, c in zip(ys, rows, colors) if r[1] == math.inf]
+    if infinite:  # an infinite error (NaN or inf in the output): at the right edge, in its severity's colour
+        ax.scatter([right / 1.2] * len(infinite), [y for y, _ in infinite], c=[c for _, c in infinite], marker=">",
+                   s=40, zorder=3, label="now: infinite error (NaN/inf)")
     ax.set_yticks(ys)
     ax.set_yticklabels([f"{r[0]}  [{r[4]}]" if r[4] != "PASS" else r[0] for r in rows], fontsize=8, family="monospace")
     ax.set_ylim(-0.7, len(rows) - 0.3)
