@@ -38,6 +38,8 @@ the smallest realistic change to it, silent on the cases that lack its axis:
   ignores_descale             fp8 inputs converted to bf16 without their descale factors
   descale_of_first_head       every (batch, KV head) dequantized with batch 0 / head 0's descale
                               (one factor read for a per-head tensor of them)
+  offsets_int32               q, k, v rows addressed with 32-bit element offsets: a row at or past
+                              2**31 elements is read 2**31 earlier
 """
 
 from __future__ import annotations
@@ -164,6 +166,21 @@ def _attn(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, bu
 
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+INT32_WRAP = 2**31
+
+
+def _int32_rows(t):
+    """`t` read as a kernel that computes row offsets in 32 bits reads it: a row starting at or
+    past 2**31 elements is read 2**31 elements earlier (another row, or unwritten buffer)."""
+    if t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape[:2], t.stride()[:2])) < INT32_WRAP:
+        return t
+    base, rows = t.detach(), []
+    for i in range(t.shape[0]):
+        for j in range(t.shape[1]):
+            offset = t.storage_offset() + i * t.stride(0) + j * t.stride(1)
+            rows.append(torch.as_strided(base, t.shape[2:], t.stride()[2:], offset % INT32_WRAP))
+    # the values read, with t's gradient passed straight through (no backward over the whole buffer)
+    return t + (torch.stack(rows).view(t.shape) - base)
 
 
 def _dequantize(t, descale, bug):
@@ -184,6 +201,8 @@ def _kernel(bug: str | None):
            return_attn_probs=False, q_descale=None, k_descale=None, v_descale=None):
         if q.dtype in FP8:
             q, k, v = (_dequantize(t, s, (bug,)) for t, s in ((q, q_descale), (k, k_descale), (v, v_descale)))
+        if bug == "offsets_int32":
+            q, k, v = (_int32_rows(t) for t in (q, k, v))
         out, lse = _attn(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, (bug,) if bug else ())
         return (out, lse, None) if return_attn_probs else out
 
@@ -197,7 +216,7 @@ BUGS = (
     "assumes_contiguous", "dout_assumed_contiguous", "zero_stride_as_dense", "no_max_subtraction", "ignores_softcap", "v_saturates_at_16",
     "dq_head_dim_tail_dropped", "scale_from_dv", "causal_top_left", "key_tile_floor", "window_ignored_when_causal",
     "window_minus_one_ignored", "alibi_causal_only", "pack_gqa_decode_wrong", "lse_bias_1e_3",
-    "ignores_descale", "descale_of_first_head",
+    "ignores_descale", "descale_of_first_head", "offsets_int32",
 )
 correct = _kernel(None)
 assumes_contiguous = _kernel("assumes_contiguous")
@@ -215,6 +234,7 @@ window_minus_one_ignored = _kernel("window_minus_one_ignored")
 alibi_causal_only = _kernel("alibi_causal_only")
 pack_gqa_decode_wrong = _kernel("pack_gqa_decode_wrong")
 lse_bias_1e_3 = _kernel("lse_bias_1e_3")
+offsets_int32 = _kernel("offsets_int32")
 # not a bug: Q K^T added up as Hopper's fp8 tensor cores do (13 fraction bits), as FA3's fp8 forward is
 fp22_scores = _kernel("fp22_scores")
 ignores_descale = _kernel("ignores_descale")

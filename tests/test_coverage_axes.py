@@ -51,6 +51,7 @@ PLANTED = {
     "pack_gqa_decode_wrong": (r"-h8/(2|4)-s1x300-d64$", "bf16-b2-h4/1-s1-d64-causal"),
     "ignores_descale": (r"^e(4m3|5m2)-", "bf16-b2-h4/1-s97x257-d64-causal"),
     "descale_of_first_head": (r"^e(4m3|5m2)-", "bf16-b2-h4/1-s97x257-d64-causal"),
+    "offsets_int32": (r"-far_rows$", "bf16-b2-h4/2-s70x90-d40-k_sliced"),
 }
 
 
@@ -77,8 +78,10 @@ def no_step_summary(monkeypatch):
 def test_smoke_carries_every_new_axis_value():
     layouts = {c.layout for c in SMOKE.cases}
     inputs = {c.inputs for c in SMOKE.cases}
-    assert layouts == {"contiguous", "k_sliced", "qkv_packed", "bhsd_view", "dout_noncontig", "kv_stride0"}
-    assert {c.layout for c in SMOKE.cases if c.dtype == "fp32"} >= set(layouts) - {"contiguous"}
+    assert layouts == {"contiguous", "k_sliced", "qkv_packed", "bhsd_view", "dout_noncontig", "kv_stride0", "far_rows"}
+    # far_rows in bf16/fp16 only: its buffers are the size of 2**31 elements (virtual on a CPU)
+    assert {c.layout for c in SMOKE.cases if c.dtype == "fp32"} >= set(layouts) - {"contiguous", "far_rows"}
+    assert any(c.layout == "far_rows" and c.entry.varlen for c in SMOKE.cases)
     assert any(c.layout == "kv_stride0" and c.entry.varlen for c in SMOKE.cases)
     assert inputs == {"normal", "large", "shifted", "outliers"}
     assert any(c.entry.varlen_k is not None for c in SMOKE.cases)
@@ -122,10 +125,10 @@ def test_planted_bug_fails_check_on_its_axis_and_passes_without_it(bug, tmp_path
 
 # Bugs that live in a kernel's varlen entry point alone (flash_attn_varlen_func convention, one call for the
 # packed batch: tests/entry_kernels.py), planted in a family whose dense entry point is right. The CPU
-# cases of the combination each must FAIL; every other varlen case of smoke (ALiBi aside: these entry
-# points take no alibi_slopes) and the dense softcap/window cases (the right dense entry point) must
+# cases of the combination each must FAIL; every other varlen case of smoke (ALiBi and custom bias
+# aside: these entry points take neither) and the dense softcap/window cases (the right dense entry point) must
 # PASS, as the correct varlen entry point passes them all.
-VARLEN_CASES = r"^(?!.*alibi).*-varlen"
+VARLEN_CASES = r"^(?!.*alibi)(?!.*-bias\.).*-varlen"
 DENSE_CONTROLS = r"^(?!.*alibi)(?!.*varlen)(?!.*-kv\d).*-(cap20|win16\.)"
 VARLEN_PLANTED = {
     "attn_varlen_func_softcap_ignored": r"-cap20-varlen",   # softcap x varlen, forward and backward
@@ -166,7 +169,7 @@ def test_planted_varlen_bug_fails_exactly_its_combination(bug, tmp_path):
 # ---------------------------------------------------------------- layouts are views, not copies
 
 
-@pytest.mark.parametrize("layout", ["k_sliced", "qkv_packed", "bhsd_view", "dout_noncontig", "kv_stride0"])
+@pytest.mark.parametrize("layout", ["k_sliced", "qkv_packed", "bhsd_view", "dout_noncontig", "kv_stride0", "far_rows"])
 @pytest.mark.parametrize("varlen", [False, True])
 def test_layout_hands_the_kernel_a_view_with_the_same_values(layout, varlen):
     kw = dict(varlen=(3, 0, 17), batch=3, seqlen_q=17, seqlen_k=17) if varlen else dict(batch=2, seqlen_q=9, seqlen_k=13)
@@ -176,12 +179,17 @@ def test_layout_hands_the_kernel_a_view_with_the_same_values(layout, varlen):
     for got, want in zip((t.q, t.k, t.v, t.dout), (inputs.q, inputs.k, inputs.v, inputs.dout)):
         assert torch.equal(got.detach(), want) and got.shape == want.shape
     moved = {"k_sliced": (t.k,), "qkv_packed": (t.q, t.k, t.v), "bhsd_view": (t.q, t.k, t.v), "dout_noncontig": (t.dout,),
-             "kv_stride0": (t.k, t.v)}[layout]
+             "kv_stride0": (t.k, t.v), "far_rows": (t.q, t.k, t.v, t.dout)}[layout]
     assert all(not x.is_contiguous() for x in moved)
     if layout == "qkv_packed":
         assert t.q.untyped_storage().data_ptr() == t.k.untyped_storage().data_ptr() == t.v.untyped_storage().data_ptr()
     if layout == "k_sliced":
         assert t.k.storage_offset() > 0
+    if layout == "far_rows":  # the last quarter of every tensor's rows start past 2**31 elements
+        for x in (t.q, t.k, t.v, t.dout):
+            rows = x.shape[0] * (1 if varlen else x.shape[1])
+            starts = [r * x.stride(-3) for r in range(rows)]
+            assert sum(o >= 2**31 for o in starts) >= rows // 4 and starts[rows // 2] < 2**31
     if layout == "kv_stride0":  # 0 over the KV heads (and the batch, dense); the buffer holds more than the view
         assert t.k.stride(-2) == t.v.stride(-2) == 0 and (varlen or t.k.stride(0) == 0)
         assert t.k.untyped_storage().nbytes() == inputs.k.numel() * inputs.k.element_size()

@@ -216,6 +216,30 @@ def _leaf(t: torch.Tensor) -> torch.Tensor:
     return t.detach().clone().requires_grad_(True)
 
 
+FAR = 2**31  # element offsets at or past this wrap in int32 arithmetic
+
+
+def far_rows(t: torch.Tensor, seq: int, grad: bool) -> torch.Tensor:
+    """`t` as a view whose rows (the sequence dim, flattened with the batch dim before it) are
+    strided so the last quarter of them start past FAR elements from the view's base. The buffer
+    is allocated, not filled (torch.empty: untouched pages cost no memory on a CPU); only the rows
+    are written. Feature and head dims keep their dense strides."""
+    rows = int(torch.tensor(t.shape[:seq + 1]).prod())
+    row = t.shape[-2] * t.shape[-1]
+    stride = max(row, -(-FAR // max(1, (3 * rows) // 4) // 8) * 8 + 8)  # a multiple of 8 (16-byte rows)
+    buf = torch.empty((rows - 1) * stride + row, dtype=t.dtype, device=t.device)
+    strides = [0] * t.dim()
+    strides[-1], strides[-2], strides[seq] = 1, t.shape[-1], stride
+    if seq == 1:
+        strides[0] = t.shape[1] * stride
+    view = torch.as_strided(buf, t.shape, strides)
+    view.copy_(t.detach())
+    if grad:
+        buf.requires_grad_(True)
+        view = torch.as_strided(buf, t.shape, strides)
+    return view
+
+
 def kernel_tensors(case: Case, inputs: AttnInputs) -> KernelTensors:
     """The case's `layout` made real: the kernel receives the VIEW (not a contiguous copy), and
     gradients are taken with respect to that view, so they come back in the view's shape and
@@ -266,6 +290,8 @@ def kernel_tensors(case: Case, inputs: AttnInputs) -> KernelTensors:
             parts.append(tuple(index))
         buf.requires_grad_(True)
         return KernelTensors(*(buf[i] for i in parts), dout)
+    if case.layout == "far_rows":
+        return KernelTensors(*(far_rows(t, seq, grad=True) for t in (q, k, v)), far_rows(dout, seq, grad=False))
     if case.layout == "kv_stride0":
         # The slab sits in a buffer of K's full size whose other elements are -K: a kernel that
         # reads past a 0 stride as if the tensor were dense gets wrong values, not an out-of-range read.

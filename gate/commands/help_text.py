@@ -102,10 +102,11 @@ case id legend (e.g. bf16-b2-h16/4-s97x257-d192/128-causal-win32.0-cap20-alibi-v
   page16                 a paged cache of 16-token pages with a block table
   shuffled               the block table maps pages to physical blocks in a shuffled order
   sinks                  a learnable per-head sink logit in every softmax denominator
-  k_sliced | qkv_packed | bhsd_view | dout_noncontig | kv_stride0
+  k_sliced | qkv_packed | bhsd_view | dout_noncontig | kv_stride0 | far_rows
                          what the kernel is handed: K a strided slice; q, k, v head-slices of one QKV
                          buffer; (B, H, N, D) memory viewed as (B, N, H, D); a non-contiguous dO; K and V
-                         expanded views (stride 0 over batch and KV heads)
+                         expanded views (stride 0 over batch and KV heads); q, k, v and dO rows strided
+                         so the last quarter start past 2^31 elements (int32 offsets wrap)
   large | shifted | outliers
                          how values are drawn: scores past +-88 (or deep into the softcap); every row's
                          LSE far below -88; two channels of K and V 30x larger

@@ -91,6 +91,8 @@ LAYOUTS: dict[str, str] = {
     "dout_noncontig": "dO allocated (B, H, N, Dv) and handed to the backward transposed (its strides differ from out's)",
     "kv_stride0": "K and V are `expand`ed views of one (seqlen, head_dim) slab: stride 0 over batch and KV heads "
                   "(varlen: over KV heads), the slab inside a full-size buffer whose other elements differ",
+    "far_rows": "q, k, v and dO rows (tokens) strided apart so the last quarter of each tensor's rows sit past "
+                 "2^31 elements from its base: offsets computed in int32 wrap (the buffers are allocated, not filled)",
 }
 # ---- coverage: how the values are drawn (gate/attention/inputs.py), by name -> what.
 INPUTS: dict[str, str] = {
