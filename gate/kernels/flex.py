@@ -306,7 +306,7 @@ class FlexAdapter(KernelAdapter):
         if call.cache is not None:
             return self._decode(call)
         if call.cu_seqlens is not None:
-            if self.packed_varlen and call.opts.bias is None:
+            if self.packed_varlen:
                 return self._packed(call)
             return per_sequence(call, lambda q, k, v, seq_call: self._dense(q, k, v, seq_call))
         return self._dense(call.q, call.k, call.v, call)
@@ -356,7 +356,14 @@ class FlexAdapter(KernelAdapter):
         holder["slopes"] = o.alibi_slopes if o.alibi_slopes is not None else self._on(dev, "slopes", (0.0,))
         nq, nk = sum(q_lens), sum(k_lens)
         mkey = ("packed", tuple(q_lens), tuple(k_lens), o.causal, o.window, str(dev))
-        block_mask = self._block_mask(mkey, mask_mod, None, None, nq, nk, dev)
+        heads = None
+        if o.bias is not None:  # the packed bias read at packed positions: each sequence its own block
+            mask_mod, score_mod = self._bias_mods(key, o.bias, mask_mod, score_mod)
+            if o.bias.dtype == torch.bool:
+                heads = None if o.bias.shape[1] == 1 else o.bias.shape[1]
+                mkey += ("bool_bias", tuple(o.bias.shape))
+        block_mask = self._block_mask(mkey, mask_mod, None, heads, nq, nk, dev,
+                                      croppable=o.bias is None or o.bias.dtype != torch.bool)
         qh, kh, vh = (t[None].transpose(1, 2) for t in (call.q, call.k, call.v))
         kwargs = dict(score_mod=score_mod, block_mask=block_mask, scale=o.softmax_scale, enable_gqa=qh.shape[1] != kh.shape[1])
         out, lse = _flex_call(self._fn(), qh, kh, vh, kwargs)
@@ -366,7 +373,8 @@ class FlexAdapter(KernelAdapter):
 class FlexPackedAdapter(FlexAdapter):
     """FlexAttention's own varlen: a varlen case is one call over the packed sequences with a
     document mask_mod (each query sees its own sequence, placed bottom-right in it), its softcap
-    and ALiBi score_mods on the positions inside each sequence; `flex` runs each sequence alone."""
+    and ALiBi score_mods on the positions inside each sequence, and a packed custom bias read at
+    packed positions by a score_mod (a mask_mod for a boolean one); `flex` runs each sequence alone."""
 
     name = "flex-packed"
     description = "torch FlexAttention, varlen as one call over packed sequences with a document mask_mod"
