@@ -504,6 +504,7 @@ def test_flex_varlen_sequences_read_their_own_block_of_a_packed_bias(bias):
 
     c = case(varlen=(40, 40, 7), causal=True, heads_kv=2, bias=bias)
     x = make_inputs(c, 0, "cpu")
+    assert not torch.equal(x.bias[0, :, :40, :40], x.bias[0, :, 40:80, 40:80])  # one length, two blocks
     flex = _eager(FlexAdapter)
     flex.prepare(c)
     got = flex(_forward_call(c, x))

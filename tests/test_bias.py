@@ -312,6 +312,35 @@ def test_varlen_bias_passes_correct_kernels_and_fails_one_reading_at_the_origin(
     assert wrong.status.value == "FAIL", wrong.reason
 
 
+class _BlocksSwapped(type(get_adapter("sdpa-math"))):
+    """A varlen kernel that hands the first two sequences each other's blocks (same lengths)."""
+
+    def __call__(self, call):
+        import dataclasses
+        bias, (a, z, y) = call.opts.bias, call.cu_seqlens.tolist()[:3]
+        wrong = bias.clone()
+        wrong[:, :, a:z, a:z], wrong[:, :, z:y, z:y] = bias[:, :, z:y, z:y], bias[:, :, a:z, a:z]
+        return super().__call__(dataclasses.replace(call, opts=dataclasses.replace(call.opts, bias=wrong)))
+
+
+@pytest.mark.parametrize("kind", ["dense", "bool_mask", "document", "prefix_lm"])
+def test_sequences_of_one_length_get_different_blocks(kind):
+    """Each sequence's block is its own (a boolean pattern too): a kernel that swaps two equal-length
+    sequences' blocks fails."""
+    c = case(**{**VARLEN, "varlen": (40, 40, 7), "batch": 3, "seqlen_q": 40, "seqlen_k": 40}, bias=kind)
+    assert run_case(get_adapter("sdpa-math"), c, "cpu", ToleranceConfig()).status.value == "PASS"
+    assert run_case(_BlocksSwapped(backend="math"), c, "cpu", ToleranceConfig()).status.value == "FAIL"
+
+
+def test_a_packed_bias_past_its_size_limit_is_refused():
+    from gate.core.cases import MAX_PACKED_BIAS
+
+    n = int(MAX_PACKED_BIAS ** 0.5) + 1
+    with pytest.raises(ValueError, match="packed over all tokens"):
+        case(**{**VARLEN, "varlen": (n,), "batch": 1, "seqlen_q": n, "seqlen_k": n}, bias="broadcast_h")
+    case(**{**VARLEN, "varlen": (n - 2,), "batch": 1, "seqlen_q": n - 2, "seqlen_k": n - 2}, bias="broadcast_h")
+
+
 def test_kernels_without_a_varlen_bias_skip_with_the_reason():
     from gate.kernels.capabilities import Capabilities, feature_set
 

@@ -438,6 +438,13 @@ def test_fp8_lse_yardstick_accumulates_scores_as_an_fp8_tensor_core():
     assert within.status is Status.PASS, within.reason
 
 
+@pytest.mark.parametrize("kw", [dict(batch=1, seqlen_q=3, seqlen_k=9), dict(varlen=(2, 0, 1), batch=3, seqlen_q=2, seqlen_k=2)])
+def test_far_rows_needs_four_rows_to_put_a_quarter_past_2_31(kw):
+    with pytest.raises(ValueError, match="far_rows needs at least 4"):
+        Case.build(heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16", layout="far_rows", **kw)
+    Case.build(heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16", layout="far_rows", batch=2, seqlen_q=2, seqlen_k=2)
+
+
 def test_kernels_without_fp8_skip_with_the_reason():
     case = _fp8_case()
     for kernel in ("sdpa-cpu", "sdpa-math"):

@@ -85,22 +85,25 @@ def _sequence_case(case: Case, nq: int, nk: int) -> Case:
 
 def _packed_bias(case: Case, seed: int, device: str | torch.device, dtype: torch.dtype) -> torch.Tensor:
     """A varlen case's bias: each sequence's block built as its own dense case's, with positions
-    inside the sequence; the blocks' values differ (a per-sequence seed), so a kernel that reads
-    another sequence's block, or the block at the packed origin, reads other numbers."""
+    inside the sequence; the blocks differ (float: a per-sequence seed; bool: a per-sequence
+    pattern), so a kernel that reads another sequence's block, or the block at the packed origin,
+    reads other numbers."""
     _, hb, total_q, total_k = bias_shape(case)
     out = torch.zeros((1, hb, total_q, total_k), dtype=torch.bool if case.has_bool_bias else dtype, device=device)
     q0 = k0 = 0
     for i, (nq, nk) in enumerate(zip(case.entry.varlen, case.keys_varlen)):
         if nq and nk:
-            block = make_bias(_sequence_case(case, nq, nk), seed * 7919 + i, device, dtype)
+            block = make_bias(_sequence_case(case, nq, nk), seed * 7919 + i, device, dtype, pattern=i)
             out[:, :, q0:q0 + nq, k0:k0 + nk] = block
         q0, k0 = q0 + nq, k0 + nk
     return out
 
 
-def make_bias(case: Case, seed: int, device: str | torch.device, dtype: torch.dtype) -> torch.Tensor | None:
+def make_bias(case: Case, seed: int, device: str | torch.device, dtype: torch.dtype,
+              pattern: int = 0) -> torch.Tensor | None:
     """The case's bias tensor (float in `dtype`, or bool), or None for bias = none.
-    `dtype` is the bias dtype: the input dtype, or float32 for bias_dtype fp32."""
+    `dtype` is the bias dtype: the input dtype, or float32 for bias_dtype fp32. `pattern` picks
+    another boolean pattern of the same shape (a varlen sequence's block: its index)."""
     if not case.has_bias:
         return None
     if case.entry.varlen is not None:
@@ -126,7 +129,7 @@ def make_bias(case: Case, seed: int, device: str | torch.device, dtype: torch.dt
             out[:, :, r0:r0 + len(rows)] = vals.to(dtype)
         return out
     assert case.bias.kind in BOOL_BIAS_KINDS
-    gen = torch.Generator(device="cpu").manual_seed(nq * 7919 + nk * 104729 + bb)
+    gen = torch.Generator(device="cpu").manual_seed(nq * 7919 + nk * 104729 + bb + 1_000_003 * pattern)
     starts = None
     prefix = None
     if case.bias.kind == "document":
@@ -142,7 +145,7 @@ def make_bias(case: Case, seed: int, device: str | torch.device, dtype: torch.dt
         diag = cols.view(1, -1) == pos.view(-1, 1)  # (r, nk)
         for b in range(bb):
             if case.bias.kind in ("bool_mask", "bool_empty_rows"):
-                bi = torch.tensor(b, device=device)
+                bi = torch.tensor(b + 65_537 * pattern, device=device)
                 hi = torch.arange(hb, device=device).view(-1, 1, 1)
                 allowed = _hash(bi, hi, rows.view(1, -1, 1), cols.view(1, 1, -1)) < int(BOOL_DENSITY * 0x10000)
                 allowed = allowed | diag

@@ -94,6 +94,8 @@ LAYOUTS: dict[str, str] = {
     "far_rows": "q, k, v and dO rows (tokens) strided apart so the last quarter of each tensor's rows sit past "
                  "2^31 elements from its base: offsets computed in int32 wrap (the buffers are allocated, not filled)",
 }
+MAX_PACKED_BIAS = 2**28  # elements of a varlen case's packed bias (2 GiB as the reference's float64 dBias)
+FAR_ROWS_MIN = 4  # far_rows puts the last quarter of a tensor's rows past 2^31: it needs four rows
 # ---- coverage: how the values are drawn (gate/attention/inputs.py), by name -> what.
 INPUTS: dict[str, str] = {
     "normal": "q, k, v, dO standard normal",
@@ -335,6 +337,11 @@ class Case:
                 problems.append("varlen cases must have batch=len(varlen) and seqlens=max(varlen) (keys: max(varlen_k))")
         if self.layout not in LAYOUTS:
             problems.append(f"layout {self.layout!r} is not one of {', '.join(LAYOUTS)}")
+        if self.layout == "far_rows" and self.entry.kind != "kvcache":
+            varlen = self.entry.varlen
+            rows = (sum(varlen), sum(self.keys_varlen)) if varlen is not None else (self.batch * self.seqlen_q, self.batch * self.seqlen_k)
+            if min(rows) < FAR_ROWS_MIN:
+                problems.append(f"layout far_rows needs at least {FAR_ROWS_MIN} query and key rows (its last quarter sits past 2^31)")
         if self.inputs not in INPUTS:
             problems.append(f"inputs {self.inputs!r} is not one of {', '.join(INPUTS)}")
         varlen_k = self.entry.varlen_k
@@ -506,6 +513,11 @@ class Case:
         problems = self.bias.problems()
         if self.bias.dtype == "fp32" and self.dtype == "fp32":
             problems.append("bias_dtype 'fp32' is for bf16/fp16 inputs (an fp32 case's bias is fp32 already)")
+        if self.bias.present and self.entry.varlen is not None:
+            heads = 1 if self.bias.kind in ("broadcast_h", "broadcast_1", "document", "prefix_lm") else self.heads_q
+            if sum(self.entry.varlen) * sum(self.keys_varlen) * heads > MAX_PACKED_BIAS:
+                problems.append(f"a varlen bias is packed over all tokens (total_q x total_k x heads): at most "
+                                f"{MAX_PACKED_BIAS} elements (its float64 dBias in the reference is 8 bytes each)")
         return problems
 
     @property
