@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gate.attention.bias import bias_shape, make_bias
+from gate.attention.bias import make_bias
 from gate.attention.inputs import make_inputs
 from gate.attention.reference import AttnOptions, attention_reference
 from gate.commands.main import main
@@ -88,7 +88,7 @@ def test_shipped_suites_carry_every_kind():
 def test_float_biases_are_tens_per_shape_and_seeded(kind):
     c = case(bias=kind)
     a, b = make_bias(c, 0, "cpu", torch.float32), make_bias(c, 1, "cpu", torch.float32)
-    assert tuple(a.shape) == bias_shape(c) and a.dtype == torch.float32
+    assert tuple(a.shape) == c.bias_shape and a.dtype == torch.float32
     assert torch.equal(a, make_bias(c, 0, "cpu", torch.float32)) and not torch.equal(a, b)
     assert 10 < float(a.abs().max()) < 400 and float(a.std()) > 5  # relative-position-like tens, not unit noise
     if a.shape[1] > 1:
@@ -110,7 +110,7 @@ def test_bool_patterns_keep_a_key_per_row_and_ignore_the_seed(kind):
     for nq, nk in ((33, 47), (47, 33), (64, 64)):
         c = case(bias=kind, seqlen_q=nq, seqlen_k=nk)
         m = make_bias(c, 0, "cpu", torch.bfloat16)
-        assert m.dtype == torch.bool and tuple(m.shape) == bias_shape(c)
+        assert m.dtype == torch.bool and tuple(m.shape) == c.bias_shape
         assert torch.equal(m, make_bias(c, 5, "cpu", torch.bfloat16))  # the structure, not the seed: one block mask per case
         rows_seen = m.any(dim=-1)
         if kind == "bool_empty_rows":
@@ -263,7 +263,7 @@ VARLEN = dict(batch=4, seqlen_q=70, seqlen_k=70, heads_q=4, heads_kv=2, head_dim
 
 def test_a_varlen_bias_is_packed_with_one_block_per_sequence():
     c = case(**{**VARLEN, "varlen_k": (3, 60, 5, 30), "seqlen_k": 60}, bias="dense")
-    assert bias_shape(c) == (1, 4, 116, 98)
+    assert c.bias_shape == (1, 4, 116, 98)
     bias = make_bias(c, 0, "cpu", torch.float32)
     rows, keys = (0, 1, 46, 46, 116), (0, 3, 63, 68, 98)
     inside = torch.zeros_like(bias, dtype=torch.bool)
@@ -287,16 +287,31 @@ def test_varlen_reference_reads_each_sequences_block_and_packs_dbias():
     assert packed.dbias[:, :, a:z, z:].abs().max() == 0  # no gradient outside a sequence's block
 
 
-class _BiasAtOrigin(type(get_adapter("sdpa-math"))):
-    """A varlen kernel that reads every sequence's bias at the packed origin (its offsets dropped)."""
+def _reading_bias(rewrite):
+    """sdpa-math on a varlen call whose packed bias is `rewrite(bias, cu_seqlens)`: a kernel that
+    indexes the packed bias wrongly."""
+    import dataclasses
 
-    def __call__(self, call):
-        import dataclasses
-        bias, rows = call.opts.bias, call.cu_seqlens.tolist()
-        wrong = bias.clone()
-        for a, z in zip(rows[:-1], rows[1:]):
-            wrong[:, :, a:z, a:z] = bias[:, :, :z - a, :z - a]
-        return super().__call__(dataclasses.replace(call, opts=dataclasses.replace(call.opts, bias=wrong)))
+    class Wrong(type(get_adapter("sdpa-math"))):
+        def __call__(self, call):
+            wrong = rewrite(call.opts.bias, call.cu_seqlens.tolist())
+            return super().__call__(dataclasses.replace(call, opts=dataclasses.replace(call.opts, bias=wrong)))
+    return Wrong(backend="math")
+
+
+def _at_origin(bias, rows):
+    """Every sequence's block read at the packed origin (its offsets dropped)."""
+    wrong = bias.clone()
+    for a, z in zip(rows[:-1], rows[1:]):
+        wrong[:, :, a:z, a:z] = bias[:, :, :z - a, :z - a]
+    return wrong
+
+
+def _first_two_swapped(bias, rows):
+    """The first two sequences (of one length) handed each other's blocks."""
+    (a, z, y), wrong = rows[:3], bias.clone()
+    wrong[:, :, a:z, a:z], wrong[:, :, z:y, z:y] = bias[:, :, z:y, z:y], bias[:, :, a:z, a:z]
+    return wrong
 
 
 @pytest.mark.parametrize("kw", [dict(bias="dense"), dict(bias="dense", bias_grad=True, causal=True),
@@ -308,19 +323,8 @@ def test_varlen_bias_passes_correct_kernels_and_fails_one_reading_at_the_origin(
         assert r.status.value == "PASS" or (kernel == "sdpa-cpu" and c.bias.grad and r.status.value == "SKIP"), (kernel, r.reason)
         if r.status.value == "PASS" and c.bias.grad:
             assert r.tensor("dbias").ratio <= 1
-    wrong = run_case(_BiasAtOrigin(backend="math"), c, "cpu", ToleranceConfig())
+    wrong = run_case(_reading_bias(_at_origin), c, "cpu", ToleranceConfig())
     assert wrong.status.value == "FAIL", wrong.reason
-
-
-class _BlocksSwapped(type(get_adapter("sdpa-math"))):
-    """A varlen kernel that hands the first two sequences each other's blocks (same lengths)."""
-
-    def __call__(self, call):
-        import dataclasses
-        bias, (a, z, y) = call.opts.bias, call.cu_seqlens.tolist()[:3]
-        wrong = bias.clone()
-        wrong[:, :, a:z, a:z], wrong[:, :, z:y, z:y] = bias[:, :, z:y, z:y], bias[:, :, a:z, a:z]
-        return super().__call__(dataclasses.replace(call, opts=dataclasses.replace(call.opts, bias=wrong)))
 
 
 @pytest.mark.parametrize("kind", ["dense", "bool_mask", "document", "prefix_lm"])
@@ -329,7 +333,7 @@ def test_sequences_of_one_length_get_different_blocks(kind):
     sequences' blocks fails."""
     c = case(**{**VARLEN, "varlen": (40, 40, 7), "batch": 3, "seqlen_q": 40, "seqlen_k": 40}, bias=kind)
     assert run_case(get_adapter("sdpa-math"), c, "cpu", ToleranceConfig()).status.value == "PASS"
-    assert run_case(_BlocksSwapped(backend="math"), c, "cpu", ToleranceConfig()).status.value == "FAIL"
+    assert run_case(_reading_bias(_first_two_swapped), c, "cpu", ToleranceConfig()).status.value == "FAIL"
 
 
 def test_a_packed_bias_past_its_size_limit_is_refused():
@@ -469,7 +473,7 @@ def test_speed_workload_and_determinism_take_the_bias_gradient():
     work = KernelWorkload(get_adapter("sdpa-math"), c, "cpu")
     work.prepare()
     grads = work.run("bwd")
-    assert len(grads) == 4 and tuple(grads[3].shape) == bias_shape(c)  # the timed backward computes dBias too
+    assert len(grads) == 4 and tuple(grads[3].shape) == c.bias_shape  # the timed backward computes dBias too
     (det,) = determinism_check(get_adapter("tiled"), c, "cpu", runs=2)
     assert det.passed and "dbias" in det.detail
     for kind in ("dense", "broadcast_b"):  # a per-batch dBias is judged per sequence; a shared one is not one sequence's

@@ -40,22 +40,6 @@ SHIFT_EVERY = 4
 GROW_RISE = 128.0  # growing: added from 0 at the first key to this at the last; past exp's fp32 range (88.7)
 
 
-def bias_shape(case: Case) -> tuple[int, int, int, int]:
-    """The shape of the case's bias: its broadcast dimensions are 1. A varlen case's bias is
-    packed: (1, heads or 1, all query tokens, all key tokens), sequence i's block on its own
-    rows and keys (cu_seqlens), the rest unused."""
-    if case.entry.varlen is not None:
-        _, hb, _, _ = bias_shape(_sequence_case(case, 1, 1))
-        return 1, hb, sum(case.entry.varlen), sum(case.keys_varlen)
-    b, h, nq, nk = case.batch, case.heads_q, case.seqlen_q, case.seqlen_k
-    return {
-        "dense": (b, h, nq, nk), "broadcast_b": (1, h, nq, nk), "broadcast_h": (b, 1, nq, nk),
-        "broadcast_1": (1, 1, nq, nk), "shifted_rows": (b, h, nq, nk), "growing": (b, h, nq, nk),
-        "bool_mask": (b, h, nq, nk), "bool_empty_rows": (b, h, nq, nk),
-        "document": (b, 1, nq, nk), "prefix_lm": (b, 1, nq, nk),
-    }[case.bias.kind]
-
-
 def _positions(rows: torch.Tensor, nq: int, nk: int) -> torch.Tensor:
     """Each query row's aligned key position, clamped into range (its 'diagonal' key)."""
     return (rows + nk - nq).clamp(0, nk - 1)
@@ -88,8 +72,7 @@ def _packed_bias(case: Case, seed: int, device: str | torch.device, dtype: torch
     inside the sequence; the blocks differ (float: a per-sequence seed; bool: a per-sequence
     pattern), so a kernel that reads another sequence's block, or the block at the packed origin,
     reads other numbers."""
-    _, hb, total_q, total_k = bias_shape(case)
-    out = torch.zeros((1, hb, total_q, total_k), dtype=torch.bool if case.has_bool_bias else dtype, device=device)
+    out = torch.zeros(case.bias_shape, dtype=torch.bool if case.has_bool_bias else dtype, device=device)
     q0 = k0 = 0
     for i, (nq, nk) in enumerate(zip(case.entry.varlen, case.keys_varlen)):
         if nq and nk:
@@ -108,7 +91,7 @@ def make_bias(case: Case, seed: int, device: str | torch.device, dtype: torch.dt
         return None
     if case.entry.varlen is not None:
         return _packed_bias(case, seed, device, dtype)
-    shape = bias_shape(case)
+    shape = case.bias_shape
     bb, hb, nq, nk = shape
     if case.bias.kind in FLOAT_BIAS_KINDS:
         gen = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + 29)

@@ -9,6 +9,7 @@ distribution at no CPU cost, where no value has to match another machine's.
 from __future__ import annotations
 
 import itertools
+import math
 import sys
 from dataclasses import dataclass
 
@@ -224,7 +225,7 @@ def far_rows(t: torch.Tensor, seq: int, grad: bool) -> torch.Tensor:
     strided so the last quarter of them start past FAR elements from the view's base. The buffer
     is allocated, not filled (torch.empty: untouched pages cost no memory on a CPU); only the rows
     are written. Feature and head dims keep their dense strides."""
-    rows = int(torch.tensor(t.shape[:seq + 1]).prod())
+    rows = math.prod(t.shape[:seq + 1])
     row = t.shape[-2] * t.shape[-1]
     stride = max(row, -(-FAR // max(1, (3 * rows) // 4) // 8) * 8 + 8)  # a multiple of 8 (16-byte rows)
     buf = torch.empty((rows - 1) * stride + row, dtype=t.dtype, device=t.device)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import re
 import tomllib
 from dataclasses import asdict, dataclass, field, replace
@@ -127,6 +128,8 @@ BOOL_BIAS_KINDS: dict[str, str] = {
     "prefix_lm": "bool (B, 1, Nq, Nk): a bidirectional prefix per batch, causal after it",
 }
 BIAS_KINDS = ("none", *FLOAT_BIAS_KINDS, *BOOL_BIAS_KINDS)
+# The dims each kind's tensor broadcasts over (size 1): "b" the batch, "h" the heads.
+BIAS_BROADCAST: dict[str, str] = {"broadcast_b": "b", "broadcast_h": "h", "broadcast_1": "bh", "document": "h", "prefix_lm": "h"}
 BIAS_DTYPES = ("input", "fp32")
 
 
@@ -513,9 +516,8 @@ class Case:
         problems = self.bias.problems()
         if self.bias.dtype == "fp32" and self.dtype == "fp32":
             problems.append("bias_dtype 'fp32' is for bf16/fp16 inputs (an fp32 case's bias is fp32 already)")
-        if self.bias.present and self.entry.varlen is not None:
-            heads = 1 if self.bias.kind in ("broadcast_h", "broadcast_1", "document", "prefix_lm") else self.heads_q
-            if sum(self.entry.varlen) * sum(self.keys_varlen) * heads > MAX_PACKED_BIAS:
+        if self.bias.present and self.entry.varlen is not None and self.bias.kind in BIAS_KINDS:
+            if math.prod(self.bias_shape) > MAX_PACKED_BIAS:
                 problems.append(f"a varlen bias is packed over all tokens (total_q x total_k x heads): at most "
                                 f"{MAX_PACKED_BIAS} elements (its float64 dBias in the reference is 8 bytes each)")
         return problems
@@ -523,6 +525,17 @@ class Case:
     @property
     def has_bias(self) -> bool:
         return self.bias.present
+
+    @property
+    def bias_shape(self) -> tuple[int, int, int, int]:
+        """The custom bias tensor's shape, its broadcast dims 1. A varlen case's is packed:
+        (1, heads or 1, all query tokens, all key tokens), each sequence's block on its own rows
+        and keys (cu_seqlens), the rest unused."""
+        broadcast = BIAS_BROADCAST.get(self.bias.kind, "")
+        heads = 1 if "h" in broadcast else self.heads_q
+        if self.entry.varlen is not None:
+            return 1, heads, sum(self.entry.varlen), sum(self.keys_varlen)
+        return 1 if "b" in broadcast else self.batch, heads, self.seqlen_q, self.seqlen_k
 
     @property
     def has_float_bias(self) -> bool:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
 # The seed lecture's per-dtype bands (atol, rtol): reported as information, never the verdict.
 BANDS = {"fp32": (1e-5, 1e-4), "bf16": (5e-3, 5e-3), "fp16": (1e-3, 1e-3)}
 

@@ -308,7 +308,7 @@ class FlexAdapter(KernelAdapter):
         if call.cu_seqlens is not None:
             if self.packed_varlen:
                 return self._packed(call)
-            return per_sequence(call, lambda q, k, v, seq_call: self._dense(q, k, v, seq_call))
+            return per_sequence(call, self._dense)
         return self._dense(call.q, call.k, call.v, call)
 
     # --- varlen as ONE call over the packed sequences (FlexAttention's own varlen: documents) ---

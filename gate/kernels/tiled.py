@@ -288,7 +288,7 @@ class TiledAdapter(KernelAdapter):
                 keep = dropout_keep_mask((b, hq, nq, call.k.shape[1]), p, call.seed, call.q.device)
             return self._dense(call.q, call.k, call.v, call, keep)
         if not p:
-            return per_sequence(call, lambda q, k, v, seq_call: self._dense(q, k, v, seq_call))
+            return per_sequence(call, self._dense)
         drawn = [0]
 
         def run(q, k, v, seq_call):  # each sequence its own mask, from seed + its index among non-empty ones

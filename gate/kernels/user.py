@@ -149,7 +149,7 @@ class UserAdapter(KernelAdapter):
 
     def __call__(self, call: KernelCall) -> KernelOutput:
         if call.cu_seqlens is not None:
-            return per_sequence(call, lambda q, k, v, seq_call: self._dense(q, k, v, seq_call))
+            return per_sequence(call, self._dense)
         return self._dense(call.q, call.k, call.v, call)
 
 

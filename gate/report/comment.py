@@ -15,9 +15,8 @@ the workflow gathered; decides nothing.
 
 from __future__ import annotations
 
-import re
-
 import math
+import re
 import shlex
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
