@@ -9,13 +9,15 @@ from pathlib import Path
 import pytest
 
 from gate.compare.baselines import (
-    Baseline, baseline_path, cases_to_rerun, diff_baselines, merge_baseline, read_baseline,
+    Baseline, baseline_path, cases_to_rerun, diff_baselines, merge_baseline, read_baseline, widen_baseline,
 )
 from gate.core.cases import case_hash, exact_regex
 from gate.core.config import load_config
 from gate.core.errors import UserError
 from gate.core.results import CaseResult, Status
-from tests.test_verdict import CFG, GOOD, case, result, sweep
+from gate.compare.findings import decide
+from gate.compare.sweep_rules import compare
+from tests.test_verdict import CFG, ENV, GOOD, case, result, sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU_BASELINE = ROOT / "baselines" / "cpu" / "sdpa-cpu-smoke.json"
@@ -93,6 +95,42 @@ def test_merge_filtered_run_into_changed_suite_is_refused():
     new = Baseline.from_sweep(sweep(result(1, out=0.5), suite_hash="h2"))
     with pytest.raises(UserError, match="cannot update it piecemeal"):
         merge_baseline(new, old, "s1-")  # no suite given: nothing says which rows still hold
+
+
+# Another CPU model of the same class: BLAS paths that move an fp32 ratio 0.25 -> 0.45 on an unchanged
+# kernel (seen: Intel Xeon 0.184 -> AMD EPYC 0.325), and one ratio lower than before.
+OTHER_MODEL = sweep(result(1, out=0.2, lse=0.1, dq=0.3, dk=0.45, dv=0.1), result(2, out=0.0, dq=0.01, dk=0.01, dv=0.01),
+                    result(3, "SKIP", "no softcap"), result(4, out=0.6, dq=0.5, dk=0.9, dv=0.5),
+                    env={**ENV, "cpu_model": "AMD EPYC"})
+ONE_MODEL = sweep(*GOOD.cases, env={**ENV, "cpu_model": "Intel Xeon"})
+
+
+def test_a_narrow_baseline_fails_the_other_cpu_model_and_a_widened_one_passes_both():
+    narrow = Baseline.from_sweep(ONE_MODEL)
+    assert not decide(compare(narrow, OTHER_MODEL, CFG)).passed  # dk 0.25 -> 0.45: headroom
+    wide = widen_baseline(Baseline.from_sweep(OTHER_MODEL), narrow, "b.json")
+    assert wide.correctness[case(1).id].tensors["dk"].ratio == pytest.approx(0.45)  # the larger of each tensor
+    assert wide.correctness[case(1).id].tensors["dv"].ratio == pytest.approx(0.22)
+    assert wide.environment["cpu_model"] == "AMD EPYC | Intel Xeon"
+    for run in (ONE_MODEL, OTHER_MODEL):
+        findings = compare(wide, run, CFG)
+        assert decide(findings).passed and not [f for f in findings if f.metric == "env:cpu_model"]
+    third = sweep(*GOOD.cases, env={**ENV, "cpu_model": "Ampere Altra"})  # a model it never saw is still named
+    assert [f.severity.name for f in compare(wide, third, CFG) if f.metric == "env:cpu_model"] == ["INFO"]
+    grown = sweep(result(1, out=0.2, lse=0.1, dq=0.3, dk=0.8, dv=0.22), *GOOD.cases[1:], env=ONE_MODEL.environment)
+    assert not decide(compare(wide, grown, CFG)).passed  # the widened row still has its headroom rule
+
+
+def test_widen_takes_only_rows_that_pass_on_both_sides_and_refuses_unlike_baselines():
+    old = Baseline.from_sweep(sweep(result(1, out=0.9, dq=0.9, dk=0.9, dv=0.9), result(2, "SKIP", "no softcap")))
+    new = Baseline.from_sweep(sweep(result(1, "FAIL", "bad", out=1.5, dq=0.1, dk=0.1, dv=0.1),
+                                    result(2, out=0.1, dq=0.1, dk=0.1, dv=0.1)))
+    wide = widen_baseline(new, old, "b.json")
+    assert wide.correctness == new.correctness
+    with pytest.raises(UserError, match="--widen merges this run into the committed baseline, and there is none at b.json"):
+        widen_baseline(new, None, "b.json")
+    with pytest.raises(UserError, match="--widen: b.json was made for another suite or tolerance"):
+        widen_baseline(Baseline.from_sweep(sweep(*GOOD.cases, suite_hash="h2")), Baseline.from_sweep(GOOD), "b.json")
 
 
 def _grown_suite():
@@ -396,3 +434,21 @@ def test_check_only_a_timing_only_case_judges_its_speed(tmp_path):
     findings = json.loads((tmp_path / "c" / "findings-sdpa-cpu-mini.json").read_text())["findings"]
     assert any(f["rule"] == "speed" and f["case_id"] == "bf16-b2-h2-s40x56-d16" for f in findings)
     assert not any(f["rule"] == "nothing_measured" for f in findings)
+
+
+def test_widen_through_the_cli_needs_a_baseline_and_keeps_a_like_run_as_it_is(tmp_path, capsys):
+    from gate.commands.main import main
+
+    config = tmp_path / "pyproject.toml"
+    config.write_text(MINI)
+    base = ["--kernel", "sdpa-cpu", "--suite", "mini", "--device", "cpu", "--config", str(config)]
+    assert main(["sweep", *base, "--no-progress", "--out", str(tmp_path / "o")]) == 0
+    results = ["--from-results", str(tmp_path / "o" / "sweep-sdpa-cpu-mini.json")]
+    capsys.readouterr()
+    assert main(["baseline", "update", "--config", str(config), *results, "--widen"]) == 2
+    assert "--widen merges this run into the committed baseline, and there is none" in capsys.readouterr().err
+    assert main(["baseline", "update", "--config", str(config), *results]) == 0
+    path = tmp_path / "baselines" / "cpu" / "sdpa-cpu-mini.json"
+    first = read_baseline(path)
+    assert main(["baseline", "update", "--config", str(config), *results, "--widen"]) == 0
+    assert read_baseline(path).correctness == first.correctness

@@ -49,6 +49,9 @@ def register(sub) -> None:
                    help="also record speed ratios with their noise (default: on with a GPU, off on a CPU; off keeps the old section)")
     u.add_argument("--perf-from", type=Path, default=None, metavar="FILE",
                    help="take the speed section from a perf JSON (`attn-gate perf --rounds 30` on a machine of this GPU class)")
+    u.add_argument("--widen", action="store_true",
+                   help="merge this run into the committed baseline keeping each tensor's larger ratio (a class whose "
+                        "machines differ, e.g. CI runners of several CPU models)")
     u.set_defaults(main=update)
     c = bsub.add_parser("carry", help="bring baselines to their suites as defined now, with no run (after cases were "
                         "removed or made timing-only)", **parser_kwargs("baseline carry"))
@@ -76,7 +79,7 @@ def update(args: argparse.Namespace) -> int:
     outcome = run_baseline_update(config, kernel=kernel, suite=suite, device=device, only=args.only,
                                   results_path=args.from_results,
                                   summary_path=args.summary, out_dir=args.out, progress=not args.no_progress,
-                                  perf=args.perf, perf_from=args.perf_from, plan=plan)
+                                  perf=args.perf, perf_from=args.perf_from, plan=plan, widen=args.widen)
     return outcome.exit_code
 
 

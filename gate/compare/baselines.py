@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -419,6 +419,38 @@ def merge_baseline(new: Baseline, old: Baseline | None, scope: str | None,
                       correctness={**kept, **new.correctness}, perf=new.perf if new.perf is not None else old.perf,
                       commit=new.commit)
     return merged, len(kept)
+
+
+ENV_ALTERNATIVES = " | "  # a widened baseline's environment value: the machines it spans, sorted
+
+
+def env_values(value: Any) -> set[str]:
+    """The values an environment entry of a baseline stands for (one, or a widened baseline's several)."""
+    return set(str(value).split(ENV_ALTERNATIVES))
+
+
+def widen_baseline(new: Baseline, old: Baseline | None, path: Any) -> Baseline:
+    """A class's baseline that spans its machines (hosted CI runners of several CPU models, whose BLAS
+    paths move fp32 ratios by up to ~1.8x on an unchanged kernel): per tensor of every case that
+    passes in both, the row of the larger ratio, so the headroom rule judges each machine against
+    the worst the class showed; rows of one side only are the new run's. The environment keeps
+    every value either side saw."""
+    if old is None:
+        raise UserError(f"--widen merges this run into the committed baseline, and there is none at {path}: "
+                        f"record it first without --widen")
+    if old.suite_hash != new.suite_hash or tolerance_changes(old.tolerance, new.tolerance):
+        raise UserError(f"--widen: {path} was made for another suite or tolerance than this run; a widened baseline "
+                        f"must hold like with like: update it without --widen first")
+    rows = dict(new.correctness)
+    for cid, row in new.correctness.items():
+        before = old.correctness.get(cid)
+        if before is None or row.status is not Status.PASS or before.status is not Status.PASS:
+            continue
+        tensors = {name: max((t, before.tensors.get(name, t)), key=lambda x: x.ratio) for name, t in row.tensors.items()}
+        rows[cid] = replace(row, tensors=tensors)
+    env = {key: ENV_ALTERNATIVES.join(sorted(env_values(old.environment[key]) | env_values(value)))
+           if key in old.environment else value for key, value in new.environment.items()}
+    return replace(new, correctness=rows, environment=env)
 
 
 def diff_baselines(old: Baseline | None, new: Baseline, path: Path, headroom_factor: float, headroom_step: float,

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from gate.compare.baselines import Baseline, remeasure_hint, update_command
+from gate.compare.baselines import Baseline, env_values, remeasure_hint, update_command
 from gate.core.config import tolerance_changes
 from gate.core.errors import UserError
 from gate.core.results import REQUIRED_TENSORS, required_tensors  # noqa: F401 - re-exported
@@ -192,7 +192,7 @@ def rule_incomplete_pass(case_id: str, status: str, tensors: set[str] | frozense
 
 
 def rule_env_drift(key: str, base: Value, cur: Value) -> Finding | None:
-    if base == cur or (key not in DRIFT_KEYS and key not in INFO_KEYS):
+    if base == cur or (key not in DRIFT_KEYS and key not in INFO_KEYS) or (base is not None and str(cur) in env_values(base)):
         return None
     if base is None:  # an older baseline did not record it: nothing to compare, worth knowing
         return Finding("env_info", Severity.INFO, "", f"env:{key}", None, cur, None,

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from gate.compare.baselines import (
     Baseline, BaselineDiff, baseline_path, diff_baselines, merge_baseline, read_baseline, refuse_lacking_cases, timed_perf,
-    update_command, validate_written,
+    update_command, validate_written, widen_baseline,
 )
 from gate.core.config import Config, tolerance_changes
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
@@ -367,7 +367,8 @@ def run_baseline_update(config: Config, **kwargs) -> UpdateOutcome:
 def _update_baseline(config: Config, kernel: str | None = None, suite: str | None = None, device: str | None = None,
                      only: str | None = None, results_path: Path | None = None,
                      summary_path: Path | None = None, out_dir: Path = Path("out"), progress: bool = True,
-                     perf: bool | None = None, perf_from: Path | None = None, plan: RunPlan | None = None) -> UpdateOutcome:
+                     perf: bool | None = None, perf_from: Path | None = None, plan: RunPlan | None = None,
+                     widen: bool = False) -> UpdateOutcome:
     if plan is not None:
         only, perf = plan.only, plan.perf
     if results_path is not None and only is not None:
@@ -431,6 +432,8 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
             perf_section, _ = perf_baseline_section(plan, old.perf if old is not None else None)
     new, kept = merge_baseline(Baseline.from_sweep(sweep, perf=perf_section), old, sweep.scope, suite_cases)
     new = dataclasses.replace(new, perf=timed_perf(new.perf, {c.id for c in plan.suite.perf_cases}))
+    if widen:
+        new = widen_baseline(new, old, path)
     cfg = config.verdict
     diff = diff_baselines(old, new, path, cfg.headroom_factor, cfg.headroom_step, cfg.improvement_factor, kept)
     refusal = refuse_failing_run(sweep, config)
