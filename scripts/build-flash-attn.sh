@@ -12,7 +12,7 @@
 # fa3: that sdist ships hopper/ without its CUDA sources, so --src names a flash-attention source tree
 #      the user provides (hopper/ and the csrc/cutlass submodule); head dims 64 and 128 (72-128 run the
 #      128 kernel), bf16/fp16, no FP8/softcap/pack-GQA/SM80 paths, sm_90a, without -lineinfo;
-#      --fp8 keeps the e4m3 forward kernels (the fp8 cases of the coverage2 suite need them).
+#      --fp8 keeps the e4m3 forward kernels (the nightly's fp8 cases need them).
 # --dry-run prints every step and runs none. Wheels land in --out (default dist-flash/).
 set -euo pipefail
 

@@ -147,7 +147,7 @@ def test_suite_errors_name_the_file_and_key(bad, key):
 
 
 def test_unknown_suite_lists_the_known_ones():
-    with pytest.raises(UserError, match=r"unknown suite 'smok'; choose one of: coverage2, nightly, pr, smoke"):
+    with pytest.raises(UserError, match=r"unknown suite 'smok'; choose one of: nightly, pr, smoke"):
         load_suite("smok")
 
 
@@ -162,7 +162,7 @@ def test_an_override_replaces_the_default_and_names_its_table():
 
 # --- the shipped suites ----------------------------------------------------------------------
 
-SHIPPED = {name: load_suite(name) for name in ("smoke", "pr", "nightly", "coverage2")}
+SHIPPED = {name: load_suite(name) for name in ("smoke", "pr", "nightly")}
 READABLE_ID = re.compile(r"^(bf16|fp16|fp32|e4m3|e5m2)-b\d+-h\d+(/\d+)?-s\d+(x\d+)?-d\d+(/\d+)?(-causal)?(-win-?\d+\.-?\d+)?"
                          r"(-cap[\d.e+-]+)?(-alibi)?(-drop[\d.e+-]+)?(-varlen[\d.]+(x[\d.]+)?)?"
                          r"(-kv[\d.]*)?(-append)?(-page\d+)?(-shuffled)?(-sinks)?"

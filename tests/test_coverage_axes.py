@@ -272,8 +272,10 @@ def test_pairwise_covers_every_pair_with_fewer_rows_than_the_product(sizes):
 def test_tiers_have_their_sizes_and_every_axis():
     pr, nightly = load_suite("pr"), load_suite("nightly")
     assert len(pr.cases) >= 300 and len(pr.perf_cases) >= 24
+    layouts = {"contiguous", "k_sliced", "qkv_packed", "bhsd_view", "dout_noncontig"}
+    assert {c.layout for c in pr.cases} == layouts
+    assert {c.layout for c in nightly.cases} == layouts | {"kv_stride0", "far_rows"}  # the round-2 layouts: nightly only
     for suite in (pr, nightly):
-        assert {c.layout for c in suite.cases} == {"contiguous", "k_sliced", "qkv_packed", "bhsd_view", "dout_noncontig"}
         assert {c.inputs for c in suite.cases} == {"normal", "large", "shifted", "outliers"}
         assert any(c.entry.varlen_k for c in suite.cases)
     perf = pr.perf_cases
@@ -285,6 +287,11 @@ def test_tiers_have_their_sizes_and_every_axis():
     assert max(c.seqlen_k for c in pr.cases if c.seqlen_q > 1) <= 16384  # a pr case's attention stays small
     decode = {(c.batch, c.seqlen_k, c.entry.page_size) for c in perf if c.entry.kind == "kvcache"}
     assert {(64, 8192, 0), (64, 8192, 256), (1, 32768, 256)} <= decode  # the serving sizes' decode speed
+    nightly_decode = {(c.batch, c.seqlen_k, c.entry.page_size) for c in nightly.perf_cases if c.entry.kind == "kvcache"}
+    assert {(64, 2048, 0), (64, 8192, 256), (1, 32768, 0), (1, 32768, 256)} <= nightly_decode  # the nightly times them too
+    round2 = [c for c in nightly.cases if c.is_fp8 or c.head_dim != c.head_dim_v or c.layout in ("kv_stride0", "far_rows")]
+    assert {c.dtype for c in round2} >= {"e4m3", "e5m2"} and {(c.head_dim, c.head_dim_v) for c in round2} >= {
+        (144, 128), (160, 128), (128, 96)}
 
 
 # ---------------------------------------------------------------- the LSE yardstick
