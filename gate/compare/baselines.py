@@ -64,6 +64,16 @@ FINGERPRINT_KEYS = ("device", "gpu_name", "gpu_class", "compute_capability", "dr
                     "kernel", "kernel_version", "attn_gate", "machine", "cpu", "cpu_model", "cpu_capability")
 
 
+# Environment keys whose change makes ratios less comparable (WARN) or is just worth knowing (INFO).
+# `machine` (x86_64 / aarch64) is drift: CPU code paths of another ISA move ratios by up to ~0.14.
+# cpu_capability: another torch dispatch level (AVX2 vs AVX512) runs other CPU code, which moved
+# a dv ratio 0.246 -> 0.106 on an unchanged kernel. cpu_model is INFO: hosted CI runners change model
+# from run to run; it is shown, and a ratio that moved with it is explained by it (findings.temper).
+DRIFT_KEYS = ("gpu_name", "compute_capability", "driver", "cuda", "cudnn", "torch", "kernel", "kernel_version", "machine",
+              "cpu_capability")
+INFO_KEYS = ("attn_gate", "python", "cpu", "cpu_model")
+
+
 def _round(x: float, digits: int = 4) -> float:
     """4 significant digits: far below any threshold, and diffs stay readable."""
     if not math.isfinite(x) or x == 0:
@@ -422,6 +432,7 @@ def merge_baseline(new: Baseline, old: Baseline | None, scope: str | None,
 
 
 ENV_ALTERNATIVES = " | "  # a widened baseline's environment value: the machines it spans, sorted
+WIDEN_KEYS = ("cpu_model",)  # what may differ between the runs a widened baseline merges
 
 
 def env_values(value: Any) -> set[str]:
@@ -429,27 +440,52 @@ def env_values(value: Any) -> set[str]:
     return set(str(value).split(ENV_ALTERNATIVES))
 
 
-def widen_baseline(new: Baseline, old: Baseline | None, path: Any) -> Baseline:
-    """A class's baseline that spans its machines (hosted CI runners of several CPU models, whose BLAS
-    paths move fp32 ratios by up to ~1.8x on an unchanged kernel): per tensor of every case that
-    passes in both, the row of the larger ratio, so the headroom rule judges each machine against
-    the worst the class showed; rows of one side only are the new run's. The environment keeps
-    every value either side saw."""
+def spans_machines(baseline: Baseline) -> bool:
+    return any(len(env_values(baseline.environment.get(key, ""))) > 1 for key in WIDEN_KEYS)
+
+
+def refuse_widen(old: Baseline | None, suite_hash: str, tolerance: dict[str, Any], environment: dict[str, Any] | None,
+                 path: Any) -> None:
+    """What --widen needs, checked before a sweep where it can be: a committed baseline of the same
+    suite and tolerance, measured with the same software (`environment`: the run's, once known);
+    only the machine (WIDEN_KEYS) may differ."""
     if old is None:
         raise UserError(f"--widen merges this run into the committed baseline, and there is none at {path}: "
                         f"record it first without --widen")
-    if old.suite_hash != new.suite_hash or tolerance_changes(old.tolerance, new.tolerance):
+    if old.suite_hash != suite_hash or tolerance_changes(old.tolerance, tolerance):
         raise UserError(f"--widen: {path} was made for another suite or tolerance than this run; a widened baseline "
                         f"must hold like with like: update it without --widen first")
-    rows = dict(new.correctness)
-    for cid, row in new.correctness.items():
-        before = old.correctness.get(cid)
-        if before is None or row.status is not Status.PASS or before.status is not Status.PASS:
-            continue
-        tensors = {name: max((t, before.tensors.get(name, t)), key=lambda x: x.ratio) for name, t in row.tensors.items()}
-        rows[cid] = replace(row, tensors=tensors)
-    env = {key: ENV_ALTERNATIVES.join(sorted(env_values(old.environment[key]) | env_values(value)))
-           if key in old.environment else value for key, value in new.environment.items()}
+    if environment is not None:
+        differ = [f"{key} {old.environment.get(key)!r} -> {environment.get(key)!r}" for key in DRIFT_KEYS
+                  if str(old.environment.get(key)) != str(environment.get(key))]
+        if differ:
+            raise UserError(f"--widen: this run's {', '.join(differ)} differs from {path}; only the machine "
+                            f"({', '.join(WIDEN_KEYS)}) may: update it without --widen after such a change")
+
+
+def widen_baseline(new: Baseline, old: Baseline | None, path: Any) -> Baseline:
+    """A class's baseline that spans its machines (hosted CI runners of several CPU models, whose BLAS
+    paths move fp32 ratios by up to ~1.8x on an unchanged kernel): per tensor, the larger ratio of
+    the two, so the headroom rule judges each machine against the worst the class showed. A case
+    whose status differs between the machines is refused (a row of one of them would be lost);
+    a case of one side only keeps its row. WIDEN_KEYS list every machine seen."""
+    refuse_widen(old, new.suite_hash, new.tolerance, new.environment, path)
+    differ = sorted(cid for cid, row in new.correctness.items()
+                    if cid in old.correctness and old.correctness[cid].status is not row.status)
+    if differ:
+        raise UserError(f"--widen: {len(differ)} cases differ in status between {path} and this run "
+                        f"({', '.join(differ[:3])}{', ...' if len(differ) > 3 else ''}): a baseline cannot hold both; "
+                        f"find out why before widening")
+    rows = {**old.correctness, **new.correctness}
+    for cid in set(old.correctness) & set(new.correctness):
+        before, now = old.correctness[cid].tensors, new.correctness[cid].tensors
+        tensors = {name: max((t for t in (before.get(name), now.get(name)) if t is not None), key=lambda t: t.ratio)
+                   for name in set(before) | set(now)}
+        rows[cid] = replace(new.correctness[cid], tensors=tensors)
+    env = {**old.environment, **new.environment}
+    for key in WIDEN_KEYS:
+        if key in old.environment and key in new.environment:
+            env[key] = ENV_ALTERNATIVES.join(sorted(env_values(old.environment[key]) | env_values(new.environment[key])))
     return replace(new, correctness=rows, environment=env)
 
 

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from gate.compare.baselines import Baseline, env_values, remeasure_hint, update_command
+from gate.compare.baselines import DRIFT_KEYS, INFO_KEYS, Baseline, env_values, remeasure_hint, update_command  # noqa: F401 - re-exported
 from gate.core.config import tolerance_changes
 from gate.core.errors import UserError
 from gate.core.results import REQUIRED_TENSORS, required_tensors  # noqa: F401 - re-exported
@@ -64,14 +64,6 @@ MEASURED = ("PASS", "FAIL", "ERROR")
 FAILED = ("FAIL", "ERROR")
 
 
-# Environment keys whose change makes ratios less comparable (WARN) or is just worth knowing (INFO).
-# `machine` (x86_64 / aarch64) is drift: CPU code paths of another ISA move ratios by up to ~0.14.
-# cpu_capability: another torch dispatch level (AVX2 vs AVX512) runs other CPU code, which moved
-# a dv ratio 0.246 -> 0.106 on an unchanged kernel. cpu_model is INFO: hosted CI runners change model
-# from run to run; it is shown, and a ratio that moved with it is explained by it (findings.temper).
-DRIFT_KEYS = ("gpu_name", "compute_capability", "driver", "cuda", "cudnn", "torch", "kernel", "kernel_version", "machine",
-              "cpu_capability")
-INFO_KEYS = ("attn_gate", "python", "cpu", "cpu_model")
 
 
 def correctness_thresholds(cfg: "VerdictConfig") -> dict[str, float]:
@@ -192,11 +184,14 @@ def rule_incomplete_pass(case_id: str, status: str, tensors: set[str] | frozense
 
 
 def rule_env_drift(key: str, base: Value, cur: Value) -> Finding | None:
-    if base == cur or (key not in DRIFT_KEYS and key not in INFO_KEYS) or (base is not None and str(cur) in env_values(base)):
+    if base == cur or (key not in DRIFT_KEYS and key not in INFO_KEYS):
         return None
     if base is None:  # an older baseline did not record it: nothing to compare, worth knowing
         return Finding("env_info", Severity.INFO, "", f"env:{key}", None, cur, None,
                        f"environment {key} is {fmt(cur)} now; the baseline did not record it")
+    if str(cur) in env_values(base):  # one of the machines a widened baseline spans: ratios differ between them
+        return Finding("env_info", Severity.INFO, "", f"env:{key}", base, cur, None,
+                       f"environment {key} is {fmt(cur)}, one of those the baseline spans ({fmt(base)})")
     severity = Severity.WARN if key in DRIFT_KEYS else Severity.INFO
     return Finding("env_drift" if severity is Severity.WARN else "env_info", severity, "", f"env:{key}", base, cur, None,
                    f"environment {key} changed: baseline {fmt(base)}, now {fmt(cur)}"

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 from urllib.parse import quote
 
-from gate.compare.baselines import Baseline
+from gate.compare.baselines import Baseline, env_values
 from gate.compare.findings import Finding, Severity, Verdict, fmt
 from gate.core.cases import Case, exact_regex
 from gate.core.results import CaseResult, Status, SweepResult, shown_tensors
@@ -588,6 +588,6 @@ def _environment(baseline: Baseline, sweep: SweepResult) -> list[str]:
     rows = ["| key | baseline | now |", "|---|---|---|"]
     for key in sorted(set(baseline.environment) | {k for k in sweep.environment if k != "git_commit"}):
         b, n = baseline.environment.get(key, "-"), sweep.environment.get(key, "-")
-        mark = " **(changed)**" if b != "-" and str(b) != str(n) else ""
+        mark = "" if b == "-" or str(b) == str(n) else " (one of the baseline's)" if str(n) in env_values(b) else " **(changed)**"
         rows.append(f"| {key}{mark} | {_cell(b)} | {_cell(n)} |")
     return rows

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gate.compare.baselines import (
-    Baseline, BaselineDiff, baseline_path, diff_baselines, merge_baseline, read_baseline, refuse_lacking_cases, timed_perf,
-    update_command, validate_written, widen_baseline,
+    WIDEN_KEYS, Baseline, BaselineDiff, baseline_path, diff_baselines, merge_baseline, read_baseline, refuse_lacking_cases,
+    refuse_widen, spans_machines, timed_perf, update_command, validate_written, widen_baseline,
 )
 from gate.core.config import Config, tolerance_changes
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
@@ -406,6 +406,11 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
         what = f"--only {only!r}" if results is None else f"{results_path}: a run filtered with --only {scope!r}"
         raise UserError(f"{what}, but there is no baseline at {path} yet, so it would hold only those cases; create it "
                         f"from the whole suite first: run without --only (`{update_command(plan.kernel, plan.suite.name, plan.gpu_class)}`)")
+    if widen:  # refused now, not after the sweep
+        if perf or perf_from is not None:
+            raise UserError("--widen merges correctness rows of several machines; a speed section is one machine's "
+                            "timings: drop --perf / --perf-from (update the speed section on its own)")
+        refuse_widen(old, plan.suite_hash, config.tolerance.as_dict(), None, path)
     sweep = results if results is not None else fresh_sweep(plan, progress)
     if results is None:
 
@@ -434,6 +439,10 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
     new = dataclasses.replace(new, perf=timed_perf(new.perf, {c.id for c in plan.suite.perf_cases}))
     if widen:
         new = widen_baseline(new, old, path)
+    elif old is not None and spans_machines(old):
+        print(f"attn-gate: {path} spanned {', '.join(f'{k} {old.environment[k]!r}' for k in WIDEN_KEYS if k in old.environment)}; "
+              f"this update holds this machine's rows only: widen it again with `--widen` from a run on each other machine",
+              file=sys.stderr)
     cfg = config.verdict
     diff = diff_baselines(old, new, path, cfg.headroom_factor, cfg.headroom_step, cfg.improvement_factor, kept)
     refusal = refuse_failing_run(sweep, config)
