@@ -335,14 +335,21 @@ def test_after_a_suite_grows_only_the_new_cases_run_and_check_passes(tmp_path, c
     assert main(["check", *base, "--out", str(tmp_path / "c1")]) == 0
 
 
-def test_a_results_row_of_another_case_under_the_same_id_is_refused(tmp_path, capsys):
+def _mini_sweep(tmp_path):
+    """The mini suite swept on the CPU: (config, the kernel/suite/device/config arguments, its results)."""
     from gate.commands.main import main
 
     config = tmp_path / "pyproject.toml"
     config.write_text(MINI)
     base = ["--kernel", "sdpa-cpu", "--suite", "mini", "--device", "cpu", "--config", str(config)]
     assert main(["sweep", *base, "--no-progress", "--out", str(tmp_path / "o")]) == 0
-    results = tmp_path / "o" / "sweep-sdpa-cpu-mini.json"
+    return config, base, tmp_path / "o" / "sweep-sdpa-cpu-mini.json"
+
+
+def test_a_results_row_of_another_case_under_the_same_id_is_refused(tmp_path, capsys):
+    from gate.commands.main import main
+
+    config, base, results = _mini_sweep(tmp_path)
     data = json.loads(results.read_text())
     data["cases"][0]["case"]["seeds"] = [0, 1]  # the row claims a case the suite does not have under its id
     results.write_text(json.dumps(data))
@@ -453,11 +460,7 @@ def test_check_only_a_timing_only_case_judges_its_speed(tmp_path):
 def test_widen_through_the_cli_spans_two_machines_and_refuses_before_the_sweep(tmp_path, capsys):
     from gate.commands.main import main
 
-    config = tmp_path / "pyproject.toml"
-    config.write_text(MINI)
-    base = ["--kernel", "sdpa-cpu", "--suite", "mini", "--device", "cpu", "--config", str(config)]
-    assert main(["sweep", *base, "--no-progress", "--out", str(tmp_path / "o")]) == 0
-    here = tmp_path / "o" / "sweep-sdpa-cpu-mini.json"
+    config, base, here = _mini_sweep(tmp_path)
     # the same run as another CPU model reports it: one tensor's error 1.5x and +0.15 larger
     data = json.loads(here.read_text())
     data["environment"]["cpu_model"] = "Other CPU"
