@@ -479,6 +479,16 @@ def test_widen_through_the_cli_spans_two_machines_and_refuses_before_the_sweep(t
     assert main(["baseline", "update", "--config", str(config), "--from-results", str(here)]) == 0
     assert main(["check", "--config", str(config), "--results", str(there), "--out", str(tmp_path / "c0")]) == 1
     assert main(["baseline", "update", "--config", str(config), "--from-results", str(there), "--widen"]) == 0
+    # a fresh --widen run never times the speed section, even where speed is on by default (a GPU)
+    import gate.workflow.check as workflow
+
+    def no_timing(*args):
+        raise AssertionError("--widen timed a speed section")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(workflow, "perf_wanted", lambda flag, device: flag is not False)
+        mp.setattr(workflow, "perf_baseline_section", no_timing)
+        assert main(["baseline", "update", *base, "--no-progress", "--widen", "--out", str(tmp_path / "o4")]) == 0
     for run in (here, there):
         assert main(["check", "--config", str(config), "--results", str(run), "--out", str(tmp_path / "c1")]) == 0
         assert "| cpu_model (one of the baseline's) |" in (tmp_path / "c1" / "comment-sdpa-cpu-mini.md").read_text()

@@ -64,8 +64,6 @@ MEASURED = ("PASS", "FAIL", "ERROR")
 FAILED = ("FAIL", "ERROR")
 
 
-
-
 def correctness_thresholds(cfg: "VerdictConfig") -> dict[str, float]:
     return {"tolerance_ratio": 1.0, "headroom_factor": cfg.headroom_factor, "headroom_step": cfg.headroom_step,
             "improvement_factor": cfg.improvement_factor}

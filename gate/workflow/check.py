@@ -411,6 +411,7 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
             raise UserError("--widen merges correctness rows of several machines; a speed section is one machine's "
                             "timings: drop --perf / --perf-from (update the speed section on its own)")
         refuse_widen(old, plan.suite_hash, config.tolerance.as_dict(), None, path)
+        perf = False  # not even a GPU's default: the committed speed section is kept as it is
     sweep = results if results is not None else fresh_sweep(plan, progress)
     if results is None:
 
