@@ -69,7 +69,13 @@ HELP: dict[str, tuple[str, list[str], list[str]]] = {
               "attn-gate init --dense mypkg.attn:attn_func --varlen mypkg.attn:attn_varlen_func --yes",
               "attn-gate init --check                 # after upgrading attn-gate: what changed?"],
              ["0  written (or nothing to do); --check: the files equal the templates",
-              "1  --check: a file drifted from the templates (a diff per file)", EXIT_2]),
+              "1  --check: a file drifted from the templates (a diff per file), a placeholder, or an install "
+              "line that cannot give this attn-gate", EXIT_2]),
+    "docs": ("Print a page of the documentation shipped with this attn-gate (the pages `init`, the workflows' "
+             "messages and the admin checklist name), or list the pages.",
+             ["attn-gate docs                        # the pages", "attn-gate docs ci                     # the CI set-up",
+              "attn-gate docs adopt --path           # where the file is"],
+             ["0  printed", EXIT_2]),
 }
 
 
