@@ -178,11 +178,11 @@ def install_requirement(options: InitOptions, source: InstallSource) -> str:
     if options.install:
         if not INSTALL_VALUE.fullmatch(options.install):
             raise UserError(f"--install {options.install!r}: give one pip requirement, e.g. "
-                            f"'attn-gate @ git+https://HOST/OWNER/attn-gate@COMMIT' (no quotes, $, `, ; or |)")
+                            f"'attn-gate @ git+<attn-gate repository URL>@<commit>' (no quotes, $, `, ; or |)")
         return options.install
     if source.requirement is None:
         raise UserError(f"attn-gate was installed from {source.where}, which a CI runner cannot reach: pass "
-                        f"--install REQUIREMENT, e.g. --install 'attn-gate @ git+https://HOST/OWNER/attn-gate@COMMIT' "
+                        f"--install REQUIREMENT, e.g. --install 'attn-gate @ git+<attn-gate repository URL>@<commit>' "
                         f"(`attn-gate docs adopt`, \"Install\")")
     return source.requirement
 
