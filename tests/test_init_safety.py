@@ -222,3 +222,23 @@ def test_before_init_check_and_baseline_update_name_init(repo, monkeypatch, caps
     # a kernel named explicitly needs no section: the next check is the suite's
     assert main([*command, "--device", "cpu", "--no-progress", "--kernel", "sdpa-cpu", "--suite", "nosuch"]) == 2
     assert "attn-gate init" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tool", ["tool = 5\n", "tool = [1, 2]\n"])
+def test_a_tool_key_that_is_no_table_is_one_line(repo, capsys, tool):
+    text = (repo / "pyproject.toml").read_text()
+    (repo / "pyproject.toml").write_text(tool + text)
+    assert "pyproject.toml" in refused(repo, capsys, *KERNEL, "--repository", "me/tiny")
+
+
+def test_a_hand_written_section_gets_the_ci_table_it_lacks(repo, capsys):
+    with (repo / "pyproject.toml").open("a") as fh:
+        fh.write('\n[tool.attn-gate.gpu]\nkernel = "tiny_attn:flash_attn_func"\nsuite = "smoke"\n')
+    before = (repo / "pyproject.toml").read_text()
+    assert init(repo, *KERNEL, "--repository", "me/tiny") == 0
+    assert "appended [tool.attn-gate.ci]" in capsys.readouterr().out
+    text = (repo / "pyproject.toml").read_text()
+    assert text.startswith(before)
+    config = load_config(repo / "pyproject.toml")
+    assert config.gpu.suite == "smoke" and config.ci.repository == "me/tiny"
+    assert main(["init", "--check", "--dir", str(repo)]) == 0

@@ -168,7 +168,7 @@ def existing_config(root: Path) -> Config | None:
     """The repository's configuration when pyproject.toml already has [tool.attn-gate] (its values
     are the defaults of a re-run), else None. A pyproject.toml init cannot read is refused here."""
     text = read_pyproject(root)
-    if text is None or "attn-gate" not in (tomllib.loads(text).get("tool") or {}):
+    if text is None or "attn-gate" not in tool_table(text):
         return None
     return load_config(root / "pyproject.toml")
 
@@ -367,6 +367,13 @@ def read_pyproject(root: Path) -> str | None:
     return text
 
 
+def tool_table(text: str) -> dict:
+    """pyproject.toml's [tool] table ({} when absent or not a table: appending to it then fails the
+    parse of the result, which names the problem)."""
+    tool = tomllib.loads(text).get("tool")
+    return tool if isinstance(tool, dict) else {}
+
+
 def new_pyproject(text: str | None, section: str, force: bool) -> tuple[str | None, str]:
     """(pyproject.toml's new text or None to keep it, what happened). The section is either tables
     init can find and replace or absent: dotted keys (`[tool] attn-gate.x = ..`) are refused, since
@@ -374,10 +381,14 @@ def new_pyproject(text: str | None, section: str, force: bool) -> tuple[str | No
     text = text or ""
     tables = bool(SECTION.search(text))
     remaining = without_section(text) if tables else text
-    if "attn-gate" in (tomllib.loads(remaining).get("tool") or {}):
+    if "attn-gate" in tool_table(remaining):
         raise UserError("pyproject.toml sets tool.attn-gate with dotted keys or an inline table, which init cannot "
                         "rewrite: move those keys under a [tool.attn-gate] table header, then run init again")
     if tables and not force:
+        existing = tool_table(text).get("attn-gate")
+        if isinstance(existing, dict) and "ci" not in existing:  # written by hand: add what the files need
+            ci_table = section[section.index("[tool.attn-gate.ci]"):]
+            return text + ("\n" if not text.endswith("\n") else "") + "\n" + ci_table, "appended [tool.attn-gate.ci]"
         return None, "kept [tool.attn-gate] (exists; --force rewrites the section)"
     what = "rewrote [tool.attn-gate]" if tables else "appended [tool.attn-gate]" if text else "wrote (with [tool.attn-gate])"
     if remaining and not remaining.endswith("\n"):
@@ -480,7 +491,7 @@ def init(root: Path, options: InitOptions) -> InitResult:
     # what the flags give (the new text, or the kept section's stand-in) and what stays on disk
     wanted = parsed_config(pyproject if pyproject is not None else without_section(text or "") + pyproject_section(options, ci))
     current = wanted if pyproject is not None else parsed_config(text or "")
-    if pyproject is not None and current.ci != ci:
+    if pyproject is not None and current.ci != ci:  # the file's own ci keys would win over init's
         raise UserError("pyproject.toml's [tool.attn-gate.ci] would not be the one init writes; nothing was written")
     files = render_files(current.ci)
     plan = plan_files(root, files, options.force)
