@@ -110,3 +110,21 @@ def test_an_install_value_that_would_escape_its_shell_word_is_refused(repo, caps
     assert main(init_args(repo, "--install", value)) == 2
     assert "--install" in capsys.readouterr().err
     assert not (repo / ".github").exists()
+
+
+def test_a_local_checkout_suggests_its_pushed_commit(tmp_path, repo, monkeypatch, capsys):
+    """Installed from a git checkout (`pip install -e .`): the refusal names the --install of its
+    HEAD at its `origin`, the one line a maintainer can copy once the commit is pushed."""
+    src = tmp_path / "attn-gate"
+    src.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-C", str(src)]
+    import subprocess
+
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], check=True)
+    subprocess.run([*git, "remote", "add", "origin", URL], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    local = S.from_direct_url(record(url=src.as_uri(), dir_info={"editable": True}), "0.1.0")
+    monkeypatch.setattr(init_command, "installed_source", lambda version: local)
+    assert main(init_args(repo)) == 2
+    assert f"--install 'attn-gate @ git+{URL}@{head}' (once that commit is pushed)" in capsys.readouterr().err

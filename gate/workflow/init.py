@@ -25,7 +25,7 @@ from gate.core.cases import suite_names
 from gate.core.config import CiConfig, Config, FAMILY_ENTRIES, load_config
 from gate.core.errors import UserError
 from gate.core.jsonio import checked_name, write_text_atomic
-from gate.workflow.install_source import InstallSource, mismatch
+from gate.workflow.install_source import InstallSource, checkout_requirement, mismatch
 
 TEMPLATES = Path(__file__).with_name("templates")
 WORKFLOWS = ("baselines", "ci", "gate", "nightly", "publish", "report", "selftest", "vet")
@@ -181,9 +181,11 @@ def install_requirement(options: InitOptions, source: InstallSource) -> str:
                             f"'attn-gate @ git+<attn-gate repository URL>@<commit>' (no quotes, $, `, ; or |)")
         return options.install
     if source.requirement is None:
+        pushed = checkout_requirement(source.where)
+        example = (f"--install '{pushed}' (once that commit is pushed)" if pushed else
+                   "--install 'attn-gate @ git+<attn-gate repository URL>@<commit>'")
         raise UserError(f"attn-gate was installed from {source.where}, which a CI runner cannot reach: pass "
-                        f"--install REQUIREMENT, e.g. --install 'attn-gate @ git+<attn-gate repository URL>@<commit>' "
-                        f"(`attn-gate docs adopt`, \"Install\")")
+                        f"--install REQUIREMENT, e.g. {example} (`attn-gate docs adopt`, \"Install\")")
     return source.requirement
 
 

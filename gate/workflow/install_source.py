@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 DIST = "attn-gate"
 # The attn-gate requirement inside an install line: `attn-gate==X`, `attn-gate @ URL`.
@@ -50,6 +53,22 @@ def from_direct_url(record: str | None, version: str) -> InstallSource:
         fragment = f"#sha256={sha}" if isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha) else ""
         return InstallSource("archive", f"{DIST} @ {url}{fragment}", url)
     return InstallSource("local", None, url)
+
+
+def checkout_requirement(where: str) -> str | None:
+    """For a source that is a local git checkout with a remote `origin`: the requirement of its
+    HEAD commit at that remote (what a runner can install once the commit is pushed), else None."""
+    path = Path(unquote(urlparse(where).path)) if where.startswith("file://") else None
+    if path is None or not path.is_dir():
+        return None
+    try:
+        remote, head = (subprocess.run(["git", "-C", str(path), *cmd], capture_output=True, text=True, timeout=10).stdout.strip()
+                        for cmd in (("remote", "get-url", "origin"), ("rev-parse", "HEAD")))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if not re.fullmatch(r"[0-9a-f]{40,64}", head) or not re.match(r"^(https://|ssh://|git@)[\w.@:/~-]+$", remote):
+        return None
+    return f"{DIST} @ git+{remote}@{head}"
 
 
 def installed_source(version: str) -> InstallSource:
