@@ -25,7 +25,7 @@ from gate.core.cases import suite_names
 from gate.core.config import CiConfig, Config, FAMILY_ENTRIES, load_config
 from gate.core.errors import UserError
 from gate.core.jsonio import checked_name, write_text_atomic
-from gate.workflow.install_source import InstallSource, checkout_requirement, mismatch
+from gate.workflow.install_source import InstallSource, checkout_requirement, mismatch, requirement_in
 
 TEMPLATES = Path(__file__).with_name("templates")
 WORKFLOWS = ("baselines", "ci", "gate", "nightly", "publish", "report", "selftest", "vet")
@@ -472,14 +472,20 @@ def gitignore_text(root: Path) -> str | None:
 
 
 def changed_keys(old: Config, new: Config) -> list[str]:
-    """The keys init sets whose value in the repository differs from what these flags give."""
+    """The keys init sets whose value in the repository differs from what these flags give, one
+    `key: old -> new` each; the install lines by the attn-gate requirement they name."""
+    show = lambda v: list(v) if isinstance(v, tuple) else v  # noqa: E731
     keys = [("gpu.kernel", old.gpu.kernel, new.gpu.kernel), ("gpu.suite", old.gpu.suite, new.gpu.suite),
             ("cpu.kernel", old.cpu.kernel, new.cpu.kernel), ("cpu.suite", old.cpu.suite, new.cpu.suite)]
-    keys += [(f"ci.{k}", getattr(old.ci, k), getattr(new.ci, k)) for k in ("repository", "runner_labels", "owners", "setup",
-                                                                            "setup_locked", "ci_run", "nightly_suite")]
+    keys += [(f"ci.{k}", getattr(old.ci, k), getattr(new.ci, k)) for k in ("repository", "runner_labels", "owners",
+                                                                            "nightly_suite")]
     keys += [(f"kernels.{n}", old.kernels.get(n), new.kernels.get(n)) for n in new.kernels]
-    show = lambda v: list(v) if isinstance(v, tuple) else v  # noqa: E731
-    return [f"{k} {show(a)!r} (flags: {show(b)!r})" for k, a, b in keys if a != b]
+    lines = [f"{k}: {show(a)!r} -> {show(b)!r}" for k, a, b in keys if a != b]
+    install = [k for k in ("setup", "setup_locked", "ci_run") if getattr(old.ci, k) != getattr(new.ci, k)]
+    if install:
+        was, now = (requirement_in(getattr(c, install[0])) or getattr(c, install[0]) for c in (old.ci, new.ci))
+        lines.append(f"{', '.join(f'ci.{k}' for k in install)}: install {was!r} -> {now!r}")
+    return lines
 
 
 def init(root: Path, options: InitOptions) -> InitResult:
@@ -511,8 +517,10 @@ def init(root: Path, options: InitOptions) -> InitResult:
         differ = changed_keys(current, wanted)
         if differ:
             rewrite = [rel for rel, text_ in render_files(wanted.ci).items() if files.get(rel) != text_]
-            todo.append("pyproject.toml [tool.attn-gate] is kept; these flags differ from it: " + "; ".join(differ)
-                        + ". `attn-gate init --force` rewrites the section" + (f" and {', '.join(rewrite)}" if rewrite else ""))
+            todo.append("pyproject.toml [tool.attn-gate] is kept; the flags give other values:\n"
+                        + "".join(f"     {line}\n" for line in differ)
+                        + "   `attn-gate init --force` rewrites the section"
+                        + (f" and {len(rewrite)} files: {', '.join(rewrite)}" if rewrite else ""))
 
     if pyproject is not None:
         write_text_atomic(root / "pyproject.toml", pyproject)
