@@ -62,15 +62,23 @@ def wheel(tmp_path_factory) -> Path:
     return built
 
 
+def fresh_venv(path: Path, pip: bool = True) -> Path:
+    """A venv that sees this interpreter's site-packages (torch, attn-gate's dependencies) through a
+    .pth, so nothing is downloaded. Without its own pip (and the old setuptools that comes with it)
+    it uses this environment's, whose versions are the ones torch was installed against."""
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", *([] if pip else ["--without-pip"]), str(path)],
+                   check=True, timeout=120)
+    site = Path(subprocess.run([str(path / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    outer = [sysconfig.get_paths()["purelib"]] + [p for p in sys.path if p.endswith("site-packages")]
+    (site / "_outer_site.pth").write_text("\n".join(dict.fromkeys(outer)) + "\n")
+    return path
+
+
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory) -> Path:
     """A fresh venv that reuses the installed torch and attn-gate's dependencies, without attn-gate."""
-    path = tmp_path_factory.mktemp("venv") / "v"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(path)], check=True, timeout=120)
-    site = Path(subprocess.run([str(path / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
-    (site / "_outer_site.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    return path
+    return fresh_venv(tmp_path_factory.mktemp("venv") / "v")
 
 
 def test_from_an_empty_kernel_repository_to_a_gated_one(wheel, venv, tmp_path):
@@ -85,8 +93,9 @@ def test_from_an_empty_kernel_repository_to_a_gated_one(wheel, venv, tmp_path):
     steps = [
         ("install", [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed",
                      "--no-index", str(wheel)]),
+        # installed from a local wheel, which a runner cannot reach: the jobs' install is named
         ("init", ["attn-gate", "init", "--dense", "tiny_attn:flash_attn_func", "--varlen", "tiny_attn:flash_attn_varlen_func",
-                  "--repository", "example/tiny-attn", "--yes"]),
+                  "--repository", "example/tiny-attn", "--install", f"attn-gate @ {wheel.as_uri()}", "--yes"]),
         ("baseline", ["attn-gate", "baseline", "update", "--no-progress"]),
         ("check", ["attn-gate", "check", "--no-progress"]),
         ("schema", [tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows",
@@ -132,3 +141,63 @@ def test_from_an_empty_kernel_repository_to_a_gated_one(wheel, venv, tmp_path):
     assert updated.returncode == 0
     assert "2 tensor ratios moved" in updated.stdout, updated.stdout
     assert len(re.findall(r"\| `bf16-b2-h4-s128-d64[^`]*` \| dk \| 0\.\d+ \| 0\.\d+ \|", updated.stdout)) == 2
+
+
+# A kernel repository's own build backend, with no requirements: `pip install -e .` of it needs no index.
+BACKEND = """
+import base64, hashlib, pathlib, zipfile
+
+def _wheel(directory, files):
+    dist = "kern-0.dist-info"
+    files = {**files, f"{dist}/METADATA": "Metadata-Version: 2.1\\nName: kern\\nVersion: 0\\n",
+             f"{dist}/WHEEL": "Wheel-Version: 1.0\\nGenerator: kern\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"}
+    digest = lambda t: base64.urlsafe_b64encode(hashlib.sha256(t.encode()).digest()).rstrip(b"=").decode()
+    record = [f"{p},sha256={digest(t)},{len(t.encode())}" for p, t in files.items()] + [f"{dist}/RECORD,,"]
+    with zipfile.ZipFile(pathlib.Path(directory) / "kern-0-py3-none-any.whl", "w") as z:
+        for p, t in {**files, f"{dist}/RECORD": "\\n".join(record) + "\\n"}.items():
+            z.writestr(p, t)
+    return "kern-0-py3-none-any.whl"
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    return _wheel(wheel_directory, {})
+
+def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
+    return _wheel(wheel_directory, {"_kern.pth": str(pathlib.Path.cwd()) + "\\n"})
+"""
+
+
+def test_the_install_line_init_writes_installs_attn_gate_in_a_fresh_venv(wheel, venv, tmp_path):
+    """attn-gate from a wheel, offline; `init` in a new kernel repository refuses to guess how a
+    runner installs it, takes --install, and the setup line it renders installs attn-gate (and the
+    repository) in another fresh venv with no package index."""
+    import tomllib
+
+    repo = tmp_path / "kern"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "kern_backend.py").write_text(BACKEND)
+    (repo / "pyproject.toml").write_text('[build-system]\nrequires = []\nbuild-backend = "kern_backend"\nbackend-path = ["."]\n\n'
+                                         '[project]\nname = "kern"\nversion = "0"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "ATTN_GATE", "PIP_"))}
+    env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", PIP_NO_INDEX="1")
+    assert sh([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed", str(wheel)],
+              repo, env).returncode == 0
+    init = ["attn-gate", "init", "--kernel", "sdpa-cpu", "--repository", "example/kern", "--yes"]
+    before = (repo / "pyproject.toml").read_text()
+    refused = sh(init, repo, env)
+    assert refused.returncode == 2 and "--install REQUIREMENT" in refused.stderr and wheel.as_uri() in refused.stderr
+    assert (repo / "pyproject.toml").read_text() == before and not (repo / ".github").exists()
+    requirement = f"attn-gate @ {wheel.as_uri()}"
+    assert sh([*init, "--install", requirement], repo, env).returncode == 0
+    assert sh(["attn-gate", "init", "--check"], repo, env).returncode == 0
+    setup = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["attn-gate"]["ci"]["setup"]
+    make_venv, install = setup.split(" && ", 1)
+    assert make_venv == "python3 -m venv --system-site-packages .venv" and f'"{requirement}"' in install
+    fresh_venv(repo / ".venv", pip=False)  # what `make_venv` does on a runner, plus this machine's torch
+    proc = subprocess.run(["bash", "-c", install], cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    probe = "import gate, importlib.metadata as m; print(gate.__file__); print(m.distribution('attn-gate').read_text('direct_url.json'))"
+    where = sh([str(repo / ".venv" / "bin" / "python"), "-c", probe], repo, env)
+    assert where.stdout.startswith(str(repo / ".venv")) and wheel.as_uri() in where.stdout, where.stdout
+    page = sh([str(repo / ".venv" / "bin" / "attn-gate"), "docs", "ci", "--path"], repo, env)
+    assert page.returncode == 0 and Path(page.stdout.strip()).is_file()

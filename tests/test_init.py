@@ -17,6 +17,7 @@ from gate.commands.main import main
 from gate.core.config import CiConfig, load_config
 from gate.core.errors import UserError
 from gate.workflow import init as I
+from gate.workflow.install_source import from_direct_url
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tiny-attn"
@@ -36,8 +37,12 @@ def repo(tmp_path):
     return dst
 
 
+# this checkout is no source a runner can install from: the tests say where attn-gate comes from
+INSTALL = "attn-gate @ git+https://git.example.com/attn-gate.git@" + "0" * 40
+
+
 def run_init(repo: Path, *args: str) -> int:
-    return main(["init", "--dir", str(repo), "--yes", "--repository", "example/tiny-attn", *args])
+    return main(["init", "--dir", str(repo), "--yes", "--repository", "example/tiny-attn", "--install", INSTALL, *args])
 
 
 def test_this_repository_is_the_templates_rendered_with_its_parameters():
@@ -155,7 +160,7 @@ def test_non_interactive_init_without_a_kernel_says_which_flag(repo, capsys):
 def test_interactive_init_asks(repo, monkeypatch):
     answers = iter(["dense=tiny_attn:flash_attn_func,varlen=tiny_attn:flash_attn_varlen_func", "a100", "smoke", "me/tiny",
                     "@me"])
-    options = I.resolve(I.InitOptions(), repo, "0.1.0", lambda q, d: next(answers))
+    options = I.resolve(I.InitOptions(), repo, from_direct_url(None, "0.1.0"), lambda q, d: next(answers))
     assert options.entries == (("dense", "tiny_attn:flash_attn_func"), ("varlen", "tiny_attn:flash_attn_varlen_func"))
     assert (options.gpu_class, options.suite, options.repository, options.owners) == ("a100", "smoke", "me/tiny", "@me")
 

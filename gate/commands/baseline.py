@@ -17,7 +17,7 @@ from pathlib import Path
 from gate.commands.common import add_config, add_kernel_suite
 from gate.commands.help_text import parser_kwargs
 from gate.core.config import load_config
-from gate.workflow.validate import check_device, validate_target
+from gate.workflow.validate import check_device, require_initialised, validate_target
 from gate.compare.baselines import baseline_path, read_baseline
 from gate.core.results import EXTRA_TENSORS, TENSORS
 from gate.core.cases import only_pattern
@@ -70,6 +70,7 @@ def update(args: argparse.Namespace) -> int:
 
 
     config = load_config(args.config)
+    require_initialised(config, args.kernel)
     kernel, suite, device = args.kernel, args.suite, args.device
     plan = None
     if args.from_results is None:  # names first: a typo is a typo; its sweep runs in workers

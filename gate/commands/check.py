@@ -18,7 +18,7 @@ import json
 from gate.core.errors import UserError
 from gate.core.cases import exact_regex
 from gate.core.config import load_config
-from gate.workflow.validate import check_device
+from gate.workflow.validate import check_device, require_initialised
 from gate.core.files import FolderLock, require_writable
 
 
@@ -78,6 +78,7 @@ def main(args: argparse.Namespace) -> int:
 
 
     config = load_config(args.config)
+    require_initialised(config, args.kernel)
     options = run_options(args)
     if options.workers == 0:  # the gate's verdict never comes from a process the kernel ran in
         raise UserError("--workers 0 runs the kernel in the deciding process, unisolated: `check` refuses it; "

@@ -63,13 +63,22 @@ HELP: dict[str, tuple[str, list[str], list[str]]] = {
                ["attn-gate suites", "attn-gate suites --cases"], ["0", EXIT_2]),
     "init": ("Set up a kernel repository for the gate: append [tool.attn-gate] to pyproject.toml and write the "
              "workflows, CODEOWNERS, the runner guard (.github/attn-gate-runner/), asv.conf.json and benchmarks/ "
-             "from the templates of this attn-gate version. Writes only what is absent (--force replaces), prints "
-             "what it did and the admin checklist; --check compares the files with the templates.",
+             "from the templates of this attn-gate version, and out/ into .gitignore. The jobs install attn-gate the way "
+             "it was installed here (a git commit, a wheel URL, an index version; a local source needs --install). "
+             "Checks everything, then writes only what is absent (--force replaces; never through a link), prints "
+             "what it did, the TODOs and the admin checklist; --check compares the files with the templates.",
              ["attn-gate init --kernel mypkg.attn:attn_func --gpu-class h100 --yes",
+              "attn-gate init --kernel mypkg.attn:attn_func --repository me/kern --install 'attn-gate @ git+URL@COMMIT'",
               "attn-gate init --dense mypkg.attn:attn_func --varlen mypkg.attn:attn_varlen_func --yes",
               "attn-gate init --check                 # after upgrading attn-gate: what changed?"],
              ["0  written (or nothing to do); --check: the files equal the templates",
-              "1  --check: a file drifted from the templates (a diff per file)", EXIT_2]),
+              "1  --check: a file drifted from the templates (a diff per file), a placeholder, or an install "
+              "line that cannot give this attn-gate", EXIT_2]),
+    "docs": ("Print a page of the documentation shipped with this attn-gate (the pages `init`, the workflows' "
+             "messages and the admin checklist name), or list the pages.",
+             ["attn-gate docs                        # the pages", "attn-gate docs ci                     # the CI set-up",
+              "attn-gate docs adopt --path           # where the file is"],
+             ["0  printed", EXIT_2]),
 }
 
 

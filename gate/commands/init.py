@@ -16,6 +16,7 @@ from gate.commands.help_text import parser_kwargs
 import gate
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
 from gate.workflow import init as I
+from gate.workflow.install_source import installed_source
 
 
 def register(sub) -> None:
@@ -37,9 +38,13 @@ def register(sub) -> None:
     p.add_argument("--cpu-suite", default=None, help="suite of the CPU gate in the hosted job (default smoke)")
     p.add_argument("--nightly-suite", default=None, help="suite of the nightly sharded run (default nightly)")
     p.add_argument("--repository", default=None, metavar="OWNER/REPO", help="default: the origin remote on GitHub")
-    p.add_argument("--owners", default=None, help="CODEOWNERS owner of the gate's files (default @OWNER/maintainers)")
+    p.add_argument("--owners", default=None, help="CODEOWNERS owner of the gate's files (default @OWNER/maintainers "
+                   "of the repository's owner)")
+    p.add_argument("--placeholders", action="store_true", help="write OWNER/REPO and @OWNER/maintainers where the "
+                   "repository or owners cannot be inferred (listed as the first TODO) instead of refusing")
     p.add_argument("--install", default=None, metavar="REQUIREMENT",
-                   help="how the jobs install attn-gate (default: attn-gate==<this version>)")
+                   help="how the jobs install attn-gate (default: where this attn-gate came from: "
+                   "'attn-gate @ git+URL@COMMIT', or attn-gate==<version> from the package index)")
     p.add_argument("--yes", "-y", action="store_true", help="ask nothing; take the defaults (also when stdin is not a TTY)")
     p.add_argument("--force", action="store_true", help="replace files and the [tool.attn-gate] section that differ")
     p.add_argument("--check", action="store_true", help="only compare the files with the templates; exit 1 on drift")
@@ -54,30 +59,38 @@ def main(args: argparse.Namespace) -> int:
     root = args.dir.resolve()
     if not root.is_dir():
         raise UserError(f"--dir {args.dir}: no such folder")
+    source = installed_source(gate.__version__)
     if args.check:
         drift = I.check(root)
+        problems = I.value_problems(I.load_ci(root), source, gate.__version__)
         for d in drift:
             print(f"drift: {d.path}" + (" (missing)" if d.diff == ("missing",) else ""))
             for line in d.diff[:40] if d.diff != ("missing",) else ():
                 print(f"    {line}")
             if len(d.diff) > 40:
                 print(f"    ... {len(d.diff) - 40} more diff lines")
+        for problem in problems:
+            print(problem)
         n = len(I.render_files(I.load_ci(root)))
         print(f"attn-gate {gate.__version__} templates: {n - len(drift)} of {n} files equal"
-              + (f", {len(drift)} drift: `attn-gate init --force` rewrites them" if drift else ""))
-        return EXIT_FAIL if drift else EXIT_PASS
+              + (f", {len(drift)} drift: `attn-gate init --force` rewrites them" if drift else "")
+              + (f"; {len(problems)} value{'s' if len(problems) > 1 else ''} to fix (above)" if problems else ""))
+        return EXIT_FAIL if drift or problems else EXIT_PASS
     entries = tuple((e, getattr(args, e)) for e in ("dense", "varlen", "kvcache") if getattr(args, e))
     labels = tuple(l.strip() for l in args.runner_labels.split(",") if l.strip()) if args.runner_labels else ()
     options = I.InitOptions(kernel=args.kernel, family=args.family, entries=entries, forward_only=args.forward_only,
                             gpu_class=args.gpu_class, runner_labels=labels, suite=args.suite, cpu_suite=args.cpu_suite,
                             nightly_suite=args.nightly_suite, repository=args.repository, owners=args.owners,
-                            install=args.install, force=args.force)
+                            install=args.install, force=args.force, placeholders=args.placeholders)
     interactive = not args.yes and sys.stdin.isatty()
-    options = I.resolve(options, root, gate.__version__, ask if interactive else None)
-    actions, ci = I.init(root, options, gate.__version__)
-    for a in actions:
+    options = I.resolve(options, root, source, ask if interactive else None)
+    result = I.init(root, options)
+    for a in result.actions:
         print(f"{a.what:>10}  {a.path}" if len(a.what) <= 10 else f"{a.path}: {a.what}")
-    changed = sum(a.what not in ("unchanged",) and not a.what.startswith("kept") for a in actions)
-    print(f"{changed} written, {len(actions) - changed} unchanged or kept\n")
-    print("\n".join(I.admin_checklist(ci)))
+    changed = sum(a.what not in ("unchanged",) and not a.what.startswith("kept") for a in result.actions)
+    print(f"{changed} written, {len(result.actions) - changed} unchanged or kept\n")
+    if result.todo:
+        print("TODO before the files work:")
+        print("\n".join(f"{i}. {line}" for i, line in enumerate(result.todo, 1)) + "\n")
+    print("\n".join(I.admin_checklist(result.ci)))
     return EXIT_PASS

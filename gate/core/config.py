@@ -363,6 +363,7 @@ class Config:
     kernels: dict[str, KernelFamily] = field(default_factory=dict)
     known_failures: tuple[KnownFailure, ...] = ()
     ci: CiConfig = field(default_factory=CiConfig)
+    section: bool = False  # the file has [tool.attn-gate] (`attn-gate init` wrote it), not only defaults
 
     def profile(self, device: str) -> Profile:
         return self.gpu if device == "cuda" else self.cpu
@@ -457,5 +458,5 @@ def load_config(path: Path | None = None) -> Config:
         suites=suites, kernels=_kernel_families(raw.get("kernels", {}), f"{where}.kernels"),
         isolation=_section(IsolationConfig, raw.get("isolation", {}), f"{where}.isolation"),
         known_failures=_known_failures(raw.get("known_failures", []), path),
-        ci=_ci_section(raw.get("ci", {}), f"{where}.ci"),
+        ci=_ci_section(raw.get("ci", {}), f"{where}.ci"), section=True,
     )

@@ -155,6 +155,14 @@ def validate_target(config: Config, kernel: str | None, suite: str | None, devic
     return ValidTarget(kernel, suite, device, adapter)
 
 
+def require_initialised(config: Config, kernel: str | None) -> None:
+    """A repository whose pyproject.toml has no [tool.attn-gate] has not chosen a kernel: gating the
+    built-in default against it (and writing that baseline into it) would be the wrong kernel."""
+    if config.source != "defaults" and not config.section and not kernel:
+        raise UserError(f"{config.source} has no [tool.attn-gate] section: run `attn-gate init` to set up this "
+                        f"repository (or pass --kernel to name the kernel)")
+
+
 def check_working_directory(config: Config, baselines_dir: str | Path | None = None) -> None:
     """Run from another folder, `baselines/` (relative to the working directory) is not there and
     every check would say "no baseline": say where to run from instead."""
