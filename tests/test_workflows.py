@@ -682,7 +682,7 @@ def test_codeowners_cover_what_decides_a_verdict():
     rules = dict(line.split(None, 1) for line in owners.splitlines() if line.strip() and not line.startswith("#"))
     assert list(rules)[0] == "*"  # a default owner: nothing is unowned, a new folder included
     assert set(rules) == {"*", "/.github/", "/.ci/", "/gate/", "/tests/", "/benchmarks/", "/baselines/", "/scripts/",
-                          "/pyproject.toml", "/asv.conf.json"}
+                          "/pyproject.toml", "/asv.conf.json", "/setup.py", "/setup.cfg", "/conftest.py", "/requirements*"}
     assert len(set(rules.values())) == 1 and all(owner.strip().startswith("@") for owner in rules.values())
     # report.yml warns about the same paths
     sensitive = re.search(r"const SENSITIVE = \[(.*?)\];", (WORKFLOWS / "report.yml").read_text())[1]
@@ -964,8 +964,29 @@ def test_report_flags_prs_that_touch_what_decides_the_verdict(tmp_path):
                                                                          "baselines/h200/k.json", "tests/t.py", "README.md"]))
     warning = body[body.index("[!WARNING]"):body.index("[!NOTE]")]
     assert "`.github/`" in warning and "`gate/`" in warning and "`baselines/`" in warning and "`tests/`" in warning
-    assert "README" not in warning and "main's workflows ran" in warning
+    assert "README" not in warning and "Main's workflow files ran" in warning
+    # true about what ran: the PR's own gate, tests and baselines produced the result, not "after merge"
+    assert "produced this result" in warning and "changes to them run only after merge" not in warning
     assert "[!WARNING]" not in comment_body(report_post(subdir(tmp_path, "b"), {"summary.md": "x"}, files=["README.md", "kernels/x.py"]))
+    body = comment_body(report_post(subdir(tmp_path, "c"), {"summary.md": "x"}, files=["requirements-dev.txt"]))
+    assert "`requirements*`" in body[body.index("[!WARNING]"):body.index("[!NOTE]")]
+    assert "[!WARNING]" not in comment_body(report_post(subdir(tmp_path, "d"), {"summary.md": "x"},
+                                                        files=["docs/requirements.md"]))
+
+
+@pytest.mark.parametrize("text", ["&lt;" * 12500, "@a" * 25000, "#1" * 25000, "`" * 30000 + "x" + "`" * 20000,
+                                  "&" * 20000 + "\U0001F600" * 15000],
+                         ids=["ampersands", "mentions", "references", "backtick runs", "astral"])
+def test_report_caps_the_comment_after_escaping(tmp_path, text):
+    """The summary is read capped (50,000 characters), then escaped: `&` becomes `&amp;`, a mention
+    gains a zero-width space, a fence grows with the backtick runs inside. The body posted stays
+    within GitHub's 65,536 (else the update fails and an older "passed" comment stays)."""
+    body = comment_body(report_post(tmp_path, {"summary.md": text, "asv-compare.md": "&" * 12000},
+                                    files=[".github/workflows/gate.yml"]))
+    assert len(body) <= 65536 and len(body.encode("utf-16-le")) // 2 <= 65536
+    assert "(truncated; the full summary is in the run)" in body
+    assert body.startswith("<!-- attn-gate-report -->\n**attn-gate failed**") and "[!WARNING]" in body
+    assert not re.search(r"(^|[^\w])@\w|&#|#\d", body[body.index("[!NOTE]"):])
 
 
 def test_report_treats_over_3000_changed_files_as_sensitive(tmp_path):

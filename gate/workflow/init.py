@@ -32,7 +32,14 @@ BUILTIN_LABELS = {"self-hosted", "linux", "x64", "arm64", "windows", "macos"}
 # Other GPU classes a runner may carry (actionlint must know every label a workflow can ask for).
 KNOWN_CLASSES = ("h200", "h100", "a100", "b200", "l40s")
 DOCS_URL = "https://github.com/attn-gate/attn-gate/blob/v{version}/docs/ci.md"
-USER_PROTECTED = (".github/", "baselines/", "benchmarks/", "tests/", "pyproject.toml", "asv.conf.json")
+# what decides a user repository's verdict: its CI, baselines, benchmarks, tests and what pip
+# runs or reads when it installs the repository
+USER_PROTECTED = (".github/", "baselines/", "benchmarks/", "tests/", "pyproject.toml", "asv.conf.json", "setup.py",
+                  "setup.cfg", "conftest.py", "requirements*")
+# a CODEOWNERS owner GitHub accepts: @user, @org/team or an email (an owner it cannot read makes
+# it skip the line, and "require review from code owners" then protects nothing)
+OWNER = (r"(?:@[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})(?:/[A-Za-z0-9][A-Za-z0-9._-]{0,99})?"
+         r"|[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\.[A-Za-z0-9-]{1,63})+)")
 REPOSITORY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+$")
 REMOTE = re.compile(r"github\.com[:/](?P<repo>[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+?)(?:\.git)?/?$")
 
@@ -83,9 +90,9 @@ def check_ci(ci: CiConfig, where: str = "[tool.attn-gate.ci]") -> None:
                         f"(letters, digits, . _ -), e.g. [\"self-hosted\", \"linux\", \"gpu\", \"h200\"]")
     if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}", ci.nightly_suite):
         raise UserError(f"{where}: nightly_suite = {ci.nightly_suite!r} should be a suite name")
-    if not ci.protected or not all(re.fullmatch(r"[A-Za-z0-9._/-]+", p) for p in ci.protected):
-        raise UserError(f"{where}: protected should list repository paths (a folder ends with /)")
-    if not re.fullmatch(r"(@[A-Za-z0-9._/-]+|[^@\s]+@[^@\s]+)( (@[A-Za-z0-9._/-]+|[^@\s]+@[^@\s]+))*", ci.owners):
+    if not ci.protected or not all(re.fullmatch(r"[A-Za-z0-9._/-]+\*?", p) for p in ci.protected):
+        raise UserError(f"{where}: protected should list repository paths (a folder ends with /, a prefix with *)")
+    if not re.fullmatch(f"{OWNER}( {OWNER})*", ci.owners):
         raise UserError(f"{where}: owners = {ci.owners!r} should be @user, @org/team or an email, space-separated")
     for key in ("setup", "setup_locked", "ci_run", "docs"):
         value = getattr(ci, key)
