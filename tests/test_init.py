@@ -179,3 +179,10 @@ def test_the_repository_defaults_to_the_origin_remote(repo):
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
     subprocess.run(["git", "remote", "add", "origin", "git@github.com:someone/kern.git"], cwd=repo, check=True)
     assert I.git_repository(repo) == "someone/kern"
+
+
+def test_the_admin_checklist_fences_the_pr_pool_and_keeps_the_runner_read_only():
+    text = "\n".join(I.admin_checklist(load_config(ROOT / "pyproject.toml").ci))
+    for words in ("own network segment", "169.254.169.254", "no\n   instance role", "egress only to GitHub",
+                  "no route to\n   the trusted pool", ".credentials", "Keep @runner"):
+        assert words in text, words
