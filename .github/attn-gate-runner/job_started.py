@@ -413,15 +413,12 @@ def runner_root(pid: int | None = None, proc: str = "/proc") -> str | None:
     return os.path.dirname(os.path.dirname(found[0][2])) if found else None
 
 
-def end_job(proc: str = "/proc", kill=os.kill) -> str:
+def end_job(proc: str = "/proc", kill=os.kill) -> list[str]:
     """End the job this hook runs in: stop the Runner.Listener (it takes no other job, and a
     just-in-time host whose listener exits is torn down), kill the Runner.Worker (no later step, no
     `always()` step, no action's `pre:` step runs), then kill the listener. SIGKILL, not SIGTERM: a
-    cancelled job would still run its `always()` steps. Returns what was done, to print first."""
-    found = runner_ancestors(proc=proc)
-    if not found:
-        return "no Runner.Worker among this process's ancestors: nothing to end (not run by a runner?)"
-    pids = {name: pid for name, pid, _ in found}
+    cancelled job would still run its `always()` steps. Returns the signals that failed."""
+    pids = {name: pid for name, pid, _ in runner_ancestors(proc=proc)}
     steps = []
     if LISTENER in pids:
         steps.append((pids[LISTENER], signal.SIGSTOP))
@@ -434,9 +431,8 @@ def end_job(proc: str = "/proc", kill=os.kill) -> str:
         try:
             kill(pid, sig)
         except OSError as err:
-            failed.append(f"{pid}: {err}")
-    done = ", ".join(f"{name} (pid {pid}) killed" for name, pid, _ in found)
-    return done + (f"; could not signal {'; '.join(failed)}" if failed else "")
+            failed.append(f"pid {pid} ({sig.name}): {err}")
+    return failed
 
 
 def metadata_reachable(address: str, timeout: float = 1.0, connect=socket.create_connection) -> bool:
@@ -621,21 +617,19 @@ def refuse(reasons: list[str], code: int = 1, proc: str = "/proc", kill=os.kill)
     for r in reasons:
         say("error", f"refused: {r}")
     found = runner_ancestors(proc=proc)
-    say("error", "ending the job and this runner: " + ", ".join(f"{n} (pid {p})" for n, p, _ in found)
-        if found else "no Runner.Worker among this process's ancestors: nothing to end (not run by a runner?)")
-    try:
-        sys.stdout.flush()
+    if not found:
+        say("error", "no Runner.Worker among this process's ancestors: nothing to end (not run by a runner?)")
+        return code
+    say("error", "ending the job and this runner: " + ", ".join(f"{n} (pid {p})" for n, p, _ in found))
+    failed = end_job(proc, kill)
+    try:  # the worker held the other end of stdout: report on stderr while it may still be read, then nowhere
+        if failed:
+            print(f"attn-gate guard: could not signal {'; '.join(failed)}", file=sys.stderr, flush=True)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
     except OSError:
         pass
-    if found:
-        result = end_job(proc, kill)
-        try:  # the worker held the other end of stdout: write nowhere now, rather than fail on exit
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 1)
-            os.dup2(devnull, 2)
-        except OSError:
-            pass
-        del result
     return code
 
 
