@@ -529,3 +529,61 @@ def test_python_paths_cover_every_folder_it_imports_from():
     paths = guard._python_paths()
     assert sys.executable in paths
     assert all(p in paths for p in sys.path if p and os.path.isabs(p))  # Debian's dist-packages among them
+
+
+# ---- fuzz: payload and settings ----------------------------------------------------------------
+
+ODD_VALUES = [None, 0, 7, -1, 1.5, True, "", "x", "o/r\n", "7\nLD_PRELOAD=/x.so", [], ["o/r"], {}, {"full_name": "o/r"},
+              "a" * 10_000, "\u202e", "refs/heads/main"]
+USED_PATHS = [("repository", "full_name"), ("inputs", "pr"), ("inputs", "sha"), ("workflow",), ("ref",)]
+
+
+def _mutated(payload: dict, path: tuple, value):
+    out = json.loads(json.dumps(payload))
+    node = out
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return out
+
+
+@pytest.mark.parametrize("path", USED_PATHS + [("repository",), ("inputs",), ("sender",)], ids=lambda p: ".".join(p))
+def test_fuzz_the_payload_fields_the_guard_reads(path):
+    """Oracle: a field the guard reads, changed to any other value or type, never admits the job
+    (nor raises); an unread field (sender) changes nothing."""
+    env = env_for("workflow_dispatch", "gate.yml", "refs/heads/main")
+    original = DISPATCH_GATE
+    for node in path[:-1]:
+        original = original[node]
+    for value in ODD_VALUES:
+        d = guard.decide(GPU, env, _mutated(DISPATCH_GATE, path, value))
+        same = value == original.get(path[-1]) if isinstance(original, dict) else False
+        if path == ("sender",):
+            assert d.allowed, (value, d.reasons)
+        elif path in (("workflow",), ("ref",)) and value is None:
+            assert d.allowed  # absent: the runner's own GITHUB_WORKFLOW_REF decides
+        elif path == ("repository", "full_name") and value in (None, ""):
+            assert d.allowed  # absent: GITHUB_REPOSITORY decides
+        elif path == ("repository",) and value in (None, {}, {"full_name": "o/r"}):
+            assert d.allowed
+        elif not same:
+            assert not d.allowed and d.reasons, (path, value)
+
+
+@pytest.mark.parametrize("key", sorted(guard.CONFIG_KEYS))
+def test_fuzz_the_settings(key):
+    """Oracle: any value of any type is either a Config the guard can use or one ConfigError that
+    names the key; never another exception, and never a Config whose check is off without the
+    key saying so."""
+    for value in ODD_VALUES:
+        raw = {**shipped("attn-gate-gpu"), key: value}
+        try:
+            config = guard.parse_config(raw)
+        except guard.ConfigError as err:
+            assert key.split("_")[0] in str(err) or "allow" in str(err), (key, value, str(err))
+            continue
+        assert config.allow and config.repository == "o/r"
+        assert isinstance(config.persistent_runner_accepted, bool) and isinstance(config.metadata_reachable_accepted, bool)
+        assert config.persistent_runner_accepted is (value is True and key == "persistent_runner_accepted")
+        assert config.metadata_reachable_accepted is (value is True and key == "metadata_reachable_accepted")
+        assert guard.INDEX_URL.fullmatch(config.index_url) and "\n" not in config.group + config.canary

@@ -258,7 +258,7 @@ def _matches(rule: Rule, event: str, path: str, ref: str, payload: dict) -> str 
             return f"dispatch inputs {sorted(set(given) - set(wanted))} are not among {sorted(wanted)}"
         for name, pattern in rule.inputs:
             value = given.get(name, "")
-            if not isinstance(value, (str, int)) or isinstance(value, bool) or len(str(value)) > MAX_INPUT_CHARS:
+            if not isinstance(value, str) or len(value) > MAX_INPUT_CHARS:  # the allow-listed inputs are strings
                 return f"dispatch input {name} is not a string of at most {MAX_INPUT_CHARS} characters"
             if not re.fullmatch(pattern, str(value)):
                 return f"dispatch input {name}={str(value)[:80]!r} does not match {pattern}"
