@@ -616,6 +616,13 @@ def refuse(reasons: list[str], code: int = 1, proc: str = "/proc", kill=os.kill)
     """Print why, then end the job: a hook's non-zero exit alone would let the job's later steps run."""
     for r in reasons:
         say("error", f"refused: {r}")
+    try:  # a record on the host too: the job's log may not be uploaded once its worker is gone
+        import syslog
+        syslog.openlog("attn-gate-guard")
+        for r in reasons:
+            syslog.syslog(syslog.LOG_WARNING, CONTROL.sub(" ", f"refused: {r}")[:2000])
+    except (ImportError, OSError):
+        pass
     found = runner_ancestors(proc=proc)
     if not found:
         say("error", "no Runner.Worker among this process's ancestors: nothing to end (not run by a runner?)")
