@@ -15,7 +15,8 @@ the runner runs them (`bash --noprofile --norc -eo pipefail`, from the repositor
 GITHUB_STEP_SUMMARY, GITHUB_OUTPUT, GITHUB_ENV and RUNNER_TEMP pointing at temporary files, the job's and step's `env:` with their expressions filled in from a table of known
 values (an expression the table does not know fails the test: the rehearsal must learn it), and
 GitHub's rule for which steps run after a failure, including `steps.<id>.outcome` conditions.
-`uses:` steps are GitHub's own actions and are skipped (the checkout too: the rehearsal gates this
+A local action (`uses: ./...`) runs its `pre:` and main script under node; other `uses:` steps
+are GitHub's own actions and are skipped (the checkout too: the rehearsal gates this
 working tree's HEAD, passed as the vetted sha); so is the set-up step (scripts/setup.sh,
 which .ci/run has just run). On a CPU `attn-gate check` takes the config's cpu profile (sdpa-cpu,
 suite smoke, baselines/cpu/); the repository variables the workflow reads select the kernel and a
