@@ -582,6 +582,8 @@ def test_fuzz_the_settings(key):
         except guard.ConfigError as err:
             assert key.split("_")[0] in str(err) or "allow" in str(err), (key, value, str(err))
             continue
+        if key == "read_only_paths":  # a wrong type never reads as "no paths": the check stays on
+            assert isinstance(value, list) and config.read_only_paths == tuple(value), value
         assert config.allow and config.repository == "o/r"
         assert isinstance(config.persistent_runner_accepted, bool) and isinstance(config.metadata_reachable_accepted, bool)
         assert config.persistent_runner_accepted is (value is True and key == "persistent_runner_accepted")

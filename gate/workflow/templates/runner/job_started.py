@@ -112,6 +112,7 @@ def _typed(raw: dict, key: str, kind: type, default, where: str = ""):
 
 
 def _strings(value, where: str) -> tuple[str, ...]:
+    """A list of non-empty strings; any other type (0, false, a string) is an error, never "none"."""
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise ConfigError(f"{where} must be a list of non-empty strings, not {str(value)[:60]!r}")
     return tuple(value)
@@ -130,7 +131,7 @@ def parse_rule(i: int, r) -> Rule:
     ref, prefix, base = (_typed(r, k, str, "", f"{where}.") for k in ("ref", "ref_prefix", "base_ref"))
     if bool(ref) == bool(prefix):
         raise ConfigError(f"{where}: give exactly one of ref (refs/heads/main) and ref_prefix")
-    events = _strings(r.get("events", []), f"{where}.events") if r.get("events") else ()
+    events = _strings(r.get("events", []), f"{where}.events")
     if not events or any(e.startswith(REFUSED_EVENT_PREFIX) for e in events):
         raise ConfigError(f"{where}.events must be a non-empty list without pull_request* events")
     given = _typed(r, "inputs", dict, {}, f"{where}.")
@@ -173,7 +174,7 @@ def parse_config(raw: dict) -> Config:
     for key, value in (("canary", canary), ("canary_sudo", sudo)):
         if value and (not os.path.isabs(value) or CONTROL.search(value)):
             raise ConfigError(f"{key} must be an absolute path, not {value[:60]!r}")
-    read_only = _strings(raw.get("read_only_paths", []), "read_only_paths") if raw.get("read_only_paths") else ()
+    read_only = _strings(raw.get("read_only_paths", []), "read_only_paths")  # false or 0 does not turn it off
     index_url = _typed(raw, "index_url", str, "") or Config.index_url
     if not INDEX_URL.fullmatch(index_url):
         raise ConfigError(f"index_url must be one https:// URL without credentials or spaces, not {index_url[:80]!r}")
