@@ -10,9 +10,13 @@
 # --locked (the trusted GPU jobs): no pip upgrade, no test tools, no resolver: every package from
 # .ci/requirements-trusted.txt with its hash, wheels only, then attn-gate itself with no build
 # isolation and no index. torch must be the runner's own.
+#
+# The interpreter: ATTN_GATE_PYTHON, which the runner guard sets on a self-hosted runner to the
+# root-owned python3 it checked is read-only (never whichever python3 is first on PATH there);
+# else PYTHON, else python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-py=${PYTHON:-python3}
+py=${ATTN_GATE_PYTHON:-${PYTHON:-python3}}
 if [ ! -x .venv/bin/python ]; then
   "$py" -m venv --system-site-packages .venv
 fi

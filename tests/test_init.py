@@ -82,12 +82,27 @@ def test_render_fills_placeholders_and_refuses_unknown_ones():
     ({"setup": "pip install x # y"}, "cannot stand in a workflow"),
     ({"runner_labels": ("self-hosted", "a b")}, "runner labels"),
     ({"owners": "maintainers"}, "@user"),
+    ({"owners": 'x$(id)"@y'}, "@user"),  # GitHub skips a line whose owner it cannot read
+    ({"owners": "@org/team @x$(id)"}, "@user"),
+    ({"owners": "@org/team/sub"}, "@user"),
+    ({"owners": "a@b"}, "@user"),  # an email needs a domain with a dot
+    ({"protected": ("tests/", "requirements**")}, "protected"),
     ({"ci_run": ""}, "ci_run is empty"),
 ])
 def test_parameters_that_would_break_a_workflow_are_refused(change, words):
     ci = load_config(ROOT / "pyproject.toml").ci
     with pytest.raises(UserError, match=words):
         I.render_files(CiConfig(**{**ci.__dict__, **change}))
+
+
+@pytest.mark.parametrize("owners", ["@octocat", "@my-org/gate-maintainers", "@org/team.x @user dev.ops+ci@example.co.uk"])
+def test_owners_github_accepts_render(owners):
+    ci = load_config(ROOT / "pyproject.toml").ci
+    assert owners in I.render_files(CiConfig(**{**ci.__dict__, "owners": owners}))[".github/CODEOWNERS"]
+
+
+def test_a_user_repository_protects_what_pip_runs_when_it_installs():
+    assert {"setup.py", "setup.cfg", "conftest.py", "requirements*", "pyproject.toml"} <= set(I.USER_PROTECTED)
 
 
 def test_init_writes_the_set_appends_the_section_and_keeps_the_rest(repo, capsys):
@@ -169,3 +184,10 @@ def test_the_repository_defaults_to_the_origin_remote(repo):
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
     subprocess.run(["git", "remote", "add", "origin", "git@github.com:someone/kern.git"], cwd=repo, check=True)
     assert I.git_repository(repo) == "someone/kern"
+
+
+def test_the_admin_checklist_fences_the_pr_pool_and_keeps_the_runner_read_only():
+    text = "\n".join(I.admin_checklist(load_config(ROOT / "pyproject.toml").ci))
+    for words in ("own network segment", "169.254.169.254", "no\n   instance role", "egress only to GitHub",
+                  "no route to\n   the trusted pool", ".credentials", "Keep @runner"):
+        assert words in text, words

@@ -4,13 +4,19 @@ vet.yml's script, main's gate.yml runs on the vetted commit, and report.yml's sc
 run and post its summary.
 
 First the runner guard runs as the runner's job-started hook would (the real script, with the
-recorded workflow_dispatch payload and a canary in a temporary folder); what it writes to
-GITHUB_ENV (HOME and the caches under RUNNER_TEMP) is the job's environment. Then the steps run as
+recorded workflow_dispatch payload and a canary in a temporary folder), under a fake runner that
+keeps the real runner's semantics (actions/runner JobExtension.cs, StepsRunner.cs): processes
+named Runner.Listener and Runner.Worker, the hook a pre-job step of the worker, a failed hook
+marking the job failed while the worker still runs every action's `pre:` step (pre-if defaults to
+always()) and every later step whose condition holds (`always()`, `failure()`, `!cancelled()`);
+only a worker that is gone runs nothing. What the guard writes to GITHUB_ENV (HOME and the caches
+under RUNNER_TEMP) is the job's environment. Then the steps run as
 the runner runs them (`bash --noprofile --norc -eo pipefail`, from the repository root) with
 GITHUB_STEP_SUMMARY, GITHUB_OUTPUT, GITHUB_ENV and RUNNER_TEMP pointing at temporary files, the job's and step's `env:` with their expressions filled in from a table of known
 values (an expression the table does not know fails the test: the rehearsal must learn it), and
 GitHub's rule for which steps run after a failure, including `steps.<id>.outcome` conditions.
-`uses:` steps are GitHub's own actions and are skipped (the checkout too: the rehearsal gates this
+A local action (`uses: ./...`) runs its `pre:` and main script under node; other `uses:` steps
+are GitHub's own actions and are skipped (the checkout too: the rehearsal gates this
 working tree's HEAD, passed as the vetted sha); so is the set-up step (scripts/setup.sh,
 which .ci/run has just run). On a CPU `attn-gate check` takes the config's cpu profile (sdpa-cpu,
 suite smoke, baselines/cpu/); the repository variables the workflow reads select the kernel and a
@@ -22,7 +28,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
+import shutil
+import signal
 import subprocess
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +42,7 @@ import yaml
 
 from tests import test_runner_guard as guard
 from tests import test_workflows as wf
-from tests.tools import interpreter_path_prefix
+from tests.tools import interpreter_path_prefix, require
 
 ROOT = Path(__file__).resolve().parents[1]
 GATE = ROOT / ".github" / "workflows" / "gate.yml"
@@ -64,6 +75,8 @@ class Rehearsal:
     runner_temp: Path
     rendered: dict  # the job's `uses:` steps' `with:` as they would be passed, by step name
     hook: str = ""  # the runner guard's output
+    job_ended: bool = False  # the guard killed the worker: no step of the job ran
+    listener_stopped: bool = False  # ... and the listener: the host takes no other job
 
     def step(self, name_or_id: str) -> StepRun:
         return next(s for s in self.steps if s.name == name_or_id)
@@ -85,7 +98,8 @@ def fill(value, known: dict[str, str], where: str) -> str:
 
 def should_run(condition: str | None, failed: bool, outcomes: dict[str, str], where: str) -> bool:
     """GitHub's step condition: none means success(); `!cancelled()`/`always()` run after a failure;
-    `steps.<id>.outcome == '<value>'` reads an earlier step's outcome. Other forms fail the test."""
+    `failure()` only after one; `steps.<id>.outcome == '<value>'` reads an earlier step's outcome.
+    Other forms fail the test."""
     if condition is None:
         return not failed
     terms = [t.strip() for t in EXPRESSION.sub(lambda m: m.group(1), condition).split("&&")]
@@ -93,6 +107,9 @@ def should_run(condition: str | None, failed: bool, outcomes: dict[str, str], wh
     for term in terms:
         outcome = re.fullmatch(r"steps\.([\w-]+)\.outcome == '(\w+)'", term)
         if term in ("!cancelled()", "always()"):
+            continue
+        if term in ("failure()", "success()"):
+            result = result and failed == (term == "failure()")
             continue
         assert outcome, f"{where}: condition term {term!r} is not modelled here"
         result = result and outcomes.get(outcome[1]) == outcome[2]
@@ -112,12 +129,96 @@ def parse_outputs(text: str) -> dict[str, str]:
     return out
 
 
+@dataclass
+class HookRun:
+    returncode: int | None  # None: the worker was gone before the hook returned
+    output: str
+    worker_alive: bool
+    listener_alive: bool
+    github_env: dict[str, str]
+
+
+FAKE_PROCESS = """case "$(readlink /proc/$$/exe)" in */{name}) ;; *) echo "not named {name}" >&2; exit 97;; esac
+"""
+
+
+def run_hook_under_fake_runner(tmp_path: Path, event: str, workflow: str, ref: str, payload: dict,
+                               config: Path, runner_temp: Path) -> HookRun:
+    """The job-started hook as the runner runs it: a Runner.Listener process starts a Runner.Worker
+    (copies of bash under those names, so the guard finds them among its ancestors in /proc as it
+    finds the real ones), and the worker runs the hook (job_started.sh's command line) as the job's
+    first step. The worker then waits for the job's steps (run by the caller while it lives); the
+    listener, like a persistent runner's, stays to take the next job."""
+    bin_dir, state = tmp_path / "actions-runner" / "bin", tmp_path / "fake-runner"
+    bin_dir.mkdir(parents=True)
+    state.mkdir()
+    bash = os.path.realpath(shutil.which("bash"))
+    for name in ("Runner.Listener", "Runner.Worker"):
+        shutil.copy(bash, bin_dir / name)
+    (tmp_path / "event.json").write_text(json.dumps(payload))
+    github_env = tmp_path / "github-env-hook"
+    github_env.touch()
+    hook = [sys.executable, "-I", str(guard.GUARD), "--config", str(config)]  # the real /proc: finds the fake runner
+    (state / "hook.sh").write_text(f"exec {shlex.join(hook)}\n")
+    (state / "worker.sh").write_text(FAKE_PROCESS.format(name="Runner.Worker") + f"""
+bash "{state}/hook.sh" > "{state}/hook.out" 2>&1
+echo $? > "{state}/hook.rc"
+while [ ! -e "{state}/job.done" ]; do sleep 0.05; done
+""")
+    (state / "listener.sh").write_text(FAKE_PROCESS.format(name="Runner.Listener") + f"""
+"{bin_dir}/Runner.Worker" "{state}/worker.sh"
+echo $? > "{state}/worker.rc"
+while :; do sleep 0.05; done
+""")
+    env = {"PATH": "/usr/bin:/bin", **guard.env_for(event, workflow, ref), "GITHUB_EVENT_PATH": str(tmp_path / "event.json"),
+           "GITHUB_ENV": str(github_env), "RUNNER_TEMP": str(runner_temp)}
+    listener = subprocess.Popen([str(bin_dir / "Runner.Listener"), str(state / "listener.sh")], env=env,
+                                start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if (state / "hook.rc").exists() or (state / "worker.rc").exists() or listener.poll() is not None:
+            break
+        time.sleep(0.05)
+    time.sleep(0.2)  # a listener the guard signalled is reaped by now
+    worker_rc = (state / "worker.rc").read_text().strip() if (state / "worker.rc").exists() else None
+    assert worker_rc != "97", "the fake worker is not named Runner.Worker in /proc"
+    hook_rc = int((state / "hook.rc").read_text()) if (state / "hook.rc").exists() else None
+    alive = listener.poll() is None
+    result = HookRun(hook_rc, (state / "hook.out").read_text() if (state / "hook.out").exists() else "",
+                     hook_rc is not None and worker_rc is None and alive, alive,
+                     dict(line.split("=", 1) for line in github_env.read_text().splitlines() if "=" in line))
+    (state / "job.done").touch()  # the steps are the caller's; the worker's wait ends here
+    if alive:
+        os.killpg(listener.pid, signal.SIGKILL)
+    listener.wait(timeout=30)
+    return result
+
+
+def run_pre_steps(job: dict, cwd: Path, env: dict, failed: bool, tmp_path: Path) -> list[StepRun]:
+    """Every local action's `pre:` step, before the job's own steps, under its `pre-if` (default
+    always(): it runs after a failed hook too). Remote actions are GitHub's own, without pre."""
+    runs = []
+    for i, step in enumerate(job["steps"]):
+        uses = step.get("uses", "")
+        if not uses.startswith("./"):
+            continue
+        manifest = yaml.safe_load((cwd / uses / "action.yml").read_text())["runs"]
+        if "pre" not in manifest or not should_run(manifest.get("pre-if", "always()"), failed, {}, f"pre {uses}"):
+            continue
+        proc = subprocess.run(["node", str(cwd / uses / manifest["pre"])], cwd=cwd, env=env, capture_output=True,
+                              text=True, timeout=60)
+        runs.append(StepRun(f"pre {uses}", "run", proc.returncode, proc.stdout + proc.stderr))
+    return runs
+
+
 def rehearse(tmp_path: Path, variables: dict[str, str], *, cwd: Path = ROOT, skip: set[str] = SKIPPED_RUN_STEPS,
              pr: str = PR_NUMBER, sha: str = HEAD_SHA, extra_env: dict | None = None,
-             canary: str | None = None) -> Rehearsal:
+             canary: str | None = None, job: dict | None = None, event: str = "workflow_dispatch",
+             workflow: str = "gate.yml", ref: str = "refs/heads/main", payload: dict | None = None) -> Rehearsal:
     """The runner guard, then the gate job's steps; `variables` are the repository variables (vars.*)
     it reads. The run is what vet.yml dispatches: main's gate.yml with inputs pr and sha. `canary`:
-    what an earlier job on this host left (None: a fresh machine)."""
+    what an earlier job on this host left (None: a fresh machine). `job`, `event`, `workflow`,
+    `ref`, `payload`: another job, as the runner reports it to the hook."""
     temp = tmp_path / "runner-temp"
     temp.mkdir()
     summary, github_env = tmp_path / "step-summary.md", tmp_path / "github-env"
@@ -128,9 +229,10 @@ def rehearse(tmp_path: Path, variables: dict[str, str], *, cwd: Path = ROOT, ski
     if canary is not None:
         (hook_dir / "state").mkdir()
         (hook_dir / "state" / "canary").write_text(canary)
-    payload = {**guard.DISPATCH_GATE, "inputs": {"pr": pr, "sha": sha}}
-    hook_env = {"RUNNER_TEMP": str(temp)}
-    hook, guard_env = guard.run_guard(hook_dir, config, payload, extra=hook_env)
+    if payload is None:
+        payload = {**guard.DISPATCH_GATE, "inputs": {"pr": pr, "sha": sha}}
+    hook = run_hook_under_fake_runner(hook_dir, event, workflow, ref, payload, config, temp)
+    guard_env = hook.github_env
     github_env.touch()  # the job's own GITHUB_ENV, empty at its first step
     known = {
         "runner.temp": str(temp),
@@ -140,7 +242,7 @@ def rehearse(tmp_path: Path, variables: dict[str, str], *, cwd: Path = ROOT, ski
         "github.event_name == 'merge_group' && github.sha || format('refs/pull/{0}/head', inputs.pr)": f"refs/pull/{pr}/head",
         **{f"vars.{k}": v for k, v in variables.items()},
     }
-    job = gate_job()
+    job = job or gate_job()
     base_env = {k: v for k, v in os.environ.items()
                 if not k.startswith(("GITHUB_", "RUNNER_", "ATTN_GATE_", "PIP_")) and k not in ("PYTHONNOUSERSITE", "HOME")}
     base_env.update({"HOME": str(tmp_path / "runner-home")})  # the runner's own HOME, replaced by the guard's
@@ -150,15 +252,25 @@ def rehearse(tmp_path: Path, variables: dict[str, str], *, cwd: Path = ROOT, ski
                      "CI": "true", "GITHUB_ACTIONS": "true", "GITHUB_REF_NAME": "main", "GITHUB_REF": "refs/heads/main",
                      "GITHUB_EVENT_NAME": "workflow_dispatch", "GITHUB_SHA": "c" * 40, "GITHUB_REPOSITORY": "o/r",
                      "GITHUB_RUN_ID": "55", "GITHUB_JOB": "gate", **(extra_env or {})})
-    if hook.returncode != 0:  # the runner does not start the job
-        return Rehearsal([StepRun(s.get("id") or s.get("name") or s.get("uses"), "skipped") for s in job["steps"]],
-                         True, summary.read_text(), temp, {}, hook.stdout + hook.stderr)
-    steps, failed, rendered, outcomes = [], False, {}, {}
+    if not hook.worker_alive:  # the guard ended the job: the worker runs nothing more
+        return Rehearsal([StepRun(s.get("id") or s.get("name") or s.get("uses"), "never ran") for s in job["steps"]],
+                         True, summary.read_text(), temp, {}, hook.output, True, not hook.listener_alive)
+    # a hook that failed without ending the job fails it, and the runner goes on as for any failed step
+    failed = hook.returncode != 0
+    steps, rendered, outcomes = run_pre_steps(job, cwd, base_env, failed, tmp_path), {}, {}
     for i, step in enumerate(job["steps"]):
         name = step.get("id") or step.get("name") or step.get("uses")
         if not should_run(step.get("if"), failed, outcomes, f"step {name}"):
             steps.append(StepRun(name, "skipped"))
             outcomes[name] = "skipped"
+            continue
+        if str(step.get("uses", "")).startswith("./"):  # a local action's main step (node)
+            manifest = yaml.safe_load((cwd / step["uses"] / "action.yml").read_text())["runs"]
+            proc = subprocess.run(["node", str(cwd / step["uses"] / manifest["main"])], cwd=cwd, env=base_env,
+                                  capture_output=True, text=True, timeout=60)
+            steps.append(StepRun(name, "run", proc.returncode, proc.stdout + proc.stderr))
+            outcomes[name] = "success" if proc.returncode == 0 else "failure"
+            failed = failed or proc.returncode != 0
             continue
         if "uses" in step:
             rendered[name] = {k: fill(v, known, f"step {name}") for k, v in step.get("with", {}).items()
@@ -186,7 +298,7 @@ def rehearse(tmp_path: Path, variables: dict[str, str], *, cwd: Path = ROOT, ski
                              parse_outputs(output_file.read_text())))
         outcomes[name] = "success" if proc.returncode == 0 else "failure"
         failed = failed or proc.returncode != 0
-    return Rehearsal(steps, failed, summary.read_text(), temp, rendered, hook.stdout + hook.stderr)
+    return Rehearsal(steps, failed, summary.read_text(), temp, rendered, hook.output)
 
 
 def assert_artifacts_complete(r: Rehearsal, pr_number: str = PR_NUMBER, sha: str = HEAD_SHA) -> Path:
@@ -263,7 +375,68 @@ def test_rehearsal_on_a_reused_runner_never_starts_the_job(tmp_path):
     r = rehearse(tmp_path, {"ATTN_GATE_KERNEL": "sdpa-cpu", "ATTN_GATE_ONLY": CASES, "ATTN_GATE_DEVICE": "cpu"},
                  canary="repo=o/r run=54 job=gate\n")
     assert r.failed and "this host already ran a job (repo=o/r run=54 job=gate)" in r.hook
-    assert all(s.kind == "skipped" for s in r.steps)  # no step, so no project code, ran
+    # gate.yml's !cancelled() steps (the summary note, the uploads) would run after a failed hook
+    assert r.job_ended and r.listener_stopped
+    assert all(s.kind == "never ran" for s in r.steps)  # no step, so no project code, ran
+
+
+HOSTILE_JOB = {  # a fork's edited ci.yml asking for the PR pool, as "Approve and run" starts it
+    "runs-on": {"group": "attn-gate-gpu", "labels": ["self-hosted", "linux", "gpu", "h200"]},
+    "steps": [
+        {"uses": "./.github/actions/evil"},  # its pre: step runs before any step (pre-if: always())
+        {"name": "always", "if": "${{ always() }}", "run": 'touch "$MARKS/always"'},
+        {"name": "not cancelled", "if": "${{ !cancelled() }}", "run": 'touch "$MARKS/not-cancelled"'},
+        {"name": "failure", "if": "${{ failure() }}", "run": 'touch "$MARKS/failure"'},
+        {"name": "plain", "run": 'touch "$MARKS/plain"'},
+    ],
+}
+
+
+def hostile_checkout(tmp_path: Path) -> Path:
+    work = tmp_path / "fork"
+    action = work / ".github" / "actions" / "evil"
+    action.mkdir(parents=True)
+    (action / "action.yml").write_text("name: evil\nruns:\n  using: node24\n  pre: pre.js\n  main: main.js\n")
+    for part in ("pre", "main"):
+        (action / f"{part}.js").write_text(
+            f"require('fs').writeFileSync(require('path').join(process.env.MARKS, '{part}'), 'ran')\n")
+    return work
+
+
+@pytest.mark.parametrize("why", ["pull_request", "reused host"])
+def test_a_refused_jobs_always_and_pre_steps_never_run(tmp_path, why):
+    """The runner runs a failed hook's job on: every pre: step, then each step whose condition
+    holds after a failure. The guard's refusal ends the job, so none of them runs on the host."""
+    require("node", "apt install nodejs")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    (tmp_path / "run").mkdir()
+    work = hostile_checkout(tmp_path)
+    if why == "pull_request":
+        r = rehearse(tmp_path / "run", {}, cwd=work, job=HOSTILE_JOB, event="pull_request", workflow="ci.yml",
+                     ref="refs/pull/7/merge", payload=guard.FORK_PULL_REQUEST, extra_env={"MARKS": str(marks)})
+        assert "refused: event pull_request" in r.hook
+    else:
+        r = rehearse(tmp_path / "run", {}, cwd=work, job=HOSTILE_JOB, canary="repo=o/r run=54 job=gate\n",
+                     extra_env={"MARKS": str(marks)})
+        assert "this host already ran a job" in r.hook
+    assert sorted(p.name for p in marks.iterdir()) == []  # not pre, not always, not !cancelled, not failure
+    assert r.job_ended and r.listener_stopped and r.failed
+
+
+def test_the_fake_runner_runs_a_failed_hooks_steps_as_the_real_one(tmp_path):
+    """The model is the real runner's: after a hook that only exits 1 (a failed job whose worker
+    lives on), the worker runs the local action's pre: step and the always()/!cancelled()/
+    failure() steps, not the plain one. (The guard before it ended the job ran all four here.)"""
+    require("node", "apt install nodejs")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    work = hostile_checkout(tmp_path)
+    base = {**os.environ, "MARKS": str(marks)}
+    steps = run_pre_steps(HOSTILE_JOB, work, base, True, tmp_path)
+    assert [s.name for s in steps] == ["pre ./.github/actions/evil"] and (marks / "pre").exists()
+    ran = [s["name"] for s in HOSTILE_JOB["steps"][1:] if should_run(s.get("if"), True, {}, "x")]
+    assert ran == ["always", "not cancelled", "failure"]
 
 
 def test_rehearsal_of_a_commit_other_than_the_vetted_one_stops_before_setup(tmp_path):

@@ -163,9 +163,12 @@ def test_shipped_settings_list_exactly_the_workflows_each_group_runs():
 
 # ---- the script as the runner runs it ------------------------------------------------------------
 
+CLOSED = "127.0.0.1:1"  # a local port nothing listens on: the "metadata service" of a fenced host, no network used
+
+
 def write_config(tmp_path: Path, **over) -> Path:
     raw = {**shipped("attn-gate-gpu"), "canary": str(tmp_path / "state" / "canary"), "canary_sudo": "",
-           "read_only_paths": [], **over}
+           "read_only_paths": [], "metadata_address": CLOSED, **over}
     path = tmp_path / "guard.json"
     path.write_text(json.dumps(raw))
     return path
@@ -180,8 +183,11 @@ def run_guard(tmp_path: Path, config: Path, payload: dict = DISPATCH_GATE, extra
     github_env.write_text("")
     env = {"PATH": "/usr/bin:/bin", **env_for(event, workflow, ref), "GITHUB_EVENT_PATH": str(tmp_path / "event.json"),
            "GITHUB_ENV": str(github_env), "RUNNER_TEMP": str(temp), **(extra or {})}
-    r = subprocess.run([sys.executable, "-I", str(GUARD), "--config", str(config)], env=env, capture_output=True,
-                       text=True, timeout=60)
+    # an empty process table: under CI the real Runner.Worker is among pytest's ancestors, and a
+    # refusal here must not end the CI job itself (the fake runner's tests use the real one)
+    (tmp_path / "no-proc").mkdir(exist_ok=True)
+    r = subprocess.run([sys.executable, "-I", str(GUARD), "--config", str(config), "--proc", str(tmp_path / "no-proc")],
+                       env=env, capture_output=True, text=True, timeout=60)
     values = dict(line.split("=", 1) for line in github_env.read_text().splitlines())
     return r, values
 
@@ -203,7 +209,12 @@ def test_guard_script_refuses_a_pull_request_and_writes_nothing(tmp_path):
     r, values = run_guard(tmp_path, write_config(tmp_path), FORK_PULL_REQUEST, event="pull_request", workflow="ci.yml",
                           ref="refs/pull/7/merge")
     assert r.returncode == 1 and "::error::attn-gate guard: refused: event pull_request" in r.stdout
-    assert values == {} and not (tmp_path / "state" / "canary").exists()
+    assert values == {}
+    # the canary came first: the refused job marked the host, so the next job on it is refused too
+    assert (tmp_path / "state" / "canary").read_text().startswith("repo=o/r run=55 job=gate")
+    again, values = run_guard(tmp_path, write_config(tmp_path))
+    assert again.returncode == 1 and "this host already ran a job (repo=o/r run=55 job=gate" in again.stdout
+    assert values == {}
 
 
 def test_canary_refuses_a_reused_host_and_no_job_variable_turns_it_off(tmp_path):
@@ -296,7 +307,285 @@ def test_the_runner_install_is_found_among_the_ancestors_and_must_be_read_only(t
     assert guard.runner_root(300, _fake_proc(tmp_path / "other", [(300, "/usr/bin/python3", 1)])) is None
     config = guard.parse_config({**json.loads(json.dumps(shipped("attn-gate-gpu"))), "read_only_paths": ["@runner"]})
     if os.access(root / ".env", os.W_OK):  # a job could remove the hook line for the next job on the host
-        assert str(root / ".env") in guard.writable_paths(config, str(root))
+        assert any(p.startswith(f"{root / '.env'} (") for p in guard.writable_paths(config, str(root)))
     lost = guard.writable_paths(config, None) if guard.runner_root() is None else ["@runner"]
     assert lost and lost[0].startswith("@runner")  # not under a runner: the guard cannot vouch for it
     assert "@runner" in guard.parse_config(shipped("attn-gate-gpu")).read_only_paths
+
+
+# ---- a refusal ends the job; the canary first; the host's network -------------------------------
+
+def test_a_refusal_kills_the_worker_and_the_listener(tmp_path):
+    """The runner runs a failed hook's job on (always() steps, pre: steps): the guard ends it. The
+    listener is stopped first (it takes no other job), the worker killed, then the listener."""
+    root = tmp_path / "actions-runner"
+    proc = _fake_proc(tmp_path, [(400, "/usr/bin/python3", 300), (300, "/usr/bin/bash", 200),
+                                 (200, str(root / "bin" / "Runner.Worker"), 100),
+                                 (100, str(root / "bin" / "Runner.Listener"), 50), (50, "/usr/bin/bash", 1)])
+    assert [(n, p) for n, p, _ in guard.runner_ancestors(400, proc)] == [("Runner.Worker", 200), ("Runner.Listener", 100)]
+    sent = []
+    config = write_config(tmp_path)
+    (tmp_path / "event.json").write_text(json.dumps(FORK_PULL_REQUEST))
+    env = {**env_for("pull_request", "ci.yml", "refs/pull/7/merge"), "GITHUB_EVENT_PATH": str(tmp_path / "event.json"),
+           "GITHUB_ENV": str(tmp_path / "github-env"), "RUNNER_TEMP": str(tmp_path)}
+    import signal
+    orig = guard.runner_ancestors
+    guard.runner_ancestors = lambda pid=None, proc="/proc": orig(400, proc)  # this process as pid 400
+    try:
+        assert guard.run(str(config), env, proc=proc, kill=lambda pid, sig: sent.append((pid, sig))) == 1
+    finally:
+        guard.runner_ancestors = orig
+    assert sent == [(100, signal.SIGSTOP), (200, signal.SIGKILL), (100, signal.SIGKILL)]
+    assert not (tmp_path / "github-env").exists()
+
+
+def test_the_metadata_service_must_be_unreachable(tmp_path):
+    import socket
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    listening = f"127.0.0.1:{server.getsockname()[1]}"
+    try:
+        assert guard.metadata_reachable(listening) and not guard.metadata_reachable(CLOSED)
+        assert guard.metadata_reachable("not an address")  # fail closed
+        r, values = run_guard(tmp_path, write_config(tmp_path, metadata_address=listening))
+        assert r.returncode == 1 and f"reaches the cloud metadata service ({listening})" in r.stdout and values == {}
+        (tmp_path / "state" / "canary").unlink()
+        r, values = run_guard(tmp_path, write_config(tmp_path, metadata_address=listening,
+                                                     metadata_reachable_accepted=True))
+        assert r.returncode == 0 and "::warning::attn-gate guard: the metadata service check is off" in r.stdout
+        assert values
+    finally:
+        server.close()
+    assert guard.parse_config(shipped("attn-gate-gpu")).metadata_address == "169.254.169.254:80"
+    assert guard.parse_config(shipped("attn-gate-gpu")).metadata_reachable_accepted is False
+    timed_out = guard.metadata_reachable("169.254.169.254:80", connect=lambda *a: (_ for _ in ()).throw(TimeoutError()))
+    assert timed_out is False  # a dropped connection is a fenced host: no network used here
+
+
+@pytest.mark.parametrize("extra,over,why", [
+    ({"RUNNER_TEMP": "/tmp/x\nLD_PRELOAD=/x.so"}, {}, "RUNNER_TEMP"),
+    ({"RUNNER_TEMP": "relative/temp"}, {}, "RUNNER_TEMP"),
+    ({}, {"index_url": "https://pypi.org/simple\nLD_PRELOAD=/x.so"}, "index_url must be one https:// URL"),
+    ({}, {"index_url": "http://evil.example/simple"}, "index_url must be one https:// URL"),
+    ({}, {"group": "g\nLD_PRELOAD=/x.so"}, "group must be"),
+])
+def test_no_value_injects_a_line_into_github_env(tmp_path, extra, over, why):
+    temp = extra.get("RUNNER_TEMP")
+    if temp and not temp.startswith("/tmp/x"):
+        extra = {"RUNNER_TEMP": temp}
+    r, values = run_guard(tmp_path, write_config(tmp_path, **over), extra=extra)
+    assert r.returncode in (1, 2) and why in r.stdout, r.stdout + r.stderr
+    assert values == {} and "LD_PRELOAD" not in (tmp_path / "github-env").read_text()
+    assert "Traceback" not in r.stdout + r.stderr
+
+
+def test_every_value_written_is_what_its_field_allows():
+    config = guard.parse_config(shipped("attn-gate-gpu"))
+    values = guard.job_env(config, {"RUNNER_TEMP": "/r/_work/_temp"})
+    assert guard.env_problems(values, "/r/_work/_temp") == []
+    assert values["ATTN_GATE_PYTHON"] == sys.executable
+    for key, bad in (("HOME", "/elsewhere/home"), ("PIP_INDEX_URL", "https://x\nY=1"), ("ATTN_GATE_GUARD", "a b"),
+                     ("PIP_CONFIG_FILE", "/r/_work/_temp/pip.conf"), ("ATTN_GATE_PYTHON", "/no/such/python")):
+        assert guard.env_problems({**values, key: bad}, "/r/_work/_temp"), key
+
+
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.parametrize("what", ["event FIFO", "GITHUB_ENV FIFO", "GITHUB_ENV folder", "GITHUB_ENV /dev/full",
+                                  "canary FIFO", "settings FIFO"])
+def test_special_files_are_refused_without_blocking(tmp_path, what):
+    config = write_config(tmp_path)
+    extra = {}
+    if what == "event FIFO":
+        extra["GITHUB_EVENT_PATH"] = str(_fifo(tmp_path / "event-fifo"))
+    elif what == "GITHUB_ENV FIFO":
+        extra["GITHUB_ENV"] = str(_fifo(tmp_path / "env-fifo"))
+    elif what == "GITHUB_ENV folder":
+        (tmp_path / "env-dir").mkdir()
+        extra["GITHUB_ENV"] = str(tmp_path / "env-dir")
+    elif what == "GITHUB_ENV /dev/full":
+        extra["GITHUB_ENV"] = "/dev/full"
+    elif what == "canary FIFO":
+        (tmp_path / "state").mkdir()
+        _fifo(tmp_path / "state" / "canary")  # a job on a reused host planted it where the marker goes
+    else:
+        config = _fifo(tmp_path / "settings-fifo")
+    r, values = run_guard(tmp_path, config, extra=extra)  # run_guard's own timeout: a blocking open fails the test
+    assert r.returncode in (1, 2) and "::error::attn-gate guard:" in r.stdout and values == {}, r.stdout + r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("payload", [
+    {**DISPATCH_GATE, "repository": "o/r"},
+    {**DISPATCH_GATE, "repository": ["o/r"]},
+    {**DISPATCH_GATE, "repository": {"full_name": ["o/r"]}},
+    {**DISPATCH_GATE, "inputs": ["7", SHA]},
+    {**DISPATCH_GATE, "inputs": {"pr": {"x": 1}, "sha": SHA}},
+    {**DISPATCH_GATE, "workflow": 5},
+    "[" * 100_000 + "]" * 100_000,
+    '{"a": ' * 50_000 + "1" + "}" * 50_000,
+    [1, 2],
+    "not json",
+], ids=["repository str", "repository list", "full_name list", "inputs list", "input object", "workflow int",
+        "deep list", "deep object", "a list", "not json"])
+def test_malformed_payloads_refuse_the_job_in_one_line(tmp_path, payload):
+    config = write_config(tmp_path)
+    r, values = run_guard(tmp_path, config, payload)
+    if isinstance(payload, str):  # raw text, not JSON-encoded
+        (tmp_path / "event.json").write_text(payload)
+        (tmp_path / "state" / "canary").unlink()
+        r, values = run_guard_raw(tmp_path, config)
+    assert r.returncode == 1 and "::error::attn-gate guard: refused:" in r.stdout, r.stdout + r.stderr
+    assert "Traceback" not in r.stdout + r.stderr and values == {}
+
+
+def run_guard_raw(tmp_path: Path, config: Path):
+    """run_guard with the event file as it is (not rewritten from a payload)."""
+    temp = tmp_path / "runner-temp"
+    github_env = tmp_path / "github-env"
+    github_env.write_text("")
+    env = {"PATH": "/usr/bin:/bin", **env_for("workflow_dispatch", "gate.yml", "refs/heads/main"),
+           "GITHUB_EVENT_PATH": str(tmp_path / "event.json"), "GITHUB_ENV": str(github_env), "RUNNER_TEMP": str(temp)}
+    r = subprocess.run([sys.executable, "-I", str(GUARD), "--config", str(config), "--proc", str(tmp_path / "no-proc")],
+                       env=env, capture_output=True, text=True, timeout=60)
+    return r, dict(line.split("=", 1) for line in github_env.read_text().splitlines())
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"allow": [5]}, "allow[0] must be an object"),
+    ({"allow": "gate.yml"}, "allow must be list"),
+    ({"allow": [{"workflow": ".github/workflows/gate.yml", "events": "push", "ref": "refs/heads/main"}]},
+     "allow[0].events must be a list"),
+    ({"allow": [{"workflow": ".github/workflows/gate.yml", "events": ["workflow_dispatch"], "ref": "refs/heads/main",
+                 "inputs": {"pr": "(["}}]}, "allow[0].inputs.pr: '([' is not a regex"),
+    ({"allow": [{"workflow": ".github/workflows/gate.yml", "events": ["workflow_dispatch"], "ref": "refs/heads/main",
+                 "inputs": {"pr": 5}}]}, "allow[0].inputs.pr must be a regex string"),
+    ({"allow": [{"workflow": 5, "events": ["push"], "ref": "refs/heads/main"}]}, "allow[0].workflow must be str"),
+    ({"read_only_paths": "/opt"}, "read_only_paths must be a list"),
+    ({"canary": ["x"]}, "canary must be str"),
+    ({"canary": "relative/canary"}, "canary must be an absolute path"),
+    ({"metadata_address": "metadata.internal"}, "metadata_address must be IP:PORT"),
+    ({"metadata_reachable_accepted": "yes"}, "metadata_reachable_accepted must be true or false"),
+    ({"schema_version": True}, "schema_version"),
+])
+def test_malformed_settings_are_one_line_and_refuse_the_job(tmp_path, change, message):
+    with pytest.raises(guard.ConfigError) as err:
+        guard.parse_config({**shipped("attn-gate-gpu"), **change})
+    assert message in str(err.value)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**shipped("attn-gate-gpu"), **change}))
+    r, values = run_guard(tmp_path, bad)
+    assert r.returncode == 2 and message in r.stdout and "Traceback" not in r.stdout + r.stderr and values == {}
+    assert len([l for l in r.stdout.splitlines() if "refused" in l]) == 1
+
+
+def test_the_read_only_walk_checks_every_file_by_owner_and_mode(tmp_path):
+    """Not only the listed folder: a file deep inside it, by its owner and mode (injected: these
+    tests may run as root, for whom every path is writable)."""
+    opt = tmp_path / "opt"
+    (opt / "sub").mkdir(parents=True)
+    (opt / "sub" / "job_started.py").write_text("")
+    (opt / "sub" / "job_started.py").chmod(0o644)
+    config = guard.parse_config({**shipped("attn-gate-gpu"), "read_only_paths": [str(opt)]})
+    nobody = dict(euid=65534, access=lambda p, m: False)
+    assert guard.writable_paths(config, **nobody) == []
+    (opt / "sub" / "job_started.py").chmod(0o666)
+    assert guard.writable_paths(config, **nobody) == [f"{opt / 'sub' / 'job_started.py'} (writable by everyone (mode 0666))"]
+    (opt / "sub" / "job_started.py").chmod(0o644)
+    owner = os.stat(opt / "sub" / "job_started.py").st_uid
+    if owner != 0:
+        assert guard.writable_paths(config, euid=owner, access=lambda p, m: False)  # its owner can chmod it
+    group = [str(opt / "sub")]
+    assert guard.writable_paths(config, euid=65534, access=lambda p, m: p in group) == [
+        f"{opt / 'sub'} (writable by this user (owner uid {owner}, group gid {os.stat(opt / 'sub').st_gid}, mode "
+        f"{os.stat(opt / 'sub').st_mode & 0o7777:04o}))"]
+
+
+def test_the_runner_install_is_walked_except_what_the_runner_writes(tmp_path):
+    root = tmp_path / "actions-runner"
+    for d in ("bin", "externals/node24/bin", "_work/_temp", "_diag"):
+        (root / d).mkdir(parents=True)
+    for f in ("run.sh", "config.sh", ".env", ".path", "bin/Runner.Worker", "externals/node24/bin/node",
+              ".runner", ".credentials", ".credentials_rsaparams", "_work/x", "_diag/log"):
+        (root / f).write_text("")
+        (root / f).chmod(0o644)
+    config = guard.parse_config({**shipped("attn-gate-gpu"), "read_only_paths": ["@runner"]})
+    nobody = dict(euid=65534, access=lambda p, m: False)
+    assert guard.writable_paths(config, str(root), **nobody) == []
+    for f in (".runner", ".credentials", ".credentials_rsaparams", "_work/x", "_diag/log"):
+        (root / f).chmod(0o666)  # the JIT runner writes its registration; jobs write _work
+    assert guard.writable_paths(config, str(root), **nobody) == []
+    for f in ("run.sh", "externals/node24/bin/node"):
+        (root / f).chmod(0o666)
+    assert [p.split(" ")[0] for p in guard.writable_paths(config, str(root), **nobody)] == [
+        str(root / "externals/node24/bin/node"), str(root / "run.sh")]
+
+
+def test_python_paths_cover_every_folder_it_imports_from():
+    paths = guard._python_paths()
+    assert sys.executable in paths
+    assert all(p in paths for p in sys.path if p and os.path.isabs(p))  # Debian's dist-packages among them
+
+
+# ---- fuzz: payload and settings ----------------------------------------------------------------
+
+ODD_VALUES = [None, 0, 7, -1, 1.5, True, "", "x", "o/r\n", "7\nLD_PRELOAD=/x.so", [], ["o/r"], {}, {"full_name": "o/r"},
+              "a" * 10_000, "\u202e", "refs/heads/main"]
+USED_PATHS = [("repository", "full_name"), ("inputs", "pr"), ("inputs", "sha"), ("workflow",), ("ref",)]
+
+
+def _mutated(payload: dict, path: tuple, value):
+    out = json.loads(json.dumps(payload))
+    node = out
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return out
+
+
+@pytest.mark.parametrize("path", USED_PATHS + [("repository",), ("inputs",), ("sender",)], ids=lambda p: ".".join(p))
+def test_fuzz_the_payload_fields_the_guard_reads(path):
+    """Oracle: a field the guard reads, changed to any other value or type, never admits the job
+    (nor raises); an unread field (sender) changes nothing."""
+    env = env_for("workflow_dispatch", "gate.yml", "refs/heads/main")
+    original = DISPATCH_GATE
+    for node in path[:-1]:
+        original = original[node]
+    for value in ODD_VALUES:
+        d = guard.decide(GPU, env, _mutated(DISPATCH_GATE, path, value))
+        same = value == original.get(path[-1]) if isinstance(original, dict) else False
+        if path == ("sender",):
+            assert d.allowed, (value, d.reasons)
+        elif path in (("workflow",), ("ref",)) and value is None:
+            assert d.allowed  # absent: the runner's own GITHUB_WORKFLOW_REF decides
+        elif path == ("repository", "full_name") and value in (None, ""):
+            assert d.allowed  # absent: GITHUB_REPOSITORY decides
+        elif path == ("repository",) and value in (None, {}, {"full_name": "o/r"}):
+            assert d.allowed
+        elif not same:
+            assert not d.allowed and d.reasons, (path, value)
+
+
+@pytest.mark.parametrize("key", sorted(guard.CONFIG_KEYS))
+def test_fuzz_the_settings(key):
+    """Oracle: any value of any type is either a Config the guard can use or one ConfigError that
+    names the key; never another exception, and never a Config whose check is off without the
+    key saying so."""
+    for value in ODD_VALUES:
+        raw = {**shipped("attn-gate-gpu"), key: value}
+        try:
+            config = guard.parse_config(raw)
+        except guard.ConfigError as err:
+            assert key.split("_")[0] in str(err) or "allow" in str(err), (key, value, str(err))
+            continue
+        if key == "read_only_paths":  # a wrong type never reads as "no paths": the check stays on
+            assert isinstance(value, list) and config.read_only_paths == tuple(value), value
+        assert config.allow and config.repository == "o/r"
+        assert isinstance(config.persistent_runner_accepted, bool) and isinstance(config.metadata_reachable_accepted, bool)
+        assert config.persistent_runner_accepted is (value is True and key == "persistent_runner_accepted")
+        assert config.metadata_reachable_accepted is (value is True and key == "metadata_reachable_accepted")
+        assert guard.INDEX_URL.fullmatch(config.index_url) and "\n" not in config.group + config.canary

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -160,6 +161,25 @@ def vars_in_fork_context(doc: dict, text: str) -> list[str]:
 
 # ---- the rules fail on bad workflows ---------------------------------------------------------
 
+def caches(doc: dict) -> list[str]:
+    """Steps that save or restore a cache: actions/cache, and the `cache:` of a setup-* action
+    (setup-node caches on its own unless told not to). What a PR job saved would reach the next
+    job through main's cache scope."""
+    found = []
+    for job_id, step in steps_of(doc):
+        uses, given = str(step.get("uses", "")), step.get("with") or {}
+        action = uses.split("@")[0]
+        if action.startswith("actions/cache"):
+            found.append(f"{job_id}: {action}")
+        elif re.fullmatch(r"[^/]+/setup-[\w-]+", action):
+            keys = sorted(k for k in given if k.startswith("cache") or k == "package-manager-cache")
+            if any(k != "package-manager-cache" and given[k] not in ("", False) for k in keys):
+                found.append(f"{job_id}: {action} with {', '.join(keys)}")
+            elif action == "actions/setup-node" and given.get("package-manager-cache") is not False:
+                found.append(f"{job_id}: {action} without package-manager-cache: false")
+    return found
+
+
 BAD_WORKFLOW = """\
 name: bad
 on:
@@ -172,13 +192,19 @@ jobs:
         with:
           ref: ${{ github.event.pull_request.head.sha }}
       - run: echo "${{ github.event.pull_request.title }}"
+      - uses: actions/setup-python@v6
+        with:
+          python-version: "3.12"
+          cache: pip
+      - uses: actions/setup-node@v6
 """
 
 
 def test_rules_fail_a_bad_workflow():
     doc = yaml.safe_load(BAD_WORKFLOW)
     doc["on"] = doc.pop(True)
-    assert unpinned_uses(BAD_WORKFLOW) == ["- uses: actions/checkout@v4"]
+    assert unpinned_uses(BAD_WORKFLOW) == ["- uses: actions/checkout@v4", "- uses: actions/setup-python@v6",
+                                          "- uses: actions/setup-node@v6"]
     # a SHA without its version comment, or a short SHA, is not pinned either
     assert unpinned_uses("- uses: actions/cache@5a3ec84eff668545956fd18022155c47e93e2684\n")
     assert unpinned_uses("- uses: actions/cache@5a3ec84 # v4.2.3\n")
@@ -187,6 +213,8 @@ def test_rules_fail_a_bad_workflow():
     assert permission_problems(doc) == [
         "workflow: permissions must be {} (each job asks for what it needs)", "build: no permissions block"]
     assert checkouts_keeping_credentials(doc) == ["build: actions/checkout@v4"]
+    assert caches(doc) == ["build: actions/setup-python with cache",
+                           "build: actions/setup-node without package-manager-cache: false"]
 
 
 def test_schema_and_zizmor_fail_a_bad_workflow(tmp_path):
@@ -252,6 +280,17 @@ def test_zizmor_auditor_findings_are_the_explained_ones():
     assert found == AUDITOR_EXPLAINED, r.stdout[-3000:]
     docs = (ROOT / "docs" / "ci.md").read_text()
     assert all(ident in docs for ident, _ in found)
+
+
+TEMPLATE_WORKFLOWS = sorted((ROOT / "gate" / "workflow" / "templates" / "workflows").glob("*.yml"))
+
+
+@pytest.mark.parametrize("path", WORKFLOW_FILES + TEMPLATE_WORKFLOWS, ids=lambda p: f"{p.parent.parent.name}/{p.name}")
+def test_no_workflow_or_template_saves_or_restores_a_cache(path):
+    """Not actions/cache, not a setup-* action's `cache:`: a PR job's code runs in main's cache
+    scope, and what it saved (or an action's JS it rewrote) would run in a later trusted job."""
+    doc = yaml.safe_load(path.read_text().replace("@@", "x"))  # a template's placeholders, made plain
+    assert caches(doc) == []
 
 
 @pytest.mark.parametrize("path", WORKFLOW_FILES, ids=lambda p: p.name)
@@ -382,9 +421,11 @@ def test_self_hosted_jobs_require_the_guard_and_are_grouped():
         assert names.index("Check that the venv ignores the user site") < names.index("Check that torch sees the GPU")
         seen[f"{name}/{job_id}"] = runner_groups(job["runs-on"])
         setup = next(s for s in job["steps"] if s.get("id") == "setup")["run"]
+        # every GPU job, the PR gate too: what the vetted commit installs is its hash-locked list,
+        # never what the index resolves at run time (no pip upgrade, no resolver)
+        assert setup == "bash scripts/setup.sh --locked", f"{name}/{job_id}"
         if TRUSTED_GROUP in seen[f"{name}/{job_id}"]:
             assert job["env"]["PIP_NO_CACHE_DIR"] == "1", f"{name}/{job_id}"
-            assert setup == "bash scripts/setup.sh --locked", f"{name}/{job_id}"
             assert "github.ref == 'refs/heads/main'" in job["if"], f"{name}/{job_id}"  # the guard refuses the rest
     assert seen == {
         "baselines.yml/update": {TRUSTED_GROUP},
@@ -547,6 +588,24 @@ def test_guard_check_fails_on_a_runner_without_the_guard(tmp_path):
     assert moved.returncode == 1  # a HOME that outlives the job is refused too
 
 
+def test_setup_builds_the_venv_on_the_interpreter_the_guard_vouched_for(tmp_path):
+    """scripts/setup.sh takes ATTN_GATE_PYTHON (the guard writes it to $GITHUB_ENV), not the first
+    python3 on PATH, and not PYTHON when both are set."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "setup.sh", tmp_path / "scripts" / "setup.sh")
+    log = tmp_path / "calls"
+    for name in ("vouched", "python3", "other"):
+        fake = tmp_path / "bin" / name
+        fake.parent.mkdir(exist_ok=True)
+        fake.write_text(f'#!/bin/sh\necho "{name} $*" >> "{log}"\nexit 1\n')
+        fake.chmod(0o755)
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "ATTN_GATE_PYTHON": str(tmp_path / "bin" / "vouched"),
+           "PYTHON": str(tmp_path / "bin" / "other")}
+    r = subprocess.run(["bash", "scripts/setup.sh", "--locked"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode != 0 and log.read_text().splitlines() == ["vouched -m venv --system-site-packages .venv"]
+
+
 def test_the_venv_ignores_the_user_site_only_with_the_job_env():
     step = next(s for s in workflow("gate.yml")["jobs"]["gate"]["steps"]
                 if s.get("name") == "Check that the venv ignores the user site")["run"]
@@ -623,7 +682,7 @@ def test_codeowners_cover_what_decides_a_verdict():
     rules = dict(line.split(None, 1) for line in owners.splitlines() if line.strip() and not line.startswith("#"))
     assert list(rules)[0] == "*"  # a default owner: nothing is unowned, a new folder included
     assert set(rules) == {"*", "/.github/", "/.ci/", "/gate/", "/tests/", "/benchmarks/", "/baselines/", "/scripts/",
-                          "/pyproject.toml", "/asv.conf.json"}
+                          "/pyproject.toml", "/asv.conf.json", "/setup.py", "/setup.cfg", "/conftest.py", "/requirements*"}
     assert len(set(rules.values())) == 1 and all(owner.strip().startswith("@") for owner in rules.values())
     # report.yml warns about the same paths
     sensitive = re.search(r"const SENSITIVE = \[(.*?)\];", (WORKFLOWS / "report.yml").read_text())[1]
@@ -905,8 +964,29 @@ def test_report_flags_prs_that_touch_what_decides_the_verdict(tmp_path):
                                                                          "baselines/h200/k.json", "tests/t.py", "README.md"]))
     warning = body[body.index("[!WARNING]"):body.index("[!NOTE]")]
     assert "`.github/`" in warning and "`gate/`" in warning and "`baselines/`" in warning and "`tests/`" in warning
-    assert "README" not in warning and "main's workflows ran" in warning
+    assert "README" not in warning and "Main's workflow files ran" in warning
+    # true about what ran: the PR's own gate, tests and baselines produced the result, not "after merge"
+    assert "produced this result" in warning and "changes to them run only after merge" not in warning
     assert "[!WARNING]" not in comment_body(report_post(subdir(tmp_path, "b"), {"summary.md": "x"}, files=["README.md", "kernels/x.py"]))
+    body = comment_body(report_post(subdir(tmp_path, "c"), {"summary.md": "x"}, files=["requirements-dev.txt"]))
+    assert "`requirements*`" in body[body.index("[!WARNING]"):body.index("[!NOTE]")]
+    assert "[!WARNING]" not in comment_body(report_post(subdir(tmp_path, "d"), {"summary.md": "x"},
+                                                        files=["docs/requirements.md"]))
+
+
+@pytest.mark.parametrize("text", ["&lt;" * 12500, "@a" * 25000, "#1" * 25000, "`" * 30000 + "x" + "`" * 20000,
+                                  "&" * 20000 + "\U0001F600" * 15000],
+                         ids=["ampersands", "mentions", "references", "backtick runs", "astral"])
+def test_report_caps_the_comment_after_escaping(tmp_path, text):
+    """The summary is read capped (50,000 characters), then escaped: `&` becomes `&amp;`, a mention
+    gains a zero-width space, a fence grows with the backtick runs inside. The body posted stays
+    within GitHub's 65,536 (else the update fails and an older "passed" comment stays)."""
+    body = comment_body(report_post(tmp_path, {"summary.md": text, "asv-compare.md": "&" * 12000},
+                                    files=[".github/workflows/gate.yml"]))
+    assert len(body) <= 65536 and len(body.encode("utf-16-le")) // 2 <= 65536
+    assert "(truncated; the full summary is in the run)" in body
+    assert body.startswith("<!-- attn-gate-report -->\n**attn-gate failed**") and "[!WARNING]" in body
+    assert not re.search(r"(^|[^\w])@\w|&#|#\d", body[body.index("[!NOTE]"):])
 
 
 def test_report_treats_over_3000_changed_files_as_sensitive(tmp_path):

@@ -42,7 +42,14 @@ DOCS = "attn-gate docs ci"
 # What init writes where it could not infer a value and --placeholders allowed it.
 PLACEHOLDER_REPOSITORY = "OWNER/REPO"
 PLACEHOLDER_OWNERS = "@OWNER/maintainers"
-USER_PROTECTED = (".github/", "baselines/", "benchmarks/", "tests/", "pyproject.toml", "asv.conf.json")
+# what decides a user repository's verdict: its CI, baselines, benchmarks, tests and what pip
+# runs or reads when it installs the repository
+USER_PROTECTED = (".github/", "baselines/", "benchmarks/", "tests/", "pyproject.toml", "asv.conf.json", "setup.py",
+                  "setup.cfg", "conftest.py", "requirements*")
+# a CODEOWNERS owner GitHub accepts: @user, @org/team or an email (an owner it cannot read makes
+# it skip the line, and "require review from code owners" then protects nothing)
+OWNER = (r"(?:@[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})(?:/[A-Za-z0-9][A-Za-z0-9._-]{0,99})?"
+         r"|[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\.[A-Za-z0-9-]{1,63})+)")
 REPOSITORY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+$")
 REMOTE = re.compile(r"github\.com[:/](?P<repo>[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+?)(?:\.git)?/?$")
 
@@ -93,9 +100,9 @@ def check_ci(ci: CiConfig, where: str = "[tool.attn-gate.ci]") -> None:
                         f"(letters, digits, . _ -), e.g. [\"self-hosted\", \"linux\", \"gpu\", \"h200\"]")
     if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}", ci.nightly_suite):
         raise UserError(f"{where}: nightly_suite = {ci.nightly_suite!r} should be a suite name")
-    if not ci.protected or not all(re.fullmatch(r"[A-Za-z0-9._/-]+", p) for p in ci.protected):
-        raise UserError(f"{where}: protected should list repository paths (a folder ends with /)")
-    if not re.fullmatch(r"(@[A-Za-z0-9._/-]+|[^@\s]+@[^@\s]+)( (@[A-Za-z0-9._/-]+|[^@\s]+@[^@\s]+))*", ci.owners):
+    if not ci.protected or not all(re.fullmatch(r"[A-Za-z0-9._/-]+\*?", p) for p in ci.protected):
+        raise UserError(f"{where}: protected should list repository paths (a folder ends with /, a prefix with *)")
+    if not re.fullmatch(f"{OWNER}( {OWNER})*", ci.owners):
         raise UserError(f"{where}: owners = {ci.owners!r} should be @user, @org/team or an email, space-separated")
     for key in ("setup", "setup_locked", "ci_run", "docs"):
         value = getattr(ci, key)
@@ -596,9 +603,16 @@ def admin_checklist(ci: CiConfig) -> list[str]:
         f"     install -m 0755 {r}/job_started.sh {r}/job_started.py /opt/attn-gate-runner/",
         f"     install -m 0644 {r}/attn-gate-gpu.json /etc/attn-gate-runner/guard.json   # trusted machines: attn-gate-trusted.json",
         "     echo 'ACTIONS_RUNNER_HOOK_JOB_STARTED=/opt/attn-gate-runner/job_started.sh' >> ~runner/actions-runner/.env",
-        "     plus the canary's sudoers line from the docs",
+        "     plus the canary's sudoers line from the docs. The runner install root-owned, except _work/,",
+        "   _diag/ and the JIT registration files .runner, .credentials, .credentials_rsaparams (pre-create",
+        "   them owned by the runner user, mode 0600: the JIT runner writes them at start). Keep @runner",
+        "   in read_only_paths.",
         "2. Organization settings > Actions > Runner groups: `attn-gate-gpu` (PR gate) and `attn-gate-trusted`",
         f"   (main's jobs), both limited to {ci.repository}, on separate machines.",
+        "   The PR pool runs vetted PR code, which is arbitrary code: give it its own network segment, no",
+        "   instance role or cloud credentials, the metadata service (169.254.169.254) blocked for the",
+        "   runner, egress only to GitHub, the Actions service and the package index, and no route to",
+        "   the trusted pool. The guard refuses a job on a host that reaches the metadata service.",
         "3. Settings > Actions > General: Fork pull request workflows: Require approval for all external",
         "   contributors; Workflow permissions: Read repository contents; leave 'Allow GitHub Actions to",
         "   create and approve pull requests' OFF.",
