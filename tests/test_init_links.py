@@ -16,7 +16,8 @@ from gate.workflow import init as I
 from gate.workflow import install_source as S
 
 ROOT = Path(__file__).resolve().parents[1]
-URL = re.compile(r"https?://[^\s\"'`)<>\]]+")
+# a host name first: a regular expression that validates URLs (the guard's INDEX_URL) is no link
+URL = re.compile(r"https?://[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+[^\s\"'`)<>\]]*")
 DOC_PATH = re.compile(r"\bdocs/([\w/-]+)\.md")
 DOC_COMMAND = re.compile(r"attn-gate docs ([\w/-]+)")
 INDEXES = ("https://download.pytorch.org/whl/", "https://pypi.org/simple")
