@@ -66,6 +66,22 @@ class RunPlan:
         pattern = only_pattern(self.only)
         return tuple(c for c in self.suite.perf_cases if pattern is None or pattern.search(c.id))
 
+    @functools.cached_property
+    def declared(self):
+        """The envelope the kernel's table declares ([tool.attn-gate.kernels.NAME.supports]) as
+        Capabilities, or None: read from the config alone, so a case outside it is a SKIP row
+        decided here, before any worker starts or the kernel is called."""
+        family = self.family
+        if family is None or not family.supports:
+            return None
+        from gate.kernels.capabilities import Capabilities
+
+        return Capabilities.from_declaration(family.supports, family.supports_table)
+
+    def declared_skip(self, case: Case) -> str | None:
+        """Why `case` is outside the declared envelope (a SKIP reason), or None."""
+        return self.declared.unsupported_reason(case, self.device) if self.declared is not None else None
+
     def in_process_adapter(self):
         """The adapter for a run in this process: the plan's own, else built from the family or
         the name (once per plan: the answer is kept)."""
