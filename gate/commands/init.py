@@ -43,6 +43,8 @@ def register(sub) -> None:
     p.add_argument("--yes", "-y", action="store_true", help="ask nothing; take the defaults (also when stdin is not a TTY)")
     p.add_argument("--force", action="store_true", help="replace files and the [tool.attn-gate] section that differ")
     p.add_argument("--check", action="store_true", help="only compare the files with the templates; exit 1 on drift")
+    p.add_argument("--probe", action="store_true", help="probe the kernel (`attn-gate probe`) and write the envelope "
+                   "it finds into the section as [tool.attn-gate.kernels.NAME.supports]")
     p.set_defaults(main=main)
 
 
@@ -74,6 +76,16 @@ def main(args: argparse.Namespace) -> int:
                             install=args.install, force=args.force)
     interactive = not args.yes and sys.stdin.isatty()
     options = I.resolve(options, root, gate.__version__, ask if interactive else None)
+    if args.probe:
+        from dataclasses import replace
+
+        from gate.workflow.probe import probe_for_init
+
+        report = probe_for_init(root, options.kernel, options.family, options.entries, options.forward_only)
+        for finding in report.findings:
+            print(f"probe finding: {finding}")
+        print(f"probe: {len(report.results)} calls; the envelope goes into {report.table}")
+        options = replace(options, supports=report.supports)
     actions, ci = I.init(root, options, gate.__version__)
     for a in actions:
         print(f"{a.what:>10}  {a.path}" if len(a.what) <= 10 else f"{a.path}: {a.what}")

@@ -134,6 +134,7 @@ class InitOptions:
     owners: str | None = None
     install: str | None = None  # pip requirement of attn-gate in the generated jobs
     force: bool = False
+    supports: dict | None = None  # `--probe`: the envelope found (gate/workflow/probe.py), written as its table
 
 
 Ask = Callable[[str, str], str]  # (question, default) -> answer
@@ -218,6 +219,12 @@ def pyproject_section(options: InitOptions, ci: CiConfig) -> str:
         if options.forward_only:
             lines.append("backward = false")
         lines.append("")
+    if options.supports is not None:
+        from gate.core.envelope import render_supports
+
+        name = options.family if options.entries else json.dumps(options.kernel)
+        lines.append("# the envelope `attn-gate init --probe` found; cases outside it SKIP (docs/kernels.md)")
+        lines += render_supports(options.supports, f"tool.attn-gate.kernels.{name}.supports").splitlines() + [""]
     lines.append("[tool.attn-gate.ci]")
     for key in ("repository", "runner_labels", "owners", "setup", "setup_locked", "ci_run", "nightly_suite", "protected",
                 "docs"):
