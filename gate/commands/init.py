@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from gate.commands.help_text import parser_kwargs
 import gate
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
 from gate.workflow import init as I
+from gate.workflow.probe import probe_for_init
 
 
 def register(sub) -> None:
@@ -77,10 +79,6 @@ def main(args: argparse.Namespace) -> int:
     interactive = not args.yes and sys.stdin.isatty()
     options = I.resolve(options, root, gate.__version__, ask if interactive else None)
     if args.probe:
-        from dataclasses import replace
-
-        from gate.workflow.probe import probe_for_init
-
         report = probe_for_init(root, options.kernel, options.family, options.entries, options.forward_only)
         for finding in report.findings:
             print(f"probe finding: {finding}")

@@ -8,6 +8,7 @@ from gate.commands.common import add_config
 from gate.commands.help_text import CASE_ID_LEGEND, parser_kwargs
 from gate.kernels.capabilities import Feature
 from gate.core.config import load_config
+from gate.core.envelope import render_supports
 from gate.core.errors import UserError
 from gate.core.cases import load_suite, suite_names
 
@@ -55,8 +56,6 @@ def kernels(args: argparse.Namespace) -> int:
 
 
 def _inline(values: dict) -> str:
-    from gate.core.envelope import render_supports
-
     return "; ".join(render_supports(values, "x").splitlines()[1:])
 
 

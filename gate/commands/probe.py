@@ -10,7 +10,9 @@ from pathlib import Path
 from gate.commands.common import add_config
 from gate.commands.help_text import parser_kwargs
 from gate.core.config import load_config
-from gate.core.errors import EXIT_PASS
+from gate.core.errors import EXIT_PASS, UserError
+from gate.workflow.probe import Outcome, probe, write_declaration
+from gate.workflow.validate import check_device
 
 
 def register(sub) -> None:
@@ -27,12 +29,7 @@ def register(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gate.workflow.probe import Outcome, probe, write_declaration
-    from gate.workflow.validate import check_device
-
     if not args.timeout > 0:
-        from gate.core.errors import UserError
-
         raise UserError(f"--timeout {args.timeout}: give seconds > 0")
     config = load_config(args.config)
     device = check_device(args.device)

@@ -17,6 +17,7 @@ from typing import Any
 from gate.core.errors import UserError
 from gate.core.jsonio import MAX_MULT, checked_name
 from gate.core.cases import CHECKS, expand_suite
+from gate.core.envelope import check_supports
 from gate.core.results import ALL_TENSORS
 
 
@@ -177,8 +178,6 @@ class KernelFamily:
 
 
 def _kernel_families(raw: Any, where: str) -> dict[str, KernelFamily]:
-    from gate.core.envelope import check_supports
-
     if not isinstance(raw, dict):
         raise UserError(f"{where}: expected tables [tool.attn-gate.kernels.NAME]")
     families = {}

@@ -9,6 +9,7 @@ list every key of `SUPPORTS_KEYS` (docs/kernels.md, checked by a test). Torch-fr
 from __future__ import annotations
 
 import enum
+from difflib import get_close_matches
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,8 +116,6 @@ def check_supports(raw: Any, where: str) -> dict[str, Any]:
     for name, value in raw.items():
         key = SUPPORTS_KEYS.get(name)
         if key is None:
-            from difflib import get_close_matches
-
             near = get_close_matches(name, SUPPORTS_KEYS, n=1)
             raise UserError(f"{where}: unknown key {name!r}; {f'did you mean {near[0]!r}? ' if near else ''}"
                             f"known keys: {', '.join(SUPPORTS_KEYS)}")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from gate.core.config import CiConfig, FAMILY_ENTRIES, load_config
+from gate.core.envelope import render_supports
 from gate.core.errors import UserError
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -220,8 +221,6 @@ def pyproject_section(options: InitOptions, ci: CiConfig) -> str:
             lines.append("backward = false")
         lines.append("")
     if options.supports is not None:
-        from gate.core.envelope import render_supports
-
         name = options.family if options.entries else json.dumps(options.kernel)
         lines.append("# the envelope `attn-gate init --probe` found; cases outside it SKIP (docs/kernels.md)")
         lines += render_supports(options.supports, f"tool.attn-gate.kernels.{name}.supports").splitlines() + [""]

@@ -18,6 +18,7 @@ from gate.compare.baselines import baseline_path
 from gate.core.cases import Case, Suite, load_suite, only_pattern, suite_hash
 from gate.core.config import Config, IsolationConfig, PerfConfig, ToleranceConfig
 from gate.core.errors import UserError
+from gate.kernels.capabilities import Capabilities
 from gate.workflow.validate import validate_target
 
 
@@ -74,8 +75,6 @@ class RunPlan:
         family = self.family
         if family is None or not family.supports:
             return None
-        from gate.kernels.capabilities import Capabilities
-
         return Capabilities.from_declaration(family.supports, family.supports_table)
 
     def declared_skip(self, case: Case) -> str | None:

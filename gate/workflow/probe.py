@@ -16,14 +16,20 @@ tables), `probe` runs them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import tempfile
+import tomllib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from gate.core.cases import BIAS_KINDS, DTYPES, LAYOUTS, Case
-from gate.core.config import Config
+from gate.core.config import Config, KernelFamily, load_config
 from gate.core.envelope import render_supports
 from gate.core.errors import UserError
+from gate.core.jsonio import write_text_atomic
+from gate.workflow.isolation import worker_pool
 
 HEAD_DIMS = (16, 32, 40, 64, 72, 80, 96, 128, 160, 192, 256)
 SEQLENS = (17, 64, 100, 128, 192, 256, 1024)
@@ -196,8 +202,6 @@ def probe(kernel: str, config: Config, device: str, timeout: float = 60.0,
           progress: Callable[[Result], None] | None = None) -> ProbeReport:
     """Probe `kernel` (a built-in, package.module:function, or a family of `config`) on `device`."""
     from gate.kernels.registry import kernel_family
-    from gate.workflow.isolation import worker_pool
-
     family = kernel_family(kernel, config)
     table = family.supports_table if family is not None else \
         f'[tool.attn-gate.kernels.{kernel if ":" not in kernel else chr(34) + kernel + chr(34)}.supports]'
@@ -243,8 +247,6 @@ def _header(line: str) -> str:
 
 def with_declaration(text: str, report: ProbeReport, source: str) -> str:
     """`text` (a pyproject.toml) with the report's table replaced, or appended where it is absent."""
-    import tomllib
-
     block = report.toml()
     lines = text.splitlines(keepends=True)
     want = _header(report.table)
@@ -267,12 +269,6 @@ def with_declaration(text: str, report: ProbeReport, source: str) -> str:
 def write_declaration(path, report: ProbeReport) -> None:
     """Put the declaration into `path`: checked as the gate will read it, then written atomically;
     never through a symlink (the write would replace the link, not the file it points to)."""
-    import tempfile
-    from pathlib import Path
-
-    from gate.core.config import load_config
-    from gate.core.jsonio import write_text_atomic
-
     path = Path(path)
     if path.is_symlink():
         raise UserError(f"--write: {path} is a symlink; write through the real file ({path.resolve()}) with --config")
@@ -291,10 +287,7 @@ def write_declaration(path, report: ProbeReport) -> None:
 def probe_for_init(root, kernel: str | None, family: str | None, entries: tuple, forward_only: bool) -> ProbeReport:
     """`attn-gate init --probe`: the declaration of the kernel init is about to write, probed in the
     repository root (where its modules import) on this machine's default device."""
-    import contextlib
-
-    from gate.core.config import KernelFamily
-    from gate.core.environment import default_device
+    from gate.core.environment import default_device  # imports torch
     from gate.kernels.registry import kernel_names
 
     if kernel and kernel in kernel_names():
