@@ -229,3 +229,15 @@ head_dims = ["32", "64", "128"]
     skipped = [c for c in result.cases if c.status is Status.SKIP]
     assert [c.case.head_dim for c in skipped] == [128]
     assert skipped[0].reason == f"declared: head_dim 128 (supports <= 64) ({TABLE} head_dims)"
+
+
+def test_a_declared_skip_is_never_timed_either(tmp_path):
+    """The speed check's worker answers a case outside the envelope without starting (pool None here)."""
+    from gate.core.config import IsolationConfig
+    from gate.workflow.isolation import PerfWorker
+
+    config = load_config(write(tmp_path, FAMILY + "supports = {gqa = false}\n"))
+    worker = PerfWorker("mine", "cpu", IsolationConfig(), config.kernels["mine"])
+    got = worker.measure(case(heads_kv=1), "sdpa-math", None)
+    assert got.status is Status.SKIP and got.reason == f"declared: no GQA/MQA ({TABLE} gqa = false)"
+    assert worker.pool is None
