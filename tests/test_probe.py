@@ -214,3 +214,26 @@ def test_probe_write_from_the_cli_then_the_gate_skips_outside_it(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "gate", "probe", "tests.envelope_kernels:upto_128", "--timeout", "0"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--timeout 0.0: give seconds > 0" in bad.stderr
+
+
+def test_write_refuses_a_built_in_kernels_table(tmp_path):
+    path = tmp_path / "pyproject.toml"
+    path.write_text("[tool.attn-gate]\n")
+    with pytest.raises(UserError, match="'tiled' is a built-in kernel"):
+        write_declaration(path, report("tiled"))
+    assert path.read_text() == "[tool.attn-gate]\n"
+
+
+@pytest.mark.slow
+def test_init_probe_writes_the_found_envelope_into_the_section(tmp_path, capsys):
+    from gate.commands.main import main
+
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "attn.py").write_text((ROOT / "tests" / "envelope_kernels.py").read_text())
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\nversion = "0"\n')
+    assert main(["init", "--dir", str(tmp_path), "--kernel", "mypkg.attn:no_gqa", "--probe", "--yes",
+                 "--repository", "a/b", "--owners", "@a/b"]) == 0
+    assert "the envelope goes into [tool.attn-gate.kernels.\"mypkg.attn:no_gqa\".supports]" in capsys.readouterr().out
+    config = load_config(tmp_path / "pyproject.toml")
+    assert config.kernels["mypkg.attn:no_gqa"].supports == {"gqa": False}

@@ -172,8 +172,9 @@ def describe_dims(dims: Any) -> str:
     if isinstance(dims, (list, tuple)):
         return ", ".join(str(d) for d in dims)
     lo, hi, mul = dims.get("min"), dims.get("max"), dims.get("multiple", 1)
-    text = f"{lo}..{hi}" if lo and hi else f"<= {hi}" if hi else f">= {lo}" if lo else "any"
-    return text + (f", multiple of {mul}" if mul > 1 else "")
+    parts = [f"{lo}..{hi}" if lo and hi else f"<= {hi}" if hi else f">= {lo}" if lo else ""]
+    parts.append(f"multiple of {mul}" if mul > 1 else "")
+    return ", ".join(p for p in parts if p) or "any"
 
 
 def render_supports(supports: dict[str, Any], table: str) -> str:

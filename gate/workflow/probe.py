@@ -269,6 +269,11 @@ def with_declaration(text: str, report: ProbeReport, source: str) -> str:
 def write_declaration(path, report: ProbeReport) -> None:
     """Put the declaration into `path`: checked as the gate will read it, then written atomically;
     never through a symlink (the write would replace the link, not the file it points to)."""
+    from gate.kernels.registry import kernel_names
+
+    if report.kernel in kernel_names():
+        raise UserError(f"--write: {report.kernel!r} is a built-in kernel; its envelope is attn-gate's own and a table "
+                        f"of that name is refused; probe your own kernel (package.module:function or a family)")
     path = Path(path)
     if path.is_symlink():
         raise UserError(f"--write: {path} is a symlink; write through the real file ({path.resolve()}) with --config")
