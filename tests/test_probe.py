@@ -184,7 +184,7 @@ def test_a_kernel_silently_wrong_on_gqa_keeps_gqa_and_the_finding_says_so():
     got = probed("wrong_on_gqa")
     assert got.supports == {}
     assert len(got.findings) == 1
-    assert got.findings[0].startswith("gqa 2: runs but ") and "x its bound: left in the envelope so the gate judges it" \
+    assert got.findings[0].startswith("gqa 4/2 heads: runs but ") and "x its bound: left in the envelope so the gate judges it" \
         in got.findings[0]
 
 

@@ -85,7 +85,7 @@ def axis_trials(dtype: str) -> list[Trial]:
     c = lambda **kw: base_case(dtype, **kw)  # noqa: E731
     trials = [Trial("head_dims", d, c(head_dim=d, head_dim_v=d)) for d in HEAD_DIMS]
     trials += [Trial("head_dim_v_differs", dv, c(head_dim_v=dv)) for dv in (32, 128)]
-    trials += [Trial("gqa", kv, c(heads_q=4, heads_kv=kv)) for kv in (2, 1)]
+    trials += [Trial("gqa", f"4/{kv} heads", c(heads_q=4, heads_kv=kv)) for kv in (2, 1)]
     trials += [Trial("seqlen_q_ne_k", "128x256", c(seqlen_k=256))]
     trials += [Trial("seqlens", n, c(seqlen_q=n, seqlen_k=n)) for n in SEQLENS]
     trials += [Trial("causal", True, c(causal=True)), Trial("window", (16, 0), c(window=(16, 0))),
@@ -184,27 +184,27 @@ def _show(value: Any) -> str:
 # ---------------------------------------------------------------- running the trials
 
 
-def outcome_of(result) -> Result:
-    """A gate CaseResult (gate/core/results.py) as a probe outcome."""
+def outcome_of(trial: Trial, result) -> Result:
+    """The gate's row of `trial` (a CaseResult, gate/core/results.py) as a probe outcome."""
     status = result.status.value
     if status == "PASS":
-        return Result(None, Outcome.OK)  # type: ignore[arg-type]
+        return Result(trial, Outcome.OK)
     if status == "FAIL":
         worst = max(result.tensors, key=lambda t: t.ratio, default=None)
         detail = f"{worst.tensor} is {worst.ratio:,.0f}x its bound" if worst is not None else result.reason
-        return Result(None, Outcome.WRONG, detail)  # type: ignore[arg-type]
+        return Result(trial, Outcome.WRONG, detail)
     if status == "SKIP":
-        return Result(None, Outcome.REFUSED, result.reason)  # type: ignore[arg-type]
-    return Result(None, Outcome.UNSUPPORTED, (result.reason.splitlines() or [""])[0])  # type: ignore[arg-type]
+        return Result(trial, Outcome.REFUSED, result.reason)
+    return Result(trial, Outcome.UNSUPPORTED, (result.reason.splitlines() or [""])[0])
 
 
 def probe(kernel: str, config: Config, device: str, timeout: float = 60.0,
           progress: Callable[[Result], None] | None = None) -> ProbeReport:
     """Probe `kernel` (a built-in, package.module:function, or a family of `config`) on `device`."""
-    from gate.kernels.registry import kernel_family
+    from gate.kernels.registry import kernel_family  # imports the built-in adapters (torch)
+
     family = kernel_family(kernel, config)
-    table = family.supports_table if family is not None else \
-        f'[tool.attn-gate.kernels.{kernel if ":" not in kernel else chr(34) + kernel + chr(34)}.supports]'
+    table = (family or KernelFamily(name=kernel)).supports_table
     if family is not None and family.declaration_only:
         family = None  # the function itself, with no declaration: the probe finds the true envelope
     elif family is not None:
@@ -220,8 +220,7 @@ def probe(kernel: str, config: Config, device: str, timeout: float = 60.0,
         def run(trials: list[Trial]) -> list[Result]:
             done = []
             for trial in trials:
-                got = outcome_of(pool.run_case(trial.case, config.tolerance, (), timeout, info.traits))
-                done.append(dataclasses.replace(got, trial=trial))
+                done.append(outcome_of(trial, pool.run_case(trial.case, config.tolerance, (), timeout, info.traits)))
                 if progress is not None:
                     progress(done[-1])
             return done
