@@ -237,3 +237,16 @@ def test_init_probe_writes_the_found_envelope_into_the_section(tmp_path, capsys)
     assert "the envelope goes into [tool.attn-gate.kernels.\"mypkg.attn:no_gqa\".supports]" in capsys.readouterr().out
     config = load_config(tmp_path / "pyproject.toml")
     assert config.kernels["mypkg.attn:no_gqa"].supports == {"gqa": False}
+
+
+@pytest.mark.slow
+def test_a_family_is_probed_without_its_old_declaration(tmp_path):
+    from gate.workflow.probe import probe
+
+    path = tmp_path / "pyproject.toml"
+    path.write_text('[tool.attn-gate.kernels.mine]\ndense = "tests.envelope_kernels:no_gqa"\n'
+                    '[tool.attn-gate.kernels.mine.supports]\ndtypes = ["fp16"]\n')
+    got = probe("mine", load_config(path), "cpu", 30.0)
+    assert got.supports == {"gqa": False} and got.table == "[tool.attn-gate.kernels.mine.supports]"
+    write_declaration(path, got)
+    assert load_config(path).kernels["mine"].supports == {"gqa": False}
