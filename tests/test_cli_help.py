@@ -14,7 +14,7 @@ from gate.commands.main import build_parser, main
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMANDS = [["check"], ["sweep"], ["perf"], ["baseline"], ["baseline", "update"], ["baseline", "show"], ["bench"],
-            ["publish"], ["drift"], ["kernels"], ["suites"], ["init"]]
+            ["publish"], ["drift"], ["kernels"], ["suites"], ["init"], ["probe"]]
 
 
 def test_version(capsys):

@@ -56,6 +56,13 @@ HELP: dict[str, tuple[str, list[str], list[str]]] = {
               "curve stays inside the band the reference runs span.",
               ["attn-gate drift --device cpu --steps 100", "attn-gate drift --kernel sdpa-flash --dtype bf16"],
               ["0  inside the band", "1  left the band, raised, or the loss went NaN", EXIT_2]),
+    "probe": ("Find a kernel's envelope: call it on tiny inputs along each axis (dtypes, head dims, GQA, lengths, "
+              "masks, bias kinds, varlen, KV cache, layouts), each call in a worker with a timeout. A raise, crash or "
+              "hang is unsupported and goes into the declaration; a wrong answer is printed as a finding and stays in "
+              "the envelope (the gate judges it). Prints [tool.attn-gate.kernels.NAME.supports]; --write saves it.",
+              ["attn-gate probe mypkg.attn:attn_func --device cpu",
+               "attn-gate probe mykernel --write          # a family of pyproject.toml"],
+              ["0  probed (findings are printed, not failed)", EXIT_2]),
     "kernels": ("Every built-in kernel, whether it runs on this machine, and what it supports.",
                 ["attn-gate kernels"], ["0"]),
     "suites": ("The suites (built in and from [tool.attn-gate.suites]) and their case counts; --cases lists every case "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from gate.commands.help_text import parser_kwargs
@@ -17,6 +18,7 @@ import gate
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
 from gate.workflow import init as I
 from gate.workflow.install_source import installed_source
+from gate.workflow.probe import probe_for_init
 
 
 def register(sub) -> None:
@@ -48,6 +50,8 @@ def register(sub) -> None:
     p.add_argument("--yes", "-y", action="store_true", help="ask nothing; take the defaults (also when stdin is not a TTY)")
     p.add_argument("--force", action="store_true", help="replace files and the [tool.attn-gate] section that differ")
     p.add_argument("--check", action="store_true", help="only compare the files with the templates; exit 1 on drift")
+    p.add_argument("--probe", action="store_true", help="probe the kernel (`attn-gate probe`) and write the envelope "
+                   "it finds into the section as [tool.attn-gate.kernels.NAME.supports]")
     p.set_defaults(main=main)
 
 
@@ -84,6 +88,12 @@ def main(args: argparse.Namespace) -> int:
                             install=args.install, force=args.force, placeholders=args.placeholders)
     interactive = not args.yes and sys.stdin.isatty()
     options = I.resolve(options, root, source, ask if interactive else None)
+    if args.probe:
+        report = probe_for_init(root, options.kernel, options.family, options.entries, options.forward_only)
+        for finding in report.findings:
+            print(f"probe finding: {finding}")
+        print(f"probe: {len(report.results)} calls; the envelope goes into {report.table}")
+        options = replace(options, supports=report.supports)
     result = I.init(root, options)
     for a in result.actions:
         print(f"{a.what:>10}  {a.path}" if len(a.what) <= 10 else f"{a.path}: {a.what}")

@@ -8,6 +8,7 @@ from gate.commands.common import add_config
 from gate.commands.help_text import CASE_ID_LEGEND, parser_kwargs
 from gate.kernels.capabilities import Feature
 from gate.core.config import load_config
+from gate.core.envelope import render_supports
 from gate.core.errors import UserError
 from gate.core.cases import load_suite, suite_names
 
@@ -33,9 +34,13 @@ def kernels(args: argparse.Namespace) -> int:
             print(f"{name:15} unavailable: {exc}")
             continue
         caps = adapter.capabilities()
-        entries = ", ".join(adapter.entries)
+        entries = ", ".join(getattr(adapter, "entries", None) or ["dense"])
         print(f"{name:15} {'available' if adapter.unavailable_reason() is None else 'unavailable'}\n{'':15} "
               f"{adapter.description}; entry points: {entries}{'' if caps.backward else '; forward-only'}")
+        family = config.kernels[name]
+        if family.supports:  # the declaration as written, then what it leaves of the signature's envelope
+            print(f"{'':15} declared {family.supports_table}: {_inline(family.supports)}")
+            print(f"{'':15} envelope: {_envelope_line(caps if family.declaration_only else _family_caps(adapter))}")
     for name in kernel_names():
         adapter = get_adapter(name)
         why = adapter.unavailable_reason()
@@ -46,7 +51,26 @@ def kernels(args: argparse.Namespace) -> int:
                              "kvcache", "paged", "sinks") if has[f]]
         state = "available" if why is None else f"unavailable: {why}"
         print(f"{name:15} {state}\n{'':15} {adapter.description}; {'/'.join(caps.dtypes)}; {', '.join(feats)}")
+        print(f"{'':15} envelope: {_envelope_line(caps)}")
     return 0
+
+
+def _inline(values: dict) -> str:
+    return "; ".join(render_supports(values, "x").splitlines()[1:])
+
+
+def _family_caps(adapter):
+    """A family's envelope as its dense (else first) entry point sees it."""
+    entries = adapter.entries
+    return (entries.get("dense") or next(iter(entries.values()))).capabilities()
+
+
+def _envelope_line(caps) -> str:
+    """Capabilities in the declaration's vocabulary: its limits, then the features it lacks."""
+    env = caps.envelope()
+    limits = {k: v for k, v in env.items() if not isinstance(v, bool)}
+    off = [k for k, v in env.items() if v is False]
+    return _inline(limits) + (f"; off: {', '.join(off)}" if off else "")
 
 
 def suites(args: argparse.Namespace) -> int:

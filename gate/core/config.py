@@ -17,6 +17,7 @@ from typing import Any
 from gate.core.errors import UserError
 from gate.core.jsonio import MAX_MULT, checked_name
 from gate.core.cases import CHECKS, expand_suite
+from gate.core.envelope import check_supports
 from gate.core.results import ALL_TENSORS
 
 
@@ -150,31 +151,56 @@ _FAMILY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 class KernelFamily:
     """`[tool.attn-gate.kernels.NAME]`: one kernel's entry points, each 'package.module:function' in
     flash-attn's convention for it (dense: flash_attn_func, varlen: flash_attn_varlen_func, kvcache:
-    flash_attn_with_kvcache). backward = false declares a forward-only (inference) kernel."""
+    flash_attn_with_kvcache). backward = false declares a forward-only (inference) kernel.
+    `supports`: its declared envelope (gate/core/envelope.py SUPPORTS_KEYS), validated. A table
+    named by a function itself (`[tool.attn-gate.kernels."pkg.mod:fn"]`) holds only `supports`:
+    the envelope of `--kernel pkg.mod:fn`."""
 
     name: str
     dense: str | None = None
     varlen: str | None = None
     kvcache: str | None = None
     backward: bool = True
+    supports: dict[str, Any] = field(default_factory=dict)
 
     def entry(self, name: str) -> str | None:
         return getattr(self, name)
+
+    @property
+    def declaration_only(self) -> bool:
+        """The table of a plain `package.module:function`: an envelope, no entry points."""
+        return not any(self.entry(e) for e in FAMILY_ENTRIES)
+
+    @property
+    def supports_table(self) -> str:
+        name = self.name if _FAMILY_NAME.match(self.name) else f'"{self.name}"'
+        return f"[tool.attn-gate.kernels.{name}.supports]"
 
 
 def _kernel_families(raw: Any, where: str) -> dict[str, KernelFamily]:
     if not isinstance(raw, dict):
         raise UserError(f"{where}: expected tables [tool.attn-gate.kernels.NAME]")
     families = {}
+    keys = ("backward", *FAMILY_ENTRIES, "supports")
     for name, spec in raw.items():
-        here = f"{where}.{name}"
-        if not _FAMILY_NAME.match(name):
-            raise UserError(f"{here}: a kernel name is letters, digits, '_', '-', '.' (no ':'); rename the table")
+        here = f"{where}.{name}" if _FAMILY_NAME.match(name) else f'{where}."{name}"'
+        function = bool(_CALLABLE.match(name))  # the table of a plain --kernel package.module:function
+        if not _FAMILY_NAME.match(name) and not function:
+            raise UserError(f"{here}: a kernel name is letters, digits, '_', '-', '.' (no ':'), or a quoted "
+                            f"\"package.module:function\" holding only its supports table; rename the table")
         if not isinstance(spec, dict):
-            raise UserError(f"{here}: expected a table with {', '.join(FAMILY_ENTRIES)} and backward")
-        unknown = sorted(set(spec) - set(FAMILY_ENTRIES) - {"backward"})
+            raise UserError(f"{here}: expected a table with {', '.join(keys)}")
+        unknown = sorted(set(spec) - set(keys))
         if unknown:
-            raise UserError(f"{here}: unknown key {unknown[0]!r}; known keys: backward, {', '.join(FAMILY_ENTRIES)}")
+            raise UserError(f"{here}: unknown key {unknown[0]!r}; known keys: {', '.join(keys)}")
+        supports = check_supports(spec.get("supports", {}), f"{here}.supports")
+        if function:
+            extra = sorted(set(spec) - {"supports"})
+            if extra:
+                raise UserError(f"{here}: the table of a function holds only its supports table, not {extra[0]!r}; "
+                                f"name a family [tool.attn-gate.kernels.NAME] for entry points")
+            families[name] = KernelFamily(name=name, supports=supports)
+            continue
         for entry in FAMILY_ENTRIES:
             value = spec.get(entry)
             if value is not None and not (isinstance(value, str) and _CALLABLE.match(value)):
@@ -185,7 +211,7 @@ def _kernel_families(raw: Any, where: str) -> dict[str, KernelFamily]:
         if not isinstance(backward, bool):
             raise UserError(f"{here}: backward = {backward!r} should be true or false")
         families[name] = KernelFamily(name=name, dense=spec.get("dense"), varlen=spec.get("varlen"),
-                                      kvcache=spec.get("kvcache"), backward=backward)
+                                      kvcache=spec.get("kvcache"), backward=backward, supports=supports)
     return families
 
 

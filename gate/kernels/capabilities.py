@@ -1,63 +1,24 @@
 """What a kernel can run, as data: numeric limits, the features it has (`Feature`), why it lacks
 the ones it names (a mapping from feature to reason, shown to users as written), and traits that
-change how a case is judged. Torch-free: deciding whether a case runs is pure logic."""
+change how a case is judged. Torch-free: deciding whether a case runs is pure logic.
+
+The vocabulary (Feature, the keys of a declared envelope) is gate/core/envelope.py's: a user's
+`[tool.attn-gate.kernels.NAME.supports]` becomes a Capabilities here (`from_declaration`) and
+narrows what the adapter infers (`narrowed_by`), so both speak one language."""
 
 from __future__ import annotations
 
-import enum
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from gate.core.cases import Case
+from gate.core.cases import BIAS_KINDS, DTYPES, LAYOUTS, Case
+from gate.core.envelope import DEFAULT_REASONS, DEVICES, SUPPORTS_KEYS, Feature, describe_dims, dims_allow
 
-
-class Feature(str, enum.Enum):
-    """What a case may need of a kernel beyond a plain forward and backward. A kernel that lacks
-    one skips the cases that need it with the feature's reason (its own, else `DEFAULT_REASONS`)."""
-
-    KVCACHE = "kvcache"  # a decode entry point (flash_attn_with_kvcache convention, or emulated on a gathered cache)
-    PAGED = "paged"  # takes a paged cache with a block table
-    SINKS = "sinks"  # learnable per-head sink logits
-    HEAD_DIM_V_DIFFERS = "head_dim_v_differs"
-    SEQLEN_Q_NE_K = "seqlen_q_ne_k"
-    CAUSAL = "causal"
-    WINDOW = "window"
-    SOFTCAP = "softcap"
-    ALIBI = "alibi"
-    DROPOUT = "dropout"
-    VARLEN = "varlen"
-    GQA = "gqa"
-    FULLY_MASKED_ROWS = "fully_masked_rows"  # returns 0 on rows with no allowed key (not NaN)
-    BIAS = "bias"  # a custom float bias (attn_bias), added to the scaled scores
-    BOOL_MASK = "bool_mask"  # a boolean custom mask
-    BIAS_GRAD = "bias_grad"  # the bias's gradient
-    BIAS_OTHER_DTYPE = "bias_other_dtype"  # a bias in another dtype than q (fp32 with bf16/fp16)
-    BIAS_GRAD_OTHER_DTYPE = "bias_grad_other_dtype"  # the gradient of such a bias
-    VARLEN_BIAS = "varlen_bias"  # a custom bias or mask on a varlen call (the packed convention)
+__all__ = ["ASSUMED", "DEFAULT_REASONS", "Capabilities", "Feature", "feature_set"]
 
 
-# The reason a SKIP row shows when a kernel lacks a feature and gives no reason of its own.
-DEFAULT_REASONS: dict[Feature, str] = {
-    Feature.KVCACHE: "no KV-cache (decode) entry point",
-    Feature.PAGED: "no paged KV cache (block table)",
-    Feature.SINKS: "no learnable sinks",
-    Feature.HEAD_DIM_V_DIFFERS: "head_dim_v != head_dim",
-    Feature.SEQLEN_Q_NE_K: "seqlen_q != seqlen_k",
-    Feature.CAUSAL: "no causal mask",
-    Feature.WINDOW: "no sliding window",
-    Feature.SOFTCAP: "no softcap",
-    Feature.ALIBI: "no ALiBi",
-    Feature.DROPOUT: "no dropout (or its mask cannot be observed)",
-    Feature.VARLEN: "no varlen",
-    Feature.GQA: "no GQA/MQA",
-    Feature.FULLY_MASKED_ROWS: "fully masked rows: not 0 where no key is allowed",
-    Feature.BIAS: "no custom bias (attn_bias)",
-    Feature.BOOL_MASK: "no boolean custom mask",
-    Feature.BIAS_GRAD: "no bias gradient",
-    Feature.BIAS_OTHER_DTYPE: "no bias in another dtype than the inputs",
-    Feature.BIAS_GRAD_OTHER_DTYPE: "no gradient of a bias in another dtype than the inputs",
-    Feature.VARLEN_BIAS: "no custom bias on a varlen call",
-}
 # What a kernel in the flash_attn_func convention is taken to support unless it says otherwise.
 ASSUMED = frozenset({Feature.CAUSAL, Feature.SEQLEN_Q_NE_K, Feature.GQA, Feature.FULLY_MASKED_ROWS,
                      Feature.BIAS_OTHER_DTYPE, Feature.BIAS_GRAD_OTHER_DTYPE})
@@ -83,6 +44,13 @@ class Capabilities:
     max_head_dim: int = 256
     head_dim_multiple: int = 1
     page_size_multiple: int = 1  # page sizes it accepts (FA2: 256)
+    # the envelope's finer limits (gate/core/envelope.py SUPPORTS_KEYS): None / 0 = no limit
+    head_dims: Any = None  # head dims of q/k (and of v unless head_dims_v): a list, or {min, max, multiple}
+    head_dims_v: Any = None
+    max_seqlen: int = 0
+    seqlen_multiple: int = 1
+    layouts: tuple[str, ...] = tuple(LAYOUTS)
+    bias_kinds: tuple[str, ...] = BIAS_KINDS
     # --- features: supported where in `features` and not in `reasons`
     features: frozenset[Feature] = ASSUMED
     # A feature's reason (non-empty) takes it away, in the kernel's words: e.g. NaN rows under an
@@ -102,6 +70,12 @@ class Capabilities:
     # (SDPA efficient/cuDNN: 0 under an additive -inf mask, nonzero only via causal_lower_right).
     fully_masked_rows_ok_with_bias: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # --- a declared envelope: `declared_in` names its table (this Capabilities IS a declaration:
+    # each refusal reads "declared: ... (TABLE key)"); `declaration` is the one that narrowed an
+    # adapter's own, asked first so a case outside it is refused in the declaration's words.
+    declared_in: str = ""
+    declared: Mapping[str, Any] = field(default_factory=dict)
+    declaration: "Capabilities | None" = None
 
     def __post_init__(self) -> None:
         unknown = [f for f in (*self.features, *self.reasons) if not isinstance(f, Feature)]
@@ -110,6 +84,45 @@ class Capabilities:
         if any(not isinstance(r, str) or not r for r in self.reasons.values()):
             raise TypeError("a feature's reason is a non-empty string")
 
+    @classmethod
+    def from_declaration(cls, supports: Mapping[str, Any], where: str) -> "Capabilities":
+        """A declared envelope (validated by gate.core.envelope.check_supports) as Capabilities:
+        everything allowed but what it limits or turns off."""
+        limits = {k: v for k, v in supports.items() if SUPPORTS_KEYS[k].kind != "bool"}
+        for key in ("devices", "dtypes", "layouts", "bias_kinds"):
+            if key in limits:
+                limits[key] = tuple(limits[key])
+        off = {Feature(k) for k, v in supports.items() if SUPPORTS_KEYS[k].kind == "bool" and not v}
+        base = dict(devices=DEVICES, dtypes=DTYPES, max_head_dim=1 << 30)
+        return cls(**{**base, **limits}, features=frozenset(Feature) - off,
+                   reasons={f: DEFAULT_REASONS[f] for f in off}, declared_in=where, declared=dict(supports))
+
+    def narrowed_by(self, declaration: "Capabilities", what_infers: str = "the function's signature") -> "Capabilities":
+        """These capabilities within `declaration`: a case must be inside both. A feature the
+        declaration claims but this adapter lacks stays off (the adapter wins: a declaration
+        never makes the gate pass a keyword the function does not take); its reason says so."""
+        d = declaration
+        claimed = {Feature(k) for k, v in d.declared.items() if v is True and k in Feature._value2member_map_}
+        reasons = dict(self.reasons)
+        for f in claimed:
+            if not self.supports(f):
+                reasons[f] = (f"{self.reason(f)}: declared {f.value} = true in {d.declared_in}, but {what_infers} "
+                              f"does not allow it")
+        return dataclasses.replace(
+            self,
+            devices=tuple(x for x in self.devices if x in d.devices),
+            dtypes=tuple(x for x in self.dtypes if x in d.dtypes),
+            max_head_dim=min(self.max_head_dim, d.max_head_dim),
+            page_size_multiple=max(self.page_size_multiple, d.page_size_multiple),
+            head_dims=d.head_dims if d.head_dims is not None else self.head_dims,
+            head_dims_v=d.head_dims_v if d.head_dims_v is not None else self.head_dims_v,
+            max_seqlen=min(x for x in (self.max_seqlen, d.max_seqlen) if x) if (self.max_seqlen or d.max_seqlen) else 0,
+            seqlen_multiple=max(self.seqlen_multiple, d.seqlen_multiple),
+            layouts=tuple(x for x in self.layouts if x in d.layouts),
+            bias_kinds=tuple(x for x in self.bias_kinds if x in d.bias_kinds),
+            features=self.features & d.features, reasons=reasons, declaration=d,
+        )
+
     def supports(self, feature: Feature) -> bool:
         return feature in self.features and feature not in self.reasons
 
@@ -117,26 +130,54 @@ class Capabilities:
         """Why the kernel lacks `feature`: its own words, else the default."""
         return self.reasons.get(feature) or DEFAULT_REASONS[feature]
 
-    def _needs(self, feature: Feature, needed: bool) -> tuple[bool, str]:
-        return not needed or self.supports(feature), self.reason(feature)
+    def _needs(self, feature: Feature, needed: bool) -> tuple[bool, str, str]:
+        return not needed or self.supports(feature), self.reason(feature), f"{feature.value} = false"
 
     def unsupported_reason(self, case: Case, device: str) -> str | None:
-        """The first reason this kernel cannot run `case` on `device`, or None."""
+        """The first reason this kernel cannot run `case` on `device`, or None. A declaration
+        that narrowed these capabilities is asked first, so its refusal names its key."""
+        if self.declaration is not None:
+            why = self.declaration.unsupported_reason(case, device)
+            if why:
+                return why
+        for ok, reason, key in self._checks(case, device):
+            if not ok:
+                return f"declared: {reason} ({self.declared_in} {key})" if self.declared_in else reason
+        return None
+
+    def _checks(self, case: Case, device: str):
+        """(ok, reason, the envelope key that decides it) for each thing `case` needs, in order."""
         decode = case.entry.kind == "kvcache"
         page = case.entry.page_size
-        checks = [
-            (device in self.devices, f"runs on {'/'.join(self.devices)}, not {device}"),
+        hd, hdv = case.head_dim, case.head_dim_v
+        dims_v = self.head_dims_v if self.head_dims_v is not None else self.head_dims
+        lengths = case_lengths(case)
+        return [
+            (device in self.devices, f"runs on {'/'.join(self.devices)}, not {device}", "devices"),
             self._needs(Feature.KVCACHE, decode),
             self._needs(Feature.PAGED, bool(page)),
-            (not page or page % self.page_size_multiple == 0, f"page size {page} not a multiple of {self.page_size_multiple}"),
+            (not page or page % self.page_size_multiple == 0, f"page size {page} not a multiple of {self.page_size_multiple}",
+             "page_size_multiple"),
             self._needs(Feature.SINKS, case.entry.sinks),
             (case.dtype in self.dtypes, f"no {case.dtype}{': no fp8 path' if case.is_fp8 else ''} "
-                                        f"(supports {', '.join(self.dtypes)})"),
-            (max(case.head_dim, case.head_dim_v) <= self.max_head_dim, f"head_dim > {self.max_head_dim}"),
-            (case.head_dim % self.head_dim_multiple == 0 and case.head_dim_v % self.head_dim_multiple == 0,
-             f"head_dim not a multiple of {self.head_dim_multiple}"),
-            self._needs(Feature.HEAD_DIM_V_DIFFERS, case.head_dim != case.head_dim_v),
+                                        f"(supports {', '.join(self.dtypes)})", "dtypes"),
+            (max(hd, hdv) <= self.max_head_dim, f"head_dim > {self.max_head_dim}", "head_dims"),
+            (hd % self.head_dim_multiple == 0 and hdv % self.head_dim_multiple == 0,
+             f"head_dim not a multiple of {self.head_dim_multiple}", "head_dims"),
+            (self.head_dims is None or dims_allow(self.head_dims, hd),
+             f"head_dim {hd} (supports {describe_dims(self.head_dims or [])})", "head_dims"),
+            (dims_v is None or dims_allow(dims_v, hdv), f"head_dim_v {hdv} (supports {describe_dims(dims_v or [])})",
+             "head_dims_v" if self.head_dims_v is not None else "head_dims"),
+            self._needs(Feature.HEAD_DIM_V_DIFFERS, hd != hdv),
             self._needs(Feature.SEQLEN_Q_NE_K, case.seqlen_q != case.seqlen_k and case.entry.varlen is None and not decode),
+            (not self.max_seqlen or max(lengths) <= self.max_seqlen, f"seqlen {max(lengths)} > {self.max_seqlen}",
+             "max_seqlen"),
+            (all(n % self.seqlen_multiple == 0 for n in lengths),
+             f"seqlen {next((n for n in lengths if n % self.seqlen_multiple), 0)} not a multiple of {self.seqlen_multiple}",
+             "seqlen_multiple"),
+            (case.layout in self.layouts, f"layout {case.layout} (supports {', '.join(self.layouts)})", "layouts"),
+            (case.bias.kind in self.bias_kinds, f"bias {case.bias.kind} (supports {', '.join(self.bias_kinds)})",
+             "bias_kinds"),
             self._needs(Feature.CAUSAL, case.causal),
             self._needs(Feature.WINDOW, case.has_window),
             self._needs(Feature.SOFTCAP, bool(case.softcap)),
@@ -154,4 +195,33 @@ class Capabilities:
             self._needs(Feature.BIAS_GRAD_OTHER_DTYPE, case.bias.grad and case.bias.dtype is not None),
             self._needs(Feature.VARLEN_BIAS, case.has_bias and case.entry.varlen is not None),
         ]
-        return next((reason for ok, reason in checks if not ok), None)
+
+    def envelope(self) -> dict[str, Any]:
+        """These capabilities in the declaration's vocabulary (SUPPORTS_KEYS), for `attn-gate kernels`."""
+        dims = self.head_dims if self.head_dims is not None else {
+            "max": self.max_head_dim, **({"multiple": self.head_dim_multiple} if self.head_dim_multiple > 1 else {})}
+        out: dict[str, Any] = {"devices": list(self.devices), "dtypes": list(self.dtypes), "head_dims": dims}
+        if self.head_dims_v is not None:
+            out["head_dims_v"] = self.head_dims_v
+        if self.max_seqlen:
+            out["max_seqlen"] = self.max_seqlen
+        if self.seqlen_multiple > 1:
+            out["seqlen_multiple"] = self.seqlen_multiple
+        if self.page_size_multiple > 1:
+            out["page_size_multiple"] = self.page_size_multiple
+        if self.layouts != tuple(LAYOUTS):
+            out["layouts"] = list(self.layouts)
+        if self.bias_kinds != BIAS_KINDS:
+            out["bias_kinds"] = list(self.bias_kinds)
+        out.update({f.value: self.supports(f) for f in Feature})
+        return out
+
+
+def case_lengths(case: Case) -> tuple[int, ...]:
+    """Every query and key length the kernel sees in `case`: each varlen sequence's, a decode
+    step's queries and each cache's keys."""
+    if case.entry.kind == "kvcache":
+        return (case.seqlen_q, *case.key_lengths)
+    if case.entry.varlen is not None:
+        return (*case.entry.varlen, *case.keys_varlen)
+    return (case.seqlen_q, case.seqlen_k)

@@ -8,7 +8,7 @@ from gate.kernels.flash_attn import FA2Adapter, FA3Adapter, FA4Adapter, FA4RawWi
 from gate.kernels.flex import FlexAdapter, FlexAdjustedMaskAdapter, FlexDynamicAdapter, FlexPackedAdapter
 from gate.kernels.sdpa import BACKENDS, SdpaAdapter
 from gate.kernels.tiled import TiledAdapter
-from gate.kernels.user import FamilyAdapter, UserAdapter
+from gate.kernels.user import UserAdapter, family_adapter_of
 
 
 def _builtins() -> dict:
@@ -45,7 +45,7 @@ def family_adapter(name: str, config) -> KernelAdapter | None:
     if family is None:
         return None
 
-    return FamilyAdapter(family)
+    return family_adapter_of(family)
 
 
 def resolve_kernel(name: str, config=None) -> KernelAdapter:

@@ -114,20 +114,35 @@ def _common_kwargs(sig: _Signature, call: KernelCall, lse_flag: str) -> dict:
     return kwargs
 
 
-class UserAdapter(KernelAdapter):
+class _Declared(KernelAdapter):
+    """A user entry point: what its signature allows (`inferred`), narrowed by the envelope its
+    table declares (`declared`, gate/core/envelope.py), which is asked first."""
+
+    declared: Capabilities | None = None
+
+    def inferred(self) -> Capabilities:
+        raise NotImplementedError
+
+    def capabilities(self) -> Capabilities:
+        own = self.inferred()
+        return own if self.declared is None else own.narrowed_by(self.declared, f"the signature of {self.name}")
+
+
+class UserAdapter(_Declared):
     """One function in the flash_attn_func convention; varlen cases run each sequence through it alone."""
 
-    def __init__(self, spec: str, fn=None, backward: bool = True, family: str = ""):
+    def __init__(self, spec: str, fn=None, backward: bool = True, family: str = "", declared: Capabilities | None = None):
         self.name = spec
         self.description = f"user kernel {spec} (flash_attn_func convention)"
         self.fn = fn if fn is not None else load_callable(spec)
         self.sig = _Signature(self.fn)
         self.backward = backward
+        self.declared = declared
 
     def _takes(self, name: str) -> bool:
         return self.sig.takes(name)
 
-    def capabilities(self) -> Capabilities:
+    def inferred(self) -> Capabilities:
         return Capabilities(
             devices=("cpu", "cuda"), dtypes=_dtypes(self.sig), max_head_dim=1024,
             features=feature_set(
@@ -156,15 +171,22 @@ class UserAdapter(KernelAdapter):
 # --- kernel families ------------------------------------------------------------
 
 
-class VarlenEntry(KernelAdapter):
+def declaration_of(family) -> Capabilities | None:
+    """The envelope `[tool.attn-gate.kernels.NAME.supports]` declares, as Capabilities; None when empty."""
+    if not family.supports:
+        return None
+    return Capabilities.from_declaration(family.supports, family.supports_table)
+
+
+class VarlenEntry(_Declared):
     """flash_attn_varlen_func convention: the packed batch in ONE call, with cu_seqlens_q/k and
     max_seqlen_q/k (and seqused_k, the true key count per sequence, where the function takes it)."""
 
-    def __init__(self, spec: str, fn, backward: bool = True):
-        self.name, self.fn, self.sig, self.backward = spec, fn, _Signature(fn), backward
+    def __init__(self, spec: str, fn, backward: bool = True, declared: Capabilities | None = None):
+        self.name, self.fn, self.sig, self.backward, self.declared = spec, fn, _Signature(fn), backward, declared
         self.description = f"user kernel {spec} (flash_attn_varlen_func convention)"
 
-    def capabilities(self) -> Capabilities:
+    def inferred(self) -> Capabilities:
         t = self.sig.takes
         return Capabilities(
             devices=("cpu", "cuda"), dtypes=("fp16", "bf16", "fp32"), max_head_dim=1024,
@@ -182,16 +204,16 @@ class VarlenEntry(KernelAdapter):
                                      max_seqlen_q=call.max_seqlen, max_seqlen_k=call.keys_max_seqlen, **kwargs))
 
 
-class KVCacheEntry(KernelAdapter):
+class KVCacheEntry(_Declared):
     """flash_attn_with_kvcache convention: q (B, Nq, Hq, D) against k_cache/v_cache with
     cache_seqlens; k=/v= new tokens the function appends into the cache in place; block_table for a
     paged cache (blocks, page, Hkv, D). Forward only."""
 
-    def __init__(self, spec: str, fn):
-        self.name, self.fn, self.sig = spec, fn, _Signature(fn)
+    def __init__(self, spec: str, fn, declared: Capabilities | None = None):
+        self.name, self.fn, self.sig, self.declared = spec, fn, _Signature(fn), declared
         self.description = f"user kernel {spec} (flash_attn_with_kvcache convention)"
 
-    def capabilities(self) -> Capabilities:
+    def inferred(self) -> Capabilities:
         t = self.sig.takes
         return Capabilities(
             devices=("cpu", "cuda"), dtypes=("fp16", "bf16", "fp32"), max_head_dim=1024,
@@ -202,6 +224,9 @@ class KVCacheEntry(KernelAdapter):
         )
 
     def unsupported_reason(self, case, device: str) -> str | None:
+        why = self.declared.unsupported_reason(case, device) if self.declared is not None else None
+        if why:
+            return why
         if case.entry.cache_new and not (self.sig.takes("k") and self.sig.takes("v")):
             return "its kvcache entry point takes no k=/v= to append"
         return super().unsupported_reason(case, device)
@@ -218,6 +243,14 @@ class KVCacheEntry(KernelAdapter):
         return _split_result(self.fn(call.q, c.k_cache, c.v_cache, cache_seqlens=c.cache_seqlens, **kwargs))
 
 
+def family_adapter_of(family) -> KernelAdapter:
+    """The adapter of a `[tool.attn-gate.kernels]` table: a family's entry points, or (the table of
+    a plain `package.module:function`) that function with the table's declared envelope."""
+    if family.declaration_only:
+        return UserAdapter(family.name, declared=declaration_of(family))
+    return FamilyAdapter(family)
+
+
 class FamilyAdapter(KernelAdapter):
     """A kernel family from `[tool.attn-gate.kernels.NAME]`: each case goes to its entry point."""
 
@@ -227,12 +260,13 @@ class FamilyAdapter(KernelAdapter):
         named = ", ".join(f"{e}={family.entry(e)}" for e in ("dense", "varlen", "kvcache") if family.entry(e))
         self.description = f"user kernel family ({named})" + ("" if family.backward else ", forward-only")
         self.entries: dict[str, KernelAdapter] = {}
+        declared = declaration_of(family)
         if family.dense:
-            self.entries["dense"] = UserAdapter(family.dense, load_callable(family.dense), family.backward)
+            self.entries["dense"] = UserAdapter(family.dense, load_callable(family.dense), family.backward, declared=declared)
         if family.varlen:
-            self.entries["varlen"] = VarlenEntry(family.varlen, load_callable(family.varlen), family.backward)
+            self.entries["varlen"] = VarlenEntry(family.varlen, load_callable(family.varlen), family.backward, declared)
         if family.kvcache:
-            self.entries["kvcache"] = KVCacheEntry(family.kvcache, load_callable(family.kvcache))
+            self.entries["kvcache"] = KVCacheEntry(family.kvcache, load_callable(family.kvcache), declared)
 
     def capabilities(self) -> Capabilities:
         """The family as a whole (devices, dtypes, backward): per-case answers come from unsupported_reason."""
@@ -247,6 +281,10 @@ class FamilyAdapter(KernelAdapter):
         return self.entries.get(case.entry_point)
 
     def unsupported_reason(self, case, device: str) -> str | None:
+        declared = declaration_of(self.family)
+        why = declared.unsupported_reason(case, device) if declared is not None else None
+        if why:
+            return why
         entry = self.entry_for(case)
         if entry is None:
             return (f"no {case.entry_point} entry point: add {case.entry_point} = \"package.module:function\" "

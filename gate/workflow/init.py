@@ -23,6 +23,7 @@ from typing import Callable
 
 from gate.core.cases import suite_names
 from gate.core.config import CiConfig, Config, FAMILY_ENTRIES, load_config
+from gate.core.envelope import render_supports
 from gate.core.errors import UserError
 from gate.core.jsonio import checked_name, write_text_atomic
 from gate.workflow.install_source import InstallSource, checkout_requirement, mismatch, requirement_in
@@ -152,6 +153,7 @@ class InitOptions:
     install: str | None = None  # pip requirement of attn-gate in the generated jobs
     force: bool = False
     placeholders: bool = False  # write OWNER/REPO where the repository cannot be inferred
+    supports: dict | None = None  # `--probe`: the envelope found (gate/workflow/probe.py), written as its table
 
 
 Ask = Callable[[str, str], str]  # (question, default) -> answer
@@ -315,6 +317,10 @@ def pyproject_section(options: InitOptions, ci: CiConfig) -> str:
         if options.forward_only:
             lines.append("backward = false")
         lines.append("")
+    if options.supports is not None:
+        name = options.family if options.entries else json.dumps(options.kernel)
+        lines.append("# the envelope `attn-gate init --probe` found; cases outside it SKIP (docs/kernels.md)")
+        lines += render_supports(options.supports, f"tool.attn-gate.kernels.{name}.supports").splitlines() + [""]
     lines.append("[tool.attn-gate.ci]")
     for key in ("repository", "runner_labels", "owners", "setup", "setup_locked", "ci_run", "nightly_suite", "protected",
                 "docs"):

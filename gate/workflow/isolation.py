@@ -62,6 +62,7 @@ from gate.core.cases import Case
 from gate.core.config import IsolationConfig, KernelFamily, ToleranceConfig
 from gate.core.errors import UserError, first_line
 from gate.core.results import CaseResult, CheckResult, Status
+from gate.kernels.capabilities import Capabilities
 from gate.workflow.worker_main import kill_tree
 from gate.speed.runs import PerfCaseResult
 
@@ -573,6 +574,10 @@ class PerfWorker:
         self._ctx = worker_pool(kernel, device, 1, cfg, family)
         self.pool: WorkerPool | None = None
         self.info: KernelInfo | None = None
+        self.device = device
+        # a case outside the declared envelope is a SKIP decided here: no worker call
+        self.declared = Capabilities.from_declaration(family.supports, family.supports_table) \
+            if family is not None and family.supports else None
 
     def __enter__(self) -> "PerfWorker":
         self.pool = self._ctx.__enter__()
@@ -589,6 +594,9 @@ class PerfWorker:
         return bool(self._ctx.__exit__(*exc))
 
     def measure(self, case: Case, anchor: str, plan):
+        declared = self.declared.unsupported_reason(case, self.device) if self.declared is not None else None
+        if declared:
+            return PerfCaseResult(case=case, status="SKIP", reason=declared, anchor=anchor)
         slot = self.pool.slots[0]
         timeout = case_timeout(case, self.pool.cfg) + 5.0 * plan.rounds * len(plan.passes)
         try:

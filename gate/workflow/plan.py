@@ -18,6 +18,7 @@ from gate.compare.baselines import baseline_path
 from gate.core.cases import Case, Suite, load_suite, only_pattern, suite_hash
 from gate.core.config import Config, IsolationConfig, PerfConfig, ToleranceConfig
 from gate.core.errors import UserError
+from gate.kernels.capabilities import Capabilities
 from gate.workflow.validate import validate_target
 
 
@@ -65,6 +66,20 @@ class RunPlan:
         the caller decides)."""
         pattern = only_pattern(self.only)
         return tuple(c for c in self.suite.perf_cases if pattern is None or pattern.search(c.id))
+
+    @functools.cached_property
+    def declared(self):
+        """The envelope the kernel's table declares ([tool.attn-gate.kernels.NAME.supports]) as
+        Capabilities, or None: read from the config alone, so a case outside it is a SKIP row
+        decided here, before any worker starts or the kernel is called."""
+        family = self.family
+        if family is None or not family.supports:
+            return None
+        return Capabilities.from_declaration(family.supports, family.supports_table)
+
+    def declared_skip(self, case: Case) -> str | None:
+        """Why `case` is outside the declared envelope (a SKIP reason), or None."""
+        return self.declared.unsupported_reason(case, self.device) if self.declared is not None else None
 
     def in_process_adapter(self):
         """The adapter for a run in this process: the plan's own, else built from the family or

@@ -17,7 +17,7 @@ from gate.core.config import Config
 from gate.correctness.run_case import run_case
 from gate.core.environment import describe
 from gate.core.errors import UserError
-from gate.core.results import CaseResult, SweepResult
+from gate.core.results import CaseResult, Status, SweepResult
 from gate.workflow.plan import RunPlan, plan_run
 from gate.workflow.shards import shard_cases, shard_note
 from gate.workflow.validate import check_device
@@ -152,7 +152,9 @@ def _run_isolated(plan: RunPlan, progress: bool, check_names: tuple[str, ...], c
         fresh: dict[str, CaseResult] = {}
         with _progress(progress, len(todo), f"{kernel} / {suite.name}") as advance:
             def one(case):
-                result = pool.run_case(case, config.tolerance, check_names, options.case_timeout, info.traits)
+                declared = plan.declared_skip(case)  # outside the declared envelope: no worker call
+                result = CaseResult(case=case, status=Status.SKIP, reason=declared) if declared else \
+                    pool.run_case(case, config.tolerance, check_names, options.case_timeout, info.traits)
                 with lock:
                     if stopping.is_set():  # its worker was killed by the interrupt: it runs again on --resume
                         return

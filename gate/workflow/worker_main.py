@@ -280,9 +280,9 @@ def _serve() -> int:
         from gate.kernels.registry import get_adapter
 
         if hello.get("family"):  # a kernel family of the gate's config, its entry points imported here
-            from gate.kernels.user import FamilyAdapter
+            from gate.kernels.user import family_adapter_of
 
-            adapter = FamilyAdapter(KernelFamily(**hello["family"]))
+            adapter = family_adapter_of(KernelFamily(**hello["family"]))
         else:
             adapter = get_adapter(hello["kernel"])
         caps = adapter.capabilities()

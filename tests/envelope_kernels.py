@@ -1,0 +1,88 @@
+"""Plain-PyTorch kernels with known envelopes, for the declared envelope and `attn-gate probe`.
+
+Each is `attend` (float32 softmax attention in the flash_attn_func convention, GQA by repeated K/V
+heads, bottom-right causal) with one limit of its own:
+
+    attend               takes everything it has keywords for (causal, softcap, window_size)
+    upto_128             raises past head dim 128
+    fp16_only            raises on any dtype but fp16
+    multiple_of_128      raises unless every length is a multiple of 128
+    no_gqa               raises when K/V have fewer heads than Q
+    wrong_on_gqa         runs GQA, but pairs each query head with the wrong KV head (silently wrong)
+    hangs_on_window      sleeps forever when given a sliding window
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def attend(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, return_attn_probs=False,
+           _pair=None):
+    """(B, N, H, D) attention in float32, returned in q's dtype; (out, lse) when asked."""
+    b, nq, hq, d = q.shape
+    nk, hkv = k.shape[1], k.shape[2]
+    group = hq // hkv
+    index = _pair(hq, hkv) if _pair is not None else torch.arange(hq) // group
+    kf = k.float()[:, :, index]
+    vf = v.float()[:, :, index]
+    scale = softmax_scale if softmax_scale is not None else d ** -0.5
+    s = torch.einsum("bqhd,bkhd->bhqk", q.float(), kf) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    rows = torch.arange(nq)[:, None] + (nk - nq)
+    cols = torch.arange(nk)[None, :]
+    allowed = torch.ones(nq, nk, dtype=torch.bool)
+    left, right = window_size
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    if right >= 0:
+        allowed &= cols <= rows + right
+    if left >= 0:
+        allowed &= cols >= rows - left
+    s = s.masked_fill(~allowed, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+    out = torch.einsum("bhqk,bkhd->bqhd", p, vf).to(q.dtype)
+    return (out, lse) if return_attn_probs else out
+
+
+def upto_128(q, k, v, softmax_scale=None, causal=False, return_attn_probs=False):
+    if q.shape[-1] > 128 or v.shape[-1] > 128:
+        raise ValueError("head dim > 128 not supported")
+    return attend(q, k, v, softmax_scale, causal, return_attn_probs=return_attn_probs)
+
+
+def fp16_only(q, k, v, softmax_scale=None, causal=False, return_attn_probs=False):
+    if q.dtype != torch.float16:
+        raise TypeError(f"fp16 only, got {q.dtype}")
+    return attend(q, k, v, softmax_scale, causal, return_attn_probs=return_attn_probs)
+
+
+def multiple_of_128(q, k, v, softmax_scale=None, causal=False, return_attn_probs=False):
+    if q.shape[1] % 128 or k.shape[1] % 128:
+        raise ValueError("sequence lengths must be multiples of 128")
+    return attend(q, k, v, softmax_scale, causal, return_attn_probs=return_attn_probs)
+
+
+def no_gqa(q, k, v, softmax_scale=None, causal=False, return_attn_probs=False):
+    if k.shape[2] != q.shape[2]:
+        raise ValueError("q, k, v need the same number of heads")
+    return attend(q, k, v, softmax_scale, causal, return_attn_probs=return_attn_probs)
+
+
+def _wrong_pairing(hq: int, hkv: int) -> torch.Tensor:
+    return torch.arange(hq) % hkv  # interleaved, where flash-attn groups consecutive query heads
+
+
+def wrong_on_gqa(q, k, v, softmax_scale=None, causal=False, return_attn_probs=False):
+    return attend(q, k, v, softmax_scale, causal, return_attn_probs=return_attn_probs, _pair=_wrong_pairing)
+
+
+def hangs_on_window(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), return_attn_probs=False):
+    if tuple(window_size) != (-1, -1):
+        while True:
+            time.sleep(1)
+    return attend(q, k, v, softmax_scale, causal, return_attn_probs=return_attn_probs)

@@ -1,0 +1,252 @@
+"""`attn-gate probe`: outcomes -> declaration (one fast test per rule), the declaration written into
+pyproject.toml, and (slow) the probe of kernels with known envelopes (tests/envelope_kernels.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from gate.core.cases import Case
+from gate.core.config import load_config
+from gate.core.errors import UserError
+from gate.workflow.probe import (HEAD_DIMS, SEQLENS, Outcome, ProbeReport, Result, Trial, derive, with_declaration,
+                                 write_declaration)
+
+ROOT = Path(__file__).resolve().parent.parent
+CASE = Case.build(batch=1, seqlen_q=8, seqlen_k=8, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16")
+OK, WRONG, OUT, REFUSED = Outcome.OK, Outcome.WRONG, Outcome.UNSUPPORTED, Outcome.REFUSED
+
+
+def results(key: str, outcomes: dict) -> list[Result]:
+    return [Result(Trial(key, value, CASE), outcome, "dq is 37x its bound" if outcome == WRONG else "")
+            for value, outcome in outcomes.items()]
+
+
+# ---------------------------------------------------------------- derive: one rule each
+
+
+def test_a_raise_past_a_head_dim_declares_its_max():
+    got, _ = derive(results("head_dims", {d: OK if d <= 128 else OUT for d in HEAD_DIMS}))
+    assert got == {"head_dims": {"max": 128}}
+
+
+def test_scattered_head_dims_are_declared_as_the_list_that_ran():
+    got, _ = derive(results("head_dims", {d: OK if d % 32 == 0 else OUT for d in HEAD_DIMS}))
+    assert got == {"head_dims": [32, 64, 96, 128, 160, 192, 256]}
+
+
+def test_every_dim_running_declares_nothing():
+    assert derive(results("head_dims", {d: OK for d in HEAD_DIMS})) == ({}, [])
+
+
+def test_dtypes_are_the_ones_that_ran_and_refused_ones_are_left_to_the_signature():
+    got, _ = derive(results("dtypes", {"fp16": OK, "bf16": OUT, "fp32": OUT, "e4m3": REFUSED, "e5m2": REFUSED}))
+    assert got == {"dtypes": ["fp16"]}
+    assert derive(results("dtypes", {"fp16": OK, "bf16": OK, "fp32": OK, "e4m3": REFUSED}))[0] == {}
+
+
+def test_lengths_failing_off_a_multiple_declare_the_multiple():
+    got, notes = derive(results("seqlens", {n: OK if n % 128 == 0 else OUT for n in SEQLENS}))
+    assert got == {"seqlen_multiple": 128} and notes == []
+
+
+def test_lengths_failing_above_one_declare_the_max():
+    got, _ = derive(results("seqlens", {n: OK if n <= 256 else OUT for n in SEQLENS}))
+    assert got == {"max_seqlen": 256}
+
+
+def test_lengths_failing_by_no_rule_are_a_finding_not_a_guess():
+    got, notes = derive(results("seqlens", {n: OUT if n in (64, 192) else OK for n in SEQLENS}))
+    assert got == {} and notes and "by no multiple: declare max_seqlen / seqlen_multiple by hand" in notes[0]
+
+
+def test_an_unsupported_feature_is_declared_false():
+    got, _ = derive(results("gqa", {2: OK, 1: OUT}))
+    assert got == {"gqa": False}
+
+
+def test_a_wrong_answer_stays_in_the_envelope_as_a_finding():
+    got, findings = derive(results("gqa", {2: WRONG, 1: OK}))
+    assert got == {}
+    assert findings == ["gqa 2: runs but dq is 37x its bound: left in the envelope so the gate judges it"]
+
+
+def test_a_refused_axis_is_the_signatures_and_declares_nothing():
+    assert derive(results("window", {(16, 0): REFUSED}))[0] == {}
+
+
+def test_bias_kinds_and_layouts_keep_the_untried_values():
+    got, _ = derive(results("bias_kinds", {"dense": OK, "bool_mask": OUT}) + results("layouts", {"bhsd_view": OUT, "k_sliced": OK}))
+    assert "bool_mask" not in got["bias_kinds"] and {"none", "dense", "growing"} <= set(got["bias_kinds"])  # untried stay
+    assert "contiguous" in got["layouts"] and "far_rows" in got["layouts"] and "bhsd_view" not in got["layouts"]
+
+
+# ---------------------------------------------------------------- writing it
+
+
+def report(kernel="pkg.mod:fn", supports=None) -> ProbeReport:
+    table = f'[tool.attn-gate.kernels."{kernel}".supports]' if ":" in kernel else f"[tool.attn-gate.kernels.{kernel}.supports]"
+    return ProbeReport(kernel=kernel, table=table, supports=supports or {"head_dims": {"max": 128}, "gqa": False},
+                       findings=(), results=())
+
+
+def test_write_appends_the_table_and_it_reads_back(tmp_path):
+    path = tmp_path / "pyproject.toml"
+    path.write_text('[project]\nname = "x"\n\n[tool.attn-gate]\nbaselines_dir = "b"\n')
+    write_declaration(path, report())
+    assert load_config(path).kernels["pkg.mod:fn"].supports == {"head_dims": {"max": 128}, "gqa": False}
+    write_declaration(path, report(supports={"dtypes": ["fp16"]}))  # a second probe replaces the table
+    text = path.read_text()
+    assert text.count(".supports]") == 1 and "gqa" not in text
+    assert load_config(path).kernels["pkg.mod:fn"].supports == {"dtypes": ["fp16"]}
+
+
+def test_write_replaces_a_familys_table_and_keeps_what_follows(tmp_path):
+    path = tmp_path / "pyproject.toml"
+    path.write_text('[tool.attn-gate.kernels.mine]\ndense = "a.b:c"\n\n[tool.attn-gate.kernels.mine.supports]\n'
+                    'gqa = true\n\n[tool.attn-gate.cpu]\nsuite = "smoke"\n')
+    write_declaration(path, report("mine"))
+    config = load_config(path)
+    assert config.kernels["mine"].supports == {"head_dims": {"max": 128}, "gqa": False}
+    assert config.kernels["mine"].dense == "a.b:c" and config.cpu.suite == "smoke"
+
+
+def test_write_refuses_a_symlink_and_an_inline_table_and_writes_nothing(tmp_path):
+    real = tmp_path / "real.toml"
+    real.write_text("[tool.attn-gate]\n")
+    link = tmp_path / "pyproject.toml"
+    link.symlink_to(real)
+    with pytest.raises(UserError, match="is a symlink; write through the real file"):
+        write_declaration(link, report())
+    assert real.read_text() == "[tool.attn-gate]\n" and link.is_symlink()
+    inline = tmp_path / "inline.toml"
+    body = '[tool.attn-gate.kernels.mine]\ndense = "a.b:c"\nsupports = {gqa = true}\n'
+    inline.write_text(body)
+    with pytest.raises(UserError, match="written inline"):
+        write_declaration(inline, report("mine"))
+    assert inline.read_text() == body
+
+
+def test_write_refuses_a_file_that_would_not_load_and_leaves_it(tmp_path):
+    path = tmp_path / "pyproject.toml"
+    body = "[tool.attn-gate]\nunknown_key = 1\n"
+    path.write_text(body)
+    with pytest.raises(UserError, match="unknown key 'unknown_key'"):
+        write_declaration(path, report())
+    assert path.read_text() == body and [p.name for p in tmp_path.iterdir()] == ["pyproject.toml"]
+
+
+def test_with_declaration_is_valid_toml_at_the_end_of_a_file_without_newline():
+    text = with_declaration('[project]\nname = "x"', report(), "f")
+    assert tomllib.loads(text)["tool"]["attn-gate"]["kernels"]["pkg.mod:fn"]["supports"]["gqa"] is False
+
+
+def test_init_renders_a_probed_declaration_into_its_section():
+    from gate.workflow.init import CiConfig, InitOptions, pyproject_section
+
+    section = pyproject_section(InitOptions(kernel="pkg.mod:fn", supports={"dtypes": ["fp16"]}), CiConfig())
+    assert '[tool.attn-gate.kernels."pkg.mod:fn".supports]\ndtypes = ["fp16"]\n' in section
+    family = pyproject_section(InitOptions(family="mine", entries=(("dense", "a.b:c"),), supports={"gqa": False}), CiConfig())
+    assert "[tool.attn-gate.kernels.mine.supports]\ngqa = false\n" in family
+    assert "supports]" not in pyproject_section(InitOptions(kernel="pkg.mod:fn"), CiConfig())
+
+
+# ---------------------------------------------------------------- probing kernels of known envelopes (slow)
+
+
+def probed(function: str, timeout: float = 30.0) -> ProbeReport:
+    from gate.workflow.probe import probe
+
+    return probe(f"tests.envelope_kernels:{function}", load_config(ROOT / "pyproject.toml"), "cpu", timeout)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("function, declaration", [
+    ("attend", {}),
+    ("upto_128", {"head_dims": {"max": 128}}),
+    ("fp16_only", {"dtypes": ["fp16"]}),
+    ("multiple_of_128", {"seqlen_multiple": 128}),
+    ("no_gqa", {"gqa": False}),
+])
+def test_the_probe_finds_the_known_envelope(function, declaration):
+    got = probed(function)
+    assert got.supports == declaration
+    assert got.findings == ()
+
+
+@pytest.mark.slow
+def test_a_kernel_silently_wrong_on_gqa_keeps_gqa_and_the_finding_says_so():
+    got = probed("wrong_on_gqa")
+    assert got.supports == {}
+    assert len(got.findings) == 1
+    assert got.findings[0].startswith("gqa 4/2 heads: runs but ") and "x its bound: left in the envelope so the gate judges it" \
+        in got.findings[0]
+
+
+@pytest.mark.slow
+def test_a_hang_is_timed_out_and_declared_unsupported():
+    got = probed("hangs_on_window", timeout=8.0)
+    assert got.supports == {"window": False}
+    hung = [r for r in got.results if r.trial.key == "window"]
+    assert hung[0].outcome == Outcome.UNSUPPORTED and "timed out" in hung[0].detail.lower() or "time" in hung[0].detail
+    # the trials after the hang ran in a fresh worker
+    assert [r.outcome for r in got.results if r.trial.key == "layouts"] == [OK] * len(
+        [r for r in got.results if r.trial.key == "layouts"])
+
+
+@pytest.mark.slow
+def test_probe_write_from_the_cli_then_the_gate_skips_outside_it(tmp_path):
+    path = tmp_path / "pyproject.toml"
+    path.write_text('[tool.attn-gate]\nbaselines_dir = "baselines"\n')
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-m", "gate", "probe", "tests.envelope_kernels:upto_128", "--config", str(path),
+                          "--device", "cpu", "--write", "-q", "--timeout", "30"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert '[tool.attn-gate.kernels."tests.envelope_kernels:upto_128".supports]\nhead_dims = { max = 128 }\n' in run.stdout
+    family = load_config(path).kernels["tests.envelope_kernels:upto_128"]
+    assert family.supports == {"head_dims": {"max": 128}}
+    bad = subprocess.run([sys.executable, "-m", "gate", "probe", "tests.envelope_kernels:upto_128", "--timeout", "0"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--timeout 0.0: give seconds > 0" in bad.stderr
+
+
+def test_write_refuses_a_built_in_kernels_table(tmp_path):
+    path = tmp_path / "pyproject.toml"
+    path.write_text("[tool.attn-gate]\n")
+    with pytest.raises(UserError, match="'tiled' is a built-in kernel"):
+        write_declaration(path, report("tiled"))
+    assert path.read_text() == "[tool.attn-gate]\n"
+
+
+@pytest.mark.slow
+def test_init_probe_writes_the_found_envelope_into_the_section(tmp_path, capsys):
+    from gate.commands.main import main
+
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "attn.py").write_text((ROOT / "tests" / "envelope_kernels.py").read_text())
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\nversion = "0"\n')
+    assert main(["init", "--dir", str(tmp_path), "--kernel", "mypkg.attn:no_gqa", "--probe", "--yes",
+                 "--repository", "a/b", "--owners", "@a/b"]) == 0
+    assert "the envelope goes into [tool.attn-gate.kernels.\"mypkg.attn:no_gqa\".supports]" in capsys.readouterr().out
+    config = load_config(tmp_path / "pyproject.toml")
+    assert config.kernels["mypkg.attn:no_gqa"].supports == {"gqa": False}
+
+
+@pytest.mark.slow
+def test_a_family_is_probed_without_its_old_declaration(tmp_path):
+    from gate.workflow.probe import probe
+
+    path = tmp_path / "pyproject.toml"
+    path.write_text('[tool.attn-gate.kernels.mine]\ndense = "tests.envelope_kernels:no_gqa"\n'
+                    '[tool.attn-gate.kernels.mine.supports]\ndtypes = ["fp16"]\n')
+    got = probe("mine", load_config(path), "cpu", 30.0)
+    assert got.supports == {"gqa": False} and got.table == "[tool.attn-gate.kernels.mine.supports]"
+    write_declaration(path, got)
+    assert load_config(path).kernels["mine"].supports == {"gqa": False}
