@@ -113,7 +113,7 @@ def rule_known(f: Finding, failures: frozenset[str], covered: Mapping[str, Known
         return None
     if entry is None:
         return None
-    tail = f" [KNOWN: {entry.name}, {entry.link}]"
+    tail = f" [KNOWN: {entry.name}{', ' + entry.link if entry.link else ''}]"
     if unmeasured:
         tail += " (its other tensors are not measured while it fails this way)"
     return replace(f, severity=Severity.KNOWN, entry=entry.index, message=f.message + tail)
@@ -135,7 +135,8 @@ def rule_xpass(entry: KnownFailure, case_id: str, status: str, failures: frozens
         advice = (f"narrow its cases or tensors ({still_failing} of the {matched} cases it declares in this run still "
                   f"fail)")
     else:
-        advice = f"the upstream fix seems to have landed ({entry.link}): delete the entry from {entry.source}"
+        landed = f"the upstream fix seems to have landed ({entry.link})" if entry.link else "the fix seems to have landed"
+        advice = f"{landed}: delete the entry from {entry.source}"
     severity = Severity.FAIL if entry.strict else Severity.WARN
     strict = " (strict = true: a failure)" if entry.strict else ""
     return Finding("xpass", severity, case_id, "status", "KNOWN", status, None,

@@ -29,7 +29,7 @@ def print_known(verdict: Verdict, console) -> None:
     for g in groups:
         shown = ", ".join(g.cases[:4]) + (f" (+{len(g.cases) - 4})" if len(g.cases) > 4 else "")
         table.add_row(f"#{g.entry['index']}", escape(f"{len(g.cases)}: {shown}" if g.cases else "0"), str(len(g.xpass)),
-                      escape(g.covers), escape(g.entry["reason"]), escape(g.entry["link"]))
+                      escape(g.covers), escape(g.entry["reason"]), escape(g.entry["link"] or "-"))
     console.print(table)
 
 
