@@ -469,3 +469,14 @@ def load_config(path: Path | None = None) -> Config:
         known_failures=_known_failures(raw.get("known_failures", []), path, set(raw.get("kernels", {}) or {})),
         ci=_ci_section(raw.get("ci", {}), f"{where}.ci"),
     )
+
+
+def known_failures_in(text: str, path: Path) -> tuple[KnownFailure, ...]:
+    """The [[tool.attn-gate.known_failures]] of a pyproject's text, validated as load_config does
+    (`baseline update --known` checks the file it is about to write)."""
+    try:
+        raw = tomllib.loads(text).get("tool", {}).get("attn-gate", {})
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path}: invalid TOML ({exc})") from None
+    kernels = raw.get("kernels", {})
+    return _known_failures(raw.get("known_failures", []), path, set(kernels) if isinstance(kernels, dict) else set())
