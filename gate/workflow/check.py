@@ -61,6 +61,10 @@ from gate.report.comment import Links, pr_comment
 from gate.report.plots import plot_ratios
 
 
+# what a check of some cases only (--only, --last-failed) adds to its file names (check-K-S.only.md) where
+# the folder holds the whole suite's check: a rerun never overwrites the full report
+RERUN_SUFFIX = ".only"
+
 # The documentation page and section that every "no baseline" message points to (tests/test_validate.py
 # checks both exist).
 BASELINES_DOC = ("docs/baselines.md", "Baselines")
@@ -281,10 +285,23 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
     return CheckOutcome(verdict, sweep, baseline, path, paths)
 
 
+def holds_full_check(out_dir: Path, kernel: str, suite: str) -> bool:
+    """Does `out_dir` hold the findings of a check of the whole suite (no --only) of this kernel?"""
+    import json
+
+    path = Path(out_dir) / f"findings-{safe_name(kernel)}-{suite}.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("context", {}).get("scope", "") is None
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def render_check(verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_dir: Path, console=None,
                  extra_markdown: str = "") -> dict[str, Path]:
-    stem = f"{safe_name(sweep.kernel)}-{sweep.suite}"
-    paths = write_sweep_outputs(sweep, out_dir)
+    # a rerun of some cases (--only, --last-failed) writes beside the full run's report, not over it
+    suffix = RERUN_SUFFIX if sweep.scope is not None and holds_full_check(out_dir, sweep.kernel, sweep.suite) else ""
+    stem = f"{safe_name(sweep.kernel)}-{sweep.suite}{suffix}"
+    paths = write_sweep_outputs(sweep, out_dir, suffix)
     paths["findings"] = out_dir / f"findings-{stem}.json"
     write_json_atomic(paths["findings"], verdict.to_dict())
 
