@@ -14,7 +14,7 @@ from gate.compare.findings import Severity, Verdict, fmt, worst_first
 from gate.core.results import Status, SweepResult
 from gate.report import terminal_console
 from gate.report.known import known_groups
-from gate.report.comment import _correctness_clause, _is_speed, _speed_clause, diagnosis
+from gate.report.comment import _correctness_clause, _is_speed, _speed_clause, diagnosis, failing_names
 from gate.report.failures import check_lines
 
 MAX_ROWS = 60  # terminal table rows; the findings JSON always has everything
@@ -122,11 +122,7 @@ def summary_lines(verdict: Verdict, sweep: SweepResult, summary_path=None) -> li
     if focus:
         passing = [c.case for c in sweep.cases if c.case_id not in set(blocking) and c.status is Status.PASS]
         # what each failing case failed on, as the check's findings say (a headroom regression is within its bound)
-        names: dict[str, set[str]] = {}
-        for f in verdict.findings:
-            if f.severity.blocks and f.case_id and f.metric.startswith("ratio:"):
-                names.setdefault(f.case_id, set()).add(f.metric.split(":", 1)[1])
-        pattern = diagnosis([results[c] for c in focus if c in results], passing, names)
+        pattern = diagnosis([results[c] for c in focus if c in results], passing, failing_names(verdict))
         if pattern:
             lines.append(f"pattern: {pattern}")
     if blocking:

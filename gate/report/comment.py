@@ -216,6 +216,16 @@ def failing_tensors(results: list[CaseResult], names: Mapping[str, set[str]] | N
     return f"failing tensors: {', '.join(parts)}{more} failing case{'s' * (n != 1)}"
 
 
+def failing_names(verdict: Verdict) -> dict[str, set[str]]:
+    """Case id -> the tensors its blocking findings name (a headroom regression within its bound
+    included): what the check failed each case on, for the pattern line's counts."""
+    names: dict[str, set[str]] = {}
+    for f in verdict.findings:
+        if f.severity.blocks and f.case_id and f.metric.startswith("ratio:"):
+            names.setdefault(f.case_id, set()).add(f.metric.split(":", 1)[1])
+    return names
+
+
 def diagnosis(failing: list[CaseResult], passing: list[Case], names: Mapping[str, set[str]] | None = None) -> str:
     """The pattern line: which tensors fail, then what the failing cases share."""
     tensors = failing_tensors(failing, names)
@@ -554,7 +564,8 @@ def pr_comment(verdict: Verdict, sweep: SweepResult, baseline: Baseline, links: 
     failing = [results[c].case for c in focus if c in results]
     passing = [c.case for c in sweep.cases if c.case_id not in set(blocking_cases) and c.status is Status.PASS]
     if failing:
-        lines += [f"**What the failing cases share:** {diagnosis([results[c] for c in focus if c in results], passing)}.", ""]
+        lines += [f"**What the failing cases share:** "
+                  f"{diagnosis([results[c] for c in focus if c in results], passing, failing_names(verdict))}.", ""]
     if focus:
         command = rerun_command(ctx, device, focus)
         if len(command) <= RERUN_LIMIT:

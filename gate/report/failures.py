@@ -61,13 +61,17 @@ def row_line(row: CaseResult) -> FailLine:
         return FailLine("ERROR", row.case_id, "the kernel raised", reason_words(row.reason), math.inf)
     over = [t for t in row.tensors if not t.ratio <= 1.0]
     if over:
-        worst = max(over, key=lambda t: math.inf if math.isnan(t.ratio) else t.ratio)
-        size = math.inf if math.isnan(worst.ratio) else worst.ratio
-        what = f"{worst.tensor} {_num(worst.ratio)}x its bound"
-        others = [f"{t.tensor} {_num(t.ratio)}x" for t in sorted(over, key=lambda t: t.tensor) if t is not worst]
-        checks = [c.name for c in row.checks if c.passed is False]
-        why = ", ".join(others + [f"{c} check failed" for c in checks])
-        return FailLine("FAIL", row.case_id, what, why, size)
+        # the worst finite ratio leads; a NaN is named beside it ("dk 14,121x its bound (NaN in dv)")
+        finite = sorted((t for t in over if not math.isnan(t.ratio)), key=lambda t: (-t.ratio, t.tensor))
+        nan = [f"NaN in {t.tensor}" for t in sorted(over, key=lambda t: t.tensor) if math.isnan(t.ratio)]
+        checks = [f"{c.name} check failed" for c in row.checks if c.passed is False]
+        if finite:
+            what = f"{finite[0].tensor} {_num(finite[0].ratio)}x its bound"
+            others = [f"{t.tensor} {_num(t.ratio)}x" for t in finite[1:]]
+        else:
+            what, nan, others = nan[0], nan[1:], []
+        size = math.inf if len(finite) < len(over) else finite[0].ratio
+        return FailLine("FAIL", row.case_id, what, ", ".join(nan + others + checks), size)
     names = sorted(failures_of(row) - {UNATTRIBUTED})
     checks = [c.name for c in row.checks if c.passed is False]
     if checks:
@@ -157,7 +161,7 @@ class FailGroup:
 
 def group_failures(rows: list[CaseResult], failing: Mapping[str, Iterable[str]]) -> list[FailGroup]:
     """The failing rows (`failing`: case id -> the names it failed on) grouped by the one axis that
-    separates them best from the passing rows (fewest passing cases share their values; then the
+    separates them best from the passing rows (the fewest passing cases share their values, in the
     fewest groups), then by what they fail on; most cases first."""
     import pandas as pd
 
@@ -167,13 +171,16 @@ def group_failures(rows: list[CaseResult], failing: Mapping[str, Iterable[str]])
     if frame.empty:
         return []
     bad = frame[frame["failing"]]
+    n_passing, n_failing = int((~frame["failing"]).sum()), len(bad)
     best = None
     for rank, axis in enumerate(AXES):
         values = set(bad[axis])
         passing_alike = int(((~frame["failing"]) & frame[axis].isin(values)).sum())
-        key = (passing_alike, len(values), rank)
-        if best is None or key < best[0]:
-            best = (key, axis)
+        # the share of passing cases that have the failing values, plus a cost per extra group: one
+        # value that only failing cases have is best; an axis of many values explains little
+        score = (passing_alike / n_passing if n_passing else 0.0) + (len(values) - 1) / n_failing
+        if best is None or (score, rank) < best[0]:
+            best = ((score, rank), axis)
     axis = best[1]
     names = {cid: tuple(sorted(set(n) - {UNATTRIBUTED})) or ("?",) for cid, n in failing.items()}
     frame["names"] = [names.get(cid, ()) for cid in frame["case"]]
