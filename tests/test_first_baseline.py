@@ -69,7 +69,13 @@ def test_the_refusal_names_each_case_worst_first_with_its_reason_and_what_they_s
     tmp, config, rc, err = refused
     assert rc == 1
     assert not (tmp / "repo" / "baselines").exists()  # nothing recorded
-    lines = err.splitlines()
+    assert all(len(line) <= 120 for line in err.split("\n\n[[")[0].splitlines())  # wrapped at whole words
+    lines = []  # logical lines: a wrapped one continues on a line indented by 4 or more
+    for line in err.splitlines():
+        if lines and line.startswith("    "):
+            lines[-1] += " " + line.strip()
+        else:
+            lines.append(line)
     assert lines[0].startswith("attn-gate: refusing to write ") and "2 of 6 measured cases fail" in lines[0]
     # one line per failing case, worst first: the NaN before the finite ratio
     assert lines[1] == "  FAIL bf16-b2-h2-s64-d32-causal-shifted  NaN in dv"
@@ -78,8 +84,9 @@ def test_the_refusal_names_each_case_worst_first_with_its_reason_and_what_they_s
     assert "every failing case (2) has shifted inputs; none of the 4 passing cases does" in share
     assert "dq in 1 of 2, dv in 1 of 2 failing cases" in share
     assert f"every reason and ratio: {tmp / 'out' / 'validation-mine-tiny.md'}" in lines
-    assert "1. fix the kernel" in err and "(`supports`) in [tool.attn-gate.kernels.mine]" in err
-    assert '--known "WHY"' in err
+    joined = "\n".join(lines)
+    assert "1. fix the kernel" in joined and "(`supports`) in [tool.attn-gate.kernels.mine]" in joined
+    assert '--known "WHY"' in joined
 
 
 def test_the_printed_declaration_works_exactly_as_printed(refused, tmp_path):

@@ -220,9 +220,11 @@ class Refusal:
     measured: int  # cases of the run that are not SKIP
 
     def text(self, path: object, kernel: str, redo: str, config_source: str, note: object | None,
-             own_kernel: bool) -> str:
+             own_kernel: bool, width: int | None = None) -> str:
+        """The refusal, its prose wrapped at whole words to `width` (None: not wrapped); the
+        declaration at its end never is, so that it works as pasted."""
         n = len(self.lines)
-        out = [f"refusing to write {path}: {n} of {self.measured} measured case{'s' * (self.measured != 1)} fail"
+        out = [f"attn-gate: refusing to write {path}: {n} of {self.measured} measured case{'s' * (self.measured != 1)} fail"
                f"{'s' * (n == 1)} and no known_failures declaration covers {'it' if n == 1 else 'them'}:"]
         out += [f"  {line.text}" for line in self.lines[:MAX_LINES]]
         if n > MAX_LINES:
@@ -244,10 +246,14 @@ class Refusal:
             f"(`supports`) in [tool.attn-gate.kernels.{kernel}] so they SKIP with that reason;",
             f"  3. record them as known failures: `{known}` appends the declaration below to {where} and "
             f"writes the baseline; or paste it there yourself (edit the reason to say why{link_note}) and rerun `{redo}`:",
-            "",
-            self.block.rstrip("\n"),
         ]
-        return "\n".join(out)
+        if width is not None:
+            import textwrap
+
+            out = [piece for line in out for piece in textwrap.wrap(
+                line, width=max(20, width), subsequent_indent=" " * (len(line) - len(line.lstrip()) + 4),
+                break_long_words=False, break_on_hyphens=False) or [line]]
+        return "\n".join(out + ["", self.block.rstrip("\n")])
 
 
 def refusal(rows: list[CaseResult], undeclared: list[tuple[str, list[str]]], kernel: str, reason: str = "",

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -370,7 +371,7 @@ def refuse_failing_run(sweep: SweepResult, config: Config, path: Path | None = N
         return ""
     return first_refusal(sweep, undeclared, config, reason, link).text(
         path, sweep.kernel, update_command(sweep.kernel, sweep.suite, str(sweep.environment.get("gpu_class", "unknown"))),
-        config.source, note, own_kernel(sweep.kernel, set(config.kernels)))
+        config.source, note, own_kernel(sweep.kernel, set(config.kernels)), shutil.get_terminal_size((200, 24)).columns)
 
 
 def first_refusal(sweep: SweepResult, undeclared: list[tuple[str, list[str]]], config: Config, reason: str = "",
@@ -507,7 +508,7 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
         config, declared_text, declared = declare_known(sweep, config, known, link)
     refused = refuse_failing_run(sweep, config, path, saved_note)
     if refused:
-        print(f"attn-gate: {refused}" if refused.startswith("refusing") else f"attn-gate: refusing to write {path}: {refused}",
+        print(refused if refused.startswith("attn-gate: ") else f"attn-gate: refusing to write {path}: {refused}",
               file=sys.stderr)
         return UpdateOutcome(diff, path, sweep, EXIT_FAIL)
     text = diff.markdown()
