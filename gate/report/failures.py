@@ -108,7 +108,7 @@ def check_lines(findings: Iterable[Finding], rows: Mapping[str, CaseResult]) -> 
             worst = max(mine, key=lambda f: finding_what(f)[1])
             what, size = finding_what(worst)
             line = FailLine(label, cid, what, "", size)
-        lines.append(line if line.label == label or label == "FAIL" else FailLine(label, cid, line.what, line.why, line.size))
+        lines.append(line)  # an ERROR row keeps its label, as pytest's short summary does
     return sorted(lines, key=lambda x: (x.label == "INCONCLUSIVE", -x.size, x.case_id))
 
 
