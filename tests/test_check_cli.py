@@ -267,7 +267,7 @@ def test_update_records_a_failing_run_only_where_declared_known(project, results
     bad = edit_results(results, violate)
     assert main(["baseline", "update", "--config", str(cfg), "--from-results", str(bad)]) == 1
     err = capsys.readouterr().err
-    assert "refusing to write" in err and "fp16-b2-h4-s128-d64 (out)" in err and "known_failures" in err
+    assert "refusing to write" in err and "FAIL fp16-b2-h4-s128-d64  out 2x its bound" in err and "known_failures" in err
     assert not path.exists()
     # the old escape hatch is a usage error that says where to go instead
     assert main(["baseline", "update", "--config", str(cfg), "--from-results", str(bad), "--allow-failing"]) == 2

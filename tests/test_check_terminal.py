@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shlex
 
 import pytest
 
@@ -35,29 +34,34 @@ def test_the_last_lines_of_a_failing_check_say_what_failed_and_what_to_do(tmp_pa
         assert main(["check", "--kernel", KERNEL, "--baseline", str(CPU_BASELINE), f"--only={ONLY}", "--device", "cpu",
                      "--no-progress", "--out", str(out)]) == 1
     text = capsys.readouterr().out
-    tail = "\n".join(text.strip().splitlines()[-8:])
+    # the summary's logical lines: a wrapped one continues on lines indented by two spaces
+    logical: list[str] = []
+    for line in text.strip().splitlines():
+        if line.startswith("  ") and logical:
+            logical[-1] += " " + line.strip()
+        else:
+            logical.append(line)
+    tail = "\n".join(logical[-12:])
     verdict = next(line for line in tail.splitlines() if line.startswith("FAIL: "))
     assert "correctness FAIL in 3 of 6 cases" in verdict and "worst bf16-b2-h2-s33x65-d" in verdict, tail
     pattern = next(line for line in tail.splitlines() if line.startswith("pattern: "))
     assert "every failing tensor is dq (3 cases)" in pattern, pattern
     assert "every failing case (3) has a head dim not a multiple of 32; none of the 3 passing cases does" in pattern
+    assert {line.split()[1] for line in tail.splitlines() if line.startswith("FAIL bf16-")} == FAILING
     rerun = next(line for line in tail.splitlines() if line.startswith("rerun: "))
-    assert rerun.startswith("rerun: attn-gate check --kernel " + KERNEL)
+    assert rerun == f"rerun: attn-gate check --last-failed --out {out}"
     report = next(line for line in tail.splitlines() if line.startswith("report: "))
     assert report == f"report: {out / 'check-tests.coverage_kernels_dq_head_dim_tail_dropped-smoke.md'}"
     assert "cases: 3 failed, 3 passed of 6" in tail
     table = text.split("thresholds:")[0]
-    assert all(cid in table for cid in FAILING)  # whole, on one line of the 60-column table
+    assert all(cid in table for cid in FAILING)  # whole, on one line of the 60-column table, or not in a table at all
 
-    # the printed rerun command runs exactly the failing cases
-    argv = shlex.split(rerun.split(": ", 1)[1])[1:]
-    assert "--only" in argv
     # --last-failed: the failures of the last run in --out, without copying ids
     capsys.readouterr()
     with contextlib.chdir(ROOT):
         assert main(["check", "--kernel", KERNEL, "--baseline", str(CPU_BASELINE), "--device", "cpu", "--no-progress",
                      "--out", str(out), "--last-failed"]) == 1
-    (sweep,) = out.glob("sweep-*.json")
+    (sweep,) = out.glob("sweep-*.json")  # the first run was filtered too: the rerun replaces it
     assert {c["case_id"] for c in json.loads(sweep.read_text())["cases"]} == FAILING
 
 
@@ -90,3 +94,95 @@ def test_workers_0_with_resume_is_a_usage_error(tmp_path, capsys):
                  "--resume", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "--resume with --workers 0" in err and len(err.strip().splitlines()) == 1, err
+
+
+# ---------------------------------------------------------------- a terminal a person reads, at 80 and 120 columns
+
+TINY = """
+[tool.attn-gate]
+baselines_dir = "baselines"
+[tool.attn-gate.kernels.mine]
+dense = "tests.regime_kernels:{function}"
+[tool.attn-gate.suites.tiny]
+seeds = [0]
+[[tool.attn-gate.suites.tiny.matrix]]
+dtype = ["bf16"]
+seqlens = ["64"]
+heads = ["2"]
+head_dims = ["32"]
+causal = [false, true]
+inputs = ["normal", "shifted", "large"]
+"""
+SHIFTED = ("bf16-b2-h2-s64-d32-causal-shifted", "bf16-b2-h2-s64-d32-shifted")
+BOX = "│┃┏┓┗┛┡┩└┘━─┳┻╇┼┬┴"
+
+
+def _run(repo, monkeypatch, capsys, width: int, *argv: str) -> tuple[int, str]:
+    monkeypatch.setenv("COLUMNS", str(width))
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the workers import tests.regime_kernels
+    with contextlib.chdir(repo):
+        rc = main([*argv, "--no-progress"])
+    return rc, capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def tiny_repo(tmp_path_factory):
+    """A repository whose kernel `mine` had a clean baseline and is now wrong on shifted inputs."""
+    repo = tmp_path_factory.mktemp("terminal")
+    (repo / "pyproject.toml").write_text(TINY.format(function="fixed"))
+    with pytest.MonkeyPatch.context() as mp, contextlib.chdir(repo):
+        mp.setenv("PYTHONPATH", str(ROOT))
+        mp.delenv("GITHUB_STEP_SUMMARY", raising=False)
+        assert main(["baseline", "update", "--kernel", "mine", "--suite", "tiny", "--device", "cpu", "--no-progress"]) == 0
+    (repo / "pyproject.toml").write_text(TINY.format(function="shifted_nan_dv"))
+    return repo
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_the_terminal_fits_its_width_with_whole_words_worst_case_first(tiny_repo, tmp_path, monkeypatch, capsys, width):
+    import shutil as sh
+
+    repo = tmp_path / "repo"
+    sh.copytree(tiny_repo, repo)
+    rc, text = _run(repo, monkeypatch, capsys, width, "check", "--kernel", "mine", "--suite", "tiny", "--device", "cpu")
+    assert rc == 1
+    lines = text.rstrip("\n").splitlines()
+    too_long = [line for line in lines if len(line) > width]
+    assert not too_long, too_long
+    # no word is split: every word of what a table or a line says is whole somewhere in the output
+    tokens = set(text.translate({ord(c): " " for c in BOX}).split())
+    findings = json.loads((repo / "out" / "findings-mine-tiny.json").read_text())["findings"]
+    words = {w for f in findings if f["severity"] == "FAIL" for w in f["message"].split() if len(w) > 2}
+    assert words - tokens == set(), sorted(words - tokens)[:5]
+    assert set(SHIFTED) <= tokens
+    # one line per failing case, pytest's short-summary style, the worst (the NaN) first; then the
+    # pattern, the short rerun hint, the report
+    fails = [line for line in lines if line.startswith("FAIL bf16-")]
+    assert fails[0] == f"FAIL {SHIFTED[0]}  NaN in dv"
+    assert fails[1].startswith(f"FAIL {SHIFTED[1]}  dq ") and fails[1].endswith("x its bound")
+    after = lines[lines.index(fails[-1]) + 1:]
+    assert after[0].startswith("pattern: ")
+    pattern = " ".join(line.strip() for line in after[:3])
+    assert "every failing case (2) has shifted inputs; none of the 4 passing cases does" in pattern
+    rerun = next(line for line in after if line.startswith("rerun: "))
+    assert rerun == "rerun: attn-gate check --last-failed"
+
+    # the rerun hint runs as printed, and writes beside the full report, not over it
+    full = (repo / "out" / "check-mine-tiny.md").read_text()
+    rc, again = _run(repo, monkeypatch, capsys, width, *rerun.split(": ", 1)[1].split()[1:])
+    assert rc == 1 and (repo / "out" / "check-mine-tiny.md").read_text() == full
+    rerun_sweep = json.loads((repo / "out" / "sweep-mine-tiny.only.json").read_text())
+    assert {c["case_id"] for c in rerun_sweep["cases"]} == set(SHIFTED)
+    assert "report: out/check-mine-tiny.only.md" in again
+    assert all(len(line) <= width for line in again.splitlines())
+
+
+def test_the_rerun_hint_keeps_perf_where_a_speed_finding_blocks():
+    from gate.compare.findings import Finding, Severity, decide
+    from gate.report.check_report import rerun_hint
+
+    slow = Finding("speed", Severity.FAIL, "c", "speed_ratio:bwd", 1.0, 3.0, 1.05, "c: bwd 3x slower")
+    wrong = Finding("tolerance", Severity.FAIL, "c", "ratio:dq", 0.1, 2.0, 1.0, "c: dq error is 2 x its bound")
+    assert rerun_hint(decide([wrong])) == "attn-gate check --last-failed"
+    assert rerun_hint(decide([wrong, slow])) == "attn-gate check --last-failed --perf"
+    assert rerun_hint(decide([wrong]), "ci-out/check-k-s.md") == "attn-gate check --last-failed --out ci-out"

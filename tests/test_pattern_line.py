@@ -68,8 +68,41 @@ def test_a_derived_trait_that_separates_is_stated_with_counts(failing, passing, 
 @pytest.mark.parametrize("over,expected", [
     ([{"dq": 3.0}, {"dq": 2.0}], "every failing tensor is dq (2 cases)"),
     ([{"lse": 1.5}], "every failing tensor is lse (1 case)"),
-    ([{"dq": 3.0, "dk": 2.0}, {"dq": 2.0}, {"lse": float("nan")}], "failing tensors: dq in 2 cases, dk in 1 case, lse in 1 case"),
+    ([{"dq": 3.0, "dk": 2.0}, {"dq": 2.0}, {"lse": float("nan")}], "failing tensors: dq in 2 of 3, dk in 1 of 3, lse in 1 of 3 failing cases"),
     ([{}], ""),
 ])
 def test_failing_tensors_are_counted_per_case(over, expected):
     assert failing_tensors([result(case(seqlen_q=100 + i), o) for i, o in enumerate(over)]) == expected
+
+
+def test_counts_are_of_all_failing_cases_not_only_those_over_the_bound():
+    """A dK x1.02 bug: 42 cases over the bound, 23 more failing the headroom rule within it. The
+    line must not say "every failing tensor is dk (42 cases)" of 65 failing cases."""
+    over = [result(case(seqlen_q=100 + i), {"dk": 1.5}) for i in range(42)]
+    within = [result(case(seqlen_q=200 + i), {"dk": 0.9}) for i in range(23)]
+    line = failing_tensors(over + within)
+    assert "(42 cases)" not in line and "every failing" not in line
+    assert line == "failing tensors: dk in 42 of 65 failing cases"
+    # the check knows what the headroom findings name: then all 65 are dk
+    names = {r.case_id: {"dk"} for r in within}
+    assert failing_tensors(over + within, names) == "every failing tensor is dk (65 cases)"
+
+
+def test_a_kernel_that_raises_past_head_dim_128_is_named_by_its_head_dim():
+    """ERROR rows on head dims 192 and 256 (all MHA, like most of the suite): the line names the
+    head dim threshold, not "one KV head per query head"."""
+    failing = [CaseResult(case=case(head_dim=d, head_dim_v=d, dtype=dt), status=Status.ERROR, reason="head_dim > 128")
+               for d in (192, 256) for dt in ("bf16", "fp16")]
+    passing = [case(head_dim=d, head_dim_v=d, dtype=dt) for d in (32, 64, 128) for dt in ("bf16", "fp16")]
+    passing += [case(heads_q=8, heads_kv=2)]
+    line = diagnosis(failing, passing)
+    assert "one KV head per query head" not in line
+    assert "every failing case (4) has head dim > 128; none of the 7 passing cases does" in line
+    assert line.startswith("every failing tensor is error (4 cases)")
+
+
+def test_a_trait_most_passing_cases_share_is_not_named():
+    failing = [result(case(seqlen_q=s, seqlen_k=s, dtype=dt), {"dq": 2.0}) for s, dt in ((64, "bf16"), (192, "fp16"), (320, "bf16"))]
+    passing = [case(seqlen_q=s, seqlen_k=s) for s in (32, 128, 256, 384, 512, 640)] + [case(heads_q=8, heads_kv=2)]
+    line = diagnosis(failing, passing)
+    assert "one KV head per query head" not in line and "no single trait" in line

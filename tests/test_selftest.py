@@ -286,3 +286,30 @@ def test_shipped_suites_exercise_every_bug_whose_axis_exists(kernel, suite, devi
     missing = [b.name for b in BUGS if not b.trigger.pending
                and not exercising_cases(b, cases, adapter if host_of(b, adapter) == "kernel" else TiledAdapter(), device)]
     assert missing == []
+
+
+def test_the_headline_keeps_the_gates_own_teeth_apart_from_the_users_kernel():
+    """Bugs planted in the built-in tiled kernel prove the gate, not the user's kernel: the headline
+    says so, and counts apart what ran inside the user's kernel."""
+    from gate.report.selftest_report import headline_parts, selftest_markdown
+
+    def bug(name, host, killed=True):
+        return BugOutcome(name, "w", host, "axis", BugStatus.KILLED if killed else BugStatus.SURVIVED)
+
+    report = SelftestReport(kernel="mine", suite="smoke", device="cpu", environment={}, thresholds={},
+                            controls=(ControlOutcome("mine", True, 6, 0, ""), ControlOutcome("tiled", True, 4, 0, "")),
+                            bugs=tuple(bug(f"t{i}", "tiled") for i in range(24)) + (bug("k1", "mine"), bug("k2", "mine", False)),
+                            complete=True)
+    own, theirs = headline_parts(report)
+    assert own == ("gate self-check: 24/24 planted bugs killed in the built-in reference kernel (tiled): the gate's "
+                   "own teeth, not a finding about mine")
+    assert theirs == "against mine: control PASS (6 cases measured twice); 1/2 planted bugs killed in mine itself"
+    assert own in selftest_markdown(report) and theirs in selftest_markdown(report)
+    # no bug ran inside the user's kernel: the headline does not borrow tiled's count for it
+    only_tiled = SelftestReport(kernel="mine", suite="smoke", device="cpu", environment={}, thresholds={},
+                                controls=report.controls[:1], bugs=report.bugs[:24], complete=True)
+    assert headline_parts(only_tiled)[1] == "against mine: control PASS (6 cases measured twice); no planted bug ran inside mine"
+    # the reference kernel itself under test: its bugs are about it, nothing is set apart
+    (line,) = headline_parts(SelftestReport(kernel="tiled", suite="smoke", device="cpu", environment={}, thresholds={},
+                                            bugs=report.bugs[:24], complete=True))
+    assert line == "against tiled: 24/24 planted bugs killed in tiled itself"

@@ -17,6 +17,7 @@ from pathlib import Path
 from gate.commands.common import add_config, add_kernel_suite
 from gate.commands.help_text import parser_kwargs
 from gate.core.config import load_config
+from gate.core.errors import UserError
 from gate.workflow.validate import check_device, require_initialised, validate_target
 from gate.compare.baselines import baseline_path, read_baseline
 from gate.core.results import EXTRA_TENSORS, TENSORS
@@ -42,6 +43,12 @@ def register(sub) -> None:
     # gone: a failing row is recorded only under a declaration with a reason and a link. Kept as a
     # hidden flag so an old CI script gets the way forward, not just "unrecognized arguments".
     u.add_argument("--allow-failing", nargs=0, action=RemovedFlag, help=argparse.SUPPRESS)
+    u.add_argument("--known", default=None, metavar="REASON",
+                   help="record the failing cases as known failures: appends a [[tool.attn-gate.known_failures]] "
+                        "declaration with this reason that covers exactly them to pyproject.toml, then writes the baseline")
+    u.add_argument("--link", default="", metavar="URL",
+                   help="with --known: the upstream issue (https://...); required unless the kernel is your own "
+                        "([tool.attn-gate.kernels.NAME] or package.module:function)")
     u.add_argument("--summary", type=Path, default=None, metavar="FILE", help="also write the change summary (Markdown) here")
     u.add_argument("--out", type=Path, default=Path("out"), metavar="DIR", help="where a fresh run's sweep JSON is saved")
     u.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -71,6 +78,8 @@ def update(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     require_initialised(config, args.kernel)
+    if args.link and args.known is None:
+        raise UserError("--link goes with --known REASON (the declaration it links); add --known or drop --link")
     kernel, suite, device = args.kernel, args.suite, args.device
     plan = None
     if args.from_results is None:  # names first: a typo is a typo; its sweep runs in workers
@@ -80,7 +89,8 @@ def update(args: argparse.Namespace) -> int:
     outcome = run_baseline_update(config, kernel=kernel, suite=suite, device=device, only=args.only,
                                   results_path=args.from_results,
                                   summary_path=args.summary, out_dir=args.out, progress=not args.no_progress,
-                                  perf=args.perf, perf_from=args.perf_from, plan=plan, widen=args.widen)
+                                  perf=args.perf, perf_from=args.perf_from, plan=plan, widen=args.widen,
+                                  known=args.known, link=args.link)
     return outcome.exit_code
 
 

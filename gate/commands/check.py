@@ -10,6 +10,8 @@ class or run environment.
 from __future__ import annotations
 
 import argparse
+import shutil
+import textwrap
 from pathlib import Path
 
 from gate.commands.common import add_config, add_kernel_suite, add_run_options, run_options
@@ -45,9 +47,10 @@ def register(sub) -> None:
     p.set_defaults(main=main)
 
 
-def last_failed_only(out: Path, kernel: str | None, suite: str | None) -> str:
+def last_failed(out: Path, kernel: str | None, suite: str | None) -> tuple[str, dict]:
     """An exact `--only` regex of the cases that failed (or were inconclusive) in the last check
-    written to `out`: its findings JSON, the one of this kernel and suite where several are there."""
+    written to `out` (its findings JSON, the one of this kernel and suite where several are there),
+    and that check's context: the kernel, suite, config and baseline it ran with."""
 
 
     found = sorted(Path(out).glob("findings-*.json"), key=lambda p: p.stat().st_mtime)
@@ -70,13 +73,32 @@ def last_failed_only(out: Path, kernel: str | None, suite: str | None) -> str:
         raise UserError(f"--last-failed: {found[-1]} is not a findings JSON attn-gate wrote; run without --last-failed") from None
     if not failed:
         raise UserError(f"--last-failed: no case failed in the last check in {out} ({found[-1].name}); run without --last-failed")
-    return exact_regex(failed)
+    context = data.get("context") if isinstance(data.get("context"), dict) else {}
+    return exact_regex(failed), context
+
+
+def last_failed_only(out: Path, kernel: str | None, suite: str | None) -> str:
+    return last_failed(out, kernel, suite)[0]
 
 
 def main(args: argparse.Namespace) -> int:
     from gate.workflow.check import resolve_plan, run_check
 
 
+    context = {}
+    if args.last_failed:
+        if args.only is not None or args.results is not None:
+            raise UserError("--last-failed picks the cases itself: drop --only (and --results)")
+        args.only, context = last_failed(args.out, args.kernel, args.suite)
+        # what the last check ran with, where not given again: `attn-gate check --last-failed` alone reruns it
+        args.kernel = args.kernel or context.get("kernel") or None
+        args.suite = args.suite or context.get("suite") or None
+        if args.baseline is None and context.get("baseline_option"):
+            args.baseline = Path(context["baseline_option"])
+        if args.device is None and context.get("gpu_class") == "cpu":
+            args.device = "cpu"
+        if args.config is None and context.get("config") not in (None, "", "defaults", "pyproject.toml"):
+            args.config = Path(context["config"])
     config = load_config(args.config)
     require_initialised(config, args.kernel)
     options = run_options(args)
@@ -84,10 +106,6 @@ def main(args: argparse.Namespace) -> int:
         raise UserError("--workers 0 runs the kernel in the deciding process, unisolated: `check` refuses it; "
                         "pass --workers 1 or more (or use `attn-gate sweep --workers 0` to debug)")
     kernel, suite, device = args.kernel, args.suite, args.device
-    if args.last_failed:
-        if args.only is not None or args.results is not None:
-            raise UserError("--last-failed picks the cases itself: drop --only (and --results)")
-        args.only = last_failed_only(args.out, kernel, suite)
     plan = None
     if args.results is None:  # names first: a typo is a typo, not "no baseline"; the plan is resolved once, here
         plan = resolve_plan(config, kernel, suite, device, args.only, options, args.perf, args.baseline)
@@ -99,5 +117,8 @@ def main(args: argparse.Namespace) -> int:
                             results_path=args.results, baseline_file=args.baseline, out_dir=args.out,
                             progress=not args.no_progress, perf=args.perf, options=options, plan=plan,
                             perf_results=args.perf_results)
-    print("wrote " + ", ".join(str(p) for p in outcome.paths.values()))
+    # wrapped at whole paths to the terminal's width (COLUMNS), as the summary lines above are
+    width = shutil.get_terminal_size((200, 24)).columns
+    print("\n".join(textwrap.wrap("wrote " + ", ".join(str(p) for p in outcome.paths.values()), width=max(20, width),
+                                   subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)))
     return outcome.exit_code

@@ -14,6 +14,7 @@ HELP: dict[str, tuple[str, list[str], list[str]]] = {
               "(comment-<kernel>-<suite>.md), findings JSON, sweep JSON and plots to --out.",
               ["attn-gate check                                   # the configured kernel and suite",
                "attn-gate check --kernel sdpa-cpu --suite smoke --device cpu --only causal",
+               "attn-gate check --last-failed                     # rerun what failed in the last check in out/",
                "attn-gate check --results out/sweep-sdpa-flash-pr.json   # judge a CI artifact",
                "attn-gate check --results merged/sweep-fa4-nightly.json --perf-results perf/perf-*.json   # and its speed"],
               ["0  pass (warnings may still ask for a look)",
@@ -25,8 +26,10 @@ HELP: dict[str, tuple[str, list[str], list[str]]] = {
     "baseline update": ("Rerun the suite (or read --from-results) and rewrite baselines/<gpu-class>/<kernel>-<suite>.json "
                         "atomically; prints what moved, for the PR that commits it.",
                         ["attn-gate baseline update --kernel sdpa-cpu --suite smoke --device cpu",
-                         "attn-gate baseline update --from-results out/sweep-sdpa-flash-pr.json --summary body.md"],
+                         "attn-gate baseline update --from-results out/sweep-sdpa-flash-pr.json --summary body.md",
+                         "attn-gate baseline update --known \"dq loses precision on shifted inputs\"  # record the failures"],
                         ["0  written", "1  refused: a case fails that no known_failures declaration covers (nothing written; "
+                         "the message lists them with their reasons and the declaration to record them: "
                          "docs/known-failures.md)", EXIT_2]),
     "baseline carry": ("Bring baselines to their suites as defined now, with no run: after a suite lost cases or made "
                        "some timing-only (perf = [\"only\"]), drop those rows and keep every other row as measured. Refused, "

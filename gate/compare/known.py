@@ -113,7 +113,7 @@ def rule_known(f: Finding, failures: frozenset[str], covered: Mapping[str, Known
         return None
     if entry is None:
         return None
-    tail = f" [KNOWN: {entry.name}, {entry.link}]"
+    tail = f" [KNOWN: {entry.name}{', ' + entry.link if entry.link else ''}]"
     if unmeasured:
         tail += " (its other tensors are not measured while it fails this way)"
     return replace(f, severity=Severity.KNOWN, entry=entry.index, message=f.message + tail)
@@ -135,7 +135,8 @@ def rule_xpass(entry: KnownFailure, case_id: str, status: str, failures: frozens
         advice = (f"narrow its cases or tensors ({still_failing} of the {matched} cases it declares in this run still "
                   f"fail)")
     else:
-        advice = f"the upstream fix seems to have landed ({entry.link}): delete the entry from {entry.source}"
+        landed = f"the upstream fix seems to have landed ({entry.link})" if entry.link else "the fix seems to have landed"
+        advice = f"{landed}: delete the entry from {entry.source}"
     severity = Severity.FAIL if entry.strict else Severity.WARN
     strict = " (strict = true: a failure)" if entry.strict else ""
     return Finding("xpass", severity, case_id, "status", "KNOWN", status, None,
@@ -220,3 +221,34 @@ def undeclared_failures(sweep: "SweepResult", entries: Iterable[KnownFailure]) -
         if left:
             out.append((c.case_id, left))
     return out
+
+
+def _toml_basic(text: str) -> str:
+    """A TOML basic string (JSON's escapes are TOML's)."""
+    import json
+
+    return json.dumps(text, ensure_ascii=False)
+
+
+def declaration_blocks(kernel: str, failing: Mapping[str, Iterable[str]], reasons: Mapping[tuple[str, ...], str],
+                       link: str = "") -> str:
+    """[[tool.attn-gate.known_failures]] blocks that declare exactly `failing` (case id -> the
+    names it fails on), one block per set of names: `cases` the exact ids (a new failure elsewhere
+    still fails), `tensors` the names (a new failure of another tensor in those cases still fails).
+    `reasons`: names -> the block's reason. Empty `link`: the key is left out (valid only for the
+    project's own kernel, gate.core.config.own_kernel)."""
+    from gate.core.cases import exact_regex
+
+    by_names: dict[tuple[str, ...], list[str]] = {}
+    for cid, names in failing.items():
+        by_names.setdefault(tuple(sorted(set(names))), []).append(cid)
+    blocks = []
+    for names, cids in sorted(by_names.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        lines = [TABLE, f"kernel = {_toml_basic(kernel)}", f"cases = '{exact_regex(cids)}'"]
+        if UNATTRIBUTED not in names:  # a row whose reason names nothing: only "any failure" covers it
+            lines.append("tensors = [" + ", ".join(_toml_basic(n) for n in names) + "]")
+        lines.append(f"reason = {_toml_basic(reasons.get(names) or 'recorded with the first baseline')}")
+        if link:
+            lines.append(f"link = {_toml_basic(link)}")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"

@@ -296,7 +296,7 @@ class KnownFailure:
     kernel: str
     cases: str
     reason: str
-    link: str
+    link: str  # "" only for the project's own kernel (own_kernel): no upstream issue exists
     tensors: tuple[str, ...] | None = None
     versions: str | None = None
     strict: bool = False
@@ -321,7 +321,14 @@ def known_failure_names() -> tuple[str, ...]:
     return ALL_TENSORS + tuple(CHECKS) + (ERROR_NAME,)
 
 
-def _known_failures(raw: Any, path: Path) -> tuple[KnownFailure, ...]:
+def own_kernel(pattern: str, families: set[str] | frozenset[str]) -> bool:
+    """Does a declaration's `kernel` name the project's own kernel (a `package.module:function`
+    path, or a [tool.attn-gate.kernels.NAME] of the same file)? Its bug has no upstream issue to
+    link to: the reason is the record, and `link` is optional."""
+    return ":" in pattern or pattern in families
+
+
+def _known_failures(raw: Any, path: Path, families: set[str] | frozenset[str] = frozenset()) -> tuple[KnownFailure, ...]:
     where = f"{path} [[tool.attn-gate.known_failures]]"
     if not isinstance(raw, list):
         raise UserError(f"{where}: expected an array of tables: write each entry as [[tool.attn-gate.known_failures]]")
@@ -337,8 +344,11 @@ def _known_failures(raw: Any, path: Path) -> tuple[KnownFailure, ...]:
         for key, what in (("kernel", 'a kernel name or fnmatch pattern, e.g. "fa2" or "sdpa-*"'),
                           ("cases", "a regular expression searched in case ids, as --only"),
                           ("reason", "one line saying what is wrong upstream"),
-                          ("link", "the upstream issue or pull request, https://...")):
+                          ("link", "the upstream issue or pull request, https://... (a declaration for the project's own "
+                                   "kernel, a [tool.attn-gate.kernels.NAME] or a package.module:function, may leave it out)")):
             value = spec.get(key)
+            if key == "link" and value is None and isinstance(spec.get("kernel"), str) and own_kernel(spec["kernel"], families):
+                continue  # the project's own kernel: no upstream to link to
             if not isinstance(value, str) or not value.strip():
                 raise UserError(f"{here}: {key} is required: {what}" if value is None
                                 else f"{here}: {key} = {value!r} should be {what}")
@@ -346,7 +356,7 @@ def _known_failures(raw: Any, path: Path) -> tuple[KnownFailure, ...]:
             re.compile(spec["cases"])
         except re.error as exc:
             raise UserError(f"{here}: cases = {spec['cases']!r} is not a regular expression ({exc})") from None
-        if not re.match(r"^https?://\S+$", spec["link"]):
+        if "link" in spec and not re.match(r"^https?://\S+$", spec["link"]):
             raise UserError(f"{here}: link = {spec['link']!r} should be the upstream issue or pull request URL (https://...)")
         tensors = spec.get("tensors")
         if tensors is not None:
@@ -371,7 +381,7 @@ def _known_failures(raw: Any, path: Path) -> tuple[KnownFailure, ...]:
         if not isinstance(strict, bool):
             raise UserError(f"{here}: strict = {strict!r} should be true or false")
         entries.append(KnownFailure(index=index, kernel=spec["kernel"], cases=spec["cases"], reason=spec["reason"].strip(),
-                                    link=spec["link"], tensors=tensors, versions=versions, strict=strict, source=str(path)))
+                                    link=spec.get("link", ""), tensors=tensors, versions=versions, strict=strict, source=str(path)))
     return tuple(entries)
 
 
@@ -483,6 +493,17 @@ def load_config(path: Path | None = None) -> Config:
         perf=_section(PerfConfig, raw.get("perf", {}), f"{where}.perf"),
         suites=suites, kernels=_kernel_families(raw.get("kernels", {}), f"{where}.kernels"),
         isolation=_section(IsolationConfig, raw.get("isolation", {}), f"{where}.isolation"),
-        known_failures=_known_failures(raw.get("known_failures", []), path),
+        known_failures=_known_failures(raw.get("known_failures", []), path, set(raw.get("kernels", {}) or {})),
         ci=_ci_section(raw.get("ci", {}), f"{where}.ci"), section=True,
     )
+
+
+def known_failures_in(text: str, path: Path) -> tuple[KnownFailure, ...]:
+    """The [[tool.attn-gate.known_failures]] of a pyproject's text, validated as load_config does
+    (`baseline update --known` checks the file it is about to write)."""
+    try:
+        raw = tomllib.loads(text).get("tool", {}).get("attn-gate", {})
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path}: invalid TOML ({exc})") from None
+    kernels = raw.get("kernels", {})
+    return _known_failures(raw.get("known_failures", []), path, set(kernels) if isinstance(kernels, dict) else set())

@@ -7,13 +7,36 @@ artifact; gate/report/comment.py builds it worst first.
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+
 from gate.compare.findings import Severity, Verdict, fmt, worst_first
 from gate.core.results import Status, SweepResult
 from gate.report import terminal_console
 from gate.report.known import known_groups
-from gate.report.comment import RERUN_LIMIT, _correctness_clause, _is_speed, _speed_clause, diagnosis, rerun_command
+from gate.report.comment import _correctness_clause, _is_speed, _speed_clause, diagnosis, failing_names
+from gate.report.failures import check_lines
 
 MAX_ROWS = 60  # terminal table rows; the findings JSON always has everything
+
+
+def fits(console, table) -> bool:
+    """Does `table` fit the console with every cell's longest word whole? (rich breaks words only
+    when the columns' minimum widths, each its longest word, add up to more than the width)"""
+    from rich.measure import Measurement
+
+    # measured unbounded: rich clamps a measurement to the width it is given
+    return Measurement.get(console, console.options.update_width(100_000), table).minimum <= console.width
+
+
+def print_table(console, tables) -> bool:
+    """The first of `tables` (widest first) that fits without breaking a word; False when none
+    does (the lines after it say the same, and the report file has everything)."""
+    for table in tables:
+        if fits(console, table):
+            console.print(table)
+            return True
+    return False
 
 
 def print_known(verdict: Verdict, console) -> None:
@@ -23,14 +46,24 @@ def print_known(verdict: Verdict, console) -> None:
     groups = [g for g in known_groups(verdict) if g.known or g.xpass]
     if not groups:
         return
-    table = Table(title=escape("known failures (declared in [[tool.attn-gate.known_failures]]; not failures)"))
-    for col in ("entry", "KNOWN cases", "XPASS", "covers", "reason", "link"):
-        table.add_column(col, overflow="fold")
-    for g in groups:
-        shown = ", ".join(g.cases[:4]) + (f" (+{len(g.cases) - 4})" if len(g.cases) > 4 else "")
-        table.add_row(f"#{g.entry['index']}", escape(f"{len(g.cases)}: {shown}" if g.cases else "0"), str(len(g.xpass)),
-                      escape(g.covers), escape(g.entry["reason"]), escape(g.entry["link"]))
-    console.print(table)
+
+    def table(columns):
+        t = Table(title=escape("known failures (declared in [[tool.attn-gate.known_failures]]; not failures)"))
+        for col in columns:
+            t.add_column(col)
+        for g in groups:
+            shown = ", ".join(g.cases[:4]) + (f" (+{len(g.cases) - 4})" if len(g.cases) > 4 else "")
+            cells = {"entry": f"#{g.entry['index']}", "KNOWN cases": escape(f"{len(g.cases)}: {shown}" if g.cases else "0"),
+                     "KNOWN": str(len(g.cases)), "XPASS": str(len(g.xpass)), "covers": escape(g.covers),
+                     "reason": escape(g.entry["reason"]), "link": escape(g.entry["link"] or "-")}
+            t.add_row(*(cells[c] for c in columns))
+        return t
+
+    if not print_table(console, [table(("entry", "KNOWN cases", "XPASS", "covers", "reason", "link")),
+                                 table(("entry", "KNOWN", "XPASS", "covers", "reason"))]):
+        for g in groups:
+            console.print(escape(f"known #{g.entry['index']}: {len(g.cases)} KNOWN, {len(g.xpass)} XPASS, covers "
+                                 f"{g.covers}: {g.entry['reason']}"), highlight=False)
 
 
 def _plain(markdown: str) -> str:
@@ -47,10 +80,25 @@ def skipped_by_reason(sweep: SweepResult) -> list[tuple[str, int]]:
     return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
+MAX_CASE_LINES = 20  # failing-case lines in the terminal; the report file lists every one
+
+
+def rerun_hint(verdict: Verdict, summary_path=None) -> str:
+    """The short rerun: `attn-gate check --last-failed` (it reads the kernel, suite, config and
+    cases from the findings JSON of this run), with the --out it was written to and --perf where a
+    speed finding blocks; the exact --only regex stays in the report file."""
+    parts = ["attn-gate", "check", "--last-failed"]
+    if summary_path is not None and Path(summary_path).parent != Path("out"):
+        parts += ["--out", str(Path(summary_path).parent)]
+    if any(f.severity.blocks and _is_speed(f) for f in verdict.findings):
+        parts.append("--perf")
+    return " ".join(shlex.quote(p) for p in parts)
+
+
 def summary_lines(verdict: Verdict, sweep: SweepResult, summary_path=None) -> list[str]:
-    """The last lines of a check, as pytest ends a run: counts in cases, the shared pattern, a
-    command that reruns exactly the failing cases, where the Markdown report is, and the verdict
-    with its worst case last."""
+    """The last lines of a check, as pytest ends a run: one line per failing case, worst first
+    (`FAIL <case>  dk 14,121x its bound (NaN in dv)`), what they share, the short rerun command,
+    where the Markdown report is, the counts in cases and the verdict with its worst case last."""
 
     failed = sorted({f.case_id for f in verdict.findings if f.severity is Severity.FAIL and f.case_id})
     blocking = sorted({f.case_id for f in verdict.findings if f.severity.blocks and f.case_id})
@@ -66,24 +114,36 @@ def summary_lines(verdict: Verdict, sweep: SweepResult, summary_path=None) -> li
     if skipped:
         counts.append(f"{sum(n for _, n in skipped)} skipped (" + "; ".join(f"{r}: {n}" for r, n in skipped[:4])
                       + ("; ..." if len(skipped) > 4 else "") + ")")
-    lines = [f"cases: {', '.join(counts)} of {len(sweep.cases)}"]
+    lines = []
+    case_lines = check_lines(verdict.findings, results)
+    lines += [line.text for line in case_lines[:MAX_CASE_LINES]]
+    if len(case_lines) > MAX_CASE_LINES:
+        lines.append(f"... and {len(case_lines) - MAX_CASE_LINES} more failing cases (every one: the report below)")
     if focus:
         passing = [c.case for c in sweep.cases if c.case_id not in set(blocking) and c.status is Status.PASS]
-        pattern = diagnosis([results[c] for c in focus if c in results], passing)
+        # what each failing case failed on, as the check's findings say (a headroom regression is within its bound)
+        pattern = diagnosis([results[c] for c in focus if c in results], passing, failing_names(verdict))
         if pattern:
             lines.append(f"pattern: {pattern}")
-        device = str(sweep.environment.get("device", "cpu"))
-        command = rerun_command(verdict.context, device, focus)
-        if len(command) > RERUN_LIMIT:
-            command = rerun_command(verdict.context, device, None) + "  # too many cases for --only; or --last-failed"
-        lines.append(f"rerun: {command}")
+    if blocking:
+        lines.append(f"rerun: {rerun_hint(verdict, summary_path)}")
     if summary_path is not None:
         lines.append(f"report: {summary_path}")
+    lines.append(f"cases: {', '.join(counts)} of {len(sweep.cases)}")
     verdict_text = _plain(_correctness_clause(verdict, sweep))
     if any(_is_speed(f) for f in verdict.findings):
         verdict_text += "; " + _plain(_speed_clause(verdict))
     lines.append(f"{'PASS' if verdict.passed else 'FAIL'}: {verdict_text}")
     return lines
+
+
+def wrap_words(line: str, width: int) -> list[str]:
+    """A summary line wrapped at whole words, its continuation indented; a word wider than the
+    terminal (a long path) is kept whole rather than cut, so it can still be copied."""
+    import textwrap
+
+    return textwrap.wrap(line, width=max(20, width), subsequent_indent="  ", break_long_words=False,
+                         break_on_hyphens=False) or [line]
 
 
 def print_check(verdict: Verdict, sweep: SweepResult, console=None, summary_path=None) -> None:
@@ -98,22 +158,32 @@ def print_check(verdict: Verdict, sweep: SweepResult, console=None, summary_path
     shown = sorted((f for f in verdict.findings if f.severity.blocks or f.severity is Severity.WARN), key=worst_first)
     style = {Severity.FAIL: "bold red", Severity.INCONCLUSIVE: "bold red", Severity.WARN: "yellow"}
     if shown:
-        table = Table(title=f"{sweep.kernel} / {sweep.suite} against its baseline")
-        for col in ("severity", "case", "rule", "metric", "baseline", "now", "limit", "what"):
-            if col == "case":
-                table.add_column(col, no_wrap=True, min_width=max(len(f.case_id or "(run)") for f in shown[:MAX_ROWS]))
-            else:
-                table.add_column(col, overflow="fold", justify="right" if col in ("baseline", "now", "limit") else "left")
-        for f in shown[:MAX_ROWS]:
-            table.add_row(f"[{style[f.severity]}]{f.severity.value}[/]", f.case_id or "(run)", f.rule, f.metric,
-                          escape(fmt(f.baseline)), escape(fmt(f.current)), fmt(f.threshold), escape(f.detail))
-        console.print(table)
-        if len(shown) > MAX_ROWS:
-            console.print(f"... and {len(shown) - MAX_ROWS} more in the findings JSON")
+        def table(columns):
+            t = Table(title=f"{sweep.kernel} / {sweep.suite} against its baseline")
+            for col in columns:
+                t.add_column(col, no_wrap=col == "case", justify="right" if col in ("baseline", "now", "limit") else "left")
+            for f in shown[:MAX_ROWS]:
+                cells = {"severity": f"[{style[f.severity]}]{f.severity.value}[/]", "case": f.case_id or "(run)",
+                         "rule": f.rule, "metric": f.metric, "baseline": escape(fmt(f.baseline)),
+                         "now": escape(fmt(f.current)), "limit": fmt(f.threshold), "what": escape(f.detail)}
+                t.add_row(*(cells[c] for c in columns))
+            return t
+
+        # the widest table that fits with whole words and whole case ids; none on a narrow
+        # terminal: the lines below name every failing case, and the report file has the rest
+        if print_table(console, [table(("severity", "case", "rule", "metric", "baseline", "now", "limit", "what")),
+                                 table(("severity", "case", "metric", "now", "what")),
+                                 table(("case", "what"))]):
+            if len(shown) > MAX_ROWS:
+                console.print(f"... and {len(shown) - MAX_ROWS} more in the findings JSON")
+        else:
+            console.print(f"({len(shown)} findings: too wide for {console.width} columns; every one is in "
+                          f"{summary_path or 'the report'})", highlight=False)
     print_known(verdict, console)
     console.print("thresholds: " + ", ".join(f"{k}={v:g}" for k, v in verdict.thresholds.items()), highlight=False)
     lines = summary_lines(verdict, sweep, summary_path)
-    for line in lines[:-1]:
-        console.print(escape(line), highlight=False, soft_wrap=True)
     color = "green" if verdict.passed else "bold red"
-    console.print(f"[{color}]{escape(lines[-1])}[/]", highlight=False, soft_wrap=True)
+    for i, line in enumerate(lines):
+        for piece in wrap_words(line, console.width):
+            console.print(f"[{color}]{escape(piece)}[/]" if i == len(lines) - 1 else escape(piece), highlight=False,
+                          soft_wrap=True)

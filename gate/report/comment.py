@@ -160,33 +160,75 @@ def separating_trait(failing: list[Case], passing: list[Case]) -> str | None:
     return None
 
 
+# numeric axes a kernel's envelope is often bounded on: "head dim > 128", "seqlen_k > 4096"
+THRESHOLD_AXES: dict[str, Callable[[Case], int]] = {
+    "head dim": lambda c: c.head_dim, "head dim v": lambda c: c.head_dim_v, "seqlen_q": lambda c: c.seqlen_q,
+    "seqlen_k": lambda c: c.seqlen_k,
+}
+
+
+def threshold_trait(failing: list[Case], passing: list[Case]) -> str | None:
+    """A numeric axis on which every failing case lies past every passing one (a kernel that
+    raises past head dim 128), stated with its counts; None when no axis separates so."""
+    if not passing or not failing:
+        return None
+    n, p = len(failing), len(passing)
+    who = "the failing case has" if n == 1 else f"every failing case ({n}) has"
+    for name, value in THRESHOLD_AXES.items():
+        f_values, p_values = [value(c) for c in failing], [value(c) for c in passing]
+        if min(f_values) > max(p_values):
+            return f"{who} {name} > {max(p_values)}; none of the {p} passing cases does"
+        if max(f_values) < min(p_values):
+            return f"{who} {name} < {min(p_values)}; none of the {p} passing cases does"
+    return None
+
+
 def _article(name: str) -> str:
     return name if name[0].isdigit() or name.startswith(("GQA", "entry", "layout", "fully", "seqlen")) or \
         name.endswith("inputs") else f"a {name}"
 
 
-def failing_tensors(results: list[CaseResult]) -> str:
-    """Which tensors exceed their bound in the failing cases: "every failing tensor is dq (74 cases)",
-    "dq in 70 cases, lse in 4"; empty when no failing case was measured."""
+def failing_tensors(results: list[CaseResult], names: Mapping[str, set[str]] | None = None) -> str:
+    """What the failing cases fail on, counted against ALL of them: "every failing case fails on dq
+    (74 cases)", "dk in 42 of 65 failing cases; 23 fail otherwise (headroom, dq)"; empty when none
+    names a tensor. `names`: case id -> what each failed on where the caller knows more than the
+    row (a headroom regression within the bound, a failed check); default: the row's tensors over
+    their bound (NaN included)."""
+    from gate.compare.known import failures_of
+
     counts: dict[str, int] = {}
-    measured = 0
+    n = len(results)
     for r in results:
-        over = sorted({t.tensor for t in r.tensors if math.isnan(t.ratio) or t.ratio > 1})
-        measured += bool(over)
+        over = set(names.get(r.case_id, set())) if names is not None else set()
+        over |= {t.tensor for t in r.tensors if math.isnan(t.ratio) or t.ratio > 1}
+        if not over and r.status.failed:
+            over = set(failures_of(r)) - {"?"}
         for name in over:
             counts[name] = counts.get(name, 0) + 1
     if not counts:
         return ""
-    if len(counts) == 1:
-        (name, n), = counts.items()
-        return f"every failing tensor is {name} ({n} case{'s' * (n != 1)})"
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-    return "failing tensors: " + ", ".join(f"{name} in {n} case{'s' * (n != 1)}" for name, n in ranked)
+    if len(counts) == 1 and ranked[0][1] == n:
+        name, _ = ranked[0]
+        return f"every failing tensor is {name} ({n} case{'s' * (n != 1)})"
+    parts = [f"{name} in {k} of {n}" if k != n else f"{name} in all {n}" for name, k in ranked[:4]]
+    more = f", +{len(ranked) - 4} more" if len(ranked) > 4 else ""
+    return f"failing tensors: {', '.join(parts)}{more} failing case{'s' * (n != 1)}"
 
 
-def diagnosis(failing: list[CaseResult], passing: list[Case]) -> str:
+def failing_names(verdict: Verdict) -> dict[str, set[str]]:
+    """Case id -> the tensors its blocking findings name (a headroom regression within its bound
+    included): what the check failed each case on, for the pattern line's counts."""
+    names: dict[str, set[str]] = {}
+    for f in verdict.findings:
+        if f.severity.blocks and f.case_id and f.metric.startswith("ratio:"):
+            names.setdefault(f.case_id, set()).add(f.metric.split(":", 1)[1])
+    return names
+
+
+def diagnosis(failing: list[CaseResult], passing: list[Case], names: Mapping[str, set[str]] | None = None) -> str:
     """The pattern line: which tensors fail, then what the failing cases share."""
-    tensors = failing_tensors(failing)
+    tensors = failing_tensors(failing, names)
     pattern = shared_pattern([r.case for r in failing], passing)
     return "; ".join(p for p in (tensors, pattern) if p)
 
@@ -200,7 +242,7 @@ def shared_pattern(failing: list[Case], passing: list[Case]) -> str:
     n = len(failing)
     if not passing:
         return f"every measured case fails ({n}): nothing specific to a shape, dtype or mask"
-    separated = separating_trait(failing, passing)
+    separated = separating_trait(failing, passing) or threshold_trait(failing, passing)
     traits_f = [case_traits(c) for c in failing]
     traits_p = [case_traits(c) for c in passing]
     found: list[tuple[int, str]] = []
@@ -209,7 +251,9 @@ def shared_pattern(failing: list[Case], passing: list[Case]) -> str:
         if len(values) == 1:
             value = values.pop()
             also = sum(1 for t in traits_p if t[key] == value)
-            if also < len(passing) or not passing:  # a trait every case has explains nothing
+            # a trait most passing cases share explains nothing ("one KV head per query head" for a
+            # kernel that raises past head dim 128, when most cases of the suite are MHA anyway)
+            if also <= len(passing) / 2:
                 found.append((also, value))
     found.sort()
     # two boolean traits that together cover every failing case ("causal or windowed")
@@ -222,7 +266,7 @@ def shared_pattern(failing: list[Case], passing: list[Case]) -> str:
         for b in names[i + 1:]:
             if all(flags[a](c) or flags[b](c) for c in failing):
                 also = sum(1 for c in passing if flags[a](c) or flags[b](c))
-                if best is None or also < best[0]:
+                if also <= len(passing) / 2 and (best is None or also < best[0]):
                     best = (also, f"{a} or {b}")
     if separated and not (found and found[0][0] == 0):  # a derived trait alone separates; no plain one does
         return separated
@@ -352,7 +396,8 @@ def _known_section(verdict: Verdict) -> list[str]:
             xpass = (f"; **XPASS** ({how}) in {len(g.xpass)}: "
                      + ", ".join(f"`{f.case_id}`" for f in g.xpass[:8]) + (" ..." if len(g.xpass) > 8 else "")
                      + (" (delete the entry if the fix landed)" if not g.cases else ""))
-        lines.append(f"- **#{e['index']}** {_cell(e['reason'])} ([upstream]({e['link']})): {what}, covers "
+        upstream = f" ([upstream]({e['link']}))" if e["link"] else ""
+        lines.append(f"- **#{e['index']}** {_cell(e['reason'])}{upstream}: {what}, covers "
                      f"{_cell(g.covers)}{xpass}")
     return lines + [""]
 
@@ -519,7 +564,8 @@ def pr_comment(verdict: Verdict, sweep: SweepResult, baseline: Baseline, links: 
     failing = [results[c].case for c in focus if c in results]
     passing = [c.case for c in sweep.cases if c.case_id not in set(blocking_cases) and c.status is Status.PASS]
     if failing:
-        lines += [f"**What the failing cases share:** {diagnosis([results[c] for c in focus if c in results], passing)}.", ""]
+        lines += [f"**What the failing cases share:** "
+                  f"{diagnosis([results[c] for c in focus if c in results], passing, failing_names(verdict))}.", ""]
     if focus:
         command = rerun_command(ctx, device, focus)
         if len(command) <= RERUN_LIMIT:

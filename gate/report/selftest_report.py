@@ -17,6 +17,31 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+REFERENCE = "tiled"  # gate/kernels/tiled.py: the built-in kernel the gate plants bugs in where a user kernel cannot host them
+
+
+def headline_parts(r: SelftestReport) -> list[str]:
+    """What the selftest showed, kept apart by whose code the bugs were planted in: the gate's own
+    teeth (bugs planted in the built-in reference kernel, `tiled`) say nothing about the user's
+    kernel; the control and the bugs planted in the user's kernel do."""
+    counted = [b for b in r.bugs if b.status.value != "PENDING"]
+    own = [b for b in counted if b.host == REFERENCE and r.kernel != REFERENCE]
+    theirs = [b for b in counted if b not in own]
+    parts = []
+    if own:
+        parts.append(f"gate self-check: {sum(b.killed for b in own)}/{len(own)} planted bugs killed in the built-in "
+                     f"reference kernel ({REFERENCE}): the gate's own teeth, not a finding about {r.kernel}")
+    control = next((c for c in r.controls if c.kernel == r.kernel), None)
+    against = [f"control {'PASS' if control.passed else 'FAIL'} ({control.cases} cases measured twice)"] if control else []
+    if theirs:
+        against.append(f"{sum(b.killed for b in theirs)}/{len(theirs)} planted bugs killed in {r.kernel} itself")
+    elif counted:
+        against.append(f"no planted bug ran inside {r.kernel}")
+    if against:
+        parts.append(f"against {r.kernel}: " + "; ".join(against))
+    return parts
+
+
 def selftest_markdown(r: SelftestReport) -> str:
     problems = r.problems()
     headline = "PASS" if not problems else ("INCOMPLETE" if not r.complete else "FAIL")
@@ -31,6 +56,7 @@ def selftest_markdown(r: SelftestReport) -> str:
         + ", ".join(f"{k.removeprefix('mult_')} {v:g}" for k, v in tol.items())
         + f"; headroom x{ver.get('headroom_factor', '?')} and +{ver.get('headroom_step', '?')}.", "",
     ]
+    lines += [f"- {_cell(p)}" for p in headline_parts(r)] + [""]
     if problems:
         lines += ["**Problems:**", ""] + [f"- {_cell(p)}" for p in problems] + [""]
     lines += ["### Controls (must pass: a false failure is the worst thing a gate can do)", "",

@@ -111,10 +111,11 @@ def validation_note(result: SweepResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_sweep_outputs(result: SweepResult, out_dir: Path) -> dict[str, Path]:
-    """The sweep JSON and its validation note, under the names every command uses. Here, not in
-    workflow/sweep.py, so that writing results (merge, check --results) does not import torch."""
-    stem = f"{safe_name(result.kernel)}-{result.suite}"
+def write_sweep_outputs(result: SweepResult, out_dir: Path, suffix: str = "") -> dict[str, Path]:
+    """The sweep JSON and its validation note, under the names every command uses (`suffix`: a
+    check rerun's, so its files sit beside the full run's). Here, not in workflow/sweep.py, so
+    that writing results (merge, check --results) does not import torch."""
+    stem = f"{safe_name(result.kernel)}-{result.suite}{suffix}"
     paths = {"json": Path(out_dir) / f"sweep-{stem}.json", "note": Path(out_dir) / f"validation-{stem}.md"}
     result.write(paths["json"])
     write_text_atomic(paths["note"], validation_note(result))

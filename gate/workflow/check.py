@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,7 @@ from gate.compare.baselines import (
     WIDEN_KEYS, Baseline, BaselineDiff, baseline_path, diff_baselines, merge_baseline, read_baseline, refuse_lacking_cases,
     refuse_widen, spans_machines, timed_perf, update_command, validate_written, widen_baseline,
 )
-from gate.core.config import Config, tolerance_changes
+from gate.core.config import Config, known_failures_in, own_kernel, tolerance_changes
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
 from gate.core.files import FolderLock, append_step_summary, refuse_inside_baselines, require_writable, safe_name
 from gate.compare.findings import CheckContext, Finding, Verdict, decide
@@ -56,9 +57,14 @@ from gate.workflow.speed_check import (
 from gate.report.check_report import print_check
 from gate.core.jsonio import write_json_atomic, write_text_atomic
 from gate.report.sweep_report import write_sweep_outputs
+from gate.report.failures import refusal
 from gate.report.comment import Links, pr_comment
 from gate.report.plots import plot_ratios
 
+
+# what a check of some cases only (--only, --last-failed) adds to its file names (check-K-S.only.md) where
+# the folder holds the whole suite's check: a rerun never overwrites the full report
+RERUN_SUFFIX = ".only"
 
 # The documentation page and section that every "no baseline" message points to (tests/test_validate.py
 # checks both exist).
@@ -280,10 +286,23 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
     return CheckOutcome(verdict, sweep, baseline, path, paths)
 
 
+def holds_full_check(out_dir: Path, kernel: str, suite: str) -> bool:
+    """Does `out_dir` hold the findings of a check of the whole suite (no --only) of this kernel?"""
+    import json
+
+    path = Path(out_dir) / f"findings-{safe_name(kernel)}-{suite}.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("context", {}).get("scope", "") is None
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def render_check(verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_dir: Path, console=None,
                  extra_markdown: str = "") -> dict[str, Path]:
-    stem = f"{safe_name(sweep.kernel)}-{sweep.suite}"
-    paths = write_sweep_outputs(sweep, out_dir)
+    # a rerun of some cases (--only, --last-failed) writes beside the full run's report, not over it
+    suffix = RERUN_SUFFIX if sweep.scope is not None and holds_full_check(out_dir, sweep.kernel, sweep.suite) else ""
+    stem = f"{safe_name(sweep.kernel)}-{sweep.suite}{suffix}"
+    paths = write_sweep_outputs(sweep, out_dir, suffix)
     paths["findings"] = out_dir / f"findings-{stem}.json"
     write_json_atomic(paths["findings"], verdict.to_dict())
 
@@ -338,20 +357,56 @@ def require_complete_run(plan: RunPlan, sweep: SweepResult, source: object, path
                         f"with; regenerate the file with `attn-gate sweep` or run `{redo}`")
 
 
-def refuse_failing_run(sweep: SweepResult, config: Config) -> str:
+def refuse_failing_run(sweep: SweepResult, config: Config, path: Path | None = None, note: Path | None = None,
+                       reason: str = "", link: str = "") -> str:
     """Why a run must not become a baseline ('' when it may): a failing row is recorded only when
-    known_failures declarations cover everything it fails on (an upstream bug with a reason and a
-    link, which `check` then reports as KNOWN); a run with no PASS row validates nothing."""
+    known_failures declarations cover everything it fails on (a bug with a reason, and for another
+    project's kernel an upstream link, which `check` then reports as KNOWN); a run with no PASS row
+    validates nothing. The refusal lists the failing cases worst first with their reasons, what they
+    share, and the ways forward with the declaration that records them (gate/report/failures.py)."""
     if not any(c.status.value == "PASS" for c in sweep.cases):
         return "no case passed (all skipped or failing), so the baseline would validate nothing; fix the kernel or the suite"
     undeclared = undeclared_failures(sweep, config.known_failures)
     if not undeclared:
         return ""
-    rows = "; ".join(f"{cid} ({', '.join(names)})" for cid, names in undeclared[:5]) + (" ..." if len(undeclared) > 5 else "")
-    return (f"{len(undeclared)} failing case{'s' * (len(undeclared) != 1)} no known_failures declaration covers: {rows}. "
-            f"Fix the kernel, or, for an upstream bug, declare it in {config.source if config.source != 'defaults' else 'pyproject.toml'} "
-            f"as {TABLE} with kernel = {sweep.kernel!r}, cases (a regex on case ids), tensors (the names in "
-            f"parentheses), reason and link (the upstream issue); see docs/known-failures.md")
+    return first_refusal(sweep, undeclared, config, reason, link).text(
+        path, sweep.kernel, update_command(sweep.kernel, sweep.suite, str(sweep.environment.get("gpu_class", "unknown"))),
+        config.source, note, own_kernel(sweep.kernel, set(config.kernels)), shutil.get_terminal_size((200, 24)).columns)
+
+
+def first_refusal(sweep: SweepResult, undeclared: list[tuple[str, list[str]]], config: Config, reason: str = "",
+                  link: str = ""):
+    own = own_kernel(sweep.kernel, set(config.kernels))
+    # another project's kernel: its bug has an upstream issue; the block says so rather than inventing one
+    return refusal(list(sweep.cases), undeclared, sweep.kernel, reason, link or ("" if own else "TODO: the upstream issue URL"))
+
+
+def declare_known(sweep: SweepResult, config: Config, reason: str, link: str) -> tuple[Config, str, str]:
+    """`baseline update --known REASON [--link URL]`: the config with declarations that cover
+    exactly the run's undeclared failures, the pyproject text that holds them (appended; written
+    by the caller, atomically, with the baseline) and the blocks, or a UserError naming the flag."""
+    if config.source == "defaults" or not Path(config.source).is_file():
+        raise UserError("--known appends the declaration to your pyproject.toml, and there is none here: run "
+                        "`attn-gate init` first (or pass --config PATH/pyproject.toml)")
+    if not reason.strip() or "\n" in reason:
+        raise UserError("--known: give one line saying why these cases fail, e.g. --known \"dq loses precision on "
+                        "shifted inputs\"")
+    own = own_kernel(sweep.kernel, set(config.kernels))
+    if not link and not own:
+        raise UserError(f"--known for kernel {sweep.kernel!r}: another project's kernel, so pass --link with its upstream "
+                        f"issue (https://...); only your own kernel ([tool.attn-gate.kernels.NAME]) may go without")
+    undeclared = undeclared_failures(sweep, config.known_failures)
+    if not undeclared:
+        return config, "", ""
+    block = first_refusal(sweep, undeclared, config, reason.strip(), link).block
+    path = Path(config.source)
+    text = path.read_text(encoding="utf-8")
+    text = text + ("" if text.endswith("\n") else "\n") + "\n" + block
+    try:
+        entries = known_failures_in(text, path)
+    except UserError as exc:
+        raise UserError(f"--known: the declaration would not be valid ({exc}); nothing was written") from None
+    return dataclasses.replace(config, known_failures=entries), text, block
 
 
 def run_baseline_update(config: Config, **kwargs) -> UpdateOutcome:
@@ -368,7 +423,7 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
                      only: str | None = None, results_path: Path | None = None,
                      summary_path: Path | None = None, out_dir: Path = Path("out"), progress: bool = True,
                      perf: bool | None = None, perf_from: Path | None = None, plan: RunPlan | None = None,
-                     widen: bool = False) -> UpdateOutcome:
+                     widen: bool = False, known: str | None = None, link: str = "") -> UpdateOutcome:
     if plan is not None:
         only, perf = plan.only, plan.perf
     if results_path is not None and only is not None:
@@ -413,10 +468,12 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
         refuse_widen(old, plan.suite_hash, config.tolerance.as_dict(), None, path)
         perf = False  # not even a GPU's default: the committed speed section is kept as it is
     sweep = results if results is not None else fresh_sweep(plan, progress)
+    saved_note = None
     if results is None:
 
         with writing("pass a writable --out folder"):
-            saved = write_sweep_outputs(sweep, Path(out_dir))["json"]
+            saved_paths = write_sweep_outputs(sweep, Path(out_dir))
+        saved, saved_note = saved_paths["json"], saved_paths["note"]
         print(f"the run is saved in {saved} (reuse it with --from-results)")
     require_complete_run(plan, sweep, results_path if results is not None else "this run", path)
     changed = tolerance_changes(sweep.tolerance, config.tolerance.as_dict())
@@ -446,9 +503,13 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
               file=sys.stderr)
     cfg = config.verdict
     diff = diff_baselines(old, new, path, cfg.headroom_factor, cfg.headroom_step, cfg.improvement_factor, kept)
-    refusal = refuse_failing_run(sweep, config)
-    if refusal:
-        print(f"attn-gate: refusing to write {path}: {refusal}", file=sys.stderr)
+    declared_text = declared = ""
+    if known is not None:  # declared now, validated as the config is; written with the baseline
+        config, declared_text, declared = declare_known(sweep, config, known, link)
+    refused = refuse_failing_run(sweep, config, path, saved_note)
+    if refused:
+        print(refused if refused.startswith("attn-gate: ") else f"attn-gate: refusing to write {path}: {refused}",
+              file=sys.stderr)
         return UpdateOutcome(diff, path, sweep, EXIT_FAIL)
     text = diff.markdown()
     if summary_path is not None:  # first: a summary that cannot be written leaves the baseline untouched
@@ -456,6 +517,10 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
         with writing("pass a writable --summary file; the baseline was not written"):
             write_text_atomic(Path(summary_path), text)
     validate_written(new, path)  # the reader `check` uses, before the file is replaced
+    if declared:  # never silently: the declaration is printed and lands in the file the PR shows
+        with writing(f"neither {config.source} nor {path} was written"):
+            write_text_atomic(Path(config.source), declared_text)
+        print(f"appended to {config.source} (edit the reason if it should say more):\n\n{declared}")
     with writing(f"{path} was not written" + (f" ({summary_path} describes the change it would make)" if summary_path else "")):
         new.write(path)
     print(text)

@@ -1,0 +1,273 @@
+"""The failing cases of a run as a person reads them: one line per case in pytest's short-summary
+style, worst first (`FAIL <case>  dk 14,121x its bound (NaN in dv)`), and the failing rows
+grouped by the case axis they share (input regime, layout, dtype, head dim ...) with counts.
+
+Rendering only: reads results rows (and, for a check, its findings); decides nothing. The group-by
+is pandas' over the case axes of every row of the run, so each count is of cases, never of findings.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from gate.compare.findings import Finding, Severity, fmt
+from gate.compare.known import UNATTRIBUTED, failures_of
+from gate.core.results import CaseResult, Status
+
+# run_case's refusal of an output it could not measure, as the line says it
+_SEED = re.compile(r"^seed \d+: ")
+_NAN = re.compile(r"^(?P<name>[a-z_]+) contains NaN/Inf")
+
+
+def _num(value: float) -> str:
+    """14,121 / 8.1 / 1.44: three significant digits, thousands separated."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "inf"
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+
+
+def reason_words(reason: str) -> str:
+    """A row's reason as the line's parenthesis: 'seed 0: dv contains NaN/Inf' -> 'NaN in dv'."""
+    first = _SEED.sub("", (reason or "").strip().splitlines()[0] if reason and reason.strip() else "")
+    m = _NAN.match(first)
+    if m:
+        return f"NaN in {m.group('name')}"
+    return first[:100] + ("..." if len(first) > 100 else "")
+
+
+@dataclass(frozen=True)
+class FailLine:
+    """One failing case: its label (FAIL, ERROR, INCONCLUSIVE), what failed worst and why."""
+
+    label: str
+    case_id: str
+    what: str
+    why: str = ""
+    size: float = 0.0  # sorts worst first: the worst ratio (inf for NaN, an error, an unmeasured row)
+
+    @property
+    def text(self) -> str:
+        return f"{self.label} {self.case_id}  {self.what}" + (f" ({self.why})" if self.why and self.why != self.what else "")
+
+
+def row_line(row: CaseResult) -> FailLine:
+    """The line of a failing results row: its worst tensor against its bound, the reason beside."""
+    if row.status is Status.ERROR:
+        return FailLine("ERROR", row.case_id, "the kernel raised", reason_words(row.reason), math.inf)
+    over = [t for t in row.tensors if not t.ratio <= 1.0]
+    if over:
+        # the worst finite ratio leads; a NaN is named beside it ("dk 14,121x its bound (NaN in dv)")
+        finite = sorted((t for t in over if not math.isnan(t.ratio)), key=lambda t: (-t.ratio, t.tensor))
+        nan = [f"NaN in {t.tensor}" for t in sorted(over, key=lambda t: t.tensor) if math.isnan(t.ratio)]
+        checks = [f"{c.name} check failed" for c in row.checks if c.passed is False]
+        if finite:
+            what = f"{finite[0].tensor} {_num(finite[0].ratio)}x its bound"
+            others = [f"{t.tensor} {_num(t.ratio)}x" for t in finite[1:]]
+        else:
+            what, nan, others = nan[0], nan[1:], []
+        size = math.inf if len(finite) < len(over) else finite[0].ratio
+        return FailLine("FAIL", row.case_id, what, ", ".join(nan + others + checks), size)
+    names = sorted(failures_of(row) - {UNATTRIBUTED})
+    checks = [c.name for c in row.checks if c.passed is False]
+    if checks:
+        return FailLine("FAIL", row.case_id, f"{', '.join(checks)} check failed", reason_words(row.reason), math.inf)
+    why = reason_words(row.reason)
+    what = why if why.startswith("NaN in") else f"{names[0]} not measured" if names else "not measured"
+    return FailLine("FAIL", row.case_id, what, why, math.inf)
+
+
+def finding_what(f: Finding) -> tuple[str, float]:
+    """A blocking finding of a case whose row did not fail (a headroom regression, a case not
+    validated any more, a speed pass): its quantity and both numbers, shortly."""
+    tensor = f.metric.split(":", 1)[-1]
+    if f.rule == "headroom" and isinstance(f.current, float):
+        return f"{tensor} {fmt(f.baseline)} -> {fmt(f.current)} of its bound (headroom)", f.current
+    detail = f.detail.split("; ")[0]
+    return detail, f.current if isinstance(f.current, float) and not math.isnan(f.current) else 0.0
+
+
+def check_lines(findings: Iterable[Finding], rows: Mapping[str, CaseResult]) -> list[FailLine]:
+    """One line per case with a blocking finding of a check, worst first (FAIL before
+    INCONCLUSIVE, then the size of its worst ratio)."""
+    by_case: dict[str, list[Finding]] = {}
+    for f in findings:
+        if f.severity.blocks and f.case_id:
+            by_case.setdefault(f.case_id, []).append(f)
+    lines = []
+    for cid, mine in by_case.items():
+        label = "FAIL" if any(f.severity is Severity.FAIL for f in mine) else "INCONCLUSIVE"
+        row = rows.get(cid)
+        if row is not None and row.status.failed and label == "FAIL":
+            line = row_line(row)
+        else:
+            worst = max(mine, key=lambda f: finding_what(f)[1])
+            what, size = finding_what(worst)
+            line = FailLine(label, cid, what, "", size)
+        lines.append(line)  # an ERROR row keeps its label, as pytest's short summary does
+    return sorted(lines, key=lambda x: (x.label == "INCONCLUSIVE", -x.size, x.case_id))
+
+
+def worst_first(lines: Iterable[FailLine]) -> list[FailLine]:
+    return sorted(lines, key=lambda x: (-x.size, x.case_id))
+
+
+# ---------------------------------------------------------------- grouped by a case axis
+
+# The case axes a failure is grouped by, in the order a tie is broken: the input regime and the
+# layout first (what a kernel's numerics and addressing care about), then the shape's.
+AXES = ("inputs", "layout", "dtype", "head dim", "causal", "window", "GQA group", "seqlen_q", "seqlen_k", "entry point")
+
+
+def _axes(row: CaseResult) -> dict[str, object]:
+    c = row.case
+    return {"inputs": c.inputs, "layout": c.layout, "dtype": c.dtype, "head dim": c.head_dim,
+            "causal": "causal" if c.causal else "not causal", "window": "windowed" if c.has_window else "no window",
+            "GQA group": c.heads_q // max(1, c.heads_kv), "seqlen_q": c.seqlen_q, "seqlen_k": c.seqlen_k,
+            "entry point": c.entry_point}
+
+
+def _value_words(axis: str, value: object) -> str:
+    if axis == "inputs":
+        return f"{value} inputs"
+    if axis in ("layout", "entry point", "head dim", "GQA group", "seqlen_q", "seqlen_k"):
+        return f"{axis} {value}"
+    return str(value)
+
+
+@dataclass(frozen=True)
+class FailGroup:
+    """Failing cases that share one value of an axis and fail on the same names."""
+
+    axis: str
+    value: str  # as read: "shifted inputs", "head dim 192"
+    names: tuple[str, ...]  # what they fail on (tensors, checks, "error")
+    cases: tuple[str, ...]
+    of_value: int  # cases of the run with that value (failing or not)
+    worst: FailLine
+
+    @property
+    def text(self) -> str:
+        n = len(self.cases)
+        share = (f"every case with {self.value} fails ({self.of_value})" if n == self.of_value
+                 else f"{n} of the {self.of_value} cases with {self.value}")
+        return (f"{n} case{'s' * (n != 1)} with {self.value} fail{'s' * (n == 1)} on {', '.join(self.names)}: {share}; "
+                f"worst {self.worst.case_id}")
+
+
+def group_failures(rows: list[CaseResult], failing: Mapping[str, Iterable[str]]) -> list[FailGroup]:
+    """The failing rows (`failing`: case id -> the names it failed on) grouped by the one axis that
+    separates them best from the passing rows (the fewest passing cases share their values, in the
+    fewest groups), then by what they fail on; most cases first."""
+    import pandas as pd
+
+    if not failing:
+        return []
+    frame = pd.DataFrame([{**_axes(r), "case": r.case_id, "failing": r.case_id in failing} for r in rows if r.status is not Status.SKIP])
+    if frame.empty:
+        return []
+    bad = frame[frame["failing"]]
+    n_passing, n_failing = int((~frame["failing"]).sum()), len(bad)
+    best = None
+    for rank, axis in enumerate(AXES):
+        values = set(bad[axis])
+        passing_alike = int(((~frame["failing"]) & frame[axis].isin(values)).sum())
+        # the share of passing cases that have the failing values, plus a cost per extra group: one
+        # value that only failing cases have is best; an axis of many values explains little
+        score = (passing_alike / n_passing if n_passing else 0.0) + (len(values) - 1) / n_failing
+        if best is None or (score, rank) < best[0]:
+            best = ((score, rank), axis)
+    axis = best[1]
+    names = {cid: tuple(sorted(set(n) - {UNATTRIBUTED})) or ("?",) for cid, n in failing.items()}
+    frame["names"] = [names.get(cid, ()) for cid in frame["case"]]
+    totals = frame.groupby(axis)["case"].count()
+    lines = {r.case_id: row_line(r) for r in rows if r.case_id in failing}
+    groups = []
+    for (value, fails_on), part in frame[frame["failing"]].groupby([axis, "names"], sort=False):
+        cases = tuple(sorted(part["case"]))
+        worst = worst_first(lines[c] for c in cases)[0]
+        groups.append(FailGroup(axis, _value_words(axis, value), tuple(fails_on), cases, int(totals[value]), worst))
+    return sorted(groups, key=lambda g: (-len(g.cases), -g.worst.size, g.value))
+
+
+# ---------------------------------------------------------------- a refused first baseline
+
+MAX_LINES = 10  # failing-case lines in a refusal; the validation note lists every one
+
+
+def block_reasons(groups: list[FailGroup]) -> dict[tuple[str, ...], str]:
+    """A reason per set of failed names, from the values its groups share: the printed block's
+    reason says what was seen, and the user edits it to say why."""
+    values: dict[tuple[str, ...], list[str]] = {}
+    for g in groups:
+        values.setdefault(g.names, []).append(g.value)
+    return {names: f"{', '.join(names)} past the bound on {' and '.join(v[:3])}{' ...' if len(v) > 3 else ''}"
+            for names, v in values.items()}
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a run is not recorded as a baseline, and the three ways forward."""
+
+    lines: tuple[FailLine, ...]  # every failing case no declaration covers, worst first
+    pattern: str  # what they share (gate.report.comment.diagnosis)
+    groups: tuple[FailGroup, ...]
+    block: str  # the [[tool.attn-gate.known_failures]] blocks that declare exactly them
+    measured: int  # cases of the run that are not SKIP
+
+    def text(self, path: object, kernel: str, redo: str, config_source: str, note: object | None,
+             own_kernel: bool, width: int | None = None) -> str:
+        """The refusal, its prose wrapped at whole words to `width` (None: not wrapped); the
+        declaration at its end never is, so that it works as pasted."""
+        n = len(self.lines)
+        out = [f"attn-gate: refusing to write {path}: {n} of {self.measured} measured case{'s' * (self.measured != 1)} fail"
+               f"{'s' * (n == 1)} and no known_failures declaration covers {'it' if n == 1 else 'them'}:"]
+        out += [f"  {line.text}" for line in self.lines[:MAX_LINES]]
+        if n > MAX_LINES:
+            out.append(f"  ... and {n - MAX_LINES} more" + (f" (every one, with its reason: {note})" if note else ""))
+        if self.pattern:
+            out.append(f"what they share: {self.pattern}")
+        if len(self.groups) > 1:
+            out.append("by group:")
+            out += [f"  {g.text}" for g in self.groups[:6]]
+        if note and n <= MAX_LINES:
+            out.append(f"every reason and ratio: {note}")
+        where = config_source if config_source != "defaults" else "pyproject.toml"
+        link_note = ("" if own_kernel else "; `link` is required: the upstream issue, https://...")
+        known = f'{redo} --known "WHY"' + ("" if own_kernel else " --link https://UPSTREAM/ISSUE")
+        out += [
+            "the way forward, one of:",
+            f"  1. fix the kernel, then rerun `{redo}`;",
+            f"  2. narrow the envelope: if the kernel does not support these cases, declare what it supports "
+            f"(`supports`) in [tool.attn-gate.kernels.{kernel}] so they SKIP with that reason;",
+            f"  3. record them as known failures: `{known}` appends the declaration below to {where} and "
+            f"writes the baseline; or paste it there yourself (edit the reason to say why{link_note}) and rerun `{redo}`:",
+        ]
+        if width is not None:
+            import textwrap
+
+            out = [piece for line in out for piece in textwrap.wrap(
+                line, width=max(20, width), subsequent_indent=" " * (len(line) - len(line.lstrip()) + 4),
+                break_long_words=False, break_on_hyphens=False) or [line]]
+        return "\n".join(out + ["", self.block.rstrip("\n")])
+
+
+def refusal(rows: list[CaseResult], undeclared: list[tuple[str, list[str]]], kernel: str, reason: str = "",
+            link: str = "") -> Refusal:
+    from gate.compare.known import declaration_blocks
+    from gate.report.comment import diagnosis
+
+    failing = {cid: names for cid, names in undeclared}
+    by_id = {r.case_id: r for r in rows}
+    lines = worst_first(row_line(by_id[cid]) for cid in failing)
+    passing = [r.case for r in rows if r.status is Status.PASS and r.case_id not in failing]
+    pattern = diagnosis([by_id[cid] for cid in failing], passing, {cid: set(n) for cid, n in failing.items()})
+    groups = group_failures(rows, failing)
+    reasons = {names: reason for names in {tuple(sorted(set(n))) for n in failing.values()}} if reason else block_reasons(groups)
+    block = declaration_blocks(kernel, failing, reasons, link)
+    measured = sum(1 for r in rows if r.status is not Status.SKIP)
+    return Refusal(tuple(lines), pattern, tuple(groups), block, measured)

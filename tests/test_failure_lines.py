@@ -1,0 +1,80 @@
+"""The failing cases as a person reads them (gate/report/failures.py): one line per case in
+pytest's short-summary style, worst first, and the rows grouped by the case axis that separates
+them, with counts of cases. Tables of synthetic rows; no kernel runs."""
+
+from __future__ import annotations
+
+import math
+
+from gate.core.cases import Case
+from gate.core.results import CaseResult, Status, TensorError
+from gate.compare.known import failures_of
+from gate.report.failures import group_failures, refusal, row_line, worst_first
+
+BASE = Case.build(batch=2, seqlen_q=128, seqlen_k=128, heads_q=4, heads_kv=4, head_dim=64, head_dim_v=64, dtype="bf16")
+
+
+def row(over: dict[str, float] | None = None, status: Status | None = None, reason: str = "", **kw) -> CaseResult:
+    ratios = {"out": 0.5, "lse": 0.5, "dq": 0.5, "dk": 0.5, "dv": 0.5, **(over or {})}
+    tensors = tuple(TensorError(n, r, r, 1.0, 0.0, 2.0, 1.0, r, (), 1e-2, 1e-2, True, 0) for n, r in ratios.items())
+    failed = any(not r <= 1 for r in ratios.values())
+    return CaseResult(case=BASE.with_fields(**kw), status=status or (Status.FAIL if failed else Status.PASS),
+                      reason=reason, tensors=tensors if status is not Status.ERROR else ())
+
+
+def test_the_short_summary_line_names_the_worst_ratio_and_the_nan_beside_it():
+    line = row_line(row({"dk": 14121.0, "dv": math.nan}))
+    assert line.text == f"FAIL {BASE.id}  dk 14,121x its bound (NaN in dv)" and line.size == math.inf
+    assert row_line(row({"dq": 6.2, "dk": 1.5})).text == f"FAIL {BASE.id}  dq 6.2x its bound (dk 1.5x)"
+    unmeasured = CaseResult(case=BASE, status=Status.FAIL, reason="seed 0: dv contains NaN/Inf")
+    assert row_line(unmeasured).text == f"FAIL {BASE.id}  NaN in dv"
+    error = row(status=Status.ERROR, reason="RuntimeError: head_dim 192 > 128 is not supported")
+    assert row_line(error).text == f"ERROR {BASE.id}  the kernel raised (RuntimeError: head_dim 192 > 128 is not supported)"
+    ordered = worst_first([row_line(row({"dq": 2.0}, seqlen_q=64)), row_line(row({"dq": 8.0}, seqlen_q=96)), row_line(unmeasured)])
+    assert [x.what for x in ordered] == ["NaN in dv", "dq 8x its bound", "dq 2x its bound"]
+
+
+def test_13_failing_on_three_input_regimes_are_grouped_with_counts_of_cases():
+    """As the issue's Triton kernel: 13 cases FAIL on large/shifted/outliers inputs, none on normal ones."""
+    rows = [row(seqlen_q=32 + 8 * s, seqlen_k=32 + 8 * s) for s in range(10)]  # normal inputs: all pass
+    fails = {"large": 4, "shifted": 6, "outliers": 3}
+    passes = {"large": 2, "shifted": 0, "outliers": 5}
+    for inputs, n in fails.items():
+        rows += [row({"dq": 6.0 + s / 10}, seqlen_q=32 + 8 * s, seqlen_k=32 + 8 * s, inputs=inputs) for s in range(n)]
+        rows += [row(seqlen_q=200 + 8 * s, seqlen_k=200 + 8 * s, inputs=inputs) for s in range(passes[inputs])]
+    assert len(rows) == 30 and sum(r.status is Status.FAIL for r in rows) == 13
+    failing = {r.case_id: failures_of(r) for r in rows if r.status is Status.FAIL}
+    groups = group_failures(rows, failing)
+    assert [(g.axis, g.value, len(g.cases), g.of_value) for g in groups] == [
+        ("inputs", "shifted inputs", 6, 6), ("inputs", "large inputs", 4, 6), ("inputs", "outliers inputs", 3, 8)]
+    assert sum(len(g.cases) for g in groups) == 13
+    assert groups[0].text.startswith("6 cases with shifted inputs fail on dq: every case with shifted inputs fails (6)")
+    assert "4 of the 6 cases with large inputs" in groups[1].text
+    r = refusal(rows, [(cid, sorted(n)) for cid, n in failing.items()], "mine")
+    assert r.lines[0].what == "dq 6.5x its bound" and len(r.lines) == 13
+    assert "failing tensors" not in r.pattern and r.pattern.startswith("every failing tensor is dq (13 cases)")
+    assert r.block.count("[[tool.attn-gate.known_failures]]") == 1 and 'tensors = ["dq"]' in r.block
+    assert "link" not in r.block  # the user's own kernel: no upstream to link to
+
+
+def test_check_lines_one_per_case_worst_first_headroom_and_inconclusive_last():
+    from gate.compare.findings import Finding, Severity
+    from gate.report.failures import check_lines
+
+    bad = row({"dk": 3.0}, seqlen_q=64)
+    grown = row(seqlen_q=96)  # within its bound, grown past the headroom limit
+    lost = row(seqlen_q=160)
+    findings = [
+        Finding("tolerance", Severity.FAIL, bad.case_id, "ratio:dk", 0.4, 3.0, 1.0, f"{bad.case_id}: dk error is 3 x its bound"),
+        Finding("status", Severity.FAIL, bad.case_id, "status", "PASS", "FAIL", None, f"{bad.case_id} newly fails: dk"),
+        Finding("headroom", Severity.FAIL, grown.case_id, "ratio:dk", 0.2, 0.9, 0.4, f"{grown.case_id}: dk ratio grew"),
+        Finding("tensor_dropped", Severity.INCONCLUSIVE, lost.case_id, "ratio:lse", 0.2, None, None,
+                f"{lost.case_id}: lse was measured in the baseline, not any more, so it is not validated; accept it"),
+        Finding("improvement", Severity.WARN, lost.case_id, "ratio:dq", 0.5, 0.1, 0.25, "not blocking"),
+    ]
+    lines = check_lines(findings, {r.case_id: r for r in (bad, grown, lost)})
+    assert [x.text for x in lines] == [
+        f"FAIL {bad.case_id}  dk 3x its bound",
+        f"FAIL {grown.case_id}  dk 0.2 -> 0.9 of its bound (headroom)",
+        f"INCONCLUSIVE {lost.case_id}  lse was measured in the baseline, not any more, so it is not validated",
+    ]
