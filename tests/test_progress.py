@@ -27,16 +27,18 @@ def test_clock_text(seconds, text):
 
 
 def test_the_eta_is_weighted_by_expected_cost_not_by_case_count():
-    eta = Eta(total=3, total_cost=10.0)
+    eta = Eta(total=4, total_cost=10.0)
     assert eta.left() is None  # nothing done yet: no pace to scale
     eta.add(1.0, 5.0)  # a small case took 5 s: the 9 units left take 45 s, not 2 cases x 5 s
     assert eta.left() == pytest.approx(45.0)
     eta.add(0.0, 5.0)  # a SKIP: done, costs nothing, moves nothing
     assert eta.left() == pytest.approx(45.0)
-    assert eta.line() == "[2/3] 0:05 elapsed, ~0:45 left"
-    assert eta.line(now=15.0) == "[2/3] 0:15 elapsed, ~0:35 left"  # redrawn 10 s later
-    eta.add(9.0, 50.0)
-    assert eta.left() == 0.0 and eta.line({"PASS": 2, "FAIL": 1}) == "[3/3] 0:50 elapsed, ~0:00 left (1 FAIL)"
+    assert eta.line() == "[2/4] 0:05 elapsed, ~0:45 left"
+    assert eta.line(now=15.0) == "[2/4] 0:15 elapsed, ~0:35 left"  # redrawn 10 s later
+    eta.skip(4.0, 5.0)  # found unsupported when it came to run: its cost leaves the total
+    assert eta.total_cost == 6.0 and eta.left() == pytest.approx(25.0)
+    eta.add(5.0, 30.0)
+    assert eta.left() == 0.0 and eta.line({"PASS": 2, "FAIL": 1}) == "[4/4] 0:30 elapsed, ~0:00 left (1 FAIL)"
 
 
 def test_without_a_terminal_a_plain_line_every_interval_not_one_per_case():
@@ -73,3 +75,23 @@ def test_no_progress_writes_nothing():
     with Progress(False, "k / pr", [1.0], stream=stream, terminal=False) as advance:
         advance("a", "PASS", 1.0)
     assert stream.getvalue() == ""
+
+
+def test_the_speed_stage_moves_the_same_progress_over_the_plans_perf_cases(capsys):
+    """Each timed case advances the count, a SKIP is counted and costs nothing; the measure's
+    results pass through unchanged."""
+    from types import SimpleNamespace
+
+    from gate.core.config import load_config
+    from gate.workflow.plan import plan_run
+    from gate.workflow.speed_check import _measured_with_progress
+
+    plan = plan_run(load_config(None), "sdpa-cpu", "pr", "cpu")
+    cases = plan.perf_cases
+    assert len(cases) >= 3
+    answers = iter(["OK", "SKIP"] + ["OK"] * (len(cases) - 2))
+    with _measured_with_progress(plan, lambda case, anchor, tp: SimpleNamespace(label=next(answers), case=case)) as measure:
+        got = [measure(c, "matmul", None) for c in cases]
+    assert [g.case for g in got] == list(cases)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"[{len(cases)}/{len(cases)}] ") and err[-1].endswith("~0:00 left (1 SKIP)"), err

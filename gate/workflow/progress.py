@@ -38,6 +38,12 @@ class Eta:
         self.done_cost += cost
         self.elapsed = elapsed
 
+    def skip(self, cost: float, elapsed: float) -> None:
+        """A case found unsupported when it came to run: done, and its cost was never spent."""
+        self.done += 1
+        self.total_cost -= cost
+        self.elapsed = elapsed
+
     def left(self) -> float | None:
         """Seconds left, or None before a case with a cost has finished (nothing to scale from)."""
         if self.done >= self.total:
@@ -55,7 +61,7 @@ class Eta:
             left = max(0.0, left - (elapsed - self.elapsed))
         text = f"[{self.done}/{self.total}] {clock_text(elapsed)} elapsed, " + \
             ("~? left" if left is None else f"~{clock_text(left)} left")
-        shown = {k: v for k, v in (counts or {}).items() if v and k != "PASS"}
+        shown = {k: v for k, v in (counts or {}).items() if v and k not in ("PASS", "OK")}  # OK: a timed case
         if shown:
             text += " (" + ", ".join(f"{v} {k}" for k, v in sorted(shown.items())) + ")"
         return text
@@ -64,7 +70,8 @@ class Eta:
 class Progress:
     """`with Progress(enabled, title, costs) as advance: ... advance(case_id, status, cost)`.
 
-    `costs`: the expected cost of every case still to run (a SKIP's is 0). `stream` None is stderr;
+    `costs`: the expected cost of every case still to run (0 for one known to SKIP); a case that
+    comes back SKIP takes its cost off the total. `stream` None is stderr;
     `terminal` None asks rich whether it is a terminal; `clock` is time.monotonic (tests pass
     their own)."""
 
@@ -91,7 +98,7 @@ class Progress:
 
     def _count(self, status: str, cost: float) -> None:
         self.counts[status] = self.counts.get(status, 0) + 1
-        self.eta.add(cost, self.clock() - self._start)
+        (self.eta.skip if status == "SKIP" else self.eta.add)(cost, self.clock() - self._start)
 
     def _plain(self, console):
         self._console, self._last_line = console, self._start
