@@ -149,9 +149,11 @@ def _run_isolated(plan: RunPlan, progress: bool, check_names: tuple[str, ...], c
                 raise UserError(f"--out {options.out_dir}: cannot write the journal there ({exc.strerror or exc}); "
                                 f"pass a writable folder") from None
         todo = [c for c in cases if c.id not in done]
-        # the cases the kernel does not support, asked of the worker at once: a SKIP row is made
-        # here, without a round trip per case, inputs or references
-        skips = pool.triage(todo)
+        # outside the declared envelope (decided here), then what the kernel's adapter does not
+        # support (asked of the worker once, for all): SKIP rows made here, with no round trip per
+        # case, no inputs and no references
+        skips = {c.id: r for c in todo if (r := plan.declared_skip(c))}
+        skips.update(pool.triage([c for c in todo if c.id not in skips]))
         lock = threading.Lock()
         stopping = threading.Event()  # set on Ctrl-C: a case cut short by it is no result
         fresh: dict[str, CaseResult] = {}
@@ -166,9 +168,7 @@ def _run_isolated(plan: RunPlan, progress: bool, check_names: tuple[str, ...], c
             todo = [c for c in todo if c.id not in skips]
 
             def one(case):
-                declared = plan.declared_skip(case)  # outside the declared envelope: no worker call
-                result = CaseResult(case=case, status=Status.SKIP, reason=declared) if declared else \
-                    pool.run_case(case, config.tolerance, check_names, options.case_timeout, info.traits)
+                result = pool.run_case(case, config.tolerance, check_names, options.case_timeout, info.traits)
                 with lock:
                     if stopping.is_set():  # its worker was killed by the interrupt: it runs again on --resume
                         return
