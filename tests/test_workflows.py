@@ -401,7 +401,7 @@ def GATE_TEXT() -> str:
 
 
 def test_no_workflow_passes_no_progress():
-    """Non-TTY progress is one line per case (the ux branch); workflow logs keep it."""
+    """Non-TTY progress is a plain line every few seconds with the time left; workflow logs keep it."""
     assert [p.name for p in WORKFLOW_FILES if "--no-progress" in p.read_text()] == []
 
 

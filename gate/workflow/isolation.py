@@ -394,6 +394,30 @@ class WorkerPool:
                                 sink_grad=bool(hello.get("sink_grad", True)), backward=bool(hello.get("backward", True)))
         return self._info
 
+    def triage(self, cases: list[Case]) -> dict[str, str]:
+        """{case id: reason} for the cases the kernel does not support, asked of one worker in one
+        request (the adapter's own unsupported_reason, as the worker asks it before each case): a
+        SKIP then costs no round trip, no inputs and no references. A worker that cannot answer
+        leaves every case to run as usual, where the same question is asked again."""
+        if not cases:
+            return {}
+        slot = self.slots[0]
+        try:
+            worker, hello = slot.ensure()
+            if "user_error" in hello:
+                return {}
+            reply = worker.call({"op": "triage", "cases": [c.to_dict() for c in cases]}, self.cfg.worker_start_timeout_s)
+        except WorkerGone:
+            slot.discard()
+            return {}
+        if reply.get("restart"):
+            slot.discard()
+        skips = reply.get("skips")
+        if reply.get("status") != "TRIAGED" or not isinstance(skips, dict):
+            return {}
+        known = {c.id for c in cases}
+        return {str(k): str(v)[:1500] for k, v in skips.items() if k in known and v}
+
     @contextlib.contextmanager
     def slot(self):
         with self._cond:

@@ -25,10 +25,10 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
     return int(m.group(1)), int(m.group(2))
 
 
-def expected_cost(case: Case) -> float:
-    """Case.work (the FLOPs a sweep runs for it) plus a fixed cost per seed and run, so tiny
-    cases are not free."""
-    return case.work() + CASE_OVERHEAD_FLOPS * len(case.seeds) * case.runs()
+def expected_cost(case: Case, check_names: tuple[str, ...] = ()) -> float:
+    """Case.work (the FLOPs a sweep runs for it, with the run-wide `check_names`) plus a fixed cost
+    per seed and run, so tiny cases are not free."""
+    return case.work(check_names) + CASE_OVERHEAD_FLOPS * len(case.seeds) * case.runs(check_names)
 
 
 def assign(cases: tuple[Case, ...] | list[Case], n: int) -> list[int]:

@@ -21,6 +21,7 @@ When speed is wanted but cannot be timed, the report says so instead of going qu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,9 +38,10 @@ from gate.speed.runs import (
 from gate.speed.rule import PASSES, PerfJudgement, PerfSeverity
 from gate.workflow.plan import RunPlan
 from gate.workflow.isolation import PerfWorker
+from gate.workflow.progress import Progress
+from gate.workflow.shards import expected_cost
 from gate.report.speed_report import perf_markdown, plot_speed_ratios
 from gate.core.files import safe_name
-import sys
 
 RULE = "speed"
 
@@ -113,8 +115,9 @@ def no_speed_section(result: PerfResult, kernel: str, suite: str) -> tuple[PerfJ
 
 def _judged_perf(plan: RunPlan, baseline_perf: dict[str, Any] | None, out_dir: Path, worker) -> PerfCheck:
     config, kernel, suite, device, only = plan.config, plan.kernel, plan.suite.name, plan.device, plan.only
-    result = run_perf(kernel, suite, config, device, only=only, progress=_progress, measure=worker.measure,
-                      kernel_version=worker.info.version, cases=plan.perf_cases)
+    with _measured_with_progress(plan, worker.measure) as measure:
+        result = run_perf(kernel, suite, config, device, only=only, measure=measure, kernel_version=worker.info.version,
+                          cases=plan.perf_cases)
     if not baseline_perf:
         judgements = no_speed_section(result, kernel, suite)
     else:
@@ -150,8 +153,17 @@ def no_perf_case_check(plan: RunPlan, baseline_perf: dict[str, Any] | None) -> P
     return PerfCheck(None, judgements, findings, perf_thresholds(plan.perf_config), {}, md)
 
 
-def _progress(line: str) -> None:
-    print(f"perf: {line}", file=sys.stderr, flush=True)
+@contextlib.contextmanager
+def _measured_with_progress(plan: RunPlan, measure):
+    """`measure` that moves a progress bar (gate/workflow/progress.py) over the plan's perf cases."""
+    costs = [expected_cost(c) for c in plan.perf_cases]
+    with Progress(True, f"{plan.kernel} / {plan.suite.name} speed", costs) as advance:
+        def measured(case, anchor, timing_plan):
+            result = measure(case, anchor, timing_plan)
+            advance(case.id, result.label, expected_cost(case))
+            return result
+
+        yield measured
 
 
 def perf_baseline_section(plan: RunPlan, old_perf: dict[str, Any] | None) -> tuple[dict[str, Any], PerfResult]:
@@ -163,8 +175,9 @@ def perf_baseline_section(plan: RunPlan, old_perf: dict[str, Any] | None) -> tup
         raise UserError(no_perf_case_reason(plan.suite, only))
     rounds = max(config.perf.confirm_rounds, config.perf.rounds)
     with PerfWorker(kernel, device, config.isolation, plan.family) as worker:  # the kernel is timed in a worker
-        result = run_perf(kernel, suite, config, device, only=only, rounds=rounds, progress=_progress,
-                          measure=worker.measure, kernel_version=worker.info.version, cases=plan.perf_cases)
+        with _measured_with_progress(plan, worker.measure) as measure:
+            result = run_perf(kernel, suite, config, device, only=only, rounds=rounds, measure=measure,
+                              kernel_version=worker.info.version, cases=plan.perf_cases)
     measured = {c.case_id: baseline_entry(c, result.anchor) for c in result.cases if c.measured}
     if not measured:
         raise UserError(f"no perf case of suite {suite!r} could be timed for {kernel!r} (all skipped or failed); "

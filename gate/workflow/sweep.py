@@ -19,7 +19,8 @@ from gate.core.environment import describe
 from gate.core.errors import UserError
 from gate.core.results import CaseResult, Status, SweepResult
 from gate.workflow.plan import RunPlan, plan_run
-from gate.workflow.shards import shard_cases, shard_note
+from gate.workflow.progress import Progress
+from gate.workflow.shards import expected_cost, shard_cases, shard_note
 from gate.workflow.validate import check_device
 from gate.correctness.probes.registry import checks_for
 import threading
@@ -99,10 +100,11 @@ def sweep_plan(plan: RunPlan, progress: bool = True, check_names: tuple[str, ...
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
     results: list[CaseResult] = []
-    with _progress(progress, len(cases), f"{kernel} / {plan.suite.name}") as advance:
+    skips = {c.id: r for c in cases if (r := adapter.unsupported_reason(c, device))}  # cost 0 for the ETA
+    with Progress(progress, f"{kernel} / {plan.suite.name}", _costs(cases, skips, check_names)) as advance:
         for case in cases:
             results.append(run_case(adapter, case, device, config.tolerance, checks_for(case, check_names)))
-            advance(case.id, results[-1].status.value)
+            advance(case.id, results[-1].status.value, 0.0 if case.id in skips else expected_cost(case, check_names))
     caps = adapter.capabilities()
     return SweepResult(
         kernel=kernel, suite=plan.suite.name, suite_hash=plan.suite_hash,
@@ -147,21 +149,33 @@ def _run_isolated(plan: RunPlan, progress: bool, check_names: tuple[str, ...], c
                 raise UserError(f"--out {options.out_dir}: cannot write the journal there ({exc.strerror or exc}); "
                                 f"pass a writable folder") from None
         todo = [c for c in cases if c.id not in done]
+        # outside the declared envelope (decided here), then what the kernel's adapter does not
+        # support (asked of the worker once, for all): SKIP rows made here, with no round trip per
+        # case, no inputs and no references
+        skips = {c.id: r for c in todo if (r := plan.declared_skip(c))}
+        skips.update(pool.triage([c for c in todo if c.id not in skips]))
         lock = threading.Lock()
         stopping = threading.Event()  # set on Ctrl-C: a case cut short by it is no result
         fresh: dict[str, CaseResult] = {}
-        with _progress(progress, len(todo), f"{kernel} / {suite.name}") as advance:
+        with Progress(progress, f"{kernel} / {suite.name}", _costs(todo, skips, check_names)) as advance:
+            for case in todo:
+                if case.id in skips:
+                    result = CaseResult(case=case, status=Status.SKIP, reason=skips[case.id])
+                    if journal is not None:
+                        journal.add(result)
+                    fresh[case.id] = result
+                    advance(case.id, result.status.value, 0.0)
+            todo = [c for c in todo if c.id not in skips]
+
             def one(case):
-                declared = plan.declared_skip(case)  # outside the declared envelope: no worker call
-                result = CaseResult(case=case, status=Status.SKIP, reason=declared) if declared else \
-                    pool.run_case(case, config.tolerance, check_names, options.case_timeout, info.traits)
+                result = pool.run_case(case, config.tolerance, check_names, options.case_timeout, info.traits)
                 with lock:
                     if stopping.is_set():  # its worker was killed by the interrupt: it runs again on --resume
                         return
                     if journal is not None:
                         journal.add(result)
                     fresh[case.id] = result
-                    advance(case.id, result.status.value)
+                    advance(case.id, result.status.value, expected_cost(case, check_names))
 
             # JUDGING_THREADS_PER_SLOT callers per worker: while one judges its case's outputs here,
             # the next case already runs in the worker (gate/workflow/isolation.py WorkerPool.run_case)
@@ -183,35 +197,6 @@ def _run_isolated(plan: RunPlan, progress: bool, check_names: tuple[str, ...], c
     )
 
 
-class _progress:
-    """A rich progress bar on stderr (plain lines when stderr is not a terminal)."""
-
-    def __init__(self, enabled: bool, total: int, title: str):
-        self.enabled, self.total, self.title = enabled, total, title
-
-    def __enter__(self):
-        if not self.enabled:
-            return lambda *_: None
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        console = Console(stderr=True)
-        if not console.is_terminal:
-            done = [0]
-
-            def plain(case_id: str, status: str) -> None:
-                done[0] += 1
-                console.print(f"[{done[0]}/{self.total}] {status:5} {case_id}", highlight=False)
-
-            self._bar = None
-            return plain
-        self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                             TextColumn("{task.fields[last]}"), console=console, transient=True)
-        self._bar.__enter__()
-        task = self._bar.add_task(self.title, total=self.total, last="")
-        return lambda case_id, status: self._bar.update(task, advance=1, last=f"{status} {case_id}")
-
-    def __exit__(self, *exc):
-        if self.enabled and getattr(self, "_bar", None) is not None:
-            self._bar.__exit__(*exc)
-        return False
+def _costs(cases, skips: dict[str, str], check_names: tuple[str, ...]) -> list[float]:
+    """Each case's expected cost for the ETA; a case skipped before it runs costs nothing."""
+    return [0.0 if c.id in skips else expected_cost(c, check_names) for c in cases]

@@ -245,6 +245,18 @@ def run_one(adapter, request: dict, device: str) -> dict:
     return {"status": "RAN", "checks": checks, "seconds": time.perf_counter() - start}
 
 
+def triage(adapter, request: dict, device: str) -> dict:
+    """The reason the adapter gives for each case it does not support (run_one's first question),
+    for many cases at once: nothing is generated or run."""
+    skips = {}
+    for data in request["cases"]:
+        case = Case.from_dict(data)
+        reason = adapter.unsupported_reason(case, device)
+        if reason:
+            skips[case.id] = reason
+    return {"status": "TRIAGED", "skips": skips}
+
+
 def run_perf_case(adapter, request: dict, device: str) -> dict:
     """Time one case against the anchor (gate/speed/runs.py measure_case) and send the raw timing."""
 
@@ -271,7 +283,7 @@ def _serve() -> int:
     # changes nothing this loop calls (the fingerprint then makes its case an ERROR)
     stdin, dumps, loads, getcwd = sys.stdin, json.dumps, json.loads, os.getcwd
     send, fingerprint, changes, own = _send, state_fingerprint, state_change, own_change
-    one_case, perf_case = run_one, run_perf_case
+    one_case, perf_case, triage_cases = run_one, run_perf_case, triage
     cwd = getcwd()
     hello = loads(stdin.readline() or "{}")
     device = hello.get("device", "cpu")
@@ -299,7 +311,9 @@ def _serve() -> int:
     for line in stdin:
         request = loads(line)
         before = fingerprint()
-        reply = perf_case(adapter, request, device) if request.get("op") == "perf_case" else one_case(adapter, request, device)
+        op = request.get("op")
+        reply = perf_case(adapter, request, device) if op == "perf_case" else \
+            triage_cases(adapter, request, device) if op == "triage" else one_case(adapter, request, device)
         if getcwd() != cwd:  # a kernel that moves the process is wrong, whatever it returned
             reply = {"status": "ERROR", "reason": f"the kernel changed the working directory to {getcwd()}", "restart": True}
         after = fingerprint()
@@ -315,7 +329,7 @@ def _serve() -> int:
         send(channel, {**reply, "id": request.get("id")}, dumps)
         if reply.get("restart"):
             return 0
-        if request.get("op") != "perf_case":  # a timed case keeps its loop's allocations warm
+        if op not in ("perf_case", "triage"):  # a timed case keeps its allocations warm; a triage made none
             from gate.core.environment import release_cached_gpu_memory
 
             try:
