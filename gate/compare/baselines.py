@@ -350,8 +350,21 @@ class BaselineDiff:
 def cases_to_rerun(old: Baseline, suite_cases: dict[str, str]) -> list[str]:
     """The ids of `suite_cases` (id -> case_hash, the suite as it is now) that the old baseline has
     no row of the same case for: added or changed since (all of them for rows without a case_hash)."""
-    return [cid for cid, digest in suite_cases.items()
-            if cid not in old.correctness or old.correctness[cid].case_hash != digest]
+    return [cid for cid, digest in suite_cases.items() if not same_case(old.correctness.get(cid), digest)]
+
+
+def same_case(row: CaseBaseline | None, digest: str | None) -> bool:
+    """Whether a baseline row was measured on the case whose case_hash is `digest` (the suite's
+    case of that id now): the one test of a row's case_hash, for every reader of a baseline."""
+    return row is not None and row.case_hash is not None and row.case_hash == digest
+
+
+def forged_case_hashes(baseline: Baseline, suite_cases: dict[str, str]) -> list[str]:
+    """The rows whose case_hash names another case than the suite's case of that id, in a
+    baseline of the suite as defined now (same suite_hash): edited by hand, so refused. Rows
+    without a case_hash (written before it existed) cannot be checked and are not refused."""
+    return sorted(cid for cid, row in baseline.correctness.items()
+                  if row.case_hash is not None and not same_case(row, suite_cases.get(cid)))
 
 
 # Past this many cases to measure, the way out named is a whole run, not an --only of their ids.

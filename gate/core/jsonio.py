@@ -78,9 +78,11 @@ def save_figure_atomic(fig, path: Path, **savefig_kwargs) -> Path:
     return path
 
 
-def read_json(path: Path, *, kind: str, schema_version: int | tuple[int, ...]) -> dict[str, Any]:
+def read_json(path: Path, *, kind: str, schema_version: int | tuple[int, ...], file_kind: str | None = None) -> dict[str, Any]:
     """Read a schema-versioned JSON file or raise a UserError that names the file and the fix.
-    `schema_version` may list every version the caller can migrate from (the newest last)."""
+    `schema_version` may list every version the caller can migrate from (the newest last);
+    `file_kind`, the `kind` the file must declare ("attn-gate sweep"): a file of another kind
+    (a perf file where a sweep is wanted) is refused, whatever else it holds."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such {kind} file")
@@ -103,13 +105,17 @@ def read_json(path: Path, *, kind: str, schema_version: int | tuple[int, ...]) -
             f"{path}: {kind} schema_version {found!r} is not the supported {' or '.join(map(str, accepted))}; "
             f"regenerate it with this attn-gate version"
         )
+    if file_kind is not None and payload.get("kind") != file_kind:
+        raise UserError(f"{path}: kind = {str(payload.get('kind'))[:60]!r} is not {file_kind!r}; pass a {kind} file "
+                        f"(this one is another kind of attn-gate file, or was hand-edited)")
     return payload
 
 
-def read_record(path: Path, *, kind: str, schema_version: int | tuple[int, ...], from_dict: Callable[[dict[str, Any]], T], fix: str) -> T:
+def read_record(path: Path, *, kind: str, schema_version: int | tuple[int, ...], from_dict: Callable[[dict[str, Any]], T], fix: str,
+                file_kind: str | None = None) -> T:
     """A schema-versioned file parsed into its dataclass; a missing or malformed field is a
     UserError naming the file, the field and `fix` (what to do about it)."""
-    payload = read_json(path, kind=kind, schema_version=schema_version)
+    payload = read_json(path, kind=kind, schema_version=schema_version, file_kind=file_kind)
     try:
         return from_dict(payload)
     except Exception as exc:  # noqa: BLE001 - whatever a hand-edited file makes the parser raise, never a traceback

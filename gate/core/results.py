@@ -367,7 +367,7 @@ class SweepResult:
     @classmethod
     def read(cls, path: Path) -> "SweepResult":
         return read_record(path, kind="sweep results", schema_version=READABLE_VERSIONS,
-                           from_dict=lambda d: cls.from_dict(migrate_results(d)), fix="regenerate it with `attn-gate sweep`")
+                           from_dict=lambda d: cls.from_dict(migrate_results(d)), file_kind="attn-gate sweep", fix="regenerate it with `attn-gate sweep`")
 
 
 SCOPE_NOTE = re.compile(r"filtered with --only (.+)")

@@ -189,7 +189,7 @@ class PerfResult:
     @classmethod
     def read(cls, path: Path) -> "PerfResult":
         return read_record(path, kind="perf results", schema_version=READABLE_VERSIONS,
-                           from_dict=lambda d: cls.from_dict(migrate_perf(d)), fix="regenerate it with `attn-gate perf`")
+                           from_dict=lambda d: cls.from_dict(migrate_perf(d)), file_kind="attn-gate perf", fix="regenerate it with `attn-gate perf`")
 
 
 def migrate_perf(payload: dict[str, Any]) -> dict[str, Any]:
