@@ -233,6 +233,26 @@ def baseline_row_with_forged_case_hash(p: Project):
     return _baseline_variant(p, "baseline-forged-hash.json", edit), ["case_hash of 1 rows names another case"]
 
 
+# ---------------------------------------------------------------- regexes that backtrack without bound
+
+
+def only_regex_that_backtracks(p: Project):
+    return ["sweep", "--config", str(p.config), "--suite", SUITE, "--kernel", "sdpa-cpu", "--device", "cpu",
+            "--only", "(x+x+)+y", "--out", str(p.root / "out-bad"), "--no-progress"], \
+        ["--only '(x+x+)+y' holds a quantifier inside a repeated group"]
+
+
+def scope_regex_that_backtracks(p: Project):
+    data = p.results_json()
+    data["scope"] = "(.*)*$"
+    return p.check(p.write("scope-backtracks.json", data)), ["scope = '(.*)*$' holds a quantifier inside a repeated group"]
+
+
+def headroom_step_1e308(p: Project):
+    cfg = p.write("huge-step.toml", config_text(p.root / "baselines", "[tool.attn-gate.verdict]\nheadroom_step = 1e308\n"))
+    return p.check(p.results, cfg), ["verdict", "headroom_step = 1e+308 must be a number in [0, 0.5]"]
+
+
 # ---------------------------------------------------------------- configs
 
 
@@ -262,4 +282,5 @@ CLASSES = {f.__name__: f for f in (
     multiplier_1e300, suite_name_with_a_path, profile_kernel_unknown,
     shard_note_of_a_trillion, shard_note_of_zero, shard_of_another_kind,
     results_row_of_another_case, baseline_row_with_forged_case_hash,
+    only_regex_that_backtracks, scope_regex_that_backtracks, headroom_step_1e308,
 )}
