@@ -147,6 +147,19 @@ def test_widen_keeps_both_sides_rows_and_tensors_and_refuses_what_it_cannot_hold
         widen_baseline(failing, old, "b.json")
 
 
+@pytest.mark.parametrize("model", [None, "", "unknown"])
+def test_widen_refuses_a_run_or_baseline_that_records_no_cpu_model(model):
+    """Widening by a run with no cpu_model would take each tensor's larger ratio and record no span."""
+    env = {k: v for k, v in OTHER_MODEL.environment.items() if k != "cpu_model"}
+    if model is not None:
+        env["cpu_model"] = model
+    nameless = Baseline.from_sweep(sweep(*OTHER_MODEL.cases, env=env))
+    with pytest.raises(UserError, match="--widen: this run records no cpu_model"):
+        widen_baseline(nameless, Baseline.from_sweep(ONE_MODEL), "b.json")
+    with pytest.raises(UserError, match="--widen: b.json records no cpu_model"):
+        widen_baseline(Baseline.from_sweep(ONE_MODEL), nameless, "b.json")
+
+
 def _grown_suite():
     """GOOD's suite changed: case 2 changed (a seed more), case 3 removed, case 5 added."""
     changed = case(2).with_fields(seeds=(0, 1, 2))

@@ -52,6 +52,7 @@ from gate.core.jsonio import (
 )
 from gate.core.results import ALL_TENSORS, GRADIENTS, Status, SweepResult, error_ratio, required_tensors
 from gate.core.files import safe_name
+from gate.speed.entries import checked_baseline_perf
 
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)  # migrate_baseline turns each older one into the current layout
@@ -227,8 +228,7 @@ class Baseline:
         for key in ("suite_hash", "measured_at"):
             if not isinstance(d[key], str):
                 raise TypeError(f"{key} = {d[key]!r} must be a string")
-        if d.get("perf") is not None and not isinstance(d["perf"], dict):
-            raise TypeError("perf must be an object or null")
+        checked_baseline_perf(d.get("perf"))  # what judge_perf reads, checked before any judgement
         correctness = {}
         for cid, c in d["correctness"].items():
             try:
@@ -483,6 +483,11 @@ def widen_baseline(new: Baseline, old: Baseline | None, path: Any) -> Baseline:
     whose status differs between the machines is refused (a row of one of them would be lost);
     a case of one side only keeps its row. WIDEN_KEYS list every machine seen."""
     refuse_widen(old, new.suite_hash, new.tolerance, new.environment, path)
+    for key in WIDEN_KEYS:  # a span that records no machine would widen the ratios and say nothing of why
+        for who, env in (("this run", new.environment), (str(path), old.environment)):
+            if not str(env.get(key, "")).strip() or str(env.get(key)) == "unknown":
+                raise UserError(f"--widen: {who} records no {key}, so the machines a widened baseline spans could not "
+                                f"be named; widen only with runs that record their {key} (run them with this attn-gate)")
     differ = sorted(cid for cid, row in new.correctness.items()
                     if cid in old.correctness and old.correctness[cid].status is not row.status)
     if differ:

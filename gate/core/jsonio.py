@@ -45,10 +45,24 @@ def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     write_text_atomic(path, text)
 
 
+_PENDING: set[str] = set()  # temporary files of writes in progress, for remove_pending_temps
+
+
+def remove_pending_temps() -> None:
+    """Remove the temporary file of every write in progress: the SIGTERM handler calls it before
+    the process dies by the signal, when no `finally` runs (the target keeps its old content)."""
+    for tmp in list(_PENDING):
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    _PENDING.add(tmp)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
@@ -60,6 +74,8 @@ def write_text_atomic(path: Path, text: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    finally:
+        _PENDING.discard(tmp)
 
 
 def save_figure_atomic(fig, path: Path, **savefig_kwargs) -> Path:
@@ -68,11 +84,13 @@ def save_figure_atomic(fig, path: Path, **savefig_kwargs) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
     os.close(fd)
+    _PENDING.add(tmp)
     try:
         fig.savefig(tmp, format="png", **savefig_kwargs)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     finally:
+        _PENDING.discard(tmp)
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path

@@ -99,6 +99,15 @@ def _finished(path: Path, lines: list[str]) -> dict[str, CaseResult]:
     return done
 
 
+_STARTED: list[Path] = []  # journals this process wrote a header to or resumed: what --resume can go on with
+
+
+def started_here() -> bool:
+    """Whether this process has a journal on disk to resume (a run stopped before its journal was
+    written has none: a `--resume` hint would only fail with "no journal")."""
+    return any(p.is_file() for p in _STARTED)
+
+
 class Journal:
     """Append-only: `start` writes the header (fresh run) or keeps the file (resume); `add` appends."""
 
@@ -112,8 +121,10 @@ class Journal:
                 data = fh.read()
                 if data and not data.endswith(b"\n"):
                     fh.truncate(data.rfind(b"\n") + 1)
+            _STARTED.append(self.path)
             return
         write_text_atomic(self.path, json.dumps({"kind": KIND, "schema_version": SCHEMA_VERSION, **header}, sort_keys=True) + "\n")
+        _STARTED.append(self.path)
 
     def add(self, result: CaseResult) -> None:
         with open(self.path, "a", encoding="utf-8") as fh:
