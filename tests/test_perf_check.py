@@ -121,9 +121,9 @@ def test_a_far_slower_kernel_fails_and_a_lax_threshold_passes(project):
     speed = [f for f in findings(tmp) if f["rule"] == "speed"]
     assert speed and all(f["severity"] == "FAIL" for f in speed), speed
     assert all("confirmed by a re-run" in f["message"] for f in speed)
-    write_config(tmp, "max_noise_pct = 100.0\nregression_pct = 100.0")
-    doctor(baseline, 1.0)
-    assert check(tmp, "--perf") == 0
+    write_config(tmp, "max_noise_pct = 100.0\nregression_pct = 100.0")  # the most lax a threshold may be
+    doctor(baseline, 3.75)  # now 0.75x the first ratio: about +33% slower, within the lax 100%
+    assert check(tmp, "--perf") == 0, [f["message"] for f in findings(tmp) if f["rule"] == "speed"]
     assert all(f["severity"] in ("OK", "WARN") for f in findings(tmp) if f["rule"] == "speed")
 
 
