@@ -138,6 +138,8 @@ class PerfCaseResult:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PerfCaseResult":
         timing = d.get("timing")
+        if timing is not None:
+            _raw_samples(timing)
         row = cls(case=Case.from_dict(d["case"]), status=d["status"], reason=d.get("reason", ""),
                   timing=None if timing is None else TimingRun.from_dict(timing), anchor=d.get("anchor", ""))
         if d.get("case_id") != row.case.id:
@@ -255,6 +257,25 @@ def checked_plan(value: Any, field: str) -> TimingPlan:
     if not isinstance(passes, list) or not passes or any(p not in PASSES for p in passes) or len(set(passes)) != len(passes):
         raise ValueError(f"{field}.passes = {str(passes)[:60]} must be a non-empty list of distinct passes from {list(PASSES)}")
     return TimingPlan.from_dict(value)
+
+
+def _raw_samples(timing: Any) -> None:
+    """Samples as the file holds them: JSON numbers (true, "5" or null would be read as 1.0, 5.0 or
+    refused by float() further down; none of them is a time a run wrote)."""
+    if not isinstance(timing, dict) or not isinstance(timing.get("passes"), list):
+        raise TypeError("timing must be an object with a list of passes")
+    for p in timing["passes"]:
+        for who in ("candidate_ms", "anchor_ms"):
+            rounds = p.get(who) if isinstance(p, dict) else None
+            if not isinstance(rounds, list) or not all(isinstance(r, list) for r in rounds):
+                raise TypeError(f"timing pass {str(p)[:40]}: {who} must be a list of rounds, each a list of ms")
+            bad = next((x for r in rounds for x in r
+                        if isinstance(x, bool) or not isinstance(x, (int, float)) and x not in ("nan", "inf", "-inf")), None)
+            if bad is not None:
+                raise TypeError(f"timing pass {p.get('pass')!r}: {who} holds {str(bad)[:40]!r}, not a number of ms")
+        scale = p.get("anchor_scale", 1.0)
+        if isinstance(scale, bool) or not isinstance(scale, (int, float, str)):
+            raise TypeError(f"timing pass {p.get('pass')!r}: anchor_scale = {str(scale)[:40]!r} is not a number")
 
 
 def check_timing(run: TimingRun, case_id: str) -> None:

@@ -44,8 +44,9 @@ def _same(key: str, was: Any, now: Any) -> bool:
     return was == now
 
 
-def read_journal(path: Path, header: dict[str, Any]) -> tuple[str, dict[str, CaseResult]]:
-    """(started_at of the journal's run, finished results by case id) for `--resume`."""
+def read_journal(path: Path, header: dict[str, Any], cases=None) -> tuple[str, dict[str, CaseResult]]:
+    """(started_at of the journal's run, finished results by case id) for `--resume`. `cases`: the
+    run's cases; a row whose case is not the run's case of that id (edited) is refused."""
     if not path.is_file():
         raise UserError(f"--resume: there is no journal at {path} (nothing to resume); run without --resume, or pass "
                         f"the --out folder of the interrupted run")
@@ -61,7 +62,12 @@ def read_journal(path: Path, header: dict[str, Any]) -> tuple[str, dict[str, Cas
             raise UserError(f"--resume: {path} was written by another run: {key} was {first.get(key)!r}, now "
                             f"{header.get(key)!r}; resume with the same kernel, suite, config, options and machine, "
                             f"or run without --resume")
-    return str(first.get("started_at", "")), _finished(path, lines)
+    done = _finished(path, lines)
+    for case in cases or ():
+        if case.id in done and done[case.id].case != case:
+            raise UserError(f"--resume: {path} holds a row for {case.id} that measured another case than this run's "
+                            f"case of that id (edited?); run without --resume to start afresh")
+    return str(first.get("started_at", "")), done
 
 
 def journal_results(path: Path) -> dict[str, CaseResult]:
