@@ -266,6 +266,14 @@ def _reread(reader, path: Path):
     return lambda: json.loads(json.dumps(clean_json(reader(path).to_dict())))
 
 
+def suite_cases(root: Path) -> dict:
+    from gate.core.cases import load_suite
+    from gate.core.config import load_config
+
+    config = load_config(root / "pyproject.toml")
+    return {c.id: c for c in load_suite("fz", config.suites, config.source).swept_cases}
+
+
 # the sweep reader recomputes these from the rows (never read back)
 SWEEP_DERIVED = [("summary",), ("harness_report",), ("kind",), ("schema_version",)]
 
@@ -275,17 +283,23 @@ def test_oracle_sweep_results(project):
 
     root, results, baseline = project
 
+    suite = suite_cases(root)
+    paths = leaf_paths(results, SWEEP_DERIVED)
+    case_paths = [p for p in paths if len(p) > 2 and p[2] == "case"]  # what a row says it measured
+
     @ORACLE_SETTINGS
     @given(st.data())
     def check(data):
-        target = data.draw(st.sampled_from(leaf_paths(results, SWEEP_DERIVED)))
-        value = data.draw(JUNK)
+        target = data.draw(st.sampled_from(case_paths) | st.sampled_from(paths))
+        value = data.draw(JUNK | st.integers(min_value=0, max_value=64))
         mutated = copy.deepcopy(results)
         set_at(mutated, target, value)
         path = root / "oracle-results.json"
         path.write_text(json.dumps(mutated))
         code, err = run_check(root, path, root / "pyproject.toml")
         oracle("sweep", target, value, code, err, _reread(SweepResult.read, path))
+        if code == 0:  # consistent with the run: each row measured the suite's case of its id
+            assert all(suite.get(c.case_id) == c.case for c in SweepResult.read(path).cases), (target, value)
 
     check()
 
@@ -300,17 +314,26 @@ def test_oracle_baselines(project):
     (path,) = (root / "baselines" / "cpu").glob("*.json")
     original = path.read_text()
 
+    from gate.core.cases import case_hash
+
+    suite = suite_cases(root)
+    paths = leaf_paths(baseline, BASELINE_DERIVED)
+    hashes = [p for p in paths if p[-1] == "case_hash"]
+
     @ORACLE_SETTINGS
     @given(st.data())
     def check(data):
-        target = data.draw(st.sampled_from(leaf_paths(baseline, BASELINE_DERIVED)))
-        value = data.draw(JUNK)
+        target = data.draw(st.sampled_from(hashes) | st.sampled_from(paths))
+        value = data.draw(JUNK | st.sampled_from(["0123456789abcdef", "ffffffffffffffff"]))
         mutated = copy.deepcopy(baseline)
         set_at(mutated, target, value)
         path.write_text(json.dumps(mutated))
         try:
             code, err = run_check(root, root / "results.json", root / "pyproject.toml")
             oracle("baseline", target, value, code, err, _reread(read_baseline, path))
+            if code == 0:  # consistent with the suite: each row's case_hash is its case's
+                rows = read_baseline(path).correctness
+                assert all(r.case_hash in (None, case_hash(suite[cid])) for cid, r in rows.items()), (target, value)
         finally:
             path.write_text(original)
 
