@@ -161,3 +161,11 @@ def test_an_out_folder_whose_name_is_not_utf8_can_be_locked(tmp_path):
     folder.mkdir()
     with FolderLock(folder, "--out"):
         pass
+
+
+@pytest.mark.parametrize("command", ["perf", "bench"])
+def test_rounds_beyond_the_config_range_is_refused_before_any_work(command, tmp_path, capsys):
+    """--rounds 1000000000 timed for hours; it has perf.rounds's range."""
+    assert main([command, "--rounds", "1000000000", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "--rounds 1000000000: must be an integer in [1, 1000]" in err and len(err.strip().splitlines()) == 1, err
