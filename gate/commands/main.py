@@ -146,8 +146,8 @@ def resume_hint(args: argparse.Namespace) -> str:
     if not hasattr(args, "resume") or getattr(args, "results", None) is not None or getattr(args, "out", None) is None:
         return ""
     journal = sys.modules.get("gate.workflow.journal")
-    if journal is None or not journal.started_here():  # stopped before the journal existed: nothing to resume
-        return f"; no case had started, so there is nothing to resume: run the command again"
+    if journal is None or not journal.started_here(args.out):  # stopped before the journal existed: nothing to resume
+        return "; no case had started, so there is nothing to resume: run the command again"
 
     argv = [a for a in args.argv if a != "--resume"]
     return f"; the finished cases are kept in {args.out}: go on with\n  attn-gate {shlex.join(argv + ['--resume'])}"

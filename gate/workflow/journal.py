@@ -108,10 +108,11 @@ def _finished(path: Path, lines: list[str]) -> dict[str, CaseResult]:
 _STARTED: list[Path] = []  # journals this process wrote a header to or resumed: what --resume can go on with
 
 
-def started_here() -> bool:
-    """Whether this process has a journal on disk to resume (a run stopped before its journal was
-    written has none: a `--resume` hint would only fail with "no journal")."""
-    return any(p.is_file() for p in _STARTED)
+def started_here(out_dir: Path) -> bool:
+    """Whether this process wrote or resumed a journal in `out_dir` that is on disk (a run stopped
+    before its journal was written has none: a `--resume` hint would only fail with "no journal")."""
+    out = os.path.realpath(out_dir)
+    return any(os.path.realpath(p.parent) == out and p.is_file() for p in _STARTED)
 
 
 class Journal:
