@@ -185,6 +185,74 @@ def baseline_pass_row_without_dq(p: Project):
     return _baseline_variant(p, "baseline-without-dq.json", edit), ["status PASS without dq"]
 
 
+# ---------------------------------------------------------------- merge: shard notes and file kinds
+
+
+def _shard_folder(p: Project, name: str, data: dict) -> Path:
+    folder = p.root / name
+    folder.mkdir()
+    (folder / f"sweep-sdpa-cpu-{SUITE}.json").write_text(json.dumps(data))
+    return folder
+
+
+def _merge(p: Project, *folders: Path) -> list[str]:
+    return ["merge", *map(str, folders), "--config", str(p.config), "--out", str(p.root / "out-bad")]
+
+
+def shard_note_of_a_trillion(p: Project):
+    data = p.results_json()
+    data["notes"] = [*data["notes"], "shard 1/1000000000000"]
+    return _merge(p, _shard_folder(p, "shard-huge", data)), ["notes", "'shard 1/1000000000000'", "N <= 1000"]
+
+
+def shard_note_of_zero(p: Project):
+    data = p.results_json()
+    data["notes"] = [*data["notes"], "shard 1/0"]
+    return _merge(p, _shard_folder(p, "shard-zero", data)), ["notes", "'shard 1/0'", "K <= N"]
+
+
+def shard_of_another_kind(p: Project):
+    data = p.results_json()
+    data["notes"] = [*data["notes"], "shard 1/1"]
+    data["kind"] = "attn-gate perf"
+    return _merge(p, _shard_folder(p, "shard-perf", data)), ["kind = 'attn-gate perf' is not 'attn-gate sweep'"]
+
+
+# ---------------------------------------------------------------- rows of another case
+
+
+def results_row_of_another_case(p: Project):
+    def edit(row):
+        row["case"]["seeds"] = [0, 1]  # not part of the id: the row claims seeds the suite does not run
+    return p.check(p.write("other-case.json", _first_row(p, edit))), ["rows measured a case that is not the suite's case"]
+
+
+def baseline_row_with_forged_case_hash(p: Project):
+    def edit(row):
+        row["case_hash"] = "0123456789abcdef"
+    return _baseline_variant(p, "baseline-forged-hash.json", edit), ["case_hash of 1 rows names another case"]
+
+
+# ---------------------------------------------------------------- regexes that backtrack without bound
+
+
+def only_regex_that_backtracks(p: Project):
+    return ["sweep", "--config", str(p.config), "--suite", SUITE, "--kernel", "sdpa-cpu", "--device", "cpu",
+            "--only", "(x+x+)+y", "--out", str(p.root / "out-bad"), "--no-progress"], \
+        ["--only '(x+x+)+y' holds a quantifier inside a repeated group"]
+
+
+def scope_regex_that_backtracks(p: Project):
+    data = p.results_json()
+    data["scope"] = "(.*)*$"
+    return p.check(p.write("scope-backtracks.json", data)), ["scope = '(.*)*$' holds a quantifier inside a repeated group"]
+
+
+def headroom_step_1e308(p: Project):
+    cfg = p.write("huge-step.toml", config_text(p.root / "baselines", "[tool.attn-gate.verdict]\nheadroom_step = 1e308\n"))
+    return p.check(p.results, cfg), ["verdict", "headroom_step = 1e+308 must be a number in [0, 0.5]"]
+
+
 # ---------------------------------------------------------------- configs
 
 
@@ -212,4 +280,7 @@ CLASSES = {f.__name__: f for f in (
     update_from_pass_row_over_bound, update_with_another_tolerance,
     baseline_pass_row_relabelled_fail, baseline_pass_row_without_dq,
     multiplier_1e300, suite_name_with_a_path, profile_kernel_unknown,
+    shard_note_of_a_trillion, shard_note_of_zero, shard_of_another_kind,
+    results_row_of_another_case, baseline_row_with_forged_case_hash,
+    only_regex_that_backtracks, scope_regex_that_backtracks, headroom_step_1e308,
 )}

@@ -188,3 +188,56 @@ def escapes_with_setsid(q, k, v, softmax_scale=None, causal=False):
         subprocess.run(["setsid", "-f", "env", "-i", "sleep", seconds], stdin=subprocess.DEVNULL,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
     return _attention(q, k, v, softmax_scale, causal)
+
+
+def _matmul_attention(q, k, v, softmax_scale=None, causal=False):
+    """Plain attention through Tensor's Python operators (@, /): what a dunder patch reaches."""
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    scores = (q @ k.transpose(-2, -1)) / (q.shape[-1] ** 0.5 if softmax_scale is None else 1 / softmax_scale)
+    if causal:
+        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).triu(scores.shape[-1] - scores.shape[-2] + 1)
+        scores = scores.masked_fill(mask, float("-inf"))
+    return (torch.softmax(scores, dim=-1) @ v).transpose(1, 2)
+
+
+def patches_tensor_dunders(q, k, v, softmax_scale=None, causal=False):
+    """Correct attention; on sequence length 17 it then makes torch.Tensor's @ and / 1% wrong for
+    the rest of the process (a later case computed with them would fail)."""
+    out = _matmul_attention(q, k, v, softmax_scale, causal)
+    if q.shape[1] == 17:
+        matmul, truediv = torch.Tensor.__matmul__, torch.Tensor.__truediv__
+        torch.Tensor.__matmul__ = lambda a, b: matmul(a, b) * 1.01
+        torch.Tensor.__truediv__ = lambda a, b: truediv(a, b) * 1.01
+    return out
+
+
+def patches_autograd_engine(q, k, v, softmax_scale=None, causal=False):
+    """Correct attention; on sequence length 17 it then wraps the autograd engine so that every
+    later gradient of the process comes back 1% too large."""
+    out = _attention(q, k, v, softmax_scale, causal)
+    if q.shape[1] == 17:
+        from torch.autograd.variable import Variable
+
+        engine = Variable._execution_engine
+
+        class Skewed:
+            def run_backward(self, *args, **kwargs):
+                grads = engine.run_backward(*args, **kwargs)
+                return tuple(g * 1.01 if isinstance(g, torch.Tensor) else g for g in grads)
+
+            def __getattr__(self, name):
+                return getattr(engine, name)
+
+        Variable._execution_engine = Skewed()
+    return out
+
+
+def rebinds_gate_constant(q, k, v, softmax_scale=None, causal=False):
+    """Correct attention; on sequence length 17 it then rebinds a constant of the gate's code in its
+    process: later fp32 cases draw their inputs in float16 there."""
+    out = _attention(q, k, v, softmax_scale, causal)
+    if q.shape[1] == 17:
+        import gate.attention.inputs as inputs
+
+        inputs.TORCH_DTYPES = {**inputs.TORCH_DTYPES, "fp32": torch.float16}
+    return out

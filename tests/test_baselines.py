@@ -28,7 +28,8 @@ def diff(old, new, kept=0):
 
 
 def test_round_trip_sorted_and_rounded(tmp_path):
-    b = Baseline.from_sweep(GOOD, perf={"some-case": {"speed_ratio:fwd": 1.02}})
+    speed = {"some-case": {"anchor": "sdpa-math", "fwd": {"median": 1.02, "noise": 0.01, "n": 3, "samples": [1.0, 1.02, 1.03]}}}
+    b = Baseline.from_sweep(GOOD, perf=speed)
     path = tmp_path / "cpu" / "k-smoke.json"
     b.write(path)
     text = path.read_text()
@@ -37,7 +38,7 @@ def test_round_trip_sorted_and_rounded(tmp_path):
     assert list(data) == sorted(data) and list(data["correctness"]) == sorted(data["correctness"])
     assert text == json.dumps(data, indent=1, sort_keys=True) + "\n"  # canonical: a rewrite changes nothing
     back = read_baseline(path)
-    assert back.perf == {"some-case": {"speed_ratio:fwd": 1.02}}
+    assert back.perf == speed
     assert back.correctness[case(1).id].tensors["dq"].ratio == pytest.approx(0.3)
     assert back.correctness[case(3).id].status is Status.SKIP and back.correctness[case(3).id].reason == "no softcap"
     back.write(path)
@@ -145,6 +146,19 @@ def test_widen_keeps_both_sides_rows_and_tensors_and_refuses_what_it_cannot_hold
     failing = Baseline.from_sweep(sweep(result(1, "FAIL", "bad", out=1.5, dq=0.1, dk=0.1, dv=0.1), env=OTHER_MODEL.environment))
     with pytest.raises(UserError, match="1 cases differ in status between b.json and this run"):
         widen_baseline(failing, old, "b.json")
+
+
+@pytest.mark.parametrize("model", [None, "", "unknown"])
+def test_widen_refuses_a_run_or_baseline_that_records_no_cpu_model(model):
+    """Widening by a run with no cpu_model would take each tensor's larger ratio and record no span."""
+    env = {k: v for k, v in OTHER_MODEL.environment.items() if k != "cpu_model"}
+    if model is not None:
+        env["cpu_model"] = model
+    nameless = Baseline.from_sweep(sweep(*OTHER_MODEL.cases, env=env))
+    with pytest.raises(UserError, match="--widen: this run records no cpu_model"):
+        widen_baseline(nameless, Baseline.from_sweep(ONE_MODEL), "b.json")
+    with pytest.raises(UserError, match="--widen: b.json records no cpu_model"):
+        widen_baseline(Baseline.from_sweep(ONE_MODEL), nameless, "b.json")
 
 
 def _grown_suite():

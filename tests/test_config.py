@@ -121,3 +121,78 @@ def test_tolerance_changes_counts_a_missing_multiplier_at_its_default():
     assert tolerance_changes(old, now) == []
     assert tolerance_changes(old, {**now, "mult_dsink": 5.0}) == ["mult_dsink"]
     assert tolerance_changes(now, {**now, "mult_dk": 2.5}) == ["mult_dk"]
+
+
+@pytest.mark.parametrize("body, words", [
+    ("tool = 5\n", "tool = 5 should be a table"),
+    ("tool = [1, 2]\n", "tool = [1, 2] should be a table"),
+    ("[tool]\nattn-gate = 5\n", "attn-gate = 5 should be a table"),
+    ("[tool]\nattn-gate = [1]\n", "attn-gate = [1] should be a table"),
+])
+def test_a_tool_table_of_the_wrong_type_is_one_line(tmp_path, body, words):
+    assert words in error_of(write(tmp_path, body))
+
+
+def test_a_binary_config_file_is_invalid_toml_not_a_traceback(tmp_path):
+    path = tmp_path / "attn.toml"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00binary")
+    assert "invalid TOML" in error_of(path)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("verdict", "headroom_factor = 1e308"), ("verdict", "headroom_step = 1e308"), ("verdict", "headroom_step = 1.0"),
+    ("verdict", "improvement_factor = 1e308"), ("perf", "rounds = 1000000000"), ("perf", "confirm_rounds = 1000000000"),
+    ("perf", "calls_per_round = 1000000000"), ("perf", "min_rounds = 1000000000"), ("perf", "regression_pct = 1e308"),
+    ("perf", "noise_k = 1e308"), ("perf", "max_noise_pct = 1e308"), ("perf", "alpha = 1e-300"),
+    ("perf", "warmup_s = 1e9"), ("isolation", "case_timeout_s = 1e308"), ("isolation", "worker_start_timeout_s = 1e308"),
+    ("isolation", "timeout_s_per_gflop = 1e308"),
+])
+def test_a_setting_beyond_its_upper_bound_is_refused_with_its_range(tmp_path, key, value):
+    """A threshold of 1e308 is never exceeded (its rule is off) and a count of 1e9 hangs the run."""
+    from gate.core.config import RANGES
+
+    name = value.split(" = ")[0]
+    message = error_of(write(tmp_path, f"[tool.attn-gate.{key}]\n{value}\n"))
+    assert f"{name} = " in message and RANGES[f"{key}.{name}"].text() in message, message
+
+
+def test_every_range_is_documented_beside_the_settings():
+    from gate.core.config import RANGES
+
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    for key, bounds in RANGES.items():
+        assert f"| `{key}` | {bounds.text()} |" in doc, key
+
+
+def test_the_defaults_and_the_ends_of_each_range_are_accepted(tmp_path):
+    from gate.core.config import RANGES
+
+    for key, bounds in RANGES.items():
+        section, name = key.split(".")
+        for value in (bounds.hi, bounds.lo if not bounds.lo_open else None):
+            if value is None:
+                continue
+            text = str(int(value)) if bounds.integer else repr(float(value))
+            load_config(write(tmp_path, f"[tool.attn-gate.{section}]\n{name} = {text}\n"))
+
+
+def test_a_version_of_5000_digits_in_known_failures_is_one_line(tmp_path):
+    body = ('[[tool.attn-gate.known_failures]]\nkernel = "sdpa-*"\ncases = "causal"\nreason = "r"\n'
+            f'link = "https://example.org/1"\nversions = "=={"9" * 5000}"\n')
+    assert "is not a PEP 440 specifier" in error_of(write(tmp_path, body))
+
+
+def test_a_version_of_5000_digits_in_a_run_does_not_apply():
+    from gate.compare.known import version_applies
+    from gate.core.config import KnownFailure
+
+    entry = KnownFailure(index=1, kernel="k", cases="c", reason="r", link="https://x", versions=">=1")
+    assert version_applies(entry, "9" * 5000) is False
+
+
+@pytest.mark.parametrize("cases", ["(a+)+$", "(a|a)*$", "(x+x+)+y", ".*.*.*.*x", "(a)\\\\1", "a" * 100_001],
+                         ids=["nested", "alternation", "nested2", "side-by-side", "backreference", "too-long"])
+def test_a_known_failure_regex_that_can_backtrack_without_bound_is_refused(tmp_path, cases):
+    body = (f'[[tool.attn-gate.known_failures]]\nkernel = "sdpa-*"\ncases = "{cases}"\nreason = "r"\n'
+            f'link = "https://example.org/1"\n')
+    assert "cases = " in error_of(write(tmp_path, body))

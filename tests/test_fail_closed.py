@@ -58,7 +58,7 @@ def test_thresholds_that_would_switch_a_rule_off_are_refused(section, kwargs):
 def test_a_nan_threshold_in_pyproject_is_a_usage_error(tmp_path):
     path = tmp_path / "pyproject.toml"
     path.write_text("[tool.attn-gate.verdict]\nheadroom_factor = nan\n")
-    with pytest.raises(UserError, match=r"headroom_factor = nan must be a finite number > 1"):
+    with pytest.raises(UserError, match=r"headroom_factor = nan must be a number in \(1, 10\]"):
         load_config(path)
     path.write_text("[tool.attn-gate.verdict]\nheadroom_factor = 1.5\n")
     assert load_config(path).verdict.headroom_factor == 1.5
@@ -75,3 +75,97 @@ def test_user_kernel_without_causal_keyword_runs_non_causal_cases(tmp_path, monk
     assert run_case(adapter, CASE, "cpu", ToleranceConfig()).status is Status.PASS
     causal = run_case(adapter, CASE.with_fields(causal=True, seeds=(0,)), "cpu", ToleranceConfig())
     assert causal.status is Status.SKIP and "causal" in causal.reason
+
+
+SUITE_CONFIG = ('[tool.attn-gate]\nbaselines_dir = "baselines"\n[tool.attn-gate.suites.tiny]\nseeds = [0]\n'
+                '[[tool.attn-gate.suites.tiny.matrix]]\ndtype = ["fp32"]\nbatch = [1]\nseqlens = ["16"]\nheads = ["2"]\n'
+                'head_dims = ["8"]\n')
+
+
+def test_ctrl_c_before_the_first_case_prints_no_resume_command_that_would_fail(tmp_path, monkeypatch, capsys):
+    """Stopped before the journal existed: `--resume` would only say "no journal"; the message says
+    to run the command again instead. Stopped after it: the `--resume` command, as before."""
+    import gate.workflow.sweep as sweep_module
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    config = tmp_path / "pyproject.toml"
+    config.write_text(SUITE_CONFIG)
+    command = ["sweep", "--kernel", "sdpa-cpu", "--suite", "tiny", "--device", "cpu", "--config", str(config),
+               "--out", str(tmp_path / "out"), "--no-progress"]
+    monkeypatch.setattr(sweep_module, "worker_pool", interrupted)
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert "--resume" not in err and "nothing to resume" in err, err
+
+    from gate.workflow.journal import Journal
+
+    Journal(tmp_path / "out" / "journal-sdpa-cpu-tiny.jsonl").start({"kernel": "sdpa-cpu"}, resume=False)
+    assert main(command) == 2
+    assert capsys.readouterr().err.strip().endswith("--resume")
+
+
+SIGTERM_WRITER = """
+import os, signal, sys, time
+from pathlib import Path
+from gate.commands.main import _on_sigterm
+from gate.core import jsonio
+signal.signal(signal.SIGTERM, _on_sigterm)
+real_replace = os.replace
+def replace(src, dst):  # SIGTERM arrives between the temporary file's fsync and its rename
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)
+    real_replace(src, dst)
+os.replace = replace
+jsonio.write_json_atomic(Path(sys.argv[1]), {"kind": "attn-gate baseline", "schema_version": 3})
+"""
+
+
+def test_sigterm_inside_an_atomic_write_leaves_no_temporary_file(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    folder = tmp_path / "baselines" / "cpu"
+    folder.mkdir(parents=True)
+    target = folder / "k-s.json"
+    target.write_text('{"old": true}\n')
+    proc = subprocess.run([sys.executable, "-c", SIGTERM_WRITER, str(target)], cwd=ROOT, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+    assert proc.returncode == -signal.SIGTERM, proc.stderr
+    assert sorted(p.name for p in folder.iterdir()) == ["k-s.json"]  # no .k-s.json.XXXX.tmp beside it
+    assert target.read_text() == '{"old": true}\n'
+
+
+def test_a_worker_start_timeout_names_its_setting_not_case_timeout(tmp_path, capsys):
+    """A worker that does not start in time was reported as "(--case-timeout)", a flag nobody typed."""
+    config = tmp_path / "pyproject.toml"
+    config.write_text(SUITE_CONFIG + "[tool.attn-gate.isolation]\nworker_start_timeout_s = 0.01\n")
+    assert main(["sweep", "--kernel", "sdpa-cpu", "--suite", "tiny", "--device", "cpu", "--config", str(config),
+                 "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "worker_start_timeout_s" in err and "--case-timeout" not in err, err
+
+
+def test_an_out_folder_whose_name_is_not_utf8_can_be_locked(tmp_path):
+    """`--out $'out\\xff'`: the lock key encoded the path as UTF-8 and raised on its surrogate escape."""
+    import os
+
+    from gate.core.files import FolderLock
+
+    folder = tmp_path / os.fsdecode(b"out\xff")
+    folder.mkdir()
+    with FolderLock(folder, "--out"):
+        pass
+
+
+@pytest.mark.parametrize("command", ["perf", "bench"])
+def test_rounds_beyond_the_config_range_is_refused_before_any_work(command, tmp_path, capsys):
+    """--rounds 1000000000 timed for hours; it has perf.rounds's range."""
+    assert main([command, "--rounds", "1000000000", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "--rounds 1000000000: must be an integer in [1, 1000]" in err and len(err.strip().splitlines()) == 1, err

@@ -200,3 +200,278 @@ def test_fuzzed_configs(project):
         assert_safe(root, before, code, err, None)
 
     check()
+
+
+# ---------------------------------------------------------------- the oracle: a field the reader uses is never ignored
+#
+# Per file kind: mutate one field to a junk value, run the command that reads it. Exit 2 (refused)
+# is always fine. Exit 0 is fine only when the reader took the mutated value as given: the file read
+# back through the kind's reader and written again holds it at the same place (numbers compared as
+# numbers). A value dropped, replaced or re-derived there, with exit 0, is a verdict that ignored
+# what the file said. Fields the reader never reads (derived summaries, written for people) are
+# listed per kind.
+
+MISSING = object()
+
+
+def norm(value):
+    """A value as the verdict sees it: numbers as floats (a JSON "nan" is a NaN), the rest as text."""
+    if value is None or isinstance(value, bool):
+        return str(value)
+    if isinstance(value, (int, float, str)):
+        try:
+            return repr(float(value))
+        except (ValueError, OverflowError):
+            return str(value)
+    if isinstance(value, (list, tuple)):
+        return [norm(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): norm(v) for k, v in value.items()}
+    return str(value)
+
+
+def get_at(data, path):
+    for key in path:
+        try:
+            data = data[key]
+        except (KeyError, IndexError, TypeError):
+            return MISSING
+    return data
+
+
+def under(path, prefixes) -> bool:
+    return any(len(path) >= len(p) and all(a == "*" or a == b for a, b in zip(p, path)) for p in prefixes)
+
+
+def leaf_paths(data, skip=()):
+    return [p for p, v in paths_of(data) if p and not isinstance(v, (dict, list)) and not under(p, skip)]
+
+
+ORACLE_SETTINGS = settings(max_examples=25, deadline=None, derandomize=True,
+                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+
+def oracle(kind: str, path, value, code: int, err: str, reread) -> None:
+    assert code in (0, 1, 2) and "Traceback" not in err, err
+    if code != 0:
+        return
+    got = get_at(reread(), path)
+    assert got is not MISSING and norm(got) == norm(value), (
+        f"{kind}: exit 0 with {'.'.join(map(str, path))} = {value!r} in the file, but the reader used {got!r}")
+
+
+def _reread(reader, path: Path):
+    from gate.core.jsonio import clean_json
+
+    return lambda: json.loads(json.dumps(clean_json(reader(path).to_dict())))
+
+
+def suite_cases(root: Path) -> dict:
+    from gate.core.cases import load_suite
+    from gate.core.config import load_config
+
+    config = load_config(root / "pyproject.toml")
+    return {c.id: c for c in load_suite("fz", config.suites, config.source).swept_cases}
+
+
+# the sweep reader recomputes these from the rows (never read back)
+SWEEP_DERIVED = [("summary",), ("harness_report",), ("kind",), ("schema_version",)]
+
+
+def test_oracle_sweep_results(project):
+    from gate.core.results import SweepResult
+
+    root, results, baseline = project
+
+    suite = suite_cases(root)
+    paths = leaf_paths(results, SWEEP_DERIVED)
+    case_paths = [p for p in paths if len(p) > 2 and p[2] == "case"]  # what a row says it measured
+
+    @ORACLE_SETTINGS
+    @given(st.data())
+    def check(data):
+        target = data.draw(st.sampled_from(case_paths) | st.sampled_from(paths))
+        value = data.draw(JUNK | st.integers(min_value=0, max_value=64))
+        mutated = copy.deepcopy(results)
+        set_at(mutated, target, value)
+        path = root / "oracle-results.json"
+        path.write_text(json.dumps(mutated))
+        code, err = run_check(root, path, root / "pyproject.toml")
+        oracle("sweep", target, value, code, err, _reread(SweepResult.read, path))
+        if code == 0:  # consistent with the run: each row measured the suite's case of its id
+            assert all(suite.get(c.case_id) == c.case for c in SweepResult.read(path).cases), (target, value)
+
+    check()
+
+
+BASELINE_DERIVED = [("kind",), ("schema_version",)]
+
+
+def test_oracle_baselines(project):
+    from gate.compare.baselines import read_baseline
+
+    root, results, baseline = project
+    (path,) = (root / "baselines" / "cpu").glob("*.json")
+    original = path.read_text()
+
+    from gate.core.cases import case_hash
+
+    suite = suite_cases(root)
+    paths = leaf_paths(baseline, BASELINE_DERIVED)
+    hashes = [p for p in paths if p[-1] == "case_hash"]
+
+    @ORACLE_SETTINGS
+    @given(st.data())
+    def check(data):
+        target = data.draw(st.sampled_from(hashes) | st.sampled_from(paths))
+        value = data.draw(JUNK | st.sampled_from(["0123456789abcdef", "ffffffffffffffff"]))
+        mutated = copy.deepcopy(baseline)
+        set_at(mutated, target, value)
+        path.write_text(json.dumps(mutated))
+        try:
+            code, err = run_check(root, root / "results.json", root / "pyproject.toml")
+            oracle("baseline", target, value, code, err, _reread(read_baseline, path))
+            if code == 0:  # consistent with the suite: each row's case_hash is its case's
+                rows = read_baseline(path).correctness
+                assert all(r.case_hash in (None, case_hash(suite[cid])) for cid, r in rows.items()), (target, value)
+        finally:
+            path.write_text(original)
+
+    check()
+
+
+# a perf row's `summary` is derived from its samples and never read back
+PERF_DERIVED = [("kind",), ("schema_version",), ("cases", "*", "summary")]
+
+
+def test_oracle_perf_files(tmp_path_factory):
+    from gate.speed.runs import PerfResult
+    from tests.test_perf_inputs import PerfProject, quiet
+
+    project = PerfProject(tmp_path_factory.mktemp("perf-oracle"))
+    perf = project.perf_json
+
+    @ORACLE_SETTINGS
+    @given(st.data())
+    def check(data):
+        target = data.draw(st.sampled_from(leaf_paths(perf, PERF_DERIVED)))
+        value = data.draw(JUNK)
+        mutated = copy.deepcopy(perf)
+        set_at(mutated, target, value)
+        path = project.root / "oracle-perf.json"
+        path.write_text(json.dumps(mutated))
+        code, err = quiet(project.check(path))
+        oracle("perf", target, value, code, err, _reread(PerfResult.read, path))
+
+    check()
+
+
+def test_oracle_findings_files(tmp_path):
+    """`check --last-failed` reruns what a findings file says failed: a damaged file is refused,
+    never read as fewer failures than it holds."""
+    from gate.commands.check import last_failed_only
+    from gate.core.errors import UserError
+
+    good = {"schema_version": 2, "kind": "attn-gate findings", "verdict": "FAIL", "context": {"kernel": "k", "suite": "s"},
+            "findings": [{"rule": "tolerance", "severity": "FAIL", "case_id": "fp32-b1-h2-s16-d8", "metric": "ratio:out"},
+                         {"rule": "speed", "severity": "INCONCLUSIVE", "case_id": "fp32-b1-h2-s17-d8", "metric": "x"},
+                         {"rule": "headroom", "severity": "OK", "case_id": "fp32-b1-h2-s18-d8", "metric": "ratio:dq"}]}
+
+    @ORACLE_SETTINGS
+    @given(st.data())
+    def check(data):
+        target = data.draw(st.sampled_from([p for p in leaf_paths(good) if p[0] in ("kind", "findings")]))
+        value = data.draw(st.one_of(JUNK, st.sampled_from(["FAIL", "INCONCLUSIVE", "OK", "WARN", ""])))
+        mutated = copy.deepcopy(good)
+        set_at(mutated, target, value)
+        (tmp_path / "findings-k-s.json").write_text(json.dumps(mutated))
+        try:
+            regex = last_failed_only(tmp_path, None, None)
+        except UserError:
+            return
+        import re
+
+        rows = mutated["findings"]
+        ids = [r["case_id"] for r in rows]
+        expected = {r["case_id"] for r in rows if r["severity"] in ("FAIL", "INCONCLUSIVE") and r["case_id"]}
+        assert {cid for cid in ids if isinstance(cid, str) and re.search(regex, cid)} == expected, (target, value, regex)
+        assert all(r["severity"] in ("FAIL", "INCONCLUSIVE", "WARN", "KNOWN", "INFO", "OK") for r in rows), (target, value)
+
+    check()
+
+
+def test_oracle_journal_rows(project, tmp_path):
+    """`--resume` keeps a journal's rows as finished cases: a mutated row is refused, or read back
+    as written, and only ever as the run's own case of that id."""
+    from gate.core.cases import load_suite
+    from gate.core.config import load_config
+    from gate.core.errors import UserError
+    from gate.core.jsonio import clean_json
+    from gate.workflow.journal import Journal, read_journal
+
+    root, results, baseline = project
+    config = load_config(root / "pyproject.toml")
+    cases = load_suite("fz", config.suites, config.source).swept_cases
+    header = {"kernel": "sdpa-cpu", "suite": "fz"}
+    row = results["cases"][0]
+
+    @ORACLE_SETTINGS
+    @given(st.data())
+    def check(data):
+        target = data.draw(st.sampled_from(leaf_paths(row, [("seconds",)])))
+        value = data.draw(JUNK)
+        mutated = copy.deepcopy(row)
+        set_at(mutated, target, value)
+        journal = Journal(tmp_path / "journal.jsonl")
+        journal.start(header, resume=False)
+        with open(journal.path, "a") as fh:
+            fh.write(json.dumps(mutated) + "\n")
+        try:
+            _, done = read_journal(journal.path, header, cases)
+        except UserError:
+            return
+        (got,) = done.values()
+        assert got.case == next(c for c in cases if c.id == got.case_id)
+        reread = json.loads(json.dumps(clean_json(got.to_dict())))
+        found = get_at(reread, target)
+        assert found is not MISSING and norm(found) == norm(value), (target, value, found)
+
+    check()
+
+
+CONFIG_KEYS = [("verdict", "headroom_factor"), ("verdict", "headroom_step"), ("verdict", "improvement_factor"),
+               ("perf", "alpha"), ("perf", "rounds"), ("perf", "confirm_rounds"), ("perf", "calls_per_round"),
+               ("perf", "regression_pct"), ("perf", "max_noise_pct"), ("perf", "noise_k"), ("perf", "min_rounds"),
+               ("tolerance", "mult_dq"), ("tolerance", "fp32_factor"), ("isolation", "case_timeout_s"),
+               ("isolation", "timeout_s_per_gflop"), ("cpu", "kernel"), ("cpu", "suite")]
+CONFIG_VALUES = st.one_of(st.sampled_from(["nan", "inf", "-inf", "-1", "0", "1e308", "1e-300", '"x"', "[]", "{}", "true",
+                                           "1000000000", "3", "0.5", "1.5", "10", '"sdpa-cpu"', '"fz"']),
+                          st.floats(allow_nan=False, allow_infinity=False).map(repr),
+                          st.integers(min_value=-10**6, max_value=10**12).map(str))
+
+
+def test_oracle_config_values(tmp_path):
+    """A setting the config accepts is the setting in force: refused (exit 2, one line) or read
+    as written, never clamped, dropped or defaulted; and every accepted number is in its range."""
+    import tomllib
+
+    from gate.core.config import RANGES, load_config
+    from gate.core.errors import UserError
+
+    @ORACLE_SETTINGS
+    @given(st.sampled_from(CONFIG_KEYS), CONFIG_VALUES)
+    def check(key, value):
+        section, name = key
+        path = tmp_path / "fuzzed.toml"
+        path.write_text(f"[tool.attn-gate.{section}]\n{name} = {value}\n{SUITE}")
+        try:
+            config = load_config(path)
+        except UserError as exc:
+            assert "\n" not in str(exc) and str(path) in str(exc)
+            return
+        got = getattr(getattr(config, section), name)
+        assert norm(got) == norm(tomllib.loads(f"v = {value}")["v"]), (key, value, got)
+        bounds = RANGES.get(f"{section}.{name}")
+        assert bounds is None or got in bounds, (key, value)
+
+    check()

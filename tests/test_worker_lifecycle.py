@@ -114,6 +114,21 @@ def test_a_kernel_that_changes_its_process_state_does_not_misreport_later_cases(
         f"fp32-b1-h2-s{n}-d8": "PASS" for n in (16, 17, 18, 19)}
 
 
+@pytest.mark.parametrize("kernel", ["patches_tensor_dunders", "patches_autograd_engine", "rebinds_gate_constant"])
+def test_a_kernel_that_patches_tensor_autograd_or_gate_code_is_one_error_row(tmp_path, monkeypatch, kernel):
+    """torch.Tensor's @ and /, the autograd engine or a constant of the gate's code, changed by the
+    kernel on s17: its own reply went through them (an ERROR row), and every later, correct case
+    runs in a fresh worker and passes (they failed in the patched one)."""
+    monkeypatch.chdir(ROOT)
+    config = suite_config(tmp_path, [16, 17, 18, 19])
+    assert main(["sweep", "--kernel", f"tests.fault_kernels:{kernel}", "--suite", "tiny", "--device", "cpu",
+                 "--config", str(config), "--out", str(tmp_path / "out"), "--no-progress", "--workers", "1"]) == 1
+    got = rows(tmp_path / "out")
+    assert {cid: r["status"] for cid, r in got.items()} == {
+        "fp32-b1-h2-s16-d8": "PASS", "fp32-b1-h2-s17-d8": "ERROR", "fp32-b1-h2-s18-d8": "PASS", "fp32-b1-h2-s19-d8": "PASS"}
+    assert "replaced" in got["fp32-b1-h2-s17-d8"]["reason"]
+
+
 def test_a_deleted_temp_folder_is_made_again(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     config = suite_config(tmp_path, [16, 17, 18])

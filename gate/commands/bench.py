@@ -7,7 +7,8 @@ from pathlib import Path
 
 from gate.commands.help_text import parser_kwargs
 from gate.speed import asv as A
-from gate.core.errors import EXIT_FAIL, EXIT_PASS
+from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
+from gate.speed.entries import MAX_ROUNDS
 from gate.core.config import load_config
 from gate.workflow.validate import check_device, check_kernel, check_suite
 
@@ -35,6 +36,8 @@ def register(sub) -> None:
 
 
 def bench_main(args: argparse.Namespace) -> int:
+    if args.rounds is not None and not 1 <= args.rounds <= MAX_ROUNDS:  # perf.rounds's range: 1e9 would hang
+        raise UserError(f"--rounds {args.rounds}: must be an integer in [1, {MAX_ROUNDS}]")
     conf = A.asv_conf(args.asv_config)
     device = check_device(args.device)  # names first: a typo is a typo, not an asv failure
     config = load_config((args.config or A.CONFIG_FILE).resolve())

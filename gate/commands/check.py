@@ -65,12 +65,13 @@ def last_failed(out: Path, kernel: str | None, suite: str | None) -> tuple[str, 
     if not found:
         raise UserError(f"--last-failed: no findings JSON of an earlier check in {out}; run the check once without "
                         f"--last-failed (or pass its --out folder)")
+    from gate.compare.findings import rerun_case_ids
+
     try:
-        data = json.loads(found[-1].read_text(encoding="utf-8"))
-        failed = sorted({str(f["case_id"]) for f in data["findings"]
-                         if f.get("case_id") and f.get("severity") in ("FAIL", "INCONCLUSIVE")})
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        raise UserError(f"--last-failed: {found[-1]} is not a findings JSON attn-gate wrote; run without --last-failed") from None
+        failed = rerun_case_ids(json.loads(found[-1].read_text(encoding="utf-8")))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise UserError(f"--last-failed: {found[-1]} is not a findings JSON attn-gate wrote ({str(exc)[:200]}); "
+                        f"run without --last-failed") from None
     if not failed:
         raise UserError(f"--last-failed: no case failed in the last check in {out} ({found[-1].name}); run without --last-failed")
     context = data.get("context") if isinstance(data.get("context"), dict) else {}

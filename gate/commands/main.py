@@ -145,6 +145,9 @@ def resume_hint(args: argparse.Namespace) -> str:
     where it stopped; the case in flight was not journalled, so it runs again."""
     if not hasattr(args, "resume") or getattr(args, "results", None) is not None or getattr(args, "out", None) is None:
         return ""
+    journal = sys.modules.get("gate.workflow.journal")
+    if journal is None or not journal.started_here(args.out):  # stopped before the journal existed: nothing to resume
+        return "; no case had started, so there is nothing to resume: run the command again"
 
     argv = [a for a in args.argv if a != "--resume"]
     return f"; the finished cases are kept in {args.out}: go on with\n  attn-gate {shlex.join(argv + ['--resume'])}"
@@ -156,6 +159,9 @@ def _on_sigterm(signum, frame) -> None:
     isolation = sys.modules.get("gate.workflow.isolation")
     if isolation is not None:
         isolation.kill_all_workers()
+    jsonio = sys.modules.get("gate.core.jsonio")
+    if jsonio is not None:  # a write cut short leaves no temporary file beside the baseline
+        jsonio.remove_pending_temps()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from gate.commands.common import add_config, add_kernel_suite
 from gate.commands.help_text import parser_kwargs
 from gate.core.config import load_config
+from gate.speed.entries import MAX_ROUNDS
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
 from gate.speed.runs import run_perf, write_perf_outputs
 from gate.report.speed_report import print_perf_table
@@ -28,8 +29,8 @@ def register(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.rounds is not None and args.rounds < 1:
-        raise UserError(f"--rounds {args.rounds}: must be >= 1")
+    if args.rounds is not None and not 1 <= args.rounds <= MAX_ROUNDS:  # perf.rounds's range: 1e9 would hang
+        raise UserError(f"--rounds {args.rounds}: must be an integer in [1, {MAX_ROUNDS}]")
     config = load_config(args.config)
 
     target = validate_target(config, args.kernel, args.suite, args.device, args.only)

@@ -52,6 +52,7 @@ from gate.core.jsonio import (
 )
 from gate.core.results import ALL_TENSORS, GRADIENTS, Status, SweepResult, error_ratio, required_tensors
 from gate.core.files import safe_name
+from gate.speed.entries import checked_baseline_perf
 
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)  # migrate_baseline turns each older one into the current layout
@@ -131,8 +132,9 @@ class CaseBaseline:
         tensors, reason, digest = d.get("tensors", {}), d.get("reason", ""), d.get("case_hash")
         if not isinstance(tensors, dict) or not isinstance(reason, str):
             raise TypeError("tensors must be an object keyed by tensor name and reason a string")
-        if digest is not None and not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{16}", digest)):
-            raise ValueError(f"case_hash {digest!r} is not 16 hex digits")
+        if "case_hash" in d and not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{16}", digest)):
+            # a row without a hash leaves the key out (written before hashes existed); null is an edit
+            raise ValueError(f"case_hash {str(digest)[:40]!r} is not 16 hex digits")
         unknown = [name for name in tensors if name not in ALL_TENSORS]
         if unknown:
             raise ValueError(f"tensor {unknown[0]!r} is not one of {', '.join(ALL_TENSORS)}")
@@ -227,8 +229,7 @@ class Baseline:
         for key in ("suite_hash", "measured_at"):
             if not isinstance(d[key], str):
                 raise TypeError(f"{key} = {d[key]!r} must be a string")
-        if d.get("perf") is not None and not isinstance(d["perf"], dict):
-            raise TypeError("perf must be an object or null")
+        checked_baseline_perf(d.get("perf"))  # what judge_perf reads, checked before any judgement
         correctness = {}
         for cid, c in d["correctness"].items():
             try:
@@ -350,8 +351,21 @@ class BaselineDiff:
 def cases_to_rerun(old: Baseline, suite_cases: dict[str, str]) -> list[str]:
     """The ids of `suite_cases` (id -> case_hash, the suite as it is now) that the old baseline has
     no row of the same case for: added or changed since (all of them for rows without a case_hash)."""
-    return [cid for cid, digest in suite_cases.items()
-            if cid not in old.correctness or old.correctness[cid].case_hash != digest]
+    return [cid for cid, digest in suite_cases.items() if not same_case(old.correctness.get(cid), digest)]
+
+
+def same_case(row: CaseBaseline | None, digest: str | None) -> bool:
+    """Whether a baseline row was measured on the case whose case_hash is `digest` (the suite's
+    case of that id now): the one test of a row's case_hash, for every reader of a baseline."""
+    return row is not None and row.case_hash is not None and row.case_hash == digest
+
+
+def forged_case_hashes(baseline: Baseline, suite_cases: dict[str, str]) -> list[str]:
+    """The rows whose case_hash names another case than the suite's case of that id, in a
+    baseline of the suite as defined now (same suite_hash): edited by hand, so refused. Rows
+    without a case_hash (written before it existed) cannot be checked and are not refused."""
+    return sorted(cid for cid, row in baseline.correctness.items()
+                  if row.case_hash is not None and not same_case(row, suite_cases.get(cid)))
 
 
 # Past this many cases to measure, the way out named is a whole run, not an --only of their ids.
@@ -470,6 +484,11 @@ def widen_baseline(new: Baseline, old: Baseline | None, path: Any) -> Baseline:
     whose status differs between the machines is refused (a row of one of them would be lost);
     a case of one side only keeps its row. WIDEN_KEYS list every machine seen."""
     refuse_widen(old, new.suite_hash, new.tolerance, new.environment, path)
+    for key in WIDEN_KEYS:  # a span that records no machine would widen the ratios and say nothing of why
+        for who, env in (("this run", new.environment), (str(path), old.environment)):
+            if not str(env.get(key, "")).strip() or str(env.get(key)) == "unknown":
+                raise UserError(f"--widen: {who} records no {key}, so the machines a widened baseline spans could not "
+                                f"be named; widen only with runs that record their {key} (run them with this attn-gate)")
     differ = sorted(cid for cid, row in new.correctness.items()
                     if cid in old.correctness and old.correctness[cid].status is not row.status)
     if differ:

@@ -255,3 +255,33 @@ def fmt(value: Value) -> str:
             return "nan"
         return f"{value:.3g}" if abs(value) < 1e-3 and value != 0 else f"{value:.3f}".rstrip("0").rstrip(".") or "0"
     return str(value)
+
+
+FINDINGS_KIND = "attn-gate findings"
+
+
+def rerun_case_ids(payload: Any) -> list[str]:
+    """The cases a findings file (`Verdict.to_dict`, as `check` writes it) says failed or were
+    inconclusive: what `check --last-failed` reruns. Every field it uses is checked first (kind,
+    findings, each finding's severity and case_id), so a damaged file is refused, never read as
+    "nothing failed". A ValueError names the field."""
+    if not isinstance(payload, dict) or payload.get("kind") != FINDINGS_KIND:
+        raise ValueError(f"kind = {str(payload.get('kind') if isinstance(payload, dict) else None)[:40]!r} is not "
+                         f"{FINDINGS_KIND!r}")
+    findings = payload.get("findings")
+    if not isinstance(findings, list):
+        raise ValueError("findings must be a list")
+    failed = set()
+    for i, f in enumerate(findings):
+        if not isinstance(f, dict):
+            raise ValueError(f"findings[{i}] must be an object")
+        severity, case_id = f.get("severity"), f.get("case_id")
+        if not isinstance(severity, str) or severity not in {s.value for s in Severity}:
+            raise ValueError(f"findings[{i}].severity = {str(severity)[:40]!r} is not one of "
+                             f"{', '.join(s.value for s in Severity)}")
+        if not isinstance(case_id, str):
+            raise ValueError(f"findings[{i}].case_id = {str(case_id)[:40]!r} must be a string (\"\" for a run-wide finding)")
+        if case_id and severity in (Severity.FAIL.value, Severity.INCONCLUSIVE.value):
+            failed.add(case_id)
+    return sorted(failed)
+

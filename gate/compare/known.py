@@ -65,7 +65,7 @@ def version_applies(entry: KnownFailure, version: str) -> bool:
 
     try:  # a nightly or dev build of an affected release carries the bug too
         return SpecifierSet(entry.versions, prereleases=True).contains(Version(version))
-    except InvalidVersion:
+    except (InvalidVersion, ValueError):  # a version of 5,000 digits is a ValueError, not InvalidVersion
         return False
 
 

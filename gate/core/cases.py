@@ -1018,7 +1018,9 @@ def only_pattern(only: str | None) -> re.Pattern[str] | None:
     """--only as a compiled regex; an invalid one is a one-line usage error (sweep, check, baseline)."""
     if only is None:
         return None
+    from gate.core.patterns import bounded_regex
+
     try:
-        return re.compile(only)
-    except re.error as exc:
-        raise UserError(f"--only {only!r} is not a regular expression ({exc})") from None
+        return bounded_regex(only)
+    except ValueError as exc:
+        raise UserError(f"--only {str(only)[:200]!r} {exc}") from None

@@ -16,6 +16,7 @@ from typing import Any
 
 from gate.core.errors import UserError
 from gate.core.jsonio import MAX_MULT, checked_name
+from gate.core.patterns import bounded_regex
 from gate.core.cases import CHECKS, expand_suite
 from gate.core.envelope import check_supports
 from gate.core.results import ALL_TENSORS
@@ -78,10 +79,56 @@ def tolerance_changes(a: dict[str, float], b: dict[str, float]) -> list[str]:
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 
-def _require(section, name: str, ok, what: str) -> None:
-    value = getattr(section, name)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
-        raise ValueError(f"{name} = {value!r} must be {what}")
+@dataclass(frozen=True)
+class Range:
+    """A numeric setting's valid range, declared once: the check, its message and the table in
+    docs/configuration.md come from it. An upper bound too: a threshold of 1e308 switches its rule
+    off as surely as NaN does, and a count of 1e9 hangs the run."""
+
+    lo: float
+    hi: float
+    lo_open: bool = False
+    integer: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        return (value > self.lo if self.lo_open else value >= self.lo) and value <= self.hi
+
+    def text(self) -> str:
+        kind = "an integer" if self.integer else "a number"
+        return f"{kind} in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}]"
+
+
+# section.key -> its range. The reasons for each upper bound are in docs/configuration.md.
+RANGES: dict[str, Range] = {
+    "verdict.headroom_factor": Range(1, 10, lo_open=True),
+    "verdict.headroom_step": Range(0, 0.5),  # a PASS row's ratio is <= 1: a step near 1 is never exceeded
+    "verdict.improvement_factor": Range(1, 100, lo_open=True),
+    "perf.regression_pct": Range(0, 100, lo_open=True),
+    "perf.noise_k": Range(0, 10, lo_open=True),
+    "perf.alpha": Range(0.0001, 0.5),
+    "perf.improvement_pct": Range(0, 100, lo_open=True),
+    "perf.max_noise_pct": Range(0, 100, lo_open=True),
+    "perf.min_rounds": Range(3, 1000, integer=True),
+    "perf.rounds": Range(1, 1000, integer=True),
+    "perf.calls_per_round": Range(1, 100, integer=True),
+    "perf.confirm_rounds": Range(0, 1000, integer=True),
+    "perf.warmup_s": Range(0, 60),
+    "isolation.case_timeout_s": Range(0, 86400, lo_open=True),
+    "isolation.timeout_s_per_gflop": Range(0, 60),
+    "isolation.worker_start_timeout_s": Range(0, 3600, lo_open=True),
+}
+
+
+def _in_range(section, prefix: str) -> None:
+    """Every declared range of a section's settings, checked (a ValueError naming the key)."""
+    for f in dataclasses.fields(section):
+        bounds = RANGES.get(f"{prefix}.{f.name}")
+        if bounds is None:
+            continue
+        value = getattr(section, f.name)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or value not in bounds or (bounds.integer and not isinstance(value, int)):
+            raise ValueError(f"{f.name} = {value!r} must be {bounds.text()}")
 
 
 @dataclass(frozen=True)
@@ -93,10 +140,8 @@ class VerdictConfig:
     improvement_factor: float = 2.0  # WARN (refresh the baseline) when ratio shrinks by this factor
 
     def __post_init__(self) -> None:
-        # nan compares False everywhere, so a nan threshold would silently switch its rule off.
-        _require(self, "headroom_factor", lambda v: v > 1, "a finite number > 1")
-        _require(self, "headroom_step", lambda v: v >= 0, "a finite number >= 0")
-        _require(self, "improvement_factor", lambda v: v > 1, "a finite number > 1")
+        # nan compares False everywhere, and 1e308 is never exceeded: either would switch a rule off.
+        _in_range(self, "verdict")
 
 
 @dataclass(frozen=True)
@@ -123,15 +168,8 @@ class PerfConfig:
 
     def __post_init__(self) -> None:
         # Each of these, out of range, would switch a speed rule off (nan/inf/0) instead of failing.
-        for name in ("regression_pct", "noise_k", "improvement_pct", "max_noise_pct"):
-            _require(self, name, lambda v: v > 0, "a finite number > 0")
-        _require(self, "alpha", lambda v: 0 < v < 1, "a number in (0, 1)")
-        _require(self, "warmup_s", lambda v: v >= 0, "a finite number >= 0")
-        _require(self, "min_rounds", lambda v: v >= 3, "an integer >= 3")
-        # fewer rounds than min_rounds is allowed: such a run is judged INCONCLUSIVE, by rule
-        _require(self, "rounds", lambda v: v >= 1, "an integer >= 1")
-        _require(self, "calls_per_round", lambda v: v >= 1, "an integer >= 1")
-        _require(self, "confirm_rounds", lambda v: v >= 0, "an integer >= 0 (0: no confirm)")
+        # (fewer rounds than min_rounds is allowed: such a run is judged INCONCLUSIVE, by rule)
+        _in_range(self, "perf")
         if self.anchor_fallback not in ("", "matmul"):
             raise ValueError(f'anchor_fallback = {self.anchor_fallback!r} must be "matmul" (time a case the anchor '
                              f'cannot run against a matmul of equal FLOPs) or "" (such a case SKIPs)')
@@ -225,9 +263,7 @@ class IsolationConfig:
     worker_start_timeout_s: float = 300.0  # importing torch and the kernel in a fresh worker
 
     def __post_init__(self) -> None:
-        _require(self, "case_timeout_s", lambda v: v > 0, "a finite number > 0")
-        _require(self, "timeout_s_per_gflop", lambda v: v >= 0, "a finite number >= 0")
-        _require(self, "worker_start_timeout_s", lambda v: v > 0, "a finite number > 0")
+        _in_range(self, "isolation")
 
 
 # --- CI files written by `attn-gate init` -----------------------------------------
@@ -353,9 +389,9 @@ def _known_failures(raw: Any, path: Path, families: set[str] | frozenset[str] = 
                 raise UserError(f"{here}: {key} is required: {what}" if value is None
                                 else f"{here}: {key} = {value!r} should be {what}")
         try:
-            re.compile(spec["cases"])
-        except re.error as exc:
-            raise UserError(f"{here}: cases = {spec['cases']!r} is not a regular expression ({exc})") from None
+            bounded_regex(spec["cases"])
+        except ValueError as exc:
+            raise UserError(f"{here}: cases = {spec['cases'][:200]!r} {exc}") from None
         if "link" in spec and not re.match(r"^https?://\S+$", spec["link"]):
             raise UserError(f"{here}: link = {spec['link']!r} should be the upstream issue or pull request URL (https://...)")
         tensors = spec.get("tensors")
@@ -373,9 +409,11 @@ def _known_failures(raw: Any, path: Path, families: set[str] | frozenset[str] = 
                 raise UserError(f"{here}: versions = {versions!r} should be a PEP 440 specifier string, e.g. \">=2.8,<2.8.4\"")
             from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-            try:
-                SpecifierSet(versions)
-            except InvalidSpecifier:
+            try:  # contains() parses each version of the specifier: a 5,000-digit one is a ValueError there
+                if len(versions) > 200:
+                    raise InvalidSpecifier(versions)
+                SpecifierSet(versions, prereleases=True).contains("0")
+            except (InvalidSpecifier, ValueError):
                 raise UserError(f"{here}: versions = {versions!r} is not a PEP 440 specifier; write e.g. \">=2.8,<2.8.4\"") from None
         strict = spec.get("strict", False)
         if not isinstance(strict, bool):
@@ -462,12 +500,19 @@ def load_config(path: Path | None = None) -> Config:
     try:
         with path.open("rb") as fh:
             data = tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{path}: invalid TOML ({exc})") from None
-    raw = data.get("tool", {}).get("attn-gate")
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as exc:  # a binary file is not UTF-8
+        raise UserError(f"{path}: invalid TOML ({str(exc)[:200]}); fix the file or pass another with --config") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot be read ({exc.strerror or exc}); pass a readable --config file") from None
+    tool = data.get("tool", {})
+    if not isinstance(tool, dict):
+        raise UserError(f"{path}: tool = {str(tool)[:40]} should be a table ([tool.attn-gate] lives under [tool]); fix the file")
+    raw = tool.get("attn-gate")
     if raw is None:
         return Config(source=str(path), baselines_dir=_beside(path, Config().baselines_dir))
     where = f"{path} [tool.attn-gate]"
+    if not isinstance(raw, dict):
+        raise UserError(f"{where}: attn-gate = {str(raw)[:40]} should be a table; write the settings under [tool.attn-gate]")
     known = {"gpu", "cpu", "baselines_dir", "tolerance", "verdict", "perf", "suites", "isolation", "kernels",
              "known_failures", "ci"}
     unknown = sorted(set(raw) - known)

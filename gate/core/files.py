@@ -69,7 +69,8 @@ class FolderLock:
         self._fd: int | None = None
 
     def __enter__(self) -> "FolderLock":
-        key = hashlib.sha256(os.path.realpath(self.folder).encode()).hexdigest()[:24]
+        # fsencode: a folder name that is not UTF-8 (surrogate escapes) encodes as the filesystem spells it
+        key = hashlib.sha256(os.fsencode(os.path.realpath(self.folder))).hexdigest()[:24]
         locks = Path(tempfile.gettempdir()) / "attn-gate-locks"
         locks.mkdir(exist_ok=True)
         self._fd = os.open(locks / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o666)

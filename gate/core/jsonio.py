@@ -45,10 +45,24 @@ def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     write_text_atomic(path, text)
 
 
+_PENDING: set[str] = set()  # temporary files of writes in progress, for remove_pending_temps
+
+
+def remove_pending_temps() -> None:
+    """Remove the temporary file of every write in progress: the SIGTERM handler calls it before
+    the process dies by the signal, when no `finally` runs (the target keeps its old content)."""
+    for tmp in list(_PENDING):
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    _PENDING.add(tmp)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
@@ -60,6 +74,8 @@ def write_text_atomic(path: Path, text: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    finally:
+        _PENDING.discard(tmp)
 
 
 def save_figure_atomic(fig, path: Path, **savefig_kwargs) -> Path:
@@ -68,19 +84,23 @@ def save_figure_atomic(fig, path: Path, **savefig_kwargs) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
     os.close(fd)
+    _PENDING.add(tmp)
     try:
         fig.savefig(tmp, format="png", **savefig_kwargs)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     finally:
+        _PENDING.discard(tmp)
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
 
 
-def read_json(path: Path, *, kind: str, schema_version: int | tuple[int, ...]) -> dict[str, Any]:
+def read_json(path: Path, *, kind: str, schema_version: int | tuple[int, ...], file_kind: str | None = None) -> dict[str, Any]:
     """Read a schema-versioned JSON file or raise a UserError that names the file and the fix.
-    `schema_version` may list every version the caller can migrate from (the newest last)."""
+    `schema_version` may list every version the caller can migrate from (the newest last);
+    `file_kind`, the `kind` the file must declare ("attn-gate sweep"): a file of another kind
+    (a perf file where a sweep is wanted) is refused, whatever else it holds."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such {kind} file")
@@ -103,13 +123,17 @@ def read_json(path: Path, *, kind: str, schema_version: int | tuple[int, ...]) -
             f"{path}: {kind} schema_version {found!r} is not the supported {' or '.join(map(str, accepted))}; "
             f"regenerate it with this attn-gate version"
         )
+    if file_kind is not None and payload.get("kind") != file_kind:
+        raise UserError(f"{path}: kind = {str(payload.get('kind'))[:60]!r} is not {file_kind!r}; pass a {kind} file "
+                        f"(this one is another kind of attn-gate file, or was hand-edited)")
     return payload
 
 
-def read_record(path: Path, *, kind: str, schema_version: int | tuple[int, ...], from_dict: Callable[[dict[str, Any]], T], fix: str) -> T:
+def read_record(path: Path, *, kind: str, schema_version: int | tuple[int, ...], from_dict: Callable[[dict[str, Any]], T], fix: str,
+                file_kind: str | None = None) -> T:
     """A schema-versioned file parsed into its dataclass; a missing or malformed field is a
     UserError naming the file, the field and `fix` (what to do about it)."""
-    payload = read_json(path, kind=kind, schema_version=schema_version)
+    payload = read_json(path, kind=kind, schema_version=schema_version, file_kind=file_kind)
     try:
         return from_dict(payload)
     except Exception as exc:  # noqa: BLE001 - whatever a hand-edited file makes the parser raise, never a traceback

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gate.core.cases import Case, migrate_case
+from gate.core.patterns import bounded_regex
 from gate.core.jsonio import (
     as_float, checked_kernel, checked_name, checked_tolerance, measured_float, read_record, write_json_atomic,
 )
@@ -353,9 +354,9 @@ class SweepResult:
         if not isinstance(self.scope, str) or len(self.scope) > 100_000:
             raise ValueError(f"scope = {self.scope!r} must be a regular expression (a string) or null")
         try:
-            pattern = re.compile(self.scope)
-        except re.error as exc:
-            raise ValueError(f"scope = {self.scope!r} is not a regular expression ({exc})") from None
+            pattern = bounded_regex(self.scope)
+        except ValueError as exc:
+            raise ValueError(f"scope = {self.scope[:200]!r} {exc}") from None
         outside = [c.case_id for c in self.cases if not pattern.search(c.case_id)]
         if outside:
             raise ValueError(f"scope = {self.scope!r} excludes the file's own case {outside[0]}"
@@ -367,7 +368,7 @@ class SweepResult:
     @classmethod
     def read(cls, path: Path) -> "SweepResult":
         return read_record(path, kind="sweep results", schema_version=READABLE_VERSIONS,
-                           from_dict=lambda d: cls.from_dict(migrate_results(d)), fix="regenerate it with `attn-gate sweep`")
+                           from_dict=lambda d: cls.from_dict(migrate_results(d)), file_kind="attn-gate sweep", fix="regenerate it with `attn-gate sweep`")
 
 
 SCOPE_NOTE = re.compile(r"filtered with --only (.+)")

@@ -31,8 +31,9 @@ from typing import Any
 from gate.core.cases import Case, Suite, load_suite, only_pattern
 from gate.core.config import Config, PerfConfig
 from gate.core.errors import UserError, first_line
-from gate.core.jsonio import read_record, write_json_atomic
+from gate.core.jsonio import bad_field, checked_kernel, checked_name, measured_float, read_record, write_json_atomic
 from gate.core.results import Status, migrate_rows
+from gate.speed.entries import MAX_ROUNDS
 from gate.speed.rule import PerfJudgement, PerfRules, PerfSeverity, RatioEstimate, judge
 from gate.speed.timing import KernelWorkload, MatmulWorkload, PASSES, PassTiming, TimingPlan, TimingRun, time_pair
 import gc
@@ -137,8 +138,19 @@ class PerfCaseResult:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PerfCaseResult":
         timing = d.get("timing")
-        return cls(case=Case.from_dict(d["case"]), status=d["status"], reason=d.get("reason", ""),
-                   timing=None if timing is None else TimingRun.from_dict(timing), anchor=d.get("anchor", ""))
+        if timing is not None:
+            _raw_samples(timing)
+        row = cls(case=Case.from_dict(d["case"]), status=d["status"], reason=d.get("reason", ""),
+                  timing=None if timing is None else TimingRun.from_dict(timing), anchor=d.get("anchor", ""))
+        if d.get("case_id") != row.case.id:
+            raise ValueError(f"case_id {str(d.get('case_id'))[:80]!r} is not the id of its case ({row.case.id})")
+        if not isinstance(row.reason, str) or not isinstance(row.anchor, str):
+            raise TypeError(f"{row.case_id}: reason and anchor must be strings")
+        if row.status is Status.PASS:
+            if row.timing is None:
+                raise ValueError(f"{row.case_id}: status OK without timing (a timed row carries its samples)")
+            check_timing(row.timing, row.case_id)
+        return row
 
     def anchor_or(self, run_anchor: str) -> str:
         """The anchor this case was timed against (`run_anchor` when the row does not say)."""
@@ -178,10 +190,44 @@ class PerfResult:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PerfResult":
+        """Every field a judgement uses, checked (type, range, consistency): a file that would be
+        judged on something other than what it claims is refused, never judged."""
+        checked_kernel(d["kernel"], "kernel")
+        checked_name(d["suite"], "suite")
+        if not isinstance(d["anchor"], str) or not isinstance(d["started_at"], str):
+            raise TypeError("anchor and started_at must be strings")
+        if not isinstance(d["environment"], dict) or not isinstance(d["cases"], list):
+            raise TypeError("environment must be an object and cases a list")
+        if d["device"] not in ("cpu", "cuda"):
+            raise ValueError(f"device = {str(d['device'])[:40]!r} must be 'cpu' or 'cuda'")
+        if d["environment"].get("device", d["device"]) != d["device"]:
+            raise ValueError(f"device = {d['device']!r} but environment.device = {d['environment']['device']!r}: "
+                             f"the file contradicts itself")
+        notes = d.get("notes", [])
+        if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+            raise TypeError("notes must be a list of strings")
+        if not d["cases"]:
+            raise ValueError("cases = []: the file holds no perf case, so nothing was timed")
+        plan = checked_plan(d["plan"], "plan")
+        cases = []
+        for i, row in enumerate(d["cases"]):
+            try:
+                case = PerfCaseResult.from_dict(row)
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise ValueError(f"cases[{i}]: {bad_field(exc)}") from None
+            if case.measured:
+                passes = tuple(p.pass_ for p in case.timing.passes)
+                if not set(passes) <= set(plan.passes):
+                    raise ValueError(f"cases[{i}] ({case.case_id}): times passes {list(passes)} but the run's plan has "
+                                     f"{list(plan.passes)}")
+            cases.append(case)
+        ids = [c.case_id for c in cases]
+        twice = next((cid for cid in ids if ids.count(cid) > 1), None)
+        if twice:
+            raise ValueError(f"case {twice} appears twice in cases")
         return cls(kernel=d["kernel"], anchor=d["anchor"], suite=d["suite"], device=d["device"],
-                   environment=d["environment"], plan=TimingPlan.from_dict(d["plan"]),
-                   cases=tuple(PerfCaseResult.from_dict(c) for c in d["cases"]), started_at=d["started_at"],
-                   wall_s=float(d["wall_s"]), notes=tuple(d.get("notes", ())))
+                   environment=d["environment"], plan=plan, cases=tuple(cases), started_at=d["started_at"],
+                   wall_s=measured_float(d["wall_s"], "wall_s", 1e7), notes=tuple(notes))
 
     def write(self, path: Path) -> None:
         write_json_atomic(path, self.to_dict())
@@ -189,7 +235,73 @@ class PerfResult:
     @classmethod
     def read(cls, path: Path) -> "PerfResult":
         return read_record(path, kind="perf results", schema_version=READABLE_VERSIONS,
-                           from_dict=lambda d: cls.from_dict(migrate_perf(d)), fix="regenerate it with `attn-gate perf`")
+                           from_dict=lambda d: cls.from_dict(migrate_perf(d)), file_kind="attn-gate perf", fix="regenerate it with `attn-gate perf`")
+
+
+# A timed call of a millisecond-scale kernel: beyond these no measurement (an hour per call, a
+# millionfold scale) is meant; zero, negative or NaN would make a ratio 0, negative, inf or NaN.
+MAX_CALL_MS = 3.6e6
+MAX_ANCHOR_SCALE = 1e6
+MAX_CALLS = 100  # as calls_per_round
+
+
+def checked_plan(value: Any, field: str) -> TimingPlan:
+    """A stored TimingPlan: counts within the config's ranges, passes a non-empty subset of PASSES."""
+    if not isinstance(value, dict):
+        raise TypeError(f"{field} must be an object")
+    for key, top in (("rounds", MAX_ROUNDS), ("calls_per_round", MAX_CALLS)):
+        n = value.get(key)
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= top:
+            raise ValueError(f"{field}.{key} = {str(n)[:40]} must be an integer in [1, {top}]")
+    passes = value.get("passes")
+    if not isinstance(passes, list) or not passes or any(p not in PASSES for p in passes) or len(set(passes)) != len(passes):
+        raise ValueError(f"{field}.passes = {str(passes)[:60]} must be a non-empty list of distinct passes from {list(PASSES)}")
+    return TimingPlan.from_dict(value)
+
+
+def _raw_samples(timing: Any) -> None:
+    """Samples as the file holds them: JSON numbers (true, "5" or null would be read as 1.0, 5.0 or
+    refused by float() further down; none of them is a time a run wrote)."""
+    if not isinstance(timing, dict) or not isinstance(timing.get("passes"), list):
+        raise TypeError("timing must be an object with a list of passes")
+    for p in timing["passes"]:
+        for who in ("candidate_ms", "anchor_ms"):
+            rounds = p.get(who) if isinstance(p, dict) else None
+            if not isinstance(rounds, list) or not all(isinstance(r, list) for r in rounds):
+                raise TypeError(f"timing pass {str(p)[:40]}: {who} must be a list of rounds, each a list of ms")
+            bad = next((x for r in rounds for x in r
+                        if isinstance(x, bool) or not isinstance(x, (int, float)) and x not in ("nan", "inf", "-inf")), None)
+            if bad is not None:
+                raise TypeError(f"timing pass {p.get('pass')!r}: {who} holds {str(bad)[:40]!r}, not a number of ms")
+        scale = p.get("anchor_scale", 1.0)
+        if isinstance(scale, bool) or not isinstance(scale, (int, float, str)):
+            raise TypeError(f"timing pass {p.get('pass')!r}: anchor_scale = {str(scale)[:40]!r} is not a number")
+
+
+def check_timing(run: TimingRun, case_id: str) -> None:
+    """A timed row's samples: what every speed ratio is computed from. Refused: a pass not of
+    PASSES or twice, no round, candidate and anchor of different round counts, an empty round, a
+    sample or anchor scale that is zero, negative, NaN or absurdly large."""
+    checked_plan(run.plan.to_dict(), f"{case_id}: timing.plan")
+    names = [p.pass_ for p in run.passes]
+    if not names:
+        raise ValueError(f"{case_id}: timing.passes = []: a timed row times at least one pass")
+    if any(n not in PASSES for n in names) or len(set(names)) != len(names):
+        raise ValueError(f"{case_id}: timing.passes {names} must be distinct passes from {list(PASSES)}")
+    for p in run.passes:
+        where = f"{case_id}: timing pass {p.pass_}"
+        if not 1 <= p.rounds <= MAX_ROUNDS or len(p.anchor_ms) != p.rounds:
+            raise ValueError(f"{where}: {p.rounds} candidate and {len(p.anchor_ms)} anchor rounds; both must be the "
+                             f"same number in [1, {MAX_ROUNDS}]")
+        for who, rounds in (("candidate_ms", p.candidate_ms), ("anchor_ms", p.anchor_ms)):
+            for r in rounds:
+                if not 1 <= len(r) <= MAX_CALLS:
+                    raise ValueError(f"{where}: {who} has a round of {len(r)} calls (must be 1 to {MAX_CALLS})")
+                bad = next((x for x in r if not 0 < x <= MAX_CALL_MS), None)  # NaN fails too
+                if bad is not None or any(math.isnan(x) for x in r):
+                    raise ValueError(f"{where}: {who} holds {bad!r}; a timed call is a number of ms in (0, {MAX_CALL_MS:g}]")
+        if not 0 < p.anchor_scale <= MAX_ANCHOR_SCALE:
+            raise ValueError(f"{where}: anchor_scale = {p.anchor_scale!r} must be in (0, {MAX_ANCHOR_SCALE:g}]")
 
 
 def migrate_perf(payload: dict[str, Any]) -> dict[str, Any]:
@@ -452,6 +564,10 @@ def judge_perf(result: PerfResult, baseline_perf: dict[str, Any], config: PerfCo
             continue
         # a forward-only case was timed forward only: judged on the passes it has
         timed = tuple(p for p in result.plan.passes if not c.measured or c.pass_timing(p) is not None)
+        if c.measured:  # a pass the baseline times and this row does not is not judged, so it cannot pass
+            out += [_inconclusive(c.case_id, p, f"the baseline has a speed ratio for pass {p} but this run did not time "
+                                                f"it: not judged; time it again, or refresh the baseline on purpose")
+                    for p in _timed_passes(entry, PASSES) if p not in timed]
         for p in timed:
             base = baseline_estimate(entry, p)
             anchor = c.anchor_or(result.anchor)

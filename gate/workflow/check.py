@@ -34,7 +34,7 @@ from pathlib import Path
 
 from gate.compare.baselines import (
     WIDEN_KEYS, Baseline, BaselineDiff, baseline_path, diff_baselines, merge_baseline, read_baseline, refuse_lacking_cases,
-    refuse_widen, spans_machines, timed_perf, update_command, validate_written, widen_baseline,
+    forged_case_hashes, refuse_widen, spans_machines, timed_perf, update_command, validate_written, widen_baseline,
 )
 from gate.core.config import Config, known_failures_in, own_kernel, tolerance_changes
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
@@ -132,6 +132,17 @@ def refuse_results_of_another_config(plan: RunPlan, sweep: SweepResult, path: Pa
     if changed:
         raise UserError(f"{path}: measured with other tolerance multipliers than {config.source} sets "
                         f"({', '.join(changed)}); re-run the sweep with this config")
+    refuse_foreign_rows(plan, sweep, path, "re-run the sweep with this config")
+
+
+def refuse_foreign_rows(plan: RunPlan, sweep: SweepResult, source: object, fix: str) -> None:
+    """Each row's case must be the suite's case of that id: a row whose case was edited (another
+    seqlen under the same id) measured something else, and must not be judged or recorded as it."""
+    by_id = {c.id: c for c in plan.suite.swept_cases}
+    foreign = [c.case_id for c in sweep.cases if by_id.get(c.case_id) != c.case]
+    if foreign:
+        raise UserError(f"{source}: {len(foreign)} rows measured a case that is not the suite's case of that id "
+                        f"({', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''}); {fix}")
 
 
 def resolve_target(config: Config, kernel: str | None, suite: str | None, device: str | None,
@@ -194,6 +205,12 @@ def require_complete_baseline(plan: RunPlan, baseline: Baseline, path: Path) -> 
                 f"has {len(empty)} PASS rows without ratios ({', '.join(empty[:3])}{' ...' if len(empty) > 3 else ''})")
         raise UserError(f"{path}: the baseline {what}, so they would not be gated; restore it with `git checkout -- {path}` "
                         f"or regenerate it with `{update_command(baseline.kernel, baseline.suite, baseline.gpu_class)}`")
+    forged = forged_case_hashes(baseline, suite.swept_hashes())
+    if forged:
+        raise UserError(f"{path}: the case_hash of {len(forged)} rows names another case than suite {baseline.suite!r}'s "
+                        f"case of that id ({', '.join(forged[:3])}{' ...' if len(forged) > 3 else ''}): the rows were "
+                        f"edited or measured on other cases; restore it with `git checkout -- {path}` or regenerate it "
+                        f"with `{update_command(baseline.kernel, baseline.suite, baseline.gpu_class)}`")
     if not any(c.measured for c in baseline.correctness.values()):
         raise UserError(f"{path}: every case of the baseline is SKIP, so it gates nothing; regenerate it on a machine "
                         f"where the kernel runs (`{update_command(baseline.kernel, baseline.suite, baseline.gpu_class)}`)")
@@ -338,12 +355,9 @@ def require_complete_run(plan: RunPlan, sweep: SweepResult, source: object, path
     pattern = only_pattern(scope)
     wanted = [c.id for c in suite.swept_cases if pattern is None or pattern.search(c.id)]
     ran = {c.case_id for c in sweep.cases}
-    by_id = {c.id: c for c in suite.swept_cases}
-    foreign = [c.case_id for c in sweep.cases if by_id.get(c.case_id) != c.case]
-    if foreign:  # the row's case is what its case_hash in the baseline will say was measured
-        raise UserError(f"{source}: {len(foreign)} rows measured a case that is not the suite's case of that id "
-                        f"({', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''}); a baseline of them would "
-                        f"compare other cases: update from a run of the suite as it is now (`{redo}`)")
+    # the row's case is what its case_hash in the baseline will say was measured
+    refuse_foreign_rows(plan, sweep, source, f"a baseline of them would compare other cases: update from a run of the "
+                                             f"suite as it is now (`{redo}`)")
     missing = [cid for cid in wanted if cid not in ran]
     if missing:
         within = f" matching --only {scope!r}" if scope is not None else ""

@@ -114,6 +114,10 @@ class WorkerGone(Exception):
         self.stderr = stderr
 
 
+# How a message names the timeout a case ran under when --case-timeout was not given.
+CASE_TIMEOUT_SETTING = "[tool.attn-gate.isolation] case_timeout_s + timeout_s_per_gflop x its GFLOPs"
+
+
 def case_timeout(case: Case, cfg: IsolationConfig, check_names: tuple[str, ...] = ()) -> float:
     """Seconds a case may take in its worker: a base plus time per GFLOP of its forward+backward on
     every seed, times the extra runs its probes make (determinism runs it 10 more times)."""
@@ -236,7 +240,7 @@ class Worker:
             return bool(select.select([self.proc.stdout.fileno()], [], [], 0)[0]) and self.proc.poll() is None
         return False
 
-    def call(self, request: dict, timeout: float) -> dict:
+    def call(self, request: dict, timeout: float, setting: str = "--case-timeout") -> dict:
         """The worker's reply to `request`: the one line that echoes the request's id, alone. A line
         without it, or one more line after it, was not written by the worker's loop (a kernel wrote
         to the reply pipe): the worker is garbled, killed, and the case is an ERROR."""
@@ -252,7 +256,7 @@ class Worker:
         while b"\n" not in self._buf:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise self._gone(f"timed out after {timeout:.0f} s (--case-timeout); the worker was killed")
+                raise self._gone(f"timed out after {timeout:.0f} s ({setting}); the worker was killed")
             exited = self.proc.poll() is not None  # before the read: a reply sent just before exiting still counts
             ready, _, _ = select.select([fd], [], [], 0 if exited else min(left, POLL_S))
             if ready:
@@ -340,7 +344,7 @@ class Slot:
         family = self.pool.family
         hello = self.worker.call({"op": "hello", "kernel": self.pool.kernel, "device": self.pool.device,
                                   "family": None if family is None else dataclasses.asdict(family)},
-                                 self.pool.cfg.worker_start_timeout_s)
+                                 self.pool.cfg.worker_start_timeout_s, "[tool.attn-gate.isolation] worker_start_timeout_s")
         return self.worker, hello
 
     def discard(self) -> None:
@@ -445,7 +449,8 @@ class WorkerPool:
         with self.slot() as slot:
             start = time.perf_counter()  # a case's seconds: its own run and judging, not its wait for the slot
             self.tmpdir.mkdir(parents=True, exist_ok=True)  # a kernel of an earlier case may have deleted it
-            ran = run_in_worker(slot, case, check_names, timeout or case_timeout(case, self.cfg, check_names), file)
+            ran = run_in_worker(slot, case, check_names, timeout or case_timeout(case, self.cfg, check_names), file,
+                                "--case-timeout" if timeout else CASE_TIMEOUT_SETTING)
             ref_device, generation = slot.ref_device, slot.generation
         if isinstance(ran, CaseResult):
             return ran
@@ -517,7 +522,8 @@ def _error(case: Case, reason: str, start: float, traceback: str = "") -> CaseRe
                       traceback=traceback[-2000:])
 
 
-def run_in_worker(slot: Slot, case: Case, check_names: tuple[str, ...], timeout: float, file: Path) -> "CaseResult | dict":
+def run_in_worker(slot: Slot, case: Case, check_names: tuple[str, ...], timeout: float, file: Path,
+                  setting: str = "--case-timeout") -> "CaseResult | dict":
     """One case's kernel run in the slot's worker, its raw outputs written to `file`: the worker's
     reply (status RAN) for judge_raw_outputs, or the case's row when there is nothing to judge (a
     SKIP, the kernel's FAIL or ERROR, a dead or hung worker)."""
@@ -526,7 +532,8 @@ def run_in_worker(slot: Slot, case: Case, check_names: tuple[str, ...], timeout:
         worker, hello = slot.ensure()
         if "user_error" in hello:
             return _error(case, f"a fresh worker could not load the kernel: {hello['user_error']}", start)
-        reply = worker.call({"op": "case", "case": case.to_dict(), "checks": list(check_names), "file": str(file)}, timeout)
+        reply = worker.call({"op": "case", "case": case.to_dict(), "checks": list(check_names), "file": str(file)}, timeout,
+                            setting)
     except WorkerGone as exc:
         slot.discard()
         # a dead worker has no Python traceback to send: its stderr's last lines (faulthandler's
@@ -627,7 +634,8 @@ class PerfWorker:
             worker, hello = slot.ensure()
             if "user_error" in hello:
                 return PerfCaseResult(case=case, status="ERROR", reason=str(hello["user_error"])[:300], anchor=anchor)
-            reply = worker.call({"op": "perf_case", "case": case.to_dict(), "anchor": anchor, "plan": plan.to_dict()}, timeout)
+            reply = worker.call({"op": "perf_case", "case": case.to_dict(), "anchor": anchor, "plan": plan.to_dict()}, timeout,
+                                CASE_TIMEOUT_SETTING + " + 5 s per timed round and pass")
             if reply.get("restart"):
                 slot.discard()
             return PerfCaseResult.from_dict(reply["result"])

@@ -44,8 +44,9 @@ def _same(key: str, was: Any, now: Any) -> bool:
     return was == now
 
 
-def read_journal(path: Path, header: dict[str, Any]) -> tuple[str, dict[str, CaseResult]]:
-    """(started_at of the journal's run, finished results by case id) for `--resume`."""
+def read_journal(path: Path, header: dict[str, Any], cases=None) -> tuple[str, dict[str, CaseResult]]:
+    """(started_at of the journal's run, finished results by case id) for `--resume`. `cases`: the
+    run's cases; a row whose case is not the run's case of that id (edited) is refused."""
     if not path.is_file():
         raise UserError(f"--resume: there is no journal at {path} (nothing to resume); run without --resume, or pass "
                         f"the --out folder of the interrupted run")
@@ -61,7 +62,12 @@ def read_journal(path: Path, header: dict[str, Any]) -> tuple[str, dict[str, Cas
             raise UserError(f"--resume: {path} was written by another run: {key} was {first.get(key)!r}, now "
                             f"{header.get(key)!r}; resume with the same kernel, suite, config, options and machine, "
                             f"or run without --resume")
-    return str(first.get("started_at", "")), _finished(path, lines)
+    done = _finished(path, lines)
+    for case in cases or ():
+        if case.id in done and done[case.id].case != case:
+            raise UserError(f"--resume: {path} holds a row for {case.id} that measured another case than this run's "
+                            f"case of that id (edited?); run without --resume to start afresh")
+    return str(first.get("started_at", "")), done
 
 
 def journal_results(path: Path) -> dict[str, CaseResult]:
@@ -99,6 +105,16 @@ def _finished(path: Path, lines: list[str]) -> dict[str, CaseResult]:
     return done
 
 
+_STARTED: list[Path] = []  # journals this process wrote a header to or resumed: what --resume can go on with
+
+
+def started_here(out_dir: Path) -> bool:
+    """Whether this process wrote or resumed a journal in `out_dir` that is on disk (a run stopped
+    before its journal was written has none: a `--resume` hint would only fail with "no journal")."""
+    out = os.path.realpath(out_dir)
+    return any(os.path.realpath(p.parent) == out and p.is_file() for p in _STARTED)
+
+
 class Journal:
     """Append-only: `start` writes the header (fresh run) or keeps the file (resume); `add` appends."""
 
@@ -112,8 +128,10 @@ class Journal:
                 data = fh.read()
                 if data and not data.endswith(b"\n"):
                     fh.truncate(data.rfind(b"\n") + 1)
+            _STARTED.append(self.path)
             return
         write_text_atomic(self.path, json.dumps({"kind": KIND, "schema_version": SCHEMA_VERSION, **header}, sort_keys=True) + "\n")
+        _STARTED.append(self.path)
 
     def add(self, result: CaseResult) -> None:
         with open(self.path, "a", encoding="utf-8") as fh:

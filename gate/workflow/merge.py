@@ -38,7 +38,13 @@ def read_shard(folder: Path) -> tuple[Path, SweepResult]:
     files = sorted(folder.glob("sweep-*.json"))
     if len(files) != 1:
         raise UserError(f"merge: {folder} holds {len(files)} sweep-*.json files, expected 1 (one shard per --out folder)")
-    return files[0], read_results(files[0], None, None)
+    sweep = read_results(files[0], None, None)
+    try:
+        for note in sweep.notes:
+            note_shard(note)
+    except ValueError as exc:
+        raise UserError(f"merge: {files[0]}: {exc}; regenerate the shard with `attn-gate sweep --shard K/N`") from None
+    return files[0], sweep
 
 
 def merge_shards(folders: list[Path], config: Config) -> SweepResult:

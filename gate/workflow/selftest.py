@@ -328,10 +328,12 @@ def refuse_slowdown_case(pattern: str, config: Config, suite: str, device: str, 
     if device != "cuda" and not rehearse:
         raise UserError("--slowdown-case: planted slowdowns need a CUDA GPU; on a CPU add --rehearse-slowdowns-on-cpu "
                         "(plumbing only) or drop --slowdown-case")
+    from gate.core.patterns import bounded_regex
+
     try:
-        compiled = re.compile(pattern)
-    except re.error as exc:
-        raise UserError(f"--slowdown-case {pattern!r} is not a regular expression ({exc})") from None
+        compiled = bounded_regex(pattern)
+    except ValueError as exc:
+        raise UserError(f"--slowdown-case {pattern[:200]!r} {exc}") from None
     if not any(compiled.search(c.id) for c in select_perf_cases(suite, config)):
         raise UserError(f"--slowdown-case {pattern!r} matches no perf case of suite {suite!r} (`attn-gate suites --cases` "
                         f"marks them [perf])")

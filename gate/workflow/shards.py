@@ -13,15 +13,25 @@ import re
 from gate.core.cases import Case
 from gate.core.errors import UserError
 
+MAX_SHARDS = 1000
 CASE_OVERHEAD_FLOPS = 2e8  # a case's fixed cost (inputs, references, launch) in FLOP-equivalents
 
 
 def parse_shard(text: str | None) -> tuple[int, int] | None:
     if text is None:
         return None
-    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
-    if not m or not 1 <= int(m.group(1)) <= int(m.group(2)) or int(m.group(2)) > 1000:
-        raise UserError(f"--shard {text!r}: expected K/N with 1 <= K <= N <= 1000, e.g. --shard 1/2")
+    shard = shard_numbers(str(text))
+    if shard is None:
+        raise UserError(f"--shard {text!r}: expected K/N with 1 <= K <= N <= {MAX_SHARDS}, e.g. --shard 1/2")
+    return shard
+
+
+def shard_numbers(text: str) -> tuple[int, int] | None:
+    """K/N with 1 <= K <= N <= MAX_SHARDS, or None: the one bound for `--shard` and for the shard
+    note `merge` reads back (a note of 1/1000000000000 would make merge plan a trillion parts)."""
+    m = re.fullmatch(r"\s*(\d{1,7})\s*/\s*(\d{1,7})\s*", text)
+    if not m or not 1 <= int(m.group(1)) <= int(m.group(2)) <= MAX_SHARDS:
+        return None
     return int(m.group(1)), int(m.group(2))
 
 
@@ -54,5 +64,12 @@ def shard_note(shard: tuple[int, int]) -> str:
 
 
 def note_shard(note: str) -> tuple[int, int] | None:
-    m = re.fullmatch(r"shard (\d+)/(\d+)", note)
-    return (int(m.group(1)), int(m.group(2))) if m else None
+    """The K/N of a shard note; None for another note. A shard note out of bounds (1/0,
+    1/1000000000000) is a ValueError: the file's reader reports it as a bad field."""
+    m = re.fullmatch(r"shard (\S+)", note)
+    if not m:
+        return None
+    shard = shard_numbers(m.group(1))
+    if shard is None:
+        raise ValueError(f"notes: {note!r} is not a shard K/N with 1 <= K <= N <= {MAX_SHARDS}")
+    return shard

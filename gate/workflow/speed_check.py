@@ -253,6 +253,9 @@ def refuse_perf_of_another_run(perf: PerfResult, kernel: str, suite: str, enviro
         if wanted != found:
             raise UserError(f"--perf-results {where}: timings of {what} {found!r}, but the results and baseline are for "
                             f"{wanted!r}; pass `attn-gate perf` output of the same {what}")
+    if perf.device != environment.get("device", perf.device):
+        raise UserError(f"--perf-results {where}: device = {perf.device!r} but the results ran on "
+                        f"{environment.get('device')!r}; pass `attn-gate perf` output timed on the sweep's device")
     for key in RUN_KEYS:
         if key in environment and perf.environment.get(key) != environment.get(key):
             raise UserError(f"--perf-results {where}: timed with {key}={perf.environment.get(key)!r} but the results ran "

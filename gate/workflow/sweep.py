@@ -139,7 +139,7 @@ def _run_isolated(plan: RunPlan, progress: bool, check_names: tuple[str, ...], c
         if options.out_dir is not None:
             journal = Journal(journal_path(options.out_dir, kernel, suite.name))
             if options.resume:
-                started, done = read_journal(journal.path, header)
+                started, done = read_journal(journal.path, header, cases)
                 done = {c.id: done[c.id] for c in cases if c.id in done}
                 print(f"attn-gate: --resume: {len(done)} of {len(cases)} cases are done in {journal.path}; "
                       f"running the other {len(cases) - len(done)}", file=sys.stderr)

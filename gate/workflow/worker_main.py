@@ -18,8 +18,10 @@ Depth checks (probes: determinism, dropout statistics) run here and send their C
 The process dies with the gate (PR_SET_PDEATHSIG on Linux), and it ends itself after a case that
 changed its state (grad mode, default dtype, a torch function patched): `state_fingerprint`
 before and after the case differ, the reply asks for a restart, so a later case never runs in a
-process a kernel broke. A replaced function of the gate's own code here (this module, json,
-gate.*) makes the case itself an ERROR: its reply was made by code the kernel rewrote.
+process a kernel broke. A replaced attribute of the gate's own code here (this module, json,
+gate.*: functions, classes and their dunders, rebound constants), of torch.Tensor (its operators
+`__matmul__`, `__truediv__` ...) or of the autograd engine makes the case itself an ERROR: its
+reply was made by, or passed through, code the kernel rewrote.
 
 It is the subreaper of everything the kernel starts (PR_SET_CHILD_SUBREAPER): an orphan, even one
 in a session of its own with an empty environment, stays its descendant, so `process_tree`
@@ -35,6 +37,8 @@ import time
 import ctypes
 import signal
 import importlib
+import inspect
+import types
 from gate.core.cases import Case
 from gate.correctness.probes.registry import checks_for
 from gate.core.errors import UserError, first_line
@@ -119,7 +123,7 @@ def kill_tree(root: int) -> None:
 
 
 # Where a kernel reaches for process-wide state: the functions of these namespaces (by identity).
-_WATCHED = ("torch", "torch.nn.functional", "torch.autograd", "torch.Tensor")
+_WATCHED = ("torch", "torch.nn.functional", "torch.autograd")  # with torch.Tensor and the autograd engine
 # What torch replaces itself on a lazy import (torch._dynamo wraps torch.manual_seed): not a kernel's doing
 _TORCH_REWRAPS = {("torch", "manual_seed")}
 # The gate's own code in this process: this module (run as __main__), json, and every gate.* module
@@ -133,16 +137,42 @@ def _functions(space_name: str, space) -> list[tuple[str, str, int]]:
 
 
 def _own_functions() -> list[tuple[str, str, int]]:
-    """The functions of the gate's own modules here, with those of the classes they define."""
+    """The gate's own modules here: every module-level name (functions, classes, constants: a
+    rebound constant changes what a later case computes too) and every attribute of the classes
+    they define, dunders included (`__post_init__`, `__init__`)."""
     funcs = []
     for name, module in sorted(sys.modules.items()):
         if module is None or not (name in _OWN_MODULES or name == "gate" or name.startswith("gate.")):
             continue
-        funcs += _functions(name, module)
+        if name in _OWN_MODULES:
+            funcs += _functions(name, module)
+        else:
+            funcs += [(name, attr, id(value)) for attr, value in sorted(vars(module).items())
+                      if not attr.startswith("__") and not isinstance(value, types.ModuleType)]
         for cls_name, value in sorted(vars(module).items()):
             if isinstance(value, type) and getattr(value, "__module__", None) == module.__name__:
-                funcs += _functions(f"{name}.{cls_name}", value)
+                funcs += [(f"{name}.{cls_name}", attr, id(v)) for attr, v in sorted(vars(value).items())
+                          if attr not in ("__dict__", "__weakref__", "__doc__")]
     return funcs
+
+
+def _class_attributes(space_name: str, cls: type) -> list[tuple[str, str, int]]:
+    """Every attribute a class resolves (its MRO's, dunders included), by identity of the stored
+    object: `torch.Tensor.__matmul__ = f` sets a new one where the C base's was found before."""
+    return [(space_name, attr, id(inspect.getattr_static(cls, attr))) for attr in sorted(dir(cls))
+            if attr not in ("__dict__", "__weakref__", "__doc__")]
+
+
+def _autograd_engine() -> list[tuple[str, str, int]]:
+    """The autograd engine as Python reaches it: the engine object `backward` and `grad` run on,
+    the functions of torch.autograd's graph and function modules, and the Function class."""
+    import torch.autograd.function as function
+    import torch.autograd.graph as graph
+    from torch.autograd.variable import Variable
+
+    found = [("torch.autograd.variable.Variable", "_execution_engine", id(Variable._execution_engine))]
+    found += _functions("torch.autograd.graph", graph) + _functions("torch.autograd.function", function)
+    return found + _class_attributes("torch.autograd.Function", function.Function)
 
 
 def state_fingerprint() -> tuple:
@@ -153,8 +183,9 @@ def state_fingerprint() -> tuple:
 
     funcs = []
     for name in _WATCHED:
-        space = torch.Tensor if name == "torch.Tensor" else importlib.import_module(name)
+        space = importlib.import_module(name)
         funcs += [f for f in _functions(name, space) if (f[0], f[1]) not in _TORCH_REWRAPS]
+    funcs += _class_attributes("torch.Tensor", torch.Tensor) + _autograd_engine()
     return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.get_default_dtype(),
             torch.are_deterministic_algorithms_enabled(), tuple(funcs), tuple(_own_functions()))
 
@@ -176,9 +207,17 @@ def state_change(before: tuple, after: tuple) -> str | None:
     return _replaced(before[4], after[4]) or own_change(before, after)
 
 
+# Spaces whose replacement makes the case's own reply untrusted (its outputs went through them to
+# the gate: detach, to, clone, torch.save's pickling of tensors), besides the gate's own code.
+_REPLY_PATHS = ("torch.Tensor", "torch.autograd.variable.Variable", "torch.autograd.graph", "torch.autograd.function",
+                "torch.autograd.Function")
+
+
 def own_change(before: tuple, after: tuple) -> str | None:
-    """A replaced function of the gate's own code: the case's reply is not to be trusted."""
-    return _replaced(before[5], after[5])
+    """A replaced function of the gate's own code, of torch.Tensor or of the autograd engine: the
+    case's reply was made by code the kernel rewrote, so it is not to be trusted."""
+    reply_path = [f for f in before[4] if f[0] in _REPLY_PATHS]
+    return _replaced(before[5], after[5]) or _replaced(reply_path, after[4])
 
 
 def _send(channel, payload: dict, dumps=json.dumps) -> None:
