@@ -1,16 +1,19 @@
 """How often the speed rule FAILs an unchanged kernel (A/A) and a planted slower pass, on this machine.
 
     .venv/bin/python scripts/speed_rule_benchmark.py [--kernel sdpa-cpu] [--suite smoke] [--case REGEX]
-                                                     [--trials 10] [--slowdown-pct 200] [--pass bwd] [--json FILE]
+                                                     [--trials 10] [--slowdown-pct 200] [--pass bwd]
+                                                     [--planted delay|repeat] [--json FILE]
 
 A benchmark of the rule, not a unit test: it times real kernels, so its numbers depend on the
 machine and on what else runs there (that is the point: a noisy shared CPU). One speed baseline is
 measured as `baseline update --perf` does (max(confirm_rounds, rounds) rounds), then `--trials`
 times each: the unchanged kernel (A/A) and the kernel with the chosen pass slowed by
-`--slowdown-pct` (200: 3x slower) with gate/speed/planted.py's delay (a busy-wait on a CPU, a
-`torch.cuda._sleep` on a GPU). Every trial is judged by `judge_perf` with the config's rule, confirm
-re-runs included, exactly as `attn-gate check --perf` judges. Prints per trial the change with its
-interval and the verdict, then the FAIL counts. Exit 0 when A/A has no FAIL and every slowed trial
+`--slowdown-pct` (200: 3x slower) by gate/speed/planted.py: on a GPU its `torch.cuda._sleep` delay,
+on a CPU its repeated work (`--planted repeat`: the kernel run 3 times, so the extra work is slowed
+by the machine's load as the kernel is; `--planted delay`, a fixed busy-wait, shrinks against it).
+Every trial is judged by `judge_perf` with the config's rule, confirm re-runs included, exactly as
+`attn-gate check --perf` judges. Prints per trial the change with its interval and the verdict,
+then the FAIL counts. Exit 0 when A/A has no FAIL and every slowed trial
 FAILs, else 1.
 """
 
@@ -27,7 +30,7 @@ from pathlib import Path
 from gate.core.config import load_config
 from gate.core.environment import default_device
 from gate.kernels.registry import resolve_kernel
-from gate.speed.planted import CPU_CYCLES_PER_MS, SlowedKernel, planted_cycles
+from gate.speed.planted import CPU_CYCLES_PER_MS, RepeatedKernel, SlowedKernel, planted_cycles
 from gate.speed.runs import PerfResult, baseline_entry, case_anchor, judge_perf, measure_case, select_perf_cases
 from gate.speed.timing import PASSES, TimingPlan, sleep_cycles_per_ms
 
@@ -41,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--slowdown-pct", type=float, default=200.0, help="planted slowdown of the pass, percent (200: 3x)")
     ap.add_argument("--pass", dest="pass_", choices=PASSES, default="bwd")
+    ap.add_argument("--planted", choices=("delay", "repeat"), default=None,
+                    help="delay: a busy-wait / torch.cuda._sleep of slowdown-pct of the pass's baseline time "
+                         "(default on a GPU); repeat: the kernel's work run 1 + slowdown-pct/100 times, a whole "
+                         "number (default on a CPU, where a fixed delay shrinks against the load)")
     ap.add_argument("--config", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None, help="also write every trial here")
     args = ap.parse_args(argv)
@@ -73,8 +80,18 @@ def main(argv: list[str] | None = None) -> int:
 
     pass_ms = base.pass_timing(args.pass_).candidate_median_ms
     cycles_per_ms = sleep_cycles_per_ms(samples=5) if device == "cuda" else CPU_CYCLES_PER_MS
-    cycles = planted_cycles(args.slowdown_pct, pass_ms, cycles_per_ms)
-    slowed = SlowedKernel(adapter, **{f"{args.pass_}_cycles": cycles})
+    planted = args.planted or ("delay" if device == "cuda" else "repeat")
+    if planted == "repeat":
+        times = 1 + args.slowdown_pct / 100
+        if times != int(times):
+            print(f"--planted repeat needs a whole number of repeats: --slowdown-pct {args.slowdown_pct:g} gives {times:g}",
+                  file=sys.stderr)
+            return 2
+        slowed = RepeatedKernel(adapter, int(times))
+    else:
+        cycles = planted_cycles(args.slowdown_pct, pass_ms, cycles_per_ms)
+        slowed = SlowedKernel(adapter, **{f"{args.pass_}_cycles": cycles})
+    print(f"planted: {slowed.description}", flush=True)
     trials = []
     for name, kernel, level in (("A/A", adapter, 0.0), (f"{args.pass_} +{args.slowdown_pct:g}%", slowed, args.slowdown_pct)):
         for i in range(args.trials):
@@ -89,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                 return again.estimate(pass_) if again.measured else None
 
             (j,) = judge_perf(result, baseline_perf, cfg, remeasure)
-            trials.append({"experiment": name, "level_pct": level, "trial": i, "severity": j.severity.value,
+            trials.append({"experiment": name, "level_pct": level, "planted": planted if level else "", "trial": i, "severity": j.severity.value,
                            "change": j.change, "ci": [j.ci_low, j.ci_high], "confirmed": j.confirmed,
                            "remeasured": j.first_change == j.first_change,  # NaN unless a re-run decided
                            "wall_s": round(time.perf_counter() - t1, 2), "message": j.message})

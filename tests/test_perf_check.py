@@ -13,7 +13,7 @@ from gate.core.config import Config, PerfConfig, load_config
 from gate.core.errors import UserError
 from gate.compare.findings import decide
 from gate.speed.runs import PerfCaseResult, PerfResult, baseline_entry, judge_perf, measure_case, perf_cases
-from gate.workflow.speed_check import perf_findings
+from gate.workflow.speed_check import perf_findings, refuse_noisy
 from gate.speed.timing import PASSES, PassTiming, TimingPlan, TimingRun
 
 CONFIG = """
@@ -66,7 +66,8 @@ def write_config(tmp: Path, extra: str = "") -> Path:
 def project(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = write_config(tmp_path)
-    assert main(["baseline", "update", "--device", "cpu", "--perf", "--config", str(cfg), "--no-progress",
+    # CPU timings of 7 rounds are often noisier than max_noise_pct: recorded marked noisy
+    assert main(["baseline", "update", "--device", "cpu", "--perf", "--accept-noisy", "--config", str(cfg), "--no-progress",
                  "--out", str(tmp_path / "out")]) == 0
     baseline = tmp_path / "baselines" / "cpu" / "sdpa-cpu-tiny.json"
     return tmp_path, baseline
@@ -439,3 +440,90 @@ def test_perf_results_need_a_results_file(tmp_path, capsys):
     assert main(["check", "--device", "cpu", "--config", str(cfg), "--perf-results", str(tmp_path / "p.json"),
                  "--out", str(tmp_path / "out")]) == 2
     assert "pass --results too" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- a noisy speed section
+
+
+def _section(noise: float) -> dict:
+    entry = baseline_entry(measured(A), ANCHOR)
+    return {A.id: {**entry, "bwd": {**entry["bwd"], "noise": noise}}}
+
+
+def test_a_speed_section_noisier_than_max_noise_pct_is_refused_in_one_line():
+    cfg = PerfConfig()  # noise_k 3, max_noise_pct 5
+    with pytest.raises(UserError) as err:
+        refuse_noisy(_section(0.071), cfg, accept_noisy=False, where="baseline update --perf")
+    msg = str(err.value)
+    assert "\n" not in msg and f"{A.id} bwd has noise 21.3%" in msg and "max_noise_pct 5%" in msg
+    assert "--accept-noisy" in msg and "nothing written" in msg
+    quiet = _section(0.01)  # a 3% band: recorded as it is
+    assert refuse_noisy(quiet, cfg, accept_noisy=False, where="x") == quiet
+    assert "noisy" not in json.dumps(quiet)
+
+
+def test_accept_noisy_records_the_noisy_passes_marked_and_check_says_so():
+    marked = refuse_noisy(_section(0.071), PerfConfig(), accept_noisy=True, where="x")
+    assert marked[A.id]["bwd"]["noisy"] is True and "noisy" not in marked[A.id]["fwd"]
+    js = judge_perf(run_of(measured(A)), marked, PerfConfig())
+    notes = {j.pass_: "recorded as noisy" in j.message for j in js}
+    assert notes == {"fwd": False, "bwd": True}, [j.message for j in js]
+
+
+@pytest.mark.slow
+def test_baseline_update_perf_refuses_a_noisy_section_and_writes_nothing(project, capsys):
+    tmp, baseline = project
+    before = baseline.read_text()
+    write_config(tmp, "max_noise_pct = 0.000001")  # any real timing is noisier than this
+    cfg = str(tmp / "pyproject.toml")
+    capsys.readouterr()
+    assert main(["baseline", "update", "--device", "cpu", "--perf", "--config", cfg, "--no-progress",
+                 "--out", str(tmp / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"speed of {CASE}" in err and "max_noise_pct 1e-06%" in err and "--accept-noisy" in err, err
+    assert baseline.read_text() == before
+    assert main(["baseline", "update", "--device", "cpu", "--perf", "--accept-noisy", "--config", cfg, "--no-progress",
+                 "--out", str(tmp / "out")]) == 0
+    perf = json.loads(baseline.read_text())["perf"][CASE]
+    assert perf["fwd"]["noisy"] is True and perf["bwd"]["noisy"] is True
+    check(tmp, "--perf")
+    assert all("recorded as noisy" in f["message"] for f in speed_findings(tmp))
+
+
+def test_accept_noisy_without_speed_timing_is_a_usage_error(tmp_path, capsys):
+    cfg = write_config(tmp_path)
+    assert main(["baseline", "update", "--device", "cpu", "--no-perf", "--accept-noisy", "--config", str(cfg),
+                 "--out", str(tmp_path / "out")]) == 2
+    assert "--accept-noisy" in capsys.readouterr().err
+    assert not (tmp_path / "baselines").exists()
+
+
+def test_repeated_work_gives_the_same_values_and_runs_the_backward_n_times():
+    """The CPU benchmark's planted 3x slower kernel: the same output and gradients, 3x the work."""
+    import torch
+
+    from gate.kernels.registry import get_adapter
+    from gate.speed.planted import RepeatedKernel
+    from gate.speed.timing import KernelWorkload
+
+    inner = get_adapter("sdpa-math")
+    plain, slowed = KernelWorkload(inner, A, "cpu"), KernelWorkload(RepeatedKernel(inner, 3), A, "cpu")
+    for w in (plain, slowed):
+        w.prepare()
+    assert torch.equal(plain.run("fwd"), slowed.run("fwd"))
+    assert all(torch.equal(a, b) for a, b in zip(plain.run("bwd"), slowed.run("bwd")))
+    backward_nodes = lambda w: sum(1 for n in _graph(w._out.grad_fn) if "Attention" in type(n).__name__ or "Bmm" in type(n).__name__)
+    assert backward_nodes(slowed) == 3 * backward_nodes(plain) > 0
+    with pytest.raises(ValueError):
+        RepeatedKernel(inner, 0)
+
+
+def _graph(node, seen=None):
+    """Every autograd node reachable from `node`."""
+    seen = set() if seen is None else seen
+    if node is None or node in seen:
+        return seen
+    seen.add(node)
+    for nxt, _ in node.next_functions:
+        _graph(nxt, seen)
+    return seen

@@ -51,6 +51,9 @@ TABLE = [
      noisy_rounds(1.5, 0.2, 30, seed=3), PerfSeverity.FAIL, True),
     ("cpu-unchanged-with-20pct-noise", CPU_RULES, CPU_BASE, noisy_rounds(0.5, 0.2, 15, seed=4), None,
      PerfSeverity.OK, False),
+    ("cpu-drift-of-minus-20pct-is-no-warning", CPU_RULES, CPU_BASE, noisy_rounds(0.4, 0.05, 15, seed=5), None,
+     PerfSeverity.OK, False),
+    ("cpu-2x-faster-warns", CPU_RULES, CPU_BASE, noisy_rounds(0.25, 0.05, 15, seed=5), None, PerfSeverity.WARN, False),
     ("cpu-unchanged-at-the-gpu-limit-is-not-a-fail", RULES, CPU_BASE, noisy_rounds(0.5, 0.2, 15, seed=4), None,
      PerfSeverity.INCONCLUSIVE, False),
 ]

@@ -11,7 +11,7 @@ baseline's by an interval, not a point:
     FAIL          the whole interval is above +limit   (then re-measured: confirm_rounds)
     OK            the whole interval is at or below +limit
     INCONCLUSIVE  the interval straddles +limit        (then re-measured: confirm_rounds)
-    WARN          the whole interval is below -improvement_pct (refresh the baseline)
+    WARN          the whole interval is below -max(improvement_pct, limit) (refresh the baseline)
 
 The interval is the significance gate (it replaces "noise_k x noise", which only bounds what a
 baseline may record: max_noise_pct); the limit is the practical size (pyperf's compare_to:
@@ -247,9 +247,11 @@ def judge(case_id: str, pass_: str, baseline: RatioEstimate | None, current: Rat
                              message=f"{first}: slower, the whole interval above the {rules.regression_pct:g}% limit; "
                                      f"not yet confirmed{noisy}")
     if high <= limit:
-        if high < -rules.improvement_pct / 100:
+        # an improvement is news only beyond what would count as a regression here (a CPU's 25%)
+        faster = max(rules.improvement_pct, rules.regression_pct)
+        if high < -faster / 100:
             return PerfJudgement(**base, **values, severity=PerfSeverity.WARN,
-                                 message=f"{first}: faster, the whole interval below -{rules.improvement_pct:g}%: refresh "
+                                 message=f"{first}: faster, the whole interval below -{faster:g}%: refresh "
                                          f"the baseline, and check the kernel still does all its work{noisy}")
         return PerfJudgement(**base, **values, severity=PerfSeverity.OK,
                              message=f"{first}: within the {rules.regression_pct:g}% limit{noisy}")
