@@ -166,7 +166,7 @@ def test_speed_section_from_a_perf_file_made_elsewhere(project):
     baseline.write_text(json.dumps(data))
     sweep = next((tmp / "out").glob("sweep-*.json"))
     assert main(["baseline", "update", "--device", "cpu", "--config", cfg, "--from-results", str(sweep),
-                 "--perf-from", str(perf_file), "--out", str(tmp / "out")]) == 0
+                 "--perf-from", str(perf_file), "--accept-noisy", "--out", str(tmp / "out")]) == 0  # CPU: often noisy
     entry = json.loads(baseline.read_text())["perf"][CASE]
     assert entry["fwd"]["n"] == 7 and entry["bwd"]["median"] > 0
     other = json.loads(perf_file.read_text())
