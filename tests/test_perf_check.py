@@ -13,7 +13,7 @@ from gate.core.config import Config, PerfConfig, load_config
 from gate.core.errors import UserError
 from gate.compare.findings import decide
 from gate.speed.runs import PerfCaseResult, PerfResult, baseline_entry, judge_perf, measure_case, perf_cases
-from gate.workflow.speed_check import perf_findings
+from gate.workflow.speed_check import perf_findings, refuse_noisy
 from gate.speed.timing import PASSES, PassTiming, TimingPlan, TimingRun
 
 CONFIG = """
@@ -66,7 +66,8 @@ def write_config(tmp: Path, extra: str = "") -> Path:
 def project(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = write_config(tmp_path)
-    assert main(["baseline", "update", "--device", "cpu", "--perf", "--config", str(cfg), "--no-progress",
+    # CPU timings of 7 rounds are often noisier than max_noise_pct: recorded marked noisy
+    assert main(["baseline", "update", "--device", "cpu", "--perf", "--accept-noisy", "--config", str(cfg), "--no-progress",
                  "--out", str(tmp_path / "out")]) == 0
     baseline = tmp_path / "baselines" / "cpu" / "sdpa-cpu-tiny.json"
     return tmp_path, baseline
@@ -115,15 +116,15 @@ def test_check_joins_speed_findings_into_one_report(project):
 @pytest.mark.slow
 def test_a_far_slower_kernel_fails_and_a_lax_threshold_passes(project):
     tmp, baseline = project
-    write_config(tmp, "max_noise_pct = 100.0")  # CI noise must not turn the planted case inconclusive
+    write_config(tmp)
     doctor(baseline, 0.2)  # the baseline says the kernel was 5x faster relative to its anchor
     assert check(tmp, "--perf") == 1
     speed = [f for f in findings(tmp) if f["rule"] == "speed"]
     assert speed and all(f["severity"] == "FAIL" for f in speed), speed
-    assert all("confirmed by a re-run" in f["message"] for f in speed)
-    write_config(tmp, "max_noise_pct = 100.0\nregression_pct = 100.0")  # the most lax a threshold may be
-    doctor(baseline, 3.75)  # now 0.75x the first ratio: about +33% slower, within the lax 100%
-    assert check(tmp, "--perf") == 0, [f["message"] for f in findings(tmp) if f["rule"] == "speed"]
+    assert all("confirmed by a 7-round re-run" in f["message"] for f in speed)
+    write_config(tmp, "cpu_regression_pct = 1000.0")  # timed on a CPU: its limit applies
+    doctor(baseline, 1.0)
+    assert check(tmp, "--perf") == 0
     assert all(f["severity"] in ("OK", "WARN") for f in findings(tmp) if f["rule"] == "speed")
 
 
@@ -165,7 +166,7 @@ def test_speed_section_from_a_perf_file_made_elsewhere(project):
     baseline.write_text(json.dumps(data))
     sweep = next((tmp / "out").glob("sweep-*.json"))
     assert main(["baseline", "update", "--device", "cpu", "--config", cfg, "--from-results", str(sweep),
-                 "--perf-from", str(perf_file), "--out", str(tmp / "out")]) == 0
+                 "--perf-from", str(perf_file), "--accept-noisy", "--out", str(tmp / "out")]) == 0  # CPU: often noisy
     entry = json.loads(baseline.read_text())["perf"][CASE]
     assert entry["fwd"]["n"] == 7 and entry["bwd"]["median"] > 0
     other = json.loads(perf_file.read_text())
@@ -228,15 +229,15 @@ INC, OK = "INCONCLUSIVE", "OK"
 
 JUDGED = [
     # id, run cases, baseline perf, --only, expected (case_id, severity) per judgement, words in the first message
-    ("unchanged-passes", (measured(A),), BASE_A, None, [(A.id, OK)] * 2, "within threshold"),
+    ("unchanged-passes", (measured(A),), BASE_A, None, [(A.id, OK)] * 2, "within the 2% limit"),
     ("skipped-now-baseline-timed-it", (skipped(A),), BASE_A, None, [(A.id, INC)] * 2, "sdpa-flash refused"),
     ("skipped-now-among-passing", (measured(B), skipped(A)), BASE_AB, None, [(B.id, OK)] * 2 + [(A.id, INC)] * 2,
-     "within threshold"),
+     "within the 2% limit"),
     ("baseline-case-missing-from-run", (measured(A),), BASE_AB, None, [(A.id, OK)] * 2 + [(B.id, INC)] * 2,
-     "within threshold"),
+     "within the 2% limit"),
     ("baseline-case-missing-within-only", (measured(A),), BASE_AB, "h2", [(A.id, OK)] * 2 + [(B.id, INC)] * 2,
-     "within threshold"),
-    ("baseline-case-outside-only", (measured(A),), BASE_AB, "s32", [(A.id, OK)] * 2, "within threshold"),
+     "within the 2% limit"),
+    ("baseline-case-outside-only", (measured(A),), BASE_AB, "s32", [(A.id, OK)] * 2, "within the 2% limit"),
     ("errored-now", (errored(A),), BASE_A, None, [(A.id, INC)] * 2, "not measured: SystemExit"),
     ("skipped-then-and-now", (skipped(B),), BASE_A, "s64", [("", INC)], "speed not judged"),
     ("skipped-no-speed-baseline", (skipped(A),), {}, None, [("", INC)], "speed not judged"),
@@ -321,7 +322,7 @@ def test_only_without_a_perf_case_reports_speed_not_checked_and_keeps_correctnes
 @pytest.mark.slow
 def test_a_baseline_speed_ratio_the_run_has_no_case_for_is_inconclusive(project):
     tmp, baseline = project
-    write_config(tmp, "max_noise_pct = 100.0")  # CI noise must not decide this test
+    write_config(tmp, "cpu_regression_pct = 1000.0")  # CI noise must not decide this test
     assert check(tmp, "--perf") == 0
     add_perf_entry(baseline, "fp32-b1-h2-s48-d16")  # e.g. a perf case renamed since the baseline
     assert check(tmp, "--perf") == 1
@@ -399,11 +400,11 @@ def test_perf_files_gate_the_speed_of_a_results_file(project):
     tmp, baseline = project
     assert check_file(tmp, planted_perf(tmp, baseline, 1.0)) == 0  # the same ratio within its noise
     assert [f["severity"] for f in speed_findings(tmp)] == ["OK", "OK"]
-    assert check_file(tmp, planted_perf(tmp, baseline, 1.10)) == 1  # 10% slower: not a pass
+    assert check_file(tmp, planted_perf(tmp, baseline, 1.50)) == 1  # 50% slower (CPU limit 25%): not a pass
     speed = speed_findings(tmp)
     assert [(f["case_id"], f["severity"]) for f in speed] == [(CASE, "INCONCLUSIVE")] * 2, speed
-    assert all("slower by +10" in f["message"] and "read from a perf file, so not re-measured" in f["message"]
-               for f in speed)
+    assert all(" +50.0% [+" in f["message"] and "slower, the whole interval above the 25% limit" in f["message"]
+               and "read from a perf file, so not re-measured" in f["message"] for f in speed)
     assert "timings from 1 perf file" in (tmp / "out" / "check-sdpa-cpu-tiny.md").read_text()
     assert check_file(tmp) == 0  # without perf files: today's results-file check (no speed on a CPU)
     assert not speed_findings(tmp)
@@ -439,3 +440,90 @@ def test_perf_results_need_a_results_file(tmp_path, capsys):
     assert main(["check", "--device", "cpu", "--config", str(cfg), "--perf-results", str(tmp_path / "p.json"),
                  "--out", str(tmp_path / "out")]) == 2
     assert "pass --results too" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- a noisy speed section
+
+
+def _section(noise: float) -> dict:
+    entry = baseline_entry(measured(A), ANCHOR)
+    return {A.id: {**entry, "bwd": {**entry["bwd"], "noise": noise}}}
+
+
+def test_a_speed_section_noisier_than_max_noise_pct_is_refused_in_one_line():
+    cfg = PerfConfig()  # noise_k 3, max_noise_pct 5
+    with pytest.raises(UserError) as err:
+        refuse_noisy(_section(0.071), cfg, accept_noisy=False, where="baseline update --perf")
+    msg = str(err.value)
+    assert "\n" not in msg and f"{A.id} bwd has noise 21.3%" in msg and "max_noise_pct 5%" in msg
+    assert "--accept-noisy" in msg and "nothing written" in msg
+    quiet = _section(0.01)  # a 3% band: recorded as it is
+    assert refuse_noisy(quiet, cfg, accept_noisy=False, where="x") == quiet
+    assert "noisy" not in json.dumps(quiet)
+
+
+def test_accept_noisy_records_the_noisy_passes_marked_and_check_says_so():
+    marked = refuse_noisy(_section(0.071), PerfConfig(), accept_noisy=True, where="x")
+    assert marked[A.id]["bwd"]["noisy"] is True and "noisy" not in marked[A.id]["fwd"]
+    js = judge_perf(run_of(measured(A)), marked, PerfConfig())
+    notes = {j.pass_: "recorded as noisy" in j.message for j in js}
+    assert notes == {"fwd": False, "bwd": True}, [j.message for j in js]
+
+
+@pytest.mark.slow
+def test_baseline_update_perf_refuses_a_noisy_section_and_writes_nothing(project, capsys):
+    tmp, baseline = project
+    before = baseline.read_text()
+    write_config(tmp, "max_noise_pct = 0.000001")  # any real timing is noisier than this
+    cfg = str(tmp / "pyproject.toml")
+    capsys.readouterr()
+    assert main(["baseline", "update", "--device", "cpu", "--perf", "--config", cfg, "--no-progress",
+                 "--out", str(tmp / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"speed of {CASE}" in err and "max_noise_pct 1e-06%" in err and "--accept-noisy" in err, err
+    assert baseline.read_text() == before
+    assert main(["baseline", "update", "--device", "cpu", "--perf", "--accept-noisy", "--config", cfg, "--no-progress",
+                 "--out", str(tmp / "out")]) == 0
+    perf = json.loads(baseline.read_text())["perf"][CASE]
+    assert perf["fwd"]["noisy"] is True and perf["bwd"]["noisy"] is True
+    check(tmp, "--perf")
+    assert all("recorded as noisy" in f["message"] for f in speed_findings(tmp))
+
+
+def test_accept_noisy_without_speed_timing_is_a_usage_error(tmp_path, capsys):
+    cfg = write_config(tmp_path)
+    assert main(["baseline", "update", "--device", "cpu", "--no-perf", "--accept-noisy", "--config", str(cfg),
+                 "--out", str(tmp_path / "out")]) == 2
+    assert "--accept-noisy" in capsys.readouterr().err
+    assert not (tmp_path / "baselines").exists()
+
+
+def test_repeated_work_gives_the_same_values_and_runs_the_backward_n_times():
+    """The CPU benchmark's planted 3x slower kernel: the same output and gradients, 3x the work."""
+    import torch
+
+    from gate.kernels.registry import get_adapter
+    from gate.speed.planted import RepeatedKernel
+    from gate.speed.timing import KernelWorkload
+
+    inner = get_adapter("sdpa-math")
+    plain, slowed = KernelWorkload(inner, A, "cpu"), KernelWorkload(RepeatedKernel(inner, 3), A, "cpu")
+    for w in (plain, slowed):
+        w.prepare()
+    assert torch.equal(plain.run("fwd"), slowed.run("fwd"))
+    assert all(torch.equal(a, b) for a, b in zip(plain.run("bwd"), slowed.run("bwd")))
+    backward_nodes = lambda w: sum(1 for n in _graph(w._out.grad_fn) if "Attention" in type(n).__name__ or "Bmm" in type(n).__name__)
+    assert backward_nodes(slowed) == 3 * backward_nodes(plain) > 0
+    with pytest.raises(ValueError):
+        RepeatedKernel(inner, 0)
+
+
+def _graph(node, seen=None):
+    """Every autograd node reachable from `node`."""
+    seen = set() if seen is None else seen
+    if node is None or node in seen:
+        return seen
+    seen.add(node)
+    for nxt, _ in node.next_functions:
+        _graph(nxt, seen)
+    return seen

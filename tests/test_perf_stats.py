@@ -34,10 +34,9 @@ NAN_IN_NAN_OUT = [
     ("relative_spread", lambda: st.relative_spread(WITH_NAN)),
     ("median_ci-low", lambda: st.median_ci(WITH_NAN)[0]),
     ("median_ci-high", lambda: st.median_ci(WITH_NAN)[1]),
-    ("sign_test", lambda: st.sign_test(WITH_NAN, 0.5)),
-    ("sign_test-nan-mu", lambda: st.sign_test([1.0] * 7, NAN)),
-    ("mann_whitney-a", lambda: st.mann_whitney(WITH_NAN, [1.0, 2.0, 3.0])),
-    ("mann_whitney-b", lambda: st.mann_whitney([9.0, 8.0, 7.0], WITH_NAN)),
+    ("shift_ci-a", lambda: st.shift_ci(WITH_NAN, [1.0] * 7)[1]),
+    ("shift_ci-b", lambda: st.shift_ci([9.0, 8.0, 7.0, 6.0, 5.0, 4.0, 3.0], WITH_NAN)[2]),
+    ("shift_ci-empty", lambda: st.shift_ci([], [1.0, 2.0])[0]),
 ]
 
 
@@ -48,9 +47,9 @@ def test_a_nan_sample_gives_nan_not_an_exception(fn):
 
 def test_the_same_calls_answer_without_the_nan():
     clean = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
-    assert st.median(clean) == 4.0 and st.mad(clean) == 2.0
-    assert st.sign_test(clean, 0.5) == pytest.approx(2 ** -7)
-    assert st.mann_whitney([9.0, 8.0, 7.0], clean) < 0.05
+    assert st.median(clean) == 4.0 and st.mad(clean) == 2.0 and st.iqr(clean) == 3.0
+    est, lo, hi = st.shift_ci([x + 10 for x in clean], clean)
+    assert est == 10.0 and lo < 10.0 < hi
 
 
 def test_order_statistic_ci_for_20_samples_is_ranks_6_and_15():
@@ -64,43 +63,50 @@ def test_ci_is_nan_when_too_few_samples():
     assert st.median_ci([1, 2, 3, 4, 5, 6], 0.95) == (1.0, 6.0)  # n=6: 1 - 2/64 = 0.969
 
 
-def test_sign_test_exact_values():
-    assert st.sign_test([1.1] * 10, 1.0, "greater") == pytest.approx(2 ** -10)
-    assert st.sign_test([1.1] * 10, 1.0, "less") == 1.0
-    assert st.sign_test([0.9, 1.1], 1.0) == pytest.approx(0.75)
-    assert math.isnan(st.sign_test([1.0, 1.0], 1.0))
+def _distinct_differences(n, m):
+    """Samples whose n x m differences are all distinct: a = 0, 1, ..., b = 0.001 j."""
+    return [float(i) for i in range(n)], [0.001 * j for j in range(m)]
 
 
-def test_mann_whitney_exact_matches_enumeration():
-    # complete separation with 5 vs 5: p = 1 / C(10, 5)
-    assert st.mann_whitney([6, 7, 8, 9, 10], [1, 2, 3, 4, 5], "greater") == pytest.approx(1 / 252)
-    assert st.mann_whitney([6, 7, 8, 9, 10], [1, 2, 3, 4, 5], "less") == pytest.approx(1.0)
-    # interleaved samples: no evidence
-    assert st.mann_whitney([1, 3, 5, 7, 9], [2, 4, 6, 8, 10], "greater") > 0.5
+# n, m, k: the interval is [D_(k), D_(nm+1-k)] with k - 1 the two-sided 5% critical value of U
+# from the published Mann-Whitney tables (n = m = 5: 2; 10: 23; 20: 127; 8 vs 12: 22)
+CRITICAL = [(5, 5, 3), (10, 10, 24), (20, 20, 128), (8, 12, 23)]
 
 
-def _brute_force_tail(a, b):
-    """P(rank sum of `a` >= observed) over every split of the pooled mid-ranks (the exact null)."""
-    import itertools
-
-    pooled = sorted(a + b)
-    rank = {x: sum(i + 1 for i, y in enumerate(pooled) if y == x) / pooled.count(x) for x in pooled}
-    ranks = [rank[x] for x in pooled]
-    observed = sum(rank[x] for x in a)
-    splits = list(itertools.combinations(range(len(pooled)), len(a)))
-    return sum(1 for c in splits if sum(ranks[i] for i in c) >= observed - 1e-9) / len(splits)
+@pytest.mark.parametrize("n,m,k", CRITICAL, ids=[f"{n}x{m}" for n, m, _ in CRITICAL])
+def test_shift_interval_uses_the_tabled_mann_whitney_critical_value(n, m, k):
+    a, b = _distinct_differences(n, m)
+    diffs = sorted(x - y for x in a for y in b)
+    est, lo, hi = st.shift_ci(a, b, 0.95)
+    assert (lo, hi) == (diffs[k - 1], diffs[n * m - k])
+    assert est == pytest.approx((diffs[(n * m - 1) // 2] + diffs[n * m // 2]) / 2)
 
 
-def test_mann_whitney_with_ties_is_the_exact_permutation_p_value():
-    a, b = [2, 2, 3, 3, 4, 4], [1, 1, 2, 2, 3, 3]
-    assert st.mann_whitney(a, b, "greater") == pytest.approx(_brute_force_tail(a, b))
-    assert st.mann_whitney(a, b, "less") == pytest.approx(_brute_force_tail([-x for x in a], [-x for x in b]))
-    # a constant baseline (all ties) and a clearly slower run: 1 / C(14, 7), not a borderline 0.01
-    assert st.mann_whitney([2.0] * 7, [1.0] * 7, "greater") == pytest.approx(1 / 3432)
+def test_shift_interval_is_the_set_of_shifts_the_test_does_not_reject():
+    """Inverting scipy's two-sided Mann-Whitney test on a grid of shifts gives the same interval."""
+    import numpy as np
+    from scipy.stats import mannwhitneyu
+
+    rng = np.random.default_rng(7)
+    a, b = list(rng.lognormal(0.3, 0.2, 9)), list(rng.lognormal(0.0, 0.2, 11))
+    est, lo, hi = st.shift_ci(a, b, 0.95)
+    for d in np.linspace(lo - 0.3, hi + 0.3, 241):
+        if min(abs(d - lo), abs(d - hi)) < 1e-9:
+            continue
+        accepted = mannwhitneyu(np.array(a) - d, b, method="exact").pvalue > 0.05
+        assert accepted == (lo < d < hi), (d, lo, hi)
 
 
-def test_mann_whitney_large_samples_use_the_normal_approximation():
-    a = [1.0 + 0.01 * i for i in range(40)]
-    b = [1.1 + 0.01 * i for i in range(40)]
-    assert 0.0 < st.mann_whitney(b, a, "greater") < 0.01 < st.mann_whitney(a, b, "greater")
-    assert math.isnan(st.mann_whitney([1, 2], [3, 4, 5]))  # too few: no answer, not "significant"
+def test_shift_interval_is_nan_when_too_few_samples_to_reach_the_confidence():
+    est, lo, hi = st.shift_ci([5.0, 6.0, 7.0], [1.0, 2.0, 3.0], 0.95)  # the smallest p of 3 vs 3 is 0.1
+    assert est == 4.0 and math.isnan(lo) and math.isnan(hi)
+    assert math.isfinite(st.shift_ci([5.0, 6.0, 7.0], [1.0, 2.0, 3.0], 0.80)[1])
+
+
+def test_shift_interval_uses_the_normal_approximation_for_many_samples():
+    a, b = _distinct_differences(150, 150)  # 300 samples: past the exact distribution's limit
+    diffs = sorted(x - y for x in a for y in b)
+    est, lo, hi = st.shift_ci(a, b, 0.95)
+    # k = nm/2 - 1.96 sd(U) (continuity-corrected), sd(U) = sqrt(nm (n + m + 1) / 12) = 751.2
+    k = 150 * 150 / 2 - 1.959964 * (150 * 150 * 301 / 12) ** 0.5
+    assert abs(diffs.index(lo) + 1 - k) <= 1.5 and lo < est < hi

@@ -56,6 +56,8 @@ def register(sub) -> None:
                    help="also record speed ratios with their noise (default: on with a GPU, off on a CPU; off keeps the old section)")
     u.add_argument("--perf-from", type=Path, default=None, metavar="FILE",
                    help="take the speed section from a perf JSON (`attn-gate perf --rounds 30` on a machine of this GPU class)")
+    u.add_argument("--accept-noisy", action="store_true",
+                   help="record a speed section noisier than max_noise_pct, marked noisy (refused without it: exit 2)")
     u.add_argument("--widen", action="store_true",
                    help="merge this run into the committed baseline keeping each tensor's larger ratio (a class whose "
                         "machines differ, e.g. CI runners of several CPU models)")
@@ -90,7 +92,8 @@ def update(args: argparse.Namespace) -> int:
                                   results_path=args.from_results,
                                   summary_path=args.summary, out_dir=args.out, progress=not args.no_progress,
                                   perf=args.perf, perf_from=args.perf_from, plan=plan, widen=args.widen,
-                                  known=args.known, link=args.link)
+                                  known=args.known, link=args.link,
+                                  accept_noisy=args.accept_noisy)
     return outcome.exit_code
 
 

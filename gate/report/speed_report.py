@@ -74,7 +74,7 @@ def perf_markdown(result: PerfResult) -> str:
 
 def plot_speed_ratios(judgements: tuple[PerfJudgement, ...], title: str, path: Path) -> Path:
     """One row per case and pass: the change of the speed ratio against the baseline (%), with its
-    95% confidence interval (1.96 x the combined noise of both medians) as error bars, and the
+    confidence interval (Hodges-Lehmann, Mann-Whitney) as error bars, and the
     slowdown that fails (the threshold) marked. Slower is red, faster green; legend outside."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -89,8 +89,9 @@ def plot_speed_ratios(judgements: tuple[PerfJudgement, ...], title: str, path: P
     for y, j in zip(ys, js):
         slower = j.change > 0
         color = "#d62728" if j.severity.blocks or (slower and j.severity.value != "OK") else "#e377c2" if slower else "#2ca02c"
-        ci = 1.96 * j.noise * 100 if math.isfinite(j.noise) else 0.0
-        ax.errorbar([j.change * 100], [y], xerr=[[ci], [ci]], fmt="o", color=color, ecolor=color, elinewidth=1.5,
+        has_ci = math.isfinite(j.ci_low) and math.isfinite(j.ci_high)
+        below, above = ((j.change - j.ci_low) * 100, (j.ci_high - j.change) * 100) if has_ci else (0.0, 0.0)
+        ax.errorbar([j.change * 100], [y], xerr=[[below], [above]], fmt="o", color=color, ecolor=color, elinewidth=1.5,
                     capsize=4, markersize=6, zorder=3)
     thresholds = [j.threshold * 100 if math.isfinite(j.threshold) else math.nan for j in js]
     ax.scatter(thresholds, ys, marker="|", s=220, color="black", zorder=2)
@@ -99,8 +100,8 @@ def plot_speed_ratios(judgements: tuple[PerfJudgement, ...], title: str, path: P
     ax.errorbar([], [], xerr=[], fmt="o", color="#d62728", label="slower, flagged (FAIL / INCONCLUSIVE / WARN)")
     ax.errorbar([], [], xerr=[], fmt="o", color="#e377c2", label="slower, within the threshold")
     ax.errorbar([], [], xerr=[], fmt="o", color="#2ca02c", label="faster")
-    ax.scatter([], [], marker="|", s=220, color="black", label="FAIL threshold: max(regression_pct, k x noise)")
-    ax.plot([], [], color="grey", label="error bar: 95% confidence interval")
+    ax.scatter([], [], marker="|", s=220, color="black", label="regression limit: FAIL when the whole interval is past it")
+    ax.plot([], [], color="grey", label="error bar: the change's confidence interval")
     ax.set_yticks(ys)
     ax.set_yticklabels(labels, fontsize=8, family="monospace")
     ax.set_ylim(-0.7, max(len(js), 1) - 0.3)

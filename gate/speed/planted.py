@@ -68,3 +68,23 @@ class SlowedKernel(DelegatingAdapter):
 def planted_cycles(level_pct: float, pass_ms: float, cycles_per_ms: float) -> int:
     """Cycles of sleep that add `level_pct` percent to a pass that takes `pass_ms`."""
     return max(0, int(round(level_pct / 100.0 * pass_ms * cycles_per_ms)))
+
+
+class RepeatedKernel(DelegatingAdapter):
+    """The inner kernel run `times` times per call, the extra outputs joined with weight zero, so
+    its backward does `times` x the real work (the forward too). A slower kernel for a shared CPU:
+    the extra work is slowed by the other users' load as the kernel itself is, where a fixed
+    busy-wait calibrated once becomes a smaller share of a pass whenever the load grows."""
+
+    def __init__(self, inner: KernelAdapter, times: int):
+        if times < 1:
+            raise ValueError(f"times {times} must be >= 1")
+        super().__init__(inner, f"{inner.description} x{times} (planted repeated work)")
+        self.times = int(times)
+
+    def __call__(self, call: KernelCall) -> KernelOutput:
+        res = self.inner(call)
+        out = res.out
+        for _ in range(self.times - 1):
+            out = out + 0.0 * self.inner(call).out  # zero weight: same values, the extra backward still runs
+        return dataclasses.replace(res, out=out)

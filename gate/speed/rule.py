@@ -1,20 +1,28 @@
-"""The speed rule: pure functions from (baseline ratio, current ratio) to a judgement. No torch.
+"""The speed rule: pure functions from (baseline ratios, current ratios) to a judgement. No torch.
 
-A speed ratio (candidate time / anchor time, median over interleaved rounds) FAILS only when
+A speed ratio (candidate time / anchor time, per interleaved round) is compared with the
+baseline's by an interval, not a point:
 
-    change    = current / baseline - 1
-    noise     = sqrt(noise_current^2 + noise_baseline^2)       relative standard errors of the medians
-    threshold = max(regression_pct / 100, noise_k * noise)
-    change > threshold  AND  the shift is significant (one-sided test, p < alpha)
+    change   = median(current ratios) / median(baseline ratios) - 1       (what every report shows)
+    interval = exp() - 1 of the Mann-Whitney confidence interval (1 - alpha) of the Hodges-Lehmann
+               shift of log(current ratios) over log(baseline ratios)
+    limit    = regression_pct (cpu_regression_pct where the run was timed on a CPU)
 
-and a re-measurement with more rounds (confirm) says the same. Two thresholds on purpose
-(pyperf's compare_to: significance AND --min-speed): a significant 0.5% drift is not a
-regression, and a large change inside the noise is not proof of one.
+    FAIL          the whole interval is above +limit   (then re-measured: confirm_rounds)
+    OK            the whole interval is at or below +limit
+    INCONCLUSIVE  the interval straddles +limit        (then re-measured: confirm_rounds)
+    WARN          the whole interval is below -max(improvement_pct, limit) (refresh the baseline)
 
-Fail closed: too few rounds, a noise band wider than max_noise_pct, a missing baseline, NaN or
-infinite per-round ratios, or a test that cannot be computed give INCONCLUSIVE, which the gate
-reports as such and never as a pass. An improvement beyond improvement_pct that is significant
-is a WARN (refresh the baseline, or the kernel skipped work).
+The interval is the significance gate (it replaces "noise_k x noise", which only bounds what a
+baseline may record: max_noise_pct); the limit is the practical size (pyperf's compare_to:
+significance AND --min-speed). Log ratios because a slowdown is a factor: the shift of logs is
+one number for a 0.9 and a 1.4 ratio alike, and exp() of its interval is the interval of the
+factor. A re-measurement with more rounds is the measurement of record for a FAIL (it must
+confirm it) or a straddle (it may settle it).
+
+Fail closed: too few rounds, a missing baseline, NaN or infinite per-round ratios, or an
+interval that cannot be computed give INCONCLUSIVE, which the gate reports as such and never as a
+pass.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ PASSES = ("fwd", "bwd")
 
 class PerfSeverity(str, enum.Enum):
     OK = "OK"
-    WARN = "WARN"  # significant improvement beyond improvement_pct: refresh the baseline
+    WARN = "WARN"  # faster beyond improvement_pct (whole interval): refresh the baseline
     FAIL = "FAIL"  # confirmed regression
     INCONCLUSIVE = "INCONCLUSIVE"  # could not judge: fail closed (the gate does not pass)
 
@@ -43,12 +51,14 @@ class PerfSeverity(str, enum.Enum):
 
 @dataclass(frozen=True)
 class RatioEstimate:
-    """One measured speed ratio: its median over rounds, the noise of that median, the rounds."""
+    """One measured speed ratio: its median over rounds, the noise of that median, the rounds;
+    `noisy`: a baseline recorded on purpose with a noise band above max_noise_pct."""
 
     median: float
     noise: float  # relative standard error of the median (0.004 = 0.4%)
     n: int
     samples: tuple[float, ...] = ()  # per-round ratios, when kept (baselines may keep them)
+    noisy: bool = False
 
     @classmethod
     def from_samples(cls, samples) -> "RatioEstimate":
@@ -56,12 +66,20 @@ class RatioEstimate:
         return cls(median=perf_stats.median(xs), noise=perf_stats.median_rel_se(xs), n=len(xs), samples=xs)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"median": self.median, "noise": self.noise, "n": self.n, "samples": list(self.samples)}
+        out = {"median": self.median, "noise": self.noise, "n": self.n, "samples": list(self.samples)}
+        return {**out, "noisy": True} if self.noisy else out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RatioEstimate":
+        noisy = d.get("noisy", False)
+        if not isinstance(noisy, bool):
+            raise TypeError(f"noisy = {noisy!r} must be true or false")
         return cls(median=float(d["median"]), noise=float(d["noise"]), n=int(d["n"]),
-                   samples=tuple(float(x) for x in d.get("samples", ())))
+                   samples=tuple(float(x) for x in d.get("samples", ())), noisy=noisy)
+
+    def noise_band(self, noise_k: float) -> float:
+        """noise_k x the median's relative standard error: what max_noise_pct bounds in a baseline."""
+        return noise_k * self.noise
 
 
 _DEFAULTS = PerfConfig()  # one source of truth for the thresholds: [tool.attn-gate.perf]'s defaults
@@ -69,7 +87,8 @@ _DEFAULTS = PerfConfig()  # one source of truth for the thresholds: [tool.attn-g
 
 @dataclass(frozen=True)
 class PerfRules:
-    """The thresholds `judge` applies: the subset of PerfConfig it needs, with the same defaults."""
+    """The thresholds `judge` applies: the subset of PerfConfig it needs, with the same defaults.
+    `regression_pct` is the limit of the device the run was timed on (from_config picks it)."""
 
     regression_pct: float = _DEFAULTS.regression_pct
     noise_k: float = _DEFAULTS.noise_k
@@ -78,9 +97,14 @@ class PerfRules:
     min_rounds: int = _DEFAULTS.min_rounds
     max_noise_pct: float = _DEFAULTS.max_noise_pct
 
+    @property
+    def confidence(self) -> float:
+        return 1.0 - self.alpha
+
     @classmethod
-    def from_config(cls, perf_config) -> "PerfRules":
-        return cls(**{f: getattr(perf_config, f) for f in cls.__dataclass_fields__})
+    def from_config(cls, perf_config, device: str = "cuda") -> "PerfRules":
+        fields = {f: getattr(perf_config, f) for f in cls.__dataclass_fields__}
+        return cls(**{**fields, "regression_pct": perf_config.regression_pct_for(device)})
 
 
 @dataclass(frozen=True)
@@ -91,11 +115,14 @@ class PerfJudgement:
     message: str
     baseline: float = math.nan
     current: float = math.nan
-    change: float = math.nan  # relative: +0.05 = 5% slower than the baseline
-    threshold: float = math.nan
+    change: float = math.nan  # relative: +0.05 = 5% slower than the baseline (ratio of medians)
+    threshold: float = math.nan  # the regression limit, relative
     noise: float = math.nan
-    p_value: float = math.nan
+    ci_low: float = math.nan  # the change's confidence interval, relative
+    ci_high: float = math.nan
+    confidence: float = math.nan
     suspected: bool = False  # the first measurement crossed the line: re-measure before failing
+    straddles: bool = False  # the interval straddles the limit: a re-measurement may settle it
     confirmed: bool | None = None  # None: no confirm run was made
     first_change: float = math.nan  # the first measurement's change when a confirm run decided
 
@@ -103,40 +130,76 @@ class PerfJudgement:
     def metric(self) -> str:
         return f"speed_ratio:{self.pass_}"
 
+    @property
+    def wants_remeasure(self) -> bool:
+        return self.suspected or self.straddles
+
+    @property
+    def interval_text(self) -> str:
+        """`+212% [+195%, +230%] (95% CI)`: the change and its interval ('' when there is none)."""
+        return change_text(self.change, self.ci_low, self.ci_high, self.confidence)
+
     def to_dict(self) -> dict[str, Any]:
         return {"case_id": self.case_id, "pass": self.pass_, "metric": self.metric, "severity": self.severity.value,
                 "message": self.message, "baseline": self.baseline, "current": self.current, "change": self.change,
-                "threshold": self.threshold, "noise": self.noise, "p_value": self.p_value, "suspected": self.suspected,
+                "threshold": self.threshold, "noise": self.noise, "ci": [self.ci_low, self.ci_high],
+                "confidence": self.confidence, "suspected": self.suspected, "straddles": self.straddles,
                 "confirmed": self.confirmed, "first_change": self.first_change}
 
 
-def _p_value(current: RatioEstimate, baseline: RatioEstimate, alternative: str) -> float:
-    if len(baseline.samples) >= 3 and len(current.samples) >= 3:
-        return perf_stats.mann_whitney(current.samples, baseline.samples, alternative)
-    if current.samples:
-        return perf_stats.sign_test(current.samples, baseline.median, alternative)
-    return math.nan
+def _pct(x: float, digits: int) -> str:
+    return f"{x * 100:+.{digits}f}%"
+
+
+def change_text(change: float, low: float, high: float, confidence: float) -> str:
+    if not all(math.isfinite(v) for v in (change, low, high, confidence)):
+        return ""
+    widest = max(abs(change), abs(low), abs(high))
+    digits = 2 if widest < 0.1 else 1 if widest < 1 else 0
+    return (f"{_pct(change, digits)} [{_pct(low, digits)}, {_pct(high, digits)}] "
+            f"({confidence * 100:g}% CI)")
+
+
+def change_interval(current: RatioEstimate, baseline: RatioEstimate, confidence: float) -> tuple[float, float]:
+    """(low, high): the confidence interval of the change of current over baseline, relative (NaN
+    where there is none).
+
+    Two samples of per-round ratios: the Mann-Whitney interval of the Hodges-Lehmann shift of their
+    logs. A baseline that kept only its median: the order-statistic interval of the current median
+    against that median taken as exact (it leaves out the baseline's own noise)."""
+    cur = [math.log(x) for x in current.samples]
+    if baseline.samples:
+        _, lo, hi = perf_stats.shift_ci(cur, [math.log(x) for x in baseline.samples], confidence)
+    else:
+        ref = math.log(baseline.median)
+        lo, hi = perf_stats.median_ci(cur, confidence)
+        lo, hi = lo - ref, hi - ref
+    return math.expm1(lo), math.expm1(hi)
 
 
 def _not_a_ratio(est: RatioEstimate) -> str:
     """Why an estimate cannot be judged ('' when it can): a median that is not a positive number,
-    or per-round ratios that are not all finite (a NaN would make the rank test meaningless)."""
+    or per-round ratios that are not all finite and positive (no log, no rank of a NaN)."""
     if not math.isfinite(est.median) or est.median <= 0:
         return f"median {est.median!r} is not a positive number"
-    bad = sum(1 for x in est.samples if not math.isfinite(x))
+    bad = sum(1 for x in est.samples if not (math.isfinite(x) and x > 0))
     if bad:
-        return f"{bad} of {len(est.samples)} per-round ratios are NaN or infinite"
+        return f"{bad} of {len(est.samples)} per-round ratios are NaN, infinite or not positive"
     return ""
 
 
-def _pct(x: float) -> str:
-    return f"{x * 100:+.2f}%"
+def _noisy_note(baseline: RatioEstimate, rules: PerfRules) -> str:
+    if not baseline.noisy:
+        return ""
+    return (f"; the baseline's speed ratio was recorded as noisy (noise band {baseline.noise_band(rules.noise_k) * 100:.1f}% "
+            f"> max_noise_pct {rules.max_noise_pct:g}%): re-record it on a quieter machine to narrow the interval")
 
 
 def judge(case_id: str, pass_: str, baseline: RatioEstimate | None, current: RatioEstimate | None,
           rules: PerfRules, confirm: RatioEstimate | None = None) -> PerfJudgement:
-    """Judge one speed ratio. Call once; when the result is `suspected`, re-measure with more
-    rounds and call again with `confirm=`: the confirm measurement is then the one of record."""
+    """Judge one speed ratio. Call once; when the result `wants_remeasure` (a FAIL to confirm, or
+    a straddle to settle), re-measure with more rounds and call again with `confirm=`: the confirm
+    measurement is then the one of record (a FAIL must be confirmed by it to stand)."""
     base = dict(case_id=case_id, pass_=pass_)
     if baseline is None:
         return PerfJudgement(**base, severity=PerfSeverity.INCONCLUSIVE,
@@ -149,48 +212,49 @@ def judge(case_id: str, pass_: str, baseline: RatioEstimate | None, current: Rat
     if current is None or not math.isfinite(current.median) or current.median <= 0:
         return PerfJudgement(**base, severity=PerfSeverity.INCONCLUSIVE, baseline=baseline.median,
                              message="no valid measurement (the kernel or its anchor did not run)")
-    values = dict(baseline=baseline.median, current=current.median)
+    values: dict[str, Any] = dict(baseline=baseline.median, current=current.median)
     bad_current = _not_a_ratio(current)
     if bad_current:
         return PerfJudgement(**base, **values, severity=PerfSeverity.INCONCLUSIVE,
-                             message=f"this run's speed ratio is unusable ({bad_current}): re-run on a quiet GPU")
-    if current.n < rules.min_rounds or baseline.n < rules.min_rounds:
+                             message=f"this run's speed ratio is unusable ({bad_current}): re-run on a quiet machine")
+    if current.n < rules.min_rounds or baseline.n < rules.min_rounds or len(current.samples) < rules.min_rounds:
         return PerfJudgement(**base, **values, severity=PerfSeverity.INCONCLUSIVE,
                              message=f"too few rounds ({current.n} now, {baseline.n} in the baseline; need {rules.min_rounds})")
-    noise = math.hypot(current.noise, baseline.noise)
     change = current.median / baseline.median - 1.0
-    values.update(change=change, noise=noise)
-    if not math.isfinite(noise) or rules.noise_k * noise > rules.max_noise_pct / 100:
+    low, high = change_interval(current, baseline, rules.confidence)
+    limit = rules.regression_pct / 100
+    values.update(change=change, noise=math.hypot(current.noise, baseline.noise), threshold=limit, ci_low=low,
+                  ci_high=high, confidence=rules.confidence)
+    noisy = _noisy_note(baseline, rules)
+    if not (math.isfinite(low) and math.isfinite(high)):
         return PerfJudgement(**base, **values, severity=PerfSeverity.INCONCLUSIVE,
-                             message=f"too noisy to judge: {rules.noise_k:g} x noise = {rules.noise_k * noise * 100:.2f}% "
-                                     f"> max_noise_pct {rules.max_noise_pct:g}% (change {_pct(change)}); re-run on a quiet GPU")
-    threshold = max(rules.regression_pct / 100, rules.noise_k * noise)
-    values["threshold"] = threshold
-    if change > threshold:
-        p = _p_value(current, baseline, "greater")
-        if math.isnan(p):
-            return PerfJudgement(**base, **values, severity=PerfSeverity.INCONCLUSIVE,
-                                 message=f"change {_pct(change)} > threshold {threshold * 100:.2f}% but no significance test was possible")
-        values["p_value"] = p
-        if p < rules.alpha:
-            if confirm is None:
-                return PerfJudgement(**base, **values, severity=PerfSeverity.FAIL, suspected=True,
-                                     message=f"slower by {_pct(change)} > threshold {threshold * 100:.2f}% (p={p:.2g}); not yet confirmed")
-            again = judge(case_id, pass_, baseline, confirm, rules)
-            if again.severity is PerfSeverity.FAIL:
-                return PerfJudgement(**{**again.__dict__, "suspected": True, "confirmed": True, "first_change": change,
-                                        "message": f"slower by {_pct(again.change)} > threshold {again.threshold * 100:.2f}% "
-                                                   f"(p={again.p_value:.2g}), confirmed by a re-run (first {_pct(change)})"})
-            return PerfJudgement(**{**again.__dict__, "suspected": True, "confirmed": False, "first_change": change,
-                                    "message": f"{again.message}; a first run's {_pct(change)} was not confirmed"})
-        return PerfJudgement(**base, **values, severity=PerfSeverity.OK,
-                             message=f"change {_pct(change)} beyond threshold but not significant (p={p:.2g} >= {rules.alpha:g})")
-    if change < -rules.improvement_pct / 100:
-        p = _p_value(current, baseline, "less")
-        values["p_value"] = p
-        if math.isfinite(p) and p < rules.alpha:
+                             message=f"{pass_} {_pct(change, 2)}: no {rules.confidence * 100:g}% confidence interval "
+                                     f"from {current.n} and {baseline.n} rounds; re-run with more rounds{noisy}")
+    first = f"{pass_} {change_text(change, low, high, rules.confidence)}"
+    if confirm is not None:
+        again = judge(case_id, pass_, baseline, confirm, rules)
+        if again.severity is PerfSeverity.FAIL and low > limit:
+            return PerfJudgement(**{**again.__dict__, "suspected": True, "confirmed": True, "first_change": change,
+                                    "message": f"{again.message.replace('; not yet confirmed', '')}, confirmed by a "
+                                               f"{confirm.n}-round re-run (first {first})"})
+        # a straddle re-measured: the re-run, with more rounds, is the measurement of record
+        return PerfJudgement(**{**again.__dict__, "suspected": low > limit, "confirmed": False if low > limit else None,
+                                "first_change": change,
+                                "message": f"{again.message.replace('; not yet confirmed', '')} (a {confirm.n}-round "
+                                           f"re-run; first {first})"})
+    if low > limit:
+        return PerfJudgement(**base, **values, severity=PerfSeverity.FAIL, suspected=True,
+                             message=f"{first}: slower, the whole interval above the {rules.regression_pct:g}% limit; "
+                                     f"not yet confirmed{noisy}")
+    if high <= limit:
+        # an improvement is news only beyond what would count as a regression here (a CPU's 25%)
+        faster = max(rules.improvement_pct, rules.regression_pct)
+        if high < -faster / 100:
             return PerfJudgement(**base, **values, severity=PerfSeverity.WARN,
-                                 message=f"faster by {_pct(-change)[1:]} (> {rules.improvement_pct:g}%, p={p:.2g}): "
-                                         f"refresh the baseline, and check the kernel still does all its work")
-    return PerfJudgement(**base, **values, severity=PerfSeverity.OK,
-                         message=f"change {_pct(change)} within threshold {threshold * 100:.2f}%")
+                                 message=f"{first}: faster, the whole interval below -{faster:g}%: refresh "
+                                         f"the baseline, and check the kernel still does all its work{noisy}")
+        return PerfJudgement(**base, **values, severity=PerfSeverity.OK,
+                             message=f"{first}: within the {rules.regression_pct:g}% limit{noisy}")
+    return PerfJudgement(**base, **values, severity=PerfSeverity.INCONCLUSIVE, straddles=True,
+                         message=f"{first}: the interval straddles the {rules.regression_pct:g}% limit; re-run with more "
+                                 f"rounds (`rounds`) or on a quieter machine{noisy}")

@@ -479,7 +479,8 @@ def write_perf_outputs(result: PerfResult, out_dir: Path) -> Path:
 def baseline_entry(c: PerfCaseResult, anchor: str) -> dict[str, Any] | None:
     """What a baseline keeps for one case: per pass the ratio median, its noise, the rounds and
     the per-round ratios (rounded: readable diffs), and the anchor it was measured against (the
-    row's own, a fallback included; `anchor`, the run's, for a row that does not say)."""
+    row's own, a fallback included; `anchor`, the run's, for a row that does not say). A pass
+    recorded on purpose above max_noise_pct carries `"noisy": true` (`mark_noisy`)."""
     if not c.measured:
         return None
     entry: dict[str, Any] = {"anchor": c.anchor_or(anchor)}
@@ -489,6 +490,26 @@ def baseline_entry(c: PerfCaseResult, anchor: str) -> dict[str, Any] | None:
             entry[p] = {"median": round(est.median, 6), "noise": round(est.noise, 6), "n": est.n,
                         "samples": [round(x, 6) for x in est.samples]}
     return entry
+
+
+def noisy_passes(section: dict[str, Any], config: PerfConfig) -> list[tuple[str, str, float]]:
+    """(case id, pass, noise band) of every pass of a speed section whose noise band (noise_k x
+    the median's standard error) exceeds max_noise_pct, noisiest first."""
+    out = []
+    for case_id, entry in section.items():
+        for p in _timed_passes(entry, PASSES):
+            band = config.noise_k * float(entry[p]["noise"])
+            if not band <= config.max_noise_pct / 100:  # NaN noise is noisy too
+                out.append((case_id, p, band))
+    return sorted(out, key=lambda t: -t[2] if math.isfinite(t[2]) else -math.inf)
+
+
+def mark_noisy(section: dict[str, Any], noisy: list[tuple[str, str, float]]) -> dict[str, Any]:
+    """The section with `"noisy": true` on each listed pass (recorded on purpose: --accept-noisy)."""
+    out = {cid: dict(entry) if isinstance(entry, dict) else entry for cid, entry in section.items()}
+    for case_id, p, _ in noisy:
+        out[case_id][p] = {**out[case_id][p], "noisy": True}
+    return out
 
 
 def baseline_estimate(entry: dict[str, Any] | None, pass_: str) -> RatioEstimate | None:
@@ -553,7 +574,7 @@ def judge_perf(result: PerfResult, baseline_perf: dict[str, Any], config: PerfCo
     the suspicion stands as a FAIL). Fail closed: a case skipped now that the baseline timed, a
     baseline speed ratio within `only` (the run's --only) that the run has no case for, and a run
     that judged nothing at all are INCONCLUSIVE. Never returns an empty tuple."""
-    rules = PerfRules.from_config(config)
+    rules = PerfRules.from_config(config, result.device)
     out = []
     for c in result.cases:
         entry = (baseline_perf or {}).get(c.case_id)
@@ -580,7 +601,7 @@ def judge_perf(result: PerfResult, baseline_perf: dict[str, Any], config: PerfCo
                 continue
             current = c.estimate(p) if c.measured else None
             j = judge(c.case_id, p, base, current, rules)
-            if j.suspected and remeasure is not None and config.confirm_rounds > 0:
+            if j.wants_remeasure and remeasure is not None and config.confirm_rounds > 0:
                 j = judge(c.case_id, p, base, current, rules, confirm=remeasure(c.case, p, config.confirm_rounds))
             if c.status is Status.ERROR and not c.measured:
                 j = PerfJudgement(case_id=c.case_id, pass_=p, severity=j.severity, message=f"not measured: {c.reason}")

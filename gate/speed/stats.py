@@ -1,43 +1,47 @@
 """Pure statistics for timing samples: plain floats in, plain floats out; no torch, no I/O.
 
-Everything here is robust (medians, MAD, order statistics, rank tests) because GPU timings have
-heavy right tails (a context switch, a clock dip) that wreck means and t-tests. Every function
-that cannot answer (too few samples, a NaN sample) returns NaN rather than guessing: callers
-treat NaN as INCONCLUSIVE (fail closed), never as "no difference".
+Robust on purpose (medians, MAD, order statistics, rank-based intervals): timings have heavy
+right tails (a context switch, a clock dip) that wreck means and t-tests. The numbers come from
+numpy and scipy.stats; what is here is only the glue they lack: NaN-in-NaN-out (no order exists
+with a NaN sample), the relative standard error of a median, and the Hodges-Lehmann shift with its
+Mann-Whitney interval, which scipy offers as a test (`mannwhitneyu`) but not as an interval.
+Every function that cannot answer (too few samples, a NaN sample) returns NaN rather than guessing:
+callers treat NaN as INCONCLUSIVE (fail closed), never as "no difference".
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 # 1.4826 x MAD estimates the standard deviation of a normal sample; sqrt(pi/2) = 1.2533 is the
 # asymptotic efficiency factor of the median (its standard error is 1.2533 sigma / sqrt(n)).
 MAD_TO_SIGMA = 1.4826
 MEDIAN_SE_FACTOR = math.sqrt(math.pi / 2)
 NAN = float("nan")
+# scipy's exact Mann-Whitney null distribution up to this many samples in all (0.1 s at 100 + 100);
+# beyond it the normal approximation, which is then accurate to far below a percent of coverage.
+EXACT_MAX_SAMPLES = 200
 
 
-def _sorted(xs: Sequence[float]) -> list[float] | None:
-    """The samples sorted, or None when one is NaN: NaN has no order, so no order statistic or
-    rank test can answer (callers return NaN, which the verdict turns into INCONCLUSIVE)."""
-    values = [float(x) for x in xs]
-    if any(math.isnan(x) for x in values):
-        return None
-    return sorted(values)
+def _array(xs: Sequence[float]) -> Any:
+    """The samples as a numpy array, or None when one is NaN: NaN has no order, so no order statistic or
+    rank interval can answer (callers return NaN, which the verdict turns into INCONCLUSIVE)."""
+    import numpy as np
+
+    a = np.asarray([float(x) for x in xs], dtype=float)
+    return None if np.isnan(a).any() else a
 
 
 def quantile(xs: Sequence[float], q: float) -> float:
     """Linear-interpolation quantile (numpy's default); NaN for no samples or a NaN sample."""
+    import numpy as np
+
     if not 0.0 <= q <= 1.0:
         raise ValueError(f"quantile {q} is outside [0, 1]")
-    s = _sorted(xs)
-    if not s:
-        return NAN
-    pos = q * (len(s) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+    a = _array(xs)
+    return NAN if a is None or a.size == 0 else float(np.quantile(a, q))
 
 
 def median(xs: Sequence[float]) -> float:
@@ -45,15 +49,18 @@ def median(xs: Sequence[float]) -> float:
 
 
 def iqr(xs: Sequence[float]) -> float:
-    return quantile(xs, 0.75) - quantile(xs, 0.25)
+    from scipy import stats as sps
+
+    a = _array(xs)
+    return NAN if a is None or a.size == 0 else float(sps.iqr(a))
 
 
 def mad(xs: Sequence[float]) -> float:
     """Median absolute deviation from the median (raw, not scaled)."""
-    m = median(xs)
-    if math.isnan(m):
-        return NAN
-    return median([abs(x - m) for x in xs])
+    from scipy import stats as sps
+
+    a = _array(xs)
+    return NAN if a is None or a.size == 0 else float(sps.median_abs_deviation(a, scale=1.0))
 
 
 def robust_sigma(xs: Sequence[float]) -> float:
@@ -81,13 +88,9 @@ def relative_spread(xs: Sequence[float]) -> float:
     return iqr(xs) / abs(m)
 
 
-def _binom_cdf(k: int, n: int) -> float:
-    """P(X <= k) for X ~ Binomial(n, 1/2), exact."""
-    if k < 0:
-        return 0.0
-    if k >= n:
-        return 1.0
-    return sum(math.comb(n, i) for i in range(k + 1)) / 2.0 ** n
+def _check_confidence(confidence: float) -> None:
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence {confidence} is outside (0, 1)")
 
 
 def median_ci(xs: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
@@ -97,102 +100,67 @@ def median_ci(xs: Sequence[float], confidence: float = 0.95) -> tuple[float, flo
     1 - 2 P(Binom(n, 1/2) <= j - 1); j is the largest rank keeping that >= `confidence`.
     (NaN, NaN) when n is too small to reach the confidence at all (n < 6 for 95%).
     """
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence {confidence} is outside (0, 1)")
-    s = _sorted(xs)
-    if s is None:
+    import numpy as np
+    from scipy import stats as sps
+
+    _check_confidence(confidence)
+    a = _array(xs)
+    if a is None or a.size == 0:
         return NAN, NAN
-    n = len(s)
-    best = 0
-    for j in range(1, n // 2 + 1):
-        if 1.0 - 2.0 * _binom_cdf(j - 1, n) >= confidence:
-            best = j
-        else:
-            break
-    if best == 0:
+    s, n = np.sort(a), a.size
+    # the largest j with P(Binom(n, 1/2) <= j - 1) <= (1 - confidence) / 2
+    j = int(sps.binom.ppf((1.0 - confidence) / 2.0, n, 0.5))
+    while j >= 1 and sps.binom.cdf(j - 1, n, 0.5) > (1.0 - confidence) / 2.0:
+        j -= 1
+    while sps.binom.cdf(j, n, 0.5) <= (1.0 - confidence) / 2.0:
+        j += 1
+    if j < 1:
         return NAN, NAN
-    return s[best - 1], s[n - best]
+    return float(s[j - 1]), float(s[n - j])
 
 
-def sign_test(xs: Sequence[float], mu: float, alternative: str = "greater") -> float:
-    """One-sided exact sign test of H0 median(xs) = mu: the p-value (NaN when no sample differs).
+def _u_cdf(u: int, n: int, m: int) -> float:
+    """P(U <= u) under the null for the Mann-Whitney U (pairs x > y) of samples of n and m without
+    ties: scipy's `mannwhitneyu` p-value ('less') on two samples built to have exactly that U."""
+    import numpy as np
+    from scipy import stats as sps
 
-    Used when the baseline kept only its median: are the current per-round ratios above
-    (`greater`) or below (`less`) it more often than chance allows?
+    y = np.arange(m, dtype=float)
+    below = np.minimum(m, np.maximum(0, u - m * np.arange(n)))  # u pairs spread over the x's, m at most each
+    # an x in (k - 1, k) is above exactly k of the y's; distinct x's, so no ties for the
+    # asymptotic method's tie correction to act on
+    x = below - 0.5 + np.arange(n) / (4.0 * n)
+    method = "exact" if n + m <= EXACT_MAX_SAMPLES else "asymptotic"
+    return float(sps.mannwhitneyu(x, y, alternative="less", method=method).pvalue)
+
+
+def shift_ci(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """The Hodges-Lehmann shift of `a` over `b` with its Mann-Whitney confidence interval.
+
+    For two independent samples that differ by a shift d, the estimate is the median of all n x m
+    differences a_i - b_j, and [D_(k), D_(nm+1-k)] of the sorted differences is the set of shifts
+    the two-sided Mann-Whitney test does not reject: it covers d with probability >= `confidence`
+    whatever the (continuous) distribution (Hollander & Wolfe, ch. 4). Returns (estimate, low,
+    high); (NaN, NaN, NaN) with a NaN sample or too few samples to reach `confidence` (3 + 3 at 95%
+    cannot: the smallest two-sided p-value of 3 vs 3 is 0.1).
     """
-    if alternative not in ("greater", "less"):
-        raise ValueError(f"alternative {alternative!r} is not 'greater' or 'less'")
-    s = _sorted(xs)
-    if s is None or math.isnan(mu):
-        return NAN
-    above = sum(1 for x in s if x > mu)
-    below = sum(1 for x in s if x < mu)
-    n = above + below
-    if n == 0:
-        return NAN
-    k = above if alternative == "greater" else below
-    return 1.0 - _binom_cdf(k - 1, n)
-
-
-def _rank_sum_tail(ranks2: list[int], n1: int, observed2: int) -> float:
-    """P(rank sum of a random n1-subset >= observed) over all subsets of the pooled (doubled,
-    integer) mid-ranks: the exact permutation null, ties included (a subset-sum count, numpy)."""
     import numpy as np
 
-    total = sum(ranks2)
-    counts = np.zeros((n1 + 1, total + 1))  # counts[k, s]: k-subsets with doubled rank sum s
-    counts[0, 0] = 1.0
-    for r in ranks2:
-        counts[1:, r:] += counts[:-1, :total + 1 - r].copy()
-    dist = counts[n1]
-    return float(dist[observed2:].sum() / dist.sum())
-
-
-def mann_whitney(a: Sequence[float], b: Sequence[float], alternative: str = "greater") -> float:
-    """One-sided Mann-Whitney U test: p-value for `a` stochastically greater (or less) than `b`.
-
-    Exact permutation null (ties included) when n1 + n2 <= 60; otherwise the normal
-    approximation with tie and continuity corrections. NaN when either side has < 3 samples
-    (no honest answer): callers report INCONCLUSIVE.
-    """
-    if alternative not in ("greater", "less"):
-        raise ValueError(f"alternative {alternative!r} is not 'greater' or 'less'")
-    sa, sb = _sorted(a), _sorted(b)
-    if sa is None or sb is None:
-        return NAN
-    n1, n2 = len(sa), len(sb)
-    if n1 < 3 or n2 < 3:
-        return NAN
-    pooled = sorted([(x, 0) for x in sa] + [(x, 1) for x in sb])
-    ranks = [0.0] * len(pooled)
-    ties = []
-    i = 0
-    while i < len(pooled):
-        j = i
-        while j + 1 < len(pooled) and pooled[j + 1][0] == pooled[i][0]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[k] = (i + j) / 2.0 + 1.0
-        if j > i:
-            ties.append(j - i + 1)
-        i = j + 1
-    r1 = sum(r for r, (_, g) in zip(ranks, pooled) if g == 0)
-    u = r1 - n1 * (n1 + 1) / 2.0  # number of (a, b) pairs with a > b (ties count half)
-    if alternative == "less":
-        u = n1 * n2 - u
-    if n1 + n2 <= 60:  # exact permutation distribution of the rank sum (ties included)
-        ranks2 = [int(round(2 * r)) for r in ranks]
-        r1_2 = sum(r for r, (_, g) in zip(ranks2, pooled) if g == 0)
-        if alternative == "less":  # small rank sums of `a` are large rank sums of the reversed order
-            top = len(pooled) + 1
-            ranks2 = [2 * top - r for r in ranks2]
-            r1_2 = 2 * top * n1 - r1_2
-        return _rank_sum_tail(ranks2, n1, r1_2)
-    n = n1 + n2
-    mean = n1 * n2 / 2.0
-    tie_term = sum(t ** 3 - t for t in ties) / (n * (n - 1))
-    var = n1 * n2 / 12.0 * ((n + 1) - tie_term)
-    if var <= 0:
-        return NAN
-    z = (u - mean - 0.5) / math.sqrt(var)
-    return 0.5 * math.erfc(z / math.sqrt(2.0))
+    _check_confidence(confidence)
+    x, y = _array(a), _array(b)
+    if x is None or y is None or x.size == 0 or y.size == 0:
+        return NAN, NAN, NAN
+    n, m = x.size, y.size
+    diffs = np.sort((x[:, None] - y[None, :]).ravel())
+    tail = (1.0 - confidence) / 2.0
+    lo, hi = 0, (n * m) // 2 + 1  # find the largest k with P(U <= k - 1) <= tail: coverage 1 - 2 P(U <= k - 1)
+    if _u_cdf(0, n, m) > tail:
+        return float(np.median(diffs)), NAN, NAN
+    while hi - lo > 1:  # invariant: P(U <= lo - 1) <= tail < P(U <= hi - 1); P(U <= -1) = 0
+        mid = (lo + hi) // 2
+        if _u_cdf(mid - 1, n, m) <= tail:
+            lo = mid
+        else:
+            hi = mid
+    k = lo
+    return float(np.median(diffs)), float(diffs[k - 1]), float(diffs[n * m - k])

@@ -518,6 +518,32 @@ def warm_up(clock, workloads: tuple[Workload, ...], passes: tuple[str, ...], sec
 def time_pair(candidate: Workload, anchor: Workload, plan: TimingPlan, device: str, clock=None,
               gpu_state: Callable[[], GpuState] | None = None) -> TimingRun:
     """Time `candidate` against `anchor`, interleaved: per round and pass, candidate then anchor."""
+    if device != "cuda":
+        with _one_cpu_thread():
+            return _time_pair(candidate, anchor, plan, device, clock, gpu_state)
+    return _time_pair(candidate, anchor, plan, device, clock, gpu_state)
+
+
+class _one_cpu_thread:
+    """torch's intra-op threads set to 1 while CPU timings are taken (torch.utils.benchmark.Timer's
+    default too): on a shared machine a multi-threaded op waits for its slowest thread, so its time
+    follows the load of the other cores and a candidate/anchor ratio drifts with it (seen on a
+    2-core box: an unchanged kernel's backward ratio read -46% .. +3% between runs)."""
+
+    def __enter__(self):
+        import torch
+
+        self.threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        import torch
+
+        torch.set_num_threads(self.threads)
+
+
+def _time_pair(candidate: Workload, anchor: Workload, plan: TimingPlan, device: str, clock,
+               gpu_state: Callable[[], GpuState] | None) -> TimingRun:
     t0 = time.perf_counter()
     clock = clock or make_clock(device, plan)
     if gpu_state is None:

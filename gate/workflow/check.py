@@ -437,7 +437,8 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
                      only: str | None = None, results_path: Path | None = None,
                      summary_path: Path | None = None, out_dir: Path = Path("out"), progress: bool = True,
                      perf: bool | None = None, perf_from: Path | None = None, plan: RunPlan | None = None,
-                     widen: bool = False, known: str | None = None, link: str = "") -> UpdateOutcome:
+                     widen: bool = False, known: str | None = None, link: str = "",
+                     accept_noisy: bool = False) -> UpdateOutcome:
     if plan is not None:
         only, perf = plan.only, plan.perf
     if results_path is not None and only is not None:
@@ -454,6 +455,9 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
     elif plan is None:
         plan = resolve_plan(config, kernel, suite, device, only, perf=perf)
     refuse_unmatched_known(plan)
+    if accept_noisy and perf_from is None and (results is not None or widen or not perf_wanted(perf, plan.device)):
+        raise UserError("--accept-noisy records a noisy speed section, but this update times no speed: add --perf "
+                        "(or --perf-from FILE), or drop --accept-noisy")
     path = plan.baseline_path
     old = None
     if path.exists():
@@ -502,11 +506,11 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
     if perf_from is not None:  # timings made elsewhere (e.g. `attn-gate perf --rounds 30` on the GPU runner)
 
         perf_section = perf_section_from_file(Path(perf_from), plan.kernel, plan.suite.name, plan.gpu_class, config,
-                                              old.perf if old is not None else None)
+                                              old.perf if old is not None else None, accept_noisy)
     elif results is None:
 
         if perf_wanted(perf, plan.device):  # speed ratios with their noise; None keeps the old section
-            perf_section, _ = perf_baseline_section(plan, old.perf if old is not None else None)
+            perf_section, _ = perf_baseline_section(plan, old.perf if old is not None else None, accept_noisy)
     new, kept = merge_baseline(Baseline.from_sweep(sweep, perf=perf_section), old, sweep.scope, suite_cases)
     new = dataclasses.replace(new, perf=timed_perf(new.perf, {c.id for c in plan.suite.perf_cases}))
     if widen:

@@ -32,8 +32,8 @@ from gate.core.errors import UserError
 from gate.core.results import Status
 from gate.compare.findings import Finding, Severity
 from gate.speed.runs import (
-    PerfResult, baseline_entry, judge_perf, no_perf_case_reason, nothing_judged, remeasure_with, run_perf,
-    unmatched_baseline_judgements, write_perf_outputs,
+    PerfResult, baseline_entry, judge_perf, mark_noisy, no_perf_case_reason, noisy_passes, nothing_judged,
+    remeasure_with, run_perf, unmatched_baseline_judgements, write_perf_outputs,
 )
 from gate.speed.rule import PASSES, PerfJudgement, PerfSeverity
 from gate.workflow.plan import RunPlan
@@ -63,7 +63,8 @@ def perf_findings(judgements: tuple[PerfJudgement, ...]) -> list[Finding]:
 
 
 def perf_thresholds(cfg: PerfConfig) -> dict[str, float]:
-    return {"regression_pct": cfg.regression_pct, "noise_k": cfg.noise_k, "alpha": cfg.alpha,
+    return {"regression_pct": cfg.regression_pct, "cpu_regression_pct": cfg.cpu_regression_pct, "noise_k": cfg.noise_k,
+            "alpha": cfg.alpha,
             "improvement_pct": cfg.improvement_pct, "max_noise_pct": cfg.max_noise_pct,
             "min_rounds": float(cfg.min_rounds), "rounds": float(cfg.rounds), "confirm_rounds": float(cfg.confirm_rounds)}
 
@@ -133,13 +134,39 @@ def _judged_perf(plan: RunPlan, baseline_perf: dict[str, Any] | None, out_dir: P
         print(f"attn-gate: warning: the speed plot was not drawn ({type(exc).__name__}: {exc})")
     md = "\n".join([
         "", f"### Speed: `{kernel}` against anchor `{result.anchor}` (speed ratio = kernel time / anchor time; lower is faster)", "",
-        f"FAIL when a ratio is worse than the baseline by more than max({config.perf.regression_pct:g}%, "
-        f"{config.perf.noise_k:g} x noise), significant at alpha {config.perf.alpha:g}, and confirmed by a "
-        f"{config.perf.confirm_rounds}-round re-run; INCONCLUSIVE (fails closed) when too noisy or too few rounds; "
-        f"WARN when faster by more than {config.perf.improvement_pct:g}%.", "",
+        rule_sentence(config.perf, device) + f" A FAIL or a straddle is re-measured with {config.perf.confirm_rounds} rounds, "
+        f"and that re-run decides (a FAIL must be confirmed by it).", "",
         perf_markdown(result),
     ])
     return PerfCheck(result, judgements, perf_findings(judgements), perf_thresholds(config.perf), paths, md)
+
+
+def rule_sentence(cfg: PerfConfig, device: str) -> str:
+    """The speed rule with this run's numbers, for the report."""
+    limit = cfg.regression_pct_for(device)
+    return (f"Each change of a ratio against the baseline comes with its {(1 - cfg.alpha) * 100:g}% confidence interval "
+            f"(Hodges-Lehmann, Mann-Whitney): FAIL when the whole interval is above +{limit:g}%"
+            f"{' (cpu_regression_pct: timed on a CPU)' if device != 'cuda' else ''}, OK when it is at or below, "
+            f"INCONCLUSIVE (fails closed) when it straddles or when there are too few rounds; WARN when the whole "
+            f"interval is faster than -{cfg.improvement_pct:g}%.")
+
+
+def refuse_noisy(section: dict[str, Any], config: PerfConfig, accept_noisy: bool, where: str) -> dict[str, Any]:
+    """A speed section whose noise band exceeds max_noise_pct is refused (one line, exit 2), or with
+    --accept-noisy recorded with its noisy passes marked (`check` then says so in their findings)."""
+    noisy = noisy_passes(section, config)
+    if not noisy:
+        return section
+    if accept_noisy:
+        print(f"attn-gate: recording {len(noisy)} noisy speed ratio(s) marked \"noisy\" (--accept-noisy); noisiest "
+              f"{noisy[0][0]} {noisy[0][1]} {noisy[0][2] * 100:.1f}% > max_noise_pct {config.max_noise_pct:g}%",
+              file=sys.stderr)
+        return mark_noisy(section, noisy)
+    case_id, pass_, band = noisy[0]
+    more = f" (and {len(noisy) - 1} more pass(es))" if len(noisy) > 1 else ""
+    raise UserError(f"{where}: speed of {case_id} {pass_} has noise {band * 100:.1f}% ({config.noise_k:g} x the "
+                    f"median's standard error) > max_noise_pct {config.max_noise_pct:g}%{more}; nothing written: "
+                    f"time it on a quieter machine, or pass --accept-noisy to record it marked noisy")
 
 
 def no_perf_case_check(plan: RunPlan, baseline_perf: dict[str, Any] | None) -> PerfCheck:
@@ -166,9 +193,10 @@ def _measured_with_progress(plan: RunPlan, measure):
         yield measured
 
 
-def perf_baseline_section(plan: RunPlan, old_perf: dict[str, Any] | None) -> tuple[dict[str, Any], PerfResult]:
+def perf_baseline_section(plan: RunPlan, old_perf: dict[str, Any] | None,
+                          accept_noisy: bool = False) -> tuple[dict[str, Any], PerfResult]:
     """The baseline's perf section from a fresh run with confirm_rounds rounds (a filtered run
-    replaces only its own cases)."""
+    replaces only its own cases); refused above max_noise_pct unless `accept_noisy`."""
 
     config, kernel, suite, device, only = plan.config, plan.kernel, plan.suite.name, plan.device, plan.only
     if not plan.perf_cases:
@@ -182,12 +210,13 @@ def perf_baseline_section(plan: RunPlan, old_perf: dict[str, Any] | None) -> tup
     if not measured:
         raise UserError(f"no perf case of suite {suite!r} could be timed for {kernel!r} (all skipped or failed); "
                         f"see `attn-gate perf --kernel {kernel} --suite {suite}`")
+    measured = refuse_noisy(measured, config.perf, accept_noisy, "baseline update --perf")
     section = {**(old_perf or {}), **measured} if only else measured
     return dict(sorted(section.items())), result
 
 
 def perf_section_from_file(path: Path, kernel: str, suite: str, gpu_class: str, config: Config,
-                           old_perf: dict[str, Any] | None) -> dict[str, Any]:
+                           old_perf: dict[str, Any] | None, accept_noisy: bool = False) -> dict[str, Any]:
     """The baseline's perf section from a PerfResult file made on a machine of this GPU class
     (refused when kernel, suite or GPU class differ, or when it has fewer than min_rounds rounds)."""
     result = PerfResult.read(path)
@@ -203,6 +232,7 @@ def perf_section_from_file(path: Path, kernel: str, suite: str, gpu_class: str, 
     measured = {c.case_id: baseline_entry(c, result.anchor) for c in result.cases if c.measured}
     if not measured:
         raise UserError(f"--perf-from {path}: no case was timed (all skipped or failed)")
+    measured = refuse_noisy(measured, config.perf, accept_noisy, f"--perf-from {path}")
     filtered = any("--only" in n for n in result.notes)
     section = {**(old_perf or {}), **measured} if filtered else measured
     return dict(sorted(section.items()))
@@ -284,9 +314,8 @@ def file_perf_check(paths: list[Path], kernel: str, suite: str, environment: dic
         judgements = tuple(map(unconfirmed_from_file, judge_perf(result, baseline_perf, config.perf, None, only=only)))
     md = "\n".join([
         "", f"### Speed: `{kernel}` against anchor `{result.anchor}`, timings from {len(paths)} perf file(s)", "",
-        f"FAIL rule as in a fresh check: worse than the baseline by more than max({config.perf.regression_pct:g}%, "
-        f"{config.perf.noise_k:g} x noise) and significant at alpha {config.perf.alpha:g}; a file cannot be re-measured, "
-        f"so such a regression is INCONCLUSIVE (fails closed) until a fresh check confirms it.", "",
+        rule_sentence(config.perf, result.device) + " A file cannot be re-measured, so a FAIL from it is INCONCLUSIVE "
+        "(fails closed) until a fresh check confirms it.", "",
         perf_markdown(result),
     ])
     paths_out = {"perf": write_perf_outputs(result, out_dir)}  # the merged timings, beside the verdict
