@@ -48,7 +48,11 @@ def register(sub) -> None:
 def last_failed_only(out: Path, kernel: str | None, suite: str | None) -> str:
     """An exact `--only` regex of the cases that failed (or were inconclusive) in the last check
     written to `out`: its findings JSON, the one of this kernel and suite where several are there."""
+    return exact_regex(last_failed_ids(out, kernel, suite))
 
+
+def last_failed_ids(out: Path, kernel: str | None, suite: str | None) -> list[str]:
+    """The ids `last_failed_only` matches (`attn-gate bisect --last-failed` names them)."""
 
     found = sorted(Path(out).glob("findings-*.json"), key=lambda p: p.stat().st_mtime)
     if kernel is not None or suite is not None:
@@ -70,7 +74,7 @@ def last_failed_only(out: Path, kernel: str | None, suite: str | None) -> str:
         raise UserError(f"--last-failed: {found[-1]} is not a findings JSON attn-gate wrote; run without --last-failed") from None
     if not failed:
         raise UserError(f"--last-failed: no case failed in the last check in {out} ({found[-1].name}); run without --last-failed")
-    return exact_regex(failed)
+    return failed
 
 
 def main(args: argparse.Namespace) -> int:

@@ -23,7 +23,7 @@ from gate.core.config import CiConfig, FAMILY_ENTRIES, load_config
 from gate.core.errors import UserError
 
 TEMPLATES = Path(__file__).with_name("templates")
-WORKFLOWS = ("baselines", "ci", "gate", "nightly", "publish", "report", "selftest", "vet")
+WORKFLOWS = ("baselines", "bisect", "ci", "gate", "nightly", "publish", "report", "selftest", "vet")
 RUNNER_FILES = ("job_started.sh", "job_started.py", "attn-gate-gpu.json", "attn-gate-trusted.json")
 RUNNER_DIR = ".github/attn-gate-runner"
 PLACEHOLDER = re.compile(r"@@([a-z_]+)@@")
