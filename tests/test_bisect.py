@@ -97,27 +97,30 @@ def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env).stdout.strip()
 
 
-def make_repo(tmp_path: Path, monkeypatch, edits: dict[int, "callable"]) -> tuple[Path, list[str]]:
-    """Ten commits; commit 1 holds the kernel, the config and the baseline measured from it;
+def make_repo(tmp_path: Path, edits: dict[int, "callable"], commits: int = 10,
+              files: dict[str, str] | None = None) -> tuple[Path, list[str]]:
+    """`commits` commits; commit 1 holds the kernel, the config and the baseline measured from it;
     `edits[i](text) -> text` changes the kernel in commit i. Returns the repo and its commits."""
     repo = tmp_path / "kernels"
     (repo / "tinyk").mkdir(parents=True)
     (repo / "tinyk" / "__init__.py").write_text(KERNEL)
     (repo / "pyproject.toml").write_text(PYPROJECT)
     (repo / ".gitignore").write_text("out/\n__pycache__/\n")
+    for rel, text in (files or {}).items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
     git(repo, "init", "-q")
-    monkeypatch.chdir(repo)
     assert attn_gate(repo, "baseline", "update", "--device", "cpu", "--no-progress").returncode == 0
-    commits = []
-    for i in range(1, 11):
+    ids = []
+    for i in range(1, commits + 1):
         if i in edits:
             path = repo / "tinyk" / "__init__.py"
             path.write_text(edits[i](path.read_text()))
         (repo / "NOTES.md").write_text(f"commit {i}\n")
         git(repo, "add", "-A")
         git(repo, "commit", "-q", "-m", f"commit {i}")
-        commits.append(git(repo, "rev-parse", "HEAD"))
-    return repo, commits
+        ids.append(git(repo, "rev-parse", "HEAD"))
+    return repo, ids
 
 
 def fail_at_head(repo: Path) -> None:
@@ -148,7 +151,7 @@ def no_leftovers(repo: Path) -> None:
 @pytest.mark.slow
 def test_bisect_names_the_commit_that_planted_the_bug_and_skips_one_that_does_not_build(tmp_path, monkeypatch):
     # commit 6 plants dK x1.02; commit 7 does not build (a syntax error, fixed in 8): git bisect visits it
-    repo, commits = make_repo(tmp_path, monkeypatch, {
+    repo, commits = make_repo(tmp_path, {
         6: plant, 7: lambda t: t + "\ndef broken(:\n", 8: lambda t: t.replace("\ndef broken(:\n", "")})
     fail_at_head(repo)
     proc = bisect(repo, "--good", commits[0], "--last-failed")
@@ -166,7 +169,7 @@ def test_bisect_names_the_commit_that_planted_the_bug_and_skips_one_that_does_no
 @pytest.mark.slow
 def test_bisect_stops_on_a_flaky_kernel_and_names_the_case(tmp_path, monkeypatch):
     monkeypatch.setenv("TINYK_IMPORTS", str(tmp_path / "imports"))
-    repo, commits = make_repo(tmp_path, monkeypatch, {
+    repo, commits = make_repo(tmp_path, {
         6: lambda t: FLAKY_KERNEL + t.replace(DK_LINE, DK_LINE + "        dk = dk * 1.02 if _FLAKY else dk\n")})
     fail_at_head(repo)
     proc = bisect(repo, "--good", commits[0], "--last-failed")
@@ -178,7 +181,7 @@ def test_bisect_stops_on_a_flaky_kernel_and_names_the_case(tmp_path, monkeypatch
 
 @pytest.mark.slow
 def test_bisect_refuses_a_good_end_that_fails(tmp_path, monkeypatch):
-    repo, commits = make_repo(tmp_path, monkeypatch, {2: plant})
+    repo, commits = make_repo(tmp_path, {2: plant})
     fail_at_head(repo)
     proc = bisect(repo, "--good", commits[2], "--last-failed", "--reruns", "0")
     assert proc.returncode == 2 and "--good" in proc.stderr and "is bad, not good" in proc.stderr
