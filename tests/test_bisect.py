@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gate.workflow.bisect import BAD, FLAKY, GOOD, SKIP, BisectOutcome, BisectSpec, StepResult, decide_step, read_failing
+from gate.workflow.bisect import (
+    BAD, FLAKY, GOOD, SKIP, BisectOutcome, BisectSpec, StepResult, check_command, decide_step, step_verdict,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNEL = (ROOT / "examples" / "tiny-attn" / "tiny_attn" / "__init__.py").read_text()
@@ -63,17 +65,36 @@ def test_a_verdict_that_changes_on_a_rerun_is_flaky_and_names_the_case(runs, fli
     assert step.verdict == FLAKY and step.flipped == flipped and step.exit_code == 128
 
 
-def test_failing_cases_come_from_the_blocking_findings_of_the_bisected_cases(tmp_path):
-    def finding(case, metric, severity):
-        return {"case_id": case, "metric": metric, "severity": severity, "message": f"{case} {metric}"}
+def finding(case, metric, severity):
+    return {"case_id": case, "metric": metric, "severity": severity, "message": f"{case} {metric}"}
 
-    (tmp_path / "findings-k-s.json").write_text(json.dumps({"findings": [
-        finding("a", "ratio:dk", "FAIL"), finding("a", "ratio:dq", "INCONCLUSIVE"), finding("a", "status", "FAIL"),
-        finding("c", "status", "FAIL"), finding("a", "ratio:dv", "WARN"),
-        finding("b", "ratio:out", "FAIL"), finding("d", "status", "OK"), finding("", "env:torch", "FAIL")]}))
-    failing, run_wide = read_failing(tmp_path, ("a", "c", "d"))
-    assert failing == {"a": ["dk", "dq"], "c": ["status"]} and run_wide == [" env:torch"]
-    assert read_failing(tmp_path / "none", ("a",)) is None
+
+def test_a_bad_step_names_the_tensors_its_bisected_cases_failed_on():
+    findings = [finding("a", "ratio:dk", "FAIL"), finding("a", "ratio:dq", "FAIL"), finding("a", "status", "FAIL"),
+                finding("a", "ratio:dv", "WARN"), finding("c", "status", "FAIL"), finding("b", "ratio:out", "FAIL"),
+                finding("d", "status", "OK")]
+    verdict, reason, failing = step_verdict(1, findings, ("a", "c", "d"))
+    assert verdict == BAD and failing == {"a": ["dk", "dq"], "c": ["status"]} and reason == "a (dk, dq); c (status)"
+    assert step_verdict(1, [finding("", "env:torch", "FAIL")], ("a",))[:2] == (BAD, " env:torch")
+    assert step_verdict(0, [finding("a", "ratio:dk", "OK")], ("a",))[0] == GOOD
+
+
+@pytest.mark.parametrize("findings", [
+    [finding("a", "speed_ratio:fwd", "INCONCLUSIVE")],  # a suspected regression the confirm re-run did not confirm
+    [finding("", "speed", "INCONCLUSIVE"), finding("a", "ratio:dk", "WARN")],
+    None,  # no findings JSON
+    [],
+])
+def test_a_step_without_a_fail_is_skipped_not_bad(findings):
+    assert step_verdict(1, findings, ("a",))[0] == SKIP
+
+
+def test_a_perf_bisect_times_the_cases_in_each_check(tmp_path):
+    spec = BisectSpec(repo="/r", good="a" * 40, bad="b" * 40, cases=("x",), only="^(?:x)$", kernel="k", suite="s",
+                      device="cpu", config="/w/judge/pyproject.toml", baseline="/w/b.json", setup=None)
+    assert "--no-perf" in check_command(spec, tmp_path, tmp_path / "o")
+    cmd = check_command(BisectSpec(**{**spec.__dict__, "perf": True}), tmp_path, tmp_path / "o")
+    assert "--perf" in cmd and cmd[cmd.index("--only") + 1] == "^(?:x)$" and cmd[cmd.index("--baseline") + 1] == "/w/b.json"
 
 
 def test_the_report_names_the_first_bad_commit_or_the_flaky_case():

@@ -208,25 +208,32 @@ def step_env() -> dict[str, str]:
     return env
 
 
-def read_failing(out: Path, cases: tuple[str, ...]) -> tuple[dict[str, list[str]], list[str]] | None:
-    """From a check's findings JSON: case id -> the metrics its blocking findings name (restricted to
-    the bisected cases), and the run-wide blocking findings' messages; None when there is none."""
-    found = sorted(out.glob("findings-*.json"))
-    if not found:
-        return None
-    data = json.loads(found[0].read_text(encoding="utf-8"))
+def step_verdict(returncode: int, findings: list[dict] | None, cases: tuple[str, ...]) -> tuple[str, str, dict[str, list[str]]]:
+    """A check's exit (0 or 1) and its findings -> (good/bad/skip, reason, case id -> the tensors it
+    FAILed on). FAIL is evidence of a bad commit; INCONCLUSIVE alone (a suspected speed regression
+    its confirm re-run could not decide, a measurement that could not judge) is not: a skip."""
+    if findings is None:
+        return SKIP, f"the check exited {returncode} without a findings JSON", {}
+    if returncode == 0:
+        return GOOD, "", {}
     failing: dict[str, set[str]] = {}
-    run_wide = []
-    for f in data["findings"]:
-        if f["severity"] not in ("FAIL", "INCONCLUSIVE"):
+    undecided, run_wide = set(), []
+    for f in findings:
+        if f["severity"] == "INCONCLUSIVE":
+            undecided.add(f["case_id"] or "the run")
+        elif f["severity"] != "FAIL":
             continue
-        if not f["case_id"]:
+        elif not f["case_id"]:
             run_wide.append(f["message"])
         elif f["case_id"] in cases:
             failing.setdefault(f["case_id"], set()).add(f["metric"].split(":", 1)[-1])
     # the tensors a case failed on (ratio:dk -> dk); a status change alone (an ERROR row) names "status"
     tensors = {c: sorted(m - {"status"}) or sorted(m) for c, m in sorted(failing.items())}
-    return tensors, run_wide
+    if tensors or run_wide:
+        return BAD, "; ".join([f"{c} ({', '.join(t)})" for c, t in tensors.items()] + run_wide)[:300], tensors
+    if undecided:
+        return SKIP, f"inconclusive, not failing: {', '.join(sorted(undecided))[:200]}", {}
+    return SKIP, "the check failed on no bisected case", {}
 
 
 def judge_once(spec: BisectSpec, tree: Path, out: Path) -> tuple[str, str, dict[str, list[str]]]:
@@ -235,16 +242,9 @@ def judge_once(spec: BisectSpec, tree: Path, out: Path) -> tuple[str, str, dict[
     if proc.returncode not in (0, 1):
         last = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or ["no output"])[-1]
         return SKIP, f"the gate could not run it (exit {proc.returncode}): {last[:200]}", {}
-    read = read_failing(out, spec.cases)
-    if read is None:
-        return SKIP, f"the check exited {proc.returncode} without a findings JSON", {}
-    failing, run_wide = read
-    if proc.returncode == 0:
-        return GOOD, "", {}
-    if not failing and not run_wide:  # it failed on cases outside the bisected ones only (cannot be: --only)
-        return SKIP, "the check failed on no bisected case", {}
-    reason = "; ".join([f"{c} ({', '.join(t)})" for c, t in failing.items()] + run_wide)
-    return BAD, reason[:300], failing
+    found = sorted(out.glob("findings-*.json"))
+    findings = json.loads(found[0].read_text(encoding="utf-8"))["findings"] if found else None
+    return step_verdict(proc.returncode, findings, spec.cases)
 
 
 def run_step(spec: BisectSpec, commit: str) -> StepResult:
