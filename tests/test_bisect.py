@@ -225,3 +225,24 @@ def test_bisect_usage_errors_are_one_line(tmp_path, monkeypatch, capsys):
     assert "--good nope: not a commit" in capsys.readouterr().err
     assert main(["bisect", "--good", "HEAD", "--only", "x"]) == 2
     assert "not an older ancestor" in capsys.readouterr().err
+
+
+def test_an_interrupted_bisect_leaves_no_worktree_and_no_bisect_state(tmp_path):
+    from gate.workflow.bisect import bisect_workdir, worktree
+
+    repo = tmp_path / "r"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    for i in range(3):
+        (repo / "f").write_text(str(i))
+        git(repo, "add", "f")
+        git(repo, "commit", "-q", "-m", f"c{i}")
+    with pytest.raises(KeyboardInterrupt):
+        with bisect_workdir(str(repo)) as work:
+            with worktree(str(repo), work / "bisect", "HEAD", checkout=False):
+                git(work / "bisect", "bisect", "start", "--no-checkout", "HEAD", "HEAD~2")
+                (work / "step").mkdir()
+                git(repo, "worktree", "add", "-q", "--detach", str(work / "step" / "x"), "HEAD~1")  # a step cut short
+                raise KeyboardInterrupt
+    assert not work.exists()
+    no_leftovers(repo)

@@ -67,7 +67,7 @@ def main(args: argparse.Namespace) -> int:
     except ValueError:
         raise UserError(f"--config {args.config}: not inside the repository {repo}; bisect reads it as committed") from None
     require_writable(args.out, "--out")
-    with bisect_workdir() as work:
+    with bisect_workdir(repo) as work:
         judge = work / "judge"
         with worktree(repo, judge, bad):
             config_path = judge / config_rel

@@ -184,7 +184,7 @@ def setup_line(spec: BisectSpec, tree: Path) -> str:
     pyproject.toml that does not parse is the commit's own breakage: raised, the step is a skip."""
     if spec.setup is not None:
         return spec.setup
-    path = tree / Path(spec.config).name
+    path = tree / Path(spec.config).relative_to(Path(spec.workdir) / "judge")  # the config's place in the tree
     if not path.is_file():
         return ""
     raw = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -385,11 +385,13 @@ def run_bisect(spec: BisectSpec, log=print) -> BisectOutcome:
 
 
 @contextlib.contextmanager
-def bisect_workdir():
-    """The temporary folder of one bisect: worktrees, step outputs, the record; removed on exit."""
+def bisect_workdir(repo: str):
+    """The temporary folder of one bisect: worktrees, step outputs, the record; removed on exit, with
+    the repository's record of any worktree a killed step left."""
     path = Path(tempfile.mkdtemp(prefix="attn-gate-bisect-"))
     try:
         with _sigterm_as_interrupt():
             yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+        git(repo, "worktree", "prune", check=False)
