@@ -166,3 +166,13 @@ def test_the_example_repositorys_smoke_suite_passes(tmp_path):
     outcomes = junit(repo / "j.xml")
     assert outcomes.get("test_dense_matches_sdpa_with_gradients") == "passed"
     assert sum(n.startswith("fp32-") for n in outcomes) >= 5 and "failed" not in outcomes.values()
+
+
+def test_the_plugin_is_registered_and_imports_nothing_of_the_gate_until_asked():
+    """Installed in every venv that has attn-gate (this repository's too): it must cost nothing."""
+    from importlib.metadata import entry_points
+
+    assert [e.value for e in entry_points(group="pytest11") if e.name == "attn-gate"] == ["gate.pytest_plugin"]
+    code = ("import sys, gate.pytest_plugin; "
+            "sys.exit(sorted(m for m in sys.modules if m.startswith(('gate.', 'torch'))) != ['gate.pytest_plugin'])")
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
