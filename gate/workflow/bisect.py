@@ -364,8 +364,7 @@ def run_bisect(spec: BisectSpec, log=print) -> BisectOutcome:
         try:
             git(tree, "bisect", "start", "--no-checkout", spec.bad, spec.good)
             step = shlex.join([sys.executable, "-P", "-m", "gate", "bisect-step", str(spec_path)])
-            proc = subprocess.run(["git", "-C", str(tree), "bisect", "run", "bash", "-c", step],
-                                  capture_output=True, text=True, env=step_env())
+            output, returncode = _bisect_run(tree, step, log)
             bad_ref = git(tree, "rev-parse", "--verify", "--quiet", "refs/bisect/bad", check=False).stdout.strip()
         finally:
             git(tree, "bisect", "reset", check=False)
@@ -373,15 +372,34 @@ def run_bisect(spec: BisectSpec, log=print) -> BisectOutcome:
     flaky = [s for s in steps if s.verdict == FLAKY]
     if flaky:
         return BisectOutcome(spec, tuple(steps), None, stopped=flaky[-1])
-    output = proc.stdout + proc.stderr
     if re.search(r"is the first bad commit", output) and bad_ref:
         by_commit = {s.commit: s for s in steps}
         return BisectOutcome(spec, tuple(steps), by_commit.get(bad_ref) or run_step(spec, bad_ref))
     candidates = tuple(re.findall(r"^([0-9a-f]{40})$", output, flags=re.M))
     if not candidates:
-        raise UserError(f"git bisect run ended without naming a commit (exit {proc.returncode}): "
+        raise UserError(f"git bisect run ended without naming a commit (exit {returncode}): "
                         f"{(output.strip().splitlines() or ['no output'])[-1]}")
     return BisectOutcome(spec, tuple(steps), None, candidates=candidates)
+
+
+def _bisect_run(tree: Path, step: str, log) -> tuple[str, int]:
+    """`git bisect run` in `tree`: its whole output (read for the answer) and exit code; each step's
+    one-line verdict is logged as it comes, so a long bisect shows where it is."""
+    proc = subprocess.Popen(["git", "-C", str(tree), "bisect", "run", "bash", "-c", step], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=step_env())
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("attn-gate bisect-step: "):
+                log("attn-gate bisect: " + line.removeprefix("attn-gate bisect-step: ").rstrip())
+    except BaseException:  # Ctrl-C, a cancelled job: the step goes too, then the cleanup runs
+        proc.kill()
+        raise
+    finally:
+        proc.stdout.close()
+        proc.wait()
+    return "".join(lines), proc.returncode
 
 
 @contextlib.contextmanager
