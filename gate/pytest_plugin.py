@@ -3,8 +3,8 @@
 Each case of the suite is an item named by its case id (node id `attn-gate::<case id>`, marker
 `attn_gate`), so `-k`, `-x`, `--lf`, `-m attn_gate`, pytest-xdist and `--junitxml` work as for any
 test. An item runs its case as `attn-gate check` runs it (in the gate's isolated worker process,
-kept warm between items) and takes the check's verdict on it (gate/workflow/check.py
-`case_verdicts`: tolerance, headroom against the committed baseline, status): FAIL fails the item
+kept warm between items; gate/workflow/pytest_cases.py) and takes the check's verdict on it
+(gate/workflow/check.py `case_verdicts`: tolerance, headroom against the committed baseline, status): FAIL fails the item
 with the gate's one-line reason, SKIP skips it with the gate's reason, a declared known failure is
 an xfail. At the end the process that reports (the xdist controller, or the only process) joins
 every item's row into one sweep and judges it with `attn-gate check --results`'s own code, which
@@ -16,8 +16,6 @@ happens: this module imports only pytest until the option is given.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -53,68 +51,33 @@ def pytest_configure(config) -> None:
 
 
 class GateSession:
-    """The run's plan and baseline, resolved once per process at collection; the rows it reports."""
+    """The run (gate/workflow/pytest_cases.py), resolved once per process; the rows it reports."""
 
     def __init__(self, config) -> None:
+        from gate.workflow import pytest_cases  # the one deferred import: the gate loads only with --attn-gate
+
+        self.lib = pytest_cases
         self.config = config
-        self.plan = None
-        self.baseline = None
-        self.baseline_path = None
+        self.run = None  # pytest_cases.GateRun
         self.rows: dict[str, dict] = {}  # case id -> {"row": CaseResult dict, "environment", "notes"}
         self.started = time.time()
 
-    # ---------------------------------------------------------------- collection
-
     def _resolve(self) -> None:
-        from gate.core.config import load_config
-        from gate.core.errors import UserError
-        from gate.workflow.check import checked_baseline
-        from gate.workflow.plan import resolve_plan
-
         opt = self.config.getoption
-        baseline_file = Path(opt("attn_gate_baseline")) if opt("attn_gate_baseline") else None
         try:
-            config = load_config(Path(opt("attn_gate_config")) if opt("attn_gate_config") else None)
-            self.plan = resolve_plan(config, opt("attn_gate_kernel"), opt("attn_gate_suite"), opt("attn_gate_device"),
-                                     baseline_file=baseline_file)
-            self.baseline_path, self.baseline = checked_baseline(self.plan, baseline_file)
-        except UserError as exc:
+            self.run = self.lib.resolve(opt("attn_gate_config"), opt("attn_gate_kernel"), opt("attn_gate_suite"),
+                                        opt("attn_gate_device"), opt("attn_gate_baseline"))
+        except self.lib.UserError as exc:
             raise pytest.UsageError(f"attn-gate: {exc}") from None
 
     @pytest.hookimpl(tryfirst=True)  # before -k / -m / --lf select among the items
     def pytest_collection_modifyitems(self, session, config, items) -> None:
         self._resolve()
         parent = GateCollector.from_parent(session, name="attn-gate", nodeid="attn-gate")
-        cases = [GateCase.from_parent(parent, name=case.id, gate=self, case=case) for case in self.plan.cases]
+        cases = [GateCase.from_parent(parent, name=case.id, gate=self, case=case) for case in self.run.plan.cases]
         items.extend(cases)
         # reported as collected, so the terminal's "N tests collected" counts them too
         config.hook.pytest_collectreport(report=pytest.CollectReport(parent.nodeid, "passed", None, cases))
-
-    # ---------------------------------------------------------------- one case
-
-    def run(self, case):
-        """The case swept alone, isolated in the gate's worker, and the check's verdict on it."""
-        import dataclasses
-
-        from gate.core.cases import exact_regex
-        from gate.workflow.check import case_verdicts
-        from gate.workflow.sweep import SweepOptions, sweep_plan
-
-        plan = dataclasses.replace(self.plan, only=exact_regex([case.id]), options=SweepOptions(workers=1))
-        # pytest sets PYTEST_CURRENT_TEST per item; the warm worker pool is keyed by the environment,
-        # so with it each case would start (and import torch in) a new worker
-        current = os.environ.pop("PYTEST_CURRENT_TEST", None)
-        try:
-            sweep = sweep_plan(plan, progress=False)
-        finally:
-            if current is not None:
-                os.environ["PYTEST_CURRENT_TEST"] = current
-        verdict = case_verdicts(plan, self.baseline, self.baseline_path, sweep)[case.id]
-        (row,) = sweep.cases
-        payload = {"row": row.to_dict(), "environment": sweep.environment, "notes": list(sweep.notes)}
-        return verdict, json.dumps(payload)
-
-    # ---------------------------------------------------------------- reporting
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item, call):
@@ -135,13 +98,11 @@ class GateSession:
         only sends its rows."""
         if hasattr(self.config, "workerinput") or not self.rows:
             return
-        from gate.core.errors import UserError
-
         try:
-            if self.plan is None:  # the xdist controller collects nothing itself
+            if self.run is None:  # the xdist controller collects nothing itself
                 self._resolve()
-            outcome = self._judge_run()
-        except UserError as exc:
+            outcome = self.run.judge(self.rows, self.started, Path(self.config.getoption("attn_gate_out")))
+        except (self.lib.UserError, pytest.UsageError) as exc:
             self._say(f"attn-gate: error: {exc}")
             session.exitstatus = pytest.ExitCode.USAGE_ERROR
             return
@@ -149,33 +110,6 @@ class GateSession:
         self._say("attn-gate: wrote " + ", ".join(str(p) for p in outcome.paths.values()))
         if not outcome.verdict.passed and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a run-wide finding no item carries
-
-    def _judge_run(self):
-        import io
-
-        from rich.console import Console
-
-        from gate.core.cases import exact_regex
-        from gate.core.results import CaseResult, SweepResult
-        from gate.workflow.check import run_check
-
-        plan = self.plan
-        ran = [c.id for c in plan.cases if c.id in self.rows]
-        first = self.rows[ran[0]]
-        sweep = SweepResult(
-            kernel=plan.kernel, suite=plan.suite.name, suite_hash=plan.suite_hash, environment=first["environment"],
-            cases=tuple(CaseResult.from_dict(self.rows[cid]["row"]) for cid in ran),
-            tolerance=plan.config.tolerance.as_dict(),
-            started_at=time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(self.started)),
-            wall_s=time.time() - self.started, notes=tuple(first["notes"]),
-            scope=None if len(ran) == len(plan.cases) else exact_regex(ran))
-        with tempfile.TemporaryDirectory(prefix="attn-gate-pytest-") as tmp:
-            results = Path(tmp) / f"sweep-{plan.suite.name}.json"
-            sweep.write(results)
-            baseline = self.config.getoption("attn_gate_baseline")
-            return run_check(plan.config, results_path=results, baseline_file=Path(baseline) if baseline else None,
-                             out_dir=Path(self.config.getoption("attn_gate_out")), progress=False,
-                             console=Console(file=io.StringIO()))
 
     def _say(self, line: str) -> None:
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
@@ -197,7 +131,10 @@ class GateCase(pytest.Item):
         self.add_marker("attn_gate")
 
     def runtest(self) -> None:
-        verdict, payload = self.gate.run(self.case)
+        try:
+            verdict, payload = self.gate.run.run_case(self.case)
+        except self.gate.lib.UserError as exc:  # e.g. a run another GPU class than the baseline's
+            raise CaseFailed(f"attn-gate: {exc}") from None
         self._attn_gate_row = payload
         if verdict.outcome == "FAIL":
             raise CaseFailed(verdict.reason)
@@ -212,7 +149,7 @@ class GateCase(pytest.Item):
         return super().repr_failure(excinfo, style)
 
     def reportinfo(self):
-        return self.gate.plan.config.source, None, f"attn-gate {self.gate.plan.kernel} / {self.case.id}"
+        return self.gate.run.plan.config.source, None, f"attn-gate {self.gate.run.plan.kernel} / {self.case.id}"
 
 
 class CaseFailed(Exception):

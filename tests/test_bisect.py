@@ -191,7 +191,8 @@ def test_bisect_names_the_commit_that_planted_the_bug_and_skips_one_that_does_no
 def test_bisect_stops_on_a_flaky_kernel_and_names_the_case(tmp_path, monkeypatch):
     monkeypatch.setenv("TINYK_IMPORTS", str(tmp_path / "imports"))
     repo, commits = make_repo(tmp_path, {
-        6: lambda t: FLAKY_KERNEL + t.replace(DK_LINE, DK_LINE + "        dk = dk * 1.02 if _FLAKY else dk\n")})
+        6: lambda t: t.replace("\nimport torch\n", "\nimport torch\n" + FLAKY_KERNEL, 1).replace(
+            DK_LINE, DK_LINE + "        dk = dk * 1.02 if _FLAKY else dk\n")})
     fail_at_head(repo)
     proc = bisect(repo, "--good", commits[0], "--last-failed")
     assert proc.returncode == 1, proc.stdout + proc.stderr
