@@ -49,7 +49,7 @@ def test_this_repository_is_the_templates_rendered_with_its_parameters():
     """What we harden is what users get: every generated file equals its template's rendering."""
     ci = load_config(ROOT / "pyproject.toml").ci
     files = I.render_files(ci)
-    assert len(files) == 17
+    assert len(files) == 18
     drift = [rel for rel, text in files.items() if (ROOT / rel).read_text(encoding="utf-8") != text]
     assert not drift, f"{drift} differ from gate/workflow/templates/ rendered with [tool.attn-gate.ci]: edit the " \
                       f"template, then re-render (tests/test_init.py shows how)"
@@ -149,7 +149,7 @@ def test_check_is_quiet_when_equal_and_shows_drift_after_a_template_change(repo,
     assert run_init(repo, *FAMILY) == 0
     capsys.readouterr()
     assert main(["init", "--check", "--dir", str(repo)]) == 0
-    assert "17 of 17 files equal" in capsys.readouterr().out
+    assert "18 of 18 files equal" in capsys.readouterr().out
     # an upgraded attn-gate: one template changed
     templates = tmp_path / "templates"
     shutil.copytree(I.TEMPLATES, templates)
@@ -159,7 +159,7 @@ def test_check_is_quiet_when_equal_and_shows_drift_after_a_template_change(repo,
     assert main(["init", "--check", "--dir", str(repo)]) == 1
     out = capsys.readouterr().out
     assert "drift: .github/workflows/vet.yml" in out and "-    timeout-minutes: 10" in out and "+    timeout-minutes: 12" in out
-    assert "16 of 17 files equal, 1 drift" in out
+    assert "17 of 18 files equal, 1 drift" in out
 
 
 def test_check_without_init_is_a_usage_error(repo, capsys):

@@ -214,35 +214,37 @@ def run_pre_steps(job: dict, cwd: Path, env: dict, failed: bool, tmp_path: Path)
 def rehearse(tmp_path: Path, variables: dict[str, str], *, cwd: Path = ROOT, skip: set[str] = SKIPPED_RUN_STEPS,
              pr: str = PR_NUMBER, sha: str = HEAD_SHA, extra_env: dict | None = None,
              canary: str | None = None, job: dict | None = None, event: str = "workflow_dispatch",
-             workflow: str = "gate.yml", ref: str = "refs/heads/main", payload: dict | None = None) -> Rehearsal:
+             workflow: str = "gate.yml", ref: str = "refs/heads/main", payload: dict | None = None,
+             job_id: str = "gate", inputs: dict[str, str] | None = None, group: str = "attn-gate-gpu") -> Rehearsal:
     """The runner guard, then the gate job's steps; `variables` are the repository variables (vars.*)
     it reads. The run is what vet.yml dispatches: main's gate.yml with inputs pr and sha. `canary`:
     what an earlier job on this host left (None: a fresh machine). `job`, `event`, `workflow`,
-    `ref`, `payload`: another job, as the runner reports it to the hook."""
+    `ref`, `payload`: another job, as the runner reports it to the hook; another dispatched
+    workflow's job: `workflow`, `job_id`, its `inputs` and the runner `group` whose settings admit it."""
     temp = tmp_path / "runner-temp"
     temp.mkdir()
     summary, github_env = tmp_path / "step-summary.md", tmp_path / "github-env"
     summary.touch()
     hook_dir = tmp_path / "hook"
     hook_dir.mkdir()
-    config = guard.write_config(hook_dir)
+    config = guard.write_config(hook_dir, **{k: guard.shipped(group)[k] for k in ("group", "allow")})
     if canary is not None:
         (hook_dir / "state").mkdir()
         (hook_dir / "state" / "canary").write_text(canary)
+    inputs = {"pr": pr, "sha": sha} if inputs is None else inputs
     if payload is None:
-        payload = {**guard.DISPATCH_GATE, "inputs": {"pr": pr, "sha": sha}}
+        payload = {**guard.DISPATCH_GATE, "workflow": f".github/workflows/{workflow}", "inputs": inputs}
     hook = run_hook_under_fake_runner(hook_dir, event, workflow, ref, payload, config, temp)
     guard_env = hook.github_env
     github_env.touch()  # the job's own GITHUB_ENV, empty at its first step
     known = {
         "runner.temp": str(temp),
-        "inputs.pr": pr,
-        "inputs.sha": sha,
+        **{f"inputs.{k}": v for k, v in inputs.items()},
         # the checkout's ref, as GitHub evaluates it for a dispatch
         "github.event_name == 'merge_group' && github.sha || format('refs/pull/{0}/head', inputs.pr)": f"refs/pull/{pr}/head",
         **{f"vars.{k}": v for k, v in variables.items()},
     }
-    job = job or gate_job()
+    job = job or yaml.safe_load((ROOT / ".github" / "workflows" / workflow).read_text())["jobs"][job_id]
     base_env = {k: v for k, v in os.environ.items()
                 if not k.startswith(("GITHUB_", "RUNNER_", "ATTN_GATE_", "PIP_")) and k not in ("PYTHONNOUSERSITE", "HOME")}
     base_env.update({"HOME": str(tmp_path / "runner-home")})  # the runner's own HOME, replaced by the guard's
@@ -765,3 +767,43 @@ def test_rehearsal_asv_compares_the_head_with_stored_history(tmp_path):
     assert note in second.step_summary
     assert list((second.runner_temp / "gate-results" / "asv-results" / "cpu").glob(f"{head[:8]}-*.json"))
     assert second.step("gate").kind == "skipped" and second.failed is False
+
+
+# ---- bisect.yml: the dispatched bisect on the trusted group, in a synthetic kernel repository ---
+
+
+@pytest.mark.slow
+def test_rehearsal_bisect_names_the_first_bad_commit(tmp_path):
+    from gate.core.cases import exact_regex
+    from tests import test_bisect as tb
+
+    # three commits, the second plants dK x1.02; the repository's locked install step is a compile check
+    repo, commits = tb.make_repo(tmp_path, {2: tb.plant}, commits=3,
+                                 files={"scripts/setup.sh": "python3 -m py_compile tinyk/__init__.py\n"})
+    r = rehearse(tmp_path, {"ATTN_GATE_DEVICE": "cpu"}, cwd=repo, workflow="bisect.yml", job_id="bisect",
+                 inputs={"good": commits[0], "bad": "", "only": exact_regex(tb.CASES)}, group="attn-gate-trusted")
+    step = r.step("bisect")
+    assert step.returncode == 0 and not r.failed, step.output[-3000:]
+    assert f"FIRST BAD COMMIT: {commits[1]} commit 2" in step.output
+    assert "## attn-gate bisect" in r.step_summary and commits[1] in r.step_summary
+    assert (r.runner_temp / "bisect" / "bisect-tinyk_flash_attn_func-mini.json").is_file()
+    assert [s.kind for s in r.steps][-1] == "uses"  # the record is uploaded
+
+
+def test_rehearsal_bisect_refuses_an_input_with_a_shell_in_it(tmp_path):
+    r = rehearse(tmp_path, {"ATTN_GATE_DEVICE": "cpu"}, workflow="bisect.yml", job_id="bisect",
+                 inputs={"good": "v1", "bad": "", "only": "x'; id; '"}, group="attn-gate-trusted")
+    assert r.failed and "dispatch input only" in r.hook and all(s.kind == "skipped" for s in r.steps)
+
+
+def test_bisect_validation_step_refuses_what_the_guard_would(tmp_path):
+    """The job's own check of the inputs (defence in depth behind the guard), run for real."""
+    step = next(s for s in yaml.safe_load((ROOT / ".github" / "workflows" / "bisect.yml").read_text())["jobs"]["bisect"]["steps"]
+                if s.get("id") == "validate")
+    for good, bad, only, ok in (("v1.2", "", "^(?:bf16-b2-h8/2-s127-d80|fp16-b2-h8-s97-d64-causal)$", True),
+                                ("3f2a1c0", "main~3", "bf16-.*causal", True), ("--exec=id", "", "x", False),
+                                ("v1", "a b", "x", False), ("v1", "", "x; id", False), ("v1", "", "-k", False),
+                                ("v1", "", "", False)):
+        proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]], capture_output=True,
+                              text=True, env={"PATH": os.environ["PATH"], "GOOD": good, "BAD": bad, "ONLY": only})
+        assert (proc.returncode == 0) == ok, (good, bad, only, proc.stdout)

@@ -248,7 +248,7 @@ GPU_GROUP, TRUSTED_GROUP = "attn-gate-gpu", "attn-gate-trusted"
 
 
 def test_the_workflows_exist():
-    assert [p.name for p in WORKFLOW_FILES] == ["baselines.yml", "ci.yml", "gate.yml", "nightly.yml", "publish.yml",
+    assert [p.name for p in WORKFLOW_FILES] == ["baselines.yml", "bisect.yml", "ci.yml", "gate.yml", "nightly.yml", "publish.yml",
                                                 "report.yml", "selftest.yml", "vet.yml"]
 
 
@@ -267,7 +267,7 @@ def test_zizmor_offline_finds_nothing(persona):
 
 # What the auditor persona still reports, each explained in docs/ci.md ("zizmor").
 AUDITOR_EXPLAINED = {
-    ("self-hosted-runner", "baselines.yml"), ("self-hosted-runner", "gate.yml"), ("self-hosted-runner", "nightly.yml"),
+    ("self-hosted-runner", "baselines.yml"), ("self-hosted-runner", "bisect.yml"), ("self-hosted-runner", "gate.yml"), ("self-hosted-runner", "nightly.yml"),
     ("self-hosted-runner", "publish.yml"), ("self-hosted-runner", "selftest.yml"),
 }
 
@@ -345,6 +345,7 @@ def test_permissions_are_exactly_these():
     got = {p.name: {j: job["permissions"] for j, job in load(p)["jobs"].items()} for p in WORKFLOW_FILES}
     assert got == {
         "baselines.yml": {"update": {"contents": "read"}, "branch": {"contents": "write"}},
+        "bisect.yml": {"bisect": {"contents": "read"}},
         "ci.yml": {"tests": {"contents": "read"}},
         "gate.yml": {"gate": {"contents": "read"}},
         "nightly.yml": {"shard": {"contents": "read"}, "verdict": {"contents": "read"}},
@@ -429,6 +430,7 @@ def test_self_hosted_jobs_require_the_guard_and_are_grouped():
             assert "github.ref == 'refs/heads/main'" in job["if"], f"{name}/{job_id}"  # the guard refuses the rest
     assert seen == {
         "baselines.yml/update": {TRUSTED_GROUP},
+        "bisect.yml/bisect": {TRUSTED_GROUP},
         "gate.yml/gate": {GPU_GROUP},
         "nightly.yml/shard": {TRUSTED_GROUP},
         "nightly.yml/verdict": {TRUSTED_GROUP},
@@ -1049,5 +1051,5 @@ def test_every_gpu_job_refuses_to_run_without_a_gpu():
                          if re.search(r"^\s*attn-gate \w", s.get("run", ""), re.MULTILINE))
         assert names.index("Check that torch sees the GPU") < first_use, f"{name}/{job_id}"
         gpu_runs = [s["run"] for s in job["steps"]
-                    if re.search(r"attn-gate (check|bench|baseline|sweep|selftest)", s.get("run", ""))]
+                    if re.search(r"attn-gate (check|bench|baseline|sweep|selftest|bisect)", s.get("run", ""))]
         assert gpu_runs and all('--device "$ATTN_GATE_DEVICE"' in r for r in gpu_runs), f"{name}/{job_id}"

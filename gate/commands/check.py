@@ -51,8 +51,17 @@ def last_failed(out: Path, kernel: str | None, suite: str | None) -> tuple[str, 
     """An exact `--only` regex of the cases that failed (or were inconclusive) in the last check
     written to `out` (its findings JSON, the one of this kernel and suite where several are there),
     and that check's context: the kernel, suite, config and baseline it ran with."""
+    data, failed = _last_findings(out, kernel, suite)
+    context = data.get("context") if isinstance(data.get("context"), dict) else {}
+    return exact_regex(failed), context
 
 
+def last_failed_ids(out: Path, kernel: str | None, suite: str | None) -> list[str]:
+    """The ids `last_failed` matches (`attn-gate bisect --last-failed` names them)."""
+    return _last_findings(out, kernel, suite)[1]
+
+
+def _last_findings(out: Path, kernel: str | None, suite: str | None) -> tuple[dict, list[str]]:
     found = sorted(Path(out).glob("findings-*.json"), key=lambda p: p.stat().st_mtime)
     if kernel is not None or suite is not None:
         def matches(path: Path) -> bool:
@@ -68,18 +77,14 @@ def last_failed(out: Path, kernel: str | None, suite: str | None) -> tuple[str, 
     from gate.compare.findings import rerun_case_ids
 
     try:
-        failed = rerun_case_ids(json.loads(found[-1].read_text(encoding="utf-8")))
+        data = json.loads(found[-1].read_text(encoding="utf-8"))
+        failed = rerun_case_ids(data)
     except (OSError, ValueError, RecursionError) as exc:
         raise UserError(f"--last-failed: {found[-1]} is not a findings JSON attn-gate wrote ({str(exc)[:200]}); "
                         f"run without --last-failed") from None
     if not failed:
         raise UserError(f"--last-failed: no case failed in the last check in {out} ({found[-1].name}); run without --last-failed")
-    context = data.get("context") if isinstance(data.get("context"), dict) else {}
-    return exact_regex(failed), context
-
-
-def last_failed_only(out: Path, kernel: str | None, suite: str | None) -> str:
-    return last_failed(out, kernel, suite)[0]
+    return (data if isinstance(data, dict) else {}), failed
 
 
 def main(args: argparse.Namespace) -> int:

@@ -71,6 +71,17 @@ HELP: dict[str, tuple[str, list[str], list[str]]] = {
     "suites": ("The suites (built in and from [tool.attn-gate.suites]) and their case counts; --cases lists every case "
                "id with a legend of the id grammar.",
                ["attn-gate suites", "attn-gate suites --cases"], ["0", EXIT_2]),
+    "bisect": ("Name the first commit between --good and --bad where the gate fails the given cases: git bisect over "
+               "the range, each step a fresh worktree of the commit, its install step ([tool.attn-gate.ci] setup or "
+               "--setup), then `attn-gate check` of exactly those cases against the config and baseline committed at "
+               "--bad, re-run to catch a flaky verdict. A commit that does not install or load is skipped; a flaky "
+               "case stops the bisect and is named.",
+               ["attn-gate bisect --good v1.2 --last-failed            # the cases the last `check` in out/ failed",
+                "attn-gate bisect --good 3f2a1c0 --bad main --only 'bf16-.*causal' --setup 'pip install -e .'",
+                "attn-gate bisect --good v1.2 --last-failed --perf     # a speed regression, the confirm re-run deciding"],
+               ["0  the first bad commit is named (with its failing cases and tensors)",
+                "1  no commit could be named: a case is flaky, or only commits that do not install were left",
+                "2  usage error, or --bad passes / --good fails under the baseline (nothing to bisect)"]),
     "init": ("Set up a kernel repository for the gate: append [tool.attn-gate] to pyproject.toml and write the "
              "workflows, CODEOWNERS, the runner guard (.github/attn-gate-runner/), asv.conf.json and benchmarks/ "
              "from the templates of this attn-gate version, and out/ into .gitignore. The jobs install attn-gate the way "

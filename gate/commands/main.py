@@ -20,7 +20,7 @@ import gate
 import shlex
 
 # Each module in gate/commands registers its own subcommands.
-COMMANDS = ("sweep", "listing", "check", "baseline", "perf", "bench", "drift", "selftest", "merge", "init", "docs", "probe")
+COMMANDS = ("sweep", "listing", "check", "baseline", "perf", "bench", "drift", "selftest", "merge", "init", "docs", "probe", "bisect")
 # Set by a run that supervises this process (`sweep --workers 0`, gate/commands/sweep.py): the file
 # this process writes its exit code to when it returns; a kernel that ends the process skips it.
 DONE_FILE_ENV = "ATTN_GATE_DONE_FILE"

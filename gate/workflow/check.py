@@ -39,7 +39,7 @@ from gate.compare.baselines import (
 from gate.core.config import Config, known_failures_in, own_kernel, tolerance_changes
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
 from gate.core.files import FolderLock, append_step_summary, refuse_inside_baselines, require_writable, safe_name
-from gate.compare.findings import CheckContext, Finding, Verdict, decide
+from gate.compare.findings import CheckContext, Finding, Verdict, decide, worst_first
 from gate.compare.known import TABLE, apply_known, for_kernel, refuse_unmatched, undeclared_failures
 from gate.core.results import SweepResult
 from gate.compare.sweep_rules import (
@@ -239,6 +239,50 @@ def refuse_unmatched_known(plan: RunPlan) -> None:
 # ---------------------------------------------------------------- check
 
 
+def checked_baseline(plan: RunPlan, baseline_file: Path | None = None) -> tuple[Path, Baseline]:
+    """Everything a fresh check refuses before it sweeps (known_failures that match no case, no or a
+    damaged baseline, one of another GPU class, a stale one), then the baseline and its path."""
+    refuse_unmatched_known(plan)
+    path, baseline = load_existing_baseline(plan, baseline_file)
+    refuse_stale_baseline(baseline, plan.kernel, plan.suite.name, plan.suite_hash,
+                          plan.config.tolerance.as_dict(), plan.gpu_class, path, plan.suite.swept_hashes(),
+                          {c.id for c in plan.suite.perf_cases})
+    return path, baseline
+
+
+@dataclass(frozen=True)
+class CaseVerdict:
+    """The check's verdict on one case, for a runner that reports case by case (the pytest plugin):
+    outcome FAIL (a blocking finding of the case), SKIP (the row is SKIP), KNOWN (a declared upstream
+    failure) or PASS, with the one line that says why."""
+
+    case_id: str
+    outcome: str
+    reason: str
+
+
+def case_verdicts(plan: RunPlan, baseline: Baseline, path: Path, sweep: SweepResult) -> dict[str, CaseVerdict]:
+    """Each swept case's verdict under exactly the rules `check` applies (compare_all, decide)."""
+    check_comparable(baseline, sweep, path)
+    findings, thresholds, _ = compare_all(baseline, sweep, plan.config, sweep.scope)
+    verdict = decide(findings, thresholds)
+    out = {}
+    for row in sweep.cases:
+        mine = [f for f in verdict.findings if f.case_id == row.case_id]
+        blocking = sorted((f for f in mine if f.severity.blocks), key=worst_first)
+        known = [f for f in mine if f.severity.value == "KNOWN"]
+        if blocking:
+            more = f" (and {len(blocking) - 1} more: {', '.join(f.metric for f in blocking[1:])})" if len(blocking) > 1 else ""
+            out[row.case_id] = CaseVerdict(row.case_id, "FAIL", blocking[0].message + more)
+        elif row.status.value == "SKIP":
+            out[row.case_id] = CaseVerdict(row.case_id, "SKIP", row.reason or "skipped")
+        elif known:
+            out[row.case_id] = CaseVerdict(row.case_id, "KNOWN", known[0].message)
+        else:
+            out[row.case_id] = CaseVerdict(row.case_id, "PASS", "")
+    return out
+
+
 def run_check(config: Config, kernel: str | None = None, suite: str | None = None, device: str | None = None,
               only: str | None = None, results_path: Path | None = None, baseline_file: Path | None = None,
               out_dir: Path = Path("out"), progress: bool = True, console=None, perf: bool | None = None,
@@ -264,12 +308,11 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
         refuse_results_of_another_config(plan, results, results_path)
     elif plan is None:
         plan = resolve_plan(config, kernel, suite, device, only, options, perf, baseline_file)
-    refuse_unmatched_known(plan)
-    path, baseline = load_existing_baseline(plan, baseline_file)
-    if results is None:  # refused now, not after the sweep it would throw away
-        refuse_stale_baseline(baseline, plan.kernel, plan.suite.name, plan.suite_hash,
-                              config.tolerance.as_dict(), plan.gpu_class, path, plan.suite.swept_hashes(),
-                              {c.id for c in plan.suite.perf_cases})
+    if results is None:
+        path, baseline = checked_baseline(plan, baseline_file)
+    else:
+        refuse_unmatched_known(plan)
+        path, baseline = load_existing_baseline(plan, baseline_file)
     sweep = results if results is not None else fresh_sweep(plan, progress)
     check_comparable(baseline, sweep, path)
     scope = sweep.scope

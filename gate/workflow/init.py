@@ -29,7 +29,7 @@ from gate.core.jsonio import checked_name, write_text_atomic
 from gate.workflow.install_source import InstallSource, checkout_requirement, mismatch, requirement_in
 
 TEMPLATES = Path(__file__).with_name("templates")
-WORKFLOWS = ("baselines", "ci", "gate", "nightly", "publish", "report", "selftest", "vet")
+WORKFLOWS = ("baselines", "bisect", "ci", "gate", "nightly", "publish", "report", "selftest", "vet")
 RUNNER_FILES = ("job_started.sh", "job_started.py", "attn-gate-gpu.json", "attn-gate-trusted.json")
 RUNNER_DIR = ".github/attn-gate-runner"
 PLACEHOLDER = re.compile(r"@@([a-z_]+)@@")

@@ -1,0 +1,249 @@
+"""`attn-gate bisect`: a synthetic kernel repository of ten commits (examples/tiny-attn's kernel, a
+two-case suite, a committed CPU baseline) where commit 6 plants a bug; the bisect names it, skips a
+commit that does not build, and stops on a flaky kernel. The step's decision (gate/workflow/bisect.py
+`decide_step`, `read_failing`) is tested on tables first."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gate.workflow.bisect import (
+    BAD, FLAKY, GOOD, SKIP, BisectOutcome, BisectSpec, StepResult, check_command, decide_step, step_verdict,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+KERNEL = (ROOT / "examples" / "tiny-attn" / "tiny_attn" / "__init__.py").read_text()
+DK_LINE = "        dk = dk.view(b, hk, group, *dk.shape[2:]).sum(2)\n"
+PLANTED = DK_LINE + "        dk = dk * 1.02\n"
+# a bug on every other import of the module (one import per check: its one worker)
+FLAKY_KERNEL = ("import os as _os\n_path = _os.environ['TINYK_IMPORTS']\n"
+                "_n = int(open(_path).read() or 0) + 1 if _os.path.exists(_path) else 1\n"
+                "open(_path, 'w').write(str(_n))\n_FLAKY = _n % 2 == 1\n")
+PYPROJECT = """\
+[tool.attn-gate.cpu]
+kernel = "tinyk:flash_attn_func"
+suite = "mini"
+
+[tool.attn-gate.ci]
+setup = "python3 -m py_compile tinyk/__init__.py"
+
+[tool.attn-gate.suites.mini]
+seeds = [0]
+[[tool.attn-gate.suites.mini.matrix]]
+dtype = ["fp32"]
+seqlens = ["33", "40x56"]
+heads = ["2"]
+head_dims = ["16"]
+"""
+CASES = ["fp32-b2-h2-s33-d16", "fp32-b2-h2-s40x56-d16"]
+
+
+# ---------------------------------------------------------------- the step's decision, on tables
+
+
+def test_a_step_is_what_every_run_agrees_on():
+    bad = (BAD, "x (dk)", {"x": ["dk"]})
+    assert decide_step("c", "s", [bad, bad]).verdict == BAD
+    assert decide_step("c", "s", [(GOOD, "", {}), (GOOD, "", {})]).verdict == GOOD
+    assert decide_step("c", "s", [(SKIP, "no build", {})]).verdict == SKIP
+
+
+@pytest.mark.parametrize("runs, flipped", [
+    ([(BAD, "x (dk)", {"x": ["dk"]}), (GOOD, "", {})], ("x",)),
+    ([(GOOD, "", {}), (BAD, "y (dq)", {"y": ["dq"]})], ("y",)),
+    ([(BAD, "", {"x": ["dk"]}), (BAD, "", {"x": ["dk"], "y": ["dv"]})], ("y",)),  # the same verdict, another case
+    ([(BAD, "", {"x": ["dk"]}), (SKIP, "crash", {})], ("x",)),
+])
+def test_a_verdict_that_changes_on_a_rerun_is_flaky_and_names_the_case(runs, flipped):
+    step = decide_step("c", "s", runs)
+    assert step.verdict == FLAKY and step.flipped == flipped and step.exit_code == 128
+
+
+def finding(case, metric, severity):
+    return {"case_id": case, "metric": metric, "severity": severity, "message": f"{case} {metric}"}
+
+
+def test_a_bad_step_names_the_tensors_its_bisected_cases_failed_on():
+    findings = [finding("a", "ratio:dk", "FAIL"), finding("a", "ratio:dq", "FAIL"), finding("a", "status", "FAIL"),
+                finding("a", "ratio:dv", "WARN"), finding("c", "status", "FAIL"), finding("b", "ratio:out", "FAIL"),
+                finding("d", "status", "OK")]
+    verdict, reason, failing = step_verdict(1, findings, ("a", "c", "d"))
+    assert verdict == BAD and failing == {"a": ["dk", "dq"], "c": ["status"]} and reason == "a (dk, dq); c (status)"
+    assert step_verdict(1, [finding("", "env:torch", "FAIL")], ("a",))[:2] == (BAD, " env:torch")
+    assert step_verdict(0, [finding("a", "ratio:dk", "OK")], ("a",))[0] == GOOD
+
+
+@pytest.mark.parametrize("findings", [
+    [finding("a", "speed_ratio:fwd", "INCONCLUSIVE")],  # a suspected regression the confirm re-run did not confirm
+    [finding("", "speed", "INCONCLUSIVE"), finding("a", "ratio:dk", "WARN")],
+    None,  # no findings JSON
+    [],
+])
+def test_a_step_without_a_fail_is_skipped_not_bad(findings):
+    assert step_verdict(1, findings, ("a",))[0] == SKIP
+
+
+def test_a_perf_bisect_times_the_cases_in_each_check(tmp_path):
+    spec = BisectSpec(repo="/r", good="a" * 40, bad="b" * 40, cases=("x",), only="^(?:x)$", kernel="k", suite="s",
+                      device="cpu", config="/w/judge/pyproject.toml", baseline="/w/b.json", setup=None)
+    assert "--no-perf" in check_command(spec, tmp_path, tmp_path / "o")
+    cmd = check_command(BisectSpec(**{**spec.__dict__, "perf": True}), tmp_path, tmp_path / "o")
+    assert "--perf" in cmd and cmd[cmd.index("--only") + 1] == "^(?:x)$" and cmd[cmd.index("--baseline") + 1] == "/w/b.json"
+
+
+def test_the_report_names_the_first_bad_commit_or_the_flaky_case():
+    spec = BisectSpec(repo="/r", good="a" * 40, bad="b" * 40, cases=("x",), only="^(?:x)$", kernel="k", suite="s",
+                      device="cpu", config="/w/judge/pyproject.toml", baseline="/w/judge/baselines/cpu/k-s.json", setup=None)
+    first = StepResult("c" * 40, "plant", BAD, "x (dk)", {"x": ["dk"]})
+    text = BisectOutcome(spec, (first,), first).text()
+    assert f"FIRST BAD COMMIT: {'c' * 40} plant" in text and "x: dk" in text and "baselines/cpu/k-s.json" in text
+    flaky = StepResult("d" * 40, "f", FLAKY, "x flipped", {}, ("x",))
+    out = BisectOutcome(spec, (flaky,), None, stopped=flaky)
+    assert out.exit_code == 1 and "STOPPED: flaky" in out.text() and "x flipped on a re-run" in out.text()
+    assert "FIRST BAD" not in out.text()
+
+
+# ---------------------------------------------------------------- the synthetic repository
+
+
+def git(repo: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env).stdout.strip()
+
+
+def make_repo(tmp_path: Path, edits: dict[int, "callable"], commits: int = 10,
+              files: dict[str, str] | None = None) -> tuple[Path, list[str]]:
+    """`commits` commits; commit 1 holds the kernel, the config and the baseline measured from it;
+    `edits[i](text) -> text` changes the kernel in commit i. Returns the repo and its commits."""
+    repo = tmp_path / "kernels"
+    (repo / "tinyk").mkdir(parents=True)
+    (repo / "tinyk" / "__init__.py").write_text(KERNEL)
+    (repo / "pyproject.toml").write_text(PYPROJECT)
+    (repo / ".gitignore").write_text("out/\n__pycache__/\n")
+    for rel, text in (files or {}).items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    git(repo, "init", "-q")
+    assert attn_gate(repo, "baseline", "update", "--device", "cpu", "--no-progress").returncode == 0
+    ids = []
+    for i in range(1, commits + 1):
+        if i in edits:
+            path = repo / "tinyk" / "__init__.py"
+            path.write_text(edits[i](path.read_text()))
+        (repo / "NOTES.md").write_text(f"commit {i}\n")
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "-m", f"commit {i}")
+        ids.append(git(repo, "rev-parse", "HEAD"))
+    return repo, ids
+
+
+def fail_at_head(repo: Path) -> None:
+    """The nightly's check that fails and leaves its findings in out/ for --last-failed."""
+    assert attn_gate(repo, "check", "--device", "cpu", "--no-progress").returncode == 1
+
+
+def attn_gate(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    """The CLI in a subprocess, as a maintainer types it (a fresh process: no warm worker holds an
+    earlier commit's kernel)."""
+    exe = Path(sys.executable).parent / "attn-gate"
+    return subprocess.run([str(exe), *args], cwd=repo, capture_output=True, text=True, timeout=900)
+
+
+def bisect(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    return attn_gate(repo, "bisect", *args)
+
+
+def plant(text: str) -> str:
+    return text.replace(DK_LINE, PLANTED)
+
+
+def no_leftovers(repo: Path) -> None:
+    assert git(repo, "worktree", "list").count("\n") == 0  # the bisect's worktrees are gone
+    assert not (Path(git(repo, "rev-parse", "--git-dir")) / "BISECT_LOG").exists()
+
+
+@pytest.mark.slow
+def test_bisect_names_the_commit_that_planted_the_bug_and_skips_one_that_does_not_build(tmp_path, monkeypatch):
+    # commit 6 plants dK x1.02; commit 7 does not build (a syntax error, fixed in 8): git bisect visits it
+    repo, commits = make_repo(tmp_path, {
+        6: plant, 7: lambda t: t + "\ndef broken(:\n", 8: lambda t: t.replace("\ndef broken(:\n", "")})
+    fail_at_head(repo)
+    proc = bisect(repo, "--good", commits[0], "--last-failed")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"FIRST BAD COMMIT: {commits[5]} commit 6" in proc.stdout
+    for case in CASES:
+        assert f"  {case}: dk" in proc.stdout
+    assert f"{commits[6][:12]} skip" in proc.stdout and "py_compile" in proc.stdout  # the install step failed
+    assert f"attn-gate bisect: {commits[6][:12]} skip" in proc.stderr  # each step's verdict is shown as it comes
+    data = json.loads((repo / "out" / "bisect-tinyk_flash_attn_func-mini.json").read_text())
+    assert data["first_bad"]["commit"] == commits[5] and data["first_bad"]["failing"] == {c: ["dk"] for c in CASES}
+    no_leftovers(repo)
+
+
+@pytest.mark.slow
+def test_bisect_stops_on_a_flaky_kernel_and_names_the_case(tmp_path, monkeypatch):
+    monkeypatch.setenv("TINYK_IMPORTS", str(tmp_path / "imports"))
+    repo, commits = make_repo(tmp_path, {
+        6: lambda t: t.replace("\nimport torch\n", "\nimport torch\n" + FLAKY_KERNEL, 1).replace(
+            DK_LINE, DK_LINE + "        dk = dk * 1.02 if _FLAKY else dk\n")})
+    fail_at_head(repo)
+    proc = bisect(repo, "--good", commits[0], "--last-failed")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "STOPPED: flaky" in proc.stdout and "FIRST BAD" not in proc.stdout
+    assert all(case in proc.stdout.split("STOPPED")[1] for case in CASES)
+    no_leftovers(repo)
+
+
+@pytest.mark.slow
+def test_bisect_refuses_a_good_end_that_fails(tmp_path, monkeypatch):
+    repo, commits = make_repo(tmp_path, {2: plant})
+    fail_at_head(repo)
+    proc = bisect(repo, "--good", commits[2], "--last-failed", "--reruns", "0")
+    assert proc.returncode == 2 and "--good" in proc.stderr and "is bad, not good" in proc.stderr
+    no_leftovers(repo)
+
+
+def test_bisect_usage_errors_are_one_line(tmp_path, monkeypatch, capsys):
+    from gate.commands.main import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["bisect", "--good", "HEAD~1"]) == 2
+    assert "--only REGEX, or --last-failed" in capsys.readouterr().err
+    assert main(["bisect", "--good", "HEAD~1", "--only", "x"]) == 2
+    assert "not inside a git repository" in capsys.readouterr().err
+    git(tmp_path, "init", "-q")
+    (tmp_path / "f").write_text("1")
+    git(tmp_path, "add", "f")
+    git(tmp_path, "commit", "-q", "-m", "one")
+    assert main(["bisect", "--good", "nope", "--only", "x"]) == 2
+    assert "--good nope: not a commit" in capsys.readouterr().err
+    assert main(["bisect", "--good", "HEAD", "--only", "x"]) == 2
+    assert "not an older ancestor" in capsys.readouterr().err
+
+
+def test_an_interrupted_bisect_leaves_no_worktree_and_no_bisect_state(tmp_path):
+    from gate.workflow.bisect import bisect_workdir, worktree
+
+    repo = tmp_path / "r"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    for i in range(3):
+        (repo / "f").write_text(str(i))
+        git(repo, "add", "f")
+        git(repo, "commit", "-q", "-m", f"c{i}")
+    with pytest.raises(KeyboardInterrupt):
+        with bisect_workdir(str(repo)) as work:
+            with worktree(str(repo), work / "bisect", "HEAD", checkout=False):
+                git(work / "bisect", "bisect", "start", "--no-checkout", "HEAD", "HEAD~2")
+                (work / "step").mkdir()
+                git(repo, "worktree", "add", "-q", "--detach", str(work / "step" / "x"), "HEAD~1")  # a step cut short
+                raise KeyboardInterrupt
+    assert not work.exists()
+    no_leftovers(repo)

@@ -1,0 +1,178 @@
+"""`pytest --attn-gate` (gate/pytest_plugin.py): the suite's cases as pytest items, judged by the check's
+own rules. A planted bug in a plain-PyTorch kernel (examples/tiny-attn's, dK x1.02 on causal cases
+only) fails exactly the items that `attn-gate check` fails; `-k`, `-x`, `--lf`, `-n 2` and
+`--junitxml` work; this repository's smoke suite and the example repository's pass; without the
+flag the plugin adds nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+KERNEL = (ROOT / "examples" / "tiny-attn" / "tiny_attn" / "__init__.py").read_text()
+DK_LINE = "        dk = dk.view(b, hk, group, *dk.shape[2:]).sum(2)\n"
+CAUSAL_BUG = DK_LINE + "        dk = dk * 1.02 if ctx.causal else dk\n"
+PYPROJECT = """\
+[tool.attn-gate.cpu]
+kernel = "tinyk:flash_attn_func"
+suite = "mini"
+
+[tool.attn-gate.suites.mini]
+seeds = [0]
+[[tool.attn-gate.suites.mini.matrix]]
+dtype = ["fp32"]
+seqlens = ["33", "40x56"]
+heads = ["2"]
+head_dims = ["16"]
+causal = [false, true]
+"""
+BUGGY = ["--attn-gate-kernel", "tinyk_bug:flash_attn_func", "--attn-gate-baseline", "baselines/cpu/tinyk_flash_attn_func-mini.json"]
+
+
+def run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "GITHUB_"))}
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=900, env=env)
+
+
+def attn_gate(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return run([str(Path(sys.executable).parent / "attn-gate"), *args], cwd)
+
+
+def pytest_in(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-m", "pytest", "-p", "no:randomly", "-q", *args], cwd)
+
+
+def junit(path: Path) -> dict[str, str]:
+    """test name -> passed / failed / skipped, from a --junitxml file."""
+    out = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        kinds = {child.tag for child in case}
+        out[case.get("name")] = "failed" if kinds & {"failure", "error"} else "skipped" if "skipped" in kinds else "passed"
+    return out
+
+
+def failing_cases(findings: Path) -> set[str]:
+    data = json.loads(findings.read_text())
+    return {f["case_id"] for f in data["findings"] if f["case_id"] and f["severity"] in ("FAIL", "INCONCLUSIVE")}
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    """A kernel repository: tinyk (correct) with its committed mini baseline, and tinyk_bug."""
+    repo = tmp_path_factory.mktemp("plugin") / "kernels"
+    for name, text in (("tinyk", KERNEL), ("tinyk_bug", KERNEL.replace(DK_LINE, CAUSAL_BUG))):
+        (repo / name).mkdir(parents=True)
+        (repo / name / "__init__.py").write_text(text)
+    (repo / "pyproject.toml").write_text(PYPROJECT)
+    proc = attn_gate(repo, "baseline", "update", "--device", "cpu", "--no-progress", "--out", "o-base")
+    assert proc.returncode == 0, proc.stderr
+    return repo
+
+
+@pytest.mark.slow
+def test_the_failing_items_are_exactly_the_checks_fail_cases(repo):
+    check = attn_gate(repo, "check", "--kernel", "tinyk_bug:flash_attn_func", "--baseline",
+                      "baselines/cpu/tinyk_flash_attn_func-mini.json", "--device", "cpu", "--no-progress", "--out", "o-check")
+    assert check.returncode == 1, check.stderr
+    expected = failing_cases(repo / "o-check" / "findings-tinyk_bug_flash_attn_func-mini.json")
+    assert expected and all("causal" in c for c in expected)  # the bug is on causal cases only
+    proc = pytest_in(repo, "--attn-gate", *BUGGY, "--attn-gate-out", "o-pytest", "--junitxml", "j.xml")
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    outcomes = junit(repo / "j.xml")
+    assert {n for n, o in outcomes.items() if o == "failed"} == expected
+    assert {n for n, o in outcomes.items() if o == "passed"} == {n for n in outcomes if "causal" not in n}
+    # the gate's one line is the failure message; its files are those of `attn-gate check`
+    (case, *_) = sorted(expected)
+    assert f"{case}: dk ratio" in proc.stdout or f"{case}: dk" in proc.stdout, proc.stdout[-3000:]
+    assert failing_cases(repo / "o-pytest" / "findings-tinyk_bug_flash_attn_func-mini.json") == expected
+    for name in ("check-tinyk_bug_flash_attn_func-mini.md", "sweep-tinyk_bug_flash_attn_func-mini.json"):
+        assert (repo / "o-pytest" / name).is_file()
+
+    # --lf: only the failures run again
+    again = pytest_in(repo, "--attn-gate", *BUGGY, "--attn-gate-out", "o-lf", "--lf", "--junitxml", "lf.xml")
+    assert again.returncode == 1 and set(junit(repo / "lf.xml")) == expected, again.stdout[-2000:]
+    # the run's files cover what ran (a scoped check), and still fail those cases
+    lf = json.loads((repo / "o-lf" / "findings-tinyk_bug_flash_attn_func-mini.json").read_text())
+    assert lf["context"]["cases"] == len(expected) and lf["verdict"] == "FAIL"
+
+    # -x stops at the first failure; -k selects by case id
+    first = pytest_in(repo, "--attn-gate", *BUGGY, "--attn-gate-out", "o-x", "-x", "-k", "causal", "--junitxml", "x.xml")
+    assert first.returncode == 1 and list(junit(repo / "x.xml").values()) == ["failed"]
+    picked = pytest_in(repo, "--attn-gate", *BUGGY, "--attn-gate-out", "o-k", "-k", "not causal", "--junitxml", "k.xml")
+    assert picked.returncode == 0 and set(junit(repo / "k.xml")) == {n for n in outcomes if "causal" not in n}
+
+
+@pytest.mark.slow
+def test_under_xdist_the_controller_writes_the_whole_runs_files(repo):
+    proc = pytest_in(repo, "--attn-gate", *BUGGY, "--attn-gate-out", "o-xdist", "-n", "2", "--junitxml", "n.xml")
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    outcomes = junit(repo / "n.xml")
+    findings = repo / "o-xdist" / "findings-tinyk_bug_flash_attn_func-mini.json"
+    assert {n for n, o in outcomes.items() if o == "failed"} == failing_cases(findings)
+    assert json.loads(findings.read_text())["context"]["cases"] == len(outcomes) == 4
+
+
+@pytest.mark.slow
+def test_without_the_flag_the_plugin_adds_nothing(repo):
+    proc = pytest_in(repo, "--collect-only")
+    assert "attn-gate" not in proc.stdout and "no tests collected" in proc.stdout, proc.stdout
+    listed = pytest_in(repo, "--attn-gate", "--collect-only")
+    assert listed.stdout.count("\nattn-gate::fp32-") + listed.stdout.startswith("attn-gate::") == 4, listed.stdout
+    assert "4 tests collected" in listed.stdout
+
+
+@pytest.mark.slow
+def test_no_baseline_is_a_usage_error_with_the_gates_message(repo):
+    proc = pytest_in(repo, "--attn-gate", "--attn-gate-kernel", "tinyk_bug:flash_attn_func")
+    assert proc.returncode == 4 and "no baseline for kernel 'tinyk_bug:flash_attn_func'" in proc.stderr + proc.stdout
+
+
+@pytest.mark.slow
+def test_this_repositorys_smoke_suite_passes_under_xdist(tmp_path):
+    """The committed CPU baseline, checked case by case (the one marked test that reads it here)."""
+    proc = pytest_in(ROOT, "--attn-gate", "--attn-gate-suite", "smoke", "--attn-gate-kernel", "sdpa-cpu", "-m", "attn_gate",
+                     "--attn-gate-device", "cpu", "--attn-gate-out", str(tmp_path / "o"), "-n", "2",
+                     "--junitxml", str(tmp_path / "j.xml"), "-p", "no:cacheprovider")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    outcomes = junit(tmp_path / "j.xml")
+    sweep = json.loads((tmp_path / "o" / "sweep-sdpa-cpu-smoke.json").read_text())
+    skipped = {c["case_id"] for c in sweep["cases"] if c["status"] == "SKIP"}
+    assert {n for n, o in outcomes.items() if o == "skipped"} == skipped and skipped
+    assert len(outcomes) == len(sweep["cases"]) and "failed" not in outcomes.values()
+
+
+@pytest.mark.slow
+def test_the_example_repositorys_smoke_suite_passes(tmp_path):
+    repo = tmp_path / "tiny-attn"
+    shutil.copytree(ROOT / "examples" / "tiny-attn", repo, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    init = attn_gate(repo, "init", "--dense", "tiny_attn:flash_attn_func", "--varlen", "tiny_attn:flash_attn_varlen_func",
+                     "--repository", "example/tiny-attn", "--yes")
+    assert init.returncode == 0, init.stderr
+    base = attn_gate(repo, "baseline", "update", "--kernel", "sdpa-cpu", "--suite", "smoke", "--device", "cpu", "--no-progress")
+    assert base.returncode == 0, base.stderr[-2000:]
+    # the repository's own tests and the gate's cases in one run (a subset of the cases: -k)
+    proc = pytest_in(repo, "--attn-gate", "--attn-gate-suite", "smoke", "--attn-gate-kernel", "sdpa-cpu",
+                     "--attn-gate-device", "cpu", "-k", "fp32 or test_dense", "--junitxml", "j.xml")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    outcomes = junit(repo / "j.xml")
+    assert outcomes.get("test_dense_matches_sdpa_with_gradients") == "passed"
+    assert sum(n.startswith("fp32-") for n in outcomes) >= 5 and "failed" not in outcomes.values()
+
+
+def test_the_plugin_is_registered_and_imports_nothing_of_the_gate_until_asked():
+    """Installed in every venv that has attn-gate (this repository's too): it must cost nothing."""
+    from importlib.metadata import entry_points
+
+    assert [e.value for e in entry_points(group="pytest11") if e.name == "attn-gate"] == ["gate.pytest_plugin"]
+    code = ("import sys, gate.pytest_plugin; "
+            "sys.exit(sorted(m for m in sys.modules if m.startswith(('gate.', 'torch'))) != ['gate.pytest_plugin'])")
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
