@@ -369,7 +369,7 @@ def test_oracle_perf_files(tmp_path_factory):
 def test_oracle_findings_files(tmp_path):
     """`check --last-failed` reruns what a findings file says failed: a damaged file is refused,
     never read as fewer failures than it holds."""
-    from gate.commands.check import last_failed_only
+    from gate.commands.check import last_failed
     from gate.core.errors import UserError
 
     good = {"schema_version": 2, "kind": "attn-gate findings", "verdict": "FAIL", "context": {"kernel": "k", "suite": "s"},
@@ -386,7 +386,7 @@ def test_oracle_findings_files(tmp_path):
         set_at(mutated, target, value)
         (tmp_path / "findings-k-s.json").write_text(json.dumps(mutated))
         try:
-            regex = last_failed_only(tmp_path, None, None)
+            regex = last_failed(tmp_path, None, None)[0]
         except UserError:
             return
         import re
