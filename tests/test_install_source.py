@@ -102,7 +102,7 @@ def test_init_check_flags_an_install_line_the_installed_attn_gate_cannot_come_fr
     assert main(["init", "--check", "--dir", str(repo)]) == 1
     out = capsys.readouterr().out
     assert "install line [tool.attn-gate.ci] setup installs 'attn-gate==0.1.0'" in out and COMMIT in out
-    assert "17 of 17 files equal" in out and "to fix" in out
+    assert "18 of 18 files equal" in out and "to fix" in out
 
 
 @pytest.mark.parametrize("value", ['attn-gate" && curl x | sh', "attn-gate==$(id)", "attn-gate`id`", "attn-gate; rm -rf ."])

@@ -793,7 +793,8 @@ def test_rehearsal_bisect_names_the_first_bad_commit(tmp_path):
 def test_rehearsal_bisect_refuses_an_input_with_a_shell_in_it(tmp_path):
     r = rehearse(tmp_path, {"ATTN_GATE_DEVICE": "cpu"}, workflow="bisect.yml", job_id="bisect",
                  inputs={"good": "v1", "bad": "", "only": "x'; id; '"}, group="attn-gate-trusted")
-    assert r.failed and "dispatch input only" in r.hook and all(s.kind == "skipped" for s in r.steps)
+    assert r.failed and "dispatch input only" in r.hook and r.job_ended
+    assert all(s.kind == "never ran" for s in r.steps)
 
 
 def test_bisect_validation_step_refuses_what_the_guard_would(tmp_path):
