@@ -233,7 +233,7 @@ def test_init_probe_writes_the_found_envelope_into_the_section(tmp_path, capsys)
     (tmp_path / "mypkg" / "attn.py").write_text((ROOT / "tests" / "envelope_kernels.py").read_text())
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\nversion = "0"\n')
     assert main(["init", "--dir", str(tmp_path), "--kernel", "mypkg.attn:no_gqa", "--probe", "--yes",
-                 "--repository", "a/b", "--owners", "@a/b"]) == 0
+                 "--repository", "a/b", "--owners", "@a/b", "--install", "attn-gate==0.1.0"]) == 0
     assert "the envelope goes into [tool.attn-gate.kernels.\"mypkg.attn:no_gqa\".supports]" in capsys.readouterr().out
     config = load_config(tmp_path / "pyproject.toml")
     assert config.kernels["mypkg.attn:no_gqa"].supports == {"gqa": False}

@@ -155,7 +155,7 @@ def test_the_example_repositorys_smoke_suite_passes(tmp_path):
     shutil.copytree(ROOT / "examples" / "tiny-attn", repo, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
     init = attn_gate(repo, "init", "--dense", "tiny_attn:flash_attn_func", "--varlen", "tiny_attn:flash_attn_varlen_func",
-                     "--repository", "example/tiny-attn", "--yes")
+                     "--repository", "example/tiny-attn", "--install", "attn-gate==0.1.0", "--yes")
     assert init.returncode == 0, init.stderr
     base = attn_gate(repo, "baseline", "update", "--kernel", "sdpa-cpu", "--suite", "smoke", "--device", "cpu", "--no-progress")
     assert base.returncode == 0, base.stderr[-2000:]

@@ -29,10 +29,10 @@ def test_a_skipped_case_is_never_sent_to_a_worker_nor_given_inputs_or_references
     calls = {"sent": [], "inputs": [], "references": []}
     real_call, real_inputs, real_refs = isolation.Worker.call, inputs_module.make_inputs, run_case_module.references
 
-    def call(self, request, timeout):
+    def call(self, request, timeout, *args, **kwargs):
         case = request.get("case")
         calls["sent"].append((request.get("op"), Case.from_dict(case).id if case else None))
-        return real_call(self, request, timeout)
+        return real_call(self, request, timeout, *args, **kwargs)
 
     def make_inputs(case, seed, device, *a, **kw):
         calls["inputs"].append(case.id)
