@@ -27,20 +27,45 @@ MARKER = "attn_gate: a case of an attn-gate suite (pytest --attn-gate)"
 
 def pytest_addoption(parser) -> None:
     group = parser.getgroup("attn-gate", "attn-gate: the gate's suite cases as tests")
-    group.addoption("--attn-gate", action="store_true", default=False,
-                    help="add the cases of the gate's suite as tests (one per case id; select them alone with -m attn_gate)")
-    group.addoption("--attn-gate-suite", default=None, metavar="SUITE",
-                    help="suite (attn-gate suites); default: the config's profile")
-    group.addoption("--attn-gate-kernel", default=None, metavar="KERNEL",
-                    help="kernel name or package.module:function; default: the config's profile")
-    group.addoption("--attn-gate-device", default=None, choices=("cuda", "cpu"),
-                    help="default: cuda when a GPU is visible")
-    group.addoption("--attn-gate-config", default=None, metavar="PYPROJECT",
-                    help="pyproject.toml holding [tool.attn-gate] (default ./pyproject.toml)")
-    group.addoption("--attn-gate-baseline", default=None, metavar="FILE",
-                    help="compare with this baseline (default: baselines/<gpu-class>/<kernel>-<suite>.json)")
-    group.addoption("--attn-gate-out", default="out", metavar="DIR",
-                    help="where the findings JSON, report and plot of the run are written (default: out)")
+    group.addoption(
+        "--attn-gate",
+        action="store_true",
+        default=False,
+        help="add the cases of the gate's suite as tests (one per case id; select them alone with -m attn_gate)",
+    )
+    group.addoption(
+        "--attn-gate-suite",
+        default=None,
+        metavar="SUITE",
+        help="suite (attn-gate suites); default: the config's profile",
+    )
+    group.addoption(
+        "--attn-gate-kernel",
+        default=None,
+        metavar="KERNEL",
+        help="kernel name or package.module:function; default: the config's profile",
+    )
+    group.addoption(
+        "--attn-gate-device", default=None, choices=("cuda", "cpu"), help="default: cuda when a GPU is visible"
+    )
+    group.addoption(
+        "--attn-gate-config",
+        default=None,
+        metavar="PYPROJECT",
+        help="pyproject.toml holding [tool.attn-gate] (default ./pyproject.toml)",
+    )
+    group.addoption(
+        "--attn-gate-baseline",
+        default=None,
+        metavar="FILE",
+        help="compare with this baseline (default: baselines/<gpu-class>/<kernel>-<suite>.json)",
+    )
+    group.addoption(
+        "--attn-gate-out",
+        default="out",
+        metavar="DIR",
+        help="where the findings JSON, report and plot of the run are written (default: out)",
+    )
 
 
 def pytest_configure(config) -> None:
@@ -65,8 +90,13 @@ class GateSession:
     def _resolve(self) -> None:
         opt = self.config.getoption
         try:
-            self.run = self.lib.resolve(opt("attn_gate_config"), opt("attn_gate_kernel"), opt("attn_gate_suite"),
-                                        opt("attn_gate_device"), opt("attn_gate_baseline"))
+            self.run = self.lib.resolve(
+                opt("attn_gate_config"),
+                opt("attn_gate_kernel"),
+                opt("attn_gate_suite"),
+                opt("attn_gate_device"),
+                opt("attn_gate_baseline"),
+            )
         except self.lib.UserError as exc:
             raise pytest.UsageError(f"attn-gate: {exc}") from None
 

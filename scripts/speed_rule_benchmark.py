@@ -44,10 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--slowdown-pct", type=float, default=200.0, help="planted slowdown of the pass, percent (200: 3x)")
     ap.add_argument("--pass", dest="pass_", choices=PASSES, default="bwd")
-    ap.add_argument("--planted", choices=("delay", "repeat"), default=None,
-                    help="delay: a busy-wait / torch.cuda._sleep of slowdown-pct of the pass's baseline time "
-                         "(default on a GPU); repeat: the kernel's work run 1 + slowdown-pct/100 times, a whole "
-                         "number (default on a CPU, where a fixed delay shrinks against the load)")
+    ap.add_argument(
+        "--planted",
+        choices=("delay", "repeat"),
+        default=None,
+        help="delay: a busy-wait / torch.cuda._sleep of slowdown-pct of the pass's baseline time "
+        "(default on a GPU); repeat: the kernel's work run 1 + slowdown-pct/100 times, a whole "
+        "number (default on a CPU, where a fixed delay shrinks against the load)",
+    )
     ap.add_argument("--config", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None, help="also write every trial here")
     args = ap.parse_args(argv)
@@ -62,11 +66,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     case = min(cases, key=lambda c: c.flops("fwd") + c.flops("bwd"))
     anchor = case_anchor(cfg.anchor_for(device), cfg, case, device)
-    print(f"{args.kernel} vs {anchor} on {case.id} ({device}); rule: {(1 - cfg.alpha) * 100:g}% interval, limit "
-          f"{cfg.regression_pct_for(device):g}%, rounds {cfg.rounds}, confirm {cfg.confirm_rounds}", flush=True)
+    print(
+        f"{args.kernel} vs {anchor} on {case.id} ({device}); rule: {(1 - cfg.alpha) * 100:g}% interval, limit "
+        f"{cfg.regression_pct_for(device):g}%, rounds {cfg.rounds}, confirm {cfg.confirm_rounds}",
+        flush=True,
+    )
 
     t0 = time.perf_counter()
-    base = measure_case(adapter, anchor, case, device, TimingPlan.from_config(cfg, rounds=max(cfg.confirm_rounds, cfg.rounds)))
+    base = measure_case(
+        adapter, anchor, case, device, TimingPlan.from_config(cfg, rounds=max(cfg.confirm_rounds, cfg.rounds))
+    )
     if not base.measured:
         print(f"baseline not measured: {base.label} {base.reason}", file=sys.stderr)
         return 2
@@ -74,9 +83,12 @@ def main(argv: list[str] | None = None) -> int:
     for p in PASSES:
         est = base.estimate(p)
         if est is not None:
-            print(f"baseline {p}: ratio {est.median:.4f}, noise band {cfg.noise_k * est.noise * 100:.1f}% "
-                  f"({cfg.noise_k:g} x the median's standard error; spread IQR/median "
-                  f"{base.pass_timing(p).spread * 100:.1f}%)", flush=True)
+            print(
+                f"baseline {p}: ratio {est.median:.4f}, noise band {cfg.noise_k * est.noise * 100:.1f}% "
+                f"({cfg.noise_k:g} x the median's standard error; spread IQR/median "
+                f"{base.pass_timing(p).spread * 100:.1f}%)",
+                flush=True,
+            )
 
     pass_ms = base.pass_timing(args.pass_).candidate_median_ms
     cycles_per_ms = sleep_cycles_per_ms(samples=5) if device == "cuda" else CPU_CYCLES_PER_MS
@@ -84,8 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     if planted == "repeat":
         times = 1 + args.slowdown_pct / 100
         if times != int(times):
-            print(f"--planted repeat needs a whole number of repeats: --slowdown-pct {args.slowdown_pct:g} gives {times:g}",
-                  file=sys.stderr)
+            print(
+                f"--planted repeat needs a whole number of repeats: --slowdown-pct {args.slowdown_pct:g} gives {times:g}",
+                file=sys.stderr,
+            )
             return 2
         slowed = RepeatedKernel(adapter, int(times))
     else:
@@ -93,35 +107,76 @@ def main(argv: list[str] | None = None) -> int:
         slowed = SlowedKernel(adapter, **{f"{args.pass_}_cycles": cycles})
     print(f"planted: {slowed.description}", flush=True)
     trials = []
-    for name, kernel, level in (("A/A", adapter, 0.0), (f"{args.pass_} +{args.slowdown_pct:g}%", slowed, args.slowdown_pct)):
+    for name, kernel, level in (
+        ("A/A", adapter, 0.0),
+        (f"{args.pass_} +{args.slowdown_pct:g}%", slowed, args.slowdown_pct),
+    ):
         for i in range(args.trials):
             plan = TimingPlan.from_config(cfg, passes=(args.pass_,))
             t1 = time.perf_counter()
             pc = measure_case(kernel, anchor, case, device, plan)
-            result = PerfResult(kernel=args.kernel, anchor=anchor, suite=args.suite, device=device, environment={},
-                                plan=plan, cases=(pc,), started_at="", wall_s=0.0)
+            result = PerfResult(
+                kernel=args.kernel,
+                anchor=anchor,
+                suite=args.suite,
+                device=device,
+                environment={},
+                plan=plan,
+                cases=(pc,),
+                started_at="",
+                wall_s=0.0,
+            )
 
             def remeasure(c, pass_, rounds, kernel=kernel):
-                again = measure_case(kernel, anchor, c, device, TimingPlan.from_config(cfg, rounds=rounds, passes=(pass_,)))
+                again = measure_case(
+                    kernel, anchor, c, device, TimingPlan.from_config(cfg, rounds=rounds, passes=(pass_,))
+                )
                 return again.estimate(pass_) if again.measured else None
 
             (j,) = judge_perf(result, baseline_perf, cfg, remeasure)
-            trials.append({"experiment": name, "level_pct": level, "planted": planted if level else "", "trial": i, "severity": j.severity.value,
-                           "change": j.change, "ci": [j.ci_low, j.ci_high], "confirmed": j.confirmed,
-                           "remeasured": j.first_change == j.first_change,  # NaN unless a re-run decided
-                           "wall_s": round(time.perf_counter() - t1, 2), "message": j.message})
+            trials.append(
+                {
+                    "experiment": name,
+                    "level_pct": level,
+                    "planted": planted if level else "",
+                    "trial": i,
+                    "severity": j.severity.value,
+                    "change": j.change,
+                    "ci": [j.ci_low, j.ci_high],
+                    "confirmed": j.confirmed,
+                    "remeasured": j.first_change == j.first_change,  # NaN unless a re-run decided
+                    "wall_s": round(time.perf_counter() - t1, 2),
+                    "message": j.message,
+                }
+            )
             print(f"{name:>10} #{i + 1:<2} {j.severity.value:12} {j.message}", flush=True)
 
-    counts = {name: Counter(t["severity"] for t in trials if t["experiment"] == name)
-              for name in dict.fromkeys(t["experiment"] for t in trials)}
+    counts = {
+        name: Counter(t["severity"] for t in trials if t["experiment"] == name)
+        for name in dict.fromkeys(t["experiment"] for t in trials)
+    }
     print(f"\n{case.id} {args.pass_}, {args.trials} trials each, {time.perf_counter() - t0:.0f}s:")
     for name, c in counts.items():
-        print(f"  {name:>10}: FAIL {c['FAIL']} of {args.trials}  (OK {c['OK']}, INCONCLUSIVE {c['INCONCLUSIVE']}, "
-              f"WARN {c['WARN']})")
+        print(
+            f"  {name:>10}: FAIL {c['FAIL']} of {args.trials}  (OK {c['OK']}, INCONCLUSIVE {c['INCONCLUSIVE']}, "
+            f"WARN {c['WARN']})"
+        )
     if args.json is not None:
-        args.json.write_text(json.dumps({"case": case.id, "kernel": args.kernel, "anchor": anchor, "device": device,
-                                         "pass": args.pass_, "slowdown_pct": args.slowdown_pct, "trials": trials},
-                                        indent=1) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "case": case.id,
+                    "kernel": args.kernel,
+                    "anchor": anchor,
+                    "device": device,
+                    "pass": args.pass_,
+                    "slowdown_pct": args.slowdown_pct,
+                    "trials": trials,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
     aa, slow = counts.values()
     return 0 if aa["FAIL"] == 0 and slow["FAIL"] == args.trials else 1
 

@@ -28,6 +28,7 @@ def serve(folder: Path):
             pass
 
     handler = functools.partial(Quiet, directory=str(folder))
+
     class Server(http.server.ThreadingHTTPServer):
         def handle_error(self, request, client_address):
             pass  # the browser closing a connection early is not news
@@ -44,15 +45,25 @@ def serve(folder: Path):
 def browse(url: str, screenshot: Path | None = None, browser: str | None = None) -> str:
     """The DOM after the page's scripts ran, every host but 127.0.0.1 unreachable."""
     browser = browser or chromium()
-    args = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-            "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1", "--proxy-server=http://127.0.0.1:9",
-            "--proxy-bypass-list=127.0.0.1", "--virtual-time-budget=15000", "--window-size=1400,900"]
+    args = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+        "--proxy-server=http://127.0.0.1:9",
+        "--proxy-bypass-list=127.0.0.1",
+        "--virtual-time-budget=15000",
+        "--window-size=1400,900",
+    ]
     with tempfile.TemporaryDirectory() as profile:
         args.append(f"--user-data-dir={profile}")
         dom = subprocess.run(args + ["--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
         if screenshot is not None:
-            subprocess.run(args + [f"--screenshot={Path(screenshot).resolve()}", url], capture_output=True, text=True,
-                           timeout=120)
+            subprocess.run(
+                args + [f"--screenshot={Path(screenshot).resolve()}", url], capture_output=True, text=True, timeout=120
+            )
     return dom
 
 

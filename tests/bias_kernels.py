@@ -21,7 +21,7 @@ def _plain(q, k, v, softmax_scale=None, causal=False, attn_bias=None, *, bias_fn
     """out (B, Nq, H, Dv) in q's dtype and the LSE (B, H, Nq); bottom-right causal."""
     b, nq, hq, d = q.shape
     nk, hkv = k.shape[1], k.shape[2]
-    scale = d ** -0.5 if softmax_scale is None else softmax_scale
+    scale = d**-0.5 if softmax_scale is None else softmax_scale
     qf = q.float().transpose(1, 2)
     kf = k.float().transpose(1, 2).repeat_interleave(hq // hkv, dim=1)
     vf = v.float().transpose(1, 2).repeat_interleave(hq // hkv, dim=1)

@@ -26,12 +26,11 @@ import torch
 from gate.correctness.planted import ScaleGrad
 
 
-def _plain(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
-           *, right_shift=0):
+def _plain(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None, *, right_shift=0):
     """out (B, Nq, H, Dv) in q's dtype and the LSE (B, H, Nq), flash-attn's bottom-right masks."""
     b, nq, hq, d = q.shape
     nk, hkv = k.shape[1], k.shape[2]
-    scale = d ** -0.5 if softmax_scale is None else softmax_scale
+    scale = d**-0.5 if softmax_scale is None else softmax_scale
     qf = q.float().transpose(1, 2)
     kf = k.float().transpose(1, 2).repeat_interleave(hq // hkv, dim=1)
     vf = v.float().transpose(1, 2).repeat_interleave(hq // hkv, dim=1)
@@ -63,8 +62,9 @@ def _result(out, lse, return_attn_probs):
     return (out, lse, None) if return_attn_probs else out
 
 
-def correct(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
-            return_attn_probs=False):
+def correct(
+    q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None, return_attn_probs=False
+):
     """The unbroken implementation: the rule must pass it."""
     return _result(*_plain(q, k, v, softmax_scale, causal, window_size, alibi_slopes), return_attn_probs)
 
@@ -77,37 +77,42 @@ def correct_out_only(q, k, v, softmax_scale=None, causal=False):
 # identity forward, the gradient flowing back scaled: the selftest's own wrapper
 
 
-def dk_scaled_1_02(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
-                   return_attn_probs=False):
+def dk_scaled_1_02(
+    q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None, return_attn_probs=False
+):
     """Forward exact; dK multiplied by 1.02."""
     k = ScaleGrad.apply(k, 1.02)
     return _result(*_plain(q, k, v, softmax_scale, causal, window_size, alibi_slopes), return_attn_probs)
 
 
-def relative_1e_4(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
-                  return_attn_probs=False):
+def relative_1e_4(
+    q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None, return_attn_probs=False
+):
     """out and dK both 1e-4 too large (relative): invisible in bf16, a clear failure in fp32."""
     k = ScaleGrad.apply(k, 1.0 + 1e-4)
     out, lse = _plain(q, k, v, softmax_scale, causal, window_size, alibi_slopes)
     return _result(out * (1.0 + 1e-4), lse, return_attn_probs)
 
 
-def causal_off_by_one(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
-                      return_attn_probs=False):
+def causal_off_by_one(
+    q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None, return_attn_probs=False
+):
     """The right edge of the mask (causal or window) one key too far: `<= diag + 1`."""
     out_lse = _plain(q, k, v, softmax_scale, causal, window_size, alibi_slopes, right_shift=1)
     return _result(*out_lse, return_attn_probs)
 
 
-def scale_one_over_d(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
-                     return_attn_probs=False):
+def scale_one_over_d(
+    q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None, return_attn_probs=False
+):
     """Ignores softmax_scale and uses 1/d."""
     scale = 1.0 / q.shape[-1]
     return _result(*_plain(q, k, v, scale, causal, window_size, alibi_slopes), return_attn_probs)
 
 
-def scale_padded_head_dim(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
-                          return_attn_probs=False):
+def scale_padded_head_dim(
+    q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None, return_attn_probs=False
+):
     """1/sqrt of the head dim padded to a multiple of 16 (as the kernel's tiles see it): right for
     d = 64 or 128, 9% too small for d = 40 (padded to 48)."""
     d = q.shape[-1]
@@ -126,14 +131,17 @@ def wrong_shape(q, k, v, softmax_scale=None, causal=False):
 
 def returns_nan(q, k, v, softmax_scale=None, causal=False):
     out = _plain(q, k, v, softmax_scale, causal)[0]
-    return out * torch.where(torch.arange(out.shape[1]).view(1, -1, 1, 1) == out.shape[1] - 1, float("nan"), 1.0).to(out.dtype)
+    return out * torch.where(torch.arange(out.shape[1]).view(1, -1, 1, 1) == out.shape[1] - 1, float("nan"), 1.0).to(
+        out.dtype
+    )
 
 
 _DRIFT_CALLS = [0]
 
 
-def drifting(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
-             return_attn_probs=False):
+def drifting(
+    q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None, return_attn_probs=False
+):
     """Correct on its first call, dK x1.02 on every later one: a kernel whose second run disagrees
     with its first (what the selftest's control must refuse to call a pass)."""
     _DRIFT_CALLS[0] += 1

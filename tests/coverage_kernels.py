@@ -62,7 +62,7 @@ class _GradMask(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         grad = grad.clone()
-        grad[..., ctx.keep:] = 0
+        grad[..., ctx.keep :] = 0
         return grad, None
 
 
@@ -112,7 +112,7 @@ def _attn(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, bu
         v = v.clamp(-16, 16)
     if "dq_head_dim_tail_dropped" in bugs and d % 32:
         q = _GradMask.apply(q, d // 32 * 32)
-    scale = d ** -0.5 if softmax_scale is None else softmax_scale
+    scale = d**-0.5 if softmax_scale is None else softmax_scale
     if "scale_from_dv" in bugs:
         scale = v.shape[-1] ** -0.5
     group = hq // hkv
@@ -197,8 +197,20 @@ def _dequantize(t, descale, bug):
 
 
 def _kernel(bug: str | None):
-    def fn(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-           return_attn_probs=False, q_descale=None, k_descale=None, v_descale=None):
+    def fn(
+        q,
+        k,
+        v,
+        softmax_scale=None,
+        causal=False,
+        window_size=(-1, -1),
+        softcap=0.0,
+        alibi_slopes=None,
+        return_attn_probs=False,
+        q_descale=None,
+        k_descale=None,
+        v_descale=None,
+    ):
         if q.dtype in FP8:
             q, k, v = (_dequantize(t, s, (bug,)) for t, s in ((q, q_descale), (k, k_descale), (v, v_descale)))
         if bug == "offsets_int32":
@@ -207,16 +219,33 @@ def _kernel(bug: str | None):
         return (out, lse, None) if return_attn_probs else out
 
     fn.__name__ = bug or "correct"
-    fn.__doc__ = f"The shared implementation with the planted bug {bug!r} (see the module docstring)." if bug else \
-        "The unbroken implementation: every coverage case must pass it."
+    fn.__doc__ = (
+        f"The shared implementation with the planted bug {bug!r} (see the module docstring)."
+        if bug
+        else "The unbroken implementation: every coverage case must pass it."
+    )
     return fn
 
 
 BUGS = (
-    "assumes_contiguous", "dout_assumed_contiguous", "zero_stride_as_dense", "no_max_subtraction", "ignores_softcap", "v_saturates_at_16",
-    "dq_head_dim_tail_dropped", "scale_from_dv", "causal_top_left", "key_tile_floor", "window_ignored_when_causal",
-    "window_minus_one_ignored", "alibi_causal_only", "pack_gqa_decode_wrong", "lse_bias_1e_3",
-    "ignores_descale", "descale_of_first_head", "offsets_int32",
+    "assumes_contiguous",
+    "dout_assumed_contiguous",
+    "zero_stride_as_dense",
+    "no_max_subtraction",
+    "ignores_softcap",
+    "v_saturates_at_16",
+    "dq_head_dim_tail_dropped",
+    "scale_from_dv",
+    "causal_top_left",
+    "key_tile_floor",
+    "window_ignored_when_causal",
+    "window_minus_one_ignored",
+    "alibi_causal_only",
+    "pack_gqa_decode_wrong",
+    "lse_bias_1e_3",
+    "ignores_descale",
+    "descale_of_first_head",
+    "offsets_int32",
 )
 correct = _kernel(None)
 assumes_contiguous = _kernel("assumes_contiguous")

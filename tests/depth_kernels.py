@@ -11,7 +11,6 @@ import dataclasses
 import torch
 
 from gate.correctness.planted import ScaleGrad  # identity forward, scaled gradient
-
 from gate.kernels.base import Capabilities, KernelCall, KernelOutput
 from gate.kernels.tiled import TiledAdapter, dropout_keep_mask, tiled_attention
 
@@ -121,8 +120,6 @@ class FixedMaskTiled(TiledAdapter):
 
     def __call__(self, call: KernelCall) -> KernelOutput:
         return super().__call__(dataclasses.replace(call, seed=1234))
-
-
 
 
 class DriftingTiled(TiledAdapter):

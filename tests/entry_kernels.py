@@ -80,17 +80,43 @@ def _attend(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, sink=Non
     return out, lse
 
 
-def attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, learnable_sink=None,
-              return_attn_probs=False):
+def attn_func(
+    q,
+    k,
+    v,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    learnable_sink=None,
+    return_attn_probs=False,
+):
     CALLS["dense"] += 1
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    outs, lses = zip(*(_attend(q[b], k[b], v[b], scale, causal, window_size, softcap, learnable_sink) for b in range(q.shape[0])))
+    outs, lses = zip(
+        *(_attend(q[b], k[b], v[b], scale, causal, window_size, softcap, learnable_sink) for b in range(q.shape[0]))
+    )
     out, lse = torch.stack(outs), torch.stack(lses)
     return (out, lse) if return_attn_probs else out
 
 
-def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, softmax_scale, causal, window_size, softcap, sink,
-            return_attn_probs, overread=False, bug=None, seqused_k=None):
+def _varlen(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_k,
+    softmax_scale,
+    causal,
+    window_size,
+    softcap,
+    sink,
+    return_attn_probs,
+    overread=False,
+    bug=None,
+    seqused_k=None,
+):
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     if bug == "softcap_ignored":
@@ -104,27 +130,91 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, softmax_scale, ca
             k_end = max(ck[i], ck[i] + int(seqused_k[i]) - (1 if bug == "seqused_off_by_one" else 0))
         if bug == "window_unclamped" and window_size[0] >= 0:  # the band reaches back past the sequence start
             k_start = max(0, ck[i] - window_size[0])
-        o, l = _attend(q[cq[i]:cq[i + 1]], k[k_start:k_end], v[k_start:k_end], scale, causal, window_size, softcap, sink,
-                       softcap_in_backward=bug != "softcap_backward_dropped")
+        o, l = _attend(
+            q[cq[i] : cq[i + 1]],
+            k[k_start:k_end],
+            v[k_start:k_end],
+            scale,
+            causal,
+            window_size,
+            softcap,
+            sink,
+            softcap_in_backward=bug != "softcap_backward_dropped",
+        )
         outs.append(o)
         lses.append(l)
     out, lse = torch.cat(outs), torch.cat(lses, dim=-1)
     return (out, lse) if return_attn_probs else out
 
 
-def attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None, softmax_scale=None,
-                     causal=False, window_size=(-1, -1), softcap=0.0, learnable_sink=None, return_attn_probs=False):
+def attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    seqused_k=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    learnable_sink=None,
+    return_attn_probs=False,
+):
     CALLS["varlen"] += 1
-    return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, softmax_scale, causal, window_size, softcap,
-                   learnable_sink, return_attn_probs, seqused_k=seqused_k)
+    return _varlen(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_k,
+        softmax_scale,
+        causal,
+        window_size,
+        softcap,
+        learnable_sink,
+        return_attn_probs,
+        seqused_k=seqused_k,
+    )
 
 
 def _varlen_entry(bug: str):
-    def fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None, softmax_scale=None,
-           causal=False, window_size=(-1, -1), softcap=0.0, learnable_sink=None, return_attn_probs=False):
+    def fn(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        seqused_k=None,
+        softmax_scale=None,
+        causal=False,
+        window_size=(-1, -1),
+        softcap=0.0,
+        learnable_sink=None,
+        return_attn_probs=False,
+    ):
         CALLS["varlen"] += 1
-        return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, softmax_scale, causal, window_size, softcap,
-                       learnable_sink, return_attn_probs, bug=bug, seqused_k=seqused_k)
+        return _varlen(
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max_seqlen_k,
+            softmax_scale,
+            causal,
+            window_size,
+            softcap,
+            learnable_sink,
+            return_attn_probs,
+            bug=bug,
+            seqused_k=seqused_k,
+        )
 
     fn.__name__ = f"attn_varlen_func_{bug}"
     fn.__doc__ = f"attn_varlen_func with the planted bug {bug!r} (see the module docstring)."
@@ -137,11 +227,37 @@ attn_varlen_func_window_unclamped = _varlen_entry("window_unclamped")
 attn_varlen_func_seqused_off_by_one = _varlen_entry("seqused_off_by_one")
 
 
-def attn_varlen_func_overread(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
-                              causal=False, window_size=(-1, -1), softcap=0.0, learnable_sink=None, return_attn_probs=False):
+def attn_varlen_func_overread(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    learnable_sink=None,
+    return_attn_probs=False,
+):
     CALLS["varlen"] += 1
-    return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, softmax_scale, causal, window_size, softcap,
-                   learnable_sink, return_attn_probs, overread=True)
+    return _varlen(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_k,
+        softmax_scale,
+        causal,
+        window_size,
+        softcap,
+        learnable_sink,
+        return_attn_probs,
+        overread=True,
+    )
 
 
 def _slot(block_table, page, b, pos, contiguous_pages):
@@ -151,8 +267,23 @@ def _slot(block_table, page, b, pos, contiguous_pages):
     return block, pos % page
 
 
-def _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size, softcap, sink,
-             return_softmax_lse, contiguous_pages=False, append=True):
+def _kvcache(
+    q,
+    k_cache,
+    v_cache,
+    k,
+    v,
+    cache_seqlens,
+    block_table,
+    softmax_scale,
+    causal,
+    window_size,
+    softcap,
+    sink,
+    return_softmax_lse,
+    contiguous_pages=False,
+    append=True,
+):
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     page = k_cache.shape[1] if block_table is not None else 0
     outs, lses = [], []
@@ -174,30 +305,117 @@ def _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scal
     return (out, lse) if return_softmax_lse else out
 
 
-def attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None, softmax_scale=None,
-                      causal=False, window_size=(-1, -1), softcap=0.0, learnable_sink=None, return_softmax_lse=False):
+def attn_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    cache_seqlens=None,
+    block_table=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    learnable_sink=None,
+    return_softmax_lse=False,
+):
     CALLS["kvcache"] += 1
-    return _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size, softcap,
-                    learnable_sink, return_softmax_lse)
+    return _kvcache(
+        q,
+        k_cache,
+        v_cache,
+        k,
+        v,
+        cache_seqlens,
+        block_table,
+        softmax_scale,
+        causal,
+        window_size,
+        softcap,
+        learnable_sink,
+        return_softmax_lse,
+    )
 
 
-def attn_with_kvcache_contiguous(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
-                                 softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, learnable_sink=None,
-                                 return_softmax_lse=False):
+def attn_with_kvcache_contiguous(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    cache_seqlens=None,
+    block_table=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    learnable_sink=None,
+    return_softmax_lse=False,
+):
     CALLS["kvcache"] += 1
-    return _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size, softcap,
-                    learnable_sink, return_softmax_lse, contiguous_pages=True)
+    return _kvcache(
+        q,
+        k_cache,
+        v_cache,
+        k,
+        v,
+        cache_seqlens,
+        block_table,
+        softmax_scale,
+        causal,
+        window_size,
+        softcap,
+        learnable_sink,
+        return_softmax_lse,
+        contiguous_pages=True,
+    )
 
 
-def attn_with_kvcache_no_append(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
-                                softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, learnable_sink=None,
-                                return_softmax_lse=False):
+def attn_with_kvcache_no_append(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    cache_seqlens=None,
+    block_table=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    learnable_sink=None,
+    return_softmax_lse=False,
+):
     CALLS["kvcache"] += 1
-    return _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size, softcap,
-                    learnable_sink, return_softmax_lse, append=False)
+    return _kvcache(
+        q,
+        k_cache,
+        v_cache,
+        k,
+        v,
+        cache_seqlens,
+        block_table,
+        softmax_scale,
+        causal,
+        window_size,
+        softcap,
+        learnable_sink,
+        return_softmax_lse,
+        append=False,
+    )
 
 
-def attn_func_ignores_sink(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                           learnable_sink=None, return_attn_probs=False):
+def attn_func_ignores_sink(
+    q,
+    k,
+    v,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    learnable_sink=None,
+    return_attn_probs=False,
+):
     """Takes the sink keyword and drops it: a kernel that silently computes plain attention."""
     return attn_func(q, k, v, softmax_scale, causal, window_size, softcap, None, return_attn_probs)

@@ -19,8 +19,9 @@ import time
 import torch
 
 
-def attend(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, return_attn_probs=False,
-           _pair=None):
+def attend(
+    q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, return_attn_probs=False, _pair=None
+):
     """(B, N, H, D) attention in float32, returned in q's dtype; (out, lse) when asked."""
     b, nq, hq, d = q.shape
     nk, hkv = k.shape[1], k.shape[2]
@@ -28,7 +29,7 @@ def attend(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), soft
     index = _pair(hq, hkv) if _pair is not None else torch.arange(hq) // group
     kf = k.float()[:, :, index]
     vf = v.float()[:, :, index]
-    scale = softmax_scale if softmax_scale is not None else d ** -0.5
+    scale = softmax_scale if softmax_scale is not None else d**-0.5
     s = torch.einsum("bqhd,bkhd->bhqk", q.float(), kf) * scale
     if softcap:
         s = softcap * torch.tanh(s / softcap)

@@ -15,8 +15,9 @@ FAULTS = {17: "exit0", 18: "exit3", 19: "abort", 20: "segfault", 21: "hang", 22:
 
 
 def _attention(q, k, v, softmax_scale=None, causal=False):
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal,
-                                         scale=softmax_scale)
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal, scale=softmax_scale
+    )
     return out.transpose(1, 2)
 
 
@@ -185,8 +186,13 @@ def escapes_with_setsid(q, k, v, softmax_scale=None, causal=False):
 
     if q.shape[1] == 17:
         seconds = os.environ.get("ATTN_GATE_TEST_SLEEP", "307.713")
-        subprocess.run(["setsid", "-f", "env", "-i", "sleep", seconds], stdin=subprocess.DEVNULL,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+        subprocess.run(
+            ["setsid", "-f", "env", "-i", "sleep", seconds],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=True,
+        )
     return _attention(q, k, v, softmax_scale, causal)
 
 
@@ -195,7 +201,9 @@ def _matmul_attention(q, k, v, softmax_scale=None, causal=False):
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     scores = (q @ k.transpose(-2, -1)) / (q.shape[-1] ** 0.5 if softmax_scale is None else 1 / softmax_scale)
     if causal:
-        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).triu(scores.shape[-1] - scores.shape[-2] + 1)
+        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).triu(
+            scores.shape[-1] - scores.shape[-2] + 1
+        )
         scores = scores.masked_fill(mask, float("-inf"))
     return (torch.softmax(scores, dim=-1) @ v).transpose(1, 2)
 

@@ -13,20 +13,21 @@ from gate.correctness.planted import ScaleGrad
 from tests.buggy_kernels import _plain, _result
 
 
-def causal_dq_bug(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
-                  return_attn_probs=False):
+def causal_dq_bug(
+    q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None, return_attn_probs=False
+):
     if causal:
         q = ScaleGrad.apply(q, 1.1)
     return _result(*_plain(q, k, v, softmax_scale, causal, window_size, alibi_slopes), return_attn_probs)
 
 
-def causal_dq_bug_and_dk(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
-                         return_attn_probs=False):
+def causal_dq_bug_and_dk(
+    q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None, return_attn_probs=False
+):
     if causal:
         q, k = ScaleGrad.apply(q, 1.1), ScaleGrad.apply(k, 1.05)
     return _result(*_plain(q, k, v, softmax_scale, causal, window_size, alibi_slopes), return_attn_probs)
 
 
-def fixed(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
-          return_attn_probs=False):
+def fixed(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None, return_attn_probs=False):
     return _result(*_plain(q, k, v, softmax_scale, causal, window_size, alibi_slopes), return_attn_probs)

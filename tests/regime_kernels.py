@@ -10,8 +10,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from gate.correctness.planted import ScaleGrad
 from tests.buggy_kernels import _plain, _result
 
@@ -25,15 +23,17 @@ def _shifted(q) -> bool:
     return bool(q[..., 0].float().mean().abs() > SHIFTED_MEAN)
 
 
-def shifted_dq_bug(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
-                   return_attn_probs=False):
+def shifted_dq_bug(
+    q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None, return_attn_probs=False
+):
     if _shifted(q):
         q = ScaleGrad.apply(q, DQ_FACTOR)
     return _result(*_plain(q, k, v, softmax_scale, causal, window_size, alibi_slopes), return_attn_probs)
 
 
-def shifted_nan_dv(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
-                   return_attn_probs=False):
+def shifted_nan_dv(
+    q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None, return_attn_probs=False
+):
     if _shifted(q):
         q = ScaleGrad.apply(q, DQ_FACTOR)
         if causal:
@@ -41,6 +41,5 @@ def shifted_nan_dv(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -
     return _result(*_plain(q, k, v, softmax_scale, causal, window_size, alibi_slopes), return_attn_probs)
 
 
-def fixed(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
-          return_attn_probs=False):
+def fixed(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None, return_attn_probs=False):
     return _result(*_plain(q, k, v, softmax_scale, causal, window_size, alibi_slopes), return_attn_probs)

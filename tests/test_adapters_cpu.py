@@ -9,17 +9,17 @@ import shutil
 import pytest
 import torch
 
-from gate.core.cases import Case
-from gate.commands.main import main
-from gate.core.config import ToleranceConfig
-from gate.correctness.run_case import leaf_call, references, run_case
 from gate.attention.inputs import make_inputs
+from gate.commands.main import main
+from gate.core.cases import Case
+from gate.core.config import ToleranceConfig
+from gate.core.results import Status
+from gate.correctness.run_case import leaf_call, references, run_case
 from gate.kernels.base import Capabilities, KernelAdapter, KernelOutput
 from gate.kernels.capabilities import Feature, feature_set
 from gate.kernels.registry import get_adapter, kernel_names
 from gate.kernels.tiled import TiledAdapter
 from gate.kernels.user import UserAdapter
-from gate.core.results import Status
 
 TOL = ToleranceConfig()
 
@@ -30,8 +30,9 @@ def _repo_root(in_repo_root):
 
 
 def case(**kw):
-    base = dict(batch=2, seqlen_q=48, seqlen_k=48, heads_q=4, heads_kv=4, head_dim=32, head_dim_v=32, dtype="bf16",
-                seeds=(0, 1))
+    base = dict(
+        batch=2, seqlen_q=48, seqlen_k=48, heads_q=4, heads_kv=4, head_dim=32, head_dim_v=32, dtype="bf16", seeds=(0, 1)
+    )
     if kw.get("varlen"):
         n = max(kw["varlen"])
         base.update(batch=len(kw["varlen"]), seqlen_q=n, seqlen_k=n)
@@ -68,9 +69,15 @@ def test_tiled_matches_reference_on_every_axis(kw):
     assert result.tensor("lse") is not None  # tiled exposes its LSE everywhere
 
 
-@pytest.mark.parametrize("kw", [dict(dropout_p=0.2, causal=True), dict(dropout_p=0.3, varlen=(5, 0, 40), heads_kv=2),
-                                dict(dropout_p=0.1, alibi=True, softcap=4.0, window=(6, 2), head_dim_v=16)],
-                         ids=["dense", "varlen", "everything"])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(dropout_p=0.2, causal=True),
+        dict(dropout_p=0.3, varlen=(5, 0, 40), heads_kv=2),
+        dict(dropout_p=0.1, alibi=True, softcap=4.0, window=(6, 2), head_dim_v=16),
+    ],
+    ids=["dense", "varlen", "everything"],
+)
 def test_tiled_dropout_matches_reference_fed_its_own_mask(kw):
     c = case(**kw)
     assert_pass(run_case(TiledAdapter(), c, "cpu", TOL))
@@ -87,8 +94,20 @@ def test_tiled_dropout_matches_reference_fed_its_own_mask(kw):
     assert (gold_without.out - kout.out.double()).abs().max() > 0.1
 
 
-SDPA_AXES = {k: AXES[k] for k in ("causal-q>k-masked-rows", "causal-q<k", "window-causal-gqa", "alibi", "mqa",
-                                   "varlen-with-empty", "fp16", "fp32", "seqlen-1")}
+SDPA_AXES = {
+    k: AXES[k]
+    for k in (
+        "causal-q>k-masked-rows",
+        "causal-q<k",
+        "window-causal-gqa",
+        "alibi",
+        "mqa",
+        "varlen-with-empty",
+        "fp16",
+        "fp32",
+        "seqlen-1",
+    )
+}
 
 
 @pytest.mark.parametrize("kw", SDPA_AXES.values(), ids=SDPA_AXES.keys())
@@ -104,23 +123,31 @@ def test_sdpa_math_takes_dv_different_from_d():
 # --- capability SKIPs carry reasons ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kernel, kw, reason", [
-    ("sdpa-cpu", dict(softcap=5.0), "no softcap"),
-    ("sdpa-cpu", dict(head_dim_v=16), "head_dim_v != head_dim"),
-    ("sdpa-cpu", dict(dropout_p=0.1), "no dropout"),
-    ("tests.buggy_kernels:correct_out_only", dict(window=(4, 4)), "no sliding window"),
-    ("tests.buggy_kernels:correct_out_only", dict(alibi=True), "no ALiBi"),
-    ("tests.buggy_kernels:correct", dict(dropout_p=0.1), "no dropout"),
-    ("sdpa-flash", dict(), "runs on cuda, not cpu"),
-])
+@pytest.mark.parametrize(
+    "kernel, kw, reason",
+    [
+        ("sdpa-cpu", dict(softcap=5.0), "no softcap"),
+        ("sdpa-cpu", dict(head_dim_v=16), "head_dim_v != head_dim"),
+        ("sdpa-cpu", dict(dropout_p=0.1), "no dropout"),
+        ("tests.buggy_kernels:correct_out_only", dict(window=(4, 4)), "no sliding window"),
+        ("tests.buggy_kernels:correct_out_only", dict(alibi=True), "no ALiBi"),
+        ("tests.buggy_kernels:correct", dict(dropout_p=0.1), "no dropout"),
+        ("sdpa-flash", dict(), "runs on cuda, not cpu"),
+    ],
+)
 def test_a_case_the_kernel_cannot_run_is_skipped_with_its_reason(kernel, kw, reason):
     result = run_case(get_adapter(kernel), case(**kw), "cpu", TOL)
     assert result.status is Status.SKIP and reason in result.reason and result.tensors == ()
 
 
 def test_capability_reasons_are_specific():
-    caps = Capabilities(devices=("cpu",), dtypes=("bf16",), max_head_dim=64, head_dim_multiple=8,
-                        features=feature_set(seqlen_q_ne_k=False, causal=False, varlen=False, gqa=False))
+    caps = Capabilities(
+        devices=("cpu",),
+        dtypes=("bf16",),
+        max_head_dim=64,
+        head_dim_multiple=8,
+        features=feature_set(seqlen_q_ne_k=False, causal=False, varlen=False, gqa=False),
+    )
     assert caps.unsupported_reason(case(dtype="fp16"), "cpu") == "no fp16 (supports bf16)"
     assert caps.unsupported_reason(case(head_dim=128, head_dim_v=128), "cpu") == "head_dim > 64"
     assert caps.unsupported_reason(case(head_dim=36, head_dim_v=36), "cpu") == "head_dim not a multiple of 8"
@@ -133,7 +160,10 @@ def test_capability_reasons_are_specific():
 
 
 def test_a_user_kernel_supports_what_its_signature_takes():
-    full, bare = UserAdapter("tests.buggy_kernels:correct").capabilities(), UserAdapter("tests.buggy_kernels:correct_out_only").capabilities()
+    full, bare = (
+        UserAdapter("tests.buggy_kernels:correct").capabilities(),
+        UserAdapter("tests.buggy_kernels:correct_out_only").capabilities(),
+    )
     assert full.supports(Feature.WINDOW) and full.supports(Feature.ALIBI) and full.returns_lse
     assert not full.supports(Feature.SOFTCAP)
     assert not (bare.supports(Feature.WINDOW) or bare.supports(Feature.ALIBI) or bare.returns_lse)
@@ -143,11 +173,14 @@ def test_a_user_kernel_supports_what_its_signature_takes():
 # --- broken kernels are rows, not crashes ----------------------------------------------------
 
 
-@pytest.mark.parametrize("name, status, words", [
-    ("raises", Status.ERROR, "RuntimeError: planted crash: kernel launch failed"),
-    ("wrong_shape", Status.FAIL, "out has shape (2, 4, 48, 32), expected (2, 48, 4, 32)"),
-    ("returns_nan", Status.FAIL, "out contains NaN/Inf"),
-])
+@pytest.mark.parametrize(
+    "name, status, words",
+    [
+        ("raises", Status.ERROR, "RuntimeError: planted crash: kernel launch failed"),
+        ("wrong_shape", Status.FAIL, "out has shape (2, 4, 48, 32), expected (2, 48, 4, 32)"),
+        ("returns_nan", Status.FAIL, "out contains NaN/Inf"),
+    ],
+)
 def test_a_broken_kernel_is_a_row_naming_the_problem(name, status, words):
     result = run_case(UserAdapter(f"tests.buggy_kernels:{name}"), case(causal=True), "cpu", TOL)
     assert result.status is status and words in result.reason, result.reason
@@ -173,14 +206,23 @@ def _tiled(call):
     return TiledAdapter()(call)
 
 
-@pytest.mark.parametrize("fn, words", [
-    (lambda call: _tiled(call).out, "adapter returned Tensor, not KernelOutput"),
-    (lambda call: KernelOutput(out=_tiled(call).out.float()), "out has dtype torch.float32, expected torch.bfloat16"),
-    (lambda call: KernelOutput(out=_tiled(call).out * float("inf")), "out contains NaN/Inf"),
-    (lambda call: KernelOutput(out=_tiled(call).out, lse=torch.zeros(3)), "lse has shape (3,)"),
-    (lambda call: KernelOutput(out=_tiled(call).out.detach()), "out has no autograd graph back to q, k, v"),
-    (lambda call: KernelOutput(out=_tiled(call).out.detach() + 0 * call.q.sum()), "dk is missing: out does not depend on k"),
-])
+@pytest.mark.parametrize(
+    "fn, words",
+    [
+        (lambda call: _tiled(call).out, "adapter returned Tensor, not KernelOutput"),
+        (
+            lambda call: KernelOutput(out=_tiled(call).out.float()),
+            "out has dtype torch.float32, expected torch.bfloat16",
+        ),
+        (lambda call: KernelOutput(out=_tiled(call).out * float("inf")), "out contains NaN/Inf"),
+        (lambda call: KernelOutput(out=_tiled(call).out, lse=torch.zeros(3)), "lse has shape (3,)"),
+        (lambda call: KernelOutput(out=_tiled(call).out.detach()), "out has no autograd graph back to q, k, v"),
+        (
+            lambda call: KernelOutput(out=_tiled(call).out.detach() + 0 * call.q.sum()),
+            "dk is missing: out does not depend on k",
+        ),
+    ],
+)
 def test_an_adapter_returning_garbage_fails(fn, words):
     result = run_case(_Adapter(fn), case(), "cpu", TOL)
     assert result.status is Status.FAIL and words in result.reason, result.reason
@@ -229,8 +271,10 @@ def test_kernels_lists_gpu_kernels_as_unavailable(capsys):
 def test_sweep_of_an_unavailable_kernel_exits_2_with_the_reason(kernel, capsys, tmp_path):
     assert main(["sweep", "--kernel", kernel, "--suite", "smoke", "--out", str(tmp_path), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"attn-gate: error: kernel {kernel!r} is unavailable here: {get_adapter(kernel).unavailable_reason()}; "
-                          f"on cpu try ")  # and what runs here instead
+    assert err.startswith(
+        f"attn-gate: error: kernel {kernel!r} is unavailable here: {get_adapter(kernel).unavailable_reason()}; "
+        f"on cpu try "
+    )  # and what runs here instead
     assert "needs a CUDA GPU" in err and not list(tmp_path.iterdir())
 
 
@@ -249,12 +293,19 @@ def test_a_trimmed_fa3_build_skips_what_its_config_says_it_was_built_without(mon
     full = FA3Adapter().capabilities()  # no flash_attn_config here: the full build's capabilities
     assert full.supports(Feature.SOFTCAP) and full.max_head_dim == 256 and full.supports(Feature.HEAD_DIM_V_DIFFERS)
     assert not full.notes
-    flags = {"FLASHATTENTION_DISABLE_SOFTCAP": True, "FLASHATTENTION_DISABLE_HDIM96": True,
-             "FLASHATTENTION_DISABLE_HDIM192": True, "FLASHATTENTION_DISABLE_HDIM256": True,
-             "FLASHATTENTION_DISABLE_HDIM64": False, "FLASHATTENTION_DISABLE_HDIM128": False,
-             "FLASH_ATTENTION_DISABLE_HDIMDIFF64": True, "FLASH_ATTENTION_DISABLE_HDIMDIFF192": True,
-             "FLASHATTENTION_DISABLE_APPENDKV": True, "FLASHATTENTION_DISABLE_FP16": False,
-             "FLASHATTENTION_ENABLE_VCOLMAJOR": False}
+    flags = {
+        "FLASHATTENTION_DISABLE_SOFTCAP": True,
+        "FLASHATTENTION_DISABLE_HDIM96": True,
+        "FLASHATTENTION_DISABLE_HDIM192": True,
+        "FLASHATTENTION_DISABLE_HDIM256": True,
+        "FLASHATTENTION_DISABLE_HDIM64": False,
+        "FLASHATTENTION_DISABLE_HDIM128": False,
+        "FLASH_ATTENTION_DISABLE_HDIMDIFF64": True,
+        "FLASH_ATTENTION_DISABLE_HDIMDIFF192": True,
+        "FLASHATTENTION_DISABLE_APPENDKV": True,
+        "FLASHATTENTION_DISABLE_FP16": False,
+        "FLASHATTENTION_ENABLE_VCOLMAJOR": False,
+    }
     monkeypatch.setitem(sys.modules, "flash_attn_config", types.SimpleNamespace(CONFIG={"build_flags": flags}))
     a = FA3Adapter()
     caps = a.capabilities()
@@ -268,8 +319,18 @@ def test_a_trimmed_fa3_build_skips_what_its_config_says_it_was_built_without(mon
     assert "append-KV" in a.unsupported_reason(d128(entry="kvcache", seqlen_q=1, seqlen_k=256, cache_new=True), "cuda")
 
 
-@pytest.mark.parametrize("d, dv, runs", [(144, 128, True), (160, 128, True), (192, 128, True), (128, 96, False),
-                                         (256, 128, False), (64, 256, True), (96, 64, False)])
+@pytest.mark.parametrize(
+    "d, dv, runs",
+    [
+        (144, 128, True),
+        (160, 128, True),
+        (192, 128, True),
+        (128, 96, False),
+        (256, 128, False),
+        (64, 256, True),
+        (96, 64, False),
+    ],
+)
 def test_fa3_declares_its_head_dim_pairs(d, dv, runs):
     """FA3 raises on a V head dim pair outside its rule: the adapter skips it with FA3's words instead."""
     from gate.kernels.flash_attn import FA3Adapter
@@ -305,6 +366,7 @@ def test_flex_never_hands_one_tensor_to_two_mod_slots():
     that guard's failure report re-reads the old compile's sources and crashed where they pass through
     a score_mod that is now None (two flex "__closure__" ERRORs of an H200 nightly,
     pytorch #176211). Every slot gets its own, so that guard cannot fail."""
+
     def assert_no_shared_slot(adapter):
         for holder, *_ in adapter._mod_cache.values():
             tensors = [t for t in holder.values() if isinstance(t, torch.Tensor)]
@@ -318,15 +380,29 @@ def test_flex_never_hands_one_tensor_to_two_mod_slots():
     gold, _ = references(square, x, None)
     assert float((out.double() - gold.out).abs().max()) < 0.02
     assert_no_shared_slot(adapter)
-    decode = Case.build(batch=3, seqlen_q=4, seqlen_k=100, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="bf16",
-                  entry="kvcache", cache_seqlens=(5, 60, 9), cache_new=True, window=(4, 4))  # left 4 == nq 4 == right 4
+    decode = Case.build(
+        batch=3,
+        seqlen_q=4,
+        seqlen_k=100,
+        heads_q=4,
+        heads_kv=2,
+        head_dim=32,
+        head_dim_v=32,
+        dtype="bf16",
+        entry="kvcache",
+        cache_seqlens=(5, 60, 9),
+        cache_new=True,
+        window=(4, 4),
+    )  # left 4 == nq 4 == right 4
     result = run_case(adapter, decode, "cpu", TOL)
     assert result.status is Status.PASS, result.reason
     assert_no_shared_slot(adapter)
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")), reason="torch.compile on CPU needs a C++ compiler")
+@pytest.mark.skipif(
+    not (shutil.which("c++") or shutil.which("g++")), reason="torch.compile on CPU needs a C++ compiler"
+)
 def test_flex_builds_long_block_masks_compiled_and_short_ones_eagerly(monkeypatch):
     """Past EAGER_BLOCK_MASK_MAX_ELEMENTS the flex adapter builds its block mask with a compiled
     create_block_mask: the eager build evaluates the mask_mod densely and ran the H200 out of memory
@@ -358,16 +434,18 @@ def test_flex_builds_long_block_masks_compiled_and_short_ones_eagerly(monkeypatc
         assert torch.equal(getattr(eager, part), getattr(compiled, part)), part
 
 
-@pytest.mark.parametrize("name, native", [("sdpa-cpu", True), ("sdpa-math", True), ("sdpa-cpu-copyheads", False),
-                                          ("sdpa-math-copyheads", False)])
+@pytest.mark.parametrize(
+    "name, native",
+    [("sdpa-cpu", True), ("sdpa-math", True), ("sdpa-cpu-copyheads", False), ("sdpa-math-copyheads", False)],
+)
 def test_sdpa_hands_gqa_to_torch_or_copies_heads_by_name(name, native, monkeypatch):
     """GQA/MQA reach SDPA's own GQA path (enable_gqa=True, K/V with their own head count); the
     -copyheads kernels repeat the K/V heads instead. Both pass the case."""
     import torch.nn.functional as F
 
+    from gate.core.config import ToleranceConfig
     from gate.core.results import Status
     from gate.correctness.run_case import run_case
-    from gate.core.config import ToleranceConfig
     from gate.kernels.registry import get_adapter
 
     seen = []
@@ -438,8 +516,20 @@ def test_flex_dynamic_compiles_with_dynamic_shapes(monkeypatch):
     assert get_adapter("flex-dynamic").name == "flex-dynamic" and get_adapter("flex-adjusted-mask").mask_margin == 300
 
 
-@pytest.mark.parametrize("head_dim, runs", [(64, True), (40, True), (128, True), (100, True), (32, False), (80, False),
-                                            (96, False), (160, False), (256, False)])
+@pytest.mark.parametrize(
+    "head_dim, runs",
+    [
+        (64, True),
+        (40, True),
+        (128, True),
+        (100, True),
+        (32, False),
+        (80, False),
+        (96, False),
+        (160, False),
+        (256, False),
+    ],
+)
 def test_a_trimmed_fa2_build_skips_the_head_dims_it_did_not_compile(monkeypatch, head_dim, runs):
     """scripts/build-flash-attn.sh records FA2's compiled head-dim kernels in
     flash_attn/attn_gate_build.py; the adapter SKIPs the others with that reason (an ERROR row of
@@ -447,12 +537,18 @@ def test_a_trimmed_fa2_build_skips_the_head_dims_it_did_not_compile(monkeypatch,
     import types
 
     import gate.kernels.flash_attn as fa
-
     from gate.kernels.flash_attn import FA2Adapter
 
     fa.fa2_head_dim_kernels.cache_clear()  # read once per process: each scenario here is another build
-    monkeypatch.setattr(fa, "_import", lambda name: types.SimpleNamespace(HEAD_DIM_KERNELS=(64, 128))
-                        if name == "flash_attn.attn_gate_build" else pytest.fail(name))
+    monkeypatch.setattr(
+        fa,
+        "_import",
+        lambda name: (
+            types.SimpleNamespace(HEAD_DIM_KERNELS=(64, 128))
+            if name == "flash_attn.attn_gate_build"
+            else pytest.fail(name)
+        ),
+    )
     c = case(head_dim=head_dim, head_dim_v=head_dim, seeds=(0,))
     reason = FA2Adapter().unsupported_reason(c, "cuda")
     assert (reason is None) == runs, reason
@@ -460,6 +556,7 @@ def test_a_trimmed_fa2_build_skips_the_head_dims_it_did_not_compile(monkeypatch,
 
     def no_record(name):
         raise ImportError(name)
+
     monkeypatch.setattr(fa, "_import", no_record)
     fa.fa2_head_dim_kernels.cache_clear()
     assert FA2Adapter().unsupported_reason(c, "cuda") is None
@@ -468,7 +565,9 @@ def test_a_trimmed_fa2_build_skips_the_head_dims_it_did_not_compile(monkeypatch,
 
 PACKED_CASES = [
     case(varlen=(1, 97, 0, 130), causal=True),  # an empty sequence, a single token, tile edges
-    case(varlen=(40, 70, 33), varlen_k=(50, 60, 90), seqlen_k=90, causal=True, heads_kv=2),  # keys per sequence differ: bottom-right in each
+    case(
+        varlen=(40, 70, 33), varlen_k=(50, 60, 90), seqlen_k=90, causal=True, heads_kv=2
+    ),  # keys per sequence differ: bottom-right in each
     case(varlen=(64, 5, 100), window=(16, 8), softcap=20.0),  # both window sides, a softcap score_mod
     case(varlen=(30, 80), alibi=True, causal=True, heads_kv=2),  # ALiBi on positions inside each sequence
 ]

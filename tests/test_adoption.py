@@ -43,8 +43,9 @@ def sh(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 300) -> 
 
 
 def git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=repo, check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=repo, check=True, capture_output=True
+    )
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +55,12 @@ def wheel(tmp_path_factory) -> Path:
     for name in ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in"):
         shutil.copy(ROOT / name, src / name)
     shutil.copytree(ROOT / "gate", src / "gate", ignore=shutil.ignore_patterns("__pycache__"))
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(src),
-                           "-w", str(out)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(src), "-w", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "warning" not in proc.stderr.lower(), proc.stderr  # a second user setup must be quiet too
     (built,) = out.glob("attn_gate-*.whl")
@@ -66,10 +71,19 @@ def fresh_venv(path: Path, pip: bool = True) -> Path:
     """A venv that sees this interpreter's site-packages (torch, attn-gate's dependencies) through a
     .pth, so nothing is downloaded. Without its own pip (and the old setuptools that comes with it)
     it uses this environment's, whose versions are the ones torch was installed against."""
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", *([] if pip else ["--without-pip"]), str(path)],
-                   check=True, timeout=120)
-    site = Path(subprocess.run([str(path / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", *([] if pip else ["--without-pip"]), str(path)],
+        check=True,
+        timeout=120,
+    )
+    site = Path(
+        subprocess.run(
+            [str(path / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     outer = [sysconfig.get_paths()["purelib"]] + [p for p in sys.path if p.endswith("site-packages")]
     (site / "_outer_site.pth").write_text("\n".join(dict.fromkeys(outer)) + "\n")
     return path
@@ -91,15 +105,48 @@ def test_from_an_empty_kernel_repository_to_a_gated_one(wheel, venv, tmp_path):
     env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", COLUMNS="200")
     workflows = sorted(str(p) for p in (ROOT / "gate/workflow/templates/workflows").glob("*.yml"))
     steps = [
-        ("install", [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed",
-                     "--no-index", str(wheel)]),
+        (
+            "install",
+            [
+                str(venv / "bin" / "python"),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-deps",
+                "--ignore-installed",
+                "--no-index",
+                str(wheel),
+            ],
+        ),
         # installed from a local wheel, which a runner cannot reach: the jobs' install is named
-        ("init", ["attn-gate", "init", "--dense", "tiny_attn:flash_attn_func", "--varlen", "tiny_attn:flash_attn_varlen_func",
-                  "--repository", "example/tiny-attn", "--install", f"attn-gate @ {wheel.as_uri()}", "--yes"]),
+        (
+            "init",
+            [
+                "attn-gate",
+                "init",
+                "--dense",
+                "tiny_attn:flash_attn_func",
+                "--varlen",
+                "tiny_attn:flash_attn_varlen_func",
+                "--repository",
+                "example/tiny-attn",
+                "--install",
+                f"attn-gate @ {wheel.as_uri()}",
+                "--yes",
+            ],
+        ),
         ("baseline", ["attn-gate", "baseline", "update", "--no-progress"]),
         ("check", ["attn-gate", "check", "--no-progress"]),
-        ("schema", [tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows",
-                    *[f".github/workflows/{Path(w).name}" for w in workflows]]),
+        (
+            "schema",
+            [
+                tool("check-jsonschema"),
+                "--builtin-schema",
+                "vendor.github-workflows",
+                *[f".github/workflows/{Path(w).name}" for w in workflows],
+            ],
+        ),
         ("zizmor", [tool("zizmor"), "--offline", ".github/workflows"]),
     ]
     assert len(steps) <= MAX_COMMANDS
@@ -109,12 +156,17 @@ def test_from_an_empty_kernel_repository_to_a_gated_one(wheel, venv, tmp_path):
         proc = sh(cmd, repo, env)
         times[name] = time.monotonic() - start
         assert proc.returncode == 0, f"{name}: {proc.stdout[-2000:]}{proc.stderr[-2000:]}"
-    print("adoption path: " + ", ".join(f"{n} {t:.1f} s" for n, t in times.items())
-          + f"; {len(steps)} commands, {sum(times.values()):.1f} s")
+    print(
+        "adoption path: "
+        + ", ".join(f"{n} {t:.1f} s" for n, t in times.items())
+        + f"; {len(steps)} commands, {sum(times.values()):.1f} s"
+    )
     assert (repo / "baselines" / "cpu" / "tiny-attn-smoke.json").is_file()
 
     # everything came from the wheel, nothing from this checkout
-    where = sh(["python", "-c", "import gate, gate.workflow.init as i; print(gate.__file__); print(i.TEMPLATES)"], repo, env)
+    where = sh(
+        ["python", "-c", "import gate, gate.workflow.init as i; print(gate.__file__); print(i.TEMPLATES)"], repo, env
+    )
     assert all(line.startswith(str(venv)) for line in where.stdout.split()), where.stdout
     suites = sh(["attn-gate", "suites"], repo, env)
     assert suites.returncode == 0 and re.search(r"^smoke\s+\d+ cases", suites.stdout, re.MULTILINE)
@@ -176,12 +228,20 @@ def test_the_install_line_init_writes_installs_attn_gate_in_a_fresh_venv(wheel, 
     repo.mkdir()
     git(repo, "init", "-q", "-b", "main")
     (repo / "kern_backend.py").write_text(BACKEND)
-    (repo / "pyproject.toml").write_text('[build-system]\nrequires = []\nbuild-backend = "kern_backend"\nbackend-path = ["."]\n\n'
-                                         '[project]\nname = "kern"\nversion = "0"\n')
+    (repo / "pyproject.toml").write_text(
+        '[build-system]\nrequires = []\nbuild-backend = "kern_backend"\nbackend-path = ["."]\n\n'
+        '[project]\nname = "kern"\nversion = "0"\n'
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "ATTN_GATE", "PIP_"))}
     env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", PIP_NO_INDEX="1")
-    assert sh([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed", str(wheel)],
-              repo, env).returncode == 0
+    assert (
+        sh(
+            [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed", str(wheel)],
+            repo,
+            env,
+        ).returncode
+        == 0
+    )
     init = ["attn-gate", "init", "--kernel", "sdpa-cpu", "--repository", "example/kern", "--yes"]
     before = (repo / "pyproject.toml").read_text()
     refused = sh(init, repo, env)

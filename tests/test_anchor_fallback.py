@@ -16,13 +16,21 @@ from gate.core.config import PerfConfig, load_config
 from gate.kernels.registry import get_adapter
 from gate.speed.rule import PerfSeverity
 from gate.speed.runs import (
-    MATMUL, PerfCaseResult, baseline_entry, case_anchor, judge_perf, measure_case, run_perf,
+    MATMUL,
+    PerfCaseResult,
+    baseline_entry,
+    case_anchor,
+    judge_perf,
+    measure_case,
+    run_perf,
 )
 from gate.speed.timing import TimingPlan
 from tests.test_perf_check import write_config
 
 REFUSING_ANCHOR = "tests.verdict_kernels:sdpa_ok"  # no softcap parameter: SKIPs softcap cases
-PLAIN = Case.build(batch=1, seqlen_q=32, seqlen_k=32, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="fp32", seeds=(0,))
+PLAIN = Case.build(
+    batch=1, seqlen_q=32, seqlen_k=32, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="fp32", seeds=(0,)
+)
 
 # the perf-check tests' project (tests/test_perf_check.py), plus a suite with a softcap perf case
 CAPPED_SUITE = """anchor_fallback = "{fallback}"
@@ -94,8 +102,9 @@ def test_without_the_fallback_the_refused_case_is_a_skip_row_naming_the_anchor(t
 
 
 def test_a_row_keeps_its_anchor_through_json_and_an_old_row_reads_as_the_runs():
-    row = measure_case(get_adapter("sdpa-cpu"), MATMUL,
-                       PLAIN, "cpu", TimingPlan(rounds=1, calls_per_round=1, warmup_s=0.0))
+    row = measure_case(
+        get_adapter("sdpa-cpu"), MATMUL, PLAIN, "cpu", TimingPlan(rounds=1, calls_per_round=1, warmup_s=0.0)
+    )
     again = PerfCaseResult.from_dict(row.to_dict())
     assert again.anchor == MATMUL == row.anchor
     old = row.to_dict()
@@ -110,10 +119,17 @@ def test_a_crashed_fallback_row_is_judged_not_measured_rather_than_on_its_anchor
     entries = {c.case_id: baseline_entry(c, result.anchor) for c in result.cases}
     import dataclasses
 
-    crashed = tuple(dataclasses.replace(c, status="ERROR", reason="case x: the worker died (SIGSEGV)", timing=None, anchor="")
-                    if c.case.softcap else c for c in result.cases)
-    judged = [j for j in judge_perf(dataclasses.replace(result, cases=crashed), entries, cfg.perf)
-              if j.case_id == next(c.case_id for c in crashed if c.case.softcap)]
+    crashed = tuple(
+        dataclasses.replace(c, status="ERROR", reason="case x: the worker died (SIGSEGV)", timing=None, anchor="")
+        if c.case.softcap
+        else c
+        for c in result.cases
+    )
+    judged = [
+        j
+        for j in judge_perf(dataclasses.replace(result, cases=crashed), entries, cfg.perf)
+        if j.case_id == next(c.case_id for c in crashed if c.case.softcap)
+    ]
     assert judged and all(j.severity is PerfSeverity.INCONCLUSIVE for j in judged)
     assert all("not measured: case x: the worker died" in j.message and "anchor" not in j.message for j in judged)
 
@@ -124,8 +140,17 @@ def test_asv_keeps_the_ms_but_not_the_ratio_of_a_fallback_case(tmp_path):
     from gate.speed.asv import BenchSettings, bench_measure
 
     write_config(tmp_path, CAPPED_SUITE.format(fallback="matmul"))
-    rows = bench_measure(BenchSettings(config_path=tmp_path / "pyproject.toml", kernel="tiled", suite="capped",
-                                       anchor=REFUSING_ANCHOR, device="cpu", only=None, rounds=None))
+    rows = bench_measure(
+        BenchSettings(
+            config_path=tmp_path / "pyproject.toml",
+            kernel="tiled",
+            suite="capped",
+            anchor=REFUSING_ANCHOR,
+            device="cpu",
+            only=None,
+            rounds=None,
+        )
+    )
     plain, capped_row = (rows[next(i for i in rows if ("cap" in i) == want)] for want in (False, True))
     for p in ("fwd", "bwd"):
         assert "speed_ratio" in plain[p] and "candidate_ms" in plain[p]

@@ -74,7 +74,7 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
                 stack.pop()
                 path.pop()
             elif colour.get(child, 2) == 1:
-                return path[path.index(child):] + [child]
+                return path[path.index(child) :] + [child]
             elif colour.get(child) == 0:
                 colour[child] = 1
                 path.append(child)
@@ -144,15 +144,30 @@ def test_speed_judging_modules_load_without_torch():
     import subprocess
     import sys
 
-    code = ("import sys, gate.speed.runs, gate.workflow.speed_check, gate.report.speed_report; "
-            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    code = (
+        "import sys, gate.speed.runs, gate.workflow.speed_check, gate.report.speed_report; "
+        "sys.exit(1 if 'torch' in sys.modules else 0)"
+    )
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT.parent).returncode == 0
 
 
 # What may stay a function-level import: torch and the kernels' libraries, and the heavy helpers
 # (plots, asv, tables, arrays) a command loads only when it needs them.
-HEAVY_ROOTS = {"torch", "triton", "flash_attn", "flash_attn_interface", "flash_attn_config", "matplotlib", "asv",
-               "pandas", "numpy", "rich", "pynvml", "yaml", "packaging"}
+HEAVY_ROOTS = {
+    "torch",
+    "triton",
+    "flash_attn",
+    "flash_attn_interface",
+    "flash_attn_config",
+    "matplotlib",
+    "asv",
+    "pandas",
+    "numpy",
+    "rich",
+    "pynvml",
+    "yaml",
+    "packaging",
+}
 MAX_NEEDLESS_LAZY_IMPORTS = 20
 
 
@@ -160,8 +175,13 @@ def module_level_imports(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(), str(path))
     found: set[str] = set()
     for node in tree.body:
-        for n in ([node] if isinstance(node, (ast.Import, ast.ImportFrom)) else
-                  ast.walk(node) if isinstance(node, (ast.If, ast.Try)) else ()):
+        for n in (
+            [node]
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            else ast.walk(node)
+            if isinstance(node, (ast.If, ast.Try))
+            else ()
+        ):
             if isinstance(n, ast.Import):
                 found |= {a.name for a in n.names}
             elif isinstance(n, ast.ImportFrom) and n.module and not n.level:
@@ -173,9 +193,14 @@ def heavy_modules(paths: dict[str, Path]) -> set[str]:
     """The gate modules whose module-level imports reach a heavy library, directly or through
     other gate modules: importing one is what a lazy import puts off."""
     direct = {m: module_level_imports(p) for m, p in paths.items()}
-    heavy = {m for m, imps in direct.items()
-             if any(i.split(".")[0] in HEAVY_ROOTS or i.split(".")[0] not in {"gate", "__future__", *sys.stdlib_module_names}
-                    for i in imps)}
+    heavy = {
+        m
+        for m, imps in direct.items()
+        if any(
+            i.split(".")[0] in HEAVY_ROOTS or i.split(".")[0] not in {"gate", "__future__", *sys.stdlib_module_names}
+            for i in imps
+        )
+    }
     changed = True
     while changed:
         changed = False
@@ -186,7 +211,9 @@ def heavy_modules(paths: dict[str, Path]) -> set[str]:
     return heavy
 
 
-def needless_lazy_imports(paths: dict[str, Path], stdlib: frozenset[str] = frozenset(sys.stdlib_module_names)) -> list[str]:
+def needless_lazy_imports(
+    paths: dict[str, Path], stdlib: frozenset[str] = frozenset(sys.stdlib_module_names)
+) -> list[str]:
     """Imports inside functions of a module that could stand at its top: a standard-library module,
     or a gate module that loads nothing heavy (or nothing the importer does not load already)."""
     heavy = heavy_modules(paths)

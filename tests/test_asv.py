@@ -55,15 +55,35 @@ def asv_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("asv")
     (tmp / "pyproject.toml").write_text(TINY_CONFIG)
     conf = json.loads((REPO / "asv.conf.json").read_text())
-    conf.update(repo=str(REPO), benchmark_dir=str(REPO / "benchmarks"), results_dir=str(tmp / "results"),
-                html_dir=str(tmp / "html"), env_dir=str(tmp / "env"))
+    conf.update(
+        repo=str(REPO),
+        benchmark_dir=str(REPO / "benchmarks"),
+        results_dir=str(tmp / "results"),
+        html_dir=str(tmp / "html"),
+        env_dir=str(tmp / "env"),
+    )
     (tmp / "asv.conf.json").write_text(json.dumps(conf))
     from gate.speed.asv import git_commit
 
     commit = git_commit("HEAD", REPO)  # fixed up front: others may commit while the test runs
     env = {**os.environ, "HOME": str(tmp)}  # asv keeps its machine file in ~/.asv-machine.json
-    cmd = [sys.executable, "-m", "gate", "bench", "--asv-config", str(tmp / "asv.conf.json"), "--quick",
-           "--commit", commit, "--machine", "cpu-test", "--device", "cpu", "--config", str(tmp / "pyproject.toml")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gate",
+        "bench",
+        "--asv-config",
+        str(tmp / "asv.conf.json"),
+        "--quick",
+        "--commit",
+        commit,
+        "--machine",
+        "cpu-test",
+        "--device",
+        "cpu",
+        "--config",
+        str(tmp / "pyproject.toml"),
+    ]
     proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=240)
     return tmp, env, proc, commit
 
@@ -94,12 +114,19 @@ def test_asv_discovers_and_runs_the_track_benchmarks(asv_run):
         assert decode[name]["value"] is None or math.isnan(decode[name]["value"]), decode[name]
     assert not any("gbps" in name for name in got)  # K/V GB/s is higher-is-better: in perf's JSON, not asv
 
+
 @pytest.mark.slow
 def test_asv_publish_writes_html(asv_run):
     tmp, env, proc, _ = asv_run
     assert proc.returncode == 0, proc.stderr[-3000:]
-    pub = subprocess.run([sys.executable, "-m", "gate", "publish", "--asv-config", str(tmp / "asv.conf.json")],
-                         cwd=tmp, env=env, capture_output=True, text=True, timeout=120)
+    pub = subprocess.run(
+        [sys.executable, "-m", "gate", "publish", "--asv-config", str(tmp / "asv.conf.json")],
+        cwd=tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert pub.returncode == 0, pub.stdout[-3000:] + pub.stderr[-3000:]
     assert (tmp / "html" / "index.html").is_file()
     from gate.speed.asv_offline import remote_resources
@@ -110,8 +137,12 @@ def test_asv_publish_writes_html(asv_run):
 
 
 def test_bench_without_asv_config_is_a_usage_error(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "gate", "bench", "--asv-config", str(tmp_path / "nope.json")],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gate", "bench", "--asv-config", str(tmp_path / "nope.json")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "nope.json: no such file" in proc.stderr
 
 
@@ -121,9 +152,9 @@ def test_the_published_site_runs_its_scripts_in_a_browser_without_network(asv_ru
     """headless Chromium, every host but 127.0.0.1 unreachable. asv's own output (scripts from
     CDNs) shows asv's "failed to load" page; after make_offline (what `attn-gate publish` does) the
     page runs its scripts and lists the benchmarks."""
-    from tests.asv_browser import GRAPH, browse, scripts_ran, serve
     from gate.speed import asv as A
     from gate.speed.asv_offline import make_offline
+    from tests.asv_browser import GRAPH, browse, scripts_ran, serve
 
     tmp, env, proc, _ = asv_run
     assert proc.returncode == 0, proc.stderr[-3000:]

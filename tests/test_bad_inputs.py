@@ -23,8 +23,22 @@ def good(tmp_path_factory) -> Project:
     root = tmp_path_factory.mktemp("good")
     config = root / "pyproject.toml"
     config.write_text(config_text(root / "baselines"))
-    run = ["sweep", "--config", str(config), "--suite", SUITE, "--kernel", "sdpa-cpu", "--device", "cpu",
-           "--out", str(root / "run"), "--no-progress", "--workers", "0"]
+    run = [
+        "sweep",
+        "--config",
+        str(config),
+        "--suite",
+        SUITE,
+        "--kernel",
+        "sdpa-cpu",
+        "--device",
+        "cpu",
+        "--out",
+        str(root / "run"),
+        "--no-progress",
+        "--workers",
+        "0",
+    ]
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("GITHUB_STEP_SUMMARY", raising=False)
         assert main(run) == 0
@@ -107,7 +121,10 @@ def test_the_update_summary_lists_dropped_tensors(project):
     old = read_baseline(project.baseline)
     cid, row = next(iter(old.correctness.items()))
     lost = sorted(row.tensors)[-1]
-    cut = {**old.correctness, cid: type(row)(row.status, row.reason, {k: v for k, v in row.tensors.items() if k != lost})}
+    cut = {
+        **old.correctness,
+        cid: type(row)(row.status, row.reason, {k: v for k, v in row.tensors.items() if k != lost}),
+    }
     new = Baseline(**{**old.__dict__, "correctness": cut})
     diff = diff_baselines(old, new, project.baseline, 1.5, 0.05, 4.0)
     assert diff.dropped == ((cid, lost),)

@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 
 from gate.compare.baselines import (
-    Baseline, baseline_path, cases_to_rerun, diff_baselines, merge_baseline, read_baseline, widen_baseline,
+    Baseline,
+    baseline_path,
+    cases_to_rerun,
+    diff_baselines,
+    merge_baseline,
+    read_baseline,
+    widen_baseline,
 )
 from gate.compare.findings import decide
 from gate.compare.sweep_rules import compare
@@ -24,11 +30,18 @@ CPU_BASELINE = ROOT / "baselines" / "cpu" / "sdpa-cpu-smoke.json"
 
 
 def diff(old, new, kept=0):
-    return diff_baselines(old, new, Path("b.json"), CFG.headroom_factor, CFG.headroom_step, CFG.improvement_factor, kept)
+    return diff_baselines(
+        old, new, Path("b.json"), CFG.headroom_factor, CFG.headroom_step, CFG.improvement_factor, kept
+    )
 
 
 def test_round_trip_sorted_and_rounded(tmp_path):
-    speed = {"some-case": {"anchor": "sdpa-math", "fwd": {"median": 1.02, "noise": 0.01, "n": 3, "samples": [1.0, 1.02, 1.03]}}}
+    speed = {
+        "some-case": {
+            "anchor": "sdpa-math",
+            "fwd": {"median": 1.02, "noise": 0.01, "n": 3, "samples": [1.0, 1.02, 1.03]},
+        }
+    }
     b = Baseline.from_sweep(GOOD, perf=speed)
     path = tmp_path / "cpu" / "k-smoke.json"
     b.write(path)
@@ -100,9 +113,13 @@ def test_merge_filtered_run_into_changed_suite_is_refused():
 
 # Another CPU model of the same class: BLAS paths that move an fp32 ratio 0.25 -> 0.45 on an unchanged
 # kernel (seen: Intel Xeon 0.184 -> AMD EPYC 0.325), and one ratio lower than before.
-OTHER_MODEL = sweep(result(1, out=0.2, lse=0.1, dq=0.3, dk=0.45, dv=0.1), result(2, out=0.0, dq=0.01, dk=0.01, dv=0.01),
-                    result(3, "SKIP", "no softcap"), result(4, out=0.6, dq=0.5, dk=0.9, dv=0.5),
-                    env={**ENV, "cpu_model": "AMD EPYC"})
+OTHER_MODEL = sweep(
+    result(1, out=0.2, lse=0.1, dq=0.3, dk=0.45, dv=0.1),
+    result(2, out=0.0, dq=0.01, dk=0.01, dv=0.01),
+    result(3, "SKIP", "no softcap"),
+    result(4, out=0.6, dq=0.5, dk=0.9, dv=0.5),
+    env={**ENV, "cpu_model": "AMD EPYC"},
+)
 ONE_MODEL = sweep(*GOOD.cases, env={**ENV, "cpu_model": "Intel Xeon"})
 
 
@@ -122,28 +139,43 @@ def test_a_narrow_baseline_fails_the_other_cpu_model_and_a_widened_one_passes_bo
         assert env.severity.name == "INFO" and "one of those the baseline spans" in env.message
     third = sweep(*GOOD.cases, env={**ENV, "cpu_model": "Ampere Altra"})  # a model it never saw is still named
     assert [f.message for f in compare(wide, third, CFG) if f.metric == "env:cpu_model"] == [
-        "environment cpu_model changed: baseline AMD EPYC | Intel Xeon, now Ampere Altra"]
+        "environment cpu_model changed: baseline AMD EPYC | Intel Xeon, now Ampere Altra"
+    ]
     grown = sweep(result(1, out=0.2, lse=0.1, dq=0.3, dk=0.8, dv=0.22), *GOOD.cases[1:], env=ONE_MODEL.environment)
     assert not decide(compare(wide, grown, CFG)).passed  # the widened row still has its headroom rule
 
 
 def test_widen_keeps_both_sides_rows_and_tensors_and_refuses_what_it_cannot_hold():
-    old = Baseline.from_sweep(sweep(result(1, out=0.9, lse=0.5, dq=0.9, dk=0.9, dv=0.9), result(2, "SKIP", "no softcap"),
-                                    result(3, out=0.1, dq=0.1, dk=0.1, dv=0.1), env=ONE_MODEL.environment))
-    new = Baseline.from_sweep(sweep(result(1, out=0.1, dq=0.95, dk=0.1, dv=0.1), result(2, "SKIP", "no softcap"),
-                                    env=OTHER_MODEL.environment))
+    old = Baseline.from_sweep(
+        sweep(
+            result(1, out=0.9, lse=0.5, dq=0.9, dk=0.9, dv=0.9),
+            result(2, "SKIP", "no softcap"),
+            result(3, out=0.1, dq=0.1, dk=0.1, dv=0.1),
+            env=ONE_MODEL.environment,
+        )
+    )
+    new = Baseline.from_sweep(
+        sweep(result(1, out=0.1, dq=0.95, dk=0.1, dv=0.1), result(2, "SKIP", "no softcap"), env=OTHER_MODEL.environment)
+    )
     wide = widen_baseline(new, old, "b.json")
     assert {n: t.ratio for n, t in wide.correctness[case(1).id].tensors.items()} == pytest.approx(
-        {"out": 0.9, "lse": 0.5, "dq": 0.95, "dk": 0.9, "dv": 0.9})  # per tensor the larger; lse of one side kept
+        {"out": 0.9, "lse": 0.5, "dq": 0.95, "dk": 0.9, "dv": 0.9}
+    )  # per tensor the larger; lse of one side kept
     assert wide.correctness[case(3).id] == old.correctness[case(3).id]  # a case of one side keeps its row
-    with pytest.raises(UserError, match="--widen merges this run into the committed baseline, and there is none at b.json"):
+    with pytest.raises(
+        UserError, match="--widen merges this run into the committed baseline, and there is none at b.json"
+    ):
         widen_baseline(new, None, "b.json")
     with pytest.raises(UserError, match="--widen: b.json was made for another suite or tolerance"):
         widen_baseline(Baseline.from_sweep(sweep(*GOOD.cases, suite_hash="h2")), Baseline.from_sweep(GOOD), "b.json")
     other_torch = Baseline.from_sweep(sweep(*GOOD.cases, env={**OTHER_MODEL.environment, "torch": "2.14.0"}))
-    with pytest.raises(UserError, match=r"--widen: this run's torch '2.13.0' -> '2.14.0' differs from b.json; only the machine"):
+    with pytest.raises(
+        UserError, match=r"--widen: this run's torch '2.13.0' -> '2.14.0' differs from b.json; only the machine"
+    ):
         widen_baseline(other_torch, Baseline.from_sweep(ONE_MODEL), "b.json")  # drift is never folded into a span
-    failing = Baseline.from_sweep(sweep(result(1, "FAIL", "bad", out=1.5, dq=0.1, dk=0.1, dv=0.1), env=OTHER_MODEL.environment))
+    failing = Baseline.from_sweep(
+        sweep(result(1, "FAIL", "bad", out=1.5, dq=0.1, dk=0.1, dv=0.1), env=OTHER_MODEL.environment)
+    )
     with pytest.raises(UserError, match="1 cases differ in status between b.json and this run"):
         widen_baseline(failing, old, "b.json")
 
@@ -164,20 +196,32 @@ def test_widen_refuses_a_run_or_baseline_that_records_no_cpu_model(model):
 def _grown_suite():
     """GOOD's suite changed: case 2 changed (a seed more), case 3 removed, case 5 added."""
     changed = case(2).with_fields(seeds=(0, 1, 2))
-    return {case(1).id: case_hash(case(1)), changed.id: case_hash(changed), case(4).id: case_hash(case(4)),
-            case(5).id: case_hash(case(5))}, changed
+    return {
+        case(1).id: case_hash(case(1)),
+        changed.id: case_hash(changed),
+        case(4).id: case_hash(case(4)),
+        case(5).id: case_hash(case(5)),
+    }, changed
 
 
 def test_a_grown_suite_keeps_the_rows_of_unchanged_cases_and_runs_the_rest():
     old = Baseline.from_sweep(GOOD, perf={"x": 1})
     suite_cases, changed = _grown_suite()
     assert cases_to_rerun(old, suite_cases) == [changed.id, case(5).id]
-    run = sweep(CaseResult(case=changed, status=Status.PASS, tensors=result(2, out=0.1, dq=0.1, dk=0.1, dv=0.1).tensors),
-                result(5, out=0.2, dq=0.2, dk=0.2, dv=0.2), suite_hash="h2", scope=exact_regex([changed.id, case(5).id]))
+    run = sweep(
+        CaseResult(case=changed, status=Status.PASS, tensors=result(2, out=0.1, dq=0.1, dk=0.1, dv=0.1).tensors),
+        result(5, out=0.2, dq=0.2, dk=0.2, dv=0.2),
+        suite_hash="h2",
+        scope=exact_regex([changed.id, case(5).id]),
+    )
     merged, kept = merge_baseline(Baseline.from_sweep(run), old, run.scope, suite_cases)
     assert kept == 2 and set(merged.correctness) == set(suite_cases)  # 1 and 4 kept, 3 dropped, 2 and 5 from the run
     assert merged.correctness[case(1).id] == old.correctness[case(1).id]
-    assert merged.correctness[changed.id].tensors["out"].ratio == 0.1 and merged.suite_hash == "h2" and merged.perf == {"x": 1}
+    assert (
+        merged.correctness[changed.id].tensors["out"].ratio == 0.1
+        and merged.suite_hash == "h2"
+        and merged.perf == {"x": 1}
+    )
     assert {cid: c.case_hash for cid, c in merged.correctness.items()} == suite_cases
 
 
@@ -201,8 +245,12 @@ def test_the_way_out_of_a_stale_baseline_fits_what_changed():
     same = {cid: c.case_hash for cid, c in old.correctness.items() if cid != case(3).id}  # a case only left
     assert "attn-gate baseline carry b.json" in remeasure_hint(old, same, set(), "REDO", "b.json")
     grown = {**same, case(5).id: case_hash(case(5))}
-    assert remeasure_hint(old, grown, set(), "REDO", "b.json").startswith(f"`REDO --only '{exact_regex([case(5).id])}' --no-perf`")
-    assert "--no-perf" not in remeasure_hint(old, grown, {case(5).id}, "REDO", "b.json")  # a new timing case: time it too
+    assert remeasure_hint(old, grown, set(), "REDO", "b.json").startswith(
+        f"`REDO --only '{exact_regex([case(5).id])}' --no-perf`"
+    )
+    assert "--no-perf" not in remeasure_hint(
+        old, grown, {case(5).id}, "REDO", "b.json"
+    )  # a new timing case: time it too
     many = {**same, **{case(100 + i).id: case_hash(case(100 + i)) for i in range(MAX_IDS_IN_HINT + 1)}}
     assert remeasure_hint(old, many, set(), "REDO", "b.json").startswith("`REDO` (")
     data = json.loads(GOOD_TEXT)
@@ -232,12 +280,15 @@ def test_a_bad_case_hash_is_refused():
 
 def test_diff_lists_what_moved_beyond_noise():
     old = Baseline.from_sweep(GOOD)
-    new = Baseline.from_sweep(sweep(
-        result(1, out=0.21, dq=0.31, dk=0.25, dv=0.6),  # dv 0.22 -> 0.6 moved; the rest is noise
-        result(2, "FAIL", "dq", out=0.0, dq=1.2),  # status change
-        result(4, out=0.6, dk=0.3),  # dk 0.9 -> 0.3: improvement
-        result(5, out=0.1),  # added; case 3 removed
-        env={**GOOD.environment, "torch": "2.14.0"}))
+    new = Baseline.from_sweep(
+        sweep(
+            result(1, out=0.21, dq=0.31, dk=0.25, dv=0.6),  # dv 0.22 -> 0.6 moved; the rest is noise
+            result(2, "FAIL", "dq", out=0.0, dq=1.2),  # status change
+            result(4, out=0.6, dk=0.3),  # dk 0.9 -> 0.3: improvement
+            result(5, out=0.1),  # added; case 3 removed
+            env={**GOOD.environment, "torch": "2.14.0"},
+        )
+    )
     d = diff(old, new)
     assert d.added == (case(5).id,) and d.removed == (case(3).id,)
     assert d.status_changes == ((case(2).id, "PASS", "FAIL"),)
@@ -254,8 +305,7 @@ def test_diff_lists_what_moved_beyond_noise():
 def test_committed_cpu_baseline_matches_the_suite_and_config():
     """The file CI gates against: readable, for this suite as it is now and these multipliers
     (otherwise `check` refuses and the baseline must be refreshed on purpose)."""
-    from gate.core.cases import load_suite
-    from gate.core.cases import suite_hash
+    from gate.core.cases import load_suite, suite_hash
 
     b = read_baseline(CPU_BASELINE)
     config = load_config(ROOT / "pyproject.toml")
@@ -318,9 +368,14 @@ def test_a_schema_1_baseline_is_migrated_and_records_its_commit_from_now_on(tmp_
 
 # ---------------------------------------------------------------- a suite that grows, end to end
 
-MINI = ('[tool.attn-gate.suites.mini]\nseeds = [0]\n[[tool.attn-gate.suites.mini.matrix]]\n'
-        'dtype = ["bf16"]\nseqlens = ["33", "40x56"]\nheads = ["2"]\nhead_dims = ["16"]\n')
-GROWN = MINI + '[[tool.attn-gate.suites.mini.matrix]]\ndtype = ["fp32"]\nseqlens = ["24"]\nheads = ["2"]\nhead_dims = ["16"]\n'
+MINI = (
+    "[tool.attn-gate.suites.mini]\nseeds = [0]\n[[tool.attn-gate.suites.mini.matrix]]\n"
+    'dtype = ["bf16"]\nseqlens = ["33", "40x56"]\nheads = ["2"]\nhead_dims = ["16"]\n'
+)
+GROWN = (
+    MINI
+    + '[[tool.attn-gate.suites.mini.matrix]]\ndtype = ["fp32"]\nseqlens = ["24"]\nheads = ["2"]\nhead_dims = ["16"]\n'
+)
 
 
 def test_after_a_suite_grows_only_the_new_cases_run_and_check_passes(tmp_path, capsys):
@@ -377,7 +432,8 @@ def test_a_results_row_of_another_case_under_the_same_id_is_refused(tmp_path, ca
 
 TIMED_ONLY = MINI.replace('seqlens = ["33", "40x56"]', 'seqlens = ["33"]') + (
     '[[tool.attn-gate.suites.mini.matrix]]\ndtype = ["bf16"]\nseqlens = ["40x56"]\nheads = ["2"]\nhead_dims = ["16"]\n'
-    'perf = ["only"]\n')
+    'perf = ["only"]\n'
+)
 
 
 def _recorded(tmp_path, text: str):
@@ -385,8 +441,26 @@ def _recorded(tmp_path, text: str):
 
     config = tmp_path / "pyproject.toml"
     config.write_text(text)
-    assert main(["baseline", "update", "--kernel", "sdpa-cpu", "--suite", "mini", "--device", "cpu", "--config", str(config),
-                 "--no-progress", "--out", str(tmp_path / "o")]) == 0
+    assert (
+        main(
+            [
+                "baseline",
+                "update",
+                "--kernel",
+                "sdpa-cpu",
+                "--suite",
+                "mini",
+                "--device",
+                "cpu",
+                "--config",
+                str(config),
+                "--no-progress",
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 0
+    )
     return config, tmp_path / "baselines" / "cpu" / "sdpa-cpu-mini.json"
 
 
@@ -399,11 +473,31 @@ def test_carry_drops_rows_of_cases_no_longer_swept_and_keeps_the_rest_as_measure
     config.write_text(TIMED_ONLY)
     assert main(["baseline", "carry", str(path), "--config", str(config)]) == 0
     new = read_baseline(path)
-    assert set(new.correctness) == {"bf16-b2-h2-s33-d16"} and new.correctness["bf16-b2-h2-s33-d16"] == old.correctness["bf16-b2-h2-s33-d16"]
+    assert (
+        set(new.correctness) == {"bf16-b2-h2-s33-d16"}
+        and new.correctness["bf16-b2-h2-s33-d16"] == old.correctness["bf16-b2-h2-s33-d16"]
+    )
     assert (new.measured_at, new.commit, new.environment) == (old.measured_at, old.commit, old.environment)
     assert "2 removed" in capsys.readouterr().out
-    assert main(["check", "--kernel", "sdpa-cpu", "--suite", "mini", "--device", "cpu", "--config", str(config),
-                 "--no-progress", "--out", str(tmp_path / "c")]) == 0  # the timing-only case is not swept
+    assert (
+        main(
+            [
+                "check",
+                "--kernel",
+                "sdpa-cpu",
+                "--suite",
+                "mini",
+                "--device",
+                "cpu",
+                "--config",
+                str(config),
+                "--no-progress",
+                "--out",
+                str(tmp_path / "c"),
+            ]
+        )
+        == 0
+    )  # the timing-only case is not swept
     sweep = json.loads((tmp_path / "c" / "sweep-sdpa-cpu-mini.json").read_text())
     assert [c["case_id"] for c in sweep["cases"]] == ["bf16-b2-h2-s33-d16"]
     assert main(["baseline", "carry", str(path), "--config", str(config)]) == 0  # twice: nothing to carry
@@ -437,8 +531,11 @@ def test_perf_only_is_timed_never_swept_and_validated():
     both = expand_suite("x", {"matrix": [{"seqlens": ["33"], "perf": ["only"]}, {"seqlens": ["33"]}]}, "t")
     assert [(c.perf, c.swept) for c in both.cases] == [(True, True)]
     # a timing-only copy never decides what the sweep runs: the swept copy's seeds stay
-    seeds = expand_suite("x", {"matrix": [{"seqlens": ["33"], "seeds": [0, 1, 2]},
-                                          {"seqlens": ["33"], "perf": ["only"], "seeds": [0]}]}, "t")
+    seeds = expand_suite(
+        "x",
+        {"matrix": [{"seqlens": ["33"], "seeds": [0, 1, 2]}, {"seqlens": ["33"], "perf": ["only"], "seeds": [0]}]},
+        "t",
+    )
     assert [(c.seeds, c.perf) for c in seeds.cases] == [((0, 1, 2), True)]
     for bad in ({"perf": ["sometimes"]}, {"perf": ["only"], "checks": [["determinism"]]}):
         with pytest.raises(UserError, match="perf"):
@@ -459,8 +556,10 @@ def test_check_only_a_timing_only_case_judges_its_speed(tmp_path):
     of its speed, not a usage error and not 'nothing measured'."""
     from gate.commands.main import main
 
-    perf = ('[tool.attn-gate.perf]\nrounds = 7\ncalls_per_round = 2\nconfirm_rounds = 0\nwarmup_s = 0.0\n'
-            'cpu_anchor = "sdpa-cpu"\n')
+    perf = (
+        "[tool.attn-gate.perf]\nrounds = 7\ncalls_per_round = 2\nconfirm_rounds = 0\nwarmup_s = 0.0\n"
+        'cpu_anchor = "sdpa-cpu"\n'
+    )
     config, _ = _recorded(tmp_path, TIMED_ONLY + perf)
     base = ["--kernel", "sdpa-cpu", "--suite", "mini", "--device", "cpu", "--config", str(config), "--no-progress"]
     assert main(["baseline", "update", *base, "--perf", "--accept-noisy", "--out", str(tmp_path / "o2")]) == 0
@@ -507,5 +606,7 @@ def test_widen_through_the_cli_spans_two_machines_and_refuses_before_the_sweep(t
         assert main(["check", "--config", str(config), "--results", str(run), "--out", str(tmp_path / "c1")]) == 0
         assert "| cpu_model (one of the baseline's) |" in (tmp_path / "c1" / "comment-sdpa-cpu-mini.md").read_text()
     capsys.readouterr()
-    assert main(["baseline", "update", "--config", str(config), "--from-results", str(here)]) == 0  # narrows it, says so
+    assert (
+        main(["baseline", "update", "--config", str(config), "--from-results", str(here)]) == 0
+    )  # narrows it, says so
     assert "spanned cpu_model" in capsys.readouterr().err

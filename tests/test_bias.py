@@ -15,7 +15,7 @@ from gate.attention.bias import make_bias
 from gate.attention.inputs import make_inputs
 from gate.attention.reference import AttnOptions, attention_reference
 from gate.commands.main import main
-from gate.compare.sweep_rules import rule_incomplete_pass, required_tensors
+from gate.compare.sweep_rules import required_tensors, rule_incomplete_pass
 from gate.core.cases import BIAS_KINDS, BOOL_BIAS_KINDS, FLOAT_BIAS_KINDS, Case, expand_suite, load_suite
 from gate.core.config import ToleranceConfig
 from gate.core.errors import UserError
@@ -44,25 +44,35 @@ def test_bias_fields_default_away_and_show_in_the_id():
     assert len({case(bias=k).id for k in BIAS_KINDS}) == len(BIAS_KINDS)
 
 
-@pytest.mark.parametrize("kw, words", [
-    (dict(bias="alibi2"), "is not one of"),
-    (dict(bias="document", bias_grad=True), "boolean"),
-    (dict(bias="bool_mask", bias_dtype="fp32"), "boolean"),
-    (dict(bias_grad=True), "need a bias"),
-    (dict(bias="dense", bias_dtype="fp64"), "bias_dtype"),
-    (dict(bias="dense", bias_dtype="fp32", dtype="fp32"), "bf16/fp16"),
-])
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        (dict(bias="alibi2"), "is not one of"),
+        (dict(bias="document", bias_grad=True), "boolean"),
+        (dict(bias="bool_mask", bias_dtype="fp32"), "boolean"),
+        (dict(bias_grad=True), "need a bias"),
+        (dict(bias="dense", bias_dtype="fp64"), "bias_dtype"),
+        (dict(bias="dense", bias_dtype="fp32", dtype="fp32"), "bf16/fp16"),
+    ],
+)
 def test_invalid_bias_cases_say_what_is_wrong(kw, words):
     with pytest.raises(ValueError, match=words):
         case(**kw)
 
 
 def test_matrix_axes_expand_and_bad_values_name_the_suite():
-    spec = {"matrix": [{"seqlens": ["64"], "bias": ["dense", "broadcast_1"], "bias_dtype": ["fp32"], "bias_grad": [False, True]}]}
+    spec = {
+        "matrix": [
+            {"seqlens": ["64"], "bias": ["dense", "broadcast_1"], "bias_dtype": ["fp32"], "bias_grad": [False, True]}
+        ]
+    }
     suite = expand_suite("b", spec, "pyproject.toml")
     assert [c.id for c in suite.cases] == [
-        "bf16-b2-h4-s64-d64-bias.dense.fp32", "bf16-b2-h4-s64-d64-bias.dense.fp32.grad",
-        "bf16-b2-h4-s64-d64-bias.broadcast_1.fp32", "bf16-b2-h4-s64-d64-bias.broadcast_1.fp32.grad"]
+        "bf16-b2-h4-s64-d64-bias.dense.fp32",
+        "bf16-b2-h4-s64-d64-bias.dense.fp32.grad",
+        "bf16-b2-h4-s64-d64-bias.broadcast_1.fp32",
+        "bf16-b2-h4-s64-d64-bias.broadcast_1.fp32.grad",
+    ]
     with pytest.raises(UserError, match=r"pyproject.toml \[suites.b\] matrix\[0\]: bias value 'dens'"):
         expand_suite("b", {"matrix": [{"bias": ["dens"]}]}, "pyproject.toml")
     with pytest.raises(UserError, match="bias_grad"):
@@ -77,7 +87,9 @@ def test_shipped_suites_carry_every_kind():
     assert any(c.has_bias and 1088 in (c.seqlen_q, c.seqlen_k) for c in pr.cases)  # a tile edge (17 x 64)
     assert {c.bias.kind for c in pr.perf_cases} >= {"broadcast_b", "document"}  # a bias and a Flex mask_mod speed case
     assert any(c.has_bias and c.seqlen_k > 65536 for c in nightly.cases)
-    assert any(c.has_bias and c.has_window for c in nightly.cases) and any(c.has_bias and c.heads_kv == 1 for c in nightly.cases)
+    assert any(c.has_bias and c.has_window for c in nightly.cases) and any(
+        c.has_bias and c.heads_kv == 1 for c in nightly.cases
+    )
     assert max(c.seqlen_q * c.seqlen_k for c in smoke.cases if c.has_bias) <= 130 * 130
 
 
@@ -101,7 +113,9 @@ def test_float_biases_are_tens_per_shape_and_seeded(kind):
 def test_shifted_rows_push_the_lse_below_fp32_exp_underflow():
     c = case(bias="shifted_rows", bias_dtype="fp32", seqlen_q=47)
     inputs = make_inputs(c, 0, "cpu")
-    gold = attention_reference(inputs.q, inputs.k, inputs.v, inputs.dout, AttnOptions(inputs.softmax_scale, bias=inputs.bias), F64)
+    gold = attention_reference(
+        inputs.q, inputs.k, inputs.v, inputs.dout, AttnOptions(inputs.softmax_scale, bias=inputs.bias), F64
+    )
     assert float(gold.lse[:, :, 1::4].max()) < -88.7 < float(gold.lse[:, :, 0::4].min())
 
 
@@ -111,7 +125,9 @@ def test_bool_patterns_keep_a_key_per_row_and_ignore_the_seed(kind):
         c = case(bias=kind, seqlen_q=nq, seqlen_k=nk)
         m = make_bias(c, 0, "cpu", torch.bfloat16)
         assert m.dtype == torch.bool and tuple(m.shape) == c.bias_shape
-        assert torch.equal(m, make_bias(c, 5, "cpu", torch.bfloat16))  # the structure, not the seed: one block mask per case
+        assert torch.equal(
+            m, make_bias(c, 5, "cpu", torch.bfloat16)
+        )  # the structure, not the seed: one block mask per case
         rows_seen = m.any(dim=-1)
         if kind == "bool_empty_rows":
             assert not rows_seen[:, :, 2::5].any() and rows_seen[:, :, 0::5].all() and c.has_fully_masked_rows
@@ -155,15 +171,25 @@ def naive(q, k, v, dout, scale, bias, causal=False, softcap=0.0):
     return out.detach(), q.grad, k.grad, v.grad, (bias.grad if bias.dtype != torch.bool else None)
 
 
-@pytest.mark.parametrize("kind, causal, softcap", [
-    ("dense", False, 0.0), ("broadcast_b", True, 0.0), ("broadcast_h", False, 5.0), ("broadcast_1", True, 0.0),
-    ("shifted_rows", False, 0.0), ("document", True, 0.0), ("bool_mask", False, 0.0),
-])
+@pytest.mark.parametrize(
+    "kind, causal, softcap",
+    [
+        ("dense", False, 0.0),
+        ("broadcast_b", True, 0.0),
+        ("broadcast_h", False, 5.0),
+        ("broadcast_1", True, 0.0),
+        ("shifted_rows", False, 0.0),
+        ("document", True, 0.0),
+        ("bool_mask", False, 0.0),
+    ],
+)
 def test_reference_matches_float64_autograd_including_dbias(kind, causal, softcap, monkeypatch):
     monkeypatch.setattr("gate.attention.reference.CHUNK_ELEMENTS", 2048)  # several query chunks
     c = case(bias=kind, causal=causal, softcap=softcap, bias_dtype="fp32" if kind in FLOAT_BIAS_KINDS else None)
     x = make_inputs(c, 0, "cpu")
-    gold = attention_reference(x.q, x.k, x.v, x.dout, AttnOptions(x.softmax_scale, causal=causal, softcap=softcap, bias=x.bias), F64)
+    gold = attention_reference(
+        x.q, x.k, x.v, x.dout, AttnOptions(x.softmax_scale, causal=causal, softcap=softcap, bias=x.bias), F64
+    )
     out, dq, dk, dv, dbias = naive(x.q, x.k, x.v, x.dout, x.softmax_scale, x.bias, causal, softcap)
     tight = dict(rtol=1e-9, atol=1e-10)
     for mine, theirs in ((gold.out, out), (gold.dq, dq), (gold.dk, dk), (gold.dv, dv)):
@@ -203,7 +229,9 @@ def test_low_precision_yardstick_keeps_an_fp32_bias_exact():
     opts = AttnOptions(x.softmax_scale, bias=x.bias)
     gold = attention_reference(x.q, x.k, x.v, x.dout, opts, F64)
     low = attention_reference(x.q, x.k, x.v, x.dout, opts, torch.bfloat16)
-    rounded = attention_reference(x.q, x.k, x.v, x.dout, AttnOptions(x.softmax_scale, bias=x.bias.bfloat16()), torch.bfloat16)
+    rounded = attention_reference(
+        x.q, x.k, x.v, x.dout, AttnOptions(x.softmax_scale, bias=x.bias.bfloat16()), torch.bfloat16
+    )
     assert float((low.out.double() - gold.out).abs().max()) < 0.5 * float((rounded.out.double() - gold.out).abs().max())
 
 
@@ -211,8 +239,10 @@ def test_low_precision_yardstick_keeps_an_fp32_bias_exact():
 
 
 CPU_CASES = [case(bias=k, causal=cz) for k in BIAS_KINDS[1:] for cz in (False, True)] + [
-    case(bias="dense", bias_dtype="fp32", bias_grad=True), case(bias="broadcast_h", bias_grad=True, dtype="fp16"),
-    case(bias="broadcast_1", bias_grad=True, dtype="fp32"), case(bias="document", window=(8, 0)),
+    case(bias="dense", bias_dtype="fp32", bias_grad=True),
+    case(bias="broadcast_h", bias_grad=True, dtype="fp16"),
+    case(bias="broadcast_1", bias_grad=True, dtype="fp32"),
+    case(bias="document", window=(8, 0)),
 ]
 
 
@@ -235,20 +265,34 @@ def test_correct_kernels_pass_every_bias_kind(kernel, in_repo_root):
 
 def test_kernels_without_a_bias_skip_with_the_reason(in_repo_root):
     c = case(bias="dense")
-    assert get_adapter("tests.bias_kernels:correct_without_bias").capabilities().unsupported_reason(c, "cpu") == "no custom bias (attn_bias)"
+    assert (
+        get_adapter("tests.bias_kernels:correct_without_bias").capabilities().unsupported_reason(c, "cpu")
+        == "no custom bias (attn_bias)"
+    )
     assert "attn_mask" in get_adapter("sdpa-flash").capabilities().unsupported_reason(c, "cuda")
     assert "FA4" in get_adapter("fa4").capabilities().unsupported_reason(c, "cuda")
-    assert "cuDNN backward" in get_adapter("sdpa-cudnn").capabilities().unsupported_reason(case(bias="dense", bias_grad=True), "cuda")
-    assert get_adapter("sdpa-efficient").capabilities().unsupported_reason(case(bias="dense", bias_grad=True), "cuda") is None
+    assert "cuDNN backward" in get_adapter("sdpa-cudnn").capabilities().unsupported_reason(
+        case(bias="dense", bias_grad=True), "cuda"
+    )
+    assert (
+        get_adapter("sdpa-efficient").capabilities().unsupported_reason(case(bias="dense", bias_grad=True), "cuda")
+        is None
+    )
     # rows emptied through attn_mask are measured (0 under an additive -inf mask); through causal_lower_right they are not
     assert get_adapter("sdpa-efficient").capabilities().unsupported_reason(case(bias="bool_empty_rows"), "cuda") is None
     assert "fully masked rows" in get_adapter("sdpa-efficient").capabilities().unsupported_reason(
-        case(seqlen_q=47, seqlen_k=33, causal=True), "cuda")
+        case(seqlen_q=47, seqlen_k=33, causal=True), "cuda"
+    )
 
 
-@pytest.mark.parametrize("kernel, words", [
-    ("bias_rounded_to_input_dtype", "error"), ("bias_head0", "error"), ("bias_no_grad", "dbias is missing"),
-])
+@pytest.mark.parametrize(
+    "kernel, words",
+    [
+        ("bias_rounded_to_input_dtype", "error"),
+        ("bias_head0", "error"),
+        ("bias_no_grad", "dbias is missing"),
+    ],
+)
 def test_planted_bias_bugs_fail_the_case(kernel, words, in_repo_root):
     c = case(bias="dense", bias_dtype="fp32", bias_grad=True, heads_kv=4, causal=True)
     r = run_case(get_adapter(f"tests.bias_kernels:{kernel}"), c, "cpu", ToleranceConfig())
@@ -257,8 +301,17 @@ def test_planted_bias_bugs_fail_the_case(kernel, words, in_repo_root):
 
 # ---- varlen: a packed bias, each sequence its own block
 
-VARLEN = dict(batch=4, seqlen_q=70, seqlen_k=70, heads_q=4, heads_kv=2, head_dim=16, head_dim_v=16, dtype="fp32",
-              varlen=(1, 45, 0, 70))
+VARLEN = dict(
+    batch=4,
+    seqlen_q=70,
+    seqlen_k=70,
+    heads_q=4,
+    heads_kv=2,
+    head_dim=16,
+    head_dim_v=16,
+    dtype="fp32",
+    varlen=(1, 45, 0, 70),
+)
 
 
 def test_a_varlen_bias_is_packed_with_one_block_per_sequence():
@@ -280,8 +333,14 @@ def test_varlen_reference_reads_each_sequences_block_and_packs_dbias():
     opts = AttnOptions(x.softmax_scale, causal=True, bias=x.bias)
     packed = attention_reference(x.q, x.k, x.v, x.dout, opts, F64, cu_seqlens=x.cu_seqlens)
     a, z = 1, 46  # the second sequence alone, as a dense batch of one with its block of the bias
-    alone = attention_reference(x.q[a:z][None], x.k[a:z][None], x.v[a:z][None], x.dout[a:z][None],
-                                AttnOptions(x.softmax_scale, causal=True, bias=x.bias[:, :, a:z, a:z]), F64)
+    alone = attention_reference(
+        x.q[a:z][None],
+        x.k[a:z][None],
+        x.v[a:z][None],
+        x.dout[a:z][None],
+        AttnOptions(x.softmax_scale, causal=True, bias=x.bias[:, :, a:z, a:z]),
+        F64,
+    )
     torch.testing.assert_close(packed.out[a:z], alone.out[0], rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(packed.dbias[:, :, a:z, a:z], alone.dbias, rtol=1e-12, atol=1e-12)
     assert packed.dbias[:, :, a:z, z:].abs().max() == 0  # no gradient outside a sequence's block
@@ -296,6 +355,7 @@ def _reading_bias(rewrite):
         def __call__(self, call):
             wrong = rewrite(call.opts.bias, call.cu_seqlens.tolist())
             return super().__call__(dataclasses.replace(call, opts=dataclasses.replace(call.opts, bias=wrong)))
+
     return Wrong(backend="math")
 
 
@@ -303,7 +363,7 @@ def _at_origin(bias, rows):
     """Every sequence's block read at the packed origin (its offsets dropped)."""
     wrong = bias.clone()
     for a, z in zip(rows[:-1], rows[1:]):
-        wrong[:, :, a:z, a:z] = bias[:, :, :z - a, :z - a]
+        wrong[:, :, a:z, a:z] = bias[:, :, : z - a, : z - a]
     return wrong
 
 
@@ -314,13 +374,23 @@ def _first_two_swapped(bias, rows):
     return wrong
 
 
-@pytest.mark.parametrize("kw", [dict(bias="dense"), dict(bias="dense", bias_grad=True, causal=True),
-                                dict(bias="bool_mask", causal=True), dict(bias="broadcast_h")])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(bias="dense"),
+        dict(bias="dense", bias_grad=True, causal=True),
+        dict(bias="bool_mask", causal=True),
+        dict(bias="broadcast_h"),
+    ],
+)
 def test_varlen_bias_passes_correct_kernels_and_fails_one_reading_at_the_origin(kw):
     c = case(**VARLEN, **kw)
     for kernel in ("tiled", "sdpa-math", "sdpa-cpu"):
         r = run_case(get_adapter(kernel), c, "cpu", ToleranceConfig())
-        assert r.status.value == "PASS" or (kernel == "sdpa-cpu" and c.bias.grad and r.status.value == "SKIP"), (kernel, r.reason)
+        assert r.status.value == "PASS" or (kernel == "sdpa-cpu" and c.bias.grad and r.status.value == "SKIP"), (
+            kernel,
+            r.reason,
+        )
         if r.status.value == "PASS" and c.bias.grad:
             assert r.tensor("dbias").ratio <= 1
     wrong = run_case(_reading_bias(_at_origin), c, "cpu", ToleranceConfig())
@@ -339,7 +409,7 @@ def test_sequences_of_one_length_get_different_blocks(kind):
 def test_a_packed_bias_past_its_size_limit_is_refused():
     from gate.core.cases import MAX_PACKED_BIAS
 
-    n = int(MAX_PACKED_BIAS ** 0.5) + 1
+    n = int(MAX_PACKED_BIAS**0.5) + 1
     with pytest.raises(ValueError, match="packed over all tokens"):
         case(**{**VARLEN, "varlen": (n,), "batch": 1, "seqlen_q": n, "seqlen_k": n}, bias="broadcast_h")
     case(**{**VARLEN, "varlen": (n - 2,), "batch": 1, "seqlen_q": n - 2, "seqlen_k": n - 2}, bias="broadcast_h")
@@ -369,8 +439,12 @@ def test_flex_mods_read_the_bias_as_the_reference_does():
 
     adapter = FlexAdapter()
     adapter._compiled = flex_attention  # eager: no inductor on the CI machine
-    for c in (case(bias="broadcast_h", bias_dtype="fp32", causal=True), case(bias="dense", softcap=20.0, window=(8, 4), bias_dtype="fp32"),
-              case(bias="bool_empty_rows"), case(bias="document", causal=True)):
+    for c in (
+        case(bias="broadcast_h", bias_dtype="fp32", causal=True),
+        case(bias="dense", softcap=20.0, window=(8, 4), bias_dtype="fp32"),
+        case(bias="bool_empty_rows"),
+        case(bias="document", causal=True),
+    ):
         x = make_inputs(c, 0, "cpu")
         call = leaf_call(c, x)
         call = type(call)(**{**call.__dict__, "q": call.q.detach(), "k": call.k.detach(), "v": call.v.detach()})
@@ -380,7 +454,7 @@ def test_flex_mods_read_the_bias_as_the_reference_does():
             out = adapter(call).out
         gold, low = references(c, x, None)
         err, pt = float((out.double() - gold.out).abs().max()), float((low.out.double() - gold.out).abs().max())
-        assert err <= 2 * pt + 2 ** -9, (c.id, err, pt)
+        assert err <= 2 * pt + 2**-9, (c.id, err, pt)
 
 
 # ---------------------------------------------------------------- the verdict and `attn-gate check`
@@ -427,15 +501,46 @@ def bias_baseline(tmp_path_factory):
     cfg.write_text(f'[tool.attn-gate]\nbaselines_dir = "{(tmp / "baselines").as_posix()}"\n' + SUITE)
     with pytest.MonkeyPatch.context() as mp, contextlib.chdir(root):
         mp.delenv("GITHUB_STEP_SUMMARY", raising=False)
-        rc = main(["baseline", "update", "--config", str(cfg), "--kernel", "tests.bias_kernels:correct", "--suite", "bias",
-                   "--device", "cpu", "--no-progress", "--out", str(tmp / "made")])
+        rc = main(
+            [
+                "baseline",
+                "update",
+                "--config",
+                str(cfg),
+                "--kernel",
+                "tests.bias_kernels:correct",
+                "--suite",
+                "bias",
+                "--device",
+                "cpu",
+                "--no-progress",
+                "--out",
+                str(tmp / "made"),
+            ]
+        )
     (path,) = (tmp / "baselines" / "cpu").glob("*.json")
     return rc, cfg, path
 
 
 def _check(kernel: str, cfg: Path, baseline: Path, out: Path) -> tuple[int, dict]:
-    rc = main(["check", "--config", str(cfg), "--kernel", f"tests.bias_kernels:{kernel}", "--suite", "bias", "--device", "cpu",
-               "--baseline", str(baseline), "--no-progress", "--out", str(out)])
+    rc = main(
+        [
+            "check",
+            "--config",
+            str(cfg),
+            "--kernel",
+            f"tests.bias_kernels:{kernel}",
+            "--suite",
+            "bias",
+            "--device",
+            "cpu",
+            "--baseline",
+            str(baseline),
+            "--no-progress",
+            "--out",
+            str(out),
+        ]
+    )
     (findings,) = out.glob("findings-*.json")
     return rc, json.loads(findings.read_text())
 
@@ -445,18 +550,29 @@ def test_the_correct_bias_kernel_passes_check_against_its_baseline(bias_baseline
     rc, cfg, path = bias_baseline
     assert rc == 0
     data = json.loads(path.read_text())
-    assert {c for c in data["correctness"]} and all("dbias" in c["tensors"] for cid, c in data["correctness"].items() if ".grad" in cid)
+    assert {c for c in data["correctness"]} and all(
+        "dbias" in c["tensors"] for cid, c in data["correctness"].items() if ".grad" in cid
+    )
     rc, findings = _check("correct", cfg, path, tmp_path / "ok")
     assert rc == 0 and findings["verdict"] == "PASS"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kernel, rule, where", [
-    ("bias_rounded_to_input_dtype", "tolerance", r"\.fp32"),  # only the fp32-bias cases change
-    ("bias_head0", "tolerance", r"bias\.(dense|broadcast_b|bool_empty_rows)"),  # per-head ones; not document (1 head)
-    ("bias_no_grad", "status", r"\.grad$"),  # dbias missing: a FAIL row
-])
-def test_planted_bias_bugs_fail_check_against_the_correct_kernels_baseline(bias_baseline, in_repo_root, tmp_path, kernel, rule, where):
+@pytest.mark.parametrize(
+    "kernel, rule, where",
+    [
+        ("bias_rounded_to_input_dtype", "tolerance", r"\.fp32"),  # only the fp32-bias cases change
+        (
+            "bias_head0",
+            "tolerance",
+            r"bias\.(dense|broadcast_b|bool_empty_rows)",
+        ),  # per-head ones; not document (1 head)
+        ("bias_no_grad", "status", r"\.grad$"),  # dbias missing: a FAIL row
+    ],
+)
+def test_planted_bias_bugs_fail_check_against_the_correct_kernels_baseline(
+    bias_baseline, in_repo_root, tmp_path, kernel, rule, where
+):
     _, cfg, path = bias_baseline
     rc, findings = _check(kernel, cfg, path, tmp_path / kernel)
     assert rc == 1 and findings["verdict"] == "FAIL"
@@ -476,7 +592,10 @@ def test_speed_workload_and_determinism_take_the_bias_gradient():
     assert len(grads) == 4 and tuple(grads[3].shape) == c.bias_shape  # the timed backward computes dBias too
     (det,) = determinism_check(get_adapter("tiled"), c, "cpu", runs=2)
     assert det.passed and "dbias" in det.detail
-    for kind in ("dense", "broadcast_b"):  # a per-batch dBias is judged per sequence; a shared one is not one sequence's
+    for kind in (
+        "dense",
+        "broadcast_b",
+    ):  # a per-batch dBias is judged per sequence; a shared one is not one sequence's
         (inv,) = batch_invariance_check(get_adapter("tiled"), case(bias=kind, bias_grad=True), "cpu")
         assert inv.passed and ("dbias" in inv.detail) == (kind == "dense"), inv.detail
 
@@ -488,8 +607,18 @@ def test_kernels_skip_the_bias_forms_the_h200_showed_they_refuse():
     from gate.core.cases import Case
     from gate.kernels.registry import get_adapter
 
-    base = Case.build(batch=2, seqlen_q=1088, seqlen_k=1088, heads_q=8, heads_kv=8, head_dim=128, head_dim_v=128, dtype="bf16",
-                bias="dense", seeds=(0,))
+    base = Case.build(
+        batch=2,
+        seqlen_q=1088,
+        seqlen_k=1088,
+        heads_q=8,
+        heads_kv=8,
+        head_dim=128,
+        head_dim_v=128,
+        dtype="bf16",
+        bias="dense",
+        seeds=(0,),
+    )
     fp32 = base.with_fields(bias_dtype="fp32")
     fp32_grad = fp32.with_fields(bias_grad=True)
     efficient = get_adapter("sdpa-efficient").capabilities()
@@ -509,7 +638,18 @@ def test_sdpa_folds_a_boolean_mask_with_alibi_into_an_additive_mask():
     from gate.correctness.run_case import run_case
     from gate.kernels.registry import get_adapter
 
-    case = Case.build(batch=2, seqlen_q=48, seqlen_k=64, heads_q=4, heads_kv=4, head_dim=32, head_dim_v=32, dtype="bf16",
-                alibi=True, bias="bool_mask", seeds=(0,))
+    case = Case.build(
+        batch=2,
+        seqlen_q=48,
+        seqlen_k=64,
+        heads_q=4,
+        heads_kv=4,
+        head_dim=32,
+        head_dim_v=32,
+        dtype="bf16",
+        alibi=True,
+        bias="bool_mask",
+        seeds=(0,),
+    )
     row = run_case(get_adapter("sdpa-math"), case, "cpu", ToleranceConfig())
     assert row.status.value == "PASS", row.reason

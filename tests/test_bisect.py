@@ -14,7 +14,16 @@ from pathlib import Path
 import pytest
 
 from gate.workflow.bisect import (
-    BAD, FLAKY, GOOD, SKIP, BisectOutcome, BisectSpec, StepResult, check_command, decide_step, step_verdict,
+    BAD,
+    FLAKY,
+    GOOD,
+    SKIP,
+    BisectOutcome,
+    BisectSpec,
+    StepResult,
+    check_command,
+    decide_step,
+    step_verdict,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,9 +31,11 @@ KERNEL = (ROOT / "examples" / "tiny-attn" / "tiny_attn" / "__init__.py").read_te
 DK_LINE = "        dk = dk.view(b, hk, group, *dk.shape[2:]).sum(2)\n"
 PLANTED = DK_LINE + "        dk = dk * 1.02\n"
 # a bug on every other import of the module (one import per check: its one worker)
-FLAKY_KERNEL = ("import os as _os\n_path = _os.environ['TINYK_IMPORTS']\n"
-                "_n = int(open(_path).read() or 0) + 1 if _os.path.exists(_path) else 1\n"
-                "open(_path, 'w').write(str(_n))\n_FLAKY = _n % 2 == 1\n")
+FLAKY_KERNEL = (
+    "import os as _os\n_path = _os.environ['TINYK_IMPORTS']\n"
+    "_n = int(open(_path).read() or 0) + 1 if _os.path.exists(_path) else 1\n"
+    "open(_path, 'w').write(str(_n))\n_FLAKY = _n % 2 == 1\n"
+)
 PYPROJECT = """\
 [tool.attn-gate.cpu]
 kernel = "tinyk:flash_attn_func"
@@ -54,12 +65,15 @@ def test_a_step_is_what_every_run_agrees_on():
     assert decide_step("c", "s", [(SKIP, "no build", {})]).verdict == SKIP
 
 
-@pytest.mark.parametrize("runs, flipped", [
-    ([(BAD, "x (dk)", {"x": ["dk"]}), (GOOD, "", {})], ("x",)),
-    ([(GOOD, "", {}), (BAD, "y (dq)", {"y": ["dq"]})], ("y",)),
-    ([(BAD, "", {"x": ["dk"]}), (BAD, "", {"x": ["dk"], "y": ["dv"]})], ("y",)),  # the same verdict, another case
-    ([(BAD, "", {"x": ["dk"]}), (SKIP, "crash", {})], ("x",)),
-])
+@pytest.mark.parametrize(
+    "runs, flipped",
+    [
+        ([(BAD, "x (dk)", {"x": ["dk"]}), (GOOD, "", {})], ("x",)),
+        ([(GOOD, "", {}), (BAD, "y (dq)", {"y": ["dq"]})], ("y",)),
+        ([(BAD, "", {"x": ["dk"]}), (BAD, "", {"x": ["dk"], "y": ["dv"]})], ("y",)),  # the same verdict, another case
+        ([(BAD, "", {"x": ["dk"]}), (SKIP, "crash", {})], ("x",)),
+    ],
+)
 def test_a_verdict_that_changes_on_a_rerun_is_flaky_and_names_the_case(runs, flipped):
     step = decide_step("c", "s", runs)
     assert step.verdict == FLAKY and step.flipped == flipped and step.exit_code == 128
@@ -70,36 +84,71 @@ def finding(case, metric, severity):
 
 
 def test_a_bad_step_names_the_tensors_its_bisected_cases_failed_on():
-    findings = [finding("a", "ratio:dk", "FAIL"), finding("a", "ratio:dq", "FAIL"), finding("a", "status", "FAIL"),
-                finding("a", "ratio:dv", "WARN"), finding("c", "status", "FAIL"), finding("b", "ratio:out", "FAIL"),
-                finding("d", "status", "OK")]
+    findings = [
+        finding("a", "ratio:dk", "FAIL"),
+        finding("a", "ratio:dq", "FAIL"),
+        finding("a", "status", "FAIL"),
+        finding("a", "ratio:dv", "WARN"),
+        finding("c", "status", "FAIL"),
+        finding("b", "ratio:out", "FAIL"),
+        finding("d", "status", "OK"),
+    ]
     verdict, reason, failing = step_verdict(1, findings, ("a", "c", "d"))
     assert verdict == BAD and failing == {"a": ["dk", "dq"], "c": ["status"]} and reason == "a (dk, dq); c (status)"
     assert step_verdict(1, [finding("", "env:torch", "FAIL")], ("a",))[:2] == (BAD, " env:torch")
     assert step_verdict(0, [finding("a", "ratio:dk", "OK")], ("a",))[0] == GOOD
 
 
-@pytest.mark.parametrize("findings", [
-    [finding("a", "speed_ratio:fwd", "INCONCLUSIVE")],  # a suspected regression the confirm re-run did not confirm
-    [finding("", "speed", "INCONCLUSIVE"), finding("a", "ratio:dk", "WARN")],
-    None,  # no findings JSON
-    [],
-])
+@pytest.mark.parametrize(
+    "findings",
+    [
+        [finding("a", "speed_ratio:fwd", "INCONCLUSIVE")],  # a suspected regression the confirm re-run did not confirm
+        [finding("", "speed", "INCONCLUSIVE"), finding("a", "ratio:dk", "WARN")],
+        None,  # no findings JSON
+        [],
+    ],
+)
 def test_a_step_without_a_fail_is_skipped_not_bad(findings):
     assert step_verdict(1, findings, ("a",))[0] == SKIP
 
 
 def test_a_perf_bisect_times_the_cases_in_each_check(tmp_path):
-    spec = BisectSpec(repo="/r", good="a" * 40, bad="b" * 40, cases=("x",), only="^(?:x)$", kernel="k", suite="s",
-                      device="cpu", config="/w/judge/pyproject.toml", baseline="/w/b.json", setup=None)
+    spec = BisectSpec(
+        repo="/r",
+        good="a" * 40,
+        bad="b" * 40,
+        cases=("x",),
+        only="^(?:x)$",
+        kernel="k",
+        suite="s",
+        device="cpu",
+        config="/w/judge/pyproject.toml",
+        baseline="/w/b.json",
+        setup=None,
+    )
     assert "--no-perf" in check_command(spec, tmp_path, tmp_path / "o")
     cmd = check_command(BisectSpec(**{**spec.__dict__, "perf": True}), tmp_path, tmp_path / "o")
-    assert "--perf" in cmd and cmd[cmd.index("--only") + 1] == "^(?:x)$" and cmd[cmd.index("--baseline") + 1] == "/w/b.json"
+    assert (
+        "--perf" in cmd
+        and cmd[cmd.index("--only") + 1] == "^(?:x)$"
+        and cmd[cmd.index("--baseline") + 1] == "/w/b.json"
+    )
 
 
 def test_the_report_names_the_first_bad_commit_or_the_flaky_case():
-    spec = BisectSpec(repo="/r", good="a" * 40, bad="b" * 40, cases=("x",), only="^(?:x)$", kernel="k", suite="s",
-                      device="cpu", config="/w/judge/pyproject.toml", baseline="/w/judge/baselines/cpu/k-s.json", setup=None)
+    spec = BisectSpec(
+        repo="/r",
+        good="a" * 40,
+        bad="b" * 40,
+        cases=("x",),
+        only="^(?:x)$",
+        kernel="k",
+        suite="s",
+        device="cpu",
+        config="/w/judge/pyproject.toml",
+        baseline="/w/judge/baselines/cpu/k-s.json",
+        setup=None,
+    )
     first = StepResult("c" * 40, "plant", BAD, "x (dk)", {"x": ["dk"]})
     text = BisectOutcome(spec, (first,), first).text()
     assert f"FIRST BAD COMMIT: {'c' * 40} plant" in text and "x: dk" in text and "baselines/cpu/k-s.json" in text
@@ -113,13 +162,21 @@ def test_the_report_names_the_first_bad_commit_or_the_flaky_case():
 
 
 def git(repo: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t"}
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env).stdout.strip()
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env
+    ).stdout.strip()
 
 
-def make_repo(tmp_path: Path, edits: dict[int, "callable"], commits: int = 10,
-              files: dict[str, str] | None = None) -> tuple[Path, list[str]]:
+def make_repo(
+    tmp_path: Path, edits: dict[int, "callable"], commits: int = 10, files: dict[str, str] | None = None
+) -> tuple[Path, list[str]]:
     """`commits` commits; commit 1 holds the kernel, the config and the baseline measured from it;
     `edits[i](text) -> text` changes the kernel in commit i. Returns the repo and its commits."""
     repo = tmp_path / "kernels"
@@ -172,8 +229,9 @@ def no_leftovers(repo: Path) -> None:
 @pytest.mark.slow
 def test_bisect_names_the_commit_that_planted_the_bug_and_skips_one_that_does_not_build(tmp_path, monkeypatch):
     # commit 6 plants dK x1.02; commit 7 does not build (a syntax error, fixed in 8): git bisect visits it
-    repo, commits = make_repo(tmp_path, {
-        6: plant, 7: lambda t: t + "\ndef broken(:\n", 8: lambda t: t.replace("\ndef broken(:\n", "")})
+    repo, commits = make_repo(
+        tmp_path, {6: plant, 7: lambda t: t + "\ndef broken(:\n", 8: lambda t: t.replace("\ndef broken(:\n", "")}
+    )
     fail_at_head(repo)
     proc = bisect(repo, "--good", commits[0], "--last-failed")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -190,9 +248,14 @@ def test_bisect_names_the_commit_that_planted_the_bug_and_skips_one_that_does_no
 @pytest.mark.slow
 def test_bisect_stops_on_a_flaky_kernel_and_names_the_case(tmp_path, monkeypatch):
     monkeypatch.setenv("TINYK_IMPORTS", str(tmp_path / "imports"))
-    repo, commits = make_repo(tmp_path, {
-        6: lambda t: t.replace("\nimport torch\n", "\nimport torch\n" + FLAKY_KERNEL, 1).replace(
-            DK_LINE, DK_LINE + "        dk = dk * 1.02 if _FLAKY else dk\n")})
+    repo, commits = make_repo(
+        tmp_path,
+        {
+            6: lambda t: t.replace("\nimport torch\n", "\nimport torch\n" + FLAKY_KERNEL, 1).replace(
+                DK_LINE, DK_LINE + "        dk = dk * 1.02 if _FLAKY else dk\n"
+            )
+        },
+    )
     fail_at_head(repo)
     proc = bisect(repo, "--good", commits[0], "--last-failed")
     assert proc.returncode == 1, proc.stdout + proc.stderr

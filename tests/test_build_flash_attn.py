@@ -25,7 +25,7 @@ def test_fa3_dry_run_takes_a_user_supplied_tree_with_the_trim_switches():
     assert r.returncode == 0, r.stderr
     for switch in ("FP8", "SOFTCAP", "PACKGQA", "SM80", "HDIM96", "HDIM192", "HDIM256"):
         assert f"FLASH_ATTENTION_DISABLE_{switch}=TRUE" in r.stdout
-    assert '-lineinfo' in r.stdout and "/src/flash-attention/hopper" in r.stdout
+    assert "-lineinfo" in r.stdout and "/src/flash-attention/hopper" in r.stdout
     missing = run("--dry-run", "fa3")
     assert missing.returncode == 2 and "needs --src DIR" in missing.stderr
 

@@ -24,14 +24,24 @@ def test_feature_set_starts_from_what_is_assumed():
         feature_set(windw=True)
 
 
-@pytest.mark.parametrize("kw, feature", [
-    (dict(causal=True), Feature.CAUSAL), (dict(window=(4, 0)), Feature.WINDOW), (dict(softcap=5.0), Feature.SOFTCAP),
-    (dict(alibi=True), Feature.ALIBI), (dict(dropout_p=0.1), Feature.DROPOUT),
-    (dict(batch=2, seqlen_q=7, seqlen_k=7, varlen=(3, 7)), Feature.VARLEN), (dict(heads_kv=1), Feature.GQA),
-    (dict(head_dim_v=32), Feature.HEAD_DIM_V_DIFFERS), (dict(seqlen_k=32), Feature.SEQLEN_Q_NE_K),
-    (dict(sinks=True), Feature.SINKS), (dict(bias="dense"), Feature.BIAS), (dict(bias="document"), Feature.BOOL_MASK),
-    (dict(causal=True, seqlen_q=32), Feature.FULLY_MASKED_ROWS),
-])
+@pytest.mark.parametrize(
+    "kw, feature",
+    [
+        (dict(causal=True), Feature.CAUSAL),
+        (dict(window=(4, 0)), Feature.WINDOW),
+        (dict(softcap=5.0), Feature.SOFTCAP),
+        (dict(alibi=True), Feature.ALIBI),
+        (dict(dropout_p=0.1), Feature.DROPOUT),
+        (dict(batch=2, seqlen_q=7, seqlen_k=7, varlen=(3, 7)), Feature.VARLEN),
+        (dict(heads_kv=1), Feature.GQA),
+        (dict(head_dim_v=32), Feature.HEAD_DIM_V_DIFFERS),
+        (dict(seqlen_k=32), Feature.SEQLEN_Q_NE_K),
+        (dict(sinks=True), Feature.SINKS),
+        (dict(bias="dense"), Feature.BIAS),
+        (dict(bias="document"), Feature.BOOL_MASK),
+        (dict(causal=True, seqlen_q=32), Feature.FULLY_MASKED_ROWS),
+    ],
+)
 def test_a_missing_feature_skips_with_its_default_reason_or_the_kernels_own(kw, feature):
     everything = feature_set(**{f.value: True for f in Feature})
     assert Capabilities(devices=("cpu",), features=everything).unsupported_reason(case(**kw), "cpu") is None
@@ -42,26 +52,39 @@ def test_a_missing_feature_skips_with_its_default_reason_or_the_kernels_own(kw, 
 
 
 def test_bias_refinements_are_judged_after_the_kind():
-    caps = Capabilities(devices=("cpu",), features=feature_set(bias=True, bias_grad=True),
-                        reasons={Feature.BIAS_OTHER_DTYPE: "no fp32 bias", Feature.BIAS_GRAD_OTHER_DTYPE: "no fp32 dbias"})
+    caps = Capabilities(
+        devices=("cpu",),
+        features=feature_set(bias=True, bias_grad=True),
+        reasons={Feature.BIAS_OTHER_DTYPE: "no fp32 bias", Feature.BIAS_GRAD_OTHER_DTYPE: "no fp32 dbias"},
+    )
     assert caps.unsupported_reason(case(bias="dense", bias_grad=True), "cpu") is None
     assert caps.unsupported_reason(case(bias="dense", bias_dtype="fp32"), "cpu") == "no fp32 bias"
-    refused = Capabilities(devices=("cpu",), features=feature_set(bias=True, bool_mask=True),
-                           reasons={Feature.BIAS: "takes no mask", Feature.BOOL_MASK: "takes no mask"})
+    refused = Capabilities(
+        devices=("cpu",),
+        features=feature_set(bias=True, bool_mask=True),
+        reasons={Feature.BIAS: "takes no mask", Feature.BOOL_MASK: "takes no mask"},
+    )
     assert refused.unsupported_reason(case(bias="dense", bias_grad=True, bias_dtype="fp32"), "cpu") == "takes no mask"
 
 
 def test_rows_a_bias_empties_may_be_fine_where_masked_rows_are_not():
-    caps = Capabilities(devices=("cpu",), features=feature_set(bool_mask=True), fully_masked_rows_ok_with_bias=True,
-                        reasons={Feature.FULLY_MASKED_ROWS: "fully masked rows: NaN"})
+    caps = Capabilities(
+        devices=("cpu",),
+        features=feature_set(bool_mask=True),
+        fully_masked_rows_ok_with_bias=True,
+        reasons={Feature.FULLY_MASKED_ROWS: "fully masked rows: NaN"},
+    )
     assert caps.unsupported_reason(case(causal=True, seqlen_q=32), "cpu") == "fully masked rows: NaN"
     assert caps.unsupported_reason(case(bias="bool_empty_rows"), "cpu") is None
 
 
-@pytest.mark.parametrize("kw, message", [
-    (dict(features=frozenset({"window"})), "is not a Feature"),
-    (dict(reasons={Feature.WINDOW: ""}), "non-empty string"),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(features=frozenset({"window"})), "is not a Feature"),
+        (dict(reasons={Feature.WINDOW: ""}), "non-empty string"),
+    ],
+)
 def test_a_malformed_declaration_is_refused(kw, message):
     with pytest.raises(TypeError, match=message):
         Capabilities(**kw)

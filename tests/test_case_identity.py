@@ -13,7 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from gate.core.cases import CASE_SCHEMA_VERSION, PARTS, Bias, Case, Entry, Masking, Shape, load_suite, migrate_case, suite_hash
+from gate.core.cases import (
+    CASE_SCHEMA_VERSION,
+    PARTS,
+    Bias,
+    Case,
+    Entry,
+    Masking,
+    Shape,
+    load_suite,
+    migrate_case,
+    suite_hash,
+)
 from gate.speed.runs import SCHEMA_VERSION as PERF_SCHEMA_VERSION
 from gate.speed.runs import PerfResult, migrate_perf
 
@@ -26,8 +37,11 @@ def repin() -> None:
     pinned = {}
     for name in sorted(PINNED):
         suite = load_suite(name)
-        pinned[name] = {"suite_hash": suite_hash(suite), "ids": [c.id for c in suite.cases],
-                        "cases": [c.hash_dict() for c in suite.cases]}
+        pinned[name] = {
+            "suite_hash": suite_hash(suite),
+            "ids": [c.id for c in suite.cases],
+            "cases": [c.hash_dict() for c in suite.cases],
+        }
     (DATA / "case_ids.json.gz").write_bytes(gzip.compress(json.dumps(pinned, sort_keys=True).encode(), mtime=0))
 
 
@@ -46,6 +60,7 @@ def test_first_schema_cases_read_back_as_the_same_cases(name):
 
 # ---- the case dict, one test per schema version (format history in gate/core/cases.py)
 
+
 def test_version_1_flat_dicts_migrate_to_the_nested_parts():
     flat = PINNED["smoke"]["cases"]
     for d in flat:
@@ -62,19 +77,34 @@ def test_version_2_round_trips_through_json(name):
 
 
 def test_a_case_is_built_from_flat_names_and_changed_by_them():
-    case = Case.build(batch=2, seqlen_q=8, seqlen_k=8, heads_q=2, heads_kv=1, head_dim=16, head_dim_v=16, dtype="bf16",
-                      causal=True, sinks=True, bias="dense", bias_grad=True)
+    case = Case.build(
+        batch=2,
+        seqlen_q=8,
+        seqlen_k=8,
+        heads_q=2,
+        heads_kv=1,
+        head_dim=16,
+        head_dim_v=16,
+        dtype="bf16",
+        causal=True,
+        sinks=True,
+        bias="dense",
+        bias_grad=True,
+    )
     assert case.shape == Shape(2, 8, 8, 2, 1, 16, 16, "bf16") and case.masking == Masking(causal=True)
     assert case.entry == Entry(sinks=True) and case.bias == Bias(kind="dense", grad=True)
     assert case.with_fields(batch=4).batch == 4 and case.with_fields(batch=4).bias == case.bias
 
 
-@pytest.mark.parametrize("data, message", [
-    ({"schema_version": 9}, "case schema_version 9 is not one this attn-gate reads"),
-    ({**PINNED["smoke"]["cases"][0], "colour": "red"}, "unknown case field 'colour'"),
-    ({"schema_version": 2, "shape": {}, "hue": 1}, "unknown case field 'hue'"),
-    ([1, 2], "a case must be an object"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"schema_version": 9}, "case schema_version 9 is not one this attn-gate reads"),
+        ({**PINNED["smoke"]["cases"][0], "colour": "red"}, "unknown case field 'colour'"),
+        ({"schema_version": 2, "shape": {}, "hue": 1}, "unknown case field 'hue'"),
+        ([1, 2], "a case must be an object"),
+    ],
+)
 def test_an_unreadable_case_dict_names_what_is_wrong(data, message):
     with pytest.raises((TypeError, ValueError), match=message):
         Case.from_dict(data)
@@ -88,6 +118,7 @@ def test_a_part_is_checked_as_part_of_its_case():
 
 
 # ---- the perf results that embed cases, one test per version
+
 
 def test_perf_version_1_reads_and_rewrites_as_version_2(tmp_path):
     payload = json.loads(gzip.decompress((DATA / "h200-perf-sdpa-flash-pr.json.gz").read_bytes()))

@@ -16,15 +16,46 @@ def make(**kw):
     return Case.build(**{**base, **kw})
 
 
-@pytest.mark.parametrize("kw, case_id", [
-    (dict(batch=2, heads_q=16, heads_kv=16, seqlen_q=2048, seqlen_k=2048, head_dim=128, head_dim_v=128, causal=True),
-     "bf16-b2-h16-s2048-d128-causal"),
-    (dict(dtype="fp16", batch=1, heads_q=8, heads_kv=2, seqlen_q=97, seqlen_k=257, head_dim=96, head_dim_v=64,
-          window=(16, 0), softcap=30.0, alibi=True, dropout_p=0.1), "fp16-b1-h8/2-s97x257-d96/64-win16.0-cap30-alibi-drop0.1"),
-    (dict(batch=4, seqlen_q=130, seqlen_k=130, heads_q=4, heads_kv=2, varlen=(1, 97, 0, 130), causal=True),
-     "bf16-b4-h4/2-s130-d64-causal-varlen1.97.0.130"),
-    (dict(dtype="fp32", seqlen_q=1, seqlen_k=1, heads_kv=1, window=(-1, 0)), "fp32-b2-h4/1-s1-d64-win-1.0"),
-])
+@pytest.mark.parametrize(
+    "kw, case_id",
+    [
+        (
+            dict(
+                batch=2,
+                heads_q=16,
+                heads_kv=16,
+                seqlen_q=2048,
+                seqlen_k=2048,
+                head_dim=128,
+                head_dim_v=128,
+                causal=True,
+            ),
+            "bf16-b2-h16-s2048-d128-causal",
+        ),
+        (
+            dict(
+                dtype="fp16",
+                batch=1,
+                heads_q=8,
+                heads_kv=2,
+                seqlen_q=97,
+                seqlen_k=257,
+                head_dim=96,
+                head_dim_v=64,
+                window=(16, 0),
+                softcap=30.0,
+                alibi=True,
+                dropout_p=0.1,
+            ),
+            "fp16-b1-h8/2-s97x257-d96/64-win16.0-cap30-alibi-drop0.1",
+        ),
+        (
+            dict(batch=4, seqlen_q=130, seqlen_k=130, heads_q=4, heads_kv=2, varlen=(1, 97, 0, 130), causal=True),
+            "bf16-b4-h4/2-s130-d64-causal-varlen1.97.0.130",
+        ),
+        (dict(dtype="fp32", seqlen_q=1, seqlen_k=1, heads_kv=1, window=(-1, 0)), "fp32-b2-h4/1-s1-d64-win-1.0"),
+    ],
+)
 def test_ids_are_readable_and_fixed(kw, case_id):
     """These exact strings are keys in committed baselines: changing the format breaks them."""
     assert make(**kw).id == case_id
@@ -32,11 +63,22 @@ def test_ids_are_readable_and_fixed(kw, case_id):
 
 # One change per field the id must show (everything except seeds, perf and checks).
 VARIANTS = {
-    "dtype": dict(dtype="fp16"), "batch": dict(batch=3), "seqlen_q": dict(seqlen_q=127), "seqlen_k": dict(seqlen_k=129),
-    "heads_q": dict(heads_q=8), "heads_kv": dict(heads_kv=2), "head_dim": dict(head_dim=32),
-    "head_dim_v": dict(head_dim_v=32), "causal": dict(causal=True), "window": dict(window=(8, 8)),
-    "window_left": dict(window=(9, 8)), "softcap": dict(softcap=20.0), "softcap_close": dict(softcap=20.00001),
-    "alibi": dict(alibi=True), "dropout": dict(dropout_p=0.1), "dropout_close": dict(dropout_p=0.1000001),
+    "dtype": dict(dtype="fp16"),
+    "batch": dict(batch=3),
+    "seqlen_q": dict(seqlen_q=127),
+    "seqlen_k": dict(seqlen_k=129),
+    "heads_q": dict(heads_q=8),
+    "heads_kv": dict(heads_kv=2),
+    "head_dim": dict(head_dim=32),
+    "head_dim_v": dict(head_dim_v=32),
+    "causal": dict(causal=True),
+    "window": dict(window=(8, 8)),
+    "window_left": dict(window=(9, 8)),
+    "softcap": dict(softcap=20.0),
+    "softcap_close": dict(softcap=20.00001),
+    "alibi": dict(alibi=True),
+    "dropout": dict(dropout_p=0.1),
+    "dropout_close": dict(dropout_p=0.1000001),
     "varlen": dict(batch=2, seqlen_q=128, seqlen_k=128, varlen=(128, 5)),
     "varlen_other": dict(batch=2, seqlen_q=128, seqlen_k=128, varlen=(5, 128)),
 }
@@ -62,15 +104,18 @@ def test_case_is_frozen_hashable_and_round_trips():
     assert Case.from_dict(v.to_dict()) == v
 
 
-@pytest.mark.parametrize("kw, words", [
-    (dict(dtype="bf32"), "dtype 'bf32'"),
-    (dict(heads_q=6, heads_kv=4), "heads_q 6 is not a multiple of heads_kv 4"),
-    (dict(seqlen_q=0), "seqlen_q must be >= 1"),
-    (dict(dropout_p=1.0), "dropout_p"),
-    (dict(window=(-2, 0)), "window"),
-    (dict(varlen=(3, 4)), "varlen cases must have batch=len(varlen)"),
-    (dict(seeds=()), "seed"),
-])
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        (dict(dtype="bf32"), "dtype 'bf32'"),
+        (dict(heads_q=6, heads_kv=4), "heads_q 6 is not a multiple of heads_kv 4"),
+        (dict(seqlen_q=0), "seqlen_q must be >= 1"),
+        (dict(dropout_p=1.0), "dropout_p"),
+        (dict(window=(-2, 0)), "window"),
+        (dict(varlen=(3, 4)), "varlen cases must have batch=len(varlen)"),
+        (dict(seeds=()), "seed"),
+    ],
+)
 def test_invalid_cases_say_what_is_wrong(kw, words):
     with pytest.raises(ValueError, match=re.escape(words)):
         make(**kw)
@@ -84,11 +129,17 @@ def spec(*blocks, seeds=(0,)):
 
 
 def test_block_is_the_cartesian_product_in_a_stable_order():
-    s = expand_suite("t", spec({"dtype": ["bf16", "fp16"], "seqlens": ["1", "97x257"], "causal": [False, True]}), "f.toml")
+    s = expand_suite(
+        "t", spec({"dtype": ["bf16", "fp16"], "seqlens": ["1", "97x257"], "causal": [False, True]}), "f.toml"
+    )
     assert len(s.cases) == 8
     assert [c.id for c in s.cases[:3]] == ["bf16-b2-h4-s1-d64", "bf16-b2-h4-s1-d64-causal", "bf16-b2-h4-s97x257-d64"]
-    assert s.cases == expand_suite("t", spec({"dtype": ["bf16", "fp16"], "seqlens": ["1", "97x257"],
-                                               "causal": [False, True]}), "f.toml").cases
+    assert (
+        s.cases
+        == expand_suite(
+            "t", spec({"dtype": ["bf16", "fp16"], "seqlens": ["1", "97x257"], "causal": [False, True]}), "f.toml"
+        ).cases
+    )
 
 
 def test_axes_left_out_take_their_defaults_and_pairs_parse():
@@ -109,22 +160,25 @@ def test_varlen_sets_batch_and_seqlens():
     assert (c.batch, c.seqlen_q, c.seqlen_k, c.entry.varlen) == (4, 130, 130, (1, 97, 0, 130))
 
 
-@pytest.mark.parametrize("block, key", [
-    ({"dtypes": ["bf16"]}, "unknown matrix axis 'dtypes'"),
-    ({"dtype": "bf16"}, "axis 'dtype' must be a non-empty list"),
-    ({"dtype": []}, "axis 'dtype' must be a non-empty list"),
-    ({"dtype": ["bf32"]}, "dtype 'bf32'"),
-    ({"causal": ["false"]}, "axis 'causal' value 'false' should be true or false"),
-    ({"alibi": [1]}, "axis 'alibi' value 1 should be true or false"),
-    ({"batch": [True]}, "axis 'batch' value True should be an integer"),
-    ({"softcap": ["30"]}, "axis 'softcap' value '30' should be a number"),
-    ({"seqlens": ["97by257"]}, "axis 'seqlens' value '97by257'"),
-    ({"heads": ["16/4/2"]}, "axis 'heads' value '16/4/2'"),
-    ({"heads": ["6/4"]}, "heads_q 6 is not a multiple of heads_kv 4"),
-    ({"window": [[16]]}, "window value [16]"),
-    ({"varlen": [[]]}, "varlen value []"),
-    ({"varlen": [[0, 0]]}, "varlen needs non-negative lengths with at least one > 0"),
-])
+@pytest.mark.parametrize(
+    "block, key",
+    [
+        ({"dtypes": ["bf16"]}, "unknown matrix axis 'dtypes'"),
+        ({"dtype": "bf16"}, "axis 'dtype' must be a non-empty list"),
+        ({"dtype": []}, "axis 'dtype' must be a non-empty list"),
+        ({"dtype": ["bf32"]}, "dtype 'bf32'"),
+        ({"causal": ["false"]}, "axis 'causal' value 'false' should be true or false"),
+        ({"alibi": [1]}, "axis 'alibi' value 1 should be true or false"),
+        ({"batch": [True]}, "axis 'batch' value True should be an integer"),
+        ({"softcap": ["30"]}, "axis 'softcap' value '30' should be a number"),
+        ({"seqlens": ["97by257"]}, "axis 'seqlens' value '97by257'"),
+        ({"heads": ["16/4/2"]}, "axis 'heads' value '16/4/2'"),
+        ({"heads": ["6/4"]}, "heads_q 6 is not a multiple of heads_kv 4"),
+        ({"window": [[16]]}, "window value [16]"),
+        ({"varlen": [[]]}, "varlen value []"),
+        ({"varlen": [[0, 0]]}, "varlen needs non-negative lengths with at least one > 0"),
+    ],
+)
 def test_matrix_errors_name_the_file_the_suite_the_block_and_the_key(block, key):
     with pytest.raises(UserError) as err:
         expand_suite("mine", spec({"seqlens": ["64"]}, block), "conf/attn.toml")
@@ -133,13 +187,16 @@ def test_matrix_errors_name_the_file_the_suite_the_block_and_the_key(block, key)
     assert key in message and "\n" not in message
 
 
-@pytest.mark.parametrize("bad, key", [
-    ({"seeds": [0], "matrix": [{}], "extra": 1}, "unknown key 'extra'"),
-    ({"seeds": [], "matrix": [{}]}, "seeds must be a non-empty list of integers"),
-    ({"seeds": [True], "matrix": [{}]}, "seeds must be a non-empty list of integers"),
-    ({"seeds": [0]}, "needs at least one [[suites.mine.matrix]] block"),
-    ({"seeds": [0], "matrix": ["x"]}, "matrix block 0 must be a table"),
-])
+@pytest.mark.parametrize(
+    "bad, key",
+    [
+        ({"seeds": [0], "matrix": [{}], "extra": 1}, "unknown key 'extra'"),
+        ({"seeds": [], "matrix": [{}]}, "seeds must be a non-empty list of integers"),
+        ({"seeds": [True], "matrix": [{}]}, "seeds must be a non-empty list of integers"),
+        ({"seeds": [0]}, "needs at least one [[suites.mine.matrix]] block"),
+        ({"seeds": [0], "matrix": ["x"]}, "matrix block 0 must be a table"),
+    ],
+)
 def test_suite_errors_name_the_file_and_key(bad, key):
     with pytest.raises(UserError) as err:
         expand_suite("mine", bad, "conf/attn.toml")
@@ -156,18 +213,22 @@ def test_an_override_replaces_the_default_and_names_its_table():
     suite = load_suite("smoke", override, "my.toml")
     assert [c.id for c in suite.cases] == ["bf16-b2-h4-s33-d64"] and suite.source == "my.toml"
     assert "smoke" in suite_names(override) and "extra" in suite_names({"extra": spec({})})
-    with pytest.raises(UserError, match=re.escape("my.toml [tool.attn-gate.suites.smoke] matrix[0]: unknown matrix axis")):
+    with pytest.raises(
+        UserError, match=re.escape("my.toml [tool.attn-gate.suites.smoke] matrix[0]: unknown matrix axis")
+    ):
         load_suite("smoke", {"smoke": spec({"bogus": [1]})}, "my.toml")
 
 
 # --- the shipped suites ----------------------------------------------------------------------
 
 SHIPPED = {name: load_suite(name) for name in ("smoke", "pr", "nightly")}
-READABLE_ID = re.compile(r"^(bf16|fp16|fp32|e4m3|e5m2)-b\d+-h\d+(/\d+)?-s\d+(x\d+)?-d\d+(/\d+)?(-causal)?(-win-?\d+\.-?\d+)?"
-                         r"(-cap[\d.e+-]+)?(-alibi)?(-drop[\d.e+-]+)?(-varlen[\d.]+(x[\d.]+)?)?"
-                         r"(-kv[\d.]*)?(-append)?(-page\d+)?(-shuffled)?(-sinks)?"
-                         r"(-(k_sliced|qkv_packed|bhsd_view|dout_noncontig|kv_stride0|far_rows))?(-(large|shifted|outliers))?"  # layout, inputs
-                         r"(-bias\.[a-z_1]+(\.fp32)?(\.grad)?)?$")
+READABLE_ID = re.compile(
+    r"^(bf16|fp16|fp32|e4m3|e5m2)-b\d+-h\d+(/\d+)?-s\d+(x\d+)?-d\d+(/\d+)?(-causal)?(-win-?\d+\.-?\d+)?"
+    r"(-cap[\d.e+-]+)?(-alibi)?(-drop[\d.e+-]+)?(-varlen[\d.]+(x[\d.]+)?)?"
+    r"(-kv[\d.]*)?(-append)?(-page\d+)?(-shuffled)?(-sinks)?"
+    r"(-(k_sliced|qkv_packed|bhsd_view|dout_noncontig|kv_stride0|far_rows))?(-(large|shifted|outliers))?"  # layout, inputs
+    r"(-bias\.[a-z_1]+(\.fp32)?(\.grad)?)?$"
+)
 
 
 @pytest.mark.parametrize("name", SHIPPED)

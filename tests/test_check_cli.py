@@ -107,7 +107,12 @@ def test_check_passes_against_committed_cpu_baseline(full_check):
     data = findings_of(out)
     assert data["schema_version"] == 2 and data["verdict"] == "PASS" and data["exit_code"] == 0
     assert data["counts"]["FAIL"] == 0 and data["counts"]["INCONCLUSIVE"] == 0 and data["counts"]["OK"] > 20
-    assert data["thresholds"] == {"tolerance_ratio": 1.0, "headroom_factor": 1.5, "headroom_step": 0.1, "improvement_factor": 2.0}
+    assert data["thresholds"] == {
+        "tolerance_ratio": 1.0,
+        "headroom_factor": 1.5,
+        "headroom_step": 0.1,
+        "improvement_factor": 2.0,
+    }
     summary = (out / "check-sdpa-cpu-smoke.md").read_text()
     assert summary.startswith("## attn-gate check: PASS\n\n> [!")  # the verdict line (GitHub alert syntax)
     assert "<details>" in summary and "headroom_step" in summary
@@ -118,14 +123,22 @@ def test_check_passes_against_committed_cpu_baseline(full_check):
 @pytest.mark.slow
 def test_check_exits_1_for_a_buggy_kernel_and_0_for_a_correct_one(in_repo_root, tmp_path, capsys):
     common = ["--baseline", str(CPU_BASELINE), "--only", SQUARE_NON_GQA, "--device", "cpu", "--no-progress"]
-    assert main(["check", "--kernel", "tests.verdict_kernels:scale_off_by_5pct", *common, "--out", str(tmp_path / "bad")]) == 1
+    assert (
+        main(["check", "--kernel", "tests.verdict_kernels:scale_off_by_5pct", *common, "--out", str(tmp_path / "bad")])
+        == 1
+    )
     bad = findings_of(tmp_path / "bad", "tests.verdict_kernels_scale_off_by_5pct-smoke")
     assert {f["rule"] for f in bad["findings"] if f["severity"] == "FAIL"} >= {"tolerance", "status"}
     assert "FAIL: " in capsys.readouterr().out
     # the same SDPA call with the right scale, returning its LSE, passes against the same baseline
-    assert main(["check", "--kernel", "tests.test_check_cli:sdpa_with_lse", *common, "--out", str(tmp_path / "ok")]) == 0
+    assert (
+        main(["check", "--kernel", "tests.test_check_cli:sdpa_with_lse", *common, "--out", str(tmp_path / "ok")]) == 0
+    )
     ok = findings_of(tmp_path / "ok", "tests.test_check_cli_sdpa_with_lse-smoke")
-    assert ok["verdict"] == "PASS" and {f["rule"] for f in ok["findings"] if f["severity"] == "WARN"} <= {"env_drift", "improvement"}
+    assert ok["verdict"] == "PASS" and {f["rule"] for f in ok["findings"] if f["severity"] == "WARN"} <= {
+        "env_drift",
+        "improvement",
+    }
     # its exact float32 logsumexp beats the CPU kernel's approximate-exp LSE by far under the float32
     # LSE yardstick: an improvement WARN on lse, never on another tensor
     assert {f["metric"] for f in ok["findings"] if f["rule"] == "improvement"} <= {"ratio:lse"}
@@ -134,8 +147,12 @@ def test_check_exits_1_for_a_buggy_kernel_and_0_for_a_correct_one(in_repo_root, 
     nolse = findings_of(tmp_path / "nolse", "tests.verdict_kernels_sdpa_ok-smoke")
     blocking = {(f["rule"], f["metric"]) for f in nolse["findings"] if f["severity"] in ("FAIL", "INCONCLUSIVE")}
     assert blocking == {("tensor_dropped", "ratio:lse")}
-    assert all("accept it with `attn-gate baseline update --kernel tests.verdict_kernels:sdpa_ok --suite smoke --device cpu`"
-               in f["message"] for f in nolse["findings"] if f["rule"] == "tensor_dropped")
+    assert all(
+        "accept it with `attn-gate baseline update --kernel tests.verdict_kernels:sdpa_ok --suite smoke --device cpu`"
+        in f["message"]
+        for f in nolse["findings"]
+        if f["rule"] == "tensor_dropped"
+    )
 
 
 # ---------------------------------------------------------------- crafted results files
@@ -149,14 +166,18 @@ def test_results_file_of_the_baseline_run_passes_and_crafted_bad_ones_fail(in_re
         c = case_of(data, "bf16-b2-h4-s128-d64")
         c["status"] = "FAIL"
         set_ratio(c["tensors"]["dk"], 1.3)
+
     assert main(["check", "--results", str(edit_results(results, violate)), "--out", str(tmp_path / "v")]) == 1
     assert {(f["rule"], f["case_id"]) for f in findings_of(tmp_path / "v")["findings"] if f["severity"] == "FAIL"} == {
-        ("tolerance", "bf16-b2-h4-s128-d64"), ("status", "bf16-b2-h4-s128-d64")}
+        ("tolerance", "bf16-b2-h4-s128-d64"),
+        ("status", "bf16-b2-h4-s128-d64"),
+    }
 
 
 def test_headroom_regression_within_bound_fails(in_repo_root, results, tmp_path):
     def loosen(data):  # still within the bound, but 0.2-ish -> 0.9: the slow loosening
         set_ratio(case_of(data, "bf16-b2-h4-s128-d64")["tensors"]["dq"], 0.9)
+
     assert main(["check", "--results", str(edit_results(results, loosen)), "--out", str(tmp_path)]) == 1
     fails = [f for f in findings_of(tmp_path)["findings"] if f["severity"] == "FAIL"]
     assert [(f["rule"], f["metric"], f["current"]) for f in fails] == [("headroom", "ratio:dq", 0.9)]
@@ -194,13 +215,21 @@ def _corrupt(kind: str, text: str) -> str:
     raise AssertionError(kind)
 
 
-@pytest.mark.parametrize("kind, words", [
-    ("malformed", ["not valid JSON", "restore it from git or regenerate"]),
-    ("truncated", ["not valid JSON", "truncated"]),
-    ("unknown schema", ["schema_version 7", "regenerate"]),
-    ("other gpu class", ["GPU class 'h200'", "on 'cpu'", "attn-gate baseline update --kernel sdpa-cpu --suite smoke --device cpu"]),
-])
-def test_bad_baseline_exits_2_naming_file_and_fix_and_overwrites_nothing(project, results, tmp_path, capsys, kind, words):
+@pytest.mark.parametrize(
+    "kind, words",
+    [
+        ("malformed", ["not valid JSON", "restore it from git or regenerate"]),
+        ("truncated", ["not valid JSON", "truncated"]),
+        ("unknown schema", ["schema_version 7", "regenerate"]),
+        (
+            "other gpu class",
+            ["GPU class 'h200'", "on 'cpu'", "attn-gate baseline update --kernel sdpa-cpu --suite smoke --device cpu"],
+        ),
+    ],
+)
+def test_bad_baseline_exits_2_naming_file_and_fix_and_overwrites_nothing(
+    project, results, tmp_path, capsys, kind, words
+):
     cfg, baselines = project
     path = baselines / "cpu" / "sdpa-cpu-smoke.json"
     path.parent.mkdir(parents=True)
@@ -264,18 +293,23 @@ def test_update_records_a_failing_run_only_where_declared_known(project, results
         c = case_of(data, "fp16-b2-h4-s128-d64")
         c["status"], c["reason"] = "FAIL", "out error > bound"
         set_ratio(c["tensors"]["out"], 2.0)
+
     bad = edit_results(results, violate)
     assert main(["baseline", "update", "--config", str(cfg), "--from-results", str(bad)]) == 1
     err = capsys.readouterr().err
-    assert "refusing to write" in err and "FAIL fp16-b2-h4-s128-d64  out 2x its bound" in err and "known_failures" in err
+    assert (
+        "refusing to write" in err and "FAIL fp16-b2-h4-s128-d64  out 2x its bound" in err and "known_failures" in err
+    )
     assert not path.exists()
     # the old escape hatch is a usage error that says where to go instead
     assert main(["baseline", "update", "--config", str(cfg), "--from-results", str(bad), "--allow-failing"]) == 2
     assert "--allow-failing was removed" in capsys.readouterr().err
     declared = tmp_path / "declared.toml"
-    declared.write_text(cfg.read_text() + '[[tool.attn-gate.known_failures]]\nkernel = "sdpa-cpu"\n'
-                        'cases = "^fp16-b2-h4-s128-d64$"\ntensors = ["out"]\nreason = "planted"\n'
-                        'link = "https://example.org/issue/1"\n')
+    declared.write_text(
+        cfg.read_text() + '[[tool.attn-gate.known_failures]]\nkernel = "sdpa-cpu"\n'
+        'cases = "^fp16-b2-h4-s128-d64$"\ntensors = ["out"]\nreason = "planted"\n'
+        'link = "https://example.org/issue/1"\n'
+    )
     assert main(["baseline", "update", "--config", str(declared), "--from-results", str(bad)]) == 0
     assert "fail their bounds" in capsys.readouterr().out
     assert main(["check", "--config", str(declared), "--results", str(bad), "--out", str(tmp_path / "k")]) == 0
@@ -290,9 +324,12 @@ def test_update_summary_lists_what_moved(project, results, tmp_path, capsys):
 
     def move(data):
         set_ratio(case_of(data, "bf16-b2-h4-s128-d64")["tensors"]["dq"], 0.9)
+
     moved = edit_results(results, move)
     summary = tmp_path / "body.md"
-    assert main(["baseline", "update", "--config", str(cfg), "--from-results", str(moved), "--summary", str(summary)]) == 0
+    assert (
+        main(["baseline", "update", "--config", str(cfg), "--from-results", str(moved), "--summary", str(summary)]) == 0
+    )
     text = summary.read_text()
     assert "1 tensor ratios moved beyond noise" in text and "| `bf16-b2-h4-s128-d64` | dq |" in text
     assert "0 cases added, 0 removed" in text  # removing a case takes a change of the suite (tests/test_baselines.py)
@@ -307,6 +344,7 @@ def test_update_from_a_gpu_artifact_writes_that_class_folder(project, results, c
 
     def on_h200(data):
         data["environment"].update(gpu_class="h200", gpu_name="NVIDIA H200", device="cuda")
+
     h200 = edit_results(results, on_h200)
     assert main(["baseline", "update", "--config", str(cfg), "--from-results", str(h200)]) == 0
     assert (baselines / "h200" / "sdpa-cpu-smoke.json").is_file() and not (baselines / "cpu").exists()
@@ -333,16 +371,21 @@ def _lse_dropped(data):
     del case_of(data, "bf16-b2-h4-s128-d64")["tensors"]["lse"]
 
 
-@pytest.mark.parametrize("edit, rule", [
-    (_delete_case, "removed_case"),  # same suite hash, no --only note: a truncated results file
-    (_no_tensors, "incomplete_pass"),  # a PASS row with no evidence
-    (_newly_skipped, "newly_skipped"),
-    (_lse_dropped, "tensor_dropped"),
-])
+@pytest.mark.parametrize(
+    "edit, rule",
+    [
+        (_delete_case, "removed_case"),  # same suite hash, no --only note: a truncated results file
+        (_no_tensors, "incomplete_pass"),  # a PASS row with no evidence
+        (_newly_skipped, "newly_skipped"),
+        (_lse_dropped, "tensor_dropped"),
+    ],
+)
 def test_lost_coverage_or_missing_data_fails_closed(in_repo_root, results, tmp_path, edit, rule):
     assert main(["check", "--results", str(edit_results(results, edit)), "--out", str(tmp_path)]) == 1
     data = findings_of(tmp_path)
-    blocking = [(f["severity"], f["rule"], f["case_id"]) for f in data["findings"] if f["severity"] in ("FAIL", "INCONCLUSIVE")]
+    blocking = [
+        (f["severity"], f["rule"], f["case_id"]) for f in data["findings"] if f["severity"] in ("FAIL", "INCONCLUSIVE")
+    ]
     assert blocking == [("INCONCLUSIVE", rule, "bf16-b2-h4-s128-d64")]
     assert data["verdict"] == "FAIL" and data["headline"].startswith("FAIL: 1 inconclusive finding in 1 case")
 
@@ -353,8 +396,10 @@ def _duplicate_case(data):
 
 def test_duplicate_case_ids_are_a_usage_error_naming_the_file(project, results, tmp_path, capsys):
     dup = edit_results(results, _duplicate_case)
-    for argv in (["check", "--results", str(dup), "--baseline", str(CPU_BASELINE), "--out", str(tmp_path / "o")],
-                 ["baseline", "update", "--from-results", str(dup)]):
+    for argv in (
+        ["check", "--results", str(dup), "--baseline", str(CPU_BASELINE), "--out", str(tmp_path / "o")],
+        ["baseline", "update", "--from-results", str(dup)],
+    ):
         assert main([*argv, "--config", str(project[0])]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"attn-gate: error: {dup}: 1 case ids appear more than once (bf16-b2-h4-s128-d64)"), err
@@ -366,12 +411,22 @@ def test_duplicate_case_ids_are_a_usage_error_naming_the_file(project, results, 
 
 
 @pytest.mark.parametrize("with_old", [False, True], ids=["new baseline", "existing baseline"])
-@pytest.mark.parametrize("edit, words", [
-    (_delete_case, [f"holds {SMOKE_CASES - 1} of the {SMOKE_CASES} cases of suite 'smoke'", "missing bf16-b2-h4-s128-d64",
-                    "would drop them"]),
-    (_no_tensors, ["1 PASS rows carry no out/dq/dk/dv ratios (bf16-b2-h4-s128-d64)"]),
-    (lambda data: data.update(suite_hash="0123456789abcdef"), ["another definition of suite 'smoke'"]),
-], ids=["truncated", "pass without tensors", "other suite definition"])
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (
+            _delete_case,
+            [
+                f"holds {SMOKE_CASES - 1} of the {SMOKE_CASES} cases of suite 'smoke'",
+                "missing bf16-b2-h4-s128-d64",
+                "would drop them",
+            ],
+        ),
+        (_no_tensors, ["1 PASS rows carry no out/dq/dk/dv ratios (bf16-b2-h4-s128-d64)"]),
+        (lambda data: data.update(suite_hash="0123456789abcdef"), ["another definition of suite 'smoke'"]),
+    ],
+    ids=["truncated", "pass without tensors", "other suite definition"],
+)
 def test_update_refuses_an_incomplete_run(project, results, capsys, with_old, edit, words):
     cfg, baselines = project
     path = baselines / "cpu" / "sdpa-cpu-smoke.json"
@@ -393,10 +448,13 @@ def test_update_only_without_a_baseline_is_refused_before_the_sweep(project, res
     monkeypatch.setattr("gate.workflow.check.fresh_sweep", lambda *a, **k: pytest.fail("the sweep ran"))
     assert main(["baseline", "update", "--config", str(cfg), "--device", "cpu", "--only", "s128"]) == 2
     err = capsys.readouterr().err
-    assert "there is no baseline at" in err and "run without --only (`attn-gate baseline update --kernel sdpa-cpu" in err
+    assert (
+        "there is no baseline at" in err and "run without --only (`attn-gate baseline update --kernel sdpa-cpu" in err
+    )
     # the same for a results file made with --only
-    filtered = edit_results(results, lambda d: d.update(scope="s128",
-                                                        cases=[c for c in d["cases"] if "s128" in c["case_id"]]))
+    filtered = edit_results(
+        results, lambda d: d.update(scope="s128", cases=[c for c in d["cases"] if "s128" in c["case_id"]])
+    )
     assert main(["baseline", "update", "--config", str(cfg), "--from-results", str(filtered)]) == 2
     assert f"{filtered}: a run filtered with --only 's128', but there is no baseline" in capsys.readouterr().err
     assert not baselines.exists()
@@ -410,16 +468,39 @@ def test_update_only_without_a_baseline_is_refused_before_the_sweep(project, res
 # ---------------------------------------------------------------- output paths: checked first, OSError is exit 2
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["check", "--device", "cpu", "--out", "/dev/null/x"], "--out /dev/null/x: /dev/null exists and is not a directory"),
-    (["check", "--device", "cpu", "--out", str(CPU_BASELINE)], f"--out {CPU_BASELINE}: exists and is not a directory"),
-    (["baseline", "update", "--device", "cpu", "--out", "/dev/null/x"], "--out /dev/null/x: /dev/null exists"),
-    (["baseline", "update", "--device", "cpu", "--summary", "/dev/null/s.md"], "--summary /dev/null/s.md: /dev/null exists"),
-    (["baseline", "update", "--device", "cpu", "--summary", "."], "--summary .: is a directory"),
-    (["baseline", "show", "--device", "cpu", "--only", "(causal"], "--only '(causal' is not a regular expression"),
-    (["baseline", "update", "--device", "cpu", "--only", "(causal"], "--only '(causal' is not a regular expression"),
-], ids=["check out under a file", "check out is a file", "update out", "update summary under a file",
-        "update summary is a folder", "show bad regex", "update bad regex"])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (
+            ["check", "--device", "cpu", "--out", "/dev/null/x"],
+            "--out /dev/null/x: /dev/null exists and is not a directory",
+        ),
+        (
+            ["check", "--device", "cpu", "--out", str(CPU_BASELINE)],
+            f"--out {CPU_BASELINE}: exists and is not a directory",
+        ),
+        (["baseline", "update", "--device", "cpu", "--out", "/dev/null/x"], "--out /dev/null/x: /dev/null exists"),
+        (
+            ["baseline", "update", "--device", "cpu", "--summary", "/dev/null/s.md"],
+            "--summary /dev/null/s.md: /dev/null exists",
+        ),
+        (["baseline", "update", "--device", "cpu", "--summary", "."], "--summary .: is a directory"),
+        (["baseline", "show", "--device", "cpu", "--only", "(causal"], "--only '(causal' is not a regular expression"),
+        (
+            ["baseline", "update", "--device", "cpu", "--only", "(causal"],
+            "--only '(causal' is not a regular expression",
+        ),
+    ],
+    ids=[
+        "check out under a file",
+        "check out is a file",
+        "update out",
+        "update summary under a file",
+        "update summary is a folder",
+        "show bad regex",
+        "update bad regex",
+    ],
+)
 def test_unwritable_outputs_and_bad_regex_are_refused_before_the_sweep(project, capsys, monkeypatch, argv, words):
     cfg, baselines = project
     (baselines / "cpu").mkdir(parents=True)
@@ -432,7 +513,9 @@ def test_unwritable_outputs_and_bad_regex_are_refused_before_the_sweep(project, 
     assert (baselines / "cpu" / "sdpa-cpu-smoke.json").read_bytes() == before
 
 
-def test_a_failing_write_is_exit_2_and_the_summary_goes_before_the_baseline(project, results, tmp_path, capsys, monkeypatch):
+def test_a_failing_write_is_exit_2_and_the_summary_goes_before_the_baseline(
+    project, results, tmp_path, capsys, monkeypatch
+):
     cfg, baselines = project
     import gate.core.jsonio
 
@@ -443,7 +526,9 @@ def test_a_failing_write_is_exit_2_and_the_summary_goes_before_the_baseline(proj
             if Path(path).name.startswith(name):
                 raise OSError(28, "No space left on device", str(path))
             return real(path, text)
+
         return write
+
     def patch_writes(fake):  # every module that took the function by name, and its own
         for module in [m for name, m in sys.modules.items() if name.startswith("gate.")]:
             if getattr(module, "write_text_atomic", None) in (real, current[0]):
@@ -453,25 +538,55 @@ def test_a_failing_write_is_exit_2_and_the_summary_goes_before_the_baseline(proj
     current = [real]
     patch_writes(full_disk_for("body"))
     summary = tmp_path / "body.md"
-    assert main(["baseline", "update", "--config", str(cfg), "--from-results", str(results), "--summary", str(summary)]) == 2
+    assert (
+        main(["baseline", "update", "--config", str(cfg), "--from-results", str(results), "--summary", str(summary)])
+        == 2
+    )
     err = capsys.readouterr().err
-    assert f"cannot write {summary} (No space left on device); pass a writable --summary file; the baseline was not written" in err
+    assert (
+        f"cannot write {summary} (No space left on device); pass a writable --summary file; the baseline was not written"
+        in err
+    )
     assert not baselines.exists()  # the summary failed first: no baseline without its summary
     patch_writes(full_disk_for("findings"))
-    assert main(["check", "--config", str(cfg), "--results", str(results), "--baseline", str(CPU_BASELINE),
-                 "--out", str(tmp_path / "o")]) == 2
+    assert (
+        main(
+            [
+                "check",
+                "--config",
+                str(cfg),
+                "--results",
+                str(results),
+                "--baseline",
+                str(CPU_BASELINE),
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "findings-sdpa-cpu-smoke.json (No space left on device); pass a writable --out folder (verdict: PASS)" in err
     assert len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("edit, words, fix", [
-    # every case the same (its case_hash), only the suite hash other: nothing to measure, carry it
-    (lambda d: d.update(suite_hash="0123456789abcdef"), "suite 'smoke' changed since the baseline was made (hash 0123456789abcdef ->",
-     "attn-gate baseline carry"),
-    (lambda d: d["tolerance"].update(mult_dq=d["tolerance"]["mult_dq"] * 2), "tolerance multipliers changed",
-     "attn-gate baseline update"),
-], ids=["suite changed", "tolerance changed"])
+@pytest.mark.parametrize(
+    "edit, words, fix",
+    [
+        # every case the same (its case_hash), only the suite hash other: nothing to measure, carry it
+        (
+            lambda d: d.update(suite_hash="0123456789abcdef"),
+            "suite 'smoke' changed since the baseline was made (hash 0123456789abcdef ->",
+            "attn-gate baseline carry",
+        ),
+        (
+            lambda d: d["tolerance"].update(mult_dq=d["tolerance"]["mult_dq"] * 2),
+            "tolerance multipliers changed",
+            "attn-gate baseline update",
+        ),
+    ],
+    ids=["suite changed", "tolerance changed"],
+)
 def test_a_stale_baseline_is_refused_before_the_sweep(project, capsys, monkeypatch, edit, words, fix):
     """On an H200 a pr check swept for 149 s and only then refused a baseline of the previous suite,
     keeping nothing: the refusal comes first now (and the baseline itself comes through it unchanged)."""

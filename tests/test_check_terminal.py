@@ -31,8 +31,24 @@ def test_the_last_lines_of_a_failing_check_say_what_failed_and_what_to_do(tmp_pa
     monkeypatch.setenv("COLUMNS", "60")  # narrow: the other columns wrap, no case id is cut
     out = tmp_path / "out"
     with contextlib.chdir(ROOT):
-        assert main(["check", "--kernel", KERNEL, "--baseline", str(CPU_BASELINE), f"--only={ONLY}", "--device", "cpu",
-                     "--no-progress", "--out", str(out)]) == 1
+        assert (
+            main(
+                [
+                    "check",
+                    "--kernel",
+                    KERNEL,
+                    "--baseline",
+                    str(CPU_BASELINE),
+                    f"--only={ONLY}",
+                    "--device",
+                    "cpu",
+                    "--no-progress",
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 1
+        )
     text = capsys.readouterr().out
     # the summary's logical lines: a wrapped one continues on lines indented by two spaces
     logical: list[str] = []
@@ -59,30 +75,52 @@ def test_the_last_lines_of_a_failing_check_say_what_failed_and_what_to_do(tmp_pa
     # --last-failed: the failures of the last run in --out, without copying ids
     capsys.readouterr()
     with contextlib.chdir(ROOT):
-        assert main(["check", "--kernel", KERNEL, "--baseline", str(CPU_BASELINE), "--device", "cpu", "--no-progress",
-                     "--out", str(out), "--last-failed"]) == 1
+        assert (
+            main(
+                [
+                    "check",
+                    "--kernel",
+                    KERNEL,
+                    "--baseline",
+                    str(CPU_BASELINE),
+                    "--device",
+                    "cpu",
+                    "--no-progress",
+                    "--out",
+                    str(out),
+                    "--last-failed",
+                ]
+            )
+            == 1
+        )
     (sweep,) = out.glob("sweep-*.json")  # the first run was filtered too: the rerun replaces it
     assert {c["case_id"] for c in json.loads(sweep.read_text())["cases"]} == FAILING
 
 
 def test_last_failed_without_a_last_run_is_a_usage_error(tmp_path, capsys):
-    assert main(["check", "--kernel", "sdpa-cpu", "--device", "cpu", "--out", str(tmp_path / "none"), "--last-failed"]) == 2
+    assert (
+        main(["check", "--kernel", "sdpa-cpu", "--device", "cpu", "--out", str(tmp_path / "none"), "--last-failed"])
+        == 2
+    )
     err = capsys.readouterr().err
     assert "--last-failed" in err and "no findings" in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("argv,hint", [
-    (["chek"], "did you mean check?"),
-    (["check", "--kernal", "x"], "--kernal: did you mean --kernel?"),
-    (["sweep", "--no-progess"], "--no-progess: did you mean --no-progress"),
-    (["baseline", "updte"], "did you mean update?"),
-    (["--verison"], "--verison: did you mean --version?"),
-    (["--verison", "check"], "--verison: did you mean --version?"),
-    # a flag of other commands is named as such, never suggested as its own correction
-    (["perf", "--no-progress"], "`attn-gate perf` has no --no-progress (a flag of baseline update, check, "),
-    (["baseline", "update", "--perf-form", "x"], "--perf-form: did you mean --perf-from"),
-    (["--kernel", "x", "check"], "--kernel goes after the command (a flag of "),
-])
+@pytest.mark.parametrize(
+    "argv,hint",
+    [
+        (["chek"], "did you mean check?"),
+        (["check", "--kernal", "x"], "--kernal: did you mean --kernel?"),
+        (["sweep", "--no-progess"], "--no-progess: did you mean --no-progress"),
+        (["baseline", "updte"], "did you mean update?"),
+        (["--verison"], "--verison: did you mean --version?"),
+        (["--verison", "check"], "--verison: did you mean --version?"),
+        # a flag of other commands is named as such, never suggested as its own correction
+        (["perf", "--no-progress"], "`attn-gate perf` has no --no-progress (a flag of baseline update, check, "),
+        (["baseline", "update", "--perf-form", "x"], "--perf-form: did you mean --perf-from"),
+        (["--kernel", "x", "check"], "--kernel goes after the command (a flag of "),
+    ],
+)
 def test_a_misspelt_subcommand_or_flag_gets_the_nearest_name(argv, hint, capsys):
     assert main(argv) == 2
     assert hint in capsys.readouterr().err
@@ -90,8 +128,24 @@ def test_a_misspelt_subcommand_or_flag_gets_the_nearest_name(argv, hint, capsys)
 
 def test_workers_0_with_resume_is_a_usage_error(tmp_path, capsys):
     """The in-process run keeps no journal: --resume would be ignored and every case rerun."""
-    assert main(["sweep", "--kernel", "sdpa-cpu", "--device", "cpu", "--out", str(tmp_path / "out"), "--workers", "0",
-                 "--resume", "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "sweep",
+                "--kernel",
+                "sdpa-cpu",
+                "--device",
+                "cpu",
+                "--out",
+                str(tmp_path / "out"),
+                "--workers",
+                "0",
+                "--resume",
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "--resume with --workers 0" in err and len(err.strip().splitlines()) == 1, err
 
@@ -133,7 +187,9 @@ def tiny_repo(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp, contextlib.chdir(repo):
         mp.setenv("PYTHONPATH", str(ROOT))
         mp.delenv("GITHUB_STEP_SUMMARY", raising=False)
-        assert main(["baseline", "update", "--kernel", "mine", "--suite", "tiny", "--device", "cpu", "--no-progress"]) == 0
+        assert (
+            main(["baseline", "update", "--kernel", "mine", "--suite", "tiny", "--device", "cpu", "--no-progress"]) == 0
+        )
     (repo / "pyproject.toml").write_text(TINY.format(function="shifted_nan_dv"))
     return repo
 
@@ -160,7 +216,7 @@ def test_the_terminal_fits_its_width_with_whole_words_worst_case_first(tiny_repo
     fails = [line for line in lines if line.startswith("FAIL bf16-")]
     assert fails[0] == f"FAIL {SHIFTED[0]}  NaN in dv"
     assert fails[1].startswith(f"FAIL {SHIFTED[1]}  dq ") and fails[1].endswith("x its bound")
-    after = lines[lines.index(fails[-1]) + 1:]
+    after = lines[lines.index(fails[-1]) + 1 :]
     assert after[0].startswith("pattern: ")
     pattern = " ".join(line.strip() for line in after[:3])
     assert "every failing case (2) has shifted inputs; none of the 4 passing cases does" in pattern

@@ -13,8 +13,21 @@ import gate
 from gate.commands.main import build_parser, main
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMANDS = [["check"], ["sweep"], ["perf"], ["baseline"], ["baseline", "update"], ["baseline", "show"], ["bench"],
-            ["publish"], ["drift"], ["kernels"], ["suites"], ["init"], ["probe"]]
+COMMANDS = [
+    ["check"],
+    ["sweep"],
+    ["perf"],
+    ["baseline"],
+    ["baseline", "update"],
+    ["baseline", "show"],
+    ["bench"],
+    ["publish"],
+    ["drift"],
+    ["kernels"],
+    ["suites"],
+    ["init"],
+    ["probe"],
+]
 
 
 def test_version(capsys):

@@ -31,6 +31,8 @@ def _unzipped(name: str, tmp: Path) -> Path:
     out = tmp / name.removesuffix(".gz")
     out.write_bytes(gzip.decompress((DATA / name).read_bytes()))
     return out
+
+
 BUG = "tests.buggy_kernels:causal_off_by_one"
 BUG_STEM = "tests.buggy_kernels_causal_off_by_one-smoke"
 
@@ -40,11 +42,27 @@ def causal_bug(tmp_path_factory):
     out = tmp_path_factory.mktemp("bug")
     with pytest.MonkeyPatch.context() as mp, contextlib.chdir(ROOT):
         mp.delenv("GITHUB_STEP_SUMMARY", raising=False)
-        for key, value in {"GITHUB_SERVER_URL": "https://github.com", "GITHUB_REPOSITORY": "acme/attn",
-                           "GITHUB_RUN_ID": "42", "ATTN_GATE_ASV_URL": "https://acme.github.io/attn"}.items():
+        for key, value in {
+            "GITHUB_SERVER_URL": "https://github.com",
+            "GITHUB_REPOSITORY": "acme/attn",
+            "GITHUB_RUN_ID": "42",
+            "ATTN_GATE_ASV_URL": "https://acme.github.io/attn",
+        }.items():
             mp.setenv(key, value)
-        rc = main(["check", "--kernel", BUG, "--device", "cpu", "--baseline", str(CPU_BASELINE), "--no-progress",
-                   "--out", str(out)])
+        rc = main(
+            [
+                "check",
+                "--kernel",
+                BUG,
+                "--device",
+                "cpu",
+                "--baseline",
+                str(CPU_BASELINE),
+                "--no-progress",
+                "--out",
+                str(out),
+            ]
+        )
     return rc, out
 
 
@@ -72,7 +90,10 @@ def test_the_worst_case_leads_the_first_table(causal_bug):
     verdict = top.splitlines()[3]
     failing = _failing_case_ids(out)
     assert len(failing) >= 10  # the off-by-one diagonal fails every causal/windowed case of smoke
-    assert f"correctness **FAIL** in {len(failing)} of {len(sweep.cases)} cases" in verdict and "speed not timed" in verdict
+    assert (
+        f"correctness **FAIL** in {len(failing)} of {len(sweep.cases)} cases" in verdict
+        and "speed not timed" in verdict
+    )
     assert f"`{worst.case_id}`" in verdict
     table = top.split("### Worst findings", 1)[1].strip().splitlines()
     assert table[0].startswith("|  | case | what | baseline | now | change | limit |")
@@ -96,7 +117,11 @@ def test_the_pattern_line_names_causal(causal_bug):
 def test_a_fail_never_advises_refreshing_the_baseline(causal_bug):
     out = causal_bug[1]
     findings = json.loads((out / f"findings-{BUG_STEM}.json").read_text())["findings"]
-    assert not [f for f in findings if f["severity"] in ("WARN", "FAIL", "INCONCLUSIVE") and "refresh the baseline" in f["message"]]
+    assert not [
+        f
+        for f in findings
+        if f["severity"] in ("WARN", "FAIL", "INCONCLUSIVE") and "refresh the baseline" in f["message"]
+    ]
     assert "refresh" not in _top((out / f"comment-{BUG_STEM}.md").read_text())
 
 
@@ -107,15 +132,19 @@ def test_links_to_artifacts_and_the_baseline_commit(causal_bug):
     assert "https://acme.github.io/attn/" in top
     commit = read_baseline(CPU_BASELINE).commit  # the commit the committed CPU baseline was measured at
     assert (f"`{commit[:12]}`" if commit else "commit unknown") in top
-    assert Links(repository="https://github.com/acme/attn").commit("0123456789abcdef") == \
-        "[`0123456789ab`](https://github.com/acme/attn/commit/0123456789abcdef)"
+    assert (
+        Links(repository="https://github.com/acme/attn").commit("0123456789abcdef")
+        == "[`0123456789ab`](https://github.com/acme/attn/commit/0123456789abcdef)"
+    )
 
 
 def test_a_baseline_joined_from_two_runs_links_both_commits():
     links = Links(repository="https://github.com/acme/attn")
     shown = links.commit(f"{'a' * 40}+dirty (454 cases); {'b' * 40} (5 cases)")
-    assert shown == (f"[`{'a' * 12}`](https://github.com/acme/attn/commit/{'a' * 40}) (with uncommitted changes) (454 cases); "
-                     f"[`{'b' * 12}`](https://github.com/acme/attn/commit/{'b' * 40}) (5 cases)")
+    assert shown == (
+        f"[`{'a' * 12}`](https://github.com/acme/attn/commit/{'a' * 40}) (with uncommitted changes) (454 cases); "
+        f"[`{'b' * 12}`](https://github.com/acme/attn/commit/{'b' * 40}) (5 cases)"
+    )
     assert links.commit("not a sha") == "`not a sha`"  # shown, never a broken link
 
 
@@ -126,8 +155,11 @@ def test_the_rerun_command_reproduces_exactly_the_failing_cases(causal_bug, tmp_
     command = comment.split("```sh\n", 1)[1].split("\n```", 1)[0]
     argv = shlex.split(command)
     assert argv[:2] == ["attn-gate", "check"]
-    failing = {f["case_id"] for f in json.loads((out / f"findings-{BUG_STEM}.json").read_text())["findings"]
-               if f["severity"] == "FAIL" and f["case_id"]}
+    failing = {
+        f["case_id"]
+        for f in json.loads((out / f"findings-{BUG_STEM}.json").read_text())["findings"]
+        if f["severity"] == "FAIL" and f["case_id"]
+    }
     rerun = tmp_path / "rerun"
     with contextlib.chdir(ROOT):
         assert main(argv[1:] + ["--no-progress", "--out", str(rerun)]) == 1
@@ -140,8 +172,25 @@ def test_the_rerun_command_reproduces_exactly_the_failing_cases(causal_bug, tmp_
 @pytest.mark.slow
 def test_identical_errors_are_grouped_with_their_traceback(tmp_path, capsys):
     with contextlib.chdir(ROOT):
-        assert main(["check", "--kernel", "tests.buggy_kernels:raises", "--device", "cpu", "--baseline", str(CPU_BASELINE),
-                     "--only", "^bf16-b2-h4", "--no-progress", "--out", str(tmp_path)]) == 1
+        assert (
+            main(
+                [
+                    "check",
+                    "--kernel",
+                    "tests.buggy_kernels:raises",
+                    "--device",
+                    "cpu",
+                    "--baseline",
+                    str(CPU_BASELINE),
+                    "--only",
+                    "^bf16-b2-h4",
+                    "--no-progress",
+                    "--out",
+                    str(tmp_path),
+                ]
+            )
+            == 1
+        )
     capsys.readouterr()
     comment = (tmp_path / "comment-tests.buggy_kernels_raises-smoke.md").read_text()
     sweep = SweepResult.read(tmp_path / "sweep-tests.buggy_kernels_raises-smoke.json")
@@ -166,8 +215,16 @@ def _h200_inputs(tmp: Path):
     # 95% intervals reach past 2% (upper ends up to +2.8%), which INCONCLUSIVE would block
     judgements = judge_perf(perf, baseline.perf, dataclasses.replace(config.perf, regression_pct=3.0))
     findings = compare(baseline, sweep, config.verdict) + perf_findings(judgements)
-    return decide(findings, {}, {"kernel": sweep.kernel, "suite": sweep.suite, "baseline": "baselines/h200/sdpa-flash-pr.json"}), \
-        sweep, baseline, judgements
+    return (
+        decide(
+            findings,
+            {},
+            {"kernel": sweep.kernel, "suite": sweep.suite, "baseline": "baselines/h200/sdpa-flash-pr.json"},
+        ),
+        sweep,
+        baseline,
+        judgements,
+    )
 
 
 def test_a_passing_h200_run_shows_speed_baseline_now_and_change_per_pass(tmp_path):
@@ -182,17 +239,31 @@ def test_a_passing_h200_run_shows_speed_baseline_now_and_change_per_pass(tmp_pat
         row = next(r for r in speed.splitlines() if r.startswith("| ") and f"`{j.case_id}` {j.pass_} |" in r)
         cells = [c.strip() for c in row.strip("|").split("|")]
         # 4 significant digits (a value stored rounded may show its last digit rounded once more)
-        assert abs(float(cells[3]) - j.baseline) <= 1.5e-3 * j.baseline and abs(float(cells[4]) - j.current) <= 1.5e-3 * j.current
+        assert (
+            abs(float(cells[3]) - j.baseline) <= 1.5e-3 * j.baseline
+            and abs(float(cells[4]) - j.current) <= 1.5e-3 * j.current
+        )
         assert abs(float(cells[5].rstrip("%")) - j.change * 100) < 0.011 and cells[6].endswith("%")  # 4-digit ratios
 
 
 def test_a_speed_regression_leads_with_baseline_now_change_and_limit(tmp_path):
     verdict, sweep, baseline, judgements = _h200_inputs(tmp_path)
     j = judgements[0]
-    slow = Finding("speed", Severity.FAIL, j.case_id, j.metric, round(j.baseline, 4), round(j.baseline * 1.05, 4),
-                   round(j.baseline * 1.02, 4), "slower by +5.00%")
-    verdict = decide([f for f in verdict.findings if not (f.case_id == j.case_id and f.metric == j.metric)] + [slow],
-                     {}, verdict.context)
+    slow = Finding(
+        "speed",
+        Severity.FAIL,
+        j.case_id,
+        j.metric,
+        round(j.baseline, 4),
+        round(j.baseline * 1.05, 4),
+        round(j.baseline * 1.02, 4),
+        "slower by +5.00%",
+    )
+    verdict = decide(
+        [f for f in verdict.findings if not (f.case_id == j.case_id and f.metric == j.metric)] + [slow],
+        {},
+        verdict.context,
+    )
     top = _top(pr_comment(verdict, sweep, baseline, Links(asv="https://acme.github.io/attn")))
     assert "speed **FAIL** in 1 of" in top.splitlines()[3]
     first = top.split("### Worst findings", 1)[1].strip().splitlines()[2]
@@ -205,8 +276,11 @@ def test_a_speed_regression_leads_with_baseline_now_change_and_limit(tmp_path):
 def test_a_huge_failing_run_stays_under_the_comment_limit(causal_bug):
     sweep = SweepResult.read(causal_bug[1] / f"sweep-{BUG_STEM}.json")
     baseline = read_baseline(CPU_BASELINE)
-    many = tuple(dataclasses.replace(c, case=c.case.with_fields(heads_q=c.case.heads_q * (k + 1)))
-                 for k in range(60) for c in sweep.cases)
+    many = tuple(
+        dataclasses.replace(c, case=c.case.with_fields(heads_q=c.case.heads_q * (k + 1)))
+        for k in range(60)
+        for c in sweep.cases
+    )
     big = dataclasses.replace(sweep, cases=many)
     from gate.compare.sweep_rules import compare
     from gate.core.config import VerdictConfig
@@ -218,10 +292,26 @@ def test_a_huge_failing_run_stays_under_the_comment_limit(causal_bug):
 
 
 def test_an_improvement_with_an_environment_change_is_info_naming_it():
-    improved = Finding("improvement", Severity.WARN, "c1", "ratio:dv", 0.246, 0.106, 0.123,
-                       "c1: dv ratio improved 0.246 -> 0.106 (/2 or better); refresh the baseline so the gate keeps its teeth")
-    cpu = Finding("env_drift", Severity.WARN, "", "env:cpu_model", "Intel Xeon 8375C", "AMD EPYC 7763", None,
-                  "environment cpu_model changed")
+    improved = Finding(
+        "improvement",
+        Severity.WARN,
+        "c1",
+        "ratio:dv",
+        0.246,
+        0.106,
+        0.123,
+        "c1: dv ratio improved 0.246 -> 0.106 (/2 or better); refresh the baseline so the gate keeps its teeth",
+    )
+    cpu = Finding(
+        "env_drift",
+        Severity.WARN,
+        "",
+        "env:cpu_model",
+        "Intel Xeon 8375C",
+        "AMD EPYC 7763",
+        None,
+        "environment cpu_model changed",
+    )
     verdict = decide([improved, cpu])
     f = next(f for f in verdict.findings if f.case_id == "c1")
     assert f.severity is Severity.INFO and "cpu_model Intel Xeon 8375C -> AMD EPYC 7763" in f.message
@@ -235,7 +325,10 @@ def test_the_environment_records_cpu_model_and_capability():
 
     env = describe("cpu", "k", "1")
     assert env["cpu_model"] and env["cpu_model"] != env["machine"]
-    assert env["cpu_capability"] in ("DEFAULT", "NO AVX", "AVX2", "AVX512", "ZVECTOR", "VSX", "SVE256") or env["cpu_capability"]
+    assert (
+        env["cpu_capability"] in ("DEFAULT", "NO AVX", "AVX2", "AVX512", "ZVECTOR", "VSX", "SVE256")
+        or env["cpu_capability"]
+    )
 
 
 @pytest.mark.slow
@@ -253,10 +346,18 @@ def test_plots_are_150_dpi_and_show_at_most_the_worst_cases(causal_bug, tmp_path
     sweep = SweepResult.read(causal_bug[1] / f"sweep-{BUG_STEM}.json")
     baseline = read_baseline(CPU_BASELINE)
     few = dataclasses.replace(sweep, cases=sweep.cases[:10])
-    with Image.open(plot_ratios(decide(compare(baseline, few, VerdictConfig())), few, baseline, tmp_path / "few.png")) as im:
+    with Image.open(
+        plot_ratios(decide(compare(baseline, few, VerdictConfig())), few, baseline, tmp_path / "few.png")
+    ) as im:
         small_height = im.size[1]
-    many = dataclasses.replace(sweep, cases=tuple(dataclasses.replace(c, case=c.case.with_fields(heads_q=c.case.heads_q * (k + 1)))
-                                                  for k in range(10) for c in sweep.cases))
+    many = dataclasses.replace(
+        sweep,
+        cases=tuple(
+            dataclasses.replace(c, case=c.case.with_fields(heads_q=c.case.heads_q * (k + 1)))
+            for k in range(10)
+            for c in sweep.cases
+        ),
+    )
     verdict = decide(compare(baseline, many, VerdictConfig()), correctness_thresholds(VerdictConfig()))
     with Image.open(plot_ratios(verdict, many, baseline, tmp_path / "many.png")) as im:
         per_row = small_height / len(few.cases)
@@ -275,15 +376,19 @@ def test_another_cpu_model_turns_a_moved_ratio_into_info_end_to_end(tmp_path):
     case = next(c for c in sweep.cases if c.tensor("dv") is not None and c.tensor("dv").ratio > 0.2)
     dv = case.tensor("dv")
     old = baseline.correctness[case.case_id]
-    moved = dataclasses.replace(old, tensors={**old.tensors, "dv": TensorBaseline(dv.ratio * 2.5, dv.max_err, dv.mean_err, dv.bound, dv.pt_err)})
+    moved = dataclasses.replace(
+        old, tensors={**old.tensors, "dv": TensorBaseline(dv.ratio * 2.5, dv.max_err, dv.mean_err, dv.bound, dv.pt_err)}
+    )
     env_now = {k: str(v) for k, v in sweep.environment.items()}
     # judged on this one case: the other rows of the committed baseline were measured on another
     # CPU model (or kernel path) than this recorded sweep, and their moves are not what is tested
     sweep = dataclasses.replace(sweep, cases=(case,))
     for other_cpu, expected in (("Intel Xeon Platinum 8375C", Severity.INFO), (env_now["cpu_model"], Severity.WARN)):
-        base = dataclasses.replace(baseline, correctness={case.case_id: moved},
-                                   environment={**baseline.environment, "cpu_model": other_cpu,
-                                                "cpu_capability": env_now["cpu_capability"]})
+        base = dataclasses.replace(
+            baseline,
+            correctness={case.case_id: moved},
+            environment={**baseline.environment, "cpu_model": other_cpu, "cpu_capability": env_now["cpu_capability"]},
+        )
         verdict = decide(compare(base, sweep, VerdictConfig()))
         f = next(f for f in verdict.findings if f.case_id == case.case_id and f.metric == "ratio:dv")
         assert f.rule == "improvement" and f.severity is expected, f
@@ -318,5 +423,9 @@ def test_the_committed_h200_check_speed_findings_render_baseline_now_and_change(
         pass_ = f.metric.split(":")[1]
         row = next(r for r in table.splitlines() if f"`{f.case_id}` {pass_} |" in r)
         cells = [c.strip() for c in row.strip("|").split("|")]
-        assert cells[3:7] == [f"{f.baseline:.4g}", f"{f.current:.4g}", f"{(f.current / f.baseline - 1) * 100:+.2f}%",
-                              f"{(f.threshold / f.baseline - 1) * 100:+.2f}%"]
+        assert cells[3:7] == [
+            f"{f.baseline:.4g}",
+            f"{f.current:.4g}",
+            f"{(f.current / f.baseline - 1) * 100:+.2f}%",
+            f"{(f.threshold / f.baseline - 1) * 100:+.2f}%",
+        ]

@@ -31,46 +31,68 @@ def test_the_projects_own_pyproject_loads():
 
 def test_no_section_means_defaults(tmp_path):
     config = load_config(write(tmp_path, "[project]\nname = 'x'\n"))
-    assert (config.tolerance, config.cpu, config.gpu, config.suites) == (Config().tolerance, Config().cpu, Config().gpu, {})
+    assert (config.tolerance, config.cpu, config.gpu, config.suites) == (
+        Config().tolerance,
+        Config().cpu,
+        Config().gpu,
+        {},
+    )
 
 
 def test_values_are_read_and_ints_widen_to_floats(tmp_path):
-    config = load_config(write(tmp_path, """
+    config = load_config(
+        write(
+            tmp_path,
+            """
 [tool.attn-gate.tolerance]
 mult_dk = 3
 fp32_factor = 2.5
 [tool.attn-gate.cpu]
 kernel = "tiled"
-"""))
+""",
+        )
+    )
     assert config.tolerance.mult_dk == 3.0 and isinstance(config.tolerance.mult_dk, float)
     assert config.tolerance.mult("dk", "fp32") == 7.5 and config.tolerance.mult("dk", "bf16") == 3.0
     assert config.tolerance.mult_dq == ToleranceConfig().mult_dq
     assert (config.cpu.kernel, config.cpu.suite) == ("tiled", Config().cpu.suite)  # the profile merges
 
 
-@pytest.mark.parametrize("body, words", [
-    ("[tool.attn-gate]\ntolerence = 1\n", "[tool.attn-gate]: unknown key 'tolerence'"),
-    ("[tool.attn-gate.tolerance]\nmult_dK = 2.0\n", "[tool.attn-gate].tolerance: unknown key 'mult_dK'"),
-    ("[tool.attn-gate.tolerance]\nmult_dk = '2'\n", "[tool.attn-gate].tolerance: mult_dk = '2' should be a float"),
-    ("[tool.attn-gate.tolerance]\nmult_dk = true\n", "mult_dk = True should be a float"),
-    ("[tool.attn-gate.tolerance]\nmult_dk = -1.0\n", "[tool.attn-gate].tolerance: mult_dk = -1.0 must be a positive finite number"),
-    ("[tool.attn-gate.tolerance]\nmult_dq = 0\n", "mult_dq = 0.0 must be a positive finite number"),
-    ("[tool.attn-gate.tolerance]\nfp32_factor = nan\n", "fp32_factor = nan must be a positive finite number"),
-    ("[tool.attn-gate.tolerance]\nmult_out = inf\n", "mult_out = inf must be a positive finite number"),
-    ("[tool.attn-gate]\ntolerance = 2\n", "[tool.attn-gate].tolerance: expected a table"),
-    ("[tool.attn-gate.cpu]\nkernel = 3\n", "[tool.attn-gate].cpu: kernel = 3 should be a str"),
-    ("[tool.attn-gate.cpu]\nsuit = 'smoke'\n", "[tool.attn-gate].cpu: unknown key 'suit'"),
-    ("[tool.attn-gate.verdict]\nheadroom_factor = 'big'\n", "[tool.attn-gate].verdict: headroom_factor = 'big' should be a float"),
-    ("[tool.attn-gate.perf]\nrounds = 1.5\n", "[tool.attn-gate].perf: rounds = 1.5 should be a int"),
-    ("[tool.attn-gate.perf]\ncold_l2 = 1\n", "cold_l2 = 1 should be a bool"),
-    # a fallback anchor that may refuse too would need a fallback of its own: only matmul or none
-    ("[tool.attn-gate.perf]\nanchor_fallback = 'sdpa-flash'\n", "[tool.attn-gate].perf: anchor_fallback = 'sdpa-flash' must be \"matmul\""),
-    ("[tool.attn-gate.perf]\nanchor_fallback = 'none'\n", "anchor_fallback = 'none' must be \"matmul\""),
-    ("[tool.attn-gate]\nbaselines_dir = 3\n", "baselines_dir should be a path string"),
-    ("[tool.attn-gate]\nsuites = 3\n", "[tool.attn-gate].suites: expected tables"),
-    ("[tool.attn-gate.suites]\nmine = 3\n", "[tool.attn-gate.suites.mine]: expected a table"),
-    ("[tool.attn-gate]\nbroken = [\n", "invalid TOML"),
-])
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ("[tool.attn-gate]\ntolerence = 1\n", "[tool.attn-gate]: unknown key 'tolerence'"),
+        ("[tool.attn-gate.tolerance]\nmult_dK = 2.0\n", "[tool.attn-gate].tolerance: unknown key 'mult_dK'"),
+        ("[tool.attn-gate.tolerance]\nmult_dk = '2'\n", "[tool.attn-gate].tolerance: mult_dk = '2' should be a float"),
+        ("[tool.attn-gate.tolerance]\nmult_dk = true\n", "mult_dk = True should be a float"),
+        (
+            "[tool.attn-gate.tolerance]\nmult_dk = -1.0\n",
+            "[tool.attn-gate].tolerance: mult_dk = -1.0 must be a positive finite number",
+        ),
+        ("[tool.attn-gate.tolerance]\nmult_dq = 0\n", "mult_dq = 0.0 must be a positive finite number"),
+        ("[tool.attn-gate.tolerance]\nfp32_factor = nan\n", "fp32_factor = nan must be a positive finite number"),
+        ("[tool.attn-gate.tolerance]\nmult_out = inf\n", "mult_out = inf must be a positive finite number"),
+        ("[tool.attn-gate]\ntolerance = 2\n", "[tool.attn-gate].tolerance: expected a table"),
+        ("[tool.attn-gate.cpu]\nkernel = 3\n", "[tool.attn-gate].cpu: kernel = 3 should be a str"),
+        ("[tool.attn-gate.cpu]\nsuit = 'smoke'\n", "[tool.attn-gate].cpu: unknown key 'suit'"),
+        (
+            "[tool.attn-gate.verdict]\nheadroom_factor = 'big'\n",
+            "[tool.attn-gate].verdict: headroom_factor = 'big' should be a float",
+        ),
+        ("[tool.attn-gate.perf]\nrounds = 1.5\n", "[tool.attn-gate].perf: rounds = 1.5 should be a int"),
+        ("[tool.attn-gate.perf]\ncold_l2 = 1\n", "cold_l2 = 1 should be a bool"),
+        # a fallback anchor that may refuse too would need a fallback of its own: only matmul or none
+        (
+            "[tool.attn-gate.perf]\nanchor_fallback = 'sdpa-flash'\n",
+            "[tool.attn-gate].perf: anchor_fallback = 'sdpa-flash' must be \"matmul\"",
+        ),
+        ("[tool.attn-gate.perf]\nanchor_fallback = 'none'\n", "anchor_fallback = 'none' must be \"matmul\""),
+        ("[tool.attn-gate]\nbaselines_dir = 3\n", "baselines_dir should be a path string"),
+        ("[tool.attn-gate]\nsuites = 3\n", "[tool.attn-gate].suites: expected tables"),
+        ("[tool.attn-gate.suites]\nmine = 3\n", "[tool.attn-gate.suites.mine]: expected a table"),
+        ("[tool.attn-gate]\nbroken = [\n", "invalid TOML"),
+    ],
+)
 def test_bad_config_names_file_and_key(tmp_path, body, words):
     assert words in error_of(write(tmp_path, body))
 
@@ -86,12 +108,15 @@ seqlens = ["64"]
 """
 
 
-@pytest.mark.parametrize("line, words", [
-    ('heads = ["6/4"]', "heads_q 6 is not a multiple of heads_kv 4"),
-    ('causal = ["yes"]', "axis 'causal' value 'yes' should be true or false"),
-    ('sequence = ["64"]', "unknown matrix axis 'sequence'"),
-    ('varlen = [[]]', "varlen value []"),
-])
+@pytest.mark.parametrize(
+    "line, words",
+    [
+        ('heads = ["6/4"]', "heads_q 6 is not a multiple of heads_kv 4"),
+        ('causal = ["yes"]', "axis 'causal' value 'yes' should be true or false"),
+        ('sequence = ["64"]', "unknown matrix axis 'sequence'"),
+        ("varlen = [[]]", "varlen value []"),
+    ],
+)
 def test_an_invalid_suite_matrix_fails_at_load_naming_file_suite_block_and_axis(tmp_path, line, words):
     """Checked when the config is read, whichever suite is then run: a broken suite is never
     noticed only on the day someone runs it."""
@@ -100,7 +125,7 @@ def test_an_invalid_suite_matrix_fails_at_load_naming_file_suite_block_and_axis(
 
 
 def test_a_valid_suite_override_is_kept(tmp_path):
-    config = load_config(write(tmp_path, MINE.format(line='causal = [true]')))
+    config = load_config(write(tmp_path, MINE.format(line="causal = [true]")))
     assert list(config.suites) == ["mine"]
 
 
@@ -123,12 +148,15 @@ def test_tolerance_changes_counts_a_missing_multiplier_at_its_default():
     assert tolerance_changes(now, {**now, "mult_dk": 2.5}) == ["mult_dk"]
 
 
-@pytest.mark.parametrize("body, words", [
-    ("tool = 5\n", "tool = 5 should be a table"),
-    ("tool = [1, 2]\n", "tool = [1, 2] should be a table"),
-    ("[tool]\nattn-gate = 5\n", "attn-gate = 5 should be a table"),
-    ("[tool]\nattn-gate = [1]\n", "attn-gate = [1] should be a table"),
-])
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ("tool = 5\n", "tool = 5 should be a table"),
+        ("tool = [1, 2]\n", "tool = [1, 2] should be a table"),
+        ("[tool]\nattn-gate = 5\n", "attn-gate = 5 should be a table"),
+        ("[tool]\nattn-gate = [1]\n", "attn-gate = [1] should be a table"),
+    ],
+)
 def test_a_tool_table_of_the_wrong_type_is_one_line(tmp_path, body, words):
     assert words in error_of(write(tmp_path, body))
 
@@ -139,14 +167,27 @@ def test_a_binary_config_file_is_invalid_toml_not_a_traceback(tmp_path):
     assert "invalid TOML" in error_of(path)
 
 
-@pytest.mark.parametrize("key, value", [
-    ("verdict", "headroom_factor = 1e308"), ("verdict", "headroom_step = 1e308"), ("verdict", "headroom_step = 1.0"),
-    ("verdict", "improvement_factor = 1e308"), ("perf", "rounds = 1000000000"), ("perf", "confirm_rounds = 1000000000"),
-    ("perf", "calls_per_round = 1000000000"), ("perf", "min_rounds = 1000000000"), ("perf", "regression_pct = 1e308"),
-    ("perf", "noise_k = 1e308"), ("perf", "max_noise_pct = 1e308"), ("perf", "alpha = 1e-300"),
-    ("perf", "warmup_s = 1e9"), ("isolation", "case_timeout_s = 1e308"), ("isolation", "worker_start_timeout_s = 1e308"),
-    ("isolation", "timeout_s_per_gflop = 1e308"),
-])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("verdict", "headroom_factor = 1e308"),
+        ("verdict", "headroom_step = 1e308"),
+        ("verdict", "headroom_step = 1.0"),
+        ("verdict", "improvement_factor = 1e308"),
+        ("perf", "rounds = 1000000000"),
+        ("perf", "confirm_rounds = 1000000000"),
+        ("perf", "calls_per_round = 1000000000"),
+        ("perf", "min_rounds = 1000000000"),
+        ("perf", "regression_pct = 1e308"),
+        ("perf", "noise_k = 1e308"),
+        ("perf", "max_noise_pct = 1e308"),
+        ("perf", "alpha = 1e-300"),
+        ("perf", "warmup_s = 1e9"),
+        ("isolation", "case_timeout_s = 1e308"),
+        ("isolation", "worker_start_timeout_s = 1e308"),
+        ("isolation", "timeout_s_per_gflop = 1e308"),
+    ],
+)
 def test_a_setting_beyond_its_upper_bound_is_refused_with_its_range(tmp_path, key, value):
     """A threshold of 1e308 is never exceeded (its rule is off) and a count of 1e9 hangs the run."""
     from gate.core.config import RANGES
@@ -177,8 +218,10 @@ def test_the_defaults_and_the_ends_of_each_range_are_accepted(tmp_path):
 
 
 def test_a_version_of_5000_digits_in_known_failures_is_one_line(tmp_path):
-    body = ('[[tool.attn-gate.known_failures]]\nkernel = "sdpa-*"\ncases = "causal"\nreason = "r"\n'
-            f'link = "https://example.org/1"\nversions = "=={"9" * 5000}"\n')
+    body = (
+        '[[tool.attn-gate.known_failures]]\nkernel = "sdpa-*"\ncases = "causal"\nreason = "r"\n'
+        f'link = "https://example.org/1"\nversions = "=={"9" * 5000}"\n'
+    )
     assert "is not a PEP 440 specifier" in error_of(write(tmp_path, body))
 
 
@@ -190,9 +233,14 @@ def test_a_version_of_5000_digits_in_a_run_does_not_apply():
     assert version_applies(entry, "9" * 5000) is False
 
 
-@pytest.mark.parametrize("cases", ["(a+)+$", "(a|a)*$", "(x+x+)+y", ".*.*.*.*x", "(a)\\\\1", "a" * 100_001],
-                         ids=["nested", "alternation", "nested2", "side-by-side", "backreference", "too-long"])
+@pytest.mark.parametrize(
+    "cases",
+    ["(a+)+$", "(a|a)*$", "(x+x+)+y", ".*.*.*.*x", "(a)\\\\1", "a" * 100_001],
+    ids=["nested", "alternation", "nested2", "side-by-side", "backreference", "too-long"],
+)
 def test_a_known_failure_regex_that_can_backtrack_without_bound_is_refused(tmp_path, cases):
-    body = (f'[[tool.attn-gate.known_failures]]\nkernel = "sdpa-*"\ncases = "{cases}"\nreason = "r"\n'
-            f'link = "https://example.org/1"\n')
+    body = (
+        f'[[tool.attn-gate.known_failures]]\nkernel = "sdpa-*"\ncases = "{cases}"\nreason = "r"\n'
+        f'link = "https://example.org/1"\n'
+    )
     assert "cases = " in error_of(write(tmp_path, body))

@@ -43,11 +43,17 @@ PLANTED = {
     "v_saturates_at_16": (r"-outliers$", "bf16-b2-h4/2-s200-d64-win16.16"),
     "dq_head_dim_tail_dropped": (r"^bf16-b2-h2-s33x65-d(59|72|111)$", "bf16-b2-h4-s128-d64-causal"),
     "scale_from_dv": (r"-d(192|144|160)/128$|-d128/96$", "bf16-b2-h2-s33x65-d256"),
-    "causal_top_left": (r"^fp16-b2-h2-s(1x339|239x1|113x203)-d32-causal$|-causal-varlen5\.40\.0\.30x", "bf16-b2-h4-s128-d64-causal"),
+    "causal_top_left": (
+        r"^fp16-b2-h2-s(1x339|239x1|113x203)-d32-causal$|-causal-varlen5\.40\.0\.30x",
+        "bf16-b2-h4-s128-d64-causal",
+    ),
     "key_tile_floor": (r"^fp16-b2-h2-s129-d32(-causal)?$", "bf16-b2-h4-s128-d64-causal"),
     "window_ignored_when_causal": (r"-causal-win(32\.0|16\.-1)$", "bf16-b2-h4/2-s200-d64-win32.0"),
     "window_minus_one_ignored": (r"^bf16-b2-h2-s96x128-d32-win-1\.0$", "bf16-b2-h4/2-s200-d64-win32.0"),
-    "alibi_causal_only": (r"^bf16-b2-h4-s80x100-d32-(win24\.24-)?(cap20-)?alibi$", "bf16-b2-h2-s150x90-d64-causal-cap20-alibi"),
+    "alibi_causal_only": (
+        r"^bf16-b2-h4-s80x100-d32-(win24\.24-)?(cap20-)?alibi$",
+        "bf16-b2-h2-s150x90-d64-causal-cap20-alibi",
+    ),
     "pack_gqa_decode_wrong": (r"-h8/(2|4)-s1x300-d64$", "bf16-b2-h4/1-s1-d64-causal"),
     "ignores_descale": (r"^e(4m3|5m2)-", "bf16-b2-h4/1-s97x257-d64-causal"),
     "descale_of_first_head": (r"^e(4m3|5m2)-", "bf16-b2-h4/1-s97x257-d64-causal"),
@@ -57,8 +63,21 @@ PLANTED = {
 
 def _check(kernel: str, only: str, out: Path) -> tuple[int, dict]:
     with contextlib.chdir(ROOT):
-        rc = main(["check", "--kernel", f"tests.coverage_kernels:{kernel}", "--baseline", str(CPU_BASELINE),
-                   f"--only={only}", "--device", "cpu", "--no-progress", "--out", str(out)])
+        rc = main(
+            [
+                "check",
+                "--kernel",
+                f"tests.coverage_kernels:{kernel}",
+                "--baseline",
+                str(CPU_BASELINE),
+                f"--only={only}",
+                "--device",
+                "cpu",
+                "--no-progress",
+                "--out",
+                str(out),
+            ]
+        )
     stem = f"tests.coverage_kernels_{kernel}-smoke"
     return rc, json.loads((out / f"findings-{stem}.json").read_text())
 
@@ -88,10 +107,14 @@ def test_smoke_carries_every_new_axis_value():
     assert {c.head_dim for c in SMOKE.cases} >= {59, 72, 111, 192, 144, 160, 256}
     assert {(c.head_dim, c.head_dim_v) for c in SMOKE.cases} >= {(144, 128), (160, 128), (128, 96), (256, 256)}
     assert any(c.head_dim_v != c.head_dim for c in SMOKE.cases if c.dtype != "fp32")
-    assert any(c.causal and c.has_window for c in SMOKE.cases) and any(not c.causal and c.window == (-1, 0) for c in SMOKE.cases)
+    assert any(c.causal and c.has_window for c in SMOKE.cases) and any(
+        not c.causal and c.window == (-1, 0) for c in SMOKE.cases
+    )
     assert any(c.alibi and not c.causal for c in SMOKE.cases) and any(c.alibi and c.has_window for c in SMOKE.cases)
     assert any(c.softcap and not c.causal for c in SMOKE.cases)
-    assert any(c.softcap and c.entry.varlen for c in SMOKE.cases) and any(c.has_window and c.entry.varlen for c in SMOKE.cases)
+    assert any(c.softcap and c.entry.varlen for c in SMOKE.cases) and any(
+        c.has_window and c.entry.varlen for c in SMOKE.cases
+    )
     assert {c.heads_kv for c in SMOKE.cases if c.seqlen_q == 1 and c.seqlen_k > 1} >= {1, 2, 4}
     assert {c.dtype for c in SMOKE.cases if c.is_fp8} == {"e4m3", "e5m2"}
 
@@ -99,9 +122,16 @@ def test_smoke_carries_every_new_axis_value():
 @pytest.mark.slow
 def test_correct_kernel_passes_every_coverage_case(tmp_path):
     ids = [c.id for c in SMOKE.cases if c.layout != "contiguous" or c.inputs != "normal" or c.entry.varlen_k]
-    rc, findings = _check("correct", "|".join(f"^{re.escape(i)}$" for i in ids) + "|d(59|72|111|192|144|160|256)|d128/96|1x300|129|239x1|1x339|113x203"
-                          "|96x128|80x100|varlen1\\.40|^e4m3-|^e5m2-", tmp_path)
-    assert rc == 0 and findings["verdict"] == "PASS", [f["message"] for f in findings["findings"] if f["severity"] == "FAIL"]
+    rc, findings = _check(
+        "correct",
+        "|".join(f"^{re.escape(i)}$" for i in ids)
+        + "|d(59|72|111|192|144|160|256)|d128/96|1x300|129|239x1|1x339|113x203"
+        "|96x128|80x100|varlen1\\.40|^e4m3-|^e5m2-",
+        tmp_path,
+    )
+    assert rc == 0 and findings["verdict"] == "PASS", [
+        f["message"] for f in findings["findings"] if f["severity"] == "FAIL"
+    ]
     sweep = json.loads((tmp_path / "sweep-tests.coverage_kernels_correct-smoke.json").read_text())
     statuses = [c["status"] for c in sweep["cases"]]
     assert len(statuses) >= 40 and set(statuses) == {"PASS"}  # every coverage case measured, none skipped
@@ -115,7 +145,9 @@ def test_planted_bug_fails_check_on_its_axis_and_passes_without_it(bug, tmp_path
     assert targets, f"no smoke case matches {pattern}"
     rc, findings = _check(bug, pattern, tmp_path)
     assert rc == 1 and findings["verdict"] == "FAIL"
-    failed = {f["case_id"] for f in findings["findings"] if f["severity"] == "FAIL" and f["rule"] in ("tolerance", "status")}
+    failed = {
+        f["case_id"] for f in findings["findings"] if f["severity"] == "FAIL" and f["rule"] in ("tolerance", "status")
+    }
     assert failed == set(targets), (bug, sorted(set(targets) - failed))
     # the same bug passes a case without its axis
     case = next(c for c in SMOKE.cases if c.id == control)
@@ -131,20 +163,39 @@ def test_planted_bug_fails_check_on_its_axis_and_passes_without_it(bug, tmp_path
 VARLEN_CASES = r"^(?!.*alibi)(?!.*-bias\.).*-varlen"
 DENSE_CONTROLS = r"^(?!.*alibi)(?!.*varlen)(?!.*-kv\d).*-(cap20|win16\.)"
 VARLEN_PLANTED = {
-    "attn_varlen_func_softcap_ignored": r"-cap20-varlen",   # softcap x varlen, forward and backward
+    "attn_varlen_func_softcap_ignored": r"-cap20-varlen",  # softcap x varlen, forward and backward
     "attn_varlen_func_softcap_backward_dropped": r"-cap20-varlen",  # only the backward: flash-attention PR #2544
     "attn_varlen_func_window_unclamped": r"-win16\.0-varlen",  # window x varlen: the band crosses sequence starts
-    "attn_varlen_func_seqused_off_by_one": VARLEN_CASES,     # seqused_k, handed where the entry point takes it
+    "attn_varlen_func_seqused_off_by_one": VARLEN_CASES,  # seqused_k, handed where the entry point takes it
 }
 
 
 def _family_check(varlen_entry: str, tmp_path: Path) -> tuple[int, dict[str, str]]:
     config = tmp_path / "pyproject.toml"
-    config.write_text('[tool.attn-gate.kernels.cov]\ndense = "tests.entry_kernels:attn_func"\n'
-                      f'varlen = "tests.entry_kernels:{varlen_entry}"\n')
+    config.write_text(
+        '[tool.attn-gate.kernels.cov]\ndense = "tests.entry_kernels:attn_func"\n'
+        f'varlen = "tests.entry_kernels:{varlen_entry}"\n'
+    )
     with contextlib.chdir(ROOT):
-        rc = main(["check", "--config", str(config), "--kernel", "cov", "--suite", "smoke", "--baseline", str(CPU_BASELINE),
-                   f"--only={VARLEN_CASES}|{DENSE_CONTROLS}", "--device", "cpu", "--no-progress", "--out", str(tmp_path / "out")])
+        rc = main(
+            [
+                "check",
+                "--config",
+                str(config),
+                "--kernel",
+                "cov",
+                "--suite",
+                "smoke",
+                "--baseline",
+                str(CPU_BASELINE),
+                f"--only={VARLEN_CASES}|{DENSE_CONTROLS}",
+                "--device",
+                "cpu",
+                "--no-progress",
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
     sweep = json.loads((tmp_path / "out" / "sweep-cov-smoke.json").read_text())
     return rc, {c["case_id"]: c["status"] for c in sweep["cases"]}
 
@@ -172,14 +223,22 @@ def test_planted_varlen_bug_fails_exactly_its_combination(bug, tmp_path):
 @pytest.mark.parametrize("layout", ["k_sliced", "qkv_packed", "bhsd_view", "dout_noncontig", "kv_stride0", "far_rows"])
 @pytest.mark.parametrize("varlen", [False, True])
 def test_layout_hands_the_kernel_a_view_with_the_same_values(layout, varlen):
-    kw = dict(varlen=(3, 0, 17), batch=3, seqlen_q=17, seqlen_k=17) if varlen else dict(batch=2, seqlen_q=9, seqlen_k=13)
+    kw = (
+        dict(varlen=(3, 0, 17), batch=3, seqlen_q=17, seqlen_k=17) if varlen else dict(batch=2, seqlen_q=9, seqlen_k=13)
+    )
     case = Case.build(heads_q=4, heads_kv=2, head_dim=24, head_dim_v=16, dtype="bf16", layout=layout, seeds=(0,), **kw)
     inputs = make_inputs(case, 0, "cpu")
     t = kernel_tensors(case, inputs)
     for got, want in zip((t.q, t.k, t.v, t.dout), (inputs.q, inputs.k, inputs.v, inputs.dout)):
         assert torch.equal(got.detach(), want) and got.shape == want.shape
-    moved = {"k_sliced": (t.k,), "qkv_packed": (t.q, t.k, t.v), "bhsd_view": (t.q, t.k, t.v), "dout_noncontig": (t.dout,),
-             "kv_stride0": (t.k, t.v), "far_rows": (t.q, t.k, t.v, t.dout)}[layout]
+    moved = {
+        "k_sliced": (t.k,),
+        "qkv_packed": (t.q, t.k, t.v),
+        "bhsd_view": (t.q, t.k, t.v),
+        "dout_noncontig": (t.dout,),
+        "kv_stride0": (t.k, t.v),
+        "far_rows": (t.q, t.k, t.v, t.dout),
+    }[layout]
     assert all(not x.is_contiguous() for x in moved)
     if layout == "qkv_packed":
         assert t.q.untyped_storage().data_ptr() == t.k.untyped_storage().data_ptr() == t.v.untyped_storage().data_ptr()
@@ -197,8 +256,19 @@ def test_layout_hands_the_kernel_a_view_with_the_same_values(layout, varlen):
 
     def spy(q, k, v, softmax_scale=None):
         seen.update(q=q, k=k, v=v)
-        return (torch.softmax(q.float().transpose(1, 2) @ k.float().transpose(1, 2).repeat_interleave(2, 1).transpose(-1, -2)
-                              * softmax_scale, -1) @ v.float().transpose(1, 2).repeat_interleave(2, 1)).transpose(1, 2).to(q.dtype)
+        return (
+            (
+                torch.softmax(
+                    q.float().transpose(1, 2)
+                    @ k.float().transpose(1, 2).repeat_interleave(2, 1).transpose(-1, -2)
+                    * softmax_scale,
+                    -1,
+                )
+                @ v.float().transpose(1, 2).repeat_interleave(2, 1)
+            )
+            .transpose(1, 2)
+            .to(q.dtype)
+        )
 
     import tests.coverage_kernels as mod
 
@@ -219,16 +289,37 @@ def test_layout_hands_the_kernel_a_view_with_the_same_values(layout, varlen):
 
 def test_new_fields_default_out_of_ids_and_hashes():
     plain = Case.build(batch=2, seqlen_q=8, seqlen_k=8, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16")
-    assert "layout" not in plain.hash_dict() and "inputs" not in plain.hash_dict() and "varlen_k" not in plain.hash_dict()
+    assert (
+        "layout" not in plain.hash_dict() and "inputs" not in plain.hash_dict() and "varlen_k" not in plain.hash_dict()
+    )
     assert plain.id == "bf16-b2-h2-s8-d16"
-    fancy = Case.build(batch=2, seqlen_q=5, seqlen_k=9, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16",
-                 varlen=(5, 0), varlen_k=(9, 2), layout="bhsd_view", inputs="shifted")
+    fancy = Case.build(
+        batch=2,
+        seqlen_q=5,
+        seqlen_k=9,
+        heads_q=2,
+        heads_kv=2,
+        head_dim=16,
+        head_dim_v=16,
+        dtype="bf16",
+        varlen=(5, 0),
+        varlen_k=(9, 2),
+        layout="bhsd_view",
+        inputs="shifted",
+    )
     assert fancy.id.endswith("-varlen5.0x9.2-bhsd_view-shifted")
     assert Case.from_dict(fancy.to_dict()) == fancy
 
 
-@pytest.mark.parametrize("kw", [dict(layout="nope"), dict(inputs="huge"), dict(varlen_k=(4,)),
-                                dict(varlen=(3, 2), batch=2, seqlen_q=3, seqlen_k=3, varlen_k=(0, 3))])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(layout="nope"),
+        dict(inputs="huge"),
+        dict(varlen_k=(4,)),
+        dict(varlen=(3, 2), batch=2, seqlen_q=3, seqlen_k=3, varlen_k=(0, 3)),
+    ],
+)
 def test_bad_new_fields_are_refused(kw):
     base = dict(batch=2, seqlen_q=4, seqlen_k=4, heads_q=2, heads_kv=2, head_dim=8, head_dim_v=8, dtype="bf16")
     with pytest.raises(ValueError):
@@ -274,7 +365,10 @@ def test_tiers_have_their_sizes_and_every_axis():
     assert len(pr.cases) >= 300 and len(pr.perf_cases) >= 24
     layouts = {"contiguous", "k_sliced", "qkv_packed", "bhsd_view", "dout_noncontig"}
     assert {c.layout for c in pr.cases} == layouts
-    assert {c.layout for c in nightly.cases} == layouts | {"kv_stride0", "far_rows"}  # the round-2 layouts: nightly only
+    assert {c.layout for c in nightly.cases} == layouts | {
+        "kv_stride0",
+        "far_rows",
+    }  # the round-2 layouts: nightly only
     for suite in (pr, nightly):
         assert {c.inputs for c in suite.cases} == {"normal", "large", "shifted", "outliers"}
         assert any(c.entry.varlen_k for c in suite.cases)
@@ -288,22 +382,42 @@ def test_tiers_have_their_sizes_and_every_axis():
     decode = {(c.batch, c.seqlen_k, c.entry.page_size) for c in perf if c.entry.kind == "kvcache"}
     assert {(64, 8192, 0), (64, 8192, 256), (1, 32768, 256)} <= decode  # the serving sizes' decode speed
     nightly_decode = {(c.batch, c.seqlen_k, c.entry.page_size) for c in nightly.perf_cases if c.entry.kind == "kvcache"}
-    assert {(b, s, p) for b, s in ((64, 2048), (64, 8192), (1, 32768)) for p in (0, 256)} <= nightly_decode  # the nightly's
-    round2 = [c for c in nightly.cases if c.is_fp8 or c.head_dim != c.head_dim_v or c.layout in ("kv_stride0", "far_rows")]
+    assert {
+        (b, s, p) for b, s in ((64, 2048), (64, 8192), (1, 32768)) for p in (0, 256)
+    } <= nightly_decode  # the nightly's
+    round2 = [
+        c for c in nightly.cases if c.is_fp8 or c.head_dim != c.head_dim_v or c.layout in ("kv_stride0", "far_rows")
+    ]
     assert {c.dtype for c in round2} >= {"e4m3", "e5m2"} and {(c.head_dim, c.head_dim_v) for c in round2} >= {
-        (144, 128), (160, 128), (128, 96)}
+        (144, 128),
+        (160, 128),
+        (128, 96),
+    }
 
 
 # ---------------------------------------------------------------- the LSE yardstick
 
 
 def _lse_case(**kw):
-    base = dict(batch=2, seqlen_q=128, seqlen_k=128, heads_q=4, heads_kv=4, head_dim=64, head_dim_v=64, dtype="bf16", seeds=(0, 1))
+    base = dict(
+        batch=2,
+        seqlen_q=128,
+        seqlen_k=128,
+        heads_q=4,
+        heads_kv=4,
+        head_dim=64,
+        head_dim_v=64,
+        dtype="bf16",
+        seeds=(0, 1),
+    )
     return Case.build(**{**base, **kw})
 
 
-@pytest.mark.parametrize("case", [_lse_case(), _lse_case(causal=True), _lse_case(dtype="fp16", seqlen_q=97, seqlen_k=257)],
-                         ids=["bf16", "bf16-causal", "fp16-skewed"])
+@pytest.mark.parametrize(
+    "case",
+    [_lse_case(), _lse_case(causal=True), _lse_case(dtype="fp16", seqlen_q=97, seqlen_k=257)],
+    ids=["bf16", "bf16-causal", "fp16-skewed"],
+)
 def test_lse_bias_of_1e_3_fails_by_the_rule_alone(case):
     result = run_case(get_adapter("tests.coverage_kernels:lse_bias_1e_3"), case, "cpu", TOL)
     assert result.status is Status.FAIL and "lse error" in result.reason
@@ -313,9 +427,16 @@ def test_lse_bias_of_1e_3_fails_by_the_rule_alone(case):
 
 
 @pytest.mark.parametrize("kernel", ["sdpa-cpu", "tiled", "tests.coverage_kernels:correct"])
-@pytest.mark.parametrize("case", [_lse_case(), _lse_case(causal=True), _lse_case(inputs="shifted"),
-                                  _lse_case(dtype="fp16", seqlen_q=97, seqlen_k=257, causal=True)],
-                         ids=["bf16", "bf16-causal", "bf16-shifted", "fp16-skewed-causal"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        _lse_case(),
+        _lse_case(causal=True),
+        _lse_case(inputs="shifted"),
+        _lse_case(dtype="fp16", seqlen_q=97, seqlen_k=257, causal=True),
+    ],
+    ids=["bf16", "bf16-causal", "bf16-shifted", "fp16-skewed-causal"],
+)
 def test_correct_cpu_kernels_keep_lse_margin(kernel, case):
     result = run_case(get_adapter(kernel), case, "cpu", TOL)
     assert result.status is Status.PASS, result.reason
@@ -346,8 +467,20 @@ def test_fa4_raw_window_hands_the_minus_one_spelling_to_the_kernel():
 def test_depth_probes_follow_varlen_k():
     from gate.correctness.probes.determinism import batch_invariance_check, scaled_batch
 
-    case = Case.build(batch=3, seqlen_q=40, seqlen_k=9, heads_q=2, heads_kv=1, head_dim=16, head_dim_v=16, dtype="bf16",
-                varlen=(5, 40, 0), varlen_k=(9, 3, 4), seeds=(0,), layout="k_sliced")
+    case = Case.build(
+        batch=3,
+        seqlen_q=40,
+        seqlen_k=9,
+        heads_q=2,
+        heads_kv=1,
+        head_dim=16,
+        head_dim_v=16,
+        dtype="bf16",
+        varlen=(5, 40, 0),
+        varlen_k=(9, 3, 4),
+        seeds=(0,),
+        layout="k_sliced",
+    )
     big = scaled_batch(case, 2)
     assert big.entry.varlen == (5, 40, 0) * 2 and big.entry.varlen_k == (9, 3, 4) * 2
     (inv,) = batch_invariance_check(get_adapter("tiled"), case, "cpu")
@@ -358,7 +491,9 @@ def test_depth_probes_follow_varlen_k():
 
 
 def _fp8_case(dtype="e4m3", **kw):
-    base = dict(batch=2, seqlen_q=33, seqlen_k=65, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype=dtype, seeds=(0,))
+    base = dict(
+        batch=2, seqlen_q=33, seqlen_k=65, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype=dtype, seeds=(0,)
+    )
     return Case.build(**{**base, **kw})
 
 
@@ -368,7 +503,11 @@ def test_fp8_inputs_are_exact_dequantized_values_with_per_head_descales(dtype):
     inputs = make_inputs(case, 0, "cpu")
     fp8 = inputs.fp8
     assert inputs.q.dtype == torch.bfloat16 and fp8.q.dtype == FP8_TORCH_DTYPES[dtype]
-    for t8, scale, values in ((fp8.q, fp8.q_descale, inputs.q), (fp8.k, fp8.k_descale, inputs.k), (fp8.v, fp8.v_descale, inputs.v)):
+    for t8, scale, values in (
+        (fp8.q, fp8.q_descale, inputs.q),
+        (fp8.k, fp8.k_descale, inputs.k),
+        (fp8.v, fp8.v_descale, inputs.v),
+    ):
         assert scale.shape == (2, 2) and scale.dtype == torch.float32
         assert torch.equal(scale, torch.exp2(torch.log2(scale).round()))  # powers of two
         assert len(set(scale.flatten().tolist())) > 1  # one factor read for all is wrong somewhere
@@ -432,10 +571,23 @@ def test_fp8_lse_yardstick_accumulates_scores_as_an_fp8_tensor_core():
     assert lse.max_err > 10 * float32_bound  # what a float32 yardstick would have failed
     from tests.coverage_kernels import correct
 
-    def lse_off(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                return_attn_probs=False, q_descale=None, k_descale=None, v_descale=None):
-        out, lse, probs = correct(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, True,
-                                  q_descale, k_descale, v_descale)
+    def lse_off(
+        q,
+        k,
+        v,
+        softmax_scale=None,
+        causal=False,
+        window_size=(-1, -1),
+        softcap=0.0,
+        alibi_slopes=None,
+        return_attn_probs=False,
+        q_descale=None,
+        k_descale=None,
+        v_descale=None,
+    ):
+        out, lse, probs = correct(
+            q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, True, q_descale, k_descale, v_descale
+        )
         return (out, lse + 0.01, probs) if return_attn_probs else out
 
     off = run_case(UserAdapter("lse_off", lse_off), _fp8_case("e4m3", causal=True), "cpu", TOL)
@@ -445,11 +597,23 @@ def test_fp8_lse_yardstick_accumulates_scores_as_an_fp8_tensor_core():
     assert within.status is Status.PASS, within.reason
 
 
-@pytest.mark.parametrize("kw", [dict(batch=1, seqlen_q=3, seqlen_k=9), dict(varlen=(2, 0, 1), batch=3, seqlen_q=2, seqlen_k=2)])
+@pytest.mark.parametrize(
+    "kw", [dict(batch=1, seqlen_q=3, seqlen_k=9), dict(varlen=(2, 0, 1), batch=3, seqlen_q=2, seqlen_k=2)]
+)
 def test_far_rows_needs_four_rows_to_put_a_quarter_past_2_31(kw):
     with pytest.raises(ValueError, match="far_rows needs at least 4"):
         Case.build(heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16", layout="far_rows", **kw)
-    Case.build(heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16", layout="far_rows", batch=2, seqlen_q=2, seqlen_k=2)
+    Case.build(
+        heads_q=2,
+        heads_kv=2,
+        head_dim=16,
+        head_dim_v=16,
+        dtype="bf16",
+        layout="far_rows",
+        batch=2,
+        seqlen_q=2,
+        seqlen_k=2,
+    )
 
 
 def test_kernels_without_fp8_skip_with_the_reason():
@@ -457,7 +621,9 @@ def test_kernels_without_fp8_skip_with_the_reason():
     for kernel in ("sdpa-cpu", "sdpa-math"):
         result = run_case(get_adapter(kernel), case, "cpu", TOL)
         assert result.status is Status.SKIP and result.reason.startswith("no e4m3: no fp8 path"), result.reason
-    tiled = run_case(get_adapter("tiled"), case.with_fields(dtype="e5m2"), "cpu", TOL)  # dequantizes, then its bf16 path
+    tiled = run_case(
+        get_adapter("tiled"), case.with_fields(dtype="e5m2"), "cpu", TOL
+    )  # dequantizes, then its bf16 path
     assert tiled.status is Status.PASS and max(t.ratio for t in tiled.tensors) < 0.5, tiled.reason
 
     def no_descale(q, k, v, softmax_scale=None, causal=False):
@@ -477,6 +643,8 @@ def test_fa3_declares_e4m3_unless_built_without_and_passes_the_descales(monkeypa
     monkeypatch.setattr(flash_attn, "fa3_build_flags", lambda: {"FLASHATTENTION_DISABLE_FP8": True})
     assert "e4m3" not in flash_attn.FA3Adapter().capabilities().dtypes
     x, scale = torch.zeros(1, 4, 2, 8), torch.ones(1, 2)
-    call = KernelCall(q=x, k=x, v=x, opts=AttnOptions(softmax_scale=1.0, causal=False), descale=(scale, 2 * scale, 4 * scale))
+    call = KernelCall(
+        q=x, k=x, v=x, opts=AttnOptions(softmax_scale=1.0, causal=False), descale=(scale, 2 * scale, 4 * scale)
+    )
     kwargs = flash_attn.FA3Adapter()._kwargs(call)
     assert [float(kwargs[k][0, 0]) for k in ("q_descale", "k_descale", "v_descale")] == [1.0, 2.0, 4.0]

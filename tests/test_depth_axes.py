@@ -7,17 +7,27 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gate.attention.inputs import make_inputs
 from gate.core.cases import Case
 from gate.core.config import ToleranceConfig
-from gate.correctness.run_case import leaf_call, run_case
-from gate.attention.inputs import make_inputs
-from gate.kernels.registry import get_adapter
 from gate.core.results import Status
+from gate.correctness.run_case import leaf_call, run_case
+from gate.kernels.registry import get_adapter
 
 
 def _case(nq, nk, hq=2, hkv=2, d=32, dv=None, dtype="bf16", **kw):
-    return Case.build(batch=kw.pop("batch", 2), seqlen_q=nq, seqlen_k=nk, heads_q=hq, heads_kv=hkv, head_dim=d,
-                head_dim_v=dv or d, dtype=dtype, seeds=(0,), **kw)
+    return Case.build(
+        batch=kw.pop("batch", 2),
+        seqlen_q=nq,
+        seqlen_k=nk,
+        heads_q=hq,
+        heads_kv=hkv,
+        head_dim=d,
+        head_dim_v=dv or d,
+        dtype=dtype,
+        seeds=(0,),
+        **kw,
+    )
 
 
 AXES = {
@@ -26,8 +36,19 @@ AXES = {
     "softcap": _case(70, 70, softcap=20.0, causal=True),
     "alibi-bias-path": _case(80, 110, 4, 4, alibi=True),
     "alibi-causal-rows-empty": _case(150, 90, alibi=True, causal=True),
-    "varlen-zero-length": Case.build(batch=4, seqlen_q=97, seqlen_k=97, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32,
-                               dtype="bf16", varlen=(1, 97, 0, 40), causal=True, seeds=(0,)),
+    "varlen-zero-length": Case.build(
+        batch=4,
+        seqlen_q=97,
+        seqlen_k=97,
+        heads_q=4,
+        heads_kv=2,
+        head_dim=32,
+        head_dim_v=32,
+        dtype="bf16",
+        varlen=(1, 97, 0, 40),
+        causal=True,
+        seeds=(0,),
+    ),
     "mqa": _case(64, 64, 4, 1, causal=True),
     "q-shorter": _case(33, 65, causal=True, dtype="fp16"),
     "causal-rows-empty": _case(150, 90, causal=True),
@@ -71,23 +92,41 @@ def test_fully_masked_rows_are_zero(kernel):
     assert (out[:, empty:].abs() > 0).any()
 
 
-@pytest.mark.parametrize(("case", "expected"), [
-    (_case(150, 90, causal=True), True),
-    (_case(90, 150, causal=True), False),
-    (_case(150, 90), False),
-    (_case(200, 200, window=(32, 0)), False),
-    (_case(90, 40, window=(8, 4)), True),
-    (_case(40, 90, window=(4, 8)), False),  # bottom-right: the last row always sees the last key
-    (_case(65, 33, window=(-1, 2)), True),
-    (_case(64, 64, window=(0, 0)), False),
-    (Case.build(batch=2, seqlen_q=5, seqlen_k=5, heads_q=1, heads_kv=1, head_dim=8, head_dim_v=8, dtype="bf16",
-          varlen=(0, 5), causal=True), False),
-])
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        (_case(150, 90, causal=True), True),
+        (_case(90, 150, causal=True), False),
+        (_case(150, 90), False),
+        (_case(200, 200, window=(32, 0)), False),
+        (_case(90, 40, window=(8, 4)), True),
+        (_case(40, 90, window=(4, 8)), False),  # bottom-right: the last row always sees the last key
+        (_case(65, 33, window=(-1, 2)), True),
+        (_case(64, 64, window=(0, 0)), False),
+        (
+            Case.build(
+                batch=2,
+                seqlen_q=5,
+                seqlen_k=5,
+                heads_q=1,
+                heads_kv=1,
+                head_dim=8,
+                head_dim_v=8,
+                dtype="bf16",
+                varlen=(0, 5),
+                causal=True,
+            ),
+            False,
+        ),
+    ],
+)
 def test_has_fully_masked_rows(case, expected):
     assert case.has_fully_masked_rows is expected
 
 
-@pytest.mark.parametrize(("backend", "skipped"), [("efficient", True), ("cudnn", True), ("flash", False), ("math", False)])
+@pytest.mark.parametrize(
+    ("backend", "skipped"), [("efficient", True), ("cudnn", True), ("flash", False), ("math", False)]
+)
 def test_sdpa_declares_nonzero_fully_masked_rows(backend, skipped):
     from gate.kernels.sdpa import SdpaAdapter
 

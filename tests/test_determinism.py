@@ -6,21 +6,41 @@ from __future__ import annotations
 import pytest
 
 from gate.core.cases import Case, expand_suite, load_suite
-from gate.correctness.probes.registry import CHECKS, checks_for, parse_names
 from gate.core.config import Config, ToleranceConfig
-from gate.correctness.run_case import run_case
-from gate.correctness.probes.determinism import batch_invariance_check, determinism_check, race_check
 from gate.core.errors import UserError
+from gate.core.results import Status
+from gate.correctness.probes.determinism import batch_invariance_check, determinism_check, race_check
+from gate.correctness.probes.registry import CHECKS, checks_for, parse_names
+from gate.correctness.run_case import run_case
 from gate.kernels.registry import get_adapter
 from gate.kernels.tiled import TiledAdapter
-from gate.core.results import Status
 from tests.depth_kernels import BatchCoupledTiled, RacyTiled, RacyTiledNoClaim
 
 TOL = ToleranceConfig()
-DENSE = Case.build(batch=2, seqlen_q=48, seqlen_k=70, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="bf16",
-             causal=True, seeds=(0,))
-VARLEN = Case.build(batch=3, seqlen_q=40, seqlen_k=40, heads_q=2, heads_kv=1, head_dim=32, head_dim_v=32, dtype="fp16",
-              varlen=(0, 40, 23), seeds=(0,))
+DENSE = Case.build(
+    batch=2,
+    seqlen_q=48,
+    seqlen_k=70,
+    heads_q=4,
+    heads_kv=2,
+    head_dim=32,
+    head_dim_v=32,
+    dtype="bf16",
+    causal=True,
+    seeds=(0,),
+)
+VARLEN = Case.build(
+    batch=3,
+    seqlen_q=40,
+    seqlen_k=40,
+    heads_q=2,
+    heads_kv=1,
+    head_dim=32,
+    head_dim_v=32,
+    dtype="fp16",
+    varlen=(0, 40, 23),
+    seeds=(0,),
+)
 
 
 def _check(results, name):
@@ -75,10 +95,22 @@ def test_batch_coupled_kernel_fails_batch_invariance():
 
 
 def test_batch_of_one_is_widened_to_two_for_invariance():
-    single = Case.build(batch=1, seqlen_q=20, seqlen_k=20, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="fp32", seeds=(0,))
+    single = Case.build(
+        batch=1, seqlen_q=20, seqlen_k=20, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="fp32", seeds=(0,)
+    )
     assert _check(batch_invariance_check(BatchCoupledTiled(), single, "cpu"), "batch_invariance").passed is False
-    lone = Case.build(batch=2, seqlen_q=9, seqlen_k=9, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="fp32",
-                varlen=(0, 9), seeds=(0,))
+    lone = Case.build(
+        batch=2,
+        seqlen_q=9,
+        seqlen_k=9,
+        heads_q=2,
+        heads_kv=2,
+        head_dim=16,
+        head_dim_v=16,
+        dtype="fp32",
+        varlen=(0, 9),
+        seeds=(0,),
+    )
     assert _check(batch_invariance_check(TiledAdapter(), lone, "cpu"), "batch_invariance").passed is None
 
 
@@ -108,7 +140,10 @@ def test_checks_axis_sets_case_checks_without_changing_ids():
     assert "checks" not in plain.cases[0].hash_dict()  # the suite hash is unchanged without checks
     assert Case.from_dict(checked.cases[0].to_dict()) == checked.cases[0]
     # the same problem twice: one case, running the checks of both copies
-    spec = {"seeds": [0], "matrix": [_mini_spec(checks=[["dropout"]])["matrix"][0], _mini_spec(checks=[["determinism"]])["matrix"][0]]}
+    spec = {
+        "seeds": [0],
+        "matrix": [_mini_spec(checks=[["dropout"]])["matrix"][0], _mini_spec(checks=[["determinism"]])["matrix"][0]],
+    }
     merged = expand_suite("mini", spec, "test")
     assert len(merged.cases) == 1 and merged.cases[0].checks == ("dropout", "determinism")
 
@@ -137,9 +172,9 @@ def test_shipped_suites_turn_checks_on():
 
 @pytest.mark.slow
 def test_sweep_and_cli_run_checks_and_the_note_shows_them(tmp_path, monkeypatch):
-    from gate.workflow import sweep as sweep_mod
     from gate.commands.main import main
     from gate.report.sweep_report import validation_note
+    from gate.workflow import sweep as sweep_mod
 
     config = Config(suites={"mini": _mini_spec()})
     good = sweep_mod.run_sweep("tiled", "mini", config, "cpu", progress=False, check_names=("determinism",))
@@ -148,14 +183,30 @@ def test_sweep_and_cli_run_checks_and_the_note_shows_them(tmp_path, monkeypatch)
     assert "## Further checks" in note and "| determinism | yes |" in note
     assert any("extra checks on every case: determinism" in n for n in good.notes)
 
-    bad = sweep_mod.run_sweep("racy", "mini", config, "cpu", progress=False, check_names=("determinism",), adapter=RacyTiled())
+    bad = sweep_mod.run_sweep(
+        "racy", "mini", config, "cpu", progress=False, check_names=("determinism",), adapter=RacyTiled()
+    )
     assert not bad.passed and "| determinism | **NO** |" in validation_note(bad)
 
     pyproject = tmp_path / "pyproject.toml"
-    pyproject.write_text('[tool.attn-gate.suites.mini]\nseeds = [0]\n[[tool.attn-gate.suites.mini.matrix]]\n'
-                         'dtype = ["bf16"]\nseqlens = ["33"]\nheads = ["2"]\nhead_dims = ["16"]\nchecks = [["batch_invariance"]]\n')
-    args = ["sweep", "--kernel", "tiled", "--suite", "mini", "--device", "cpu", "--config", str(pyproject),
-            "--out", str(tmp_path / "out"), "--no-progress"]
+    pyproject.write_text(
+        "[tool.attn-gate.suites.mini]\nseeds = [0]\n[[tool.attn-gate.suites.mini.matrix]]\n"
+        'dtype = ["bf16"]\nseqlens = ["33"]\nheads = ["2"]\nhead_dims = ["16"]\nchecks = [["batch_invariance"]]\n'
+    )
+    args = [
+        "sweep",
+        "--kernel",
+        "tiled",
+        "--suite",
+        "mini",
+        "--device",
+        "cpu",
+        "--config",
+        str(pyproject),
+        "--out",
+        str(tmp_path / "out"),
+        "--no-progress",
+    ]
     assert main(args + ["--checks", "determinism"]) == 0
     text = (tmp_path / "out" / "validation-tiled-mini.md").read_text()
     assert "batch_invariance" in text and "determinism" in text

@@ -99,6 +99,7 @@ def rows_without_commit(text: str) -> list[str]:
 
 # ---- the rules on the real files ----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("path", doc_files(), ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_relative_links_resolve(path):
     assert broken_links(path.read_text(), path) == [], f"{path.relative_to(ROOT)}: links to missing files"
@@ -127,28 +128,37 @@ def test_results_pages_exist():
 
 # ---- each rule fails on a bad input -------------------------------------------------------------
 
+
 def test_link_rule_fails_on_a_missing_file(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "there.md").write_text("x")
     page = tmp_path / "docs" / "index.md"
-    text = ("[ok](there.md) [ok](there.md#a-section) [web](https://example.org/x.md) [mail](mailto:a@b)\n"
-            "[gone](missing.md) [gone too](../nowhere/readme.md#top)\n"
-            "`[code](not-a-link.md)`\n```\n[fenced](not-a-link-either.md)\n```\n")
+    text = (
+        "[ok](there.md) [ok](there.md#a-section) [web](https://example.org/x.md) [mail](mailto:a@b)\n"
+        "[gone](missing.md) [gone too](../nowhere/readme.md#top)\n"
+        "`[code](not-a-link.md)`\n```\n[fenced](not-a-link-either.md)\n```\n"
+    )
     assert broken_links(text, page) == ["missing.md", "../nowhere/readme.md#top"]
 
 
 def test_tracker_rule_fails_on_our_numbers_not_upstream_ones():
-    text = ("fixed in issue #27; see (#9). Upstream: pytorch/pytorch#162588, (#186075), issue #895 of "
-            "flash-attention. Raw runs: reports/h200/session-2026-12-01/.")
+    text = (
+        "fixed in issue #27; see (#9). Upstream: pytorch/pytorch#162588, (#186075), issue #895 of "
+        "flash-attention. Raw runs: reports/h200/session-2026-12-01/."
+    )
     assert tracker_references(text) == ["issue #27", "(#9)", "session-2026"]
 
 
 def test_commit_rule_fails_on_a_row_without_one():
-    good = ("## Tier times\n\n| what | commit | wall |\n|---|---|---|\n| pr | 5913112 | 167.7 s |\n\n"
-            "## Speed\n\nCommand: `attn-gate check`, commit cf213a9.\n\n| pass | change |\n|---|---|\n"
-            "| fwd | +2.9% |\n")
+    good = (
+        "## Tier times\n\n| what | commit | wall |\n|---|---|---|\n| pr | 5913112 | 167.7 s |\n\n"
+        "## Speed\n\nCommand: `attn-gate check`, commit cf213a9.\n\n| pass | change |\n|---|---|\n"
+        "| fwd | +2.9% |\n"
+    )
     assert rows_without_commit(good) == []
-    bad = ("## Tier times\n\n| what | commit | wall |\n|---|---|---|\n| pr | today | 167.7 s |\n\n"
-           "## Speed\n\nCommand: `attn-gate check` on the H200.\n\n| pass | change |\n|---|---|\n"
-           "| fwd | +2.9% |\n| name only | - |\n")
+    bad = (
+        "## Tier times\n\n| what | commit | wall |\n|---|---|---|\n| pr | today | 167.7 s |\n\n"
+        "## Speed\n\nCommand: `attn-gate check` on the H200.\n\n| pass | change |\n|---|---|\n"
+        "| fwd | +2.9% |\n| name only | - |\n"
+    )
     assert rows_without_commit(bad) == ["| pr | today | 167.7 s |", "| fwd | +2.9% |"]

@@ -9,16 +9,28 @@ import math
 
 import pytest
 
-from gate.correctness.drift import REFERENCE, band, default_config, judge, moving_average, reference_curves, run_drift, write_drift_outputs
 from gate.core.errors import UserError
+from gate.correctness.drift import (
+    REFERENCE,
+    band,
+    default_config,
+    judge,
+    moving_average,
+    reference_curves,
+    run_drift,
+    write_drift_outputs,
+)
 from tests.depth_kernels import DriftingTiled
 
 
-@pytest.mark.parametrize(("values", "window", "expected"), [
-    ([1.0, 2.0, 3.0, 4.0], 2, [1.0, 1.5, 2.5, 3.5]),
-    ([1.0, 2.0, 3.0], 1, [1.0, 2.0, 3.0]),
-    ([1.0, math.nan, 3.0, 5.0], 2, [1.0, math.nan, math.nan, 4.0]),
-])
+@pytest.mark.parametrize(
+    ("values", "window", "expected"),
+    [
+        ([1.0, 2.0, 3.0, 4.0], 2, [1.0, 1.5, 2.5, 3.5]),
+        ([1.0, 2.0, 3.0], 1, [1.0, 2.0, 3.0]),
+        ([1.0, math.nan, 3.0, 5.0], 2, [1.0, math.nan, math.nan, 4.0]),
+    ],
+)
 def test_moving_average(values, window, expected):
     got = moving_average(values, window)
     assert [("nan" if math.isnan(x) else x) for x in got] == [("nan" if math.isnan(x) else x) for x in expected]
@@ -31,11 +43,14 @@ def test_band_is_the_reference_spread_widened_plus_a_relative_floor():
     assert upper == pytest.approx([2.2 + 0.2 + 0.02, 1.0 + 0.01])
 
 
-@pytest.mark.parametrize(("kernel", "passed", "outside", "worst_step"), [
-    ([1.0, 1.0, 1.0], True, 0, -1),
-    ([1.0, 1.5, 0.4], False, 2, 2),
-    ([1.0, math.nan, 1.0], False, 1, 1),  # a NaN loss is outside: fail closed
-])
+@pytest.mark.parametrize(
+    ("kernel", "passed", "outside", "worst_step"),
+    [
+        ([1.0, 1.0, 1.0], True, 0, -1),
+        ([1.0, 1.5, 0.4], False, 2, 2),
+        ([1.0, math.nan, 1.0], False, 1, 1),  # a NaN loss is outside: fail closed
+    ],
+)
 def test_judge(kernel, passed, outside, worst_step):
     j = judge(kernel, lower=[0.9, 0.9, 0.9], upper=[1.1, 1.1, 1.1])
     assert (j.passed, j.steps_outside, j.worst_step) == (passed, outside, worst_step)
@@ -109,5 +124,7 @@ def test_judge_fails_closed_when_the_reference_band_diverged():
     lower, upper = band([[1.0, math.nan, 1.0], [1.0, 1.0, 1.0]], center=[1.0, math.nan, 1.0], widen=1.0, rel_floor=0.01)
     j = judge([1.0, 5.0, 1.0], lower, upper)
     assert not j.passed and j.steps_outside == 1 and j.worst_step == 1
-    finite_lower, finite_upper = band([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]], center=[1.0, 1.0, 1.0], widen=1.0, rel_floor=0.01)
+    finite_lower, finite_upper = band(
+        [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]], center=[1.0, 1.0, 1.0], widen=1.0, rel_floor=0.01
+    )
     assert judge([1.0, 1.0, 1.0], finite_lower, finite_upper).passed

@@ -11,38 +11,75 @@ import pytest
 import torch
 
 from gate.core.cases import Case
-from gate.correctness.probes.registry import checks_for
 from gate.core.config import ToleranceConfig
-from gate.correctness.run_case import run_case
-from gate.correctness.probes.dropout import Z_LIMIT, binomial_z, dropout_check, kept_counts
-from gate.kernels.tiled import TiledAdapter
 from gate.core.results import Status
+from gate.correctness.probes.dropout import Z_LIMIT, binomial_z, dropout_check, kept_counts
+from gate.correctness.probes.registry import checks_for
+from gate.correctness.run_case import run_case
+from gate.kernels.tiled import TiledAdapter
 from tests.depth_kernels import FixedMaskTiled, NewMaskBackwardTiled, WrongRateTiled, WrongRescaleTiled
 
 TOL = ToleranceConfig()
-DENSE = Case.build(batch=2, seqlen_q=64, seqlen_k=90, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="bf16",
-             causal=True, dropout_p=0.2, seeds=(0, 1), checks=("dropout",))
-VARLEN = Case.build(batch=3, seqlen_q=70, seqlen_k=70, heads_q=2, heads_kv=2, head_dim=32, head_dim_v=32, dtype="bf16",
-              dropout_p=0.15, varlen=(33, 0, 70), seeds=(0,), checks=("dropout",))
+DENSE = Case.build(
+    batch=2,
+    seqlen_q=64,
+    seqlen_k=90,
+    heads_q=4,
+    heads_kv=2,
+    head_dim=32,
+    head_dim_v=32,
+    dtype="bf16",
+    causal=True,
+    dropout_p=0.2,
+    seeds=(0, 1),
+    checks=("dropout",),
+)
+VARLEN = Case.build(
+    batch=3,
+    seqlen_q=70,
+    seqlen_k=70,
+    heads_q=2,
+    heads_kv=2,
+    head_dim=32,
+    head_dim_v=32,
+    dtype="bf16",
+    dropout_p=0.15,
+    varlen=(33, 0, 70),
+    seeds=(0,),
+    checks=("dropout",),
+)
 
 
 def _checks(result):
     return {c.name: c for c in result.checks}
 
 
-@pytest.mark.parametrize(("kept", "total", "p", "z"), [
-    (800, 1000, 0.2, 0.0),
-    (750, 1000, 0.2, -0.05 / math.sqrt(0.16 / 1000)),
-    (900, 1000, 0.1, 0.0),
-    (0, 0, 0.3, 0.0),
-])
+@pytest.mark.parametrize(
+    ("kept", "total", "p", "z"),
+    [
+        (800, 1000, 0.2, 0.0),
+        (750, 1000, 0.2, -0.05 / math.sqrt(0.16 / 1000)),
+        (900, 1000, 0.1, 0.0),
+        (0, 0, 0.3, 0.0),
+    ],
+)
 def test_binomial_z(kept, total, p, z):
     assert binomial_z(kept, total, p) == pytest.approx(z)
 
 
 def test_kept_counts_only_count_pairs_that_may_attend():
-    case = Case.build(batch=1, seqlen_q=5, seqlen_k=8, heads_q=2, heads_kv=2, head_dim=8, head_dim_v=8, dtype="fp32",
-                causal=True, dropout_p=0.5)
+    case = Case.build(
+        batch=1,
+        seqlen_q=5,
+        seqlen_k=8,
+        heads_q=2,
+        heads_kv=2,
+        head_dim=8,
+        head_dim_v=8,
+        dtype="fp32",
+        causal=True,
+        dropout_p=0.5,
+    )
     all_kept = torch.ones(1, 2, 5, 8, dtype=torch.bool)
     # bottom-right causal: row i sees keys 0..i+3 -> 4+5+6+7+8 = 30 pairs per head
     assert kept_counts(case, all_kept) == (60, 60)

@@ -5,11 +5,10 @@ a bug planted in one entry point only."""
 
 from __future__ import annotations
 
-from collections import Counter
-
 import contextlib
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -19,26 +18,40 @@ from gate.attention.inputs import make_inputs
 from gate.attention.kvcache import expected_cache, gather_dense
 from gate.attention.reference import AttnOptions, attention_reference
 from gate.commands.main import main
+from gate.compare.sweep_rules import required_tensors, rule_incomplete_pass
 from gate.core.cases import Case, load_suite
 from gate.core.config import ToleranceConfig, load_config
 from gate.core.errors import UserError
 from gate.core.results import Status
-from gate.compare.sweep_rules import required_tensors, rule_incomplete_pass
 from gate.correctness.run_case import run_case
 from gate.kernels.registry import family_adapter, get_adapter
 from tests import entry_kernels
 
 ROOT = Path(__file__).resolve().parent.parent
 TOL = ToleranceConfig()
-DECODE = dict(batch=3, seqlen_q=4, seqlen_k=100, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="bf16",
-              entry="kvcache", cache_seqlens=(5, 60, 0), cache_new=True, causal=True)
+DECODE = dict(
+    batch=3,
+    seqlen_q=4,
+    seqlen_k=100,
+    heads_q=4,
+    heads_kv=2,
+    head_dim=32,
+    head_dim_v=32,
+    dtype="bf16",
+    entry="kvcache",
+    cache_seqlens=(5, 60, 0),
+    cache_new=True,
+    causal=True,
+)
 
 
 # ---------------------------------------------------------------- cases
 
 
 def test_defaults_leave_older_cases_and_their_ids_as_they_were():
-    case = Case.build(batch=2, seqlen_q=128, seqlen_k=128, heads_q=4, heads_kv=4, head_dim=64, head_dim_v=64, dtype="bf16")
+    case = Case.build(
+        batch=2, seqlen_q=128, seqlen_k=128, heads_q=4, heads_kv=4, head_dim=64, head_dim_v=64, dtype="bf16"
+    )
     assert case.id == "bf16-b2-h4-s128-d64"
     assert not {"entry", "cache_seqlens", "cache_new", "page_size", "shuffled_pages", "sinks"} & set(case.hash_dict())
     assert case.entry_point == "dense" and not case.forward_only
@@ -53,14 +66,17 @@ def test_a_decode_case_has_a_readable_id_and_reads_back():
     assert case.kv_bytes() == (9 + 64 + 4) * 2 * (32 + 32) * 2
 
 
-@pytest.mark.parametrize("changes, words", [
-    (dict(cache_seqlens=(5, 97, 0)), "cannot hold cache_seqlens plus 4 appended tokens"),
-    (dict(cache_seqlens=(5, 6)), "cache_seqlens has 2 lengths for batch 3"),
-    (dict(shuffled_pages=True), "shuffled_pages needs a paged cache"),
-    (dict(cache_seqlens=(0, 0, 0), cache_new=False), "needs at least one key"),
-    (dict(entry="paged"), "entry 'paged' is not one of dense, kvcache"),
-    (dict(entry="dense"), "need entry = \"kvcache\""),
-])
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        (dict(cache_seqlens=(5, 97, 0)), "cannot hold cache_seqlens plus 4 appended tokens"),
+        (dict(cache_seqlens=(5, 6)), "cache_seqlens has 2 lengths for batch 3"),
+        (dict(shuffled_pages=True), "shuffled_pages needs a paged cache"),
+        (dict(cache_seqlens=(0, 0, 0), cache_new=False), "needs at least one key"),
+        (dict(entry="paged"), "entry 'paged' is not one of dense, kvcache"),
+        (dict(entry="dense"), 'need entry = "kvcache"'),
+    ],
+)
 def test_impossible_decode_cases_are_refused(changes, words):
     with pytest.raises(ValueError, match=words):
         Case.build(**{**DECODE, **changes})
@@ -119,7 +135,9 @@ def test_the_reference_sink_and_its_gradient_match_autograd():
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v, sink)]
     out, lse = _naive_with_sink(*leaves, 0.3)
     grads = torch.autograd.grad(out, leaves, dout)
-    for name, mine, theirs in zip(("out", "lse", "dq", "dk", "dv", "dsink"), ref.tensors().values(), (out, lse, *grads)):
+    for name, mine, theirs in zip(
+        ("out", "lse", "dq", "dk", "dv", "dsink"), ref.tensors().values(), (out, lse, *grads)
+    ):
         assert torch.allclose(mine, theirs.detach(), atol=1e-10), name
 
 
@@ -150,8 +168,11 @@ def test_sdpa_runs_decode_on_a_gathered_cache(kernel):
 @pytest.mark.parametrize("page_size", [0, 16])
 def test_equal_cache_lengths_take_one_batched_call_and_still_pass(page_size):
     """The speed cases' shape (every element's cache full): SDPA is called once for the batch."""
-    case = Case.build(**{**DECODE, "cache_seqlens": None, "seqlen_k": 40, "cache_new": False}, page_size=page_size,
-                shuffled_pages=bool(page_size))
+    case = Case.build(
+        **{**DECODE, "cache_seqlens": None, "seqlen_k": 40, "cache_new": False},
+        page_size=page_size,
+        shuffled_pages=bool(page_size),
+    )
     adapter = get_adapter("sdpa-math")
     calls = []
     dense = adapter._dense
@@ -181,9 +202,17 @@ def test_flex_decode_mask_mods_pass_ragged_paged_and_biased_caches():
             return flex_attention
 
     adapter = EagerFlex()
-    for case in (Case.build(**DECODE), Case.build(**DECODE, page_size=7, shuffled_pages=True),
-                 Case.build(**{**DECODE, "causal": False, "cache_seqlens": (5, 60, 1), "heads_kv": 1}, window=(8, 0),
-                      softcap=20.0, alibi=True, page_size=16)):
+    for case in (
+        Case.build(**DECODE),
+        Case.build(**DECODE, page_size=7, shuffled_pages=True),
+        Case.build(
+            **{**DECODE, "causal": False, "cache_seqlens": (5, 60, 1), "heads_kv": 1},
+            window=(8, 0),
+            softcap=20.0,
+            alibi=True,
+            page_size=16,
+        ),
+    ):
         result = run_case(adapter, case, "cpu", TOL)
         assert result.status is Status.PASS, (case.id, result.reason)
 
@@ -214,8 +243,11 @@ def test_a_kernel_declaring_no_sink_gradient_is_judged_without_dsink_and_says_so
 # ---------------------------------------------------------------- kernel families: config
 
 
-FAMILY = {"dense": "tests.entry_kernels:attn_func", "varlen": "tests.entry_kernels:attn_varlen_func",
-          "kvcache": "tests.entry_kernels:attn_with_kvcache"}
+FAMILY = {
+    "dense": "tests.entry_kernels:attn_func",
+    "varlen": "tests.entry_kernels:attn_varlen_func",
+    "kvcache": "tests.entry_kernels:attn_with_kvcache",
+}
 
 SUITE = """
 [tool.attn-gate.suites.entry]
@@ -285,12 +317,15 @@ def write_config(tmp_path: Path, name: str = "mykernel", backward: bool = True, 
     return path
 
 
-@pytest.mark.parametrize("table, words", [
-    ('dense = "tests.entry_kernels:attn_func"\nprefill = "x:y"', "unknown key 'prefill'"),
-    ('dense = "attn_func"', "dense = 'attn_func' should name a function as 'package.module:function'"),
-    ("backward = false", "names no entry point"),
-    ('dense = "a.b:c"\nbackward = "no"', "backward = 'no' should be true or false"),
-])
+@pytest.mark.parametrize(
+    "table, words",
+    [
+        ('dense = "tests.entry_kernels:attn_func"\nprefill = "x:y"', "unknown key 'prefill'"),
+        ('dense = "attn_func"', "dense = 'attn_func' should name a function as 'package.module:function'"),
+        ("backward = false", "names no entry point"),
+        ('dense = "a.b:c"\nbackward = "no"', "backward = 'no' should be true or false"),
+    ],
+)
 def test_a_bad_family_table_is_a_one_line_error_naming_the_key(tmp_path, table, words):
     path = tmp_path / "pyproject.toml"
     path.write_text(f"[tool.attn-gate.kernels.mine]\n{table}\n")
@@ -313,8 +348,9 @@ def test_capabilities_come_from_each_entry_points_signature(tmp_path):
     dense_only = family_adapter("mykernel", load_config(write_config(tmp_path, varlen=None, kvcache=None)))
     reasons = {c.entry_point: dense_only.unsupported_reason(c, "cpu") for c in suite.cases}
     assert reasons["dense"] is None
-    assert reasons["varlen"] == ('no varlen entry point: add varlen = "package.module:function" to '
-                                 "[tool.attn-gate.kernels.mykernel]")
+    assert reasons["varlen"] == (
+        'no varlen entry point: add varlen = "package.module:function" to [tool.attn-gate.kernels.mykernel]'
+    )
     assert reasons["kvcache"].startswith("no kvcache entry point")
 
 
@@ -332,8 +368,23 @@ def test_attn_gate_kernels_lists_the_configs_families(tmp_path, capsys):
 
 def gate(config: Path, out: Path, *extra: str) -> int:
     with contextlib.chdir(ROOT):
-        return main(["check", "--config", str(config), "--kernel", "mykernel", "--suite", "entry", "--device", "cpu",
-                     "--no-progress", "--out", str(out), *extra])
+        return main(
+            [
+                "check",
+                "--config",
+                str(config),
+                "--kernel",
+                "mykernel",
+                "--suite",
+                "entry",
+                "--device",
+                "cpu",
+                "--no-progress",
+                "--out",
+                str(out),
+                *extra,
+            ]
+        )
 
 
 def statuses(out: Path) -> dict[str, str]:
@@ -347,8 +398,26 @@ def good_family(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("family")
     config = write_config(tmp)
     with contextlib.chdir(ROOT):
-        assert main(["baseline", "update", "--config", str(config), "--kernel", "mykernel", "--suite", "entry",
-                     "--device", "cpu", "--no-progress", "--out", str(tmp / "update")]) == 0
+        assert (
+            main(
+                [
+                    "baseline",
+                    "update",
+                    "--config",
+                    str(config),
+                    "--kernel",
+                    "mykernel",
+                    "--suite",
+                    "entry",
+                    "--device",
+                    "cpu",
+                    "--no-progress",
+                    "--out",
+                    str(tmp / "update"),
+                ]
+            )
+            == 0
+        )
     # the check runs the family in a worker: its calls come back through ATTN_GATE_TEST_CALLS
     log = tmp / "calls.txt"
     log.write_text("")
@@ -372,12 +441,16 @@ def test_check_calls_every_entry_point_of_a_family_and_passes(good_family):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("entries, bad", [
-    (dict(varlen="tests.entry_kernels:attn_varlen_func_overread"), "varlen"),
-    (dict(kvcache="tests.entry_kernels:attn_with_kvcache_contiguous"), "shuffled"),
-    (dict(kvcache="tests.entry_kernels:attn_with_kvcache_no_append"), "append"),
-    (dict(dense="tests.entry_kernels:attn_func_ignores_sink"), "sinks"),
-], ids=["varlen over-read", "paged: contiguous pages assumed", "no append", "sink ignored"])
+@pytest.mark.parametrize(
+    "entries, bad",
+    [
+        (dict(varlen="tests.entry_kernels:attn_varlen_func_overread"), "varlen"),
+        (dict(kvcache="tests.entry_kernels:attn_with_kvcache_contiguous"), "shuffled"),
+        (dict(kvcache="tests.entry_kernels:attn_with_kvcache_no_append"), "append"),
+        (dict(dense="tests.entry_kernels:attn_func_ignores_sink"), "sinks"),
+    ],
+    ids=["varlen over-read", "paged: contiguous pages assumed", "no append", "sink ignored"],
+)
 def test_a_bug_in_one_entry_point_fails_the_gate_while_the_other_paths_pass(good_family, tmp_path, entries, bad):
     tmp = good_family[0]
     config = write_config(tmp, **entries)
@@ -407,8 +480,25 @@ def test_the_cache_check_names_what_was_not_written(good_family, tmp_path):
 def test_a_forward_only_family_is_judged_on_out_and_lse_and_says_so(tmp_path):
     config = write_config(tmp_path, backward=False)
     with contextlib.chdir(ROOT):
-        assert main(["sweep", "--config", str(config), "--kernel", "mykernel", "--suite", "entry", "--device", "cpu",
-                     "--no-progress", "--out", str(tmp_path)]) == 0
+        assert (
+            main(
+                [
+                    "sweep",
+                    "--config",
+                    str(config),
+                    "--kernel",
+                    "mykernel",
+                    "--suite",
+                    "entry",
+                    "--device",
+                    "cpu",
+                    "--no-progress",
+                    "--out",
+                    str(tmp_path),
+                ]
+            )
+            == 0
+        )
     data = json.loads((tmp_path / "sweep-mykernel-entry.json").read_text())
     for row in data["cases"]:
         assert row["forward_only"] is True and row["status"] == "PASS"
@@ -420,8 +510,27 @@ def test_a_forward_only_family_is_judged_on_out_and_lse_and_says_so(tmp_path):
     # a forward-only kernel with a wrong forward still fails
     bad = write_config(tmp_path, backward=False, varlen="tests.entry_kernels:attn_varlen_func_overread")
     with contextlib.chdir(ROOT):
-        assert main(["sweep", "--config", str(bad), "--kernel", "mykernel", "--suite", "entry", "--device", "cpu",
-                     "--only", "varlen", "--no-progress", "--out", str(tmp_path / "bad")]) == 1
+        assert (
+            main(
+                [
+                    "sweep",
+                    "--config",
+                    str(bad),
+                    "--kernel",
+                    "mykernel",
+                    "--suite",
+                    "entry",
+                    "--device",
+                    "cpu",
+                    "--only",
+                    "varlen",
+                    "--no-progress",
+                    "--out",
+                    str(tmp_path / "bad"),
+                ]
+            )
+            == 1
+        )
 
 
 def test_a_pass_without_gradients_is_complete_only_for_a_forward_only_row():
@@ -457,11 +566,43 @@ def test_the_pr_tier_times_decode_and_varlen():
 def test_drift_trains_a_family_through_its_dense_entry_point_and_refuses_a_forward_only_one(tmp_path, capsys):
     entry_kernels.CALLS.clear()
     with contextlib.chdir(ROOT):
-        assert main(["drift", "--kernel", "mykernel", "--config", str(write_config(tmp_path)), "--device", "cpu",
-                     "--steps", "3", "--out", str(tmp_path)]) == 0
+        assert (
+            main(
+                [
+                    "drift",
+                    "--kernel",
+                    "mykernel",
+                    "--config",
+                    str(write_config(tmp_path)),
+                    "--device",
+                    "cpu",
+                    "--steps",
+                    "3",
+                    "--out",
+                    str(tmp_path),
+                ]
+            )
+            == 0
+        )
         assert entry_kernels.CALLS["dense"] > 0
-        assert main(["drift", "--kernel", "mykernel", "--config", str(write_config(tmp_path, backward=False)),
-                     "--device", "cpu", "--steps", "3", "--out", str(tmp_path)]) == 2
+        assert (
+            main(
+                [
+                    "drift",
+                    "--kernel",
+                    "mykernel",
+                    "--config",
+                    str(write_config(tmp_path, backward=False)),
+                    "--device",
+                    "cpu",
+                    "--steps",
+                    "3",
+                    "--out",
+                    str(tmp_path),
+                ]
+            )
+            == 2
+        )
     assert "a forward-only family (backward = false) cannot be trained" in capsys.readouterr().err
 
 
@@ -478,8 +619,21 @@ def test_tiled_judges_sinks_and_a_learnable_bias_together():
     """Sinks and a bias in one case: the reference adds both, tiled's backward returns dsink and dbias."""
     from gate.kernels.tiled import TiledAdapter
 
-    case = Case.build(batch=2, seqlen_q=40, seqlen_k=56, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="fp32",
-                causal=True, sinks=True, bias="dense", bias_grad=True, seeds=(0,))
+    case = Case.build(
+        batch=2,
+        seqlen_q=40,
+        seqlen_k=56,
+        heads_q=4,
+        heads_kv=2,
+        head_dim=32,
+        head_dim_v=32,
+        dtype="fp32",
+        causal=True,
+        sinks=True,
+        bias="dense",
+        bias_grad=True,
+        seeds=(0,),
+    )
     row = run_case(TiledAdapter(), case, "cpu", TOL)
     assert row.status is Status.PASS, row.reason
     assert {"out", "lse", "dq", "dk", "dv", "dbias", "dsink"} <= {t.tensor for t in row.tensors}
@@ -488,8 +642,21 @@ def test_tiled_judges_sinks_and_a_learnable_bias_together():
 def test_a_family_varlen_entry_gets_the_keys_own_cu_seqlens_with_sinks(tmp_path):
     """varlen_k through a family's varlen entry point (cu_seqlens_k, max_seqlen_k), with sinks."""
     adapter = family_adapter("mykernel", load_config(write_config(tmp_path)))
-    case = Case.build(batch=4, seqlen_q=40, seqlen_k=50, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="bf16",
-                causal=True, varlen=(5, 40, 0, 30), varlen_k=(50, 3, 7, 30), sinks=True, seeds=(0,))
+    case = Case.build(
+        batch=4,
+        seqlen_q=40,
+        seqlen_k=50,
+        heads_q=4,
+        heads_kv=2,
+        head_dim=32,
+        head_dim_v=32,
+        dtype="bf16",
+        causal=True,
+        varlen=(5, 40, 0, 30),
+        varlen_k=(50, 3, 7, 30),
+        sinks=True,
+        seeds=(0,),
+    )
     row = run_case(adapter, case, "cpu", TOL)
     assert row.status is Status.PASS, row.reason
     assert row.tensor("dsink") is not None

@@ -57,18 +57,24 @@ def test_the_docs_list_every_supports_key():
 # ---------------------------------------------------------------- validation
 
 
-@pytest.mark.parametrize("table, words", [
-    ("supports = {head_dim = [64]}", "unknown key 'head_dim'; did you mean 'head_dims'?"),
-    ("supports = {gqa = 1}", "gqa = 1 is not valid; write gqa = true or false"),
-    ('supports = {dtypes = "fp16"}', "dtypes = 'fp16' is not valid; write dtypes = a list drawn from fp16, bf16"),
-    ('supports = {dtypes = ["fp64"]}', "dtypes names 'fp64'; choose from fp16, bf16, fp32, e4m3, e5m2"),
-    ("supports = {head_dims = [0, 64]}", "head_dims = [0, 64] is not valid; write head_dims = a list of integers"),
-    ("supports = {head_dims = {max = 128, step = 8}}", "head_dims has unknown key 'step'"),
-    ("supports = {head_dims = {min = 256, max = 128}}", "head_dims has min 256 > max 128; swap them"),
-    ("supports = {seqlen_multiple = 0}", "seqlen_multiple = 0 is not valid; write seqlen_multiple = an integer >= 1"),
-    ('supports = {layouts = ["rowmajor"]}', "layouts names 'rowmajor'; choose from contiguous"),
-    ("supports = 3", "expected a table of keys devices, dtypes"),
-])
+@pytest.mark.parametrize(
+    "table, words",
+    [
+        ("supports = {head_dim = [64]}", "unknown key 'head_dim'; did you mean 'head_dims'?"),
+        ("supports = {gqa = 1}", "gqa = 1 is not valid; write gqa = true or false"),
+        ('supports = {dtypes = "fp16"}', "dtypes = 'fp16' is not valid; write dtypes = a list drawn from fp16, bf16"),
+        ('supports = {dtypes = ["fp64"]}', "dtypes names 'fp64'; choose from fp16, bf16, fp32, e4m3, e5m2"),
+        ("supports = {head_dims = [0, 64]}", "head_dims = [0, 64] is not valid; write head_dims = a list of integers"),
+        ("supports = {head_dims = {max = 128, step = 8}}", "head_dims has unknown key 'step'"),
+        ("supports = {head_dims = {min = 256, max = 128}}", "head_dims has min 256 > max 128; swap them"),
+        (
+            "supports = {seqlen_multiple = 0}",
+            "seqlen_multiple = 0 is not valid; write seqlen_multiple = an integer >= 1",
+        ),
+        ('supports = {layouts = ["rowmajor"]}', "layouts names 'rowmajor'; choose from contiguous"),
+        ("supports = 3", "expected a table of keys devices, dtypes"),
+    ],
+)
 def test_a_bad_declaration_is_one_line_naming_the_key_and_the_fix(tmp_path, table, words):
     path = write(tmp_path, FAMILY + table + "\n")
     with pytest.raises(UserError) as info:
@@ -79,7 +85,7 @@ def test_a_bad_declaration_is_one_line_naming_the_key_and_the_fix(tmp_path, tabl
 
 
 def test_a_bad_declaration_exits_2_from_the_cli(tmp_path, capsys):
-    path = write(tmp_path, FAMILY + "supports = {gqa = \"no\"}\n")
+    path = write(tmp_path, FAMILY + 'supports = {gqa = "no"}\n')
     with contextlib.chdir(tmp_path):
         assert main(["kernels", "--config", str(path)]) == 2
     assert "gqa = 'no' is not valid; write gqa = true or false" in capsys.readouterr().err
@@ -114,26 +120,62 @@ def reason(tmp_path, supports: str, c: Case, body: str = FAMILY) -> str | None:
 TABLE = "[tool.attn-gate.kernels.mine.supports]"
 
 
-@pytest.mark.parametrize("supports, inside, outside, words", [
-    ("head_dims = {max = 128}", dict(head_dim=128, head_dim_v=128), dict(head_dim=256, head_dim_v=256),
-     f"declared: head_dim 256 (supports <= 128) ({TABLE} head_dims)"),
-    ("head_dims = [64, 128]", dict(head_dim=128, head_dim_v=128), dict(head_dim=96, head_dim_v=96),
-     f"declared: head_dim 96 (supports 64, 128) ({TABLE} head_dims)"),
-    ("head_dims_v = {max = 64}", dict(head_dim=128, head_dim_v=64), dict(head_dim=64, head_dim_v=128),
-     f"declared: head_dim_v 128 (supports <= 64) ({TABLE} head_dims_v)"),
-    ('dtypes = ["fp16"]', dict(dtype="fp16"), dict(dtype="bf16"), f"declared: no bf16 (supports fp16) ({TABLE} dtypes)"),
-    ("seqlen_multiple = 128", dict(seqlen_q=128, seqlen_k=256), dict(seqlen_q=128, seqlen_k=200),
-     f"declared: seqlen 200 not a multiple of 128 ({TABLE} seqlen_multiple)"),
-    ("max_seqlen = 512", dict(seqlen_q=512, seqlen_k=512), dict(seqlen_q=64, seqlen_k=1024),
-     f"declared: seqlen 1024 > 512 ({TABLE} max_seqlen)"),
-    ("seqlen_q_ne_k = false", dict(seqlen_q=64, seqlen_k=64), dict(seqlen_q=64, seqlen_k=128),
-     f"declared: seqlen_q != seqlen_k ({TABLE} seqlen_q_ne_k = false)"),
-    ("gqa = false", dict(heads_kv=4), dict(heads_kv=1), f"declared: no GQA/MQA ({TABLE} gqa = false)"),
-    ("causal = false", dict(causal=False), dict(causal=True), f"declared: no causal mask ({TABLE} causal = false)"),
-    ('layouts = ["contiguous"]', dict(layout="contiguous"), dict(layout="bhsd_view"),
-     f"declared: layout bhsd_view (supports contiguous) ({TABLE} layouts)"),
-    ('devices = ["cuda"]', None, dict(), f"declared: runs on cuda, not cpu ({TABLE} devices)"),
-])
+@pytest.mark.parametrize(
+    "supports, inside, outside, words",
+    [
+        (
+            "head_dims = {max = 128}",
+            dict(head_dim=128, head_dim_v=128),
+            dict(head_dim=256, head_dim_v=256),
+            f"declared: head_dim 256 (supports <= 128) ({TABLE} head_dims)",
+        ),
+        (
+            "head_dims = [64, 128]",
+            dict(head_dim=128, head_dim_v=128),
+            dict(head_dim=96, head_dim_v=96),
+            f"declared: head_dim 96 (supports 64, 128) ({TABLE} head_dims)",
+        ),
+        (
+            "head_dims_v = {max = 64}",
+            dict(head_dim=128, head_dim_v=64),
+            dict(head_dim=64, head_dim_v=128),
+            f"declared: head_dim_v 128 (supports <= 64) ({TABLE} head_dims_v)",
+        ),
+        (
+            'dtypes = ["fp16"]',
+            dict(dtype="fp16"),
+            dict(dtype="bf16"),
+            f"declared: no bf16 (supports fp16) ({TABLE} dtypes)",
+        ),
+        (
+            "seqlen_multiple = 128",
+            dict(seqlen_q=128, seqlen_k=256),
+            dict(seqlen_q=128, seqlen_k=200),
+            f"declared: seqlen 200 not a multiple of 128 ({TABLE} seqlen_multiple)",
+        ),
+        (
+            "max_seqlen = 512",
+            dict(seqlen_q=512, seqlen_k=512),
+            dict(seqlen_q=64, seqlen_k=1024),
+            f"declared: seqlen 1024 > 512 ({TABLE} max_seqlen)",
+        ),
+        (
+            "seqlen_q_ne_k = false",
+            dict(seqlen_q=64, seqlen_k=64),
+            dict(seqlen_q=64, seqlen_k=128),
+            f"declared: seqlen_q != seqlen_k ({TABLE} seqlen_q_ne_k = false)",
+        ),
+        ("gqa = false", dict(heads_kv=4), dict(heads_kv=1), f"declared: no GQA/MQA ({TABLE} gqa = false)"),
+        ("causal = false", dict(causal=False), dict(causal=True), f"declared: no causal mask ({TABLE} causal = false)"),
+        (
+            'layouts = ["contiguous"]',
+            dict(layout="contiguous"),
+            dict(layout="bhsd_view"),
+            f"declared: layout bhsd_view (supports contiguous) ({TABLE} layouts)",
+        ),
+        ('devices = ["cuda"]', None, dict(), f"declared: runs on cuda, not cpu ({TABLE} devices)"),
+    ],
+)
 def test_a_case_outside_the_declared_envelope_skips_with_the_declaring_key(tmp_path, supports, inside, outside, words):
     if inside is not None:
         assert reason(tmp_path, supports, case(**inside)) is None
@@ -143,29 +185,39 @@ def test_a_case_outside_the_declared_envelope_skips_with_the_declaring_key(tmp_p
 def test_a_declared_bias_kind_limit_skips_other_kinds():
     decl = Capabilities.from_declaration(check_supports({"bias_kinds": ["none", "dense"]}, "t"), "T")
     assert decl.unsupported_reason(case(bias="dense"), "cpu") is None
-    assert decl.unsupported_reason(case(bias="bool_mask"), "cpu") == \
-        "declared: bias bool_mask (supports none, dense) (T bias_kinds)"
+    assert (
+        decl.unsupported_reason(case(bias="bool_mask"), "cpu")
+        == "declared: bias bool_mask (supports none, dense) (T bias_kinds)"
+    )
 
 
 def test_the_signature_wins_over_a_declared_true(tmp_path):
     """upto_128 takes no window_size: declaring window = true cannot make the gate pass one."""
     body = '[tool.attn-gate.kernels.mine]\ndense = "tests.envelope_kernels:upto_128"\n'
     got = reason(tmp_path, "window = true", case(window=(8, 0)), body)
-    assert got == (f"no sliding window: declared window = true in {TABLE}, but the signature of "
-                   f"tests.envelope_kernels:upto_128 does not allow it")
+    assert got == (
+        f"no sliding window: declared window = true in {TABLE}, but the signature of "
+        f"tests.envelope_kernels:upto_128 does not allow it"
+    )
     # and a declared false narrows what the signature allows (attend takes window_size)
     assert reason(tmp_path, "window = true", case(window=(8, 0))) is None
-    assert reason(tmp_path, "window = false", case(window=(8, 0))) == \
-        f"declared: no sliding window ({TABLE} window = false)"
+    assert (
+        reason(tmp_path, "window = false", case(window=(8, 0)))
+        == f"declared: no sliding window ({TABLE} window = false)"
+    )
 
 
 def test_a_plain_function_takes_the_declaration_of_its_quoted_table(tmp_path):
     spec = "tests.envelope_kernels:attend"
-    config = load_config(write(tmp_path, f'[tool.attn-gate.kernels."{spec}"]\nsupports = {{head_dims = {{max = 64}}}}\n'))
+    config = load_config(
+        write(tmp_path, f'[tool.attn-gate.kernels."{spec}"]\nsupports = {{head_dims = {{max = 64}}}}\n')
+    )
     adapter = resolve_kernel(spec, config)
     assert adapter.unsupported_reason(case(), "cpu") is None
-    assert adapter.unsupported_reason(case(head_dim=128, head_dim_v=128), "cpu") == \
-        f'declared: head_dim 128 (supports <= 64) ([tool.attn-gate.kernels."{spec}".supports] head_dims)'
+    assert (
+        adapter.unsupported_reason(case(head_dim=128, head_dim_v=128), "cpu")
+        == f'declared: head_dim 128 (supports <= 64) ([tool.attn-gate.kernels."{spec}".supports] head_dims)'
+    )
     # without a config the same function has its signature's envelope only
     assert resolve_kernel(spec).unsupported_reason(case(head_dim=128, head_dim_v=128), "cpu") is None
 
@@ -182,7 +234,11 @@ def test_kernels_lists_the_declared_envelope_in_the_same_keys(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f'declared {TABLE}: dtypes = ["fp16"]; head_dims = {{ max = 128 }}; gqa = false' in out
     envelope = next(line for line in out.splitlines() if "envelope:" in line)
-    assert 'dtypes = ["fp16"]' in envelope and "head_dims = { max = 128 }" in envelope and "gqa" in envelope.split("off:")[1]
+    assert (
+        'dtypes = ["fp16"]' in envelope
+        and "head_dims = { max = 128 }" in envelope
+        and "gqa" in envelope.split("off:")[1]
+    )
 
 
 # ---------------------------------------------------------------- skipping costs nothing
@@ -191,10 +247,13 @@ def test_kernels_lists_the_declared_envelope_in_the_same_keys(tmp_path, capsys):
 def test_declared_skips_never_reach_a_worker(tmp_path, monkeypatch):
     """The isolated sweep decides a declared SKIP from the plan: the pool runs only the rest."""
     from gate.workflow import sweep as sweep_mod
-    from gate.workflow.plan import plan_run
     from gate.workflow.isolation import KernelInfo
+    from gate.workflow.plan import plan_run
 
-    body = FAMILY + "supports = {head_dims = {max = 64}}\n" + """
+    body = (
+        FAMILY
+        + "supports = {head_dims = {max = 64}}\n"
+        + """
 [tool.attn-gate.suites.tiny]
 seeds = [0]
 [[tool.attn-gate.suites.tiny.matrix]]
@@ -202,6 +261,7 @@ seqlens = ["16"]
 heads = ["2"]
 head_dims = ["32", "64", "128"]
 """
+    )
     config = load_config(write(tmp_path, body))
     sent = []
 
@@ -209,8 +269,15 @@ head_dims = ["32", "64", "128"]
         slots = [0]
 
         def kernel_info(self):
-            return KernelInfo(version="0", devices=("cpu",), unavailable=None, notes=(), returns_lse=False,
-                              sink_grad=True, backward=True)
+            return KernelInfo(
+                version="0",
+                devices=("cpu",),
+                unavailable=None,
+                notes=(),
+                returns_lse=False,
+                sink_grad=True,
+                backward=True,
+            )
 
         def triage(self, cases):  # the adapter's own skips: none for this kernel
             return {}

@@ -21,22 +21,28 @@ import torch
 
 import gate.kernels
 from gate.attention.bias import make_bias
+from gate.attention.inputs import make_inputs
 from gate.attention.masks import allowed_mask
 from gate.core.cases import Case
 from gate.core.config import ToleranceConfig
 from gate.correctness.run_case import leaf_call, run_case
-from gate.attention.inputs import make_inputs
 from gate.kernels.capabilities import Feature
 from gate.kernels.flash_attn import (
-    BIAS_GRAD_REASON, GQA_DV_REASON, SOFTCAP_BIAS_REASON, FA4Adapter, fa4_bias_aux, fa4_mask_aux,
+    BIAS_GRAD_REASON,
+    GQA_DV_REASON,
+    SOFTCAP_BIAS_REASON,
+    FA4Adapter,
+    fa4_bias_aux,
+    fa4_mask_aux,
 )
 
 MODS_PATH = Path(gate.kernels.__file__).parent / "fa4_mods.py"
 
 
 def case(**kw) -> Case:
-    base = dict(batch=2, seqlen_q=9, seqlen_k=13, heads_q=4, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16",
-                seeds=(0,))
+    base = dict(
+        batch=2, seqlen_q=9, seqlen_k=13, heads_q=4, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16", seeds=(0,)
+    )
     base.update(kw)
     return Case.build(**base)
 
@@ -84,11 +90,35 @@ class FakeFA4:
     def __init__(self):
         self.calls: list[dict] = []
 
-    def flash_attn_func(self, q, k, v, qv=None, softmax_scale=None, causal=False, window_size=(None, None),
-                        learnable_sink=None, softcap=0.0, deterministic=False, score_mod=None, score_mod_bwd=None,
-                        mask_mod=None, aux_tensors=None, return_lse=False):
-        self.calls.append(dict(causal=causal, window_size=window_size, softcap=softcap, score_mod=score_mod,
-                               score_mod_bwd=score_mod_bwd, mask_mod=mask_mod, aux_tensors=aux_tensors))
+    def flash_attn_func(
+        self,
+        q,
+        k,
+        v,
+        qv=None,
+        softmax_scale=None,
+        causal=False,
+        window_size=(None, None),
+        learnable_sink=None,
+        softcap=0.0,
+        deterministic=False,
+        score_mod=None,
+        score_mod_bwd=None,
+        mask_mod=None,
+        aux_tensors=None,
+        return_lse=False,
+    ):
+        self.calls.append(
+            dict(
+                causal=causal,
+                window_size=window_size,
+                softcap=softcap,
+                score_mod=score_mod,
+                score_mod_bwd=score_mod_bwd,
+                mask_mod=mask_mod,
+                aux_tensors=aux_tensors,
+            )
+        )
         assert score_mod is None or score_mod_bwd is not None, "FA4's backward asserts score_mod_bwd with score_mod"
         b, nq, hq, _ = q.shape
         nk, hk = k.shape[1], k.shape[2]
@@ -102,12 +132,25 @@ class FakeFA4:
             rows = []
             for idx in torch.cartesian_prod(*(torch.arange(n) for n in (b, hq, nq, nk))).tolist():
                 bi, hi, qi, ki = idx
-                rows.append(score_mod(s[bi, hi, qi, ki].reshape(1), one(bi), one(hi), q_idx=one(qi), kv_idx=one(ki),
-                                      seqlen_info=None, aux_tensors=aux))
+                rows.append(
+                    score_mod(
+                        s[bi, hi, qi, ki].reshape(1),
+                        one(bi),
+                        one(hi),
+                        q_idx=one(qi),
+                        kv_idx=one(ki),
+                        seqlen_info=None,
+                        aux_tensors=aux,
+                    )
+                )
             s = torch.cat(rows).reshape(s.shape)
         if mask_mod is not None:  # FA4: a mask_mod replaces causal and window (_resolve_causal_local_window)
-            keep = torch.tensor([bool(mask_mod(one(bi), one(hi), one(qi), one(ki), None, aux)[0])
-                                 for bi, hi, qi, ki in torch.cartesian_prod(*(torch.arange(n) for n in (b, hq, nq, nk))).tolist()])
+            keep = torch.tensor(
+                [
+                    bool(mask_mod(one(bi), one(hi), one(qi), one(ki), None, aux)[0])
+                    for bi, hi, qi, ki in torch.cartesian_prod(*(torch.arange(n) for n in (b, hq, nq, nk))).tolist()
+                ]
+            )
             s = s.masked_fill(~keep.reshape(s.shape), float("-inf"))
         else:
             window = tuple(-1 if w is None else w for w in window_size)
@@ -181,9 +224,15 @@ def test_mask_aux_without_causal_or_window_is_a_uint8_view(kind):
     assert torch.equal(aux.bool(), mask) and set(aux.unique().tolist()) <= {0, 1}
 
 
-@pytest.mark.parametrize("causal, window, nq, nk", [
-    (True, (-1, -1), 9, 13), (True, (-1, -1), 13, 9), (False, (3, 0), 9, 13), (False, (2, 2), 13, 13),
-])
+@pytest.mark.parametrize(
+    "causal, window, nq, nk",
+    [
+        (True, (-1, -1), 9, 13),
+        (True, (-1, -1), 13, 9),
+        (False, (3, 0), 9, 13),
+        (False, (2, 2), 13, 13),
+    ],
+)
 @pytest.mark.parametrize("kind", ["bool_mask", "document"])
 def test_mask_aux_folds_causal_and_window_bottom_right(kind, causal, window, nq, nk):
     mask = make_bias(case(bias=kind, seqlen_q=nq, seqlen_k=nk), 0, "cpu", torch.bfloat16)
@@ -202,7 +251,16 @@ def test_fa4_declares_float_bias_and_masks_but_no_bias_gradient(fake_fa4):
     caps = a.capabilities()
     assert caps.supports(Feature.BIAS) and caps.supports(Feature.BOOL_MASK) and not caps.supports(Feature.BIAS_GRAD)
     assert caps.reason(Feature.BIAS_GRAD).startswith("no bias gradient: FA4's backward")
-    for kind in ("dense", "broadcast_b", "broadcast_h", "broadcast_1", "bool_mask", "bool_empty_rows", "document", "prefix_lm"):
+    for kind in (
+        "dense",
+        "broadcast_b",
+        "broadcast_h",
+        "broadcast_1",
+        "bool_mask",
+        "bool_empty_rows",
+        "document",
+        "prefix_lm",
+    ):
         assert a.unsupported_reason(case(bias=kind), "cuda") is None, kind
     assert a.unsupported_reason(case(bias="shifted_rows", bias_dtype="fp32"), "cuda") is None
     assert a.unsupported_reason(case(bias="dense", bias_grad=True), "cuda") == BIAS_GRAD_REASON
@@ -227,7 +285,10 @@ def test_an_fa4_without_the_mod_keywords_skips_every_bias_case_saying_which(monk
 
     monkeypatch.setattr(sys.modules["flash_attn.cute"], "flash_attn_func", old_func)
     reason = FA4Adapter().unsupported_reason(case(bias="dense"), "cuda")
-    assert reason == "this flash-attn-4's flash_attn_func takes no score_mod/score_mod_bwd/mask_mod/aux_tensors: no custom bias or mask"
+    assert (
+        reason
+        == "this flash-attn-4's flash_attn_func takes no score_mod/score_mod_bwd/mask_mod/aux_tensors: no custom bias or mask"
+    )
     assert FA4Adapter().unsupported_reason(case(), "cuda") is None
 
 
@@ -241,9 +302,15 @@ def test_without_flash_attn_the_bias_reason_names_fa4():
 # ---------------------------------------------------------------- what the kernel is handed
 
 
-@pytest.mark.parametrize("kind, one_batch, one_head", [
-    ("dense", False, False), ("broadcast_b", True, False), ("broadcast_h", False, True), ("broadcast_1", True, True),
-])
+@pytest.mark.parametrize(
+    "kind, one_batch, one_head",
+    [
+        ("dense", False, False),
+        ("broadcast_b", True, False),
+        ("broadcast_h", False, True),
+        ("broadcast_1", True, True),
+    ],
+)
 def test_float_bias_goes_in_as_score_mod_and_aux_tensor(fake_fa4, kind, one_batch, one_head):
     c = case(bias=kind, bias_dtype="fp32", causal=True)
     call = _call(c)
@@ -282,24 +349,52 @@ def test_mods_are_built_once_per_broadcast_pattern_with_fa4s_signatures(fake_fa4
     m = fake_fa4.mods
     pairs = [(ob, oh) for ob in (False, True) for oh in (False, True)]
     assert len({id(m.bias_score_mod(*p)) for p in pairs}) == 4 and len({id(m.bool_mask_mod(*p)) for p in pairs}) == 4
-    assert all(m.bias_score_mod(*p) is m.bias_score_mod(*p) and m.bool_mask_mod(*p) is m.bool_mask_mod(*p) for p in pairs)
+    assert all(
+        m.bias_score_mod(*p) is m.bias_score_mod(*p) and m.bool_mask_mod(*p) is m.bool_mask_mod(*p) for p in pairs
+    )
     # FA4 calls score mods with these keywords (softmax.call_score_mod), mask mods positionally (mask.call_mask_mod)
     assert list(inspect.signature(m.bias_score_mod(False, False)).parameters) == [
-        "score", "batch_idx", "head_idx", "q_idx", "kv_idx", "seqlen_info", "aux_tensors"]
+        "score",
+        "batch_idx",
+        "head_idx",
+        "q_idx",
+        "kv_idx",
+        "seqlen_info",
+        "aux_tensors",
+    ]
     assert list(inspect.signature(m.bias_score_mod_bwd).parameters) == [
-        "grad", "score", "batch_idx", "head_idx", "q_idx", "kv_idx", "seqlen_info", "aux_tensors"]
+        "grad",
+        "score",
+        "batch_idx",
+        "head_idx",
+        "q_idx",
+        "kv_idx",
+        "seqlen_info",
+        "aux_tensors",
+    ]
     assert len(inspect.signature(m.bool_mask_mod(False, False)).parameters) == 6
     grad = torch.tensor([0.37])
-    assert m.bias_score_mod_bwd(grad, torch.tensor([5.0]), None, None, q_idx=None, kv_idx=None, seqlen_info=None,
-                                aux_tensors=[]) is grad
+    assert (
+        m.bias_score_mod_bwd(
+            grad, torch.tensor([5.0]), None, None, q_idx=None, kv_idx=None, seqlen_info=None, aux_tensors=[]
+        )
+        is grad
+    )
 
 
 def test_score_mod_reads_the_bias_at_b_h_q_k_and_index_0_on_broadcast_dims(fake_fa4):
     bias = torch.arange(2 * 1 * 3 * 5, dtype=torch.bfloat16).reshape(2, 1, 3, 5)  # broadcast over heads
     mod = fake_fa4.mods.bias_score_mod(False, True)
     one = lambda x: torch.tensor([x])  # noqa: E731
-    got = mod(torch.tensor([0.5]), one(1), one(3), q_idx=one(2), kv_idx=one(4), seqlen_info=None,
-              aux_tensors=[_AuxTensor(bias)])
+    got = mod(
+        torch.tensor([0.5]),
+        one(1),
+        one(3),
+        q_idx=one(2),
+        kv_idx=one(4),
+        seqlen_info=None,
+        aux_tensors=[_AuxTensor(bias)],
+    )
     assert got.dtype == torch.float32 and float(got) == 0.5 + float(bias[1, 0, 2, 4])
     mask = torch.zeros(1, 2, 3, 5, dtype=torch.uint8)
     mask[0, 1, 2, 4] = 1
@@ -311,10 +406,27 @@ def test_score_mod_reads_the_bias_at_b_h_q_k_and_index_0_on_broadcast_dims(fake_
 # ---------------------------------------------------------------- the gate's own path, on the fake kernel
 
 
-CASES = [case(bias=k, causal=causal) for k in ("dense", "broadcast_b", "broadcast_h", "broadcast_1", "bool_mask",
-                                                 "bool_empty_rows", "document", "prefix_lm") for causal in (False, True)]
-CASES += [case(bias="shifted_rows", bias_dtype="fp32"), case(bias="dense", bias_dtype="fp32", dtype="fp16", causal=True),
-          case(bias="dense", window=(4, 0)), case(bias="document", window=(3, 3)), case(bias="bool_mask", seqlen_q=13, seqlen_k=9, causal=True)]
+CASES = [
+    case(bias=k, causal=causal)
+    for k in (
+        "dense",
+        "broadcast_b",
+        "broadcast_h",
+        "broadcast_1",
+        "bool_mask",
+        "bool_empty_rows",
+        "document",
+        "prefix_lm",
+    )
+    for causal in (False, True)
+]
+CASES += [
+    case(bias="shifted_rows", bias_dtype="fp32"),
+    case(bias="dense", bias_dtype="fp32", dtype="fp16", causal=True),
+    case(bias="dense", window=(4, 0)),
+    case(bias="document", window=(3, 3)),
+    case(bias="bool_mask", seqlen_q=13, seqlen_k=9, causal=True),
+]
 
 
 @pytest.mark.parametrize("c", CASES, ids=lambda c: c.id)
@@ -328,13 +440,18 @@ def test_a_mask_handed_over_without_the_fold_fails_the_causal_case(fake_fa4, mon
     """The fold is what makes a causal mask case right: FA4 drops causal under a mask_mod."""
     import gate.kernels.flash_attn as fa
 
-    monkeypatch.setattr(fa, "fa4_mask_aux", lambda mask, nq, nk, causal, window: mask.detach().contiguous().view(torch.uint8))
+    monkeypatch.setattr(
+        fa, "fa4_mask_aux", lambda mask, nq, nk, causal, window: mask.detach().contiguous().view(torch.uint8)
+    )
     r = run_case(CpuFA4(), case(bias="document", causal=True), "cpu", ToleranceConfig())
     assert r.status.value == "FAIL" and "error" in r.reason
 
 
-@pytest.mark.parametrize("c", [case(bias="dense", bias_grad=True), case(bias="broadcast_h", bias_dtype="fp32", bias_grad=True)],
-                         ids=lambda c: c.id)
+@pytest.mark.parametrize(
+    "c",
+    [case(bias="dense", bias_grad=True), case(bias="broadcast_h", bias_dtype="fp32", bias_grad=True)],
+    ids=lambda c: c.id,
+)
 def test_bias_grad_cases_skip_with_the_reason_and_never_reach_the_kernel(fake_fa4, c):
     r = run_case(CpuFA4(), c, "cpu", ToleranceConfig())
     assert r.status.value == "SKIP" and r.reason == BIAS_GRAD_REASON and not fake_fa4.calls

@@ -5,15 +5,17 @@ import math
 
 import pytest
 
-from gate.core.cases import Case
 from gate.commands.main import main
+from gate.core.cases import Case
 from gate.core.config import PerfConfig, ToleranceConfig, VerdictConfig, load_config
-from gate.correctness.run_case import run_case
 from gate.core.errors import UserError
-from gate.kernels.user import UserAdapter
 from gate.core.results import Status
+from gate.correctness.run_case import run_case
+from gate.kernels.user import UserAdapter
 
-CASE = Case.build(batch=1, seqlen_q=16, seqlen_k=16, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16", seeds=(0,))
+CASE = Case.build(
+    batch=1, seqlen_q=16, seqlen_k=16, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16", seeds=(0,)
+)
 
 
 @pytest.mark.parametrize("fn", ["exits_zero", "exits_one"])
@@ -24,8 +26,22 @@ def test_a_kernel_calling_sys_exit_is_an_error_row(fn):
 
 @pytest.mark.slow
 def test_sweep_with_a_kernel_calling_sys_exit_zero_exits_one(tmp_path, capsys):
-    rc = main(["sweep", "--kernel", "tests.exiting_kernels:exits_zero", "--suite", "smoke", "--device", "cpu",
-               "--only", "^bf16-b2-h4-s128-d64$", "--out", str(tmp_path), "--no-progress"])
+    rc = main(
+        [
+            "sweep",
+            "--kernel",
+            "tests.exiting_kernels:exits_zero",
+            "--suite",
+            "smoke",
+            "--device",
+            "cpu",
+            "--only",
+            "^bf16-b2-h4-s128-d64$",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        ]
+    )
     assert rc == 1
 
 
@@ -42,13 +58,22 @@ def test_a_command_cut_short_by_system_exit_fails(monkeypatch, capsys):
     assert main(["kernels"]) == 0
 
 
-@pytest.mark.parametrize(("section", "kwargs"), [
-    (VerdictConfig, {"headroom_factor": math.nan}), (VerdictConfig, {"headroom_factor": 1.0}),
-    (VerdictConfig, {"headroom_step": -0.1}), (VerdictConfig, {"improvement_factor": math.inf}),
-    (PerfConfig, {"regression_pct": math.inf}), (PerfConfig, {"regression_pct": 0.0}), (PerfConfig, {"alpha": 0.0}),
-    (PerfConfig, {"alpha": 1.0}), (PerfConfig, {"max_noise_pct": math.nan}), (PerfConfig, {"min_rounds": 0}),
-    (PerfConfig, {"calls_per_round": 0}),
-])
+@pytest.mark.parametrize(
+    ("section", "kwargs"),
+    [
+        (VerdictConfig, {"headroom_factor": math.nan}),
+        (VerdictConfig, {"headroom_factor": 1.0}),
+        (VerdictConfig, {"headroom_step": -0.1}),
+        (VerdictConfig, {"improvement_factor": math.inf}),
+        (PerfConfig, {"regression_pct": math.inf}),
+        (PerfConfig, {"regression_pct": 0.0}),
+        (PerfConfig, {"alpha": 0.0}),
+        (PerfConfig, {"alpha": 1.0}),
+        (PerfConfig, {"max_noise_pct": math.nan}),
+        (PerfConfig, {"min_rounds": 0}),
+        (PerfConfig, {"calls_per_round": 0}),
+    ],
+)
 def test_thresholds_that_would_switch_a_rule_off_are_refused(section, kwargs):
     with pytest.raises(ValueError):
         section(**kwargs)
@@ -69,7 +94,8 @@ def test_user_kernel_without_causal_keyword_runs_non_causal_cases(tmp_path, monk
         "import torch.nn.functional as F\n"
         "def attn(q, k, v, softmax_scale=None):\n"
         "    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=softmax_scale)\n"
-        "    return o.transpose(1, 2)\n")
+        "    return o.transpose(1, 2)\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     adapter = UserAdapter("nocausal:attn")
     assert run_case(adapter, CASE, "cpu", ToleranceConfig()).status is Status.PASS
@@ -77,9 +103,11 @@ def test_user_kernel_without_causal_keyword_runs_non_causal_cases(tmp_path, monk
     assert causal.status is Status.SKIP and "causal" in causal.reason
 
 
-SUITE_CONFIG = ('[tool.attn-gate]\nbaselines_dir = "baselines"\n[tool.attn-gate.suites.tiny]\nseeds = [0]\n'
-                '[[tool.attn-gate.suites.tiny.matrix]]\ndtype = ["fp32"]\nbatch = [1]\nseqlens = ["16"]\nheads = ["2"]\n'
-                'head_dims = ["8"]\n')
+SUITE_CONFIG = (
+    '[tool.attn-gate]\nbaselines_dir = "baselines"\n[tool.attn-gate.suites.tiny]\nseeds = [0]\n'
+    '[[tool.attn-gate.suites.tiny.matrix]]\ndtype = ["fp32"]\nbatch = [1]\nseqlens = ["16"]\nheads = ["2"]\n'
+    'head_dims = ["8"]\n'
+)
 
 
 def test_ctrl_c_before_the_first_case_prints_no_resume_command_that_would_fail(tmp_path, monkeypatch, capsys):
@@ -92,8 +120,20 @@ def test_ctrl_c_before_the_first_case_prints_no_resume_command_that_would_fail(t
 
     config = tmp_path / "pyproject.toml"
     config.write_text(SUITE_CONFIG)
-    command = ["sweep", "--kernel", "sdpa-cpu", "--suite", "tiny", "--device", "cpu", "--config", str(config),
-               "--out", str(tmp_path / "out"), "--no-progress"]
+    command = [
+        "sweep",
+        "--kernel",
+        "sdpa-cpu",
+        "--suite",
+        "tiny",
+        "--device",
+        "cpu",
+        "--config",
+        str(config),
+        "--out",
+        str(tmp_path / "out"),
+        "--no-progress",
+    ]
     monkeypatch.setattr(sweep_module, "worker_pool", interrupted)
     assert main(command) == 2
     err = capsys.readouterr().err
@@ -134,8 +174,14 @@ def test_sigterm_inside_an_atomic_write_leaves_no_temporary_file(tmp_path):
     folder.mkdir(parents=True)
     target = folder / "k-s.json"
     target.write_text('{"old": true}\n')
-    proc = subprocess.run([sys.executable, "-c", SIGTERM_WRITER, str(target)], cwd=ROOT, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", SIGTERM_WRITER, str(target)],
+        cwd=ROOT,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == -signal.SIGTERM, proc.stderr
     assert sorted(p.name for p in folder.iterdir()) == ["k-s.json"]  # no .k-s.json.XXXX.tmp beside it
     assert target.read_text() == '{"old": true}\n'
@@ -145,8 +191,25 @@ def test_a_worker_start_timeout_names_its_setting_not_case_timeout(tmp_path, cap
     """A worker that does not start in time was reported as "(--case-timeout)", a flag nobody typed."""
     config = tmp_path / "pyproject.toml"
     config.write_text(SUITE_CONFIG + "[tool.attn-gate.isolation]\nworker_start_timeout_s = 0.01\n")
-    assert main(["sweep", "--kernel", "sdpa-cpu", "--suite", "tiny", "--device", "cpu", "--config", str(config),
-                 "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "sweep",
+                "--kernel",
+                "sdpa-cpu",
+                "--suite",
+                "tiny",
+                "--device",
+                "cpu",
+                "--config",
+                str(config),
+                "--out",
+                str(tmp_path / "out"),
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "worker_start_timeout_s" in err and "--case-timeout" not in err, err
 

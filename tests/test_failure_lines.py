@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import math
 
+from gate.compare.known import failures_of
 from gate.core.cases import Case
 from gate.core.results import CaseResult, Status, TensorError
-from gate.compare.known import failures_of
 from gate.report.failures import group_failures, refusal, row_line, worst_first
 
 BASE = Case.build(batch=2, seqlen_q=128, seqlen_k=128, heads_q=4, heads_kv=4, head_dim=64, head_dim_v=64, dtype="bf16")
@@ -18,8 +18,12 @@ def row(over: dict[str, float] | None = None, status: Status | None = None, reas
     ratios = {"out": 0.5, "lse": 0.5, "dq": 0.5, "dk": 0.5, "dv": 0.5, **(over or {})}
     tensors = tuple(TensorError(n, r, r, 1.0, 0.0, 2.0, 1.0, r, (), 1e-2, 1e-2, True, 0) for n, r in ratios.items())
     failed = any(not r <= 1 for r in ratios.values())
-    return CaseResult(case=BASE.with_fields(**kw), status=status or (Status.FAIL if failed else Status.PASS),
-                      reason=reason, tensors=tensors if status is not Status.ERROR else ())
+    return CaseResult(
+        case=BASE.with_fields(**kw),
+        status=status or (Status.FAIL if failed else Status.PASS),
+        reason=reason,
+        tensors=tensors if status is not Status.ERROR else (),
+    )
 
 
 def test_the_short_summary_line_names_the_worst_ratio_and_the_nan_beside_it():
@@ -29,8 +33,13 @@ def test_the_short_summary_line_names_the_worst_ratio_and_the_nan_beside_it():
     unmeasured = CaseResult(case=BASE, status=Status.FAIL, reason="seed 0: dv contains NaN/Inf")
     assert row_line(unmeasured).text == f"FAIL {BASE.id}  NaN in dv"
     error = row(status=Status.ERROR, reason="RuntimeError: head_dim 192 > 128 is not supported")
-    assert row_line(error).text == f"ERROR {BASE.id}  the kernel raised (RuntimeError: head_dim 192 > 128 is not supported)"
-    ordered = worst_first([row_line(row({"dq": 2.0}, seqlen_q=64)), row_line(row({"dq": 8.0}, seqlen_q=96)), row_line(unmeasured)])
+    assert (
+        row_line(error).text
+        == f"ERROR {BASE.id}  the kernel raised (RuntimeError: head_dim 192 > 128 is not supported)"
+    )
+    ordered = worst_first(
+        [row_line(row({"dq": 2.0}, seqlen_q=64)), row_line(row({"dq": 8.0}, seqlen_q=96)), row_line(unmeasured)]
+    )
     assert [x.what for x in ordered] == ["NaN in dv", "dq 8x its bound", "dq 2x its bound"]
 
 
@@ -46,7 +55,10 @@ def test_13_failing_on_three_input_regimes_are_grouped_with_counts_of_cases():
     failing = {r.case_id: failures_of(r) for r in rows if r.status is Status.FAIL}
     groups = group_failures(rows, failing)
     assert [(g.axis, g.value, len(g.cases), g.of_value) for g in groups] == [
-        ("inputs", "shifted inputs", 6, 6), ("inputs", "large inputs", 4, 6), ("inputs", "outliers inputs", 3, 8)]
+        ("inputs", "shifted inputs", 6, 6),
+        ("inputs", "large inputs", 4, 6),
+        ("inputs", "outliers inputs", 3, 8),
+    ]
     assert sum(len(g.cases) for g in groups) == 13
     assert groups[0].text.startswith("6 cases with shifted inputs fail on dq: every case with shifted inputs fails (6)")
     assert "4 of the 6 cases with large inputs" in groups[1].text
@@ -65,11 +77,28 @@ def test_check_lines_one_per_case_worst_first_headroom_and_inconclusive_last():
     grown = row(seqlen_q=96)  # within its bound, grown past the headroom limit
     lost = row(seqlen_q=160)
     findings = [
-        Finding("tolerance", Severity.FAIL, bad.case_id, "ratio:dk", 0.4, 3.0, 1.0, f"{bad.case_id}: dk error is 3 x its bound"),
+        Finding(
+            "tolerance",
+            Severity.FAIL,
+            bad.case_id,
+            "ratio:dk",
+            0.4,
+            3.0,
+            1.0,
+            f"{bad.case_id}: dk error is 3 x its bound",
+        ),
         Finding("status", Severity.FAIL, bad.case_id, "status", "PASS", "FAIL", None, f"{bad.case_id} newly fails: dk"),
         Finding("headroom", Severity.FAIL, grown.case_id, "ratio:dk", 0.2, 0.9, 0.4, f"{grown.case_id}: dk ratio grew"),
-        Finding("tensor_dropped", Severity.INCONCLUSIVE, lost.case_id, "ratio:lse", 0.2, None, None,
-                f"{lost.case_id}: lse was measured in the baseline, not any more, so it is not validated; accept it"),
+        Finding(
+            "tensor_dropped",
+            Severity.INCONCLUSIVE,
+            lost.case_id,
+            "ratio:lse",
+            0.2,
+            None,
+            None,
+            f"{lost.case_id}: lse was measured in the baseline, not any more, so it is not validated; accept it",
+        ),
         Finding("improvement", Severity.WARN, lost.case_id, "ratio:dq", 0.5, 0.1, 0.25, "not blocking"),
     ]
     lines = check_lines(findings, {r.case_id: r for r in (bad, grown, lost)})

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
@@ -37,8 +36,10 @@ def project(folder: Path, function: str) -> Path:
     """A repository whose own kernel `mine` is tests.regime_kernels:FUNCTION."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "pyproject.toml"
-    path.write_text(f'[tool.attn-gate]\nbaselines_dir = "{(folder / "baselines").as_posix()}"\n'
-                    f'[tool.attn-gate.kernels.mine]\ndense = "tests.regime_kernels:{function}"\n' + SUITE)
+    path.write_text(
+        f'[tool.attn-gate]\nbaselines_dir = "{(folder / "baselines").as_posix()}"\n'
+        f'[tool.attn-gate.kernels.mine]\ndense = "tests.regime_kernels:{function}"\n' + SUITE
+    )
     return path
 
 
@@ -46,8 +47,9 @@ def gate(config: Path, *argv: str) -> int:
     with pytest.MonkeyPatch.context() as mp, contextlib.chdir(ROOT):
         mp.delenv("GITHUB_STEP_SUMMARY", raising=False)
         mp.setenv("COLUMNS", "120")
-        return main([*argv, "--kernel", "mine", "--suite", "tiny", "--device", "cpu", "--no-progress",
-                     "--config", str(config)])
+        return main(
+            [*argv, "--kernel", "mine", "--suite", "tiny", "--device", "cpu", "--no-progress", "--config", str(config)]
+        )
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +93,7 @@ def test_the_refusal_names_each_case_worst_first_with_its_reason_and_what_they_s
 
 def test_the_printed_declaration_works_exactly_as_printed(refused, tmp_path):
     tmp, config, _, err = refused
-    block = err[err.index("[[tool.attn-gate.known_failures]]"):]
+    block = err[err.index("[[tool.attn-gate.known_failures]]") :]
     repo = tmp_path / "repo"
     pasted = project(repo, "shifted_nan_dv")
     pasted.write_text(pasted.read_text() + "\n" + block)
@@ -109,8 +111,11 @@ def test_the_printed_declaration_works_exactly_as_printed(refused, tmp_path):
     fixed = pasted.read_text().replace("regime_kernels:shifted_nan_dv", "regime_kernels:fixed")
     pasted.write_text(fixed)
     assert gate(pasted, "check", "--out", str(tmp_path / "fixed")) == 0
-    xpass = [f for f in json.loads((tmp_path / "fixed" / "findings-mine-tiny.json").read_text())["findings"]
-             if f["rule"] == "xpass"]
+    xpass = [
+        f
+        for f in json.loads((tmp_path / "fixed" / "findings-mine-tiny.json").read_text())["findings"]
+        if f["rule"] == "xpass"
+    ]
     assert {f["case_id"] for f in xpass} == SHIFTED and all("delete the entry" in f["message"] for f in xpass)
 
 
@@ -120,7 +125,10 @@ def test_known_records_them_in_one_command(refused, tmp_path, capsys):
     config = project(repo, "shifted_nan_dv")
     before = config.read_text()
     saved = tmp / "out" / "sweep-mine-tiny.json"
-    assert gate(config, "baseline", "update", "--from-results", str(saved), "--known", "loses the LSE on shifted inputs") == 0
+    assert (
+        gate(config, "baseline", "update", "--from-results", str(saved), "--known", "loses the LSE on shifted inputs")
+        == 0
+    )
     out = capsys.readouterr().out
     assert f"appended to {config}" in out and 'reason = "loses the LSE on shifted inputs"' in out  # never silently
     text = config.read_text()
@@ -129,11 +137,14 @@ def test_known_records_them_in_one_command(refused, tmp_path, capsys):
     assert gate(config, "check", "--results", str(saved), "--out", str(tmp_path / "check")) == 0
 
 
-@pytest.mark.parametrize("argv,words", [
-    (["--known", "x", "--link", "see slack"], "link = 'see slack' should be the upstream issue"),
-    (["--known", " "], "--known: give one line saying why"),
-    (["--link", "https://x.org/1"], "--link goes with --known"),
-])
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["--known", "x", "--link", "see slack"], "link = 'see slack' should be the upstream issue"),
+        (["--known", " "], "--known: give one line saying why"),
+        (["--link", "https://x.org/1"], "--link goes with --known"),
+    ],
+)
 def test_a_bad_known_flag_is_a_usage_error_and_writes_nothing(refused, tmp_path, capsys, argv, words):
     tmp, _, _, _ = refused
     repo = tmp_path / "repo"
@@ -156,16 +167,22 @@ def test_known_for_another_projects_kernel_needs_a_link(refused):
         declare_known(other, load_config(config), "why", "")
 
 
-@pytest.mark.parametrize("kernel,family,ok", [
-    ("mine", True, True),  # the project's own kernel family: no upstream to link to
-    ("mypkg.attn:*", False, True),  # a package.module:function pattern
-    ("fa2", False, False),  # another project's kernel: its upstream issue is required
-    ("mine", False, False),  # a name no [tool.attn-gate.kernels] of this file declares
-])
+@pytest.mark.parametrize(
+    "kernel,family,ok",
+    [
+        ("mine", True, True),  # the project's own kernel family: no upstream to link to
+        ("mypkg.attn:*", False, True),  # a package.module:function pattern
+        ("fa2", False, False),  # another project's kernel: its upstream issue is required
+        ("mine", False, False),  # a name no [tool.attn-gate.kernels] of this file declares
+    ],
+)
 def test_link_is_optional_only_for_the_projects_own_kernel(tmp_path, kernel, family, ok):
     path = tmp_path / "pyproject.toml"
-    path.write_text("[tool.attn-gate]\n" + ('[tool.attn-gate.kernels.mine]\ndense = "m:f"\n' if family else "")
-                    + f'[[tool.attn-gate.known_failures]]\nkernel = "{kernel}"\ncases = "x"\nreason = "r"\n')
+    path.write_text(
+        "[tool.attn-gate]\n"
+        + ('[tool.attn-gate.kernels.mine]\ndense = "m:f"\n' if family else "")
+        + f'[[tool.attn-gate.known_failures]]\nkernel = "{kernel}"\ncases = "x"\nreason = "r"\n'
+    )
     if ok:
         assert load_config(path).known_failures[0].link == ""
     else:

@@ -13,7 +13,6 @@ import contextlib
 import copy
 import io
 import json
-import math
 import shutil
 import tempfile
 from pathlib import Path
@@ -26,10 +25,16 @@ from gate.commands.main import main
 from gate.core.config import Config
 from gate.workflow.sweep import run_sweep
 
-SUITE = ('[tool.attn-gate.suites.fz]\nseeds = [0]\n[[tool.attn-gate.suites.fz.matrix]]\n'
-         'dtype = ["fp32"]\nbatch = [1]\nseqlens = ["8", "9", "10"]\nheads = ["2"]\nhead_dims = ["8"]\n')
-SETTINGS = settings(max_examples=20, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+SUITE = (
+    "[tool.attn-gate.suites.fz]\nseeds = [0]\n[[tool.attn-gate.suites.fz.matrix]]\n"
+    'dtype = ["fp32"]\nbatch = [1]\nseqlens = ["8", "9", "10"]\nheads = ["2"]\nhead_dims = ["8"]\n'
+)
+SETTINGS = settings(
+    max_examples=20,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +55,15 @@ def project(tmp_path_factory):
     return root, json.loads(results.read_text()), json.loads(baseline.read_text())
 
 
-JUNK = st.one_of(st.none(), st.booleans(), st.integers(min_value=-10**30, max_value=10**30), st.text(max_size=8),
-                 st.sampled_from(["nan", "inf", "-inf", float("nan"), float("inf"), -1.0, 1e300, "../../x", "a/b", [], {}]),
-                 st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+JUNK = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**30), max_value=10**30),
+    st.text(max_size=8),
+    st.sampled_from(["nan", "inf", "-inf", float("nan"), float("inf"), -1.0, 1e300, "../../x", "a/b", [], {}]),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
 BAD_NUMBERS = st.sampled_from(["nan", "inf", "-inf", -1.0, -1e-9])
 
 
@@ -92,13 +103,13 @@ def mutated(draw, original: dict, ratio_paths):
             data[key] = data[key][:keep]
         else:
             ids = sorted(data[key])
-            data[key] = {k: data[key][k] for k in ids[:draw(st.integers(min_value=0, max_value=len(ids) - 1))]}
+            data[key] = {k: data[key][k] for k in ids[: draw(st.integers(min_value=0, max_value=len(ids) - 1))]}
         must_fail = "lost cases"
     text = json.dumps(data, indent=1)
     if kind == "duplicate_key":
         text = text.replace('"suite":', '"suite": "x", "suite":', 1)
     elif kind == "truncate":
-        text = text[:draw(st.integers(min_value=0, max_value=len(text) - 1))]
+        text = text[: draw(st.integers(min_value=0, max_value=len(text) - 1))]
     elif kind == "nest":
         text = text[:-2] + ', "deep": ' + "[" * 100_000 + "]" * 100_000 + "}\n"
     return text, must_fail
@@ -170,14 +181,42 @@ def test_fuzzed_baselines(project):
     check()
 
 
-TOML_VALUES = st.sampled_from(["nan", "inf", "-1", "0", "1e300", '"x"', "[]", "[nan]", "{}", "true", '"../../x"', "3",
-                               '["bf16"]', "[[1, 2]]", '"', "[1, 2, 3]"])
-TOML_KEYS = st.sampled_from([
-    "[tool.attn-gate]\nbaselines_dir", "[tool.attn-gate.verdict]\nheadroom_factor", "[tool.attn-gate.verdict]\nheadroom_step",
-    "[tool.attn-gate.perf]\nalpha", "[tool.attn-gate.tolerance]\nmult_dq", "[tool.attn-gate.isolation]\ncase_timeout_s",
-    "[tool.attn-gate.cpu]\nkernel", "[tool.attn-gate]\nperf", "[tool.attn-gate]\nverdict", "[tool.attn-gate]\nsuites",
-    "[tool.attn-gate.suites.fz.matrix.0]\nsoftcap", "[tool.attn-gate]\nunknown",
-])
+TOML_VALUES = st.sampled_from(
+    [
+        "nan",
+        "inf",
+        "-1",
+        "0",
+        "1e300",
+        '"x"',
+        "[]",
+        "[nan]",
+        "{}",
+        "true",
+        '"../../x"',
+        "3",
+        '["bf16"]',
+        "[[1, 2]]",
+        '"',
+        "[1, 2, 3]",
+    ]
+)
+TOML_KEYS = st.sampled_from(
+    [
+        "[tool.attn-gate]\nbaselines_dir",
+        "[tool.attn-gate.verdict]\nheadroom_factor",
+        "[tool.attn-gate.verdict]\nheadroom_step",
+        "[tool.attn-gate.perf]\nalpha",
+        "[tool.attn-gate.tolerance]\nmult_dq",
+        "[tool.attn-gate.isolation]\ncase_timeout_s",
+        "[tool.attn-gate.cpu]\nkernel",
+        "[tool.attn-gate]\nperf",
+        "[tool.attn-gate]\nverdict",
+        "[tool.attn-gate]\nsuites",
+        "[tool.attn-gate.suites.fz.matrix.0]\nsoftcap",
+        "[tool.attn-gate]\nunknown",
+    ]
+)
 
 
 def test_fuzzed_configs(project):
@@ -189,9 +228,16 @@ def test_fuzzed_configs(project):
     def check(key, value):
         config = root / "fuzzed.toml"
         section, name = key.split("\n")
-        body = f'[tool.attn-gate]\nbaselines_dir = "baselines"\n{SUITE}' if section != "[tool.attn-gate]" or name == "perf" else SUITE
-        text = (f"{section}\n{name} = {value}\n" + body) if section == "[tool.attn-gate]" and name != "baselines_dir" \
+        body = (
+            f'[tool.attn-gate]\nbaselines_dir = "baselines"\n{SUITE}'
+            if section != "[tool.attn-gate]" or name == "perf"
+            else SUITE
+        )
+        text = (
+            (f"{section}\n{name} = {value}\n" + body)
+            if section == "[tool.attn-gate]" and name != "baselines_dir"
             else f"{body}\n{section}\n{name} = {value}\n"
+        )
         if name == "baselines_dir":
             text = f"[tool.attn-gate]\nbaselines_dir = {value}\n{SUITE}"
         config.write_text(text)
@@ -247,8 +293,12 @@ def leaf_paths(data, skip=()):
     return [p for p, v in paths_of(data) if p and not isinstance(v, (dict, list)) and not under(p, skip)]
 
 
-ORACLE_SETTINGS = settings(max_examples=25, deadline=None, derandomize=True,
-                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+ORACLE_SETTINGS = settings(
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 
 def oracle(kind: str, path, value, code: int, err: str, reread) -> None:
@@ -257,7 +307,8 @@ def oracle(kind: str, path, value, code: int, err: str, reread) -> None:
         return
     got = get_at(reread(), path)
     assert got is not MISSING and norm(got) == norm(value), (
-        f"{kind}: exit 0 with {'.'.join(map(str, path))} = {value!r} in the file, but the reader used {got!r}")
+        f"{kind}: exit 0 with {'.'.join(map(str, path))} = {value!r} in the file, but the reader used {got!r}"
+    )
 
 
 def _reread(reader, path: Path):
@@ -372,10 +423,17 @@ def test_oracle_findings_files(tmp_path):
     from gate.commands.check import last_failed
     from gate.core.errors import UserError
 
-    good = {"schema_version": 2, "kind": "attn-gate findings", "verdict": "FAIL", "context": {"kernel": "k", "suite": "s"},
-            "findings": [{"rule": "tolerance", "severity": "FAIL", "case_id": "fp32-b1-h2-s16-d8", "metric": "ratio:out"},
-                         {"rule": "speed", "severity": "INCONCLUSIVE", "case_id": "fp32-b1-h2-s17-d8", "metric": "x"},
-                         {"rule": "headroom", "severity": "OK", "case_id": "fp32-b1-h2-s18-d8", "metric": "ratio:dq"}]}
+    good = {
+        "schema_version": 2,
+        "kind": "attn-gate findings",
+        "verdict": "FAIL",
+        "context": {"kernel": "k", "suite": "s"},
+        "findings": [
+            {"rule": "tolerance", "severity": "FAIL", "case_id": "fp32-b1-h2-s16-d8", "metric": "ratio:out"},
+            {"rule": "speed", "severity": "INCONCLUSIVE", "case_id": "fp32-b1-h2-s17-d8", "metric": "x"},
+            {"rule": "headroom", "severity": "OK", "case_id": "fp32-b1-h2-s18-d8", "metric": "ratio:dq"},
+        ],
+    }
 
     @ORACLE_SETTINGS
     @given(st.data())
@@ -394,8 +452,15 @@ def test_oracle_findings_files(tmp_path):
         rows = mutated["findings"]
         ids = [r["case_id"] for r in rows]
         expected = {r["case_id"] for r in rows if r["severity"] in ("FAIL", "INCONCLUSIVE") and r["case_id"]}
-        assert {cid for cid in ids if isinstance(cid, str) and re.search(regex, cid)} == expected, (target, value, regex)
-        assert all(r["severity"] in ("FAIL", "INCONCLUSIVE", "WARN", "KNOWN", "INFO", "OK") for r in rows), (target, value)
+        assert {cid for cid in ids if isinstance(cid, str) and re.search(regex, cid)} == expected, (
+            target,
+            value,
+            regex,
+        )
+        assert all(r["severity"] in ("FAIL", "INCONCLUSIVE", "WARN", "KNOWN", "INFO", "OK") for r in rows), (
+            target,
+            value,
+        )
 
     check()
 
@@ -439,15 +504,51 @@ def test_oracle_journal_rows(project, tmp_path):
     check()
 
 
-CONFIG_KEYS = [("verdict", "headroom_factor"), ("verdict", "headroom_step"), ("verdict", "improvement_factor"),
-               ("perf", "alpha"), ("perf", "rounds"), ("perf", "confirm_rounds"), ("perf", "calls_per_round"),
-               ("perf", "regression_pct"), ("perf", "max_noise_pct"), ("perf", "noise_k"), ("perf", "min_rounds"),
-               ("tolerance", "mult_dq"), ("tolerance", "fp32_factor"), ("isolation", "case_timeout_s"),
-               ("isolation", "timeout_s_per_gflop"), ("cpu", "kernel"), ("cpu", "suite")]
-CONFIG_VALUES = st.one_of(st.sampled_from(["nan", "inf", "-inf", "-1", "0", "1e308", "1e-300", '"x"', "[]", "{}", "true",
-                                           "1000000000", "3", "0.5", "1.5", "10", '"sdpa-cpu"', '"fz"']),
-                          st.floats(allow_nan=False, allow_infinity=False).map(repr),
-                          st.integers(min_value=-10**6, max_value=10**12).map(str))
+CONFIG_KEYS = [
+    ("verdict", "headroom_factor"),
+    ("verdict", "headroom_step"),
+    ("verdict", "improvement_factor"),
+    ("perf", "alpha"),
+    ("perf", "rounds"),
+    ("perf", "confirm_rounds"),
+    ("perf", "calls_per_round"),
+    ("perf", "regression_pct"),
+    ("perf", "max_noise_pct"),
+    ("perf", "noise_k"),
+    ("perf", "min_rounds"),
+    ("tolerance", "mult_dq"),
+    ("tolerance", "fp32_factor"),
+    ("isolation", "case_timeout_s"),
+    ("isolation", "timeout_s_per_gflop"),
+    ("cpu", "kernel"),
+    ("cpu", "suite"),
+]
+CONFIG_VALUES = st.one_of(
+    st.sampled_from(
+        [
+            "nan",
+            "inf",
+            "-inf",
+            "-1",
+            "0",
+            "1e308",
+            "1e-300",
+            '"x"',
+            "[]",
+            "{}",
+            "true",
+            "1000000000",
+            "3",
+            "0.5",
+            "1.5",
+            "10",
+            '"sdpa-cpu"',
+            '"fz"',
+        ]
+    ),
+    st.floats(allow_nan=False, allow_infinity=False).map(repr),
+    st.integers(min_value=-(10**6), max_value=10**12).map(str),
+)
 
 
 def test_oracle_config_values(tmp_path):

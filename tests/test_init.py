@@ -25,8 +25,11 @@ FAMILY = ["--dense", "tiny_attn:flash_attn_func", "--varlen", "tiny_attn:flash_a
 
 
 def snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
-    return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns)
-            for p in sorted(root.rglob("*")) if p.is_file() and ".git" not in p.parts}
+    return {
+        str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and ".git" not in p.parts
+    }
 
 
 @pytest.fixture
@@ -51,16 +54,20 @@ def test_this_repository_is_the_templates_rendered_with_its_parameters():
     files = I.render_files(ci)
     assert len(files) == 18
     drift = [rel for rel, text in files.items() if (ROOT / rel).read_text(encoding="utf-8") != text]
-    assert not drift, f"{drift} differ from gate/workflow/templates/ rendered with [tool.attn-gate.ci]: edit the " \
-                      f"template, then re-render (tests/test_init.py shows how)"
+    assert not drift, (
+        f"{drift} differ from gate/workflow/templates/ rendered with [tool.attn-gate.ci]: edit the "
+        f"template, then re-render (tests/test_init.py shows how)"
+    )
     assert I.check(ROOT) == []
 
 
 def test_a_users_files_differ_from_ours_only_in_the_parameters(repo):
     """Every line that differs between our rendering and a user's holds a parameter's value."""
     assert run_init(repo, *FAMILY) == 0
-    ours, theirs = I.template_values(load_config(ROOT / "pyproject.toml").ci), \
-        I.template_values(load_config(repo / "pyproject.toml").ci)
+    ours, theirs = (
+        I.template_values(load_config(ROOT / "pyproject.toml").ci),
+        I.template_values(load_config(repo / "pyproject.toml").ci),
+    )
     for name in I.WORKFLOWS:
         a = (ROOT / ".github/workflows" / f"{name}.yml").read_text().splitlines()
         b = (repo / ".github/workflows" / f"{name}.yml").read_text().splitlines()
@@ -76,26 +83,31 @@ def test_render_fills_placeholders_and_refuses_unknown_ones():
         I.render("a: @@z@@\n", {"x": "1"})
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"repository": "no-slash"}, "OWNER/REPO"),
-    ({"setup": "pip install ${{ github.event.comment.body }}"}, "cannot stand in a workflow"),
-    ({"setup": "pip install x # y"}, "cannot stand in a workflow"),
-    ({"runner_labels": ("self-hosted", "a b")}, "runner labels"),
-    ({"owners": "maintainers"}, "@user"),
-    ({"owners": 'x$(id)"@y'}, "@user"),  # GitHub skips a line whose owner it cannot read
-    ({"owners": "@org/team @x$(id)"}, "@user"),
-    ({"owners": "@org/team/sub"}, "@user"),
-    ({"owners": "a@b"}, "@user"),  # an email needs a domain with a dot
-    ({"protected": ("tests/", "requirements**")}, "protected"),
-    ({"ci_run": ""}, "ci_run is empty"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"repository": "no-slash"}, "OWNER/REPO"),
+        ({"setup": "pip install ${{ github.event.comment.body }}"}, "cannot stand in a workflow"),
+        ({"setup": "pip install x # y"}, "cannot stand in a workflow"),
+        ({"runner_labels": ("self-hosted", "a b")}, "runner labels"),
+        ({"owners": "maintainers"}, "@user"),
+        ({"owners": 'x$(id)"@y'}, "@user"),  # GitHub skips a line whose owner it cannot read
+        ({"owners": "@org/team @x$(id)"}, "@user"),
+        ({"owners": "@org/team/sub"}, "@user"),
+        ({"owners": "a@b"}, "@user"),  # an email needs a domain with a dot
+        ({"protected": ("tests/", "requirements**")}, "protected"),
+        ({"ci_run": ""}, "ci_run is empty"),
+    ],
+)
 def test_parameters_that_would_break_a_workflow_are_refused(change, words):
     ci = load_config(ROOT / "pyproject.toml").ci
     with pytest.raises(UserError, match=words):
         I.render_files(CiConfig(**{**ci.__dict__, **change}))
 
 
-@pytest.mark.parametrize("owners", ["@octocat", "@my-org/gate-maintainers", "@org/team.x @user dev.ops+ci@example.co.uk"])
+@pytest.mark.parametrize(
+    "owners", ["@octocat", "@my-org/gate-maintainers", "@org/team.x @user dev.ops+ci@example.co.uk"]
+)
 def test_owners_github_accepts_render(owners):
     ci = load_config(ROOT / "pyproject.toml").ci
     assert owners in I.render_files(CiConfig(**{**ci.__dict__, "owners": owners}))[".github/CODEOWNERS"]
@@ -140,7 +152,9 @@ def test_init_never_overwrites_without_force(repo, capsys):
     assert (repo / "asv.conf.json").read_text() == '{"mine": true}\n'
     assert "asv.conf.json: kept (differs" in capsys.readouterr().out
     assert run_init(repo, "--kernel", "tiny_attn:flash_attn_func", "--force", "--gpu-class", "h100") == 0
-    assert (repo / "asv.conf.json").read_text() == I.render_files(load_config(repo / "pyproject.toml").ci)["asv.conf.json"]
+    assert (repo / "asv.conf.json").read_text() == I.render_files(load_config(repo / "pyproject.toml").ci)[
+        "asv.conf.json"
+    ]
     text = (repo / "pyproject.toml").read_text()
     assert text.count("[tool.attn-gate]") == 1 and '"h100"' in text and "[project]" in text
 
@@ -158,7 +172,11 @@ def test_check_is_quiet_when_equal_and_shows_drift_after_a_template_change(repo,
     monkeypatch.setattr(I, "TEMPLATES", templates)
     assert main(["init", "--check", "--dir", str(repo)]) == 1
     out = capsys.readouterr().out
-    assert "drift: .github/workflows/vet.yml" in out and "-    timeout-minutes: 10" in out and "+    timeout-minutes: 12" in out
+    assert (
+        "drift: .github/workflows/vet.yml" in out
+        and "-    timeout-minutes: 10" in out
+        and "+    timeout-minutes: 12" in out
+    )
     assert "17 of 18 files equal, 1 drift" in out
 
 
@@ -173,8 +191,9 @@ def test_non_interactive_init_without_a_kernel_says_which_flag(repo, capsys):
 
 
 def test_interactive_init_asks(repo, monkeypatch):
-    answers = iter(["dense=tiny_attn:flash_attn_func,varlen=tiny_attn:flash_attn_varlen_func", "a100", "smoke", "me/tiny",
-                    "@me"])
+    answers = iter(
+        ["dense=tiny_attn:flash_attn_func,varlen=tiny_attn:flash_attn_varlen_func", "a100", "smoke", "me/tiny", "@me"]
+    )
     options = I.resolve(I.InitOptions(), repo, from_direct_url(None, "0.1.0"), lambda q, d: next(answers))
     assert options.entries == (("dense", "tiny_attn:flash_attn_func"), ("varlen", "tiny_attn:flash_attn_varlen_func"))
     assert (options.gpu_class, options.suite, options.repository, options.owners) == ("a100", "smoke", "me/tiny", "@me")
@@ -188,6 +207,13 @@ def test_the_repository_defaults_to_the_origin_remote(repo):
 
 def test_the_admin_checklist_fences_the_pr_pool_and_keeps_the_runner_read_only():
     text = "\n".join(I.admin_checklist(load_config(ROOT / "pyproject.toml").ci))
-    for words in ("own network segment", "169.254.169.254", "no\n   instance role", "egress only to GitHub",
-                  "no route to\n   the trusted pool", ".credentials", "Keep @runner"):
+    for words in (
+        "own network segment",
+        "169.254.169.254",
+        "no\n   instance role",
+        "egress only to GitHub",
+        "no route to\n   the trusted pool",
+        ".credentials",
+        "Keep @runner",
+    ):
         assert words in text, words

@@ -38,8 +38,23 @@ def test_the_docs_named_are_shipped_and_printable(capsys):
 def test_every_link_init_writes_or_prints_resolves(tmp_path, capsys, monkeypatch):
     repo = tmp_path / "tiny-attn"
     shutil.copytree(ROOT / "examples" / "tiny-attn", repo, ignore=shutil.ignore_patterns("__pycache__"))
-    assert main(["init", "--dir", str(repo), "--yes", "--repository", "me/tiny", "--kernel", "tiny_attn:flash_attn_func",
-                 "--install", "attn-gate==0.1.0"]) == 0
+    assert (
+        main(
+            [
+                "init",
+                "--dir",
+                str(repo),
+                "--yes",
+                "--repository",
+                "me/tiny",
+                "--kernel",
+                "tiny_attn:flash_attn_func",
+                "--install",
+                "attn-gate==0.1.0",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     local = S.from_direct_url('{"url": "file:///tmp/attn_gate-0.1.0-py3-none-any.whl", "archive_info": {}}', "0.1.0")
     monkeypatch.setattr(init_command, "installed_source", lambda version: local)
@@ -48,8 +63,10 @@ def test_every_link_init_writes_or_prints_resolves(tmp_path, capsys, monkeypatch
     assert "attn-gate docs adopt" in refusal  # a refusal names a page too
     printed += refusal
     ci = load_config(repo / "pyproject.toml").ci
-    texts = {rel: (repo / rel).read_text() for rel in I.render_files(ci)} | {"stdout": printed,
-                                                                             "pyproject.toml": (repo / "pyproject.toml").read_text()}
+    texts = {rel: (repo / rel).read_text() for rel in I.render_files(ci)} | {
+        "stdout": printed,
+        "pyproject.toml": (repo / "pyproject.toml").read_text(),
+    }
     urls, pages = set(), set()
     for rel, text in texts.items():
         u, p = links(text)

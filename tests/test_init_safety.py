@@ -21,7 +21,9 @@ KERNEL = ["--kernel", "tiny_attn:flash_attn_func"]
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()}
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()
+    }
 
 
 @pytest.fixture
@@ -59,7 +61,11 @@ def test_placeholders_are_written_only_when_asked_and_are_the_first_todo(repo, c
     assert init(repo, *KERNEL, "--placeholders") == 0
     out = capsys.readouterr().out
     todo = out.split("TODO before the files work:\n", 1)[1].splitlines()
-    assert todo[0].startswith("1. replace the placeholders") and "'OWNER/REPO'" in todo[0] and "@OWNER/maintainers" in todo[0]
+    assert (
+        todo[0].startswith("1. replace the placeholders")
+        and "'OWNER/REPO'" in todo[0]
+        and "@OWNER/maintainers" in todo[0]
+    )
     assert load_config(repo / "pyproject.toml").ci.repository == "OWNER/REPO"
     # --check does not call placeholder files "equal"
     assert main(["init", "--check", "--dir", str(repo)]) == 1
@@ -133,8 +139,11 @@ def test_force_replaces_a_link_and_never_writes_its_target(repo, tmp_path, capsy
     assert init(repo, *KERNEL, "--repository", "me/tiny", "--force") == 0
     assert outside.read_text() == "mine\n"
     gate_yml = repo / ".github/workflows/gate.yml"
-    assert not gate_yml.is_symlink() and gate_yml.read_text() == I.render_files(load_config(repo / "pyproject.toml").ci)[
-        ".github/workflows/gate.yml"]
+    assert (
+        not gate_yml.is_symlink()
+        and gate_yml.read_text()
+        == I.render_files(load_config(repo / "pyproject.toml").ci)[".github/workflows/gate.yml"]
+    )
 
 
 def test_a_linked_folder_is_refused_before_anything_is_written(repo, tmp_path, capsys):
@@ -159,9 +168,14 @@ def test_a_linked_pyproject_is_refused(repo, tmp_path, capsys):
 # --- a pyproject.toml or a layout init cannot edit ---------------------------------------------
 
 
-@pytest.mark.parametrize("extra", ['\n[tool]\nattn-gate.baselines_dir = "b"\n',
-                                   '\n[tool]\n"attn-gate" = { baselines_dir = "b" }\n',
-                                   '\n[tool.attn-gate.gpu]\nsuite = "pr"\n[tool]\nattn-gate.baselines_dir = "b"\n'])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        '\n[tool]\nattn-gate.baselines_dir = "b"\n',
+        '\n[tool]\n"attn-gate" = { baselines_dir = "b" }\n',
+        '\n[tool.attn-gate.gpu]\nsuite = "pr"\n[tool]\nattn-gate.baselines_dir = "b"\n',
+    ],
+)
 @pytest.mark.parametrize("force", [False, True])
 def test_a_section_of_dotted_keys_is_refused_and_the_file_kept(repo, capsys, extra, force):
     with (repo / "pyproject.toml").open("a") as fh:
@@ -195,15 +209,18 @@ def test_a_file_named_github_is_one_line(repo, capsys):
     assert ".github is a file where init needs a folder" in err
 
 
-@pytest.mark.parametrize("args, flag", [
-    (["--kernel", "tiny_attn:flash_attn_func", "--suite", "nosuch"], "--suite 'nosuch'"),
-    (["--kernel", "tiny_attn:flash_attn_func", "--cpu-suite", "nosuch"], "--cpu-suite 'nosuch'"),
-    (["--kernel", "tiny_attn:flash_attn_func", "--nightly-suite", "../x"], "--nightly-suite '../x'"),
-    (["--kernel", "not a kernel!"], "--kernel 'not a kernel!'"),
-    (["--kernel", "tiny_attn:flash_attn_func", "--gpu-class", "../h200"], "--gpu-class"),
-    (["--kernel", "tiny_attn:flash_attn_func", "--repository", "not a repo"], "--repository 'not a repo'"),
-    (["--dense", "tiny_attn:flash_attn_func", "--family", "a/b"], "--family"),
-])
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["--kernel", "tiny_attn:flash_attn_func", "--suite", "nosuch"], "--suite 'nosuch'"),
+        (["--kernel", "tiny_attn:flash_attn_func", "--cpu-suite", "nosuch"], "--cpu-suite 'nosuch'"),
+        (["--kernel", "tiny_attn:flash_attn_func", "--nightly-suite", "../x"], "--nightly-suite '../x'"),
+        (["--kernel", "not a kernel!"], "--kernel 'not a kernel!'"),
+        (["--kernel", "tiny_attn:flash_attn_func", "--gpu-class", "../h200"], "--gpu-class"),
+        (["--kernel", "tiny_attn:flash_attn_func", "--repository", "not a repo"], "--repository 'not a repo'"),
+        (["--dense", "tiny_attn:flash_attn_func", "--family", "a/b"], "--family"),
+    ],
+)
 def test_a_bad_name_is_refused_naming_its_flag(repo, capsys, args, flag):
     args = args if "--repository" in args else [*args, "--repository", "me/tiny"]
     assert flag in refused(repo, capsys, *args)

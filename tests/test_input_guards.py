@@ -16,8 +16,10 @@ from gate.core.errors import UserError
 from gate.core.files import FolderLock
 from gate.workflow.sweep import run_sweep
 
-SUITE = ('[tool.attn-gate.suites.g]\nseeds = [0]\n[[tool.attn-gate.suites.g.matrix]]\n'
-         'dtype = ["fp32"]\nbatch = [1]\nseqlens = ["8", "9"]\nheads = ["2"]\nhead_dims = ["8"]\n')
+SUITE = (
+    "[tool.attn-gate.suites.g]\nseeds = [0]\n[[tool.attn-gate.suites.g.matrix]]\n"
+    'dtype = ["fp32"]\nbatch = [1]\nseqlens = ["8", "9"]\nheads = ["2"]\nhead_dims = ["8"]\n'
+)
 
 
 @pytest.fixture
@@ -80,6 +82,7 @@ def _infinite_error(status):
         row = d["cases"][0]
         row["status"], row["reason"] = status, "lse over the bound"
         row["tensors"]["lse"].update(max_err="inf", mean_err="inf", ratio="inf")
+
     return change
 
 
@@ -95,8 +98,11 @@ def test_an_infinite_error_is_a_fail_row_that_reads_back(project, capsys):
 def test_an_infinite_error_on_a_pass_row_is_refused(project, capsys):
     proj, config, results, _ = project
     edit(results, _infinite_error("PASS"))
-    refused(["check", "--results", str(results), "--config", str(config), "--out", str(proj / "out")], capsys,
-            "status PASS contradicts")
+    refused(
+        ["check", "--results", str(results), "--config", str(config), "--out", str(proj / "out")],
+        capsys,
+        "status PASS contradicts",
+    )
 
 
 def test_a_baseline_keeps_an_infinite_error_on_a_failing_row_only(project, capsys):
@@ -110,8 +116,15 @@ def test_a_baseline_keeps_an_infinite_error_on_a_failing_row_only(project, capsy
     row.update(status="FAIL", reason="out over the bound")
     failing = CaseBaseline.from_dict(json.loads(json.dumps(row)), "fp32-b1-h2-s8-d8")
     assert failing.tensors["out"].ratio == math.inf
-    huge = dict(row, tensors={**row["tensors"], "out": dict(row["tensors"]["out"], max_err=1.6e6 * row["tensors"]["out"]["bound"],
-                                                           mean_err=1.0, ratio=1.6e6)})
+    huge = dict(
+        row,
+        tensors={
+            **row["tensors"],
+            "out": dict(
+                row["tensors"]["out"], max_err=1.6e6 * row["tensors"]["out"]["bound"], mean_err=1.0, ratio=1.6e6
+            ),
+        },
+    )
     assert CaseBaseline.from_dict(huge, "fp32-b1-h2-s8-d8").tensors["out"].ratio == 1.6e6
     with pytest.raises(ValueError, match="status PASS contradicts"):
         CaseBaseline.from_dict(dict(row, status="PASS"), "fp32-b1-h2-s8-d8")
@@ -124,8 +137,9 @@ def test_a_nan_error_in_a_results_file_is_refused(project, capsys):
     """The writer stores a NaN as inf: a NaN read back is a forged or damaged file."""
     proj, config, results, _ = project
     edit(results, lambda d: d["cases"][0]["tensors"]["lse"].update(max_err="nan"))
-    refused(["check", "--results", str(results), "--config", str(config), "--out", str(proj / "out")], capsys,
-            "lse.max_err")
+    refused(
+        ["check", "--results", str(results), "--config", str(config), "--out", str(proj / "out")], capsys, "lse.max_err"
+    )
 
 
 def test_a_path_in_gpu_class_or_suite_is_refused(project, capsys, tmp_path):
@@ -144,19 +158,43 @@ def test_a_key_twice_in_a_json_file_is_refused(project, capsys):
 def test_a_baseline_that_lost_cases_is_refused(project, capsys):
     proj, config, results, baseline = project
     edit(baseline, lambda d: d["correctness"].pop("fp32-b1-h2-s9-d8"))
-    refused(["check", "--results", str(results), "--config", str(config), "--out", str(proj / "out")], capsys,
-            "lacks 1 of the 2 cases")
+    refused(
+        ["check", "--results", str(results), "--config", str(config), "--out", str(proj / "out")],
+        capsys,
+        "lacks 1 of the 2 cases",
+    )
     edit(baseline, lambda d: d.update(correctness={}))
-    refused(["check", "--results", str(results), "--config", str(config), "--out", str(proj / "out")], capsys,
-            "lacks 2 of the 2 cases")
+    refused(
+        ["check", "--results", str(results), "--config", str(config), "--out", str(proj / "out")],
+        capsys,
+        "lacks 2 of the 2 cases",
+    )
 
 
 def test_out_inside_the_baselines_folder_is_refused(project, capsys):
     proj, config, results, _ = project
-    refused(["check", "--results", str(results), "--config", str(config), "--out", str(proj / "baselines" / "cpu")],
-            capsys, "inside the baselines folder")
-    refused(["sweep", "--kernel", "sdpa-cpu", "--suite", "g", "--config", str(config), "--device", "cpu",
-             "--out", str(proj / "baselines")], capsys, "inside the baselines folder")
+    refused(
+        ["check", "--results", str(results), "--config", str(config), "--out", str(proj / "baselines" / "cpu")],
+        capsys,
+        "inside the baselines folder",
+    )
+    refused(
+        [
+            "sweep",
+            "--kernel",
+            "sdpa-cpu",
+            "--suite",
+            "g",
+            "--config",
+            str(config),
+            "--device",
+            "cpu",
+            "--out",
+            str(proj / "baselines"),
+        ],
+        capsys,
+        "inside the baselines folder",
+    )
     assert sorted(p.name for p in (proj / "baselines" / "cpu").iterdir()) == ["sdpa-cpu-g.json"]
 
 
@@ -164,8 +202,11 @@ def test_a_second_baseline_update_at_once_is_refused(project, capsys):
     proj, config, results, baseline = project
     before = baseline.read_bytes()
     with FolderLock(proj / "baselines"):
-        refused(["baseline", "update", "--from-results", str(results), "--config", str(config)], capsys,
-                "another attn-gate run is writing there")
+        refused(
+            ["baseline", "update", "--from-results", str(results), "--config", str(config)],
+            capsys,
+            "another attn-gate run is writing there",
+        )
     assert baseline.read_bytes() == before
     assert main(["baseline", "update", "--from-results", str(results), "--config", str(config)]) == 0
 
@@ -188,19 +229,60 @@ def test_config_paths_are_relative_to_the_config_file(tmp_path, monkeypatch):
     assert load_config(None).baselines_dir == "baselines"  # ./pyproject.toml absent: the defaults, as before
 
 
-@pytest.mark.parametrize("flag,value,words", [("--workers", "-1", "--workers"), ("--case-timeout", "0", "--case-timeout"),
-                                              ("--case-timeout", "nan", "--case-timeout"), ("--shard", "3/2", "--shard")])
+@pytest.mark.parametrize(
+    "flag,value,words",
+    [
+        ("--workers", "-1", "--workers"),
+        ("--case-timeout", "0", "--case-timeout"),
+        ("--case-timeout", "nan", "--case-timeout"),
+        ("--shard", "3/2", "--shard"),
+    ],
+)
 def test_run_options_out_of_range_are_usage_errors(project, capsys, flag, value, words):
     proj, config, _, _ = project
-    refused(["sweep", "--kernel", "sdpa-cpu", "--suite", "g", "--config", str(config), "--device", "cpu",
-             "--out", str(proj / "o"), flag, value], capsys, words)
+    refused(
+        [
+            "sweep",
+            "--kernel",
+            "sdpa-cpu",
+            "--suite",
+            "g",
+            "--config",
+            str(config),
+            "--device",
+            "cpu",
+            "--out",
+            str(proj / "o"),
+            flag,
+            value,
+        ],
+        capsys,
+        words,
+    )
     assert not (proj / "o").exists()
 
 
 def test_check_refuses_to_run_the_kernel_in_the_deciding_process(project, capsys):
     proj, config, _, _ = project
-    refused(["check", "--kernel", "sdpa-cpu", "--suite", "g", "--config", str(config), "--device", "cpu",
-             "--out", str(proj / "o"), "--workers", "0"], capsys, "--workers 0")
+    refused(
+        [
+            "check",
+            "--kernel",
+            "sdpa-cpu",
+            "--suite",
+            "g",
+            "--config",
+            str(config),
+            "--device",
+            "cpu",
+            "--out",
+            str(proj / "o"),
+            "--workers",
+            "0",
+        ],
+        capsys,
+        "--workers 0",
+    )
     assert not (proj / "o").exists()
 
 
@@ -211,11 +293,27 @@ def test_a_summary_path_that_is_a_fifo_is_refused_and_left_alone(project, capsys
     proj, config, results, baseline = project
     fifo = proj / "fifo"
     os.mkfifo(fifo)
-    refused(["baseline", "update", "--from-results", str(results), "--config", str(config), "--summary", str(fifo)],
-            capsys, "not a regular file")
+    refused(
+        ["baseline", "update", "--from-results", str(results), "--config", str(config), "--summary", str(fifo)],
+        capsys,
+        "not a regular file",
+    )
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
-    assert main(["baseline", "update", "--from-results", str(results), "--config", str(config), "--summary",
-                 str(proj / "summary.md")]) == 0
+    assert (
+        main(
+            [
+                "baseline",
+                "update",
+                "--from-results",
+                str(results),
+                "--config",
+                str(config),
+                "--summary",
+                str(proj / "summary.md"),
+            ]
+        )
+        == 0
+    )
 
 
 def test_an_unwritable_step_summary_does_not_turn_a_pass_into_an_error(project, capsys, monkeypatch):
@@ -233,12 +331,17 @@ def test_an_all_skip_baseline_is_refused(project, capsys):
             c.update(status="SKIP", tensors={})
 
     edit(baseline, all_skip)
-    refused(["check", "--results", str(results), "--config", str(config), "--out", str(proj / "out")], capsys,
-            "every case of the baseline is SKIP")
+    refused(
+        ["check", "--results", str(results), "--config", str(config), "--out", str(proj / "out")],
+        capsys,
+        "every case of the baseline is SKIP",
+    )
 
 
-@pytest.mark.parametrize("line,words", [("softcap = [nan]", "softcap must be a finite number"),
-                                        ("softcap = [inf]", "softcap must be a finite number")])
+@pytest.mark.parametrize(
+    "line,words",
+    [("softcap = [nan]", "softcap must be a finite number"), ("softcap = [inf]", "softcap must be a finite number")],
+)
 def test_a_non_finite_softcap_is_refused(tmp_path, line, words):
     cfg = tmp_path / "pyproject.toml"
     cfg.write_text(SUITE + line + "\n")

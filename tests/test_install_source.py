@@ -22,40 +22,72 @@ def record(**fields) -> str:
     return json.dumps(fields)
 
 
-@pytest.mark.parametrize("text, kind, requirement", [
-    (None, "index", "attn-gate==0.1.0"),
-    (record(url=URL, vcs_info={"vcs": "git", "commit_id": COMMIT, "requested_revision": "main"}), "vcs",
-     f"attn-gate @ git+{URL}@{COMMIT}"),
-    (record(url="git@github.com:someone/attn-gate.git", vcs_info={"vcs": "git", "commit_id": COMMIT}), "vcs",
-     f"attn-gate @ git+git@github.com:someone/attn-gate.git@{COMMIT}"),
-    (record(url="https://files.example.com/attn_gate-0.1.0-py3-none-any.whl", archive_info={"hashes": {"sha256": "ab" * 32}}),
-     "archive", "attn-gate @ https://files.example.com/attn_gate-0.1.0-py3-none-any.whl#sha256=" + "ab" * 32),
-    # what a runner cannot reach: a local clone, a local wheel, a checkout (editable or not)
-    (record(url="file:///home/me/attn-gate", vcs_info={"vcs": "git", "commit_id": COMMIT}), "local", None),
-    (record(url="file:///tmp/dist/attn_gate-0.1.0-py3-none-any.whl", archive_info={"hashes": {"sha256": "ab" * 32}}),
-     "local", None),
-    (record(url="file:///home/me/attn-gate", dir_info={"editable": True}), "local", None),
-    (record(url=URL, vcs_info={"vcs": "git", "commit_id": "not-a-sha"}), "local", None),
-    ("{not json", "local", None),
-    ("[1, 2]", "local", None),
-])
+@pytest.mark.parametrize(
+    "text, kind, requirement",
+    [
+        (None, "index", "attn-gate==0.1.0"),
+        (
+            record(url=URL, vcs_info={"vcs": "git", "commit_id": COMMIT, "requested_revision": "main"}),
+            "vcs",
+            f"attn-gate @ git+{URL}@{COMMIT}",
+        ),
+        (
+            record(url="git@github.com:someone/attn-gate.git", vcs_info={"vcs": "git", "commit_id": COMMIT}),
+            "vcs",
+            f"attn-gate @ git+git@github.com:someone/attn-gate.git@{COMMIT}",
+        ),
+        (
+            record(
+                url="https://files.example.com/attn_gate-0.1.0-py3-none-any.whl",
+                archive_info={"hashes": {"sha256": "ab" * 32}},
+            ),
+            "archive",
+            "attn-gate @ https://files.example.com/attn_gate-0.1.0-py3-none-any.whl#sha256=" + "ab" * 32,
+        ),
+        # what a runner cannot reach: a local clone, a local wheel, a checkout (editable or not)
+        (record(url="file:///home/me/attn-gate", vcs_info={"vcs": "git", "commit_id": COMMIT}), "local", None),
+        (
+            record(
+                url="file:///tmp/dist/attn_gate-0.1.0-py3-none-any.whl", archive_info={"hashes": {"sha256": "ab" * 32}}
+            ),
+            "local",
+            None,
+        ),
+        (record(url="file:///home/me/attn-gate", dir_info={"editable": True}), "local", None),
+        (record(url=URL, vcs_info={"vcs": "git", "commit_id": "not-a-sha"}), "local", None),
+        ("{not json", "local", None),
+        ("[1, 2]", "local", None),
+    ],
+)
 def test_the_direct_url_record_gives_the_requirement(text, kind, requirement):
     source = S.from_direct_url(text, "0.1.0")
     assert (source.kind, source.requirement) == (kind, requirement)
 
 
-@pytest.mark.parametrize("line, source, why", [
-    ('pip install -q "attn-gate==0.1.0" -e .', S.from_direct_url(None, "0.1.0"), None),
-    ('pip install -q "attn-gate==0.0.9" -e .', S.from_direct_url(None, "0.1.0"), "installs 'attn-gate==0.0.9'"),
-    ('pip install -q "attn-gate==0.1.0" -e .', S.InstallSource("vcs", f"attn-gate @ git+{URL}@{COMMIT}", f"git+{URL}@{COMMIT}"),
-     f"came from git+{URL}@{COMMIT}"),
-    (f'pip install -q "attn-gate @ git+{URL}@{COMMIT}" -e .',
-     S.InstallSource("vcs", f"attn-gate @ git+{URL}@{COMMIT}", "x"), None),
-    (f'pip install -q "attn-gate @ git+{URL}@{"0" * 40}" -e .',
-     S.InstallSource("vcs", f"attn-gate @ git+{URL}@{COMMIT}", "x"), "installs 'attn-gate @ git+"),
-    ('pip install -q "attn-gate==0.0.9"', S.InstallSource("local", None, "a source checkout"), "is version 0.1.0"),
-    ("bash scripts/setup.sh", S.from_direct_url(None, "0.1.0"), None),  # a script installs it: nothing to compare
-])
+@pytest.mark.parametrize(
+    "line, source, why",
+    [
+        ('pip install -q "attn-gate==0.1.0" -e .', S.from_direct_url(None, "0.1.0"), None),
+        ('pip install -q "attn-gate==0.0.9" -e .', S.from_direct_url(None, "0.1.0"), "installs 'attn-gate==0.0.9'"),
+        (
+            'pip install -q "attn-gate==0.1.0" -e .',
+            S.InstallSource("vcs", f"attn-gate @ git+{URL}@{COMMIT}", f"git+{URL}@{COMMIT}"),
+            f"came from git+{URL}@{COMMIT}",
+        ),
+        (
+            f'pip install -q "attn-gate @ git+{URL}@{COMMIT}" -e .',
+            S.InstallSource("vcs", f"attn-gate @ git+{URL}@{COMMIT}", "x"),
+            None,
+        ),
+        (
+            f'pip install -q "attn-gate @ git+{URL}@{"0" * 40}" -e .',
+            S.InstallSource("vcs", f"attn-gate @ git+{URL}@{COMMIT}", "x"),
+            "installs 'attn-gate @ git+",
+        ),
+        ('pip install -q "attn-gate==0.0.9"', S.InstallSource("local", None, "a source checkout"), "is version 0.1.0"),
+        ("bash scripts/setup.sh", S.from_direct_url(None, "0.1.0"), None),  # a script installs it: nothing to compare
+    ],
+)
 def test_an_install_line_that_cannot_give_this_attn_gate_is_named(line, source, why):
     found = S.mismatch(line, source, "0.1.0")
     assert found is None if why is None else why in found
@@ -69,7 +101,17 @@ def repo(tmp_path):
 
 
 def init_args(repo: Path, *more: str) -> list[str]:
-    return ["init", "--dir", str(repo), "--yes", "--repository", "me/tiny", "--kernel", "tiny_attn:flash_attn_func", *more]
+    return [
+        "init",
+        "--dir",
+        str(repo),
+        "--yes",
+        "--repository",
+        "me/tiny",
+        "--kernel",
+        "tiny_attn:flash_attn_func",
+        *more,
+    ]
 
 
 def test_init_writes_the_requirement_this_attn_gate_came_from(repo, monkeypatch):
@@ -105,7 +147,9 @@ def test_init_check_flags_an_install_line_the_installed_attn_gate_cannot_come_fr
     assert "18 of 18 files equal" in out and "to fix" in out
 
 
-@pytest.mark.parametrize("value", ['attn-gate" && curl x | sh', "attn-gate==$(id)", "attn-gate`id`", "attn-gate; rm -rf ."])
+@pytest.mark.parametrize(
+    "value", ['attn-gate" && curl x | sh', "attn-gate==$(id)", "attn-gate`id`", "attn-gate; rm -rf ."]
+)
 def test_an_install_value_that_would_escape_its_shell_word_is_refused(repo, capsys, value):
     assert main(init_args(repo, "--install", value)) == 2
     assert "--install" in capsys.readouterr().err

@@ -27,16 +27,18 @@ def suite_config(tmp_path: Path, seqlens: list[int], name: str = "tiny") -> Path
     path = tmp_path / "gate.toml"
     path.write_text(
         f'[tool.attn-gate]\nbaselines_dir = "{tmp_path / "baselines"}"\n'
-        f'[tool.attn-gate.suites.{name}]\nseeds = [0]\n[[tool.attn-gate.suites.{name}.matrix]]\n'
-        f'dtype = ["fp32"]\nbatch = [1]\nseqlens = {json.dumps([str(s) for s in seqlens])}\nheads = ["2"]\nhead_dims = ["8"]\n')
+        f"[tool.attn-gate.suites.{name}]\nseeds = [0]\n[[tool.attn-gate.suites.{name}.matrix]]\n"
+        f'dtype = ["fp32"]\nbatch = [1]\nseqlens = {json.dumps([str(s) for s in seqlens])}\nheads = ["2"]\nhead_dims = ["8"]\n'
+    )
     return path
 
 
 def cli(args: list[str], cwd: Path, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
     """`attn-gate ARGS` in a fresh process run from `cwd` (tests.fault_kernels imports through PYTHONPATH)."""
     full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "gate", *args], cwd=cwd, env=full, capture_output=True, text=True,
-                          timeout=300, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "gate", *args], cwd=cwd, env=full, capture_output=True, text=True, timeout=300, **kw
+    )
 
 
 def rows(out_dir: Path) -> dict[str, dict]:
@@ -52,8 +54,25 @@ def test_each_fault_is_an_error_row_of_its_case_and_the_other_cases_are_measured
     work.mkdir()
     out = work / "results"
     started = time.monotonic()
-    run = cli(["sweep", "--kernel", "tests.fault_kernels:faulty", "--suite", "tiny", "--device", "cpu", "--config",
-               str(config), "--out", "results", "--case-timeout", "8", "--no-progress"], cwd=work)
+    run = cli(
+        [
+            "sweep",
+            "--kernel",
+            "tests.fault_kernels:faulty",
+            "--suite",
+            "tiny",
+            "--device",
+            "cpu",
+            "--config",
+            str(config),
+            "--out",
+            "results",
+            "--case-timeout",
+            "8",
+            "--no-progress",
+        ],
+        cwd=work,
+    )
     assert run.returncode == 1, run.stderr
     assert time.monotonic() - started < 120
     assert "Traceback" not in run.stderr
@@ -62,9 +81,12 @@ def test_each_fault_is_an_error_row_of_its_case_and_the_other_cases_are_measured
     assert sorted(p.name for p in work.iterdir()) == ["results"]  # nothing else written where it ran
     got = rows(out)
     expected = {
-        "fp32-b1-h2-s17-d8": "exited with code 0", "fp32-b1-h2-s18-d8": "exited with code 3",
-        "fp32-b1-h2-s19-d8": "killed by SIGABRT", "fp32-b1-h2-s20-d8": "killed by SIGSEGV",
-        "fp32-b1-h2-s21-d8": "timed out after 8 s", "fp32-b1-h2-s22-d8": "changed the working directory",
+        "fp32-b1-h2-s17-d8": "exited with code 0",
+        "fp32-b1-h2-s18-d8": "exited with code 3",
+        "fp32-b1-h2-s19-d8": "killed by SIGABRT",
+        "fp32-b1-h2-s20-d8": "killed by SIGSEGV",
+        "fp32-b1-h2-s21-d8": "timed out after 8 s",
+        "fp32-b1-h2-s22-d8": "changed the working directory",
     }
     for case_id, words in expected.items():
         assert got[case_id]["status"] == "ERROR" and words in got[case_id]["reason"], got[case_id]
@@ -79,8 +101,25 @@ def test_each_fault_is_an_error_row_of_its_case_and_the_other_cases_are_measured
 def test_a_kernel_that_patches_the_measurement_in_its_process_still_fails(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     config = suite_config(tmp_path, [16])
-    assert main(["sweep", "--kernel", "tests.fault_kernels:cheats", "--suite", "tiny", "--device", "cpu", "--config",
-                 str(config), "--out", str(tmp_path / "out"), "--no-progress"]) == 1
+    assert (
+        main(
+            [
+                "sweep",
+                "--kernel",
+                "tests.fault_kernels:cheats",
+                "--suite",
+                "tiny",
+                "--device",
+                "cpu",
+                "--config",
+                str(config),
+                "--out",
+                str(tmp_path / "out"),
+                "--no-progress",
+            ]
+        )
+        == 1
+    )
     row = rows(tmp_path / "out")["fp32-b1-h2-s16-d8"]
     # the worker's fingerprint sees the gate's own functions replaced: its reply is not trusted
     assert row["status"] == "ERROR" and "gate.correctness.run_case" in row["reason"] and "replaced" in row["reason"]
@@ -90,8 +129,27 @@ def test_a_kernel_that_patches_the_measurement_in_its_process_still_fails(tmp_pa
 
     saved = (rc.measure, rc.validate_outputs, rc.measure_seed)
     try:
-        assert main(["sweep", "--kernel", "tests.fault_kernels:cheats", "--suite", "tiny", "--device", "cpu", "--config",
-                     str(config), "--out", str(tmp_path / "inproc"), "--no-progress", "--workers", "0"]) == 0
+        assert (
+            main(
+                [
+                    "sweep",
+                    "--kernel",
+                    "tests.fault_kernels:cheats",
+                    "--suite",
+                    "tiny",
+                    "--device",
+                    "cpu",
+                    "--config",
+                    str(config),
+                    "--out",
+                    str(tmp_path / "inproc"),
+                    "--no-progress",
+                    "--workers",
+                    "0",
+                ]
+            )
+            == 0
+        )
     finally:
         rc.measure, rc.validate_outputs, rc.measure_seed = saved
 
@@ -101,8 +159,17 @@ def test_check_with_a_kernel_that_exits_zero_fails_closed_with_its_outputs_writt
     """The issue's headline: os._exit(0) in one case made `check` exit 0 with nothing written."""
     monkeypatch.chdir(ROOT)
     config = suite_config(tmp_path, [16, 17, 18])
-    common = ["--kernel", "tests.fault_kernels:by_env", "--suite", "tiny", "--device", "cpu", "--config", str(config),
-              "--no-progress"]
+    common = [
+        "--kernel",
+        "tests.fault_kernels:by_env",
+        "--suite",
+        "tiny",
+        "--device",
+        "cpu",
+        "--config",
+        str(config),
+        "--no-progress",
+    ]
     assert main(["baseline", "update", *common, "--out", str(tmp_path / "base-run")]) == 0
     monkeypatch.setenv("ATTN_GATE_TEST_FAULT", "exit0")  # the workers inherit it
     assert main(["check", *common, "--out", str(tmp_path / "out")]) == 1
@@ -126,8 +193,13 @@ def test_a_killed_check_resumes_with_only_the_missing_cases_and_the_same_verdict
     out = tmp_path / "out"
     journal = out / "journal-tests.fault_kernels_by_env-tiny.jsonl"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ATTN_GATE_TEST_SLOW": "0.7"}
-    proc = subprocess.Popen([sys.executable, "-m", "gate", "check", *common, "--out", str(out)], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gate", "check", *common, "--out", str(out)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not (journal.is_file() and len(journal.read_text().splitlines()) >= 3):
         time.sleep(0.1)
@@ -140,7 +212,7 @@ def test_a_killed_check_resumes_with_only_the_missing_cases_and_the_same_verdict
     assert main(["check", *common, "--out", str(out), "--resume"]) == 0
     assert f"{len(before) - 1} of {len(seqlens)} cases are done" in capsys.readouterr().err
     after = journal.read_text().splitlines()
-    assert after[:len(before)] == before and len(after) == 1 + len(seqlens)  # only the missing cases ran
+    assert after[: len(before)] == before and len(after) == 1 + len(seqlens)  # only the missing cases ran
     assert main(["check", "--results", str(results), "--config", str(config), "--out", str(tmp_path / "judged")]) == 0
 
     def verdict(folder: Path) -> dict:
@@ -155,8 +227,20 @@ def test_a_killed_check_resumes_with_only_the_missing_cases_and_the_same_verdict
 def test_resume_refuses_a_journal_of_another_run(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     config = suite_config(tmp_path, [16, 17])
-    args = ["sweep", "--kernel", "sdpa-cpu", "--suite", "tiny", "--device", "cpu", "--config", str(config),
-            "--out", str(tmp_path / "out"), "--no-progress"]
+    args = [
+        "sweep",
+        "--kernel",
+        "sdpa-cpu",
+        "--suite",
+        "tiny",
+        "--device",
+        "cpu",
+        "--config",
+        str(config),
+        "--out",
+        str(tmp_path / "out"),
+        "--no-progress",
+    ]
     assert main(args) == 0
     assert main(args + ["--resume", "--only", "s16"]) == 2
     assert "only was None, now 's16'" in capsys.readouterr().err
@@ -169,11 +253,27 @@ def test_shards_merge_into_the_sweep_a_single_run_writes(tmp_path, monkeypatch, 
     """Fields that differ by nature: started_at (earliest shard), wall_s (longest shard), each case's seconds."""
     monkeypatch.chdir(ROOT)
     config = suite_config(tmp_path, [16, 17, 18, 19, 33])
-    common = ["sweep", "--kernel", "sdpa-cpu", "--suite", "tiny", "--device", "cpu", "--config", str(config), "--no-progress"]
+    common = [
+        "sweep",
+        "--kernel",
+        "sdpa-cpu",
+        "--suite",
+        "tiny",
+        "--device",
+        "cpu",
+        "--config",
+        str(config),
+        "--no-progress",
+    ]
     for k in (1, 2):
         assert main(common + ["--out", str(tmp_path / f"s{k}"), "--shard", f"{k}/2"]) == 0
     assert main(common + ["--out", str(tmp_path / "whole"), "--workers", "0"]) == 0  # in process: the same numbers
-    assert main(["merge", str(tmp_path / "s1"), str(tmp_path / "s2"), "--config", str(config), "--out", str(tmp_path / "m")]) == 0
+    assert (
+        main(
+            ["merge", str(tmp_path / "s1"), str(tmp_path / "s2"), "--config", str(config), "--out", str(tmp_path / "m")]
+        )
+        == 0
+    )
 
     def load(folder):
         data = json.loads(next((tmp_path / folder).glob("sweep-*.json")).read_text())
@@ -200,20 +300,37 @@ def test_shards_merge_into_the_sweep_a_single_run_writes(tmp_path, monkeypatch, 
     edited["environment"]["torch"] = "0.0"
     (other / s1.name).write_text(json.dumps(edited))
     bad = {
-        "twice": [str(tmp_path / "s1"), str(tmp_path / "s1")], "missing": [str(tmp_path / "s1")],
-        "environment torch": [str(other), str(tmp_path / "s2")], "not a shard": [str(tmp_path / "whole"), str(tmp_path / "s2")],
+        "twice": [str(tmp_path / "s1"), str(tmp_path / "s1")],
+        "missing": [str(tmp_path / "s1")],
+        "environment torch": [str(other), str(tmp_path / "s2")],
+        "not a shard": [str(tmp_path / "whole"), str(tmp_path / "s2")],
     }
     for words, folders in bad.items():
         assert main(["merge", *folders, "--config", str(config), "--out", str(tmp_path / "never")]) == 2
         err = capsys.readouterr().err
         assert words in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "never").exists()
-    assert main(["merge", str(tmp_path / "s1"), str(tmp_path / "s2"), "--config", str(config), "--out", str(tmp_path / "s1")]) == 2
+    assert (
+        main(
+            [
+                "merge",
+                str(tmp_path / "s1"),
+                str(tmp_path / "s2"),
+                "--config",
+                str(config),
+                "--out",
+                str(tmp_path / "s1"),
+            ]
+        )
+        == 2
+    )
 
 
 def test_shard_parts_are_deterministic_balanced_and_cover_the_suite():
-    cases = [Case.build(batch=1, seqlen_q=s, seqlen_k=s, heads_q=2, heads_kv=2, head_dim=64, head_dim_v=64, dtype="bf16")
-             for s in (1, 97, 128, 256, 512, 1000, 2048, 4096, 33, 64)]
+    cases = [
+        Case.build(batch=1, seqlen_q=s, seqlen_k=s, heads_q=2, heads_kv=2, head_dim=64, head_dim_v=64, dtype="bf16")
+        for s in (1, 97, 128, 256, 512, 1000, 2048, 4096, 33, 64)
+    ]
     for n in (1, 2, 3, 4):
         parts = assign(cases, n)
         assert parts == assign(cases, n) and set(parts) <= set(range(1, n + 1))
@@ -233,8 +350,25 @@ def test_a_second_run_on_the_same_out_folder_is_refused(tmp_path, monkeypatch, c
     monkeypatch.chdir(ROOT)
     config = suite_config(tmp_path, [16])
     with FolderLock(tmp_path / "out"):
-        assert main(["sweep", "--kernel", "sdpa-cpu", "--suite", "tiny", "--device", "cpu", "--config", str(config),
-                     "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+        assert (
+            main(
+                [
+                    "sweep",
+                    "--kernel",
+                    "sdpa-cpu",
+                    "--suite",
+                    "tiny",
+                    "--device",
+                    "cpu",
+                    "--config",
+                    str(config),
+                    "--out",
+                    str(tmp_path / "out"),
+                    "--no-progress",
+                ]
+            )
+            == 2
+        )
     assert "another attn-gate run is writing there" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
@@ -245,10 +379,24 @@ def test_a_torn_last_journal_line_is_dropped_and_runs_again(tmp_path):
     from gate.core.results import CaseResult, Status
     from gate.workflow.journal import Journal, read_journal
 
-    case = Case.build(batch=1, seqlen_q=8, seqlen_k=8, heads_q=1, heads_kv=1, head_dim=8, head_dim_v=8, dtype="fp32", seeds=(0,))
-    other = Case.build(batch=1, seqlen_q=9, seqlen_k=9, heads_q=1, heads_kv=1, head_dim=8, head_dim_v=8, dtype="fp32", seeds=(0,))
-    header = {"kernel": "k", "suite": "s", "suite_hash": "h", "device": "cpu", "environment": {}, "tolerance": {},
-              "only": None, "checks": [], "shard": None, "started_at": "t0"}
+    case = Case.build(
+        batch=1, seqlen_q=8, seqlen_k=8, heads_q=1, heads_kv=1, head_dim=8, head_dim_v=8, dtype="fp32", seeds=(0,)
+    )
+    other = Case.build(
+        batch=1, seqlen_q=9, seqlen_k=9, heads_q=1, heads_kv=1, head_dim=8, head_dim_v=8, dtype="fp32", seeds=(0,)
+    )
+    header = {
+        "kernel": "k",
+        "suite": "s",
+        "suite_hash": "h",
+        "device": "cpu",
+        "environment": {},
+        "tolerance": {},
+        "only": None,
+        "checks": [],
+        "shard": None,
+        "started_at": "t0",
+    }
     journal = Journal(tmp_path / "journal.jsonl")
     journal.start(header, resume=False)
     journal.add(CaseResult(case=case, status=Status.SKIP, reason="r"))
@@ -269,10 +417,24 @@ def test_dropped_journal_cases_run_again_on_resume_and_the_old_journal_is_kept(t
     from gate.core.results import CaseResult, Status
     from gate.workflow.journal import Journal, drop_cases, journal_results, read_journal
 
-    cases = [Case.build(batch=1, seqlen_q=n, seqlen_k=n, heads_q=1, heads_kv=1, head_dim=8, head_dim_v=8, dtype="fp32", seeds=(0,))
-             for n in (8, 9, 10)]
-    header = {"kernel": "k", "suite": "s", "suite_hash": "h", "device": "cpu", "environment": {}, "tolerance": {},
-              "only": None, "checks": [], "shard": None, "started_at": "t0"}
+    cases = [
+        Case.build(
+            batch=1, seqlen_q=n, seqlen_k=n, heads_q=1, heads_kv=1, head_dim=8, head_dim_v=8, dtype="fp32", seeds=(0,)
+        )
+        for n in (8, 9, 10)
+    ]
+    header = {
+        "kernel": "k",
+        "suite": "s",
+        "suite_hash": "h",
+        "device": "cpu",
+        "environment": {},
+        "tolerance": {},
+        "only": None,
+        "checks": [],
+        "shard": None,
+        "started_at": "t0",
+    }
     journal = Journal(tmp_path / "journal.jsonl")
     journal.start(header, resume=False)
     for c, status in zip(cases, (Status.PASS, Status.ERROR, Status.SKIP)):

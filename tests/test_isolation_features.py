@@ -25,7 +25,9 @@ TOL = ToleranceConfig()
 
 
 def tiny(**kw) -> Case:
-    base = dict(batch=1, seqlen_q=17, seqlen_k=17, heads_q=2, heads_kv=2, head_dim=8, head_dim_v=8, dtype="fp32", seeds=(0,))
+    base = dict(
+        batch=1, seqlen_q=17, seqlen_k=17, heads_q=2, heads_kv=2, head_dim=8, head_dim_v=8, dtype="fp32", seeds=(0,)
+    )
     return Case.build(**{**base, **kw})
 
 
@@ -44,8 +46,20 @@ FEATURE_CASES = {
     "dropout_varlen": tiny(batch=2, seqlen_q=13, seqlen_k=13, varlen=(5, 13), dropout_p=0.2, causal=True),
     "determinism_probe": tiny(checks=("determinism",)),
     "sinks_dsink": tiny(sinks=True),
-    "decode_paged": tiny(batch=2, seqlen_q=2, seqlen_k=40, heads_q=4, heads_kv=2, dtype="bf16", entry="kvcache",
-                         cache_seqlens=(5, 30), cache_new=True, causal=True, page_size=8, shuffled_pages=True),
+    "decode_paged": tiny(
+        batch=2,
+        seqlen_q=2,
+        seqlen_k=40,
+        heads_q=4,
+        heads_kv=2,
+        dtype="bf16",
+        entry="kvcache",
+        cache_seqlens=(5, 30),
+        cache_new=True,
+        causal=True,
+        page_size=8,
+        shuffled_pages=True,
+    ),
     "decode_sinks": tiny(batch=2, seqlen_q=1, seqlen_k=24, entry="kvcache", cache_seqlens=(3, 20), sinks=True),
 }
 
@@ -101,26 +115,50 @@ def test_each_features_planted_bug_fails_through_the_worker_as_in_one_process(ke
     assert _row(isolated) == _row(here)
 
 
-DECODE = dict(batch=2, seqlen_q=2, seqlen_k=40, heads_q=4, heads_kv=2, dtype="bf16", entry="kvcache",
-              cache_seqlens=(5, 30), cache_new=True, causal=True, page_size=8, shuffled_pages=True)
+DECODE = dict(
+    batch=2,
+    seqlen_q=2,
+    seqlen_k=40,
+    heads_q=4,
+    heads_kv=2,
+    dtype="bf16",
+    entry="kvcache",
+    cache_seqlens=(5, 30),
+    cache_new=True,
+    causal=True,
+    page_size=8,
+    shuffled_pages=True,
+)
 # (family, case, what the row must say): a family's entry points are imported in the worker only
 FAMILIES = [
-    (KernelFamily(name="fam", kvcache="tests.entry_kernels:attn_with_kvcache_no_append"), tiny(**DECODE), "k_cache error"),
+    (
+        KernelFamily(name="fam", kvcache="tests.entry_kernels:attn_with_kvcache_no_append"),
+        tiny(**DECODE),
+        "k_cache error",
+    ),
     (KernelFamily(name="fam", kvcache="tests.entry_kernels:attn_with_kvcache_contiguous"), tiny(**DECODE), "error"),
-    (KernelFamily(name="fam", dense="tests.entry_kernels:attn_func_ignores_sink"), tiny(sinks=True), "dsink is missing"),
+    (
+        KernelFamily(name="fam", dense="tests.entry_kernels:attn_func_ignores_sink"),
+        tiny(sinks=True),
+        "dsink is missing",
+    ),
     (KernelFamily(name="fam", dense="tests.entry_kernels:attn_func", backward=False), tiny(), "forward-only"),
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family,case,words", FAMILIES, ids=["no_append", "pages_contiguous", "ignores_sink", "forward_only"])
+@pytest.mark.parametrize(
+    "family,case,words", FAMILIES, ids=["no_append", "pages_contiguous", "ignores_sink", "forward_only"]
+)
 def test_a_kernel_family_runs_in_the_worker_and_is_judged_as_in_one_process(family, case, words):
     from gate.kernels.user import FamilyAdapter
 
     here = run_case(FamilyAdapter(family), case, "cpu", TOL)
     with WorkerPool("fam", "cpu", 1, IsolationConfig(), family) as pool:
         isolated = pool.run_case(case, TOL, (), None)
-    assert words in here.reason and here.status is (Status.PASS if words == "forward-only" else Status.FAIL), here.reason
+    assert words in here.reason and here.status is (Status.PASS if words == "forward-only" else Status.FAIL), (
+        here.reason
+    )
     assert _row(isolated) == _row(here)
     if not family.backward:
         assert isolated.forward_only and not {"dq", "dk", "dv"} & {t.tensor for t in isolated.tensors}

@@ -16,7 +16,15 @@ from gate.commands.main import main
 from gate.compare.baselines import Baseline
 from gate.compare.findings import Finding, Severity, decide
 from gate.compare.known import (
-    UNATTRIBUTED, apply_known, coverage, refuse_unmatched, row_failures, rule_known, rule_unused, rule_version, rule_xpass,
+    UNATTRIBUTED,
+    apply_known,
+    coverage,
+    refuse_unmatched,
+    row_failures,
+    rule_known,
+    rule_unused,
+    rule_version,
+    rule_xpass,
     undeclared_failures,
 )
 from gate.compare.sweep_rules import compare
@@ -29,9 +37,19 @@ ROOT = Path(__file__).resolve().parent.parent
 LINK = "https://github.com/Dao-AILab/flash-attention/issues/895"
 
 
-def entry(index: int = 1, kernel: str = "k", cases: str = "s7", tensors=None, versions=None, strict=False) -> KnownFailure:
-    return KnownFailure(index=index, kernel=kernel, cases=cases, reason=f"bug {index}", link=LINK,
-                        tensors=tuple(tensors) if tensors else None, versions=versions, strict=strict)
+def entry(
+    index: int = 1, kernel: str = "k", cases: str = "s7", tensors=None, versions=None, strict=False
+) -> KnownFailure:
+    return KnownFailure(
+        index=index,
+        kernel=kernel,
+        cases=cases,
+        reason=f"bug {index}",
+        link=LINK,
+        tensors=tuple(tensors) if tensors else None,
+        versions=versions,
+        strict=strict,
+    )
 
 
 # ---------------------------------------------------------------- config: typed, validated
@@ -45,18 +63,21 @@ def load(tmp_path, body: str):
     return load_config(path)
 
 
-@pytest.mark.parametrize("body, words", [
-    (GOOD_ENTRY + "tensor = ['dq']\n", "#1: unknown key 'tensor'; known keys: kernel, cases, tensors"),
-    (GOOD_ENTRY.replace('reason = "r"\n', ""), "#1: reason is required"),
-    (GOOD_ENTRY.replace('link = "https://x.org/1"\n', ""), "#1: link is required"),
-    (GOOD_ENTRY.replace("https://x.org/1", "see slack"), "link = 'see slack' should be the upstream issue"),
-    (GOOD_ENTRY.replace('"causal"', '"causal("'), "cases = 'causal(' is not a regular expression"),
-    (GOOD_ENTRY + "tensors = ['dQ']\n", "tensors names 'dQ'; known names: out, lse, dq"),
-    (GOOD_ENTRY + "tensors = []\n", "should be a non-empty list"),
-    (GOOD_ENTRY + "versions = 'before 2.8'\n", "versions = 'before 2.8' is not a PEP 440 specifier"),
-    (GOOD_ENTRY + "strict = 'yes'\n", "strict = 'yes' should be true or false"),
-    (GOOD_ENTRY.replace('"fa2"', "3"), "kernel = 3 should be a kernel name or fnmatch pattern"),
-])
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        (GOOD_ENTRY + "tensor = ['dq']\n", "#1: unknown key 'tensor'; known keys: kernel, cases, tensors"),
+        (GOOD_ENTRY.replace('reason = "r"\n', ""), "#1: reason is required"),
+        (GOOD_ENTRY.replace('link = "https://x.org/1"\n', ""), "#1: link is required"),
+        (GOOD_ENTRY.replace("https://x.org/1", "see slack"), "link = 'see slack' should be the upstream issue"),
+        (GOOD_ENTRY.replace('"causal"', '"causal("'), "cases = 'causal(' is not a regular expression"),
+        (GOOD_ENTRY + "tensors = ['dQ']\n", "tensors names 'dQ'; known names: out, lse, dq"),
+        (GOOD_ENTRY + "tensors = []\n", "should be a non-empty list"),
+        (GOOD_ENTRY + "versions = 'before 2.8'\n", "versions = 'before 2.8' is not a PEP 440 specifier"),
+        (GOOD_ENTRY + "strict = 'yes'\n", "strict = 'yes' should be true or false"),
+        (GOOD_ENTRY.replace('"fa2"', "3"), "kernel = 3 should be a kernel name or fnmatch pattern"),
+    ],
+)
 def test_a_bad_declaration_names_file_entry_and_key(tmp_path, body, words):
     with pytest.raises(UserError) as err:
         load(tmp_path, body)
@@ -76,7 +97,9 @@ def test_a_good_declaration_is_typed(tmp_path):
 HARNESS_ROWS = {("sdpa-flash", "nightly"): {"bf16-b6-h8/2-s4224-d128-causal-drop0.1-varlen1.97.0.1000.513.4224"}}
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "baselines").glob("*/*.json")), ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "baselines").glob("*/*.json")), ids=lambda p: f"{p.parent.name}/{p.name}"
+)
 def test_every_failing_row_of_a_committed_baseline_is_declared_and_every_declaration_is_used(path):
     """The project's declarations and its baselines agree: each failing row is covered, and each
     declaration for the baseline's kernel covers a failing row (none is stale)."""
@@ -97,22 +120,27 @@ def test_every_failing_row_of_a_committed_baseline_is_declared_and_every_declara
             undeclared.append((case_id, sorted(set(failures) - set(covered))))
     assert undeclared == [], f"{path.name}: failing rows no known_failures entry covers"
     if b.suite == "pr":  # nightly-only entries may cover rows the pr baseline has not
-        assert sorted(e.index for e in entries if e.index not in used) == [], f"{path.name}: declarations that cover nothing"
+        assert sorted(e.index for e in entries if e.index not in used) == [], (
+            f"{path.name}: declarations that cover nothing"
+        )
 
 
 # ---------------------------------------------------------------- one table per rule
 
 
-@pytest.mark.parametrize("status, ratios, checks, reason, expected", [
-    ("PASS", {"out": 0.2, "dq": 0.9}, [], "", set()),
-    ("SKIP", {}, [], "no softcap", set()),
-    ("FAIL", {"out": 0.2, "dq": 1.5, "dk": math.nan}, [], "", {"dq", "dk"}),  # NaN never passes
-    ("FAIL", {"out": 0.2}, ["determinism"], "", {"determinism"}),
-    ("FAIL", {}, [], "seed 1: dq contains NaN/Inf", {"dq"}),  # refused before it was measured
-    ("FAIL", {}, [], "out has shape (1, 2), expected (2, 1)", {"out"}),
-    ("FAIL", {}, [], "something odd", {UNATTRIBUTED}),  # only a declaration without tensors covers it
-    ("ERROR", {}, [], "CUDA error", {"error"}),
-])
+@pytest.mark.parametrize(
+    "status, ratios, checks, reason, expected",
+    [
+        ("PASS", {"out": 0.2, "dq": 0.9}, [], "", set()),
+        ("SKIP", {}, [], "no softcap", set()),
+        ("FAIL", {"out": 0.2, "dq": 1.5, "dk": math.nan}, [], "", {"dq", "dk"}),  # NaN never passes
+        ("FAIL", {"out": 0.2}, ["determinism"], "", {"determinism"}),
+        ("FAIL", {}, [], "seed 1: dq contains NaN/Inf", {"dq"}),  # refused before it was measured
+        ("FAIL", {}, [], "out has shape (1, 2), expected (2, 1)", {"out"}),
+        ("FAIL", {}, [], "something odd", {UNATTRIBUTED}),  # only a declaration without tensors covers it
+        ("ERROR", {}, [], "CUDA error", {"error"}),
+    ],
+)
 def test_row_failures(status, ratios, checks, reason, expected):
     assert row_failures(status, ratios, checks, reason) == expected
 
@@ -128,16 +156,19 @@ def fail(rule: str, metric: str, current="FAIL") -> Finding:
     return Finding(rule, Severity.FAIL, "c", metric, None, current, None, f"c: {rule}")
 
 
-@pytest.mark.parametrize("finding, failures, declared, known", [
-    (fail("tolerance", "ratio:dq", 1.5), {"dq"}, ["dq"], True),
-    (fail("tolerance", "ratio:dk", 1.2), {"dq", "dk"}, ["dq"], False),  # not named: a new bug still fails
-    (fail("status", "status"), {"dq"}, ["dq"], True),
-    (fail("status", "status"), {"dq", "dk"}, ["dq"], False),  # the row fails on more than declared
-    (fail("status", "status", "ERROR"), {"error"}, ["dq"], False),
-    (fail("status", "status", "ERROR"), {"error"}, ["error"], True),
-    (fail("headroom", "ratio:dk", 0.9), {"dq"}, None, False),  # worse elsewhere: never covered
-    (Finding("removed_case", Severity.INCONCLUSIVE, "c", "status", "PASS", None, None, "gone"), set(), None, False),
-])
+@pytest.mark.parametrize(
+    "finding, failures, declared, known",
+    [
+        (fail("tolerance", "ratio:dq", 1.5), {"dq"}, ["dq"], True),
+        (fail("tolerance", "ratio:dk", 1.2), {"dq", "dk"}, ["dq"], False),  # not named: a new bug still fails
+        (fail("status", "status"), {"dq"}, ["dq"], True),
+        (fail("status", "status"), {"dq", "dk"}, ["dq"], False),  # the row fails on more than declared
+        (fail("status", "status", "ERROR"), {"error"}, ["dq"], False),
+        (fail("status", "status", "ERROR"), {"error"}, ["error"], True),
+        (fail("headroom", "ratio:dk", 0.9), {"dq"}, None, False),  # worse elsewhere: never covered
+        (Finding("removed_case", Severity.INCONCLUSIVE, "c", "status", "PASS", None, None, "gone"), set(), None, False),
+    ],
+)
 def test_rule_known(finding, failures, declared, known):
     e = entry(tensors=declared)
     f = rule_known(finding, frozenset(failures), coverage(failures, [e]))
@@ -146,15 +177,18 @@ def test_rule_known(finding, failures, declared, known):
         assert f.severity is Severity.KNOWN and f.entry == 1 and LINK in f.message and not f.severity.blocks
 
 
-@pytest.mark.parametrize("status, failures, measured, declared, strict, severity", [
-    ("PASS", set(), ["out", "dq", "dk", "dv"], ["dq"], False, Severity.WARN),
-    ("PASS", set(), ["out", "dq", "dk", "dv"], None, True, Severity.FAIL),  # strict: an XPASS fails
-    ("FAIL", {"dk"}, ["out", "dq", "dk", "dv"], ["dq"], False, Severity.WARN),  # dq passes now; dk is another bug
-    ("FAIL", {"dq"}, ["out", "dq", "dk", "dv"], ["dq"], False, None),  # still failing: the declaration holds
-    ("FAIL", {"dk"}, ["out"], ["dq"], False, None),  # dq not measured: unknown
-    ("ERROR", {"error"}, [], ["dq"], False, None),
-    ("SKIP", set(), [], None, False, None),
-])
+@pytest.mark.parametrize(
+    "status, failures, measured, declared, strict, severity",
+    [
+        ("PASS", set(), ["out", "dq", "dk", "dv"], ["dq"], False, Severity.WARN),
+        ("PASS", set(), ["out", "dq", "dk", "dv"], None, True, Severity.FAIL),  # strict: an XPASS fails
+        ("FAIL", {"dk"}, ["out", "dq", "dk", "dv"], ["dq"], False, Severity.WARN),  # dq passes now; dk is another bug
+        ("FAIL", {"dq"}, ["out", "dq", "dk", "dv"], ["dq"], False, None),  # still failing: the declaration holds
+        ("FAIL", {"dk"}, ["out"], ["dq"], False, None),  # dq not measured: unknown
+        ("ERROR", {"error"}, [], ["dq"], False, None),
+        ("SKIP", set(), [], None, False, None),
+    ],
+)
 def test_rule_xpass(status, failures, measured, declared, strict, severity):
     f = rule_xpass(entry(tensors=declared, strict=strict), "c", status, frozenset(failures), measured, 0, 1)
     assert (f.severity if f else None) is severity, f
@@ -167,15 +201,18 @@ def test_rule_xpass_advises_narrowing_while_other_cases_still_fail():
     assert "narrow its cases or tensors (3 of the 4 cases" in f.message
 
 
-@pytest.mark.parametrize("versions, version, applies", [
-    (None, "unknown", True),
-    (">=2.8,<2.8.4", "2.8.3", True),
-    (">=2.8,<2.8.4", "2.8.3.post2", True),
-    (">=2.8,<2.8.4", "2.8.4", False),  # the fix landed: judged as any other case
-    ("<2.14", "2.13.0+cpu", True),  # torch's local version
-    ("<2.14", "2.14.0.dev20261201", False),
-    ("<2.14", "unknown", False),  # cannot compare: not applied, fails closed
-])
+@pytest.mark.parametrize(
+    "versions, version, applies",
+    [
+        (None, "unknown", True),
+        (">=2.8,<2.8.4", "2.8.3", True),
+        (">=2.8,<2.8.4", "2.8.3.post2", True),
+        (">=2.8,<2.8.4", "2.8.4", False),  # the fix landed: judged as any other case
+        ("<2.14", "2.13.0+cpu", True),  # torch's local version
+        ("<2.14", "2.14.0.dev20261201", False),
+        ("<2.14", "unknown", False),  # cannot compare: not applied, fails closed
+    ],
+)
 def test_rule_version(versions, version, applies):
     f = rule_version(entry(versions=versions), version)
     assert (f is None) == applies, f
@@ -186,12 +223,15 @@ def test_rule_unused():
     assert rule_unused(entry(), 0).severity is Severity.INFO
 
 
-@pytest.mark.parametrize("kernel, cases, refused", [
-    ("k", "s7", False),
-    ("k", "s77", True),  # a typo: matches no case of any suite
-    ("k*", "s77", True),  # a pattern that names this kernel is checked too
-    ("other", "s77", False),  # another kernel's declaration is not checked against this run
-])
+@pytest.mark.parametrize(
+    "kernel, cases, refused",
+    [
+        ("k", "s7", False),
+        ("k", "s77", True),  # a typo: matches no case of any suite
+        ("k*", "s77", True),  # a pattern that names this kernel is checked too
+        ("other", "s77", False),  # another kernel's declaration is not checked against this run
+    ],
+)
 def test_refuse_unmatched(kernel, cases, refused):
     suites = {"smoke": ["bf16-b1-h1-s7-d8"], "pr": ["bf16-b1-h1-s9-d8"]}
     if refused:
@@ -221,7 +261,10 @@ def test_a_declared_failure_is_known_and_passes():
 def test_a_new_error_inside_a_declared_case_still_fails():
     worse = sweep(result(7, "FAIL", dq=1.6, out=0.2, dk=1.3, dv=0.3), result(8, out=0.2, dq=0.3, dk=0.3, dv=0.3))
     v = judged(worse, [entry(tensors=["dq"])])
-    assert not v.passed and {(f.rule, f.metric) for f in v.of(Severity.FAIL)} == {("tolerance", "ratio:dk"), ("status", "status")}
+    assert not v.passed and {(f.rule, f.metric) for f in v.of(Severity.FAIL)} == {
+        ("tolerance", "ratio:dk"),
+        ("status", "status"),
+    }
     # within its bound but past the baseline's headroom: the headroom rule still speaks
     looser = sweep(result(7, "FAIL", dq=1.6, out=0.2, dk=0.9, dv=0.3), result(8, out=0.2, dq=0.3, dk=0.3, dv=0.3))
     assert {f.rule for f in judged(looser, [entry(tensors=["dq"])]).of(Severity.FAIL)} == {"headroom"}
@@ -245,13 +288,15 @@ def test_undeclared_failures_for_baseline_update():
     run = sweep(result(7, "FAIL", dq=1.6, dk=1.2, out=0.2, dv=0.3), result(8, "ERROR", "boom"))
     assert undeclared_failures(run, []) == [("bf16-b1-h1-s7-d8", ["dk", "dq"]), ("bf16-b1-h1-s8-d8", ["error"])]
     assert undeclared_failures(run, [entry(tensors=["dq"]), entry(2, cases="s8")]) == [("bf16-b1-h1-s7-d8", ["dk"])]
-    assert undeclared_failures(run, [entry(), entry(2, cases="s8", versions=">=2")]) == [("bf16-b1-h1-s8-d8", ["error"])]
+    assert undeclared_failures(run, [entry(), entry(2, cases="s8", versions=">=2")]) == [
+        ("bf16-b1-h1-s8-d8", ["error"])
+    ]
 
 
 def test_the_comment_lists_known_failures_apart_with_their_link():
     v = judged(BASE, [entry(tensors=["dq"])])
     text = pr_comment(v, BASE, Baseline.from_sweep(BASE))
-    known = text[text.index("### Known failures"):]
+    known = text[text.index("### Known failures") :]
     assert "**#1** bug 1" in known and LINK in known and "`bf16-b1-h1-s7-d8`" in known
     assert "KNOWN" in text.split("\n")[3]  # the verdict line says so
 
@@ -283,16 +328,21 @@ def project(tmp_path: Path, name: str, function: str, known: str = DECLARED) -> 
     """A config whose kernel `planted` is tests.known_kernels:FUNCTION: the same kernel name (and
     baseline file) before and after the planted bug is fixed."""
     path = tmp_path / f"{name}.toml"
-    path.write_text(f'[tool.attn-gate]\nbaselines_dir = "{(tmp_path / "baselines").as_posix()}"\n'
-                    f'[tool.attn-gate.kernels.planted]\ndense = "tests.known_kernels:{function}"\n' + SUITE + known)
+    path.write_text(
+        f'[tool.attn-gate]\nbaselines_dir = "{(tmp_path / "baselines").as_posix()}"\n'
+        f'[tool.attn-gate.kernels.planted]\ndense = "tests.known_kernels:{function}"\n' + SUITE + known
+    )
     return path
 
 
 def gate(*argv: str) -> int:
     with pytest.MonkeyPatch.context() as mp, contextlib.chdir(ROOT):
         mp.delenv("GITHUB_STEP_SUMMARY", raising=False)
-        return main([*argv, "--kernel", "planted", "--suite", "tiny", "--device", "cpu", "--no-progress"]
-                    if argv[0] != "check" or "--results" not in argv else list(argv))
+        return main(
+            [*argv, "--kernel", "planted", "--suite", "tiny", "--device", "cpu", "--no-progress"]
+            if argv[0] != "check" or "--results" not in argv
+            else list(argv)
+        )
 
 
 @pytest.fixture(scope="module")
@@ -301,8 +351,10 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("known")
     buggy = project(tmp, "buggy", "causal_dq_bug")
     assert gate("baseline", "update", "--config", str(buggy), "--out", str(tmp / "base")) == 0
-    rcs = {name: gate("check", "--config", str(project(tmp, name, function)), "--out", str(tmp / name))
-           for name, function in (("buggy", "causal_dq_bug"), ("worse", "causal_dq_bug_and_dk"), ("fixed", "fixed"))}
+    rcs = {
+        name: gate("check", "--config", str(project(tmp, name, function)), "--out", str(tmp / name))
+        for name, function in (("buggy", "causal_dq_bug"), ("worse", "causal_dq_bug_and_dk"), ("fixed", "fixed"))
+    }
     return tmp, rcs
 
 
@@ -315,7 +367,9 @@ def test_a_declared_planted_bug_passes_as_known_with_its_link(runs):
     assert rcs["buggy"] == 0
     data = findings(tmp / "buggy")
     assert {(f["severity"], f["rule"], f["case_id"]) for f in data["findings"] if f["severity"] == "KNOWN"} == {
-        ("KNOWN", "tolerance", CAUSAL), ("KNOWN", "status", CAUSAL)}
+        ("KNOWN", "tolerance", CAUSAL),
+        ("KNOWN", "status", CAUSAL),
+    }
     assert data["context"]["known_failures"][0]["link"] == LINK
     for name in ("check-planted-tiny.md", "comment-planted-tiny.md"):
         text = (tmp / "buggy" / name).read_text()
@@ -326,8 +380,11 @@ def test_selftest_a_planted_bug_inside_a_declared_case_still_fails(runs):
     """dQ is declared; a new 5% dK error in the same causal case is not, and fails the check."""
     tmp, rcs = runs
     assert rcs["worse"] == 1
-    failing = {(f["rule"], f["metric"]) for f in findings(tmp / "worse")["findings"]
-               if f["severity"] == "FAIL" and f["case_id"] == CAUSAL}
+    failing = {
+        (f["rule"], f["metric"])
+        for f in findings(tmp / "worse")["findings"]
+        if f["severity"] == "FAIL" and f["case_id"] == CAUSAL
+    }
     assert ("tolerance", "ratio:dk") in failing and ("status", "status") in failing
 
 
@@ -338,16 +395,36 @@ def test_the_fixed_kernel_is_xpass_naming_the_entry_and_fails_under_strict(runs,
     assert x["severity"] == "WARN" and "known_failures #1 (causal backward: dQ 10% too large)" in x["message"]
     assert "delete the entry" in x["message"]
     strict = project(tmp, "strict", "fixed", DECLARED + "strict = true\n")
-    assert gate("check", "--config", str(strict), "--results", str(tmp / "fixed" / "sweep-planted-tiny.json"),
-                "--out", str(tmp / "strict")) == 1
+    assert (
+        gate(
+            "check",
+            "--config",
+            str(strict),
+            "--results",
+            str(tmp / "fixed" / "sweep-planted-tiny.json"),
+            "--out",
+            str(tmp / "strict"),
+        )
+        == 1
+    )
     assert "XPASS" in capsys.readouterr().out
 
 
 def test_an_undeclared_failure_fails(runs):
     tmp, _ = runs
     bare = project(tmp, "bare", "causal_dq_bug", known="")
-    assert gate("check", "--config", str(bare), "--results", str(tmp / "buggy" / "sweep-planted-tiny.json"),
-                "--out", str(tmp / "bare")) == 1
+    assert (
+        gate(
+            "check",
+            "--config",
+            str(bare),
+            "--results",
+            str(tmp / "buggy" / "sweep-planted-tiny.json"),
+            "--out",
+            str(tmp / "bare"),
+        )
+        == 1
+    )
 
 
 def test_an_unmatched_declaration_is_a_usage_error_before_the_sweep(tmp_path, capsys):

@@ -18,8 +18,19 @@ from gate.core.cases import load_suite
 def digest(inputs) -> str:
     h = hashlib.sha256()
     c = inputs.cache
-    for t in (inputs.q, inputs.k, inputs.v, inputs.dout, inputs.sink, c.k_cache, c.v_cache, c.cache_seqlens,
-              c.block_table, c.k_new, c.v_new):
+    for t in (
+        inputs.q,
+        inputs.k,
+        inputs.v,
+        inputs.dout,
+        inputs.sink,
+        c.k_cache,
+        c.v_cache,
+        c.cache_seqlens,
+        c.block_table,
+        c.k_new,
+        c.v_new,
+    ):
         h.update(b"-" if t is None else t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:16]
 
@@ -28,8 +39,10 @@ def _cases() -> dict:
     smoke = [c for c in load_suite("smoke").cases if c.entry.kind == "kvcache"]
     pr = [c for c in load_suite("pr").cases if c.entry.kind == "kvcache" and c.batch < 16]
     base = next(c for c in smoke if c.entry.page_size == 16 and c.entry.shuffled_pages and c.batch == 2)
-    full = [base.with_fields(cache_seqlens=(96, 96), cache_new=False, seqlen_q=1),  # every slot real, 96 % 16 == 0
-            base.with_fields(cache_seqlens=(96, 96), cache_new=False, seqlen_q=1, page_size=0, shuffled_pages=False)]
+    full = [
+        base.with_fields(cache_seqlens=(96, 96), cache_new=False, seqlen_q=1),  # every slot real, 96 % 16 == 0
+        base.with_fields(cache_seqlens=(96, 96), cache_new=False, seqlen_q=1, page_size=0, shuffled_pages=False),
+    ]
     return {c.id: c for c in smoke + pr[:4] + pr[8:10] + full}
 
 
@@ -55,8 +68,20 @@ PINNED = [  # (case id, cache_seqlens, page size, shuffled, digest of make_input
     ("bf16-b4-h32/8-s1x4096-d128-causal-kv1.1000.4000.33-append", (1, 1000, 4000, 33), 0, False, "2a8646b198961139"),
     ("bf16-b4-h32/1-s1x4096-d128-causal-kv1.1000.4000.33", (1, 1000, 4000, 33), 0, False, "eeb7f7a62657627f"),
     ("bf16-b4-h32/1-s1x4096-d128-causal-kv1.1000.4000.33-append", (1, 1000, 4000, 33), 0, False, "f52c835deb2f825d"),
-    ("bf16-b3-h16/4-s4x4096-d128-causal-kv100.4000.2049-append-page256", (100, 4000, 2049), 256, False, "77a7f18b752956a6"),
-    ("bf16-b3-h16/4-s4x4096-d128-causal-kv100.4000.2049-append-page256-shuffled", (100, 4000, 2049), 256, True, "814d5bd1b86f10fc"),
+    (
+        "bf16-b3-h16/4-s4x4096-d128-causal-kv100.4000.2049-append-page256",
+        (100, 4000, 2049),
+        256,
+        False,
+        "77a7f18b752956a6",
+    ),
+    (
+        "bf16-b3-h16/4-s4x4096-d128-causal-kv100.4000.2049-append-page256-shuffled",
+        (100, 4000, 2049),
+        256,
+        True,
+        "814d5bd1b86f10fc",
+    ),
     ("fp16-b2-h4/2-s1x96-d64-win16.0-kv96.96-page16-shuffled", (96, 96), 16, True, "5ba3ca4354987c2e"),
     ("fp16-b2-h4/2-s1x96-d64-win16.0-kv96.96", (96, 96), 0, False, "7dad5fb3a386cfd9"),
 ]
@@ -86,10 +111,33 @@ def test_drawing_on_a_named_device_is_the_same_draw_and_timing_falls_back_to_the
     from gate.core.cases import Case
 
     kinds = [
-        dict(batch=2, seqlen_q=37, seqlen_k=70, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="bf16",
-             inputs="outliers", sinks=True),
-        dict(batch=3, seqlen_q=2, seqlen_k=100, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="bf16",
-             entry="kvcache", cache_seqlens=(5, 60, 9), cache_new=True, page_size=16, shuffled_pages=True),
+        dict(
+            batch=2,
+            seqlen_q=37,
+            seqlen_k=70,
+            heads_q=4,
+            heads_kv=2,
+            head_dim=32,
+            head_dim_v=32,
+            dtype="bf16",
+            inputs="outliers",
+            sinks=True,
+        ),
+        dict(
+            batch=3,
+            seqlen_q=2,
+            seqlen_k=100,
+            heads_q=4,
+            heads_kv=2,
+            head_dim=32,
+            head_dim_v=32,
+            dtype="bf16",
+            entry="kvcache",
+            cache_seqlens=(5, 60, 9),
+            cache_new=True,
+            page_size=16,
+            shuffled_pages=True,
+        ),
         dict(batch=2, seqlen_q=33, seqlen_k=65, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="e4m3"),
     ]
     for kw in kinds:
@@ -99,7 +147,9 @@ def test_drawing_on_a_named_device_is_the_same_draw_and_timing_falls_back_to_the
             x, y = getattr(a, name), getattr(b, name)
             assert (x is None and y is None) or torch.equal(x, y), (c.id, name)
         if a.cache is not None:
-            assert torch.equal(a.cache.k_cache, b.cache.k_cache) and torch.equal(a.cache.block_table, b.cache.block_table)
+            assert torch.equal(a.cache.k_cache, b.cache.k_cache) and torch.equal(
+                a.cache.block_table, b.cache.block_table
+            )
             assert torch.equal(a.cache.k_new, b.cache.k_new)
         if a.fp8 is not None:
             assert torch.equal(a.fp8.k_descale, b.fp8.k_descale)
@@ -111,6 +161,7 @@ def test_drawing_on_a_named_device_is_the_same_draw_and_timing_falls_back_to_the
         if draw_on != "cpu":
             raise RuntimeError("no such device here")
         return "the sweep's draw"
+
     monkeypatch.setattr(inputs_mod, "make_inputs", fake)
     assert inputs_mod.timing_inputs(c, "cuda") == "the sweep's draw" and calls == ["cuda", "cpu"]
     assert "timing inputs drawn on the CPU (RuntimeError: no such device here)" in capsys.readouterr().err

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from gate.core.cases import Case
 from gate.commands.main import main
+from gate.compare.findings import decide
+from gate.core.cases import Case
 from gate.core.config import Config, PerfConfig, load_config
 from gate.core.errors import UserError
-from gate.compare.findings import decide
 from gate.speed.runs import PerfCaseResult, PerfResult, baseline_entry, judge_perf, measure_case, perf_cases
-from gate.workflow.speed_check import perf_findings, refuse_noisy
 from gate.speed.timing import PASSES, PassTiming, TimingPlan, TimingRun
+from gate.workflow.speed_check import perf_findings, refuse_noisy
 
 CONFIG = """
 [tool.attn-gate]
@@ -67,8 +67,24 @@ def project(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = write_config(tmp_path)
     # CPU timings of 7 rounds are often noisier than max_noise_pct: recorded marked noisy
-    assert main(["baseline", "update", "--device", "cpu", "--perf", "--accept-noisy", "--config", str(cfg), "--no-progress",
-                 "--out", str(tmp_path / "out")]) == 0
+    assert (
+        main(
+            [
+                "baseline",
+                "update",
+                "--device",
+                "cpu",
+                "--perf",
+                "--accept-noisy",
+                "--config",
+                str(cfg),
+                "--no-progress",
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 0
+    )
     baseline = tmp_path / "baselines" / "cpu" / "sdpa-cpu-tiny.json"
     return tmp_path, baseline
 
@@ -78,8 +94,19 @@ def findings(tmp: Path) -> list[dict]:
 
 
 def check(tmp: Path, *extra: str) -> int:
-    return main(["check", "--device", "cpu", "--config", str(tmp / "pyproject.toml"), "--no-progress",
-                 "--out", str(tmp / "out"), *extra])
+    return main(
+        [
+            "check",
+            "--device",
+            "cpu",
+            "--config",
+            str(tmp / "pyproject.toml"),
+            "--no-progress",
+            "--out",
+            str(tmp / "out"),
+            *extra,
+        ]
+    )
 
 
 def doctor(baseline: Path, factor: float) -> None:
@@ -99,7 +126,9 @@ def test_baseline_update_records_speed_ratios_with_noise(project):
     entry = perf[CASE]
     assert entry["anchor"] == "sdpa-math"
     for p in ("fwd", "bwd"):
-        assert entry[p]["n"] == 7 and len(entry[p]["samples"]) == 7 and entry[p]["median"] > 0 and entry[p]["noise"] >= 0
+        assert (
+            entry[p]["n"] == 7 and len(entry[p]["samples"]) == 7 and entry[p]["median"] > 0 and entry[p]["noise"] >= 0
+        )
 
 
 @pytest.mark.slow
@@ -165,15 +194,50 @@ def test_speed_section_from_a_perf_file_made_elsewhere(project):
     data["perf"] = None
     baseline.write_text(json.dumps(data))
     sweep = next((tmp / "out").glob("sweep-*.json"))
-    assert main(["baseline", "update", "--device", "cpu", "--config", cfg, "--from-results", str(sweep),
-                 "--perf-from", str(perf_file), "--accept-noisy", "--out", str(tmp / "out")]) == 0  # CPU: often noisy
+    assert (
+        main(
+            [
+                "baseline",
+                "update",
+                "--device",
+                "cpu",
+                "--config",
+                cfg,
+                "--from-results",
+                str(sweep),
+                "--perf-from",
+                str(perf_file),
+                "--accept-noisy",
+                "--out",
+                str(tmp / "out"),
+            ]
+        )
+        == 0
+    )  # CPU: often noisy
     entry = json.loads(baseline.read_text())["perf"][CASE]
     assert entry["fwd"]["n"] == 7 and entry["bwd"]["median"] > 0
     other = json.loads(perf_file.read_text())
     other["kernel"] = "tiled"
     perf_file.write_text(json.dumps(other))
-    assert main(["baseline", "update", "--device", "cpu", "--config", cfg, "--from-results", str(sweep),
-                 "--perf-from", str(perf_file), "--out", str(tmp / "out")]) == 2  # another kernel's timings: refused
+    assert (
+        main(
+            [
+                "baseline",
+                "update",
+                "--device",
+                "cpu",
+                "--config",
+                cfg,
+                "--from-results",
+                str(sweep),
+                "--perf-from",
+                str(perf_file),
+                "--out",
+                str(tmp / "out"),
+            ]
+        )
+        == 2
+    )  # another kernel's timings: refused
 
 
 def speed_findings(tmp: Path) -> list[dict]:
@@ -190,8 +254,12 @@ def add_perf_entry(baseline: Path, case_id: str) -> None:
 # ---------------------------------------------------------------- judged or said not to be
 
 
-A = Case.build(batch=1, seqlen_q=32, seqlen_k=32, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="fp32", perf=True)
-B = Case.build(batch=1, seqlen_q=64, seqlen_k=64, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="fp32", perf=True)
+A = Case.build(
+    batch=1, seqlen_q=32, seqlen_k=32, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="fp32", perf=True
+)
+B = Case.build(
+    batch=1, seqlen_q=64, seqlen_k=64, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="fp32", perf=True
+)
 PLAN = TimingPlan(rounds=15, calls_per_round=1, warmup_s=0.0)
 ANCHOR = "sdpa-math"
 
@@ -200,8 +268,10 @@ def timed(case: Case, candidate_ms: float = 1.0, ratio: float = 1.0) -> PerfCase
     """A synthetic timed case (no timing happens): 15 rounds, the candidate taking `candidate_ms` per
     call at speed ratio `ratio`, +-0.2% from round to round."""
     wobble = [1.0 + 0.002 * ((i * 7) % 15 / 7 - 1) for i in range(15)]
-    passes = tuple(PassTiming(p, tuple((candidate_ms * w,) for w in wobble), tuple((candidate_ms / ratio,) for _ in wobble))
-                   for p in PASSES)
+    passes = tuple(
+        PassTiming(p, tuple((candidate_ms * w,) for w in wobble), tuple((candidate_ms / ratio,) for _ in wobble))
+        for p in PASSES
+    )
     return PerfCaseResult(case=case, status="OK", timing=TimingRun(method="perf_counter", plan=PLAN, passes=passes))
 
 
@@ -219,8 +289,17 @@ def errored(case: Case) -> PerfCaseResult:
 
 
 def run_of(*cases: PerfCaseResult) -> PerfResult:
-    return PerfResult(kernel="k", anchor=ANCHOR, suite="s", device="cuda", environment={}, plan=PLAN, cases=cases,
-                      started_at="", wall_s=0.0)
+    return PerfResult(
+        kernel="k",
+        anchor=ANCHOR,
+        suite="s",
+        device="cuda",
+        environment={},
+        plan=PLAN,
+        cases=cases,
+        started_at="",
+        wall_s=0.0,
+    )
 
 
 BASE_A = {A.id: baseline_entry(measured(A), ANCHOR)}
@@ -231,12 +310,30 @@ JUDGED = [
     # id, run cases, baseline perf, --only, expected (case_id, severity) per judgement, words in the first message
     ("unchanged-passes", (measured(A),), BASE_A, None, [(A.id, OK)] * 2, "within the 2% limit"),
     ("skipped-now-baseline-timed-it", (skipped(A),), BASE_A, None, [(A.id, INC)] * 2, "sdpa-flash refused"),
-    ("skipped-now-among-passing", (measured(B), skipped(A)), BASE_AB, None, [(B.id, OK)] * 2 + [(A.id, INC)] * 2,
-     "within the 2% limit"),
-    ("baseline-case-missing-from-run", (measured(A),), BASE_AB, None, [(A.id, OK)] * 2 + [(B.id, INC)] * 2,
-     "within the 2% limit"),
-    ("baseline-case-missing-within-only", (measured(A),), BASE_AB, "h2", [(A.id, OK)] * 2 + [(B.id, INC)] * 2,
-     "within the 2% limit"),
+    (
+        "skipped-now-among-passing",
+        (measured(B), skipped(A)),
+        BASE_AB,
+        None,
+        [(B.id, OK)] * 2 + [(A.id, INC)] * 2,
+        "within the 2% limit",
+    ),
+    (
+        "baseline-case-missing-from-run",
+        (measured(A),),
+        BASE_AB,
+        None,
+        [(A.id, OK)] * 2 + [(B.id, INC)] * 2,
+        "within the 2% limit",
+    ),
+    (
+        "baseline-case-missing-within-only",
+        (measured(A),),
+        BASE_AB,
+        "h2",
+        [(A.id, OK)] * 2 + [(B.id, INC)] * 2,
+        "within the 2% limit",
+    ),
     ("baseline-case-outside-only", (measured(A),), BASE_AB, "s32", [(A.id, OK)] * 2, "within the 2% limit"),
     ("errored-now", (errored(A),), BASE_A, None, [(A.id, INC)] * 2, "not measured: SystemExit"),
     ("skipped-then-and-now", (skipped(B),), BASE_A, "s64", [("", INC)], "speed not judged"),
@@ -273,14 +370,18 @@ def interrupted(q, k, v, softmax_scale=None, causal=False):
 """
 
 
-@pytest.mark.parametrize("fn,reason", [("exits_zero", "SystemExit"), ("raises_system_exit_one", "SystemExit"),
-                                       ("crashes", "RuntimeError: boom")])
+@pytest.mark.parametrize(
+    "fn,reason",
+    [("exits_zero", "SystemExit"), ("raises_system_exit_one", "SystemExit"), ("crashes", "RuntimeError: boom")],
+)
 def test_a_kernel_ending_the_process_while_timed_is_an_error_row(fn, reason, tmp_path, monkeypatch):
     from gate.kernels.user import UserAdapter
 
     (tmp_path / "perf_exiting.py").write_text(KERNELS)
     monkeypatch.syspath_prepend(str(tmp_path))
-    row = measure_case(UserAdapter(f"perf_exiting:{fn}"), ANCHOR, A, "cpu", TimingPlan(rounds=1, calls_per_round=1, warmup_s=0.0))
+    row = measure_case(
+        UserAdapter(f"perf_exiting:{fn}"), ANCHOR, A, "cpu", TimingPlan(rounds=1, calls_per_round=1, warmup_s=0.0)
+    )
     assert (row.status, row.measured) == ("ERROR", False) and reason in row.reason
 
 
@@ -290,7 +391,13 @@ def test_ctrl_c_while_timed_stops_the_run(tmp_path, monkeypatch):
     (tmp_path / "perf_exiting.py").write_text(KERNELS)
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(KeyboardInterrupt):
-        measure_case(UserAdapter("perf_exiting:interrupted"), ANCHOR, A, "cpu", TimingPlan(rounds=1, calls_per_round=1, warmup_s=0.0))
+        measure_case(
+            UserAdapter("perf_exiting:interrupted"),
+            ANCHOR,
+            A,
+            "cpu",
+            TimingPlan(rounds=1, calls_per_round=1, warmup_s=0.0),
+        )
 
 
 # ---------------------------------------------------------------- scope and usage
@@ -298,9 +405,13 @@ def test_ctrl_c_while_timed_stops_the_run(tmp_path, monkeypatch):
 
 def test_an_invalid_only_regex_is_a_one_line_usage_error(tmp_path, capsys):
     cfg = write_config(tmp_path)
-    assert main(["perf", "--device", "cpu", "--config", str(cfg), "--only", "fp32-(", "--out", str(tmp_path / "o")]) == 2
+    assert (
+        main(["perf", "--device", "cpu", "--config", str(cfg), "--only", "fp32-(", "--out", str(tmp_path / "o")]) == 2
+    )
     err = capsys.readouterr().err.strip()
-    assert "--only 'fp32-(' is not a regular expression" in err and "Traceback" not in err and len(err.splitlines()) == 1
+    assert (
+        "--only 'fp32-(' is not a regular expression" in err and "Traceback" not in err and len(err.splitlines()) == 1
+    )
     with pytest.raises(UserError, match="not a regular expression"):
         perf_cases("smoke", Config(), only="[")
     assert perf_cases("smoke", Config(), only="d64")  # a valid one still selects
@@ -345,7 +456,10 @@ def test_check_from_a_results_file_says_speed_was_not_checked_on_a_gpu_class(pro
     data["environment"].update(device=device, gpu_class=gpu_class)
     (tmp / "baselines" / gpu_class).mkdir(exist_ok=True)
     (tmp / "baselines" / gpu_class / baseline.name).write_text(json.dumps(data))
-    assert main(["check", "--config", str(tmp / "pyproject.toml"), "--results", str(results), "--out", str(tmp / "out")]) == 0
+    assert (
+        main(["check", "--config", str(tmp / "pyproject.toml"), "--results", str(results), "--out", str(tmp / "out")])
+        == 0
+    )
     speed = speed_findings(tmp)
     assert [(f["severity"], f["case_id"]) for f in speed] == expected
     if expected:
@@ -355,16 +469,21 @@ def test_check_from_a_results_file_says_speed_was_not_checked_on_a_gpu_class(pro
 # ---------------------------------------------------------------- a FAIL on a very short pass says so
 
 
-@pytest.mark.parametrize("candidate_ms,ratio,severity,noted", [
-    (0.035, 1.06, "FAIL", True),    # the H200's s512 forward: a 35 us pass 6% slower
-    (1.5, 1.06, "FAIL", False),     # the same change on a long pass: no host caveat
-    (0.035, 1.0, "OK", False),      # a short pass within its threshold: nothing to say
-])
+@pytest.mark.parametrize(
+    "candidate_ms,ratio,severity,noted",
+    [
+        (0.035, 1.06, "FAIL", True),  # the H200's s512 forward: a 35 us pass 6% slower
+        (1.5, 1.06, "FAIL", False),  # the same change on a long pass: no host caveat
+        (0.035, 1.0, "OK", False),  # a short pass within its threshold: nothing to say
+    ],
+)
 def test_a_speed_fail_on_a_pass_under_100_us_names_host_drift_and_still_fails(candidate_ms, ratio, severity, noted):
     base = {A.id: baseline_entry(timed(A, candidate_ms, 1.0), ANCHOR)}
     js = judge_perf(run_of(timed(A, candidate_ms, ratio)), base, PerfConfig())
     assert [j.severity.value for j in js] == [severity] * 2, [j.message for j in js]
-    assert all(("us pass: passes under 100 us also move between hosts" in j.message) is noted for j in js), js[0].message
+    assert all(("us pass: passes under 100 us also move between hosts" in j.message) is noted for j in js), js[
+        0
+    ].message
     assert decide(perf_findings(js)).passed is (severity == "OK")  # the note never turns a FAIL into a pass
 
 
@@ -379,8 +498,17 @@ def planted_perf(tmp: Path, baseline: Path, ratio: float, name: str = "perf.json
     data["perf"] = {CASE: baseline_entry(timed(case), ANCHOR)}
     baseline.write_text(json.dumps(data))
     env = {**json.loads(next((tmp / "out").glob("sweep-*.json")).read_text())["environment"], "anchor": ANCHOR}
-    result = PerfResult(kernel="sdpa-cpu", anchor=ANCHOR, suite="tiny", device="cpu", environment=env, plan=PLAN,
-                        cases=(timed(case, ratio=ratio),), started_at="", wall_s=0.0)
+    result = PerfResult(
+        kernel="sdpa-cpu",
+        anchor=ANCHOR,
+        suite="tiny",
+        device="cpu",
+        environment=env,
+        plan=PLAN,
+        cases=(timed(case, ratio=ratio),),
+        started_at="",
+        wall_s=0.0,
+    )
     payload = result.to_dict()
     payload["environment"].update(change.pop("environment", {}))
     payload.update(change)
@@ -391,8 +519,18 @@ def planted_perf(tmp: Path, baseline: Path, ratio: float, name: str = "perf.json
 
 def check_file(tmp: Path, *perf: Path) -> int:
     sweep = next((tmp / "out").glob("sweep-*.json"))
-    return main(["check", "--config", str(tmp / "pyproject.toml"), "--results", str(sweep), "--out", str(tmp / "out"),
-                 *(["--perf-results", *map(str, perf)] if perf else [])])
+    return main(
+        [
+            "check",
+            "--config",
+            str(tmp / "pyproject.toml"),
+            "--results",
+            str(sweep),
+            "--out",
+            str(tmp / "out"),
+            *(["--perf-results", *map(str, perf)] if perf else []),
+        ]
+    )
 
 
 @pytest.mark.slow
@@ -403,20 +541,27 @@ def test_perf_files_gate_the_speed_of_a_results_file(project):
     assert check_file(tmp, planted_perf(tmp, baseline, 1.50)) == 1  # 50% slower (CPU limit 25%): not a pass
     speed = speed_findings(tmp)
     assert [(f["case_id"], f["severity"]) for f in speed] == [(CASE, "INCONCLUSIVE")] * 2, speed
-    assert all(" +50.0% [+" in f["message"] and "slower, the whole interval above the 25% limit" in f["message"]
-               and "read from a perf file, so not re-measured" in f["message"] for f in speed)
+    assert all(
+        " +50.0% [+" in f["message"]
+        and "slower, the whole interval above the 25% limit" in f["message"]
+        and "read from a perf file, so not re-measured" in f["message"]
+        for f in speed
+    )
     assert "timings from 1 perf file" in (tmp / "out" / "check-sdpa-cpu-tiny.md").read_text()
     assert check_file(tmp) == 0  # without perf files: today's results-file check (no speed on a CPU)
     assert not speed_findings(tmp)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("change,words", [
-    ({"suite": "other"}, "timings of suite 'other'"),
-    ({"kernel": "tiled"}, "timings of kernel 'tiled'"),
-    ({"environment": {"gpu_class": "h200"}}, "timings of GPU class 'h200'"),
-    ({"environment": {"torch": "0.0.1"}}, "timed with torch='0.0.1'"),
-])
+@pytest.mark.parametrize(
+    "change,words",
+    [
+        ({"suite": "other"}, "timings of suite 'other'"),
+        ({"kernel": "tiled"}, "timings of kernel 'tiled'"),
+        ({"environment": {"gpu_class": "h200"}}, "timings of GPU class 'h200'"),
+        ({"environment": {"torch": "0.0.1"}}, "timed with torch='0.0.1'"),
+    ],
+)
 def test_perf_files_of_another_run_are_refused_in_one_line(project, capsys, change, words):
     tmp, baseline = project
     assert check_file(tmp, planted_perf(tmp, baseline, 1.0, **change)) == 2
@@ -437,8 +582,22 @@ def test_perf_files_merge_and_refuse_a_case_twice(project, capsys):
 
 def test_perf_results_need_a_results_file(tmp_path, capsys):
     cfg = write_config(tmp_path)
-    assert main(["check", "--device", "cpu", "--config", str(cfg), "--perf-results", str(tmp_path / "p.json"),
-                 "--out", str(tmp_path / "out")]) == 2
+    assert (
+        main(
+            [
+                "check",
+                "--device",
+                "cpu",
+                "--config",
+                str(cfg),
+                "--perf-results",
+                str(tmp_path / "p.json"),
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 2
+    )
     assert "pass --results too" in capsys.readouterr().err
 
 
@@ -477,13 +636,44 @@ def test_baseline_update_perf_refuses_a_noisy_section_and_writes_nothing(project
     write_config(tmp, "max_noise_pct = 0.000001")  # any real timing is noisier than this
     cfg = str(tmp / "pyproject.toml")
     capsys.readouterr()
-    assert main(["baseline", "update", "--device", "cpu", "--perf", "--config", cfg, "--no-progress",
-                 "--out", str(tmp / "out")]) == 2
+    assert (
+        main(
+            [
+                "baseline",
+                "update",
+                "--device",
+                "cpu",
+                "--perf",
+                "--config",
+                cfg,
+                "--no-progress",
+                "--out",
+                str(tmp / "out"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"speed of {CASE}" in err and "max_noise_pct 1e-06%" in err and "--accept-noisy" in err, err
     assert baseline.read_text() == before
-    assert main(["baseline", "update", "--device", "cpu", "--perf", "--accept-noisy", "--config", cfg, "--no-progress",
-                 "--out", str(tmp / "out")]) == 0
+    assert (
+        main(
+            [
+                "baseline",
+                "update",
+                "--device",
+                "cpu",
+                "--perf",
+                "--accept-noisy",
+                "--config",
+                cfg,
+                "--no-progress",
+                "--out",
+                str(tmp / "out"),
+            ]
+        )
+        == 0
+    )
     perf = json.loads(baseline.read_text())["perf"][CASE]
     assert perf["fwd"]["noisy"] is True and perf["bwd"]["noisy"] is True
     check(tmp, "--perf")
@@ -492,8 +682,23 @@ def test_baseline_update_perf_refuses_a_noisy_section_and_writes_nothing(project
 
 def test_accept_noisy_without_speed_timing_is_a_usage_error(tmp_path, capsys):
     cfg = write_config(tmp_path)
-    assert main(["baseline", "update", "--device", "cpu", "--no-perf", "--accept-noisy", "--config", str(cfg),
-                 "--out", str(tmp_path / "out")]) == 2
+    assert (
+        main(
+            [
+                "baseline",
+                "update",
+                "--device",
+                "cpu",
+                "--no-perf",
+                "--accept-noisy",
+                "--config",
+                str(cfg),
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 2
+    )
     assert "--accept-noisy" in capsys.readouterr().err
     assert not (tmp_path / "baselines").exists()
 
@@ -512,7 +717,10 @@ def test_repeated_work_gives_the_same_values_and_runs_the_backward_n_times():
         w.prepare()
     assert torch.equal(plain.run("fwd"), slowed.run("fwd"))
     assert all(torch.equal(a, b) for a, b in zip(plain.run("bwd"), slowed.run("bwd")))
-    backward_nodes = lambda w: sum(1 for n in _graph(w._out.grad_fn) if "Attention" in type(n).__name__ or "Bmm" in type(n).__name__)
+
+    def backward_nodes(w):
+        return sum(1 for n in _graph(w._out.grad_fn) if "Attention" in type(n).__name__ or "Bmm" in type(n).__name__)
+
     assert backward_nodes(slowed) == 3 * backward_nodes(plain) > 0
     with pytest.raises(ValueError):
         RepeatedKernel(inner, 0)

@@ -18,8 +18,10 @@ from gate.speed.runs import PerfCaseResult, PerfResult, baseline_entry
 from gate.speed.timing import PASSES, PassTiming, TimingPlan, TimingRun
 from gate.workflow.sweep import run_sweep
 
-SUITE = ('[tool.attn-gate.suites.pf]\nseeds = [0]\n[[tool.attn-gate.suites.pf.matrix]]\n'
-         'dtype = ["fp32"]\nbatch = [1]\nseqlens = ["16"]\nheads = ["2"]\nhead_dims = ["8"]\nperf = [true]\n')
+SUITE = (
+    "[tool.attn-gate.suites.pf]\nseeds = [0]\n[[tool.attn-gate.suites.pf.matrix]]\n"
+    'dtype = ["fp32"]\nbatch = [1]\nseqlens = ["16"]\nheads = ["2"]\nhead_dims = ["8"]\nperf = [true]\n'
+)
 ANCHOR = "sdpa-math"
 PLAN = TimingPlan(rounds=15, calls_per_round=1, warmup_s=0.0)
 
@@ -28,8 +30,9 @@ def timed(case, ratio: float = 1.0) -> PerfCaseResult:
     """A synthetic timed row (no timing happens): ratio `ratio`, +-0.2% from round to round."""
     wobble = [1.0 + 0.002 * ((i * 7) % 15 / 7 - 1) for i in range(15)]
     passes = tuple(PassTiming(p, tuple((w,) for w in wobble), tuple((1.0 / ratio,) for _ in wobble)) for p in PASSES)
-    return PerfCaseResult(case=case, status="OK", timing=TimingRun(method="perf_counter", plan=PLAN, passes=passes),
-                          anchor=ANCHOR)
+    return PerfCaseResult(
+        case=case, status="OK", timing=TimingRun(method="perf_counter", plan=PLAN, passes=passes), anchor=ANCHOR
+    )
 
 
 class PerfProject:
@@ -53,14 +56,32 @@ class PerfProject:
         data["perf"] = {case.id: baseline_entry(timed(case), ANCHOR)}
         self.baseline.write_text(json.dumps(data))
         self.baseline_json = data
-        perf = PerfResult(kernel="sdpa-cpu", anchor=ANCHOR, suite="pf", device="cpu",
-                          environment={**sweep.environment, "anchor": ANCHOR}, plan=PLAN, cases=(timed(case),),
-                          started_at="2026-01-01T00:00:00+00:00", wall_s=1.0)
+        perf = PerfResult(
+            kernel="sdpa-cpu",
+            anchor=ANCHOR,
+            suite="pf",
+            device="cpu",
+            environment={**sweep.environment, "anchor": ANCHOR},
+            plan=PLAN,
+            cases=(timed(case),),
+            started_at="2026-01-01T00:00:00+00:00",
+            wall_s=1.0,
+        )
         self.perf_json = json.loads(json.dumps(perf.to_dict()))
 
     def check(self, perf: Path) -> list[str]:
-        return ["check", "--config", str(self.config), "--results", str(self.results), "--perf-results", str(perf),
-                "--out", str(self.root / "out"), "--no-progress"]
+        return [
+            "check",
+            "--config",
+            str(self.config),
+            "--results",
+            str(self.results),
+            "--perf-results",
+            str(perf),
+            "--out",
+            str(self.root / "out"),
+            "--no-progress",
+        ]
 
 
 def quiet(argv: list[str], expected: int | None = None) -> tuple[int, str]:
@@ -86,6 +107,7 @@ def _set(path: tuple, value):
         for key in path[:-1]:
             d = d[key]
         d[path[-1]] = value
+
     return edit
 
 
@@ -102,8 +124,11 @@ PERF_FILES = [
     ("rounds-differ", lambda d: _pass(d)["anchor_ms"].pop(), "15 candidate and 14 anchor rounds"),
     ("anchor-scale-zero", lambda d: _pass(d).update({"anchor_scale": 0.0}), "anchor_scale = 0.0 must be in (0"),
     ("device-cuda", _set(("device",), "cuda"), "device = 'cuda' but environment.device = 'cpu'"),
-    ("device-cuda-both", lambda d: (d.update(device="cuda"), d["environment"].update(device="cuda")),
-     "device = 'cuda' but the results ran on 'cpu'"),
+    (
+        "device-cuda-both",
+        lambda d: (d.update(device="cuda"), d["environment"].update(device="cuda")),
+        "device = 'cuda' but the results ran on 'cpu'",
+    ),
     ("kind-sweep", _set(("kind",), "attn-gate sweep"), "kind = 'attn-gate sweep' is not 'attn-gate perf'"),
     ("plan-rounds-1e9", _set(("plan", "rounds"), 10**9), "plan.rounds = 1000000000 must be an integer in [1, 1000]"),
     ("plan-passes-empty", _set(("plan", "passes"), []), "plan.passes = [] must be a non-empty list"),

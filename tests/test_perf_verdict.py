@@ -41,26 +41,70 @@ TABLE = [
     ("clear-regression-unconfirmed", RULES, BASE, rounds(1.10), None, PerfSeverity.FAIL, True),
     ("clear-regression-confirmed", RULES, BASE, rounds(1.10), rounds(1.09, n=45), PerfSeverity.FAIL, True),
     ("regression-not-confirmed", RULES, BASE, rounds(1.10), rounds(1.0, n=45), PerfSeverity.OK, True),
-    ("straddle-settled-by-the-re-run", RULES, BASE, rounds(1.02, jitter=0.01), rounds(1.0, n=45), PerfSeverity.OK, False),
+    (
+        "straddle-settled-by-the-re-run",
+        RULES,
+        BASE,
+        rounds(1.02, jitter=0.01),
+        rounds(1.0, n=45),
+        PerfSeverity.OK,
+        False,
+    ),
     ("improvement", RULES, BASE, rounds(0.85), None, PerfSeverity.WARN, False),
     ("small-improvement", RULES, BASE, rounds(0.95), None, PerfSeverity.OK, False),
     # a shared 2-core CPU: 20% noise per round and a heavy tail, 15 rounds against a 30-round baseline
-    ("cpu-3x-slower-with-20pct-noise", CPU_RULES, CPU_BASE, noisy_rounds(1.5, 0.2, 15, seed=2), None,
-     PerfSeverity.FAIL, True),
-    ("cpu-3x-slower-confirmed", CPU_RULES, CPU_BASE, noisy_rounds(1.5, 0.2, 15, seed=2),
-     noisy_rounds(1.5, 0.2, 30, seed=3), PerfSeverity.FAIL, True),
-    ("cpu-unchanged-with-20pct-noise", CPU_RULES, CPU_BASE, noisy_rounds(0.5, 0.2, 15, seed=4), None,
-     PerfSeverity.OK, False),
-    ("cpu-drift-of-minus-20pct-is-no-warning", CPU_RULES, CPU_BASE, noisy_rounds(0.4, 0.05, 15, seed=5), None,
-     PerfSeverity.OK, False),
+    (
+        "cpu-3x-slower-with-20pct-noise",
+        CPU_RULES,
+        CPU_BASE,
+        noisy_rounds(1.5, 0.2, 15, seed=2),
+        None,
+        PerfSeverity.FAIL,
+        True,
+    ),
+    (
+        "cpu-3x-slower-confirmed",
+        CPU_RULES,
+        CPU_BASE,
+        noisy_rounds(1.5, 0.2, 15, seed=2),
+        noisy_rounds(1.5, 0.2, 30, seed=3),
+        PerfSeverity.FAIL,
+        True,
+    ),
+    (
+        "cpu-unchanged-with-20pct-noise",
+        CPU_RULES,
+        CPU_BASE,
+        noisy_rounds(0.5, 0.2, 15, seed=4),
+        None,
+        PerfSeverity.OK,
+        False,
+    ),
+    (
+        "cpu-drift-of-minus-20pct-is-no-warning",
+        CPU_RULES,
+        CPU_BASE,
+        noisy_rounds(0.4, 0.05, 15, seed=5),
+        None,
+        PerfSeverity.OK,
+        False,
+    ),
     ("cpu-2x-faster-warns", CPU_RULES, CPU_BASE, noisy_rounds(0.25, 0.05, 15, seed=5), None, PerfSeverity.WARN, False),
-    ("cpu-unchanged-at-the-gpu-limit-is-not-a-fail", RULES, CPU_BASE, noisy_rounds(0.5, 0.2, 15, seed=4), None,
-     PerfSeverity.INCONCLUSIVE, False),
+    (
+        "cpu-unchanged-at-the-gpu-limit-is-not-a-fail",
+        RULES,
+        CPU_BASE,
+        noisy_rounds(0.5, 0.2, 15, seed=4),
+        None,
+        PerfSeverity.INCONCLUSIVE,
+        False,
+    ),
 ]
 
 
-@pytest.mark.parametrize("rules,baseline,current,confirm,severity,suspected", [t[1:] for t in TABLE],
-                         ids=[t[0] for t in TABLE])
+@pytest.mark.parametrize(
+    "rules,baseline,current,confirm,severity,suspected", [t[1:] for t in TABLE], ids=[t[0] for t in TABLE]
+)
 def test_rule_table(rules, baseline, current, confirm, severity, suspected):
     j = judge("case", "bwd", baseline, current, rules, confirm=confirm)
     assert (j.severity, j.suspected) == (severity, suspected), j.message
@@ -76,8 +120,13 @@ def test_the_verdict_follows_where_the_interval_lies():
     """FAIL: the whole interval past the limit; OK: the whole interval within it; else INCONCLUSIVE."""
     for current in (rounds(1.0), rounds(1.03), rounds(1.02, jitter=0.01), rounds(1.10), rounds(1.01, 0.05)):
         j = judge("c", "fwd", BASE, current, RULES)
-        expected = (PerfSeverity.FAIL if j.ci_low > 0.02 else PerfSeverity.OK if j.ci_high <= 0.02
-                    else PerfSeverity.INCONCLUSIVE)
+        expected = (
+            PerfSeverity.FAIL
+            if j.ci_low > 0.02
+            else PerfSeverity.OK
+            if j.ci_high <= 0.02
+            else PerfSeverity.INCONCLUSIVE
+        )
         assert j.severity is expected and j.straddles == (expected is PerfSeverity.INCONCLUSIVE), j.message
 
 
@@ -148,7 +197,7 @@ NAN, INF = float("nan"), float("inf")
 
 def with_samples(est: RatioEstimate, *bad: float) -> RatioEstimate:
     """`est` with its first samples replaced (median and noise kept: as a hand-edited baseline would)."""
-    return RatioEstimate(median=est.median, noise=est.noise, n=est.n, samples=bad + est.samples[len(bad):])
+    return RatioEstimate(median=est.median, noise=est.noise, n=est.n, samples=bad + est.samples[len(bad) :])
 
 
 NON_FINITE = [
@@ -156,8 +205,13 @@ NON_FINITE = [
     ("baseline-nan-sample", with_samples(BASE, NAN), rounds(1.10), PerfSeverity.INCONCLUSIVE, "baseline"),
     ("baseline-nan-sample-no-change", with_samples(BASE, NAN), rounds(1.0), PerfSeverity.INCONCLUSIVE, "baseline"),
     ("baseline-inf-sample", with_samples(BASE, INF), rounds(1.0), PerfSeverity.INCONCLUSIVE, "baseline"),
-    ("baseline-nan-median", RatioEstimate(median=NAN, noise=0.001, n=15, samples=BASE.samples), rounds(1.0),
-     PerfSeverity.INCONCLUSIVE, "baseline"),
+    (
+        "baseline-nan-median",
+        RatioEstimate(median=NAN, noise=0.001, n=15, samples=BASE.samples),
+        rounds(1.0),
+        PerfSeverity.INCONCLUSIVE,
+        "baseline",
+    ),
     ("current-nan-sample", BASE, with_samples(rounds(1.10), NAN, NAN), PerfSeverity.INCONCLUSIVE, "this run"),
     ("all-finite", BASE, rounds(1.10), PerfSeverity.FAIL, "slower"),
     ("current-zero-sample", BASE, with_samples(rounds(1.10), 0.0), PerfSeverity.INCONCLUSIVE, "not positive"),

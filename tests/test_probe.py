@@ -14,8 +14,17 @@ import pytest
 from gate.core.cases import Case
 from gate.core.config import load_config
 from gate.core.errors import UserError
-from gate.workflow.probe import (HEAD_DIMS, SEQLENS, Outcome, ProbeReport, Result, Trial, derive, with_declaration,
-                                 write_declaration)
+from gate.workflow.probe import (
+    HEAD_DIMS,
+    SEQLENS,
+    Outcome,
+    ProbeReport,
+    Result,
+    Trial,
+    derive,
+    with_declaration,
+    write_declaration,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 CASE = Case.build(batch=1, seqlen_q=8, seqlen_k=8, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16")
@@ -23,8 +32,10 @@ OK, WRONG, OUT, REFUSED = Outcome.OK, Outcome.WRONG, Outcome.UNSUPPORTED, Outcom
 
 
 def results(key: str, outcomes: dict) -> list[Result]:
-    return [Result(Trial(key, value, CASE), outcome, "dq is 37x its bound" if outcome == WRONG else "")
-            for value, outcome in outcomes.items()]
+    return [
+        Result(Trial(key, value, CASE), outcome, "dq is 37x its bound" if outcome == WRONG else "")
+        for value, outcome in outcomes.items()
+    ]
 
 
 # ---------------------------------------------------------------- derive: one rule each
@@ -81,8 +92,12 @@ def test_a_refused_axis_is_the_signatures_and_declares_nothing():
 
 
 def test_bias_kinds_and_layouts_keep_the_untried_values():
-    got, _ = derive(results("bias_kinds", {"dense": OK, "bool_mask": OUT}) + results("layouts", {"bhsd_view": OUT, "k_sliced": OK}))
-    assert "bool_mask" not in got["bias_kinds"] and {"none", "dense", "growing"} <= set(got["bias_kinds"])  # untried stay
+    got, _ = derive(
+        results("bias_kinds", {"dense": OK, "bool_mask": OUT}) + results("layouts", {"bhsd_view": OUT, "k_sliced": OK})
+    )
+    assert "bool_mask" not in got["bias_kinds"] and {"none", "dense", "growing"} <= set(
+        got["bias_kinds"]
+    )  # untried stay
     assert "contiguous" in got["layouts"] and "far_rows" in got["layouts"] and "bhsd_view" not in got["layouts"]
 
 
@@ -90,9 +105,18 @@ def test_bias_kinds_and_layouts_keep_the_untried_values():
 
 
 def report(kernel="pkg.mod:fn", supports=None) -> ProbeReport:
-    table = f'[tool.attn-gate.kernels."{kernel}".supports]' if ":" in kernel else f"[tool.attn-gate.kernels.{kernel}.supports]"
-    return ProbeReport(kernel=kernel, table=table, supports=supports or {"head_dims": {"max": 128}, "gqa": False},
-                       findings=(), results=())
+    table = (
+        f'[tool.attn-gate.kernels."{kernel}".supports]'
+        if ":" in kernel
+        else f"[tool.attn-gate.kernels.{kernel}.supports]"
+    )
+    return ProbeReport(
+        kernel=kernel,
+        table=table,
+        supports=supports or {"head_dims": {"max": 128}, "gqa": False},
+        findings=(),
+        results=(),
+    )
 
 
 def test_write_appends_the_table_and_it_reads_back(tmp_path):
@@ -108,8 +132,10 @@ def test_write_appends_the_table_and_it_reads_back(tmp_path):
 
 def test_write_replaces_a_familys_table_and_keeps_what_follows(tmp_path):
     path = tmp_path / "pyproject.toml"
-    path.write_text('[tool.attn-gate.kernels.mine]\ndense = "a.b:c"\n\n[tool.attn-gate.kernels.mine.supports]\n'
-                    'gqa = true\n\n[tool.attn-gate.cpu]\nsuite = "smoke"\n')
+    path.write_text(
+        '[tool.attn-gate.kernels.mine]\ndense = "a.b:c"\n\n[tool.attn-gate.kernels.mine.supports]\n'
+        'gqa = true\n\n[tool.attn-gate.cpu]\nsuite = "smoke"\n'
+    )
     write_declaration(path, report("mine"))
     config = load_config(path)
     assert config.kernels["mine"].supports == {"head_dims": {"max": 128}, "gqa": False}
@@ -151,7 +177,9 @@ def test_init_renders_a_probed_declaration_into_its_section():
 
     section = pyproject_section(InitOptions(kernel="pkg.mod:fn", supports={"dtypes": ["fp16"]}), CiConfig())
     assert '[tool.attn-gate.kernels."pkg.mod:fn".supports]\ndtypes = ["fp16"]\n' in section
-    family = pyproject_section(InitOptions(family="mine", entries=(("dense", "a.b:c"),), supports={"gqa": False}), CiConfig())
+    family = pyproject_section(
+        InitOptions(family="mine", entries=(("dense", "a.b:c"),), supports={"gqa": False}), CiConfig()
+    )
     assert "[tool.attn-gate.kernels.mine.supports]\ngqa = false\n" in family
     assert "supports]" not in pyproject_section(InitOptions(kernel="pkg.mod:fn"), CiConfig())
 
@@ -166,13 +194,16 @@ def probed(function: str, timeout: float = 30.0) -> ProbeReport:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("function, declaration", [
-    ("attend", {}),
-    ("upto_128", {"head_dims": {"max": 128}}),
-    ("fp16_only", {"dtypes": ["fp16"]}),
-    ("multiple_of_128", {"seqlen_multiple": 128}),
-    ("no_gqa", {"gqa": False}),
-])
+@pytest.mark.parametrize(
+    "function, declaration",
+    [
+        ("attend", {}),
+        ("upto_128", {"head_dims": {"max": 128}}),
+        ("fp16_only", {"dtypes": ["fp16"]}),
+        ("multiple_of_128", {"seqlen_multiple": 128}),
+        ("no_gqa", {"gqa": False}),
+    ],
+)
 def test_the_probe_finds_the_known_envelope(function, declaration):
     got = probed(function)
     assert got.supports == declaration
@@ -184,8 +215,10 @@ def test_a_kernel_silently_wrong_on_gqa_keeps_gqa_and_the_finding_says_so():
     got = probed("wrong_on_gqa")
     assert got.supports == {}
     assert len(got.findings) == 1
-    assert got.findings[0].startswith("gqa 4/2 heads: runs but ") and "x its bound: left in the envelope so the gate judges it" \
-        in got.findings[0]
+    assert (
+        got.findings[0].startswith("gqa 4/2 heads: runs but ")
+        and "x its bound: left in the envelope so the gate judges it" in got.findings[0]
+    )
 
 
 @pytest.mark.slow
@@ -196,7 +229,8 @@ def test_a_hang_is_timed_out_and_declared_unsupported():
     assert hung[0].outcome == Outcome.UNSUPPORTED and "timed out" in hung[0].detail.lower() or "time" in hung[0].detail
     # the trials after the hang ran in a fresh worker
     assert [r.outcome for r in got.results if r.trial.key == "layouts"] == [OK] * len(
-        [r for r in got.results if r.trial.key == "layouts"])
+        [r for r in got.results if r.trial.key == "layouts"]
+    )
 
 
 @pytest.mark.slow
@@ -204,15 +238,42 @@ def test_probe_write_from_the_cli_then_the_gate_skips_outside_it(tmp_path):
     path = tmp_path / "pyproject.toml"
     path.write_text('[tool.attn-gate]\nbaselines_dir = "baselines"\n')
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    run = subprocess.run([sys.executable, "-m", "gate", "probe", "tests.envelope_kernels:upto_128", "--config", str(path),
-                          "--device", "cpu", "--write", "-q", "--timeout", "30"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gate",
+            "probe",
+            "tests.envelope_kernels:upto_128",
+            "--config",
+            str(path),
+            "--device",
+            "cpu",
+            "--write",
+            "-q",
+            "--timeout",
+            "30",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr
-    assert '[tool.attn-gate.kernels."tests.envelope_kernels:upto_128".supports]\nhead_dims = { max = 128 }\n' in run.stdout
+    assert (
+        '[tool.attn-gate.kernels."tests.envelope_kernels:upto_128".supports]\nhead_dims = { max = 128 }\n' in run.stdout
+    )
     family = load_config(path).kernels["tests.envelope_kernels:upto_128"]
     assert family.supports == {"head_dims": {"max": 128}}
-    bad = subprocess.run([sys.executable, "-m", "gate", "probe", "tests.envelope_kernels:upto_128", "--timeout", "0"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "gate", "probe", "tests.envelope_kernels:upto_128", "--timeout", "0"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "--timeout 0.0: give seconds > 0" in bad.stderr
 
 
@@ -232,9 +293,27 @@ def test_init_probe_writes_the_found_envelope_into_the_section(tmp_path, capsys)
     (tmp_path / "mypkg" / "__init__.py").write_text("")
     (tmp_path / "mypkg" / "attn.py").write_text((ROOT / "tests" / "envelope_kernels.py").read_text())
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\nversion = "0"\n')
-    assert main(["init", "--dir", str(tmp_path), "--kernel", "mypkg.attn:no_gqa", "--probe", "--yes",
-                 "--repository", "a/b", "--owners", "@a/b", "--install", "attn-gate==0.1.0"]) == 0
-    assert "the envelope goes into [tool.attn-gate.kernels.\"mypkg.attn:no_gqa\".supports]" in capsys.readouterr().out
+    assert (
+        main(
+            [
+                "init",
+                "--dir",
+                str(tmp_path),
+                "--kernel",
+                "mypkg.attn:no_gqa",
+                "--probe",
+                "--yes",
+                "--repository",
+                "a/b",
+                "--owners",
+                "@a/b",
+                "--install",
+                "attn-gate==0.1.0",
+            ]
+        )
+        == 0
+    )
+    assert 'the envelope goes into [tool.attn-gate.kernels."mypkg.attn:no_gqa".supports]' in capsys.readouterr().out
     config = load_config(tmp_path / "pyproject.toml")
     assert config.kernels["mypkg.attn:no_gqa"].supports == {"gqa": False}
 
@@ -244,8 +323,10 @@ def test_a_family_is_probed_without_its_old_declaration(tmp_path):
     from gate.workflow.probe import probe
 
     path = tmp_path / "pyproject.toml"
-    path.write_text('[tool.attn-gate.kernels.mine]\ndense = "tests.envelope_kernels:no_gqa"\n'
-                    '[tool.attn-gate.kernels.mine.supports]\ndtypes = ["fp16"]\n')
+    path.write_text(
+        '[tool.attn-gate.kernels.mine]\ndense = "tests.envelope_kernels:no_gqa"\n'
+        '[tool.attn-gate.kernels.mine.supports]\ndtypes = ["fp16"]\n'
+    )
     got = probe("mine", load_config(path), "cpu", 30.0)
     assert got.supports == {"gqa": False} and got.table == "[tool.attn-gate.kernels.mine.supports]"
     write_declaration(path, got)

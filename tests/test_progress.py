@@ -90,7 +90,9 @@ def test_the_speed_stage_moves_the_same_progress_over_the_plans_perf_cases(capsy
     cases = plan.perf_cases
     assert len(cases) >= 3
     answers = iter(["OK", "SKIP"] + ["OK"] * (len(cases) - 2))
-    with _measured_with_progress(plan, lambda case, anchor, tp: SimpleNamespace(label=next(answers), case=case)) as measure:
+    with _measured_with_progress(
+        plan, lambda case, anchor, tp: SimpleNamespace(label=next(answers), case=case)
+    ) as measure:
         got = [measure(c, "matmul", None) for c in cases]
     assert [g.case for g in got] == list(cases)
     err = capsys.readouterr().err.strip().splitlines()

@@ -34,7 +34,12 @@ heads = ["2"]
 head_dims = ["16"]
 causal = [false, true]
 """
-BUGGY = ["--attn-gate-kernel", "tinyk_bug:flash_attn_func", "--attn-gate-baseline", "baselines/cpu/tinyk_flash_attn_func-mini.json"]
+BUGGY = [
+    "--attn-gate-kernel",
+    "tinyk_bug:flash_attn_func",
+    "--attn-gate-baseline",
+    "baselines/cpu/tinyk_flash_attn_func-mini.json",
+]
 
 
 def run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
@@ -55,7 +60,9 @@ def junit(path: Path) -> dict[str, str]:
     out = {}
     for case in ET.parse(path).getroot().iter("testcase"):
         kinds = {child.tag for child in case}
-        out[case.get("name")] = "failed" if kinds & {"failure", "error"} else "skipped" if "skipped" in kinds else "passed"
+        out[case.get("name")] = (
+            "failed" if kinds & {"failure", "error"} else "skipped" if "skipped" in kinds else "passed"
+        )
     return out
 
 
@@ -79,8 +86,19 @@ def repo(tmp_path_factory):
 
 @pytest.mark.slow
 def test_the_failing_items_are_exactly_the_checks_fail_cases(repo):
-    check = attn_gate(repo, "check", "--kernel", "tinyk_bug:flash_attn_func", "--baseline",
-                      "baselines/cpu/tinyk_flash_attn_func-mini.json", "--device", "cpu", "--no-progress", "--out", "o-check")
+    check = attn_gate(
+        repo,
+        "check",
+        "--kernel",
+        "tinyk_bug:flash_attn_func",
+        "--baseline",
+        "baselines/cpu/tinyk_flash_attn_func-mini.json",
+        "--device",
+        "cpu",
+        "--no-progress",
+        "--out",
+        "o-check",
+    )
     assert check.returncode == 1, check.stderr
     expected = failing_cases(repo / "o-check" / "findings-tinyk_bug_flash_attn_func-mini.json")
     assert expected and all("causal" in c for c in expected)  # the bug is on causal cases only
@@ -104,7 +122,9 @@ def test_the_failing_items_are_exactly_the_checks_fail_cases(repo):
     assert lf["context"]["cases"] == len(expected) and lf["verdict"] == "FAIL"
 
     # -x stops at the first failure; -k selects by case id
-    first = pytest_in(repo, "--attn-gate", *BUGGY, "--attn-gate-out", "o-x", "-x", "-k", "causal", "--junitxml", "x.xml")
+    first = pytest_in(
+        repo, "--attn-gate", *BUGGY, "--attn-gate-out", "o-x", "-x", "-k", "causal", "--junitxml", "x.xml"
+    )
     assert first.returncode == 1 and list(junit(repo / "x.xml").values()) == ["failed"]
     picked = pytest_in(repo, "--attn-gate", *BUGGY, "--attn-gate-out", "o-k", "-k", "not causal", "--junitxml", "k.xml")
     assert picked.returncode == 0 and set(junit(repo / "k.xml")) == {n for n in outcomes if "causal" not in n}
@@ -138,9 +158,26 @@ def test_no_baseline_is_a_usage_error_with_the_gates_message(repo):
 @pytest.mark.slow
 def test_this_repositorys_smoke_suite_passes_under_xdist(tmp_path):
     """The committed CPU baseline, checked case by case (the one marked test that reads it here)."""
-    proc = pytest_in(ROOT, "--attn-gate", "--attn-gate-suite", "smoke", "--attn-gate-kernel", "sdpa-cpu", "-m", "attn_gate",
-                     "--attn-gate-device", "cpu", "--attn-gate-out", str(tmp_path / "o"), "-n", "2",
-                     "--junitxml", str(tmp_path / "j.xml"), "-p", "no:cacheprovider")
+    proc = pytest_in(
+        ROOT,
+        "--attn-gate",
+        "--attn-gate-suite",
+        "smoke",
+        "--attn-gate-kernel",
+        "sdpa-cpu",
+        "-m",
+        "attn_gate",
+        "--attn-gate-device",
+        "cpu",
+        "--attn-gate-out",
+        str(tmp_path / "o"),
+        "-n",
+        "2",
+        "--junitxml",
+        str(tmp_path / "j.xml"),
+        "-p",
+        "no:cacheprovider",
+    )
     assert proc.returncode == 0, proc.stdout[-3000:]
     outcomes = junit(tmp_path / "j.xml")
     sweep = json.loads((tmp_path / "o" / "sweep-sdpa-cpu-smoke.json").read_text())
@@ -154,14 +191,39 @@ def test_the_example_repositorys_smoke_suite_passes(tmp_path):
     repo = tmp_path / "tiny-attn"
     shutil.copytree(ROOT / "examples" / "tiny-attn", repo, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-    init = attn_gate(repo, "init", "--dense", "tiny_attn:flash_attn_func", "--varlen", "tiny_attn:flash_attn_varlen_func",
-                     "--repository", "example/tiny-attn", "--install", "attn-gate==0.1.0", "--yes")
+    init = attn_gate(
+        repo,
+        "init",
+        "--dense",
+        "tiny_attn:flash_attn_func",
+        "--varlen",
+        "tiny_attn:flash_attn_varlen_func",
+        "--repository",
+        "example/tiny-attn",
+        "--install",
+        "attn-gate==0.1.0",
+        "--yes",
+    )
     assert init.returncode == 0, init.stderr
-    base = attn_gate(repo, "baseline", "update", "--kernel", "sdpa-cpu", "--suite", "smoke", "--device", "cpu", "--no-progress")
+    base = attn_gate(
+        repo, "baseline", "update", "--kernel", "sdpa-cpu", "--suite", "smoke", "--device", "cpu", "--no-progress"
+    )
     assert base.returncode == 0, base.stderr[-2000:]
     # the repository's own tests and the gate's cases in one run (a subset of the cases: -k)
-    proc = pytest_in(repo, "--attn-gate", "--attn-gate-suite", "smoke", "--attn-gate-kernel", "sdpa-cpu",
-                     "--attn-gate-device", "cpu", "-k", "fp32 or test_dense", "--junitxml", "j.xml")
+    proc = pytest_in(
+        repo,
+        "--attn-gate",
+        "--attn-gate-suite",
+        "smoke",
+        "--attn-gate-kernel",
+        "sdpa-cpu",
+        "--attn-gate-device",
+        "cpu",
+        "-k",
+        "fp32 or test_dense",
+        "--junitxml",
+        "j.xml",
+    )
     assert proc.returncode == 0, proc.stdout[-3000:]
     outcomes = junit(repo / "j.xml")
     assert outcomes.get("test_dense_matches_sdpa_with_gradients") == "passed"
@@ -173,6 +235,8 @@ def test_the_plugin_is_registered_and_imports_nothing_of_the_gate_until_asked():
     from importlib.metadata import entry_points
 
     assert [e.value for e in entry_points(group="pytest11") if e.name == "attn-gate"] == ["gate.pytest_plugin"]
-    code = ("import sys, gate.pytest_plugin; "
-            "sys.exit(sorted(m for m in sys.modules if m.startswith(('gate.', 'torch'))) != ['gate.pytest_plugin'])")
+    code = (
+        "import sys, gate.pytest_plugin; "
+        "sys.exit(sorted(m for m in sys.modules if m.startswith(('gate.', 'torch'))) != ['gate.pytest_plugin'])"
+    )
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0

@@ -38,8 +38,8 @@ def naive(q, k, v, dout, scale, causal=False, window=(-1, -1), softcap=0.0, slop
     nk, hkv = k.shape[1], k.shape[2]
     group = hq // hkv
     qh = q.permute(0, 2, 1, 3)
-    kh = torch.cat([k[:, :, h // group: h // group + 1] for h in range(hq)], dim=2).permute(0, 2, 1, 3)
-    vh = torch.cat([v[:, :, h // group: h // group + 1] for h in range(hq)], dim=2).permute(0, 2, 1, 3)
+    kh = torch.cat([k[:, :, h // group : h // group + 1] for h in range(hq)], dim=2).permute(0, 2, 1, 3)
+    vh = torch.cat([v[:, :, h // group : h // group + 1] for h in range(hq)], dim=2).permute(0, 2, 1, 3)
     s = torch.einsum("bhid,bhjd->bhij", qh, kh) * scale
     if softcap:
         s = softcap * torch.tanh(s / softcap)
@@ -106,8 +106,13 @@ def make_case(cfg, seed=0):
     v = randn(B, cfg["nk"], cfg["hkv"], dv, seed=seed + 2)
     dout = randn(B, cfg["nq"], HQ, dv, seed=seed + 3)
     slopes = alibi_slopes(HQ) if cfg.get("alibi") else None
-    opts = AttnOptions(softmax_scale=d ** -0.5, causal=cfg.get("causal", False), window=cfg.get("window", (-1, -1)),
-                       softcap=cfg.get("softcap", 0.0), alibi_slopes=slopes)
+    opts = AttnOptions(
+        softmax_scale=d**-0.5,
+        causal=cfg.get("causal", False),
+        window=cfg.get("window", (-1, -1)),
+        softcap=cfg.get("softcap", 0.0),
+        alibi_slopes=slopes,
+    )
     return q, k, v, dout, opts
 
 
@@ -126,7 +131,12 @@ def test_alibi_bias_is_exact_in_float64():
     """16 heads: slopes 2**-0.5, 2**-1.5 ... are not dyadic, so -slope * |i - j| is inexact in float32
     (relative 6e-8 of a bias up to ~300); the golden reference must form the bias in float64."""
     hq, nq, nk, d = 16, 8, 300, 16
-    q, k, v, dout = randn(1, nq, hq, d, seed=30), randn(1, nk, hq, d, seed=31), randn(1, nk, hq, d, seed=32), randn(1, nq, hq, d, seed=33)
+    q, k, v, dout = (
+        randn(1, nq, hq, d, seed=30),
+        randn(1, nk, hq, d, seed=31),
+        randn(1, nk, hq, d, seed=32),
+        randn(1, nq, hq, d, seed=33),
+    )
     slopes = alibi_slopes(hq)
     assert slopes[0] != 0.5 and (slopes.double() * 299 != (slopes * 299).double()).any()
     opts = AttnOptions(softmax_scale=0.25, alibi_slopes=slopes)
@@ -169,10 +179,16 @@ def test_golden_matches_analytic_backward(causal):
     torch.testing.assert_close(res.lse, torch.logsumexp(S, dim=-1), **TIGHT)
 
 
-@pytest.mark.parametrize("cfg, masked_rows", [
-    (dict(nq=21, nk=13, hkv=2, causal=True), range(0, 8)),  # rows i < nq - nk see no key
-    (dict(nq=20, nk=9, hkv=2, window=(1, 1)), range(0, 10)),  # diag = i - 11; the window [diag-1, diag+1] misses 0..8
-])
+@pytest.mark.parametrize(
+    "cfg, masked_rows",
+    [
+        (dict(nq=21, nk=13, hkv=2, causal=True), range(0, 8)),  # rows i < nq - nk see no key
+        (
+            dict(nq=20, nk=9, hkv=2, window=(1, 1)),
+            range(0, 10),
+        ),  # diag = i - 11; the window [diag-1, diag+1] misses 0..8
+    ],
+)
 @pytest.mark.parametrize("dtype", [F64, torch.bfloat16])
 def test_fully_masked_rows_give_zero_output_and_gradient(cfg, masked_rows, dtype):
     q, k, v, dout, opts = make_case(cfg)
@@ -182,8 +198,8 @@ def test_fully_masked_rows_give_zero_output_and_gradient(cfg, masked_rows, dtype
         assert torch.isfinite(res.tensors()[name]).all(), name
     assert (res.out[:, rows] == 0).all() and (res.dq[:, rows] == 0).all()
     assert torch.isneginf(res.lse[:, :, rows]).all()
-    assert torch.isfinite(res.lse[:, :, rows[-1] + 1:]).all()
-    assert (res.out[:, rows[-1] + 1:].abs().sum(dim=(-1, -2)) > 0).all()
+    assert torch.isfinite(res.lse[:, :, rows[-1] + 1 :]).all()
+    assert (res.out[:, rows[-1] + 1 :].abs().sum(dim=(-1, -2)) > 0).all()
     # The masked rows' dO must not leak into dK/dV: changing it changes nothing.
     dout2 = dout.clone()
     dout2[:, rows] = 7.0
@@ -296,7 +312,7 @@ def test_forward_only_reference_gives_the_same_out_and_lse_without_gradients():
 
     gen = torch.Generator().manual_seed(3)
     q, k, v, do = (torch.randn(2, 70, 4, 32, generator=gen) for _ in range(4))
-    opts = AttnOptions(softmax_scale=32 ** -0.5, causal=True, window=(-1, -1), softcap=20.0)
+    opts = AttnOptions(softmax_scale=32**-0.5, causal=True, window=(-1, -1), softcap=20.0)
     full = attention_reference(q, k, v, do, opts, torch.float32)
     fwd = attention_reference(q, k, v, do, opts, torch.float32, backward=False)
     assert torch.equal(full.out, fwd.out) and torch.equal(full.lse, fwd.lse)

@@ -142,8 +142,9 @@ FAKE_PROCESS = """case "$(readlink /proc/$$/exe)" in */{name}) ;; *) echo "not n
 """
 
 
-def run_hook_under_fake_runner(tmp_path: Path, event: str, workflow: str, ref: str, payload: dict,
-                               config: Path, runner_temp: Path) -> HookRun:
+def run_hook_under_fake_runner(
+    tmp_path: Path, event: str, workflow: str, ref: str, payload: dict, config: Path, runner_temp: Path
+) -> HookRun:
     """The job-started hook as the runner runs it: a Runner.Listener process starts a Runner.Worker
     (copies of bash under those names, so the guard finds them among its ancestors in /proc as it
     finds the real ones), and the worker runs the hook (job_started.sh's command line) as the job's
@@ -160,20 +161,36 @@ def run_hook_under_fake_runner(tmp_path: Path, event: str, workflow: str, ref: s
     github_env.touch()
     hook = [sys.executable, "-I", str(guard.GUARD), "--config", str(config)]  # the real /proc: finds the fake runner
     (state / "hook.sh").write_text(f"exec {shlex.join(hook)}\n")
-    (state / "worker.sh").write_text(FAKE_PROCESS.format(name="Runner.Worker") + f"""
+    (state / "worker.sh").write_text(
+        FAKE_PROCESS.format(name="Runner.Worker")
+        + f"""
 bash "{state}/hook.sh" > "{state}/hook.out" 2>&1
 echo $? > "{state}/hook.rc"
 while [ ! -e "{state}/job.done" ]; do sleep 0.05; done
-""")
-    (state / "listener.sh").write_text(FAKE_PROCESS.format(name="Runner.Listener") + f"""
+"""
+    )
+    (state / "listener.sh").write_text(
+        FAKE_PROCESS.format(name="Runner.Listener")
+        + f"""
 "{bin_dir}/Runner.Worker" "{state}/worker.sh"
 echo $? > "{state}/worker.rc"
 while :; do sleep 0.05; done
-""")
-    env = {"PATH": "/usr/bin:/bin", **guard.env_for(event, workflow, ref), "GITHUB_EVENT_PATH": str(tmp_path / "event.json"),
-           "GITHUB_ENV": str(github_env), "RUNNER_TEMP": str(runner_temp)}
-    listener = subprocess.Popen([str(bin_dir / "Runner.Listener"), str(state / "listener.sh")], env=env,
-                                start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+"""
+    )
+    env = {
+        "PATH": "/usr/bin:/bin",
+        **guard.env_for(event, workflow, ref),
+        "GITHUB_EVENT_PATH": str(tmp_path / "event.json"),
+        "GITHUB_ENV": str(github_env),
+        "RUNNER_TEMP": str(runner_temp),
+    }
+    listener = subprocess.Popen(
+        [str(bin_dir / "Runner.Listener"), str(state / "listener.sh")],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if (state / "hook.rc").exists() or (state / "worker.rc").exists() or listener.poll() is not None:
@@ -184,9 +201,13 @@ while :; do sleep 0.05; done
     assert worker_rc != "97", "the fake worker is not named Runner.Worker in /proc"
     hook_rc = int((state / "hook.rc").read_text()) if (state / "hook.rc").exists() else None
     alive = listener.poll() is None
-    result = HookRun(hook_rc, (state / "hook.out").read_text() if (state / "hook.out").exists() else "",
-                     hook_rc is not None and worker_rc is None and alive, alive,
-                     dict(line.split("=", 1) for line in github_env.read_text().splitlines() if "=" in line))
+    result = HookRun(
+        hook_rc,
+        (state / "hook.out").read_text() if (state / "hook.out").exists() else "",
+        hook_rc is not None and worker_rc is None and alive,
+        alive,
+        dict(line.split("=", 1) for line in github_env.read_text().splitlines() if "=" in line),
+    )
     (state / "job.done").touch()  # the steps are the caller's; the worker's wait ends here
     if alive:
         os.killpg(listener.pid, signal.SIGKILL)
@@ -205,17 +226,32 @@ def run_pre_steps(job: dict, cwd: Path, env: dict, failed: bool, tmp_path: Path)
         manifest = yaml.safe_load((cwd / uses / "action.yml").read_text())["runs"]
         if "pre" not in manifest or not should_run(manifest.get("pre-if", "always()"), failed, {}, f"pre {uses}"):
             continue
-        proc = subprocess.run(["node", str(cwd / uses / manifest["pre"])], cwd=cwd, env=env, capture_output=True,
-                              text=True, timeout=60)
+        proc = subprocess.run(
+            ["node", str(cwd / uses / manifest["pre"])], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
+        )
         runs.append(StepRun(f"pre {uses}", "run", proc.returncode, proc.stdout + proc.stderr))
     return runs
 
 
-def rehearse(tmp_path: Path, variables: dict[str, str], *, cwd: Path = ROOT, skip: set[str] = SKIPPED_RUN_STEPS,
-             pr: str = PR_NUMBER, sha: str = HEAD_SHA, extra_env: dict | None = None,
-             canary: str | None = None, job: dict | None = None, event: str = "workflow_dispatch",
-             workflow: str = "gate.yml", ref: str = "refs/heads/main", payload: dict | None = None,
-             job_id: str = "gate", inputs: dict[str, str] | None = None, group: str = "attn-gate-gpu") -> Rehearsal:
+def rehearse(
+    tmp_path: Path,
+    variables: dict[str, str],
+    *,
+    cwd: Path = ROOT,
+    skip: set[str] = SKIPPED_RUN_STEPS,
+    pr: str = PR_NUMBER,
+    sha: str = HEAD_SHA,
+    extra_env: dict | None = None,
+    canary: str | None = None,
+    job: dict | None = None,
+    event: str = "workflow_dispatch",
+    workflow: str = "gate.yml",
+    ref: str = "refs/heads/main",
+    payload: dict | None = None,
+    job_id: str = "gate",
+    inputs: dict[str, str] | None = None,
+    group: str = "attn-gate-gpu",
+) -> Rehearsal:
     """The runner guard, then the gate job's steps; `variables` are the repository variables (vars.*)
     it reads. The run is what vet.yml dispatches: main's gate.yml with inputs pr and sha. `canary`:
     what an earlier job on this host left (None: a fresh machine). `job`, `event`, `workflow`,
@@ -245,18 +281,42 @@ def rehearse(tmp_path: Path, variables: dict[str, str], *, cwd: Path = ROOT, ski
         **{f"vars.{k}": v for k, v in variables.items()},
     }
     job = job or yaml.safe_load((ROOT / ".github" / "workflows" / workflow).read_text())["jobs"][job_id]
-    base_env = {k: v for k, v in os.environ.items()
-                if not k.startswith(("GITHUB_", "RUNNER_", "ATTN_GATE_", "PIP_")) and k not in ("PYTHONNOUSERSITE", "HOME")}
+    base_env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("GITHUB_", "RUNNER_", "ATTN_GATE_", "PIP_")) and k not in ("PYTHONNOUSERSITE", "HOME")
+    }
     base_env.update({"HOME": str(tmp_path / "runner-home")})  # the runner's own HOME, replaced by the guard's
     base_env.update(guard_env)
     base_env.update({k: fill(v, known, "job env") for k, v in job.get("env", {}).items()})
-    base_env.update({"RUNNER_TEMP": str(temp), "GITHUB_STEP_SUMMARY": str(summary), "GITHUB_ENV": str(github_env),
-                     "CI": "true", "GITHUB_ACTIONS": "true", "GITHUB_REF_NAME": "main", "GITHUB_REF": "refs/heads/main",
-                     "GITHUB_EVENT_NAME": "workflow_dispatch", "GITHUB_SHA": "c" * 40, "GITHUB_REPOSITORY": "o/r",
-                     "GITHUB_RUN_ID": "55", "GITHUB_JOB": "gate", **(extra_env or {})})
+    base_env.update(
+        {
+            "RUNNER_TEMP": str(temp),
+            "GITHUB_STEP_SUMMARY": str(summary),
+            "GITHUB_ENV": str(github_env),
+            "CI": "true",
+            "GITHUB_ACTIONS": "true",
+            "GITHUB_REF_NAME": "main",
+            "GITHUB_REF": "refs/heads/main",
+            "GITHUB_EVENT_NAME": "workflow_dispatch",
+            "GITHUB_SHA": "c" * 40,
+            "GITHUB_REPOSITORY": "o/r",
+            "GITHUB_RUN_ID": "55",
+            "GITHUB_JOB": "gate",
+            **(extra_env or {}),
+        }
+    )
     if not hook.worker_alive:  # the guard ended the job: the worker runs nothing more
-        return Rehearsal([StepRun(s.get("id") or s.get("name") or s.get("uses"), "never ran") for s in job["steps"]],
-                         True, summary.read_text(), temp, {}, hook.output, True, not hook.listener_alive)
+        return Rehearsal(
+            [StepRun(s.get("id") or s.get("name") or s.get("uses"), "never ran") for s in job["steps"]],
+            True,
+            summary.read_text(),
+            temp,
+            {},
+            hook.output,
+            True,
+            not hook.listener_alive,
+        )
     # a hook that failed without ending the job fails it, and the runner goes on as for any failed step
     failed = hook.returncode != 0
     steps, rendered, outcomes = run_pre_steps(job, cwd, base_env, failed, tmp_path), {}, {}
@@ -268,15 +328,24 @@ def rehearse(tmp_path: Path, variables: dict[str, str], *, cwd: Path = ROOT, ski
             continue
         if str(step.get("uses", "")).startswith("./"):  # a local action's main step (node)
             manifest = yaml.safe_load((cwd / step["uses"] / "action.yml").read_text())["runs"]
-            proc = subprocess.run(["node", str(cwd / step["uses"] / manifest["main"])], cwd=cwd, env=base_env,
-                                  capture_output=True, text=True, timeout=60)
+            proc = subprocess.run(
+                ["node", str(cwd / step["uses"] / manifest["main"])],
+                cwd=cwd,
+                env=base_env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             steps.append(StepRun(name, "run", proc.returncode, proc.stdout + proc.stderr))
             outcomes[name] = "success" if proc.returncode == 0 else "failure"
             failed = failed or proc.returncode != 0
             continue
         if "uses" in step:
-            rendered[name] = {k: fill(v, known, f"step {name}") for k, v in step.get("with", {}).items()
-                              if "steps." not in str(v) and "hashFiles" not in str(v)}
+            rendered[name] = {
+                k: fill(v, known, f"step {name}")
+                for k, v in step.get("with", {}).items()
+                if "steps." not in str(v) and "hashFiles" not in str(v)
+            }
             steps.append(StepRun(name, "uses"))
             outcomes[name] = "success"
             continue
@@ -294,10 +363,17 @@ def rehearse(tmp_path: Path, variables: dict[str, str], *, cwd: Path = ROOT, ski
         script = tmp_path / f"step-{i}.sh"
         # the steps' `. .venv/bin/activate`, for whichever venv runs the tests (setup.sh's .venv or another)
         script.write_text(step["run"].replace(". .venv/bin/activate", interpreter_path_prefix()))
-        proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)], cwd=cwd, env=env,
-                              capture_output=True, text=True, timeout=300)
-        steps.append(StepRun(name, "run", proc.returncode, proc.stdout + proc.stderr,
-                             parse_outputs(output_file.read_text())))
+        proc = subprocess.run(
+            ["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        steps.append(
+            StepRun(name, "run", proc.returncode, proc.stdout + proc.stderr, parse_outputs(output_file.read_text()))
+        )
         outcomes[name] = "success" if proc.returncode == 0 else "failure"
         failed = failed or proc.returncode != 0
     return Rehearsal(steps, failed, summary.read_text(), temp, rendered, hook.output)
@@ -338,9 +414,15 @@ def test_rehearsal_passing_kernel(tmp_path):
 @pytest.mark.slow
 def test_rehearsal_buggy_kernel_fails_the_job_and_still_uploads(tmp_path):
     # a wrong softmax scale, gated against the good kernel's baseline
-    r = rehearse(tmp_path, {"ATTN_GATE_KERNEL": "tests.buggy_kernels:scale_one_over_d",
-                            "ATTN_GATE_BASELINE": "baselines/cpu/sdpa-cpu-smoke.json", "ATTN_GATE_ONLY": CASES,
-                            "ATTN_GATE_DEVICE": "cpu"})
+    r = rehearse(
+        tmp_path,
+        {
+            "ATTN_GATE_KERNEL": "tests.buggy_kernels:scale_one_over_d",
+            "ATTN_GATE_BASELINE": "baselines/cpu/sdpa-cpu-smoke.json",
+            "ATTN_GATE_ONLY": CASES,
+            "ATTN_GATE_DEVICE": "cpu",
+        },
+    )
     gate = r.step("gate")
     assert gate.returncode == 1, gate.output[-3000:]  # a verdict, not a usage error
     assert r.failed
@@ -353,8 +435,9 @@ def test_rehearsal_buggy_kernel_fails_the_job_and_still_uploads(tmp_path):
 
 @pytest.mark.slow
 def test_rehearsal_usage_error_still_leaves_a_summary(tmp_path):
-    r = rehearse(tmp_path, {"ATTN_GATE_KERNEL": "no_such_module:attention", "ATTN_GATE_ONLY": CASES,
-                            "ATTN_GATE_DEVICE": "cpu"})
+    r = rehearse(
+        tmp_path, {"ATTN_GATE_KERNEL": "no_such_module:attention", "ATTN_GATE_ONLY": CASES, "ATTN_GATE_DEVICE": "cpu"}
+    )
     gate = r.step("gate")
     assert gate.returncode == 2 and "no_such_module" in gate.output
     assert r.failed
@@ -374,8 +457,11 @@ def test_rehearsal_without_a_gpu_fails_closed(tmp_path):
 
 
 def test_rehearsal_on_a_reused_runner_never_starts_the_job(tmp_path):
-    r = rehearse(tmp_path, {"ATTN_GATE_KERNEL": "sdpa-cpu", "ATTN_GATE_ONLY": CASES, "ATTN_GATE_DEVICE": "cpu"},
-                 canary="repo=o/r run=54 job=gate\n")
+    r = rehearse(
+        tmp_path,
+        {"ATTN_GATE_KERNEL": "sdpa-cpu", "ATTN_GATE_ONLY": CASES, "ATTN_GATE_DEVICE": "cpu"},
+        canary="repo=o/r run=54 job=gate\n",
+    )
     assert r.failed and "this host already ran a job (repo=o/r run=54 job=gate)" in r.hook
     # gate.yml's !cancelled() steps (the summary note, the uploads) would run after a failed hook
     assert r.job_ended and r.listener_stopped
@@ -401,7 +487,8 @@ def hostile_checkout(tmp_path: Path) -> Path:
     (action / "action.yml").write_text("name: evil\nruns:\n  using: node24\n  pre: pre.js\n  main: main.js\n")
     for part in ("pre", "main"):
         (action / f"{part}.js").write_text(
-            f"require('fs').writeFileSync(require('path').join(process.env.MARKS, '{part}'), 'ran')\n")
+            f"require('fs').writeFileSync(require('path').join(process.env.MARKS, '{part}'), 'ran')\n"
+        )
     return work
 
 
@@ -415,12 +502,27 @@ def test_a_refused_jobs_always_and_pre_steps_never_run(tmp_path, why):
     (tmp_path / "run").mkdir()
     work = hostile_checkout(tmp_path)
     if why == "pull_request":
-        r = rehearse(tmp_path / "run", {}, cwd=work, job=HOSTILE_JOB, event="pull_request", workflow="ci.yml",
-                     ref="refs/pull/7/merge", payload=guard.FORK_PULL_REQUEST, extra_env={"MARKS": str(marks)})
+        r = rehearse(
+            tmp_path / "run",
+            {},
+            cwd=work,
+            job=HOSTILE_JOB,
+            event="pull_request",
+            workflow="ci.yml",
+            ref="refs/pull/7/merge",
+            payload=guard.FORK_PULL_REQUEST,
+            extra_env={"MARKS": str(marks)},
+        )
         assert "refused: event pull_request" in r.hook
     else:
-        r = rehearse(tmp_path / "run", {}, cwd=work, job=HOSTILE_JOB, canary="repo=o/r run=54 job=gate\n",
-                     extra_env={"MARKS": str(marks)})
+        r = rehearse(
+            tmp_path / "run",
+            {},
+            cwd=work,
+            job=HOSTILE_JOB,
+            canary="repo=o/r run=54 job=gate\n",
+            extra_env={"MARKS": str(marks)},
+        )
         assert "this host already ran a job" in r.hook
     assert sorted(p.name for p in marks.iterdir()) == []  # not pre, not always, not !cancelled, not failure
     assert r.job_ended and r.listener_stopped and r.failed
@@ -442,8 +544,9 @@ def test_the_fake_runner_runs_a_failed_hooks_steps_as_the_real_one(tmp_path):
 
 
 def test_rehearsal_of_a_commit_other_than_the_vetted_one_stops_before_setup(tmp_path):
-    r = rehearse(tmp_path, {"ATTN_GATE_KERNEL": "sdpa-cpu", "ATTN_GATE_ONLY": CASES, "ATTN_GATE_DEVICE": "cpu"},
-                 sha="f" * 40)
+    r = rehearse(
+        tmp_path, {"ATTN_GATE_KERNEL": "sdpa-cpu", "ATTN_GATE_ONLY": CASES, "ATTN_GATE_DEVICE": "cpu"}, sha="f" * 40
+    )
     commit = r.step("commit")
     assert commit.returncode == 1 and f"not the vetted {'f' * 40}" in commit.output
     assert r.step("gate").kind == "skipped" and r.failed
@@ -454,10 +557,13 @@ def test_rehearsal_refuses_bad_inputs(tmp_path):
     assert r.failed and "dispatch input pr" in r.hook  # the guard refuses before the job's own check
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("a=1\nb=two words\n", {"a": "1", "b": "two words"}),
-    ("body<<EOF\nline 1\nx=y\nEOF\nc=3\n", {"body": "line 1\nx=y", "c": "3"}),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("a=1\nb=two words\n", {"a": "1", "b": "two words"}),
+        ("body<<EOF\nline 1\nx=y\nEOF\nc=3\n", {"body": "line 1\nx=y", "c": "3"}),
+    ],
+)
 def test_output_file_parsing(text, expected):
     assert parse_outputs(text) == expected
 
@@ -468,6 +574,7 @@ def test_unknown_expression_is_an_error():
 
 
 # ---- the two jobs that write, rehearsed against a local bare repository as "GitHub" ------------
+
 
 def job_step(workflow: str, job: str, name: str) -> dict:
     doc = yaml.safe_load((ROOT / ".github" / "workflows" / workflow).read_text())
@@ -480,8 +587,14 @@ def git(*args: str, cwd: Path) -> str:
 
 def run_script(script: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     base = {"PATH": os.environ["PATH"], "HOME": str(cwd.parent), "GIT_CONFIG_NOSYSTEM": "1", "GH_TOKEN": "not-a-token"}
-    return subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script], cwd=cwd,
-                          env={**base, **env}, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script],
+        cwd=cwd,
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.fixture
@@ -506,8 +619,9 @@ def history_run(tmp_path: Path, github: dict, files: dict[str, str], sha: str):
         (results / name).write_text(text)
     script = job_step("publish.yml", "history", "Commit them to the branch asv-results")["run"]
     env = {k: v for k, v in github.items() if k != "bare"}
-    return run_script(script, work, {**env, "RUNNER_TEMP": str(work / "temp"), "GITHUB_SHA": sha,
-                                     "GITHUB_EVENT_NAME": "push"})
+    return run_script(
+        script, work, {**env, "RUNNER_TEMP": str(work / "temp"), "GITHUB_SHA": sha, "GITHUB_EVENT_NAME": "push"}
+    )
 
 
 def test_publish_history_starts_and_extends_the_results_branch(tmp_path, github):
@@ -519,10 +633,15 @@ def test_publish_history_starts_and_extends_the_results_branch(tmp_path, github)
     assert r.returncode == 0, r.stdout + r.stderr
     bare = github["bare"]
     assert git("log", "--format=%s", "asv-results", cwd=bare).splitlines() == [
-        "asv results for bbb (push)", "asv results for aaa (push)"]
+        "asv results for bbb (push)",
+        "asv results for aaa (push)",
+    ]
     assert sorted(git("ls-tree", "-r", "--name-only", "asv-results", cwd=bare).split()) == [
-        "results/benchmarks.json", "results/h200/aaa-existing.json", "results/h200/bbb-existing.json",
-        "results/h200/machine.json"]
+        "results/benchmarks.json",
+        "results/h200/aaa-existing.json",
+        "results/h200/bbb-existing.json",
+        "results/h200/machine.json",
+    ]
     assert git("rev-parse", "main", cwd=bare) != git("rev-parse", "asv-results", cwd=bare)  # main untouched
     r = history_run(tmp_path, github, second, "ccc")  # nothing new: no empty commit
     assert r.returncode == 0 and "nothing new for asv-results" in r.stdout
@@ -541,9 +660,17 @@ def test_publish_history_refuses_a_symlink(tmp_path, github):
     work.mkdir(parents=True)
     (work / "x.json").symlink_to("/etc/passwd")
     script = job_step("publish.yml", "history", "Commit them to the branch asv-results")["run"]
-    r = run_script(script, tmp_path / "work-link", {"GITHUB_SERVER_URL": github["GITHUB_SERVER_URL"],
-                                                    "GITHUB_REPOSITORY": "repo", "RUNNER_TEMP": str(tmp_path / "work-link" / "temp"),
-                                                    "GITHUB_SHA": "eee", "GITHUB_EVENT_NAME": "push"})
+    r = run_script(
+        script,
+        tmp_path / "work-link",
+        {
+            "GITHUB_SERVER_URL": github["GITHUB_SERVER_URL"],
+            "GITHUB_REPOSITORY": "repo",
+            "RUNNER_TEMP": str(tmp_path / "work-link" / "temp"),
+            "GITHUB_SHA": "eee",
+            "GITHUB_EVENT_NAME": "push",
+        },
+    )
     assert r.returncode == 1 and "not a plain file" in r.stdout
 
 
@@ -563,16 +690,30 @@ def baseline_branch_run(tmp_path: Path, github: dict, files: dict[str, str]):
     output.touch()
     script = job_step("baselines.yml", "branch", "Commit it on a branch and link the PR to open")["run"]
     env = {k: v for k, v in github.items() if k != "bare"}
-    r = run_script(script, work, {**env, "PATH": f"{fake_bin}:{os.environ['PATH']}", "GH_ARGS": str(tmp_path / "gh-args"),
-                                  "RUNNER_TEMP": str(temp), "GITHUB_RUN_ID": "42", "GITHUB_REF_NAME": "main",
-                                  "GITHUB_STEP_SUMMARY": str(summary), "GITHUB_OUTPUT": str(output),
-                                  "SUITE": "smoke", "KERNEL": "k"})
+    r = run_script(
+        script,
+        work,
+        {
+            **env,
+            "PATH": f"{fake_bin}:{os.environ['PATH']}",
+            "GH_ARGS": str(tmp_path / "gh-args"),
+            "RUNNER_TEMP": str(temp),
+            "GITHUB_RUN_ID": "42",
+            "GITHUB_REF_NAME": "main",
+            "GITHUB_STEP_SUMMARY": str(summary),
+            "GITHUB_OUTPUT": str(output),
+            "SUITE": "smoke",
+            "KERNEL": "k",
+        },
+    )
     assert not (tmp_path / "gh-args").exists(), "the branch job must not call gh (no PR with GITHUB_TOKEN)"
     return r, summary.read_text() if summary.exists() else "", parse_outputs(output.read_text()), temp
 
 
 def test_baseline_branch_is_pushed_with_a_compare_link_and_no_pr(tmp_path, github):
-    r, summary, outputs, temp = baseline_branch_run(tmp_path, github, {"baselines/cpu/k-smoke.json": '{"ratio": 0.4}\n'})
+    r, summary, outputs, temp = baseline_branch_run(
+        tmp_path, github, {"baselines/cpu/k-smoke.json": '{"ratio": 0.4}\n'}
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     bare = github["bare"]
     branch = "attn-gate/baseline-update-42"
@@ -621,16 +762,31 @@ exec "{real_git}" "$@"
     (work / "temp" / "asv-results" / "h200").mkdir(parents=True)
     (work / "temp" / "asv-results" / "h200" / "bbb-x.json").write_text('{"v": 2}')
     script = job_step("publish.yml", "history", "Commit them to the branch asv-results")["run"]
-    r = run_script(script, work, {"GITHUB_SERVER_URL": github["GITHUB_SERVER_URL"], "GITHUB_REPOSITORY": "repo",
-                                  "RUNNER_TEMP": str(work / "temp"), "GITHUB_SHA": "bbb", "GITHUB_EVENT_NAME": "push",
-                                  "PATH": f"{fake_bin}:{os.environ['PATH']}"})
+    r = run_script(
+        script,
+        work,
+        {
+            "GITHUB_SERVER_URL": github["GITHUB_SERVER_URL"],
+            "GITHUB_REPOSITORY": "repo",
+            "RUNNER_TEMP": str(work / "temp"),
+            "GITHUB_SHA": "bbb",
+            "GITHUB_EVENT_NAME": "push",
+            "PATH": f"{fake_bin}:{os.environ['PATH']}",
+        },
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "rejected (attempt 1 of 5)" in r.stdout and "pushed to asv-results (attempt 2)" in r.stdout
     bare = github["bare"]
     assert sorted(git("ls-tree", "-r", "--name-only", "asv-results", cwd=bare).split()) == [
-        "results/h200/aaa-x.json", "results/h200/bbb-x.json", "results/h200/zzz-x.json"]
+        "results/h200/aaa-x.json",
+        "results/h200/bbb-x.json",
+        "results/h200/zzz-x.json",
+    ]
     assert git("log", "--format=%s", "asv-results", cwd=bare).splitlines() == [
-        "asv results for bbb (push)", "rival", "asv results for aaa (push)"]
+        "asv results for bbb (push)",
+        "rival",
+        "asv results for aaa (push)",
+    ]
 
 
 def selftest_history_run(tmp_path: Path, github: dict, files: dict[str, str], sha: str):
@@ -639,8 +795,17 @@ def selftest_history_run(tmp_path: Path, github: dict, files: dict[str, str], sh
         (work / "temp" / "selftest" / name).parent.mkdir(parents=True, exist_ok=True)
         (work / "temp" / "selftest" / name).write_text(text)
     script = job_step("selftest.yml", "history", "Commit it to the branch asv-results")["run"]
-    return run_script(script, work, {"GITHUB_SERVER_URL": github["GITHUB_SERVER_URL"], "GITHUB_REPOSITORY": "repo",
-                                     "RUNNER_TEMP": str(work / "temp"), "GITHUB_SHA": sha * 4, "GITHUB_EVENT_NAME": "schedule"})
+    return run_script(
+        script,
+        work,
+        {
+            "GITHUB_SERVER_URL": github["GITHUB_SERVER_URL"],
+            "GITHUB_REPOSITORY": "repo",
+            "RUNNER_TEMP": str(work / "temp"),
+            "GITHUB_SHA": sha * 4,
+            "GITHUB_EVENT_NAME": "schedule",
+        },
+    )
 
 
 def test_selftest_report_is_kept_beside_the_asv_history(tmp_path, github):
@@ -651,7 +816,10 @@ def test_selftest_report_is_kept_beside_the_asv_history(tmp_path, github):
     assert r.returncode == 0, r.stdout + r.stderr
     files = git("ls-tree", "-r", "--name-only", "asv-results", cwd=github["bare"]).split()
     assert "results/h200/aaa-x.json" in files  # the asv history is untouched
-    assert len([f for f in files if re.fullmatch(r"selftest/\d{4}-\d\d-\d\d-(abcabcabcabc|defdefdefdef)/selftest\.md", f)]) == 2
+    assert (
+        len([f for f in files if re.fullmatch(r"selftest/\d{4}-\d\d-\d\d-(abcabcabcabc|defdefdefdef)/selftest\.md", f)])
+        == 2
+    )
     assert git("show", "asv-results:selftest/latest/selftest.md", cwd=github["bare"]) == "# kill matrix 2\n"
 
 
@@ -663,6 +831,7 @@ def test_selftest_history_refuses_what_is_not_a_report(tmp_path, github, files):
 
 
 # ---- a fork PR from its first event to the report ---------------------------------------------
+
 
 def workflows_started_by(event: str) -> dict[str, dict]:
     found = {}
@@ -690,13 +859,19 @@ def test_fork_pr_end_to_end(tmp_path):
         for job in doc["jobs"].values():
             assert job["runs-on"] == "ubuntu-latest"
             assert fill(json.dumps(job), {}, name) == json.dumps(job)  # nothing that reads vars (or anything) to fill
-    refused = guard.guard.decide(guard.GPU, guard.env_for("pull_request", "ci.yml", "refs/pull/7/merge"),
-                                 guard.FORK_PULL_REQUEST)
+    refused = guard.guard.decide(
+        guard.GPU, guard.env_for("pull_request", "ci.yml", "refs/pull/7/merge"), guard.FORK_PULL_REQUEST
+    )
     assert not refused.allowed  # had mallory's ci.yml asked for the GPU group
     # (2) vetting refused
-    perms = {"mallory": {"permission": "read", "role_name": "read"}, "maint": {"permission": "admin", "role_name": "admin"}}
+    perms = {
+        "mallory": {"permission": "read", "role_name": "read"},
+        "maint": {"permission": "admin", "role_name": "admin"},
+    }
     for login, sha in (("mallory", head), ("maint", wf.OTHER)):
-        calls = wf.vet(wf.subdir(tmp_path, f"vet-{login}"), f"/attn-gate run {sha}", login=login, permissions=perms, pr=pr)
+        calls = wf.vet(
+            wf.subdir(tmp_path, f"vet-{login}"), f"/attn-gate run {sha}", login=login, permissions=perms, pr=pr
+        )
         assert wf.named(calls, *wf.VET_WRITES) == []
     # (3) vetted: main's gate runs with the inputs vet.yml passed
     calls = wf.vet(wf.subdir(tmp_path, "vet-ok"), f"/attn-gate run {head}", login="maint", permissions=perms, pr=pr)
@@ -704,20 +879,31 @@ def test_fork_pr_end_to_end(tmp_path):
     assert dispatch["ref"] == "main"
     gate_dir = tmp_path / "gate"
     gate_dir.mkdir()
-    r = rehearse(gate_dir, {"ATTN_GATE_KERNEL": "sdpa-cpu", "ATTN_GATE_ONLY": CASES, "ATTN_GATE_DEVICE": "cpu"},
-                 pr=dispatch["inputs"]["pr"], sha=dispatch["inputs"]["sha"])
+    r = rehearse(
+        gate_dir,
+        {"ATTN_GATE_KERNEL": "sdpa-cpu", "ATTN_GATE_ONLY": CASES, "ATTN_GATE_DEVICE": "cpu"},
+        pr=dispatch["inputs"]["pr"],
+        sha=dispatch["inputs"]["sha"],
+    )
     assert not r.failed, r.hook + r.step("gate").output[-2000:]
     assert_artifacts_complete(r, pr_number="7", sha=head)
     summary_dir = r.runner_temp / "gate-summary"
     # (4) the report: the run as GitHub describes it to report.yml (the title is gate.yml's run-name)
-    run = wf.gate_run(display_title=f"attn-gate PR #{dispatch['inputs']['pr']} at {dispatch['inputs']['sha']}",
-                      conclusion="success")
+    run = wf.gate_run(
+        display_title=f"attn-gate PR #{dispatch['inputs']['pr']} at {dispatch['inputs']['sha']}", conclusion="success"
+    )
     out = wf.report_check(wf.subdir(tmp_path, "report-check"), run, prs={"7": pr})
     assert out["ok"] == "true" and out["pr"] == "7" and out["sha"] == head
-    post = wf.run_node(wf.subdir(tmp_path, "report-post"), wf.script_of("report.yml", "report", 2),
-                       {"payload": {"workflow_run": run, "repository": wf.REPORT_PAYLOAD_REPO}, "prs": {"7": pr},
-                        "lists": {"pulls.listFiles": [{"filename": "gate/kernels/x.py"}]}},
-                       env={"RESULTS_DIR": str(summary_dir), "PR_NUMBER": out["pr"], "GATED_SHA": out["sha"]})
+    post = wf.run_node(
+        wf.subdir(tmp_path, "report-post"),
+        wf.script_of("report.yml", "report", 2),
+        {
+            "payload": {"workflow_run": run, "repository": wf.REPORT_PAYLOAD_REPO},
+            "prs": {"7": pr},
+            "lists": {"pulls.listFiles": [{"filename": "gate/kernels/x.py"}]},
+        },
+        env={"RESULTS_DIR": str(summary_dir), "PR_NUMBER": out["pr"], "GATED_SHA": out["sha"]},
+    )
     status = wf.named(post, "repos.createCommitStatus")[0][1]
     assert status["state"] == "success" and status["sha"] == head
     body = wf.comment_body(post)
@@ -725,6 +911,7 @@ def test_fork_pr_end_to_end(tmp_path):
 
 
 # ---- the asv step with real asv: this commit against the stored history ------------------------
+
 
 @pytest.mark.slow
 def test_rehearsal_asv_compares_the_head_with_stored_history(tmp_path):
@@ -740,8 +927,9 @@ def test_rehearsal_asv_compares_the_head_with_stored_history(tmp_path):
     fast = {"ATTN_GATE_ROUNDS": "3"}
 
     git("checkout", "-q", "--detach", base, cwd=work)
-    first = rehearse(wf.subdir(tmp_path, "first"), variables, cwd=work,
-                     skip={"setup", "gate"}, sha=base, extra_env=fast)
+    first = rehearse(
+        wf.subdir(tmp_path, "first"), variables, cwd=work, skip={"setup", "gate"}, sha=base, extra_env=fast
+    )
     assert first.step("asv").returncode == 0, first.step("asv").output[-3000:]
     note = (first.runner_temp / "gate-summary" / "asv-compare.md").read_text()
     assert note.startswith("### asv history (not the verdict)")
@@ -755,12 +943,16 @@ def test_rehearsal_asv_compares_the_head_with_stored_history(tmp_path):
     (work / ".asv-history").mkdir()
     (work / "results").rename(work / ".asv-history" / "results")  # ... as .asv-history/results/<machine>/
     (work / ".asv").rename(tmp_path / "first-run-asv")  # a fresh runner: nothing else of the first run
-    second = rehearse(wf.subdir(tmp_path, "second"), variables, cwd=work,
-                      skip={"setup", "gate"}, sha=head, extra_env=fast)
+    second = rehearse(
+        wf.subdir(tmp_path, "second"), variables, cwd=work, skip={"setup", "gate"}, sha=head, extra_env=fast
+    )
     asv = second.step("asv")
     assert asv.returncode == 0, asv.output[-3000:]
     note = (second.runner_temp / "gate-summary" / "asv-compare.md").read_text()
-    assert f"asv compare {base[:12]} (newest ancestor with stored results) -> {head[:12]} (this commit), machine cpu" in note
+    assert (
+        f"asv compare {base[:12]} (newest ancestor with stored results) -> {head[:12]} (this commit), machine cpu"
+        in note
+    )
     assert f"Before [{base[:8]}]" in note and f"After [{head[:8]}]" in note  # asv's own table
     # kernel and anchor are part of a benchmark's identity (one history line per pair)
     assert re.search(r"track_fwd_speed_ratio\('sdpa-cpu', 'sdpa-math', 'bf16-b2-h4-s256-d64'\)", note)
@@ -778,10 +970,18 @@ def test_rehearsal_bisect_names_the_first_bad_commit(tmp_path):
     from tests import test_bisect as tb
 
     # three commits, the second plants dK x1.02; the repository's locked install step is a compile check
-    repo, commits = tb.make_repo(tmp_path, {2: tb.plant}, commits=3,
-                                 files={"scripts/setup.sh": "python3 -m py_compile tinyk/__init__.py\n"})
-    r = rehearse(tmp_path, {"ATTN_GATE_DEVICE": "cpu"}, cwd=repo, workflow="bisect.yml", job_id="bisect",
-                 inputs={"good": commits[0], "bad": "", "only": exact_regex(tb.CASES)}, group="attn-gate-trusted")
+    repo, commits = tb.make_repo(
+        tmp_path, {2: tb.plant}, commits=3, files={"scripts/setup.sh": "python3 -m py_compile tinyk/__init__.py\n"}
+    )
+    r = rehearse(
+        tmp_path,
+        {"ATTN_GATE_DEVICE": "cpu"},
+        cwd=repo,
+        workflow="bisect.yml",
+        job_id="bisect",
+        inputs={"good": commits[0], "bad": "", "only": exact_regex(tb.CASES)},
+        group="attn-gate-trusted",
+    )
     step = r.step("bisect")
     assert step.returncode == 0 and not r.failed, step.output[-3000:]
     assert f"FIRST BAD COMMIT: {commits[1]} commit 2" in step.output
@@ -791,20 +991,38 @@ def test_rehearsal_bisect_names_the_first_bad_commit(tmp_path):
 
 
 def test_rehearsal_bisect_refuses_an_input_with_a_shell_in_it(tmp_path):
-    r = rehearse(tmp_path, {"ATTN_GATE_DEVICE": "cpu"}, workflow="bisect.yml", job_id="bisect",
-                 inputs={"good": "v1", "bad": "", "only": "x'; id; '"}, group="attn-gate-trusted")
+    r = rehearse(
+        tmp_path,
+        {"ATTN_GATE_DEVICE": "cpu"},
+        workflow="bisect.yml",
+        job_id="bisect",
+        inputs={"good": "v1", "bad": "", "only": "x'; id; '"},
+        group="attn-gate-trusted",
+    )
     assert r.failed and "dispatch input only" in r.hook and r.job_ended
     assert all(s.kind == "never ran" for s in r.steps)
 
 
 def test_bisect_validation_step_refuses_what_the_guard_would(tmp_path):
     """The job's own check of the inputs (defence in depth behind the guard), run for real."""
-    step = next(s for s in yaml.safe_load((ROOT / ".github" / "workflows" / "bisect.yml").read_text())["jobs"]["bisect"]["steps"]
-                if s.get("id") == "validate")
-    for good, bad, only, ok in (("v1.2", "", "^(?:bf16-b2-h8/2-s127-d80|fp16-b2-h8-s97-d64-causal)$", True),
-                                ("3f2a1c0", "main~3", "bf16-.*causal", True), ("--exec=id", "", "x", False),
-                                ("v1", "a b", "x", False), ("v1", "", "x; id", False), ("v1", "", "-k", False),
-                                ("v1", "", "", False)):
-        proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]], capture_output=True,
-                              text=True, env={"PATH": os.environ["PATH"], "GOOD": good, "BAD": bad, "ONLY": only})
+    step = next(
+        s
+        for s in yaml.safe_load((ROOT / ".github" / "workflows" / "bisect.yml").read_text())["jobs"]["bisect"]["steps"]
+        if s.get("id") == "validate"
+    )
+    for good, bad, only, ok in (
+        ("v1.2", "", "^(?:bf16-b2-h8/2-s127-d80|fp16-b2-h8-s97-d64-causal)$", True),
+        ("3f2a1c0", "main~3", "bf16-.*causal", True),
+        ("--exec=id", "", "x", False),
+        ("v1", "a b", "x", False),
+        ("v1", "", "x; id", False),
+        ("v1", "", "-k", False),
+        ("v1", "", "", False),
+    ):
+        proc = subprocess.run(
+            ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]],
+            capture_output=True,
+            text=True,
+            env={"PATH": os.environ["PATH"], "GOOD": good, "BAD": bad, "ONLY": only},
+        )
         assert (proc.returncode == 0) == ok, (good, bad, only, proc.stdout)

@@ -50,8 +50,14 @@ def test_version_1_only_note_becomes_the_scope(tmp_path):
     assert not any("--only" in n for n in sweep.notes)  # the note became the field, not both
 
 
-@pytest.mark.parametrize("note, scope", [("filtered with --only 's1-'", "s1-"), ("filtered with --only s1-", "s1-"),
-                                         ("filtered with --only 'a\\\\d'", "a\\d")])
+@pytest.mark.parametrize(
+    "note, scope",
+    [
+        ("filtered with --only 's1-'", "s1-"),
+        ("filtered with --only s1-", "s1-"),
+        ("filtered with --only 'a\\\\d'", "a\\d"),
+    ],
+)
 def test_migration_of_the_note_forms_version_1_wrote(note, scope):
     migrated = migrate_results({"schema_version": 1, "notes": ["other", note], "cases": []})
     assert (migrated["schema_version"], migrated["scope"], migrated["notes"]) == (3, scope, ["other"])

@@ -10,12 +10,11 @@ import torch
 
 from gate.core.cases import Case
 from gate.core.config import ToleranceConfig
+from gate.core.results import Status, error_ratio
 from gate.correctness.run_case import measure, run_case
+from gate.correctness.tolerance import EPS, error_bound, rounding_floor
 from gate.kernels.tiled import TiledAdapter
 from gate.kernels.user import UserAdapter
-from gate.core.results import Status
-from gate.core.results import error_ratio
-from gate.correctness.tolerance import EPS, error_bound, rounding_floor
 
 TOL = ToleranceConfig()
 
@@ -25,8 +24,19 @@ def user(name: str) -> UserAdapter:
 
 
 def case(dtype, nq=64, nk=64, hq=4, hkv=2, d=40, causal=True, **kw):
-    return Case.build(batch=1, seqlen_q=nq, seqlen_k=nk, heads_q=hq, heads_kv=hkv, head_dim=d, head_dim_v=d, dtype=dtype,
-                causal=causal, seeds=(0, 1), **kw)
+    return Case.build(
+        batch=1,
+        seqlen_q=nq,
+        seqlen_k=nk,
+        heads_q=hq,
+        heads_kv=hkv,
+        head_dim=d,
+        head_dim_v=d,
+        dtype=dtype,
+        causal=causal,
+        seeds=(0, 1),
+        **kw,
+    )
 
 
 DTYPES = ["bf16", "fp16", "fp32"]
@@ -206,9 +216,11 @@ def test_a_broken_lse_row_survives_its_own_file(bad):
     """An LSE of NaN/inf where the reference is finite (FA2's window -1 class) is a FAIL row
     with an infinite error, and the sweep file holding it reads back: a writer's row that its own
     reader refuses would lose the run at merge time."""
-    from gate.core.results import TensorError
-    from gate.core.jsonio import clean_json
     import json
+
+    from gate.core.jsonio import clean_json
+    from gate.core.results import TensorError
+
     g = torch.linspace(1, 3, 8, dtype=torch.float64)
     k = g.clone()
     k[5] = bad
@@ -221,9 +233,11 @@ def test_a_broken_lse_row_survives_its_own_file(bad):
 def test_a_broken_yardstick_is_an_infinite_bound_that_reads_back():
     """A NaN in the low-precision yardstick judges nothing: an infinite bound and ratio (a FAIL),
     written so the file reads back, never a NaN that the reader refuses."""
-    from gate.core.results import TensorError
-    from gate.core.jsonio import clean_json
     import json
+
+    from gate.core.jsonio import clean_json
+    from gate.core.results import TensorError
+
     g = torch.linspace(1, 3, 8, dtype=torch.float64)
     low = g.clone()
     low[2] = math.nan
@@ -255,6 +269,7 @@ def test_measure_lse_ignores_fully_masked_rows_only():
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
 def test_a_non_finite_cache_slot_is_an_infinite_error(bad):
     from gate.correctness.run_case import measure_exact
+
     expected = torch.zeros(2, 3)
     got = expected.clone()
     got[1, 2] = bad

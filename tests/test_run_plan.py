@@ -47,15 +47,33 @@ def counted(monkeypatch, module, name: str) -> list:
 @pytest.fixture
 def calls(monkeypatch):
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    return {"load_suite": counted(monkeypatch, gate.core.cases, "load_suite"),
-            "resolve_kernel": counted(monkeypatch, gate.kernels.registry, "resolve_kernel"),
-            "kernel_family": counted(monkeypatch, gate.kernels.registry, "kernel_family")}
+    return {
+        "load_suite": counted(monkeypatch, gate.core.cases, "load_suite"),
+        "resolve_kernel": counted(monkeypatch, gate.kernels.registry, "resolve_kernel"),
+        "kernel_family": counted(monkeypatch, gate.kernels.registry, "kernel_family"),
+    }
 
 
 def test_check_loads_the_suite_once_and_resolves_the_kernel_once(calls, tmp_path):
     with contextlib.chdir(ROOT):
-        rc = main(["check", "--device", "cpu", "--kernel", "sdpa-cpu", "--suite", "smoke", "--only", FEW,
-                   "--no-progress", "--workers", "1", "--out", str(tmp_path / "out")])
+        rc = main(
+            [
+                "check",
+                "--device",
+                "cpu",
+                "--kernel",
+                "sdpa-cpu",
+                "--suite",
+                "smoke",
+                "--only",
+                FEW,
+                "--no-progress",
+                "--workers",
+                "1",
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
     assert rc == 0
     assert calls["load_suite"].count("smoke") == 1, calls["load_suite"]
     assert calls["resolve_kernel"] == ["sdpa-cpu"]  # checked here; the sweep runs it in a worker
@@ -75,8 +93,25 @@ def test_baseline_update_loads_the_suite_once(calls, tmp_path):
     shutil.copytree(ROOT / "baselines" / "cpu", baselines / "cpu")
     config = tmp_path / "pyproject.toml"
     config.write_text(f'[tool.attn-gate]\nbaselines_dir = "{baselines}"\n')
-    rc = main(["baseline", "update", "--config", str(config), "--device", "cpu", "--kernel", "sdpa-cpu",
-               "--suite", "smoke", "--only", FEW, "--no-progress", "--out", str(tmp_path / "out")])
+    rc = main(
+        [
+            "baseline",
+            "update",
+            "--config",
+            str(config),
+            "--device",
+            "cpu",
+            "--kernel",
+            "sdpa-cpu",
+            "--suite",
+            "smoke",
+            "--only",
+            FEW,
+            "--no-progress",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     assert rc == 0
     assert calls["load_suite"].count("smoke") == 1, calls["load_suite"]
     assert calls["resolve_kernel"] == ["sdpa-cpu"]
@@ -85,8 +120,25 @@ def test_baseline_update_loads_the_suite_once(calls, tmp_path):
 @pytest.mark.slow  # times two perf cases in a worker (~25 s on 2 cores)
 def test_check_with_perf_reads_the_perf_cases_from_the_plan(calls, tmp_path):
     with contextlib.chdir(ROOT):
-        main(["check", "--device", "cpu", "--kernel", "sdpa-cpu", "--suite", "smoke", "--perf", "--no-progress",
-              "--only", "^bf16-b2-h4-s(128|256)-d64(-causal)?$", "--workers", "1", "--out", str(tmp_path / "out")])
+        main(
+            [
+                "check",
+                "--device",
+                "cpu",
+                "--kernel",
+                "sdpa-cpu",
+                "--suite",
+                "smoke",
+                "--perf",
+                "--no-progress",
+                "--only",
+                "^bf16-b2-h4-s(128|256)-d64(-causal)?$",
+                "--workers",
+                "1",
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
     assert (tmp_path / "out" / "perf-sdpa-cpu-smoke.json").is_file()  # the speed step ran
     assert calls["load_suite"].count("smoke") == 1, calls["load_suite"]
     assert calls["resolve_kernel"] == ["sdpa-cpu"]  # the anchor is the anchor's own adapter

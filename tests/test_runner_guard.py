@@ -38,86 +38,307 @@ REPO = {"full_name": "o/r", "fork": False}
 # ---- recorded payloads (the fields GitHub sends that the guard reads, with their neighbours) ----
 
 FORK_PULL_REQUEST = {  # mallory/r opened PR 7; "Approve and run" on her edited ci.yml
-    "action": "synchronize", "number": 7,
-    "pull_request": {"number": 7, "head": {"sha": SHA, "ref": "main", "repo": {"full_name": "mallory/r", "fork": True}},
-                     "base": {"ref": "main", "repo": REPO}},
-    "repository": REPO, "sender": {"login": "mallory"},
+    "action": "synchronize",
+    "number": 7,
+    "pull_request": {
+        "number": 7,
+        "head": {"sha": SHA, "ref": "main", "repo": {"full_name": "mallory/r", "fork": True}},
+        "base": {"ref": "main", "repo": REPO},
+    },
+    "repository": REPO,
+    "sender": {"login": "mallory"},
 }
-DISPATCH_GATE = {"inputs": {"pr": "7", "sha": SHA}, "ref": "refs/heads/main", "repository": REPO,
-                 "sender": {"login": "github-actions[bot]"}, "workflow": ".github/workflows/gate.yml"}
-MERGE_GROUP = {"action": "checks_requested", "repository": REPO,
-               "merge_group": {"head_sha": MAIN_SHA, "head_ref": f"refs/heads/gh-readonly-queue/main/pr-7-{SHA}",
-                               "base_sha": "d" * 40, "base_ref": "refs/heads/main"}}
+DISPATCH_GATE = {
+    "inputs": {"pr": "7", "sha": SHA},
+    "ref": "refs/heads/main",
+    "repository": REPO,
+    "sender": {"login": "github-actions[bot]"},
+    "workflow": ".github/workflows/gate.yml",
+}
+MERGE_GROUP = {
+    "action": "checks_requested",
+    "repository": REPO,
+    "merge_group": {
+        "head_sha": MAIN_SHA,
+        "head_ref": f"refs/heads/gh-readonly-queue/main/pr-7-{SHA}",
+        "base_sha": "d" * 40,
+        "base_ref": "refs/heads/main",
+    },
+}
 PUSH_MAIN = {"ref": "refs/heads/main", "before": "d" * 40, "after": MAIN_SHA, "repository": REPO}
 SCHEDULE = {"schedule": "41 1 * * *", "repository": REPO}
-ISSUE_COMMENT = {"action": "created", "issue": {"number": 7, "pull_request": {"url": "x"}},
-                 "comment": {"body": f"/attn-gate run {SHA}"}, "repository": REPO}
+ISSUE_COMMENT = {
+    "action": "created",
+    "issue": {"number": 7, "pull_request": {"url": "x"}},
+    "comment": {"body": f"/attn-gate run {SHA}"},
+    "repository": REPO,
+}
 
 
 def env_for(event: str, workflow: str, ref: str, repo: str = "o/r") -> dict:
-    return {"GITHUB_EVENT_NAME": event, "GITHUB_REPOSITORY": repo, "GITHUB_REF": ref,
-            "GITHUB_WORKFLOW_REF": f"{repo}/.github/workflows/{workflow}@{ref}", "GITHUB_RUN_ID": "55", "GITHUB_JOB": "gate"}
+    return {
+        "GITHUB_EVENT_NAME": event,
+        "GITHUB_REPOSITORY": repo,
+        "GITHUB_REF": ref,
+        "GITHUB_WORKFLOW_REF": f"{repo}/.github/workflows/{workflow}@{ref}",
+        "GITHUB_RUN_ID": "55",
+        "GITHUB_JOB": "gate",
+    }
 
 
 CASES = [  # (id, group, event, workflow, ref, payload, allowed, why)
     ("pull_request job", GPU, "pull_request", "ci.yml", "refs/pull/7/merge", FORK_PULL_REQUEST, False, "pull_request"),
-    ("fork's edited ci.yml asks for the GPU group", GPU, "pull_request", "ci.yml", "refs/pull/7/merge",
-     FORK_PULL_REQUEST, False, "PR's own workflow file"),
-    ("fork's edited ci.yml asks for the trusted group", TRUSTED, "pull_request", "ci.yml", "refs/pull/7/merge",
-     FORK_PULL_REQUEST, False, "pull_request"),
-    ("pull_request_target", GPU, "pull_request_target", "gate.yml", "refs/heads/main", FORK_PULL_REQUEST, False,
-     "pull_request_target"),
-    ("pull_request payload under another name", GPU, "workflow_dispatch", "gate.yml", "refs/heads/main",
-     {**DISPATCH_GATE, "pull_request": FORK_PULL_REQUEST["pull_request"]}, False, "pull_request"),
-    ("main's gate.yml dispatched with inputs", GPU, "workflow_dispatch", "gate.yml", "refs/heads/main", DISPATCH_GATE,
-     True, "allowed in runner group attn-gate-gpu"),
-    ("main's gate.yml on the trusted group", TRUSTED, "workflow_dispatch", "gate.yml", "refs/heads/main", DISPATCH_GATE,
-     False, "allow-list"),
-    ("a branch's gate.yml", GPU, "workflow_dispatch", "gate.yml", "refs/heads/feature",
-     {**DISPATCH_GATE, "ref": "refs/heads/feature"}, False, "comes from refs/heads/feature, not refs/heads/main"),
-    ("a branch's gate.yml on push", GPU, "push", "gate.yml", "refs/heads/pull-request/7",
-     {**PUSH_MAIN, "ref": "refs/heads/pull-request/7"}, False, "event push is not one of workflow_dispatch"),
-    ("gate.yml with a short sha", GPU, "workflow_dispatch", "gate.yml", "refs/heads/main",
-     {**DISPATCH_GATE, "inputs": {"pr": "7", "sha": SHA[:12]}}, False, "dispatch input sha"),
-    ("gate.yml without inputs", GPU, "workflow_dispatch", "gate.yml", "refs/heads/main",
-     {**DISPATCH_GATE, "inputs": {}}, False, "dispatch input pr"),
-    ("gate.yml with an extra input", GPU, "workflow_dispatch", "gate.yml", "refs/heads/main",
-     {**DISPATCH_GATE, "inputs": {"pr": "7", "sha": SHA, "kernel": "x"}}, False, "['kernel'] are not among"),
-    ("payload names another workflow", GPU, "workflow_dispatch", "gate.yml", "refs/heads/main",
-     {**DISPATCH_GATE, "workflow": ".github/workflows/evil.yml"}, False, "names another workflow"),
-    ("merge queue", GPU, "merge_group", "gate.yml", MERGE_GROUP["merge_group"]["head_ref"], MERGE_GROUP, True,
-     "allowed"),
-    ("merge queue of another base", GPU, "merge_group", "gate.yml", "refs/heads/gh-readonly-queue/main/pr-7-x",
-     {"merge_group": {"head_ref": "refs/heads/gh-readonly-queue/main/pr-7-x", "base_ref": "refs/heads/dev"}}, False,
-     "targets 'refs/heads/dev'"),
+    (
+        "fork's edited ci.yml asks for the GPU group",
+        GPU,
+        "pull_request",
+        "ci.yml",
+        "refs/pull/7/merge",
+        FORK_PULL_REQUEST,
+        False,
+        "PR's own workflow file",
+    ),
+    (
+        "fork's edited ci.yml asks for the trusted group",
+        TRUSTED,
+        "pull_request",
+        "ci.yml",
+        "refs/pull/7/merge",
+        FORK_PULL_REQUEST,
+        False,
+        "pull_request",
+    ),
+    (
+        "pull_request_target",
+        GPU,
+        "pull_request_target",
+        "gate.yml",
+        "refs/heads/main",
+        FORK_PULL_REQUEST,
+        False,
+        "pull_request_target",
+    ),
+    (
+        "pull_request payload under another name",
+        GPU,
+        "workflow_dispatch",
+        "gate.yml",
+        "refs/heads/main",
+        {**DISPATCH_GATE, "pull_request": FORK_PULL_REQUEST["pull_request"]},
+        False,
+        "pull_request",
+    ),
+    (
+        "main's gate.yml dispatched with inputs",
+        GPU,
+        "workflow_dispatch",
+        "gate.yml",
+        "refs/heads/main",
+        DISPATCH_GATE,
+        True,
+        "allowed in runner group attn-gate-gpu",
+    ),
+    (
+        "main's gate.yml on the trusted group",
+        TRUSTED,
+        "workflow_dispatch",
+        "gate.yml",
+        "refs/heads/main",
+        DISPATCH_GATE,
+        False,
+        "allow-list",
+    ),
+    (
+        "a branch's gate.yml",
+        GPU,
+        "workflow_dispatch",
+        "gate.yml",
+        "refs/heads/feature",
+        {**DISPATCH_GATE, "ref": "refs/heads/feature"},
+        False,
+        "comes from refs/heads/feature, not refs/heads/main",
+    ),
+    (
+        "a branch's gate.yml on push",
+        GPU,
+        "push",
+        "gate.yml",
+        "refs/heads/pull-request/7",
+        {**PUSH_MAIN, "ref": "refs/heads/pull-request/7"},
+        False,
+        "event push is not one of workflow_dispatch",
+    ),
+    (
+        "gate.yml with a short sha",
+        GPU,
+        "workflow_dispatch",
+        "gate.yml",
+        "refs/heads/main",
+        {**DISPATCH_GATE, "inputs": {"pr": "7", "sha": SHA[:12]}},
+        False,
+        "dispatch input sha",
+    ),
+    (
+        "gate.yml without inputs",
+        GPU,
+        "workflow_dispatch",
+        "gate.yml",
+        "refs/heads/main",
+        {**DISPATCH_GATE, "inputs": {}},
+        False,
+        "dispatch input pr",
+    ),
+    (
+        "gate.yml with an extra input",
+        GPU,
+        "workflow_dispatch",
+        "gate.yml",
+        "refs/heads/main",
+        {**DISPATCH_GATE, "inputs": {"pr": "7", "sha": SHA, "kernel": "x"}},
+        False,
+        "['kernel'] are not among",
+    ),
+    (
+        "payload names another workflow",
+        GPU,
+        "workflow_dispatch",
+        "gate.yml",
+        "refs/heads/main",
+        {**DISPATCH_GATE, "workflow": ".github/workflows/evil.yml"},
+        False,
+        "names another workflow",
+    ),
+    (
+        "merge queue",
+        GPU,
+        "merge_group",
+        "gate.yml",
+        MERGE_GROUP["merge_group"]["head_ref"],
+        MERGE_GROUP,
+        True,
+        "allowed",
+    ),
+    (
+        "merge queue of another base",
+        GPU,
+        "merge_group",
+        "gate.yml",
+        "refs/heads/gh-readonly-queue/main/pr-7-x",
+        {"merge_group": {"head_ref": "refs/heads/gh-readonly-queue/main/pr-7-x", "base_ref": "refs/heads/dev"}},
+        False,
+        "targets 'refs/heads/dev'",
+    ),
     ("publish on push to main", TRUSTED, "push", "publish.yml", "refs/heads/main", PUSH_MAIN, True, "allowed"),
-    ("publish from a branch", TRUSTED, "push", "publish.yml", "refs/heads/x", {**PUSH_MAIN, "ref": "refs/heads/x"},
-     False, "not refs/heads/main"),
+    (
+        "publish from a branch",
+        TRUSTED,
+        "push",
+        "publish.yml",
+        "refs/heads/x",
+        {**PUSH_MAIN, "ref": "refs/heads/x"},
+        False,
+        "not refs/heads/main",
+    ),
     ("nightly schedule", TRUSTED, "schedule", "nightly.yml", "refs/heads/main", SCHEDULE, True, "allowed"),
-    ("baselines dispatched from main", TRUSTED, "workflow_dispatch", "baselines.yml", "refs/heads/main",
-     {**DISPATCH_GATE, "workflow": ".github/workflows/baselines.yml", "inputs": {"suite": "pr", "kernel": ""}}, True,
-     "allowed"),
-    ("baselines with a shell in an input", TRUSTED, "workflow_dispatch", "baselines.yml", "refs/heads/main",
-     {**DISPATCH_GATE, "workflow": ".github/workflows/baselines.yml", "inputs": {"suite": "$(id)"}}, False,
-     "dispatch input suite"),
-    ("baselines on the PR group", GPU, "workflow_dispatch", "baselines.yml", "refs/heads/main",
-     {**DISPATCH_GATE, "workflow": ".github/workflows/baselines.yml", "inputs": {}}, False, "allow-list"),
-    ("bisect dispatched from main", TRUSTED, "workflow_dispatch", "bisect.yml", "refs/heads/main",
-     {**DISPATCH_GATE, "workflow": ".github/workflows/bisect.yml",
-      "inputs": {"good": "v1.2", "bad": "", "only": "^(?:bf16-b2-h8-s97-d64-causal|fp16-b2-h8/2-s127-d80)$"}}, True, "allowed"),
-    ("bisect with a shell in an input", TRUSTED, "workflow_dispatch", "bisect.yml", "refs/heads/main",
-     {**DISPATCH_GATE, "workflow": ".github/workflows/bisect.yml", "inputs": {"good": "v1", "only": "x'; id; '"}}, False,
-     "dispatch input only"),
-    ("bisect with a flag for a commit", TRUSTED, "workflow_dispatch", "bisect.yml", "refs/heads/main",
-     {**DISPATCH_GATE, "workflow": ".github/workflows/bisect.yml", "inputs": {"good": "--exec=id", "only": "x"}}, False,
-     "dispatch input good"),
-    ("bisect from a branch", TRUSTED, "workflow_dispatch", "bisect.yml", "refs/heads/x",
-     {**DISPATCH_GATE, "ref": "refs/heads/x", "workflow": ".github/workflows/bisect.yml", "inputs": {"good": "v1", "only": "x"}},
-     False, "not refs/heads/main"),
-    ("bisect on the PR group", GPU, "workflow_dispatch", "bisect.yml", "refs/heads/main",
-     {**DISPATCH_GATE, "workflow": ".github/workflows/bisect.yml", "inputs": {"good": "v1", "only": "x"}}, False, "allow-list"),
-    ("main's vet.yml asks for a GPU", GPU, "issue_comment", "vet.yml", "refs/heads/main", ISSUE_COMMENT, False,
-     "allow-list"),
+    (
+        "baselines dispatched from main",
+        TRUSTED,
+        "workflow_dispatch",
+        "baselines.yml",
+        "refs/heads/main",
+        {**DISPATCH_GATE, "workflow": ".github/workflows/baselines.yml", "inputs": {"suite": "pr", "kernel": ""}},
+        True,
+        "allowed",
+    ),
+    (
+        "baselines with a shell in an input",
+        TRUSTED,
+        "workflow_dispatch",
+        "baselines.yml",
+        "refs/heads/main",
+        {**DISPATCH_GATE, "workflow": ".github/workflows/baselines.yml", "inputs": {"suite": "$(id)"}},
+        False,
+        "dispatch input suite",
+    ),
+    (
+        "baselines on the PR group",
+        GPU,
+        "workflow_dispatch",
+        "baselines.yml",
+        "refs/heads/main",
+        {**DISPATCH_GATE, "workflow": ".github/workflows/baselines.yml", "inputs": {}},
+        False,
+        "allow-list",
+    ),
+    (
+        "bisect dispatched from main",
+        TRUSTED,
+        "workflow_dispatch",
+        "bisect.yml",
+        "refs/heads/main",
+        {
+            **DISPATCH_GATE,
+            "workflow": ".github/workflows/bisect.yml",
+            "inputs": {"good": "v1.2", "bad": "", "only": "^(?:bf16-b2-h8-s97-d64-causal|fp16-b2-h8/2-s127-d80)$"},
+        },
+        True,
+        "allowed",
+    ),
+    (
+        "bisect with a shell in an input",
+        TRUSTED,
+        "workflow_dispatch",
+        "bisect.yml",
+        "refs/heads/main",
+        {**DISPATCH_GATE, "workflow": ".github/workflows/bisect.yml", "inputs": {"good": "v1", "only": "x'; id; '"}},
+        False,
+        "dispatch input only",
+    ),
+    (
+        "bisect with a flag for a commit",
+        TRUSTED,
+        "workflow_dispatch",
+        "bisect.yml",
+        "refs/heads/main",
+        {**DISPATCH_GATE, "workflow": ".github/workflows/bisect.yml", "inputs": {"good": "--exec=id", "only": "x"}},
+        False,
+        "dispatch input good",
+    ),
+    (
+        "bisect from a branch",
+        TRUSTED,
+        "workflow_dispatch",
+        "bisect.yml",
+        "refs/heads/x",
+        {
+            **DISPATCH_GATE,
+            "ref": "refs/heads/x",
+            "workflow": ".github/workflows/bisect.yml",
+            "inputs": {"good": "v1", "only": "x"},
+        },
+        False,
+        "not refs/heads/main",
+    ),
+    (
+        "bisect on the PR group",
+        GPU,
+        "workflow_dispatch",
+        "bisect.yml",
+        "refs/heads/main",
+        {**DISPATCH_GATE, "workflow": ".github/workflows/bisect.yml", "inputs": {"good": "v1", "only": "x"}},
+        False,
+        "allow-list",
+    ),
+    (
+        "main's vet.yml asks for a GPU",
+        GPU,
+        "issue_comment",
+        "vet.yml",
+        "refs/heads/main",
+        ISSUE_COMMENT,
+        False,
+        "allow-list",
+    ),
 ]
 
 
@@ -129,27 +350,37 @@ def test_guard_decides_from_the_runners_facts(name, config, event, workflow, ref
 
 
 def test_guard_refuses_another_repository_and_inconsistent_facts():
-    other = guard.decide(GPU, env_for("workflow_dispatch", "gate.yml", "refs/heads/main", repo="mallory/r"),
-                         {**DISPATCH_GATE, "repository": {"full_name": "mallory/r"}})
+    other = guard.decide(
+        GPU,
+        env_for("workflow_dispatch", "gate.yml", "refs/heads/main", repo="mallory/r"),
+        {**DISPATCH_GATE, "repository": {"full_name": "mallory/r"}},
+    )
     assert not other.allowed and "is not o/r" in other.reasons[0]
     env = {**env_for("workflow_dispatch", "gate.yml", "refs/heads/main"), "GITHUB_REF": "refs/heads/feature"}
     assert not guard.decide(GPU, env, DISPATCH_GATE).allowed  # the workflow's ref and the run's ref disagree
-    env = {**env_for("workflow_dispatch", "gate.yml", "refs/heads/main"),
-           "GITHUB_WORKFLOW_REF": "mallory/r/.github/workflows/gate.yml@refs/heads/main"}
+    env = {
+        **env_for("workflow_dispatch", "gate.yml", "refs/heads/main"),
+        "GITHUB_WORKFLOW_REF": "mallory/r/.github/workflows/gate.yml@refs/heads/main",
+    }
     assert not guard.decide(GPU, env, DISPATCH_GATE).allowed  # a workflow of another repository
     assert not guard.decide(GPU, {}, DISPATCH_GATE).allowed  # nothing from the runner: refuse
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"repository": "OWNER/REPO"}, "repository must be"),
-    ({"surprise": 1}, "unknown keys"),
-    ({"allow": []}, "allow is empty"),
-    ({"allow": [{"workflow": ".github/workflows/ci.yml", "events": ["pull_request"], "ref": "refs/heads/main"}]},
-     "without pull_request"),
-    ({"allow": [{"workflow": "gate.yml", "events": ["push"], "ref": "refs/heads/main"}]}, "must be a path"),
-    ({"persistent_runner_accepted": "yes"}, "true or false"),
-    ({"schema_version": 2}, "schema_version"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"repository": "OWNER/REPO"}, "repository must be"),
+        ({"surprise": 1}, "unknown keys"),
+        ({"allow": []}, "allow is empty"),
+        (
+            {"allow": [{"workflow": ".github/workflows/ci.yml", "events": ["pull_request"], "ref": "refs/heads/main"}]},
+            "without pull_request",
+        ),
+        ({"allow": [{"workflow": "gate.yml", "events": ["push"], "ref": "refs/heads/main"}]}, "must be a path"),
+        ({"persistent_runner_accepted": "yes"}, "true or false"),
+        ({"schema_version": 2}, "schema_version"),
+    ],
+)
 def test_guard_settings_errors_name_the_key(change, message):
     with pytest.raises(guard.ConfigError, match=message):
         guard.parse_config({**shipped("attn-gate-gpu"), **change})
@@ -170,8 +401,9 @@ def test_shipped_settings_list_exactly_the_workflows_each_group_runs():
     for config in (GPU, TRUSTED):
         got = {(r.workflow, e) for r in config.allow for e in r.events}
         assert got == wanted[config.group], config.group
-        assert all(r.ref == "refs/heads/main" or r.ref_prefix == "refs/heads/gh-readonly-queue/main/"
-                   for r in config.allow)
+        assert all(
+            r.ref == "refs/heads/main" or r.ref_prefix == "refs/heads/gh-readonly-queue/main/" for r in config.allow
+        )
     assert set(wanted) == {"attn-gate-gpu", "attn-gate-trusted"}
 
 
@@ -181,27 +413,51 @@ CLOSED = "127.0.0.1:1"  # a local port nothing listens on: the "metadata service
 
 
 def write_config(tmp_path: Path, **over) -> Path:
-    raw = {**shipped("attn-gate-gpu"), "canary": str(tmp_path / "state" / "canary"), "canary_sudo": "",
-           "read_only_paths": [], "metadata_address": CLOSED, **over}
+    raw = {
+        **shipped("attn-gate-gpu"),
+        "canary": str(tmp_path / "state" / "canary"),
+        "canary_sudo": "",
+        "read_only_paths": [],
+        "metadata_address": CLOSED,
+        **over,
+    }
     path = tmp_path / "guard.json"
     path.write_text(json.dumps(raw))
     return path
 
 
-def run_guard(tmp_path: Path, config: Path, payload: dict = DISPATCH_GATE, extra: dict | None = None,
-              event: str = "workflow_dispatch", workflow: str = "gate.yml", ref: str = "refs/heads/main"):
+def run_guard(
+    tmp_path: Path,
+    config: Path,
+    payload: dict = DISPATCH_GATE,
+    extra: dict | None = None,
+    event: str = "workflow_dispatch",
+    workflow: str = "gate.yml",
+    ref: str = "refs/heads/main",
+):
     temp = tmp_path / "runner-temp"
     temp.mkdir(exist_ok=True)
     (tmp_path / "event.json").write_text(json.dumps(payload))
     github_env = tmp_path / "github-env"
     github_env.write_text("")
-    env = {"PATH": "/usr/bin:/bin", **env_for(event, workflow, ref), "GITHUB_EVENT_PATH": str(tmp_path / "event.json"),
-           "GITHUB_ENV": str(github_env), "RUNNER_TEMP": str(temp), **(extra or {})}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        **env_for(event, workflow, ref),
+        "GITHUB_EVENT_PATH": str(tmp_path / "event.json"),
+        "GITHUB_ENV": str(github_env),
+        "RUNNER_TEMP": str(temp),
+        **(extra or {}),
+    }
     # an empty process table: under CI the real Runner.Worker is among pytest's ancestors, and a
     # refusal here must not end the CI job itself (the fake runner's tests use the real one)
     (tmp_path / "no-proc").mkdir(exist_ok=True)
-    r = subprocess.run([sys.executable, "-I", str(GUARD), "--config", str(config), "--proc", str(tmp_path / "no-proc")],
-                       env=env, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-I", str(GUARD), "--config", str(config), "--proc", str(tmp_path / "no-proc")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     values = dict(line.split("=", 1) for line in github_env.read_text().splitlines())
     return r, values
 
@@ -211,8 +467,16 @@ def test_guard_script_confines_the_job_to_its_temp_dir(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     temp = str(tmp_path / "runner-temp")
     assert values["ATTN_GATE_GUARD"] == "attn-gate-gpu"
-    for key in ("HOME", "XDG_CACHE_HOME", "PIP_CACHE_DIR", "TORCH_HOME", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",
-                "CUDA_CACHE_PATH", "TMPDIR"):
+    for key in (
+        "HOME",
+        "XDG_CACHE_HOME",
+        "PIP_CACHE_DIR",
+        "TORCH_HOME",
+        "TORCHINDUCTOR_CACHE_DIR",
+        "TRITON_CACHE_DIR",
+        "CUDA_CACHE_PATH",
+        "TMPDIR",
+    ):
         assert values[key].startswith(temp + "/"), key
     assert values["PIP_CONFIG_FILE"] == os.devnull and values["PIP_EXTRA_INDEX_URL"] == ""
     assert values["PIP_INDEX_URL"] == "https://pypi.org/simple" and values["PYTHONNOUSERSITE"] == "1"
@@ -220,8 +484,14 @@ def test_guard_script_confines_the_job_to_its_temp_dir(tmp_path):
 
 
 def test_guard_script_refuses_a_pull_request_and_writes_nothing(tmp_path):
-    r, values = run_guard(tmp_path, write_config(tmp_path), FORK_PULL_REQUEST, event="pull_request", workflow="ci.yml",
-                          ref="refs/pull/7/merge")
+    r, values = run_guard(
+        tmp_path,
+        write_config(tmp_path),
+        FORK_PULL_REQUEST,
+        event="pull_request",
+        workflow="ci.yml",
+        ref="refs/pull/7/merge",
+    )
     assert r.returncode == 1 and "::error::attn-gate guard: refused: event pull_request" in r.stdout
     assert values == {}
     # the canary came first: the refused job marked the host, so the next job on it is refused too
@@ -236,8 +506,12 @@ def test_canary_refuses_a_reused_host_and_no_job_variable_turns_it_off(tmp_path)
     assert run_guard(tmp_path, config)[0].returncode == 0
     assert (tmp_path / "state" / "canary").read_text().startswith("repo=o/r run=55 job=gate")
     # the old opt-out, a job variable, and an attempt to point the guard at other settings: all ignored
-    sneaky = {"ATTN_GATE_PERSISTENT_RUNNER_ACCEPTED": "yes", "PERSISTENT_RUNNER_ACCEPTED": "yes",
-              "PYTHONPATH": str(tmp_path), "ATTN_GATE_GUARD_CONFIG": "/dev/null"}
+    sneaky = {
+        "ATTN_GATE_PERSISTENT_RUNNER_ACCEPTED": "yes",
+        "PERSISTENT_RUNNER_ACCEPTED": "yes",
+        "PYTHONPATH": str(tmp_path),
+        "ATTN_GATE_GUARD_CONFIG": "/dev/null",
+    }
     (tmp_path / "json.py").write_text("raise SystemExit(0)\n")  # would shadow json without -I
     again, values = run_guard(tmp_path, config, extra=sneaky)
     assert again.returncode == 1 and values == {}
@@ -259,7 +533,9 @@ def test_canary_in_a_folder_the_job_can_write_is_named_as_a_tripwire(tmp_path):
     if os.access(tmp_path / "state", os.W_OK):
         assert "::warning::attn-gate guard: the canary's folder" in r.stdout
     # with canary_sudo, a writable folder is refused: the root-written marker must be out of the job's reach
-    r, values = run_guard(tmp_path, write_config(tmp_path, canary_sudo="/usr/bin/sudo", canary=str(tmp_path / "c2" / "x")))
+    r, values = run_guard(
+        tmp_path, write_config(tmp_path, canary_sudo="/usr/bin/sudo", canary=str(tmp_path / "c2" / "x"))
+    )
     assert r.returncode == 1 and "canary_sudo is set but this user can write" in r.stdout and values == {}
 
 
@@ -296,8 +572,9 @@ def test_guard_refuses_bad_settings_and_a_missing_payload(tmp_path):
 def test_wrapper_fixes_its_paths_and_runs_python_isolated():
     text = (RUNNER / "job_started.sh").read_text()
     exec_line = [line for line in text.splitlines() if line.startswith("exec ")]
-    assert exec_line == ["exec /usr/bin/python3 -I /opt/attn-gate-runner/job_started.py "
-                         "--config /etc/attn-gate-runner/guard.json"]
+    assert exec_line == [
+        "exec /usr/bin/python3 -I /opt/attn-gate-runner/job_started.py --config /etc/attn-gate-runner/guard.json"
+    ]
     assert "$" not in exec_line[0]  # no variable decides what runs or which settings apply
 
 
@@ -315,8 +592,10 @@ def test_the_runner_install_is_found_among_the_ancestors_and_must_be_read_only(t
     root = tmp_path / "actions-runner"
     (root / "bin").mkdir(parents=True)
     (root / ".env").write_text("ACTIONS_RUNNER_HOOK_JOB_STARTED=/opt/attn-gate-runner/job_started.sh\n")
-    proc = _fake_proc(tmp_path, [(300, "/usr/bin/python3", 200), (200, "/usr/bin/bash", 100),
-                                 (100, str(root / "bin" / "Runner.Worker"), 1)])
+    proc = _fake_proc(
+        tmp_path,
+        [(300, "/usr/bin/python3", 200), (200, "/usr/bin/bash", 100), (100, str(root / "bin" / "Runner.Worker"), 1)],
+    )
     assert guard.runner_root(300, proc) == str(root)
     assert guard.runner_root(300, _fake_proc(tmp_path / "other", [(300, "/usr/bin/python3", 1)])) is None
     config = guard.parse_config({**json.loads(json.dumps(shipped("attn-gate-gpu"))), "read_only_paths": ["@runner"]})
@@ -329,20 +608,36 @@ def test_the_runner_install_is_found_among_the_ancestors_and_must_be_read_only(t
 
 # ---- a refusal ends the job; the canary first; the host's network -------------------------------
 
+
 def test_a_refusal_kills_the_worker_and_the_listener(tmp_path):
     """The runner runs a failed hook's job on (always() steps, pre: steps): the guard ends it. The
     listener is stopped first (it takes no other job), the worker killed, then the listener."""
     root = tmp_path / "actions-runner"
-    proc = _fake_proc(tmp_path, [(400, "/usr/bin/python3", 300), (300, "/usr/bin/bash", 200),
-                                 (200, str(root / "bin" / "Runner.Worker"), 100),
-                                 (100, str(root / "bin" / "Runner.Listener"), 50), (50, "/usr/bin/bash", 1)])
-    assert [(n, p) for n, p, _ in guard.runner_ancestors(400, proc)] == [("Runner.Worker", 200), ("Runner.Listener", 100)]
+    proc = _fake_proc(
+        tmp_path,
+        [
+            (400, "/usr/bin/python3", 300),
+            (300, "/usr/bin/bash", 200),
+            (200, str(root / "bin" / "Runner.Worker"), 100),
+            (100, str(root / "bin" / "Runner.Listener"), 50),
+            (50, "/usr/bin/bash", 1),
+        ],
+    )
+    assert [(n, p) for n, p, _ in guard.runner_ancestors(400, proc)] == [
+        ("Runner.Worker", 200),
+        ("Runner.Listener", 100),
+    ]
     sent = []
     config = write_config(tmp_path)
     (tmp_path / "event.json").write_text(json.dumps(FORK_PULL_REQUEST))
-    env = {**env_for("pull_request", "ci.yml", "refs/pull/7/merge"), "GITHUB_EVENT_PATH": str(tmp_path / "event.json"),
-           "GITHUB_ENV": str(tmp_path / "github-env"), "RUNNER_TEMP": str(tmp_path)}
+    env = {
+        **env_for("pull_request", "ci.yml", "refs/pull/7/merge"),
+        "GITHUB_EVENT_PATH": str(tmp_path / "event.json"),
+        "GITHUB_ENV": str(tmp_path / "github-env"),
+        "RUNNER_TEMP": str(tmp_path),
+    }
     import signal
+
     orig = guard.runner_ancestors
     guard.runner_ancestors = lambda pid=None, proc="/proc": orig(400, proc)  # this process as pid 400
     try:
@@ -355,6 +650,7 @@ def test_a_refusal_kills_the_worker_and_the_listener(tmp_path):
 
 def test_the_metadata_service_must_be_unreachable(tmp_path):
     import socket
+
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(1)
@@ -365,8 +661,9 @@ def test_the_metadata_service_must_be_unreachable(tmp_path):
         r, values = run_guard(tmp_path, write_config(tmp_path, metadata_address=listening))
         assert r.returncode == 1 and f"reaches the cloud metadata service ({listening})" in r.stdout and values == {}
         (tmp_path / "state" / "canary").unlink()
-        r, values = run_guard(tmp_path, write_config(tmp_path, metadata_address=listening,
-                                                     metadata_reachable_accepted=True))
+        r, values = run_guard(
+            tmp_path, write_config(tmp_path, metadata_address=listening, metadata_reachable_accepted=True)
+        )
         assert r.returncode == 0 and "::warning::attn-gate guard: the metadata service check is off" in r.stdout
         assert values
     finally:
@@ -377,13 +674,16 @@ def test_the_metadata_service_must_be_unreachable(tmp_path):
     assert timed_out is False  # a dropped connection is a fenced host: no network used here
 
 
-@pytest.mark.parametrize("extra,over,why", [
-    ({"RUNNER_TEMP": "/tmp/x\nLD_PRELOAD=/x.so"}, {}, "RUNNER_TEMP"),
-    ({"RUNNER_TEMP": "relative/temp"}, {}, "RUNNER_TEMP"),
-    ({}, {"index_url": "https://pypi.org/simple\nLD_PRELOAD=/x.so"}, "index_url must be one https:// URL"),
-    ({}, {"index_url": "http://evil.example/simple"}, "index_url must be one https:// URL"),
-    ({}, {"group": "g\nLD_PRELOAD=/x.so"}, "group must be"),
-])
+@pytest.mark.parametrize(
+    "extra,over,why",
+    [
+        ({"RUNNER_TEMP": "/tmp/x\nLD_PRELOAD=/x.so"}, {}, "RUNNER_TEMP"),
+        ({"RUNNER_TEMP": "relative/temp"}, {}, "RUNNER_TEMP"),
+        ({}, {"index_url": "https://pypi.org/simple\nLD_PRELOAD=/x.so"}, "index_url must be one https:// URL"),
+        ({}, {"index_url": "http://evil.example/simple"}, "index_url must be one https:// URL"),
+        ({}, {"group": "g\nLD_PRELOAD=/x.so"}, "group must be"),
+    ],
+)
 def test_no_value_injects_a_line_into_github_env(tmp_path, extra, over, why):
     temp = extra.get("RUNNER_TEMP")
     if temp and not temp.startswith("/tmp/x"):
@@ -399,8 +699,13 @@ def test_every_value_written_is_what_its_field_allows():
     values = guard.job_env(config, {"RUNNER_TEMP": "/r/_work/_temp"})
     assert guard.env_problems(values, "/r/_work/_temp") == []
     assert values["ATTN_GATE_PYTHON"] == sys.executable
-    for key, bad in (("HOME", "/elsewhere/home"), ("PIP_INDEX_URL", "https://x\nY=1"), ("ATTN_GATE_GUARD", "a b"),
-                     ("PIP_CONFIG_FILE", "/r/_work/_temp/pip.conf"), ("ATTN_GATE_PYTHON", "/no/such/python")):
+    for key, bad in (
+        ("HOME", "/elsewhere/home"),
+        ("PIP_INDEX_URL", "https://x\nY=1"),
+        ("ATTN_GATE_GUARD", "a b"),
+        ("PIP_CONFIG_FILE", "/r/_work/_temp/pip.conf"),
+        ("ATTN_GATE_PYTHON", "/no/such/python"),
+    ):
         assert guard.env_problems({**values, key: bad}, "/r/_work/_temp"), key
 
 
@@ -409,8 +714,10 @@ def _fifo(path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("what", ["event FIFO", "GITHUB_ENV FIFO", "GITHUB_ENV folder", "GITHUB_ENV /dev/full",
-                                  "canary FIFO", "settings FIFO"])
+@pytest.mark.parametrize(
+    "what",
+    ["event FIFO", "GITHUB_ENV FIFO", "GITHUB_ENV folder", "GITHUB_ENV /dev/full", "canary FIFO", "settings FIFO"],
+)
 def test_special_files_are_refused_without_blocking(tmp_path, what):
     config = write_config(tmp_path)
     extra = {}
@@ -433,19 +740,33 @@ def test_special_files_are_refused_without_blocking(tmp_path, what):
     assert "Traceback" not in r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("payload", [
-    {**DISPATCH_GATE, "repository": "o/r"},
-    {**DISPATCH_GATE, "repository": ["o/r"]},
-    {**DISPATCH_GATE, "repository": {"full_name": ["o/r"]}},
-    {**DISPATCH_GATE, "inputs": ["7", SHA]},
-    {**DISPATCH_GATE, "inputs": {"pr": {"x": 1}, "sha": SHA}},
-    {**DISPATCH_GATE, "workflow": 5},
-    "[" * 100_000 + "]" * 100_000,
-    '{"a": ' * 50_000 + "1" + "}" * 50_000,
-    [1, 2],
-    "not json",
-], ids=["repository str", "repository list", "full_name list", "inputs list", "input object", "workflow int",
-        "deep list", "deep object", "a list", "not json"])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {**DISPATCH_GATE, "repository": "o/r"},
+        {**DISPATCH_GATE, "repository": ["o/r"]},
+        {**DISPATCH_GATE, "repository": {"full_name": ["o/r"]}},
+        {**DISPATCH_GATE, "inputs": ["7", SHA]},
+        {**DISPATCH_GATE, "inputs": {"pr": {"x": 1}, "sha": SHA}},
+        {**DISPATCH_GATE, "workflow": 5},
+        "[" * 100_000 + "]" * 100_000,
+        '{"a": ' * 50_000 + "1" + "}" * 50_000,
+        [1, 2],
+        "not json",
+    ],
+    ids=[
+        "repository str",
+        "repository list",
+        "full_name list",
+        "inputs list",
+        "input object",
+        "workflow int",
+        "deep list",
+        "deep object",
+        "a list",
+        "not json",
+    ],
+)
 def test_malformed_payloads_refuse_the_job_in_one_line(tmp_path, payload):
     config = write_config(tmp_path)
     r, values = run_guard(tmp_path, config, payload)
@@ -462,30 +783,67 @@ def run_guard_raw(tmp_path: Path, config: Path):
     temp = tmp_path / "runner-temp"
     github_env = tmp_path / "github-env"
     github_env.write_text("")
-    env = {"PATH": "/usr/bin:/bin", **env_for("workflow_dispatch", "gate.yml", "refs/heads/main"),
-           "GITHUB_EVENT_PATH": str(tmp_path / "event.json"), "GITHUB_ENV": str(github_env), "RUNNER_TEMP": str(temp)}
-    r = subprocess.run([sys.executable, "-I", str(GUARD), "--config", str(config), "--proc", str(tmp_path / "no-proc")],
-                       env=env, capture_output=True, text=True, timeout=60)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        **env_for("workflow_dispatch", "gate.yml", "refs/heads/main"),
+        "GITHUB_EVENT_PATH": str(tmp_path / "event.json"),
+        "GITHUB_ENV": str(github_env),
+        "RUNNER_TEMP": str(temp),
+    }
+    r = subprocess.run(
+        [sys.executable, "-I", str(GUARD), "--config", str(config), "--proc", str(tmp_path / "no-proc")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return r, dict(line.split("=", 1) for line in github_env.read_text().splitlines())
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"allow": [5]}, "allow[0] must be an object"),
-    ({"allow": "gate.yml"}, "allow must be list"),
-    ({"allow": [{"workflow": ".github/workflows/gate.yml", "events": "push", "ref": "refs/heads/main"}]},
-     "allow[0].events must be a list"),
-    ({"allow": [{"workflow": ".github/workflows/gate.yml", "events": ["workflow_dispatch"], "ref": "refs/heads/main",
-                 "inputs": {"pr": "(["}}]}, "allow[0].inputs.pr: '([' is not a regex"),
-    ({"allow": [{"workflow": ".github/workflows/gate.yml", "events": ["workflow_dispatch"], "ref": "refs/heads/main",
-                 "inputs": {"pr": 5}}]}, "allow[0].inputs.pr must be a regex string"),
-    ({"allow": [{"workflow": 5, "events": ["push"], "ref": "refs/heads/main"}]}, "allow[0].workflow must be str"),
-    ({"read_only_paths": "/opt"}, "read_only_paths must be a list"),
-    ({"canary": ["x"]}, "canary must be str"),
-    ({"canary": "relative/canary"}, "canary must be an absolute path"),
-    ({"metadata_address": "metadata.internal"}, "metadata_address must be IP:PORT"),
-    ({"metadata_reachable_accepted": "yes"}, "metadata_reachable_accepted must be true or false"),
-    ({"schema_version": True}, "schema_version"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"allow": [5]}, "allow[0] must be an object"),
+        ({"allow": "gate.yml"}, "allow must be list"),
+        (
+            {"allow": [{"workflow": ".github/workflows/gate.yml", "events": "push", "ref": "refs/heads/main"}]},
+            "allow[0].events must be a list",
+        ),
+        (
+            {
+                "allow": [
+                    {
+                        "workflow": ".github/workflows/gate.yml",
+                        "events": ["workflow_dispatch"],
+                        "ref": "refs/heads/main",
+                        "inputs": {"pr": "(["},
+                    }
+                ]
+            },
+            "allow[0].inputs.pr: '([' is not a regex",
+        ),
+        (
+            {
+                "allow": [
+                    {
+                        "workflow": ".github/workflows/gate.yml",
+                        "events": ["workflow_dispatch"],
+                        "ref": "refs/heads/main",
+                        "inputs": {"pr": 5},
+                    }
+                ]
+            },
+            "allow[0].inputs.pr must be a regex string",
+        ),
+        ({"allow": [{"workflow": 5, "events": ["push"], "ref": "refs/heads/main"}]}, "allow[0].workflow must be str"),
+        ({"read_only_paths": "/opt"}, "read_only_paths must be a list"),
+        ({"canary": ["x"]}, "canary must be str"),
+        ({"canary": "relative/canary"}, "canary must be an absolute path"),
+        ({"metadata_address": "metadata.internal"}, "metadata_address must be IP:PORT"),
+        ({"metadata_reachable_accepted": "yes"}, "metadata_reachable_accepted must be true or false"),
+        ({"schema_version": True}, "schema_version"),
+    ],
+)
 def test_malformed_settings_are_one_line_and_refuse_the_job(tmp_path, change, message):
     with pytest.raises(guard.ConfigError) as err:
         guard.parse_config({**shipped("attn-gate-gpu"), **change})
@@ -494,7 +852,7 @@ def test_malformed_settings_are_one_line_and_refuse_the_job(tmp_path, change, me
     bad.write_text(json.dumps({**shipped("attn-gate-gpu"), **change}))
     r, values = run_guard(tmp_path, bad)
     assert r.returncode == 2 and message in r.stdout and "Traceback" not in r.stdout + r.stderr and values == {}
-    assert len([l for l in r.stdout.splitlines() if "refused" in l]) == 1
+    assert len([line for line in r.stdout.splitlines() if "refused" in line]) == 1
 
 
 def test_the_read_only_walk_checks_every_file_by_owner_and_mode(tmp_path):
@@ -508,7 +866,9 @@ def test_the_read_only_walk_checks_every_file_by_owner_and_mode(tmp_path):
     nobody = dict(euid=65534, access=lambda p, m: False)
     assert guard.writable_paths(config, **nobody) == []
     (opt / "sub" / "job_started.py").chmod(0o666)
-    assert guard.writable_paths(config, **nobody) == [f"{opt / 'sub' / 'job_started.py'} (writable by everyone (mode 0666))"]
+    assert guard.writable_paths(config, **nobody) == [
+        f"{opt / 'sub' / 'job_started.py'} (writable by everyone (mode 0666))"
+    ]
     (opt / "sub" / "job_started.py").chmod(0o644)
     owner = os.stat(opt / "sub" / "job_started.py").st_uid
     if owner != 0:
@@ -516,15 +876,27 @@ def test_the_read_only_walk_checks_every_file_by_owner_and_mode(tmp_path):
     group = [str(opt / "sub")]
     assert guard.writable_paths(config, euid=65534, access=lambda p, m: p in group) == [
         f"{opt / 'sub'} (writable by this user (owner uid {owner}, group gid {os.stat(opt / 'sub').st_gid}, mode "
-        f"{os.stat(opt / 'sub').st_mode & 0o7777:04o}))"]
+        f"{os.stat(opt / 'sub').st_mode & 0o7777:04o}))"
+    ]
 
 
 def test_the_runner_install_is_walked_except_what_the_runner_writes(tmp_path):
     root = tmp_path / "actions-runner"
     for d in ("bin", "externals/node24/bin", "_work/_temp", "_diag"):
         (root / d).mkdir(parents=True)
-    for f in ("run.sh", "config.sh", ".env", ".path", "bin/Runner.Worker", "externals/node24/bin/node",
-              ".runner", ".credentials", ".credentials_rsaparams", "_work/x", "_diag/log"):
+    for f in (
+        "run.sh",
+        "config.sh",
+        ".env",
+        ".path",
+        "bin/Runner.Worker",
+        "externals/node24/bin/node",
+        ".runner",
+        ".credentials",
+        ".credentials_rsaparams",
+        "_work/x",
+        "_diag/log",
+    ):
         (root / f).write_text("")
         (root / f).chmod(0o644)
     config = guard.parse_config({**shipped("attn-gate-gpu"), "read_only_paths": ["@runner"]})
@@ -536,7 +908,9 @@ def test_the_runner_install_is_walked_except_what_the_runner_writes(tmp_path):
     for f in ("run.sh", "externals/node24/bin/node"):
         (root / f).chmod(0o666)
     assert [p.split(" ")[0] for p in guard.writable_paths(config, str(root), **nobody)] == [
-        str(root / "externals/node24/bin/node"), str(root / "run.sh")]
+        str(root / "externals/node24/bin/node"),
+        str(root / "run.sh"),
+    ]
 
 
 def test_python_paths_cover_every_folder_it_imports_from():
@@ -547,8 +921,25 @@ def test_python_paths_cover_every_folder_it_imports_from():
 
 # ---- fuzz: payload and settings ----------------------------------------------------------------
 
-ODD_VALUES = [None, 0, 7, -1, 1.5, True, "", "x", "o/r\n", "7\nLD_PRELOAD=/x.so", [], ["o/r"], {}, {"full_name": "o/r"},
-              "a" * 10_000, "\u202e", "refs/heads/main"]
+ODD_VALUES = [
+    None,
+    0,
+    7,
+    -1,
+    1.5,
+    True,
+    "",
+    "x",
+    "o/r\n",
+    "7\nLD_PRELOAD=/x.so",
+    [],
+    ["o/r"],
+    {},
+    {"full_name": "o/r"},
+    "a" * 10_000,
+    "\u202e",
+    "refs/heads/main",
+]
 USED_PATHS = [("repository", "full_name"), ("inputs", "pr"), ("inputs", "sha"), ("workflow",), ("ref",)]
 
 
@@ -599,7 +990,9 @@ def test_fuzz_the_settings(key):
         if key == "read_only_paths":  # a wrong type never reads as "no paths": the check stays on
             assert isinstance(value, list) and config.read_only_paths == tuple(value), value
         assert config.allow and config.repository == "o/r"
-        assert isinstance(config.persistent_runner_accepted, bool) and isinstance(config.metadata_reachable_accepted, bool)
+        assert isinstance(config.persistent_runner_accepted, bool) and isinstance(
+            config.metadata_reachable_accepted, bool
+        )
         assert config.persistent_runner_accepted is (value is True and key == "persistent_runner_accepted")
         assert config.metadata_reachable_accepted is (value is True and key == "metadata_reachable_accepted")
         assert guard.INDEX_URL.fullmatch(config.index_url) and "\n" not in config.group + config.canary

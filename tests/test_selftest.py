@@ -52,7 +52,9 @@ def test_selftest_kills_planted_bugs_with_default_thresholds(tmp_path, capsys, m
     code, report, md = selftest(tmp_path, write_config(tmp_path), "--bugs", "dk_x1.02,causal_peek")
     assert code == 0, capsys.readouterr()
     assert report["passed"] and report["complete"] and report["schema_version"] == 1
-    assert [c["kernel"] for c in report["controls"]] == ["sdpa-cpu", "tiled"] and all(c["passed"] for c in report["controls"])
+    assert [c["kernel"] for c in report["controls"]] == ["sdpa-cpu", "tiled"] and all(
+        c["passed"] for c in report["controls"]
+    )
     bugs = {b["name"]: b for b in report["bugs"]}
     assert bugs["dk_x1.02"]["status"] == "KILLED" and bugs["dk_x1.02"]["host"] == "sdpa-cpu"
     assert bugs["causal_peek"]["status"] == "KILLED" and bugs["causal_peek"]["host"] == "tiled"
@@ -107,7 +109,9 @@ def test_a_control_whose_second_run_disagrees_fails(tmp_path, capsys, in_repo_ro
 def test_slowdown_plumbing_rehearsed_on_cpu(tmp_path, capsys):
     """The GPU slowdown path (calibration, planted delay, engine, speed rule, report) runs end to
     end on a CPU with a busy-wait; it is reported, never the verdict."""
-    config = write_config(tmp_path, "[tool.attn-gate.perf]\nrounds = 7\ncalls_per_round = 2\nconfirm_rounds = 0\nwarmup_s = 0.0\n")
+    config = write_config(
+        tmp_path, "[tool.attn-gate.perf]\nrounds = 7\ncalls_per_round = 2\nconfirm_rounds = 0\nwarmup_s = 0.0\n"
+    )
     Path(config).write_text(Path(config).read_text().replace("causal = [true]", "causal = [true]\nperf = [true]"))
     code, report, md = selftest(tmp_path, config, "--bugs", "dk_x1.02", "--reps", "1", "--rehearse-slowdowns-on-cpu")
     assert code == 0, capsys.readouterr()
@@ -140,34 +144,73 @@ perf = [true]
 def test_a_decode_slowdown_is_planted_in_its_forward_only(tmp_path, capsys):
     """--slowdown-case picks the perf case: a decode case has no backward, so only its forward is
     slowed, judged and reported (the kvcache entry's speed, which pr and nightly time)."""
-    config = write_config(tmp_path, "[tool.attn-gate.perf]\nrounds = 7\ncalls_per_round = 2\nconfirm_rounds = 0\nwarmup_s = 0.0\n")
-    Path(config).write_text(Path(config).read_text().replace("causal = [true]", "causal = [true]\nperf = [true]", 1) + DECODE_PERF)
-    code, report, md = selftest(tmp_path, config, "--bugs", "dk_x1.02", "--reps", "1", "--rehearse-slowdowns-on-cpu",
-                                "--slowdown-case", "kv-page")
+    config = write_config(
+        tmp_path, "[tool.attn-gate.perf]\nrounds = 7\ncalls_per_round = 2\nconfirm_rounds = 0\nwarmup_s = 0.0\n"
+    )
+    Path(config).write_text(
+        Path(config).read_text().replace("causal = [true]", "causal = [true]\nperf = [true]", 1) + DECODE_PERF
+    )
+    code, report, md = selftest(
+        tmp_path,
+        config,
+        "--bugs",
+        "dk_x1.02",
+        "--reps",
+        "1",
+        "--rehearse-slowdowns-on-cpu",
+        "--slowdown-case",
+        "kv-page",
+    )
     assert code == 0, capsys.readouterr()
     s = report["slowdowns"]
     assert s["ran"] and s["case_id"] == "bf16-b2-h4/2-s1x512-d32-causal-kv-page16"
-    assert {(t["pass_"], t["level_pct"]) for t in s["trials"]} == {("fwd", lv) for lv in (0.0, 1.0, 2.0, 3.0, 5.0, 10.0)}
+    assert {(t["pass_"], t["level_pct"]) for t in s["trials"]} == {
+        ("fwd", lv) for lv in (0.0, 1.0, 2.0, 3.0, 5.0, 10.0)
+    }
     assert set(s["summary"]) == {"fwd"} and "| fwd |" in md and "| bwd |" not in md
     assert s["calibration"]["cycles"]["fwd+10%"] > s["calibration"]["cycles"]["fwd+1%"] > 0
     # by default the cheapest case WITH a backward is slowed (both passes), though the decode case is cheaper
     code, report, _ = selftest(tmp_path, config, "--bugs", "dk_x1.02", "--reps", "1", "--rehearse-slowdowns-on-cpu")
-    assert report["slowdowns"]["case_id"] == "bf16-b2-h4/2-s70-d32-causal" and set(report["slowdowns"]["summary"]) == {"fwd", "bwd"}
+    assert report["slowdowns"]["case_id"] == "bf16-b2-h4/2-s70-d32-causal" and set(report["slowdowns"]["summary"]) == {
+        "fwd",
+        "bwd",
+    }
 
 
-
-@pytest.mark.parametrize("args, words", [
-    (("--slowdown-case", "no-such-case", "--rehearse-slowdowns-on-cpu"), "matches no perf case"),
-    (("--slowdown-case", "(", "--rehearse-slowdowns-on-cpu"), "--slowdown-case '(' is not a regular expression"),
-    (("--slowdown-case", "kv-page"), "planted slowdowns need a CUDA GPU"),
-    (("--slowdown-case", "kv-page", "--no-slowdowns"), "with --no-slowdowns"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("--slowdown-case", "no-such-case", "--rehearse-slowdowns-on-cpu"), "matches no perf case"),
+        (("--slowdown-case", "(", "--rehearse-slowdowns-on-cpu"), "--slowdown-case '(' is not a regular expression"),
+        (("--slowdown-case", "kv-page"), "planted slowdowns need a CUDA GPU"),
+        (("--slowdown-case", "kv-page", "--no-slowdowns"), "with --no-slowdowns"),
+    ],
+)
 def test_a_slowdown_case_that_cannot_run_is_a_usage_error_before_any_sweep(tmp_path, capsys, args, words):
     """The slowdown test asked for must run: never a selftest that exits 0 without it."""
     config = write_config(tmp_path) + ""
-    Path(config).write_text(Path(config).read_text().replace("causal = [true]", "causal = [true]\nperf = [true]", 1) + DECODE_PERF)
-    assert main(["selftest", "--device", "cpu", "--suite", "tiny", "--config", config, "--out", str(tmp_path / "out"),
-                 "--bugs", "dk_x1.02", *args]) == 2
+    Path(config).write_text(
+        Path(config).read_text().replace("causal = [true]", "causal = [true]\nperf = [true]", 1) + DECODE_PERF
+    )
+    assert (
+        main(
+            [
+                "selftest",
+                "--device",
+                "cpu",
+                "--suite",
+                "tiny",
+                "--config",
+                config,
+                "--out",
+                str(tmp_path / "out"),
+                "--bugs",
+                "dk_x1.02",
+                *args,
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert words in err and "control" not in err  # refused before the controls swept anything
 
@@ -183,7 +226,9 @@ def test_a_bug_that_cannot_be_planted_counts_as_surviving(tmp_path, capsys, monk
     read as a kill (its crash would be an ERROR row, which the check fails): NOT_PLANTED, exit 1."""
     import gate.correctness.planted as planted
 
-    bug = planted.PlantedBug("bias_probe", "dBias 2% too large", "kernel", planted.ANY, planted.wrap(planted._bias_grad_scaled))
+    bug = planted.PlantedBug(
+        "bias_probe", "dBias 2% too large", "kernel", planted.ANY, planted.wrap(planted._bias_grad_scaled)
+    )
     monkeypatch.setattr(planted, "BUGS", planted.BUGS + (bug,))
     code, report, _ = selftest(tmp_path, write_config(tmp_path), "--bugs", "bias_probe")
     assert code == 1
@@ -198,8 +243,21 @@ def test_unknown_bug_is_a_usage_error(tmp_path, capsys):
 
 def test_tiled_variant_without_flags_is_bit_identical_to_tiled():
     """Every difference the gate sees in a tiled-variant bug is the bug, not a re-implementation."""
-    case = Case.build(batch=2, seqlen_q=70, seqlen_k=90, heads_q=4, heads_kv=2, head_dim=40, head_dim_v=40, dtype="bf16",
-                causal=True, window=(30, 0), softcap=10.0, alibi=True, seeds=(0,))
+    case = Case.build(
+        batch=2,
+        seqlen_q=70,
+        seqlen_k=90,
+        heads_q=4,
+        heads_kv=2,
+        head_dim=40,
+        head_dim_v=40,
+        dtype="bf16",
+        causal=True,
+        window=(30, 0),
+        softcap=10.0,
+        alibi=True,
+        seeds=(0,),
+    )
     inputs = make_inputs(case, 0, "cpu")
     ref, ref_grads = run_kernel(TiledAdapter(), case, inputs)
     got, got_grads = run_kernel(TiledVariant(), case, inputs)
@@ -207,15 +265,35 @@ def test_tiled_variant_without_flags_is_bit_identical_to_tiled():
     assert all(torch.equal(a, b) for a, b in zip(ref_grads, got_grads))
 
 
-@pytest.mark.parametrize("flag", ["softcap_before_scale", "softcap_ignored", "alibi_wrong_sign",
-                                  "causal_window_ignores_window", "causal_peek", "window_off_by_one"])
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "softcap_before_scale",
+        "softcap_ignored",
+        "alibi_wrong_sign",
+        "causal_window_ignores_window",
+        "causal_peek",
+        "window_off_by_one",
+    ],
+)
 def test_a_score_bug_changes_nothing_where_its_feature_is_absent_a_custom_bias_included(flag):
     """A planted score bug overrides only its step of tiled's scores (gate/kernels/tiled.py TileSteps):
     on a case without softcap, ALiBi, causal or window it is tiled itself, the trainable bias and its
     gradient included (a re-written score function once dropped the bias, so a variant 'failed' bias
     cases for that, not for its bug)."""
-    case = Case.build(batch=2, seqlen_q=40, seqlen_k=56, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="fp32",
-                bias="dense", bias_grad=True, seeds=(0,))
+    case = Case.build(
+        batch=2,
+        seqlen_q=40,
+        seqlen_k=56,
+        heads_q=4,
+        heads_kv=2,
+        head_dim=32,
+        head_dim_v=32,
+        dtype="fp32",
+        bias="dense",
+        bias_grad=True,
+        seeds=(0,),
+    )
     inputs = make_inputs(case, 0, "cpu")
     ref, ref_grads = run_kernel(TiledAdapter(), case, inputs)
     got, got_grads = run_kernel(TiledVariant(frozenset({flag}), flag), case, inputs)
@@ -239,9 +317,16 @@ def test_mult_to_catch():
 
 
 def _report(**kw) -> SelftestReport:
-    base = dict(kernel="k", suite="s", device="cuda", environment={}, thresholds={}, complete=True,
-                controls=(ControlOutcome("k", True, 3, 0, ""),),
-                bugs=(BugOutcome("b", "w", "k", "axis", BugStatus.KILLED),))
+    base = dict(
+        kernel="k",
+        suite="s",
+        device="cuda",
+        environment={},
+        thresholds={},
+        complete=True,
+        controls=(ControlOutcome("k", True, 3, 0, ""),),
+        bugs=(BugOutcome("b", "w", "k", "axis", BugStatus.KILLED),),
+    )
     return SelftestReport(**{**base, **kw})
 
 
@@ -256,18 +341,28 @@ def test_exit_code_decisions():
     assert _report(bugs=(BugOutcome("b", "w", "k", "axis", BugStatus.PENDING),)).exit_code == 0
     for status in (BugStatus.SURVIVED, BugStatus.NOT_EXERCISED, BugStatus.NOT_PLANTED):
         assert _report(bugs=(BugOutcome("b", "w", "k", "axis", status, message="why"),)).exit_code == 1
-    caught = (_trials("fwd", 0.0, ["OK", "OK"]) + _trials("fwd", 2.0, ["FAIL", "OK"]) + _trials("fwd", 5.0, ["FAIL", "FAIL"])
-              + _trials("fwd", 10.0, ["FAIL", "FAIL"]))
+    caught = (
+        _trials("fwd", 0.0, ["OK", "OK"])
+        + _trials("fwd", 2.0, ["FAIL", "OK"])
+        + _trials("fwd", 5.0, ["FAIL", "FAIL"])
+        + _trials("fwd", 10.0, ["FAIL", "FAIL"])
+    )
     s = SlowdownSection(ran=True, levels_pct=(2.0, 5.0, 10.0), trials=caught)
     assert s.smallest_caught("fwd") == 5.0 and s.false_alarms("fwd") == (0, 2)
     assert _report(slowdowns=s).exit_code == 0
-    alarm = SlowdownSection(ran=True, levels_pct=(10.0,), trials=_trials("fwd", 0.0, ["FAIL"]) + _trials("fwd", 10.0, ["FAIL"]))
+    alarm = SlowdownSection(
+        ran=True, levels_pct=(10.0,), trials=_trials("fwd", 0.0, ["FAIL"]) + _trials("fwd", 10.0, ["FAIL"])
+    )
     assert _report(slowdowns=alarm).exit_code == 1
-    noisy = SlowdownSection(ran=True, levels_pct=(10.0,), trials=_trials("fwd", 0.0, ["INCONCLUSIVE"]) + _trials("fwd", 10.0, ["FAIL"]))
+    noisy = SlowdownSection(
+        ran=True, levels_pct=(10.0,), trials=_trials("fwd", 0.0, ["INCONCLUSIVE"]) + _trials("fwd", 10.0, ["FAIL"])
+    )
     assert noisy.aa_inconclusive("fwd") == 1 and _report(slowdowns=noisy).exit_code == 1
     rehearsal = SlowdownSection(ran=True, levels_pct=(10.0,), gating=False, trials=_trials("fwd", 0.0, ["FAIL"]))
     assert _report(slowdowns=rehearsal).exit_code == 0  # the CPU rehearsal never decides
-    missed = SlowdownSection(ran=True, levels_pct=(10.0,), trials=_trials("bwd", 0.0, ["OK"]) + _trials("bwd", 10.0, ["OK"]))
+    missed = SlowdownSection(
+        ran=True, levels_pct=(10.0,), trials=_trials("bwd", 0.0, ["OK"]) + _trials("bwd", 10.0, ["OK"])
+    )
     assert _report(slowdowns=missed).exit_code == 1 and missed.smallest_caught("bwd") is None
     assert math.isnan(s.median_shift("bwd", 2.0))
 
@@ -283,8 +378,12 @@ def test_shipped_suites_exercise_every_bug_whose_axis_exists(kernel, suite, devi
 
     adapter = get_adapter(kernel)
     cases = load_suite(suite).cases
-    missing = [b.name for b in BUGS if not b.trigger.pending
-               and not exercising_cases(b, cases, adapter if host_of(b, adapter) == "kernel" else TiledAdapter(), device)]
+    missing = [
+        b.name
+        for b in BUGS
+        if not b.trigger.pending
+        and not exercising_cases(b, cases, adapter if host_of(b, adapter) == "kernel" else TiledAdapter(), device)
+    ]
     assert missing == []
 
 
@@ -296,20 +395,48 @@ def test_the_headline_keeps_the_gates_own_teeth_apart_from_the_users_kernel():
     def bug(name, host, killed=True):
         return BugOutcome(name, "w", host, "axis", BugStatus.KILLED if killed else BugStatus.SURVIVED)
 
-    report = SelftestReport(kernel="mine", suite="smoke", device="cpu", environment={}, thresholds={},
-                            controls=(ControlOutcome("mine", True, 6, 0, ""), ControlOutcome("tiled", True, 4, 0, "")),
-                            bugs=tuple(bug(f"t{i}", "tiled") for i in range(24)) + (bug("k1", "mine"), bug("k2", "mine", False)),
-                            complete=True)
+    report = SelftestReport(
+        kernel="mine",
+        suite="smoke",
+        device="cpu",
+        environment={},
+        thresholds={},
+        controls=(ControlOutcome("mine", True, 6, 0, ""), ControlOutcome("tiled", True, 4, 0, "")),
+        bugs=tuple(bug(f"t{i}", "tiled") for i in range(24)) + (bug("k1", "mine"), bug("k2", "mine", False)),
+        complete=True,
+    )
     own, theirs = headline_parts(report)
-    assert own == ("gate self-check: 24/24 planted bugs killed in the built-in reference kernel (tiled): the gate's "
-                   "own teeth, not a finding about mine")
+    assert own == (
+        "gate self-check: 24/24 planted bugs killed in the built-in reference kernel (tiled): the gate's "
+        "own teeth, not a finding about mine"
+    )
     assert theirs == "against mine: control PASS (6 cases measured twice); 1/2 planted bugs killed in mine itself"
     assert own in selftest_markdown(report) and theirs in selftest_markdown(report)
     # no bug ran inside the user's kernel: the headline does not borrow tiled's count for it
-    only_tiled = SelftestReport(kernel="mine", suite="smoke", device="cpu", environment={}, thresholds={},
-                                controls=report.controls[:1], bugs=report.bugs[:24], complete=True)
-    assert headline_parts(only_tiled)[1] == "against mine: control PASS (6 cases measured twice); no planted bug ran inside mine"
+    only_tiled = SelftestReport(
+        kernel="mine",
+        suite="smoke",
+        device="cpu",
+        environment={},
+        thresholds={},
+        controls=report.controls[:1],
+        bugs=report.bugs[:24],
+        complete=True,
+    )
+    assert (
+        headline_parts(only_tiled)[1]
+        == "against mine: control PASS (6 cases measured twice); no planted bug ran inside mine"
+    )
     # the reference kernel itself under test: its bugs are about it, nothing is set apart
-    (line,) = headline_parts(SelftestReport(kernel="tiled", suite="smoke", device="cpu", environment={}, thresholds={},
-                                            bugs=report.bugs[:24], complete=True))
+    (line,) = headline_parts(
+        SelftestReport(
+            kernel="tiled",
+            suite="smoke",
+            device="cpu",
+            environment={},
+            thresholds={},
+            bugs=report.bugs[:24],
+            complete=True,
+        )
+    )
     assert line == "against tiled: 24/24 planted bugs killed in tiled itself"

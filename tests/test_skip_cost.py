@@ -17,9 +17,11 @@ from gate.workflow.sweep import SweepOptions, run_sweep
 def _config(tmp_path):
     path = tmp_path / "gate.toml"
     # softcap cases need a `softcap` keyword tests.buggy_kernels:correct_out_only does not take: SKIP
-    path.write_text('[tool.attn-gate]\n[tool.attn-gate.suites.tiny]\nseeds = [0, 1]\n[[tool.attn-gate.suites.tiny.matrix]]\n'
-                    'dtype = ["fp32"]\nbatch = [1]\nseqlens = ["16", "19"]\nheads = ["2"]\nhead_dims = ["8"]\n'
-                    'causal = [false, true]\nsoftcap = [0.0, 30.0]\n')
+    path.write_text(
+        "[tool.attn-gate]\n[tool.attn-gate.suites.tiny]\nseeds = [0, 1]\n[[tool.attn-gate.suites.tiny.matrix]]\n"
+        'dtype = ["fp32"]\nbatch = [1]\nseqlens = ["16", "19"]\nheads = ["2"]\nhead_dims = ["8"]\n'
+        "causal = [false, true]\nsoftcap = [0.0, 30.0]\n"
+    )
     return load_config(path)
 
 
@@ -46,8 +48,14 @@ def test_a_skipped_case_is_never_sent_to_a_worker_nor_given_inputs_or_references
     monkeypatch.setattr(inputs_module, "make_inputs", make_inputs)
     monkeypatch.setattr(run_case_module, "make_inputs", make_inputs)
     monkeypatch.setattr(run_case_module, "references", references)
-    result = run_sweep("tests.buggy_kernels:correct_out_only", "tiny", _config(tmp_path), device="cpu", progress=False,
-                       options=SweepOptions(workers=workers))
+    result = run_sweep(
+        "tests.buggy_kernels:correct_out_only",
+        "tiny",
+        _config(tmp_path),
+        device="cpu",
+        progress=False,
+        options=SweepOptions(workers=workers),
+    )
     skipped = {r.case.id for r in result.cases if r.status is Status.SKIP}
     ran = {r.case.id for r in result.cases if r.status is Status.PASS}
     assert len(skipped) == 4 and len(ran) == 4, [(r.case.id, r.status, r.reason) for r in result.cases]

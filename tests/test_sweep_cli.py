@@ -56,7 +56,9 @@ def test_smoke_sweep_passes_and_writes_report_and_note(smoke_sweeps, kernel):
     assert {r["dtype"] for r in rows} == {"bf16", "fp16", "fp32"} | fp8 and {r["causal"] for r in rows} == {True, False}
     first = next(r for r in rows if r["name"] == "bf16-b2-h4-s97x257-d64-causal")
     assert first["shape"] == [2, 4, 97, 64] and first["dtype"] == "bf16" and first["causal"] is True
-    assert all(isinstance(first[k], float) and first[k] >= 0 for k in ("fwd_max_abs", "dq_max_abs", "dk_max_abs", "dv_max_abs"))
+    assert all(
+        isinstance(first[k], float) and first[k] >= 0 for k in ("fwd_max_abs", "dq_max_abs", "dk_max_abs", "dv_max_abs")
+    )
     # Each case carries the full measurement, and the file reads back.
     case = next(c for c in report["cases"] if c["case_id"] == first["name"])
     dk = case["tensors"]["dk"]
@@ -108,8 +110,20 @@ def test_the_table_is_readable_in_a_ci_log(smoke_sweeps):
 
 @pytest.mark.slow
 def test_a_buggy_user_kernel_fails_the_sweep(tmp_path, capsys, in_repo_root):
-    code = main(["sweep", "--kernel", "tests.buggy_kernels:dk_scaled_1_02", "--suite", "smoke",
-                 "--only", "^fp16-b2-h4-s(97x257|128)-d64-causal$", "--out", str(tmp_path), "--no-progress"])
+    code = main(
+        [
+            "sweep",
+            "--kernel",
+            "tests.buggy_kernels:dk_scaled_1_02",
+            "--suite",
+            "smoke",
+            "--only",
+            "^fp16-b2-h4-s(97x257|128)-d64-causal$",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        ]
+    )
     assert code == 1
     report = json.loads((tmp_path / "sweep-tests.buggy_kernels_dk_scaled_1_02-smoke.json").read_text())
     assert [c["status"] for c in report["cases"]] == ["FAIL", "FAIL"]
@@ -122,8 +136,20 @@ def test_a_buggy_user_kernel_fails_the_sweep(tmp_path, capsys, in_repo_root):
 
 @pytest.mark.slow
 def test_a_crashing_user_kernel_fails_the_sweep_with_error_rows(tmp_path, in_repo_root):
-    code = main(["sweep", "--kernel", "tests.buggy_kernels:raises", "--suite", "smoke", "--only", "^bf16-b2-h4-s1-d64",
-                 "--out", str(tmp_path), "--no-progress"])
+    code = main(
+        [
+            "sweep",
+            "--kernel",
+            "tests.buggy_kernels:raises",
+            "--suite",
+            "smoke",
+            "--only",
+            "^bf16-b2-h4-s1-d64",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        ]
+    )
     assert code == 1
     report = json.loads((tmp_path / "sweep-tests.buggy_kernels_raises-smoke.json").read_text())
     assert {c["status"] for c in report["cases"]} == {"ERROR"}
@@ -141,28 +167,66 @@ def bad_inputs(tmp_path):
     config = tmp_path / "bad.toml"
     config.write_text(BAD_MATRIX)
     return {
-        "unknown kernel": (["--kernel", "flash9", "--suite", "smoke"], "--kernel 'flash9' is not a known kernel; choose one of"),
-        "unknown suite": (["--kernel", "tiled", "--suite", "smok"], "unknown suite 'smok'; choose one of: nightly, pr, smoke"),
-        "invalid matrix": (["--kernel", "tiled", "--suite", "smoke", "--config", str(config)],
-                           f"{config} [tool.attn-gate.suites.mine] matrix[0]: invalid case"),
-        "module does not import": (["--kernel", "no_such_pkg.kernels:attn", "--suite", "smoke"],
-                                   "--kernel 'no_such_pkg.kernels:attn': module 'no_such_pkg.kernels' does not import "
-                                   "(ModuleNotFoundError: No module named 'no_such_pkg'); check the name and that it is on PYTHONPATH"),
-        "no such function": (["--kernel", "tests.buggy_kernels:nope", "--suite", "smoke"],
-                             "--kernel 'tests.buggy_kernels:nope': tests.buggy_kernels has no attribute 'nope'"),
-        "bad spec": (["--kernel", "tests.buggy_kernels:", "--suite", "smoke"], "a user kernel is named 'package.module:function'"),
-        "only matches nothing": (["--kernel", "tiled", "--suite", "smoke", "--only", "^nothing$"], "--only '^nothing$' matches no case"),
-        "missing config": (["--kernel", "tiled", "--suite", "smoke", "--config", str(tmp_path / "none.toml")], "no such file"),
-        "bad regex": (["--kernel", "tiled", "--suite", "smoke", "--only", "(causal"], "--only '(causal' is not a regular expression"),
-        "out is a file": (["--kernel", "tiled", "--suite", "smoke", "--out", str(config)],
-                          f"--out {config}: exists and is not a directory; pass a folder"),
+        "unknown kernel": (
+            ["--kernel", "flash9", "--suite", "smoke"],
+            "--kernel 'flash9' is not a known kernel; choose one of",
+        ),
+        "unknown suite": (
+            ["--kernel", "tiled", "--suite", "smok"],
+            "unknown suite 'smok'; choose one of: nightly, pr, smoke",
+        ),
+        "invalid matrix": (
+            ["--kernel", "tiled", "--suite", "smoke", "--config", str(config)],
+            f"{config} [tool.attn-gate.suites.mine] matrix[0]: invalid case",
+        ),
+        "module does not import": (
+            ["--kernel", "no_such_pkg.kernels:attn", "--suite", "smoke"],
+            "--kernel 'no_such_pkg.kernels:attn': module 'no_such_pkg.kernels' does not import "
+            "(ModuleNotFoundError: No module named 'no_such_pkg'); check the name and that it is on PYTHONPATH",
+        ),
+        "no such function": (
+            ["--kernel", "tests.buggy_kernels:nope", "--suite", "smoke"],
+            "--kernel 'tests.buggy_kernels:nope': tests.buggy_kernels has no attribute 'nope'",
+        ),
+        "bad spec": (
+            ["--kernel", "tests.buggy_kernels:", "--suite", "smoke"],
+            "a user kernel is named 'package.module:function'",
+        ),
+        "only matches nothing": (
+            ["--kernel", "tiled", "--suite", "smoke", "--only", "^nothing$"],
+            "--only '^nothing$' matches no case",
+        ),
+        "missing config": (
+            ["--kernel", "tiled", "--suite", "smoke", "--config", str(tmp_path / "none.toml")],
+            "no such file",
+        ),
+        "bad regex": (
+            ["--kernel", "tiled", "--suite", "smoke", "--only", "(causal"],
+            "--only '(causal' is not a regular expression",
+        ),
+        "out is a file": (
+            ["--kernel", "tiled", "--suite", "smoke", "--out", str(config)],
+            f"--out {config}: exists and is not a directory; pass a folder",
+        ),
     }
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("what", ["unknown kernel", "unknown suite", "invalid matrix", "module does not import",
-                                  "no such function", "bad spec", "only matches nothing", "missing config", "out is a file",
-                                  "bad regex"])
+@pytest.mark.parametrize(
+    "what",
+    [
+        "unknown kernel",
+        "unknown suite",
+        "invalid matrix",
+        "module does not import",
+        "no such function",
+        "bad spec",
+        "only matches nothing",
+        "missing config",
+        "out is a file",
+        "bad regex",
+    ],
+)
 def test_bad_input_exits_2_with_one_line(what, tmp_path, capsys, in_repo_root):
     args, words = bad_inputs(tmp_path)[what]
     out_dir = tmp_path / "out"
@@ -175,7 +239,9 @@ def test_bad_input_exits_2_with_one_line(what, tmp_path, capsys, in_repo_root):
 
 @pytest.mark.slow
 def test_a_kernel_module_that_fails_on_import_is_one_line(tmp_path, capsys, monkeypatch):
-    (tmp_path / "broken_kernel.py").write_text("raise ImportError('libcuda.so.1: cannot open shared object file\\nmore')\n")
+    (tmp_path / "broken_kernel.py").write_text(
+        "raise ImportError('libcuda.so.1: cannot open shared object file\\nmore')\n"
+    )
     monkeypatch.chdir(tmp_path)
     assert main(["sweep", "--kernel", "broken_kernel:attn", "--suite", "smoke", "--no-progress"]) == 2
     err = capsys.readouterr().err
@@ -184,8 +250,27 @@ def test_a_kernel_module_that_fails_on_import_is_one_line(tmp_path, capsys, monk
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
 def test_device_cuda_without_a_gpu_is_one_line(tmp_path, capsys):
-    assert main(["sweep", "--kernel", "tiled", "--suite", "smoke", "--device", "cuda", "--out", str(tmp_path), "--no-progress"]) == 2
-    assert capsys.readouterr().err == "attn-gate: error: --device cuda: no CUDA GPU is visible here; leave --device out to use the CPU\n"
+    assert (
+        main(
+            [
+                "sweep",
+                "--kernel",
+                "tiled",
+                "--suite",
+                "smoke",
+                "--device",
+                "cuda",
+                "--out",
+                str(tmp_path),
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
+    assert (
+        capsys.readouterr().err
+        == "attn-gate: error: --device cuda: no CUDA GPU is visible here; leave --device out to use the CPU\n"
+    )
 
 
 def test_usage_errors_exit_2():
@@ -204,8 +289,13 @@ def attn_gate_executable() -> str:
 @pytest.mark.parametrize("what", ["module does not import", "invalid matrix"])
 def test_real_command_prints_one_line_and_no_traceback(what, tmp_path):
     args, words = bad_inputs(tmp_path)[what]
-    proc = subprocess.run([attn_gate_executable(), "sweep", *args, "--out", str(tmp_path / "out")], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [attn_gate_executable(), "sweep", *args, "--out", str(tmp_path / "out")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and words in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout and proc.stdout == ""
@@ -217,8 +307,8 @@ def test_reasons_are_printed_literally_not_as_rich_markup(smoke_sweeps):
     from rich.console import Console
 
     from gate.core.cases import Case
-    from gate.report.sweep_report import print_table
     from gate.core.results import CaseResult, Status
+    from gate.report.sweep_report import print_table
 
     _, _, _, out = smoke_sweeps["tiled"]
     sweep = SweepResult.read(out / "sweep-tiled-smoke.json")
@@ -234,8 +324,20 @@ def test_reasons_are_printed_literally_not_as_rich_markup(smoke_sweeps):
 @pytest.mark.slow
 def test_a_sweep_where_every_case_is_skipped_fails(tmp_path, capsys, in_repo_root):
     """Nothing validated is not a pass (fail closed): the user kernel takes no softcap."""
-    code = main(["sweep", "--kernel", "tests.buggy_kernels:correct", "--suite", "smoke", "--only", "s150x90-d64-causal-cap20",
-                 "--out", str(tmp_path), "--no-progress"])
+    code = main(
+        [
+            "sweep",
+            "--kernel",
+            "tests.buggy_kernels:correct",
+            "--suite",
+            "smoke",
+            "--only",
+            "s150x90-d64-causal-cap20",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        ]
+    )
     assert code == 1
     assert "FAIL: tests.buggy_kernels:correct on smoke: 0 pass, 0 fail, 0 error, 2 skip" in capsys.readouterr().out
 
@@ -248,7 +350,22 @@ def test_a_report_folder_that_cannot_be_written_is_one_line(tmp_path, capsys, mo
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(gate.commands.sweep, "write_sweep_outputs", refuse)
-    assert main(["sweep", "--kernel", "tiled", "--suite", "smoke", "--only", "^bf16-b2-h4-s1-d64$",
-                 "--out", str(tmp_path / "ro"), "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "sweep",
+                "--kernel",
+                "tiled",
+                "--suite",
+                "smoke",
+                "--only",
+                "^bf16-b2-h4-s1-d64$",
+                "--out",
+                str(tmp_path / "ro"),
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot write the report there (Permission denied)" in err

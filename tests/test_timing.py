@@ -7,10 +7,20 @@ import pytest
 
 from gate.core.cases import Case
 from gate.speed.timing import (
-    CpuClock, FunctionWorkload, GpuState, MatmulWorkload, PassTiming, TimingPlan, TimingRun, throttle_names, time_pair,
+    CpuClock,
+    FunctionWorkload,
+    GpuState,
+    MatmulWorkload,
+    PassTiming,
+    TimingPlan,
+    TimingRun,
+    throttle_names,
+    time_pair,
 )
 
-TINY = Case.build(batch=1, seqlen_q=32, seqlen_k=32, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="fp32", perf=True)
+TINY = Case.build(
+    batch=1, seqlen_q=32, seqlen_k=32, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="fp32", perf=True
+)
 
 
 def test_rounds_interleave_candidate_and_anchor_per_pass():
@@ -19,7 +29,7 @@ def test_rounds_interleave_candidate_and_anchor_per_pass():
     anchor = FunctionWorkload("B", lambda: log.append("B-fwd"), lambda: log.append("B-bwd"))
     plan = TimingPlan(rounds=3, calls_per_round=2, warmup_s=0.0)
     run = time_pair(cand, anchor, plan, "cpu")
-    timed = log[-3 * 8:]  # after warm-up and the memory probe: 3 rounds x (2 passes x 2 kernels x 2 calls)
+    timed = log[-3 * 8 :]  # after warm-up and the memory probe: 3 rounds x (2 passes x 2 kernels x 2 calls)
     one_round = ["A-fwd", "A-fwd", "B-fwd", "B-fwd", "A-bwd", "A-bwd", "B-bwd", "B-bwd"]
     assert timed == one_round * 3
     assert run.method == "perf_counter"
@@ -53,13 +63,19 @@ def test_pass_statistics_from_synthetic_samples():
 
 
 def test_timing_run_round_trips_and_flags_throttling():
-    state = GpuState(sm_clock_mhz=1980, mem_clock_mhz=3201, temperature_c=50, power_w=400,
-                     throttle_reasons=throttle_names(0x4 | 0x1))
+    state = GpuState(
+        sm_clock_mhz=1980, mem_clock_mhz=3201, temperature_c=50, power_w=400, throttle_reasons=throttle_names(0x4 | 0x1)
+    )
     assert state.throttle_reasons == ("gpu_idle", "sw_power_cap") and state.throttled
     assert not GpuState(throttle_reasons=throttle_names(0x1)).throttled  # idle is not throttling
-    run = TimingRun(method="cuda-events", plan=TimingPlan(rounds=1, calls_per_round=1),
-                    passes=(PassTiming("fwd", ((1.0,),), ((2.0,),)),), gpu_start=GpuState(), gpu_end=state,
-                    peak_mem_mb={"candidate": 3.0, "anchor": 4.0})
+    run = TimingRun(
+        method="cuda-events",
+        plan=TimingPlan(rounds=1, calls_per_round=1),
+        passes=(PassTiming("fwd", ((1.0,),), ((2.0,),)),),
+        gpu_start=GpuState(),
+        gpu_end=state,
+        peak_mem_mb={"candidate": 3.0, "anchor": 4.0},
+    )
     assert run.throttled
     assert TimingRun.from_dict(run.to_dict()).to_dict() == run.to_dict()
 
@@ -99,8 +115,8 @@ def test_backward_alone_does_not_accumulate_grads():
 
 
 def test_a_crashing_kernel_is_an_error_row():
-    from gate.speed.runs import measure_case
     from gate.kernels.registry import get_adapter
+    from gate.speed.runs import measure_case
 
     adapter = get_adapter("tiled")
 
@@ -116,6 +132,7 @@ def test_a_backward_that_cannot_run_twice_names_the_compile_setting():
     """torch.compile may donate a backward's saved buffers; timing runs the backward of one graph
     again and again, and the ERROR row names the setting that allows it (FlexAttention on an H200)."""
     import torch
+
     from gate.kernels.base import KernelOutput
     from gate.kernels.registry import get_adapter
     from gate.speed.runs import measure_case
@@ -128,8 +145,10 @@ def test_a_backward_that_cannot_run_twice_names_the_compile_setting():
 
         @staticmethod
         def backward(ctx, grad):
-            raise RuntimeError("This backward function was compiled with non-empty donated buffers which requires "
-                               "create_graph=False and retain_graph=False.")
+            raise RuntimeError(
+                "This backward function was compiled with non-empty donated buffers which requires "
+                "create_graph=False and retain_graph=False."
+            )
 
     adapter = get_adapter("tiled")
 
@@ -144,6 +163,7 @@ def test_a_backward_that_cannot_run_twice_names_the_compile_setting():
 def test_flex_compiles_without_donated_buffers():
     """The flex adapter turns donated buffers off before it compiles, so its backward can be timed."""
     import torch._functorch.config as functorch_config
+
     from gate.kernels.registry import get_adapter
 
     was = functorch_config.donated_buffer

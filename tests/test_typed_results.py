@@ -34,7 +34,9 @@ def test_a_perf_row_status_is_the_status_enum_and_its_file_keeps_ok():
     from gate.core.results import Status
     from gate.speed.runs import PerfCaseResult
 
-    case = Case.build(dtype="bf16", batch=1, heads_q=2, heads_kv=2, seqlen_q=16, seqlen_k=16, head_dim=32, head_dim_v=32)
+    case = Case.build(
+        dtype="bf16", batch=1, heads_q=2, heads_kv=2, seqlen_q=16, seqlen_k=16, head_dim=32, head_dim_v=32
+    )
     timed = PerfCaseResult(case=case, status=Status.PASS)
     assert timed.label == "OK" and timed.to_dict()["status"] == "OK"
     for status in (Status.SKIP, Status.ERROR):

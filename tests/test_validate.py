@@ -108,8 +108,11 @@ def test_every_doc_section_a_message_points_to_exists():
     missing = []
     for page, section in sorted(referenced):
         file = ROOT / page
-        headings = {line.lstrip("#").strip() for line in file.read_text().splitlines() if line.startswith("#")} \
-            if file.is_file() else set()
+        headings = (
+            {line.lstrip("#").strip() for line in file.read_text().splitlines() if line.startswith("#")}
+            if file.is_file()
+            else set()
+        )
         if section not in headings:
             missing.append((page, section))
     assert missing == []
@@ -122,9 +125,14 @@ def test_nearest_offers_nothing_for_a_name_far_from_all():
     assert nearest("zzzzzz", ["sdpa-cpu", "flex"]) == ""
 
 
-@pytest.mark.parametrize("args, words", [(["--kernel", "sdpa-cpuu"], "did you mean sdpa-cpu"),
-                                         (["--suite", "smok"], "did you mean smoke"),
-                                         (["--anchor", "sdpa-mat"], "did you mean sdpa-math")])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--kernel", "sdpa-cpuu"], "did you mean sdpa-cpu"),
+        (["--suite", "smok"], "did you mean smoke"),
+        (["--anchor", "sdpa-mat"], "did you mean sdpa-math"),
+    ],
+)
 def test_bench_checks_names_before_asv_runs(args, words, capsys):
     """Also: the default asv.conf.json is the repository's (it was looked for under gate/)."""
     rc, _, err = run(["bench", "--device", "cpu", *args], capsys)

@@ -11,20 +11,44 @@ import sys
 import pytest
 
 from gate.compare.baselines import Baseline
+from gate.compare.findings import Finding, Severity, decide
+from gate.compare.sweep_rules import (
+    check_comparable,
+    compare,
+    compare_environment,
+    is_headroom_regression,
+    is_large_improvement,
+    refuse_duplicate_cases,
+    rule_case_presence,
+    rule_env_drift,
+    rule_headroom,
+    rule_improvement,
+    rule_incomplete_pass,
+    rule_nothing_measured,
+    rule_status,
+    rule_tensor_presence,
+    rule_tolerance,
+)
 from gate.core.cases import Case
 from gate.core.config import VerdictConfig
 from gate.core.errors import UserError
-from gate.compare.findings import Finding, Severity, decide
 from gate.core.results import CaseResult, Status, SweepResult, TensorError
-from gate.compare.sweep_rules import (
-    check_comparable, compare, compare_environment, is_headroom_regression, is_large_improvement, refuse_duplicate_cases,
-    rule_case_presence, rule_env_drift, rule_headroom, rule_improvement, rule_incomplete_pass, rule_nothing_measured,
-    rule_status, rule_tensor_presence, rule_tolerance,
-)
 
 CFG = VerdictConfig(headroom_factor=1.5, headroom_step=0.1, improvement_factor=2.0)
-ENV = {"device": "cpu", "gpu_class": "cpu", "gpu_name": "none", "torch": "2.13.0", "driver": "none", "cuda": "none",
-       "kernel": "k", "kernel_version": "1", "attn_gate": "0.1.0", "python": "3.11", "machine": "x86_64", "cpu": "x86_64"}
+ENV = {
+    "device": "cpu",
+    "gpu_class": "cpu",
+    "gpu_name": "none",
+    "torch": "2.13.0",
+    "driver": "none",
+    "cuda": "none",
+    "kernel": "k",
+    "kernel_version": "1",
+    "attn_gate": "0.1.0",
+    "python": "3.11",
+    "machine": "x86_64",
+    "cpu": "x86_64",
+}
 TOL = {"mult_out": 2.0, "mult_dq": 3.0}
 
 
@@ -38,34 +62,64 @@ def tensor(name: str, ratio: float) -> TensorError:
 
 
 def result(n: int, status: str = "PASS", reason: str = "", **ratios: float) -> CaseResult:
-    return CaseResult(case=case(n), status=Status(status), reason=reason,
-                      tensors=tuple(tensor(name, r) for name, r in ratios.items()))
+    return CaseResult(
+        case=case(n), status=Status(status), reason=reason, tensors=tuple(tensor(name, r) for name, r in ratios.items())
+    )
 
 
-def sweep(*cases: CaseResult, env: dict | None = None, suite_hash: str = "h1", tolerance: dict | None = None,
-          notes: tuple[str, ...] = (), scope: str | None = None) -> SweepResult:
-    return SweepResult(kernel="k", suite="smoke", suite_hash=suite_hash, environment=dict(env or ENV), cases=tuple(cases),
-                       tolerance=dict(tolerance or TOL), started_at="2026-01-01T00:00:00+00:00", wall_s=1.0, notes=notes,
-                       scope=scope)
+def sweep(
+    *cases: CaseResult,
+    env: dict | None = None,
+    suite_hash: str = "h1",
+    tolerance: dict | None = None,
+    notes: tuple[str, ...] = (),
+    scope: str | None = None,
+) -> SweepResult:
+    return SweepResult(
+        kernel="k",
+        suite="smoke",
+        suite_hash=suite_hash,
+        environment=dict(env or ENV),
+        cases=tuple(cases),
+        tolerance=dict(tolerance or TOL),
+        started_at="2026-01-01T00:00:00+00:00",
+        wall_s=1.0,
+        notes=notes,
+        scope=scope,
+    )
 
 
 # A PASS always carries out, dq, dk and dv (run_case measures all four); lse where the kernel returns it.
-GOOD = sweep(result(1, out=0.2, lse=0.1, dq=0.3, dk=0.25, dv=0.22), result(2, out=0.0, dq=0.01, dk=0.01, dv=0.01),
-             result(3, "SKIP", "no softcap"), result(4, out=0.6, dq=0.5, dk=0.9, dv=0.5))
+GOOD = sweep(
+    result(1, out=0.2, lse=0.1, dq=0.3, dk=0.25, dv=0.22),
+    result(2, out=0.0, dq=0.01, dk=0.01, dv=0.01),
+    result(3, "SKIP", "no softcap"),
+    result(4, out=0.6, dq=0.5, dk=0.9, dv=0.5),
+)
 ACCEPT = "attn-gate baseline update --kernel k --suite smoke --device cpu"
 
 
-def rules_of(findings: list[Finding], severities=(Severity.FAIL, Severity.INCONCLUSIVE, Severity.WARN)) -> set[tuple[str, str, str]]:
+def rules_of(
+    findings: list[Finding], severities=(Severity.FAIL, Severity.INCONCLUSIVE, Severity.WARN)
+) -> set[tuple[str, str, str]]:
     return {(f.severity.value, f.rule, f.case_id) for f in findings if f.severity in severities}
 
 
 # ---------------------------------------------------------------- one table per rule
 
 
-@pytest.mark.parametrize("ratio, fails", [
-    (0.0, False), (0.99, False), (1.0, False),  # at the bound is within it
-    (1.0001, True), (3.5, True), (math.inf, True), (math.nan, True),  # NaN never passes
-])
+@pytest.mark.parametrize(
+    "ratio, fails",
+    [
+        (0.0, False),
+        (0.99, False),
+        (1.0, False),  # at the bound is within it
+        (1.0001, True),
+        (3.5, True),
+        (math.inf, True),
+        (math.nan, True),  # NaN never passes
+    ],
+)
 def test_rule_tolerance(ratio, fails):
     f = rule_tolerance("c", "dk", ratio)
     assert (f is not None and f.severity is Severity.FAIL) == fails, f
@@ -73,12 +127,19 @@ def test_rule_tolerance(ratio, fails):
         assert f.metric == "ratio:dk" and f.threshold == 1.0
 
 
-@pytest.mark.parametrize("base, cur, expected", [
-    ("PASS", "PASS", None), (None, "PASS", None), ("SKIP", "SKIP", None),
-    ("PASS", "FAIL", "newly fails"), ("PASS", "ERROR", "newly errors"), (None, "FAIL", "newly fails"),
-    ("FAIL", "FAIL", "still fails"),  # a baseline written with --allow-failing never turns a FAIL into a pass
-    ("FAIL", "ERROR", "errors (baseline: FAIL)"),
-])
+@pytest.mark.parametrize(
+    "base, cur, expected",
+    [
+        ("PASS", "PASS", None),
+        (None, "PASS", None),
+        ("SKIP", "SKIP", None),
+        ("PASS", "FAIL", "newly fails"),
+        ("PASS", "ERROR", "newly errors"),
+        (None, "FAIL", "newly fails"),
+        ("FAIL", "FAIL", "still fails"),  # a baseline written with --allow-failing never turns a FAIL into a pass
+        ("FAIL", "ERROR", "errors (baseline: FAIL)"),
+    ],
+)
 def test_rule_status(base, cur, expected):
     f = rule_status("c", base, cur, "why")
     if expected is None:
@@ -87,18 +148,21 @@ def test_rule_status(base, cur, expected):
         assert f.severity is Severity.FAIL and expected in f.message and "why" in f.message
 
 
-@pytest.mark.parametrize("base, cur, fails", [
-    (0.30, 0.30, False),
-    (0.30, 0.44, False),   # x1.47: below the factor
-    (0.30, 0.46, True),    # x1.53 and +0.16: both
-    (0.01, 0.09, False),   # x9 but only +0.08: tiny ratios do not flake (the step)
-    (0.00, 0.09, False),   # from an exact zero: still only +0.09
-    (0.00, 0.11, True),    # from zero, beyond the step
-    (0.50, 0.61, False),   # +0.11 but only x1.22
-    (0.60, 0.95, True),    # x1.58 and +0.35: loosening that stays within the bound
-    (0.60, 1.50, False),   # above 1 it is rule_tolerance's FAIL, not reported twice
-    (math.nan, 0.9, False),  # no usable baseline number: no relative judgement
-])
+@pytest.mark.parametrize(
+    "base, cur, fails",
+    [
+        (0.30, 0.30, False),
+        (0.30, 0.44, False),  # x1.47: below the factor
+        (0.30, 0.46, True),  # x1.53 and +0.16: both
+        (0.01, 0.09, False),  # x9 but only +0.08: tiny ratios do not flake (the step)
+        (0.00, 0.09, False),  # from an exact zero: still only +0.09
+        (0.00, 0.11, True),  # from zero, beyond the step
+        (0.50, 0.61, False),  # +0.11 but only x1.22
+        (0.60, 0.95, True),  # x1.58 and +0.35: loosening that stays within the bound
+        (0.60, 1.50, False),  # above 1 it is rule_tolerance's FAIL, not reported twice
+        (math.nan, 0.9, False),  # no usable baseline number: no relative judgement
+    ],
+)
 def test_rule_headroom(base, cur, fails):
     f = rule_headroom("c", "dq", base, cur, CFG.headroom_factor, CFG.headroom_step)
     assert (f is not None and f.severity is Severity.FAIL) == fails, f
@@ -107,29 +171,38 @@ def test_rule_headroom(base, cur, fails):
         assert f"{base:g}"[:3] in f.message or "0 ->" in f.message
 
 
-@pytest.mark.parametrize("base, cur, warns", [
-    (0.6, 0.6, False), (0.6, 0.31, False), (0.6, 0.30, True), (0.9, 0.1, True),
-    (0.05, 0.001, False),  # /50 but only -0.049: noise, not an improvement worth a refresh
-])
+@pytest.mark.parametrize(
+    "base, cur, warns",
+    [
+        (0.6, 0.6, False),
+        (0.6, 0.31, False),
+        (0.6, 0.30, True),
+        (0.9, 0.1, True),
+        (0.05, 0.001, False),  # /50 but only -0.049: noise, not an improvement worth a refresh
+    ],
+)
 def test_rule_improvement(base, cur, warns):
     f = rule_improvement("c", "out", base, cur, CFG.improvement_factor, CFG.headroom_step)
     assert (f is not None and f.severity is Severity.WARN) == warns, f
     assert (f is not None) == is_large_improvement(base, cur, 2.0, 0.1)
 
 
-@pytest.mark.parametrize("base, cur, same_suite, rule, severity", [
-    ("PASS", "PASS", True, None, None),
-    ("FAIL", "FAIL", True, None, None),  # rule_status speaks for that
-    (None, "PASS", True, "new_case", Severity.WARN),
-    ("PASS", None, True, "removed_case", Severity.INCONCLUSIVE),  # same suite, case missing: truncated results
-    ("SKIP", None, True, "removed_case", Severity.INCONCLUSIVE),
-    ("PASS", None, False, "removed_case", Severity.WARN),  # the suite itself changed (check refuses that first)
-    ("PASS", "SKIP", True, "newly_skipped", Severity.INCONCLUSIVE),  # e.g. softcap keyword dropped: coverage lost
-    ("ERROR", "SKIP", True, "newly_skipped", Severity.INCONCLUSIVE),  # a failing case may not escape by skipping
-    ("SKIP", "PASS", True, "newly_measured", Severity.WARN),
-    ("FAIL", "PASS", True, "fixed", Severity.WARN),
-    ("SKIP", "SKIP", True, "skipped", Severity.INFO),
-])
+@pytest.mark.parametrize(
+    "base, cur, same_suite, rule, severity",
+    [
+        ("PASS", "PASS", True, None, None),
+        ("FAIL", "FAIL", True, None, None),  # rule_status speaks for that
+        (None, "PASS", True, "new_case", Severity.WARN),
+        ("PASS", None, True, "removed_case", Severity.INCONCLUSIVE),  # same suite, case missing: truncated results
+        ("SKIP", None, True, "removed_case", Severity.INCONCLUSIVE),
+        ("PASS", None, False, "removed_case", Severity.WARN),  # the suite itself changed (check refuses that first)
+        ("PASS", "SKIP", True, "newly_skipped", Severity.INCONCLUSIVE),  # e.g. softcap keyword dropped: coverage lost
+        ("ERROR", "SKIP", True, "newly_skipped", Severity.INCONCLUSIVE),  # a failing case may not escape by skipping
+        ("SKIP", "PASS", True, "newly_measured", Severity.WARN),
+        ("FAIL", "PASS", True, "fixed", Severity.WARN),
+        ("SKIP", "SKIP", True, "skipped", Severity.INFO),
+    ],
+)
 def test_rule_case_presence(base, cur, same_suite, rule, severity):
     f = rule_case_presence("c", base, cur, "No available kernel", same_suite, ACCEPT)
     assert (f.rule, f.severity) == (rule, severity) if rule else f is None
@@ -137,10 +210,14 @@ def test_rule_case_presence(base, cur, same_suite, rule, severity):
         assert "No available kernel" in f.message and f"`{ACCEPT}`" in f.message and f.severity.blocks
 
 
-@pytest.mark.parametrize("base, cur, rule, blocks", [
-    (0.2, None, "tensor_dropped", True),  # e.g. the kernel stopped returning its LSE
-    (None, 0.2, "tensor_added", False), (0.2, 0.3, None, False),
-])
+@pytest.mark.parametrize(
+    "base, cur, rule, blocks",
+    [
+        (0.2, None, "tensor_dropped", True),  # e.g. the kernel stopped returning its LSE
+        (None, 0.2, "tensor_added", False),
+        (0.2, 0.3, None, False),
+    ],
+)
 def test_rule_tensor_presence(base, cur, rule, blocks):
     f = rule_tensor_presence("c", "lse", base, cur, ACCEPT)
     assert (f.rule if f else None) == rule
@@ -149,15 +226,18 @@ def test_rule_tensor_presence(base, cur, rule, blocks):
         assert f.severity is Severity.INCONCLUSIVE and ACCEPT in f.message
 
 
-@pytest.mark.parametrize("status, tensors, missing", [
-    ("PASS", {"out", "dq", "dk", "dv"}, None),
-    ("PASS", {"out", "lse", "dq", "dk", "dv"}, None),
-    ("PASS", set(), "out, dq, dk, dv"),  # a PASS row with no evidence at all
-    ("PASS", {"out", "lse", "dq", "dk"}, "dv"),
-    ("PASS", {"out"}, "dq, dk, dv"),
-    ("FAIL", set(), None),  # a bad output FAILs without tensors: rule_status speaks
-    ("SKIP", set(), None),
-])
+@pytest.mark.parametrize(
+    "status, tensors, missing",
+    [
+        ("PASS", {"out", "dq", "dk", "dv"}, None),
+        ("PASS", {"out", "lse", "dq", "dk", "dv"}, None),
+        ("PASS", set(), "out, dq, dk, dv"),  # a PASS row with no evidence at all
+        ("PASS", {"out", "lse", "dq", "dk"}, "dv"),
+        ("PASS", {"out"}, "dq, dk, dv"),
+        ("FAIL", set(), None),  # a bad output FAILs without tensors: rule_status speaks
+        ("SKIP", set(), None),
+    ],
+)
 def test_rule_incomplete_pass(status, tensors, missing):
     f = rule_incomplete_pass("c", status, tensors)
     assert (f is not None) == (missing is not None), f
@@ -165,17 +245,20 @@ def test_rule_incomplete_pass(status, tensors, missing):
         assert f.severity is Severity.INCONCLUSIVE and f"PASS without {missing}:" in f.message
 
 
-@pytest.mark.parametrize("key, base, cur, severity", [
-    ("torch", "2.13.0", "2.13.0", None),
-    ("torch", "2.13.0", "2.14.0", Severity.WARN),
-    ("driver", "570.1", "575.2", Severity.WARN),
-    ("kernel_version", "2.8.3", "2.8.4", Severity.WARN),
-    ("cuda", "12.8", "13.0", Severity.WARN),
-    ("cudnn", "91002", "91900", Severity.WARN),  # SDPA-cuDNN's kernel and the speed anchor
-    ("machine", "x86_64", "aarch64", Severity.WARN),
-    ("attn_gate", "0.1.0", "0.2.0", Severity.INFO),
-    ("started", "a", "b", None),  # not a fingerprint key
-])
+@pytest.mark.parametrize(
+    "key, base, cur, severity",
+    [
+        ("torch", "2.13.0", "2.13.0", None),
+        ("torch", "2.13.0", "2.14.0", Severity.WARN),
+        ("driver", "570.1", "575.2", Severity.WARN),
+        ("kernel_version", "2.8.3", "2.8.4", Severity.WARN),
+        ("cuda", "12.8", "13.0", Severity.WARN),
+        ("cudnn", "91002", "91900", Severity.WARN),  # SDPA-cuDNN's kernel and the speed anchor
+        ("machine", "x86_64", "aarch64", Severity.WARN),
+        ("attn_gate", "0.1.0", "0.2.0", Severity.INFO),
+        ("started", "a", "b", None),  # not a fingerprint key
+    ],
+)
 def test_rule_env_drift(key, base, cur, severity):
     f = rule_env_drift(key, base, cur)
     assert (f.severity if f else None) == severity
@@ -199,16 +282,22 @@ def test_headroom_needs_both_thresholds():
 
 
 def test_self_comparison_never_fails_or_warns():
-    for s in (GOOD, sweep(result(1, out=0.999, dq=0.0, dk=0.0, dv=1.0)),
-              sweep(result(1, "SKIP", "x"), result(2, out=0.5, dq=0.5, dk=0.5, dv=0.5))):
+    for s in (
+        GOOD,
+        sweep(result(1, out=0.999, dq=0.0, dk=0.0, dv=1.0)),
+        sweep(result(1, "SKIP", "x"), result(2, out=0.5, dq=0.5, dk=0.5, dv=0.5)),
+    ):
         findings = compare(Baseline.from_sweep(s), s, CFG)
         assert not rules_of(findings), rules_of(findings)
         assert decide(findings).passed
 
 
 def test_self_comparison_of_a_failing_result_fails_only_on_absolute_rules():
-    bad = sweep(result(1, out=0.2, dq=0.2, dk=0.2, dv=0.2), result(2, "FAIL", "dk error > bound", dk=1.7),
-                result(3, "ERROR", "RuntimeError: boom"))
+    bad = sweep(
+        result(1, out=0.2, dq=0.2, dk=0.2, dv=0.2),
+        result(2, "FAIL", "dk error > bound", dk=1.7),
+        result(3, "ERROR", "RuntimeError: boom"),
+    )
     findings = compare(Baseline.from_sweep(bad), bad, CFG)
     blocking = {(f.rule, f.case_id) for f in findings if f.severity.blocks}
     assert blocking == {("tolerance", case(2).id), ("status", case(2).id), ("status", case(3).id)}
@@ -219,30 +308,79 @@ BASE = GOOD
 CURRENT_TABLE = [
     # (name, current sweep, expected FAIL/WARN set as (severity, rule, case n), passes)
     ("identical", GOOD, set(), True),
-    ("tolerance violation", sweep(result(1, "FAIL", "dk", out=0.2, lse=0.1, dq=0.3, dk=1.3, dv=0.22), *GOOD.cases[1:]),
-     {("FAIL", "tolerance", 1), ("FAIL", "status", 1)}, True and False),
-    ("newly errors", sweep(result(1, "ERROR", "RuntimeError: bad"), *GOOD.cases[1:]),
-     {("FAIL", "status", 1)}, False),
-    ("fails with no tensors", sweep(result(1, "FAIL", "seed 0: out has shape (1,)"), *GOOD.cases[1:]),
-     {("FAIL", "status", 1)}, False),  # the status says it; no tensor_dropped noise on top
-    ("headroom regression", sweep(result(1, out=0.2, lse=0.1, dq=0.3, dk=0.25, dv=0.45), *GOOD.cases[1:]),
-     {("FAIL", "headroom", 1)}, False),
-    ("within noise", sweep(result(1, out=0.26, lse=0.15, dq=0.35, dk=0.3, dv=0.3),
-                           result(2, out=0.09, dq=0.1, dk=0.05, dv=0.0), *GOOD.cases[2:]), set(), True),
+    (
+        "tolerance violation",
+        sweep(result(1, "FAIL", "dk", out=0.2, lse=0.1, dq=0.3, dk=1.3, dv=0.22), *GOOD.cases[1:]),
+        {("FAIL", "tolerance", 1), ("FAIL", "status", 1)},
+        True and False,
+    ),
+    ("newly errors", sweep(result(1, "ERROR", "RuntimeError: bad"), *GOOD.cases[1:]), {("FAIL", "status", 1)}, False),
+    (
+        "fails with no tensors",
+        sweep(result(1, "FAIL", "seed 0: out has shape (1,)"), *GOOD.cases[1:]),
+        {("FAIL", "status", 1)},
+        False,
+    ),  # the status says it; no tensor_dropped noise on top
+    (
+        "headroom regression",
+        sweep(result(1, out=0.2, lse=0.1, dq=0.3, dk=0.25, dv=0.45), *GOOD.cases[1:]),
+        {("FAIL", "headroom", 1)},
+        False,
+    ),
+    (
+        "within noise",
+        sweep(
+            result(1, out=0.26, lse=0.15, dq=0.35, dk=0.3, dv=0.3),
+            result(2, out=0.09, dq=0.1, dk=0.05, dv=0.0),
+            *GOOD.cases[2:],
+        ),
+        set(),
+        True,
+    ),
     ("new case", sweep(*GOOD.cases, result(5, out=0.3, dq=0.3, dk=0.3, dv=0.3)), {("WARN", "new_case", 5)}, True),
-    ("removed case (same suite: truncated results)", sweep(*GOOD.cases[:3]), {("INCONCLUSIVE", "removed_case", 4)}, False),
+    (
+        "removed case (same suite: truncated results)",
+        sweep(*GOOD.cases[:3]),
+        {("INCONCLUSIVE", "removed_case", 4)},
+        False,
+    ),
     ("removed case (suite changed)", sweep(*GOOD.cases[:3], suite_hash="h2"), {("WARN", "removed_case", 4)}, True),
-    ("newly skipped", sweep(*GOOD.cases[:3], result(4, "SKIP", "the kernel takes no softcap")),
-     {("INCONCLUSIVE", "newly_skipped", 4)}, False),
-    ("large improvement", sweep(*GOOD.cases[:3], result(4, out=0.6, dq=0.5, dk=0.3, dv=0.5)), {("WARN", "improvement", 4)}, True),
-    ("lse dropped", sweep(result(1, out=0.2, dq=0.3, dk=0.25, dv=0.22), *GOOD.cases[1:]),
-     {("INCONCLUSIVE", "tensor_dropped", 1)}, False),
-    ("pass without dv", sweep(result(1, out=0.2, lse=0.1, dq=0.3, dk=0.25), *GOOD.cases[1:]),
-     {("INCONCLUSIVE", "incomplete_pass", 1)}, False),
+    (
+        "newly skipped",
+        sweep(*GOOD.cases[:3], result(4, "SKIP", "the kernel takes no softcap")),
+        {("INCONCLUSIVE", "newly_skipped", 4)},
+        False,
+    ),
+    (
+        "large improvement",
+        sweep(*GOOD.cases[:3], result(4, out=0.6, dq=0.5, dk=0.3, dv=0.5)),
+        {("WARN", "improvement", 4)},
+        True,
+    ),
+    (
+        "lse dropped",
+        sweep(result(1, out=0.2, dq=0.3, dk=0.25, dv=0.22), *GOOD.cases[1:]),
+        {("INCONCLUSIVE", "tensor_dropped", 1)},
+        False,
+    ),
+    (
+        "pass without dv",
+        sweep(result(1, out=0.2, lse=0.1, dq=0.3, dk=0.25), *GOOD.cases[1:]),
+        {("INCONCLUSIVE", "incomplete_pass", 1)},
+        False,
+    ),
     ("pass without any tensor", sweep(result(1), *GOOD.cases[1:]), {("INCONCLUSIVE", "incomplete_pass", 1)}, False),
-    ("all skipped", sweep(*(result(n, "SKIP", "no") for n in (1, 2, 3, 4))),
-     {("INCONCLUSIVE", "newly_skipped", 1), ("INCONCLUSIVE", "newly_skipped", 2), ("INCONCLUSIVE", "newly_skipped", 4),
-      ("INCONCLUSIVE", "nothing_measured", 0)}, False),
+    (
+        "all skipped",
+        sweep(*(result(n, "SKIP", "no") for n in (1, 2, 3, 4))),
+        {
+            ("INCONCLUSIVE", "newly_skipped", 1),
+            ("INCONCLUSIVE", "newly_skipped", 2),
+            ("INCONCLUSIVE", "newly_skipped", 4),
+            ("INCONCLUSIVE", "nothing_measured", 0),
+        },
+        False,
+    ),
 ]
 
 
@@ -305,11 +443,17 @@ def test_environment_drift_warns_but_passes():
 # ---------------------------------------------------------------- refusals
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"env": {**ENV, "gpu_class": "h200"}}, ["GPU class 'cpu'", "'h200'", "never compares", "attn-gate baseline update"]),
-    ({"suite_hash": "h2"}, ["changed since the baseline", "h1 -> h2", "attn-gate baseline update"]),
-    ({"tolerance": {"mult_out": 3.0, "mult_dq": 3.0}}, ["mult_out", "not comparable", "attn-gate baseline update"]),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (
+            {"env": {**ENV, "gpu_class": "h200"}},
+            ["GPU class 'cpu'", "'h200'", "never compares", "attn-gate baseline update"],
+        ),
+        ({"suite_hash": "h2"}, ["changed since the baseline", "h1 -> h2", "attn-gate baseline update"]),
+        ({"tolerance": {"mult_out": 3.0, "mult_dq": 3.0}}, ["mult_out", "not comparable", "attn-gate baseline update"]),
+    ],
+)
 def test_check_comparable_refuses(change, words):
     other = sweep(*GOOD.cases, **change)
     with pytest.raises(UserError) as err:
@@ -350,7 +494,11 @@ def test_a_baseline_remembers_the_cudnn_version_and_a_new_one_warns():
     base = sweep(*GOOD.cases, env={**ENV, "cudnn": "91002"})
     baseline = Baseline.from_sweep(base)
     assert baseline.environment["cudnn"] == "91002"
+
     def env_findings(run):
         return {(f.severity, f.rule, f.metric) for f in compare(baseline, run, CFG) if f.metric.startswith("env:")}
+
     assert env_findings(base) == set()
-    assert env_findings(sweep(*GOOD.cases, env={**ENV, "cudnn": "91900"})) == {(Severity.WARN, "env_drift", "env:cudnn")}
+    assert env_findings(sweep(*GOOD.cases, env={**ENV, "cudnn": "91900"})) == {
+        (Severity.WARN, "env_drift", "env:cudnn")
+    }

@@ -66,10 +66,31 @@ def test_the_worker_dies_with_the_gate(tmp_path, sig):
     """The gate is stopped while its worker hangs in a case: no worker outlives it."""
     config = suite_config(tmp_path, [16, 17])
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ATTN_GATE_TEST_FAULT": "hang"}
-    gate = subprocess.Popen([sys.executable, "-m", "gate", "sweep", "--kernel", "tests.fault_kernels:by_env", "--suite",
-                             "tiny", "--device", "cpu", "--config", str(config), "--out", str(tmp_path / "out"),
-                             "--no-progress", "--case-timeout", "120"], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    gate = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gate",
+            "sweep",
+            "--kernel",
+            "tests.fault_kernels:by_env",
+            "--suite",
+            "tiny",
+            "--device",
+            "cpu",
+            "--config",
+            str(config),
+            "--out",
+            str(tmp_path / "out"),
+            "--no-progress",
+            "--case-timeout",
+            "120",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     journal = tmp_path / "out" / "journal-tests.fault_kernels_by_env-tiny.jsonl"
     try:
         # the first case is journalled: the worker now hangs in the second
@@ -92,11 +113,32 @@ def test_a_detached_grandchild_holding_the_pipe_costs_no_timeout_and_is_killed(t
     monkeypatch.setenv("ATTN_GATE_TEST_PIDFILE", str(pidfile))
     config = suite_config(tmp_path, [16, 17, 18])
     started = time.monotonic()
-    assert main(["sweep", "--kernel", "tests.fault_kernels:detached_grandchild", "--suite", "tiny", "--device", "cpu",
-                 "--config", str(config), "--out", str(tmp_path / "out"), "--no-progress", "--case-timeout", "100"]) == 1
+    assert (
+        main(
+            [
+                "sweep",
+                "--kernel",
+                "tests.fault_kernels:detached_grandchild",
+                "--suite",
+                "tiny",
+                "--device",
+                "cpu",
+                "--config",
+                str(config),
+                "--out",
+                str(tmp_path / "out"),
+                "--no-progress",
+                "--case-timeout",
+                "100",
+            ]
+        )
+        == 1
+    )
     assert time.monotonic() - started < 60  # not the 100 s timeout
     got = rows(tmp_path / "out")
-    assert got["fp32-b1-h2-s17-d8"]["status"] == "ERROR" and "died during the case" in got["fp32-b1-h2-s17-d8"]["reason"]
+    assert (
+        got["fp32-b1-h2-s17-d8"]["status"] == "ERROR" and "died during the case" in got["fp32-b1-h2-s17-d8"]["reason"]
+    )
     assert got["fp32-b1-h2-s16-d8"]["status"] == got["fp32-b1-h2-s18-d8"]["status"] == "PASS"
     grandchild = int(pidfile.read_text())
     assert wait_for(lambda: not alive(grandchild), 10), "the kernel's detached grandchild was left running"
@@ -108,10 +150,30 @@ def test_a_kernel_that_changes_its_process_state_does_not_misreport_later_cases(
     torch.save that writes zeros from its next call on. Every later, correct case still passes."""
     monkeypatch.chdir(ROOT)
     config = suite_config(tmp_path, [16, 17, 18, 19])
-    assert main(["sweep", "--kernel", f"tests.fault_kernels:{kernel}", "--suite", "tiny", "--device", "cpu",
-                 "--config", str(config), "--out", str(tmp_path / "out"), "--no-progress", "--workers", "1"]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                "--kernel",
+                f"tests.fault_kernels:{kernel}",
+                "--suite",
+                "tiny",
+                "--device",
+                "cpu",
+                "--config",
+                str(config),
+                "--out",
+                str(tmp_path / "out"),
+                "--no-progress",
+                "--workers",
+                "1",
+            ]
+        )
+        == 0
+    )
     assert {cid: r["status"] for cid, r in rows(tmp_path / "out").items()} == {
-        f"fp32-b1-h2-s{n}-d8": "PASS" for n in (16, 17, 18, 19)}
+        f"fp32-b1-h2-s{n}-d8": "PASS" for n in (16, 17, 18, 19)
+    }
 
 
 @pytest.mark.parametrize("kernel", ["patches_tensor_dunders", "patches_autograd_engine", "rebinds_gate_constant"])
@@ -121,19 +183,59 @@ def test_a_kernel_that_patches_tensor_autograd_or_gate_code_is_one_error_row(tmp
     runs in a fresh worker and passes (they failed in the patched one)."""
     monkeypatch.chdir(ROOT)
     config = suite_config(tmp_path, [16, 17, 18, 19])
-    assert main(["sweep", "--kernel", f"tests.fault_kernels:{kernel}", "--suite", "tiny", "--device", "cpu",
-                 "--config", str(config), "--out", str(tmp_path / "out"), "--no-progress", "--workers", "1"]) == 1
+    assert (
+        main(
+            [
+                "sweep",
+                "--kernel",
+                f"tests.fault_kernels:{kernel}",
+                "--suite",
+                "tiny",
+                "--device",
+                "cpu",
+                "--config",
+                str(config),
+                "--out",
+                str(tmp_path / "out"),
+                "--no-progress",
+                "--workers",
+                "1",
+            ]
+        )
+        == 1
+    )
     got = rows(tmp_path / "out")
     assert {cid: r["status"] for cid, r in got.items()} == {
-        "fp32-b1-h2-s16-d8": "PASS", "fp32-b1-h2-s17-d8": "ERROR", "fp32-b1-h2-s18-d8": "PASS", "fp32-b1-h2-s19-d8": "PASS"}
+        "fp32-b1-h2-s16-d8": "PASS",
+        "fp32-b1-h2-s17-d8": "ERROR",
+        "fp32-b1-h2-s18-d8": "PASS",
+        "fp32-b1-h2-s19-d8": "PASS",
+    }
     assert "replaced" in got["fp32-b1-h2-s17-d8"]["reason"]
 
 
 def test_a_deleted_temp_folder_is_made_again(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     config = suite_config(tmp_path, [16, 17, 18])
-    assert main(["sweep", "--kernel", "tests.fault_kernels:removes_tempdir", "--suite", "tiny", "--device", "cpu",
-                 "--config", str(config), "--out", str(tmp_path / "out"), "--no-progress"]) == 1
+    assert (
+        main(
+            [
+                "sweep",
+                "--kernel",
+                "tests.fault_kernels:removes_tempdir",
+                "--suite",
+                "tiny",
+                "--device",
+                "cpu",
+                "--config",
+                str(config),
+                "--out",
+                str(tmp_path / "out"),
+                "--no-progress",
+            ]
+        )
+        == 1
+    )
     assert "Traceback" not in capsys.readouterr().err
     got = rows(tmp_path / "out")
     assert got["fp32-b1-h2-s17-d8"]["status"] == "ERROR"
@@ -145,8 +247,27 @@ def test_workers_0_fails_when_the_kernel_ends_the_process_before_the_report(tmp_
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("ATTN_GATE_TEST_FAULT", "exit0")
     config = suite_config(tmp_path, [16, 17])
-    assert main(["sweep", "--kernel", "tests.fault_kernels:by_env", "--suite", "tiny", "--device", "cpu", "--config",
-                 str(config), "--out", str(tmp_path / "out"), "--no-progress", "--workers", "0"]) == 1
+    assert (
+        main(
+            [
+                "sweep",
+                "--kernel",
+                "tests.fault_kernels:by_env",
+                "--suite",
+                "tiny",
+                "--device",
+                "cpu",
+                "--config",
+                str(config),
+                "--out",
+                str(tmp_path / "out"),
+                "--no-progress",
+                "--workers",
+                "0",
+            ]
+        )
+        == 1
+    )
     err = capfd.readouterr().err
     assert "ended (exit code 0) before it wrote its report" in err and "rerun without --workers 0" in err
     assert not list((tmp_path / "out").glob("sweep-*.json"))
@@ -161,16 +282,31 @@ def test_ctrl_c_journals_no_case_in_flight_and_the_printed_resume_reaches_the_sa
 
     monkeypatch.chdir(ROOT)
     config = suite_config(tmp_path, [16, 18, 19, 20])
-    common = ["--kernel", "tests.fault_kernels:by_env", "--suite", "tiny", "--device", "cpu", "--config", str(config),
-              "--no-progress"]
+    common = [
+        "--kernel",
+        "tests.fault_kernels:by_env",
+        "--suite",
+        "tiny",
+        "--device",
+        "cpu",
+        "--config",
+        str(config),
+        "--no-progress",
+    ]
     assert main(["baseline", "update", *common, "--out", str(tmp_path / "base-run")]) == 0
     assert main(["check", *common, "--out", str(tmp_path / "whole")]) == 0
 
     out = tmp_path / "out"
     journal = out / "journal-tests.fault_kernels_by_env-tiny.jsonl"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ATTN_GATE_TEST_SLOW": "1.0"}
-    gate = subprocess.Popen([sys.executable, "-m", "gate", "check", *common, "--out", str(out)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    gate = subprocess.Popen(
+        [sys.executable, "-m", "gate", "check", *common, "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert wait_for(lambda: journal.is_file() and len(journal.read_text().splitlines()) >= 2, 120)
     gate.send_signal(signal.SIGINT)
     _, err = gate.communicate(timeout=60)
@@ -197,11 +333,34 @@ def test_a_kernel_that_attacks_the_workers_protocol_is_an_error_and_later_cases_
     faulty case is an ERROR row, every later, correct case runs in a fresh worker and passes."""
     monkeypatch.chdir(ROOT)
     config = suite_config(tmp_path, [16, 17, 18, 19])
-    assert main(["sweep", "--kernel", f"tests.fault_kernels:{kernel}", "--suite", "tiny", "--device", "cpu",
-                 "--config", str(config), "--out", str(tmp_path / "out"), "--no-progress", "--workers", "1"]) == 1
+    assert (
+        main(
+            [
+                "sweep",
+                "--kernel",
+                f"tests.fault_kernels:{kernel}",
+                "--suite",
+                "tiny",
+                "--device",
+                "cpu",
+                "--config",
+                str(config),
+                "--out",
+                str(tmp_path / "out"),
+                "--no-progress",
+                "--workers",
+                "1",
+            ]
+        )
+        == 1
+    )
     got = {cid: r["status"] for cid, r in rows(tmp_path / "out").items()}
-    assert got == {"fp32-b1-h2-s16-d8": "PASS", "fp32-b1-h2-s17-d8": "ERROR", "fp32-b1-h2-s18-d8": "PASS",
-                   "fp32-b1-h2-s19-d8": "PASS"}, got
+    assert got == {
+        "fp32-b1-h2-s16-d8": "PASS",
+        "fp32-b1-h2-s17-d8": "ERROR",
+        "fp32-b1-h2-s18-d8": "PASS",
+        "fp32-b1-h2-s19-d8": "PASS",
+    }, got
 
 
 # the duration of the kernel's escaped sleep: unique to this test process, found in /proc/*/cmdline
@@ -229,9 +388,24 @@ def test_a_descendant_in_its_own_session_with_an_empty_environment_is_killed(tmp
 
     config = suite_config(tmp_path, [16, 17, 18])
     try:
-        run = cli(["sweep", "--kernel", "tests.fault_kernels:escapes_with_setsid", "--suite", "tiny", "--device", "cpu",
-                   "--config", str(config), "--out", str(tmp_path / "out"), "--no-progress"], cwd=tmp_path,
-                  env={"ATTN_GATE_TEST_SLEEP": SLEEPER_SECONDS})
+        run = cli(
+            [
+                "sweep",
+                "--kernel",
+                "tests.fault_kernels:escapes_with_setsid",
+                "--suite",
+                "tiny",
+                "--device",
+                "cpu",
+                "--config",
+                str(config),
+                "--out",
+                str(tmp_path / "out"),
+                "--no-progress",
+            ],
+            cwd=tmp_path,
+            env={"ATTN_GATE_TEST_SLEEP": SLEEPER_SECONDS},
+        )
         assert run.returncode == 0, run.stderr
         assert wait_for(lambda: not _sleepers(), 10), "the kernel's escaped sleep outlived the sweep"
     finally:

@@ -147,8 +147,11 @@ def gpu_reachable_from_pull_requests(doc: dict) -> list[str]:
     a self-hosted runner, whatever its `if:` says (the PR author can edit that)."""
     if not triggers(doc) & {"pull_request", "pull_request_target"}:
         return []
-    return [job_id for job_id, job in doc.get("jobs", {}).items()
-            if job.get("runs-on") != "ubuntu-latest" and "ubuntu" not in str(job.get("runs-on"))]
+    return [
+        job_id
+        for job_id, job in doc.get("jobs", {}).items()
+        if job.get("runs-on") != "ubuntu-latest" and "ubuntu" not in str(job.get("runs-on"))
+    ]
 
 
 def vars_in_fork_context(doc: dict, text: str) -> list[str]:
@@ -160,6 +163,7 @@ def vars_in_fork_context(doc: dict, text: str) -> list[str]:
 
 
 # ---- the rules fail on bad workflows ---------------------------------------------------------
+
 
 def caches(doc: dict) -> list[str]:
     """Steps that save or restore a cache: actions/cache, and the `cache:` of a setup-* action
@@ -203,18 +207,25 @@ jobs:
 def test_rules_fail_a_bad_workflow():
     doc = yaml.safe_load(BAD_WORKFLOW)
     doc["on"] = doc.pop(True)
-    assert unpinned_uses(BAD_WORKFLOW) == ["- uses: actions/checkout@v4", "- uses: actions/setup-python@v6",
-                                          "- uses: actions/setup-node@v6"]
+    assert unpinned_uses(BAD_WORKFLOW) == [
+        "- uses: actions/checkout@v4",
+        "- uses: actions/setup-python@v6",
+        "- uses: actions/setup-node@v6",
+    ]
     # a SHA without its version comment, or a short SHA, is not pinned either
     assert unpinned_uses("- uses: actions/cache@5a3ec84eff668545956fd18022155c47e93e2684\n")
     assert unpinned_uses("- uses: actions/cache@5a3ec84 # v4.2.3\n")
     assert expressions_in_scripts(doc) == ["build: None"]
     assert dangerous_triggers(doc) == ["pull_request_target"]
     assert permission_problems(doc) == [
-        "workflow: permissions must be {} (each job asks for what it needs)", "build: no permissions block"]
+        "workflow: permissions must be {} (each job asks for what it needs)",
+        "build: no permissions block",
+    ]
     assert checkouts_keeping_credentials(doc) == ["build: actions/checkout@v4"]
-    assert caches(doc) == ["build: actions/setup-python with cache",
-                           "build: actions/setup-node without package-manager-cache: false"]
+    assert caches(doc) == [
+        "build: actions/setup-python with cache",
+        "build: actions/setup-node without package-manager-cache: false",
+    ]
 
 
 def test_schema_and_zizmor_fail_a_bad_workflow(tmp_path):
@@ -222,11 +233,19 @@ def test_schema_and_zizmor_fail_a_bad_workflow(tmp_path):
     bad.mkdir(parents=True)
     (bad / "bad.yml").write_text(BAD_WORKFLOW)
     (bad / "invalid.yml").write_text("name: invalid\non: push\njobs:\n  build:\n    steps: []\n")
-    schema = subprocess.run([tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows",
-                             str(bad / "invalid.yml")], capture_output=True, text=True, timeout=120)
+    schema = subprocess.run(
+        [tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows", str(bad / "invalid.yml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert schema.returncode != 0, schema.stdout  # a job with neither runs-on nor uses
-    z = subprocess.run([tool("zizmor"), "--offline", "--format", "json", str(bad / "bad.yml")],
-                       capture_output=True, text=True, timeout=120)
+    z = subprocess.run(
+        [tool("zizmor"), "--offline", "--format", "json", str(bad / "bad.yml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     found = {f["ident"] for f in json.loads(z.stdout)}
     assert z.returncode != 0
     assert {"dangerous-triggers", "template-injection", "unpinned-uses"} <= found, found
@@ -248,35 +267,62 @@ GPU_GROUP, TRUSTED_GROUP = "attn-gate-gpu", "attn-gate-trusted"
 
 
 def test_the_workflows_exist():
-    assert [p.name for p in WORKFLOW_FILES] == ["baselines.yml", "bisect.yml", "ci.yml", "gate.yml", "nightly.yml", "publish.yml",
-                                                "report.yml", "selftest.yml", "vet.yml"]
+    assert [p.name for p in WORKFLOW_FILES] == [
+        "baselines.yml",
+        "bisect.yml",
+        "ci.yml",
+        "gate.yml",
+        "nightly.yml",
+        "publish.yml",
+        "report.yml",
+        "selftest.yml",
+        "vet.yml",
+    ]
 
 
 def test_workflows_match_the_github_workflow_schema():
-    r = subprocess.run([tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows",
-                        *map(str, WORKFLOW_FILES)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows", *map(str, WORKFLOW_FILES)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
 @pytest.mark.parametrize("persona", ["regular", "pedantic"])
 def test_zizmor_offline_finds_nothing(persona):
-    r = subprocess.run([tool("zizmor"), "--offline", "--persona", persona, "--format", "json", str(WORKFLOWS)],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [tool("zizmor"), "--offline", "--persona", persona, "--format", "json", str(WORKFLOWS)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0 and json.loads(r.stdout) == [], r.stdout + r.stderr
 
 
 # What the auditor persona still reports, each explained in docs/ci.md ("zizmor").
 AUDITOR_EXPLAINED = {
-    ("self-hosted-runner", "baselines.yml"), ("self-hosted-runner", "bisect.yml"), ("self-hosted-runner", "gate.yml"), ("self-hosted-runner", "nightly.yml"),
-    ("self-hosted-runner", "publish.yml"), ("self-hosted-runner", "selftest.yml"),
+    ("self-hosted-runner", "baselines.yml"),
+    ("self-hosted-runner", "bisect.yml"),
+    ("self-hosted-runner", "gate.yml"),
+    ("self-hosted-runner", "nightly.yml"),
+    ("self-hosted-runner", "publish.yml"),
+    ("self-hosted-runner", "selftest.yml"),
 }
 
 
 def test_zizmor_auditor_findings_are_the_explained_ones():
-    r = subprocess.run([tool("zizmor"), "--offline", "--persona", "auditor", "--format", "json", str(WORKFLOWS)],
-                       capture_output=True, text=True, timeout=120)
-    found = {(f["ident"], Path(f["locations"][0]["symbolic"]["key"]["Local"]["verbatim_path"]).name)
-             for f in json.loads(r.stdout)}
+    r = subprocess.run(
+        [tool("zizmor"), "--offline", "--persona", "auditor", "--format", "json", str(WORKFLOWS)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    found = {
+        (f["ident"], Path(f["locations"][0]["symbolic"]["key"]["Local"]["verbatim_path"]).name)
+        for f in json.loads(r.stdout)
+    }
     assert found == AUDITOR_EXPLAINED, r.stdout[-3000:]
     docs = (ROOT / "docs" / "ci.md").read_text()
     assert all(ident in docs for ident, _ in found)
@@ -304,7 +350,9 @@ def test_project_rules_hold(path):
     assert gpu_reachable_from_pull_requests(doc) == []
     assert vars_in_fork_context(doc, path.read_text()) == []
     for job_id, job in doc["jobs"].items():
-        assert "timeout-minutes" in job, f"{path.name}/{job_id}: no timeout-minutes (a hung job holds its runner for 6 h)"
+        assert "timeout-minutes" in job, (
+            f"{path.name}/{job_id}: no timeout-minutes (a hung job holds its runner for 6 h)"
+        )
 
 
 def test_actions_are_the_current_node24_majors_pinned_to_one_sha_everywhere():
@@ -349,8 +397,11 @@ def test_permissions_are_exactly_these():
         "ci.yml": {"tests": {"contents": "read"}},
         "gate.yml": {"gate": {"contents": "read"}},
         "nightly.yml": {"shard": {"contents": "read"}, "verdict": {"contents": "read"}},
-        "publish.yml": {"bench": {"contents": "read"}, "history": {"contents": "write"},
-                        "deploy": {"pages": "write", "id-token": "write"}},
+        "publish.yml": {
+            "bench": {"contents": "read"},
+            "history": {"contents": "write"},
+            "deploy": {"pages": "write", "id-token": "write"},
+        },
         "report.yml": {"report": {"actions": "read", "pull-requests": "write", "statuses": "write"}},
         "selftest.yml": {"selftest": {"contents": "read"}, "history": {"contents": "write"}},
         "vet.yml": {"vet": {"actions": "write", "statuses": "write", "pull-requests": "write"}},  # writes no branch
@@ -363,11 +414,14 @@ def test_jobs_that_write_run_no_project_code_and_not_on_a_self_hosted_runner():
             if "write" not in job["permissions"].values():
                 continue
             assert job["runs-on"] == "ubuntu-latest", f"{path.name}/{job_id}"
-            assert not any(str(s.get("uses", "")).startswith("actions/checkout@") and "ref" in s.get("with", {})
-                           for s in job["steps"]), f"{path.name}/{job_id}: checks out another ref"
+            assert not any(
+                str(s.get("uses", "")).startswith("actions/checkout@") and "ref" in s.get("with", {})
+                for s in job["steps"]
+            ), f"{path.name}/{job_id}: checks out another ref"
             scripts = "\n".join(s.get("run", "") for s in job.get("steps", []))
-            assert not re.search(r"^\s*attn-gate |setup\.sh|\.venv|pip install|python", scripts, re.MULTILINE), \
+            assert not re.search(r"^\s*attn-gate |setup\.sh|\.venv|pip install|python", scripts, re.MULTILINE), (
                 f"{path.name}/{job_id}"
+            )
 
 
 def test_gate_runs_only_vetted_commits_on_the_gpu_group():
@@ -375,13 +429,24 @@ def test_gate_runs_only_vetted_commits_on_the_gpu_group():
     # main's copy, dispatched with the vetted PR and commit, or the merge queue; no pull_request, no push
     assert set(doc["on"]) == {"workflow_dispatch", "merge_group"}
     inputs = doc["on"]["workflow_dispatch"]["inputs"]
-    assert {k: (v["required"], v["type"]) for k, v in inputs.items()} == {"pr": (True, "string"), "sha": (True, "string")}
-    assert doc["run-name"].endswith("format('attn-gate PR #{0} at {1}', inputs.pr, inputs.sha) }}")  # report.yml reads it
+    assert {k: (v["required"], v["type"]) for k, v in inputs.items()} == {
+        "pr": (True, "string"),
+        "sha": (True, "string"),
+    }
+    assert doc["run-name"].endswith(
+        "format('attn-gate PR #{0} at {1}', inputs.pr, inputs.sha) }}"
+    )  # report.yml reads it
     assert "concurrency" not in doc  # job-level, keyed on the maintainer's PR number or the run id
-    assert doc["jobs"]["gate"]["concurrency"] == {"group": "gate-${{ inputs.pr || github.run_id }}", "cancel-in-progress": True}
+    assert doc["jobs"]["gate"]["concurrency"] == {
+        "group": "gate-${{ inputs.pr || github.run_id }}",
+        "cancel-in-progress": True,
+    }
     steps = doc["jobs"]["gate"]["steps"]
     checkout = next(s for s in steps if str(s.get("uses", "")).startswith("actions/checkout@"))
-    assert checkout["with"]["ref"] == "${{ github.event_name == 'merge_group' && github.sha || format('refs/pull/{0}/head', inputs.pr) }}"
+    assert (
+        checkout["with"]["ref"]
+        == "${{ github.event_name == 'merge_group' && github.sha || format('refs/pull/{0}/head', inputs.pr) }}"
+    )
     ids = [s.get("id") for s in steps]
     assert ids.index("inputs") < steps.index(checkout) < ids.index("commit") < ids.index("setup")  # verified before use
     job = doc["jobs"]["gate"]
@@ -392,7 +457,9 @@ def test_gate_runs_only_vetted_commits_on_the_gpu_group():
     assert "pull-request/" not in GATE_TEXT()  # no branch route left
     gate_step = next(s for s in job["steps"] if s.get("id") == "gate")
     assert "attn-gate check" in gate_step["run"] and "--no-progress" not in gate_step["run"]
-    uploads = {s["with"]["name"]: s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact@")}
+    uploads = {
+        s["with"]["name"]: s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact@")
+    }
     assert set(uploads) == {"gate-summary", "gate-results"}
     assert all(u["if"] == "${{ !cancelled() }}" for u in uploads.values())  # uploaded when the gate fails too
 
@@ -445,20 +512,26 @@ def test_trusted_lock_is_hash_pinned_and_matches_its_input():
     version with hashes, holds every name of its input, and the input holds attn-gate's runtime
     dependencies but torch (the runner's own)."""
     lock = (ROOT / ".ci" / "requirements-trusted.txt").read_text()
-    entries = re.split(r"\n(?=[A-Za-z0-9])", "\n".join(l for l in lock.splitlines() if not l.lstrip().startswith("#")).strip())
+    entries = re.split(
+        r"\n(?=[A-Za-z0-9])", "\n".join(line for line in lock.splitlines() if not line.lstrip().startswith("#")).strip()
+    )
     pinned = {}
     for entry in entries:
         m = re.match(r"^([A-Za-z0-9_.-]+)==([^\s;\\]+)", entry)
         assert m and "--hash=sha256:" in entry, f"not pinned with a hash: {entry[:80]}"
         pinned[m[1].lower().replace("_", "-")] = m[2]
-    wanted = [re.split(r"[<>=!~;\s]", l)[0].lower() for l in (ROOT / ".ci" / "requirements-trusted.in").read_text().splitlines()
-              if l.strip() and not l.startswith("#")]
+    wanted = [
+        re.split(r"[<>=!~;\s]", line)[0].lower()
+        for line in (ROOT / ".ci" / "requirements-trusted.in").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     assert set(wanted) <= set(pinned), set(wanted) - set(pinned)
     project = __import__("tomllib").loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     runtime = {re.split(r"[<>=!~;\s]", d)[0].lower() for d in project} - {"torch"}
     assert runtime | {"setuptools"} == set(wanted)
     assert "torch" not in pinned and "nvidia-cudnn-cu12" not in pinned
     from packaging.requirements import Requirement
+
     for line in (ROOT / ".ci" / "requirements-trusted.in").read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             req = Requirement(line)
@@ -532,7 +605,9 @@ def test_nightly_shards_then_merges_and_checks():
     assert shards == list(range(1, len(shards) + 1)) and shard["env"]["SHARDS"] == str(len(shards))
     assert shard["strategy"]["fail-fast"] is False
     sweep = next(s for s in shard["steps"] if s.get("id") == "sweep")["run"]
-    assert re.search(r'attn-gate sweep --suite nightly --shard "\$SHARD/\$SHARDS" --device "\$ATTN_GATE_DEVICE" --out "\$out"', sweep)
+    assert re.search(
+        r'attn-gate sweep --suite nightly --shard "\$SHARD/\$SHARDS" --device "\$ATTN_GATE_DEVICE" --out "\$out"', sweep
+    )
     upload = next(s for s in shard["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact@"))
     assert upload["with"]["name"] == "nightly-shard-${{ matrix.shard }}"
     assert verdict["needs"] == "shard" and verdict["if"] == "${{ !cancelled() && github.ref == 'refs/heads/main' }}"
@@ -552,7 +627,7 @@ def test_nightly_times_its_speed_cases_and_gates_them_in_the_check():
     check = 'attn-gate check --results "${results[0]}" "${speed[@]}" --device "$ATTN_GATE_DEVICE" --out "$out"'
     assert step.index("attn-gate merge") < step.index(perf) < step.index(check)
     assert 'if [ "$perf_rc" -le 1 ]; then' in step  # exit 1 (an errored case) is judged by the check
-    tail = step[step.index(check):]
+    tail = step[step.index(check) :]
     assert 'if [ "$perf_rc" -gt 1 ]; then' in tail and "exit 1" in tail  # nothing timed: fail closed
 
 
@@ -572,14 +647,21 @@ def test_selftest_reports_on_the_run_page_and_beside_the_history():
 
 # ---- the guard check and the user-site check, run for real -------------------------------------
 
+
 def guard_check(env: dict[str, str]) -> subprocess.CompletedProcess:
     step = workflow("gate.yml")["jobs"]["gate"]["steps"][0]["run"]
-    return subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step],
-                          env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step],
+        env={"PATH": "/usr/bin:/bin", **env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 def test_guard_check_fails_on_a_runner_without_the_guard(tmp_path):
     from tests import test_runner_guard as g
+
     bare = guard_check({"HOME": "/home/runner", "RUNNER_TEMP": str(tmp_path / "runner-temp")})
     assert bare.returncode == 1 and "::error::this runner has no attn-gate guard" in bare.stdout
     r, values = g.run_guard(tmp_path, g.write_config(tmp_path))  # the hook, as the runner runs it first
@@ -601,51 +683,89 @@ def test_setup_builds_the_venv_on_the_interpreter_the_guard_vouched_for(tmp_path
         fake.parent.mkdir(exist_ok=True)
         fake.write_text(f'#!/bin/sh\necho "{name} $*" >> "{log}"\nexit 1\n')
         fake.chmod(0o755)
-    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "ATTN_GATE_PYTHON": str(tmp_path / "bin" / "vouched"),
-           "PYTHON": str(tmp_path / "bin" / "other")}
-    r = subprocess.run(["bash", "scripts/setup.sh", "--locked"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=60)
+    env = {
+        "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin",
+        "ATTN_GATE_PYTHON": str(tmp_path / "bin" / "vouched"),
+        "PYTHON": str(tmp_path / "bin" / "other"),
+    }
+    r = subprocess.run(
+        ["bash", "scripts/setup.sh", "--locked"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode != 0 and log.read_text().splitlines() == ["vouched -m venv --system-site-packages .venv"]
 
 
 def test_the_venv_ignores_the_user_site_only_with_the_job_env():
-    step = next(s for s in workflow("gate.yml")["jobs"]["gate"]["steps"]
-                if s.get("name") == "Check that the venv ignores the user site")["run"]
+    step = next(
+        s
+        for s in workflow("gate.yml")["jobs"]["gate"]["steps"]
+        if s.get("name") == "Check that the venv ignores the user site"
+    )["run"]
     step = step.replace(". .venv/bin/activate", interpreter_path_prefix())  # whichever venv runs the tests
     base = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONNOUSERSITE"}
-    probe = subprocess.run([sys.executable, "-c", "import site; print(site.ENABLE_USER_SITE)"], env=base,
-                           capture_output=True, text=True)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import site; print(site.ENABLE_USER_SITE)"], env=base, capture_output=True, text=True
+    )
     if probe.stdout.strip() != "True":  # scripts/setup.sh's venv sees system site-packages, so it does
-        pytest.skip("this interpreter never loads the user site (a venv without --system-site-packages): "
-                    "the step's failure branch cannot be shown here")
-    with_env = subprocess.run(["bash", "-eo", "pipefail", "-c", step], cwd=ROOT, capture_output=True, text=True,
-                              env={**base, "PYTHONNOUSERSITE": workflow("gate.yml")["jobs"]["gate"]["env"]["PYTHONNOUSERSITE"]})
+        pytest.skip(
+            "this interpreter never loads the user site (a venv without --system-site-packages): "
+            "the step's failure branch cannot be shown here"
+        )
+    with_env = subprocess.run(
+        ["bash", "-eo", "pipefail", "-c", step],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**base, "PYTHONNOUSERSITE": workflow("gate.yml")["jobs"]["gate"]["env"]["PYTHONNOUSERSITE"]},
+    )
     assert with_env.returncode == 0 and "user site off" in with_env.stdout, with_env.stdout + with_env.stderr
-    without = subprocess.run(["bash", "-eo", "pipefail", "-c", step], cwd=ROOT, capture_output=True, text=True, env=base)
+    without = subprocess.run(
+        ["bash", "-eo", "pipefail", "-c", step], cwd=ROOT, capture_output=True, text=True, env=base
+    )
     assert without.returncode == 1 and "loads the user site" in without.stderr  # the venv has --system-site-packages
 
 
 # ---- baselines.yml: the input validation step, run for real ----------------------------------
 
+
 def run_validation(suite: str, kernel: str) -> int:
     step = next(s for s in workflow("baselines.yml")["jobs"]["update"]["steps"] if s.get("id") == "validate")
-    r = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]],
-                       env={"PATH": "/usr/bin:/bin", "SUITE": suite, "KERNEL": kernel},
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]],
+        env={"PATH": "/usr/bin:/bin", "SUITE": suite, "KERNEL": kernel},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     return r.returncode
 
 
-@pytest.mark.parametrize("suite,kernel", [
-    ("", ""), ("pr", "sdpa-flash"), ("nightly", "fa4"), ("my_suite-2", "mypkg.kernels:attn_fwd"),
-])
+@pytest.mark.parametrize(
+    "suite,kernel",
+    [
+        ("", ""),
+        ("pr", "sdpa-flash"),
+        ("nightly", "fa4"),
+        ("my_suite-2", "mypkg.kernels:attn_fwd"),
+    ],
+)
 def test_baseline_inputs_accepted(suite, kernel):
     assert run_validation(suite, kernel) == 0
 
 
-@pytest.mark.parametrize("suite,kernel", [
-    ("pr; rm -rf ~", ""), ("$(id)", ""), ("--help", ""), ("pr\nnightly", ""),
-    ("", "sdpa-flash `id`"), ("", "-x"), ("", "a:b:c"), ("", "pkg.mod:fn --out /etc"), ("", "../../x"),
-])
+@pytest.mark.parametrize(
+    "suite,kernel",
+    [
+        ("pr; rm -rf ~", ""),
+        ("$(id)", ""),
+        ("--help", ""),
+        ("pr\nnightly", ""),
+        ("", "sdpa-flash `id`"),
+        ("", "-x"),
+        ("", "a:b:c"),
+        ("", "pkg.mod:fn --out /etc"),
+        ("", "../../x"),
+    ],
+)
 def test_baseline_inputs_rejected(suite, kernel):
     assert run_validation(suite, kernel) == 2
 
@@ -673,9 +793,17 @@ def test_ci_docs_enable_no_token_self_approval_and_no_push_route():
     assert re.search(r"leave[^.\n]*off|stays off|keep[^.\n]*off", docs, re.IGNORECASE)
     assert "ephemeral" in docs.lower() and "recommended" not in docs.lower()
     for path in (ROOT / "README.md", ROOT / "docs" / "ci.md"):  # nobody is asked to push to pull-request/*
-        assert not re.search(r"push[^\n]*refs/heads/pull-request|git push origin [^\n]*pull-request", path.read_text()), path
-    for needle in ("ACTIONS_RUNNER_HOOK_JOB_STARTED", "prevent self-review", "attn-gate-app", "re-imaged",
-                   "requirements-trusted.txt", "/attn-gate run <sha>"):
+        assert not re.search(
+            r"push[^\n]*refs/heads/pull-request|git push origin [^\n]*pull-request", path.read_text()
+        ), path
+    for needle in (
+        "ACTIONS_RUNNER_HOOK_JOB_STARTED",
+        "prevent self-review",
+        "attn-gate-app",
+        "re-imaged",
+        "requirements-trusted.txt",
+        "/attn-gate run <sha>",
+    ):
         assert needle.lower() in docs.lower(), needle
 
 
@@ -683,8 +811,22 @@ def test_codeowners_cover_what_decides_a_verdict():
     owners = (ROOT / ".github" / "CODEOWNERS").read_text()
     rules = dict(line.split(None, 1) for line in owners.splitlines() if line.strip() and not line.startswith("#"))
     assert list(rules)[0] == "*"  # a default owner: nothing is unowned, a new folder included
-    assert set(rules) == {"*", "/.github/", "/.ci/", "/gate/", "/tests/", "/benchmarks/", "/baselines/", "/scripts/",
-                          "/pyproject.toml", "/asv.conf.json", "/setup.py", "/setup.cfg", "/conftest.py", "/requirements*"}
+    assert set(rules) == {
+        "*",
+        "/.github/",
+        "/.ci/",
+        "/gate/",
+        "/tests/",
+        "/benchmarks/",
+        "/baselines/",
+        "/scripts/",
+        "/pyproject.toml",
+        "/asv.conf.json",
+        "/setup.py",
+        "/setup.cfg",
+        "/conftest.py",
+        "/requirements*",
+    }
     assert len(set(rules.values())) == 1 and all(owner.strip().startswith("@") for owner in rules.values())
     # report.yml warns about the same paths
     sensitive = re.search(r"const SENSITIVE = \[(.*?)\];", (WORKFLOWS / "report.yml").read_text())[1]
@@ -758,8 +900,13 @@ def run_node(tmp_path: Path, script: str, scenario: dict, env: dict[str, str] | 
     (tmp_path / "driver.js").write_text(NODE_DRIVER)
     scenario = {"prs": {}, "permissions": {}, "lists": {}, "fail": {}, **scenario}
     (tmp_path / "scenario.json").write_text(json.dumps(scenario))
-    r = subprocess.run([node, str(tmp_path / "driver.js"), str(tmp_path / "script.js"), str(tmp_path / "scenario.json")],
-                       env={"PATH": "/usr/bin:/bin", **(env or {})}, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [node, str(tmp_path / "driver.js"), str(tmp_path / "script.js"), str(tmp_path / "scenario.json")],
+        env={"PATH": "/usr/bin:/bin", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -775,24 +922,48 @@ def named(calls, *names):
 
 # vet.yml: a comment on PR 7 whose head is SHA; the fork context (head repo another) as GitHub sends it
 
-FORK_PR = {"number": 7, "state": "open", "head": {"sha": SHA, "repo": {"full_name": "mallory/r"}},
-           "base": {"repo": {"full_name": "o/r"}}}
+FORK_PR = {
+    "number": 7,
+    "state": "open",
+    "head": {"sha": SHA, "repo": {"full_name": "mallory/r"}},
+    "base": {"repo": {"full_name": "o/r"}},
+}
 
 
 def vet(tmp_path, body: str, login: str = "maint", permissions=None, pr=None, fail=None) -> list:
-    payload = {"repository": {"full_name": "o/r", "default_branch": "main"},
-               "issue": {"number": 7, "pull_request": {"url": "https://api.github.com/repos/o/r/pulls/7"}},
-               "comment": {"body": body, "user": {"login": login},
-                           "author_association": "OWNER" if login == "owner-but-read" else "NONE"}}
-    perms = permissions if permissions is not None else {
-        "maint": {"permission": "write", "role_name": "maintain"}, "writer": {"permission": "write", "role_name": "write"},
-        "reader": {"permission": "read", "role_name": "read"}, "triager": {"permission": "read", "role_name": "triage"},
-        "owner-but-read": {"permission": "read", "role_name": "read"}}
-    return run_node(tmp_path, script_of("vet.yml", "vet", 0),
-                    {"payload": payload, "permissions": perms, "prs": {"7": pr or FORK_PR}, "fail": fail or {}})
+    payload = {
+        "repository": {"full_name": "o/r", "default_branch": "main"},
+        "issue": {"number": 7, "pull_request": {"url": "https://api.github.com/repos/o/r/pulls/7"}},
+        "comment": {
+            "body": body,
+            "user": {"login": login},
+            "author_association": "OWNER" if login == "owner-but-read" else "NONE",
+        },
+    }
+    perms = (
+        permissions
+        if permissions is not None
+        else {
+            "maint": {"permission": "write", "role_name": "maintain"},
+            "writer": {"permission": "write", "role_name": "write"},
+            "reader": {"permission": "read", "role_name": "read"},
+            "triager": {"permission": "read", "role_name": "triage"},
+            "owner-but-read": {"permission": "read", "role_name": "read"},
+        }
+    )
+    return run_node(
+        tmp_path,
+        script_of("vet.yml", "vet", 0),
+        {"payload": payload, "permissions": perms, "prs": {"7": pr or FORK_PR}, "fail": fail or {}},
+    )
 
 
-VET_WRITES = ("git.updateRef", "git.createRef", "repos.createCommitStatus", "actions.createWorkflowDispatch")  # the first two: never
+VET_WRITES = (
+    "git.updateRef",
+    "git.createRef",
+    "repos.createCommitStatus",
+    "actions.createWorkflowDispatch",
+)  # the first two: never
 
 
 @pytest.mark.parametrize("login", ["maint", "writer"])
@@ -803,7 +974,12 @@ def test_vet_hands_a_maintainers_sha_of_a_fork_pr_to_mains_gate(tmp_path, login)
     assert (status["sha"], status["state"], status["context"]) == (SHA, "pending", "attn-gate/gpu")
     # main's gate.yml, told which PR and commit: no branch is written, whatever the PR changed
     assert named(calls, "actions.createWorkflowDispatch")[0][1] == {
-        "owner": "o", "repo": "r", "workflow_id": "gate.yml", "ref": "main", "inputs": {"pr": "7", "sha": SHA}}
+        "owner": "o",
+        "repo": "r",
+        "workflow_id": "gate.yml",
+        "ref": "main",
+        "inputs": {"pr": "7", "sha": SHA},
+    }
     assert not named(calls, "setFailed") and f"Vetted {SHA}" in named(calls, "issues.createComment")[0][1]["body"]
 
 
@@ -837,9 +1013,17 @@ def test_vet_refuses_a_closed_pr(tmp_path):
     assert named(calls, *VET_WRITES) == [] and named(calls, "setFailed")
 
 
-@pytest.mark.parametrize("body", [f"/attn-gate run {SHA[:12]}", f"/attn-gate run {SHA.upper()}", "/attn-gate run",
-                                  f"/attn-gate run {SHA} extra", f"/attn-gate run {SHA}\n/attn-gate run {OTHER}",
-                                  f"/attn-gate run main"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        f"/attn-gate run {SHA[:12]}",
+        f"/attn-gate run {SHA.upper()}",
+        "/attn-gate run",
+        f"/attn-gate run {SHA} extra",
+        f"/attn-gate run {SHA}\n/attn-gate run {OTHER}",
+        "/attn-gate run main",
+    ],
+)
 def test_vet_accepts_only_one_full_sha(tmp_path, body):
     calls = vet(tmp_path, body)
     assert named(calls, *VET_WRITES) == [] and not named(calls, "repos.getCollaboratorPermissionLevel")
@@ -853,19 +1037,36 @@ REPORT_PAYLOAD_REPO = {"full_name": "o/r", "default_branch": "main"}
 
 
 def gate_run(**over) -> dict:
-    return {"id": 55, "path": ".github/workflows/gate.yml", "event": "workflow_dispatch", "head_branch": "main",
-            "head_sha": MAIN, "display_title": f"attn-gate PR #7 at {SHA}", "head_repository": {"full_name": "o/r"},
-            "conclusion": "failure", "html_url": "https://example.invalid/run/55", **over}
+    return {
+        "id": 55,
+        "path": ".github/workflows/gate.yml",
+        "event": "workflow_dispatch",
+        "head_branch": "main",
+        "head_sha": MAIN,
+        "display_title": f"attn-gate PR #7 at {SHA}",
+        "head_repository": {"full_name": "o/r"},
+        "conclusion": "failure",
+        "html_url": "https://example.invalid/run/55",
+        **over,
+    }
 
 
-SMALL_ARTIFACT = [{"id": 901, "name": "gate-summary", "size_in_bytes": 2048, "expired": False},
-                  {"id": 902, "name": "gate-results", "size_in_bytes": 50_000_000, "expired": False}]
+SMALL_ARTIFACT = [
+    {"id": 901, "name": "gate-summary", "size_in_bytes": 2048, "expired": False},
+    {"id": 902, "name": "gate-results", "size_in_bytes": 50_000_000, "expired": False},
+]
 
 
 def report_check(tmp_path, run: dict, prs=None, artifacts=SMALL_ARTIFACT) -> dict:
-    calls = run_node(tmp_path, script_of("report.yml", "report", 0),
-                     {"payload": {"workflow_run": run, "repository": REPORT_PAYLOAD_REPO},
-                      "prs": prs if prs is not None else {"7": FORK_PR}, "lists": {"artifacts": artifacts}})
+    calls = run_node(
+        tmp_path,
+        script_of("report.yml", "report", 0),
+        {
+            "payload": {"workflow_run": run, "repository": REPORT_PAYLOAD_REPO},
+            "prs": prs if prs is not None else {"7": FORK_PR},
+            "lists": {"artifacts": artifacts},
+        },
+    )
     outputs = {c[1]: c[2] for c in named(calls, "setOutput")}
     outputs["warnings"] = [c[1] for c in named(calls, "warning")]
     return outputs
@@ -873,24 +1074,42 @@ def report_check(tmp_path, run: dict, prs=None, artifacts=SMALL_ARTIFACT) -> dic
 
 def test_report_accepts_the_vetted_run_and_picks_the_small_artifact(tmp_path):
     out = report_check(tmp_path, gate_run())
-    assert out == {"ok": "true", "pr": "7", "sha": SHA, "artifact-id": "901", "warnings": []}  # the PR's commit, not main's
-    merge = report_check(tmp_path, gate_run(event="merge_group", head_branch="gh-readonly-queue/main/pr-7-" + OTHER,
-                                            head_sha=OTHER, display_title="attn-gate merge queue " + OTHER))
-    assert merge["ok"] == "true" and merge["pr"] == "" and merge["sha"] == OTHER  # the merge queue: a status, no comment
+    assert out == {
+        "ok": "true",
+        "pr": "7",
+        "sha": SHA,
+        "artifact-id": "901",
+        "warnings": [],
+    }  # the PR's commit, not main's
+    merge = report_check(
+        tmp_path,
+        gate_run(
+            event="merge_group",
+            head_branch="gh-readonly-queue/main/pr-7-" + OTHER,
+            head_sha=OTHER,
+            display_title="attn-gate merge queue " + OTHER,
+        ),
+    )
+    assert (
+        merge["ok"] == "true" and merge["pr"] == "" and merge["sha"] == OTHER
+    )  # the merge queue: a status, no comment
 
 
-@pytest.mark.parametrize("change,why", [
-    ({"path": ".github/workflows/evil.yml"}, "not .github/workflows/gate.yml"),  # a workflow merely named gate
-    ({"head_repository": {"full_name": "mallory/r"}}, "not o/r"),  # a fork's run
-    ({"event": "pull_request"}, "never carries a vetted commit"),  # a fork's own pull_request workflow
-    ({"event": "push"}, "never carries a vetted commit"),  # no push route any more
-    ({"head_branch": "feature"}, "not main's copy"),  # a branch's edited gate.yml, dispatched by a writer
-    ({"head_branch": "pull-request/7"}, "not main's copy"),
-    ({"display_title": f"attn-gate PR #7 at {SHA} "}, "not \"attn-gate PR #<N> at <sha>\""),
-    ({"display_title": f"attn-gate PR #7x at {SHA}"}, "not \"attn-gate PR #<N> at <sha>\""),
-    ({"display_title": f"attn-gate PR #7 at {OTHER}"}, "a newer push?"),  # the PR moved on since the vetted run
-    ({"event": "merge_group", "head_branch": "gh-readonly-queue/dev/x"}, "merge-group run"),
-])
+@pytest.mark.parametrize(
+    "change,why",
+    [
+        ({"path": ".github/workflows/evil.yml"}, "not .github/workflows/gate.yml"),  # a workflow merely named gate
+        ({"head_repository": {"full_name": "mallory/r"}}, "not o/r"),  # a fork's run
+        ({"event": "pull_request"}, "never carries a vetted commit"),  # a fork's own pull_request workflow
+        ({"event": "push"}, "never carries a vetted commit"),  # no push route any more
+        ({"head_branch": "feature"}, "not main's copy"),  # a branch's edited gate.yml, dispatched by a writer
+        ({"head_branch": "pull-request/7"}, "not main's copy"),
+        ({"display_title": f"attn-gate PR #7 at {SHA} "}, 'not "attn-gate PR #<N> at <sha>"'),
+        ({"display_title": f"attn-gate PR #7x at {SHA}"}, 'not "attn-gate PR #<N> at <sha>"'),
+        ({"display_title": f"attn-gate PR #7 at {OTHER}"}, "a newer push?"),  # the PR moved on since the vetted run
+        ({"event": "merge_group", "head_branch": "gh-readonly-queue/dev/x"}, "merge-group run"),
+    ],
+)
 def test_report_refuses_a_run_that_is_not_the_vetted_gate(tmp_path, change, why):
     out = report_check(tmp_path, gate_run(**change))
     assert out["ok"] == "false" and "pr" not in out and "artifact-id" not in out
@@ -899,8 +1118,11 @@ def test_report_refuses_a_run_that_is_not_the_vetted_gate(tmp_path, change, why)
 
 def test_report_refuses_a_forged_pr_number(tmp_path):
     # a title naming PR 8 with PR 7's commit: PR 8's head is another commit, nothing goes to PR 8
-    out = report_check(tmp_path, gate_run(display_title=f"attn-gate PR #8 at {SHA}"),
-                       prs={"7": FORK_PR, "8": {**FORK_PR, "number": 8, "head": {"sha": OTHER}}})
+    out = report_check(
+        tmp_path,
+        gate_run(display_title=f"attn-gate PR #8 at {SHA}"),
+        prs={"7": FORK_PR, "8": {**FORK_PR, "number": 8, "head": {"sha": OTHER}}},
+    )
     assert out["ok"] == "false"
 
 
@@ -910,18 +1132,25 @@ def test_report_skips_an_oversized_summary_artifact(tmp_path):
     assert out["ok"] == "true" and "artifact-id" not in out and any("over" in w for w in out["warnings"])
 
 
-def report_post(tmp_path, artifact: dict[str, str] | None, run=None, files=(), comments=(), pr="7", sha=SHA,
-                prs=None) -> list:
+def report_post(
+    tmp_path, artifact: dict[str, str] | None, run=None, files=(), comments=(), pr="7", sha=SHA, prs=None
+) -> list:
     results = tmp_path / "gate-summary"
     if artifact is not None:
         results.mkdir()
         for name, text in artifact.items():
             (results / name).write_text(text)
-    scenario = {"payload": {"workflow_run": run or gate_run(), "repository": REPORT_PAYLOAD_REPO},
-                "prs": prs if prs is not None else {"7": FORK_PR},
-                "lists": {"pulls.listFiles": [{"filename": f} for f in files], "comments": list(comments)}}
-    return run_node(tmp_path, script_of("report.yml", "report", 2), scenario,
-                    env={"RESULTS_DIR": str(results), "PR_NUMBER": pr, "GATED_SHA": sha})
+    scenario = {
+        "payload": {"workflow_run": run or gate_run(), "repository": REPORT_PAYLOAD_REPO},
+        "prs": prs if prs is not None else {"7": FORK_PR},
+        "lists": {"pulls.listFiles": [{"filename": f} for f in files], "comments": list(comments)},
+    }
+    return run_node(
+        tmp_path,
+        script_of("report.yml", "report", 2),
+        scenario,
+        env={"RESULTS_DIR": str(results), "PR_NUMBER": pr, "GATED_SHA": sha},
+    )
 
 
 def comment_body(calls) -> str:
@@ -930,9 +1159,16 @@ def comment_body(calls) -> str:
 
 
 def test_report_sets_the_status_and_labels_pr_made_text(tmp_path):
-    calls = report_post(tmp_path, {"summary.md": "## attn-gate check: PASS\n\nall good", "asv-compare.md": "### asv history (not the verdict)\n"})
+    calls = report_post(
+        tmp_path,
+        {"summary.md": "## attn-gate check: PASS\n\nall good", "asv-compare.md": "### asv history (not the verdict)\n"},
+    )
     [(_, status)] = named(calls, "repos.createCommitStatus")
-    assert (status["sha"], status["state"], status["context"]) == (SHA, "failure", "attn-gate/gpu")  # the run's conclusion
+    assert (status["sha"], status["state"], status["context"]) == (
+        SHA,
+        "failure",
+        "attn-gate/gpu",
+    )  # the run's conclusion
     body = comment_body(calls)
     assert body.startswith("<!-- attn-gate-report -->\n**attn-gate failed** on aaaaaaaaaaaa")
     # the PR-made "PASS" sits below the label, after the report's own verdict line, as literal text
@@ -944,57 +1180,86 @@ def test_report_sets_the_status_and_labels_pr_made_text(tmp_path):
 def test_report_fences_pr_text_longer_than_its_longest_backtick_run(tmp_path):
     evil = "ok\n`````\n![badge](https://evil.invalid/pass.svg) [click](https://evil.invalid)\n``````\nend"
     body = comment_body(report_post(tmp_path, {"summary.md": evil}))
-    made = body[body.index("written by the PR's code"):]
+    made = body[body.index("written by the PR's code") :]
     fence = "`" * 7  # one longer than the 6-backtick run inside
     assert f"{fence}text\n" in made and made.rstrip().endswith(fence)
-    inside = made[made.index(fence) + len(fence):made.rindex(fence)]
+    inside = made[made.index(fence) + len(fence) : made.rindex(fence)]
     assert "![badge]" in inside  # shown as text, inside the fence, never rendered
     assert not re.search(r"^`{7,}", inside, re.MULTILINE)  # nothing inside can close the fence
 
 
-@pytest.mark.parametrize("evil", ["@someone", "&#64;someone", "&#x40;someone", "&commat;someone", "\uff20someone",
-                                  "other/repo#12", "#12", "GH-12", "https://github.com/other/repo/issues/12"])
+@pytest.mark.parametrize(
+    "evil",
+    [
+        "@someone",
+        "&#64;someone",
+        "&#x40;someone",
+        "&commat;someone",
+        "\uff20someone",
+        "other/repo#12",
+        "#12",
+        "GH-12",
+        "https://github.com/other/repo/issues/12",
+    ],
+)
 def test_report_neutralises_mentions_and_references(tmp_path, evil):
     body = comment_body(report_post(tmp_path, {"summary.md": f"## attn-gate: FAIL\n\ncc {evil} please"}))
-    made = body[body.index("## attn-gate: FAIL"):]
+    made = body[body.index("## attn-gate: FAIL") :]
     assert evil not in made
     assert not re.search(r"(^|[^\w])@\w|&#|&commat;|#\d|GH-\d|github\.com/", made)
 
 
 def test_report_flags_prs_that_touch_what_decides_the_verdict(tmp_path):
-    body = comment_body(report_post(tmp_path, {"summary.md": "x"}, files=[".github/workflows/gate.yml", "gate/compare/rule.py",
-                                                                         "baselines/h200/k.json", "tests/t.py", "README.md"]))
-    warning = body[body.index("[!WARNING]"):body.index("[!NOTE]")]
+    body = comment_body(
+        report_post(
+            tmp_path,
+            {"summary.md": "x"},
+            files=[
+                ".github/workflows/gate.yml",
+                "gate/compare/rule.py",
+                "baselines/h200/k.json",
+                "tests/t.py",
+                "README.md",
+            ],
+        )
+    )
+    warning = body[body.index("[!WARNING]") : body.index("[!NOTE]")]
     assert "`.github/`" in warning and "`gate/`" in warning and "`baselines/`" in warning and "`tests/`" in warning
     assert "README" not in warning and "Main's workflow files ran" in warning
     # true about what ran: the PR's own gate, tests and baselines produced the result, not "after merge"
     assert "produced this result" in warning and "changes to them run only after merge" not in warning
-    assert "[!WARNING]" not in comment_body(report_post(subdir(tmp_path, "b"), {"summary.md": "x"}, files=["README.md", "kernels/x.py"]))
+    assert "[!WARNING]" not in comment_body(
+        report_post(subdir(tmp_path, "b"), {"summary.md": "x"}, files=["README.md", "kernels/x.py"])
+    )
     body = comment_body(report_post(subdir(tmp_path, "c"), {"summary.md": "x"}, files=["requirements-dev.txt"]))
-    assert "`requirements*`" in body[body.index("[!WARNING]"):body.index("[!NOTE]")]
-    assert "[!WARNING]" not in comment_body(report_post(subdir(tmp_path, "d"), {"summary.md": "x"},
-                                                        files=["docs/requirements.md"]))
+    assert "`requirements*`" in body[body.index("[!WARNING]") : body.index("[!NOTE]")]
+    assert "[!WARNING]" not in comment_body(
+        report_post(subdir(tmp_path, "d"), {"summary.md": "x"}, files=["docs/requirements.md"])
+    )
 
 
-@pytest.mark.parametrize("text", ["&lt;" * 12500, "@a" * 25000, "#1" * 25000, "`" * 30000 + "x" + "`" * 20000,
-                                  "&" * 20000 + "\U0001F600" * 15000],
-                         ids=["ampersands", "mentions", "references", "backtick runs", "astral"])
+@pytest.mark.parametrize(
+    "text",
+    ["&lt;" * 12500, "@a" * 25000, "#1" * 25000, "`" * 30000 + "x" + "`" * 20000, "&" * 20000 + "\U0001f600" * 15000],
+    ids=["ampersands", "mentions", "references", "backtick runs", "astral"],
+)
 def test_report_caps_the_comment_after_escaping(tmp_path, text):
     """The summary is read capped (50,000 characters), then escaped: `&` becomes `&amp;`, a mention
     gains a zero-width space, a fence grows with the backtick runs inside. The body posted stays
     within GitHub's 65,536 (else the update fails and an older "passed" comment stays)."""
-    body = comment_body(report_post(tmp_path, {"summary.md": text, "asv-compare.md": "&" * 12000},
-                                    files=[".github/workflows/gate.yml"]))
+    body = comment_body(
+        report_post(tmp_path, {"summary.md": text, "asv-compare.md": "&" * 12000}, files=[".github/workflows/gate.yml"])
+    )
     assert len(body) <= 65536 and len(body.encode("utf-16-le")) // 2 <= 65536
     assert "(truncated; the full summary is in the run)" in body
     assert body.startswith("<!-- attn-gate-report -->\n**attn-gate failed**") and "[!WARNING]" in body
-    assert not re.search(r"(^|[^\w])@\w|&#|#\d", body[body.index("[!NOTE]"):])
+    assert not re.search(r"(^|[^\w])@\w|&#|#\d", body[body.index("[!NOTE]") :])
 
 
 def test_report_treats_over_3000_changed_files_as_sensitive(tmp_path):
     files = [f"kernels/k{i}.py" for i in range(3000)]  # all the API lists; the rest is unseen
     body = comment_body(report_post(tmp_path, {"summary.md": "x"}, files=files))
-    warning = body[body.index("[!WARNING]"):body.index("[!NOTE]")]
+    warning = body[body.index("[!WARNING]") : body.index("[!NOTE]")]
     assert "over 3000 files" in warning and "`.github/`" in warning
 
 
@@ -1009,8 +1274,10 @@ def test_report_rechecks_the_head_before_each_write(tmp_path):
 
 
 def test_report_updates_its_own_comment_not_someone_elses(tmp_path):
-    comments = [{"id": 1, "user": {"login": "mallory", "type": "User"}, "body": "<!-- attn-gate-report -->\nfake"},
-                {"id": 2, "user": BOT, "body": "<!-- attn-gate-report -->\nold"}]
+    comments = [
+        {"id": 1, "user": {"login": "mallory", "type": "User"}, "body": "<!-- attn-gate-report -->\nfake"},
+        {"id": 2, "user": BOT, "body": "<!-- attn-gate-report -->\nold"},
+    ]
     calls = report_post(tmp_path, {"summary.md": "## attn-gate check: PASS"}, comments=comments)
     [(kind, args)] = named(calls, "issues.createComment", "issues.updateComment")
     assert kind == "issues.updateComment" and args["comment_id"] == 2
@@ -1047,9 +1314,13 @@ def test_every_gpu_job_refuses_to_run_without_a_gpu():
     for name, job_id, job in self_hosted_jobs():
         assert job["env"]["ATTN_GATE_DEVICE"] == "${{ vars.ATTN_GATE_DEVICE || 'cuda' }}", f"{name}/{job_id}"
         names = [s.get("name", "") for s in job["steps"]]
-        first_use = next(i for i, s in enumerate(job["steps"])
-                         if re.search(r"^\s*attn-gate \w", s.get("run", ""), re.MULTILINE))
+        first_use = next(
+            i for i, s in enumerate(job["steps"]) if re.search(r"^\s*attn-gate \w", s.get("run", ""), re.MULTILINE)
+        )
         assert names.index("Check that torch sees the GPU") < first_use, f"{name}/{job_id}"
-        gpu_runs = [s["run"] for s in job["steps"]
-                    if re.search(r"attn-gate (check|bench|baseline|sweep|selftest|bisect)", s.get("run", ""))]
+        gpu_runs = [
+            s["run"]
+            for s in job["steps"]
+            if re.search(r"attn-gate (check|bench|baseline|sweep|selftest|bisect)", s.get("run", ""))
+        ]
         assert gpu_runs and all('--device "$ATTN_GATE_DEVICE"' in r for r in gpu_runs), f"{name}/{job_id}"

@@ -47,8 +47,19 @@ SCHEMA_VERSION = 1
 REFUSED_EVENT_PREFIX = "pull_request"  # pull_request, _target, _review, _review_comment
 WORKFLOW_REF = re.compile(r"^(?P<repo>[^/]+/[^/]+)/(?P<path>\.github/workflows/[^@]+)@(?P<ref>refs/\S+)$")
 SAFE_LABEL = re.compile(r"[^A-Za-z0-9 ._/=@-]")  # no ":": a stored label never forms a "::command"
-CONFIG_KEYS = {"schema_version", "repository", "group", "allow", "canary", "canary_sudo", "persistent_runner_accepted",
-               "read_only_paths", "index_url", "metadata_address", "metadata_reachable_accepted"}
+CONFIG_KEYS = {
+    "schema_version",
+    "repository",
+    "group",
+    "allow",
+    "canary",
+    "canary_sudo",
+    "persistent_runner_accepted",
+    "read_only_paths",
+    "index_url",
+    "metadata_address",
+    "metadata_reachable_accepted",
+}
 USED = 3  # --mark-canary's exit code for "this host already ran a job"
 RULE_KEYS = {"workflow", "events", "ref", "ref_prefix", "inputs", "base_ref"}
 GROUP = re.compile(r"[A-Za-z0-9._-]{0,64}")
@@ -106,8 +117,9 @@ class Decision:
 def _typed(raw: dict, key: str, kind: type, default, where: str = ""):
     value = raw.get(key, default)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ConfigError(f"{where}{key} must be {kind.__name__ if kind is not tuple else 'a list'}, "
-                          f"not {str(value)[:60]!r}")
+        raise ConfigError(
+            f"{where}{key} must be {kind.__name__ if kind is not tuple else 'a list'}, not {str(value)[:60]!r}"
+        )
     return value
 
 
@@ -121,7 +133,9 @@ def _strings(value, where: str) -> tuple[str, ...]:
 def parse_rule(i: int, r) -> Rule:
     where = f"allow[{i}]"
     if not isinstance(r, dict):
-        raise ConfigError(f"{where} must be an object with workflow, events and ref (or ref_prefix), not {str(r)[:60]!r}")
+        raise ConfigError(
+            f"{where} must be an object with workflow, events and ref (or ref_prefix), not {str(r)[:60]!r}"
+        )
     bad = set(r) - RULE_KEYS
     if bad:
         raise ConfigError(f"{where}: unknown keys {sorted(bad)}")
@@ -181,8 +195,18 @@ def parse_config(raw: dict) -> Config:
     address = _typed(raw, "metadata_address", str, "") or METADATA_ADDRESS
     if not ADDRESS.fullmatch(address):
         raise ConfigError(f"metadata_address must be IP:PORT, e.g. {METADATA_ADDRESS}, not {address[:60]!r}")
-    return Config(repo, group, tuple(rules), canary, sudo, flags["persistent_runner_accepted"], read_only, index_url,
-                  address, flags["metadata_reachable_accepted"])
+    return Config(
+        repo,
+        group,
+        tuple(rules),
+        canary,
+        sudo,
+        flags["persistent_runner_accepted"],
+        read_only,
+        index_url,
+        address,
+        flags["metadata_reachable_accepted"],
+    )
 
 
 def read_regular(path: str, limit: int = MAX_JSON_BYTES) -> bytes:
@@ -290,8 +314,13 @@ def _decide(config: Config, env: dict, payload: dict) -> Decision:
     if not isinstance(payload, dict):
         raise PayloadError(f"the payload is a {type(payload).__name__}, not an object")
     if event.startswith(REFUSED_EVENT_PREFIX) or "pull_request" in payload:
-        return Decision(False, [f"event {event}: a pull_request run uses the PR's own workflow file, so no "
-                                "self-hosted job of this repository runs on it (vet the PR: /attn-gate run <sha>)"])
+        return Decision(
+            False,
+            [
+                f"event {event}: a pull_request run uses the PR's own workflow file, so no "
+                "self-hosted job of this repository runs on it (vet the PR: /attn-gate run <sha>)"
+            ],
+        )
     if repo.lower() != config.repository.lower():
         return Decision(False, [f"repository {repo} is not {config.repository}"])
     full = _text(_object(payload, "repository"), "full_name") or repo
@@ -311,13 +340,18 @@ def _decide(config: Config, env: dict, payload: dict) -> Decision:
         whys.append((rule.workflow == path, event in rule.events, why))
     # the reason from the closest rule: same workflow and event first, then same workflow
     why = max(whys, key=lambda w: (w[0], w[0] and w[1]))[2] if any(w[0] for w in whys) else "no rule names it"
-    return Decision(False, [f"{path}@{ref} on {event} is not on runner group {config.group or '(unnamed)'}'s "
-                            f"allow-list ({why})"])
+    return Decision(
+        False, [f"{path}@{ref} on {event} is not on runner group {config.group or '(unnamed)'}'s allow-list ({why})"]
+    )
 
 
 def label(env: dict) -> str:
-    text = "repo={} run={} job={} workflow={}".format(env.get("GITHUB_REPOSITORY", "?"), env.get("GITHUB_RUN_ID", "?"),
-                                                      env.get("GITHUB_JOB", "?"), env.get("GITHUB_WORKFLOW_REF", "?"))
+    text = "repo={} run={} job={} workflow={}".format(
+        env.get("GITHUB_REPOSITORY", "?"),
+        env.get("GITHUB_RUN_ID", "?"),
+        env.get("GITHUB_JOB", "?"),
+        env.get("GITHUB_WORKFLOW_REF", "?"),
+    )
     return SAFE_LABEL.sub("", text)[:300]
 
 
@@ -345,37 +379,73 @@ def check_canary(config: Config, env: dict, config_path: str = "") -> Decision:
         return Decision(False, ["no canary path in the settings: the guard cannot tell a reused host"])
     directory = os.path.dirname(config.canary) or "."
     warnings = []
-    writable = os.access(directory, os.W_OK) or not os.path.exists(directory) and os.access(
-        os.path.dirname(directory) or ".", os.W_OK)
+    writable = (
+        os.access(directory, os.W_OK)
+        or not os.path.exists(directory)
+        and os.access(os.path.dirname(directory) or ".", os.W_OK)
+    )
     try:
         if config.canary_sudo:
             if writable:
-                return Decision(False, [f"canary_sudo is set but this user can write {directory}: make it root-owned "
-                                        "(mode 0755) so a job cannot delete the marker"])
+                return Decision(
+                    False,
+                    [
+                        f"canary_sudo is set but this user can write {directory}: make it root-owned "
+                        "(mode 0755) so a job cannot delete the marker"
+                    ],
+                )
             # the exact command of the sudoers line: no argument the caller chooses; the label goes by stdin
-            cmd = [config.canary_sudo, "-n", sys.executable, "-I", os.path.abspath(__file__), "--config", config_path,
-                   "--mark-canary"]
+            cmd = [
+                config.canary_sudo,
+                "-n",
+                sys.executable,
+                "-I",
+                os.path.abspath(__file__),
+                "--config",
+                config_path,
+                "--mark-canary",
+            ]
             r = subprocess.run(cmd, input=label(env), capture_output=True, text=True, timeout=60)
             if r.returncode not in (0, USED):
-                return Decision(False, [f"the canary helper ({' '.join(cmd[:2])}) failed with {r.returncode}: "
-                                        f"{SAFE_LABEL.sub('', (r.stdout + r.stderr)[-300:])}"])
+                return Decision(
+                    False,
+                    [
+                        f"the canary helper ({' '.join(cmd[:2])}) failed with {r.returncode}: "
+                        f"{SAFE_LABEL.sub('', (r.stdout + r.stderr)[-300:])}"
+                    ],
+                )
             fresh, earlier = r.returncode == 0, SAFE_LABEL.sub("", r.stdout.strip())[:300]
         else:
             if writable:
-                warnings.append(f"the canary's folder {directory} is writable by this user, so a job could delete the "
-                                "marker: only a re-imaged host (or canary_sudo) makes it hold (docs/ci.md)")
+                warnings.append(
+                    f"the canary's folder {directory} is writable by this user, so a job could delete the "
+                    "marker: only a re-imaged host (or canary_sudo) makes it hold (docs/ci.md)"
+                )
             fresh, earlier = mark_canary(config.canary, label(env))
     except (OSError, subprocess.SubprocessError) as err:
         return Decision(False, [f"cannot check the canary {config.canary}: {err}"], warnings)
     if fresh:
         return Decision(True, [], warnings)
     if config.persistent_runner_accepted:
-        return Decision(True, [], warnings + [f"this host is not fresh: it ran ({earlier}) before. The admin "
-                                              "accepted that in the guard's settings; what an earlier job left "
-                                              "can run in this one"])
-    return Decision(False, [f"this host already ran a job ({earlier}): GPU runners must be fresh machines, one "
-                            "job each (docs/ci.md); persistent_runner_accepted in the guard's settings on the "
-                            "host is the only opt-out"], warnings)
+        return Decision(
+            True,
+            [],
+            warnings
+            + [
+                f"this host is not fresh: it ran ({earlier}) before. The admin "
+                "accepted that in the guard's settings; what an earlier job left "
+                "can run in this one"
+            ],
+        )
+    return Decision(
+        False,
+        [
+            f"this host already ran a job ({earlier}): GPU runners must be fresh machines, one "
+            "job each (docs/ci.md); persistent_runner_accepted in the guard's settings on the "
+            "host is the only opt-out"
+        ],
+        warnings,
+    )
 
 
 WORKER, LISTENER = "Runner.Worker", "Runner.Listener"
@@ -452,13 +522,24 @@ def metadata_reachable(address: str, timeout: float = 1.0, connect=socket.create
 
 def check_network(config: Config, reachable=metadata_reachable) -> Decision:
     if config.metadata_reachable_accepted:
-        return Decision(True, [], [f"the metadata service check is off (metadata_reachable_accepted): the admin "
-                                   "vouches for this host's network"])
+        return Decision(
+            True,
+            [],
+            [
+                "the metadata service check is off (metadata_reachable_accepted): the admin "
+                "vouches for this host's network"
+            ],
+        )
     if reachable(config.metadata_address):
-        return Decision(False, [f"this host reaches the cloud metadata service ({config.metadata_address}): a job "
-                                "could take the instance's credentials. Block it for the runner (docs/ci.md, the PR "
-                                "pool's network), or set metadata_reachable_accepted in the guard's settings on a "
-                                "host whose network you vouch for"])
+        return Decision(
+            False,
+            [
+                f"this host reaches the cloud metadata service ({config.metadata_address}): a job "
+                "could take the instance's credentials. Block it for the runner (docs/ci.md, the PR "
+                "pool's network), or set metadata_reachable_accepted in the guard's settings on a "
+                "host whose network you vouch for"
+            ],
+        )
     return Decision(True)
 
 
@@ -466,7 +547,14 @@ def _python_paths() -> list[str]:
     """This interpreter and every folder it imports from (run with -I: stdlib, lib-dynload,
     site-packages, Debian's dist-packages), plus its scripts folder."""
     sp = sysconfig.get_paths()
-    paths = [sys.executable, os.path.realpath(sys.executable), sp["stdlib"], sp["purelib"], sp["platlib"], sp["scripts"]]
+    paths = [
+        sys.executable,
+        os.path.realpath(sys.executable),
+        sp["stdlib"],
+        sp["purelib"],
+        sp["platlib"],
+        sp["scripts"],
+    ]
     return paths + [p for p in sys.path if p and os.path.isabs(p)]
 
 
@@ -489,12 +577,20 @@ def _problem(path: str, st: os.stat_result, euid: int, access) -> str | None:
     if st.st_mode & stat.S_IWOTH and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
         return f"writable by everyone (mode {stat.S_IMODE(st.st_mode):04o})"
     if access(path, os.W_OK):
-        return f"writable by this user (owner uid {st.st_uid}, group gid {st.st_gid}, mode {stat.S_IMODE(st.st_mode):04o})"
+        return (
+            f"writable by this user (owner uid {st.st_uid}, group gid {st.st_gid}, mode {stat.S_IMODE(st.st_mode):04o})"
+        )
     return None
 
 
-def writable_paths(config: Config, root: str | None = None, proc: str = "/proc", limit: int = MAX_WALK,
-                   euid: int | None = None, access=os.access) -> list[str]:
+def writable_paths(
+    config: Config,
+    root: str | None = None,
+    proc: str = "/proc",
+    limit: int = MAX_WALK,
+    euid: int | None = None,
+    access=os.access,
+) -> list[str]:
     """Paths a job must not be able to change, each walked to its last file: the guard, its
     settings, the base Python, and the runner's own install (its `.env` names this hook: a job that
     could edit it could switch the guard off for the next job on the host). `@python` stands for
@@ -587,8 +683,11 @@ def env_problems(values: dict[str, str], temp: str) -> list[str]:
             problems.append(f"ATTN_GATE_GUARD {value[:80]!r} is not a group name")
         elif key == "ATTN_GATE_PYTHON" and not (SAFE_PATH.fullmatch(value) and os.path.isfile(value)):
             problems.append(f"ATTN_GATE_PYTHON {value[:80]!r} is not an interpreter's absolute path")
-        elif value.startswith("/") and key not in ("ATTN_GATE_PYTHON", "PIP_CONFIG_FILE") and not (
-                SAFE_PATH.fullmatch(value) and value.startswith(temp.rstrip("/") + "/")):
+        elif (
+            value.startswith("/")
+            and key not in ("ATTN_GATE_PYTHON", "PIP_CONFIG_FILE")
+            and not (SAFE_PATH.fullmatch(value) and value.startswith(temp.rstrip("/") + "/"))
+        ):
             problems.append(f"{key} {value[:80]!r} is not a path under RUNNER_TEMP")
         elif key == "PIP_CONFIG_FILE" and value != os.devnull:
             problems.append(f"PIP_CONFIG_FILE {value[:80]!r} is not {os.devnull}")
@@ -619,6 +718,7 @@ def refuse(reasons: list[str], code: int = 1, proc: str = "/proc", kill=os.kill)
         say("error", f"refused: {r}")
     try:  # a record on the host too: the job's log may not be uploaded once its worker is gone
         import syslog
+
         syslog.openlog("attn-gate-guard")
         for r in reasons:
             syslog.syslog(syslog.LOG_WARNING, CONTROL.sub(" ", f"refused: {r}")[:2000])
@@ -669,8 +769,12 @@ def run(config_path: str, env: dict, proc: str = "/proc", kill=os.kill, reachabl
     writable = writable_paths(config, proc=proc)
     if writable:
         shown = ", ".join(writable[:8]) + (f" and {len(writable) - 8} more" if len(writable) > 8 else "")
-        return no([f"this user can write {shown}; a job could change the guard, the base Python or the runner "
-                   "for the jobs after it (docs/ci.md, runner host)"])
+        return no(
+            [
+                f"this user can write {shown}; a job could change the guard, the base Python or the runner "
+                "for the jobs after it (docs/ci.md, runner host)"
+            ]
+        )
     network = check_network(config, reachable)
     for w in network.warnings:
         say("warning", w)
@@ -695,9 +799,12 @@ def run(config_path: str, env: dict, proc: str = "/proc", kill=os.kill, reachabl
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="the guard's JSON settings (root-owned)")
-    parser.add_argument("--mark-canary", action="store_true",
-                        help="(run as root through canary_sudo) create the canary named in the settings, labelled "
-                        f"with stdin; exit 0 when the host was fresh, {USED} with the earlier label when not")
+    parser.add_argument(
+        "--mark-canary",
+        action="store_true",
+        help="(run as root through canary_sudo) create the canary named in the settings, labelled "
+        f"with stdin; exit 0 when the host was fresh, {USED} with the earlier label when not",
+    )
     parser.add_argument("--proc", default="/proc", help=argparse.SUPPRESS)  # tests: a fake process table
     args = parser.parse_args(argv)
     if args.mark_canary:

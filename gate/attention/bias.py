@@ -77,13 +77,14 @@ def _packed_bias(case: Case, seed: int, device: str | torch.device, dtype: torch
     for i, (nq, nk) in enumerate(zip(case.entry.varlen, case.keys_varlen)):
         if nq and nk:
             block = make_bias(_sequence_case(case, nq, nk), seed * 7919 + i, device, dtype, pattern=i)
-            out[:, :, q0:q0 + nq, k0:k0 + nk] = block
+            out[:, :, q0 : q0 + nq, k0 : k0 + nk] = block
         q0, k0 = q0 + nq, k0 + nk
     return out
 
 
-def make_bias(case: Case, seed: int, device: str | torch.device, dtype: torch.dtype,
-              pattern: int = 0) -> torch.Tensor | None:
+def make_bias(
+    case: Case, seed: int, device: str | torch.device, dtype: torch.dtype, pattern: int = 0
+) -> torch.Tensor | None:
     """The case's bias tensor (float in `dtype`, or bool), or None for bias = none.
     `dtype` is the bias dtype: the input dtype, or float32 for bias_dtype fp32. `pattern` picks
     another boolean pattern of the same shape (a varlen sequence's block: its index)."""
@@ -109,7 +110,7 @@ def make_bias(case: Case, seed: int, device: str | torch.device, dtype: torch.dt
             if case.bias.kind == "growing":  # every later key tile brings a larger max: the online softmax rescales
                 rise = (cols * (GROW_RISE / max(1, nk - 1))).float().view(1, 1, 1, -1)
                 vals = (keyterm[:, :, None, :] + rise).expand(bb, hb, len(rows), nk)
-            out[:, :, r0:r0 + len(rows)] = vals.to(dtype)
+            out[:, :, r0 : r0 + len(rows)] = vals.to(dtype)
         return out
     assert case.bias.kind in BOOL_BIAS_KINDS
     gen = torch.Generator(device="cpu").manual_seed(nq * 7919 + nk * 104729 + bb + 1_000_003 * pattern)
@@ -139,7 +140,7 @@ def make_bias(case: Case, seed: int, device: str | torch.device, dtype: torch.dt
                 allowed = (doc[pos].view(-1, 1) == doc.view(1, -1)).unsqueeze(0)
             else:  # prefix_lm: the prefix sees itself both ways; after it, causal
                 allowed = ((cols.view(1, -1) < prefix[b]) | (cols.view(1, -1) <= pos.view(-1, 1))).unsqueeze(0)
-            out[b, :, r0:r0 + len(rows)] = allowed
+            out[b, :, r0 : r0 + len(rows)] = allowed
     return out
 
 

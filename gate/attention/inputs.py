@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from gate.core.cases import Case
-from gate.attention.kvcache import CacheInputs, make_cache_inputs
 from gate.attention.bias import make_bias
+from gate.attention.kvcache import CacheInputs, make_cache_inputs
 from gate.attention.masks import alibi_slopes
+from gate.core.cases import Case
 
 # the dtypes tensors are computed in; an fp8 case's q, k, v are handed to the kernel in FP8_TORCH_DTYPES
 # (Fp8Inputs) and seen by the references dequantized, in its compute dtype (Case.compute_dtype)
@@ -67,7 +67,6 @@ class AttnInputs:
     fp8: Fp8Inputs | None = None
 
 
-
 # `inputs = "large"`: the typical score size without softcap; past exp's float32 range
 # (+-88) at the tails, so a softmax that skips the running max overflows.
 LARGE_SCORE_STD = 32.0
@@ -86,7 +85,7 @@ def _shape_values(case: Case, q, k, v):
         std = case.softcap / 4 if case.softcap else LARGE_SCORE_STD
         q = q * std  # scores scale * q.k have std ~1 for unit-normal q, k
     elif case.inputs == "shifted":
-        a = (SHIFTED_SCORE / (case.head_dim ** -0.5)) ** 0.5  # scale * a * a = SHIFTED_SCORE
+        a = (SHIFTED_SCORE / (case.head_dim**-0.5)) ** 0.5  # scale * a * a = SHIFTED_SCORE
         q, k = q.clone(), k.clone()
         q[..., 0] += a
         k[..., 0] -= a
@@ -115,7 +114,9 @@ def _quantize(t: torch.Tensor, heads_kv: int, fp8: torch.dtype, shift: int) -> t
     b, n, h, d = t.shape
     grouped = t.reshape(b, n, heads_kv, h // heads_kv, d)
     amax = grouped.abs().amax(dim=(1, 3, 4)).clamp_min(torch.finfo(torch.float32).tiny)
-    spread = (torch.arange(b, device=t.device).view(-1, 1) + torch.arange(heads_kv, device=t.device).view(1, -1) + shift) % 3
+    spread = (
+        torch.arange(b, device=t.device).view(-1, 1) + torch.arange(heads_kv, device=t.device).view(1, -1) + shift
+    ) % 3
     descale = torch.exp2(torch.ceil(torch.log2(amax / torch.finfo(fp8).max)) + spread)
     q8 = (grouped / descale.view(b, 1, heads_kv, 1, 1)).to(fp8).reshape(b, n, h, d)
     return q8, descale.float()
@@ -143,12 +144,20 @@ def make_inputs(case: Case, seed: int, device: str | torch.device, draw_on: str 
     gen = torch.Generator(device=draw_on).manual_seed(seed * 1_000_003 + 17)
     if case.entry.varlen is not None:
         total, total_k = sum(case.entry.varlen), sum(case.keys_varlen)
-        shapes = [(total, case.heads_q, case.head_dim), (total_k, case.heads_kv, case.head_dim),
-                  (total_k, case.heads_kv, case.head_dim_v), (total, case.heads_q, case.head_dim_v)]
+        shapes = [
+            (total, case.heads_q, case.head_dim),
+            (total_k, case.heads_kv, case.head_dim),
+            (total_k, case.heads_kv, case.head_dim_v),
+            (total, case.heads_q, case.head_dim_v),
+        ]
     else:
         b, nq, nk = case.batch, case.seqlen_q, case.seqlen_k
-        shapes = [(b, nq, case.heads_q, case.head_dim), (b, nk, case.heads_kv, case.head_dim),
-                  (b, nk, case.heads_kv, case.head_dim_v), (b, nq, case.heads_q, case.head_dim_v)]
+        shapes = [
+            (b, nq, case.heads_q, case.head_dim),
+            (b, nk, case.heads_kv, case.head_dim),
+            (b, nk, case.heads_kv, case.head_dim_v),
+            (b, nq, case.heads_q, case.head_dim_v),
+        ]
     q, k, v, dout = (torch.randn(s, generator=gen, dtype=torch.float32, device=gen.device) for s in shapes)
     q, k, v = _shape_values(case, q, k, v)
     if case.layout == "kv_stride0":  # the values one expanded slab can hold (kernel_tensors hands the expand)
@@ -166,12 +175,28 @@ def make_inputs(case: Case, seed: int, device: str | torch.device, draw_on: str 
     cache = make_cache_inputs(case, q, gen, dtype, device) if case.entry.kind == "kvcache" else None
     sink = None
     if case.entry.sinks:
-        sink = (torch.randn(case.heads_q, generator=gen, device=gen.device)
-                + float(torch.tensor(float(case.seqlen_k)).log())).to(device)
+        sink = (
+            torch.randn(case.heads_q, generator=gen, device=gen.device)
+            + float(torch.tensor(float(case.seqlen_k)).log())
+        ).to(device)
     bias = make_bias(case, seed, device, bias_dtype(case))  # its own generator, q/k/v unchanged
-    return AttnInputs(q=q, k=k, v=v, dout=dout, softmax_scale=case.head_dim ** -0.5,
-                      alibi_slopes=slopes, cu_seqlens=cu, seqlens=case.entry.varlen, seed=seed,
-                      cu_seqlens_k=cu_k, seqlens_k=case.entry.varlen_k, bias=bias, cache=cache, sink=sink, fp8=fp8)
+    return AttnInputs(
+        q=q,
+        k=k,
+        v=v,
+        dout=dout,
+        softmax_scale=case.head_dim**-0.5,
+        alibi_slopes=slopes,
+        cu_seqlens=cu,
+        seqlens=case.entry.varlen,
+        seed=seed,
+        cu_seqlens_k=cu_k,
+        seqlens_k=case.entry.varlen_k,
+        bias=bias,
+        cache=cache,
+        sink=sink,
+        fp8=fp8,
+    )
 
 
 def timing_inputs(case: Case, device: str | torch.device) -> AttnInputs:
@@ -183,8 +208,10 @@ def timing_inputs(case: Case, device: str | torch.device) -> AttnInputs:
         try:
             return make_inputs(case, 0, device, draw_on=device)
         except Exception as exc:  # noqa: BLE001 - any failure of the fast path falls back to the sweep's
-            print(f"attn-gate: note: {case.id}: timing inputs drawn on the CPU ({type(exc).__name__}: {exc})",
-                  file=sys.stderr)
+            print(
+                f"attn-gate: note: {case.id}: timing inputs drawn on the CPU ({type(exc).__name__}: {exc})",
+                file=sys.stderr,
+            )
     return make_inputs(case, 0, device)
 
 
@@ -225,7 +252,7 @@ def far_rows(t: torch.Tensor, seq: int, grad: bool) -> torch.Tensor:
     strided so the last quarter of them start past FAR elements from the view's base. The buffer
     is allocated, not filled (torch.empty: untouched pages cost no memory on a CPU); only the rows
     are written. Feature and head dims keep their dense strides."""
-    rows = math.prod(t.shape[:seq + 1])
+    rows = math.prod(t.shape[: seq + 1])
     row = t.shape[-2] * t.shape[-1]
     stride = max(row, -(-FAR // max(1, (3 * rows) // 4) // 8) * 8 + 8)  # a multiple of 8 (16-byte rows)
     buf = torch.empty((rows - 1) * stride + row, dtype=t.dtype, device=t.device)
@@ -252,8 +279,10 @@ def kernel_tensors(case: Case, inputs: AttnInputs) -> KernelTensors:
     if case.layout == "contiguous":
         return KernelTensors(_leaf(q), _leaf(k), _leaf(v), dout)
     if case.layout == "bhsd_view" or case.layout == "dout_noncontig":
+
         def transposed(t):  # allocated with heads before the sequence, handed over transposed back
             return t.transpose(seq, -2).contiguous().transpose(seq, -2)
+
         if case.layout == "dout_noncontig":
             return KernelTensors(_leaf(q), _leaf(k), _leaf(v), transposed(dout))
         bufs = [_leaf(t.transpose(seq, -2).contiguous()) for t in (q, k, v)]

@@ -62,7 +62,10 @@ def _garbage_tile(lead: int, n: int, rest: tuple[int, ...], gen, shift: float) -
     ~N(4, 3), values ~N(8, 3)), so a kernel that reads one gets a visibly wrong answer; a tile instead
     of fresh noise per slot keeps a large cache cheap to make (a 16 x 8192-slot paged cache drew ~10^9
     normals per call before: ~30 s of an H200 case spent on the host, in the worker and again in the gate)."""
-    return torch.randn((lead, min(n, GARBAGE_TILE), *rest), generator=gen, dtype=torch.float32, device=gen.device) * 3.0 + shift
+    return (
+        torch.randn((lead, min(n, GARBAGE_TILE), *rest), generator=gen, dtype=torch.float32, device=gen.device) * 3.0
+        + shift
+    )
 
 
 def _tile_span(tile: torch.Tensor, start: int, stop: int, first: int) -> torch.Tensor:
@@ -90,14 +93,18 @@ def make_cache_inputs(case: Case, q: torch.Tensor, gen: torch.Generator, dtype, 
     tiles = {name: _garbage_tile(b, cap, (hkv, d), gen, shift) for (name, d), shift in zip(dims.items(), (4.0, 8.0))}
     for name in dims:  # garbage only where no token goes
         for i, n in enumerate(cached):
-            slots[name][i:i + 1, n:cap] = _tile_span(tiles[name][i:i + 1], n, cap, 0)
+            slots[name][i : i + 1, n:cap] = _tile_span(tiles[name][i : i + 1], n, cap, 0)
     for i, n in enumerate(cached):  # real tokens only where they are cached: no normals drawn for the rest
         slots["k"][i, :n].normal_(generator=gen)
         slots["v"][i, :n].normal_(generator=gen)
     k_new = v_new = None
     if case.entry.cache_new:
-        k_new = torch.randn((b, case.seqlen_q, hkv, case.head_dim), generator=gen, device=gen.device).to(device=device, dtype=dtype)
-        v_new = torch.randn((b, case.seqlen_q, hkv, case.head_dim_v), generator=gen, device=gen.device).to(device=device, dtype=dtype)
+        k_new = torch.randn((b, case.seqlen_q, hkv, case.head_dim), generator=gen, device=gen.device).to(
+            device=device, dtype=dtype
+        )
+        v_new = torch.randn((b, case.seqlen_q, hkv, case.head_dim_v), generator=gen, device=gen.device).to(
+            device=device, dtype=dtype
+        )
     block_table = None
     k_slots, v_slots = slots["k"], slots["v"]
     if page:
@@ -106,22 +113,31 @@ def make_cache_inputs(case: Case, q: torch.Tensor, gen: torch.Generator, dtype, 
             slots[name][:, cap:padded] = _tile_span(pad, cap, padded, cap)
         pages = padded // page
         blocks = b * pages + SPARE_BLOCKS
-        order = (torch.randperm(blocks, generator=gen, device=gen.device) if case.entry.shuffled_pages
-                 else torch.arange(blocks, device=gen.device))
+        order = (
+            torch.randperm(blocks, generator=gen, device=gen.device)
+            if case.entry.shuffled_pages
+            else torch.arange(blocks, device=gen.device)
+        )
         block_table = order[: b * pages].view(b, pages).to(torch.int32)
         k_pool = torch.empty((blocks, page, hkv, case.head_dim), dtype=torch.float32, device=gen.device)
         v_pool = torch.empty((blocks, page, hkv, case.head_dim_v), dtype=torch.float32, device=gen.device)
         k_pool[block_table.flatten().long()] = k_slots.reshape(b * pages, page, hkv, case.head_dim)
         v_pool[block_table.flatten().long()] = v_slots.reshape(b * pages, page, hkv, case.head_dim_v)
-        spare = order[b * pages:].long()  # the blocks no table entry points at: garbage too
+        spare = order[b * pages :].long()  # the blocks no table entry points at: garbage too
         for pool, (name, d), shift in zip((k_pool, v_pool), dims.items(), (4.0, 8.0)):
             pool[spare] = _tile_span(_garbage_tile(SPARE_BLOCKS, page, (hkv, d), gen, shift), 0, page, 0)
         k_slots, v_slots = k_pool, v_pool
         block_table = block_table.to(device)
     return CacheInputs(
-        q=q, k_cache=k_slots.to(device=device, dtype=dtype), v_cache=v_slots.to(device=device, dtype=dtype),
-        cache_seqlens=torch.tensor(cached, dtype=torch.int32, device=device), block_table=block_table,
-        k_new=k_new, v_new=v_new, page_size=page, cached=tuple(int(n) for n in cached),
+        q=q,
+        k_cache=k_slots.to(device=device, dtype=dtype),
+        v_cache=v_slots.to(device=device, dtype=dtype),
+        cache_seqlens=torch.tensor(cached, dtype=torch.int32, device=device),
+        block_table=block_table,
+        k_new=k_new,
+        v_new=v_new,
+        page_size=page,
+        cached=tuple(int(n) for n in cached),
     )
 
 
@@ -147,7 +163,9 @@ def expected_cache(cache: CacheInputs) -> tuple[torch.Tensor, torch.Tensor]:
     return k, v
 
 
-def gather_dense(cache: CacheInputs, k_cache: torch.Tensor, v_cache: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def gather_dense(
+    cache: CacheInputs, k_cache: torch.Tensor, v_cache: torch.Tensor
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per batch element, the dense (L_b, Hkv, D) keys and values it attends to, read from the
     given cache tensors (the expected ones, for the references)."""
     out = []

@@ -19,7 +19,9 @@ def effective_window(causal: bool, window: tuple[int, int]) -> tuple[int, int]:
     return left, right
 
 
-def allowed_mask(rows: torch.Tensor, seqlen_q: int, seqlen_k: int, causal: bool, window: tuple[int, int]) -> torch.Tensor | None:
+def allowed_mask(
+    rows: torch.Tensor, seqlen_q: int, seqlen_k: int, causal: bool, window: tuple[int, int]
+) -> torch.Tensor | None:
     """Bool (len(rows), seqlen_k): True where query `rows[i]` may see key j; None when all may."""
     left, right = effective_window(causal, window)
     if left < 0 and right < 0:
@@ -36,6 +38,7 @@ def allowed_mask(rows: torch.Tensor, seqlen_q: int, seqlen_k: int, causal: bool,
 
 def alibi_slopes(heads: int) -> torch.Tensor:
     """The ALiBi paper's geometric slopes (float32, one per query head)."""
+
     def power_of_two(n: int) -> list[float]:
         start = 2 ** (-(2 ** -(math.log2(n) - 3)))
         return [start * start**i for i in range(n)]
@@ -56,8 +59,14 @@ def alibi_bias(slopes: torch.Tensor, rows: torch.Tensor, seqlen_q: int, seqlen_k
 
 
 def dense_bias(
-    heads: int, seqlen_q: int, seqlen_k: int, causal: bool, window: tuple[int, int],
-    slopes: torch.Tensor | None, device: torch.device, dtype: torch.dtype,
+    heads: int,
+    seqlen_q: int,
+    seqlen_k: int,
+    causal: bool,
+    window: tuple[int, int],
+    slopes: torch.Tensor | None,
+    device: torch.device,
+    dtype: torch.dtype,
 ) -> torch.Tensor | None:
     """Additive mask (1 or H, Nq, Nk) with -inf for disallowed pairs plus ALiBi: for kernels that
     only take a bias (SDPA's attn_mask, the custom-bias path). None when nothing is masked."""

@@ -57,7 +57,7 @@ def fp8_mma(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     a, b = a.float(), b.float()
     acc = None
     for k0 in range(0, a.shape[-1], FP8_MMA_K):
-        part = a[..., k0:k0 + FP8_MMA_K] @ b[..., k0:k0 + FP8_MMA_K, :]
+        part = a[..., k0 : k0 + FP8_MMA_K] @ b[..., k0 : k0 + FP8_MMA_K, :]
         acc = _truncate_fraction(part if acc is None else acc + part, FP8_ACCUMULATOR_FRACTION_BITS)
     return acc
 
@@ -88,14 +88,31 @@ class AttnResult:
     dbias: torch.Tensor | None = None  # only for a float bias, in the bias's own shape
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        named = {"out": self.out, "lse": self.lse, "dq": self.dq, "dk": self.dk, "dv": self.dv,
-                 "dsink": self.dsink, "dbias": self.dbias}
+        named = {
+            "out": self.out,
+            "lse": self.lse,
+            "dq": self.dq,
+            "dk": self.dk,
+            "dv": self.dv,
+            "dsink": self.dsink,
+            "dbias": self.dbias,
+        }
         return {name: t for name, t in named.items() if t is not None}
 
 
-def _dense(q, k, v, dout, opts: AttnOptions, cd: torch.dtype, keep: torch.Tensor | None,
-           sink: torch.Tensor | None = None, backward: bool = True, p_round: torch.dtype | None = None,
-           fp8_scores: bool = False) -> AttnResult:
+def _dense(
+    q,
+    k,
+    v,
+    dout,
+    opts: AttnOptions,
+    cd: torch.dtype,
+    keep: torch.Tensor | None,
+    sink: torch.Tensor | None = None,
+    backward: bool = True,
+    p_round: torch.dtype | None = None,
+    fp8_scores: bool = False,
+) -> AttnResult:
     """`backward` False: out and lse only (dq/dk/dv/dsink/dbias None), for a forward-only caller
     (a decode step, the float32 LSE yardstick) that would throw the gradients away. `p_round`: the
     dtype the probabilities are rounded to before P @ V (an fp8 kernel's second GEMM).
@@ -125,7 +142,11 @@ def _dense(q, k, v, dout, opts: AttnOptions, cd: torch.dtype, keep: torch.Tensor
     for r0 in range(0, nq, chunk):
         r1 = min(nq, r0 + chunk)
         rows = torch.arange(r0, r1, device=q.device)
-        qk = fp8_mma(qh[:, :, r0:r1], kh.transpose(-1, -2)).to(cd) if fp8_scores else qh[:, :, r0:r1] @ kh.transpose(-1, -2)
+        qk = (
+            fp8_mma(qh[:, :, r0:r1], kh.transpose(-1, -2)).to(cd)
+            if fp8_scores
+            else qh[:, :, r0:r1] @ kh.transpose(-1, -2)
+        )
         s = qk * scale
         tanh = None
         if opts.softcap:
@@ -149,7 +170,9 @@ def _dense(q, k, v, dout, opts: AttnOptions, cd: torch.dtype, keep: torch.Tensor
             denom = denom + torch.exp(sink_col - safe_max)
         empty = denom == 0
         p = torch.where(empty, torch.zeros_like(unnorm), unnorm / torch.where(empty, torch.ones_like(denom), denom))
-        lse[:, :, r0:r1] = (safe_max + torch.log(denom)).squeeze(-1).to(lse_dtype).masked_fill(empty.squeeze(-1), float("-inf"))
+        lse[:, :, r0:r1] = (
+            (safe_max + torch.log(denom)).squeeze(-1).to(lse_dtype).masked_fill(empty.squeeze(-1), float("-inf"))
+        )
         p = p.to(cd)  # back to the input dtype if a wider bias promoted the scores
         if p_round is not None:  # FA3's fp8 forward multiplies P in e4m3 by V: its own tests' yardstick
             p = p.to(p_round).to(cd)
@@ -175,8 +198,15 @@ def _dense(q, k, v, dout, opts: AttnOptions, cd: torch.dtype, keep: torch.Tensor
         return AttnResult(out=out.transpose(1, 2), lse=lse, dq=None, dk=None, dv=None)
     dk = dk.view(b, hkv, group, nk, d).sum(dim=2)
     dvv = dvv.view(b, hkv, group, nk, dv_dim).sum(dim=2)
-    return AttnResult(out=out.transpose(1, 2), lse=lse, dq=dq.transpose(1, 2), dk=dk.transpose(1, 2), dv=dvv.transpose(1, 2),
-                      dsink=dsink, dbias=dbias)
+    return AttnResult(
+        out=out.transpose(1, 2),
+        lse=lse,
+        dq=dq.transpose(1, 2),
+        dk=dk.transpose(1, 2),
+        dv=dvv.transpose(1, 2),
+        dsink=dsink,
+        dbias=dbias,
+    )
 
 
 def _add_bias(s: torch.Tensor, bias: torch.Tensor, cd: torch.dtype) -> torch.Tensor:
@@ -189,10 +219,19 @@ def _add_bias(s: torch.Tensor, bias: torch.Tensor, cd: torch.dtype) -> torch.Ten
 
 
 def attention_reference(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, opts: AttnOptions,
-    compute_dtype: torch.dtype, *, cu_seqlens: torch.Tensor | None = None,
-    dropout_keep: torch.Tensor | list[torch.Tensor] | None = None, cu_seqlens_k: torch.Tensor | None = None,
-    sink: torch.Tensor | None = None, backward: bool = True, p_round: torch.dtype | None = None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dout: torch.Tensor,
+    opts: AttnOptions,
+    compute_dtype: torch.dtype,
+    *,
+    cu_seqlens: torch.Tensor | None = None,
+    dropout_keep: torch.Tensor | list[torch.Tensor] | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    sink: torch.Tensor | None = None,
+    backward: bool = True,
+    p_round: torch.dtype | None = None,
     fp8_scores: bool = False,
 ) -> AttnResult:
     """Forward + backward in `compute_dtype`; outputs returned in that dtype (`backward` False:
@@ -224,8 +263,19 @@ def attention_reference(
             continue
         keep = None if dropout_keep is None else dropout_keep[i]
         seq_opts = opts if bias is None else replace(opts, bias=bias[:, :, a:z, ka:kz])
-        part = _dense(q[a:z][None], k[ka:kz][None], v[ka:kz][None], dout[a:z][None] if backward else None, seq_opts,
-                      compute_dtype, keep, sink, backward, p_round, fp8_scores)
+        part = _dense(
+            q[a:z][None],
+            k[ka:kz][None],
+            v[ka:kz][None],
+            dout[a:z][None] if backward else None,
+            seq_opts,
+            compute_dtype,
+            keep,
+            sink,
+            backward,
+            p_round,
+            fp8_scores,
+        )
         out[a:z] = part.out[0]
         lse[:, a:z] = part.lse[0]
         if not backward:
@@ -248,8 +298,13 @@ class DecodeResult:
     lse: torch.Tensor
 
 
-def decode_reference(q: torch.Tensor, dense_kv: list[tuple[torch.Tensor, torch.Tensor]], opts: AttnOptions,
-                     compute_dtype: torch.dtype, sink: torch.Tensor | None = None) -> DecodeResult:
+def decode_reference(
+    q: torch.Tensor,
+    dense_kv: list[tuple[torch.Tensor, torch.Tensor]],
+    opts: AttnOptions,
+    compute_dtype: torch.dtype,
+    sink: torch.Tensor | None = None,
+) -> DecodeResult:
     """Forward of a decode step: batch element b's queries against its own gathered (L_b, Hkv, D)
     keys and values, bottom-right aligned (query i sits at key position L_b - Nq + i)."""
     b, nq, hq, _ = q.shape
@@ -262,6 +317,6 @@ def decode_reference(q: torch.Tensor, dense_kv: list[tuple[torch.Tensor, torch.T
             if sink is not None:  # no key: the sink alone is the denominator, out stays 0
                 lse[i] = sink.to(lse_dtype).view(hq, 1).expand(hq, nq)
             continue
-        part = _dense(q[i:i + 1], kb[None], vb[None], None, opts, compute_dtype, None, sink, backward=False)
+        part = _dense(q[i : i + 1], kb[None], vb[None], None, opts, compute_dtype, None, sink, backward=False)
         out[i], lse[i] = part.out[0], part.lse[0]
     return DecodeResult(out=out, lse=lse)

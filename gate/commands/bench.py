@@ -6,16 +6,20 @@ import argparse
 from pathlib import Path
 
 from gate.commands.help_text import parser_kwargs
-from gate.speed import asv as A
-from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
-from gate.speed.entries import MAX_ROUNDS
 from gate.core.config import load_config
+from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
+from gate.speed import asv as A
+from gate.speed.entries import MAX_ROUNDS
 from gate.workflow.validate import check_device, check_kernel, check_suite
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench", help="run the asv suites (benchmarks/) on this commit: `asv run --python=same "
-                       "--set-commit-hash`; history only, the PR verdict is `attn-gate check`", **parser_kwargs("bench"))
+    p = sub.add_parser(
+        "bench",
+        help="run the asv suites (benchmarks/) on this commit: `asv run --python=same "
+        "--set-commit-hash`; history only, the PR verdict is `attn-gate check`",
+        **parser_kwargs("bench"),
+    )
     p.add_argument("--asv-config", type=Path, default=None, help="asv.conf.json (default: ./asv.conf.json)")
     p.add_argument("--commit", default="HEAD", help="commit the results are filed under (default HEAD)")
     p.add_argument("--machine", default=None, help="asv machine name (default: the GPU class, e.g. h200, or 'cpu')")
@@ -29,8 +33,11 @@ def register(sub) -> None:
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds per pass (default: the config's)")
     p.add_argument("--config", type=Path, default=None, help="pyproject.toml holding [tool.attn-gate]")
     p.set_defaults(main=bench_main)
-    p = sub.add_parser("publish", help="render asv's HTML history (`asv publish`) into the asv html_dir, readable offline",
-                       **parser_kwargs("publish"))
+    p = sub.add_parser(
+        "publish",
+        help="render asv's HTML history (`asv publish`) into the asv html_dir, readable offline",
+        **parser_kwargs("publish"),
+    )
     p.add_argument("--asv-config", type=Path, default=None, help="asv.conf.json (default: ./asv.conf.json)")
     p.set_defaults(main=publish_main)
 
@@ -47,8 +54,15 @@ def bench_main(args: argparse.Namespace) -> int:
         check_kernel(args.anchor, device, "--anchor")
     if args.suite is not None:
         check_suite(config, args.suite)
-    settings = A.BenchSettings(config_path=(args.config or A.CONFIG_FILE).resolve(), kernel=args.kernel,
-                               suite=args.suite, anchor=args.anchor, device=args.device, only=args.only, rounds=args.rounds)
+    settings = A.BenchSettings(
+        config_path=(args.config or A.CONFIG_FILE).resolve(),
+        kernel=args.kernel,
+        suite=args.suite,
+        anchor=args.anchor,
+        device=args.device,
+        only=args.only,
+        rounds=args.rounds,
+    )
     commit = A.git_commit(args.commit, A.asv_repo(conf))
     machine = args.machine or A.machine_name(args.device)
     rc = A.bench(conf, settings, machine, commit, quick=args.quick, bench_regex=args.bench)
@@ -57,7 +71,10 @@ def bench_main(args: argparse.Namespace) -> int:
         value = row["value"]
         shown = "n/a" if value is None or value != value else f"{value:.4g}"
         print(f"{row['benchmark']:45} {' '.join(row['params']):40} {shown:>10} {row['unit']}")
-    print(f"asv results for {commit[:12]} on machine {machine!r}: {len(rows)} values" + ("" if rc == 0 else f"; asv exited {rc}"))
+    print(
+        f"asv results for {commit[:12]} on machine {machine!r}: {len(rows)} values"
+        + ("" if rc == 0 else f"; asv exited {rc}")
+    )
     return EXIT_PASS if rc == 0 and rows else EXIT_FAIL
 
 

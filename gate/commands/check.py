@@ -10,39 +10,70 @@ class or run environment.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import textwrap
 from pathlib import Path
 
 from gate.commands.common import add_config, add_kernel_suite, add_run_options, run_options
 from gate.commands.help_text import parser_kwargs
-import json
-from gate.core.errors import UserError
 from gate.core.cases import exact_regex
 from gate.core.config import load_config
-from gate.workflow.validate import check_device, require_initialised
+from gate.core.errors import UserError
 from gate.core.files import FolderLock, require_writable
+from gate.workflow.validate import check_device, require_initialised
 
 
 def register(sub) -> None:
-    p = sub.add_parser("check", help="gate a kernel: sweep, compare with baselines/<gpu-class>/, exit 0 pass / 1 fail",
-                       **parser_kwargs("check"))
+    p = sub.add_parser(
+        "check",
+        help="gate a kernel: sweep, compare with baselines/<gpu-class>/, exit 0 pass / 1 fail",
+        **parser_kwargs("check"),
+    )
     add_kernel_suite(p)
     add_config(p)
-    p.add_argument("--results", type=Path, default=None, metavar="FILE",
-                   help="compare this sweep JSON (from `attn-gate sweep`) instead of running the sweep")
-    p.add_argument("--perf-results", type=Path, nargs="+", default=None, metavar="PERF",
-                   help="with --results: judge the speed of these perf JSONs (from `attn-gate perf`, merged; e.g. one "
-                        "per GPU job) against the baseline's perf section; without them speed is not checked")
-    p.add_argument("--baseline", type=Path, default=None, metavar="FILE",
-                   help="compare with this baseline file (default: baselines/<gpu-class>/<kernel>-<suite>.json)")
-    p.add_argument("--out", type=Path, default=Path("out"), metavar="DIR",
-                   help="folder for the Markdown summary, findings JSON, sweep JSON and plot (default: out)")
+    p.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="compare this sweep JSON (from `attn-gate sweep`) instead of running the sweep",
+    )
+    p.add_argument(
+        "--perf-results",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="PERF",
+        help="with --results: judge the speed of these perf JSONs (from `attn-gate perf`, merged; e.g. one "
+        "per GPU job) against the baseline's perf section; without them speed is not checked",
+    )
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="compare with this baseline file (default: baselines/<gpu-class>/<kernel>-<suite>.json)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("out"),
+        metavar="DIR",
+        help="folder for the Markdown summary, findings JSON, sweep JSON and plot (default: out)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--perf", action=argparse.BooleanOptionalAction, default=None,
-                   help="also gate speed ratios against the baseline's perf section (default: on with a GPU, off on a CPU)")
-    p.add_argument("--last-failed", action="store_true",
-                   help="rerun only the cases that failed in the last check written to --out (its findings JSON)")
+    p.add_argument(
+        "--perf",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also gate speed ratios against the baseline's perf section (default: on with a GPU, off on a CPU)",
+    )
+    p.add_argument(
+        "--last-failed",
+        action="store_true",
+        help="rerun only the cases that failed in the last check written to --out (its findings JSON)",
+    )
     add_run_options(p, shard=False)  # a shard is judged after `attn-gate merge`, with --results
     p.set_defaults(main=main)
 
@@ -64,32 +95,39 @@ def last_failed_ids(out: Path, kernel: str | None, suite: str | None) -> list[st
 def _last_findings(out: Path, kernel: str | None, suite: str | None) -> tuple[dict, list[str]]:
     found = sorted(Path(out).glob("findings-*.json"), key=lambda p: p.stat().st_mtime)
     if kernel is not None or suite is not None:
+
         def matches(path: Path) -> bool:
             try:
                 ctx = json.loads(path.read_text(encoding="utf-8")).get("context", {})
             except (OSError, ValueError, AttributeError):
                 return False
             return kernel in (None, ctx.get("kernel")) and suite in (None, ctx.get("suite"))
+
         found = [p for p in found if matches(p)]
     if not found:
-        raise UserError(f"--last-failed: no findings JSON of an earlier check in {out}; run the check once without "
-                        f"--last-failed (or pass its --out folder)")
+        raise UserError(
+            f"--last-failed: no findings JSON of an earlier check in {out}; run the check once without "
+            f"--last-failed (or pass its --out folder)"
+        )
     from gate.compare.findings import rerun_case_ids
 
     try:
         data = json.loads(found[-1].read_text(encoding="utf-8"))
         failed = rerun_case_ids(data)
     except (OSError, ValueError, RecursionError) as exc:
-        raise UserError(f"--last-failed: {found[-1]} is not a findings JSON attn-gate wrote ({str(exc)[:200]}); "
-                        f"run without --last-failed") from None
+        raise UserError(
+            f"--last-failed: {found[-1]} is not a findings JSON attn-gate wrote ({str(exc)[:200]}); "
+            f"run without --last-failed"
+        ) from None
     if not failed:
-        raise UserError(f"--last-failed: no case failed in the last check in {out} ({found[-1].name}); run without --last-failed")
+        raise UserError(
+            f"--last-failed: no case failed in the last check in {out} ({found[-1].name}); run without --last-failed"
+        )
     return (data if isinstance(data, dict) else {}), failed
 
 
 def main(args: argparse.Namespace) -> int:
     from gate.workflow.check import resolve_plan, run_check
-
 
     context = {}
     if args.last_failed:
@@ -109,8 +147,10 @@ def main(args: argparse.Namespace) -> int:
     require_initialised(config, args.kernel)
     options = run_options(args)
     if options.workers == 0:  # the gate's verdict never comes from a process the kernel ran in
-        raise UserError("--workers 0 runs the kernel in the deciding process, unisolated: `check` refuses it; "
-                        "pass --workers 1 or more (or use `attn-gate sweep --workers 0` to debug)")
+        raise UserError(
+            "--workers 0 runs the kernel in the deciding process, unisolated: `check` refuses it; "
+            "pass --workers 1 or more (or use `attn-gate sweep --workers 0` to debug)"
+        )
     kernel, suite, device = args.kernel, args.suite, args.device
     plan = None
     if args.results is None:  # names first: a typo is a typo, not "no baseline"; the plan is resolved once, here
@@ -119,12 +159,32 @@ def main(args: argparse.Namespace) -> int:
         check_device(device)
     require_writable(args.out, "--out")
     with FolderLock(args.out, "--out"):
-        outcome = run_check(config, kernel=kernel, suite=suite, device=device, only=args.only,
-                            results_path=args.results, baseline_file=args.baseline, out_dir=args.out,
-                            progress=not args.no_progress, perf=args.perf, options=options, plan=plan,
-                            perf_results=args.perf_results)
+        outcome = run_check(
+            config,
+            kernel=kernel,
+            suite=suite,
+            device=device,
+            only=args.only,
+            results_path=args.results,
+            baseline_file=args.baseline,
+            out_dir=args.out,
+            progress=not args.no_progress,
+            perf=args.perf,
+            options=options,
+            plan=plan,
+            perf_results=args.perf_results,
+        )
     # wrapped at whole paths to the terminal's width (COLUMNS), as the summary lines above are
     width = shutil.get_terminal_size((200, 24)).columns
-    print("\n".join(textwrap.wrap("wrote " + ", ".join(str(p) for p in outcome.paths.values()), width=max(20, width),
-                                   subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)))
+    print(
+        "\n".join(
+            textwrap.wrap(
+                "wrote " + ", ".join(str(p) for p in outcome.paths.values()),
+                width=max(20, width),
+                subsequent_indent="  ",
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+        )
+    )
     return outcome.exit_code

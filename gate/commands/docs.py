@@ -10,8 +10,11 @@ from gate.core import docs
 
 
 def register(sub) -> None:
-    p = sub.add_parser("docs", help="print a page of the documentation shipped with this attn-gate (or list them)",
-                       **parser_kwargs("docs"))
+    p = sub.add_parser(
+        "docs",
+        help="print a page of the documentation shipped with this attn-gate (or list them)",
+        **parser_kwargs("docs"),
+    )
     p.add_argument("page", nargs="?", default=None, help="a page name, e.g. ci, adopt, configuration")
     p.add_argument("--path", action="store_true", help="print the page's file path instead of its text")
     p.set_defaults(main=main)

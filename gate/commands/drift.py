@@ -5,22 +5,29 @@ when the kernel's loss curve stays inside the band the reference runs span, 1 wh
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from gate.commands.common import add_config
 from gate.commands.help_text import parser_kwargs
-import sys
-from gate.correctness.drift import default_config, run_drift, write_drift_outputs
-from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
 from gate.core.config import load_config
+from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
+from gate.correctness.drift import default_config, run_drift, write_drift_outputs
 from gate.workflow.validate import check_device, check_kernel
 
 
 def register(sub) -> None:
-    p = sub.add_parser("drift", help="training drift: a toy transformer trained with the kernel vs the float32 reference",
-                       **parser_kwargs("drift"))
-    p.add_argument("--kernel", default=None, help="kernel name (attn-gate kernels lists them) or package.module:function; "
-                   "default: the config's gpu/cpu profile, as in every other command")
+    p = sub.add_parser(
+        "drift",
+        help="training drift: a toy transformer trained with the kernel vs the float32 reference",
+        **parser_kwargs("drift"),
+    )
+    p.add_argument(
+        "--kernel",
+        default=None,
+        help="kernel name (attn-gate kernels lists them) or package.module:function; "
+        "default: the config's gpu/cpu profile, as in every other command",
+    )
     p.add_argument("--steps", type=int, default=None, help="training steps (default 1000 on a GPU, 100 on a CPU)")
     p.add_argument("--out", type=Path, default=Path("out"), help="folder for drift-KERNEL.json and drift-KERNEL.png")
     p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when a GPU is visible")
@@ -45,9 +52,12 @@ def main(args: argparse.Namespace) -> int:
 
     family = family_adapter(kernel, config)  # a kernel family of the config trains through its dense entry point
     if family is not None and not family.capabilities().backward:
-        raise UserError(f"--kernel {kernel}: a forward-only family (backward = false) cannot be trained; drift needs a backward")
-    result = run_drift(kernel, cfg, device, adapter=family,
-                       progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+        raise UserError(
+            f"--kernel {kernel}: a forward-only family (backward = false) cannot be trained; drift needs a backward"
+        )
+    result = run_drift(
+        kernel, cfg, device, adapter=family, progress=lambda msg: print(msg, file=sys.stderr, flush=True)
+    )
     paths = write_drift_outputs(result, args.out)
     verdict = "PASS" if result.passed else "FAIL"
     print(f"{verdict}: drift of {result.kernel} over {cfg.steps} steps ({cfg.dtype}, {device}): {result.reason}")

@@ -13,8 +13,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from gate.commands.help_text import parser_kwargs
 import gate
+from gate.commands.help_text import parser_kwargs
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
 from gate.workflow import init as I
 from gate.workflow.install_source import installed_source
@@ -22,36 +22,71 @@ from gate.workflow.probe import probe_for_init
 
 
 def register(sub) -> None:
-    p = sub.add_parser("init", help="set up a kernel repository: [tool.attn-gate], workflows, CODEOWNERS, runner guard, "
-                       "asv; --check shows drift from the installed templates", **parser_kwargs("init"))
+    p = sub.add_parser(
+        "init",
+        help="set up a kernel repository: [tool.attn-gate], workflows, CODEOWNERS, runner guard, "
+        "asv; --check shows drift from the installed templates",
+        **parser_kwargs("init"),
+    )
     p.add_argument("--dir", type=Path, default=Path("."), help="the repository root (default: here)")
-    p.add_argument("--kernel", default=None, help="the kernel: package.module:function in the flash_attn_func "
-                   "convention, or a built-in name")
-    for entry, convention in (("dense", "flash_attn_func"), ("varlen", "flash_attn_varlen_func"),
-                              ("kvcache", "flash_attn_with_kvcache")):
-        p.add_argument(f"--{entry}", default=None, metavar="MODULE:FUNCTION",
-                       help=f"a kernel family's {entry} entry point ({convention} convention)")
+    p.add_argument(
+        "--kernel",
+        default=None,
+        help="the kernel: package.module:function in the flash_attn_func convention, or a built-in name",
+    )
+    for entry, convention in (
+        ("dense", "flash_attn_func"),
+        ("varlen", "flash_attn_varlen_func"),
+        ("kvcache", "flash_attn_with_kvcache"),
+    ):
+        p.add_argument(
+            f"--{entry}",
+            default=None,
+            metavar="MODULE:FUNCTION",
+            help=f"a kernel family's {entry} entry point ({convention} convention)",
+        )
     p.add_argument("--family", default=None, metavar="NAME", help="the family's name (default: from its package)")
     p.add_argument("--forward-only", action="store_true", help="the family has no backward (an inference kernel)")
     p.add_argument("--gpu-class", default=None, help="GPU class of the runners and baselines/<class>/ (default h200)")
-    p.add_argument("--runner-labels", default=None, metavar="L1,L2,..",
-                   help="the GPU runners' labels (default: self-hosted,linux,gpu,<gpu class>)")
+    p.add_argument(
+        "--runner-labels",
+        default=None,
+        metavar="L1,L2,..",
+        help="the GPU runners' labels (default: self-hosted,linux,gpu,<gpu class>)",
+    )
     p.add_argument("--suite", default=None, help="suite gated on every PR (default pr)")
     p.add_argument("--cpu-suite", default=None, help="suite of the CPU gate in the hosted job (default smoke)")
     p.add_argument("--nightly-suite", default=None, help="suite of the nightly sharded run (default nightly)")
     p.add_argument("--repository", default=None, metavar="OWNER/REPO", help="default: the origin remote on GitHub")
-    p.add_argument("--owners", default=None, help="CODEOWNERS owner of the gate's files (default @OWNER/maintainers "
-                   "of the repository's owner)")
-    p.add_argument("--placeholders", action="store_true", help="write OWNER/REPO and @OWNER/maintainers where the "
-                   "repository or owners cannot be inferred (listed as the first TODO) instead of refusing")
-    p.add_argument("--install", default=None, metavar="REQUIREMENT",
-                   help="how the jobs install attn-gate (default: where this attn-gate came from: "
-                   "'attn-gate @ git+URL@COMMIT', or attn-gate==<version> from the package index)")
-    p.add_argument("--yes", "-y", action="store_true", help="ask nothing; take the defaults (also when stdin is not a TTY)")
+    p.add_argument(
+        "--owners",
+        default=None,
+        help="CODEOWNERS owner of the gate's files (default @OWNER/maintainers of the repository's owner)",
+    )
+    p.add_argument(
+        "--placeholders",
+        action="store_true",
+        help="write OWNER/REPO and @OWNER/maintainers where the "
+        "repository or owners cannot be inferred (listed as the first TODO) instead of refusing",
+    )
+    p.add_argument(
+        "--install",
+        default=None,
+        metavar="REQUIREMENT",
+        help="how the jobs install attn-gate (default: where this attn-gate came from: "
+        "'attn-gate @ git+URL@COMMIT', or attn-gate==<version> from the package index)",
+    )
+    p.add_argument(
+        "--yes", "-y", action="store_true", help="ask nothing; take the defaults (also when stdin is not a TTY)"
+    )
     p.add_argument("--force", action="store_true", help="replace files and the [tool.attn-gate] section that differ")
     p.add_argument("--check", action="store_true", help="only compare the files with the templates; exit 1 on drift")
-    p.add_argument("--probe", action="store_true", help="probe the kernel (`attn-gate probe`) and write the envelope "
-                   "it finds into the section as [tool.attn-gate.kernels.NAME.supports]")
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="probe the kernel (`attn-gate probe`) and write the envelope "
+        "it finds into the section as [tool.attn-gate.kernels.NAME.supports]",
+    )
     p.set_defaults(main=main)
 
 
@@ -76,16 +111,30 @@ def main(args: argparse.Namespace) -> int:
         for problem in problems:
             print(problem)
         n = len(I.render_files(I.load_ci(root)))
-        print(f"attn-gate {gate.__version__} templates: {n - len(drift)} of {n} files equal"
-              + (f", {len(drift)} drift: `attn-gate init --force` rewrites them" if drift else "")
-              + (f"; {len(problems)} value{'s' if len(problems) > 1 else ''} to fix (above)" if problems else ""))
+        print(
+            f"attn-gate {gate.__version__} templates: {n - len(drift)} of {n} files equal"
+            + (f", {len(drift)} drift: `attn-gate init --force` rewrites them" if drift else "")
+            + (f"; {len(problems)} value{'s' if len(problems) > 1 else ''} to fix (above)" if problems else "")
+        )
         return EXIT_FAIL if drift or problems else EXIT_PASS
     entries = tuple((e, getattr(args, e)) for e in ("dense", "varlen", "kvcache") if getattr(args, e))
-    labels = tuple(l.strip() for l in args.runner_labels.split(",") if l.strip()) if args.runner_labels else ()
-    options = I.InitOptions(kernel=args.kernel, family=args.family, entries=entries, forward_only=args.forward_only,
-                            gpu_class=args.gpu_class, runner_labels=labels, suite=args.suite, cpu_suite=args.cpu_suite,
-                            nightly_suite=args.nightly_suite, repository=args.repository, owners=args.owners,
-                            install=args.install, force=args.force, placeholders=args.placeholders)
+    labels = tuple(lb.strip() for lb in args.runner_labels.split(",") if lb.strip()) if args.runner_labels else ()
+    options = I.InitOptions(
+        kernel=args.kernel,
+        family=args.family,
+        entries=entries,
+        forward_only=args.forward_only,
+        gpu_class=args.gpu_class,
+        runner_labels=labels,
+        suite=args.suite,
+        cpu_suite=args.cpu_suite,
+        nightly_suite=args.nightly_suite,
+        repository=args.repository,
+        owners=args.owners,
+        install=args.install,
+        force=args.force,
+        placeholders=args.placeholders,
+    )
     interactive = not args.yes and sys.stdin.isatty()
     options = I.resolve(options, root, source, ask if interactive else None)
     if args.probe:

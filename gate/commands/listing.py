@@ -6,15 +6,17 @@ import argparse
 
 from gate.commands.common import add_config
 from gate.commands.help_text import CASE_ID_LEGEND, parser_kwargs
-from gate.kernels.capabilities import Feature
+from gate.core.cases import load_suite, suite_names
 from gate.core.config import load_config
 from gate.core.envelope import render_supports
 from gate.core.errors import UserError
-from gate.core.cases import load_suite, suite_names
+from gate.kernels.capabilities import Feature
 
 
 def register(sub) -> None:
-    p = sub.add_parser("kernels", help="list kernels, whether each runs here, and what it supports", **parser_kwargs("kernels"))
+    p = sub.add_parser(
+        "kernels", help="list kernels, whether each runs here, and what it supports", **parser_kwargs("kernels")
+    )
     add_config(p)  # the config's kernel families are listed too
     p.set_defaults(main=kernels)
     p = sub.add_parser("suites", help="list suites and their case counts", **parser_kwargs("suites"))
@@ -35,8 +37,10 @@ def kernels(args: argparse.Namespace) -> int:
             continue
         caps = adapter.capabilities()
         entries = ", ".join(getattr(adapter, "entries", None) or ["dense"])
-        print(f"{name:15} {'available' if adapter.unavailable_reason() is None else 'unavailable'}\n{'':15} "
-              f"{adapter.description}; entry points: {entries}{'' if caps.backward else '; forward-only'}")
+        print(
+            f"{name:15} {'available' if adapter.unavailable_reason() is None else 'unavailable'}\n{'':15} "
+            f"{adapter.description}; entry points: {entries}{'' if caps.backward else '; forward-only'}"
+        )
         family = config.kernels[name]
         if family.supports:  # the declaration as written, then what it leaves of the signature's envelope
             print(f"{'':15} declared {family.supports_table}: {_inline(family.supports)}")
@@ -45,10 +49,27 @@ def kernels(args: argparse.Namespace) -> int:
         adapter = get_adapter(name)
         why = adapter.unavailable_reason()
         caps = adapter.capabilities()
-        has = {f.value: caps.supports(f) for f in Feature} | {"deterministic_mode": caps.deterministic_mode,
-                                                             "returns_lse": caps.returns_lse}
-        feats = [f for f in ("window", "softcap", "alibi", "dropout", "varlen", "gqa", "deterministic_mode", "returns_lse",
-                             "kvcache", "paged", "sinks") if has[f]]
+        has = {f.value: caps.supports(f) for f in Feature} | {
+            "deterministic_mode": caps.deterministic_mode,
+            "returns_lse": caps.returns_lse,
+        }
+        feats = [
+            f
+            for f in (
+                "window",
+                "softcap",
+                "alibi",
+                "dropout",
+                "varlen",
+                "gqa",
+                "deterministic_mode",
+                "returns_lse",
+                "kvcache",
+                "paged",
+                "sinks",
+            )
+            if has[f]
+        ]
         state = "available" if why is None else f"unavailable: {why}"
         print(f"{name:15} {state}\n{'':15} {adapter.description}; {'/'.join(caps.dtypes)}; {', '.join(feats)}")
         print(f"{'':15} envelope: {_envelope_line(caps)}")
@@ -76,13 +97,14 @@ def _envelope_line(caps) -> str:
 def suites(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     if args.cases:
-
         print(CASE_ID_LEGEND + "\n")
     for name in suite_names(config.suites):
         suite = load_suite(name, config.suites, config.source)
         only = len(suite.cases) - len(suite.swept_cases)
-        print(f"{name:10} {len(suite.cases):4} cases ({len(suite.perf_cases)} timing{f', {only} of them timing only' if only else ''}) "
-              f"from {suite.source}")
+        print(
+            f"{name:10} {len(suite.cases):4} cases ({len(suite.perf_cases)} timing{f', {only} of them timing only' if only else ''}) "
+            f"from {suite.source}"
+        )
         if args.cases:
             for c in suite.cases:
                 print(f"    {c.id}{'  [perf only]' if not c.swept else '  [perf]' if c.perf else ''}")

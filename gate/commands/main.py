@@ -11,16 +11,30 @@ import difflib
 import importlib
 import os
 import re
+import shlex
 import signal
 import sys
 import threading
 
-from gate.core.errors import EXIT_FAIL, EXIT_USAGE, UserError
 import gate
-import shlex
+from gate.core.errors import EXIT_FAIL, EXIT_USAGE, UserError
 
 # Each module in gate/commands registers its own subcommands.
-COMMANDS = ("sweep", "listing", "check", "baseline", "perf", "bench", "drift", "selftest", "merge", "init", "docs", "probe", "bisect")
+COMMANDS = (
+    "sweep",
+    "listing",
+    "check",
+    "baseline",
+    "perf",
+    "bench",
+    "drift",
+    "selftest",
+    "merge",
+    "init",
+    "docs",
+    "probe",
+    "bisect",
+)
 # Set by a run that supervises this process (`sweep --workers 0`, gate/commands/sweep.py): the file
 # this process writes its exit code to when it returns; a kernel that ends the process skips it.
 DONE_FILE_ENV = "ATTN_GATE_DONE_FILE"
@@ -93,8 +107,10 @@ def nearest_name_hint(parser: argparse.ArgumentParser, message: str, argv: list[
     if unknown:
         words, command = _command_path(parser, list(argv))
         # the flags of the command typed (and the top-level ones before it), not of every command
-        flags = sorted({o for a in command._actions for o in a.option_strings if o.startswith("--")} |
-                       ({o for a in parser._actions for o in a.option_strings if o.startswith("--")} if words else set()))
+        flags = sorted(
+            {o for a in command._actions for o in a.option_strings if o.startswith("--")}
+            | ({o for a in parser._actions for o in a.option_strings if o.startswith("--")} if words else set())
+        )
         owners = _flag_owners(parser)
         hints = []
         for word in unknown.group(1).split():
@@ -105,7 +121,9 @@ def nearest_name_hint(parser: argparse.ArgumentParser, message: str, argv: list[
             if close:
                 hints.append(f"{word}: did you mean {' or '.join(close)}?")
             elif flag in owners and words:
-                hints.append(f"`attn-gate {' '.join(words)}` has no {flag} (a flag of {', '.join(sorted(set(owners[flag])))})")
+                hints.append(
+                    f"`attn-gate {' '.join(words)}` has no {flag} (a flag of {', '.join(sorted(set(owners[flag])))})"
+                )
             elif flag in owners:  # `attn-gate --kernel x check`: a command's flag before the command
                 hints.append(f"{flag} goes after the command (a flag of {', '.join(sorted(set(owners[flag])))})")
         return ("; " + "; ".join(hints)) if hints else ""
@@ -114,20 +132,20 @@ def nearest_name_hint(parser: argparse.ArgumentParser, message: str, argv: list[
 
 def build_parser() -> argparse.ArgumentParser:
     parser = HintingParser(
-        prog="attn-gate", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="attn-gate",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Regression gate for attention kernels: correctness against a float64 reference and speed against "
-                    "an anchor, compared with committed baselines.",
+        "an anchor, compared with committed baselines.",
         epilog="start here:\n  attn-gate kernels && attn-gate suites\n  attn-gate check --device cpu\n\n"
-               "exit codes (every command):\n  0  pass\n  1  fail (a tolerance violation, a regression, an "
-               "inconclusive measurement)\n  2  usage or environment error; the one-line message names the fix\n\n"
-               "`attn-gate COMMAND --help` shows each command's examples.")
+        "exit codes (every command):\n  0  pass\n  1  fail (a tolerance violation, a regression, an "
+        "inconclusive measurement)\n  2  usage or environment error; the one-line message names the fix\n\n"
+        "`attn-gate COMMAND --help` shows each command's examples.",
+    )
     parser.add_argument("--version", action="version", version=f"attn-gate {gate.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=HintingParser)
     for name in COMMANDS:
         importlib.import_module(f"gate.commands.{name}").register(sub)
     return parser
-
-
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,8 +199,11 @@ def _main(argv: list[str]) -> int:
         print(f"attn-gate: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except SystemExit as exc:  # a kernel or plugin called sys.exit(): never let it pass as exit 0
-        print(f"attn-gate: error: the run was cut short by SystemExit({exc.code!r}) (a kernel or plugin called "
-              f"sys.exit); no verdict, failing closed", file=sys.stderr)
+        print(
+            f"attn-gate: error: the run was cut short by SystemExit({exc.code!r}) (a kernel or plugin called "
+            f"sys.exit); no verdict, failing closed",
+            file=sys.stderr,
+        )
         return EXIT_FAIL
     except KeyboardInterrupt:
         print("attn-gate: interrupted" + resume_hint(args), file=sys.stderr)

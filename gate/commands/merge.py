@@ -4,23 +4,28 @@ cases pass, 1 some fail, 2 the shards do not fit together: the message says whic
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from gate.commands.common import add_config
-import os
 from gate.core.config import load_config
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
 from gate.core.files import FolderLock, refuse_inside_baselines, require_writable
-from gate.workflow.merge import merge_shards
 from gate.report.sweep_report import write_sweep_outputs
+from gate.workflow.merge import merge_shards
 
 
 def register(sub) -> None:
     p = sub.add_parser("merge", help="join the shards of a sweep (sweep --shard K/N) into one sweep JSON")
     p.add_argument("folders", nargs="+", type=Path, metavar="DIR", help="each shard's --out folder")
     add_config(p)
-    p.add_argument("--out", type=Path, required=True, metavar="DIR",
-                   help="folder for the merged sweep-<kernel>-<suite>.json (judge it with `attn-gate check --results`)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="folder for the merged sweep-<kernel>-<suite>.json (judge it with `attn-gate check --results`)",
+    )
     p.set_defaults(main=main)
 
 
@@ -36,6 +41,8 @@ def main(args: argparse.Namespace) -> int:
         try:
             paths = write_sweep_outputs(merged, args.out)
         except OSError as exc:
-            raise UserError(f"--out {args.out}: cannot write there ({exc.strerror or exc}); pass a writable folder") from None
+            raise UserError(
+                f"--out {args.out}: cannot write there ({exc.strerror or exc}); pass a writable folder"
+            ) from None
     print(f"merged {len(args.folders)} shards, {len(merged.cases)} cases: wrote {paths['json']} and {paths['note']}")
     return EXIT_PASS if merged.passed else EXIT_FAIL

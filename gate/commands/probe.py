@@ -16,13 +16,23 @@ from gate.workflow.validate import check_device
 
 
 def register(sub) -> None:
-    p = sub.add_parser("probe", help="find what a kernel supports by calling it on tiny inputs; print (--write: "
-                       "save) the declaration", **parser_kwargs("probe"))
-    p.add_argument("kernel", metavar="KERNEL", help="a built-in name, package.module:function, or a kernel family of the config")
+    p = sub.add_parser(
+        "probe",
+        help="find what a kernel supports by calling it on tiny inputs; print (--write: save) the declaration",
+        **parser_kwargs("probe"),
+    )
+    p.add_argument(
+        "kernel", metavar="KERNEL", help="a built-in name, package.module:function, or a kernel family of the config"
+    )
     add_config(p)
     p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when a GPU is visible")
-    p.add_argument("--timeout", type=float, default=60.0, metavar="S",
-                   help="seconds one probe call may take before it counts as a hang (default 60: a JIT kernel compiles)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds one probe call may take before it counts as a hang (default 60: a JIT kernel compiles)",
+    )
     p.add_argument("--write", action="store_true", help="write the declaration into the config file (pyproject.toml)")
     p.add_argument("--quiet", "-q", action="store_true", help="no line per probe call")
     p.set_defaults(main=main)
@@ -36,16 +46,26 @@ def main(args: argparse.Namespace) -> int:
 
     def show(result) -> None:
         if not args.quiet:
-            word = {Outcome.OK: "runs", Outcome.WRONG: "WRONG", Outcome.UNSUPPORTED: "unsupported",
-                    Outcome.REFUSED: "refused"}[result.outcome]
-            print(f"  {word:11} {result.trial.key} {result.trial.case.id}" + (f"  ({result.detail})" if result.detail else ""),
-                  file=sys.stderr, flush=True)
+            word = {
+                Outcome.OK: "runs",
+                Outcome.WRONG: "WRONG",
+                Outcome.UNSUPPORTED: "unsupported",
+                Outcome.REFUSED: "refused",
+            }[result.outcome]
+            print(
+                f"  {word:11} {result.trial.key} {result.trial.case.id}"
+                + (f"  ({result.detail})" if result.detail else ""),
+                file=sys.stderr,
+                flush=True,
+            )
 
     report = probe(args.kernel, config, device, args.timeout, show)
     calls = len(report.results)
     outside = sum(r.outcome == Outcome.UNSUPPORTED for r in report.results)
-    print(f"probed {args.kernel} on {device}: {calls} calls, {outside} unsupported, "
-          f"{sum(r.outcome == Outcome.WRONG for r in report.results)} wrong")
+    print(
+        f"probed {args.kernel} on {device}: {calls} calls, {outside} unsupported, "
+        f"{sum(r.outcome == Outcome.WRONG for r in report.results)} wrong"
+    )
     for finding in report.findings:
         print(f"finding: {finding}")
     print()

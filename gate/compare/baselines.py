@@ -47,11 +47,18 @@ from gate.compare.headroom import is_headroom_regression, is_large_improvement
 from gate.core.cases import case_hash, exact_regex
 from gate.core.config import tolerance_changes
 from gate.core.errors import UserError
+from gate.core.files import safe_name
 from gate.core.jsonio import (
-    bad_field, checked_kernel, checked_name, checked_tolerance, clean_json, measured_float, read_json, write_json_atomic,
+    bad_field,
+    checked_kernel,
+    checked_name,
+    checked_tolerance,
+    clean_json,
+    measured_float,
+    read_json,
+    write_json_atomic,
 )
 from gate.core.results import ALL_TENSORS, GRADIENTS, Status, SweepResult, error_ratio, required_tensors
-from gate.core.files import safe_name
 from gate.speed.entries import checked_baseline_perf
 
 SCHEMA_VERSION = 3
@@ -61,8 +68,24 @@ KIND = "attn-gate baseline"
 ROUNDED_REL_TOL = 2e-3
 
 # What a baseline remembers of the run's environment (gate.core.environment.describe keys).
-FINGERPRINT_KEYS = ("device", "gpu_name", "gpu_class", "compute_capability", "driver", "cuda", "cudnn", "torch", "python",
-                    "kernel", "kernel_version", "attn_gate", "machine", "cpu", "cpu_model", "cpu_capability")
+FINGERPRINT_KEYS = (
+    "device",
+    "gpu_name",
+    "gpu_class",
+    "compute_capability",
+    "driver",
+    "cuda",
+    "cudnn",
+    "torch",
+    "python",
+    "kernel",
+    "kernel_version",
+    "attn_gate",
+    "machine",
+    "cpu",
+    "cpu_model",
+    "cpu_capability",
+)
 
 
 # Environment keys whose change makes ratios less comparable (WARN) or is just worth knowing (INFO).
@@ -70,8 +93,18 @@ FINGERPRINT_KEYS = ("device", "gpu_name", "gpu_class", "compute_capability", "dr
 # cpu_capability: another torch dispatch level (AVX2 vs AVX512) runs other CPU code, which moved
 # a dv ratio 0.246 -> 0.106 on an unchanged kernel. cpu_model is INFO: hosted CI runners change model
 # from run to run; it is shown, and a ratio that moved with it is explained by it (findings.temper).
-DRIFT_KEYS = ("gpu_name", "compute_capability", "driver", "cuda", "cudnn", "torch", "kernel", "kernel_version", "machine",
-              "cpu_capability")
+DRIFT_KEYS = (
+    "gpu_name",
+    "compute_capability",
+    "driver",
+    "cuda",
+    "cudnn",
+    "torch",
+    "kernel",
+    "kernel_version",
+    "machine",
+    "cpu_capability",
+)
 INFO_KEYS = ("attn_gate", "python", "cpu", "cpu_model")
 
 
@@ -96,7 +129,12 @@ class TensorBaseline:
     @classmethod
     def from_dict(cls, d: dict[str, Any], name: str = "?") -> "TensorBaseline":
         # a failing row's error may be inf (results.UNBOUNDED_FIELDS); its status is checked below
-        t = cls(**{k: measured_float(d[k], f"{name}.{k}", math.inf) for k in ("ratio", "max_err", "mean_err", "bound", "pt_err")})
+        t = cls(
+            **{
+                k: measured_float(d[k], f"{name}.{k}", math.inf)
+                for k in ("ratio", "max_err", "mean_err", "bound", "pt_err")
+            }
+        )
         # the stored ratio is never trusted over the numbers it comes from (all rounded to 4 digits)
         if not t.bound > 0:
             raise ValueError(f"{name}.bound = {t.bound!r} must be > 0 (the rounding floor is never 0)")
@@ -118,8 +156,11 @@ class CaseBaseline:
         return self.status is not Status.SKIP
 
     def to_dict(self) -> dict[str, Any]:
-        row = {"status": self.status.value, "reason": self.reason,
-               "tensors": {name: t.to_dict() for name, t in sorted(self.tensors.items())}}
+        row = {
+            "status": self.status.value,
+            "reason": self.reason,
+            "tensors": {name: t.to_dict() for name, t in sorted(self.tensors.items())},
+        }
         if self.case_hash is not None:
             row["case_hash"] = self.case_hash
         return row
@@ -138,16 +179,23 @@ class CaseBaseline:
         unknown = [name for name in tensors if name not in ALL_TENSORS]
         if unknown:
             raise ValueError(f"tensor {unknown[0]!r} is not one of {', '.join(ALL_TENSORS)}")
-        case = cls(status=Status(d["status"]), reason=reason,
-                   tensors={name: TensorBaseline.from_dict(t, name) for name, t in tensors.items()}, case_hash=digest)
+        case = cls(
+            status=Status(d["status"]),
+            reason=reason,
+            tensors={name: TensorBaseline.from_dict(t, name) for name, t in tensors.items()},
+            case_hash=digest,
+        )
         over = [name for name, t in case.tensors.items() if not t.ratio <= 1.0]
         if case.status is Status.PASS and over:
-            raise ValueError(f"status PASS contradicts the row: {', '.join(over)} over the bound "
-                             f"(ratio {max(case.tensors[n].ratio for n in over):.4g})")
+            raise ValueError(
+                f"status PASS contradicts the row: {', '.join(over)} over the bound "
+                f"(ratio {max(case.tensors[n].ratio for n in over):.4g})"
+            )
         if case.status is Status.FAIL and case.tensors and not over and not _names_failed_check(reason):
             # a baseline keeps no checks: a failed one survives only in the reason verdict_row wrote
-            raise ValueError("status FAIL contradicts the row: every tensor is within its bound and its reason "
-                             "names no failed check")
+            raise ValueError(
+                "status FAIL contradicts the row: every tensor is within its bound and its reason names no failed check"
+            )
         if case.status is Status.PASS:
             # a row with no gradient at all is forward-only (decode, or a kernel without backward)
             forward_only = _is_decode_id(case_id) or not any(g in case.tensors for g in GRADIENTS)
@@ -196,16 +244,27 @@ class Baseline:
         env = {k: str(sweep.environment[k]) for k in FINGERPRINT_KEYS if k in sweep.environment}
         cases = {
             c.case_id: CaseBaseline(
-                status=c.status, reason=c.reason,
-                tensors={t.tensor: TensorBaseline(t.ratio, t.max_err, t.mean_err, t.bound, t.pt_err) for t in c.tensors},
+                status=c.status,
+                reason=c.reason,
+                tensors={
+                    t.tensor: TensorBaseline(t.ratio, t.max_err, t.mean_err, t.bound, t.pt_err) for t in c.tensors
+                },
                 case_hash=case_hash(c.case),
             )
             for c in sweep.cases
         }
-        return cls(kernel=sweep.kernel, suite=sweep.suite, suite_hash=sweep.suite_hash,
-                   gpu_class=str(sweep.environment.get("gpu_class", "unknown")), environment=env,
-                   tolerance=dict(sweep.tolerance), measured_at=sweep.started_at, correctness=cases, perf=perf,
-                   commit=str(sweep.environment.get("git_commit", "")))
+        return cls(
+            kernel=sweep.kernel,
+            suite=sweep.suite,
+            suite_hash=sweep.suite_hash,
+            gpu_class=str(sweep.environment.get("gpu_class", "unknown")),
+            environment=env,
+            tolerance=dict(sweep.tolerance),
+            measured_at=sweep.started_at,
+            correctness=cases,
+            perf=perf,
+            commit=str(sweep.environment.get("git_commit", "")),
+        )
 
     @property
     def failing_cases(self) -> list[str]:
@@ -213,10 +272,18 @@ class Baseline:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "schema_version": self.schema_version, "kind": KIND, "kernel": self.kernel, "suite": self.suite,
-            "suite_hash": self.suite_hash, "gpu_class": self.gpu_class, "environment": dict(sorted(self.environment.items())),
-            "tolerance": self.tolerance, "measured_at": self.measured_at, "commit": self.commit,
-            "correctness": {cid: c.to_dict() for cid, c in sorted(self.correctness.items())}, "perf": self.perf,
+            "schema_version": self.schema_version,
+            "kind": KIND,
+            "kernel": self.kernel,
+            "suite": self.suite,
+            "suite_hash": self.suite_hash,
+            "gpu_class": self.gpu_class,
+            "environment": dict(sorted(self.environment.items())),
+            "tolerance": self.tolerance,
+            "measured_at": self.measured_at,
+            "commit": self.commit,
+            "correctness": {cid: c.to_dict() for cid, c in sorted(self.correctness.items())},
+            "perf": self.perf,
         }
 
     @classmethod
@@ -236,10 +303,18 @@ class Baseline:
                 correctness[cid] = CaseBaseline.from_dict(c, str(cid))
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 raise ValueError(f"correctness[{cid!r}]: {bad_field(exc)}") from None
-        return cls(kernel=d["kernel"], suite=d["suite"], suite_hash=d["suite_hash"], gpu_class=d["gpu_class"],
-                   environment={str(k): str(v) for k, v in d["environment"].items()},
-                   tolerance=checked_tolerance(d["tolerance"]), measured_at=d["measured_at"],
-                   correctness=correctness, perf=d.get("perf"), commit=str(d.get("commit", "")))
+        return cls(
+            kernel=d["kernel"],
+            suite=d["suite"],
+            suite_hash=d["suite_hash"],
+            gpu_class=d["gpu_class"],
+            environment={str(k): str(v) for k, v in d["environment"].items()},
+            tolerance=checked_tolerance(d["tolerance"]),
+            measured_at=d["measured_at"],
+            correctness=correctness,
+            perf=d.get("perf"),
+            commit=str(d.get("commit", "")),
+        )
 
     def write(self, path: Path) -> None:
         write_json_atomic(path, self.to_dict())
@@ -272,25 +347,34 @@ def validate_written(baseline: Baseline, path: Path) -> None:
     try:
         parse_baseline(json.loads(json.dumps(clean_json(baseline.to_dict()), allow_nan=False)), path)
     except UserError as exc:
-        raise UserError(f"refusing to write {exc}".replace("restore it from git or regenerate it with", "fix the run behind "
-                        "it (its results file) and rerun")) from None
+        raise UserError(
+            f"refusing to write {exc}".replace(
+                "restore it from git or regenerate it with", "fix the run behind it (its results file) and rerun"
+            )
+        ) from None
 
 
 def parse_baseline(payload: dict[str, Any], path: Path) -> Baseline:
     """The one reader of a baseline's content (a file's, or one about to be written)."""
     payload = migrate_baseline(payload)
     if payload.get("kind") != KIND:
-        raise UserError(f"{path}: this is a {payload.get('kind', 'unknown')!r} file, not an {KIND!r} file; "
-                        f"point to a file under baselines/<gpu-class>/ or create one with `attn-gate baseline update`")
+        raise UserError(
+            f"{path}: this is a {payload.get('kind', 'unknown')!r} file, not an {KIND!r} file; "
+            f"point to a file under baselines/<gpu-class>/ or create one with `attn-gate baseline update`"
+        )
     try:
         baseline = Baseline.from_dict(payload)
     except Exception as exc:  # noqa: BLE001 - whatever a hand-edited file makes the parser raise, never a traceback
-        raise UserError(f"{path}: baseline is missing or has a bad field ({bad_field(exc)}); "
-                        f"restore it from git or regenerate it with `attn-gate baseline update`") from None
+        raise UserError(
+            f"{path}: baseline is missing or has a bad field ({bad_field(exc)}); "
+            f"restore it from git or regenerate it with `attn-gate baseline update`"
+        ) from None
     if baseline.environment.get("gpu_class", baseline.gpu_class) != baseline.gpu_class:
-        raise UserError(f"{path}: gpu_class {baseline.gpu_class!r} disagrees with its environment's "
-                        f"{baseline.environment['gpu_class']!r} (hand-edited?); restore it from git or regenerate it "
-                        f"with `attn-gate baseline update`")
+        raise UserError(
+            f"{path}: gpu_class {baseline.gpu_class!r} disagrees with its environment's "
+            f"{baseline.environment['gpu_class']!r} (hand-edited?); restore it from git or regenerate it "
+            f"with `attn-gate baseline update`"
+        )
     return baseline
 
 
@@ -324,17 +408,24 @@ class BaselineDiff:
         for key, old, new in self.env_changes:
             lines.append(f"- environment `{key}`: {old} -> {new}")
         if not self.created:
-            lines.append(f"- {len(self.moved)} tensor ratios moved beyond noise, {len(self.status_changes)} statuses changed, "
-                         f"{len(self.added)} cases added, {len(self.removed)} removed, {self.unchanged} cases unchanged")
+            lines.append(
+                f"- {len(self.moved)} tensor ratios moved beyond noise, {len(self.status_changes)} statuses changed, "
+                f"{len(self.added)} cases added, {len(self.removed)} removed, {self.unchanged} cases unchanged"
+            )
         if self.dropped:
             shown = ", ".join(f"`{c}` {t}" for c, t in self.dropped[:10])
-            lines.append(f"- **{len(self.dropped)} tensors dropped** (in the old baseline, not measured any more, so "
-                         f"no longer gated): {shown}{' ...' if len(self.dropped) > 10 else ''}")
+            lines.append(
+                f"- **{len(self.dropped)} tensors dropped** (in the old baseline, not measured any more, so "
+                f"no longer gated): {shown}{' ...' if len(self.dropped) > 10 else ''}"
+            )
         if self.kept_out_of_scope:
             lines.append(f"- {self.kept_out_of_scope} cases outside the filtered run kept as they were")
         if self.failing:
-            lines.append(f"- **{len(self.failing)} cases fail their bounds in this baseline** (each covered by a known_failures "
-                         f"declaration, which `attn-gate check` reports as KNOWN): " + ", ".join(f"`{c}`" for c in self.failing[:10]))
+            lines.append(
+                f"- **{len(self.failing)} cases fail their bounds in this baseline** (each covered by a known_failures "
+                f"declaration, which `attn-gate check` reports as KNOWN): "
+                + ", ".join(f"`{c}`" for c in self.failing[:10])
+            )
         if self.moved:
             lines += ["", "| case | tensor | old ratio | new ratio |", "|---|---|---|---|"]
             lines += [f"| `{c}` | {t} | {o:.3f} | {n:.3f} |" for c, t, o, n in self.moved]
@@ -364,8 +455,11 @@ def forged_case_hashes(baseline: Baseline, suite_cases: dict[str, str]) -> list[
     """The rows whose case_hash names another case than the suite's case of that id, in a
     baseline of the suite as defined now (same suite_hash): edited by hand, so refused. Rows
     without a case_hash (written before it existed) cannot be checked and are not refused."""
-    return sorted(cid for cid, row in baseline.correctness.items()
-                  if row.case_hash is not None and not same_case(row, suite_cases.get(cid)))
+    return sorted(
+        cid
+        for cid, row in baseline.correctness.items()
+        if row.case_hash is not None and not same_case(row, suite_cases.get(cid))
+    )
 
 
 # Past this many cases to measure, the way out named is a whole run, not an --only of their ids.
@@ -403,10 +497,12 @@ def refuse_lacking_cases(old: Baseline, suite_cases: dict[str, str], covered, wh
     if lacking:
         pattern = rerun_pattern(old, rerun)
         unhashed = any(c.case_hash is None for c in old.correctness.values())
-        raise UserError(f"the suite changed since the baseline was made: {len(lacking)} of its cases are new or "
-                        f"changed{' (or the baseline predates case hashes)' if unhashed else ''} and not in {what} "
-                        f"({', '.join(lacking[:3])}{' ...' if len(lacking) > 3 else ''}); measure them too: "
-                        + ("drop --only (a whole run)" if pattern is None else f"--only '{pattern}'"))
+        raise UserError(
+            f"the suite changed since the baseline was made: {len(lacking)} of its cases are new or "
+            f"changed{' (or the baseline predates case hashes)' if unhashed else ''} and not in {what} "
+            f"({', '.join(lacking[:3])}{' ...' if len(lacking) > 3 else ''}); measure them too: "
+            + ("drop --only (a whole run)" if pattern is None else f"--only '{pattern}'")
+        )
 
 
 def timed_perf(perf: dict[str, Any] | None, timed: set[str]) -> dict[str, Any] | None:
@@ -414,8 +510,9 @@ def timed_perf(perf: dict[str, Any] | None, timed: set[str]) -> dict[str, Any] |
     return None if perf is None else {cid: entry for cid, entry in perf.items() if cid in timed}
 
 
-def merge_baseline(new: Baseline, old: Baseline | None, scope: str | None,
-                   suite_cases: dict[str, str] | None = None) -> tuple[Baseline, int]:
+def merge_baseline(
+    new: Baseline, old: Baseline | None, scope: str | None, suite_cases: dict[str, str] | None = None
+) -> tuple[Baseline, int]:
     """The baseline to write. A run filtered with --only replaces only the cases in its scope;
     the old baseline's other cases are kept (and counted). The perf section is always kept.
     When the suite changed since the old baseline (`suite_cases`: id -> case_hash of the suite
@@ -427,21 +524,33 @@ def merge_baseline(new: Baseline, old: Baseline | None, scope: str | None,
     kept = {}
     if scope is not None:
         if tolerance_changes(old.tolerance, new.tolerance):
-            raise UserError(f"the tolerance changed since the baseline was made, so a run filtered with --only {scope!r} "
-                            f"cannot update it piecemeal; update it from a run of the whole suite (drop --only)")
+            raise UserError(
+                f"the tolerance changed since the baseline was made, so a run filtered with --only {scope!r} "
+                f"cannot update it piecemeal; update it from a run of the whole suite (drop --only)"
+            )
         if old.suite_hash != new.suite_hash:
             if suite_cases is None:
-                raise UserError(f"the suite changed since the baseline was made, so a run filtered with --only {scope!r} "
-                                f"cannot update it piecemeal; update it from a run of the whole suite (drop --only)")
+                raise UserError(
+                    f"the suite changed since the baseline was made, so a run filtered with --only {scope!r} "
+                    f"cannot update it piecemeal; update it from a run of the whole suite (drop --only)"
+                )
             refuse_lacking_cases(old, suite_cases, lambda cid: cid in new.correctness, "this run")
             old_rows = {cid: c for cid, c in old.correctness.items() if cid in suite_cases}
         else:
             old_rows = old.correctness
         kept = {cid: c for cid, c in old_rows.items() if not re.search(scope, cid) and cid not in new.correctness}
-    merged = Baseline(kernel=new.kernel, suite=new.suite, suite_hash=new.suite_hash, gpu_class=new.gpu_class,
-                      environment=new.environment, tolerance=new.tolerance, measured_at=new.measured_at,
-                      correctness={**kept, **new.correctness}, perf=new.perf if new.perf is not None else old.perf,
-                      commit=new.commit)
+    merged = Baseline(
+        kernel=new.kernel,
+        suite=new.suite,
+        suite_hash=new.suite_hash,
+        gpu_class=new.gpu_class,
+        environment=new.environment,
+        tolerance=new.tolerance,
+        measured_at=new.measured_at,
+        correctness={**kept, **new.correctness},
+        perf=new.perf if new.perf is not None else old.perf,
+        commit=new.commit,
+    )
     return merged, len(kept)
 
 
@@ -458,23 +567,33 @@ def spans_machines(baseline: Baseline) -> bool:
     return any(len(env_values(baseline.environment.get(key, ""))) > 1 for key in WIDEN_KEYS)
 
 
-def refuse_widen(old: Baseline | None, suite_hash: str, tolerance: dict[str, Any], environment: dict[str, Any] | None,
-                 path: Any) -> None:
+def refuse_widen(
+    old: Baseline | None, suite_hash: str, tolerance: dict[str, Any], environment: dict[str, Any] | None, path: Any
+) -> None:
     """What --widen needs, checked before a sweep where it can be: a committed baseline of the same
     suite and tolerance, measured with the same software (`environment`: the run's, once known);
     only the machine (WIDEN_KEYS) may differ."""
     if old is None:
-        raise UserError(f"--widen merges this run into the committed baseline, and there is none at {path}: "
-                        f"record it first without --widen")
+        raise UserError(
+            f"--widen merges this run into the committed baseline, and there is none at {path}: "
+            f"record it first without --widen"
+        )
     if old.suite_hash != suite_hash or tolerance_changes(old.tolerance, tolerance):
-        raise UserError(f"--widen: {path} was made for another suite or tolerance than this run; a widened baseline "
-                        f"must hold like with like: update it without --widen first")
+        raise UserError(
+            f"--widen: {path} was made for another suite or tolerance than this run; a widened baseline "
+            f"must hold like with like: update it without --widen first"
+        )
     if environment is not None:
-        differ = [f"{key} {old.environment.get(key)!r} -> {environment.get(key)!r}" for key in DRIFT_KEYS
-                  if str(old.environment.get(key)) != str(environment.get(key))]
+        differ = [
+            f"{key} {old.environment.get(key)!r} -> {environment.get(key)!r}"
+            for key in DRIFT_KEYS
+            if str(old.environment.get(key)) != str(environment.get(key))
+        ]
         if differ:
-            raise UserError(f"--widen: this run's {', '.join(differ)} differs from {path}; only the machine "
-                            f"({', '.join(WIDEN_KEYS)}) may: update it without --widen after such a change")
+            raise UserError(
+                f"--widen: this run's {', '.join(differ)} differs from {path}; only the machine "
+                f"({', '.join(WIDEN_KEYS)}) may: update it without --widen after such a change"
+            )
 
 
 def widen_baseline(new: Baseline, old: Baseline | None, path: Any) -> Baseline:
@@ -487,29 +606,47 @@ def widen_baseline(new: Baseline, old: Baseline | None, path: Any) -> Baseline:
     for key in WIDEN_KEYS:  # a span that records no machine would widen the ratios and say nothing of why
         for who, env in (("this run", new.environment), (str(path), old.environment)):
             if not str(env.get(key, "")).strip() or str(env.get(key)) == "unknown":
-                raise UserError(f"--widen: {who} records no {key}, so the machines a widened baseline spans could not "
-                                f"be named; widen only with runs that record their {key} (run them with this attn-gate)")
-    differ = sorted(cid for cid, row in new.correctness.items()
-                    if cid in old.correctness and old.correctness[cid].status is not row.status)
+                raise UserError(
+                    f"--widen: {who} records no {key}, so the machines a widened baseline spans could not "
+                    f"be named; widen only with runs that record their {key} (run them with this attn-gate)"
+                )
+    differ = sorted(
+        cid
+        for cid, row in new.correctness.items()
+        if cid in old.correctness and old.correctness[cid].status is not row.status
+    )
     if differ:
-        raise UserError(f"--widen: {len(differ)} cases differ in status between {path} and this run "
-                        f"({', '.join(differ[:3])}{', ...' if len(differ) > 3 else ''}): a baseline cannot hold both; "
-                        f"find out why before widening")
+        raise UserError(
+            f"--widen: {len(differ)} cases differ in status between {path} and this run "
+            f"({', '.join(differ[:3])}{', ...' if len(differ) > 3 else ''}): a baseline cannot hold both; "
+            f"find out why before widening"
+        )
     rows = {**old.correctness, **new.correctness}
     for cid in set(old.correctness) & set(new.correctness):
         before, now = old.correctness[cid].tensors, new.correctness[cid].tensors
-        tensors = {name: max((t for t in (before.get(name), now.get(name)) if t is not None), key=lambda t: t.ratio)
-                   for name in set(before) | set(now)}
+        tensors = {
+            name: max((t for t in (before.get(name), now.get(name)) if t is not None), key=lambda t: t.ratio)
+            for name in set(before) | set(now)
+        }
         rows[cid] = replace(new.correctness[cid], tensors=tensors)
     env = {**old.environment, **new.environment}
     for key in WIDEN_KEYS:
         if key in old.environment and key in new.environment:
-            env[key] = ENV_ALTERNATIVES.join(sorted(env_values(old.environment[key]) | env_values(new.environment[key])))
+            env[key] = ENV_ALTERNATIVES.join(
+                sorted(env_values(old.environment[key]) | env_values(new.environment[key]))
+            )
     return replace(new, correctness=rows, environment=env)
 
 
-def diff_baselines(old: Baseline | None, new: Baseline, path: Path, headroom_factor: float, headroom_step: float,
-                   improvement_factor: float, kept: int = 0) -> BaselineDiff:
+def diff_baselines(
+    old: Baseline | None,
+    new: Baseline,
+    path: Path,
+    headroom_factor: float,
+    headroom_step: float,
+    improvement_factor: float,
+    kept: int = 0,
+) -> BaselineDiff:
     failing = tuple(new.failing_cases)
     if old is None:
         return BaselineDiff(str(path), True, tuple(sorted(new.correctness)), (), (), (), 0, (), None, 0, failing)
@@ -528,15 +665,32 @@ def diff_baselines(old: Baseline | None, new: Baseline, path: Path, headroom_fac
             changed = True
         for tensor in sorted(set(o.tensors) & set(n.tensors)):
             a, b = o.tensors[tensor].ratio, n.tensors[tensor].ratio
-            if is_headroom_regression(a, b, headroom_factor, headroom_step) or is_large_improvement(a, b, improvement_factor, headroom_step):
+            if is_headroom_regression(a, b, headroom_factor, headroom_step) or is_large_improvement(
+                a, b, improvement_factor, headroom_step
+            ):
                 moved.append((cid, tensor, a, b))
                 changed = True
         unchanged += not changed
-    env_changes = tuple((k, old.environment.get(k, "-"), new.environment.get(k, "-"))
-                        for k in FINGERPRINT_KEYS if old.environment.get(k) != new.environment.get(k))
+    env_changes = tuple(
+        (k, old.environment.get(k, "-"), new.environment.get(k, "-"))
+        for k in FINGERPRINT_KEYS
+        if old.environment.get(k) != new.environment.get(k)
+    )
     hash_change = (old.suite_hash, new.suite_hash) if old.suite_hash != new.suite_hash else None
-    return BaselineDiff(str(path), False, added, removed, tuple(status_changes), tuple(moved), unchanged, env_changes,
-                        hash_change, kept, failing, tuple(dropped))
+    return BaselineDiff(
+        str(path),
+        False,
+        added,
+        removed,
+        tuple(status_changes),
+        tuple(moved),
+        unchanged,
+        env_changes,
+        hash_change,
+        kept,
+        failing,
+        tuple(dropped),
+    )
 
 
 def update_command(kernel: str, suite: str, gpu_class: str) -> str:

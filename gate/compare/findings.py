@@ -84,7 +84,7 @@ class Finding:
         """The message without the leading case id (for tables that show the case in a column)."""
         for prefix in (f"{self.case_id}: ", f"{self.case_id} "):
             if self.case_id and self.message.startswith(prefix):
-                return self.message[len(prefix):]
+                return self.message[len(prefix) :]
         return self.message
 
     def to_dict(self) -> dict[str, Any]:
@@ -94,9 +94,17 @@ class Finding:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Finding":
-        return cls(rule=d["rule"], severity=Severity(d["severity"]), case_id=d["case_id"], metric=d["metric"],
-                   baseline=d["baseline"], current=d["current"], threshold=d["threshold"], message=d["message"],
-                   entry=d.get("entry"))
+        return cls(
+            rule=d["rule"],
+            severity=Severity(d["severity"]),
+            case_id=d["case_id"],
+            metric=d["metric"],
+            baseline=d["baseline"],
+            current=d["current"],
+            threshold=d["threshold"],
+            message=d["message"],
+            entry=d.get("entry"),
+        )
 
 
 @dataclass(frozen=True)
@@ -184,16 +192,25 @@ class Verdict:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "schema_version": SCHEMA_VERSION, "kind": "attn-gate findings", "verdict": "PASS" if self.passed else "FAIL",
-            "exit_code": self.exit_code, "headline": self.headline, "counts": self.counts,
-            "thresholds": self.thresholds, "context": self.context.to_dict(),
+            "schema_version": SCHEMA_VERSION,
+            "kind": "attn-gate findings",
+            "verdict": "PASS" if self.passed else "FAIL",
+            "exit_code": self.exit_code,
+            "headline": self.headline,
+            "counts": self.counts,
+            "thresholds": self.thresholds,
+            "context": self.context.to_dict(),
             "findings": [f.to_dict() for f in self.findings],
         }
 
 
 def worst_first(f: Finding) -> tuple:
     """Severity, then size: the headline names the largest error ratio, not the first id."""
-    size = f.current if isinstance(f.current, float) and f.metric.startswith("ratio:") and not math.isnan(f.current) else 0.0
+    size = (
+        f.current
+        if isinstance(f.current, float) and f.metric.startswith("ratio:") and not math.isnan(f.current)
+        else 0.0
+    )
     return (-f.severity.rank, -size, f.case_id, f.metric)
 
 
@@ -215,15 +232,26 @@ def temper(findings: list[Finding] | tuple[Finding, ...]) -> list[Finding]:
       INFO naming the change, not a WARN to refresh: the kernel may not have changed at all.
     FAIL and INCONCLUSIVE are never softened (fail closed)."""
     failing = any(f.severity.blocks for f in findings)
-    env_changes = [f"{f.metric.split(':', 1)[1]} {fmt(f.baseline)} -> {fmt(f.current)}" for f in findings
-                   if f.metric.startswith("env:") and f.severity in (Severity.WARN, Severity.INFO) and f.baseline is not None]
+    env_changes = [
+        f"{f.metric.split(':', 1)[1]} {fmt(f.baseline)} -> {fmt(f.current)}"
+        for f in findings
+        if f.metric.startswith("env:") and f.severity in (Severity.WARN, Severity.INFO) and f.baseline is not None
+    ]
     out = []
     for f in findings:
         if f.severity is Severity.WARN and f.case_id and f.rule in RATIO_CHANGE_RULES and env_changes:
-            f = replace(f, severity=Severity.INFO, message=_drop_advice(f.message)
-                        + f"; coincides with an environment change ({', '.join(env_changes[:3])}), so it may not be the kernel")
+            f = replace(
+                f,
+                severity=Severity.INFO,
+                message=_drop_advice(f.message)
+                + f"; coincides with an environment change ({', '.join(env_changes[:3])}), so it may not be the kernel",
+            )
         elif f.severity is Severity.WARN and failing and REFRESH in f.message:
-            f = replace(f, severity=Severity.INFO, message=_drop_advice(f.message) + " (the run fails: do not refresh the baseline now)")
+            f = replace(
+                f,
+                severity=Severity.INFO,
+                message=_drop_advice(f.message) + " (the run fails: do not refresh the baseline now)",
+            )
         out.append(f)
     return out
 
@@ -236,14 +264,18 @@ def _drop_advice(message: str) -> str:
     return head.rstrip(" ;,:(").removesuffix("; if it was removed on purpose,").rstrip(" ;,")
 
 
-def decide(findings: list[Finding] | tuple[Finding, ...], thresholds: dict[str, float] | None = None,
-           context: CheckContext | Mapping[str, Any] | None = None) -> Verdict:
+def decide(
+    findings: list[Finding] | tuple[Finding, ...],
+    thresholds: dict[str, float] | None = None,
+    context: CheckContext | Mapping[str, Any] | None = None,
+) -> Verdict:
     """Any findings from any rule family -> the Verdict (worst first, stable order), after `temper`.
     A plain mapping as `context` must use CheckContext's keys (an unknown key is a TypeError)."""
     if not isinstance(context, CheckContext):
         context = CheckContext(**dict(context or {}))
-    return Verdict(findings=tuple(sorted(temper(findings), key=sort_key)), thresholds=dict(thresholds or {}),
-                   context=context)
+    return Verdict(
+        findings=tuple(sorted(temper(findings), key=sort_key)), thresholds=dict(thresholds or {}), context=context
+    )
 
 
 def fmt(value: Value) -> str:
@@ -266,8 +298,9 @@ def rerun_case_ids(payload: Any) -> list[str]:
     findings, each finding's severity and case_id), so a damaged file is refused, never read as
     "nothing failed". A ValueError names the field."""
     if not isinstance(payload, dict) or payload.get("kind") != FINDINGS_KIND:
-        raise ValueError(f"kind = {str(payload.get('kind') if isinstance(payload, dict) else None)[:40]!r} is not "
-                         f"{FINDINGS_KIND!r}")
+        raise ValueError(
+            f"kind = {str(payload.get('kind') if isinstance(payload, dict) else None)[:40]!r} is not {FINDINGS_KIND!r}"
+        )
     findings = payload.get("findings")
     if not isinstance(findings, list):
         raise ValueError("findings must be a list")
@@ -277,11 +310,13 @@ def rerun_case_ids(payload: Any) -> list[str]:
             raise ValueError(f"findings[{i}] must be an object")
         severity, case_id = f.get("severity"), f.get("case_id")
         if not isinstance(severity, str) or severity not in {s.value for s in Severity}:
-            raise ValueError(f"findings[{i}].severity = {str(severity)[:40]!r} is not one of "
-                             f"{', '.join(s.value for s in Severity)}")
+            raise ValueError(
+                f"findings[{i}].severity = {str(severity)[:40]!r} is not one of {', '.join(s.value for s in Severity)}"
+            )
         if not isinstance(case_id, str):
-            raise ValueError(f"findings[{i}].case_id = {str(case_id)[:40]!r} must be a string (\"\" for a run-wide finding)")
+            raise ValueError(
+                f'findings[{i}].case_id = {str(case_id)[:40]!r} must be a string ("" for a run-wide finding)'
+            )
         if case_id and severity in (Severity.FAIL.value, Severity.INCONCLUSIVE.value):
             failed.add(case_id)
     return sorted(failed)
-

@@ -69,7 +69,9 @@ def version_applies(entry: KnownFailure, version: str) -> bool:
         return False
 
 
-def row_failures(status: str, ratios: Mapping[str, float], failed_checks: Iterable[str], reason: str = "") -> frozenset[str]:
+def row_failures(
+    status: str, ratios: Mapping[str, float], failed_checks: Iterable[str], reason: str = ""
+) -> frozenset[str]:
     """What one results row failed on, by name (see the module docstring); empty for PASS and SKIP."""
     if status == "ERROR":
         return frozenset({ERROR_NAME})
@@ -83,8 +85,12 @@ def row_failures(status: str, ratios: Mapping[str, float], failed_checks: Iterab
 
 
 def failures_of(c: "CaseResult") -> frozenset[str]:
-    return row_failures(c.status.value, {t.tensor: t.ratio for t in c.tensors},
-                        [ch.name for ch in c.checks if ch.passed is False], c.reason)
+    return row_failures(
+        c.status.value,
+        {t.tensor: t.ratio for t in c.tensors},
+        [ch.name for ch in c.checks if ch.passed is False],
+        c.reason,
+    )
 
 
 def coverage(failures: Iterable[str], entries: Iterable[KnownFailure]) -> dict[str, KnownFailure]:
@@ -98,8 +104,9 @@ def coverage(failures: Iterable[str], entries: Iterable[KnownFailure]) -> dict[s
     return out
 
 
-def rule_known(f: Finding, failures: frozenset[str], covered: Mapping[str, KnownFailure],
-               unmeasured: bool = False) -> Finding | None:
+def rule_known(
+    f: Finding, failures: frozenset[str], covered: Mapping[str, KnownFailure], unmeasured: bool = False
+) -> Finding | None:
     """A FAIL finding the declarations cover, as KNOWN; None when it stays what it is. `unmeasured`:
     the row's output was refused before any tensor was measured (a NaN, a wrong shape), which the
     message says: what else is wrong with that case is not known while it fails this way."""
@@ -119,8 +126,15 @@ def rule_known(f: Finding, failures: frozenset[str], covered: Mapping[str, Known
     return replace(f, severity=Severity.KNOWN, entry=entry.index, message=f.message + tail)
 
 
-def rule_xpass(entry: KnownFailure, case_id: str, status: str, failures: frozenset[str], measured: Iterable[str],
-               still_failing: int, matched: int) -> Finding | None:
+def rule_xpass(
+    entry: KnownFailure,
+    case_id: str,
+    status: str,
+    failures: frozenset[str],
+    measured: Iterable[str],
+    still_failing: int,
+    matched: int,
+) -> Finding | None:
     """A declared case that passes what its declaration covers. `still_failing` of the `matched` cases
     of this run the entry declares still fail: the advice is to delete the entry when none does."""
     if status == "SKIP" or any(entry.covers(n) for n in failures):
@@ -132,32 +146,60 @@ def rule_xpass(entry: KnownFailure, case_id: str, status: str, failures: frozens
         return None
     what = f" on {', '.join(entry.tensors)}" if entry.tensors else ""
     if still_failing:
-        advice = (f"narrow its cases or tensors ({still_failing} of the {matched} cases it declares in this run still "
-                  f"fail)")
+        advice = (
+            f"narrow its cases or tensors ({still_failing} of the {matched} cases it declares in this run still fail)"
+        )
     else:
-        landed = f"the upstream fix seems to have landed ({entry.link})" if entry.link else "the fix seems to have landed"
+        landed = (
+            f"the upstream fix seems to have landed ({entry.link})" if entry.link else "the fix seems to have landed"
+        )
         advice = f"{landed}: delete the entry from {entry.source}"
     severity = Severity.FAIL if entry.strict else Severity.WARN
     strict = " (strict = true: a failure)" if entry.strict else ""
-    return Finding("xpass", severity, case_id, "status", "KNOWN", status, None,
-                   f"{case_id}: XPASS: passes{what} now but is declared by {entry.name}{strict}; {advice}",
-                   entry=entry.index)
+    return Finding(
+        "xpass",
+        severity,
+        case_id,
+        "status",
+        "KNOWN",
+        status,
+        None,
+        f"{case_id}: XPASS: passes{what} now but is declared by {entry.name}{strict}; {advice}",
+        entry=entry.index,
+    )
 
 
 def rule_version(entry: KnownFailure, version: str) -> Finding | None:
     if version_applies(entry, version):
         return None
-    return Finding("known_version", Severity.INFO, "", "env:kernel_version", entry.versions, version or None, None,
-                   f"{entry.name} is declared for versions {entry.versions!r}; the kernel is {version or 'of unknown version'}"
-                   f", so it is not applied (those cases are judged as any other)", entry=entry.index)
+    return Finding(
+        "known_version",
+        Severity.INFO,
+        "",
+        "env:kernel_version",
+        entry.versions,
+        version or None,
+        None,
+        f"{entry.name} is declared for versions {entry.versions!r}; the kernel is {version or 'of unknown version'}"
+        f", so it is not applied (those cases are judged as any other)",
+        entry=entry.index,
+    )
 
 
 def rule_unused(entry: KnownFailure, matched: int) -> Finding | None:
     if matched:
         return None
-    return Finding("known_unused", Severity.INFO, "", "status", None, None, None,
-                   f"{entry.name}: cases = {entry.cases!r} matches no case of this run (another suite's, or filtered out)",
-                   entry=entry.index)
+    return Finding(
+        "known_unused",
+        Severity.INFO,
+        "",
+        "status",
+        None,
+        None,
+        None,
+        f"{entry.name}: cases = {entry.cases!r} matches no case of this run (another suite's, or filtered out)",
+        entry=entry.index,
+    )
 
 
 def for_kernel(entries: Iterable[KnownFailure], kernel: str, version: str | None = None) -> list[KnownFailure]:
@@ -172,13 +214,16 @@ def refuse_unmatched(entries: Iterable[KnownFailure], kernel: str, suites: Mappi
     ids = {name: list(cids) for name, cids in suites.items()}
     for entry in for_kernel(entries, kernel):
         if not any(entry.pattern.search(cid) for cids in ids.values() for cid in cids):
-            raise UserError(f"{entry.source} {TABLE} #{entry.index}: cases = {entry.cases!r} matches no case of "
-                            f"suite {' or '.join(sorted(ids))} for kernel {kernel!r} (reason: {entry.reason}); fix the "
-                            f"pattern (`attn-gate suites --cases` prints every case id) or delete the entry")
+            raise UserError(
+                f"{entry.source} {TABLE} #{entry.index}: cases = {entry.cases!r} matches no case of "
+                f"suite {' or '.join(sorted(ids))} for kernel {kernel!r} (reason: {entry.reason}); fix the "
+                f"pattern (`attn-gate suites --cases` prints every case id) or delete the entry"
+            )
 
 
-def apply_known(findings: Iterable[Finding], sweep: "SweepResult", entries: Iterable[KnownFailure]
-                ) -> tuple[list[Finding], list[dict[str, Any]]]:
+def apply_known(
+    findings: Iterable[Finding], sweep: "SweepResult", entries: Iterable[KnownFailure]
+) -> tuple[list[Finding], list[dict[str, Any]]]:
     """The run's correctness findings with covered FAILs turned KNOWN, plus XPASS and INFO findings;
     and the declarations that applied (for the reports: index, reason, link ...)."""
     findings = list(findings)
@@ -193,17 +238,44 @@ def apply_known(findings: Iterable[Finding], sweep: "SweepResult", entries: Iter
     matched = {e.index: [cid for cid in rows if e.pattern.search(cid)] for e in applied}
     covered = {cid: coverage(failures[cid], [e for e in applied if cid in matched[e.index]]) for cid in rows}
     unmeasured = {cid for cid, c in rows.items() if c.status.value == "FAIL" and not c.tensors}
-    out = [rule_known(f, failures.get(f.case_id, frozenset()), covered.get(f.case_id, {}), f.case_id in unmeasured) or f
-           for f in findings]
+    out = [
+        rule_known(f, failures.get(f.case_id, frozenset()), covered.get(f.case_id, {}), f.case_id in unmeasured) or f
+        for f in findings
+    ]
     for e in applied:
         cids = matched[e.index]
         failing = sum(1 for cid in cids if any(e.covers(n) for n in failures[cid]))
         extra += [f for f in (rule_unused(e, len(cids)),) if f]
-        extra += [f for f in (rule_xpass(e, cid, rows[cid].status.value, failures[cid], [t.tensor for t in rows[cid].tensors],
-                                         failing, len(cids)) for cid in cids) if f]
-    context = [{"index": e.index, "kernel": e.kernel, "cases": e.cases, "tensors": list(e.tensors) if e.tensors else None,
-                "versions": e.versions, "strict": e.strict, "reason": e.reason, "link": e.link, "source": e.source}
-               for e in applied]
+        extra += [
+            f
+            for f in (
+                rule_xpass(
+                    e,
+                    cid,
+                    rows[cid].status.value,
+                    failures[cid],
+                    [t.tensor for t in rows[cid].tensors],
+                    failing,
+                    len(cids),
+                )
+                for cid in cids
+            )
+            if f
+        ]
+    context = [
+        {
+            "index": e.index,
+            "kernel": e.kernel,
+            "cases": e.cases,
+            "tensors": list(e.tensors) if e.tensors else None,
+            "versions": e.versions,
+            "strict": e.strict,
+            "reason": e.reason,
+            "link": e.link,
+            "source": e.source,
+        }
+        for e in applied
+    ]
     return out + extra, context
 
 
@@ -230,8 +302,9 @@ def _toml_basic(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def declaration_blocks(kernel: str, failing: Mapping[str, Iterable[str]], reasons: Mapping[tuple[str, ...], str],
-                       link: str = "") -> str:
+def declaration_blocks(
+    kernel: str, failing: Mapping[str, Iterable[str]], reasons: Mapping[tuple[str, ...], str], link: str = ""
+) -> str:
     """[[tool.attn-gate.known_failures]] blocks that declare exactly `failing` (case id -> the
     names it fails on), one block per set of names: `cases` the exact ids (a new failure elsewhere
     still fails), `tensors` the names (a new failure of another tensor in those cases still fails).

@@ -162,14 +162,20 @@ class SelftestReport:
             for p in s.passes():
                 alarms, n = s.false_alarms(p)
                 if alarms:
-                    out.append(f"slowdown A/A control: {alarms}/{n} false alarms on {p} (the unchanged kernel failed the speed rule)")
+                    out.append(
+                        f"slowdown A/A control: {alarms}/{n} false alarms on {p} (the unchanged kernel failed the speed rule)"
+                    )
                 if s.aa_inconclusive(p):
-                    out.append(f"slowdown A/A control: {s.aa_inconclusive(p)}/{n} INCONCLUSIVE on {p} (too noisy to judge: "
-                               f"the gate would block an unchanged kernel)")
+                    out.append(
+                        f"slowdown A/A control: {s.aa_inconclusive(p)}/{n} INCONCLUSIVE on {p} (too noisy to judge: "
+                        f"the gate would block an unchanged kernel)"
+                    )
                 top = max(s.levels_pct) if s.levels_pct else None
                 if top is not None and s.caught_every_rep(p, top) is False:
-                    out.append(f"planted {p} slowdown of {top:g}% not caught in every repetition (measured shift "
-                               f"{s.median_shift(p, top):+.2f}%): lower [tool.attn-gate.perf] regression_pct or add rounds")
+                    out.append(
+                        f"planted {p} slowdown of {top:g}% not caught in every repetition (measured shift "
+                        f"{s.median_shift(p, top):+.2f}%): lower [tool.attn-gate.perf] regression_pct or add rounds"
+                    )
         if not self.complete:
             out.append("the selftest did not finish")
         return out
@@ -187,10 +193,14 @@ class SelftestReport:
             b["status"] = b["status"].value if isinstance(b["status"], BugStatus) else b["status"]
         s = self.slowdowns
         d["slowdowns"]["summary"] = {
-            p: {"smallest_caught_every_rep_pct": s.smallest_caught(p), "false_alarms": list(s.false_alarms(p)),
+            p: {
+                "smallest_caught_every_rep_pct": s.smallest_caught(p),
+                "false_alarms": list(s.false_alarms(p)),
                 "aa_inconclusive": s.aa_inconclusive(p),
-                "measured_shift_median_pct": {f"{lv:g}": s.median_shift(p, lv) for lv in s.levels_pct}}
-            for p in s.passes()}
+                "measured_shift_median_pct": {f"{lv:g}": s.median_shift(p, lv) for lv in s.levels_pct},
+            }
+            for p in s.passes()
+        }
         return _finite(d)
 
 

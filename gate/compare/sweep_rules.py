@@ -50,11 +50,11 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from gate.compare.baselines import DRIFT_KEYS, INFO_KEYS, Baseline, env_values, remeasure_hint, update_command  # noqa: F401 - re-exported
+from gate.compare.findings import Finding, Severity, Value, fmt
+from gate.compare.headroom import is_headroom_regression, is_large_improvement
 from gate.core.config import tolerance_changes
 from gate.core.errors import UserError
 from gate.core.results import REQUIRED_TENSORS, required_tensors  # noqa: F401 - re-exported
-from gate.compare.headroom import is_headroom_regression, is_large_improvement
-from gate.compare.findings import Finding, Severity, Value, fmt
 
 if TYPE_CHECKING:
     from gate.core.config import VerdictConfig
@@ -65,8 +65,12 @@ FAILED = ("FAIL", "ERROR")
 
 
 def correctness_thresholds(cfg: "VerdictConfig") -> dict[str, float]:
-    return {"tolerance_ratio": 1.0, "headroom_factor": cfg.headroom_factor, "headroom_step": cfg.headroom_step,
-            "improvement_factor": cfg.improvement_factor}
+    return {
+        "tolerance_ratio": 1.0,
+        "headroom_factor": cfg.headroom_factor,
+        "headroom_step": cfg.headroom_step,
+        "improvement_factor": cfg.improvement_factor,
+    }
 
 
 # ---------------------------------------------------------------- rules: one decision each
@@ -76,8 +80,16 @@ def rule_tolerance(case_id: str, tensor: str, ratio: float, base: float | None =
     """`base` (the baseline's ratio, when there is one) is only reported, never needed to fail."""
     if ratio <= 1.0:  # NaN compares False: fails closed
         return None
-    return Finding("tolerance", Severity.FAIL, case_id, f"ratio:{tensor}", base, ratio, 1.0,
-                   f"{case_id}: {tensor} error is {fmt(ratio)} x its bound (must be <= 1)")
+    return Finding(
+        "tolerance",
+        Severity.FAIL,
+        case_id,
+        f"ratio:{tensor}",
+        base,
+        ratio,
+        1.0,
+        f"{case_id}: {tensor} error is {fmt(ratio)} x its bound (must be <= 1)",
+    )
 
 
 def rule_status(case_id: str, base_status: str | None, cur_status: str, reason: str) -> Finding | None:
@@ -89,8 +101,16 @@ def rule_status(case_id: str, base_status: str | None, cur_status: str, reason: 
         how = f"{cur_status.lower()}s (baseline: {base_status})"
     else:
         how = f"newly {'fails' if cur_status == 'FAIL' else 'errors'}"
-    return Finding("status", Severity.FAIL, case_id, "status", base_status, cur_status, None,
-                   f"{case_id} {how}: {reason or 'no reason given'}")
+    return Finding(
+        "status",
+        Severity.FAIL,
+        case_id,
+        "status",
+        base_status,
+        cur_status,
+        None,
+        f"{case_id} {how}: {reason or 'no reason given'}",
+    )
 
 
 def rule_headroom(case_id: str, tensor: str, base: float, cur: float, factor: float, step: float) -> Finding | None:
@@ -98,64 +118,159 @@ def rule_headroom(case_id: str, tensor: str, base: float, cur: float, factor: fl
     if not math.isfinite(base) or not cur <= 1.0 or not is_headroom_regression(base, cur, factor, step):
         return None
     limit = max(base * factor, base + step)
-    return Finding("headroom", Severity.FAIL, case_id, f"ratio:{tensor}", base, cur, limit,
-                   f"{case_id}: {tensor} ratio grew {fmt(base)} -> {fmt(cur)} (limit {fmt(limit)}: "
-                   f"x{factor:g} and +{step:g}); headroom regression")
+    return Finding(
+        "headroom",
+        Severity.FAIL,
+        case_id,
+        f"ratio:{tensor}",
+        base,
+        cur,
+        limit,
+        f"{case_id}: {tensor} ratio grew {fmt(base)} -> {fmt(cur)} (limit {fmt(limit)}: "
+        f"x{factor:g} and +{step:g}); headroom regression",
+    )
 
 
 def rule_improvement(case_id: str, tensor: str, base: float, cur: float, factor: float, step: float) -> Finding | None:
     if not math.isfinite(base) or not is_large_improvement(base, cur, factor, step):
         return None
-    return Finding("improvement", Severity.WARN, case_id, f"ratio:{tensor}", base, cur, base / factor,
-                   f"{case_id}: {tensor} ratio improved {fmt(base)} -> {fmt(cur)} (/{factor:g} or better); "
-                   f"refresh the baseline so the gate keeps its teeth")
+    return Finding(
+        "improvement",
+        Severity.WARN,
+        case_id,
+        f"ratio:{tensor}",
+        base,
+        cur,
+        base / factor,
+        f"{case_id}: {tensor} ratio improved {fmt(base)} -> {fmt(cur)} (/{factor:g} or better); "
+        f"refresh the baseline so the gate keeps its teeth",
+    )
 
 
-def rule_case_presence(case_id: str, base_status: str | None, cur_status: str | None, reason: str,
-                       same_suite: bool = True, accept: str = "attn-gate baseline update") -> Finding | None:
+def rule_case_presence(
+    case_id: str,
+    base_status: str | None,
+    cur_status: str | None,
+    reason: str,
+    same_suite: bool = True,
+    accept: str = "attn-gate baseline update",
+) -> Finding | None:
     """A case that appeared, disappeared, stopped or started being measured, or got fixed.
 
     Lost coverage blocks (INCONCLUSIVE): a case measured in the baseline that is SKIPPED now, and,
     when the run is of the same suite (`same_suite`: equal suite hash), a baseline case missing
     from it. `accept` is the command that records the loss on purpose."""
     if base_status is None and cur_status is not None:
-        return Finding("new_case", Severity.WARN, case_id, "status", None, cur_status, None,
-                       f"{case_id}: new case ({cur_status}), not in the baseline; add it with `{accept}`")
+        return Finding(
+            "new_case",
+            Severity.WARN,
+            case_id,
+            "status",
+            None,
+            cur_status,
+            None,
+            f"{case_id}: new case ({cur_status}), not in the baseline; add it with `{accept}`",
+        )
     if cur_status is None and base_status is not None:
         if not same_suite:
-            return Finding("removed_case", Severity.WARN, case_id, "status", base_status, None, None,
-                           f"{case_id}: in the baseline but not run; if it was removed on purpose, refresh the baseline")
-        return Finding("removed_case", Severity.INCONCLUSIVE, case_id, "status", base_status, None, None,
-                       f"{case_id}: in the baseline and in this suite (same suite hash) but missing from the run: "
-                       f"not validated (a truncated or edited results file?); re-run the sweep")
+            return Finding(
+                "removed_case",
+                Severity.WARN,
+                case_id,
+                "status",
+                base_status,
+                None,
+                None,
+                f"{case_id}: in the baseline but not run; if it was removed on purpose, refresh the baseline",
+            )
+        return Finding(
+            "removed_case",
+            Severity.INCONCLUSIVE,
+            case_id,
+            "status",
+            base_status,
+            None,
+            None,
+            f"{case_id}: in the baseline and in this suite (same suite hash) but missing from the run: "
+            f"not validated (a truncated or edited results file?); re-run the sweep",
+        )
     if base_status in MEASURED and cur_status == "SKIP":
-        return Finding("newly_skipped", Severity.INCONCLUSIVE, case_id, "status", base_status, cur_status, None,
-                       f"{case_id}: measured in the baseline ({base_status}), now SKIPPED: {reason or 'no reason given'}; "
-                       f"not validated any more. If that coverage loss is on purpose, accept it with `{accept}` "
-                       f"and review the diff in the PR")
+        return Finding(
+            "newly_skipped",
+            Severity.INCONCLUSIVE,
+            case_id,
+            "status",
+            base_status,
+            cur_status,
+            None,
+            f"{case_id}: measured in the baseline ({base_status}), now SKIPPED: {reason or 'no reason given'}; "
+            f"not validated any more. If that coverage loss is on purpose, accept it with `{accept}` "
+            f"and review the diff in the PR",
+        )
     if base_status == "SKIP" and cur_status in MEASURED:
-        return Finding("newly_measured", Severity.WARN, case_id, "status", base_status, cur_status, None,
-                       f"{case_id}: skipped in the baseline, measured now ({cur_status}); refresh the baseline")
+        return Finding(
+            "newly_measured",
+            Severity.WARN,
+            case_id,
+            "status",
+            base_status,
+            cur_status,
+            None,
+            f"{case_id}: skipped in the baseline, measured now ({cur_status}); refresh the baseline",
+        )
     if base_status in FAILED and cur_status == "PASS":
-        return Finding("fixed", Severity.WARN, case_id, "status", base_status, cur_status, None,
-                       f"{case_id}: {base_status} in the baseline, passes now; refresh the baseline")
+        return Finding(
+            "fixed",
+            Severity.WARN,
+            case_id,
+            "status",
+            base_status,
+            cur_status,
+            None,
+            f"{case_id}: {base_status} in the baseline, passes now; refresh the baseline",
+        )
     if base_status == "SKIP" and cur_status == "SKIP":
-        return Finding("skipped", Severity.INFO, case_id, "status", base_status, cur_status, None,
-                       f"{case_id}: skipped (not validated): {reason or 'no reason given'}")
+        return Finding(
+            "skipped",
+            Severity.INFO,
+            case_id,
+            "status",
+            base_status,
+            cur_status,
+            None,
+            f"{case_id}: skipped (not validated): {reason or 'no reason given'}",
+        )
     return None
 
 
-def rule_tensor_presence(case_id: str, tensor: str, base: float | None, cur: float | None,
-                         accept: str = "attn-gate baseline update") -> Finding | None:
+def rule_tensor_presence(
+    case_id: str, tensor: str, base: float | None, cur: float | None, accept: str = "attn-gate baseline update"
+) -> Finding | None:
     """A tensor the baseline validated that a passing case no longer measures (e.g. the kernel
     stopped returning its LSE) is lost coverage: INCONCLUSIVE, accepted on purpose with `accept`."""
     if base is not None and cur is None:
-        return Finding("tensor_dropped", Severity.INCONCLUSIVE, case_id, f"ratio:{tensor}", base, None, None,
-                       f"{case_id}: {tensor} was measured in the baseline, not any more, so it is not validated; "
-                       f"if that is on purpose, accept it with `{accept}` and review the diff in the PR")
+        return Finding(
+            "tensor_dropped",
+            Severity.INCONCLUSIVE,
+            case_id,
+            f"ratio:{tensor}",
+            base,
+            None,
+            None,
+            f"{case_id}: {tensor} was measured in the baseline, not any more, so it is not validated; "
+            f"if that is on purpose, accept it with `{accept}` and review the diff in the PR",
+        )
     if base is None and cur is not None:
-        return Finding("tensor_added", Severity.INFO, case_id, f"ratio:{tensor}", None, cur, None,
-                       f"{case_id}: {tensor} measured now, not in the baseline")
+        return Finding(
+            "tensor_added",
+            Severity.INFO,
+            case_id,
+            f"ratio:{tensor}",
+            None,
+            cur,
+            None,
+            f"{case_id}: {tensor} measured now, not in the baseline",
+        )
     return None
 
 
@@ -163,12 +278,14 @@ def incomplete_pass(c: "CaseResult") -> Finding | None:
     """rule_incomplete_pass for one results row, with the tensors its case must carry (
     + dbias; a forward-only row needs out only; run_case sets `forward_only` from the case
     and the kernel's declaration)."""
-    return rule_incomplete_pass(c.case_id, c.status.value, {t.tensor for t in c.tensors},
-                                required_tensors(c.case.bias.grad, c.forward_only))
+    return rule_incomplete_pass(
+        c.case_id, c.status.value, {t.tensor for t in c.tensors}, required_tensors(c.case.bias.grad, c.forward_only)
+    )
 
 
-def rule_incomplete_pass(case_id: str, status: str, tensors: set[str] | frozenset[str],
-                         required: tuple[str, ...] = REQUIRED_TENSORS) -> Finding | None:
+def rule_incomplete_pass(
+    case_id: str, status: str, tensors: set[str] | frozenset[str], required: tuple[str, ...] = REQUIRED_TENSORS
+) -> Finding | None:
     """A PASS row must carry the evidence for it: run_case measures out, dq, dk and dv for every
     case it passes, so a PASS without them is a corrupt or edited results file. INCONCLUSIVE, not
     FAIL: nothing says the kernel is wrong, only that nothing shows it is right. A forward-only row
@@ -176,32 +293,72 @@ def rule_incomplete_pass(case_id: str, status: str, tensors: set[str] | frozense
     missing = [t for t in required if t not in tensors]
     if status != "PASS" or not missing:
         return None
-    return Finding("incomplete_pass", Severity.INCONCLUSIVE, case_id, "status", None, status, None,
-                   f"{case_id}: PASS without {', '.join(missing)}: nothing shows it is within its bounds "
-                   f"(edited or truncated results?); re-run the sweep")
+    return Finding(
+        "incomplete_pass",
+        Severity.INCONCLUSIVE,
+        case_id,
+        "status",
+        None,
+        status,
+        None,
+        f"{case_id}: PASS without {', '.join(missing)}: nothing shows it is within its bounds "
+        f"(edited or truncated results?); re-run the sweep",
+    )
 
 
 def rule_env_drift(key: str, base: Value, cur: Value) -> Finding | None:
     if base == cur or (key not in DRIFT_KEYS and key not in INFO_KEYS):
         return None
     if base is None:  # an older baseline did not record it: nothing to compare, worth knowing
-        return Finding("env_info", Severity.INFO, "", f"env:{key}", None, cur, None,
-                       f"environment {key} is {fmt(cur)} now; the baseline did not record it")
+        return Finding(
+            "env_info",
+            Severity.INFO,
+            "",
+            f"env:{key}",
+            None,
+            cur,
+            None,
+            f"environment {key} is {fmt(cur)} now; the baseline did not record it",
+        )
     if str(cur) in env_values(base):  # one of the machines a widened baseline spans: ratios differ between them
-        return Finding("env_info", Severity.INFO, "", f"env:{key}", base, cur, None,
-                       f"environment {key} is {fmt(cur)}, one of those the baseline spans ({fmt(base)})")
+        return Finding(
+            "env_info",
+            Severity.INFO,
+            "",
+            f"env:{key}",
+            base,
+            cur,
+            None,
+            f"environment {key} is {fmt(cur)}, one of those the baseline spans ({fmt(base)})",
+        )
     severity = Severity.WARN if key in DRIFT_KEYS else Severity.INFO
-    return Finding("env_drift" if severity is Severity.WARN else "env_info", severity, "", f"env:{key}", base, cur, None,
-                   f"environment {key} changed: baseline {fmt(base)}, now {fmt(cur)}"
-                   + ("; ratios may shift, refresh the baseline if they did" if severity is Severity.WARN else ""))
+    return Finding(
+        "env_drift" if severity is Severity.WARN else "env_info",
+        severity,
+        "",
+        f"env:{key}",
+        base,
+        cur,
+        None,
+        f"environment {key} changed: baseline {fmt(base)}, now {fmt(cur)}"
+        + ("; ratios may shift, refresh the baseline if they did" if severity is Severity.WARN else ""),
+    )
 
 
 def rule_nothing_measured(n_measured: int, n_cases: int) -> Finding | None:
     """Every case skipped (or none ran): nothing was validated, so the gate cannot pass."""
     if n_measured > 0:
         return None
-    return Finding("nothing_measured", Severity.INCONCLUSIVE, "", "status", None, float(n_measured), 1.0,
-                   f"inconclusive: none of {n_cases} cases was measured (all skipped); nothing was validated")
+    return Finding(
+        "nothing_measured",
+        Severity.INCONCLUSIVE,
+        "",
+        "status",
+        None,
+        float(n_measured),
+        1.0,
+        f"inconclusive: none of {n_cases} cases was measured (all skipped); nothing was validated",
+    )
 
 
 # ---------------------------------------------------------------- refusals
@@ -212,16 +369,19 @@ def refuse_other_gpu_class(baseline: Baseline, cur_class: str, kernel: str, suit
         raise UserError(
             f"{path}: baseline is for GPU class {baseline.gpu_class!r} but this run is on {cur_class!r}; attn-gate never "
             f"compares across GPU classes: run on a {baseline.gpu_class} machine, or create a {cur_class} baseline with "
-            f"`{update_command(kernel, suite, cur_class)}`")
+            f"`{update_command(kernel, suite, cur_class)}`"
+        )
 
 
 def refuse_duplicate_cases(sweep: "SweepResult", path: Any) -> None:
     """A case id twice in one run: which row is the truth? (The join would compare both.)"""
     twice = sorted(cid for cid, n in Counter(c.case_id for c in sweep.cases).items() if n > 1)
     if twice:
-        raise UserError(f"{path}: {len(twice)} case ids appear more than once ({', '.join(twice[:5])}"
-                        f"{' ...' if len(twice) > 5 else ''}); a sweep holds each case once: regenerate the file "
-                        f"with `attn-gate sweep --kernel {sweep.kernel} --suite {sweep.suite}`")
+        raise UserError(
+            f"{path}: {len(twice)} case ids appear more than once ({', '.join(twice[:5])}"
+            f"{' ...' if len(twice) > 5 else ''}); a sweep holds each case once: regenerate the file "
+            f"with `attn-gate sweep --kernel {sweep.kernel} --suite {sweep.suite}`"
+        )
 
 
 def check_comparable(baseline: Baseline, sweep: "SweepResult", path: Any) -> None:
@@ -231,28 +391,43 @@ def check_comparable(baseline: Baseline, sweep: "SweepResult", path: Any) -> Non
     refuse_stale_baseline(baseline, sweep.kernel, sweep.suite, sweep.suite_hash, sweep.tolerance, cur_class, path)
 
 
-def refuse_stale_baseline(baseline: Baseline, kernel: str, suite: str, suite_hash: str, tolerance: dict[str, Any],
-                          gpu_class: str, path: Any, suite_cases: dict[str, str] | None = None,
-                          timed: set[str] | None = None) -> None:
+def refuse_stale_baseline(
+    baseline: Baseline,
+    kernel: str,
+    suite: str,
+    suite_hash: str,
+    tolerance: dict[str, Any],
+    gpu_class: str,
+    path: Any,
+    suite_cases: dict[str, str] | None = None,
+    timed: set[str] | None = None,
+) -> None:
     """A baseline of another suite, another definition of it, or other tolerance multipliers cannot be
     compared with a run. `check` asks this before it sweeps (with the suite and tolerance it is about to
     run), not only after: a refusal then costs a second, not a whole sweep whose results it would not
     keep (a pr check on an H200 ran 149 s and then refused a baseline of the previous suite)."""
     redo = update_command(kernel, suite, gpu_class)
     if baseline.suite != suite:
-        raise UserError(f"{path}: baseline is for suite {baseline.suite!r}, this run is suite {suite!r}; "
-                        f"pass --suite {baseline.suite} or create a baseline with `{redo}`")
+        raise UserError(
+            f"{path}: baseline is for suite {baseline.suite!r}, this run is suite {suite!r}; "
+            f"pass --suite {baseline.suite} or create a baseline with `{redo}`"
+        )
     if baseline.suite_hash != suite_hash:
-        way = (remeasure_hint(baseline, suite_cases, timed or set(), redo, path) if suite_cases is not None
-               else f"`{redo}`")
+        way = (
+            remeasure_hint(baseline, suite_cases, timed or set(), redo, path)
+            if suite_cases is not None
+            else f"`{redo}`"
+        )
         raise UserError(
             f"{path}: suite {suite!r} changed since the baseline was made (hash {baseline.suite_hash} -> "
-            f"{suite_hash}); bring it up to date with {way} and review the diff in the PR")
+            f"{suite_hash}); bring it up to date with {way} and review the diff in the PR"
+        )
     changed = tolerance_changes(baseline.tolerance, tolerance)
     if changed:
         raise UserError(
             f"{path}: tolerance multipliers changed since the baseline was made ({', '.join(changed)}), so ratios are "
-            f"not comparable; refresh it with `{redo}` and review the diff in the PR")
+            f"not comparable; refresh it with `{redo}` and review the diff in the PR"
+        )
 
 
 # ---------------------------------------------------------------- the join
@@ -260,21 +435,32 @@ def refuse_stale_baseline(baseline: Baseline, kernel: str, suite: str, suite_has
 
 def _frames(baseline: Baseline, sweep: "SweepResult", scope: str | None) -> tuple[pd.DataFrame, pd.DataFrame, int]:
     """Outer joins: cases on case id, tensors on (case id, tensor); `side` says where a row exists."""
-    cur = pd.DataFrame([{"case_id": c.case_id, "status": c.status.value, "reason": c.reason} for c in sweep.cases],
-                       columns=["case_id", "status", "reason"])
-    base = pd.DataFrame([{"case_id": cid, "status": c.status.value} for cid, c in baseline.correctness.items()],
-                        columns=["case_id", "status"])
+    cur = pd.DataFrame(
+        [{"case_id": c.case_id, "status": c.status.value, "reason": c.reason} for c in sweep.cases],
+        columns=["case_id", "status", "reason"],
+    )
+    base = pd.DataFrame(
+        [{"case_id": cid, "status": c.status.value} for cid, c in baseline.correctness.items()],
+        columns=["case_id", "status"],
+    )
     out_of_scope = 0
     if scope is not None:
         in_scope = base["case_id"].map(lambda cid: re.search(scope, cid) is not None).astype(bool)
         out_of_scope = int((~in_scope).sum())
         base = base[in_scope]
     cases = cur.merge(base, on="case_id", how="outer", suffixes=("_cur", "_base"), indicator="side")
-    cur_t = pd.DataFrame([{"case_id": c.case_id, "tensor": t.tensor, "ratio": t.ratio} for c in sweep.cases for t in c.tensors],
-                         columns=["case_id", "tensor", "ratio"])
-    base_t = pd.DataFrame([{"case_id": cid, "tensor": name, "ratio": t.ratio}
-                           for cid, c in baseline.correctness.items() for name, t in c.tensors.items()],
-                          columns=["case_id", "tensor", "ratio"])
+    cur_t = pd.DataFrame(
+        [{"case_id": c.case_id, "tensor": t.tensor, "ratio": t.ratio} for c in sweep.cases for t in c.tensors],
+        columns=["case_id", "tensor", "ratio"],
+    )
+    base_t = pd.DataFrame(
+        [
+            {"case_id": cid, "tensor": name, "ratio": t.ratio}
+            for cid, c in baseline.correctness.items()
+            for name, t in c.tensors.items()
+        ],
+        columns=["case_id", "tensor", "ratio"],
+    )
     base_t = base_t[base_t["case_id"].isin(set(cur["case_id"]))]
     tensors = cur_t.merge(base_t, on=["case_id", "tensor"], how="outer", suffixes=("_cur", "_base"), indicator="side")
     return cases, tensors, out_of_scope
@@ -284,7 +470,9 @@ def _sides(side: str) -> tuple[bool, bool]:
     return side in ("left_only", "both"), side in ("right_only", "both")
 
 
-def compare_correctness(baseline: Baseline, sweep: "SweepResult", cfg: "VerdictConfig", scope: str | None = None) -> list[Finding]:
+def compare_correctness(
+    baseline: Baseline, sweep: "SweepResult", cfg: "VerdictConfig", scope: str | None = None
+) -> list[Finding]:
     """Every rule over the joined cases and tensors. `scope` is the --only regex the run was
     filtered with: baseline cases outside it were not run and are not 'removed'."""
     cases, tensors, out_of_scope = _frames(baseline, sweep, scope)
@@ -302,10 +490,14 @@ def compare_correctness(baseline: Baseline, sweep: "SweepResult", cfg: "VerdictC
             cur_status_of[row.case_id] = cur_status
         if in_base:
             base_status_of[row.case_id] = base_status
-        findings += [f for f in (
-            rule_case_presence(row.case_id, base_status, cur_status, reason, same_suite, accept),
-            rule_status(row.case_id, base_status, cur_status, reason) if in_cur else None,
-        ) if f]
+        findings += [
+            f
+            for f in (
+                rule_case_presence(row.case_id, base_status, cur_status, reason, same_suite, accept),
+                rule_status(row.case_id, base_status, cur_status, reason) if in_cur else None,
+            )
+            if f
+        ]
     incomplete = [f for f in map(incomplete_pass, sweep.cases) if f]
     findings += incomplete
     complete_pass = {cid for cid, status in cur_status_of.items() if status == "PASS"} - {f.case_id for f in incomplete}
@@ -319,16 +511,28 @@ def compare_correctness(baseline: Baseline, sweep: "SweepResult", cfg: "VerdictC
         if base_status_of.get(row.case_id, "SKIP") == "SKIP":
             continue  # no baseline ratios for this case: rule_case_presence spoke already
         if in_cur and in_base:
-            found = (rule_headroom(row.case_id, row.tensor, base, cur, cfg.headroom_factor, cfg.headroom_step),
-                     rule_improvement(row.case_id, row.tensor, base, cur, cfg.improvement_factor, cfg.headroom_step))
+            found = (
+                rule_headroom(row.case_id, row.tensor, base, cur, cfg.headroom_factor, cfg.headroom_step),
+                rule_improvement(row.case_id, row.tensor, base, cur, cfg.improvement_factor, cfg.headroom_step),
+            )
         elif in_cur or row.case_id in complete_pass:
             found = (rule_tensor_presence(row.case_id, row.tensor, base, cur, accept),)
         else:  # no tensors now (SKIP/ERROR/FAIL, not run) or an incomplete PASS: another rule spoke
             found = ()
         findings += [f for f in found if f]
     if out_of_scope:
-        findings.append(Finding("out_of_scope", Severity.INFO, "", "status", None, None, None,
-                                f"{out_of_scope} baseline cases outside --only {scope!r} were not compared"))
+        findings.append(
+            Finding(
+                "out_of_scope",
+                Severity.INFO,
+                "",
+                "status",
+                None,
+                None,
+                None,
+                f"{out_of_scope} baseline cases outside --only {scope!r} were not compared",
+            )
+        )
     findings += _ok_findings(baseline, sweep, findings)
     n_measured = sum(1 for c in sweep.cases if c.status.value in MEASURED)
     findings += [f for f in (rule_nothing_measured(n_measured, len(sweep.cases)),) if f]
@@ -344,8 +548,18 @@ def _ok_findings(baseline: Baseline, sweep: "SweepResult", findings: list[Findin
             continue
         base = baseline.correctness[c.case_id]
         base_worst = max((t.ratio for t in base.tensors.values()), default=math.nan)
-        out.append(Finding("within", Severity.OK, c.case_id, "ratio:worst", base_worst, c.worst_ratio, 1.0,
-                           f"{c.case_id}: worst ratio {fmt(c.worst_ratio)} (baseline {fmt(base_worst)})"))
+        out.append(
+            Finding(
+                "within",
+                Severity.OK,
+                c.case_id,
+                "ratio:worst",
+                base_worst,
+                c.worst_ratio,
+                1.0,
+                f"{c.case_id}: worst ratio {fmt(c.worst_ratio)} (baseline {fmt(base_worst)})",
+            )
+        )
     return out
 
 

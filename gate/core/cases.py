@@ -32,16 +32,17 @@ def compute_dtype(dtype: str) -> str:
     """The dtype a case of input dtype `dtype` is computed and judged in (itself but for fp8)."""
     return FP8_DTYPES.get(dtype, dtype)
 
+
 # Depth checks (probes) a case may ask for, by name -> what each proves. The functions behind the
 # names live in gate/correctness/probes/registry.py, which imports this vocabulary.
 CHECKS: dict[str, str] = {
     "determinism": "forward+backward 10 times: bit-identical (torch.equal) where the adapter claims a "
-                   "deterministic mode (it is asked for it); elsewhere the run-to-run max spread, as information",
+    "deterministic mode (it is asked for it); elsewhere the run-to-run max spread, as information",
     "race": "the determinism check at 4x the batch (more blocks in flight: atomics and split reductions race)",
     "batch_invariance": "a sequence's outputs and grads are bit-identical when the other sequences of its batch "
-                        "change (judged for every tensor that is bit-reproducible run to run)",
+    "change (judged for every tensor that is bit-reproducible run to run)",
     "dropout": "the kept fraction is binomially plausible for p; the same seed gives the same mask, out (and "
-               "grads in deterministic mode), another seed a different mask",
+    "grads in deterministic mode), another seed a different mask",
 }
 
 PERF_ONLY = "only"  # perf = "only": a timing case that sweeps do not check for correctness
@@ -60,7 +61,9 @@ MATRIX_AXES: dict[str, Any] = {
     "dropout_p": [0.0],
     "varlen": [None],
     "perf": [False],
-    "checks": [[]],  # extra checks by name (gate/correctness/probes/registry.py), e.g. [["determinism", "batch_invariance"]]
+    "checks": [
+        []
+    ],  # extra checks by name (gate/correctness/probes/registry.py), e.g. [["determinism", "batch_invariance"]]
     # --- entry points, decode / KV cache, sinks ---
     "entry": ["dense"],  # "kvcache": q of a few tokens against a cache (flash_attn_with_kvcache)
     "cache_seqlens": [None],  # kvcache: tokens already in the cache per batch element (ragged); None = full
@@ -86,14 +89,14 @@ ENTRIES = ("dense", "kvcache")
 LAYOUTS: dict[str, str] = {
     "contiguous": "each tensor its own contiguous (B, N, H, D) allocation",
     "k_sliced": "K a strided slice of a wider buffer (one extra leading key row, head dim padded by >= 8): "
-                "non-contiguous, non-zero storage offset",
+    "non-contiguous, non-zero storage offset",
     "qkv_packed": "q, k and v are head-slices of ONE (B, N, Hq + 2 Hkv, D) buffer, as a fused QKV projection leaves them",
     "bhsd_view": "q, k, v allocated (B, H, N, D) and handed over transposed as (B, N, H, D) views",
     "dout_noncontig": "dO allocated (B, H, N, Dv) and handed to the backward transposed (its strides differ from out's)",
     "kv_stride0": "K and V are `expand`ed views of one (seqlen, head_dim) slab: stride 0 over batch and KV heads "
-                  "(varlen: over KV heads), the slab inside a full-size buffer whose other elements differ",
+    "(varlen: over KV heads), the slab inside a full-size buffer whose other elements differ",
     "far_rows": "q, k, v and dO rows (tokens) strided apart so the last quarter of each tensor's rows sit past "
-                 "2^31 elements from its base: offsets computed in int32 wrap (the buffers are allocated, not filled)",
+    "2^31 elements from its base: offsets computed in int32 wrap (the buffers are allocated, not filled)",
 }
 MAX_PACKED_BIAS = 2**28  # elements of a varlen case's packed bias (2 GiB as the reference's float64 dBias)
 FAR_ROWS_MIN = 4  # far_rows puts the last quarter of a tensor's rows past 2^31: it needs four rows
@@ -101,7 +104,7 @@ FAR_ROWS_MIN = 4  # far_rows puts the last quarter of a tensor's rows past 2^31:
 INPUTS: dict[str, str] = {
     "normal": "q, k, v, dO standard normal",
     "large": "q scaled so the scores reach well past +-88 (softcap cases: scores of softcap/4 typical size, "
-             "deep into the cap, as FA3's tests scale q)",
+    "deep into the cap, as FA3's tests scale q)",
     "shifted": "q and k share one aligned channel (q +a, k -a) so every score, and every row's LSE, sits far below -88",
     "outliers": "two channels of K and V 30x larger than the rest, as real activations have",
 }
@@ -117,9 +120,9 @@ FLOAT_BIAS_KINDS: dict[str, str] = {
     "broadcast_h": "float (B, 1, Nq, Nk): broadcast over the heads",
     "broadcast_1": "float (1, 1, Nq, Nk): broadcast over batch and heads",
     "shifted_rows": "float (B, H, Nq, Nk): dense, with every 4th query row shifted by -160 so its LSE is "
-                    "below -88.7 (exp underflows in fp32: pytorch #196678, cuDNN NaN dQ); best with bias_dtype fp32",
+    "below -88.7 (exp underflows in fp32: pytorch #196678, cuDNN NaN dQ); best with bias_dtype fp32",
     "growing": "float (B, H, Nq, Nk): a per-key term plus a rise of 128 from the first key to the last, so each key "
-               "tile raises the running max (a kernel that stops updating it overflows exp past +88)",
+    "tile raises the running max (a kernel that stops updating it overflows exp past +88)",
 }
 BOOL_BIAS_KINDS: dict[str, str] = {
     "bool_mask": "bool (B, H, Nq, Nk): a random sparse pattern (about 30% allowed) plus each row's diagonal key",
@@ -129,7 +132,13 @@ BOOL_BIAS_KINDS: dict[str, str] = {
 }
 BIAS_KINDS = ("none", *FLOAT_BIAS_KINDS, *BOOL_BIAS_KINDS)
 # The dims each kind's tensor broadcasts over (size 1): "b" the batch, "h" the heads.
-BIAS_BROADCAST: dict[str, str] = {"broadcast_b": "b", "broadcast_h": "h", "broadcast_1": "bh", "document": "h", "prefix_lm": "h"}
+BIAS_BROADCAST: dict[str, str] = {
+    "broadcast_b": "b",
+    "broadcast_h": "h",
+    "broadcast_1": "bh",
+    "document": "h",
+    "prefix_lm": "h",
+}
 BIAS_DTYPES = ("input", "fp32")
 
 
@@ -274,27 +283,55 @@ CASE_SCHEMA_VERSION = 2
 
 # Version 1's flat names -> (part, field); part None: a field of Case itself.
 FLAT_FIELDS: dict[str, tuple[str | None, str]] = {
-    **{name: ("shape", name) for name in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim",
-                                          "head_dim_v", "dtype")},
+    **{
+        name: ("shape", name)
+        for name in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "head_dim_v", "dtype")
+    },
     **{name: ("masking", name) for name in ("causal", "window", "softcap", "alibi", "dropout_p")},
-    "entry": ("entry", "kind"), "varlen": ("entry", "varlen"), "varlen_k": ("entry", "varlen_k"),
-    "cache_seqlens": ("entry", "cache_seqlens"), "cache_new": ("entry", "cache_new"), "page_size": ("entry", "page_size"),
-    "shuffled_pages": ("entry", "shuffled_pages"), "sinks": ("entry", "sinks"),
-    "bias": ("bias", "kind"), "bias_dtype": ("bias", "dtype"), "bias_grad": ("bias", "grad"),
-    "layout": (None, "layout"), "inputs": (None, "inputs"), "seeds": (None, "seeds"), "perf": (None, "perf"),
+    "entry": ("entry", "kind"),
+    "varlen": ("entry", "varlen"),
+    "varlen_k": ("entry", "varlen_k"),
+    "cache_seqlens": ("entry", "cache_seqlens"),
+    "cache_new": ("entry", "cache_new"),
+    "page_size": ("entry", "page_size"),
+    "shuffled_pages": ("entry", "shuffled_pages"),
+    "sinks": ("entry", "sinks"),
+    "bias": ("bias", "kind"),
+    "bias_dtype": ("bias", "dtype"),
+    "bias_grad": ("bias", "grad"),
+    "layout": (None, "layout"),
+    "inputs": (None, "inputs"),
+    "seeds": (None, "seeds"),
+    "perf": (None, "perf"),
     "checks": (None, "checks"),
 }
 # Version 1 left these out at their defaults; suite_hash digests version 1's form, so it must
 # keep doing so (a suite that uses none of them keeps its hash, and its baselines stay valid).
 FLAT_OMITTED_AT_DEFAULT: dict[str, Any] = {
-    "checks": (), "entry": "dense", "cache_seqlens": None, "cache_new": False, "page_size": 0, "shuffled_pages": False,
-    "sinks": False, "layout": "contiguous", "inputs": "normal", "varlen_k": None, "bias": "none", "bias_dtype": None,
+    "checks": (),
+    "entry": "dense",
+    "cache_seqlens": None,
+    "cache_new": False,
+    "page_size": 0,
+    "shuffled_pages": False,
+    "sinks": False,
+    "layout": "contiguous",
+    "inputs": "normal",
+    "varlen_k": None,
+    "bias": "none",
+    "bias_dtype": None,
     "bias_grad": False,
 }
 PARTS: dict[str, type] = {"shape": Shape, "masking": Masking, "entry": Entry, "bias": Bias}
 # Fields whose values are tuples in memory and lists in JSON.
-_SEQUENCES = {("masking", "window"), ("entry", "varlen"), ("entry", "varlen_k"), ("entry", "cache_seqlens"),
-              (None, "seeds"), (None, "checks")}
+_SEQUENCES = {
+    ("masking", "window"),
+    ("entry", "varlen"),
+    ("entry", "varlen_k"),
+    ("entry", "cache_seqlens"),
+    (None, "seeds"),
+    (None, "checks"),
+}
 
 
 def _plain(value: Any) -> Any:
@@ -337,14 +374,22 @@ class Case:
             if not varlen or any(n < 0 for n in varlen) or max(varlen) < 1:
                 problems.append("varlen needs non-negative lengths with at least one > 0")
             elif (self.batch, self.seqlen_q, self.seqlen_k) != (len(varlen), max(varlen), max(self.keys_varlen)):
-                problems.append("varlen cases must have batch=len(varlen) and seqlens=max(varlen) (keys: max(varlen_k))")
+                problems.append(
+                    "varlen cases must have batch=len(varlen) and seqlens=max(varlen) (keys: max(varlen_k))"
+                )
         if self.layout not in LAYOUTS:
             problems.append(f"layout {self.layout!r} is not one of {', '.join(LAYOUTS)}")
         if self.layout == "far_rows" and self.entry.kind != "kvcache":
             varlen = self.entry.varlen
-            rows = (sum(varlen), sum(self.keys_varlen)) if varlen is not None else (self.batch * self.seqlen_q, self.batch * self.seqlen_k)
+            rows = (
+                (sum(varlen), sum(self.keys_varlen))
+                if varlen is not None
+                else (self.batch * self.seqlen_q, self.batch * self.seqlen_k)
+            )
             if min(rows) < FAR_ROWS_MIN:
-                problems.append(f"layout far_rows needs at least {FAR_ROWS_MIN} query and key rows (its last quarter sits past 2^31)")
+                problems.append(
+                    f"layout far_rows needs at least {FAR_ROWS_MIN} query and key rows (its last quarter sits past 2^31)"
+                )
         if self.inputs not in INPUTS:
             problems.append(f"inputs {self.inputs!r} is not one of {', '.join(INPUTS)}")
         varlen_k = self.entry.varlen_k
@@ -362,8 +407,14 @@ class Case:
         if self.perf not in (True, False, PERF_ONLY) or (self.perf == PERF_ONLY and self.checks):
             problems.append(f"perf must be true, false or {PERF_ONLY!r} (timed, not swept: no checks)")
         problems += self._bias_problems()
-        if self.is_fp8 and (self.entry.kind != "dense" or self.entry.varlen is not None or self.entry.sinks
-                            or self.layout != "contiguous" or self.bias.present or self.dropout_p):
+        if self.is_fp8 and (
+            self.entry.kind != "dense"
+            or self.entry.varlen is not None
+            or self.entry.sinks
+            or self.layout != "contiguous"
+            or self.bias.present
+            or self.dropout_p
+        ):
             # the per-(batch, KV head) descales are defined for dense contiguous q, k, v; FA3's fp8 has no dropout
             problems.append("an fp8 case is dense and contiguous: no varlen, kvcache, sinks, layout, bias or dropout")
         if problems:
@@ -446,11 +497,13 @@ class Case:
         problems = []
         e = self.entry
         if e.kind not in ENTRIES:
-            problems.append(f"entry {e.kind!r} is not one of {', '.join(ENTRIES)} (varlen cases are those with varlen set)")
+            problems.append(
+                f"entry {e.kind!r} is not one of {', '.join(ENTRIES)} (varlen cases are those with varlen set)"
+            )
             return problems
         if e.kind != "kvcache":
             if e.cache_seqlens is not None or e.cache_new or e.page_size or e.shuffled_pages:
-                problems.append("cache_seqlens, cache_new, page_size and shuffled_pages need entry = \"kvcache\"")
+                problems.append('cache_seqlens, cache_new, page_size and shuffled_pages need entry = "kvcache"')
             return problems
         if e.varlen is not None:
             problems.append("a kvcache case cannot also be varlen")
@@ -458,7 +511,9 @@ class Case:
             problems.append("a kvcache case is forward-only: no dropout")
         # the layout, inputs and bias axes apply to q/k/v drawn densely; a decode case's cache is drawn apart
         if self.layout != "contiguous" or self.inputs != "normal" or self.bias.present:
-            problems.append("a kvcache case takes no layout, inputs or bias (they are defined for dense/varlen q, k, v)")
+            problems.append(
+                "a kvcache case takes no layout, inputs or bias (they are defined for dense/varlen q, k, v)"
+            )
         if e.page_size < 0:
             problems.append("page_size must be >= 0")
         if e.shuffled_pages and not e.page_size:
@@ -470,8 +525,10 @@ class Case:
                 problems.append("cache_seqlens must be >= 0")
         room = self.seqlen_k - (self.seqlen_q if e.cache_new else 0)
         if room < 0 or max(self.cached_lengths, default=0) > room:
-            problems.append(f"the cache (capacity seqlen_k={self.seqlen_k}) cannot hold cache_seqlens"
-                            + (f" plus {self.seqlen_q} appended tokens" if e.cache_new else ""))
+            problems.append(
+                f"the cache (capacity seqlen_k={self.seqlen_k}) cannot hold cache_seqlens"
+                + (f" plus {self.seqlen_q} appended tokens" if e.cache_new else "")
+            )
         if max(self.key_lengths, default=0) < 1:
             problems.append("a kvcache case needs at least one key in some batch element")
         return problems
@@ -518,8 +575,10 @@ class Case:
             problems.append("bias_dtype 'fp32' is for bf16/fp16 inputs (an fp32 case's bias is fp32 already)")
         if self.bias.present and self.entry.varlen is not None and self.bias.kind in BIAS_KINDS:
             if math.prod(self.bias_shape) > MAX_PACKED_BIAS:
-                problems.append(f"a varlen bias is packed over all tokens (total_q x total_k x heads): at most "
-                                f"{MAX_PACKED_BIAS} elements (its float64 dBias in the reference is 8 bytes each)")
+                problems.append(
+                    f"a varlen bias is packed over all tokens (total_q x total_k x heads): at most "
+                    f"{MAX_PACKED_BIAS} elements (its float64 dBias in the reference is 8 bytes each)"
+                )
         return problems
 
     @property
@@ -597,16 +656,24 @@ class Case:
             parts.append(f"drop{_num(self.dropout_p)}")
         e = self.entry
         if e.varlen is not None:
-            parts.append("varlen" + ".".join(str(n) for n in e.varlen)
-                         + ("" if e.varlen_k is None else "x" + ".".join(str(n) for n in e.varlen_k)))
+            parts.append(
+                "varlen"
+                + ".".join(str(n) for n in e.varlen)
+                + ("" if e.varlen_k is None else "x" + ".".join(str(n) for n in e.varlen_k))
+            )
         parts += self._entry_id_parts()
         if self.layout != "contiguous":
             parts.append(self.layout)
         if self.inputs != "normal":
             parts.append(self.inputs)
         if self.has_bias:  # e.g. bias.dense, bias.dense.fp32.grad
-            parts.append(".".join(["bias", self.bias.kind] + ([self.bias.dtype] if self.bias.dtype else [])
-                                  + (["grad"] if self.bias.grad else [])))
+            parts.append(
+                ".".join(
+                    ["bias", self.bias.kind]
+                    + ([self.bias.dtype] if self.bias.dtype else [])
+                    + (["grad"] if self.bias.grad else [])
+                )
+            )
         return "-".join(parts)
 
     def _entry_id_parts(self) -> list[str]:
@@ -648,7 +715,9 @@ class Case:
             pairs = sum(nq * nk for nq, nk in zip(self.entry.varlen, self.keys_varlen))
             total = 4.0 * self.heads_q * pairs * (self.head_dim + self.head_dim_v) / 2
         else:
-            total = 4.0 * self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * (self.head_dim + self.head_dim_v) / 2
+            total = (
+                4.0 * self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * (self.head_dim + self.head_dim_v) / 2
+            )
         if self.causal:
             total /= 2
         return total * (2.5 if pass_ == "bwd" else 1.0)
@@ -656,14 +725,19 @@ class Case:
     # --- serialisation ---
     def flat(self) -> dict[str, Any]:
         """Every field under its version 1 flat name (tuples as lists, as JSON has them)."""
-        return {name: _plain(getattr(self if part is None else getattr(self, part), key))
-                for name, (part, key) in FLAT_FIELDS.items()}
+        return {
+            name: _plain(getattr(self if part is None else getattr(self, part), key))
+            for name, (part, key) in FLAT_FIELDS.items()
+        }
 
     def hash_dict(self) -> dict[str, Any]:
         """What suite_hash digests: version 1's flat form, later fields left out at their defaults.
         Kept apart from `to_dict` so the file format can change without moving any hash."""
-        return {name: value for name, value in self.flat().items()
-                if name not in FLAT_OMITTED_AT_DEFAULT or value != _plain(FLAT_OMITTED_AT_DEFAULT[name])}
+        return {
+            name: value
+            for name, value in self.flat().items()
+            if name not in FLAT_OMITTED_AT_DEFAULT or value != _plain(FLAT_OMITTED_AT_DEFAULT[name])
+        }
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"schema_version": CASE_SCHEMA_VERSION}
@@ -686,11 +760,17 @@ class Case:
             fields = data.get(name, {}) if name != "shape" else data["shape"]
             if not isinstance(fields, dict):
                 raise TypeError(f"case field {name!r} must be an object")
-            parts[name] = kind(**{key: tuple(v) if (name, key) in _SEQUENCES and v is not None else v
-                                  for key, v in fields.items()})
-        return cls(**parts, layout=data.get("layout", "contiguous"), inputs=data.get("inputs", "normal"),
-                   seeds=tuple(data.get("seeds", (0, 1))), perf=data.get("perf", False),
-                   checks=tuple(data.get("checks", ())))
+            parts[name] = kind(
+                **{key: tuple(v) if (name, key) in _SEQUENCES and v is not None else v for key, v in fields.items()}
+            )
+        return cls(
+            **parts,
+            layout=data.get("layout", "contiguous"),
+            inputs=data.get("inputs", "normal"),
+            seeds=tuple(data.get("seeds", (0, 1))),
+            perf=data.get("perf", False),
+            checks=tuple(data.get("checks", ())),
+        )
 
 
 def migrate_case(data: dict[str, Any]) -> dict[str, Any]:
@@ -701,7 +781,9 @@ def migrate_case(data: dict[str, Any]) -> dict[str, Any]:
     if version == CASE_SCHEMA_VERSION:
         return data
     if version != 1:
-        raise ValueError(f"case schema_version {version!r} is not one this attn-gate reads (1 or {CASE_SCHEMA_VERSION})")
+        raise ValueError(
+            f"case schema_version {version!r} is not one this attn-gate reads (1 or {CASE_SCHEMA_VERSION})"
+        )
     nested: dict[str, Any] = {"schema_version": CASE_SCHEMA_VERSION, **{name: {} for name in PARTS}}
     for name, value in data.items():
         if name == "schema_version":
@@ -766,7 +848,7 @@ def _window(value: Any, where: str) -> tuple[int, int]:
 def _checks(value: Any, where: str) -> tuple[str, ...]:
     """A `checks` axis value: a list of the depth-check (probe) names in CHECKS."""
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise UserError(f"{where}: checks value {value!r} should be a list of check names, e.g. [\"determinism\"]")
+        raise UserError(f'{where}: checks value {value!r} should be a list of check names, e.g. ["determinism"]')
     unknown = [v for v in value if v not in CHECKS]
     if unknown:
         raise UserError(f"{where}: unknown check {unknown[0]!r}; known checks: {', '.join(CHECKS)}")
@@ -780,25 +862,51 @@ def _bias_part(point: dict[str, Any], where: str) -> Bias:
         raise UserError(f"{where}: bias value {point['bias']!r} should be one of {', '.join(BIAS_KINDS)}")
     if point["bias_dtype"] not in BIAS_DTYPES:
         raise UserError(f"{where}: bias_dtype value {point['bias_dtype']!r} should be one of {', '.join(BIAS_DTYPES)}")
-    return Bias(kind=point["bias"], dtype=None if point["bias_dtype"] == "input" else point["bias_dtype"],
-                grad=bool(point["bias_grad"]))
+    return Bias(
+        kind=point["bias"],
+        dtype=None if point["bias_dtype"] == "input" else point["bias_dtype"],
+        grad=bool(point["bias_grad"]),
+    )
 
 
 # Axes whose values are plain scalars, with the types each value must have.
 SCALAR_AXES: dict[str, tuple[type, ...]] = {
-    "dtype": (str,), "batch": (int,), "causal": (bool,), "alibi": (bool,), "perf": (bool, str),
-    "softcap": (int, float), "dropout_p": (int, float), "layout": (str,), "inputs": (str,),
-    "bias": (str,), "bias_dtype": (str,), "bias_grad": (bool,),
-    "entry": (str,), "cache_new": (bool,), "page_size": (int,), "shuffled_pages": (bool,), "sinks": (bool,),
+    "dtype": (str,),
+    "batch": (int,),
+    "causal": (bool,),
+    "alibi": (bool,),
+    "perf": (bool, str),
+    "softcap": (int, float),
+    "dropout_p": (int, float),
+    "layout": (str,),
+    "inputs": (str,),
+    "bias": (str,),
+    "bias_dtype": (str,),
+    "bias_grad": (bool,),
+    "entry": (str,),
+    "cache_new": (bool,),
+    "page_size": (int,),
+    "shuffled_pages": (bool,),
+    "sinks": (bool,),
 }
 SCALAR_AXES_HINT = {
-    "dtype": f"one of {', '.join(DTYPES)}", "batch": "an integer", "causal": "true or false", "alibi": "true or false",
-    "perf": 'true, false or "only" (timed, not swept)', "softcap": "a number", "dropout_p": "a number in [0, 1)",
-    "layout": f"one of {', '.join(LAYOUTS)}", "inputs": f"one of {', '.join(INPUTS)}",
-    "bias": f"one of {', '.join(BIAS_KINDS)}", "bias_dtype": f"one of {', '.join(BIAS_DTYPES)}",
+    "dtype": f"one of {', '.join(DTYPES)}",
+    "batch": "an integer",
+    "causal": "true or false",
+    "alibi": "true or false",
+    "perf": 'true, false or "only" (timed, not swept)',
+    "softcap": "a number",
+    "dropout_p": "a number in [0, 1)",
+    "layout": f"one of {', '.join(LAYOUTS)}",
+    "inputs": f"one of {', '.join(INPUTS)}",
+    "bias": f"one of {', '.join(BIAS_KINDS)}",
+    "bias_dtype": f"one of {', '.join(BIAS_DTYPES)}",
     "bias_grad": "true or false",
-    "entry": f"one of {', '.join(ENTRIES)}", "cache_new": "true or false", "page_size": "an integer (0 = not paged)",
-    "shuffled_pages": "true or false", "sinks": "true or false",
+    "entry": f"one of {', '.join(ENTRIES)}",
+    "cache_new": "true or false",
+    "page_size": "an integer (0 = not paged)",
+    "shuffled_pages": "true or false",
+    "sinks": "true or false",
 }
 
 
@@ -819,7 +927,7 @@ def block_size(block: dict[str, Any]) -> int:
     for n in lengths:
         size *= n
     if block.get("pairwise") is True:
-        pairs = sum(a * b for i, a in enumerate(lengths) for b in lengths[i + 1:])
+        pairs = sum(a * b for i, a in enumerate(lengths) for b in lengths[i + 1 :])
         size = min(size, max(pairs, max(lengths, default=1)))
     return size
 
@@ -832,7 +940,9 @@ def pairwise_points(sizes: list[int]) -> list[tuple[int, ...]]:
     covers most uncovered pairs with the values already chosen (ties: the value used least, then
     the first)."""
     n = len(sizes)
-    uncovered = {(a, i, b, j) for a in range(n) for b in range(a + 1, n) for i in range(sizes[a]) for j in range(sizes[b])}
+    uncovered = {
+        (a, i, b, j) for a in range(n) for b in range(a + 1, n) for i in range(sizes[a]) for j in range(sizes[b])
+    }
     used = [[0] * s for s in sizes]
     rows: list[tuple[int, ...]] = []
     if n == 1:
@@ -843,9 +953,11 @@ def pairwise_points(sizes: list[int]) -> list[tuple[int, ...]]:
         for axis in range(n):
             if axis in row:
                 continue
+
             def gain(v: int, axis: int = axis) -> tuple[int, int, int]:
                 hits = sum(((x, row[x], axis, v) if x < axis else (axis, v, x, row[x])) in uncovered for x in row)
                 return hits, -used[axis][v], -v
+
             row[axis] = max(range(sizes[axis]), key=gain)
         point = tuple(row[x] for x in range(n))
         for x in range(n):
@@ -865,7 +977,11 @@ def expand_block(block: dict[str, Any], seeds: tuple[int, ...], where: str) -> l
         raise UserError(f"{where}: pairwise must be true or false, got {pairwise!r}")
     if "seeds" in block:  # a block may run fewer seeds than its suite (breadth over depth)
         seeds = block.pop("seeds")
-        if not isinstance(seeds, list) or not seeds or not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds):
+        if (
+            not isinstance(seeds, list)
+            or not seeds
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds)
+        ):
             raise UserError(f"{where}: seeds must be a non-empty list of integers")
         seeds = tuple(seeds)
     unknown = sorted(set(block) - set(MATRIX_AXES))
@@ -879,8 +995,11 @@ def expand_block(block: dict[str, Any], seeds: tuple[int, ...], where: str) -> l
         kinds = SCALAR_AXES.get(axis)
         for value in values if kinds else ():
             # bool is an int in Python: `causal = ["false"]` or `batch = [true]` must not slip through.
-            if (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)
-                    or (axis == "perf" and isinstance(value, str) and value != PERF_ONLY)):
+            if (
+                not isinstance(value, kinds)
+                or (isinstance(value, bool) and bool not in kinds)
+                or (axis == "perf" and isinstance(value, str) and value != PERF_ONLY)
+            ):
                 raise UserError(f"{where}: axis {axis!r} value {value!r} should be {SCALAR_AXES_HINT[axis]}")
         axes[axis] = values
     cases = []
@@ -898,36 +1017,76 @@ def expand_block(block: dict[str, Any], seeds: tuple[int, ...], where: str) -> l
         batch = point["batch"]
         checks = _checks(point["checks"], where)
         if varlen is not None:
-            if not isinstance(varlen, list) or not varlen or not all(isinstance(n, int) and not isinstance(n, bool) for n in varlen):
+            if (
+                not isinstance(varlen, list)
+                or not varlen
+                or not all(isinstance(n, int) and not isinstance(n, bool) for n in varlen)
+            ):
                 raise UserError(f"{where}: varlen value {varlen!r} should be a non-empty list of sequence lengths")
             varlen = tuple(varlen)
             batch, seqlen_q, seqlen_k = len(varlen), max(varlen), max(varlen)
         cache_seqlens = point["cache_seqlens"]
         if cache_seqlens is not None:  # ragged cache lengths give the batch, as varlen does
-            if not isinstance(cache_seqlens, list) or not cache_seqlens or not all(
-                    isinstance(n, int) and not isinstance(n, bool) for n in cache_seqlens):
-                raise UserError(f"{where}: cache_seqlens value {cache_seqlens!r} should be a non-empty list of cached lengths")
+            if (
+                not isinstance(cache_seqlens, list)
+                or not cache_seqlens
+                or not all(isinstance(n, int) and not isinstance(n, bool) for n in cache_seqlens)
+            ):
+                raise UserError(
+                    f"{where}: cache_seqlens value {cache_seqlens!r} should be a non-empty list of cached lengths"
+                )
             cache_seqlens = tuple(cache_seqlens)
             batch = len(cache_seqlens)
         varlen_k = point["varlen_k"]
         if varlen_k is not None:
-            if varlen is None or not isinstance(varlen_k, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in varlen_k):
-                raise UserError(f"{where}: varlen_k value {varlen_k!r} should be a list of key lengths, one per varlen sequence")
+            if (
+                varlen is None
+                or not isinstance(varlen_k, list)
+                or not all(isinstance(n, int) and not isinstance(n, bool) for n in varlen_k)
+            ):
+                raise UserError(
+                    f"{where}: varlen_k value {varlen_k!r} should be a list of key lengths, one per varlen sequence"
+                )
             varlen_k = tuple(varlen_k)
             seqlen_k = max(varlen_k) if varlen_k else 0
         try:
-            cases.append(Case(
-                shape=Shape(batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q, heads_kv=heads_kv,
-                            head_dim=head_dim, head_dim_v=head_dim_v, dtype=point["dtype"]),
-                masking=Masking(causal=bool(point["causal"]), window=_window(point["window"], where),
-                                softcap=float(point["softcap"]), alibi=bool(point["alibi"]),
-                                dropout_p=float(point["dropout_p"])),
-                entry=Entry(kind=point["entry"], varlen=varlen, varlen_k=varlen_k, cache_seqlens=cache_seqlens,
-                            cache_new=point["cache_new"], page_size=point["page_size"],
-                            shuffled_pages=point["shuffled_pages"], sinks=point["sinks"]),
-                bias=_bias_part(point, where), layout=point["layout"], inputs=point["inputs"],
-                seeds=seeds, perf=point["perf"] if point["perf"] == PERF_ONLY else bool(point["perf"]), checks=checks,
-            ))
+            cases.append(
+                Case(
+                    shape=Shape(
+                        batch=batch,
+                        seqlen_q=seqlen_q,
+                        seqlen_k=seqlen_k,
+                        heads_q=heads_q,
+                        heads_kv=heads_kv,
+                        head_dim=head_dim,
+                        head_dim_v=head_dim_v,
+                        dtype=point["dtype"],
+                    ),
+                    masking=Masking(
+                        causal=bool(point["causal"]),
+                        window=_window(point["window"], where),
+                        softcap=float(point["softcap"]),
+                        alibi=bool(point["alibi"]),
+                        dropout_p=float(point["dropout_p"]),
+                    ),
+                    entry=Entry(
+                        kind=point["entry"],
+                        varlen=varlen,
+                        varlen_k=varlen_k,
+                        cache_seqlens=cache_seqlens,
+                        cache_new=point["cache_new"],
+                        page_size=point["page_size"],
+                        shuffled_pages=point["shuffled_pages"],
+                        sinks=point["sinks"],
+                    ),
+                    bias=_bias_part(point, where),
+                    layout=point["layout"],
+                    inputs=point["inputs"],
+                    seeds=seeds,
+                    perf=point["perf"] if point["perf"] == PERF_ONLY else bool(point["perf"]),
+                    checks=checks,
+                )
+            )
         except (TypeError, ValueError) as exc:
             raise UserError(f"{where}: invalid case {point}: {exc}") from None
     return cases
@@ -941,18 +1100,25 @@ def expand_suite(name: str, spec: dict[str, Any], source: str, table: str = "sui
     if unknown:
         raise UserError(f"{where}: unknown key {unknown[0]!r}; a suite has 'seeds', 'matrix' and 'description'")
     seeds = spec.get("seeds", [0, 1])
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**32
-                                                           for s in seeds):
+    if (
+        not isinstance(seeds, list)
+        or not seeds
+        or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**32 for s in seeds)
+    ):
         raise UserError(f"{where}: seeds must be a non-empty list of integers in [0, 2**32)")
     blocks = spec.get("matrix")
     if not isinstance(blocks, list) or not blocks:
         raise UserError(f"{where}: a suite needs at least one [[suites.{name}.matrix]] block")
     if any(not isinstance(b, dict) for b in blocks):
-        raise UserError(f"{where}: matrix block {next(i for i, b in enumerate(blocks) if not isinstance(b, dict))} must be a table")
+        raise UserError(
+            f"{where}: matrix block {next(i for i, b in enumerate(blocks) if not isinstance(b, dict))} must be a table"
+        )
     total = sum(block_size(b) for b in blocks)
     if total > MAX_SUITE_CASES:
-        raise UserError(f"{where}: the matrix would expand to {total} cases, more than the cap of {MAX_SUITE_CASES} "
-                        f"(gate/core/cases.py MAX_SUITE_CASES); split it into smaller suites or list fewer axis values")
+        raise UserError(
+            f"{where}: the matrix would expand to {total} cases, more than the cap of {MAX_SUITE_CASES} "
+            f"(gate/core/cases.py MAX_SUITE_CASES); split it into smaller suites or list fewer axis values"
+        )
     seen: dict[str, Case] = {}
     for i, block in enumerate(blocks):
         for case in expand_block(block, tuple(seeds), f"{where} matrix[{i}]"):
@@ -987,7 +1153,9 @@ def load_suite(name: str, overrides: dict[str, Any] | None = None, override_sour
     if name in defaults:
         return expand_suite(name, defaults[name], str(DEFAULT_SUITES_FILE.name))
     known = sorted(set(defaults) | set(overrides))
-    raise UserError(f"unknown suite {name!r}; choose one of: {', '.join(known)} (or define [tool.attn-gate.suites.{name}])")
+    raise UserError(
+        f"unknown suite {name!r}; choose one of: {', '.join(known)} (or define [tool.attn-gate.suites.{name}])"
+    )
 
 
 def suite_names(overrides: dict[str, Any] | None = None) -> list[str]:

@@ -14,22 +14,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gate.core.cases import CHECKS, expand_suite
+from gate.core.envelope import check_supports
 from gate.core.errors import UserError
 from gate.core.jsonio import MAX_MULT, checked_name
 from gate.core.patterns import bounded_regex
-from gate.core.cases import CHECKS, expand_suite
-from gate.core.envelope import check_supports
 from gate.core.results import ALL_TENSORS
-
 
 # mult per tensor (the tolerance rule, gate/correctness/tolerance.py): dQ accumulates across key
 # tiles (atomics / split reductions), hence 3.
-DEFAULT_MULT = {"out": 2.0, "lse": 2.0, "dq": 3.0, "dk": 2.0, "dv": 2.0,
-                "dsink": 3.0}  # dsink sums over every row and batch element, as dQ over key tiles
+DEFAULT_MULT = {
+    "out": 2.0,
+    "lse": 2.0,
+    "dq": 3.0,
+    "dk": 2.0,
+    "dv": 2.0,
+    "dsink": 3.0,
+}  # dsink sums over every row and batch element, as dQ over key tiles
 # dBias is dS summed over the bias's broadcast dims (batch, heads): an accumulation
 # across tiles and heads like dQ's, so it takes dQ's multiplier. Sharing it (not a new
 # `mult_dbias` key) keeps the tolerance dict, and every committed baseline, comparable.
 MULT_OF = {"dbias": "dq"}
+
 
 @dataclass(frozen=True)
 class Profile:
@@ -57,7 +63,9 @@ class ToleranceConfig:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0):
+            if not (
+                isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+            ):
                 # 0, negative, inf or nan would make every bound meaningless (pass or fail all).
                 raise ValueError(f"{f.name} = {value!r} must be a positive finite number")
             if value > MAX_MULT:  # a multiplier of 1e300 passes a planted causal bug
@@ -128,7 +136,12 @@ def _in_range(section, prefix: str) -> None:
             continue
         value = getattr(section, f.name)
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not number or not math.isfinite(value) or value not in bounds or (bounds.integer and not isinstance(value, int)):
+        if (
+            not number
+            or not math.isfinite(value)
+            or value not in bounds
+            or (bounds.integer and not isinstance(value, int))
+        ):
             raise ValueError(f"{f.name} = {value!r} must be {bounds.text()}")
 
 
@@ -168,7 +181,9 @@ class PerfConfig:
     min_rounds: int = 7  # INCONCLUSIVE below this many rounds
     rounds: int = 15  # interleaved candidate/anchor rounds per pass
     calls_per_round: int = 5  # timed calls per kernel per round (the round's value is their median)
-    confirm_rounds: int = 30  # rounds of the re-measurement of a suspected regression, and of a baseline (0: no confirm)
+    confirm_rounds: int = (
+        30  # rounds of the re-measurement of a suspected regression, and of a baseline (0: no confirm)
+    )
     warmup_s: float = 0.25  # warm-up by time, both kernels, before the first round
     cold_l2: bool = True  # flush L2 (a buffer larger than L2) before every timed call
 
@@ -177,8 +192,10 @@ class PerfConfig:
         # (fewer rounds than min_rounds is allowed: such a run is judged INCONCLUSIVE, by rule)
         _in_range(self, "perf")
         if self.anchor_fallback not in ("", "matmul"):
-            raise ValueError(f'anchor_fallback = {self.anchor_fallback!r} must be "matmul" (time a case the anchor '
-                             f'cannot run against a matmul of equal FLOPs) or "" (such a case SKIPs)')
+            raise ValueError(
+                f'anchor_fallback = {self.anchor_fallback!r} must be "matmul" (time a case the anchor '
+                f'cannot run against a matmul of equal FLOPs) or "" (such a case SKIPs)'
+            )
 
     def anchor_for(self, device: str) -> str:
         return self.anchor if device == "cuda" else self.cpu_anchor
@@ -233,8 +250,10 @@ def _kernel_families(raw: Any, where: str) -> dict[str, KernelFamily]:
         here = f"{where}.{name}" if _FAMILY_NAME.match(name) else f'{where}."{name}"'
         function = bool(_CALLABLE.match(name))  # the table of a plain --kernel package.module:function
         if not _FAMILY_NAME.match(name) and not function:
-            raise UserError(f"{here}: a kernel name is letters, digits, '_', '-', '.' (no ':'), or a quoted "
-                            f"\"package.module:function\" holding only its supports table; rename the table")
+            raise UserError(
+                f"{here}: a kernel name is letters, digits, '_', '-', '.' (no ':'), or a quoted "
+                f'"package.module:function" holding only its supports table; rename the table'
+            )
         if not isinstance(spec, dict):
             raise UserError(f"{here}: expected a table with {', '.join(keys)}")
         unknown = sorted(set(spec) - set(keys))
@@ -244,8 +263,10 @@ def _kernel_families(raw: Any, where: str) -> dict[str, KernelFamily]:
         if function:
             extra = sorted(set(spec) - {"supports"})
             if extra:
-                raise UserError(f"{here}: the table of a function holds only its supports table, not {extra[0]!r}; "
-                                f"name a family [tool.attn-gate.kernels.NAME] for entry points")
+                raise UserError(
+                    f"{here}: the table of a function holds only its supports table, not {extra[0]!r}; "
+                    f"name a family [tool.attn-gate.kernels.NAME] for entry points"
+                )
             families[name] = KernelFamily(name=name, supports=supports)
             continue
         for entry in FAMILY_ENTRIES:
@@ -257,8 +278,14 @@ def _kernel_families(raw: Any, where: str) -> dict[str, KernelFamily]:
         backward = spec.get("backward", True)
         if not isinstance(backward, bool):
             raise UserError(f"{here}: backward = {backward!r} should be true or false")
-        families[name] = KernelFamily(name=name, dense=spec.get("dense"), varlen=spec.get("varlen"),
-                                      kvcache=spec.get("kvcache"), backward=backward, supports=supports)
+        families[name] = KernelFamily(
+            name=name,
+            dense=spec.get("dense"),
+            varlen=spec.get("varlen"),
+            kvcache=spec.get("kvcache"),
+            backward=backward,
+            supports=supports,
+        )
     return families
 
 
@@ -373,7 +400,9 @@ def own_kernel(pattern: str, families: set[str] | frozenset[str]) -> bool:
     return ":" in pattern or pattern in families
 
 
-def _known_failures(raw: Any, path: Path, families: set[str] | frozenset[str] = frozenset()) -> tuple[KnownFailure, ...]:
+def _known_failures(
+    raw: Any, path: Path, families: set[str] | frozenset[str] = frozenset()
+) -> tuple[KnownFailure, ...]:
     where = f"{path} [[tool.attn-gate.known_failures]]"
     if not isinstance(raw, list):
         raise UserError(f"{where}: expected an array of tables: write each entry as [[tool.attn-gate.known_failures]]")
@@ -386,28 +415,45 @@ def _known_failures(raw: Any, path: Path, families: set[str] | frozenset[str] = 
         unknown = sorted(set(spec) - set(KNOWN_FAILURE_KEYS))
         if unknown:
             raise UserError(f"{here}: unknown key {unknown[0]!r}; known keys: {', '.join(KNOWN_FAILURE_KEYS)}")
-        for key, what in (("kernel", 'a kernel name or fnmatch pattern, e.g. "fa2" or "sdpa-*"'),
-                          ("cases", "a regular expression searched in case ids, as --only"),
-                          ("reason", "one line saying what is wrong upstream"),
-                          ("link", "the upstream issue or pull request, https://... (a declaration for the project's own "
-                                   "kernel, a [tool.attn-gate.kernels.NAME] or a package.module:function, may leave it out)")):
+        for key, what in (
+            ("kernel", 'a kernel name or fnmatch pattern, e.g. "fa2" or "sdpa-*"'),
+            ("cases", "a regular expression searched in case ids, as --only"),
+            ("reason", "one line saying what is wrong upstream"),
+            (
+                "link",
+                "the upstream issue or pull request, https://... (a declaration for the project's own "
+                "kernel, a [tool.attn-gate.kernels.NAME] or a package.module:function, may leave it out)",
+            ),
+        ):
             value = spec.get(key)
-            if key == "link" and value is None and isinstance(spec.get("kernel"), str) and own_kernel(spec["kernel"], families):
+            if (
+                key == "link"
+                and value is None
+                and isinstance(spec.get("kernel"), str)
+                and own_kernel(spec["kernel"], families)
+            ):
                 continue  # the project's own kernel: no upstream to link to
             if not isinstance(value, str) or not value.strip():
-                raise UserError(f"{here}: {key} is required: {what}" if value is None
-                                else f"{here}: {key} = {value!r} should be {what}")
+                raise UserError(
+                    f"{here}: {key} is required: {what}"
+                    if value is None
+                    else f"{here}: {key} = {value!r} should be {what}"
+                )
         try:
             bounded_regex(spec["cases"])
         except ValueError as exc:
             raise UserError(f"{here}: cases = {spec['cases'][:200]!r} {exc}") from None
         if "link" in spec and not re.match(r"^https?://\S+$", spec["link"]):
-            raise UserError(f"{here}: link = {spec['link']!r} should be the upstream issue or pull request URL (https://...)")
+            raise UserError(
+                f"{here}: link = {spec['link']!r} should be the upstream issue or pull request URL (https://...)"
+            )
         tensors = spec.get("tensors")
         if tensors is not None:
             if not (isinstance(tensors, list) and tensors and all(isinstance(t, str) for t in tensors)):
-                raise UserError(f"{here}: tensors = {tensors!r} should be a non-empty list of names "
-                                f"(leave the key out to cover any failure of the case)")
+                raise UserError(
+                    f"{here}: tensors = {tensors!r} should be a non-empty list of names "
+                    f"(leave the key out to cover any failure of the case)"
+                )
             bad = [t for t in tensors if t not in names]
             if bad:
                 raise UserError(f"{here}: tensors names {bad[0]!r}; known names: {', '.join(names)}")
@@ -415,7 +461,9 @@ def _known_failures(raw: Any, path: Path, families: set[str] | frozenset[str] = 
         versions = spec.get("versions")
         if versions is not None:
             if not isinstance(versions, str):
-                raise UserError(f"{here}: versions = {versions!r} should be a PEP 440 specifier string, e.g. \">=2.8,<2.8.4\"")
+                raise UserError(
+                    f'{here}: versions = {versions!r} should be a PEP 440 specifier string, e.g. ">=2.8,<2.8.4"'
+                )
             from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
             try:  # contains() parses each version of the specifier: a 5,000-digit one is a ValueError there
@@ -423,12 +471,25 @@ def _known_failures(raw: Any, path: Path, families: set[str] | frozenset[str] = 
                     raise InvalidSpecifier(versions)
                 SpecifierSet(versions, prereleases=True).contains("0")
             except (InvalidSpecifier, ValueError):
-                raise UserError(f"{here}: versions = {versions!r} is not a PEP 440 specifier; write e.g. \">=2.8,<2.8.4\"") from None
+                raise UserError(
+                    f'{here}: versions = {versions!r} is not a PEP 440 specifier; write e.g. ">=2.8,<2.8.4"'
+                ) from None
         strict = spec.get("strict", False)
         if not isinstance(strict, bool):
             raise UserError(f"{here}: strict = {strict!r} should be true or false")
-        entries.append(KnownFailure(index=index, kernel=spec["kernel"], cases=spec["cases"], reason=spec["reason"].strip(),
-                                    link=spec.get("link", ""), tensors=tensors, versions=versions, strict=strict, source=str(path)))
+        entries.append(
+            KnownFailure(
+                index=index,
+                kernel=spec["kernel"],
+                cases=spec["cases"],
+                reason=spec["reason"].strip(),
+                link=spec.get("link", ""),
+                tensors=tensors,
+                versions=versions,
+                strict=strict,
+                source=str(path),
+            )
+        )
     return tuple(entries)
 
 
@@ -454,7 +515,9 @@ class Config:
     def profile_key(self, device: str, key: str) -> str:
         """Where a profile's value comes from, for a message: `FILE [tool.attn-gate.cpu] kernel`."""
         name = "gpu" if device == "cuda" else "cpu"
-        return f"{self.source} [tool.attn-gate.{name}] {key}" if self.source != "defaults" else f"the default {name} {key}"
+        return (
+            f"{self.source} [tool.attn-gate.{name}] {key}" if self.source != "defaults" else f"the default {name} {key}"
+        )
 
 
 def _section(cls, raw: Any, where: str):
@@ -489,7 +552,9 @@ def _check_suites(suites: dict[str, Any], path: Path) -> None:
         except ValueError as exc:
             raise UserError(f"{path} [tool.attn-gate.suites]: {exc}; rename the table") from None
         if not isinstance(spec, dict):
-            raise UserError(f"{path} [tool.attn-gate.suites.{name}]: expected a table with 'seeds' and [[matrix]] blocks")
+            raise UserError(
+                f"{path} [tool.attn-gate.suites.{name}]: expected a table with 'seeds' and [[matrix]] blocks"
+            )
         expand_suite(name, spec, str(path), "tool.attn-gate.suites")
 
 
@@ -510,20 +575,37 @@ def load_config(path: Path | None = None) -> Config:
         with path.open("rb") as fh:
             data = tomllib.load(fh)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as exc:  # a binary file is not UTF-8
-        raise UserError(f"{path}: invalid TOML ({str(exc)[:200]}); fix the file or pass another with --config") from None
+        raise UserError(
+            f"{path}: invalid TOML ({str(exc)[:200]}); fix the file or pass another with --config"
+        ) from None
     except OSError as exc:
         raise UserError(f"{path}: cannot be read ({exc.strerror or exc}); pass a readable --config file") from None
     tool = data.get("tool", {})
     if not isinstance(tool, dict):
-        raise UserError(f"{path}: tool = {str(tool)[:40]} should be a table ([tool.attn-gate] lives under [tool]); fix the file")
+        raise UserError(
+            f"{path}: tool = {str(tool)[:40]} should be a table ([tool.attn-gate] lives under [tool]); fix the file"
+        )
     raw = tool.get("attn-gate")
     if raw is None:
         return Config(source=str(path), baselines_dir=_beside(path, Config().baselines_dir))
     where = f"{path} [tool.attn-gate]"
     if not isinstance(raw, dict):
-        raise UserError(f"{where}: attn-gate = {str(raw)[:40]} should be a table; write the settings under [tool.attn-gate]")
-    known = {"gpu", "cpu", "baselines_dir", "tolerance", "verdict", "perf", "suites", "isolation", "kernels",
-             "known_failures", "ci"}
+        raise UserError(
+            f"{where}: attn-gate = {str(raw)[:40]} should be a table; write the settings under [tool.attn-gate]"
+        )
+    known = {
+        "gpu",
+        "cpu",
+        "baselines_dir",
+        "tolerance",
+        "verdict",
+        "perf",
+        "suites",
+        "isolation",
+        "kernels",
+        "known_failures",
+        "ci",
+    }
     unknown = sorted(set(raw) - known)
     if unknown:
         raise UserError(f"{where}: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(known))}")
@@ -541,14 +623,19 @@ def load_config(path: Path | None = None) -> Config:
     if not isinstance(baselines_dir, str):
         raise UserError(f"{where}: baselines_dir should be a path string")
     return Config(
-        source=str(path), gpu=profiles["gpu"], cpu=profiles["cpu"], baselines_dir=_beside(path, baselines_dir),
+        source=str(path),
+        gpu=profiles["gpu"],
+        cpu=profiles["cpu"],
+        baselines_dir=_beside(path, baselines_dir),
         tolerance=_section(ToleranceConfig, raw.get("tolerance", {}), f"{where}.tolerance"),
         verdict=_section(VerdictConfig, raw.get("verdict", {}), f"{where}.verdict"),
         perf=_section(PerfConfig, raw.get("perf", {}), f"{where}.perf"),
-        suites=suites, kernels=_kernel_families(raw.get("kernels", {}), f"{where}.kernels"),
+        suites=suites,
+        kernels=_kernel_families(raw.get("kernels", {}), f"{where}.kernels"),
         isolation=_section(IsolationConfig, raw.get("isolation", {}), f"{where}.isolation"),
         known_failures=_known_failures(raw.get("known_failures", []), path, set(raw.get("kernels", {}) or {})),
-        ci=_ci_section(raw.get("ci", {}), f"{where}.ci"), section=True,
+        ci=_ci_section(raw.get("ci", {}), f"{where}.ci"),
+        section=True,
     )
 
 

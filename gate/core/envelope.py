@@ -9,8 +9,8 @@ list every key of `SUPPORTS_KEYS` (docs/kernels.md, checked by a test). Torch-fr
 from __future__ import annotations
 
 import enum
-from difflib import get_close_matches
 from dataclasses import dataclass
+from difflib import get_close_matches
 from typing import Any
 
 from gate.core.cases import BIAS_KINDS, DTYPES, LAYOUTS
@@ -75,32 +75,46 @@ class Key:
     """One key of a declared envelope: its TOML form (`kind`), the values it may hold, and what it means."""
 
     name: str
-    kind: str  # "bool" | "names" (a list drawn from `choices`) | "dims" (a list of ints, or {min, max, multiple}) | "int"
+    kind: (
+        str  # "bool" | "names" (a list drawn from `choices`) | "dims" (a list of ints, or {min, max, multiple}) | "int"
+    )
     meaning: str
     choices: tuple[str, ...] = ()
 
     @property
     def form(self) -> str:
         """How a value is written, for docs and messages."""
-        return {"bool": "true or false", "int": "an integer >= 1",
-                "names": f"a list drawn from {', '.join(self.choices)}",
-                "dims": "a list of integers, or a table {min = A, max = B, multiple = N}"}[self.kind]
+        return {
+            "bool": "true or false",
+            "int": "an integer >= 1",
+            "names": f"a list drawn from {', '.join(self.choices)}",
+            "dims": "a list of integers, or a table {min = A, max = B, multiple = N}",
+        }[self.kind]
 
 
-SUPPORTS_KEYS: dict[str, Key] = {k.name: k for k in (
-    Key("devices", "names", "the devices it runs on", DEVICES),
-    Key("dtypes", "names", "input dtypes (e4m3/e5m2: the fp8 path)", DTYPES),
-    Key("head_dims", "dims", "head dims of q and k (and of v where head_dims_v is not given)"),
-    Key("head_dims_v", "dims", "head dims of v (dv)"),
-    Key("max_seqlen", "int", "the longest query or key length (each sequence's, varlen and cache too)"),
-    Key("seqlen_multiple", "int", "every query and key length is a multiple of this"),
-    Key("page_size_multiple", "int", "paged KV cache: page sizes it accepts are multiples of this"),
-    Key("layouts", "names", "how q, k, v and dO may reach it (see the coverage axes)", tuple(LAYOUTS)),
-    Key("bias_kinds", "names", "the custom bias / mask kinds it takes (none: no bias)", BIAS_KINDS),
-    *(Key(f.value, "bool", DEFAULT_REASONS[f].removeprefix("no ") + (": false when only seqlen_q == seqlen_k runs"
-                                                                       if f is Feature.SEQLEN_Q_NE_K else ""))
-      for f in Feature),
-)}
+SUPPORTS_KEYS: dict[str, Key] = {
+    k.name: k
+    for k in (
+        Key("devices", "names", "the devices it runs on", DEVICES),
+        Key("dtypes", "names", "input dtypes (e4m3/e5m2: the fp8 path)", DTYPES),
+        Key("head_dims", "dims", "head dims of q and k (and of v where head_dims_v is not given)"),
+        Key("head_dims_v", "dims", "head dims of v (dv)"),
+        Key("max_seqlen", "int", "the longest query or key length (each sequence's, varlen and cache too)"),
+        Key("seqlen_multiple", "int", "every query and key length is a multiple of this"),
+        Key("page_size_multiple", "int", "paged KV cache: page sizes it accepts are multiples of this"),
+        Key("layouts", "names", "how q, k, v and dO may reach it (see the coverage axes)", tuple(LAYOUTS)),
+        Key("bias_kinds", "names", "the custom bias / mask kinds it takes (none: no bias)", BIAS_KINDS),
+        *(
+            Key(
+                f.value,
+                "bool",
+                DEFAULT_REASONS[f].removeprefix("no ")
+                + (": false when only seqlen_q == seqlen_k runs" if f is Feature.SEQLEN_Q_NE_K else ""),
+            )
+            for f in Feature
+        ),
+    )
+}
 
 
 def _fix(key: Key) -> str:
@@ -117,8 +131,10 @@ def check_supports(raw: Any, where: str) -> dict[str, Any]:
         key = SUPPORTS_KEYS.get(name)
         if key is None:
             near = get_close_matches(name, SUPPORTS_KEYS, n=1)
-            raise UserError(f"{where}: unknown key {name!r}; {f'did you mean {near[0]!r}? ' if near else ''}"
-                            f"known keys: {', '.join(SUPPORTS_KEYS)}")
+            raise UserError(
+                f"{where}: unknown key {name!r}; {f'did you mean {near[0]!r}? ' if near else ''}"
+                f"known keys: {', '.join(SUPPORTS_KEYS)}"
+            )
         bad = UserError(f"{where}: {name} = {value!r} is not valid; {_fix(key)}")
         if key.kind == "bool":
             if not isinstance(value, bool):
@@ -151,7 +167,9 @@ def _check_dims(value: Any, bad: UserError, where: str, name: str) -> Any:
     if isinstance(value, dict):
         unknown = sorted(set(value) - set(DIM_RANGE_KEYS))
         if unknown:
-            raise UserError(f"{where}: {name} has unknown key {unknown[0]!r}; a range is {{min = A, max = B, multiple = N}}")
+            raise UserError(
+                f"{where}: {name} has unknown key {unknown[0]!r}; a range is {{min = A, max = B, multiple = N}}"
+            )
         if not value or not all(_is_dim(v) for v in value.values()):
             raise bad
         if value.get("min", 1) > value.get("max", value.get("min", 1)):

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import platform
 import re
+import subprocess
 
 import torch
 
 import gate
-import subprocess
 
 
 def gpu_class(name: str) -> str:
@@ -63,8 +63,13 @@ def git_commit(folder: str | None = None) -> str:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True, text=True, timeout=10)
         if sha.returncode != 0:
             return ""
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=folder,
-                               capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return sha.stdout.strip() + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return ""
@@ -84,18 +89,31 @@ def cudnn_version() -> str:
 
 def describe(device: str, kernel: str, kernel_version: str) -> dict[str, str]:
     env = {
-        "device": device, "torch": torch.__version__, "python": platform.python_version(),
-        "attn_gate": gate.__version__, "kernel": kernel, "kernel_version": kernel_version,
-        "machine": platform.machine(), "cpu_model": cpu_model(), "cpu_capability": cpu_capability(),
+        "device": device,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "attn_gate": gate.__version__,
+        "kernel": kernel,
+        "kernel_version": kernel_version,
+        "machine": platform.machine(),
+        "cpu_model": cpu_model(),
+        "cpu_capability": cpu_capability(),
         "git_commit": git_commit(),
     }
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
-        env.update(gpu_name=props.name, gpu_class=gpu_class(props.name), cuda=str(torch.version.cuda),
-                   driver=_driver(), compute_capability=f"{props.major}.{props.minor}", cudnn=cudnn_version())
+        env.update(
+            gpu_name=props.name,
+            gpu_class=gpu_class(props.name),
+            cuda=str(torch.version.cuda),
+            driver=_driver(),
+            compute_capability=f"{props.major}.{props.minor}",
+            cudnn=cudnn_version(),
+        )
     else:
-        env.update(gpu_name="none", gpu_class="cpu", cuda="none", driver="none",
-                   cpu=platform.processor() or platform.machine())
+        env.update(
+            gpu_name="none", gpu_class="cpu", cuda="none", driver="none", cpu=platform.processor() or platform.machine()
+        )
     return env
 
 

@@ -6,15 +6,15 @@ import the sweep that produced them.
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import re
+import sys
+import tempfile
 from pathlib import Path
 
 from gate.core.errors import UserError
-import tempfile
-import sys
-import fcntl
-import hashlib
 
 
 def safe_name(kernel: str) -> str:
@@ -30,14 +30,18 @@ def require_writable(path: Path, option: str = "--out", kind: str = "folder") ->
         raise UserError(f"{option} {path}: is a directory; pass a file name")
     if kind == "file" and (path.exists() or path.is_symlink()) and not path.is_file():
         # a device file or FIFO would be replaced by the atomic write's rename
-        raise UserError(f"{option} {path}: exists and is not a regular file (a device, FIFO or socket); pass a file name")
+        raise UserError(
+            f"{option} {path}: exists and is not a regular file (a device, FIFO or socket); pass a file name"
+        )
     probe = path.parent if kind == "file" else path
     while not probe.exists() and probe.parent != probe:  # exists() is False under a file too (/dev/null/x)
         probe = probe.parent
     if not probe.is_dir():
         where = "exists" if probe == path else f"{probe} exists"
-        raise UserError(f"{option} {path}: {where} and is not a directory; "
-                        f"pass a {'folder' if kind == 'folder' else 'file in a folder'}")
+        raise UserError(
+            f"{option} {path}: {where} and is not a directory; "
+            f"pass a {'folder' if kind == 'folder' else 'file in a folder'}"
+        )
     if not os.access(probe, os.W_OK | os.X_OK):
         raise UserError(f"{option} {path}: {probe} is not writable; pass a writable {kind}")
     # access() says yes to root on /proc and on read-only mounts: a file made and removed at once answers
@@ -46,15 +50,19 @@ def require_writable(path: Path, option: str = "--out", kind: str = "folder") ->
         with tempfile.TemporaryFile(dir=probe, prefix=".attn-gate-probe-"):
             pass
     except OSError as exc:
-        raise UserError(f"{option} {path}: cannot write in {probe} ({exc.strerror or exc}); pass a writable {kind}") from None
+        raise UserError(
+            f"{option} {path}: cannot write in {probe} ({exc.strerror or exc}); pass a writable {kind}"
+        ) from None
 
 
 def refuse_inside_baselines(out: Path, baselines_dir: str | Path, option: str = "--out") -> None:
     """Run outputs never go into the committed baselines folder (`git add -A` there would commit them)."""
     out_real, base_real = os.path.realpath(out), os.path.realpath(baselines_dir)
     if out_real == base_real or out_real.startswith(base_real.rstrip(os.sep) + os.sep):
-        raise UserError(f"{option} {out}: is inside the baselines folder {baselines_dir}, which holds committed baselines "
-                        f"only; pass another folder (e.g. --out out)")
+        raise UserError(
+            f"{option} {out}: is inside the baselines folder {baselines_dir}, which holds committed baselines "
+            f"only; pass another folder (e.g. --out out)"
+        )
 
 
 class FolderLock:
@@ -79,8 +87,10 @@ class FolderLock:
         except OSError:
             os.close(self._fd)
             self._fd = None
-            raise UserError(f"{self.option} {self.folder}: another attn-gate run is writing there; wait for it to end "
-                            f"or pass another folder") from None
+            raise UserError(
+                f"{self.option} {self.folder}: another attn-gate run is writing there; wait for it to end "
+                f"or pass another folder"
+            ) from None
         return self
 
     def __exit__(self, *exc) -> bool:
@@ -101,4 +111,6 @@ def append_step_summary(text: str) -> None:
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(text + "\n")
     except OSError as exc:
-        print(f"attn-gate: warning: $GITHUB_STEP_SUMMARY {path} was not written ({exc.strerror or exc})", file=sys.stderr)
+        print(
+            f"attn-gate: warning: $GITHUB_STEP_SUMMARY {path} was not written ({exc.strerror or exc})", file=sys.stderr
+        )

@@ -13,9 +13,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-T = TypeVar("T")
-
 from gate.core.errors import UserError
+
+T = TypeVar("T")
 
 
 def _clean(value: Any) -> Any:
@@ -96,7 +96,9 @@ def save_figure_atomic(fig, path: Path, **savefig_kwargs) -> Path:
     return path
 
 
-def read_json(path: Path, *, kind: str, schema_version: int | tuple[int, ...], file_kind: str | None = None) -> dict[str, Any]:
+def read_json(
+    path: Path, *, kind: str, schema_version: int | tuple[int, ...], file_kind: str | None = None
+) -> dict[str, Any]:
     """Read a schema-versioned JSON file or raise a UserError that names the file and the fix.
     `schema_version` may list every version the caller can migrate from (the newest last);
     `file_kind`, the `kind` the file must declare ("attn-gate sweep"): a file of another kind
@@ -124,13 +126,22 @@ def read_json(path: Path, *, kind: str, schema_version: int | tuple[int, ...], f
             f"regenerate it with this attn-gate version"
         )
     if file_kind is not None and payload.get("kind") != file_kind:
-        raise UserError(f"{path}: kind = {str(payload.get('kind'))[:60]!r} is not {file_kind!r}; pass a {kind} file "
-                        f"(this one is another kind of attn-gate file, or was hand-edited)")
+        raise UserError(
+            f"{path}: kind = {str(payload.get('kind'))[:60]!r} is not {file_kind!r}; pass a {kind} file "
+            f"(this one is another kind of attn-gate file, or was hand-edited)"
+        )
     return payload
 
 
-def read_record(path: Path, *, kind: str, schema_version: int | tuple[int, ...], from_dict: Callable[[dict[str, Any]], T], fix: str,
-                file_kind: str | None = None) -> T:
+def read_record(
+    path: Path,
+    *,
+    kind: str,
+    schema_version: int | tuple[int, ...],
+    from_dict: Callable[[dict[str, Any]], T],
+    fix: str,
+    file_kind: str | None = None,
+) -> T:
     """A schema-versioned file parsed into its dataclass; a missing or malformed field is a
     UserError naming the file, the field and `fix` (what to do about it)."""
     payload = read_json(path, kind=kind, schema_version=schema_version, file_kind=file_kind)
@@ -181,7 +192,9 @@ NAME_RE = __import__("re").compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
 def checked_name(value: Any, field: str) -> str:
     """A name read from a file that becomes part of a path (suite, GPU class): no separators, no '..'."""
     if not isinstance(value, str) or not NAME_RE.fullmatch(value) or ".." in value or len(value) > 100:
-        raise ValueError(f"{field} = {value!r} is not a plain name (letters, digits, _ . + -; no path separators or '..')")
+        raise ValueError(
+            f"{field} = {value!r} is not a plain name (letters, digits, _ . + -; no path separators or '..')"
+        )
     return value
 
 
@@ -220,5 +233,7 @@ def checked_kernel(value: Any, field: str) -> str:
     """A kernel name read from a file (a built-in, a family or package.module:function): it
     becomes part of a file name, so no separators, no '..'."""
     if not isinstance(value, str) or not KERNEL_RE.fullmatch(value) or ".." in value or len(value) > 200:
-        raise ValueError(f"{field} = {value!r} is not a kernel name (letters, digits, _ . : -; no path separators or '..')")
+        raise ValueError(
+            f"{field} = {value!r} is not a kernel name (letters, digits, _ . : -; no path separators or '..')"
+        )
     return value

@@ -15,7 +15,8 @@ from __future__ import annotations
 import re
 
 try:  # Python 3.11+
-    from re import _constants as C, _parser as P  # type: ignore[attr-defined]
+    from re import _constants as C  # type: ignore[attr-defined]
+    from re import _parser as P
 except ImportError:  # pragma: no cover - older Pythons
     import sre_constants as C  # type: ignore[no-redef]
     import sre_parse as P  # type: ignore[no-redef]

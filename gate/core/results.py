@@ -23,10 +23,16 @@ from pathlib import Path
 from typing import Any
 
 from gate.core.cases import Case, migrate_case
-from gate.core.patterns import bounded_regex
 from gate.core.jsonio import (
-    as_float, checked_kernel, checked_name, checked_tolerance, measured_float, read_record, write_json_atomic,
+    as_float,
+    checked_kernel,
+    checked_name,
+    checked_tolerance,
+    measured_float,
+    read_record,
+    write_json_atomic,
 )
+from gate.core.patterns import bounded_regex
 
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)  # migrate_results turns each older one into the current layout
@@ -142,8 +148,14 @@ class TensorError:
         name = d.get("tensor")
         if name not in ALL_TENSORS:
             raise ValueError(f"tensor = {name!r} is not one of {', '.join(ALL_TENSORS)}")
-        data = {k: (measured_float(d[k], f"{name}.{k}", math.inf if k in UNBOUNDED_FIELDS else MAX_ERROR)
-                    if k in floats else d[k]) for k in d}
+        data = {
+            k: (
+                measured_float(d[k], f"{name}.{k}", math.inf if k in UNBOUNDED_FIELDS else MAX_ERROR)
+                if k in floats
+                else d[k]
+            )
+            for k in d
+        }
         index = d["worst_index"]
         if not isinstance(index, list) or len(index) > 8 or not all(_plain_int(i) for i in index):
             raise ValueError(f"{name}.worst_index = {index!r} is not a short list of indices")
@@ -189,8 +201,13 @@ class CheckResult:
             raise ValueError(f"checks[].name and .detail must be strings, not {name!r} and {type(detail).__name__}")
         if passed is not None and not isinstance(passed, bool):
             raise ValueError(f"checks[{name}].passed = {passed!r} must be true, false or null")
-        return cls(name=name, passed=passed, value=_number(d["value"], f"checks[{name}].value"),
-                   limit=_number(d["limit"], f"checks[{name}].limit"), detail=detail)
+        return cls(
+            name=name,
+            passed=passed,
+            value=_number(d["value"], f"checks[{name}].value"),
+            limit=_number(d["limit"], f"checks[{name}].limit"),
+            detail=detail,
+        )
 
 
 @dataclass(frozen=True)
@@ -219,9 +236,13 @@ class CaseResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "case_id": self.case_id, "case": self.case.to_dict(), "status": self.status.value, "reason": self.reason,
+            "case_id": self.case_id,
+            "case": self.case.to_dict(),
+            "status": self.status.value,
+            "reason": self.reason,
             "tensors": {t.tensor: t.to_dict() for t in self.tensors},
-            "checks": [c.to_dict() for c in self.checks], "seconds": round(self.seconds, 3),
+            "checks": [c.to_dict() for c in self.checks],
+            "seconds": round(self.seconds, 3),
             **({"forward_only": True} if self.forward_only else {}),
             **({"traceback": self.traceback} if self.traceback else {}),
         }
@@ -247,10 +268,14 @@ class CaseResult:
             if [t.tensor for t in errors] != list(tensors):
                 raise ValueError("a tensor is stored under another tensor's name")
             result = cls(
-                case=case, status=Status(d["status"]), reason=d.get("reason", ""), tensors=errors,
+                case=case,
+                status=Status(d["status"]),
+                reason=d.get("reason", ""),
+                tensors=errors,
                 checks=tuple(CheckResult.from_dict(c) for c in checks),
                 seconds=measured_float(d.get("seconds", 0.0), "seconds", MAX_SECONDS),
-                forward_only=d.get("forward_only", False), traceback=d.get("traceback", ""),
+                forward_only=d.get("forward_only", False),
+                traceback=d.get("traceback", ""),
             )
             result.check_consistent()
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
@@ -264,8 +289,11 @@ class CaseResult:
         over = [t.tensor for t in self.tensors if not t.passed]
         failed = [c.name for c in self.checks if c.passed is False]
         if self.status is Status.PASS and (over or failed):
-            what = (f"{', '.join(over)} over the bound (ratio {max(t.ratio for t in self.tensors):.4g})" if over
-                    else f"the {', '.join(failed)} check failed")
+            what = (
+                f"{', '.join(over)} over the bound (ratio {max(t.ratio for t in self.tensors):.4g})"
+                if over
+                else f"the {', '.join(failed)} check failed"
+            )
             raise ValueError(f"status PASS contradicts the row: {what}")
         if self.status is Status.FAIL and self.tensors and not over and not failed:
             raise ValueError("status FAIL contradicts the row: every tensor is within its bound and no check failed")
@@ -302,9 +330,16 @@ class SweepResult:
             row = {
                 "name": c.case_id,
                 "shape": [case.batch, case.heads_q, case.seqlen_q, case.head_dim],
-                "dtype": case.dtype, "causal": case.causal, "pass": c.status is Status.PASS,
+                "dtype": case.dtype,
+                "causal": case.causal,
+                "pass": c.status is Status.PASS,
             }
-            for tensor, key in (("out", "fwd_max_abs"), ("dq", "dq_max_abs"), ("dk", "dk_max_abs"), ("dv", "dv_max_abs")):
+            for tensor, key in (
+                ("out", "fwd_max_abs"),
+                ("dq", "dq_max_abs"),
+                ("dk", "dk_max_abs"),
+                ("dv", "dv_max_abs"),
+            ):
                 t = c.tensor(tensor)
                 row[key] = None if t is None else t.max_err
             first = c.tensors[0] if c.tensors else None
@@ -315,16 +350,29 @@ class SweepResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "schema_version": self.schema_version, "kind": "attn-gate sweep", "kernel": self.kernel, "suite": self.suite,
-            "suite_hash": self.suite_hash, "environment": self.environment, "tolerance": self.tolerance,
-            "started_at": self.started_at, "wall_s": round(self.wall_s, 2), "notes": list(self.notes),
-            "scope": self.scope, "summary": {s.value: self.count(s) for s in Status},
-            "cases": [c.to_dict() for c in self.cases], "harness_report": self.harness_report(),
+            "schema_version": self.schema_version,
+            "kind": "attn-gate sweep",
+            "kernel": self.kernel,
+            "suite": self.suite,
+            "suite_hash": self.suite_hash,
+            "environment": self.environment,
+            "tolerance": self.tolerance,
+            "started_at": self.started_at,
+            "wall_s": round(self.wall_s, 2),
+            "notes": list(self.notes),
+            "scope": self.scope,
+            "summary": {s.value: self.count(s) for s in Status},
+            "cases": [c.to_dict() for c in self.cases],
+            "harness_report": self.harness_report(),
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SweepResult":
-        if not isinstance(d["environment"], dict) or not isinstance(d["cases"], list) or not isinstance(d["kernel"], str):
+        if (
+            not isinstance(d["environment"], dict)
+            or not isinstance(d["cases"], list)
+            or not isinstance(d["kernel"], str)
+        ):
             raise TypeError("environment must be an object, cases a list and kernel a string")
         checked_name(d["suite"], "suite")
         checked_name(d["environment"].get("gpu_class", "unknown"), "environment.gpu_class")  # becomes a folder name
@@ -338,9 +386,15 @@ class SweepResult:
         if not d["cases"]:  # a sweep runs at least one case (--only matching none is refused): nothing to judge
             raise ValueError("cases = []: the file holds no case, so nothing was measured")
         sweep = cls(
-            kernel=d["kernel"], suite=d["suite"], suite_hash=d["suite_hash"], environment=d["environment"],
-            cases=tuple(CaseResult.from_dict(c) for c in d["cases"]), tolerance=checked_tolerance(d["tolerance"]),
-            started_at=d["started_at"], wall_s=measured_float(d["wall_s"], "wall_s", MAX_SECONDS), notes=tuple(notes),
+            kernel=d["kernel"],
+            suite=d["suite"],
+            suite_hash=d["suite_hash"],
+            environment=d["environment"],
+            cases=tuple(CaseResult.from_dict(c) for c in d["cases"]),
+            tolerance=checked_tolerance(d["tolerance"]),
+            started_at=d["started_at"],
+            wall_s=measured_float(d["wall_s"], "wall_s", MAX_SECONDS),
+            notes=tuple(notes),
             scope=d.get("scope"),
         )
         sweep.check_scope()
@@ -359,16 +413,24 @@ class SweepResult:
             raise ValueError(f"scope = {self.scope[:200]!r} {exc}") from None
         outside = [c.case_id for c in self.cases if not pattern.search(c.case_id)]
         if outside:
-            raise ValueError(f"scope = {self.scope!r} excludes the file's own case {outside[0]}"
-                             f"{f' (and {len(outside) - 1} more)' if len(outside) > 1 else ''}")
+            raise ValueError(
+                f"scope = {self.scope!r} excludes the file's own case {outside[0]}"
+                f"{f' (and {len(outside) - 1} more)' if len(outside) > 1 else ''}"
+            )
 
     def write(self, path: Path) -> None:
         write_json_atomic(path, self.to_dict())
 
     @classmethod
     def read(cls, path: Path) -> "SweepResult":
-        return read_record(path, kind="sweep results", schema_version=READABLE_VERSIONS,
-                           from_dict=lambda d: cls.from_dict(migrate_results(d)), file_kind="attn-gate sweep", fix="regenerate it with `attn-gate sweep`")
+        return read_record(
+            path,
+            kind="sweep results",
+            schema_version=READABLE_VERSIONS,
+            from_dict=lambda d: cls.from_dict(migrate_results(d)),
+            file_kind="attn-gate sweep",
+            fix="regenerate it with `attn-gate sweep`",
+        )
 
 
 SCOPE_NOTE = re.compile(r"filtered with --only (.+)")

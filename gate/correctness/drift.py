@@ -24,6 +24,7 @@ JSON format history (DriftResult): 1 first version.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import time
@@ -32,9 +33,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gate.core.errors import UserError, first_line
-import copy
-from gate.core.jsonio import save_figure_atomic, write_json_atomic
 from gate.core.files import safe_name
+from gate.core.jsonio import save_figure_atomic, write_json_atomic
 
 SCHEMA_VERSION = 1
 REFERENCE = "reference fp32"
@@ -78,9 +78,12 @@ def default_config(device: str, steps: int | None = None, dtype: str = "bf16", s
     CPU: 100 steps of a tiny model (d_model 32, 8 sequences of 16 tokens over 8 symbols), which
     learns the copy between steps 50 and 80 (measured), so the curve has a slope to drift from."""
     if device == "cuda":
-        return DriftConfig(steps=steps or 1000, batch=32, seqlen=128, d_model=128, heads=2, vocab=16, lr=3e-3,
-                           dtype=dtype, seed=seed)
-    return DriftConfig(steps=steps or 100, batch=8, seqlen=16, d_model=32, heads=2, vocab=8, lr=1e-2, dtype=dtype, seed=seed)
+        return DriftConfig(
+            steps=steps or 1000, batch=32, seqlen=128, d_model=128, heads=2, vocab=16, lr=3e-3, dtype=dtype, seed=seed
+        )
+    return DriftConfig(
+        steps=steps or 100, batch=8, seqlen=16, d_model=32, heads=2, vocab=8, lr=1e-2, dtype=dtype, seed=seed
+    )
 
 
 # ---------------------------------------------------------------- decision (plain arithmetic)
@@ -90,12 +93,14 @@ def moving_average(values: list[float], window: int) -> list[float]:
     """Trailing mean over the last `window` values (fewer at the start); NaN stays NaN."""
     out = []
     for i in range(len(values)):
-        recent = values[max(0, i - window + 1): i + 1]
+        recent = values[max(0, i - window + 1) : i + 1]
         out.append(sum(recent) / len(recent))  # NaN in the window gives NaN
     return out
 
 
-def band(references: list[list[float]], center: list[float], widen: float, rel_floor: float) -> tuple[list[float], list[float]]:
+def band(
+    references: list[list[float]], center: list[float], widen: float, rel_floor: float
+) -> tuple[list[float], list[float]]:
     """Per-step (lower, upper) from the smoothed reference curves (see the module doc)."""
     lower, upper = [], []
     for t, c in enumerate(center):
@@ -130,9 +135,13 @@ def judge(kernel: list[float], lower: list[float], upper: list[float]) -> Judgem
     if len(kernel) != len(lower):
         return Judgement(False, outside, worst_t, worst, f"kernel curve has {len(kernel)} steps, band {len(lower)}")
     if outside:
-        return Judgement(False, outside, worst_t, worst,
-                         f"{outside}/{len(kernel)} steps outside the band; worst at step {worst_t + 1}, "
-                         f"{worst:.3g} beyond it")
+        return Judgement(
+            False,
+            outside,
+            worst_t,
+            worst,
+            f"{outside}/{len(kernel)} steps outside the band; worst at step {worst_t + 1}, {worst:.3g} beyond it",
+        )
     return Judgement(True, 0, -1, 0.0, f"all {len(kernel)} steps inside the band")
 
 
@@ -194,8 +203,8 @@ def reference_attention(q, k, v, scale: float, compute_dtype=None, reverse_keys:
 
 def kernel_attention(adapter, dtype) -> Callable:
     """Attention through a kernel adapter: q, k, v rounded to `dtype`, the output back to float32."""
-    from gate.kernels.base import KernelCall
     from gate.attention.reference import AttnOptions
+    from gate.kernels.base import KernelCall
 
     def attend(q, k, v, scale):
         opts = AttnOptions(softmax_scale=scale, causal=True)
@@ -214,8 +223,9 @@ def _variants(cfg: DriftConfig) -> dict[str, Callable]:
     return {
         REFERENCE: lambda q, k, v, s: reference_attention(q, k, v, s),
         VARIANTS[0]: lambda q, k, v, s: reference_attention(q, k, v, s, torch.float64),
-        VARIANTS[1].format(dtype=cfg.dtype): lambda q, k, v, s: reference_attention(
-            q.to(low).float(), k.to(low).float(), v.to(low).float(), s).to(low).float(),
+        VARIANTS[1].format(dtype=cfg.dtype): lambda q, k, v, s: (
+            reference_attention(q.to(low).float(), k.to(low).float(), v.to(low).float(), s).to(low).float()
+        ),
         VARIANTS[2]: lambda q, k, v, s: reference_attention(q, k, v, s, reverse_keys=True),
     }
 
@@ -275,7 +285,9 @@ def initial_state(cfg: DriftConfig, device) -> dict:
     return copy.deepcopy(_build_model(cfg, device).state_dict())
 
 
-def reference_curves(cfg: DriftConfig, device: str, progress: Callable[[str], None] | None = None) -> dict[str, list[float]]:
+def reference_curves(
+    cfg: DriftConfig, device: str, progress: Callable[[str], None] | None = None
+) -> dict[str, list[float]]:
     """The reference runs' raw losses: the float32 reference and its reduction-order/precision variants."""
     say = progress or (lambda _msg: None)
     init = initial_state(cfg, device)
@@ -286,12 +298,18 @@ def reference_curves(cfg: DriftConfig, device: str, progress: Callable[[str], No
     return curves
 
 
-def run_drift(kernel: str, cfg: DriftConfig, device: str, adapter=None, progress: Callable[[str], None] | None = None,
-              references: dict[str, list[float]] | None = None) -> DriftResult:
+def run_drift(
+    kernel: str,
+    cfg: DriftConfig,
+    device: str,
+    adapter=None,
+    progress: Callable[[str], None] | None = None,
+    references: dict[str, list[float]] | None = None,
+) -> DriftResult:
     """Train the reference runs (or reuse `references` from reference_curves with the same cfg)
     and the kernel's run; decide against the band."""
-    from gate.core.environment import describe
     from gate.attention.inputs import TORCH_DTYPES
+    from gate.core.environment import describe
     from gate.kernels.registry import get_adapter
 
     t0 = time.perf_counter()
@@ -305,7 +323,9 @@ def run_drift(kernel: str, cfg: DriftConfig, device: str, adapter=None, progress
     if cfg.dtype not in caps.dtypes:
         raise UserError(f"--dtype {cfg.dtype}: kernel {kernel!r} supports {', '.join(caps.dtypes)}")
     say = progress or (lambda _msg: None)
-    if references is not None and (set(references) != set(_variants(cfg)) or any(len(c) != cfg.steps for c in references.values())):
+    if references is not None and (
+        set(references) != set(_variants(cfg)) or any(len(c) != cfg.steps for c in references.values())
+    ):
         raise ValueError("references do not match this drift configuration")
     curves = dict(references) if references is not None else reference_curves(cfg, device, progress)
     init = initial_state(cfg, device)
@@ -316,7 +336,6 @@ def run_drift(kernel: str, cfg: DriftConfig, device: str, adapter=None, progress
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # a crashing kernel (sys.exit too) is a failed run, reported, not a traceback
-
         notes.append(f"the kernel raised {first_line(exc)}")
         curves[f"kernel {kernel}"] = [math.nan] * cfg.steps
     smoothed = {name: moving_average(c, cfg.window) for name, c in curves.items()}
@@ -325,10 +344,20 @@ def run_drift(kernel: str, cfg: DriftConfig, device: str, adapter=None, progress
     verdict = judge(smoothed[f"kernel {kernel}"], lower, upper)
     reason = verdict.reason if not notes else f"{notes[0]}; {verdict.reason}"
     return DriftResult(
-        kernel=kernel, device=device, config=dataclasses.asdict(cfg),
-        environment=describe(device, kernel, adapter.version()), curves=curves, smoothed=smoothed,
-        lower=lower, upper=upper, passed=verdict.passed, reason=reason, steps_outside=verdict.steps_outside,
-        worst_step=verdict.worst_step, worst_excess=verdict.worst_excess, wall_s=time.perf_counter() - t0,
+        kernel=kernel,
+        device=device,
+        config=dataclasses.asdict(cfg),
+        environment=describe(device, kernel, adapter.version()),
+        curves=curves,
+        smoothed=smoothed,
+        lower=lower,
+        upper=upper,
+        passed=verdict.passed,
+        reason=reason,
+        steps_outside=verdict.steps_outside,
+        worst_step=verdict.worst_step,
+        worst_excess=verdict.worst_excess,
+        wall_s=time.perf_counter() - t0,
         notes=tuple(notes),
     )
 
@@ -351,16 +380,26 @@ def plot_drift(result: DriftResult, path: Path) -> Path:
     ref = result.smoothed[REFERENCE]
     kernel_name = next(n for n in result.smoothed if n.startswith("kernel "))
     top.fill_between(steps, result.lower, result.upper, color="#9ecae1", alpha=0.6, label="band")
-    bottom.fill_between(steps, [lo - r for lo, r in zip(result.lower, ref)], [hi - r for hi, r in zip(result.upper, ref)],
-                        color="#9ecae1", alpha=0.6, label="band")
+    bottom.fill_between(
+        steps,
+        [lo - r for lo, r in zip(result.lower, ref)],
+        [hi - r for hi, r in zip(result.upper, ref)],
+        color="#9ecae1",
+        alpha=0.6,
+        label="band",
+    )
     for name, curve in result.smoothed.items():
         is_kernel = name == kernel_name
         style = dict(color="#d62728" if is_kernel else None, lw=1.8 if is_kernel else 0.9, label=name)
         top.plot(steps, curve, **style)
         bottom.plot(steps, [c - r for c, r in zip(curve, ref)], **style)
     verdict = "PASS" if result.passed else "FAIL"
-    top.set_title(f"drift: {result.kernel} ({result.config['dtype']}, {result.device}) - {verdict}: {result.reason}", fontsize=9)
-    top.set_ylabel(f"training loss (moving average of {result.config['smooth'] or max(1, result.config['steps'] // 50)})")
+    top.set_title(
+        f"drift: {result.kernel} ({result.config['dtype']}, {result.device}) - {verdict}: {result.reason}", fontsize=9
+    )
+    top.set_ylabel(
+        f"training loss (moving average of {result.config['smooth'] or max(1, result.config['steps'] // 50)})"
+    )
     bottom.set_ylabel("minus the fp32 reference")
     bottom.set_xlabel("step")
     top.legend(fontsize=7)

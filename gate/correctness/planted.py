@@ -32,10 +32,10 @@ import torch
 from gate.attention.masks import allowed_mask, effective_window
 from gate.attention.reference import AttnOptions
 from gate.core.cases import FLAT_FIELDS, Case
+from gate.core.errors import UserError
 from gate.kernels.base import DelegatingAdapter, KernelAdapter, KernelCall, KernelOutput
 from gate.kernels.capabilities import Capabilities, Feature
 from gate.kernels.tiled import TILE, TiledAdapter, TileSteps, dropout_keep_mask
-from gate.core.errors import UserError
 
 
 class PlantError(Exception):
@@ -115,6 +115,7 @@ def wrap(perturb):
 def _grad_scaled(tensor: str, factor: float):
     def perturb(w: Wrapped, call: KernelCall) -> KernelOutput:
         return w.inner(dataclasses.replace(call, **{tensor: ScaleGrad.apply(getattr(call, tensor), factor)}))
+
     return perturb
 
 
@@ -194,7 +195,9 @@ def _paged_block_table_swapped(w: Wrapped, call: KernelCall) -> KernelOutput:
     cache = getattr(call, "cache", None)
     table = getattr(cache, "block_table", None)
     if not isinstance(table, torch.Tensor) or table.numel() < 2:
-        raise PlantError("the call carries no paged cache (KernelCall.cache.block_table): update _paged_block_table_swapped")
+        raise PlantError(
+            "the call carries no paged cache (KernelCall.cache.block_table): update _paged_block_table_swapped"
+        )
     swapped = table.clone()
     flat = swapped.view(-1)
     flat[[0, -1]] = flat[[-1, 0]]  # two pages of the cache swapped: only paged reads see it
@@ -298,7 +301,9 @@ class TiledVariant(TiledAdapter):
         d = q.shape[-1]
         if "head_dim_padded_scale" in self.flags and d % 32:
             # the scale of the head dim the tiles are padded to, not of the real one: only off-grid dims see it
-            call = dataclasses.replace(call, opts=dataclasses.replace(call.opts, softmax_scale=(-(-d // 32) * 32) ** -0.5))
+            call = dataclasses.replace(
+                call, opts=dataclasses.replace(call.opts, softmax_scale=(-(-d // 32) * 32) ** -0.5)
+            )
         return super()._dense(q, k, v, call, keep)
 
 
@@ -316,72 +321,197 @@ def _any_keys(c: Case) -> bool:
 ANY = Trigger("a case with more than one key", _any_keys)
 CAUSAL = Trigger("a causal case with more than one key", lambda c: c.causal and _any_keys(c))
 WINDOW = Trigger("a sliding-window case", lambda c: c.has_window)
-CAUSAL_WINDOW = Trigger("a causal case with a sliding window (left < seqlen_k)",
-                        lambda c: c.causal and 0 <= c.window[0] < c.seqlen_k - 1)
-PARTIAL_TILE = Trigger(f"a case with seqlen_k > {TILE} and not a multiple of the key tile ({TILE})",
-                       lambda c: any(n > TILE and n % TILE for n in (c.entry.varlen if c.entry.varlen is not None else (c.seqlen_k,))))
-GQA = Trigger("a GQA case with more than one kv head (heads 'Hq/Hkv', Hkv >= 2)", lambda c: c.is_gqa and c.heads_kv >= 2 and _any_keys(c))
+CAUSAL_WINDOW = Trigger(
+    "a causal case with a sliding window (left < seqlen_k)", lambda c: c.causal and 0 <= c.window[0] < c.seqlen_k - 1
+)
+PARTIAL_TILE = Trigger(
+    f"a case with seqlen_k > {TILE} and not a multiple of the key tile ({TILE})",
+    lambda c: any(n > TILE and n % TILE for n in (c.entry.varlen if c.entry.varlen is not None else (c.seqlen_k,))),
+)
+GQA = Trigger(
+    "a GQA case with more than one kv head (heads 'Hq/Hkv', Hkv >= 2)",
+    lambda c: c.is_gqa and c.heads_kv >= 2 and _any_keys(c),
+)
 SOFTCAP = Trigger("a softcap case", lambda c: c.softcap > 0)
 ALIBI = Trigger("an ALiBi case", lambda c: c.alibi and _any_keys(c))
 OFF_GRID = Trigger("a case with head_dim not a multiple of 32", lambda c: c.head_dim % 32 != 0)
-MASKED_ROWS = Trigger("a case with fully masked rows (causal with seqlen_q > seqlen_k)", lambda c: c.has_fully_masked_rows)
+MASKED_ROWS = Trigger(
+    "a case with fully masked rows (causal with seqlen_q > seqlen_k)", lambda c: c.has_fully_masked_rows
+)
 BATCH = Trigger("a dense case with batch >= 2", lambda c: c.entry.varlen is None and c.batch >= 2)
-VARLEN = Trigger("a varlen case with two or more non-empty sequences",
-                 lambda c: c.entry.varlen is not None and sum(1 for n in c.entry.varlen if n) >= 2)
-DETERMINISM = Trigger("a case with the determinism check (checks = [[\"determinism\"]])",
-                      lambda c: "determinism" in c.checks or "race" in c.checks)
+VARLEN = Trigger(
+    "a varlen case with two or more non-empty sequences",
+    lambda c: c.entry.varlen is not None and sum(1 for n in c.entry.varlen if n) >= 2,
+)
+DETERMINISM = Trigger(
+    'a case with the determinism check (checks = [["determinism"]])',
+    lambda c: "determinism" in c.checks or "race" in c.checks,
+)
 DROPOUT = Trigger("a dropout case", lambda c: c.dropout_p > 0)
 LSE = Trigger("a case where the kernel returns its LSE", _any_keys)
-EXTREME = Trigger("an inputs = large/shifted/outliers case (extreme logits)",
-                  lambda c: c.inputs in ("large", "shifted", "outliers"),
-                  field="inputs")
-NONCONTIG_K = Trigger("a layout case with a non-contiguous K (k_sliced, qkv_packed, bhsd_view)",
-                      lambda c: c.layout in ("k_sliced", "qkv_packed", "bhsd_view"), field="layout")
-GROWING_BIAS = Trigger("a case with a bias rising along the keys (bias = [\"growing\"])",
-                      lambda c: c.bias.kind == "growing" and _any_keys(c), field="bias")
+EXTREME = Trigger(
+    "an inputs = large/shifted/outliers case (extreme logits)",
+    lambda c: c.inputs in ("large", "shifted", "outliers"),
+    field="inputs",
+)
+NONCONTIG_K = Trigger(
+    "a layout case with a non-contiguous K (k_sliced, qkv_packed, bhsd_view)",
+    lambda c: c.layout in ("k_sliced", "qkv_packed", "bhsd_view"),
+    field="layout",
+)
+GROWING_BIAS = Trigger(
+    'a case with a bias rising along the keys (bias = ["growing"])',
+    lambda c: c.bias.kind == "growing" and _any_keys(c),
+    field="bias",
+)
 BIAS_GRAD = Trigger("a case with a learnable bias (bias_grad = true)", lambda c: c.bias.grad, field="bias_grad")
-PAGED = Trigger("a paged kv-cache case (entry = kvcache with a page size)",
-                lambda c: c.entry.kind == "kvcache" and bool(c.entry.page_size), field="entry")
+PAGED = Trigger(
+    "a paged kv-cache case (entry = kvcache with a page size)",
+    lambda c: c.entry.kind == "kvcache" and bool(c.entry.page_size),
+    field="entry",
+)
 
 BUGS: tuple[PlantedBug, ...] = (
-    PlantedBug("dk_x1.02", "dK 2% too large (a wrong constant in the backward epilogue)", "kernel", ANY, wrap(_grad_scaled("k", 1.02))),
-    PlantedBug("dq_x1.02", "dQ 2% too large (a wrong scale on the dQ accumulator)", "kernel", ANY, wrap(_grad_scaled("q", 1.02))),
-    PlantedBug("lse_plus_1e-3", "the LSE off by 1e-3 (a log2/ln constant rounded)", "kernel", LSE, wrap(_lse_shifted),
-               needs=lambda caps: caps.returns_lse, hint="an fp32 case: in bf16/fp16 the LSE bound is ~1e-2, ten times this error"),
-    PlantedBug("masked_row_nan", "a fully masked row gives NaN instead of 0 (0/0 in the normalisation)", "kernel", MASKED_ROWS,
-               wrap(_masked_rows_nan)),
-    PlantedBug("batch_leak", "a batch element leaks into its neighbour (batch stride off at the boundary)", "kernel", BATCH,
-               wrap(_batch_leak)),
-    PlantedBug("varlen_boundary", "varlen-only indexing: cu_seqlens read one off at a sequence boundary", "kernel", VARLEN,
-               wrap(_varlen_boundary)),
-    PlantedBug("dq_noise_deterministic", "run-to-run noise in dQ under deterministic mode (an atomic left in)", "kernel",
-               DETERMINISM, wrap(_dq_noise_when_deterministic), needs=lambda caps: caps.deterministic_mode),
+    PlantedBug(
+        "dk_x1.02",
+        "dK 2% too large (a wrong constant in the backward epilogue)",
+        "kernel",
+        ANY,
+        wrap(_grad_scaled("k", 1.02)),
+    ),
+    PlantedBug(
+        "dq_x1.02",
+        "dQ 2% too large (a wrong scale on the dQ accumulator)",
+        "kernel",
+        ANY,
+        wrap(_grad_scaled("q", 1.02)),
+    ),
+    PlantedBug(
+        "lse_plus_1e-3",
+        "the LSE off by 1e-3 (a log2/ln constant rounded)",
+        "kernel",
+        LSE,
+        wrap(_lse_shifted),
+        needs=lambda caps: caps.returns_lse,
+        hint="an fp32 case: in bf16/fp16 the LSE bound is ~1e-2, ten times this error",
+    ),
+    PlantedBug(
+        "masked_row_nan",
+        "a fully masked row gives NaN instead of 0 (0/0 in the normalisation)",
+        "kernel",
+        MASKED_ROWS,
+        wrap(_masked_rows_nan),
+    ),
+    PlantedBug(
+        "batch_leak",
+        "a batch element leaks into its neighbour (batch stride off at the boundary)",
+        "kernel",
+        BATCH,
+        wrap(_batch_leak),
+    ),
+    PlantedBug(
+        "varlen_boundary",
+        "varlen-only indexing: cu_seqlens read one off at a sequence boundary",
+        "kernel",
+        VARLEN,
+        wrap(_varlen_boundary),
+    ),
+    PlantedBug(
+        "dq_noise_deterministic",
+        "run-to-run noise in dQ under deterministic mode (an atomic left in)",
+        "kernel",
+        DETERMINISM,
+        wrap(_dq_noise_when_deterministic),
+        needs=lambda caps: caps.deterministic_mode,
+    ),
     PlantedBug("drop_delta", "the rowsum(dO * O) term of dS dropped", "tiled", ANY, variant("drop_delta")),
     PlantedBug("causal_peek", "the causal mask peeks one key ahead", "tiled", CAUSAL, variant("causal_peek")),
-    PlantedBug("window_off_by_one", "the sliding window one key too wide on each side", "tiled", WINDOW, variant("window_off_by_one")),
-    PlantedBug("causal_window_ignores_window", "causal + window applies only the causal mask", "tiled", CAUSAL_WINDOW,
-               variant("causal_window_ignores_window")),
-    PlantedBug("skip_last_partial_tile", "the last partial key tile skipped", "tiled", PARTIAL_TILE, variant("skip_last_partial_tile")),
+    PlantedBug(
+        "window_off_by_one",
+        "the sliding window one key too wide on each side",
+        "tiled",
+        WINDOW,
+        variant("window_off_by_one"),
+    ),
+    PlantedBug(
+        "causal_window_ignores_window",
+        "causal + window applies only the causal mask",
+        "tiled",
+        CAUSAL_WINDOW,
+        variant("causal_window_ignores_window"),
+    ),
+    PlantedBug(
+        "skip_last_partial_tile",
+        "the last partial key tile skipped",
+        "tiled",
+        PARTIAL_TILE,
+        variant("skip_last_partial_tile"),
+    ),
     PlantedBug("gqa_h_mod_hkv", "GQA head mapping h % Hkv instead of h // (Hq/Hkv)", "tiled", GQA, variant("gqa_mod")),
-    PlantedBug("softcap_no_derivative", "softcap's derivative (1 - tanh^2) dropped in the backward", "tiled", SOFTCAP,
-               variant("softcap_no_derivative")),
+    PlantedBug(
+        "softcap_no_derivative",
+        "softcap's derivative (1 - tanh^2) dropped in the backward",
+        "tiled",
+        SOFTCAP,
+        variant("softcap_no_derivative"),
+    ),
     PlantedBug("softcap_ignored", "the softcap not applied at all", "tiled", SOFTCAP, variant("softcap_ignored")),
-    PlantedBug("softcap_before_scale", "the cap applied before the softmax scale (the cap scaled)", "tiled", SOFTCAP,
-               variant("softcap_before_scale")),
+    PlantedBug(
+        "softcap_before_scale",
+        "the cap applied before the softmax scale (the cap scaled)",
+        "tiled",
+        SOFTCAP,
+        variant("softcap_before_scale"),
+    ),
     PlantedBug("alibi_wrong_sign", "ALiBi bias added with the wrong sign", "tiled", ALIBI, variant("alibi_wrong_sign")),
-    PlantedBug("head_dim_off_grid", "softmax scale of the head dim padded to 32 (wrong only off the 32-grid)", "tiled", OFF_GRID,
-               variant("head_dim_padded_scale")),
-    PlantedBug("dropout_redrawn", "the dropout mask redrawn in the backward", "tiled", DROPOUT, variant("dropout_redrawn")),
-    PlantedBug("exp_overflow", "no running max: exp overflows/underflows at extreme logits", "tiled", EXTREME,
-               variant("no_max_subtraction")),
-    PlantedBug("running_max_frozen", "the running max never raised after the first key tile: exp overflows once later "
-               "scores pass it by 88", "tiled", GROWING_BIAS, variant("max_frozen"), needs=lambda caps: caps.supports(Feature.BIAS)),
-    PlantedBug("noncontiguous_k", "wrong results for a non-contiguous K (strides ignored)", "kernel", NONCONTIG_K,
-               wrap(_noncontiguous_k)),
-    PlantedBug("bias_grad_x1.02", "dBias 2% too large (a broadcast bias's gradient reduced wrongly)", "kernel", BIAS_GRAD,
-               wrap(_bias_grad_scaled), needs=lambda caps: caps.supports(Feature.BIAS_GRAD)),
-    PlantedBug("paged_pages_swapped", "paged-cache-only indexing: two pages of the block table read swapped", "kernel", PAGED,
-               wrap(_paged_block_table_swapped), needs=lambda caps: caps.supports(Feature.PAGED)),
+    PlantedBug(
+        "head_dim_off_grid",
+        "softmax scale of the head dim padded to 32 (wrong only off the 32-grid)",
+        "tiled",
+        OFF_GRID,
+        variant("head_dim_padded_scale"),
+    ),
+    PlantedBug(
+        "dropout_redrawn", "the dropout mask redrawn in the backward", "tiled", DROPOUT, variant("dropout_redrawn")
+    ),
+    PlantedBug(
+        "exp_overflow",
+        "no running max: exp overflows/underflows at extreme logits",
+        "tiled",
+        EXTREME,
+        variant("no_max_subtraction"),
+    ),
+    PlantedBug(
+        "running_max_frozen",
+        "the running max never raised after the first key tile: exp overflows once later scores pass it by 88",
+        "tiled",
+        GROWING_BIAS,
+        variant("max_frozen"),
+        needs=lambda caps: caps.supports(Feature.BIAS),
+    ),
+    PlantedBug(
+        "noncontiguous_k",
+        "wrong results for a non-contiguous K (strides ignored)",
+        "kernel",
+        NONCONTIG_K,
+        wrap(_noncontiguous_k),
+    ),
+    PlantedBug(
+        "bias_grad_x1.02",
+        "dBias 2% too large (a broadcast bias's gradient reduced wrongly)",
+        "kernel",
+        BIAS_GRAD,
+        wrap(_bias_grad_scaled),
+        needs=lambda caps: caps.supports(Feature.BIAS_GRAD),
+    ),
+    PlantedBug(
+        "paged_pages_swapped",
+        "paged-cache-only indexing: two pages of the block table read swapped",
+        "kernel",
+        PAGED,
+        wrap(_paged_block_table_swapped),
+        needs=lambda caps: caps.supports(Feature.PAGED),
+    ),
 )
 
 
@@ -414,7 +544,9 @@ def planted_adapter(bug: PlantedBug, host: KernelAdapter) -> KernelAdapter:
 
 def case_cost(case: Case) -> float:
     """Order cases cheapest first (a bug is usually killed by the first few)."""
-    return case.flops("fwd") * (3.5 if case.dtype != "fp32" else 7.0) * len(case.seeds) + 1e4 * (1 + len(case.checks) * 10)
+    return case.flops("fwd") * (3.5 if case.dtype != "fp32" else 7.0) * len(case.seeds) + 1e4 * (
+        1 + len(case.checks) * 10
+    )
 
 
 def mult_to_catch(max_err: float, pt_err: float, floor: float) -> float:

@@ -15,24 +15,25 @@ from dataclasses import dataclass
 
 import torch
 
+from gate.attention.inputs import FP8_TORCH_DTYPES, TORCH_DTYPES, AttnInputs, KernelTensors, kernel_tensors, make_inputs
+from gate.attention.kvcache import expected_cache, gather_dense
+from gate.attention.reference import AttnOptions, AttnResult, DecodeResult, attention_reference, decode_reference
 from gate.core.cases import Case
 from gate.core.config import ToleranceConfig
 from gate.core.errors import first_line
-from gate.attention.inputs import FP8_TORCH_DTYPES, TORCH_DTYPES, AttnInputs, KernelTensors, kernel_tensors, make_inputs
-from gate.kernels.base import KernelAdapter, KernelCall, KernelOutput
-from gate.kernels.sdpa import NoKernel
-from gate.attention.kvcache import expected_cache, gather_dense
-from gate.attention.reference import AttnOptions, AttnResult, DecodeResult, attention_reference, decode_reference
 from gate.core.results import ALL_TENSORS, CaseResult, Status, TensorError, error_ratio
 from gate.correctness.tolerance import BANDS, error_bound, rounding_floor, tensor_spec
+from gate.kernels.base import KernelAdapter, KernelCall, KernelOutput
+from gate.kernels.sdpa import NoKernel
 
 
 class BadOutput(Exception):
     """The kernel returned something that is not a valid answer (shape, dtype, NaN/Inf)."""
 
 
-def measure(name: str, kernel: torch.Tensor, gold: torch.Tensor, low: torch.Tensor, dtype: str, mult: float,
-            seed: int) -> TensorError:
+def measure(
+    name: str, kernel: torch.Tensor, gold: torch.Tensor, low: torch.Tensor, dtype: str, mult: float, seed: int
+) -> TensorError:
     """One tensor's errors, compared as its spec says (tolerance.SPECS: which elements, the
     dtype of the floor and what is added to it, how the worst element is located)."""
     spec = tensor_spec(name)
@@ -62,10 +63,26 @@ def measure(name: str, kernel: torch.Tensor, gold: torch.Tensor, low: torch.Tens
     bound = error_bound(pt_err, floor, mult)
     atol, rtol = BANDS[dtype]
     band_ok = bool((diff <= atol + rtol * g.abs()).all())
-    return TensorError(name, max_err, mean_err, pt_err, floor, mult, bound, error_ratio(max_err, bound), worst, atol, rtol, band_ok, seed)
+    return TensorError(
+        name,
+        max_err,
+        mean_err,
+        pt_err,
+        floor,
+        mult,
+        bound,
+        error_ratio(max_err, bound),
+        worst,
+        atol,
+        rtol,
+        band_ok,
+        seed,
+    )
 
 
-def leaf_call(case: Case, inputs: AttnInputs, deterministic: bool = False, tensors: KernelTensors | None = None) -> KernelCall:
+def leaf_call(
+    case: Case, inputs: AttnInputs, deterministic: bool = False, tensors: KernelTensors | None = None
+) -> KernelCall:
     """The call the kernel gets: q, k, v in the case's layout (views, never contiguous
     copies, unless the layout is the default), tracking gradients; a custom bias is its
     own leaf, with grad when the case asks; so are the sink logits. A decode case
@@ -78,9 +95,18 @@ def leaf_call(case: Case, inputs: AttnInputs, deterministic: bool = False, tenso
         opts = dataclasses.replace(opts, bias=inputs.bias.detach().clone().requires_grad_(case.bias.grad))
     sink = None if inputs.sink is None else inputs.sink.detach().clone().requires_grad_(True)
     return KernelCall(
-        q=t.q, k=t.k, v=t.v, opts=opts, cu_seqlens=inputs.cu_seqlens,
-        max_seqlen=max(case.entry.varlen) if case.entry.varlen else 0, seqlens=case.entry.varlen, deterministic=deterministic, seed=inputs.seed,
-        cu_seqlens_k=inputs.cu_seqlens_k, max_seqlen_k=max(case.entry.varlen_k) if case.entry.varlen_k else 0, seqlens_k=case.entry.varlen_k,
+        q=t.q,
+        k=t.k,
+        v=t.v,
+        opts=opts,
+        cu_seqlens=inputs.cu_seqlens,
+        max_seqlen=max(case.entry.varlen) if case.entry.varlen else 0,
+        seqlens=case.entry.varlen,
+        deterministic=deterministic,
+        seed=inputs.seed,
+        cu_seqlens_k=inputs.cu_seqlens_k,
+        max_seqlen_k=max(case.entry.varlen_k) if case.entry.varlen_k else 0,
+        seqlens_k=case.entry.varlen_k,
         sink=sink,
         descale=None if inputs.fp8 is None else (inputs.fp8.q_descale, inputs.fp8.k_descale, inputs.fp8.v_descale),
     )
@@ -90,14 +116,27 @@ def decode_call(case: Case, inputs: AttnInputs) -> KernelCall:
     """A decode call on clones of the cache: the kernel may write into them, the inputs stay as drawn."""
     cache = inputs.cache
     mine = dataclasses.replace(cache, k_cache=cache.k_cache.clone(), v_cache=cache.v_cache.clone())
-    return KernelCall(q=cache.q.detach().clone(), k=mine.k_cache, v=mine.v_cache, opts=options(case, inputs),
-                      seed=inputs.seed, cache=mine, sink=None if inputs.sink is None else inputs.sink.detach().clone())
+    return KernelCall(
+        q=cache.q.detach().clone(),
+        k=mine.k_cache,
+        v=mine.v_cache,
+        opts=options(case, inputs),
+        seed=inputs.seed,
+        cache=mine,
+        sink=None if inputs.sink is None else inputs.sink.detach().clone(),
+    )
 
 
 def options(case: Case, inputs: AttnInputs) -> AttnOptions:
-    return AttnOptions(softmax_scale=inputs.softmax_scale, causal=case.causal, window=case.window,
-                       softcap=case.softcap, alibi_slopes=inputs.alibi_slopes, dropout_p=case.dropout_p,
-                       bias=inputs.bias)
+    return AttnOptions(
+        softmax_scale=inputs.softmax_scale,
+        causal=case.causal,
+        window=case.window,
+        softcap=case.softcap,
+        alibi_slopes=inputs.alibi_slopes,
+        dropout_p=case.dropout_p,
+        bias=inputs.bias,
+    )
 
 
 @dataclass(frozen=True)
@@ -127,16 +166,22 @@ def is_forward_only(adapter: "KernelAdapter | KernelTraits", case: Case) -> bool
 
 def forward_only_note(case: Case) -> str:
     """Said on the row, so a reader never takes a forward-only pass for a full one."""
-    return ("forward-only: judged on out, lse" + (" and the cache after the call" if case.entry.kind == "kvcache" else "")
-            + "; no gradients")
+    return (
+        "forward-only: judged on out, lse"
+        + (" and the cache after the call" if case.entry.kind == "kvcache" else "")
+        + "; no gradients"
+    )
 
 
 def grad_names(adapter: "KernelAdapter | KernelTraits", case: Case, inputs: AttnInputs) -> tuple[str, ...]:
     """The gradients run_kernel returns, in order: dq, dk, dv, then dbias when the case's bias
     requires grad, then dsink when the case has sinks and the adapter declares their
     gradient."""
-    return (("dq", "dk", "dv") + (("dbias",) if case.bias.grad else ())
-            + (("dsink",) if inputs.sink is not None and _traits(adapter).sink_grad else ()))
+    return (
+        ("dq", "dk", "dv")
+        + (("dbias",) if case.bias.grad else ())
+        + (("dsink",) if inputs.sink is not None and _traits(adapter).sink_grad else ())
+    )
 
 
 def run_kernel(adapter: KernelAdapter, case: Case, inputs: AttnInputs, deterministic: bool = False):
@@ -220,12 +265,19 @@ def references(case: Case, inputs: AttnInputs, keep) -> tuple[AttnResult, AttnRe
     args = (inputs.q, inputs.k, inputs.v, inputs.dout, opts)
     varlen = dict(cu_seqlens=inputs.cu_seqlens, cu_seqlens_k=inputs.cu_seqlens_k, dropout_keep=keep, sink=inputs.sink)
     gold = attention_reference(*args, torch.float64, **varlen)
-    low = attention_reference(*args, TORCH_DTYPES[case.compute_dtype], p_round=FP8_TORCH_DTYPES.get(case.dtype),
-                              fp8_scores=case.is_fp8, **varlen)
+    low = attention_reference(
+        *args,
+        TORCH_DTYPES[case.compute_dtype],
+        p_round=FP8_TORCH_DTYPES.get(case.dtype),
+        fp8_scores=case.is_fp8,
+        **varlen,
+    )
     return gold, low
 
 
-def decode_references(case: Case, inputs: AttnInputs) -> tuple[DecodeResult, DecodeResult, tuple[torch.Tensor, torch.Tensor]]:
+def decode_references(
+    case: Case, inputs: AttnInputs
+) -> tuple[DecodeResult, DecodeResult, tuple[torch.Tensor, torch.Tensor]]:
     """(golden, low-precision, expected (k_cache, v_cache) after the call) for a decode case: the
     references read dense K/V gathered from the expected cache, never the kernel's."""
     k_after, v_after = expected_cache(inputs.cache)
@@ -248,8 +300,21 @@ def measure_exact(name: str, kernel: torch.Tensor, expected: torch.Tensor, dtype
     worst = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape)) if diff.numel() else ()
     bound = rounding_floor(0.0, dtype)
     atol, rtol = BANDS[dtype]
-    return TensorError(name, max_err, float(diff.mean()) if diff.numel() else 0.0, 0.0, bound, 1.0, bound,
-                       error_ratio(max_err, bound), worst, atol, rtol, max_err == 0.0, seed)
+    return TensorError(
+        name,
+        max_err,
+        float(diff.mean()) if diff.numel() else 0.0,
+        0.0,
+        bound,
+        1.0,
+        bound,
+        error_ratio(max_err, bound),
+        worst,
+        atol,
+        rtol,
+        max_err == 0.0,
+        seed,
+    )
 
 
 # from this many keys on, a CUDA run notes the float64 reference's peak memory in the row
@@ -277,11 +342,24 @@ def yardstick(name: str, case: Case, inputs: AttnInputs, keep, low: AttnResult |
         return getattr(low, name)
     if inputs.cache is not None:
         dense = gather_dense(inputs.cache, *expected_cache(inputs.cache))
-        return getattr(decode_reference(inputs.cache.q, dense, options(case, inputs), TORCH_DTYPES[dtype], inputs.sink), name)
+        return getattr(
+            decode_reference(inputs.cache.q, dense, options(case, inputs), TORCH_DTYPES[dtype], inputs.sink), name
+        )
     varlen = dict(cu_seqlens=inputs.cu_seqlens, cu_seqlens_k=inputs.cu_seqlens_k, dropout_keep=keep, sink=inputs.sink)
-    return getattr(attention_reference(inputs.q, inputs.k, inputs.v, inputs.dout, options(case, inputs),
-                                       TORCH_DTYPES[dtype], backward=False, fp8_scores=case.is_fp8, **varlen), name)
-
+    return getattr(
+        attention_reference(
+            inputs.q,
+            inputs.k,
+            inputs.v,
+            inputs.dout,
+            options(case, inputs),
+            TORCH_DTYPES[dtype],
+            backward=False,
+            fp8_scores=case.is_fp8,
+            **varlen,
+        ),
+        name,
+    )
 
 
 def traceback_tail(exc: BaseException, lines: int = 12) -> str:
@@ -294,15 +372,25 @@ def traceback_tail(exc: BaseException, lines: int = 12) -> str:
     return "\n".join(text)[-2000:]
 
 
-
 def _keep_worst(worst: dict[str, TensorError], err: TensorError) -> None:
     if err.tensor not in worst or not err.ratio <= worst[err.tensor].ratio:
         worst[err.tensor] = err
 
 
-def measure_seed(case: Case, inputs: AttnInputs, out, lse, grads, dropout_keep, tol: ToleranceConfig,
-                 worst: dict[str, TensorError], notes: list[str], traits: KernelTraits, device: str = "cpu",
-                 cache=None) -> str | None:
+def measure_seed(
+    case: Case,
+    inputs: AttnInputs,
+    out,
+    lse,
+    grads,
+    dropout_keep,
+    tol: ToleranceConfig,
+    worst: dict[str, TensorError],
+    notes: list[str],
+    traits: KernelTraits,
+    device: str = "cpu",
+    cache=None,
+) -> str | None:
     """Judge one seed's raw kernel outputs against the references (computed here, from `inputs`):
     update `worst` per tensor and return a FAIL reason, or None. Raises BadOutput on an invalid
     answer. Measured: out; the grads `grad_names` lists (dbias, dsink) unless the run is
@@ -335,25 +423,49 @@ def measure_seed(case: Case, inputs: AttnInputs, out, lse, grads, dropout_keep, 
         notes.append("dsink not judged: the adapter declares no sink gradient")
     for name, tensor in measured.items():
         mult = tol.mult(name, tensor_spec(name).yardstick_dtype or case.compute_dtype)
-        err = measure(name, tensor.detach(), getattr(gold, name), yardstick(name, case, inputs, dropout_keep, low),
-                      case.compute_dtype, mult, inputs.seed)
+        err = measure(
+            name,
+            tensor.detach(),
+            getattr(gold, name),
+            yardstick(name, case, inputs, dropout_keep, low),
+            case.compute_dtype,
+            mult,
+            inputs.seed,
+        )
         _keep_worst(worst, err)
     return None
 
 
-def verdict_row(case: Case, worst: dict[str, TensorError], checks, notes, seconds: float,
-                forward_only: bool = False) -> CaseResult:
+def verdict_row(
+    case: Case, worst: dict[str, TensorError], checks, notes, seconds: float, forward_only: bool = False
+) -> CaseResult:
     """PASS or FAIL from the measured tensors and the checks' results."""
     tensors = tuple(worst[n] for n in ALL_TENSORS if n in worst)
     bad = [t for t in tensors if not t.passed]
     failed_checks = [c for c in checks if c.passed is False]
     if bad or failed_checks:
-        why = [f"{t.tensor} error {t.max_err:.3g} > bound {t.bound:.3g} (ratio {t.ratio:.2f}, seed {t.seed})" for t in bad]
+        why = [
+            f"{t.tensor} error {t.max_err:.3g} > bound {t.bound:.3g} (ratio {t.ratio:.2f}, seed {t.seed})" for t in bad
+        ]
         why += [f"{c.name}: {c.detail}" for c in failed_checks]
-        return CaseResult(case=case, status=Status.FAIL, reason="; ".join(why), tensors=tensors, checks=checks,
-                          seconds=seconds, forward_only=forward_only)
-    return CaseResult(case=case, status=Status.PASS, reason="; ".join(dict.fromkeys(notes)), tensors=tensors, checks=checks,
-                      seconds=seconds, forward_only=forward_only)
+        return CaseResult(
+            case=case,
+            status=Status.FAIL,
+            reason="; ".join(why),
+            tensors=tensors,
+            checks=checks,
+            seconds=seconds,
+            forward_only=forward_only,
+        )
+    return CaseResult(
+        case=case,
+        status=Status.PASS,
+        reason="; ".join(dict.fromkeys(notes)),
+        tensors=tensors,
+        checks=checks,
+        seconds=seconds,
+        forward_only=forward_only,
+    )
 
 
 def run_case(adapter: KernelAdapter, case: Case, device: str, tol: ToleranceConfig, extra_checks=()) -> CaseResult:
@@ -376,12 +488,26 @@ def run_case(adapter: KernelAdapter, case: Case, device: str, tol: ToleranceConf
             inputs = make_inputs(case, seed, device)
             try:
                 kout, grads = kernel_pass(adapter, case, inputs)
-                fail = measure_seed(case, inputs, kout.out, kout.lse, grads, kout.dropout_keep, tol, worst, notes, traits,
-                                    device, kout.cache)
+                fail = measure_seed(
+                    case,
+                    inputs,
+                    kout.out,
+                    kout.lse,
+                    grads,
+                    kout.dropout_keep,
+                    tol,
+                    worst,
+                    notes,
+                    traits,
+                    device,
+                    kout.cache,
+                )
             except NoKernel as exc:
                 return CaseResult(case=case, status=Status.SKIP, reason=str(exc), seconds=time.perf_counter() - start)
             except BadOutput as exc:
-                return CaseResult(case=case, status=Status.FAIL, reason=f"seed {seed}: {exc}", seconds=time.perf_counter() - start)
+                return CaseResult(
+                    case=case, status=Status.FAIL, reason=f"seed {seed}: {exc}", seconds=time.perf_counter() - start
+                )
             if fail:
                 return CaseResult(case=case, status=Status.FAIL, reason=fail, seconds=time.perf_counter() - start)
             del kout, grads, inputs
@@ -391,6 +517,12 @@ def run_case(adapter: KernelAdapter, case: Case, device: str, tol: ToleranceConf
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # a crashing kernel is a row, not a dead run (sys.exit in a kernel too)
-        return CaseResult(case=case, status=Status.ERROR, reason=first_line(exc), seconds=time.perf_counter() - start,
-                          checks=(), traceback=traceback_tail(exc))
+        return CaseResult(
+            case=case,
+            status=Status.ERROR,
+            reason=first_line(exc),
+            seconds=time.perf_counter() - start,
+            checks=(),
+            traceback=traceback_tail(exc),
+        )
     return verdict_row(case, worst, checks, notes, time.perf_counter() - start, forward_only)

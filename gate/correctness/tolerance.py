@@ -62,18 +62,27 @@ class TensorSpec:
     exact: bool = False  # judged bit-exact against the expected value (a copy: the cache after a decode call)
 
 
-SPECS: dict[str, TensorSpec] = {s.name: s for s in (
-    TensorSpec("out"),
-    TensorSpec("lse", finite_only=True, flat_index=True, yardstick_dtype="fp32", floor_extra=LSE_APPROX_FLOOR,
-               packed_token_dim=1),
-    TensorSpec("dq", grad_of="q", missing="out does not depend on q"),
-    TensorSpec("dk", grad_of="k", missing="out does not depend on k"),
-    TensorSpec("dv", grad_of="v", missing="out does not depend on v"),
-    TensorSpec("dbias", grad_of="bias", missing="the bias got no gradient (detached, or not part of the graph)"),
-    TensorSpec("dsink", grad_of="sink", missing="the sink logits got no gradient"),
-    TensorSpec("k_cache", exact=True),
-    TensorSpec("v_cache", exact=True),
-)}
+SPECS: dict[str, TensorSpec] = {
+    s.name: s
+    for s in (
+        TensorSpec("out"),
+        TensorSpec(
+            "lse",
+            finite_only=True,
+            flat_index=True,
+            yardstick_dtype="fp32",
+            floor_extra=LSE_APPROX_FLOOR,
+            packed_token_dim=1,
+        ),
+        TensorSpec("dq", grad_of="q", missing="out does not depend on q"),
+        TensorSpec("dk", grad_of="k", missing="out does not depend on k"),
+        TensorSpec("dv", grad_of="v", missing="out does not depend on v"),
+        TensorSpec("dbias", grad_of="bias", missing="the bias got no gradient (detached, or not part of the graph)"),
+        TensorSpec("dsink", grad_of="sink", missing="the sink logits got no gradient"),
+        TensorSpec("k_cache", exact=True),
+        TensorSpec("v_cache", exact=True),
+    )
+}
 
 
 def tensor_spec(name: str) -> TensorSpec:

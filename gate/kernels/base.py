@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
 
-from gate.core.cases import Case
-from gate.kernels.capabilities import Capabilities
 from gate.attention.inputs import offsets
 from gate.attention.kvcache import CacheInputs
 from gate.attention.reference import AttnOptions
-import math
+from gate.core.cases import Case
+from gate.kernels.capabilities import Capabilities
 
 
 def realised_keep_probability(p: float, levels: int) -> float:
@@ -170,7 +170,9 @@ def per_sequence(call: KernelCall, dense_fn) -> KernelOutput:
         if z == a:
             keeps.append(None)  # the reference wants one dropout mask per sequence, empty ones as None
             continue
-        part = dense_fn(call.q[a:z][None], call.k[ka:kz][None], call.v[ka:kz][None], sequence_call(call, slice(a, z), slice(ka, kz)))
+        part = dense_fn(
+            call.q[a:z][None], call.k[ka:kz][None], call.v[ka:kz][None], sequence_call(call, slice(a, z), slice(ka, kz))
+        )
         outs.append(part.out[0])
         lses.append(None if part.lse is None else part.lse[0])
         keeps.append(part.dropout_keep)
@@ -198,21 +200,21 @@ def read_pages(cache: torch.Tensor, block_table, page: int, b: int, start: int, 
     if stop <= start:
         return cache[0, :0]
     first, last = start // page, (stop - 1) // page
-    blocks = cache[block_table[b, first:last + 1].long()]  # (pages, page, H, D)
+    blocks = cache[block_table[b, first : last + 1].long()]  # (pages, page, H, D)
     flat = blocks.reshape(-1, *cache.shape[2:])
-    return flat[start - first * page: stop - first * page]
+    return flat[start - first * page : stop - first * page]
 
 
 def write_pages(cache: torch.Tensor, block_table, page: int, b: int, start: int, values: torch.Tensor) -> None:
     """Write `values` (n, H, D) as tokens start.. of batch element b, page by page."""
     if block_table is None:
-        cache[b, start:start + values.shape[0]] = values
+        cache[b, start : start + values.shape[0]] = values
         return
     pos, done = start, 0
     while done < values.shape[0]:
         block, offset = int(block_table[b, pos // page]), pos % page
         n = min(page - offset, values.shape[0] - done)
-        cache[block, offset:offset + n] = values[done:done + n]
+        cache[block, offset : offset + n] = values[done : done + n]
         pos, done = pos + n, done + n
 
 
@@ -248,7 +250,7 @@ def gathered_decode(call: KernelCall, dense_fn) -> KernelOutput:
             continue
         kb = read_pages(c.k_cache, c.block_table, c.page_size, b, 0, nk)
         vb = read_pages(c.v_cache, c.block_table, c.page_size, b, 0, nk)
-        part = dense_fn(q[b:b + 1], kb[None], vb[None])
+        part = dense_fn(q[b : b + 1], kb[None], vb[None])
         outs.append(part.out[0].detach())
         lses.append(None if part.lse is None else part.lse[0].detach().float())
     lse = None if any(x is None for x in lses) else torch.stack(lses)

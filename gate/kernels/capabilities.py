@@ -20,8 +20,16 @@ __all__ = ["ASSUMED", "DEFAULT_REASONS", "Capabilities", "Feature", "feature_set
 
 
 # What a kernel in the flash_attn_func convention is taken to support unless it says otherwise.
-ASSUMED = frozenset({Feature.CAUSAL, Feature.SEQLEN_Q_NE_K, Feature.GQA, Feature.FULLY_MASKED_ROWS,
-                     Feature.BIAS_OTHER_DTYPE, Feature.BIAS_GRAD_OTHER_DTYPE})
+ASSUMED = frozenset(
+    {
+        Feature.CAUSAL,
+        Feature.SEQLEN_Q_NE_K,
+        Feature.GQA,
+        Feature.FULLY_MASKED_ROWS,
+        Feature.BIAS_OTHER_DTYPE,
+        Feature.BIAS_GRAD_OTHER_DTYPE,
+    }
+)
 
 
 def feature_set(**flags: bool) -> frozenset[Feature]:
@@ -94,8 +102,13 @@ class Capabilities:
                 limits[key] = tuple(limits[key])
         off = {Feature(k) for k, v in supports.items() if SUPPORTS_KEYS[k].kind == "bool" and not v}
         base = dict(devices=DEVICES, dtypes=DTYPES, max_head_dim=1 << 30)
-        return cls(**{**base, **limits}, features=frozenset(Feature) - off,
-                   reasons={f: DEFAULT_REASONS[f] for f in off}, declared_in=where, declared=dict(supports))
+        return cls(
+            **{**base, **limits},
+            features=frozenset(Feature) - off,
+            reasons={f: DEFAULT_REASONS[f] for f in off},
+            declared_in=where,
+            declared=dict(supports),
+        )
 
     def narrowed_by(self, declaration: "Capabilities", what_infers: str = "the function's signature") -> "Capabilities":
         """These capabilities within `declaration`: a case must be inside both. A feature the
@@ -106,8 +119,10 @@ class Capabilities:
         reasons = dict(self.reasons)
         for f in claimed:
             if not self.supports(f):
-                reasons[f] = (f"{self.reason(f)}: declared {f.value} = true in {d.declared_in}, but {what_infers} "
-                              f"does not allow it")
+                reasons[f] = (
+                    f"{self.reason(f)}: declared {f.value} = true in {d.declared_in}, but {what_infers} "
+                    f"does not allow it"
+                )
         return dataclasses.replace(
             self,
             devices=tuple(x for x in self.devices if x in d.devices),
@@ -120,7 +135,9 @@ class Capabilities:
             seqlen_multiple=max(self.seqlen_multiple, d.seqlen_multiple),
             layouts=tuple(x for x in self.layouts if x in d.layouts),
             bias_kinds=tuple(x for x in self.bias_kinds if x in d.bias_kinds),
-            features=self.features & d.features, reasons=reasons, declaration=d,
+            features=self.features & d.features,
+            reasons=reasons,
+            declaration=d,
         )
 
     def supports(self, feature: Feature) -> bool:
@@ -156,28 +173,53 @@ class Capabilities:
             (device in self.devices, f"runs on {'/'.join(self.devices)}, not {device}", "devices"),
             self._needs(Feature.KVCACHE, decode),
             self._needs(Feature.PAGED, bool(page)),
-            (not page or page % self.page_size_multiple == 0, f"page size {page} not a multiple of {self.page_size_multiple}",
-             "page_size_multiple"),
+            (
+                not page or page % self.page_size_multiple == 0,
+                f"page size {page} not a multiple of {self.page_size_multiple}",
+                "page_size_multiple",
+            ),
             self._needs(Feature.SINKS, case.entry.sinks),
-            (case.dtype in self.dtypes, f"no {case.dtype}{': no fp8 path' if case.is_fp8 else ''} "
-                                        f"(supports {', '.join(self.dtypes)})", "dtypes"),
+            (
+                case.dtype in self.dtypes,
+                f"no {case.dtype}{': no fp8 path' if case.is_fp8 else ''} (supports {', '.join(self.dtypes)})",
+                "dtypes",
+            ),
             (max(hd, hdv) <= self.max_head_dim, f"head_dim > {self.max_head_dim}", "head_dims"),
-            (hd % self.head_dim_multiple == 0 and hdv % self.head_dim_multiple == 0,
-             f"head_dim not a multiple of {self.head_dim_multiple}", "head_dims"),
-            (self.head_dims is None or dims_allow(self.head_dims, hd),
-             f"head_dim {hd} (supports {describe_dims(self.head_dims or [])})", "head_dims"),
-            (dims_v is None or dims_allow(dims_v, hdv), f"head_dim_v {hdv} (supports {describe_dims(dims_v or [])})",
-             "head_dims_v" if self.head_dims_v is not None else "head_dims"),
+            (
+                hd % self.head_dim_multiple == 0 and hdv % self.head_dim_multiple == 0,
+                f"head_dim not a multiple of {self.head_dim_multiple}",
+                "head_dims",
+            ),
+            (
+                self.head_dims is None or dims_allow(self.head_dims, hd),
+                f"head_dim {hd} (supports {describe_dims(self.head_dims or [])})",
+                "head_dims",
+            ),
+            (
+                dims_v is None or dims_allow(dims_v, hdv),
+                f"head_dim_v {hdv} (supports {describe_dims(dims_v or [])})",
+                "head_dims_v" if self.head_dims_v is not None else "head_dims",
+            ),
             self._needs(Feature.HEAD_DIM_V_DIFFERS, hd != hdv),
-            self._needs(Feature.SEQLEN_Q_NE_K, case.seqlen_q != case.seqlen_k and case.entry.varlen is None and not decode),
-            (not self.max_seqlen or max(lengths) <= self.max_seqlen, f"seqlen {max(lengths)} > {self.max_seqlen}",
-             "max_seqlen"),
-            (all(n % self.seqlen_multiple == 0 for n in lengths),
-             f"seqlen {next((n for n in lengths if n % self.seqlen_multiple), 0)} not a multiple of {self.seqlen_multiple}",
-             "seqlen_multiple"),
+            self._needs(
+                Feature.SEQLEN_Q_NE_K, case.seqlen_q != case.seqlen_k and case.entry.varlen is None and not decode
+            ),
+            (
+                not self.max_seqlen or max(lengths) <= self.max_seqlen,
+                f"seqlen {max(lengths)} > {self.max_seqlen}",
+                "max_seqlen",
+            ),
+            (
+                all(n % self.seqlen_multiple == 0 for n in lengths),
+                f"seqlen {next((n for n in lengths if n % self.seqlen_multiple), 0)} not a multiple of {self.seqlen_multiple}",
+                "seqlen_multiple",
+            ),
             (case.layout in self.layouts, f"layout {case.layout} (supports {', '.join(self.layouts)})", "layouts"),
-            (case.bias.kind in self.bias_kinds, f"bias {case.bias.kind} (supports {', '.join(self.bias_kinds)})",
-             "bias_kinds"),
+            (
+                case.bias.kind in self.bias_kinds,
+                f"bias {case.bias.kind} (supports {', '.join(self.bias_kinds)})",
+                "bias_kinds",
+            ),
             self._needs(Feature.CAUSAL, case.causal),
             self._needs(Feature.WINDOW, case.has_window),
             self._needs(Feature.SOFTCAP, bool(case.softcap)),
@@ -185,8 +227,10 @@ class Capabilities:
             self._needs(Feature.DROPOUT, bool(case.dropout_p)),
             self._needs(Feature.VARLEN, case.entry.varlen is not None),
             self._needs(Feature.GQA, case.is_gqa),
-            self._needs(Feature.FULLY_MASKED_ROWS,
-                        case.has_fully_masked_rows and not (case.has_bias and self.fully_masked_rows_ok_with_bias)),
+            self._needs(
+                Feature.FULLY_MASKED_ROWS,
+                case.has_fully_masked_rows and not (case.has_bias and self.fully_masked_rows_ok_with_bias),
+            ),
             # the bias's kind first: a kernel that refuses every bias says so on both kinds
             self._needs(Feature.BIAS, case.has_float_bias),
             self._needs(Feature.BOOL_MASK, case.has_bool_bias),
@@ -198,8 +242,14 @@ class Capabilities:
 
     def envelope(self) -> dict[str, Any]:
         """These capabilities in the declaration's vocabulary (SUPPORTS_KEYS), for `attn-gate kernels`."""
-        dims = self.head_dims if self.head_dims is not None else {
-            "max": self.max_head_dim, **({"multiple": self.head_dim_multiple} if self.head_dim_multiple > 1 else {})}
+        dims = (
+            self.head_dims
+            if self.head_dims is not None
+            else {
+                "max": self.max_head_dim,
+                **({"multiple": self.head_dim_multiple} if self.head_dim_multiple > 1 else {}),
+            }
+        )
         out: dict[str, Any] = {"devices": list(self.devices), "dtypes": list(self.dtypes), "head_dims": dims}
         if self.head_dims_v is not None:
             out["head_dims_v"] = self.head_dims_v

@@ -74,7 +74,9 @@ def bool_mask_mod(one_batch: bool, one_head: bool):
     def allowed_by_mask(batch_idx, head_idx, q_idx, kv_idx, seqlen_info, aux_tensors):
         mask = aux_tensors[0]
         allowed = cute.make_rmem_tensor(1, cutlass.Boolean)
-        allowed[0] = cutlass.Int32(mask[batch_idx[0] * b_step, head_idx[0] * h_step, q_idx[0], kv_idx[0]]) != cutlass.Int32(0)
+        allowed[0] = cutlass.Int32(
+            mask[batch_idx[0] * b_step, head_idx[0] * h_step, q_idx[0], kv_idx[0]]
+        ) != cutlass.Int32(0)
         return allowed.load()
 
     return allowed_by_mask

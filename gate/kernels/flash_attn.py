@@ -20,13 +20,13 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata
+import inspect
 
 import torch
 
 from gate.attention.masks import allowed_mask
 from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, write_pages
 from gate.kernels.capabilities import Feature, feature_set
-import inspect
 
 
 def _import(module: str):
@@ -57,8 +57,13 @@ class _FlashBase(KernelAdapter):
         return tuple(call.opts.window)
 
     def _kwargs(self, call: KernelCall) -> dict:
-        return dict(softmax_scale=call.opts.softmax_scale, causal=call.opts.causal, window_size=self._window(call),
-                    softcap=call.opts.softcap, deterministic=call.deterministic)
+        return dict(
+            softmax_scale=call.opts.softmax_scale,
+            causal=call.opts.causal,
+            window_size=self._window(call),
+            softcap=call.opts.softcap,
+            deterministic=call.deterministic,
+        )
 
     @staticmethod
     def _split(result) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -72,9 +77,18 @@ class _FlashBase(KernelAdapter):
         if call.cu_seqlens is None:
             out, lse = self._split(mod.flash_attn_func(call.q, call.k, call.v, **kwargs))
         else:
-            out, lse = self._split(mod.flash_attn_varlen_func(
-                call.q, call.k, call.v, cu_seqlens_q=call.cu_seqlens, cu_seqlens_k=call.keys_cu_seqlens,
-                max_seqlen_q=call.max_seqlen, max_seqlen_k=call.keys_max_seqlen, **kwargs))
+            out, lse = self._split(
+                mod.flash_attn_varlen_func(
+                    call.q,
+                    call.k,
+                    call.v,
+                    cu_seqlens_q=call.cu_seqlens,
+                    cu_seqlens_k=call.keys_cu_seqlens,
+                    max_seqlen_q=call.max_seqlen,
+                    max_seqlen_k=call.keys_max_seqlen,
+                    **kwargs,
+                )
+            )
         return KernelOutput(out=out, lse=lse)
 
 
@@ -87,8 +101,14 @@ def with_kvcache(fn, call: KernelCall, paged_keyword: str, window: tuple) -> Ker
     softmax_scale=, causal=, window_size=, softcap=, [alibi_slopes=], return_softmax_lse=True): the new
     k/v are appended into k_cache/v_cache in place; lse is (B, H, Nq)."""
     c = call.cache
-    kwargs = dict(cache_seqlens=c.cache_seqlens, softmax_scale=call.opts.softmax_scale, causal=call.opts.causal,
-                  window_size=window, softcap=call.opts.softcap, return_softmax_lse=True)
+    kwargs = dict(
+        cache_seqlens=c.cache_seqlens,
+        softmax_scale=call.opts.softmax_scale,
+        causal=call.opts.causal,
+        window_size=window,
+        softcap=call.opts.softcap,
+        return_softmax_lse=True,
+    )
     if call.opts.alibi_slopes is not None:
         kwargs["alibi_slopes"] = call.opts.alibi_slopes
     if c.k_new is not None:
@@ -128,16 +148,25 @@ class FA2Adapter(_FlashBase):
         reason = super().unsupported_reason(case, device)
         built = fa2_head_dim_kernels() if reason is None else None
         if built is not None and fa2_kernel_for(max(case.head_dim, case.head_dim_v)) not in built:
-            return (f"head dim {max(case.head_dim, case.head_dim_v)}: this FA2 build compiles only the head-dim kernels "
-                    f"{', '.join(map(str, built))} (trimmed by scripts/build-flash-attn.sh; flash_attn/attn_gate_build.py)")
+            return (
+                f"head dim {max(case.head_dim, case.head_dim_v)}: this FA2 build compiles only the head-dim kernels "
+                f"{', '.join(map(str, built))} (trimmed by scripts/build-flash-attn.sh; flash_attn/attn_gate_build.py)"
+            )
         return reason
 
     def capabilities(self) -> Capabilities:
         # flash_attn_with_kvcache: paged KV needs page_block_size % 256 == 0 (its docstring)
-        return Capabilities(dtypes=("fp16", "bf16"), max_head_dim=256, page_size_multiple=256,
-                            features=feature_set(window=True, softcap=True, alibi=True, dropout=True, varlen=True,
-                                                 kvcache=True, paged=True),
-                            dropout_keep_levels=256, deterministic_mode=True, returns_lse=True)
+        return Capabilities(
+            dtypes=("fp16", "bf16"),
+            max_head_dim=256,
+            page_size_multiple=256,
+            features=feature_set(
+                window=True, softcap=True, alibi=True, dropout=True, varlen=True, kvcache=True, paged=True
+            ),
+            dropout_keep_levels=256,
+            deterministic_mode=True,
+            returns_lse=True,
+        )
 
     def _kwargs(self, call: KernelCall) -> dict:
         kwargs = super()._kwargs(call)
@@ -160,18 +189,27 @@ class FA2Adapter(_FlashBase):
                 out, lse, s_dmask = mod.flash_attn_func(call.q, call.k, call.v, **kwargs)
             else:
                 out, lse, s_dmask = mod.flash_attn_varlen_func(
-                    call.q, call.k, call.v, call.cu_seqlens, call.keys_cu_seqlens, call.max_seqlen, call.keys_max_seqlen,
-                    **kwargs)
+                    call.q,
+                    call.k,
+                    call.v,
+                    call.cu_seqlens,
+                    call.keys_cu_seqlens,
+                    call.max_seqlen,
+                    call.keys_max_seqlen,
+                    **kwargs,
+                )
         keep = None
         if call.opts.dropout_p:
             # FA2 encodes a dropped element as a negative entry of S_dmask (padded to 128/256);
             # varlen: one (batch slot, H, max_q, max_k) block per sequence, top-left filled.
             if call.cu_seqlens is None:
                 nq, nk = call.q.shape[1], call.k.shape[1]
-                keep = (s_dmask[:, :, :nq, :nk] >= 0)
+                keep = s_dmask[:, :, :nq, :nk] >= 0
             else:
                 keys = call.seqlens_k or call.seqlens
-                keep = [None if not n else s_dmask[i:i + 1, :, :n, :keys[i]] >= 0 for i, n in enumerate(call.seqlens)]
+                keep = [
+                    None if not n else s_dmask[i : i + 1, :, :n, : keys[i]] >= 0 for i, n in enumerate(call.seqlens)
+                ]
         return KernelOutput(out=out, lse=lse.detach().float(), dropout_keep=keep)
 
 
@@ -190,8 +228,10 @@ def fa3_build_flags() -> dict[str, bool]:
 
 # FA3's hopper/flash_api.cpp refuses every other pair with a TORCH_CHECK (a raise, not a skip):
 # declared, so 128/96 is a SKIP with FA3's own words while 144/128 and 160/128 run.
-FA3_DV_REASON = ("head_dim_v != head_dim: FA3 takes Q/K head dim in (128, 192] with V head dim in (96, 128], "
-                 "or Q/K <= 64 with V <= 512 (hopper/flash_api.cpp)")
+FA3_DV_REASON = (
+    "head_dim_v != head_dim: FA3 takes Q/K head dim in (128, 192] with V head dim in (96, 128], "
+    "or Q/K <= 64 with V <= 512 (hopper/flash_api.cpp)"
+)
 
 
 def fa3_serves_dv(d: int, dv: int) -> bool:
@@ -210,23 +250,34 @@ class FA3Adapter(_FlashBase):
         what it lacks with that reason instead of raising in every such case."""
         off = fa3_build_flags()
         dims = [d for d in (64, 96, 128, 192, 256) if not off.get(f"FLASHATTENTION_DISABLE_HDIM{d}")]
-        trimmed = sorted(k.removeprefix("FLASHATTENTION_DISABLE_").lower() for k, v in off.items()
-                         if v and k.startswith("FLASHATTENTION_DISABLE_"))
+        trimmed = sorted(
+            k.removeprefix("FLASHATTENTION_DISABLE_").lower()
+            for k, v in off.items()
+            if v and k.startswith("FLASHATTENTION_DISABLE_")
+        )
         # fp8: e4m3 only (FA3's flash_api.cpp refuses e5m2), forward only (Case.forward_only)
         dtypes = (("bf16",) if off.get("FLASHATTENTION_DISABLE_FP16") else ("fp16", "bf16")) + (
-            () if off.get("FLASHATTENTION_DISABLE_FP8") else ("e4m3",))
-        return Capabilities(dtypes=dtypes,
-                            max_head_dim=max(dims, default=256), head_dim_multiple=8,
-                            features=feature_set(
-                                head_dim_v_differs=not (off.get("FLASHATTENTION_DISABLE_HDIMDIFF64")
-                                                        and off.get("FLASHATTENTION_DISABLE_HDIMDIFF192")),
-                                window=not off.get("FLASHATTENTION_DISABLE_LOCAL"),
-                                softcap=not off.get("FLASHATTENTION_DISABLE_SOFTCAP"),
-                                varlen=not off.get("FLASHATTENTION_DISABLE_VARLEN"), kvcache=True,
-                                paged=not off.get("FLASHATTENTION_DISABLE_PAGEDKV")),
-                            deterministic_mode=True, returns_lse=True,
-                            backward=not off.get("FLASHATTENTION_DISABLE_BACKWARD"),
-                            notes=(f"FA3 build without: {', '.join(trimmed)} (its flash_attn_config)",) if trimmed else ())
+            () if off.get("FLASHATTENTION_DISABLE_FP8") else ("e4m3",)
+        )
+        return Capabilities(
+            dtypes=dtypes,
+            max_head_dim=max(dims, default=256),
+            head_dim_multiple=8,
+            features=feature_set(
+                head_dim_v_differs=not (
+                    off.get("FLASHATTENTION_DISABLE_HDIMDIFF64") and off.get("FLASHATTENTION_DISABLE_HDIMDIFF192")
+                ),
+                window=not off.get("FLASHATTENTION_DISABLE_LOCAL"),
+                softcap=not off.get("FLASHATTENTION_DISABLE_SOFTCAP"),
+                varlen=not off.get("FLASHATTENTION_DISABLE_VARLEN"),
+                kvcache=True,
+                paged=not off.get("FLASHATTENTION_DISABLE_PAGEDKV"),
+            ),
+            deterministic_mode=True,
+            returns_lse=True,
+            backward=not off.get("FLASHATTENTION_DISABLE_BACKWARD"),
+            notes=(f"FA3 build without: {', '.join(trimmed)} (its flash_attn_config)",) if trimmed else (),
+        )
 
     def unsupported_reason(self, case, device: str) -> str | None:
         reason = super().unsupported_reason(case, device)
@@ -245,7 +296,9 @@ class FA3Adapter(_FlashBase):
 
     def __call__(self, call: KernelCall) -> KernelOutput:
         if call.cache is not None:  # FA3 names the block table page_table
-            return with_kvcache(_import(self.module).flash_attn_with_kvcache, call, "page_table", tuple(call.opts.window))
+            return with_kvcache(
+                _import(self.module).flash_attn_with_kvcache, call, "page_table", tuple(call.opts.window)
+            )
         try:
             return super().__call__(call)
         except TypeError as exc:
@@ -280,22 +333,38 @@ class FA4Adapter(_FlashBase):
         # sinks, each only where this build's signature has it.
         paged = self._takes("flash_attn_varlen_func", "page_table")
         no_bias = self._bias_reason()
-        return Capabilities(dtypes=("fp16", "bf16"), max_head_dim=256, head_dim_multiple=8,
-                            # float biases through score_mod, boolean masks through mask_mod
-                            features=feature_set(head_dim_v_differs=True, window=True, softcap=True, varlen=True,
-                                                 kvcache=self._takes("flash_attn_varlen_func", "seqused_k"), paged=paged,
-                                                 sinks=self._takes("flash_attn_func", "learnable_sink"),
-                                                 bias=True, bool_mask=True),
-                            reasons={Feature.BIAS_GRAD: BIAS_GRAD_REASON,
-                                     **({Feature.BIAS: no_bias, Feature.BOOL_MASK: no_bias} if no_bias else {})},
-                            deterministic_mode=True, returns_lse=True,
-                            # not seen on a GPU yet whether its backward returns the sink's gradient:
-                            # dsink is not judged (the row says so) until it has been
-                            sink_grad=False,
-                            notes=("decode: flash_attn_varlen_func with seqused_k (and page_table); the new k/v are "
-                                   "written into the cache by the adapter (FA4 has no append)",
-                                   "custom bias: a CuTe score_mod reading the bias from aux_tensors; boolean masks: a "
-                                   "mask_mod, with causal/window folded into the mask (gate/kernels/fa4_mods.py)"))
+        return Capabilities(
+            dtypes=("fp16", "bf16"),
+            max_head_dim=256,
+            head_dim_multiple=8,
+            # float biases through score_mod, boolean masks through mask_mod
+            features=feature_set(
+                head_dim_v_differs=True,
+                window=True,
+                softcap=True,
+                varlen=True,
+                kvcache=self._takes("flash_attn_varlen_func", "seqused_k"),
+                paged=paged,
+                sinks=self._takes("flash_attn_func", "learnable_sink"),
+                bias=True,
+                bool_mask=True,
+            ),
+            reasons={
+                Feature.BIAS_GRAD: BIAS_GRAD_REASON,
+                **({Feature.BIAS: no_bias, Feature.BOOL_MASK: no_bias} if no_bias else {}),
+            },
+            deterministic_mode=True,
+            returns_lse=True,
+            # not seen on a GPU yet whether its backward returns the sink's gradient:
+            # dsink is not judged (the row says so) until it has been
+            sink_grad=False,
+            notes=(
+                "decode: flash_attn_varlen_func with seqused_k (and page_table); the new k/v are "
+                "written into the cache by the adapter (FA4 has no append)",
+                "custom bias: a CuTe score_mod reading the bias from aux_tensors; boolean masks: a "
+                "mask_mod, with causal/window folded into the mask (gate/kernels/fa4_mods.py)",
+            ),
+        )
 
     def unsupported_reason(self, case, device: str) -> str | None:
         reason = super().unsupported_reason(case, device)
@@ -309,7 +378,6 @@ class FA4Adapter(_FlashBase):
         """'' when this FA4's flash_attn_func takes the mods the bias path hands it;
         else why every bias case is skipped, read from its signature (never guessed)."""
         try:
-
             params = set(inspect.signature(_import(self.module).flash_attn_func).parameters)
         except Exception as exc:  # not installed, or a signature we cannot read
             return f"FA4's flash_attn_func could not be inspected for score_mod/mask_mod ({type(exc).__name__})"
@@ -339,16 +407,23 @@ class FA4Adapter(_FlashBase):
         bias = call.opts.bias
         one_batch, one_head = bias.shape[0] == 1, bias.shape[1] == 1
         if bias.dtype != torch.bool:
-            return dict(score_mod=fa4_mods.bias_score_mod(one_batch, one_head),
-                        score_mod_bwd=fa4_mods.bias_score_mod_bwd, aux_tensors=[fa4_bias_aux(bias)])
+            return dict(
+                score_mod=fa4_mods.bias_score_mod(one_batch, one_head),
+                score_mod_bwd=fa4_mods.bias_score_mod_bwd,
+                aux_tensors=[fa4_bias_aux(bias)],
+            )
         o = call.opts
         key = (bias.data_ptr(), bias._version, tuple(bias.shape), str(bias.device), o.causal, tuple(o.window))
         # Built once per case, not in every timed call. A boolean pattern does not depend on the seed
         # (gate.attention.bias), so a later seed's mask at the same address is the same mask.
         if key not in self._masks:
             self._masks[key] = fa4_mask_aux(bias, call.q.shape[1], call.k.shape[1], o.causal, tuple(o.window))
-        return dict(mask_mod=fa4_mods.bool_mask_mod(one_batch, one_head), aux_tensors=[self._masks[key]],
-                    causal=False, window_size=(None, None))
+        return dict(
+            mask_mod=fa4_mods.bool_mask_mod(one_batch, one_head),
+            aux_tensors=[self._masks[key]],
+            causal=False,
+            window_size=(None, None),
+        )
 
     def __call__(self, call: KernelCall) -> KernelOutput:
         if call.cache is None:
@@ -361,8 +436,14 @@ class FA4Adapter(_FlashBase):
                 write_pages(c.k_cache, c.block_table, c.page_size, b, start, c.k_new[b])
                 write_pages(c.v_cache, c.block_table, c.page_size, b, start, c.v_new[b])
             lengths = c.cache_seqlens + c.k_new.shape[1]
-        kwargs = dict(softmax_scale=call.opts.softmax_scale, causal=call.opts.causal, window_size=self._window(call),
-                      softcap=call.opts.softcap, seqused_k=lengths.to(torch.int32), return_lse=True)
+        kwargs = dict(
+            softmax_scale=call.opts.softmax_scale,
+            causal=call.opts.causal,
+            window_size=self._window(call),
+            softcap=call.opts.softcap,
+            seqused_k=lengths.to(torch.int32),
+            return_lse=True,
+        )
         if c.block_table is not None:
             kwargs["page_table"] = c.block_table
         if call.sink is not None:
@@ -374,8 +455,10 @@ class FA4Adapter(_FlashBase):
 # --- FA4's custom bias and masks, the torch side (the CuTe side: gate/kernels/fa4_mods.py)
 
 BIAS_KEYWORDS = ("score_mod", "score_mod_bwd", "mask_mod", "aux_tensors")
-BIAS_GRAD_REASON = ("no bias gradient: FA4's backward (FlashAttnFunc.backward, 4.0.0b36) returns None for "
-                    "aux_tensors, so the bias read by score_mod gets no dBias")
+BIAS_GRAD_REASON = (
+    "no bias gradient: FA4's backward (FlashAttnFunc.backward, 4.0.0b36) returns None for "
+    "aux_tensors, so the bias read by score_mod gets no dBias"
+)
 # FA4 4.0.0b36 asserts in its
 # backward "GQA backward requires head_dim == head_dim_v" (bf16-b2-h8/2-s257x1000-d192/128-causal)
 GQA_DV_REASON = "GQA with head_dim_v != head_dim: FA4's backward asserts head_dim == head_dim_v under GQA"
@@ -389,7 +472,9 @@ def fa4_bias_aux(bias: torch.Tensor) -> torch.Tensor:
     return bias.detach().contiguous()
 
 
-def fa4_mask_aux(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, causal: bool, window: tuple[int, int]) -> torch.Tensor:
+def fa4_mask_aux(
+    mask: torch.Tensor, seqlen_q: int, seqlen_k: int, causal: bool, window: tuple[int, int]
+) -> torch.Tensor:
     """The boolean mask as mask_mod reads it: uint8 (1 = allowed), with causal and the window
     folded in (bottom-right aligned, gate.attention.masks, as FA4's own causal is), because FA4
     ignores both when a mask_mod is given. Without causal/window: a zero-copy uint8 view."""
@@ -402,9 +487,9 @@ def fa4_mask_aux(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, causal: bool,
 
 class FA4RawWindowAdapter(FA4Adapter):
     """FA4 handed the window exactly as flash_attn_func callers spell it: -1 for an unbounded side
-   . FA4's API spells that None and reads -1 differently (TransformerEngine #3528:
-    causal + window (-1, 0) returned zeros), so both spellings must reach the kernel: `fa4` takes
-    None, this one -1; the window cases of the suites run through both."""
+    . FA4's API spells that None and reads -1 differently (TransformerEngine #3528:
+     causal + window (-1, 0) returned zeros), so both spellings must reach the kernel: `fa4` takes
+     None, this one -1; the window cases of the suites run through both."""
 
     name = "fa4-raw-window"
     description = "flash-attn 4 with window_size passed raw (-1 = unbounded), as FA2/FA3 callers write it"

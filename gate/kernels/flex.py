@@ -18,13 +18,19 @@ from __future__ import annotations
 
 import torch
 
-from gate.core.cases import Case
-from gate.kernels.base import (
-    Capabilities, KernelAdapter, KernelCall, KernelOutput, per_sequence, read_pages, write_pages,
-)
-from gate.kernels.capabilities import Feature, feature_set
 from gate.attention.inputs import offsets
 from gate.attention.masks import effective_window
+from gate.core.cases import Case
+from gate.kernels.base import (
+    Capabilities,
+    KernelAdapter,
+    KernelCall,
+    KernelOutput,
+    per_sequence,
+    read_pages,
+    write_pages,
+)
+from gate.kernels.capabilities import Feature, feature_set
 
 RECOMPILE_LIMIT = 512
 # Above this many mask elements (batch x heads x queries x keys, broadcast dims counted once) the block
@@ -94,19 +100,37 @@ class FlexAdapter(KernelAdapter):
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
-            devices=("cuda",), dtypes=("fp16", "bf16", "fp32"), max_head_dim=256,
-            features=feature_set(head_dim_v_differs=True, window=True, softcap=True, alibi=True, varlen=True, gqa=True,
-                                 kvcache=True, paged=True,  # on a gathered dense cache
-                                 bias=True, bias_grad=True, bool_mask=True,  # score_mod / mask_mod over the captured tensor
-                                 varlen_bias=True),
-            deterministic_mode=True, returns_lse=True,
-            notes=("varlen by running each sequence alone",
-                   "decode: one call on the gathered cache padded to the longest element, a mask_mod with each "
-                   "element's length (append and paging emulated by the adapter)"),
-            reasons={Feature.BIAS_GRAD_OTHER_DTYPE: (
-                "no gradient of an fp32 bias with bf16/fp16 inputs: the compiled backward does not fit in shared "
-                "memory (measured on an H200, torch 2.11, d128: Inductor 'No valid triton configs', 262 KB needed, "
-                "227 KB available)")},
+            devices=("cuda",),
+            dtypes=("fp16", "bf16", "fp32"),
+            max_head_dim=256,
+            features=feature_set(
+                head_dim_v_differs=True,
+                window=True,
+                softcap=True,
+                alibi=True,
+                varlen=True,
+                gqa=True,
+                kvcache=True,
+                paged=True,  # on a gathered dense cache
+                bias=True,
+                bias_grad=True,
+                bool_mask=True,  # score_mod / mask_mod over the captured tensor
+                varlen_bias=True,
+            ),
+            deterministic_mode=True,
+            returns_lse=True,
+            notes=(
+                "varlen by running each sequence alone",
+                "decode: one call on the gathered cache padded to the longest element, a mask_mod with each "
+                "element's length (append and paging emulated by the adapter)",
+            ),
+            reasons={
+                Feature.BIAS_GRAD_OTHER_DTYPE: (
+                    "no gradient of an fp32 bias with bf16/fp16 inputs: the compiled backward does not fit in shared "
+                    "memory (measured on an H200, torch 2.11, d128: Inductor 'No valid triton configs', 262 KB needed, "
+                    "227 KB available)"
+                )
+            },
         )
 
     def _fn(self):
@@ -114,7 +138,12 @@ class FlexAdapter(KernelAdapter):
             import torch._dynamo
             from torch.nn.attention.flex_attention import flex_attention
 
-            for knob in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
+            for knob in (
+                "recompile_limit",
+                "cache_size_limit",
+                "accumulated_recompile_limit",
+                "accumulated_cache_size_limit",
+            ):
                 if hasattr(torch._dynamo.config, knob):
                     setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), RECOMPILE_LIMIT))
             import torch._functorch.config
@@ -168,8 +197,10 @@ class FlexAdapter(KernelAdapter):
         left, right = effective_window(o.causal, o.window)
         device = call.q.device
         params = {
-            "offset": self._on(device, "offset", nk - nq), "left": self._on(device, "left", left),
-            "right": self._on(device, "right", right), "cap": self._on(device, "cap", float(o.softcap or 1.0)),
+            "offset": self._on(device, "offset", nk - nq),
+            "left": self._on(device, "left", left),
+            "right": self._on(device, "right", right),
+            "cap": self._on(device, "cap", float(o.softcap or 1.0)),
             "slopes": o.alibi_slopes if o.alibi_slopes is not None else self._on(device, "slopes", (0.0,)),
         }
         key = (left >= 0, right >= 0, bool(o.softcap), o.alibi_slopes is not None, str(device))
@@ -202,15 +233,18 @@ class FlexAdapter(KernelAdapter):
             return p["bias"][0 if one_batch else b, 0 if one_head else h, q_idx, kv_idx]
 
         if is_bool:
+
             def mask_mod(b, h, q_idx, kv_idx):
                 ok = at(b, h, q_idx, kv_idx)
                 return ok if base_mask is None else ok & base_mask(b, h, q_idx, kv_idx)
+
             return p, mask_mod, base_score
 
         def score_mod(score, b, h, q_idx, kv_idx):
             if base_score is not None:
                 score = base_score(score, b, h, q_idx, kv_idx)
             return score + at(b, h, q_idx, kv_idx)
+
         return p, base_mask, score_mod
 
     @staticmethod
@@ -218,12 +252,16 @@ class FlexAdapter(KernelAdapter):
         p: dict = {}
         mask_mod = None
         if has_left or has_right:
+
             def mask_mod(b, h, q_idx, kv_idx):
                 return _band(kv_idx >= 0, kv_idx, q_idx + p["offset"], p, has_left, has_right)
+
         score_mod = None
         if has_cap or has_alibi:
+
             def score_mod(score, b, h, q_idx, kv_idx):
                 return _capped(score, h, q_idx + p["offset"], kv_idx, p, has_cap, has_alibi)
+
         return p, mask_mod, score_mod
 
     def _dense(self, q, k, v, call: KernelCall) -> KernelOutput:
@@ -241,10 +279,15 @@ class FlexAdapter(KernelAdapter):
                 # a varlen sequence's block of a packed mask: where it starts tells the blocks apart
                 key += ("bool_bias", tuple(bias.shape), bias.storage_offset())
             # a boolean bias's mask_mod reads the bias tensor: a larger grid would index past it
-            block_mask = self._block_mask(key, mask_mod, bb, hb, nq, nk, q.device,
-                                          croppable=bias is None or bias.dtype != torch.bool)
-        kwargs = dict(score_mod=score_mod, block_mask=block_mask, scale=call.opts.softmax_scale,
-                      enable_gqa=qh.shape[1] != kh.shape[1])
+            block_mask = self._block_mask(
+                key, mask_mod, bb, hb, nq, nk, q.device, croppable=bias is None or bias.dtype != torch.bool
+            )
+        kwargs = dict(
+            score_mod=score_mod,
+            block_mask=block_mask,
+            scale=call.opts.softmax_scale,
+            enable_gqa=qh.shape[1] != kh.shape[1],
+        )
         out, lse = _flex_call(self._fn(), qh, kh, vh, kwargs)
         # Flex reports fully masked rows with LSE -inf, like the reference; out is 0 there.
         return KernelOutput(out=out.transpose(1, 2), lse=lse.detach().float())
@@ -266,8 +309,10 @@ class FlexAdapter(KernelAdapter):
 
         score_mod = None
         if has_cap or has_alibi:
+
             def score_mod(score, b, h, q_idx, kv_idx):
                 return _capped(score, h, q_idx + p["lens"][b] - p["nq"], kv_idx, p, has_cap, has_alibi)
+
         return p, mask_mod, score_mod
 
     def _decode(self, call: KernelCall) -> KernelOutput:
@@ -292,13 +337,25 @@ class FlexAdapter(KernelAdapter):
         holder, mask_mod, score_mod = self._mod_cache[key]
         holder.clear()
         dev = q.device
-        holder.update({slot: self._on(dev, slot, value) for slot, value in (
-            ("lens", tuple(lengths)), ("nq", nq), ("left", left), ("right", right), ("cap", float(o.softcap or 1.0)))})
+        holder.update(
+            {
+                slot: self._on(dev, slot, value)
+                for slot, value in (
+                    ("lens", tuple(lengths)),
+                    ("nq", nq),
+                    ("left", left),
+                    ("right", right),
+                    ("cap", float(o.softcap or 1.0)),
+                )
+            }
+        )
         holder["slopes"] = o.alibi_slopes if o.alibi_slopes is not None else self._on(dev, "slopes", (0.0,))
         mkey = ("decode", tuple(lengths), nq, o.causal, o.window, str(q.device))
         block_mask = self._block_mask(mkey, mask_mod, bsz, None, nq, longest, q.device)
         qh, kh, vh = q.transpose(1, 2), kb.transpose(1, 2), vb.transpose(1, 2)
-        kwargs = dict(score_mod=score_mod, block_mask=block_mask, scale=o.softmax_scale, enable_gqa=qh.shape[1] != kh.shape[1])
+        kwargs = dict(
+            score_mod=score_mod, block_mask=block_mask, scale=o.softmax_scale, enable_gqa=qh.shape[1] != kh.shape[1]
+        )
         out, lse = _flex_call(self._fn(), qh, kh, vh, kwargs)
         return KernelOutput(out=out.transpose(1, 2), lse=lse.detach().float())
 
@@ -330,16 +387,21 @@ class FlexAdapter(KernelAdapter):
 
         score_mod = None
         if has_cap or has_alibi:
+
             def score_mod(score, b, h, q_idx, kv_idx):
                 _, q_pos, k_pos = local(q_idx, kv_idx)
                 return _capped(score, h, q_pos, k_pos, p, has_cap, has_alibi)
+
         return p, mask_mod, score_mod
 
     def _packed(self, call: KernelCall) -> KernelOutput:
         o = call.opts
         q_lens = list(call.seqlens) if call.seqlens is not None else torch.diff(call.cu_seqlens).tolist()
-        k_lens = list(call.seqlens_k) if call.seqlens_k is not None else (
-            torch.diff(call.keys_cu_seqlens).tolist() if call.cu_seqlens_k is not None else q_lens)
+        k_lens = (
+            list(call.seqlens_k)
+            if call.seqlens_k is not None
+            else (torch.diff(call.keys_cu_seqlens).tolist() if call.cu_seqlens_k is not None else q_lens)
+        )
         dev = call.q.device
         left, right = effective_window(o.causal, o.window)
         key = ("packed", left >= 0, right >= 0, bool(o.softcap), o.alibi_slopes is not None, str(dev))
@@ -348,11 +410,25 @@ class FlexAdapter(KernelAdapter):
         holder, mask_mod, score_mod = self._mod_cache[key]
         holder.clear()
         docs = range(len(q_lens))
-        holder.update({slot: self._on(dev, slot, tuple(value)) for slot, value in (
-            ("doc_q", [d for d in docs for _ in range(q_lens[d])]), ("doc_k", [d for d in docs for _ in range(k_lens[d])]),
-            ("q_start", offsets(q_lens)[:-1]), ("k_start", offsets(k_lens)[:-1]), ("q_len", q_lens), ("k_len", k_lens))})
-        holder.update({slot: self._on(dev, slot, value) for slot, value in (
-            ("left", left), ("right", right), ("cap", float(o.softcap or 1.0)))})
+        holder.update(
+            {
+                slot: self._on(dev, slot, tuple(value))
+                for slot, value in (
+                    ("doc_q", [d for d in docs for _ in range(q_lens[d])]),
+                    ("doc_k", [d for d in docs for _ in range(k_lens[d])]),
+                    ("q_start", offsets(q_lens)[:-1]),
+                    ("k_start", offsets(k_lens)[:-1]),
+                    ("q_len", q_lens),
+                    ("k_len", k_lens),
+                )
+            }
+        )
+        holder.update(
+            {
+                slot: self._on(dev, slot, value)
+                for slot, value in (("left", left), ("right", right), ("cap", float(o.softcap or 1.0)))
+            }
+        )
         holder["slopes"] = o.alibi_slopes if o.alibi_slopes is not None else self._on(dev, "slopes", (0.0,))
         nq, nk = sum(q_lens), sum(k_lens)
         mkey = ("packed", tuple(q_lens), tuple(k_lens), o.causal, o.window, str(dev))
@@ -362,10 +438,13 @@ class FlexAdapter(KernelAdapter):
             if o.bias.dtype == torch.bool:
                 heads = None if o.bias.shape[1] == 1 else o.bias.shape[1]
                 mkey += ("bool_bias", tuple(o.bias.shape))
-        block_mask = self._block_mask(mkey, mask_mod, None, heads, nq, nk, dev,
-                                      croppable=o.bias is None or o.bias.dtype != torch.bool)
+        block_mask = self._block_mask(
+            mkey, mask_mod, None, heads, nq, nk, dev, croppable=o.bias is None or o.bias.dtype != torch.bool
+        )
         qh, kh, vh = (t[None].transpose(1, 2) for t in (call.q, call.k, call.v))
-        kwargs = dict(score_mod=score_mod, block_mask=block_mask, scale=o.softmax_scale, enable_gqa=qh.shape[1] != kh.shape[1])
+        kwargs = dict(
+            score_mod=score_mod, block_mask=block_mask, scale=o.softmax_scale, enable_gqa=qh.shape[1] != kh.shape[1]
+        )
         out, lse = _flex_call(self._fn(), qh, kh, vh, kwargs)
         return KernelOutput(out=out.transpose(1, 2)[0], lse=lse[0].detach().float())
 
@@ -400,4 +479,3 @@ class FlexAdjustedMaskAdapter(FlexAdapter):
     name = "flex-adjusted-mask"
     description = "torch FlexAttention with block masks built for a longer grid and BlockMask._adjust'ed"
     mask_margin = 300
-

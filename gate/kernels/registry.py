@@ -17,8 +17,13 @@ def _builtins() -> dict:
     table.update({f"sdpa-{b}-copyheads": (lambda b=b: SdpaAdapter(b, copy_heads=True)) for b in BACKENDS})
     table.update({"flex": FlexAdapter, "fa2": FA2Adapter, "fa3": FA3Adapter, "fa4": FA4Adapter, "tiled": TiledAdapter})
     table["fa4-raw-window"] = FA4RawWindowAdapter  # the (-1, 0) spelling reaching FA4
-    table.update({"flex-dynamic": FlexDynamicAdapter, "flex-adjusted-mask": FlexAdjustedMaskAdapter,
-                  "flex-packed": FlexPackedAdapter})
+    table.update(
+        {
+            "flex-dynamic": FlexDynamicAdapter,
+            "flex-adjusted-mask": FlexAdjustedMaskAdapter,
+            "flex-packed": FlexPackedAdapter,
+        }
+    )
     return table
 
 
@@ -34,8 +39,9 @@ def kernel_family(name: str, config):
     if name not in families:
         return None
     if name in _builtins():
-        raise UserError(f"{config.source} [tool.attn-gate.kernels.{name}]: {name!r} is a built-in kernel's name; "
-                        f"rename the table")
+        raise UserError(
+            f"{config.source} [tool.attn-gate.kernels.{name}]: {name!r} is a built-in kernel's name; rename the table"
+        )
     return families[name]
 
 
@@ -56,7 +62,6 @@ def resolve_kernel(name: str, config=None) -> KernelAdapter:
 
 def get_adapter(name: str) -> KernelAdapter:
     if ":" in name:
-
         return UserAdapter(name)
     table = _builtins()
     if name not in table:

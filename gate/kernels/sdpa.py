@@ -42,12 +42,18 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from gate.kernels.base import (
-    Capabilities, KernelAdapter, KernelCall, KernelOutput, flash_lse_to_reference, gathered_decode, per_sequence,
-)
 from gate.attention.bias import as_additive
-from gate.kernels.capabilities import Feature, feature_set
 from gate.attention.masks import allowed_mask, dense_bias
+from gate.kernels.base import (
+    Capabilities,
+    KernelAdapter,
+    KernelCall,
+    KernelOutput,
+    flash_lse_to_reference,
+    gathered_decode,
+    per_sequence,
+)
+from gate.kernels.capabilities import Feature, feature_set
 
 BACKENDS = {
     "math": ("MATH", "SDPA math (reference-style composite)"),
@@ -86,27 +92,51 @@ class SdpaAdapter(KernelAdapter):
         dtypes = ("fp16", "bf16", "fp32") if self.backend in ("math", "efficient", "cpu") else ("fp16", "bf16")
         nan_rows = ""
         if self.backend in ("efficient", "cudnn"):
-            nan_rows = (f"fully masked rows: SDPA {self.backend} returns nonzero rows, not 0, where no key is allowed under "
-                        f"causal_lower_right (measured on an H200, torch 2.11)")
+            nan_rows = (
+                f"fully masked rows: SDPA {self.backend} returns nonzero rows, not 0, where no key is allowed under "
+                f"causal_lower_right (measured on an H200, torch 2.11)"
+            )
         return Capabilities(
-            devices=devices, dtypes=dtypes, max_head_dim=256 if self.backend != "cudnn" else 128,
+            devices=devices,
+            dtypes=dtypes,
+            max_head_dim=256 if self.backend != "cudnn" else 128,
             features=feature_set(
-                head_dim_v_differs=self.backend in ("math", "efficient"), window=takes_bias, alibi=takes_bias,
-                varlen=True, gqa=True, dropout=self.backend == "flash",
-                kvcache=True, paged=True,  # on a gathered dense cache (gate.kernels.base.gathered_decode)
+                head_dim_v_differs=self.backend in ("math", "efficient"),
+                window=takes_bias,
+                alibi=takes_bias,
+                varlen=True,
+                gqa=True,
+                dropout=self.backend == "flash",
+                kvcache=True,
+                paged=True,  # on a gathered dense cache (gate.kernels.base.gathered_decode)
                 # custom bias through attn_mask; its gradient only where the backward op returns one
-                bias=takes_bias, bool_mask=takes_bias, bias_grad=self.backend in ("math", "efficient"),
-                varlen_bias=takes_bias),  # each sequence its block of the packed bias
+                bias=takes_bias,
+                bool_mask=takes_bias,
+                bias_grad=self.backend in ("math", "efficient"),
+                varlen_bias=takes_bias,
+            ),  # each sequence its block of the packed bias
             reasons=self._reasons(takes_bias, nan_rows),
-            returns_lse=True, dropout_keep_levels=256 if self.backend == "flash" else 0,
+            returns_lse=True,
+            dropout_keep_levels=256 if self.backend == "flash" else 0,
             deterministic_mode=self.backend == "cpu",
-            notes=("GQA by repeating k/v heads" if self.copy_heads else "GQA/MQA through enable_gqa=True (K/V heads not copied)",
-                   "varlen by running each sequence alone",
-                   "decode: on each batch element's gathered cache (append and paging emulated by the adapter)")
+            notes=(
+                "GQA by repeating k/v heads"
+                if self.copy_heads
+                else "GQA/MQA through enable_gqa=True (K/V heads not copied)",
+                "varlen by running each sequence alone",
+                "decode: on each batch element's gathered cache (append and paging emulated by the adapter)",
+            )
             + (("window/ALiBi through the additive attn_mask",) if takes_bias else ())
-            + (("dropout mask read from the flash op's debug mask (return_debug_mask=True)",) if self.backend == "flash" else ())
-            + (("deterministic mode: torch.use_deterministic_algorithms(True) around forward and backward",)
-               if self.backend in ("efficient", "cpu") else ()),
+            + (
+                ("dropout mask read from the flash op's debug mask (return_debug_mask=True)",)
+                if self.backend == "flash"
+                else ()
+            )
+            + (
+                ("deterministic mode: torch.use_deterministic_algorithms(True) around forward and backward",)
+                if self.backend in ("efficient", "cpu")
+                else ()
+            ),
             # a custom bias always goes in as attn_mask (folded causal included): the additive -inf path,
             # measured to give 0 on empty rows (the alibi and window rows on an H200)
             fully_masked_rows_ok_with_bias=True,
@@ -121,14 +151,15 @@ class SdpaAdapter(KernelAdapter):
         no_grad = {
             "cudnn": "no bias gradient: the cuDNN backward op returns none for attn_bias",
             "cpu": "no bias gradient: torch's CPU flash kernel refuses an attn_mask that requires grad "
-                   "(No available kernel) and its backward returns none",
+            "(No available kernel) and its backward returns none",
         }.get(self.backend)
         if no_grad:
             reasons[Feature.BIAS_GRAD] = no_grad
         if self.backend == "efficient":
             reasons[Feature.BIAS_OTHER_DTYPE] = (
                 "no fp32 bias with bf16/fp16 inputs: the mem-efficient kernel refuses it (measured on an H200, "
-                "torch 2.11: RuntimeError 'invalid dtype for bias - should match query's dtype')")
+                "torch 2.11: RuntimeError 'invalid dtype for bias - should match query's dtype')"
+            )
         return reasons
 
     def deterministic_scope(self):
@@ -193,9 +224,13 @@ class SdpaAdapter(KernelAdapter):
                 elif self.backend == "flash":
                     lse = ops._scaled_dot_product_flash_attention(q, k, v, 0.0, is_causal, False, scale=scale)[1]
                 elif self.backend == "efficient":
-                    lse = ops._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, is_causal, scale=scale)[1]
+                    lse = ops._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, is_causal, scale=scale)[
+                        1
+                    ]
                 elif self.backend == "cudnn":
-                    lse = ops._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, is_causal, False, scale=scale)[1]
+                    lse = ops._scaled_dot_product_cudnn_attention(
+                        q, k, v, None, True, 0.0, is_causal, False, scale=scale
+                    )[1]
                 else:
                     return None
             except (RuntimeError, TypeError, AttributeError):
@@ -210,14 +245,19 @@ class SdpaAdapter(KernelAdapter):
         pad = (-d) % 8  # the op wants head_dim % 8 == 0; SDPA's front end pads the same way
         if pad:
             qh, kh, vh = (torch.nn.functional.pad(t, (0, pad)) for t in (qh, kh, vh))
-        devices = [qh.device.index if qh.device.index is not None else torch.cuda.current_device()] if qh.is_cuda else []
+        devices = (
+            [qh.device.index if qh.device.index is not None else torch.cuda.current_device()] if qh.is_cuda else []
+        )
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
             res = torch.ops.aten._scaled_dot_product_flash_attention(
-                qh, kh, vh, o.dropout_p, o.causal, True, scale=o.softmax_scale)
+                qh, kh, vh, o.dropout_p, o.causal, True, scale=o.softmax_scale
+            )
         out, lse, dmask = res[0][..., :d], res[1], res[-1]
         keep = dmask[:, :, :nq, :nk].detach() >= 0
-        return KernelOutput(out=out.transpose(1, 2), lse=flash_lse_to_reference(lse.detach().float(), nq), dropout_keep=keep)
+        return KernelOutput(
+            out=out.transpose(1, 2), lse=flash_lse_to_reference(lse.detach().float(), nq), dropout_keep=keep
+        )
 
     def _dense(self, q, k, v, call: KernelCall, seed: int | None = None) -> KernelOutput:
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -239,13 +279,20 @@ class SdpaAdapter(KernelAdapter):
         gqa = {"enable_gqa": True} if kh.shape[1] != qh.shape[1] else {}
         try:
             with sdpa_kernel([backend]):
-                out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=is_causal,
-                                                     scale=call.opts.softmax_scale, **gqa)
+                out = F.scaled_dot_product_attention(
+                    qh, kh, vh, attn_mask=mask, is_causal=is_causal, scale=call.opts.softmax_scale, **gqa
+                )
                 lse = None
                 if call.want_lse:
                     with torch.no_grad():
-                        lse = self._lse(qh.detach(), copied(kh.detach()) if gqa else kh.detach(),
-                                        copied(vh.detach()) if gqa else vh.detach(), call, is_causal, mask)
+                        lse = self._lse(
+                            qh.detach(),
+                            copied(kh.detach()) if gqa else kh.detach(),
+                            copied(vh.detach()) if gqa else vh.detach(),
+                            call,
+                            is_causal,
+                            mask,
+                        )
         except RuntimeError as exc:
             if "No available kernel" in str(exc):
                 raise NoKernel(f"SDPA {self.backend} refused this case: {str(exc).splitlines()[0]}") from None

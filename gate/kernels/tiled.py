@@ -24,12 +24,20 @@ from __future__ import annotations
 
 import torch
 
-from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, per_sequence, read_pages, write_pages
-from gate.kernels.capabilities import feature_set
 from gate.attention.bias import reduce_to_bias_shape
 from gate.attention.inputs import dequantize
 from gate.attention.masks import alibi_bias, allowed_mask
 from gate.attention.reference import AttnOptions
+from gate.kernels.base import (
+    Capabilities,
+    KernelAdapter,
+    KernelCall,
+    KernelOutput,
+    per_sequence,
+    read_pages,
+    write_pages,
+)
+from gate.kernels.capabilities import feature_set
 
 TILE = 64
 
@@ -134,8 +142,16 @@ class _TiledAttention(torch.autograd.Function):
             lse[:, :, rows] = torch.where(empty, torch.full_like(l, float("-inf")), m + torch.log(l)).squeeze(-1)
         out_t = out.transpose(1, 2).to(q.dtype)
         keep = steps.backward_keep(keep)
-        ctx.save_for_backward(q, k, v, out_t, lse, keep if keep is not None else torch.empty(0),
-                              sink if sink is not None else torch.empty(0), bias if bias is not None else torch.empty(0))
+        ctx.save_for_backward(
+            q,
+            k,
+            v,
+            out_t,
+            lse,
+            keep if keep is not None else torch.empty(0),
+            sink if sink is not None else torch.empty(0),
+            bias if bias is not None else torch.empty(0),
+        )
         ctx.opts, ctx.steps = opts, steps
         ctx.has_keep = keep is not None
         ctx.has_sink = sink is not None
@@ -181,7 +197,7 @@ class _TiledAttention(torch.autograd.Function):
                 dv[:, :, cols] += pz.transpose(-1, -2) @ do[:, :, rows]
                 ds = p * (dp - delta[:, :, rows])
                 if dbias is not None:
-                    dbias[:, :, r0:r0 + len(rows), cols] += reduce_to_bias_shape(ds, tuple(bias.shape))
+                    dbias[:, :, r0 : r0 + len(rows), cols] += reduce_to_bias_shape(ds, tuple(bias.shape))
                 if tanh is not None:
                     ds = steps.softcap_grad(ds, tanh)
                 dq[:, :, rows] += (ds @ kf[:, :, cols]) * opts.softmax_scale
@@ -192,8 +208,16 @@ class _TiledAttention(torch.autograd.Function):
         if ctx.has_sink:  # the sink's share of each row, times -D (see the module doc)
             p_sink = torch.exp(sink.float().view(1, hq, 1) - lse)
             dsink = -(p_sink * delta.squeeze(-1)).sum(dim=(0, 2)).to(sink.dtype)
-        return (dq.transpose(1, 2).to(q.dtype), dk.transpose(1, 2).to(k.dtype), dv.transpose(1, 2).to(v.dtype), None, None,
-                dsink, None if dbias is None else dbias.to(bias.dtype), None)
+        return (
+            dq.transpose(1, 2).to(q.dtype),
+            dk.transpose(1, 2).to(k.dtype),
+            dv.transpose(1, 2).to(v.dtype),
+            None,
+            None,
+            dsink,
+            None if dbias is None else dbias.to(bias.dtype),
+            None,
+        )
 
 
 def tiled_attention(q, k, v, opts: AttnOptions, keep=None, sink=None, bias=None, steps: TileSteps = STEPS):
@@ -227,7 +251,7 @@ def decode(call: KernelCall) -> KernelOutput:
             write_pages(c.k_cache, c.block_table, c.page_size, b, cached, c.k_new[b])
             write_pages(c.v_cache, c.block_table, c.page_size, b, cached, c.v_new[b])
         nk = cached + (0 if c.k_new is None else c.k_new.shape[1])
-        qf = q[b:b + 1].float().transpose(1, 2)
+        qf = q[b : b + 1].float().transpose(1, 2)
         m, l = _softmax_start(1, hq, nq, call.sink, q.device)
         acc = torch.zeros(1, hq, nq, dv_dim, device=q.device)
         for c0 in range(0, nk, TILE):
@@ -259,11 +283,26 @@ class TiledAdapter(KernelAdapter):
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
-            devices=("cpu", "cuda"), dtypes=("fp16", "bf16", "fp32", "e4m3", "e5m2"), max_head_dim=512,
-            features=feature_set(head_dim_v_differs=True, window=True, softcap=True, alibi=True, dropout=True, varlen=True,
-                                 kvcache=True, paged=True, sinks=True, bias=True, bias_grad=True, bool_mask=True,
-                                 varlen_bias=True),
-            deterministic_mode=True, returns_lse=True,
+            devices=("cpu", "cuda"),
+            dtypes=("fp16", "bf16", "fp32", "e4m3", "e5m2"),
+            max_head_dim=512,
+            features=feature_set(
+                head_dim_v_differs=True,
+                window=True,
+                softcap=True,
+                alibi=True,
+                dropout=True,
+                varlen=True,
+                kvcache=True,
+                paged=True,
+                sinks=True,
+                bias=True,
+                bias_grad=True,
+                bool_mask=True,
+                varlen_bias=True,
+            ),
+            deterministic_mode=True,
+            returns_lse=True,
         )
 
     def tile_steps(self, call: KernelCall, keep) -> TileSteps:

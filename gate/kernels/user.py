@@ -36,8 +36,8 @@ from pathlib import Path
 
 import torch
 
-from gate.core.errors import UserError
 from gate.attention.bias import as_additive
+from gate.core.errors import UserError
 from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, per_sequence
 from gate.kernels.capabilities import Feature, feature_set
 
@@ -103,8 +103,14 @@ def _common_kwargs(sig: _Signature, call: KernelCall, lse_flag: str) -> dict:
     optional = {
         # a keyword the function does not take is left out (its default is flash-attn's: scale
         # 1/sqrt(d), not causal); cases that need it were skipped by capabilities()
-        "softmax_scale": o.softmax_scale, "causal": o.causal, "window_size": tuple(o.window), "softcap": o.softcap,
-        "alibi_slopes": o.alibi_slopes, "deterministic": call.deterministic, lse_flag: True, "dropout_p": o.dropout_p,
+        "softmax_scale": o.softmax_scale,
+        "causal": o.causal,
+        "window_size": tuple(o.window),
+        "softcap": o.softcap,
+        "alibi_slopes": o.alibi_slopes,
+        "deterministic": call.deterministic,
+        lse_flag: True,
+        "dropout_p": o.dropout_p,
     }
     kwargs = {k: val for k, val in optional.items() if sig.takes(k)}
     if call.descale is not None:  # only fp8 cases; capabilities() skipped them where not taken
@@ -131,7 +137,9 @@ class _Declared(KernelAdapter):
 class UserAdapter(_Declared):
     """One function in the flash_attn_func convention; varlen cases run each sequence through it alone."""
 
-    def __init__(self, spec: str, fn=None, backward: bool = True, family: str = "", declared: Capabilities | None = None):
+    def __init__(
+        self, spec: str, fn=None, backward: bool = True, family: str = "", declared: Capabilities | None = None
+    ):
         self.name = spec
         self.description = f"user kernel {spec} (flash_attn_func convention)"
         self.fn = fn if fn is not None else load_callable(spec)
@@ -144,16 +152,29 @@ class UserAdapter(_Declared):
 
     def inferred(self) -> Capabilities:
         return Capabilities(
-            devices=("cpu", "cuda"), dtypes=_dtypes(self.sig), max_head_dim=1024,
+            devices=("cpu", "cuda"),
+            dtypes=_dtypes(self.sig),
+            max_head_dim=1024,
             features=feature_set(
-                head_dim_v_differs=True, causal=self._takes("causal"), window=self._takes("window_size"),
-                softcap=self._takes("softcap"), alibi=self._takes("alibi_slopes"), dropout=False, varlen=True, gqa=True,
+                head_dim_v_differs=True,
+                causal=self._takes("causal"),
+                window=self._takes("window_size"),
+                softcap=self._takes("softcap"),
+                alibi=self._takes("alibi_slopes"),
+                dropout=False,
+                varlen=True,
+                gqa=True,
                 sinks=self._takes("learnable_sink"),
                 # a kernel with an `attn_bias` keyword takes every bias kind (bool as 0/-inf)
-                bias=self._takes("attn_bias"), bias_grad=self._takes("attn_bias"), bool_mask=self._takes("attn_bias"),
-                varlen_bias=self._takes("attn_bias")),  # varlen runs each sequence alone: its block of the bias
-            deterministic_mode=self._takes("deterministic"), returns_lse=self._takes("return_attn_probs"),
-            backward=self.backward, notes=("varlen by running each sequence alone",),
+                bias=self._takes("attn_bias"),
+                bias_grad=self._takes("attn_bias"),
+                bool_mask=self._takes("attn_bias"),
+                varlen_bias=self._takes("attn_bias"),
+            ),  # varlen runs each sequence alone: its block of the bias
+            deterministic_mode=self._takes("deterministic"),
+            returns_lse=self._takes("return_attn_probs"),
+            backward=self.backward,
+            notes=("varlen by running each sequence alone",),
         )
 
     def _dense(self, q, k, v, call: KernelCall) -> KernelOutput:
@@ -189,10 +210,23 @@ class VarlenEntry(_Declared):
     def inferred(self) -> Capabilities:
         t = self.sig.takes
         return Capabilities(
-            devices=("cpu", "cuda"), dtypes=("fp16", "bf16", "fp32"), max_head_dim=1024,
-            features=feature_set(head_dim_v_differs=True, causal=t("causal"), window=t("window_size"), softcap=t("softcap"),
-                                 alibi=t("alibi_slopes"), dropout=False, varlen=True, gqa=True, sinks=t("learnable_sink")),
-            deterministic_mode=t("deterministic"), returns_lse=t("return_attn_probs"), backward=self.backward,
+            devices=("cpu", "cuda"),
+            dtypes=("fp16", "bf16", "fp32"),
+            max_head_dim=1024,
+            features=feature_set(
+                head_dim_v_differs=True,
+                causal=t("causal"),
+                window=t("window_size"),
+                softcap=t("softcap"),
+                alibi=t("alibi_slopes"),
+                dropout=False,
+                varlen=True,
+                gqa=True,
+                sinks=t("learnable_sink"),
+            ),
+            deterministic_mode=t("deterministic"),
+            returns_lse=t("return_attn_probs"),
+            backward=self.backward,
         )
 
     def __call__(self, call: KernelCall) -> KernelOutput:
@@ -200,8 +234,18 @@ class VarlenEntry(_Declared):
         kwargs = _common_kwargs(self.sig, call, "return_attn_probs")
         if self.sig.takes("seqused_k"):
             kwargs["seqused_k"] = (cu_k[1:] - cu_k[:-1]).to(torch.int32)
-        return _split_result(self.fn(call.q, call.k, call.v, cu_seqlens_q=cu, cu_seqlens_k=cu_k,
-                                     max_seqlen_q=call.max_seqlen, max_seqlen_k=call.keys_max_seqlen, **kwargs))
+        return _split_result(
+            self.fn(
+                call.q,
+                call.k,
+                call.v,
+                cu_seqlens_q=cu,
+                cu_seqlens_k=cu_k,
+                max_seqlen_q=call.max_seqlen,
+                max_seqlen_k=call.keys_max_seqlen,
+                **kwargs,
+            )
+        )
 
 
 class KVCacheEntry(_Declared):
@@ -216,11 +260,22 @@ class KVCacheEntry(_Declared):
     def inferred(self) -> Capabilities:
         t = self.sig.takes
         return Capabilities(
-            devices=("cpu", "cuda"), dtypes=("fp16", "bf16", "fp32"), max_head_dim=1024,
-            features=feature_set(head_dim_v_differs=True, causal=t("causal"), window=t("window_size"), softcap=t("softcap"),
-                                 alibi=t("alibi_slopes"), gqa=True, kvcache=True, paged=t("block_table"),
-                                 sinks=t("learnable_sink")),
-            returns_lse=t("return_softmax_lse"), backward=False,
+            devices=("cpu", "cuda"),
+            dtypes=("fp16", "bf16", "fp32"),
+            max_head_dim=1024,
+            features=feature_set(
+                head_dim_v_differs=True,
+                causal=t("causal"),
+                window=t("window_size"),
+                softcap=t("softcap"),
+                alibi=t("alibi_slopes"),
+                gqa=True,
+                kvcache=True,
+                paged=t("block_table"),
+                sinks=t("learnable_sink"),
+            ),
+            returns_lse=t("return_softmax_lse"),
+            backward=False,
         )
 
     def unsupported_reason(self, case, device: str) -> str | None:
@@ -262,7 +317,9 @@ class FamilyAdapter(KernelAdapter):
         self.entries: dict[str, KernelAdapter] = {}
         declared = declaration_of(family)
         if family.dense:
-            self.entries["dense"] = UserAdapter(family.dense, load_callable(family.dense), family.backward, declared=declared)
+            self.entries["dense"] = UserAdapter(
+                family.dense, load_callable(family.dense), family.backward, declared=declared
+            )
         if family.varlen:
             self.entries["varlen"] = VarlenEntry(family.varlen, load_callable(family.varlen), family.backward, declared)
         if family.kvcache:
@@ -287,8 +344,10 @@ class FamilyAdapter(KernelAdapter):
             return why
         entry = self.entry_for(case)
         if entry is None:
-            return (f"no {case.entry_point} entry point: add {case.entry_point} = \"package.module:function\" "
-                    f"to [tool.attn-gate.kernels.{self.name}]")
+            return (
+                f'no {case.entry_point} entry point: add {case.entry_point} = "package.module:function" '
+                f"to [tool.attn-gate.kernels.{self.name}]"
+            )
         return entry.unsupported_reason(case, device)
 
     def __call__(self, call: KernelCall) -> KernelOutput:

@@ -13,9 +13,9 @@ from pathlib import Path
 from gate.compare.findings import Severity, Verdict, fmt, worst_first
 from gate.core.results import Status, SweepResult
 from gate.report import terminal_console
-from gate.report.known import known_groups
 from gate.report.comment import _correctness_clause, _is_speed, _speed_clause, diagnosis, failing_names
 from gate.report.failures import check_lines
+from gate.report.known import known_groups
 
 MAX_ROWS = 60  # terminal table rows; the findings JSON always has everything
 
@@ -53,17 +53,33 @@ def print_known(verdict: Verdict, console) -> None:
             t.add_column(col)
         for g in groups:
             shown = ", ".join(g.cases[:4]) + (f" (+{len(g.cases) - 4})" if len(g.cases) > 4 else "")
-            cells = {"entry": f"#{g.entry['index']}", "KNOWN cases": escape(f"{len(g.cases)}: {shown}" if g.cases else "0"),
-                     "KNOWN": str(len(g.cases)), "XPASS": str(len(g.xpass)), "covers": escape(g.covers),
-                     "reason": escape(g.entry["reason"]), "link": escape(g.entry["link"] or "-")}
+            cells = {
+                "entry": f"#{g.entry['index']}",
+                "KNOWN cases": escape(f"{len(g.cases)}: {shown}" if g.cases else "0"),
+                "KNOWN": str(len(g.cases)),
+                "XPASS": str(len(g.xpass)),
+                "covers": escape(g.covers),
+                "reason": escape(g.entry["reason"]),
+                "link": escape(g.entry["link"] or "-"),
+            }
             t.add_row(*(cells[c] for c in columns))
         return t
 
-    if not print_table(console, [table(("entry", "KNOWN cases", "XPASS", "covers", "reason", "link")),
-                                 table(("entry", "KNOWN", "XPASS", "covers", "reason"))]):
+    if not print_table(
+        console,
+        [
+            table(("entry", "KNOWN cases", "XPASS", "covers", "reason", "link")),
+            table(("entry", "KNOWN", "XPASS", "covers", "reason")),
+        ],
+    ):
         for g in groups:
-            console.print(escape(f"known #{g.entry['index']}: {len(g.cases)} KNOWN, {len(g.xpass)} XPASS, covers "
-                                 f"{g.covers}: {g.entry['reason']}"), highlight=False)
+            console.print(
+                escape(
+                    f"known #{g.entry['index']}: {len(g.cases)} KNOWN, {len(g.xpass)} XPASS, covers "
+                    f"{g.covers}: {g.entry['reason']}"
+                ),
+                highlight=False,
+            )
 
 
 def _plain(markdown: str) -> str:
@@ -106,14 +122,20 @@ def summary_lines(verdict: Verdict, sweep: SweepResult, summary_path=None) -> li
     results = {c.case_id: c for c in sweep.cases}
     passed = sum(1 for c in sweep.cases if c.status is Status.PASS and c.case_id not in blocking)
     skipped = skipped_by_reason(sweep)
-    counts = [f"{len(failed)} failed"] + ([f"{len(blocking) - len(failed)} inconclusive"] if len(blocking) > len(failed) else [])
+    counts = [f"{len(failed)} failed"] + (
+        [f"{len(blocking) - len(failed)} inconclusive"] if len(blocking) > len(failed) else []
+    )
     known = {f.case_id for f in verdict.findings if f.severity is Severity.KNOWN and f.case_id}
     if known:
         counts.append(f"{len(known)} known (declared upstream bugs)")
     counts.append(f"{passed} passed")
     if skipped:
-        counts.append(f"{sum(n for _, n in skipped)} skipped (" + "; ".join(f"{r}: {n}" for r, n in skipped[:4])
-                      + ("; ..." if len(skipped) > 4 else "") + ")")
+        counts.append(
+            f"{sum(n for _, n in skipped)} skipped ("
+            + "; ".join(f"{r}: {n}" for r, n in skipped[:4])
+            + ("; ..." if len(skipped) > 4 else "")
+            + ")"
+        )
     lines = []
     case_lines = check_lines(verdict.findings, results)
     lines += [line.text for line in case_lines[:MAX_CASE_LINES]]
@@ -142,8 +164,9 @@ def wrap_words(line: str, width: int) -> list[str]:
     terminal (a long path) is kept whole rather than cut, so it can still be copied."""
     import textwrap
 
-    return textwrap.wrap(line, width=max(20, width), subsequent_indent="  ", break_long_words=False,
-                         break_on_hyphens=False) or [line]
+    return textwrap.wrap(
+        line, width=max(20, width), subsequent_indent="  ", break_long_words=False, break_on_hyphens=False
+    ) or [line]
 
 
 def print_check(verdict: Verdict, sweep: SweepResult, console=None, summary_path=None) -> None:
@@ -158,32 +181,53 @@ def print_check(verdict: Verdict, sweep: SweepResult, console=None, summary_path
     shown = sorted((f for f in verdict.findings if f.severity.blocks or f.severity is Severity.WARN), key=worst_first)
     style = {Severity.FAIL: "bold red", Severity.INCONCLUSIVE: "bold red", Severity.WARN: "yellow"}
     if shown:
+
         def table(columns):
             t = Table(title=f"{sweep.kernel} / {sweep.suite} against its baseline")
             for col in columns:
-                t.add_column(col, no_wrap=col == "case", justify="right" if col in ("baseline", "now", "limit") else "left")
+                t.add_column(
+                    col, no_wrap=col == "case", justify="right" if col in ("baseline", "now", "limit") else "left"
+                )
             for f in shown[:MAX_ROWS]:
-                cells = {"severity": f"[{style[f.severity]}]{f.severity.value}[/]", "case": f.case_id or "(run)",
-                         "rule": f.rule, "metric": f.metric, "baseline": escape(fmt(f.baseline)),
-                         "now": escape(fmt(f.current)), "limit": fmt(f.threshold), "what": escape(f.detail)}
+                cells = {
+                    "severity": f"[{style[f.severity]}]{f.severity.value}[/]",
+                    "case": f.case_id or "(run)",
+                    "rule": f.rule,
+                    "metric": f.metric,
+                    "baseline": escape(fmt(f.baseline)),
+                    "now": escape(fmt(f.current)),
+                    "limit": fmt(f.threshold),
+                    "what": escape(f.detail),
+                }
                 t.add_row(*(cells[c] for c in columns))
             return t
 
         # the widest table that fits with whole words and whole case ids; none on a narrow
         # terminal: the lines below name every failing case, and the report file has the rest
-        if print_table(console, [table(("severity", "case", "rule", "metric", "baseline", "now", "limit", "what")),
-                                 table(("severity", "case", "metric", "now", "what")),
-                                 table(("case", "what"))]):
+        if print_table(
+            console,
+            [
+                table(("severity", "case", "rule", "metric", "baseline", "now", "limit", "what")),
+                table(("severity", "case", "metric", "now", "what")),
+                table(("case", "what")),
+            ],
+        ):
             if len(shown) > MAX_ROWS:
                 console.print(f"... and {len(shown) - MAX_ROWS} more in the findings JSON")
         else:
-            console.print(f"({len(shown)} findings: too wide for {console.width} columns; every one is in "
-                          f"{summary_path or 'the report'})", highlight=False)
+            console.print(
+                f"({len(shown)} findings: too wide for {console.width} columns; every one is in "
+                f"{summary_path or 'the report'})",
+                highlight=False,
+            )
     print_known(verdict, console)
     console.print("thresholds: " + ", ".join(f"{k}={v:g}" for k, v in verdict.thresholds.items()), highlight=False)
     lines = summary_lines(verdict, sweep, summary_path)
     color = "green" if verdict.passed else "bold red"
     for i, line in enumerate(lines):
         for piece in wrap_words(line, console.width):
-            console.print(f"[{color}]{escape(piece)}[/]" if i == len(lines) - 1 else escape(piece), highlight=False,
-                          soft_wrap=True)
+            console.print(
+                f"[{color}]{escape(piece)}[/]" if i == len(lines) - 1 else escape(piece),
+                highlight=False,
+                soft_wrap=True,
+            )

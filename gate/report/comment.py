@@ -47,7 +47,7 @@ def _short(text: str, limit: int = 160) -> str:
     text = _cell(text)
     head = text.split(". ", 1)[0].split("; ", 1)[0] if len(text) > limit else text
     if len(head) > limit:
-        head = head[:limit - 3].rstrip() + "..."
+        head = head[: limit - 3].rstrip() + "..."
     return head.replace("`", "") if head.count("`") % 2 else head
 
 
@@ -81,10 +81,17 @@ class Links:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "Links":
-        server, repo, run = env.get("GITHUB_SERVER_URL", ""), env.get("GITHUB_REPOSITORY", ""), env.get("GITHUB_RUN_ID", "")
+        server, repo, run = (
+            env.get("GITHUB_SERVER_URL", ""),
+            env.get("GITHUB_REPOSITORY", ""),
+            env.get("GITHUB_RUN_ID", ""),
+        )
         repository = f"{server}/{repo}" if server and repo else ""
-        return cls(artifacts=f"{repository}/actions/runs/{run}#artifacts" if repository and run else "",
-                   asv=env.get("ATTN_GATE_ASV_URL", "").rstrip("/"), repository=repository)
+        return cls(
+            artifacts=f"{repository}/actions/runs/{run}#artifacts" if repository and run else "",
+            asv=env.get("ATTN_GATE_ASV_URL", "").rstrip("/"),
+            repository=repository,
+        )
 
     def commit(self, sha: str) -> str:
         """Each commit a baseline names, linked; a baseline joined from two runs names both."""
@@ -162,7 +169,9 @@ def separating_trait(failing: list[Case], passing: list[Case]) -> str | None:
 
 # numeric axes a kernel's envelope is often bounded on: "head dim > 128", "seqlen_k > 4096"
 THRESHOLD_AXES: dict[str, Callable[[Case], int]] = {
-    "head dim": lambda c: c.head_dim, "head dim v": lambda c: c.head_dim_v, "seqlen_q": lambda c: c.seqlen_q,
+    "head dim": lambda c: c.head_dim,
+    "head dim v": lambda c: c.head_dim_v,
+    "seqlen_q": lambda c: c.seqlen_q,
     "seqlen_k": lambda c: c.seqlen_k,
 }
 
@@ -184,8 +193,13 @@ def threshold_trait(failing: list[Case], passing: list[Case]) -> str | None:
 
 
 def _article(name: str) -> str:
-    return name if name[0].isdigit() or name.startswith(("GQA", "entry", "layout", "fully", "seqlen")) or \
-        name.endswith("inputs") else f"a {name}"
+    return (
+        name
+        if name[0].isdigit()
+        or name.startswith(("GQA", "entry", "layout", "fully", "seqlen"))
+        or name.endswith("inputs")
+        else f"a {name}"
+    )
 
 
 def failing_tensors(results: list[CaseResult], names: Mapping[str, set[str]] | None = None) -> str:
@@ -257,13 +271,19 @@ def shared_pattern(failing: list[Case], passing: list[Case]) -> str:
                 found.append((also, value))
     found.sort()
     # two boolean traits that together cover every failing case ("causal or windowed")
-    flags = {"causal": lambda c: c.causal, "windowed": lambda c: c.has_window, "softcap": lambda c: bool(c.softcap),
-             "ALiBi": lambda c: c.alibi, "variable length": lambda c: c.entry.varlen is not None, "GQA/MQA": lambda c: c.is_gqa,
-             "seqlen_q != seqlen_k": lambda c: c.seqlen_q != c.seqlen_k}
+    flags = {
+        "causal": lambda c: c.causal,
+        "windowed": lambda c: c.has_window,
+        "softcap": lambda c: bool(c.softcap),
+        "ALiBi": lambda c: c.alibi,
+        "variable length": lambda c: c.entry.varlen is not None,
+        "GQA/MQA": lambda c: c.is_gqa,
+        "seqlen_q != seqlen_k": lambda c: c.seqlen_q != c.seqlen_k,
+    }
     best = None
     names = list(flags)
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             if all(flags[a](c) or flags[b](c) for c in failing):
                 also = sum(1 for c in passing if flags[a](c) or flags[b](c))
                 if also <= len(passing) / 2 and (best is None or also < best[0]):
@@ -286,8 +306,16 @@ def shared_pattern(failing: list[Case], passing: list[Case]) -> str:
 
 def rerun_command(context: Mapping[str, Any], device: str, case_ids: list[str] | None) -> str:
     """`case_ids` None: the whole suite."""
-    parts = ["attn-gate", "check", "--kernel", str(context.get("kernel")), "--suite", str(context.get("suite")),
-             "--device", device]
+    parts = [
+        "attn-gate",
+        "check",
+        "--kernel",
+        str(context.get("kernel")),
+        "--suite",
+        str(context.get("suite")),
+        "--device",
+        device,
+    ]
     if context.get("baseline_option"):
         parts += ["--baseline", str(context["baseline_option"])]
     config = context.get("config")
@@ -328,17 +356,45 @@ def _case_rows(verdict: Verdict, sweep: SweepResult, baseline: Baseline, severit
             t = max(c.tensors, key=lambda t: -1.0 if math.isnan(t.ratio) else t.ratio)
             magnitude = math.inf if math.isnan(t.ratio) else t.ratio
             b = base.tensors.get(t.tensor) if base else None
-            change = (f"{_num(t.ratio / b.ratio)}x" if b is not None and 0 < b.ratio < math.inf and math.isfinite(t.ratio)
-                      else "-")
+            change = (
+                f"{_num(t.ratio / b.ratio)}x"
+                if b is not None and 0 < b.ratio < math.inf and math.isfinite(t.ratio)
+                else "-"
+            )
             what = f"{t.tensor} error / bound" + ("" if c.status is Status.PASS else f" ({c.status.value})")
             if worst.rule == "headroom":
                 what += ": headroom regression"
-            rows.append(Row(worst.severity.rank, magnitude, (
-                worst.severity.value, f"`{cid}`", what, _x(b.ratio) if b else "-", _x(t.ratio), change,
-                "1 x" if worst.rule != "headroom" else _x(worst.threshold))))
+            rows.append(
+                Row(
+                    worst.severity.rank,
+                    magnitude,
+                    (
+                        worst.severity.value,
+                        f"`{cid}`",
+                        what,
+                        _x(b.ratio) if b else "-",
+                        _x(t.ratio),
+                        change,
+                        "1 x" if worst.rule != "headroom" else _x(worst.threshold),
+                    ),
+                )
+            )
         else:
-            rows.append(Row(worst.severity.rank, 0.0, (worst.severity.value, f"`{cid}`", _short(worst.detail),
-                                                        fmt(worst.baseline), fmt(worst.current), "-", "-")))
+            rows.append(
+                Row(
+                    worst.severity.rank,
+                    0.0,
+                    (
+                        worst.severity.value,
+                        f"`{cid}`",
+                        _short(worst.detail),
+                        fmt(worst.baseline),
+                        fmt(worst.current),
+                        "-",
+                        "-",
+                    ),
+                )
+            )
     return rows
 
 
@@ -353,15 +409,35 @@ def _speed_rows(verdict: Verdict, links: Links, severities: set[Severity] | None
         if isinstance(base, float) and isinstance(now, float) and base > 0:
             change = now / base - 1
             limit = f"{(f.threshold / base - 1) * 100:+.2f}%" if isinstance(f.threshold, float) else "-"
-            cells = (f.severity.value, f"`{f.case_id}` {pass_}" if f.case_id else f"(run) {pass_}", "speed ratio (kernel/anchor time)",
-                     f"{base:.4g}", f"{now:.4g}", f"**{change * 100:+.2f}%**" if f.severity.blocks else f"{change * 100:+.2f}%", limit)
+            cells = (
+                f.severity.value,
+                f"`{f.case_id}` {pass_}" if f.case_id else f"(run) {pass_}",
+                "speed ratio (kernel/anchor time)",
+                f"{base:.4g}",
+                f"{now:.4g}",
+                f"**{change * 100:+.2f}%**" if f.severity.blocks else f"{change * 100:+.2f}%",
+                limit,
+            )
             graph = links.asv_graph(f.case_id, pass_, kernel) if f.case_id and f.severity is not Severity.OK else ""
             if graph:
                 cells = cells[:2] + (f"[{cells[2]}]({graph})",) + cells[3:]
             rows.append(Row(f.severity.rank, change, cells))
         else:
-            rows.append(Row(f.severity.rank, 0.0, (f.severity.value, f"`{f.case_id}` {pass_}" if f.case_id else "(run)",
-                                                   _short(f.message), fmt(base), fmt(now), "-", "-")))
+            rows.append(
+                Row(
+                    f.severity.rank,
+                    0.0,
+                    (
+                        f.severity.value,
+                        f"`{f.case_id}` {pass_}" if f.case_id else "(run)",
+                        _short(f.message),
+                        fmt(base),
+                        fmt(now),
+                        "-",
+                        "-",
+                    ),
+                )
+            )
     return rows
 
 
@@ -383,9 +459,13 @@ def _known_section(verdict: Verdict) -> list[str]:
     groups = [g for g in known_groups(verdict) if g.known or g.xpass]
     if not groups:
         return []
-    lines = ["### Known failures", "",
-             "Declared in `[[tool.attn-gate.known_failures]]`: upstream bugs the gate lives with. KNOWN rows do not fail "
-             "the check; a failure on anything a declaration does not cover still does.", ""]
+    lines = [
+        "### Known failures",
+        "",
+        "Declared in `[[tool.attn-gate.known_failures]]`: upstream bugs the gate lives with. KNOWN rows do not fail "
+        "the check; a failure on anything a declaration does not cover still does.",
+        "",
+    ]
     for g in groups:
         e = g.entry
         ids = ", ".join(f"`{c}`" for c in g.cases[:8]) + (f" and {len(g.cases) - 8} more" if len(g.cases) > 8 else "")
@@ -393,12 +473,14 @@ def _known_section(verdict: Verdict) -> list[str]:
         xpass = ""
         if g.xpass:
             how = "FAIL, strict" if e.get("strict") else "WARN"
-            xpass = (f"; **XPASS** ({how}) in {len(g.xpass)}: "
-                     + ", ".join(f"`{f.case_id}`" for f in g.xpass[:8]) + (" ..." if len(g.xpass) > 8 else "")
-                     + (" (delete the entry if the fix landed)" if not g.cases else ""))
+            xpass = (
+                f"; **XPASS** ({how}) in {len(g.xpass)}: "
+                + ", ".join(f"`{f.case_id}`" for f in g.xpass[:8])
+                + (" ..." if len(g.xpass) > 8 else "")
+                + (" (delete the entry if the fix landed)" if not g.cases else "")
+            )
         upstream = f" ([upstream]({e['link']}))" if e["link"] else ""
-        lines.append(f"- **#{e['index']}** {_cell(e['reason'])}{upstream}: {what}, covers "
-                     f"{_cell(g.covers)}{xpass}")
+        lines.append(f"- **#{e['index']}** {_cell(e['reason'])}{upstream}: {what}, covers {_cell(g.covers)}{xpass}")
     return lines + [""]
 
 
@@ -420,8 +502,11 @@ def _errors(sweep: SweepResult) -> list[str]:
         ids = ", ".join(f"`{c.case_id}`" for c in cases[:8]) + (f" and {len(cases) - 8} more" if len(cases) > 8 else "")
         lines += [f"**{len(cases)} case{'s' * (len(cases) != 1)} raised** `{_cell(reason)[:200]}`: {ids}", ""]
         tail = next((c.traceback for c in cases if c.traceback), "")
-        lines += (["```text", tail[-1500:], "```", ""] if tail
-                  else ["(no traceback recorded: the results file predates traceback tails)", ""])
+        lines += (
+            ["```text", tail[-1500:], "```", ""]
+            if tail
+            else ["(no traceback recorded: the results file predates traceback tails)", ""]
+        )
     return lines
 
 
@@ -433,19 +518,28 @@ def _correctness_clause(verdict: Verdict, sweep: SweepResult) -> str:
     measured = sum(1 for c in sweep.cases if c.status is not Status.SKIP)
     known = {f.case_id for f in verdict.of(Severity.KNOWN)}
     if not blocking and known:
-        return (f"correctness **PASS** ({measured} of {len(sweep.cases)} cases measured, all within bounds and baseline "
-                f"except {len(known)} KNOWN: declared upstream bugs, see Known failures)")
+        return (
+            f"correctness **PASS** ({measured} of {len(sweep.cases)} cases measured, all within bounds and baseline "
+            f"except {len(known)} KNOWN: declared upstream bugs, see Known failures)"
+        )
     if not blocking:
         return f"correctness **PASS** ({measured} of {len(sweep.cases)} cases measured, all within bounds and baseline)"
     failed = {f.case_id for f in blocking if f.case_id and f.severity is Severity.FAIL}
     inconclusive = {f.case_id for f in blocking if f.case_id} - failed
     cases = failed | inconclusive
-    worst = max((c for c in sweep.cases if c.case_id in cases and c.tensors),
-                key=lambda c: math.inf if math.isnan(c.worst_ratio) else c.worst_ratio, default=None)
+    worst = max(
+        (c for c in sweep.cases if c.case_id in cases and c.tensors),
+        key=lambda c: math.inf if math.isnan(c.worst_ratio) else c.worst_ratio,
+        default=None,
+    )
     errors = sum(1 for c in sweep.cases if c.case_id in cases and c.status is Status.ERROR)
     kind = "FAIL" if any(f.severity is Severity.FAIL for f in blocking) else "INCONCLUSIVE"
     counted = failed if kind == "FAIL" else inconclusive
-    what = f"correctness **{kind}** in {len(counted)} of {len(sweep.cases)} cases" if counted else f"correctness **{kind}**"
+    what = (
+        f"correctness **{kind}** in {len(counted)} of {len(sweep.cases)} cases"
+        if counted
+        else f"correctness **{kind}**"
+    )
     details = []
     if kind == "FAIL" and inconclusive:  # fail closed, but not counted as failures: say what they are
         details.append(f"{len(inconclusive)} more INCONCLUSIVE")
@@ -468,23 +562,30 @@ def _speed_clause(verdict: Verdict) -> str:
     if blocking:
         kind = "FAIL" if any(f.severity is Severity.FAIL for f in blocking) else "INCONCLUSIVE"
         worst = max(judged, key=lambda f: f.current / f.baseline, default=None) if judged else None
-        tail = (f"; worst `{worst.case_id}` {worst.metric.split(':')[-1]} {(worst.current / worst.baseline - 1) * 100:+.2f}%"
-                if worst is not None else f"; {_cell(blocking[0].message)[:120]}")
+        tail = (
+            f"; worst `{worst.case_id}` {worst.metric.split(':')[-1]} {(worst.current / worst.baseline - 1) * 100:+.2f}%"
+            if worst is not None
+            else f"; {_cell(blocking[0].message)[:120]}"
+        )
         return f"speed **{kind}** in {len(blocking)} of {len(speed)} passes{tail}"
     if not judged:
         message = _cell(speed[0].message).rstrip(".")
         return message if message.startswith("speed") else f"speed not judged: {message}"
     worst = max(judged, key=lambda f: f.current / f.baseline)
-    return (f"speed **PASS** ({len(judged)} passes; largest change `{worst.case_id}` {worst.metric.split(':')[-1]} "
-            f"{(worst.current / worst.baseline - 1) * 100:+.2f}%)")
+    return (
+        f"speed **PASS** ({len(judged)} passes; largest change `{worst.case_id}` {worst.metric.split(':')[-1]} "
+        f"{(worst.current / worst.baseline - 1) * 100:+.2f}%)"
+    )
 
 
 def verdict_line(verdict: Verdict, sweep: SweepResult) -> list[str]:
     alert = "CAUTION" if not verdict.passed else ("WARNING" if verdict.of(Severity.WARN) else "TIP")
     warns = len(verdict.of(Severity.WARN))
     tail = f"; {warns} warning{'s' * (warns != 1)} to look at" if warns else ""
-    return [f"> [!{alert}]",
-            f"> **{'PASS' if verdict.passed else 'FAIL'}**: {_correctness_clause(verdict, sweep)}; {_speed_clause(verdict)}{tail}."]
+    return [
+        f"> [!{alert}]",
+        f"> **{'PASS' if verdict.passed else 'FAIL'}**: {_correctness_clause(verdict, sweep)}; {_speed_clause(verdict)}{tail}.",
+    ]
 
 
 # ---------------------------------------------------------------- the comment
@@ -496,7 +597,7 @@ THRESHOLD_MEANING = {
     "headroom_step": "... and by more than this absolute step (also the noise floor of the improvement WARN)",
     "improvement_factor": "WARN (refresh the baseline) when a ratio shrinks by this factor or more",
     "regression_pct": "speed: FAIL when the whole confidence interval of a change is slower than this %, "
-                      "OK when it is all within; INCONCLUSIVE when it straddles (a re-run decides)",
+    "OK when it is all within; INCONCLUSIVE when it straddles (a re-run decides)",
     "cpu_regression_pct": "speed: the same limit for a run timed on a CPU",
     "noise_k": "speed: a ratio's noise band is this many standard errors of its median",
     "alpha": "speed: 1 - the confidence of each change's interval (0.05: 95%)",
@@ -522,8 +623,10 @@ def _details(summary: str, body: list[str]) -> list[str]:
 def _all_findings(findings: list[Finding]) -> list[str]:
     lines = ["| severity | case | rule | metric | baseline | now | limit | what |", "|---|---|---|---|---|---|---|---|"]
     for f in findings:
-        lines.append(f"| {f.severity.value} | {f'`{f.case_id}`' if f.case_id else '(run)'} | {f.rule} | {f.metric} | "
-                     f"{_cell(fmt(f.baseline))} | {_cell(fmt(f.current))} | {fmt(f.threshold)} | {_cell(f.detail)} |")
+        lines.append(
+            f"| {f.severity.value} | {f'`{f.case_id}`' if f.case_id else '(run)'} | {f.rule} | {f.metric} | "
+            f"{_cell(fmt(f.baseline))} | {_cell(fmt(f.current))} | {fmt(f.threshold)} | {_cell(f.detail)} |"
+        )
     return lines
 
 
@@ -542,19 +645,29 @@ def _ratio_cells(sweep: SweepResult, baseline: Baseline) -> list[str]:
         lines.append(f"| `{c.case_id}` | {status} | " + " | ".join(cells) + " |")
     removed = sorted(set(baseline.correctness) - {c.case_id for c in sweep.cases})
     if removed:
-        lines.append(f"\nIn the baseline, not in this run: {', '.join(f'`{c}`' for c in removed[:50])}"
-                     + (" ..." if len(removed) > 50 else ""))
+        lines.append(
+            f"\nIn the baseline, not in this run: {', '.join(f'`{c}`' for c in removed[:50])}"
+            + (" ..." if len(removed) > 50 else "")
+        )
     return lines
 
 
-def pr_comment(verdict: Verdict, sweep: SweepResult, baseline: Baseline, links: Links = Links(),
-               speed_markdown: str = "", budget: int = BUDGET) -> str:
+def pr_comment(
+    verdict: Verdict,
+    sweep: SweepResult,
+    baseline: Baseline,
+    links: Links = Links(),
+    speed_markdown: str = "",
+    budget: int = BUDGET,
+) -> str:
     ctx = verdict.context
     device = str(sweep.environment.get("device", "cuda" if baseline.gpu_class != "cpu" else "cpu"))
     lines = [f"## attn-gate check: {'PASS' if verdict.passed else 'FAIL'}", "", *verdict_line(verdict, sweep), ""]
-    lines.append(f"`{sweep.kernel}` on suite `{sweep.suite}` ({baseline.gpu_class}), {len(sweep.cases)} cases"
-                 + (f" filtered with `--only {ctx['scope']}`" if ctx.get("scope") else "")
-                 + f"; baseline `{ctx.get('baseline', '?')}` measured {baseline.measured_at} at commit {links.commit(baseline.commit)}.")
+    lines.append(
+        f"`{sweep.kernel}` on suite `{sweep.suite}` ({baseline.gpu_class}), {len(sweep.cases)} cases"
+        + (f" filtered with `--only {ctx['scope']}`" if ctx.get("scope") else "")
+        + f"; baseline `{ctx.get('baseline', '?')}` measured {baseline.measured_at} at commit {links.commit(baseline.commit)}."
+    )
     lines.append("")
 
     blocking_cases = sorted({f.case_id for f in verdict.findings if f.severity.blocks and f.case_id})
@@ -566,24 +679,46 @@ def pr_comment(verdict: Verdict, sweep: SweepResult, baseline: Baseline, links: 
     failing = [results[c].case for c in focus if c in results]
     passing = [c.case for c in sweep.cases if c.case_id not in set(blocking_cases) and c.status is Status.PASS]
     if failing:
-        lines += [f"**What the failing cases share:** "
-                  f"{diagnosis([results[c] for c in focus if c in results], passing, failing_names(verdict))}.", ""]
+        lines += [
+            f"**What the failing cases share:** "
+            f"{diagnosis([results[c] for c in focus if c in results], passing, failing_names(verdict))}.",
+            "",
+        ]
     if focus:
         command = rerun_command(ctx, device, focus)
         if len(command) <= RERUN_LIMIT:
-            lines += [f"**Rerun exactly the {len(focus)} failing case{'s' * (len(focus) != 1)}:**", "",
-                      "```sh", command, "```", ""]
+            lines += [
+                f"**Rerun exactly the {len(focus)} failing case{'s' * (len(focus) != 1)}:**",
+                "",
+                "```sh",
+                command,
+                "```",
+                "",
+            ]
         else:  # thousands of ids make no copy-paste command: rerun the suite (the ids are in the findings JSON)
-            lines += [f"**Rerun** ({len(focus)} failing cases, too many to list in `--only`; their ids are in the "
-                      f"findings JSON):", "", "```sh", rerun_command(ctx, device, None), "```", ""]
+            lines += [
+                f"**Rerun** ({len(focus)} failing cases, too many to list in `--only`; their ids are in the "
+                f"findings JSON):",
+                "",
+                "```sh",
+                rerun_command(ctx, device, None),
+                "```",
+                "",
+            ]
 
-    worst = (_case_rows(verdict, sweep, baseline, {Severity.FAIL, Severity.INCONCLUSIVE, Severity.WARN})
-             + _speed_rows(verdict, links, {Severity.FAIL, Severity.INCONCLUSIVE, Severity.WARN}))
+    worst = _case_rows(verdict, sweep, baseline, {Severity.FAIL, Severity.INCONCLUSIVE, Severity.WARN}) + _speed_rows(
+        verdict, links, {Severity.FAIL, Severity.INCONCLUSIVE, Severity.WARN}
+    )
     for reason, cases in error_groups(sweep):  # one row per distinct error, above the ratios: nothing was measured
         if any(f.severity.blocks for f in verdict.findings if f.case_id in {c.case_id for c in cases}):
             first = f"`{cases[0].case_id}`" + (f" and {len(cases) - 1} more" if len(cases) > 1 else "")
-            worst.append(Row(Severity.FAIL.rank, math.inf, ("FAIL", first, f"raised {_short(reason, 120)} (see Errors)",
-                                                            "-", "ERROR", "-", "-")))
+            worst.append(
+                Row(
+                    Severity.FAIL.rank,
+                    math.inf,
+                    ("FAIL", first, f"raised {_short(reason, 120)} (see Errors)", "-", "ERROR", "-", "-"),
+                )
+            )
     if worst:
         lines += ["### Worst findings", "", *_table(worst, TOP_ROWS), ""]
     run_wide = [f for f in verdict.findings if not f.case_id and f.severity.blocks]
@@ -596,9 +731,15 @@ def pr_comment(verdict: Verdict, sweep: SweepResult, baseline: Baseline, links: 
         lines += ["### Errors", "", *_errors(sweep)]
     speed_all = _speed_rows(verdict, links, None)
     if speed_all and any(isinstance(f.baseline, float) for f in verdict.findings if _is_speed(f)):
-        lines += ["### Speed per pass: baseline -> now", "",
-                  "Speed ratio = kernel time / anchor time (lower is faster); change = now / baseline - 1; "
-                  "limit = the slowdown that fails.", "", *_table(speed_all, SPEED_ROWS), ""]
+        lines += [
+            "### Speed per pass: baseline -> now",
+            "",
+            "Speed ratio = kernel time / anchor time (lower is faster); change = now / baseline - 1; "
+            "limit = the slowdown that fails.",
+            "",
+            *_table(speed_all, SPEED_ROWS),
+            "",
+        ]
     link_items = []
     if links.artifacts:
         link_items.append(f"[run artifacts]({links.artifacts}) (sweep and findings JSON, plots)")
@@ -609,8 +750,14 @@ def pr_comment(verdict: Verdict, sweep: SweepResult, baseline: Baseline, links: 
 
     head = "\n".join(lines).rstrip() + "\n\n"
     folded: list[tuple[str, Callable[[], list[str]]]] = [
-        ("All findings, worst first", lambda: _all_findings([f for f in verdict.findings if f.severity is not Severity.OK])),
-        ("Thresholds (<code>[tool.attn-gate.verdict]</code>, <code>[tool.attn-gate.perf]</code>)", lambda: thresholds_table(verdict)),
+        (
+            "All findings, worst first",
+            lambda: _all_findings([f for f in verdict.findings if f.severity is not Severity.OK]),
+        ),
+        (
+            "Thresholds (<code>[tool.attn-gate.verdict]</code>, <code>[tool.attn-gate.perf]</code>)",
+            lambda: thresholds_table(verdict),
+        ),
         ("All cases: error / bound now (baseline)", lambda: _ratio_cells(sweep, baseline)),
         ("Environment: baseline vs now", lambda: _environment(baseline, sweep)),
     ]
@@ -627,8 +774,10 @@ def pr_comment(verdict: Verdict, sweep: SweepResult, baseline: Baseline, links: 
         else:
             omitted.append(title)
     if omitted:
-        body += (f"\n_Left out to stay under GitHub's {COMMENT_LIMIT:,}-character comment limit: {', '.join(omitted)}; "
-                 f"they are in the findings JSON artifact._\n")
+        body += (
+            f"\n_Left out to stay under GitHub's {COMMENT_LIMIT:,}-character comment limit: {', '.join(omitted)}; "
+            f"they are in the findings JSON artifact._\n"
+        )
     return body.rstrip() + "\n"
 
 
@@ -636,6 +785,12 @@ def _environment(baseline: Baseline, sweep: SweepResult) -> list[str]:
     rows = ["| key | baseline | now |", "|---|---|---|"]
     for key in sorted(set(baseline.environment) | {k for k in sweep.environment if k != "git_commit"}):
         b, n = baseline.environment.get(key, "-"), sweep.environment.get(key, "-")
-        mark = "" if b == "-" or str(b) == str(n) else " (one of the baseline's)" if str(n) in env_values(b) else " **(changed)**"
+        mark = (
+            ""
+            if b == "-" or str(b) == str(n)
+            else " (one of the baseline's)"
+            if str(n) in env_values(b)
+            else " **(changed)**"
+        )
         rows.append(f"| {key}{mark} | {_cell(b)} | {_cell(n)} |")
     return rows

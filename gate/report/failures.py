@@ -52,7 +52,9 @@ class FailLine:
 
     @property
     def text(self) -> str:
-        return f"{self.label} {self.case_id}  {self.what}" + (f" ({self.why})" if self.why and self.why != self.what else "")
+        return f"{self.label} {self.case_id}  {self.what}" + (
+            f" ({self.why})" if self.why and self.why != self.what else ""
+        )
 
 
 def row_line(row: CaseResult) -> FailLine:
@@ -125,10 +127,18 @@ AXES = ("inputs", "layout", "dtype", "head dim", "causal", "window", "GQA group"
 
 def _axes(row: CaseResult) -> dict[str, object]:
     c = row.case
-    return {"inputs": c.inputs, "layout": c.layout, "dtype": c.dtype, "head dim": c.head_dim,
-            "causal": "causal" if c.causal else "not causal", "window": "windowed" if c.has_window else "no window",
-            "GQA group": c.heads_q // max(1, c.heads_kv), "seqlen_q": c.seqlen_q, "seqlen_k": c.seqlen_k,
-            "entry point": c.entry_point}
+    return {
+        "inputs": c.inputs,
+        "layout": c.layout,
+        "dtype": c.dtype,
+        "head dim": c.head_dim,
+        "causal": "causal" if c.causal else "not causal",
+        "window": "windowed" if c.has_window else "no window",
+        "GQA group": c.heads_q // max(1, c.heads_kv),
+        "seqlen_q": c.seqlen_q,
+        "seqlen_k": c.seqlen_k,
+        "entry point": c.entry_point,
+    }
 
 
 def _value_words(axis: str, value: object) -> str:
@@ -153,10 +163,15 @@ class FailGroup:
     @property
     def text(self) -> str:
         n = len(self.cases)
-        share = (f"every case with {self.value} fails ({self.of_value})" if n == self.of_value
-                 else f"{n} of the {self.of_value} cases with {self.value}")
-        return (f"{n} case{'s' * (n != 1)} with {self.value} fail{'s' * (n == 1)} on {', '.join(self.names)}: {share}; "
-                f"worst {self.worst.case_id}")
+        share = (
+            f"every case with {self.value} fails ({self.of_value})"
+            if n == self.of_value
+            else f"{n} of the {self.of_value} cases with {self.value}"
+        )
+        return (
+            f"{n} case{'s' * (n != 1)} with {self.value} fail{'s' * (n == 1)} on {', '.join(self.names)}: {share}; "
+            f"worst {self.worst.case_id}"
+        )
 
 
 def group_failures(rows: list[CaseResult], failing: Mapping[str, Iterable[str]]) -> list[FailGroup]:
@@ -167,7 +182,9 @@ def group_failures(rows: list[CaseResult], failing: Mapping[str, Iterable[str]])
 
     if not failing:
         return []
-    frame = pd.DataFrame([{**_axes(r), "case": r.case_id, "failing": r.case_id in failing} for r in rows if r.status is not Status.SKIP])
+    frame = pd.DataFrame(
+        [{**_axes(r), "case": r.case_id, "failing": r.case_id in failing} for r in rows if r.status is not Status.SKIP]
+    )
     if frame.empty:
         return []
     bad = frame[frame["failing"]]
@@ -205,8 +222,10 @@ def block_reasons(groups: list[FailGroup]) -> dict[tuple[str, ...], str]:
     values: dict[tuple[str, ...], list[str]] = {}
     for g in groups:
         values.setdefault(g.names, []).append(g.value)
-    return {names: f"{', '.join(names)} past the bound on {' and '.join(v[:3])}{' ...' if len(v) > 3 else ''}"
-            for names, v in values.items()}
+    return {
+        names: f"{', '.join(names)} past the bound on {' and '.join(v[:3])}{' ...' if len(v) > 3 else ''}"
+        for names, v in values.items()
+    }
 
 
 @dataclass(frozen=True)
@@ -219,13 +238,23 @@ class Refusal:
     block: str  # the [[tool.attn-gate.known_failures]] blocks that declare exactly them
     measured: int  # cases of the run that are not SKIP
 
-    def text(self, path: object, kernel: str, redo: str, config_source: str, note: object | None,
-             own_kernel: bool, width: int | None = None) -> str:
+    def text(
+        self,
+        path: object,
+        kernel: str,
+        redo: str,
+        config_source: str,
+        note: object | None,
+        own_kernel: bool,
+        width: int | None = None,
+    ) -> str:
         """The refusal, its prose wrapped at whole words to `width` (None: not wrapped); the
         declaration at its end never is, so that it works as pasted."""
         n = len(self.lines)
-        out = [f"attn-gate: refusing to write {path}: {n} of {self.measured} measured case{'s' * (self.measured != 1)} fail"
-               f"{'s' * (n == 1)} and no known_failures declaration covers {'it' if n == 1 else 'them'}:"]
+        out = [
+            f"attn-gate: refusing to write {path}: {n} of {self.measured} measured case{'s' * (self.measured != 1)} fail"
+            f"{'s' * (n == 1)} and no known_failures declaration covers {'it' if n == 1 else 'them'}:"
+        ]
         out += [f"  {line.text}" for line in self.lines[:MAX_LINES]]
         if n > MAX_LINES:
             out.append(f"  ... and {n - MAX_LINES} more" + (f" (every one, with its reason: {note})" if note else ""))
@@ -237,7 +266,7 @@ class Refusal:
         if note and n <= MAX_LINES:
             out.append(f"every reason and ratio: {note}")
         where = config_source if config_source != "defaults" else "pyproject.toml"
-        link_note = ("" if own_kernel else "; `link` is required: the upstream issue, https://...")
+        link_note = "" if own_kernel else "; `link` is required: the upstream issue, https://..."
         known = f'{redo} --known "WHY"' + ("" if own_kernel else " --link https://UPSTREAM/ISSUE")
         out += [
             "the way forward, one of:",
@@ -250,14 +279,24 @@ class Refusal:
         if width is not None:
             import textwrap
 
-            out = [piece for line in out for piece in textwrap.wrap(
-                line, width=max(20, width), subsequent_indent=" " * (len(line) - len(line.lstrip()) + 4),
-                break_long_words=False, break_on_hyphens=False) or [line]]
+            out = [
+                piece
+                for line in out
+                for piece in textwrap.wrap(
+                    line,
+                    width=max(20, width),
+                    subsequent_indent=" " * (len(line) - len(line.lstrip()) + 4),
+                    break_long_words=False,
+                    break_on_hyphens=False,
+                )
+                or [line]
+            ]
         return "\n".join(out + ["", self.block.rstrip("\n")])
 
 
-def refusal(rows: list[CaseResult], undeclared: list[tuple[str, list[str]]], kernel: str, reason: str = "",
-            link: str = "") -> Refusal:
+def refusal(
+    rows: list[CaseResult], undeclared: list[tuple[str, list[str]]], kernel: str, reason: str = "", link: str = ""
+) -> Refusal:
     from gate.compare.known import declaration_blocks
     from gate.report.comment import diagnosis
 
@@ -267,7 +306,11 @@ def refusal(rows: list[CaseResult], undeclared: list[tuple[str, list[str]]], ker
     passing = [r.case for r in rows if r.status is Status.PASS and r.case_id not in failing]
     pattern = diagnosis([by_id[cid] for cid in failing], passing, {cid: set(n) for cid, n in failing.items()})
     groups = group_failures(rows, failing)
-    reasons = {names: reason for names in {tuple(sorted(set(n))) for n in failing.values()}} if reason else block_reasons(groups)
+    reasons = (
+        {names: reason for names in {tuple(sorted(set(n))) for n in failing.values()}}
+        if reason
+        else block_reasons(groups)
+    )
     block = declaration_blocks(kernel, failing, reasons, link)
     measured = sum(1 for r in rows if r.status is not Status.SKIP)
     return Refusal(tuple(lines), pattern, tuple(groups), block, measured)

@@ -31,6 +31,11 @@ def known_groups(verdict: Verdict) -> list[KnownGroup]:
     groups = []
     for entry in verdict.context.get("known_failures") or []:
         mine = [f for f in verdict.findings if f.entry == entry["index"]]
-        groups.append(KnownGroup(entry, tuple(f for f in mine if f.severity is Severity.KNOWN),
-                                 tuple(f for f in mine if f.rule == "xpass")))
+        groups.append(
+            KnownGroup(
+                entry,
+                tuple(f for f in mine if f.severity is Severity.KNOWN),
+                tuple(f for f in mine if f.rule == "xpass"),
+            )
+        )
     return groups

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from gate.compare.baselines import Baseline
 from gate.compare.findings import Severity, Verdict
-from gate.core.results import SweepResult
 from gate.core.jsonio import save_figure_atomic
+from gate.core.results import SweepResult
 
 COLORS = {"blocks": "#d62728", "WARN": "#ff7f0e", "KNOWN": "#9467bd", "fine": "#2ca02c"}
 MAX_CASES = 40  # the worst N cases; a plot of hundreds of cases is unreadable (the tables have them all)
@@ -25,7 +25,9 @@ def _worst_ratio(tensors) -> float:
     return max(values) if values else math.nan
 
 
-def plot_ratios(verdict: Verdict, sweep: SweepResult, baseline: Baseline, path: Path, max_cases: int = MAX_CASES) -> Path:
+def plot_ratios(
+    verdict: Verdict, sweep: SweepResult, baseline: Baseline, path: Path, max_cases: int = MAX_CASES
+) -> Path:
     """One row per case (the worst `max_cases`, worst at the top): the worst error / bound now
     (filled, coloured by finding) and in the baseline (hollow), on a log axis so 1.2x, 15x and
     665x stay apart; the bound (1) and each case's headroom limit marked; legend outside the data."""
@@ -46,16 +48,28 @@ def plot_ratios(verdict: Verdict, sweep: SweepResult, baseline: Baseline, path: 
         sev = worst_severity.get(c.case_id, Severity.OK)
         rows.append((c.case_id, now, base, sev, c.status.value))
     # worst first: blocking findings, then warnings, then by ratio; unmeasured cases last
-    rows.sort(key=lambda r: (-r[3].rank if r[3].blocks or r[3] is Severity.WARN else 0,
-                             -(r[1] if math.isfinite(r[1]) else (math.inf if r[1] == math.inf else -1.0))))
+    rows.sort(
+        key=lambda r: (
+            -r[3].rank if r[3].blocks or r[3] is Severity.WARN else 0,
+            -(r[1] if math.isfinite(r[1]) else (math.inf if r[1] == math.inf else -1.0)),
+        )
+    )
     hidden = max(0, len(rows) - max_cases)
     rows = rows[:max_cases][::-1]  # matplotlib draws y from the bottom: the worst ends on top
     ys = list(range(len(rows)))
     floor = 1e-3  # ratios below are drawn at the floor (log axis)
     now = [max(r[1], floor) if math.isfinite(r[1]) else math.nan for r in rows]
     base = [max(r[2], floor) if math.isfinite(r[2]) else math.nan for r in rows]
-    colors = [COLORS["blocks"] if r[3].blocks else COLORS["WARN"] if r[3] is Severity.WARN
-              else COLORS["KNOWN"] if r[3] is Severity.KNOWN else COLORS["fine"] for r in rows]
+    colors = [
+        COLORS["blocks"]
+        if r[3].blocks
+        else COLORS["WARN"]
+        if r[3] is Severity.WARN
+        else COLORS["KNOWN"]
+        if r[3] is Severity.KNOWN
+        else COLORS["fine"]
+        for r in rows
+    ]
 
     fig = Figure(figsize=(12.0, 1.6 + 0.27 * len(rows)), dpi=DPI)
     FigureCanvasAgg(fig)
@@ -63,14 +77,39 @@ def plot_ratios(verdict: Verdict, sweep: SweepResult, baseline: Baseline, path: 
     for y, n, b in zip(ys, now, base):
         if math.isfinite(n) and math.isfinite(b):
             ax.plot([b, n], [y, y], color="#bbbbbb", linewidth=1, zorder=1)
-    ax.scatter(base, ys, facecolors="none", edgecolors="black", linewidths=1.2, s=80, zorder=4, label="baseline (worst tensor): ring")
-    ax.scatter(now, ys, c=colors, s=22, zorder=3, label="now: dot; red fails, orange warns, purple known (declared), green passes")
+    ax.scatter(
+        base,
+        ys,
+        facecolors="none",
+        edgecolors="black",
+        linewidths=1.2,
+        s=80,
+        zorder=4,
+        label="baseline (worst tensor): ring",
+    )
+    ax.scatter(
+        now,
+        ys,
+        c=colors,
+        s=22,
+        zorder=3,
+        label="now: dot; red fails, orange warns, purple known (declared), green passes",
+    )
     limits = [max(r[2] * factor, r[2] + step) if math.isfinite(r[2]) else math.nan for r in rows]
-    ax.scatter(limits, ys, marker="|", color="grey", s=80, zorder=1, label=f"headroom limit (x{factor:g} and +{step:g})")
+    ax.scatter(
+        limits, ys, marker="|", color="grey", s=80, zorder=1, label=f"headroom limit (x{factor:g} and +{step:g})"
+    )
     missing = [y for y, r in zip(ys, rows) if math.isnan(r[1])]
     if missing:
-        ax.scatter([floor] * len(missing), missing, marker="x", color="grey", s=30, zorder=3,
-                   label="not measured (skipped or raised)")
+        ax.scatter(
+            [floor] * len(missing),
+            missing,
+            marker="x",
+            color="grey",
+            s=30,
+            zorder=3,
+            label="not measured (skipped or raised)",
+        )
     ax.axvline(1.0, color=COLORS["blocks"], linestyle="--", linewidth=1, label="bound: error / bound = 1")
     ax.set_xscale("log")
     finite = [v for v in now + base + limits if math.isfinite(v)]
@@ -78,8 +117,15 @@ def plot_ratios(verdict: Verdict, sweep: SweepResult, baseline: Baseline, path: 
     ax.set_xlim(min([floor * 0.8] + [v * 0.7 for v in finite]), right)
     infinite = [(y, c) for y, r, c in zip(ys, rows, colors) if r[1] == math.inf]
     if infinite:  # an infinite error (NaN or inf in the output): at the right edge, in its severity's colour
-        ax.scatter([right / 1.2] * len(infinite), [y for y, _ in infinite], c=[c for _, c in infinite], marker=">",
-                   s=40, zorder=3, label="now: infinite error (NaN/inf)")
+        ax.scatter(
+            [right / 1.2] * len(infinite),
+            [y for y, _ in infinite],
+            c=[c for _, c in infinite],
+            marker=">",
+            s=40,
+            zorder=3,
+            label="now: infinite error (NaN/inf)",
+        )
     ax.set_yticks(ys)
     ax.set_yticklabels([f"{r[0]}  [{r[4]}]" if r[4] != "PASS" else r[0] for r in rows], fontsize=8, family="monospace")
     ax.set_ylim(-0.7, len(rows) - 0.3)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from gate.speed.runs import PerfResult
+from gate.core.jsonio import save_figure_atomic
 from gate.report import terminal_console
 from gate.speed.rule import PerfJudgement
-from gate.core.jsonio import save_figure_atomic
+from gate.speed.runs import PerfResult
 
 
 def _f(x: float, spec: str = ".3f") -> str:
@@ -33,16 +33,39 @@ def perf_rows(result: PerfResult) -> list[list[str]]:
                 flags = (flags + f" vs {c.anchor}").strip()
             if t.spread > 0.1:
                 flags = (flags + " noisy").strip()
-            rows.append([c.case_id, p, _f(t.candidate_median_ms), _f(t.anchor_median_ms), _f(t.speed_ratio, ".4f"),
-                         f"[{_f(lo, '.4f')}, {_f(hi, '.4f')}]", f"{_f(t.noise * 100, '.2f')}%",
-                         f"{_f(c.tflops(p), '.1f')} / {_f(c.tflops(p, 'anchor'), '.1f')}"
-                         # a decode step is memory-bound: achieved GB/s of K/V read (H200 ~4800)
-                         + (f"; K/V {_f(c.kv_gbps(), '.0f')} / {_f(c.kv_gbps('anchor'), '.0f')} GB/s" if c.case.entry.kind == "kvcache" else ""),
-                         f"{_f(mem, '.0f')} {flags}".strip()])
+            rows.append(
+                [
+                    c.case_id,
+                    p,
+                    _f(t.candidate_median_ms),
+                    _f(t.anchor_median_ms),
+                    _f(t.speed_ratio, ".4f"),
+                    f"[{_f(lo, '.4f')}, {_f(hi, '.4f')}]",
+                    f"{_f(t.noise * 100, '.2f')}%",
+                    f"{_f(c.tflops(p), '.1f')} / {_f(c.tflops(p, 'anchor'), '.1f')}"
+                    # a decode step is memory-bound: achieved GB/s of K/V read (H200 ~4800)
+                    + (
+                        f"; K/V {_f(c.kv_gbps(), '.0f')} / {_f(c.kv_gbps('anchor'), '.0f')} GB/s"
+                        if c.case.entry.kind == "kvcache"
+                        else ""
+                    ),
+                    f"{_f(mem, '.0f')} {flags}".strip(),
+                ]
+            )
     return rows
 
 
-HEADER = ["case", "pass", "ms", "anchor ms", "speed ratio", "95% CI", "noise", "TFLOP/s (kernel/anchor)", "peak MiB / flags"]
+HEADER = [
+    "case",
+    "pass",
+    "ms",
+    "anchor ms",
+    "speed ratio",
+    "95% CI",
+    "noise",
+    "TFLOP/s (kernel/anchor)",
+    "peak MiB / flags",
+]
 # Decode cases add "; K/V <kernel> / <anchor> GB/s" to the TFLOP/s cell.
 
 
@@ -51,8 +74,10 @@ def print_perf_table(result: PerfResult, console=None) -> None:
 
     if console is None:
         console = terminal_console()
-    table = Table(title=f"{result.kernel} vs {result.anchor} / {result.suite} ({result.device}, "
-                        f"{result.plan.rounds} rounds x {result.plan.calls_per_round} calls): speed ratio = kernel / anchor time")
+    table = Table(
+        title=f"{result.kernel} vs {result.anchor} / {result.suite} ({result.device}, "
+        f"{result.plan.rounds} rounds x {result.plan.calls_per_round} calls): speed ratio = kernel / anchor time"
+    )
     rows = perf_rows(result)
     for h in HEADER:  # the case id is never cut: the other columns fold
         if h == "case":
@@ -88,11 +113,27 @@ def plot_speed_ratios(judgements: tuple[PerfJudgement, ...], title: str, path: P
     ys = list(range(len(js)))
     for y, j in zip(ys, js):
         slower = j.change > 0
-        color = "#d62728" if j.severity.blocks or (slower and j.severity.value != "OK") else "#e377c2" if slower else "#2ca02c"
+        color = (
+            "#d62728"
+            if j.severity.blocks or (slower and j.severity.value != "OK")
+            else "#e377c2"
+            if slower
+            else "#2ca02c"
+        )
         has_ci = math.isfinite(j.ci_low) and math.isfinite(j.ci_high)
         below, above = ((j.change - j.ci_low) * 100, (j.ci_high - j.change) * 100) if has_ci else (0.0, 0.0)
-        ax.errorbar([j.change * 100], [y], xerr=[[below], [above]], fmt="o", color=color, ecolor=color, elinewidth=1.5,
-                    capsize=4, markersize=6, zorder=3)
+        ax.errorbar(
+            [j.change * 100],
+            [y],
+            xerr=[[below], [above]],
+            fmt="o",
+            color=color,
+            ecolor=color,
+            elinewidth=1.5,
+            capsize=4,
+            markersize=6,
+            zorder=3,
+        )
     thresholds = [j.threshold * 100 if math.isfinite(j.threshold) else math.nan for j in js]
     ax.scatter(thresholds, ys, marker="|", s=220, color="black", zorder=2)
     ax.axvline(0.0, color="grey", linewidth=0.8)
@@ -100,7 +141,9 @@ def plot_speed_ratios(judgements: tuple[PerfJudgement, ...], title: str, path: P
     ax.errorbar([], [], xerr=[], fmt="o", color="#d62728", label="slower, flagged (FAIL / INCONCLUSIVE / WARN)")
     ax.errorbar([], [], xerr=[], fmt="o", color="#e377c2", label="slower, within the threshold")
     ax.errorbar([], [], xerr=[], fmt="o", color="#2ca02c", label="faster")
-    ax.scatter([], [], marker="|", s=220, color="black", label="regression limit: FAIL when the whole interval is past it")
+    ax.scatter(
+        [], [], marker="|", s=220, color="black", label="regression limit: FAIL when the whole interval is past it"
+    )
     ax.plot([], [], color="grey", label="error bar: the change's confidence interval")
     ax.set_yticks(ys)
     ax.set_yticklabels(labels, fontsize=8, family="monospace")

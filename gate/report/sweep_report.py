@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from gate.core.files import safe_name
-from gate.report import terminal_console
 from gate.core.jsonio import write_text_atomic
 from gate.core.results import CaseResult, Status, SweepResult, shown_tensors
+from gate.report import terminal_console
 
 
 def _ratio_cells(c: CaseResult, names: tuple[str, ...]) -> list[str]:
@@ -26,7 +26,9 @@ def print_table(result: SweepResult, console=None, show_passing: bool = True) ->
     if console is None:
         console = terminal_console()
     table = Table(title=f"{result.kernel} / {result.suite}: error ratio = err / bound (pass <= 1)")
-    table.add_column("case", no_wrap=True, min_width=max((len(c.case_id) for c in result.cases), default=4))  # never cut
+    table.add_column(
+        "case", no_wrap=True, min_width=max((len(c.case_id) for c in result.cases), default=4)
+    )  # never cut
     table.add_column("status", min_width=5)  # a narrow terminal squeezes the ratio columns, never the id or status
     names = shown_tensors(result.cases)
     for name in names:
@@ -36,7 +38,9 @@ def print_table(result: SweepResult, console=None, show_passing: bool = True) ->
     for c in result.cases:
         if c.status is Status.PASS and not show_passing:
             continue
-        table.add_row(escape(c.case_id), f"[{style[c.status]}]{c.status.value}[/]", *_ratio_cells(c, names), escape(c.reason))
+        table.add_row(
+            escape(c.case_id), f"[{style[c.status]}]{c.status.value}[/]", *_ratio_cells(c, names), escape(c.reason)
+        )
     console.print(table)
     console.print(summary_line(result), highlight=False, markup=False)
 
@@ -66,7 +70,8 @@ def validation_note(result: SweepResult) -> str:
         "Per case, tensor and seed: `bound = mult * max|P - G| + floor`, `ratio = max|K - G| / bound`, pass when",
         "ratio <= 1 (G: float64 reference, P: the same math in the input dtype, K: the kernel, floor: twice the",
         "dtype's rounding near the reference values). The worst seed counts. Multipliers: "
-        + ", ".join(f"{k.removeprefix('mult_')} x{v:g}" for k, v in sorted(result.tolerance.items())) + ".",
+        + ", ".join(f"{k.removeprefix('mult_')} x{v:g}" for k, v in sorted(result.tolerance.items()))
+        + ".",
         "The common fixed tolerance band (bf16 5e-3, fp16 1e-3, fp32 1e-5/1e-4) is shown as information only.",
         "",
     ]
@@ -84,18 +89,32 @@ def validation_note(result: SweepResult) -> str:
         lines += ["## Failures", ""]
         lines += [f"- `{c.case_id}`: **{c.status.value}** {c.reason}" for c in failed]
         lines.append("")
-    lines += ["## Validated", "", f"{len(measured)} cases measured (seeds per case: {measured[0].case.seeds if measured else '-'}).", ""]
+    lines += [
+        "## Validated",
+        "",
+        f"{len(measured)} cases measured (seeds per case: {measured[0].case.seeds if measured else '-'}).",
+        "",
+    ]
     names = shown_tensors(result.cases)
     lines.append("| case | status | " + " | ".join(names) + " | worst headroom | outside fixed band |")
     lines.append("|---|---|" + "---|" * len(names) + "---|---|")
     for c in measured:
         headroom = f"{1 - c.worst_ratio:.2f}" if c.tensors else "-"
         outside = ", ".join(t.tensor for t in c.tensors if not t.band_ok) or "-"
-        lines.append(f"| `{c.case_id}` | {c.status.value} | " + " | ".join(_ratio_cells(c, names)) + f" | {headroom} | {outside} |")
+        lines.append(
+            f"| `{c.case_id}` | {c.status.value} | "
+            + " | ".join(_ratio_cells(c, names))
+            + f" | {headroom} | {outside} |"
+        )
     lines.append("")
     checks = [(c.case_id, k) for c in measured for k in c.checks]
     if checks:
-        lines += ["## Further checks", "", "| case | check | passed | value | limit | detail |", "|---|---|---|---|---|---|"]
+        lines += [
+            "## Further checks",
+            "",
+            "| case | check | passed | value | limit | detail |",
+            "|---|---|---|---|---|---|",
+        ]
         for case_id, k in checks:
             passed = {True: "yes", False: "**NO**", None: "info"}[k.passed]
             lines.append(f"| `{case_id}` | {k.name} | {passed} | {k.value:.4g} | {k.limit:.4g} | {k.detail} |")

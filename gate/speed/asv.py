@@ -10,6 +10,8 @@ box without asv installed.
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import re
 import shutil
@@ -19,13 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gate.core.errors import UserError
 from gate.core.config import load_config
+from gate.core.errors import UserError
+from gate.speed.asv_offline import make_offline
 from gate.speed.runs import perf_cases, run_perf
 from gate.speed.timing import KernelWorkload, workload_peak_mem_mb
-import json
-from gate.speed.asv_offline import make_offline
-import itertools
 
 # The repository is where the command runs (an installed attn-gate has no checkout to point at).
 CONFIG_FILE = Path("pyproject.toml")
@@ -46,15 +46,26 @@ class BenchSettings:
     def from_env(cls, env: dict[str, str] | None = None) -> "BenchSettings":
         env = os.environ if env is None else env
         rounds = env.get("ATTN_GATE_ROUNDS")
-        return cls(config_path=Path(env.get("ATTN_GATE_CONFIG") or CONFIG_FILE.resolve()),
-                   kernel=env.get("ATTN_GATE_KERNEL") or None, suite=env.get("ATTN_GATE_SUITE") or None,
-                   anchor=env.get("ATTN_GATE_ANCHOR") or None, device=env.get("ATTN_GATE_DEVICE") or None,
-                   only=env.get("ATTN_GATE_ONLY") or None, rounds=int(rounds) if rounds else None)
+        return cls(
+            config_path=Path(env.get("ATTN_GATE_CONFIG") or CONFIG_FILE.resolve()),
+            kernel=env.get("ATTN_GATE_KERNEL") or None,
+            suite=env.get("ATTN_GATE_SUITE") or None,
+            anchor=env.get("ATTN_GATE_ANCHOR") or None,
+            device=env.get("ATTN_GATE_DEVICE") or None,
+            only=env.get("ATTN_GATE_ONLY") or None,
+            rounds=int(rounds) if rounds else None,
+        )
 
     def to_env(self) -> dict[str, str]:
-        values = {"ATTN_GATE_CONFIG": str(self.config_path), "ATTN_GATE_KERNEL": self.kernel,
-                  "ATTN_GATE_SUITE": self.suite, "ATTN_GATE_ANCHOR": self.anchor, "ATTN_GATE_DEVICE": self.device,
-                  "ATTN_GATE_ONLY": self.only, "ATTN_GATE_ROUNDS": None if self.rounds is None else str(self.rounds)}
+        values = {
+            "ATTN_GATE_CONFIG": str(self.config_path),
+            "ATTN_GATE_KERNEL": self.kernel,
+            "ATTN_GATE_SUITE": self.suite,
+            "ATTN_GATE_ANCHOR": self.anchor,
+            "ATTN_GATE_DEVICE": self.device,
+            "ATTN_GATE_ONLY": self.only,
+            "ATTN_GATE_ROUNDS": None if self.rounds is None else str(self.rounds),
+        }
         return {k: v for k, v in values.items() if v}
 
 
@@ -105,9 +116,16 @@ def bench_measure(settings: BenchSettings | None = None) -> dict[str, dict[str, 
     config = _config(settings)
     device = settings.device or ("cuda" if _cuda() else "cpu")
     kernel = settings.kernel or config.profile(device).kernel
-    result = run_perf(kernel, _profile_suite(settings, config), config, device, anchor=settings.anchor,
-                      only=settings.only, rounds=settings.rounds,
-                      progress=lambda line: print(f"attn-gate bench: {line}", file=sys.stderr, flush=True))
+    result = run_perf(
+        kernel,
+        _profile_suite(settings, config),
+        config,
+        device,
+        anchor=settings.anchor,
+        only=settings.only,
+        rounds=settings.rounds,
+        progress=lambda line: print(f"attn-gate bench: {line}", file=sys.stderr, flush=True),
+    )
     out = {}
     for c in result.cases:
         row: dict[str, Any] = {"status": c.label, "reason": c.reason}
@@ -146,7 +164,6 @@ def bench_peak_mem(settings: BenchSettings | None = None) -> dict[str, float | N
     return out
 
 
-
 # --------------------------------------------------------------------------------------------
 # Running asv
 
@@ -156,8 +173,10 @@ def asv_executable() -> list[str]:
     try:
         import asv  # noqa: F401
     except ImportError:
-        raise UserError("asv is not installed here: `pip install asv` (only `attn-gate bench` and "
-                        "`attn-gate publish` need it; `attn-gate perf` does not)") from None
+        raise UserError(
+            "asv is not installed here: `pip install asv` (only `attn-gate bench` and "
+            "`attn-gate publish` need it; `attn-gate perf` does not)"
+        ) from None
     return [sys.executable, "-m", "asv"]
 
 
@@ -203,14 +222,24 @@ def run_asv(args: list[str], conf: Path, env: dict[str, str] | None = None) -> i
     return subprocess.run(cmd, cwd=conf.parent, env={**os.environ, **(env or {})}).returncode
 
 
-def bench(conf: Path, settings: BenchSettings, machine: str, commit: str, quick: bool = False,
-          bench_regex: str | None = None) -> int:
+def bench(
+    conf: Path, settings: BenchSettings, machine: str, commit: str, quick: bool = False, bench_regex: str | None = None
+) -> int:
     """`asv machine` (name = GPU class) then `asv run --python=same --set-commit-hash`; asv's exit code."""
     rc = run_asv(["machine", "--yes", "--machine", machine], conf)
     if rc != 0:
         return rc
-    args = ["run", "--python=same", "--set-commit-hash", commit, "--machine", machine, "--launch-method", "spawn",
-            "--show-stderr"]
+    args = [
+        "run",
+        "--python=same",
+        "--set-commit-hash",
+        commit,
+        "--machine",
+        machine,
+        "--launch-method",
+        "spawn",
+        "--show-stderr",
+    ]
     if quick:
         args.append("--quick")
     if bench_regex:
@@ -222,10 +251,12 @@ def publish(conf: Path) -> int:
     """`asv publish`, then the site made readable offline (its scripts shipped with it)."""
     rc = run_asv(["publish"], conf)
     if rc == 0:
-
         html_dir = Path(conf).parent / load_asv_conf(conf).html_dir
         replaced = make_offline(html_dir)
-        print(f"made {html_dir} readable offline: {len(replaced)} CDN scripts/styles replaced by local copies", file=sys.stderr)
+        print(
+            f"made {html_dir} readable offline: {len(replaced)} CDN scripts/styles replaced by local copies",
+            file=sys.stderr,
+        )
     return rc
 
 

@@ -55,7 +55,9 @@ def make_offline(html_dir: Path) -> list[str]:
     html_dir = Path(html_dir)
     pages = sorted(html_dir.glob("*.html"))
     if not pages:
-        raise UserError(f"{html_dir}: no published asv pages to make offline (run `attn-gate publish` after `attn-gate bench`)")
+        raise UserError(
+            f"{html_dir}: no published asv pages to make offline (run `attn-gate publish` after `attn-gate bench`)"
+        )
     target = html_dir / VENDOR
     for sub in ("js", "css", "fonts", "licenses"):
         shutil.copytree(WWW / sub, target / sub, dirs_exist_ok=True)
@@ -70,8 +72,10 @@ def make_offline(html_dir: Path) -> list[str]:
         if new != text:
             page.write_text(new, encoding="utf-8")
     if missing:
-        raise UserError(f"{html_dir}: asv loads {', '.join(sorted(set(missing)))} from the network and attn-gate ships no "
-                        f"copy of it; add the file to gate/speed/asv_www/ and to LOCAL in gate/speed/asv_offline.py")
+        raise UserError(
+            f"{html_dir}: asv loads {', '.join(sorted(set(missing)))} from the network and attn-gate ships no "
+            f"copy of it; add the file to gate/speed/asv_www/ and to LOCAL in gate/speed/asv_offline.py"
+        )
     return replaced
 
 

@@ -52,7 +52,9 @@ class SlowedKernel(DelegatingAdapter):
     """The inner adapter with `fwd_cycles` / `bwd_cycles` of GPU sleep added to its passes."""
 
     def __init__(self, inner: KernelAdapter, fwd_cycles: int = 0, bwd_cycles: int = 0):
-        super().__init__(inner, f"{inner.description} + planted delay (fwd {int(fwd_cycles)}, bwd {int(bwd_cycles)} cycles)")
+        super().__init__(
+            inner, f"{inner.description} + planted delay (fwd {int(fwd_cycles)}, bwd {int(bwd_cycles)} cycles)"
+        )
         self.fwd_cycles, self.bwd_cycles = int(fwd_cycles), int(bwd_cycles)
 
     def __call__(self, call: KernelCall) -> KernelOutput:

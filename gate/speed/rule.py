@@ -32,8 +32,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from gate.speed import stats as perf_stats
 from gate.core.config import PerfConfig
+from gate.speed import stats as perf_stats
 
 PASSES = ("fwd", "bwd")
 
@@ -74,8 +74,13 @@ class RatioEstimate:
         noisy = d.get("noisy", False)
         if not isinstance(noisy, bool):
             raise TypeError(f"noisy = {noisy!r} must be true or false")
-        return cls(median=float(d["median"]), noise=float(d["noise"]), n=int(d["n"]),
-                   samples=tuple(float(x) for x in d.get("samples", ())), noisy=noisy)
+        return cls(
+            median=float(d["median"]),
+            noise=float(d["noise"]),
+            n=int(d["n"]),
+            samples=tuple(float(x) for x in d.get("samples", ())),
+            noisy=noisy,
+        )
 
     def noise_band(self, noise_k: float) -> float:
         """noise_k x the median's relative standard error: what max_noise_pct bounds in a baseline."""
@@ -140,11 +145,24 @@ class PerfJudgement:
         return change_text(self.change, self.ci_low, self.ci_high, self.confidence)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"case_id": self.case_id, "pass": self.pass_, "metric": self.metric, "severity": self.severity.value,
-                "message": self.message, "baseline": self.baseline, "current": self.current, "change": self.change,
-                "threshold": self.threshold, "noise": self.noise, "ci": [self.ci_low, self.ci_high],
-                "confidence": self.confidence, "suspected": self.suspected, "straddles": self.straddles,
-                "confirmed": self.confirmed, "first_change": self.first_change}
+        return {
+            "case_id": self.case_id,
+            "pass": self.pass_,
+            "metric": self.metric,
+            "severity": self.severity.value,
+            "message": self.message,
+            "baseline": self.baseline,
+            "current": self.current,
+            "change": self.change,
+            "threshold": self.threshold,
+            "noise": self.noise,
+            "ci": [self.ci_low, self.ci_high],
+            "confidence": self.confidence,
+            "suspected": self.suspected,
+            "straddles": self.straddles,
+            "confirmed": self.confirmed,
+            "first_change": self.first_change,
+        }
 
 
 def _pct(x: float, digits: int) -> str:
@@ -156,8 +174,7 @@ def change_text(change: float, low: float, high: float, confidence: float) -> st
         return ""
     widest = max(abs(change), abs(low), abs(high))
     digits = 2 if widest < 0.1 else 1 if widest < 1 else 0
-    return (f"{_pct(change, digits)} [{_pct(low, digits)}, {_pct(high, digits)}] "
-            f"({confidence * 100:g}% CI)")
+    return f"{_pct(change, digits)} [{_pct(low, digits)}, {_pct(high, digits)}] ({confidence * 100:g}% CI)"
 
 
 def change_interval(current: RatioEstimate, baseline: RatioEstimate, confidence: float) -> tuple[float, float]:
@@ -191,70 +208,137 @@ def _not_a_ratio(est: RatioEstimate) -> str:
 def _noisy_note(baseline: RatioEstimate, rules: PerfRules) -> str:
     if not baseline.noisy:
         return ""
-    return (f"; the baseline's speed ratio was recorded as noisy (noise band {baseline.noise_band(rules.noise_k) * 100:.1f}% "
-            f"> max_noise_pct {rules.max_noise_pct:g}%): re-record it on a quieter machine to narrow the interval")
+    return (
+        f"; the baseline's speed ratio was recorded as noisy (noise band {baseline.noise_band(rules.noise_k) * 100:.1f}% "
+        f"> max_noise_pct {rules.max_noise_pct:g}%): re-record it on a quieter machine to narrow the interval"
+    )
 
 
-def judge(case_id: str, pass_: str, baseline: RatioEstimate | None, current: RatioEstimate | None,
-          rules: PerfRules, confirm: RatioEstimate | None = None) -> PerfJudgement:
+def judge(
+    case_id: str,
+    pass_: str,
+    baseline: RatioEstimate | None,
+    current: RatioEstimate | None,
+    rules: PerfRules,
+    confirm: RatioEstimate | None = None,
+) -> PerfJudgement:
     """Judge one speed ratio. Call once; when the result `wants_remeasure` (a FAIL to confirm, or
     a straddle to settle), re-measure with more rounds and call again with `confirm=`: the confirm
     measurement is then the one of record (a FAIL must be confirmed by it to stand)."""
     base = dict(case_id=case_id, pass_=pass_)
     if baseline is None:
-        return PerfJudgement(**base, severity=PerfSeverity.INCONCLUSIVE,
-                             message="no speed baseline for this case: run `attn-gate baseline update` on this GPU class")
+        return PerfJudgement(
+            **base,
+            severity=PerfSeverity.INCONCLUSIVE,
+            message="no speed baseline for this case: run `attn-gate baseline update` on this GPU class",
+        )
     bad_baseline = _not_a_ratio(baseline)
     if bad_baseline:
-        return PerfJudgement(**base, severity=PerfSeverity.INCONCLUSIVE,
-                             message=f"the baseline's speed ratio is unusable ({bad_baseline}): re-record it with "
-                                     f"`attn-gate baseline update --perf` on this GPU class")
+        return PerfJudgement(
+            **base,
+            severity=PerfSeverity.INCONCLUSIVE,
+            message=f"the baseline's speed ratio is unusable ({bad_baseline}): re-record it with "
+            f"`attn-gate baseline update --perf` on this GPU class",
+        )
     if current is None or not math.isfinite(current.median) or current.median <= 0:
-        return PerfJudgement(**base, severity=PerfSeverity.INCONCLUSIVE, baseline=baseline.median,
-                             message="no valid measurement (the kernel or its anchor did not run)")
+        return PerfJudgement(
+            **base,
+            severity=PerfSeverity.INCONCLUSIVE,
+            baseline=baseline.median,
+            message="no valid measurement (the kernel or its anchor did not run)",
+        )
     values: dict[str, Any] = dict(baseline=baseline.median, current=current.median)
     bad_current = _not_a_ratio(current)
     if bad_current:
-        return PerfJudgement(**base, **values, severity=PerfSeverity.INCONCLUSIVE,
-                             message=f"this run's speed ratio is unusable ({bad_current}): re-run on a quiet machine")
+        return PerfJudgement(
+            **base,
+            **values,
+            severity=PerfSeverity.INCONCLUSIVE,
+            message=f"this run's speed ratio is unusable ({bad_current}): re-run on a quiet machine",
+        )
     if current.n < rules.min_rounds or baseline.n < rules.min_rounds or len(current.samples) < rules.min_rounds:
-        return PerfJudgement(**base, **values, severity=PerfSeverity.INCONCLUSIVE,
-                             message=f"too few rounds ({current.n} now, {baseline.n} in the baseline; need {rules.min_rounds})")
+        return PerfJudgement(
+            **base,
+            **values,
+            severity=PerfSeverity.INCONCLUSIVE,
+            message=f"too few rounds ({current.n} now, {baseline.n} in the baseline; need {rules.min_rounds})",
+        )
     change = current.median / baseline.median - 1.0
     low, high = change_interval(current, baseline, rules.confidence)
     limit = rules.regression_pct / 100
-    values.update(change=change, noise=math.hypot(current.noise, baseline.noise), threshold=limit, ci_low=low,
-                  ci_high=high, confidence=rules.confidence)
+    values.update(
+        change=change,
+        noise=math.hypot(current.noise, baseline.noise),
+        threshold=limit,
+        ci_low=low,
+        ci_high=high,
+        confidence=rules.confidence,
+    )
     noisy = _noisy_note(baseline, rules)
     if not (math.isfinite(low) and math.isfinite(high)):
-        return PerfJudgement(**base, **values, severity=PerfSeverity.INCONCLUSIVE,
-                             message=f"{pass_} {_pct(change, 2)}: no {rules.confidence * 100:g}% confidence interval "
-                                     f"from {current.n} and {baseline.n} rounds; re-run with more rounds{noisy}")
+        return PerfJudgement(
+            **base,
+            **values,
+            severity=PerfSeverity.INCONCLUSIVE,
+            message=f"{pass_} {_pct(change, 2)}: no {rules.confidence * 100:g}% confidence interval "
+            f"from {current.n} and {baseline.n} rounds; re-run with more rounds{noisy}",
+        )
     first = f"{pass_} {change_text(change, low, high, rules.confidence)}"
     if confirm is not None:
         again = judge(case_id, pass_, baseline, confirm, rules)
         if again.severity is PerfSeverity.FAIL and low > limit:
-            return PerfJudgement(**{**again.__dict__, "suspected": True, "confirmed": True, "first_change": change,
-                                    "message": f"{again.message.replace('; not yet confirmed', '')}, confirmed by a "
-                                               f"{confirm.n}-round re-run (first {first})"})
+            return PerfJudgement(
+                **{
+                    **again.__dict__,
+                    "suspected": True,
+                    "confirmed": True,
+                    "first_change": change,
+                    "message": f"{again.message.replace('; not yet confirmed', '')}, confirmed by a "
+                    f"{confirm.n}-round re-run (first {first})",
+                }
+            )
         # a straddle re-measured: the re-run, with more rounds, is the measurement of record
-        return PerfJudgement(**{**again.__dict__, "suspected": low > limit, "confirmed": False if low > limit else None,
-                                "first_change": change,
-                                "message": f"{again.message.replace('; not yet confirmed', '')} (a {confirm.n}-round "
-                                           f"re-run; first {first})"})
+        return PerfJudgement(
+            **{
+                **again.__dict__,
+                "suspected": low > limit,
+                "confirmed": False if low > limit else None,
+                "first_change": change,
+                "message": f"{again.message.replace('; not yet confirmed', '')} (a {confirm.n}-round "
+                f"re-run; first {first})",
+            }
+        )
     if low > limit:
-        return PerfJudgement(**base, **values, severity=PerfSeverity.FAIL, suspected=True,
-                             message=f"{first}: slower, the whole interval above the {rules.regression_pct:g}% limit; "
-                                     f"not yet confirmed{noisy}")
+        return PerfJudgement(
+            **base,
+            **values,
+            severity=PerfSeverity.FAIL,
+            suspected=True,
+            message=f"{first}: slower, the whole interval above the {rules.regression_pct:g}% limit; "
+            f"not yet confirmed{noisy}",
+        )
     if high <= limit:
         # an improvement is news only beyond what would count as a regression here (a CPU's 25%)
         faster = max(rules.improvement_pct, rules.regression_pct)
         if high < -faster / 100:
-            return PerfJudgement(**base, **values, severity=PerfSeverity.WARN,
-                                 message=f"{first}: faster, the whole interval below -{faster:g}%: refresh "
-                                         f"the baseline, and check the kernel still does all its work{noisy}")
-        return PerfJudgement(**base, **values, severity=PerfSeverity.OK,
-                             message=f"{first}: within the {rules.regression_pct:g}% limit{noisy}")
-    return PerfJudgement(**base, **values, severity=PerfSeverity.INCONCLUSIVE, straddles=True,
-                         message=f"{first}: the interval straddles the {rules.regression_pct:g}% limit; re-run with more "
-                                 f"rounds (`rounds`) or on a quieter machine{noisy}")
+            return PerfJudgement(
+                **base,
+                **values,
+                severity=PerfSeverity.WARN,
+                message=f"{first}: faster, the whole interval below -{faster:g}%: refresh "
+                f"the baseline, and check the kernel still does all its work{noisy}",
+            )
+        return PerfJudgement(
+            **base,
+            **values,
+            severity=PerfSeverity.OK,
+            message=f"{first}: within the {rules.regression_pct:g}% limit{noisy}",
+        )
+    return PerfJudgement(
+        **base,
+        **values,
+        severity=PerfSeverity.INCONCLUSIVE,
+        straddles=True,
+        message=f"{first}: the interval straddles the {rules.regression_pct:g}% limit; re-run with more "
+        f"rounds (`rounds`) or on a quieter machine{noisy}",
+    )

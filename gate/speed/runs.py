@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import gc
 import math
 import time
 from collections.abc import Callable
@@ -31,13 +32,12 @@ from typing import Any
 from gate.core.cases import Case, Suite, load_suite, only_pattern
 from gate.core.config import Config, PerfConfig
 from gate.core.errors import UserError, first_line
+from gate.core.files import safe_name
 from gate.core.jsonio import bad_field, checked_kernel, checked_name, measured_float, read_record, write_json_atomic
 from gate.core.results import Status, migrate_rows
 from gate.speed.entries import MAX_ROUNDS
 from gate.speed.rule import PerfJudgement, PerfRules, PerfSeverity, RatioEstimate, judge
-from gate.speed.timing import KernelWorkload, MatmulWorkload, PASSES, PassTiming, TimingPlan, TimingRun, time_pair
-import gc
-from gate.core.files import safe_name
+from gate.speed.timing import PASSES, KernelWorkload, MatmulWorkload, PassTiming, TimingPlan, TimingRun, time_pair
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # migrate_perf turns each older one into the current layout
@@ -120,9 +120,17 @@ class PerfCaseResult:
             if t is None:
                 continue
             lo, hi = t.ratio_ci
-            out[p] = {"speed_ratio": t.speed_ratio, "ci95": [lo, hi], "noise": t.noise, "spread": t.spread,
-                      "rounds": t.rounds, "candidate_ms": t.candidate_median_ms, "anchor_ms": t.anchor_median_ms,
-                      "candidate_tflops": self.tflops(p), "anchor_tflops": self.tflops(p, "anchor")}
+            out[p] = {
+                "speed_ratio": t.speed_ratio,
+                "ci95": [lo, hi],
+                "noise": t.noise,
+                "spread": t.spread,
+                "rounds": t.rounds,
+                "candidate_ms": t.candidate_median_ms,
+                "anchor_ms": t.anchor_median_ms,
+                "candidate_tflops": self.tflops(p),
+                "anchor_tflops": self.tflops(p, "anchor"),
+            }
         if self.case.entry.kind == "kvcache" and "fwd" in out:  # a decode step is bound by reading K/V
             out["fwd"]["candidate_kv_gbps"] = self.kv_gbps()
         if self.timing is not None:
@@ -131,17 +139,28 @@ class PerfCaseResult:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"case_id": self.case_id, "case": self.case.to_dict(), "status": self.label, "reason": self.reason,
-                "anchor": self.anchor, "summary": self.summary(),
-                "timing": None if self.timing is None else self.timing.to_dict()}
+        return {
+            "case_id": self.case_id,
+            "case": self.case.to_dict(),
+            "status": self.label,
+            "reason": self.reason,
+            "anchor": self.anchor,
+            "summary": self.summary(),
+            "timing": None if self.timing is None else self.timing.to_dict(),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PerfCaseResult":
         timing = d.get("timing")
         if timing is not None:
             _raw_samples(timing)
-        row = cls(case=Case.from_dict(d["case"]), status=d["status"], reason=d.get("reason", ""),
-                  timing=None if timing is None else TimingRun.from_dict(timing), anchor=d.get("anchor", ""))
+        row = cls(
+            case=Case.from_dict(d["case"]),
+            status=d["status"],
+            reason=d.get("reason", ""),
+            timing=None if timing is None else TimingRun.from_dict(timing),
+            anchor=d.get("anchor", ""),
+        )
         if d.get("case_id") != row.case.id:
             raise ValueError(f"case_id {str(d.get('case_id'))[:80]!r} is not the id of its case ({row.case.id})")
         if not isinstance(row.reason, str) or not isinstance(row.anchor, str):
@@ -183,10 +202,20 @@ class PerfResult:
         return any(c.status is Status.ERROR for c in self.cases)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema_version": self.schema_version, "kind": "attn-gate perf", "kernel": self.kernel,
-                "anchor": self.anchor, "suite": self.suite, "device": self.device, "environment": self.environment,
-                "plan": self.plan.to_dict(), "started_at": self.started_at, "wall_s": round(self.wall_s, 2),
-                "notes": list(self.notes), "cases": [c.to_dict() for c in self.cases]}
+        return {
+            "schema_version": self.schema_version,
+            "kind": "attn-gate perf",
+            "kernel": self.kernel,
+            "anchor": self.anchor,
+            "suite": self.suite,
+            "device": self.device,
+            "environment": self.environment,
+            "plan": self.plan.to_dict(),
+            "started_at": self.started_at,
+            "wall_s": round(self.wall_s, 2),
+            "notes": list(self.notes),
+            "cases": [c.to_dict() for c in self.cases],
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PerfResult":
@@ -201,8 +230,10 @@ class PerfResult:
         if d["device"] not in ("cpu", "cuda"):
             raise ValueError(f"device = {str(d['device'])[:40]!r} must be 'cpu' or 'cuda'")
         if d["environment"].get("device", d["device"]) != d["device"]:
-            raise ValueError(f"device = {d['device']!r} but environment.device = {d['environment']['device']!r}: "
-                             f"the file contradicts itself")
+            raise ValueError(
+                f"device = {d['device']!r} but environment.device = {d['environment']['device']!r}: "
+                f"the file contradicts itself"
+            )
         notes = d.get("notes", [])
         if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
             raise TypeError("notes must be a list of strings")
@@ -218,24 +249,41 @@ class PerfResult:
             if case.measured:
                 passes = tuple(p.pass_ for p in case.timing.passes)
                 if not set(passes) <= set(plan.passes):
-                    raise ValueError(f"cases[{i}] ({case.case_id}): times passes {list(passes)} but the run's plan has "
-                                     f"{list(plan.passes)}")
+                    raise ValueError(
+                        f"cases[{i}] ({case.case_id}): times passes {list(passes)} but the run's plan has "
+                        f"{list(plan.passes)}"
+                    )
             cases.append(case)
         ids = [c.case_id for c in cases]
         twice = next((cid for cid in ids if ids.count(cid) > 1), None)
         if twice:
             raise ValueError(f"case {twice} appears twice in cases")
-        return cls(kernel=d["kernel"], anchor=d["anchor"], suite=d["suite"], device=d["device"],
-                   environment=d["environment"], plan=plan, cases=tuple(cases), started_at=d["started_at"],
-                   wall_s=measured_float(d["wall_s"], "wall_s", 1e7), notes=tuple(notes))
+        return cls(
+            kernel=d["kernel"],
+            anchor=d["anchor"],
+            suite=d["suite"],
+            device=d["device"],
+            environment=d["environment"],
+            plan=plan,
+            cases=tuple(cases),
+            started_at=d["started_at"],
+            wall_s=measured_float(d["wall_s"], "wall_s", 1e7),
+            notes=tuple(notes),
+        )
 
     def write(self, path: Path) -> None:
         write_json_atomic(path, self.to_dict())
 
     @classmethod
     def read(cls, path: Path) -> "PerfResult":
-        return read_record(path, kind="perf results", schema_version=READABLE_VERSIONS,
-                           from_dict=lambda d: cls.from_dict(migrate_perf(d)), file_kind="attn-gate perf", fix="regenerate it with `attn-gate perf`")
+        return read_record(
+            path,
+            kind="perf results",
+            schema_version=READABLE_VERSIONS,
+            from_dict=lambda d: cls.from_dict(migrate_perf(d)),
+            file_kind="attn-gate perf",
+            fix="regenerate it with `attn-gate perf`",
+        )
 
 
 # A timed call of a millisecond-scale kernel: beyond these no measurement (an hour per call, a
@@ -254,8 +302,15 @@ def checked_plan(value: Any, field: str) -> TimingPlan:
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= top:
             raise ValueError(f"{field}.{key} = {str(n)[:40]} must be an integer in [1, {top}]")
     passes = value.get("passes")
-    if not isinstance(passes, list) or not passes or any(p not in PASSES for p in passes) or len(set(passes)) != len(passes):
-        raise ValueError(f"{field}.passes = {str(passes)[:60]} must be a non-empty list of distinct passes from {list(PASSES)}")
+    if (
+        not isinstance(passes, list)
+        or not passes
+        or any(p not in PASSES for p in passes)
+        or len(set(passes)) != len(passes)
+    ):
+        raise ValueError(
+            f"{field}.passes = {str(passes)[:60]} must be a non-empty list of distinct passes from {list(PASSES)}"
+        )
     return TimingPlan.from_dict(value)
 
 
@@ -269,8 +324,15 @@ def _raw_samples(timing: Any) -> None:
             rounds = p.get(who) if isinstance(p, dict) else None
             if not isinstance(rounds, list) or not all(isinstance(r, list) for r in rounds):
                 raise TypeError(f"timing pass {str(p)[:40]}: {who} must be a list of rounds, each a list of ms")
-            bad = next((x for r in rounds for x in r
-                        if isinstance(x, bool) or not isinstance(x, (int, float)) and x not in ("nan", "inf", "-inf")), None)
+            bad = next(
+                (
+                    x
+                    for r in rounds
+                    for x in r
+                    if isinstance(x, bool) or not isinstance(x, (int, float)) and x not in ("nan", "inf", "-inf")
+                ),
+                None,
+            )
             if bad is not None:
                 raise TypeError(f"timing pass {p.get('pass')!r}: {who} holds {str(bad)[:40]!r}, not a number of ms")
         scale = p.get("anchor_scale", 1.0)
@@ -291,15 +353,19 @@ def check_timing(run: TimingRun, case_id: str) -> None:
     for p in run.passes:
         where = f"{case_id}: timing pass {p.pass_}"
         if not 1 <= p.rounds <= MAX_ROUNDS or len(p.anchor_ms) != p.rounds:
-            raise ValueError(f"{where}: {p.rounds} candidate and {len(p.anchor_ms)} anchor rounds; both must be the "
-                             f"same number in [1, {MAX_ROUNDS}]")
+            raise ValueError(
+                f"{where}: {p.rounds} candidate and {len(p.anchor_ms)} anchor rounds; both must be the "
+                f"same number in [1, {MAX_ROUNDS}]"
+            )
         for who, rounds in (("candidate_ms", p.candidate_ms), ("anchor_ms", p.anchor_ms)):
             for r in rounds:
                 if not 1 <= len(r) <= MAX_CALLS:
                     raise ValueError(f"{where}: {who} has a round of {len(r)} calls (must be 1 to {MAX_CALLS})")
                 bad = next((x for x in r if not 0 < x <= MAX_CALL_MS), None)  # NaN fails too
                 if bad is not None or any(math.isnan(x) for x in r):
-                    raise ValueError(f"{where}: {who} holds {bad!r}; a timed call is a number of ms in (0, {MAX_CALL_MS:g}]")
+                    raise ValueError(
+                        f"{where}: {who} holds {bad!r}; a timed call is a number of ms in (0, {MAX_CALL_MS:g}]"
+                    )
         if not 0 < p.anchor_scale <= MAX_ANCHOR_SCALE:
             raise ValueError(f"{where}: anchor_scale = {p.anchor_scale!r} must be in (0, {MAX_ANCHOR_SCALE:g}]")
 
@@ -367,7 +433,9 @@ def measure_case(adapter, anchor_name: str, case: Case, device: str, plan: Timin
         return PerfCaseResult(case=case, status=Status.SKIP, reason=why, anchor=anchor_name)
     if case.forward_only or not adapter.capabilities().backward:  # decode / inference kernels
         if "fwd" not in plan.passes:
-            return PerfCaseResult(case=case, status=Status.SKIP, reason="forward-only: no backward to time", anchor=anchor_name)
+            return PerfCaseResult(
+                case=case, status=Status.SKIP, reason="forward-only: no backward to time", anchor=anchor_name
+            )
         plan = dataclasses.replace(plan, passes=("fwd",))
     try:
         cand, anchor, why = _workloads(adapter, anchor_name, case, device)
@@ -389,7 +457,6 @@ def measure_case(adapter, anchor_name: str, case: Case, device: str, plan: Timin
 def _release(device: str) -> None:
     """The timed workloads' tensors collected, then their blocks given back (between timed cases)."""
     if device == "cuda":
-
         from gate.core.environment import release_cached_gpu_memory
 
         gc.collect()
@@ -422,10 +489,20 @@ def perf_cases(suite_name: str, config: Config, only: str | None = None) -> tupl
     return cases
 
 
-def run_perf(kernel: str, suite_name: str, config: Config, device: str | None = None, anchor: str | None = None,
-             only: str | None = None, rounds: int | None = None, progress: Callable[[str], None] | None = None,
-             passes: tuple[str, ...] = PASSES, measure: Callable | None = None, kernel_version: str | None = None,
-             cases: tuple[Case, ...] | None = None) -> PerfResult:
+def run_perf(
+    kernel: str,
+    suite_name: str,
+    config: Config,
+    device: str | None = None,
+    anchor: str | None = None,
+    only: str | None = None,
+    rounds: int | None = None,
+    progress: Callable[[str], None] | None = None,
+    passes: tuple[str, ...] = PASSES,
+    measure: Callable | None = None,
+    kernel_version: str | None = None,
+    cases: tuple[Case, ...] | None = None,
+) -> PerfResult:
     """`measure` (case, anchor, plan) -> PerfCaseResult times a case elsewhere (a worker process,
     gate/workflow/isolation.py: this process then never imports the kernel); `kernel_version` is
     then what that process reported. Without it the kernel is loaded and timed here. `cases`: the
@@ -444,11 +521,14 @@ def run_perf(kernel: str, suite_name: str, config: Config, device: str | None = 
 
         def measure(case, anchor_name, plan):
             return measure_case(adapter, anchor_name, case, device, plan)
+
     if anchor_name != MATMUL:
         missing = anchor_adapter(anchor_name).unavailable_reason()
         if missing:
-            raise UserError(f"--anchor {anchor_name!r} is unavailable here: {missing}; pick another "
-                            f"(attn-gate kernels) or 'matmul', or set [tool.attn-gate.perf] anchor")
+            raise UserError(
+                f"--anchor {anchor_name!r} is unavailable here: {missing}; pick another "
+                f"(attn-gate kernels) or 'matmul', or set [tool.attn-gate.perf] anchor"
+            )
     cases = cases if cases is not None else perf_cases(suite_name, config, only)
     plan = TimingPlan.from_config(config.perf, rounds=rounds, passes=passes)
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
@@ -462,8 +542,18 @@ def run_perf(kernel: str, suite_name: str, config: Config, device: str | None = 
     env["anchor"] = anchor_name
     notes = ("CPU timings (perf_counter, no L2 flush): history only, not a gate",) if device != "cuda" else ()
     notes += (f"filtered with --only {only!r}",) if only else ()
-    return PerfResult(kernel=kernel, anchor=anchor_name, suite=suite_name, device=device, environment=env, plan=plan,
-                      cases=tuple(results), started_at=started, wall_s=time.perf_counter() - t0, notes=notes)
+    return PerfResult(
+        kernel=kernel,
+        anchor=anchor_name,
+        suite=suite_name,
+        device=device,
+        environment=env,
+        plan=plan,
+        cases=tuple(results),
+        started_at=started,
+        wall_s=time.perf_counter() - t0,
+        notes=notes,
+    )
 
 
 def write_perf_outputs(result: PerfResult, out_dir: Path) -> Path:
@@ -487,8 +577,12 @@ def baseline_entry(c: PerfCaseResult, anchor: str) -> dict[str, Any] | None:
     for p in PASSES:
         est = c.estimate(p)
         if est is not None:
-            entry[p] = {"median": round(est.median, 6), "noise": round(est.noise, 6), "n": est.n,
-                        "samples": [round(x, 6) for x in est.samples]}
+            entry[p] = {
+                "median": round(est.median, 6),
+                "noise": round(est.noise, 6),
+                "n": est.n,
+                "samples": [round(x, 6) for x in est.samples],
+            }
     return entry
 
 
@@ -527,26 +621,36 @@ def _timed_passes(entry: Any, passes: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(p for p in passes if isinstance(entry, dict) and p in entry)
 
 
-def unmatched_baseline_judgements(baseline_perf: dict[str, Any] | None, run_case_ids: set[str], only: str | None,
-                                  passes: tuple[str, ...]) -> tuple[PerfJudgement, ...]:
+def unmatched_baseline_judgements(
+    baseline_perf: dict[str, Any] | None, run_case_ids: set[str], only: str | None, passes: tuple[str, ...]
+) -> tuple[PerfJudgement, ...]:
     """INCONCLUSIVE for every baseline speed ratio within --only that the run has no case for:
     a perf case that disappeared (renamed, perf flag dropped) is not judged, so it cannot pass."""
 
     pattern = only_pattern(only)
     return tuple(
-        _inconclusive(case_id, p, "the baseline has a speed ratio for this case but this run has no such perf case: "
-                                  "refresh the baseline's speed section (`attn-gate baseline update --perf`) on purpose")
+        _inconclusive(
+            case_id,
+            p,
+            "the baseline has a speed ratio for this case but this run has no such perf case: "
+            "refresh the baseline's speed section (`attn-gate baseline update --perf`) on purpose",
+        )
         for case_id, entry in sorted((baseline_perf or {}).items())
         if case_id not in run_case_ids and (pattern is None or pattern.search(case_id))
-        for p in _timed_passes(entry, passes))
+        for p in _timed_passes(entry, passes)
+    )
 
 
 def nothing_judged(result: PerfResult) -> PerfJudgement:
     """The one run-wide judgement when no case was judged: nothing judged is not a pass."""
     why = "; ".join(f"{c.case_id}: {c.label} {c.reason}".strip() for c in result.cases[:3])
     more = f" (and {len(result.cases) - 3} more)" if len(result.cases) > 3 else ""
-    return _inconclusive("", "all", f"speed not judged: none of the {len(result.cases)} perf cases was timed against a "
-                                    f"baseline speed ratio ({why}{more})")
+    return _inconclusive(
+        "",
+        "all",
+        f"speed not judged: none of the {len(result.cases)} perf cases was timed against a "
+        f"baseline speed ratio ({why}{more})",
+    )
 
 
 # Passes this short move with the host, not only with the kernel: on the H200, SDPA flash's seqlen-512
@@ -562,13 +666,19 @@ def _short_pass_note(c: PerfCaseResult, pass_: str) -> str:
     ms = None if t is None else t.candidate_median_ms
     if ms is None or not ms < SHORT_PASS_MS:
         return ""
-    return (f"; a {ms * 1000:.0f} us pass: passes under {SHORT_PASS_MS * 1000:.0f} us also move between hosts (up to "
-            f"+6.6% seen on an H200): if the runner's host changed since the baseline, re-record the baseline there")
+    return (
+        f"; a {ms * 1000:.0f} us pass: passes under {SHORT_PASS_MS * 1000:.0f} us also move between hosts (up to "
+        f"+6.6% seen on an H200): if the runner's host changed since the baseline, re-record the baseline there"
+    )
 
 
-def judge_perf(result: PerfResult, baseline_perf: dict[str, Any], config: PerfConfig,
-               remeasure: Callable[[Case, str, int], RatioEstimate | None] | None = None,
-               only: str | None = None) -> tuple[PerfJudgement, ...]:
+def judge_perf(
+    result: PerfResult,
+    baseline_perf: dict[str, Any],
+    config: PerfConfig,
+    remeasure: Callable[[Case, str, int], RatioEstimate | None] | None = None,
+    only: str | None = None,
+) -> tuple[PerfJudgement, ...]:
     """One judgement per measured case and pass. A suspected regression is re-measured with
     `confirm_rounds` through `remeasure(case, pass_, rounds)` (None or confirm_rounds 0: no confirm,
     the suspicion stands as a FAIL). Fail closed: a case skipped now that the baseline timed, a
@@ -579,25 +689,43 @@ def judge_perf(result: PerfResult, baseline_perf: dict[str, Any], config: PerfCo
     for c in result.cases:
         entry = (baseline_perf or {}).get(c.case_id)
         if c.status is Status.SKIP:  # skipped then and now: nothing to compare; timed then, skipped now: not judged
-            out += [_inconclusive(c.case_id, p, f"skipped now ({c.reason}) but the baseline has a speed ratio for it: "
-                                                f"not judged; make it run again, or refresh the baseline on purpose")
-                    for p in _timed_passes(entry, result.plan.passes)]
+            out += [
+                _inconclusive(
+                    c.case_id,
+                    p,
+                    f"skipped now ({c.reason}) but the baseline has a speed ratio for it: "
+                    f"not judged; make it run again, or refresh the baseline on purpose",
+                )
+                for p in _timed_passes(entry, result.plan.passes)
+            ]
             continue
         # a forward-only case was timed forward only: judged on the passes it has
         timed = tuple(p for p in result.plan.passes if not c.measured or c.pass_timing(p) is not None)
         if c.measured:  # a pass the baseline times and this row does not is not judged, so it cannot pass
-            out += [_inconclusive(c.case_id, p, f"the baseline has a speed ratio for pass {p} but this run did not time "
-                                                f"it: not judged; time it again, or refresh the baseline on purpose")
-                    for p in _timed_passes(entry, PASSES) if p not in timed]
+            out += [
+                _inconclusive(
+                    c.case_id,
+                    p,
+                    f"the baseline has a speed ratio for pass {p} but this run did not time "
+                    f"it: not judged; time it again, or refresh the baseline on purpose",
+                )
+                for p in _timed_passes(entry, PASSES)
+                if p not in timed
+            ]
         for p in timed:
             base = baseline_estimate(entry, p)
             anchor = c.anchor_or(result.anchor)
             if c.measured and entry is not None and entry.get("anchor") not in (None, anchor):
                 # (an unmeasured row is judged below as "not measured: <why>", whatever its anchor)
-                out.append(_inconclusive(
-                    c.case_id, p, f"baseline was measured against anchor {entry.get('anchor')!r}, this run against "
-                                  f"{anchor!r}: refresh the baseline on purpose (`attn-gate baseline update`), or set "
-                                  f"[tool.attn-gate.perf] anchor / anchor_fallback back to what it was"))
+                out.append(
+                    _inconclusive(
+                        c.case_id,
+                        p,
+                        f"baseline was measured against anchor {entry.get('anchor')!r}, this run against "
+                        f"{anchor!r}: refresh the baseline on purpose (`attn-gate baseline update`), or set "
+                        f"[tool.attn-gate.perf] anchor / anchor_fallback back to what it was",
+                    )
+                )
                 continue
             current = c.estimate(p) if c.measured else None
             j = judge(c.case_id, p, base, current, rules)
@@ -612,8 +740,14 @@ def judge_perf(result: PerfResult, baseline_perf: dict[str, Any], config: PerfCo
     return tuple(out) or (nothing_judged(result),)
 
 
-def remeasure_with(kernel: str, anchor: str, device: str, config: PerfConfig,
-                   families: Config | None = None, measure: Callable | None = None) -> Callable[[Case, str, int], RatioEstimate | None]:
+def remeasure_with(
+    kernel: str,
+    anchor: str,
+    device: str,
+    config: PerfConfig,
+    families: Config | None = None,
+    measure: Callable | None = None,
+) -> Callable[[Case, str, int], RatioEstimate | None]:
     """A `remeasure` for judge_perf: times one pass of one case again with more rounds (through
     `measure`, as run_perf, when the kernel runs in a worker). `families`: the Config whose
     [tool.attn-gate.kernels] may define `kernel`."""

@@ -36,11 +36,19 @@ PASSES = ("fwd", "bwd")
 
 # nvmlClocksEventReasons bits (nvml.h); the ones in THROTTLING mean the clocks were held down.
 THROTTLE_BITS = {
-    0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
-    0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",
-    0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting",
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
 }
-THROTTLING = frozenset({"sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"})
+THROTTLING = frozenset(
+    {"sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}
+)
 
 
 @dataclass(frozen=True)
@@ -60,8 +68,13 @@ class TimingPlan:
 
     @classmethod
     def from_config(cls, perf_config, rounds: int | None = None, passes: tuple[str, ...] = PASSES) -> "TimingPlan":
-        return cls(rounds=rounds or perf_config.rounds, calls_per_round=perf_config.calls_per_round,
-                   warmup_s=perf_config.warmup_s, cold_l2=perf_config.cold_l2, passes=passes)
+        return cls(
+            rounds=rounds or perf_config.rounds,
+            calls_per_round=perf_config.calls_per_round,
+            warmup_s=perf_config.warmup_s,
+            cold_l2=perf_config.cold_l2,
+            passes=passes,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "passes": list(self.passes)}
@@ -92,8 +105,11 @@ class GpuState:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "GpuState":
         floats = ("sm_clock_mhz", "mem_clock_mhz", "temperature_c", "power_w")
-        return cls(**{k: float(d[k]) for k in floats}, throttle_reasons=tuple(d.get("throttle_reasons", ())),
-                   error=d.get("error", ""))
+        return cls(
+            **{k: float(d[k]) for k in floats},
+            throttle_reasons=tuple(d.get("throttle_reasons", ())),
+            error=d.get("error", ""),
+        )
 
 
 def throttle_names(mask: int) -> tuple[str, ...]:
@@ -120,7 +136,10 @@ def read_gpu_state(torch_index: int = 0) -> GpuState:
         return GpuState(error=f"nvml unavailable: {type(exc).__name__}: {exc}"[:200])
     try:
         h = _nvml_handle(pynvml, torch_index)
-        reasons_fn = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        reasons_fn = (
+            getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
         return GpuState(
             sm_clock_mhz=float(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)),
             mem_clock_mhz=float(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM)),
@@ -196,13 +215,21 @@ class PassTiming:
         return RatioEstimate.from_samples(self.ratios)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"pass": self.pass_, "candidate_ms": [list(r) for r in self.candidate_ms],
-                "anchor_ms": [list(r) for r in self.anchor_ms], "anchor_scale": self.anchor_scale}
+        return {
+            "pass": self.pass_,
+            "candidate_ms": [list(r) for r in self.candidate_ms],
+            "anchor_ms": [list(r) for r in self.anchor_ms],
+            "anchor_scale": self.anchor_scale,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PassTiming":
-        return cls(pass_=d["pass"], candidate_ms=tuple(tuple(map(float, r)) for r in d["candidate_ms"]),
-                   anchor_ms=tuple(tuple(map(float, r)) for r in d["anchor_ms"]), anchor_scale=float(d.get("anchor_scale", 1.0)))
+        return cls(
+            pass_=d["pass"],
+            candidate_ms=tuple(tuple(map(float, r)) for r in d["candidate_ms"]),
+            anchor_ms=tuple(tuple(map(float, r)) for r in d["anchor_ms"]),
+            anchor_scale=float(d.get("anchor_scale", 1.0)),
+        )
 
 
 @dataclass(frozen=True)
@@ -225,18 +252,31 @@ class TimingRun:
         return self.gpu_start.throttled or self.gpu_end.throttled
 
     def to_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "plan": self.plan.to_dict(), "passes": [p.to_dict() for p in self.passes],
-                "gpu_start": self.gpu_start.to_dict(), "gpu_end": self.gpu_end.to_dict(), "peak_mem_mb": self.peak_mem_mb,
-                "shield_ms": self.shield_ms, "l2_flush_mb": self.l2_flush_mb, "wall_s": round(self.wall_s, 3)}
+        return {
+            "method": self.method,
+            "plan": self.plan.to_dict(),
+            "passes": [p.to_dict() for p in self.passes],
+            "gpu_start": self.gpu_start.to_dict(),
+            "gpu_end": self.gpu_end.to_dict(),
+            "peak_mem_mb": self.peak_mem_mb,
+            "shield_ms": self.shield_ms,
+            "l2_flush_mb": self.l2_flush_mb,
+            "wall_s": round(self.wall_s, 3),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TimingRun":
-        return cls(method=d["method"], plan=TimingPlan.from_dict(d["plan"]),
-                   passes=tuple(PassTiming.from_dict(p) for p in d["passes"]),
-                   gpu_start=GpuState.from_dict(d["gpu_start"]), gpu_end=GpuState.from_dict(d["gpu_end"]),
-                   peak_mem_mb={k: float(v) for k, v in d.get("peak_mem_mb", {}).items()},
-                   shield_ms=float(d.get("shield_ms", 0.0)), l2_flush_mb=float(d.get("l2_flush_mb", 0.0)),
-                   wall_s=float(d.get("wall_s", 0.0)))
+        return cls(
+            method=d["method"],
+            plan=TimingPlan.from_dict(d["plan"]),
+            passes=tuple(PassTiming.from_dict(p) for p in d["passes"]),
+            gpu_start=GpuState.from_dict(d["gpu_start"]),
+            gpu_end=GpuState.from_dict(d["gpu_end"]),
+            peak_mem_mb={k: float(v) for k, v in d.get("peak_mem_mb", {}).items()},
+            shield_ms=float(d.get("shield_ms", 0.0)),
+            l2_flush_mb=float(d.get("l2_flush_mb", 0.0)),
+            wall_s=float(d.get("wall_s", 0.0)),
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -277,7 +317,8 @@ class FunctionWorkload(Workload):
 # buffers were donated cannot be run backward twice, and timing reuses one graph for every backward.
 DONATED_BUFFERS_HINT = (
     "the kernel's backward was compiled with donated buffers, which forbid the repeated backward over one graph "
-    "that timing runs (retain_graph=True): set torch._functorch.config.donated_buffer = False before it compiles")
+    "that timing runs (retain_graph=True): set torch._functorch.config.donated_buffer = False before it compiles"
+)
 
 
 class KernelWorkload(Workload):
@@ -295,8 +336,8 @@ class KernelWorkload(Workload):
             return
         import torch
 
-        from gate.correctness.run_case import leaf_call
         from gate.attention.inputs import timing_inputs
+        from gate.correctness.run_case import leaf_call
 
         self.adapter.prepare(self.case)
         if self.inputs is None:
@@ -512,11 +553,17 @@ def warm_up(clock, workloads: tuple[Workload, ...], passes: tuple[str, ...], sec
         clock.sync()
         if time.perf_counter() - t0 >= seconds:
             break
-    return max(perf_stats.median(v[len(v) // 2:]) for v in host.values())
+    return max(perf_stats.median(v[len(v) // 2 :]) for v in host.values())
 
 
-def time_pair(candidate: Workload, anchor: Workload, plan: TimingPlan, device: str, clock=None,
-              gpu_state: Callable[[], GpuState] | None = None) -> TimingRun:
+def time_pair(
+    candidate: Workload,
+    anchor: Workload,
+    plan: TimingPlan,
+    device: str,
+    clock=None,
+    gpu_state: Callable[[], GpuState] | None = None,
+) -> TimingRun:
     """Time `candidate` against `anchor`, interleaved: per round and pass, candidate then anchor."""
     if device != "cuda":
         with _one_cpu_thread():
@@ -542,8 +589,14 @@ class _one_cpu_thread:
         torch.set_num_threads(self.threads)
 
 
-def _time_pair(candidate: Workload, anchor: Workload, plan: TimingPlan, device: str, clock,
-               gpu_state: Callable[[], GpuState] | None) -> TimingRun:
+def _time_pair(
+    candidate: Workload,
+    anchor: Workload,
+    plan: TimingPlan,
+    device: str,
+    clock,
+    gpu_state: Callable[[], GpuState] | None,
+) -> TimingRun:
     t0 = time.perf_counter()
     clock = clock or make_clock(device, plan)
     if gpu_state is None:
@@ -561,8 +614,18 @@ def _time_pair(candidate: Workload, anchor: Workload, plan: TimingPlan, device: 
             for label, w in (("candidate", candidate), ("anchor", anchor)):
                 samples[p][label].append(clock.time_calls(lambda w=w, p=p: w.run(p), plan.calls_per_round))
     end_state = gpu_state()
-    passes = tuple(PassTiming(p, tuple(samples[p]["candidate"]), tuple(samples[p]["anchor"]), anchor.time_scale(p))
-                   for p in plan.passes)
-    return TimingRun(method=clock.method, plan=plan, passes=passes, gpu_start=start_state, gpu_end=end_state,
-                     peak_mem_mb=peak, shield_ms=clock.shield_ms, l2_flush_mb=clock.l2_flush_mb,
-                     wall_s=time.perf_counter() - t0)
+    passes = tuple(
+        PassTiming(p, tuple(samples[p]["candidate"]), tuple(samples[p]["anchor"]), anchor.time_scale(p))
+        for p in plan.passes
+    )
+    return TimingRun(
+        method=clock.method,
+        plan=plan,
+        passes=passes,
+        gpu_start=start_state,
+        gpu_end=end_state,
+        peak_mem_mb=peak,
+        shield_ms=clock.shield_ms,
+        l2_flush_mb=clock.l2_flush_mb,
+        wall_s=time.perf_counter() - t0,
+    )

@@ -100,31 +100,42 @@ class BisectOutcome:
 
     def text(self) -> str:
         spec = self.spec
-        lines = [f"attn-gate bisect: {len(spec.cases)} case{'s' * (len(spec.cases) != 1)} of {spec.kernel} / {spec.suite} "
-                 f"between {spec.good[:12]} (good) and {spec.bad[:12]} (bad), judged by the config and baseline "
-                 f"committed at {spec.bad[:12]} ({Path(spec.baseline).relative_to(Path(spec.config).parent)})"]
+        lines = [
+            f"attn-gate bisect: {len(spec.cases)} case{'s' * (len(spec.cases) != 1)} of {spec.kernel} / {spec.suite} "
+            f"between {spec.good[:12]} (good) and {spec.bad[:12]} (bad), judged by the config and baseline "
+            f"committed at {spec.bad[:12]} ({Path(spec.baseline).relative_to(Path(spec.config).parent)})"
+        ]
         for s in self.steps:
             lines.append(f"  {s.commit[:12]} {s.verdict:<5} {s.subject[:60]}" + (f"  ({s.reason})" if s.reason else ""))
         if self.stopped is not None:
             s = self.stopped
-            lines.append(f"STOPPED: flaky at {s.commit[:12]}: {', '.join(s.flipped)} flipped on a re-run; "
-                         f"no commit is named (a flaky verdict would point at the wrong one). Fix or exclude the "
-                         f"flaky case and bisect again")
+            lines.append(
+                f"STOPPED: flaky at {s.commit[:12]}: {', '.join(s.flipped)} flipped on a re-run; "
+                f"no commit is named (a flaky verdict would point at the wrong one). Fix or exclude the "
+                f"flaky case and bisect again"
+            )
         elif self.first_bad is not None:
             s = self.first_bad
             lines.append(f"FIRST BAD COMMIT: {s.commit} {s.subject}")
             for case, tensors in sorted(s.failing.items()):
                 lines.append(f"  {case}: {', '.join(tensors)}")
         else:
-            lines.append("NOT FOUND: only skipped commits (ones that do not build or install) were left; the first bad "
-                         "commit is one of: " + ", ".join(c[:12] for c in self.candidates))
+            lines.append(
+                "NOT FOUND: only skipped commits (ones that do not build or install) were left; the first bad "
+                "commit is one of: " + ", ".join(c[:12] for c in self.candidates)
+            )
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
-        return {"kind": "attn-gate bisect", "schema_version": 1, "spec": asdict(self.spec),
-                "steps": [asdict(s) for s in self.steps],
-                "first_bad": asdict(self.first_bad) if self.first_bad else None,
-                "candidates": list(self.candidates), "stopped": asdict(self.stopped) if self.stopped else None}
+        return {
+            "kind": "attn-gate bisect",
+            "schema_version": 1,
+            "spec": asdict(self.spec),
+            "steps": [asdict(s) for s in self.steps],
+            "first_bad": asdict(self.first_bad) if self.first_bad else None,
+            "candidates": list(self.candidates),
+            "stopped": asdict(self.stopped) if self.stopped else None,
+        }
 
 
 # ---------------------------------------------------------------- git
@@ -133,7 +144,9 @@ class BisectOutcome:
 def git(repo: str | Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
     if check and proc.returncode != 0:
-        raise UserError(f"git {' '.join(args)} failed in {repo}: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+        raise UserError(
+            f"git {' '.join(args)} failed in {repo}: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}"
+        )
     return proc
 
 
@@ -197,9 +210,29 @@ def check_command(spec: BisectSpec, tree: Path, out: Path) -> list[str]:
     -P keeps a `gate/` folder of the commit from shadowing the gate that judges."""
     venv = tree / ".venv" / "bin" / "python"
     python = str(venv) if venv.is_file() else sys.executable
-    return [python, "-P", "-m", "gate", "check", "--kernel", spec.kernel, "--suite", spec.suite, "--device", spec.device,
-            "--config", spec.config, "--baseline", spec.baseline, "--only", spec.only, "--out", str(out),
-            "--no-progress", "--perf" if spec.perf else "--no-perf"]
+    return [
+        python,
+        "-P",
+        "-m",
+        "gate",
+        "check",
+        "--kernel",
+        spec.kernel,
+        "--suite",
+        spec.suite,
+        "--device",
+        spec.device,
+        "--config",
+        spec.config,
+        "--baseline",
+        spec.baseline,
+        "--only",
+        spec.only,
+        "--out",
+        str(out),
+        "--no-progress",
+        "--perf" if spec.perf else "--no-perf",
+    ]
 
 
 def step_env() -> dict[str, str]:
@@ -208,7 +241,9 @@ def step_env() -> dict[str, str]:
     return env
 
 
-def step_verdict(returncode: int, findings: list[dict] | None, cases: tuple[str, ...]) -> tuple[str, str, dict[str, list[str]]]:
+def step_verdict(
+    returncode: int, findings: list[dict] | None, cases: tuple[str, ...]
+) -> tuple[str, str, dict[str, list[str]]]:
     """A check's exit (0 or 1) and its findings -> (good/bad/skip, reason, case id -> the tensors it
     FAILed on). FAIL is evidence of a bad commit; INCONCLUSIVE alone (a suspected speed regression
     its confirm re-run could not decide, a measurement that could not judge) is not: a skip."""
@@ -258,13 +293,21 @@ def run_step(spec: BisectSpec, commit: str) -> StepResult:
             return StepResult(commit, title, SKIP, f"its pyproject.toml does not parse: {exc}")
         if line:
             try:
-                proc = subprocess.run(["bash", "-c", line], cwd=tree, env=step_env(), capture_output=True, text=True,
-                                      timeout=SETUP_TIMEOUT_S)
+                proc = subprocess.run(
+                    ["bash", "-c", line],
+                    cwd=tree,
+                    env=step_env(),
+                    capture_output=True,
+                    text=True,
+                    timeout=SETUP_TIMEOUT_S,
+                )
             except subprocess.TimeoutExpired:
                 return StepResult(commit, title, SKIP, f"the install step `{line}` ran over {SETUP_TIMEOUT_S:.0f} s")
             if proc.returncode != 0:
                 last = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or ["no output"])[-1]
-                return StepResult(commit, title, SKIP, f"the install step `{line}` failed (exit {proc.returncode}): {last[:200]}")
+                return StepResult(
+                    commit, title, SKIP, f"the install step `{line}` failed (exit {proc.returncode}): {last[:200]}"
+                )
         runs = []
         for i in range(1 + spec.reruns):
             out = Path(spec.workdir) / f"out-{commit[:12]}-{i}"
@@ -282,8 +325,14 @@ def decide_step(commit: str, title: str, runs: list[tuple[str, str, dict[str, li
     for verdict, _, failing in runs[1:]:
         if verdict != first_verdict or set(failing) != set(first_failing):
             flipped = tuple(sorted(set(failing) ^ set(first_failing))) or ("the run-wide verdict",)
-            return StepResult(commit, title, FLAKY, f"{', '.join(flipped)} flipped: {first_verdict} then {verdict}",
-                              dict(first_failing or failing), flipped)
+            return StepResult(
+                commit,
+                title,
+                FLAKY,
+                f"{', '.join(flipped)} flipped: {first_verdict} then {verdict}",
+                dict(first_failing or failing),
+                flipped,
+            )
     return StepResult(commit, title, first_verdict, first_reason, first_failing)
 
 
@@ -313,8 +362,10 @@ def bisect_step(spec_path: Path) -> int:
     except Exception as exc:  # the step's own failure is no verdict on the commit: stop, say why
         result = StepResult(commit, "", FLAKY, f"the step itself failed: {type(exc).__name__}: {exc}")
     append_record(spec, result)
-    print(f"attn-gate bisect-step: {commit[:12]} {result.verdict}" + (f" ({result.reason})" if result.reason else ""),
-          flush=True)
+    print(
+        f"attn-gate bisect-step: {commit[:12]} {result.verdict}" + (f" ({result.reason})" if result.reason else ""),
+        flush=True,
+    )
     return result.exit_code
 
 
@@ -344,8 +395,10 @@ def run_bisect(spec: BisectSpec, log=print) -> BisectOutcome:
     for commit, want in ((spec.bad, BAD), (spec.good, GOOD)):
         result = run_step(spec, commit)
         steps.append(result)
-        log(f"attn-gate bisect: {commit[:12]} ({'bad' if want == BAD else 'good'} end) is {result.verdict}"
-            + (f" ({result.reason})" if result.reason else ""))
+        log(
+            f"attn-gate bisect: {commit[:12]} ({'bad' if want == BAD else 'good'} end) is {result.verdict}"
+            + (f" ({result.reason})" if result.reason else "")
+        )
         if result.verdict == FLAKY:
             return BisectOutcome(spec, tuple(steps), None, stopped=result)
         if result.verdict != want:
@@ -353,8 +406,12 @@ def run_bisect(spec: BisectSpec, log=print) -> BisectOutcome:
             raise UserError(
                 f"{end} {commit[:12]} is {result.verdict}, not {want}, under the baseline committed at {spec.bad[:12]}"
                 + (f" ({result.reason})" if result.reason else "")
-                + ("; nothing to bisect: pass the commit where these cases fail as --bad" if want == BAD else
-                   "; pass an older --good where these cases pass"))
+                + (
+                    "; nothing to bisect: pass the commit where these cases fail as --bad"
+                    if want == BAD
+                    else "; pass an older --good where these cases pass"
+                )
+            )
     if git(spec.repo, "rev-list", "--count", f"{spec.good}..{spec.bad}").stdout.strip() == "1":
         return BisectOutcome(spec, tuple(steps), steps[0])  # BAD is GOOD's child: it is the first bad commit
     tree = Path(spec.workdir) / "bisect"
@@ -377,16 +434,23 @@ def run_bisect(spec: BisectSpec, log=print) -> BisectOutcome:
         return BisectOutcome(spec, tuple(steps), by_commit.get(bad_ref) or run_step(spec, bad_ref))
     candidates = tuple(re.findall(r"^([0-9a-f]{40})$", output, flags=re.M))
     if not candidates:
-        raise UserError(f"git bisect run ended without naming a commit (exit {returncode}): "
-                        f"{(output.strip().splitlines() or ['no output'])[-1]}")
+        raise UserError(
+            f"git bisect run ended without naming a commit (exit {returncode}): "
+            f"{(output.strip().splitlines() or ['no output'])[-1]}"
+        )
     return BisectOutcome(spec, tuple(steps), None, candidates=candidates)
 
 
 def _bisect_run(tree: Path, step: str, log) -> tuple[str, int]:
     """`git bisect run` in `tree`: its whole output (read for the answer) and exit code; each step's
     one-line verdict is logged as it comes, so a long bisect shows where it is."""
-    proc = subprocess.Popen(["git", "-C", str(tree), "bisect", "run", "bash", "-c", step], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=step_env())
+    proc = subprocess.Popen(
+        ["git", "-C", str(tree), "bisect", "run", "bash", "-c", step],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=step_env(),
+    )
     lines = []
     try:
         for line in proc.stdout:

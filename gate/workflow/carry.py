@@ -15,8 +15,15 @@ import dataclasses
 from pathlib import Path
 
 from gate.compare.baselines import (
-    SCHEMA_VERSION, BaselineDiff, cases_to_rerun, diff_baselines, read_baseline, remeasure_hint, timed_perf,
-    update_command, validate_written,
+    SCHEMA_VERSION,
+    BaselineDiff,
+    cases_to_rerun,
+    diff_baselines,
+    read_baseline,
+    remeasure_hint,
+    timed_perf,
+    update_command,
+    validate_written,
 )
 from gate.core.cases import load_suite, suite_hash
 from gate.core.config import Config, tolerance_changes
@@ -34,26 +41,37 @@ def carry_baseline(path: Path, config: Config) -> BaselineDiff | None:
         return None
     changed = tolerance_changes(old.tolerance, config.tolerance.as_dict())
     if changed:
-        raise UserError(f"{path}: measured with other tolerance multipliers ({', '.join(changed)}), so its rows cannot "
-                        f"be carried; regenerate it with `{redo}`")
+        raise UserError(
+            f"{path}: measured with other tolerance multipliers ({', '.join(changed)}), so its rows cannot "
+            f"be carried; regenerate it with `{redo}`"
+        )
     swept = suite.swept_hashes()
     timed = [c.id for c in suite.perf_cases]
     rerun = cases_to_rerun(old, swept)
     if rerun:
-        raise UserError(f"{path}: {len(rerun)} cases suite {old.suite!r} sweeps are new or changed since the baseline; "
-                        f"nothing to carry them from: on a {old.gpu_class} machine run "
-                        f"{remeasure_hint(old, swept, set(timed), redo, path)}")
+        raise UserError(
+            f"{path}: {len(rerun)} cases suite {old.suite!r} sweeps are new or changed since the baseline; "
+            f"nothing to carry them from: on a {old.gpu_class} machine run "
+            f"{remeasure_hint(old, swept, set(timed), redo, path)}"
+        )
     perf = old.perf
     if perf is not None:
         never = [cid for cid in timed if cid not in perf and cid not in old.correctness]
         if never:
-            raise UserError(f"{path}: {len(never)} timing cases of suite {old.suite!r} were never measured "
-                            f"({', '.join(never[:3])}{' ...' if len(never) > 3 else ''}); time them with `attn-gate perf "
-                            f"--kernel {old.kernel} --suite {old.suite} --rounds 30 --out out` on a {old.gpu_class} machine and "
-                            f"record them with `{redo} --perf-from out/perf-{old.kernel}-{old.suite}.json`")
+            raise UserError(
+                f"{path}: {len(never)} timing cases of suite {old.suite!r} were never measured "
+                f"({', '.join(never[:3])}{' ...' if len(never) > 3 else ''}); time them with `attn-gate perf "
+                f"--kernel {old.kernel} --suite {old.suite} --rounds 30 --out out` on a {old.gpu_class} machine and "
+                f"record them with `{redo} --perf-from out/perf-{old.kernel}-{old.suite}.json`"
+            )
         perf = timed_perf(perf, set(timed))
-    new = dataclasses.replace(old, suite_hash=now, schema_version=SCHEMA_VERSION, perf=perf,
-                              correctness={cid: row for cid, row in old.correctness.items() if cid in swept})
+    new = dataclasses.replace(
+        old,
+        suite_hash=now,
+        schema_version=SCHEMA_VERSION,
+        perf=perf,
+        correctness={cid: row for cid, row in old.correctness.items() if cid in swept},
+    )
     validate_written(new, path)
     verdict = config.verdict
     diff = diff_baselines(old, new, path, verdict.headroom_factor, verdict.headroom_step, verdict.improvement_factor)

@@ -33,34 +33,56 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gate.compare.baselines import (
-    WIDEN_KEYS, Baseline, BaselineDiff, baseline_path, diff_baselines, merge_baseline, read_baseline, refuse_lacking_cases,
-    forged_case_hashes, refuse_widen, spans_machines, timed_perf, update_command, validate_written, widen_baseline,
+    WIDEN_KEYS,
+    Baseline,
+    BaselineDiff,
+    baseline_path,
+    diff_baselines,
+    forged_case_hashes,
+    merge_baseline,
+    read_baseline,
+    refuse_lacking_cases,
+    refuse_widen,
+    spans_machines,
+    timed_perf,
+    update_command,
+    validate_written,
+    widen_baseline,
 )
-from gate.core.config import Config, known_failures_in, own_kernel, tolerance_changes
-from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
-from gate.core.files import FolderLock, append_step_summary, refuse_inside_baselines, require_writable, safe_name
 from gate.compare.findings import CheckContext, Finding, Verdict, decide, worst_first
-from gate.compare.known import TABLE, apply_known, for_kernel, refuse_unmatched, undeclared_failures
-from gate.core.results import SweepResult
+from gate.compare.known import apply_known, for_kernel, refuse_unmatched, undeclared_failures
 from gate.compare.sweep_rules import (
-    check_comparable, compare, correctness_thresholds, refuse_duplicate_cases, refuse_other_gpu_class, incomplete_pass,
+    check_comparable,
+    compare,
+    correctness_thresholds,
+    incomplete_pass,
+    refuse_duplicate_cases,
+    refuse_other_gpu_class,
     refuse_stale_baseline,
 )
 from gate.core.cases import load_suite, only_pattern, suite_names
-from gate.workflow.plan import RunPlan, current_gpu_class, plan_run, resolve_plan
+from gate.core.config import Config, known_failures_in, own_kernel, tolerance_changes
 from gate.core.environment import default_device
+from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
+from gate.core.files import FolderLock, append_step_summary, refuse_inside_baselines, require_writable, safe_name
+from gate.core.jsonio import write_json_atomic, write_text_atomic
+from gate.core.results import SweepResult
+from gate.report.check_report import print_check
+from gate.report.comment import Links, pr_comment
+from gate.report.failures import refusal
+from gate.report.plots import plot_ratios
+from gate.report.sweep_report import write_sweep_outputs
+from gate.workflow.plan import RunPlan, current_gpu_class, plan_run, resolve_plan
+from gate.workflow.speed_check import (
+    file_perf_check,
+    perf_baseline_section,
+    perf_section_from_file,
+    perf_wanted,
+    results_file_findings,
+    run_perf_check,
+)
 from gate.workflow.sweep import SweepOptions, sweep_plan
 from gate.workflow.validate import check_working_directory
-from gate.workflow.speed_check import (
-    file_perf_check, perf_baseline_section, perf_section_from_file, perf_wanted, results_file_findings, run_perf_check,
-)
-from gate.report.check_report import print_check
-from gate.core.jsonio import write_json_atomic, write_text_atomic
-from gate.report.sweep_report import write_sweep_outputs
-from gate.report.failures import refusal
-from gate.report.comment import Links, pr_comment
-from gate.report.plots import plot_ratios
-
 
 # what a check of some cases only (--only, --last-failed) adds to its file names (check-K-S.only.md) where
 # the folder holds the whole suite's check: a rerun never overwrites the full report
@@ -117,7 +139,9 @@ def read_results(path: Path, kernel: str | None, suite: str | None) -> SweepResu
     refuse_duplicate_cases(sweep, path)
     for option, wanted, found in (("--kernel", kernel, sweep.kernel), ("--suite", suite, sweep.suite)):
         if wanted is not None and wanted != found:
-            raise UserError(f"{option} {wanted} but {path} holds results of {found}; drop {option} or pass the right file")
+            raise UserError(
+                f"{option} {wanted} but {path} holds results of {found}; drop {option} or pass the right file"
+            )
     return sweep
 
 
@@ -126,12 +150,16 @@ def refuse_results_of_another_config(plan: RunPlan, sweep: SweepResult, path: Pa
     definition of its suite or other tolerance multipliers is not what this config would gate."""
     config = plan.config
     if sweep.suite_hash != plan.suite_hash:
-        raise UserError(f"{path}: made from another definition of suite {sweep.suite!r} (hash {sweep.suite_hash}) than "
-                        f"{config.source} gives now ({plan.suite_hash}); re-run the sweep with this config")
+        raise UserError(
+            f"{path}: made from another definition of suite {sweep.suite!r} (hash {sweep.suite_hash}) than "
+            f"{config.source} gives now ({plan.suite_hash}); re-run the sweep with this config"
+        )
     changed = tolerance_changes(sweep.tolerance, config.tolerance.as_dict())
     if changed:
-        raise UserError(f"{path}: measured with other tolerance multipliers than {config.source} sets "
-                        f"({', '.join(changed)}); re-run the sweep with this config")
+        raise UserError(
+            f"{path}: measured with other tolerance multipliers than {config.source} sets "
+            f"({', '.join(changed)}); re-run the sweep with this config"
+        )
     refuse_foreign_rows(plan, sweep, path, "re-run the sweep with this config")
 
 
@@ -141,12 +169,15 @@ def refuse_foreign_rows(plan: RunPlan, sweep: SweepResult, source: object, fix: 
     by_id = {c.id: c for c in plan.suite.swept_cases}
     foreign = [c.case_id for c in sweep.cases if by_id.get(c.case_id) != c.case]
     if foreign:
-        raise UserError(f"{source}: {len(foreign)} rows measured a case that is not the suite's case of that id "
-                        f"({', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''}); {fix}")
+        raise UserError(
+            f"{source}: {len(foreign)} rows measured a case that is not the suite's case of that id "
+            f"({', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''}); {fix}"
+        )
 
 
-def resolve_target(config: Config, kernel: str | None, suite: str | None, device: str | None,
-                   results: SweepResult | None) -> Target:
+def resolve_target(
+    config: Config, kernel: str | None, suite: str | None, device: str | None, results: SweepResult | None
+) -> Target:
     """The names only, for commands that read a baseline and run nothing (`baseline show`)."""
     if results is not None:
         env = results.environment
@@ -160,8 +191,14 @@ def resolve_target(config: Config, kernel: str | None, suite: str | None, device
 def plan_of_results(config: Config, results: SweepResult, baseline_file: Path | None = None) -> RunPlan:
     """The plan a results file stands for: its own kernel, suite, device and GPU class."""
     env = results.environment
-    return plan_run(config, results.kernel, results.suite, str(env.get("device", "?")), baseline_file=baseline_file,
-                    gpu_class=str(env.get("gpu_class", "unknown")))
+    return plan_run(
+        config,
+        results.kernel,
+        results.suite,
+        str(env.get("device", "?")),
+        baseline_file=baseline_file,
+        gpu_class=str(env.get("gpu_class", "unknown")),
+    )
 
 
 def fresh_sweep(plan: RunPlan, progress: bool) -> SweepResult:
@@ -176,14 +213,17 @@ def load_existing_baseline(plan: RunPlan, baseline_file: Path | None) -> tuple[P
     path = plan.baseline_path
     if not path.is_file():
         if baseline_file:  # a typo in --baseline: never advise creating (and committing) a file by that name
-            raise UserError(f"--baseline {baseline_file}: no such file; pass an existing baseline JSON, or leave "
-                            f"--baseline out to use {baseline_path(plan.config.baselines_dir, plan.gpu_class, plan.kernel, plan.suite.name)}")
+            raise UserError(
+                f"--baseline {baseline_file}: no such file; pass an existing baseline JSON, or leave "
+                f"--baseline out to use {baseline_path(plan.config.baselines_dir, plan.gpu_class, plan.kernel, plan.suite.name)}"
+            )
 
         check_working_directory(plan.config)  # run from another folder: say so, not "no baseline"
         raise UserError(
             f"no baseline for kernel {plan.kernel!r} on suite {plan.suite.name!r} (gpu class {plan.gpu_class!r}): {path} "
             f"does not exist. Create it with `{update_command(plan.kernel, plan.suite.name, plan.gpu_class)}`, review "
-            f"the printed summary and commit {path} (see {BASELINES_DOC[0]}, '{BASELINES_DOC[1]}')")
+            f"the printed summary and commit {path} (see {BASELINES_DOC[0]}, '{BASELINES_DOC[1]}')"
+        )
     baseline = read_baseline(path)
     refuse_other_gpu_class(baseline, plan.gpu_class, plan.kernel, plan.suite.name, path)  # before a long sweep
     require_complete_baseline(plan, baseline, path)
@@ -200,24 +240,34 @@ def require_complete_baseline(plan: RunPlan, baseline: Baseline, path: Path) -> 
     missing = [c.id for c in suite.swept_cases if c.id not in baseline.correctness]
     empty = [cid for cid, c in baseline.correctness.items() if c.status.value == "PASS" and not c.tensors]
     if missing or empty:
-        what = (f"lacks {len(missing)} of the {len(suite.swept_cases)} cases of suite {baseline.suite!r} ({', '.join(missing[:3])}"
-                f"{' ...' if len(missing) > 3 else ''})" if missing else
-                f"has {len(empty)} PASS rows without ratios ({', '.join(empty[:3])}{' ...' if len(empty) > 3 else ''})")
-        raise UserError(f"{path}: the baseline {what}, so they would not be gated; restore it with `git checkout -- {path}` "
-                        f"or regenerate it with `{update_command(baseline.kernel, baseline.suite, baseline.gpu_class)}`")
+        what = (
+            f"lacks {len(missing)} of the {len(suite.swept_cases)} cases of suite {baseline.suite!r} ({', '.join(missing[:3])}"
+            f"{' ...' if len(missing) > 3 else ''})"
+            if missing
+            else f"has {len(empty)} PASS rows without ratios ({', '.join(empty[:3])}{' ...' if len(empty) > 3 else ''})"
+        )
+        raise UserError(
+            f"{path}: the baseline {what}, so they would not be gated; restore it with `git checkout -- {path}` "
+            f"or regenerate it with `{update_command(baseline.kernel, baseline.suite, baseline.gpu_class)}`"
+        )
     forged = forged_case_hashes(baseline, suite.swept_hashes())
     if forged:
-        raise UserError(f"{path}: the case_hash of {len(forged)} rows names another case than suite {baseline.suite!r}'s "
-                        f"case of that id ({', '.join(forged[:3])}{' ...' if len(forged) > 3 else ''}): the rows were "
-                        f"edited or measured on other cases; restore it with `git checkout -- {path}` or regenerate it "
-                        f"with `{update_command(baseline.kernel, baseline.suite, baseline.gpu_class)}`")
+        raise UserError(
+            f"{path}: the case_hash of {len(forged)} rows names another case than suite {baseline.suite!r}'s "
+            f"case of that id ({', '.join(forged[:3])}{' ...' if len(forged) > 3 else ''}): the rows were "
+            f"edited or measured on other cases; restore it with `git checkout -- {path}` or regenerate it "
+            f"with `{update_command(baseline.kernel, baseline.suite, baseline.gpu_class)}`"
+        )
     if not any(c.measured for c in baseline.correctness.values()):
-        raise UserError(f"{path}: every case of the baseline is SKIP, so it gates nothing; regenerate it on a machine "
-                        f"where the kernel runs (`{update_command(baseline.kernel, baseline.suite, baseline.gpu_class)}`)")
+        raise UserError(
+            f"{path}: every case of the baseline is SKIP, so it gates nothing; regenerate it on a machine "
+            f"where the kernel runs (`{update_command(baseline.kernel, baseline.suite, baseline.gpu_class)}`)"
+        )
 
 
-def compare_all(baseline: Baseline, sweep: SweepResult, config: Config,
-                scope: str | None) -> tuple[list[Finding], dict[str, float], list[dict]]:
+def compare_all(
+    baseline: Baseline, sweep: SweepResult, config: Config, scope: str | None
+) -> tuple[list[Finding], dict[str, float], list[dict]]:
     """Every rule family's findings and thresholds (the perf verdict adds its own here), with the
     correctness failures the known_failures declarations cover turned KNOWN; and those declarations."""
     findings, known = apply_known(compare(baseline, sweep, config.verdict, scope), sweep, config.known_failures)
@@ -231,8 +281,15 @@ def refuse_unmatched_known(plan: RunPlan) -> None:
     if not for_kernel(config.known_failures, plan.kernel):
         return
     # swept cases: a declaration that matches only timing-only ones would never apply
-    suites = {name: [c.id for c in (plan.suite if name == plan.suite.name else load_suite(name, config.suites, config.source)).swept_cases]
-              for name in suite_names(config.suites)}
+    suites = {
+        name: [
+            c.id
+            for c in (
+                plan.suite if name == plan.suite.name else load_suite(name, config.suites, config.source)
+            ).swept_cases
+        ]
+        for name in suite_names(config.suites)
+    }
     refuse_unmatched(config.known_failures, plan.kernel, suites)
 
 
@@ -244,9 +301,17 @@ def checked_baseline(plan: RunPlan, baseline_file: Path | None = None) -> tuple[
     damaged baseline, one of another GPU class, a stale one), then the baseline and its path."""
     refuse_unmatched_known(plan)
     path, baseline = load_existing_baseline(plan, baseline_file)
-    refuse_stale_baseline(baseline, plan.kernel, plan.suite.name, plan.suite_hash,
-                          plan.config.tolerance.as_dict(), plan.gpu_class, path, plan.suite.swept_hashes(),
-                          {c.id for c in plan.suite.perf_cases})
+    refuse_stale_baseline(
+        baseline,
+        plan.kernel,
+        plan.suite.name,
+        plan.suite_hash,
+        plan.config.tolerance.as_dict(),
+        plan.gpu_class,
+        path,
+        plan.suite.swept_hashes(),
+        {c.id for c in plan.suite.perf_cases},
+    )
     return path, baseline
 
 
@@ -272,7 +337,11 @@ def case_verdicts(plan: RunPlan, baseline: Baseline, path: Path, sweep: SweepRes
         blocking = sorted((f for f in mine if f.severity.blocks), key=worst_first)
         known = [f for f in mine if f.severity.value == "KNOWN"]
         if blocking:
-            more = f" (and {len(blocking) - 1} more: {', '.join(f.metric for f in blocking[1:])})" if len(blocking) > 1 else ""
+            more = (
+                f" (and {len(blocking) - 1} more: {', '.join(f.metric for f in blocking[1:])})"
+                if len(blocking) > 1
+                else ""
+            )
             out[row.case_id] = CaseVerdict(row.case_id, "FAIL", blocking[0].message + more)
         elif row.status.value == "SKIP":
             out[row.case_id] = CaseVerdict(row.case_id, "SKIP", row.reason or "skipped")
@@ -283,10 +352,22 @@ def case_verdicts(plan: RunPlan, baseline: Baseline, path: Path, sweep: SweepRes
     return out
 
 
-def run_check(config: Config, kernel: str | None = None, suite: str | None = None, device: str | None = None,
-              only: str | None = None, results_path: Path | None = None, baseline_file: Path | None = None,
-              out_dir: Path = Path("out"), progress: bool = True, console=None, perf: bool | None = None,
-              options=None, plan: RunPlan | None = None, perf_results: list[Path] | None = None) -> CheckOutcome:
+def run_check(
+    config: Config,
+    kernel: str | None = None,
+    suite: str | None = None,
+    device: str | None = None,
+    only: str | None = None,
+    results_path: Path | None = None,
+    baseline_file: Path | None = None,
+    out_dir: Path = Path("out"),
+    progress: bool = True,
+    console=None,
+    perf: bool | None = None,
+    options=None,
+    plan: RunPlan | None = None,
+    perf_results: list[Path] | None = None,
+) -> CheckOutcome:
     """`plan`: the run resolved by the caller (the CLI resolves it while checking the names); without
     it the plan is resolved here from the names, or taken from the results file. `perf_results`:
     `attn-gate perf` files judged as the speed half of a results-file check."""
@@ -297,8 +378,10 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
     if results_path is not None and perf:
         raise UserError("--perf times the kernel now, so it needs a fresh run: drop --results (or --perf)")
     if perf_results and results_path is None:
-        raise UserError("--perf-results judges saved timings with a saved sweep: pass --results too (a fresh check "
-                        "times the kernel itself)")
+        raise UserError(
+            "--perf-results judges saved timings with a saved sweep: pass --results too (a fresh check "
+            "times the kernel itself)"
+        )
 
     require_writable(Path(out_dir), "--out")  # before the sweep, not after minutes of it
     refuse_inside_baselines(Path(out_dir), config.baselines_dir)
@@ -319,25 +402,40 @@ def run_check(config: Config, kernel: str | None = None, suite: str | None = Non
     findings, thresholds, known = compare_all(baseline, sweep, config, scope)
     perf_run = None
     if results is None:
-
         if perf_wanted(perf, plan.device):  # speed joins the same verdict: default on a GPU, off on a CPU
             perf_run = run_perf_check(plan, baseline.perf, Path(out_dir))
             if not plan.cases:  # --only chose timing-only cases: the speed is what this check judges
                 findings = [f for f in findings if f.rule != "nothing_measured"]
             findings, thresholds = list(findings) + perf_run.findings, {**thresholds, **perf_run.thresholds}
     elif perf_results:  # a results file with the timings of its run: speed judged from them
-        perf_run = file_perf_check(list(perf_results), sweep.kernel, sweep.suite, sweep.environment, baseline.gpu_class,
-                                   baseline.perf, config, scope, Path(out_dir))
+        perf_run = file_perf_check(
+            list(perf_results),
+            sweep.kernel,
+            sweep.suite,
+            sweep.environment,
+            baseline.gpu_class,
+            baseline.perf,
+            config,
+            scope,
+            Path(out_dir),
+        )
         findings, thresholds = list(findings) + perf_run.findings, {**thresholds, **perf_run.thresholds}
     else:  # a results file: speed was not timed, and where it would have been gated the report says so
-
         findings = list(findings) + results_file_findings(perf, plan.device)
-    context = CheckContext(kernel=sweep.kernel, suite=sweep.suite, gpu_class=baseline.gpu_class, baseline=str(path),
-                           baseline_measured_at=baseline.measured_at, run_started_at=sweep.started_at,
-                           config=str(config.source), scope=scope,
-                           baseline_option=str(baseline_file) if baseline_file else None,
-                           measured=sum(1 for c in sweep.cases if c.tensors), cases=len(sweep.cases),
-                           known_failures=tuple(known))
+    context = CheckContext(
+        kernel=sweep.kernel,
+        suite=sweep.suite,
+        gpu_class=baseline.gpu_class,
+        baseline=str(path),
+        baseline_measured_at=baseline.measured_at,
+        run_started_at=sweep.started_at,
+        config=str(config.source),
+        scope=scope,
+        baseline_option=str(baseline_file) if baseline_file else None,
+        measured=sum(1 for c in sweep.cases if c.tensors),
+        cases=len(sweep.cases),
+        known_failures=tuple(known),
+    )
     verdict = decide(findings, thresholds, context)
     with writing(f"pass a writable --out folder (verdict: {'PASS' if verdict.passed else 'FAIL'})"):
         paths = render_check(verdict, sweep, baseline, Path(out_dir), console, perf_run.markdown if perf_run else "")
@@ -357,8 +455,9 @@ def holds_full_check(out_dir: Path, kernel: str, suite: str) -> bool:
         return False
 
 
-def render_check(verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_dir: Path, console=None,
-                 extra_markdown: str = "") -> dict[str, Path]:
+def render_check(
+    verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_dir: Path, console=None, extra_markdown: str = ""
+) -> dict[str, Path]:
     # a rerun of some cases (--only, --last-failed) writes beside the full run's report, not over it
     suffix = RERUN_SUFFIX if sweep.scope is not None and holds_full_check(out_dir, sweep.kernel, sweep.suite) else ""
     stem = f"{safe_name(sweep.kernel)}-{sweep.suite}{suffix}"
@@ -372,7 +471,6 @@ def render_check(verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_d
     paths["comment"] = out_dir / f"comment-{stem}.md"  # the PR comment: the same text, under GitHub's limit
     write_text_atomic(paths["comment"], summary)
     try:
-
         paths["plot"] = plot_ratios(verdict, sweep, baseline, out_dir / f"ratios-{stem}.png")
     except Exception as exc:  # an artifact, not the verdict: say so and go on
         print(f"attn-gate: warning: the plot was not drawn ({type(exc).__name__}: {exc})", file=sys.stderr)
@@ -391,31 +489,47 @@ def require_complete_run(plan: RunPlan, sweep: SweepResult, source: object, path
     redo = update_command(sweep.kernel, sweep.suite, str(sweep.environment.get("gpu_class", "unknown")))
     suite = plan.suite
     if sweep.suite_hash != plan.suite_hash:
-        raise UserError(f"{source}: made from another definition of suite {sweep.suite!r} (hash {sweep.suite_hash}) than "
-                        f"{plan.config.source} gives now ({plan.suite_hash}), so `check` could never compare with the "
-                        f"baseline; update from a run of the suite as it is now (`{redo}`)")
+        raise UserError(
+            f"{source}: made from another definition of suite {sweep.suite!r} (hash {sweep.suite_hash}) than "
+            f"{plan.config.source} gives now ({plan.suite_hash}), so `check` could never compare with the "
+            f"baseline; update from a run of the suite as it is now (`{redo}`)"
+        )
     scope = sweep.scope
     pattern = only_pattern(scope)
     wanted = [c.id for c in suite.swept_cases if pattern is None or pattern.search(c.id)]
     ran = {c.case_id for c in sweep.cases}
     # the row's case is what its case_hash in the baseline will say was measured
-    refuse_foreign_rows(plan, sweep, source, f"a baseline of them would compare other cases: update from a run of the "
-                                             f"suite as it is now (`{redo}`)")
+    refuse_foreign_rows(
+        plan,
+        sweep,
+        source,
+        f"a baseline of them would compare other cases: update from a run of the suite as it is now (`{redo}`)",
+    )
     missing = [cid for cid in wanted if cid not in ran]
     if missing:
         within = f" matching --only {scope!r}" if scope is not None else ""
-        raise UserError(f"{source}: holds {len(wanted) - len(missing)} of the {len(wanted)} cases of suite {sweep.suite!r}"
-                        f"{within}; missing {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; updating {path} "
-                        f"from it would drop them from the baseline: update from a complete run (`{redo}`)")
+        raise UserError(
+            f"{source}: holds {len(wanted) - len(missing)} of the {len(wanted)} cases of suite {sweep.suite!r}"
+            f"{within}; missing {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; updating {path} "
+            f"from it would drop them from the baseline: update from a complete run (`{redo}`)"
+        )
     incomplete = [f.case_id for f in map(incomplete_pass, sweep.cases) if f]
     if incomplete:
-        raise UserError(f"{source}: {len(incomplete)} PASS rows carry no out/dq/dk/dv ratios ({', '.join(incomplete[:5])}"
-                        f"{' ...' if len(incomplete) > 5 else ''}), so the baseline would hold nothing to compare "
-                        f"with; regenerate the file with `attn-gate sweep` or run `{redo}`")
+        raise UserError(
+            f"{source}: {len(incomplete)} PASS rows carry no out/dq/dk/dv ratios ({', '.join(incomplete[:5])}"
+            f"{' ...' if len(incomplete) > 5 else ''}), so the baseline would hold nothing to compare "
+            f"with; regenerate the file with `attn-gate sweep` or run `{redo}`"
+        )
 
 
-def refuse_failing_run(sweep: SweepResult, config: Config, path: Path | None = None, note: Path | None = None,
-                       reason: str = "", link: str = "") -> str:
+def refuse_failing_run(
+    sweep: SweepResult,
+    config: Config,
+    path: Path | None = None,
+    note: Path | None = None,
+    reason: str = "",
+    link: str = "",
+) -> str:
     """Why a run must not become a baseline ('' when it may): a failing row is recorded only when
     known_failures declarations cover everything it fails on (a bug with a reason, and for another
     project's kernel an upstream link, which `check` then reports as KNOWN); a run with no PASS row
@@ -427,15 +541,24 @@ def refuse_failing_run(sweep: SweepResult, config: Config, path: Path | None = N
     if not undeclared:
         return ""
     return first_refusal(sweep, undeclared, config, reason, link).text(
-        path, sweep.kernel, update_command(sweep.kernel, sweep.suite, str(sweep.environment.get("gpu_class", "unknown"))),
-        config.source, note, own_kernel(sweep.kernel, set(config.kernels)), shutil.get_terminal_size((200, 24)).columns)
+        path,
+        sweep.kernel,
+        update_command(sweep.kernel, sweep.suite, str(sweep.environment.get("gpu_class", "unknown"))),
+        config.source,
+        note,
+        own_kernel(sweep.kernel, set(config.kernels)),
+        shutil.get_terminal_size((200, 24)).columns,
+    )
 
 
-def first_refusal(sweep: SweepResult, undeclared: list[tuple[str, list[str]]], config: Config, reason: str = "",
-                  link: str = ""):
+def first_refusal(
+    sweep: SweepResult, undeclared: list[tuple[str, list[str]]], config: Config, reason: str = "", link: str = ""
+):
     own = own_kernel(sweep.kernel, set(config.kernels))
     # another project's kernel: its bug has an upstream issue; the block says so rather than inventing one
-    return refusal(list(sweep.cases), undeclared, sweep.kernel, reason, link or ("" if own else "TODO: the upstream issue URL"))
+    return refusal(
+        list(sweep.cases), undeclared, sweep.kernel, reason, link or ("" if own else "TODO: the upstream issue URL")
+    )
 
 
 def declare_known(sweep: SweepResult, config: Config, reason: str, link: str) -> tuple[Config, str, str]:
@@ -443,15 +566,20 @@ def declare_known(sweep: SweepResult, config: Config, reason: str, link: str) ->
     exactly the run's undeclared failures, the pyproject text that holds them (appended; written
     by the caller, atomically, with the baseline) and the blocks, or a UserError naming the flag."""
     if config.source == "defaults" or not Path(config.source).is_file():
-        raise UserError("--known appends the declaration to your pyproject.toml, and there is none here: run "
-                        "`attn-gate init` first (or pass --config PATH/pyproject.toml)")
+        raise UserError(
+            "--known appends the declaration to your pyproject.toml, and there is none here: run "
+            "`attn-gate init` first (or pass --config PATH/pyproject.toml)"
+        )
     if not reason.strip() or "\n" in reason:
-        raise UserError("--known: give one line saying why these cases fail, e.g. --known \"dq loses precision on "
-                        "shifted inputs\"")
+        raise UserError(
+            '--known: give one line saying why these cases fail, e.g. --known "dq loses precision on shifted inputs"'
+        )
     own = own_kernel(sweep.kernel, set(config.kernels))
     if not link and not own:
-        raise UserError(f"--known for kernel {sweep.kernel!r}: another project's kernel, so pass --link with its upstream "
-                        f"issue (https://...); only your own kernel ([tool.attn-gate.kernels.NAME]) may go without")
+        raise UserError(
+            f"--known for kernel {sweep.kernel!r}: another project's kernel, so pass --link with its upstream "
+            f"issue (https://...); only your own kernel ([tool.attn-gate.kernels.NAME]) may go without"
+        )
     undeclared = undeclared_failures(sweep, config.known_failures)
     if not undeclared:
         return config, "", ""
@@ -476,12 +604,24 @@ def run_baseline_update(config: Config, **kwargs) -> UpdateOutcome:
         return _update_baseline(config, **kwargs)
 
 
-def _update_baseline(config: Config, kernel: str | None = None, suite: str | None = None, device: str | None = None,
-                     only: str | None = None, results_path: Path | None = None,
-                     summary_path: Path | None = None, out_dir: Path = Path("out"), progress: bool = True,
-                     perf: bool | None = None, perf_from: Path | None = None, plan: RunPlan | None = None,
-                     widen: bool = False, known: str | None = None, link: str = "",
-                     accept_noisy: bool = False) -> UpdateOutcome:
+def _update_baseline(
+    config: Config,
+    kernel: str | None = None,
+    suite: str | None = None,
+    device: str | None = None,
+    only: str | None = None,
+    results_path: Path | None = None,
+    summary_path: Path | None = None,
+    out_dir: Path = Path("out"),
+    progress: bool = True,
+    perf: bool | None = None,
+    perf_from: Path | None = None,
+    plan: RunPlan | None = None,
+    widen: bool = False,
+    known: str | None = None,
+    link: str = "",
+    accept_noisy: bool = False,
+) -> UpdateOutcome:
     if plan is not None:
         only, perf = plan.only, plan.perf
     if results_path is not None and only is not None:
@@ -499,39 +639,52 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
         plan = resolve_plan(config, kernel, suite, device, only, perf=perf)
     refuse_unmatched_known(plan)
     if accept_noisy and perf_from is None and (results is not None or widen or not perf_wanted(perf, plan.device)):
-        raise UserError("--accept-noisy records a noisy speed section, but this update times no speed: add --perf "
-                        "(or --perf-from FILE), or drop --accept-noisy")
+        raise UserError(
+            "--accept-noisy records a noisy speed section, but this update times no speed: add --perf "
+            "(or --perf-from FILE), or drop --accept-noisy"
+        )
     path = plan.baseline_path
     old = None
     if path.exists():
         try:
             old = read_baseline(path)
         except UserError as exc:
-            raise UserError(f"{exc} (the existing baseline is unreadable, so it is left as it is: restore it with "
-                            f"`git checkout -- {path}`, or delete it to start afresh)") from None
+            raise UserError(
+                f"{exc} (the existing baseline is unreadable, so it is left as it is: restore it with "
+                f"`git checkout -- {path}`, or delete it to start afresh)"
+            ) from None
         if old.gpu_class != plan.gpu_class:
-            raise UserError(f"{path}: holds a baseline for GPU class {old.gpu_class!r}, not {plan.gpu_class!r}; it is left "
-                            f"as it is: move it to {Path(config.baselines_dir) / old.gpu_class}/ or delete it, then rerun")
+            raise UserError(
+                f"{path}: holds a baseline for GPU class {old.gpu_class!r}, not {plan.gpu_class!r}; it is left "
+                f"as it is: move it to {Path(config.baselines_dir) / old.gpu_class}/ or delete it, then rerun"
+            )
     scope = only if results is None else results.scope
     suite_cases = plan.suite.swept_hashes()
     if old is not None and scope is not None and old.suite_hash != plan.suite_hash:  # refused now, not after the sweep
         pattern = only_pattern(scope)
-        refuse_lacking_cases(old, suite_cases, lambda cid: pattern.search(cid) is not None,
-                             f"--only {scope!r}" if results is None else f"{results_path}")
+        refuse_lacking_cases(
+            old,
+            suite_cases,
+            lambda cid: pattern.search(cid) is not None,
+            f"--only {scope!r}" if results is None else f"{results_path}",
+        )
     if old is None and scope is not None:  # a filtered run merges into a baseline; without one it would BE the baseline
         what = f"--only {only!r}" if results is None else f"{results_path}: a run filtered with --only {scope!r}"
-        raise UserError(f"{what}, but there is no baseline at {path} yet, so it would hold only those cases; create it "
-                        f"from the whole suite first: run without --only (`{update_command(plan.kernel, plan.suite.name, plan.gpu_class)}`)")
+        raise UserError(
+            f"{what}, but there is no baseline at {path} yet, so it would hold only those cases; create it "
+            f"from the whole suite first: run without --only (`{update_command(plan.kernel, plan.suite.name, plan.gpu_class)}`)"
+        )
     if widen:  # refused now, not after the sweep
         if perf or perf_from is not None:
-            raise UserError("--widen merges correctness rows of several machines; a speed section is one machine's "
-                            "timings: drop --perf / --perf-from (update the speed section on its own)")
+            raise UserError(
+                "--widen merges correctness rows of several machines; a speed section is one machine's "
+                "timings: drop --perf / --perf-from (update the speed section on its own)"
+            )
         refuse_widen(old, plan.suite_hash, config.tolerance.as_dict(), None, path)
         perf = False  # not even a GPU's default: the committed speed section is kept as it is
     sweep = results if results is not None else fresh_sweep(plan, progress)
     saved_note = None
     if results is None:
-
         with writing("pass a writable --out folder"):
             saved_paths = write_sweep_outputs(sweep, Path(out_dir))
         saved, saved_note = saved_paths["json"], saved_paths["note"]
@@ -539,19 +692,28 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
     require_complete_run(plan, sweep, results_path if results is not None else "this run", path)
     changed = tolerance_changes(sweep.tolerance, config.tolerance.as_dict())
     if changed:
-        raise UserError(f"{results_path if results is not None else 'this run'}: measured with other tolerance "
-                        f"multipliers than {config.source} sets ({', '.join(changed)}); a baseline of them could "
-                        f"never be compared with a check: update from a run with this config")
+        raise UserError(
+            f"{results_path if results is not None else 'this run'}: measured with other tolerance "
+            f"multipliers than {config.source} sets ({', '.join(changed)}); a baseline of them could "
+            f"never be compared with a check: update from a run with this config"
+        )
     perf_section = None
     if results is not None and perf:
-        raise UserError("--perf times the kernel now, so it needs a fresh run: drop --from-results (or --perf), "
-                        "or pass the timings of that machine with --perf-from perf-K-S.json")
+        raise UserError(
+            "--perf times the kernel now, so it needs a fresh run: drop --from-results (or --perf), "
+            "or pass the timings of that machine with --perf-from perf-K-S.json"
+        )
     if perf_from is not None:  # timings made elsewhere (e.g. `attn-gate perf --rounds 30` on the GPU runner)
-
-        perf_section = perf_section_from_file(Path(perf_from), plan.kernel, plan.suite.name, plan.gpu_class, config,
-                                              old.perf if old is not None else None, accept_noisy)
+        perf_section = perf_section_from_file(
+            Path(perf_from),
+            plan.kernel,
+            plan.suite.name,
+            plan.gpu_class,
+            config,
+            old.perf if old is not None else None,
+            accept_noisy,
+        )
     elif results is None:
-
         if perf_wanted(perf, plan.device):  # speed ratios with their noise; None keeps the old section
             perf_section, _ = perf_baseline_section(plan, old.perf if old is not None else None, accept_noisy)
     new, kept = merge_baseline(Baseline.from_sweep(sweep, perf=perf_section), old, sweep.scope, suite_cases)
@@ -559,9 +721,11 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
     if widen:
         new = widen_baseline(new, old, path)
     elif old is not None and spans_machines(old):
-        print(f"attn-gate: {path} spanned {', '.join(f'{k} {old.environment[k]!r}' for k in WIDEN_KEYS if k in old.environment)}; "
-              f"this update holds this machine's rows only: widen it again with `--widen` from a run on each other machine",
-              file=sys.stderr)
+        print(
+            f"attn-gate: {path} spanned {', '.join(f'{k} {old.environment[k]!r}' for k in WIDEN_KEYS if k in old.environment)}; "
+            f"this update holds this machine's rows only: widen it again with `--widen` from a run on each other machine",
+            file=sys.stderr,
+        )
     cfg = config.verdict
     diff = diff_baselines(old, new, path, cfg.headroom_factor, cfg.headroom_step, cfg.improvement_factor, kept)
     declared_text = declared = ""
@@ -569,12 +733,13 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
         config, declared_text, declared = declare_known(sweep, config, known, link)
     refused = refuse_failing_run(sweep, config, path, saved_note)
     if refused:
-        print(refused if refused.startswith("attn-gate: ") else f"attn-gate: refusing to write {path}: {refused}",
-              file=sys.stderr)
+        print(
+            refused if refused.startswith("attn-gate: ") else f"attn-gate: refusing to write {path}: {refused}",
+            file=sys.stderr,
+        )
         return UpdateOutcome(diff, path, sweep, EXIT_FAIL)
     text = diff.markdown()
     if summary_path is not None:  # first: a summary that cannot be written leaves the baseline untouched
-
         with writing("pass a writable --summary file; the baseline was not written"):
             write_text_atomic(Path(summary_path), text)
     validate_written(new, path)  # the reader `check` uses, before the file is replaced
@@ -582,9 +747,13 @@ def _update_baseline(config: Config, kernel: str | None = None, suite: str | Non
         with writing(f"neither {config.source} nor {path} was written"):
             write_text_atomic(Path(config.source), declared_text)
         print(f"appended to {config.source} (edit the reason if it should say more):\n\n{declared}")
-    with writing(f"{path} was not written" + (f" ({summary_path} describes the change it would make)" if summary_path else "")):
+    with writing(
+        f"{path} was not written" + (f" ({summary_path} describes the change it would make)" if summary_path else "")
+    ):
         new.write(path)
     print(text)
-    print(f"wrote {path}: review the summary above and commit it in a PR"
-          + (f" (summary for the PR body in {summary_path})" if summary_path else ""))
+    print(
+        f"wrote {path}: review the summary above and commit it in a PR"
+        + (f" (summary for the PR body in {summary_path})" if summary_path else "")
+    )
     return UpdateOutcome(diff, path, sweep, EXIT_PASS)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from gate.core.cases import suite_names
-from gate.core.config import CiConfig, Config, FAMILY_ENTRIES, load_config
+from gate.core.config import FAMILY_ENTRIES, CiConfig, Config, load_config
 from gate.core.envelope import render_supports
 from gate.core.errors import UserError
 from gate.core.jsonio import checked_name, write_text_atomic
@@ -45,12 +45,24 @@ PLACEHOLDER_REPOSITORY = "OWNER/REPO"
 PLACEHOLDER_OWNERS = "@OWNER/maintainers"
 # what decides a user repository's verdict: its CI, baselines, benchmarks, tests and what pip
 # runs or reads when it installs the repository
-USER_PROTECTED = (".github/", "baselines/", "benchmarks/", "tests/", "pyproject.toml", "asv.conf.json", "setup.py",
-                  "setup.cfg", "conftest.py", "requirements*")
+USER_PROTECTED = (
+    ".github/",
+    "baselines/",
+    "benchmarks/",
+    "tests/",
+    "pyproject.toml",
+    "asv.conf.json",
+    "setup.py",
+    "setup.cfg",
+    "conftest.py",
+    "requirements*",
+)
 # a CODEOWNERS owner GitHub accepts: @user, @org/team or an email (an owner it cannot read makes
 # it skip the line, and "require review from code owners" then protects nothing)
-OWNER = (r"(?:@[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})(?:/[A-Za-z0-9][A-Za-z0-9._-]{0,99})?"
-         r"|[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\.[A-Za-z0-9-]{1,63})+)")
+OWNER = (
+    r"(?:@[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})(?:/[A-Za-z0-9][A-Za-z0-9._-]{0,99})?"
+    r"|[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\.[A-Za-z0-9-]{1,63})+)"
+)
 REPOSITORY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+$")
 REMOTE = re.compile(r"github\.com[:/](?P<repo>[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+?)(?:\.git)?/?$")
 
@@ -74,18 +86,22 @@ def render(template: str, values: dict[str, str]) -> str:
 
 
 def template_values(ci: CiConfig) -> dict[str, str]:
-    labels = [l for l in ci.runner_labels if l not in BUILTIN_LABELS]
+    labels = [lb for lb in ci.runner_labels if lb not in BUILTIN_LABELS]
     width = max(len(f"/{p}") for p in ("*",) + ci.protected)
     owners = [f"{'*':{width}} {ci.owners}"] + [f"{'/' + p:{width}} {ci.owners}" for p in ci.protected]
     project = ci.repository.rsplit("/", 1)[-1]
     return {
         "runner_labels": json.dumps(list(ci.runner_labels), separators=(",", ":")),
-        "setup": ci.setup, "setup_locked": ci.setup_locked, "ci_run": ci.ci_run,
-        "nightly_suite": ci.nightly_suite, "ci_docs": ci.docs,
+        "setup": ci.setup,
+        "setup_locked": ci.setup_locked,
+        "ci_run": ci.ci_run,
+        "nightly_suite": ci.nightly_suite,
+        "ci_docs": ci.docs,
         "protected_js": "[" + ", ".join(f"'{p}'" for p in ci.protected) + "]",
         "codeowners": "\n".join(owners),
-        "actionlint_labels": "\n".join(f"- {l}" for l in dict.fromkeys(labels + list(KNOWN_CLASSES))),
-        "project": project, "project_url": f"https://github.com/{ci.repository}",
+        "actionlint_labels": "\n".join(f"- {lb}" for lb in dict.fromkeys(labels + list(KNOWN_CLASSES))),
+        "project": project,
+        "project_url": f"https://github.com/{ci.repository}",
     }
 
 
@@ -96,9 +112,11 @@ def check_ci(ci: CiConfig, where: str = "[tool.attn-gate.ci]") -> None:
             raise UserError(f"{where}: {key} is empty; run `attn-gate init` to write the section")
     if not REPOSITORY.match(ci.repository):
         raise UserError(f"{where}: repository = {ci.repository!r} should be OWNER/REPO")
-    if not ci.runner_labels or not all(re.fullmatch(r"[A-Za-z0-9._-]+", l) for l in ci.runner_labels):
-        raise UserError(f"{where}: runner_labels = {list(ci.runner_labels)!r} should be runner labels "
-                        f"(letters, digits, . _ -), e.g. [\"self-hosted\", \"linux\", \"gpu\", \"h200\"]")
+    if not ci.runner_labels or not all(re.fullmatch(r"[A-Za-z0-9._-]+", lb) for lb in ci.runner_labels):
+        raise UserError(
+            f"{where}: runner_labels = {list(ci.runner_labels)!r} should be runner labels "
+            f'(letters, digits, . _ -), e.g. ["self-hosted", "linux", "gpu", "h200"]'
+        )
     if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}", ci.nightly_suite):
         raise UserError(f"{where}: nightly_suite = {ci.nightly_suite!r} should be a suite name")
     if not ci.protected or not all(re.fullmatch(r"[A-Za-z0-9._/-]+\*?", p) for p in ci.protected):
@@ -109,16 +127,20 @@ def check_ci(ci: CiConfig, where: str = "[tool.attn-gate.ci]") -> None:
         value = getattr(ci, key)
         # one plain YAML scalar on a `run:` line or inside a message: no expressions, no comment starts
         if "${{" in value or " #" in value or ": " in value or value[:1] in "!&*{[|>'\"%@`#-?,":
-            raise UserError(f"{where}: {key} = {value!r} cannot stand in a workflow as it is "
-                            f"(no '${{{{', ' #', ': ' or a leading YAML indicator); wrap it in a script")
+            raise UserError(
+                f"{where}: {key} = {value!r} cannot stand in a workflow as it is "
+                f"(no '${{{{', ' #', ': ' or a leading YAML indicator); wrap it in a script"
+            )
 
 
 def render_files(ci: CiConfig) -> dict[str, str]:
     """Repository path -> content of every file the templates give, for these parameters."""
     check_ci(ci)
     values = template_values(ci)
-    files = {f".github/workflows/{w}.yml": render((TEMPLATES / "workflows" / f"{w}.yml").read_text(), values)
-             for w in WORKFLOWS}
+    files = {
+        f".github/workflows/{w}.yml": render((TEMPLATES / "workflows" / f"{w}.yml").read_text(), values)
+        for w in WORKFLOWS
+    }
     files[".github/CODEOWNERS"] = render((TEMPLATES / "CODEOWNERS").read_text(), values)
     files[".github/actionlint.yaml"] = render((TEMPLATES / "actionlint.yaml").read_text(), values)
     for name in RUNNER_FILES:
@@ -165,8 +187,9 @@ INSTALL_VALUE = re.compile(r"[A-Za-z0-9_.,:/@+=<>!~#%\[\] -]+")
 def git_repository(root: Path) -> str | None:
     """OWNER/REPO of the `origin` remote on GitHub, if there is one."""
     try:
-        url = subprocess.run(["git", "remote", "get-url", "origin"], cwd=root, capture_output=True, text=True,
-                             timeout=10).stdout.strip()
+        url = subprocess.run(
+            ["git", "remote", "get-url", "origin"], cwd=root, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     m = REMOTE.search(url)
@@ -186,15 +209,22 @@ def install_requirement(options: InitOptions, source: InstallSource) -> str:
     """The attn-gate requirement the jobs install: --install, else where this attn-gate came from."""
     if options.install:
         if not INSTALL_VALUE.fullmatch(options.install):
-            raise UserError(f"--install {options.install!r}: give one pip requirement, e.g. "
-                            f"'attn-gate @ git+<attn-gate repository URL>@<commit>' (no quotes, $, `, ; or |)")
+            raise UserError(
+                f"--install {options.install!r}: give one pip requirement, e.g. "
+                f"'attn-gate @ git+<attn-gate repository URL>@<commit>' (no quotes, $, `, ; or |)"
+            )
         return options.install
     if source.requirement is None:
         pushed = checkout_requirement(source.where)
-        example = (f"--install '{pushed}' (once that commit is pushed)" if pushed else
-                   "--install 'attn-gate @ git+<attn-gate repository URL>@<commit>'")
-        raise UserError(f"attn-gate was installed from {source.where}, which a CI runner cannot reach: pass "
-                        f"--install REQUIREMENT, e.g. {example} (`attn-gate docs adopt`, \"Install\")")
+        example = (
+            f"--install '{pushed}' (once that commit is pushed)"
+            if pushed
+            else "--install 'attn-gate @ git+<attn-gate repository URL>@<commit>'"
+        )
+        raise UserError(
+            f"attn-gate was installed from {source.where}, which a CI runner cannot reach: pass "
+            f'--install REQUIREMENT, e.g. {example} (`attn-gate docs adopt`, "Install")'
+        )
     return source.requirement
 
 
@@ -204,8 +234,10 @@ def check_names(kernel: str | None, family: str | None, suites: dict[str, str | 
 
     families = config.kernels if config is not None else {}
     if kernel and not (KERNEL_TARGET.fullmatch(kernel) or kernel in kernel_names() or kernel in families):
-        raise UserError(f"--kernel {kernel!r} should be package.module:function or a built-in kernel "
-                        f"(`attn-gate kernels` lists them)")
+        raise UserError(
+            f"--kernel {kernel!r} should be package.module:function or a built-in kernel "
+            f"(`attn-gate kernels` lists them)"
+        )
     if family:
         try:
             checked_name(family, "--family")
@@ -222,6 +254,7 @@ def resolve(options: InitOptions, root: Path, source: InstallSource, ask: Ask | 
     Non-interactive (`ask` None) without a kernel is a usage error: there is no sensible default.
     A repository that already has the section gives its repository and owners as defaults; one
     that cannot be inferred is refused unless `placeholders` (then it is OWNER/REPO)."""
+
     def pick(value, question, default):
         if value:
             return value
@@ -230,10 +263,14 @@ def resolve(options: InitOptions, root: Path, source: InstallSource, ask: Ask | 
     existing = existing_config(root)
     kernel, family, entries = options.kernel, options.family, options.entries
     if not kernel and not entries:
-        answer = ask("kernel (package.module:function, or dense=..,varlen=..,kvcache=.. for a family)", "") if ask else ""
+        answer = (
+            ask("kernel (package.module:function, or dense=..,varlen=..,kvcache=.. for a family)", "") if ask else ""
+        )
         if not answer:
-            raise UserError("init needs the kernel: --kernel package.module:function, or --dense/--varlen/--kvcache "
-                            "package.module:function for a kernel family (see `attn-gate init --help`)")
+            raise UserError(
+                "init needs the kernel: --kernel package.module:function, or --dense/--varlen/--kvcache "
+                "package.module:function for a kernel family (see `attn-gate init --help`)"
+            )
         if "=" in answer:
             entries = tuple(tuple(p.strip().split("=", 1)) for p in answer.split(","))  # type: ignore[misc]
         else:
@@ -254,14 +291,22 @@ def resolve(options: InitOptions, root: Path, source: InstallSource, ask: Ask | 
         raise UserError(str(exc)) from None
     labels = options.runner_labels or ("self-hosted", "linux", "gpu", gpu_class)
     suite = pick(options.suite, "suite gated on every PR (smoke, pr, nightly)", "pr")
-    check_names(kernel, family if entries else None,
-                {"--suite": suite, "--cpu-suite": options.cpu_suite, "--nightly-suite": options.nightly_suite}, existing)
-    known_repository = existing.ci.repository if existing is not None and existing.ci.repository else git_repository(root)
+    check_names(
+        kernel,
+        family if entries else None,
+        {"--suite": suite, "--cpu-suite": options.cpu_suite, "--nightly-suite": options.nightly_suite},
+        existing,
+    )
+    known_repository = (
+        existing.ci.repository if existing is not None and existing.ci.repository else git_repository(root)
+    )
     repository = pick(options.repository, "GitHub repository (OWNER/REPO)", known_repository or "")
     if not repository:
         if not options.placeholders:
-            raise UserError("init cannot infer the repository (no GitHub `origin` remote): pass --repository OWNER/REPO "
-                            "(and --owners @org/team), or --placeholders to write OWNER/REPO and fill it in later")
+            raise UserError(
+                "init cannot infer the repository (no GitHub `origin` remote): pass --repository OWNER/REPO "
+                "(and --owners @org/team), or --placeholders to write OWNER/REPO and fill it in later"
+            )
         repository = PLACEHOLDER_REPOSITORY
     if not REPOSITORY.match(repository):
         raise UserError(f"--repository {repository!r} should be OWNER/REPO, e.g. myorg/mykernels")
@@ -273,21 +318,43 @@ def resolve(options: InitOptions, root: Path, source: InstallSource, ask: Ask | 
         if not options.placeholders:
             raise UserError("init cannot infer the code owners: pass --owners @org/team, or --placeholders")
         owners = PLACEHOLDER_OWNERS
-    return replace(options, kernel=kernel, family=family, entries=tuple(entries), gpu_class=gpu_class,
-                   runner_labels=tuple(labels), suite=suite, cpu_suite=options.cpu_suite or "smoke",
-                   nightly_suite=options.nightly_suite or "nightly", repository=repository, owners=owners,
-                   install=install_requirement(options, source))
+    return replace(
+        options,
+        kernel=kernel,
+        family=family,
+        entries=tuple(entries),
+        gpu_class=gpu_class,
+        runner_labels=tuple(labels),
+        suite=suite,
+        cpu_suite=options.cpu_suite or "smoke",
+        nightly_suite=options.nightly_suite or "nightly",
+        repository=repository,
+        owners=owners,
+        install=install_requirement(options, source),
+    )
 
 
 def ci_config(options: InitOptions) -> CiConfig:
     """A user repository's parameters: attn-gate as `install` names it, the repository itself
     editable, on top of the runner's own torch (a venv with system site-packages)."""
-    install = f'python3 -m venv --system-site-packages .venv && .venv/bin/python -m pip install -q "{options.install}" -e .'
-    ci_run = ('python -m pip install -q --index-url "$ATTN_GATE_TORCH_INDEX_URL" torch && '
-              f'python -m pip install -q "{options.install}" -e . && attn-gate check --device cpu')
-    return CiConfig(repository=options.repository or "", runner_labels=options.runner_labels, owners=options.owners or "",
-                    setup=install, setup_locked=install, ci_run=ci_run, nightly_suite=options.nightly_suite or "nightly",
-                    protected=USER_PROTECTED, docs=DOCS)
+    install = (
+        f'python3 -m venv --system-site-packages .venv && .venv/bin/python -m pip install -q "{options.install}" -e .'
+    )
+    ci_run = (
+        'python -m pip install -q --index-url "$ATTN_GATE_TORCH_INDEX_URL" torch && '
+        f'python -m pip install -q "{options.install}" -e . && attn-gate check --device cpu'
+    )
+    return CiConfig(
+        repository=options.repository or "",
+        runner_labels=options.runner_labels,
+        owners=options.owners or "",
+        setup=install,
+        setup_locked=install,
+        ci_run=ci_run,
+        nightly_suite=options.nightly_suite or "nightly",
+        protected=USER_PROTECTED,
+        docs=DOCS,
+    )
 
 
 def placeholders(ci: CiConfig) -> list[str]:
@@ -306,11 +373,22 @@ def toml_str(value: str) -> str:
 
 def pyproject_section(options: InitOptions, ci: CiConfig) -> str:
     kernel = options.family if options.entries else options.kernel
-    lines = ["", "# attn-gate: the kernel it gates, the suites, and the parameters of the CI files",
-             "# `attn-gate init` wrote (every key: `attn-gate docs configuration`)",
-             "[tool.attn-gate]", 'baselines_dir = "baselines"', "",
-             "[tool.attn-gate.gpu]", f"kernel = {toml_str(kernel or '')}", f"suite = {toml_str(options.suite or 'pr')}", "",
-             "[tool.attn-gate.cpu]", f"kernel = {toml_str(kernel or '')}", f"suite = {toml_str(options.cpu_suite or 'smoke')}", ""]
+    lines = [
+        "",
+        "# attn-gate: the kernel it gates, the suites, and the parameters of the CI files",
+        "# `attn-gate init` wrote (every key: `attn-gate docs configuration`)",
+        "[tool.attn-gate]",
+        'baselines_dir = "baselines"',
+        "",
+        "[tool.attn-gate.gpu]",
+        f"kernel = {toml_str(kernel or '')}",
+        f"suite = {toml_str(options.suite or 'pr')}",
+        "",
+        "[tool.attn-gate.cpu]",
+        f"kernel = {toml_str(kernel or '')}",
+        f"suite = {toml_str(options.cpu_suite or 'smoke')}",
+        "",
+    ]
     if options.entries:
         lines.append(f"[tool.attn-gate.kernels.{options.family}]")
         lines += [f"{entry} = {toml_str(target)}" for entry, target in options.entries]
@@ -322,8 +400,17 @@ def pyproject_section(options: InitOptions, ci: CiConfig) -> str:
         lines.append("# the envelope `attn-gate init --probe` found; cases outside it SKIP (docs/kernels.md)")
         lines += render_supports(options.supports, f"tool.attn-gate.kernels.{name}.supports").splitlines() + [""]
     lines.append("[tool.attn-gate.ci]")
-    for key in ("repository", "runner_labels", "owners", "setup", "setup_locked", "ci_run", "nightly_suite", "protected",
-                "docs"):
+    for key in (
+        "repository",
+        "runner_labels",
+        "owners",
+        "setup",
+        "setup_locked",
+        "ci_run",
+        "nightly_suite",
+        "protected",
+        "docs",
+    ):
         value = getattr(ci, key)
         shown = "[" + ", ".join(toml_str(v) for v in value) + "]" if isinstance(value, tuple) else toml_str(value)
         lines.append(f"{key} = {shown}")
@@ -397,15 +484,23 @@ def new_pyproject(text: str | None, section: str, force: bool) -> tuple[str | No
     tables = bool(SECTION.search(text))
     remaining = without_section(text) if tables else text
     if "attn-gate" in tool_table(remaining):
-        raise UserError("pyproject.toml sets tool.attn-gate with dotted keys or an inline table, which init cannot "
-                        "rewrite: move those keys under a [tool.attn-gate] table header, then run init again")
+        raise UserError(
+            "pyproject.toml sets tool.attn-gate with dotted keys or an inline table, which init cannot "
+            "rewrite: move those keys under a [tool.attn-gate] table header, then run init again"
+        )
     if tables and not force:
         existing = tool_table(text).get("attn-gate")
         if isinstance(existing, dict) and "ci" not in existing:  # written by hand: add what the files need
-            ci_table = section[section.index("[tool.attn-gate.ci]"):]
+            ci_table = section[section.index("[tool.attn-gate.ci]") :]
             return text + ("\n" if not text.endswith("\n") else "") + "\n" + ci_table, "appended [tool.attn-gate.ci]"
         return None, "kept [tool.attn-gate] (exists; --force rewrites the section)"
-    what = "rewrote [tool.attn-gate]" if tables else "appended [tool.attn-gate]" if text else "wrote (with [tool.attn-gate])"
+    what = (
+        "rewrote [tool.attn-gate]"
+        if tables
+        else "appended [tool.attn-gate]"
+        if text
+        else "wrote (with [tool.attn-gate])"
+    )
     if remaining and not remaining.endswith("\n"):
         remaining += "\n"
     return (remaining if tables else text + ("\n" if text and not text.endswith("\n") else "")) + section, what
@@ -449,12 +544,19 @@ def plan_files(root: Path, files: dict[str, str], force: bool) -> list[tuple[str
     for rel, text in files.items():
         path = root / rel
         if path.is_symlink():
-            plan.append((rel, "replaced (was a symbolic link)", True) if force
-                        else (rel, "kept (a symbolic link; --force replaces the link, never its target)", False))
+            plan.append(
+                (rel, "replaced (was a symbolic link)", True)
+                if force
+                else (rel, "kept (a symbolic link; --force replaces the link, never its target)", False)
+            )
         elif path.is_file() and path.read_bytes() == text.encode("utf-8"):
             plan.append((rel, "unchanged", False))
         elif path.exists():
-            plan.append((rel, "replaced", True) if force else (rel, "kept (differs from the template; --force replaces it)", False))
+            plan.append(
+                (rel, "replaced", True)
+                if force
+                else (rel, "kept (differs from the template; --force replaces it)", False)
+            )
         else:
             plan.append((rel, "wrote", True))
     return plan
@@ -488,10 +590,16 @@ def changed_keys(old: Config, new: Config) -> list[str]:
     """The keys init sets whose value in the repository differs from what these flags give, one
     `key: old -> new` each; the install lines by the attn-gate requirement they name."""
     show = lambda v: list(v) if isinstance(v, tuple) else v  # noqa: E731
-    keys = [("gpu.kernel", old.gpu.kernel, new.gpu.kernel), ("gpu.suite", old.gpu.suite, new.gpu.suite),
-            ("cpu.kernel", old.cpu.kernel, new.cpu.kernel), ("cpu.suite", old.cpu.suite, new.cpu.suite)]
-    keys += [(f"ci.{k}", getattr(old.ci, k), getattr(new.ci, k)) for k in ("repository", "runner_labels", "owners",
-                                                                            "nightly_suite")]
+    keys = [
+        ("gpu.kernel", old.gpu.kernel, new.gpu.kernel),
+        ("gpu.suite", old.gpu.suite, new.gpu.suite),
+        ("cpu.kernel", old.cpu.kernel, new.cpu.kernel),
+        ("cpu.suite", old.cpu.suite, new.cpu.suite),
+    ]
+    keys += [
+        (f"ci.{k}", getattr(old.ci, k), getattr(new.ci, k))
+        for k in ("repository", "runner_labels", "owners", "nightly_suite")
+    ]
     keys += [(f"kernels.{n}", old.kernels.get(n), new.kernels.get(n)) for n in new.kernels]
     lines = [f"{k}: {show(a)!r} -> {show(b)!r}" for k, a, b in keys if a != b]
     install = [k for k in ("setup", "setup_locked", "ci_run") if getattr(old.ci, k) != getattr(new.ci, k)]
@@ -510,30 +618,38 @@ def init(root: Path, options: InitOptions) -> InitResult:
     ci = ci_config(options)
     pyproject, what = new_pyproject(text, pyproject_section(options, ci), options.force)
     # what the flags give (the new text, or the kept section's stand-in) and what stays on disk
-    wanted = parsed_config(pyproject if pyproject is not None else without_section(text or "") + pyproject_section(options, ci))
+    wanted = parsed_config(
+        pyproject if pyproject is not None else without_section(text or "") + pyproject_section(options, ci)
+    )
     current = wanted if pyproject is not None else parsed_config(text or "")
     if pyproject is not None and current.ci != ci:  # the file's own ci keys would win over init's
         raise UserError("pyproject.toml's [tool.attn-gate.ci] would not be the one init writes; nothing was written")
     files = render_files(current.ci)
     plan = plan_files(root, files, options.force)
     gitignore = gitignore_text(root)
-    problem = target_problem(root, ".gitignore") or ((root / ".gitignore").is_symlink() and
-                                                     f"{root / '.gitignore'} is a symbolic link: add {GITIGNORE_LINE} yourself")
+    problem = target_problem(root, ".gitignore") or (
+        (root / ".gitignore").is_symlink()
+        and f"{root / '.gitignore'} is a symbolic link: add {GITIGNORE_LINE} yourself"
+    )
     if gitignore is not None and problem:
         raise UserError(problem)
     todo = []
     holders = placeholders(current.ci)
     if holders:
-        todo.append(f"replace the placeholders in pyproject.toml [tool.attn-gate.ci] ({', '.join(holders)}): "
-                    f"`attn-gate init --repository OWNER/REPO --owners @org/team --force` (the files name them too)")
+        todo.append(
+            f"replace the placeholders in pyproject.toml [tool.attn-gate.ci] ({', '.join(holders)}): "
+            f"`attn-gate init --repository OWNER/REPO --owners @org/team --force` (the files name them too)"
+        )
     if pyproject is None:
         differ = changed_keys(current, wanted)
         if differ:
             rewrite = [rel for rel, text_ in render_files(wanted.ci).items() if files.get(rel) != text_]
-            todo.append("pyproject.toml [tool.attn-gate] is kept; the flags give other values:\n"
-                        + "".join(f"     {line}\n" for line in differ)
-                        + "   `attn-gate init --force` rewrites the section"
-                        + (f" and {len(rewrite)} files: {', '.join(rewrite)}" if rewrite else ""))
+            todo.append(
+                "pyproject.toml [tool.attn-gate] is kept; the flags give other values:\n"
+                + "".join(f"     {line}\n" for line in differ)
+                + "   `attn-gate init --force` rewrites the section"
+                + (f" and {len(rewrite)} files: {', '.join(rewrite)}" if rewrite else "")
+            )
 
     if pyproject is not None:
         write_text_atomic(root / "pyproject.toml", pyproject)
@@ -578,8 +694,9 @@ def check(root: Path) -> list[Drift]:
             continue
         have = path.read_text(encoding="utf-8")
         if have != want:
-            diff = difflib.unified_diff(have.splitlines(), want.splitlines(), f"a/{rel}", f"b/{rel} (template)",
-                                        lineterm="", n=1)
+            diff = difflib.unified_diff(
+                have.splitlines(), want.splitlines(), f"a/{rel}", f"b/{rel} (template)", lineterm="", n=1
+            )
             drift.append(Drift(rel, tuple(diff)))
     return drift
 
@@ -587,13 +704,17 @@ def check(root: Path) -> list[Drift]:
 def value_problems(ci: CiConfig, source: InstallSource, version: str) -> list[str]:
     """What makes the files wrong though they equal their templates: a placeholder init wrote, or
     an install line that cannot give the attn-gate installed here (the jobs would test another)."""
-    found = [f"placeholder {p}: `attn-gate init --repository OWNER/REPO --owners @org/team --force` replaces it"
-             for p in placeholders(ci)]
+    found = [
+        f"placeholder {p}: `attn-gate init --repository OWNER/REPO --owners @org/team --force` replaces it"
+        for p in placeholders(ci)
+    ]
     for key in ("setup", "setup_locked", "ci_run"):
         why = mismatch(getattr(ci, key), source, version)
         if why:
-            found.append(f"install line [tool.attn-gate.ci] {key} {why}: `attn-gate init --force` rewrites it "
-                         f"(or pass --install REQUIREMENT)")
+            found.append(
+                f"install line [tool.attn-gate.ci] {key} {why}: `attn-gate init --force` rewrites it "
+                f"(or pass --install REQUIREMENT)"
+            )
     return found
 
 

@@ -62,8 +62,10 @@ def checkout_requirement(where: str) -> str | None:
     if path is None or not path.is_dir():
         return None
     try:
-        remote, head = (subprocess.run(["git", "-C", str(path), *cmd], capture_output=True, text=True, timeout=10).stdout.strip()
-                        for cmd in (("remote", "get-url", "origin"), ("rev-parse", "HEAD")))
+        remote, head = (
+            subprocess.run(["git", "-C", str(path), *cmd], capture_output=True, text=True, timeout=10).stdout.strip()
+            for cmd in (("remote", "get-url", "origin"), ("rev-parse", "HEAD"))
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     if not re.fullmatch(r"[0-9a-f]{40,64}", head) or not re.match(r"^(https://|ssh://|git@)[\w.@:/~-]+$", remote):

@@ -63,8 +63,8 @@ from gate.core.config import IsolationConfig, KernelFamily, ToleranceConfig
 from gate.core.errors import UserError, first_line
 from gate.core.results import CaseResult, CheckResult, Status
 from gate.kernels.capabilities import Capabilities
-from gate.workflow.worker_main import kill_tree
 from gate.speed.runs import PerfCaseResult
+from gate.workflow.worker_main import kill_tree
 
 STDERR_LINES = 8  # how much of a dead worker's stderr an ERROR row carries
 POLL_S = 0.25  # how often a wait for a reply looks at whether the worker is still alive
@@ -205,8 +205,14 @@ class Worker:
         tmpdir.mkdir(parents=True, exist_ok=True)  # a kernel may have deleted it
         self.stderr_path = tmpdir / f"worker-{label}.stderr"
         with open(self.stderr_path, "wb") as err:
-            self.proc = _SPAWNER.popen([sys.executable, "-m", "gate.workflow.worker_main"], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, stderr=err, env=env, start_new_session=True)
+            self.proc = _SPAWNER.popen(
+                [sys.executable, "-m", "gate.workflow.worker_main"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                env=env,
+                start_new_session=True,
+            )
         with _LIVE_LOCK:
             _LIVE.add(self)
         self._buf = b""
@@ -227,7 +233,11 @@ class Worker:
     def _gone(self, what: str) -> WorkerGone:
         self.kill()
         code = self.proc.returncode
-        how = what if code is None else (f"{what}: killed by {_signal_name(-code)}" if code < 0 else f"{what}: exited with code {code}")
+        how = (
+            what
+            if code is None
+            else (f"{what}: killed by {_signal_name(-code)}" if code < 0 else f"{what}: exited with code {code}")
+        )
         tail = self.stderr_tail()
         return WorkerGone(how + (f"; stderr: {tail}" if tail else "; stderr empty"), stderr=tail.replace(" | ", "\n"))
 
@@ -276,11 +286,15 @@ class Worker:
         if not isinstance(reply, dict):
             raise self._gone("the worker sent a garbled reply")
         if reply.get("id") != rid:
-            raise self._gone("the reply channel carried a line that is not the worker's answer to this case (a kernel "
-                             "wrote to it?); the worker was killed")
+            raise self._gone(
+                "the reply channel carried a line that is not the worker's answer to this case (a kernel "
+                "wrote to it?); the worker was killed"
+            )
         if self._buf:
-            raise self._gone("the reply channel carried more than the worker's answer to this case (a kernel wrote "
-                             "to it?); the worker was killed")
+            raise self._gone(
+                "the reply channel carried more than the worker's answer to this case (a kernel wrote "
+                "to it?); the worker was killed"
+            )
         return reply
 
     def kill(self) -> None:
@@ -340,11 +354,20 @@ class Slot:
         if self.worker is not None and self.worker.proc.poll() is None:
             return self.worker, {}
         self.generation += 1
-        self.worker = Worker(self.pool.kernel, self.pool.device, self.pool.tmpdir, f"{self.index}-{self.generation}", self.gpu)
+        self.worker = Worker(
+            self.pool.kernel, self.pool.device, self.pool.tmpdir, f"{self.index}-{self.generation}", self.gpu
+        )
         family = self.pool.family
-        hello = self.worker.call({"op": "hello", "kernel": self.pool.kernel, "device": self.pool.device,
-                                  "family": None if family is None else dataclasses.asdict(family)},
-                                 self.pool.cfg.worker_start_timeout_s, "[tool.attn-gate.isolation] worker_start_timeout_s")
+        hello = self.worker.call(
+            {
+                "op": "hello",
+                "kernel": self.pool.kernel,
+                "device": self.pool.device,
+                "family": None if family is None else dataclasses.asdict(family),
+            },
+            self.pool.cfg.worker_start_timeout_s,
+            "[tool.attn-gate.isolation] worker_start_timeout_s",
+        )
         return self.worker, hello
 
     def discard(self) -> None:
@@ -356,13 +379,17 @@ class Slot:
 class WorkerPool:
     """N slots and the temp folder their raw outputs pass through. Use as a context manager."""
 
-    def __init__(self, kernel: str, device: str, workers: int, cfg: IsolationConfig, family: KernelFamily | None = None):
+    def __init__(
+        self, kernel: str, device: str, workers: int, cfg: IsolationConfig, family: KernelFamily | None = None
+    ):
         self.kernel, self.device, self.cfg, self.family = kernel, device, cfg, family
         self.tmpdir = Path(tempfile.mkdtemp(prefix="attn-gate-"))
         gpus = visible_gpus() if device == "cuda" else []
         if device == "cuda" and workers > max(1, len(gpus)):
-            raise UserError(f"--workers {workers}: only {len(gpus)} GPU(s) visible; a worker needs a GPU of its own "
-                            f"(pass --workers {max(1, len(gpus))} or fewer)")
+            raise UserError(
+                f"--workers {workers}: only {len(gpus)} GPU(s) visible; a worker needs a GPU of its own "
+                f"(pass --workers {max(1, len(gpus))} or fewer)"
+            )
         self.slots = [Slot(self, i, gpus[i] if device == "cuda" and workers > 1 else None) for i in range(workers)]
         self._free: list[Slot] = list(self.slots)
         self._cond = threading.Condition()
@@ -392,10 +419,15 @@ class WorkerPool:
         if "user_error" in hello:
             self.slots[0].discard()
             raise UserError(str(hello["user_error"]))
-        self._info = KernelInfo(version=str(hello.get("version", "")), devices=tuple(hello.get("devices", ())),
-                                unavailable=hello.get("unavailable"), notes=tuple(hello.get("notes", ())),
-                                returns_lse=bool(hello.get("returns_lse", False)),
-                                sink_grad=bool(hello.get("sink_grad", True)), backward=bool(hello.get("backward", True)))
+        self._info = KernelInfo(
+            version=str(hello.get("version", "")),
+            devices=tuple(hello.get("devices", ())),
+            unavailable=hello.get("unavailable"),
+            notes=tuple(hello.get("notes", ())),
+            returns_lse=bool(hello.get("returns_lse", False)),
+            sink_grad=bool(hello.get("sink_grad", True)),
+            backward=bool(hello.get("backward", True)),
+        )
         return self._info
 
     def triage(self, cases: list[Case]) -> dict[str, str]:
@@ -410,7 +442,9 @@ class WorkerPool:
             worker, hello = slot.ensure()
             if "user_error" in hello:
                 return {}
-            reply = worker.call({"op": "triage", "cases": [c.to_dict() for c in cases]}, self.cfg.worker_start_timeout_s)
+            reply = worker.call(
+                {"op": "triage", "cases": [c.to_dict() for c in cases]}, self.cfg.worker_start_timeout_s
+            )
         except WorkerGone:
             slot.discard()
             return {}
@@ -435,8 +469,9 @@ class WorkerPool:
                 self._free.append(slot)
                 self._cond.notify()
 
-    def run_case(self, case: Case, tol: ToleranceConfig, check_names: tuple[str, ...], timeout: float | None,
-                 traits=None) -> CaseResult:
+    def run_case(
+        self, case: Case, tol: ToleranceConfig, check_names: tuple[str, ...], timeout: float | None, traits=None
+    ) -> CaseResult:
         """`traits` (run_case.KernelTraits): what the worker's hello declared; None asks kernel_info.
 
         The slot (its worker) is held only while the kernel runs; the outputs are judged after it
@@ -449,8 +484,14 @@ class WorkerPool:
         with self.slot() as slot:
             start = time.perf_counter()  # a case's seconds: its own run and judging, not its wait for the slot
             self.tmpdir.mkdir(parents=True, exist_ok=True)  # a kernel of an earlier case may have deleted it
-            ran = run_in_worker(slot, case, check_names, timeout or case_timeout(case, self.cfg, check_names), file,
-                                "--case-timeout" if timeout else CASE_TIMEOUT_SETTING)
+            ran = run_in_worker(
+                slot,
+                case,
+                check_names,
+                timeout or case_timeout(case, self.cfg, check_names),
+                file,
+                "--case-timeout" if timeout else CASE_TIMEOUT_SETTING,
+            )
             ref_device, generation = slot.ref_device, slot.generation
         if isinstance(ran, CaseResult):
             return ran
@@ -518,12 +559,18 @@ def worker_pool(kernel: str, device: str, workers: int, cfg: IsolationConfig, fa
 
 
 def _error(case: Case, reason: str, start: float, traceback: str = "") -> CaseResult:
-    return CaseResult(case=case, status=Status.ERROR, reason=reason[:1500], seconds=time.perf_counter() - start,
-                      traceback=traceback[-2000:])
+    return CaseResult(
+        case=case,
+        status=Status.ERROR,
+        reason=reason[:1500],
+        seconds=time.perf_counter() - start,
+        traceback=traceback[-2000:],
+    )
 
 
-def run_in_worker(slot: Slot, case: Case, check_names: tuple[str, ...], timeout: float, file: Path,
-                  setting: str = "--case-timeout") -> "CaseResult | dict":
+def run_in_worker(
+    slot: Slot, case: Case, check_names: tuple[str, ...], timeout: float, file: Path, setting: str = "--case-timeout"
+) -> "CaseResult | dict":
     """One case's kernel run in the slot's worker, its raw outputs written to `file`: the worker's
     reply (status RAN) for judge_raw_outputs, or the case's row when there is nothing to judge (a
     SKIP, the kernel's FAIL or ERROR, a dead or hung worker)."""
@@ -532,8 +579,9 @@ def run_in_worker(slot: Slot, case: Case, check_names: tuple[str, ...], timeout:
         worker, hello = slot.ensure()
         if "user_error" in hello:
             return _error(case, f"a fresh worker could not load the kernel: {hello['user_error']}", start)
-        reply = worker.call({"op": "case", "case": case.to_dict(), "checks": list(check_names), "file": str(file)}, timeout,
-                            setting)
+        reply = worker.call(
+            {"op": "case", "case": case.to_dict(), "checks": list(check_names), "file": str(file)}, timeout, setting
+        )
     except WorkerGone as exc:
         slot.discard()
         # a dead worker has no Python traceback to send: its stderr's last lines (faulthandler's
@@ -546,17 +594,22 @@ def run_in_worker(slot: Slot, case: Case, check_names: tuple[str, ...], timeout:
         slot.discard()
     if status in ("SKIP", "FAIL", "ERROR"):
         # an ERROR row carries the kernel's traceback tail, as run_case makes it in the worker
-        return CaseResult(case=case, status=Status(status), reason=str(reply.get("reason", ""))[:1500],
-                          seconds=0.0 if status == "SKIP" else time.perf_counter() - start,
-                          traceback=str(reply.get("traceback", ""))[-2000:] if status == "ERROR" else "")
+        return CaseResult(
+            case=case,
+            status=Status(status),
+            reason=str(reply.get("reason", ""))[:1500],
+            seconds=0.0 if status == "SKIP" else time.perf_counter() - start,
+            traceback=str(reply.get("traceback", ""))[-2000:] if status == "ERROR" else "",
+        )
     if status != "RAN":
         slot.discard()
         return _error(case, f"case {case.id}: the worker answered {status!r}", start)
     return reply
 
 
-def judge_raw_outputs(case: Case, file: Path, device: str, tol: ToleranceConfig, reply: dict, traits,
-                      start: float) -> CaseResult:
+def judge_raw_outputs(
+    case: Case, file: Path, device: str, tol: ToleranceConfig, reply: dict, traits, start: float
+) -> CaseResult:
     """The kernel's raw outputs, judged in this process against references computed here. What is
     judged follows from the case and the kernel's declared `traits` (KernelTraits, from the worker's
     hello before any case ran), never from the case's reply: a worker cannot make a case
@@ -565,7 +618,12 @@ def judge_raw_outputs(case: Case, file: Path, device: str, tol: ToleranceConfig,
 
     from gate.attention.inputs import make_inputs
     from gate.correctness.run_case import (
-        BadOutput, forward_only_note, grad_names, is_forward_only, measure_seed, verdict_row,
+        BadOutput,
+        forward_only_note,
+        grad_names,
+        is_forward_only,
+        measure_seed,
+        verdict_row,
     )
 
     try:
@@ -584,11 +642,27 @@ def judge_raw_outputs(case: Case, file: Path, device: str, tol: ToleranceConfig,
                 # send is None: "dbias is missing"
                 grads = None if forward_only else tuple(entry.get(name) for name in grad_names(traits, case, inputs))
                 cache = entry.get("cache")  # a decode call's (k_cache, v_cache) after the call
-                fail = measure_seed(case, inputs, entry["out"], entry["lse"], grads, entry["dropout_keep"], tol, worst,
-                                    notes, traits, device, None if cache is None else tuple(cache))
+                fail = measure_seed(
+                    case,
+                    inputs,
+                    entry["out"],
+                    entry["lse"],
+                    grads,
+                    entry["dropout_keep"],
+                    tol,
+                    worst,
+                    notes,
+                    traits,
+                    device,
+                    None if cache is None else tuple(cache),
+                )
             except BadOutput as exc:
-                return CaseResult(case=case, status=Status.FAIL, reason=f"seed {entry['seed']}: {exc}",
-                                  seconds=time.perf_counter() - start)
+                return CaseResult(
+                    case=case,
+                    status=Status.FAIL,
+                    reason=f"seed {entry['seed']}: {exc}",
+                    seconds=time.perf_counter() - start,
+                )
             if fail:
                 return CaseResult(case=case, status=Status.FAIL, reason=fail, seconds=time.perf_counter() - start)
     except Exception as exc:  # a payload that is not what a worker writes: the case is not measured
@@ -607,8 +681,11 @@ class PerfWorker:
         self.info: KernelInfo | None = None
         self.device = device
         # a case outside the declared envelope is a SKIP decided here: no worker call
-        self.declared = Capabilities.from_declaration(family.supports, family.supports_table) \
-            if family is not None and family.supports else None
+        self.declared = (
+            Capabilities.from_declaration(family.supports, family.supports_table)
+            if family is not None and family.supports
+            else None
+        )
 
     def __enter__(self) -> "PerfWorker":
         self.pool = self._ctx.__enter__()
@@ -634,8 +711,11 @@ class PerfWorker:
             worker, hello = slot.ensure()
             if "user_error" in hello:
                 return PerfCaseResult(case=case, status="ERROR", reason=str(hello["user_error"])[:300], anchor=anchor)
-            reply = worker.call({"op": "perf_case", "case": case.to_dict(), "anchor": anchor, "plan": plan.to_dict()}, timeout,
-                                CASE_TIMEOUT_SETTING + " + 5 s per timed round and pass")
+            reply = worker.call(
+                {"op": "perf_case", "case": case.to_dict(), "anchor": anchor, "plan": plan.to_dict()},
+                timeout,
+                CASE_TIMEOUT_SETTING + " + 5 s per timed round and pass",
+            )
             if reply.get("restart"):
                 slot.discard()
             return PerfCaseResult.from_dict(reply["result"])
@@ -644,5 +724,9 @@ class PerfWorker:
             return PerfCaseResult(case=case, status="ERROR", reason=f"case {case.id}: {exc}"[:1500], anchor=anchor)
         except (KeyError, TypeError, ValueError) as exc:
             slot.discard()
-            return PerfCaseResult(case=case, status="ERROR", reason=f"case {case.id}: the worker's timing is unreadable ({exc})",
-                                  anchor=anchor)
+            return PerfCaseResult(
+                case=case,
+                status="ERROR",
+                reason=f"case {case.id}: the worker's timing is unreadable ({exc})",
+                anchor=anchor,
+            )

@@ -48,25 +48,33 @@ def read_journal(path: Path, header: dict[str, Any], cases=None) -> tuple[str, d
     """(started_at of the journal's run, finished results by case id) for `--resume`. `cases`: the
     run's cases; a row whose case is not the run's case of that id (edited) is refused."""
     if not path.is_file():
-        raise UserError(f"--resume: there is no journal at {path} (nothing to resume); run without --resume, or pass "
-                        f"the --out folder of the interrupted run")
+        raise UserError(
+            f"--resume: there is no journal at {path} (nothing to resume); run without --resume, or pass "
+            f"the --out folder of the interrupted run"
+        )
     lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
     try:
         first = json.loads(lines[0])
     except (ValueError, RecursionError):  # JSONDecodeError, a huge int, nesting too deep
         first = None
     if not isinstance(first, dict) or first.get("kind") != KIND or first.get("schema_version") != SCHEMA_VERSION:
-        raise UserError(f"--resume: {path} is not a journal of this attn-gate version; run without --resume to start afresh")
+        raise UserError(
+            f"--resume: {path} is not a journal of this attn-gate version; run without --resume to start afresh"
+        )
     for key in IDENTITY:
         if not _same(key, first.get(key), header.get(key)):
-            raise UserError(f"--resume: {path} was written by another run: {key} was {first.get(key)!r}, now "
-                            f"{header.get(key)!r}; resume with the same kernel, suite, config, options and machine, "
-                            f"or run without --resume")
+            raise UserError(
+                f"--resume: {path} was written by another run: {key} was {first.get(key)!r}, now "
+                f"{header.get(key)!r}; resume with the same kernel, suite, config, options and machine, "
+                f"or run without --resume"
+            )
     done = _finished(path, lines)
     for case in cases or ():
         if case.id in done and done[case.id].case != case:
-            raise UserError(f"--resume: {path} holds a row for {case.id} that measured another case than this run's "
-                            f"case of that id (edited?); run without --resume to start afresh")
+            raise UserError(
+                f"--resume: {path} holds a row for {case.id} that measured another case than this run's "
+                f"case of that id (edited?); run without --resume to start afresh"
+            )
     return str(first.get("started_at", "")), done
 
 
@@ -99,8 +107,9 @@ def _finished(path: Path, lines: list[str]) -> dict[str, CaseResult]:
             # the same reader as a results file: the row's status is recomputed, never trusted
             result = CaseResult.from_dict(json.loads(line))
         except Exception as exc:  # noqa: BLE001 - a damaged line is a UserError, never a traceback
-            raise UserError(f"--resume: {path} line {number} is damaged ({bad_field(exc)}); run without --resume to "
-                            f"start afresh") from None
+            raise UserError(
+                f"--resume: {path} line {number} is damaged ({bad_field(exc)}); run without --resume to start afresh"
+            ) from None
         done[result.case_id] = result
     return done
 
@@ -130,7 +139,9 @@ class Journal:
                     fh.truncate(data.rfind(b"\n") + 1)
             _STARTED.append(self.path)
             return
-        write_text_atomic(self.path, json.dumps({"kind": KIND, "schema_version": SCHEMA_VERSION, **header}, sort_keys=True) + "\n")
+        write_text_atomic(
+            self.path, json.dumps({"kind": KIND, "schema_version": SCHEMA_VERSION, **header}, sort_keys=True) + "\n"
+        )
         _STARTED.append(self.path)
 
     def add(self, result: CaseResult) -> None:

@@ -24,8 +24,10 @@ from gate.workflow.shards import assign, note_shard
 def _shard_of(sweep: SweepResult, where: Path) -> tuple[int, int]:
     found = [s for s in map(note_shard, sweep.notes) if s]
     if len(found) != 1:
-        raise UserError(f"{where}: not a shard's results (no 'shard K/N' note); merge folders written by "
-                        f"`attn-gate sweep --shard K/N`")
+        raise UserError(
+            f"{where}: not a shard's results (no 'shard K/N' note); merge folders written by "
+            f"`attn-gate sweep --shard K/N`"
+        )
     return found[0]
 
 
@@ -37,7 +39,9 @@ def read_shard(folder: Path) -> tuple[Path, SweepResult]:
         raise UserError(f"merge: {folder} is not a folder; pass the --out folder of each shard")
     files = sorted(folder.glob("sweep-*.json"))
     if len(files) != 1:
-        raise UserError(f"merge: {folder} holds {len(files)} sweep-*.json files, expected 1 (one shard per --out folder)")
+        raise UserError(
+            f"merge: {folder} holds {len(files)} sweep-*.json files, expected 1 (one shard per --out folder)"
+        )
     sweep = read_results(files[0], None, None)
     try:
         for note in sweep.notes:
@@ -55,12 +59,16 @@ def merge_shards(folders: list[Path], config: Config) -> SweepResult:
     for path, sweep in read[1:]:
         for key in ("kernel", "suite", "suite_hash", "tolerance", "scope"):
             if getattr(sweep, key) != getattr(first, key):
-                raise UserError(f"merge: {path} has {key} {getattr(sweep, key)!r} but {first_path} has "
-                                f"{getattr(first, key)!r}; merge shards of one run only")
+                raise UserError(
+                    f"merge: {path} has {key} {getattr(sweep, key)!r} but {first_path} has "
+                    f"{getattr(first, key)!r}; merge shards of one run only"
+                )
         for key in sorted(set(sweep.environment) | set(first.environment)):
             if sweep.environment.get(key) != first.environment.get(key):
-                raise UserError(f"merge: {path} ran with environment {key}={sweep.environment.get(key)!r} but {first_path} "
-                                f"with {first.environment.get(key)!r}; rerun the shards on machines of one kind")
+                raise UserError(
+                    f"merge: {path} ran with environment {key}={sweep.environment.get(key)!r} but {first_path} "
+                    f"with {first.environment.get(key)!r}; rerun the shards on machines of one kind"
+                )
     shards = {}
     base_notes = None
     for path, sweep in read:
@@ -71,18 +79,24 @@ def merge_shards(folders: list[Path], config: Config) -> SweepResult:
         if n != total:
             raise UserError(f"merge: {path} is shard {k}/{n} but {first_path} is of {total} shards; merge one split")
         if notes != base_notes:
-            raise UserError(f"merge: {path} ran with other options ({list(notes)}) than {first_path} ({list(base_notes)})")
+            raise UserError(
+                f"merge: {path} ran with other options ({list(notes)}) than {first_path} ({list(base_notes)})"
+            )
         if k in shards:
             raise UserError(f"merge: shard {k}/{n} is given twice ({shards[k][0]} and {path}); pass each shard once")
         shards[k] = (path, sweep)
     missing = [k for k in range(1, total + 1) if k not in shards]
     if missing:
-        raise UserError(f"merge: shard {missing[0]}/{total} is missing ({len(shards)} of {total} given); pass every "
-                        f"shard's folder, or rerun it with `attn-gate sweep --shard {missing[0]}/{total} ...`")
+        raise UserError(
+            f"merge: shard {missing[0]}/{total} is missing ({len(shards)} of {total} given); pass every "
+            f"shard's folder, or rerun it with `attn-gate sweep --shard {missing[0]}/{total} ...`"
+        )
     suite = load_suite(first.suite, config.suites, config.source)
     if suite_hash(suite) != first.suite_hash:
-        raise UserError(f"merge: the shards ran suite {first.suite!r} as defined then (hash {first.suite_hash}); "
-                        f"{config.source} defines it differently now ({suite_hash(suite)}); pass the --config they ran with")
+        raise UserError(
+            f"merge: the shards ran suite {first.suite!r} as defined then (hash {first.suite_hash}); "
+            f"{config.source} defines it differently now ({suite_hash(suite)}); pass the --config they ran with"
+        )
     pattern = only_pattern(first.scope)
     cases = [c for c in suite.swept_cases if pattern is None or pattern.search(c.id)]
     parts = assign(cases, total)
@@ -93,17 +107,27 @@ def merge_shards(folders: list[Path], config: Config) -> SweepResult:
         extra = [cid for cid in got if cid not in expected]
         lost = sorted(expected - set(got))
         if extra:
-            raise UserError(f"merge: {path} (shard {k}/{total}) holds {extra[0]}, which is not its case"
-                            f"{' (it belongs to another shard: overlap)' if any(c.id == extra[0] for c in cases) else ''}; "
-                            f"regenerate the shard with `attn-gate sweep --shard {k}/{total}`")
+            raise UserError(
+                f"merge: {path} (shard {k}/{total}) holds {extra[0]}, which is not its case"
+                f"{' (it belongs to another shard: overlap)' if any(c.id == extra[0] for c in cases) else ''}; "
+                f"regenerate the shard with `attn-gate sweep --shard {k}/{total}`"
+            )
         if lost:
-            raise UserError(f"merge: {path} (shard {k}/{total}) lacks {len(lost)} of its cases ({', '.join(lost[:3])}"
-                            f"{' ...' if len(lost) > 3 else ''}); rerun it with --resume to finish it")
+            raise UserError(
+                f"merge: {path} (shard {k}/{total}) lacks {len(lost)} of its cases ({', '.join(lost[:3])}"
+                f"{' ...' if len(lost) > 3 else ''}); rerun it with --resume to finish it"
+            )
         merged.update({c.case_id: c for c in sweep.cases})
     sweeps = [s for _, s in shards.values()]
     return SweepResult(
-        kernel=first.kernel, suite=first.suite, suite_hash=first.suite_hash, environment=first.environment,
-        cases=tuple(merged[c.id] for c in cases), tolerance=first.tolerance,
-        started_at=min(s.started_at for s in sweeps), wall_s=max(s.wall_s for s in sweeps), notes=base_notes,
+        kernel=first.kernel,
+        suite=first.suite,
+        suite_hash=first.suite_hash,
+        environment=first.environment,
+        cases=tuple(merged[c.id] for c in cases),
+        tolerance=first.tolerance,
+        started_at=min(s.started_at for s in sweeps),
+        wall_s=max(s.wall_s for s in sweeps),
+        notes=base_notes,
         scope=first.scope,
     )

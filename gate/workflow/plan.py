@@ -99,28 +99,56 @@ def current_gpu_class(device: str) -> str:
     return describe(device, "", "")["gpu_class"]
 
 
-def plan_run(config: Config, kernel: str, suite: str, device: str, only: str | None = None, options: Any = None,
-             perf: bool | None = None, baseline_file: Path | None = None, adapter: Any = None,
-             gpu_class: str | None = None) -> RunPlan:
+def plan_run(
+    config: Config,
+    kernel: str,
+    suite: str,
+    device: str,
+    only: str | None = None,
+    options: Any = None,
+    perf: bool | None = None,
+    baseline_file: Path | None = None,
+    adapter: Any = None,
+    gpu_class: str | None = None,
+) -> RunPlan:
     """A plan from names already checked (validate_target, or a results file's own names)."""
     from gate.kernels.registry import kernel_family
 
     gpu_class = gpu_class if gpu_class is not None else current_gpu_class(device)
     path = Path(baseline_file) if baseline_file else baseline_path(config.baselines_dir, gpu_class, kernel, suite)
-    plan = RunPlan(config=config, kernel=kernel, family=kernel_family(kernel, config),
-                   suite=load_suite(suite, config.suites, config.source), device=device, gpu_class=gpu_class,
-                   baseline_path=path, only=only, options=options, perf=perf, adapter=adapter)
+    plan = RunPlan(
+        config=config,
+        kernel=kernel,
+        family=kernel_family(kernel, config),
+        suite=load_suite(suite, config.suites, config.source),
+        device=device,
+        gpu_class=gpu_class,
+        baseline_path=path,
+        only=only,
+        options=options,
+        perf=perf,
+        adapter=adapter,
+    )
     if only is not None and not plan.cases and not plan.perf_cases:
         raise UserError(f"--only {only!r} matches no case of suite {suite!r}")
     return plan
 
 
-def resolve_plan(config: Config, kernel: str | None = None, suite: str | None = None, device: str | None = None,
-                 only: str | None = None, options: Any = None, perf: bool | None = None,
-                 baseline_file: Path | None = None, kernel_in_worker: bool = True) -> RunPlan:
+def resolve_plan(
+    config: Config,
+    kernel: str | None = None,
+    suite: str | None = None,
+    device: str | None = None,
+    only: str | None = None,
+    options: Any = None,
+    perf: bool | None = None,
+    baseline_file: Path | None = None,
+    kernel_in_worker: bool = True,
+) -> RunPlan:
     """Defaults filled in from the config's profile, every name checked in the order a user reads
     the command line (a typo is a typo, not "no baseline"), then the plan. `kernel_in_worker`: the
     run is isolated, so a user kernel is checked in a worker and never imported here."""
     target = validate_target(config, kernel, suite, device, only, kernel_in_worker=kernel_in_worker)
-    return plan_run(config, target.kernel, target.suite, target.device, only, options, perf, baseline_file,
-                    adapter=target.adapter)
+    return plan_run(
+        config, target.kernel, target.suite, target.device, only, options, perf, baseline_file, adapter=target.adapter
+    )

@@ -88,10 +88,15 @@ def axis_trials(dtype: str) -> list[Trial]:
     trials += [Trial("gqa", f"4/{kv} heads", c(heads_q=4, heads_kv=kv)) for kv in (2, 1)]
     trials += [Trial("seqlen_q_ne_k", "128x256", c(seqlen_k=256))]
     trials += [Trial("seqlens", n, c(seqlen_q=n, seqlen_k=n)) for n in SEQLENS]
-    trials += [Trial("causal", True, c(causal=True)), Trial("window", (16, 0), c(window=(16, 0))),
-               Trial("softcap", 30.0, c(softcap=30.0)), Trial("alibi", True, c(alibi=True)),
-               Trial("dropout", 0.1, c(dropout_p=0.1)), Trial("sinks", True, c(sinks=True)),
-               Trial("varlen", (128, 256), c(batch=2, seqlen_q=256, seqlen_k=256, varlen=(128, 256)))]
+    trials += [
+        Trial("causal", True, c(causal=True)),
+        Trial("window", (16, 0), c(window=(16, 0))),
+        Trial("softcap", 30.0, c(softcap=30.0)),
+        Trial("alibi", True, c(alibi=True)),
+        Trial("dropout", 0.1, c(dropout_p=0.1)),
+        Trial("sinks", True, c(sinks=True)),
+        Trial("varlen", (128, 256), c(batch=2, seqlen_q=256, seqlen_k=256, varlen=(128, 256))),
+    ]
     decode = dict(entry="kvcache", seqlen_q=1, seqlen_k=256, cache_seqlens=(200,), causal=True)
     trials += [Trial("kvcache", True, c(**decode)), Trial("paged", 16, c(**decode, page_size=16))]
     trials += [Trial("bias_kinds", k, c(bias=k)) for k in BIAS_KINDS if k != "none"]
@@ -148,8 +153,10 @@ def derive_lengths(results: list[Result]) -> tuple[dict[str, int], list[str]]:
         if all(n % m == 0 for n in ran) and all(n % m for n in failed):
             out["seqlen_multiple"] = m
             return out, []
-    return out, [f"lengths {', '.join(map(str, failed))} fail and {', '.join(map(str, ran))} run, by no multiple: "
-                 f"declare max_seqlen / seqlen_multiple by hand"]
+    return out, [
+        f"lengths {', '.join(map(str, failed))} fail and {', '.join(map(str, ran))} run, by no multiple: "
+        f"declare max_seqlen / seqlen_multiple by hand"
+    ]
 
 
 def derive(results: list[Result]) -> tuple[dict[str, Any], list[str]]:
@@ -158,8 +165,11 @@ def derive(results: list[Result]) -> tuple[dict[str, Any], list[str]]:
     for r in results:
         by_key.setdefault(r.trial.key, []).append(r)
     supports: dict[str, Any] = {}
-    findings = [f"{r.trial.key} {_show(r.trial.value)}: runs but {r.detail}: left in the envelope so the gate judges it"
-                for r in results if r.outcome == Outcome.WRONG]
+    findings = [
+        f"{r.trial.key} {_show(r.trial.value)}: runs but {r.detail}: left in the envelope so the gate judges it"
+        for r in results
+        if r.outcome == Outcome.WRONG
+    ]
     for key, everything in (("dtypes", DTYPES), ("bias_kinds", BIAS_KINDS), ("layouts", tuple(LAYOUTS))):
         names = derive_names(by_key.get(key, []), everything)
         if names is not None:
@@ -170,8 +180,20 @@ def derive(results: list[Result]) -> tuple[dict[str, Any], list[str]]:
     lengths, unexplained = derive_lengths(by_key.get("seqlens", []))
     supports.update(lengths)
     findings += unexplained
-    for key in ("head_dim_v_differs", "gqa", "seqlen_q_ne_k", "causal", "window", "softcap", "alibi", "dropout",
-                "sinks", "varlen", "kvcache", "paged"):
+    for key in (
+        "head_dim_v_differs",
+        "gqa",
+        "seqlen_q_ne_k",
+        "causal",
+        "window",
+        "softcap",
+        "alibi",
+        "dropout",
+        "sinks",
+        "varlen",
+        "kvcache",
+        "paged",
+    ):
         if any(r.outcome == Outcome.UNSUPPORTED for r in by_key.get(key, [])):
             supports[key] = False
     return supports, findings
@@ -198,8 +220,9 @@ def outcome_of(trial: Trial, result) -> Result:
     return Result(trial, Outcome.UNSUPPORTED, (result.reason.splitlines() or [""])[0])
 
 
-def probe(kernel: str, config: Config, device: str, timeout: float = 60.0,
-          progress: Callable[[Result], None] | None = None) -> ProbeReport:
+def probe(
+    kernel: str, config: Config, device: str, timeout: float = 60.0, progress: Callable[[Result], None] | None = None
+) -> ProbeReport:
     """Probe `kernel` (a built-in, package.module:function, or a family of `config`) on `device`."""
     from gate.kernels.registry import kernel_family  # imports the built-in adapters (torch)
 
@@ -226,12 +249,20 @@ def probe(kernel: str, config: Config, device: str, timeout: float = 60.0,
             return done
 
         results += run(dtype_trials())
-        base = next((r.trial.value for r in results if r.trial.value in BASE_DTYPES and r.outcome != Outcome.UNSUPPORTED
-                     and r.outcome != Outcome.REFUSED), None)
+        base = next(
+            (
+                r.trial.value
+                for r in results
+                if r.trial.value in BASE_DTYPES and r.outcome != Outcome.UNSUPPORTED and r.outcome != Outcome.REFUSED
+            ),
+            None,
+        )
         if base is None:
             why = "; ".join(f"{r.trial.value}: {r.detail}" for r in results if r.trial.value in BASE_DTYPES)
-            raise UserError(f"probe {kernel}: the kernel ran no plain case (b1 h2 s128 d64 in {', '.join(BASE_DTYPES)}): "
-                            f"{why}; fix the kernel or check its convention (docs/kernels.md)")
+            raise UserError(
+                f"probe {kernel}: the kernel ran no plain case (b1 h2 s128 d64 in {', '.join(BASE_DTYPES)}): "
+                f"{why}; fix the kernel or check its convention (docs/kernels.md)"
+            )
         results += run(axis_trials(base))
     supports, findings = derive(results)
     return ProbeReport(kernel=kernel, table=table, supports=supports, findings=tuple(findings), results=tuple(results))
@@ -257,8 +288,10 @@ def with_declaration(text: str, report: ProbeReport, source: str) -> str:
             raise UserError(f"{source}: invalid TOML ({exc}); fix it before --write") from None
         family = data.get("tool", {}).get("attn-gate", {}).get("kernels", {}).get(report.kernel, {})
         if isinstance(family, dict) and "supports" in family:
-            raise UserError(f"{source}: {report.kernel}'s supports is written inline, not as the table {report.table}; "
-                            f"remove that supports line, then rerun with --write")
+            raise UserError(
+                f"{source}: {report.kernel}'s supports is written inline, not as the table {report.table}; "
+                f"remove that supports line, then rerun with --write"
+            )
         return text + ("" if text.endswith("\n") or not text else "\n") + "\n" + block
     end = next((i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("[")), len(lines))
     tail = lines[end:]
@@ -271,8 +304,10 @@ def write_declaration(path, report: ProbeReport) -> None:
     from gate.kernels.registry import kernel_names
 
     if report.kernel in kernel_names():
-        raise UserError(f"--write: {report.kernel!r} is a built-in kernel; its envelope is attn-gate's own and a table "
-                        f"of that name is refused; probe your own kernel (package.module:function or a family)")
+        raise UserError(
+            f"--write: {report.kernel!r} is a built-in kernel; its envelope is attn-gate's own and a table "
+            f"of that name is refused; probe your own kernel (package.module:function or a family)"
+        )
     path = Path(path)
     if path.is_symlink():
         raise UserError(f"--write: {path} is a symlink; write through the real file ({path.resolve()}) with --config")
@@ -284,7 +319,9 @@ def write_declaration(path, report: ProbeReport) -> None:
         check.write_text(new, encoding="utf-8")
         family = load_config(check).kernels.get(report.kernel)
     if family is None or family.supports != report.supports:
-        raise UserError(f"--write: {path} would not read back as this declaration; add the table {report.table} by hand")
+        raise UserError(
+            f"--write: {path} would not read back as this declaration; add the table {report.table} by hand"
+        )
     write_text_atomic(path, new)
 
 
@@ -295,7 +332,9 @@ def probe_for_init(root, kernel: str | None, family: str | None, entries: tuple,
     from gate.kernels.registry import kernel_names
 
     if kernel and kernel in kernel_names():
-        raise UserError(f"--probe: {kernel!r} is a built-in kernel; its envelope is attn-gate's own (`attn-gate kernels`)")
+        raise UserError(
+            f"--probe: {kernel!r} is a built-in kernel; its envelope is attn-gate's own (`attn-gate kernels`)"
+        )
     name = family if entries else kernel
     kernels = {name: KernelFamily(name=name, **dict(entries), backward=not forward_only)} if entries else {}
     with contextlib.chdir(root):

@@ -59,8 +59,9 @@ class Eta:
         elapsed = self.elapsed if now is None else max(now, self.elapsed)
         if left is not None:
             left = max(0.0, left - (elapsed - self.elapsed))
-        text = f"[{self.done}/{self.total}] {clock_text(elapsed)} elapsed, " + \
-            ("~? left" if left is None else f"~{clock_text(left)} left")
+        text = f"[{self.done}/{self.total}] {clock_text(elapsed)} elapsed, " + (
+            "~? left" if left is None else f"~{clock_text(left)} left"
+        )
         shown = {k: v for k, v in (counts or {}).items() if v and k not in ("PASS", "OK")}  # OK: a timed case
         if shown:
             text += " (" + ", ".join(f"{v} {k}" for k, v in sorted(shown.items())) + ")"
@@ -75,9 +76,16 @@ class Progress:
     `terminal` None asks rich whether it is a terminal; `clock` is time.monotonic (tests pass
     their own)."""
 
-    def __init__(self, enabled: bool, title: str, costs: list[float], stream: TextIO | None = None,
-                 terminal: bool | None = None, clock: Callable[[], float] = time.monotonic,
-                 every_s: float = PLAIN_EVERY_S):
+    def __init__(
+        self,
+        enabled: bool,
+        title: str,
+        costs: list[float],
+        stream: TextIO | None = None,
+        terminal: bool | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        every_s: float = PLAIN_EVERY_S,
+    ):
         self.enabled, self.title = enabled, title
         self.eta = Eta(total=len(costs), total_cost=float(sum(costs)))
         self.stream, self.terminal, self.clock, self.every_s = stream, terminal, clock, every_s
@@ -89,8 +97,9 @@ class Progress:
             return lambda *_: None
         from rich.console import Console
 
-        console = Console(file=self.stream, stderr=self.stream is None, force_terminal=self.terminal,
-                          highlight=False, soft_wrap=True)
+        console = Console(
+            file=self.stream, stderr=self.stream is None, force_terminal=self.terminal, highlight=False, soft_wrap=True
+        )
         self._start = self.clock()
         if not console.is_terminal:
             return self._plain(console)
@@ -113,7 +122,8 @@ class Progress:
         return advance
 
     def _rich(self, console):
-        from rich.progress import BarColumn, Progress as Bar, ProgressColumn, TextColumn
+        from rich.progress import BarColumn, ProgressColumn, TextColumn
+        from rich.progress import Progress as Bar
         from rich.table import Column
         from rich.text import Text
 
@@ -125,10 +135,14 @@ class Progress:
 
         # the bar fills by expected cost; the count and ETA are Eta's, as in the plain line; at 80
         # columns the last case's id is cut, never the count or the time left
-        self._bar = Bar(TextColumn("{task.description}", table_column=Column(no_wrap=True)), BarColumn(bar_width=20),
-                        EtaColumn(table_column=Column(no_wrap=True)),
-                        TextColumn("{task.fields[last]}", table_column=Column(no_wrap=True, overflow="ellipsis")),
-                        console=console, transient=True)
+        self._bar = Bar(
+            TextColumn("{task.description}", table_column=Column(no_wrap=True)),
+            BarColumn(bar_width=20),
+            EtaColumn(table_column=Column(no_wrap=True)),
+            TextColumn("{task.fields[last]}", table_column=Column(no_wrap=True, overflow="ellipsis")),
+            console=console,
+            transient=True,
+        )
         self._bar.__enter__()
         task = self._bar.add_task(self.title, total=max(self.eta.total_cost, 1e-9), last="")
 

@@ -57,21 +57,37 @@ class GateRun:
         ran = [c.id for c in plan.cases if c.id in rows]
         first = rows[ran[0]]
         sweep = SweepResult(
-            kernel=plan.kernel, suite=plan.suite.name, suite_hash=plan.suite_hash, environment=first["environment"],
-            cases=tuple(CaseResult.from_dict(rows[cid]["row"]) for cid in ran), tolerance=plan.config.tolerance.as_dict(),
-            started_at=time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(started)), wall_s=time.time() - started,
-            notes=tuple(first["notes"]), scope=None if len(ran) == len(plan.cases) else exact_regex(ran))
+            kernel=plan.kernel,
+            suite=plan.suite.name,
+            suite_hash=plan.suite_hash,
+            environment=first["environment"],
+            cases=tuple(CaseResult.from_dict(rows[cid]["row"]) for cid in ran),
+            tolerance=plan.config.tolerance.as_dict(),
+            started_at=time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(started)),
+            wall_s=time.time() - started,
+            notes=tuple(first["notes"]),
+            scope=None if len(ran) == len(plan.cases) else exact_regex(ran),
+        )
         with tempfile.TemporaryDirectory(prefix="attn-gate-pytest-") as tmp:
             results = Path(tmp) / f"sweep-{plan.suite.name}.json"
             sweep.write(results)
-            return run_check(plan.config, results_path=results, baseline_file=self.baseline_option, out_dir=out_dir,
-                             progress=False, console=Console(file=io.StringIO()))
+            return run_check(
+                plan.config,
+                results_path=results,
+                baseline_file=self.baseline_option,
+                out_dir=out_dir,
+                progress=False,
+                console=Console(file=io.StringIO()),
+            )
 
 
-def resolve(config_file: str | None, kernel: str | None, suite: str | None, device: str | None,
-            baseline_file: str | None) -> GateRun:
+def resolve(
+    config_file: str | None, kernel: str | None, suite: str | None, device: str | None, baseline_file: str | None
+) -> GateRun:
     """The plan and the baseline, with every refusal `check` makes before a fresh sweep."""
     option = Path(baseline_file) if baseline_file else None
-    plan = resolve_plan(load_config(Path(config_file) if config_file else None), kernel, suite, device, baseline_file=option)
+    plan = resolve_plan(
+        load_config(Path(config_file) if config_file else None), kernel, suite, device, baseline_file=option
+    )
     path, baseline = checked_baseline(plan, option)
     return GateRun(plan, path, baseline, option)

@@ -1,16 +1,16 @@
 """`attn-gate selftest`: the gate proves its own teeth here, with this config and suite.
 
-    controls:   for the configured kernel and `tiled`: sweep -> baseline (in a temp folder, never
-                baselines/) -> a second sweep checked against it -> must PASS (a false failure is
-                the worst thing a gate can do); a failing control ends the selftest (exit 1)
-    bugs:       each planted bug (gate/correctness/planted.py) swept on the suite's cases that
-                expose it, cheapest first, and judged by the real check path (compare against the
-                in-run baseline -> findings -> decide); killed = a FAIL finding
-    slowdowns:  GPU only: the kernel's forward or backward slowed by 1-10% (gate/speed/planted.py),
-                plus an A/A control, each judged by the speed rule against an in-run speed
-                baseline (judge_perf, confirm re-runs included), repeated while the time budget lasts
-    report:     DIR/selftest.json and DIR/selftest.md rewritten after every step (partial results
-                survive a timeout), the Markdown appended to $GITHUB_STEP_SUMMARY at the end
+controls:   for the configured kernel and `tiled`: sweep -> baseline (in a temp folder, never
+            baselines/) -> a second sweep checked against it -> must PASS (a false failure is
+            the worst thing a gate can do); a failing control ends the selftest (exit 1)
+bugs:       each planted bug (gate/correctness/planted.py) swept on the suite's cases that
+            expose it, cheapest first, and judged by the real check path (compare against the
+            in-run baseline -> findings -> decide); killed = a FAIL finding
+slowdowns:  GPU only: the kernel's forward or backward slowed by 1-10% (gate/speed/planted.py),
+            plus an A/A control, each judged by the speed rule against an in-run speed
+            baseline (judge_perf, confirm re-runs included), repeated while the time budget lasts
+report:     DIR/selftest.json and DIR/selftest.md rewritten after every step (partial results
+            survive a timeout), the Markdown appended to $GITHUB_STEP_SUMMARY at the end
 """
 
 from __future__ import annotations
@@ -27,32 +27,39 @@ from pathlib import Path
 from gate.compare.baselines import Baseline, baseline_path, read_baseline
 from gate.compare.findings import CheckContext, Severity, decide
 from gate.compare.selftest import (
-    BugOutcome, BugStatus, ControlOutcome, SelftestReport, SlowdownSection, SlowdownTrial,
+    BugOutcome,
+    BugStatus,
+    ControlOutcome,
+    SelftestReport,
+    SlowdownSection,
+    SlowdownTrial,
 )
 from gate.compare.sweep_rules import check_comparable, compare, correctness_thresholds
+from gate.core.cases import exact_regex, load_suite
 from gate.core.config import Config
+from gate.core.environment import describe
 from gate.core.errors import UserError
 from gate.core.files import append_step_summary, require_writable
+from gate.core.jsonio import write_json_atomic, write_text_atomic
 from gate.core.results import SweepResult
 from gate.correctness.planted import case_cost, host_of, mult_to_catch, planted_adapter, select_bugs
-from gate.core.cases import exact_regex, load_suite
 from gate.kernels.registry import get_adapter
+from gate.report.selftest_report import selftest_markdown
 from gate.speed.planted import CPU_CYCLES_PER_MS, SlowedKernel, planted_cycles
 from gate.speed.runs import PerfResult, baseline_entry, case_anchor, judge_perf, measure_case, select_perf_cases
 from gate.speed.timing import PASSES, TimingPlan, sleep_cycles_per_ms
-from gate.workflow.validate import validate_target
-from gate.report.selftest_report import selftest_markdown
-from gate.core.jsonio import write_json_atomic, write_text_atomic
-from gate.core.environment import describe
 from gate.workflow.speed_check import perf_thresholds
 from gate.workflow.sweep import run_sweep
+from gate.workflow.validate import validate_target
 
 LEVELS_PCT = (1.0, 2.0, 3.0, 5.0, 10.0)
 DEFAULT_REPS = 5
 DEFAULT_GPU_BUDGET_S = 330.0  # the H200 run (`--suite pr`) should fit ~6 minutes with start-up
 FIRST_BATCH = 3  # cases of a bug swept first; the rest only when those did not kill it
-CPU_SLOWDOWN_REASON = ("not run: planted slowdowns need a CUDA GPU (torch.cuda._sleep is the in-stream delay; "
-                       "CPU timings are history, not a gate)")
+CPU_SLOWDOWN_REASON = (
+    "not run: planted slowdowns need a CUDA GPU (torch.cuda._sleep is the in-stream delay; "
+    "CPU timings are history, not a gate)"
+)
 
 
 def _log(msg: str) -> None:
@@ -64,15 +71,30 @@ class _Run:
 
     def __init__(self, config: Config, kernel: str, suite: str, device: str, out_dir: Path, tmp: Path, log):
         self.config, self.kernel, self.suite, self.device, self.out_dir, self.tmp, self.log = (
-            config, kernel, suite, device, out_dir, tmp, log)
+            config,
+            kernel,
+            suite,
+            device,
+            out_dir,
+            tmp,
+            log,
+        )
         self.adapter = get_adapter(kernel)
         self.gpu_class = "cpu" if device == "cpu" else describe(device, "", "")["gpu_class"]
         self.t0 = time.perf_counter()
         self.report = SelftestReport(
-            kernel=kernel, suite=suite, device=device, environment=describe(device, kernel, self.adapter.version()),
-            thresholds={"tolerance": config.tolerance.as_dict(), "verdict": correctness_thresholds(config.verdict),
-                        "perf": perf_thresholds(config.perf)},
-            started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), notes=(f"config: {config.source}",))
+            kernel=kernel,
+            suite=suite,
+            device=device,
+            environment=describe(device, kernel, self.adapter.version()),
+            thresholds={
+                "tolerance": config.tolerance.as_dict(),
+                "verdict": correctness_thresholds(config.verdict),
+                "perf": perf_thresholds(config.perf),
+            },
+            started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            notes=(f"config: {config.source}",),
+        )
         self.baselines: dict[str, tuple[Path, Baseline]] = {}
 
     def update(self, **changes) -> None:
@@ -92,8 +114,11 @@ class _Run:
         path, baseline = self.baselines[kernel_name]
         check_comparable(baseline, sweep, path)
         findings = compare(baseline, sweep, self.config.verdict, sweep.scope)
-        return decide(findings, correctness_thresholds(self.config.verdict),
-                      CheckContext(kernel=kernel_name, suite=self.suite, baseline=str(path)))
+        return decide(
+            findings,
+            correctness_thresholds(self.config.verdict),
+            CheckContext(kernel=kernel_name, suite=self.suite, baseline=str(path)),
+        )
 
 
 # ---------------------------------------------------------------- controls
@@ -108,10 +133,20 @@ def run_control(run: _Run, kernel_name: str, only: str | None = None) -> Control
     measured = sum(1 for c in first.cases if c.status.value != "SKIP")
     skipped = len(first.cases) - measured
     if failing or not measured:
-        detail = ("; ".join(f"{c.case_id} {c.status.value}: {c.reason}" for c in failing[:3])
-                  if failing else "no case was measured (all skipped)")
-        return ControlOutcome(kernel_name, False, measured, skipped, f"its own sweep fails its bounds: {detail}",
-                              tuple(c.case_id for c in failing), time.perf_counter() - t0)
+        detail = (
+            "; ".join(f"{c.case_id} {c.status.value}: {c.reason}" for c in failing[:3])
+            if failing
+            else "no case was measured (all skipped)"
+        )
+        return ControlOutcome(
+            kernel_name,
+            False,
+            measured,
+            skipped,
+            f"its own sweep fails its bounds: {detail}",
+            tuple(c.case_id for c in failing),
+            time.perf_counter() - t0,
+        )
     path = baseline_path(run.tmp / "baselines", run.gpu_class, kernel_name, run.suite)
     Baseline.from_sweep(first).write(path)
     run.baselines[kernel_name] = (path, read_baseline(path))
@@ -121,9 +156,15 @@ def run_control(run: _Run, kernel_name: str, only: str | None = None) -> Control
         return ControlOutcome(kernel_name, True, measured, skipped, "", (), time.perf_counter() - t0)
     bad = [f for f in verdict.findings if f.severity.blocks]
     detail = "; ".join(f"{f.rule} on {f.case_id or 'the run'}: {f.message}" for f in bad[:3])
-    return ControlOutcome(kernel_name, False, measured, skipped,
-                          f"a second run fails against the baseline made minutes before (a false failure): {detail}",
-                          tuple(dict.fromkeys(f.case_id for f in bad if f.case_id)), time.perf_counter() - t0)
+    return ControlOutcome(
+        kernel_name,
+        False,
+        measured,
+        skipped,
+        f"a second run fails against the baseline made minutes before (a false failure): {detail}",
+        tuple(dict.fromkeys(f.case_id for f in bad if f.case_id)),
+        time.perf_counter() - t0,
+    )
 
 
 # ---------------------------------------------------------------- planted bugs
@@ -162,7 +203,9 @@ def _survivor_message(bug, sweeps: list[SweepResult], run: _Run, host_name: str)
         need = mult_to_catch(t.max_err, t.pt_err, t.floor) / dtype_factor
         msg += f"; the tolerance rule would catch it at mult_{t.tensor} < {need:.3g} (now {configured:g})"
     if math.isfinite(base) and base > 0:
-        msg += f"; the headroom rule at headroom_factor < {t.ratio / base:.3g} with headroom_step < {t.ratio - base:.3g}"
+        msg += (
+            f"; the headroom rule at headroom_factor < {t.ratio / base:.3g} with headroom_step < {t.ratio - base:.3g}"
+        )
     if bug.hint:
         msg += f"; also: {bug.hint}"
     return msg, t.ratio, c.case_id, base
@@ -176,8 +219,12 @@ def tiled_control_scope(run: _Run, bugs) -> str | None:
 
     cases = load_suite(run.suite, run.config.suites, run.config.source).swept_cases
     tiled = get_adapter("tiled")
-    ids = {c.id for bug in bugs if not bug.trigger.pending and host_of(bug, run.adapter) == "tiled"
-           for c in exercising_cases(bug, cases, tiled, run.device)[:FIRST_BATCH]}
+    ids = {
+        c.id
+        for bug in bugs
+        if not bug.trigger.pending and host_of(bug, run.adapter) == "tiled"
+        for c in exercising_cases(bug, cases, tiled, run.device)[:FIRST_BATCH]
+    }
     return exact_regex(ids) if ids else None
 
 
@@ -185,7 +232,9 @@ def exercising_cases(bug, cases, host_adapter, device: str) -> list:
     """The cases that expose `bug` and its host can run on `device`, cheapest first."""
 
     caps = host_adapter.capabilities()
-    return sorted((c for c in cases if bug.trigger.applies(c) and caps.unsupported_reason(c, device) is None), key=case_cost)
+    return sorted(
+        (c for c in cases if bug.trigger.applies(c) and caps.unsupported_reason(c, device) is None), key=case_cost
+    )
 
 
 def run_bug(run: _Run, bug) -> BugOutcome:
@@ -194,19 +243,25 @@ def run_bug(run: _Run, bug) -> BugOutcome:
     host_name = run.kernel if host == "kernel" else "tiled"
     common = dict(name=bug.name, what=bug.what, host=host_name, axis=bug.trigger.axis)
     if bug.trigger.pending:
-        return BugOutcome(**common, status=BugStatus.PENDING,
-                          message=f"pending: needs the case field `{bug.trigger.field}`, which this attn-gate does not have "
-                                  f"yet; it is judged once the field exists")
+        return BugOutcome(
+            **common,
+            status=BugStatus.PENDING,
+            message=f"pending: needs the case field `{bug.trigger.field}`, which this attn-gate does not have "
+            f"yet; it is judged once the field exists",
+        )
     suite = load_suite(run.suite, run.config.suites, run.config.source)
     cases = exercising_cases(bug, suite.swept_cases, get_adapter(host_name), run.device)
     if host_name in run.baselines:  # a control limited to some cases (tiled_control_scope) judges only those
         in_baseline = run.baselines[host_name][1].correctness
         cases = [c for c in cases if c.id in in_baseline]
     if not cases:
-        return BugOutcome(**common, status=BugStatus.NOT_EXERCISED,
-                          message=f"suite {run.suite!r} has no case that {host_name} runs on {run.device} of the axis that "
-                                  f"would catch it: {bug.trigger.axis}; add one to the suite" + (f" ({bug.hint})" if bug.hint else ""),
-                          wall_s=time.perf_counter() - t0)
+        return BugOutcome(
+            **common,
+            status=BugStatus.NOT_EXERCISED,
+            message=f"suite {run.suite!r} has no case that {host_name} runs on {run.device} of the axis that "
+            f"would catch it: {bug.trigger.axis}; add one to the suite" + (f" ({bug.hint})" if bug.hint else ""),
+            wall_s=time.perf_counter() - t0,
+        )
     sweeps, ran = [], 0
     for batch in (cases[:FIRST_BATCH], cases[FIRST_BATCH:]):
         if not batch:
@@ -217,9 +272,14 @@ def run_bug(run: _Run, bug) -> BugOutcome:
         ran += len(sweep.cases)
         not_planted = [c for c in sweep.cases if "PlantError" in c.reason]
         if not_planted:
-            return BugOutcome(**common, status=BugStatus.NOT_PLANTED, cases_run=ran, exercisable=len(cases),
-                              message=f"could not be planted ({not_planted[0].reason}); counted as surviving",
-                              wall_s=time.perf_counter() - t0)
+            return BugOutcome(
+                **common,
+                status=BugStatus.NOT_PLANTED,
+                cases_run=ran,
+                exercisable=len(cases),
+                message=f"could not be planted ({not_planted[0].reason}); counted as surviving",
+                wall_s=time.perf_counter() - t0,
+            )
         verdict = run.judge(host_name, sweep)
         fails = verdict.of(Severity.FAIL)
         if fails:
@@ -227,25 +287,49 @@ def run_bug(run: _Run, bug) -> BugOutcome:
             row = next((c for c in sweep.cases if c.case_id == f.case_id), None)
             ratio = f.current if isinstance(f.current, (int, float)) else (row.worst_ratio if row else math.nan)
             base = f.baseline if isinstance(f.baseline, (int, float)) else math.nan
-            return BugOutcome(**common, status=BugStatus.KILLED, rule=f.rule, case_id=f.case_id, metric=f.metric,
-                              ratio=float(ratio), baseline=float(base), message=f.message, cases_run=ran,
-                              exercisable=len(cases), wall_s=time.perf_counter() - t0)
+            return BugOutcome(
+                **common,
+                status=BugStatus.KILLED,
+                rule=f.rule,
+                case_id=f.case_id,
+                metric=f.metric,
+                ratio=float(ratio),
+                baseline=float(base),
+                message=f.message,
+                cases_run=ran,
+                exercisable=len(cases),
+                wall_s=time.perf_counter() - t0,
+            )
     if not any(c.status.value != "SKIP" for sw in sweeps for c in sw.cases):
         why = next((c.reason for sw in sweeps for c in sw.cases if c.reason), "skipped")
-        return BugOutcome(**common, status=BugStatus.NOT_EXERCISED, cases_run=ran, exercisable=len(cases),
-                          message=f"every case of its axis ({bug.trigger.axis}) was skipped by {host_name} ({why}); "
-                                  f"add one it runs", wall_s=time.perf_counter() - t0)
+        return BugOutcome(
+            **common,
+            status=BugStatus.NOT_EXERCISED,
+            cases_run=ran,
+            exercisable=len(cases),
+            message=f"every case of its axis ({bug.trigger.axis}) was skipped by {host_name} ({why}); add one it runs",
+            wall_s=time.perf_counter() - t0,
+        )
     msg, ratio, case_id, base = _survivor_message(bug, sweeps, run, host_name)
-    return BugOutcome(**common, status=BugStatus.SURVIVED, case_id=case_id, ratio=ratio, baseline=base,
-                      message=f"passed the gate on all {ran} cases of its axis; {msg}", cases_run=ran,
-                      exercisable=len(cases), wall_s=time.perf_counter() - t0)
+    return BugOutcome(
+        **common,
+        status=BugStatus.SURVIVED,
+        case_id=case_id,
+        ratio=ratio,
+        baseline=base,
+        message=f"passed the gate on all {ran} cases of its axis; {msg}",
+        cases_run=ran,
+        exercisable=len(cases),
+        wall_s=time.perf_counter() - t0,
+    )
 
 
 # ---------------------------------------------------------------- planted slowdowns
 
 
-def run_slowdowns(run: _Run, reps: int, deadline: float | None, levels=LEVELS_PCT,
-                  case_pattern: str | None = None) -> SlowdownSection:
+def run_slowdowns(
+    run: _Run, reps: int, deadline: float | None, levels=LEVELS_PCT, case_pattern: str | None = None
+) -> SlowdownSection:
     """Planted slowdowns of the forward and backward (the forward alone on a decode case), and an
     A/A control, repeated `reps` times or until `deadline` (perf_counter seconds): at least one
     repetition always runs. The case: the cheapest perf case, or the cheapest matching `case_pattern`."""
@@ -264,22 +348,39 @@ def run_slowdowns(run: _Run, reps: int, deadline: float | None, levels=LEVELS_PC
     base_plan = TimingPlan.from_config(cfg, rounds=max(cfg.confirm_rounds, cfg.rounds))
     base = measure_case(run.adapter, anchor, case, run.device, base_plan)
     if not base.measured:
-        return SlowdownSection(ran=False, reason=f"not run: the speed baseline of {case.id} failed: {base.status} {base.reason}",
-                               case_id=case.id, anchor=anchor)
+        return SlowdownSection(
+            ran=False,
+            reason=f"not run: the speed baseline of {case.id} failed: {base.status} {base.reason}",
+            case_id=case.id,
+            anchor=anchor,
+        )
     baseline_perf = {case.id: baseline_entry(base, anchor)}
     pass_ms = {p: base.pass_timing(p).candidate_median_ms for p in passes}
     gpu = run.device == "cuda"
     cycles_per_ms = sleep_cycles_per_ms(samples=5) if gpu else CPU_CYCLES_PER_MS
     cycles = {(p, lv): planted_cycles(lv, pass_ms[p], cycles_per_ms) for p in passes for lv in levels}
-    calibration = {"cycles_per_ms": cycles_per_ms, "pass_ms": pass_ms,
-                   "baseline_ratio": {p: base.estimate(p).median for p in passes},
-                   "baseline_noise_pct": {p: base.estimate(p).noise * 100 for p in passes},
-                   "cycles": {f"{p}+{lv:g}%": n for (p, lv), n in cycles.items()},
-                   "method": ("cycles = level/100 x the pass's median time in the in-run baseline x torch.cuda._sleep "
-                              "cycles per ms (measured with CUDA events)") if gpu else
-                             "CPU rehearsal: a busy-wait of level/100 x the pass's median time; plumbing only, not a gate"}
-    section = SlowdownSection(ran=True, case_id=case.id, anchor=anchor, levels_pct=tuple(levels), reps_planned=reps,
-                              calibration=calibration, gating=gpu)
+    calibration = {
+        "cycles_per_ms": cycles_per_ms,
+        "pass_ms": pass_ms,
+        "baseline_ratio": {p: base.estimate(p).median for p in passes},
+        "baseline_noise_pct": {p: base.estimate(p).noise * 100 for p in passes},
+        "cycles": {f"{p}+{lv:g}%": n for (p, lv), n in cycles.items()},
+        "method": (
+            "cycles = level/100 x the pass's median time in the in-run baseline x torch.cuda._sleep "
+            "cycles per ms (measured with CUDA events)"
+        )
+        if gpu
+        else "CPU rehearsal: a busy-wait of level/100 x the pass's median time; plumbing only, not a gate",
+    }
+    section = SlowdownSection(
+        ran=True,
+        case_id=case.id,
+        anchor=anchor,
+        levels_pct=tuple(levels),
+        reps_planned=reps,
+        calibration=calibration,
+        gating=gpu,
+    )
     run.update(slowdowns=section)
     experiments = [("both", 0.0)] + [(p, lv) for lv in levels for p in passes]
     trials: list[SlowdownTrial] = []
@@ -288,46 +389,74 @@ def run_slowdowns(run: _Run, reps: int, deadline: float | None, levels=LEVELS_PC
         if rep and deadline is not None:
             per_rep = (time.perf_counter() - started) / rep
             if time.perf_counter() + per_rep > deadline:
-                section = replace(section, reason=f"time budget: {rep} of {reps} repetitions ran (~{per_rep:.0f}s each)")
+                section = replace(
+                    section, reason=f"time budget: {rep} of {reps} repetitions ran (~{per_rep:.0f}s each)"
+                )
                 break
         for p, lv in experiments:
             if lv == 0:
                 adapter, timed = run.adapter, passes
             else:
-                adapter = SlowedKernel(run.adapter, fwd_cycles=cycles[(p, lv)] if p == "fwd" else 0,
-                                       bwd_cycles=cycles[(p, lv)] if p == "bwd" else 0)
+                adapter = SlowedKernel(
+                    run.adapter,
+                    fwd_cycles=cycles[(p, lv)] if p == "fwd" else 0,
+                    bwd_cycles=cycles[(p, lv)] if p == "bwd" else 0,
+                )
                 timed = (p,)
             plan = TimingPlan.from_config(cfg, passes=timed)
             t1 = time.perf_counter()
             pc = measure_case(adapter, anchor, case, run.device, plan)
-            result = PerfResult(kernel=run.kernel, anchor=anchor, suite=run.suite, device=run.device,
-                                environment=run.report.environment, plan=plan, cases=(pc,),
-                                started_at=run.report.started_at, wall_s=time.perf_counter() - t1)
+            result = PerfResult(
+                kernel=run.kernel,
+                anchor=anchor,
+                suite=run.suite,
+                device=run.device,
+                environment=run.report.environment,
+                plan=plan,
+                cases=(pc,),
+                started_at=run.report.started_at,
+                wall_s=time.perf_counter() - t1,
+            )
 
             def remeasure(c, pass_, rounds, adapter=adapter):
-                again = measure_case(adapter, anchor, c, run.device, TimingPlan.from_config(cfg, rounds=rounds, passes=(pass_,)))
+                again = measure_case(
+                    adapter, anchor, c, run.device, TimingPlan.from_config(cfg, rounds=rounds, passes=(pass_,))
+                )
                 return again.estimate(pass_) if again.measured else None
 
             for j in judge_perf(result, baseline_perf, cfg, remeasure):
                 timing = pc.pass_timing(j.pass_)
                 cand = (timing.candidate_median_ms / pass_ms[j.pass_] - 1) * 100 if timing else math.nan
-                trials.append(SlowdownTrial(pass_=j.pass_, level_pct=lv, rep=rep, severity=j.severity.value,
-                                            shift_pct=j.change * 100, candidate_shift_pct=cand, confirmed=j.confirmed,
-                                            message=j.message))
+                trials.append(
+                    SlowdownTrial(
+                        pass_=j.pass_,
+                        level_pct=lv,
+                        rep=rep,
+                        severity=j.severity.value,
+                        shift_pct=j.change * 100,
+                        candidate_shift_pct=cand,
+                        confirmed=j.confirmed,
+                        message=j.message,
+                    )
+                )
             section = replace(section, trials=tuple(trials))
             run.update(slowdowns=section)
         run.log(f"slowdowns: repetition {rep + 1}/{reps} done ({time.perf_counter() - started:.0f}s)")
     return section
 
 
-def refuse_slowdown_case(pattern: str, config: Config, suite: str, device: str, slowdowns: bool, rehearse: bool) -> None:
+def refuse_slowdown_case(
+    pattern: str, config: Config, suite: str, device: str, slowdowns: bool, rehearse: bool
+) -> None:
     """--slowdown-case names a test the run must make: a bad pattern, one no perf case matches, or
     a run whose slowdowns would not run at all is a usage error, not a selftest without it."""
     if not slowdowns:
         raise UserError("--slowdown-case with --no-slowdowns: drop one of them")
     if device != "cuda" and not rehearse:
-        raise UserError("--slowdown-case: planted slowdowns need a CUDA GPU; on a CPU add --rehearse-slowdowns-on-cpu "
-                        "(plumbing only) or drop --slowdown-case")
+        raise UserError(
+            "--slowdown-case: planted slowdowns need a CUDA GPU; on a CPU add --rehearse-slowdowns-on-cpu "
+            "(plumbing only) or drop --slowdown-case"
+        )
     from gate.core.patterns import bounded_regex
 
     try:
@@ -335,17 +464,29 @@ def refuse_slowdown_case(pattern: str, config: Config, suite: str, device: str, 
     except ValueError as exc:
         raise UserError(f"--slowdown-case {pattern[:200]!r} {exc}") from None
     if not any(compiled.search(c.id) for c in select_perf_cases(suite, config)):
-        raise UserError(f"--slowdown-case {pattern!r} matches no perf case of suite {suite!r} (`attn-gate suites --cases` "
-                        f"marks them [perf])")
+        raise UserError(
+            f"--slowdown-case {pattern!r} matches no perf case of suite {suite!r} (`attn-gate suites --cases` "
+            f"marks them [perf])"
+        )
 
 
 # ---------------------------------------------------------------- the run
 
 
-def run_selftest(config: Config, kernel: str | None = None, suite: str | None = None, device: str | None = None,
-                 out_dir: Path = Path("out"), bugs: tuple[str, ...] = (), slowdowns: bool = True,
-                 budget_s: float | None = None, reps: int = DEFAULT_REPS, log=_log,
-                 rehearse_slowdowns_on_cpu: bool = False, slowdown_case: str | None = None) -> SelftestReport:
+def run_selftest(
+    config: Config,
+    kernel: str | None = None,
+    suite: str | None = None,
+    device: str | None = None,
+    out_dir: Path = Path("out"),
+    bugs: tuple[str, ...] = (),
+    slowdowns: bool = True,
+    budget_s: float | None = None,
+    reps: int = DEFAULT_REPS,
+    log=_log,
+    rehearse_slowdowns_on_cpu: bool = False,
+    slowdown_case: str | None = None,
+) -> SelftestReport:
     """`rehearse_slowdowns_on_cpu` runs the slowdown part on a CPU with a busy-wait: it checks the
     plumbing (engine, rule, report) where no GPU exists, measures nothing about GPUs, and never
     decides the exit code."""
@@ -364,7 +505,9 @@ def run_selftest(config: Config, kernel: str | None = None, suite: str | None = 
         budget_s = DEFAULT_GPU_BUDGET_S
     deadline = None if budget_s is None else time.perf_counter() + budget_s
     with tempfile.TemporaryDirectory(prefix="attn-gate-selftest-") as tmp:
-        run = _Run(config, kernel, suite, device, Path(out_dir), Path(tmp), log)  # validate_target checked it is available
+        run = _Run(
+            config, kernel, suite, device, Path(out_dir), Path(tmp), log
+        )  # validate_target checked it is available
         controls: list[ControlOutcome] = []
         for name in dict.fromkeys((kernel, "tiled")):
             scope = tiled_control_scope(run, chosen) if name != kernel else None
@@ -373,12 +516,16 @@ def run_selftest(config: Config, kernel: str | None = None, suite: str | None = 
                 # (seen on the H200: `--bugs dk_x1.02` swept all of pr with tiled, > 7 minutes)
                 log("control tiled: not run: none of the chosen planted bugs is planted in tiled")
                 continue
-            log(f"control {name} on {suite}{' (the cases its planted bugs are judged on)' if scope else ''}: "
-                f"baseline sweep, then a second sweep checked against it")
+            log(
+                f"control {name} on {suite}{' (the cases its planted bugs are judged on)' if scope else ''}: "
+                f"baseline sweep, then a second sweep checked against it"
+            )
             controls.append(run_control(run, name, only=scope))
             c = controls[-1]
-            log(f"control {name}: {'PASS' if c.passed else 'FAIL'} ({c.cases} cases measured, {c.skipped} skipped, "
-                f"{c.wall_s:.1f}s){'' if c.passed else ': ' + c.detail}")
+            log(
+                f"control {name}: {'PASS' if c.passed else 'FAIL'} ({c.cases} cases measured, {c.skipped} skipped, "
+                f"{c.wall_s:.1f}s){'' if c.passed else ': ' + c.detail}"
+            )
             run.update(controls=tuple(controls))
             if not c.passed:
                 run.update(complete=True, slowdowns=SlowdownSection(ran=False, reason="not run: a control failed"))
@@ -415,5 +562,7 @@ def write_outputs(report: SelftestReport, out_dir: Path) -> dict[str, Path]:
         write_json_atomic(paths["json"], report.to_dict())
         write_text_atomic(paths["md"], selftest_markdown(report))
     except OSError as exc:
-        raise UserError(f"--out {out_dir}: cannot write the selftest report ({exc.strerror or exc}); pass a writable folder") from None
+        raise UserError(
+            f"--out {out_dir}: cannot write the selftest report ({exc.strerror or exc}); pass a writable folder"
+        ) from None
     return paths

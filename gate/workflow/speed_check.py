@@ -28,21 +28,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gate.compare.findings import Finding, Severity
 from gate.core.config import Config, PerfConfig
 from gate.core.errors import UserError
+from gate.core.files import safe_name
 from gate.core.results import Status
-from gate.compare.findings import Finding, Severity
-from gate.speed.runs import (
-    PerfResult, baseline_entry, judge_perf, mark_noisy, no_perf_case_reason, noisy_passes, nothing_judged,
-    remeasure_with, run_perf, unmatched_baseline_judgements, write_perf_outputs,
-)
+from gate.report.speed_report import perf_markdown, plot_speed_ratios
 from gate.speed.rule import PASSES, PerfJudgement, PerfSeverity
-from gate.workflow.plan import RunPlan
+from gate.speed.runs import (
+    PerfResult,
+    baseline_entry,
+    judge_perf,
+    mark_noisy,
+    no_perf_case_reason,
+    noisy_passes,
+    nothing_judged,
+    remeasure_with,
+    run_perf,
+    unmatched_baseline_judgements,
+    write_perf_outputs,
+)
 from gate.workflow.isolation import PerfWorker
+from gate.workflow.plan import RunPlan
 from gate.workflow.progress import Progress
 from gate.workflow.shards import expected_cost
-from gate.report.speed_report import perf_markdown, plot_speed_ratios
-from gate.core.files import safe_name
 
 RULE = "speed"
 
@@ -56,24 +65,47 @@ def perf_findings(judgements: tuple[PerfJudgement, ...]) -> list[Finding]:
     out = []
     for j in judgements:
         limit = j.baseline * (1 + j.threshold) if j.threshold == j.threshold and j.baseline == j.baseline else None
-        out.append(Finding(rule=RULE, severity=Severity(j.severity.value), case_id=j.case_id, metric=j.metric,
-                           baseline=None if j.baseline != j.baseline else round(j.baseline, 4),
-                           current=None if j.current != j.current else round(j.current, 4),
-                           threshold=None if limit is None else round(limit, 4), message=j.message))
+        out.append(
+            Finding(
+                rule=RULE,
+                severity=Severity(j.severity.value),
+                case_id=j.case_id,
+                metric=j.metric,
+                baseline=None if j.baseline != j.baseline else round(j.baseline, 4),
+                current=None if j.current != j.current else round(j.current, 4),
+                threshold=None if limit is None else round(limit, 4),
+                message=j.message,
+            )
+        )
     return out
 
 
 def perf_thresholds(cfg: PerfConfig) -> dict[str, float]:
-    return {"regression_pct": cfg.regression_pct, "cpu_regression_pct": cfg.cpu_regression_pct, "noise_k": cfg.noise_k,
-            "alpha": cfg.alpha,
-            "improvement_pct": cfg.improvement_pct, "max_noise_pct": cfg.max_noise_pct,
-            "min_rounds": float(cfg.min_rounds), "rounds": float(cfg.rounds), "confirm_rounds": float(cfg.confirm_rounds)}
+    return {
+        "regression_pct": cfg.regression_pct,
+        "cpu_regression_pct": cfg.cpu_regression_pct,
+        "noise_k": cfg.noise_k,
+        "alpha": cfg.alpha,
+        "improvement_pct": cfg.improvement_pct,
+        "max_noise_pct": cfg.max_noise_pct,
+        "min_rounds": float(cfg.min_rounds),
+        "rounds": float(cfg.rounds),
+        "confirm_rounds": float(cfg.confirm_rounds),
+    }
 
 
 def not_checked(message: str, severity: Severity) -> Finding:
     """A run-wide speed finding for speed that was wanted and not timed."""
-    return Finding(rule=RULE, severity=severity, case_id="", metric="speed_ratio:all", baseline=None, current=None,
-                   threshold=None, message=message)
+    return Finding(
+        rule=RULE,
+        severity=severity,
+        case_id="",
+        metric="speed_ratio:all",
+        baseline=None,
+        current=None,
+        threshold=None,
+        message=message,
+    )
 
 
 def results_file_findings(perf: bool | None, device: str) -> list[Finding]:
@@ -83,8 +115,13 @@ def results_file_findings(perf: bool | None, device: str) -> list[Finding]:
     that half of a GPU gate was not run."""
     if not perf_wanted(perf, device):
         return []
-    return [not_checked("speed not checked: correctness read from a results file (--results); speed needs a fresh "
-                        "`attn-gate check` on this GPU class", Severity.WARN)]
+    return [
+        not_checked(
+            "speed not checked: correctness read from a results file (--results); speed needs a fresh "
+            "`attn-gate check` on this GPU class",
+            Severity.WARN,
+        )
+    ]
 
 
 @dataclass(frozen=True)
@@ -109,47 +146,76 @@ def run_perf_check(plan: RunPlan, baseline_perf: dict[str, Any] | None, out_dir:
 def no_speed_section(result: PerfResult, kernel: str, suite: str) -> tuple[PerfJudgement, ...]:
     """Every timed pass INCONCLUSIVE when the baseline has no speed section to judge it by."""
     return tuple(
-        PerfJudgement(case_id=c.case_id, pass_=p, severity=PerfSeverity.INCONCLUSIVE,
-                      message=f"the baseline has no speed section: run `attn-gate baseline update --perf --kernel {kernel} "
-                              f"--suite {suite}` on this GPU class and commit it")
-        for c in result.cases if c.status is not Status.SKIP for p in result.plan.passes) or (nothing_judged(result),)
+        PerfJudgement(
+            case_id=c.case_id,
+            pass_=p,
+            severity=PerfSeverity.INCONCLUSIVE,
+            message=f"the baseline has no speed section: run `attn-gate baseline update --perf --kernel {kernel} "
+            f"--suite {suite}` on this GPU class and commit it",
+        )
+        for c in result.cases
+        if c.status is not Status.SKIP
+        for p in result.plan.passes
+    ) or (nothing_judged(result),)
 
 
 def _judged_perf(plan: RunPlan, baseline_perf: dict[str, Any] | None, out_dir: Path, worker) -> PerfCheck:
     config, kernel, suite, device, only = plan.config, plan.kernel, plan.suite.name, plan.device, plan.only
     with _measured_with_progress(plan, worker.measure) as measure:
-        result = run_perf(kernel, suite, config, device, only=only, measure=measure, kernel_version=worker.info.version,
-                          cases=plan.perf_cases)
+        result = run_perf(
+            kernel,
+            suite,
+            config,
+            device,
+            only=only,
+            measure=measure,
+            kernel_version=worker.info.version,
+            cases=plan.perf_cases,
+        )
     if not baseline_perf:
         judgements = no_speed_section(result, kernel, suite)
     else:
-        judgements = judge_perf(result, baseline_perf, config.perf,
-                                remeasure_with(kernel, result.anchor, device, config.perf, config, measure=worker.measure),
-                                only=only)
+        judgements = judge_perf(
+            result,
+            baseline_perf,
+            config.perf,
+            remeasure_with(kernel, result.anchor, device, config.perf, config, measure=worker.measure),
+            only=only,
+        )
     paths = {"perf": write_perf_outputs(result, out_dir)}
     try:
-
-        paths["speed_plot"] = plot_speed_ratios(judgements, f"{kernel} vs {result.anchor} / {suite}: speed ratio vs baseline",
-                                                Path(out_dir) / f"speed-{safe_name(kernel)}-{suite}.png")
+        paths["speed_plot"] = plot_speed_ratios(
+            judgements,
+            f"{kernel} vs {result.anchor} / {suite}: speed ratio vs baseline",
+            Path(out_dir) / f"speed-{safe_name(kernel)}-{suite}.png",
+        )
     except Exception as exc:  # an artifact, not the verdict
         print(f"attn-gate: warning: the speed plot was not drawn ({type(exc).__name__}: {exc})")
-    md = "\n".join([
-        "", f"### Speed: `{kernel}` against anchor `{result.anchor}` (speed ratio = kernel time / anchor time; lower is faster)", "",
-        rule_sentence(config.perf, device) + f" A FAIL or a straddle is re-measured with {config.perf.confirm_rounds} rounds, "
-        f"and that re-run decides (a FAIL must be confirmed by it).", "",
-        perf_markdown(result),
-    ])
+    md = "\n".join(
+        [
+            "",
+            f"### Speed: `{kernel}` against anchor `{result.anchor}` (speed ratio = kernel time / anchor time; lower is faster)",
+            "",
+            rule_sentence(config.perf, device)
+            + f" A FAIL or a straddle is re-measured with {config.perf.confirm_rounds} rounds, "
+            f"and that re-run decides (a FAIL must be confirmed by it).",
+            "",
+            perf_markdown(result),
+        ]
+    )
     return PerfCheck(result, judgements, perf_findings(judgements), perf_thresholds(config.perf), paths, md)
 
 
 def rule_sentence(cfg: PerfConfig, device: str) -> str:
     """The speed rule with this run's numbers, for the report."""
     limit = cfg.regression_pct_for(device)
-    return (f"Each change of a ratio against the baseline comes with its {(1 - cfg.alpha) * 100:g}% confidence interval "
-            f"(Hodges-Lehmann, Mann-Whitney): FAIL when the whole interval is above +{limit:g}%"
-            f"{' (cpu_regression_pct: timed on a CPU)' if device != 'cuda' else ''}, OK when it is at or below, "
-            f"INCONCLUSIVE (fails closed) when it straddles or when there are too few rounds; WARN when the whole "
-            f"interval is faster than -{cfg.improvement_pct:g}%.")
+    return (
+        f"Each change of a ratio against the baseline comes with its {(1 - cfg.alpha) * 100:g}% confidence interval "
+        f"(Hodges-Lehmann, Mann-Whitney): FAIL when the whole interval is above +{limit:g}%"
+        f"{' (cpu_regression_pct: timed on a CPU)' if device != 'cuda' else ''}, OK when it is at or below, "
+        f"INCONCLUSIVE (fails closed) when it straddles or when there are too few rounds; WARN when the whole "
+        f"interval is faster than -{cfg.improvement_pct:g}%."
+    )
 
 
 def refuse_noisy(section: dict[str, Any], config: PerfConfig, accept_noisy: bool, where: str) -> dict[str, Any]:
@@ -159,15 +225,19 @@ def refuse_noisy(section: dict[str, Any], config: PerfConfig, accept_noisy: bool
     if not noisy:
         return section
     if accept_noisy:
-        print(f"attn-gate: recording {len(noisy)} noisy speed ratio(s) marked \"noisy\" (--accept-noisy); noisiest "
-              f"{noisy[0][0]} {noisy[0][1]} {noisy[0][2] * 100:.1f}% > max_noise_pct {config.max_noise_pct:g}%",
-              file=sys.stderr)
+        print(
+            f'attn-gate: recording {len(noisy)} noisy speed ratio(s) marked "noisy" (--accept-noisy); noisiest '
+            f"{noisy[0][0]} {noisy[0][1]} {noisy[0][2] * 100:.1f}% > max_noise_pct {config.max_noise_pct:g}%",
+            file=sys.stderr,
+        )
         return mark_noisy(section, noisy)
     case_id, pass_, band = noisy[0]
     more = f" (and {len(noisy) - 1} more pass(es))" if len(noisy) > 1 else ""
-    raise UserError(f"{where}: speed of {case_id} {pass_} has noise {band * 100:.1f}% ({config.noise_k:g} x the "
-                    f"median's standard error) > max_noise_pct {config.max_noise_pct:g}%{more}; nothing written: "
-                    f"time it on a quieter machine, or pass --accept-noisy to record it marked noisy")
+    raise UserError(
+        f"{where}: speed of {case_id} {pass_} has noise {band * 100:.1f}% ({config.noise_k:g} x the "
+        f"median's standard error) > max_noise_pct {config.max_noise_pct:g}%{more}; nothing written: "
+        f"time it on a quieter machine, or pass --accept-noisy to record it marked noisy"
+    )
 
 
 def no_perf_case_check(plan: RunPlan, baseline_perf: dict[str, Any] | None) -> PerfCheck:
@@ -176,7 +246,9 @@ def no_perf_case_check(plan: RunPlan, baseline_perf: dict[str, Any] | None) -> P
     within the scope (a perf case that disappeared is not judged, so it cannot pass)."""
     why = no_perf_case_reason(plan.suite, plan.only)
     judgements = unmatched_baseline_judgements(baseline_perf, set(), plan.only, PASSES)
-    findings = perf_findings(judgements) or [not_checked(f"speed not checked: no perf case in scope ({why})", Severity.INFO)]
+    findings = perf_findings(judgements) or [
+        not_checked(f"speed not checked: no perf case in scope ({why})", Severity.INFO)
+    ]
     md = f"\n### Speed\n\nNot timed: {why}.\n"
     return PerfCheck(None, judgements, findings, perf_thresholds(plan.perf_config), {}, md)
 
@@ -186,6 +258,7 @@ def _measured_with_progress(plan: RunPlan, measure):
     """`measure` that moves a progress bar (gate/workflow/progress.py) over the plan's perf cases."""
     costs = [expected_cost(c) for c in plan.perf_cases]
     with Progress(True, f"{plan.kernel} / {plan.suite.name} speed", costs) as advance:
+
         def measured(case, anchor, timing_plan):
             result = measure(case, anchor, timing_plan)
             advance(case.id, result.label, expected_cost(case))
@@ -194,8 +267,9 @@ def _measured_with_progress(plan: RunPlan, measure):
         yield measured
 
 
-def perf_baseline_section(plan: RunPlan, old_perf: dict[str, Any] | None,
-                          accept_noisy: bool = False) -> tuple[dict[str, Any], PerfResult]:
+def perf_baseline_section(
+    plan: RunPlan, old_perf: dict[str, Any] | None, accept_noisy: bool = False
+) -> tuple[dict[str, Any], PerfResult]:
     """The baseline's perf section from a fresh run with confirm_rounds rounds (a filtered run
     replaces only its own cases); refused above max_noise_pct unless `accept_noisy`."""
 
@@ -205,31 +279,56 @@ def perf_baseline_section(plan: RunPlan, old_perf: dict[str, Any] | None,
     rounds = max(config.perf.confirm_rounds, config.perf.rounds)
     with PerfWorker(kernel, device, config.isolation, plan.family) as worker:  # the kernel is timed in a worker
         with _measured_with_progress(plan, worker.measure) as measure:
-            result = run_perf(kernel, suite, config, device, only=only, rounds=rounds, measure=measure,
-                              kernel_version=worker.info.version, cases=plan.perf_cases)
+            result = run_perf(
+                kernel,
+                suite,
+                config,
+                device,
+                only=only,
+                rounds=rounds,
+                measure=measure,
+                kernel_version=worker.info.version,
+                cases=plan.perf_cases,
+            )
     measured = {c.case_id: baseline_entry(c, result.anchor) for c in result.cases if c.measured}
     if not measured:
-        raise UserError(f"no perf case of suite {suite!r} could be timed for {kernel!r} (all skipped or failed); "
-                        f"see `attn-gate perf --kernel {kernel} --suite {suite}`")
+        raise UserError(
+            f"no perf case of suite {suite!r} could be timed for {kernel!r} (all skipped or failed); "
+            f"see `attn-gate perf --kernel {kernel} --suite {suite}`"
+        )
     measured = refuse_noisy(measured, config.perf, accept_noisy, "baseline update --perf")
     section = {**(old_perf or {}), **measured} if only else measured
     return dict(sorted(section.items())), result
 
 
-def perf_section_from_file(path: Path, kernel: str, suite: str, gpu_class: str, config: Config,
-                           old_perf: dict[str, Any] | None, accept_noisy: bool = False) -> dict[str, Any]:
+def perf_section_from_file(
+    path: Path,
+    kernel: str,
+    suite: str,
+    gpu_class: str,
+    config: Config,
+    old_perf: dict[str, Any] | None,
+    accept_noisy: bool = False,
+) -> dict[str, Any]:
     """The baseline's perf section from a PerfResult file made on a machine of this GPU class
     (refused when kernel, suite or GPU class differ, or when it has fewer than min_rounds rounds)."""
     result = PerfResult.read(path)
     found_class = str(result.environment.get("gpu_class", "unknown"))
-    for what, wanted, found in (("kernel", kernel, result.kernel), ("suite", suite, result.suite),
-                                ("GPU class", gpu_class, found_class)):
+    for what, wanted, found in (
+        ("kernel", kernel, result.kernel),
+        ("suite", suite, result.suite),
+        ("GPU class", gpu_class, found_class),
+    ):
         if wanted != found:
-            raise UserError(f"--perf-from {path}: holds timings of {what} {found!r}, this baseline is for {wanted!r}; "
-                            f"pass the perf JSON of the same {what}")
+            raise UserError(
+                f"--perf-from {path}: holds timings of {what} {found!r}, this baseline is for {wanted!r}; "
+                f"pass the perf JSON of the same {what}"
+            )
     if result.plan.rounds < config.perf.min_rounds:
-        raise UserError(f"--perf-from {path}: {result.plan.rounds} rounds is below min_rounds {config.perf.min_rounds}; "
-                        f"re-run `attn-gate perf --rounds {config.perf.confirm_rounds}`")
+        raise UserError(
+            f"--perf-from {path}: {result.plan.rounds} rounds is below min_rounds {config.perf.min_rounds}; "
+            f"re-run `attn-gate perf --rounds {config.perf.confirm_rounds}`"
+        )
     measured = {c.case_id: baseline_entry(c, result.anchor) for c in result.cases if c.measured}
     if not measured:
         raise UserError(f"--perf-from {path}: no case was timed (all skipped or failed)")
@@ -257,40 +356,65 @@ def read_perf_files(paths: list[Path]) -> PerfResult:
     for path, result in read:
         for key in ("kernel", "suite", "anchor", "device", "plan"):
             if getattr(result, key) != getattr(first, key):
-                raise UserError(f"--perf-results: {path} has {key} {getattr(result, key)!r} but {first_path} has "
-                                f"{getattr(first, key)!r}; pass the perf files of one run")
+                raise UserError(
+                    f"--perf-results: {path} has {key} {getattr(result, key)!r} but {first_path} has "
+                    f"{getattr(first, key)!r}; pass the perf files of one run"
+                )
         for key in sorted(set(result.environment) | set(first.environment)):
             if key in RUN_KEYS and result.environment.get(key) != first.environment.get(key):
-                raise UserError(f"--perf-results: {path} ran with {key}={result.environment.get(key)!r} but {first_path} "
-                                f"with {first.environment.get(key)!r}; time them on machines of one kind")
+                raise UserError(
+                    f"--perf-results: {path} ran with {key}={result.environment.get(key)!r} but {first_path} "
+                    f"with {first.environment.get(key)!r}; time them on machines of one kind"
+                )
         for c in result.cases:
             if c.case_id in seen:
-                raise UserError(f"--perf-results: case {c.case_id} is in {seen[c.case_id]} and in {path}; pass each "
-                                f"perf case's timings once")
+                raise UserError(
+                    f"--perf-results: case {c.case_id} is in {seen[c.case_id]} and in {path}; pass each "
+                    f"perf case's timings once"
+                )
             seen[c.case_id] = path
     results = [r for _, r in read]
     notes = tuple(dict.fromkeys(n for r in results for n in r.notes))
-    return PerfResult(kernel=first.kernel, anchor=first.anchor, suite=first.suite, device=first.device,
-                      environment=first.environment, plan=first.plan, cases=tuple(c for r in results for c in r.cases),
-                      started_at=min(r.started_at for r in results), wall_s=sum(r.wall_s for r in results), notes=notes)
+    return PerfResult(
+        kernel=first.kernel,
+        anchor=first.anchor,
+        suite=first.suite,
+        device=first.device,
+        environment=first.environment,
+        plan=first.plan,
+        cases=tuple(c for r in results for c in r.cases),
+        started_at=min(r.started_at for r in results),
+        wall_s=sum(r.wall_s for r in results),
+        notes=notes,
+    )
 
 
-def refuse_perf_of_another_run(perf: PerfResult, kernel: str, suite: str, environment: dict[str, Any],
-                               baseline_class: str, where: str) -> None:
+def refuse_perf_of_another_run(
+    perf: PerfResult, kernel: str, suite: str, environment: dict[str, Any], baseline_class: str, where: str
+) -> None:
     """Perf files are judged with a sweep only when they timed the same kernel and suite on the
     baseline's GPU class with the same software as the sweep."""
-    for what, wanted, found in (("kernel", kernel, perf.kernel), ("suite", suite, perf.suite),
-                                ("GPU class", baseline_class, str(perf.environment.get("gpu_class", "unknown")))):
+    for what, wanted, found in (
+        ("kernel", kernel, perf.kernel),
+        ("suite", suite, perf.suite),
+        ("GPU class", baseline_class, str(perf.environment.get("gpu_class", "unknown"))),
+    ):
         if wanted != found:
-            raise UserError(f"--perf-results {where}: timings of {what} {found!r}, but the results and baseline are for "
-                            f"{wanted!r}; pass `attn-gate perf` output of the same {what}")
+            raise UserError(
+                f"--perf-results {where}: timings of {what} {found!r}, but the results and baseline are for "
+                f"{wanted!r}; pass `attn-gate perf` output of the same {what}"
+            )
     if perf.device != environment.get("device", perf.device):
-        raise UserError(f"--perf-results {where}: device = {perf.device!r} but the results ran on "
-                        f"{environment.get('device')!r}; pass `attn-gate perf` output timed on the sweep's device")
+        raise UserError(
+            f"--perf-results {where}: device = {perf.device!r} but the results ran on "
+            f"{environment.get('device')!r}; pass `attn-gate perf` output timed on the sweep's device"
+        )
     for key in RUN_KEYS:
         if key in environment and perf.environment.get(key) != environment.get(key):
-            raise UserError(f"--perf-results {where}: timed with {key}={perf.environment.get(key)!r} but the results ran "
-                            f"with {environment.get(key)!r}; time the kernel in the same run environment as the sweep")
+            raise UserError(
+                f"--perf-results {where}: timed with {key}={perf.environment.get(key)!r} but the results ran "
+                f"with {environment.get(key)!r}; time the kernel in the same run environment as the sweep"
+            )
 
 
 def unconfirmed_from_file(j: PerfJudgement) -> PerfJudgement:
@@ -298,13 +422,27 @@ def unconfirmed_from_file(j: PerfJudgement) -> PerfJudgement:
     INCONCLUSIVE (fails closed, never a PASS), with the measured change and the way to confirm it."""
     if not (j.suspected and j.confirmed is None and j.severity is PerfSeverity.FAIL):
         return j
-    return dataclasses.replace(j, severity=PerfSeverity.INCONCLUSIVE, message=(
-        f"{j.message.replace('; not yet confirmed', '')}; read from a perf file, so not re-measured: confirm with "
-        f"`attn-gate check --perf --only '{j.case_id}'` on this GPU class"))
+    return dataclasses.replace(
+        j,
+        severity=PerfSeverity.INCONCLUSIVE,
+        message=(
+            f"{j.message.replace('; not yet confirmed', '')}; read from a perf file, so not re-measured: confirm with "
+            f"`attn-gate check --perf --only '{j.case_id}'` on this GPU class"
+        ),
+    )
 
 
-def file_perf_check(paths: list[Path], kernel: str, suite: str, environment: dict[str, Any], baseline_class: str,
-                    baseline_perf: dict[str, Any] | None, config: Config, only: str | None, out_dir: Path) -> PerfCheck:
+def file_perf_check(
+    paths: list[Path],
+    kernel: str,
+    suite: str,
+    environment: dict[str, Any],
+    baseline_class: str,
+    baseline_perf: dict[str, Any] | None,
+    config: Config,
+    only: str | None,
+    out_dir: Path,
+) -> PerfCheck:
     """`check --results FILE --perf-results PERF...`: the timings of the files judged against the
     baseline's perf section by the rule a fresh check applies, without its confirm re-run."""
     result = read_perf_files(paths)
@@ -313,11 +451,17 @@ def file_perf_check(paths: list[Path], kernel: str, suite: str, environment: dic
         judgements = no_speed_section(result, kernel, suite)
     else:
         judgements = tuple(map(unconfirmed_from_file, judge_perf(result, baseline_perf, config.perf, None, only=only)))
-    md = "\n".join([
-        "", f"### Speed: `{kernel}` against anchor `{result.anchor}`, timings from {len(paths)} perf file(s)", "",
-        rule_sentence(config.perf, result.device) + " A file cannot be re-measured, so a FAIL from it is INCONCLUSIVE "
-        "(fails closed) until a fresh check confirms it.", "",
-        perf_markdown(result),
-    ])
+    md = "\n".join(
+        [
+            "",
+            f"### Speed: `{kernel}` against anchor `{result.anchor}`, timings from {len(paths)} perf file(s)",
+            "",
+            rule_sentence(config.perf, result.device)
+            + " A file cannot be re-measured, so a FAIL from it is INCONCLUSIVE "
+            "(fails closed) until a fresh check confirms it.",
+            "",
+            perf_markdown(result),
+        ]
+    )
     paths_out = {"perf": write_perf_outputs(result, out_dir)}  # the merged timings, beside the verdict
     return PerfCheck(result, judgements, perf_findings(judgements), perf_thresholds(config.perf), paths_out, md)

@@ -9,24 +9,24 @@ from __future__ import annotations
 import datetime as dt
 import math
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from gate.core.config import Config
-from gate.correctness.run_case import run_case
 from gate.core.environment import describe
 from gate.core.errors import UserError
 from gate.core.results import CaseResult, Status, SweepResult
+from gate.correctness.probes.registry import checks_for
+from gate.correctness.run_case import run_case
+from gate.workflow.isolation import default_workers, worker_pool
+from gate.workflow.journal import Journal, journal_path, read_journal
 from gate.workflow.plan import RunPlan, plan_run
 from gate.workflow.progress import Progress
 from gate.workflow.shards import expected_cost, shard_cases, shard_note
 from gate.workflow.validate import check_device
-from gate.correctness.probes.registry import checks_for
-import threading
-from concurrent.futures import ThreadPoolExecutor
-from gate.workflow.isolation import default_workers, worker_pool
-from gate.workflow.journal import Journal, journal_path, read_journal
 
 JUDGING_THREADS_PER_SLOT = 2  # a case judged here while the next one runs in the worker
 
@@ -58,13 +58,23 @@ class SweepOptions:
         if self.resume and self.out_dir is None:
             raise UserError("--resume needs the --out folder of the interrupted run")
         if self.resume and self.workers == 0:  # the in-process run keeps no journal to resume from
-            raise UserError("--resume with --workers 0: a run in the gate's own process keeps no journal, so there is "
-                            "nothing to resume; drop --workers 0 (runs in workers journal every case) or --resume")
+            raise UserError(
+                "--resume with --workers 0: a run in the gate's own process keeps no journal, so there is "
+                "nothing to resume; drop --workers 0 (runs in workers journal every case) or --resume"
+            )
 
 
-def run_sweep(kernel: str, suite_name: str, config: Config, device: str | None = None, progress: bool = True,
-              only: str | None = None, check_names: tuple[str, ...] = (),
-              options: SweepOptions | None = None, adapter=None) -> SweepResult:
+def run_sweep(
+    kernel: str,
+    suite_name: str,
+    config: Config,
+    device: str | None = None,
+    progress: bool = True,
+    only: str | None = None,
+    check_names: tuple[str, ...] = (),
+    options: SweepOptions | None = None,
+    adapter=None,
+) -> SweepResult:
     """`check_names` (gate/correctness/probes/registry.py) are added to the checks each case of the suite asks for.
     `options` None runs in this process, as a library call from a test does; the CLI always passes
     options, so its runs are isolated in workers unless --workers 0 says otherwise.
@@ -85,8 +95,9 @@ def sweep_plan(plan: RunPlan, progress: bool = True, check_names: tuple[str, ...
     options = plan.options
     shard = options.shard if options is not None else None
     cases = shard_cases(list(plan.cases), shard)
-    extra_notes = ((f"extra checks on every case: {', '.join(check_names)}",) if check_names else ()) \
-        + ((shard_note(shard),) if shard else ())
+    extra_notes = ((f"extra checks on every case: {', '.join(check_names)}",) if check_names else ()) + (
+        (shard_note(shard),) if shard else ()
+    )
     if options is not None and options.workers != 0:
         return _run_isolated(plan, progress, check_names, cases, extra_notes)
     kernel, device, config = plan.kernel, plan.device, plan.config
@@ -95,7 +106,9 @@ def sweep_plan(plan: RunPlan, progress: bool = True, check_names: tuple[str, ...
     if missing:
         raise UserError(f"kernel {kernel!r} is unavailable here: {missing}")
     if device not in adapter.capabilities().devices:
-        raise UserError(f"kernel {kernel!r} runs on {'/'.join(adapter.capabilities().devices)}, not {device}; pass --device")
+        raise UserError(
+            f"kernel {kernel!r} runs on {'/'.join(adapter.capabilities().devices)}, not {device}; pass --device"
+        )
 
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
@@ -107,18 +120,31 @@ def sweep_plan(plan: RunPlan, progress: bool = True, check_names: tuple[str, ...
             advance(case.id, results[-1].status.value, 0.0 if case.id in skips else expected_cost(case, check_names))
     caps = adapter.capabilities()
     return SweepResult(
-        kernel=kernel, suite=plan.suite.name, suite_hash=plan.suite_hash,
-        environment=describe(device, kernel, adapter.version()), cases=tuple(results),
-        tolerance=config.tolerance.as_dict(), started_at=started, wall_s=time.perf_counter() - t0,
-        notes=caps.notes + extra_notes, scope=plan.only,
+        kernel=kernel,
+        suite=plan.suite.name,
+        suite_hash=plan.suite_hash,
+        environment=describe(device, kernel, adapter.version()),
+        cases=tuple(results),
+        tolerance=config.tolerance.as_dict(),
+        started_at=started,
+        wall_s=time.perf_counter() - t0,
+        notes=caps.notes + extra_notes,
+        scope=plan.only,
     )
 
 
-def _run_isolated(plan: RunPlan, progress: bool, check_names: tuple[str, ...], cases: list,
-                  extra_notes: tuple[str, ...]) -> SweepResult:
+def _run_isolated(
+    plan: RunPlan, progress: bool, check_names: tuple[str, ...], cases: list, extra_notes: tuple[str, ...]
+) -> SweepResult:
     """Every case in a worker process (gate/workflow/isolation.py), streamed to the journal."""
-    kernel, suite, config, device, only, options = plan.kernel, plan.suite, plan.config, plan.device, plan.only, plan.options
-
+    kernel, suite, config, device, only, options = (
+        plan.kernel,
+        plan.suite,
+        plan.config,
+        plan.device,
+        plan.only,
+        plan.options,
+    )
 
     workers = options.workers if options.workers is not None else default_workers(device)
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
@@ -130,10 +156,18 @@ def _run_isolated(plan: RunPlan, progress: bool, check_names: tuple[str, ...], c
         if device not in info.devices:
             raise UserError(f"kernel {kernel!r} runs on {'/'.join(info.devices)}, not {device}; pass --device")
         environment = describe(device, kernel, info.version)
-        header = {"kernel": kernel, "suite": suite.name, "suite_hash": plan.suite_hash, "device": device,
-                  "environment": environment, "tolerance": config.tolerance.as_dict(), "only": only,
-                  "checks": list(check_names), "shard": list(options.shard) if options.shard else None,
-                  "started_at": started}
+        header = {
+            "kernel": kernel,
+            "suite": suite.name,
+            "suite_hash": plan.suite_hash,
+            "device": device,
+            "environment": environment,
+            "tolerance": config.tolerance.as_dict(),
+            "only": only,
+            "checks": list(check_names),
+            "shard": list(options.shard) if options.shard else None,
+            "started_at": started,
+        }
         done: dict[str, CaseResult] = {}
         journal = None
         if options.out_dir is not None:
@@ -141,13 +175,18 @@ def _run_isolated(plan: RunPlan, progress: bool, check_names: tuple[str, ...], c
             if options.resume:
                 started, done = read_journal(journal.path, header, cases)
                 done = {c.id: done[c.id] for c in cases if c.id in done}
-                print(f"attn-gate: --resume: {len(done)} of {len(cases)} cases are done in {journal.path}; "
-                      f"running the other {len(cases) - len(done)}", file=sys.stderr)
+                print(
+                    f"attn-gate: --resume: {len(done)} of {len(cases)} cases are done in {journal.path}; "
+                    f"running the other {len(cases) - len(done)}",
+                    file=sys.stderr,
+                )
             try:
                 journal.start(header, options.resume)
             except OSError as exc:  # checked before the sweep too; a folder can change under a run
-                raise UserError(f"--out {options.out_dir}: cannot write the journal there ({exc.strerror or exc}); "
-                                f"pass a writable folder") from None
+                raise UserError(
+                    f"--out {options.out_dir}: cannot write the journal there ({exc.strerror or exc}); "
+                    f"pass a writable folder"
+                ) from None
         todo = [c for c in cases if c.id not in done]
         # outside the declared envelope (decided here), then what the kernel's adapter does not
         # support (asked of the worker once, for all): SKIP rows made here, with no round trip per
@@ -179,7 +218,9 @@ def _run_isolated(plan: RunPlan, progress: bool, check_names: tuple[str, ...], c
 
             # JUDGING_THREADS_PER_SLOT callers per worker: while one judges its case's outputs here,
             # the next case already runs in the worker (gate/workflow/isolation.py WorkerPool.run_case)
-            ex = ThreadPoolExecutor(max_workers=JUDGING_THREADS_PER_SLOT * len(pool.slots), thread_name_prefix="attn-gate-case")
+            ex = ThreadPoolExecutor(
+                max_workers=JUDGING_THREADS_PER_SLOT * len(pool.slots), thread_name_prefix="attn-gate-case"
+            )
             try:
                 for future in [ex.submit(one, c) for c in todo]:
                     future.result()
@@ -191,9 +232,16 @@ def _run_isolated(plan: RunPlan, progress: bool, check_names: tuple[str, ...], c
             ex.shutdown(wait=True)
     results = tuple(done[c.id] if c.id in done else fresh[c.id] for c in cases)
     return SweepResult(
-        kernel=kernel, suite=suite.name, suite_hash=plan.suite_hash, environment=environment, cases=results,
-        tolerance=config.tolerance.as_dict(), started_at=started, wall_s=time.perf_counter() - t0,
-        notes=info.notes + extra_notes, scope=only,
+        kernel=kernel,
+        suite=suite.name,
+        suite_hash=plan.suite_hash,
+        environment=environment,
+        cases=results,
+        tolerance=config.tolerance.as_dict(),
+        started_at=started,
+        wall_s=time.perf_counter() - t0,
+        notes=info.notes + extra_notes,
+        scope=only,
     )
 
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gate.core.cases import only_pattern, suite_names
 from gate.core.config import Config, IsolationConfig
 from gate.core.errors import UserError
 from gate.workflow.isolation import worker_pool
-from gate.core.cases import only_pattern, suite_names
 
 
 @dataclass(frozen=True)
@@ -67,12 +67,15 @@ def _check_kernel_in_worker(kernel: str, device: str, option: str, config: Confi
     if info.unavailable:
         raise UserError(f"kernel {kernel!r} is unavailable here: {info.unavailable}")
     if device not in info.devices:
-        raise UserError(f"{option} {kernel!r} runs on {'/'.join(info.devices)}, not {device}; pass --device "
-                        f"{info.devices[0] if info.devices else 'cuda'} on a machine that has it")
+        raise UserError(
+            f"{option} {kernel!r} runs on {'/'.join(info.devices)}, not {device}; pass --device "
+            f"{info.devices[0] if info.devices else 'cuda'} on a machine that has it"
+        )
 
 
-def check_kernel(kernel: str, device: str, option: str = "--kernel", config: Config | None = None,
-                 kernel_in_worker: bool = False):
+def check_kernel(
+    kernel: str, device: str, option: str = "--kernel", config: Config | None = None, kernel_in_worker: bool = False
+):
     """A known name (or an importable `package.module:function`, or a kernel family of `config`,
     entry points), installed, and able to run on `device`. Returns the adapter it built (a run
     plan keeps it), or None where a worker checked the kernel.
@@ -94,16 +97,22 @@ def check_kernel(kernel: str, device: str, option: str = "--kernel", config: Con
     except UserError:
         if ":" in kernel or kernel in names:
             raise
-        raise UserError(f"{option} {kernel!r} is not a known kernel; choose one of {', '.join(names)}{nearest(kernel, names)}, "
-                        f"or name your own function as 'package.module:function' (`attn-gate kernels` lists them)") from None
+        raise UserError(
+            f"{option} {kernel!r} is not a known kernel; choose one of {', '.join(names)}{nearest(kernel, names)}, "
+            f"or name your own function as 'package.module:function' (`attn-gate kernels` lists them)"
+        ) from None
     missing = adapter.unavailable_reason()
     if missing:
         runnable = [n for n in names if ":" not in n and n not in families and _runs_on(n, device)]
-        raise UserError(f"kernel {kernel!r} is unavailable here: {missing}; on {device} try {', '.join(runnable) or 'none'}")
+        raise UserError(
+            f"kernel {kernel!r} is unavailable here: {missing}; on {device} try {', '.join(runnable) or 'none'}"
+        )
     devices = adapter.capabilities().devices
     if device not in devices:
-        raise UserError(f"{option} {kernel!r} runs on {'/'.join(devices)}, not {device}; pass --device "
-                        f"{devices[0]} on a machine that has it, or choose a {device} kernel (`attn-gate kernels`)")
+        raise UserError(
+            f"{option} {kernel!r} runs on {'/'.join(devices)}, not {device}; pass --device "
+            f"{devices[0]} on a machine that has it, or choose a {device} kernel (`attn-gate kernels`)"
+        )
     return adapter
 
 
@@ -120,16 +129,25 @@ def _runs_on(name: str, device: str) -> bool:
 def check_suite(config: Config, suite: str, option: str = "--suite") -> None:
     names = suite_names(config.suites)
     if suite not in names:
-        raise UserError(f"{option} {suite!r}: unknown suite {suite!r}; choose one of: {', '.join(names)}{nearest(suite, names)} "
-                        f"(`attn-gate suites` lists them; define your own under [tool.attn-gate.suites] in {config.source})")
+        raise UserError(
+            f"{option} {suite!r}: unknown suite {suite!r}; choose one of: {', '.join(names)}{nearest(suite, names)} "
+            f"(`attn-gate suites` lists them; define your own under [tool.attn-gate.suites] in {config.source})"
+        )
 
 
 def check_only(only: str | None) -> None:
     only_pattern(only)  # an invalid regex is a one-line UserError
 
 
-def validate_target(config: Config, kernel: str | None, suite: str | None, device: str | None,
-                    only: str | None = None, check_kernel_runs: bool = True, kernel_in_worker: bool = False) -> ValidTarget:
+def validate_target(
+    config: Config,
+    kernel: str | None,
+    suite: str | None,
+    device: str | None,
+    only: str | None = None,
+    check_kernel_runs: bool = True,
+    kernel_in_worker: bool = False,
+) -> ValidTarget:
     """Resolve the defaults and check every name, in the order a user reads the command line:
     device, kernel, suite, --only. `check_kernel_runs=False` for commands that only read files
     (`baseline show`): the name must be known, the kernel need not be installed here.
@@ -147,9 +165,15 @@ def validate_target(config: Config, kernel: str | None, suite: str | None, devic
     else:
         from gate.kernels.registry import kernel_names
 
-        if ":" not in kernel and kernel not in kernel_names() and kernel not in (getattr(config, "kernels", None) or {}):
-            raise UserError(f"{kernel_option} {kernel!r} is not a known kernel{nearest(kernel, kernel_names())}; "
-                            f"`attn-gate kernels` lists them")
+        if (
+            ":" not in kernel
+            and kernel not in kernel_names()
+            and kernel not in (getattr(config, "kernels", None) or {})
+        ):
+            raise UserError(
+                f"{kernel_option} {kernel!r} is not a known kernel{nearest(kernel, kernel_names())}; "
+                f"`attn-gate kernels` lists them"
+            )
     check_suite(config, suite, suite_option)
     check_only(only)
     return ValidTarget(kernel, suite, device, adapter)
@@ -159,8 +183,10 @@ def require_initialised(config: Config, kernel: str | None) -> None:
     """A repository whose pyproject.toml has no [tool.attn-gate] has not chosen a kernel: gating the
     built-in default against it (and writing that baseline into it) would be the wrong kernel."""
     if config.source != "defaults" and not config.section and not kernel:
-        raise UserError(f"{config.source} has no [tool.attn-gate] section: run `attn-gate init` to set up this "
-                        f"repository (or pass --kernel to name the kernel)")
+        raise UserError(
+            f"{config.source} has no [tool.attn-gate] section: run `attn-gate init` to set up this "
+            f"repository (or pass --kernel to name the kernel)"
+        )
 
 
 def check_working_directory(config: Config, baselines_dir: str | Path | None = None) -> None:
@@ -169,5 +195,7 @@ def check_working_directory(config: Config, baselines_dir: str | Path | None = N
     folder = Path(baselines_dir if baselines_dir is not None else config.baselines_dir)
     if folder.is_dir() or config.source != "defaults":
         return  # a configured project without baselines yet: "no baseline, create it with ..." is right
-    raise UserError(f"no pyproject.toml and no {folder}/ folder in {Path.cwd()}: run attn-gate from your "
-                    f"repository's root (where pyproject.toml and {folder}/ are), or pass --config PATH/pyproject.toml")
+    raise UserError(
+        f"no pyproject.toml and no {folder}/ folder in {Path.cwd()}: run attn-gate from your "
+        f"repository's root (where pyproject.toml and {folder}/ are), or pass --config PATH/pyproject.toml"
+    )

@@ -30,22 +30,23 @@ finds it; this process kills its tree before it exits, the gate kills it when it
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-import time
 import ctypes
-import signal
+import faulthandler
 import importlib
 import inspect
+import json
+import os
+import signal
+import sys
+import time
 import types
+
 from gate.core.cases import Case
-from gate.correctness.probes.registry import checks_for
+from gate.core.config import KernelFamily
 from gate.core.errors import UserError, first_line
+from gate.correctness.probes.registry import checks_for
 from gate.speed.runs import measure_case
 from gate.speed.timing import TimingPlan
-import faulthandler
-from gate.core.config import KernelFamily
 
 
 def die_with_parent() -> None:
@@ -131,9 +132,13 @@ _OWN_MODULES = ("__main__", "json", "json.decoder", "json.encoder")
 
 
 def _functions(space_name: str, space) -> list[tuple[str, str, int]]:
-    return [(space_name, attr, id(value)) for attr, value in sorted(vars(space).items())
-            if (callable(value) or isinstance(value, (staticmethod, classmethod, property)))
-            and not isinstance(value, type) and not attr.startswith("__")]
+    return [
+        (space_name, attr, id(value))
+        for attr, value in sorted(vars(space).items())
+        if (callable(value) or isinstance(value, (staticmethod, classmethod, property)))
+        and not isinstance(value, type)
+        and not attr.startswith("__")
+    ]
 
 
 def _own_functions() -> list[tuple[str, str, int]]:
@@ -147,20 +152,29 @@ def _own_functions() -> list[tuple[str, str, int]]:
         if name in _OWN_MODULES:
             funcs += _functions(name, module)
         else:
-            funcs += [(name, attr, id(value)) for attr, value in sorted(vars(module).items())
-                      if not attr.startswith("__") and not isinstance(value, types.ModuleType)]
+            funcs += [
+                (name, attr, id(value))
+                for attr, value in sorted(vars(module).items())
+                if not attr.startswith("__") and not isinstance(value, types.ModuleType)
+            ]
         for cls_name, value in sorted(vars(module).items()):
             if isinstance(value, type) and getattr(value, "__module__", None) == module.__name__:
-                funcs += [(f"{name}.{cls_name}", attr, id(v)) for attr, v in sorted(vars(value).items())
-                          if attr not in ("__dict__", "__weakref__", "__doc__")]
+                funcs += [
+                    (f"{name}.{cls_name}", attr, id(v))
+                    for attr, v in sorted(vars(value).items())
+                    if attr not in ("__dict__", "__weakref__", "__doc__")
+                ]
     return funcs
 
 
 def _class_attributes(space_name: str, cls: type) -> list[tuple[str, str, int]]:
     """Every attribute a class resolves (its MRO's, dunders included), by identity of the stored
     object: `torch.Tensor.__matmul__ = f` sets a new one where the C base's was found before."""
-    return [(space_name, attr, id(inspect.getattr_static(cls, attr))) for attr in sorted(dir(cls))
-            if attr not in ("__dict__", "__weakref__", "__doc__")]
+    return [
+        (space_name, attr, id(inspect.getattr_static(cls, attr)))
+        for attr in sorted(dir(cls))
+        if attr not in ("__dict__", "__weakref__", "__doc__")
+    ]
 
 
 def _autograd_engine() -> list[tuple[str, str, int]]:
@@ -186,8 +200,14 @@ def state_fingerprint() -> tuple:
         space = importlib.import_module(name)
         funcs += [f for f in _functions(name, space) if (f[0], f[1]) not in _TORCH_REWRAPS]
     funcs += _class_attributes("torch.Tensor", torch.Tensor) + _autograd_engine()
-    return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.get_default_dtype(),
-            torch.are_deterministic_algorithms_enabled(), tuple(funcs), tuple(_own_functions()))
+    return (
+        torch.is_grad_enabled(),
+        torch.is_inference_mode_enabled(),
+        torch.get_default_dtype(),
+        torch.are_deterministic_algorithms_enabled(),
+        tuple(funcs),
+        tuple(_own_functions()),
+    )
 
 
 def _replaced(before: tuple, after: tuple) -> str | None:
@@ -209,8 +229,13 @@ def state_change(before: tuple, after: tuple) -> str | None:
 
 # Spaces whose replacement makes the case's own reply untrusted (its outputs went through them to
 # the gate: detach, to, clone, torch.save's pickling of tensors), besides the gate's own code.
-_REPLY_PATHS = ("torch.Tensor", "torch.autograd.variable.Variable", "torch.autograd.graph", "torch.autograd.function",
-                "torch.autograd.Function")
+_REPLY_PATHS = (
+    "torch.Tensor",
+    "torch.autograd.variable.Variable",
+    "torch.autograd.graph",
+    "torch.autograd.function",
+    "torch.autograd.Function",
+)
 
 
 def own_change(before: tuple, after: tuple) -> str | None:
@@ -227,8 +252,18 @@ def _send(channel, payload: dict, dumps=json.dumps) -> None:
 
 def _cuda_failed(text: str) -> bool:
     """An error that leaves the CUDA context unusable: this worker must not run another case."""
-    return any(s in text for s in ("CUDA error", "illegal memory access", "AcceleratorError", "device-side assert",
-                                   "CUBLAS_STATUS", "cudaError", "unspecified launch failure"))
+    return any(
+        s in text
+        for s in (
+            "CUDA error",
+            "illegal memory access",
+            "AcceleratorError",
+            "device-side assert",
+            "CUBLAS_STATUS",
+            "cudaError",
+            "unspecified launch failure",
+        )
+    )
 
 
 def run_one(adapter, request: dict, device: str) -> dict:
@@ -262,24 +297,39 @@ def run_one(adapter, request: dict, device: str) -> dict:
 
             # the grads run_case measures: dq, dk, dv (w.r.t. the layout views the kernel got),
             # dbias w.r.t. the bias leaf rebuilt here from the case (bias_grad cases) and dsink
-            #; none for a forward-only run; a decode call's cache after the call
-            entry = {"seed": seed, "out": cpu(kout.out), "lse": cpu(kout.lse), "dropout_keep": cpu(kout.dropout_keep),
-                     "cache": None if kout.cache is None else [cpu(kout.cache[0]), cpu(kout.cache[1])]}
+            # ; none for a forward-only run; a decode call's cache after the call
+            entry = {
+                "seed": seed,
+                "out": cpu(kout.out),
+                "lse": cpu(kout.lse),
+                "dropout_keep": cpu(kout.dropout_keep),
+                "cache": None if kout.cache is None else [cpu(kout.cache[0]), cpu(kout.cache[1])],
+            }
             if grads is not None:
                 entry.update({name: cpu(grad) for name, grad in zip(grad_names(adapter, case, inputs), grads)})
             seeds.append(entry)
             del kout, grads, inputs
-        checks = [c.to_dict() for check in checks_for(case, tuple(request.get("checks", ()))) for c in check(adapter, case, device)]
+        checks = [
+            c.to_dict()
+            for check in checks_for(case, tuple(request.get("checks", ())))
+            for c in check(adapter, case, device)
+        ]
         if device == "cuda":
             torch.cuda.synchronize()  # an asynchronous fault belongs to this case, not to the next
     except BadOutput as exc:
         return {"status": "FAIL", "reason": str(exc)}
     except KeyboardInterrupt:
         raise
-    except BaseException as exc:  # a raising kernel (sys.exit too) is an ERROR row; the worker is replaced after a CUDA fault
+    except (
+        BaseException
+    ) as exc:  # a raising kernel (sys.exit too) is an ERROR row; the worker is replaced after a CUDA fault
         text = first_line(exc)
-        return {"status": "ERROR", "reason": text, "traceback": traceback_tail(exc),
-                "restart": device == "cuda" and _cuda_failed(f"{type(exc).__name__} {exc}")}
+        return {
+            "status": "ERROR",
+            "reason": text,
+            "traceback": traceback_tail(exc),
+            "restart": device == "cuda" and _cuda_failed(f"{type(exc).__name__} {exc}"),
+        }
     torch.save({"seeds": seeds}, request["file"])
     return {"status": "RAN", "checks": checks, "seconds": time.perf_counter() - start}
 
@@ -299,8 +349,9 @@ def triage(adapter, request: dict, device: str) -> dict:
 def run_perf_case(adapter, request: dict, device: str) -> dict:
     """Time one case against the anchor (gate/speed/runs.py measure_case) and send the raw timing."""
 
-    result = measure_case(adapter, request["anchor"], Case.from_dict(request["case"]), device,
-                          TimingPlan.from_dict(request["plan"]))
+    result = measure_case(
+        adapter, request["anchor"], Case.from_dict(request["case"]), device, TimingPlan.from_dict(request["plan"])
+    )
     return {"status": "PERF", "result": result.to_dict(), "restart": result.status == "ERROR" and device == "cuda"}
 
 
@@ -337,9 +388,21 @@ def _serve() -> int:
         else:
             adapter = get_adapter(hello["kernel"])
         caps = adapter.capabilities()
-        send(channel, {"op": "hello", "id": hello_id, "version": adapter.version(), "devices": list(caps.devices),
-                       "unavailable": adapter.unavailable_reason(), "notes": list(caps.notes),
-                       "returns_lse": caps.returns_lse, "sink_grad": caps.sink_grad, "backward": caps.backward}, dumps)
+        send(
+            channel,
+            {
+                "op": "hello",
+                "id": hello_id,
+                "version": adapter.version(),
+                "devices": list(caps.devices),
+                "unavailable": adapter.unavailable_reason(),
+                "notes": list(caps.notes),
+                "returns_lse": caps.returns_lse,
+                "sink_grad": caps.sink_grad,
+                "backward": caps.backward,
+            },
+            dumps,
+        )
     except UserError as exc:
         send(channel, {"op": "hello", "id": hello_id, "user_error": str(exc)}, dumps)
         return 0
@@ -351,16 +414,28 @@ def _serve() -> int:
         request = loads(line)
         before = fingerprint()
         op = request.get("op")
-        reply = perf_case(adapter, request, device) if op == "perf_case" else \
-            triage_cases(adapter, request, device) if op == "triage" else one_case(adapter, request, device)
+        reply = (
+            perf_case(adapter, request, device)
+            if op == "perf_case"
+            else triage_cases(adapter, request, device)
+            if op == "triage"
+            else one_case(adapter, request, device)
+        )
         if getcwd() != cwd:  # a kernel that moves the process is wrong, whatever it returned
-            reply = {"status": "ERROR", "reason": f"the kernel changed the working directory to {getcwd()}", "restart": True}
+            reply = {
+                "status": "ERROR",
+                "reason": f"the kernel changed the working directory to {getcwd()}",
+                "restart": True,
+            }
         after = fingerprint()
         replaced = own(before, after)
         changed = changes(before, after)
         if replaced:  # the reply came from code the kernel rewrote: not an answer to judge
-            reply = {"status": "ERROR", "reason": f"the kernel replaced the gate's own code in its worker ({replaced})",
-                     "restart": True}
+            reply = {
+                "status": "ERROR",
+                "reason": f"the kernel replaced the gate's own code in its worker ({replaced})",
+                "restart": True,
+            }
         elif changed:  # this case's own reply stands (it is judged in the gate); no later case runs here
             reply = {**reply, "restart": True}
         if changed:

@@ -3,7 +3,6 @@ gradients equal PyTorch's attention in float64, dense and varlen."""
 
 import torch
 import torch.nn.functional as F
-
 from tiny_attn import flash_attn_func, flash_attn_varlen_func
 
 

@@ -72,8 +72,9 @@ class _Attention(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
-def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                    return_attn_probs=False):
+def flash_attn_func(
+    q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), return_attn_probs=False
+):
     """out (B, Nq, H, Dv); with return_attn_probs, (out, lse (B, H, Nq), None) as flash-attn returns."""
     if dropout_p:
         raise NotImplementedError("tiny-attn has no dropout")
@@ -84,16 +85,36 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     return (out, lse, None) if return_attn_probs else out
 
 
-def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
-                           softmax_scale=None, causal=False, window_size=(-1, -1), return_attn_probs=False):
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    return_attn_probs=False,
+):
     """Packed sequences: q (total_q, H, D), k and v (total_k, Hk, D); lse (H, total_q). Each
     sequence is attended alone, masks aligned to its own lengths."""
     outs, lses = [], []
     for i in range(len(cu_seqlens_q) - 1):
         q0, q1 = int(cu_seqlens_q[i]), int(cu_seqlens_q[i + 1])
         k0, k1 = int(cu_seqlens_k[i]), int(cu_seqlens_k[i + 1])
-        out, lse, _ = flash_attn_func(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], dropout_p, softmax_scale,
-                                      causal, window_size, return_attn_probs=True)
+        out, lse, _ = flash_attn_func(
+            q[None, q0:q1],
+            k[None, k0:k1],
+            v[None, k0:k1],
+            dropout_p,
+            softmax_scale,
+            causal,
+            window_size,
+            return_attn_probs=True,
+        )
         outs.append(out[0])
         lses.append(lse[0])
     out, lse = torch.cat(outs), torch.cat(lses, dim=-1)

@@ -23,12 +23,12 @@ import dataclasses
 
 import torch
 
+from gate.attention.inputs import AttnInputs, make_inputs
 from gate.core.cases import Case
+from gate.core.results import CheckResult
 from gate.correctness.run_case import grad_names, run_kernel
 from gate.correctness.tolerance import tensor_spec
-from gate.attention.inputs import AttnInputs, make_inputs
 from gate.kernels.base import KernelAdapter
-from gate.core.results import CheckResult
 
 DEFAULT_RUNS = 10
 RACE_BATCH_FACTOR = 4
@@ -75,7 +75,11 @@ def _bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     if torch.equal(a, b):
         return True
     nan_a, nan_b = torch.isnan(a), torch.isnan(b)
-    return bool(nan_a.any()) and torch.equal(nan_a, nan_b) and torch.equal(a.masked_fill(nan_a, 0), b.masked_fill(nan_b, 0))
+    return (
+        bool(nan_a.any())
+        and torch.equal(nan_a, nan_b)
+        and torch.equal(a.masked_fill(nan_a, 0), b.masked_fill(nan_b, 0))
+    )
 
 
 def scaled_batch(case: Case, factor: int) -> Case:
@@ -88,8 +92,9 @@ def scaled_batch(case: Case, factor: int) -> Case:
     return dataclasses.replace(case, shape=shape)
 
 
-def determinism_check(adapter: KernelAdapter, case: Case, device: str, runs: int = DEFAULT_RUNS,
-                      name: str = "determinism") -> tuple[CheckResult, ...]:
+def determinism_check(
+    adapter: KernelAdapter, case: Case, device: str, runs: int = DEFAULT_RUNS, name: str = "determinism"
+) -> tuple[CheckResult, ...]:
     if runs < 2:
         raise ValueError("determinism needs at least 2 runs")
     claims = adapter.capabilities().deterministic_mode
@@ -107,13 +112,31 @@ def determinism_check(adapter: KernelAdapter, case: Case, device: str, runs: int
     spreads = ", ".join(f"{t} {spread[t]:.3g}" for t in first)
     worst = max(spread.values())
     if not claims:
-        return (CheckResult(name, None, worst, 0.0,
-                            f"no deterministic mode: run-to-run max spread over {runs} runs: {spreads} (information)"),)
+        return (
+            CheckResult(
+                name,
+                None,
+                worst,
+                0.0,
+                f"no deterministic mode: run-to-run max spread over {runs} runs: {spreads} (information)",
+            ),
+        )
     if not differing:
-        return (CheckResult(name, True, 0.0, 0.0, f"{runs} runs in deterministic mode, all bit-identical ({', '.join(first)})"),)
+        return (
+            CheckResult(
+                name, True, 0.0, 0.0, f"{runs} runs in deterministic mode, all bit-identical ({', '.join(first)})"
+            ),
+        )
     what = ", ".join(f"{t} in {n}/{runs - 1} re-runs (max spread {spread[t]:.3g})" for t, n in differing.items())
-    return (CheckResult(name, False, float(max(differing.values())), 0.0,
-                        f"not bit-identical in deterministic mode over {runs} runs: {what}"),)
+    return (
+        CheckResult(
+            name,
+            False,
+            float(max(differing.values())),
+            0.0,
+            f"not bit-identical in deterministic mode over {runs} runs: {what}",
+        ),
+    )
 
 
 def race_check(adapter: KernelAdapter, case: Case, device: str, runs: int = DEFAULT_RUNS) -> tuple[CheckResult, ...]:
@@ -202,5 +225,6 @@ def batch_invariance_check(adapter: KernelAdapter, case: Case, device: str) -> t
         return (CheckResult(name, None, 0.0, 0.0, f"nothing bit-reproducible to judge{info}"),)
     if bad:
         return (CheckResult(name, False, worst, 0.0, f"{seq} depends on its neighbours: {', '.join(bad)}{info}"),)
-    return (CheckResult(name, True, 0.0, 0.0,
-                        f"{seq} bit-identical with other neighbours ({', '.join(judged)}){info}"),)
+    return (
+        CheckResult(name, True, 0.0, 0.0, f"{seq} bit-identical with other neighbours ({', '.join(judged)}){info}"),
+    )

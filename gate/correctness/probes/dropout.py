@@ -24,12 +24,12 @@ import math
 
 import torch
 
-from gate.core.cases import Case
-from gate.correctness.probes.determinism import run_once
 from gate.attention.inputs import make_inputs
-from gate.kernels.base import KernelAdapter, realised_keep_probability
 from gate.attention.masks import allowed_mask
+from gate.core.cases import Case
 from gate.core.results import CheckResult
+from gate.correctness.probes.determinism import run_once
+from gate.kernels.base import KernelAdapter, realised_keep_probability
 
 Z_LIMIT = 6.0
 NEW_SEED_MIN_FRACTION = 0.5  # of the expected 2p(1-p) differing fraction
@@ -112,26 +112,48 @@ def dropout_check(adapter: KernelAdapter, case: Case, device: str) -> tuple[Chec
     keep_p = realised_keep_probability(p, levels)
     z = binomial_z(kept, total, 1.0 - keep_p)
     declared = f" (the kernel's {levels}-level threshold for p={p:g})" if levels else ""
-    results.append(CheckResult(
-        "dropout_rate", abs(z) <= Z_LIMIT, z, Z_LIMIT,
-        f"kept {kept}/{total} = {kept / max(total, 1):.4f} of allowed pairs, expected {keep_p:.4f}{declared} (|z| <= {Z_LIMIT:g})"))
+    results.append(
+        CheckResult(
+            "dropout_rate",
+            abs(z) <= Z_LIMIT,
+            z,
+            Z_LIMIT,
+            f"kept {kept}/{total} = {kept / max(total, 1):.4f} of allowed pairs, expected {keep_p:.4f}{declared} (|z| <= {Z_LIMIT:g})",
+        )
+    )
 
     again, grads2 = run_once(adapter, case, inputs, claims)
-    same = {"mask": _same_masks(case, first.dropout_keep, again.dropout_keep),
-            "out": torch.equal(first.out.detach(), again.out.detach())}
+    same = {
+        "mask": _same_masks(case, first.dropout_keep, again.dropout_keep),
+        "out": torch.equal(first.out.detach(), again.out.detach()),
+    }
     if claims:
         same.update({n: torch.equal(g1, g2) for n, g1, g2 in zip(("dq", "dk", "dv"), grads1, grads2)})
     differ = [n for n, ok in same.items() if not ok]
     graded = ", ".join(same) + ("" if claims else " (grads not compared: no deterministic mode)")
-    results.append(CheckResult(
-        "dropout_same_seed", not differ, float(len(differ)), 0.0,
-        f"seed {inputs.seed} twice: identical {graded}" if not differ else f"seed {inputs.seed} twice: {', '.join(differ)} differ"))
+    results.append(
+        CheckResult(
+            "dropout_same_seed",
+            not differ,
+            float(len(differ)),
+            0.0,
+            f"seed {inputs.seed} twice: identical {graded}"
+            if not differ
+            else f"seed {inputs.seed} twice: {', '.join(differ)} differ",
+        )
+    )
     del again, grads2, grads1
 
     other, _ = run_once(adapter, case, dataclasses.replace(inputs, seed=inputs.seed + 1), claims)
     frac = differing_fraction(case, first.dropout_keep, other.dropout_keep)
     expected = 2 * p * (1 - p)
-    results.append(CheckResult(
-        "dropout_new_seed", frac >= NEW_SEED_MIN_FRACTION * expected, frac, NEW_SEED_MIN_FRACTION * expected,
-        f"seed {inputs.seed} vs {inputs.seed + 1}: masks differ in {frac:.4f} of allowed pairs (independent draws: {expected:.4f})"))
+    results.append(
+        CheckResult(
+            "dropout_new_seed",
+            frac >= NEW_SEED_MIN_FRACTION * expected,
+            frac,
+            NEW_SEED_MIN_FRACTION * expected,
+            f"seed {inputs.seed} vs {inputs.seed + 1}: masks differ in {frac:.4f} of allowed pairs (independent draws: {expected:.4f})",
+        )
+    )
     return tuple(results)

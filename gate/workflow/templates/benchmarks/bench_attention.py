@@ -36,7 +36,9 @@ def _value(cache, case, pass_, key):
     case, never recorded as 0 or failed."""
     row = cache[case].get(pass_) or {}
     if key not in row:
-        raise SkipNotImplemented(f"{case}: no {pass_} {key} (a forward-only case, or one timed against the anchor fallback)")
+        raise SkipNotImplemented(
+            f"{case}: no {pass_} {key} (a forward-only case, or one timed against the anchor fallback)"
+        )
     return row[key]
 
 
