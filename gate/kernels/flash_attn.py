@@ -36,7 +36,6 @@ def _import(module: str):
 class _FlashBase(KernelAdapter):
     module = ""
     dist = ""
-    kvcache_fn = ""  # the module's decode entry point ("" = none)
 
     def unavailable_reason(self) -> str | None:
         if not torch.cuda.is_available():
