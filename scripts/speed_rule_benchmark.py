@@ -13,8 +13,7 @@ on a CPU its repeated work (`--planted repeat`: the kernel run 3 times, so the e
 by the machine's load as the kernel is; `--planted delay`, a fixed busy-wait, shrinks against it).
 Every trial is judged by `judge_perf` with the config's rule, confirm re-runs included, exactly as
 `attn-gate check --perf` judges. Prints per trial the change with its interval and the verdict,
-then the FAIL counts. Exit 0 when A/A has no FAIL and every slowed trial
-FAILs, else 1.
+then the FAIL counts. Exit 0 when A/A has no FAIL and every slowed trial FAILs, else 1.
 """
 
 from __future__ import annotations

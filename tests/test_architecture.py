@@ -138,6 +138,22 @@ def test_every_layer_is_a_package(layer_name):
     assert (ROOT / layer_name / "__init__.py").is_file()
 
 
+# Folders of gate/ that hold no code: the shipped docs (a link to docs/) and vendored files.
+DATA_ROOMS = ("docs", "vendor")
+VENDORED = (".js", ".css", ".woff", ".ttf", ".map")
+
+
+def test_every_folder_is_a_layer_or_a_data_room_and_vendored_files_live_in_vendor():
+    """Third-party web assets are not code of any layer: they live in gate/vendor/, with no module."""
+    folders = {p.name for p in ROOT.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders - set(LAYERS) <= set(DATA_ROOMS), sorted(folders - set(LAYERS) - set(DATA_ROOMS))
+    in_code = [p for layer in LAYERS for p in (ROOT / layer).rglob("*") if p.suffix in VENDORED]
+    assert not in_code, f"vendored files in a code room (move them to gate/vendor/): {in_code[:5]}"
+    assert not list((ROOT / "vendor").rglob("*.py"))
+    for folder in (p for p in (ROOT / "vendor").iterdir() if p.is_dir()):
+        assert (folder / "README.md").is_file() and list((folder / "licenses").iterdir()), folder
+
+
 def test_speed_judging_modules_load_without_torch():
     """`check --results` and `baseline update --perf-from` read and judge files: importing the speed
     modules they use must not load torch (~0.7 s; it once came in through a helper of run_case)."""

@@ -57,7 +57,7 @@ def source_files() -> list[Path]:
             if (
                 path.is_file()
                 and (path.suffix in (".py", ".toml", ".sh") or path.name == "run")
-                and "asv_www" not in path.parts
+                and "vendor" not in path.relative_to(REPO).parts
             ):
                 files.append(path)
     return files

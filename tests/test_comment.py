@@ -429,3 +429,23 @@ def test_the_committed_h200_check_speed_findings_render_baseline_now_and_change(
             f"{(f.current / f.baseline - 1) * 100:+.2f}%",
             f"{(f.threshold / f.baseline - 1) * 100:+.2f}%",
         ]
+
+
+def test_the_thresholds_table_reads_each_meaning_from_the_settings_declaration():
+    """Every threshold a check prints has a meaning, and a setting's is its declaration's."""
+    from gate.compare.sweep_rules import correctness_thresholds
+    from gate.core.config import SETTINGS, PerfConfig, VerdictConfig
+    from gate.report.comment import thresholds_table
+    from gate.workflow.speed_check import perf_thresholds
+
+    thresholds = {**correctness_thresholds(VerdictConfig()), **perf_thresholds(PerfConfig())}
+    rows = {line.split(" | ")[0].strip("|` "): line for line in thresholds_table(decide([], thresholds))[2:]}
+    assert set(rows) == set(thresholds)
+    for key, row in rows.items():
+        meaning = row.rsplit(" | ", 1)[1].removesuffix(" |")
+        assert meaning, key
+        declared = SETTINGS.get(f"verdict.{key}") or SETTINGS.get(f"perf.{key}")
+        assert declared is not None or key == "tolerance_ratio", f"threshold {key} is no declared setting"
+        assert declared is None or meaning == declared.meaning, key
+    unknown = thresholds_table(decide([], {"made_up": 1.0}))[2]
+    assert unknown == "| `made_up` | 1 |  |"

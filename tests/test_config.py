@@ -67,11 +67,11 @@ kernel = "tiled"
         ("[tool.attn-gate.tolerance]\nmult_dk = true\n", "mult_dk = True should be a float"),
         (
             "[tool.attn-gate.tolerance]\nmult_dk = -1.0\n",
-            "[tool.attn-gate].tolerance: mult_dk = -1.0 must be a positive finite number",
+            "[tool.attn-gate].tolerance: mult_dk = -1.0 must be a number in (0, 100]",
         ),
-        ("[tool.attn-gate.tolerance]\nmult_dq = 0\n", "mult_dq = 0.0 must be a positive finite number"),
-        ("[tool.attn-gate.tolerance]\nfp32_factor = nan\n", "fp32_factor = nan must be a positive finite number"),
-        ("[tool.attn-gate.tolerance]\nmult_out = inf\n", "mult_out = inf must be a positive finite number"),
+        ("[tool.attn-gate.tolerance]\nmult_dq = 0\n", "mult_dq = 0.0 must be a number in (0, 100]"),
+        ("[tool.attn-gate.tolerance]\nfp32_factor = nan\n", "fp32_factor = nan must be a number in (0, 100]"),
+        ("[tool.attn-gate.tolerance]\nmult_out = inf\n", "mult_out = inf must be a number in (0, 100]"),
         ("[tool.attn-gate]\ntolerance = 2\n", "[tool.attn-gate].tolerance: expected a table"),
         ("[tool.attn-gate.cpu]\nkernel = 3\n", "[tool.attn-gate].cpu: kernel = 3 should be a str"),
         ("[tool.attn-gate.cpu]\nsuit = 'smoke'\n", "[tool.attn-gate].cpu: unknown key 'suit'"),
@@ -197,12 +197,80 @@ def test_a_setting_beyond_its_upper_bound_is_refused_with_its_range(tmp_path, ke
     assert f"{name} = " in message and RANGES[f"{key}.{name}"].text() in message, message
 
 
-def test_every_range_is_documented_beside_the_settings():
-    from gate.core.config import RANGES
+def test_the_settings_tables_of_the_docs_are_generated_from_the_declarations():
+    """docs/configuration.md's settings and ranges tables are what scripts/settings_doc.py writes."""
+    from gate.core.settings_doc import render
 
-    doc = (ROOT / "docs" / "configuration.md").read_text()
-    for key, bounds in RANGES.items():
-        assert f"| `{key}` | {bounds.text()} |" in doc, key
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    assert render(page) == page, "docs/configuration.md is out of date: run python scripts/settings_doc.py"
+
+
+def test_a_drifted_settings_table_is_rewritten_and_a_missing_one_refused():
+    from gate.core.config import SETTINGS
+    from gate.core.settings_doc import render
+
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    meaning = SETTINGS["perf.regression_pct"].meaning
+    drifted = page.replace(meaning, "FAIL whenever it likes", 1)
+    assert drifted != page and render(drifted) == page
+    bound = "| `verdict.headroom_factor` | a number in (1, 10] |"
+    assert bound in page and render(page.replace(bound, "| `verdict.headroom_factor` | a number in (1, 1e9] |")) == page
+    with pytest.raises(ValueError, match="begin ranges table"):
+        render(page.replace("<!-- begin ranges table -->", ""))
+
+
+def test_every_setting_is_in_the_generated_tables_with_its_default_and_range():
+    from gate.core.config import SECTIONS, SETTINGS
+
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    for key, declared in SETTINGS.items():
+        section, name = key.split(".")
+        default = getattr(SECTIONS[section](), name)
+        shown = ("true" if default else "false") if isinstance(default, bool) else repr(default).replace("'", '"')
+        assert f"| `{key}` | `{shown}` | {declared.unit} | {declared.meaning} |" in page, key
+        if declared.range is not None:
+            assert f"| `{key}` | {declared.range.text()} | {declared.why} |" in page, key
+
+
+def test_every_numeric_setting_has_a_range_and_every_field_a_meaning():
+    """A new field without its declaration is neither checked nor documented: refuse it here."""
+    import dataclasses
+
+    from gate.core.config import SECTIONS, SETTINGS
+
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            declared = SETTINGS.get(f"{section}.{f.name}")
+            assert declared is not None and declared.meaning, f"{section}.{f.name} declares no meaning"
+            numeric = f.type in ("float", "int", float, int)
+            assert (declared.range is not None) == numeric, f"{section}.{f.name}: range iff numeric"
+
+
+def test_a_declaration_with_a_range_needs_its_reason():
+    import re
+
+    from gate.core.config import Range, Setting
+
+    Setting("m", "%", Range(0, 1), "why")
+    with pytest.raises(ValueError, match="a range needs its why"):
+        Setting("m", "%", Range(0, 1))
+    with pytest.raises(ValueError, match=re.escape("no '|'")):
+        Setting("a | b")
+
+
+def test_the_toml_example_of_the_docs_holds_the_defaults():
+    """The example at the top of docs/configuration.md says its values are the defaults."""
+    import re
+    import tomllib
+
+    from gate.core.config import SECTIONS
+
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    example = tomllib.loads(re.search(r"```toml\n(.*?)```", page, re.S).group(1))["tool"]["attn-gate"]
+    shown = [(s, k, v) for s in SECTIONS for k, v in example.get(s, {}).items()]
+    assert len(shown) >= 10
+    for section, key, value in shown:
+        assert getattr(SECTIONS[section](), key) == value, f"{section}.{key}"
 
 
 def test_the_defaults_and_the_ends_of_each_range_are_accepted(tmp_path):

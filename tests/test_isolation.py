@@ -409,39 +409,3 @@ def test_a_torn_last_journal_line_is_dropped_and_runs_again(tmp_path):
     assert list(read_journal(journal.path, header)[1]) == [case.id, other.id]
     with pytest.raises(Exception, match="suite_hash was 'h', now 'x'"):
         read_journal(journal.path, {**header, "suite_hash": "x"})
-
-
-def test_dropped_journal_cases_run_again_on_resume_and_the_old_journal_is_kept(tmp_path):
-    """drop_cases (a tool re-running ERROR rows alone): the dropped case is no longer finished, the
-    others and the header are as written, the journal as it was is kept, and a resume still accepts it."""
-    from gate.core.results import CaseResult, Status
-    from gate.workflow.journal import Journal, drop_cases, journal_results, read_journal
-
-    cases = [
-        Case.build(
-            batch=1, seqlen_q=n, seqlen_k=n, heads_q=1, heads_kv=1, head_dim=8, head_dim_v=8, dtype="fp32", seeds=(0,)
-        )
-        for n in (8, 9, 10)
-    ]
-    header = {
-        "kernel": "k",
-        "suite": "s",
-        "suite_hash": "h",
-        "device": "cpu",
-        "environment": {},
-        "tolerance": {},
-        "only": None,
-        "checks": [],
-        "shard": None,
-        "started_at": "t0",
-    }
-    journal = Journal(tmp_path / "journal.jsonl")
-    journal.start(header, resume=False)
-    for c, status in zip(cases, (Status.PASS, Status.ERROR, Status.SKIP)):
-        journal.add(CaseResult(case=c, status=status, reason="CUDA out of memory" if status is Status.ERROR else ""))
-    before = journal.path.read_text()
-    drop_cases(journal.path, {cases[1].id}, tmp_path / "before.jsonl")
-    assert (tmp_path / "before.jsonl").read_text() == before
-    assert list(journal_results(journal.path)) == [cases[0].id, cases[2].id]
-    assert list(read_journal(journal.path, header)[1]) == [cases[0].id, cases[2].id]
-    assert journal_results(tmp_path / "absent.jsonl") == {}

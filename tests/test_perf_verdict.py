@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from gate.core.config import PerfConfig
-from gate.speed.rule import PerfRules, PerfSeverity, RatioEstimate, judge
+from gate.speed.rule import PerfRules, PerfSeverity, RatioEstimate, change_text, judge
 
 RULES = PerfRules(regression_pct=2.0, noise_k=3.0, improvement_pct=10.0, alpha=0.05, min_rounds=7, max_noise_pct=5.0)
 CPU_RULES = PerfRules.from_config(PerfConfig(), "cpu")  # cpu_regression_pct: 25%
@@ -109,9 +109,10 @@ def test_rule_table(rules, baseline, current, confirm, severity, suspected):
     j = judge("case", "bwd", baseline, current, rules, confirm=confirm)
     assert (j.severity, j.suspected) == (severity, suspected), j.message
     assert j.metric == "speed_ratio:bwd"
-    if j.interval_text:  # `bwd +212% [+195%, +230%] (95% CI)` leads the message
+    interval = change_text(j.change, j.ci_low, j.ci_high, j.confidence)
+    if interval:  # `bwd +212% [+195%, +230%] (95% CI)` leads the message
         assert j.ci_low <= j.change <= j.ci_high and j.confidence == 0.95
-        assert j.message.startswith(f"bwd {j.interval_text}")
+        assert j.message.startswith(f"bwd {interval}")
     else:
         assert "too few rounds" in j.message
 

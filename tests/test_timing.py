@@ -8,15 +8,26 @@ import pytest
 from gate.core.cases import Case
 from gate.speed.timing import (
     CpuClock,
-    FunctionWorkload,
     GpuState,
     MatmulWorkload,
     PassTiming,
     TimingPlan,
     TimingRun,
+    Workload,
     throttle_names,
     time_pair,
 )
+
+
+class FunctionWorkload(Workload):
+    """Plain callables: the engine's call order, observable."""
+
+    def __init__(self, name, fwd, bwd):
+        self.name, self._fns = name, {"fwd": fwd, "bwd": bwd}
+
+    def run(self, pass_):
+        return self._fns[pass_]()
+
 
 TINY = Case.build(
     batch=1, seqlen_q=32, seqlen_k=32, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="fp32", perf=True

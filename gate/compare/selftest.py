@@ -145,10 +145,6 @@ class SelftestReport:
     notes: tuple[str, ...] = ()
     schema_version: int = SCHEMA_VERSION
 
-    @property
-    def controls_passed(self) -> bool:
-        return bool(self.controls) and all(c.passed for c in self.controls)
-
     def problems(self) -> list[str]:
         """One line per reason the selftest fails; empty when it passes."""
         out = [f"control {c.kernel} failed: {c.detail}" for c in self.controls if not c.passed]

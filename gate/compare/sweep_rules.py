@@ -275,9 +275,9 @@ def rule_tensor_presence(
 
 
 def incomplete_pass(c: "CaseResult") -> Finding | None:
-    """rule_incomplete_pass for one results row, with the tensors its case must carry (
-    + dbias; a forward-only row needs out only; run_case sets `forward_only` from the case
-    and the kernel's declaration)."""
+    """rule_incomplete_pass for one results row, with the tensors its case must carry (a case whose
+    bias requires grad adds dbias; a forward-only row needs out only; run_case sets `forward_only`
+    from the case and the kernel's declaration)."""
     return rule_incomplete_pass(
         c.case_id, c.status.value, {t.tensor for t in c.tensors}, required_tensors(c.case.bias.grad, c.forward_only)
     )

@@ -933,8 +933,8 @@ def block_size(block: dict[str, Any]) -> int:
 
 
 def pairwise_points(sizes: list[int]) -> list[tuple[int, ...]]:
-    """Index tuples covering every pair of values of every two axes at least once (all-pairs,
-    ): far fewer than the product (the pr suite's blocks: dozens instead of thousands),
+    """Index tuples covering every pair of values of every two axes at least once (all-pairs):
+    far fewer than the product (the pr suite's blocks: dozens instead of thousands),
     and a bug that needs two settings together is still met. Greedy and deterministic: each new
     row starts from the first pair not yet covered, then takes, axis by axis, the value that
     covers most uncovered pairs with the values already chosen (ties: the value used least, then

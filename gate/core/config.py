@@ -21,20 +21,72 @@ from gate.core.jsonio import MAX_MULT, checked_name
 from gate.core.patterns import bounded_regex
 from gate.core.results import ALL_TENSORS
 
-# mult per tensor (the tolerance rule, gate/correctness/tolerance.py): dQ accumulates across key
-# tiles (atomics / split reductions), hence 3.
-DEFAULT_MULT = {
-    "out": 2.0,
-    "lse": 2.0,
-    "dq": 3.0,
-    "dk": 2.0,
-    "dv": 2.0,
-    "dsink": 3.0,
-}  # dsink sums over every row and batch element, as dQ over key tiles
 # dBias is dS summed over the bias's broadcast dims (batch, heads): an accumulation
 # across tiles and heads like dQ's, so it takes dQ's multiplier. Sharing it (not a new
 # `mult_dbias` key) keeps the tolerance dict, and every committed baseline, comparable.
 MULT_OF = {"dbias": "dq"}
+
+
+@dataclass(frozen=True)
+class Range:
+    """A numeric setting's valid range. An upper bound too: a threshold of 1e308 switches its rule
+    off as surely as NaN does, and a count of 1e9 hangs the run."""
+
+    lo: float
+    hi: float
+    lo_open: bool = False
+    integer: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        return (value > self.lo if self.lo_open else value >= self.lo) and value <= self.hi
+
+    def text(self) -> str:
+        kind = "an integer" if self.integer else "a number"
+        return f"{kind} in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}]"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A setting declared once, beside its field: what it means, its unit, and for a number its
+    valid range and why the bound is where it is. The range check, the settings tables of
+    docs/configuration.md (gate/core/settings_doc.py) and the meaning column of the report's
+    thresholds all read it."""
+
+    meaning: str
+    unit: str = ""  # "%", "s", "x" (a factor), or "" (a count or a name)
+    range: Range | None = None
+    why: str = ""  # why the range's bound is there; required with a range
+
+    def __post_init__(self) -> None:
+        if (self.range is None) != (not self.why) or "|" in self.meaning + self.why:
+            raise ValueError(f"setting {self.meaning!r}: a range needs its why, and no '|' (a table cell)")
+
+
+def setting(default: Any, meaning: str, unit: str = "", range: Range | None = None, why: str = "") -> Any:
+    """A dataclass field carrying its Setting (the field's metadata)."""
+    return field(default=default, metadata={"setting": Setting(meaning, unit, range, why)})
+
+
+def settings_of(section) -> dict[str, Setting]:
+    """A section dataclass's declared settings, by field name, in declaration order."""
+    return {f.name: f.metadata["setting"] for f in dataclasses.fields(section) if "setting" in f.metadata}
+
+
+def _in_range(section) -> None:
+    """Every declared range of a section's settings, checked (a ValueError naming the key)."""
+    for name, declared in settings_of(section).items():
+        bounds = declared.range
+        if bounds is None:
+            continue
+        value = getattr(section, name)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if (
+            not number
+            or not math.isfinite(value)
+            or value not in bounds
+            or (bounds.integer and not isinstance(value, int))
+        ):
+            raise ValueError(f"{name} = {value!r} must be {bounds.text()}")
 
 
 @dataclass(frozen=True)
@@ -45,31 +97,37 @@ class Profile:
     suite: str
 
 
+# The bound gate/core/jsonio.py holds a recorded multiplier to, too.
+MULT = Range(0, MAX_MULT, lo_open=True)
+MULT_WHY = f"a multiplier of {MAX_MULT:g} already passes a planted bug"
+
+
+def _mult(default: float, tensor: str, note: str = "") -> Any:
+    return setting(default, f"the multiplier of the in-dtype error bound of {tensor}{note}", "x", MULT, MULT_WHY)
+
+
 @dataclass(frozen=True)
 class ToleranceConfig:
-    mult_out: float = DEFAULT_MULT["out"]
-    mult_lse: float = DEFAULT_MULT["lse"]
-    mult_dq: float = DEFAULT_MULT["dq"]
-    mult_dk: float = DEFAULT_MULT["dk"]
-    mult_dv: float = DEFAULT_MULT["dv"]
-    mult_dsink: float = DEFAULT_MULT["dsink"]
+    """The tolerance rule's multipliers (gate/correctness/tolerance.py, docs/tolerance.md)."""
+
+    mult_out: float = _mult(2.0, "`out`")
+    mult_lse: float = _mult(2.0, "`lse`")
+    # dQ accumulates across key tiles (atomics / split reductions), hence 3.
+    mult_dq: float = _mult(3.0, "`dq`", ", and of `dbias` (both accumulate across tiles)")
+    mult_dk: float = _mult(2.0, "`dk`")
+    mult_dv: float = _mult(2.0, "`dv`")
+    mult_dsink: float = _mult(3.0, "`dsink`", " (it sums over every row and batch element)")
     # fp32 only: the yardstick P is then itself exact to a few ulps, the same size as any
     # kernel's reduction-order noise, so mult alone fails correct kernels (measured on CPU,
     # 8 seeds: tiled dK ratio 1.07, torch's CPU kernel 1.52 at mult 2). A 1e-4 relative error
     # still exceeds the widened bound by far (measured ratio ~60 on out, ~75 on dK at d=64;
     # tests/test_rule.py).
-    fp32_factor: float = 4.0
+    fp32_factor: float = setting(4.0, "an extra factor on every multiplier for float32 inputs", "x", MULT, MULT_WHY)
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if not (
-                isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-            ):
-                # 0, negative, inf or nan would make every bound meaningless (pass or fail all).
-                raise ValueError(f"{f.name} = {value!r} must be a positive finite number")
-            if value > MAX_MULT:  # a multiplier of 1e300 passes a planted causal bug
-                raise ValueError(f"{f.name} = {value!r} must be <= {MAX_MULT:g}")
+        # 0, negative, inf or nan would make every bound meaningless (pass or fail all); a
+        # multiplier of 1e300 passes a planted causal bug.
+        _in_range(self)
 
     def mult(self, tensor: str, dtype: str = "bf16") -> float:
         return getattr(self, f"mult_{MULT_OF.get(tensor, tensor)}") * (self.fp32_factor if dtype == "fp32" else 1.0)
@@ -88,109 +146,134 @@ def tolerance_changes(a: dict[str, float], b: dict[str, float]) -> list[str]:
 
 
 @dataclass(frozen=True)
-class Range:
-    """A numeric setting's valid range, declared once: the check, its message and the table in
-    docs/configuration.md come from it. An upper bound too: a threshold of 1e308 switches its rule
-    off as surely as NaN does, and a count of 1e9 hangs the run."""
-
-    lo: float
-    hi: float
-    lo_open: bool = False
-    integer: bool = False
-
-    def __contains__(self, value: float) -> bool:
-        return (value > self.lo if self.lo_open else value >= self.lo) and value <= self.hi
-
-    def text(self) -> str:
-        kind = "an integer" if self.integer else "a number"
-        return f"{kind} in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}]"
-
-
-# section.key -> its range. The reasons for each upper bound are in docs/configuration.md.
-RANGES: dict[str, Range] = {
-    "verdict.headroom_factor": Range(1, 10, lo_open=True),
-    "verdict.headroom_step": Range(0, 0.5),  # a PASS row's ratio is <= 1: a step near 1 is never exceeded
-    "verdict.improvement_factor": Range(1, 100, lo_open=True),
-    "perf.regression_pct": Range(0, 100, lo_open=True),
-    "perf.cpu_regression_pct": Range(0, 1000, lo_open=True),
-    "perf.noise_k": Range(0, 10, lo_open=True),
-    "perf.alpha": Range(0.0001, 0.5),
-    "perf.improvement_pct": Range(0, 100, lo_open=True),
-    "perf.max_noise_pct": Range(0, 100, lo_open=True),
-    "perf.min_rounds": Range(3, 1000, integer=True),
-    "perf.rounds": Range(1, 1000, integer=True),
-    "perf.calls_per_round": Range(1, 100, integer=True),
-    "perf.confirm_rounds": Range(0, 1000, integer=True),
-    "perf.warmup_s": Range(0, 60),
-    "isolation.case_timeout_s": Range(0, 86400, lo_open=True),
-    "isolation.timeout_s_per_gflop": Range(0, 60),
-    "isolation.worker_start_timeout_s": Range(0, 3600, lo_open=True),
-}
-
-
-def _in_range(section, prefix: str) -> None:
-    """Every declared range of a section's settings, checked (a ValueError naming the key)."""
-    for f in dataclasses.fields(section):
-        bounds = RANGES.get(f"{prefix}.{f.name}")
-        if bounds is None:
-            continue
-        value = getattr(section, f.name)
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if (
-            not number
-            or not math.isfinite(value)
-            or value not in bounds
-            or (bounds.integer and not isinstance(value, int))
-        ):
-            raise ValueError(f"{f.name} = {value!r} must be {bounds.text()}")
-
-
-@dataclass(frozen=True)
 class VerdictConfig:
     """Correctness thresholds of `attn-gate check` (see gate/compare/sweep_rules.py)."""
 
-    headroom_factor: float = 1.5  # FAIL when ratio grows by more than this factor...
-    headroom_step: float = 0.1  # ...and by more than this absolute step
-    improvement_factor: float = 2.0  # WARN (refresh the baseline) when ratio shrinks by this factor
+    headroom_factor: float = setting(
+        1.5,
+        "FAIL when a case's error / bound ratio grows by more than this factor ...",
+        "x",
+        Range(1, 10, lo_open=True),
+        "a ratio that grew tenfold is a regression whatever the setting",
+    )
+    headroom_step: float = setting(
+        0.1,
+        "... and by more than this absolute step (also the noise floor of the improvement WARN)",
+        "",
+        Range(0, 0.5),
+        "a PASS row's ratio is at most 1: a step near 1 is never exceeded",
+    )
+    improvement_factor: float = setting(
+        2.0,
+        "WARN (refresh the baseline) when a ratio shrinks by this factor or more (and the step)",
+        "x",
+        Range(1, 100, lo_open=True),
+        "beyond it the improvement warning never fires",
+    )
 
     def __post_init__(self) -> None:
         # nan compares False everywhere, and 1e308 is never exceeded: either would switch a rule off.
-        _in_range(self, "verdict")
+        _in_range(self)
+
+
+PERCENT = Range(0, 100, lo_open=True)
+# Rounds and timed calls bound the run's work: each round times every pass of every perf case.
+ROUNDS = 1000
 
 
 @dataclass(frozen=True)
 class PerfConfig:
     """Speed thresholds and timing effort (see gate/speed/timing.py and gate/speed/rule.py)."""
 
-    anchor: str = "sdpa-cudnn"  # an adapter name, or "matmul" (a matmul of equal FLOPs)
-    cpu_anchor: str = "sdpa-math"  # the anchor where no GPU exists
-    # the anchor of a case the anchor cannot run (its unsupported_reason: e.g. the cuDNN anchor above
-    # head dim 128 on an H200), so such a perf case is still timed; "" leaves it a SKIP row. Only
-    # "matmul" (equal FLOPs), which runs every case: a fallback that may refuse would need a fallback.
-    anchor_fallback: str = "matmul"
-    # FAIL when the whole confidence interval of a speed ratio's change lies above this (PASS when
-    # it lies at or below; INCONCLUSIVE when it straddles): the practical size of a regression
-    regression_pct: float = 2.0
-    # the same on a CPU-only machine (perf_counter on shared cores: per-round noise of 20% and more),
-    # where only large regressions (a 3x slower pass) can be told from the noise
-    cpu_regression_pct: float = 25.0
-    noise_k: float = 3.0  # a speed ratio's noise band is noise_k x its median's standard error
-    alpha: float = 0.05  # 1 - the confidence of the interval of each change (0.05: 95%)
-    improvement_pct: float = 10.0  # WARN when the whole interval is faster than this
-    max_noise_pct: float = 5.0  # `baseline update --perf` refuses a noise band above this (--accept-noisy records it)
-    min_rounds: int = 7  # INCONCLUSIVE below this many rounds
-    rounds: int = 15  # interleaved candidate/anchor rounds per pass
-    calls_per_round: int = 5  # timed calls per kernel per round (the round's value is their median)
-    confirm_rounds: int = (
-        30  # rounds of the re-measurement of a suspected regression, and of a baseline (0: no confirm)
+    anchor: str = setting(
+        "sdpa-cudnn",
+        "what speed ratios are measured against: a kernel name, or `matmul` (a dense matmul of equal FLOPs)",
     )
-    warmup_s: float = 0.25  # warm-up by time, both kernels, before the first round
-    cold_l2: bool = True  # flush L2 (a buffer larger than L2) before every timed call
+    cpu_anchor: str = setting("sdpa-math", "the anchor on a machine without a GPU")
+    # Only "matmul" (equal FLOPs), which runs every case: a fallback that may refuse would need a fallback.
+    anchor_fallback: str = setting(
+        "matmul",
+        "the anchor of a case the anchor cannot run (e.g. the cuDNN anchor above head dim 128), so it is "
+        'still timed: `matmul`, or `""` (such a case SKIPs)',
+    )
+    regression_pct: float = setting(
+        2.0,
+        "speed: FAIL when the whole confidence interval of a change is slower than this, OK when it lies "
+        "within it, INCONCLUSIVE when it straddles (a re-run decides)",
+        "%",
+        PERCENT,
+        "a kernel twice as slow fails whatever the setting",
+    )
+    # perf_counter on shared cores: per-round noise of 20% and more, so only large regressions
+    # (a 3x slower pass) can be told from the noise.
+    cpu_regression_pct: float = setting(
+        25.0,
+        "speed: the same limit for a run timed on a CPU",
+        "%",
+        Range(0, 1000, lo_open=True),
+        "a CPU's timing noise needs a wider limit; 10x slower fails whatever the setting",
+    )
+    noise_k: float = setting(
+        3.0,
+        "speed: a ratio's noise band is this many standard errors of its median",
+        "",
+        Range(0, 10, lo_open=True),
+        "more would excuse any slowdown as noise",
+    )
+    alpha: float = setting(
+        0.05,
+        "speed: 1 - the confidence of each change's interval (0.05: 95%)",
+        "",
+        Range(0.0001, 0.5),
+        "a smaller one is never reached with the rounds we run",
+    )
+    improvement_pct: float = setting(
+        10.0,
+        "speed: WARN when the whole interval is faster than the baseline by more than this",
+        "%",
+        PERCENT,
+        "a ratio cannot shrink by more than 100%",
+    )
+    max_noise_pct: float = setting(
+        5.0,
+        "speed: `baseline update --perf` refuses a noise band above this (`--accept-noisy` records it)",
+        "%",
+        PERCENT,
+        "above it the noise rule (INCONCLUSIVE) never fires",
+    )
+    # fewer rounds than min_rounds is allowed: such a run is judged INCONCLUSIVE, by rule
+    min_rounds: int = setting(
+        7, "speed: INCONCLUSIVE below this many rounds", "", Range(3, ROUNDS, integer=True), "as `rounds`"
+    )
+    rounds: int = setting(
+        15,
+        "speed: interleaved kernel/anchor rounds per pass",
+        "",
+        Range(1, ROUNDS, integer=True),
+        "bounded work: each round times every pass of every perf case",
+    )
+    calls_per_round: int = setting(
+        5,
+        "timed calls per kernel per round (the round's value is their median)",
+        "",
+        Range(1, 100, integer=True),
+        "bounded work",
+    )
+    confirm_rounds: int = setting(
+        30,
+        "speed: rounds of the re-run that confirms a suspected slowdown, and of a baseline (0: none)",
+        "",
+        Range(0, ROUNDS, integer=True),
+        "bounded work (0: no confirm run)",
+    )
+    warmup_s: float = setting(
+        0.25, "warm-up by time, both kernels, before the first round", "s", Range(0, 60), "bounded work, per case"
+    )
+    cold_l2: bool = setting(True, "flush L2 (a buffer larger than L2) before every timed call")
 
     def __post_init__(self) -> None:
         # Each of these, out of range, would switch a speed rule off (nan/inf/0) instead of failing.
-        # (fewer rounds than min_rounds is allowed: such a run is judged INCONCLUSIVE, by rule)
-        _in_range(self, "perf")
+        _in_range(self)
         if self.anchor_fallback not in ("", "matmul"):
             raise ValueError(
                 f'anchor_fallback = {self.anchor_fallback!r} must be "matmul" (time a case the anchor '
@@ -294,12 +377,37 @@ class IsolationConfig:
     """Worker processes (gate/workflow/isolation.py): how long a case may take before its
     worker is killed and the case is an ERROR row. --case-timeout S replaces the per-case value."""
 
-    case_timeout_s: float = 300.0  # every case: worker warm-up, compilation (flex), the first CUDA call
-    timeout_s_per_gflop: float = 0.05  # plus this per GFLOP of fwd+bwd over its seeds (a CPU does ~20 GFLOP/s)
-    worker_start_timeout_s: float = 300.0  # importing torch and the kernel in a fresh worker
+    case_timeout_s: float = setting(
+        300.0,
+        "a case's worker is killed after this (worker warm-up, compilation, the first CUDA call) ...",
+        "s",
+        Range(0, 86400, lo_open=True),
+        "a day",
+    )
+    timeout_s_per_gflop: float = setting(
+        0.05,
+        "... plus this per GFLOP of forward+backward over its seeds",
+        "s",
+        Range(0, 60),
+        "a CPU does ~20 GFLOP/s",
+    )
+    worker_start_timeout_s: float = setting(
+        300.0,
+        "a fresh worker must import torch and the kernel within this",
+        "s",
+        Range(0, 3600, lo_open=True),
+        "an hour to import torch and the kernel",
+    )
 
     def __post_init__(self) -> None:
-        _in_range(self, "isolation")
+        _in_range(self)
+
+
+# The sections whose settings are declared (docs/configuration.md's tables list them in this order).
+SECTIONS = {"tolerance": ToleranceConfig, "verdict": VerdictConfig, "perf": PerfConfig, "isolation": IsolationConfig}
+# section.key -> its declaration, and -> its valid range (the numbers only)
+SETTINGS: dict[str, Setting] = {f"{s}.{k}": d for s, cls in SECTIONS.items() for k, d in settings_of(cls).items()}
+RANGES: dict[str, Range] = {k: d.range for k, d in SETTINGS.items() if d.range is not None}
 
 
 # --- CI files written by `attn-gate init` -----------------------------------------

@@ -515,10 +515,6 @@ BUGS: tuple[PlantedBug, ...] = (
 )
 
 
-def bug_names() -> list[str]:
-    return [b.name for b in BUGS]
-
-
 def select_bugs(names: tuple[str, ...] = ()) -> tuple[PlantedBug, ...]:
     """All bugs, or those named (unknown names are a UserError naming the known ones)."""
     if not names:

@@ -36,7 +36,6 @@ def _import(module: str):
 class _FlashBase(KernelAdapter):
     module = ""
     dist = ""
-    kvcache_fn = ""  # the module's decode entry point ("" = none)
 
     def unavailable_reason(self) -> str | None:
         if not torch.cuda.is_available():
@@ -486,10 +485,10 @@ def fa4_mask_aux(
 
 
 class FA4RawWindowAdapter(FA4Adapter):
-    """FA4 handed the window exactly as flash_attn_func callers spell it: -1 for an unbounded side
-    . FA4's API spells that None and reads -1 differently (TransformerEngine #3528:
-     causal + window (-1, 0) returned zeros), so both spellings must reach the kernel: `fa4` takes
-     None, this one -1; the window cases of the suites run through both."""
+    """FA4 handed the window exactly as flash_attn_func callers spell it: -1 for an unbounded side.
+    FA4's API spells that None and reads -1 differently (TransformerEngine #3528: causal + window
+    (-1, 0) returned zeros), so both spellings must reach the kernel: `fa4` takes None, this one
+    -1; the window cases of the suites run through both."""
 
     name = "fa4-raw-window"
     description = "flash-attn 4 with window_size passed raw (-1 = unbounded), as FA2/FA3 callers write it"

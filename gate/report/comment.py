@@ -25,6 +25,7 @@ from urllib.parse import quote
 from gate.compare.baselines import Baseline, env_values
 from gate.compare.findings import Finding, Severity, Verdict, fmt
 from gate.core.cases import Case, exact_regex
+from gate.core.config import SETTINGS
 from gate.core.results import CaseResult, Status, SweepResult, shown_tensors
 from gate.report.known import known_groups
 
@@ -591,28 +592,23 @@ def verdict_line(verdict: Verdict, sweep: SweepResult) -> list[str]:
 # ---------------------------------------------------------------- the comment
 
 
-THRESHOLD_MEANING = {
-    "tolerance_ratio": "FAIL when a tensor's error / bound exceeds this",
-    "headroom_factor": "FAIL when a ratio grows by more than this factor ...",
-    "headroom_step": "... and by more than this absolute step (also the noise floor of the improvement WARN)",
-    "improvement_factor": "WARN (refresh the baseline) when a ratio shrinks by this factor or more",
-    "regression_pct": "speed: FAIL when the whole confidence interval of a change is slower than this %, "
-    "OK when it is all within; INCONCLUSIVE when it straddles (a re-run decides)",
-    "cpu_regression_pct": "speed: the same limit for a run timed on a CPU",
-    "noise_k": "speed: a ratio's noise band is this many standard errors of its median",
-    "alpha": "speed: 1 - the confidence of each change's interval (0.05: 95%)",
-    "improvement_pct": "speed: WARN when the whole interval is faster than the baseline by more than this %",
-    "max_noise_pct": "speed: `baseline update --perf` refuses a noise band above this % (--accept-noisy records it)",
-    "min_rounds": "speed: INCONCLUSIVE below this many rounds",
-    "rounds": "speed: interleaved kernel/anchor rounds per pass",
-    "confirm_rounds": "speed: rounds of the re-run that confirms a suspected slowdown (0: none)",
-}
+# The one threshold that is no setting: the tolerance rule's own bound. Every other threshold's
+# meaning is its setting's declaration (gate/core/config.py), as docs/configuration.md prints it.
+FIXED_MEANING = {"tolerance_ratio": "FAIL when a tensor's error / bound exceeds this"}
+
+
+def threshold_meaning(key: str) -> str:
+    """A threshold's meaning: the declaration of the verdict or perf setting of that name."""
+    if key in FIXED_MEANING:
+        return FIXED_MEANING[key]
+    declared = SETTINGS.get(f"verdict.{key}") or SETTINGS.get(f"perf.{key}")
+    return declared.meaning if declared is not None else ""
 
 
 def thresholds_table(verdict: Verdict) -> list[str]:
     lines = ["| threshold | value | meaning |", "|---|---|---|"]
     for key, value in verdict.thresholds.items():
-        lines.append(f"| `{key}` | {value:g} | {THRESHOLD_MEANING.get(key, '')} |")
+        lines.append(f"| `{key}` | {value:g} | {threshold_meaning(key)} |")
     return lines
 
 

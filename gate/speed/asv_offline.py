@@ -2,10 +2,10 @@
 
 asv 0.6's index.html loads jQuery, flot, bootstrap, stupidtable and md5 from CDNs, so a reader
 without internet access (common on GPU clusters) sees asv's "failed to load" page. attn-gate
-ships the same libraries (gate/speed/asv_www/, taken unmodified from their npm packages; versions
-and licenses in asv_www/SOURCES.md) and, after `asv publish`, copies them into the site and points
-the HTML at those copies. A CDN address we have no copy for is an error, not a silent half-offline
-site (a newer asv may add one: add the file to asv_www/ and to LOCAL).
+ships the same libraries (gate/vendor/asv_www/, taken unmodified from their npm packages; versions
+and licenses in its README.md) and, after `asv publish`, copies them into the site and points the
+HTML at those copies. A CDN address we have no copy for is an error, not a silent half-offline site
+(a newer asv may add one: add the file to gate/vendor/asv_www/ and to LOCAL).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from gate.core.errors import UserError
 
-WWW = Path(__file__).resolve().parent / "asv_www"
+WWW = Path(__file__).resolve().parents[1] / "vendor" / "asv_www"
 VENDOR = "vendor"  # the folder inside the published site
 
 # CDN file name (the last path part of the URL) -> our copy, relative to asv_www/
@@ -61,7 +61,7 @@ def make_offline(html_dir: Path) -> list[str]:
     target = html_dir / VENDOR
     for sub in ("js", "css", "fonts", "licenses"):
         shutil.copytree(WWW / sub, target / sub, dirs_exist_ok=True)
-    shutil.copy2(WWW / "SOURCES.md", target / "SOURCES.md")
+    shutil.copy2(WWW / "README.md", target / "README.md")
     replaced: list[str] = []
     missing: list[str] = []
     for page in pages:
@@ -74,7 +74,7 @@ def make_offline(html_dir: Path) -> list[str]:
     if missing:
         raise UserError(
             f"{html_dir}: asv loads {', '.join(sorted(set(missing)))} from the network and attn-gate ships no "
-            f"copy of it; add the file to gate/speed/asv_www/ and to LOCAL in gate/speed/asv_offline.py"
+            f"copy of it; add the file to gate/vendor/asv_www/ and to LOCAL in gate/speed/asv_offline.py"
         )
     return replaced
 

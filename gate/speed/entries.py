@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from gate.core.config import ROUNDS
 from gate.core.jsonio import measured_float
 
 PASSES = ("fwd", "bwd")
-MAX_ROUNDS = 1000  # as [tool.attn-gate.perf] rounds / confirm_rounds (gate/core/config.py RANGES)
+MAX_ROUNDS = ROUNDS  # as [tool.attn-gate.perf] rounds / confirm_rounds
 
 
 MAX_RATIO = 1e6  # a speed ratio (kernel time / anchor time) beyond this is no measurement

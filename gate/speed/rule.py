@@ -139,11 +139,6 @@ class PerfJudgement:
     def wants_remeasure(self) -> bool:
         return self.suspected or self.straddles
 
-    @property
-    def interval_text(self) -> str:
-        """`+212% [+195%, +230%] (95% CI)`: the change and its interval ('' when there is none)."""
-        return change_text(self.change, self.ci_low, self.ci_high, self.confidence)
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "case_id": self.case_id,

@@ -303,16 +303,6 @@ class Workload:
         return 1.0
 
 
-class FunctionWorkload(Workload):
-    """Plain callables (tests, custom anchors)."""
-
-    def __init__(self, name: str, fwd: Callable[[], Any], bwd: Callable[[], Any]):
-        self.name, self._fns = name, {"fwd": fwd, "bwd": bwd}
-
-    def run(self, pass_: str) -> Any:
-        return self._fns[pass_]()
-
-
 # torch.compile's AOT autograd may free ("donate") saved buffers in the backward; a graph whose
 # buffers were donated cannot be run backward twice, and timing reuses one graph for every backward.
 DONATED_BUFFERS_HINT = (

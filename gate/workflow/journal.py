@@ -78,25 +78,6 @@ def read_journal(path: Path, header: dict[str, Any], cases=None) -> tuple[str, d
     return str(first.get("started_at", "")), done
 
 
-def journal_results(path: Path) -> dict[str, CaseResult]:
-    """The finished cases of a journal, by case id, with no identity check: for a tool that reports on
-    a run still going or cut. Empty when there is no journal yet."""
-    if not Path(path).is_file():
-        return {}
-    return _finished(path, Path(path).read_text(encoding="utf-8", errors="replace").split("\n"))
-
-
-def drop_cases(path: Path, case_ids: set[str], keep_as: Path) -> None:
-    """Remove these cases' rows from a journal, so `--resume` runs them again (a tool re-running ERROR
-    rows alone). The journal as it was is kept at `keep_as`; the header and
-    every other row stay as written; a torn last line is dropped, as a resume would."""
-    path = Path(path)
-    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
-    rows = [line for line in lines[1:-1] if line.strip() and json.loads(line).get("case_id") not in case_ids]
-    path.rename(keep_as)
-    write_text_atomic(path, "\n".join([lines[0], *rows]) + "\n")
-
-
 def _finished(path: Path, lines: list[str]) -> dict[str, CaseResult]:
     done: dict[str, CaseResult] = {}
     complete = lines[1:-1]  # the piece after the last "\n" is empty or torn (killed mid-write): it runs again

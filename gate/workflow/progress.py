@@ -110,7 +110,7 @@ class Progress:
         (self.eta.skip if status == "SKIP" else self.eta.add)(cost, self.clock() - self._start)
 
     def _plain(self, console):
-        self._console, self._last_line = console, self._start
+        self._last_line = self._start
 
         def advance(case_id: str, status: str, cost: float) -> None:
             self._count(status, cost)

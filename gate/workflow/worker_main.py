@@ -296,8 +296,8 @@ def run_one(adapter, request: dict, device: str) -> dict:
                 return None if t is None else t.detach().to("cpu").clone()
 
             # the grads run_case measures: dq, dk, dv (w.r.t. the layout views the kernel got),
-            # dbias w.r.t. the bias leaf rebuilt here from the case (bias_grad cases) and dsink
-            # ; none for a forward-only run; a decode call's cache after the call
+            # dbias w.r.t. the bias leaf rebuilt here from the case (bias_grad cases) and dsink;
+            # none for a forward-only run; a decode call's cache after the call
             entry = {
                 "seed": seed,
                 "out": cpu(kout.out),
