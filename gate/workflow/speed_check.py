@@ -290,7 +290,7 @@ def perf_baseline_section(
                 kernel_version=worker.info.version,
                 cases=plan.perf_cases,
             )
-    measured = {c.case_id: baseline_entry(c, result.anchor) for c in result.cases if c.measured}
+    measured = {c.case_id: baseline_entry(c, result.anchor, result.host) for c in result.cases if c.measured}
     if not measured:
         raise UserError(
             f"no perf case of suite {suite!r} could be timed for {kernel!r} (all skipped or failed); "
@@ -329,7 +329,7 @@ def perf_section_from_file(
             f"--perf-from {path}: {result.plan.rounds} rounds is below min_rounds {config.perf.min_rounds}; "
             f"re-run `attn-gate perf --rounds {config.perf.confirm_rounds}`"
         )
-    measured = {c.case_id: baseline_entry(c, result.anchor) for c in result.cases if c.measured}
+    measured = {c.case_id: baseline_entry(c, result.anchor, result.host) for c in result.cases if c.measured}
     if not measured:
         raise UserError(f"--perf-from {path}: no case was timed (all skipped or failed)")
     measured = refuse_noisy(measured, config.perf, accept_noisy, f"--perf-from {path}")
@@ -375,12 +375,13 @@ def read_perf_files(paths: list[Path]) -> PerfResult:
             seen[c.case_id] = path
     results = [r for _, r in read]
     notes = tuple(dict.fromkeys(n for r in results for n in r.notes))
+    hosts = {r.host for r in results}  # timed on several hosts: no one host to judge the rows' limit by
     return PerfResult(
         kernel=first.kernel,
         anchor=first.anchor,
         suite=first.suite,
         device=first.device,
-        environment=first.environment,
+        environment=first.environment if len(hosts) == 1 else {**first.environment, "host": ""},
         plan=first.plan,
         cases=tuple(c for r in results for c in r.cases),
         started_at=min(r.started_at for r in results),
