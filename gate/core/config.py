@@ -113,6 +113,7 @@ RANGES: dict[str, Range] = {
     "verdict.improvement_factor": Range(1, 100, lo_open=True),
     "perf.regression_pct": Range(0, 100, lo_open=True),
     "perf.cpu_regression_pct": Range(0, 1000, lo_open=True),
+    "perf.cross_host_regression_pct": Range(0, 100, lo_open=True),
     "perf.noise_k": Range(0, 10, lo_open=True),
     "perf.alpha": Range(0.0001, 0.5),
     "perf.improvement_pct": Range(0, 100, lo_open=True),
@@ -174,6 +175,9 @@ class PerfConfig:
     # the same on a CPU-only machine (perf_counter on shared cores: per-round noise of 20% and more),
     # where only large regressions (a 3x slower pass) can be told from the noise
     cpu_regression_pct: float = 25.0
+    # the limit (when larger than the device's) where the baseline's speed ratio was timed on another
+    # host or on an unknown one: ratios of one GPU class move up to +6.6% from host to host (H200s)
+    cross_host_regression_pct: float = 8.0
     noise_k: float = 3.0  # a speed ratio's noise band is noise_k x its median's standard error
     alpha: float = 0.05  # 1 - the confidence of the interval of each change (0.05: 95%)
     improvement_pct: float = 10.0  # WARN when the whole interval is faster than this

@@ -599,6 +599,8 @@ THRESHOLD_MEANING = {
     "regression_pct": "speed: FAIL when the whole confidence interval of a change is slower than this %, "
     "OK when it is all within; INCONCLUSIVE when it straddles (a re-run decides)",
     "cpu_regression_pct": "speed: the same limit for a run timed on a CPU",
+    "cross_host_regression_pct": "speed: the limit, where larger, against a baseline timed on another host "
+    "or an unknown one (`baseline update --perf` on the runner restores the device's)",
     "noise_k": "speed: a ratio's noise band is this many standard errors of its median",
     "alpha": "speed: 1 - the confidence of each change's interval (0.05: 95%)",
     "improvement_pct": "speed: WARN when the whole interval is faster than the baseline by more than this %",

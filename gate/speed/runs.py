@@ -35,7 +35,7 @@ from gate.core.errors import UserError, first_line
 from gate.core.files import safe_name
 from gate.core.jsonio import bad_field, checked_kernel, checked_name, measured_float, read_record, write_json_atomic
 from gate.core.results import Status, migrate_rows
-from gate.speed.entries import MAX_ROUNDS
+from gate.speed.entries import MAX_ROUNDS, entry_host
 from gate.speed.rule import PerfJudgement, PerfRules, PerfSeverity, RatioEstimate, judge
 from gate.speed.timing import PASSES, KernelWorkload, MatmulWorkload, PassTiming, TimingPlan, TimingRun, time_pair
 
@@ -737,9 +737,10 @@ def judge_perf(
                 )
                 continue
             current = c.estimate(p) if c.measured else None
-            j = judge(c.case_id, p, base, current, rules)
+            here = rules.across_hosts(entry_host(entry), result.host)
+            j = judge(c.case_id, p, base, current, here)
             if j.wants_remeasure and remeasure is not None and config.confirm_rounds > 0:
-                j = judge(c.case_id, p, base, current, rules, confirm=remeasure(c.case, p, config.confirm_rounds))
+                j = judge(c.case_id, p, base, current, here, confirm=remeasure(c.case, p, config.confirm_rounds))
             if c.status is Status.ERROR and not c.measured:
                 j = PerfJudgement(case_id=c.case_id, pass_=p, severity=j.severity, message=f"not measured: {c.reason}")
             elif j.severity is PerfSeverity.FAIL:

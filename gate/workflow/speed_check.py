@@ -84,6 +84,7 @@ def perf_thresholds(cfg: PerfConfig) -> dict[str, float]:
     return {
         "regression_pct": cfg.regression_pct,
         "cpu_regression_pct": cfg.cpu_regression_pct,
+        "cross_host_regression_pct": cfg.cross_host_regression_pct,
         "noise_k": cfg.noise_k,
         "alpha": cfg.alpha,
         "improvement_pct": cfg.improvement_pct,
@@ -209,10 +210,14 @@ def _judged_perf(plan: RunPlan, baseline_perf: dict[str, Any] | None, out_dir: P
 def rule_sentence(cfg: PerfConfig, device: str) -> str:
     """The speed rule with this run's numbers, for the report."""
     limit = cfg.regression_pct_for(device)
+    cross = (
+        f" (+{cfg.cross_host_regression_pct:g}% where the baseline's ratio was timed on another host or an unknown one)"
+    )
     return (
         f"Each change of a ratio against the baseline comes with its {(1 - cfg.alpha) * 100:g}% confidence interval "
         f"(Hodges-Lehmann, Mann-Whitney): FAIL when the whole interval is above +{limit:g}%"
-        f"{' (cpu_regression_pct: timed on a CPU)' if device != 'cuda' else ''}, OK when it is at or below, "
+        f"{' (cpu_regression_pct: timed on a CPU)' if device != 'cuda' else ''}"
+        f"{cross if cfg.cross_host_regression_pct > limit else ''}, OK when it is at or below, "
         f"INCONCLUSIVE (fails closed) when it straddles or when there are too few rounds; WARN when the whole "
         f"interval is faster than -{cfg.improvement_pct:g}%."
     )
