@@ -80,7 +80,7 @@ def test_run_perf_times_the_refused_case_against_matmul_and_records_it(tmp_path)
     assert result.anchor == REFUSING_ANCHOR
     assert rows[0.0].label == "OK" and rows[0.0].anchor == REFUSING_ANCHOR
     assert rows[20.0].label == "OK" and rows[20.0].anchor == MATMUL, rows[20.0].reason
-    entries = {c.case_id: baseline_entry(c, result.anchor) for c in result.cases}
+    entries = {c.case_id: baseline_entry(c, result.anchor, result.host) for c in result.cases}
     assert entries[rows[20.0].case_id]["anchor"] == MATMUL
     assert entries[rows[0.0].case_id]["anchor"] == REFUSING_ANCHOR
     # a baseline made the same way judges every pass of both cases (none INCONCLUSIVE for its anchor)
@@ -116,7 +116,7 @@ def test_a_crashed_fallback_row_is_judged_not_measured_rather_than_on_its_anchor
     """An ERROR row (a worker that died) says why it was not measured; it is not blamed on an anchor
     mismatch, whose advice (refresh the baseline) would drop the case from the baseline."""
     cfg, result = perf(tmp_path)
-    entries = {c.case_id: baseline_entry(c, result.anchor) for c in result.cases}
+    entries = {c.case_id: baseline_entry(c, result.anchor, result.host) for c in result.cases}
     import dataclasses
 
     crashed = tuple(

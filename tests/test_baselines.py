@@ -47,7 +47,7 @@ def test_round_trip_sorted_and_rounded(tmp_path):
     b.write(path)
     text = path.read_text()
     data = json.loads(text)
-    assert data["schema_version"] == 3 and data["kind"] == "attn-gate baseline" and data["gpu_class"] == "cpu"
+    assert data["schema_version"] == 4 and data["kind"] == "attn-gate baseline" and data["gpu_class"] == "cpu"
     assert list(data) == sorted(data) and list(data["correctness"]) == sorted(data["correctness"])
     assert text == json.dumps(data, indent=1, sort_keys=True) + "\n"  # canonical: a rewrite changes nothing
     back = read_baseline(path)
@@ -69,7 +69,7 @@ BAD_FILES = [
     ("malformed", GOOD_TEXT.replace('"status": "PASS"', '"status": PASS', 1), "not valid JSON"),
     ("truncated", GOOD_TEXT[: len(GOOD_TEXT) // 2], "truncated"),
     ("empty", "", "not valid JSON"),
-    ("unknown schema", GOOD_TEXT.replace('"schema_version": 3', '"schema_version": 99'), "schema_version 99"),
+    ("unknown schema", GOOD_TEXT.replace('"schema_version": 4', '"schema_version": 99'), "schema_version 99"),
     ("not a baseline", json.dumps({"schema_version": 1, "kind": "attn-gate sweep"}), "not an 'attn-gate baseline'"),
     ("missing field", GOOD_TEXT.replace('"suite_hash"', '"suite_hash_x"'), "missing or has a bad field"),
     ("bad status", GOOD_TEXT.replace('"status": "PASS"', '"status": "GREEN"', 1), "missing or has a bad field"),
@@ -357,7 +357,7 @@ def test_a_schema_1_baseline_is_migrated_and_records_its_commit_from_now_on(tmp_
     old = tmp_path / "old.json"
     old.write_text(json.dumps(data))
     migrated = read_baseline(old)
-    assert migrated.commit == "" and migrated.schema_version == 3
+    assert migrated.commit == "" and migrated.schema_version == 4
     assert all(c.case_hash is None for c in migrated.correctness.values())  # unknown, not invented
     sweep = dataclasses.replace(GOOD, environment={**GOOD.environment, "git_commit": "abc123"})
     assert Baseline.from_sweep(sweep).commit == "abc123"

@@ -11,6 +11,7 @@ from gate.commands.main import main
 from gate.compare.findings import decide
 from gate.core.cases import Case
 from gate.core.config import Config, PerfConfig, load_config
+from gate.core.environment import host_id
 from gate.core.errors import UserError
 from gate.speed.runs import PerfCaseResult, PerfResult, baseline_entry, judge_perf, measure_case, perf_cases
 from gate.speed.timing import PASSES, PassTiming, TimingPlan, TimingRun
@@ -125,6 +126,7 @@ def test_baseline_update_records_speed_ratios_with_noise(project):
     perf = json.loads(baseline.read_text())["perf"]
     entry = perf[CASE]
     assert entry["anchor"] == "sdpa-math"
+    assert entry["host"] == host_id("cpu") != "", entry["host"]  # this machine's digest: the same-host limit
     for p in ("fwd", "bwd"):
         assert (
             entry[p]["n"] == 7 and len(entry[p]["samples"]) == 7 and entry[p]["median"] > 0 and entry[p]["noise"] >= 0
@@ -262,6 +264,7 @@ B = Case.build(
 )
 PLAN = TimingPlan(rounds=15, calls_per_round=1, warmup_s=0.0)
 ANCHOR = "sdpa-math"
+HOST = "0123456789ab"  # the host digest of the synthetic runs and of their baselines: the same-host limit
 
 
 def timed(case: Case, candidate_ms: float = 1.0, ratio: float = 1.0) -> PerfCaseResult:
@@ -294,7 +297,7 @@ def run_of(*cases: PerfCaseResult) -> PerfResult:
         anchor=ANCHOR,
         suite="s",
         device="cuda",
-        environment={},
+        environment={"host": HOST},
         plan=PLAN,
         cases=cases,
         started_at="",
@@ -302,8 +305,8 @@ def run_of(*cases: PerfCaseResult) -> PerfResult:
     )
 
 
-BASE_A = {A.id: baseline_entry(measured(A), ANCHOR)}
-BASE_AB = {**BASE_A, B.id: baseline_entry(measured(B), ANCHOR)}
+BASE_A = {A.id: baseline_entry(measured(A), ANCHOR, HOST)}
+BASE_AB = {**BASE_A, B.id: baseline_entry(measured(B), ANCHOR, HOST)}
 INC, OK = "INCONCLUSIVE", "OK"
 
 JUDGED = [
@@ -478,7 +481,7 @@ def test_check_from_a_results_file_says_speed_was_not_checked_on_a_gpu_class(pro
     ],
 )
 def test_a_speed_fail_on_a_pass_under_100_us_names_host_drift_and_still_fails(candidate_ms, ratio, severity, noted):
-    base = {A.id: baseline_entry(timed(A, candidate_ms, 1.0), ANCHOR)}
+    base = {A.id: baseline_entry(timed(A, candidate_ms, 1.0), ANCHOR, HOST)}
     js = judge_perf(run_of(timed(A, candidate_ms, ratio)), base, PerfConfig())
     assert [j.severity.value for j in js] == [severity] * 2, [j.message for j in js]
     assert all(("us pass: passes under 100 us also move between hosts" in j.message) is noted for j in js), js[
@@ -495,7 +498,7 @@ def planted_perf(tmp: Path, baseline: Path, ratio: float, name: str = "perf.json
     the baseline now records (synthetic timings: the verdict, not the CPU's noise, is under test)."""
     case = perf_cases("tiny", load_config(tmp / "pyproject.toml"))[0]
     data = json.loads(baseline.read_text())
-    data["perf"] = {CASE: baseline_entry(timed(case), ANCHOR)}
+    data["perf"] = {CASE: baseline_entry(timed(case), ANCHOR, "")}
     baseline.write_text(json.dumps(data))
     env = {**json.loads(next((tmp / "out").glob("sweep-*.json")).read_text())["environment"], "anchor": ANCHOR}
     result = PerfResult(
@@ -605,7 +608,7 @@ def test_perf_results_need_a_results_file(tmp_path, capsys):
 
 
 def _section(noise: float) -> dict:
-    entry = baseline_entry(measured(A), ANCHOR)
+    entry = baseline_entry(measured(A), ANCHOR, HOST)
     return {A.id: {**entry, "bwd": {**entry["bwd"], "noise": noise}}}
 
 

@@ -53,7 +53,7 @@ class PerfProject:
         (self.baseline,) = (root / "baselines" / "cpu").glob("*.json")
         case = sweep.cases[0].case
         data = json.loads(self.baseline.read_text())
-        data["perf"] = {case.id: baseline_entry(timed(case), ANCHOR)}
+        data["perf"] = {case.id: baseline_entry(timed(case), ANCHOR, "")}
         self.baseline.write_text(json.dumps(data))
         self.baseline_json = data
         perf = PerfResult(

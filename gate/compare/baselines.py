@@ -7,7 +7,7 @@ A baseline is the reviewed memory of the gate: `attn-gate check` compares a fres
 schema-versioned JSON with sorted keys, ratios rounded to 4 significant digits and cases keyed by
 their stable id, so `git diff` of a baseline reads like a changelog.
 
-Layout (schema_version 3):
+Layout (schema_version 4):
 
     kind           "attn-gate baseline"
     kernel, suite, suite_hash, gpu_class
@@ -21,8 +21,9 @@ Layout (schema_version 3):
                               "tensors": {tensor: {"ratio", "max_err", "mean_err", "bound", "pt_err"}}}}
                    case_hash: the measured case's gate.core.cases.case_hash, so that when the suite
                    changes, the rows of cases that did not change can be kept by a filtered update
-    perf           null, or the timing engine's section, keyed by case id: this module stores
-                   and round-trips it untouched; `baseline update` from a correctness run keeps it.
+    perf           null, or the timing engine's section, keyed by case id (gate/speed/entries.py,
+                   each row with the `host` that timed it): this module stores and round-trips it
+                   untouched; `baseline update` from a correctness run keeps it.
 
 No torch here: a baseline is plain data, read by the pure verdict.
 
@@ -32,6 +33,9 @@ Format history:
      (migrated: commit ''); the next `baseline update` writes version 2.
   3  `case_hash` per row. Version 2 files are read with none (their rows cannot outlive a
      change of their suite); the next `baseline update` writes version 3.
+  4  `host` per speed row (a digest of the GPU's UUID: gate/core/environment.py host_id). Version 3
+     files are read with none (host unknown: judged with cross_host_regression_pct); the next
+     `baseline update --perf` writes version 4 with hosts.
 """
 
 from __future__ import annotations
@@ -61,8 +65,8 @@ from gate.core.jsonio import (
 from gate.core.results import ALL_TENSORS, GRADIENTS, Status, SweepResult, error_ratio, required_tensors
 from gate.speed.entries import checked_baseline_perf
 
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)  # migrate_baseline turns each older one into the current layout
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)  # migrate_baseline turns each older one into the current layout
 KIND = "attn-gate baseline"
 # ratio, max_err and bound are each rounded to 4 significant digits: ratio and max_err / bound agree to ~1e-3
 ROUNDED_REL_TOL = 2e-3
@@ -331,6 +335,8 @@ def migrate_baseline(payload: dict[str, Any]) -> dict[str, Any]:
         payload = {**payload, "schema_version": 2, "commit": payload.get("commit", "")}
     if payload.get("schema_version") == 2:
         payload = {**payload, "schema_version": 3}
+    if payload.get("schema_version") == 3:
+        payload = {**payload, "schema_version": 4}
     return payload
 
 

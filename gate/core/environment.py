@@ -3,8 +3,10 @@ result, checked before any comparison (a baseline from another GPU class is refu
 
 from __future__ import annotations
 
+import hashlib
 import platform
 import re
+import socket
 import subprocess
 
 import torch
@@ -85,6 +87,57 @@ def cudnn_version() -> str:
         return str(torch.backends.cudnn.version() or "none")
     except Exception:
         return "unknown"
+
+
+HOST_DIGITS = 12  # hex digits of a host id: 48 bits tell a pool's hosts apart and give back no serial
+
+
+def host_digest(raw: str) -> str:
+    """A host id as committed files keep it: the first HOST_DIGITS hex digits of the sha256 of the raw
+    identity ('GPU-' prefix and case dropped: torch and NVML spell one UUID both ways); '' for none."""
+    raw = raw.strip().lower().removeprefix("gpu-")
+    return hashlib.sha256(raw.encode()).hexdigest()[:HOST_DIGITS] if raw else ""
+
+
+def _gpu_uuid() -> str:
+    """The UUID of the GPU that timed the run: torch's device 0 (the one CUDA_VISIBLE_DEVICES
+    exposes first), else NVML's first GPU; '' when neither says."""
+    try:
+        uuid = getattr(torch.cuda.get_device_properties(0), "uuid", None)
+        if uuid:
+            return str(uuid)
+    except Exception:
+        pass
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0))
+            return uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return ""
+
+
+def _machine_id() -> str:
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            with open(path, encoding="utf-8") as fh:
+                found = fh.read().strip()
+            if found:
+                return found
+        except OSError:
+            pass
+    return socket.gethostname()
+
+
+def host_id(device: str) -> str:
+    """Which machine timed a speed run: a digest of the GPU's UUID on CUDA (speed ratios of one GPU
+    class move a few % from one host to another), of the machine id (else the hostname) on a CPU.
+    '' when unknown. Kept out of `describe`: sweep shards on two GPUs of one run still merge."""
+    return host_digest(_gpu_uuid() if device == "cuda" else _machine_id())
 
 
 def describe(device: str, kernel: str, kernel_version: str) -> dict[str, str]:

@@ -2,17 +2,22 @@
 `judge_perf` reads it, checked before any judgement: pure, no torch, so the baseline's one reader
 (gate/compare/baselines.py) validates it with everything else.
 
-    {case_id: {"anchor": str, "fwd": {"median", "noise", "n", "samples"}, "bwd": {...}}}
+    {case_id: {"anchor": str, "host": str, "fwd": {"median", "noise", "n", "samples"}, "bwd": {...}}}
+
+`host`: the short digest of the host that timed the row (gate/core/environment.py host_id); absent in
+rows written before hosts were recorded, and '' where the host was unknown: both read as unknown.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from gate.core.config import ROUNDS
 from gate.core.jsonio import measured_float
 
 PASSES = ("fwd", "bwd")
+HOST = re.compile(r"[0-9a-f]{0,64}")  # a hex digest (never a raw serial), '' for unknown
 MAX_ROUNDS = ROUNDS  # as [tool.attn-gate.perf] rounds / confirm_rounds
 
 
@@ -20,9 +25,14 @@ MAX_RATIO = 1e6  # a speed ratio (kernel time / anchor time) beyond this is no m
 ENTRY_PRECISION = 2e-6  # baseline_entry rounds the median and each sample to 6 decimals
 
 
+def entry_host(entry: Any) -> str:
+    """The host digest a baseline's speed row was timed on ('' unknown)."""
+    return str(entry.get("host", "")) if isinstance(entry, dict) else ""
+
+
 def checked_baseline_perf(perf: Any) -> dict[str, Any] | None:
     """A baseline's speed section, as baseline_entry writes it, checked before any judgement: per
-    case an anchor name and per pass a median (the median of its samples), a noise, n (the number
+    case an anchor name, the host digest and per pass a median (the median of its samples), a noise, n (the number
     of samples): finite, positive, bounded. A ValueError names the case, pass and field."""
     if perf is None:
         return None
@@ -31,11 +41,19 @@ def checked_baseline_perf(perf: Any) -> dict[str, Any] | None:
     for cid, entry in perf.items():
         if not isinstance(entry, dict) or not entry:
             raise ValueError(f"perf[{cid!r}] must be an object with anchor and fwd/bwd")
-        unknown = sorted(set(entry) - {"anchor", *PASSES})
+        unknown = sorted(set(entry) - {"anchor", "host", *PASSES})
         if unknown:
-            raise ValueError(f"perf[{cid!r}]: unknown key {unknown[0][:40]!r} (known: anchor, {', '.join(PASSES)})")
+            raise ValueError(
+                f"perf[{cid!r}]: unknown key {unknown[0][:40]!r} (known: anchor, host, {', '.join(PASSES)})"
+            )
         if not isinstance(entry.get("anchor", ""), str):
             raise TypeError(f"perf[{cid!r}].anchor must be a string")
+        host = entry.get("host", "")
+        if not isinstance(host, str) or not HOST.fullmatch(host):
+            raise ValueError(
+                f"perf[{cid!r}].host = {str(host)[:40]!r} must be a lowercase hex digest (or ''): "
+                f"re-record the speed section with `attn-gate baseline update --perf`"
+            )
         if not any(p in entry for p in PASSES):
             raise ValueError(f"perf[{cid!r}] has no pass ({', '.join(PASSES)}): a speed row without a ratio")
         for p in PASSES:

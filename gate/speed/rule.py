@@ -6,7 +6,9 @@ baseline's by an interval, not a point:
     change   = median(current ratios) / median(baseline ratios) - 1       (what every report shows)
     interval = exp() - 1 of the Mann-Whitney confidence interval (1 - alpha) of the Hodges-Lehmann
                shift of log(current ratios) over log(baseline ratios)
-    limit    = regression_pct (cpu_regression_pct where the run was timed on a CPU)
+    limit    = regression_pct (cpu_regression_pct where the run was timed on a CPU); where the
+               baseline's ratio was timed on another host, or either host is unknown,
+               max(that, cross_host_regression_pct): one GPU class drifts a few % between hosts
 
     FAIL          the whole interval is above +limit   (then re-measured: confirm_rounds)
     OK            the whole interval is at or below +limit
@@ -27,6 +29,7 @@ pass.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from dataclasses import dataclass
@@ -90,12 +93,29 @@ class RatioEstimate:
 _DEFAULTS = PerfConfig()  # one source of truth for the thresholds: [tool.attn-gate.perf]'s defaults
 
 
+class HostMatch(str, enum.Enum):
+    """Where a baseline's speed ratio was timed, against this run's host."""
+
+    SAME = "same"
+    OTHER = "other"
+    UNKNOWN = "unknown"  # either host not recorded (a baseline from before hosts were recorded)
+
+    @classmethod
+    def of(cls, baseline_host: str, run_host: str) -> "HostMatch":
+        if not baseline_host or not run_host:
+            return cls.UNKNOWN
+        return cls.SAME if baseline_host == run_host else cls.OTHER
+
+
 @dataclass(frozen=True)
 class PerfRules:
     """The thresholds `judge` applies: the subset of PerfConfig it needs, with the same defaults.
-    `regression_pct` is the limit of the device the run was timed on (from_config picks it)."""
+    `regression_pct` is the limit of the device the run was timed on (from_config picks it);
+    `limit_pct` the one applied: the larger cross-host one unless both hosts are known and equal."""
 
     regression_pct: float = _DEFAULTS.regression_pct
+    cross_host_regression_pct: float = _DEFAULTS.cross_host_regression_pct
+    host: HostMatch = HostMatch.SAME
     noise_k: float = _DEFAULTS.noise_k
     improvement_pct: float = _DEFAULTS.improvement_pct
     alpha: float = _DEFAULTS.alpha
@@ -106,9 +126,19 @@ class PerfRules:
     def confidence(self) -> float:
         return 1.0 - self.alpha
 
+    @property
+    def limit_pct(self) -> float:
+        if self.host is HostMatch.SAME:
+            return self.regression_pct
+        return max(self.regression_pct, self.cross_host_regression_pct)
+
+    def across_hosts(self, baseline_host: str, run_host: str) -> "PerfRules":
+        """These rules for a baseline ratio timed on `baseline_host` and a run on `run_host` ('' unknown)."""
+        return dataclasses.replace(self, host=HostMatch.of(baseline_host, run_host))
+
     @classmethod
     def from_config(cls, perf_config, device: str = "cuda") -> "PerfRules":
-        fields = {f: getattr(perf_config, f) for f in cls.__dataclass_fields__}
+        fields = {f: getattr(perf_config, f) for f in cls.__dataclass_fields__ if f != "host"}
         return cls(**{**fields, "regression_pct": perf_config.regression_pct_for(device)})
 
 
@@ -209,6 +239,16 @@ def _noisy_note(baseline: RatioEstimate, rules: PerfRules) -> str:
     )
 
 
+def _host_note(rules: PerfRules) -> str:
+    if rules.limit_pct == rules.regression_pct:
+        return ""
+    where = "baseline timed on another host" if rules.host is HostMatch.OTHER else "baseline's host unknown"
+    return (
+        f"; {where}: limit {rules.limit_pct:g}%; re-record the speed section on this "
+        f"runner (`attn-gate baseline update --perf`) for the {rules.regression_pct:g}% limit"
+    )
+
+
 def judge(
     case_id: str,
     pass_: str,
@@ -260,7 +300,7 @@ def judge(
         )
     change = current.median / baseline.median - 1.0
     low, high = change_interval(current, baseline, rules.confidence)
-    limit = rules.regression_pct / 100
+    limit = rules.limit_pct / 100
     values.update(
         change=change,
         noise=math.hypot(current.noise, baseline.noise),
@@ -269,14 +309,14 @@ def judge(
         ci_high=high,
         confidence=rules.confidence,
     )
-    noisy = _noisy_note(baseline, rules)
+    notes = _noisy_note(baseline, rules) + _host_note(rules)
     if not (math.isfinite(low) and math.isfinite(high)):
         return PerfJudgement(
             **base,
             **values,
             severity=PerfSeverity.INCONCLUSIVE,
             message=f"{pass_} {_pct(change, 2)}: no {rules.confidence * 100:g}% confidence interval "
-            f"from {current.n} and {baseline.n} rounds; re-run with more rounds{noisy}",
+            f"from {current.n} and {baseline.n} rounds; re-run with more rounds{notes}",
         )
     first = f"{pass_} {change_text(change, low, high, rules.confidence)}"
     if confirm is not None:
@@ -309,31 +349,31 @@ def judge(
             **values,
             severity=PerfSeverity.FAIL,
             suspected=True,
-            message=f"{first}: slower, the whole interval above the {rules.regression_pct:g}% limit; "
-            f"not yet confirmed{noisy}",
+            message=f"{first}: slower, the whole interval above the {rules.limit_pct:g}% limit; "
+            f"not yet confirmed{notes}",
         )
     if high <= limit:
         # an improvement is news only beyond what would count as a regression here (a CPU's 25%)
-        faster = max(rules.improvement_pct, rules.regression_pct)
+        faster = max(rules.improvement_pct, rules.limit_pct)
         if high < -faster / 100:
             return PerfJudgement(
                 **base,
                 **values,
                 severity=PerfSeverity.WARN,
                 message=f"{first}: faster, the whole interval below -{faster:g}%: refresh "
-                f"the baseline, and check the kernel still does all its work{noisy}",
+                f"the baseline, and check the kernel still does all its work{notes}",
             )
         return PerfJudgement(
             **base,
             **values,
             severity=PerfSeverity.OK,
-            message=f"{first}: within the {rules.regression_pct:g}% limit{noisy}",
+            message=f"{first}: within the {rules.limit_pct:g}% limit{notes}",
         )
     return PerfJudgement(
         **base,
         **values,
         severity=PerfSeverity.INCONCLUSIVE,
         straddles=True,
-        message=f"{first}: the interval straddles the {rules.regression_pct:g}% limit; re-run with more "
-        f"rounds (`rounds`) or on a quieter machine{noisy}",
+        message=f"{first}: the interval straddles the {rules.limit_pct:g}% limit; re-run with more "
+        f"rounds (`rounds`) or on a quieter machine{notes}",
     )

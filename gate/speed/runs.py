@@ -35,7 +35,7 @@ from gate.core.errors import UserError, first_line
 from gate.core.files import safe_name
 from gate.core.jsonio import bad_field, checked_kernel, checked_name, measured_float, read_record, write_json_atomic
 from gate.core.results import Status, migrate_rows
-from gate.speed.entries import MAX_ROUNDS
+from gate.speed.entries import MAX_ROUNDS, entry_host
 from gate.speed.rule import PerfJudgement, PerfRules, PerfSeverity, RatioEstimate, judge
 from gate.speed.timing import PASSES, KernelWorkload, MatmulWorkload, PassTiming, TimingPlan, TimingRun, time_pair
 
@@ -196,6 +196,13 @@ class PerfResult:
 
     def case(self, case_id: str) -> PerfCaseResult | None:
         return next((c for c in self.cases if c.case_id == case_id), None)
+
+    @property
+    def host(self) -> str:
+        """The digest of the host that timed the run (gate/core/environment.py host_id); '' unknown
+        (a file from before hosts were recorded, or merged from several hosts)."""
+        host = self.environment.get("host", "")
+        return host if isinstance(host, str) else ""
 
     @property
     def any_error(self) -> bool:
@@ -507,7 +514,7 @@ def run_perf(
     gate/workflow/isolation.py: this process then never imports the kernel); `kernel_version` is
     then what that process reported. Without it the kernel is loaded and timed here. `cases`: the
     perf cases a run plan selected already (None: selected here from the suite)."""
-    from gate.core.environment import default_device, describe
+    from gate.core.environment import default_device, describe, host_id
     from gate.kernels.registry import resolve_kernel
 
     device = device or default_device()
@@ -540,6 +547,7 @@ def run_perf(
             progress(f"{results[-1].label:5} {case.id} {results[-1].reason}")
     env = describe(device, kernel, kernel_version or "")
     env["anchor"] = anchor_name
+    env["host"] = host_id(device)  # only here: the speed rule's limit depends on it (gate/speed/rule.py)
     notes = ("CPU timings (perf_counter, no L2 flush): history only, not a gate",) if device != "cuda" else ()
     notes += (f"filtered with --only {only!r}",) if only else ()
     return PerfResult(
@@ -566,14 +574,15 @@ def write_perf_outputs(result: PerfResult, out_dir: Path) -> Path:
 # Baseline entries and judging
 
 
-def baseline_entry(c: PerfCaseResult, anchor: str) -> dict[str, Any] | None:
+def baseline_entry(c: PerfCaseResult, anchor: str, host: str) -> dict[str, Any] | None:
     """What a baseline keeps for one case: per pass the ratio median, its noise, the rounds and
-    the per-round ratios (rounded: readable diffs), and the anchor it was measured against (the
-    row's own, a fallback included; `anchor`, the run's, for a row that does not say). A pass
-    recorded on purpose above max_noise_pct carries `"noisy": true` (`mark_noisy`)."""
+    the per-round ratios (rounded: readable diffs), the anchor it was measured against (the
+    row's own, a fallback included; `anchor`, the run's, for a row that does not say) and the
+    `host` that timed it (the run's host digest, '' unknown). A pass recorded on purpose above
+    max_noise_pct carries `"noisy": true` (`mark_noisy`)."""
     if not c.measured:
         return None
-    entry: dict[str, Any] = {"anchor": c.anchor_or(anchor)}
+    entry: dict[str, Any] = {"anchor": c.anchor_or(anchor), "host": host}
     for p in PASSES:
         est = c.estimate(p)
         if est is not None:
@@ -728,9 +737,10 @@ def judge_perf(
                 )
                 continue
             current = c.estimate(p) if c.measured else None
-            j = judge(c.case_id, p, base, current, rules)
+            here = rules.across_hosts(entry_host(entry), result.host)
+            j = judge(c.case_id, p, base, current, here)
             if j.wants_remeasure and remeasure is not None and config.confirm_rounds > 0:
-                j = judge(c.case_id, p, base, current, rules, confirm=remeasure(c.case, p, config.confirm_rounds))
+                j = judge(c.case_id, p, base, current, here, confirm=remeasure(c.case, p, config.confirm_rounds))
             if c.status is Status.ERROR and not c.measured:
                 j = PerfJudgement(case_id=c.case_id, pass_=p, severity=j.severity, message=f"not measured: {c.reason}")
             elif j.severity is PerfSeverity.FAIL:

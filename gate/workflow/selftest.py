@@ -37,7 +37,7 @@ from gate.compare.selftest import (
 from gate.compare.sweep_rules import check_comparable, compare, correctness_thresholds
 from gate.core.cases import exact_regex, load_suite
 from gate.core.config import Config
-from gate.core.environment import describe
+from gate.core.environment import describe, host_id
 from gate.core.errors import UserError
 from gate.core.files import append_step_summary, require_writable
 from gate.core.jsonio import write_json_atomic, write_text_atomic
@@ -354,7 +354,9 @@ def run_slowdowns(
             case_id=case.id,
             anchor=anchor,
         )
-    baseline_perf = {case.id: baseline_entry(base, anchor)}
+    # the baseline and the slowed runs are timed in this process: one host, even where host_id cannot tell it
+    host = host_id(run.device) or "this-process"
+    baseline_perf = {case.id: baseline_entry(base, anchor, host)}
     pass_ms = {p: base.pass_timing(p).candidate_median_ms for p in passes}
     gpu = run.device == "cuda"
     cycles_per_ms = sleep_cycles_per_ms(samples=5) if gpu else CPU_CYCLES_PER_MS
@@ -411,7 +413,7 @@ def run_slowdowns(
                 anchor=anchor,
                 suite=run.suite,
                 device=run.device,
-                environment=run.report.environment,
+                environment={**run.report.environment, "host": host},
                 plan=plan,
                 cases=(pc,),
                 started_at=run.report.started_at,

@@ -84,6 +84,7 @@ def perf_thresholds(cfg: PerfConfig) -> dict[str, float]:
     return {
         "regression_pct": cfg.regression_pct,
         "cpu_regression_pct": cfg.cpu_regression_pct,
+        "cross_host_regression_pct": cfg.cross_host_regression_pct,
         "noise_k": cfg.noise_k,
         "alpha": cfg.alpha,
         "improvement_pct": cfg.improvement_pct,
@@ -209,10 +210,14 @@ def _judged_perf(plan: RunPlan, baseline_perf: dict[str, Any] | None, out_dir: P
 def rule_sentence(cfg: PerfConfig, device: str) -> str:
     """The speed rule with this run's numbers, for the report."""
     limit = cfg.regression_pct_for(device)
+    cross = (
+        f" (+{cfg.cross_host_regression_pct:g}% where the baseline's ratio was timed on another host or an unknown one)"
+    )
     return (
         f"Each change of a ratio against the baseline comes with its {(1 - cfg.alpha) * 100:g}% confidence interval "
         f"(Hodges-Lehmann, Mann-Whitney): FAIL when the whole interval is above +{limit:g}%"
-        f"{' (cpu_regression_pct: timed on a CPU)' if device != 'cuda' else ''}, OK when it is at or below, "
+        f"{' (cpu_regression_pct: timed on a CPU)' if device != 'cuda' else ''}"
+        f"{cross if cfg.cross_host_regression_pct > limit else ''}, OK when it is at or below, "
         f"INCONCLUSIVE (fails closed) when it straddles or when there are too few rounds; WARN when the whole "
         f"interval is faster than -{cfg.improvement_pct:g}%."
     )
@@ -290,7 +295,7 @@ def perf_baseline_section(
                 kernel_version=worker.info.version,
                 cases=plan.perf_cases,
             )
-    measured = {c.case_id: baseline_entry(c, result.anchor) for c in result.cases if c.measured}
+    measured = {c.case_id: baseline_entry(c, result.anchor, result.host) for c in result.cases if c.measured}
     if not measured:
         raise UserError(
             f"no perf case of suite {suite!r} could be timed for {kernel!r} (all skipped or failed); "
@@ -329,7 +334,7 @@ def perf_section_from_file(
             f"--perf-from {path}: {result.plan.rounds} rounds is below min_rounds {config.perf.min_rounds}; "
             f"re-run `attn-gate perf --rounds {config.perf.confirm_rounds}`"
         )
-    measured = {c.case_id: baseline_entry(c, result.anchor) for c in result.cases if c.measured}
+    measured = {c.case_id: baseline_entry(c, result.anchor, result.host) for c in result.cases if c.measured}
     if not measured:
         raise UserError(f"--perf-from {path}: no case was timed (all skipped or failed)")
     measured = refuse_noisy(measured, config.perf, accept_noisy, f"--perf-from {path}")
@@ -375,12 +380,13 @@ def read_perf_files(paths: list[Path]) -> PerfResult:
             seen[c.case_id] = path
     results = [r for _, r in read]
     notes = tuple(dict.fromkeys(n for r in results for n in r.notes))
+    hosts = {r.host for r in results}  # timed on several hosts: no one host to judge the rows' limit by
     return PerfResult(
         kernel=first.kernel,
         anchor=first.anchor,
         suite=first.suite,
         device=first.device,
-        environment=first.environment,
+        environment=first.environment if len(hosts) == 1 else {**first.environment, "host": ""},
         plan=first.plan,
         cases=tuple(c for r in results for c in r.cases),
         started_at=min(r.started_at for r in results),
