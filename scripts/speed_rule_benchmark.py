@@ -27,7 +27,7 @@ from collections import Counter
 from pathlib import Path
 
 from gate.core.config import load_config
-from gate.core.environment import default_device
+from gate.core.environment import default_device, host_id
 from gate.kernels.registry import resolve_kernel
 from gate.speed.planted import CPU_CYCLES_PER_MS, RepeatedKernel, SlowedKernel, planted_cycles
 from gate.speed.runs import PerfResult, baseline_entry, case_anchor, judge_perf, measure_case, select_perf_cases
@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     if not base.measured:
         print(f"baseline not measured: {base.label} {base.reason}", file=sys.stderr)
         return 2
-    baseline_perf = {case.id: baseline_entry(base, anchor)}
+    host = host_id(device)  # baseline and trials are timed here: the same host's limit applies
+    baseline_perf = {case.id: baseline_entry(base, anchor, host)}
     for p in PASSES:
         est = base.estimate(p)
         if est is not None:
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                 anchor=anchor,
                 suite=args.suite,
                 device=device,
-                environment={},
+                environment={"host": host},
                 plan=plan,
                 cases=(pc,),
                 started_at="",
