@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from gate.compare.baselines import Baseline
-from gate.compare.findings import Finding, Severity, decide
+from gate.compare.findings import STATUS, Finding, Severity, Subject, decide
 from gate.compare.sweep_rules import (
     check_comparable,
     compare,
@@ -477,9 +477,9 @@ def test_findings_json_and_ordering():
 
 
 def test_inconclusive_blocks_like_fail():
-    f = Finding("speed", Severity.INCONCLUSIVE, "c", "speed_ratio:bwd", 1.0, None, 0.03, "too noisy")
+    f = Finding("speed", Severity.INCONCLUSIVE, "c", Subject.speed("bwd"), 1.0, None, 0.03, "too noisy")
     assert not decide([f]).passed and decide([f]).exit_code == 1
-    assert decide([Finding("x", Severity.WARN, "c", "status", None, None, None, "look")]).passed
+    assert decide([Finding("new_case", Severity.WARN, "c", STATUS, None, None, None, "look")]).passed
 
 
 def test_verdict_modules_import_no_torch():

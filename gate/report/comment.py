@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 from urllib.parse import quote
 
 from gate.compare.baselines import Baseline, env_values
-from gate.compare.findings import Finding, Severity, Verdict, fmt
+from gate.compare.findings import Finding, Half, Quantity, Rule, Severity, Verdict, fmt
 from gate.core.cases import Case, exact_regex
 from gate.core.results import CaseResult, Status, SweepResult, shown_tensors
 from gate.report.known import known_groups
@@ -33,7 +33,6 @@ RERUN_LIMIT = 4_000  # a longer rerun command is no copy-paste command: the suit
 SPEED_ROWS = 100  # every pass of a pr-sized speed suite (33 cases, <= 66 passes) is shown; more are in the JSON
 BUDGET = 60_000  # what this comment may use: room for the workflow's own header and footer
 TOP_ROWS = 15  # rows of the worst-findings table; the rest is folded
-SPEED_RULE = "speed"
 ASV_BENCHMARK = "bench_attention.AttentionSpeed.track_{pass_}_speed_ratio"  # benchmarks/bench_attention.py
 
 
@@ -52,7 +51,7 @@ def _short(text: str, limit: int = 160) -> str:
 
 
 def _is_speed(f: Finding) -> bool:
-    return f.rule == SPEED_RULE or f.metric.startswith("speed_ratio")
+    return f.half is Half.SPEED
 
 
 def _num(value: float) -> str:
@@ -235,8 +234,8 @@ def failing_names(verdict: Verdict) -> dict[str, set[str]]:
     included): what the check failed each case on, for the pattern line's counts."""
     names: dict[str, set[str]] = {}
     for f in verdict.findings:
-        if f.severity.blocks and f.case_id and f.metric.startswith("ratio:"):
-            names.setdefault(f.case_id, set()).add(f.metric.split(":", 1)[1])
+        if f.severity.blocks and f.case_id and f.subject.quantity is Quantity.RATIO:
+            names.setdefault(f.case_id, set()).add(f.subject.item)
     return names
 
 
@@ -362,7 +361,7 @@ def _case_rows(verdict: Verdict, sweep: SweepResult, baseline: Baseline, severit
                 else "-"
             )
             what = f"{t.tensor} error / bound" + ("" if c.status is Status.PASS else f" ({c.status.value})")
-            if worst.rule == "headroom":
+            if worst.rule is Rule.HEADROOM:
                 what += ": headroom regression"
             rows.append(
                 Row(
@@ -375,7 +374,7 @@ def _case_rows(verdict: Verdict, sweep: SweepResult, baseline: Baseline, severit
                         _x(b.ratio) if b else "-",
                         _x(t.ratio),
                         change,
-                        "1 x" if worst.rule != "headroom" else _x(worst.threshold),
+                        "1 x" if worst.rule is not Rule.HEADROOM else _x(worst.threshold),
                     ),
                 )
             )
@@ -404,7 +403,7 @@ def _speed_rows(verdict: Verdict, links: Links, severities: set[Severity] | None
     for f in verdict.findings:
         if not _is_speed(f) or (severities is not None and f.severity not in severities):
             continue
-        pass_ = f.metric.split(":", 1)[1] if ":" in f.metric else "?"
+        pass_ = f.subject.item or "?"
         base, now = f.baseline, f.current
         if isinstance(base, float) and isinstance(now, float) and base > 0:
             change = now / base - 1
@@ -563,7 +562,7 @@ def _speed_clause(verdict: Verdict) -> str:
         kind = "FAIL" if any(f.severity is Severity.FAIL for f in blocking) else "INCONCLUSIVE"
         worst = max(judged, key=lambda f: f.current / f.baseline, default=None) if judged else None
         tail = (
-            f"; worst `{worst.case_id}` {worst.metric.split(':')[-1]} {(worst.current / worst.baseline - 1) * 100:+.2f}%"
+            f"; worst `{worst.case_id}` {worst.subject.name} {(worst.current / worst.baseline - 1) * 100:+.2f}%"
             if worst is not None
             else f"; {_cell(blocking[0].message)[:120]}"
         )
@@ -573,7 +572,7 @@ def _speed_clause(verdict: Verdict) -> str:
         return message if message.startswith("speed") else f"speed not judged: {message}"
     worst = max(judged, key=lambda f: f.current / f.baseline)
     return (
-        f"speed **PASS** ({len(judged)} passes; largest change `{worst.case_id}` {worst.metric.split(':')[-1]} "
+        f"speed **PASS** ({len(judged)} passes; largest change `{worst.case_id}` {worst.subject.name} "
         f"{(worst.current / worst.baseline - 1) * 100:+.2f}%)"
     )
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gate.compare.findings import Finding, Severity
+from gate.compare.findings import Advice, Finding, Rule, Severity, Subject
 from gate.core.config import Config, PerfConfig
 from gate.core.errors import UserError
 from gate.core.files import safe_name
@@ -53,7 +53,7 @@ from gate.workflow.plan import RunPlan
 from gate.workflow.progress import Progress
 from gate.workflow.shards import expected_cost
 
-RULE = "speed"
+RULE = Rule.SPEED
 
 
 def perf_wanted(flag: bool | None, device: str) -> bool:
@@ -70,11 +70,13 @@ def perf_findings(judgements: tuple[PerfJudgement, ...]) -> list[Finding]:
                 rule=RULE,
                 severity=Severity(j.severity.value),
                 case_id=j.case_id,
-                metric=j.metric,
+                subject=Subject.speed(j.pass_),
                 baseline=None if j.baseline != j.baseline else round(j.baseline, 4),
                 current=None if j.current != j.current else round(j.current, 4),
                 threshold=None if limit is None else round(limit, 4),
                 message=j.message,
+                advice=Advice.REFRESH_BASELINE if j.statement else None,
+                statement=j.statement,
             )
         )
     return out
@@ -100,7 +102,7 @@ def not_checked(message: str, severity: Severity) -> Finding:
         rule=RULE,
         severity=severity,
         case_id="",
-        metric="speed_ratio:all",
+        subject=Subject.speed("all"),
         baseline=None,
         current=None,
         threshold=None,
