@@ -399,8 +399,8 @@ def test_another_cpu_model_turns_a_moved_ratio_into_info_end_to_end(tmp_path):
 
 
 def test_the_pattern_line_says_so_when_nothing_distinguishes_the_failing_cases():
+    from gate.compare.diagnosis import shared_pattern
     from gate.core.cases import Case
-    from gate.report.comment import shared_pattern
 
     a = Case.build(batch=1, seqlen_q=8, seqlen_k=8, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16")
     b = a.with_fields(causal=True)

@@ -232,7 +232,7 @@ class Refusal:
     """Why a run is not recorded as a baseline, and the three ways forward."""
 
     lines: tuple[FailLine, ...]  # every failing case no declaration covers, worst first
-    pattern: str  # what they share (gate.report.comment.diagnosis)
+    pattern: str  # what they share (gate.compare.diagnosis.diagnosis)
     groups: tuple[FailGroup, ...]
     block: str  # the [[tool.attn-gate.known_failures]] blocks that declare exactly them
     measured: int  # cases of the run that are not SKIP
@@ -296,8 +296,8 @@ class Refusal:
 def refusal(
     rows: list[CaseResult], undeclared: list[tuple[str, list[str]]], kernel: str, reason: str = "", link: str = ""
 ) -> Refusal:
+    from gate.compare.diagnosis import diagnosis
     from gate.compare.known import declaration_blocks
-    from gate.report.comment import diagnosis
 
     failing = {cid: names for cid, names in undeclared}
     by_id = {r.case_id: r for r in rows}
