@@ -502,3 +502,38 @@ def test_a_baseline_remembers_the_cudnn_version_and_a_new_one_warns():
     assert env_findings(sweep(*GOOD.cases, env={**ENV, "cudnn": "91900"})) == {
         (Severity.WARN, "env_drift", "env:cudnn")
     }
+
+
+def _half_finding(rule, severity, case_id="c"):
+    subject = Subject.speed("fwd") if rule == "speed" else Subject.ratio("dq")
+    return Finding(rule, severity, case_id, subject, 0.1, 0.2, 1.0, f"{case_id}: {rule}")
+
+
+@pytest.mark.parametrize(
+    "found, correctness, speed",
+    [
+        ([], Severity.OK, Severity.OK),
+        ([("tolerance", Severity.FAIL)], Severity.FAIL, Severity.OK),
+        ([("speed", Severity.FAIL)], Severity.OK, Severity.FAIL),
+        ([("speed", Severity.INCONCLUSIVE), ("tolerance", Severity.WARN)], Severity.OK, Severity.INCONCLUSIVE),
+        ([("tensor_dropped", Severity.INCONCLUSIVE), ("tolerance", Severity.FAIL)], Severity.FAIL, Severity.OK),
+        ([("tensor_dropped", Severity.INCONCLUSIVE), ("speed", Severity.OK)], Severity.INCONCLUSIVE, Severity.OK),
+    ],
+)
+def test_decide_returns_both_halves_each_with_its_own_severity(found, correctness, speed):
+    verdict = decide([_half_finding(rule, sev, f"c{i}") for i, (rule, sev) in enumerate(found)])
+    assert (verdict.correctness.severity, verdict.speed.severity) == (correctness, speed)
+    assert verdict.passed == (verdict.correctness.passed and verdict.speed.passed)
+    assert set(verdict.correctness.findings) | set(verdict.speed.findings) == set(verdict.findings)
+
+
+def test_a_half_counts_failed_and_inconclusive_cases_apart():
+    half = decide(
+        [
+            _half_finding("tolerance", Severity.FAIL, "a"),
+            _half_finding("tensor_dropped", Severity.INCONCLUSIVE, "a"),
+            _half_finding("tensor_dropped", Severity.INCONCLUSIVE, "b"),
+            _half_finding("speed", Severity.FAIL, "s"),
+        ]
+    ).correctness
+    assert half.failed_cases == {"a"} and half.inconclusive_cases == {"b"}

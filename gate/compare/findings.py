@@ -264,6 +264,39 @@ class CheckContext(Mapping):
 
 
 @dataclass(frozen=True)
+class HalfVerdict:
+    """One half of a verdict (correctness or speed): its findings and what they decide. Reports
+    read its severity and case sets; none re-decides them."""
+
+    half: Half
+    findings: tuple[Finding, ...]
+
+    @property
+    def blocking(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.severity.blocks)
+
+    @property
+    def passed(self) -> bool:
+        return not self.blocking
+
+    @property
+    def severity(self) -> Severity:
+        """FAIL when a finding fails, INCONCLUSIVE when one only could not judge, else OK."""
+        if any(f.severity is Severity.FAIL for f in self.blocking):
+            return Severity.FAIL
+        return Severity.INCONCLUSIVE if self.blocking else Severity.OK
+
+    @property
+    def failed_cases(self) -> frozenset[str]:
+        return frozenset(f.case_id for f in self.blocking if f.case_id and f.severity is Severity.FAIL)
+
+    @property
+    def inconclusive_cases(self) -> frozenset[str]:
+        """Cases that block without failing (fail closed, but not counted as failures)."""
+        return frozenset(f.case_id for f in self.blocking if f.case_id) - self.failed_cases
+
+
+@dataclass(frozen=True)
 class Verdict:
     """The reduction of findings: passed iff no FAIL. `thresholds` are what the rules applied,
     printed in every report so a reader can check the decision."""
@@ -279,6 +312,17 @@ class Verdict:
     @property
     def exit_code(self) -> int:
         return EXIT_PASS if self.passed else EXIT_FAIL
+
+    def half(self, half: Half) -> HalfVerdict:
+        return HalfVerdict(half, tuple(f for f in self.findings if f.half is half))
+
+    @property
+    def correctness(self) -> HalfVerdict:
+        return self.half(Half.CORRECTNESS)
+
+    @property
+    def speed(self) -> HalfVerdict:
+        return self.half(Half.SPEED)
 
     def of(self, severity: Severity) -> tuple[Finding, ...]:
         return tuple(f for f in self.findings if f.severity is severity)

@@ -14,7 +14,7 @@ from gate.compare.diagnosis import diagnose
 from gate.compare.findings import Severity, Verdict, fmt, worst_first
 from gate.core.results import Status, SweepResult
 from gate.report import terminal_console
-from gate.report.comment import _correctness_clause, _is_speed, _speed_clause
+from gate.report.comment import _correctness_clause, _speed_clause
 from gate.report.failures import check_lines
 from gate.report.known import known_groups
 
@@ -107,7 +107,7 @@ def rerun_hint(verdict: Verdict, summary_path=None) -> str:
     parts = ["attn-gate", "check", "--last-failed"]
     if summary_path is not None and Path(summary_path).parent != Path("out"):
         parts += ["--out", str(Path(summary_path).parent)]
-    if any(f.severity.blocks and _is_speed(f) for f in verdict.findings):
+    if not verdict.speed.passed:
         parts.append("--perf")
     return " ".join(shlex.quote(p) for p in parts)
 
@@ -149,7 +149,7 @@ def summary_lines(verdict: Verdict, sweep: SweepResult, summary_path=None) -> li
         lines.append(f"report: {summary_path}")
     lines.append(f"cases: {', '.join(counts)} of {len(sweep.cases)}")
     verdict_text = _plain(_correctness_clause(verdict, sweep))
-    if any(_is_speed(f) for f in verdict.findings):
+    if verdict.speed.findings:
         verdict_text += "; " + _plain(_speed_clause(verdict))
     lines.append(f"{'PASS' if verdict.passed else 'FAIL'}: {verdict_text}")
     return lines

@@ -51,10 +51,6 @@ def _short(text: str, limit: int = 160) -> str:
     return head.replace("`", "") if head.count("`") % 2 else head
 
 
-def _is_speed(f: Finding) -> bool:
-    return f.half is Half.SPEED
-
-
 def _num(value: float) -> str:
     """3 significant digits, thousands separated: 0.152, 48.8, 665, 895,596."""
     if math.isnan(value):
@@ -153,7 +149,7 @@ HEADER = ("", "case", "what", "baseline", "now", "change", "limit")
 def _case_rows(verdict: Verdict, sweep: SweepResult, baseline: Baseline, severities: set[Severity]) -> list[Row]:
     by_case: dict[str, list[Finding]] = {}
     for f in verdict.findings:
-        if f.case_id and f.severity in severities and not _is_speed(f):
+        if f.case_id and f.severity in severities and f.half is Half.CORRECTNESS:
             by_case.setdefault(f.case_id, []).append(f)
     results = {c.case_id: c for c in sweep.cases}
     rows = []
@@ -213,7 +209,7 @@ def _speed_rows(verdict: Verdict, links: Links, severities: set[Severity] | None
     kernel = str(verdict.context.get("kernel", ""))
     rows = []
     for f in verdict.findings:
-        if not _is_speed(f) or (severities is not None and f.severity not in severities):
+        if f.half is not Half.SPEED or (severities is not None and f.severity not in severities):
             continue
         pass_ = f.subject.item or "?"
         base, now = f.baseline, f.current
@@ -325,18 +321,18 @@ def _errors(sweep: SweepResult) -> list[str]:
 
 
 def _correctness_clause(verdict: Verdict, sweep: SweepResult) -> str:
-    blocking = [f for f in verdict.findings if f.severity.blocks and not _is_speed(f)]
+    half = verdict.correctness
+    blocking = half.blocking
     measured = sum(1 for c in sweep.cases if c.status is not Status.SKIP)
     known = {f.case_id for f in verdict.of(Severity.KNOWN)}
-    if not blocking and known:
+    if half.passed and known:
         return (
             f"correctness **PASS** ({measured} of {len(sweep.cases)} cases measured, all within bounds and baseline "
             f"except {len(known)} KNOWN: declared upstream bugs, see Known failures)"
         )
-    if not blocking:
+    if half.passed:
         return f"correctness **PASS** ({measured} of {len(sweep.cases)} cases measured, all within bounds and baseline)"
-    failed = {f.case_id for f in blocking if f.case_id and f.severity is Severity.FAIL}
-    inconclusive = {f.case_id for f in blocking if f.case_id} - failed
+    failed, inconclusive = half.failed_cases, half.inconclusive_cases
     cases = failed | inconclusive
     worst = max(
         (c for c in sweep.cases if c.case_id in cases and c.tensors),
@@ -344,15 +340,15 @@ def _correctness_clause(verdict: Verdict, sweep: SweepResult) -> str:
         default=None,
     )
     errors = sum(1 for c in sweep.cases if c.case_id in cases and c.status is Status.ERROR)
-    kind = "FAIL" if any(f.severity is Severity.FAIL for f in blocking) else "INCONCLUSIVE"
-    counted = failed if kind == "FAIL" else inconclusive
+    kind = half.severity.value
+    counted = failed if half.severity is Severity.FAIL else inconclusive
     what = (
         f"correctness **{kind}** in {len(counted)} of {len(sweep.cases)} cases"
         if counted
         else f"correctness **{kind}**"
     )
     details = []
-    if kind == "FAIL" and inconclusive:  # fail closed, but not counted as failures: say what they are
+    if half.severity is Severity.FAIL and inconclusive:  # fail closed, but not counted as failures: say what they are
         details.append(f"{len(inconclusive)} more INCONCLUSIVE")
     if worst is not None:
         t = max(worst.tensors, key=lambda t: -1.0 if math.isnan(t.ratio) else t.ratio)
@@ -365,20 +361,20 @@ def _correctness_clause(verdict: Verdict, sweep: SweepResult) -> str:
 
 
 def _speed_clause(verdict: Verdict) -> str:
-    speed = [f for f in verdict.findings if _is_speed(f)]
+    half = verdict.speed
+    speed = half.findings
     if not speed:
         return "speed not timed (`--perf` times it; on by default on a GPU)"
     judged = [f for f in speed if isinstance(f.baseline, float) and isinstance(f.current, float) and f.baseline > 0]
-    blocking = [f for f in speed if f.severity.blocks]
+    blocking = half.blocking
     if blocking:
-        kind = "FAIL" if any(f.severity is Severity.FAIL for f in blocking) else "INCONCLUSIVE"
         worst = max(judged, key=lambda f: f.current / f.baseline, default=None) if judged else None
         tail = (
             f"; worst `{worst.case_id}` {worst.subject.name} {(worst.current / worst.baseline - 1) * 100:+.2f}%"
             if worst is not None
             else f"; {_cell(blocking[0].message)[:120]}"
         )
-        return f"speed **{kind}** in {len(blocking)} of {len(speed)} passes{tail}"
+        return f"speed **{half.severity.value}** in {len(blocking)} of {len(speed)} passes{tail}"
     if not judged:
         message = _cell(speed[0].message).rstrip(".")
         return message if message.startswith("speed") else f"speed not judged: {message}"
@@ -531,7 +527,7 @@ def pr_comment(
     if error_groups(sweep):
         lines += ["### Errors", "", *_errors(sweep)]
     speed_all = _speed_rows(verdict, links, None)
-    if speed_all and any(isinstance(f.baseline, float) for f in verdict.findings if _is_speed(f)):
+    if speed_all and any(isinstance(f.baseline, float) for f in verdict.speed.findings):
         lines += [
             "### Speed per pass: baseline -> now",
             "",
