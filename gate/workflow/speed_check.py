@@ -33,6 +33,7 @@ from gate.core.config import Config, PerfConfig
 from gate.core.errors import UserError
 from gate.core.files import safe_name
 from gate.core.results import Status
+from gate.core.warn import warn
 from gate.report.speed_report import perf_markdown, plot_speed_ratios
 from gate.speed.rule import PASSES, PerfJudgement, PerfSeverity
 from gate.speed.runs import (
@@ -192,7 +193,7 @@ def _judged_perf(plan: RunPlan, baseline_perf: dict[str, Any] | None, out_dir: P
             Path(out_dir) / f"speed-{safe_name(kernel)}-{suite}.png",
         )
     except Exception as exc:  # an artifact, not the verdict
-        print(f"attn-gate: warning: the speed plot was not drawn ({type(exc).__name__}: {exc})")
+        warn(f"the speed plot was not drawn ({type(exc).__name__}: {exc})")
     md = "\n".join(
         [
             "",
