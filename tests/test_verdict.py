@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from gate.compare.baselines import Baseline
-from gate.compare.findings import STATUS, Finding, Severity, Subject, decide
+from gate.compare.findings import STATUS, Advice, Finding, Quantity, Rule, Severity, Subject, advised, decide
 from gate.compare.sweep_rules import (
     check_comparable,
     compare,
@@ -537,3 +537,54 @@ def test_a_half_counts_failed_and_inconclusive_cases_apart():
         ]
     ).correctness
     assert half.failed_cases == {"a"} and half.inconclusive_cases == {"b"}
+
+
+def test_a_finding_carries_its_rule_subject_and_advice_typed():
+    f = Finding(
+        "improvement",
+        Severity.WARN,
+        "c",
+        Subject.ratio("dv"),
+        0.4,
+        0.1,
+        0.2,
+        **advised("c: dv improved", "; refresh the baseline"),
+    )
+    assert (
+        f.rule is Rule.IMPROVEMENT
+        and f.subject == Subject(Quantity.RATIO, "dv")
+        and f.advice is Advice.REFRESH_BASELINE
+    )
+    assert (f.metric, f.message, f.unadvised) == ("ratio:dv", "c: dv improved; refresh the baseline", "c: dv improved")
+    assert Finding.from_dict(f.to_dict()).subject == f.subject and f.to_dict()["rule"] == "improvement"
+    assert [str(s) for s in (STATUS, Subject.env("torch"), Subject.speed("fwd"))] == [
+        "status",
+        "env:torch",
+        "speed_ratio:fwd",
+    ]
+    assert [Subject.parse(str(s)) for s in (STATUS, Subject.env("torch"))] == [STATUS, Subject.env("torch")]
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"rule": "no_such_rule"}, ValueError),  # a rule nobody declared
+        ({"subject": "ratio:dq"}, TypeError),  # a subject as a string to be split later
+        ({"advice": Advice.REFRESH_BASELINE, "statement": ""}, ValueError),  # advice with no statement to fall back on
+        ({"advice": Advice.REFRESH_BASELINE, "statement": "other text"}, ValueError),  # a statement the message lacks
+    ],
+)
+def test_a_finding_refuses_untyped_or_inconsistent_fields(kwargs, error):
+    fields = dict(
+        rule="tolerance",
+        severity=Severity.FAIL,
+        case_id="c",
+        subject=Subject.ratio("dq"),
+        baseline=None,
+        current=2.0,
+        threshold=1.0,
+        message="c: dq error is 2 x its bound",
+    )
+    with pytest.raises(error):
+        Finding(**{**fields, **kwargs})
+    assert Finding(**fields).rule is Rule.TOLERANCE
