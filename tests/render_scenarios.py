@@ -127,3 +127,22 @@ def rendered(verdict, sweep, baseline) -> str:
             pr_comment(verdict, sweep, baseline, links),
         ]
     )
+
+
+def write_goldens(tmp: Path) -> list[Path]:
+    """Rewrite tests/data/golden from this tree: only on purpose, when a report's text is meant to
+    change (`python -m tests.render_scenarios`), and review the diff of the decompressed texts."""
+    out = []
+    for name, judged in scenarios(tmp).items():
+        path = DATA / "golden" / f"{name}.txt.gz"
+        path.write_bytes(gzip.compress(rendered(*judged).encode(), mtime=0))
+        out.append(path)
+    return out
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        for path in write_goldens(Path(d)):
+            print(path.relative_to(ROOT))
