@@ -234,11 +234,11 @@ def test_the_terminal_fits_its_width_with_whole_words_worst_case_first(tiny_repo
 
 
 def test_the_rerun_hint_keeps_perf_where_a_speed_finding_blocks():
-    from gate.compare.findings import Finding, Severity, decide
+    from gate.compare.findings import Finding, Severity, Subject, decide
     from gate.report.check_report import rerun_hint
 
-    slow = Finding("speed", Severity.FAIL, "c", "speed_ratio:bwd", 1.0, 3.0, 1.05, "c: bwd 3x slower")
-    wrong = Finding("tolerance", Severity.FAIL, "c", "ratio:dq", 0.1, 2.0, 1.0, "c: dq error is 2 x its bound")
+    slow = Finding("speed", Severity.FAIL, "c", Subject.speed("bwd"), 1.0, 3.0, 1.05, "c: bwd 3x slower")
+    wrong = Finding("tolerance", Severity.FAIL, "c", Subject.ratio("dq"), 0.1, 2.0, 1.0, "c: dq error is 2 x its bound")
     assert rerun_hint(decide([wrong])) == "attn-gate check --last-failed"
     assert rerun_hint(decide([wrong, slow])) == "attn-gate check --last-failed --perf"
     assert rerun_hint(decide([wrong]), "ci-out/check-k-s.md") == "attn-gate check --last-failed --out ci-out"

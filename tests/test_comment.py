@@ -16,7 +16,7 @@ import pytest
 
 from gate.commands.main import main
 from gate.compare.baselines import read_baseline
-from gate.compare.findings import Finding, Severity, decide
+from gate.compare.findings import Finding, Severity, Subject, advised, decide
 from gate.core.results import Status, SweepResult
 from gate.report.comment import COMMENT_LIMIT, Links, pr_comment
 
@@ -253,7 +253,7 @@ def test_a_speed_regression_leads_with_baseline_now_change_and_limit(tmp_path):
         "speed",
         Severity.FAIL,
         j.case_id,
-        j.metric,
+        Subject.speed(j.pass_),
         round(j.baseline, 4),
         round(j.baseline * 1.05, 4),
         round(j.baseline * 1.02, 4),
@@ -296,17 +296,19 @@ def test_an_improvement_with_an_environment_change_is_info_naming_it():
         "improvement",
         Severity.WARN,
         "c1",
-        "ratio:dv",
+        Subject.ratio("dv"),
         0.246,
         0.106,
         0.123,
-        "c1: dv ratio improved 0.246 -> 0.106 (/2 or better); refresh the baseline so the gate keeps its teeth",
+        **advised(
+            "c1: dv ratio improved 0.246 -> 0.106 (/2 or better)", "; refresh the baseline so the gate keeps its teeth"
+        ),
     )
     cpu = Finding(
         "env_drift",
         Severity.WARN,
         "",
-        "env:cpu_model",
+        Subject.env("cpu_model"),
         "Intel Xeon 8375C",
         "AMD EPYC 7763",
         None,
@@ -397,8 +399,8 @@ def test_another_cpu_model_turns_a_moved_ratio_into_info_end_to_end(tmp_path):
 
 
 def test_the_pattern_line_says_so_when_nothing_distinguishes_the_failing_cases():
+    from gate.compare.diagnosis import shared_pattern
     from gate.core.cases import Case
-    from gate.report.comment import shared_pattern
 
     a = Case.build(batch=1, seqlen_q=8, seqlen_k=8, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16")
     b = a.with_fields(causal=True)
@@ -420,7 +422,7 @@ def test_the_committed_h200_check_speed_findings_render_baseline_now_and_change(
     assert "speed **PASS** (4 passes; largest change" in top.splitlines()[3]
     table = top.split("### Speed per pass: baseline -> now", 1)[1]
     for f in speed:
-        pass_ = f.metric.split(":")[1]
+        pass_ = f.subject.item
         row = next(r for r in table.splitlines() if f"`{f.case_id}` {pass_} |" in r)
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[3:7] == [

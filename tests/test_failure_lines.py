@@ -70,7 +70,7 @@ def test_13_failing_on_three_input_regimes_are_grouped_with_counts_of_cases():
 
 
 def test_check_lines_one_per_case_worst_first_headroom_and_inconclusive_last():
-    from gate.compare.findings import Finding, Severity
+    from gate.compare.findings import STATUS, Finding, Severity, Subject
     from gate.report.failures import check_lines
 
     bad = row({"dk": 3.0}, seqlen_q=64)
@@ -81,25 +81,34 @@ def test_check_lines_one_per_case_worst_first_headroom_and_inconclusive_last():
             "tolerance",
             Severity.FAIL,
             bad.case_id,
-            "ratio:dk",
+            Subject.ratio("dk"),
             0.4,
             3.0,
             1.0,
             f"{bad.case_id}: dk error is 3 x its bound",
         ),
-        Finding("status", Severity.FAIL, bad.case_id, "status", "PASS", "FAIL", None, f"{bad.case_id} newly fails: dk"),
-        Finding("headroom", Severity.FAIL, grown.case_id, "ratio:dk", 0.2, 0.9, 0.4, f"{grown.case_id}: dk ratio grew"),
+        Finding("status", Severity.FAIL, bad.case_id, STATUS, "PASS", "FAIL", None, f"{bad.case_id} newly fails: dk"),
+        Finding(
+            "headroom",
+            Severity.FAIL,
+            grown.case_id,
+            Subject.ratio("dk"),
+            0.2,
+            0.9,
+            0.4,
+            f"{grown.case_id}: dk ratio grew",
+        ),
         Finding(
             "tensor_dropped",
             Severity.INCONCLUSIVE,
             lost.case_id,
-            "ratio:lse",
+            Subject.ratio("lse"),
             0.2,
             None,
             None,
             f"{lost.case_id}: lse was measured in the baseline, not any more, so it is not validated; accept it",
         ),
-        Finding("improvement", Severity.WARN, lost.case_id, "ratio:dq", 0.5, 0.1, 0.25, "not blocking"),
+        Finding("improvement", Severity.WARN, lost.case_id, Subject.ratio("dq"), 0.5, 0.1, 0.25, "not blocking"),
     ]
     lines = check_lines(findings, {r.case_id: r for r in (bad, grown, lost)})
     assert [x.text for x in lines] == [

@@ -14,7 +14,7 @@ import pytest
 
 from gate.commands.main import main
 from gate.compare.baselines import Baseline
-from gate.compare.findings import Finding, Severity, decide
+from gate.compare.findings import STATUS, Finding, Severity, Subject, decide
 from gate.compare.known import (
     UNATTRIBUTED,
     apply_known,
@@ -153,7 +153,7 @@ def test_coverage_takes_the_first_declaration_that_names_each_failure():
 
 
 def fail(rule: str, metric: str, current="FAIL") -> Finding:
-    return Finding(rule, Severity.FAIL, "c", metric, None, current, None, f"c: {rule}")
+    return Finding(rule, Severity.FAIL, "c", Subject.parse(metric), None, current, None, f"c: {rule}")
 
 
 @pytest.mark.parametrize(
@@ -166,7 +166,7 @@ def fail(rule: str, metric: str, current="FAIL") -> Finding:
         (fail("status", "status", "ERROR"), {"error"}, ["dq"], False),
         (fail("status", "status", "ERROR"), {"error"}, ["error"], True),
         (fail("headroom", "ratio:dk", 0.9), {"dq"}, None, False),  # worse elsewhere: never covered
-        (Finding("removed_case", Severity.INCONCLUSIVE, "c", "status", "PASS", None, None, "gone"), set(), None, False),
+        (Finding("removed_case", Severity.INCONCLUSIVE, "c", STATUS, "PASS", None, None, "gone"), set(), None, False),
     ],
 )
 def test_rule_known(finding, failures, declared, known):

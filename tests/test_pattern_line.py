@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from gate.compare.diagnosis import diagnosis, failing_tensors, separating_trait
 from gate.core.cases import Case
 from gate.core.results import CaseResult, Status, TensorError
-from gate.report.comment import diagnosis, failing_tensors, separating_trait
 
 BASE = Case.build(batch=2, seqlen_q=128, seqlen_k=128, heads_q=4, heads_kv=4, head_dim=64, head_dim_v=64, dtype="bf16")
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from gate.compare.baselines import Baseline
-from gate.compare.findings import Finding, Severity, decide
+from gate.compare.findings import STATUS, Advice, Finding, Quantity, Rule, Severity, Subject, advised, decide
 from gate.compare.sweep_rules import (
     check_comparable,
     compare,
@@ -477,9 +477,9 @@ def test_findings_json_and_ordering():
 
 
 def test_inconclusive_blocks_like_fail():
-    f = Finding("speed", Severity.INCONCLUSIVE, "c", "speed_ratio:bwd", 1.0, None, 0.03, "too noisy")
+    f = Finding("speed", Severity.INCONCLUSIVE, "c", Subject.speed("bwd"), 1.0, None, 0.03, "too noisy")
     assert not decide([f]).passed and decide([f]).exit_code == 1
-    assert decide([Finding("x", Severity.WARN, "c", "status", None, None, None, "look")]).passed
+    assert decide([Finding("new_case", Severity.WARN, "c", STATUS, None, None, None, "look")]).passed
 
 
 def test_verdict_modules_import_no_torch():
@@ -502,3 +502,89 @@ def test_a_baseline_remembers_the_cudnn_version_and_a_new_one_warns():
     assert env_findings(sweep(*GOOD.cases, env={**ENV, "cudnn": "91900"})) == {
         (Severity.WARN, "env_drift", "env:cudnn")
     }
+
+
+def _half_finding(rule, severity, case_id="c"):
+    subject = Subject.speed("fwd") if rule == "speed" else Subject.ratio("dq")
+    return Finding(rule, severity, case_id, subject, 0.1, 0.2, 1.0, f"{case_id}: {rule}")
+
+
+@pytest.mark.parametrize(
+    "found, correctness, speed",
+    [
+        ([], Severity.OK, Severity.OK),
+        ([("tolerance", Severity.FAIL)], Severity.FAIL, Severity.OK),
+        ([("speed", Severity.FAIL)], Severity.OK, Severity.FAIL),
+        ([("speed", Severity.INCONCLUSIVE), ("tolerance", Severity.WARN)], Severity.OK, Severity.INCONCLUSIVE),
+        ([("tensor_dropped", Severity.INCONCLUSIVE), ("tolerance", Severity.FAIL)], Severity.FAIL, Severity.OK),
+        ([("tensor_dropped", Severity.INCONCLUSIVE), ("speed", Severity.OK)], Severity.INCONCLUSIVE, Severity.OK),
+    ],
+)
+def test_decide_returns_both_halves_each_with_its_own_severity(found, correctness, speed):
+    verdict = decide([_half_finding(rule, sev, f"c{i}") for i, (rule, sev) in enumerate(found)])
+    assert (verdict.correctness.severity, verdict.speed.severity) == (correctness, speed)
+    assert verdict.passed == (verdict.correctness.passed and verdict.speed.passed)
+    assert set(verdict.correctness.findings) | set(verdict.speed.findings) == set(verdict.findings)
+
+
+def test_a_half_counts_failed_and_inconclusive_cases_apart():
+    half = decide(
+        [
+            _half_finding("tolerance", Severity.FAIL, "a"),
+            _half_finding("tensor_dropped", Severity.INCONCLUSIVE, "a"),
+            _half_finding("tensor_dropped", Severity.INCONCLUSIVE, "b"),
+            _half_finding("speed", Severity.FAIL, "s"),
+        ]
+    ).correctness
+    assert half.failed_cases == {"a"} and half.inconclusive_cases == {"b"}
+
+
+def test_a_finding_carries_its_rule_subject_and_advice_typed():
+    f = Finding(
+        "improvement",
+        Severity.WARN,
+        "c",
+        Subject.ratio("dv"),
+        0.4,
+        0.1,
+        0.2,
+        **advised("c: dv improved", "; refresh the baseline"),
+    )
+    assert (
+        f.rule is Rule.IMPROVEMENT
+        and f.subject == Subject(Quantity.RATIO, "dv")
+        and f.advice is Advice.REFRESH_BASELINE
+    )
+    assert (f.metric, f.message, f.unadvised) == ("ratio:dv", "c: dv improved; refresh the baseline", "c: dv improved")
+    assert Finding.from_dict(f.to_dict()).subject == f.subject and f.to_dict()["rule"] == "improvement"
+    assert [str(s) for s in (STATUS, Subject.env("torch"), Subject.speed("fwd"))] == [
+        "status",
+        "env:torch",
+        "speed_ratio:fwd",
+    ]
+    assert [Subject.parse(str(s)) for s in (STATUS, Subject.env("torch"))] == [STATUS, Subject.env("torch")]
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"rule": "no_such_rule"}, ValueError),  # a rule nobody declared
+        ({"subject": "ratio:dq"}, TypeError),  # a subject as a string to be split later
+        ({"advice": Advice.REFRESH_BASELINE, "statement": ""}, ValueError),  # advice with no statement to fall back on
+        ({"advice": Advice.REFRESH_BASELINE, "statement": "other text"}, ValueError),  # a statement the message lacks
+    ],
+)
+def test_a_finding_refuses_untyped_or_inconsistent_fields(kwargs, error):
+    fields = dict(
+        rule="tolerance",
+        severity=Severity.FAIL,
+        case_id="c",
+        subject=Subject.ratio("dq"),
+        baseline=None,
+        current=2.0,
+        threshold=1.0,
+        message="c: dq error is 2 x its bound",
+    )
+    with pytest.raises(error):
+        Finding(**{**fields, **kwargs})
+    assert Finding(**fields).rule is Rule.TOLERANCE

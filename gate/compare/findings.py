@@ -11,17 +11,19 @@ Plugging in another rule family (e.g. speed ratios):
     verdict = decide(findings, {**correctness_thresholds(cfg), **my_perf_thresholds(perf_cfg)})
 
 A Finding is
-    rule       short name of the rule that spoke ("tolerance", "headroom", "speed_regression" ...)
+    rule       the `Rule` that spoke (tolerance, headroom, speed ...)
     severity   FAIL (the gate fails), INCONCLUSIVE (could not judge: the gate fails closed, re-measure),
                WARN (passes; a maintainer should look), KNOWN (a failure declared in
                [[tool.attn-gate.known_failures]]: listed apart, does not fail), INFO, OK (checked, fine)
     case_id    Case.id, or "" for a run-wide finding (environment drift, nothing measured)
-    metric     "<quantity>:<item>", e.g. "ratio:dk", "status", "env:torch", "speed_ratio:fwd",
-               "speed_ratio:bwd"; the quantity before ':' groups findings in tables
+    subject    what was judged: a `Subject` (quantity, item), e.g. (ratio, dk), (status), (env, torch),
+               (speed_ratio, fwd); written as its `metric` "<quantity>:<item>" in the findings JSON
     baseline, current   the two values compared (float, str for versions/statuses, None when absent)
     threshold  the limit the rule applied (None when the rule has no number)
     message    one line a human can act on; says both numbers
     entry      the index of the known_failures declaration the finding is about (KNOWN, XPASS), or None
+    advice     an `Advice` the message ends with (refresh the baseline), or None; `statement` is the
+               message before it, so `temper` can take the advice back without reading the text
 
 `Severity.blocks` is the one place that says which severities fail the gate (FAIL, INCONCLUSIVE):
 a measurement that cannot decide never passes silently.
@@ -67,17 +69,124 @@ class Severity(str, enum.Enum):
         return self in (Severity.FAIL, Severity.INCONCLUSIVE)
 
 
+class Rule(enum.StrEnum):
+    """Every rule that speaks a finding; its value is the name the reports and the JSON print."""
+
+    TOLERANCE = "tolerance"
+    STATUS = "status"
+    HEADROOM = "headroom"
+    IMPROVEMENT = "improvement"
+    NEW_CASE = "new_case"
+    REMOVED_CASE = "removed_case"
+    NEWLY_SKIPPED = "newly_skipped"
+    NEWLY_MEASURED = "newly_measured"
+    FIXED = "fixed"
+    SKIPPED = "skipped"
+    TENSOR_DROPPED = "tensor_dropped"
+    TENSOR_ADDED = "tensor_added"
+    INCOMPLETE_PASS = "incomplete_pass"
+    ENV_DRIFT = "env_drift"
+    ENV_INFO = "env_info"
+    NOTHING_MEASURED = "nothing_measured"
+    OUT_OF_SCOPE = "out_of_scope"
+    WITHIN = "within"
+    XPASS = "xpass"
+    KNOWN_VERSION = "known_version"
+    KNOWN_UNUSED = "known_unused"
+    SPEED = "speed"
+
+
+class Quantity(enum.StrEnum):
+    RATIO = "ratio"  # a tensor's error / bound (item: the tensor, or "worst")
+    STATUS = "status"  # a case's status, or the run's
+    ENV = "env"  # an environment key (item: the key)
+    SPEED_RATIO = "speed_ratio"  # kernel time / anchor time (item: the pass, or "all")
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What a finding judged: a quantity and, where the quantity has several, which one."""
+
+    quantity: Quantity
+    item: str = ""
+
+    @classmethod
+    def ratio(cls, tensor: str) -> "Subject":
+        return cls(Quantity.RATIO, tensor)
+
+    @classmethod
+    def env(cls, key: str) -> "Subject":
+        return cls(Quantity.ENV, key)
+
+    @classmethod
+    def speed(cls, pass_: str) -> "Subject":
+        return cls(Quantity.SPEED_RATIO, pass_)
+
+    @property
+    def name(self) -> str:
+        """The item, or the quantity of a subject without one: what a table row names."""
+        return self.item or self.quantity.value
+
+    def __str__(self) -> str:
+        return f"{self.quantity.value}:{self.item}" if self.item else self.quantity.value
+
+    @classmethod
+    def parse(cls, metric: str) -> "Subject":
+        """The subject a findings file wrote as its metric; only the file reader calls this."""
+        quantity, _, item = metric.partition(":")
+        return cls(Quantity(quantity), item)
+
+
+STATUS = Subject(Quantity.STATUS)
+
+
+class Half(enum.StrEnum):
+    """The two halves of a verdict, each decided and reported on its own."""
+
+    CORRECTNESS = "correctness"
+    SPEED = "speed"
+
+
+class Advice(enum.Enum):
+    REFRESH_BASELINE = "refresh the baseline"  # wrong while the run fails, or when the environment moved
+
+
 @dataclass(frozen=True)
 class Finding:
-    rule: str
+    rule: Rule
     severity: Severity
     case_id: str
-    metric: str
+    subject: Subject
     baseline: Value
     current: Value
     threshold: float | None
     message: str
     entry: int | None = None
+    advice: Advice | None = None
+    statement: str = ""  # the message before its advice ("" without advice)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rule", Rule(self.rule))
+        if not isinstance(self.subject, Subject):
+            raise TypeError(f"subject must be a Subject, not {type(self.subject).__name__}")
+        if self.advice is not None and not (self.statement and self.message.startswith(self.statement)):
+            raise ValueError(f"a finding with advice states its message first: {self.message!r}")
+
+    @property
+    def metric(self) -> str:
+        """The subject as the findings JSON and the tables write it: "ratio:dk", "status"."""
+        return str(self.subject)
+
+    @property
+    def half(self) -> Half:
+        return (
+            Half.SPEED if self.rule is Rule.SPEED or self.subject.quantity is Quantity.SPEED_RATIO else Half.CORRECTNESS
+        )
+
+    @property
+    def unadvised(self) -> str:
+        """The message without its advice."""
+        return self.statement if self.advice is not None else self.message
 
     @property
     def detail(self) -> str:
@@ -88,17 +197,26 @@ class Finding:
         return self.message
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["severity"] = self.severity.value
-        return data
+        return {
+            "rule": self.rule.value,
+            "severity": self.severity.value,
+            "case_id": self.case_id,
+            "metric": self.metric,
+            "baseline": self.baseline,
+            "current": self.current,
+            "threshold": self.threshold,
+            "message": self.message,
+            "entry": self.entry,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Finding":
+        """A finding as a findings file holds it: its message whole, its advice not apart."""
         return cls(
-            rule=d["rule"],
+            rule=Rule(d["rule"]),
             severity=Severity(d["severity"]),
             case_id=d["case_id"],
-            metric=d["metric"],
+            subject=Subject.parse(d["metric"]),
             baseline=d["baseline"],
             current=d["current"],
             threshold=d["threshold"],
@@ -146,6 +264,39 @@ class CheckContext(Mapping):
 
 
 @dataclass(frozen=True)
+class HalfVerdict:
+    """One half of a verdict (correctness or speed): its findings and what they decide. Reports
+    read its severity and case sets; none re-decides them."""
+
+    half: Half
+    findings: tuple[Finding, ...]
+
+    @property
+    def blocking(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.severity.blocks)
+
+    @property
+    def passed(self) -> bool:
+        return not self.blocking
+
+    @property
+    def severity(self) -> Severity:
+        """FAIL when a finding fails, INCONCLUSIVE when one only could not judge, else OK."""
+        if any(f.severity is Severity.FAIL for f in self.blocking):
+            return Severity.FAIL
+        return Severity.INCONCLUSIVE if self.blocking else Severity.OK
+
+    @property
+    def failed_cases(self) -> frozenset[str]:
+        return frozenset(f.case_id for f in self.blocking if f.case_id and f.severity is Severity.FAIL)
+
+    @property
+    def inconclusive_cases(self) -> frozenset[str]:
+        """Cases that block without failing (fail closed, but not counted as failures)."""
+        return frozenset(f.case_id for f in self.blocking if f.case_id) - self.failed_cases
+
+
+@dataclass(frozen=True)
 class Verdict:
     """The reduction of findings: passed iff no FAIL. `thresholds` are what the rules applied,
     printed in every report so a reader can check the decision."""
@@ -161,6 +312,17 @@ class Verdict:
     @property
     def exit_code(self) -> int:
         return EXIT_PASS if self.passed else EXIT_FAIL
+
+    def half(self, half: Half) -> HalfVerdict:
+        return HalfVerdict(half, tuple(f for f in self.findings if f.half is half))
+
+    @property
+    def correctness(self) -> HalfVerdict:
+        return self.half(Half.CORRECTNESS)
+
+    @property
+    def speed(self) -> HalfVerdict:
+        return self.half(Half.SPEED)
 
     def of(self, severity: Severity) -> tuple[Finding, ...]:
         return tuple(f for f in self.findings if f.severity is severity)
@@ -208,7 +370,7 @@ def worst_first(f: Finding) -> tuple:
     """Severity, then size: the headline names the largest error ratio, not the first id."""
     size = (
         f.current
-        if isinstance(f.current, float) and f.metric.startswith("ratio:") and not math.isnan(f.current)
+        if isinstance(f.current, float) and f.subject.quantity is Quantity.RATIO and not math.isnan(f.current)
         else 0.0
     )
     return (-f.severity.rank, -size, f.case_id, f.metric)
@@ -218,9 +380,14 @@ def sort_key(f: Finding) -> tuple:
     return (-f.severity.rank, f.case_id, f.metric, f.rule)
 
 
-REFRESH = "refresh the baseline"
 # Ratio changes that may follow from the machine rather than the kernel.
-RATIO_CHANGE_RULES = ("improvement", "speed")
+RATIO_CHANGE_RULES = (Rule.IMPROVEMENT, Rule.SPEED)
+
+
+def advised(statement: str, advice: str) -> dict[str, Any]:
+    """The message fields of a finding that advises refreshing the baseline: `advice` is the text
+    that follows the statement in the message (its punctuation included)."""
+    return {"message": statement + advice, "statement": statement, "advice": Advice.REFRESH_BASELINE}
 
 
 def temper(findings: list[Finding] | tuple[Finding, ...]) -> list[Finding]:
@@ -233,9 +400,11 @@ def temper(findings: list[Finding] | tuple[Finding, ...]) -> list[Finding]:
     FAIL and INCONCLUSIVE are never softened (fail closed)."""
     failing = any(f.severity.blocks for f in findings)
     env_changes = [
-        f"{f.metric.split(':', 1)[1]} {fmt(f.baseline)} -> {fmt(f.current)}"
+        f"{f.subject.item} {fmt(f.baseline)} -> {fmt(f.current)}"
         for f in findings
-        if f.metric.startswith("env:") and f.severity in (Severity.WARN, Severity.INFO) and f.baseline is not None
+        if f.subject.quantity is Quantity.ENV
+        and f.severity in (Severity.WARN, Severity.INFO)
+        and f.baseline is not None
     ]
     out = []
     for f in findings:
@@ -243,25 +412,21 @@ def temper(findings: list[Finding] | tuple[Finding, ...]) -> list[Finding]:
             f = replace(
                 f,
                 severity=Severity.INFO,
-                message=_drop_advice(f.message)
+                message=f.unadvised
                 + f"; coincides with an environment change ({', '.join(env_changes[:3])}), so it may not be the kernel",
+                advice=None,
+                statement="",
             )
-        elif f.severity is Severity.WARN and failing and REFRESH in f.message:
+        elif f.severity is Severity.WARN and failing and f.advice is Advice.REFRESH_BASELINE:
             f = replace(
                 f,
                 severity=Severity.INFO,
-                message=_drop_advice(f.message) + " (the run fails: do not refresh the baseline now)",
+                message=f.statement + " (the run fails: do not refresh the baseline now)",
+                advice=None,
+                statement="",
             )
         out.append(f)
     return out
-
-
-def _drop_advice(message: str) -> str:
-    """'dv ratio improved 0.2 -> 0.1 (/2 or better); refresh the baseline so ...' -> the part before the advice."""
-    head, sep, _ = message.partition(REFRESH)
-    if not sep:
-        return message
-    return head.rstrip(" ;,:(").removesuffix("; if it was removed on purpose,").rstrip(" ;,")
 
 
 def decide(

@@ -39,7 +39,7 @@ from dataclasses import replace
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
-from gate.compare.findings import Finding, Severity
+from gate.compare.findings import STATUS, Finding, Rule, Severity, Subject
 from gate.core.config import ERROR_NAME, KnownFailure
 from gate.core.errors import UserError
 
@@ -112,9 +112,9 @@ def rule_known(
     message says: what else is wrong with that case is not known while it fails this way."""
     if f.severity is not Severity.FAIL:
         return None
-    if f.rule == "tolerance":
-        entry = covered.get(f.metric.split(":", 1)[-1])
-    elif f.rule == "status" and failures and set(failures) <= set(covered):
+    if f.rule is Rule.TOLERANCE:
+        entry = covered.get(f.subject.item)
+    elif f.rule is Rule.STATUS and failures and set(failures) <= set(covered):
         entry = covered[min(failures)]
     else:
         return None
@@ -157,10 +157,10 @@ def rule_xpass(
     severity = Severity.FAIL if entry.strict else Severity.WARN
     strict = " (strict = true: a failure)" if entry.strict else ""
     return Finding(
-        "xpass",
+        Rule.XPASS,
         severity,
         case_id,
-        "status",
+        STATUS,
         "KNOWN",
         status,
         None,
@@ -173,10 +173,10 @@ def rule_version(entry: KnownFailure, version: str) -> Finding | None:
     if version_applies(entry, version):
         return None
     return Finding(
-        "known_version",
+        Rule.KNOWN_VERSION,
         Severity.INFO,
         "",
-        "env:kernel_version",
+        Subject.env("kernel_version"),
         entry.versions,
         version or None,
         None,
@@ -190,10 +190,10 @@ def rule_unused(entry: KnownFailure, matched: int) -> Finding | None:
     if matched:
         return None
     return Finding(
-        "known_unused",
+        Rule.KNOWN_UNUSED,
         Severity.INFO,
         "",
-        "status",
+        STATUS,
         None,
         None,
         None,

@@ -36,7 +36,7 @@ hash, other tolerance multipliers, a results file holding a case id twice. Compa
 itself never produces a relative finding (tests/test_verdict.py), so a passing result always
 passes against itself.
 
-For the perf verdict: produce Findings with metric "speed_ratio:fwd" / "speed_ratio:bwd",
+For the perf verdict: produce Findings with subject `Subject.speed("fwd")` / `Subject.speed("bwd")`,
 add them to `compare(...)`'s list, and reduce everything with `gate.compare.findings.decide`.
 """
 
@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from gate.compare.baselines import DRIFT_KEYS, INFO_KEYS, Baseline, env_values, remeasure_hint, update_command  # noqa: F401 - re-exported
-from gate.compare.findings import Finding, Severity, Value, fmt
+from gate.compare.findings import STATUS, Finding, Rule, Severity, Subject, Value, advised, fmt
 from gate.compare.headroom import is_headroom_regression, is_large_improvement
 from gate.core.config import tolerance_changes
 from gate.core.errors import UserError
@@ -81,10 +81,10 @@ def rule_tolerance(case_id: str, tensor: str, ratio: float, base: float | None =
     if ratio <= 1.0:  # NaN compares False: fails closed
         return None
     return Finding(
-        "tolerance",
+        Rule.TOLERANCE,
         Severity.FAIL,
         case_id,
-        f"ratio:{tensor}",
+        Subject.ratio(tensor),
         base,
         ratio,
         1.0,
@@ -102,10 +102,10 @@ def rule_status(case_id: str, base_status: str | None, cur_status: str, reason: 
     else:
         how = f"newly {'fails' if cur_status == 'FAIL' else 'errors'}"
     return Finding(
-        "status",
+        Rule.STATUS,
         Severity.FAIL,
         case_id,
-        "status",
+        STATUS,
         base_status,
         cur_status,
         None,
@@ -119,10 +119,10 @@ def rule_headroom(case_id: str, tensor: str, base: float, cur: float, factor: fl
         return None
     limit = max(base * factor, base + step)
     return Finding(
-        "headroom",
+        Rule.HEADROOM,
         Severity.FAIL,
         case_id,
-        f"ratio:{tensor}",
+        Subject.ratio(tensor),
         base,
         cur,
         limit,
@@ -135,15 +135,17 @@ def rule_improvement(case_id: str, tensor: str, base: float, cur: float, factor:
     if not math.isfinite(base) or not is_large_improvement(base, cur, factor, step):
         return None
     return Finding(
-        "improvement",
+        Rule.IMPROVEMENT,
         Severity.WARN,
         case_id,
-        f"ratio:{tensor}",
+        Subject.ratio(tensor),
         base,
         cur,
         base / factor,
-        f"{case_id}: {tensor} ratio improved {fmt(base)} -> {fmt(cur)} (/{factor:g} or better); "
-        f"refresh the baseline so the gate keeps its teeth",
+        **advised(
+            f"{case_id}: {tensor} ratio improved {fmt(base)} -> {fmt(cur)} (/{factor:g} or better)",
+            "; refresh the baseline so the gate keeps its teeth",
+        ),
     )
 
 
@@ -162,10 +164,10 @@ def rule_case_presence(
     from it. `accept` is the command that records the loss on purpose."""
     if base_status is None and cur_status is not None:
         return Finding(
-            "new_case",
+            Rule.NEW_CASE,
             Severity.WARN,
             case_id,
-            "status",
+            STATUS,
             None,
             cur_status,
             None,
@@ -174,20 +176,22 @@ def rule_case_presence(
     if cur_status is None and base_status is not None:
         if not same_suite:
             return Finding(
-                "removed_case",
+                Rule.REMOVED_CASE,
                 Severity.WARN,
                 case_id,
-                "status",
+                STATUS,
                 base_status,
                 None,
                 None,
-                f"{case_id}: in the baseline but not run; if it was removed on purpose, refresh the baseline",
+                **advised(
+                    f"{case_id}: in the baseline but not run; if it was removed on purpose", ", refresh the baseline"
+                ),
             )
         return Finding(
-            "removed_case",
+            Rule.REMOVED_CASE,
             Severity.INCONCLUSIVE,
             case_id,
-            "status",
+            STATUS,
             base_status,
             None,
             None,
@@ -196,10 +200,10 @@ def rule_case_presence(
         )
     if base_status in MEASURED and cur_status == "SKIP":
         return Finding(
-            "newly_skipped",
+            Rule.NEWLY_SKIPPED,
             Severity.INCONCLUSIVE,
             case_id,
-            "status",
+            STATUS,
             base_status,
             cur_status,
             None,
@@ -209,32 +213,32 @@ def rule_case_presence(
         )
     if base_status == "SKIP" and cur_status in MEASURED:
         return Finding(
-            "newly_measured",
+            Rule.NEWLY_MEASURED,
             Severity.WARN,
             case_id,
-            "status",
+            STATUS,
             base_status,
             cur_status,
             None,
-            f"{case_id}: skipped in the baseline, measured now ({cur_status}); refresh the baseline",
+            **advised(f"{case_id}: skipped in the baseline, measured now ({cur_status})", "; refresh the baseline"),
         )
     if base_status in FAILED and cur_status == "PASS":
         return Finding(
-            "fixed",
+            Rule.FIXED,
             Severity.WARN,
             case_id,
-            "status",
+            STATUS,
             base_status,
             cur_status,
             None,
-            f"{case_id}: {base_status} in the baseline, passes now; refresh the baseline",
+            **advised(f"{case_id}: {base_status} in the baseline, passes now", "; refresh the baseline"),
         )
     if base_status == "SKIP" and cur_status == "SKIP":
         return Finding(
-            "skipped",
+            Rule.SKIPPED,
             Severity.INFO,
             case_id,
-            "status",
+            STATUS,
             base_status,
             cur_status,
             None,
@@ -250,10 +254,10 @@ def rule_tensor_presence(
     stopped returning its LSE) is lost coverage: INCONCLUSIVE, accepted on purpose with `accept`."""
     if base is not None and cur is None:
         return Finding(
-            "tensor_dropped",
+            Rule.TENSOR_DROPPED,
             Severity.INCONCLUSIVE,
             case_id,
-            f"ratio:{tensor}",
+            Subject.ratio(tensor),
             base,
             None,
             None,
@@ -262,10 +266,10 @@ def rule_tensor_presence(
         )
     if base is None and cur is not None:
         return Finding(
-            "tensor_added",
+            Rule.TENSOR_ADDED,
             Severity.INFO,
             case_id,
-            f"ratio:{tensor}",
+            Subject.ratio(tensor),
             None,
             cur,
             None,
@@ -294,10 +298,10 @@ def rule_incomplete_pass(
     if status != "PASS" or not missing:
         return None
     return Finding(
-        "incomplete_pass",
+        Rule.INCOMPLETE_PASS,
         Severity.INCONCLUSIVE,
         case_id,
-        "status",
+        STATUS,
         None,
         status,
         None,
@@ -311,10 +315,10 @@ def rule_env_drift(key: str, base: Value, cur: Value) -> Finding | None:
         return None
     if base is None:  # an older baseline did not record it: nothing to compare, worth knowing
         return Finding(
-            "env_info",
+            Rule.ENV_INFO,
             Severity.INFO,
             "",
-            f"env:{key}",
+            Subject.env(key),
             None,
             cur,
             None,
@@ -322,10 +326,10 @@ def rule_env_drift(key: str, base: Value, cur: Value) -> Finding | None:
         )
     if str(cur) in env_values(base):  # one of the machines a widened baseline spans: ratios differ between them
         return Finding(
-            "env_info",
+            Rule.ENV_INFO,
             Severity.INFO,
             "",
-            f"env:{key}",
+            Subject.env(key),
             base,
             cur,
             None,
@@ -333,15 +337,21 @@ def rule_env_drift(key: str, base: Value, cur: Value) -> Finding | None:
         )
     severity = Severity.WARN if key in DRIFT_KEYS else Severity.INFO
     return Finding(
-        "env_drift" if severity is Severity.WARN else "env_info",
+        Rule.ENV_DRIFT if severity is Severity.WARN else Rule.ENV_INFO,
         severity,
         "",
-        f"env:{key}",
+        Subject.env(key),
         base,
         cur,
         None,
-        f"environment {key} changed: baseline {fmt(base)}, now {fmt(cur)}"
-        + ("; ratios may shift, refresh the baseline if they did" if severity is Severity.WARN else ""),
+        **(
+            advised(
+                f"environment {key} changed: baseline {fmt(base)}, now {fmt(cur)}; ratios may shift",
+                ", refresh the baseline if they did",
+            )
+            if severity is Severity.WARN
+            else {"message": f"environment {key} changed: baseline {fmt(base)}, now {fmt(cur)}"}
+        ),
     )
 
 
@@ -350,10 +360,10 @@ def rule_nothing_measured(n_measured: int, n_cases: int) -> Finding | None:
     if n_measured > 0:
         return None
     return Finding(
-        "nothing_measured",
+        Rule.NOTHING_MEASURED,
         Severity.INCONCLUSIVE,
         "",
-        "status",
+        STATUS,
         None,
         float(n_measured),
         1.0,
@@ -523,10 +533,10 @@ def compare_correctness(
     if out_of_scope:
         findings.append(
             Finding(
-                "out_of_scope",
+                Rule.OUT_OF_SCOPE,
                 Severity.INFO,
                 "",
-                "status",
+                STATUS,
                 None,
                 None,
                 None,
@@ -550,10 +560,10 @@ def _ok_findings(baseline: Baseline, sweep: "SweepResult", findings: list[Findin
         base_worst = max((t.ratio for t in base.tensors.values()), default=math.nan)
         out.append(
             Finding(
-                "within",
+                Rule.WITHIN,
                 Severity.OK,
                 c.case_id,
-                "ratio:worst",
+                Subject.ratio("worst"),
                 base_worst,
                 c.worst_ratio,
                 1.0,

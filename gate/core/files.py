@@ -10,11 +10,11 @@ import fcntl
 import hashlib
 import os
 import re
-import sys
 import tempfile
 from pathlib import Path
 
 from gate.core.errors import UserError
+from gate.core.warn import warn
 
 
 def safe_name(kernel: str) -> str:
@@ -111,6 +111,4 @@ def append_step_summary(text: str) -> None:
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(text + "\n")
     except OSError as exc:
-        print(
-            f"attn-gate: warning: $GITHUB_STEP_SUMMARY {path} was not written ({exc.strerror or exc})", file=sys.stderr
-        )
+        warn(f"$GITHUB_STEP_SUMMARY {path} was not written ({exc.strerror or exc})")

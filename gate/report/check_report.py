@@ -10,10 +10,11 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from gate.compare.diagnosis import diagnose
 from gate.compare.findings import Severity, Verdict, fmt, worst_first
 from gate.core.results import Status, SweepResult
 from gate.report import terminal_console
-from gate.report.comment import _correctness_clause, _is_speed, _speed_clause, diagnosis, failing_names
+from gate.report.comment import _correctness_clause, _speed_clause
 from gate.report.failures import check_lines
 from gate.report.known import known_groups
 
@@ -106,7 +107,7 @@ def rerun_hint(verdict: Verdict, summary_path=None) -> str:
     parts = ["attn-gate", "check", "--last-failed"]
     if summary_path is not None and Path(summary_path).parent != Path("out"):
         parts += ["--out", str(Path(summary_path).parent)]
-    if any(f.severity.blocks and _is_speed(f) for f in verdict.findings):
+    if not verdict.speed.passed:
         parts.append("--perf")
     return " ".join(shlex.quote(p) for p in parts)
 
@@ -116,9 +117,8 @@ def summary_lines(verdict: Verdict, sweep: SweepResult, summary_path=None) -> li
     (`FAIL <case>  dk 14,121x its bound (NaN in dv)`), what they share, the short rerun command,
     where the Markdown report is, the counts in cases and the verdict with its worst case last."""
 
-    failed = sorted({f.case_id for f in verdict.findings if f.severity is Severity.FAIL and f.case_id})
-    blocking = sorted({f.case_id for f in verdict.findings if f.severity.blocks and f.case_id})
-    focus = failed or blocking
+    found = diagnose(verdict, sweep)
+    failed, blocking = found.failed, found.blocking
     results = {c.case_id: c for c in sweep.cases}
     passed = sum(1 for c in sweep.cases if c.status is Status.PASS and c.case_id not in blocking)
     skipped = skipped_by_reason(sweep)
@@ -141,19 +141,15 @@ def summary_lines(verdict: Verdict, sweep: SweepResult, summary_path=None) -> li
     lines += [line.text for line in case_lines[:MAX_CASE_LINES]]
     if len(case_lines) > MAX_CASE_LINES:
         lines.append(f"... and {len(case_lines) - MAX_CASE_LINES} more failing cases (every one: the report below)")
-    if focus:
-        passing = [c.case for c in sweep.cases if c.case_id not in set(blocking) and c.status is Status.PASS]
-        # what each failing case failed on, as the check's findings say (a headroom regression is within its bound)
-        pattern = diagnosis([results[c] for c in focus if c in results], passing, failing_names(verdict))
-        if pattern:
-            lines.append(f"pattern: {pattern}")
+    if found.pattern:
+        lines.append(f"pattern: {found.pattern}")
     if blocking:
         lines.append(f"rerun: {rerun_hint(verdict, summary_path)}")
     if summary_path is not None:
         lines.append(f"report: {summary_path}")
     lines.append(f"cases: {', '.join(counts)} of {len(sweep.cases)}")
     verdict_text = _plain(_correctness_clause(verdict, sweep))
-    if any(_is_speed(f) for f in verdict.findings):
+    if verdict.speed.findings:
         verdict_text += "; " + _plain(_speed_clause(verdict))
     lines.append(f"{'PASS' if verdict.passed else 'FAIL'}: {verdict_text}")
     return lines

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from gate.compare.findings import Finding, Severity, fmt
+from gate.compare.findings import Finding, Rule, Severity, fmt
 from gate.compare.known import UNATTRIBUTED, failures_of
 from gate.core.results import CaseResult, Status
 
@@ -86,9 +86,8 @@ def row_line(row: CaseResult) -> FailLine:
 def finding_what(f: Finding) -> tuple[str, float]:
     """A blocking finding of a case whose row did not fail (a headroom regression, a case not
     validated any more, a speed pass): its quantity and both numbers, shortly."""
-    tensor = f.metric.split(":", 1)[-1]
-    if f.rule == "headroom" and isinstance(f.current, float):
-        return f"{tensor} {fmt(f.baseline)} -> {fmt(f.current)} of its bound (headroom)", f.current
+    if f.rule is Rule.HEADROOM and isinstance(f.current, float):
+        return f"{f.subject.item} {fmt(f.baseline)} -> {fmt(f.current)} of its bound (headroom)", f.current
     detail = f.detail.split("; ")[0]
     return detail, f.current if isinstance(f.current, float) and not math.isnan(f.current) else 0.0
 
@@ -233,7 +232,7 @@ class Refusal:
     """Why a run is not recorded as a baseline, and the three ways forward."""
 
     lines: tuple[FailLine, ...]  # every failing case no declaration covers, worst first
-    pattern: str  # what they share (gate.report.comment.diagnosis)
+    pattern: str  # what they share (gate.compare.diagnosis.diagnosis)
     groups: tuple[FailGroup, ...]
     block: str  # the [[tool.attn-gate.known_failures]] blocks that declare exactly them
     measured: int  # cases of the run that are not SKIP
@@ -297,8 +296,8 @@ class Refusal:
 def refusal(
     rows: list[CaseResult], undeclared: list[tuple[str, list[str]]], kernel: str, reason: str = "", link: str = ""
 ) -> Refusal:
+    from gate.compare.diagnosis import diagnosis
     from gate.compare.known import declaration_blocks
-    from gate.report.comment import diagnosis
 
     failing = {cid: names for cid, names in undeclared}
     by_id = {r.case_id: r for r in rows}

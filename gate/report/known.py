@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gate.compare.findings import Finding, Severity, Verdict
+from gate.compare.findings import Finding, Rule, Severity, Verdict
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ def known_groups(verdict: Verdict) -> list[KnownGroup]:
             KnownGroup(
                 entry,
                 tuple(f for f in mine if f.severity is Severity.KNOWN),
-                tuple(f for f in mine if f.rule == "xpass"),
+                tuple(f for f in mine if f.rule is Rule.XPASS),
             )
         )
     return groups

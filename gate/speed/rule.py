@@ -160,6 +160,7 @@ class PerfJudgement:
     straddles: bool = False  # the interval straddles the limit: a re-measurement may settle it
     confirmed: bool | None = None  # None: no confirm run was made
     first_change: float = math.nan  # the first measurement's change when a confirm run decided
+    statement: str = ""  # the message before its advice to refresh the baseline ("" when it gives none)
 
     @property
     def metric(self) -> str:
@@ -356,12 +357,13 @@ def judge(
         # an improvement is news only beyond what would count as a regression here (a CPU's 25%)
         faster = max(rules.improvement_pct, rules.limit_pct)
         if high < -faster / 100:
+            statement = f"{first}: faster, the whole interval below -{faster:g}%"
             return PerfJudgement(
                 **base,
                 **values,
                 severity=PerfSeverity.WARN,
-                message=f"{first}: faster, the whole interval below -{faster:g}%: refresh "
-                f"the baseline, and check the kernel still does all its work{notes}",
+                message=f"{statement}: refresh the baseline, and check the kernel still does all its work{notes}",
+                statement=statement,
             )
         return PerfJudgement(
             **base,

@@ -34,6 +34,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gate.compare.findings import Subject
 from gate.core.errors import UserError
 
 GOOD, BAD, SKIP, FLAKY = "good", "bad", "skip", "flaky"
@@ -261,7 +262,7 @@ def step_verdict(
         elif not f["case_id"]:
             run_wide.append(f["message"])
         elif f["case_id"] in cases:
-            failing.setdefault(f["case_id"], set()).add(f["metric"].split(":", 1)[-1])
+            failing.setdefault(f["case_id"], set()).add(Subject.parse(f["metric"]).name)
     # the tensors a case failed on (ratio:dk -> dk); a status change alone (an ERROR row) names "status"
     tensors = {c: sorted(m - {"status"}) or sorted(m) for c, m in sorted(failing.items())}
     if tensors or run_wide:

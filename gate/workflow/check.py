@@ -67,6 +67,7 @@ from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
 from gate.core.files import FolderLock, append_step_summary, refuse_inside_baselines, require_writable, safe_name
 from gate.core.jsonio import write_json_atomic, write_text_atomic
 from gate.core.results import SweepResult
+from gate.core.warn import warn
 from gate.report.check_report import print_check
 from gate.report.comment import Links, pr_comment
 from gate.report.failures import refusal
@@ -473,7 +474,7 @@ def render_check(
     try:
         paths["plot"] = plot_ratios(verdict, sweep, baseline, out_dir / f"ratios-{stem}.png")
     except Exception as exc:  # an artifact, not the verdict: say so and go on
-        print(f"attn-gate: warning: the plot was not drawn ({type(exc).__name__}: {exc})", file=sys.stderr)
+        warn(f"the plot was not drawn ({type(exc).__name__}: {exc})")
     append_step_summary(summary)  # the verdict and its files are written already
     print_check(verdict, sweep, console, paths["summary"])
     return paths

@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gate.compare.findings import Finding, Severity
+from gate.compare.findings import Advice, Finding, Rule, Severity, Subject
 from gate.core.config import Config, PerfConfig
 from gate.core.errors import UserError
 from gate.core.files import safe_name
 from gate.core.results import Status
+from gate.core.warn import warn
 from gate.report.speed_report import perf_markdown, plot_speed_ratios
 from gate.speed.rule import PASSES, PerfJudgement, PerfSeverity
 from gate.speed.runs import (
@@ -53,7 +54,7 @@ from gate.workflow.plan import RunPlan
 from gate.workflow.progress import Progress
 from gate.workflow.shards import expected_cost
 
-RULE = "speed"
+RULE = Rule.SPEED
 
 
 def perf_wanted(flag: bool | None, device: str) -> bool:
@@ -70,11 +71,13 @@ def perf_findings(judgements: tuple[PerfJudgement, ...]) -> list[Finding]:
                 rule=RULE,
                 severity=Severity(j.severity.value),
                 case_id=j.case_id,
-                metric=j.metric,
+                subject=Subject.speed(j.pass_),
                 baseline=None if j.baseline != j.baseline else round(j.baseline, 4),
                 current=None if j.current != j.current else round(j.current, 4),
                 threshold=None if limit is None else round(limit, 4),
                 message=j.message,
+                advice=Advice.REFRESH_BASELINE if j.statement else None,
+                statement=j.statement,
             )
         )
     return out
@@ -101,7 +104,7 @@ def not_checked(message: str, severity: Severity) -> Finding:
         rule=RULE,
         severity=severity,
         case_id="",
-        metric="speed_ratio:all",
+        subject=Subject.speed("all"),
         baseline=None,
         current=None,
         threshold=None,
@@ -191,7 +194,7 @@ def _judged_perf(plan: RunPlan, baseline_perf: dict[str, Any] | None, out_dir: P
             Path(out_dir) / f"speed-{safe_name(kernel)}-{suite}.png",
         )
     except Exception as exc:  # an artifact, not the verdict
-        print(f"attn-gate: warning: the speed plot was not drawn ({type(exc).__name__}: {exc})")
+        warn(f"the speed plot was not drawn ({type(exc).__name__}: {exc})")
     md = "\n".join(
         [
             "",

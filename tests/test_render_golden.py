@@ -1,0 +1,55 @@
+"""Renderers given a decided verdict print exactly the text they printed before findings carried
+their rule, subject and advice as values: the headline, the findings JSON, the terminal table,
+the failure lines and the PR comment of eight real-rule scenarios (tests/render_scenarios.py),
+against golden copies in tests/data/golden."""
+
+from __future__ import annotations
+
+import difflib
+import gzip
+
+import pytest
+
+from tests.render_scenarios import DATA, rendered, scenarios
+
+NAMES = (
+    "pass",
+    "pass-env",
+    "fail",
+    "fail-env",
+    "pass-speed",
+    "pass-speed-calm",
+    "pass-env-speed",
+    "pass-env-speed-calm",
+    "quiet",
+    "quiet-speed",
+    "quiet-speed-calm",
+)
+
+
+@pytest.fixture(scope="module")
+def judged(tmp_path_factory):
+    return scenarios(tmp_path_factory.mktemp("golden"))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_decided_verdict_renders_the_golden_text(judged, name):
+    golden = gzip.decompress((DATA / "golden" / f"{name}.txt.gz").read_bytes()).decode()
+    now = rendered(*judged[name])
+    diff = "\n".join(difflib.unified_diff(golden.splitlines(), now.splitlines(), "golden", "now", lineterm="", n=1))
+    assert now == golden, diff[:4000]
+
+
+def test_the_scenarios_reach_every_tempering(judged):
+    """The goldens are only worth their bytes if they hold the advice cases: a refresh WARN, the
+    same advice taken back in a failing run and beside an environment change, for both halves."""
+    texts = {
+        name: rendered(*judged[name])
+        for name in ("quiet", "fail", "quiet-speed", "pass-env-speed", "pass-env-speed-calm")
+    }
+    assert "refresh the baseline so the gate keeps its teeth" in texts["quiet"]
+    assert "(the run fails: do not refresh the baseline now)" in texts["fail"]
+    assert "faster, the whole interval below -10% (the run fails" in texts["quiet-speed"]
+    assert "faster, the whole interval below -10%; coincides with an environment change" in texts["pass-env-speed-calm"]
+    assert "now 9.9.9; ratios may shift (the run fails: do not refresh the baseline now)" in texts["pass-env-speed"]
+    assert set(NAMES) == set(judged)
