@@ -3,7 +3,8 @@ wheel built here, installed into a fresh venv, used in a copy of examples/tiny-a
 repository (nothing may read this checkout's files). From the empty kernel repository to a passing
 `attn-gate check` and validated workflow files in at most six commands, each timed; then a planted
 regression (dK scaled by 1.02 in the backward, committed) fails `check` with the worst case on top,
-and `baseline update` after accepting the change shows what moved.
+and `baseline update` after accepting the change shows what moved. docs/adopt.md's walk-through
+(a stranger's one-file kernel, `init --probe`, the planted dK x1.02 FAIL) runs as the page prints it.
 
 Torch is not downloaded again: the fresh venv sees the system site-packages and, through a .pth,
 this interpreter's (where CI's CPU torch lives); attn-gate itself comes only from the wheel."""
@@ -261,3 +262,61 @@ def test_the_install_line_init_writes_installs_attn_gate_in_a_fresh_venv(wheel, 
     assert where.stdout.startswith(str(repo / ".venv")) and wheel.as_uri() in where.stdout, where.stdout
     page = sh([str(repo / ".venv" / "bin" / "attn-gate"), "docs", "ci", "--path"], repo, env)
     assert page.returncode == 0 and Path(page.stdout.strip()).is_file()
+
+
+# What each command of docs/adopt.md's walk-through exits with: the planted bug's check fails.
+WALK_EXITS = (0, 0, 0, 0, 1)
+FAIL_LINE = re.compile(r"^FAIL (\S+)  dk ([\d,.]+)x its bound$", re.M)
+
+
+def test_the_walk_through_of_adopt_md_as_printed(wheel, venv, tmp_path):
+    """docs/adopt.md "The walk-through, measured", run as printed: its kernel module in an empty git
+    repository, then its commands, each in bash from the repository root with the venv first on
+    PATH and `WHEEL` set (the doc's set-up). pip is kept offline by its environment variables."""
+    import tomllib
+
+    from tests.test_docs import ADOPT, WALK_MAX_COMMANDS, walk_through
+
+    walk = walk_through(ADOPT.read_text())
+    assert len(walk.commands) == len(WALK_EXITS) <= WALK_MAX_COMMANDS, walk.commands
+    assert walk.setup[-1] == "git init mykern && cd mykern"
+    repo = tmp_path / "mykern"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    (repo / "mykern.py").write_text(walk.kernel)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "ATTN_GATE", "PIP_"))}
+    env.update(
+        PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
+        VIRTUAL_ENV=str(venv),
+        WHEEL=str(wheel),
+        PIP_NO_INDEX="1",
+        PIP_NO_DEPS="1",
+        PIP_IGNORE_INSTALLED="1",
+    )
+    procs, times = [], []
+    for command, want in zip(walk.commands, WALK_EXITS):
+        start = time.monotonic()
+        procs.append(sh(["bash", "-c", command], repo, env, timeout=600))
+        times.append(time.monotonic() - start)
+        assert procs[-1].returncode == want, f"{command}: exit {procs[-1].returncode}, not {want}"
+    print("".join(f"walk-through: {t:6.1f} s  {c}\n" for c, t in zip(walk.commands, times)), end="")
+    print(f"walk-through: {len(times)} commands, {sum(times):.1f} s")
+    _, init, _, passed, failed = procs
+
+    # attn-gate came from the wheel, into the venv
+    where = sh(["python", "-c", "import gate; print(gate.__file__)"], repo, env)
+    assert where.stdout.startswith(str(venv)), where.stdout
+    # the probe found the envelope and init wrote it where check reads it
+    table = '[tool.attn-gate.kernels."mykern:attn".supports]:\n    dtypes = ["bf16", "fp32"]\n    gqa = false\n'
+    assert f"2 unsupported; the envelope goes into {table}" in init.stdout, init.stdout
+    section = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["attn-gate"]
+    assert section["kernels"]["mykern:attn"]["supports"] == {"dtypes": ["bf16", "fp32"], "gqa": False}
+    assert section["cpu"]["kernel"] == "mykern:attn"
+    assert (repo / "baselines" / "cpu" / "mykern_attn-smoke.json").is_file()
+    assert "PASS: correctness PASS" in passed.stdout and not FAIL_LINE.search(passed.stdout), passed.stdout
+    # the planted dK x1.02: one line per failing case, dK against its bound, the worst first
+    lines = FAIL_LINE.findall(failed.stdout)
+    assert lines, failed.stdout
+    ratios = [float(r.replace(",", "")) for _, r in lines]
+    assert ratios[0] == max(ratios) > 1, ratios
+    assert re.search(r"^FAIL: correctness FAIL in \d+ of \d+ cases", failed.stdout, re.M), failed.stdout

@@ -5,6 +5,7 @@ docs/results/ names the commit it ran on. Each rule is also shown failing on a s
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 README_MAX_LINES = 250
+ADOPT = ROOT / "docs" / "adopt.md"
+WALK_HEADING = "## The walk-through, measured"
+WALK_MAX_COMMANDS = 6
 
 FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.M | re.S)
 INLINE_CODE = re.compile(r"`[^`\n]*`")
@@ -97,6 +101,33 @@ def rows_without_commit(text: str) -> list[str]:
     return missing
 
 
+@dataclass(frozen=True)
+class Walk:
+    """docs/adopt.md's walk-through as tests/test_adoption.py runs it: the set-up lines, the
+    kernel module and the commands, one a line (blank lines and whole-line comments dropped)."""
+
+    setup: tuple[str, ...]
+    kernel: str
+    commands: tuple[str, ...]
+
+
+def walk_through(text: str) -> Walk:
+    """The walk-through section's three fenced blocks: set-up (bash), kernel (python), walk (bash)."""
+    parts = text.split(f"\n{WALK_HEADING}\n", 1)
+    assert len(parts) == 2, f"no '{WALK_HEADING}' section"
+    section = re.split(r"^## ", parts[1], maxsplit=1, flags=re.M)[0]
+    blocks = re.findall(r"^```(\w*)\n(.*?)^```$", section, re.M | re.S)
+    assert [lang for lang, _ in blocks] == ["bash", "python", "bash"], (
+        f"'{WALK_HEADING}' needs three fenced blocks, bash (set-up), python (the kernel), bash (the walk); "
+        f"found {[lang for lang, _ in blocks]}"
+    )
+
+    def lines(body: str) -> tuple[str, ...]:
+        return tuple(ln for ln in body.splitlines() if ln.strip() and not ln.lstrip().startswith("#"))
+
+    return Walk(setup=lines(blocks[0][1]), kernel=blocks[1][1], commands=lines(blocks[2][1]))
+
+
 # ---- the rules on the real files ----------------------------------------------------------------
 
 
@@ -120,6 +151,12 @@ def test_no_tracker_numbers_or_run_folders(path):
 @pytest.mark.parametrize("path", sorted((ROOT / "docs" / "results").glob("*.md")), ids=lambda p: p.name)
 def test_every_measured_row_names_its_commit(path):
     assert rows_without_commit(path.read_text()) == []
+
+
+def test_the_walk_through_is_at_most_six_commands():
+    walk = walk_through(ADOPT.read_text())
+    assert 1 <= len(walk.commands) <= WALK_MAX_COMMANDS, walk.commands
+    assert "def attn(" in walk.kernel
 
 
 def test_results_pages_exist():
@@ -162,3 +199,15 @@ def test_commit_rule_fails_on_a_row_without_one():
         "| fwd | +2.9% |\n| name only | - |\n"
     )
     assert rows_without_commit(bad) == ["| pr | today | 167.7 s |", "| fwd | +2.9% |"]
+
+
+def test_walk_rule_fails_on_seven_commands_or_a_missing_block():
+    kernel = "```python\ndef attn(q, k, v): ...\n```\n"
+    good = f"# A\n\n{WALK_HEADING}\n\n```bash\ngit init k\n```\n\n{kernel}\n```bash\n# two\na\n\nb\n```\n\n## Next\n"
+    assert walk_through(good) == Walk(("git init k",), "def attn(q, k, v): ...\n", ("a", "b"))
+    seven = good.replace("a\n\nb\n", "".join(f"c{i}\n" for i in range(7)))
+    assert len(walk_through(seven).commands) == 7 > WALK_MAX_COMMANDS
+    with pytest.raises(AssertionError, match="three fenced blocks"):
+        walk_through(good.replace(kernel, ""))
+    with pytest.raises(AssertionError, match="no '## The walk-through, measured' section"):
+        walk_through(good.replace(WALK_HEADING, "## Another"))

@@ -217,3 +217,19 @@ def test_the_admin_checklist_fences_the_pr_pool_and_keeps_the_runner_read_only()
         "Keep @runner",
     ):
         assert words in text, words
+
+
+@pytest.mark.parametrize(
+    "text, starts",
+    [
+        (None, "# attn-gate: the kernel it gates"),  # a new file: no blank first line
+        ("", "# attn-gate: the kernel it gates"),
+        ('[project]\nname = "k"', '[project]\nname = "k"\n\n# attn-gate: the kernel it gates'),
+        ('[project]\nname = "k"\n', '[project]\nname = "k"\n\n# attn-gate: the kernel it gates'),
+    ],
+)
+def test_the_section_starts_a_new_pyproject_and_follows_an_old_one_after_a_blank_line(text, starts):
+    section = I.pyproject_section(I.InitOptions(kernel="pkg.mod:fn"), CiConfig())
+    new, _ = I.new_pyproject(text, section, force=False)
+    assert new.startswith(starts), new[:80]
+    assert I.parsed_config(new).cpu.kernel == "pkg.mod:fn"

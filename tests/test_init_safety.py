@@ -244,6 +244,25 @@ def test_before_init_check_and_baseline_update_name_init(repo, monkeypatch, caps
     assert "attn-gate init" not in capsys.readouterr().err
 
 
+def test_baseline_update_without_pyproject_names_init_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    """An empty kernel repository (or one where `init` stopped): not the built-in default's baseline
+    written into it, and a `check` after it passing that default, but the way to set it up."""
+    (tmp_path / "kern.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    assert main(["baseline", "update", "--device", "cpu", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"no pyproject.toml in {tmp_path}: run `attn-gate init`" in err and "--kernel" in err
+    assert [p.name for p in tmp_path.iterdir()] == ["kern.py"]
+    # a kernel named explicitly needs no file: the next check is the suite's
+    assert main(["baseline", "update", "--device", "cpu", "--no-progress", "--kernel", "sdpa-cpu", "--suite", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "attn-gate init" not in err and "--suite 'x'" in err
+    # with a configured file, the refusal is the section's, as before
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "kern"\n')
+    assert main(["baseline", "update", "--device", "cpu", "--no-progress"]) == 2
+    assert "pyproject.toml has no [tool.attn-gate] section" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("tool", ["tool = 5\n", "tool = [1, 2]\n"])
 def test_a_tool_key_that_is_no_table_is_one_line(repo, capsys, tool):
     text = (repo / "pyproject.toml").read_text()

@@ -286,7 +286,15 @@ def test_write_refuses_a_built_in_kernels_table(tmp_path):
 
 
 @pytest.mark.slow
-def test_init_probe_writes_the_found_envelope_into_the_section(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "function, printed, supports",
+    [
+        ("no_gqa", "2 unsupported; the envelope goes into {table}:\n    gqa = false\n", {"gqa": False}),
+        ("attend", "0 unsupported; the envelope goes into {table}:\n    (empty: every probed axis runs", {}),
+    ],
+)
+def test_init_probe_prints_and_writes_the_found_envelope(tmp_path, capsys, function, printed, supports):
+    """What init writes is printed beneath the probe's line, so the first baseline's SKIPs are expected."""
     from gate.commands.main import main
 
     (tmp_path / "mypkg").mkdir()
@@ -300,7 +308,7 @@ def test_init_probe_writes_the_found_envelope_into_the_section(tmp_path, capsys)
                 "--dir",
                 str(tmp_path),
                 "--kernel",
-                "mypkg.attn:no_gqa",
+                f"mypkg.attn:{function}",
                 "--probe",
                 "--yes",
                 "--repository",
@@ -313,9 +321,10 @@ def test_init_probe_writes_the_found_envelope_into_the_section(tmp_path, capsys)
         )
         == 0
     )
-    assert 'the envelope goes into [tool.attn-gate.kernels."mypkg.attn:no_gqa".supports]' in capsys.readouterr().out
+    table = f'[tool.attn-gate.kernels."mypkg.attn:{function}".supports]'
+    assert printed.format(table=table) in capsys.readouterr().out
     config = load_config(tmp_path / "pyproject.toml")
-    assert config.kernels["mypkg.attn:no_gqa"].supports == {"gqa": False}
+    assert config.kernels[f"mypkg.attn:{function}"].supports == supports
 
 
 @pytest.mark.slow

@@ -125,7 +125,7 @@ def update(args: argparse.Namespace) -> int:
     from gate.workflow.check import resolve_plan, run_baseline_update
 
     config = load_config(args.config)
-    require_initialised(config, args.kernel)
+    require_initialised(config, args.kernel, writes=args.from_results is None)  # a results file names its kernel
     if args.link and args.known is None:
         raise UserError("--link goes with --known REASON (the declaration it links); add --known or drop --link")
     kernel, suite, device = args.kernel, args.suite, args.device

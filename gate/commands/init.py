@@ -141,7 +141,12 @@ def main(args: argparse.Namespace) -> int:
         report = probe_for_init(root, options.kernel, options.family, options.entries, options.forward_only)
         for finding in report.findings:
             print(f"probe finding: {finding}")
-        print(f"probe: {len(report.results)} calls; the envelope goes into {report.table}")
+        # the table as init writes it, so the first baseline's SKIPs are no surprise
+        print(
+            f"probe: {len(report.results)} calls, {report.outside} unsupported; the envelope goes into {report.table}:"
+        )
+        body = report.toml().splitlines()[1:] or ["(empty: every probed axis runs, nothing to narrow)"]
+        print("".join(f"    {line}\n" for line in body), end="")
         options = replace(options, supports=report.supports)
     result = I.init(root, options)
     for a in result.actions:

@@ -61,9 +61,8 @@ def main(args: argparse.Namespace) -> int:
 
     report = probe(args.kernel, config, device, args.timeout, show)
     calls = len(report.results)
-    outside = sum(r.outcome == Outcome.UNSUPPORTED for r in report.results)
     print(
-        f"probed {args.kernel} on {device}: {calls} calls, {outside} unsupported, "
+        f"probed {args.kernel} on {device}: {calls} calls, {report.outside} unsupported, "
         f"{sum(r.outcome == Outcome.WRONG for r in report.results)} wrong"
     )
     for finding in report.findings:

@@ -503,7 +503,8 @@ def new_pyproject(text: str | None, section: str, force: bool) -> tuple[str | No
     )
     if remaining and not remaining.endswith("\n"):
         remaining += "\n"
-    return (remaining if tables else text + ("\n" if text and not text.endswith("\n") else "")) + section, what
+    before = remaining if tables else text + ("\n" if text and not text.endswith("\n") else "")
+    return before + (section if before else section.lstrip("\n")), what  # a new file starts with its first line
 
 
 def parsed_config(text: str) -> Config:

@@ -68,6 +68,11 @@ class ProbeReport:
     findings: tuple[str, ...]
     results: tuple[Result, ...]
 
+    @property
+    def outside(self) -> int:
+        """Calls that raised, crashed or hung: each put its axis outside the envelope."""
+        return sum(r.outcome == Outcome.UNSUPPORTED for r in self.results)
+
     def toml(self) -> str:
         return render_supports(self.supports, self.table.strip("[]"))
 

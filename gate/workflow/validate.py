@@ -179,13 +179,22 @@ def validate_target(
     return ValidTarget(kernel, suite, device, adapter)
 
 
-def require_initialised(config: Config, kernel: str | None) -> None:
+def require_initialised(config: Config, kernel: str | None, writes: bool = False) -> None:
     """A repository whose pyproject.toml has no [tool.attn-gate] has not chosen a kernel: gating the
-    built-in default against it (and writing that baseline into it) would be the wrong kernel."""
-    if config.source != "defaults" and not config.section and not kernel:
+    built-in default against it (and writing that baseline into it) would be the wrong kernel. A
+    command that `writes` a baseline refuses a folder without pyproject.toml too (an `init` that
+    stopped leaves none), where the default's baseline would be written into a kernel repository."""
+    if kernel:
+        return
+    if config.source != "defaults" and not config.section:
         raise UserError(
             f"{config.source} has no [tool.attn-gate] section: run `attn-gate init` to set up this "
             f"repository (or pass --kernel to name the kernel)"
+        )
+    if writes and config.source == "defaults":
+        raise UserError(
+            f"no pyproject.toml in {Path.cwd()}: run `attn-gate init` in your repository's root to set it "
+            f"up (or pass --kernel to name the kernel, --config PATH/pyproject.toml for another file)"
         )
 
 
