@@ -44,7 +44,22 @@ def measure(
         k, g, p = k[keep], g[keep], p[keep]
     if g.numel() == 0:
         empty_floor = rounding_floor(0.0, floor_dtype or dtype) + floor_extra
-        return TensorError(name, 0.0, 0.0, 0.0, empty_floor, mult, empty_floor, 0.0, (), *BANDS[dtype], True, seed)
+        atol, rtol = BANDS[dtype]
+        return TensorError(
+            tensor=name,
+            max_err=0.0,
+            mean_err=0.0,
+            pt_err=0.0,
+            floor=empty_floor,
+            mult=mult,
+            bound=empty_floor,
+            ratio=0.0,
+            worst_index=(),
+            band_atol=atol,
+            band_rtol=rtol,
+            band_ok=True,
+            seed=seed,
+        )
     diff = (k - g).abs()
     nan = torch.isnan(diff)
     if nan.any():  # a NaN is infinitely wrong, and written so: files hold no NaN a reader must refuse
@@ -64,19 +79,19 @@ def measure(
     atol, rtol = BANDS[dtype]
     band_ok = bool((diff <= atol + rtol * g.abs()).all())
     return TensorError(
-        name,
-        max_err,
-        mean_err,
-        pt_err,
-        floor,
-        mult,
-        bound,
-        error_ratio(max_err, bound),
-        worst,
-        atol,
-        rtol,
-        band_ok,
-        seed,
+        tensor=name,
+        max_err=max_err,
+        mean_err=mean_err,
+        pt_err=pt_err,
+        floor=floor,
+        mult=mult,
+        bound=bound,
+        ratio=error_ratio(max_err, bound),
+        worst_index=worst,
+        band_atol=atol,
+        band_rtol=rtol,
+        band_ok=band_ok,
+        seed=seed,
     )
 
 
@@ -301,19 +316,19 @@ def measure_exact(name: str, kernel: torch.Tensor, expected: torch.Tensor, dtype
     bound = rounding_floor(0.0, dtype)
     atol, rtol = BANDS[dtype]
     return TensorError(
-        name,
-        max_err,
-        float(diff.mean()) if diff.numel() else 0.0,
-        0.0,
-        bound,
-        1.0,
-        bound,
-        error_ratio(max_err, bound),
-        worst,
-        atol,
-        rtol,
-        max_err == 0.0,
-        seed,
+        tensor=name,
+        max_err=max_err,
+        mean_err=float(diff.mean()) if diff.numel() else 0.0,
+        pt_err=0.0,
+        floor=bound,
+        mult=1.0,
+        bound=bound,
+        ratio=error_ratio(max_err, bound),
+        worst_index=worst,
+        band_atol=atol,
+        band_rtol=rtol,
+        band_ok=max_err == 0.0,
+        seed=seed,
     )
 
 
