@@ -23,8 +23,7 @@ from gate.core.config import ToleranceConfig
 from gate.core.errors import first_line
 from gate.core.results import ALL_TENSORS, CaseResult, Status, TensorError, error_ratio
 from gate.correctness.tolerance import BANDS, error_bound, rounding_floor, tensor_spec
-from gate.kernels.base import KernelAdapter, KernelCall, KernelOutput
-from gate.kernels.sdpa import NoKernel
+from gate.kernels.base import KernelAdapter, KernelCall, KernelOutput, NoKernel
 
 
 class BadOutput(Exception):

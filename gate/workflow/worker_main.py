@@ -271,7 +271,7 @@ def run_one(adapter, request: dict, device: str) -> dict:
 
     from gate.attention.inputs import make_inputs
     from gate.correctness.run_case import BadOutput, grad_names, kernel_pass, traceback_tail
-    from gate.kernels.sdpa import NoKernel
+    from gate.kernels.base import NoKernel
 
     case = Case.from_dict(request["case"])
     start = time.perf_counter()
