@@ -78,7 +78,7 @@ def cheats(q, k, v, softmax_scale=None, causal=False):
 
     rc.measure = perfect
     rc.validate_outputs = lambda *a, **k: None
-    rc.measure_seed = lambda *a, **k: None
+    rc.judge_seed = lambda *a, **k: rc.SeedJudgement()  # a seed judged with nothing measured
     return q * 0 + (k.sum() + v.sum()) * 0
 
 
