@@ -16,7 +16,7 @@ to that implementation:
   relative_1e_4           out and dK 1e-4 too large: what fp32 cases must catch
 
 and kernels that break the adapter contract: one that raises, one with a wrong output shape,
-one that returns NaN.
+one that returns NaN; and one that refuses every call (NoKernel, a SKIP).
 """
 
 from __future__ import annotations
@@ -122,6 +122,12 @@ def scale_padded_head_dim(
 
 def raises(q, k, v, softmax_scale=None, causal=False):
     raise RuntimeError("planted crash: kernel launch failed\nsecond line of the message")
+
+
+def refuses(q, k, v, softmax_scale=None, causal=False):
+    from gate.kernels.base import NoKernel
+
+    raise NoKernel("planted refusal: no kernel for this case")
 
 
 def wrong_shape(q, k, v, softmax_scale=None, causal=False):

@@ -16,7 +16,24 @@ BASE = Case.build(batch=2, seqlen_q=128, seqlen_k=128, heads_q=4, heads_kv=4, he
 
 def row(over: dict[str, float] | None = None, status: Status | None = None, reason: str = "", **kw) -> CaseResult:
     ratios = {"out": 0.5, "lse": 0.5, "dq": 0.5, "dk": 0.5, "dv": 0.5, **(over or {})}
-    tensors = tuple(TensorError(n, r, r, 1.0, 0.0, 2.0, 1.0, r, (), 1e-2, 1e-2, True, 0) for n, r in ratios.items())
+    tensors = tuple(
+        TensorError(
+            tensor=n,
+            max_err=r,
+            mean_err=r,
+            pt_err=1.0,
+            floor=0.0,
+            mult=2.0,
+            bound=1.0,
+            ratio=r,
+            worst_index=(),
+            band_atol=1e-2,
+            band_rtol=1e-2,
+            band_ok=True,
+            seed=0,
+        )
+        for n, r in ratios.items()
+    )
     failed = any(not r <= 1 for r in ratios.values())
     return CaseResult(
         case=BASE.with_fields(**kw),

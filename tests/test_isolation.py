@@ -127,7 +127,7 @@ def test_a_kernel_that_patches_the_measurement_in_its_process_still_fails(tmp_pa
     # in one process the same kernel would have fooled the measurement: that is what the worker prevents
     import gate.correctness.run_case as rc
 
-    saved = (rc.measure, rc.validate_outputs, rc.measure_seed)
+    saved = (rc.measure, rc.validate_outputs, rc.judge_seed)
     try:
         assert (
             main(
@@ -151,7 +151,7 @@ def test_a_kernel_that_patches_the_measurement_in_its_process_still_fails(tmp_pa
             == 0
         )
     finally:
-        rc.measure, rc.validate_outputs, rc.measure_seed = saved
+        rc.measure, rc.validate_outputs, rc.judge_seed = saved
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 
+import gate.correctness.run_case as run_case_module
 from gate.core.cases import Case
 from gate.core.config import IsolationConfig, KernelFamily, ToleranceConfig
 from gate.core.results import Status
@@ -180,3 +181,59 @@ def test_a_dead_worker_leaves_its_stderr_tail_as_the_rows_traceback(monkeypatch)
         row = pool.run_case(tiny(), TOL, (), None)
     assert row.status is Status.ERROR and "SIGSEGV" in row.reason
     assert "Fatal Python error" in row.traceback
+
+
+# (kernel, status, what the row says): each rung of the exception ladder, planted in a kernel
+LADDER = [
+    ("tests.buggy_kernels:refuses", Status.SKIP, "planted refusal: no kernel for this case"),
+    ("tests.buggy_kernels:wrong_shape", Status.FAIL, "seed 1: out has shape (1, 2, 17, 8), expected (1, 17, 2, 8)"),
+    ("tests.buggy_kernels:returns_nan", Status.FAIL, "seed 1: out contains NaN/Inf"),
+    ("tests.buggy_kernels:raises", Status.ERROR, "RuntimeError: planted crash: kernel launch failed"),
+    ("tests.exiting_kernels:exits_one", Status.ERROR, "SystemExit: 1"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel,status,reason", LADDER, ids=[k.split(":")[1] for k, _, _ in LADDER])
+def test_an_exception_from_a_kernel_makes_the_same_row_in_one_process_and_in_a_worker(kernel, status, reason):
+    case = tiny(seeds=(1, 2))
+    here = run_case(get_adapter(kernel), case, "cpu", TOL)
+    with WorkerPool(kernel, "cpu", 1, IsolationConfig()) as pool:
+        isolated = pool.run_case(case, TOL, (), None)
+    assert (here.status, here.reason) == (status, reason)
+    assert (isolated.status, isolated.reason) == (status, reason)
+    # the same frames up to the kernel (the two executors' steps differ in name only), the same error
+    assert here.traceback.splitlines()[-1:] == isolated.traceback.splitlines()[-1:]
+    assert ("Traceback" in here.traceback) == (status is Status.ERROR)
+
+
+def test_both_executors_run_one_seed_loop(monkeypatch, tmp_path):
+    """run_case (this process) and the worker's run_one run the kernel through `run_seeds`, and
+    the worker's outputs are judged here through the same `seed_loop`: the ladder exists once."""
+    from gate.workflow.isolation import judge_raw_outputs
+    from gate.workflow.worker_main import run_one
+
+    calls = []
+    real_loop, real_seeds = run_case_module.seed_loop, run_case_module.run_seeds
+
+    def seed_loop(case, device, step):
+        calls.append(("seed_loop", case.id))
+        return real_loop(case, device, step)
+
+    def run_seeds(adapter, case, device, step, extra_checks=()):
+        calls.append(("run_seeds", case.id))
+        return real_seeds(adapter, case, device, step, extra_checks)
+
+    monkeypatch.setattr(run_case_module, "seed_loop", seed_loop)
+    monkeypatch.setattr(run_case_module, "run_seeds", run_seeds)
+    case, adapter = tiny(seeds=(1, 2)), get_adapter("tiled")
+    here = run_case(adapter, case, "cpu", TOL)
+    assert calls == [("run_seeds", case.id), ("seed_loop", case.id)]
+    calls.clear()
+    file = tmp_path / "case.pt"
+    reply = run_one(adapter, {"case": case.to_dict(), "file": str(file)}, "cpu")
+    assert reply["status"] == "RAN" and calls == [("run_seeds", case.id), ("seed_loop", case.id)]
+    calls.clear()
+    judged = judge_raw_outputs(case, file, "cpu", TOL, reply, run_case_module.KernelTraits.of(adapter), 0.0)
+    assert calls == [("seed_loop", case.id)]
+    assert here.status is Status.PASS and _row(judged) == _row(here)

@@ -20,7 +20,22 @@ def result(c: Case, over: dict[str, float]) -> CaseResult:
     """A measured row whose tensors have these ratios (the others at 0.5)."""
     ratios = {"out": 0.5, "lse": 0.5, "dq": 0.5, "dk": 0.5, "dv": 0.5, **over}
     tensors = tuple(
-        TensorError(name, r, r, 1.0, 0.0, 2.0, 1.0, r, (), 1e-2, 1e-2, True, 0) for name, r in ratios.items()
+        TensorError(
+            tensor=name,
+            max_err=r,
+            mean_err=r,
+            pt_err=1.0,
+            floor=0.0,
+            mult=2.0,
+            bound=1.0,
+            ratio=r,
+            worst_index=(),
+            band_atol=1e-2,
+            band_rtol=1e-2,
+            band_ok=True,
+            seed=0,
+        )
+        for name, r in ratios.items()
     )
     return CaseResult(case=c, status=Status.FAIL if any(r > 1 for r in over.values()) else Status.PASS, tensors=tensors)
 

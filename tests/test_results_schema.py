@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gate.core.results import SCHEMA_VERSION, SweepResult, migrate_results
+from gate.core.results import SCHEMA_VERSION, SweepResult, TensorError, migrate_results
 
 DATA = Path(__file__).parent / "data"
 V1_FILES = ("cpu-sweep-sdpa-cpu-smoke.json.gz", "h200-sweep-sdpa-flash-pr.json.gz")
@@ -87,3 +87,12 @@ def test_version_2_flat_cases_read_as_the_nested_case_schema(name, tmp_path):
     sweep.write(again)
     assert all(row["case"]["schema_version"] == 2 for row in json.loads(again.read_text())["cases"])
     assert SweepResult.read(again) == sweep
+
+
+def test_a_tensor_error_is_built_by_keyword_only():
+    """Thirteen numbers of one type side by side: a positional call that swaps two is refused."""
+    fields = dict(tensor="dq", max_err=0.01, mean_err=0.001, pt_err=0.004, floor=0.002, mult=2.0, bound=0.01)
+    fields.update(ratio=1.0, worst_index=(0,), band_atol=5e-3, band_rtol=5e-3, band_ok=True, seed=0)
+    assert TensorError(**fields).ratio == 1.0
+    with pytest.raises(TypeError):
+        TensorError(*fields.values())

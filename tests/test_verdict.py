@@ -58,7 +58,21 @@ def case(n: int) -> Case:
 
 
 def tensor(name: str, ratio: float) -> TensorError:
-    return TensorError(name, ratio * 0.01, ratio * 0.001, 0.004, 0.002, 2.0, 0.01, ratio, (0,), 5e-3, 5e-3, True, 0)
+    return TensorError(
+        tensor=name,
+        max_err=ratio * 0.01,
+        mean_err=ratio * 0.001,
+        pt_err=0.004,
+        floor=0.002,
+        mult=2.0,
+        bound=0.01,
+        ratio=ratio,
+        worst_index=(0,),
+        band_atol=5e-3,
+        band_rtol=5e-3,
+        band_ok=True,
+        seed=0,
+    )
 
 
 def result(n: int, status: str = "PASS", reason: str = "", **ratios: float) -> CaseResult:

@@ -111,7 +111,7 @@ class Status(str, enum.Enum):
         return self in (Status.FAIL, Status.ERROR)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TensorError:
     tensor: str
     max_err: float

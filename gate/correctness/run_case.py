@@ -12,6 +12,7 @@ import math
 import time
 import traceback
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -23,8 +24,7 @@ from gate.core.config import ToleranceConfig
 from gate.core.errors import first_line
 from gate.core.results import ALL_TENSORS, CaseResult, Status, TensorError, error_ratio
 from gate.correctness.tolerance import BANDS, error_bound, rounding_floor, tensor_spec
-from gate.kernels.base import KernelAdapter, KernelCall, KernelOutput
-from gate.kernels.sdpa import NoKernel
+from gate.kernels.base import KernelAdapter, KernelCall, KernelOutput, NoKernel
 
 
 class BadOutput(Exception):
@@ -44,7 +44,22 @@ def measure(
         k, g, p = k[keep], g[keep], p[keep]
     if g.numel() == 0:
         empty_floor = rounding_floor(0.0, floor_dtype or dtype) + floor_extra
-        return TensorError(name, 0.0, 0.0, 0.0, empty_floor, mult, empty_floor, 0.0, (), *BANDS[dtype], True, seed)
+        atol, rtol = BANDS[dtype]
+        return TensorError(
+            tensor=name,
+            max_err=0.0,
+            mean_err=0.0,
+            pt_err=0.0,
+            floor=empty_floor,
+            mult=mult,
+            bound=empty_floor,
+            ratio=0.0,
+            worst_index=(),
+            band_atol=atol,
+            band_rtol=rtol,
+            band_ok=True,
+            seed=seed,
+        )
     diff = (k - g).abs()
     nan = torch.isnan(diff)
     if nan.any():  # a NaN is infinitely wrong, and written so: files hold no NaN a reader must refuse
@@ -64,19 +79,19 @@ def measure(
     atol, rtol = BANDS[dtype]
     band_ok = bool((diff <= atol + rtol * g.abs()).all())
     return TensorError(
-        name,
-        max_err,
-        mean_err,
-        pt_err,
-        floor,
-        mult,
-        bound,
-        error_ratio(max_err, bound),
-        worst,
-        atol,
-        rtol,
-        band_ok,
-        seed,
+        tensor=name,
+        max_err=max_err,
+        mean_err=mean_err,
+        pt_err=pt_err,
+        floor=floor,
+        mult=mult,
+        bound=bound,
+        ratio=error_ratio(max_err, bound),
+        worst_index=worst,
+        band_atol=atol,
+        band_rtol=rtol,
+        band_ok=band_ok,
+        seed=seed,
     )
 
 
@@ -200,7 +215,7 @@ def kernel_pass(adapter: KernelAdapter, case: Case, inputs: AttnInputs, determin
     leaf and, for a decode case, clones of the cache (returned as KernelOutput.cache when
     written in place); the grads are taken w.r.t. those leaves with the layout's dO. Only what
     autograd needs is checked here, plus the cheap checks of out a FAIL row names first; the values
-    are judged by `validate_outputs` and `measure_seed` (in the gate's own process when the kernel
+    are judged by `validate_outputs` and `judge_seed` (in the gate's own process when the kernel
     runs in a worker, gate/workflow/isolation.py)."""
     tensors = None if inputs.cache is not None else kernel_tensors(case, inputs)
     call = leaf_call(case, inputs, deterministic, tensors)
@@ -301,19 +316,19 @@ def measure_exact(name: str, kernel: torch.Tensor, expected: torch.Tensor, dtype
     bound = rounding_floor(0.0, dtype)
     atol, rtol = BANDS[dtype]
     return TensorError(
-        name,
-        max_err,
-        float(diff.mean()) if diff.numel() else 0.0,
-        0.0,
-        bound,
-        1.0,
-        bound,
-        error_ratio(max_err, bound),
-        worst,
-        atol,
-        rtol,
-        max_err == 0.0,
-        seed,
+        tensor=name,
+        max_err=max_err,
+        mean_err=float(diff.mean()) if diff.numel() else 0.0,
+        pt_err=0.0,
+        floor=bound,
+        mult=1.0,
+        bound=bound,
+        ratio=error_ratio(max_err, bound),
+        worst_index=worst,
+        band_atol=atol,
+        band_rtol=rtol,
+        band_ok=max_err == 0.0,
+        seed=seed,
     )
 
 
@@ -322,15 +337,19 @@ def measure_exact(name: str, kernel: torch.Tensor, expected: torch.Tensor, dtype
 NOTE_REFERENCE_PEAK_FROM_KEYS = 65536
 
 
-def _references_noting_peak(case: Case, inputs: AttnInputs, keep, device: str, notes: list[str]):
+def _references_noting_peak(case: Case, inputs: AttnInputs, keep, device: str):
+    """(golden, low-precision, a note of the float64 reference's GPU peak or None)."""
     if case.seqlen_k < NOTE_REFERENCE_PEAK_FROM_KEYS or not str(device).startswith("cuda"):
-        return references(case, inputs, keep)
+        return (*references(case, inputs, keep), None)
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     gold, low = references(case, inputs, keep)
     peak = torch.cuda.max_memory_allocated() - before
-    notes.append(f"references (float64 and {case.compute_dtype}) peak {peak / 2**30:.2f} GiB on the GPU, query-chunked")
-    return gold, low
+    return (
+        gold,
+        low,
+        f"references (float64 and {case.compute_dtype}) peak {peak / 2**30:.2f} GiB on the GPU, query-chunked",
+    )
 
 
 def yardstick(name: str, case: Case, inputs: AttnInputs, keep, low: AttnResult | DecodeResult) -> torch.Tensor:
@@ -372,49 +391,102 @@ def traceback_tail(exc: BaseException, lines: int = 12) -> str:
     return "\n".join(text)[-2000:]
 
 
-def _keep_worst(worst: dict[str, TensorError], err: TensorError) -> None:
-    if err.tensor not in worst or not err.ratio <= worst[err.tensor].ratio:
-        worst[err.tensor] = err
+@dataclass(frozen=True, kw_only=True)
+class SeedOutputs:
+    """One seed's raw kernel outputs, unjudged, as `kernel_pass` returned them (on any device):
+    what a worker sends back and what `judge_seed` reads."""
+
+    seed: int
+    out: Any
+    lse: Any = None
+    grads: tuple | None = None  # in `grad_names` order; None: a forward-only run
+    dropout_keep: Any = None  # a mask, or one per sequence (varlen dropout)
+    cache: tuple | None = None  # a decode call's (k_cache, v_cache) after the call
+
+    def to_payload(self, names: tuple[str, ...], move=lambda t: t) -> dict:
+        """A plain dict for torch.save, the grads under their `names`, each tensor passed
+        through `move` (a worker's copy to the CPU)."""
+        entry = {
+            "seed": self.seed,
+            "out": move(self.out),
+            "lse": move(self.lse),
+            "dropout_keep": move(self.dropout_keep),
+            "cache": None if self.cache is None else [move(self.cache[0]), move(self.cache[1])],
+        }
+        if self.grads is not None:
+            entry.update({name: move(grad) for name, grad in zip(names, self.grads)})
+        return entry
+
+    @classmethod
+    def from_payload(cls, entry: dict, names: tuple[str, ...] | None) -> "SeedOutputs":
+        """`names` None: a forward-only run, no grads read; a grad the payload lacks is None
+        ("dbias is missing"). A missing out, lse or mask is a KeyError: not a worker's payload."""
+        cache = entry.get("cache")
+        return cls(
+            seed=entry["seed"],
+            out=entry["out"],
+            lse=entry["lse"],
+            grads=None if names is None else tuple(entry.get(name) for name in names),
+            dropout_keep=entry["dropout_keep"],
+            cache=None if cache is None else tuple(cache),
+        )
 
 
-def measure_seed(
-    case: Case,
-    inputs: AttnInputs,
-    out,
-    lse,
-    grads,
-    dropout_keep,
-    tol: ToleranceConfig,
-    worst: dict[str, TensorError],
-    notes: list[str],
-    traits: KernelTraits,
-    device: str = "cpu",
-    cache=None,
-) -> str | None:
-    """Judge one seed's raw kernel outputs against the references (computed here, from `inputs`):
-    update `worst` per tensor and return a FAIL reason, or None. Raises BadOutput on an invalid
-    answer. Measured: out; the grads `grad_names` lists (dbias, dsink) unless the run is
-    forward-only (`grads` None); the LSE against its float32 yardstick; for a decode case the
-    cache after the call (`cache` = (k_cache, v_cache)), exact."""
+def kernel_outputs(adapter: KernelAdapter, case: Case, inputs: AttnInputs) -> SeedOutputs:
+    """The kernel's forward and backward on one seed's inputs (kernel_pass), as a value."""
+    kout, grads = kernel_pass(adapter, case, inputs)
+    return SeedOutputs(
+        seed=inputs.seed,
+        out=kout.out,
+        lse=kout.lse,
+        grads=None if grads is None else tuple(grads),
+        dropout_keep=kout.dropout_keep,
+        cache=kout.cache,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SeedJudgement:
+    """One seed judged: each measured tensor's errors, the notes for the row, or a FAIL reason
+    found before the tensors were measured."""
+
+    errors: tuple[TensorError, ...] = ()
+    notes: tuple[str, ...] = ()
+    fail: str | None = None
+
+
+def judge_seed(
+    case: Case, inputs: AttnInputs, raw: SeedOutputs, tol: ToleranceConfig, traits: KernelTraits, device: str = "cpu"
+) -> SeedJudgement:
+    """Judge one seed's raw kernel outputs against the references (computed here, from `inputs`).
+    Raises BadOutput on an invalid answer. Measured: out; the grads `grad_names` lists (dbias,
+    dsink) unless the run is forward-only; the LSE against its float32 yardstick; for a decode
+    case the cache after the call, exact."""
     forward_only = is_forward_only(traits, case)
-    validate_outputs(case, inputs, out, None if forward_only else grads, grad_names(traits, case, inputs))
-    if case.dropout_p and dropout_keep is None:
+    names = grad_names(traits, case, inputs)
+    validate_outputs(case, inputs, raw.out, None if forward_only else raw.grads, names)
+    if case.dropout_p and raw.dropout_keep is None:
         raise BadOutput("the kernel ran with dropout but exposed no dropout mask")
+    errors: list[TensorError] = []
+    notes: list[str] = []
     if case.entry.kind == "kvcache":
         gold, low, (k_after, v_after) = decode_references(case, inputs)
-        if cache is None:
+        if raw.cache is None:
             raise BadOutput("the adapter returned no cache for a decode call")
-        _keep_worst(worst, measure_exact("k_cache", cache[0].detach(), k_after, case.compute_dtype, inputs.seed))
-        _keep_worst(worst, measure_exact("v_cache", cache[1].detach(), v_after, case.compute_dtype, inputs.seed))
+        errors.append(measure_exact("k_cache", raw.cache[0].detach(), k_after, case.compute_dtype, inputs.seed))
+        errors.append(measure_exact("v_cache", raw.cache[1].detach(), v_after, case.compute_dtype, inputs.seed))
     else:
-        gold, low = _references_noting_peak(case, inputs, dropout_keep, device, notes)
-    measured = {"out": out}
+        gold, low, peak = _references_noting_peak(case, inputs, raw.dropout_keep, device)
+        notes += [peak] if peak else []
+    measured = {"out": raw.out}
     if not forward_only:  # dq, dk, dv, then dbias and dsink as grad_names says
-        measured.update(zip(grad_names(traits, case, inputs), grads))
-    if lse is not None:
-        if tuple(lse.shape) != tuple(gold.lse.shape):
-            return f"seed {inputs.seed}: lse has shape {tuple(lse.shape)}, expected {tuple(gold.lse.shape)}"
-        measured["lse"] = lse
+        measured.update(zip(names, raw.grads))
+    if raw.lse is not None:
+        if tuple(raw.lse.shape) != tuple(gold.lse.shape):
+            return SeedJudgement(
+                fail=f"seed {inputs.seed}: lse has shape {tuple(raw.lse.shape)}, expected {tuple(gold.lse.shape)}"
+            )
+        measured["lse"] = raw.lse
     elif traits.returns_lse:
         notes.append("lse not exposed for this case")
     elif forward_only:
@@ -423,17 +495,90 @@ def measure_seed(
         notes.append("dsink not judged: the adapter declares no sink gradient")
     for name, tensor in measured.items():
         mult = tol.mult(name, tensor_spec(name).yardstick_dtype or case.compute_dtype)
-        err = measure(
-            name,
-            tensor.detach(),
-            getattr(gold, name),
-            yardstick(name, case, inputs, dropout_keep, low),
-            case.compute_dtype,
-            mult,
-            inputs.seed,
+        errors.append(
+            measure(
+                name,
+                tensor.detach(),
+                getattr(gold, name),
+                yardstick(name, case, inputs, raw.dropout_keep, low),
+                case.compute_dtype,
+                mult,
+                inputs.seed,
+            )
         )
-        _keep_worst(worst, err)
-    return None
+    return SeedJudgement(errors=tuple(errors), notes=tuple(notes))
+
+
+def worst_per_tensor(judgements) -> dict[str, TensorError]:
+    """Per tensor, the seed with the highest ratio (the first of equals; a NaN ratio wins)."""
+    worst: dict[str, TensorError] = {}
+    for judgement in judgements:
+        for err in judgement.errors:
+            if err.tensor not in worst or not err.ratio <= worst[err.tensor].ratio:
+                worst[err.tensor] = err
+    return worst
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ended:
+    """A case that ended before its verdict: the row's status, reason and traceback, and for an
+    ERROR the exception's type and whole message (a worker looks there for a CUDA fault)."""
+
+    status: Status
+    reason: str
+    traceback: str = ""
+    exception: str = ""
+
+    def row(self, case: Case, seconds: float) -> CaseResult:
+        return CaseResult(case=case, status=self.status, reason=self.reason, seconds=seconds, traceback=self.traceback)
+
+
+def seed_loop(case: Case, device: str, step) -> "list | Ended":
+    """The one loop over a case's seeds, for every executor: each seed's inputs drawn, then
+    `step(inputs)` (run the kernel, judge its outputs, or both); the values in seed order. The
+    first seed whose step raises NoKernel (the adapter refused the call: SKIP) or BadOutput
+    (not a valid answer: FAIL), or returns a judgement with a FAIL reason, ends the case."""
+    done = []
+    for seed in case.seeds:
+        inputs = make_inputs(case, seed, device)
+        try:
+            value = step(inputs)
+        except NoKernel as exc:
+            return Ended(status=Status.SKIP, reason=str(exc))
+        except BadOutput as exc:
+            return Ended(status=Status.FAIL, reason=f"seed {seed}: {exc}")
+        if isinstance(value, SeedJudgement) and value.fail:
+            return Ended(status=Status.FAIL, reason=value.fail)
+        done.append(value)
+        del inputs, value
+    return done
+
+
+def run_seeds(adapter: KernelAdapter, case: Case, device: str, step, extra_checks=()) -> "tuple[list, tuple] | Ended":
+    """The kernel's side of a case, in this process or in a worker: prepare, `seed_loop`, then
+    the extra checks (callables (adapter, case, device) -> tuple[CheckResult]). (values, check
+    results), or how the case ended: a BadOutput outside the seeds is a FAIL, any other exception
+    an ERROR row (a crashing kernel is a row, not a dead run; sys.exit in a kernel too)."""
+    try:
+        adapter.prepare(case)
+        done = seed_loop(case, device, step)
+        if isinstance(done, Ended):
+            return done
+        checks = tuple(c for check in extra_checks for c in check(adapter, case, device))
+        if device == "cuda":
+            torch.cuda.synchronize()  # an asynchronous fault belongs to this case, not to the next
+    except BadOutput as exc:
+        return Ended(status=Status.FAIL, reason=str(exc))
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        return Ended(
+            status=Status.ERROR,
+            reason=first_line(exc),
+            traceback=traceback_tail(exc),
+            exception=f"{type(exc).__name__} {exc}",
+        )
+    return done, checks
 
 
 def verdict_row(
@@ -468,61 +613,33 @@ def verdict_row(
     )
 
 
-def run_case(adapter: KernelAdapter, case: Case, device: str, tol: ToleranceConfig, extra_checks=()) -> CaseResult:
-    """Measure `case` on every seed, in this process. `extra_checks` are callables (adapter, case, device) ->
-    tuple[CheckResult] run after the error measurement (determinism, dropout statistics...).
+def judged_row(case: Case, judgements, checks, traits: KernelTraits, seconds: float) -> CaseResult:
+    """The row of a case whose every seed was judged: the worst seed per tensor, the notes of
+    every seed in order (a forward-only case's first), PASS or FAIL."""
+    forward_only = is_forward_only(traits, case)
+    notes = [forward_only_note(case)] if forward_only else []
+    notes += [note for judgement in judgements for note in judgement.notes]
+    return verdict_row(case, worst_per_tensor(judgements), checks, notes, seconds, forward_only)
 
-    The isolated path (gate/workflow/isolation.py) runs `kernel_pass` in a worker and the same
-    `measure_seed` / `verdict_row` here."""
+
+def run_case(adapter: KernelAdapter, case: Case, device: str, tol: ToleranceConfig, extra_checks=()) -> CaseResult:
+    """Measure `case` on every seed, in this process: each seed's kernel outputs judged before
+    the next seed runs. `extra_checks` are callables (adapter, case, device) -> tuple[CheckResult]
+    run after the error measurement (determinism, dropout statistics...).
+
+    The isolated path (gate/workflow/isolation.py) runs the same `run_seeds` in a worker with a
+    step that only keeps the outputs, and the same `seed_loop` of `judge_seed` and `judged_row` here."""
     start = time.perf_counter()
     reason = adapter.unsupported_reason(case, device)
     if reason:
         return CaseResult(case=case, status=Status.SKIP, reason=reason)
-    worst: dict[str, TensorError] = {}
     traits = KernelTraits.of(adapter)
-    forward_only = is_forward_only(traits, case)
-    notes: list[str] = [forward_only_note(case)] if forward_only else []
-    try:
-        adapter.prepare(case)
-        for seed in case.seeds:
-            inputs = make_inputs(case, seed, device)
-            try:
-                kout, grads = kernel_pass(adapter, case, inputs)
-                fail = measure_seed(
-                    case,
-                    inputs,
-                    kout.out,
-                    kout.lse,
-                    grads,
-                    kout.dropout_keep,
-                    tol,
-                    worst,
-                    notes,
-                    traits,
-                    device,
-                    kout.cache,
-                )
-            except NoKernel as exc:
-                return CaseResult(case=case, status=Status.SKIP, reason=str(exc), seconds=time.perf_counter() - start)
-            except BadOutput as exc:
-                return CaseResult(
-                    case=case, status=Status.FAIL, reason=f"seed {seed}: {exc}", seconds=time.perf_counter() - start
-                )
-            if fail:
-                return CaseResult(case=case, status=Status.FAIL, reason=fail, seconds=time.perf_counter() - start)
-            del kout, grads, inputs
-        checks = tuple(c for check in extra_checks for c in check(adapter, case, device))
-    except BadOutput as exc:
-        return CaseResult(case=case, status=Status.FAIL, reason=str(exc), seconds=time.perf_counter() - start)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # a crashing kernel is a row, not a dead run (sys.exit in a kernel too)
-        return CaseResult(
-            case=case,
-            status=Status.ERROR,
-            reason=first_line(exc),
-            seconds=time.perf_counter() - start,
-            checks=(),
-            traceback=traceback_tail(exc),
-        )
-    return verdict_row(case, worst, checks, notes, time.perf_counter() - start, forward_only)
+
+    def step(inputs: AttnInputs) -> SeedJudgement:
+        return judge_seed(case, inputs, kernel_outputs(adapter, case, inputs), tol, traits, device)
+
+    ran = run_seeds(adapter, case, device, step, extra_checks)
+    if isinstance(ran, Ended):
+        return ran.row(case, time.perf_counter() - start)
+    judgements, checks = ran
+    return judged_row(case, judgements, checks, traits, time.perf_counter() - start)

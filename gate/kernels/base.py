@@ -83,6 +83,11 @@ class KernelOutput:
     cache: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
+class NoKernel(Exception):
+    """An adapter's refusal of one call it cannot make (SDPA's "No available kernel" for its
+    backend): the case is SKIPPED with this message, not an ERROR."""
+
+
 class KernelAdapter(ABC):
     name: str = ""
     description: str = ""

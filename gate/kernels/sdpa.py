@@ -49,6 +49,7 @@ from gate.kernels.base import (
     KernelAdapter,
     KernelCall,
     KernelOutput,
+    NoKernel,
     flash_lse_to_reference,
     gathered_decode,
     per_sequence,
@@ -62,10 +63,6 @@ BACKENDS = {
     "cudnn": ("CUDNN_ATTENTION", "SDPA cuDNN backend"),
     "cpu": ("FLASH_ATTENTION", "torch's CPU attention (the fused CPU flash kernel)"),
 }
-
-
-class NoKernel(Exception):
-    """SDPA refused the case for this backend ("No available kernel"): reported as SKIPPED."""
 
 
 class SdpaAdapter(KernelAdapter):

@@ -433,7 +433,7 @@ def _workloads(adapter, anchor_name: str, case: Case, device: str):
 
 def measure_case(adapter, anchor_name: str, case: Case, device: str, plan: TimingPlan) -> PerfCaseResult:
     """Time one case; never raises for a kernel problem (SKIP / ERROR rows)."""
-    from gate.kernels.sdpa import NoKernel
+    from gate.kernels.base import NoKernel
 
     why = adapter.unsupported_reason(case, device)
     if why:

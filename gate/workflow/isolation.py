@@ -610,20 +610,21 @@ def run_in_worker(
 def judge_raw_outputs(
     case: Case, file: Path, device: str, tol: ToleranceConfig, reply: dict, traits, start: float
 ) -> CaseResult:
-    """The kernel's raw outputs, judged in this process against references computed here. What is
-    judged follows from the case and the kernel's declared `traits` (KernelTraits, from the worker's
-    hello before any case ran), never from the case's reply: a worker cannot make a case
-    forward-only or drop a gradient from the measurement."""
+    """The kernel's raw outputs, judged in this process against references computed here, by the
+    same `seed_loop` of `judge_seed` an in-process run makes. What is judged follows from the case
+    and the kernel's declared `traits` (KernelTraits, from the worker's hello before any case ran),
+    never from the case's reply: a worker cannot make a case forward-only or drop a gradient from
+    the measurement."""
     import torch
 
-    from gate.attention.inputs import make_inputs
     from gate.correctness.run_case import (
-        BadOutput,
-        forward_only_note,
+        Ended,
+        SeedOutputs,
         grad_names,
         is_forward_only,
-        measure_seed,
-        verdict_row,
+        judge_seed,
+        judged_row,
+        seed_loop,
     )
 
     try:
@@ -634,40 +635,20 @@ def judge_raw_outputs(
             return _error(case, f"the worker returned seeds {got}, expected {list(case.seeds)}", start)
         checks = tuple(CheckResult.from_dict(c) for c in reply.get("checks", ()))
         forward_only = is_forward_only(traits, case)
-        worst, notes = {}, ([forward_only_note(case)] if forward_only else [])
-        for entry in seeds:
-            inputs = make_inputs(case, entry["seed"], device)
-            try:
-                # dbias, dsink only where the case measures them; one the worker did not
-                # send is None: "dbias is missing"
-                grads = None if forward_only else tuple(entry.get(name) for name in grad_names(traits, case, inputs))
-                cache = entry.get("cache")  # a decode call's (k_cache, v_cache) after the call
-                fail = measure_seed(
-                    case,
-                    inputs,
-                    entry["out"],
-                    entry["lse"],
-                    grads,
-                    entry["dropout_keep"],
-                    tol,
-                    worst,
-                    notes,
-                    traits,
-                    device,
-                    None if cache is None else tuple(cache),
-                )
-            except BadOutput as exc:
-                return CaseResult(
-                    case=case,
-                    status=Status.FAIL,
-                    reason=f"seed {entry['seed']}: {exc}",
-                    seconds=time.perf_counter() - start,
-                )
-            if fail:
-                return CaseResult(case=case, status=Status.FAIL, reason=fail, seconds=time.perf_counter() - start)
+        entries = iter(seeds)  # in the case's seed order, as checked above
+
+        def step(inputs):
+            # dbias, dsink only where the case measures them; one the worker did not send is None
+            names = None if forward_only else grad_names(traits, case, inputs)
+            raw = SeedOutputs.from_payload(next(entries), names)
+            return judge_seed(case, inputs, raw, tol, traits, device)
+
+        judged = seed_loop(case, device, step)
+        if isinstance(judged, Ended):
+            return judged.row(case, time.perf_counter() - start)
+        return judged_row(case, judged, checks, traits, time.perf_counter() - start)
     except Exception as exc:  # a payload that is not what a worker writes: the case is not measured
         return _error(case, f"the kernel's outputs could not be judged ({first_line(exc)})", start)
-    return verdict_row(case, worst, checks, notes, time.perf_counter() - start, forward_only)
 
 
 class PerfWorker:

@@ -17,10 +17,10 @@ from gate.compare.baselines import Baseline
 from gate.core.cases import Case, exact_regex
 from gate.core.config import load_config
 from gate.core.errors import UserError
-from gate.core.results import CaseResult, SweepResult
+from gate.core.results import CaseResult
 from gate.workflow.check import CaseVerdict, CheckOutcome, case_verdicts, checked_baseline, run_check
 from gate.workflow.plan import RunPlan, resolve_plan
-from gate.workflow.sweep import SweepOptions, sweep_plan
+from gate.workflow.sweep import SweepOptions, sweep_plan, sweep_result
 
 __all__ = ["GateRun", "UserError", "resolve"]
 
@@ -56,16 +56,13 @@ class GateRun:
         plan = self.plan
         ran = [c.id for c in plan.cases if c.id in rows]
         first = rows[ran[0]]
-        sweep = SweepResult(
-            kernel=plan.kernel,
-            suite=plan.suite.name,
-            suite_hash=plan.suite_hash,
+        sweep = sweep_result(
+            plan,
             environment=first["environment"],
-            cases=tuple(CaseResult.from_dict(rows[cid]["row"]) for cid in ran),
-            tolerance=plan.config.tolerance.as_dict(),
+            cases=[CaseResult.from_dict(rows[cid]["row"]) for cid in ran],
             started_at=time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(started)),
             wall_s=time.time() - started,
-            notes=tuple(first["notes"]),
+            notes=first["notes"],
             scope=None if len(ran) == len(plan.cases) else exact_regex(ran),
         )
         with tempfile.TemporaryDirectory(prefix="attn-gate-pytest-") as tmp:

@@ -104,7 +104,7 @@ class _Run:
     def sweep(self, kernel_name: str, adapter=None, only: str | None = None) -> SweepResult:
         """In this process (run_sweep without options): a planted bug is an adapter object
         wrapped around the kernel, which cannot be sent to a worker. The judging is the same code
-        as the isolated path's (run_case.kernel_pass -> measure_seed -> verdict_row), and
+        as the isolated path's (run_case.seed_loop of judge_seed, then judged_row), and
         tests/test_isolation_features.py shows a worker's row equal to this process's row for every
         feature a bug here plants (dBias, layouts, LSE, dropout, probes)."""
 

@@ -118,18 +118,33 @@ def sweep_plan(plan: RunPlan, progress: bool = True, check_names: tuple[str, ...
         for case in cases:
             results.append(run_case(adapter, case, device, config.tolerance, checks_for(case, check_names)))
             advance(case.id, results[-1].status.value, 0.0 if case.id in skips else expected_cost(case, check_names))
-    caps = adapter.capabilities()
-    return SweepResult(
-        kernel=kernel,
-        suite=plan.suite.name,
-        suite_hash=plan.suite_hash,
+    return sweep_result(
+        plan,
         environment=describe(device, kernel, adapter.version()),
-        cases=tuple(results),
-        tolerance=config.tolerance.as_dict(),
+        cases=results,
         started_at=started,
         wall_s=time.perf_counter() - t0,
-        notes=caps.notes + extra_notes,
+        notes=adapter.capabilities().notes + extra_notes,
         scope=plan.only,
+    )
+
+
+def sweep_result(
+    plan: RunPlan, *, environment: dict, cases, started_at: str, wall_s: float, notes, scope: str | None
+) -> SweepResult:
+    """The one build of a run's SweepResult (in this process, through workers, or joined from
+    pytest items): its kernel, suite and tolerance are the plan's."""
+    return SweepResult(
+        kernel=plan.kernel,
+        suite=plan.suite.name,
+        suite_hash=plan.suite_hash,
+        environment=environment,
+        cases=tuple(cases),
+        tolerance=plan.config.tolerance.as_dict(),
+        started_at=started_at,
+        wall_s=wall_s,
+        notes=tuple(notes),
+        scope=scope,
     )
 
 
@@ -230,14 +245,10 @@ def _run_isolated(
                 ex.shutdown(wait=False, cancel_futures=True)  # Ctrl-C or a broken journal: no case starts after it
                 raise
             ex.shutdown(wait=True)
-    results = tuple(done[c.id] if c.id in done else fresh[c.id] for c in cases)
-    return SweepResult(
-        kernel=kernel,
-        suite=suite.name,
-        suite_hash=plan.suite_hash,
+    return sweep_result(
+        plan,
         environment=environment,
-        cases=results,
-        tolerance=config.tolerance.as_dict(),
+        cases=[done[c.id] if c.id in done else fresh[c.id] for c in cases],
         started_at=started,
         wall_s=time.perf_counter() - t0,
         notes=info.notes + extra_notes,

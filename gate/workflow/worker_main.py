@@ -43,7 +43,7 @@ import types
 
 from gate.core.cases import Case
 from gate.core.config import KernelFamily
-from gate.core.errors import UserError, first_line
+from gate.core.errors import UserError
 from gate.correctness.probes.registry import checks_for
 from gate.speed.runs import measure_case
 from gate.speed.timing import TimingPlan
@@ -266,72 +266,42 @@ def _cuda_failed(text: str) -> bool:
     )
 
 
+def _on_cpu(t):
+    """A tensor, or a list of them (varlen dropout keeps one mask per sequence), copied to the CPU."""
+    if isinstance(t, (list, tuple)):
+        return [_on_cpu(x) for x in t]
+    return None if t is None else t.detach().to("cpu").clone()
+
+
 def run_one(adapter, request: dict, device: str) -> dict:
+    """The kernel's side of one case (run_case.run_seeds, the loop the gate's own process runs
+    in-process too) with a step that keeps each seed's raw outputs, on the CPU, for the gate to
+    judge; the reply says how the case ended when it ended early."""
     import torch
 
-    from gate.attention.inputs import make_inputs
-    from gate.correctness.run_case import BadOutput, grad_names, kernel_pass, traceback_tail
-    from gate.kernels.sdpa import NoKernel
+    from gate.correctness.run_case import Ended, grad_names, kernel_outputs, run_seeds
 
     case = Case.from_dict(request["case"])
     start = time.perf_counter()
     reason = adapter.unsupported_reason(case, device)  # a kernel family answers per entry point
     if reason:
         return {"status": "SKIP", "reason": reason}
-    seeds = []
-    try:
-        adapter.prepare(case)
-        for seed in case.seeds:
-            inputs = make_inputs(case, seed, device)
-            try:
-                kout, grads = kernel_pass(adapter, case, inputs)
-            except NoKernel as exc:
-                return {"status": "SKIP", "reason": str(exc)}
-            except BadOutput as exc:
-                return {"status": "FAIL", "reason": f"seed {seed}: {exc}"}
 
-            def cpu(t):  # a tensor, or a list of them (varlen dropout keeps one mask per sequence)
-                if isinstance(t, (list, tuple)):
-                    return [cpu(x) for x in t]
-                return None if t is None else t.detach().to("cpu").clone()
+    def step(inputs) -> dict:
+        # dq, dk, dv (w.r.t. the layout views the kernel got), dbias w.r.t. the bias leaf rebuilt
+        # here from the case (bias_grad cases) and dsink; none for a forward-only run
+        raw = kernel_outputs(adapter, case, inputs)
+        return raw.to_payload(grad_names(adapter, case, inputs), _on_cpu)
 
-            # the grads run_case measures: dq, dk, dv (w.r.t. the layout views the kernel got),
-            # dbias w.r.t. the bias leaf rebuilt here from the case (bias_grad cases) and dsink;
-            # none for a forward-only run; a decode call's cache after the call
-            entry = {
-                "seed": seed,
-                "out": cpu(kout.out),
-                "lse": cpu(kout.lse),
-                "dropout_keep": cpu(kout.dropout_keep),
-                "cache": None if kout.cache is None else [cpu(kout.cache[0]), cpu(kout.cache[1])],
-            }
-            if grads is not None:
-                entry.update({name: cpu(grad) for name, grad in zip(grad_names(adapter, case, inputs), grads)})
-            seeds.append(entry)
-            del kout, grads, inputs
-        checks = [
-            c.to_dict()
-            for check in checks_for(case, tuple(request.get("checks", ())))
-            for c in check(adapter, case, device)
-        ]
-        if device == "cuda":
-            torch.cuda.synchronize()  # an asynchronous fault belongs to this case, not to the next
-    except BadOutput as exc:
-        return {"status": "FAIL", "reason": str(exc)}
-    except KeyboardInterrupt:
-        raise
-    except (
-        BaseException
-    ) as exc:  # a raising kernel (sys.exit too) is an ERROR row; the worker is replaced after a CUDA fault
-        text = first_line(exc)
-        return {
-            "status": "ERROR",
-            "reason": text,
-            "traceback": traceback_tail(exc),
-            "restart": device == "cuda" and _cuda_failed(f"{type(exc).__name__} {exc}"),
-        }
+    ran = run_seeds(adapter, case, device, step, checks_for(case, tuple(request.get("checks", ()))))
+    if isinstance(ran, Ended):
+        reply = {"status": ran.status.value, "reason": ran.reason}
+        if ran.status.value == "ERROR":  # the worker is replaced after a CUDA fault
+            reply.update(traceback=ran.traceback, restart=device == "cuda" and _cuda_failed(ran.exception))
+        return reply
+    seeds, checks = ran
     torch.save({"seeds": seeds}, request["file"])
-    return {"status": "RAN", "checks": checks, "seconds": time.perf_counter() - start}
+    return {"status": "RAN", "checks": [c.to_dict() for c in checks], "seconds": time.perf_counter() - start}
 
 
 def triage(adapter, request: dict, device: str) -> dict:
