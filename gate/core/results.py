@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gate.core.cases import Case, migrate_case
+from gate.core.identity import RunKey, Scope
 from gate.core.jsonio import (
     as_float,
     checked_kernel,
@@ -32,7 +33,6 @@ from gate.core.jsonio import (
     read_record,
     write_json_atomic,
 )
-from gate.core.patterns import bounded_regex
 
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)  # migrate_results turns each older one into the current layout
@@ -317,6 +317,18 @@ class SweepResult:
         return sum(1 for c in self.cases if c.status is status)
 
     @property
+    def key(self) -> RunKey:
+        """What the run may be compared with (gate/compare/comparable.py compares two keys)."""
+        return RunKey.of(
+            self.kernel, self.suite, self.suite_hash, self.tolerance, str(self.environment.get("gpu_class", "unknown"))
+        )
+
+    @property
+    def run_scope(self) -> Scope:
+        """The cases the run was filtered to (`scope` as a value)."""
+        return Scope(self.scope)
+
+    @property
     def passed(self) -> bool:
         return not any(c.status.failed for c in self.cases) and any(c.status is Status.PASS for c in self.cases)
 
@@ -408,10 +420,10 @@ class SweepResult:
         if not isinstance(self.scope, str) or len(self.scope) > 100_000:
             raise ValueError(f"scope = {self.scope!r} must be a regular expression (a string) or null")
         try:
-            pattern = bounded_regex(self.scope)
+            self.run_scope.pattern
         except ValueError as exc:
             raise ValueError(f"scope = {self.scope[:200]!r} {exc}") from None
-        outside = [c.case_id for c in self.cases if not pattern.search(c.case_id)]
+        outside = [c.case_id for c in self.cases if not self.run_scope.admits(c.case_id)]
         if outside:
             raise ValueError(
                 f"scope = {self.scope!r} excludes the file's own case {outside[0]}"

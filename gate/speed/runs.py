@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gate.core.cases import Case, Suite, load_suite, only_pattern
+from gate.core.cases import Case, Suite, load_suite
 from gate.core.config import Config, PerfConfig
 from gate.core.errors import UserError, first_line
 from gate.core.files import safe_name
+from gate.core.identity import Scope
 from gate.core.jsonio import bad_field, checked_kernel, checked_name, measured_float, read_record, write_json_atomic
 from gate.core.results import Status, migrate_rows
 from gate.speed.entries import MAX_ROUNDS
@@ -465,8 +466,7 @@ def _release(device: str) -> None:
 
 def perf_cases_in(suite: Suite, only: str | None = None) -> tuple[Case, ...]:
     """The suite's perf cases within --only (a bad regex is a UserError, not a traceback)."""
-    pattern = only_pattern(only)
-    return tuple(c for c in suite.perf_cases if pattern is None or pattern.search(c.id))
+    return Scope.of_only(only).select(suite.perf_cases)
 
 
 def select_perf_cases(suite_name: str, config: Config, only: str | None = None) -> tuple[Case, ...]:
@@ -627,7 +627,7 @@ def unmatched_baseline_judgements(
     """INCONCLUSIVE for every baseline speed ratio within --only that the run has no case for:
     a perf case that disappeared (renamed, perf flag dropped) is not judged, so it cannot pass."""
 
-    pattern = only_pattern(only)
+    scope = Scope.of_only(only)
     return tuple(
         _inconclusive(
             case_id,
@@ -636,7 +636,7 @@ def unmatched_baseline_judgements(
             "refresh the baseline's speed section (`attn-gate baseline update --perf`) on purpose",
         )
         for case_id, entry in sorted((baseline_perf or {}).items())
-        if case_id not in run_case_ids and (pattern is None or pattern.search(case_id))
+        if case_id not in run_case_ids and scope.admits(case_id)
         for p in _timed_passes(entry, passes)
     )
 
