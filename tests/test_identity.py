@@ -193,3 +193,73 @@ def test_a_multiplier_recorded_before_it_existed_counts_at_its_default():
 def test_an_unknown_key_is_refused():
     with pytest.raises(ValueError, match="not a checked key: driver"):
         why_not_comparable(KEY, KEY, ("driver",))
+
+
+# ---------------------------------------------------------------- a perf run's scope is a field
+
+
+def _perf_payload(version: int, notes: list[str]) -> dict:
+    import gzip
+    import json
+
+    from gate.speed.runs import migrate_perf
+
+    payload = json.loads(
+        gzip.decompress((Path(__file__).parent / "data" / "h200-perf-sdpa-flash-pr.json.gz").read_bytes())
+    )
+    payload = migrate_perf(payload) if version > 1 else payload
+    payload = {k: v for k, v in payload.items() if k != "scope"}
+    return {**payload, "schema_version": version, "notes": notes}
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_older_perf_file_reads_its_only_note_as_the_scope(tmp_path, version):
+    import json
+
+    from gate.speed.runs import PerfResult
+
+    first = _perf_payload(1, [])["cases"][0]["case_id"]
+    kept = "CPU timings (perf_counter, no L2 flush): history only, not a gate"
+    path = tmp_path / "perf.json"
+    path.write_text(json.dumps(_perf_payload(version, [kept, f"filtered with --only {first!r}"])))
+    perf = PerfResult.read(path)
+    assert (perf.scope, perf.notes) == (first, (kept,))
+    assert not perf.run_scope.whole and perf.run_scope.admits(first)
+    perf.write(tmp_path / "again.json")
+    data = json.loads((tmp_path / "again.json").read_text())
+    assert (data["schema_version"], data["scope"], data["notes"]) == (3, first, [kept])
+    assert PerfResult.read(tmp_path / "again.json").scope == first
+    path.write_text(json.dumps(_perf_payload(version, [kept])))
+    assert PerfResult.read(path).scope is None  # no note: the whole suite
+
+
+def test_a_perf_file_with_a_bad_scope_is_refused(tmp_path):
+    import json
+
+    from gate.speed.runs import PerfResult
+
+    payload = {**_perf_payload(2, []), "schema_version": 3, "scope": "(a+)+$"}
+    path = tmp_path / "perf.json"
+    path.write_text(json.dumps(payload))
+    with pytest.raises(UserError, match="scope"):
+        PerfResult.read(path)
+
+
+@pytest.mark.parametrize("filtered", [True, False])
+def test_perf_from_a_filtered_file_keeps_the_other_speed_rows(tmp_path, filtered):
+    """A perf file of some cases (--only) updates those rows of the speed section and keeps the
+    others; a whole run's file is the whole section."""
+    import json
+
+    from gate.core.config import Config
+    from gate.workflow.speed_check import perf_section_from_file
+
+    payload = _perf_payload(2, [])
+    payload = {**payload, "schema_version": 3, "scope": payload["cases"][0]["case_id"] if filtered else None}
+    path = tmp_path / "perf.json"
+    path.write_text(json.dumps(payload))
+    old = {"elsewhere-case": {"fwd": {"ratio": 1.0}}}
+    section = perf_section_from_file(
+        path, payload["kernel"], payload["suite"], payload["environment"]["gpu_class"], Config(), old, True
+    )
+    assert section and ("elsewhere-case" in section) is filtered

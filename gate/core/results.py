@@ -448,24 +448,30 @@ class SweepResult:
 SCOPE_NOTE = re.compile(r"filtered with --only (.+)")
 
 
+def scope_of_notes(notes: Any) -> tuple[str | None, list[Any]]:
+    """The --only regex an older file kept as a note ("filtered with --only 'REGEX'"), and the
+    other notes: what its `scope` field holds now (results version 2, perf version 3)."""
+    if not isinstance(notes, list):
+        raise TypeError("notes must be a list of strings")
+    scope, kept = None, []
+    for note in notes:
+        m = SCOPE_NOTE.fullmatch(note) if isinstance(note, str) else None
+        if m is None:
+            kept.append(note)
+            continue
+        try:  # the regex was written with repr()
+            scope = ast.literal_eval(m.group(1))
+        except (ValueError, SyntaxError, RecursionError, MemoryError):
+            scope = m.group(1)
+        scope = str(scope)
+    return scope, kept
+
+
 def migrate_results(payload: dict[str, Any]) -> dict[str, Any]:
     """An older layout as the current one: 1 -> 2 moves the --only note into `scope`; 2 -> 3
     writes each row's case in the current case schema."""
     if payload.get("schema_version") == 1:
-        notes = payload.get("notes", [])
-        if not isinstance(notes, list):
-            raise TypeError("notes must be a list of strings")
-        scope, kept = None, []
-        for note in notes:
-            m = SCOPE_NOTE.fullmatch(note) if isinstance(note, str) else None
-            if m is None:
-                kept.append(note)
-                continue
-            try:  # version 1 wrote the regex with repr()
-                scope = ast.literal_eval(m.group(1))
-            except (ValueError, SyntaxError, RecursionError, MemoryError):
-                scope = m.group(1)
-            scope = str(scope)
+        scope, kept = scope_of_notes(payload.get("notes", []))
         payload = {**payload, "schema_version": 2, "notes": kept, "scope": scope}
     if payload.get("schema_version") == 2:
         payload = {**payload, "schema_version": 3, "cases": migrate_rows(payload.get("cases"))}
