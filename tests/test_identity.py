@@ -263,3 +263,35 @@ def test_perf_from_a_filtered_file_keeps_the_other_speed_rows(tmp_path, filtered
         path, payload["kernel"], payload["suite"], payload["environment"]["gpu_class"], Config(), old, True
     )
     assert section and ("elsewhere-case" in section) is filtered
+
+
+def test_the_journal_header_is_the_runs_key_and_scope(tmp_path):
+    """Line 1 of a journal carries the key and scope; a resume under another suite hash, other
+    multipliers or another --only is refused with the key and both values."""
+    from gate.workflow.journal import Journal, journal_header, read_journal
+
+    env = {"device": "cpu", "gpu_class": "cpu"}
+    header = journal_header(KEY, Scope("s128"), "cpu", env, ("determinism",), (1, 2), "2026-01-01T00:00:00+00:00")
+    assert header == {
+        "kernel": "sdpa",
+        "suite": "smoke",
+        "suite_hash": "abc",
+        "device": "cpu",
+        "environment": env,
+        "tolerance": {"mult_out": 2.0, "mult_dq": 3.0},
+        "only": "s128",
+        "checks": ["determinism"],
+        "shard": [1, 2],
+        "started_at": "2026-01-01T00:00:00+00:00",
+    }
+    path = tmp_path / "journal.jsonl"
+    Journal(path).start(header, resume=False)
+    assert read_journal(path, header) == ("2026-01-01T00:00:00+00:00", {})
+    for other, key in (
+        (replace(KEY, suite_hash="abd"), "suite_hash"),
+        (RunKey.of("sdpa", "smoke", "abc", {"mult_out": 2.0, "mult_dq": 3.5}, "cpu"), "tolerance"),
+        (KEY, "only"),
+    ):
+        now = journal_header(other, Scope("s64" if other == KEY else "s128"), "cpu", env, ("determinism",), (1, 2), "")
+        with pytest.raises(UserError, match=f"another run: {key} was"):
+            read_journal(path, now)
