@@ -295,3 +295,34 @@ def test_the_journal_header_is_the_runs_key_and_scope(tmp_path):
         now = journal_header(other, Scope("s64" if other == KEY else "s128"), "cpu", env, ("determinism",), (1, 2), "")
         with pytest.raises(UserError, match=f"another run: {key} was"):
             read_journal(path, now)
+
+
+# ---------------------------------------------------------------- the environment, typed
+
+
+def test_environment_reads_its_keys_typed_and_gives_the_record_back():
+    from gate.core.identity import Environment
+
+    record = {"device": "cuda", "gpu_class": "h100", "torch": "2.9.0", "git_commit": "abc+dirty", "host_id": "r7"}
+    env = Environment.from_dict(record)
+    assert (env.device, env.gpu_class, env.torch, env.git_commit, env.cuda) == (
+        "cuda",
+        "h100",
+        "2.9.0",
+        "abc+dirty",
+        None,
+    )
+    assert env.extra == (("host_id", "r7"),)  # a key of a newer writer is kept, not dropped
+    assert env.to_dict() == record
+    assert env.gpu_class_or_unknown == "h100"
+    assert Environment.from_dict({"device": "cpu"}).gpu_class_or_unknown == "unknown"
+    assert Environment.from_dict({"driver": 550}).driver == "550"  # read as the string every reader printed
+
+
+def test_a_results_files_environment_is_read_through_the_record():
+    from gate.core.results import SweepResult
+
+    sweep = SweepResult("sdpa", "smoke", "abc", {"device": "cpu", "gpu_class": "cpu"}, (), {}, "", 0.0)
+    assert sweep.env.gpu_class == "cpu" and sweep.key.gpu_class == "cpu"
+    bare = SweepResult("sdpa", "smoke", "abc", {}, (), {}, "", 0.0)
+    assert bare.key.gpu_class == "unknown" and bare.env.device is None

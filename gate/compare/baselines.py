@@ -258,13 +258,13 @@ class Baseline:
             kernel=sweep.kernel,
             suite=sweep.suite,
             suite_hash=sweep.suite_hash,
-            gpu_class=str(sweep.environment.get("gpu_class", "unknown")),
+            gpu_class=sweep.env.gpu_class_or_unknown,
             environment=env,
             tolerance=dict(sweep.tolerance),
             measured_at=sweep.started_at,
             correctness=cases,
             perf=perf,
-            commit=str(sweep.environment.get("git_commit", "")),
+            commit=sweep.env.git_commit or "",
         )
 
     @property

@@ -85,3 +85,46 @@ class Scope:
 def _compiled(text: str) -> re.Pattern[str]:
     """bounded_regex, kept per text: a scope is asked once per case id, and the check parses."""
     return bounded_regex(text)
+
+
+@dataclass(frozen=True)
+class Environment:
+    """The machine and software a run measured on (gate.core.environment.describe's keys), typed.
+    A key the record lacks is None, not invented; a value is read as a string (what every reader
+    printed it as); keys this version does not know (a newer writer's) are kept in `extra` as they
+    were, so to_dict gives back the record."""
+
+    device: str | None = None
+    gpu_name: str | None = None
+    gpu_class: str | None = None
+    compute_capability: str | None = None
+    driver: str | None = None
+    cuda: str | None = None
+    cudnn: str | None = None
+    torch: str | None = None
+    python: str | None = None
+    attn_gate: str | None = None
+    kernel: str | None = None
+    kernel_version: str | None = None
+    machine: str | None = None
+    cpu: str | None = None
+    cpu_model: str | None = None
+    cpu_capability: str | None = None
+    git_commit: str | None = None
+    anchor: str | None = None  # perf runs: the anchor kernel the ratios are against
+    extra: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Environment":
+        known = {f for f in cls.__dataclass_fields__ if f != "extra"}
+        fields = {k: str(v) for k, v in d.items() if k in known}
+        return cls(**fields, extra=tuple((k, v) for k, v in d.items() if k not in known))
+
+    def to_dict(self) -> dict[str, Any]:
+        known = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "extra"}
+        return {**{k: v for k, v in known.items() if v is not None}, **dict(self.extra)}
+
+    @property
+    def gpu_class_or_unknown(self) -> str:
+        """The GPU class a baseline folder is named by ("unknown" for a record without one)."""
+        return self.gpu_class if self.gpu_class is not None else "unknown"

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gate.core.cases import Case, migrate_case
-from gate.core.identity import RunKey, Scope
+from gate.core.identity import Environment, RunKey, Scope
 from gate.core.jsonio import (
     as_float,
     checked_kernel,
@@ -319,9 +319,12 @@ class SweepResult:
     @property
     def key(self) -> RunKey:
         """What the run may be compared with (gate/compare/comparable.py compares two keys)."""
-        return RunKey.of(
-            self.kernel, self.suite, self.suite_hash, self.tolerance, str(self.environment.get("gpu_class", "unknown"))
-        )
+        return RunKey.of(self.kernel, self.suite, self.suite_hash, self.tolerance, self.env.gpu_class_or_unknown)
+
+    @property
+    def env(self) -> Environment:
+        """The environment record, typed."""
+        return Environment.from_dict(self.environment)
 
     @property
     def run_scope(self) -> Scope:

@@ -66,7 +66,7 @@ from gate.core.config import Config, known_failures_in, own_kernel
 from gate.core.environment import default_device
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
 from gate.core.files import FolderLock, append_step_summary, refuse_inside_baselines, require_writable, safe_name
-from gate.core.identity import Scope
+from gate.core.identity import Environment, Scope
 from gate.core.jsonio import write_json_atomic, write_text_atomic
 from gate.core.results import SweepResult
 from gate.report.check_report import print_check
@@ -182,8 +182,8 @@ def resolve_target(
 ) -> Target:
     """The names only, for commands that read a baseline and run nothing (`baseline show`)."""
     if results is not None:
-        env = results.environment
-        return Target(results.kernel, results.suite, str(env.get("device", "?")), str(env.get("gpu_class", "unknown")))
+        env = results.env
+        return Target(results.kernel, results.suite, _device_of(env), env.gpu_class_or_unknown)
 
     device = device or default_device()
     profile = config.profile(device)
@@ -192,15 +192,19 @@ def resolve_target(
 
 def plan_of_results(config: Config, results: SweepResult, baseline_file: Path | None = None) -> RunPlan:
     """The plan a results file stands for: its own kernel, suite, device and GPU class."""
-    env = results.environment
+    env = results.env
     return plan_run(
         config,
         results.kernel,
         results.suite,
-        str(env.get("device", "?")),
+        _device_of(env),
         baseline_file=baseline_file,
-        gpu_class=str(env.get("gpu_class", "unknown")),
+        gpu_class=env.gpu_class_or_unknown,
     )
+
+
+def _device_of(env: Environment) -> str:
+    return env.device if env.device is not None else "?"
 
 
 def fresh_sweep(plan: RunPlan, progress: bool) -> SweepResult:
@@ -478,7 +482,7 @@ def require_complete_run(plan: RunPlan, sweep: SweepResult, source: object, path
     """A baseline update replaces every case of its scope (the whole suite without --only): a run
     that lacks some of them (a truncated or edited results file) would silently delete them from
     the baseline, and a PASS row without its tensors would record a pass with nothing to compare."""
-    redo = update_command(sweep.kernel, sweep.suite, str(sweep.environment.get("gpu_class", "unknown")))
+    redo = update_command(sweep.kernel, sweep.suite, sweep.env.gpu_class_or_unknown)
     suite = plan.suite
     if not same(sweep.key, plan.key, "suite_hash"):
         raise UserError(
@@ -534,7 +538,7 @@ def refuse_failing_run(
     return first_refusal(sweep, undeclared, config, reason, link).text(
         path,
         sweep.kernel,
-        update_command(sweep.kernel, sweep.suite, str(sweep.environment.get("gpu_class", "unknown"))),
+        update_command(sweep.kernel, sweep.suite, sweep.env.gpu_class_or_unknown),
         config.source,
         note,
         own_kernel(sweep.kernel, set(config.kernels)),
