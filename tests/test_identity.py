@@ -326,3 +326,40 @@ def test_a_results_files_environment_is_read_through_the_record():
     assert sweep.env.gpu_class == "cpu" and sweep.key.gpu_class == "cpu"
     bare = SweepResult("sdpa", "smoke", "abc", {}, (), {}, "", 0.0)
     assert bare.key.gpu_class == "unknown" and bare.env.device is None
+
+
+# ---------------------------------------------------------------- shards of one run only
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"kernel": "flex"}, "kernel"),
+        ({"suite_hash": "0" * 16}, "suite_hash"),
+        ({"tolerance": {"mult_out": 9.0}}, "tolerance"),
+        ({"scope": "s128"}, "scope"),
+    ],
+)
+def test_merge_refuses_a_shard_of_another_run_naming_the_key(tmp_path, change, key):
+    import gzip
+    import json
+
+    from gate.core.config import Config
+    from gate.core.results import SweepResult, migrate_results
+    from gate.workflow.merge import merge_shards
+
+    data = json.loads(
+        gzip.decompress((Path(__file__).parent / "data" / "cpu-sweep-sdpa-cpu-smoke.json.gz").read_bytes())
+    )
+    data = SweepResult.from_dict(migrate_results(data)).to_dict()
+    folders = []
+    for k, edit in ((1, {}), (2, change)):
+        shard = {**data, "notes": [f"shard {k}/2"], **edit}
+        if edit.get("scope"):
+            shard["cases"] = [c for c in shard["cases"] if "s128" in c["case_id"]]
+        folder = tmp_path / f"s{k}"
+        folder.mkdir()
+        (folder / "sweep-k-s.json").write_text(json.dumps(shard))
+        folders.append(folder)
+    with pytest.raises(UserError, match=f"merge: .*s2/sweep-k-s.json has {key} .*; merge shards of one run only"):
+        merge_shards(folders, Config())
