@@ -311,7 +311,7 @@ def test_committed_cpu_baseline_matches_the_suite_and_config():
     config = load_config(ROOT / "pyproject.toml")
     assert (b.kernel, b.suite, b.gpu_class) == ("sdpa-cpu", "smoke", "cpu")
     assert b.suite_hash == suite_hash(load_suite("smoke", config.suites))
-    from gate.core.config import tolerance_changes
+    from gate.compare.comparable import tolerance_changes
 
     assert tolerance_changes(b.tolerance, config.tolerance.as_dict()) == []  # what check compares
     assert b.failing_cases == []
@@ -327,8 +327,8 @@ def test_committed_h200_baselines_match_their_suites_and_config(path):
     runner): this catches it in CI, where an edit of suites.toml or the tolerance lands. Every swept
     case has its row (and, from schema 3 on, the hash of the case it measured); timing-only cases
     have none. Failing rows are the known_failures declarations' (tests/test_known_failures.py)."""
+    from gate.compare.comparable import tolerance_changes
     from gate.core.cases import case_hash, load_suite, suite_hash
-    from gate.core.config import tolerance_changes
 
     b = read_baseline(path)
     config = load_config(ROOT / "pyproject.toml")

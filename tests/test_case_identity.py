@@ -120,16 +120,16 @@ def test_a_part_is_checked_as_part_of_its_case():
 # ---- the perf results that embed cases, one test per version
 
 
-def test_perf_version_1_reads_and_rewrites_as_version_2(tmp_path):
+def test_perf_version_1_reads_and_rewrites_as_the_current_version(tmp_path):
     payload = json.loads(gzip.decompress((DATA / "h200-perf-sdpa-flash-pr.json.gz").read_bytes()))
     assert payload["schema_version"] == 1
     path = tmp_path / "v1.json"
     path.write_text(json.dumps(payload))
     perf = PerfResult.read(path)
     assert [c.case.hash_dict() for c in perf.cases] == [row["case"] for row in payload["cases"]]
-    assert migrate_perf(payload)["schema_version"] == 2
-    again = tmp_path / "v2.json"
+    assert migrate_perf(payload)["schema_version"] == PERF_SCHEMA_VERSION == 3
+    again = tmp_path / "v3.json"
     perf.write(again)
     data = json.loads(again.read_text())
-    assert data["schema_version"] == PERF_SCHEMA_VERSION == 2 and data["cases"][0]["case"]["schema_version"] == 2
+    assert data["schema_version"] == PERF_SCHEMA_VERSION and data["cases"][0]["case"]["schema_version"] == 2
     assert PerfResult.read(again).cases == perf.cases

@@ -139,7 +139,8 @@ def test_a_missing_config_file_is_an_error_but_a_missing_default_is_not(tmp_path
 def test_tolerance_changes_counts_a_missing_multiplier_at_its_default():
     """A baseline written before a tensor's multiplier existed compares equal at that default, and
     unequal as soon as the configured value differs from it."""
-    from gate.core.config import ToleranceConfig, tolerance_changes
+    from gate.compare.comparable import tolerance_changes
+    from gate.core.config import ToleranceConfig
 
     now = ToleranceConfig().as_dict()
     old = {k: v for k, v in now.items() if k != "mult_dsink"}

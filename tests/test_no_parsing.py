@@ -25,11 +25,11 @@ PATTERNS = {
     "advice searched for in a message": re.compile(r"""(refresh the baseline["']|\bREFRESH)\s+(not\s+)?in\b"""),
     "advice trimmed off a message": re.compile(r"""remove(suffix|prefix)\([^)]*(refresh|purpose|baseline)"""),
     "a message cut at its advice": re.compile(r"""\.partition\(\s*(REFRESH|["']refresh)"""),
-}
-# patterns whose last uses live in modules being reworked beside this one (the run's scope as a
-# field, baseline rows that carry their case's traits); each must reach 0 and then lose its xfail
-PENDING = {
     "--only read back from a note": re.compile(r"""["']--only["']\s+in\b"""),
+}
+# patterns whose last uses remain (baseline rows do not carry their case's traits yet); each must
+# reach 0 and then lose its xfail
+PENDING = {
     "case traits read off a case id": re.compile(r"\bcase_id\.split\(|_is_decode_id|_has_bias_grad_id"),
 }
 

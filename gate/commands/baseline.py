@@ -17,9 +17,9 @@ from pathlib import Path
 from gate.commands.common import add_config, add_kernel_suite
 from gate.commands.help_text import parser_kwargs
 from gate.compare.baselines import baseline_path, read_baseline
-from gate.core.cases import only_pattern
 from gate.core.config import load_config
 from gate.core.errors import UserError
+from gate.core.identity import Scope
 from gate.core.results import EXTRA_TENSORS, TENSORS
 from gate.workflow.validate import check_device, require_initialised, validate_target
 
@@ -171,7 +171,7 @@ def show(args: argparse.Namespace) -> int:
 
     from gate.workflow.check import resolve_target
 
-    pattern = only_pattern(args.only)  # an invalid regex is a one-line usage error, before anything is read
+    scope = Scope.of_only(args.only)  # an invalid regex is a one-line usage error, before anything is read
     config = load_config(args.config)
     if args.file is not None:
         path = args.file
@@ -194,7 +194,7 @@ def show(args: argparse.Namespace) -> int:
     for name in names:
         table.add_column(name, justify="right")
     for cid, c in sorted(b.correctness.items()):
-        if pattern is not None and not pattern.search(cid):
+        if not scope.admits(cid):
             continue
         table.add_row(cid, c.status.value, *(f"{c.tensors[n].ratio:.3f}" if n in c.tensors else "-" for n in names))
     console.print(table)

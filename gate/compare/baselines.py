@@ -47,11 +47,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from gate.compare.comparable import same
 from gate.compare.headroom import is_headroom_regression, is_large_improvement
 from gate.core.cases import case_hash, exact_regex
-from gate.core.config import tolerance_changes
 from gate.core.errors import UserError
 from gate.core.files import safe_name
+from gate.core.identity import RunKey, Scope
 from gate.core.jsonio import (
     bad_field,
     checked_kernel,
@@ -261,14 +262,18 @@ class Baseline:
             kernel=sweep.kernel,
             suite=sweep.suite,
             suite_hash=sweep.suite_hash,
-            gpu_class=str(sweep.environment.get("gpu_class", "unknown")),
+            gpu_class=sweep.env.gpu_class_or_unknown,
             environment=env,
             tolerance=dict(sweep.tolerance),
             measured_at=sweep.started_at,
             correctness=cases,
             perf=perf,
-            commit=str(sweep.environment.get("git_commit", "")),
+            commit=sweep.env.git_commit or "",
         )
+
+    @property
+    def key(self) -> RunKey:
+        return RunKey.of(self.kernel, self.suite, self.suite_hash, self.tolerance, self.gpu_class)
 
     @property
     def failing_cases(self) -> list[str]:
@@ -529,12 +534,12 @@ def merge_baseline(
         return new, 0
     kept = {}
     if scope is not None:
-        if tolerance_changes(old.tolerance, new.tolerance):
+        if not same(new.key, old.key, "tolerance"):
             raise UserError(
                 f"the tolerance changed since the baseline was made, so a run filtered with --only {scope!r} "
                 f"cannot update it piecemeal; update it from a run of the whole suite (drop --only)"
             )
-        if old.suite_hash != new.suite_hash:
+        if not same(new.key, old.key, "suite_hash"):
             if suite_cases is None:
                 raise UserError(
                     f"the suite changed since the baseline was made, so a run filtered with --only {scope!r} "
@@ -544,7 +549,7 @@ def merge_baseline(
             old_rows = {cid: c for cid, c in old.correctness.items() if cid in suite_cases}
         else:
             old_rows = old.correctness
-        kept = {cid: c for cid, c in old_rows.items() if not re.search(scope, cid) and cid not in new.correctness}
+        kept = {cid: c for cid, c in old_rows.items() if not Scope(scope).admits(cid) and cid not in new.correctness}
     merged = Baseline(
         kernel=new.kernel,
         suite=new.suite,
@@ -573,9 +578,7 @@ def spans_machines(baseline: Baseline) -> bool:
     return any(len(env_values(baseline.environment.get(key, ""))) > 1 for key in WIDEN_KEYS)
 
 
-def refuse_widen(
-    old: Baseline | None, suite_hash: str, tolerance: dict[str, Any], environment: dict[str, Any] | None, path: Any
-) -> None:
+def refuse_widen(old: Baseline | None, run: RunKey, environment: dict[str, Any] | None, path: Any) -> None:
     """What --widen needs, checked before a sweep where it can be: a committed baseline of the same
     suite and tolerance, measured with the same software (`environment`: the run's, once known);
     only the machine (WIDEN_KEYS) may differ."""
@@ -584,7 +587,7 @@ def refuse_widen(
             f"--widen merges this run into the committed baseline, and there is none at {path}: "
             f"record it first without --widen"
         )
-    if old.suite_hash != suite_hash or tolerance_changes(old.tolerance, tolerance):
+    if not same(run, old.key, "suite_hash", "tolerance"):
         raise UserError(
             f"--widen: {path} was made for another suite or tolerance than this run; a widened baseline "
             f"must hold like with like: update it without --widen first"
@@ -608,7 +611,7 @@ def widen_baseline(new: Baseline, old: Baseline | None, path: Any) -> Baseline:
     the two, so the headroom rule judges each machine against the worst the class showed. A case
     whose status differs between the machines is refused (a row of one of them would be lost);
     a case of one side only keeps its row. WIDEN_KEYS list every machine seen."""
-    refuse_widen(old, new.suite_hash, new.tolerance, new.environment, path)
+    refuse_widen(old, new.key, new.environment, path)
     for key in WIDEN_KEYS:  # a span that records no machine would widen the ratios and say nothing of why
         for who, env in (("this run", new.environment), (str(path), old.environment)):
             if not str(env.get(key, "")).strip() or str(env.get(key)) == "unknown":
@@ -682,7 +685,7 @@ def diff_baselines(
         for k in FINGERPRINT_KEYS
         if old.environment.get(k) != new.environment.get(k)
     )
-    hash_change = (old.suite_hash, new.suite_hash) if old.suite_hash != new.suite_hash else None
+    hash_change = None if same(new.key, old.key, "suite_hash") else (old.suite_hash, new.suite_hash)
     return BaselineDiff(
         str(path),
         False,

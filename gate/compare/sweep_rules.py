@@ -43,17 +43,17 @@ add them to `compare(...)`'s list, and reduce everything with `gate.compare.find
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from gate.compare.baselines import DRIFT_KEYS, INFO_KEYS, Baseline, env_values, remeasure_hint, update_command  # noqa: F401 - re-exported
+from gate.compare.comparable import same, why_not_comparable
 from gate.compare.findings import STATUS, Finding, Rule, Severity, Subject, Value, advised, fmt
 from gate.compare.headroom import is_headroom_regression, is_large_improvement
-from gate.core.config import tolerance_changes
 from gate.core.errors import UserError
+from gate.core.identity import RunKey, Scope
 from gate.core.results import REQUIRED_TENSORS, required_tensors  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
@@ -374,8 +374,9 @@ def rule_nothing_measured(n_measured: int, n_cases: int) -> Finding | None:
 # ---------------------------------------------------------------- refusals
 
 
-def refuse_other_gpu_class(baseline: Baseline, cur_class: str, kernel: str, suite: str, path: Any) -> None:
-    if baseline.gpu_class != cur_class:
+def refuse_other_gpu_class(baseline: Baseline, run: RunKey, path: Any) -> None:
+    if not same(run, baseline.key, "gpu_class"):
+        cur_class, kernel, suite = run.gpu_class, run.kernel, run.suite
         raise UserError(
             f"{path}: baseline is for GPU class {baseline.gpu_class!r} but this run is on {cur_class!r}; attn-gate never "
             f"compares across GPU classes: run on a {baseline.gpu_class} machine, or create a {cur_class} baseline with "
@@ -396,18 +397,13 @@ def refuse_duplicate_cases(sweep: "SweepResult", path: Any) -> None:
 
 def check_comparable(baseline: Baseline, sweep: "SweepResult", path: Any) -> None:
     """Raise a UserError naming the file and the fix when the two must not be compared."""
-    cur_class = str(sweep.environment.get("gpu_class", "unknown"))
-    refuse_other_gpu_class(baseline, cur_class, sweep.kernel, sweep.suite, path)
-    refuse_stale_baseline(baseline, sweep.kernel, sweep.suite, sweep.suite_hash, sweep.tolerance, cur_class, path)
+    refuse_other_gpu_class(baseline, sweep.key, path)
+    refuse_stale_baseline(baseline, sweep.key, path)
 
 
 def refuse_stale_baseline(
     baseline: Baseline,
-    kernel: str,
-    suite: str,
-    suite_hash: str,
-    tolerance: dict[str, Any],
-    gpu_class: str,
+    run: RunKey,
     path: Any,
     suite_cases: dict[str, str] | None = None,
     timed: set[str] | None = None,
@@ -416,13 +412,17 @@ def refuse_stale_baseline(
     compared with a run. `check` asks this before it sweeps (with the suite and tolerance it is about to
     run), not only after: a refusal then costs a second, not a whole sweep whose results it would not
     keep (a pr check on an H200 ran 149 s and then refused a baseline of the previous suite)."""
-    redo = update_command(kernel, suite, gpu_class)
-    if baseline.suite != suite:
+    suite = run.suite
+    redo = update_command(run.kernel, suite, run.gpu_class)
+    differs = why_not_comparable(run, baseline.key, ("suite", "suite_hash", "tolerance"))
+    if differs is None:
+        return
+    if differs.key == "suite":
         raise UserError(
             f"{path}: baseline is for suite {baseline.suite!r}, this run is suite {suite!r}; "
             f"pass --suite {baseline.suite} or create a baseline with `{redo}`"
         )
-    if baseline.suite_hash != suite_hash:
+    if differs.key == "suite_hash":
         way = (
             remeasure_hint(baseline, suite_cases, timed or set(), redo, path)
             if suite_cases is not None
@@ -430,14 +430,12 @@ def refuse_stale_baseline(
         )
         raise UserError(
             f"{path}: suite {suite!r} changed since the baseline was made (hash {baseline.suite_hash} -> "
-            f"{suite_hash}); bring it up to date with {way} and review the diff in the PR"
+            f"{run.suite_hash}); bring it up to date with {way} and review the diff in the PR"
         )
-    changed = tolerance_changes(baseline.tolerance, tolerance)
-    if changed:
-        raise UserError(
-            f"{path}: tolerance multipliers changed since the baseline was made ({', '.join(changed)}), so ratios are "
-            f"not comparable; refresh it with `{redo}` and review the diff in the PR"
-        )
+    raise UserError(
+        f"{path}: tolerance multipliers changed since the baseline was made ({', '.join(differs.changed)}), so ratios "
+        f"are not comparable; refresh it with `{redo}` and review the diff in the PR"
+    )
 
 
 # ---------------------------------------------------------------- the join
@@ -455,7 +453,7 @@ def _frames(baseline: Baseline, sweep: "SweepResult", scope: str | None) -> tupl
     )
     out_of_scope = 0
     if scope is not None:
-        in_scope = base["case_id"].map(lambda cid: re.search(scope, cid) is not None).astype(bool)
+        in_scope = base["case_id"].map(Scope(scope).admits).astype(bool)
         out_of_scope = int((~in_scope).sum())
         base = base[in_scope]
     cases = cur.merge(base, on="case_id", how="outer", suffixes=("_cur", "_base"), indicator="side")
@@ -486,7 +484,7 @@ def compare_correctness(
     """Every rule over the joined cases and tensors. `scope` is the --only regex the run was
     filtered with: baseline cases outside it were not run and are not 'removed'."""
     cases, tensors, out_of_scope = _frames(baseline, sweep, scope)
-    same_suite = baseline.suite_hash == sweep.suite_hash
+    same_suite = same(sweep.key, baseline.key, "suite_hash")
     accept = update_command(sweep.kernel, sweep.suite, baseline.gpu_class)
     findings: list[Finding] = []
     cur_status_of: dict[str, str] = {}

@@ -13,7 +13,6 @@ import hashlib
 import itertools
 import json
 import math
-import re
 import tomllib
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -1180,15 +1179,3 @@ def exact_regex(case_ids) -> str:
     special = set(".^$*+?{}[]\\|()")
     escaped = ("".join("\\" + ch if ch in special else ch for ch in c) for c in sorted(set(case_ids)))
     return "^(?:" + "|".join(escaped) + ")$"
-
-
-def only_pattern(only: str | None) -> re.Pattern[str] | None:
-    """--only as a compiled regex; an invalid one is a one-line usage error (sweep, check, baseline)."""
-    if only is None:
-        return None
-    from gate.core.patterns import bounded_regex
-
-    try:
-        return bounded_regex(only)
-    except ValueError as exc:
-        raise UserError(f"--only {str(only)[:200]!r} {exc}") from None

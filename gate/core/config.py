@@ -136,15 +136,6 @@ class ToleranceConfig:
         return dataclasses.asdict(self)
 
 
-def tolerance_changes(a: dict[str, float], b: dict[str, float]) -> list[str]:
-    """The multipliers that differ between two recorded tolerance dicts. A key one of them lacks
-    was added later (mult_dsink) and counts at its default, so files written before a new
-    tensor's multiplier existed stay comparable without special-casing each new key."""
-    defaults = ToleranceConfig().as_dict()
-    a, b = {**defaults, **a}, {**defaults, **b}
-    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-
-
 @dataclass(frozen=True)
 class VerdictConfig:
     """Correctness thresholds of `attn-gate check` (see gate/compare/sweep_rules.py)."""

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gate.core.cases import Case, migrate_case
+from gate.core.identity import Environment, RunKey, Scope
 from gate.core.jsonio import (
     as_float,
     checked_kernel,
@@ -32,7 +33,6 @@ from gate.core.jsonio import (
     read_record,
     write_json_atomic,
 )
-from gate.core.patterns import bounded_regex
 
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)  # migrate_results turns each older one into the current layout
@@ -317,6 +317,21 @@ class SweepResult:
         return sum(1 for c in self.cases if c.status is status)
 
     @property
+    def key(self) -> RunKey:
+        """What the run may be compared with (gate/compare/comparable.py compares two keys)."""
+        return RunKey.of(self.kernel, self.suite, self.suite_hash, self.tolerance, self.env.gpu_class_or_unknown)
+
+    @property
+    def env(self) -> Environment:
+        """The environment record, typed."""
+        return Environment.from_dict(self.environment)
+
+    @property
+    def run_scope(self) -> Scope:
+        """The cases the run was filtered to (`scope` as a value)."""
+        return Scope(self.scope)
+
+    @property
     def passed(self) -> bool:
         return not any(c.status.failed for c in self.cases) and any(c.status is Status.PASS for c in self.cases)
 
@@ -408,10 +423,10 @@ class SweepResult:
         if not isinstance(self.scope, str) or len(self.scope) > 100_000:
             raise ValueError(f"scope = {self.scope!r} must be a regular expression (a string) or null")
         try:
-            pattern = bounded_regex(self.scope)
+            self.run_scope.pattern
         except ValueError as exc:
             raise ValueError(f"scope = {self.scope[:200]!r} {exc}") from None
-        outside = [c.case_id for c in self.cases if not pattern.search(c.case_id)]
+        outside = [c.case_id for c in self.cases if not self.run_scope.admits(c.case_id)]
         if outside:
             raise ValueError(
                 f"scope = {self.scope!r} excludes the file's own case {outside[0]}"
@@ -436,24 +451,30 @@ class SweepResult:
 SCOPE_NOTE = re.compile(r"filtered with --only (.+)")
 
 
+def scope_of_notes(notes: Any) -> tuple[str | None, list[Any]]:
+    """The --only regex an older file kept as a note ("filtered with --only 'REGEX'"), and the
+    other notes: what its `scope` field holds now (results version 2, perf version 3)."""
+    if not isinstance(notes, list):
+        raise TypeError("notes must be a list of strings")
+    scope, kept = None, []
+    for note in notes:
+        m = SCOPE_NOTE.fullmatch(note) if isinstance(note, str) else None
+        if m is None:
+            kept.append(note)
+            continue
+        try:  # the regex was written with repr()
+            scope = ast.literal_eval(m.group(1))
+        except (ValueError, SyntaxError, RecursionError, MemoryError):
+            scope = m.group(1)
+        scope = str(scope)
+    return scope, kept
+
+
 def migrate_results(payload: dict[str, Any]) -> dict[str, Any]:
     """An older layout as the current one: 1 -> 2 moves the --only note into `scope`; 2 -> 3
     writes each row's case in the current case schema."""
     if payload.get("schema_version") == 1:
-        notes = payload.get("notes", [])
-        if not isinstance(notes, list):
-            raise TypeError("notes must be a list of strings")
-        scope, kept = None, []
-        for note in notes:
-            m = SCOPE_NOTE.fullmatch(note) if isinstance(note, str) else None
-            if m is None:
-                kept.append(note)
-                continue
-            try:  # version 1 wrote the regex with repr()
-                scope = ast.literal_eval(m.group(1))
-            except (ValueError, SyntaxError, RecursionError, MemoryError):
-                scope = m.group(1)
-            scope = str(scope)
+        scope, kept = scope_of_notes(payload.get("notes", []))
         payload = {**payload, "schema_version": 2, "notes": kept, "scope": scope}
     if payload.get("schema_version") == 2:
         payload = {**payload, "schema_version": 3, "cases": migrate_rows(payload.get("cases"))}

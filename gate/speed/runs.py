@@ -15,6 +15,9 @@ Format history:
      the Status enum, "OK" being Status.PASS.
   2  each row's `case` in the case dict's schema 2 (nested parts, gate/core/cases.py);
      `migrate_perf` turns version 1's flat case dicts into it.
+  3  `scope`: the --only regex the run was filtered with (null for the whole suite), a field of
+     its own; earlier versions kept it as a note ("filtered with --only 'REGEX'"), which
+     `migrate_perf` turns into the field.
 """
 
 from __future__ import annotations
@@ -29,18 +32,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gate.core.cases import Case, Suite, load_suite, only_pattern
+from gate.core.cases import Case, Suite, load_suite
 from gate.core.config import Config, PerfConfig
 from gate.core.errors import UserError, first_line
 from gate.core.files import safe_name
+from gate.core.identity import Scope
 from gate.core.jsonio import bad_field, checked_kernel, checked_name, measured_float, read_record, write_json_atomic
-from gate.core.results import Status, migrate_rows
+from gate.core.results import Status, migrate_rows, scope_of_notes
 from gate.speed.entries import MAX_ROUNDS, entry_host
 from gate.speed.rule import PerfJudgement, PerfRules, PerfSeverity, RatioEstimate, judge
 from gate.speed.timing import PASSES, KernelWorkload, MatmulWorkload, PassTiming, TimingPlan, TimingRun, time_pair
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # migrate_perf turns each older one into the current layout
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)  # migrate_perf turns each older one into the current layout
 MATMUL = "matmul"
 # A perf row's status as perf files spell it: a timed case is "OK" (timing judges nothing, so not "PASS").
 PERF_LABELS = {Status.PASS: "OK", Status.SKIP: "SKIP", Status.ERROR: "ERROR"}
@@ -193,6 +197,11 @@ class PerfResult:
     wall_s: float
     schema_version: int = SCHEMA_VERSION
     notes: tuple[str, ...] = field(default_factory=tuple)
+    scope: str | None = None  # the --only regex the run was filtered with; None: the whole suite
+
+    @property
+    def run_scope(self) -> Scope:
+        return Scope(self.scope)
 
     def case(self, case_id: str) -> PerfCaseResult | None:
         return next((c for c in self.cases if c.case_id == case_id), None)
@@ -221,6 +230,7 @@ class PerfResult:
             "started_at": self.started_at,
             "wall_s": round(self.wall_s, 2),
             "notes": list(self.notes),
+            "scope": self.scope,
             "cases": [c.to_dict() for c in self.cases],
         }
 
@@ -246,6 +256,13 @@ class PerfResult:
             raise TypeError("notes must be a list of strings")
         if not d["cases"]:
             raise ValueError("cases = []: the file holds no perf case, so nothing was timed")
+        scope = d.get("scope")
+        if scope is not None and not isinstance(scope, str):
+            raise TypeError(f"scope = {str(scope)[:200]!r} must be a regular expression (a string) or null")
+        try:
+            Scope(scope).pattern
+        except ValueError as exc:
+            raise ValueError(f"scope = {str(scope)[:200]!r} {exc}") from None
         plan = checked_plan(d["plan"], "plan")
         cases = []
         for i, row in enumerate(d["cases"]):
@@ -276,6 +293,7 @@ class PerfResult:
             started_at=d["started_at"],
             wall_s=measured_float(d["wall_s"], "wall_s", 1e7),
             notes=tuple(notes),
+            scope=scope,
         )
 
     def write(self, path: Path) -> None:
@@ -378,9 +396,13 @@ def check_timing(run: TimingRun, case_id: str) -> None:
 
 
 def migrate_perf(payload: dict[str, Any]) -> dict[str, Any]:
-    """An older layout as the current one: 1 -> 2 writes each row's case in the current case schema."""
+    """An older layout as the current one: 1 -> 2 writes each row's case in the current case schema;
+    2 -> 3 moves the --only note into `scope`."""
     if payload.get("schema_version") == 1:
         payload = {**payload, "schema_version": 2, "cases": migrate_rows(payload.get("cases"))}
+    if payload.get("schema_version") == 2:
+        scope, kept = scope_of_notes(payload.get("notes", []))
+        payload = {**payload, "schema_version": 3, "notes": kept, "scope": scope}
     return payload
 
 
@@ -472,8 +494,7 @@ def _release(device: str) -> None:
 
 def perf_cases_in(suite: Suite, only: str | None = None) -> tuple[Case, ...]:
     """The suite's perf cases within --only (a bad regex is a UserError, not a traceback)."""
-    pattern = only_pattern(only)
-    return tuple(c for c in suite.perf_cases if pattern is None or pattern.search(c.id))
+    return Scope.of_only(only).select(suite.perf_cases)
 
 
 def select_perf_cases(suite_name: str, config: Config, only: str | None = None) -> tuple[Case, ...]:
@@ -549,7 +570,6 @@ def run_perf(
     env["anchor"] = anchor_name
     env["host"] = host_id(device)  # only here: the speed rule's limit depends on it (gate/speed/rule.py)
     notes = ("CPU timings (perf_counter, no L2 flush): history only, not a gate",) if device != "cuda" else ()
-    notes += (f"filtered with --only {only!r}",) if only else ()
     return PerfResult(
         kernel=kernel,
         anchor=anchor_name,
@@ -561,6 +581,7 @@ def run_perf(
         started_at=started,
         wall_s=time.perf_counter() - t0,
         notes=notes,
+        scope=only or None,
     )
 
 
@@ -636,7 +657,7 @@ def unmatched_baseline_judgements(
     """INCONCLUSIVE for every baseline speed ratio within --only that the run has no case for:
     a perf case that disappeared (renamed, perf flag dropped) is not judged, so it cannot pass."""
 
-    pattern = only_pattern(only)
+    scope = Scope.of_only(only)
     return tuple(
         _inconclusive(
             case_id,
@@ -645,7 +666,7 @@ def unmatched_baseline_judgements(
             "refresh the baseline's speed section (`attn-gate baseline update --perf`) on purpose",
         )
         for case_id, entry in sorted((baseline_perf or {}).items())
-        if case_id not in run_case_ids and (pattern is None or pattern.search(case_id))
+        if case_id not in run_case_ids and scope.admits(case_id)
         for p in _timed_passes(entry, passes)
     )
 

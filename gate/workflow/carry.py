@@ -25,9 +25,11 @@ from gate.compare.baselines import (
     update_command,
     validate_written,
 )
+from gate.compare.comparable import same, why_not_comparable
 from gate.core.cases import load_suite, suite_hash
-from gate.core.config import Config, tolerance_changes
+from gate.core.config import Config
 from gate.core.errors import UserError
+from gate.core.identity import RunKey
 
 
 def carry_baseline(path: Path, config: Config) -> BaselineDiff | None:
@@ -35,14 +37,15 @@ def carry_baseline(path: Path, config: Config) -> BaselineDiff | None:
     matches already. Every refusal is a UserError naming the file and the run that would fix it."""
     old = read_baseline(path)
     suite = load_suite(old.suite, config.suites, config.source)
-    now = suite_hash(suite)
+    # the baseline's key as this config would make it now
+    now = RunKey.of(old.kernel, old.suite, suite_hash(suite), config.tolerance.as_dict(), old.gpu_class)
     redo = update_command(old.kernel, old.suite, old.gpu_class)
-    if now == old.suite_hash:
+    if same(now, old.key, "suite_hash"):
         return None
-    changed = tolerance_changes(old.tolerance, config.tolerance.as_dict())
-    if changed:
+    differs = why_not_comparable(now, old.key, ("tolerance",))
+    if differs is not None:
         raise UserError(
-            f"{path}: measured with other tolerance multipliers ({', '.join(changed)}), so its rows cannot "
+            f"{path}: measured with other tolerance multipliers ({', '.join(differs.changed)}), so its rows cannot "
             f"be carried; regenerate it with `{redo}`"
         )
     swept = suite.swept_hashes()
@@ -67,7 +70,7 @@ def carry_baseline(path: Path, config: Config) -> BaselineDiff | None:
         perf = timed_perf(perf, set(timed))
     new = dataclasses.replace(
         old,
-        suite_hash=now,
+        suite_hash=now.suite_hash,
         schema_version=SCHEMA_VERSION,
         perf=perf,
         correctness={cid: row for cid, row in old.correctness.items() if cid in swept},

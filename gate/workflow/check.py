@@ -49,6 +49,7 @@ from gate.compare.baselines import (
     validate_written,
     widen_baseline,
 )
+from gate.compare.comparable import same, why_not_comparable
 from gate.compare.findings import CheckContext, Finding, Verdict, decide, worst_first
 from gate.compare.known import apply_known, for_kernel, refuse_unmatched, undeclared_failures
 from gate.compare.sweep_rules import (
@@ -60,11 +61,12 @@ from gate.compare.sweep_rules import (
     refuse_other_gpu_class,
     refuse_stale_baseline,
 )
-from gate.core.cases import load_suite, only_pattern, suite_names
-from gate.core.config import Config, known_failures_in, own_kernel, tolerance_changes
+from gate.core.cases import load_suite, suite_names
+from gate.core.config import Config, known_failures_in, own_kernel
 from gate.core.environment import default_device
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
 from gate.core.files import FolderLock, append_step_summary, refuse_inside_baselines, require_writable, safe_name
+from gate.core.identity import Environment, Scope
 from gate.core.jsonio import write_json_atomic, write_text_atomic
 from gate.core.results import SweepResult
 from gate.core.warn import warn
@@ -150,16 +152,16 @@ def refuse_results_of_another_config(plan: RunPlan, sweep: SweepResult, path: Pa
     """A results file is judged under the config as it is now: one measured with another
     definition of its suite or other tolerance multipliers is not what this config would gate."""
     config = plan.config
-    if sweep.suite_hash != plan.suite_hash:
+    differs = why_not_comparable(sweep.key, plan.key, ("suite_hash", "tolerance"))
+    if differs is not None and differs.key == "suite_hash":
         raise UserError(
             f"{path}: made from another definition of suite {sweep.suite!r} (hash {sweep.suite_hash}) than "
             f"{config.source} gives now ({plan.suite_hash}); re-run the sweep with this config"
         )
-    changed = tolerance_changes(sweep.tolerance, config.tolerance.as_dict())
-    if changed:
+    if differs is not None:
         raise UserError(
             f"{path}: measured with other tolerance multipliers than {config.source} sets "
-            f"({', '.join(changed)}); re-run the sweep with this config"
+            f"({', '.join(differs.changed)}); re-run the sweep with this config"
         )
     refuse_foreign_rows(plan, sweep, path, "re-run the sweep with this config")
 
@@ -181,8 +183,8 @@ def resolve_target(
 ) -> Target:
     """The names only, for commands that read a baseline and run nothing (`baseline show`)."""
     if results is not None:
-        env = results.environment
-        return Target(results.kernel, results.suite, str(env.get("device", "?")), str(env.get("gpu_class", "unknown")))
+        env = results.env
+        return Target(results.kernel, results.suite, _device_of(env), env.gpu_class_or_unknown)
 
     device = device or default_device()
     profile = config.profile(device)
@@ -191,15 +193,19 @@ def resolve_target(
 
 def plan_of_results(config: Config, results: SweepResult, baseline_file: Path | None = None) -> RunPlan:
     """The plan a results file stands for: its own kernel, suite, device and GPU class."""
-    env = results.environment
+    env = results.env
     return plan_run(
         config,
         results.kernel,
         results.suite,
-        str(env.get("device", "?")),
+        _device_of(env),
         baseline_file=baseline_file,
-        gpu_class=str(env.get("gpu_class", "unknown")),
+        gpu_class=env.gpu_class_or_unknown,
     )
+
+
+def _device_of(env: Environment) -> str:
+    return env.device if env.device is not None else "?"
 
 
 def fresh_sweep(plan: RunPlan, progress: bool) -> SweepResult:
@@ -226,7 +232,7 @@ def load_existing_baseline(plan: RunPlan, baseline_file: Path | None) -> tuple[P
             f"the printed summary and commit {path} (see {BASELINES_DOC[0]}, '{BASELINES_DOC[1]}')"
         )
     baseline = read_baseline(path)
-    refuse_other_gpu_class(baseline, plan.gpu_class, plan.kernel, plan.suite.name, path)  # before a long sweep
+    refuse_other_gpu_class(baseline, plan.key, path)  # before a long sweep
     require_complete_baseline(plan, baseline, path)
     return path, baseline
 
@@ -236,7 +242,7 @@ def require_complete_baseline(plan: RunPlan, baseline: Baseline, path: Path) -> 
     nothing on the cases it lost: refused as a damaged file. A baseline of another suite, or of
     another definition of it, is left to check_comparable, which says so."""
     suite = plan.suite
-    if baseline.suite != suite.name or plan.suite_hash != baseline.suite_hash:
+    if not same(plan.key, baseline.key, "suite", "suite_hash"):
         return
     missing = [c.id for c in suite.swept_cases if c.id not in baseline.correctness]
     empty = [cid for cid, c in baseline.correctness.items() if c.status.value == "PASS" and not c.tensors]
@@ -302,17 +308,7 @@ def checked_baseline(plan: RunPlan, baseline_file: Path | None = None) -> tuple[
     damaged baseline, one of another GPU class, a stale one), then the baseline and its path."""
     refuse_unmatched_known(plan)
     path, baseline = load_existing_baseline(plan, baseline_file)
-    refuse_stale_baseline(
-        baseline,
-        plan.kernel,
-        plan.suite.name,
-        plan.suite_hash,
-        plan.config.tolerance.as_dict(),
-        plan.gpu_class,
-        path,
-        plan.suite.swept_hashes(),
-        {c.id for c in plan.suite.perf_cases},
-    )
+    refuse_stale_baseline(baseline, plan.key, path, plan.suite.swept_hashes(), {c.id for c in plan.suite.perf_cases})
     return path, baseline
 
 
@@ -487,17 +483,16 @@ def require_complete_run(plan: RunPlan, sweep: SweepResult, source: object, path
     """A baseline update replaces every case of its scope (the whole suite without --only): a run
     that lacks some of them (a truncated or edited results file) would silently delete them from
     the baseline, and a PASS row without its tensors would record a pass with nothing to compare."""
-    redo = update_command(sweep.kernel, sweep.suite, str(sweep.environment.get("gpu_class", "unknown")))
+    redo = update_command(sweep.kernel, sweep.suite, sweep.env.gpu_class_or_unknown)
     suite = plan.suite
-    if sweep.suite_hash != plan.suite_hash:
+    if not same(sweep.key, plan.key, "suite_hash"):
         raise UserError(
             f"{source}: made from another definition of suite {sweep.suite!r} (hash {sweep.suite_hash}) than "
             f"{plan.config.source} gives now ({plan.suite_hash}), so `check` could never compare with the "
             f"baseline; update from a run of the suite as it is now (`{redo}`)"
         )
     scope = sweep.scope
-    pattern = only_pattern(scope)
-    wanted = [c.id for c in suite.swept_cases if pattern is None or pattern.search(c.id)]
+    wanted = [c.id for c in Scope.of_only(scope).select(suite.swept_cases)]
     ran = {c.case_id for c in sweep.cases}
     # the row's case is what its case_hash in the baseline will say was measured
     refuse_foreign_rows(
@@ -544,7 +539,7 @@ def refuse_failing_run(
     return first_refusal(sweep, undeclared, config, reason, link).text(
         path,
         sweep.kernel,
-        update_command(sweep.kernel, sweep.suite, str(sweep.environment.get("gpu_class", "unknown"))),
+        update_command(sweep.kernel, sweep.suite, sweep.env.gpu_class_or_unknown),
         config.source,
         note,
         own_kernel(sweep.kernel, set(config.kernels)),
@@ -628,7 +623,7 @@ def _update_baseline(
     if results_path is not None and only is not None:
         raise UserError("--only filters a fresh run; a --from-results file is taken as it is (drop --only)")
 
-    only_pattern(only)
+    Scope.of_only(only)
     if summary_path is not None:  # checked before the sweep; written before the baseline
         require_writable(Path(summary_path), "--summary", kind="file")
     if results_path is None:
@@ -654,19 +649,19 @@ def _update_baseline(
                 f"{exc} (the existing baseline is unreadable, so it is left as it is: restore it with "
                 f"`git checkout -- {path}`, or delete it to start afresh)"
             ) from None
-        if old.gpu_class != plan.gpu_class:
+        if not same(plan.key, old.key, "gpu_class"):
             raise UserError(
                 f"{path}: holds a baseline for GPU class {old.gpu_class!r}, not {plan.gpu_class!r}; it is left "
                 f"as it is: move it to {Path(config.baselines_dir) / old.gpu_class}/ or delete it, then rerun"
             )
     scope = only if results is None else results.scope
     suite_cases = plan.suite.swept_hashes()
-    if old is not None and scope is not None and old.suite_hash != plan.suite_hash:  # refused now, not after the sweep
-        pattern = only_pattern(scope)
+    # refused now, not after the sweep
+    if old is not None and scope is not None and not same(plan.key, old.key, "suite_hash"):
         refuse_lacking_cases(
             old,
             suite_cases,
-            lambda cid: pattern.search(cid) is not None,
+            Scope.of_only(scope).admits,
             f"--only {scope!r}" if results is None else f"{results_path}",
         )
     if old is None and scope is not None:  # a filtered run merges into a baseline; without one it would BE the baseline
@@ -681,7 +676,7 @@ def _update_baseline(
                 "--widen merges correctness rows of several machines; a speed section is one machine's "
                 "timings: drop --perf / --perf-from (update the speed section on its own)"
             )
-        refuse_widen(old, plan.suite_hash, config.tolerance.as_dict(), None, path)
+        refuse_widen(old, plan.key, None, path)
         perf = False  # not even a GPU's default: the committed speed section is kept as it is
     sweep = results if results is not None else fresh_sweep(plan, progress)
     saved_note = None
@@ -691,11 +686,11 @@ def _update_baseline(
         saved, saved_note = saved_paths["json"], saved_paths["note"]
         print(f"the run is saved in {saved} (reuse it with --from-results)")
     require_complete_run(plan, sweep, results_path if results is not None else "this run", path)
-    changed = tolerance_changes(sweep.tolerance, config.tolerance.as_dict())
-    if changed:
+    differs = why_not_comparable(sweep.key, plan.key, ("tolerance",))
+    if differs is not None:
         raise UserError(
             f"{results_path if results is not None else 'this run'}: measured with other tolerance "
-            f"multipliers than {config.source} sets ({', '.join(changed)}); a baseline of them could "
+            f"multipliers than {config.source} sets ({', '.join(differs.changed)}); a baseline of them could "
             f"never be compared with a check: update from a run with this config"
         )
     perf_section = None

@@ -20,6 +20,7 @@ from typing import Any
 
 from gate.core.errors import UserError
 from gate.core.files import safe_name
+from gate.core.identity import RunKey, Scope
 from gate.core.jsonio import _clean, bad_field, write_text_atomic
 from gate.core.results import CaseResult
 
@@ -27,6 +28,30 @@ SCHEMA_VERSION = 1
 KIND = "attn-gate journal"
 # header keys that must match for a resume (started_at is the first run's start, kept as it was)
 IDENTITY = ("kernel", "suite", "suite_hash", "device", "environment", "tolerance", "only", "checks", "shard")
+
+
+def journal_header(
+    key: RunKey,
+    scope: Scope,
+    device: str,
+    environment: dict[str, Any],
+    checks: tuple[str, ...],
+    shard: tuple[int, int] | None,
+    started_at: str,
+) -> dict[str, Any]:
+    """Line 1 of a journal: the run's key and scope with the conditions a resume must share."""
+    return {
+        "kernel": key.kernel,
+        "suite": key.suite,
+        "suite_hash": key.suite_hash,
+        "device": device,
+        "environment": environment,
+        "tolerance": key.multipliers,
+        "only": scope.only,
+        "checks": list(checks),
+        "shard": list(shard) if shard else None,
+        "started_at": started_at,
+    }
 
 
 def journal_path(out_dir: Path, kernel: str, suite: str) -> Path:

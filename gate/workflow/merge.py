@@ -12,11 +12,14 @@ fields that differ from a single run by nature, with each case's `seconds`).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
-from gate.core.cases import load_suite, only_pattern, suite_hash
+from gate.compare.comparable import same, why_not_comparable
+from gate.core.cases import load_suite, suite_hash
 from gate.core.config import Config
 from gate.core.errors import UserError
+from gate.core.identity import Scope
 from gate.core.results import SweepResult
 from gate.workflow.shards import assign, note_shard
 
@@ -57,12 +60,13 @@ def merge_shards(folders: list[Path], config: Config) -> SweepResult:
     read = [read_shard(f) for f in folders]
     first_path, first = read[0]
     for path, sweep in read[1:]:
-        for key in ("kernel", "suite", "suite_hash", "tolerance", "scope"):
-            if getattr(sweep, key) != getattr(first, key):
-                raise UserError(
-                    f"merge: {path} has {key} {getattr(sweep, key)!r} but {first_path} has "
-                    f"{getattr(first, key)!r}; merge shards of one run only"
-                )
+        differs = why_not_comparable(sweep.key, first.key, ("kernel", "suite", "suite_hash", "tolerance"))
+        key = differs.key if differs is not None else "scope" if sweep.run_scope != first.run_scope else None
+        if key is not None:
+            raise UserError(
+                f"merge: {path} has {key} {getattr(sweep, key)!r} but {first_path} has "
+                f"{getattr(first, key)!r}; merge shards of one run only"
+            )
         for key in sorted(set(sweep.environment) | set(first.environment)):
             if sweep.environment.get(key) != first.environment.get(key):
                 raise UserError(
@@ -92,13 +96,13 @@ def merge_shards(folders: list[Path], config: Config) -> SweepResult:
             f"shard's folder, or rerun it with `attn-gate sweep --shard {missing[0]}/{total} ...`"
         )
     suite = load_suite(first.suite, config.suites, config.source)
-    if suite_hash(suite) != first.suite_hash:
+    now = replace(first.key, suite_hash=suite_hash(suite))  # the shards' key, with the suite as defined now
+    if not same(now, first.key, "suite_hash"):
         raise UserError(
             f"merge: the shards ran suite {first.suite!r} as defined then (hash {first.suite_hash}); "
             f"{config.source} defines it differently now ({suite_hash(suite)}); pass the --config they ran with"
         )
-    pattern = only_pattern(first.scope)
-    cases = [c for c in suite.swept_cases if pattern is None or pattern.search(c.id)]
+    cases = list(Scope.of_only(first.scope).select(suite.swept_cases))
     parts = assign(cases, total)
     merged = {}
     for k, (path, sweep) in sorted(shards.items()):

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from gate.compare.baselines import baseline_path
-from gate.core.cases import Case, Suite, load_suite, only_pattern, suite_hash
+from gate.core.cases import Case, Suite, load_suite, suite_hash
 from gate.core.config import Config, IsolationConfig, PerfConfig, ToleranceConfig
 from gate.core.errors import UserError
+from gate.core.identity import RunKey, Scope
 from gate.kernels.capabilities import Capabilities
 from gate.workflow.validate import validate_target
 
@@ -55,17 +56,25 @@ class RunPlan:
         return suite_hash(self.suite)
 
     @functools.cached_property
+    def key(self) -> RunKey:
+        """What a run of this plan is: the suite as loaded now, the config's tolerance."""
+        return RunKey.of(self.kernel, self.suite.name, self.suite_hash, self.tolerance.as_dict(), self.gpu_class)
+
+    @functools.cached_property
+    def scope(self) -> Scope:
+        """The cases --only admits (an invalid regex is a one-line usage error)."""
+        return Scope.of_only(self.only)
+
+    @functools.cached_property
     def cases(self) -> tuple[Case, ...]:
         """The suite's swept cases (all but perf = "only" ones) within --only."""
-        pattern = only_pattern(self.only)
-        return tuple(c for c in self.suite.swept_cases if pattern is None or pattern.search(c.id))
+        return self.scope.select(self.suite.swept_cases)
 
     @functools.cached_property
     def perf_cases(self) -> tuple[Case, ...]:
         """The suite's perf cases within --only, timing-only ones too (empty when there are none:
         the caller decides)."""
-        pattern = only_pattern(self.only)
-        return tuple(c for c in self.suite.perf_cases if pattern is None or pattern.search(c.id))
+        return self.scope.select(self.suite.perf_cases)
 
     @functools.cached_property
     def declared(self):

@@ -22,7 +22,7 @@ from gate.core.results import CaseResult, Status, SweepResult
 from gate.correctness.probes.registry import checks_for
 from gate.correctness.run_case import run_case
 from gate.workflow.isolation import default_workers, worker_pool
-from gate.workflow.journal import Journal, journal_path, read_journal
+from gate.workflow.journal import Journal, journal_header, journal_path, read_journal
 from gate.workflow.plan import RunPlan, plan_run
 from gate.workflow.progress import Progress
 from gate.workflow.shards import expected_cost, shard_cases, shard_note
@@ -171,18 +171,7 @@ def _run_isolated(
         if device not in info.devices:
             raise UserError(f"kernel {kernel!r} runs on {'/'.join(info.devices)}, not {device}; pass --device")
         environment = describe(device, kernel, info.version)
-        header = {
-            "kernel": kernel,
-            "suite": suite.name,
-            "suite_hash": plan.suite_hash,
-            "device": device,
-            "environment": environment,
-            "tolerance": config.tolerance.as_dict(),
-            "only": only,
-            "checks": list(check_names),
-            "shard": list(options.shard) if options.shard else None,
-            "started_at": started,
-        }
+        header = journal_header(plan.key, plan.scope, device, environment, check_names, options.shard, started)
         done: dict[str, CaseResult] = {}
         journal = None
         if options.out_dir is not None:

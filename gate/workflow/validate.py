@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gate.core.cases import only_pattern, suite_names
+from gate.core.cases import suite_names
 from gate.core.config import Config, IsolationConfig
 from gate.core.errors import UserError
+from gate.core.identity import Scope
 from gate.workflow.isolation import worker_pool
 
 
@@ -136,7 +137,7 @@ def check_suite(config: Config, suite: str, option: str = "--suite") -> None:
 
 
 def check_only(only: str | None) -> None:
-    only_pattern(only)  # an invalid regex is a one-line UserError
+    Scope.of_only(only)  # an invalid regex is a one-line UserError
 
 
 def validate_target(
