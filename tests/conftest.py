@@ -1,8 +1,10 @@
-"""Shared fixtures: the repository root (user kernels are imported from it) and CPU settings."""
+"""Shared fixtures: the repository root (user kernels are imported from it) and CPU settings.
+Nothing here imports torch: the pure tests run without it."""
 
 from __future__ import annotations
 
 import os
+import sys
 
 # One intra-op thread, here and in every `attn-gate` subprocess a test starts (they inherit the
 # environment). The test shapes are tiny, so threads buy nothing, and with more busy threads than
@@ -13,9 +15,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
-torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+# torch reads OMP_NUM_THREADS when it starts; one already started (by a plugin) is told here
+if "torch" in sys.modules:
+    sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 ROOT = Path(__file__).resolve().parent.parent
 
