@@ -1,8 +1,12 @@
-"""Shared fixtures: the repository root (user kernels are imported from it) and CPU settings."""
+"""Shared fixtures: the repository root (user kernels are imported from it), CPU settings and the
+CPU baseline of this machine. Nothing here imports torch: the pure tests run without it."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import sys
 
 # One intra-op thread, here and in every `attn-gate` subprocess a test starts (they inherit the
 # environment). The test shapes are tiny, so threads buy nothing, and with more busy threads than
@@ -10,12 +14,14 @@ import os
 # and 115-130 s with two on a loaded 2-core machine. An explicit setting is respected.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
-torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+# torch reads OMP_NUM_THREADS when it starts; one already started (by a plugin) is told here
+if "torch" in sys.modules:
+    sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,3 +31,52 @@ def in_repo_root(monkeypatch):
     """Run from the repository root, as `attn-gate` is run: `tests.buggy_kernels:NAME` imports."""
     monkeypatch.chdir(ROOT)
     return ROOT
+
+
+@dataclass(frozen=True)
+class LocalBaseline:
+    """sdpa-cpu on smoke recorded on this machine: the baseline and the sweep it was made from."""
+
+    path: Path  # <folder>/cpu/sdpa-cpu-smoke.json, in the layout `check` expects under baselines_dir
+    sweep: Path  # the sweep JSON of the same run
+    config: Path  # a pyproject.toml whose baselines_dir holds `path`: `check --config` finds it by default
+
+
+@pytest.fixture(scope="session")
+def cpu_baseline(tmp_path_factory) -> LocalBaseline:
+    """The CPU baseline the tests judge against, recorded once per test session by the gate
+    itself on the machine that runs them: the committed one holds one torch build and the CPU
+    models of CI, where another machine's ratios differ with no change to the code
+    (test_check_cli.py's committed-baseline test checks that one, as CI's gate does).
+    pytest-xdist's workers share one recording: the first to take the lock makes it."""
+    import fcntl
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the folder every worker's base temp lives in
+    root = shared / "cpu-baseline"
+    root.mkdir(exist_ok=True)
+    local = LocalBaseline(
+        root / "baselines" / "cpu" / "sdpa-cpu-smoke.json",
+        root / "out" / "sweep-sdpa-cpu-smoke.json",
+        root / "pyproject.toml",
+    )
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "done").exists():
+            _record(local, root)
+            (root / "done").touch()
+    return local
+
+
+def _record(local: LocalBaseline, root: Path) -> None:
+    from gate.commands.main import main  # deferred: it imports torch
+
+    local.config.write_text(f'[tool.attn-gate]\nbaselines_dir = "{(root / "baselines").as_posix()}"\n')
+    argv = ["baseline", "update", "--kernel", "sdpa-cpu", "--suite", "smoke", "--device", "cpu"]
+    argv += ["--config", str(local.config), "--out", str(local.sweep.parent), "--no-progress"]
+    said = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+        mp.delenv("GITHUB_STEP_SUMMARY", raising=False)
+        rc = main(argv)
+    assert rc == 0, f"recording this machine's CPU baseline failed (exit {rc}):\n{said.getvalue()}"

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.tools import require
+
 REPO = Path(__file__).resolve().parents[1]
 
 TINY_CONFIG = """
@@ -147,7 +149,6 @@ def test_bench_without_asv_config_is_a_usage_error(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(__import__("shutil").which("chromium") is None, reason="needs chromium (apt-get install chromium)")
 def test_the_published_site_runs_its_scripts_in_a_browser_without_network(asv_run, monkeypatch):
     """headless Chromium, every host but 127.0.0.1 unreachable. asv's own output (scripts from
     CDNs) shows asv's "failed to load" page; after make_offline (what `attn-gate publish` does) the
@@ -156,13 +157,14 @@ def test_the_published_site_runs_its_scripts_in_a_browser_without_network(asv_ru
     from gate.speed.asv_offline import make_offline
     from tests.asv_browser import GRAPH, browse, scripts_ran, serve
 
+    browser = require("chromium", "apt-get install chromium, or your system's Chromium package")
     tmp, env, proc, _ = asv_run
     assert proc.returncode == 0, proc.stderr[-3000:]
     monkeypatch.setenv("HOME", env["HOME"])
     assert A.run_asv(["publish"], tmp / "asv.conf.json") == 0  # asv as it is: the control
     with serve(tmp / "html") as base:
-        assert not scripts_ran(browse(base + "index.html" + GRAPH))
+        assert not scripts_ran(browse(base + "index.html" + GRAPH, browser=browser))
     make_offline(tmp / "html")
     with serve(tmp / "html") as base:
-        dom = browse(base + "index.html" + GRAPH)
+        dom = browse(base + "index.html" + GRAPH, browser=browser)
     assert scripts_ran(dom), dom[-2000:]

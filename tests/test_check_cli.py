@@ -1,8 +1,9 @@
 """`attn-gate check` and `attn-gate baseline` end to end, in process (no torch start-up per call).
 
-One real sweep of the smoke suite (the main job: sdpa-cpu against the committed baselines/cpu/)
-is shared by the module; the other tests compare crafted copies of its results file (--results)
-or run a few cases (--only), so the whole file stays around half a minute on two cores.
+One test runs the main job (sdpa-cpu on smoke against the committed baselines/cpu/, as CI's gate
+does); the others judge crafted copies of the sweep this test session recorded its CPU baseline
+from (conftest.py `cpu_baseline`) against that baseline, so they pass on any machine, or run a
+few cases (--only).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from gate.commands.main import build_parser, main
 from gate.core.cases import load_suite
 
 ROOT = Path(__file__).resolve().parent.parent
+# a well-formed baseline file, for the refusals that come before anything is compared
 CPU_BASELINE = ROOT / "baselines" / "cpu" / "sdpa-cpu-smoke.json"
 SMOKE_CASES = len(load_suite("smoke").cases)  # other issues add cases to smoke: counted, not hard-coded
 SQUARE_NON_GQA = "^(bf16|fp16)-b2-h4-s128-d64"  # SDPA's top-left causal equals flash-attn's here
@@ -56,10 +58,10 @@ def full_check(tmp_path_factory):
 
 
 @pytest.fixture
-def results(full_check, tmp_path) -> Path:
-    """A private copy of the main job's sweep JSON, to craft variants of."""
+def results(cpu_baseline, tmp_path) -> Path:
+    """A private copy of the sweep this machine's CPU baseline was made from, to craft variants of."""
     path = tmp_path / "sweep.json"
-    shutil.copy(full_check[1] / "sweep-sdpa-cpu-smoke.json", path)
+    shutil.copy(cpu_baseline.sweep, path)
     return path
 
 
@@ -75,6 +77,11 @@ def project(tmp_path) -> tuple[Path, Path]:
 @pytest.fixture(autouse=True)
 def no_step_summary(monkeypatch):
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+
+
+def judge(cpu_baseline, results: Path, out: Path) -> int:
+    """`attn-gate check --results` against the CPU baseline this test session recorded."""
+    return main(["check", "--baseline", str(cpu_baseline.path), "--results", str(results), "--out", str(out)])
 
 
 def findings_of(out: Path, stem: str = "sdpa-cpu-smoke") -> dict:
@@ -101,7 +108,9 @@ def case_of(data: dict, case_id: str) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.ci_machine
 def test_check_passes_against_committed_cpu_baseline(full_check):
+    """The one test bound to CI's machines: the committed CPU baseline, as scripts/gate.sh checks it."""
     rc, out = full_check
     assert rc == 0
     data = findings_of(out)
@@ -121,8 +130,8 @@ def test_check_passes_against_committed_cpu_baseline(full_check):
 
 
 @pytest.mark.slow
-def test_check_exits_1_for_a_buggy_kernel_and_0_for_a_correct_one(in_repo_root, tmp_path, capsys):
-    common = ["--baseline", str(CPU_BASELINE), "--only", SQUARE_NON_GQA, "--device", "cpu", "--no-progress"]
+def test_check_exits_1_for_a_buggy_kernel_and_0_for_a_correct_one(cpu_baseline, in_repo_root, tmp_path, capsys):
+    common = ["--baseline", str(cpu_baseline.path), "--only", SQUARE_NON_GQA, "--device", "cpu", "--no-progress"]
     assert (
         main(["check", "--kernel", "tests.verdict_kernels:scale_off_by_5pct", *common, "--out", str(tmp_path / "bad")])
         == 1
@@ -159,35 +168,37 @@ def test_check_exits_1_for_a_buggy_kernel_and_0_for_a_correct_one(in_repo_root, 
 
 
 @pytest.mark.slow
-def test_results_file_of_the_baseline_run_passes_and_crafted_bad_ones_fail(in_repo_root, results, tmp_path):
-    assert main(["check", "--results", str(results), "--out", str(tmp_path / "same")]) == 0
+def test_results_file_of_the_baseline_run_passes_and_crafted_bad_ones_fail(
+    cpu_baseline, in_repo_root, results, tmp_path
+):
+    assert judge(cpu_baseline, results, tmp_path / "same") == 0
 
     def violate(data):
         c = case_of(data, "bf16-b2-h4-s128-d64")
         c["status"] = "FAIL"
         set_ratio(c["tensors"]["dk"], 1.3)
 
-    assert main(["check", "--results", str(edit_results(results, violate)), "--out", str(tmp_path / "v")]) == 1
+    assert judge(cpu_baseline, edit_results(results, violate), tmp_path / "v") == 1
     assert {(f["rule"], f["case_id"]) for f in findings_of(tmp_path / "v")["findings"] if f["severity"] == "FAIL"} == {
         ("tolerance", "bf16-b2-h4-s128-d64"),
         ("status", "bf16-b2-h4-s128-d64"),
     }
 
 
-def test_headroom_regression_within_bound_fails(in_repo_root, results, tmp_path):
+def test_headroom_regression_within_bound_fails(cpu_baseline, in_repo_root, results, tmp_path):
     def loosen(data):  # still within the bound, but 0.2-ish -> 0.9: the slow loosening
         set_ratio(case_of(data, "bf16-b2-h4-s128-d64")["tensors"]["dq"], 0.9)
 
-    assert main(["check", "--results", str(edit_results(results, loosen)), "--out", str(tmp_path)]) == 1
+    assert judge(cpu_baseline, edit_results(results, loosen), tmp_path) == 1
     fails = [f for f in findings_of(tmp_path)["findings"] if f["severity"] == "FAIL"]
     assert [(f["rule"], f["metric"], f["current"]) for f in fails] == [("headroom", "ratio:dq", 0.9)]
 
 
-def test_step_summary_is_appended(in_repo_root, results, tmp_path, monkeypatch):
+def test_step_summary_is_appended(cpu_baseline, in_repo_root, results, tmp_path, monkeypatch):
     summary = tmp_path / "step_summary.md"
     summary.write_text("earlier step\n")
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    assert main(["check", "--results", str(results), "--out", str(tmp_path / "o")]) == 0
+    assert judge(cpu_baseline, results, tmp_path / "o") == 0
     text = summary.read_text()
     assert text.startswith("earlier step\n## attn-gate check: PASS")
 
@@ -380,8 +391,8 @@ def _lse_dropped(data):
         (_lse_dropped, "tensor_dropped"),
     ],
 )
-def test_lost_coverage_or_missing_data_fails_closed(in_repo_root, results, tmp_path, edit, rule):
-    assert main(["check", "--results", str(edit_results(results, edit)), "--out", str(tmp_path)]) == 1
+def test_lost_coverage_or_missing_data_fails_closed(cpu_baseline, in_repo_root, results, tmp_path, edit, rule):
+    assert judge(cpu_baseline, edit_results(results, edit), tmp_path) == 1
     data = findings_of(tmp_path)
     blocking = [
         (f["severity"], f["rule"], f["case_id"]) for f in data["findings"] if f["severity"] in ("FAIL", "INCONCLUSIVE")
@@ -394,10 +405,10 @@ def _duplicate_case(data):
     data["cases"].append(dict(case_of(data, "bf16-b2-h4-s128-d64")))
 
 
-def test_duplicate_case_ids_are_a_usage_error_naming_the_file(project, results, tmp_path, capsys):
+def test_duplicate_case_ids_are_a_usage_error_naming_the_file(cpu_baseline, project, results, tmp_path, capsys):
     dup = edit_results(results, _duplicate_case)
     for argv in (
-        ["check", "--results", str(dup), "--baseline", str(CPU_BASELINE), "--out", str(tmp_path / "o")],
+        ["check", "--results", str(dup), "--baseline", str(cpu_baseline.path), "--out", str(tmp_path / "o")],
         ["baseline", "update", "--from-results", str(dup)],
     ):
         assert main([*argv, "--config", str(project[0])]) == 2
@@ -427,12 +438,12 @@ def test_duplicate_case_ids_are_a_usage_error_naming_the_file(project, results, 
     ],
     ids=["truncated", "pass without tensors", "other suite definition"],
 )
-def test_update_refuses_an_incomplete_run(project, results, capsys, with_old, edit, words):
+def test_update_refuses_an_incomplete_run(cpu_baseline, project, results, capsys, with_old, edit, words):
     cfg, baselines = project
     path = baselines / "cpu" / "sdpa-cpu-smoke.json"
     if with_old:
         path.parent.mkdir(parents=True)
-        shutil.copy(CPU_BASELINE, path)
+        shutil.copy(cpu_baseline.path, path)
     before = path.read_bytes() if with_old else None
     bad = edit_results(results, edit)
     assert main(["baseline", "update", "--config", str(cfg), "--from-results", str(bad)]) == 2
@@ -443,7 +454,9 @@ def test_update_refuses_an_incomplete_run(project, results, capsys, with_old, ed
     assert (path.read_bytes() if with_old else path.exists()) == (before if with_old else False)
 
 
-def test_update_only_without_a_baseline_is_refused_before_the_sweep(project, results, capsys, monkeypatch):
+def test_update_only_without_a_baseline_is_refused_before_the_sweep(
+    cpu_baseline, project, results, capsys, monkeypatch
+):
     cfg, baselines = project
     monkeypatch.setattr("gate.workflow.check.fresh_sweep", lambda *a, **k: pytest.fail("the sweep ran"))
     assert main(["baseline", "update", "--config", str(cfg), "--device", "cpu", "--only", "s128"]) == 2
@@ -460,7 +473,7 @@ def test_update_only_without_a_baseline_is_refused_before_the_sweep(project, res
     assert not baselines.exists()
     # with a baseline to merge into, the filtered file replaces just its cases
     (baselines / "cpu").mkdir(parents=True)
-    shutil.copy(CPU_BASELINE, baselines / "cpu" / "sdpa-cpu-smoke.json")
+    shutil.copy(cpu_baseline.path, baselines / "cpu" / "sdpa-cpu-smoke.json")
     assert main(["baseline", "update", "--config", str(cfg), "--from-results", str(filtered)]) == 0
     assert "cases outside the filtered run kept as they were" in capsys.readouterr().out
 
@@ -514,7 +527,7 @@ def test_unwritable_outputs_and_bad_regex_are_refused_before_the_sweep(project, 
 
 
 def test_a_failing_write_is_exit_2_and_the_summary_goes_before_the_baseline(
-    project, results, tmp_path, capsys, monkeypatch
+    cpu_baseline, project, results, tmp_path, capsys, monkeypatch
 ):
     cfg, baselines = project
     import gate.core.jsonio
@@ -558,7 +571,7 @@ def test_a_failing_write_is_exit_2_and_the_summary_goes_before_the_baseline(
                 "--results",
                 str(results),
                 "--baseline",
-                str(CPU_BASELINE),
+                str(cpu_baseline.path),
                 "--out",
                 str(tmp_path / "o"),
             ]

@@ -14,7 +14,6 @@ import pytest
 from gate.commands.main import main
 from tests.conftest import ROOT
 
-CPU_BASELINE = ROOT / "baselines" / "cpu" / "sdpa-cpu-smoke.json"
 KERNEL = "tests.coverage_kernels:dq_head_dim_tail_dropped"  # dQ wrong where head_dim % 32 != 0
 # the smoke head-dim cases with one head dim for Q, K and V (the pairs have their own tests), two controls
 ONLY = r"^bf16-b2-h2-s33x65-d\d+$|^bf16-b2-h4-s128-d64"
@@ -27,7 +26,7 @@ def no_step_summary(monkeypatch):
 
 
 @pytest.mark.slow
-def test_the_last_lines_of_a_failing_check_say_what_failed_and_what_to_do(tmp_path, monkeypatch, capsys):
+def test_the_last_lines_of_a_failing_check_say_what_failed_and_what_to_do(cpu_baseline, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("COLUMNS", "60")  # narrow: the other columns wrap, no case id is cut
     out = tmp_path / "out"
     with contextlib.chdir(ROOT):
@@ -38,7 +37,7 @@ def test_the_last_lines_of_a_failing_check_say_what_failed_and_what_to_do(tmp_pa
                     "--kernel",
                     KERNEL,
                     "--baseline",
-                    str(CPU_BASELINE),
+                    str(cpu_baseline.path),
                     f"--only={ONLY}",
                     "--device",
                     "cpu",
@@ -82,7 +81,7 @@ def test_the_last_lines_of_a_failing_check_say_what_failed_and_what_to_do(tmp_pa
                     "--kernel",
                     KERNEL,
                     "--baseline",
-                    str(CPU_BASELINE),
+                    str(cpu_baseline.path),
                     "--device",
                     "cpu",
                     "--no-progress",

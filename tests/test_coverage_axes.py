@@ -28,7 +28,6 @@ from gate.kernels.registry import get_adapter
 from gate.kernels.user import UserAdapter
 
 ROOT = Path(__file__).resolve().parent.parent
-CPU_BASELINE = ROOT / "baselines" / "cpu" / "sdpa-cpu-smoke.json"
 TOL = ToleranceConfig()
 SMOKE = load_suite("smoke")
 NEW_AXES = ("layout", "inputs", "varlen_k")
@@ -61,7 +60,7 @@ PLANTED = {
 }
 
 
-def _check(kernel: str, only: str, out: Path) -> tuple[int, dict]:
+def _check(baseline: Path, kernel: str, only: str, out: Path) -> tuple[int, dict]:
     with contextlib.chdir(ROOT):
         rc = main(
             [
@@ -69,7 +68,7 @@ def _check(kernel: str, only: str, out: Path) -> tuple[int, dict]:
                 "--kernel",
                 f"tests.coverage_kernels:{kernel}",
                 "--baseline",
-                str(CPU_BASELINE),
+                str(baseline),
                 f"--only={only}",
                 "--device",
                 "cpu",
@@ -120,9 +119,10 @@ def test_smoke_carries_every_new_axis_value():
 
 
 @pytest.mark.slow
-def test_correct_kernel_passes_every_coverage_case(tmp_path):
+def test_correct_kernel_passes_every_coverage_case(cpu_baseline, tmp_path):
     ids = [c.id for c in SMOKE.cases if c.layout != "contiguous" or c.inputs != "normal" or c.entry.varlen_k]
     rc, findings = _check(
+        cpu_baseline.path,
         "correct",
         "|".join(f"^{re.escape(i)}$" for i in ids)
         + "|d(59|72|111|192|144|160|256)|d128/96|1x300|129|239x1|1x339|113x203"
@@ -139,11 +139,11 @@ def test_correct_kernel_passes_every_coverage_case(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("bug", sorted(PLANTED))
-def test_planted_bug_fails_check_on_its_axis_and_passes_without_it(bug, tmp_path):
+def test_planted_bug_fails_check_on_its_axis_and_passes_without_it(cpu_baseline, bug, tmp_path):
     pattern, control = PLANTED[bug]
     targets = _smoke_ids(pattern)
     assert targets, f"no smoke case matches {pattern}"
-    rc, findings = _check(bug, pattern, tmp_path)
+    rc, findings = _check(cpu_baseline.path, bug, pattern, tmp_path)
     assert rc == 1 and findings["verdict"] == "FAIL"
     failed = {
         f["case_id"] for f in findings["findings"] if f["severity"] == "FAIL" and f["rule"] in ("tolerance", "status")
@@ -170,7 +170,7 @@ VARLEN_PLANTED = {
 }
 
 
-def _family_check(varlen_entry: str, tmp_path: Path) -> tuple[int, dict[str, str]]:
+def _family_check(baseline: Path, varlen_entry: str, tmp_path: Path) -> tuple[int, dict[str, str]]:
     config = tmp_path / "pyproject.toml"
     config.write_text(
         '[tool.attn-gate.kernels.cov]\ndense = "tests.entry_kernels:attn_func"\n'
@@ -187,7 +187,7 @@ def _family_check(varlen_entry: str, tmp_path: Path) -> tuple[int, dict[str, str
                 "--suite",
                 "smoke",
                 "--baseline",
-                str(CPU_BASELINE),
+                str(baseline),
                 f"--only={VARLEN_CASES}|{DENSE_CONTROLS}",
                 "--device",
                 "cpu",
@@ -201,16 +201,16 @@ def _family_check(varlen_entry: str, tmp_path: Path) -> tuple[int, dict[str, str
 
 
 @pytest.mark.slow
-def test_correct_varlen_entry_point_passes_every_varlen_case(tmp_path):
-    rc, statuses = _family_check("attn_varlen_func", tmp_path)
+def test_correct_varlen_entry_point_passes_every_varlen_case(cpu_baseline, tmp_path):
+    rc, statuses = _family_check(cpu_baseline.path, "attn_varlen_func", tmp_path)
     assert rc == 0 and set(statuses.values()) == {"PASS"}, statuses
     assert sum("-varlen" in i for i in statuses) >= 9 and sum("-varlen" not in i for i in statuses) >= 3, statuses
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("bug", sorted(VARLEN_PLANTED))
-def test_planted_varlen_bug_fails_exactly_its_combination(bug, tmp_path):
-    rc, statuses = _family_check(bug, tmp_path)
+def test_planted_varlen_bug_fails_exactly_its_combination(cpu_baseline, bug, tmp_path):
+    rc, statuses = _family_check(cpu_baseline.path, bug, tmp_path)
     targets = {i for i in statuses if re.search(VARLEN_PLANTED[bug], i)}
     assert targets and rc == 1
     assert {i for i, s in statuses.items() if s == "FAIL"} == targets, statuses

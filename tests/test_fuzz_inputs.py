@@ -12,9 +12,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import itertools
 import json
+import math
 import shutil
 import tempfile
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -22,7 +25,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gate.commands.main import main
-from gate.core.config import Config
+from gate.core.config import RANGES, Config, Range
+from gate.core.jsonio import MAX_MULT
 from gate.workflow.sweep import run_sweep
 
 SUITE = (
@@ -40,8 +44,6 @@ SETTINGS = settings(
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
     """A valid results file and its baseline, made once (sdpa-cpu, in process)."""
-    import tomllib
-
     root = tmp_path_factory.mktemp("fuzz")
     config = root / "pyproject.toml"
     config.write_text(f'[tool.attn-gate]\nbaselines_dir = "baselines"\n{SUITE}')
@@ -181,71 +183,98 @@ def test_fuzzed_baselines(project):
     check()
 
 
-TOML_VALUES = st.sampled_from(
-    [
-        "nan",
-        "inf",
-        "-1",
-        "0",
-        "1e300",
-        '"x"',
-        "[]",
-        "[nan]",
-        "{}",
-        "true",
-        '"../../x"',
-        "3",
-        '["bf16"]',
-        "[[1, 2]]",
-        '"',
-        "[1, 2, 3]",
-    ]
+TOML_VALUES = (
+    "nan",
+    "inf",
+    "-1",
+    "0",
+    "0.25",
+    "1e300",
+    '"x"',
+    "[]",
+    "[nan]",
+    "{}",
+    "true",
+    '"../../x"',
+    "3",
+    '["bf16"]',
+    "[[1, 2]]",
+    '"',
+    "[1, 2, 3]",
 )
-TOML_KEYS = st.sampled_from(
-    [
-        "[tool.attn-gate]\nbaselines_dir",
-        "[tool.attn-gate.verdict]\nheadroom_factor",
-        "[tool.attn-gate.verdict]\nheadroom_step",
-        "[tool.attn-gate.perf]\nalpha",
-        "[tool.attn-gate.tolerance]\nmult_dq",
-        "[tool.attn-gate.isolation]\ncase_timeout_s",
-        "[tool.attn-gate.cpu]\nkernel",
-        "[tool.attn-gate]\nperf",
-        "[tool.attn-gate]\nverdict",
-        "[tool.attn-gate]\nsuites",
-        "[tool.attn-gate.suites.fz.matrix.0]\nsoftcap",
-        "[tool.attn-gate]\nunknown",
-    ]
+# (table, key) -> what a good value is, declared here apart from the reader: a number in its
+# declared range (config.RANGES; a tolerance multiplier in (0, MAX_MULT]), a path string, a table.
+NUMBER_RANGES = {
+    ("verdict", "headroom_factor"): RANGES["verdict.headroom_factor"],
+    ("verdict", "headroom_step"): RANGES["verdict.headroom_step"],
+    ("perf", "alpha"): RANGES["perf.alpha"],
+    ("isolation", "case_timeout_s"): RANGES["isolation.case_timeout_s"],
+    ("tolerance", "mult_dq"): Range(0, MAX_MULT, lo_open=True),
+}
+TOML_KEYS = (
+    *NUMBER_RANGES,
+    ("", "baselines_dir"),
+    ("cpu", "kernel"),  # a name: checked where a kernel is run, not by `check --results`
+    ("", "perf"),
+    ("", "verdict"),
+    ("", "unknown"),
 )
+
+
+def fuzzed_config(table: str, key: str, value: str) -> str:
+    """[tool.attn-gate] with `key = value` in `table` ("" for the top level), the rest valid."""
+    top = {"baselines_dir": '"baselines"'}
+    if not table:
+        top[key] = value
+    text = "[tool.attn-gate]\n" + "".join(f"{k} = {v}\n" for k, v in top.items())
+    if table:
+        text += f"[tool.attn-gate.{table}]\n{key} = {value}\n"
+    return text + SUITE
+
+
+def good(table: str, key: str, value) -> bool:
+    """Whether the parsed `value` is a good setting for the key (the oracle)."""
+    if (table, key) in NUMBER_RANGES:
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return number and math.isfinite(value) and value in NUMBER_RANGES[(table, key)]
+    if key in ("baselines_dir", "kernel"):
+        return isinstance(value, str)
+    if key in ("perf", "verdict"):
+        return isinstance(value, dict)  # an empty table: every default
+    return False  # an unknown key
 
 
 def test_fuzzed_configs(project):
+    """Every key with every value (a few hundred in-process checks): every bad value is refused
+    (exit 2, one line naming the key), every good one accepted: the results file judged against
+    its own baseline passes, where the setting leaves the comparison possible (results measured with
+    another tolerance, or a folder without the baseline, are refused naming that)."""
     root, results, baseline = project
     sweep_file = root / "results.json"
-
-    @SETTINGS
-    @given(TOML_KEYS, TOML_VALUES)
-    def check(key, value):
-        config = root / "fuzzed.toml"
-        section, name = key.split("\n")
-        body = (
-            f'[tool.attn-gate]\nbaselines_dir = "baselines"\n{SUITE}'
-            if section != "[tool.attn-gate]" or name == "perf"
-            else SUITE
-        )
-        text = (
-            (f"{section}\n{name} = {value}\n" + body)
-            if section == "[tool.attn-gate]" and name != "baselines_dir"
-            else f"{body}\n{section}\n{name} = {value}\n"
-        )
-        if name == "baselines_dir":
-            text = f"[tool.attn-gate]\nbaselines_dir = {value}\n{SUITE}"
-        config.write_text(text)
+    config = root / "fuzzed.toml"
+    shutil.copytree(root / "baselines", root / "x", dirs_exist_ok=True)  # baselines_dir = "x" finds it
+    wrong = []
+    for (table, name), value in itertools.product(TOML_KEYS, TOML_VALUES):
+        config.write_text(fuzzed_config(table, name, value))
         before = snapshot(root)
         code, err = run_check(root, sweep_file, config)
         assert_safe(root, before, code, err, None)
-
-    check()
+        try:
+            parsed = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            ok = code == 2 and str(config) in err and err.count("\n") == 1  # names the file: no key was read
+        else:
+            if not good(table, name, parsed):
+                ok = code == 2 and err.count("\n") == 1 and name in err
+            elif name == "mult_dq" and parsed != results["tolerance"]["mult_dq"]:
+                ok = code == 2 and "other tolerance multipliers" in err and name in err
+            elif name == "baselines_dir" and not (root / parsed / "cpu").is_dir():
+                ok = code == 2 and str(root / parsed) in err
+            else:
+                ok = code == 0
+        if not ok:
+            wrong.append(f"{table}.{name} = {value}: exit {code}, {err.strip()!r}")
+    assert not wrong, "\n".join(wrong)
 
 
 # ---------------------------------------------------------------- the oracle: a field the reader uses is never ignored
@@ -554,8 +583,6 @@ CONFIG_VALUES = st.one_of(
 def test_oracle_config_values(tmp_path):
     """A setting the config accepts is the setting in force: refused (exit 2, one line) or read
     as written, never clamped, dropped or defaulted; and every accepted number is in its range."""
-    import tomllib
-
     from gate.core.config import RANGES, load_config
     from gate.core.errors import UserError
 

@@ -156,11 +156,12 @@ def test_no_baseline_is_a_usage_error_with_the_gates_message(repo):
 
 
 @pytest.mark.slow
-def test_this_repositorys_smoke_suite_passes_under_xdist(tmp_path):
-    """The committed CPU baseline, checked case by case (the one marked test that reads it here)."""
+def test_this_repositorys_smoke_suite_passes_under_xdist(cpu_baseline, tmp_path):
+    """This repository's smoke suite, checked case by case against this machine's CPU baseline."""
     proc = pytest_in(
         ROOT,
         "--attn-gate",
+        f"--attn-gate-baseline={cpu_baseline.path}",  # one word: pytest takes a lone existing path for its rootdir
         "--attn-gate-suite",
         "smoke",
         "--attn-gate-kernel",

@@ -395,8 +395,9 @@ KINDS = ["run", "run", "uses", "run", "run", "uses", "skipped", "run", "run", "r
 
 
 @pytest.mark.slow
-def test_rehearsal_passing_kernel(tmp_path):
-    r = rehearse(tmp_path, {"ATTN_GATE_KERNEL": "sdpa-cpu", "ATTN_GATE_ONLY": CASES, "ATTN_GATE_DEVICE": "cpu"})
+def test_rehearsal_passing_kernel(cpu_baseline, tmp_path):
+    variables = {"ATTN_GATE_KERNEL": "sdpa-cpu", "ATTN_GATE_ONLY": CASES, "ATTN_GATE_DEVICE": "cpu"}
+    r = rehearse(tmp_path, {**variables, "ATTN_GATE_BASELINE": str(cpu_baseline.path)})
     gate = r.step("gate")
     assert gate.returncode == 0, gate.output[-3000:]
     assert not r.failed
@@ -843,7 +844,7 @@ def workflows_started_by(event: str) -> dict[str, dict]:
 
 
 @pytest.mark.slow
-def test_fork_pr_end_to_end(tmp_path):
+def test_fork_pr_end_to_end(cpu_baseline, tmp_path):
     """mallory/r opens PR 7 against o/r. (1) Its pull_request event, in which every repository
     variable reads empty, starts only hosted jobs that read no variable, and the runner guard
     refuses it anyway. (2) Mallory's own `/attn-gate run` comment and a maintainer's comment naming
@@ -881,7 +882,12 @@ def test_fork_pr_end_to_end(tmp_path):
     gate_dir.mkdir()
     r = rehearse(
         gate_dir,
-        {"ATTN_GATE_KERNEL": "sdpa-cpu", "ATTN_GATE_ONLY": CASES, "ATTN_GATE_DEVICE": "cpu"},
+        {
+            "ATTN_GATE_KERNEL": "sdpa-cpu",
+            "ATTN_GATE_ONLY": CASES,
+            "ATTN_GATE_DEVICE": "cpu",
+            "ATTN_GATE_BASELINE": str(cpu_baseline.path),
+        },
         pr=dispatch["inputs"]["pr"],
         sha=dispatch["inputs"]["sha"],
     )

@@ -54,11 +54,13 @@ def calls(monkeypatch):
     }
 
 
-def test_check_loads_the_suite_once_and_resolves_the_kernel_once(calls, tmp_path):
+def test_check_loads_the_suite_once_and_resolves_the_kernel_once(cpu_baseline, calls, tmp_path):
     with contextlib.chdir(ROOT):
         rc = main(
             [
                 "check",
+                "--baseline",
+                str(cpu_baseline.path),
                 "--device",
                 "cpu",
                 "--kernel",
@@ -79,18 +81,18 @@ def test_check_loads_the_suite_once_and_resolves_the_kernel_once(calls, tmp_path
     assert calls["resolve_kernel"] == ["sdpa-cpu"]  # checked here; the sweep runs it in a worker
 
 
-def test_an_in_process_sweep_reuses_the_plans_adapter(calls, tmp_path):
+def test_an_in_process_sweep_reuses_the_plans_adapter(cpu_baseline, calls, tmp_path):
     with contextlib.chdir(ROOT):
-        config = load_config(None)
+        config = load_config(cpu_baseline.config)  # its baselines_dir holds this machine's baseline
         plan = resolve_plan(config, "sdpa-cpu", "smoke", "cpu", FEW, SweepOptions(workers=0))
         outcome = run_check(config, out_dir=tmp_path / "out", progress=False, plan=plan)
     assert outcome.exit_code == 0 and outcome.sweep.scope == FEW
     assert calls["load_suite"].count("smoke") == 1 and calls["resolve_kernel"] == ["sdpa-cpu"]
 
 
-def test_baseline_update_loads_the_suite_once(calls, tmp_path):
+def test_baseline_update_loads_the_suite_once(cpu_baseline, calls, tmp_path):
     baselines = tmp_path / "baselines"
-    shutil.copytree(ROOT / "baselines" / "cpu", baselines / "cpu")
+    shutil.copytree(cpu_baseline.path.parent, baselines / "cpu")
     config = tmp_path / "pyproject.toml"
     config.write_text(f'[tool.attn-gate]\nbaselines_dir = "{baselines}"\n')
     rc = main(
