@@ -22,6 +22,7 @@ from gate.compare.sweep_rules import compare
 from gate.core.cases import case_hash, exact_regex
 from gate.core.config import load_config
 from gate.core.errors import UserError
+from gate.core.identity import Scope
 from gate.core.results import CaseResult, Status
 from tests.test_verdict import CFG, ENV, GOOD, case, result, sweep
 
@@ -96,11 +97,11 @@ def test_path_is_per_gpu_class_kernel_and_suite():
 def test_merge_filtered_run_replaces_only_its_cases_and_keeps_perf():
     old = Baseline.from_sweep(GOOD, perf={"x": 1})
     new = Baseline.from_sweep(sweep(result(1, out=0.5), scope="s1-"))
-    merged, kept = merge_baseline(new, old, "s1-")
+    merged, kept = merge_baseline(new, old, Scope("s1-"))
     assert kept == 3 and set(merged.correctness) == set(old.correctness)
     assert merged.correctness[case(1).id].tensors["out"].ratio == 0.5
     assert merged.perf == {"x": 1}
-    whole, kept = merge_baseline(new, old, None)  # an unfiltered run is the whole truth
+    whole, kept = merge_baseline(new, old, Scope())  # an unfiltered run is the whole truth
     assert kept == 0 and set(whole.correctness) == {case(1).id}
 
 
@@ -108,7 +109,7 @@ def test_merge_filtered_run_into_changed_suite_is_refused():
     old = Baseline.from_sweep(GOOD)
     new = Baseline.from_sweep(sweep(result(1, out=0.5), suite_hash="h2"))
     with pytest.raises(UserError, match="cannot update it piecemeal"):
-        merge_baseline(new, old, "s1-")  # no suite given: nothing says which rows still hold
+        merge_baseline(new, old, Scope("s1-"))  # no suite given: nothing says which rows still hold
 
 
 # Another CPU model of the same class: BLAS paths that move an fp32 ratio 0.25 -> 0.45 on an unchanged

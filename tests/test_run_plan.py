@@ -22,6 +22,7 @@ import gate.workflow.sweep
 import gate.workflow.validate
 from gate.commands.main import main
 from gate.core.config import load_config
+from gate.core.identity import Scope
 from gate.workflow.check import run_check
 from gate.workflow.plan import resolve_plan
 from gate.workflow.sweep import SweepOptions
@@ -84,7 +85,7 @@ def test_an_in_process_sweep_reuses_the_plans_adapter(calls, tmp_path):
         config = load_config(None)
         plan = resolve_plan(config, "sdpa-cpu", "smoke", "cpu", FEW, SweepOptions(workers=0))
         outcome = run_check(config, out_dir=tmp_path / "out", progress=False, plan=plan)
-    assert outcome.exit_code == 0 and outcome.sweep.scope == FEW
+    assert outcome.exit_code == 0 and outcome.sweep.scope == Scope(FEW)
     assert calls["load_suite"].count("smoke") == 1 and calls["resolve_kernel"] == ["sdpa-cpu"]
 
 

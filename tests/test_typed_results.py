@@ -8,10 +8,11 @@ import dataclasses
 import pytest
 
 from gate.compare.findings import CheckContext, decide
+from gate.core.identity import Scope
 
 
 def test_the_check_context_is_typed_frozen_and_reads_as_a_mapping():
-    ctx = CheckContext(kernel="k", suite="smoke", scope="s1-", measured=3, cases=4)
+    ctx = CheckContext(kernel="k", suite="smoke", scope=Scope("s1-"), measured=3, cases=4)
     assert (ctx.kernel, ctx["suite"], ctx.get("scope"), ctx.get("baseline_option")) == ("k", "smoke", "s1-", None)
     with pytest.raises(dataclasses.FrozenInstanceError):
         ctx.kernel = "other"

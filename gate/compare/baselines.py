@@ -522,7 +522,7 @@ def timed_perf(perf: dict[str, Any] | None, timed: set[str]) -> dict[str, Any] |
 
 
 def merge_baseline(
-    new: Baseline, old: Baseline | None, scope: str | None, suite_cases: dict[str, str] | None = None
+    new: Baseline, old: Baseline | None, scope: Scope, suite_cases: dict[str, str] | None = None
 ) -> tuple[Baseline, int]:
     """The baseline to write. A run filtered with --only replaces only the cases in its scope;
     the old baseline's other cases are kept (and counted). The perf section is always kept.
@@ -533,23 +533,23 @@ def merge_baseline(
     if old is None:
         return new, 0
     kept = {}
-    if scope is not None:
+    if not scope.whole:
         if not same(new.key, old.key, "tolerance"):
             raise UserError(
-                f"the tolerance changed since the baseline was made, so a run filtered with --only {scope!r} "
+                f"the tolerance changed since the baseline was made, so a run filtered with --only {scope.only!r} "
                 f"cannot update it piecemeal; update it from a run of the whole suite (drop --only)"
             )
         if not same(new.key, old.key, "suite_hash"):
             if suite_cases is None:
                 raise UserError(
-                    f"the suite changed since the baseline was made, so a run filtered with --only {scope!r} "
+                    f"the suite changed since the baseline was made, so a run filtered with --only {scope.only!r} "
                     f"cannot update it piecemeal; update it from a run of the whole suite (drop --only)"
                 )
             refuse_lacking_cases(old, suite_cases, lambda cid: cid in new.correctness, "this run")
             old_rows = {cid: c for cid, c in old.correctness.items() if cid in suite_cases}
         else:
             old_rows = old.correctness
-        kept = {cid: c for cid, c in old_rows.items() if not Scope(scope).admits(cid) and cid not in new.correctness}
+        kept = {cid: c for cid, c in old_rows.items() if not scope.admits(cid) and cid not in new.correctness}
     merged = Baseline(
         kernel=new.kernel,
         suite=new.suite,

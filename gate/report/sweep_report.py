@@ -124,7 +124,7 @@ def validation_note(result: SweepResult) -> str:
         lines += [f"- `{c.case_id}`: {c.reason}" for c in skipped]
     else:
         lines.append("- none")
-    notes = ((f"filtered with --only {result.scope!r}",) if result.scope is not None else ()) + tuple(result.notes)
+    notes = ((f"filtered with --only {result.scope.only!r}",) if not result.scope.whole else ()) + tuple(result.notes)
     if notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
