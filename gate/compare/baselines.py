@@ -43,13 +43,14 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from gate.compare.comparable import same
 from gate.compare.headroom import is_headroom_regression, is_large_improvement
-from gate.core.cases import case_hash, exact_regex
+from gate.core.cases import Case, case_hash, exact_regex
 from gate.core.errors import UserError
 from gate.core.files import safe_name
 from gate.core.identity import RunKey, Scope
@@ -171,10 +172,11 @@ class CaseBaseline:
         return row
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], case_id: str = "") -> "CaseBaseline":
+    def from_dict(cls, d: dict[str, Any]) -> "CaseBaseline":
         """A row whose status is recomputed from its numbers both ways, as the results reader does
         (CaseResult.check_consistent), and a PASS row that lacks the tensors its case must carry
-        is refused. The row keeps no Case: bias_grad and decode are read off its id."""
+        is refused. The row keeps no Case: what the row itself shows is checked here (a row with a
+        gradient needs them all); what its case adds (dbias, decode) is `Baseline.missing_tensors`."""
         tensors, reason, digest = d.get("tensors", {}), d.get("reason", ""), d.get("case_hash")
         if not isinstance(tensors, dict) or not isinstance(reason, str):
             raise TypeError("tensors must be an object keyed by tensor name and reason a string")
@@ -202,24 +204,21 @@ class CaseBaseline:
                 "status FAIL contradicts the row: every tensor is within its bound and its reason names no failed check"
             )
         if case.status is Status.PASS:
-            # a row with no gradient at all is forward-only (decode, or a kernel without backward)
-            forward_only = _is_decode_id(case_id) or not any(g in case.tensors for g in GRADIENTS)
-            missing = [t for t in required_tensors(_has_bias_grad_id(case_id), forward_only) if t not in case.tensors]
+            missing = case.missing_tensors()
             if missing:
                 raise ValueError(f"status PASS without {', '.join(missing)}: nothing shows it is within its bounds")
         return case
 
-
-# The id parts of gate/core/cases.py Case.id that decide which tensors a row must carry.
-_DECODE_PART = re.compile(r"kv[\d.]*")
-
-
-def _is_decode_id(case_id: str) -> bool:
-    return any(_DECODE_PART.fullmatch(part) for part in case_id.split("-"))
-
-
-def _has_bias_grad_id(case_id: str) -> bool:
-    return any(part.startswith("bias.") and part.endswith(".grad") for part in case_id.split("-"))
+    def missing_tensors(self, case: Case | None = None) -> tuple[str, ...]:
+        """The tensors a PASS row lacks (required_tensors): `case`, the suite's Case of the row, says
+        whether its bias trains (dbias) and whether it is forward-only (decode, fp8); without it
+        only what the row shows is known. A row with no gradient at all is forward-only (decode, or
+        a kernel without backward)."""
+        if self.status is not Status.PASS:
+            return ()
+        forward_only = (case is not None and case.forward_only) or not any(g in self.tensors for g in GRADIENTS)
+        bias_grad = case is not None and case.bias.grad
+        return tuple(t for t in required_tensors(bias_grad, forward_only) if t not in self.tensors)
 
 
 # verdict_row's reason for a failed check: "name: detail", joined by "; "
@@ -309,7 +308,7 @@ class Baseline:
         correctness = {}
         for cid, c in d["correctness"].items():
             try:
-                correctness[cid] = CaseBaseline.from_dict(c, str(cid))
+                correctness[cid] = CaseBaseline.from_dict(c)
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 raise ValueError(f"correctness[{cid!r}]: {bad_field(exc)}") from None
         return cls(
@@ -351,12 +350,14 @@ def read_baseline(path: Path) -> Baseline:
     return parse_baseline(read_json(path, kind="baseline", schema_version=READABLE_VERSIONS), path)
 
 
-def validate_written(baseline: Baseline, path: Path) -> None:
+def validate_written(baseline: Baseline, path: Path, cases: Iterable[Case]) -> None:
     """What `baseline update` is about to write, read back through `parse_baseline` first: a
     baseline its own reader would refuse (a ratio that is not max_err / bound, a PASS row over its
-    bound) is never written."""
+    bound), or one with a PASS row lacking a tensor its case (of `cases`, the suite's) needs,
+    is never written."""
     try:
         parse_baseline(json.loads(json.dumps(clean_json(baseline.to_dict()), allow_nan=False)), path)
+        refuse_incomplete_rows(baseline, cases, path)
     except UserError as exc:
         raise UserError(
             f"refusing to write {exc}".replace(
@@ -376,10 +377,7 @@ def parse_baseline(payload: dict[str, Any], path: Path) -> Baseline:
     try:
         baseline = Baseline.from_dict(payload)
     except Exception as exc:  # noqa: BLE001 - whatever a hand-edited file makes the parser raise, never a traceback
-        raise UserError(
-            f"{path}: baseline is missing or has a bad field ({bad_field(exc)}); "
-            f"restore it from git or regenerate it with `attn-gate baseline update`"
-        ) from None
+        raise _bad_field(path, bad_field(exc)) from None
     if baseline.environment.get("gpu_class", baseline.gpu_class) != baseline.gpu_class:
         raise UserError(
             f"{path}: gpu_class {baseline.gpu_class!r} disagrees with its environment's "
@@ -387,6 +385,24 @@ def parse_baseline(payload: dict[str, Any], path: Path) -> Baseline:
             f"with `attn-gate baseline update`"
         )
     return baseline
+
+
+def refuse_incomplete_rows(baseline: Baseline, cases: Iterable[Case], path: Path) -> None:
+    """A PASS row lacking a tensor its case needs (CaseBaseline.missing_tensors, asked with the
+    suite's Case: dbias where the bias trains) is a bad field of the file, as the reader says it."""
+    for case in cases:
+        row = baseline.correctness.get(case.id)
+        missing = row.missing_tensors(case) if row is not None else ()
+        if missing:
+            problem = ValueError(f"status PASS without {', '.join(missing)}: nothing shows it is within its bounds")
+            raise _bad_field(path, bad_field(ValueError(f"correctness[{case.id!r}]: {bad_field(problem)}")))
+
+
+def _bad_field(path: Path, detail: str) -> UserError:
+    return UserError(
+        f"{path}: baseline is missing or has a bad field ({detail}); "
+        f"restore it from git or regenerate it with `attn-gate baseline update`"
+    )
 
 
 # ---------------------------------------------------------------- the diff a maintainer reviews

@@ -41,6 +41,7 @@ from gate.compare.baselines import (
     forged_case_hashes,
     merge_baseline,
     read_baseline,
+    refuse_incomplete_rows,
     refuse_lacking_cases,
     refuse_widen,
     spans_machines,
@@ -257,6 +258,7 @@ def require_complete_baseline(plan: RunPlan, baseline: Baseline, path: Path) -> 
             f"{path}: the baseline {what}, so they would not be gated; restore it with `git checkout -- {path}` "
             f"or regenerate it with `{update_command(baseline.kernel, baseline.suite, baseline.gpu_class)}`"
         )
+    refuse_incomplete_rows(baseline, suite.swept_cases, path)
     forged = forged_case_hashes(baseline, suite.swept_hashes())
     if forged:
         raise UserError(
@@ -738,7 +740,7 @@ def _update_baseline(
     if summary_path is not None:  # first: a summary that cannot be written leaves the baseline untouched
         with writing("pass a writable --summary file; the baseline was not written"):
             write_text_atomic(Path(summary_path), text)
-    validate_written(new, path)  # the reader `check` uses, before the file is replaced
+    validate_written(new, path, plan.suite.swept_cases)  # the reader `check` uses, before the file is replaced
     if declared:  # never silently: the declaration is printed and lands in the file the PR shows
         with writing(f"neither {config.source} nor {path} was written"):
             write_text_atomic(Path(config.source), declared_text)
