@@ -32,7 +32,7 @@ from gate.compare.sweep_rules import (
 from gate.core.cases import Case
 from gate.core.config import VerdictConfig
 from gate.core.errors import UserError
-from gate.core.identity import Scope
+from gate.core.identity import Environment, Scope
 from gate.core.results import CaseResult, Status, SweepResult, TensorError
 
 CFG = VerdictConfig(headroom_factor=1.5, headroom_step=0.1, improvement_factor=2.0)
@@ -452,7 +452,7 @@ def test_environment_drift_warns_but_passes():
     assert rules_of(findings) == {("WARN", "env_drift", "")}
     assert {f.metric for f in findings if f.rule == "env_drift"} == {"env:torch", "env:kernel_version"}
     assert decide(findings).passed
-    assert compare_environment(ENV, ENV) == []
+    assert compare_environment(Environment.from_dict(ENV), Environment.from_dict(ENV)) == []
 
 
 # ---------------------------------------------------------------- refusals

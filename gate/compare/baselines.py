@@ -53,7 +53,7 @@ from gate.compare.headroom import is_headroom_regression, is_large_improvement
 from gate.core.cases import Case, case_hash, exact_regex
 from gate.core.errors import UserError
 from gate.core.files import safe_name
-from gate.core.identity import RunKey, Scope
+from gate.core.identity import Environment, RunKey, Scope
 from gate.core.jsonio import (
     bad_field,
     checked_kernel,
@@ -243,9 +243,15 @@ class Baseline:
     schema_version: int = SCHEMA_VERSION
     commit: str = ""  # git commit of the run behind it; '' when unknown
 
+    @property
+    def env(self) -> Environment:
+        """The environment record, typed."""
+        return Environment.from_dict(self.environment)
+
     @classmethod
     def from_sweep(cls, sweep: SweepResult, perf: dict[str, Any] | None = None) -> "Baseline":
-        env = {k: str(sweep.environment[k]) for k in FINGERPRINT_KEYS if k in sweep.environment}
+        run = sweep.env
+        env = {k: str(run.value(k)) for k in FINGERPRINT_KEYS if run.value(k) is not None}
         cases = {
             c.case_id: CaseBaseline(
                 status=c.status,
@@ -378,10 +384,11 @@ def parse_baseline(payload: dict[str, Any], path: Path) -> Baseline:
         baseline = Baseline.from_dict(payload)
     except Exception as exc:  # noqa: BLE001 - whatever a hand-edited file makes the parser raise, never a traceback
         raise _bad_field(path, bad_field(exc)) from None
-    if baseline.environment.get("gpu_class", baseline.gpu_class) != baseline.gpu_class:
+    recorded = baseline.env.gpu_class
+    if recorded is not None and recorded != baseline.gpu_class:
         raise UserError(
             f"{path}: gpu_class {baseline.gpu_class!r} disagrees with its environment's "
-            f"{baseline.environment['gpu_class']!r} (hand-edited?); restore it from git or regenerate it "
+            f"{recorded!r} (hand-edited?); restore it from git or regenerate it "
             f"with `attn-gate baseline update`"
         )
     return baseline
@@ -591,7 +598,7 @@ def env_values(value: Any) -> set[str]:
 
 
 def spans_machines(baseline: Baseline) -> bool:
-    return any(len(env_values(baseline.environment.get(key, ""))) > 1 for key in WIDEN_KEYS)
+    return any(len(env_values(baseline.env.value(key) or "")) > 1 for key in WIDEN_KEYS)
 
 
 def refuse_widen(old: Baseline | None, run: RunKey, environment: dict[str, Any] | None, path: Any) -> None:
@@ -609,10 +616,11 @@ def refuse_widen(old: Baseline | None, run: RunKey, environment: dict[str, Any] 
             f"must hold like with like: update it without --widen first"
         )
     if environment is not None:
+        before, now = old.env, Environment.from_dict(environment)
         differ = [
-            f"{key} {old.environment.get(key)!r} -> {environment.get(key)!r}"
+            f"{key} {before.value(key)!r} -> {now.value(key)!r}"
             for key in DRIFT_KEYS
-            if str(old.environment.get(key)) != str(environment.get(key))
+            if str(before.value(key)) != str(now.value(key))
         ]
         if differ:
             raise UserError(
@@ -629,8 +637,8 @@ def widen_baseline(new: Baseline, old: Baseline | None, path: Any) -> Baseline:
     a case of one side only keeps its row. WIDEN_KEYS list every machine seen."""
     refuse_widen(old, new.key, new.environment, path)
     for key in WIDEN_KEYS:  # a span that records no machine would widen the ratios and say nothing of why
-        for who, env in (("this run", new.environment), (str(path), old.environment)):
-            if not str(env.get(key, "")).strip() or str(env.get(key)) == "unknown":
+        for who, env in (("this run", new.env), (str(path), old.env)):
+            if not str(env.value(key) or "").strip() or str(env.value(key)) == "unknown":
                 raise UserError(
                     f"--widen: {who} records no {key}, so the machines a widened baseline spans could not "
                     f"be named; widen only with runs that record their {key} (run them with this attn-gate)"
@@ -656,11 +664,14 @@ def widen_baseline(new: Baseline, old: Baseline | None, path: Any) -> Baseline:
         rows[cid] = replace(new.correctness[cid], tensors=tensors)
     env = {**old.environment, **new.environment}
     for key in WIDEN_KEYS:
-        if key in old.environment and key in new.environment:
-            env[key] = ENV_ALTERNATIVES.join(
-                sorted(env_values(old.environment[key]) | env_values(new.environment[key]))
-            )
+        before, now = old.env.value(key), new.env.value(key)
+        if before is not None and now is not None:
+            env[key] = ENV_ALTERNATIVES.join(sorted(env_values(before) | env_values(now)))
     return replace(new, correctness=rows, environment=env)
+
+
+def _or_dash(value: Any) -> Any:
+    return "-" if value is None else value
 
 
 def diff_baselines(
@@ -696,10 +707,11 @@ def diff_baselines(
                 moved.append((cid, tensor, a, b))
                 changed = True
         unchanged += not changed
+    before, now = old.env, new.env
     env_changes = tuple(
-        (k, old.environment.get(k, "-"), new.environment.get(k, "-"))
+        (k, _or_dash(before.value(k)), _or_dash(now.value(k)))
         for k in FINGERPRINT_KEYS
-        if old.environment.get(k) != new.environment.get(k)
+        if before.value(k) != now.value(k)
     )
     hash_change = None if same(new.key, old.key, "suite_hash") else (old.suite_hash, new.suite_hash)
     return BaselineDiff(

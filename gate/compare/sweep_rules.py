@@ -53,7 +53,7 @@ from gate.compare.comparable import same, why_not_comparable
 from gate.compare.findings import STATUS, Finding, Rule, Severity, Subject, Value, advised, fmt
 from gate.compare.headroom import is_headroom_regression, is_large_improvement
 from gate.core.errors import UserError
-from gate.core.identity import RunKey, Scope
+from gate.core.identity import Environment, RunKey, Scope
 from gate.core.results import REQUIRED_TENSORS, required_tensors  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
@@ -571,12 +571,12 @@ def _ok_findings(baseline: Baseline, sweep: "SweepResult", findings: list[Findin
     return out
 
 
-def compare_environment(base_env: dict[str, Any], cur_env: dict[str, Any]) -> list[Finding]:
-    keys = [k for k in DRIFT_KEYS + INFO_KEYS if k in base_env or k in cur_env]
-    return [f for f in (rule_env_drift(k, base_env.get(k), cur_env.get(k)) for k in keys) if f]
+def compare_environment(base: Environment, cur: Environment) -> list[Finding]:
+    """One finding per checked key whose value moved (the records' values are strings)."""
+    pairs = ((k, base.value(k), cur.value(k)) for k in DRIFT_KEYS + INFO_KEYS)
+    return [f for f in (rule_env_drift(k, b, c) for k, b, c in pairs if b is not None or c is not None) if f]
 
 
 def compare(baseline: Baseline, sweep: "SweepResult", cfg: "VerdictConfig", scope: Scope = Scope()) -> list[Finding]:
     """All correctness findings of a run against its baseline (check_comparable first)."""
-    cur_env = {k: str(v) for k, v in sweep.environment.items()}
-    return compare_correctness(baseline, sweep, cfg, scope) + compare_environment(baseline.environment, cur_env)
+    return compare_correctness(baseline, sweep, cfg, scope) + compare_environment(baseline.env, sweep.env)

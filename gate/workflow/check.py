@@ -720,7 +720,7 @@ def _update_baseline(
         new = widen_baseline(new, old, path)
     elif old is not None and spans_machines(old):
         print(
-            f"attn-gate: {path} spanned {', '.join(f'{k} {old.environment[k]!r}' for k in WIDEN_KEYS if k in old.environment)}; "
+            f"attn-gate: {path} spanned {', '.join(f'{k} {v!r}' for k in WIDEN_KEYS if (v := old.env.value(k)) is not None)}; "
             f"this update holds this machine's rows only: widen it again with `--widen` from a run on each other machine",
             file=sys.stderr,
         )

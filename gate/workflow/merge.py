@@ -72,10 +72,10 @@ def merge_shards(folders: list[Path], config: Config) -> SweepResult:
                 f"{_field(first, key)!r}; merge shards of one run only"
             )
         for key in sorted(set(sweep.environment) | set(first.environment)):
-            if sweep.environment.get(key) != first.environment.get(key):
+            if sweep.env.value(key) != first.env.value(key):
                 raise UserError(
-                    f"merge: {path} ran with environment {key}={sweep.environment.get(key)!r} but {first_path} "
-                    f"with {first.environment.get(key)!r}; rerun the shards on machines of one kind"
+                    f"merge: {path} ran with environment {key}={sweep.env.value(key)!r} but {first_path} "
+                    f"with {first.env.value(key)!r}; rerun the shards on machines of one kind"
                 )
     shards = {}
     base_notes = None
