@@ -24,6 +24,12 @@ def test_the_check_context_is_typed_frozen_and_reads_as_a_mapping():
     assert "3 cases measured" in verdict.headline
 
 
+def test_a_context_scope_is_a_value_and_writes_as_its_regex():
+    assert CheckContext().to_dict()["scope"] is None and CheckContext()["scope"] is None
+    with pytest.raises(TypeError, match="scope"):
+        CheckContext(scope="s1-")
+
+
 def test_a_mapping_context_with_an_unknown_key_is_refused():
     assert decide([], {}, {"kernel": "k"}).context == CheckContext(kernel="k")
     with pytest.raises(TypeError):

@@ -246,6 +246,10 @@ class CheckContext(Mapping):
     cases: int | None = None  # cases in the run
     known_failures: tuple[dict[str, Any], ...] = ()  # the known_failures declarations that applied
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.scope, Scope):  # a regex string here would be written as if it were none
+            raise TypeError(f"scope = {self.scope!r} must be a Scope (Scope(regex), or Scope() for the whole suite)")
+
     def __getitem__(self, key: str) -> Any:
         if key not in self._keys():
             raise KeyError(key)
