@@ -3,6 +3,7 @@ fix, piecemeal updates, the reviewer's diff, and the committed CPU baseline itse
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -10,20 +11,24 @@ import pytest
 
 from gate.compare.baselines import (
     Baseline,
+    CaseBaseline,
     baseline_path,
     cases_to_rerun,
     diff_baselines,
     merge_baseline,
     read_baseline,
+    refuse_incomplete_rows,
+    validate_written,
     widen_baseline,
 )
 from gate.compare.findings import decide
 from gate.compare.sweep_rules import compare
-from gate.core.cases import case_hash, exact_regex
+from gate.core.cases import Case, case_hash, exact_regex
 from gate.core.config import load_config
 from gate.core.errors import UserError
+from gate.core.identity import Scope
 from gate.core.results import CaseResult, Status
-from tests.test_verdict import CFG, ENV, GOOD, case, result, sweep
+from tests.test_verdict import CFG, ENV, GOOD, case, result, sweep, tensor
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU_BASELINE = ROOT / "baselines" / "cpu" / "sdpa-cpu-smoke.json"
@@ -96,11 +101,11 @@ def test_path_is_per_gpu_class_kernel_and_suite():
 def test_merge_filtered_run_replaces_only_its_cases_and_keeps_perf():
     old = Baseline.from_sweep(GOOD, perf={"x": 1})
     new = Baseline.from_sweep(sweep(result(1, out=0.5), scope="s1-"))
-    merged, kept = merge_baseline(new, old, "s1-")
+    merged, kept = merge_baseline(new, old, Scope("s1-"))
     assert kept == 3 and set(merged.correctness) == set(old.correctness)
     assert merged.correctness[case(1).id].tensors["out"].ratio == 0.5
     assert merged.perf == {"x": 1}
-    whole, kept = merge_baseline(new, old, None)  # an unfiltered run is the whole truth
+    whole, kept = merge_baseline(new, old, Scope())  # an unfiltered run is the whole truth
     assert kept == 0 and set(whole.correctness) == {case(1).id}
 
 
@@ -108,7 +113,7 @@ def test_merge_filtered_run_into_changed_suite_is_refused():
     old = Baseline.from_sweep(GOOD)
     new = Baseline.from_sweep(sweep(result(1, out=0.5), suite_hash="h2"))
     with pytest.raises(UserError, match="cannot update it piecemeal"):
-        merge_baseline(new, old, "s1-")  # no suite given: nothing says which rows still hold
+        merge_baseline(new, old, Scope("s1-"))  # no suite given: nothing says which rows still hold
 
 
 # Another CPU model of the same class: BLAS paths that move an fp32 ratio 0.25 -> 0.45 on an unchanged
@@ -347,8 +352,6 @@ def test_committed_h200_baselines_match_their_suites_and_config(path):
 
 def test_a_schema_1_baseline_is_migrated_and_records_its_commit_from_now_on(tmp_path):
     """version 2 stores the git commit a baseline was measured at; version 1 files still read."""
-    import dataclasses
-
     data = json.loads(GOOD_TEXT)
     data["schema_version"] = 1
     data.pop("commit")
@@ -610,3 +613,54 @@ def test_widen_through_the_cli_spans_two_machines_and_refuses_before_the_sweep(t
         main(["baseline", "update", "--config", str(config), "--from-results", str(here)]) == 0
     )  # narrows it, says so
     assert "spanned cpu_model" in capsys.readouterr().err
+
+
+SHAPE = dict(batch=1, seqlen_q=8, seqlen_k=8, heads_q=1, heads_kv=1, head_dim=8, head_dim_v=8, dtype="bf16")
+TRAINS = Case.build(**SHAPE, bias="dense", bias_grad=True)  # its bias requires grad: dbias is measured
+DECODE = Case.build(**{**SHAPE, "seqlen_q": 1, "seqlen_k": 16}, entry="kvcache")  # no backward
+
+
+def _row(of: Case, *tensors: str) -> CaseBaseline:
+    run = sweep(CaseResult(case=of, status=Status.PASS, tensors=tuple(tensor(t, 0.2) for t in tensors)))
+    return Baseline.from_sweep(run).correctness[of.id]
+
+
+def test_what_a_pass_row_must_carry_comes_from_its_case_not_its_id():
+    full = _row(case(1), "out", "dq", "dk", "dv")
+    assert full.missing_tensors(case(1)) == () and full.missing_tensors(TRAINS) == ("dbias",)
+    assert _row(TRAINS, "out", "dq", "dk", "dv", "dbias").missing_tensors(TRAINS) == ()
+    assert _row(DECODE, "out").missing_tensors(DECODE) == ()
+    assert _row(DECODE, "out", "dq").missing_tensors(DECODE) == ()  # decode is judged on out alone
+    # without its case only the row itself speaks: a gradient asks for all three, none means forward-only
+    assert _row(case(1), "out", "dq").missing_tensors() == ("dk", "dv")
+    assert _row(case(1), "out").missing_tensors() == ()
+    assert dataclasses.replace(full, status=Status.FAIL, tensors={}).missing_tensors(TRAINS) == ()
+
+
+def test_a_baseline_row_lacking_the_dbias_its_case_needs_is_refused_naming_the_row(tmp_path):
+    path = tmp_path / "b.json"
+    lacking = Baseline.from_sweep(
+        sweep(
+            CaseResult(
+                case=TRAINS, status=Status.PASS, tensors=tuple(tensor(t, 0.2) for t in ("out", "dq", "dk", "dv"))
+            )
+        )
+    )
+    with pytest.raises(
+        UserError, match=r"correctness\['bf16-b1-h1-s8-d8-bias.dense.grad'\]: ValueError: status PASS without dbias"
+    ):
+        refuse_incomplete_rows(lacking, [TRAINS], path)
+    with pytest.raises(UserError, match="refusing to write .*status PASS without dbias"):
+        validate_written(lacking, path, [TRAINS])
+    complete = Baseline.from_sweep(
+        sweep(
+            CaseResult(
+                case=TRAINS,
+                status=Status.PASS,
+                tensors=tuple(tensor(t, 0.2) for t in ("out", "dq", "dk", "dv", "dbias")),
+            )
+        )
+    )
+    refuse_incomplete_rows(complete, [TRAINS], path)
+    validate_written(complete, path, [TRAINS])
+    refuse_incomplete_rows(lacking, [case(1)], path)  # a case of another id: not this row's

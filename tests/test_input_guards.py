@@ -114,7 +114,7 @@ def test_a_baseline_keeps_an_infinite_error_on_a_failing_row_only(project, capsy
     row = json.loads(baseline.read_text())["correctness"]["fp32-b1-h2-s8-d8"]
     row["tensors"]["out"].update(max_err="inf", mean_err="inf", ratio="inf")
     row.update(status="FAIL", reason="out over the bound")
-    failing = CaseBaseline.from_dict(json.loads(json.dumps(row)), "fp32-b1-h2-s8-d8")
+    failing = CaseBaseline.from_dict(json.loads(json.dumps(row)))
     assert failing.tensors["out"].ratio == math.inf
     huge = dict(
         row,
@@ -125,12 +125,12 @@ def test_a_baseline_keeps_an_infinite_error_on_a_failing_row_only(project, capsy
             ),
         },
     )
-    assert CaseBaseline.from_dict(huge, "fp32-b1-h2-s8-d8").tensors["out"].ratio == 1.6e6
+    assert CaseBaseline.from_dict(huge).tensors["out"].ratio == 1.6e6
     with pytest.raises(ValueError, match="status PASS contradicts"):
-        CaseBaseline.from_dict(dict(row, status="PASS"), "fp32-b1-h2-s8-d8")
+        CaseBaseline.from_dict(dict(row, status="PASS"))
     forged = dict(row, tensors={**row["tensors"], "out": dict(row["tensors"]["out"], max_err=0.0, mean_err=0.0)})
     with pytest.raises(ValueError, match="ratio"):
-        CaseBaseline.from_dict(forged, "fp32-b1-h2-s8-d8")
+        CaseBaseline.from_dict(forged)
 
 
 def test_a_nan_error_in_a_results_file_is_refused(project, capsys):

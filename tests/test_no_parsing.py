@@ -26,10 +26,6 @@ PATTERNS = {
     "advice trimmed off a message": re.compile(r"""remove(suffix|prefix)\([^)]*(refresh|purpose|baseline)"""),
     "a message cut at its advice": re.compile(r"""\.partition\(\s*(REFRESH|["']refresh)"""),
     "--only read back from a note": re.compile(r"""["']--only["']\s+in\b"""),
-}
-# patterns whose last uses remain (baseline rows do not carry their case's traits yet); each must
-# reach 0 and then lose its xfail
-PENDING = {
     "case traits read off a case id": re.compile(r"\bcase_id\.split\(|_is_decode_id|_has_bias_grad_id"),
 }
 
@@ -69,12 +65,6 @@ def test_no_meaning_is_parsed_out_of_text_after_a_decision(what):
     assert hits(PATTERNS[what]) == [], what
 
 
-@pytest.mark.parametrize("what", sorted(PENDING))
-@pytest.mark.xfail(strict=True, reason="still parsed from text; remove this mark once it reaches 0")
-def test_no_meaning_is_parsed_out_of_text_pending(what):
-    assert hits(PENDING[what]) == [], what
-
-
 @pytest.mark.parametrize(
     "line",
     [
@@ -92,7 +82,7 @@ def test_no_meaning_is_parsed_out_of_text_pending(what):
 def test_each_pattern_catches_what_it_names(tmp_path, line):
     """The grep is only as good as its patterns: each of the old forms is caught, the typed forms are not."""
     (tmp_path / "old.py").write_text(f"def render(f):\n    {line}\n")
-    assert any(hits(p, tmp_path) for p in {**PATTERNS, **PENDING}.values()), line
+    assert any(hits(p, tmp_path) for p in PATTERNS.values()), line
 
 
 @pytest.mark.parametrize(
@@ -107,7 +97,7 @@ def test_each_pattern_catches_what_it_names(tmp_path, line):
 )
 def test_the_typed_forms_pass(tmp_path, line):
     (tmp_path / "new.py").write_text(f"def render(f):\n    {line}\n")
-    assert not any(hits(p, tmp_path) for p in {**PATTERNS, **PENDING}.values()), line
+    assert not any(hits(p, tmp_path) for p in PATTERNS.values()), line
 
 
 def test_the_allowed_reader_is_where_it_is_said_to_be():

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from gate.core.identity import Scope
 from gate.core.results import SCHEMA_VERSION, SweepResult, TensorError, migrate_results
 
 DATA = Path(__file__).parent / "data"
@@ -30,7 +31,7 @@ def test_version_1_reads_and_rewrites_as_the_current_version(name, tmp_path):
     path = tmp_path / "v1.json"
     path.write_text(json.dumps(payload))
     sweep = SweepResult.read(path)
-    assert sweep.scope is None and len(sweep.cases) == len(payload["cases"])
+    assert sweep.scope.whole and len(sweep.cases) == len(payload["cases"])
     assert sweep.notes == tuple(payload["notes"])
     again = tmp_path / "v3.json"
     sweep.write(again)
@@ -46,7 +47,7 @@ def test_version_1_only_note_becomes_the_scope(tmp_path):
     path = tmp_path / "v1.json"
     path.write_text(json.dumps(payload))
     sweep = SweepResult.read(path)
-    assert sweep.scope == first
+    assert sweep.scope == Scope(first)
     assert not any("--only" in n for n in sweep.notes)  # the note became the field, not both
 
 
@@ -67,11 +68,11 @@ def test_version_2_keeps_the_scope_as_a_field(tmp_path):
     payload = v1_payload(V1_FILES[0])
     sweep = SweepResult.from_dict(migrate_results(payload))
     first = sweep.cases[0]
-    filtered = SweepResult(**{**sweep.__dict__, "cases": (first,), "scope": first.case_id})
+    filtered = SweepResult(**{**sweep.__dict__, "cases": (first,), "scope": Scope(first.case_id)})
     path = tmp_path / "v2.json"
     filtered.write(path)
     assert json.loads(path.read_text())["scope"] == first.case_id
-    assert SweepResult.read(path).scope == first.case_id
+    assert SweepResult.read(path).scope == Scope(first.case_id)
 
 
 @pytest.mark.parametrize("name", V1_FILES)

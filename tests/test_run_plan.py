@@ -22,6 +22,7 @@ import gate.workflow.sweep
 import gate.workflow.validate
 from gate.commands.main import main
 from gate.core.config import load_config
+from gate.core.identity import Scope
 from gate.workflow.check import run_check
 from gate.workflow.plan import resolve_plan
 from gate.workflow.sweep import SweepOptions
@@ -86,7 +87,7 @@ def test_an_in_process_sweep_reuses_the_plans_adapter(cpu_baseline, calls, tmp_p
         config = load_config(cpu_baseline.config)  # its baselines_dir holds this machine's baseline
         plan = resolve_plan(config, "sdpa-cpu", "smoke", "cpu", FEW, SweepOptions(workers=0))
         outcome = run_check(config, out_dir=tmp_path / "out", progress=False, plan=plan)
-    assert outcome.exit_code == 0 and outcome.sweep.scope == FEW
+    assert outcome.exit_code == 0 and outcome.sweep.scope == Scope(FEW)
     assert calls["load_suite"].count("smoke") == 1 and calls["resolve_kernel"] == ["sdpa-cpu"]
 
 

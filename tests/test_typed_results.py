@@ -8,10 +8,11 @@ import dataclasses
 import pytest
 
 from gate.compare.findings import CheckContext, decide
+from gate.core.identity import Scope
 
 
 def test_the_check_context_is_typed_frozen_and_reads_as_a_mapping():
-    ctx = CheckContext(kernel="k", suite="smoke", scope="s1-", measured=3, cases=4)
+    ctx = CheckContext(kernel="k", suite="smoke", scope=Scope("s1-"), measured=3, cases=4)
     assert (ctx.kernel, ctx["suite"], ctx.get("scope"), ctx.get("baseline_option")) == ("k", "smoke", "s1-", None)
     with pytest.raises(dataclasses.FrozenInstanceError):
         ctx.kernel = "other"
@@ -21,6 +22,12 @@ def test_the_check_context_is_typed_frozen_and_reads_as_a_mapping():
     verdict = decide([], {}, ctx)
     assert verdict.context is ctx and verdict.to_dict()["context"]["scope"] == "s1-"
     assert "3 cases measured" in verdict.headline
+
+
+def test_a_context_scope_is_a_value_and_writes_as_its_regex():
+    assert CheckContext().to_dict()["scope"] is None and CheckContext()["scope"] is None
+    with pytest.raises(TypeError, match="scope"):
+        CheckContext(scope="s1-")
 
 
 def test_a_mapping_context_with_an_unknown_key_is_refused():

@@ -32,6 +32,7 @@ from gate.compare.sweep_rules import (
 from gate.core.cases import Case
 from gate.core.config import VerdictConfig
 from gate.core.errors import UserError
+from gate.core.identity import Environment, Scope
 from gate.core.results import CaseResult, Status, SweepResult, TensorError
 
 CFG = VerdictConfig(headroom_factor=1.5, headroom_step=0.1, improvement_factor=2.0)
@@ -99,7 +100,7 @@ def sweep(
         started_at="2026-01-01T00:00:00+00:00",
         wall_s=1.0,
         notes=notes,
-        scope=scope,
+        scope=Scope(scope),
     )
 
 
@@ -416,7 +417,7 @@ def test_every_passing_case_gets_one_ok_row():
 
 def test_a_filtered_run_does_not_report_unrun_cases_as_removed():
     filtered = sweep(GOOD.cases[0], scope="s1-")
-    findings = compare(Baseline.from_sweep(GOOD), filtered, CFG, scope="s1-")
+    findings = compare(Baseline.from_sweep(GOOD), filtered, CFG, scope=Scope("s1-"))
     assert not rules_of(findings)
     assert any(f.rule == "out_of_scope" and "3 baseline cases" in f.message for f in findings)
     # without the scope the same run loses three cases, and that blocks
@@ -426,7 +427,7 @@ def test_a_filtered_run_does_not_report_unrun_cases_as_removed():
 
 def test_a_filtered_run_missing_a_case_of_its_scope_is_inconclusive():
     """--only 's[12]-' ran case 1 only: case 2 matches the scope, so its result is missing data."""
-    findings = compare(Baseline.from_sweep(GOOD), sweep(GOOD.cases[0]), CFG, scope="s[12]-")
+    findings = compare(Baseline.from_sweep(GOOD), sweep(GOOD.cases[0]), CFG, scope=Scope("s[12]-"))
     assert rules_of(findings) == {("INCONCLUSIVE", "removed_case", case(2).id)}
     assert not decide(findings).passed
 
@@ -451,7 +452,7 @@ def test_environment_drift_warns_but_passes():
     assert rules_of(findings) == {("WARN", "env_drift", "")}
     assert {f.metric for f in findings if f.rule == "env_drift"} == {"env:torch", "env:kernel_version"}
     assert decide(findings).passed
-    assert compare_environment(ENV, ENV) == []
+    assert compare_environment(Environment.from_dict(ENV), Environment.from_dict(ENV)) == []
 
 
 # ---------------------------------------------------------------- refusals

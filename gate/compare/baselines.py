@@ -43,16 +43,17 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from gate.compare.comparable import same
 from gate.compare.headroom import is_headroom_regression, is_large_improvement
-from gate.core.cases import case_hash, exact_regex
+from gate.core.cases import Case, case_hash, exact_regex
 from gate.core.errors import UserError
 from gate.core.files import safe_name
-from gate.core.identity import RunKey, Scope
+from gate.core.identity import Environment, RunKey, Scope
 from gate.core.jsonio import (
     bad_field,
     checked_kernel,
@@ -171,10 +172,11 @@ class CaseBaseline:
         return row
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], case_id: str = "") -> "CaseBaseline":
+    def from_dict(cls, d: dict[str, Any]) -> "CaseBaseline":
         """A row whose status is recomputed from its numbers both ways, as the results reader does
         (CaseResult.check_consistent), and a PASS row that lacks the tensors its case must carry
-        is refused. The row keeps no Case: bias_grad and decode are read off its id."""
+        is refused. The row keeps no Case: what the row itself shows is checked here (a row with a
+        gradient needs them all); what its case adds (dbias, decode) is `Baseline.missing_tensors`."""
         tensors, reason, digest = d.get("tensors", {}), d.get("reason", ""), d.get("case_hash")
         if not isinstance(tensors, dict) or not isinstance(reason, str):
             raise TypeError("tensors must be an object keyed by tensor name and reason a string")
@@ -202,24 +204,21 @@ class CaseBaseline:
                 "status FAIL contradicts the row: every tensor is within its bound and its reason names no failed check"
             )
         if case.status is Status.PASS:
-            # a row with no gradient at all is forward-only (decode, or a kernel without backward)
-            forward_only = _is_decode_id(case_id) or not any(g in case.tensors for g in GRADIENTS)
-            missing = [t for t in required_tensors(_has_bias_grad_id(case_id), forward_only) if t not in case.tensors]
+            missing = case.missing_tensors()
             if missing:
                 raise ValueError(f"status PASS without {', '.join(missing)}: nothing shows it is within its bounds")
         return case
 
-
-# The id parts of gate/core/cases.py Case.id that decide which tensors a row must carry.
-_DECODE_PART = re.compile(r"kv[\d.]*")
-
-
-def _is_decode_id(case_id: str) -> bool:
-    return any(_DECODE_PART.fullmatch(part) for part in case_id.split("-"))
-
-
-def _has_bias_grad_id(case_id: str) -> bool:
-    return any(part.startswith("bias.") and part.endswith(".grad") for part in case_id.split("-"))
+    def missing_tensors(self, case: Case | None = None) -> tuple[str, ...]:
+        """The tensors a PASS row lacks (required_tensors): `case`, the suite's Case of the row, says
+        whether its bias trains (dbias) and whether it is forward-only (decode, fp8); without it
+        only what the row shows is known. A row with no gradient at all is forward-only (decode, or
+        a kernel without backward)."""
+        if self.status is not Status.PASS:
+            return ()
+        forward_only = (case is not None and case.forward_only) or not any(g in self.tensors for g in GRADIENTS)
+        bias_grad = case is not None and case.bias.grad
+        return tuple(t for t in required_tensors(bias_grad, forward_only) if t not in self.tensors)
 
 
 # verdict_row's reason for a failed check: "name: detail", joined by "; "
@@ -244,9 +243,15 @@ class Baseline:
     schema_version: int = SCHEMA_VERSION
     commit: str = ""  # git commit of the run behind it; '' when unknown
 
+    @property
+    def env(self) -> Environment:
+        """The environment record, typed."""
+        return Environment.from_dict(self.environment)
+
     @classmethod
     def from_sweep(cls, sweep: SweepResult, perf: dict[str, Any] | None = None) -> "Baseline":
-        env = {k: str(sweep.environment[k]) for k in FINGERPRINT_KEYS if k in sweep.environment}
+        run = sweep.env
+        env = {k: str(run.value(k)) for k in FINGERPRINT_KEYS if run.value(k) is not None}
         cases = {
             c.case_id: CaseBaseline(
                 status=c.status,
@@ -309,7 +314,7 @@ class Baseline:
         correctness = {}
         for cid, c in d["correctness"].items():
             try:
-                correctness[cid] = CaseBaseline.from_dict(c, str(cid))
+                correctness[cid] = CaseBaseline.from_dict(c)
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 raise ValueError(f"correctness[{cid!r}]: {bad_field(exc)}") from None
         return cls(
@@ -351,12 +356,14 @@ def read_baseline(path: Path) -> Baseline:
     return parse_baseline(read_json(path, kind="baseline", schema_version=READABLE_VERSIONS), path)
 
 
-def validate_written(baseline: Baseline, path: Path) -> None:
+def validate_written(baseline: Baseline, path: Path, cases: Iterable[Case]) -> None:
     """What `baseline update` is about to write, read back through `parse_baseline` first: a
     baseline its own reader would refuse (a ratio that is not max_err / bound, a PASS row over its
-    bound) is never written."""
+    bound), or one with a PASS row lacking a tensor its case (of `cases`, the suite's) needs,
+    is never written."""
     try:
         parse_baseline(json.loads(json.dumps(clean_json(baseline.to_dict()), allow_nan=False)), path)
+        refuse_incomplete_rows(baseline, cases, path)
     except UserError as exc:
         raise UserError(
             f"refusing to write {exc}".replace(
@@ -376,17 +383,33 @@ def parse_baseline(payload: dict[str, Any], path: Path) -> Baseline:
     try:
         baseline = Baseline.from_dict(payload)
     except Exception as exc:  # noqa: BLE001 - whatever a hand-edited file makes the parser raise, never a traceback
-        raise UserError(
-            f"{path}: baseline is missing or has a bad field ({bad_field(exc)}); "
-            f"restore it from git or regenerate it with `attn-gate baseline update`"
-        ) from None
-    if baseline.environment.get("gpu_class", baseline.gpu_class) != baseline.gpu_class:
+        raise _bad_field(path, bad_field(exc)) from None
+    recorded = baseline.env.gpu_class
+    if recorded is not None and recorded != baseline.gpu_class:
         raise UserError(
             f"{path}: gpu_class {baseline.gpu_class!r} disagrees with its environment's "
-            f"{baseline.environment['gpu_class']!r} (hand-edited?); restore it from git or regenerate it "
+            f"{recorded!r} (hand-edited?); restore it from git or regenerate it "
             f"with `attn-gate baseline update`"
         )
     return baseline
+
+
+def refuse_incomplete_rows(baseline: Baseline, cases: Iterable[Case], path: Path) -> None:
+    """A PASS row lacking a tensor its case needs (CaseBaseline.missing_tensors, asked with the
+    suite's Case: dbias where the bias trains) is a bad field of the file, as the reader says it."""
+    for case in cases:
+        row = baseline.correctness.get(case.id)
+        missing = row.missing_tensors(case) if row is not None else ()
+        if missing:
+            problem = ValueError(f"status PASS without {', '.join(missing)}: nothing shows it is within its bounds")
+            raise _bad_field(path, bad_field(ValueError(f"correctness[{case.id!r}]: {bad_field(problem)}")))
+
+
+def _bad_field(path: Path, detail: str) -> UserError:
+    return UserError(
+        f"{path}: baseline is missing or has a bad field ({detail}); "
+        f"restore it from git or regenerate it with `attn-gate baseline update`"
+    )
 
 
 # ---------------------------------------------------------------- the diff a maintainer reviews
@@ -522,7 +545,7 @@ def timed_perf(perf: dict[str, Any] | None, timed: set[str]) -> dict[str, Any] |
 
 
 def merge_baseline(
-    new: Baseline, old: Baseline | None, scope: str | None, suite_cases: dict[str, str] | None = None
+    new: Baseline, old: Baseline | None, scope: Scope, suite_cases: dict[str, str] | None = None
 ) -> tuple[Baseline, int]:
     """The baseline to write. A run filtered with --only replaces only the cases in its scope;
     the old baseline's other cases are kept (and counted). The perf section is always kept.
@@ -533,23 +556,23 @@ def merge_baseline(
     if old is None:
         return new, 0
     kept = {}
-    if scope is not None:
+    if not scope.whole:
         if not same(new.key, old.key, "tolerance"):
             raise UserError(
-                f"the tolerance changed since the baseline was made, so a run filtered with --only {scope!r} "
+                f"the tolerance changed since the baseline was made, so a run filtered with --only {scope.only!r} "
                 f"cannot update it piecemeal; update it from a run of the whole suite (drop --only)"
             )
         if not same(new.key, old.key, "suite_hash"):
             if suite_cases is None:
                 raise UserError(
-                    f"the suite changed since the baseline was made, so a run filtered with --only {scope!r} "
+                    f"the suite changed since the baseline was made, so a run filtered with --only {scope.only!r} "
                     f"cannot update it piecemeal; update it from a run of the whole suite (drop --only)"
                 )
             refuse_lacking_cases(old, suite_cases, lambda cid: cid in new.correctness, "this run")
             old_rows = {cid: c for cid, c in old.correctness.items() if cid in suite_cases}
         else:
             old_rows = old.correctness
-        kept = {cid: c for cid, c in old_rows.items() if not Scope(scope).admits(cid) and cid not in new.correctness}
+        kept = {cid: c for cid, c in old_rows.items() if not scope.admits(cid) and cid not in new.correctness}
     merged = Baseline(
         kernel=new.kernel,
         suite=new.suite,
@@ -575,7 +598,7 @@ def env_values(value: Any) -> set[str]:
 
 
 def spans_machines(baseline: Baseline) -> bool:
-    return any(len(env_values(baseline.environment.get(key, ""))) > 1 for key in WIDEN_KEYS)
+    return any(len(env_values(baseline.env.value(key) or "")) > 1 for key in WIDEN_KEYS)
 
 
 def refuse_widen(old: Baseline | None, run: RunKey, environment: dict[str, Any] | None, path: Any) -> None:
@@ -593,10 +616,11 @@ def refuse_widen(old: Baseline | None, run: RunKey, environment: dict[str, Any] 
             f"must hold like with like: update it without --widen first"
         )
     if environment is not None:
+        before, now = old.env, Environment.from_dict(environment)
         differ = [
-            f"{key} {old.environment.get(key)!r} -> {environment.get(key)!r}"
+            f"{key} {before.value(key)!r} -> {now.value(key)!r}"
             for key in DRIFT_KEYS
-            if str(old.environment.get(key)) != str(environment.get(key))
+            if str(before.value(key)) != str(now.value(key))
         ]
         if differ:
             raise UserError(
@@ -613,8 +637,8 @@ def widen_baseline(new: Baseline, old: Baseline | None, path: Any) -> Baseline:
     a case of one side only keeps its row. WIDEN_KEYS list every machine seen."""
     refuse_widen(old, new.key, new.environment, path)
     for key in WIDEN_KEYS:  # a span that records no machine would widen the ratios and say nothing of why
-        for who, env in (("this run", new.environment), (str(path), old.environment)):
-            if not str(env.get(key, "")).strip() or str(env.get(key)) == "unknown":
+        for who, env in (("this run", new.env), (str(path), old.env)):
+            if not str(env.value(key) or "").strip() or str(env.value(key)) == "unknown":
                 raise UserError(
                     f"--widen: {who} records no {key}, so the machines a widened baseline spans could not "
                     f"be named; widen only with runs that record their {key} (run them with this attn-gate)"
@@ -640,11 +664,14 @@ def widen_baseline(new: Baseline, old: Baseline | None, path: Any) -> Baseline:
         rows[cid] = replace(new.correctness[cid], tensors=tensors)
     env = {**old.environment, **new.environment}
     for key in WIDEN_KEYS:
-        if key in old.environment and key in new.environment:
-            env[key] = ENV_ALTERNATIVES.join(
-                sorted(env_values(old.environment[key]) | env_values(new.environment[key]))
-            )
+        before, now = old.env.value(key), new.env.value(key)
+        if before is not None and now is not None:
+            env[key] = ENV_ALTERNATIVES.join(sorted(env_values(before) | env_values(now)))
     return replace(new, correctness=rows, environment=env)
+
+
+def _or_dash(value: Any) -> Any:
+    return "-" if value is None else value
 
 
 def diff_baselines(
@@ -680,10 +707,11 @@ def diff_baselines(
                 moved.append((cid, tensor, a, b))
                 changed = True
         unchanged += not changed
+    before, now = old.env, new.env
     env_changes = tuple(
-        (k, old.environment.get(k, "-"), new.environment.get(k, "-"))
+        (k, _or_dash(before.value(k)), _or_dash(now.value(k)))
         for k in FINGERPRINT_KEYS
-        if old.environment.get(k) != new.environment.get(k)
+        if before.value(k) != now.value(k)
     )
     hash_change = None if same(new.key, old.key, "suite_hash") else (old.suite_hash, new.suite_hash)
     return BaselineDiff(

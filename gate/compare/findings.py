@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from gate.core.errors import EXIT_FAIL, EXIT_PASS
+from gate.core.identity import Scope
 
 SCHEMA_VERSION = 2
 
@@ -229,7 +230,8 @@ class Finding:
 class CheckContext(Mapping):
     """What a verdict was about, for its reports: the run, the baseline and how they were chosen.
     Typed fields; also read as a mapping (`ctx["kernel"]`, `ctx.get("scope")`), as the renderers
-    and the findings JSON do, with exactly these keys."""
+    and the findings JSON do, with exactly these keys: there the scope is its regex (None: the whole
+    suite), as the findings file has always held it."""
 
     kernel: str = ""
     suite: str = ""
@@ -238,16 +240,21 @@ class CheckContext(Mapping):
     baseline_measured_at: str = ""
     run_started_at: str = ""
     config: str = ""  # the config file's path, or "defaults"
-    scope: str | None = None  # the run's --only regex; None: the whole suite
+    scope: Scope = Scope()  # the cases the run covers (--only)
     baseline_option: str | None = None  # --baseline as given (None: the default path)
     measured: int | None = None  # cases with measured tensors
     cases: int | None = None  # cases in the run
     known_failures: tuple[dict[str, Any], ...] = ()  # the known_failures declarations that applied
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.scope, Scope):  # a regex string here would be written as if it were none
+            raise TypeError(f"scope = {self.scope!r} must be a Scope (Scope(regex), or Scope() for the whole suite)")
+
     def __getitem__(self, key: str) -> Any:
         if key not in self._keys():
             raise KeyError(key)
-        return getattr(self, key)
+        value = getattr(self, key)
+        return value.only if isinstance(value, Scope) else value
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._keys())
@@ -260,7 +267,7 @@ class CheckContext(Mapping):
         return tuple(f.name for f in fields(cls))
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "scope": self.scope.only}
 
 
 @dataclass(frozen=True)

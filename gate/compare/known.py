@@ -227,7 +227,7 @@ def apply_known(
     """The run's correctness findings with covered FAILs turned KNOWN, plus XPASS and INFO findings;
     and the declarations that applied (for the reports: index, reason, link ...)."""
     findings = list(findings)
-    version = str(sweep.environment.get("kernel_version", ""))
+    version = sweep.env.kernel_version or ""
     mine = for_kernel(entries, sweep.kernel)
     extra = [f for f in (rule_version(e, version) for e in mine) if f]
     applied = [e for e in mine if version_applies(e, version)]
@@ -282,7 +282,7 @@ def apply_known(
 def undeclared_failures(sweep: "SweepResult", entries: Iterable[KnownFailure]) -> list[tuple[str, list[str]]]:
     """(case id, the failures no declaration covers) for each failing row: what `baseline update`
     refuses to record."""
-    applied = for_kernel(entries, sweep.kernel, str(sweep.environment.get("kernel_version", "")))
+    applied = for_kernel(entries, sweep.kernel, sweep.env.kernel_version or "")
     out = []
     for c in sweep.cases:
         failures = failures_of(c)

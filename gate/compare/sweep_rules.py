@@ -53,7 +53,7 @@ from gate.compare.comparable import same, why_not_comparable
 from gate.compare.findings import STATUS, Finding, Rule, Severity, Subject, Value, advised, fmt
 from gate.compare.headroom import is_headroom_regression, is_large_improvement
 from gate.core.errors import UserError
-from gate.core.identity import RunKey, Scope
+from gate.core.identity import Environment, RunKey, Scope
 from gate.core.results import REQUIRED_TENSORS, required_tensors  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
@@ -441,7 +441,7 @@ def refuse_stale_baseline(
 # ---------------------------------------------------------------- the join
 
 
-def _frames(baseline: Baseline, sweep: "SweepResult", scope: str | None) -> tuple[pd.DataFrame, pd.DataFrame, int]:
+def _frames(baseline: Baseline, sweep: "SweepResult", scope: Scope) -> tuple[pd.DataFrame, pd.DataFrame, int]:
     """Outer joins: cases on case id, tensors on (case id, tensor); `side` says where a row exists."""
     cur = pd.DataFrame(
         [{"case_id": c.case_id, "status": c.status.value, "reason": c.reason} for c in sweep.cases],
@@ -452,8 +452,8 @@ def _frames(baseline: Baseline, sweep: "SweepResult", scope: str | None) -> tupl
         columns=["case_id", "status"],
     )
     out_of_scope = 0
-    if scope is not None:
-        in_scope = base["case_id"].map(Scope(scope).admits).astype(bool)
+    if not scope.whole:
+        in_scope = base["case_id"].map(scope.admits).astype(bool)
         out_of_scope = int((~in_scope).sum())
         base = base[in_scope]
     cases = cur.merge(base, on="case_id", how="outer", suffixes=("_cur", "_base"), indicator="side")
@@ -479,9 +479,9 @@ def _sides(side: str) -> tuple[bool, bool]:
 
 
 def compare_correctness(
-    baseline: Baseline, sweep: "SweepResult", cfg: "VerdictConfig", scope: str | None = None
+    baseline: Baseline, sweep: "SweepResult", cfg: "VerdictConfig", scope: Scope = Scope()
 ) -> list[Finding]:
-    """Every rule over the joined cases and tensors. `scope` is the --only regex the run was
+    """Every rule over the joined cases and tensors. `scope` is the --only filter the run was
     filtered with: baseline cases outside it were not run and are not 'removed'."""
     cases, tensors, out_of_scope = _frames(baseline, sweep, scope)
     same_suite = same(sweep.key, baseline.key, "suite_hash")
@@ -538,7 +538,7 @@ def compare_correctness(
                 None,
                 None,
                 None,
-                f"{out_of_scope} baseline cases outside --only {scope!r} were not compared",
+                f"{out_of_scope} baseline cases outside --only {scope.only!r} were not compared",
             )
         )
     findings += _ok_findings(baseline, sweep, findings)
@@ -571,12 +571,12 @@ def _ok_findings(baseline: Baseline, sweep: "SweepResult", findings: list[Findin
     return out
 
 
-def compare_environment(base_env: dict[str, Any], cur_env: dict[str, Any]) -> list[Finding]:
-    keys = [k for k in DRIFT_KEYS + INFO_KEYS if k in base_env or k in cur_env]
-    return [f for f in (rule_env_drift(k, base_env.get(k), cur_env.get(k)) for k in keys) if f]
+def compare_environment(base: Environment, cur: Environment) -> list[Finding]:
+    """One finding per checked key whose value moved (the records' values are strings)."""
+    pairs = ((k, base.value(k), cur.value(k)) for k in DRIFT_KEYS + INFO_KEYS)
+    return [f for f in (rule_env_drift(k, b, c) for k, b, c in pairs if b is not None or c is not None) if f]
 
 
-def compare(baseline: Baseline, sweep: "SweepResult", cfg: "VerdictConfig", scope: str | None = None) -> list[Finding]:
+def compare(baseline: Baseline, sweep: "SweepResult", cfg: "VerdictConfig", scope: Scope = Scope()) -> list[Finding]:
     """All correctness findings of a run against its baseline (check_comparable first)."""
-    cur_env = {k: str(v) for k, v in sweep.environment.items()}
-    return compare_correctness(baseline, sweep, cfg, scope) + compare_environment(baseline.environment, cur_env)
+    return compare_correctness(baseline, sweep, cfg, scope) + compare_environment(baseline.env, sweep.env)

@@ -124,6 +124,14 @@ class Environment:
         known = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "extra"}
         return {**{k: v for k, v in known.items() if v is not None}, **dict(self.extra)}
 
+    def value(self, key: str) -> Any:
+        """One key's value by name (None where the record lacks it), for the tables that compare or
+        list environments key by key (DRIFT_KEYS, WIDEN_KEYS ...); a key this version does not know
+        is read from `extra` as written."""
+        if key in self.__dataclass_fields__ and key != "extra":
+            return getattr(self, key)
+        return dict(self.extra).get(key)
+
     @property
     def gpu_class_or_unknown(self) -> str:
         """The GPU class a baseline folder is named by ("unknown" for a record without one)."""

@@ -311,7 +311,7 @@ class SweepResult:
     wall_s: float
     schema_version: int = SCHEMA_VERSION
     notes: tuple[str, ...] = field(default_factory=tuple)
-    scope: str | None = None  # the --only regex the run was filtered with; None: the whole suite
+    scope: Scope = Scope()  # the cases of the suite the run covers (--only); on disk its regex or null
 
     def count(self, status: Status) -> int:
         return sum(1 for c in self.cases if c.status is status)
@@ -325,11 +325,6 @@ class SweepResult:
     def env(self) -> Environment:
         """The environment record, typed."""
         return Environment.from_dict(self.environment)
-
-    @property
-    def run_scope(self) -> Scope:
-        """The cases the run was filtered to (`scope` as a value)."""
-        return Scope(self.scope)
 
     @property
     def passed(self) -> bool:
@@ -375,7 +370,7 @@ class SweepResult:
             "started_at": self.started_at,
             "wall_s": round(self.wall_s, 2),
             "notes": list(self.notes),
-            "scope": self.scope,
+            "scope": self.scope.only,
             "summary": {s.value: self.count(s) for s in Status},
             "cases": [c.to_dict() for c in self.cases],
             "harness_report": self.harness_report(),
@@ -410,7 +405,7 @@ class SweepResult:
             started_at=d["started_at"],
             wall_s=measured_float(d["wall_s"], "wall_s", MAX_SECONDS),
             notes=tuple(notes),
-            scope=d.get("scope"),
+            scope=scope_of_field(d.get("scope")),
         )
         sweep.check_scope()
         return sweep
@@ -418,18 +413,10 @@ class SweepResult:
     def check_scope(self) -> None:
         """A scope is a regex that every case of the run matches: one that excludes the run's own
         cases would take them (and every baseline case) out of the comparison."""
-        if self.scope is None:
-            return
-        if not isinstance(self.scope, str) or len(self.scope) > 100_000:
-            raise ValueError(f"scope = {self.scope!r} must be a regular expression (a string) or null")
-        try:
-            self.run_scope.pattern
-        except ValueError as exc:
-            raise ValueError(f"scope = {self.scope[:200]!r} {exc}") from None
-        outside = [c.case_id for c in self.cases if not self.run_scope.admits(c.case_id)]
+        outside = [c.case_id for c in self.cases if not self.scope.admits(c.case_id)]
         if outside:
             raise ValueError(
-                f"scope = {self.scope!r} excludes the file's own case {outside[0]}"
+                f"scope = {self.scope.only!r} excludes the file's own case {outside[0]}"
                 f"{f' (and {len(outside) - 1} more)' if len(outside) > 1 else ''}"
             )
 
@@ -449,6 +436,20 @@ class SweepResult:
 
 
 SCOPE_NOTE = re.compile(r"filtered with --only (.+)")
+
+
+def scope_of_field(raw: Any) -> Scope:
+    """A results file's `scope` field as a value: a regular expression (bounded, so that matching
+    it cannot hang) or null for the whole suite."""
+    if raw is None:
+        return Scope()
+    if not isinstance(raw, str) or len(raw) > 100_000:
+        raise ValueError(f"scope = {raw!r} must be a regular expression (a string) or null")
+    try:
+        Scope(raw).pattern
+    except ValueError as exc:
+        raise ValueError(f"scope = {raw[:200]!r} {exc}") from None
+    return Scope(raw)
 
 
 def scope_of_notes(notes: Any) -> tuple[str | None, list[Any]]:

@@ -464,7 +464,8 @@ def pr_comment(
     budget: int = BUDGET,
 ) -> str:
     ctx = verdict.context
-    device = str(sweep.environment.get("device", "cuda" if baseline.gpu_class != "cpu" else "cpu"))
+    device = sweep.env.device
+    device = device if device is not None else "cuda" if baseline.gpu_class != "cpu" else "cpu"
     lines = [f"## attn-gate check: {'PASS' if verdict.passed else 'FAIL'}", "", *verdict_line(verdict, sweep), ""]
     lines.append(
         f"`{sweep.kernel}` on suite `{sweep.suite}` ({baseline.gpu_class}), {len(sweep.cases)} cases"
@@ -577,7 +578,8 @@ def pr_comment(
 def _environment(baseline: Baseline, sweep: SweepResult) -> list[str]:
     rows = ["| key | baseline | now |", "|---|---|---|"]
     for key in sorted(set(baseline.environment) | {k for k in sweep.environment if k != "git_commit"}):
-        b, n = baseline.environment.get(key, "-"), sweep.environment.get(key, "-")
+        b, n = baseline.env.value(key), sweep.env.value(key)
+        b, n = "-" if b is None else b, "-" if n is None else n
         mark = (
             ""
             if b == "-" or str(b) == str(n)

@@ -5,12 +5,17 @@ from __future__ import annotations
 import math
 
 from gate.compare.selftest import SelftestReport
+from gate.core.identity import Environment
 
 
 def _num(x, digits: int = 3) -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "-"
     return f"{x:.{digits}g}"
+
+
+def _or(value: str | None, default: str) -> str:
+    return default if value is None else value
 
 
 def _cell(text: str) -> str:
@@ -51,13 +56,13 @@ def headline_parts(r: SelftestReport) -> list[str]:
 def selftest_markdown(r: SelftestReport) -> str:
     problems = r.problems()
     headline = "PASS" if not problems else ("INCOMPLETE" if not r.complete else "FAIL")
-    env = r.environment
+    env = Environment.from_dict(r.environment)
     tol = r.thresholds.get("tolerance", {})
     ver = r.thresholds.get("verdict", {})
     lines = [
         f"## attn-gate selftest: {headline}",
         "",
-        f"`{r.kernel}` on suite `{r.suite}`, device `{r.device}` ({env.get('gpu_name', '?')}, torch {env.get('torch', '?')}); "
+        f"`{r.kernel}` on suite `{r.suite}`, device `{r.device}` ({_or(env.gpu_name, '?')}, torch {_or(env.torch, '?')}); "
         f"started {r.started_at}, wall {r.wall_s:.0f} s. Every judgement below is the real gate path (sweep -> check "
         f"against a baseline made in this run -> findings), with this config's thresholds: tolerance mult "
         + ", ".join(f"{k.removeprefix('mult_')} {v:g}" for k, v in tol.items())

@@ -55,14 +55,14 @@ def summary_line(result: SweepResult) -> str:
 
 
 def validation_note(result: SweepResult) -> str:
-    env = result.environment
+    env = result.env
     lines = [
         f"# Validation note: `{result.kernel}` on suite `{result.suite}`",
         "",
         f"**{summary_line(result)}**",
         "",
-        f"- device: {env.get('gpu_name', 'cpu')} (class `{env.get('gpu_class')}`), driver {env.get('driver')}, "
-        f"CUDA {env.get('cuda')}, torch {env.get('torch')}, kernel version {env.get('kernel_version')}",
+        f"- device: {env.gpu_name if env.gpu_name is not None else 'cpu'} (class `{env.gpu_class}`), driver "
+        f"{env.driver}, CUDA {env.cuda}, torch {env.torch}, kernel version {env.kernel_version}",
         f"- started {result.started_at}, wall {result.wall_s:.1f}s, suite hash `{result.suite_hash}`",
         "",
         "## The rule",
@@ -124,7 +124,7 @@ def validation_note(result: SweepResult) -> str:
         lines += [f"- `{c.case_id}`: {c.reason}" for c in skipped]
     else:
         lines.append("- none")
-    notes = ((f"filtered with --only {result.scope!r}",) if result.scope is not None else ()) + tuple(result.notes)
+    notes = ((f"filtered with --only {result.scope.only!r}",) if not result.scope.whole else ()) + tuple(result.notes)
     if notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"

@@ -36,7 +36,7 @@ from gate.core.cases import Case, Suite, load_suite
 from gate.core.config import Config, PerfConfig
 from gate.core.errors import UserError, first_line
 from gate.core.files import safe_name
-from gate.core.identity import Scope
+from gate.core.identity import Environment, Scope
 from gate.core.jsonio import bad_field, checked_kernel, checked_name, measured_float, read_record, write_json_atomic
 from gate.core.results import Status, migrate_rows, scope_of_notes
 from gate.speed.entries import MAX_ROUNDS, entry_host
@@ -207,10 +207,15 @@ class PerfResult:
         return next((c for c in self.cases if c.case_id == case_id), None)
 
     @property
+    def env(self) -> Environment:
+        """The environment record, typed."""
+        return Environment.from_dict(self.environment)
+
+    @property
     def host(self) -> str:
         """The digest of the host that timed the run (gate/core/environment.py host_id); '' unknown
         (a file from before hosts were recorded, or merged from several hosts)."""
-        host = self.environment.get("host", "")
+        host = self.env.value("host")
         return host if isinstance(host, str) else ""
 
     @property

@@ -75,7 +75,7 @@ def carry_baseline(path: Path, config: Config) -> BaselineDiff | None:
         perf=perf,
         correctness={cid: row for cid, row in old.correctness.items() if cid in swept},
     )
-    validate_written(new, path)
+    validate_written(new, path, suite.swept_cases)
     verdict = config.verdict
     diff = diff_baselines(old, new, path, verdict.headroom_factor, verdict.headroom_step, verdict.improvement_factor)
     new.write(path)

@@ -41,6 +41,7 @@ from gate.compare.baselines import (
     forged_case_hashes,
     merge_baseline,
     read_baseline,
+    refuse_incomplete_rows,
     refuse_lacking_cases,
     refuse_widen,
     spans_machines,
@@ -257,6 +258,7 @@ def require_complete_baseline(plan: RunPlan, baseline: Baseline, path: Path) -> 
             f"{path}: the baseline {what}, so they would not be gated; restore it with `git checkout -- {path}` "
             f"or regenerate it with `{update_command(baseline.kernel, baseline.suite, baseline.gpu_class)}`"
         )
+    refuse_incomplete_rows(baseline, suite.swept_cases, path)
     forged = forged_case_hashes(baseline, suite.swept_hashes())
     if forged:
         raise UserError(
@@ -273,7 +275,7 @@ def require_complete_baseline(plan: RunPlan, baseline: Baseline, path: Path) -> 
 
 
 def compare_all(
-    baseline: Baseline, sweep: SweepResult, config: Config, scope: str | None
+    baseline: Baseline, sweep: SweepResult, config: Config, scope: Scope
 ) -> tuple[list[Finding], dict[str, float], list[dict]]:
     """Every rule family's findings and thresholds (the perf verdict adds its own here), with the
     correctness failures the known_failures declarations cover turned KNOWN; and those declarations."""
@@ -413,7 +415,7 @@ def run_check(
             baseline.gpu_class,
             baseline.perf,
             config,
-            scope,
+            scope.only,
             Path(out_dir),
         )
         findings, thresholds = list(findings) + perf_run.findings, {**thresholds, **perf_run.thresholds}
@@ -456,7 +458,7 @@ def render_check(
     verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_dir: Path, console=None, extra_markdown: str = ""
 ) -> dict[str, Path]:
     # a rerun of some cases (--only, --last-failed) writes beside the full run's report, not over it
-    suffix = RERUN_SUFFIX if sweep.scope is not None and holds_full_check(out_dir, sweep.kernel, sweep.suite) else ""
+    suffix = RERUN_SUFFIX if not sweep.scope.whole and holds_full_check(out_dir, sweep.kernel, sweep.suite) else ""
     stem = f"{safe_name(sweep.kernel)}-{sweep.suite}{suffix}"
     paths = write_sweep_outputs(sweep, out_dir, suffix)
     paths["findings"] = out_dir / f"findings-{stem}.json"
@@ -492,7 +494,7 @@ def require_complete_run(plan: RunPlan, sweep: SweepResult, source: object, path
             f"baseline; update from a run of the suite as it is now (`{redo}`)"
         )
     scope = sweep.scope
-    wanted = [c.id for c in Scope.of_only(scope).select(suite.swept_cases)]
+    wanted = [c.id for c in scope.select(suite.swept_cases)]
     ran = {c.case_id for c in sweep.cases}
     # the row's case is what its case_hash in the baseline will say was measured
     refuse_foreign_rows(
@@ -503,7 +505,7 @@ def require_complete_run(plan: RunPlan, sweep: SweepResult, source: object, path
     )
     missing = [cid for cid in wanted if cid not in ran]
     if missing:
-        within = f" matching --only {scope!r}" if scope is not None else ""
+        within = f" matching --only {scope.only!r}" if not scope.whole else ""
         raise UserError(
             f"{source}: holds {len(wanted) - len(missing)} of the {len(wanted)} cases of suite {sweep.suite!r}"
             f"{within}; missing {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; updating {path} "
@@ -654,18 +656,18 @@ def _update_baseline(
                 f"{path}: holds a baseline for GPU class {old.gpu_class!r}, not {plan.gpu_class!r}; it is left "
                 f"as it is: move it to {Path(config.baselines_dir) / old.gpu_class}/ or delete it, then rerun"
             )
-    scope = only if results is None else results.scope
+    scope = Scope.of_only(only) if results is None else results.scope
     suite_cases = plan.suite.swept_hashes()
     # refused now, not after the sweep
-    if old is not None and scope is not None and not same(plan.key, old.key, "suite_hash"):
+    if old is not None and not scope.whole and not same(plan.key, old.key, "suite_hash"):
         refuse_lacking_cases(
             old,
             suite_cases,
-            Scope.of_only(scope).admits,
-            f"--only {scope!r}" if results is None else f"{results_path}",
+            scope.admits,
+            f"--only {scope.only!r}" if results is None else f"{results_path}",
         )
-    if old is None and scope is not None:  # a filtered run merges into a baseline; without one it would BE the baseline
-        what = f"--only {only!r}" if results is None else f"{results_path}: a run filtered with --only {scope!r}"
+    if old is None and not scope.whole:  # a filtered run merges into a baseline; without one it would BE the baseline
+        what = f"--only {only!r}" if results is None else f"{results_path}: a run filtered with --only {scope.only!r}"
         raise UserError(
             f"{what}, but there is no baseline at {path} yet, so it would hold only those cases; create it "
             f"from the whole suite first: run without --only (`{update_command(plan.kernel, plan.suite.name, plan.gpu_class)}`)"
@@ -718,7 +720,7 @@ def _update_baseline(
         new = widen_baseline(new, old, path)
     elif old is not None and spans_machines(old):
         print(
-            f"attn-gate: {path} spanned {', '.join(f'{k} {old.environment[k]!r}' for k in WIDEN_KEYS if k in old.environment)}; "
+            f"attn-gate: {path} spanned {', '.join(f'{k} {v!r}' for k in WIDEN_KEYS if (v := old.env.value(k)) is not None)}; "
             f"this update holds this machine's rows only: widen it again with `--widen` from a run on each other machine",
             file=sys.stderr,
         )
@@ -738,7 +740,7 @@ def _update_baseline(
     if summary_path is not None:  # first: a summary that cannot be written leaves the baseline untouched
         with writing("pass a writable --summary file; the baseline was not written"):
             write_text_atomic(Path(summary_path), text)
-    validate_written(new, path)  # the reader `check` uses, before the file is replaced
+    validate_written(new, path, plan.suite.swept_cases)  # the reader `check` uses, before the file is replaced
     if declared:  # never silently: the declaration is printed and lands in the file the PR shows
         with writing(f"neither {config.source} nor {path} was written"):
             write_text_atomic(Path(config.source), declared_text)

@@ -19,7 +19,6 @@ from gate.compare.comparable import same, why_not_comparable
 from gate.core.cases import load_suite, suite_hash
 from gate.core.config import Config
 from gate.core.errors import UserError
-from gate.core.identity import Scope
 from gate.core.results import SweepResult
 from gate.workflow.shards import assign, note_shard
 
@@ -54,6 +53,11 @@ def read_shard(folder: Path) -> tuple[Path, SweepResult]:
     return files[0], sweep
 
 
+def _field(sweep: SweepResult, key: str):
+    """A field as the results file holds it (the scope as its regex)."""
+    return sweep.scope.only if key == "scope" else getattr(sweep, key)
+
+
 def merge_shards(folders: list[Path], config: Config) -> SweepResult:
     if not folders:
         raise UserError("merge: name the shards' --out folders")
@@ -61,17 +65,17 @@ def merge_shards(folders: list[Path], config: Config) -> SweepResult:
     first_path, first = read[0]
     for path, sweep in read[1:]:
         differs = why_not_comparable(sweep.key, first.key, ("kernel", "suite", "suite_hash", "tolerance"))
-        key = differs.key if differs is not None else "scope" if sweep.run_scope != first.run_scope else None
+        key = differs.key if differs is not None else "scope" if sweep.scope != first.scope else None
         if key is not None:
             raise UserError(
-                f"merge: {path} has {key} {getattr(sweep, key)!r} but {first_path} has "
-                f"{getattr(first, key)!r}; merge shards of one run only"
+                f"merge: {path} has {key} {_field(sweep, key)!r} but {first_path} has "
+                f"{_field(first, key)!r}; merge shards of one run only"
             )
         for key in sorted(set(sweep.environment) | set(first.environment)):
-            if sweep.environment.get(key) != first.environment.get(key):
+            if sweep.env.value(key) != first.env.value(key):
                 raise UserError(
-                    f"merge: {path} ran with environment {key}={sweep.environment.get(key)!r} but {first_path} "
-                    f"with {first.environment.get(key)!r}; rerun the shards on machines of one kind"
+                    f"merge: {path} ran with environment {key}={sweep.env.value(key)!r} but {first_path} "
+                    f"with {first.env.value(key)!r}; rerun the shards on machines of one kind"
                 )
     shards = {}
     base_notes = None
@@ -102,7 +106,7 @@ def merge_shards(folders: list[Path], config: Config) -> SweepResult:
             f"merge: the shards ran suite {first.suite!r} as defined then (hash {first.suite_hash}); "
             f"{config.source} defines it differently now ({suite_hash(suite)}); pass the --config they ran with"
         )
-    cases = list(Scope.of_only(first.scope).select(suite.swept_cases))
+    cases = list(first.scope.select(suite.swept_cases))
     parts = assign(cases, total)
     merged = {}
     for k, (path, sweep) in sorted(shards.items()):

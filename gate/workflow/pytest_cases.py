@@ -17,6 +17,7 @@ from gate.compare.baselines import Baseline
 from gate.core.cases import Case, exact_regex
 from gate.core.config import load_config
 from gate.core.errors import UserError
+from gate.core.identity import Scope
 from gate.core.results import CaseResult
 from gate.workflow.check import CaseVerdict, CheckOutcome, case_verdicts, checked_baseline, run_check
 from gate.workflow.plan import RunPlan, resolve_plan
@@ -63,7 +64,7 @@ class GateRun:
             started_at=time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(started)),
             wall_s=time.time() - started,
             notes=first["notes"],
-            scope=None if len(ran) == len(plan.cases) else exact_regex(ran),
+            scope=Scope() if len(ran) == len(plan.cases) else Scope(exact_regex(ran)),
         )
         with tempfile.TemporaryDirectory(prefix="attn-gate-pytest-") as tmp:
             results = Path(tmp) / f"sweep-{plan.suite.name}.json"

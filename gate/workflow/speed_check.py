@@ -32,6 +32,7 @@ from gate.compare.findings import Advice, Finding, Rule, Severity, Subject
 from gate.core.config import Config, PerfConfig
 from gate.core.errors import UserError
 from gate.core.files import safe_name
+from gate.core.identity import Environment
 from gate.core.results import Status
 from gate.core.warn import warn
 from gate.report.speed_report import perf_markdown, plot_speed_ratios
@@ -321,7 +322,7 @@ def perf_section_from_file(
     """The baseline's perf section from a PerfResult file made on a machine of this GPU class
     (refused when kernel, suite or GPU class differ, or when it has fewer than min_rounds rounds)."""
     result = PerfResult.read(path)
-    found_class = str(result.environment.get("gpu_class", "unknown"))
+    found_class = result.env.gpu_class_or_unknown
     for what, wanted, found in (
         ("kernel", kernel, result.kernel),
         ("suite", suite, result.suite),
@@ -368,11 +369,12 @@ def read_perf_files(paths: list[Path]) -> PerfResult:
                     f"--perf-results: {path} has {key} {getattr(result, key)!r} but {first_path} has "
                     f"{getattr(first, key)!r}; pass the perf files of one run"
                 )
+        mine, theirs = result.env, first.env
         for key in sorted(set(result.environment) | set(first.environment)):
-            if key in RUN_KEYS and result.environment.get(key) != first.environment.get(key):
+            if key in RUN_KEYS and mine.value(key) != theirs.value(key):
                 raise UserError(
-                    f"--perf-results: {path} ran with {key}={result.environment.get(key)!r} but {first_path} "
-                    f"with {first.environment.get(key)!r}; time them on machines of one kind"
+                    f"--perf-results: {path} ran with {key}={mine.value(key)!r} but {first_path} "
+                    f"with {theirs.value(key)!r}; time them on machines of one kind"
                 )
         for c in result.cases:
             if c.case_id in seen:
@@ -408,23 +410,24 @@ def refuse_perf_of_another_run(
     for what, wanted, found in (
         ("kernel", kernel, perf.kernel),
         ("suite", suite, perf.suite),
-        ("GPU class", baseline_class, str(perf.environment.get("gpu_class", "unknown"))),
+        ("GPU class", baseline_class, perf.env.gpu_class_or_unknown),
     ):
         if wanted != found:
             raise UserError(
                 f"--perf-results {where}: timings of {what} {found!r}, but the results and baseline are for "
                 f"{wanted!r}; pass `attn-gate perf` output of the same {what}"
             )
-    if perf.device != environment.get("device", perf.device):
+    run, timed = Environment.from_dict(environment), perf.env
+    if run.device is not None and perf.device != run.device:
         raise UserError(
             f"--perf-results {where}: device = {perf.device!r} but the results ran on "
-            f"{environment.get('device')!r}; pass `attn-gate perf` output timed on the sweep's device"
+            f"{run.device!r}; pass `attn-gate perf` output timed on the sweep's device"
         )
     for key in RUN_KEYS:
-        if key in environment and perf.environment.get(key) != environment.get(key):
+        if run.value(key) is not None and timed.value(key) != run.value(key):
             raise UserError(
-                f"--perf-results {where}: timed with {key}={perf.environment.get(key)!r} but the results ran "
-                f"with {environment.get(key)!r}; time the kernel in the same run environment as the sweep"
+                f"--perf-results {where}: timed with {key}={timed.value(key)!r} but the results ran "
+                f"with {run.value(key)!r}; time the kernel in the same run environment as the sweep"
             )
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from gate.core.config import Config
 from gate.core.environment import describe
 from gate.core.errors import UserError
+from gate.core.identity import Scope
 from gate.core.results import CaseResult, Status, SweepResult
 from gate.correctness.probes.registry import checks_for
 from gate.correctness.run_case import run_case
@@ -125,12 +126,12 @@ def sweep_plan(plan: RunPlan, progress: bool = True, check_names: tuple[str, ...
         started_at=started,
         wall_s=time.perf_counter() - t0,
         notes=adapter.capabilities().notes + extra_notes,
-        scope=plan.only,
+        scope=plan.scope,
     )
 
 
 def sweep_result(
-    plan: RunPlan, *, environment: dict, cases, started_at: str, wall_s: float, notes, scope: str | None
+    plan: RunPlan, *, environment: dict, cases, started_at: str, wall_s: float, notes, scope: Scope
 ) -> SweepResult:
     """The one build of a run's SweepResult (in this process, through workers, or joined from
     pytest items): its kernel, suite and tolerance are the plan's."""
@@ -152,12 +153,11 @@ def _run_isolated(
     plan: RunPlan, progress: bool, check_names: tuple[str, ...], cases: list, extra_notes: tuple[str, ...]
 ) -> SweepResult:
     """Every case in a worker process (gate/workflow/isolation.py), streamed to the journal."""
-    kernel, suite, config, device, only, options = (
+    kernel, suite, config, device, options = (
         plan.kernel,
         plan.suite,
         plan.config,
         plan.device,
-        plan.only,
         plan.options,
     )
 
@@ -241,7 +241,7 @@ def _run_isolated(
         started_at=started,
         wall_s=time.perf_counter() - t0,
         notes=info.notes + extra_notes,
-        scope=only,
+        scope=plan.scope,
     )
 
 
