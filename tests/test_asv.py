@@ -11,6 +11,10 @@ from pathlib import Path
 
 import pytest
 
+# its tests share one module-scoped run: one worker makes it (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("asv")
+
+
 REPO = Path(__file__).resolve().parents[1]
 
 TINY_CONFIG = """

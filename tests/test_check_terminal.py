@@ -195,6 +195,7 @@ def tiny_repo(tmp_path_factory):
 
 
 @pytest.mark.parametrize("width", [80, 120])
+@pytest.mark.xdist_group("check_terminal")
 def test_the_terminal_fits_its_width_with_whole_words_worst_case_first(tiny_repo, tmp_path, monkeypatch, capsys, width):
     import shutil as sh
 

@@ -17,6 +17,10 @@ from gate.commands.main import main
 from gate.core.config import load_config
 from gate.core.errors import UserError
 
+# its tests share one module-scoped run: one worker makes it (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("first_baseline")
+
+
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = """
 [tool.attn-gate.suites.tiny]

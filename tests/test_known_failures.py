@@ -362,6 +362,7 @@ def findings(out: Path) -> dict:
     return json.loads((out / "findings-planted-tiny.json").read_text())
 
 
+@pytest.mark.xdist_group("known_failures")
 def test_a_declared_planted_bug_passes_as_known_with_its_link(runs):
     tmp, rcs = runs
     assert rcs["buggy"] == 0
@@ -376,6 +377,7 @@ def test_a_declared_planted_bug_passes_as_known_with_its_link(runs):
         assert "### Known failures" in text and LINK in text and f"`{CAUSAL}`" in text
 
 
+@pytest.mark.xdist_group("known_failures")
 def test_selftest_a_planted_bug_inside_a_declared_case_still_fails(runs):
     """dQ is declared; a new 5% dK error in the same causal case is not, and fails the check."""
     tmp, rcs = runs
@@ -388,6 +390,7 @@ def test_selftest_a_planted_bug_inside_a_declared_case_still_fails(runs):
     assert ("tolerance", "ratio:dk") in failing and ("status", "status") in failing
 
 
+@pytest.mark.xdist_group("known_failures")
 def test_the_fixed_kernel_is_xpass_naming_the_entry_and_fails_under_strict(runs, capsys):
     tmp, rcs = runs
     assert rcs["fixed"] == 0
@@ -410,6 +413,7 @@ def test_the_fixed_kernel_is_xpass_naming_the_entry_and_fails_under_strict(runs,
     assert "XPASS" in capsys.readouterr().out
 
 
+@pytest.mark.xdist_group("known_failures")
 def test_an_undeclared_failure_fails(runs):
     tmp, _ = runs
     bare = project(tmp, "bare", "causal_dq_bug", known="")

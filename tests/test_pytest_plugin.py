@@ -85,6 +85,7 @@ def repo(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("pytest_plugin")
 def test_the_failing_items_are_exactly_the_checks_fail_cases(repo):
     check = attn_gate(
         repo,
@@ -131,6 +132,7 @@ def test_the_failing_items_are_exactly_the_checks_fail_cases(repo):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("pytest_plugin")
 def test_under_xdist_the_controller_writes_the_whole_runs_files(repo):
     proc = pytest_in(repo, "--attn-gate", *BUGGY, "--attn-gate-out", "o-xdist", "-n", "2", "--junitxml", "n.xml")
     assert proc.returncode == 1, proc.stdout[-3000:]
@@ -141,6 +143,7 @@ def test_under_xdist_the_controller_writes_the_whole_runs_files(repo):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("pytest_plugin")
 def test_without_the_flag_the_plugin_adds_nothing(repo):
     proc = pytest_in(repo, "--collect-only")
     assert "attn-gate" not in proc.stdout and "no tests collected" in proc.stdout, proc.stdout
@@ -150,6 +153,7 @@ def test_without_the_flag_the_plugin_adds_nothing(repo):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("pytest_plugin")
 def test_no_baseline_is_a_usage_error_with_the_gates_message(repo):
     proc = pytest_in(repo, "--attn-gate", "--attn-gate-kernel", "tinyk_bug:flash_attn_func")
     assert proc.returncode == 4 and "no baseline for kernel 'tinyk_bug:flash_attn_func'" in proc.stderr + proc.stdout
