@@ -6,4 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
-exec python -m pytest -q -n auto "$@"
+# --durations: the slowest tests are named in every log (CI's too), so a test that grows is seen.
+exec python -m pytest -q -n auto --durations=25 "$@"

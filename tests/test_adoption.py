@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# slow; its two tests share the built wheel and venv: one worker makes them (--dist loadgroup)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("adoption")]
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

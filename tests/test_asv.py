@@ -13,6 +13,10 @@ import pytest
 
 from tests.tools import require
 
+# its tests share one module-scoped run: one worker makes it (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("asv")
+
+
 REPO = Path(__file__).resolve().parents[1]
 
 TINY_CONFIG = """

@@ -16,6 +16,9 @@ from gate.core.errors import UserError
 from gate.workflow.journal import Journal, read_journal
 from tests.bad_inputs import CLASSES, SUITE, Project, config_text
 
+# its tests share one module-scoped run: one worker makes it (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("bad_inputs")
+
 
 @pytest.fixture(scope="module")
 def good(tmp_path_factory) -> Project:

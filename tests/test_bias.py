@@ -546,6 +546,7 @@ def _check(kernel: str, cfg: Path, baseline: Path, out: Path) -> tuple[int, dict
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("bias")
 def test_the_correct_bias_kernel_passes_check_against_its_baseline(bias_baseline, in_repo_root, tmp_path):
     rc, cfg, path = bias_baseline
     assert rc == 0
@@ -570,6 +571,7 @@ def test_the_correct_bias_kernel_passes_check_against_its_baseline(bias_baseline
         ("bias_no_grad", "status", r"\.grad$"),  # dbias missing: a FAIL row
     ],
 )
+@pytest.mark.xdist_group("bias")
 def test_planted_bias_bugs_fail_check_against_the_correct_kernels_baseline(
     bias_baseline, in_repo_root, tmp_path, kernel, rule, where
 ):

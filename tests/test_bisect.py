@@ -1,18 +1,17 @@
-"""`attn-gate bisect`: a synthetic kernel repository of ten commits (examples/tiny-attn's kernel, a
-two-case suite, a committed CPU baseline) where commit 6 plants a bug; the bisect names it, skips a
-commit that does not build, and stops on a flaky kernel. The step's decision (gate/workflow/bisect.py
-`decide_step`, `read_failing`) is tested on tables first."""
+"""`attn-gate bisect`: a synthetic kernel repository of six commits (examples/tiny-attn's kernel, a
+two-case suite, a committed CPU baseline) where commit 5 plants a bug; the bisect names it, skips a
+commit that does not build, refuses a good end that fails, and stops on a flaky kernel. The step's
+decision (gate/workflow/bisect.py `decide_step`, `read_failing`) is tested on tables first."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from gate.core.cases import exact_regex
 from gate.workflow.bisect import (
     BAD,
     FLAKY,
@@ -25,10 +24,8 @@ from gate.workflow.bisect import (
     decide_step,
     step_verdict,
 )
+from tests.minisuite import DK_LINE, TINY_ATTN, attn_gate, git, suite
 
-ROOT = Path(__file__).resolve().parent.parent
-KERNEL = (ROOT / "examples" / "tiny-attn" / "tiny_attn" / "__init__.py").read_text()
-DK_LINE = "        dk = dk.view(b, hk, group, *dk.shape[2:]).sum(2)\n"
 PLANTED = DK_LINE + "        dk = dk * 1.02\n"
 # a bug on every other import of the module (one import per check: its one worker)
 FLAKY_KERNEL = (
@@ -36,22 +33,11 @@ FLAKY_KERNEL = (
     "_n = int(open(_path).read() or 0) + 1 if _os.path.exists(_path) else 1\n"
     "open(_path, 'w').write(str(_n))\n_FLAKY = _n % 2 == 1\n"
 )
-PYPROJECT = """\
-[tool.attn-gate.cpu]
-kernel = "tinyk:flash_attn_func"
-suite = "mini"
-
-[tool.attn-gate.ci]
-setup = "python3 -m py_compile tinyk/__init__.py"
-
-[tool.attn-gate.suites.mini]
-seeds = [0]
-[[tool.attn-gate.suites.mini.matrix]]
-dtype = ["fp32"]
-seqlens = ["33", "40x56"]
-heads = ["2"]
-head_dims = ["16"]
-"""
+PYPROJECT = (
+    '[tool.attn-gate.cpu]\nkernel = "tinyk:flash_attn_func"\nsuite = "mini"\n'
+    '[tool.attn-gate.ci]\nsetup = "python3 -m py_compile tinyk/__init__.py"\n'
+    + suite("mini", dtype=("fp32",), seqlens=("33", "40x56"), head_dims=("16",), causal=())
+)
 CASES = ["fp32-b2-h2-s33-d16", "fp32-b2-h2-s40x56-d16"]
 
 
@@ -161,27 +147,14 @@ def test_the_report_names_the_first_bad_commit_or_the_flaky_case():
 # ---------------------------------------------------------------- the synthetic repository
 
 
-def git(repo: Path, *args: str) -> str:
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@t",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@t",
-    }
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env
-    ).stdout.strip()
-
-
 def make_repo(
-    tmp_path: Path, edits: dict[int, "callable"], commits: int = 10, files: dict[str, str] | None = None
+    tmp_path: Path, edits: dict[int, "callable"], commits: int, files: dict[str, str] | None = None
 ) -> tuple[Path, list[str]]:
     """`commits` commits; commit 1 holds the kernel, the config and the baseline measured from it;
     `edits[i](text) -> text` changes the kernel in commit i. Returns the repo and its commits."""
     repo = tmp_path / "kernels"
     (repo / "tinyk").mkdir(parents=True)
-    (repo / "tinyk" / "__init__.py").write_text(KERNEL)
+    (repo / "tinyk" / "__init__.py").write_text(TINY_ATTN)
     (repo / "pyproject.toml").write_text(PYPROJECT)
     (repo / ".gitignore").write_text("out/\n__pycache__/\n")
     for rel, text in (files or {}).items():
@@ -206,13 +179,6 @@ def fail_at_head(repo: Path) -> None:
     assert attn_gate(repo, "check", "--device", "cpu", "--no-progress").returncode == 1
 
 
-def attn_gate(repo: Path, *args: str) -> subprocess.CompletedProcess:
-    """The CLI in a subprocess, as a maintainer types it (a fresh process: no warm worker holds an
-    earlier commit's kernel)."""
-    exe = Path(sys.executable).parent / "attn-gate"
-    return subprocess.run([str(exe), *args], cwd=repo, capture_output=True, text=True, timeout=900)
-
-
 def bisect(repo: Path, *args: str) -> subprocess.CompletedProcess:
     return attn_gate(repo, "bisect", *args)
 
@@ -226,22 +192,42 @@ def no_leftovers(repo: Path) -> None:
     assert not (Path(git(repo, "rev-parse", "--git-dir")) / "BISECT_LOG").exists()
 
 
-@pytest.mark.slow
-def test_bisect_names_the_commit_that_planted_the_bug_and_skips_one_that_does_not_build(tmp_path, monkeypatch):
-    # commit 6 plants dK x1.02; commit 7 does not build (a syntax error, fixed in 8): git bisect visits it
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    """Commit 3 does not build (a syntax error, fixed in 4), commit 5 plants dK x1.02; the nightly's
+    check has failed at the head. git bisect from commit 1 visits 3, 4 and 5, in that order."""
     repo, commits = make_repo(
-        tmp_path, {6: plant, 7: lambda t: t + "\ndef broken(:\n", 8: lambda t: t.replace("\ndef broken(:\n", "")}
+        tmp_path_factory.mktemp("planted"),
+        {3: lambda t: t + "\ndef broken(:\n", 4: lambda t: t.replace("\ndef broken(:\n", ""), 5: plant},
+        commits=6,
     )
     fail_at_head(repo)
-    proc = bisect(repo, "--good", commits[0], "--last-failed")
+    return repo, commits
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("bisect")
+def test_bisect_names_the_commit_that_planted_the_bug_and_skips_one_that_does_not_build(planted):
+    repo, commits = planted
+    # one run a step: the re-runs are the flaky test's business
+    proc = bisect(repo, "--good", commits[0], "--last-failed", "--reruns", "0")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"FIRST BAD COMMIT: {commits[5]} commit 6" in proc.stdout
+    assert f"FIRST BAD COMMIT: {commits[4]} commit 5" in proc.stdout
     for case in CASES:
         assert f"  {case}: dk" in proc.stdout
-    assert f"{commits[6][:12]} skip" in proc.stdout and "py_compile" in proc.stdout  # the install step failed
-    assert f"attn-gate bisect: {commits[6][:12]} skip" in proc.stderr  # each step's verdict is shown as it comes
+    assert f"{commits[2][:12]} skip" in proc.stdout and "py_compile" in proc.stdout  # the install step failed
+    assert f"attn-gate bisect: {commits[2][:12]} skip" in proc.stderr  # each step's verdict is shown as it comes
     data = json.loads((repo / "out" / "bisect-tinyk_flash_attn_func-mini.json").read_text())
-    assert data["first_bad"]["commit"] == commits[5] and data["first_bad"]["failing"] == {c: ["dk"] for c in CASES}
+    assert data["first_bad"]["commit"] == commits[4] and data["first_bad"]["failing"] == {c: ["dk"] for c in CASES}
+    no_leftovers(repo)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("bisect")
+def test_bisect_refuses_a_good_end_that_fails(planted):
+    repo, commits = planted
+    proc = bisect(repo, "--good", commits[4], "--last-failed", "--reruns", "0")
+    assert proc.returncode == 2 and "--good" in proc.stderr and "is bad, not good" in proc.stderr
     no_leftovers(repo)
 
 
@@ -251,25 +237,17 @@ def test_bisect_stops_on_a_flaky_kernel_and_names_the_case(tmp_path, monkeypatch
     repo, commits = make_repo(
         tmp_path,
         {
-            6: lambda t: t.replace("\nimport torch\n", "\nimport torch\n" + FLAKY_KERNEL, 1).replace(
+            2: lambda t: t.replace("\nimport torch\n", "\nimport torch\n" + FLAKY_KERNEL, 1).replace(
                 DK_LINE, DK_LINE + "        dk = dk * 1.02 if _FLAKY else dk\n"
             )
         },
+        commits=3,
     )
-    fail_at_head(repo)
-    proc = bisect(repo, "--good", commits[0], "--last-failed")
+    # the bad end's check (the first import: the bug is on), then its re-run (off)
+    proc = bisect(repo, "--good", commits[0], "--only", exact_regex(CASES))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "STOPPED: flaky" in proc.stdout and "FIRST BAD" not in proc.stdout
     assert all(case in proc.stdout.split("STOPPED")[1] for case in CASES)
-    no_leftovers(repo)
-
-
-@pytest.mark.slow
-def test_bisect_refuses_a_good_end_that_fails(tmp_path, monkeypatch):
-    repo, commits = make_repo(tmp_path, {2: plant})
-    fail_at_head(repo)
-    proc = bisect(repo, "--good", commits[2], "--last-failed", "--reruns", "0")
-    assert proc.returncode == 2 and "--good" in proc.stderr and "is bad, not good" in proc.stderr
     no_leftovers(repo)
 
 

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from gate.commands.main import main
-from tests.conftest import ROOT
+from tests.minisuite import ROOT, gate, project, suite
 
 KERNEL = "tests.coverage_kernels:dq_head_dim_tail_dropped"  # dQ wrong where head_dim % 32 != 0
 # the smoke head-dim cases with one head dim for Q, K and V (the pairs have their own tests), two controls
@@ -29,25 +29,24 @@ def no_step_summary(monkeypatch):
 def test_the_last_lines_of_a_failing_check_say_what_failed_and_what_to_do(cpu_baseline, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("COLUMNS", "60")  # narrow: the other columns wrap, no case id is cut
     out = tmp_path / "out"
-    with contextlib.chdir(ROOT):
-        assert (
-            main(
-                [
-                    "check",
-                    "--kernel",
-                    KERNEL,
-                    "--baseline",
-                    str(cpu_baseline.path),
-                    f"--only={ONLY}",
-                    "--device",
-                    "cpu",
-                    "--no-progress",
-                    "--out",
-                    str(out),
-                ]
-            )
-            == 1
+    assert (
+        gate(
+            [
+                "check",
+                "--kernel",
+                KERNEL,
+                "--baseline",
+                str(cpu_baseline.path),
+                f"--only={ONLY}",
+                "--device",
+                "cpu",
+                "--no-progress",
+                "--out",
+                str(out),
+            ]
         )
+        == 1
+    )
     text = capsys.readouterr().out
     # the summary's logical lines: a wrapped one continues on lines indented by two spaces
     logical: list[str] = []
@@ -73,25 +72,24 @@ def test_the_last_lines_of_a_failing_check_say_what_failed_and_what_to_do(cpu_ba
 
     # --last-failed: the failures of the last run in --out, without copying ids
     capsys.readouterr()
-    with contextlib.chdir(ROOT):
-        assert (
-            main(
-                [
-                    "check",
-                    "--kernel",
-                    KERNEL,
-                    "--baseline",
-                    str(cpu_baseline.path),
-                    "--device",
-                    "cpu",
-                    "--no-progress",
-                    "--out",
-                    str(out),
-                    "--last-failed",
-                ]
-            )
-            == 1
+    assert (
+        gate(
+            [
+                "check",
+                "--kernel",
+                KERNEL,
+                "--baseline",
+                str(cpu_baseline.path),
+                "--device",
+                "cpu",
+                "--no-progress",
+                "--out",
+                str(out),
+                "--last-failed",
+            ]
         )
+        == 1
+    )
     (sweep,) = out.glob("sweep-*.json")  # the first run was filtered too: the rerun replaces it
     assert {c["case_id"] for c in json.loads(sweep.read_text())["cases"]} == FAILING
 
@@ -151,21 +149,7 @@ def test_workers_0_with_resume_is_a_usage_error(tmp_path, capsys):
 
 # ---------------------------------------------------------------- a terminal a person reads, at 80 and 120 columns
 
-TINY = """
-[tool.attn-gate]
-baselines_dir = "baselines"
-[tool.attn-gate.kernels.mine]
-dense = "tests.regime_kernels:{function}"
-[tool.attn-gate.suites.tiny]
-seeds = [0]
-[[tool.attn-gate.suites.tiny.matrix]]
-dtype = ["bf16"]
-seqlens = ["64"]
-heads = ["2"]
-head_dims = ["32"]
-causal = [false, true]
-inputs = ["normal", "shifted", "large"]
-"""
+SUITE = suite("tiny", inputs=("normal", "shifted", "large"))
 SHIFTED = ("bf16-b2-h2-s64-d32-causal-shifted", "bf16-b2-h2-s64-d32-shifted")
 BOX = "│┃┏┓┗┛┡┩└┘━─┳┻╇┼┬┴"
 
@@ -182,18 +166,17 @@ def _run(repo, monkeypatch, capsys, width: int, *argv: str) -> tuple[int, str]:
 def tiny_repo(tmp_path_factory):
     """A repository whose kernel `mine` had a clean baseline and is now wrong on shifted inputs."""
     repo = tmp_path_factory.mktemp("terminal")
-    (repo / "pyproject.toml").write_text(TINY.format(function="fixed"))
-    with pytest.MonkeyPatch.context() as mp, contextlib.chdir(repo):
+    project(repo / "pyproject.toml", "mine", "tests.regime_kernels:fixed", SUITE, baselines="baselines")
+    with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYTHONPATH", str(ROOT))
-        mp.delenv("GITHUB_STEP_SUMMARY", raising=False)
-        assert (
-            main(["baseline", "update", "--kernel", "mine", "--suite", "tiny", "--device", "cpu", "--no-progress"]) == 0
-        )
-    (repo / "pyproject.toml").write_text(TINY.format(function="shifted_nan_dv"))
+        argv = ["baseline", "update", "--kernel", "mine", "--suite", "tiny", "--device", "cpu", "--no-progress"]
+        assert gate(argv, cwd=repo) == 0
+    project(repo / "pyproject.toml", "mine", "tests.regime_kernels:shifted_nan_dv", SUITE, baselines="baselines")
     return repo
 
 
 @pytest.mark.parametrize("width", [80, 120])
+@pytest.mark.xdist_group("check_terminal")
 def test_the_terminal_fits_its_width_with_whole_words_worst_case_first(tiny_repo, tmp_path, monkeypatch, capsys, width):
     import shutil as sh
 

@@ -79,6 +79,7 @@ def _top(comment: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("comment")
 def test_the_worst_case_leads_the_first_table(causal_bug):
     rc, out = causal_bug
     assert rc == 1
@@ -107,6 +108,7 @@ def test_the_worst_case_leads_the_first_table(causal_bug):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("comment")
 def test_the_pattern_line_names_causal(causal_bug):
     comment = (causal_bug[1] / f"comment-{BUG_STEM}.md").read_text()
     line = next(line for line in comment.splitlines() if line.startswith("**What the failing cases share:**"))
@@ -115,6 +117,7 @@ def test_the_pattern_line_names_causal(causal_bug):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("comment")
 def test_a_fail_never_advises_refreshing_the_baseline(causal_bug):
     out = causal_bug[1]
     findings = json.loads((out / f"findings-{BUG_STEM}.json").read_text())["findings"]
@@ -127,6 +130,7 @@ def test_a_fail_never_advises_refreshing_the_baseline(causal_bug):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("comment")
 def test_links_to_artifacts_and_the_baseline_commit(cpu_baseline, causal_bug):
     top = _top((causal_bug[1] / f"comment-{BUG_STEM}.md").read_text())
     assert "https://github.com/acme/attn/actions/runs/42#artifacts" in top
@@ -150,6 +154,7 @@ def test_a_baseline_joined_from_two_runs_links_both_commits():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("comment")
 def test_the_rerun_command_reproduces_exactly_the_failing_cases(causal_bug, tmp_path, capsys):
     out = causal_bug[1]
     comment = (out / f"comment-{BUG_STEM}.md").read_text()
@@ -274,6 +279,7 @@ def test_a_speed_regression_leads_with_baseline_now_change_and_limit(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("comment")
 def test_a_huge_failing_run_stays_under_the_comment_limit(cpu_baseline, causal_bug):
     sweep = SweepResult.read(causal_bug[1] / f"sweep-{BUG_STEM}.json")
     baseline = read_baseline(cpu_baseline.path)
@@ -335,6 +341,7 @@ def test_the_environment_records_cpu_model_and_capability():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("comment")
 def test_plots_are_150_dpi_and_show_at_most_the_worst_cases(cpu_baseline, causal_bug, tmp_path):
     """readable plots: 150 dpi, one row per case (at most MAX_CASES, so labels stay legible)."""
     from PIL import Image

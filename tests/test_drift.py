@@ -71,6 +71,7 @@ def cpu_run():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("drift")
 def test_correct_kernel_stays_inside_and_drifting_kernel_leaves_the_band(cpu_run, tmp_path):
     cfg, refs = cpu_run
     # the task is learned within the run: the band is tested on a real slope, not a plateau
@@ -90,6 +91,7 @@ def test_correct_kernel_stays_inside_and_drifting_kernel_leaves_the_band(cpu_run
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("drift")
 def test_kernel_that_raises_fails_the_run(cpu_run):
     cfg, refs = cpu_run
 

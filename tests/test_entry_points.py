@@ -429,6 +429,7 @@ def good_family(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("entry_points")
 def test_check_calls_every_entry_point_of_a_family_and_passes(good_family):
     tmp, rc, calls = good_family
     assert rc == 0
@@ -451,6 +452,7 @@ def test_check_calls_every_entry_point_of_a_family_and_passes(good_family):
     ],
     ids=["varlen over-read", "paged: contiguous pages assumed", "no append", "sink ignored"],
 )
+@pytest.mark.xdist_group("entry_points")
 def test_a_bug_in_one_entry_point_fails_the_gate_while_the_other_paths_pass(good_family, tmp_path, entries, bad):
     tmp = good_family[0]
     config = write_config(tmp, **entries)
@@ -466,6 +468,7 @@ def test_a_bug_in_one_entry_point_fails_the_gate_while_the_other_paths_pass(good
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("entry_points")
 def test_the_cache_check_names_what_was_not_written(good_family, tmp_path):
     tmp = good_family[0]
     config = write_config(tmp, kvcache="tests.entry_kernels:attn_with_kvcache_no_append")

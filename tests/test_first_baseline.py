@@ -6,64 +6,46 @@ six-case suite with a kernel wrong on `shifted` inputs only (tests/regime_kernel
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 from pathlib import Path
 
 import pytest
 
-from gate.commands.main import main
 from gate.core.config import load_config
 from gate.core.errors import UserError
+from tests.minisuite import gate, project, suite
 
-ROOT = Path(__file__).resolve().parent.parent
-SUITE = """
-[tool.attn-gate.suites.tiny]
-seeds = [0]
-[[tool.attn-gate.suites.tiny.matrix]]
-dtype = ["bf16"]
-seqlens = ["64"]
-heads = ["2"]
-head_dims = ["32"]
-causal = [false, true]
-inputs = ["normal", "shifted", "large"]
-"""
+# its tests share one module-scoped run: one worker makes it (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("first_baseline")
+
+
+SUITE = suite("tiny", inputs=("normal", "shifted", "large"))
 SHIFTED = {"bf16-b2-h2-s64-d32-shifted", "bf16-b2-h2-s64-d32-causal-shifted"}
 
 
-def project(folder: Path, function: str) -> Path:
+def mine(folder: Path, function: str) -> Path:
     """A repository whose own kernel `mine` is tests.regime_kernels:FUNCTION."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "pyproject.toml"
-    path.write_text(
-        f'[tool.attn-gate]\nbaselines_dir = "{(folder / "baselines").as_posix()}"\n'
-        f'[tool.attn-gate.kernels.mine]\ndense = "tests.regime_kernels:{function}"\n' + SUITE
-    )
-    return path
+    return project(folder / "pyproject.toml", "mine", f"tests.regime_kernels:{function}", SUITE)
 
 
-def gate(config: Path, *argv: str) -> int:
-    with pytest.MonkeyPatch.context() as mp, contextlib.chdir(ROOT):
-        mp.delenv("GITHUB_STEP_SUMMARY", raising=False)
-        mp.setenv("COLUMNS", "120")
-        return main(
-            [*argv, "--kernel", "mine", "--suite", "tiny", "--device", "cpu", "--no-progress", "--config", str(config)]
-        )
+def run(config: Path, *argv: str) -> int:
+    argv = (*argv, "--kernel", "mine", "--suite", "tiny", "--device", "cpu", "--no-progress", "--config", str(config))
+    return gate(list(argv), columns=120)
 
 
 @pytest.fixture(scope="module")
 def refused(tmp_path_factory):
     """The refused first baseline: its stderr, the saved run, the project."""
     tmp = tmp_path_factory.mktemp("first")
-    config = project(tmp / "repo", "shifted_nan_dv")
+    config = mine(tmp / "repo", "shifted_nan_dv")
     with pytest.MonkeyPatch.context() as mp:
         import io
         import sys
 
         err = io.StringIO()
         mp.setattr(sys, "stderr", err)
-        rc = gate(config, "baseline", "update", "--out", str(tmp / "out"))
+        rc = run(config, "baseline", "update", "--out", str(tmp / "out"))
     return tmp, config, rc, err.getvalue()
 
 
@@ -95,22 +77,22 @@ def test_the_printed_declaration_works_exactly_as_printed(refused, tmp_path):
     tmp, config, _, err = refused
     block = err[err.index("[[tool.attn-gate.known_failures]]") :]
     repo = tmp_path / "repo"
-    pasted = project(repo, "shifted_nan_dv")
+    pasted = mine(repo, "shifted_nan_dv")
     pasted.write_text(pasted.read_text() + "\n" + block)
     entries = load_config(pasted).known_failures
     assert {e.link for e in entries} == {""} and {e.tensors for e in entries} == {("dq",), ("dv",)}
     saved = tmp / "out" / "sweep-mine-tiny.json"
-    assert gate(pasted, "baseline", "update", "--from-results", str(saved)) == 0
+    assert run(pasted, "baseline", "update", "--from-results", str(saved)) == 0
     rows = json.loads((repo / "baselines" / "cpu" / "mine-tiny.json").read_text())["correctness"]
     assert {cid for cid, row in rows.items() if row["status"] == "FAIL"} == SHIFTED
     # check passes with them KNOWN
-    assert gate(pasted, "check", "--out", str(tmp_path / "check")) == 0
+    assert run(pasted, "check", "--out", str(tmp_path / "check")) == 0
     known = json.loads((tmp_path / "check" / "findings-mine-tiny.json").read_text())["findings"]
     assert {f["case_id"] for f in known if f["severity"] == "KNOWN"} == SHIFTED
     # the fixed kernel: XPASS for each declared case, naming the entry to delete; still a pass
     fixed = pasted.read_text().replace("regime_kernels:shifted_nan_dv", "regime_kernels:fixed")
     pasted.write_text(fixed)
-    assert gate(pasted, "check", "--out", str(tmp_path / "fixed")) == 0
+    assert run(pasted, "check", "--out", str(tmp_path / "fixed")) == 0
     xpass = [
         f
         for f in json.loads((tmp_path / "fixed" / "findings-mine-tiny.json").read_text())["findings"]
@@ -122,11 +104,11 @@ def test_the_printed_declaration_works_exactly_as_printed(refused, tmp_path):
 def test_known_records_them_in_one_command(refused, tmp_path, capsys):
     tmp, _, _, _ = refused
     repo = tmp_path / "repo"
-    config = project(repo, "shifted_nan_dv")
+    config = mine(repo, "shifted_nan_dv")
     before = config.read_text()
     saved = tmp / "out" / "sweep-mine-tiny.json"
     assert (
-        gate(config, "baseline", "update", "--from-results", str(saved), "--known", "loses the LSE on shifted inputs")
+        run(config, "baseline", "update", "--from-results", str(saved), "--known", "loses the LSE on shifted inputs")
         == 0
     )
     out = capsys.readouterr().out
@@ -134,7 +116,7 @@ def test_known_records_them_in_one_command(refused, tmp_path, capsys):
     text = config.read_text()
     assert text.startswith(before) and text.count("[[tool.attn-gate.known_failures]]") == 2
     assert (repo / "baselines" / "cpu" / "mine-tiny.json").exists()
-    assert gate(config, "check", "--results", str(saved), "--out", str(tmp_path / "check")) == 0
+    assert run(config, "check", "--results", str(saved), "--out", str(tmp_path / "check")) == 0
 
 
 @pytest.mark.parametrize(
@@ -148,9 +130,9 @@ def test_known_records_them_in_one_command(refused, tmp_path, capsys):
 def test_a_bad_known_flag_is_a_usage_error_and_writes_nothing(refused, tmp_path, capsys, argv, words):
     tmp, _, _, _ = refused
     repo = tmp_path / "repo"
-    config = project(repo, "shifted_nan_dv")
+    config = mine(repo, "shifted_nan_dv")
     before = config.read_text()
-    assert gate(config, "baseline", "update", "--from-results", str(tmp / "out" / "sweep-mine-tiny.json"), *argv) == 2
+    assert run(config, "baseline", "update", "--from-results", str(tmp / "out" / "sweep-mine-tiny.json"), *argv) == 2
     err = capsys.readouterr().err
     assert words in err and len(err.strip().splitlines()) == 1
     assert config.read_text() == before and not (repo / "baselines").exists()

@@ -79,6 +79,7 @@ def tiled_pool():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(FEATURE_CASES))
+@pytest.mark.xdist_group("isolation_features")
 def test_the_worker_measures_what_one_process_measures(name, tiled_pool):
     case = FEATURE_CASES[name]
     here = run_case(get_adapter("tiled"), case, "cpu", TOL, checks_for(case, ()))

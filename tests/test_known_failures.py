@@ -5,14 +5,12 @@ two-case suite, so the end-to-end part stays under a minute on two cores."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 from pathlib import Path
 
 import pytest
 
-from gate.commands.main import main
 from gate.compare.baselines import Baseline
 from gate.compare.findings import STATUS, Finding, Severity, Subject, decide
 from gate.compare.known import (
@@ -31,9 +29,9 @@ from gate.compare.sweep_rules import compare
 from gate.core.config import KnownFailure, load_config
 from gate.core.errors import UserError
 from gate.report.comment import pr_comment
+from tests.minisuite import ROOT, gate, project, suite
 from tests.test_verdict import CFG, result, sweep
 
-ROOT = Path(__file__).resolve().parent.parent
 LINK = "https://github.com/Dao-AILab/flash-attention/issues/895"
 
 
@@ -303,16 +301,7 @@ def test_the_comment_lists_known_failures_apart_with_their_link():
 
 # ---------------------------------------------------------------- acceptance: the real `attn-gate check`
 
-SUITE = """
-[tool.attn-gate.suites.tiny]
-seeds = [0]
-[[tool.attn-gate.suites.tiny.matrix]]
-dtype = ["bf16"]
-seqlens = ["64"]
-heads = ["2"]
-head_dims = ["32"]
-causal = [false, true]
-"""
+SUITE = suite("tiny")
 CAUSAL = "bf16-b2-h2-s64-d32-causal"
 DECLARED = f'''
 [[tool.attn-gate.known_failures]]
@@ -324,35 +313,27 @@ link = "{LINK}"
 '''
 
 
-def project(tmp_path: Path, name: str, function: str, known: str = DECLARED) -> Path:
+def planted(tmp_path: Path, name: str, function: str, known: str = DECLARED) -> Path:
     """A config whose kernel `planted` is tests.known_kernels:FUNCTION: the same kernel name (and
     baseline file) before and after the planted bug is fixed."""
-    path = tmp_path / f"{name}.toml"
-    path.write_text(
-        f'[tool.attn-gate]\nbaselines_dir = "{(tmp_path / "baselines").as_posix()}"\n'
-        f'[tool.attn-gate.kernels.planted]\ndense = "tests.known_kernels:{function}"\n' + SUITE + known
-    )
-    return path
+    return project(tmp_path / f"{name}.toml", "planted", f"tests.known_kernels:{function}", SUITE, known)
 
 
-def gate(*argv: str) -> int:
-    with pytest.MonkeyPatch.context() as mp, contextlib.chdir(ROOT):
-        mp.delenv("GITHUB_STEP_SUMMARY", raising=False)
-        return main(
-            [*argv, "--kernel", "planted", "--suite", "tiny", "--device", "cpu", "--no-progress"]
-            if argv[0] != "check" or "--results" not in argv
-            else list(argv)
-        )
+def run(*argv: str) -> int:
+    """A swept run: the planted kernel on the tiny suite; a check of saved results: ARGV alone."""
+    if argv[0] == "check" and "--results" in argv:
+        return gate(list(argv))
+    return gate([*argv, "--kernel", "planted", "--suite", "tiny", "--device", "cpu", "--no-progress"])
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The baseline of the buggy kernel (declared), then fresh checks of three versions of it."""
     tmp = tmp_path_factory.mktemp("known")
-    buggy = project(tmp, "buggy", "causal_dq_bug")
-    assert gate("baseline", "update", "--config", str(buggy), "--out", str(tmp / "base")) == 0
+    buggy = planted(tmp, "buggy", "causal_dq_bug")
+    assert run("baseline", "update", "--config", str(buggy), "--out", str(tmp / "base")) == 0
     rcs = {
-        name: gate("check", "--config", str(project(tmp, name, function)), "--out", str(tmp / name))
+        name: run("check", "--config", str(planted(tmp, name, function)), "--out", str(tmp / name))
         for name, function in (("buggy", "causal_dq_bug"), ("worse", "causal_dq_bug_and_dk"), ("fixed", "fixed"))
     }
     return tmp, rcs
@@ -362,6 +343,7 @@ def findings(out: Path) -> dict:
     return json.loads((out / "findings-planted-tiny.json").read_text())
 
 
+@pytest.mark.xdist_group("known_failures")
 def test_a_declared_planted_bug_passes_as_known_with_its_link(runs):
     tmp, rcs = runs
     assert rcs["buggy"] == 0
@@ -376,6 +358,7 @@ def test_a_declared_planted_bug_passes_as_known_with_its_link(runs):
         assert "### Known failures" in text and LINK in text and f"`{CAUSAL}`" in text
 
 
+@pytest.mark.xdist_group("known_failures")
 def test_selftest_a_planted_bug_inside_a_declared_case_still_fails(runs):
     """dQ is declared; a new 5% dK error in the same causal case is not, and fails the check."""
     tmp, rcs = runs
@@ -388,15 +371,16 @@ def test_selftest_a_planted_bug_inside_a_declared_case_still_fails(runs):
     assert ("tolerance", "ratio:dk") in failing and ("status", "status") in failing
 
 
+@pytest.mark.xdist_group("known_failures")
 def test_the_fixed_kernel_is_xpass_naming_the_entry_and_fails_under_strict(runs, capsys):
     tmp, rcs = runs
     assert rcs["fixed"] == 0
     (x,) = [f for f in findings(tmp / "fixed")["findings"] if f["rule"] == "xpass"]
     assert x["severity"] == "WARN" and "known_failures #1 (causal backward: dQ 10% too large)" in x["message"]
     assert "delete the entry" in x["message"]
-    strict = project(tmp, "strict", "fixed", DECLARED + "strict = true\n")
+    strict = planted(tmp, "strict", "fixed", DECLARED + "strict = true\n")
     assert (
-        gate(
+        run(
             "check",
             "--config",
             str(strict),
@@ -410,11 +394,12 @@ def test_the_fixed_kernel_is_xpass_naming_the_entry_and_fails_under_strict(runs,
     assert "XPASS" in capsys.readouterr().out
 
 
+@pytest.mark.xdist_group("known_failures")
 def test_an_undeclared_failure_fails(runs):
     tmp, _ = runs
-    bare = project(tmp, "bare", "causal_dq_bug", known="")
+    bare = planted(tmp, "bare", "causal_dq_bug", known="")
     assert (
-        gate(
+        run(
             "check",
             "--config",
             str(bare),
@@ -428,11 +413,11 @@ def test_an_undeclared_failure_fails(runs):
 
 
 def test_an_unmatched_declaration_is_a_usage_error_before_the_sweep(tmp_path, capsys):
-    typo = project(tmp_path, "typo", "causal_dq_bug", DECLARED.replace("-causal$", "-casual$"))
-    assert gate("check", "--config", str(typo), "--out", str(tmp_path / "o")) == 2
+    typo = planted(tmp_path, "typo", "causal_dq_bug", DECLARED.replace("-causal$", "-casual$"))
+    assert run("check", "--config", str(typo), "--out", str(tmp_path / "o")) == 2
     err = capsys.readouterr().err
     assert "known_failures]] #1: cases = '-casual$' matches no case" in err and str(typo) in err
     assert not (tmp_path / "o" / "sweep-planted-tiny.json").exists()
     # the same typo in a declaration for another kernel is not this run's business
-    other = project(tmp_path, "other", "fixed", DECLARED.replace("-causal$", "-casual$").replace('"planted"', '"fa2"'))
-    assert gate("baseline", "update", "--config", str(other), "--out", str(tmp_path / "b")) == 0
+    other = planted(tmp_path, "other", "fixed", DECLARED.replace("-causal$", "-casual$").replace('"planted"', '"fa2"'))
+    assert run("baseline", "update", "--config", str(other), "--out", str(tmp_path / "b")) == 0

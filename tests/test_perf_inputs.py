@@ -18,6 +18,10 @@ from gate.speed.runs import PerfCaseResult, PerfResult, baseline_entry
 from gate.speed.timing import PASSES, PassTiming, TimingPlan, TimingRun
 from gate.workflow.sweep import run_sweep
 
+# its tests share one module-scoped run: one worker makes it (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("perf_inputs")
+
+
 SUITE = (
     "[tool.attn-gate.suites.pf]\nseeds = [0]\n[[tool.attn-gate.suites.pf.matrix]]\n"
     'dtype = ["fp32"]\nbatch = [1]\nseqlens = ["16"]\nheads = ["2"]\nhead_dims = ["8"]\nperf = [true]\n'

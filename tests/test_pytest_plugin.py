@@ -7,7 +7,6 @@ flag the plugin adds nothing."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -16,39 +15,18 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-KERNEL = (ROOT / "examples" / "tiny-attn" / "tiny_attn" / "__init__.py").read_text()
-DK_LINE = "        dk = dk.view(b, hk, group, *dk.shape[2:]).sum(2)\n"
-CAUSAL_BUG = DK_LINE + "        dk = dk * 1.02 if ctx.causal else dk\n"
-PYPROJECT = """\
-[tool.attn-gate.cpu]
-kernel = "tinyk:flash_attn_func"
-suite = "mini"
+from tests.minisuite import DK_LINE, ROOT, TINY_ATTN, attn_gate, run, suite
 
-[tool.attn-gate.suites.mini]
-seeds = [0]
-[[tool.attn-gate.suites.mini.matrix]]
-dtype = ["fp32"]
-seqlens = ["33", "40x56"]
-heads = ["2"]
-head_dims = ["16"]
-causal = [false, true]
-"""
+CAUSAL_BUG = DK_LINE + "        dk = dk * 1.02 if ctx.causal else dk\n"
+PYPROJECT = '[tool.attn-gate.cpu]\nkernel = "tinyk:flash_attn_func"\nsuite = "mini"\n' + suite(
+    "mini", dtype=("fp32",), seqlens=("33", "40x56"), head_dims=("16",)
+)
 BUGGY = [
     "--attn-gate-kernel",
     "tinyk_bug:flash_attn_func",
     "--attn-gate-baseline",
     "baselines/cpu/tinyk_flash_attn_func-mini.json",
 ]
-
-
-def run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "GITHUB_"))}
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=900, env=env)
-
-
-def attn_gate(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return run([str(Path(sys.executable).parent / "attn-gate"), *args], cwd)
 
 
 def pytest_in(cwd: Path, *args: str) -> subprocess.CompletedProcess:
@@ -75,7 +53,7 @@ def failing_cases(findings: Path) -> set[str]:
 def repo(tmp_path_factory):
     """A kernel repository: tinyk (correct) with its committed mini baseline, and tinyk_bug."""
     repo = tmp_path_factory.mktemp("plugin") / "kernels"
-    for name, text in (("tinyk", KERNEL), ("tinyk_bug", KERNEL.replace(DK_LINE, CAUSAL_BUG))):
+    for name, text in (("tinyk", TINY_ATTN), ("tinyk_bug", TINY_ATTN.replace(DK_LINE, CAUSAL_BUG))):
         (repo / name).mkdir(parents=True)
         (repo / name / "__init__.py").write_text(text)
     (repo / "pyproject.toml").write_text(PYPROJECT)
@@ -85,6 +63,7 @@ def repo(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("pytest_plugin")
 def test_the_failing_items_are_exactly_the_checks_fail_cases(repo):
     check = attn_gate(
         repo,
@@ -102,10 +81,13 @@ def test_the_failing_items_are_exactly_the_checks_fail_cases(repo):
     assert check.returncode == 1, check.stderr
     expected = failing_cases(repo / "o-check" / "findings-tinyk_bug_flash_attn_func-mini.json")
     assert expected and all("causal" in c for c in expected)  # the bug is on causal cases only
-    proc = pytest_in(repo, "--attn-gate", *BUGGY, "--attn-gate-out", "o-pytest", "--junitxml", "j.xml")
+    # under xdist (-n 2): the controller writes the whole run's files; the runs below are one process
+    proc = pytest_in(repo, "--attn-gate", *BUGGY, "--attn-gate-out", "o-pytest", "-n", "2", "--junitxml", "j.xml")
     assert proc.returncode == 1, proc.stdout[-3000:]
     outcomes = junit(repo / "j.xml")
     assert {n for n, o in outcomes.items() if o == "failed"} == expected
+    findings = json.loads((repo / "o-pytest" / "findings-tinyk_bug_flash_attn_func-mini.json").read_text())
+    assert findings["context"]["cases"] == len(outcomes) == 4
     assert {n for n, o in outcomes.items() if o == "passed"} == {n for n in outcomes if "causal" not in n}
     # the gate's one line is the failure message; its files are those of `attn-gate check`
     (case, *_) = sorted(expected)
@@ -131,16 +113,7 @@ def test_the_failing_items_are_exactly_the_checks_fail_cases(repo):
 
 
 @pytest.mark.slow
-def test_under_xdist_the_controller_writes_the_whole_runs_files(repo):
-    proc = pytest_in(repo, "--attn-gate", *BUGGY, "--attn-gate-out", "o-xdist", "-n", "2", "--junitxml", "n.xml")
-    assert proc.returncode == 1, proc.stdout[-3000:]
-    outcomes = junit(repo / "n.xml")
-    findings = repo / "o-xdist" / "findings-tinyk_bug_flash_attn_func-mini.json"
-    assert {n for n, o in outcomes.items() if o == "failed"} == failing_cases(findings)
-    assert json.loads(findings.read_text())["context"]["cases"] == len(outcomes) == 4
-
-
-@pytest.mark.slow
+@pytest.mark.xdist_group("pytest_plugin")
 def test_without_the_flag_the_plugin_adds_nothing(repo):
     proc = pytest_in(repo, "--collect-only")
     assert "attn-gate" not in proc.stdout and "no tests collected" in proc.stdout, proc.stdout
@@ -150,6 +123,7 @@ def test_without_the_flag_the_plugin_adds_nothing(repo):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("pytest_plugin")
 def test_no_baseline_is_a_usage_error_with_the_gates_message(repo):
     proc = pytest_in(repo, "--attn-gate", "--attn-gate-kernel", "tinyk_bug:flash_attn_func")
     assert proc.returncode == 4 and "no baseline for kernel 'tinyk_bug:flash_attn_func'" in proc.stderr + proc.stdout

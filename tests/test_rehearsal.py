@@ -394,10 +394,25 @@ def assert_artifacts_complete(r: Rehearsal, pr_number: str = PR_NUMBER, sha: str
 KINDS = ["run", "run", "uses", "run", "run", "uses", "skipped", "run", "run", "run", "skipped", "run", "uses", "uses"]
 
 
+FORK_PR = "7"  # the fork PR of test_fork_pr_end_to_end, whose vetted dispatch asks for the passing run
+
+
+@pytest.fixture(scope="module")
+def passing(tmp_path_factory, cpu_baseline) -> Rehearsal:
+    """The gate job on a passing kernel, dispatched for PR 7 at this commit."""
+    variables = {
+        "ATTN_GATE_KERNEL": "sdpa-cpu",
+        "ATTN_GATE_ONLY": CASES,
+        "ATTN_GATE_DEVICE": "cpu",
+        "ATTN_GATE_BASELINE": str(cpu_baseline.path),
+    }
+    return rehearse(tmp_path_factory.mktemp("passing"), variables, pr=FORK_PR, sha=HEAD_SHA)
+
+
 @pytest.mark.slow
-def test_rehearsal_passing_kernel(cpu_baseline, tmp_path):
-    variables = {"ATTN_GATE_KERNEL": "sdpa-cpu", "ATTN_GATE_ONLY": CASES, "ATTN_GATE_DEVICE": "cpu"}
-    r = rehearse(tmp_path, {**variables, "ATTN_GATE_BASELINE": str(cpu_baseline.path)})
+@pytest.mark.xdist_group("rehearsal_passing")
+def test_rehearsal_passing_kernel(passing):
+    r = passing
     gate = r.step("gate")
     assert gate.returncode == 0, gate.output[-3000:]
     assert not r.failed
@@ -407,7 +422,7 @@ def test_rehearsal_passing_kernel(cpu_baseline, tmp_path):
     assert gate.outputs == {"exit-code": "0"}
     assert r.step_summary.startswith("## attn-gate check: PASS")
     assert r.step_summary.count("## attn-gate") == 1  # check wrote it once; the fallback note stayed quiet
-    results = assert_artifacts_complete(r)
+    results = assert_artifacts_complete(r, pr_number=FORK_PR)
     assert (results / "summary.md").read_text().strip() == r.step_summary.strip()
     assert list(results.glob("findings-*.json")) and list(results.glob("sweep-*.json")) and list(results.glob("*.png"))
 
@@ -844,7 +859,8 @@ def workflows_started_by(event: str) -> dict[str, dict]:
 
 
 @pytest.mark.slow
-def test_fork_pr_end_to_end(cpu_baseline, tmp_path):
+@pytest.mark.xdist_group("rehearsal_passing")
+def test_fork_pr_end_to_end(tmp_path, passing):
     """mallory/r opens PR 7 against o/r. (1) Its pull_request event, in which every repository
     variable reads empty, starts only hosted jobs that read no variable, and the runner guard
     refuses it anyway. (2) Mallory's own `/attn-gate run` comment and a maintainer's comment naming
@@ -878,19 +894,9 @@ def test_fork_pr_end_to_end(cpu_baseline, tmp_path):
     calls = wf.vet(wf.subdir(tmp_path, "vet-ok"), f"/attn-gate run {head}", login="maint", permissions=perms, pr=pr)
     [(_, dispatch)] = wf.named(calls, "actions.createWorkflowDispatch")
     assert dispatch["ref"] == "main"
-    gate_dir = tmp_path / "gate"
-    gate_dir.mkdir()
-    r = rehearse(
-        gate_dir,
-        {
-            "ATTN_GATE_KERNEL": "sdpa-cpu",
-            "ATTN_GATE_ONLY": CASES,
-            "ATTN_GATE_DEVICE": "cpu",
-            "ATTN_GATE_BASELINE": str(cpu_baseline.path),
-        },
-        pr=dispatch["inputs"]["pr"],
-        sha=dispatch["inputs"]["sha"],
-    )
+    # the dispatch asks for the passing run: PR 7 at the head, the gate job on the CPU
+    assert (dispatch["inputs"]["pr"], dispatch["inputs"]["sha"]) == (FORK_PR, head)
+    r = passing
     assert not r.failed, r.hook + r.step("gate").output[-2000:]
     assert_artifacts_complete(r, pr_number="7", sha=head)
     summary_dir = r.runner_temp / "gate-summary"

@@ -43,6 +43,7 @@ def smoke_sweeps(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kernel", ["sdpa-cpu", "tiled"])
+@pytest.mark.xdist_group("sweep_cli")
 def test_smoke_sweep_passes_and_writes_report_and_note(smoke_sweeps, kernel):
     code, stdout, _, out = smoke_sweeps[kernel]
     assert code == 0, stdout[-3000:]
@@ -71,6 +72,7 @@ def test_smoke_sweep_passes_and_writes_report_and_note(smoke_sweeps, kernel):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("sweep_cli")
 def test_the_note_lists_every_skipped_case_with_its_reason(smoke_sweeps):
     _, _, _, out = smoke_sweeps["sdpa-cpu"]
     report = json.loads((out / "sweep-sdpa-cpu-smoke.json").read_text())
@@ -85,6 +87,7 @@ def test_the_note_lists_every_skipped_case_with_its_reason(smoke_sweeps):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("sweep_cli")
 def test_tiled_validates_every_smoke_case(smoke_sweeps):
     _, _, stderr, out = smoke_sweeps["tiled"]
     report = json.loads((out / "sweep-tiled-smoke.json").read_text())
@@ -98,6 +101,7 @@ def test_tiled_validates_every_smoke_case(smoke_sweeps):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("sweep_cli")
 def test_the_table_is_readable_in_a_ci_log(smoke_sweeps):
     """Not a terminal: the table is wide enough that case ids are never cut or folded."""
     _, stdout, _, _ = smoke_sweeps["sdpa-cpu"]
@@ -302,6 +306,7 @@ def test_real_command_prints_one_line_and_no_traceback(what, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("sweep_cli")
 def test_reasons_are_printed_literally_not_as_rich_markup(smoke_sweeps):
     """A kernel's exception text is data: '[/]' or '[bold]' in it must neither crash nor vanish."""
     from rich.console import Console
