@@ -8,32 +8,16 @@ import math
 
 from gate.compare.known import failures_of
 from gate.core.cases import Case
-from gate.core.results import CaseResult, Status, TensorError
+from gate.core.results import CaseResult, Status
 from gate.report.failures import group_failures, refusal, row_line, worst_first
+from tests.rows import RATIOS, tensor_errors
 
 BASE = Case.build(batch=2, seqlen_q=128, seqlen_k=128, heads_q=4, heads_kv=4, head_dim=64, head_dim_v=64, dtype="bf16")
 
 
 def row(over: dict[str, float] | None = None, status: Status | None = None, reason: str = "", **kw) -> CaseResult:
-    ratios = {"out": 0.5, "lse": 0.5, "dq": 0.5, "dk": 0.5, "dv": 0.5, **(over or {})}
-    tensors = tuple(
-        TensorError(
-            tensor=n,
-            max_err=r,
-            mean_err=r,
-            pt_err=1.0,
-            floor=0.0,
-            mult=2.0,
-            bound=1.0,
-            ratio=r,
-            worst_index=(),
-            band_atol=1e-2,
-            band_rtol=1e-2,
-            band_ok=True,
-            seed=0,
-        )
-        for n, r in ratios.items()
-    )
+    ratios = {**RATIOS, **(over or {})}
+    tensors = tensor_errors(over)
     failed = any(not r <= 1 for r in ratios.values())
     return CaseResult(
         case=BASE.with_fields(**kw),

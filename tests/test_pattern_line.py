@@ -7,7 +7,8 @@ import pytest
 
 from gate.compare.diagnosis import diagnosis, failing_tensors, separating_trait
 from gate.core.cases import Case
-from gate.core.results import CaseResult, Status, TensorError
+from gate.core.results import CaseResult, Status
+from tests.rows import tensor_errors
 
 BASE = Case.build(batch=2, seqlen_q=128, seqlen_k=128, heads_q=4, heads_kv=4, head_dim=64, head_dim_v=64, dtype="bf16")
 
@@ -18,25 +19,7 @@ def case(**kw) -> Case:
 
 def result(c: Case, over: dict[str, float]) -> CaseResult:
     """A measured row whose tensors have these ratios (the others at 0.5)."""
-    ratios = {"out": 0.5, "lse": 0.5, "dq": 0.5, "dk": 0.5, "dv": 0.5, **over}
-    tensors = tuple(
-        TensorError(
-            tensor=name,
-            max_err=r,
-            mean_err=r,
-            pt_err=1.0,
-            floor=0.0,
-            mult=2.0,
-            bound=1.0,
-            ratio=r,
-            worst_index=(),
-            band_atol=1e-2,
-            band_rtol=1e-2,
-            band_ok=True,
-            seed=0,
-        )
-        for name, r in ratios.items()
-    )
+    tensors = tensor_errors(over)
     return CaseResult(case=c, status=Status.FAIL if any(r > 1 for r in over.values()) else Status.PASS, tensors=tensors)
 
 
