@@ -223,14 +223,14 @@ def test_an_older_perf_file_reads_its_only_note_as_the_scope(tmp_path, version):
     path = tmp_path / "perf.json"
     path.write_text(json.dumps(_perf_payload(version, [kept, f"filtered with --only {first!r}"])))
     perf = PerfResult.read(path)
-    assert (perf.scope, perf.notes) == (first, (kept,))
-    assert not perf.run_scope.whole and perf.run_scope.admits(first)
+    assert (perf.scope, perf.notes) == (Scope(first), (kept,))
+    assert not perf.scope.whole and perf.scope.admits(first)
     perf.write(tmp_path / "again.json")
     data = json.loads((tmp_path / "again.json").read_text())
     assert (data["schema_version"], data["scope"], data["notes"]) == (3, first, [kept])
-    assert PerfResult.read(tmp_path / "again.json").scope == first
+    assert PerfResult.read(tmp_path / "again.json").scope == Scope(first)
     path.write_text(json.dumps(_perf_payload(version, [kept])))
-    assert PerfResult.read(path).scope is None  # no note: the whole suite
+    assert PerfResult.read(path).scope.whole  # no note: the whole suite
 
 
 def test_a_perf_file_with_a_bad_scope_is_refused(tmp_path):

@@ -21,18 +21,23 @@ def gpu_class(name: str) -> str:
     return m.group(1) if m else re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "gpu"
 
 
-def _driver() -> str:
+def _nvml(read, default: str) -> str:
+    """One NVML reading (`read(pynvml)`) as a string; `default` where NVML is absent or fails."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
         try:
-            drv = pynvml.nvmlSystemGetDriverVersion()
-            return drv.decode() if isinstance(drv, bytes) else str(drv)
+            value = read(pynvml)
+            return value.decode() if isinstance(value, bytes) else str(value)
         finally:
             pynvml.nvmlShutdown()
     except Exception:
-        return "unknown"
+        return default
+
+
+def _driver() -> str:
+    return _nvml(lambda nv: nv.nvmlSystemGetDriverVersion(), "unknown")
 
 
 def cpu_model() -> str:
@@ -108,17 +113,7 @@ def _gpu_uuid() -> str:
             return str(uuid)
     except Exception:
         pass
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0))
-            return uuid.decode() if isinstance(uuid, bytes) else str(uuid)
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        return ""
+    return _nvml(lambda nv: nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByIndex(0)), "")
 
 
 def _machine_id() -> str:

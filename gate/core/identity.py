@@ -112,6 +112,7 @@ class Environment:
     cpu_capability: str | None = None
     git_commit: str | None = None
     anchor: str | None = None  # perf runs: the anchor kernel the ratios are against
+    host: str | None = None  # perf runs: the digest of the host that timed them (environment.host_id)
     extra: tuple[tuple[str, Any], ...] = ()
 
     @classmethod

@@ -87,7 +87,7 @@ def print_perf_table(result: PerfResult, console=None) -> None:
     for row in rows:
         table.add_row(*row)
     console.print(table)
-    for note in result.notes + ((f"filtered with --only {result.scope!r}",) if result.scope is not None else ()):
+    for note in result.notes + ((f"filtered with --only {result.scope.only!r}",) if not result.scope.whole else ()):
         console.print(f"note: {note}")
 
 

@@ -197,11 +197,7 @@ class PerfResult:
     wall_s: float
     schema_version: int = SCHEMA_VERSION
     notes: tuple[str, ...] = field(default_factory=tuple)
-    scope: str | None = None  # the --only regex the run was filtered with; None: the whole suite
-
-    @property
-    def run_scope(self) -> Scope:
-        return Scope(self.scope)
+    scope: Scope = field(default_factory=Scope)  # the --only filter the run was timed with
 
     def case(self, case_id: str) -> PerfCaseResult | None:
         return next((c for c in self.cases if c.case_id == case_id), None)
@@ -215,8 +211,7 @@ class PerfResult:
     def host(self) -> str:
         """The digest of the host that timed the run (gate/core/environment.py host_id); '' unknown
         (a file from before hosts were recorded, or merged from several hosts)."""
-        host = self.env.value("host")
-        return host if isinstance(host, str) else ""
+        return self.env.host or ""
 
     @property
     def any_error(self) -> bool:
@@ -235,7 +230,7 @@ class PerfResult:
             "started_at": self.started_at,
             "wall_s": round(self.wall_s, 2),
             "notes": list(self.notes),
-            "scope": self.scope,
+            "scope": self.scope.only,
             "cases": [c.to_dict() for c in self.cases],
         }
 
@@ -298,7 +293,7 @@ class PerfResult:
             started_at=d["started_at"],
             wall_s=measured_float(d["wall_s"], "wall_s", 1e7),
             notes=tuple(notes),
-            scope=scope,
+            scope=Scope(scope),
         )
 
     def write(self, path: Path) -> None:
@@ -586,7 +581,7 @@ def run_perf(
         started_at=started,
         wall_s=time.perf_counter() - t0,
         notes=notes,
-        scope=only or None,
+        scope=Scope(only or None),
     )
 
 

@@ -32,7 +32,7 @@ from gate.compare.findings import Advice, Finding, Rule, Severity, Subject
 from gate.core.config import Config, PerfConfig
 from gate.core.errors import UserError
 from gate.core.files import safe_name
-from gate.core.identity import Environment
+from gate.core.identity import Environment, Scope
 from gate.core.results import Status
 from gate.core.warn import warn
 from gate.report.speed_report import perf_markdown, plot_speed_ratios
@@ -342,7 +342,7 @@ def perf_section_from_file(
     if not measured:
         raise UserError(f"--perf-from {path}: no case was timed (all skipped or failed)")
     measured = refuse_noisy(measured, config.perf, accept_noisy, f"--perf-from {path}")
-    filtered = not result.run_scope.whole
+    filtered = not result.scope.whole
     section = {**(old_perf or {}), **measured} if filtered else measured
     return dict(sorted(section.items()))
 
@@ -386,7 +386,7 @@ def read_perf_files(paths: list[Path]) -> PerfResult:
     results = [r for _, r in read]
     notes = tuple(dict.fromkeys(n for r in results for n in r.notes))
     hosts = {r.host for r in results}  # timed on several hosts: no one host to judge the rows' limit by
-    scopes = tuple(dict.fromkeys(r.scope for r in results if r.scope is not None))  # filtered if any one was
+    scopes = tuple(dict.fromkeys(r.scope.only for r in results if not r.scope.whole))  # filtered if any one was
     return PerfResult(
         kernel=first.kernel,
         anchor=first.anchor,
@@ -398,7 +398,7 @@ def read_perf_files(paths: list[Path]) -> PerfResult:
         started_at=min(r.started_at for r in results),
         wall_s=sum(r.wall_s for r in results),
         notes=notes,
-        scope="|".join(f"(?:{s})" for s in scopes) if len(scopes) > 1 else (scopes[0] if scopes else None),
+        scope=Scope("|".join(f"(?:{s})" for s in scopes) if len(scopes) > 1 else (scopes[0] if scopes else None)),
     )
 
 
