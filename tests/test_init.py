@@ -133,7 +133,8 @@ def test_init_writes_the_set_appends_the_section_and_keeps_the_rest(repo, capsys
     assert '"h100"' in str(gate_yml["jobs"]["gate"]["runs-on"]["labels"])
     assert os.access(repo / ".github/attn-gate-runner/job_started.sh", os.X_OK)
     assert '"repository": "example/tiny-attn"' in (repo / ".github/attn-gate-runner/attn-gate-gpu.json").read_text()
-    assert "Admin checklist" in out and "Require review from Code Owners" in out and "Prevent self-review" in out
+    words = " ".join(out.split())  # the checklist wraps to the terminal
+    assert "Admin checklist" in words and "Require review from Code Owners" in words and "Prevent self-review" in words
 
 
 def test_init_twice_changes_nothing(repo, capsys):
@@ -206,17 +207,38 @@ def test_the_repository_defaults_to_the_origin_remote(repo):
 
 
 def test_the_admin_checklist_fences_the_pr_pool_and_keeps_the_runner_read_only():
-    text = "\n".join(I.admin_checklist(load_config(ROOT / "pyproject.toml").ci))
+    text = " ".join(text for _, text in I.admin_checklist(load_config(ROOT / "pyproject.toml").ci))
     for words in (
         "own network segment",
         "169.254.169.254",
-        "no\n   instance role",
+        "no instance role",
         "egress only to GitHub",
-        "no route to\n   the trusted pool",
+        "no route to the trusted pool",
         ".credentials",
         "Keep @runner",
     ):
         assert words in text, words
+
+
+@pytest.mark.parametrize("width", [80, 100, 120])  # below 80 a single path may outgrow a line
+def test_the_admin_checklist_fits_the_terminal_and_its_commands_paste_whole(width):
+    items = I.admin_checklist(load_config(ROOT / "pyproject.toml").ci)
+    lines = I.render_checklist(items, width)
+    assert all(len(line) <= width for line in lines), [line for line in lines if len(line) > width]
+    # every word of the prose is there, none cut; each shell line reads back as written
+    prose = " ".join(text for kind, text in items if kind != "cmd").split()
+    rendered = "\n".join(lines)
+    assert all(word in rendered for word in prose)
+    pasted = rendered.replace(" \\\n", " ").replace("\n", " ")
+    for kind, command in items:
+        if kind == "cmd":
+            assert " ".join(command.split()) in " ".join(pasted.split())
+
+
+def test_a_long_shell_line_is_cut_with_continuations():
+    lines = I.render_checklist([("cmd", "install -m 0755 " + " ".join(f"file{i}" for i in range(30)))], 40)
+    assert len(lines) > 1 and all(line.endswith(" \\") for line in lines[:-1])
+    assert not lines[-1].endswith("\\")
 
 
 @pytest.mark.parametrize(

@@ -289,8 +289,8 @@ def test_write_refuses_a_built_in_kernels_table(tmp_path):
 @pytest.mark.parametrize(
     "function, printed, supports",
     [
-        ("no_gqa", "2 unsupported; the envelope goes into {table}:\n    gqa = false\n", {"gqa": False}),
-        ("attend", "0 unsupported; the envelope goes into {table}:\n    (empty: every probed axis runs", {}),
+        ("no_gqa", "2 unsupported; the envelope goes into\n  {table}:\n    gqa = false\n", {"gqa": False}),
+        ("attend", "0 unsupported; the envelope goes into\n  {table}:\n    (empty: every probed axis runs", {}),
     ],
 )
 def test_init_probe_prints_and_writes_the_found_envelope(tmp_path, capsys, function, printed, supports):

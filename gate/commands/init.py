@@ -9,6 +9,7 @@ templates, 1 they drift (a diff summary per file), 2 not initialised.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -142,9 +143,8 @@ def main(args: argparse.Namespace) -> int:
         for finding in report.findings:
             print(f"probe finding: {finding}")
         # the table as init writes it, so the first baseline's SKIPs are no surprise
-        print(
-            f"probe: {len(report.results)} calls, {report.outside} unsupported; the envelope goes into {report.table}:"
-        )
+        print(f"probe: {len(report.results)} calls, {report.outside} unsupported; the envelope goes into")
+        print(f"  {report.table}:")
         body = report.toml().splitlines()[1:] or ["(empty: every probed axis runs, nothing to narrow)"]
         print("".join(f"    {line}\n" for line in body), end="")
         options = replace(options, supports=report.supports)
@@ -156,5 +156,5 @@ def main(args: argparse.Namespace) -> int:
     if result.todo:
         print("TODO before the files work:")
         print("\n".join(f"{i}. {line}" for i, line in enumerate(result.todo, 1)) + "\n")
-    print("\n".join(I.admin_checklist(result.ci)))
+    print("\n".join(I.render_checklist(I.admin_checklist(result.ci), shutil.get_terminal_size().columns)))
     return EXIT_PASS

@@ -16,6 +16,7 @@ import json
 import re
 import subprocess
 import tempfile
+import textwrap
 import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -719,39 +720,95 @@ def value_problems(ci: CiConfig, source: InstallSource, version: str) -> list[st
     return found
 
 
-def admin_checklist(ci: CiConfig) -> list[str]:
-    """The one-time settings an admin clicks (the docs' "One-time setup"), with this repository's names."""
+def admin_checklist(ci: CiConfig) -> list[tuple[str, str]]:
+    """The one-time settings an admin clicks (the docs' "One-time setup"), with this repository's
+    names, as (kind, text): "head" and "item" are prose (an item numbered in its text), "more" a
+    paragraph continuing the item above, "cmd" a shell line; `render_checklist` wraps them."""
     labels = json.dumps(list(ci.runner_labels))
     r = RUNNER_DIR
     return [
-        f"Admin checklist (once per repository; details: {ci.docs}):",
-        f"1. Runners: fresh machines, one job each (just-in-time runners), labels {labels}; a root-owned",
-        "   python3 with CUDA torch. Put the guard in the image (as root):",
-        "     install -d -m 0755 /opt/attn-gate-runner /etc/attn-gate-runner /var/lib/attn-gate-runner",
-        f"     install -m 0755 {r}/job_started.sh {r}/job_started.py /opt/attn-gate-runner/",
-        f"     install -m 0644 {r}/attn-gate-gpu.json /etc/attn-gate-runner/guard.json   # trusted machines: attn-gate-trusted.json",
-        "     echo 'ACTIONS_RUNNER_HOOK_JOB_STARTED=/opt/attn-gate-runner/job_started.sh' >> ~runner/actions-runner/.env",
-        "     plus the canary's sudoers line from the docs. The runner install root-owned, except _work/,",
-        "   _diag/ and the JIT registration files .runner, .credentials, .credentials_rsaparams (pre-create",
-        "   them owned by the runner user, mode 0600: the JIT runner writes them at start). Keep @runner",
-        "   in read_only_paths.",
-        "2. Organization settings > Actions > Runner groups: `attn-gate-gpu` (PR gate) and `attn-gate-trusted`",
-        f"   (main's jobs), both limited to {ci.repository}, on separate machines.",
-        "   The PR pool runs vetted PR code, which is arbitrary code: give it its own network segment, no",
-        "   instance role or cloud credentials, the metadata service (169.254.169.254) blocked for the",
-        "   runner, egress only to GitHub, the Actions service and the package index, and no route to",
-        "   the trusted pool. The guard refuses a job on a host that reaches the metadata service.",
-        "3. Settings > Actions > General: Fork pull request workflows: Require approval for all external",
-        "   contributors; Workflow permissions: Read repository contents; leave 'Allow GitHub Actions to",
-        "   create and approve pull requests' OFF.",
-        "4. Settings > Pages > Source: GitHub Actions.",
-        "5. Settings > Rules > Rulesets, on main: require status checks `attn-gate/gpu` and `CPU tests`;",
-        "   require a pull request with 1 approval, Require review from Code Owners, Dismiss stale",
-        "   approvals, Require approval of the most recent reviewable push. On `asv-results`: restrict",
-        "   updates and deletions (bypass: GitHub Actions only), block force pushes.",
-        "6. Settings > Environments > New environment `attn-gate-app`: deployment branches `main` only;",
-        "   Required reviewers: your maintainers, with Prevent self-review on.",
-        f"7. CODEOWNERS names {ci.owners}: make it a team or user with write access.",
-        "Then: commit, push, record the baseline (Actions > baselines > Run workflow), and vet a PR",
-        "with the comment `/attn-gate run <full head sha>`.",
+        ("head", f"Admin checklist (once per repository; details: {ci.docs}):"),
+        (
+            "item",
+            f"1. Runners: fresh machines, one job each (just-in-time runners), labels {labels}; a root-owned "
+            "python3 with CUDA torch. Put the guard in the image (as root):",
+        ),
+        ("cmd", "install -d -m 0755 /opt/attn-gate-runner /etc/attn-gate-runner /var/lib/attn-gate-runner"),
+        ("cmd", f"install -m 0755 {r}/job_started.sh {r}/job_started.py /opt/attn-gate-runner/"),
+        ("cmd", f"install -m 0644 {r}/attn-gate-gpu.json /etc/attn-gate-runner/guard.json"),
+        (
+            "cmd",
+            "echo 'ACTIONS_RUNNER_HOOK_JOB_STARTED=/opt/attn-gate-runner/job_started.sh' >> ~runner/actions-runner/.env",
+        ),
+        (
+            "more",
+            "On the trusted machines the guard's settings are attn-gate-trusted.json. Add the canary's sudoers "
+            "line from the docs. The runner install root-owned, except _work/, _diag/ and the JIT registration "
+            "files .runner, .credentials, .credentials_rsaparams (pre-create them owned by the runner user, mode "
+            "0600: the JIT runner writes them at start). Keep @runner in read_only_paths.",
+        ),
+        (
+            "item",
+            "2. Organization settings > Actions > Runner groups: `attn-gate-gpu` (PR gate) and `attn-gate-trusted` "
+            f"(main's jobs), both limited to {ci.repository}, on separate machines.",
+        ),
+        (
+            "more",
+            "The PR pool runs vetted PR code, which is arbitrary code: give it its own network segment, no "
+            "instance role or cloud credentials, the metadata service (169.254.169.254) blocked for the runner, "
+            "egress only to GitHub, the Actions service and the package index, and no route to the trusted pool. "
+            "The guard refuses a job on a host that reaches the metadata service.",
+        ),
+        (
+            "item",
+            "3. Settings > Actions > General: Fork pull request workflows: Require approval for all external "
+            "contributors; Workflow permissions: Read repository contents; leave 'Allow GitHub Actions to "
+            "create and approve pull requests' OFF.",
+        ),
+        ("item", "4. Settings > Pages > Source: GitHub Actions."),
+        (
+            "item",
+            "5. Settings > Rules > Rulesets, on main: require status checks `attn-gate/gpu` and `CPU tests`; "
+            "require a pull request with 1 approval, Require review from Code Owners, Dismiss stale approvals, "
+            "Require approval of the most recent reviewable push. On `asv-results`: restrict updates and "
+            "deletions (bypass: GitHub Actions only), block force pushes.",
+        ),
+        (
+            "item",
+            "6. Settings > Environments > New environment `attn-gate-app`: deployment branches `main` only; "
+            "Required reviewers: your maintainers, with Prevent self-review on.",
+        ),
+        ("item", f"7. CODEOWNERS names {ci.owners}: make it a team or user with write access."),
+        (
+            "head",
+            "Then: commit, push, record the baseline (Actions > baselines > Run workflow), and vet a PR with "
+            "the comment `/attn-gate run <full head sha>`.",
+        ),
     ]
+
+
+def _command_lines(command: str, width: int, indent: str) -> list[str]:
+    """A shell line cut at spaces into lines of at most `width` (a word longer stays whole), each
+    but the last ending in ` \\`: pasted into a shell, it is the same command."""
+    lines, line = [], ""
+    for word in command.split(" "):
+        if line and len(indent) + len(line) + 1 + len(word) + 2 > width:
+            lines.append(f"{indent}{line} \\")
+            line = "  " + word
+        else:
+            line = f"{line} {word}" if line else word
+    return lines + [f"{indent}{line}"]
+
+
+def render_checklist(items: list[tuple[str, str]], width: int) -> list[str]:
+    """The checklist as lines of at most `width` columns: prose wrapped at words, items' following
+    lines indented under their text, shell lines cut with continuations."""
+    out = []
+    for kind, text in items:
+        if kind == "cmd":
+            out += _command_lines(text, width, "     ")
+        else:
+            first = "" if kind in ("head", "item") else "   "
+            rest = "   " if kind in ("item", "more") else ""
+            out += textwrap.wrap(text, width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False)
+    return out
