@@ -19,7 +19,7 @@ from gate.core.cases import NAN_MARGIN, Case, default_suite_specs, expand_suite,
 from gate.core.config import ToleranceConfig
 from gate.core.results import Status
 from gate.correctness.planted import BUGS, TiledVariant, host_of, planted_adapter
-from gate.correctness.run_case import decode_call, run_case
+from gate.correctness.run_case import decode_call, measure_exact, run_case
 from gate.kernels.registry import get_adapter
 from gate.kernels.tiled import TiledAdapter
 
@@ -108,6 +108,14 @@ def test_nan_slots_lie_before_every_key_block_that_reaches_the_window(case):
             assert torch.equal(t[n:], t0[n:])
     # the slots past each length, and the spare blocks, are the garbage they were
     assert torch.equal(torch.isnan(poisoned.k_cache).sum(), torch.tensor(sum(case.nan_slots) * case.heads_kv * 64))
+
+
+def test_the_exact_cache_check_takes_a_nan_slot_left_as_nan_for_unchanged():
+    expected = torch.tensor([float("nan"), 1.0, 2.0], dtype=torch.bfloat16)
+    assert measure_exact("k_cache", expected.clone(), expected, "bf16", 0).ratio == 0.0
+    for written in ([0.0, 1.0, 2.0], [float("nan"), float("nan"), 2.0], [float("nan"), 1.5, 2.0]):
+        got = torch.tensor(written, dtype=torch.bfloat16)
+        assert measure_exact("k_cache", got, expected, "bf16", 0).ratio > 1, written
 
 
 @pytest.mark.parametrize(
