@@ -1,5 +1,5 @@
 """Decode and paged regimes as suite axes: a one-token decode with a window, a softcap, fp16, MHA,
-d64 and d256; a paged non-causal call with a left window only and fewer queries than keys; NaN in
+d64 and d128; a paged non-causal call with a left window only and fewer queries than keys; NaN in
 the cache before the window (`nan_before_window`). Each has a planted bug (gate/correctness/planted.py)
 that `attn-gate selftest` kills on the new smoke blocks and that passes the cases smoke had before
 (its closest relatives run through the same bug and PASS); the correct CPU kernels pass every new case."""
@@ -72,7 +72,7 @@ def test_smoke_ends_with_the_decode_blocks_and_carries_each_regime():
     assert NEW_IDS <= {c.id for c in SMOKE.cases} and not NEW_IDS & {c.id for c in OLD}
     one_token = [c for c in NEW if c.entry.kind == "kvcache" and c.seqlen_q == 1 and not c.entry.nan_before_window]
     assert any(c.has_window for c in one_token) and any(c.softcap for c in one_token)
-    assert {c.dtype for c in one_token} == {"bf16", "fp16"} and {c.head_dim for c in one_token} == {64, 256}
+    assert {c.dtype for c in one_token} == {"bf16", "fp16"} and {c.head_dim for c in one_token} == {64, 128}
     assert any(not c.is_gqa for c in one_token) and any(c.is_gqa for c in one_token)
     # the window's first key is past some cached key: the boundary is inside the cache
     assert all(max(c.key_lengths) > c.window[0] + 1 for c in one_token if c.has_window)
