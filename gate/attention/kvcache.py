@@ -11,9 +11,10 @@
 Slots past a batch element's tokens hold loud garbage (large keys, shifted values) and the pool has
 spare blocks of it, so a kernel that reads past cache_seqlens, ignores the block table or assumes
 contiguous pages gets a visibly wrong answer. With `nan_before_window` the tokens far left of the
-window (Case.nan_slots) are NaN: finite garbage times a probability of 0 is 0, NaN times 0 is NaN. The references never see the cache: they get the dense
-K/V of each batch element from `gather_dense`, computed here with one flat index (slot -> block,
-offset) that shares no code with any adapter's page walk.
+window (Case.nan_slots) are NaN: finite garbage times a probability of 0 is 0, NaN times 0 is NaN.
+The references never see the cache: they get the dense K/V of each batch element from
+`gather_dense`, computed here with one flat index (slot -> block, offset) that shares no code with
+any adapter's page walk.
 """
 
 from __future__ import annotations

@@ -586,8 +586,9 @@ class Case:
     @property
     def nan_slots(self) -> tuple[int, ...]:
         """nan_before_window: per batch element, how many leading cache slots hold NaN (0 without
-        the axis). Those at least NAN_MARGIN keys before the first key any query sees (query 0's window
-        start), rounded down to whole pages: no kernel's key block or page reaching the window holds one."""
+        the axis): those at least NAN_MARGIN keys before the first key any query sees (query 0's
+        window start), rounded down to whole pages, so no key block or page reaching the window
+        holds one."""
         left = self.window[0]
         if not self.entry.nan_before_window or left < 0:
             return (0,) * self.batch
