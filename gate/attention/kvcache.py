@@ -10,9 +10,11 @@
 
 Slots past a batch element's tokens hold loud garbage (large keys, shifted values) and the pool has
 spare blocks of it, so a kernel that reads past cache_seqlens, ignores the block table or assumes
-contiguous pages gets a visibly wrong answer. The references never see the cache: they get the dense
-K/V of each batch element from `gather_dense`, computed here with one flat index (slot -> block,
-offset) that shares no code with any adapter's page walk.
+contiguous pages gets a visibly wrong answer. With `nan_before_window` the tokens far left of the
+window (Case.nan_slots) are NaN: finite garbage times a probability of 0 is 0, NaN times 0 is NaN.
+The references never see the cache: they get the dense K/V of each batch element from
+`gather_dense`, computed here with one flat index (slot -> block, offset) that shares no code with
+any adapter's page walk.
 """
 
 from __future__ import annotations
@@ -97,6 +99,9 @@ def make_cache_inputs(case: Case, q: torch.Tensor, gen: torch.Generator, dtype, 
     for i, n in enumerate(cached):  # real tokens only where they are cached: no normals drawn for the rest
         slots["k"][i, :n].normal_(generator=gen)
         slots["v"][i, :n].normal_(generator=gen)
+    for i, n in enumerate(case.nan_slots):  # after every draw: the other values stay the ones drawn without it
+        slots["k"][i, :n] = float("nan")
+        slots["v"][i, :n] = float("nan")
     k_new = v_new = None
     if case.entry.cache_new:
         k_new = torch.randn((b, case.seqlen_q, hkv, case.head_dim), generator=gen, device=gen.device).to(

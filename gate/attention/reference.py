@@ -34,6 +34,7 @@ import torch
 
 from gate.attention.bias import reduce_to_bias_shape
 from gate.attention.masks import alibi_bias, allowed_mask
+from gate.core.cases import first_visible_key
 
 # Elements in one chunk's score matrix: 2**25 float64 values are 256 MiB per live temporary.
 CHUNK_ELEMENTS = 2**25
@@ -306,13 +307,18 @@ def decode_reference(
     sink: torch.Tensor | None = None,
 ) -> DecodeResult:
     """Forward of a decode step: batch element b's queries against its own gathered (L_b, Hkv, D)
-    keys and values, bottom-right aligned (query i sits at key position L_b - Nq + i)."""
+    keys and values, bottom-right aligned (query i sits at key position L_b - Nq + i), from the
+    first key a query may see (`first_visible_key`) on."""
     b, nq, hq, _ = q.shape
     dv_dim = dense_kv[0][1].shape[-1]
     lse_dtype = torch.float64 if compute_dtype == torch.float64 else torch.float32
     out = torch.zeros(b, nq, hq, dv_dim, dtype=compute_dtype, device=q.device)
     lse = torch.full((b, hq, nq), float("-inf"), dtype=lse_dtype, device=q.device)
     for i, (kb, vb) in enumerate(dense_kv):
+        # keys before the first one any query sees are never read (bottom-right alignment is kept
+        # by a cut on the left): a cache may hold NaN there (nan_before_window)
+        first = first_visible_key(nq, kb.shape[0], opts.window)
+        kb, vb = kb[first:], vb[first:]
         if kb.shape[0] == 0:
             if sink is not None:  # no key: the sink alone is the denominator, out stays 0
                 lse[i] = sink.to(lse_dtype).view(hq, 1).expand(hq, nq)

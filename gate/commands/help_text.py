@@ -203,6 +203,8 @@ case id legend (e.g. bf16-b2-h16/4-s97x257-d192/128-causal-win32.0-cap20-alibi-v
   page16                 a paged cache of 16-token pages with a block table
   shuffled               the block table maps pages to physical blocks in a shuffled order
   sinks                  a learnable per-head sink logit in every softmax denominator
+  nanleft                the cached tokens 256+ keys before the window hold NaN (never read by a kernel
+                         that skips what its window excludes; 0 x NaN is NaN for one that reads them)
   k_sliced | qkv_packed | bhsd_view | dout_noncontig | kv_stride0 | far_rows
                          what the kernel is handed: K a strided slice; q, k, v head-slices of one QKV
                          buffer; (B, H, N, D) memory viewed as (B, N, H, D); a non-contiguous dO; K and V

@@ -44,6 +44,19 @@ CHECKS: dict[str, str] = {
     "grads in deterministic mode), another seed a different mask",
 }
 
+# nan_before_window: NaN slots end this many keys before the window's first key. No attention kernel's
+# key block is wider (FA2/FA3 tiles are <= 256 keys), so a block that reaches the window reads none.
+NAN_MARGIN = 256
+
+
+def first_visible_key(seqlen_q: int, seqlen_k: int, window: tuple[int, int]) -> int:
+    """The first key any query row may see (bottom-right alignment: row 0 sits at key seqlen_k -
+    seqlen_q, its window starts `left` keys earlier; causal only bounds the right); 0 without a
+    left window. A kernel that skips the key blocks its window excludes reads nothing before it."""
+    left = window[0]
+    return max(0, seqlen_k - seqlen_q - left) if left >= 0 else 0
+
+
 PERF_ONLY = "only"  # perf = "only": a timing case that sweeps do not check for correctness
 
 # Axes a matrix block may name, with the default used when a block leaves one out.
@@ -70,6 +83,7 @@ MATRIX_AXES: dict[str, Any] = {
     "page_size": [0],  # kvcache: 0 = one contiguous cache per batch element; N = paged, N tokens a page
     "shuffled_pages": [False],  # kvcache, paged: the block table maps pages in a shuffled order
     "sinks": [False],  # a learnable per-head logit in every softmax denominator
+    "nan_before_window": [False],  # kvcache, left window: slots NAN_MARGIN keys before the window hold NaN
     # ---- custom bias: a custom bias / boolean mask handed to the kernel (see BIAS_KINDS)
     "bias": ["none"],
     "bias_dtype": ["input"],  # "input" = the input dtype; "fp32" = a float32 bias with bf16/fp16 inputs
@@ -212,7 +226,10 @@ class Entry:
     before the call (None: a full cache), cache_new whether the call appends seqlen_q new k/v
     tokens after them (flash_attn_with_kvcache's k=, v=), page_size > 0 a paged cache with a block
     table (shuffled_pages: the table maps logical pages to physical blocks in a shuffled order).
-    Forward only. `sinks`: a learnable per-head logit in every softmax denominator."""
+    Forward only. `sinks`: a learnable per-head logit in every softmax denominator.
+    nan_before_window: with a left window, the cached slots at least NAN_MARGIN keys before the
+    first key any query sees hold NaN (paged: whole pages of them), so a kernel that reads them and
+    masks by multiplying with 0 returns NaN (`Case.nan_slots`)."""
 
     kind: str = "dense"
     varlen: tuple[int, ...] | None = None
@@ -222,6 +239,7 @@ class Entry:
     page_size: int = 0
     shuffled_pages: bool = False
     sinks: bool = False
+    nan_before_window: bool = False
 
     @property
     def point(self) -> str:
@@ -295,6 +313,7 @@ FLAT_FIELDS: dict[str, tuple[str | None, str]] = {
     "page_size": ("entry", "page_size"),
     "shuffled_pages": ("entry", "shuffled_pages"),
     "sinks": ("entry", "sinks"),
+    "nan_before_window": ("entry", "nan_before_window"),
     "bias": ("bias", "kind"),
     "bias_dtype": ("bias", "dtype"),
     "bias_grad": ("bias", "grad"),
@@ -314,6 +333,7 @@ FLAT_OMITTED_AT_DEFAULT: dict[str, Any] = {
     "page_size": 0,
     "shuffled_pages": False,
     "sinks": False,
+    "nan_before_window": False,
     "layout": "contiguous",
     "inputs": "normal",
     "varlen_k": None,
@@ -501,8 +521,10 @@ class Case:
             )
             return problems
         if e.kind != "kvcache":
-            if e.cache_seqlens is not None or e.cache_new or e.page_size or e.shuffled_pages:
-                problems.append('cache_seqlens, cache_new, page_size and shuffled_pages need entry = "kvcache"')
+            if e.cache_seqlens is not None or e.cache_new or e.page_size or e.shuffled_pages or e.nan_before_window:
+                problems.append(
+                    'cache_seqlens, cache_new, page_size, shuffled_pages and nan_before_window need entry = "kvcache"'
+                )
             return problems
         if e.varlen is not None:
             problems.append("a kvcache case cannot also be varlen")
@@ -530,6 +552,11 @@ class Case:
             )
         if max(self.key_lengths, default=0) < 1:
             problems.append("a kvcache case needs at least one key in some batch element")
+        if e.nan_before_window and not problems and not any(self.nan_slots):
+            problems.append(
+                f"nan_before_window needs a left window and a batch element whose cache reaches "
+                f"{NAN_MARGIN} keys (NAN_MARGIN) plus a page before the first key its queries see"
+            )
         return problems
 
     # --- derived facts of the entry point and the cache ---
@@ -555,6 +582,21 @@ class Case:
     def key_lengths(self) -> tuple[int, ...]:
         """Keys each batch element attends to: the cached tokens plus the appended ones."""
         return tuple(n + (self.seqlen_q if self.entry.cache_new else 0) for n in self.cached_lengths)
+
+    @property
+    def nan_slots(self) -> tuple[int, ...]:
+        """nan_before_window: per batch element, how many leading cache slots hold NaN (0 without
+        the axis): those at least NAN_MARGIN keys before the first key any query sees (query 0's
+        window start), rounded down to whole pages, so no key block or page reaching the window
+        holds one."""
+        left = self.window[0]
+        if not self.entry.nan_before_window or left < 0:
+            return (0,) * self.batch
+        page = self.entry.page_size or 1
+        return tuple(
+            max(0, (first_visible_key(self.seqlen_q, n, self.window) - NAN_MARGIN) // page * page)
+            for n in self.key_lengths
+        )
 
     def kv_bytes(self) -> float:
         """Bytes of K and V a decode step must read at least (its memory-bound cost): every attended key once."""
@@ -689,6 +731,8 @@ class Case:
             parts.append("shuffled")
         if e.sinks:
             parts.append("sinks")
+        if e.nan_before_window:
+            parts.append("nanleft")
         return parts
 
     def runs(self, check_names: tuple[str, ...] = ()) -> int:
@@ -887,6 +931,7 @@ SCALAR_AXES: dict[str, tuple[type, ...]] = {
     "page_size": (int,),
     "shuffled_pages": (bool,),
     "sinks": (bool,),
+    "nan_before_window": (bool,),
 }
 SCALAR_AXES_HINT = {
     "dtype": f"one of {', '.join(DTYPES)}",
@@ -906,6 +951,7 @@ SCALAR_AXES_HINT = {
     "page_size": "an integer (0 = not paged)",
     "shuffled_pages": "true or false",
     "sinks": "true or false",
+    "nan_before_window": "true or false",
 }
 
 
@@ -1077,6 +1123,7 @@ def expand_block(block: dict[str, Any], seeds: tuple[int, ...], where: str) -> l
                         page_size=point["page_size"],
                         shuffled_pages=point["shuffled_pages"],
                         sinks=point["sinks"],
+                        nan_before_window=point["nan_before_window"],
                     ),
                     bias=_bias_part(point, where),
                     layout=point["layout"],

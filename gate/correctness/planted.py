@@ -204,6 +204,15 @@ def _paged_block_table_swapped(w: Wrapped, call: KernelCall) -> KernelOutput:
     return w.inner(dataclasses.replace(call, cache=dataclasses.replace(cache, block_table=swapped)))
 
 
+def _one_token_decode_window_short(w: Wrapped, call: KernelCall) -> KernelOutput:
+    """A one-token decode call (the decode fast path) keeps `left` keys of its window instead of
+    `left + 1`: the oldest key of the window dropped. Other calls are the kernel's own."""
+    left, right = call.opts.window
+    if call.cache is None or call.q.shape[1] != 1 or left < 1:
+        return w.inner(call)
+    return w.inner(dataclasses.replace(call, opts=dataclasses.replace(call.opts, window=(left - 1, right))))
+
+
 # ---------------------------------------------------------------- tiled variants
 
 
@@ -258,6 +267,17 @@ class _PlantedSteps(TileSteps):
         """bug skip_last_partial_tile: the key loop stops before the last partial tile."""
         return nk - nk % TILE if "skip_last_partial_tile" in self.flags else nk
 
+    def key_start(self, first: int) -> int:
+        """bug reads_before_window: a decode step reads every tile from key 0 and lets the mask zero
+        the probabilities of those before the window (0 x NaN = NaN)."""
+        return 0 if "reads_before_window" in self.flags else super().key_start(first)
+
+    def scores(self, qt, kt, rows, cols, nq, nk, opts: AttnOptions, bias=None):
+        """bug window_top_left: the rows anchored at key 0 (as if seqlen_q were seqlen_k), not at the last key."""
+        if "window_top_left" in self.flags:
+            nq = nk
+        return super().scores(qt, kt, rows, cols, nq, nk, opts, bias)
+
     def rescale(self, m, s):
         """bugs no_max_subtraction and max_frozen (the running max kept from the first tile with a
         finite score: right while later tiles stay within exp's range of it)."""
@@ -295,7 +315,10 @@ class TiledVariant(TiledAdapter):
         redrawn = None
         if keep is not None and "dropout_redrawn" in self.flags:
             redrawn = dropout_keep_mask(tuple(keep.shape), call.opts.dropout_p, call.seed + 1, keep.device)
-        return _PlantedSteps(self.flags, redrawn)
+        flags = self.flags
+        if not _paged_left_window_call(call):  # window_top_left lives in the paged non-causal path alone
+            flags = flags - {"window_top_left"}
+        return _PlantedSteps(flags, redrawn)
 
     def _dense(self, q, k, v, call: KernelCall, keep=None) -> KernelOutput:
         d = q.shape[-1]
@@ -305,6 +328,12 @@ class TiledVariant(TiledAdapter):
                 call, opts=dataclasses.replace(call.opts, softmax_scale=(-(-d // 32) * 32) ** -0.5)
             )
         return super()._dense(q, k, v, call, keep)
+
+
+def _paged_left_window_call(call: KernelCall) -> bool:
+    """A paged decode call, not causal, with a left window and no right bound (FlashInfer's window_left)."""
+    left, right = call.opts.window
+    return call.cache is not None and call.cache.paged and not call.opts.causal and left >= 0 and right < 0
 
 
 def variant(flag: str):
@@ -369,6 +398,33 @@ PAGED = Trigger(
     "a paged kv-cache case (entry = kvcache with a page size)",
     lambda c: c.entry.kind == "kvcache" and bool(c.entry.page_size),
     field="entry",
+)
+
+# ---- decode and paged regimes: a one-token windowed decode, a paged non-causal left window with
+# fewer queries than keys, NaN in the cache before the window
+ONE_TOKEN_WINDOWED_DECODE = Trigger(
+    "a one-token decode with a left window >= 1 that some cached key falls out of (entry = kvcache, seqlens 1xN)",
+    lambda c: (
+        c.entry.kind == "kvcache"
+        and c.seqlen_q == 1
+        and c.window[0] >= 1
+        and any(n > c.window[0] + 1 for n in c.key_lengths)
+    ),
+)
+PAGED_LEFT_WINDOW = Trigger(
+    "a paged kvcache case, not causal, window [left, -1], with keys before query 0's window",
+    lambda c: (
+        c.entry.kind == "kvcache"
+        and bool(c.entry.page_size)
+        and not c.causal
+        and c.window[0] >= 0
+        and c.window[1] < 0
+        and any(n - c.seqlen_q - c.window[0] > 0 for n in c.key_lengths)
+    ),
+)
+NAN_BEFORE_WINDOW = Trigger(
+    "a kvcache case whose cache holds NaN before the window (nan_before_window = true)",
+    lambda c: any(c.nan_slots),
 )
 
 BUGS: tuple[PlantedBug, ...] = (
@@ -511,6 +567,29 @@ BUGS: tuple[PlantedBug, ...] = (
         PAGED,
         wrap(_paged_block_table_swapped),
         needs=lambda caps: caps.supports(Feature.PAGED),
+    ),
+    # ---- decode and paged regimes
+    PlantedBug(
+        "decode_window_one_short",
+        "a one-token sliding-window decode keeps `window` keys instead of `window + 1` (its fast path)",
+        "kernel",
+        ONE_TOKEN_WINDOWED_DECODE,
+        wrap(_one_token_decode_window_short),
+        needs=lambda caps: caps.supports(Feature.KVCACHE) and caps.supports(Feature.WINDOW),
+    ),
+    PlantedBug(
+        "paged_window_top_left",
+        "a paged non-causal call anchors its left window top-left (query i at key i), not bottom-right",
+        "tiled",
+        PAGED_LEFT_WINDOW,
+        variant("window_top_left"),
+    ),
+    PlantedBug(
+        "reads_before_window",
+        "a decode step reads every page of the sequence and masks those before the window by a zero probability",
+        "tiled",
+        NAN_BEFORE_WINDOW,
+        variant("reads_before_window"),
     ),
 )
 

@@ -20,7 +20,7 @@ import torch
 from gate.attention.inputs import offsets
 from gate.attention.kvcache import CacheInputs
 from gate.attention.reference import AttnOptions
-from gate.core.cases import Case
+from gate.core.cases import Case, first_visible_key
 from gate.kernels.capabilities import Capabilities
 
 
@@ -238,13 +238,16 @@ def gathered_decode(call: KernelCall, dense_fn) -> KernelOutput:
             write_pages(c.k_cache, c.block_table, c.page_size, b, cached, c.k_new[b])
             write_pages(c.v_cache, c.block_table, c.page_size, b, cached, c.v_new[b])
     lengths = [n + (0 if c.k_new is None else c.k_new.shape[1]) for n in cached_lengths]
+    # keys before the first one any query sees are not gathered (the cut keeps bottom-right alignment),
+    # as a kernel skips the key blocks its window excludes: a cache may hold NaN there
+    firsts = [first_visible_key(nq, n, call.opts.window) for n in lengths]
     if len(set(lengths)) == 1 and lengths[0] > 0:  # equal lengths: one batched call (as the speed cases have)
-        n = lengths[0]
+        n, first = lengths[0], firsts[0]
         if c.block_table is None:  # a view of the cache: no copy in the timed call
-            kb, vb = c.k_cache[:, :n], c.v_cache[:, :n]
+            kb, vb = c.k_cache[:, first:n], c.v_cache[:, first:n]
         else:
-            kb = torch.stack([read_pages(c.k_cache, c.block_table, c.page_size, b, 0, n) for b in range(bsz)])
-            vb = torch.stack([read_pages(c.v_cache, c.block_table, c.page_size, b, 0, n) for b in range(bsz)])
+            kb = torch.stack([read_pages(c.k_cache, c.block_table, c.page_size, b, first, n) for b in range(bsz)])
+            vb = torch.stack([read_pages(c.v_cache, c.block_table, c.page_size, b, first, n) for b in range(bsz)])
         part = dense_fn(q, kb, vb)
         return KernelOutput(out=part.out.detach(), lse=None if part.lse is None else part.lse.detach().float())
     outs, lses = [], []
@@ -253,8 +256,8 @@ def gathered_decode(call: KernelCall, dense_fn) -> KernelOutput:
             outs.append(torch.zeros(nq, hq, dv_dim, dtype=q.dtype, device=q.device))
             lses.append(torch.full((hq, nq), float("-inf"), device=q.device))
             continue
-        kb = read_pages(c.k_cache, c.block_table, c.page_size, b, 0, nk)
-        vb = read_pages(c.v_cache, c.block_table, c.page_size, b, 0, nk)
+        kb = read_pages(c.k_cache, c.block_table, c.page_size, b, firsts[b], nk)
+        vb = read_pages(c.v_cache, c.block_table, c.page_size, b, firsts[b], nk)
         part = dense_fn(q[b : b + 1], kb[None], vb[None])
         outs.append(part.out[0].detach())
         lses.append(None if part.lse is None else part.lse[0].detach().float())

@@ -28,6 +28,7 @@ from gate.attention.bias import reduce_to_bias_shape
 from gate.attention.inputs import dequantize
 from gate.attention.masks import alibi_bias, allowed_mask
 from gate.attention.reference import AttnOptions
+from gate.core.cases import first_visible_key
 from gate.kernels.base import (
     Capabilities,
     KernelAdapter,
@@ -92,6 +93,11 @@ class TileSteps:
     def key_end(self, nk: int) -> int:
         """Where the key loop stops."""
         return nk
+
+    def key_start(self, first: int) -> int:
+        """Where a decode step's key loop starts: the tile holding `first`, the first key any query
+        sees (tiles wholly before the window are skipped, as a GPU kernel's first key block is)."""
+        return first - first % TILE
 
     def rescale(self, m, s):
         """(new running max, the max subtracted in exp, alpha = exp(old max - subtracted))."""
@@ -234,9 +240,10 @@ def _softmax_start(b: int, hq: int, rows: int, sink, device):
     return m, torch.ones_like(m)
 
 
-def decode(call: KernelCall) -> KernelOutput:
+def decode(call: KernelCall, steps: TileSteps = STEPS) -> KernelOutput:
     """A decode step on call.cache: append (if any), then each batch element's queries against its
-    own cached keys, streamed tile by tile from the pages. Forward only."""
+    own cached keys, streamed tile by tile from the pages, from the tile of the first key a query
+    sees. Forward only."""
     c, opts = call.cache, call.opts
     q = call.q
     bsz, nq, hq, _ = q.shape
@@ -254,14 +261,14 @@ def decode(call: KernelCall) -> KernelOutput:
         qf = q[b : b + 1].float().transpose(1, 2)
         m, l = _softmax_start(1, hq, nq, call.sink, q.device)
         acc = torch.zeros(1, hq, nq, dv_dim, device=q.device)
-        for c0 in range(0, nk, TILE):
+        for c0 in range(steps.key_start(first_visible_key(nq, nk, opts.window)), nk, TILE):
             cols = slice(c0, min(nk, c0 + TILE))
             kt = read_pages(c.k_cache, c.block_table, c.page_size, b, cols.start, cols.stop)
             vt = read_pages(c.v_cache, c.block_table, c.page_size, b, cols.start, cols.stop)
             kf = kt.float().transpose(0, 1).repeat_interleave(group, dim=0)[None]
             vf = vt.float().transpose(0, 1).repeat_interleave(group, dim=0)[None]
-            s, _ = STEPS.scores(qf, kf, rows, cols, nq, nk, opts)
-            m_new, m_safe, alpha = STEPS.rescale(m, s)
+            s, _ = steps.scores(qf, kf, rows, cols, nq, nk, opts)
+            m_new, m_safe, alpha = steps.rescale(m, s)
             p = torch.exp(s - m_safe)
             l = alpha * l + p.sum(dim=-1, keepdim=True)
             acc = alpha * acc + p @ vf
@@ -315,7 +322,7 @@ class TiledAdapter(KernelAdapter):
 
     def __call__(self, call: KernelCall) -> KernelOutput:
         if call.cache is not None:
-            return decode(call)
+            return decode(call, self.tile_steps(call, None))
         if call.descale is not None:  # fp8 (dense, forward-only): its bf16 path on the dequantized values
             q, k, v = (dequantize(t, s).to(torch.bfloat16) for t, s in zip((call.q, call.k, call.v), call.descale))
             return self._dense(q, k, v, call)
