@@ -223,6 +223,16 @@ def write_pages(cache: torch.Tensor, block_table, page: int, b: int, start: int,
         pos, done = pos + n, done + n
 
 
+def append_new_tokens(c: CacheInputs) -> None:
+    """The append of a kernel without one: each batch element's new k/v written into its cache
+    (or pages) at its cached length, in place, as flash_attn_with_kvcache would."""
+    if c.k_new is None:
+        return
+    for b, start in enumerate(c.cached):
+        write_pages(c.k_cache, c.block_table, c.page_size, b, start, c.k_new[b])
+        write_pages(c.v_cache, c.block_table, c.page_size, b, start, c.v_new[b])
+
+
 def gathered_decode(call: KernelCall, dense_fn) -> KernelOutput:
     """A decode step for kernels without a KV-cache API (SDPA, Flex): the adapter appends the new
     tokens into the cache itself, gathers each batch element's keys by the page walk, and runs the
@@ -233,10 +243,7 @@ def gathered_decode(call: KernelCall, dense_fn) -> KernelOutput:
     bsz, nq, hq, _ = q.shape
     dv_dim = c.v_cache.shape[-1]
     cached_lengths = c.cached
-    for b, cached in enumerate(cached_lengths):
-        if c.k_new is not None:
-            write_pages(c.k_cache, c.block_table, c.page_size, b, cached, c.k_new[b])
-            write_pages(c.v_cache, c.block_table, c.page_size, b, cached, c.v_new[b])
+    append_new_tokens(c)
     lengths = [n + (0 if c.k_new is None else c.k_new.shape[1]) for n in cached_lengths]
     if len(set(lengths)) == 1 and lengths[0] > 0:  # equal lengths: one batched call (as the speed cases have)
         n = lengths[0]

@@ -26,9 +26,9 @@ from gate.kernels.base import (
     KernelAdapter,
     KernelCall,
     KernelOutput,
+    append_new_tokens,
     per_sequence,
     read_pages,
-    write_pages,
 )
 from gate.kernels.capabilities import Feature, feature_set
 
@@ -318,10 +318,7 @@ class FlexAdapter(KernelAdapter):
     def _decode(self, call: KernelCall) -> KernelOutput:
         c, o, q = call.cache, call.opts, call.q
         bsz, nq = q.shape[0], q.shape[1]
-        for b, start in enumerate(c.cached):
-            if c.k_new is not None:  # the append is this adapter's emulation (Flex has no cache API)
-                write_pages(c.k_cache, c.block_table, c.page_size, b, start, c.k_new[b])
-                write_pages(c.v_cache, c.block_table, c.page_size, b, start, c.v_new[b])
+        append_new_tokens(c)  # the append is this adapter's emulation (Flex has no cache API)
         lengths = c.key_lengths  # host-side: no device sync in the timed call
         longest = max(1, max(lengths))
         hkv = c.k_cache.shape[-2]
