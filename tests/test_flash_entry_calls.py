@@ -683,3 +683,55 @@ def test_fa4_kvcache_appends_itself_then_calls_varlen_with_seqused_k(monkeypatch
         block = int(c.block_table[1, pos // page])
         assert torch.equal(c.k_cache[block, pos % page], c.k_new[1, j])
     assert not torch.equal(c.k_cache, k_before)
+
+
+def test_fa3_varlen_without_return_attn_probs_is_called_again_as_varlen(monkeypatch):
+    """The retry without return_attn_probs goes to the entry point that refused it, the varlen one
+    for a varlen call (never flash_attn_func with the packed batch)."""
+    dense = Recorder("flash_attn_func", fa3_old_dense, made_up())
+    varlen = Recorder("flash_attn_varlen_func", fa3_old_varlen, made_up())
+    install(monkeypatch, "flash_attn_interface", flash_attn_func=dense, flash_attn_varlen_func=varlen)
+    call = call_of(varlen=(3, 9), varlen_k=(12, 1), causal=True)
+    result = FA3Adapter()(call)
+    assert not dense.calls
+    assert_call(
+        varlen,
+        dict(
+            q=call.q,
+            k=call.k,
+            v=call.v,
+            cu_seqlens_q=call.cu_seqlens,
+            cu_seqlens_k=call.cu_seqlens_k,
+            max_seqlen_q=9,
+            max_seqlen_k=12,
+            softmax_scale=call.opts.softmax_scale,
+            causal=True,
+            window_size=(-1, -1),
+            softcap=0.0,
+            deterministic=False,
+        ),
+    )
+    assert_output(result, varlen)
+
+
+# ---------------------------------------------------------------- the shared options
+
+
+def test_an_option_a_case_needs_is_passed_even_where_the_entry_does_not_take_it():
+    """ALiBi slopes, descale factors and sink logits go to the kernel whenever the call has them:
+    an entry without the keyword raises, never runs the case without them. Options the call leaves
+    at their off value follow the entry's keywords."""
+    from gate.kernels.entries import Keywords, call_options, unbounded_as_minus_one
+
+    plain = call_of(causal=True)
+    assert call_options(plain, Keywords.named("causal"), "return_lse", unbounded_as_minus_one) == {"causal": True}
+    everything = call_options(plain, Keywords(any=True), "return_lse", unbounded_as_minus_one)
+    assert everything["alibi_slopes"] is None and everything["return_lse"] is True
+    assert "learnable_sink" not in everything and "q_descale" not in everything
+    for kw, keys in [
+        (dict(alibi=True), {"alibi_slopes"}),
+        (dict(sinks=True), {"learnable_sink"}),
+        (dict(dtype="e4m3", heads_kv=4), {"q_descale", "k_descale", "v_descale"}),
+    ]:
+        call = call_of(**kw)
+        assert set(call_options(call, Keywords(), "return_lse", unbounded_as_minus_one)) == keys, kw
