@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -81,6 +82,14 @@ class KernelOutput:
     # decode: (k_cache, v_cache) after the call; None = the call's own cache tensors,
     # written in place (flash_attn_with_kvcache's way)
     cache: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+def entry_kind(call: KernelCall) -> str:
+    """The entry point a call is for: kvcache (a decode step on its cache), varlen (a packed
+    batch with cu_seqlens) or dense."""
+    if call.cache is not None:
+        return "kvcache"
+    return "varlen" if call.cu_seqlens is not None else "dense"
 
 
 class NoKernel(Exception):
@@ -185,6 +194,14 @@ def per_sequence(call: KernelCall, dense_fn) -> KernelOutput:
     lse = None if any(x is None for x in lses) else torch.cat(lses, dim=-1)
     keep = keeps if any(k is not None for k in keeps) else None
     return KernelOutput(out=out, lse=lse, dropout_keep=keep)
+
+
+def per_sequence_seeded(call: KernelCall, dense_fn) -> KernelOutput:
+    """per_sequence for a kernel that draws its own dropout mask: the i-th sequence sent to it
+    (empty ones are not) draws from call.seed + i, so no two sequences share a mask:
+    `dense_fn(q, k, v, sequence_call, seed)`."""
+    seeds = itertools.count(call.seed)
+    return per_sequence(call, lambda q, k, v, seq_call: dense_fn(q, k, v, seq_call, next(seeds)))
 
 
 def flash_lse_to_reference(lse: torch.Tensor, seqlen_q: int) -> torch.Tensor:

@@ -26,7 +26,7 @@ import inspect
 import torch
 
 from gate.attention.masks import allowed_mask
-from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, append_new_tokens
+from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, append_new_tokens, entry_kind
 from gate.kernels.capabilities import Feature, feature_set
 from gate.kernels.entries import (
     DenseEntryPoint,
@@ -80,7 +80,7 @@ class _FlashBase(KernelAdapter):
 
     def _entry(self, call: KernelCall, mod) -> DenseEntryPoint | VarlenEntryPoint:
         """flash_attn_func, or flash_attn_varlen_func for a varlen call."""
-        if call.cu_seqlens is None:
+        if entry_kind(call) == "dense":
             return DenseEntryPoint(mod.flash_attn_func, self.takes, self.lse_flag, self._window)
         return VarlenEntryPoint(mod.flash_attn_varlen_func, self.takes, self.lse_flag, self._window)
 
@@ -143,7 +143,7 @@ class FA2Adapter(_FlashBase):
 
     def __call__(self, call: KernelCall) -> KernelOutput:
         mod = _import(self.module)
-        if call.cache is not None:  # flash_attn_with_kvcache appends the new k/v in place (docs/results/h200.md)
+        if entry_kind(call) == "kvcache":  # flash_attn_with_kvcache appends the new k/v in place (docs/results/h200.md)
             return KVCacheEntryPoint(mod.flash_attn_with_kvcache, FA2_KVCACHE_TAKES)(call)
         # FA2 draws dropout from torch's CUDA generator: seed it from the call (forked, so the
         # caller's RNG is untouched) so the same seed gives the same mask; the backward replays
@@ -245,7 +245,7 @@ class FA3Adapter(_FlashBase):
 
     def __call__(self, call: KernelCall) -> KernelOutput:
         mod = _import(self.module)
-        if call.cache is not None:  # FA3 names the block table page_table
+        if entry_kind(call) == "kvcache":  # FA3 names the block table page_table
             return KVCacheEntryPoint(mod.flash_attn_with_kvcache, FA3_KVCACHE_TAKES, paged="page_table")(call)
         entry = self._entry(call, mod)
         try:
@@ -368,7 +368,7 @@ class FA4Adapter(_FlashBase):
         )
 
     def __call__(self, call: KernelCall) -> KernelOutput:
-        if call.cache is None:
+        if entry_kind(call) != "kvcache":
             return super().__call__(call)
         # decode: FA4 has no append and no with_kvcache: the adapter writes the new tokens, then
         # flash_attn_varlen_func attends over the first seqused_k keys of each cache row (or pages)

@@ -27,6 +27,7 @@ from gate.kernels.base import (
     KernelCall,
     KernelOutput,
     append_new_tokens,
+    entry_kind,
     per_sequence,
     read_pages,
 )
@@ -357,12 +358,11 @@ class FlexAdapter(KernelAdapter):
         return KernelOutput(out=out.transpose(1, 2), lse=lse.detach().float())
 
     def __call__(self, call: KernelCall) -> KernelOutput:
-        if call.cache is not None:
+        kind = entry_kind(call)
+        if kind == "kvcache":
             return self._decode(call)
-        if call.cu_seqlens is not None:
-            if self.packed_varlen:
-                return self._packed(call)
-            return per_sequence(call, self._dense)
+        if kind == "varlen":
+            return self._packed(call) if self.packed_varlen else per_sequence(call, self._dense)
         return self._dense(call.q, call.k, call.v, call)
 
     # --- varlen as ONE call over the packed sequences (FlexAttention's own varlen: documents) ---

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from gate.attention.bias import as_additive
 from gate.core.errors import UserError
-from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, per_sequence
+from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, entry_kind, per_sequence
 from gate.kernels.capabilities import Feature, feature_set
 from gate.kernels.entries import (
     DESCALE_KEYWORDS,
@@ -143,7 +143,7 @@ class UserAdapter(_Declared):
         return split_result(self.entry.result_on(q, k, v, call, **extra))
 
     def __call__(self, call: KernelCall) -> KernelOutput:
-        if call.cu_seqlens is not None:
+        if entry_kind(call) == "varlen":
             return per_sequence(call, self._dense)
         return self._dense(call.q, call.k, call.v, call)
 
@@ -289,7 +289,7 @@ class FamilyAdapter(KernelAdapter):
         return entry.unsupported_reason(case, device)
 
     def __call__(self, call: KernelCall) -> KernelOutput:
-        kind = "kvcache" if call.cache is not None else "varlen" if call.cu_seqlens is not None else "dense"
+        kind = entry_kind(call)
         entry = self.entries.get(kind)
         if entry is None:  # run_case asks unsupported_reason first; this is a caller that did not
             raise RuntimeError(f"kernel family {self.name!r} has no {kind} entry point")
