@@ -3,10 +3,13 @@
 unavailable (reported), never an import error at start-up.
 
 Conventions kept by all three: (B, N, H, D) layout, bottom-right causal, window (left, right),
-LSE (B, H, Nq) dense and (H, total_q) varlen. Differences handled here: FA4 spells an unbounded
-window side None (not -1) and always returns (out, lse); FA3 returns (out, lse) in some
-releases and out alone in others; FA2 returns the LSE (and its dropout mask, encoded in the sign
-of S_dmask) only with return_attn_probs=True.
+LSE (B, H, Nq) dense and (H, total_q) varlen; each entry point is called through the shared
+DenseEntryPoint / VarlenEntryPoint / KVCacheEntryPoint (gate/kernels/entries.py), as a user's kernel
+family is. Differences handled here: FA4 spells an unbounded window side None (not -1), always
+returns (out, lse) and decodes through flash_attn_varlen_func; FA3 names the block table
+page_table, and returns (out, lse) in some releases and out alone in others (older ones take no
+return_attn_probs); FA2 returns the LSE (and its dropout mask, encoded in the sign of S_dmask)
+only with return_attn_probs=True.
 
 Custom bias, FA4 only: a float bias goes in as aux_tensors[0] read by a CuTe score_mod
 (score + bias[b, h, q, k], with an identity score_mod_bwd), a boolean mask as a uint8 aux tensor
@@ -54,8 +57,13 @@ def _import(module: str):
 
 
 class _FlashBase(KernelAdapter):
+    """flash_attn_func and flash_attn_varlen_func called through the shared entry points
+    (gate/kernels/entries.py) with this generation's keywords, LSE flag and window spelling."""
+
     module = ""
     dist = ""
+    takes = Keywords()
+    lse_flag = ""
 
     def unavailable_reason(self) -> str | None:
         if not torch.cuda.is_available():
@@ -71,9 +79,6 @@ class _FlashBase(KernelAdapter):
             return importlib.metadata.version(self.dist)
         except importlib.metadata.PackageNotFoundError:
             return "unknown"
-
-    takes = Keywords()
-    lse_flag = ""
 
     def _window(self, window: tuple[int, int]) -> tuple:
         return unbounded_as_minus_one(window)
@@ -143,7 +148,7 @@ class FA2Adapter(_FlashBase):
 
     def __call__(self, call: KernelCall) -> KernelOutput:
         mod = _import(self.module)
-        if entry_kind(call) == "kvcache":  # flash_attn_with_kvcache appends the new k/v in place (docs/results/h200.md)
+        if entry_kind(call) == "kvcache":  # flash_attn_with_kvcache appends the new k/v in place
             return KVCacheEntryPoint(mod.flash_attn_with_kvcache, FA2_KVCACHE_TAKES)(call)
         # FA2 draws dropout from torch's CUDA generator: seed it from the call (forked, so the
         # caller's RNG is untouched) so the same seed gives the same mask; the backward replays

@@ -94,7 +94,8 @@ class _Declared(KernelAdapter):
 
 
 class UserAdapter(_Declared):
-    """One function in the flash_attn_func convention; varlen cases run each sequence through it alone."""
+    """One function in the flash_attn_func convention (gate.kernels.entries.DenseEntryPoint); varlen
+    cases run each sequence through it alone."""
 
     def __init__(
         self, spec: str, fn=None, backward: bool = True, family: str = "", declared: Capabilities | None = None
@@ -159,8 +160,9 @@ def declaration_of(family) -> Capabilities | None:
 
 
 class VarlenEntry(_Declared):
-    """flash_attn_varlen_func convention: the packed batch in ONE call, with cu_seqlens_q/k and
-    max_seqlen_q/k (and seqused_k, the true key count per sequence, where the function takes it)."""
+    """A family's varlen entry point, flash_attn_varlen_func convention: the packed batch in ONE
+    call (gate.kernels.entries.VarlenEntryPoint, as FA2/FA3/FA4 are called); what it supports is
+    read from its signature."""
 
     def __init__(self, spec: str, fn, backward: bool = True, declared: Capabilities | None = None):
         self.name, self.fn, self.backward, self.declared = spec, fn, backward, declared
@@ -194,9 +196,9 @@ class VarlenEntry(_Declared):
 
 
 class KVCacheEntry(_Declared):
-    """flash_attn_with_kvcache convention: q (B, Nq, Hq, D) against k_cache/v_cache with
-    cache_seqlens; k=/v= new tokens the function appends into the cache in place; block_table for a
-    paged cache (blocks, page, Hkv, D). Forward only."""
+    """A family's kvcache entry point, flash_attn_with_kvcache convention (gate.kernels.entries.
+    KVCacheEntryPoint, as FA2/FA3 are called): the function appends k=/v= into the cache in place;
+    block_table for a paged cache (blocks, page, Hkv, D). Forward only."""
 
     def __init__(self, spec: str, fn, declared: Capabilities | None = None):
         self.name, self.fn, self.declared = spec, fn, declared
