@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import json
 import re
+import types
 from pathlib import Path
 
 import pytest
@@ -459,8 +460,9 @@ def test_fa4_raw_window_hands_the_minus_one_spelling_to_the_kernel():
 
     x = torch.zeros(1, 4, 1, 8)
     call = KernelCall(q=x, k=x, v=x, opts=AttnOptions(softmax_scale=1.0, causal=True, window=(-1, 0)))
-    assert FA4Adapter()._window(call) == (None, 0)
-    assert FA4RawWindowAdapter()._window(call) == (-1, 0)
+    no_module = types.SimpleNamespace(flash_attn_func=None)
+    assert FA4Adapter()._entry(call, no_module).options(call)["window_size"] == (None, 0)
+    assert FA4RawWindowAdapter()._entry(call, no_module).options(call)["window_size"] == (-1, 0)
     assert get_adapter("fa4-raw-window").name == "fa4-raw-window"
 
 
@@ -646,5 +648,5 @@ def test_fa3_declares_e4m3_unless_built_without_and_passes_the_descales(monkeypa
     call = KernelCall(
         q=x, k=x, v=x, opts=AttnOptions(softmax_scale=1.0, causal=False), descale=(scale, 2 * scale, 4 * scale)
     )
-    kwargs = flash_attn.FA3Adapter()._kwargs(call)
+    kwargs = flash_attn.FA3Adapter()._entry(call, types.SimpleNamespace(flash_attn_func=None)).options(call)
     assert [float(kwargs[k][0, 0]) for k in ("q_descale", "k_descale", "v_descale")] == [1.0, 2.0, 4.0]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -81,6 +82,14 @@ class KernelOutput:
     # decode: (k_cache, v_cache) after the call; None = the call's own cache tensors,
     # written in place (flash_attn_with_kvcache's way)
     cache: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+def entry_kind(call: KernelCall) -> str:
+    """The entry point a call is for: kvcache (a decode step on its cache), varlen (a packed
+    batch with cu_seqlens) or dense."""
+    if call.cache is not None:
+        return "kvcache"
+    return "varlen" if call.cu_seqlens is not None else "dense"
 
 
 class NoKernel(Exception):
@@ -187,6 +196,14 @@ def per_sequence(call: KernelCall, dense_fn) -> KernelOutput:
     return KernelOutput(out=out, lse=lse, dropout_keep=keep)
 
 
+def per_sequence_seeded(call: KernelCall, dense_fn) -> KernelOutput:
+    """per_sequence for a kernel that draws its own dropout mask: the i-th sequence sent to it
+    (empty ones are not) draws from call.seed + i, so no two sequences share a mask:
+    `dense_fn(q, k, v, sequence_call, seed)`."""
+    seeds = itertools.count(call.seed)
+    return per_sequence(call, lambda q, k, v, seq_call: dense_fn(q, k, v, seq_call, next(seeds)))
+
+
 def flash_lse_to_reference(lse: torch.Tensor, seqlen_q: int) -> torch.Tensor:
     """Flash kernels may pad the LSE's query dimension (e.g. to a multiple of 32): trim it."""
     return lse[..., :seqlen_q]
@@ -223,6 +240,16 @@ def write_pages(cache: torch.Tensor, block_table, page: int, b: int, start: int,
         pos, done = pos + n, done + n
 
 
+def append_new_tokens(c: CacheInputs) -> None:
+    """The append of a kernel without one: each batch element's new k/v written into its cache
+    (or pages) at its cached length, in place, as flash_attn_with_kvcache would."""
+    if c.k_new is None:
+        return
+    for b, start in enumerate(c.cached):
+        write_pages(c.k_cache, c.block_table, c.page_size, b, start, c.k_new[b])
+        write_pages(c.v_cache, c.block_table, c.page_size, b, start, c.v_new[b])
+
+
 def gathered_decode(call: KernelCall, dense_fn) -> KernelOutput:
     """A decode step for kernels without a KV-cache API (SDPA, Flex): the adapter appends the new
     tokens into the cache itself, gathers each batch element's keys by the page walk, and runs the
@@ -233,10 +260,7 @@ def gathered_decode(call: KernelCall, dense_fn) -> KernelOutput:
     bsz, nq, hq, _ = q.shape
     dv_dim = c.v_cache.shape[-1]
     cached_lengths = c.cached
-    for b, cached in enumerate(cached_lengths):
-        if c.k_new is not None:
-            write_pages(c.k_cache, c.block_table, c.page_size, b, cached, c.k_new[b])
-            write_pages(c.v_cache, c.block_table, c.page_size, b, cached, c.v_new[b])
+    append_new_tokens(c)
     lengths = [n + (0 if c.k_new is None else c.k_new.shape[1]) for n in cached_lengths]
     # keys before the first one any query sees are not gathered (the cut keeps bottom-right alignment),
     # as a kernel skips the key blocks its window excludes: a cache may hold NaN there

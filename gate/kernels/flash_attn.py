@@ -3,10 +3,13 @@
 unavailable (reported), never an import error at start-up.
 
 Conventions kept by all three: (B, N, H, D) layout, bottom-right causal, window (left, right),
-LSE (B, H, Nq) dense and (H, total_q) varlen. Differences handled here: FA4 spells an unbounded
-window side None (not -1) and always returns (out, lse); FA3 returns (out, lse) in some
-releases and out alone in others; FA2 returns the LSE (and its dropout mask, encoded in the sign
-of S_dmask) only with return_attn_probs=True.
+LSE (B, H, Nq) dense and (H, total_q) varlen; each entry point is called through the shared
+DenseEntryPoint / VarlenEntryPoint / KVCacheEntryPoint (gate/kernels/entries.py), as a user's kernel
+family is. Differences handled here: FA4 spells an unbounded window side None (not -1), always
+returns (out, lse) and decodes through flash_attn_varlen_func; FA3 names the block table
+page_table, and returns (out, lse) in some releases and out alone in others (older ones take no
+return_attn_probs); FA2 returns the LSE (and its dropout mask, encoded in the sign of S_dmask)
+only with return_attn_probs=True.
 
 Custom bias, FA4 only: a float bias goes in as aux_tensors[0] read by a CuTe score_mod
 (score + bias[b, h, q, k], with an identity score_mod_bwd), a boolean mask as a uint8 aux tensor
@@ -17,6 +20,7 @@ cannot be combined in FA4, so neither can softcap and a float bias. The mods: ga
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import importlib.metadata
@@ -25,8 +29,27 @@ import inspect
 import torch
 
 from gate.attention.masks import allowed_mask
-from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, write_pages
+from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, append_new_tokens, entry_kind
 from gate.kernels.capabilities import Feature, feature_set
+from gate.kernels.entries import (
+    DenseEntryPoint,
+    Keywords,
+    KVCacheEntryPoint,
+    VarlenEntryPoint,
+    call_options,
+    split_result,
+    unbounded_as_minus_one,
+)
+
+# The keywords each generation's calls pass (its library takes more): fixed, never read from the
+# installed signature, so a build that lost one raises instead of running without it.
+OPTIONS = ("softmax_scale", "causal", "window_size", "softcap")
+FA2_TAKES = Keywords.named(*OPTIONS, "deterministic", "alibi_slopes", "dropout_p", "return_attn_probs")
+FA2_KVCACHE_TAKES = Keywords.named(*OPTIONS, "return_softmax_lse")  # + alibi_slopes in ALiBi calls
+FA3_TAKES = Keywords.named(*OPTIONS, "deterministic", "return_attn_probs")  # + q/k/v_descale in fp8 calls
+FA3_KVCACHE_TAKES = Keywords.named(*OPTIONS, "return_softmax_lse")
+FA4_TAKES = Keywords.named(*OPTIONS, "deterministic", "return_lse")  # + learnable_sink in sink calls
+FA4_DECODE_TAKES = Keywords.named(*OPTIONS, "return_lse")
 
 
 def _import(module: str):
@@ -34,8 +57,13 @@ def _import(module: str):
 
 
 class _FlashBase(KernelAdapter):
+    """flash_attn_func and flash_attn_varlen_func called through the shared entry points
+    (gate/kernels/entries.py) with this generation's keywords, LSE flag and window spelling."""
+
     module = ""
     dist = ""
+    takes = Keywords()
+    lse_flag = ""
 
     def unavailable_reason(self) -> str | None:
         if not torch.cuda.is_available():
@@ -52,71 +80,21 @@ class _FlashBase(KernelAdapter):
         except importlib.metadata.PackageNotFoundError:
             return "unknown"
 
-    def _window(self, call: KernelCall):
-        return tuple(call.opts.window)
+    def _window(self, window: tuple[int, int]) -> tuple:
+        return unbounded_as_minus_one(window)
 
-    def _kwargs(self, call: KernelCall) -> dict:
-        return dict(
-            softmax_scale=call.opts.softmax_scale,
-            causal=call.opts.causal,
-            window_size=self._window(call),
-            softcap=call.opts.softcap,
-            deterministic=call.deterministic,
-        )
+    def _entry(self, call: KernelCall, mod) -> DenseEntryPoint | VarlenEntryPoint:
+        """flash_attn_func, or flash_attn_varlen_func for a varlen call."""
+        if entry_kind(call) == "dense":
+            return DenseEntryPoint(mod.flash_attn_func, self.takes, self.lse_flag, self._window)
+        return VarlenEntryPoint(mod.flash_attn_varlen_func, self.takes, self.lse_flag, self._window)
 
-    @staticmethod
-    def _split(result) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if isinstance(result, tuple):
-            return result[0], (result[1].detach().float() if len(result) > 1 and result[1] is not None else None)
-        return result, None
+    def _extra(self, call: KernelCall) -> dict:
+        """Keywords beyond the entry point's options (FA4's bias mods)."""
+        return {}
 
     def __call__(self, call: KernelCall) -> KernelOutput:
-        mod = _import(self.module)
-        kwargs = self._kwargs(call)
-        if call.cu_seqlens is None:
-            out, lse = self._split(mod.flash_attn_func(call.q, call.k, call.v, **kwargs))
-        else:
-            out, lse = self._split(
-                mod.flash_attn_varlen_func(
-                    call.q,
-                    call.k,
-                    call.v,
-                    cu_seqlens_q=call.cu_seqlens,
-                    cu_seqlens_k=call.keys_cu_seqlens,
-                    max_seqlen_q=call.max_seqlen,
-                    max_seqlen_k=call.keys_max_seqlen,
-                    **kwargs,
-                )
-            )
-        return KernelOutput(out=out, lse=lse)
-
-
-# --- decode through flash_attn_with_kvcache (FA2, FA3), written to the documented APIs
-# (docs/results/h200.md has their decode runs).
-
-
-def with_kvcache(fn, call: KernelCall, paged_keyword: str, window: tuple) -> KernelOutput:
-    """flash_attn_with_kvcache(q, k_cache, v_cache, k=, v=, cache_seqlens=, <block_table|page_table>=,
-    softmax_scale=, causal=, window_size=, softcap=, [alibi_slopes=], return_softmax_lse=True): the new
-    k/v are appended into k_cache/v_cache in place; lse is (B, H, Nq)."""
-    c = call.cache
-    kwargs = dict(
-        cache_seqlens=c.cache_seqlens,
-        softmax_scale=call.opts.softmax_scale,
-        causal=call.opts.causal,
-        window_size=window,
-        softcap=call.opts.softcap,
-        return_softmax_lse=True,
-    )
-    if call.opts.alibi_slopes is not None:
-        kwargs["alibi_slopes"] = call.opts.alibi_slopes
-    if c.k_new is not None:
-        kwargs.update(k=c.k_new, v=c.v_new)
-    if c.block_table is not None:
-        kwargs[paged_keyword] = c.block_table
-    result = fn(call.q, c.k_cache, c.v_cache, **kwargs)
-    out, lse = (result[0], result[1]) if isinstance(result, tuple) else (result, None)
-    return KernelOutput(out=out, lse=None if lse is None else lse.detach().float())
+        return self._entry(call, _import(self.module))(call, **self._extra(call))
 
 
 @functools.lru_cache(maxsize=1)
@@ -142,6 +120,7 @@ def fa2_kernel_for(head_dim: int) -> int | None:
 class FA2Adapter(_FlashBase):
     name, module, dist = "fa2", "flash_attn", "flash-attn"
     description = "flash-attn 2 (flash_attn.flash_attn_func)"
+    takes, lse_flag = FA2_TAKES, "return_attn_probs"
 
     def unsupported_reason(self, case, device: str) -> str | None:
         reason = super().unsupported_reason(case, device)
@@ -167,16 +146,10 @@ class FA2Adapter(_FlashBase):
             returns_lse=True,
         )
 
-    def _kwargs(self, call: KernelCall) -> dict:
-        kwargs = super()._kwargs(call)
-        kwargs.update(alibi_slopes=call.opts.alibi_slopes, dropout_p=call.opts.dropout_p, return_attn_probs=True)
-        return kwargs
-
     def __call__(self, call: KernelCall) -> KernelOutput:
         mod = _import(self.module)
-        if call.cache is not None:
-            return with_kvcache(mod.flash_attn_with_kvcache, call, "block_table", tuple(call.opts.window))
-        kwargs = self._kwargs(call)
+        if entry_kind(call) == "kvcache":  # flash_attn_with_kvcache appends the new k/v in place
+            return KVCacheEntryPoint(mod.flash_attn_with_kvcache, FA2_KVCACHE_TAKES)(call)
         # FA2 draws dropout from torch's CUDA generator: seed it from the call (forked, so the
         # caller's RNG is untouched) so the same seed gives the same mask; the backward replays
         # the forward's saved Philox state.
@@ -184,19 +157,7 @@ class FA2Adapter(_FlashBase):
         with torch.random.fork_rng(devices=devices, enabled=bool(call.opts.dropout_p)):
             if call.opts.dropout_p:
                 torch.manual_seed(call.seed)
-            if call.cu_seqlens is None:
-                out, lse, s_dmask = mod.flash_attn_func(call.q, call.k, call.v, **kwargs)
-            else:
-                out, lse, s_dmask = mod.flash_attn_varlen_func(
-                    call.q,
-                    call.k,
-                    call.v,
-                    call.cu_seqlens,
-                    call.keys_cu_seqlens,
-                    call.max_seqlen,
-                    call.keys_max_seqlen,
-                    **kwargs,
-                )
+            out, lse, s_dmask = self._entry(call, mod).result(call)  # return_attn_probs: S_dmask third
         keep = None
         if call.opts.dropout_p:
             # FA2 encodes a dropped element as a negative entry of S_dmask (padded to 128/256);
@@ -241,6 +202,7 @@ def fa3_serves_dv(d: int, dv: int) -> bool:
 class FA3Adapter(_FlashBase):
     name, module, dist = "fa3", "flash_attn_interface", "flash-attn-3"
     description = "flash-attn 3, Hopper (flash_attn_interface.flash_attn_func)"
+    takes, lse_flag = FA3_TAKES, "return_attn_probs"
 
     def capabilities(self) -> Capabilities:
         """What this FA3 build runs. A build made with hopper/setup.py's FLASH_ATTENTION_DISABLE_*
@@ -286,32 +248,24 @@ class FA3Adapter(_FlashBase):
             return "this FA3 build has no append-KV (built with FLASH_ATTENTION_DISABLE_APPENDKV)"
         return reason
 
-    def _kwargs(self, call: KernelCall) -> dict:
-        kwargs = super()._kwargs(call)
-        kwargs["return_attn_probs"] = True  # releases that return out alone honour this; others ignore it
-        if call.descale is not None:  # an fp8 call: q, k, v are float8_e4m3fn, out comes back bf16
-            kwargs.update(q_descale=call.descale[0], k_descale=call.descale[1], v_descale=call.descale[2])
-        return kwargs
-
     def __call__(self, call: KernelCall) -> KernelOutput:
-        if call.cache is not None:  # FA3 names the block table page_table
-            return with_kvcache(
-                _import(self.module).flash_attn_with_kvcache, call, "page_table", tuple(call.opts.window)
-            )
+        mod = _import(self.module)
+        if entry_kind(call) == "kvcache":  # FA3 names the block table page_table
+            return KVCacheEntryPoint(mod.flash_attn_with_kvcache, FA3_KVCACHE_TAKES, paged="page_table")(call)
+        entry = self._entry(call, mod)
         try:
-            return super().__call__(call)
+            return entry(call)
         except TypeError as exc:
+            # releases that return out alone honour return_attn_probs; others take no such keyword
             if "return_attn_probs" not in str(exc):
                 raise
-            mod = _import(self.module)
-            kwargs = {k: v for k, v in self._kwargs(call).items() if k != "return_attn_probs"}
-            out, lse = self._split(mod.flash_attn_func(call.q, call.k, call.v, **kwargs))
-            return KernelOutput(out=out, lse=lse)
+            return dataclasses.replace(entry, takes=entry.takes.without("return_attn_probs"))(call)
 
 
 class FA4Adapter(_FlashBase):
     name, module, dist = "fa4", "flash_attn.cute", "flash-attn-4"
     description = "flash-attn 4, CuTe DSL (flash_attn.cute.flash_attn_func)"
+    takes, lse_flag = FA4_TAKES, "return_lse"
 
     def __init__(self):
         self._masks: dict = {}  # this case's folded boolean masks (see fa4_mask_aux)
@@ -385,17 +339,11 @@ class FA4Adapter(_FlashBase):
             return f"this flash-attn-4's flash_attn_func takes no {'/'.join(missing)}: no custom bias or mask"
         return ""
 
-    def _window(self, call: KernelCall):
-        return tuple(None if w < 0 else w for w in call.opts.window)
+    def _window(self, window: tuple[int, int]) -> tuple:
+        return tuple(None if w < 0 else w for w in window)
 
-    def _kwargs(self, call: KernelCall) -> dict:
-        kwargs = super()._kwargs(call)
-        kwargs["return_lse"] = True
-        if call.sink is not None:
-            kwargs["learnable_sink"] = call.sink
-        if call.opts.bias is not None:
-            kwargs.update(self._bias_kwargs(call))
-        return kwargs
+    def _extra(self, call: KernelCall) -> dict:
+        return {} if call.opts.bias is None else self._bias_kwargs(call)
 
     def _bias_kwargs(self, call: KernelCall) -> dict:
         """the mod and aux tensor for the call's bias. A boolean mask goes through
@@ -425,30 +373,18 @@ class FA4Adapter(_FlashBase):
         )
 
     def __call__(self, call: KernelCall) -> KernelOutput:
-        if call.cache is None:
+        if entry_kind(call) != "kvcache":
             return super().__call__(call)
-        mod = _import(self.module)
+        # decode: FA4 has no append and no with_kvcache: the adapter writes the new tokens, then
+        # flash_attn_varlen_func attends over the first seqused_k keys of each cache row (or pages)
         c = call.cache
-        lengths = c.cache_seqlens
-        if c.k_new is not None:  # FA4 does not append: write the new tokens, then attend over them too
-            for b, start in enumerate(c.cached):
-                write_pages(c.k_cache, c.block_table, c.page_size, b, start, c.k_new[b])
-                write_pages(c.v_cache, c.block_table, c.page_size, b, start, c.v_new[b])
-            lengths = c.cache_seqlens + c.k_new.shape[1]
-        kwargs = dict(
-            softmax_scale=call.opts.softmax_scale,
-            causal=call.opts.causal,
-            window_size=self._window(call),
-            softcap=call.opts.softcap,
-            seqused_k=lengths.to(torch.int32),
-            return_lse=True,
-        )
+        append_new_tokens(c)
+        lengths = c.cache_seqlens if c.k_new is None else c.cache_seqlens + c.k_new.shape[1]
+        kwargs = call_options(call, FA4_DECODE_TAKES, "return_lse", self._window)
+        kwargs["seqused_k"] = lengths.to(torch.int32)
         if c.block_table is not None:
             kwargs["page_table"] = c.block_table
-        if call.sink is not None:
-            kwargs["learnable_sink"] = call.sink
-        out, lse = self._split(mod.flash_attn_varlen_func(call.q, c.k_cache, c.v_cache, **kwargs))
-        return KernelOutput(out=out, lse=lse)
+        return split_result(_import(self.module).flash_attn_varlen_func(call.q, c.k_cache, c.v_cache, **kwargs))
 
 
 # --- FA4's custom bias and masks, the torch side (the CuTe side: gate/kernels/fa4_mods.py)
@@ -493,5 +429,5 @@ class FA4RawWindowAdapter(FA4Adapter):
     name = "fa4-raw-window"
     description = "flash-attn 4 with window_size passed raw (-1 = unbounded), as FA2/FA3 callers write it"
 
-    def _window(self, call: KernelCall):
-        return tuple(call.opts.window)
+    def _window(self, window: tuple[int, int]) -> tuple:
+        return unbounded_as_minus_one(window)

@@ -26,9 +26,10 @@ from gate.kernels.base import (
     KernelAdapter,
     KernelCall,
     KernelOutput,
+    append_new_tokens,
+    entry_kind,
     per_sequence,
     read_pages,
-    write_pages,
 )
 from gate.kernels.capabilities import Feature, feature_set
 
@@ -318,10 +319,7 @@ class FlexAdapter(KernelAdapter):
     def _decode(self, call: KernelCall) -> KernelOutput:
         c, o, q = call.cache, call.opts, call.q
         bsz, nq = q.shape[0], q.shape[1]
-        for b, start in enumerate(c.cached):
-            if c.k_new is not None:  # the append is this adapter's emulation (Flex has no cache API)
-                write_pages(c.k_cache, c.block_table, c.page_size, b, start, c.k_new[b])
-                write_pages(c.v_cache, c.block_table, c.page_size, b, start, c.v_new[b])
+        append_new_tokens(c)  # the append is this adapter's emulation (Flex has no cache API)
         lengths = c.key_lengths  # host-side: no device sync in the timed call
         longest = max(1, max(lengths))
         hkv = c.k_cache.shape[-2]
@@ -360,12 +358,11 @@ class FlexAdapter(KernelAdapter):
         return KernelOutput(out=out.transpose(1, 2), lse=lse.detach().float())
 
     def __call__(self, call: KernelCall) -> KernelOutput:
-        if call.cache is not None:
+        kind = entry_kind(call)
+        if kind == "kvcache":
             return self._decode(call)
-        if call.cu_seqlens is not None:
-            if self.packed_varlen:
-                return self._packed(call)
-            return per_sequence(call, self._dense)
+        if kind == "varlen":
+            return self._packed(call) if self.packed_varlen else per_sequence(call, self._dense)
         return self._dense(call.q, call.k, call.v, call)
 
     # --- varlen as ONE call over the packed sequences (FlexAttention's own varlen: documents) ---

@@ -50,9 +50,10 @@ from gate.kernels.base import (
     KernelCall,
     KernelOutput,
     NoKernel,
+    entry_kind,
     flash_lse_to_reference,
     gathered_decode,
-    per_sequence,
+    per_sequence_seeded,
 )
 from gate.kernels.capabilities import Feature, feature_set
 
@@ -297,16 +298,11 @@ class SdpaAdapter(KernelAdapter):
         return KernelOutput(out=out.transpose(1, 2), lse=lse)
 
     def __call__(self, call: KernelCall) -> KernelOutput:
-        if call.cache is not None:
+        kind = entry_kind(call)
+        if kind == "kvcache":
             return gathered_decode(call, lambda q, k, v: self._dense(q, k, v, call))
-        if call.cu_seqlens is not None:
-            drawn = [0]
-
-            def one(q, k, v, seq_call):  # under dropout each sequence gets its own seed, as tiled does
-                drawn[0] += 1
-                return self._dense(q, k, v, seq_call, seed=call.seed + drawn[0] - 1)
-
-            return per_sequence(call, one)
+        if kind == "varlen":  # under dropout each sequence its own seed, as tiled does
+            return per_sequence_seeded(call, self._dense)
         return self._dense(call.q, call.k, call.v, call)
 
 

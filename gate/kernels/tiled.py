@@ -34,7 +34,9 @@ from gate.kernels.base import (
     KernelAdapter,
     KernelCall,
     KernelOutput,
+    entry_kind,
     per_sequence,
+    per_sequence_seeded,
     read_pages,
     write_pages,
 )
@@ -321,13 +323,14 @@ class TiledAdapter(KernelAdapter):
         return KernelOutput(out=out, lse=lse, dropout_keep=keep)
 
     def __call__(self, call: KernelCall) -> KernelOutput:
-        if call.cache is not None:
+        kind = entry_kind(call)
+        if kind == "kvcache":
             return decode(call, self.tile_steps(call, None))
         if call.descale is not None:  # fp8 (dense, forward-only): its bf16 path on the dequantized values
             q, k, v = (dequantize(t, s).to(torch.bfloat16) for t, s in zip((call.q, call.k, call.v), call.descale))
             return self._dense(q, k, v, call)
         p = call.opts.dropout_p
-        if call.cu_seqlens is None:
+        if kind == "dense":
             keep = None
             if p:
                 b, nq, hq, _ = call.q.shape
@@ -335,11 +338,9 @@ class TiledAdapter(KernelAdapter):
             return self._dense(call.q, call.k, call.v, call, keep)
         if not p:
             return per_sequence(call, self._dense)
-        drawn = [0]
 
-        def run(q, k, v, seq_call):  # each sequence its own mask, from seed + its index among non-empty ones
-            keep = dropout_keep_mask((1, q.shape[2], q.shape[1], k.shape[1]), p, call.seed + drawn[0], q.device)
-            drawn[0] += 1
+        def run(q, k, v, seq_call, seed):  # each sequence its own mask
+            keep = dropout_keep_mask((1, q.shape[2], q.shape[1], k.shape[1]), p, seed, q.device)
             return self._dense(q, k, v, seq_call, keep)
 
-        return per_sequence(call, run)
+        return per_sequence_seeded(call, run)

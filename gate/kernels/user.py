@@ -30,16 +30,21 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import inspect
 import sys
 from pathlib import Path
 
-import torch
-
 from gate.attention.bias import as_additive
 from gate.core.errors import UserError
-from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, per_sequence
+from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, entry_kind, per_sequence
 from gate.kernels.capabilities import Feature, feature_set
+from gate.kernels.entries import (
+    DESCALE_KEYWORDS,
+    DenseEntryPoint,
+    Keywords,
+    KVCacheEntryPoint,
+    VarlenEntryPoint,
+    split_result,
+)
 
 
 def load_callable(spec: str):
@@ -66,58 +71,12 @@ def load_callable(spec: str):
     return fn
 
 
-DESCALE_KEYWORDS = ("q_descale", "k_descale", "v_descale")
 FP8_DTYPES = ("e4m3", "e5m2")
 
 
-def _dtypes(sig: "_Signature") -> tuple[str, ...]:
+def _dtypes(takes: Keywords) -> tuple[str, ...]:
     """A function that takes the three descale keywords has an fp8 path (FA3's convention)."""
-    return ("fp16", "bf16", "fp32") + (FP8_DTYPES if all(sig.takes(k) for k in DESCALE_KEYWORDS) else ())
-
-
-class _Signature:
-    """The keywords a user function takes (all of them, if it takes **kwargs)."""
-
-    def __init__(self, fn):
-        try:
-            params = inspect.signature(fn).parameters
-        except (TypeError, ValueError):
-            params = {}
-        self.accepts_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-        self.params = set(params)
-
-    def takes(self, name: str) -> bool:
-        return self.accepts_kwargs or name in self.params
-
-
-def _split_result(result) -> KernelOutput:
-    if isinstance(result, (tuple, list)):
-        out = result[0]
-        lse = result[1] if len(result) > 1 and isinstance(result[1], torch.Tensor) else None
-        return KernelOutput(out=out, lse=None if lse is None else lse.detach().float())
-    return KernelOutput(out=result)
-
-
-def _common_kwargs(sig: _Signature, call: KernelCall, lse_flag: str) -> dict:
-    o = call.opts
-    optional = {
-        # a keyword the function does not take is left out (its default is flash-attn's: scale
-        # 1/sqrt(d), not causal); cases that need it were skipped by capabilities()
-        "softmax_scale": o.softmax_scale,
-        "causal": o.causal,
-        "window_size": tuple(o.window),
-        "softcap": o.softcap,
-        "alibi_slopes": o.alibi_slopes,
-        "deterministic": call.deterministic,
-        lse_flag: True,
-        "dropout_p": o.dropout_p,
-    }
-    kwargs = {k: val for k, val in optional.items() if sig.takes(k)}
-    if call.descale is not None:  # only fp8 cases; capabilities() skipped them where not taken
-        kwargs.update(zip(DESCALE_KEYWORDS, call.descale))
-    if call.sink is not None:  # only cases with sinks; capabilities() skipped them where not taken
-        kwargs["learnable_sink"] = call.sink
-    return kwargs
+    return ("fp16", "bf16", "fp32") + (FP8_DTYPES if all(takes.takes(k) for k in DESCALE_KEYWORDS) else ())
 
 
 class _Declared(KernelAdapter):
@@ -135,7 +94,8 @@ class _Declared(KernelAdapter):
 
 
 class UserAdapter(_Declared):
-    """One function in the flash_attn_func convention; varlen cases run each sequence through it alone."""
+    """One function in the flash_attn_func convention (gate.kernels.entries.DenseEntryPoint); varlen
+    cases run each sequence through it alone."""
 
     def __init__(
         self, spec: str, fn=None, backward: bool = True, family: str = "", declared: Capabilities | None = None
@@ -143,17 +103,17 @@ class UserAdapter(_Declared):
         self.name = spec
         self.description = f"user kernel {spec} (flash_attn_func convention)"
         self.fn = fn if fn is not None else load_callable(spec)
-        self.sig = _Signature(self.fn)
+        self.entry = DenseEntryPoint(self.fn, Keywords.of(self.fn))
         self.backward = backward
         self.declared = declared
 
     def _takes(self, name: str) -> bool:
-        return self.sig.takes(name)
+        return self.entry.takes.takes(name)
 
     def inferred(self) -> Capabilities:
         return Capabilities(
             devices=("cpu", "cuda"),
-            dtypes=_dtypes(self.sig),
+            dtypes=_dtypes(self.entry.takes),
             max_head_dim=1024,
             features=feature_set(
                 head_dim_v_differs=True,
@@ -178,13 +138,13 @@ class UserAdapter(_Declared):
         )
 
     def _dense(self, q, k, v, call: KernelCall) -> KernelOutput:
-        kwargs = _common_kwargs(self.sig, call, "return_attn_probs")
+        extra = {}
         if call.opts.bias is not None:  # only cases with a bias pass it (capabilities() skipped the rest)
-            kwargs["attn_bias"] = as_additive(call.opts.bias, q.dtype)
-        return _split_result(self.fn(q, k, v, **kwargs))
+            extra["attn_bias"] = as_additive(call.opts.bias, q.dtype)
+        return split_result(self.entry.result_on(q, k, v, call, **extra))
 
     def __call__(self, call: KernelCall) -> KernelOutput:
-        if call.cu_seqlens is not None:
+        if entry_kind(call) == "varlen":
             return per_sequence(call, self._dense)
         return self._dense(call.q, call.k, call.v, call)
 
@@ -200,15 +160,17 @@ def declaration_of(family) -> Capabilities | None:
 
 
 class VarlenEntry(_Declared):
-    """flash_attn_varlen_func convention: the packed batch in ONE call, with cu_seqlens_q/k and
-    max_seqlen_q/k (and seqused_k, the true key count per sequence, where the function takes it)."""
+    """A family's varlen entry point, flash_attn_varlen_func convention: the packed batch in ONE
+    call (gate.kernels.entries.VarlenEntryPoint, as FA2/FA3/FA4 are called); what it supports is
+    read from its signature."""
 
     def __init__(self, spec: str, fn, backward: bool = True, declared: Capabilities | None = None):
-        self.name, self.fn, self.sig, self.backward, self.declared = spec, fn, _Signature(fn), backward, declared
+        self.name, self.fn, self.backward, self.declared = spec, fn, backward, declared
+        self.entry = VarlenEntryPoint(fn, Keywords.of(fn))
         self.description = f"user kernel {spec} (flash_attn_varlen_func convention)"
 
     def inferred(self) -> Capabilities:
-        t = self.sig.takes
+        t = self.entry.takes.takes
         return Capabilities(
             devices=("cpu", "cuda"),
             dtypes=("fp16", "bf16", "fp32"),
@@ -230,35 +192,21 @@ class VarlenEntry(_Declared):
         )
 
     def __call__(self, call: KernelCall) -> KernelOutput:
-        cu, cu_k = call.cu_seqlens, call.keys_cu_seqlens  # key lengths may differ from the queries'
-        kwargs = _common_kwargs(self.sig, call, "return_attn_probs")
-        if self.sig.takes("seqused_k"):
-            kwargs["seqused_k"] = (cu_k[1:] - cu_k[:-1]).to(torch.int32)
-        return _split_result(
-            self.fn(
-                call.q,
-                call.k,
-                call.v,
-                cu_seqlens_q=cu,
-                cu_seqlens_k=cu_k,
-                max_seqlen_q=call.max_seqlen,
-                max_seqlen_k=call.keys_max_seqlen,
-                **kwargs,
-            )
-        )
+        return self.entry(call)
 
 
 class KVCacheEntry(_Declared):
-    """flash_attn_with_kvcache convention: q (B, Nq, Hq, D) against k_cache/v_cache with
-    cache_seqlens; k=/v= new tokens the function appends into the cache in place; block_table for a
-    paged cache (blocks, page, Hkv, D). Forward only."""
+    """A family's kvcache entry point, flash_attn_with_kvcache convention (gate.kernels.entries.
+    KVCacheEntryPoint, as FA2/FA3 are called): the function appends k=/v= into the cache in place;
+    block_table for a paged cache (blocks, page, Hkv, D). Forward only."""
 
     def __init__(self, spec: str, fn, declared: Capabilities | None = None):
-        self.name, self.fn, self.sig, self.declared = spec, fn, _Signature(fn), declared
+        self.name, self.fn, self.declared = spec, fn, declared
+        self.entry = KVCacheEntryPoint(fn, Keywords.of(fn))
         self.description = f"user kernel {spec} (flash_attn_with_kvcache convention)"
 
     def inferred(self) -> Capabilities:
-        t = self.sig.takes
+        t = self.entry.takes.takes
         return Capabilities(
             devices=("cpu", "cuda"),
             dtypes=("fp16", "bf16", "fp32"),
@@ -282,20 +230,12 @@ class KVCacheEntry(_Declared):
         why = self.declared.unsupported_reason(case, device) if self.declared is not None else None
         if why:
             return why
-        if case.entry.cache_new and not (self.sig.takes("k") and self.sig.takes("v")):
+        if case.entry.cache_new and not (self.entry.takes.takes("k") and self.entry.takes.takes("v")):
             return "its kvcache entry point takes no k=/v= to append"
         return super().unsupported_reason(case, device)
 
     def __call__(self, call: KernelCall) -> KernelOutput:
-        c = call.cache
-        kwargs = _common_kwargs(self.sig, call, "return_softmax_lse")
-        kwargs.pop("deterministic", None)
-        kwargs.pop("dropout_p", None)
-        if c.k_new is not None:
-            kwargs.update(k=c.k_new, v=c.v_new)
-        if c.block_table is not None:
-            kwargs["block_table"] = c.block_table
-        return _split_result(self.fn(call.q, c.k_cache, c.v_cache, cache_seqlens=c.cache_seqlens, **kwargs))
+        return self.entry(call)
 
 
 def family_adapter_of(family) -> KernelAdapter:
@@ -351,7 +291,7 @@ class FamilyAdapter(KernelAdapter):
         return entry.unsupported_reason(case, device)
 
     def __call__(self, call: KernelCall) -> KernelOutput:
-        kind = "kvcache" if call.cache is not None else "varlen" if call.cu_seqlens is not None else "dense"
+        kind = entry_kind(call)
         entry = self.entries.get(kind)
         if entry is None:  # run_case asks unsupported_reason first; this is a caller that did not
             raise RuntimeError(f"kernel family {self.name!r} has no {kind} entry point")
