@@ -2,8 +2,8 @@
 
 `--kernel tests.coverage_kernels:NAME` runs them (flash_attn_func convention: q, k, v are
 (batch, seqlen, heads, head_dim); keywords softmax_scale, causal, window_size, softcap,
-alibi_slopes, return_attn_probs; fp8 q, k, v with q_descale, k_descale, v_descale as FA3 takes
-them). All share one plain implementation (float32 arithmetic,
+alibi_slopes, return_attn_probs, attn_bias, learnable_sink; fp8 q, k, v with q_descale, k_descale,
+v_descale as FA3 takes them). All share one plain implementation (float32 arithmetic,
 autograd for the backward, masks written out here, not taken from gate.attention), and each bug is
 the smallest realistic change to it, silent on the cases that lack its axis:
 
@@ -101,7 +101,7 @@ class _ContiguousDout(torch.autograd.Function):
         return _as_contiguous_storage(grad)
 
 
-def _attn(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, bugs=()):
+def _attn(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, bugs=(), attn_bias=None, sink=None):
     b, nq, hq, d = q.shape
     nk, hkv = k.shape[1], k.shape[2]
     if "assumes_contiguous" in bugs:
@@ -130,6 +130,10 @@ def _attn(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, bu
     if alibi_slopes is not None:
         dist = (i - j) if "alibi_causal_only" in bugs else (i - j).abs()
         s = s - alibi_slopes.float().view(1, -1, 1, 1) * dist
+    if attn_bias is not None:  # additive, broadcastable to (B, H, Nq, Nk); a boolean mask arrives as 0/-inf
+        bias = attn_bias.float()
+        masked = torch.isneginf(bias)  # masked_fill, not + -inf: no gradient through a fully masked row's 0/0
+        s = (s + bias.masked_fill(masked, 0.0)).masked_fill(masked, float("-inf"))
     left, right = window_size
     if "window_minus_one_ignored" in bugs and -1 in (left, right):
         left, right = -1, -1
@@ -145,16 +149,19 @@ def _attn(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, bu
     if "key_tile_floor" in bugs:
         allowed &= j < (nk // TILE) * TILE
     s = s.masked_fill(~allowed, float("-inf"))
+    sink = None if sink is None else sink.float().view(1, -1, 1, 1)  # one logit per query head, in every denominator
     if "no_max_subtraction" in bugs:
         e = torch.exp(s)
-        denom = e.sum(dim=-1, keepdim=True)
+        denom = e.sum(dim=-1, keepdim=True) + (0 if sink is None else torch.exp(sink))
         p = e / denom
         lse = torch.log(denom).squeeze(-1).detach()
     else:
         m = s.amax(dim=-1, keepdim=True).detach()
+        if sink is not None:
+            m = torch.maximum(m, sink.detach())
         m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
         e = torch.exp(s - m)
-        denom = e.sum(dim=-1, keepdim=True)
+        denom = e.sum(dim=-1, keepdim=True) + (0 if sink is None else torch.exp(sink - m))
         p = e / denom.clamp_min(torch.finfo(torch.float32).tiny)  # a fully masked row: p = 0
         lse = (m + torch.log(denom)).squeeze(-1).detach()
     out = (p @ vf).transpose(1, 2).to(q.dtype)
@@ -210,12 +217,17 @@ def _kernel(bug: str | None):
         q_descale=None,
         k_descale=None,
         v_descale=None,
+        attn_bias=None,
+        learnable_sink=None,
     ):
         if q.dtype in FP8:
             q, k, v = (_dequantize(t, s, (bug,)) for t, s in ((q, q_descale), (k, k_descale), (v, v_descale)))
         if bug == "offsets_int32":
             q, k, v = (_int32_rows(t) for t in (q, k, v))
-        out, lse = _attn(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, (bug,) if bug else ())
+        bugs = (bug,) if bug else ()
+        out, lse = _attn(
+            q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, bugs, attn_bias, learnable_sink
+        )
         return (out, lse, None) if return_attn_probs else out
 
     fn.__name__ = bug or "correct"

@@ -81,7 +81,7 @@ def test_matrix_axes_expand_and_bad_values_name_the_suite():
 
 def test_shipped_suites_carry_every_kind():
     pr, smoke, nightly = (load_suite(n) for n in ("pr", "smoke", "nightly"))
-    assert {c.bias.kind for c in pr.cases} == set(BIAS_KINDS)
+    assert {c.bias.kind for c in pr.cases} == set(BIAS_KINDS) - set(AWAITING_PR_BLOCKS)
     assert {c.bias.kind for c in smoke.cases} == set(BIAS_KINDS)
     assert any(c.bias.grad for c in pr.cases) and any(c.bias.dtype == "fp32" for c in pr.cases)
     assert any(c.has_bias and 1088 in (c.seqlen_q, c.seqlen_k) for c in pr.cases)  # a tile edge (17 x 64)
@@ -93,7 +93,16 @@ def test_shipped_suites_carry_every_kind():
     assert max(c.seqlen_q * c.seqlen_k for c in smoke.cases if c.has_bias) <= 130 * 130
 
 
+# Kinds in smoke but not yet in pr: pr's blocks for them change its suite hash, and the committed
+# H200 pr baselines must be re-recorded with them (the test above fails once they are added).
+AWAITING_PR_BLOCKS = ("sunk_rows", "first_key")
+
+
 # ---------------------------------------------------------------- the tensors
+
+
+# the rows of the extreme kinds that carry the dense bias alone (the others: -60000, or +10000 on key 0)
+TAME_ROWS = {"sunk_rows": lambda rows: rows % 4 != 1, "first_key": lambda rows: rows % 2 == 1}
 
 
 @pytest.mark.parametrize("kind", FLOAT_BIAS_KINDS)
@@ -102,7 +111,8 @@ def test_float_biases_are_tens_per_shape_and_seeded(kind):
     a, b = make_bias(c, 0, "cpu", torch.float32), make_bias(c, 1, "cpu", torch.float32)
     assert tuple(a.shape) == c.bias_shape and a.dtype == torch.float32
     assert torch.equal(a, make_bias(c, 0, "cpu", torch.float32)) and not torch.equal(a, b)
-    assert 10 < float(a.abs().max()) < 400 and float(a.std()) > 5  # relative-position-like tens, not unit noise
+    tame = a[:, :, TAME_ROWS[kind](torch.arange(c.seqlen_q))] if kind in TAME_ROWS else a
+    assert 10 < float(tame.abs().max()) < 400 and float(tame.std()) > 5  # relative-position-like tens, not unit noise
     if a.shape[1] > 1:
         assert not torch.equal(a[:, 0], a[:, 1])  # a per-head bias differs per head
     if a.shape[0] > 1:

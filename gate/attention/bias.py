@@ -38,6 +38,8 @@ EMPTY_ROW_EVERY = 5  # bool_empty_rows: rows i with i % 5 == 2 see nothing
 SHIFT = -160.0  # shifted_rows: rows i with i % 4 == 1 get this added (exact in fp32, bf16 and fp16)
 SHIFT_EVERY = 4
 GROW_RISE = 128.0  # growing: added from 0 at the first key to this at the last; past exp's fp32 range (88.7)
+SUNK = -60000.0  # sunk_rows: below a finite "-inf" sentinel of -5e4 by more than exp's range (exact in fp32 and fp16)
+FIRST_KEY_SPIKE = 10000.0  # first_key: added to key 0 of every other row (exact in fp32 and fp16)
 
 
 def _positions(rows: torch.Tensor, nq: int, nk: int) -> torch.Tensor:
@@ -105,8 +107,12 @@ def make_bias(
             rows = torch.arange(r0, min(nq, r0 + step), device=device)
             bucket = _buckets(cols.view(1, -1) - _positions(rows, nq, nk).view(-1, 1), nk)  # (r, nk)
             vals = table[:, :, bucket] + keyterm[:, :, None, :]  # float32 (bb, hb, r, nk)
-            if case.bias.kind == "shifted_rows":  # softmax ignores a row shift; the LSE (and exp) do not
-                vals = vals + torch.where(rows % SHIFT_EVERY == 1, SHIFT, 0.0).view(1, 1, -1, 1)
+            if case.bias.kind in ("shifted_rows", "sunk_rows"):  # softmax ignores a row shift; the LSE (and exp) do not
+                shift = SHIFT if case.bias.kind == "shifted_rows" else SUNK
+                vals = vals + torch.where(rows % SHIFT_EVERY == 1, shift, 0.0).view(1, 1, -1, 1)
+            if case.bias.kind == "first_key":  # the row's max arrives first; every later key tile is far below it
+                spike = torch.where((rows % 2 == 0).view(-1, 1) & (cols == 0).view(1, -1), FIRST_KEY_SPIKE, 0.0)
+                vals = vals + spike.view(1, 1, len(rows), nk)
             if case.bias.kind == "growing":  # every later key tile brings a larger max: the online softmax rescales
                 rise = (cols * (GROW_RISE / max(1, nk - 1))).float().view(1, 1, 1, -1)
                 vals = (keyterm[:, :, None, :] + rise).expand(bb, hb, len(rows), nk)

@@ -214,9 +214,11 @@ case id legend (e.g. bf16-b2-h16/4-s97x257-d192/128-causal-win32.0-cap20-alibi-v
                          how values are drawn: scores past +-88 (or deep into the softcap); every row's
                          LSE far below -88; two channels of K and V 30x larger
   bias.dense | bias.broadcast_b | bias.broadcast_h | bias.broadcast_1 | bias.shifted_rows | bias.growing
+  bias.sunk_rows | bias.first_key
                          a float bias added to the scores: (B,H,Nq,Nk), shared over batch / heads / both,
-                         rows shifted below -88, rising by 128 along the keys; .fp32: a float32 bias with
-                         bf16/fp16 inputs; .grad: dBias judged
+                         rows shifted below -88, rising by 128 along the keys, rows whose every logit is
+                         below -5e4, +1e4 on the first key; .fp32: a float32 bias with bf16/fp16 inputs;
+                         .grad: dBias judged
   bias.bool_mask | bias.bool_empty_rows | bias.document | bias.prefix_lm
                          a boolean mask: random sparse, with fully masked rows, block-diagonal documents, prefix-LM
   [perf]                 also timed by `perf` / `check` (speed); [perf only]: timed, never swept"""

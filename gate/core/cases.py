@@ -136,6 +136,10 @@ FLOAT_BIAS_KINDS: dict[str, str] = {
     "below -88.7 (exp underflows in fp32: pytorch #196678, cuDNN NaN dQ); best with bias_dtype fp32",
     "growing": "float (B, H, Nq, Nk): a per-key term plus a rise of 128 from the first key to the last, so each key "
     "tile raises the running max (a kernel that stops updating it overflows exp past +88)",
+    "sunk_rows": "float (B, H, Nq, Nk): dense, with every 4th query row shifted by -60000 so its every logit is below "
+    "-5e4 (a kernel whose running max starts at a finite '-inf' of -5e4 returns 0 there); best with bias_dtype fp32",
+    "first_key": "float (B, H, Nq, Nk): dense, with +10000 on the first key of every other query row: the row's max "
+    "arrives in the first key tile and later tiles sit far below it (an attention sink)",
 }
 BOOL_BIAS_KINDS: dict[str, str] = {
     "bool_mask": "bool (B, H, Nq, Nk): a random sparse pattern (about 30% allowed) plus each row's diagonal key",

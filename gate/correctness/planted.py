@@ -278,13 +278,21 @@ class _PlantedSteps(TileSteps):
             nq = nk
         return super().scores(qt, kt, rows, cols, nq, nk, opts, bias)
 
+    def key_tiles(self, nk: int):
+        """bug max_step_clamped walks the keys last to first, as FlashAttention's forward does."""
+        tiles = super().key_tiles(nk)
+        return reversed(tiles) if "max_step_clamped" in self.flags else tiles
+
     def rescale(self, m, s):
         """bugs no_max_subtraction and max_frozen (the running max kept from the first tile with a
-        finite score: right while later tiles stay within exp's range of it)."""
+        finite score: right while later tiles stay within exp's range of it); finite_sentinel and
+        max_step_clamped (_rescale_extreme)."""
         if "max_frozen" in self.flags:
             m_kept = torch.where(torch.isinf(m), s.amax(dim=-1, keepdim=True), m)
             m_safe = torch.where(torch.isinf(m_kept), torch.zeros_like(m_kept), m_kept)
             return m_kept, m_safe, torch.exp(m - m_safe)
+        if self.flags & {"finite_sentinel", "max_step_clamped"}:
+            return _rescale_extreme(self.flags, m, s)
         return self._rescale_no_max(m, s)
 
     def _rescale_no_max(self, m, s):
@@ -338,6 +346,96 @@ def _paged_left_window_call(call: KernelCall) -> bool:
 
 def variant(flag: str):
     return lambda _inner, name: TiledVariant(frozenset({flag}), name)
+
+
+# ---------------------------------------------------------------- extreme magnitudes and crossings
+
+FINITE_NEG_INF = -5e4  # the finite "-inf" an fp16-minded kernel starts its running max at
+MAX_STEP = 128.0  # max_step_clamped: the most the running max may rise per key tile (a growing bias's whole rise)
+GRID_Y_MAX = 65_535  # CUDA's grid y (and z) limit: programs past it are never launched
+
+
+def _rescale_extreme(flags: frozenset, m, s):
+    """Tile steps of two running-max bugs (gate/kernels/tiled.py TileSteps.rescale's contract):
+    finite_sentinel: the max floored at FINITE_NEG_INF, so a row whose every logit is below it
+    exponentiates to 0 (output 0, LSE -inf; fully masked rows stay right);
+    max_step_clamped: once the max is finite it may rise by at most MAX_STEP per key tile (keys
+    walked last to first): a score far above every later key's, met last, overflows exp(s - m)."""
+    tile_max = s.amax(dim=-1, keepdim=True)
+    if "finite_sentinel" in flags:
+        m_new = torch.maximum(m.clamp_min(FINITE_NEG_INF), tile_max)
+        return m_new, m_new, torch.exp(m - m_new)
+    m_new = torch.maximum(m, tile_max)
+    m_new = torch.where(torch.isinf(m), m_new, torch.minimum(m_new, m + MAX_STEP))
+    m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+    return m_new, m_safe, torch.exp(m - m_safe)
+
+
+def _grid_y_programs_dropped(w: Wrapped, call: KernelCall) -> KernelOutput:
+    """One program per (batch, head) on the grid's y axis: those of index b * Hq + h >= 65,535 are
+    never launched, so their output rows (and gradients, and LSE) stay 0."""
+    res = w.inner(call)
+    b, _, hq, _ = call.q.shape
+    if call.cu_seqlens is not None or call.cache is not None or b * hq <= GRID_Y_MAX:
+        return res
+    ran = torch.arange(b * hq, device=call.q.device).view(b, hq) < GRID_Y_MAX
+    out = res.out * ran.view(b, 1, hq, 1).to(res.out.dtype)
+    lse = None if res.lse is None else torch.where(ran.view(b, hq, 1), res.lse, torch.zeros_like(res.lse))
+    return dataclasses.replace(res, out=out, lse=lse)
+
+
+def _stride0_mask_d512_last_key(w: Wrapped, call: KernelCall) -> KernelOutput:
+    """A crossing: with stride-0 (expanded) K/V, a 4-D boolean mask, head dim 512 and
+    seqlen_k % 32 == 1, the one key alone in the last 32-key chunk of the mask is read as masked.
+    Any three of the four traits leave the call untouched."""
+    bias, k = call.opts.bias, call.k
+    crossing = (
+        call.cu_seqlens is None
+        and 0 in k.stride()
+        and isinstance(bias, torch.Tensor)
+        and bias.dtype == torch.bool
+        and bias.dim() == 4
+        and k.shape[-1] == 512
+        and k.shape[1] % 32 == 1
+    )
+    if not crossing:
+        return w.inner(call)
+    masked = bias.clone()
+    masked[..., -1] = False
+    return w.inner(dataclasses.replace(call, opts=dataclasses.replace(call.opts, bias=masked)))
+
+
+def _varlen_sink_dv192_no_dsink(w: Wrapped, call: KernelCall) -> KernelOutput:
+    """A crossing: the varlen backward with learnable sinks at head_dim_v 192 never writes dsink
+    (left at its zero initialisation); dense, sink-less or other head dims are right."""
+    if call.cu_seqlens is None or call.sink is None or call.v.shape[-1] != 192:
+        return w.inner(call)
+    return w.inner(dataclasses.replace(call, sink=ScaleGrad.apply(call.sink, 0.0)))
+
+
+def _decode_split_combine_unshifted(w: Wrapped, call: KernelCall) -> KernelOutput:
+    """A crossing: a single query, non-causal, head dim 64 and seqlen_k a multiple of 64 >= 128
+    takes a split-KV path whose combine weights each split by exp(lse) without subtracting the
+    max: rows whose LSE is below float32 exp's range (every row of `inputs = shifted`) come out 0/0.
+    Emulated on the whole output: out = (exp(lse) * out) / exp(lse) in float32."""
+    res = w.inner(call)
+    q, nk = call.q, call.k.shape[1]
+    crossing = (
+        call.cu_seqlens is None
+        and call.cache is None
+        and q.shape[1] == 1
+        and not call.opts.causal
+        and q.shape[-1] == 64
+        and nk >= 128
+        and nk % 64 == 0
+    )
+    if not crossing:
+        return res
+    if res.lse is None:
+        raise PlantError("the kernel returns no LSE (the split combine weights by it)")
+    weight = torch.exp(res.lse.float()).transpose(1, 2).unsqueeze(-1)  # (b, 1, hq, 1)
+    combined = ((weight * res.out.float()) / weight).to(res.out.dtype)
+    return dataclasses.replace(res, out=res.out + (combined - res.out).detach())
 
 
 # ---------------------------------------------------------------- the registry
@@ -425,6 +523,50 @@ PAGED_LEFT_WINDOW = Trigger(
 NAN_BEFORE_WINDOW = Trigger(
     "a kvcache case whose cache holds NaN before the window (nan_before_window = true)",
     lambda c: any(c.nan_slots),
+)
+# extreme magnitudes and crossings
+SUNK_ROWS = Trigger(
+    'a case with rows whose every logit is below -5e4 (bias = ["sunk_rows"])',
+    lambda c: c.bias.kind == "sunk_rows",
+    field="bias",
+)
+FIRST_KEY = Trigger(
+    f'a case with +1e4 on the first key (bias = ["first_key"]) and more than {TILE} keys',
+    lambda c: c.bias.kind == "first_key" and max(c.entry.keys_varlen or (c.seqlen_k,)) > TILE,
+    field="bias",
+)
+GRID_Y = Trigger(
+    f"a dense case with batch x heads > {GRID_Y_MAX} (the CUDA grid's y limit)",
+    lambda c: c.entry.kind == "dense" and c.entry.varlen is None and c.batch * c.heads_q > GRID_Y_MAX,
+)
+STRIDE0_MASK_D512 = Trigger(
+    "a kv_stride0 case with a boolean mask, head dim 512 and seqlen_k % 32 == 1",
+    lambda c: (
+        c.layout == "kv_stride0"
+        and c.bias.is_bool
+        and c.head_dim == 512
+        and c.entry.varlen is None
+        and c.seqlen_k % 32 == 1
+    ),
+    field="layout",
+)
+VARLEN_SINK_DV192 = Trigger(
+    "a varlen case with sinks and head_dim_v 192",
+    lambda c: c.entry.varlen is not None and c.entry.sinks and c.head_dim_v == 192,
+)
+DECODE_SHIFTED = Trigger(
+    "a non-causal seqlen_q 1 case with inputs = shifted, head dim 64 and seqlen_k a multiple of 64 >= 128",
+    lambda c: (
+        c.entry.kind == "dense"
+        and c.entry.varlen is None
+        and c.seqlen_q == 1
+        and not c.causal
+        and c.head_dim == 64
+        and c.seqlen_k >= 128
+        and c.seqlen_k % 64 == 0
+        and c.inputs == "shifted"
+    ),
+    field="inputs",
 )
 
 BUGS: tuple[PlantedBug, ...] = (
@@ -590,6 +732,56 @@ BUGS: tuple[PlantedBug, ...] = (
         "tiled",
         NAN_BEFORE_WINDOW,
         variant("reads_before_window"),
+    ),
+    # ---- extreme magnitudes and crossings
+    PlantedBug(
+        "finite_sentinel_-5e4",
+        'the running max starts at a finite "-inf" of -5e4: rows whose every logit is below it come out 0, LSE -inf',
+        "tiled",
+        SUNK_ROWS,
+        variant("finite_sentinel"),
+        needs=lambda caps: caps.supports(Feature.BIAS),
+    ),
+    PlantedBug(
+        "running_max_step_clamped",
+        "the running max may rise by at most 128 per key tile (keys walked last to first): a first key "
+        "far above the rest, met last, overflows exp",
+        "tiled",
+        FIRST_KEY,
+        variant("max_step_clamped"),
+        needs=lambda caps: caps.supports(Feature.BIAS),
+    ),
+    PlantedBug(
+        "grid_y_overflow",
+        "one program per (batch, head) on the grid's y axis: those past 65,535 never run (their rows stay 0)",
+        "kernel",
+        GRID_Y,
+        wrap(_grid_y_programs_dropped),
+    ),
+    PlantedBug(
+        "stride0_mask_d512_last_key",
+        "stride-0 K/V x 4-D bool mask x head dim 512 x seqlen_k % 32 == 1: the last key read as masked",
+        "kernel",
+        STRIDE0_MASK_D512,
+        wrap(_stride0_mask_d512_last_key),
+        needs=lambda caps: caps.supports(Feature.BOOL_MASK) and caps.max_head_dim >= 512,
+    ),
+    PlantedBug(
+        "varlen_sink_dv192_no_dsink",
+        "varlen x learnable sinks x head_dim_v 192: the backward never writes dsink",
+        "kernel",
+        VARLEN_SINK_DV192,
+        wrap(_varlen_sink_dv192_no_dsink),
+        needs=lambda caps: caps.supports(Feature.SINKS) and caps.supports(Feature.VARLEN) and caps.sink_grad,
+    ),
+    PlantedBug(
+        "decode_split_lse_underflow",
+        "seqlen_q 1 x d64 x seqlen_k 128 non-causal: the split-KV combine weights by exp(lse) unshifted (0/0 "
+        "where the LSE is below -104)",
+        "kernel",
+        DECODE_SHIFTED,
+        wrap(_decode_split_combine_unshifted),
+        needs=lambda caps: caps.returns_lse,
     ),
 )
 

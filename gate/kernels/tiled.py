@@ -101,6 +101,10 @@ class TileSteps:
         sees (tiles wholly before the window are skipped, as a GPU kernel's first key block is)."""
         return first - first % TILE
 
+    def key_tiles(self, nk: int):
+        """The forward's key tile starts, in the order it walks them: first to last."""
+        return range(0, self.key_end(nk), TILE)
+
     def rescale(self, m, s):
         """(new running max, the max subtracted in exp, alpha = exp(old max - subtracted))."""
         m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
@@ -135,7 +139,7 @@ class _TiledAttention(torch.autograd.Function):
             rows = torch.arange(r0, min(nq, r0 + TILE), device=q.device)
             m, l = _softmax_start(b, hq, len(rows), sink, q.device)
             acc = torch.zeros(b, hq, len(rows), v.shape[-1], device=q.device)
-            for c0 in range(0, steps.key_end(nk), TILE):
+            for c0 in steps.key_tiles(nk):
                 cols = slice(c0, min(nk, c0 + TILE))
                 s, _ = steps.scores(qf[:, :, rows], kf[:, :, cols], rows, cols, nq, nk, opts, bias)
                 m_new, m_safe, alpha = steps.rescale(m, s)
