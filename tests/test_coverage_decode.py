@@ -25,10 +25,12 @@ from gate.kernels.tiled import TiledAdapter
 
 TOL = ToleranceConfig()
 SMOKE = load_suite("smoke")
-NEW_BLOCKS = 3  # the decode and paged blocks close the smoke suite
+EXTREMES_BLOCKS = 7  # the extreme-magnitude and crossing blocks close the smoke suite
+NEW_BLOCKS = 3  # the decode and paged blocks come right before them
 BLOCKS = default_suite_specs()["smoke"]["matrix"]
-NEW = expand_suite("new", {"seeds": [0], "matrix": BLOCKS[-NEW_BLOCKS:]}, "suites.toml").cases
-OLD = expand_suite("old", {"seeds": [0, 1], "matrix": BLOCKS[:-NEW_BLOCKS]}, "suites.toml").cases
+DECODE = slice(len(BLOCKS) - EXTREMES_BLOCKS - NEW_BLOCKS, len(BLOCKS) - EXTREMES_BLOCKS)
+NEW = expand_suite("new", {"seeds": [0], "matrix": BLOCKS[DECODE]}, "suites.toml").cases
+OLD = expand_suite("old", {"seeds": [0, 1], "matrix": BLOCKS[: DECODE.start]}, "suites.toml").cases
 NEW_IDS = {c.id for c in NEW}
 
 # bug -> (the new cases it must FAIL, by id predicate; old smoke cases nearest its axis that it must PASS)
@@ -210,9 +212,9 @@ def _suite_toml(name: str, blocks: list[dict]) -> str:
 def test_selftest_kills_each_bug_on_the_new_blocks_and_finds_no_case_for_it_before(tmp_path, capsys):
     """Through `attn-gate selftest`: KILLED on a suite of the new blocks; on the decode and window
     blocks smoke had before, NOT_EXERCISED (the controls' relatives above PASS the bug)."""
-    old_blocks = [b for b in BLOCKS[:-NEW_BLOCKS] if b.get("entry") == ["kvcache"] or "window" in b]
+    old_blocks = [b for b in BLOCKS[: DECODE.start] if b.get("entry") == ["kvcache"] or "window" in b]
     config = tmp_path / "pyproject.toml"
-    config.write_text("[tool.attn-gate]\n" + _suite_toml("new", BLOCKS[-NEW_BLOCKS:]) + _suite_toml("old", old_blocks))
+    config.write_text("[tool.attn-gate]\n" + _suite_toml("new", BLOCKS[DECODE]) + _suite_toml("old", old_blocks))
     names = ",".join(sorted(PLANTED))
     for suite, status, code in (("new", "KILLED", 0), ("old", "NOT_EXERCISED", 1)):
         out = tmp_path / suite
