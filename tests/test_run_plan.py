@@ -23,6 +23,7 @@ import gate.workflow.validate
 from gate.commands.main import main
 from gate.core.config import load_config
 from gate.core.identity import Scope
+from gate.kernels.registry import KernelEntry
 from gate.workflow.check import run_check
 from gate.workflow.plan import resolve_plan
 from gate.workflow.sweep import SweepOptions
@@ -45,13 +46,25 @@ def counted(monkeypatch, module, name: str) -> list:
     return calls
 
 
+def counted_adapters(monkeypatch) -> list:
+    """The names whose adapter is built in this process (KernelEntry.adapter)."""
+    original, built = KernelEntry.adapter, []
+
+    def counting(self):
+        built.append(self.name)
+        return original(self)
+
+    monkeypatch.setattr(KernelEntry, "adapter", counting)
+    return built
+
+
 @pytest.fixture
 def calls(monkeypatch):
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     return {
         "load_suite": counted(monkeypatch, gate.core.cases, "load_suite"),
-        "resolve_kernel": counted(monkeypatch, gate.kernels.registry, "resolve_kernel"),
-        "kernel_family": counted(monkeypatch, gate.kernels.registry, "kernel_family"),
+        "kernel_entry": counted(monkeypatch, gate.kernels.registry, "kernel_entry"),
+        "adapter": counted_adapters(monkeypatch),
     }
 
 
@@ -79,7 +92,8 @@ def test_check_loads_the_suite_once_and_resolves_the_kernel_once(cpu_baseline, c
         )
     assert rc == 0
     assert calls["load_suite"].count("smoke") == 1, calls["load_suite"]
-    assert calls["resolve_kernel"] == ["sdpa-cpu"]  # checked here; the sweep runs it in a worker
+    assert calls["kernel_entry"] == ["sdpa-cpu"]  # the name resolved once
+    assert calls["adapter"] == ["sdpa-cpu"]  # checked here; the sweep runs it in a worker
 
 
 def test_an_in_process_sweep_reuses_the_plans_adapter(cpu_baseline, calls, tmp_path):
@@ -88,7 +102,8 @@ def test_an_in_process_sweep_reuses_the_plans_adapter(cpu_baseline, calls, tmp_p
         plan = resolve_plan(config, "sdpa-cpu", "smoke", "cpu", FEW, SweepOptions(workers=0))
         outcome = run_check(config, out_dir=tmp_path / "out", progress=False, plan=plan)
     assert outcome.exit_code == 0 and outcome.sweep.scope == Scope(FEW)
-    assert calls["load_suite"].count("smoke") == 1 and calls["resolve_kernel"] == ["sdpa-cpu"]
+    assert calls["load_suite"].count("smoke") == 1
+    assert calls["kernel_entry"] == ["sdpa-cpu"] and calls["adapter"] == ["sdpa-cpu"]
 
 
 def test_baseline_update_loads_the_suite_once(cpu_baseline, calls, tmp_path):
@@ -117,7 +132,7 @@ def test_baseline_update_loads_the_suite_once(cpu_baseline, calls, tmp_path):
     )
     assert rc == 0
     assert calls["load_suite"].count("smoke") == 1, calls["load_suite"]
-    assert calls["resolve_kernel"] == ["sdpa-cpu"]
+    assert calls["kernel_entry"] == ["sdpa-cpu"] and calls["adapter"] == ["sdpa-cpu"]
 
 
 @pytest.mark.slow  # times two perf cases in a worker (~25 s on 2 cores)
@@ -144,4 +159,5 @@ def test_check_with_perf_reads_the_perf_cases_from_the_plan(calls, tmp_path):
         )
     assert (tmp_path / "out" / "perf-sdpa-cpu-smoke.json").is_file()  # the speed step ran
     assert calls["load_suite"].count("smoke") == 1, calls["load_suite"]
-    assert calls["resolve_kernel"] == ["sdpa-cpu"]  # the anchor is the anchor's own adapter
+    # the anchor (sdpa-math on a CPU) is the anchor's own entry; the kernel's name is resolved once
+    assert calls["kernel_entry"].count("sdpa-cpu") == 1 and calls["adapter"].count("sdpa-cpu") == 1

@@ -62,7 +62,7 @@ from gate.compare.sweep_rules import (
     refuse_other_gpu_class,
     refuse_stale_baseline,
 )
-from gate.core.cases import load_suite, suite_names
+from gate.core.cases import suite_names
 from gate.core.config import Config, known_failures_in, own_kernel
 from gate.core.environment import default_device
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
@@ -290,15 +290,7 @@ def refuse_unmatched_known(plan: RunPlan) -> None:
     if not for_kernel(config.known_failures, plan.kernel):
         return
     # swept cases: a declaration that matches only timing-only ones would never apply
-    suites = {
-        name: [
-            c.id
-            for c in (
-                plan.suite if name == plan.suite.name else load_suite(name, config.suites, config.source)
-            ).swept_cases
-        ]
-        for name in suite_names(config.suites)
-    }
+    suites = {name: [c.id for c in config.suite(name).swept_cases] for name in suite_names(config.suites)}
     refuse_unmatched(config.known_failures, plan.kernel, suites)
 
 

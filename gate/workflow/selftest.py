@@ -35,7 +35,7 @@ from gate.compare.selftest import (
     SlowdownTrial,
 )
 from gate.compare.sweep_rules import check_comparable, compare, correctness_thresholds
-from gate.core.cases import exact_regex, load_suite
+from gate.core.cases import exact_regex
 from gate.core.config import Config
 from gate.core.environment import describe, host_id
 from gate.core.errors import UserError
@@ -217,7 +217,7 @@ def tiled_control_scope(run: _Run, bugs) -> str | None:
     the whole suite: on an H200 two pr sweeps of tiled (plain PyTorch tiles, 454 cases) alone
     outlast a 10-minute CI step. A bug's later batches stay within the control's cases (run_bug)."""
 
-    cases = load_suite(run.suite, run.config.suites, run.config.source).swept_cases
+    cases = run.config.suite(run.suite).swept_cases
     tiled = get_adapter("tiled")
     ids = {
         c.id
@@ -249,7 +249,7 @@ def run_bug(run: _Run, bug) -> BugOutcome:
             message=f"pending: needs the case field `{bug.trigger.field}`, which this attn-gate does not have "
             f"yet; it is judged once the field exists",
         )
-    suite = load_suite(run.suite, run.config.suites, run.config.source)
+    suite = run.config.suite(run.suite)
     cases = exercising_cases(bug, suite.swept_cases, get_adapter(host_name), run.device)
     if host_name in run.baselines:  # a control limited to some cases (tiled_control_scope) judges only those
         in_baseline = run.baselines[host_name][1].correctness
