@@ -24,7 +24,7 @@ from gate.commands.main import main
 from gate.core.config import load_config
 from gate.core.identity import Scope
 from gate.kernels.registry import KernelEntry
-from gate.workflow.check import run_check
+from gate.workflow.check import FreshSweep, outputs, run_check
 from gate.workflow.plan import resolve_plan
 from gate.workflow.sweep import SweepOptions
 
@@ -100,7 +100,7 @@ def test_an_in_process_sweep_reuses_the_plans_adapter(cpu_baseline, calls, tmp_p
     with contextlib.chdir(ROOT):
         config = load_config(cpu_baseline.config)  # its baselines_dir holds this machine's baseline
         plan = resolve_plan(config, "sdpa-cpu", "smoke", "cpu", FEW, SweepOptions(workers=0))
-        outcome = run_check(config, out_dir=tmp_path / "out", progress=False, plan=plan)
+        outcome = run_check(plan, FreshSweep(progress=False), outputs(tmp_path / "out", config))
     assert outcome.exit_code == 0 and outcome.sweep.scope == Scope(FEW)
     assert calls["load_suite"].count("smoke") == 1
     assert calls["kernel_entry"] == ["sdpa-cpu"] and calls["adapter"] == ["sdpa-cpu"]

@@ -31,6 +31,7 @@ class RunPlan:
     device: str
     gpu_class: str
     baseline_path: Path | None = None  # None: a run that is not compared (`sweep`, `perf`)
+    baseline_option: Path | None = None  # --baseline as given (None: the baselines folder's file)
     only: str | None = None
     options: Any = None  # gate.workflow.sweep.SweepOptions; None: in this process
     perf: bool | None = None  # --perf / --no-perf; None: the device's default (speed_check.perf_wanted)
@@ -140,6 +141,7 @@ def plan_run(
         device=device,
         gpu_class=gpu_class,
         baseline_path=path,
+        baseline_option=Path(baseline_file) if baseline_file else None,
         only=only,
         options=options,
         perf=perf,

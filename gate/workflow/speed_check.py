@@ -28,12 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gate.compare.baselines import Baseline
 from gate.compare.findings import Advice, Finding, Rule, Severity, Subject
 from gate.core.config import Config, PerfConfig
 from gate.core.errors import UserError
 from gate.core.files import safe_name
 from gate.core.identity import Environment, Scope
-from gate.core.results import Status
+from gate.core.results import Status, SweepResult
 from gate.core.warn import warn
 from gate.report.speed_report import perf_markdown, plot_speed_ratios
 from gate.speed.rule import PASSES, PerfJudgement, PerfSeverity
@@ -447,18 +448,12 @@ def unconfirmed_from_file(j: PerfJudgement) -> PerfJudgement:
 
 
 def file_perf_check(
-    paths: list[Path],
-    kernel: str,
-    suite: str,
-    environment: dict[str, Any],
-    baseline_class: str,
-    baseline_perf: dict[str, Any] | None,
-    config: Config,
-    only: str | None,
-    out_dir: Path,
+    paths: list[Path], sweep: SweepResult, baseline: Baseline, config: Config, out_dir: Path
 ) -> PerfCheck:
     """`check --results FILE --perf-results PERF...`: the timings of the files judged against the
     baseline's perf section by the rule a fresh check applies, without its confirm re-run."""
+    kernel, suite, environment, only = sweep.kernel, sweep.suite, sweep.environment, sweep.scope.only
+    baseline_class, baseline_perf = baseline.gpu_class, baseline.perf
     result = read_perf_files(paths)
     refuse_perf_of_another_run(result, kernel, suite, environment, baseline_class, ", ".join(map(str, paths)))
     if not baseline_perf:
