@@ -161,3 +161,28 @@ def test_check_with_perf_reads_the_perf_cases_from_the_plan(calls, tmp_path):
     assert calls["load_suite"].count("smoke") == 1, calls["load_suite"]
     # the anchor (sdpa-math on a CPU) is the anchor's own entry; the kernel's name is resolved once
     assert calls["kernel_entry"].count("sdpa-cpu") == 1 and calls["adapter"].count("sdpa-cpu") == 1
+
+
+# Two tiny cases (tests/test_selftest.py's suite): the walk is what is counted, not the sweep.
+TINY = """[tool.attn-gate]
+[tool.attn-gate.suites.tiny]
+seeds = [0]
+[[tool.attn-gate.suites.tiny.matrix]]
+dtype = ["bf16"]
+seqlens = ["70"]
+heads = ["4/2"]
+head_dims = ["32"]
+causal = [true]
+"""
+
+
+def test_selftest_derives_every_planted_bugs_plan_from_one_plan(calls, tmp_path):
+    config = tmp_path / "pyproject.toml"
+    config.write_text(TINY)
+    args = ["selftest", "--device", "cpu", "--suite", "tiny", "--config", str(config), "--out", str(tmp_path / "out")]
+    # one bug planted in the kernel, one in tiled: two hosts, two controls, four sweeps at least
+    rc = main([*args, "--bugs", "dk_x1.02,causal_peek", "--no-slowdowns"])
+    assert rc == 0
+    assert calls["load_suite"].count("tiny") == 1, calls["load_suite"]
+    # each host's name resolved once, however many sweeps and plantings use it
+    assert sorted(calls["kernel_entry"]) == ["sdpa-cpu", "tiled"], calls["kernel_entry"]
