@@ -24,7 +24,7 @@ from gate.core.config import ToleranceConfig, load_config
 from gate.core.errors import UserError
 from gate.core.results import Status
 from gate.correctness.run_case import run_case
-from gate.kernels.registry import family_adapter, get_adapter
+from gate.kernels.registry import get_adapter, kernel_entry
 from tests import entry_kernels
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -337,15 +337,15 @@ def test_a_bad_family_table_is_a_one_line_error_naming_the_key(tmp_path, table, 
 def test_a_family_may_not_shadow_a_builtin_kernel(tmp_path):
     config = load_config(write_config(tmp_path, name="tiled"))
     with pytest.raises(UserError, match="'tiled' is a built-in kernel's name; rename the table"):
-        family_adapter("tiled", config)
+        kernel_entry("tiled", config)
 
 
 def test_capabilities_come_from_each_entry_points_signature(tmp_path):
     config = load_config(write_config(tmp_path, varlen="tests.entry_kernels:attn_varlen_func_overread"))
-    adapter = family_adapter("mykernel", config)
+    adapter = kernel_entry("mykernel", config).adapter()
     suite = load_suite("entry", config.suites)
     assert all(adapter.unsupported_reason(c, "cpu") is None for c in suite.cases)
-    dense_only = family_adapter("mykernel", load_config(write_config(tmp_path, varlen=None, kvcache=None)))
+    dense_only = kernel_entry("mykernel", load_config(write_config(tmp_path, varlen=None, kvcache=None))).adapter()
     reasons = {c.entry_point: dense_only.unsupported_reason(c, "cpu") for c in suite.cases}
     assert reasons["dense"] is None
     assert reasons["varlen"] == (
@@ -644,7 +644,7 @@ def test_tiled_judges_sinks_and_a_learnable_bias_together():
 
 def test_a_family_varlen_entry_gets_the_keys_own_cu_seqlens_with_sinks(tmp_path):
     """varlen_k through a family's varlen entry point (cu_seqlens_k, max_seqlen_k), with sinks."""
-    adapter = family_adapter("mykernel", load_config(write_config(tmp_path)))
+    adapter = kernel_entry("mykernel", load_config(write_config(tmp_path))).adapter()
     case = Case.build(
         batch=4,
         seqlen_q=40,

@@ -17,7 +17,7 @@ from gate.core.envelope import SUPPORTS_KEYS, Feature, check_supports, render_su
 from gate.core.errors import UserError
 from gate.core.results import Status
 from gate.kernels.capabilities import Capabilities
-from gate.kernels.registry import resolve_kernel
+from gate.kernels.registry import kernel_entry
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = dict(batch=1, seqlen_q=64, seqlen_k=64, heads_q=4, heads_kv=4, head_dim=64, head_dim_v=64, dtype="bf16")
@@ -114,7 +114,7 @@ def test_render_supports_reads_back_as_the_same_declaration():
 
 def reason(tmp_path, supports: str, c: Case, body: str = FAMILY) -> str | None:
     config = load_config(write(tmp_path, body + f"supports = {{{supports}}}\n"))
-    return resolve_kernel("mine", config).unsupported_reason(c, "cpu")
+    return kernel_entry("mine", config).adapter().unsupported_reason(c, "cpu")
 
 
 TABLE = "[tool.attn-gate.kernels.mine.supports]"
@@ -212,14 +212,14 @@ def test_a_plain_function_takes_the_declaration_of_its_quoted_table(tmp_path):
     config = load_config(
         write(tmp_path, f'[tool.attn-gate.kernels."{spec}"]\nsupports = {{head_dims = {{max = 64}}}}\n')
     )
-    adapter = resolve_kernel(spec, config)
+    adapter = kernel_entry(spec, config).adapter()
     assert adapter.unsupported_reason(case(), "cpu") is None
     assert (
         adapter.unsupported_reason(case(head_dim=128, head_dim_v=128), "cpu")
         == f'declared: head_dim 128 (supports <= 64) ([tool.attn-gate.kernels."{spec}".supports] head_dims)'
     )
     # without a config the same function has its signature's envelope only
-    assert resolve_kernel(spec).unsupported_reason(case(head_dim=128, head_dim_v=128), "cpu") is None
+    assert kernel_entry(spec).adapter().unsupported_reason(case(head_dim=128, head_dim_v=128), "cpu") is None
 
 
 def test_the_declaration_is_asked_before_the_family_has_an_entry_point(tmp_path):

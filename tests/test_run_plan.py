@@ -23,7 +23,8 @@ import gate.workflow.validate
 from gate.commands.main import main
 from gate.core.config import load_config
 from gate.core.identity import Scope
-from gate.workflow.check import run_check
+from gate.kernels.registry import KernelEntry
+from gate.workflow.check import FreshSweep, outputs, run_check
 from gate.workflow.plan import resolve_plan
 from gate.workflow.sweep import SweepOptions
 
@@ -45,13 +46,25 @@ def counted(monkeypatch, module, name: str) -> list:
     return calls
 
 
+def counted_adapters(monkeypatch) -> list:
+    """The names whose adapter is built in this process (KernelEntry.adapter)."""
+    original, built = KernelEntry.adapter, []
+
+    def counting(self):
+        built.append(self.name)
+        return original(self)
+
+    monkeypatch.setattr(KernelEntry, "adapter", counting)
+    return built
+
+
 @pytest.fixture
 def calls(monkeypatch):
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     return {
         "load_suite": counted(monkeypatch, gate.core.cases, "load_suite"),
-        "resolve_kernel": counted(monkeypatch, gate.kernels.registry, "resolve_kernel"),
-        "kernel_family": counted(monkeypatch, gate.kernels.registry, "kernel_family"),
+        "kernel_entry": counted(monkeypatch, gate.kernels.registry, "kernel_entry"),
+        "adapter": counted_adapters(monkeypatch),
     }
 
 
@@ -79,16 +92,18 @@ def test_check_loads_the_suite_once_and_resolves_the_kernel_once(cpu_baseline, c
         )
     assert rc == 0
     assert calls["load_suite"].count("smoke") == 1, calls["load_suite"]
-    assert calls["resolve_kernel"] == ["sdpa-cpu"]  # checked here; the sweep runs it in a worker
+    assert calls["kernel_entry"] == ["sdpa-cpu"]  # the name resolved once
+    assert calls["adapter"] == ["sdpa-cpu"]  # checked here; the sweep runs it in a worker
 
 
 def test_an_in_process_sweep_reuses_the_plans_adapter(cpu_baseline, calls, tmp_path):
     with contextlib.chdir(ROOT):
         config = load_config(cpu_baseline.config)  # its baselines_dir holds this machine's baseline
         plan = resolve_plan(config, "sdpa-cpu", "smoke", "cpu", FEW, SweepOptions(workers=0))
-        outcome = run_check(config, out_dir=tmp_path / "out", progress=False, plan=plan)
+        outcome = run_check(plan, FreshSweep(progress=False), outputs(tmp_path / "out", config))
     assert outcome.exit_code == 0 and outcome.sweep.scope == Scope(FEW)
-    assert calls["load_suite"].count("smoke") == 1 and calls["resolve_kernel"] == ["sdpa-cpu"]
+    assert calls["load_suite"].count("smoke") == 1
+    assert calls["kernel_entry"] == ["sdpa-cpu"] and calls["adapter"] == ["sdpa-cpu"]
 
 
 def test_baseline_update_loads_the_suite_once(cpu_baseline, calls, tmp_path):
@@ -117,7 +132,7 @@ def test_baseline_update_loads_the_suite_once(cpu_baseline, calls, tmp_path):
     )
     assert rc == 0
     assert calls["load_suite"].count("smoke") == 1, calls["load_suite"]
-    assert calls["resolve_kernel"] == ["sdpa-cpu"]
+    assert calls["kernel_entry"] == ["sdpa-cpu"] and calls["adapter"] == ["sdpa-cpu"]
 
 
 @pytest.mark.slow  # times two perf cases in a worker (~25 s on 2 cores)
@@ -144,4 +159,30 @@ def test_check_with_perf_reads_the_perf_cases_from_the_plan(calls, tmp_path):
         )
     assert (tmp_path / "out" / "perf-sdpa-cpu-smoke.json").is_file()  # the speed step ran
     assert calls["load_suite"].count("smoke") == 1, calls["load_suite"]
-    assert calls["resolve_kernel"] == ["sdpa-cpu"]  # the anchor is the anchor's own adapter
+    # the anchor (sdpa-math on a CPU) is the anchor's own entry; the kernel's name is resolved once
+    assert calls["kernel_entry"].count("sdpa-cpu") == 1 and calls["adapter"].count("sdpa-cpu") == 1
+
+
+# Two tiny cases (tests/test_selftest.py's suite): the walk is what is counted, not the sweep.
+TINY = """[tool.attn-gate]
+[tool.attn-gate.suites.tiny]
+seeds = [0]
+[[tool.attn-gate.suites.tiny.matrix]]
+dtype = ["bf16"]
+seqlens = ["70"]
+heads = ["4/2"]
+head_dims = ["32"]
+causal = [true]
+"""
+
+
+def test_selftest_derives_every_planted_bugs_plan_from_one_plan(calls, tmp_path):
+    config = tmp_path / "pyproject.toml"
+    config.write_text(TINY)
+    args = ["selftest", "--device", "cpu", "--suite", "tiny", "--config", str(config), "--out", str(tmp_path / "out")]
+    # one bug planted in the kernel, one in tiled: two hosts, two controls, four sweeps at least
+    rc = main([*args, "--bugs", "dk_x1.02,causal_peek", "--no-slowdowns"])
+    assert rc == 0
+    assert calls["load_suite"].count("tiny") == 1, calls["load_suite"]
+    # each host's name resolved once, however many sweeps and plantings use it
+    assert sorted(calls["kernel_entry"]) == ["sdpa-cpu", "tiled"], calls["kernel_entry"]

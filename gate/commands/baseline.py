@@ -122,7 +122,8 @@ def register(sub) -> None:
 
 
 def update(args: argparse.Namespace) -> int:
-    from gate.workflow.check import resolve_plan, run_baseline_update
+    from gate.workflow.check import FreshSweep, UpdateFlags, run_baseline_update, saved_sweep, update_outputs
+    from gate.workflow.plan import resolve_plan
 
     config = load_config(args.config)
     require_initialised(config, args.kernel, writes=args.from_results is None)  # a results file names its kernel
@@ -134,25 +135,15 @@ def update(args: argparse.Namespace) -> int:
         plan = resolve_plan(config, kernel, suite, device, args.only, perf=args.perf)
     else:
         check_device(device)
-    outcome = run_baseline_update(
-        config,
-        kernel=kernel,
-        suite=suite,
-        device=device,
-        only=args.only,
-        results_path=args.from_results,
-        summary_path=args.summary,
-        out_dir=args.out,
-        progress=not args.no_progress,
-        perf=args.perf,
-        perf_from=args.perf_from,
-        plan=plan,
-        widen=args.widen,
-        known=args.known,
-        link=args.link,
-        accept_noisy=args.accept_noisy,
-    )
-    return outcome.exit_code
+        if args.only is not None:
+            raise UserError("--only filters a fresh run; a --from-results file is taken as it is (drop --only)")
+    out = update_outputs(args.out, args.summary, config, fresh=plan is not None)
+    if plan is None:  # the plan the results file stands for
+        plan, source = saved_sweep(config, args.from_results, kernel, suite, perf=args.perf)
+    else:
+        source = FreshSweep(progress=not args.no_progress)
+    flags = UpdateFlags(args.perf_from, args.widen, args.known, args.link, args.accept_noisy)
+    return run_baseline_update(plan, source, out, flags).exit_code
 
 
 def carry(args: argparse.Namespace) -> int:

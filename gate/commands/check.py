@@ -20,7 +20,7 @@ from gate.commands.help_text import parser_kwargs
 from gate.core.cases import exact_regex
 from gate.core.config import load_config
 from gate.core.errors import UserError
-from gate.core.files import FolderLock, require_writable
+from gate.core.files import FolderLock
 from gate.workflow.validate import check_device, require_initialised
 
 
@@ -127,7 +127,8 @@ def _last_findings(out: Path, kernel: str | None, suite: str | None) -> tuple[di
 
 
 def main(args: argparse.Namespace) -> int:
-    from gate.workflow.check import resolve_plan, run_check
+    from gate.workflow.check import FreshSweep, outputs, refuse_check_flags, run_check, saved_sweep
+    from gate.workflow.plan import resolve_plan
 
     context = {}
     if args.last_failed:
@@ -157,23 +158,14 @@ def main(args: argparse.Namespace) -> int:
         plan = resolve_plan(config, kernel, suite, device, args.only, options, args.perf, args.baseline)
     else:
         check_device(device)
-    require_writable(args.out, "--out")
+    refuse_check_flags(args.results, args.only, args.perf, args.perf_results)
+    out = outputs(args.out, config)  # before the sweep, not after minutes of it
     with FolderLock(args.out, "--out"):
-        outcome = run_check(
-            config,
-            kernel=kernel,
-            suite=suite,
-            device=device,
-            only=args.only,
-            results_path=args.results,
-            baseline_file=args.baseline,
-            out_dir=args.out,
-            progress=not args.no_progress,
-            perf=args.perf,
-            options=options,
-            plan=plan,
-            perf_results=args.perf_results,
-        )
+        if plan is None:  # the plan a results file stands for, judged under the config as it is now
+            plan, source = saved_sweep(config, args.results, kernel, suite, args.baseline, args.perf, args.perf_results)
+        else:
+            source = FreshSweep(progress=not args.no_progress)
+        outcome = run_check(plan, source, out)
     # wrapped at whole paths to the terminal's width (COLUMNS), as the summary lines above are
     width = shutil.get_terminal_size((200, 24)).columns
     print(

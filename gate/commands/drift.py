@@ -48,9 +48,10 @@ def main(args: argparse.Namespace) -> int:
     kernel = args.kernel or config.profile(device).kernel
     check_kernel(kernel, device, config=config)
     cfg = default_config(device, steps=args.steps, dtype=args.dtype, seed=args.seed)
-    from gate.kernels.registry import family_adapter
+    from gate.kernels.registry import kernel_entry
 
-    family = family_adapter(kernel, config)  # a kernel family of the config trains through its dense entry point
+    entry = kernel_entry(kernel, config)  # a kernel family of the config trains through its dense entry point
+    family = entry.adapter() if entry.family is not None else None
     if family is not None and not family.capabilities().backward:
         raise UserError(
             f"--kernel {kernel}: a forward-only family (backward = false) cannot be trained; drift needs a backward"

@@ -6,7 +6,7 @@ import argparse
 
 from gate.commands.common import add_config
 from gate.commands.help_text import CASE_ID_LEGEND, parser_kwargs
-from gate.core.cases import load_suite, suite_names
+from gate.core.cases import suite_names
 from gate.core.config import load_config
 from gate.core.envelope import render_supports
 from gate.core.errors import UserError
@@ -26,12 +26,12 @@ def register(sub) -> None:
 
 
 def kernels(args: argparse.Namespace) -> int:
-    from gate.kernels.registry import family_adapter, get_adapter, kernel_names
+    from gate.kernels.registry import get_adapter, kernel_entry, kernel_names
 
     config = load_config(getattr(args, "config", None))
     for name in config.kernels:  # families first; one that does not load says why
         try:
-            adapter = family_adapter(name, config)
+            adapter = kernel_entry(name, config).adapter()
         except UserError as exc:
             print(f"{name:15} unavailable: {exc}")
             continue
@@ -99,7 +99,7 @@ def suites(args: argparse.Namespace) -> int:
     if args.cases:
         print(CASE_ID_LEGEND + "\n")
     for name in suite_names(config.suites):
-        suite = load_suite(name, config.suites, config.source)
+        suite = config.suite(name)
         only = len(suite.cases) - len(suite.swept_cases)
         print(
             f"{name:10} {len(suite.cases):4} cases ({len(suite.perf_cases)} timing{f', {only} of them timing only' if only else ''}) "

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gate.core.cases import CHECKS, expand_suite
+from gate.core.cases import CHECKS, Suite, expand_suite, load_suite
 from gate.core.envelope import check_supports
 from gate.core.errors import UserError
 from gate.core.jsonio import MAX_MULT, checked_name
@@ -615,6 +615,15 @@ class Config:
     known_failures: tuple[KnownFailure, ...] = ()
     ci: CiConfig = field(default_factory=CiConfig)
     section: bool = False  # the file has [tool.attn-gate] (`attn-gate init` wrote it), not only defaults
+    # the suites expanded from this config, by name: the config is frozen, so each is expanded once
+    _suites: dict[str, Suite] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def suite(self, name: str) -> Suite:
+        """The named suite as this config defines it (an override, else the packaged default),
+        expanded on first use and kept."""
+        if name not in self._suites:
+            self._suites[name] = load_suite(name, self.suites, self.source)
+        return self._suites[name]
 
     def profile(self, device: str) -> Profile:
         return self.gpu if device == "cuda" else self.cpu

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from gate.core.errors import UserError
 from gate.kernels.base import KernelAdapter
 from gate.kernels.flash_attn import FA2Adapter, FA3Adapter, FA4Adapter, FA4RawWindowAdapter
@@ -31,42 +34,44 @@ def kernel_names() -> list[str]:
     return sorted(_builtins())
 
 
-def kernel_family(name: str, config):
-    """The kernel family `[tool.attn-gate.kernels.NAME]` of `config` (a KernelFamily) that
-    `name` names, or None; nothing of it is imported here (the isolated path sends it to a worker).
-    A family may not take a built-in kernel's name: `--kernel NAME` must mean one thing."""
+@dataclass(frozen=True)
+class KernelEntry:
+    """What a kernel name stands for: a kernel family `[tool.attn-gate.kernels.NAME]` of the config
+    (nothing of it imported here: the isolated path sends it to a worker), else a built-in or a
+    `package.module:function`. `adapter()` builds the adapter in this process."""
+
+    name: str
+    family: Any = None  # the config's KernelFamily `name` names, or None
+
+    def adapter(self) -> KernelAdapter:
+        """The name's adapter, built now."""
+        if self.family is not None:
+            return family_adapter_of(self.family)  # its entry points imported
+        if ":" in self.name:
+            return UserAdapter(self.name)
+        table = _builtins()
+        if self.name not in table:
+            raise UserError(
+                f"--kernel {self.name!r} is not a known kernel; choose one of {', '.join(sorted(table))} "
+                f"or name your own function as 'package.module:function'"
+            )
+        return table[self.name]()
+
+
+def kernel_entry(name: str, config=None) -> KernelEntry:
+    """The one place a kernel name is resolved: a kernel family of `config`, else a built-in or a
+    `package.module:function`. A family may not take a built-in kernel's name: `--kernel NAME`
+    must mean one thing."""
     families = getattr(config, "kernels", None) or {}
     if name not in families:
-        return None
+        return KernelEntry(name)
     if name in _builtins():
         raise UserError(
             f"{config.source} [tool.attn-gate.kernels.{name}]: {name!r} is a built-in kernel's name; rename the table"
         )
-    return families[name]
-
-
-def family_adapter(name: str, config) -> KernelAdapter | None:
-    """The adapter of kernel family `name` (kernel_family), its entry points imported; None when not one."""
-    family = kernel_family(name, config)
-    if family is None:
-        return None
-
-    return family_adapter_of(family)
-
-
-def resolve_kernel(name: str, config=None) -> KernelAdapter:
-    """The adapter `name` stands for: a kernel family of `config`, else a built-in or a
-    `package.module:function`. The one place a kernel name becomes an adapter."""
-    return (family_adapter(name, config) if config is not None else None) or get_adapter(name)
+    return KernelEntry(name, families[name])
 
 
 def get_adapter(name: str) -> KernelAdapter:
-    if ":" in name:
-        return UserAdapter(name)
-    table = _builtins()
-    if name not in table:
-        raise UserError(
-            f"--kernel {name!r} is not a known kernel; choose one of {', '.join(sorted(table))} "
-            f"or name your own function as 'package.module:function'"
-        )
-    return table[name]()
+    """A built-in's or a `package.module:function`'s adapter (no config: no kernel family)."""
+    return kernel_entry(name).adapter()

@@ -144,13 +144,13 @@ def bench_measure(settings: BenchSettings | None = None) -> dict[str, dict[str, 
 
 def bench_peak_mem(settings: BenchSettings | None = None) -> dict[str, float | None]:
     """Peak GPU memory of one fwd+bwd per perf case (None where not measurable: CPU, skipped case)."""
-    from gate.kernels.registry import family_adapter, get_adapter
+    from gate.kernels.registry import kernel_entry
 
     settings = settings or BenchSettings.from_env()
     config = _config(settings)
     device = settings.device or ("cuda" if _cuda() else "cpu")
     name = settings.kernel or config.profile(device).kernel
-    adapter = family_adapter(name, config) or get_adapter(name)
+    adapter = kernel_entry(name, config).adapter()
     out: dict[str, float | None] = {}
     for case in perf_cases(_profile_suite(settings, config), config, settings.only):
         if device != "cuda" or adapter.unsupported_reason(case, device):

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gate.core.cases import Case, Suite, load_suite
+from gate.core.cases import Case, Suite
 from gate.core.config import Config, PerfConfig
 from gate.core.errors import UserError, first_line
 from gate.core.files import safe_name
@@ -500,7 +500,7 @@ def perf_cases_in(suite: Suite, only: str | None = None) -> tuple[Case, ...]:
 def select_perf_cases(suite_name: str, config: Config, only: str | None = None) -> tuple[Case, ...]:
     """The suite's perf cases within --only; empty when there are none (the caller decides what
     that means: `perf` refuses, `check` reports speed as not checked)."""
-    return perf_cases_in(load_suite(suite_name, config.suites, config.source), only)
+    return perf_cases_in(config.suite(suite_name), only)
 
 
 def no_perf_case_reason(suite: Suite, only: str | None) -> str:
@@ -510,7 +510,7 @@ def no_perf_case_reason(suite: Suite, only: str | None) -> str:
 
 
 def perf_cases(suite_name: str, config: Config, only: str | None = None) -> tuple[Case, ...]:
-    suite = load_suite(suite_name, config.suites, config.source)
+    suite = config.suite(suite_name)
     cases = perf_cases_in(suite, only)
     if not cases:
         raise UserError(no_perf_case_reason(suite, only))
@@ -536,12 +536,14 @@ def run_perf(
     then what that process reported. Without it the kernel is loaded and timed here. `cases`: the
     perf cases a run plan selected already (None: selected here from the suite)."""
     from gate.core.environment import default_device, describe, host_id
-    from gate.kernels.registry import resolve_kernel
+    from gate.kernels.registry import kernel_entry
 
     device = device or default_device()
     anchor_name = resolve_anchor(anchor, config.perf, device)
     if measure is None:
-        adapter = resolve_kernel(kernel, config)  # a kernel family of the config, else a built-in or module:function
+        adapter = kernel_entry(
+            kernel, config
+        ).adapter()  # a kernel family of the config, else a built-in or module:function
         missing = adapter.unavailable_reason()
         if missing:
             raise UserError(f"kernel {kernel!r} is unavailable here: {missing}")
@@ -782,9 +784,9 @@ def remeasure_with(
     """A `remeasure` for judge_perf: times one pass of one case again with more rounds (through
     `measure`, as run_perf, when the kernel runs in a worker). `families`: the Config whose
     [tool.attn-gate.kernels] may define `kernel`."""
-    from gate.kernels.registry import resolve_kernel
+    from gate.kernels.registry import kernel_entry
 
-    adapter = None if measure is not None else resolve_kernel(kernel, families)  # once, not per re-run
+    adapter = None if measure is not None else kernel_entry(kernel, families).adapter()  # once, not per re-run
 
     def remeasure(case: Case, pass_: str, rounds: int) -> RatioEstimate | None:
         plan = TimingPlan.from_config(config, rounds=rounds, passes=(pass_,))

@@ -26,7 +26,7 @@ from gate.compare.baselines import (
     validate_written,
 )
 from gate.compare.comparable import same, why_not_comparable
-from gate.core.cases import load_suite, suite_hash
+from gate.core.cases import suite_hash
 from gate.core.config import Config
 from gate.core.errors import UserError
 from gate.core.identity import RunKey
@@ -36,7 +36,7 @@ def carry_baseline(path: Path, config: Config) -> BaselineDiff | None:
     """Rewrite the baseline at `path` for its suite as `config` defines it now; None when it
     matches already. Every refusal is a UserError naming the file and the run that would fix it."""
     old = read_baseline(path)
-    suite = load_suite(old.suite, config.suites, config.source)
+    suite = config.suite(old.suite)
     # the baseline's key as this config would make it now
     now = RunKey.of(old.kernel, old.suite, suite_hash(suite), config.tolerance.as_dict(), old.gpu_class)
     redo = update_command(old.kernel, old.suite, old.gpu_class)

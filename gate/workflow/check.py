@@ -31,6 +31,7 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gate.compare.baselines import (
     WIDEN_KEYS,
@@ -62,7 +63,7 @@ from gate.compare.sweep_rules import (
     refuse_other_gpu_class,
     refuse_stale_baseline,
 )
-from gate.core.cases import load_suite, suite_names
+from gate.core.cases import suite_names
 from gate.core.config import Config, known_failures_in, own_kernel
 from gate.core.environment import default_device
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
@@ -76,8 +77,9 @@ from gate.report.comment import Links, pr_comment
 from gate.report.failures import refusal
 from gate.report.plots import plot_ratios
 from gate.report.sweep_report import write_sweep_outputs
-from gate.workflow.plan import RunPlan, current_gpu_class, plan_run, resolve_plan
+from gate.workflow.plan import RunPlan, current_gpu_class, plan_run
 from gate.workflow.speed_check import (
+    PerfCheck,
     file_perf_check,
     perf_baseline_section,
     perf_section_from_file,
@@ -192,7 +194,9 @@ def resolve_target(
     return Target(kernel or profile.kernel, suite or profile.suite, device, current_gpu_class(device))
 
 
-def plan_of_results(config: Config, results: SweepResult, baseline_file: Path | None = None) -> RunPlan:
+def plan_of_results(
+    config: Config, results: SweepResult, baseline_file: Path | None = None, perf: bool | None = None
+) -> RunPlan:
     """The plan a results file stands for: its own kernel, suite, device and GPU class."""
     env = results.env
     return plan_run(
@@ -200,6 +204,7 @@ def plan_of_results(config: Config, results: SweepResult, baseline_file: Path | 
         results.kernel,
         results.suite,
         _device_of(env),
+        perf=perf,
         baseline_file=baseline_file,
         gpu_class=env.gpu_class_or_unknown,
     )
@@ -217,12 +222,12 @@ def fresh_sweep(plan: RunPlan, progress: bool) -> SweepResult:
     return sweep_plan(plan, progress=progress)
 
 
-def load_existing_baseline(plan: RunPlan, baseline_file: Path | None) -> tuple[Path, Baseline]:
+def load_existing_baseline(plan: RunPlan) -> Baseline:
     path = plan.baseline_path
     if not path.is_file():
-        if baseline_file:  # a typo in --baseline: never advise creating (and committing) a file by that name
+        if plan.baseline_option:  # a typo in --baseline: never advise creating (and committing) a file by that name
             raise UserError(
-                f"--baseline {baseline_file}: no such file; pass an existing baseline JSON, or leave "
+                f"--baseline {plan.baseline_option}: no such file; pass an existing baseline JSON, or leave "
                 f"--baseline out to use {baseline_path(plan.config.baselines_dir, plan.gpu_class, plan.kernel, plan.suite.name)}"
             )
 
@@ -235,7 +240,7 @@ def load_existing_baseline(plan: RunPlan, baseline_file: Path | None) -> tuple[P
     baseline = read_baseline(path)
     refuse_other_gpu_class(baseline, plan.key, path)  # before a long sweep
     require_complete_baseline(plan, baseline, path)
-    return path, baseline
+    return baseline
 
 
 def require_complete_baseline(plan: RunPlan, baseline: Baseline, path: Path) -> None:
@@ -290,28 +295,22 @@ def refuse_unmatched_known(plan: RunPlan) -> None:
     if not for_kernel(config.known_failures, plan.kernel):
         return
     # swept cases: a declaration that matches only timing-only ones would never apply
-    suites = {
-        name: [
-            c.id
-            for c in (
-                plan.suite if name == plan.suite.name else load_suite(name, config.suites, config.source)
-            ).swept_cases
-        ]
-        for name in suite_names(config.suites)
-    }
+    suites = {name: [c.id for c in config.suite(name).swept_cases] for name in suite_names(config.suites)}
     refuse_unmatched(config.known_failures, plan.kernel, suites)
 
 
 # ---------------------------------------------------------------- check
 
 
-def checked_baseline(plan: RunPlan, baseline_file: Path | None = None) -> tuple[Path, Baseline]:
+def checked_baseline(plan: RunPlan) -> Baseline:
     """Everything a fresh check refuses before it sweeps (known_failures that match no case, no or a
-    damaged baseline, one of another GPU class, a stale one), then the baseline and its path."""
+    damaged baseline, one of another GPU class, a stale one), then the baseline (at plan.baseline_path)."""
     refuse_unmatched_known(plan)
-    path, baseline = load_existing_baseline(plan, baseline_file)
-    refuse_stale_baseline(baseline, plan.key, path, plan.suite.swept_hashes(), {c.id for c in plan.suite.perf_cases})
-    return path, baseline
+    baseline = load_existing_baseline(plan)
+    refuse_stale_baseline(
+        baseline, plan.key, plan.baseline_path, plan.suite.swept_hashes(), {c.id for c in plan.suite.perf_cases}
+    )
+    return baseline
 
 
 @dataclass(frozen=True)
@@ -351,96 +350,132 @@ def case_verdicts(plan: RunPlan, baseline: Baseline, path: Path, sweep: SweepRes
     return out
 
 
-def run_check(
+@dataclass(frozen=True)
+class FreshSweep:
+    """The sweep runs now: the plan's cases, in workers as its options say."""
+
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class SavedSweep:
+    """The sweep of a results file, read already (`path` names it in messages), with the
+    `attn-gate perf` files (`perf_results`) judged as its speed half."""
+
+    sweep: SweepResult
+    path: Path
+    perf_results: tuple[Path, ...] = ()
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """Where a run writes: the --out folder (checked before anything runs: outputs(),
+    update_outputs()), the console a check's summary lines go to (None: the terminal), and the file
+    a baseline update's change summary goes to."""
+
+    folder: Path = Path("out")
+    console: Any = None
+    summary: Path | None = None  # `baseline update --summary`: the change summary's file
+
+
+def outputs(folder: Path, config: Config, console=None) -> Outputs:
+    """--out checked before the sweep, not after minutes of it: writable, and outside the baselines."""
+    require_writable(Path(folder), "--out")
+    refuse_inside_baselines(Path(folder), config.baselines_dir)
+    return Outputs(Path(folder), console)
+
+
+def saved_sweep(
     config: Config,
+    path: Path,
     kernel: str | None = None,
     suite: str | None = None,
-    device: str | None = None,
-    only: str | None = None,
-    results_path: Path | None = None,
     baseline_file: Path | None = None,
-    out_dir: Path = Path("out"),
-    progress: bool = True,
-    console=None,
     perf: bool | None = None,
-    options=None,
-    plan: RunPlan | None = None,
     perf_results: list[Path] | None = None,
-) -> CheckOutcome:
-    """`plan`: the run resolved by the caller (the CLI resolves it while checking the names); without
-    it the plan is resolved here from the names, or taken from the results file. `perf_results`:
-    `attn-gate perf` files judged as the speed half of a results-file check."""
-    if plan is not None:
-        only, perf = plan.only, plan.perf
-    if results_path is not None and only is not None:
+) -> tuple[RunPlan, SavedSweep]:
+    """A results file (refused where --kernel or --suite name another) and the plan it stands for:
+    its own kernel, suite, device and GPU class."""
+    sweep = read_results(path, kernel, suite)
+    plan = plan_of_results(config, sweep, baseline_file, perf)
+    return plan, SavedSweep(sweep, Path(path), tuple(perf_results or ()))
+
+
+def refuse_check_flags(results: Path | None, only: str | None, perf: bool | None, perf_results) -> None:
+    """The flags `check` cannot take together: a results file is compared as it is."""
+    if results is not None and only is not None:
         raise UserError("--only filters a fresh run; with --results the file is compared as it is (drop --only)")
-    if results_path is not None and perf:
+    if results is not None and perf:
         raise UserError("--perf times the kernel now, so it needs a fresh run: drop --results (or --perf)")
-    if perf_results and results_path is None:
+    if perf_results and results is None:
         raise UserError(
             "--perf-results judges saved timings with a saved sweep: pass --results too (a fresh check "
             "times the kernel itself)"
         )
 
-    require_writable(Path(out_dir), "--out")  # before the sweep, not after minutes of it
-    refuse_inside_baselines(Path(out_dir), config.baselines_dir)
-    results = read_results(results_path, kernel, suite) if results_path is not None else None
-    if results is not None:
-        plan = plan_of_results(config, results, baseline_file)
-        refuse_results_of_another_config(plan, results, results_path)
-    elif plan is None:
-        plan = resolve_plan(config, kernel, suite, device, only, options, perf, baseline_file)
-    if results is None:
-        path, baseline = checked_baseline(plan, baseline_file)
-    else:
+
+def swept(plan: RunPlan, source: FreshSweep | SavedSweep) -> tuple[Baseline, SweepResult]:
+    """The baseline, with everything refused before a sweep, then the sweep: run now, or the
+    results file's (judged under the config as it is now)."""
+    if isinstance(source, SavedSweep):
+        refuse_results_of_another_config(plan, source.sweep, source.path)
         refuse_unmatched_known(plan)
-        path, baseline = load_existing_baseline(plan, baseline_file)
-    sweep = results if results is not None else fresh_sweep(plan, progress)
-    check_comparable(baseline, sweep, path)
-    scope = sweep.scope
-    findings, thresholds, known = compare_all(baseline, sweep, config, scope)
-    perf_run = None
-    if results is None:
-        if perf_wanted(perf, plan.device):  # speed joins the same verdict: default on a GPU, off on a CPU
-            perf_run = run_perf_check(plan, baseline.perf, Path(out_dir))
-            if not plan.cases:  # --only chose timing-only cases: the speed is what this check judges
-                findings = [f for f in findings if f.rule != "nothing_measured"]
-            findings, thresholds = list(findings) + perf_run.findings, {**thresholds, **perf_run.thresholds}
-    elif perf_results:  # a results file with the timings of its run: speed judged from them
-        perf_run = file_perf_check(
-            list(perf_results),
-            sweep.kernel,
-            sweep.suite,
-            sweep.environment,
-            baseline.gpu_class,
-            baseline.perf,
-            config,
-            scope.only,
-            Path(out_dir),
-        )
+        return load_existing_baseline(plan), source.sweep
+    baseline = checked_baseline(plan)
+    return baseline, fresh_sweep(plan, source.progress)
+
+
+def speed_half(
+    plan: RunPlan, source: FreshSweep | SavedSweep, baseline: Baseline, sweep: SweepResult, out: Outputs
+) -> tuple[PerfCheck | None, list[Finding]]:
+    """The speed half of the verdict: timed now (default on a GPU, off on a CPU), judged from the
+    perf files of a results file, or, where it would have been gated, a finding that says it was not."""
+    if isinstance(source, FreshSweep):
+        if not perf_wanted(plan.perf, plan.device):
+            return None, []
+        return run_perf_check(plan, baseline.perf, out.folder), []
+    if source.perf_results:
+        return file_perf_check(list(source.perf_results), sweep, baseline, plan.config, out.folder), []
+    return None, results_file_findings(plan.perf, plan.device)
+
+
+def run_check(plan: RunPlan, source: FreshSweep | SavedSweep, out: Outputs) -> CheckOutcome:
+    """The plan's check: baseline, sweep (`source`: run now or read from a file), every rule's
+    findings, the verdict, and its files in `out`."""
+    baseline, sweep = swept(plan, source)
+    check_comparable(baseline, sweep, plan.baseline_path)
+    findings, thresholds, known = compare_all(baseline, sweep, plan.config, sweep.scope)
+    perf_run, not_timed = speed_half(plan, source, baseline, sweep, out)
+    if perf_run is not None:
+        if isinstance(source, FreshSweep) and not plan.cases:
+            # --only chose timing-only cases: the speed is what this check judges
+            findings = [f for f in findings if f.rule != "nothing_measured"]
         findings, thresholds = list(findings) + perf_run.findings, {**thresholds, **perf_run.thresholds}
-    else:  # a results file: speed was not timed, and where it would have been gated the report says so
-        findings = list(findings) + results_file_findings(perf, plan.device)
-    context = CheckContext(
+    findings = list(findings) + not_timed
+    verdict = decide(findings, thresholds, check_context(plan, baseline, sweep, known))
+    with writing(f"pass a writable --out folder (verdict: {'PASS' if verdict.passed else 'FAIL'})"):
+        paths = render_check(verdict, sweep, baseline, out.folder, out.console, perf_run.markdown if perf_run else "")
+    if perf_run:
+        paths.update(perf_run.paths)
+    return CheckOutcome(verdict, sweep, baseline, plan.baseline_path, paths)
+
+
+def check_context(plan: RunPlan, baseline: Baseline, sweep: SweepResult, known: list[dict]) -> CheckContext:
+    """What the verdict was reached on: kernel, suite, baseline, config, scope."""
+    return CheckContext(
         kernel=sweep.kernel,
         suite=sweep.suite,
         gpu_class=baseline.gpu_class,
-        baseline=str(path),
+        baseline=str(plan.baseline_path),
         baseline_measured_at=baseline.measured_at,
         run_started_at=sweep.started_at,
-        config=str(config.source),
-        scope=scope,
-        baseline_option=str(baseline_file) if baseline_file else None,
+        config=str(plan.config.source),
+        scope=sweep.scope,
+        baseline_option=str(plan.baseline_option) if plan.baseline_option else None,
         measured=sum(1 for c in sweep.cases if c.tensors),
         cases=len(sweep.cases),
         known_failures=tuple(known),
     )
-    verdict = decide(findings, thresholds, context)
-    with writing(f"pass a writable --out folder (verdict: {'PASS' if verdict.passed else 'FAIL'})"):
-        paths = render_check(verdict, sweep, baseline, Path(out_dir), console, perf_run.markdown if perf_run else "")
-    if perf_run:
-        paths.update(perf_run.paths)
-    return CheckOutcome(verdict, sweep, baseline, path, paths)
 
 
 def holds_full_check(out_dir: Path, kernel: str, suite: str) -> bool:
@@ -592,51 +627,49 @@ def declare_known(sweep: SweepResult, config: Config, reason: str, link: str) ->
     return dataclasses.replace(config, known_failures=entries), text, block
 
 
-def run_baseline_update(config: Config, **kwargs) -> UpdateOutcome:
+@dataclass(frozen=True)
+class UpdateFlags:
+    """What `baseline update` adds to a run: timings from a perf file (`perf_from`), a widened
+    baseline, a known_failures declaration (`known` with its `link`), a noisy speed section accepted."""
+
+    perf_from: Path | None = None
+    widen: bool = False
+    known: str | None = None
+    link: str = ""
+    accept_noisy: bool = False
+
+
+def update_outputs(folder: Path, summary: Path | None, config: Config, fresh: bool) -> Outputs:
+    """--out (where a fresh run's sweep JSON is saved: outside the baselines, writable) and --summary,
+    checked before the sweep; the summary is written before the baseline."""
+    if fresh:
+        refuse_inside_baselines(Path(folder), config.baselines_dir)
+    if summary is not None:
+        require_writable(Path(summary), "--summary", kind="file")
+    if fresh:
+        require_writable(Path(folder), "--out")
+    return Outputs(Path(folder), summary=Path(summary) if summary is not None else None)
+
+
+def run_baseline_update(
+    plan: RunPlan, source: FreshSweep | SavedSweep, out: Outputs, flags: UpdateFlags = UpdateFlags()
+) -> UpdateOutcome:
     """`_update_baseline` holding the baselines folder's lock from reading the old baseline to writing
     the new one: two updates at once would each merge into the same old file and one would be lost."""
-
-    if kwargs.get("results_path") is None:
-        refuse_inside_baselines(Path(kwargs.get("out_dir") or "out"), config.baselines_dir)
-    with FolderLock(Path(config.baselines_dir), "baselines_dir"):
-        return _update_baseline(config, **kwargs)
+    with FolderLock(Path(plan.config.baselines_dir), "baselines_dir"):
+        return _update_baseline(plan, source, out, flags)
 
 
-def _update_baseline(
-    config: Config,
-    kernel: str | None = None,
-    suite: str | None = None,
-    device: str | None = None,
-    only: str | None = None,
-    results_path: Path | None = None,
-    summary_path: Path | None = None,
-    out_dir: Path = Path("out"),
-    progress: bool = True,
-    perf: bool | None = None,
-    perf_from: Path | None = None,
-    plan: RunPlan | None = None,
-    widen: bool = False,
-    known: str | None = None,
-    link: str = "",
-    accept_noisy: bool = False,
-) -> UpdateOutcome:
-    if plan is not None:
-        only, perf = plan.only, plan.perf
-    if results_path is not None and only is not None:
-        raise UserError("--only filters a fresh run; a --from-results file is taken as it is (drop --only)")
-
-    Scope.of_only(only)
-    if summary_path is not None:  # checked before the sweep; written before the baseline
-        require_writable(Path(summary_path), "--summary", kind="file")
-    if results_path is None:
-        require_writable(Path(out_dir), "--out")
-    results = read_results(results_path, kernel, suite) if results_path is not None else None
-    if results is not None:
-        plan = plan_of_results(config, results)
-    elif plan is None:
-        plan = resolve_plan(config, kernel, suite, device, only, perf=perf)
+def _update_baseline(plan: RunPlan, source: FreshSweep | SavedSweep, out: Outputs, flags: UpdateFlags) -> UpdateOutcome:
+    config, only, perf = plan.config, plan.only, plan.perf
+    results, results_path = (source.sweep, source.path) if isinstance(source, SavedSweep) else (None, None)
+    summary_path = out.summary
     refuse_unmatched_known(plan)
-    if accept_noisy and perf_from is None and (results is not None or widen or not perf_wanted(perf, plan.device)):
+    if (
+        flags.accept_noisy
+        and flags.perf_from is None
+        and (results is not None or flags.widen or not perf_wanted(perf, plan.device))
+    ):
         raise UserError(
             "--accept-noisy records a noisy speed section, but this update times no speed: add --perf "
             "(or --perf-from FILE), or drop --accept-noisy"
@@ -672,19 +705,19 @@ def _update_baseline(
             f"{what}, but there is no baseline at {path} yet, so it would hold only those cases; create it "
             f"from the whole suite first: run without --only (`{update_command(plan.kernel, plan.suite.name, plan.gpu_class)}`)"
         )
-    if widen:  # refused now, not after the sweep
-        if perf or perf_from is not None:
+    if flags.widen:  # refused now, not after the sweep
+        if perf or flags.perf_from is not None:
             raise UserError(
                 "--widen merges correctness rows of several machines; a speed section is one machine's "
                 "timings: drop --perf / --perf-from (update the speed section on its own)"
             )
         refuse_widen(old, plan.key, None, path)
         perf = False  # not even a GPU's default: the committed speed section is kept as it is
-    sweep = results if results is not None else fresh_sweep(plan, progress)
+    sweep = results if results is not None else fresh_sweep(plan, source.progress)
     saved_note = None
     if results is None:
         with writing("pass a writable --out folder"):
-            saved_paths = write_sweep_outputs(sweep, Path(out_dir))
+            saved_paths = write_sweep_outputs(sweep, out.folder)
         saved, saved_note = saved_paths["json"], saved_paths["note"]
         print(f"the run is saved in {saved} (reuse it with --from-results)")
     require_complete_run(plan, sweep, results_path if results is not None else "this run", path)
@@ -701,22 +734,22 @@ def _update_baseline(
             "--perf times the kernel now, so it needs a fresh run: drop --from-results (or --perf), "
             "or pass the timings of that machine with --perf-from perf-K-S.json"
         )
-    if perf_from is not None:  # timings made elsewhere (e.g. `attn-gate perf --rounds 30` on the GPU runner)
+    if flags.perf_from is not None:  # timings made elsewhere (e.g. `attn-gate perf --rounds 30` on the GPU runner)
         perf_section = perf_section_from_file(
-            Path(perf_from),
+            Path(flags.perf_from),
             plan.kernel,
             plan.suite.name,
             plan.gpu_class,
             config,
             old.perf if old is not None else None,
-            accept_noisy,
+            flags.accept_noisy,
         )
     elif results is None:
         if perf_wanted(perf, plan.device):  # speed ratios with their noise; None keeps the old section
-            perf_section, _ = perf_baseline_section(plan, old.perf if old is not None else None, accept_noisy)
+            perf_section, _ = perf_baseline_section(plan, old.perf if old is not None else None, flags.accept_noisy)
     new, kept = merge_baseline(Baseline.from_sweep(sweep, perf=perf_section), old, sweep.scope, suite_cases)
     new = dataclasses.replace(new, perf=timed_perf(new.perf, {c.id for c in plan.suite.perf_cases}))
-    if widen:
+    if flags.widen:
         new = widen_baseline(new, old, path)
     elif old is not None and spans_machines(old):
         print(
@@ -727,8 +760,8 @@ def _update_baseline(
     cfg = config.verdict
     diff = diff_baselines(old, new, path, cfg.headroom_factor, cfg.headroom_step, cfg.improvement_factor, kept)
     declared_text = declared = ""
-    if known is not None:  # declared now, validated as the config is; written with the baseline
-        config, declared_text, declared = declare_known(sweep, config, known, link)
+    if flags.known is not None:  # declared now, validated as the config is; written with the baseline
+        config, declared_text, declared = declare_known(sweep, config, flags.known, flags.link)
     refused = refuse_failing_run(sweep, config, path, saved_note)
     if refused:
         print(

@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gate.compare.comparable import same, why_not_comparable
-from gate.core.cases import load_suite, suite_hash
+from gate.core.cases import suite_hash
 from gate.core.config import Config
 from gate.core.errors import UserError
 from gate.core.results import SweepResult
@@ -99,7 +99,7 @@ def merge_shards(folders: list[Path], config: Config) -> SweepResult:
             f"merge: shard {missing[0]}/{total} is missing ({len(shards)} of {total} given); pass every "
             f"shard's folder, or rerun it with `attn-gate sweep --shard {missing[0]}/{total} ...`"
         )
-    suite = load_suite(first.suite, config.suites, config.source)
+    suite = config.suite(first.suite)
     now = replace(first.key, suite_hash=suite_hash(suite))  # the shards' key, with the suite as defined now
     if not same(now, first.key, "suite_hash"):
         raise UserError(

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gate.compare.baselines import baseline_path
-from gate.core.cases import Case, Suite, load_suite, suite_hash
+from gate.core.cases import Case, Suite, suite_hash
 from gate.core.config import Config, IsolationConfig, PerfConfig, ToleranceConfig
 from gate.core.errors import UserError
 from gate.core.identity import RunKey, Scope
@@ -26,18 +26,27 @@ from gate.workflow.validate import validate_target
 @dataclass(frozen=True)
 class RunPlan:
     config: Config
-    kernel: str
-    family: Any  # the [tool.attn-gate.kernels] KernelFamily `kernel` names, or None
+    entry: Any  # gate.kernels.registry.KernelEntry: the kernel's name and, where the config has one, its family
     suite: Suite
     device: str
     gpu_class: str
     baseline_path: Path | None = None  # None: a run that is not compared (`sweep`, `perf`)
+    baseline_option: Path | None = None  # --baseline as given (None: the baselines folder's file)
     only: str | None = None
     options: Any = None  # gate.workflow.sweep.SweepOptions; None: in this process
     perf: bool | None = None  # --perf / --no-perf; None: the device's default (speed_check.perf_wanted)
     # The adapter, where this process built one (a built-in checked here, or an in-process run);
     # None where only a worker process loads the kernel.
     adapter: Any = None
+
+    @property
+    def kernel(self) -> str:
+        return self.entry.name
+
+    @property
+    def family(self):
+        """The [tool.attn-gate.kernels] KernelFamily the kernel's name names, or None."""
+        return self.entry.family
 
     @property
     def tolerance(self) -> ToleranceConfig:
@@ -91,12 +100,10 @@ class RunPlan:
         return self.declared.unsupported_reason(case, self.device) if self.declared is not None else None
 
     def in_process_adapter(self):
-        """The adapter for a run in this process: the plan's own, else built from the family or
-        the name (once per plan: the answer is kept)."""
+        """The adapter for a run in this process: the plan's own, else built from its registry entry
+        (once per plan: the answer is kept)."""
         if self.adapter is None:
-            from gate.kernels.registry import resolve_kernel
-
-            object.__setattr__(self, "adapter", resolve_kernel(self.kernel, self.config))
+            object.__setattr__(self, "adapter", self.entry.adapter())
         return self.adapter
 
 
@@ -119,20 +126,22 @@ def plan_run(
     baseline_file: Path | None = None,
     adapter: Any = None,
     gpu_class: str | None = None,
+    entry: Any = None,
 ) -> RunPlan:
-    """A plan from names already checked (validate_target, or a results file's own names)."""
-    from gate.kernels.registry import kernel_family
+    """A plan from names already checked (validate_target, or a results file's own names);
+    `entry`: the kernel's name as validate_target resolved it (else resolved here)."""
+    from gate.kernels.registry import kernel_entry  # imports the built-in adapters (torch)
 
     gpu_class = gpu_class if gpu_class is not None else current_gpu_class(device)
     path = Path(baseline_file) if baseline_file else baseline_path(config.baselines_dir, gpu_class, kernel, suite)
     plan = RunPlan(
         config=config,
-        kernel=kernel,
-        family=kernel_family(kernel, config),
-        suite=load_suite(suite, config.suites, config.source),
+        entry=entry if entry is not None else kernel_entry(kernel, config),
+        suite=config.suite(suite),
         device=device,
         gpu_class=gpu_class,
         baseline_path=path,
+        baseline_option=Path(baseline_file) if baseline_file else None,
         only=only,
         options=options,
         perf=perf,
@@ -159,5 +168,14 @@ def resolve_plan(
     run is isolated, so a user kernel is checked in a worker and never imported here."""
     target = validate_target(config, kernel, suite, device, only, kernel_in_worker=kernel_in_worker)
     return plan_run(
-        config, target.kernel, target.suite, target.device, only, options, perf, baseline_file, adapter=target.adapter
+        config,
+        target.kernel,
+        target.suite,
+        target.device,
+        only,
+        options,
+        perf,
+        baseline_file,
+        adapter=target.adapter,
+        entry=target.entry,
     )

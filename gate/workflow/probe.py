@@ -229,9 +229,9 @@ def probe(
     kernel: str, config: Config, device: str, timeout: float = 60.0, progress: Callable[[Result], None] | None = None
 ) -> ProbeReport:
     """Probe `kernel` (a built-in, package.module:function, or a family of `config`) on `device`."""
-    from gate.kernels.registry import kernel_family  # imports the built-in adapters (torch)
+    from gate.kernels.registry import kernel_entry  # imports the built-in adapters (torch)
 
-    family = kernel_family(kernel, config)
+    family = kernel_entry(kernel, config).family
     table = (family or KernelFamily(name=kernel)).supports_table
     if family is not None and family.declaration_only:
         family = None  # the function itself, with no declaration: the probe finds the true envelope

@@ -19,7 +19,15 @@ from gate.core.config import load_config
 from gate.core.errors import UserError
 from gate.core.identity import Scope
 from gate.core.results import CaseResult
-from gate.workflow.check import CaseVerdict, CheckOutcome, case_verdicts, checked_baseline, run_check
+from gate.workflow.check import (
+    CaseVerdict,
+    CheckOutcome,
+    case_verdicts,
+    checked_baseline,
+    outputs,
+    run_check,
+    saved_sweep,
+)
 from gate.workflow.plan import RunPlan, resolve_plan
 from gate.workflow.sweep import SweepOptions, sweep_plan, sweep_result
 
@@ -69,14 +77,9 @@ class GateRun:
         with tempfile.TemporaryDirectory(prefix="attn-gate-pytest-") as tmp:
             results = Path(tmp) / f"sweep-{plan.suite.name}.json"
             sweep.write(results)
-            return run_check(
-                plan.config,
-                results_path=results,
-                baseline_file=self.baseline_option,
-                out_dir=out_dir,
-                progress=False,
-                console=Console(file=io.StringIO()),
-            )
+            out = outputs(out_dir, plan.config, Console(file=io.StringIO()))
+            saved_plan, source = saved_sweep(plan.config, results, baseline_file=self.baseline_option)
+            return run_check(saved_plan, source, out)
 
 
 def resolve(
@@ -87,5 +90,4 @@ def resolve(
     plan = resolve_plan(
         load_config(Path(config_file) if config_file else None), kernel, suite, device, baseline_file=option
     )
-    path, baseline = checked_baseline(plan, option)
-    return GateRun(plan, path, baseline, option)
+    return GateRun(plan, plan.baseline_path, checked_baseline(plan), option)

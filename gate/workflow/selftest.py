@@ -35,7 +35,7 @@ from gate.compare.selftest import (
     SlowdownTrial,
 )
 from gate.compare.sweep_rules import check_comparable, compare, correctness_thresholds
-from gate.core.cases import exact_regex, load_suite
+from gate.core.cases import exact_regex
 from gate.core.config import Config
 from gate.core.environment import describe, host_id
 from gate.core.errors import UserError
@@ -43,14 +43,14 @@ from gate.core.files import append_step_summary, require_writable
 from gate.core.jsonio import write_json_atomic, write_text_atomic
 from gate.core.results import SweepResult
 from gate.correctness.planted import case_cost, host_of, mult_to_catch, planted_adapter, select_bugs
-from gate.kernels.registry import get_adapter
+from gate.kernels.registry import kernel_entry
 from gate.report.selftest_report import selftest_markdown
 from gate.speed.planted import CPU_CYCLES_PER_MS, SlowedKernel, planted_cycles
 from gate.speed.runs import PerfResult, baseline_entry, case_anchor, judge_perf, measure_case, select_perf_cases
 from gate.speed.timing import PASSES, TimingPlan, sleep_cycles_per_ms
+from gate.workflow.plan import RunPlan, resolve_plan
 from gate.workflow.speed_check import perf_thresholds
-from gate.workflow.sweep import run_sweep
-from gate.workflow.validate import validate_target
+from gate.workflow.sweep import sweep_plan
 
 LEVELS_PCT = (1.0, 2.0, 3.0, 5.0, 10.0)
 DEFAULT_REPS = 5
@@ -67,26 +67,22 @@ def _log(msg: str) -> None:
 
 
 class _Run:
-    """State of one selftest run: where it writes, what it found so far."""
+    """State of one selftest run: its plan (each host's and each planted bug's plan derived from
+    it), where it writes, what it found so far."""
 
-    def __init__(self, config: Config, kernel: str, suite: str, device: str, out_dir: Path, tmp: Path, log):
-        self.config, self.kernel, self.suite, self.device, self.out_dir, self.tmp, self.log = (
-            config,
-            kernel,
-            suite,
-            device,
-            out_dir,
-            tmp,
-            log,
-        )
-        self.adapter = get_adapter(kernel)
-        self.gpu_class = "cpu" if device == "cpu" else describe(device, "", "")["gpu_class"]
+    def __init__(self, plan: RunPlan, out_dir: Path, tmp: Path, log):
+        self.plan, self.out_dir, self.tmp, self.log = plan, out_dir, tmp, log
+        self.config, self.kernel, self.suite, self.device = plan.config, plan.kernel, plan.suite.name, plan.device
+        self.adapter = plan.in_process_adapter()
+        self.gpu_class = plan.gpu_class
+        self.plans: dict[str, RunPlan] = {plan.kernel: plan}
+        config = plan.config
         self.t0 = time.perf_counter()
         self.report = SelftestReport(
-            kernel=kernel,
-            suite=suite,
-            device=device,
-            environment=describe(device, kernel, self.adapter.version()),
+            kernel=self.kernel,
+            suite=self.suite,
+            device=self.device,
+            environment=describe(self.device, self.kernel, self.adapter.version()),
             thresholds={
                 "tolerance": config.tolerance.as_dict(),
                 "verdict": correctness_thresholds(config.verdict),
@@ -97,18 +93,24 @@ class _Run:
         )
         self.baselines: dict[str, tuple[Path, Baseline]] = {}
 
+    def host_plan(self, name: str) -> RunPlan:
+        """The plan of a host of planted bugs: the kernel's own, or tiled's, derived from it."""
+        if name not in self.plans:
+            self.plans[name] = replace(self.plan, entry=kernel_entry(name), adapter=None)
+        return self.plans[name]
+
     def update(self, **changes) -> None:
         self.report = replace(self.report, wall_s=time.perf_counter() - self.t0, **changes)
         write_outputs(self.report, self.out_dir)
 
     def sweep(self, kernel_name: str, adapter=None, only: str | None = None) -> SweepResult:
-        """In this process (run_sweep without options): a planted bug is an adapter object
+        """In this process (a plan without options): a planted bug is an adapter object
         wrapped around the kernel, which cannot be sent to a worker. The judging is the same code
         as the isolated path's (run_case.seed_loop of judge_seed, then judged_row), and
         tests/test_isolation_features.py shows a worker's row equal to this process's row for every
         feature a bug here plants (dBias, layouts, LSE, dropout, probes)."""
 
-        return run_sweep(kernel_name, self.suite, self.config, self.device, progress=False, only=only, adapter=adapter)
+        return sweep_plan(replace(self.host_plan(kernel_name), only=only, adapter=adapter), progress=False)
 
     def judge(self, kernel_name: str, sweep: SweepResult):
         path, baseline = self.baselines[kernel_name]
@@ -217,8 +219,8 @@ def tiled_control_scope(run: _Run, bugs) -> str | None:
     the whole suite: on an H200 two pr sweeps of tiled (plain PyTorch tiles, 454 cases) alone
     outlast a 10-minute CI step. A bug's later batches stay within the control's cases (run_bug)."""
 
-    cases = load_suite(run.suite, run.config.suites, run.config.source).swept_cases
-    tiled = get_adapter("tiled")
+    cases = run.plan.suite.swept_cases
+    tiled = run.host_plan("tiled").in_process_adapter()
     ids = {
         c.id
         for bug in bugs
@@ -249,8 +251,8 @@ def run_bug(run: _Run, bug) -> BugOutcome:
             message=f"pending: needs the case field `{bug.trigger.field}`, which this attn-gate does not have "
             f"yet; it is judged once the field exists",
         )
-    suite = load_suite(run.suite, run.config.suites, run.config.source)
-    cases = exercising_cases(bug, suite.swept_cases, get_adapter(host_name), run.device)
+    host_plan = run.host_plan(host_name)
+    cases = exercising_cases(bug, run.plan.suite.swept_cases, host_plan.in_process_adapter(), run.device)
     if host_name in run.baselines:  # a control limited to some cases (tiled_control_scope) judges only those
         in_baseline = run.baselines[host_name][1].correctness
         cases = [c for c in cases if c.id in in_baseline]
@@ -266,7 +268,7 @@ def run_bug(run: _Run, bug) -> BugOutcome:
     for batch in (cases[:FIRST_BATCH], cases[FIRST_BATCH:]):
         if not batch:
             continue
-        planted = planted_adapter(bug, get_adapter(host_name))
+        planted = planted_adapter(bug, host_plan.entry.adapter())  # a fresh host for each planting
         sweep = run.sweep(host_name, adapter=planted, only=exact_regex(c.id for c in batch))
         sweeps.append(sweep)
         ran += len(sweep.cases)
@@ -495,8 +497,8 @@ def run_selftest(
 
     # the same checks, defaults and "did you mean" answers as every other command; the planted
     # bugs wrap the kernel in this process, so it is loaded here
-    target = validate_target(config, kernel, suite, device)
-    kernel, suite, device = target.kernel, target.suite, target.device
+    plan = resolve_plan(config, kernel, suite, device, kernel_in_worker=False)
+    kernel, suite, device = plan.kernel, plan.suite.name, plan.device
     if slowdown_case is not None:  # before minutes of bug sweeps: a slowdown test asked for must run
         refuse_slowdown_case(slowdown_case, config, suite, device, slowdowns, rehearse_slowdowns_on_cpu)
     if reps < 1:
@@ -507,9 +509,7 @@ def run_selftest(
         budget_s = DEFAULT_GPU_BUDGET_S
     deadline = None if budget_s is None else time.perf_counter() + budget_s
     with tempfile.TemporaryDirectory(prefix="attn-gate-selftest-") as tmp:
-        run = _Run(
-            config, kernel, suite, device, Path(out_dir), Path(tmp), log
-        )  # validate_target checked it is available
+        run = _Run(plan, Path(out_dir), Path(tmp), log)  # resolve_plan checked it is available
         controls: list[ControlOutcome] = []
         for name in dict.fromkeys((kernel, "tiled")):
             scope = tiled_control_scope(run, chosen) if name != kernel else None

@@ -28,12 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gate.compare.baselines import Baseline
 from gate.compare.findings import Advice, Finding, Rule, Severity, Subject
 from gate.core.config import Config, PerfConfig
 from gate.core.errors import UserError
 from gate.core.files import safe_name
 from gate.core.identity import Environment, Scope
-from gate.core.results import Status
+from gate.core.results import Status, SweepResult
 from gate.core.warn import warn
 from gate.report.speed_report import perf_markdown, plot_speed_ratios
 from gate.speed.rule import PASSES, PerfJudgement, PerfSeverity
@@ -144,8 +145,30 @@ def run_perf_check(plan: RunPlan, baseline_perf: dict[str, Any] | None, out_dir:
     if not plan.perf_cases:
         return no_perf_case_check(plan, baseline_perf)
 
-    with PerfWorker(plan.kernel, plan.device, plan.isolation, plan.family) as worker:  # the kernel is timed in a worker
+    with perf_worker(plan) as worker:
         return _judged_perf(plan, baseline_perf, out_dir, worker)
+
+
+def perf_worker(plan: RunPlan) -> PerfWorker:
+    """The worker process the plan's kernel is timed in (this process never imports it)."""
+    return PerfWorker(plan.kernel, plan.device, plan.isolation, plan.family)
+
+
+def timed_in(worker, plan: RunPlan, rounds: int | None = None) -> PerfResult:
+    """The plan's perf cases timed in `worker` (a PerfWorker of the plan's kernel) against the
+    config's anchor, with a progress bar; `rounds` None: the config's."""
+    with _measured_with_progress(plan, worker.measure) as measure:
+        return run_perf(
+            plan.kernel,
+            plan.suite.name,
+            plan.config,
+            plan.device,
+            only=plan.only,
+            rounds=rounds,
+            measure=measure,
+            kernel_version=worker.info.version,
+            cases=plan.perf_cases,
+        )
 
 
 def no_speed_section(result: PerfResult, kernel: str, suite: str) -> tuple[PerfJudgement, ...]:
@@ -165,50 +188,39 @@ def no_speed_section(result: PerfResult, kernel: str, suite: str) -> tuple[PerfJ
 
 
 def _judged_perf(plan: RunPlan, baseline_perf: dict[str, Any] | None, out_dir: Path, worker) -> PerfCheck:
-    config, kernel, suite, device, only = plan.config, plan.kernel, plan.suite.name, plan.device, plan.only
-    with _measured_with_progress(plan, worker.measure) as measure:
-        result = run_perf(
-            kernel,
-            suite,
-            config,
-            device,
-            only=only,
-            measure=measure,
-            kernel_version=worker.info.version,
-            cases=plan.perf_cases,
-        )
+    result = timed_in(worker, plan)
+    cfg = plan.perf_config
     if not baseline_perf:
-        judgements = no_speed_section(result, kernel, suite)
+        judgements = no_speed_section(result, result.kernel, result.suite)
     else:
         judgements = judge_perf(
             result,
             baseline_perf,
-            config.perf,
-            remeasure_with(kernel, result.anchor, device, config.perf, config, measure=worker.measure),
-            only=only,
+            cfg,
+            remeasure_with(plan.kernel, result.anchor, plan.device, cfg, plan.config, measure=worker.measure),
+            only=plan.only,
         )
     paths = {"perf": write_perf_outputs(result, out_dir)}
     try:
         paths["speed_plot"] = plot_speed_ratios(
             judgements,
-            f"{kernel} vs {result.anchor} / {suite}: speed ratio vs baseline",
-            Path(out_dir) / f"speed-{safe_name(kernel)}-{suite}.png",
+            f"{result.kernel} vs {result.anchor} / {result.suite}: speed ratio vs baseline",
+            Path(out_dir) / f"speed-{safe_name(result.kernel)}-{result.suite}.png",
         )
     except Exception as exc:  # an artifact, not the verdict
         warn(f"the speed plot was not drawn ({type(exc).__name__}: {exc})")
     md = "\n".join(
         [
             "",
-            f"### Speed: `{kernel}` against anchor `{result.anchor}` (speed ratio = kernel time / anchor time; lower is faster)",
+            f"### Speed: `{result.kernel}` against anchor `{result.anchor}` (speed ratio = kernel time / anchor time; lower is faster)",
             "",
-            rule_sentence(config.perf, device)
-            + f" A FAIL or a straddle is re-measured with {config.perf.confirm_rounds} rounds, "
+            rule_sentence(cfg, plan.device) + f" A FAIL or a straddle is re-measured with {cfg.confirm_rounds} rounds, "
             f"and that re-run decides (a FAIL must be confirmed by it).",
             "",
             perf_markdown(result),
         ]
     )
-    return PerfCheck(result, judgements, perf_findings(judgements), perf_thresholds(config.perf), paths, md)
+    return PerfCheck(result, judgements, perf_findings(judgements), perf_thresholds(cfg), paths, md)
 
 
 def rule_sentence(cfg: PerfConfig, device: str) -> str:
@@ -282,31 +294,20 @@ def perf_baseline_section(
     """The baseline's perf section from a fresh run with confirm_rounds rounds (a filtered run
     replaces only its own cases); refused above max_noise_pct unless `accept_noisy`."""
 
-    config, kernel, suite, device, only = plan.config, plan.kernel, plan.suite.name, plan.device, plan.only
     if not plan.perf_cases:
-        raise UserError(no_perf_case_reason(plan.suite, only))
-    rounds = max(config.perf.confirm_rounds, config.perf.rounds)
-    with PerfWorker(kernel, device, config.isolation, plan.family) as worker:  # the kernel is timed in a worker
-        with _measured_with_progress(plan, worker.measure) as measure:
-            result = run_perf(
-                kernel,
-                suite,
-                config,
-                device,
-                only=only,
-                rounds=rounds,
-                measure=measure,
-                kernel_version=worker.info.version,
-                cases=plan.perf_cases,
-            )
+        raise UserError(no_perf_case_reason(plan.suite, plan.only))
+    cfg = plan.perf_config
+    with perf_worker(plan) as worker:
+        result = timed_in(worker, plan, max(cfg.confirm_rounds, cfg.rounds))
     measured = {c.case_id: baseline_entry(c, result.anchor, result.host) for c in result.cases if c.measured}
     if not measured:
+        kernel, suite = plan.kernel, plan.suite.name
         raise UserError(
             f"no perf case of suite {suite!r} could be timed for {kernel!r} (all skipped or failed); "
             f"see `attn-gate perf --kernel {kernel} --suite {suite}`"
         )
-    measured = refuse_noisy(measured, config.perf, accept_noisy, "baseline update --perf")
-    section = {**(old_perf or {}), **measured} if only else measured
+    measured = refuse_noisy(measured, cfg, accept_noisy, "baseline update --perf")
+    section = {**(old_perf or {}), **measured} if plan.only else measured
     return dict(sorted(section.items())), result
 
 
@@ -447,18 +448,12 @@ def unconfirmed_from_file(j: PerfJudgement) -> PerfJudgement:
 
 
 def file_perf_check(
-    paths: list[Path],
-    kernel: str,
-    suite: str,
-    environment: dict[str, Any],
-    baseline_class: str,
-    baseline_perf: dict[str, Any] | None,
-    config: Config,
-    only: str | None,
-    out_dir: Path,
+    paths: list[Path], sweep: SweepResult, baseline: Baseline, config: Config, out_dir: Path
 ) -> PerfCheck:
     """`check --results FILE --perf-results PERF...`: the timings of the files judged against the
     baseline's perf section by the rule a fresh check applies, without its confirm re-run."""
+    kernel, suite, environment, only = sweep.kernel, sweep.suite, sweep.environment, sweep.scope.only
+    baseline_class, baseline_perf = baseline.gpu_class, baseline.perf
     result = read_perf_files(paths)
     refuse_perf_of_another_run(result, kernel, suite, environment, baseline_class, ", ".join(map(str, paths)))
     if not baseline_perf:

@@ -27,6 +27,7 @@ class ValidTarget:
     suite: str
     device: str
     adapter: Any = None  # the adapter check_kernel built here; None where a worker checked the kernel
+    entry: Any = None  # the kernel's registry entry (gate.kernels.registry.KernelEntry); None: not checked
 
 
 def nearest(name: str, known: list[str] | tuple[str, ...], n: int = 3) -> str:
@@ -54,10 +55,8 @@ def check_device(device: str | None) -> str:
     return default_device()
 
 
-def _check_kernel_in_worker(kernel: str, device: str, option: str, config: Config | None) -> None:
-    from gate.kernels.registry import kernel_family
-
-    family = kernel_family(kernel, config)
+def _check_kernel_in_worker(entry, device: str, option: str, config: Config | None) -> None:
+    kernel, family = entry.name, entry.family
     if family is None:
         module, _, function = kernel.partition(":")
         if not module or not function:
@@ -85,16 +84,24 @@ def check_kernel(
     process must never import a user kernel (`package.module:function`, or a family's entry
     points), not even to check it: a worker is started here and its first answer says whether the
     kernel imports, is installed and runs on `device` (the pool stays warm: the run reuses it)."""
-    from gate.kernels.registry import kernel_names, resolve_kernel
+    return checked_kernel(kernel, device, option, config, kernel_in_worker)[1]
+
+
+def checked_kernel(
+    kernel: str, device: str, option: str = "--kernel", config: Config | None = None, kernel_in_worker: bool = False
+):
+    """check_kernel's checks, and what they resolved: the kernel's registry entry (the one
+    resolution of its name) and the adapter built here (None where a worker checked the kernel)."""
+    from gate.kernels.registry import kernel_entry, kernel_names
 
     families = sorted(getattr(config, "kernels", None) or {}) if config is not None else []
     names = kernel_names() + [f for f in families if f not in kernel_names()]
-    if kernel_in_worker and (":" in kernel or (kernel in families and kernel not in kernel_names())):
-        _check_kernel_in_worker(kernel, device, option, config)
-        return None
+    entry = kernel_entry(kernel, config)  # a family that takes a built-in's name is a UserError here
+    if kernel_in_worker and (":" in kernel or entry.family is not None):
+        _check_kernel_in_worker(entry, device, option, config)
+        return entry, None
     try:
-        # a family that takes a built-in's name, or a user kernel that does not import, is a UserError here
-        adapter = resolve_kernel(kernel, config)
+        adapter = entry.adapter()  # an unknown name, or a user kernel that does not import: a UserError
     except UserError:
         if ":" in kernel or kernel in names:
             raise
@@ -114,7 +121,7 @@ def check_kernel(
             f"{option} {kernel!r} runs on {'/'.join(devices)}, not {device}; pass --device "
             f"{devices[0]} on a machine that has it, or choose a {device} kernel (`attn-gate kernels`)"
         )
-    return adapter
+    return entry, adapter
 
 
 def _runs_on(name: str, device: str) -> bool:
@@ -160,9 +167,9 @@ def validate_target(
     suite_option = "--suite" if suite else config.profile_key(device, "suite")
     kernel = kernel or profile.kernel
     suite = suite or profile.suite
-    adapter = None
+    entry = adapter = None
     if check_kernel_runs:
-        adapter = check_kernel(kernel, device, kernel_option, config=config, kernel_in_worker=kernel_in_worker)
+        entry, adapter = checked_kernel(kernel, device, kernel_option, config, kernel_in_worker)
     else:
         from gate.kernels.registry import kernel_names
 
@@ -177,7 +184,7 @@ def validate_target(
             )
     check_suite(config, suite, suite_option)
     check_only(only)
-    return ValidTarget(kernel, suite, device, adapter)
+    return ValidTarget(kernel, suite, device, adapter, entry)
 
 
 def require_initialised(config: Config, kernel: str | None, writes: bool = False) -> None:
