@@ -258,3 +258,61 @@ def test_the_reports_name_the_mean_failure_not_a_passing_max_ratio():
     assert line.text == f"FAIL {case(1).id}  out mean error 2.5x its mean bound"
     comment = pr_comment(decide(found), biased, Baseline.from_sweep(good))
     assert f"| FAIL | `{case(1).id}` | out mean error / mean bound (FAIL) | - | 2.5 x | - | 1 x |" in comment
+
+
+# ---------------------------------------------------------------- the planted bias only this rule sees
+
+# A smoke case with large outputs (a dense fp32 bias makes rows peaky): there half an ulp of bias on
+# out is over the mean bound (measured mean ratio ~1.06 on both CPU kernels) and far under the max one
+BIASED_CASE = "bf16-b2-h4-s97x130-d64-bias.dense.fp32"
+
+
+@pytest.mark.parametrize("host", ["sdpa-cpu", "tiled"])
+def test_the_planted_bias_passes_the_max_rule_and_dies_by_the_mean_rule(host):
+    from gate.core.cases import load_suite
+    from gate.correctness.planted import BUGS, planted_adapter
+    from gate.correctness.run_case import run_case
+    from gate.kernels.registry import get_adapter
+
+    tol = ToleranceConfig()
+    c = next(c for c in load_suite("smoke").cases if c.id == BIASED_CASE)
+    bug = next(b for b in BUGS if b.name == "out_bias_half_ulp")
+    assert bug.trigger.applies(c)
+    clean = run_case(get_adapter(host), c, "cpu", tol)
+    assert clean.status is Status.PASS and clean.tensor("out").mean_ratio < 0.5, clean.reason
+    planted = planted_adapter(bug, get_adapter(host))
+    biased = run_case(planted, c, "cpu", tol)
+    out = biased.tensor("out")
+    assert all(t.within_max for t in biased.tensors) and out.ratio < 0.8  # the max rule alone passes it
+    assert biased.status is Status.FAIL and not out.within_mean and out.mean_ratio > 1, biased.reason
+    assert biased.reason.startswith("out mean error") and "mean ratio" in biased.reason
+    # the mean rule at the top of its range adds nothing: the bias survives
+    assert run_case(planted, c, "cpu", ToleranceConfig(mean_mult=10.0)).status is Status.PASS
+
+
+BIASED_SUITE = """
+[tool.attn-gate.suites.biased]
+seeds = [0, 1]
+[[tool.attn-gate.suites.biased.matrix]]
+dtype = ["bf16"]
+seqlens = ["97x130"]
+heads = ["4"]
+head_dims = ["64"]
+bias = ["dense"]
+bias_dtype = ["fp32"]
+"""
+
+
+def test_the_selftest_kills_the_planted_bias_by_the_mean_rule(tmp_path, capsys):
+    from gate.commands.main import main
+
+    config = tmp_path / "pyproject.toml"
+    config.write_text("[tool.attn-gate]\n" + BIASED_SUITE)
+    out = tmp_path / "out"
+    args = ["--suite", "biased", "--config", str(config), "--out", str(out), "--bugs", "out_bias_half_ulp"]
+    code = main(["selftest", "--device", "cpu", *args, "--no-slowdowns"])
+    report = json.loads((out / "selftest.json").read_text())
+    assert code == 0, capsys.readouterr()
+    (bug,) = report["bugs"]
+    assert bug["status"] == "KILLED" and bug["case_id"] == BIASED_CASE, bug
+    assert bug["rule"] == "mean_error" and bug["metric"] == "mean_ratio:out" and bug["ratio"] > 1, bug
