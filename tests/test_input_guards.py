@@ -81,7 +81,7 @@ def _infinite_error(status):
     def change(d):
         row = d["cases"][0]
         row["status"], row["reason"] = status, "lse over the bound"
-        row["tensors"]["lse"].update(max_err="inf", mean_err="inf", ratio="inf")
+        row["tensors"]["lse"].update(max_err="inf", mean_err="inf", ratio="inf", mean_ratio="inf")
 
     return change
 

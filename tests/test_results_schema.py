@@ -1,8 +1,10 @@
 """The sweep results format, one test per schema version: every version a run ever wrote still reads.
 
 Version 1 files are real runs (tests/data, a CPU and an H200 sweep); version 2 is the same with
-`scope` a field; version 3 is what this code writes (cases in the nested case schema 2). A version 1
-file filtered with --only kept the regex in a note; it reads as the `scope` field.
+`scope` a field; version 3 has the cases in the nested case schema 2; version 4 is what this code
+writes (each tensor's mean-error rule). A version 1 file filtered with --only kept the regex in a
+note; it reads as the `scope` field. Files before version 4 read with their tensors unjudged by the
+mean rule, and the commands that judge stored rows refuse them.
 """
 
 from __future__ import annotations
@@ -33,10 +35,10 @@ def test_version_1_reads_and_rewrites_as_the_current_version(name, tmp_path):
     sweep = SweepResult.read(path)
     assert sweep.scope.whole and len(sweep.cases) == len(payload["cases"])
     assert sweep.notes == tuple(payload["notes"])
-    again = tmp_path / "v3.json"
+    again = tmp_path / "v4.json"
     sweep.write(again)
     data = json.loads(again.read_text())
-    assert data["schema_version"] == SCHEMA_VERSION == 3 and data["scope"] is None
+    assert data["schema_version"] == SCHEMA_VERSION == 4 and data["scope"] is None
     assert SweepResult.read(again) == sweep
 
 
@@ -61,7 +63,7 @@ def test_version_1_only_note_becomes_the_scope(tmp_path):
 )
 def test_migration_of_the_note_forms_version_1_wrote(note, scope):
     migrated = migrate_results({"schema_version": 1, "notes": ["other", note], "cases": []})
-    assert (migrated["schema_version"], migrated["scope"], migrated["notes"]) == (3, scope, ["other"])
+    assert (migrated["schema_version"], migrated["scope"], migrated["notes"]) == (4, scope, ["other"])
 
 
 def test_version_2_keeps_the_scope_as_a_field(tmp_path):
@@ -83,7 +85,7 @@ def test_version_2_flat_cases_read_as_the_nested_case_schema(name, tmp_path):
     sweep = SweepResult.read(path)
     assert [c.case.hash_dict() for c in sweep.cases] == [row["case"] for row in payload["cases"]]
     migrated = migrate_results(payload)
-    assert migrated["schema_version"] == 3 and all(row["case"]["schema_version"] == 2 for row in migrated["cases"])
+    assert migrated["schema_version"] == 4 and all(row["case"]["schema_version"] == 2 for row in migrated["cases"])
     again = tmp_path / "v3.json"
     sweep.write(again)
     assert all(row["case"]["schema_version"] == 2 for row in json.loads(again.read_text())["cases"])

@@ -163,7 +163,7 @@ def failing_names(verdict: Verdict) -> dict[str, set[str]]:
     included): what the check failed each case on, for the pattern line's counts."""
     names: dict[str, set[str]] = {}
     for f in verdict.findings:
-        if f.severity.blocks and f.case_id and f.subject.quantity is Quantity.RATIO:
+        if f.severity.blocks and f.case_id and f.subject.quantity in (Quantity.RATIO, Quantity.MEAN_RATIO):
             names.setdefault(f.case_id, set()).add(f.subject.item)
     return names
 

@@ -74,6 +74,7 @@ class Rule(enum.StrEnum):
     """Every rule that speaks a finding; its value is the name the reports and the JSON print."""
 
     TOLERANCE = "tolerance"
+    MEAN_ERROR = "mean_error"
     STATUS = "status"
     HEADROOM = "headroom"
     IMPROVEMENT = "improvement"
@@ -99,6 +100,7 @@ class Rule(enum.StrEnum):
 
 class Quantity(enum.StrEnum):
     RATIO = "ratio"  # a tensor's error / bound (item: the tensor, or "worst")
+    MEAN_RATIO = "mean_ratio"  # a tensor's mean error / mean bound (item: the tensor)
     STATUS = "status"  # a case's status, or the run's
     ENV = "env"  # an environment key (item: the key)
     SPEED_RATIO = "speed_ratio"  # kernel time / anchor time (item: the pass, or "all")
@@ -114,6 +116,10 @@ class Subject:
     @classmethod
     def ratio(cls, tensor: str) -> "Subject":
         return cls(Quantity.RATIO, tensor)
+
+    @classmethod
+    def mean_ratio(cls, tensor: str) -> "Subject":
+        return cls(Quantity.MEAN_RATIO, tensor)
 
     @classmethod
     def env(cls, key: str) -> "Subject":

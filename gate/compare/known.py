@@ -6,14 +6,14 @@ its `kernel` fnmatch pattern matches the kernel name and, with `versions`, the k
 run's environment recorded satisfies the PEP 440 specifier. It then covers, in each case whose id
 its `cases` regex matches, the failures it names in `tensors` (all of them without `tensors`).
 
-What a row failed on, by name (`failures_of`): each tensor whose ratio is above 1 or not a number,
+What a row failed on, by name (`failures_of`): each tensor whose ratio or mean ratio is above 1 or not a number,
 each check that failed, "error" for an ERROR row. A FAIL row without ratios (a NaN, a wrong shape:
 the kernel's output was refused before it was measured) names the tensor its reason names, or
 "?" when none does: only a declaration without `tensors` covers that.
 
 The rules, each one decision (tables in tests/test_known_failures.py):
 
-    KNOWN   rule_known       a tolerance FAIL on a covered tensor; a status FAIL whose every failure
+    KNOWN   rule_known       a tolerance or mean_error FAIL on a covered tensor; a status FAIL whose every failure
                              is covered. Not blocking; listed apart with the reason and the link.
                              A failure on a name the declaration does not cover stays FAIL, and so
                              do the headroom rule's findings (a covered case that got worse
@@ -87,7 +87,8 @@ def row_failures(
 def failures_of(c: "CaseResult") -> frozenset[str]:
     return row_failures(
         c.status.value,
-        {t.tensor: t.ratio for t in c.tensors},
+        # the ratio of the rule a tensor fails: its mean ratio where it fails the mean rule
+        {t.tensor: t.ratio if t.within_mean else t.mean_ratio for t in c.tensors},
         [ch.name for ch in c.checks if ch.passed is False],
         c.reason,
     )
@@ -112,7 +113,7 @@ def rule_known(
     message says: what else is wrong with that case is not known while it fails this way."""
     if f.severity is not Severity.FAIL:
         return None
-    if f.rule is Rule.TOLERANCE:
+    if f.rule in (Rule.TOLERANCE, Rule.MEAN_ERROR):
         entry = covered.get(f.subject.item)
     elif f.rule is Rule.STATUS and failures and set(failures) <= set(covered):
         entry = covered[min(failures)]

@@ -8,6 +8,9 @@ tests/test_verdict.py (a bad input fails, a good one passes).
 The rules, with thresholds from [tool.attn-gate.verdict] (VerdictConfig), printed in every report:
 
     FAIL  tolerance      a tensor's error ratio > 1 (outside the bound), or not a number
+    FAIL  mean_error     a tensor's mean error ratio > 1 within its max bound (a bias spread under it); a row
+                         recorded before this rule is not judged by it, and the commands that read
+                         results files refuse such a file (refuse_unjudged_by_mean)
     FAIL  status         a case FAILs or ERRORs now (whether or not it did in the baseline:
                          a baseline never turns a violation into a pass)
     FAIL  headroom       ratio > baseline x headroom_factor AND ratio - baseline > headroom_step:
@@ -89,6 +92,25 @@ def rule_tolerance(case_id: str, tensor: str, ratio: float, base: float | None =
         ratio,
         1.0,
         f"{case_id}: {tensor} error is {fmt(ratio)} x its bound (must be <= 1)",
+    )
+
+
+def rule_mean_error(case_id: str, tensor: str, mean_ratio: float | None, ratio: float = 0.0) -> Finding | None:
+    """A correctness rule of the run alone (no baseline): the mean of |K - G| over the elements the
+    max is taken over, against mean_mult x the in-dtype reference's mean + its floor. Silent where
+    the max `ratio` is above 1 (or NaN): that is rule_tolerance's FAIL, not said twice. None: a
+    tensor recorded before the rule (not judged here; `refuse_unjudged_by_mean` keeps such files out)."""
+    if mean_ratio is None or mean_ratio <= 1.0 or not ratio <= 1.0:  # a NaN mean ratio fails closed
+        return None
+    return Finding(
+        Rule.MEAN_ERROR,
+        Severity.FAIL,
+        case_id,
+        Subject.mean_ratio(tensor),
+        None,
+        mean_ratio,
+        1.0,
+        f"{case_id}: {tensor} mean error is {fmt(mean_ratio)} x its mean bound (must be <= 1)",
     )
 
 
@@ -395,6 +417,18 @@ def refuse_duplicate_cases(sweep: "SweepResult", path: Any) -> None:
         )
 
 
+def refuse_unjudged_by_mean(sweep: "SweepResult", path: Any) -> None:
+    """Rows recorded before the mean-error rule (results version 3) cannot be judged by it: a PASS
+    there may hide a bias under the max bound, so a file holding one is not judged nor recorded."""
+    unjudged = sweep.unjudged_by_mean
+    if unjudged:
+        raise UserError(
+            f"{path}: {len(unjudged)} cases ({unjudged[0]}{' ...' if len(unjudged) > 1 else ''}) were recorded "
+            f"before the mean-error rule (no pt_mean_err), so they cannot be judged by it; re-run the sweep with "
+            f"`attn-gate sweep --kernel {sweep.kernel} --suite {sweep.suite}`"
+        )
+
+
 def check_comparable(baseline: Baseline, sweep: "SweepResult", path: Any) -> None:
     """Raise a UserError naming the file and the fix when the two must not be compared."""
     refuse_other_gpu_class(baseline, sweep.key, path)
@@ -509,13 +543,21 @@ def compare_correctness(
     incomplete = [f for f in map(incomplete_pass, sweep.cases) if f]
     findings += incomplete
     complete_pass = {cid for cid, status in cur_status_of.items() if status == "PASS"} - {f.case_id for f in incomplete}
+    mean_ratio = {(c.case_id, t.tensor): t.mean_ratio for c in sweep.cases for t in c.tensors}
     for row in tensors.itertuples(index=False):
         in_cur, in_base = _sides(row.side)
         cur = float(row.ratio_cur) if in_cur else None
         base = float(row.ratio_base) if in_base else None
         if in_cur:
             known = base if base_status_of.get(row.case_id, "SKIP") != "SKIP" else None
-            findings += [f for f in (rule_tolerance(row.case_id, row.tensor, cur, known),) if f]
+            findings += [
+                f
+                for f in (
+                    rule_tolerance(row.case_id, row.tensor, cur, known),
+                    rule_mean_error(row.case_id, row.tensor, mean_ratio[(row.case_id, row.tensor)], cur),
+                )
+                if f
+            ]
         if base_status_of.get(row.case_id, "SKIP") == "SKIP":
             continue  # no baseline ratios for this case: rule_case_presence spoke already
         if in_cur and in_base:

@@ -218,8 +218,8 @@ def checked_tolerance(value: Any, field: str = "tolerance") -> dict[str, float]:
         raise ValueError(f"{field} = {value!r} must be an object of multipliers (mult_out, mult_dq, ...)")
     out = {}
     for key, number in value.items():
-        if not (key.startswith("mult_") or key == "fp32_factor") or len(key) > 40:
-            raise ValueError(f"{field}.{key} is not a tolerance multiplier (mult_<tensor> or fp32_factor)")
+        if not (key.startswith(("mult_", "mean_mult")) or key == "fp32_factor") or len(key) > 40:
+            raise ValueError(f"{field}.{key} is not a tolerance multiplier (mult_<tensor>, mean_mult* or fp32_factor)")
         out[key] = measured_float(number, f"{field}.{key}", MAX_MULT)
         if out[key] <= 0:
             raise ValueError(f"{field}.{key} = {number!r} must be > 0")

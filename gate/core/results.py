@@ -10,6 +10,11 @@ Format history:
      `migrate_results` turns into the field.
   3  each row's `case` in the case dict's schema 2 (nested parts with their own schema_version,
      gate/core/cases.py); `migrate_results` turns version 2's flat case dicts into it.
+  4  each tensor's mean-error rule: `pt_mean_err` (the in-dtype reference's mean error),
+     `mean_mult`, `mean_floor`, `mean_bound`, `mean_ratio`. Version 3 did not record the reference's
+     mean: `migrate_results` writes the five as null, such a tensor is read but not judged by the
+     mean rule, and every command that judges or records rows (check --results, baseline update
+     --from-results, merge) refuses the file: re-run the sweep.
 """
 
 from __future__ import annotations
@@ -34,8 +39,8 @@ from gate.core.jsonio import (
     write_json_atomic,
 )
 
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)  # migrate_results turns each older one into the current layout
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)  # migrate_results turns each older one into the current layout
 # The tensors every table shows, in report order (lse where the kernel exposes it).
 TENSORS = ("out", "lse", "dq", "dk", "dv")
 # Tensors only some cases measure, shown only where a case has them: dbias for a case
@@ -56,7 +61,9 @@ MAX_SECONDS = 1e7  # about four months: a longer case or run is no measurement
 # A kernel's error may be infinite (an LSE of inf where the reference is finite; a NaN is written
 # as an infinite error) and so may the yardstick's (the low-precision reference overflowed): such a
 # row is a FAIL, its ratio inf. The rule's own numbers (floor, mult, bands) stay finite.
-UNBOUNDED_FIELDS = ("max_err", "mean_err", "pt_err", "bound", "ratio")
+UNBOUNDED_FIELDS = ("max_err", "mean_err", "pt_err", "bound", "ratio", "pt_mean_err", "mean_bound", "mean_ratio")
+# The mean-error rule's numbers: all recorded, or all null (a row written before the rule).
+MEAN_FIELDS = ("pt_mean_err", "mean_mult", "mean_floor", "mean_bound", "mean_ratio")
 
 
 def error_ratio(err: float, bound: float) -> float:
@@ -126,14 +133,47 @@ class TensorError:
     band_rtol: float
     band_ok: bool
     seed: int
+    # the mean-error rule (gate/correctness/tolerance.py); None: recorded before it, not judged by it
+    pt_mean_err: float | None = None
+    mean_mult: float | None = None
+    mean_floor: float | None = None
+    mean_bound: float | None = None
+    mean_ratio: float | None = None
 
     @property
     def headroom(self) -> float:
         return 1.0 - self.ratio
 
     @property
-    def passed(self) -> bool:
+    def mean_judged(self) -> bool:
+        return self.mean_ratio is not None
+
+    @property
+    def within_max(self) -> bool:
         return self.ratio <= 1.0
+
+    @property
+    def within_mean(self) -> bool:
+        """Within the mean bound; a tensor recorded before the mean rule is not judged by it here
+        (the commands that judge stored rows refuse such a file: `unjudged_by_mean`)."""
+        return self.mean_ratio is None or self.mean_ratio <= 1.0
+
+    @property
+    def passed(self) -> bool:
+        return self.within_max and self.within_mean
+
+    @property
+    def failure(self) -> str:
+        """Why the tensor fails, one clause per rule it breaks ("" when it passes): a row's reason."""
+        why = []
+        if not self.within_max:
+            why.append(f"{self.tensor} error {self.max_err:.3g} > bound {self.bound:.3g} (ratio {self.ratio:.2f}")
+        if not self.within_mean:
+            why.append(
+                f"{self.tensor} mean error {self.mean_err:.3g} > mean bound {self.mean_bound:.3g} "
+                f"(mean ratio {self.mean_ratio:.2f}"
+            )
+        return "; ".join(f"{w}, seed {self.seed})" for w in why)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -148,10 +188,16 @@ class TensorError:
         name = d.get("tensor")
         if name not in ALL_TENSORS:
             raise ValueError(f"tensor = {name!r} is not one of {', '.join(ALL_TENSORS)}")
+        missing = [k for k in MEAN_FIELDS if k not in d]
+        if missing:
+            raise ValueError(f"{name}.{missing[0]} is missing (null where the row predates the mean-error rule)")
+        unrecorded = [d[k] is None for k in MEAN_FIELDS]
+        if any(unrecorded) and not all(unrecorded):
+            raise ValueError(f"{name}: {', '.join(MEAN_FIELDS)} must be all numbers or all null")
         data = {
             k: (
                 measured_float(d[k], f"{name}.{k}", math.inf if k in UNBOUNDED_FIELDS else MAX_ERROR)
-                if k in floats
+                if k in floats or (k in MEAN_FIELDS and d[k] is not None)
                 else d[k]
             )
             for k in d
@@ -178,6 +224,18 @@ class TensorError:
         expected_ratio = error_ratio(self.max_err, self.bound)
         if not math.isclose(self.ratio, expected_ratio, rel_tol=REL_TOL, abs_tol=1e-300):
             raise ValueError(f"{t}.ratio = {self.ratio!r} is not max_err / bound = {expected_ratio!r}")
+        if not self.mean_judged:
+            return
+        if not self.mean_floor > 0 or not self.mean_mult > 0:
+            raise ValueError(f"{t}.mean_floor and .mean_mult must be > 0 (a zero mean bound judges nothing)")
+        expected_bound = self.mean_mult * self.pt_mean_err + self.mean_floor
+        if not math.isclose(self.mean_bound, expected_bound, rel_tol=REL_TOL, abs_tol=1e-300):
+            raise ValueError(
+                f"{t}.mean_bound = {self.mean_bound!r} is not mean_mult x pt_mean_err + mean_floor = {expected_bound!r}"
+            )
+        expected_ratio = error_ratio(self.mean_err, self.mean_bound)
+        if not math.isclose(self.mean_ratio, expected_ratio, rel_tol=REL_TOL, abs_tol=1e-300):
+            raise ValueError(f"{t}.mean_ratio = {self.mean_ratio!r} is not mean_err / mean_bound = {expected_ratio!r}")
 
 
 @dataclass(frozen=True)
@@ -286,11 +344,17 @@ class CaseResult:
         """The stored status must be the one the row's own numbers give: PASS only with every
         tensor within its bound and no failed check; FAIL with measured tensors only when one is
         out of bounds or a check failed (a FAIL without tensors is an invalid answer: its reason)."""
-        over = [t.tensor for t in self.tensors if not t.passed]
+        over = [t for t in self.tensors if not t.passed]
         failed = [c.name for c in self.checks if c.passed is False]
         if self.status is Status.PASS and (over or failed):
             what = (
-                f"{', '.join(over)} over the bound (ratio {max(t.ratio for t in self.tensors):.4g})"
+                f"{', '.join(t.tensor for t in over)} over the bound ("
+                + (
+                    f"ratio {max(t.ratio for t in self.tensors):.4g}"
+                    if not over[0].within_max
+                    else f"mean ratio {over[0].mean_ratio:.4g}"
+                )
+                + ")"
                 if over
                 else f"the {', '.join(failed)} check failed"
             )
@@ -329,6 +393,12 @@ class SweepResult:
     @property
     def passed(self) -> bool:
         return not any(c.status.failed for c in self.cases) and any(c.status is Status.PASS for c in self.cases)
+
+    @property
+    def unjudged_by_mean(self) -> tuple[str, ...]:
+        """The cases holding a tensor recorded before the mean-error rule (results version 3):
+        their PASS says nothing about a bias under the max bound."""
+        return tuple(c.case_id for c in self.cases if any(not t.mean_judged for t in c.tensors))
 
     def harness_report(self) -> list[dict[str, Any]]:
         """The seed lecture's harness_report.json rows: one per measured case, bands as information."""
@@ -479,7 +549,19 @@ def migrate_results(payload: dict[str, Any]) -> dict[str, Any]:
         payload = {**payload, "schema_version": 2, "notes": kept, "scope": scope}
     if payload.get("schema_version") == 2:
         payload = {**payload, "schema_version": 3, "cases": migrate_rows(payload.get("cases"))}
+    if payload.get("schema_version") == 3:
+        rows = payload.get("cases")
+        rows = [_unjudged_by_mean(r) for r in rows] if isinstance(rows, list) else rows
+        payload = {**payload, "schema_version": 4, "cases": rows}
     return payload
+
+
+def _unjudged_by_mean(row: Any) -> Any:
+    """A version 3 row with its tensors' mean-rule fields null: not recorded, so not judged."""
+    tensors = row.get("tensors") if isinstance(row, dict) else None
+    if not isinstance(tensors, dict) or not all(isinstance(t, dict) for t in tensors.values()):
+        return row  # from_dict names what is wrong with it
+    return {**row, "tensors": {n: {**t, **dict.fromkeys(MEAN_FIELDS)} for n, t in tensors.items()}}
 
 
 def migrate_rows(rows: Any) -> list[Any]:

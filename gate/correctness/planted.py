@@ -162,6 +162,32 @@ def _varlen_boundary(w: Wrapped, call: KernelCall) -> KernelOutput:
     return dataclasses.replace(res, out=out)
 
 
+class _BiasedForward(torch.autograd.Function):
+    """out times `factor`, rounded back to out's dtype; the gradient passes unchanged (the bias
+    lives in the forward's epilogue, which the backward does not replay)."""
+
+    @staticmethod
+    def forward(ctx, x, factor):
+        return (x.double() * factor).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+# Half the dtype's epsilon: every element of out moves by about one ulp or less, each under the
+# max bound (2 x P's max error + a spacing), while their mean is several times P's mean error.
+OUT_BIAS_EPS = 0.5
+
+
+def _out_biased(w: Wrapped, call: KernelCall) -> KernelOutput:
+    """out scaled by (1 + OUT_BIAS_EPS x eps of its dtype): a reciprocal of the row sum rounded the
+    same way on every row (an approximate rcp, a constant off in its last bit)."""
+    res = w.inner(call)
+    factor = 1.0 + OUT_BIAS_EPS * torch.finfo(res.out.dtype).eps
+    return dataclasses.replace(res, out=_BiasedForward.apply(res.out, factor))
+
+
 def _dq_noise_when_deterministic(w: Wrapped, call: KernelCall) -> KernelOutput:
     if not call.deterministic:
         return w.inner(call)
@@ -782,6 +808,15 @@ BUGS: tuple[PlantedBug, ...] = (
         DECODE_SHIFTED,
         wrap(_decode_split_combine_unshifted),
         needs=lambda caps: caps.returns_lse,
+    ),
+    # a bias under the max bound on every element: only the mean-error rule sees it
+    PlantedBug(
+        "out_bias_half_ulp",
+        "out scaled by (1 + eps/2) of its dtype (a reciprocal rounded up: a bias under the max bound)",
+        "kernel",
+        ANY,
+        wrap(_out_biased),
+        hint="the mean-error rule (mean_mult): the max rule alone passes it",
     ),
 )
 

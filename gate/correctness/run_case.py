@@ -23,7 +23,14 @@ from gate.core.cases import Case
 from gate.core.config import ToleranceConfig
 from gate.core.errors import first_line
 from gate.core.results import ALL_TENSORS, CaseResult, Status, TensorError, error_ratio
-from gate.correctness.tolerance import BANDS, error_bound, rounding_floor, tensor_spec
+from gate.correctness.tolerance import (
+    BANDS,
+    error_bound,
+    mean_error_bound,
+    mean_floor,
+    rounding_floor,
+    tensor_spec,
+)
 from gate.kernels.base import KernelAdapter, KernelCall, KernelOutput, NoKernel
 
 
@@ -32,10 +39,18 @@ class BadOutput(Exception):
 
 
 def measure(
-    name: str, kernel: torch.Tensor, gold: torch.Tensor, low: torch.Tensor, dtype: str, mult: float, seed: int
+    name: str,
+    kernel: torch.Tensor,
+    gold: torch.Tensor,
+    low: torch.Tensor,
+    dtype: str,
+    mult: float,
+    seed: int,
+    mean_mult: float = 1.5,
 ) -> TensorError:
     """One tensor's errors, compared as its spec says (tolerance.SPECS: which elements, the
-    dtype of the floor and what is added to it, how the worst element is located)."""
+    dtype of the floor and what is added to it, how the worst element is located), against the
+    max bound (`mult`) and the mean bound (`mean_mult`) over the same elements."""
     spec = tensor_spec(name)
     floor_dtype, floor_extra = spec.yardstick_dtype, spec.floor_extra
     k, g, p = kernel.double(), gold.double(), low.double()
@@ -43,8 +58,10 @@ def measure(
         keep = torch.isfinite(g)
         k, g, p = k[keep], g[keep], p[keep]
     if g.numel() == 0:
-        empty_floor = rounding_floor(0.0, floor_dtype or dtype) + floor_extra
+        empty_rounding = rounding_floor(0.0, floor_dtype or dtype)
+        empty_floor = empty_rounding + floor_extra
         atol, rtol = BANDS[dtype]
+        empty_mean_floor = mean_floor(empty_rounding, floor_extra)
         return TensorError(
             tensor=name,
             max_err=0.0,
@@ -59,6 +76,11 @@ def measure(
             band_rtol=rtol,
             band_ok=True,
             seed=seed,
+            pt_mean_err=0.0,
+            mean_mult=mean_mult,
+            mean_floor=empty_mean_floor,
+            mean_bound=empty_mean_floor,
+            mean_ratio=0.0,
         )
     diff = (k - g).abs()
     nan = torch.isnan(diff)
@@ -71,11 +93,15 @@ def measure(
         mean_err = float(diff.mean())
     worst = (flat,) if spec.flat_index else tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape))
     # a yardstick that broke (NaN) judges nothing: an infinite bound, so the ratio is inf (error_ratio)
-    pt_err = float(torch.nan_to_num((p - g).abs(), nan=math.inf).max())
+    pt_diff = torch.nan_to_num((p - g).abs(), nan=math.inf)
+    pt_err, pt_mean_err = float(pt_diff.max()), float(pt_diff.mean())
     floor_dtype = floor_dtype or dtype
     gd = g.to(TORCH_DTYPES[floor_dtype])
-    floor = rounding_floor(2.0 * float(((gd + 0.3) - 0.3 - gd).abs().max()), floor_dtype) + floor_extra
+    rounding = rounding_floor(2.0 * float(((gd + 0.3) - 0.3 - gd).abs().max()), floor_dtype)
+    floor = rounding + floor_extra
     bound = error_bound(pt_err, floor, mult)
+    mean_floor_ = mean_floor(rounding, floor_extra)
+    mean_bound = mean_error_bound(pt_mean_err, mean_floor_, mean_mult)
     atol, rtol = BANDS[dtype]
     band_ok = bool((diff <= atol + rtol * g.abs()).all())
     return TensorError(
@@ -92,6 +118,11 @@ def measure(
         band_rtol=rtol,
         band_ok=band_ok,
         seed=seed,
+        pt_mean_err=pt_mean_err,
+        mean_mult=mean_mult,
+        mean_floor=mean_floor_,
+        mean_bound=mean_bound,
+        mean_ratio=error_ratio(mean_err, mean_bound),
     )
 
 
@@ -316,10 +347,11 @@ def measure_exact(name: str, kernel: torch.Tensor, expected: torch.Tensor, dtype
     worst = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape)) if diff.numel() else ()
     bound = rounding_floor(0.0, dtype)
     atol, rtol = BANDS[dtype]
+    mean_err = float(diff.mean()) if diff.numel() else 0.0
     return TensorError(
         tensor=name,
         max_err=max_err,
-        mean_err=float(diff.mean()) if diff.numel() else 0.0,
+        mean_err=mean_err,
         pt_err=0.0,
         floor=bound,
         mult=1.0,
@@ -330,6 +362,12 @@ def measure_exact(name: str, kernel: torch.Tensor, expected: torch.Tensor, dtype
         band_rtol=rtol,
         band_ok=max_err == 0.0,
         seed=seed,
+        # an exact tensor is judged by its max; its mean, never above it, gets the same bound
+        pt_mean_err=0.0,
+        mean_mult=1.0,
+        mean_floor=bound,
+        mean_bound=bound,
+        mean_ratio=error_ratio(mean_err, bound),
     )
 
 
@@ -495,7 +533,7 @@ def judge_seed(
     if case.entry.sinks and not forward_only and not traits.sink_grad:
         notes.append("dsink not judged: the adapter declares no sink gradient")
     for name, tensor in measured.items():
-        mult = tol.mult(name, tensor_spec(name).yardstick_dtype or case.compute_dtype)
+        yardstick_dtype = tensor_spec(name).yardstick_dtype or case.compute_dtype
         errors.append(
             measure(
                 name,
@@ -503,19 +541,27 @@ def judge_seed(
                 getattr(gold, name),
                 yardstick(name, case, inputs, raw.dropout_keep, low),
                 case.compute_dtype,
-                mult,
+                tol.mult(name, yardstick_dtype),
                 inputs.seed,
+                tol.mean_mult_of(case.dtype, yardstick_dtype),
             )
         )
     return SeedJudgement(errors=tuple(errors), notes=tuple(notes))
 
 
 def worst_per_tensor(judgements) -> dict[str, TensorError]:
-    """Per tensor, the seed with the highest ratio (the first of equals; a NaN ratio wins)."""
+    """Per tensor, a failing seed before a passing one (a seed failing the mean rule alone is not
+    hidden by another with a higher max ratio), then the highest ratio (the first of equals; a NaN
+    ratio wins)."""
     worst: dict[str, TensorError] = {}
     for judgement in judgements:
         for err in judgement.errors:
-            if err.tensor not in worst or not err.ratio <= worst[err.tensor].ratio:
+            held = worst.get(err.tensor)
+            if (
+                held is None
+                or (held.passed and not err.passed)
+                or (held.passed == err.passed and not err.ratio <= held.ratio)
+            ):
                 worst[err.tensor] = err
     return worst
 
@@ -590,9 +636,7 @@ def verdict_row(
     bad = [t for t in tensors if not t.passed]
     failed_checks = [c for c in checks if c.passed is False]
     if bad or failed_checks:
-        why = [
-            f"{t.tensor} error {t.max_err:.3g} > bound {t.bound:.3g} (ratio {t.ratio:.2f}, seed {t.seed})" for t in bad
-        ]
+        why = [t.failure for t in bad]
         why += [f"{c.name}: {c.detail}" for c in failed_checks]
         return CaseResult(
             case=case,

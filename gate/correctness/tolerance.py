@@ -7,6 +7,11 @@ dtype, all from the same rounded inputs:
 A kernel may be as wrong as `mult` times what PyTorch's own low-precision arithmetic loses, plus
 rounding. A fixed atol/rtol band fails correct kernels (every bf16 causal row, measured on an
 H200); this rule does not, and still catches a 2% error in dK.
+
+Its companion judges the mean over the same elements, as flash-attention's tests do, so that a
+bias spread over every element (each one under the max bound) still fails:
+    mean_bound = mean_mult * mean|P - G| + mean_floor    mean_floor = rounding floor / 8 + extra
+    mean_ratio = mean|K - G| / mean_bound                 pass when mean_ratio <= 1
 """
 
 from __future__ import annotations
@@ -36,6 +41,25 @@ def rounding_floor(measured: float, dtype: str) -> float:
 
 def error_bound(pt_err: float, floor: float, mult: float) -> float:
     return mult * pt_err + floor
+
+
+# The mean's floor, where P is exact (mean|P - G| ~ 0: fp32, outputs that copy V). The rounding
+# floor is one spacing s where the largest values sit; a rounding error spread evenly over +-s/2
+# averages s/4, and the typical value sits lower than the largest: an eighth. Measured on CPU
+# (smoke, sdpa-cpu and tiled, every tensor): correct kernels' worst mean ratio 0.95 (sdpa-cpu's
+# fp16 dV with one key: its mean error is 1.48x P's); at s/4 a bias of half an ulp on out passes
+# every multi-key case, at s/8 it fails on the large-output ones (mean ratio 1.01-1.09).
+MEAN_FLOOR_SHARE = 0.125
+
+
+def mean_floor(rounding: float, extra: float = 0.0) -> float:
+    """The mean's floor: its share of the rounding floor, plus the spec's whole absolute allowance
+    (approximate exp/log errs in the same direction on every element, so a mean does not shrink it)."""
+    return MEAN_FLOOR_SHARE * rounding + extra
+
+
+def mean_error_bound(pt_mean_err: float, floor: float, mean_mult: float) -> float:
+    return mean_mult * pt_mean_err + floor
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,7 @@ from gate.compare.sweep_rules import (
     refuse_duplicate_cases,
     refuse_other_gpu_class,
     refuse_stale_baseline,
+    refuse_unjudged_by_mean,
 )
 from gate.core.cases import suite_names
 from gate.core.config import Config, known_failures_in, own_kernel
@@ -143,6 +144,7 @@ def writing(fix: str):
 def read_results(path: Path, kernel: str | None, suite: str | None) -> SweepResult:
     sweep = SweepResult.read(path)
     refuse_duplicate_cases(sweep, path)
+    refuse_unjudged_by_mean(sweep, path)
     for option, wanted, found in (("--kernel", kernel, sweep.kernel), ("--suite", suite, sweep.suite)):
         if wanted is not None and wanted != found:
             raise UserError(
