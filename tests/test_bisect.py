@@ -1,7 +1,10 @@
 """`attn-gate bisect`: a synthetic kernel repository of six commits (examples/tiny-attn's kernel, a
 two-case suite, a committed CPU baseline) where commit 5 plants a bug; the bisect names it, skips a
 commit that does not build, refuses a good end that fails, and stops on a flaky kernel. The step's
-decision (gate/workflow/bisect.py `decide_step`, `read_failing`) is tested on tables first."""
+decision (gate/workflow/bisect.py `decide_step`, `read_failing`) is tested on tables first.
+
+The bisect runs in this process (the installed script's run is test_rehearsal.py's bisect.yml);
+each check it makes is a fresh `attn-gate check` process either way."""
 
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from gate.workflow.bisect import (
     decide_step,
     step_verdict,
 )
-from tests.minisuite import DK_LINE, TINY_ATTN, attn_gate, git, suite
+from tests.minisuite import DK_LINE, TINY_ATTN, attn_gate, gate, git, suite
 
 PLANTED = DK_LINE + "        dk = dk * 1.02\n"
 # a bug on every other import of the module (one import per check: its one worker)
@@ -161,7 +164,7 @@ def make_repo(
         (repo / rel).parent.mkdir(parents=True, exist_ok=True)
         (repo / rel).write_text(text)
     git(repo, "init", "-q")
-    assert attn_gate(repo, "baseline", "update", "--device", "cpu", "--no-progress").returncode == 0
+    assert gate(["baseline", "update", "--device", "cpu", "--no-progress"], repo) == 0
     ids = []
     for i in range(1, commits + 1):
         if i in edits:
@@ -175,12 +178,17 @@ def make_repo(
 
 
 def fail_at_head(repo: Path) -> None:
-    """The nightly's check that fails and leaves its findings in out/ for --last-failed."""
+    """The nightly's check that fails and leaves its findings in out/ for --last-failed; in a fresh
+    process: a warm worker of this one holds the kernel as make_repo's baseline imported it."""
     assert attn_gate(repo, "check", "--device", "cpu", "--no-progress").returncode == 1
 
 
-def bisect(repo: Path, *args: str) -> subprocess.CompletedProcess:
-    return attn_gate(repo, "bisect", *args)
+def bisect(repo: Path, capfd: pytest.CaptureFixture, *args: str) -> subprocess.CompletedProcess:
+    """`attn-gate bisect ARGS` from REPO in this process, with what it wrote to stdout and stderr."""
+    capfd.readouterr()
+    code = gate(["bisect", *args], repo)
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(["bisect", *args], code, out, err)
 
 
 def plant(text: str) -> str:
@@ -207,10 +215,10 @@ def planted(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("bisect")
-def test_bisect_names_the_commit_that_planted_the_bug_and_skips_one_that_does_not_build(planted):
+def test_bisect_names_the_commit_that_planted_the_bug_and_skips_one_that_does_not_build(planted, capfd):
     repo, commits = planted
     # one run a step: the re-runs are the flaky test's business
-    proc = bisect(repo, "--good", commits[0], "--last-failed", "--reruns", "0")
+    proc = bisect(repo, capfd, "--good", commits[0], "--last-failed", "--reruns", "0")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"FIRST BAD COMMIT: {commits[4]} commit 5" in proc.stdout
     for case in CASES:
@@ -224,15 +232,15 @@ def test_bisect_names_the_commit_that_planted_the_bug_and_skips_one_that_does_no
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("bisect")
-def test_bisect_refuses_a_good_end_that_fails(planted):
+def test_bisect_refuses_a_good_end_that_fails(planted, capfd):
     repo, commits = planted
-    proc = bisect(repo, "--good", commits[4], "--last-failed", "--reruns", "0")
+    proc = bisect(repo, capfd, "--good", commits[4], "--last-failed", "--reruns", "0")
     assert proc.returncode == 2 and "--good" in proc.stderr and "is bad, not good" in proc.stderr
     no_leftovers(repo)
 
 
 @pytest.mark.slow
-def test_bisect_stops_on_a_flaky_kernel_and_names_the_case(tmp_path, monkeypatch):
+def test_bisect_stops_on_a_flaky_kernel_and_names_the_case(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("TINYK_IMPORTS", str(tmp_path / "imports"))
     repo, commits = make_repo(
         tmp_path,
@@ -244,7 +252,7 @@ def test_bisect_stops_on_a_flaky_kernel_and_names_the_case(tmp_path, monkeypatch
         commits=3,
     )
     # the bad end's check (the first import: the bug is on), then its re-run (off)
-    proc = bisect(repo, "--good", commits[0], "--only", exact_regex(CASES))
+    proc = bisect(repo, capfd, "--good", commits[0], "--only", exact_regex(CASES))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "STOPPED: flaky" in proc.stdout and "FIRST BAD" not in proc.stdout
     assert all(case in proc.stdout.split("STOPPED")[1] for case in CASES)

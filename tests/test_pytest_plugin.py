@@ -2,10 +2,16 @@
 own rules. A planted bug in a plain-PyTorch kernel (examples/tiny-attn's, dK x1.02 on causal cases
 only) fails exactly the items that `attn-gate check` fails; `-k`, `-x`, `--lf`, `-n 2` and
 `--junitxml` work; this repository's smoke suite and the example repository's pass; without the
-flag the plugin adds nothing."""
+flag the plugin adds nothing.
+
+A run under xdist, and the example repository's (it imports its own `tests`), is a fresh pytest
+process; the others run in this one (pytester's in-process run, as pytest's own plugin tests do):
+the cases run in the gate's worker processes either way, and one run's warm worker serves the
+next run of the same kernel instead of a torch import per process."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -15,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.minisuite import DK_LINE, ROOT, TINY_ATTN, attn_gate, run, suite
+from tests.minisuite import DK_LINE, ROOT, TINY_ATTN, gate, run, suite
+
+pytest_plugins = ("pytester",)
 
 CAUSAL_BUG = DK_LINE + "        dk = dk * 1.02 if ctx.causal else dk\n"
 PYPROJECT = '[tool.attn-gate.cpu]\nkernel = "tinyk:flash_attn_func"\nsuite = "mini"\n' + suite(
@@ -30,7 +38,19 @@ BUGGY = [
 
 
 def pytest_in(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """pytest in a fresh process: what xdist's controller and workers need, and a repository whose
+    module names (`tests`) this process holds already."""
     return run([sys.executable, "-m", "pytest", "-p", "no:randomly", "-q", *args], cwd)
+
+
+def pytest_here(pytester: pytest.Pytester, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """pytest from CWD in this process; stdout and stderr as a CompletedProcess's."""
+    # pytester's run drops the modules it imported; the gate's are imported here first, so they stay
+    import gate.workflow.pytest_cases  # noqa: F401
+
+    with contextlib.chdir(cwd):
+        result = pytester.runpytest_inprocess("-p", "no:randomly", "-q", *args)
+    return subprocess.CompletedProcess(args, int(result.ret), "\n".join(result.outlines), "\n".join(result.errlines))
 
 
 def junit(path: Path) -> dict[str, str]:
@@ -57,31 +77,18 @@ def repo(tmp_path_factory):
         (repo / name).mkdir(parents=True)
         (repo / name / "__init__.py").write_text(text)
     (repo / "pyproject.toml").write_text(PYPROJECT)
-    proc = attn_gate(repo, "baseline", "update", "--device", "cpu", "--no-progress", "--out", "o-base")
-    assert proc.returncode == 0, proc.stderr
+    assert gate(["baseline", "update", "--device", "cpu", "--no-progress", "--out", "o-base"], repo) == 0
     return repo
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("pytest_plugin")
-def test_the_failing_items_are_exactly_the_checks_fail_cases(repo):
-    check = attn_gate(
-        repo,
-        "check",
-        "--kernel",
-        "tinyk_bug:flash_attn_func",
-        "--baseline",
-        "baselines/cpu/tinyk_flash_attn_func-mini.json",
-        "--device",
-        "cpu",
-        "--no-progress",
-        "--out",
-        "o-check",
-    )
-    assert check.returncode == 1, check.stderr
+def test_the_failing_items_are_exactly_the_checks_fail_cases(repo, pytester):
+    check = ["check", "--kernel", BUGGY[1], "--baseline", BUGGY[3], "--device", "cpu", "--no-progress"]
+    assert gate([*check, "--out", "o-check"], repo) == 1
     expected = failing_cases(repo / "o-check" / "findings-tinyk_bug_flash_attn_func-mini.json")
     assert expected and all("causal" in c for c in expected)  # the bug is on causal cases only
-    # under xdist (-n 2): the controller writes the whole run's files; the runs below are one process
+    # under xdist (-n 2): the controller writes the whole run's files; the runs below are in this process
     proc = pytest_in(repo, "--attn-gate", *BUGGY, "--attn-gate-out", "o-pytest", "-n", "2", "--junitxml", "j.xml")
     assert proc.returncode == 1, proc.stdout[-3000:]
     outcomes = junit(repo / "j.xml")
@@ -97,35 +104,39 @@ def test_the_failing_items_are_exactly_the_checks_fail_cases(repo):
         assert (repo / "o-pytest" / name).is_file()
 
     # --lf: only the failures run again
-    again = pytest_in(repo, "--attn-gate", *BUGGY, "--attn-gate-out", "o-lf", "--lf", "--junitxml", "lf.xml")
+    again = pytest_here(
+        pytester, repo, "--attn-gate", *BUGGY, "--attn-gate-out", "o-lf", "--lf", "--junitxml", "lf.xml"
+    )
     assert again.returncode == 1 and set(junit(repo / "lf.xml")) == expected, again.stdout[-2000:]
     # the run's files cover what ran (a scoped check), and still fail those cases
     lf = json.loads((repo / "o-lf" / "findings-tinyk_bug_flash_attn_func-mini.json").read_text())
     assert lf["context"]["cases"] == len(expected) and lf["verdict"] == "FAIL"
 
     # -x stops at the first failure; -k selects by case id
-    first = pytest_in(
-        repo, "--attn-gate", *BUGGY, "--attn-gate-out", "o-x", "-x", "-k", "causal", "--junitxml", "x.xml"
+    first = pytest_here(
+        pytester, repo, "--attn-gate", *BUGGY, "--attn-gate-out", "o-x", "-x", "-k", "causal", "--junitxml", "x.xml"
     )
     assert first.returncode == 1 and list(junit(repo / "x.xml").values()) == ["failed"]
-    picked = pytest_in(repo, "--attn-gate", *BUGGY, "--attn-gate-out", "o-k", "-k", "not causal", "--junitxml", "k.xml")
+    picked = pytest_here(
+        pytester, repo, "--attn-gate", *BUGGY, "--attn-gate-out", "o-k", "-k", "not causal", "--junitxml", "k.xml"
+    )
     assert picked.returncode == 0 and set(junit(repo / "k.xml")) == {n for n in outcomes if "causal" not in n}
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("pytest_plugin")
-def test_without_the_flag_the_plugin_adds_nothing(repo):
-    proc = pytest_in(repo, "--collect-only")
+def test_without_the_flag_the_plugin_adds_nothing(repo, pytester):
+    proc = pytest_here(pytester, repo, "--collect-only")
     assert "attn-gate" not in proc.stdout and "no tests collected" in proc.stdout, proc.stdout
-    listed = pytest_in(repo, "--attn-gate", "--collect-only")
+    listed = pytest_here(pytester, repo, "--attn-gate", "--collect-only")
     assert listed.stdout.count("\nattn-gate::fp32-") + listed.stdout.startswith("attn-gate::") == 4, listed.stdout
     assert "4 tests collected" in listed.stdout
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("pytest_plugin")
-def test_no_baseline_is_a_usage_error_with_the_gates_message(repo):
-    proc = pytest_in(repo, "--attn-gate", "--attn-gate-kernel", "tinyk_bug:flash_attn_func")
+def test_no_baseline_is_a_usage_error_with_the_gates_message(repo, pytester):
+    proc = pytest_here(pytester, repo, "--attn-gate", "--attn-gate-kernel", "tinyk_bug:flash_attn_func")
     assert proc.returncode == 4 and "no baseline for kernel 'tinyk_bug:flash_attn_func'" in proc.stderr + proc.stdout
 
 
@@ -166,24 +177,10 @@ def test_the_example_repositorys_smoke_suite_passes(tmp_path):
     repo = tmp_path / "tiny-attn"
     shutil.copytree(ROOT / "examples" / "tiny-attn", repo, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-    init = attn_gate(
-        repo,
-        "init",
-        "--dense",
-        "tiny_attn:flash_attn_func",
-        "--varlen",
-        "tiny_attn:flash_attn_varlen_func",
-        "--repository",
-        "example/tiny-attn",
-        "--install",
-        "attn-gate==0.1.0",
-        "--yes",
-    )
-    assert init.returncode == 0, init.stderr
-    base = attn_gate(
-        repo, "baseline", "update", "--kernel", "sdpa-cpu", "--suite", "smoke", "--device", "cpu", "--no-progress"
-    )
-    assert base.returncode == 0, base.stderr[-2000:]
+    init = ["init", "--dense", "tiny_attn:flash_attn_func", "--varlen", "tiny_attn:flash_attn_varlen_func"]
+    assert gate([*init, "--repository", "example/tiny-attn", "--install", "attn-gate==0.1.0", "--yes"], repo) == 0
+    base = ["baseline", "update", "--kernel", "sdpa-cpu", "--suite", "smoke", "--device", "cpu", "--no-progress"]
+    assert gate(base, repo) == 0
     # the repository's own tests and the gate's cases in one run (a subset of the cases: -k)
     proc = pytest_in(
         repo,
