@@ -59,7 +59,7 @@ def cheats(q, k, v, softmax_scale=None, causal=False):
     import gate.correctness.run_case as rc
     from gate.core.results import TensorError
 
-    def perfect(name, kernel, gold, low, dtype, mult, seed):
+    def perfect(name, kernel, gold, low, dtype, mult, seed, mean_mult=1.5):
         return TensorError(
             tensor=name,
             max_err=0.0,
@@ -74,6 +74,11 @@ def cheats(q, k, v, softmax_scale=None, causal=False):
             band_rtol=1e-2,
             band_ok=True,
             seed=seed,
+            pt_mean_err=0.0,
+            mean_mult=mean_mult,
+            mean_floor=1e-4,
+            mean_bound=1e-4,
+            mean_ratio=0.0,
         )
 
     rc.measure = perfect

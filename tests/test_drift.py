@@ -115,7 +115,8 @@ def test_drift_command_exit_codes(tmp_path, monkeypatch):
     assert main(["drift", "--kernel", "sdpa-flash", "--device", "cpu", "--steps", "5", "--out", str(out)]) == 2
     import gate.kernels.registry as registry
 
-    monkeypatch.setattr(registry, "get_adapter", lambda name: DriftingTiled())
+    builtins = registry._builtins
+    monkeypatch.setattr(registry, "_builtins", lambda: {**builtins(), "drifting": DriftingTiled})
     assert main(["drift", "--kernel", "drifting", "--device", "cpu", "--steps", "100", "--out", str(out)]) == 1
     with pytest.raises(UserError):
         default_config("cpu", dtype="fp8")

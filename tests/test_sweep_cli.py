@@ -48,7 +48,7 @@ def test_smoke_sweep_passes_and_writes_report_and_note(smoke_sweeps, kernel):
     code, stdout, _, out = smoke_sweeps[kernel]
     assert code == 0, stdout[-3000:]
     report = json.loads((out / f"sweep-{kernel}-smoke.json").read_text())
-    assert report["schema_version"] == 3 and report["kernel"] == kernel and report["suite"] == "smoke"
+    assert report["schema_version"] == 4 and report["kernel"] == kernel and report["suite"] == "smoke"
     assert report["summary"]["FAIL"] == report["summary"]["ERROR"] == 0 and report["summary"]["PASS"] > 0
     rows = report["harness_report"]
     assert rows and all(HARNESS_FIELDS <= set(r) for r in rows)
