@@ -59,7 +59,7 @@ def cheats(q, k, v, softmax_scale=None, causal=False):
     import gate.correctness.run_case as rc
     from gate.core.results import TensorError
 
-    def perfect(name, kernel, gold, low, dtype, mult, seed, mean_mult=1.5):
+    def perfect(name, kernel, gold, low, dtype, mult, seed, mean_mult):
         return TensorError(
             tensor=name,
             max_err=0.0,

@@ -21,7 +21,7 @@ from gate.core.config import ToleranceConfig, VerdictConfig
 from gate.core.errors import UserError
 from gate.core.identity import Scope
 from gate.core.results import MEAN_FIELDS, CaseResult, Status, SweepResult, TensorError, error_ratio
-from gate.correctness.tolerance import MEAN_FLOOR_SHARE, mean_error_bound, mean_floor
+from gate.correctness.tolerance import MEAN_FLOOR_SHARE, error_bound, mean_floor
 
 DATA = Path(__file__).parent / "data"
 
@@ -30,7 +30,7 @@ def judged(name: str = "out", ratio: float = 0.5, mean_ratio: float = 0.5, seed:
     """A tensor with both rules' numbers consistent: the max at `ratio`, the mean at `mean_ratio`."""
     pt_mean, floor = 1e-4, 2e-4
     m_floor = mean_floor(floor)
-    m_bound = mean_error_bound(pt_mean, m_floor, 1.5)
+    m_bound = error_bound(pt_mean, m_floor, 1.5)
     return TensorError(
         tensor=name,
         max_err=ratio * 0.01,
@@ -83,7 +83,7 @@ def sweep(*rows: CaseResult) -> SweepResult:
 def test_the_mean_floor_is_a_share_of_the_rounding_floor_plus_the_whole_allowance():
     assert mean_floor(8e-3) == MEAN_FLOOR_SHARE * 8e-3 and 0 < MEAN_FLOOR_SHARE < 1
     assert mean_floor(8e-3, 2.0**-12) == MEAN_FLOOR_SHARE * 8e-3 + 2.0**-12
-    assert mean_error_bound(1e-4, 5e-5, 1.5) == pytest.approx(2e-4)
+    assert error_bound(1e-4, 5e-5, 1.5) == pytest.approx(2e-4)
 
 
 @pytest.mark.parametrize(

@@ -203,7 +203,7 @@ def test_error_bound_is_mult_times_pt_err_plus_floor():
 
 
 def measured(kernel, gold, low, dtype="bf16", name="out"):
-    return measure(name, kernel, gold, low, dtype, 2.0, 0)
+    return measure(name, kernel, gold, low, dtype, 2.0, 0, TOL.mean_mult)
 
 
 def test_measure_nan_in_kernel_fails():
@@ -228,7 +228,7 @@ def test_a_broken_lse_row_survives_its_own_file(bad):
     g = torch.linspace(1, 3, 8, dtype=torch.float64)
     k = g.clone()
     k[5] = bad
-    t = measure("lse", k.float(), g, g.float(), "bf16", 2.0, 0)
+    t = measure("lse", k.float(), g, g.float(), "bf16", 2.0, 0, TOL.mean_mult)
     assert t.max_err == math.inf and t.ratio == math.inf and not t.passed and t.worst_index == (5,)
     stored = json.loads(json.dumps(clean_json(t.to_dict())))
     assert TensorError.from_dict(stored) == t
@@ -245,7 +245,7 @@ def test_a_broken_yardstick_is_an_infinite_bound_that_reads_back():
     g = torch.linspace(1, 3, 8, dtype=torch.float64)
     low = g.clone()
     low[2] = math.nan
-    t = measure("out", g.float(), g, low, "bf16", 2.0, 0)
+    t = measure("out", g.float(), g, low, "bf16", 2.0, 0, TOL.mean_mult)
     assert t.pt_err == math.inf and t.bound == math.inf and t.ratio == math.inf and not t.passed
     assert TensorError.from_dict(json.loads(json.dumps(clean_json(t.to_dict())))) == t
 

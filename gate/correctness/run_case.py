@@ -26,7 +26,6 @@ from gate.core.results import ALL_TENSORS, CaseResult, Status, TensorError, erro
 from gate.correctness.tolerance import (
     BANDS,
     error_bound,
-    mean_error_bound,
     mean_floor,
     rounding_floor,
     tensor_spec,
@@ -46,7 +45,7 @@ def measure(
     dtype: str,
     mult: float,
     seed: int,
-    mean_mult: float = 1.5,
+    mean_mult: float,
 ) -> TensorError:
     """One tensor's errors, compared as its spec says (tolerance.SPECS: which elements, the
     dtype of the floor and what is added to it, how the worst element is located), against the
@@ -101,7 +100,7 @@ def measure(
     floor = rounding + floor_extra
     bound = error_bound(pt_err, floor, mult)
     mean_floor_ = mean_floor(rounding, floor_extra)
-    mean_bound = mean_error_bound(pt_mean_err, mean_floor_, mean_mult)
+    mean_bound = error_bound(pt_mean_err, mean_floor_, mean_mult)  # the max's form, over means
     atol, rtol = BANDS[dtype]
     band_ok = bool((diff <= atol + rtol * g.abs()).all())
     return TensorError(

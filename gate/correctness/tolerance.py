@@ -58,10 +58,6 @@ def mean_floor(rounding: float, extra: float = 0.0) -> float:
     return MEAN_FLOOR_SHARE * rounding + extra
 
 
-def mean_error_bound(pt_mean_err: float, floor: float, mean_mult: float) -> float:
-    return mean_mult * pt_mean_err + floor
-
-
 @dataclass(frozen=True)
 class TensorSpec:
     """How one kind of tensor is compared with its reference, as data (torch.testing's Pair
