@@ -52,7 +52,7 @@ from gate.compare.baselines import (
     widen_baseline,
 )
 from gate.compare.comparable import same, why_not_comparable
-from gate.compare.findings import CheckContext, Finding, Verdict, decide, worst_first
+from gate.compare.findings import CheckContext, Finding, Rule, Verdict, decide, worst_first
 from gate.compare.known import apply_known, for_kernel, refuse_unmatched, undeclared_failures
 from gate.compare.sweep_rules import (
     check_comparable,
@@ -451,7 +451,7 @@ def run_check(plan: RunPlan, source: FreshSweep | SavedSweep, out: Outputs) -> C
     if perf_run is not None:
         if isinstance(source, FreshSweep) and not plan.cases:
             # --only chose timing-only cases: the speed is what this check judges
-            findings = [f for f in findings if f.rule != "nothing_measured"]
+            findings = [f for f in findings if f.rule is not Rule.NOTHING_MEASURED]
         findings, thresholds = list(findings) + perf_run.findings, {**thresholds, **perf_run.thresholds}
     findings = list(findings) + not_timed
     verdict = decide(findings, thresholds, check_context(plan, baseline, sweep, known))
