@@ -16,6 +16,10 @@ deterministic, learnable_sink, block_table, k/v for appending) is a feature it d
 and cases that need it are SKIPPED. A tuple result is (out, lse, ...), as flash-attn returns with
 return_attn_probs=True / return_softmax_lse=True.
 
+A decode case's forced knobs (num_splits=, pack_gqa=, kv_layout="HND" with heads-first cache
+tensors) reach a kvcache entry point only where the family declares them true in its supports table
+(num_splits, pack_gqa, hnd_cache) and the function takes the keyword; elsewhere those cases SKIP.
+
 fp8 (e4m3, e5m2) cases run where the function takes `q_descale`, `k_descale` and `v_descale`
 (FA3's flash_attn_func): q, k, v arrive as float8 tensors with float32 descale factors of shape
 (batch, KV heads), value = fp8 * descale; out is expected in bf16. Elsewhere they are SKIPPED.
