@@ -103,6 +103,7 @@ def test_the_splits_deal_the_key_tiles_in_runs_and_surplus_splits_are_empty():
     assert split_spans(64, 300, 2) == [(64, 192), (192, 300)]
     spans = split_spans(0, 38, 4)
     assert len(spans) == 4 and [z - a for a, z in spans if z > a] == [38]
+    assert split_spans(0, 0, 3) == [(0, 0)] * 3
 
 
 def test_the_split_path_is_its_own_arithmetic_and_agrees_with_the_unsplit_one():

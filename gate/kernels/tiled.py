@@ -319,12 +319,9 @@ def split_spans(first: int, nk: int, num_splits: int) -> list[tuple[int, int]]:
     kernel's surplus splits are). One split: the whole range."""
     if num_splits <= 1:
         return [(first, nk)]
-    tiles = list(range(first, nk, TILE))
-    bounds = [
-        tiles[i * len(tiles) // num_splits] if i * len(tiles) // num_splits < len(tiles) else nk
-        for i in range(num_splits)
-    ]
-    return [(a, z) for a, z in zip(bounds, bounds[1:] + [nk])]
+    tiles = list(range(first, nk, TILE)) or [nk]  # no key: every split empty
+    bounds = [tiles[i * len(tiles) // num_splits] for i in range(num_splits)]
+    return list(zip(bounds, bounds[1:] + [nk]))
 
 
 def decode(call: KernelCall, steps: TileSteps = STEPS) -> KernelOutput:
