@@ -16,6 +16,8 @@ Sinks: the running max starts at the head's sink logit and the running sum at 1
 Decode: `decode` implements the KV cache itself: it appends the new k/v by walking the block table
 (logical page pos // page -> physical block, offset pos % page), then streams the cached keys tile
 by tile through the same page walk, so the whole paged path runs (and is tested) on a CPU.
+A decode case's knobs take its other paths: num_splits >= 2 (runs of key tiles attended apart,
+combined by their LSE), pack_gqa (a KV head's query heads packed into rows), kv_layout HND.
 A custom bias is added to each tile's scores after the softcap (a boolean one masks);
 its gradient is dS (before the softcap factor) summed over the bias's broadcast dims.
 """
