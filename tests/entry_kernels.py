@@ -20,6 +20,10 @@ and learnable sinks), so each bug below lives in ONE entry point's own handling:
     attn_with_kvcache_contiguous assumes a sequence's pages are consecutive blocks (block_table[b, 0] + j):
                                  right for an in-order table, wrong for a shuffled one
     attn_with_kvcache_no_append  attends over the new tokens but never writes them into the cache
+    attn_with_kvcache_knobs      takes num_splits=, pack_gqa= (recorded in KNOBS_SEEN, the math is one
+                                 softmax whatever they say) and kv_layout="HND" (reads and appends
+                                 through the heads-first cache); attn_with_kvcache_knobs_hnd_as_nhd
+                                 takes the same and reads an HND cache as NHD (its memory reshaped)
 
 The entry points count their calls in CALLS, so a test can show which one the gate used; where
 the kernel runs in a worker process, ATTN_GATE_TEST_CALLS names a file each call is
@@ -419,3 +423,68 @@ def attn_func_ignores_sink(
 ):
     """Takes the sink keyword and drops it: a kernel that silently computes plain attention."""
     return attn_func(q, k, v, softmax_scale, causal, window_size, softcap, None, return_attn_probs)
+
+
+KNOBS_SEEN: list[dict] = []  # the knob keywords each attn_with_kvcache_knobs* call received
+
+
+def _with_knobs(q, k_cache, v_cache, k, v, cache_seqlens, block_table, knobs: dict, hnd_view, **options):
+    KNOBS_SEEN.append(knobs)
+    if knobs.get("kv_layout", "NHD") == "HND":
+        k_cache, v_cache = hnd_view(k_cache), hnd_view(v_cache)
+    return _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, **options)
+
+
+def attn_with_kvcache_knobs(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    cache_seqlens=None,
+    block_table=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    learnable_sink=None,
+    return_softmax_lse=False,
+    num_splits=0,
+    pack_gqa=None,
+    kv_layout="NHD",
+):
+    CALLS["kvcache"] += 1
+    knobs = dict(num_splits=num_splits, pack_gqa=pack_gqa, kv_layout=kv_layout)
+    return _with_knobs(
+        q, k_cache, v_cache, k, v, cache_seqlens, block_table, knobs, lambda t: t.transpose(1, 2),
+        softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap, sink=learnable_sink,
+        return_softmax_lse=return_softmax_lse,
+    )  # fmt: skip
+
+
+def attn_with_kvcache_knobs_hnd_as_nhd(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    cache_seqlens=None,
+    block_table=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    learnable_sink=None,
+    return_softmax_lse=False,
+    num_splits=0,
+    pack_gqa=None,
+    kv_layout="NHD",
+):
+    CALLS["kvcache"] += 1
+    knobs = dict(num_splits=num_splits, pack_gqa=pack_gqa, kv_layout=kv_layout)
+    return _with_knobs(
+        q, k_cache, v_cache, k, v, cache_seqlens, block_table, knobs,
+        lambda t: t.view(t.shape[0], t.shape[2], t.shape[1], t.shape[3]),
+        softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap, sink=learnable_sink,
+        return_softmax_lse=return_softmax_lse,
+    )  # fmt: skip

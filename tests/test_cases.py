@@ -225,7 +225,7 @@ SHIPPED = {name: load_suite(name) for name in ("smoke", "pr", "nightly")}
 READABLE_ID = re.compile(
     r"^(bf16|fp16|fp32|e4m3|e5m2)-b\d+-h\d+(/\d+)?-s\d+(x\d+)?-d\d+(/\d+)?(-causal)?(-win-?\d+\.-?\d+)?"
     r"(-cap[\d.e+-]+)?(-alibi)?(-drop[\d.e+-]+)?(-varlen[\d.]+(x[\d.]+)?)?"
-    r"(-kv[\d.]*)?(-append)?(-page\d+)?(-shuffled)?(-sinks)?(-nanleft)?"
+    r"(-kv[\d.]*)?(-append)?(-page\d+)?(-shuffled)?(-sinks)?(-nanleft)?(-splits\d+)?(-(no)?packgqa)?(-hnd)?"
     r"(-(k_sliced|qkv_packed|bhsd_view|dout_noncontig|kv_stride0|far_rows))?(-(large|shifted|outliers))?"  # layout, inputs
     r"(-bias\.[a-z_1]+(\.fp32)?(\.grad)?)?$"
 )
@@ -253,3 +253,58 @@ def test_shipped_suites_cover_what_the_issue_asks_for():
     assert any(c.seqlen_q >= 8192 for c in SHIPPED["nightly"].cases)
     assert not any(c.seqlen_q >= 8192 for c in SHIPPED["smoke"].cases)
     assert SHIPPED["smoke"].perf_cases and SHIPPED["pr"].perf_cases
+
+
+# --- kernel knobs: a decode case forces num_splits, pack_gqa, kv_layout ---------------------------
+
+DECODE = {"entry": ["kvcache"], "seqlens": ["4x96"], "heads": ["4/2"], "cache_new": [True]}
+
+
+def test_knobs_expand_as_one_axis_and_show_in_the_id_only_when_forced():
+    knobs = [{}, {"num_splits": 3}, {"pack_gqa": True}, {"pack_gqa": False}, {"kv_layout": "HND"}]
+    knobs.append({"num_splits": 2, "pack_gqa": True, "kv_layout": "HND"})
+    s = expand_suite("t", spec({**DECODE, "knobs": knobs}), "f.toml")
+    base = "bf16-b2-h4/2-s4x96-d64-kv-append"
+    assert [c.id for c in s.cases] == [
+        base,
+        f"{base}-splits3",
+        f"{base}-packgqa",
+        f"{base}-nopackgqa",
+        f"{base}-hnd",
+        f"{base}-splits2-packgqa-hnd",
+    ]
+    # a case at the default knobs is the case without the axis: same id, same hash dict
+    (plain,) = expand_suite("t", spec(DECODE), "f.toml").cases
+    assert plain == s.cases[0] and "num_splits" not in plain.hash_dict()
+    assert s.cases[5].hash_dict() | {"num_splits": 2, "pack_gqa": True, "kv_layout": "HND"} == s.cases[5].hash_dict()
+
+
+def test_knobs_round_trip_and_a_case_dict_without_them_reads_as_the_kernels_choice():
+    (c,) = expand_suite("t", spec({**DECODE, "knobs": [{"num_splits": 3, "kv_layout": "HND"}]}), "f.toml").cases
+    assert Case.from_dict(c.to_dict()) == c and c.to_dict()["knobs"]["num_splits"] == 3
+    older = c.with_fields(num_splits=0, kv_layout="NHD").to_dict()
+    del older["knobs"]
+    assert Case.from_dict(older).knobs == type(c.knobs)()
+
+
+@pytest.mark.parametrize(
+    "knobs, key",
+    [
+        ("splits3", "knobs value 'splits3' should be a table"),
+        ({"splits": 3}, "unknown knob 'splits'; known knobs: num_splits, pack_gqa, kv_layout"),
+        ({"num_splits": -1}, "num_splits -1 must be an integer >= 0"),
+        ({"num_splits": True}, "num_splits True must be an integer >= 0"),
+        ({"pack_gqa": 1}, "pack_gqa 1 must be true or false"),
+        ({"kv_layout": "NDH"}, "kv_layout 'NDH' is not one of NHD, HND"),
+    ],
+)
+def test_a_bad_knob_is_one_line_naming_it(knobs, key):
+    with pytest.raises(UserError) as err:
+        expand_suite("mine", spec({**DECODE, "knobs": [knobs]}), "conf/attn.toml")
+    message = str(err.value)
+    assert message.startswith("conf/attn.toml [suites.mine] matrix[0]: ") and key in message, message
+
+
+def test_knobs_need_a_decode_case():
+    with pytest.raises(UserError, match='knobs .num_splits, pack_gqa, kv_layout. need entry = "kvcache"'):
+        expand_suite("mine", spec({"knobs": [{"num_splits": 2}]}), "conf/attn.toml")

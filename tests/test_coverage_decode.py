@@ -25,10 +25,11 @@ from gate.kernels.tiled import TiledAdapter
 
 TOL = ToleranceConfig()
 SMOKE = load_suite("smoke")
-EXTREMES_BLOCKS = 7  # the extreme-magnitude and crossing blocks close the smoke suite
-NEW_BLOCKS = 3  # the decode and paged blocks come right before them
+KNOB_BLOCKS = 2  # the kernel-knob blocks close the smoke suite (tests/test_coverage_knobs.py)
+EXTREMES_BLOCKS = 7  # the extreme-magnitude and crossing blocks come right before them
+NEW_BLOCKS = 3  # the decode and paged blocks come right before those
 BLOCKS = default_suite_specs()["smoke"]["matrix"]
-DECODE = slice(len(BLOCKS) - EXTREMES_BLOCKS - NEW_BLOCKS, len(BLOCKS) - EXTREMES_BLOCKS)
+DECODE = slice(len(BLOCKS) - KNOB_BLOCKS - EXTREMES_BLOCKS - NEW_BLOCKS, len(BLOCKS) - KNOB_BLOCKS - EXTREMES_BLOCKS)
 NEW = expand_suite("new", {"seeds": [0], "matrix": BLOCKS[DECODE]}, "suites.toml").cases
 OLD = expand_suite("old", {"seeds": [0, 1], "matrix": BLOCKS[: DECODE.start]}, "suites.toml").cases
 NEW_IDS = {c.id for c in NEW}
@@ -199,6 +200,8 @@ def _suite_toml(name: str, blocks: list[dict]) -> str:
             return "true" if x else "false"
         if isinstance(x, list):
             return "[" + ", ".join(value(y) for y in x) + "]"
+        if isinstance(x, dict):  # an inline table (a knobs value)
+            return "{" + ", ".join(f"{k} = {value(y)}" for k, y in x.items()) + "}"
         return json.dumps(x)
 
     text = f"[tool.attn-gate.suites.{name}]\nseeds = [0]\n"

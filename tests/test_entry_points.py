@@ -158,7 +158,8 @@ def test_tiled_passes_every_decode_and_paged_case_of_smoke(case):
 
 @pytest.mark.parametrize("kernel", ["sdpa-cpu", "sdpa-math"])
 def test_sdpa_runs_decode_on_a_gathered_cache(kernel):
-    for case in [c for c in DECODE_SMOKE if not c.entry.sinks and not c.softcap][::3]:  # SDPA has neither
+    # SDPA has no sinks, no softcap and no knobs
+    for case in [c for c in DECODE_SMOKE if not c.entry.sinks and not c.softcap and not c.knobs.forced][::3]:
         result = run_case(get_adapter(kernel), case, "cpu", TOL)
         assert result.status is Status.PASS, (case.id, result.reason)
     sinks = next(c for c in DECODE_SMOKE if c.entry.sinks)
@@ -688,3 +689,66 @@ def test_the_selftests_paged_bug_is_active_and_fails_a_paged_case_only():
     assert run_case(TiledAdapter(), case, "cpu", TOL).status is Status.PASS
     row = run_case(planted_adapter(bug, TiledAdapter()), case, "cpu", TOL)
     assert row.status is Status.FAIL, row.reason
+
+
+# ---------------------------------------------------------------- kernel families: knobs
+
+KNOB_SUITE = """
+[tool.attn-gate.suites.knobs]
+seeds = [0]
+
+[[tool.attn-gate.suites.knobs.matrix]]
+entry = ["kvcache"]
+seqlens = ["3x80"]
+heads = ["4/2"]
+head_dims = ["32"]
+cache_seqlens = [[9, 60]]
+cache_new = [true]
+page_size = [0, 16]
+causal = [true]
+knobs = [{num_splits = 3, pack_gqa = false}, {kv_layout = "HND"}]
+"""
+
+
+def knob_family(tmp_path: Path, kvcache: str, supports: str) -> tuple:
+    """(adapter, the knob suite's cases) of a family whose kvcache entry is `kvcache`."""
+    path = tmp_path / f"knobs-{len(list(tmp_path.glob('knobs-*')))}.toml"
+    table = f'[tool.attn-gate.kernels.mykernel]\nkvcache = "tests.entry_kernels:{kvcache}"\nbackward = false\n'
+    path.write_text(
+        table + (f"[tool.attn-gate.kernels.mykernel.supports]\n{supports}\n" if supports else "") + KNOB_SUITE
+    )
+    config = load_config(path)
+    return kernel_entry("mykernel", config).adapter(), load_suite("knobs", config.suites).cases
+
+
+def test_a_family_exposes_a_knob_only_by_declaring_it(tmp_path):
+    adapter, cases = knob_family(tmp_path, "attn_with_kvcache_knobs", "")
+    table = "[tool.attn-gate.kernels.mykernel.supports]"
+    for case in cases:
+        why = adapter.unsupported_reason(case, "cpu")
+        knob = "hnd_cache" if case.knobs.kv_layout == "HND" else "num_splits"
+        keyword = "kv_layout" if knob == "hnd_cache" else "num_splits"
+        assert why.startswith("no HND cache layout" if knob == "hnd_cache" else "no num_splits knob"), why
+        assert why.endswith(f"declare {knob} = true in {table} if its kvcache entry takes {keyword}="), why
+    # declared, on a function that takes no such keyword: the signature wins, and the SKIP says so
+    adapter, cases = knob_family(tmp_path, "attn_with_kvcache", "num_splits = true\npack_gqa = true\nhnd_cache = true")
+    for case in cases:
+        why = adapter.unsupported_reason(case, "cpu")
+        assert "= true in [tool.attn-gate.kernels.mykernel.supports], but the signature of" in why, why
+
+
+def test_declared_knobs_reach_the_function_and_an_hnd_cache_is_judged_through_its_layout(tmp_path):
+    declared = "num_splits = true\npack_gqa = true\nhnd_cache = true"
+    adapter, cases = knob_family(tmp_path, "attn_with_kvcache_knobs", declared)
+    entry_kernels.KNOBS_SEEN.clear()
+    for case in cases:
+        result = run_case(adapter, case, "cpu", TOL)
+        assert result.status is Status.PASS, (case.id, result.reason)
+    forced = [dict(num_splits=3, pack_gqa=False, kv_layout="NHD"), dict(num_splits=0, pack_gqa=None, kv_layout="HND")]
+    assert entry_kernels.KNOBS_SEEN == forced * 2  # contiguous, then paged
+    # the same family reading the HND cache as if it were NHD fails those cases, and only those
+    adapter, cases = knob_family(tmp_path, "attn_with_kvcache_knobs_hnd_as_nhd", declared)
+    got = {c.id: run_case(adapter, c, "cpu", TOL).status for c in cases}
+    assert {cid: s for cid, s in got.items() if s is not Status.PASS} == {
+        cid: Status.FAIL for cid in got if cid.endswith("-hnd")
+    }

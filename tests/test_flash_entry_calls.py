@@ -735,3 +735,90 @@ def test_an_option_a_case_needs_is_passed_even_where_the_entry_does_not_take_it(
     ]:
         call = call_of(**kw)
         assert set(call_options(call, Keywords(), "return_lse", unbounded_as_minus_one)) == keys, kw
+    # a forced knob too (a decode case's knobs: the entries that do not expose it were skipped)
+    for kw, knobs in [
+        (dict(num_splits=3), {"num_splits": 3}),
+        (dict(pack_gqa=False), {"pack_gqa": False}),
+        (dict(kv_layout="HND"), {"kv_layout": "HND"}),
+    ]:
+        call = call_of(**DECODE, **kw)
+        assert call_options(call, Keywords(), "return_lse", unbounded_as_minus_one) == knobs, kw
+
+
+# ---------------------------------------------------------------- decode knobs
+
+
+def test_fa2_kvcache_passes_a_forced_num_splits(monkeypatch):
+    kv = Recorder("flash_attn_with_kvcache", fa2_kvcache, made_up())
+    install(monkeypatch, "flash_attn", flash_attn_with_kvcache=kv)
+    call = call_of(**DECODE, num_splits=3)
+    FA2Adapter()(call)
+    assert kv.only_call["num_splits"] == 3 and "pack_gqa" not in kv.only_call
+
+
+@pytest.mark.parametrize("knobs", [dict(num_splits=4, pack_gqa=True), dict(num_splits=1, pack_gqa=False)])
+def test_fa3_kvcache_passes_forced_knobs(monkeypatch, knobs):
+    kv = Recorder("flash_attn_with_kvcache", fa3_kvcache, made_up())
+    install(monkeypatch, "flash_attn_interface", flash_attn_with_kvcache=kv)
+    call = call_of(**{**DECODE, "dtype": "fp16"}, **knobs)
+    c = call.cache
+    result = FA3Adapter()(call)
+    assert_call(
+        kv,
+        dict(
+            q=call.q,
+            k_cache=c.k_cache,
+            v_cache=c.v_cache,
+            k=c.k_new,
+            v=c.v_new,
+            cache_seqlens=c.cache_seqlens,
+            page_table=c.block_table,
+            softmax_scale=call.opts.softmax_scale,
+            causal=True,
+            window_size=(-1, -1),
+            softcap=0.0,
+            return_softmax_lse=True,
+            **knobs,
+        ),
+    )
+    assert_output(result, kv)
+
+
+def test_fa4_decode_passes_forced_knobs_to_varlen(monkeypatch):
+    varlen = Recorder("flash_attn_varlen_func", fa4_varlen, made_up())
+    install(monkeypatch, "flash_attn.cute", flash_attn_varlen_func=varlen)
+    call = call_of(**DECODE, num_splits=2, pack_gqa=True)
+    FA4Adapter()(call)
+    args = varlen.only_call
+    assert args["num_splits"] == 2 and args["pack_gqa"] is True and "kv_layout" not in args
+
+
+def test_which_flash_generation_exposes_which_knob(monkeypatch):
+    """FA2: num_splits; FA3: num_splits and pack_gqa unless its build left split / packgqa out; FA4:
+    what its flash_attn_varlen_func takes; none an HND cache. A knob not exposed is a SKIP saying so."""
+    import gate.kernels.flash_attn as fa
+
+    contiguous = {k: v for k, v in DECODE.items() if k not in ("page_size", "shuffled_pages")}
+    splits = Case.build(**{**contiguous, "dtype": "fp16", "num_splits": 3})
+    packed = splits.with_fields(num_splits=0, pack_gqa=True)
+    hnd = splits.with_fields(num_splits=0, kv_layout="HND")
+    assert FA2Adapter().capabilities().unsupported_reason(splits, "cuda") is None
+    assert FA2Adapter().capabilities().unsupported_reason(packed, "cuda").startswith("no pack_gqa knob")
+    for case in (splits, packed):
+        assert FA3Adapter().capabilities().unsupported_reason(case, "cuda") is None
+    monkeypatch.setattr(fa, "fa3_build_flags", lambda: {"FLASHATTENTION_DISABLE_SPLIT": True})
+    assert FA3Adapter().capabilities().unsupported_reason(splits, "cuda").startswith("no num_splits knob")
+    assert FA3Adapter().capabilities().unsupported_reason(packed, "cuda") is None
+    monkeypatch.setattr(fa, "fa3_build_flags", lambda: {"FLASHATTENTION_DISABLE_PACKGQA": True})
+    assert FA3Adapter().capabilities().unsupported_reason(packed, "cuda").startswith("no pack_gqa knob")
+    install(monkeypatch, "flash_attn.cute", flash_attn_varlen_func=fa4_varlen, flash_attn_func=fa4_dense)
+    for case in (splits, packed):
+        assert FA4Adapter().capabilities().unsupported_reason(case, "cuda") is None
+    for adapter in (FA2Adapter(), FA3Adapter(), FA4Adapter()):
+        assert adapter.capabilities().unsupported_reason(hnd, "cuda").startswith("no HND cache layout")
+
+    def fa4_varlen_without_knobs(q, k, v, cu_seqlens_q=None, seqused_k=None, page_table=None, return_lse=False): ...
+
+    install(monkeypatch, "flash_attn.cute", flash_attn_varlen_func=fa4_varlen_without_knobs, flash_attn_func=fa4_dense)
+    assert FA4Adapter().capabilities().unsupported_reason(splits, "cuda").startswith("no num_splits knob")
+    assert FA4Adapter().capabilities().unsupported_reason(packed, "cuda").startswith("no pack_gqa knob")

@@ -399,6 +399,9 @@ AWAITING_PR_BLOCKS = {
     "stride0_mask_d512_last_key",
     "varlen_sink_dv192_no_dsink",
     "decode_split_lse_underflow",
+    "split_combine_lse_transposed",
+    "pack_gqa_second_sequence_unwritten",
+    "hnd_cache_read_as_nhd",
 }
 
 

@@ -19,6 +19,7 @@ any adapter's page walk.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +44,9 @@ class CacheInputs:
     # cache_seqlens on the host: adapters read lengths here, since cache_seqlens.tolist() on a GPU
     # tensor is a device sync inside every timed call (the varlen lesson, gate/kernels/base.py per_sequence)
     cached: tuple[int, ...]
+    # "NHD" as above; "HND": k_cache/v_cache are (B or blocks, Hkv, slots, D), a case's knobs kv_layout
+    # (made by `in_layout` for the kernel's call only: the references read the NHD cache)
+    kv_layout: str = "NHD"
 
     @property
     def paged(self) -> bool:
@@ -53,6 +57,20 @@ class CacheInputs:
         """Keys each batch element attends to after the call (cached + appended)."""
         extra = 0 if self.k_new is None else self.k_new.shape[1]
         return [n + extra for n in self.cached]
+
+
+def in_layout(cache: CacheInputs, kv_layout: str) -> CacheInputs:
+    """A copy of the cache whose tensors are laid out `kv_layout` (their own memory, contiguous in it):
+    what a kernel writes into them leaves `cache` as drawn."""
+    if kv_layout == "NHD":
+        return dataclasses.replace(cache, k_cache=cache.k_cache.clone(), v_cache=cache.v_cache.clone())
+    k, v = (t.transpose(1, 2).contiguous() for t in (cache.k_cache, cache.v_cache))
+    return dataclasses.replace(cache, k_cache=k, v_cache=v, kv_layout=kv_layout)
+
+
+def as_nhd(t: torch.Tensor, kv_layout: str) -> torch.Tensor:
+    """A cache tensor of layout `kv_layout` as the (B or blocks, slots, Hkv, D) view the checks read."""
+    return t.transpose(1, 2) if kv_layout == "HND" else t
 
 
 GARBAGE_TILE = 61  # slots of random garbage, repeated over the unused slots (a prime: no page size divides it)

@@ -205,6 +205,9 @@ case id legend (e.g. bf16-b2-h16/4-s97x257-d192/128-causal-win32.0-cap20-alibi-v
   sinks                  a learnable per-head sink logit in every softmax denominator
   nanleft                the cached tokens 256+ keys before the window hold NaN (never read by a kernel
                          that skips what its window excludes; 0 x NaN is NaN for one that reads them)
+  splits3                knobs: a forced split-KV decode, the keys in 3 parts combined by their LSE
+  packgqa | nopackgqa    knobs: pack_gqa forced on / off (a KV head's query heads packed into one tile's rows)
+  hnd                    knobs: the cache handed heads-first, (batch or pages, heads, slots, dim)
   k_sliced | qkv_packed | bhsd_view | dout_noncontig | kv_stride0 | far_rows
                          what the kernel is handed: K a strided slice; q, k, v head-slices of one QKV
                          buffer; (B, H, N, D) memory viewed as (B, N, H, D); a non-contiguous dO; K and V

@@ -84,6 +84,7 @@ MATRIX_AXES: dict[str, Any] = {
     "shuffled_pages": [False],  # kvcache, paged: the block table maps pages in a shuffled order
     "sinks": [False],  # a learnable per-head logit in every softmax denominator
     "nan_before_window": [False],  # kvcache, left window: slots NAN_MARGIN keys before the window hold NaN
+    "knobs": [{}],  # kvcache: options a kernel exposes, forced (KNOBS), e.g. [{}, {num_splits = 3}]
     # ---- custom bias: a custom bias / boolean mask handed to the kernel (see BIAS_KINDS)
     "bias": ["none"],
     "bias_dtype": ["input"],  # "input" = the input dtype; "fp32" = a float32 bias with bf16/fp16 inputs
@@ -93,6 +94,17 @@ MATRIX_AXES: dict[str, Any] = {
     "inputs": ["normal"],
     "varlen_k": [None],
 }
+
+# ---- kernel knobs: options of a kernel's call that choose its internal path, forced by a case (a
+# decode case's `knobs` table), by name -> what. A kernel that exposes none of them SKIPs the case.
+KNOBS: dict[str, str] = {
+    "num_splits": "an integer: N >= 2 splits the keys into N parts, each its own partial softmax, combined by "
+    "their LSE (split-KV, flash-decoding); 1 forces one part; 0 (the default) leaves it to the kernel",
+    "pack_gqa": "true or false: the query heads of one KV head packed into the rows of one tile (true) "
+    "or each head its own rows (false)",
+    "kv_layout": 'the cache tensors\' layout: "NHD" (batch or pages, tokens, heads, dim) or "HND" (heads before tokens)',
+}
+KV_LAYOUTS = ("NHD", "HND")
 
 # Entry points a case can be called through: dense (flash_attn_func), varlen
 # (flash_attn_varlen_func: every case with `varlen` set), kvcache (flash_attn_with_kvcache).
@@ -293,13 +305,48 @@ class Bias:
         return self.kind in BOOL_BIAS_KINDS
 
 
+@dataclass(frozen=True)
+class Knobs:
+    """Options of the kernel's call a case forces (KNOBS); at their defaults the kernel chooses.
+    num_splits 0: the kernel's own choice (1: forced unsplit); pack_gqa None: its own choice;
+    kv_layout: how the cache tensors reach the kernel (the references read NHD either way)."""
+
+    num_splits: int = 0
+    pack_gqa: bool | None = None
+    kv_layout: str = "NHD"
+
+    def problems(self) -> list[str]:
+        problems = []
+        if isinstance(self.num_splits, bool) or not isinstance(self.num_splits, int) or self.num_splits < 0:
+            problems.append(f"num_splits {self.num_splits!r} must be an integer >= 0 (0: the kernel's choice)")
+        if self.pack_gqa is not None and not isinstance(self.pack_gqa, bool):
+            problems.append(f"pack_gqa {self.pack_gqa!r} must be true or false")
+        if self.kv_layout not in KV_LAYOUTS:
+            problems.append(f"kv_layout {self.kv_layout!r} is not one of {', '.join(KV_LAYOUTS)}")
+        return problems
+
+    @property
+    def forced(self) -> bool:
+        return self != Knobs()
+
+    def id_parts(self) -> list[str]:
+        """e.g. splits3, packgqa / nopackgqa, hnd; nothing at the defaults."""
+        parts = [f"splits{self.num_splits}"] if self.num_splits else []
+        if self.pack_gqa is not None:
+            parts.append("packgqa" if self.pack_gqa else "nopackgqa")
+        if self.kv_layout != "NHD":
+            parts.append(self.kv_layout.lower())
+        return parts
+
+
 # Case dict format history (`Case.to_dict`; results and perf files embed it, and so does the
 # worker protocol):
 #   1  one flat dict of every field (no schema_version key); fields added after the first suites
 #      were hashed (checks, entry and cache fields, sinks, layout, inputs, varlen_k, bias) were
 #      left out at their defaults so that suite hashes did not move.
 #   2  schema_version 2; the parts as nested objects (shape, masking, entry, bias), every field
-#      written. `migrate_case` turns a version 1 dict into this.
+#      written. `migrate_case` turns a version 1 dict into this. The `knobs` part was added later
+#      in the same version: a dict without it reads as the defaults (the kernel's own choices).
 CASE_SCHEMA_VERSION = 2
 
 # Version 1's flat names -> (part, field); part None: a field of Case itself.
@@ -318,6 +365,9 @@ FLAT_FIELDS: dict[str, tuple[str | None, str]] = {
     "shuffled_pages": ("entry", "shuffled_pages"),
     "sinks": ("entry", "sinks"),
     "nan_before_window": ("entry", "nan_before_window"),
+    "num_splits": ("knobs", "num_splits"),
+    "pack_gqa": ("knobs", "pack_gqa"),
+    "kv_layout": ("knobs", "kv_layout"),
     "bias": ("bias", "kind"),
     "bias_dtype": ("bias", "dtype"),
     "bias_grad": ("bias", "grad"),
@@ -338,6 +388,9 @@ FLAT_OMITTED_AT_DEFAULT: dict[str, Any] = {
     "shuffled_pages": False,
     "sinks": False,
     "nan_before_window": False,
+    "num_splits": 0,
+    "pack_gqa": None,
+    "kv_layout": "NHD",
     "layout": "contiguous",
     "inputs": "normal",
     "varlen_k": None,
@@ -345,7 +398,7 @@ FLAT_OMITTED_AT_DEFAULT: dict[str, Any] = {
     "bias_dtype": None,
     "bias_grad": False,
 }
-PARTS: dict[str, type] = {"shape": Shape, "masking": Masking, "entry": Entry, "bias": Bias}
+PARTS: dict[str, type] = {"shape": Shape, "masking": Masking, "entry": Entry, "bias": Bias, "knobs": Knobs}
 # Fields whose values are tuples in memory and lists in JSON.
 _SEQUENCES = {
     ("masking", "window"),
@@ -375,6 +428,7 @@ class Case:
     masking: Masking = Masking()
     entry: Entry = Entry()
     bias: Bias = Bias()
+    knobs: Knobs = Knobs()
     # ---- coverage: how q, k, v and dO reach the kernel (LAYOUTS) and how their values are drawn (INPUTS)
     layout: str = "contiguous"
     inputs: str = "normal"
@@ -524,11 +578,14 @@ class Case:
                 f"entry {e.kind!r} is not one of {', '.join(ENTRIES)} (varlen cases are those with varlen set)"
             )
             return problems
+        problems += self.knobs.problems()
         if e.kind != "kvcache":
             if e.cache_seqlens is not None or e.cache_new or e.page_size or e.shuffled_pages or e.nan_before_window:
                 problems.append(
                     'cache_seqlens, cache_new, page_size, shuffled_pages and nan_before_window need entry = "kvcache"'
                 )
+            if self.knobs.forced:
+                problems.append(f'knobs ({", ".join(KNOBS)}) need entry = "kvcache"')
             return problems
         if e.varlen is not None:
             problems.append("a kvcache case cannot also be varlen")
@@ -737,7 +794,7 @@ class Case:
             parts.append("sinks")
         if e.nan_before_window:
             parts.append("nanleft")
-        return parts
+        return parts + self.knobs.id_parts()
 
     def runs(self, check_names: tuple[str, ...] = ()) -> int:
         """Kernel runs per seed a sweep makes for this case: one, and about 10 more for each depth
@@ -900,6 +957,20 @@ def _checks(value: Any, where: str) -> tuple[str, ...]:
     if unknown:
         raise UserError(f"{where}: unknown check {unknown[0]!r}; known checks: {', '.join(CHECKS)}")
     return tuple(dict.fromkeys(value))
+
+
+def _knobs(value: Any, where: str) -> Knobs:
+    """A `knobs` axis value: a table of KNOBS names, e.g. {num_splits = 3, pack_gqa = true}."""
+    if not isinstance(value, dict):
+        raise UserError(f"{where}: knobs value {value!r} should be a table, e.g. {{num_splits = 3}} or {{}}")
+    unknown = sorted(set(value) - set(KNOBS))
+    if unknown:
+        raise UserError(f"{where}: unknown knob {unknown[0]!r}; known knobs: {', '.join(KNOBS)}")
+    knobs = Knobs(**value)
+    problems = knobs.problems()
+    if problems:
+        raise UserError(f"{where}: knobs {value!r}: {problems[0]}")
+    return knobs
 
 
 def _bias_part(point: dict[str, Any], where: str) -> Bias:
@@ -1130,6 +1201,7 @@ def expand_block(block: dict[str, Any], seeds: tuple[int, ...], where: str) -> l
                         nan_before_window=point["nan_before_window"],
                     ),
                     bias=_bias_part(point, where),
+                    knobs=_knobs(point["knobs"], where),
                     layout=point["layout"],
                     inputs=point["inputs"],
                     seeds=seeds,

@@ -41,6 +41,10 @@ class Feature(str, enum.Enum):
     BIAS_OTHER_DTYPE = "bias_other_dtype"  # a bias in another dtype than q (fp32 with bf16/fp16)
     BIAS_GRAD_OTHER_DTYPE = "bias_grad_other_dtype"  # the gradient of such a bias
     VARLEN_BIAS = "varlen_bias"  # a custom bias or mask on a varlen call (the packed convention)
+    # kernel knobs (gate/core/cases.py KNOBS): a kernel exposes them or SKIPs the cases that force one
+    NUM_SPLITS = "num_splits"  # takes a forced split-KV count
+    PACK_GQA = "pack_gqa"  # takes a forced pack_gqa choice
+    HND_CACHE = "hnd_cache"  # reads a cache laid out (batch or pages, heads, tokens, dim)
 
 
 # The reason a SKIP row shows when a kernel lacks a feature and gives no reason of its own.
@@ -64,6 +68,17 @@ DEFAULT_REASONS: dict[Feature, str] = {
     Feature.BIAS_OTHER_DTYPE: "no bias in another dtype than the inputs",
     Feature.BIAS_GRAD_OTHER_DTYPE: "no gradient of a bias in another dtype than the inputs",
     Feature.VARLEN_BIAS: "no custom bias on a varlen call",
+    Feature.NUM_SPLITS: "no num_splits knob: the kernel exposes no forced split-KV count",
+    Feature.PACK_GQA: "no pack_gqa knob: the kernel exposes no forced packing of GQA query heads",
+    Feature.HND_CACHE: "no HND cache layout: the kernel exposes no kv_layout knob (it reads NHD caches only)",
+}
+
+# A knob's envelope key says what the kernel takes (its SKIP reason says what it lacks). Knobs are
+# never assumed: a kernel exposes them, a user's kernel family by declaring them true.
+KNOB_MEANINGS: dict[Feature, str] = {
+    Feature.NUM_SPLITS: "kvcache: takes num_splits= (a forced split-KV count; knobs num_splits)",
+    Feature.PACK_GQA: "kvcache: takes pack_gqa= (knobs pack_gqa)",
+    Feature.HND_CACHE: 'kvcache: takes kv_layout="HND", the cache as (batch or pages, heads, tokens, dim) (knobs kv_layout)',
 }
 
 DEVICES = ("cpu", "cuda")
@@ -108,7 +123,8 @@ SUPPORTS_KEYS: dict[str, Key] = {
             Key(
                 f.value,
                 "bool",
-                DEFAULT_REASONS[f].removeprefix("no ")
+                KNOB_MEANINGS.get(f)
+                or DEFAULT_REASONS[f].removeprefix("no ")
                 + (": false when only seqlen_q == seqlen_k runs" if f is Feature.SEQLEN_Q_NE_K else ""),
             )
             for f in Feature

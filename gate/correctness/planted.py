@@ -337,6 +337,28 @@ class _PlantedSteps(TileSteps):
         """bug softcap_no_derivative: the softcap's factor left out of dS."""
         return ds if "softcap_no_derivative" in self.flags else super().softcap_grad(ds, tanh)
 
+    def cache_view(self, cache, kv_layout: str):
+        """bug hnd_read_as_nhd: an HND cache's memory taken as NHD (its shape reordered by `view`, the
+        strides of an NHD tensor): right only where heads or tokens are one."""
+        if kv_layout == "HND" and "hnd_read_as_nhd" in self.flags:
+            n, h, t, d = cache.shape
+            return cache.view(n, t, h, d)
+        return super().cache_view(cache, kv_layout)
+
+    def combine(self, parts, sink):
+        """bug split_lse_transposed: the combine writes the LSE in (rows, heads) order into the
+        (heads, rows) output: right only where there is one row or one head."""
+        out, lse = super().combine(parts, sink)
+        if "split_lse_transposed" in self.flags:
+            lse = lse.transpose(-1, -2).reshape(lse.shape)
+        return out, lse
+
+    def write_rows(self, out, lse, b: int, out_b, lse_b):
+        """bug pack_gqa_second_unwritten (a packed decode call): batch element 1's rows never written."""
+        if "pack_gqa_second_unwritten" in self.flags and b == 1:
+            return
+        super().write_rows(out, lse, b, out_b, lse_b)
+
 
 class TiledVariant(TiledAdapter):
     """`tiled` with planted flags (no flag: bit-identical to tiled)."""
@@ -352,6 +374,8 @@ class TiledVariant(TiledAdapter):
         flags = self.flags
         if not _paged_left_window_call(call):  # window_top_left lives in the paged non-causal path alone
             flags = flags - {"window_top_left"}
+        if not call.knobs.pack_gqa:  # pack_gqa_second_unwritten lives in the packed decode path alone
+            flags = flags - {"pack_gqa_second_unwritten"}
         return _PlantedSteps(flags, redrawn)
 
     def _dense(self, q, k, v, call: KernelCall, keep=None) -> KernelOutput:
@@ -549,6 +573,26 @@ PAGED_LEFT_WINDOW = Trigger(
 NAN_BEFORE_WINDOW = Trigger(
     "a kvcache case whose cache holds NaN before the window (nan_before_window = true)",
     lambda c: any(c.nan_slots),
+)
+# kernel knobs: a forced split-KV, packed GQA rows, an HND cache
+SPLIT_LSE = Trigger(
+    "a kvcache case forcing num_splits >= 2 with two or more query tokens and two or more heads of rows "
+    "(query heads; KV heads with pack_gqa) (knobs = [{num_splits = N}])",
+    lambda c: (
+        c.knobs.num_splits >= 2
+        and c.seqlen_q >= 2
+        and (c.heads_kv if c.knobs.pack_gqa else c.heads_q) >= 2
+        and max(c.key_lengths, default=0) > 0
+    ),
+)
+PACK_GQA_BATCH = Trigger(
+    "a kvcache case forcing pack_gqa = true with batch >= 2, its second element holding keys "
+    "(knobs = [{pack_gqa = true}])",
+    lambda c: c.knobs.pack_gqa is True and c.batch >= 2 and c.key_lengths[1] > 0,
+)
+HND_CACHE = Trigger(
+    'a kvcache case with an HND cache and two or more KV heads (knobs = [{kv_layout = "HND"}])',
+    lambda c: c.knobs.kv_layout == "HND" and c.heads_kv >= 2,
 )
 # extreme magnitudes and crossings
 SUNK_ROWS = Trigger(
@@ -758,6 +802,29 @@ BUGS: tuple[PlantedBug, ...] = (
         "tiled",
         NAN_BEFORE_WINDOW,
         variant("reads_before_window"),
+    ),
+    # ---- kernel knobs
+    PlantedBug(
+        "split_combine_lse_transposed",
+        "the split-KV combine writes the LSE in (query, head) order into the (head, query) output: "
+        "right for one-token decode or one head",
+        "tiled",
+        SPLIT_LSE,
+        variant("split_lse_transposed"),
+    ),
+    PlantedBug(
+        "pack_gqa_second_sequence_unwritten",
+        "a pack_gqa decode never writes the second batch element's packed rows (its out stays 0)",
+        "tiled",
+        PACK_GQA_BATCH,
+        variant("pack_gqa_second_unwritten"),
+    ),
+    PlantedBug(
+        "hnd_cache_read_as_nhd",
+        "an HND (heads-first) cache read and appended with NHD strides: right only with one KV head",
+        "tiled",
+        HND_CACHE,
+        variant("hnd_read_as_nhd"),
     ),
     # ---- extreme magnitudes and crossings
     PlantedBug(

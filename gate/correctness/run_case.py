@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from gate.attention.inputs import FP8_TORCH_DTYPES, TORCH_DTYPES, AttnInputs, KernelTensors, kernel_tensors, make_inputs
-from gate.attention.kvcache import expected_cache, gather_dense
+from gate.attention.kvcache import as_nhd, expected_cache, gather_dense, in_layout
 from gate.attention.reference import AttnOptions, AttnResult, DecodeResult, attention_reference, decode_reference
 from gate.core.cases import Case
 from gate.core.config import ToleranceConfig
@@ -158,9 +158,10 @@ def leaf_call(
 
 
 def decode_call(case: Case, inputs: AttnInputs) -> KernelCall:
-    """A decode call on clones of the cache: the kernel may write into them, the inputs stay as drawn."""
+    """A decode call on clones of the cache, in the layout the case's knobs ask for: the kernel may
+    write into them, the inputs stay as drawn."""
     cache = inputs.cache
-    mine = dataclasses.replace(cache, k_cache=cache.k_cache.clone(), v_cache=cache.v_cache.clone())
+    mine = in_layout(cache, case.knobs.kv_layout)
     return KernelCall(
         q=cache.q.detach().clone(),
         k=mine.k_cache,
@@ -169,6 +170,7 @@ def decode_call(case: Case, inputs: AttnInputs) -> KernelCall:
         seed=inputs.seed,
         cache=mine,
         sink=None if inputs.sink is None else inputs.sink.detach().clone(),
+        knobs=case.knobs,
     )
 
 
@@ -254,6 +256,8 @@ def kernel_pass(adapter: KernelAdapter, case: Case, inputs: AttnInputs, determin
         raise BadOutput(f"adapter returned {type(result).__name__}, not KernelOutput")
     if call.cache is not None and result.cache is None:
         result = dataclasses.replace(result, cache=(call.cache.k_cache, call.cache.v_cache))
+    if call.cache is not None:  # the cache in the kernel's layout, read as the checks read it (NHD)
+        result = dataclasses.replace(result, cache=tuple(as_nhd(t, call.cache.kv_layout) for t in result.cache))
     if not isinstance(result.out, torch.Tensor):
         raise BadOutput(f"out is a {type(result.out).__name__}, not a tensor")
     expected = tuple(inputs.dout.shape)

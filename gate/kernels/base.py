@@ -21,7 +21,7 @@ import torch
 from gate.attention.inputs import offsets
 from gate.attention.kvcache import CacheInputs
 from gate.attention.reference import AttnOptions
-from gate.core.cases import Case, first_visible_key
+from gate.core.cases import Case, Knobs, first_visible_key
 from gate.kernels.capabilities import Capabilities
 
 
@@ -60,6 +60,9 @@ class KernelCall:
     # an fp8 call: q/k/v are fp8 (no gradients) and these float32 (batch, KV heads) factors
     # dequantize them (value = fp8 * descale), FA3's q_descale, k_descale, v_descale
     descale: "tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None" = None
+    # a decode call's forced kernel options (gate/core/cases.py KNOBS); defaults: the kernel's choice.
+    # kv_layout "HND" also means call.cache's tensors are laid out (batch or pages, heads, tokens, dim).
+    knobs: Knobs = Knobs()
 
     @property
     def keys_cu_seqlens(self) -> torch.Tensor | None:

@@ -172,6 +172,10 @@ class Capabilities:
         return [
             (device in self.devices, f"runs on {'/'.join(self.devices)}, not {device}", "devices"),
             self._needs(Feature.KVCACHE, decode),
+            # a knob the case forces and the kernel does not expose: said before anything else it lacks
+            self._needs(Feature.NUM_SPLITS, bool(case.knobs.num_splits)),
+            self._needs(Feature.PACK_GQA, case.knobs.pack_gqa is not None),
+            self._needs(Feature.HND_CACHE, case.knobs.kv_layout == "HND"),
             self._needs(Feature.PAGED, bool(page)),
             (
                 not page or page % self.page_size_multiple == 0,

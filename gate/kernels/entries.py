@@ -82,6 +82,23 @@ def call_options(call: KernelCall, takes: Keywords, lse_flag: str, window: Calla
         kwargs.update(zip(DESCALE_KEYWORDS, call.descale))
     if call.sink is not None:
         kwargs["learnable_sink"] = call.sink
+    kwargs.update(knob_options(call))
+    return kwargs
+
+
+def knob_options(call: KernelCall) -> dict:
+    """The knobs a case forces, under flash-attn's keyword names (num_splits, pack_gqa) and
+    kv_layout="HND" for a cache laid out so; a knob at its default is left out (the kernel chooses).
+    Passed whenever forced, as ALiBi slopes are: capabilities() skipped the case for an entry that
+    does not expose the knob."""
+    k = call.knobs
+    kwargs: dict = {}
+    if k.num_splits:
+        kwargs["num_splits"] = k.num_splits
+    if k.pack_gqa is not None:
+        kwargs["pack_gqa"] = k.pack_gqa
+    if k.kv_layout != "NHD":
+        kwargs["kv_layout"] = k.kv_layout
     return kwargs
 
 

@@ -2,6 +2,11 @@
 (`flash_attn.cute`, pip `flash-attn-4`). Imported lazily: a missing package makes the adapter
 unavailable (reported), never an import error at start-up.
 
+Decode knobs (a case's forced num_splits / pack_gqa, gate/core/cases.py KNOBS) go to the library by
+its own keywords: FA2's flash_attn_with_kvcache takes num_splits, FA3's num_splits and pack_gqa
+(unless its build disabled split or packgqa), FA4's flash_attn_varlen_func both where its signature
+has them. None takes an HND cache.
+
 Conventions kept by all three: (B, N, H, D) layout, bottom-right causal, window (left, right),
 LSE (B, H, Nq) dense and (H, total_q) varlen; each entry point is called through the shared
 DenseEntryPoint / VarlenEntryPoint / KVCacheEntryPoint (gate/kernels/entries.py), as a user's kernel
@@ -138,8 +143,16 @@ class FA2Adapter(_FlashBase):
             dtypes=("fp16", "bf16"),
             max_head_dim=256,
             page_size_multiple=256,
+            # knobs: flash_attn_with_kvcache takes num_splits (no pack_gqa, NHD caches only)
             features=feature_set(
-                window=True, softcap=True, alibi=True, dropout=True, varlen=True, kvcache=True, paged=True
+                window=True,
+                softcap=True,
+                alibi=True,
+                dropout=True,
+                varlen=True,
+                kvcache=True,
+                paged=True,
+                num_splits=True,
             ),
             dropout_keep_levels=256,
             deterministic_mode=True,
@@ -233,6 +246,9 @@ class FA3Adapter(_FlashBase):
                 varlen=not off.get("FLASHATTENTION_DISABLE_VARLEN"),
                 kvcache=True,
                 paged=not off.get("FLASHATTENTION_DISABLE_PAGEDKV"),
+                # knobs of flash_attn_with_kvcache, unless the build left their kernels out
+                num_splits=not off.get("FLASHATTENTION_DISABLE_SPLIT"),
+                pack_gqa=not off.get("FLASHATTENTION_DISABLE_PACKGQA"),
             ),
             deterministic_mode=True,
             returns_lse=True,
@@ -301,6 +317,9 @@ class FA4Adapter(_FlashBase):
                 sinks=self._takes("flash_attn_func", "learnable_sink"),
                 bias=True,
                 bool_mask=True,
+                # decode knobs: keywords of the flash_attn_varlen_func the decode calls, where it has them
+                num_splits=self._takes("flash_attn_varlen_func", "num_splits"),
+                pack_gqa=self._takes("flash_attn_varlen_func", "pack_gqa"),
             ),
             reasons={
                 Feature.BIAS_GRAD: BIAS_GRAD_REASON,

@@ -16,11 +16,16 @@ Sinks: the running max starts at the head's sink logit and the running sum at 1
 Decode: `decode` implements the KV cache itself: it appends the new k/v by walking the block table
 (logical page pos // page -> physical block, offset pos % page), then streams the cached keys tile
 by tile through the same page walk, so the whole paged path runs (and is tested) on a CPU.
+A decode case's knobs take its other paths: num_splits >= 2 (runs of key tiles attended apart,
+combined by their LSE), pack_gqa (a KV head's query heads packed into rows), kv_layout HND.
 A custom bias is added to each tile's scores after the softcap (a boolean one masks);
 its gradient is dS (before the softcap factor) summed over the bias's broadcast dims.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
 
 import torch
 
@@ -118,6 +123,26 @@ class TileSteps:
     def softcap_grad(self, ds, tanh):
         """dS through the softcap: times d(cap * tanh(s / cap))/ds = 1 - tanh^2."""
         return ds * (1 - tanh * tanh)
+
+    def cache_view(self, cache, kv_layout: str):
+        """A decode cache tensor as (B or blocks, slots, Hkv, D): an HND one read through its strides."""
+        return cache.transpose(1, 2) if kv_layout == "HND" else cache
+
+    def combine(self, parts, sink):
+        """Split-KV: the splits' (out, lse), each over its own keys, as one (out, lse): every split
+        weighted by exp(its LSE - the total LSE); a sink (per row) joins the total once."""
+        lses = torch.stack([lse for _, lse in parts])  # (splits, 1, heads, rows)
+        if sink is not None:
+            lses = torch.cat([lses, sink.squeeze(-1)[None]])
+        lse = torch.logsumexp(lses, dim=0)
+        lse_safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+        out = sum(torch.exp(part_lse - lse_safe).unsqueeze(-1) * part_out for part_out, part_lse in parts)
+        return out, lse
+
+    def write_rows(self, out, lse, b: int, out_b, lse_b):
+        """Batch element b's rows, (1, hq, nq, dv) and (1, hq, nq), written into the call's outputs."""
+        out[b] = out_b[0]
+        lse[b] = lse_b[0]
 
 
 STEPS = TileSteps()
@@ -246,43 +271,136 @@ def _softmax_start(b: int, hq: int, rows: int, sink, device):
     return m, torch.ones_like(m)
 
 
+@dataclass(frozen=True)
+class DecodeRows:
+    """How a decode step lays its query rows out: one row per query token in each query head, or
+    (pack_gqa) the `group` query heads of one KV head packed into its rows, row r = token r // group
+    of head kv * group + r % group, so a tile of rows reads each K/V tile once for the whole group."""
+
+    nq: int
+    hq: int
+    hkv: int
+    packed: bool
+
+    @property
+    def group(self) -> int:
+        return self.hq // self.hkv
+
+    @property
+    def heads(self) -> int:
+        """The heads of the row layout: the query heads, or the KV heads when packed."""
+        return self.hkv if self.packed else self.hq
+
+    def positions(self, device) -> torch.Tensor:
+        """The query token of each row (what the causal mask and the window read)."""
+        rows = torch.arange(self.nq, device=device)
+        return rows.repeat_interleave(self.group) if self.packed else rows
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        """(1, hq, nq, ...) -> (1, heads, rows, ...)."""
+        if not self.packed:
+            return t
+        rest = t.shape[3:]
+        return t.reshape(1, self.hkv, self.group, self.nq, *rest).transpose(2, 3).reshape(1, self.hkv, -1, *rest)
+
+    def unpack(self, t: torch.Tensor) -> torch.Tensor:
+        """(1, heads, rows, ...) -> (1, hq, nq, ...)."""
+        if not self.packed:
+            return t
+        rest = t.shape[3:]
+        return t.reshape(1, self.hkv, self.nq, self.group, *rest).transpose(2, 3).reshape(1, self.hq, self.nq, *rest)
+
+    def per_row(self, per_head: torch.Tensor) -> torch.Tensor:
+        """A per-query-head value (hq,) as (1, heads, rows, 1)."""
+        return self.pack(per_head.float().view(1, self.hq, 1, 1).expand(1, self.hq, self.nq, 1))
+
+
+def split_spans(first: int, nk: int, num_splits: int) -> list[tuple[int, int]]:
+    """The key ranges of a split-KV step: the key tiles from `first` on, dealt into `num_splits`
+    runs of consecutive tiles as evenly as they go (a split with no tile is empty, as a GPU
+    kernel's surplus splits are). One split: the whole range."""
+    if num_splits <= 1:
+        return [(first, nk)]
+    tiles = list(range(first, nk, TILE)) or [nk]  # no key: every split empty
+    bounds = [tiles[i * len(tiles) // num_splits] for i in range(num_splits)]
+    return list(zip(bounds, bounds[1:] + [nk]))
+
+
 def decode(call: KernelCall, steps: TileSteps = STEPS) -> KernelOutput:
     """A decode step on call.cache: append (if any), then each batch element's queries against its
     own cached keys, streamed tile by tile from the pages, from the tile of the first key a query
-    sees. Forward only."""
+    sees. Forward only. The case's knobs choose the path: num_splits >= 2 attends each run of key
+    tiles apart and combines the partial results by their LSE; pack_gqa packs the query heads of a
+    KV head into rows (DecodeRows); kv_layout HND reads and appends through the heads-first cache."""
     c, opts = call.cache, call.opts
     q = call.q
     bsz, nq, hq, _ = q.shape
-    hkv = c.k_cache.shape[-2]
-    group = hq // hkv
-    dv_dim = c.v_cache.shape[-1]
-    out = torch.zeros(bsz, hq, nq, dv_dim, dtype=torch.float32, device=q.device)
-    lse = torch.empty(bsz, hq, nq, dtype=torch.float32, device=q.device)
-    rows = torch.arange(nq, device=q.device)
+    k_cache, v_cache = (steps.cache_view(t, c.kv_layout) for t in (c.k_cache, c.v_cache))
+    layout = DecodeRows(nq, hq, k_cache.shape[-2], bool(call.knobs.pack_gqa))
+    out = torch.zeros(bsz, hq, nq, v_cache.shape[-1], dtype=torch.float32, device=q.device)
+    lse = torch.zeros(bsz, hq, nq, dtype=torch.float32, device=q.device)
+    sink = None if call.sink is None else layout.per_row(call.sink)
+    split = call.knobs.num_splits >= 2
     for b, cached in enumerate(c.cached):
         if c.k_new is not None:
-            write_pages(c.k_cache, c.block_table, c.page_size, b, cached, c.k_new[b])
-            write_pages(c.v_cache, c.block_table, c.page_size, b, cached, c.v_new[b])
+            write_pages(k_cache, c.block_table, c.page_size, b, cached, c.k_new[b])
+            write_pages(v_cache, c.block_table, c.page_size, b, cached, c.v_new[b])
         nk = cached + (0 if c.k_new is None else c.k_new.shape[1])
-        qf = q[b : b + 1].float().transpose(1, 2)
-        m, l = _softmax_start(1, hq, nq, call.sink, q.device)
-        acc = torch.zeros(1, hq, nq, dv_dim, device=q.device)
-        for c0 in range(steps.key_start(first_visible_key(nq, nk, opts.window)), nk, TILE):
-            cols = slice(c0, min(nk, c0 + TILE))
-            kt = read_pages(c.k_cache, c.block_table, c.page_size, b, cols.start, cols.stop)
-            vt = read_pages(c.v_cache, c.block_table, c.page_size, b, cols.start, cols.stop)
-            kf = kt.float().transpose(0, 1).repeat_interleave(group, dim=0)[None]
-            vf = vt.float().transpose(0, 1).repeat_interleave(group, dim=0)[None]
-            s, _ = steps.scores(qf, kf, rows, cols, nq, nk, opts)
-            m_new, m_safe, alpha = steps.rescale(m, s)
-            p = torch.exp(s - m_safe)
-            l = alpha * l + p.sum(dim=-1, keepdim=True)
-            acc = alpha * acc + p @ vf
-            m = m_new
-        empty = l == 0
-        out[b] = torch.where(empty, torch.zeros_like(acc), acc / torch.where(empty, torch.ones_like(l), l))[0]
-        lse[b] = torch.where(empty, torch.full_like(l, float("-inf")), m + torch.log(l))[0].squeeze(-1)
+        qf = layout.pack(q[b : b + 1].float().transpose(1, 2))
+        first = steps.key_start(first_visible_key(nq, nk, opts.window))
+        if not split:
+            o_b, l_b = _attend_keys(qf, k_cache, v_cache, call, b, (first, nk), nk, layout, sink, steps)
+        else:  # each split from an empty softmax: the sink joins once, in the combine
+            parts = [
+                _attend_keys(qf, k_cache, v_cache, call, b, span, nk, layout, None, steps)
+                for span in split_spans(first, nk, call.knobs.num_splits)
+            ]
+            o_b, l_b = steps.combine(parts, sink)
+        steps.write_rows(out, lse, b, layout.unpack(o_b), layout.unpack(l_b.unsqueeze(-1)).squeeze(-1))
     return KernelOutput(out=out.transpose(1, 2).to(q.dtype), lse=lse)
+
+
+def _attend_keys(qf, k_cache, v_cache, call: KernelCall, b: int, span, nk: int, layout: DecodeRows, sink, steps):
+    """(out, lse) of rows `qf` (1, heads, rows, d) against keys span[0]..span[1]-1 of batch element b,
+    tile by tile from the pages: out normalised (0 where no key is allowed, LSE -inf there)."""
+    c, opts = call.cache, call.opts
+    heads, nrows = qf.shape[1], qf.shape[2]
+    rows = layout.positions(qf.device)
+    score_opts = opts
+    if layout.packed and opts.alibi_slopes is not None:  # per row, added below: the heads are KV heads
+        score_opts = dataclasses.replace(opts, alibi_slopes=None)
+    if sink is None:
+        m = torch.full((1, heads, nrows, 1), float("-inf"), device=qf.device)
+        l = torch.zeros_like(m)
+    else:
+        m, l = sink.clone(), torch.ones_like(sink)
+    acc = torch.zeros(1, heads, nrows, v_cache.shape[-1], device=qf.device)
+    for c0 in range(span[0], span[1], TILE):
+        cols = slice(c0, min(span[1], c0 + TILE))
+        kt = read_pages(k_cache, c.block_table, c.page_size, b, cols.start, cols.stop)
+        vt = read_pages(v_cache, c.block_table, c.page_size, b, cols.start, cols.stop)
+        group = 1 if layout.packed else layout.group
+        kf = kt.float().transpose(0, 1).repeat_interleave(group, dim=0)[None]
+        vf = vt.float().transpose(0, 1).repeat_interleave(group, dim=0)[None]
+        s, _ = steps.scores(qf, kf, rows, cols, layout.nq, nk, score_opts)
+        if score_opts is not opts:
+            s = s + _packed_alibi(steps, opts.alibi_slopes, layout, rows, cols, nk)
+        m_new, m_safe, alpha = steps.rescale(m, s)
+        p = torch.exp(s - m_safe)
+        l = alpha * l + p.sum(dim=-1, keepdim=True)
+        acc = alpha * acc + p @ vf
+        m = m_new
+    empty = l == 0
+    out = torch.where(empty, torch.zeros_like(acc), acc / torch.where(empty, torch.ones_like(l), l))
+    return out, torch.where(empty, torch.full_like(l, float("-inf")), m + torch.log(l)).squeeze(-1)
+
+
+def _packed_alibi(steps: TileSteps, slopes, layout: DecodeRows, rows, cols: slice, nk: int) -> torch.Tensor:
+    """The ALiBi bias of packed rows: row r of KV head g takes the slope of query head g * group + r % group."""
+    full = steps.alibi(slopes, rows, layout.nq, nk)[:, :, cols]  # (hq, rows, keys)
+    r = torch.arange(rows.numel(), device=rows.device)
+    head = torch.arange(layout.hkv, device=rows.device).view(-1, 1) * layout.group + r % layout.group
+    return full[head, r][None]
 
 
 def dropout_keep_mask(shape, p: float, seed: int, device) -> torch.Tensor:
@@ -313,6 +431,9 @@ class TiledAdapter(KernelAdapter):
                 bias_grad=True,
                 bool_mask=True,
                 varlen_bias=True,
+                num_splits=True,
+                pack_gqa=True,
+                hnd_cache=True,
             ),
             deterministic_mode=True,
             returns_lse=True,

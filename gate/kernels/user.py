@@ -16,6 +16,10 @@ deterministic, learnable_sink, block_table, k/v for appending) is a feature it d
 and cases that need it are SKIPPED. A tuple result is (out, lse, ...), as flash-attn returns with
 return_attn_probs=True / return_softmax_lse=True.
 
+A decode case's forced knobs (num_splits=, pack_gqa=, kv_layout="HND" with heads-first cache
+tensors) reach a kvcache entry point only where the family declares them true in its supports table
+(num_splits, pack_gqa, hnd_cache) and the function takes the keyword; elsewhere those cases SKIP.
+
 fp8 (e4m3, e5m2) cases run where the function takes `q_descale`, `k_descale` and `v_descale`
 (FA3's flash_attn_func): q, k, v arrive as float8 tensors with float32 descale factors of shape
 (batch, KV heads), value = fp8 * descale; out is expected in bf16. Elsewhere they are SKIPPED.
@@ -36,7 +40,7 @@ from pathlib import Path
 from gate.attention.bias import as_additive
 from gate.core.errors import UserError
 from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, entry_kind, per_sequence
-from gate.kernels.capabilities import Feature, feature_set
+from gate.kernels.capabilities import DEFAULT_REASONS, Feature, feature_set
 from gate.kernels.entries import (
     DESCALE_KEYWORDS,
     DenseEntryPoint,
@@ -195,18 +199,43 @@ class VarlenEntry(_Declared):
         return self.entry(call)
 
 
+# A kvcache entry point's knobs (gate/core/cases.py KNOBS) and the keyword each arrives in.
+KNOB_KEYWORDS = {Feature.NUM_SPLITS: "num_splits", Feature.PACK_GQA: "pack_gqa", Feature.HND_CACHE: "kv_layout"}
+
+
+def knob_features(takes: Keywords, declared: Capabilities | None, table: str) -> tuple[dict, dict]:
+    """(feature flags, reasons) of a user kvcache entry's knobs: a knob is exposed only where the
+    family declares it true in its `supports` table (never inferred: a keyword's name says nothing
+    of what the function does with a forced value) and the signature takes its keyword (else
+    narrowed_by says the declaration claims what the signature lacks)."""
+    said = declared.declared if declared is not None else {}
+    flags, reasons = {}, {}
+    for feature, keyword in KNOB_KEYWORDS.items():
+        flags[feature.value] = said.get(feature.value) is True and takes.takes(keyword)
+        if said.get(feature.value) is not True:
+            reasons[feature] = (
+                f"{DEFAULT_REASONS[feature]}: declare {feature.value} = true in {table} "
+                f"if its kvcache entry takes {keyword}="
+            )
+    return flags, reasons
+
+
 class KVCacheEntry(_Declared):
     """A family's kvcache entry point, flash_attn_with_kvcache convention (gate.kernels.entries.
     KVCacheEntryPoint, as FA2/FA3 are called): the function appends k=/v= into the cache in place;
-    block_table for a paged cache (blocks, page, Hkv, D). Forward only."""
+    block_table for a paged cache (blocks, page, Hkv, D). Forward only. Knobs a case forces
+    (num_splits=, pack_gqa=, kv_layout="HND") reach it where the family declares them."""
 
-    def __init__(self, spec: str, fn, declared: Capabilities | None = None):
-        self.name, self.fn, self.declared = spec, fn, declared
+    def __init__(
+        self, spec: str, fn, declared: Capabilities | None = None, table: str = "[tool.attn-gate.kernels.NAME.supports]"
+    ):
+        self.name, self.fn, self.declared, self.table = spec, fn, declared, table
         self.entry = KVCacheEntryPoint(fn, Keywords.of(fn))
         self.description = f"user kernel {spec} (flash_attn_with_kvcache convention)"
 
     def inferred(self) -> Capabilities:
         t = self.entry.takes.takes
+        knobs, knob_reasons = knob_features(self.entry.takes, self.declared, self.table)
         return Capabilities(
             devices=("cpu", "cuda"),
             dtypes=("fp16", "bf16", "fp32"),
@@ -221,7 +250,9 @@ class KVCacheEntry(_Declared):
                 kvcache=True,
                 paged=t("block_table"),
                 sinks=t("learnable_sink"),
+                **knobs,
             ),
+            reasons=knob_reasons,
             returns_lse=t("return_softmax_lse"),
             backward=False,
         )
@@ -263,7 +294,9 @@ class FamilyAdapter(KernelAdapter):
         if family.varlen:
             self.entries["varlen"] = VarlenEntry(family.varlen, load_callable(family.varlen), family.backward, declared)
         if family.kvcache:
-            self.entries["kvcache"] = KVCacheEntry(family.kvcache, load_callable(family.kvcache), declared)
+            self.entries["kvcache"] = KVCacheEntry(
+                family.kvcache, load_callable(family.kvcache), declared, family.supports_table
+            )
 
     def capabilities(self) -> Capabilities:
         """The family as a whole (devices, dtypes, backward): per-case answers come from unsupported_reason."""
