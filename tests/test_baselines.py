@@ -664,3 +664,31 @@ def test_a_baseline_row_lacking_the_dbias_its_case_needs_is_refused_naming_the_r
     refuse_incomplete_rows(complete, [TRAINS], path)
     validate_written(complete, path, [TRAINS])
     refuse_incomplete_rows(lacking, [case(1)], path)  # a case of another id: not this row's
+
+
+SKIPPED_ONLY = (  # sdpa-cpu takes head dims up to 256: a d512 case is a SKIP there
+    "[tool.attn-gate.suites.mini]\nseeds = [0]\n[[tool.attn-gate.suites.mini.matrix]]\n"
+    'dtype = ["bf16"]\nseqlens = ["33"]\nheads = ["2"]\nhead_dims = ["512"]\n'
+)
+
+
+def test_a_baseline_with_no_pass_row_is_refused_but_an_only_of_skips_beside_passes_is_written(tmp_path, capsys):
+    """A baseline with no PASS row validates nothing: refused, nothing written. An --only update of
+    new cases the kernel skips, merged into rows that pass, still validates those rows: written."""
+    from gate.commands.main import main
+
+    config = tmp_path / "pyproject.toml"
+    base = ["--kernel", "sdpa-cpu", "--suite", "mini", "--device", "cpu", "--config", str(config), "--no-progress"]
+    path = tmp_path / "baselines" / "cpu" / "sdpa-cpu-mini.json"
+    config.write_text(SKIPPED_ONLY)
+    assert main(["baseline", "update", *base, "--out", str(tmp_path / "o0")]) == 1
+    assert "the baseline would validate nothing" in capsys.readouterr().err and not path.exists()
+
+    config.write_text(MINI)
+    assert main(["baseline", "update", *base, "--out", str(tmp_path / "o1")]) == 0
+    config.write_text(MINI + SKIPPED_ONLY.split("\n", 2)[2])  # the d512 block added to the mini suite
+    assert main(["baseline", "update", *base, "--only=-d512$", "--out", str(tmp_path / "o2")]) == 0
+    grown = read_baseline(path)
+    assert grown.correctness["bf16-b2-h2-s33-d512"].status == Status.SKIP
+    assert sum(r.status == Status.PASS for r in grown.correctness.values()) == 2
+    assert main(["check", *base, "--out", str(tmp_path / "c")]) == 0

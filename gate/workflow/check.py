@@ -564,13 +564,19 @@ def refuse_failing_run(
     note: Path | None = None,
     reason: str = "",
     link: str = "",
+    written: Baseline | None = None,
 ) -> str:
     """Why a run must not become a baseline ('' when it may): a failing row is recorded only when
     known_failures declarations cover everything it fails on (a bug with a reason, and for another
-    project's kernel an upstream link, which `check` then reports as KNOWN); a run with no PASS row
-    validates nothing. The refusal lists the failing cases worst first with their reasons, what they
-    share, and the ways forward with the declaration that records them (gate/report/failures.py)."""
-    if not any(c.status.value == "PASS" for c in sweep.cases):
+    project's kernel an upstream link, which `check` then reports as KNOWN); a baseline with no PASS
+    row validates nothing. `written` is the baseline the run becomes: an --only run of cases the kernel
+    skips, merged into rows that pass, still validates them. The refusal lists the failing cases worst
+    first with their reasons, what they share, and the ways forward with the declaration that records
+    them (gate/report/failures.py)."""
+    statuses = (
+        [r.status.value for r in written.correctness.values()] if written else [c.status.value for c in sweep.cases]
+    )
+    if "PASS" not in statuses:
         return "no case passed (all skipped or failing), so the baseline would validate nothing; fix the kernel or the suite"
     undeclared = undeclared_failures(sweep, config.known_failures)
     if not undeclared:
@@ -764,7 +770,7 @@ def _update_baseline(plan: RunPlan, source: FreshSweep | SavedSweep, out: Output
     declared_text = declared = ""
     if flags.known is not None:  # declared now, validated as the config is; written with the baseline
         config, declared_text, declared = declare_known(sweep, config, flags.known, flags.link)
-    refused = refuse_failing_run(sweep, config, path, saved_note)
+    refused = refuse_failing_run(sweep, config, path, saved_note, written=new)
     if refused:
         print(
             refused if refused.startswith("attn-gate: ") else f"attn-gate: refusing to write {path}: {refused}",
