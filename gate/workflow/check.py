@@ -33,16 +33,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gate.compare.admission import (
+    BASELINES_DOC,  # noqa: F401 - re-exported: the documentation every "no baseline" message names
+    baseline_for_fresh_run,
+    baseline_for_results,
+    refuse_foreign_rows,
+    refuse_unmatched_known,
+)
 from gate.compare.baselines import (
     WIDEN_KEYS,
     Baseline,
     BaselineDiff,
-    baseline_path,
     diff_baselines,
-    forged_case_hashes,
     merge_baseline,
     read_baseline,
-    refuse_incomplete_rows,
     refuse_lacking_cases,
     refuse_widen,
     spans_machines,
@@ -53,18 +57,15 @@ from gate.compare.baselines import (
 )
 from gate.compare.comparable import same, why_not_comparable
 from gate.compare.findings import CheckContext, Finding, Rule, Verdict, decide, worst_first
-from gate.compare.known import apply_known, for_kernel, refuse_unmatched, undeclared_failures
+from gate.compare.known import apply_known, undeclared_failures
 from gate.compare.sweep_rules import (
     check_comparable,
     compare,
     correctness_thresholds,
     incomplete_pass,
     refuse_duplicate_cases,
-    refuse_other_gpu_class,
-    refuse_stale_baseline,
     refuse_unjudged_by_mean,
 )
-from gate.core.cases import suite_names
 from gate.core.config import Config, known_failures_in, own_kernel
 from gate.core.environment import default_device
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
@@ -89,15 +90,10 @@ from gate.workflow.speed_check import (
     run_perf_check,
 )
 from gate.workflow.sweep import SweepOptions, sweep_plan
-from gate.workflow.validate import check_working_directory
 
 # what a check of some cases only (--only, --last-failed) adds to its file names (check-K-S.only.md) where
 # the folder holds the whole suite's check: a rerun never overwrites the full report
 RERUN_SUFFIX = ".only"
-
-# The documentation page and section that every "no baseline" message points to (tests/test_validate.py
-# checks both exist).
-BASELINES_DOC = ("docs/baselines.md", "Baselines")
 
 
 @dataclass(frozen=True)
@@ -153,36 +149,6 @@ def read_results(path: Path, kernel: str | None, suite: str | None) -> SweepResu
     return sweep
 
 
-def refuse_results_of_another_config(plan: RunPlan, sweep: SweepResult, path: Path) -> None:
-    """A results file is judged under the config as it is now: one measured with another
-    definition of its suite or other tolerance multipliers is not what this config would gate."""
-    config = plan.config
-    differs = why_not_comparable(sweep.key, plan.key, ("suite_hash", "tolerance"))
-    if differs is not None and differs.key == "suite_hash":
-        raise UserError(
-            f"{path}: made from another definition of suite {sweep.suite!r} (hash {sweep.suite_hash}) than "
-            f"{config.source} gives now ({plan.suite_hash}); re-run the sweep with this config"
-        )
-    if differs is not None:
-        raise UserError(
-            f"{path}: measured with other tolerance multipliers than {config.source} sets "
-            f"({', '.join(differs.changed)}); re-run the sweep with this config"
-        )
-    refuse_foreign_rows(plan, sweep, path, "re-run the sweep with this config")
-
-
-def refuse_foreign_rows(plan: RunPlan, sweep: SweepResult, source: object, fix: str) -> None:
-    """Each row's case must be the suite's case of that id: a row whose case was edited (another
-    seqlen under the same id) measured something else, and must not be judged or recorded as it."""
-    by_id = {c.id: c for c in plan.suite.swept_cases}
-    foreign = [c.case_id for c in sweep.cases if by_id.get(c.case_id) != c.case]
-    if foreign:
-        raise UserError(
-            f"{source}: {len(foreign)} rows measured a case that is not the suite's case of that id "
-            f"({', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''}); {fix}"
-        )
-
-
 def resolve_target(
     config: Config, kernel: str | None, suite: str | None, device: str | None, results: SweepResult | None
 ) -> Target:
@@ -224,63 +190,6 @@ def fresh_sweep(plan: RunPlan, progress: bool) -> SweepResult:
     return sweep_plan(plan, progress=progress)
 
 
-def load_existing_baseline(plan: RunPlan) -> Baseline:
-    path = plan.baseline_path
-    if not path.is_file():
-        if plan.baseline_option:  # a typo in --baseline: never advise creating (and committing) a file by that name
-            raise UserError(
-                f"--baseline {plan.baseline_option}: no such file; pass an existing baseline JSON, or leave "
-                f"--baseline out to use {baseline_path(plan.config.baselines_dir, plan.gpu_class, plan.kernel, plan.suite.name)}"
-            )
-
-        check_working_directory(plan.config)  # run from another folder: say so, not "no baseline"
-        raise UserError(
-            f"no baseline for kernel {plan.kernel!r} on suite {plan.suite.name!r} (gpu class {plan.gpu_class!r}): {path} "
-            f"does not exist. Create it with `{update_command(plan.kernel, plan.suite.name, plan.gpu_class)}`, review "
-            f"the printed summary and commit {path} (see {BASELINES_DOC[0]}, '{BASELINES_DOC[1]}')"
-        )
-    baseline = read_baseline(path)
-    refuse_other_gpu_class(baseline, plan.key, path)  # before a long sweep
-    require_complete_baseline(plan, baseline, path)
-    return baseline
-
-
-def require_complete_baseline(plan: RunPlan, baseline: Baseline, path: Path) -> None:
-    """A baseline cut to a few cases (or to `{}`), or with PASS rows that carry no ratios, would gate
-    nothing on the cases it lost: refused as a damaged file. A baseline of another suite, or of
-    another definition of it, is left to check_comparable, which says so."""
-    suite = plan.suite
-    if not same(plan.key, baseline.key, "suite", "suite_hash"):
-        return
-    missing = [c.id for c in suite.swept_cases if c.id not in baseline.correctness]
-    empty = [cid for cid, c in baseline.correctness.items() if c.status.value == "PASS" and not c.tensors]
-    if missing or empty:
-        what = (
-            f"lacks {len(missing)} of the {len(suite.swept_cases)} cases of suite {baseline.suite!r} ({', '.join(missing[:3])}"
-            f"{' ...' if len(missing) > 3 else ''})"
-            if missing
-            else f"has {len(empty)} PASS rows without ratios ({', '.join(empty[:3])}{' ...' if len(empty) > 3 else ''})"
-        )
-        raise UserError(
-            f"{path}: the baseline {what}, so they would not be gated; restore it with `git checkout -- {path}` "
-            f"or regenerate it with `{update_command(baseline.kernel, baseline.suite, baseline.gpu_class)}`"
-        )
-    refuse_incomplete_rows(baseline, suite.swept_cases, path)
-    forged = forged_case_hashes(baseline, suite.swept_hashes())
-    if forged:
-        raise UserError(
-            f"{path}: the case_hash of {len(forged)} rows names another case than suite {baseline.suite!r}'s "
-            f"case of that id ({', '.join(forged[:3])}{' ...' if len(forged) > 3 else ''}): the rows were "
-            f"edited or measured on other cases; restore it with `git checkout -- {path}` or regenerate it "
-            f"with `{update_command(baseline.kernel, baseline.suite, baseline.gpu_class)}`"
-        )
-    if not any(c.measured for c in baseline.correctness.values()):
-        raise UserError(
-            f"{path}: every case of the baseline is SKIP, so it gates nothing; regenerate it on a machine "
-            f"where the kernel runs (`{update_command(baseline.kernel, baseline.suite, baseline.gpu_class)}`)"
-        )
-
-
 def compare_all(
     baseline: Baseline, sweep: SweepResult, config: Config, scope: Scope
 ) -> tuple[list[Finding], dict[str, float], list[dict]]:
@@ -290,29 +199,7 @@ def compare_all(
     return findings, correctness_thresholds(config.verdict), known
 
 
-def refuse_unmatched_known(plan: RunPlan) -> None:
-    """Before any sweep: a known_failures declaration for this kernel must match a case of some
-    suite (the plan's suite as loaded; the others only when a declaration names the kernel)."""
-    config = plan.config
-    if not for_kernel(config.known_failures, plan.kernel):
-        return
-    # swept cases: a declaration that matches only timing-only ones would never apply
-    suites = {name: [c.id for c in config.suite(name).swept_cases] for name in suite_names(config.suites)}
-    refuse_unmatched(config.known_failures, plan.kernel, suites)
-
-
 # ---------------------------------------------------------------- check
-
-
-def checked_baseline(plan: RunPlan) -> Baseline:
-    """Everything a fresh check refuses before it sweeps (known_failures that match no case, no or a
-    damaged baseline, one of another GPU class, a stale one), then the baseline (at plan.baseline_path)."""
-    refuse_unmatched_known(plan)
-    baseline = load_existing_baseline(plan)
-    refuse_stale_baseline(
-        baseline, plan.key, plan.baseline_path, plan.suite.swept_hashes(), {c.id for c in plan.suite.perf_cases}
-    )
-    return baseline
 
 
 @dataclass(frozen=True)
@@ -417,13 +304,14 @@ def refuse_check_flags(results: Path | None, only: str | None, perf: bool | None
 
 
 def swept(plan: RunPlan, source: FreshSweep | SavedSweep) -> tuple[Baseline, SweepResult]:
-    """The baseline, with everything refused before a sweep, then the sweep: run now, or the
-    results file's (judged under the config as it is now)."""
+    """The baseline, with everything refused before a sweep (gate/compare/admission.py), then the
+    sweep: run now, or the results file's (judged under the config as it is now)."""
     if isinstance(source, SavedSweep):
-        refuse_results_of_another_config(plan, source.sweep, source.path)
-        refuse_unmatched_known(plan)
-        return load_existing_baseline(plan), source.sweep
-    baseline = checked_baseline(plan)
+        baseline = baseline_for_results(
+            plan.key, plan.suite, plan.config, source.sweep, source.path, plan.baseline_path, plan.baseline_option
+        )
+        return baseline, source.sweep
+    baseline = baseline_for_fresh_run(plan.key, plan.suite, plan.config, plan.baseline_path, plan.baseline_option)
     return baseline, fresh_sweep(plan, source.progress)
 
 
@@ -535,7 +423,7 @@ def require_complete_run(plan: RunPlan, sweep: SweepResult, source: object, path
     ran = {c.case_id for c in sweep.cases}
     # the row's case is what its case_hash in the baseline will say was measured
     refuse_foreign_rows(
-        plan,
+        suite.swept_cases,
         sweep,
         source,
         f"a baseline of them would compare other cases: update from a run of the suite as it is now (`{redo}`)",
@@ -666,7 +554,7 @@ def _update_baseline(plan: RunPlan, source: FreshSweep | SavedSweep, out: Output
     config, only, perf = plan.config, plan.only, plan.perf
     results, results_path = (source.sweep, source.path) if isinstance(source, SavedSweep) else (None, None)
     summary_path = out.summary
-    refuse_unmatched_known(plan)
+    refuse_unmatched_known(config, plan.kernel)
     if (
         flags.accept_noisy
         and flags.perf_from is None
