@@ -24,9 +24,7 @@ without a reference would pass anything (fail closed). The perf verdict plugs in
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -57,11 +55,10 @@ from gate.compare.baselines import (
 )
 from gate.compare.comparable import same, why_not_comparable
 from gate.compare.findings import CheckContext, Finding, Rule, Verdict, decide, worst_first
-from gate.compare.known import apply_known, undeclared_failures
+from gate.compare.known import undeclared_failures
 from gate.compare.sweep_rules import (
     check_comparable,
-    compare,
-    correctness_thresholds,
+    compare_all,
     incomplete_pass,
     refuse_duplicate_cases,
     refuse_unjudged_by_mean,
@@ -69,15 +66,17 @@ from gate.compare.sweep_rules import (
 from gate.core.config import Config, known_failures_in, own_kernel
 from gate.core.environment import default_device
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
-from gate.core.files import FolderLock, append_step_summary, refuse_inside_baselines, require_writable, safe_name
+from gate.core.files import (
+    FolderLock,
+    refuse_inside_baselines,
+    require_writable,
+    writing,
+)
 from gate.core.identity import Environment, Scope
-from gate.core.jsonio import write_json_atomic, write_text_atomic
+from gate.core.jsonio import write_text_atomic
 from gate.core.results import SweepResult
-from gate.core.warn import warn
-from gate.report.check_report import print_check
-from gate.report.comment import Links, pr_comment
+from gate.report.check_report import render_check
 from gate.report.failures import refusal
-from gate.report.plots import plot_ratios
 from gate.report.sweep_report import write_sweep_outputs
 from gate.workflow.plan import RunPlan, current_gpu_class, plan_run
 from gate.workflow.speed_check import (
@@ -90,10 +89,6 @@ from gate.workflow.speed_check import (
     run_perf_check,
 )
 from gate.workflow.sweep import SweepOptions, sweep_plan
-
-# what a check of some cases only (--only, --last-failed) adds to its file names (check-K-S.only.md) where
-# the folder holds the whole suite's check: a rerun never overwrites the full report
-RERUN_SUFFIX = ".only"
 
 
 @dataclass(frozen=True)
@@ -126,15 +121,6 @@ class UpdateOutcome:
 
 
 # ---------------------------------------------------------------- steps
-
-
-@contextlib.contextmanager
-def writing(fix: str):
-    """An OSError while writing an output (full disk, read-only folder) -> a one-line UserError."""
-    try:
-        yield
-    except OSError as exc:
-        raise UserError(f"cannot write {exc.filename or 'the output'} ({exc.strerror or exc}); {fix}") from None
 
 
 def read_results(path: Path, kernel: str | None, suite: str | None) -> SweepResult:
@@ -188,15 +174,6 @@ def fresh_sweep(plan: RunPlan, progress: bool) -> SweepResult:
     if plan.options is None:
         plan = dataclasses.replace(plan, options=SweepOptions())
     return sweep_plan(plan, progress=progress)
-
-
-def compare_all(
-    baseline: Baseline, sweep: SweepResult, config: Config, scope: Scope
-) -> tuple[list[Finding], dict[str, float], list[dict]]:
-    """Every rule family's findings and thresholds (the perf verdict adds its own here), with the
-    correctness failures the known_failures declarations cover turned KNOWN; and those declarations."""
-    findings, known = apply_known(compare(baseline, sweep, config.verdict, scope), sweep, config.known_failures)
-    return findings, correctness_thresholds(config.verdict), known
 
 
 # ---------------------------------------------------------------- check
@@ -303,18 +280,6 @@ def refuse_check_flags(results: Path | None, only: str | None, perf: bool | None
         )
 
 
-def swept(plan: RunPlan, source: FreshSweep | SavedSweep) -> tuple[Baseline, SweepResult]:
-    """The baseline, with everything refused before a sweep (gate/compare/admission.py), then the
-    sweep: run now, or the results file's (judged under the config as it is now)."""
-    if isinstance(source, SavedSweep):
-        baseline = baseline_for_results(
-            plan.key, plan.suite, plan.config, source.sweep, source.path, plan.baseline_path, plan.baseline_option
-        )
-        return baseline, source.sweep
-    baseline = baseline_for_fresh_run(plan.key, plan.suite, plan.config, plan.baseline_path, plan.baseline_option)
-    return baseline, fresh_sweep(plan, source.progress)
-
-
 def speed_half(
     plan: RunPlan, source: FreshSweep | SavedSweep, baseline: Baseline, sweep: SweepResult, out: Outputs
 ) -> tuple[PerfCheck | None, list[Finding]]:
@@ -330,9 +295,17 @@ def speed_half(
 
 
 def run_check(plan: RunPlan, source: FreshSweep | SavedSweep, out: Outputs) -> CheckOutcome:
-    """The plan's check: baseline, sweep (`source`: run now or read from a file), every rule's
-    findings, the verdict, and its files in `out`."""
-    baseline, sweep = swept(plan, source)
+    """The plan's check, one way down: the baseline with everything refused before a sweep
+    (gate/compare/admission.py), the sweep (`source`: run now or read from a file), its speed half,
+    every rule's findings and the verdict (gate/compare/), then its files in `out` (gate/report/)."""
+    if isinstance(source, SavedSweep):
+        baseline = baseline_for_results(
+            plan.key, plan.suite, plan.config, source.sweep, source.path, plan.baseline_path, plan.baseline_option
+        )
+        sweep = source.sweep
+    else:
+        baseline = baseline_for_fresh_run(plan.key, plan.suite, plan.config, plan.baseline_path, plan.baseline_option)
+        sweep = fresh_sweep(plan, source.progress)
     check_comparable(baseline, sweep, plan.baseline_path)
     findings, thresholds, known = compare_all(baseline, sweep, plan.config, sweep.scope)
     perf_run, not_timed = speed_half(plan, source, baseline, sweep, out)
@@ -341,18 +314,7 @@ def run_check(plan: RunPlan, source: FreshSweep | SavedSweep, out: Outputs) -> C
             # --only chose timing-only cases: the speed is what this check judges
             findings = [f for f in findings if f.rule is not Rule.NOTHING_MEASURED]
         findings, thresholds = list(findings) + perf_run.findings, {**thresholds, **perf_run.thresholds}
-    findings = list(findings) + not_timed
-    verdict = decide(findings, thresholds, check_context(plan, baseline, sweep, known))
-    with writing(f"pass a writable --out folder (verdict: {'PASS' if verdict.passed else 'FAIL'})"):
-        paths = render_check(verdict, sweep, baseline, out.folder, out.console, perf_run.markdown if perf_run else "")
-    if perf_run:
-        paths.update(perf_run.paths)
-    return CheckOutcome(verdict, sweep, baseline, plan.baseline_path, paths)
-
-
-def check_context(plan: RunPlan, baseline: Baseline, sweep: SweepResult, known: list[dict]) -> CheckContext:
-    """What the verdict was reached on: kernel, suite, baseline, config, scope."""
-    return CheckContext(
+    context = CheckContext(
         kernel=sweep.kernel,
         suite=sweep.suite,
         gpu_class=baseline.gpu_class,
@@ -366,41 +328,12 @@ def check_context(plan: RunPlan, baseline: Baseline, sweep: SweepResult, known: 
         cases=len(sweep.cases),
         known_failures=tuple(known),
     )
-
-
-def holds_full_check(out_dir: Path, kernel: str, suite: str) -> bool:
-    """Does `out_dir` hold the findings of a check of the whole suite (no --only) of this kernel?"""
-    import json
-
-    path = Path(out_dir) / f"findings-{safe_name(kernel)}-{suite}.json"
-    try:
-        return json.loads(path.read_text(encoding="utf-8")).get("context", {}).get("scope", "") is None
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
-def render_check(
-    verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_dir: Path, console=None, extra_markdown: str = ""
-) -> dict[str, Path]:
-    # a rerun of some cases (--only, --last-failed) writes beside the full run's report, not over it
-    suffix = RERUN_SUFFIX if not sweep.scope.whole and holds_full_check(out_dir, sweep.kernel, sweep.suite) else ""
-    stem = f"{safe_name(sweep.kernel)}-{sweep.suite}{suffix}"
-    paths = write_sweep_outputs(sweep, out_dir, suffix)
-    paths["findings"] = out_dir / f"findings-{stem}.json"
-    write_json_atomic(paths["findings"], verdict.to_dict())
-
-    summary = pr_comment(verdict, sweep, baseline, Links.from_env(os.environ), extra_markdown)
-    paths["summary"] = out_dir / f"check-{stem}.md"
-    write_text_atomic(paths["summary"], summary)
-    paths["comment"] = out_dir / f"comment-{stem}.md"  # the PR comment: the same text, under GitHub's limit
-    write_text_atomic(paths["comment"], summary)
-    try:
-        paths["plot"] = plot_ratios(verdict, sweep, baseline, out_dir / f"ratios-{stem}.png")
-    except Exception as exc:  # an artifact, not the verdict: say so and go on
-        warn(f"the plot was not drawn ({type(exc).__name__}: {exc})")
-    append_step_summary(summary)  # the verdict and its files are written already
-    print_check(verdict, sweep, console, paths["summary"])
-    return paths
+    verdict = decide(list(findings) + not_timed, thresholds, context)
+    with writing(f"pass a writable --out folder (verdict: {'PASS' if verdict.passed else 'FAIL'})"):
+        paths = render_check(verdict, sweep, baseline, out.folder, out.console, perf_run.markdown if perf_run else "")
+    if perf_run:
+        paths.update(perf_run.paths)
+    return CheckOutcome(verdict, sweep, baseline, plan.baseline_path, paths)
 
 
 # ---------------------------------------------------------------- baseline update
