@@ -259,11 +259,10 @@ def render_check(
     # a rerun of some cases (--only, --last-failed) writes beside the full run's report, not over it
     suffix = RERUN_SUFFIX if not sweep.scope.whole and holds_full_check(out_dir, sweep.kernel, sweep.suite) else ""
     stem = f"{safe_name(sweep.kernel)}-{sweep.suite}{suffix}"
+    summary = pr_comment(verdict, sweep, baseline, Links.from_env(os.environ), extra_markdown)  # before any write
     paths = write_sweep_outputs(sweep, out_dir, suffix)
     paths["findings"] = out_dir / f"findings-{stem}.json"
     write_json_atomic(paths["findings"], verdict.to_dict())
-
-    summary = pr_comment(verdict, sweep, baseline, Links.from_env(os.environ), extra_markdown)
     paths["summary"] = out_dir / f"check-{stem}.md"
     write_text_atomic(paths["summary"], summary)
     paths["comment"] = out_dir / f"comment-{stem}.md"  # the PR comment: the same text, under GitHub's limit
