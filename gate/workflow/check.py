@@ -2,7 +2,7 @@
 
     run_check:            plan -> known failures (each must match a case) -> baseline (must exist,
                           must parse) -> sweep (fresh or a results file) -> refuse incomparable ->
-                          compare -> known failures -> decide -> render (md, json, png)
+                          compare -> known failures -> speed half -> decide -> render (md, json, png)
     run_baseline_update:  plan -> sweep -> refuse a run that lacks cases of the suite (or of its --only scope)
                           -> refuse a failing row no known_failures declaration covers -> merge with
                           the old baseline -> diff for the reviewer -> summary, then the atomic write
@@ -14,12 +14,15 @@ never overwrites a file; an OSError while writing is a UserError too (never a tr
 exit 1, which would read as a gate FAIL).
 
 The plan (gate/workflow/plan.py: kernel, suite cases, device, GPU class, baseline path, options)
-is resolved once, by the command or from a results file, and every step reads it.
+is resolved once, by the command or from a results file. run_check hands each step below it the
+parts it asks about: the refusals before a sweep (gate/compare/admission.py) the RunKey, suite and
+baseline path; the rules (gate/compare/) the baseline and the sweep; the renderer
+(gate/report/check_report.py) the verdict.
 
 No baseline yet: `check` exits 2 and prints the exact `attn-gate baseline update` command. It does
 not run the sweep first: without a baseline there is nothing to gate, and a gate that passes
-without a reference would pass anything (fail closed). The perf verdict plugs in at
-`compare_all`: add its findings and thresholds there.
+without a reference would pass anything (fail closed). The speed half's findings and thresholds
+join the correctness ones (compare_all) in run_check, before decide.
 """
 
 from __future__ import annotations
