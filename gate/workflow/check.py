@@ -57,6 +57,7 @@ from gate.compare.baselines import (
     widen_baseline,
 )
 from gate.compare.comparable import same, why_not_comparable
+from gate.compare.diagnosis import diagnose
 from gate.compare.findings import CheckContext, Finding, Rule, Verdict, decide, worst_first
 from gate.compare.known import undeclared_failures
 from gate.compare.sweep_rules import (
@@ -332,8 +333,11 @@ def run_check(plan: RunPlan, source: FreshSweep | SavedSweep, out: Outputs) -> C
         known_failures=tuple(known),
     )
     verdict = decide(list(findings) + not_timed, thresholds, context)
+    diagnosis = diagnose(verdict, sweep)  # what the failing cases share: decided once, read by each renderer
     with writing(f"pass a writable --out folder (verdict: {'PASS' if verdict.passed else 'FAIL'})"):
-        paths = render_check(verdict, sweep, baseline, out.folder, out.console, perf_run.markdown if perf_run else "")
+        paths = render_check(
+            verdict, diagnosis, sweep, baseline, out.folder, out.console, perf_run.markdown if perf_run else ""
+        )
     if perf_run:
         paths.update(perf_run.paths)
     return CheckOutcome(verdict, sweep, baseline, plan.baseline_path, paths)
