@@ -58,7 +58,7 @@ from gate.compare.baselines import (
 )
 from gate.compare.comparable import same, why_not_comparable
 from gate.compare.diagnosis import diagnose
-from gate.compare.findings import CheckContext, Finding, Rule, Verdict, decide, worst_first
+from gate.compare.findings import CheckContext, Rule, Verdict, decide, worst_first
 from gate.compare.known import undeclared_failures
 from gate.compare.sweep_rules import (
     check_comparable,
@@ -82,17 +82,14 @@ from gate.core.results import SweepResult
 from gate.report.check_report import render_check
 from gate.report.failures import refusal
 from gate.report.sweep_report import write_sweep_outputs
-from gate.workflow.plan import RunPlan, current_gpu_class, plan_run
+from gate.workflow.plan import FreshSweep, RunPlan, SavedSweep, current_gpu_class, plan_run
 from gate.workflow.speed_check import (
-    PerfCheck,
-    file_perf_check,
     perf_baseline_section,
     perf_section_from_file,
     perf_wanted,
-    results_file_findings,
-    run_perf_check,
+    speed_half,
 )
-from gate.workflow.sweep import SweepOptions, sweep_plan
+from gate.workflow.sweep import fresh_sweep
 
 
 @dataclass(frozen=True)
@@ -172,14 +169,6 @@ def _device_of(env: Environment) -> str:
     return env.device if env.device is not None else "?"
 
 
-def fresh_sweep(plan: RunPlan, progress: bool) -> SweepResult:
-    """The plan's cases swept (in worker processes unless its options say otherwise)."""
-
-    if plan.options is None:
-        plan = dataclasses.replace(plan, options=SweepOptions())
-    return sweep_plan(plan, progress=progress)
-
-
 # ---------------------------------------------------------------- check
 
 
@@ -218,23 +207,6 @@ def case_verdicts(plan: RunPlan, baseline: Baseline, path: Path, sweep: SweepRes
         else:
             out[row.case_id] = CaseVerdict(row.case_id, "PASS", "")
     return out
-
-
-@dataclass(frozen=True)
-class FreshSweep:
-    """The sweep runs now: the plan's cases, in workers as its options say."""
-
-    progress: bool = True
-
-
-@dataclass(frozen=True)
-class SavedSweep:
-    """The sweep of a results file, read already (`path` names it in messages), with the
-    `attn-gate perf` files (`perf_results`) judged as its speed half."""
-
-    sweep: SweepResult
-    path: Path
-    perf_results: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -284,20 +256,6 @@ def refuse_check_flags(results: Path | None, only: str | None, perf: bool | None
         )
 
 
-def speed_half(
-    plan: RunPlan, source: FreshSweep | SavedSweep, baseline: Baseline, sweep: SweepResult, out: Outputs
-) -> tuple[PerfCheck | None, list[Finding]]:
-    """The speed half of the verdict: timed now (default on a GPU, off on a CPU), judged from the
-    perf files of a results file, or, where it would have been gated, a finding that says it was not."""
-    if isinstance(source, FreshSweep):
-        if not perf_wanted(plan.perf, plan.device):
-            return None, []
-        return run_perf_check(plan, baseline.perf, out.folder), []
-    if source.perf_results:
-        return file_perf_check(list(source.perf_results), sweep, baseline, plan.config, out.folder), []
-    return None, results_file_findings(plan.perf, plan.device)
-
-
 def run_check(plan: RunPlan, source: FreshSweep | SavedSweep, out: Outputs) -> CheckOutcome:
     """The plan's check, one way down: the baseline with everything refused before a sweep
     (gate/compare/admission.py), the sweep (`source`: run now or read from a file), its speed half,
@@ -312,7 +270,7 @@ def run_check(plan: RunPlan, source: FreshSweep | SavedSweep, out: Outputs) -> C
         sweep = fresh_sweep(plan, source.progress)
     check_comparable(baseline, sweep, plan.baseline_path)
     findings, thresholds, known = compare_all(baseline, sweep, plan.config, sweep.scope)
-    perf_run, not_timed = speed_half(plan, source, baseline, sweep, out)
+    perf_run, not_timed = speed_half(plan, source, baseline, sweep, out.folder)
     if perf_run is not None:
         if isinstance(source, FreshSweep) and not plan.cases:
             # --only chose timing-only cases: the speed is what this check judges

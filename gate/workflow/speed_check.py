@@ -53,7 +53,7 @@ from gate.speed.runs import (
     write_perf_outputs,
 )
 from gate.workflow.isolation import PerfWorker
-from gate.workflow.plan import RunPlan
+from gate.workflow.plan import FreshSweep, RunPlan, SavedSweep
 from gate.workflow.progress import Progress
 from gate.workflow.shards import expected_cost
 
@@ -466,3 +466,17 @@ def file_perf_check(
     )
     paths_out = {"perf": write_perf_outputs(result, out_dir)}  # the merged timings, beside the verdict
     return PerfCheck(result, judgements, perf_findings(judgements), perf_thresholds(config.perf), paths_out, md)
+
+
+def speed_half(
+    plan: RunPlan, source: FreshSweep | SavedSweep, baseline: Baseline, sweep: SweepResult, out_dir: Path
+) -> tuple[PerfCheck | None, list[Finding]]:
+    """The speed half of the verdict: timed now (default on a GPU, off on a CPU), judged from the
+    perf files of a results file, or, where it would have been gated, a finding that says it was not."""
+    if isinstance(source, FreshSweep):
+        if not perf_wanted(plan.perf, plan.device):
+            return None, []
+        return run_perf_check(plan, baseline.perf, out_dir), []
+    if source.perf_results:
+        return file_perf_check(list(source.perf_results), sweep, baseline, plan.config, out_dir), []
+    return None, results_file_findings(plan.perf, plan.device)
