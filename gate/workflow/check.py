@@ -257,9 +257,10 @@ def refuse_check_flags(results: Path | None, only: str | None, perf: bool | None
 
 
 def run_check(plan: RunPlan, source: FreshSweep | SavedSweep, out: Outputs) -> CheckOutcome:
-    """The plan's check, one way down: the baseline with everything refused before a sweep
-    (gate/compare/admission.py), the sweep (`source`: run now or read from a file), its speed half,
-    every rule's findings and the verdict (gate/compare/), then its files in `out` (gate/report/)."""
+    """The plan's check, its stages in order: the baseline with everything refused before a sweep
+    (gate/compare/admission.py), the sweep (`source`: run now or read from a file), every rule's
+    findings, the speed half (workflow/speed_check.py), the verdict and its diagnosis (gate/compare/),
+    then its files in `out` (gate/report/)."""
     if isinstance(source, SavedSweep):
         baseline = baseline_for_results(
             plan.key, plan.suite, plan.config, source.sweep, source.path, plan.baseline_path, plan.baseline_option
