@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 
 from gate.compare.baselines import read_baseline
+from gate.compare.diagnosis import diagnose
 from gate.compare.findings import decide
 from gate.compare.sweep_rules import compare, correctness_thresholds
 from gate.core.config import VerdictConfig
@@ -109,7 +110,7 @@ def rendered(verdict, sweep, baseline) -> str:
     from gate.report.failures import check_lines
 
     console = Console(file=io.StringIO(), width=200, color_system=None, force_terminal=False)
-    print_check(verdict, sweep, console=console)
+    print_check(verdict, diagnose(verdict, sweep), sweep, console=console)
     rows = {c.case_id: c for c in sweep.cases}
     lines = [f"{x.text} | {x.size if math.isfinite(x.size) else 'inf'}" for x in check_lines(verdict.findings, rows)]
     links = Links(artifacts="https://x/run#artifacts", asv="https://x/asv", repository="https://x/r")
@@ -124,7 +125,7 @@ def rendered(verdict, sweep, baseline) -> str:
             "== failure lines",
             *lines,
             "== comment",
-            pr_comment(verdict, sweep, baseline, links),
+            pr_comment(verdict, diagnose(verdict, sweep), sweep, baseline, links),
         ]
     )
 

@@ -18,11 +18,12 @@ from gate.speed.rule import PerfSeverity
 from gate.speed.runs import (
     MATMUL,
     PerfCaseResult,
+    PerfTarget,
     baseline_entry,
     case_anchor,
     judge_perf,
     measure_case,
-    run_perf,
+    run_perf_here,
 )
 from gate.speed.timing import TimingPlan
 from tests.test_perf_check import write_config
@@ -60,7 +61,8 @@ def config(tmp_path: Path, fallback: str = "matmul"):
 def perf(tmp_path: Path, fallback: str = "matmul"):
     """tiled (which runs softcap) timed on the capped suite against the anchor that refuses it."""
     cfg = config(tmp_path, fallback)
-    return cfg, run_perf("tiled", "capped", cfg, "cpu", anchor=REFUSING_ANCHOR)
+    target = PerfTarget.of("tiled", cfg.suite("capped"), cfg.perf, "cpu", REFUSING_ANCHOR)
+    return cfg, run_perf_here(target, cfg)
 
 
 def test_a_case_the_anchor_refuses_gets_the_fallback_and_only_that_case():

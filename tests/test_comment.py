@@ -16,6 +16,7 @@ import pytest
 
 from gate.commands.main import main
 from gate.compare.baselines import read_baseline
+from gate.compare.diagnosis import diagnose
 from gate.compare.findings import Finding, Severity, Subject, advised, decide
 from gate.core.results import Status, SweepResult
 from gate.report.comment import COMMENT_LIMIT, Links, pr_comment
@@ -235,7 +236,7 @@ def _h200_inputs(tmp: Path):
 
 def test_a_passing_h200_run_shows_speed_baseline_now_and_change_per_pass(tmp_path):
     verdict, sweep, baseline, judgements = _h200_inputs(tmp_path)
-    comment = pr_comment(verdict, sweep, baseline)
+    comment = pr_comment(verdict, diagnose(verdict, sweep), sweep, baseline)
     top = _top(comment)
     assert verdict.passed and top.splitlines()[2] in ("> [!TIP]", "> [!WARNING]")
     line = top.splitlines()[3]
@@ -270,7 +271,7 @@ def test_a_speed_regression_leads_with_baseline_now_change_and_limit(tmp_path):
         {},
         verdict.context,
     )
-    top = _top(pr_comment(verdict, sweep, baseline, Links(asv="https://acme.github.io/attn")))
+    top = _top(pr_comment(verdict, diagnose(verdict, sweep), sweep, baseline, Links(asv="https://acme.github.io/attn")))
     assert "speed **FAIL** in 1 of" in top.splitlines()[3]
     first = top.split("### Worst findings", 1)[1].strip().splitlines()[2]
     limit_pct = (slow.threshold / slow.baseline - 1) * 100  # +2% of the ratio, as the rounded finding carries it
@@ -293,7 +294,7 @@ def test_a_huge_failing_run_stays_under_the_comment_limit(cpu_baseline, causal_b
     from gate.core.config import VerdictConfig
 
     verdict = decide(compare(baseline, big, VerdictConfig()), {}, {"kernel": big.kernel, "suite": big.suite})
-    comment = pr_comment(verdict, big, baseline)
+    comment = pr_comment(verdict, diagnose(verdict, big), big, baseline)
     assert len(many) > 2000 and len(comment) < COMMENT_LIMIT
     assert "Left out to stay under GitHub's 65,536-character comment limit" in comment
 
@@ -426,7 +427,7 @@ def test_the_committed_h200_check_speed_findings_render_baseline_now_and_change(
     assert len(speed) == 4
     verdict, sweep, baseline, _ = _h200_inputs(tmp_path)
     verdict = decide([f for f in verdict.findings if f.rule != "speed"] + speed, {}, verdict.context)
-    top = _top(pr_comment(verdict, sweep, baseline))
+    top = _top(pr_comment(verdict, diagnose(verdict, sweep), sweep, baseline))
     assert "speed **PASS** (4 passes; largest change" in top.splitlines()[3]
     table = top.split("### Speed per pass: baseline -> now", 1)[1]
     for f in speed:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from gate.compare.baselines import Baseline
+from gate.compare.diagnosis import diagnose
 from gate.compare.findings import STATUS, Finding, Severity, Subject, decide
 from gate.compare.known import (
     UNATTRIBUTED,
@@ -293,7 +294,7 @@ def test_undeclared_failures_for_baseline_update():
 
 def test_the_comment_lists_known_failures_apart_with_their_link():
     v = judged(BASE, [entry(tensors=["dq"])])
-    text = pr_comment(v, BASE, Baseline.from_sweep(BASE))
+    text = pr_comment(v, diagnose(v, BASE), BASE, Baseline.from_sweep(BASE))
     known = text[text.index("### Known failures") :]
     assert "**#1** bug 1" in known and LINK in known and "`bf16-b1-h1-s7-d8`" in known
     assert "KNOWN" in text.split("\n")[3]  # the verdict line says so

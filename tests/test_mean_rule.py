@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from gate.compare.baselines import Baseline
+from gate.compare.diagnosis import diagnose
 from gate.compare.findings import Rule, Severity, decide
 from gate.compare.sweep_rules import compare, refuse_unjudged_by_mean, rule_mean_error
 from gate.core.cases import Case
@@ -256,7 +257,8 @@ def test_the_reports_name_the_mean_failure_not_a_passing_max_ratio():
     found = compare(Baseline.from_sweep(good), biased, VerdictConfig())
     (line,) = check_lines(found, {c.case_id: c for c in biased.cases})
     assert line.text == f"FAIL {case(1).id}  out mean error 2.5x its mean bound"
-    comment = pr_comment(decide(found), biased, Baseline.from_sweep(good))
+    verdict = decide(found)
+    comment = pr_comment(verdict, diagnose(verdict, biased), biased, Baseline.from_sweep(good))
     assert f"| FAIL | `{case(1).id}` | out mean error / mean bound (FAIL) | - | 2.5 x | - | 1 x |" in comment
 
 

@@ -84,14 +84,14 @@ def test_the_speed_stage_moves_the_same_progress_over_the_plans_perf_cases(capsy
 
     from gate.core.config import load_config
     from gate.workflow.plan import plan_run
-    from gate.workflow.speed_check import _measured_with_progress
+    from gate.workflow.speed_check import _measured_with_progress, perf_target
 
     plan = plan_run(load_config(None), "sdpa-cpu", "pr", "cpu")
     cases = plan.perf_cases
     assert len(cases) >= 3
     answers = iter(["OK", "SKIP"] + ["OK"] * (len(cases) - 2))
     with _measured_with_progress(
-        plan, lambda case, anchor, tp: SimpleNamespace(label=next(answers), case=case)
+        perf_target(plan), lambda case, anchor, tp: SimpleNamespace(label=next(answers), case=case)
     ) as measure:
         got = [measure(c, "matmul", None) for c in cases]
     assert [g.case for g in got] == list(cases)

@@ -12,7 +12,7 @@ from gate.core.config import load_config
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
 from gate.report.speed_report import print_perf_table
 from gate.speed.entries import MAX_ROUNDS
-from gate.speed.runs import run_perf, write_perf_outputs
+from gate.speed.runs import PerfTarget, run_perf_here, write_perf_outputs
 from gate.workflow.validate import check_kernel, validate_target
 
 
@@ -44,13 +44,9 @@ def main(args: argparse.Namespace) -> int:
     device = target.device
     if args.anchor is not None and args.anchor != "matmul":
         check_kernel(args.anchor, device, "--anchor")
-    result = run_perf(
-        target.kernel,
-        target.suite,
+    result = run_perf_here(
+        PerfTarget.of(target.kernel, config.suite(target.suite), config.perf, device, args.anchor, args.only),
         config,
-        device,
-        anchor=args.anchor,
-        only=args.only,
         rounds=args.rounds,
         progress=lambda line: print(line, file=sys.stderr, flush=True),
     )

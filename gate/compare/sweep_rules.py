@@ -55,12 +55,13 @@ from gate.compare.baselines import DRIFT_KEYS, INFO_KEYS, Baseline, env_values, 
 from gate.compare.comparable import same, why_not_comparable
 from gate.compare.findings import STATUS, Finding, Rule, Severity, Subject, Value, advised, fmt
 from gate.compare.headroom import is_headroom_regression, is_large_improvement
+from gate.compare.known import apply_known
 from gate.core.errors import UserError
 from gate.core.identity import Environment, RunKey, Scope
 from gate.core.results import REQUIRED_TENSORS, required_tensors  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
-    from gate.core.config import VerdictConfig
+    from gate.core.config import Config, VerdictConfig
     from gate.core.results import CaseResult, SweepResult
 
 MEASURED = ("PASS", "FAIL", "ERROR")
@@ -622,3 +623,12 @@ def compare_environment(base: Environment, cur: Environment) -> list[Finding]:
 def compare(baseline: Baseline, sweep: "SweepResult", cfg: "VerdictConfig", scope: Scope = Scope()) -> list[Finding]:
     """All correctness findings of a run against its baseline (check_comparable first)."""
     return compare_correctness(baseline, sweep, cfg, scope) + compare_environment(baseline.env, sweep.env)
+
+
+def compare_all(
+    baseline: Baseline, sweep: "SweepResult", config: "Config", scope: Scope
+) -> tuple[list[Finding], dict[str, float], list[dict]]:
+    """Every rule family's findings and thresholds (the perf verdict adds its own here), with the
+    correctness failures the known_failures declarations cover turned KNOWN; and those declarations."""
+    findings, known = apply_known(compare(baseline, sweep, config.verdict, scope), sweep, config.known_failures)
+    return findings, correctness_thresholds(config.verdict), known

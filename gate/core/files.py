@@ -6,6 +6,7 @@ import the sweep that produced them.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -112,3 +113,12 @@ def append_step_summary(text: str) -> None:
             fh.write(text + "\n")
     except OSError as exc:
         warn(f"$GITHUB_STEP_SUMMARY {path} was not written ({exc.strerror or exc})")
+
+
+@contextlib.contextmanager
+def writing(fix: str):
+    """An OSError while writing an output (full disk, read-only folder) -> a one-line UserError."""
+    try:
+        yield
+    except OSError as exc:
+        raise UserError(f"cannot write {exc.filename or 'the output'} ({exc.strerror or exc}); {fix}") from None

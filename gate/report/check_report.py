@@ -7,16 +7,24 @@ artifact; gate/report/comment.py builds it worst first.
 
 from __future__ import annotations
 
+import json
+import os
 import shlex
 from pathlib import Path
 
-from gate.compare.diagnosis import diagnose
+from gate.compare.baselines import Baseline
+from gate.compare.diagnosis import Diagnosis
 from gate.compare.findings import Severity, Verdict, fmt, worst_first
+from gate.core.files import append_step_summary, safe_name
+from gate.core.jsonio import write_json_atomic, write_text_atomic
 from gate.core.results import Status, SweepResult
+from gate.core.warn import warn
 from gate.report import terminal_console
-from gate.report.comment import _correctness_clause, _speed_clause
+from gate.report.comment import Links, _correctness_clause, _speed_clause, pr_comment
 from gate.report.failures import check_lines
 from gate.report.known import known_groups
+from gate.report.plots import plot_ratios
+from gate.report.sweep_report import write_sweep_outputs
 
 MAX_ROWS = 60  # terminal table rows; the findings JSON always has everything
 
@@ -112,12 +120,11 @@ def rerun_hint(verdict: Verdict, summary_path=None) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 
-def summary_lines(verdict: Verdict, sweep: SweepResult, summary_path=None) -> list[str]:
+def summary_lines(verdict: Verdict, found: Diagnosis, sweep: SweepResult, summary_path=None) -> list[str]:
     """The last lines of a check, as pytest ends a run: one line per failing case, worst first
     (`FAIL <case>  dk 14,121x its bound (NaN in dv)`), what they share, the short rerun command,
     where the Markdown report is, the counts in cases and the verdict with its worst case last."""
 
-    found = diagnose(verdict, sweep)
     failed, blocking = found.failed, found.blocking
     results = {c.case_id: c for c in sweep.cases}
     passed = sum(1 for c in sweep.cases if c.status is Status.PASS and c.case_id not in blocking)
@@ -165,7 +172,7 @@ def wrap_words(line: str, width: int) -> list[str]:
     ) or [line]
 
 
-def print_check(verdict: Verdict, sweep: SweepResult, console=None, summary_path=None) -> None:
+def print_check(verdict: Verdict, found: Diagnosis, sweep: SweepResult, console=None, summary_path=None) -> None:
     """The terminal view: what needs a human, the thresholds, then the summary lines (the verdict
     last: it is what a CI log shows at the bottom). Case ids are never cut: the other columns wrap."""
     from rich.markup import escape
@@ -218,7 +225,7 @@ def print_check(verdict: Verdict, sweep: SweepResult, console=None, summary_path
             )
     print_known(verdict, console)
     console.print("thresholds: " + ", ".join(f"{k}={v:g}" for k, v in verdict.thresholds.items()), highlight=False)
-    lines = summary_lines(verdict, sweep, summary_path)
+    lines = summary_lines(verdict, found, sweep, summary_path)
     color = "green" if verdict.passed else "bold red"
     for i, line in enumerate(lines):
         for piece in wrap_words(line, console.width):
@@ -227,3 +234,51 @@ def print_check(verdict: Verdict, sweep: SweepResult, console=None, summary_path
                 highlight=False,
                 soft_wrap=True,
             )
+
+
+# what a check of some cases only (--only, --last-failed) adds to its file names (check-K-S.only.md) where
+# the folder holds the whole suite's check: a rerun never overwrites the full report
+RERUN_SUFFIX = ".only"
+
+
+def holds_full_check(out_dir: Path, kernel: str, suite: str) -> bool:
+    """Does `out_dir` hold the findings of a check of the whole suite (no --only) of this kernel?"""
+    path = Path(out_dir) / f"findings-{safe_name(kernel)}-{suite}.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("context", {}).get("scope", "") is None
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def render_check(
+    verdict: Verdict,
+    found: Diagnosis,
+    sweep: SweepResult,
+    baseline: Baseline,
+    out_dir: Path,
+    console=None,
+    extra_markdown: str = "",
+) -> dict[str, Path]:
+    """The verdict and its diagnosis (`found`: what the failing cases share), decided already, as
+    files in `out_dir` (the sweep, findings JSON, Markdown summary and PR comment, ratio plot), then
+    as lines on the console; the files' paths by kind."""
+    # a rerun of some cases (--only, --last-failed) writes beside the full run's report, not over it
+    suffix = RERUN_SUFFIX if not sweep.scope.whole and holds_full_check(out_dir, sweep.kernel, sweep.suite) else ""
+    stem = f"{safe_name(sweep.kernel)}-{sweep.suite}{suffix}"
+    summary = pr_comment(
+        verdict, found, sweep, baseline, Links.from_env(os.environ), extra_markdown
+    )  # before any write
+    paths = write_sweep_outputs(sweep, out_dir, suffix)
+    paths["findings"] = out_dir / f"findings-{stem}.json"
+    write_json_atomic(paths["findings"], verdict.to_dict())
+    paths["summary"] = out_dir / f"check-{stem}.md"
+    write_text_atomic(paths["summary"], summary)
+    paths["comment"] = out_dir / f"comment-{stem}.md"  # the PR comment: the same text, under GitHub's limit
+    write_text_atomic(paths["comment"], summary)
+    try:
+        paths["plot"] = plot_ratios(verdict, sweep, baseline, out_dir / f"ratios-{stem}.png")
+    except Exception as exc:  # an artifact, not the verdict: say so and go on
+        warn(f"the plot was not drawn ({type(exc).__name__}: {exc})")
+    append_step_summary(summary)  # the verdict and its files are written already
+    print_check(verdict, found, sweep, console, paths["summary"])
+    return paths

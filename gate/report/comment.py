@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 from urllib.parse import quote
 
 from gate.compare.baselines import Baseline, env_values
-from gate.compare.diagnosis import diagnose
+from gate.compare.diagnosis import Diagnosis
 from gate.compare.findings import Finding, Half, Rule, Severity, Verdict, fmt
 from gate.core.cases import exact_regex
 from gate.core.config import SETTINGS
@@ -477,6 +477,7 @@ def _ratio_cells(sweep: SweepResult, baseline: Baseline) -> list[str]:
 
 def pr_comment(
     verdict: Verdict,
+    found: Diagnosis,
     sweep: SweepResult,
     baseline: Baseline,
     links: Links = Links(),
@@ -494,7 +495,6 @@ def pr_comment(
     )
     lines.append("")
 
-    found = diagnose(verdict, sweep)
     focus = list(found.focus)
     if found.pattern:
         lines += [f"**What the failing cases share:** {found.pattern}.", ""]

@@ -136,6 +136,7 @@ def write_sweep_outputs(result: SweepResult, out_dir: Path, suffix: str = "") ->
     that writing results (merge, check --results) does not import torch."""
     stem = f"{safe_name(result.kernel)}-{result.suite}{suffix}"
     paths = {"json": Path(out_dir) / f"sweep-{stem}.json", "note": Path(out_dir) / f"validation-{stem}.md"}
+    note = validation_note(result)  # composed first: a note that cannot be made leaves no JSON without one
     result.write(paths["json"])
-    write_text_atomic(paths["note"], validation_note(result))
+    write_text_atomic(paths["note"], note)
     return paths

@@ -24,7 +24,7 @@ from typing import Any
 from gate.core.config import load_config
 from gate.core.errors import UserError
 from gate.speed.asv_offline import make_offline
-from gate.speed.runs import perf_cases, run_perf
+from gate.speed.runs import PerfTarget, perf_cases, run_perf_here
 from gate.speed.timing import KernelWorkload, workload_peak_mem_mb
 
 # The repository is where the command runs (an installed attn-gate has no checkout to point at).
@@ -116,13 +116,12 @@ def bench_measure(settings: BenchSettings | None = None) -> dict[str, dict[str, 
     config = _config(settings)
     device = settings.device or ("cuda" if _cuda() else "cpu")
     kernel = settings.kernel or config.profile(device).kernel
-    result = run_perf(
-        kernel,
-        _profile_suite(settings, config),
+    target = PerfTarget.of(
+        kernel, config.suite(_profile_suite(settings, config)), config.perf, device, settings.anchor, settings.only
+    )
+    result = run_perf_here(
+        target,
         config,
-        device,
-        anchor=settings.anchor,
-        only=settings.only,
         rounds=settings.rounds,
         progress=lambda line: print(f"attn-gate bench: {line}", file=sys.stderr, flush=True),
     )

@@ -517,41 +517,73 @@ def perf_cases(suite_name: str, config: Config, only: str | None = None) -> tupl
     return cases
 
 
+@dataclass(frozen=True)
+class PerfTarget:
+    """What one speed run times, resolved once (from a run plan, or by `attn-gate perf` and the asv
+    benchmark): the kernel by name, the suite and the --only scope that choose its perf cases, the
+    device, the anchor (resolved, never None) and the perf settings."""
+
+    kernel: str
+    suite: Suite
+    device: str
+    anchor: str
+    perf: PerfConfig
+    scope: Scope = Scope()
+
+    @classmethod
+    def of(
+        cls,
+        kernel: str,
+        suite: Suite,
+        perf: PerfConfig,
+        device: str | None = None,
+        anchor: str | None = None,
+        only: str | None = None,
+    ) -> "PerfTarget":
+        """Defaults filled in: the machine's device, the config's anchor for it; --only checked."""
+        from gate.core.environment import default_device
+
+        device = device or default_device()
+        return cls(kernel, suite, device, resolve_anchor(anchor, perf, device), perf, Scope.of_only(only or None))
+
+    @property
+    def cases(self) -> tuple[Case, ...]:
+        """The suite's perf cases within the scope (empty when there are none: the caller decides)."""
+        return self.scope.select(self.suite.perf_cases)
+
+
+def in_process_measure(kernel: str, families: Config, device: str) -> tuple[Callable, str]:
+    """A `measure` (case, anchor, plan) -> PerfCaseResult that times `kernel` in this process, and
+    the kernel's version. `families`: the Config whose [tool.attn-gate.kernels] may define it (else
+    a built-in or module:function)."""
+    from gate.kernels.registry import kernel_entry
+
+    adapter = kernel_entry(kernel, families).adapter()
+    missing = adapter.unavailable_reason()
+    if missing:
+        raise UserError(f"kernel {kernel!r} is unavailable here: {missing}")
+
+    def measure(case, anchor_name, plan):
+        return measure_case(adapter, anchor_name, case, device, plan)
+
+    return measure, adapter.version()
+
+
 def run_perf(
-    kernel: str,
-    suite_name: str,
-    config: Config,
-    device: str | None = None,
-    anchor: str | None = None,
-    only: str | None = None,
+    target: PerfTarget,
+    measure: Callable,
+    kernel_version: str | None = None,
     rounds: int | None = None,
     progress: Callable[[str], None] | None = None,
     passes: tuple[str, ...] = PASSES,
-    measure: Callable | None = None,
-    kernel_version: str | None = None,
-    cases: tuple[Case, ...] | None = None,
 ) -> PerfResult:
-    """`measure` (case, anchor, plan) -> PerfCaseResult times a case elsewhere (a worker process,
-    gate/workflow/isolation.py: this process then never imports the kernel); `kernel_version` is
-    then what that process reported. Without it the kernel is loaded and timed here. `cases`: the
-    perf cases a run plan selected already (None: selected here from the suite)."""
-    from gate.core.environment import default_device, describe, host_id
-    from gate.kernels.registry import kernel_entry
+    """The target's perf cases timed through `measure` (case, anchor, plan) -> PerfCaseResult: in
+    this process (in_process_measure) or in a worker (gate/workflow/isolation.py: this process then
+    never imports the kernel); `kernel_version` is what that process reported. `rounds` None: the
+    config's."""
+    from gate.core.environment import describe, host_id
 
-    device = device or default_device()
-    anchor_name = resolve_anchor(anchor, config.perf, device)
-    if measure is None:
-        adapter = kernel_entry(
-            kernel, config
-        ).adapter()  # a kernel family of the config, else a built-in or module:function
-        missing = adapter.unavailable_reason()
-        if missing:
-            raise UserError(f"kernel {kernel!r} is unavailable here: {missing}")
-        kernel_version = adapter.version()
-
-        def measure(case, anchor_name, plan):
-            return measure_case(adapter, anchor_name, case, device, plan)
-
+    device, anchor_name = target.device, target.anchor
     if anchor_name != MATMUL:
         missing = anchor_adapter(anchor_name).unavailable_reason()
         if missing:
@@ -559,23 +591,25 @@ def run_perf(
                 f"--anchor {anchor_name!r} is unavailable here: {missing}; pick another "
                 f"(attn-gate kernels) or 'matmul', or set [tool.attn-gate.perf] anchor"
             )
-    cases = cases if cases is not None else perf_cases(suite_name, config, only)
-    plan = TimingPlan.from_config(config.perf, rounds=rounds, passes=passes)
+    cases = target.cases
+    if not cases:
+        raise UserError(no_perf_case_reason(target.suite, target.scope.only))
+    plan = TimingPlan.from_config(target.perf, rounds=rounds, passes=passes)
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
     results = []
     for case in cases:
-        results.append(measure(case, case_anchor(anchor_name, config.perf, case, device), plan))
+        results.append(measure(case, case_anchor(anchor_name, target.perf, case, device), plan))
         if progress:
             progress(f"{results[-1].label:5} {case.id} {results[-1].reason}")
-    env = describe(device, kernel, kernel_version or "")
+    env = describe(device, target.kernel, kernel_version or "")
     env["anchor"] = anchor_name
     env["host"] = host_id(device)  # only here: the speed rule's limit depends on it (gate/speed/rule.py)
     notes = ("CPU timings (perf_counter, no L2 flush): history only, not a gate",) if device != "cuda" else ()
     return PerfResult(
-        kernel=kernel,
+        kernel=target.kernel,
         anchor=anchor_name,
-        suite=suite_name,
+        suite=target.suite.name,
         device=device,
         environment=env,
         plan=plan,
@@ -583,8 +617,19 @@ def run_perf(
         started_at=started,
         wall_s=time.perf_counter() - t0,
         notes=notes,
-        scope=Scope(only or None),
+        scope=target.scope,
     )
+
+
+def run_perf_here(
+    target: PerfTarget,
+    families: Config,
+    rounds: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> PerfResult:
+    """run_perf with the kernel loaded and timed in this process (`attn-gate perf`, the asv benchmark)."""
+    measure, version = in_process_measure(target.kernel, families, target.device)
+    return run_perf(target, measure, version, rounds, progress)
 
 
 def write_perf_outputs(result: PerfResult, out_dir: Path) -> Path:
@@ -773,25 +818,16 @@ def judge_perf(
     return tuple(out) or (nothing_judged(result),)
 
 
-def remeasure_with(
-    kernel: str,
-    anchor: str,
-    device: str,
-    config: PerfConfig,
-    families: Config | None = None,
-    measure: Callable | None = None,
-) -> Callable[[Case, str, int], RatioEstimate | None]:
-    """A `remeasure` for judge_perf: times one pass of one case again with more rounds (through
-    `measure`, as run_perf, when the kernel runs in a worker). `families`: the Config whose
-    [tool.attn-gate.kernels] may define `kernel`."""
-    from gate.kernels.registry import kernel_entry
-
-    adapter = None if measure is not None else kernel_entry(kernel, families).adapter()  # once, not per re-run
+def remeasure_with(target: PerfTarget, measure: Callable) -> Callable[[Case, str, int], RatioEstimate | None]:
+    """A `remeasure` for judge_perf: times one pass of one case of `target` again with more rounds,
+    through `measure` as run_perf did (in this process or in a worker)."""
 
     def remeasure(case: Case, pass_: str, rounds: int) -> RatioEstimate | None:
-        plan = TimingPlan.from_config(config, rounds=rounds, passes=(pass_,))
-        used = case_anchor(anchor, config, case, device)  # the anchor the case was first timed against
-        c = measure(case, used, plan) if measure is not None else measure_case(adapter, used, case, device, plan)
+        plan = TimingPlan.from_config(target.perf, rounds=rounds, passes=(pass_,))
+        used = case_anchor(
+            target.anchor, target.perf, case, target.device
+        )  # the anchor the case was first timed against
+        c = measure(case, used, plan)
         return c.estimate(pass_) if c.measured else None
 
     return remeasure

@@ -2,7 +2,7 @@
 
     run_check:            plan -> known failures (each must match a case) -> baseline (must exist,
                           must parse) -> sweep (fresh or a results file) -> refuse incomparable ->
-                          compare -> known failures -> decide -> render (md, json, png)
+                          compare -> known failures -> speed half -> decide -> render (md, json, png)
     run_baseline_update:  plan -> sweep -> refuse a run that lacks cases of the suite (or of its --only scope)
                           -> refuse a failing row no known_failures declaration covers -> merge with
                           the old baseline -> diff for the reviewer -> summary, then the atomic write
@@ -14,35 +14,40 @@ never overwrites a file; an OSError while writing is a UserError too (never a tr
 exit 1, which would read as a gate FAIL).
 
 The plan (gate/workflow/plan.py: kernel, suite cases, device, GPU class, baseline path, options)
-is resolved once, by the command or from a results file, and every step reads it.
+is resolved once, by the command or from a results file. run_check hands each step below it the
+parts it asks about: the refusals before a sweep (gate/compare/admission.py) the RunKey, suite and
+baseline path; the rules (gate/compare/) the baseline and the sweep; the renderer
+(gate/report/check_report.py) the verdict.
 
 No baseline yet: `check` exits 2 and prints the exact `attn-gate baseline update` command. It does
 not run the sweep first: without a baseline there is nothing to gate, and a gate that passes
-without a reference would pass anything (fail closed). The perf verdict plugs in at
-`compare_all`: add its findings and thresholds there.
+without a reference would pass anything (fail closed). The speed half's findings and thresholds
+join the correctness ones (compare_all) in run_check, before decide.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
 import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gate.compare.admission import (
+    BASELINES_DOC,  # noqa: F401 - re-exported: the documentation every "no baseline" message names
+    baseline_for_fresh_run,
+    baseline_for_results,
+    refuse_foreign_rows,
+    refuse_unmatched_known,
+)
 from gate.compare.baselines import (
     WIDEN_KEYS,
     Baseline,
     BaselineDiff,
-    baseline_path,
     diff_baselines,
-    forged_case_hashes,
     merge_baseline,
     read_baseline,
-    refuse_incomplete_rows,
     refuse_lacking_cases,
     refuse_widen,
     spans_machines,
@@ -52,52 +57,39 @@ from gate.compare.baselines import (
     widen_baseline,
 )
 from gate.compare.comparable import same, why_not_comparable
-from gate.compare.findings import CheckContext, Finding, Rule, Verdict, decide, worst_first
-from gate.compare.known import apply_known, for_kernel, refuse_unmatched, undeclared_failures
+from gate.compare.diagnosis import diagnose
+from gate.compare.findings import CheckContext, Rule, Verdict, decide, worst_first
+from gate.compare.known import undeclared_failures
 from gate.compare.sweep_rules import (
     check_comparable,
-    compare,
-    correctness_thresholds,
+    compare_all,
     incomplete_pass,
     refuse_duplicate_cases,
-    refuse_other_gpu_class,
-    refuse_stale_baseline,
     refuse_unjudged_by_mean,
 )
-from gate.core.cases import suite_names
 from gate.core.config import Config, known_failures_in, own_kernel
 from gate.core.environment import default_device
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
-from gate.core.files import FolderLock, append_step_summary, refuse_inside_baselines, require_writable, safe_name
+from gate.core.files import (
+    FolderLock,
+    refuse_inside_baselines,
+    require_writable,
+    writing,
+)
 from gate.core.identity import Environment, Scope
-from gate.core.jsonio import write_json_atomic, write_text_atomic
+from gate.core.jsonio import write_text_atomic
 from gate.core.results import SweepResult
-from gate.core.warn import warn
-from gate.report.check_report import print_check
-from gate.report.comment import Links, pr_comment
+from gate.report.check_report import render_check
 from gate.report.failures import refusal
-from gate.report.plots import plot_ratios
 from gate.report.sweep_report import write_sweep_outputs
-from gate.workflow.plan import RunPlan, current_gpu_class, plan_run
+from gate.workflow.plan import FreshSweep, RunPlan, SavedSweep, current_gpu_class, plan_run
 from gate.workflow.speed_check import (
-    PerfCheck,
-    file_perf_check,
     perf_baseline_section,
     perf_section_from_file,
     perf_wanted,
-    results_file_findings,
-    run_perf_check,
+    speed_half,
 )
-from gate.workflow.sweep import SweepOptions, sweep_plan
-from gate.workflow.validate import check_working_directory
-
-# what a check of some cases only (--only, --last-failed) adds to its file names (check-K-S.only.md) where
-# the folder holds the whole suite's check: a rerun never overwrites the full report
-RERUN_SUFFIX = ".only"
-
-# The documentation page and section that every "no baseline" message points to (tests/test_validate.py
-# checks both exist).
-BASELINES_DOC = ("docs/baselines.md", "Baselines")
+from gate.workflow.sweep import fresh_sweep
 
 
 @dataclass(frozen=True)
@@ -132,15 +124,6 @@ class UpdateOutcome:
 # ---------------------------------------------------------------- steps
 
 
-@contextlib.contextmanager
-def writing(fix: str):
-    """An OSError while writing an output (full disk, read-only folder) -> a one-line UserError."""
-    try:
-        yield
-    except OSError as exc:
-        raise UserError(f"cannot write {exc.filename or 'the output'} ({exc.strerror or exc}); {fix}") from None
-
-
 def read_results(path: Path, kernel: str | None, suite: str | None) -> SweepResult:
     sweep = SweepResult.read(path)
     refuse_duplicate_cases(sweep, path)
@@ -151,36 +134,6 @@ def read_results(path: Path, kernel: str | None, suite: str | None) -> SweepResu
                 f"{option} {wanted} but {path} holds results of {found}; drop {option} or pass the right file"
             )
     return sweep
-
-
-def refuse_results_of_another_config(plan: RunPlan, sweep: SweepResult, path: Path) -> None:
-    """A results file is judged under the config as it is now: one measured with another
-    definition of its suite or other tolerance multipliers is not what this config would gate."""
-    config = plan.config
-    differs = why_not_comparable(sweep.key, plan.key, ("suite_hash", "tolerance"))
-    if differs is not None and differs.key == "suite_hash":
-        raise UserError(
-            f"{path}: made from another definition of suite {sweep.suite!r} (hash {sweep.suite_hash}) than "
-            f"{config.source} gives now ({plan.suite_hash}); re-run the sweep with this config"
-        )
-    if differs is not None:
-        raise UserError(
-            f"{path}: measured with other tolerance multipliers than {config.source} sets "
-            f"({', '.join(differs.changed)}); re-run the sweep with this config"
-        )
-    refuse_foreign_rows(plan, sweep, path, "re-run the sweep with this config")
-
-
-def refuse_foreign_rows(plan: RunPlan, sweep: SweepResult, source: object, fix: str) -> None:
-    """Each row's case must be the suite's case of that id: a row whose case was edited (another
-    seqlen under the same id) measured something else, and must not be judged or recorded as it."""
-    by_id = {c.id: c for c in plan.suite.swept_cases}
-    foreign = [c.case_id for c in sweep.cases if by_id.get(c.case_id) != c.case]
-    if foreign:
-        raise UserError(
-            f"{source}: {len(foreign)} rows measured a case that is not the suite's case of that id "
-            f"({', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''}); {fix}"
-        )
 
 
 def resolve_target(
@@ -216,103 +169,7 @@ def _device_of(env: Environment) -> str:
     return env.device if env.device is not None else "?"
 
 
-def fresh_sweep(plan: RunPlan, progress: bool) -> SweepResult:
-    """The plan's cases swept (in worker processes unless its options say otherwise)."""
-
-    if plan.options is None:
-        plan = dataclasses.replace(plan, options=SweepOptions())
-    return sweep_plan(plan, progress=progress)
-
-
-def load_existing_baseline(plan: RunPlan) -> Baseline:
-    path = plan.baseline_path
-    if not path.is_file():
-        if plan.baseline_option:  # a typo in --baseline: never advise creating (and committing) a file by that name
-            raise UserError(
-                f"--baseline {plan.baseline_option}: no such file; pass an existing baseline JSON, or leave "
-                f"--baseline out to use {baseline_path(plan.config.baselines_dir, plan.gpu_class, plan.kernel, plan.suite.name)}"
-            )
-
-        check_working_directory(plan.config)  # run from another folder: say so, not "no baseline"
-        raise UserError(
-            f"no baseline for kernel {plan.kernel!r} on suite {plan.suite.name!r} (gpu class {plan.gpu_class!r}): {path} "
-            f"does not exist. Create it with `{update_command(plan.kernel, plan.suite.name, plan.gpu_class)}`, review "
-            f"the printed summary and commit {path} (see {BASELINES_DOC[0]}, '{BASELINES_DOC[1]}')"
-        )
-    baseline = read_baseline(path)
-    refuse_other_gpu_class(baseline, plan.key, path)  # before a long sweep
-    require_complete_baseline(plan, baseline, path)
-    return baseline
-
-
-def require_complete_baseline(plan: RunPlan, baseline: Baseline, path: Path) -> None:
-    """A baseline cut to a few cases (or to `{}`), or with PASS rows that carry no ratios, would gate
-    nothing on the cases it lost: refused as a damaged file. A baseline of another suite, or of
-    another definition of it, is left to check_comparable, which says so."""
-    suite = plan.suite
-    if not same(plan.key, baseline.key, "suite", "suite_hash"):
-        return
-    missing = [c.id for c in suite.swept_cases if c.id not in baseline.correctness]
-    empty = [cid for cid, c in baseline.correctness.items() if c.status.value == "PASS" and not c.tensors]
-    if missing or empty:
-        what = (
-            f"lacks {len(missing)} of the {len(suite.swept_cases)} cases of suite {baseline.suite!r} ({', '.join(missing[:3])}"
-            f"{' ...' if len(missing) > 3 else ''})"
-            if missing
-            else f"has {len(empty)} PASS rows without ratios ({', '.join(empty[:3])}{' ...' if len(empty) > 3 else ''})"
-        )
-        raise UserError(
-            f"{path}: the baseline {what}, so they would not be gated; restore it with `git checkout -- {path}` "
-            f"or regenerate it with `{update_command(baseline.kernel, baseline.suite, baseline.gpu_class)}`"
-        )
-    refuse_incomplete_rows(baseline, suite.swept_cases, path)
-    forged = forged_case_hashes(baseline, suite.swept_hashes())
-    if forged:
-        raise UserError(
-            f"{path}: the case_hash of {len(forged)} rows names another case than suite {baseline.suite!r}'s "
-            f"case of that id ({', '.join(forged[:3])}{' ...' if len(forged) > 3 else ''}): the rows were "
-            f"edited or measured on other cases; restore it with `git checkout -- {path}` or regenerate it "
-            f"with `{update_command(baseline.kernel, baseline.suite, baseline.gpu_class)}`"
-        )
-    if not any(c.measured for c in baseline.correctness.values()):
-        raise UserError(
-            f"{path}: every case of the baseline is SKIP, so it gates nothing; regenerate it on a machine "
-            f"where the kernel runs (`{update_command(baseline.kernel, baseline.suite, baseline.gpu_class)}`)"
-        )
-
-
-def compare_all(
-    baseline: Baseline, sweep: SweepResult, config: Config, scope: Scope
-) -> tuple[list[Finding], dict[str, float], list[dict]]:
-    """Every rule family's findings and thresholds (the perf verdict adds its own here), with the
-    correctness failures the known_failures declarations cover turned KNOWN; and those declarations."""
-    findings, known = apply_known(compare(baseline, sweep, config.verdict, scope), sweep, config.known_failures)
-    return findings, correctness_thresholds(config.verdict), known
-
-
-def refuse_unmatched_known(plan: RunPlan) -> None:
-    """Before any sweep: a known_failures declaration for this kernel must match a case of some
-    suite (the plan's suite as loaded; the others only when a declaration names the kernel)."""
-    config = plan.config
-    if not for_kernel(config.known_failures, plan.kernel):
-        return
-    # swept cases: a declaration that matches only timing-only ones would never apply
-    suites = {name: [c.id for c in config.suite(name).swept_cases] for name in suite_names(config.suites)}
-    refuse_unmatched(config.known_failures, plan.kernel, suites)
-
-
 # ---------------------------------------------------------------- check
-
-
-def checked_baseline(plan: RunPlan) -> Baseline:
-    """Everything a fresh check refuses before it sweeps (known_failures that match no case, no or a
-    damaged baseline, one of another GPU class, a stale one), then the baseline (at plan.baseline_path)."""
-    refuse_unmatched_known(plan)
-    baseline = load_existing_baseline(plan)
-    refuse_stale_baseline(
-        baseline, plan.key, plan.baseline_path, plan.suite.swept_hashes(), {c.id for c in plan.suite.perf_cases}
-    )
-    return baseline
 
 
 @dataclass(frozen=True)
@@ -350,23 +207,6 @@ def case_verdicts(plan: RunPlan, baseline: Baseline, path: Path, sweep: SweepRes
         else:
             out[row.case_id] = CaseVerdict(row.case_id, "PASS", "")
     return out
-
-
-@dataclass(frozen=True)
-class FreshSweep:
-    """The sweep runs now: the plan's cases, in workers as its options say."""
-
-    progress: bool = True
-
-
-@dataclass(frozen=True)
-class SavedSweep:
-    """The sweep of a results file, read already (`path` names it in messages), with the
-    `attn-gate perf` files (`perf_results`) judged as its speed half."""
-
-    sweep: SweepResult
-    path: Path
-    perf_results: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -416,55 +256,28 @@ def refuse_check_flags(results: Path | None, only: str | None, perf: bool | None
         )
 
 
-def swept(plan: RunPlan, source: FreshSweep | SavedSweep) -> tuple[Baseline, SweepResult]:
-    """The baseline, with everything refused before a sweep, then the sweep: run now, or the
-    results file's (judged under the config as it is now)."""
-    if isinstance(source, SavedSweep):
-        refuse_results_of_another_config(plan, source.sweep, source.path)
-        refuse_unmatched_known(plan)
-        return load_existing_baseline(plan), source.sweep
-    baseline = checked_baseline(plan)
-    return baseline, fresh_sweep(plan, source.progress)
-
-
-def speed_half(
-    plan: RunPlan, source: FreshSweep | SavedSweep, baseline: Baseline, sweep: SweepResult, out: Outputs
-) -> tuple[PerfCheck | None, list[Finding]]:
-    """The speed half of the verdict: timed now (default on a GPU, off on a CPU), judged from the
-    perf files of a results file, or, where it would have been gated, a finding that says it was not."""
-    if isinstance(source, FreshSweep):
-        if not perf_wanted(plan.perf, plan.device):
-            return None, []
-        return run_perf_check(plan, baseline.perf, out.folder), []
-    if source.perf_results:
-        return file_perf_check(list(source.perf_results), sweep, baseline, plan.config, out.folder), []
-    return None, results_file_findings(plan.perf, plan.device)
-
-
 def run_check(plan: RunPlan, source: FreshSweep | SavedSweep, out: Outputs) -> CheckOutcome:
-    """The plan's check: baseline, sweep (`source`: run now or read from a file), every rule's
-    findings, the verdict, and its files in `out`."""
-    baseline, sweep = swept(plan, source)
+    """The plan's check, its stages in order: the baseline with everything refused before a sweep
+    (gate/compare/admission.py), the sweep (`source`: run now or read from a file), every rule's
+    findings, the speed half (workflow/speed_check.py), the verdict and its diagnosis (gate/compare/),
+    then its files in `out` (gate/report/)."""
+    if isinstance(source, SavedSweep):
+        baseline = baseline_for_results(
+            plan.key, plan.suite, plan.config, source.sweep, source.path, plan.baseline_path, plan.baseline_option
+        )
+        sweep = source.sweep
+    else:
+        baseline = baseline_for_fresh_run(plan.key, plan.suite, plan.config, plan.baseline_path, plan.baseline_option)
+        sweep = fresh_sweep(plan, source.progress)
     check_comparable(baseline, sweep, plan.baseline_path)
     findings, thresholds, known = compare_all(baseline, sweep, plan.config, sweep.scope)
-    perf_run, not_timed = speed_half(plan, source, baseline, sweep, out)
+    perf_run, not_timed = speed_half(plan, source, baseline, sweep, out.folder)
     if perf_run is not None:
         if isinstance(source, FreshSweep) and not plan.cases:
             # --only chose timing-only cases: the speed is what this check judges
             findings = [f for f in findings if f.rule is not Rule.NOTHING_MEASURED]
         findings, thresholds = list(findings) + perf_run.findings, {**thresholds, **perf_run.thresholds}
-    findings = list(findings) + not_timed
-    verdict = decide(findings, thresholds, check_context(plan, baseline, sweep, known))
-    with writing(f"pass a writable --out folder (verdict: {'PASS' if verdict.passed else 'FAIL'})"):
-        paths = render_check(verdict, sweep, baseline, out.folder, out.console, perf_run.markdown if perf_run else "")
-    if perf_run:
-        paths.update(perf_run.paths)
-    return CheckOutcome(verdict, sweep, baseline, plan.baseline_path, paths)
-
-
-def check_context(plan: RunPlan, baseline: Baseline, sweep: SweepResult, known: list[dict]) -> CheckContext:
-    """What the verdict was reached on: kernel, suite, baseline, config, scope."""
-    return CheckContext(
+    context = CheckContext(
         kernel=sweep.kernel,
         suite=sweep.suite,
         gpu_class=baseline.gpu_class,
@@ -478,41 +291,15 @@ def check_context(plan: RunPlan, baseline: Baseline, sweep: SweepResult, known: 
         cases=len(sweep.cases),
         known_failures=tuple(known),
     )
-
-
-def holds_full_check(out_dir: Path, kernel: str, suite: str) -> bool:
-    """Does `out_dir` hold the findings of a check of the whole suite (no --only) of this kernel?"""
-    import json
-
-    path = Path(out_dir) / f"findings-{safe_name(kernel)}-{suite}.json"
-    try:
-        return json.loads(path.read_text(encoding="utf-8")).get("context", {}).get("scope", "") is None
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
-def render_check(
-    verdict: Verdict, sweep: SweepResult, baseline: Baseline, out_dir: Path, console=None, extra_markdown: str = ""
-) -> dict[str, Path]:
-    # a rerun of some cases (--only, --last-failed) writes beside the full run's report, not over it
-    suffix = RERUN_SUFFIX if not sweep.scope.whole and holds_full_check(out_dir, sweep.kernel, sweep.suite) else ""
-    stem = f"{safe_name(sweep.kernel)}-{sweep.suite}{suffix}"
-    paths = write_sweep_outputs(sweep, out_dir, suffix)
-    paths["findings"] = out_dir / f"findings-{stem}.json"
-    write_json_atomic(paths["findings"], verdict.to_dict())
-
-    summary = pr_comment(verdict, sweep, baseline, Links.from_env(os.environ), extra_markdown)
-    paths["summary"] = out_dir / f"check-{stem}.md"
-    write_text_atomic(paths["summary"], summary)
-    paths["comment"] = out_dir / f"comment-{stem}.md"  # the PR comment: the same text, under GitHub's limit
-    write_text_atomic(paths["comment"], summary)
-    try:
-        paths["plot"] = plot_ratios(verdict, sweep, baseline, out_dir / f"ratios-{stem}.png")
-    except Exception as exc:  # an artifact, not the verdict: say so and go on
-        warn(f"the plot was not drawn ({type(exc).__name__}: {exc})")
-    append_step_summary(summary)  # the verdict and its files are written already
-    print_check(verdict, sweep, console, paths["summary"])
-    return paths
+    verdict = decide(list(findings) + not_timed, thresholds, context)
+    diagnosis = diagnose(verdict, sweep)  # what the failing cases share: decided once, read by each renderer
+    with writing(f"pass a writable --out folder (verdict: {'PASS' if verdict.passed else 'FAIL'})"):
+        paths = render_check(
+            verdict, diagnosis, sweep, baseline, out.folder, out.console, perf_run.markdown if perf_run else ""
+        )
+    if perf_run:
+        paths.update(perf_run.paths)
+    return CheckOutcome(verdict, sweep, baseline, plan.baseline_path, paths)
 
 
 # ---------------------------------------------------------------- baseline update
@@ -535,7 +322,7 @@ def require_complete_run(plan: RunPlan, sweep: SweepResult, source: object, path
     ran = {c.case_id for c in sweep.cases}
     # the row's case is what its case_hash in the baseline will say was measured
     refuse_foreign_rows(
-        plan,
+        suite.swept_cases,
         sweep,
         source,
         f"a baseline of them would compare other cases: update from a run of the suite as it is now (`{redo}`)",
@@ -672,7 +459,7 @@ def _update_baseline(plan: RunPlan, source: FreshSweep | SavedSweep, out: Output
     config, only, perf = plan.config, plan.only, plan.perf
     results, results_path = (source.sweep, source.path) if isinstance(source, SavedSweep) else (None, None)
     summary_path = out.summary
-    refuse_unmatched_known(plan)
+    refuse_unmatched_known(config, plan.kernel)
     if (
         flags.accept_noisy
         and flags.perf_from is None

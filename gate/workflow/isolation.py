@@ -652,7 +652,7 @@ def judge_raw_outputs(
 
 
 class PerfWorker:
-    """Speed cases timed in one worker of their own (`with PerfWorker(...) as pw: run_perf(..., measure=pw.measure)`):
+    """Speed cases timed in one worker of their own (`with PerfWorker(...) as pw: run_perf(target, pw.measure, pw.info.version)`):
     the sweep's workers are gone by then, so a timed case never shares its GPU with other work. A
     worker that dies or hangs makes that case an ERROR row (fail closed); a fresh one times the next."""
 

@@ -19,6 +19,7 @@ from gate.core.cases import Case, Suite, suite_hash
 from gate.core.config import Config, IsolationConfig, PerfConfig, ToleranceConfig
 from gate.core.errors import UserError
 from gate.core.identity import RunKey, Scope
+from gate.core.results import SweepResult
 from gate.kernels.capabilities import Capabilities
 from gate.workflow.validate import validate_target
 
@@ -105,6 +106,23 @@ class RunPlan:
         if self.adapter is None:
             object.__setattr__(self, "adapter", self.entry.adapter())
         return self.adapter
+
+
+@dataclass(frozen=True)
+class FreshSweep:
+    """The sweep runs now: the plan's cases, in workers as its options say."""
+
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class SavedSweep:
+    """The sweep of a results file, read already (`path` names it in messages), with the
+    `attn-gate perf` files (`perf_results`) judged as its speed half."""
+
+    sweep: SweepResult
+    path: Path
+    perf_results: tuple[Path, ...] = ()
 
 
 def current_gpu_class(device: str) -> str:

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gate.compare.admission import baseline_for_fresh_run
 from gate.compare.baselines import Baseline
 from gate.core.cases import Case, exact_regex
 from gate.core.config import load_config
@@ -23,7 +24,6 @@ from gate.workflow.check import (
     CaseVerdict,
     CheckOutcome,
     case_verdicts,
-    checked_baseline,
     outputs,
     run_check,
     saved_sweep,
@@ -90,4 +90,9 @@ def resolve(
     plan = resolve_plan(
         load_config(Path(config_file) if config_file else None), kernel, suite, device, baseline_file=option
     )
-    return GateRun(plan, plan.baseline_path, checked_baseline(plan), option)
+    return GateRun(
+        plan,
+        plan.baseline_path,
+        baseline_for_fresh_run(plan.key, plan.suite, plan.config, plan.baseline_path, plan.baseline_option),
+        option,
+    )

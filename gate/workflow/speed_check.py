@@ -40,6 +40,7 @@ from gate.report.speed_report import perf_markdown, plot_speed_ratios
 from gate.speed.rule import PASSES, PerfJudgement, PerfSeverity
 from gate.speed.runs import (
     PerfResult,
+    PerfTarget,
     baseline_entry,
     judge_perf,
     mark_noisy,
@@ -52,7 +53,7 @@ from gate.speed.runs import (
     write_perf_outputs,
 )
 from gate.workflow.isolation import PerfWorker
-from gate.workflow.plan import RunPlan
+from gate.workflow.plan import FreshSweep, RunPlan, SavedSweep
 from gate.workflow.progress import Progress
 from gate.workflow.shards import expected_cost
 
@@ -154,21 +155,17 @@ def perf_worker(plan: RunPlan) -> PerfWorker:
     return PerfWorker(plan.kernel, plan.device, plan.isolation, plan.family)
 
 
-def timed_in(worker, plan: RunPlan, rounds: int | None = None) -> PerfResult:
-    """The plan's perf cases timed in `worker` (a PerfWorker of the plan's kernel) against the
-    config's anchor, with a progress bar; `rounds` None: the config's."""
-    with _measured_with_progress(plan, worker.measure) as measure:
-        return run_perf(
-            plan.kernel,
-            plan.suite.name,
-            plan.config,
-            plan.device,
-            only=plan.only,
-            rounds=rounds,
-            measure=measure,
-            kernel_version=worker.info.version,
-            cases=plan.perf_cases,
-        )
+def perf_target(plan: RunPlan) -> PerfTarget:
+    """What the plan's speed half times: its kernel, suite and --only scope, on its device, against
+    the config's anchor for that device."""
+    return PerfTarget.of(plan.kernel, plan.suite, plan.perf_config, plan.device, None, plan.only)
+
+
+def timed_in(worker, target: PerfTarget, rounds: int | None = None) -> PerfResult:
+    """The target's perf cases timed in `worker` (a PerfWorker of its kernel) against its anchor,
+    with a progress bar; `rounds` None: the config's."""
+    with _measured_with_progress(target, worker.measure) as measure:
+        return run_perf(target, measure, worker.info.version, rounds)
 
 
 def no_speed_section(result: PerfResult, kernel: str, suite: str) -> tuple[PerfJudgement, ...]:
@@ -188,18 +185,13 @@ def no_speed_section(result: PerfResult, kernel: str, suite: str) -> tuple[PerfJ
 
 
 def _judged_perf(plan: RunPlan, baseline_perf: dict[str, Any] | None, out_dir: Path, worker) -> PerfCheck:
-    result = timed_in(worker, plan)
+    target = perf_target(plan)
+    result = timed_in(worker, target)
     cfg = plan.perf_config
     if not baseline_perf:
         judgements = no_speed_section(result, result.kernel, result.suite)
     else:
-        judgements = judge_perf(
-            result,
-            baseline_perf,
-            cfg,
-            remeasure_with(plan.kernel, result.anchor, plan.device, cfg, plan.config, measure=worker.measure),
-            only=plan.only,
-        )
+        judgements = judge_perf(result, baseline_perf, cfg, remeasure_with(target, worker.measure), only=plan.only)
     paths = {"perf": write_perf_outputs(result, out_dir)}
     try:
         paths["speed_plot"] = plot_speed_ratios(
@@ -275,10 +267,10 @@ def no_perf_case_check(plan: RunPlan, baseline_perf: dict[str, Any] | None) -> P
 
 
 @contextlib.contextmanager
-def _measured_with_progress(plan: RunPlan, measure):
-    """`measure` that moves a progress bar (gate/workflow/progress.py) over the plan's perf cases."""
-    costs = [expected_cost(c) for c in plan.perf_cases]
-    with Progress(True, f"{plan.kernel} / {plan.suite.name} speed", costs) as advance:
+def _measured_with_progress(target: PerfTarget, measure):
+    """`measure` that moves a progress bar (gate/workflow/progress.py) over the target's perf cases."""
+    costs = [expected_cost(c) for c in target.cases]
+    with Progress(True, f"{target.kernel} / {target.suite.name} speed", costs) as advance:
 
         def measured(case, anchor, timing_plan):
             result = measure(case, anchor, timing_plan)
@@ -298,7 +290,7 @@ def perf_baseline_section(
         raise UserError(no_perf_case_reason(plan.suite, plan.only))
     cfg = plan.perf_config
     with perf_worker(plan) as worker:
-        result = timed_in(worker, plan, max(cfg.confirm_rounds, cfg.rounds))
+        result = timed_in(worker, perf_target(plan), max(cfg.confirm_rounds, cfg.rounds))
     measured = {c.case_id: baseline_entry(c, result.anchor, result.host) for c in result.cases if c.measured}
     if not measured:
         kernel, suite = plan.kernel, plan.suite.name
@@ -474,3 +466,17 @@ def file_perf_check(
     )
     paths_out = {"perf": write_perf_outputs(result, out_dir)}  # the merged timings, beside the verdict
     return PerfCheck(result, judgements, perf_findings(judgements), perf_thresholds(config.perf), paths_out, md)
+
+
+def speed_half(
+    plan: RunPlan, source: FreshSweep | SavedSweep, baseline: Baseline, sweep: SweepResult, out_dir: Path
+) -> tuple[PerfCheck | None, list[Finding]]:
+    """The speed half of the verdict: timed now (default on a GPU, off on a CPU), judged from the
+    perf files of a results file, or, where it would have been gated, a finding that says it was not."""
+    if isinstance(source, FreshSweep):
+        if not perf_wanted(plan.perf, plan.device):
+            return None, []
+        return run_perf_check(plan, baseline.perf, out_dir), []
+    if source.perf_results:
+        return file_perf_check(list(source.perf_results), sweep, baseline, plan.config, out_dir), []
+    return None, results_file_findings(plan.perf, plan.device)

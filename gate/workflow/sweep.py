@@ -6,6 +6,7 @@ environment problem (unknown kernel or suite, kernel not installed) stops it bef
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 import sys
@@ -248,3 +249,11 @@ def _run_isolated(
 def _costs(cases, skips: dict[str, str], check_names: tuple[str, ...]) -> list[float]:
     """Each case's expected cost for the ETA; a case skipped before it runs costs nothing."""
     return [0.0 if c.id in skips else expected_cost(c, check_names) for c in cases]
+
+
+def fresh_sweep(plan: RunPlan, progress: bool) -> SweepResult:
+    """The plan's cases swept (in worker processes unless its options say otherwise)."""
+
+    if plan.options is None:
+        plan = dataclasses.replace(plan, options=SweepOptions())
+    return sweep_plan(plan, progress=progress)

@@ -204,15 +204,3 @@ def require_initialised(config: Config, kernel: str | None, writes: bool = False
             f"no pyproject.toml in {Path.cwd()}: run `attn-gate init` in your repository's root to set it "
             f"up (or pass --kernel to name the kernel, --config PATH/pyproject.toml for another file)"
         )
-
-
-def check_working_directory(config: Config, baselines_dir: str | Path | None = None) -> None:
-    """Run from another folder, `baselines/` (relative to the working directory) is not there and
-    every check would say "no baseline": say where to run from instead."""
-    folder = Path(baselines_dir if baselines_dir is not None else config.baselines_dir)
-    if folder.is_dir() or config.source != "defaults":
-        return  # a configured project without baselines yet: "no baseline, create it with ..." is right
-    raise UserError(
-        f"no pyproject.toml and no {folder}/ folder in {Path.cwd()}: run attn-gate from your "
-        f"repository's root (where pyproject.toml and {folder}/ are), or pass --config PATH/pyproject.toml"
-    )
