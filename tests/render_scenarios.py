@@ -15,7 +15,7 @@ from pathlib import Path
 
 from gate.compare.baselines import read_baseline
 from gate.compare.diagnosis import diagnose
-from gate.compare.findings import decide
+from gate.compare.findings import CheckContext, decide
 from gate.compare.sweep_rules import compare, correctness_thresholds
 from gate.core.config import VerdictConfig
 from gate.core.results import Status, SweepResult
@@ -68,7 +68,7 @@ def scenarios(tmp: Path) -> dict[str, tuple]:
         ("quiet", False, dict(baseline.environment)),
     ):
         sweep = _planted(base, failing, env)
-        context = {"kernel": sweep.kernel, "suite": sweep.suite, "baseline": str(CPU_BASELINE.relative_to(ROOT))}
+        context = CheckContext(key=sweep.key, baseline=str(CPU_BASELINE.relative_to(ROOT)))
         found = compare(baseline, sweep, cfg)
         out[name] = (decide(found, correctness_thresholds(cfg), context), sweep, baseline)
         if name in ("pass", "pass-env", "quiet"):  # speed beside correctness: an environment change, a failing run

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from gate.commands.main import build_parser, main
+from gate.compare.baselines import read_baseline
 from gate.core.cases import load_suite
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,7 +115,14 @@ def test_check_passes_against_committed_cpu_baseline(full_check):
     rc, out = full_check
     assert rc == 0
     data = findings_of(out)
-    assert data["schema_version"] == 2 and data["verdict"] == "PASS" and data["exit_code"] == 0
+    assert data["schema_version"] == 3 and data["verdict"] == "PASS" and data["exit_code"] == 0
+    committed = read_baseline(ROOT / "baselines" / "cpu" / "sdpa-cpu-smoke.json")
+    ctx = data["context"]  # the run's key, the committed baseline's: the check judged only a comparable one
+    assert (ctx["suite_hash"], ctx["tolerance"], ctx["gpu_class"]) == (
+        committed.suite_hash,
+        committed.tolerance,
+        committed.gpu_class,
+    )
     assert data["counts"]["FAIL"] == 0 and data["counts"]["INCONCLUSIVE"] == 0 and data["counts"]["OK"] > 20
     assert data["thresholds"] == {
         "tolerance_ratio": 1.0,

@@ -8,11 +8,11 @@ import dataclasses
 import pytest
 
 from gate.compare.findings import CheckContext, decide
-from gate.core.identity import Scope
+from gate.core.identity import RunKey, Scope
 
 
 def test_the_check_context_is_typed_frozen_and_reads_as_a_mapping():
-    ctx = CheckContext(kernel="k", suite="smoke", scope=Scope("s1-"), measured=3, cases=4)
+    ctx = CheckContext.of(kernel="k", suite="smoke", scope=Scope("s1-"), measured=3, cases=4)
     assert (ctx.kernel, ctx["suite"], ctx.get("scope"), ctx.get("baseline_option")) == ("k", "smoke", "s1-", None)
     with pytest.raises(dataclasses.FrozenInstanceError):
         ctx.kernel = "other"
@@ -24,6 +24,17 @@ def test_the_check_context_is_typed_frozen_and_reads_as_a_mapping():
     assert "3 cases measured" in verdict.headline
 
 
+def test_the_context_carries_the_runs_key_and_writes_it_flat():
+    key = RunKey.of("k", "pr", "abc123", {"max_mult": 2.0, "mean_mult": 1.5}, "h200")
+    ctx = CheckContext(key=key, baseline="b.json")
+    assert (ctx.kernel, ctx.suite, ctx.gpu_class, ctx["suite_hash"]) == ("k", "pr", "h200", "abc123")
+    written = ctx.to_dict()
+    assert "key" not in written and written["tolerance"] == {"max_mult": 2.0, "mean_mult": 1.5}
+    assert CheckContext.of(**written) == ctx  # the findings JSON's context reads back as the same value
+    with pytest.raises(TypeError, match="RunKey"):
+        CheckContext(key=("k", "pr"))
+
+
 def test_a_context_scope_is_a_value_and_writes_as_its_regex():
     assert CheckContext().to_dict()["scope"] is None and CheckContext()["scope"] is None
     with pytest.raises(TypeError, match="scope"):
@@ -31,7 +42,7 @@ def test_a_context_scope_is_a_value_and_writes_as_its_regex():
 
 
 def test_a_mapping_context_with_an_unknown_key_is_refused():
-    assert decide([], {}, {"kernel": "k"}).context == CheckContext(kernel="k")
+    assert decide([], {}, {"kernel": "k"}).context == CheckContext.of(kernel="k")
     with pytest.raises(TypeError):
         decide([], {}, {"kernal": "k"})
 

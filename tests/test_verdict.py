@@ -484,7 +484,7 @@ def test_findings_json_and_ordering():
     findings = compare(Baseline.from_sweep(BASE), CURRENT_TABLE[1][1], CFG)
     verdict = decide(findings, {"headroom_factor": 1.5})
     data = verdict.to_dict()
-    assert data["schema_version"] == 2 and data["verdict"] == "FAIL" and data["exit_code"] == 1
+    assert data["schema_version"] == 3 and data["verdict"] == "FAIL" and data["exit_code"] == 1
     assert data["thresholds"] == {"headroom_factor": 1.5}
     ranks = [Severity(f["severity"]).rank for f in data["findings"]]
     assert ranks == sorted(ranks, reverse=True)  # worst first

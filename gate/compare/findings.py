@@ -32,6 +32,8 @@ Format history of the findings JSON (`Verdict.to_dict`):
   1  first version.
   2  severity KNOWN, `entry` on each finding, context `known_failures` (the declarations that
      applied to the run: index, reason, link, cases, tensors, strict).
+  3  the context holds the run's whole key: `suite_hash` and `tolerance` (the multipliers)
+     beside `kernel`, `suite` and `gpu_class`.
 """
 
 from __future__ import annotations
@@ -40,13 +42,13 @@ import enum
 import math
 from collections import Counter
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from gate.core.errors import EXIT_FAIL, EXIT_PASS
-from gate.core.identity import Scope
+from gate.core.identity import RunKey, Scope
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 Value = float | str | None
 
@@ -232,16 +234,20 @@ class Finding:
         )
 
 
+# the run's key as the context's mapping and the findings JSON spell it: flat, beside the rest
+KEY_FIELDS = ("kernel", "suite", "suite_hash", "tolerance", "gpu_class")
+NO_KEY = RunKey("", "", "", (), "")
+
+
 @dataclass(frozen=True)
 class CheckContext(Mapping):
-    """What a verdict was about, for its reports: the run, the baseline and how they were chosen.
-    Typed fields; also read as a mapping (`ctx["kernel"]`, `ctx.get("scope")`), as the renderers
-    and the findings JSON do, with exactly these keys: there the scope is its regex (None: the whole
-    suite), as the findings file has always held it."""
+    """What a verdict was about, for its reports: the run's key (the baseline's too: a check judges
+    only a comparable one), the baseline and how they were chosen. Typed fields; also read as a
+    mapping (`ctx["kernel"]`, `ctx.get("scope")`), as the renderers and the findings JSON do, with
+    the key's fields flat beside the rest: there the scope is its regex (None: the whole suite) and
+    the tolerance its multipliers by name."""
 
-    kernel: str = ""
-    suite: str = ""
-    gpu_class: str = ""
+    key: RunKey = NO_KEY
     baseline: str = ""  # the baseline file compared with
     baseline_measured_at: str = ""
     run_started_at: str = ""
@@ -255,11 +261,46 @@ class CheckContext(Mapping):
     def __post_init__(self) -> None:
         if not isinstance(self.scope, Scope):  # a regex string here would be written as if it were none
             raise TypeError(f"scope = {self.scope!r} must be a Scope (Scope(regex), or Scope() for the whole suite)")
+        if not isinstance(self.key, RunKey):
+            raise TypeError(f"key = {self.key!r} must be a RunKey")
 
-    def __getitem__(self, key: str) -> Any:
-        if key not in self._keys():
-            raise KeyError(key)
-        value = getattr(self, key)
+    @classmethod
+    def of(cls, **values: Any) -> "CheckContext":
+        """From the flat names the mapping and the findings JSON use (kernel, suite, suite_hash,
+        tolerance, gpu_class beside the other fields; the scope as a Scope or its regex); an unknown
+        name is a TypeError."""
+        parts = {name: values.pop(name) for name in KEY_FIELDS if name in values}
+        if "scope" in values and not isinstance(values["scope"], Scope):
+            values["scope"] = Scope(values["scope"])
+        if "known_failures" in values:
+            values["known_failures"] = tuple(values["known_failures"])
+        key = RunKey.of(
+            str(parts.get("kernel", "")),
+            str(parts.get("suite", "")),
+            str(parts.get("suite_hash", "")),
+            dict(parts.get("tolerance") or {}),
+            str(parts.get("gpu_class", "")),
+        )
+        return cls(key=key, **values)
+
+    @property
+    def kernel(self) -> str:
+        return self.key.kernel
+
+    @property
+    def suite(self) -> str:
+        return self.key.suite
+
+    @property
+    def gpu_class(self) -> str:
+        return self.key.gpu_class
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._keys():
+            raise KeyError(name)
+        if name in KEY_FIELDS:
+            return self.key.multipliers if name == "tolerance" else getattr(self.key, name)
+        value = getattr(self, name)
         return value.only if isinstance(value, Scope) else value
 
     def __iter__(self) -> Iterator[str]:
@@ -270,10 +311,10 @@ class CheckContext(Mapping):
 
     @classmethod
     def _keys(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
+        return KEY_FIELDS + tuple(f.name for f in fields(cls) if f.name != "key")
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "scope": self.scope.only}
+        return {name: self[name] for name in self._keys()}
 
 
 @dataclass(frozen=True)
@@ -450,7 +491,7 @@ def decide(
     """Any findings from any rule family -> the Verdict (worst first, stable order), after `temper`.
     A plain mapping as `context` must use CheckContext's keys (an unknown key is a TypeError)."""
     if not isinstance(context, CheckContext):
-        context = CheckContext(**dict(context or {}))
+        context = CheckContext.of(**dict(context or {}))
     return Verdict(
         findings=tuple(sorted(temper(findings), key=sort_key)), thresholds=dict(thresholds or {}), context=context
     )

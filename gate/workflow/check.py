@@ -278,9 +278,7 @@ def run_check(plan: RunPlan, source: FreshSweep | SavedSweep, out: Outputs) -> C
             findings = [f for f in findings if f.rule is not Rule.NOTHING_MEASURED]
         findings, thresholds = list(findings) + perf_run.findings, {**thresholds, **perf_run.thresholds}
     context = CheckContext(
-        kernel=sweep.kernel,
-        suite=sweep.suite,
-        gpu_class=baseline.gpu_class,
+        key=sweep.key,  # the baseline's too: check_comparable refused any other
         baseline=str(plan.baseline_path),
         baseline_measured_at=baseline.measured_at,
         run_started_at=sweep.started_at,

@@ -119,7 +119,7 @@ class _Run:
         return decide(
             findings,
             correctness_thresholds(self.config.verdict),
-            CheckContext(kernel=kernel_name, suite=self.suite, baseline=str(path)),
+            CheckContext(key=sweep.key, baseline=str(path)),
         )
 
 
