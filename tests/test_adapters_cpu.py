@@ -462,20 +462,25 @@ def test_sdpa_hands_gqa_to_torch_or_copies_heads_by_name(name, native, monkeypat
     assert seen and set(seen) == ({(8, 2, True)} if native else {(8, 8, False)})
 
 
-def _eager(cls):
-    """`cls` (a flex adapter) with flex_attention uncompiled and allowed on the CPU (forward only)."""
+def _eager(cls, *args, calls: list | None = None):
+    """`cls(*args)` (a flex adapter) with flex_attention uncompiled and allowed on the CPU (forward only);
+    with `calls`, each flex_attention call's (q, k, block_mask, kernel_options) is appended to it."""
     import dataclasses
+
+    from torch.nn.attention.flex_attention import flex_attention
+
+    def recorded(q, k, v, **kwargs):
+        calls.append((q, k, kwargs.get("block_mask"), kwargs.get("kernel_options")))
+        return flex_attention(q, k, v, **kwargs)
 
     class Eager(cls):
         def capabilities(self):
             return dataclasses.replace(super().capabilities(), devices=("cpu", "cuda"))
 
         def _fn(self):
-            from torch.nn.attention.flex_attention import flex_attention
+            return flex_attention if calls is None else recorded
 
-            return flex_attention
-
-    return Eager()
+    return Eager(*args)
 
 
 ADJUSTED_CASES = [
@@ -630,3 +635,169 @@ def test_flex_packed_reads_a_packed_bias_at_packed_positions(bias):
     gold, _ = references(c, x, None)
     assert float((got.out.double() - gold.out).abs().max()) < 0.05
     assert float((got.out.double() - ref.out.double()).abs().max()) < 0.02
+
+
+def decode_case(**kw):
+    base = dict(
+        batch=3, seqlen_q=4, seqlen_k=300, heads_q=4, heads_kv=2, head_dim=32, head_dim_v=32, dtype="bf16", seeds=(0,)
+    )
+    return Case.build(**{**base, "entry": "kvcache", **kw})
+
+
+# Key lengths never a whole number of pages (128 for a contiguous cache): each element's last page is partial.
+PAGED_CASES = [
+    decode_case(cache_seqlens=(5, 160, 286), cache_new=True, causal=True),  # contiguous: pages of 128 reserved
+    decode_case(cache_seqlens=(33, 250, 1), page_size=16, shuffled_pages=True, heads_kv=1, window=(20, 0)),  # MQA
+    decode_case(cache_seqlens=(70, 9, 200), page_size=64, cache_new=True, heads_kv=4, softcap=5.0, alibi=True),
+    decode_case(seqlen_q=1, cache_seqlens=(129, 7, 255), page_size=256, cache_new=True, causal=True),
+]
+
+
+@pytest.mark.parametrize("c", PAGED_CASES, ids=lambda c: c.id)
+def test_flex_paged_decodes_through_paged_attention_and_matches_the_reference(c):
+    """flex-paged: K/V read from one physical cache of pages, (1, Hkv, pages x page, D), with the block
+    mask converted to physical pages (its key blocks one page, its keys every slot of the cache) and the
+    new tokens `assign`ed where the case's cache holds them: out, LSE and the cache after the call pass
+    against the float64 reference."""
+    from gate.kernels.flex import PAGE, FlexPagedAdapter
+
+    calls: list = []
+    result = run_case(_eager(FlexPagedAdapter, calls=calls), c, "cpu", TOL)
+    assert result.status is Status.PASS, result.reason
+    assert {"out", "lse", "k_cache", "v_cache"} <= {t.tensor for t in result.tensors} or not c.entry.cache_new
+    page = c.entry.page_size or PAGE
+    (q, k, block_mask, _), *_ = calls
+    assert k.shape[0] == 1 and k.shape[2] % page == 0 and k.shape[2] > max(c.cached_lengths)  # the physical cache
+    assert block_mask.BLOCK_SIZE[1] == page and block_mask.seq_lengths == (c.seqlen_q, k.shape[2])
+    assert any(n % page for n in c.cached_lengths)
+
+
+def test_flex_paged_reserves_pages_out_of_order_for_a_contiguous_cache():
+    """A contiguous cache's pages come from PagedAttention.reserve, page j of every element before
+    page j + 1 of any: an element's second page is not the one after its first."""
+    from gate.kernels.flex import PAGE, FlexPagedAdapter
+
+    c = PAGED_CASES[0]
+    x = make_inputs(c, 0, "cpu")
+    paged, k_phys, _ = FlexPagedAdapter()._pages(leaf_call(c, x).cache, [9, 164, 290], torch.device("cpu"))
+    table = paged.page_table[:, :3]
+    assert bool((table[:, 1] - table[:, 0] != 1).all())  # no element's pages are neighbours
+    assert k_phys.shape == (1, c.heads_kv, 3 * 3 * PAGE, c.head_dim)
+    # the cached tokens of element 2, read back through the page table, are the case's
+    tokens = torch.cat([k_phys[0, :, int(p) * PAGE : (int(p) + 1) * PAGE] for p in table[2]], dim=1)[:, :286]
+    assert torch.equal(tokens, x.cache.k_cache[2, :286].transpose(0, 1))
+
+
+@pytest.mark.parametrize("c", [PAGED_CASES[0], PAGED_CASES[2]], ids=lambda c: c.id)
+def test_flex_paged_fails_when_pages_map_to_the_wrong_logical_blocks(c):
+    """The converted mods read PagedAttention's physical-to-logical map: shifting it by one page
+    (every page read as its neighbour's logical block) turns the answer wrong, so the passing runs
+    above depend on the paged path, not on a dense read that ignores it."""
+    from gate.kernels.flex import FlexPagedAdapter
+
+    class Shifted(FlexPagedAdapter):
+        def _pages(self, *args):
+            paged, k_phys, v_phys = super()._pages(*args)
+            paged.physical_to_logical.copy_(paged.physical_to_logical.roll(1, dims=1))
+            return paged, k_phys, v_phys
+
+    result = run_case(_eager(Shifted), c, "cpu", TOL)
+    assert result.status is Status.FAIL, result.reason
+
+
+def test_flex_paged_skips_a_page_flex_cannot_tile():
+    from gate.kernels.flex import FlexPagedAdapter
+
+    reason = FlexPagedAdapter().unsupported_reason(decode_case(cache_seqlens=(5, 9, 20), page_size=7), "cuda")
+    assert "page_size 7" in reason and "powers of two >= 16" in reason
+    assert FlexPagedAdapter().unsupported_reason(PAGED_CASES[1], "cuda") is None
+
+
+SLICED_CASES = [
+    case(seqlen_q=300, seqlen_k=257, causal=True, heads_kv=2),  # 3 query blocks, the last partial; GQA
+    case(seqlen_q=200, seqlen_k=200, window=(40, 16), softcap=5.0, alibi=True),  # score_mods on shifted queries
+    case(seqlen_q=150, seqlen_k=150, bias="document"),  # a boolean mask per batch element
+    case(varlen=(130, 7, 0), causal=True, heads_kv=2),  # each sequence alone, its mask sliced
+]
+
+
+@pytest.mark.parametrize("c", SLICED_CASES, ids=lambda c: c.id)
+def test_flex_sliced_mask_slices_a_batch_and_heads_mask_per_query_block(c):
+    """flex-sliced-mask: the block mask built for every batch element and head, then one flex call per
+    128-query block with mask[:, :, i] (B and H kept, one row of blocks) and the mods shifted to the
+    block's queries; its forward equals `flex`'s one call on the whole mask and the float64 reference."""
+    from gate.kernels.flex import FlexAdapter, FlexSlicedMaskAdapter
+
+    x = make_inputs(c, 0, "cpu")
+    calls: list = []
+    sliced, whole = _eager(FlexSlicedMaskAdapter, calls=calls), _eager(FlexAdapter)
+    for adapter in (sliced, whole):
+        adapter.prepare(c)
+    got, ref = sliced(_forward_call(c, x)), whole(_forward_call(c, x))
+    gold, _ = references(c, x, None)
+    assert float((got.out.double() - gold.out).abs().max()) < 0.05
+    assert float((got.out.double() - ref.out.double()).abs().max()) < 0.02
+    rows = torch.isfinite(gold.lse)
+    assert torch.equal(rows, torch.isfinite(got.lse)) and float((got.lse.double() - gold.lse)[rows].abs().max()) < 1e-2
+    lengths = c.entry.varlen or (c.seqlen_q,) * 1
+    assert len(calls) == sum(-(-n // 128) for n in lengths)  # one call per query block
+    for q, _, block_mask, _ in calls:
+        assert block_mask.kv_num_blocks.shape == (q.shape[0], c.heads_q, 1)  # (B, H) kept, one row
+        assert block_mask.seq_lengths[0] == q.shape[2] <= 128
+
+
+BLOCK_CASES = [
+    case(seqlen_q=300, seqlen_k=257, causal=True, heads_kv=2),
+    case(seqlen_q=200, seqlen_k=100, window=(40, 16), softcap=5.0, alibi=True),
+    case(seqlen_q=150, seqlen_k=150, bias="document"),
+    decode_case(cache_seqlens=(70, 9, 200), page_size=16, cache_new=True, causal=True),
+]
+
+
+@pytest.mark.parametrize("c", BLOCK_CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("name, block", [("flex-block64", (64, 64)), ("flex-block128x64", (128, 64))])
+def test_flex_block_size_variants_build_their_blocks_and_match_the_reference(name, block, c):
+    """flex-block64 / flex-block128x64: block masks of those (query, key) blocks, handed to flex with
+    kernel_options whose tiles divide them; the forward agrees with the float64 reference."""
+    from gate.kernels.flex import FlexBlockSizeAdapter, block_options
+
+    calls: list = []
+    adapter = _eager(FlexBlockSizeAdapter, name, block, calls=calls)
+    if c.entry.kind == "kvcache":
+        result = run_case(adapter, c, "cpu", TOL)
+        assert result.status is Status.PASS, result.reason
+    else:
+        x = make_inputs(c, 0, "cpu")
+        adapter.prepare(c)
+        got = adapter(_forward_call(c, x))
+        gold, _ = references(c, x, None)
+        assert float((got.out.double() - gold.out).abs().max()) < 0.05
+    q, k, block_mask, options = calls[-1]
+    assert block_mask.BLOCK_SIZE == block and options == block_options(block, q.dtype)
+    assert block_mask.kv_num_blocks.shape[-1] == -(-q.shape[2] // block[0])  # rows of `block[0]` queries
+    assert get_adapter(name).block_size == block
+
+
+@pytest.mark.parametrize(
+    "block, dtype, expected",
+    [
+        ((128, 128), torch.bfloat16, {}),
+        ((256, 128), torch.float16, {}),
+        (
+            (64, 64),
+            torch.bfloat16,
+            {"BLOCK_M": 32, "BLOCK_N": 32} | {f"bwd_BLOCK_{n}": 32 for n in ("M1", "N1", "M2", "N2")},
+        ),
+        ((128, 64), torch.float16, {"BLOCK_N": 32} | {f"bwd_BLOCK_{n}": 32 for n in ("M1", "N1", "M2", "N2")}),
+        ((128, 16), torch.bfloat16, {"BLOCK_N": 16} | {f"bwd_BLOCK_{n}": 16 for n in ("M1", "N1", "M2", "N2")}),
+        ((64, 128), torch.float32, {"BLOCK_M": 32}),  # fp32's backward tiles are 16 already
+    ],
+)
+def test_block_options_divide_the_blocks(block, dtype, expected):
+    """Tiles that divide a block mask's blocks, and the backward's tiles one another (N1 % M1, M2 % N2)."""
+    from gate.kernels.flex import block_options
+
+    options = block_options(block, dtype)
+    assert options == expected
+    assert block[0] % options.get("BLOCK_M", 128) == 0 or "BLOCK_M" not in options
+    assert all(block[1] % options[k] == 0 for k in ("BLOCK_N", "bwd_BLOCK_N1", "bwd_BLOCK_N2") if k in options)

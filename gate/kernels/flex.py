@@ -16,6 +16,8 @@ the eager build's dense evaluation of the mask_mod does not fit in a GPU (65,537
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from gate.attention.inputs import offsets
@@ -63,6 +65,26 @@ def _capped(score, h, diag, k_pos, p: dict, has_cap: bool, has_alibi: bool):
     return score
 
 
+def block_options(block_size: tuple[int, int], dtype: torch.dtype) -> dict:
+    """kernel_options whose Triton tiles divide a block mask's (query, key) blocks. Flex's default tiles
+    (up to 128 each way, by GPU, dtype and head dim) must divide the mask's blocks, or its lowering raises
+    "Q and KV block size must be divisible by BLOCK_M and BLOCK_N" (the forward) or finds no config (the
+    backward, whose tiles must also divide one another: BLOCK_N1 % BLOCK_M1, BLOCK_M2 % BLOCK_N2). Only a
+    block under 128 changes anything: its forward tile drops to 32 (at most the default everywhere, so it
+    fits in shared memory), and the backward's four tiles become one size; fp32's backward tiles are 16
+    already. Unprefixed BLOCK_M / BLOCK_N reach the forward and the decoding kernel alike."""
+    q_block, kv_block = block_size
+    options: dict = {}
+    if q_block % 128:
+        options["BLOCK_M"] = min(32, q_block)
+    if kv_block % 128:
+        options["BLOCK_N"] = min(32, kv_block)
+    if options and dtype != torch.float32:
+        tile = min(32, q_block, kv_block)
+        options.update({f"bwd_BLOCK_{name}": tile for name in ("M1", "N1", "M2", "N2")})
+    return options
+
+
 def _flex_call(fn, qh, kh, vh, kwargs: dict):
     """(out, lse) of one flex_attention call, asking for the LSE as this torch spells it."""
     try:
@@ -82,6 +104,9 @@ class FlexAdapter(KernelAdapter):
     # case with BlockMask._adjust, as a model reusing one mask made for its longest sequence does
     mask_margin = 0
     packed_varlen = False  # True: a varlen case is one call over the packed sequences (FlexPackedAdapter)
+    block_size: tuple[int, int] | None = None  # the block masks' (query, key) blocks; None: Flex's default, 128
+    # True: each block mask is built for every batch element and head, as a model masking per (b, h) does
+    full_batch_heads = False
 
     def __init__(self) -> None:
         self._compiled = None
@@ -154,25 +179,37 @@ class FlexAdapter(KernelAdapter):
             self._compiled = torch.compile(flex_attention, dynamic=self.dynamic)
         return self._compiled
 
-    def _block_mask(self, key, mask_mod, batch, heads, nq: int, nk: int, device, croppable: bool = True):
+    def _block_mask(
+        self, key, mask_mod, batch, heads, nq: int, nk: int, device, croppable: bool = True, block_size=None
+    ):
         """The case's block mask, built once per case and key (the patterns do not change with the seed):
         eagerly where the mask is small, by a compiled create_block_mask past EAGER_BLOCK_MASK_MAX_ELEMENTS,
-        where the eager build's dense evaluation does not fit in the GPU's memory."""
+        where the eager build's dense evaluation does not fit in the GPU's memory. Blocks of `block_size`
+        (queries, keys), else the adapter's, else Flex's default."""
         block_mask = self._block_masks.get(key)
         if block_mask is None:
             from torch.nn.attention.flex_attention import create_block_mask
 
-            build = create_block_mask
+            size = block_size or self.block_size
+            build = create_block_mask if size is None else functools.partial(create_block_mask, BLOCK_SIZE=size)
             if (batch or 1) * (heads or 1) * nq * nk > EAGER_BLOCK_MASK_MAX_ELEMENTS:
                 if self._compiled_block_mask is None:
                     self._compiled_block_mask = torch.compile(create_block_mask)
                 build = self._compiled_block_mask
+                build = build if size is None else functools.partial(build, BLOCK_SIZE=size)
             if self.mask_margin and croppable:
                 big = build(mask_mod, batch, heads, nq + self.mask_margin, nk + self.mask_margin, device=device)
                 block_mask = self._block_masks[key] = big._adjust(nq, nk)
             else:
                 block_mask = self._block_masks[key] = build(mask_mod, batch, heads, nq, nk, device=device)
         return block_mask
+
+    def _attend(self, qh, kh, vh, kwargs: dict):
+        """(out, lse) of the compiled flex_attention on (B, H, N, D) tensors, with kernel_options whose
+        tiles divide the block mask's blocks."""
+        block_mask = kwargs.get("block_mask")
+        options = block_options(block_mask.BLOCK_SIZE, qh.dtype) if block_mask is not None else {}
+        return _flex_call(self._fn(), qh, kh, vh, {**kwargs, "kernel_options": options} if options else kwargs)
 
     def _on(self, device, slot: str, value):
         """`value` (a number or a tuple of numbers) for the mods' `slot` as a device tensor, made once
@@ -279,6 +316,8 @@ class FlexAdapter(KernelAdapter):
                 hb = None if bias.shape[1] == 1 else bias.shape[1]
                 # a varlen sequence's block of a packed mask: where it starts tells the blocks apart
                 key += ("bool_bias", tuple(bias.shape), bias.storage_offset())
+            if self.full_batch_heads:
+                bb, hb = qh.shape[0], qh.shape[1]
             # a boolean bias's mask_mod reads the bias tensor: a larger grid would index past it
             block_mask = self._block_mask(
                 key, mask_mod, bb, hb, nq, nk, q.device, croppable=bias is None or bias.dtype != torch.bool
@@ -289,7 +328,7 @@ class FlexAdapter(KernelAdapter):
             scale=call.opts.softmax_scale,
             enable_gqa=qh.shape[1] != kh.shape[1],
         )
-        out, lse = _flex_call(self._fn(), qh, kh, vh, kwargs)
+        out, lse = self._attend(qh, kh, vh, kwargs)
         # Flex reports fully masked rows with LSE -inf, like the reference; out is 0 there.
         return KernelOutput(out=out.transpose(1, 2), lse=lse.detach().float())
 
@@ -349,12 +388,13 @@ class FlexAdapter(KernelAdapter):
         )
         holder["slopes"] = o.alibi_slopes if o.alibi_slopes is not None else self._on(dev, "slopes", (0.0,))
         mkey = ("decode", tuple(lengths), nq, o.causal, o.window, str(q.device))
-        block_mask = self._block_mask(mkey, mask_mod, bsz, None, nq, longest, q.device)
+        heads = q.shape[2] if self.full_batch_heads else None
+        block_mask = self._block_mask(mkey, mask_mod, bsz, heads, nq, longest, q.device)
         qh, kh, vh = q.transpose(1, 2), kb.transpose(1, 2), vb.transpose(1, 2)
         kwargs = dict(
             score_mod=score_mod, block_mask=block_mask, scale=o.softmax_scale, enable_gqa=qh.shape[1] != kh.shape[1]
         )
-        out, lse = _flex_call(self._fn(), qh, kh, vh, kwargs)
+        out, lse = self._attend(qh, kh, vh, kwargs)
         return KernelOutput(out=out.transpose(1, 2), lse=lse.detach().float())
 
     def __call__(self, call: KernelCall) -> KernelOutput:
@@ -435,6 +475,8 @@ class FlexAdapter(KernelAdapter):
             if o.bias.dtype == torch.bool:
                 heads = None if o.bias.shape[1] == 1 else o.bias.shape[1]
                 mkey += ("bool_bias", tuple(o.bias.shape))
+        if self.full_batch_heads:
+            heads = call.q.shape[1]
         block_mask = self._block_mask(
             mkey, mask_mod, None, heads, nq, nk, dev, croppable=o.bias is None or o.bias.dtype != torch.bool
         )
@@ -442,7 +484,7 @@ class FlexAdapter(KernelAdapter):
         kwargs = dict(
             score_mod=score_mod, block_mask=block_mask, scale=o.softmax_scale, enable_gqa=qh.shape[1] != kh.shape[1]
         )
-        out, lse = _flex_call(self._fn(), qh, kh, vh, kwargs)
+        out, lse = self._attend(qh, kh, vh, kwargs)
         return KernelOutput(out=out.transpose(1, 2)[0], lse=lse[0].detach().float())
 
 
@@ -476,3 +518,176 @@ class FlexAdjustedMaskAdapter(FlexAdapter):
     name = "flex-adjusted-mask"
     description = "torch FlexAttention with block masks built for a longer grid and BlockMask._adjust'ed"
     mask_margin = 300
+
+
+class FlexSlicedMaskAdapter(FlexAdapter):
+    """FlexAttention with each block mask built once for every batch element and head (B, H) and
+    sliced with an integer index per query block (`mask[:, :, i]`), as a decoding model slices its
+    whole-sequence mask at the block of the current position: one flex call per 128-query block, the
+    slice's mask_mod and score_mod the case's own shifted by the block's first query, its seq_lengths
+    the block's. The same answer as `flex`'s one call on the whole mask."""
+
+    name = "flex-sliced-mask"
+    description = "torch FlexAttention with a (B, H) block mask sliced mask[:, :, i], one call per query block"
+    full_batch_heads = True
+
+    def _shifted(self, mask_mod, score_mod):
+        """(holder, mask_mod, score_mod) reading query q_idx + holder["q_off"]: a query block's mods,
+        built once per pair of mods and fed the block's offset as a device tensor."""
+        key = ("sliced", id(mask_mod), id(score_mod))
+        if key not in self._mod_cache:
+            p: dict = {}
+
+            def sliced_mask(b, h, q_idx, kv_idx):
+                return mask_mod(b, h, q_idx + p["q_off"], kv_idx)
+
+            sliced_score = None
+            if score_mod is not None:
+
+                def sliced_score(score, b, h, q_idx, kv_idx):
+                    return score_mod(score, b, h, q_idx + p["q_off"], kv_idx)
+
+            self._mod_cache[key] = (p, sliced_mask, sliced_score)
+        return self._mod_cache[key]
+
+    def _attend(self, qh, kh, vh, kwargs: dict):
+        whole = kwargs.get("block_mask")
+        if whole is None:
+            return super()._attend(qh, kh, vh, kwargs)
+        holder, mask_mod, score_mod = self._shifted(whole.mask_mod, kwargs.get("score_mod"))
+        nq, nk, rows = qh.shape[2], kh.shape[2], whole.BLOCK_SIZE[0]
+        outs, lses = [], []
+        for i, start in enumerate(range(0, nq, rows)):
+            stop = min(nq, start + rows)
+            part = whole[:, :, i]  # the integer index: one row of query blocks, every batch element and head
+            part.mask_mod = mask_mod  # a slice's mask_mod raises until the caller gives it the shifted one
+            part.seq_lengths = (stop - start, nk)
+            holder["q_off"] = self._on(qh.device, "q_off", start)
+            out, lse = super()._attend(
+                qh[:, :, start:stop], kh, vh, {**kwargs, "block_mask": part, "score_mod": score_mod}
+            )
+            outs.append(out)
+            lses.append(lse)
+        return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
+
+
+class FlexBlockSizeAdapter(FlexAdapter):
+    """FlexAttention with block masks of blocks other than its default 128: (queries, keys) per block,
+    with kernel_options whose Triton tiles divide them (`block_options`)."""
+
+    def __init__(self, name: str, block_size: tuple[int, int]) -> None:
+        super().__init__()
+        self.name = name
+        self.block_size = block_size
+        q_block, kv_block = block_size
+        self.description = f"torch FlexAttention with block masks of {q_block} queries x {kv_block} keys per block"
+
+
+# Decode through PagedAttention: the page (and key block) of a cache the case does not page itself.
+PAGE = 128
+
+
+class FlexPagedAdapter(FlexAdapter):
+    """Decode through FlexAttention's PagedAttention (torch.nn.attention.experimental._paged_attention):
+    K/V in one physical cache of pages, (1, Hkv, pages x page, D); a paged case's own block table as
+    the page table and its own block pool as that cache (the new tokens `assign`ed into it, where the
+    gate checks them), a contiguous one's cache `assign`ed into pages that `reserve` hands out to the
+    batch elements in turn (so logical and physical order differ), 128 tokens a page. The logical block
+    mask (blocks of 128 queries x one page of keys) goes through `convert_logical_block_mask` with each
+    element's key length, the score_mod through `get_score_mod`: the mods see logical key positions,
+    the kernel physical ones. Key lengths are not whole pages, so each element's last page is partial."""
+
+    name = "flex-paged"
+    description = "torch FlexAttention decode through PagedAttention: physical pages, converted block mask"
+
+    def unsupported_reason(self, case: Case, device: str) -> str | None:
+        reason = super().unsupported_reason(case, device)
+        page = case.entry.page_size
+        if reason is None and page and (page < 16 or page & (page - 1)):
+            return (
+                f"page_size {page}: PagedAttention's key block is the page, and Flex's Triton blocks are "
+                f"powers of two >= 16"
+            )
+        return reason
+
+    def _pages(self, c, lengths: list[int], device):
+        """(PagedAttention, physical k, physical v): the case's own pool and block table when paged,
+        else pages reserved for the cache and filled by `assign`."""
+        from torch.nn.attention.experimental._paged_attention import PagedAttention
+
+        bsz, hkv = len(lengths), c.k_cache.shape[-2]
+        if c.paged:
+            blocks, page = c.k_cache.shape[0], c.page_size
+            paged = PagedAttention(blocks, page, bsz, device=device)
+            table = c.block_table.long()
+            paged.page_table[:, : table.shape[1]] = table
+            logical = torch.arange(table.shape[1], device=device).expand_as(table)
+            paged.physical_to_logical.scatter_(1, table, logical)
+            paged.capacity[:] = table.shape[1] * page
+            # the pool itself, viewed (1, Hkv, slots, D): assign writes the new tokens into the case's pages
+            k_phys = c.k_cache.view(1, blocks * page, hkv, -1).transpose(1, 2)
+            v_phys = c.v_cache.view(1, blocks * page, hkv, -1).transpose(1, 2)
+            return paged, k_phys, v_phys
+        pages = -(-max(1, max(lengths)) // PAGE)
+        paged = PagedAttention(bsz * pages, PAGE, bsz, device=device)
+        for j in range(pages):  # page j of every element before page j + 1 of any
+            for b in range(bsz):
+                paged.reserve(torch.tensor(b, device=device), torch.tensor((j + 1) * PAGE, device=device))
+        k_phys = c.k_cache.new_zeros(1, hkv, bsz * pages * PAGE, c.k_cache.shape[-1])
+        v_phys = c.v_cache.new_zeros(1, hkv, bsz * pages * PAGE, c.v_cache.shape[-1])
+        for b, n in enumerate(c.cached):
+            if n:
+                paged.assign(
+                    torch.tensor([b], device=device),
+                    torch.arange(n, device=device)[None],
+                    c.k_cache[b : b + 1, :n].transpose(1, 2),
+                    c.v_cache[b : b + 1, :n].transpose(1, 2),
+                    k_phys,
+                    v_phys,
+                )
+        return paged, k_phys, v_phys
+
+    def _decode(self, call: KernelCall) -> KernelOutput:
+        c, o, q = call.cache, call.opts, call.q
+        bsz, nq, dev = q.shape[0], q.shape[1], q.device
+        lengths = c.key_lengths
+        paged, k_phys, v_phys = self._pages(c, lengths, dev)
+        if c.k_new is not None:  # the new tokens at each element's cached length, by the API's assign
+            positions = torch.tensor([[n + i for i in range(nq)] for n in c.cached], device=dev)
+            batch = torch.arange(bsz, device=dev)
+            paged.assign(batch, positions, c.k_new.transpose(1, 2), c.v_new.transpose(1, 2), k_phys, v_phys)
+            if not c.paged:
+                append_new_tokens(c)  # the case's own contiguous cache, which the gate checks, gets them too
+        left, right = effective_window(o.causal, o.window)
+        key = ("decode", left >= 0, right >= 0, bool(o.softcap), o.alibi_slopes is not None, str(dev))
+        if key not in self._mod_cache:
+            self._mod_cache[key] = self._make_decode_mods(*key[1:5])
+        holder, mask_mod, score_mod = self._mod_cache[key]
+        holder.clear()
+        holder.update(
+            {
+                slot: self._on(dev, slot, value)
+                for slot, value in (
+                    ("lens", tuple(lengths)),
+                    ("nq", nq),
+                    ("left", left),
+                    ("right", right),
+                    ("cap", float(o.softcap or 1.0)),
+                )
+            }
+        )
+        holder["slopes"] = o.alibi_slopes if o.alibi_slopes is not None else self._on(dev, "slopes", (0.0,))
+        longest = max(1, max(lengths))
+        page = paged.page_size
+        mkey = ("paged", tuple(lengths), nq, o.causal, o.window, page, str(dev))
+        logical = self._block_mask(mkey, mask_mod, bsz, None, nq, longest, dev, block_size=(128, page))
+        kv_len = self._on(dev, "kv_len", tuple(lengths))
+        physical = paged.convert_logical_block_mask(logical, kv_len=kv_len)
+        kwargs = dict(
+            score_mod=paged.get_score_mod(score_mod, kv_len),
+            block_mask=physical,
+            scale=o.softmax_scale,
+            enable_gqa=q.shape[2] != k_phys.shape[1],
+        )
+        out, lse = self._attend(q.transpose(1, 2), k_phys, v_phys, kwargs)
+        return KernelOutput(out=out.transpose(1, 2), lse=lse.detach().float())

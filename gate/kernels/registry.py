@@ -8,7 +8,15 @@ from typing import Any
 from gate.core.errors import UserError
 from gate.kernels.base import KernelAdapter
 from gate.kernels.flash_attn import FA2Adapter, FA3Adapter, FA4Adapter, FA4RawWindowAdapter
-from gate.kernels.flex import FlexAdapter, FlexAdjustedMaskAdapter, FlexDynamicAdapter, FlexPackedAdapter
+from gate.kernels.flex import (
+    FlexAdapter,
+    FlexAdjustedMaskAdapter,
+    FlexBlockSizeAdapter,
+    FlexDynamicAdapter,
+    FlexPackedAdapter,
+    FlexPagedAdapter,
+    FlexSlicedMaskAdapter,
+)
 from gate.kernels.sdpa import BACKENDS, SdpaAdapter
 from gate.kernels.tiled import TiledAdapter
 from gate.kernels.user import UserAdapter, family_adapter_of
@@ -25,6 +33,11 @@ def _builtins() -> dict:
             "flex-dynamic": FlexDynamicAdapter,
             "flex-adjusted-mask": FlexAdjustedMaskAdapter,
             "flex-packed": FlexPackedAdapter,
+            "flex-paged": FlexPagedAdapter,
+            "flex-sliced-mask": FlexSlicedMaskAdapter,
+            # Flex's block masks with blocks other than 128: both sides 64, and 128 queries x 64 keys
+            "flex-block64": lambda: FlexBlockSizeAdapter("flex-block64", (64, 64)),
+            "flex-block128x64": lambda: FlexBlockSizeAdapter("flex-block128x64", (128, 64)),
         }
     )
     return table
