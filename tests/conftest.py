@@ -26,6 +26,12 @@ if "torch" in sys.modules:
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_collection_modifyitems(items):
+    """The slow tests first, in their order; under xdist the tests started last end the run, and a
+    slow one among them would keep the other workers idle while it finishes."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture
 def in_repo_root(monkeypatch):
     """Run from the repository root, as `attn-gate` is run: `tests.buggy_kernels:NAME` imports."""

@@ -3,6 +3,7 @@ A doctored baseline must FAIL the speed rule; a lax one must pass; nothing asser
 Speed that was wanted and not judged (skipped, missing, out of scope, a results file) must say so."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -63,29 +64,40 @@ def write_config(tmp: Path, extra: str = "") -> Path:
     return path
 
 
-@pytest.fixture()
-def project(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    cfg = write_config(tmp_path)
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> Path:
+    """The project with its speed baseline, recorded once per module (a perf run of a few seconds)."""
+    tmp = tmp_path_factory.mktemp("perf-project")
+    cfg = write_config(tmp)
     # CPU timings of 7 rounds are often noisier than max_noise_pct: recorded marked noisy
-    assert (
-        main(
-            [
-                "baseline",
-                "update",
-                "--device",
-                "cpu",
-                "--perf",
-                "--accept-noisy",
-                "--config",
-                str(cfg),
-                "--no-progress",
-                "--out",
-                str(tmp_path / "out"),
-            ]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp)
+        assert (
+            main(
+                [
+                    "baseline",
+                    "update",
+                    "--device",
+                    "cpu",
+                    "--perf",
+                    "--accept-noisy",
+                    "--config",
+                    str(cfg),
+                    "--no-progress",
+                    "--out",
+                    str(tmp / "out"),
+                ]
+            )
+            == 0
         )
-        == 0
-    )
+    return tmp
+
+
+@pytest.fixture()
+def project(recorded, tmp_path, monkeypatch):
+    """A copy of the recorded project of this test's own, the working directory: a test may change it."""
+    shutil.copytree(recorded, tmp_path, dirs_exist_ok=True)
+    monkeypatch.chdir(tmp_path)
     baseline = tmp_path / "baselines" / "cpu" / "sdpa-cpu-tiny.json"
     return tmp_path, baseline
 

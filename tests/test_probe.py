@@ -3,9 +3,6 @@ pyproject.toml, and (slow) the probe of kernels with known envelopes (tests/enve
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -234,47 +231,21 @@ def test_a_hang_is_timed_out_and_declared_unsupported():
 
 
 @pytest.mark.slow
-def test_probe_write_from_the_cli_then_the_gate_skips_outside_it(tmp_path):
+def test_probe_write_from_the_cli_then_the_gate_skips_outside_it(tmp_path, capsys):
+    from tests.minisuite import gate
+
     path = tmp_path / "pyproject.toml"
     path.write_text('[tool.attn-gate]\nbaselines_dir = "baselines"\n')
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gate",
-            "probe",
-            "tests.envelope_kernels:upto_128",
-            "--config",
-            str(path),
-            "--device",
-            "cpu",
-            "--write",
-            "-q",
-            "--timeout",
-            "30",
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stderr
+    probe = ["probe", "tests.envelope_kernels:upto_128", "--config", str(path), "--device", "cpu"]
+    assert gate([*probe, "--write", "-q", "--timeout", "30"]) == 0, capsys.readouterr().err
     assert (
-        '[tool.attn-gate.kernels."tests.envelope_kernels:upto_128".supports]\nhead_dims = { max = 128 }\n' in run.stdout
+        '[tool.attn-gate.kernels."tests.envelope_kernels:upto_128".supports]\nhead_dims = { max = 128 }\n'
+        in capsys.readouterr().out
     )
     family = load_config(path).kernels["tests.envelope_kernels:upto_128"]
     assert family.supports == {"head_dims": {"max": 128}}
-    bad = subprocess.run(
-        [sys.executable, "-m", "gate", "probe", "tests.envelope_kernels:upto_128", "--timeout", "0"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert bad.returncode == 2 and "--timeout 0.0: give seconds > 0" in bad.stderr
+    assert gate(["probe", "tests.envelope_kernels:upto_128", "--timeout", "0"]) == 2
+    assert "--timeout 0.0: give seconds > 0" in capsys.readouterr().err
 
 
 def test_write_refuses_a_built_in_kernels_table(tmp_path):

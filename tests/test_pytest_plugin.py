@@ -142,9 +142,12 @@ def test_no_baseline_is_a_usage_error_with_the_gates_message(repo, pytester):
 
 @pytest.mark.slow
 def test_this_repositorys_smoke_suite_passes_under_xdist(cpu_baseline, tmp_path):
-    """This repository's smoke suite, checked case by case against this machine's CPU baseline."""
+    """This repository's smoke suite, checked case by case against this machine's CPU baseline.
+    One xdist worker: its rows still reach the controller, which writes the run's files (the split
+    over two workers is the mini suite's test above); each more worker is two more torch imports."""
     proc = pytest_in(
         ROOT,
+        "--ignore=tests",  # the repository's own tests: each worker would import them all, to deselect them
         "--attn-gate",
         f"--attn-gate-baseline={cpu_baseline.path}",  # one word: pytest takes a lone existing path for its rootdir
         "--attn-gate-suite",
@@ -158,7 +161,7 @@ def test_this_repositorys_smoke_suite_passes_under_xdist(cpu_baseline, tmp_path)
         "--attn-gate-out",
         str(tmp_path / "o"),
         "-n",
-        "2",
+        "1",
         "--junitxml",
         str(tmp_path / "j.xml"),
         "-p",
@@ -173,14 +176,15 @@ def test_this_repositorys_smoke_suite_passes_under_xdist(cpu_baseline, tmp_path)
 
 
 @pytest.mark.slow
-def test_the_example_repositorys_smoke_suite_passes(tmp_path):
+def test_the_example_repositorys_smoke_suite_passes(cpu_baseline, tmp_path):
     repo = tmp_path / "tiny-attn"
     shutil.copytree(ROOT / "examples" / "tiny-attn", repo, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
     init = ["init", "--dense", "tiny_attn:flash_attn_func", "--varlen", "tiny_attn:flash_attn_varlen_func"]
     assert gate([*init, "--repository", "example/tiny-attn", "--install", "attn-gate==0.1.0", "--yes"], repo) == 0
-    base = ["baseline", "update", "--kernel", "sdpa-cpu", "--suite", "smoke", "--device", "cpu", "--no-progress"]
-    assert gate(base, repo) == 0
+    # sdpa-cpu's smoke baseline of this machine, where init's config keeps baselines (recorded once per session)
+    (repo / "baselines" / "cpu").mkdir(parents=True, exist_ok=True)
+    shutil.copy(cpu_baseline.path, repo / "baselines" / "cpu" / cpu_baseline.path.name)
     # the repository's own tests and the gate's cases in one run (a subset of the cases: -k)
     proc = pytest_in(
         repo,

@@ -87,17 +87,23 @@ def test_running_from_another_folder_says_where_to_run(capsys, tmp_path):
 @pytest.mark.slow
 def test_no_baseline_for_a_valid_kernel_gives_a_command_that_works(capsys, tmp_path):
     """A valid kernel and suite without a baseline: the message names the command, and that
-    command (run as printed, on one case) creates the baseline."""
+    command (run as printed, on the one case of the config's CPU suite) creates the baseline."""
+    from tests.minisuite import suite
+
     (tmp_path / "baselines").mkdir()
     cfg = tmp_path / "pyproject.toml"
-    cfg.write_text('[tool.attn-gate]\nbaselines_dir = "baselines"\n')
+    cfg.write_text(
+        '[tool.attn-gate]\nbaselines_dir = "baselines"\n[tool.attn-gate.cpu]\nsuite = "one"\n'
+        + suite("one", causal=(True,))
+    )
     rc, _, err = run(["check", "--device", "cpu", "--kernel", "sdpa-math", "--config", str(cfg)], capsys, cwd=tmp_path)
     assert rc == 2
     command = re.search(r"`(attn-gate baseline update[^`]*)`", err).group(1)
+    assert "--suite one" in command  # the config's suite, not the default smoke
     assert f"{BASELINES_DOC[0]}, '{BASELINES_DOC[1]}'" in err
     argv = shlex.split(command)[1:] + ["--config", str(cfg), "--no-progress", "--out", str(tmp_path / "out")]
     rc, _, _ = run(argv, capsys, cwd=tmp_path)
-    assert rc == 0 and (tmp_path / "baselines" / "cpu" / "sdpa-math-smoke.json").is_file()
+    assert rc == 0 and (tmp_path / "baselines" / "cpu" / "sdpa-math-one.json").is_file()
 
 
 def test_every_doc_section_a_message_points_to_exists():
