@@ -355,6 +355,26 @@ class FlexAdapter(KernelAdapter):
 
         return p, mask_mod, score_mod
 
+    def _decode_mods(self, o, lengths, nq: int, dev):
+        """The decode mask_mod and score_mod (compiled once per feature set), their numbers for this
+        call put in the holder they read: each element's key length, the queries, window and softcap."""
+        left, right = effective_window(o.causal, o.window)
+        key = ("decode", left >= 0, right >= 0, bool(o.softcap), o.alibi_slopes is not None, str(dev))
+        if key not in self._mod_cache:
+            self._mod_cache[key] = self._make_decode_mods(*key[1:5])
+        holder, mask_mod, score_mod = self._mod_cache[key]
+        holder.clear()
+        slots = (
+            ("lens", tuple(lengths)),
+            ("nq", nq),
+            ("left", left),
+            ("right", right),
+            ("cap", float(o.softcap or 1.0)),
+        )
+        holder.update({slot: self._on(dev, slot, value) for slot, value in slots})
+        holder["slopes"] = o.alibi_slopes if o.alibi_slopes is not None else self._on(dev, "slopes", (0.0,))
+        return mask_mod, score_mod
+
     def _decode(self, call: KernelCall) -> KernelOutput:
         c, o, q = call.cache, call.opts, call.q
         bsz, nq = q.shape[0], q.shape[1]
@@ -367,26 +387,7 @@ class FlexAdapter(KernelAdapter):
         for b, n in enumerate(lengths):
             kb[b, :n] = read_pages(c.k_cache, c.block_table, c.page_size, b, 0, n)
             vb[b, :n] = read_pages(c.v_cache, c.block_table, c.page_size, b, 0, n)
-        left, right = effective_window(o.causal, o.window)
-        key = ("decode", left >= 0, right >= 0, bool(o.softcap), o.alibi_slopes is not None, str(q.device))
-        if key not in self._mod_cache:
-            self._mod_cache[key] = self._make_decode_mods(*key[1:5])
-        holder, mask_mod, score_mod = self._mod_cache[key]
-        holder.clear()
-        dev = q.device
-        holder.update(
-            {
-                slot: self._on(dev, slot, value)
-                for slot, value in (
-                    ("lens", tuple(lengths)),
-                    ("nq", nq),
-                    ("left", left),
-                    ("right", right),
-                    ("cap", float(o.softcap or 1.0)),
-                )
-            }
-        )
-        holder["slopes"] = o.alibi_slopes if o.alibi_slopes is not None else self._on(dev, "slopes", (0.0,))
+        mask_mod, score_mod = self._decode_mods(o, lengths, nq, q.device)
         mkey = ("decode", tuple(lengths), nq, o.causal, o.window, str(q.device))
         heads = q.shape[2] if self.full_batch_heads else None
         block_mask = self._block_mask(mkey, mask_mod, bsz, heads, nq, longest, q.device)
@@ -658,25 +659,7 @@ class FlexPagedAdapter(FlexAdapter):
             paged.assign(batch, positions, c.k_new.transpose(1, 2), c.v_new.transpose(1, 2), k_phys, v_phys)
             if not c.paged:
                 append_new_tokens(c)  # the case's own contiguous cache, which the gate checks, gets them too
-        left, right = effective_window(o.causal, o.window)
-        key = ("decode", left >= 0, right >= 0, bool(o.softcap), o.alibi_slopes is not None, str(dev))
-        if key not in self._mod_cache:
-            self._mod_cache[key] = self._make_decode_mods(*key[1:5])
-        holder, mask_mod, score_mod = self._mod_cache[key]
-        holder.clear()
-        holder.update(
-            {
-                slot: self._on(dev, slot, value)
-                for slot, value in (
-                    ("lens", tuple(lengths)),
-                    ("nq", nq),
-                    ("left", left),
-                    ("right", right),
-                    ("cap", float(o.softcap or 1.0)),
-                )
-            }
-        )
-        holder["slopes"] = o.alibi_slopes if o.alibi_slopes is not None else self._on(dev, "slopes", (0.0,))
+        mask_mod, score_mod = self._decode_mods(o, lengths, nq, dev)
         longest = max(1, max(lengths))
         page = paged.page_size
         mkey = ("paged", tuple(lengths), nq, o.causal, o.window, page, str(dev))
