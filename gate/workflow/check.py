@@ -78,7 +78,7 @@ from gate.core.files import (
 )
 from gate.core.identity import Environment, Scope
 from gate.core.jsonio import write_text_atomic
-from gate.core.results import SweepResult
+from gate.core.results import Status, SweepResult
 from gate.report.check_report import render_check
 from gate.report.failures import refusal
 from gate.report.sweep_report import write_sweep_outputs
@@ -342,15 +342,7 @@ def require_complete_run(plan: RunPlan, sweep: SweepResult, source: object, path
         )
 
 
-def refuse_failing_run(
-    sweep: SweepResult,
-    config: Config,
-    path: Path | None = None,
-    note: Path | None = None,
-    reason: str = "",
-    link: str = "",
-    written: Baseline | None = None,
-) -> str:
+def refuse_failing_run(sweep: SweepResult, written: Baseline, config: Config, path: Path, note: Path | None) -> str:
     """Why a run must not become a baseline ('' when it may): a failing row is recorded only when
     known_failures declarations cover everything it fails on (a bug with a reason, and for another
     project's kernel an upstream link, which `check` then reports as KNOWN); a baseline with no PASS
@@ -358,15 +350,12 @@ def refuse_failing_run(
     skips, merged into rows that pass, still validates them. The refusal lists the failing cases worst
     first with their reasons, what they share, and the ways forward with the declaration that records
     them (gate/report/failures.py)."""
-    statuses = (
-        [r.status.value for r in written.correctness.values()] if written else [c.status.value for c in sweep.cases]
-    )
-    if "PASS" not in statuses:
+    if not any(row.status is Status.PASS for row in written.correctness.values()):
         return "no case passed (all skipped or failing), so the baseline would validate nothing; fix the kernel or the suite"
     undeclared = undeclared_failures(sweep, config.known_failures)
     if not undeclared:
         return ""
-    return first_refusal(sweep, undeclared, config, reason, link).text(
+    return first_refusal(sweep, undeclared, config).text(
         path,
         sweep.kernel,
         update_command(sweep.kernel, sweep.suite, sweep.env.gpu_class_or_unknown),
@@ -555,7 +544,7 @@ def _update_baseline(plan: RunPlan, source: FreshSweep | SavedSweep, out: Output
     declared_text = declared = ""
     if flags.known is not None:  # declared now, validated as the config is; written with the baseline
         config, declared_text, declared = declare_known(sweep, config, flags.known, flags.link)
-    refused = refuse_failing_run(sweep, config, path, saved_note, written=new)
+    refused = refuse_failing_run(sweep, new, config, path, saved_note)
     if refused:
         print(
             refused if refused.startswith("attn-gate: ") else f"attn-gate: refusing to write {path}: {refused}",
