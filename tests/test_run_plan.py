@@ -62,7 +62,7 @@ def counted_adapters(monkeypatch) -> list:
 def calls(monkeypatch):
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     return {
-        "load_suite": counted(monkeypatch, gate.core.cases, "load_suite"),
+        "expand_suite": counted(monkeypatch, gate.core.cases, "expand_suite"),
         "kernel_entry": counted(monkeypatch, gate.kernels.registry, "kernel_entry"),
         "adapter": counted_adapters(monkeypatch),
     }
@@ -91,7 +91,7 @@ def test_check_loads_the_suite_once_and_resolves_the_kernel_once(cpu_baseline, c
             ]
         )
     assert rc == 0
-    assert calls["load_suite"].count("smoke") == 1, calls["load_suite"]
+    assert calls["expand_suite"].count("smoke") == 1, calls["expand_suite"]
     assert calls["kernel_entry"] == ["sdpa-cpu"]  # the name resolved once
     assert calls["adapter"] == ["sdpa-cpu"]  # checked here; the sweep runs it in a worker
 
@@ -102,7 +102,7 @@ def test_an_in_process_sweep_reuses_the_plans_adapter(cpu_baseline, calls, tmp_p
         plan = resolve_plan(config, "sdpa-cpu", "smoke", "cpu", FEW, SweepOptions(workers=0))
         outcome = run_check(plan, FreshSweep(progress=False), outputs(tmp_path / "out", config))
     assert outcome.exit_code == 0 and outcome.sweep.scope == Scope(FEW)
-    assert calls["load_suite"].count("smoke") == 1
+    assert calls["expand_suite"].count("smoke") == 1
     assert calls["kernel_entry"] == ["sdpa-cpu"] and calls["adapter"] == ["sdpa-cpu"]
 
 
@@ -131,7 +131,7 @@ def test_baseline_update_loads_the_suite_once(cpu_baseline, calls, tmp_path):
         ]
     )
     assert rc == 0
-    assert calls["load_suite"].count("smoke") == 1, calls["load_suite"]
+    assert calls["expand_suite"].count("smoke") == 1, calls["expand_suite"]
     assert calls["kernel_entry"] == ["sdpa-cpu"] and calls["adapter"] == ["sdpa-cpu"]
 
 
@@ -158,7 +158,7 @@ def test_check_with_perf_reads_the_perf_cases_from_the_plan(calls, tmp_path):
             ]
         )
     assert (tmp_path / "out" / "perf-sdpa-cpu-smoke.json").is_file()  # the speed step ran
-    assert calls["load_suite"].count("smoke") == 1, calls["load_suite"]
+    assert calls["expand_suite"].count("smoke") == 1, calls["expand_suite"]
     # the anchor (sdpa-math on a CPU) is the anchor's own entry; the kernel's name is resolved once
     assert calls["kernel_entry"].count("sdpa-cpu") == 1 and calls["adapter"].count("sdpa-cpu") == 1
 
@@ -183,6 +183,6 @@ def test_selftest_derives_every_planted_bugs_plan_from_one_plan(calls, tmp_path)
     # one bug planted in the kernel, one in tiled: two hosts, two controls, four sweeps at least
     rc = main([*args, "--bugs", "dk_x1.02,causal_peek", "--no-slowdowns"])
     assert rc == 0
-    assert calls["load_suite"].count("tiny") == 1, calls["load_suite"]
+    assert calls["expand_suite"].count("tiny") == 1, calls["expand_suite"]
     # each host's name resolved once, however many sweeps and plantings use it
     assert sorted(calls["kernel_entry"]) == ["sdpa-cpu", "tiled"], calls["kernel_entry"]

@@ -650,8 +650,7 @@ class Case:
         the axis): those at least NAN_MARGIN keys before the first key any query sees (query 0's
         window start), rounded down to whole pages, so no key block or page reaching the window
         holds one."""
-        left = self.window[0]
-        if not self.entry.nan_before_window or left < 0:
+        if not self.entry.nan_before_window:  # without a left window the first visible key is 0
             return (0,) * self.batch
         page = self.entry.page_size or 1
         return tuple(

@@ -677,10 +677,11 @@ def _section(cls, raw: Any, where: str):
         raise UserError(f"{where}: {exc}") from None
 
 
-def _check_suites(suites: dict[str, Any], path: Path) -> None:
+def _check_suites(suites: dict[str, Any], path: Path) -> dict[str, Suite]:
     """Expand every suite the file defines now, so a bad matrix is reported against this file
-    (and before any work), not later under a default name or only when that suite is run."""
-
+    (and before any work), not later under a default name or only when that suite is run; the
+    expanded suites, by name, for the config to keep."""
+    expanded = {}
     for name, spec in suites.items():
         try:  # a suite's name becomes part of file names (sweep-K-SUITE.json, baselines/...)
             checked_name(name, "suite name")
@@ -690,7 +691,8 @@ def _check_suites(suites: dict[str, Any], path: Path) -> None:
             raise UserError(
                 f"{path} [tool.attn-gate.suites.{name}]: expected a table with 'seeds' and [[matrix]] blocks"
             )
-        expand_suite(name, spec, str(path), "tool.attn-gate.suites")
+        expanded[name] = expand_suite(name, spec, str(path), "tool.attn-gate.suites")
+    return expanded
 
 
 def _beside(config_file: Path, folder: str) -> str:
@@ -753,11 +755,11 @@ def load_config(path: Path | None = None) -> Config:
     suites = raw.get("suites", {})
     if not isinstance(suites, dict):
         raise UserError(f"{where}.suites: expected tables [tool.attn-gate.suites.NAME]")
-    _check_suites(suites, path)
+    expanded = _check_suites(suites, path)
     baselines_dir = raw.get("baselines_dir", base.baselines_dir)
     if not isinstance(baselines_dir, str):
         raise UserError(f"{where}: baselines_dir should be a path string")
-    return Config(
+    config = Config(
         source=str(path),
         gpu=profiles["gpu"],
         cpu=profiles["cpu"],
@@ -772,6 +774,8 @@ def load_config(path: Path | None = None) -> Config:
         ci=_ci_section(raw.get("ci", {}), f"{where}.ci"),
         section=True,
     )
+    config._suites.update(expanded)  # what Config.suite would expand again: load_suite's arguments
+    return config
 
 
 def known_failures_in(text: str, path: Path) -> tuple[KnownFailure, ...]:

@@ -31,7 +31,7 @@ import torch
 
 from gate.attention.masks import allowed_mask, effective_window
 from gate.attention.reference import AttnOptions
-from gate.core.cases import FLAT_FIELDS, Case
+from gate.core.cases import FLAT_FIELDS, Case, first_visible_key
 from gate.core.errors import UserError
 from gate.kernels.base import DelegatingAdapter, KernelAdapter, KernelCall, KernelOutput
 from gate.kernels.capabilities import Capabilities, Feature
@@ -556,7 +556,7 @@ ONE_TOKEN_WINDOWED_DECODE = Trigger(
         c.entry.kind == "kvcache"
         and c.seqlen_q == 1
         and c.window[0] >= 1
-        and any(n > c.window[0] + 1 for n in c.key_lengths)
+        and any(first_visible_key(1, n, c.window) > 0 for n in c.key_lengths)
     ),
 )
 PAGED_LEFT_WINDOW = Trigger(
@@ -567,7 +567,7 @@ PAGED_LEFT_WINDOW = Trigger(
         and not c.causal
         and c.window[0] >= 0
         and c.window[1] < 0
-        and any(n - c.seqlen_q - c.window[0] > 0 for n in c.key_lengths)
+        and any(first_visible_key(c.seqlen_q, n, c.window) > 0 for n in c.key_lengths)
     ),
 )
 NAN_BEFORE_WINDOW = Trigger(

@@ -254,10 +254,9 @@ def kernel_pass(adapter: KernelAdapter, case: Case, inputs: AttnInputs, determin
     result = adapter(call)
     if not isinstance(result, KernelOutput):
         raise BadOutput(f"adapter returned {type(result).__name__}, not KernelOutput")
-    if call.cache is not None and result.cache is None:
-        result = dataclasses.replace(result, cache=(call.cache.k_cache, call.cache.v_cache))
     if call.cache is not None:  # the cache in the kernel's layout, read as the checks read it (NHD)
-        result = dataclasses.replace(result, cache=tuple(as_nhd(t, call.cache.kv_layout) for t in result.cache))
+        written = result.cache if result.cache is not None else (call.cache.k_cache, call.cache.v_cache)
+        result = dataclasses.replace(result, cache=tuple(as_nhd(t, call.cache.kv_layout) for t in written))
     if not isinstance(result.out, torch.Tensor):
         raise BadOutput(f"out is a {type(result.out).__name__}, not a tensor")
     expected = tuple(inputs.dout.shape)

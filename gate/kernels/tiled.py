@@ -31,6 +31,7 @@ import torch
 
 from gate.attention.bias import reduce_to_bias_shape
 from gate.attention.inputs import dequantize
+from gate.attention.kvcache import as_nhd
 from gate.attention.masks import alibi_bias, allowed_mask
 from gate.attention.reference import AttnOptions
 from gate.core.cases import first_visible_key
@@ -126,7 +127,7 @@ class TileSteps:
 
     def cache_view(self, cache, kv_layout: str):
         """A decode cache tensor as (B or blocks, slots, Hkv, D): an HND one read through its strides."""
-        return cache.transpose(1, 2) if kv_layout == "HND" else cache
+        return as_nhd(cache, kv_layout)
 
     def combine(self, parts, sink):
         """Split-KV: the splits' (out, lse), each over its own keys, as one (out, lse): every split
