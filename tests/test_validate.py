@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from gate.commands.main import main
-from gate.workflow.check import BASELINES_DOC
+from gate.compare.admission import BASELINES_DOC
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -80,10 +80,10 @@ def refuse_results_of_another_config(
     refuse_foreign_rows(cases, sweep, path, "re-run the sweep with this config")
 
 
-def check_working_directory(config: Config, baselines_dir: str | Path | None = None) -> None:
+def check_working_directory(config: Config) -> None:
     """Run from another folder, `baselines/` (relative to the working directory) is not there and
     every check would say "no baseline": say where to run from instead."""
-    folder = Path(baselines_dir if baselines_dir is not None else config.baselines_dir)
+    folder = Path(config.baselines_dir)
     if folder.is_dir() or config.source != "defaults":
         return  # a configured project without baselines yet: "no baseline, create it with ..." is right
     raise UserError(

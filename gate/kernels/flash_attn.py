@@ -50,9 +50,8 @@ from gate.kernels.entries import (
 # installed signature, so a build that lost one raises instead of running without it.
 OPTIONS = ("softmax_scale", "causal", "window_size", "softcap")
 FA2_TAKES = Keywords.named(*OPTIONS, "deterministic", "alibi_slopes", "dropout_p", "return_attn_probs")
-FA2_KVCACHE_TAKES = Keywords.named(*OPTIONS, "return_softmax_lse")  # + alibi_slopes in ALiBi calls
+KVCACHE_TAKES = Keywords.named(*OPTIONS, "return_softmax_lse")  # FA2's and FA3's; + alibi_slopes in FA2 ALiBi calls
 FA3_TAKES = Keywords.named(*OPTIONS, "deterministic", "return_attn_probs")  # + q/k/v_descale in fp8 calls
-FA3_KVCACHE_TAKES = Keywords.named(*OPTIONS, "return_softmax_lse")
 FA4_TAKES = Keywords.named(*OPTIONS, "deterministic", "return_lse")  # + learnable_sink in sink calls
 FA4_DECODE_TAKES = Keywords.named(*OPTIONS, "return_lse")
 
@@ -162,7 +161,7 @@ class FA2Adapter(_FlashBase):
     def __call__(self, call: KernelCall) -> KernelOutput:
         mod = _import(self.module)
         if entry_kind(call) == "kvcache":  # flash_attn_with_kvcache appends the new k/v in place
-            return KVCacheEntryPoint(mod.flash_attn_with_kvcache, FA2_KVCACHE_TAKES)(call)
+            return KVCacheEntryPoint(mod.flash_attn_with_kvcache, KVCACHE_TAKES)(call)
         # FA2 draws dropout from torch's CUDA generator: seed it from the call (forked, so the
         # caller's RNG is untouched) so the same seed gives the same mask; the backward replays
         # the forward's saved Philox state.
@@ -267,7 +266,7 @@ class FA3Adapter(_FlashBase):
     def __call__(self, call: KernelCall) -> KernelOutput:
         mod = _import(self.module)
         if entry_kind(call) == "kvcache":  # FA3 names the block table page_table
-            return KVCacheEntryPoint(mod.flash_attn_with_kvcache, FA3_KVCACHE_TAKES, paged="page_table")(call)
+            return KVCacheEntryPoint(mod.flash_attn_with_kvcache, KVCACHE_TAKES, paged="page_table")(call)
         entry = self._entry(call, mod)
         try:
             return entry(call)

@@ -191,12 +191,13 @@ class FlexAdapter(KernelAdapter):
             from torch.nn.attention.flex_attention import create_block_mask
 
             size = block_size or self.block_size
-            build = create_block_mask if size is None else functools.partial(create_block_mask, BLOCK_SIZE=size)
+            build = create_block_mask
             if (batch or 1) * (heads or 1) * nq * nk > EAGER_BLOCK_MASK_MAX_ELEMENTS:
                 if self._compiled_block_mask is None:
                     self._compiled_block_mask = torch.compile(create_block_mask)
                 build = self._compiled_block_mask
-                build = build if size is None else functools.partial(build, BLOCK_SIZE=size)
+            if size is not None:
+                build = functools.partial(build, BLOCK_SIZE=size)
             if self.mask_margin and croppable:
                 big = build(mask_mod, batch, heads, nq + self.mask_margin, nk + self.mask_margin, device=device)
                 block_mask = self._block_masks[key] = big._adjust(nq, nk)

@@ -287,11 +287,6 @@ class DecodeRows:
     def group(self) -> int:
         return self.hq // self.hkv
 
-    @property
-    def heads(self) -> int:
-        """The heads of the row layout: the query heads, or the KV heads when packed."""
-        return self.hkv if self.packed else self.hq
-
     def positions(self, device) -> torch.Tensor:
         """The query token of each row (what the causal mask and the window read)."""
         rows = torch.arange(self.nq, device=device)

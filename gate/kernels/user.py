@@ -106,8 +106,8 @@ class UserAdapter(_Declared):
     ):
         self.name = spec
         self.description = f"user kernel {spec} (flash_attn_func convention)"
-        self.fn = fn if fn is not None else load_callable(spec)
-        self.entry = DenseEntryPoint(self.fn, Keywords.of(self.fn))
+        fn = fn if fn is not None else load_callable(spec)
+        self.entry = DenseEntryPoint(fn, Keywords.of(fn))
         self.backward = backward
         self.declared = declared
 
@@ -169,7 +169,7 @@ class VarlenEntry(_Declared):
     read from its signature."""
 
     def __init__(self, spec: str, fn, backward: bool = True, declared: Capabilities | None = None):
-        self.name, self.fn, self.backward, self.declared = spec, fn, backward, declared
+        self.name, self.backward, self.declared = spec, backward, declared
         self.entry = VarlenEntryPoint(fn, Keywords.of(fn))
         self.description = f"user kernel {spec} (flash_attn_varlen_func convention)"
 
@@ -229,7 +229,7 @@ class KVCacheEntry(_Declared):
     def __init__(
         self, spec: str, fn, declared: Capabilities | None = None, table: str = "[tool.attn-gate.kernels.NAME.supports]"
     ):
-        self.name, self.fn, self.declared, self.table = spec, fn, declared, table
+        self.name, self.declared, self.table = spec, declared, table
         self.entry = KVCacheEntryPoint(fn, Keywords.of(fn))
         self.description = f"user kernel {spec} (flash_attn_with_kvcache convention)"
 

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from gate.compare.admission import (
-    BASELINES_DOC,  # noqa: F401 - re-exported: the documentation every "no baseline" message names
     baseline_for_fresh_run,
     baseline_for_results,
     refuse_foreign_rows,

@@ -168,15 +168,15 @@ def timed_in(worker, target: PerfTarget, rounds: int | None = None) -> PerfResul
         return run_perf(target, measure, worker.info.version, rounds)
 
 
-def no_speed_section(result: PerfResult, kernel: str, suite: str) -> tuple[PerfJudgement, ...]:
+def no_speed_section(result: PerfResult) -> tuple[PerfJudgement, ...]:
     """Every timed pass INCONCLUSIVE when the baseline has no speed section to judge it by."""
     return tuple(
         PerfJudgement(
             case_id=c.case_id,
             pass_=p,
             severity=PerfSeverity.INCONCLUSIVE,
-            message=f"the baseline has no speed section: run `attn-gate baseline update --perf --kernel {kernel} "
-            f"--suite {suite}` on this GPU class and commit it",
+            message=f"the baseline has no speed section: run `attn-gate baseline update --perf --kernel {result.kernel} "
+            f"--suite {result.suite}` on this GPU class and commit it",
         )
         for c in result.cases
         if c.status is not Status.SKIP
@@ -189,7 +189,7 @@ def _judged_perf(plan: RunPlan, baseline_perf: dict[str, Any] | None, out_dir: P
     result = timed_in(worker, target)
     cfg = plan.perf_config
     if not baseline_perf:
-        judgements = no_speed_section(result, result.kernel, result.suite)
+        judgements = no_speed_section(result)
     else:
         judgements = judge_perf(result, baseline_perf, cfg, remeasure_with(target, worker.measure), only=plan.only)
     paths = {"perf": write_perf_outputs(result, out_dir)}
@@ -449,7 +449,7 @@ def file_perf_check(
     result = read_perf_files(paths)
     refuse_perf_of_another_run(result, kernel, suite, environment, baseline_class, ", ".join(map(str, paths)))
     if not baseline_perf:
-        judgements = no_speed_section(result, kernel, suite)
+        judgements = no_speed_section(result)
     else:
         judgements = tuple(map(unconfirmed_from_file, judge_perf(result, baseline_perf, config.perf, None, only=only)))
     md = "\n".join(
