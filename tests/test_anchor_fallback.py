@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gate.core.cases import Case
 from gate.core.config import PerfConfig, load_config
-from gate.kernels.registry import get_adapter
+from gate.kernels.registry import get_adapter, kernel_entry
 from gate.speed.rule import PerfSeverity
 from gate.speed.runs import (
     MATMUL,
@@ -62,7 +62,7 @@ def perf(tmp_path: Path, fallback: str = "matmul"):
     """tiled (which runs softcap) timed on the capped suite against the anchor that refuses it."""
     cfg = config(tmp_path, fallback)
     target = PerfTarget.of("tiled", cfg.suite("capped"), cfg.perf, "cpu", REFUSING_ANCHOR)
-    return cfg, run_perf_here(target, cfg)
+    return cfg, run_perf_here(target, kernel_entry("tiled", cfg).adapter())
 
 
 def test_a_case_the_anchor_refuses_gets_the_fallback_and_only_that_case():

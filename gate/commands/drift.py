@@ -13,7 +13,7 @@ from gate.commands.help_text import parser_kwargs
 from gate.core.config import load_config
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
 from gate.correctness.drift import default_config, run_drift, write_drift_outputs
-from gate.workflow.validate import check_device, check_kernel
+from gate.workflow.validate import check_device, checked_kernel
 
 
 def register(sub) -> None:
@@ -46,12 +46,9 @@ def main(args: argparse.Namespace) -> int:
         raise UserError(f"--dtype {args.dtype!r}: choose bf16, fp16 or fp32")
     config = load_config(args.config)
     kernel = args.kernel or config.profile(device).kernel
-    check_kernel(kernel, device, config=config)
+    entry, adapter = checked_kernel(kernel, device, config=config)
     cfg = default_config(device, steps=args.steps, dtype=args.dtype, seed=args.seed)
-    from gate.kernels.registry import kernel_entry
-
-    entry = kernel_entry(kernel, config)  # a kernel family of the config trains through its dense entry point
-    family = entry.adapter() if entry.family is not None else None
+    family = adapter if entry.family is not None else None  # a family trains through its dense entry point
     if family is not None and not family.capabilities().backward:
         raise UserError(
             f"--kernel {kernel}: a forward-only family (backward = false) cannot be trained; drift needs a backward"

@@ -46,7 +46,7 @@ def main(args: argparse.Namespace) -> int:
         check_kernel(args.anchor, device, "--anchor")
     result = run_perf_here(
         PerfTarget.of(target.kernel, config.suite(target.suite), config.perf, device, args.anchor, args.only),
-        config,
+        target.adapter,
         rounds=args.rounds,
         progress=lambda line: print(line, file=sys.stderr, flush=True),
     )

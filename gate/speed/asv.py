@@ -119,9 +119,11 @@ def bench_measure(settings: BenchSettings | None = None) -> dict[str, dict[str, 
     target = PerfTarget.of(
         kernel, config.suite(_profile_suite(settings, config)), config.perf, device, settings.anchor, settings.only
     )
+    from gate.kernels.registry import kernel_entry
+
     result = run_perf_here(
         target,
-        config,
+        kernel_entry(kernel, config).adapter(),
         rounds=settings.rounds,
         progress=lambda line: print(f"attn-gate bench: {line}", file=sys.stderr, flush=True),
     )

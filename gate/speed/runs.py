@@ -552,13 +552,9 @@ class PerfTarget:
         return self.scope.select(self.suite.perf_cases)
 
 
-def in_process_measure(kernel: str, families: Config, device: str) -> tuple[Callable, str]:
-    """A `measure` (case, anchor, plan) -> PerfCaseResult that times `kernel` in this process, and
-    the kernel's version. `families`: the Config whose [tool.attn-gate.kernels] may define it (else
-    a built-in or module:function)."""
-    from gate.kernels.registry import kernel_entry
-
-    adapter = kernel_entry(kernel, families).adapter()
+def in_process_measure(adapter, kernel: str, device: str) -> tuple[Callable, str]:
+    """A `measure` (case, anchor, plan) -> PerfCaseResult that times `kernel` (its adapter, as the
+    command resolved it) in this process, and the kernel's version."""
     missing = adapter.unavailable_reason()
     if missing:
         raise UserError(f"kernel {kernel!r} is unavailable here: {missing}")
@@ -623,12 +619,12 @@ def run_perf(
 
 def run_perf_here(
     target: PerfTarget,
-    families: Config,
+    adapter,
     rounds: int | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> PerfResult:
-    """run_perf with the kernel loaded and timed in this process (`attn-gate perf`, the asv benchmark)."""
-    measure, version = in_process_measure(target.kernel, families, target.device)
+    """run_perf with the kernel's adapter timed in this process (`attn-gate perf`, the asv benchmark)."""
+    measure, version = in_process_measure(adapter, target.kernel, target.device)
     return run_perf(target, measure, version, rounds, progress)
 
 
