@@ -497,12 +497,6 @@ def perf_cases_in(suite: Suite, only: str | None = None) -> tuple[Case, ...]:
     return Scope.of_only(only).select(suite.perf_cases)
 
 
-def select_perf_cases(suite_name: str, config: Config, only: str | None = None) -> tuple[Case, ...]:
-    """The suite's perf cases within --only; empty when there are none (the caller decides what
-    that means: `perf` refuses, `check` reports speed as not checked)."""
-    return perf_cases_in(config.suite(suite_name), only)
-
-
 def no_perf_case_reason(suite: Suite, only: str | None) -> str:
     if only is None or not perf_cases_in(suite):
         return f"suite {suite.name!r} has no perf cases; mark some with perf = [true] in its matrix"

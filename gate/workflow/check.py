@@ -182,9 +182,9 @@ class CaseVerdict:
     reason: str
 
 
-def case_verdicts(plan: RunPlan, baseline: Baseline, path: Path, sweep: SweepResult) -> dict[str, CaseVerdict]:
+def case_verdicts(plan: RunPlan, baseline: Baseline, sweep: SweepResult) -> dict[str, CaseVerdict]:
     """Each swept case's verdict under exactly the rules `check` applies (compare_all, decide)."""
-    check_comparable(baseline, sweep, path)
+    check_comparable(baseline, sweep, plan.baseline_path)
     findings, thresholds, _ = compare_all(baseline, sweep, plan.config, sweep.scope)
     verdict = decide(findings, thresholds)
     out = {}

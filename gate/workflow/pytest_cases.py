@@ -36,10 +36,8 @@ __all__ = ["GateRun", "UserError", "resolve"]
 
 @dataclass(frozen=True)
 class GateRun:
-    plan: RunPlan
-    baseline_path: Path
+    plan: RunPlan  # its baseline_path and baseline_option (--attn-gate-baseline as given) name the file
     baseline: Baseline
-    baseline_option: Path | None  # --attn-gate-baseline as given
 
     def run_case(self, case: Case) -> tuple[CaseVerdict, str]:
         """The case swept alone, isolated in the gate's worker, and the check's verdict on it; with
@@ -53,7 +51,7 @@ class GateRun:
         finally:
             if current is not None:
                 os.environ["PYTEST_CURRENT_TEST"] = current
-        verdict = case_verdicts(plan, self.baseline, self.baseline_path, sweep)[case.id]
+        verdict = case_verdicts(plan, self.baseline, sweep)[case.id]
         (row,) = sweep.cases
         return verdict, json.dumps({"row": row.to_dict(), "environment": sweep.environment, "notes": list(sweep.notes)})
 
@@ -78,7 +76,7 @@ class GateRun:
             results = Path(tmp) / f"sweep-{plan.suite.name}.json"
             sweep.write(results)
             out = outputs(out_dir, plan.config, Console(file=io.StringIO()))
-            saved_plan, source = saved_sweep(plan.config, results, baseline_file=self.baseline_option)
+            saved_plan, source = saved_sweep(plan.config, results, baseline_file=plan.baseline_option)
             return run_check(saved_plan, source, out)
 
 
@@ -91,8 +89,5 @@ def resolve(
         load_config(Path(config_file) if config_file else None), kernel, suite, device, baseline_file=option
     )
     return GateRun(
-        plan,
-        plan.baseline_path,
-        baseline_for_fresh_run(plan.key, plan.suite, plan.config, plan.baseline_path, plan.baseline_option),
-        option,
+        plan, baseline_for_fresh_run(plan.key, plan.suite, plan.config, plan.baseline_path, plan.baseline_option)
     )

@@ -46,7 +46,7 @@ from gate.correctness.planted import case_cost, host_of, mult_to_catch, planted_
 from gate.kernels.registry import kernel_entry
 from gate.report.selftest_report import selftest_markdown
 from gate.speed.planted import CPU_CYCLES_PER_MS, SlowedKernel, planted_cycles
-from gate.speed.runs import PerfResult, baseline_entry, case_anchor, judge_perf, measure_case, select_perf_cases
+from gate.speed.runs import PerfResult, baseline_entry, case_anchor, judge_perf, measure_case
 from gate.speed.timing import PASSES, TimingPlan, sleep_cycles_per_ms
 from gate.workflow.plan import RunPlan, resolve_plan
 from gate.workflow.speed_check import perf_thresholds
@@ -337,7 +337,7 @@ def run_slowdowns(
     repetition always runs. The case: the cheapest perf case, or the cheapest matching `case_pattern`."""
 
     cfg = run.config.perf
-    cases = select_perf_cases(run.suite, run.config)
+    cases = run.plan.suite.perf_cases
     if case_pattern is not None:  # checked by refuse_slowdown_case: it matches a perf case
         cases = [c for c in cases if re.search(case_pattern, c.id)]
     if not cases:
@@ -467,7 +467,7 @@ def refuse_slowdown_case(
         compiled = bounded_regex(pattern)
     except ValueError as exc:
         raise UserError(f"--slowdown-case {pattern[:200]!r} {exc}") from None
-    if not any(compiled.search(c.id) for c in select_perf_cases(suite, config)):
+    if not any(compiled.search(c.id) for c in config.suite(suite).perf_cases):
         raise UserError(
             f"--slowdown-case {pattern!r} matches no perf case of suite {suite!r} (`attn-gate suites --cases` "
             f"marks them [perf])"
