@@ -329,6 +329,10 @@ class Knobs:
     def forced(self) -> bool:
         return self != Knobs()
 
+    def options(self) -> dict[str, Any]:
+        """The knobs this case forces, by name (flash-attn's keywords); those at their default left out."""
+        return {name: value for name, value in asdict(self).items() if value != getattr(Knobs, name)}
+
     def id_parts(self) -> list[str]:
         """e.g. splits3, packgqa / nopackgqa, hnd; nothing at the defaults."""
         parts = [f"splits{self.num_splits}"] if self.num_splits else []

@@ -73,6 +73,9 @@ DEFAULT_REASONS: dict[Feature, str] = {
     Feature.HND_CACHE: "no HND cache layout: the kernel exposes no kv_layout knob (it reads NHD caches only)",
 }
 
+# Each knob (gate/core/cases.py Knobs, by its field and keyword name) and the feature that exposes it.
+KNOB_FEATURES = {"num_splits": Feature.NUM_SPLITS, "pack_gqa": Feature.PACK_GQA, "kv_layout": Feature.HND_CACHE}
+
 # A knob's envelope key says what the kernel takes (its SKIP reason says what it lacks). Knobs are
 # never assumed: a kernel exposes them, a user's kernel family by declaring them true.
 KNOB_MEANINGS: dict[Feature, str] = {

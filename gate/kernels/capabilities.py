@@ -14,7 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gate.core.cases import BIAS_KINDS, DTYPES, LAYOUTS, Case
-from gate.core.envelope import DEFAULT_REASONS, DEVICES, SUPPORTS_KEYS, Feature, describe_dims, dims_allow
+from gate.core.envelope import (
+    DEFAULT_REASONS,
+    DEVICES,
+    KNOB_FEATURES,
+    SUPPORTS_KEYS,
+    Feature,
+    describe_dims,
+    dims_allow,
+)
 
 __all__ = ["ASSUMED", "DEFAULT_REASONS", "Capabilities", "Feature", "feature_set"]
 
@@ -169,13 +177,12 @@ class Capabilities:
         hd, hdv = case.head_dim, case.head_dim_v
         dims_v = self.head_dims_v if self.head_dims_v is not None else self.head_dims
         lengths = case_lengths(case)
+        forced = case.knobs.options()
         return [
             (device in self.devices, f"runs on {'/'.join(self.devices)}, not {device}", "devices"),
             self._needs(Feature.KVCACHE, decode),
             # a knob the case forces and the kernel does not expose: said before anything else it lacks
-            self._needs(Feature.NUM_SPLITS, bool(case.knobs.num_splits)),
-            self._needs(Feature.PACK_GQA, case.knobs.pack_gqa is not None),
-            self._needs(Feature.HND_CACHE, case.knobs.kv_layout == "HND"),
+            *(self._needs(feature, name in forced) for name, feature in KNOB_FEATURES.items()),
             self._needs(Feature.PAGED, bool(page)),
             (
                 not page or page % self.page_size_multiple == 0,

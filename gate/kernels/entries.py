@@ -91,15 +91,7 @@ def knob_options(call: KernelCall) -> dict:
     kv_layout="HND" for a cache laid out so; a knob at its default is left out (the kernel chooses).
     Passed whenever forced, as ALiBi slopes are: capabilities() skipped the case for an entry that
     does not expose the knob."""
-    k = call.knobs
-    kwargs: dict = {}
-    if k.num_splits:
-        kwargs["num_splits"] = k.num_splits
-    if k.pack_gqa is not None:
-        kwargs["pack_gqa"] = k.pack_gqa
-    if k.kv_layout != "NHD":
-        kwargs["kv_layout"] = k.kv_layout
-    return kwargs
+    return call.knobs.options()
 
 
 def split_result(result) -> KernelOutput:

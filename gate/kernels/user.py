@@ -38,6 +38,7 @@ import sys
 from pathlib import Path
 
 from gate.attention.bias import as_additive
+from gate.core.envelope import KNOB_FEATURES
 from gate.core.errors import UserError
 from gate.kernels.base import Capabilities, KernelAdapter, KernelCall, KernelOutput, entry_kind, per_sequence
 from gate.kernels.capabilities import DEFAULT_REASONS, Feature, feature_set
@@ -199,10 +200,6 @@ class VarlenEntry(_Declared):
         return self.entry(call)
 
 
-# A kvcache entry point's knobs (gate/core/cases.py KNOBS) and the keyword each arrives in.
-KNOB_KEYWORDS = {Feature.NUM_SPLITS: "num_splits", Feature.PACK_GQA: "pack_gqa", Feature.HND_CACHE: "kv_layout"}
-
-
 def knob_features(takes: Keywords, declared: Capabilities | None, table: str) -> tuple[dict, dict]:
     """(feature flags, reasons) of a user kvcache entry's knobs: a knob is exposed only where the
     family declares it true in its `supports` table (never inferred: a keyword's name says nothing
@@ -210,7 +207,7 @@ def knob_features(takes: Keywords, declared: Capabilities | None, table: str) ->
     narrowed_by says the declaration claims what the signature lacks)."""
     said = declared.declared if declared is not None else {}
     flags, reasons = {}, {}
-    for feature, keyword in KNOB_KEYWORDS.items():
+    for keyword, feature in KNOB_FEATURES.items():  # a knob arrives in the keyword of its name
         flags[feature.value] = said.get(feature.value) is True and takes.takes(keyword)
         if said.get(feature.value) is not True:
             reasons[feature] = (
