@@ -30,7 +30,7 @@ from gate.core.config import load_config
 from gate.core.environment import default_device, host_id
 from gate.kernels.registry import kernel_entry
 from gate.speed.planted import CPU_CYCLES_PER_MS, RepeatedKernel, SlowedKernel, planted_cycles
-from gate.speed.runs import PerfResult, baseline_entry, case_anchor, judge_perf, measure_case, select_perf_cases
+from gate.speed.runs import PerfResult, baseline_entry, case_anchor, judge_perf, measure_case
 from gate.speed.timing import PASSES, TimingPlan, sleep_cycles_per_ms
 
 
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = config.perf
     device = args.device or default_device()
     adapter = kernel_entry(args.kernel, config).adapter()
-    cases = [c for c in select_perf_cases(args.suite, config) if args.case is None or re.search(args.case, c.id)]
+    cases = [c for c in config.suite(args.suite).perf_cases if args.case is None or re.search(args.case, c.id)]
     if not cases:
         print(f"no perf case of {args.suite!r} matches {args.case!r}", file=sys.stderr)
         return 2
