@@ -550,7 +550,7 @@ def test_suites_lists_timing_only_cases(capsys):
 
     assert main(["suites", "--cases", "--config", str(ROOT / "pyproject.toml")]) == 0
     out = capsys.readouterr().out
-    assert "pr          459 cases (36 timing, 2 of them timing only)" in out
+    assert "pr          516 cases (37 timing, 3 of them timing only)" in out
     assert "    bf16-b64-h32/8-s1x8192-d128-causal-kv  [perf only]" in out
 
 
