@@ -124,13 +124,12 @@ def test_has_fully_masked_rows(case, expected):
     assert case.has_fully_masked_rows is expected
 
 
-@pytest.mark.parametrize(
-    ("backend", "skipped"), [("efficient", True), ("cudnn", True), ("flash", False), ("math", False)]
-)
-def test_sdpa_declares_nonzero_fully_masked_rows(backend, skipped):
+@pytest.mark.parametrize("backend", ["efficient", "cudnn", "flash", "math"])
+def test_sdpa_runs_fully_masked_rows(backend):
+    """A SKIP is for a call the kernel refuses: the rows mem-efficient and cuDNN get wrong run, and
+    the worked configuration's known_failures name them."""
     from gate.kernels.sdpa import SdpaAdapter
 
     caps = SdpaAdapter(backend).capabilities()
-    reason = caps.unsupported_reason(_case(150, 90, causal=True), "cuda")
-    assert (reason is not None and "fully masked rows" in reason and "nonzero" in reason) is skipped
+    assert caps.unsupported_reason(_case(150, 90, causal=True), "cuda") is None
     assert caps.unsupported_reason(_case(90, 150, causal=True), "cuda") is None
