@@ -291,9 +291,9 @@ def test_kernels_without_a_bias_skip_with_the_reason(in_repo_root):
     # rows emptied through attn_mask and through causal_lower_right both run (wrong answers are KNOWN, not SKIP)
     assert get_adapter("sdpa-efficient").capabilities().unsupported_reason(case(bias="bool_empty_rows"), "cuda") is None
     assert (
-        get_adapter("sdpa-efficient").capabilities().unsupported_reason(
-            case(seqlen_q=47, seqlen_k=33, causal=True), "cuda"
-        )
+        get_adapter("sdpa-efficient")
+        .capabilities()
+        .unsupported_reason(case(seqlen_q=47, seqlen_k=33, causal=True), "cuda")
         is None
     )
 
