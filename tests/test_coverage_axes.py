@@ -365,11 +365,12 @@ def test_tiers_have_their_sizes_and_every_axis():
     pr, nightly = load_suite("pr"), load_suite("nightly")
     assert len(pr.cases) >= 300 and len(pr.perf_cases) >= 24
     layouts = {"contiguous", "k_sliced", "qkv_packed", "bhsd_view", "dout_noncontig"}
-    assert {c.layout for c in pr.cases} == layouts
-    assert {c.layout for c in nightly.cases} == layouts | {
-        "kv_stride0",
-        "far_rows",
-    }  # the round-2 layouts: nightly only
+    assert {c.layout for c in pr.cases} == layouts | {"kv_stride0"}  # pr's one: the stride-0 x mask x d512 crossing
+    stride0 = [c for c in pr.cases if c.layout == "kv_stride0"]
+    assert {c.head_dim for c in stride0} == {256, 512} and all(
+        c.seqlen_k % 32 == 1 and c.bias.kind == "bool_mask" for c in stride0
+    )
+    assert {c.layout for c in nightly.cases} == layouts | {"kv_stride0", "far_rows"}  # the round-2 layouts
     for suite in (pr, nightly):
         assert {c.inputs for c in suite.cases} == {"normal", "large", "shifted", "outliers"}
         assert any(c.entry.varlen_k for c in suite.cases)
