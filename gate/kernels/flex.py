@@ -72,7 +72,9 @@ def block_options(block_size: tuple[int, int], dtype: torch.dtype) -> dict:
     backward, whose tiles must also divide one another: BLOCK_N1 % BLOCK_M1, BLOCK_M2 % BLOCK_N2). Only a
     block under 128 changes anything: its forward tile drops to 32 (at most the default everywhere, so it
     fits in shared memory), and the backward's four tiles become one size; fp32's backward tiles are 16
-    already. Unprefixed BLOCK_M / BLOCK_N reach the forward and the decoding kernel alike."""
+    already. Unprefixed BLOCK_M / BLOCK_N reach the forward and the decoding kernel alike. On SM90 at
+    head dims 64-128 the backward still finds no config for a key block under 128: the lowering filters
+    its configs by their own tiles before these options apply (the ERROR row says so)."""
     q_block, kv_block = block_size
     options: dict = {}
     if q_block % 128:
