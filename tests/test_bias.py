@@ -81,7 +81,7 @@ def test_matrix_axes_expand_and_bad_values_name_the_suite():
 
 def test_shipped_suites_carry_every_kind():
     pr, smoke, nightly = (load_suite(n) for n in ("pr", "smoke", "nightly"))
-    assert {c.bias.kind for c in pr.cases} == set(BIAS_KINDS) - set(AWAITING_PR_BLOCKS)
+    assert {c.bias.kind for c in pr.cases} == set(BIAS_KINDS)
     assert {c.bias.kind for c in smoke.cases} == set(BIAS_KINDS)
     assert any(c.bias.grad for c in pr.cases) and any(c.bias.dtype == "fp32" for c in pr.cases)
     assert any(c.has_bias and 1088 in (c.seqlen_q, c.seqlen_k) for c in pr.cases)  # a tile edge (17 x 64)
@@ -91,11 +91,6 @@ def test_shipped_suites_carry_every_kind():
         c.has_bias and c.heads_kv == 1 for c in nightly.cases
     )
     assert max(c.seqlen_q * c.seqlen_k for c in smoke.cases if c.has_bias) <= 130 * 130
-
-
-# Kinds in smoke but not yet in pr: pr's blocks for them change its suite hash, and the committed
-# H200 pr baselines must be re-recorded with them (the test above fails once they are added).
-AWAITING_PR_BLOCKS = ()
 
 
 # ---------------------------------------------------------------- the tensors

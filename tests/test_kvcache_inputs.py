@@ -1,5 +1,5 @@
-"""The decode caches' values: every baseline (baselines/cpu, baselines/h200) was measured on these
-exact inputs, so a faster way to build them (gate/attention/kvcache.py builds them in place) must
+"""The decode caches' values: every committed baseline was measured on these exact
+inputs, so a faster way to build them (gate/attention/kvcache.py builds them in place) must
 draw the same numbers in the same order. The digests were taken from the builder before it was
 rewritten in place; a change to any value (a garbage slot, the page padding, the spare blocks, the
 shuffle, an appended token) changes its digest. Those digests are torch's CPU generator's numbers,

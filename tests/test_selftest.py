@@ -384,8 +384,8 @@ def test_shipped_suites_exercise_every_bug_whose_axis_exists(kernel, suite, devi
         if not b.trigger.pending
         and not exercising_cases(b, cases, adapter if host_of(b, adapter) == "kernel" else TiledAdapter(), device)
     ]
-    # pr's blocks for these wait for an H200 to re-record its baselines (they pin the suite hash);
-    # smoke exercises them on a CPU. Stale either way, this fails: a pr block added, or a bug missing.
+    # pr has no case for these (smoke exercises them on a CPU). Stale either way, this fails: a pr
+    # block added for one, or another bug without a pr case.
     assert set(missing) == (AWAITING_PR_BLOCKS if suite == "pr" else set())
 
 
