@@ -82,8 +82,8 @@ class Capabilities:
     dropout_keep_levels: int = 0
     sink_grad: bool = True  # with sinks: its backward returns dsink (False: dsink not judged, and the row says so)
     backward: bool = True  # False: a forward-only (inference) kernel, judged on out and LSE
-    # Rows emptied by a custom bias/mask are fine even where FULLY_MASKED_ROWS is refused
-    # (SDPA efficient/cuDNN: 0 under an additive -inf mask, nonzero only via causal_lower_right).
+    # Rows emptied by a custom bias/mask are fine even where FULLY_MASKED_ROWS is refused (a kernel
+    # that gives 0 under an additive -inf mask and refuses only its own causal alignment's empty rows).
     fully_masked_rows_ok_with_bias: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
     # --- a declared envelope: `declared_in` names its table (this Capabilities IS a declaration:
