@@ -306,6 +306,8 @@ def test_ctrl_c_journals_no_case_in_flight_and_the_printed_resume_reaches_the_sa
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # as a terminal's Ctrl-C finds it: a test run started in the background inherits SIGINT ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert wait_for(lambda: journal.is_file() and len(journal.read_text().splitlines()) >= 2, 120)
     gate.send_signal(signal.SIGINT)
