@@ -158,7 +158,7 @@ def test_perf_files_timed_on_several_hosts_merge_with_the_host_unknown(tmp_path)
 
 
 def test_the_reports_rule_sentence_names_the_cross_host_limit_only_where_it_widens():
-    from gate.workflow.speed_check import rule_sentence
+    from gate.report.speed_report import rule_sentence
 
     assert "+8% where the baseline's ratio was timed on another host" in rule_sentence(PerfConfig(), "cuda")
     assert "another host" not in rule_sentence(PerfConfig(), "cpu")  # 25% already covers it

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from gate.core.config import PerfConfig
 from gate.core.jsonio import save_figure_atomic
 from gate.report import terminal_console
 from gate.speed.rule import PerfJudgement
@@ -95,6 +96,45 @@ def perf_markdown(result: PerfResult) -> str:
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in perf_rows(result)]
     return "\n".join(lines) + "\n"
+
+
+def rule_sentence(cfg: PerfConfig, device: str) -> str:
+    """The speed rule with this run's numbers, for the report."""
+    limit = cfg.regression_pct_for(device)
+    cross = (
+        f" (+{cfg.cross_host_regression_pct:g}% where the baseline's ratio was timed on another host or an unknown one)"
+    )
+    return (
+        f"Each change of a ratio against the baseline comes with its {(1 - cfg.alpha) * 100:g}% confidence interval "
+        f"(Hodges-Lehmann, Mann-Whitney): FAIL when the whole interval is above +{limit:g}%"
+        f"{' (cpu_regression_pct: timed on a CPU)' if device != 'cuda' else ''}"
+        f"{cross if cfg.cross_host_regression_pct > limit else ''}, OK when it is at or below, "
+        f"INCONCLUSIVE (fails closed) when it straddles or when there are too few rounds; WARN when the whole "
+        f"interval is faster than -{cfg.improvement_pct:g}%."
+    )
+
+
+def speed_section(result: PerfResult, cfg: PerfConfig, device: str, from_files: int = 0) -> str:
+    """The check report's speed section: the rule with this run's numbers, then the timings.
+    `from_files`: the timings were read from that many perf files (no confirm re-run is possible)."""
+    if from_files:
+        title = f"### Speed: `{result.kernel}` against anchor `{result.anchor}`, timings from {from_files} perf file(s)"
+        rerun = " A file cannot be re-measured, so a FAIL from it is INCONCLUSIVE (fails closed) until a fresh check confirms it."
+    else:
+        title = (
+            f"### Speed: `{result.kernel}` against anchor `{result.anchor}` "
+            "(speed ratio = kernel time / anchor time; lower is faster)"
+        )
+        rerun = (
+            f" A FAIL or a straddle is re-measured with {cfg.confirm_rounds} rounds, "
+            "and that re-run decides (a FAIL must be confirmed by it)."
+        )
+    return "\n".join(["", title, "", rule_sentence(cfg, device) + rerun, "", perf_markdown(result)])
+
+
+def not_timed_section(why: str) -> str:
+    """The speed section of a check that timed nothing."""
+    return f"\n### Speed\n\nNot timed: {why}.\n"
 
 
 def plot_speed_ratios(judgements: tuple[PerfJudgement, ...], title: str, path: Path) -> Path:

@@ -36,7 +36,7 @@ from gate.core.files import safe_name
 from gate.core.identity import Environment, Scope
 from gate.core.results import Status, SweepResult
 from gate.core.warn import warn
-from gate.report.speed_report import perf_markdown, plot_speed_ratios
+from gate.report.speed_report import not_timed_section, plot_speed_ratios, speed_section
 from gate.speed.rule import PASSES, PerfJudgement, PerfSeverity
 from gate.speed.runs import (
     PerfResult,
@@ -201,34 +201,8 @@ def _judged_perf(plan: RunPlan, baseline_perf: dict[str, Any] | None, out_dir: P
         )
     except Exception as exc:  # an artifact, not the verdict
         warn(f"the speed plot was not drawn ({type(exc).__name__}: {exc})")
-    md = "\n".join(
-        [
-            "",
-            f"### Speed: `{result.kernel}` against anchor `{result.anchor}` (speed ratio = kernel time / anchor time; lower is faster)",
-            "",
-            rule_sentence(cfg, plan.device) + f" A FAIL or a straddle is re-measured with {cfg.confirm_rounds} rounds, "
-            f"and that re-run decides (a FAIL must be confirmed by it).",
-            "",
-            perf_markdown(result),
-        ]
-    )
+    md = speed_section(result, cfg, plan.device)
     return PerfCheck(result, judgements, perf_findings(judgements), perf_thresholds(cfg), paths, md)
-
-
-def rule_sentence(cfg: PerfConfig, device: str) -> str:
-    """The speed rule with this run's numbers, for the report."""
-    limit = cfg.regression_pct_for(device)
-    cross = (
-        f" (+{cfg.cross_host_regression_pct:g}% where the baseline's ratio was timed on another host or an unknown one)"
-    )
-    return (
-        f"Each change of a ratio against the baseline comes with its {(1 - cfg.alpha) * 100:g}% confidence interval "
-        f"(Hodges-Lehmann, Mann-Whitney): FAIL when the whole interval is above +{limit:g}%"
-        f"{' (cpu_regression_pct: timed on a CPU)' if device != 'cuda' else ''}"
-        f"{cross if cfg.cross_host_regression_pct > limit else ''}, OK when it is at or below, "
-        f"INCONCLUSIVE (fails closed) when it straddles or when there are too few rounds; WARN when the whole "
-        f"interval is faster than -{cfg.improvement_pct:g}%."
-    )
 
 
 def refuse_noisy(section: dict[str, Any], config: PerfConfig, accept_noisy: bool, where: str) -> dict[str, Any]:
@@ -262,7 +236,7 @@ def no_perf_case_check(plan: RunPlan, baseline_perf: dict[str, Any] | None) -> P
     findings = perf_findings(judgements) or [
         not_checked(f"speed not checked: no perf case in scope ({why})", Severity.INFO)
     ]
-    md = f"\n### Speed\n\nNot timed: {why}.\n"
+    md = not_timed_section(why)
     return PerfCheck(None, judgements, findings, perf_thresholds(plan.perf_config), {}, md)
 
 
@@ -452,18 +426,7 @@ def file_perf_check(
         judgements = no_speed_section(result)
     else:
         judgements = tuple(map(unconfirmed_from_file, judge_perf(result, baseline_perf, config.perf, None, only=only)))
-    md = "\n".join(
-        [
-            "",
-            f"### Speed: `{kernel}` against anchor `{result.anchor}`, timings from {len(paths)} perf file(s)",
-            "",
-            rule_sentence(config.perf, result.device)
-            + " A file cannot be re-measured, so a FAIL from it is INCONCLUSIVE "
-            "(fails closed) until a fresh check confirms it.",
-            "",
-            perf_markdown(result),
-        ]
-    )
+    md = speed_section(result, config.perf, result.device, from_files=len(paths))
     paths_out = {"perf": write_perf_outputs(result, out_dir)}  # the merged timings, beside the verdict
     return PerfCheck(result, judgements, perf_findings(judgements), perf_thresholds(config.perf), paths_out, md)
 
