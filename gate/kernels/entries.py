@@ -82,16 +82,10 @@ def call_options(call: KernelCall, takes: Keywords, lse_flag: str, window: Calla
         kwargs.update(zip(DESCALE_KEYWORDS, call.descale))
     if call.sink is not None:
         kwargs["learnable_sink"] = call.sink
-    kwargs.update(knob_options(call))
+    # forced knobs only, passed as ALiBi slopes are: capabilities() skipped the case for an entry
+    # that does not expose the knob
+    kwargs.update(call.knobs.options())
     return kwargs
-
-
-def knob_options(call: KernelCall) -> dict:
-    """The knobs a case forces, under flash-attn's keyword names (num_splits, pack_gqa) and
-    kv_layout="HND" for a cache laid out so; a knob at its default is left out (the kernel chooses).
-    Passed whenever forced, as ALiBi slopes are: capabilities() skipped the case for an entry that
-    does not expose the knob."""
-    return call.knobs.options()
 
 
 def split_result(result) -> KernelOutput:

@@ -163,7 +163,7 @@ class _TiledAttention(torch.autograd.Function):
         lse = torch.empty(b, hq, nq, dtype=torch.float32, device=q.device)
         for r0 in range(0, nq, TILE):
             rows = torch.arange(r0, min(nq, r0 + TILE), device=q.device)
-            m, l = _softmax_start(b, hq, len(rows), sink, q.device)
+            m, l = _softmax_start((b, hq, len(rows), 1), None if sink is None else sink.view(1, hq, 1, 1), q.device)
             acc = torch.zeros(b, hq, len(rows), v.shape[-1], device=q.device)
             for c0 in steps.key_tiles(nk):
                 cols = slice(c0, min(nk, c0 + TILE))
@@ -175,9 +175,7 @@ class _TiledAttention(torch.autograd.Function):
                     p = p * keep[:, :, rows][:, :, :, cols] * rescale
                 acc = alpha * acc + p @ vf[:, :, cols]
                 m = m_new
-            empty = l == 0
-            out[:, :, rows] = torch.where(empty, torch.zeros_like(acc), acc / torch.where(empty, torch.ones_like(l), l))
-            lse[:, :, rows] = torch.where(empty, torch.full_like(l, float("-inf")), m + torch.log(l)).squeeze(-1)
+            out[:, :, rows], lse[:, :, rows] = _softmax_finish(acc, m, l)
         out_t = out.transpose(1, 2).to(q.dtype)
         keep = steps.backward_keep(keep)
         ctx.save_for_backward(
@@ -263,13 +261,22 @@ def tiled_attention(q, k, v, opts: AttnOptions, keep=None, sink=None, bias=None,
     return _TiledAttention.apply(q, k, v, opts, keep, sink, bias, steps)
 
 
-def _softmax_start(b: int, hq: int, rows: int, sink, device):
-    """(running max, running sum) before the first key tile: -inf and 0, or the sink and 1."""
+def _softmax_start(shape: tuple[int, ...], sink, device):
+    """(running max, running sum) of rows `shape` (b, heads, rows, 1) before the first key tile: -inf
+    and 0, or each row's sink logit (`sink` broadcast to `shape`) and 1."""
     if sink is None:
-        m = torch.full((b, hq, rows, 1), float("-inf"), device=device)
+        m = torch.full(shape, float("-inf"), device=device)
         return m, torch.zeros_like(m)
-    m = sink.float().view(1, hq, 1, 1).expand(b, hq, rows, 1).clone()
+    m = sink.float().expand(shape).clone()
     return m, torch.ones_like(m)
+
+
+def _softmax_finish(acc, m, l):
+    """(out, lse) of rows whose every key tile is in: acc / l, and out 0 with LSE -inf where no key
+    was allowed."""
+    empty = l == 0
+    out = torch.where(empty, torch.zeros_like(acc), acc / torch.where(empty, torch.ones_like(l), l))
+    return out, torch.where(empty, torch.full_like(l, float("-inf")), m + torch.log(l)).squeeze(-1)
 
 
 @dataclass(frozen=True)
@@ -365,11 +372,7 @@ def _attend_keys(qf, k_cache, v_cache, call: KernelCall, b: int, span, nk: int, 
     score_opts = opts
     if layout.packed and opts.alibi_slopes is not None:  # per row, added below: the heads are KV heads
         score_opts = dataclasses.replace(opts, alibi_slopes=None)
-    if sink is None:
-        m = torch.full((1, heads, nrows, 1), float("-inf"), device=qf.device)
-        l = torch.zeros_like(m)
-    else:
-        m, l = sink.clone(), torch.ones_like(sink)
+    m, l = _softmax_start((1, heads, nrows, 1), sink, qf.device)
     acc = torch.zeros(1, heads, nrows, v_cache.shape[-1], device=qf.device)
     for c0 in range(span[0], span[1], TILE):
         cols = slice(c0, min(span[1], c0 + TILE))
@@ -386,9 +389,7 @@ def _attend_keys(qf, k_cache, v_cache, call: KernelCall, b: int, span, nk: int, 
         l = alpha * l + p.sum(dim=-1, keepdim=True)
         acc = alpha * acc + p @ vf
         m = m_new
-    empty = l == 0
-    out = torch.where(empty, torch.zeros_like(acc), acc / torch.where(empty, torch.ones_like(l), l))
-    return out, torch.where(empty, torch.full_like(l, float("-inf")), m + torch.log(l)).squeeze(-1)
+    return _softmax_finish(acc, m, l)
 
 
 def _packed_alibi(steps: TileSteps, slopes, layout: DecodeRows, rows, cols: slice, nk: int) -> torch.Tensor:
