@@ -16,6 +16,7 @@ import torch
 from gate.attention.inputs import make_inputs
 from gate.core.cases import Case
 from gate.correctness.run_case import leaf_call
+from gate.kernels.capabilities import Feature
 from gate.kernels.flash_attn import FA2Adapter, FA3Adapter, FA4Adapter, FA4RawWindowAdapter
 
 # --- the libraries' signatures (flash-attn 2.8 flash_attn_interface.py, FA3 hopper/flash_attn_interface.py,
@@ -822,3 +823,23 @@ def test_which_flash_generation_exposes_which_knob(monkeypatch):
     install(monkeypatch, "flash_attn.cute", flash_attn_varlen_func=fa4_varlen_without_knobs, flash_attn_func=fa4_dense)
     assert FA4Adapter().capabilities().unsupported_reason(splits, "cuda").startswith("no num_splits knob")
     assert FA4Adapter().capabilities().unsupported_reason(packed, "cuda").startswith("no pack_gqa knob")
+
+
+def test_fa4_judges_dsink_where_its_backward_takes_the_sink(monkeypatch):
+    """FA4 builds whose interface backward takes learnable_sink return dsink (it is judged); a build
+    without it, or one whose interface does not import, is judged without dsink."""
+
+    def fa4_dense_with_sink(q, k, v, softmax_scale=None, causal=False, learnable_sink=None, return_lse=False): ...
+
+    def bwd_with_sink(q, k, v, out, dout, lse, softmax_scale, causal, dlse=None, learnable_sink=None): ...
+
+    def bwd_without_sink(q, k, v, out, dout, lse, softmax_scale, causal, dlse=None): ...
+
+    install(monkeypatch, "flash_attn.cute", flash_attn_func=fa4_dense_with_sink)
+    assert not FA4Adapter().capabilities().sink_grad  # no flash_attn.cute.interface
+    for bwd, judged in ((bwd_with_sink, True), (bwd_without_sink, False)):
+        interface = ModuleType("flash_attn.cute.interface")
+        interface._flash_attn_bwd = bwd
+        monkeypatch.setitem(sys.modules, "flash_attn.cute.interface", interface)
+        caps = FA4Adapter().capabilities()
+        assert caps.supports(Feature.SINKS) and caps.sink_grad is judged

@@ -296,6 +296,15 @@ class FA4Adapter(_FlashBase):
         except Exception:
             return False
 
+    def _sink_grad(self) -> bool:
+        """Whether this build's backward computes dsink (earlier builds' backward had no sink)."""
+
+        try:
+            bwd = importlib.import_module(f"{self.module}.interface")._flash_attn_bwd
+            return "learnable_sink" in inspect.signature(bwd).parameters
+        except Exception:
+            return False
+
     def capabilities(self) -> Capabilities:
         # decode through flash_attn_varlen_func(page_table=, seqused_k=) and learnable
         # sinks, each only where this build's signature has it.
@@ -326,9 +335,8 @@ class FA4Adapter(_FlashBase):
             },
             deterministic_mode=True,
             returns_lse=True,
-            # not seen on a GPU yet whether its backward returns the sink's gradient:
-            # dsink is not judged (the row says so) until it has been
-            sink_grad=False,
+            # builds whose backward takes the sink return its gradient (4.0.0b36 on SM90 and SM100)
+            sink_grad=self._sink_grad(),
             notes=(
                 "decode: flash_attn_varlen_func with seqused_k (and page_table); the new k/v are "
                 "written into the cache by the adapter (FA4 has no append)",
