@@ -40,6 +40,8 @@ the smallest realistic change to it, silent on the cases that lack its axis:
                               (one factor read for a per-head tensor of them)
   offsets_int32               q, k, v rows addressed with 32-bit element offsets: a row at or past
                               2**31 elements is read 2**31 earlier
+  batch_offsets_int32         the batch element's offset (b x batch stride) in 32 bits, the rows
+                              within it in 64: an element starting past 2**31 is read 2**31 earlier
 """
 
 from __future__ import annotations
@@ -190,6 +192,20 @@ def _int32_rows(t):
     return t + (torch.stack(rows).view(t.shape) - base)
 
 
+def _int32_batches(t):
+    """`t` (B, N, H, D) read as a kernel that computes each batch element's start in 32 bits (and
+    the offsets inside it in 64) reads it: an element starting at or past 2**31 elements is read
+    2**31 elements earlier. A packed varlen tensor has no batch dim: read as given."""
+    if t.dim() != 4 or t.storage_offset() + (t.shape[0] - 1) * t.stride(0) < INT32_WRAP:
+        return t
+    base = t.detach()
+    elements = [
+        torch.as_strided(base, t.shape[1:], t.stride()[1:], (t.storage_offset() + i * t.stride(0)) % INT32_WRAP)
+        for i in range(t.shape[0])
+    ]
+    return t + (torch.stack(elements) - base)
+
+
 def _dequantize(t, descale, bug):
     """fp8 (B, N, H, D) times its (B, Hkv) descale (query heads take their KV head's), in bf16:
     exact, so the rest of the kernel runs as for a bf16 input and returns bf16."""
@@ -224,6 +240,8 @@ def _kernel(bug: str | None):
             q, k, v = (_dequantize(t, s, (bug,)) for t, s in ((q, q_descale), (k, k_descale), (v, v_descale)))
         if bug == "offsets_int32":
             q, k, v = (_int32_rows(t) for t in (q, k, v))
+        if bug == "batch_offsets_int32":
+            q, k, v = (_int32_batches(t) for t in (q, k, v))
         bugs = (bug,) if bug else ()
         out, lse = _attn(
             q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, bugs, attn_bias, learnable_sink
@@ -258,6 +276,7 @@ BUGS = (
     "ignores_descale",
     "descale_of_first_head",
     "offsets_int32",
+    "batch_offsets_int32",
 )
 correct = _kernel(None)
 assumes_contiguous = _kernel("assumes_contiguous")
@@ -276,6 +295,7 @@ alibi_causal_only = _kernel("alibi_causal_only")
 pack_gqa_decode_wrong = _kernel("pack_gqa_decode_wrong")
 lse_bias_1e_3 = _kernel("lse_bias_1e_3")
 offsets_int32 = _kernel("offsets_int32")
+batch_offsets_int32 = _kernel("batch_offsets_int32")
 # not a bug: Q K^T added up as Hopper's fp8 tensor cores do (13 fraction bits), as FA3's fp8 forward is
 fp22_scores = _kernel("fp22_scores")
 ignores_descale = _kernel("ignores_descale")

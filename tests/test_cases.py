@@ -226,7 +226,7 @@ READABLE_ID = re.compile(
     r"^(bf16|fp16|fp32|e4m3|e5m2)-b\d+-h\d+(/\d+)?-s\d+(x\d+)?-d\d+(/\d+)?(-causal)?(-win-?\d+\.-?\d+)?"
     r"(-cap[\d.e+-]+)?(-alibi)?(-drop[\d.e+-]+)?(-varlen[\d.]+(x[\d.]+)?)?"
     r"(-kv[\d.]*)?(-append)?(-page\d+)?(-shuffled)?(-sinks)?(-nanleft)?(-splits\d+)?(-(no)?packgqa)?(-hnd)?"
-    r"(-(k_sliced|qkv_packed|bhsd_view|dout_noncontig|kv_stride0|far_rows))?(-(large|shifted|outliers))?"  # layout, inputs
+    r"(-(k_sliced|qkv_packed|bhsd_view|dout_noncontig|kv_stride0|far_rows|far_batch))?(-(large|shifted|outliers))?"  # layout, inputs
     r"(-bias\.[a-z_1]+(\.fp32)?(\.grad)?)?$"
 )
 

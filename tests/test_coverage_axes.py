@@ -58,6 +58,8 @@ PLANTED = {
     "ignores_descale": (r"^e(4m3|5m2)-", "bf16-b2-h4/1-s97x257-d64-causal"),
     "descale_of_first_head": (r"^e(4m3|5m2)-", "bf16-b2-h4/1-s97x257-d64-causal"),
     "offsets_int32": (r"-far_rows$", "bf16-b2-h4/2-s70x90-d40-k_sliced"),
+    # rows of one element addressed in 64 bits: the batch-1 and varlen far_rows cases pass it
+    "batch_offsets_int32": (r"-far_batch$", "bf16-b1-h4/2-s33x65-d32-causal-far_rows"),
 }
 
 
@@ -97,9 +99,22 @@ def no_step_summary(monkeypatch):
 def test_smoke_carries_every_new_axis_value():
     layouts = {c.layout for c in SMOKE.cases}
     inputs = {c.inputs for c in SMOKE.cases}
-    assert layouts == {"contiguous", "k_sliced", "qkv_packed", "bhsd_view", "dout_noncontig", "kv_stride0", "far_rows"}
-    # far_rows in bf16/fp16 only: its buffers are the size of 2**31 elements (virtual on a CPU)
-    assert {c.layout for c in SMOKE.cases if c.dtype == "fp32"} >= set(layouts) - {"contiguous", "far_rows"}
+    assert layouts == {
+        "contiguous",
+        "k_sliced",
+        "qkv_packed",
+        "bhsd_view",
+        "dout_noncontig",
+        "kv_stride0",
+        "far_rows",
+        "far_batch",
+    }
+    # far_rows and far_batch in bf16/fp16 only: their buffers are the size of 2**31 elements (virtual on a CPU)
+    assert {c.layout for c in SMOKE.cases if c.dtype == "fp32"} >= set(layouts) - {
+        "contiguous",
+        "far_rows",
+        "far_batch",
+    }
     assert any(c.layout == "far_rows" and c.entry.varlen for c in SMOKE.cases)
     assert any(c.layout == "kv_stride0" and c.entry.varlen for c in SMOKE.cases)
     assert inputs == {"normal", "large", "shifted", "outliers"}
@@ -221,8 +236,15 @@ def test_planted_varlen_bug_fails_exactly_its_combination(cpu_baseline, bug, tmp
 # ---------------------------------------------------------------- layouts are views, not copies
 
 
-@pytest.mark.parametrize("layout", ["k_sliced", "qkv_packed", "bhsd_view", "dout_noncontig", "kv_stride0", "far_rows"])
-@pytest.mark.parametrize("varlen", [False, True])
+@pytest.mark.parametrize(
+    "layout, varlen",
+    [
+        (layout, varlen)
+        for layout in ("k_sliced", "qkv_packed", "bhsd_view", "dout_noncontig", "kv_stride0", "far_rows", "far_batch")
+        for varlen in (False, True)
+        if not (layout == "far_batch" and varlen)  # a dense layout: a varlen batch is packed rows (far_rows)
+    ],
+)
 def test_layout_hands_the_kernel_a_view_with_the_same_values(layout, varlen):
     kw = (
         dict(varlen=(3, 0, 17), batch=3, seqlen_q=17, seqlen_k=17) if varlen else dict(batch=2, seqlen_q=9, seqlen_k=13)
@@ -239,6 +261,7 @@ def test_layout_hands_the_kernel_a_view_with_the_same_values(layout, varlen):
         "dout_noncontig": (t.dout,),
         "kv_stride0": (t.k, t.v),
         "far_rows": (t.q, t.k, t.v, t.dout),
+        "far_batch": (t.q, t.k, t.v, t.dout),
     }[layout]
     assert all(not x.is_contiguous() for x in moved)
     if layout == "qkv_packed":
@@ -250,6 +273,9 @@ def test_layout_hands_the_kernel_a_view_with_the_same_values(layout, varlen):
             rows = x.shape[0] * (1 if varlen else x.shape[1])
             starts = [r * x.stride(-3) for r in range(rows)]
             assert sum(o >= 2**31 for o in starts) >= rows // 4 and starts[rows // 2] < 2**31
+    if layout == "far_batch":  # the last batch element starts past 2**31 elements; within one, dense
+        for x in (t.q, t.k, t.v, t.dout):
+            assert (x.shape[0] - 1) * x.stride(0) >= 2**31 and x[0].is_contiguous()
     if layout == "kv_stride0":  # 0 over the KV heads (and the batch, dense); the buffer holds more than the view
         assert t.k.stride(-2) == t.v.stride(-2) == 0 and (varlen or t.k.stride(0) == 0)
         assert t.k.untyped_storage().nbytes() == inputs.k.numel() * inputs.k.element_size()
@@ -653,3 +679,29 @@ def test_fa3_declares_e4m3_unless_built_without_and_passes_the_descales(monkeypa
     )
     kwargs = flash_attn.FA3Adapter()._entry(call, types.SimpleNamespace(flash_attn_func=None)).options(call)
     assert [float(kwargs[k][0, 0]) for k in ("q_descale", "k_descale", "v_descale")] == [1.0, 2.0, 4.0]
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(batch=1, seqlen_q=8, seqlen_k=8),
+        dict(varlen=(4, 4), batch=2, seqlen_q=4, seqlen_k=4),
+        dict(batch=2, seqlen_q=1, seqlen_k=16, entry="kvcache", cache_seqlens=(3, 5)),
+    ],
+)
+def test_far_batch_needs_a_dense_batch_of_two(kw):
+    """one element has no batch offset; a varlen batch is rows (far_rows); a decode case hands a cache."""
+    with pytest.raises(ValueError, match="far_batch needs a dense, non-varlen case of batch >= 2"):
+        Case.build(heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16", layout="far_batch", **kw)
+    case = Case.build(
+        heads_q=2,
+        heads_kv=2,
+        head_dim=16,
+        head_dim_v=16,
+        dtype="bf16",
+        layout="far_batch",
+        batch=2,
+        seqlen_q=8,
+        seqlen_k=8,
+    )
+    assert case.id.endswith("-far_batch")

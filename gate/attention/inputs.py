@@ -268,6 +268,22 @@ def far_rows(t: torch.Tensor, seq: int, grad: bool) -> torch.Tensor:
     return view
 
 
+def far_batch(t: torch.Tensor, grad: bool) -> torch.Tensor:
+    """`t` (B, N, H, D) as a view whose batch elements are strided so the last one starts past FAR
+    elements from the view's base; within an element the layout is dense. The buffer is allocated,
+    not filled (as far_rows): only the elements' own rows are written."""
+    element = math.prod(t.shape[1:])
+    stride = max(element, -(-FAR // (t.shape[0] - 1) // 8) * 8 + 8)  # a multiple of 8 (16-byte rows)
+    buf = torch.empty((t.shape[0] - 1) * stride + element, dtype=t.dtype, device=t.device)
+    strides = (stride, *t[0].contiguous().stride())
+    view = torch.as_strided(buf, t.shape, strides)
+    view.copy_(t.detach())
+    if grad:
+        buf.requires_grad_(True)
+        view = torch.as_strided(buf, t.shape, strides)
+    return view
+
+
 def kernel_tensors(case: Case, inputs: AttnInputs) -> KernelTensors:
     """The case's `layout` made real: the kernel receives the VIEW (not a contiguous copy), and
     gradients are taken with respect to that view, so they come back in the view's shape and
@@ -322,6 +338,8 @@ def kernel_tensors(case: Case, inputs: AttnInputs) -> KernelTensors:
         return KernelTensors(*(buf[i] for i in parts), dout)
     if case.layout == "far_rows":
         return KernelTensors(*(far_rows(t, seq, grad=True) for t in (q, k, v)), far_rows(dout, seq, grad=False))
+    if case.layout == "far_batch":
+        return KernelTensors(*(far_batch(t, grad=True) for t in (q, k, v)), far_batch(dout, grad=False))
     if case.layout == "kv_stride0":
         # The slab sits in a buffer of K's full size whose other elements are -K: a kernel that
         # reads past a 0 stride as if the tensor were dense gets wrong values, not an out-of-range read.

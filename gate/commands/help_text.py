@@ -208,11 +208,12 @@ case id legend (e.g. bf16-b2-h16/4-s97x257-d192/128-causal-win32.0-cap20-alibi-v
   splits3                knobs: a forced split-KV decode, the keys in 3 parts combined by their LSE
   packgqa | nopackgqa    knobs: pack_gqa forced on / off (a KV head's query heads packed into one tile's rows)
   hnd                    knobs: the cache handed heads-first, (batch or pages, heads, slots, dim)
-  k_sliced | qkv_packed | bhsd_view | dout_noncontig | kv_stride0 | far_rows
+  k_sliced | qkv_packed | bhsd_view | dout_noncontig | kv_stride0 | far_rows | far_batch
                          what the kernel is handed: K a strided slice; q, k, v head-slices of one QKV
                          buffer; (B, H, N, D) memory viewed as (B, N, H, D); a non-contiguous dO; K and V
                          expanded views (stride 0 over batch and KV heads); q, k, v and dO rows strided
-                         so the last quarter start past 2^31 elements (int32 offsets wrap)
+                         so the last quarter start past 2^31 elements (int32 offsets wrap); batch
+                         elements strided so the last starts past 2^31 elements (rows dense)
   large | shifted | outliers
                          how values are drawn: scores past +-88 (or deep into the softcap); every row's
                          LSE far below -88; two channels of K and V 30x larger

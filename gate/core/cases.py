@@ -122,6 +122,8 @@ LAYOUTS: dict[str, str] = {
     "(varlen: over KV heads), the slab inside a full-size buffer whose other elements differ",
     "far_rows": "q, k, v and dO rows (tokens) strided apart so the last quarter of each tensor's rows sit past "
     "2^31 elements from its base: offsets computed in int32 wrap (the buffers are allocated, not filled)",
+    "far_batch": "q, k, v and dO batch elements strided apart so the last one starts past 2^31 elements from "
+    "its base, each element's rows dense: batch offsets computed in int32 wrap (the buffers are allocated, not filled)",
 }
 MAX_PACKED_BIAS = 2**28  # elements of a varlen case's packed bias (2 GiB as the reference's float64 dBias)
 FAR_ROWS_MIN = 4  # far_rows puts the last quarter of a tensor's rows past 2^31: it needs four rows
@@ -471,6 +473,12 @@ class Case:
                 problems.append(
                     f"layout far_rows needs at least {FAR_ROWS_MIN} query and key rows (its last quarter sits past 2^31)"
                 )
+        if self.layout == "far_batch" and (
+            self.entry.kind != "dense" or self.entry.varlen is not None or self.batch < 2
+        ):
+            problems.append(
+                "layout far_batch needs a dense, non-varlen case of batch >= 2 (its last element sits past 2^31)"
+            )
         if self.inputs not in INPUTS:
             problems.append(f"inputs {self.inputs!r} is not one of {', '.join(INPUTS)}")
         varlen_k = self.entry.varlen_k
