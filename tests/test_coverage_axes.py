@@ -391,7 +391,9 @@ def test_tiers_have_their_sizes_and_every_axis():
     pr, nightly = load_suite("pr"), load_suite("nightly")
     assert len(pr.cases) >= 300 and len(pr.perf_cases) >= 24
     layouts = {"contiguous", "k_sliced", "qkv_packed", "bhsd_view", "dout_noncontig"}
-    assert {c.layout for c in pr.cases} == layouts | {"kv_stride0"}  # pr's one: the stride-0 x mask x d512 crossing
+    # pr's: the stride-0 x mask x d512 crossing, and batch offsets past 2^31 (GPU buffers, no reference cost)
+    assert {c.layout for c in pr.cases} == layouts | {"kv_stride0", "far_batch"}
+    assert all(c.batch >= 2 and not c.entry.varlen for c in pr.cases if c.layout == "far_batch")
     stride0 = [c for c in pr.cases if c.layout == "kv_stride0"]
     assert {c.head_dim for c in stride0} == {256, 512} and all(
         c.seqlen_k % 32 == 1 and c.bias.kind == "bool_mask" for c in stride0
