@@ -56,10 +56,11 @@ def by_env(q, k, v, softmax_scale=None, causal=False):
 def cheats(q, k, v, softmax_scale=None, causal=False):
     """A wrong answer (zeros), after patching every measurement function it can reach in its process
     to report a perfect result: in a worker, none of them is the one that judges."""
+    import gate.correctness.measure as measure
     import gate.correctness.run_case as rc
     from gate.core.results import TensorError
 
-    def perfect(name, kernel, gold, low, dtype, mult, seed, mean_mult):
+    def perfect(name, parts, dtype, mult, seed, mean_mult):
         return TensorError(
             tensor=name,
             max_err=0.0,
@@ -81,7 +82,7 @@ def cheats(q, k, v, softmax_scale=None, causal=False):
             mean_ratio=0.0,
         )
 
-    rc.measure = perfect
+    measure.tensor_error = rc.tensor_error = perfect
     rc.validate_outputs = lambda *a, **k: None
     rc.judge_seed = lambda *a, **k: rc.SeedJudgement()  # a seed judged with nothing measured
     return q * 0 + (k.sum() + v.sum()) * 0

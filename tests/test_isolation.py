@@ -122,12 +122,13 @@ def test_a_kernel_that_patches_the_measurement_in_its_process_still_fails(tmp_pa
     )
     row = rows(tmp_path / "out")["fp32-b1-h2-s16-d8"]
     # the worker's fingerprint sees the gate's own functions replaced: its reply is not trusted
-    assert row["status"] == "ERROR" and "gate.correctness.run_case" in row["reason"] and "replaced" in row["reason"]
+    assert row["status"] == "ERROR" and "gate.correctness.measure.tensor_error was replaced" in row["reason"]
     assert "tests.fault_kernels" not in sys.modules  # the deciding process never imported the kernel
     # in one process the same kernel would have fooled the measurement: that is what the worker prevents
+    import gate.correctness.measure as measure
     import gate.correctness.run_case as rc
 
-    saved = (rc.measure, rc.validate_outputs, rc.judge_seed)
+    saved = (measure.tensor_error, rc.tensor_error, rc.validate_outputs, rc.judge_seed)
     try:
         assert (
             main(
@@ -151,7 +152,7 @@ def test_a_kernel_that_patches_the_measurement_in_its_process_still_fails(tmp_pa
             == 0
         )
     finally:
-        rc.measure, rc.validate_outputs, rc.judge_seed = saved
+        measure.tensor_error, rc.tensor_error, rc.validate_outputs, rc.judge_seed = saved
 
 
 @pytest.mark.slow

@@ -11,7 +11,8 @@ import torch
 from gate.core.cases import Case
 from gate.core.config import ToleranceConfig
 from gate.core.results import Status, error_ratio
-from gate.correctness.run_case import measure, run_case
+from gate.correctness.measure import measure
+from gate.correctness.run_case import run_case
 from gate.correctness.tolerance import EPS, error_bound, rounding_floor
 from gate.kernels.tiled import TiledAdapter
 from gate.kernels.user import UserAdapter

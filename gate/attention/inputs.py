@@ -247,6 +247,17 @@ def _leaf(t: torch.Tensor) -> torch.Tensor:
 FAR = 2**31  # element offsets at or past this wrap in int32 arithmetic
 
 
+def _written_view(t: torch.Tensor, buf: torch.Tensor, strides, grad: bool) -> torch.Tensor:
+    """t's values written into `buf` through a view of these strides: the view, whose gradient
+    (with `grad`) flows to `buf`, a leaf."""
+    view = torch.as_strided(buf, t.shape, strides)
+    view.copy_(t.detach())
+    if grad:
+        buf.requires_grad_(True)
+        view = torch.as_strided(buf, t.shape, strides)
+    return view
+
+
 def far_rows(t: torch.Tensor, seq: int, grad: bool) -> torch.Tensor:
     """`t` as a view whose rows (the sequence dim, flattened with the batch dim before it) are
     strided so the last quarter of them start past FAR elements from the view's base. The buffer
@@ -260,12 +271,7 @@ def far_rows(t: torch.Tensor, seq: int, grad: bool) -> torch.Tensor:
     strides[-1], strides[-2], strides[seq] = 1, t.shape[-1], stride
     if seq == 1:
         strides[0] = t.shape[1] * stride
-    view = torch.as_strided(buf, t.shape, strides)
-    view.copy_(t.detach())
-    if grad:
-        buf.requires_grad_(True)
-        view = torch.as_strided(buf, t.shape, strides)
-    return view
+    return _written_view(t, buf, strides, grad)
 
 
 def far_batch(t: torch.Tensor, grad: bool) -> torch.Tensor:
@@ -276,12 +282,7 @@ def far_batch(t: torch.Tensor, grad: bool) -> torch.Tensor:
     stride = max(element, -(-FAR // (t.shape[0] - 1) // 8) * 8 + 8)  # a multiple of 8 (16-byte rows)
     buf = torch.empty((t.shape[0] - 1) * stride + element, dtype=t.dtype, device=t.device)
     strides = (stride, *t[0].contiguous().stride())
-    view = torch.as_strided(buf, t.shape, strides)
-    view.copy_(t.detach())
-    if grad:
-        buf.requires_grad_(True)
-        view = torch.as_strided(buf, t.shape, strides)
-    return view
+    return _written_view(t, buf, strides, grad)
 
 
 def kernel_tensors(case: Case, inputs: AttnInputs) -> KernelTensors:

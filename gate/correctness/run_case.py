@@ -23,106 +23,13 @@ from gate.core.cases import Case
 from gate.core.config import ToleranceConfig
 from gate.core.errors import first_line
 from gate.core.results import ALL_TENSORS, CaseResult, Status, TensorError, error_ratio
-from gate.correctness.tolerance import (
-    BANDS,
-    error_bound,
-    mean_floor,
-    rounding_floor,
-    tensor_spec,
-)
+from gate.correctness.measure import error_part, tensor_error
+from gate.correctness.tolerance import BANDS, rounding_floor, tensor_spec
 from gate.kernels.base import KernelAdapter, KernelCall, KernelOutput, NoKernel
 
 
 class BadOutput(Exception):
     """The kernel returned something that is not a valid answer (shape, dtype, NaN/Inf)."""
-
-
-def measure(
-    name: str,
-    kernel: torch.Tensor,
-    gold: torch.Tensor,
-    low: torch.Tensor,
-    dtype: str,
-    mult: float,
-    seed: int,
-    mean_mult: float,
-) -> TensorError:
-    """One tensor's errors, compared as its spec says (tolerance.SPECS: which elements, the
-    dtype of the floor and what is added to it, how the worst element is located), against the
-    max bound (`mult`) and the mean bound (`mean_mult`) over the same elements."""
-    spec = tensor_spec(name)
-    floor_dtype, floor_extra = spec.yardstick_dtype, spec.floor_extra
-    k, g, p = kernel.double(), gold.double(), low.double()
-    if spec.finite_only:
-        keep = torch.isfinite(g)
-        k, g, p = k[keep], g[keep], p[keep]
-    if g.numel() == 0:
-        empty_rounding = rounding_floor(0.0, floor_dtype or dtype)
-        empty_floor = empty_rounding + floor_extra
-        atol, rtol = BANDS[dtype]
-        empty_mean_floor = mean_floor(empty_rounding, floor_extra)
-        return TensorError(
-            tensor=name,
-            max_err=0.0,
-            mean_err=0.0,
-            pt_err=0.0,
-            floor=empty_floor,
-            mult=mult,
-            bound=empty_floor,
-            ratio=0.0,
-            worst_index=(),
-            band_atol=atol,
-            band_rtol=rtol,
-            band_ok=True,
-            seed=seed,
-            pt_mean_err=0.0,
-            mean_mult=mean_mult,
-            mean_floor=empty_mean_floor,
-            mean_bound=empty_mean_floor,
-            mean_ratio=0.0,
-        )
-    diff = (k - g).abs()
-    nan = torch.isnan(diff)
-    if nan.any():  # a NaN is infinitely wrong, and written so: files hold no NaN a reader must refuse
-        flat = int(nan.flatten().nonzero()[0])
-        max_err = mean_err = math.inf
-    else:
-        flat = int(diff.flatten().argmax())
-        max_err = float(diff.flatten()[flat])
-        mean_err = float(diff.mean())
-    worst = (flat,) if spec.flat_index else tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape))
-    # a yardstick that broke (NaN) judges nothing: an infinite bound, so the ratio is inf (error_ratio)
-    pt_diff = torch.nan_to_num((p - g).abs(), nan=math.inf)
-    pt_err, pt_mean_err = float(pt_diff.max()), float(pt_diff.mean())
-    floor_dtype = floor_dtype or dtype
-    gd = g.to(TORCH_DTYPES[floor_dtype])
-    rounding = rounding_floor(2.0 * float(((gd + 0.3) - 0.3 - gd).abs().max()), floor_dtype)
-    floor = rounding + floor_extra
-    bound = error_bound(pt_err, floor, mult)
-    mean_floor_ = mean_floor(rounding, floor_extra)
-    mean_bound = error_bound(pt_mean_err, mean_floor_, mean_mult)  # the max's form, over means
-    atol, rtol = BANDS[dtype]
-    band_ok = bool((diff <= atol + rtol * g.abs()).all())
-    return TensorError(
-        tensor=name,
-        max_err=max_err,
-        mean_err=mean_err,
-        pt_err=pt_err,
-        floor=floor,
-        mult=mult,
-        bound=bound,
-        ratio=error_ratio(max_err, bound),
-        worst_index=worst,
-        band_atol=atol,
-        band_rtol=rtol,
-        band_ok=band_ok,
-        seed=seed,
-        pt_mean_err=pt_mean_err,
-        mean_mult=mean_mult,
-        mean_floor=mean_floor_,
-        mean_bound=mean_bound,
-        mean_ratio=error_ratio(mean_err, mean_bound),
-    )
 
 
 def leaf_call(
@@ -496,6 +403,51 @@ class SeedJudgement:
     fail: str | None = None
 
 
+# A dense case whose float64 reference would hold more than REFERENCE_WHOLE_ELEMENTS (32 GiB; every
+# built-in case holds less) is judged in groups of batch elements of at most REFERENCE_GROUP_ELEMENTS
+# each (8 GiB; each element's attention is its own): a batch whose tensors pass 2^31 elements is
+# referenced a group at a time beside the kernel's outputs.
+REFERENCE_WHOLE_ELEMENTS = 2**32
+REFERENCE_GROUP_ELEMENTS = 2**30
+
+
+def batch_groups(case: Case) -> list[tuple[int, int]] | None:
+    """(first, end) batch elements of each group whose references are computed together, or None:
+    one reference for the whole case (small enough; or something shared across the batch: a bias,
+    sinks, dropout, fp8 descales; or not a dense batch: varlen, decode)."""
+    if (
+        case.entry.kind != "dense"
+        or case.entry.varlen is not None
+        or case.entry.sinks
+        or case.has_bias
+        or case.dropout_p
+        or case.is_fp8
+        or case.batch < 2
+    ):
+        return None
+    # per query row: q, dO, out, dQ; per key row: K, V, dK, dV, expanded to the query heads
+    per_element = case.heads_q * (case.seqlen_q + case.seqlen_k) * 2 * (case.head_dim + case.head_dim_v)
+    if per_element * case.batch <= REFERENCE_WHOLE_ELEMENTS:
+        return None
+    size = max(1, REFERENCE_GROUP_ELEMENTS // per_element)
+    return [(b, min(case.batch, b + size)) for b in range(0, case.batch, size)]
+
+
+def batch_slice(inputs: AttnInputs, first: int, end: int) -> AttnInputs:
+    """The inputs of batch elements first..end-1 (a dense case's; per-batch ALiBi slopes too)."""
+    slopes = inputs.alibi_slopes
+    if slopes is not None and slopes.dim() == 2:
+        slopes = slopes[first:end]
+    return dataclasses.replace(
+        inputs,
+        q=inputs.q[first:end],
+        k=inputs.k[first:end],
+        v=inputs.v[first:end],
+        dout=inputs.dout[first:end],
+        alibi_slopes=slopes,
+    )
+
+
 def judge_seed(
     case: Case, inputs: AttnInputs, raw: SeedOutputs, tol: ToleranceConfig, traits: KernelTraits, device: str = "cpu"
 ) -> SeedJudgement:
@@ -516,17 +468,20 @@ def judge_seed(
             raise BadOutput("the adapter returned no cache for a decode call")
         errors.append(measure_exact("k_cache", raw.cache[0].detach(), k_after, case.compute_dtype, inputs.seed))
         errors.append(measure_exact("v_cache", raw.cache[1].detach(), v_after, case.compute_dtype, inputs.seed))
-    else:
+    groups = batch_groups(case) if case.entry.kind != "kvcache" else None
+    if groups is not None:  # references per group of batch elements, below
+        gold = low = None
+        notes.append(f"references computed in {len(groups)} groups of batch elements")
+    elif case.entry.kind != "kvcache":
         gold, low, peak = _references_noting_peak(case, inputs, raw.dropout_keep, device)
         notes += [peak] if peak else []
     measured = {"out": raw.out}
     if not forward_only:  # dq, dk, dv, then dbias and dsink as grad_names says
         measured.update(zip(names, raw.grads))
     if raw.lse is not None:
-        if tuple(raw.lse.shape) != tuple(gold.lse.shape):
-            return SeedJudgement(
-                fail=f"seed {inputs.seed}: lse has shape {tuple(raw.lse.shape)}, expected {tuple(gold.lse.shape)}"
-            )
+        expected = tuple(gold.lse.shape) if gold is not None else (case.batch, case.heads_q, case.seqlen_q)
+        if tuple(raw.lse.shape) != expected:
+            return SeedJudgement(fail=f"seed {inputs.seed}: lse has shape {tuple(raw.lse.shape)}, expected {expected}")
         measured["lse"] = raw.lse
     elif traits.returns_lse:
         notes.append("lse not exposed for this case")
@@ -534,14 +489,25 @@ def judge_seed(
         notes.append("lse not returned: judged on out alone")
     if case.entry.sinks and not forward_only and not traits.sink_grad:
         notes.append("dsink not judged: the adapter declares no sink gradient")
-    for name, tensor in measured.items():
+    parts: dict[str, list] = {name: [] for name in measured}
+    if groups is None:
+        for name, tensor in measured.items():
+            low_of = yardstick(name, case, inputs, raw.dropout_keep, low)
+            parts[name].append(error_part(name, tensor.detach(), getattr(gold, name), low_of, case.compute_dtype))
+    for b0, b1 in groups or ():
+        part_inputs = batch_slice(inputs, b0, b1)
+        part_gold, part_low = references(case, part_inputs, None)
+        for name, tensor in measured.items():
+            low_of = yardstick(name, case, part_inputs, None, part_low)
+            got = tensor.detach()[b0:b1]
+            parts[name].append(error_part(name, got, getattr(part_gold, name), low_of, case.compute_dtype, b0))
+        del part_gold, part_low
+    for name in measured:
         yardstick_dtype = tensor_spec(name).yardstick_dtype or case.compute_dtype
         errors.append(
-            measure(
+            tensor_error(
                 name,
-                tensor.detach(),
-                getattr(gold, name),
-                yardstick(name, case, inputs, raw.dropout_keep, low),
+                parts[name],
                 case.compute_dtype,
                 tol.mult(name, yardstick_dtype),
                 inputs.seed,
