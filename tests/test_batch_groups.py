@@ -112,3 +112,13 @@ def test_the_default_limits_leave_every_built_in_case_whole_but_group_a_2_31_bat
     groups = rc.batch_groups(big)
     assert groups[0] == (0, 128) and groups[-1] == (2048, 2049) and len(groups) == 17
     assert torch.Size([2049, 1024, 8, 128]).numel() > 2**31
+
+
+def test_a_spec_comparing_a_selection_locates_its_worst_element_flat():
+    """The finite elements of a tensor have no shape to index: a finite_only spec is flat_index too,
+    which is what places a group's worst LSE element in the whole tensor."""
+    from gate.correctness.tolerance import TensorSpec
+
+    with pytest.raises(ValueError, match="finite_only needs flat_index"):
+        TensorSpec("lse", finite_only=True)
+    assert TensorSpec("lse", finite_only=True, flat_index=True).flat_index

@@ -707,3 +707,6 @@ def test_far_batch_needs_a_dense_batch_of_two(kw):
         seqlen_k=8,
     )
     assert case.id.endswith("-far_batch")
+    three = kernel_tensors(case.with_fields(batch=3), make_inputs(case.with_fields(batch=3), 0, "cpu"))
+    for x in (three.q, three.k, three.v, three.dout):  # only the last element starts past 2**31
+        assert [b * x.stride(0) >= 2**31 for b in range(3)] == [False, False, True]

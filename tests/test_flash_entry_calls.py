@@ -15,7 +15,7 @@ import torch
 
 from gate.attention.inputs import make_inputs
 from gate.core.cases import Case
-from gate.correctness.run_case import leaf_call
+from gate.correctness.run_case import grad_names, leaf_call
 from gate.kernels.capabilities import Feature
 from gate.kernels.flash_attn import FA2Adapter, FA3Adapter, FA4Adapter, FA4RawWindowAdapter
 
@@ -837,9 +837,13 @@ def test_fa4_judges_dsink_where_its_backward_takes_the_sink(monkeypatch):
 
     install(monkeypatch, "flash_attn.cute", flash_attn_func=fa4_dense_with_sink)
     assert not FA4Adapter().capabilities().sink_grad  # no flash_attn.cute.interface
+    sinks = Case.build(**BASE, sinks=True)
     for bwd, judged in ((bwd_with_sink, True), (bwd_without_sink, False)):
         interface = ModuleType("flash_attn.cute.interface")
         interface._flash_attn_bwd = bwd
         monkeypatch.setitem(sys.modules, "flash_attn.cute.interface", interface)
         caps = FA4Adapter().capabilities()
         assert caps.supports(Feature.SINKS) and caps.sink_grad is judged
+        # what the judge then asks the backward for: dq, dk, dv and, where judged, dsink
+        names = grad_names(FA4Adapter(), sinks, make_inputs(sinks, 0, "cpu"))
+        assert names == ("dq", "dk", "dv", "dsink") if judged else names == ("dq", "dk", "dv")

@@ -279,7 +279,7 @@ def far_batch(t: torch.Tensor, grad: bool) -> torch.Tensor:
     elements from the view's base; within an element the layout is dense. The buffer is allocated,
     not filled (as far_rows): only the elements' own rows are written."""
     element = math.prod(t.shape[1:])
-    stride = max(element, -(-FAR // (t.shape[0] - 1) // 8) * 8 + 8)  # a multiple of 8 (16-byte rows)
+    stride = max(element, -(-FAR // (t.shape[0] - 1) // 8) * 8 + 8)  # past FAR/(B-1), a multiple of 8
     buf = torch.empty((t.shape[0] - 1) * stride + element, dtype=t.dtype, device=t.device)
     strides = (stride, *t[0].contiguous().stride())
     return _written_view(t, buf, strides, grad)

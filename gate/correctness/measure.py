@@ -38,7 +38,7 @@ class ErrorPart:
 
 def error_part(
     name: str, kernel: torch.Tensor, gold: torch.Tensor, low: torch.Tensor, dtype: str, batch_start: int = 0
-):
+) -> ErrorPart:
     """The part of tensor `name` these elements make: the kernel's, the golden reference's and the
     yardstick's values of the same slice, compared as tolerance.SPECS says."""
     spec = tensor_spec(name)

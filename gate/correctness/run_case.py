@@ -405,8 +405,8 @@ class SeedJudgement:
 
 # A dense case whose float64 reference would hold more than REFERENCE_WHOLE_ELEMENTS (32 GiB; every
 # built-in case holds less) is judged in groups of batch elements of at most REFERENCE_GROUP_ELEMENTS
-# each (8 GiB; each element's attention is its own): a batch whose tensors pass 2^31 elements is
-# referenced a group at a time beside the kernel's outputs.
+# each (8 GiB; one element a group where one alone holds more; each element's attention is its own):
+# a batch whose tensors pass 2^31 elements is referenced a group at a time beside the kernel's outputs.
 REFERENCE_WHOLE_ELEMENTS = 2**32
 REFERENCE_GROUP_ELEMENTS = 2**30
 
@@ -434,17 +434,10 @@ def batch_groups(case: Case) -> list[tuple[int, int]] | None:
 
 
 def batch_slice(inputs: AttnInputs, first: int, end: int) -> AttnInputs:
-    """The inputs of batch elements first..end-1 (a dense case's; per-batch ALiBi slopes too)."""
-    slopes = inputs.alibi_slopes
-    if slopes is not None and slopes.dim() == 2:
-        slopes = slopes[first:end]
+    """The inputs of batch elements first..end-1 of a dense case (ALiBi slopes are per head)."""
+    assert inputs.alibi_slopes is None or inputs.alibi_slopes.dim() == 1
     return dataclasses.replace(
-        inputs,
-        q=inputs.q[first:end],
-        k=inputs.k[first:end],
-        v=inputs.v[first:end],
-        dout=inputs.dout[first:end],
-        alibi_slopes=slopes,
+        inputs, q=inputs.q[first:end], k=inputs.k[first:end], v=inputs.v[first:end], dout=inputs.dout[first:end]
     )
 
 

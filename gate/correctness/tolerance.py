@@ -81,6 +81,11 @@ class TensorSpec:
     missing: str = ""  # why a gradient can be missing, said when it is
     exact: bool = False  # judged bit-exact against the expected value (a copy: the cache after a decode call)
 
+    def __post_init__(self):
+        # a selection of elements has no shape to index: its worst element is a flat index
+        if self.finite_only and not self.flat_index:
+            raise ValueError(f"tensor spec {self.name!r}: finite_only needs flat_index")
+
 
 SPECS: dict[str, TensorSpec] = {
     s.name: s

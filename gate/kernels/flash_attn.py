@@ -298,7 +298,6 @@ class FA4Adapter(_FlashBase):
 
     def _sink_grad(self) -> bool:
         """Whether this build's backward computes dsink (earlier builds' backward had no sink)."""
-
         try:
             bwd = importlib.import_module(f"{self.module}.interface")._flash_attn_bwd
             return "learnable_sink" in inspect.signature(bwd).parameters
@@ -335,7 +334,7 @@ class FA4Adapter(_FlashBase):
             },
             deterministic_mode=True,
             returns_lse=True,
-            # builds whose backward takes the sink return its gradient (4.0.0b36 on SM90 and SM100)
+            # a backward that takes the sink returns its gradient (4.0.0b36's source, SM90 and SM100)
             sink_grad=self._sink_grad(),
             notes=(
                 "decode: flash_attn_varlen_func with seqused_k (and page_table); the new k/v are "
