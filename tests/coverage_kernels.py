@@ -49,6 +49,7 @@ from __future__ import annotations
 import torch
 
 from gate.attention.reference import fp8_mma
+from gate.correctness.planted import batches_read_at_int32_offsets
 
 TILE = 64
 
@@ -192,20 +193,6 @@ def _int32_rows(t):
     return t + (torch.stack(rows).view(t.shape) - base)
 
 
-def _int32_batches(t):
-    """`t` (B, N, H, D) read as a kernel that computes each batch element's start in 32 bits (and
-    the offsets inside it in 64) reads it: an element starting at or past 2**31 elements is read
-    2**31 elements earlier. A packed varlen tensor has no batch dim: read as given."""
-    if t.dim() != 4 or t.storage_offset() + (t.shape[0] - 1) * t.stride(0) < INT32_WRAP:
-        return t
-    base = t.detach()
-    elements = [
-        torch.as_strided(base, t.shape[1:], t.stride()[1:], (t.storage_offset() + i * t.stride(0)) % INT32_WRAP)
-        for i in range(t.shape[0])
-    ]
-    return t + (torch.stack(elements) - base)
-
-
 def _dequantize(t, descale, bug):
     """fp8 (B, N, H, D) times its (B, Hkv) descale (query heads take their KV head's), in bf16:
     exact, so the rest of the kernel runs as for a bf16 input and returns bf16."""
@@ -241,7 +228,7 @@ def _kernel(bug: str | None):
         if bug == "offsets_int32":
             q, k, v = (_int32_rows(t) for t in (q, k, v))
         if bug == "batch_offsets_int32":
-            q, k, v = (_int32_batches(t) for t in (q, k, v))
+            q, k, v = (batches_read_at_int32_offsets(t) for t in (q, k, v))
         bugs = (bug,) if bug else ()
         out, lse = _attn(
             q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, bugs, attn_bias, learnable_sink

@@ -38,6 +38,7 @@ NEW = {
     "stride0_mask_d512_last_key": r"-d512-kv_stride0-bias\.bool_mask$",
     "varlen_sink_dv192_no_dsink": r"-d192-.*varlen.*-sinks$",
     "decode_split_lse_underflow": r"-s1x128-d64-shifted$",
+    "batch_offsets_int32": r"-far_batch$",
 }
 NEW_FORMS = "|".join(f"(?:{p})" for p in NEW.values())
 NEW_CASES = [c for c in SMOKE if re.search(NEW_FORMS, c.id)]
@@ -71,7 +72,7 @@ def _status(adapter, case: Case) -> tuple[Status, str]:
 def test_every_new_form_is_in_smoke_and_the_bugs_are_registered():
     for name, pattern in NEW.items():
         assert _bug(name) and [c for c in SMOKE if re.search(pattern, c.id)], (name, pattern)
-    assert len(NEW_CASES) == 12
+    assert len(NEW_CASES) == 13
     grid = _case(NEW["grid_y_overflow"])
     assert grid.batch * grid.heads_q > GRID_Y_MAX
     cross = _case(NEW["stride0_mask_d512_last_key"])
@@ -159,6 +160,8 @@ def test_no_case_of_smoke_without_the_new_forms_exercises_the_bug(name):
 # than 65,535 programs. Each new case with one trait changed, run with the planted bug.
 ONE_TRAIT_OFF = {
     "grid_y_overflow": [dict(batch=16383)],
+    # rows past 2^31 with no batch offset (one element); the batch dense
+    "batch_offsets_int32": [dict(layout="far_rows", batch=1), dict(layout="contiguous")],
     "stride0_mask_d512_last_key": [
         dict(layout="contiguous"),
         dict(bias="dense"),

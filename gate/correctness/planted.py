@@ -434,6 +434,31 @@ def _grid_y_programs_dropped(w: Wrapped, call: KernelCall) -> KernelOutput:
     return dataclasses.replace(res, out=out, lse=lse)
 
 
+INT32_WRAP = 2**31  # an element offset computed in int32 wraps here
+
+
+def batches_read_at_int32_offsets(t: torch.Tensor) -> torch.Tensor:
+    """`t` (B, N, H, D) as a kernel that computes each batch element's start in 32 bits (and the
+    offsets inside it in 64) reads it: an element starting at or past 2**31 elements is read 2**31
+    elements earlier. The gradient passes straight through. A packed varlen tensor has no batch dim."""
+    if t.dim() != 4 or t.storage_offset() + (t.shape[0] - 1) * t.stride(0) < INT32_WRAP:
+        return t
+    base = t.detach()
+    elements = [
+        torch.as_strided(base, t.shape[1:], t.stride()[1:], (t.storage_offset() + i * t.stride(0)) % INT32_WRAP)
+        for i in range(t.shape[0])
+    ]
+    return t + (torch.stack(elements) - base)
+
+
+def _batch_offsets_int32(w: Wrapped, call: KernelCall) -> KernelOutput:
+    """q, k and v read with 32-bit batch offsets (batches_read_at_int32_offsets)."""
+    if call.cache is not None:
+        return w.inner(call)
+    q, k, v = (batches_read_at_int32_offsets(t) for t in (call.q, call.k, call.v))
+    return w.inner(dataclasses.replace(call, q=q, k=k, v=v))
+
+
 def _stride0_mask_d512_last_key(w: Wrapped, call: KernelCall) -> KernelOutput:
     """A crossing: with stride-0 (expanded) K/V, a 4-D boolean mask, head dim 512 and
     seqlen_k % 32 == 1, the one key alone in the last 32-key chunk of the mask is read as masked.
@@ -608,6 +633,10 @@ FIRST_KEY = Trigger(
 GRID_Y = Trigger(
     f"a dense case with batch x heads > {GRID_Y_MAX} (the CUDA grid's y limit)",
     lambda c: c.entry.kind == "dense" and c.entry.varlen is None and c.batch * c.heads_q > GRID_Y_MAX,
+)
+FAR_BATCH = Trigger(
+    "a case whose last batch element starts past 2^31 elements (layout far_batch)",
+    lambda c: c.layout == "far_batch",
 )
 STRIDE0_MASK_D512 = Trigger(
     "a kv_stride0 case with a boolean mask, head dim 512 and seqlen_k % 32 == 1",
@@ -850,6 +879,13 @@ BUGS: tuple[PlantedBug, ...] = (
         "kernel",
         GRID_Y,
         wrap(_grid_y_programs_dropped),
+    ),
+    PlantedBug(
+        "batch_offsets_int32",
+        "each batch element's start computed in 32 bits: an element past 2^31 elements is read 2^31 earlier",
+        "kernel",
+        FAR_BATCH,
+        wrap(_batch_offsets_int32),
     ),
     PlantedBug(
         "stride0_mask_d512_last_key",
