@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import torch
 
+from gate.attention.inputs import FAR
 from gate.attention.reference import fp8_mma
 from gate.correctness.planted import batches_read_at_int32_offsets
 
@@ -176,19 +177,18 @@ def _attn(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, bu
 
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
-INT32_WRAP = 2**31
 
 
 def _int32_rows(t):
     """`t` read as a kernel that computes row offsets in 32 bits reads it: a row starting at or
     past 2**31 elements is read 2**31 elements earlier (another row, or unwritten buffer)."""
-    if t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape[:2], t.stride()[:2])) < INT32_WRAP:
+    if t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape[:2], t.stride()[:2])) < FAR:
         return t
     base, rows = t.detach(), []
     for i in range(t.shape[0]):
         for j in range(t.shape[1]):
             offset = t.storage_offset() + i * t.stride(0) + j * t.stride(1)
-            rows.append(torch.as_strided(base, t.shape[2:], t.stride()[2:], offset % INT32_WRAP))
+            rows.append(torch.as_strided(base, t.shape[2:], t.stride()[2:], offset % FAR))
     # the values read, with t's gradient passed straight through (no backward over the whole buffer)
     return t + (torch.stack(rows).view(t.shape) - base)
 

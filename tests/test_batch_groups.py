@@ -122,3 +122,20 @@ def test_a_spec_comparing_a_selection_locates_its_worst_element_flat():
     with pytest.raises(ValueError, match="finite_only needs flat_index"):
         TensorSpec("lse", finite_only=True)
     assert TensorSpec("lse", finite_only=True, flat_index=True).flat_index
+
+
+def test_a_tensor_with_nothing_to_compare_is_judged_by_its_floor_alone():
+    """Every row fully masked: the LSE compares no element (its -inf is a convention). The row is all
+    zeros against the rounding floor of 0 plus the LSE's extra floor, whole or in groups."""
+    from gate.correctness.measure import error_part, tensor_error
+    from gate.correctness.tolerance import mean_floor, rounding_floor, tensor_spec
+
+    gold = torch.full((2, 4, 8), float("-inf"), dtype=torch.float64)
+    floor = rounding_floor(0.0, "fp32") + tensor_spec("lse").floor_extra
+    for parts in ([error_part("lse", gold.float(), gold, gold.float(), "bf16")], []):
+        got = tensor_error("lse", parts, "bf16", 2.0, 0, 1.5)
+        assert (got.max_err, got.mean_err, got.pt_err, got.pt_mean_err, got.ratio, got.mean_ratio) == (0.0,) * 6
+        assert got.floor == got.bound == floor and got.worst_index == () and got.band_ok
+        assert (
+            got.mean_floor == got.mean_bound == mean_floor(rounding_floor(0.0, "fp32"), tensor_spec("lse").floor_extra)
+        )

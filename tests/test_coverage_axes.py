@@ -693,19 +693,10 @@ def test_fa3_declares_e4m3_unless_built_without_and_passes_the_descales(monkeypa
 )
 def test_far_batch_needs_a_dense_batch_of_two(kw):
     """one element has no batch offset; a varlen batch is rows (far_rows); a decode case hands a cache."""
+    heads = dict(heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16", layout="far_batch")
     with pytest.raises(ValueError, match="far_batch needs a dense, non-varlen case of batch >= 2"):
-        Case.build(heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16", layout="far_batch", **kw)
-    case = Case.build(
-        heads_q=2,
-        heads_kv=2,
-        head_dim=16,
-        head_dim_v=16,
-        dtype="bf16",
-        layout="far_batch",
-        batch=2,
-        seqlen_q=8,
-        seqlen_k=8,
-    )
+        Case.build(**heads, **kw)
+    case = Case.build(**heads, batch=2, seqlen_q=8, seqlen_k=8)
     assert case.id.endswith("-far_batch")
     three = kernel_tensors(case.with_fields(batch=3), make_inputs(case.with_fields(batch=3), 0, "cpu"))
     for x in (three.q, three.k, three.v, three.dout):  # only the last element starts past 2**31

@@ -78,8 +78,8 @@ def error_part(
 
 
 def _mean(parts: list[ErrorPart], field: str) -> float:
-    if len(parts) == 1:  # measured whole: the mean as computed, not re-weighted
-        return getattr(parts[0], field)
+    if len(parts) <= 1:  # measured whole: the mean as computed, not re-weighted (none compared: 0)
+        return getattr(parts[0], field) if parts else 0.0
     total = sum(p.count for p in parts)
     return math.fsum(getattr(p, field) * p.count for p in parts) / total
 
@@ -99,24 +99,20 @@ def tensor_error(
     spec = tensor_spec(name)
     floor_dtype = spec.yardstick_dtype or dtype
     atol, rtol = BANDS[dtype]
-    compared = [p for p in parts if p.count]
-    if compared:
-        # the first NaN, else the largest error (the first of equals), as one argmax over the whole
-        nans = [i for i, p in enumerate(compared) if p.nan]
-        chosen = nans[0] if nans else max(range(len(compared)), key=lambda i: (compared[i].max_err, -i))
-        max_err, worst = compared[chosen].max_err, _worst_in_whole(name, compared, chosen)
-        mean_err = math.inf if nans else _mean(compared, "mean_err")
-        pt_err = max(p.pt_err for p in compared)
-        pt_mean_err = _mean(compared, "pt_mean_err")
-        rounding_raw, band_ok = max(p.rounding for p in compared), all(p.band_ok for p in compared)
-    else:
-        max_err = mean_err = pt_err = pt_mean_err = rounding_raw = 0.0
-        worst, band_ok = (), True
-    rounding = rounding_floor(rounding_raw, floor_dtype)
+    compared = [p for p in parts if p.count]  # none: every figure 0, the bound the floor alone
+    # the first NaN, else the largest error (the first of equals), as one argmax over the whole
+    nans = [i for i, p in enumerate(compared) if p.nan]
+    chosen = nans[0] if nans else max(range(len(compared)), key=lambda i: (compared[i].max_err, -i), default=None)
+    max_err = compared[chosen].max_err if compared else 0.0
+    worst = _worst_in_whole(name, compared, chosen) if compared else ()
+    mean_err = math.inf if nans else _mean(compared, "mean_err")
+    pt_err = max((p.pt_err for p in compared), default=0.0)
+    pt_mean_err = _mean(compared, "pt_mean_err")
+    rounding = rounding_floor(max((p.rounding for p in compared), default=0.0), floor_dtype)
     floor = rounding + spec.floor_extra
-    bound = error_bound(pt_err, floor, mult) if compared else floor
+    bound = error_bound(pt_err, floor, mult)
     mean_floor_ = mean_floor(rounding, spec.floor_extra)
-    mean_bound = error_bound(pt_mean_err, mean_floor_, mean_mult) if compared else mean_floor_
+    mean_bound = error_bound(pt_mean_err, mean_floor_, mean_mult)
     return TensorError(
         tensor=name,
         max_err=max_err,
@@ -125,29 +121,15 @@ def tensor_error(
         floor=floor,
         mult=mult,
         bound=bound,
-        ratio=error_ratio(max_err, bound) if compared else 0.0,
+        ratio=error_ratio(max_err, bound),
         worst_index=worst,
         band_atol=atol,
         band_rtol=rtol,
-        band_ok=band_ok,
+        band_ok=all(p.band_ok for p in compared),
         seed=seed,
         pt_mean_err=pt_mean_err,
         mean_mult=mean_mult,
         mean_floor=mean_floor_,
         mean_bound=mean_bound,
-        mean_ratio=error_ratio(mean_err, mean_bound) if compared else 0.0,
+        mean_ratio=error_ratio(mean_err, mean_bound),
     )
-
-
-def measure(
-    name: str,
-    kernel: torch.Tensor,
-    gold: torch.Tensor,
-    low: torch.Tensor,
-    dtype: str,
-    mult: float,
-    seed: int,
-    mean_mult: float,
-) -> TensorError:
-    """One tensor's errors, measured whole: tensor_error of its one part."""
-    return tensor_error(name, [error_part(name, kernel, gold, low, dtype)], dtype, mult, seed, mean_mult)

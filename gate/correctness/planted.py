@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gate.attention.inputs import FAR
 from gate.attention.masks import allowed_mask, effective_window
 from gate.attention.reference import AttnOptions
 from gate.core.cases import FLAT_FIELDS, Case, first_visible_key
@@ -434,18 +435,15 @@ def _grid_y_programs_dropped(w: Wrapped, call: KernelCall) -> KernelOutput:
     return dataclasses.replace(res, out=out, lse=lse)
 
 
-INT32_WRAP = 2**31  # an element offset computed in int32 wraps here
-
-
 def batches_read_at_int32_offsets(t: torch.Tensor) -> torch.Tensor:
     """`t` (B, N, H, D) as a kernel that computes each batch element's start in 32 bits (and the
     offsets inside it in 64) reads it: an element starting at or past 2**31 elements is read 2**31
     elements earlier. The gradient passes straight through. A packed varlen tensor has no batch dim."""
-    if t.dim() != 4 or t.storage_offset() + (t.shape[0] - 1) * t.stride(0) < INT32_WRAP:
+    if t.dim() != 4 or t.storage_offset() + (t.shape[0] - 1) * t.stride(0) < FAR:
         return t
     base = t.detach()
     elements = [
-        torch.as_strided(base, t.shape[1:], t.stride()[1:], (t.storage_offset() + i * t.stride(0)) % INT32_WRAP)
+        torch.as_strided(base, t.shape[1:], t.stride()[1:], (t.storage_offset() + i * t.stride(0)) % FAR)
         for i in range(t.shape[0])
     ]
     return t + (torch.stack(elements) - base)

@@ -441,6 +441,18 @@ def batch_slice(inputs: AttnInputs, first: int, end: int) -> AttnInputs:
     )
 
 
+def _referenced(case: Case, inputs: AttnInputs, groups, gold, low, raw: SeedOutputs):
+    """(first, end, inputs, golden, low-precision, dropout mask) of each part the references are
+    computed for: the whole batch once (`gold`, `low` computed already), or each group in turn,
+    its references dropped before the next group's are computed."""
+    if groups is None:
+        yield 0, None, inputs, gold, low, raw.dropout_keep
+        return
+    for first, end in groups:
+        part_inputs = batch_slice(inputs, first, end)
+        yield first, end, part_inputs, *references(case, part_inputs, None), None
+
+
 def judge_seed(
     case: Case, inputs: AttnInputs, raw: SeedOutputs, tol: ToleranceConfig, traits: KernelTraits, device: str = "cpu"
 ) -> SeedJudgement:
@@ -461,7 +473,7 @@ def judge_seed(
             raise BadOutput("the adapter returned no cache for a decode call")
         errors.append(measure_exact("k_cache", raw.cache[0].detach(), k_after, case.compute_dtype, inputs.seed))
         errors.append(measure_exact("v_cache", raw.cache[1].detach(), v_after, case.compute_dtype, inputs.seed))
-    groups = batch_groups(case) if case.entry.kind != "kvcache" else None
+    groups = batch_groups(case)
     if groups is not None:  # references per group of batch elements, below
         gold = low = None
         notes.append(f"references computed in {len(groups)} groups of batch elements")
@@ -483,18 +495,12 @@ def judge_seed(
     if case.entry.sinks and not forward_only and not traits.sink_grad:
         notes.append("dsink not judged: the adapter declares no sink gradient")
     parts: dict[str, list] = {name: [] for name in measured}
-    if groups is None:
+    for first, end, part_inputs, part_gold, part_low, keep in _referenced(case, inputs, groups, gold, low, raw):
         for name, tensor in measured.items():
-            low_of = yardstick(name, case, inputs, raw.dropout_keep, low)
-            parts[name].append(error_part(name, tensor.detach(), getattr(gold, name), low_of, case.compute_dtype))
-    for b0, b1 in groups or ():
-        part_inputs = batch_slice(inputs, b0, b1)
-        part_gold, part_low = references(case, part_inputs, None)
-        for name, tensor in measured.items():
-            low_of = yardstick(name, case, part_inputs, None, part_low)
-            got = tensor.detach()[b0:b1]
-            parts[name].append(error_part(name, got, getattr(part_gold, name), low_of, case.compute_dtype, b0))
-        del part_gold, part_low
+            got = tensor.detach()[first:end]
+            low_of = yardstick(name, case, part_inputs, keep, part_low)
+            parts[name].append(error_part(name, got, getattr(part_gold, name), low_of, case.compute_dtype, first))
+        del part_gold, part_low  # before the next group's references are computed
     for name in measured:
         yardstick_dtype = tensor_spec(name).yardstick_dtype or case.compute_dtype
         errors.append(
