@@ -26,6 +26,7 @@ from pathlib import Path
 
 from gate.compare.baselines import Baseline, baseline_path, read_baseline
 from gate.compare.findings import CheckContext, Severity, decide
+from gate.compare.known import undeclared_failures
 from gate.compare.selftest import (
     BugOutcome,
     BugStatus,
@@ -34,7 +35,7 @@ from gate.compare.selftest import (
     SlowdownSection,
     SlowdownTrial,
 )
-from gate.compare.sweep_rules import check_comparable, compare, correctness_thresholds
+from gate.compare.sweep_rules import check_comparable, compare_all, correctness_thresholds
 from gate.core.cases import exact_regex
 from gate.core.config import Config
 from gate.core.environment import describe, host_id
@@ -115,11 +116,10 @@ class _Run:
     def judge(self, kernel_name: str, sweep: SweepResult):
         path, baseline = self.baselines[kernel_name]
         check_comparable(baseline, sweep, path)
-        findings = compare(baseline, sweep, self.config.verdict, sweep.scope)
+        # as `check` judges: failures a known_failures declaration covers are KNOWN, not blocking
+        findings, thresholds, known = compare_all(baseline, sweep, self.config, sweep.scope)
         return decide(
-            findings,
-            correctness_thresholds(self.config.verdict),
-            CheckContext(key=sweep.key, baseline=str(path)),
+            findings, thresholds, CheckContext(key=sweep.key, baseline=str(path), known_failures=tuple(known))
         )
 
 
@@ -131,7 +131,9 @@ def run_control(run: _Run, kernel_name: str, only: str | None = None) -> Control
     limits the control to the cases its planted bugs are judged on (tiled_control_scope)."""
     t0 = time.perf_counter()
     first = run.sweep(kernel_name, adapter=run.adapter if kernel_name == run.kernel else None, only=only)
-    failing = [c for c in first.cases if c.status.failed]
+    # a declared known failure is recorded in the control's baseline, as `baseline update` records it
+    undeclared = {cid for cid, _ in undeclared_failures(first, run.config.known_failures)}
+    failing = [c for c in first.cases if c.status.failed and c.case_id in undeclared]
     measured = sum(1 for c in first.cases if c.status.value != "SKIP")
     skipped = len(first.cases) - measured
     if failing or not measured:
