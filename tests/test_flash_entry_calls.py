@@ -825,6 +825,23 @@ def test_which_flash_generation_exposes_which_knob(monkeypatch):
     assert FA4Adapter().capabilities().unsupported_reason(packed, "cuda").startswith("no pack_gqa knob")
 
 
+@pytest.mark.parametrize("major, refused", [(8, True), (9, True), (10, False), (11, False), (12, True)])
+def test_fa4_refuses_a_forced_split_where_its_forward_asserts_it_cannot(monkeypatch, major, refused):
+    """FA4 4.0.0b36 asserts 'SplitKV not supported on SM 9.0' (and 8.0, 12.0): on an H100 the
+    splits cases were ERROR rows. They SKIP there, saying so, and run where FA4 splits (SM100)."""
+    import gate.kernels.flash_attn as fa
+
+    install(monkeypatch, "flash_attn.cute", flash_attn_varlen_func=fa4_varlen, flash_attn_func=fa4_dense)
+    monkeypatch.setattr(fa.torch.cuda, "get_device_capability", lambda *a: (major, 0))
+    contiguous = {k: v for k, v in DECODE.items() if k not in ("page_size", "shuffled_pages")}
+    splits = Case.build(**{**contiguous, "num_splits": 3})
+    reason = FA4Adapter().unsupported_reason(splits, "cuda")
+    assert (reason == fa.SPLIT_KV_REASON.format(major=major)) if refused else reason is None
+    assert f"SM {major}.x" in fa.SPLIT_KV_REASON.format(major=major)
+    for other in (splits.with_fields(num_splits=1), splits.with_fields(num_splits=0, pack_gqa=True)):
+        assert FA4Adapter().unsupported_reason(other, "cuda") is None
+
+
 def test_fa4_judges_dsink_where_its_backward_takes_the_sink(monkeypatch):
     """FA4 builds whose interface backward takes learnable_sink return dsink (it is judged); a build
     without it, or one whose interface does not import, is judged without dsink."""

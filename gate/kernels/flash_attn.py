@@ -350,6 +350,10 @@ class FA4Adapter(_FlashBase):
             return SOFTCAP_BIAS_REASON
         if reason is None and case.is_gqa and case.head_dim != case.head_dim_v and case.entry.kind != "kvcache":
             return GQA_DV_REASON
+        if reason is None and case.knobs.num_splits >= 2 and device == "cuda":
+            major = torch.cuda.get_device_capability()[0]
+            if major not in SPLIT_KV_ARCHS:
+                return SPLIT_KV_REASON.format(major=major)
         return reason
 
     def _bias_reason(self) -> str:
@@ -422,6 +426,13 @@ BIAS_GRAD_REASON = (
 # FA4 4.0.0b36 asserts in its
 # backward "GQA backward requires head_dim == head_dim_v" (bf16-b2-h8/2-s257x1000-d192/128-causal)
 GQA_DV_REASON = "GQA with head_dim_v != head_dim: FA4's backward asserts head_dim == head_dim_v under GQA"
+# FA4's forward asserts "SplitKV not supported on SM 8.0/9.0/12.0" (interface.py, 4.0.0b36): only
+# its SM100/SM110 forward splits the keys
+SPLIT_KV_ARCHS = (10, 11)
+SPLIT_KV_REASON = (
+    "no forced num_splits >= 2 on SM {major}.x: FA4's forward asserts 'SplitKV not supported' there "
+    "(its split-KV forward is SM100's)"
+)
 SOFTCAP_BIAS_REASON = "no custom bias with softcap: FA4 takes softcap or a score_mod, not both (its interface asserts)"
 
 
