@@ -832,6 +832,7 @@ def test_fa4_refuses_a_forced_split_where_its_forward_asserts_it_cannot(monkeypa
     import gate.kernels.flash_attn as fa
 
     install(monkeypatch, "flash_attn.cute", flash_attn_varlen_func=fa4_varlen, flash_attn_func=fa4_dense)
+    monkeypatch.setattr(fa.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(fa.torch.cuda, "get_device_capability", lambda *a: (major, 0))
     contiguous = {k: v for k, v in DECODE.items() if k not in ("page_size", "shuffled_pages")}
     splits = Case.build(**{**contiguous, "num_splits": 3})

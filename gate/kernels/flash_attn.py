@@ -350,7 +350,7 @@ class FA4Adapter(_FlashBase):
             return SOFTCAP_BIAS_REASON
         if reason is None and case.is_gqa and case.head_dim != case.head_dim_v and case.entry.kind != "kvcache":
             return GQA_DV_REASON
-        if reason is None and case.knobs.num_splits >= 2 and device == "cuda":
+        if reason is None and case.knobs.num_splits >= 2 and device == "cuda" and torch.cuda.is_available():
             major = torch.cuda.get_device_capability()[0]
             if major not in SPLIT_KV_ARCHS:
                 return SPLIT_KV_REASON.format(major=major)
