@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from gate.commands.check import last_failed_ids
@@ -117,11 +118,10 @@ def main(args: argparse.Namespace) -> int:
             if not config_path.is_file():
                 raise UserError(f"{config_rel} is not committed at --bad {args.bad}; commit the gate's config first")
             config = load_config(config_path)
-            plan = resolve_plan(config, args.kernel, args.suite, args.device, perf=args.perf)
-            only = args.only
-            if args.last_failed:
-                only = exact_regex(last_failed_ids(args.out, plan.kernel, plan.suite.name))
-            plan = resolve_plan(config, plan.kernel, plan.suite.name, plan.device, only, perf=args.perf)
+            plan = resolve_plan(config, args.kernel, args.suite, args.device, args.only, perf=args.perf)
+            if args.last_failed:  # the plan resolved once: resolving checks the kernel in a worker
+                plan = replace(plan, only=exact_regex(last_failed_ids(args.out, plan.kernel, plan.suite.name)))
+            only = plan.only
             cases = tuple(
                 sorted({c.id for c in plan.cases} | ({c.id for c in plan.perf_cases} if args.perf else set()))
             )
