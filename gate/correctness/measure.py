@@ -51,7 +51,8 @@ def error_part(
         return ErrorPart(0, 0.0, 0.0, (), 0.0, 0.0, 0.0, True, batch_start=batch_start)
     diff = (k - g).abs()
     nan = torch.isnan(diff)
-    if nan.any():  # a NaN is infinitely wrong, and written so: files hold no NaN a reader must refuse
+    has_nan = bool(nan.any())
+    if has_nan:  # a NaN is infinitely wrong, and written so: files hold no NaN a reader must refuse
         flat = int(nan.flatten().nonzero()[0])
         max_err = mean_err = math.inf
     else:
@@ -72,7 +73,7 @@ def error_part(
         pt_mean_err=float(pt_diff.mean()),
         rounding=2.0 * float(((gd + 0.3) - 0.3 - gd).abs().max()),
         band_ok=bool((diff <= atol + rtol * g.abs()).all()),
-        nan=bool(nan.any()),
+        nan=has_nan,
         batch_start=batch_start,
     )
 
