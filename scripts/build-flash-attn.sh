@@ -47,6 +47,15 @@ if [ "$dry" = 0 ]; then
   python3 -c "import torch, sys; sys.exit(torch.version.cuda is None)" \
     || { echo "build-flash-attn: needs a CUDA build of torch (the version the GPU machine runs)" >&2; exit 2; }
 fi
+if [ -z "${CUDA_HOME:-}" ] && command -v nvcc >/dev/null; then
+  # torch takes the toolkit root from nvcc's folder; where nvcc on PATH is a wrapper script
+  # (/usr/local/bin/nvcc) that root has no CUDA headers, so take the one nvcc itself reports
+  top=$(nvcc --dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -n 1)
+  if [ -n "$top" ] && CUDA_HOME=$(cd "$top" && pwd); then
+    export CUDA_HOME
+    echo "+ export CUDA_HOME=$CUDA_HOME"
+  fi
+fi
 
 if [ "$what" = fa2 ]; then
   export FLASH_ATTN_CUDA_ARCHS=90

@@ -33,3 +33,26 @@ def test_fa3_dry_run_takes_a_user_supplied_tree_with_the_trim_switches():
 def test_bad_arguments_are_usage_errors():
     assert run("fa5").returncode == 2 and run().returncode == 2
     assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
+
+
+def test_cuda_home_is_the_root_nvcc_reports_when_nvcc_is_a_wrapper(tmp_path):
+    """torch takes CUDA_HOME from nvcc's folder; a wrapper script there (/usr/local/bin/nvcc) names a
+    root without the CUDA headers, so the script takes the root nvcc itself reports."""
+    toolkit = tmp_path / "cuda-13.0"
+    (toolkit / "bin").mkdir(parents=True)
+    wrappers = tmp_path / "wrappers"
+    wrappers.mkdir()
+    nvcc = wrappers / "nvcc"
+    nvcc.write_text(f'#!/bin/sh\necho "#$ _HERE_={toolkit}/bin"\necho "#$ TOP={toolkit}/bin/.."\n')
+    nvcc.chmod(0o755)
+    env = {"PATH": f"{wrappers}:/usr/bin:/bin"}
+
+    def dry(extra: dict) -> str:
+        r = subprocess.run(
+            ["bash", str(SCRIPT), "--dry-run", "fa2"], capture_output=True, text=True, timeout=60, env={**env, **extra}
+        )
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    assert f"+ export CUDA_HOME={toolkit}\n" in dry({})
+    assert "CUDA_HOME" not in dry({"CUDA_HOME": "/opt/cuda"})  # a user's own setting stands
