@@ -50,8 +50,8 @@ fi
 if [ -z "${CUDA_HOME:-}" ] && command -v nvcc >/dev/null; then
   # torch takes the toolkit root from nvcc's folder; where nvcc on PATH is a wrapper script
   # (/usr/local/bin/nvcc) that root has no CUDA headers, so take the one nvcc itself reports
-  top=$(nvcc --dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -n 1)
-  if [ -n "$top" ] && CUDA_HOME=$(cd "$top" && pwd); then
+  top=$( { nvcc --dryrun -c -x cu /dev/null -o /dev/null 2>&1 || true; } | sed -n 's/^#\$ TOP=//p' | head -n 1)
+  if [ -n "$top" ] && CUDA_HOME=$(cd "$top" 2>/dev/null && pwd); then
     export CUDA_HOME
     echo "+ export CUDA_HOME=$CUDA_HOME"
   fi

@@ -12,7 +12,8 @@ if [ $# -gt 0 ]; then
 fi
 # Without arguments (CI), the two tiers one after the other, so the log times each: the fast tier
 # a contributor runs while working, then the end-to-end runs (docs/contributing.md).
-start=$SECONDS
-python -m pytest -q -n auto -m "not slow" --durations=10
-python -m pytest -q -n auto -m slow --durations=25
-echo "scripts/test.sh: both tiers in $((SECONDS - start)) s"
+start=$SECONDS fast=0 slow=0
+python -m pytest -q -n auto -m "not slow" --durations=10 || fast=$?
+python -m pytest -q -n auto -m slow --durations=25 || slow=$?
+echo "scripts/test.sh: both tiers in $((SECONDS - start)) s (exit codes: fast $fast, slow $slow)"
+[ "$fast" = 0 ] && [ "$slow" = 0 ]

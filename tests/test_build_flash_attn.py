@@ -56,3 +56,5 @@ def test_cuda_home_is_the_root_nvcc_reports_when_nvcc_is_a_wrapper(tmp_path):
 
     assert f"+ export CUDA_HOME={toolkit}\n" in dry({})
     assert "CUDA_HOME" not in dry({"CUDA_HOME": "/opt/cuda"})  # a user's own setting stands
+    nvcc.write_text("#!/bin/sh\necho 'nvcc fatal' >&2\nexit 1\n")  # an nvcc that cannot say: torch's own guess
+    assert "CUDA_HOME" not in dry({})
