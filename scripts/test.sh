@@ -7,13 +7,4 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
 # --durations: the slowest tests are named in every log (CI's too), so a test that grows is seen.
-if [ $# -gt 0 ]; then
-  exec python -m pytest -q -n auto --durations=25 "$@"
-fi
-# Without arguments (CI), the two tiers one after the other, so the log times each: the fast tier
-# a contributor runs while working, then the end-to-end runs (docs/contributing.md).
-start=$SECONDS fast=0 slow=0
-python -m pytest -q -n auto -m "not slow" --durations=10 || fast=$?
-python -m pytest -q -n auto -m slow --durations=25 || slow=$?
-echo "scripts/test.sh: both tiers in $((SECONDS - start)) s (exit codes: fast $fast, slow $slow)"
-[ "$fast" = 0 ] && [ "$slow" = 0 ]
+exec python -m pytest -q -n auto --durations=25 "$@"
