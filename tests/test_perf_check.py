@@ -164,7 +164,9 @@ def test_a_far_slower_kernel_fails_and_a_lax_threshold_passes(project):
     assert check(tmp, "--perf") == 1
     speed = [f for f in findings(tmp) if f["rule"] == "speed"]
     assert speed and all(f["severity"] == "FAIL" for f in speed), speed
-    assert all("confirmed by a 7-round re-run" in f["message"] for f in speed)
+    # every FAIL went through the 7-round confirm re-run: "confirmed" where the first interval lay
+    # wholly above the limit, a re-measured straddle where a busy CPU's noise widened it
+    assert all("7-round re-run" in f["message"] for f in speed)
     write_config(tmp, "cpu_regression_pct = 1000.0")  # timed on a CPU: its limit applies
     doctor(baseline, 1.0)
     assert check(tmp, "--perf") == 0
