@@ -335,6 +335,39 @@ BEHIND_BY_NEW_CASES = {("h200", "pr"): "52bbd8568f7a7c6a"}
 DROPPED_SKIP_REASON = "fully masked rows: SDPA "
 
 
+# speed passes recorded before `baseline update` refused a pass that cannot pass against itself:
+# the d256 backward against the matmul anchor spreads its rounds on the H100s we had (+3.0% and
+# +3.5%); cuDNN's fp16 16k backward on the H200 reaches +2.04%. A check of these kernels there is
+# INCONCLUSIVE on that pass until it is re-recorded; drop the entry then.
+UNRESOLVED_BEFORE_THE_RULE = {
+    ("h100/sdpa-flash-pr.json", "bf16-b4-h16-s512-d256", "bwd"),
+    ("h100/sdpa-efficient-pr.json", "bf16-b4-h16-s512-d256", "bwd"),
+    ("h200/sdpa-cudnn-pr.json", "fp16-b1-h8/2-s16384-d128", "bwd"),
+}
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in GPU_BASELINES if json.loads(p.read_text()).get("perf")],
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)
+def test_committed_speed_passes_can_pass_against_themselves_or_are_marked_noisy(path):
+    """What `baseline update --perf` records: a pass whose own rounds reach past the regression limit
+    against themselves would make every check of an unchanged kernel INCONCLUSIVE; it is only there
+    marked noisy (--accept-noisy), so the check's finding says why."""
+    from gate.core.config import PerfConfig
+    from gate.speed.runs import unresolvable_passes
+
+    section = json.loads(path.read_text())["perf"]
+    where = f"{path.parent.name}/{path.name}"
+    unmarked = {
+        (where, case_id, p)
+        for case_id, p, _ in unresolvable_passes(section, PerfConfig(), "cuda")
+        if not section[case_id][p].get("noisy")
+    }
+    assert unmarked == {k for k in UNRESOLVED_BEFORE_THE_RULE if k[0] == where}
+
+
 @pytest.mark.parametrize("path", GPU_BASELINES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_committed_gpu_baselines_match_their_suites_and_config(path, tmp_path):
     """The GPU gate refuses a baseline whose suite or multipliers changed (at run time, on the GPU

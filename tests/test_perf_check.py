@@ -14,7 +14,16 @@ from gate.core.cases import Case
 from gate.core.config import Config, PerfConfig, load_config
 from gate.core.environment import host_id
 from gate.core.errors import UserError
-from gate.speed.runs import PerfCaseResult, PerfResult, baseline_entry, judge_perf, measure_case, perf_cases
+from gate.speed.rule import PerfRules, PerfSeverity, RatioEstimate, judge
+from gate.speed.runs import (
+    PerfCaseResult,
+    PerfResult,
+    baseline_entry,
+    judge_perf,
+    measure_case,
+    noisy_passes,
+    perf_cases,
+)
 from gate.speed.timing import PASSES, PassTiming, TimingPlan, TimingRun
 from gate.workflow.speed_check import perf_findings, refuse_noisy
 
@@ -629,21 +638,57 @@ def _section(noise: float) -> dict:
 def test_a_speed_section_noisier_than_max_noise_pct_is_refused_in_one_line():
     cfg = PerfConfig()  # noise_k 3, max_noise_pct 5
     with pytest.raises(UserError) as err:
-        refuse_noisy(_section(0.071), cfg, accept_noisy=False, where="baseline update --perf")
+        refuse_noisy(_section(0.071), cfg, accept_noisy=False, where="baseline update --perf", device="cuda")
     msg = str(err.value)
     assert "\n" not in msg and f"{A.id} bwd has noise 21.3%" in msg and "max_noise_pct 5%" in msg
     assert "--accept-noisy" in msg and "nothing written" in msg
     quiet = _section(0.01)  # a 3% band: recorded as it is
-    assert refuse_noisy(quiet, cfg, accept_noisy=False, where="x") == quiet
+    assert refuse_noisy(quiet, cfg, accept_noisy=False, where="x", device="cuda") == quiet
     assert "noisy" not in json.dumps(quiet)
 
 
 def test_accept_noisy_records_the_noisy_passes_marked_and_check_says_so():
-    marked = refuse_noisy(_section(0.071), PerfConfig(), accept_noisy=True, where="x")
+    marked = refuse_noisy(_section(0.071), PerfConfig(), accept_noisy=True, where="x", device="cuda")
     assert marked[A.id]["bwd"]["noisy"] is True and "noisy" not in marked[A.id]["fwd"]
     js = judge_perf(run_of(measured(A)), marked, PerfConfig())
     notes = {j.pass_: "recorded as noisy" in j.message for j in js}
     assert notes == {"fwd": False, "bwd": True}, [j.message for j in js]
+
+
+# The 30 per-round ratios of an H100 decode step (FA4 against cuDNN) whose anchor ran slow for a
+# stretch of rounds: two levels, 0.54-0.72 and 0.94, with a small noise band (1.6% x 3).
+TWO_LEVELS = [0.54, 0.567, 0.583, 0.585, 0.609, 0.627, 0.645, 0.649, 0.651, 0.656, 0.662, 0.665, 0.715, 0.859]
+TWO_LEVELS += [0.938, 0.938, 0.942, 0.943, 0.943, 0.944, 0.945, 0.945, 0.945, 0.946, 0.947, 0.947, 0.947]
+TWO_LEVELS += [0.949, 0.949, 1.124]
+
+
+def _bwd_rounds(samples: list[float]) -> dict:
+    entry = baseline_entry(measured(A), ANCHOR, HOST)
+    median = sorted(samples)[len(samples) // 2]
+    return {A.id: {**entry, "bwd": {"median": median, "noise": 0.0162, "n": 30, "samples": samples}}}
+
+
+def test_a_pass_that_cannot_pass_against_itself_is_refused_where_its_limit_is_tight():
+    cfg = PerfConfig()  # regression_pct 2 on a GPU, cpu_regression_pct 25
+    split = _bwd_rounds(TWO_LEVELS)
+    est = RatioEstimate.from_dict(split[A.id]["bwd"])
+    # why: an unchanged kernel judged against these rounds straddles the 2% limit (fails closed)
+    same = judge(A.id, "bwd", est, est, PerfRules.from_config(cfg, "cuda"))
+    assert same.severity is PerfSeverity.INCONCLUSIVE and same.ci_high > 0.02
+    assert noisy_passes(split, cfg) == []  # its noise band (4.9%) is within max_noise_pct
+    with pytest.raises(UserError) as err:
+        refuse_noisy(split, cfg, accept_noisy=False, where="--perf-from p.json", device="cuda")
+    msg = str(err.value)
+    assert "\n" not in msg and f"speed of {A.id} bwd cannot pass against itself" in msg, msg
+    assert "2% regression limit" in msg and "--accept-noisy" in msg and "nothing written" in msg
+    # the same rounds under a CPU's 25% limit, and rounds without the slow stretch: recorded as they are
+    assert refuse_noisy(split, cfg, accept_noisy=False, where="x", device="cpu") == split
+    steady = _bwd_rounds(TWO_LEVELS[14:] + TWO_LEVELS[15:29])
+    assert refuse_noisy(steady, cfg, accept_noisy=False, where="x", device="cuda") == steady
+    marked = refuse_noisy(split, cfg, accept_noisy=True, where="x", device="cuda")
+    assert marked[A.id]["bwd"]["noisy"] is True and "noisy" not in marked[A.id]["fwd"]
+    note = judge(A.id, "bwd", RatioEstimate.from_dict(marked[A.id]["bwd"]), est, PerfRules()).message
+    assert "recorded as noisy" in note and "against themselves" in note, note
 
 
 @pytest.mark.slow

@@ -220,6 +220,15 @@ def change_interval(current: RatioEstimate, baseline: RatioEstimate, confidence:
     return math.expm1(lo), math.expm1(hi)
 
 
+def own_reach(est: RatioEstimate, confidence: float) -> float:
+    """How slow an unchanged kernel can read against this estimate: the upper end of the interval
+    of its per-round ratios against themselves (NaN without them). Past the regression limit, a
+    check of the same speed straddles the limit: INCONCLUSIVE, which fails closed."""
+    if len(est.samples) < 2:
+        return math.nan
+    return change_interval(est, est, confidence)[1]
+
+
 def _not_a_ratio(est: RatioEstimate) -> str:
     """Why an estimate cannot be judged ('' when it can): a median that is not a positive number,
     or per-round ratios that are not all finite and positive (no log, no rank of a NaN)."""
@@ -234,9 +243,12 @@ def _not_a_ratio(est: RatioEstimate) -> str:
 def _noisy_note(baseline: RatioEstimate, rules: PerfRules) -> str:
     if not baseline.noisy:
         return ""
+    reach = own_reach(baseline, rules.confidence)
+    against_itself = f"; its own rounds reach {_pct(reach, 1)} against themselves" if math.isfinite(reach) else ""
     return (
-        f"; the baseline's speed ratio was recorded as noisy (noise band {baseline.noise_band(rules.noise_k) * 100:.1f}% "
-        f"> max_noise_pct {rules.max_noise_pct:g}%): re-record it on a quieter machine to narrow the interval"
+        f"; the baseline's speed ratio was recorded as noisy (noise band {baseline.noise_band(rules.noise_k) * 100:.1f}%, "
+        f"max_noise_pct {rules.max_noise_pct:g}%{against_itself}): re-record it on a quieter machine to narrow "
+        f"the interval"
     )
 
 

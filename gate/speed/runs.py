@@ -40,7 +40,7 @@ from gate.core.identity import Environment, Scope
 from gate.core.jsonio import bad_field, checked_kernel, checked_name, measured_float, read_record, write_json_atomic
 from gate.core.results import Status, migrate_rows, scope_of_notes
 from gate.speed.entries import MAX_ROUNDS, entry_host
-from gate.speed.rule import PerfJudgement, PerfRules, PerfSeverity, RatioEstimate, judge
+from gate.speed.rule import PerfJudgement, PerfRules, PerfSeverity, RatioEstimate, judge, own_reach
 from gate.speed.timing import PASSES, KernelWorkload, MatmulWorkload, PassTiming, TimingPlan, TimingRun, time_pair
 
 SCHEMA_VERSION = 3
@@ -663,6 +663,20 @@ def noisy_passes(section: dict[str, Any], config: PerfConfig) -> list[tuple[str,
             if not band <= config.max_noise_pct / 100:  # NaN noise is noisy too
                 out.append((case_id, p, band))
     return sorted(out, key=lambda t: -t[2] if math.isfinite(t[2]) else -math.inf)
+
+
+def unresolvable_passes(section: dict[str, Any], config: PerfConfig, device: str) -> list[tuple[str, str, float]]:
+    """(case id, pass, reach) of every pass of a speed section whose own per-round ratios cannot
+    tell it from a slowdown: their interval against themselves reaches past the device's
+    regression limit (a transient in some rounds, a bimodal launch), widest first."""
+    rules = PerfRules.from_config(config, device)
+    out = []
+    for case_id, entry in section.items():
+        for p in _timed_passes(entry, PASSES):
+            reach = own_reach(RatioEstimate.from_dict(entry[p]), rules.confidence)
+            if math.isfinite(reach) and reach > rules.regression_pct / 100:
+                out.append((case_id, p, reach))
+    return sorted(out, key=lambda t: -t[2])
 
 
 def mark_noisy(section: dict[str, Any], noisy: list[tuple[str, str, float]]) -> dict[str, Any]:

@@ -50,6 +50,7 @@ from gate.speed.runs import (
     remeasure_with,
     run_perf,
     unmatched_baseline_judgements,
+    unresolvable_passes,
     write_perf_outputs,
 )
 from gate.workflow.isolation import PerfWorker
@@ -205,25 +206,39 @@ def _judged_perf(plan: RunPlan, baseline_perf: dict[str, Any] | None, out_dir: P
     return PerfCheck(result, judgements, perf_findings(judgements), perf_thresholds(cfg), paths, md)
 
 
-def refuse_noisy(section: dict[str, Any], config: PerfConfig, accept_noisy: bool, where: str) -> dict[str, Any]:
-    """A speed section whose noise band exceeds max_noise_pct is refused (one line, exit 2), or with
-    --accept-noisy recorded with its noisy passes marked (`check` then says so in their findings)."""
+def refuse_noisy(
+    section: dict[str, Any], config: PerfConfig, accept_noisy: bool, where: str, device: str
+) -> dict[str, Any]:
+    """A speed section is refused (one line, exit 2) where a pass's noise band exceeds max_noise_pct
+    or its own rounds cannot pass against themselves (an unchanged kernel would be INCONCLUSIVE
+    against it, on every check); with --accept-noisy such passes are recorded marked (`check`
+    then says so in their findings)."""
     noisy = noisy_passes(section, config)
-    if not noisy:
+    unresolvable = unresolvable_passes(section, config, device)
+    if not noisy and not unresolvable:
         return section
     if accept_noisy:
         print(
-            f'attn-gate: recording {len(noisy)} noisy speed ratio(s) marked "noisy" (--accept-noisy); noisiest '
-            f"{noisy[0][0]} {noisy[0][1]} {noisy[0][2] * 100:.1f}% > max_noise_pct {config.max_noise_pct:g}%",
+            f"attn-gate: recording {len({(c, p) for c, p, _ in noisy + unresolvable})} noisy speed ratio(s) "
+            f'marked "noisy" (--accept-noisy)',
             file=sys.stderr,
         )
-        return mark_noisy(section, noisy)
-    case_id, pass_, band = noisy[0]
-    more = f" (and {len(noisy) - 1} more pass(es))" if len(noisy) > 1 else ""
+        return mark_noisy(section, noisy + unresolvable)
+    fix = "time it on a quieter machine, or pass --accept-noisy to record it marked noisy"
+    if noisy:
+        case_id, pass_, band = noisy[0]
+        more = f" (and {len(noisy) - 1} more pass(es))" if len(noisy) > 1 else ""
+        raise UserError(
+            f"{where}: speed of {case_id} {pass_} has noise {band * 100:.1f}% ({config.noise_k:g} x the "
+            f"median's standard error) > max_noise_pct {config.max_noise_pct:g}%{more}; nothing written: {fix}"
+        )
+    case_id, pass_, reach = unresolvable[0]
+    more = f" (and {len(unresolvable) - 1} more pass(es))" if len(unresolvable) > 1 else ""
+    limit = config.regression_pct_for(device)
     raise UserError(
-        f"{where}: speed of {case_id} {pass_} has noise {band * 100:.1f}% ({config.noise_k:g} x the "
-        f"median's standard error) > max_noise_pct {config.max_noise_pct:g}%{more}; nothing written: "
-        f"time it on a quieter machine, or pass --accept-noisy to record it marked noisy"
+        f"{where}: speed of {case_id} {pass_} cannot pass against itself: its rounds, compared with "
+        f"themselves, reach +{reach * 100:.1f}% > the {limit:g}% regression limit, so a check of an "
+        f"unchanged kernel would be INCONCLUSIVE{more}; nothing written: {fix}"
     )
 
 
@@ -272,7 +287,7 @@ def perf_baseline_section(
             f"no perf case of suite {suite!r} could be timed for {kernel!r} (all skipped or failed); "
             f"see `attn-gate perf --kernel {kernel} --suite {suite}`"
         )
-    measured = refuse_noisy(measured, cfg, accept_noisy, "baseline update --perf")
+    measured = refuse_noisy(measured, cfg, accept_noisy, "baseline update --perf", plan.device)
     section = {**(old_perf or {}), **measured} if plan.only else measured
     return dict(sorted(section.items())), result
 
@@ -308,7 +323,7 @@ def perf_section_from_file(
     measured = {c.case_id: baseline_entry(c, result.anchor, result.host) for c in result.cases if c.measured}
     if not measured:
         raise UserError(f"--perf-from {path}: no case was timed (all skipped or failed)")
-    measured = refuse_noisy(measured, config.perf, accept_noisy, f"--perf-from {path}")
+    measured = refuse_noisy(measured, config.perf, accept_noisy, f"--perf-from {path}", result.device)
     filtered = not result.scope.whole
     section = {**(old_perf or {}), **measured} if filtered else measured
     return dict(sorted(section.items()))
