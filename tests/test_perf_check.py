@@ -656,7 +656,7 @@ def test_accept_noisy_records_the_noisy_passes_marked_and_check_says_so():
 
 
 # The 30 per-round ratios of an H100 decode step (FA4 against cuDNN) whose anchor ran slow for a
-# stretch of rounds: two levels, 0.54-0.72 and 0.94, with a small noise band (1.6% x 3).
+# stretch of rounds: two levels, 0.54-0.86 and 0.94, with a small noise band (1.6% x 3); held here as a bwd pass.
 TWO_LEVELS = [0.54, 0.567, 0.583, 0.585, 0.609, 0.627, 0.645, 0.649, 0.651, 0.656, 0.662, 0.665, 0.715, 0.859]
 TWO_LEVELS += [0.938, 0.938, 0.942, 0.943, 0.943, 0.944, 0.945, 0.945, 0.945, 0.946, 0.947, 0.947, 0.947]
 TWO_LEVELS += [0.949, 0.949, 1.124]
@@ -685,6 +685,10 @@ def test_a_pass_that_cannot_pass_against_itself_is_refused_where_its_limit_is_ti
     assert refuse_noisy(split, cfg, accept_noisy=False, where="x", device="cpu") == split
     steady = _bwd_rounds(TWO_LEVELS[14:] + TWO_LEVELS[15:29])
     assert refuse_noisy(steady, cfg, accept_noisy=False, where="x", device="cuda") == steady
+    # three rounds give no interval at all: no check could pass them either
+    few = _bwd_rounds(TWO_LEVELS[14:17])
+    with pytest.raises(UserError, match="cannot pass against itself: .* give no interval"):
+        refuse_noisy(few, cfg, accept_noisy=False, where="x", device="cuda")
     marked = refuse_noisy(split, cfg, accept_noisy=True, where="x", device="cuda")
     assert marked[A.id]["bwd"]["noisy"] is True and "noisy" not in marked[A.id]["fwd"]
     note = judge(A.id, "bwd", RatioEstimate.from_dict(marked[A.id]["bwd"]), est, PerfRules()).message

@@ -92,7 +92,8 @@ def register(sub) -> None:
     u.add_argument(
         "--accept-noisy",
         action="store_true",
-        help="record a speed section noisier than max_noise_pct, marked noisy (refused without it: exit 2)",
+        help="record a speed section noisier than max_noise_pct, or with a pass whose rounds cannot pass against "
+        "themselves, those passes marked noisy (refused without it: exit 2)",
     )
     u.add_argument(
         "--widen",

@@ -254,7 +254,8 @@ class PerfConfig:
     )
     max_noise_pct: float = setting(
         5.0,
-        "speed: `baseline update --perf` refuses a noise band above this (`--accept-noisy` records it)",
+        "speed: `baseline update --perf` refuses a noise band above this, and a pass whose rounds cannot pass "
+        "against themselves (`--accept-noisy` records them)",
         "%",
         PERCENT,
         "above it the noise rule (INCONCLUSIVE) never fires",

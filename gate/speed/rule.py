@@ -55,7 +55,8 @@ class PerfSeverity(str, enum.Enum):
 @dataclass(frozen=True)
 class RatioEstimate:
     """One measured speed ratio: its median over rounds, the noise of that median, the rounds;
-    `noisy`: a baseline recorded on purpose with a noise band above max_noise_pct."""
+    `noisy`: a baseline recorded on purpose (--accept-noisy) with a noise band above max_noise_pct
+    or rounds that cannot pass against themselves."""
 
     median: float
     noise: float  # relative standard error of the median (0.004 = 0.4%)
@@ -244,11 +245,11 @@ def _noisy_note(baseline: RatioEstimate, rules: PerfRules) -> str:
     if not baseline.noisy:
         return ""
     reach = own_reach(baseline, rules.confidence)
-    against_itself = f"; its own rounds reach {_pct(reach, 1)} against themselves" if math.isfinite(reach) else ""
+    against_itself = f"; its own rounds reach {_pct(reach, 2)} against themselves" if math.isfinite(reach) else ""
+    band = baseline.noise_band(rules.noise_k) * 100
     return (
-        f"; the baseline's speed ratio was recorded as noisy (noise band {baseline.noise_band(rules.noise_k) * 100:.1f}%, "
-        f"max_noise_pct {rules.max_noise_pct:g}%{against_itself}): re-record it on a quieter machine to narrow "
-        f"the interval"
+        f"; the baseline's speed ratio was recorded as noisy (noise band {band:.1f}%, max_noise_pct "
+        f"{rules.max_noise_pct:g}%{against_itself}): re-record it on a quieter machine to narrow the interval"
     )
 
 

@@ -636,8 +636,8 @@ def baseline_entry(c: PerfCaseResult, anchor: str, host: str) -> dict[str, Any] 
     """What a baseline keeps for one case: per pass the ratio median, its noise, the rounds and
     the per-round ratios (rounded: readable diffs), the anchor it was measured against (the
     row's own, a fallback included; `anchor`, the run's, for a row that does not say) and the
-    `host` that timed it (the run's host digest, '' unknown). A pass recorded on purpose above
-    max_noise_pct carries `"noisy": true` (`mark_noisy`)."""
+    `host` that timed it (the run's host digest, '' unknown). A pass recorded on purpose (above
+    max_noise_pct, or unable to pass against itself) carries `"noisy": true` (`mark_noisy`)."""
     if not c.measured:
         return None
     entry: dict[str, Any] = {"anchor": c.anchor_or(anchor), "host": host}
@@ -668,14 +668,15 @@ def noisy_passes(section: dict[str, Any], config: PerfConfig) -> list[tuple[str,
 def unresolvable_passes(section: dict[str, Any], config: PerfConfig, device: str) -> list[tuple[str, str, float]]:
     """(case id, pass, reach) of every pass of a speed section whose own per-round ratios cannot
     tell it from a slowdown: their interval against themselves reaches past the device's
-    regression limit (a transient in some rounds, a bimodal launch), widest first."""
+    regression limit (a transient in some rounds, a bimodal launch), or give no interval at all (too
+    few rounds: inf), widest first."""
     rules = PerfRules.from_config(config, device)
     out = []
     for case_id, entry in section.items():
         for p in _timed_passes(entry, PASSES):
             reach = own_reach(RatioEstimate.from_dict(entry[p]), rules.confidence)
-            if math.isfinite(reach) and reach > rules.regression_pct / 100:
-                out.append((case_id, p, reach))
+            if not reach <= rules.regression_pct / 100:  # NaN: no interval, which `judge` cannot pass either
+                out.append((case_id, p, reach if math.isfinite(reach) else math.inf))
     return sorted(out, key=lambda t: -t[2])
 
 

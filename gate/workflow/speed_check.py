@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -217,28 +218,29 @@ def refuse_noisy(
     unresolvable = unresolvable_passes(section, config, device)
     if not noisy and not unresolvable:
         return section
+    marked = sorted({(c, p) for c, p, _ in noisy + unresolvable})
     if accept_noisy:
         print(
-            f"attn-gate: recording {len({(c, p) for c, p, _ in noisy + unresolvable})} noisy speed ratio(s) "
-            f'marked "noisy" (--accept-noisy)',
+            f'attn-gate: recording {len(marked)} speed ratio(s) marked "noisy" (--accept-noisy): '
+            + ", ".join(f"{c} {p}" for c, p in marked[:3])
+            + (" ..." if len(marked) > 3 else ""),
             file=sys.stderr,
         )
         return mark_noisy(section, noisy + unresolvable)
+    more = f" (and {len(marked) - 1} more pass(es))" if len(marked) > 1 else ""
     fix = "time it on a quieter machine, or pass --accept-noisy to record it marked noisy"
     if noisy:
         case_id, pass_, band = noisy[0]
-        more = f" (and {len(noisy) - 1} more pass(es))" if len(noisy) > 1 else ""
         raise UserError(
             f"{where}: speed of {case_id} {pass_} has noise {band * 100:.1f}% ({config.noise_k:g} x the "
             f"median's standard error) > max_noise_pct {config.max_noise_pct:g}%{more}; nothing written: {fix}"
         )
     case_id, pass_, reach = unresolvable[0]
-    more = f" (and {len(unresolvable) - 1} more pass(es))" if len(unresolvable) > 1 else ""
-    limit = config.regression_pct_for(device)
+    reaches = "give no interval (too few rounds)" if math.isinf(reach) else f"reach +{reach * 100:.2f}%"
     raise UserError(
         f"{where}: speed of {case_id} {pass_} cannot pass against itself: its rounds, compared with "
-        f"themselves, reach +{reach * 100:.1f}% > the {limit:g}% regression limit, so a check of an "
-        f"unchanged kernel would be INCONCLUSIVE{more}; nothing written: {fix}"
+        f"themselves, {reaches} > the {config.regression_pct_for(device):g}% regression limit, so a check "
+        f"of an unchanged kernel would be INCONCLUSIVE{more}; nothing written: {fix}"
     )
 
 
@@ -273,7 +275,7 @@ def perf_baseline_section(
     plan: RunPlan, old_perf: dict[str, Any] | None, accept_noisy: bool = False
 ) -> tuple[dict[str, Any], PerfResult]:
     """The baseline's perf section from a fresh run with confirm_rounds rounds (a filtered run
-    replaces only its own cases); refused above max_noise_pct unless `accept_noisy`."""
+    replaces only its own cases); refused (`refuse_noisy`) unless `accept_noisy`."""
 
     if not plan.perf_cases:
         raise UserError(no_perf_case_reason(plan.suite, plan.only))
