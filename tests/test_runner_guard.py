@@ -475,6 +475,8 @@ def test_guard_script_confines_the_job_to_its_temp_dir(tmp_path):
         "TORCHINDUCTOR_CACHE_DIR",
         "TRITON_CACHE_DIR",
         "CUDA_CACHE_PATH",
+        "CUTE_DSL_CACHE_DIR",
+        "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR",
         "TMPDIR",
     ):
         assert values[key].startswith(temp + "/"), key

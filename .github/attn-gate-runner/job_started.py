@@ -663,6 +663,9 @@ def job_env(config: Config, env: dict) -> dict[str, str]:
         "TRITON_CACHE_DIR": f"{cache}/triton",
         "TORCH_EXTENSIONS_DIR": f"{cache}/torch_extensions",
         "CUDA_CACHE_PATH": f"{cache}/nv",
+        # CuTe DSL's and FA4's compile caches (FA4's is on when FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1)
+        "CUTE_DSL_CACHE_DIR": f"{cache}/cute_dsl",
+        "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": f"{cache}/flash_attn_cute",
         "MPLCONFIGDIR": f"{cache}/matplotlib",
     }
 
