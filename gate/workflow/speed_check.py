@@ -228,7 +228,7 @@ def refuse_noisy(
         )
         return mark_noisy(section, noisy + unresolvable)
     more = f" (and {len(marked) - 1} more pass(es))" if len(marked) > 1 else ""
-    fix = "time it on a quieter machine, or pass --accept-noisy to record it marked noisy"
+    fix = "time it again with more rounds or on a quieter machine, or pass --accept-noisy to record it marked noisy"
     if noisy:
         case_id, pass_, band = noisy[0]
         raise UserError(
