@@ -665,7 +665,7 @@ TWO_LEVELS += [0.949, 0.949, 1.124]
 def _bwd_rounds(samples: list[float]) -> dict:
     entry = baseline_entry(measured(A), ANCHOR, HOST)
     median = sorted(samples)[len(samples) // 2]
-    return {A.id: {**entry, "bwd": {"median": median, "noise": 0.0162, "n": 30, "samples": samples}}}
+    return {A.id: {**entry, "bwd": {"median": median, "noise": 0.0162, "n": len(samples), "samples": samples}}}
 
 
 def test_a_pass_that_cannot_pass_against_itself_is_refused_where_its_limit_is_tight():
@@ -685,9 +685,9 @@ def test_a_pass_that_cannot_pass_against_itself_is_refused_where_its_limit_is_ti
     assert refuse_noisy(split, cfg, accept_noisy=False, where="x", device="cpu") == split
     steady = _bwd_rounds(TWO_LEVELS[14:] + TWO_LEVELS[15:29])
     assert refuse_noisy(steady, cfg, accept_noisy=False, where="x", device="cuda") == steady
-    # three rounds give no interval at all: no check could pass them either
-    few = _bwd_rounds(TWO_LEVELS[14:17])
-    with pytest.raises(UserError, match="cannot pass against itself: .* give no interval"):
+    # fewer than min_rounds (7): no check passes them either, however steady
+    few = _bwd_rounds(TWO_LEVELS[14:20])
+    with pytest.raises(UserError, match="cannot pass against itself: it has fewer than min_rounds 7 rounds"):
         refuse_noisy(few, cfg, accept_noisy=False, where="x", device="cuda")
     marked = refuse_noisy(split, cfg, accept_noisy=True, where="x", device="cuda")
     assert marked[A.id]["bwd"]["noisy"] is True and "noisy" not in marked[A.id]["fwd"]

@@ -249,7 +249,8 @@ def _noisy_note(baseline: RatioEstimate, rules: PerfRules) -> str:
     band = baseline.noise_band(rules.noise_k) * 100
     return (
         f"; the baseline's speed ratio was recorded as noisy (noise band {band:.1f}%, max_noise_pct "
-        f"{rules.max_noise_pct:g}%{against_itself}): re-record it on a quieter machine to narrow the interval"
+        f"{rules.max_noise_pct:g}%{against_itself}): re-record it with more rounds or on a quieter machine to "
+        f"narrow the interval"
     )
 
 

@@ -668,15 +668,18 @@ def noisy_passes(section: dict[str, Any], config: PerfConfig) -> list[tuple[str,
 def unresolvable_passes(section: dict[str, Any], config: PerfConfig, device: str) -> list[tuple[str, str, float]]:
     """(case id, pass, reach) of every pass of a speed section whose own per-round ratios cannot
     tell it from a slowdown: their interval against themselves reaches past the device's
-    regression limit (a transient in some rounds, a bimodal launch), or give no interval at all (too
-    few rounds: inf), widest first."""
+    regression limit (a transient in some rounds, a bimodal launch), or are fewer than min_rounds
+    (inf), widest first."""
     rules = PerfRules.from_config(config, device)
     out = []
     for case_id, entry in section.items():
         for p in _timed_passes(entry, PASSES):
-            reach = own_reach(RatioEstimate.from_dict(entry[p]), rules.confidence)
-            if not reach <= rules.regression_pct / 100:  # NaN: no interval, which `judge` cannot pass either
-                out.append((case_id, p, reach if math.isfinite(reach) else math.inf))
+            est = RatioEstimate.from_dict(entry[p])
+            reach = own_reach(est, rules.confidence)
+            if min(est.n, len(est.samples)) < rules.min_rounds or not math.isfinite(reach):
+                out.append((case_id, p, math.inf))  # `judge` passes no baseline of so few rounds
+            elif reach > rules.regression_pct / 100:
+                out.append((case_id, p, reach))
     return sorted(out, key=lambda t: -t[2])
 
 

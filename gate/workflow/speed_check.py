@@ -236,11 +236,15 @@ def refuse_noisy(
             f"median's standard error) > max_noise_pct {config.max_noise_pct:g}%{more}; nothing written: {fix}"
         )
     case_id, pass_, reach = unresolvable[0]
-    reaches = "give no interval (too few rounds)" if math.isinf(reach) else f"reach +{reach * 100:.2f}%"
+    why = (
+        f"it has fewer than min_rounds {config.min_rounds} rounds"
+        if math.isinf(reach)
+        else f"its rounds, compared with themselves, reach +{reach * 100:.2f}% > the "
+        f"{config.regression_pct_for(device):g}% regression limit"
+    )
     raise UserError(
-        f"{where}: speed of {case_id} {pass_} cannot pass against itself: its rounds, compared with "
-        f"themselves, {reaches} > the {config.regression_pct_for(device):g}% regression limit, so a check "
-        f"of an unchanged kernel would be INCONCLUSIVE{more}; nothing written: {fix}"
+        f"{where}: speed of {case_id} {pass_} cannot pass against itself: {why}, so a check of an unchanged "
+        f"kernel would be INCONCLUSIVE{more}; nothing written: {fix}"
     )
 
 
