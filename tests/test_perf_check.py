@@ -687,7 +687,7 @@ def test_a_pass_that_cannot_pass_against_itself_is_refused_where_its_limit_is_ti
     assert refuse_noisy(steady, cfg, accept_noisy=False, where="x", device="cuda") == steady
     # fewer than min_rounds (7): no check passes them either, however steady
     few = _bwd_rounds(TWO_LEVELS[14:20])
-    with pytest.raises(UserError, match="cannot pass against itself: it has fewer than min_rounds 7 rounds"):
+    with pytest.raises(UserError, match=r"cannot pass against itself: judged against itself, too few rounds \(6 now"):
         refuse_noisy(few, cfg, accept_noisy=False, where="x", device="cuda")
     marked = refuse_noisy(split, cfg, accept_noisy=True, where="x", device="cuda")
     assert marked[A.id]["bwd"]["noisy"] is True and "noisy" not in marked[A.id]["fwd"]

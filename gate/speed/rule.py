@@ -221,15 +221,6 @@ def change_interval(current: RatioEstimate, baseline: RatioEstimate, confidence:
     return math.expm1(lo), math.expm1(hi)
 
 
-def own_reach(est: RatioEstimate, confidence: float) -> float:
-    """How slow an unchanged kernel can read against this estimate: the upper end of the interval
-    of its per-round ratios against themselves (NaN without them). Past the regression limit, a
-    check of the same speed straddles the limit: INCONCLUSIVE, which fails closed."""
-    if len(est.samples) < 2:
-        return math.nan
-    return change_interval(est, est, confidence)[1]
-
-
 def _not_a_ratio(est: RatioEstimate) -> str:
     """Why an estimate cannot be judged ('' when it can): a median that is not a positive number,
     or per-round ratios that are not all finite and positive (no log, no rank of a NaN)."""
@@ -244,7 +235,7 @@ def _not_a_ratio(est: RatioEstimate) -> str:
 def _noisy_note(baseline: RatioEstimate, rules: PerfRules) -> str:
     if not baseline.noisy:
         return ""
-    reach = own_reach(baseline, rules.confidence)
+    reach = change_interval(baseline, baseline, rules.confidence)[1]  # judge has checked its rounds
     against_itself = f"; its own rounds reach {_pct(reach, 2)} against themselves" if math.isfinite(reach) else ""
     band = baseline.noise_band(rules.noise_k) * 100
     return (

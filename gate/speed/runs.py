@@ -40,7 +40,7 @@ from gate.core.identity import Environment, Scope
 from gate.core.jsonio import bad_field, checked_kernel, checked_name, measured_float, read_record, write_json_atomic
 from gate.core.results import Status, migrate_rows, scope_of_notes
 from gate.speed.entries import MAX_ROUNDS, entry_host
-from gate.speed.rule import PerfJudgement, PerfRules, PerfSeverity, RatioEstimate, judge, own_reach
+from gate.speed.rule import PerfJudgement, PerfRules, PerfSeverity, RatioEstimate, judge
 from gate.speed.timing import PASSES, KernelWorkload, MatmulWorkload, PassTiming, TimingPlan, TimingRun, time_pair
 
 SCHEMA_VERSION = 3
@@ -665,22 +665,19 @@ def noisy_passes(section: dict[str, Any], config: PerfConfig) -> list[tuple[str,
     return sorted(out, key=lambda t: -t[2] if math.isfinite(t[2]) else -math.inf)
 
 
-def unresolvable_passes(section: dict[str, Any], config: PerfConfig, device: str) -> list[tuple[str, str, float]]:
-    """(case id, pass, reach) of every pass of a speed section whose own per-round ratios cannot
-    tell it from a slowdown: their interval against themselves reaches past the device's
-    regression limit (a transient in some rounds, a bimodal launch), or are fewer than min_rounds
-    (inf), widest first."""
+def unresolvable_passes(section: dict[str, Any], config: PerfConfig, device: str) -> list[PerfJudgement]:
+    """`judge`'s verdict on every pass of a speed section that fails against itself (its own rounds as
+    the run), the widest interval first: an unchanged kernel would be INCONCLUSIVE against such a
+    pass on every check (a transient in some rounds, a bimodal launch, too few rounds)."""
     rules = PerfRules.from_config(config, device)
     out = []
     for case_id, entry in section.items():
         for p in _timed_passes(entry, PASSES):
             est = RatioEstimate.from_dict(entry[p])
-            reach = own_reach(est, rules.confidence)
-            if min(est.n, len(est.samples)) < rules.min_rounds or not math.isfinite(reach):
-                out.append((case_id, p, math.inf))  # `judge` passes no baseline of so few rounds
-            elif reach > rules.regression_pct / 100:
-                out.append((case_id, p, reach))
-    return sorted(out, key=lambda t: -t[2])
+            against_itself = judge(case_id, p, est, est, rules)
+            if against_itself.severity is not PerfSeverity.OK:
+                out.append(against_itself)
+    return sorted(out, key=lambda j: -j.ci_high if math.isfinite(j.ci_high) else -math.inf)
 
 
 def mark_noisy(section: dict[str, Any], noisy: list[tuple[str, str, float]]) -> dict[str, Any]:

@@ -218,7 +218,8 @@ def refuse_noisy(
     unresolvable = unresolvable_passes(section, config, device)
     if not noisy and not unresolvable:
         return section
-    marked = sorted({(c, p) for c, p, _ in noisy + unresolvable})
+    unresolvable_keys = [(j.case_id, j.pass_, j.ci_high) for j in unresolvable]
+    marked = sorted({(c, p) for c, p, _ in noisy + unresolvable_keys})
     if accept_noisy:
         print(
             f'attn-gate: recording {len(marked)} speed ratio(s) marked "noisy" (--accept-noisy): '
@@ -226,7 +227,7 @@ def refuse_noisy(
             + (" ..." if len(marked) > 3 else ""),
             file=sys.stderr,
         )
-        return mark_noisy(section, noisy + unresolvable)
+        return mark_noisy(section, noisy + unresolvable_keys)
     more = f" (and {len(marked) - 1} more pass(es))" if len(marked) > 1 else ""
     fix = "time it again with more rounds or on a quieter machine, or pass --accept-noisy to record it marked noisy"
     if noisy:
@@ -235,16 +236,16 @@ def refuse_noisy(
             f"{where}: speed of {case_id} {pass_} has noise {band * 100:.1f}% ({config.noise_k:g} x the "
             f"median's standard error) > max_noise_pct {config.max_noise_pct:g}%{more}; nothing written: {fix}"
         )
-    case_id, pass_, reach = unresolvable[0]
+    first = unresolvable[0]
     why = (
-        f"it has fewer than min_rounds {config.min_rounds} rounds"
-        if math.isinf(reach)
-        else f"its rounds, compared with themselves, reach +{reach * 100:.2f}% > the "
+        f"its rounds, compared with themselves, reach +{first.ci_high * 100:.2f}% > the "
         f"{config.regression_pct_for(device):g}% regression limit"
+        if math.isfinite(first.ci_high)
+        else f"judged against itself, {first.message}"
     )
     raise UserError(
-        f"{where}: speed of {case_id} {pass_} cannot pass against itself: {why}, so a check of an unchanged "
-        f"kernel would be INCONCLUSIVE{more}; nothing written: {fix}"
+        f"{where}: speed of {first.case_id} {first.pass_} cannot pass against itself: {why}, so a check of "
+        f"an unchanged kernel would be INCONCLUSIVE{more}; nothing written: {fix}"
     )
 
 
