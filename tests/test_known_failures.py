@@ -17,6 +17,7 @@ from gate.compare.findings import STATUS, Finding, Severity, Subject, decide
 from gate.compare.known import (
     UNATTRIBUTED,
     apply_known,
+    apply_known_to_speed,
     coverage,
     refuse_unmatched,
     row_failures,
@@ -437,3 +438,40 @@ def test_an_unmatched_declaration_is_a_usage_error_before_the_sweep(tmp_path, ca
     # the same typo in a declaration for another kernel is not this run's business
     other = planted(tmp_path, "other", "fixed", DECLARED.replace("-causal$", "-casual$").replace('"planted"', '"fa2"'))
     assert run("baseline", "update", "--config", str(other), "--out", str(tmp_path / "b")) == 0
+
+
+# ---------------------------------------------------------------- the speed half: a case that cannot be timed
+
+
+def _untimed(case_id: str, pass_: str = "fwd") -> Finding:
+    return Finding("speed", Severity.INCONCLUSIVE, case_id, Subject.speed(pass_), None, None, None, "not measured: X")
+
+
+def test_a_timed_case_that_raises_under_a_declared_error_is_known_and_passes_the_speed_half():
+    findings = [_untimed("s7", "fwd"), _untimed("s7", "bwd")]
+    known = apply_known_to_speed(findings, ["s7"], "k", "1.0", [entry(cases="s7", tensors=["error"])])
+    assert [f.severity for f in known] == [Severity.KNOWN, Severity.KNOWN]
+    assert all(f.entry == 1 and LINK in f.message for f in known)
+    assert decide(known).speed.passed
+    assert not decide(findings).speed.passed
+
+
+@pytest.mark.parametrize(
+    "errored, declared, kernel, version",
+    [
+        ([], entry(cases="s7", tensors=["error"]), "k", "1.0"),  # it did not raise: skipped or not timed
+        (["s7"], entry(cases="s7", tensors=["dq"]), "k", "1.0"),  # declared for a wrong answer, not an error
+        (["s7"], entry(cases="s8", tensors=["error"]), "k", "1.0"),  # another case
+        (["s7"], entry(kernel="other", cases="s7"), "k", "1.0"),  # another kernel
+        (["s7"], entry(cases="s7", versions="<1.0"), "k", "1.0"),  # a version the bug is not in
+    ],
+)
+def test_an_untimed_pass_stays_inconclusive_unless_a_declaration_covers_its_error(errored, declared, kernel, version):
+    findings = [_untimed("s7")]
+    assert apply_known_to_speed(findings, errored, kernel, version, [declared]) == findings
+    assert not decide(apply_known_to_speed(findings, errored, kernel, version, [declared])).speed.passed
+
+
+def test_a_slower_timed_pass_fails_whatever_is_declared():
+    slow = Finding("speed", Severity.FAIL, "s7", Subject.speed("bwd"), 1.0, 3.0, 1.05, "s7: bwd 3x slower")
+    assert apply_known_to_speed([slow], ["s7"], "k", "1.0", [entry(cases="s7")]) == [slow]

@@ -280,6 +280,28 @@ def apply_known(
     return out + extra, context
 
 
+def apply_known_to_speed(
+    findings: Iterable[Finding], errored: Iterable[str], kernel: str, version: str, entries: Iterable[KnownFailure]
+) -> list[Finding]:
+    """Speed findings with an untimed pass turned KNOWN where the case raised when timed (its id in
+    `errored`) and a declaration for the kernel covers that case's error: the upstream bug it names
+    keeps the case from running at all, which the correctness half reports as KNOWN too. A pass that
+    was timed is judged as always, whatever is declared."""
+    errored = set(errored)
+    mine = sorted(for_kernel(entries, kernel, version), key=lambda e: e.index)
+    out = []
+    for f in findings:
+        entry = None
+        if f.severity is Severity.INCONCLUSIVE and f.case_id in errored:
+            entry = next((e for e in mine if e.pattern.search(f.case_id) and e.covers(ERROR_NAME)), None)
+        if entry is None:
+            out.append(f)
+        else:
+            tail = f" [KNOWN: {entry.name}{', ' + entry.link if entry.link else ''}]"
+            out.append(replace(f, severity=Severity.KNOWN, entry=entry.index, message=f.message + tail))
+    return out
+
+
 def undeclared_failures(sweep: "SweepResult", entries: Iterable[KnownFailure]) -> list[tuple[str, list[str]]]:
     """(case id, the failures no declaration covers) for each failing row: what `baseline update`
     refuses to record."""

@@ -58,7 +58,7 @@ from gate.compare.baselines import (
 from gate.compare.comparable import same, why_not_comparable
 from gate.compare.diagnosis import diagnose
 from gate.compare.findings import CheckContext, Rule, Verdict, decide, worst_first
-from gate.compare.known import undeclared_failures
+from gate.compare.known import apply_known_to_speed, undeclared_failures
 from gate.compare.sweep_rules import (
     check_comparable,
     compare_all,
@@ -275,7 +275,13 @@ def run_check(plan: RunPlan, source: FreshSweep | SavedSweep, out: Outputs) -> C
         if isinstance(source, FreshSweep) and not plan.cases:
             # --only chose timing-only cases: the speed is what this check judges
             findings = [f for f in findings if f.rule is not Rule.NOTHING_MEASURED]
-        findings, thresholds = list(findings) + perf_run.findings, {**thresholds, **perf_run.thresholds}
+        speed = perf_run.findings
+        if perf_run.result is not None:  # a case that raised when timed, under a declared upstream bug
+            errored = [c.case_id for c in perf_run.result.cases if c.status is Status.ERROR and not c.measured]
+            speed = apply_known_to_speed(
+                speed, errored, sweep.kernel, sweep.env.kernel_version or "", plan.config.known_failures
+            )
+        findings, thresholds = list(findings) + speed, {**thresholds, **perf_run.thresholds}
     context = CheckContext(
         key=sweep.key,  # the baseline's too: check_comparable refused any other
         baseline=str(plan.baseline_path),
