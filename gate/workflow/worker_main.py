@@ -33,7 +33,6 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import importlib
-import inspect
 import json
 import os
 import signal
@@ -131,10 +130,12 @@ _TORCH_REWRAPS = {("torch", "manual_seed")}
 _OWN_MODULES = ("__main__", "json", "json.decoder", "json.encoder")
 
 
+# The fingerprint is taken twice per case, so it stays cheap: its lists are compared as dicts (no
+# order kept) and a class is read through its MRO's dicts, not one attribute lookup at a time.
 def _functions(space_name: str, space) -> list[tuple[str, str, int]]:
     return [
         (space_name, attr, id(value))
-        for attr, value in sorted(vars(space).items())
+        for attr, value in list(vars(space).items())
         if (callable(value) or isinstance(value, (staticmethod, classmethod, property)))
         and not isinstance(value, type)
         and not attr.startswith("__")
@@ -146,22 +147,23 @@ def _own_functions() -> list[tuple[str, str, int]]:
     rebound constant changes what a later case computes too) and every attribute of the classes
     they define, dunders included (`__post_init__`, `__init__`)."""
     funcs = []
-    for name, module in sorted(sys.modules.items()):
+    for name, module in list(sys.modules.items()):
         if module is None or not (name in _OWN_MODULES or name == "gate" or name.startswith("gate.")):
             continue
+        names = list(vars(module).items())
         if name in _OWN_MODULES:
             funcs += _functions(name, module)
         else:
             funcs += [
                 (name, attr, id(value))
-                for attr, value in sorted(vars(module).items())
+                for attr, value in names
                 if not attr.startswith("__") and not isinstance(value, types.ModuleType)
             ]
-        for cls_name, value in sorted(vars(module).items()):
+        for cls_name, value in names:
             if isinstance(value, type) and getattr(value, "__module__", None) == module.__name__:
                 funcs += [
                     (f"{name}.{cls_name}", attr, id(v))
-                    for attr, v in sorted(vars(value).items())
+                    for attr, v in list(vars(value).items())
                     if attr not in ("__dict__", "__weakref__", "__doc__")
                 ]
     return funcs
@@ -170,10 +172,11 @@ def _own_functions() -> list[tuple[str, str, int]]:
 def _class_attributes(space_name: str, cls: type) -> list[tuple[str, str, int]]:
     """Every attribute a class resolves (its MRO's, dunders included), by identity of the stored
     object: `torch.Tensor.__matmul__ = f` sets a new one where the C base's was found before."""
+    resolved: dict[str, object] = {}
+    for klass in reversed(cls.__mro__):  # a class's own entry overrides its bases', as lookup finds it
+        resolved.update(vars(klass))
     return [
-        (space_name, attr, id(inspect.getattr_static(cls, attr)))
-        for attr in sorted(dir(cls))
-        if attr not in ("__dict__", "__weakref__", "__doc__")
+        (space_name, attr, id(v)) for attr, v in resolved.items() if attr not in ("__dict__", "__weakref__", "__doc__")
     ]
 
 
