@@ -466,12 +466,14 @@ def test_a_timed_case_that_raises_under_a_declared_error_is_known_and_passes_the
         (["s7"], entry(cases="s7", versions="<1.0"), "k", "1.0"),  # a version the bug is not in
     ],
 )
-def test_an_untimed_pass_stays_inconclusive_unless_a_declaration_covers_its_error(errored, declared, kernel, version):
+def test_an_untimed_speed_pass_stays_inconclusive_unless_a_declaration_covers_its_error(
+    errored, declared, kernel, version
+):
     findings = [_untimed("s7")]
     assert apply_known_to_speed(findings, errored, kernel, version, [declared]) == findings
     assert not decide(apply_known_to_speed(findings, errored, kernel, version, [declared])).speed.passed
 
 
-def test_a_slower_timed_pass_fails_whatever_is_declared():
+def test_a_slower_timed_speed_pass_fails_whatever_is_declared():
     slow = Finding("speed", Severity.FAIL, "s7", Subject.speed("bwd"), 1.0, 3.0, 1.05, "s7: bwd 3x slower")
     assert apply_known_to_speed([slow], ["s7"], "k", "1.0", [entry(cases="s7")]) == [slow]

@@ -801,3 +801,64 @@ def _graph(node, seen=None):
     for nxt, _ in node.next_functions:
         _graph(nxt, seen)
     return seen
+
+
+KNOWN_ERROR = """
+[[tool.attn-gate.known_failures]]
+kernel = "sdpa-cpu"
+cases = '^fp32-b1-h2-s48-d16$'
+tensors = ["error"]
+reason = "raises at 48 tokens"
+link = "https://example.org/issues/1"
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "declared, swept_raises, code, severity",
+    [
+        (True, True, 0, "KNOWN"),  # raised when swept and when timed, under its declaration
+        (False, True, 1, "INCONCLUSIVE"),  # nothing declared: the sweep's ERROR fails too
+        (True, False, 1, "INCONCLUSIVE"),  # the sweep ran it: its timing's error is not the declared bug
+    ],
+)
+def test_a_timing_case_that_raises_under_its_declared_error_is_known(tmp_path, declared, swept_raises, code, severity):
+    """`check --results --perf-results` (the GPU runs' path): of two timing cases one is timed, the
+    other raised; its passes are KNOWN only where its swept row raised too and is declared."""
+    config = CONFIG.replace('seqlens = ["32"]', 'seqlens = ["32", "48"]').replace("{extra}", "")
+    (tmp_path / "pyproject.toml").write_text(config + (KNOWN_ERROR if declared else ""))
+    out = ["--config", str(tmp_path / "pyproject.toml"), "--out", str(tmp_path / "out"), "--no-progress"]
+    assert main(["baseline", "update", "--device", "cpu", *out]) == 0
+    baseline = tmp_path / "baselines" / "cpu" / "sdpa-cpu-tiny.json"
+    sweep_path = tmp_path / "out" / "sweep-sdpa-cpu-tiny.json"
+    ok, raises = perf_cases("tiny", load_config(tmp_path / "pyproject.toml"))
+    assert raises.id == "fp32-b1-h2-s48-d16"
+    data = json.loads(baseline.read_text())
+    data["perf"] = {ok.id: baseline_entry(timed(ok), ANCHOR, "")}
+    baseline.write_text(json.dumps(data))
+    sweep = json.loads(sweep_path.read_text())
+    if swept_raises:
+        row = next(c for c in sweep["cases"] if c["case_id"] == raises.id)
+        row.update(status="ERROR", reason="RuntimeError: raises at 48 tokens", tensors={})
+        sweep_path.write_text(json.dumps(sweep))
+    result = PerfResult(
+        kernel="sdpa-cpu",
+        anchor=ANCHOR,
+        suite="tiny",
+        device="cpu",
+        environment={**sweep["environment"], "anchor": ANCHOR},
+        plan=PLAN,
+        cases=(timed(ok), PerfCaseResult(case=raises, status="ERROR", reason="RuntimeError: raises at 48 tokens")),
+        started_at="",
+        wall_s=0.0,
+    )
+    (tmp_path / "perf.json").write_text(json.dumps(result.to_dict()))
+    check = ["check", "--results", str(sweep_path), "--perf-results", str(tmp_path / "perf.json")]
+    assert main([*check, *out[:4]]) == code
+    speed = {(f["case_id"], f["metric"]): f["severity"] for f in speed_findings(tmp_path)}
+    assert speed == {
+        (ok.id, "speed_ratio:fwd"): "OK",
+        (ok.id, "speed_ratio:bwd"): "OK",
+        (raises.id, "speed_ratio:fwd"): severity,
+        (raises.id, "speed_ratio:bwd"): severity,
+    }

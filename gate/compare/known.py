@@ -283,10 +283,10 @@ def apply_known(
 def apply_known_to_speed(
     findings: Iterable[Finding], errored: Iterable[str], kernel: str, version: str, entries: Iterable[KnownFailure]
 ) -> list[Finding]:
-    """Speed findings with an untimed pass turned KNOWN where the case raised when timed (its id in
-    `errored`) and a declaration for the kernel covers that case's error: the upstream bug it names
-    keeps the case from running at all, which the correctness half reports as KNOWN too. A pass that
-    was timed is judged as always, whatever is declared."""
+    """Speed findings with an untimed pass turned KNOWN where the case raised when timed and when
+    swept (its id in `errored`) and a declaration for the kernel covers that case's error: the
+    upstream bug it names keeps the case from running at all, and the correctness half reports the
+    sweep's row under the same declaration. A pass that was timed is judged as always."""
     errored = set(errored)
     mine = sorted(for_kernel(entries, kernel, version), key=lambda e: e.index)
     out = []

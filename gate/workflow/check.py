@@ -276,8 +276,16 @@ def run_check(plan: RunPlan, source: FreshSweep | SavedSweep, out: Outputs) -> C
             # --only chose timing-only cases: the speed is what this check judges
             findings = [f for f in findings if f.rule is not Rule.NOTHING_MEASURED]
         speed = perf_run.findings
-        if perf_run.result is not None:  # a case that raised when timed, under a declared upstream bug
-            errored = [c.case_id for c in perf_run.result.cases if c.status is Status.ERROR and not c.measured]
+        timed = perf_run.result is not None and any(c.measured for c in perf_run.result.cases)
+        if timed and baseline.perf:
+            # a case that raised when timed and in this sweep too, under a declared upstream bug; a
+            # timing-only case, or one the sweep measured, stays INCONCLUSIVE
+            raised = {c.case_id for c in sweep.cases if c.status is Status.ERROR}
+            errored = [
+                c.case_id
+                for c in perf_run.result.cases
+                if c.status is Status.ERROR and not c.measured and c.case_id in raised
+            ]
             speed = apply_known_to_speed(
                 speed, errored, sweep.kernel, sweep.env.kernel_version or "", plan.config.known_failures
             )
