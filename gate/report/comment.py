@@ -400,9 +400,10 @@ def _speed_clause(verdict: Verdict) -> str:
         message = _cell(speed[0].message).rstrip(".")
         return message if message.startswith("speed") else f"speed not judged: {message}"
     worst = max(judged, key=lambda f: f.current / f.baseline)
+    known = sum(1 for f in speed if f.severity is Severity.KNOWN)  # untimed: a declared bug raised
     return (
-        f"speed **PASS** ({len(judged)} passes; largest change `{worst.case_id}` {worst.subject.name} "
-        f"{(worst.current / worst.baseline - 1) * 100:+.2f}%)"
+        f"speed **PASS** ({len(judged)} passes{f', {known} KNOWN (not timed)' if known else ''}; largest change "
+        f"`{worst.case_id}` {worst.subject.name} {(worst.current / worst.baseline - 1) * 100:+.2f}%)"
     )
 
 
