@@ -523,6 +523,11 @@ def planted_perf(tmp: Path, baseline: Path, ratio: float, name: str = "perf.json
     data = json.loads(baseline.read_text())
     data["perf"] = {CASE: baseline_entry(timed(case), ANCHOR, "")}
     baseline.write_text(json.dumps(data))
+    return perf_file(tmp, (timed(case, ratio=ratio),), name, **change)
+
+
+def perf_file(tmp: Path, cases: tuple[PerfCaseResult, ...], name: str = "perf.json", **change) -> Path:
+    """A perf file of `cases` in the environment of the project's sweep (tmp/out)."""
     env = {**json.loads(next((tmp / "out").glob("sweep-*.json")).read_text())["environment"], "anchor": ANCHOR}
     result = PerfResult(
         kernel="sdpa-cpu",
@@ -531,7 +536,7 @@ def planted_perf(tmp: Path, baseline: Path, ratio: float, name: str = "perf.json
         device="cpu",
         environment=env,
         plan=PLAN,
-        cases=(timed(case, ratio=ratio),),
+        cases=cases,
         started_at="",
         wall_s=0.0,
     )
@@ -841,19 +846,9 @@ def test_a_timing_case_that_raises_under_its_declared_error_is_known(tmp_path, d
         row = next(c for c in sweep["cases"] if c["case_id"] == raises.id)
         row.update(status="ERROR", reason="RuntimeError: raises at 48 tokens", tensors={})
         sweep_path.write_text(json.dumps(sweep))
-    result = PerfResult(
-        kernel="sdpa-cpu",
-        anchor=ANCHOR,
-        suite="tiny",
-        device="cpu",
-        environment={**sweep["environment"], "anchor": ANCHOR},
-        plan=PLAN,
-        cases=(timed(ok), PerfCaseResult(case=raises, status="ERROR", reason="RuntimeError: raises at 48 tokens")),
-        started_at="",
-        wall_s=0.0,
-    )
-    (tmp_path / "perf.json").write_text(json.dumps(result.to_dict()))
-    check = ["check", "--results", str(sweep_path), "--perf-results", str(tmp_path / "perf.json")]
+    raised = PerfCaseResult(case=raises, status="ERROR", reason="RuntimeError: raises at 48 tokens")
+    perf = perf_file(tmp_path, (timed(ok), raised))
+    check = ["check", "--results", str(sweep_path), "--perf-results", str(perf)]
     assert main([*check, *out[:4]]) == code
     speed = {(f["case_id"], f["metric"]): f["severity"] for f in speed_findings(tmp_path)}
     assert speed == {

@@ -121,9 +121,12 @@ def rule_known(
         return None
     if entry is None:
         return None
-    tail = f" [KNOWN: {entry.name}{', ' + entry.link if entry.link else ''}]"
-    if unmeasured:
-        tail += " (its other tensors are not measured while it fails this way)"
+    return as_known(f, entry, " (its other tensors are not measured while it fails this way)" if unmeasured else "")
+
+
+def as_known(f: Finding, entry: KnownFailure, note: str = "") -> Finding:
+    """`f` as KNOWN under `entry`: its index, and its name and link after the message."""
+    tail = f" [KNOWN: {entry.name}{', ' + entry.link if entry.link else ''}]{note}"
     return replace(f, severity=Severity.KNOWN, entry=entry.index, message=f.message + tail)
 
 
@@ -287,19 +290,14 @@ def apply_known_to_speed(
     swept (its id in `errored`) and a declaration for the kernel covers that case's error: the
     upstream bug it names keeps the case from running at all, and the correctness half reports the
     sweep's row under the same declaration. A pass that was timed is judged as always."""
-    errored = set(errored)
-    mine = sorted(for_kernel(entries, kernel, version), key=lambda e: e.index)
-    out = []
-    for f in findings:
-        entry = None
-        if f.severity is Severity.INCONCLUSIVE and f.case_id in errored:
-            entry = next((e for e in mine if e.pattern.search(f.case_id) and e.covers(ERROR_NAME)), None)
-        if entry is None:
-            out.append(f)
-        else:
-            tail = f" [KNOWN: {entry.name}{', ' + entry.link if entry.link else ''}]"
-            out.append(replace(f, severity=Severity.KNOWN, entry=entry.index, message=f.message + tail))
-    return out
+    mine = for_kernel(entries, kernel, version)
+    covered = {cid: coverage({ERROR_NAME}, [e for e in mine if e.pattern.search(cid)]) for cid in set(errored)}
+    return [
+        as_known(f, covered[f.case_id][ERROR_NAME])
+        if f.severity is Severity.INCONCLUSIVE and ERROR_NAME in covered.get(f.case_id, {})
+        else f
+        for f in findings
+    ]
 
 
 def undeclared_failures(sweep: "SweepResult", entries: Iterable[KnownFailure]) -> list[tuple[str, list[str]]]:

@@ -58,7 +58,7 @@ from gate.compare.baselines import (
 from gate.compare.comparable import same, why_not_comparable
 from gate.compare.diagnosis import diagnose
 from gate.compare.findings import CheckContext, Rule, Verdict, decide, worst_first
-from gate.compare.known import apply_known_to_speed, undeclared_failures
+from gate.compare.known import undeclared_failures
 from gate.compare.sweep_rules import (
     check_comparable,
     compare_all,
@@ -86,6 +86,7 @@ from gate.workflow.speed_check import (
     perf_baseline_section,
     perf_section_from_file,
     perf_wanted,
+    speed_findings_known,
     speed_half,
 )
 from gate.workflow.sweep import fresh_sweep
@@ -275,20 +276,7 @@ def run_check(plan: RunPlan, source: FreshSweep | SavedSweep, out: Outputs) -> C
         if isinstance(source, FreshSweep) and not plan.cases:
             # --only chose timing-only cases: the speed is what this check judges
             findings = [f for f in findings if f.rule is not Rule.NOTHING_MEASURED]
-        speed = perf_run.findings
-        timed = perf_run.result is not None and any(c.measured for c in perf_run.result.cases)
-        if timed and baseline.perf:
-            # a case that raised when timed and in this sweep too, under a declared upstream bug; a
-            # timing-only case, or one the sweep measured, stays INCONCLUSIVE
-            raised = {c.case_id for c in sweep.cases if c.status is Status.ERROR}
-            errored = [
-                c.case_id
-                for c in perf_run.result.cases
-                if c.status is Status.ERROR and not c.measured and c.case_id in raised
-            ]
-            speed = apply_known_to_speed(
-                speed, errored, sweep.kernel, sweep.env.kernel_version or "", plan.config.known_failures
-            )
+        speed = speed_findings_known(perf_run, sweep, baseline, plan.config)
         findings, thresholds = list(findings) + speed, {**thresholds, **perf_run.thresholds}
     context = CheckContext(
         key=sweep.key,  # the baseline's too: check_comparable refused any other

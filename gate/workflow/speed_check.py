@@ -31,6 +31,7 @@ from typing import Any
 
 from gate.compare.baselines import Baseline
 from gate.compare.findings import Advice, Finding, Rule, Severity, Subject
+from gate.compare.known import apply_known_to_speed
 from gate.core.config import Config, PerfConfig
 from gate.core.errors import UserError
 from gate.core.files import safe_name
@@ -451,6 +452,24 @@ def file_perf_check(
     md = speed_section(result, config.perf, result.device, from_files=len(paths))
     paths_out = {"perf": write_perf_outputs(result, out_dir)}  # the merged timings, beside the verdict
     return PerfCheck(result, judgements, perf_findings(judgements), perf_thresholds(config.perf), paths_out, md)
+
+
+def speed_findings_known(perf: PerfCheck, sweep: SweepResult, baseline: Baseline, config: Config) -> list[Finding]:
+    """The speed half's findings, an untimed pass KNOWN where its case raised when timed and in
+    this sweep too, under a declaration that covers the error (gate/compare/known.py); a timing-only
+    case, one the sweep measured, and a run that timed nothing or has no speed section to judge
+    against stay INCONCLUSIVE."""
+    if perf.result is None or not baseline.perf or not any(c.measured for c in perf.result.cases):
+        return perf.findings
+    raised = {c.case_id for c in sweep.cases if c.status is Status.ERROR}
+    errored = [c.case_id for c in perf.result.cases if c.status is Status.ERROR and not c.measured]
+    return apply_known_to_speed(
+        perf.findings,
+        [cid for cid in errored if cid in raised],
+        sweep.kernel,
+        sweep.env.kernel_version or "",
+        config.known_failures,
+    )
 
 
 def speed_half(
