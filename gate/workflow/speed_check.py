@@ -462,10 +462,9 @@ def speed_findings_known(perf: PerfCheck, sweep: SweepResult, baseline: Baseline
     if perf.result is None or not baseline.perf or not any(c.measured for c in perf.result.cases):
         return perf.findings
     raised = {c.case_id for c in sweep.cases if c.status is Status.ERROR}
-    errored = [c.case_id for c in perf.result.cases if c.status is Status.ERROR and not c.measured]
     return apply_known_to_speed(
         perf.findings,
-        [cid for cid in errored if cid in raised],
+        [c.case_id for c in perf.result.cases if c.status is Status.ERROR and not c.measured and c.case_id in raised],
         sweep.kernel,
         sweep.env.kernel_version or "",
         config.known_failures,
