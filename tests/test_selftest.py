@@ -51,7 +51,7 @@ def test_selftest_kills_planted_bugs_with_default_thresholds(tmp_path, capsys, m
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     code, report, md = selftest(tmp_path, write_config(tmp_path), "--bugs", "dk_x1.02,causal_peek")
     assert code == 0, capsys.readouterr()
-    assert report["passed"] and report["complete"] and report["schema_version"] == 1
+    assert report["passed"] and report["complete"] and report["schema_version"] == 2
     assert [c["kernel"] for c in report["controls"]] == ["sdpa-cpu", "tiled"] and all(
         c["passed"] for c in report["controls"]
     )
@@ -83,6 +83,23 @@ def test_a_bug_the_suite_cannot_exercise_survives_naming_its_axis(tmp_path, caps
     (bug,) = report["bugs"]
     assert bug["status"] == "NOT_EXERCISED" and "a softcap case" in bug["message"]
     assert "a softcap case" in capsys.readouterr().out
+
+
+def test_a_suite_gap_the_kernel_cannot_have_is_reported_not_counted(tmp_path, capsys):
+    """The tiny suite has no HND-cache case: sdpa-cpu takes no HND cache, so the HND bug is not
+    applicable to it (reported, exit 0); tiled takes one, so there the same gap fails the selftest."""
+    config = write_config(tmp_path)
+    code, report, md = selftest(tmp_path, config, "--bugs", "hnd_cache_read_as_nhd")
+    assert code == 0, capsys.readouterr()
+    (bug,) = report["bugs"]
+    assert bug["status"] == "NOT_APPLICABLE" and "sdpa-cpu does not take what this bug needs" in bug["message"]
+    assert "an HND cache" in bug["message"] and "| not applicable |" in md
+    assert "Kill matrix: 0 of 0 planted" in md
+    code, report, md = selftest(tmp_path, config, "--bugs", "hnd_cache_read_as_nhd", "--kernel", "tiled")
+    assert code == 1
+    (bug,) = report["bugs"]
+    assert bug["status"] == "NOT_EXERCISED" and "add one to the suite" in bug["message"]
+    assert "**not exercised**" in md
 
 
 def test_a_failing_control_ends_the_selftest_naming_the_case(tmp_path, capsys, in_repo_root):
@@ -363,7 +380,8 @@ def test_exit_code_decisions():
     assert _report().exit_code == 0
     assert _report(complete=False).exit_code == 1
     assert _report(controls=(ControlOutcome("k", False, 3, 0, "case x FAIL"),)).exit_code == 1
-    assert _report(bugs=(BugOutcome("b", "w", "k", "axis", BugStatus.PENDING),)).exit_code == 0
+    for status in (BugStatus.PENDING, BugStatus.NOT_APPLICABLE):
+        assert _report(bugs=(BugOutcome("b", "w", "k", "axis", status, message="why"),)).exit_code == 0
     for status in (BugStatus.SURVIVED, BugStatus.NOT_EXERCISED, BugStatus.NOT_PLANTED):
         assert _report(bugs=(BugOutcome("b", "w", "k", "axis", status, message="why"),)).exit_code == 1
     caught = (

@@ -10,10 +10,13 @@ gate/report/selftest_report.py renders them. The exit code is reduced here:
 
 A bug whose axis is a Case field this attn-gate does not have yet is PENDING: reported, not
 counted (no suite can hold such a case yet). A bug whose axis the suite lacks is NOT_EXERCISED:
-it survives (exit 1) and the message names the axis.
+it survives (exit 1) and the message names the axis; NOT_APPLICABLE when the configured kernel
+lacks what the bug needs (an HND-cache bug and a kernel that takes no HND cache): the gap is
+reported, not counted, since that kernel cannot have the bug.
 
 Format history (selftest.json):
   1  first version.
+  2  bug status NOT_APPLICABLE.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 KIND = "attn-gate selftest"
 
 
@@ -33,10 +36,16 @@ class BugStatus(str, enum.Enum):
     NOT_EXERCISED = "NOT_EXERCISED"  # the suite has no case of its axis that the host kernel runs
     NOT_PLANTED = "NOT_PLANTED"  # the wrapper could not plant it in this call form (survives: fail closed)
     PENDING = "PENDING"  # its axis is a Case field this attn-gate does not have yet: not counted
+    NOT_APPLICABLE = "NOT_APPLICABLE"  # not exercised, and the configured kernel lacks what it needs: not counted
 
     @property
     def counts_against(self) -> bool:
         return self in (BugStatus.SURVIVED, BugStatus.NOT_EXERCISED, BugStatus.NOT_PLANTED)
+
+    @property
+    def counted(self) -> bool:
+        """In the kill matrix's denominator."""
+        return self not in (BugStatus.PENDING, BugStatus.NOT_APPLICABLE)
 
 
 @dataclass(frozen=True)

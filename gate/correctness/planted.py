@@ -13,7 +13,8 @@ ways to plant one:
     the gate sees is the bug.
 
 Each bug declares the case axis that exposes it (`Trigger`): on a suite without such a case the
-bug is "not exercised" (it survives, and the selftest names the axis). A trigger on a Case field
+bug is "not exercised" (it survives, and the selftest names the axis), or "not applicable" where
+the configured kernel lacks what the bug `needs` (an HND-cache bug, a kernel that takes no HND cache). A trigger on a Case field
 that this attn-gate does not have yet (`field`: layout, inputs, bias, entry) is "pending" and lights up by itself once the field exists.
 
 To add a bug: write its perturbation (a `Wrap` function or a tiled flag) and append a PlantedBug
@@ -64,7 +65,8 @@ class PlantedBug:
     host: str  # "kernel" (wrapped around the configured kernel) or "tiled" (a tiled variant)
     trigger: Trigger
     plant: Callable[..., "KernelAdapter"]  # (host adapter) -> buggy adapter
-    # what the host must have (a Capabilities feature or trait); a "kernel" bug moves to tiled without it
+    # what the configured kernel must have to be able to have this bug (a Capabilities feature or
+    # trait): a "kernel" bug moves to tiled without it, and a suite without its axis is then no gap
     needs: Callable[[Capabilities], bool] | None = None
     hint: str = ""  # what else would catch it, for the survivor message
 
@@ -838,6 +840,7 @@ BUGS: tuple[PlantedBug, ...] = (
         "tiled",
         SPLIT_LSE,
         variant("split_lse_transposed"),
+        needs=lambda caps: caps.supports(Feature.NUM_SPLITS),
     ),
     PlantedBug(
         "pack_gqa_second_sequence_unwritten",
@@ -845,6 +848,7 @@ BUGS: tuple[PlantedBug, ...] = (
         "tiled",
         PACK_GQA_BATCH,
         variant("pack_gqa_second_unwritten"),
+        needs=lambda caps: caps.supports(Feature.PACK_GQA),
     ),
     PlantedBug(
         "hnd_cache_read_as_nhd",
@@ -852,6 +856,7 @@ BUGS: tuple[PlantedBug, ...] = (
         "tiled",
         HND_CACHE,
         variant("hnd_read_as_nhd"),
+        needs=lambda caps: caps.supports(Feature.HND_CACHE),
     ),
     # ---- extreme magnitudes and crossings
     PlantedBug(

@@ -31,7 +31,7 @@ def headline_parts(r: SelftestReport) -> list[str]:
     """What the selftest showed, kept apart by whose code the bugs were planted in: the gate's own
     teeth (bugs planted in the built-in reference kernel, `tiled`) say nothing about the user's
     kernel; the control and the bugs planted in the user's kernel do."""
-    counted = [b for b in r.bugs if b.status.value != "PENDING"]
+    counted = [b for b in r.bugs if b.status.counted]
     own = [b for b in counted if b.host == REFERENCE and r.kernel != REFERENCE]
     theirs = [b for b in counted if b not in own]
     parts = []
@@ -84,7 +84,7 @@ def selftest_markdown(r: SelftestReport) -> str:
             f"{_cell(c.detail) or '-'} | {c.wall_s:.1f} |"
         )
     killed = sum(1 for b in r.bugs if b.killed)
-    counted = sum(1 for b in r.bugs if b.status.value != "PENDING")
+    counted = sum(1 for b in r.bugs if b.status.counted)
     lines += [
         "",
         f"### Kill matrix: {killed} of {counted} planted correctness bugs killed",
@@ -99,6 +99,7 @@ def selftest_markdown(r: SelftestReport) -> str:
             "NOT_EXERCISED": "**not exercised**",
             "NOT_PLANTED": "**not planted**",
             "PENDING": "pending",
+            "NOT_APPLICABLE": "not applicable",
         }[b.status.value]
         ratio = f"{_num(b.ratio)} ({_num(b.baseline)})" if b.case_id else "-"
         lines.append(

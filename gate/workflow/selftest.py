@@ -259,11 +259,19 @@ def run_bug(run: _Run, bug) -> BugOutcome:
         in_baseline = run.baselines[host_name][1].correctness
         cases = [c for c in cases if c.id in in_baseline]
     if not cases:
+        gap = f"suite {run.suite!r} has no case that {host_name} runs on {run.device} of the axis that would catch it"
+        if bug.needs is not None and not bug.needs(run.adapter.capabilities()):
+            return BugOutcome(
+                **common,
+                status=BugStatus.NOT_APPLICABLE,
+                message=f"{gap} ({bug.trigger.axis}); not counted: {run.kernel} does not take what this bug "
+                f"needs, so it cannot have it (a suite for a kernel that does needs such a case)",
+                wall_s=time.perf_counter() - t0,
+            )
         return BugOutcome(
             **common,
             status=BugStatus.NOT_EXERCISED,
-            message=f"suite {run.suite!r} has no case that {host_name} runs on {run.device} of the axis that "
-            f"would catch it: {bug.trigger.axis}; add one to the suite" + (f" ({bug.hint})" if bug.hint else ""),
+            message=f"{gap}: {bug.trigger.axis}; add one to the suite" + (f" ({bug.hint})" if bug.hint else ""),
             wall_s=time.perf_counter() - t0,
         )
     sweeps, ran = [], 0
