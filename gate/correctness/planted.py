@@ -14,8 +14,9 @@ ways to plant one:
 
 Each bug declares the case axis that exposes it (`Trigger`): on a suite without such a case the
 bug is "not exercised" (it survives, and the selftest names the axis), or "not applicable" where
-the configured kernel lacks what the bug `needs` (an HND-cache bug, a kernel that takes no HND cache). A trigger on a Case field
-that this attn-gate does not have yet (`field`: layout, inputs, bias, entry) is "pending" and lights up by itself once the field exists.
+the configured kernel lacks what the bug `needs` (an HND-cache bug, a kernel that takes no HND
+cache). A trigger on a Case field that this attn-gate does not have yet (`field`: layout, inputs,
+bias, entry) is "pending" and lights up by itself once the field exists.
 
 To add a bug: write its perturbation (a `Wrap` function or a tiled flag) and append a PlantedBug
 to BUGS.
