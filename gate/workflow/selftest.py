@@ -368,7 +368,7 @@ def run_slowdowns(
         )
     # the baseline and the slowed runs are timed in this process: one host, even where host_id cannot tell it
     host = host_id(run.device) or "this-process"
-    baseline_perf = {case.id: baseline_entry(base, anchor, host)}
+    base_entry = baseline_entry(base, anchor, host)
     pass_ms = {p: base.pass_timing(p).candidate_median_ms for p in passes}
     gpu = run.device == "cuda"
     cycles_per_ms = sleep_cycles_per_ms(samples=5) if gpu else CPU_CYCLES_PER_MS
@@ -438,9 +438,9 @@ def run_slowdowns(
                 )
                 return again.estimate(pass_) if again.measured else None
 
-            for j in judge_perf(result, baseline_perf, cfg, remeasure):
-                if j.pass_ not in timed:  # the pass left untimed here is judged in its own experiment
-                    continue
+            # the in-run baseline of the passes timed here: the other pass is judged in its own experiment
+            judged = {case.id: {k: v for k, v in base_entry.items() if k not in PASSES or k in timed}}
+            for j in judge_perf(result, judged, cfg, remeasure):
                 timing = pc.pass_timing(j.pass_)
                 cand = (timing.candidate_median_ms / pass_ms[j.pass_] - 1) * 100 if timing else math.nan
                 trials.append(
