@@ -27,18 +27,29 @@ def test_clock_text(seconds, text):
 
 
 def test_the_eta_is_weighted_by_expected_cost_not_by_case_count():
-    eta = Eta(total=4, total_cost=10.0)
+    eta = Eta(total=5, total_cost=11.0)
     assert eta.left() is None  # nothing done yet: no pace to scale
-    eta.add(1.0, 5.0)  # a small case took 5 s: the 9 units left take 45 s, not 2 cases x 5 s
+    eta.add(1.0, 20.0)  # the first case: 20 s of worker start, import and first compile
+    assert eta.left() is None and eta.line() == "[1/5] 0:20 elapsed, ~? left"  # start-up is not pace
+    eta.add(1.0, 25.0)  # the next small case took 5 s: the 9 units left take 45 s, not 3 cases x 5 s
     assert eta.left() == pytest.approx(45.0)
-    eta.add(0.0, 5.0)  # a SKIP: done, costs nothing, moves nothing
+    eta.add(0.0, 25.0)  # a SKIP: done, costs nothing, moves nothing
     assert eta.left() == pytest.approx(45.0)
-    assert eta.line() == "[2/4] 0:05 elapsed, ~0:45 left"
-    assert eta.line(now=15.0) == "[2/4] 0:15 elapsed, ~0:35 left"  # redrawn 10 s later
-    eta.skip(4.0, 5.0)  # found unsupported when it came to run: its cost leaves the total
-    assert eta.total_cost == 6.0 and eta.left() == pytest.approx(25.0)
-    eta.add(5.0, 30.0)
-    assert eta.left() == 0.0 and eta.line({"PASS": 2, "FAIL": 1}) == "[4/4] 0:30 elapsed, ~0:00 left (1 FAIL)"
+    assert eta.line() == "[3/5] 0:25 elapsed, ~0:45 left"
+    assert eta.line(now=35.0) == "[3/5] 0:35 elapsed, ~0:35 left"  # redrawn 10 s later
+    eta.skip(4.0, 25.0)  # found unsupported when it came to run: its cost leaves the total
+    assert eta.total_cost == 7.0 and eta.left() == pytest.approx(25.0)
+    eta.add(5.0, 50.0)
+    assert eta.left() == 0.0 and eta.line({"PASS": 2, "FAIL": 1}) == "[5/5] 0:50 elapsed, ~0:00 left (1 FAIL)"
+
+
+def test_a_slow_first_case_is_not_taken_for_the_pace_of_the_run():
+    """A kernel whose first call compiles for 15 s, then runs each case in 0.1 s: the estimate
+    after the second case is the remaining cases at 0.1 s, not 15 s each."""
+    eta = Eta(total=100, total_cost=100.0)
+    eta.add(1.0, 15.1)
+    eta.add(1.0, 15.2)
+    assert eta.left() == pytest.approx(9.8)
 
 
 def test_without_a_terminal_a_plain_line_every_interval_not_one_per_case():
@@ -59,13 +70,15 @@ def test_without_a_terminal_a_plain_line_every_interval_not_one_per_case():
 
 def test_on_a_terminal_a_bar_with_count_elapsed_and_time_left():
     stream, clock = io.StringIO(), Clock()
-    with Progress(True, "mykernel / pr", [2.0, 2.0, 0.0], stream=stream, terminal=True, clock=clock) as advance:
+    with Progress(True, "mykernel / pr", [2.0, 2.0, 2.0, 0.0], stream=stream, terminal=True, clock=clock) as advance:
+        clock.now += 4.0
+        advance("bf16-b2-h8-s64-d64", "PASS", 2.0)
         clock.now += 4.0
         advance("bf16-b2-h8-s97-d64", "PASS", 2.0)
         out = stream.getvalue()
     text = stream.getvalue()
     assert "mykernel / pr" in text and "\x1b" in text  # drawn with terminal control codes
-    assert re.search(r"\[1/3\] 0:04 elapsed, ~0:04 left", text), text
+    assert re.search(r"\[2/4\] 0:08 elapsed, ~0:04 left", text), text
     assert "PASS bf16-b2-h8-s97-d64" in text
     assert out  # drawn while the run goes, not only at the end
 

@@ -3,7 +3,9 @@
 
 The ETA is the seconds per unit of expected cost so far (gate/workflow/shards.py `expected_cost`:
 FLOPs plus a fixed cost per seed) times the cost still to run: a suite whose big cases come last
-is not promised the pace of its small ones. A SKIP costs nothing and counts as done at once.
+is not promised the pace of its small ones. A SKIP costs nothing and counts as done at once. The
+pace leaves out the first case to finish: its time holds the worker's start, the kernel's import and
+its first compile, which a kernel that compiles for 15 s would otherwise multiply over the suite.
 """
 
 from __future__ import annotations
@@ -32,11 +34,14 @@ class Eta:
     done: int = 0
     done_cost: float = 0.0
     elapsed: float = 0.0
+    first: tuple[float, float] | None = None  # (cost, elapsed) when the first case with a cost finished
 
     def add(self, cost: float, elapsed: float) -> None:
         self.done += 1
         self.done_cost += cost
         self.elapsed = elapsed
+        if self.first is None and cost > 0:
+            self.first = (cost, elapsed)
 
     def skip(self, cost: float, elapsed: float) -> None:
         """A case found unsupported when it came to run: done, and its cost was never spent."""
@@ -45,12 +50,15 @@ class Eta:
         self.elapsed = elapsed
 
     def left(self) -> float | None:
-        """Seconds left, or None before a case with a cost has finished (nothing to scale from)."""
+        """Seconds left, or None before a second case with a cost has finished (the first one's
+        time is start-up, not pace: nothing to scale from yet)."""
         if self.done >= self.total:
             return 0.0
-        if self.done_cost <= 0:
+        if self.first is None or self.done_cost <= self.first[0]:
             return None
-        return self.elapsed / self.done_cost * max(0.0, self.total_cost - self.done_cost)
+        first_cost, first_elapsed = self.first
+        pace = (self.elapsed - first_elapsed) / (self.done_cost - first_cost)
+        return pace * max(0.0, self.total_cost - self.done_cost)
 
     def line(self, counts: dict[str, int] | None = None, now: float | None = None) -> str:
         """`[123/459] 2:10 elapsed, ~1:40 left`, then the non-PASS counts so far. `now`: the
