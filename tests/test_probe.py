@@ -84,6 +84,20 @@ def test_a_wrong_answer_stays_in_the_envelope_as_a_finding():
     assert findings == ["gqa 2: runs but dq is 37x its bound: left in the envelope so the gate judges it"]
 
 
+def test_a_wrong_answer_just_past_its_bound_reads_as_past_it():
+    from types import SimpleNamespace
+
+    from gate.workflow.probe import outcome_of
+
+    def row(*ratios):
+        tensors = tuple(SimpleNamespace(tensor=t, ratio=r) for t, r in zip(("dq", "dk"), ratios))
+        return SimpleNamespace(status=SimpleNamespace(value="FAIL"), tensors=tensors, reason="")
+
+    trial = Trial("window", 16, CASE)
+    assert outcome_of(trial, row(0.5, 1.04)) == Result(trial, WRONG, "dk is 1.04x its bound")
+    assert outcome_of(trial, row(14121.3, 2.0)).detail == "dq is 14,121x its bound"
+
+
 def test_a_refused_axis_is_the_signatures_and_declares_nothing():
     assert derive(results("window", {(16, 0): REFUSED}))[0] == {}
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -23,7 +24,7 @@ _SEED = re.compile(r"^seed \d+: ")
 _NAN = re.compile(r"^(?P<name>[a-z_]+) contains NaN/Inf")
 
 
-def _num(value: float) -> str:
+def ratio_text(value: float) -> str:
     """14,121 / 8.1 / 1.44: three significant digits, thousands separated."""
     if math.isnan(value):
         return "NaN"
@@ -65,7 +66,7 @@ def row_line(row: CaseResult) -> FailLine:
     over = [t for t in row.tensors if not t.ratio <= 1.0]
     # within the max bound, over the mean bound: a bias the max hides, worst mean ratio first
     biased = sorted((t for t in row.tensors if t.ratio <= 1.0 and not t.within_mean), key=lambda t: -t.mean_ratio)
-    mean_words = [f"{t.tensor} mean error {_num(t.mean_ratio)}x its mean bound" for t in biased]
+    mean_words = [f"{t.tensor} mean error {ratio_text(t.mean_ratio)}x its mean bound" for t in biased]
     if not over and biased:
         checks = [f"{c.name} check failed" for c in row.checks if c.passed is False]
         return FailLine("FAIL", row.case_id, mean_words[0], ", ".join(mean_words[1:] + checks), biased[0].mean_ratio)
@@ -75,8 +76,8 @@ def row_line(row: CaseResult) -> FailLine:
         nan = [f"NaN in {t.tensor}" for t in sorted(over, key=lambda t: t.tensor) if math.isnan(t.ratio)]
         checks = [f"{c.name} check failed" for c in row.checks if c.passed is False]
         if finite:
-            what = f"{finite[0].tensor} {_num(finite[0].ratio)}x its bound"
-            others = [f"{t.tensor} {_num(t.ratio)}x" for t in finite[1:]]
+            what = f"{finite[0].tensor} {ratio_text(finite[0].ratio)}x its bound"
+            others = [f"{t.tensor} {ratio_text(t.ratio)}x" for t in finite[1:]]
         else:
             what, nan, others = nan[0], nan[1:], []
         size = math.inf if len(finite) < len(over) else finite[0].ratio
@@ -253,9 +254,11 @@ class Refusal:
         note: object | None,
         own_kernel: bool,
         width: int | None = None,
+        reuse: object | None = None,
     ) -> str:
         """The refusal, its prose wrapped at whole words to `width` (None: not wrapped); the
-        declaration at its end never is, so that it works as pasted."""
+        declaration at its end never is, so that it works as pasted. `reuse`: the saved run that
+        `--known` may record from instead of running the suite again (None: it must run again)."""
         n = len(self.lines)
         out = [
             f"attn-gate: refusing to write {path}: {n} of {self.measured} measured case{'s' * (self.measured != 1)} fail"
@@ -273,7 +276,8 @@ class Refusal:
             out.append(f"every reason and ratio: {note}")
         where = config_source if config_source != "defaults" else "pyproject.toml"
         link_note = "" if own_kernel else "; `link` is required: the upstream issue, https://..."
-        known = f'{redo} --known "WHY"' + ("" if own_kernel else " --link https://UPSTREAM/ISSUE")
+        again = f" --from-results {shlex.quote(str(reuse))}" if reuse is not None else ""
+        known = f'{redo}{again} --known "WHY"' + ("" if own_kernel else " --link https://UPSTREAM/ISSUE")
         out += [
             "the way forward, one of:",
             f"  1. fix the kernel, then rerun `{redo}`;",

@@ -29,6 +29,7 @@ from gate.core.config import Config, KernelFamily, load_config
 from gate.core.envelope import render_supports
 from gate.core.errors import UserError
 from gate.core.jsonio import write_text_atomic
+from gate.report.failures import ratio_text
 from gate.workflow.isolation import worker_pool
 
 HEAD_DIMS = (16, 32, 40, 64, 72, 80, 96, 128, 160, 192, 256)
@@ -218,7 +219,8 @@ def outcome_of(trial: Trial, result) -> Result:
         return Result(trial, Outcome.OK)
     if status == "FAIL":
         worst = max(result.tensors, key=lambda t: t.ratio, default=None)
-        detail = f"{worst.tensor} is {worst.ratio:,.0f}x its bound" if worst is not None else result.reason
+        # three digits: a ratio of 1.04 is a wrong answer, never "1x its bound"
+        detail = f"{worst.tensor} is {ratio_text(worst.ratio)}x its bound" if worst is not None else result.reason
         return Result(trial, Outcome.WRONG, detail)
     if status == "SKIP":
         return Result(trial, Outcome.REFUSED, result.reason)
