@@ -70,7 +70,8 @@ def test_the_refusal_names_each_case_worst_first_with_its_reason_and_what_they_s
     assert f"every reason and ratio: {tmp / 'out' / 'validation-mine-tiny.md'}" in lines
     joined = "\n".join(lines)
     assert "1. fix the kernel" in joined and "(`supports`) in [tool.attn-gate.kernels.mine]" in joined
-    assert '--known "WHY"' in joined
+    # recording them starts from the run just saved, not from a second sweep
+    assert f'--from-results {tmp / "out" / "sweep-mine-tiny.json"} --known "WHY"`' in joined
 
 
 def test_the_printed_declaration_works_exactly_as_printed(refused, tmp_path):

@@ -343,14 +343,16 @@ def require_complete_run(plan: RunPlan, sweep: SweepResult, source: object, path
         )
 
 
-def refuse_failing_run(sweep: SweepResult, written: Baseline, config: Config, path: Path, note: Path | None) -> str:
+def refuse_failing_run(
+    sweep: SweepResult, written: Baseline, config: Config, path: Path, note: Path | None, reuse: Path | None = None
+) -> str:
     """Why a run must not become a baseline ('' when it may): a failing row is recorded only when
     known_failures declarations cover everything it fails on (a bug with a reason, and for another
     project's kernel an upstream link, which `check` then reports as KNOWN); a baseline with no PASS
     row validates nothing. `written` is the baseline the run becomes: an --only run of cases the kernel
     skips, merged into rows that pass, still validates them. The refusal lists the failing cases worst
     first with their reasons, what they share, and the ways forward with the declaration that records
-    them (gate/report/failures.py)."""
+    them (gate/report/failures.py); `reuse` is the saved run that recording them may start from."""
     if not any(row.status is Status.PASS for row in written.correctness.values()):
         return "no case passed (all skipped or failing), so the baseline would validate nothing; fix the kernel or the suite"
     undeclared = undeclared_failures(sweep, config.known_failures)
@@ -364,6 +366,7 @@ def refuse_failing_run(sweep: SweepResult, written: Baseline, config: Config, pa
         note,
         own_kernel(sweep.kernel, set(config.kernels)),
         shutil.get_terminal_size((200, 24)).columns,
+        reuse,
     )
 
 
@@ -545,7 +548,10 @@ def _update_baseline(plan: RunPlan, source: FreshSweep | SavedSweep, out: Output
     declared_text = declared = ""
     if flags.known is not None:  # declared now, validated as the config is; written with the baseline
         config, declared_text, declared = declare_known(sweep, config, flags.known, flags.link)
-    refused = refuse_failing_run(sweep, new, config, path, saved_note)
+    # the run to record from with --known: the file read, or the run just saved where it timed no
+    # speed (one that did would lose its speed section read back from a file)
+    reuse = results_path if results is not None else (None if perf_wanted(perf, plan.device) else saved)
+    refused = refuse_failing_run(sweep, new, config, path, saved_note, reuse)
     if refused:
         print(
             refused if refused.startswith("attn-gate: ") else f"attn-gate: refusing to write {path}: {refused}",
