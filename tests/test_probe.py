@@ -3,6 +3,7 @@ pyproject.toml, and (slow) the probe of kernels with known envelopes (tests/enve
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -308,7 +309,14 @@ def test_init_probe_prints_and_writes_the_found_envelope(tmp_path, capsys, funct
         == 0
     )
     table = f'[tool.attn-gate.kernels."mypkg.attn:{function}".supports]'
-    assert printed.format(table=table) in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert printed.format(table=table) in captured.out
+    # each call was shown on stderr as it finished, as `attn-gate probe` shows it
+    calls = int(re.search(r"probe: (\d+) calls", captured.out).group(1))
+    shown = [
+        line for line in captured.err.splitlines() if re.match(r"  (runs|unsupported|refused|WRONG) +\S+ \S", line)
+    ]
+    assert len(shown) == calls, captured.err
     config = load_config(tmp_path / "pyproject.toml")
     assert config.kernels[f"mypkg.attn:{function}"].supports == supports
 

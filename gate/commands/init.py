@@ -139,7 +139,15 @@ def main(args: argparse.Namespace) -> int:
     interactive = not args.yes and sys.stdin.isatty()
     options = I.resolve(options, root, source, ask if interactive else None)
     if args.probe:
-        report = probe_for_init(root, options.kernel, options.family, options.entries, options.forward_only)
+        # a line per call on stderr while it runs: a kernel's first compile can take a while
+        report = probe_for_init(
+            root,
+            options.kernel,
+            options.family,
+            options.entries,
+            options.forward_only,
+            lambda result: print(result.line(), file=sys.stderr, flush=True),
+        )
         for finding in report.findings:
             print(f"probe finding: {finding}")
         # the table as init writes it, so the first baseline's SKIPs are no surprise

@@ -46,18 +46,7 @@ def main(args: argparse.Namespace) -> int:
 
     def show(result) -> None:
         if not args.quiet:
-            word = {
-                Outcome.OK: "runs",
-                Outcome.WRONG: "WRONG",
-                Outcome.UNSUPPORTED: "unsupported",
-                Outcome.REFUSED: "refused",
-            }[result.outcome]
-            print(
-                f"  {word:11} {result.trial.key} {result.trial.case.id}"
-                + (f"  ({result.detail})" if result.detail else ""),
-                file=sys.stderr,
-                flush=True,
-            )
+            print(result.line(), file=sys.stderr, flush=True)
 
     report = probe(args.kernel, config, device, args.timeout, show)
     calls = len(report.results)

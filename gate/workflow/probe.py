@@ -60,6 +60,11 @@ class Result:
     outcome: str
     detail: str = ""  # the error's first line, or the worst tensor and its ratio
 
+    def line(self) -> str:
+        """The call as `probe` and `init --probe` show it while they run: `  unsupported gqa <case>  (why)`."""
+        word = {Outcome.OK: "runs", Outcome.WRONG: "WRONG"}.get(self.outcome, self.outcome)
+        return f"  {word:11} {self.trial.key} {self.trial.case.id}" + (f"  ({self.detail})" if self.detail else "")
+
 
 @dataclass(frozen=True)
 class ProbeReport:
@@ -332,7 +337,14 @@ def write_declaration(path, report: ProbeReport) -> None:
     write_text_atomic(path, new)
 
 
-def probe_for_init(root, kernel: str | None, family: str | None, entries: tuple, forward_only: bool) -> ProbeReport:
+def probe_for_init(
+    root,
+    kernel: str | None,
+    family: str | None,
+    entries: tuple,
+    forward_only: bool,
+    progress: Callable[[Result], None] | None = None,
+) -> ProbeReport:
     """`attn-gate init --probe`: the declaration of the kernel init is about to write, probed in the
     repository root (where its modules import) on this machine's default device."""
     from gate.core.environment import default_device  # imports torch
@@ -345,4 +357,4 @@ def probe_for_init(root, kernel: str | None, family: str | None, entries: tuple,
     name = family if entries else kernel
     kernels = {name: KernelFamily(name=name, **dict(entries), backward=not forward_only)} if entries else {}
     with contextlib.chdir(root):
-        return probe(name, Config(kernels=kernels), default_device())
+        return probe(name, Config(kernels=kernels), default_device(), progress=progress)
