@@ -57,6 +57,25 @@ def test_without_an_origin_remote_init_refuses_to_invent_the_repository(repo, ca
     assert "--repository OWNER/REPO" in err and "--placeholders" in err
 
 
+def test_every_option_init_cannot_infer_is_named_in_one_refusal(repo, capsys, monkeypatch):
+    """No origin remote and an attn-gate installed from a local wheel: one line names --repository
+    and --install, so the second run is the one that works."""
+    from gate.commands import init as init_command
+    from gate.workflow.install_source import InstallSource
+
+    local = InstallSource("local", None, "file:///tmp/dist/attn_gate-0.1.0-py3-none-any.whl")
+    monkeypatch.setattr(init_command, "installed_source", lambda version: local)
+    before = snapshot(repo)
+    assert main(["init", "--dir", str(repo), "--yes", *KERNEL]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and snapshot(repo) == before, err
+    assert "--repository OWNER/REPO" in err and "--install REQUIREMENT" in err and local.where in err
+    # each alone is refused as before, naming only itself
+    assert main(["init", "--dir", str(repo), "--yes", *KERNEL, "--repository", "a/b"]) == 2
+    err = capsys.readouterr().err
+    assert "--install REQUIREMENT" in err and "--repository" not in err
+
+
 def test_placeholders_are_written_only_when_asked_and_are_the_first_todo(repo, capsys):
     assert init(repo, *KERNEL, "--placeholders") == 0
     out = capsys.readouterr().out

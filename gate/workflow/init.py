@@ -301,24 +301,36 @@ def resolve(options: InitOptions, root: Path, source: InstallSource, ask: Ask | 
     known_repository = (
         existing.ci.repository if existing is not None and existing.ci.repository else git_repository(root)
     )
+    # every option init cannot infer here is named in one refusal, not one per run
+    missing: list[str] = []
     repository = pick(options.repository, "GitHub repository (OWNER/REPO)", known_repository or "")
     if not repository:
         if not options.placeholders:
-            raise UserError(
+            missing.append(
                 "init cannot infer the repository (no GitHub `origin` remote): pass --repository OWNER/REPO "
                 "(and --owners @org/team), or --placeholders to write OWNER/REPO and fill it in later"
             )
-        repository = PLACEHOLDER_REPOSITORY
-    if not REPOSITORY.match(repository):
+        else:
+            repository = PLACEHOLDER_REPOSITORY
+    if repository and not REPOSITORY.match(repository):
         raise UserError(f"--repository {repository!r} should be OWNER/REPO, e.g. myorg/mykernels")
     known_owners = existing.ci.owners if existing is not None and existing.ci.owners else None
-    if known_owners is None and repository != PLACEHOLDER_REPOSITORY:
+    if known_owners is None and repository and repository != PLACEHOLDER_REPOSITORY:
         known_owners = f"@{repository.split('/')[0]}/maintainers"
     owners = pick(options.owners, "code owners of the gate's files", known_owners or "")
     if not owners:
-        if not options.placeholders:
-            raise UserError("init cannot infer the code owners: pass --owners @org/team, or --placeholders")
-        owners = PLACEHOLDER_OWNERS
+        if options.placeholders:
+            owners = PLACEHOLDER_OWNERS
+        elif repository:  # without one, the repository's line names --owners too
+            missing.append("init cannot infer the code owners: pass --owners @org/team, or --placeholders")
+    try:
+        install = install_requirement(options, source)
+    except UserError as exc:
+        if not missing:
+            raise
+        missing.append(str(exc))
+    if missing:
+        raise UserError("; and ".join(missing))
     return replace(
         options,
         kernel=kernel,
@@ -331,7 +343,7 @@ def resolve(options: InitOptions, root: Path, source: InstallSource, ask: Ask | 
         nightly_suite=options.nightly_suite or "nightly",
         repository=repository,
         owners=owners,
-        install=install_requirement(options, source),
+        install=install,
     )
 
 
