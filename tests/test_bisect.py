@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gate.core.cases import exact_regex
+from gate.core.errors import UserError
 from gate.workflow.bisect import (
     BAD,
     FLAKY,
@@ -237,6 +238,33 @@ def test_bisect_refuses_a_good_end_that_fails(planted, capfd):
     proc = bisect(repo, capfd, "--good", commits[4], "--last-failed", "--reruns", "0")
     assert proc.returncode == 2 and "--good" in proc.stderr and "is bad, not good" in proc.stderr
     no_leftovers(repo)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("bisect")
+def test_an_install_step_that_fails_at_the_bad_end_names_its_cause_and_setup_none(planted, capfd, monkeypatch):
+    repo, commits = planted
+    failing = 'echo "ERROR: No matching distribution found for kern" >&2; echo "note: names no cause" >&2; exit 1'
+    proc = bisect(repo, capfd, "--good", commits[0], "--last-failed", "--setup", failing)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    error = proc.stderr.strip().splitlines()[-1]
+    assert error.startswith("attn-gate: error: --bad") and "is skip, not bad" in error, error
+    said = error.split("failed (exit 1): ", 1)[1]  # after the quoted command: what it said
+    assert said.startswith("ERROR: No matching distribution found for kern") and "names no cause" not in said
+    assert "--setup none" in error and "pass the commit where these cases fail" not in error
+    no_leftovers(repo)
+    # `--setup none` installs nothing, as its help says (a command named `none` is never run)
+    from gate.commands import bisect as command
+
+    seen = []
+
+    def stop(spec, log=print):
+        seen.append(spec.setup)
+        raise UserError("stopped")
+
+    monkeypatch.setattr(command, "run_bisect", stop)
+    assert bisect(repo, capfd, "--good", commits[0], "--last-failed", "--setup", "none").returncode == 2
+    assert seen == [""]
 
 
 @pytest.mark.slow

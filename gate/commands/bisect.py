@@ -58,7 +58,7 @@ def register(sub) -> None:
         default=None,
         metavar="CMD",
         help="the install step run in each commit's worktree (default: that commit's [tool.attn-gate.ci] "
-        "setup line; none: nothing is installed, the kernel is imported from the worktree)",
+        "setup line; `none` or '': nothing is installed, the kernel is imported from the worktree)",
     )
     p.add_argument(
         "--perf",
@@ -145,7 +145,7 @@ def main(args: argparse.Namespace) -> int:
                 device=plan.device,
                 config=str(config_path),
                 baseline=str(plan.baseline_path),
-                setup=args.setup,
+                setup="" if args.setup in ("none", "") else args.setup,
                 perf=bool(args.perf),
                 reruns=args.reruns,
                 workdir=str(work),

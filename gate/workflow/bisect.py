@@ -38,6 +38,11 @@ from gate.compare.findings import Subject
 from gate.core.errors import UserError
 
 GOOD, BAD, SKIP, FLAKY = "good", "bad", "skip", "flaky"
+# the answer to an install step that fails in every worktree, the ends' included
+SETUP_FIX = (
+    "pass --setup CMD with the command that installs the kernel in a fresh worktree, or --setup none to "
+    "install nothing and import the kernel from the worktree"
+)
 EXIT_OF = {GOOD: 0, BAD: 1, SKIP: 125, FLAKY: 128}  # git bisect run: 125 skips, >= 128 stops the run
 SETUP_TIMEOUT_S = 3600.0
 
@@ -80,6 +85,7 @@ class StepResult:
     reason: str  # one line: why skip, what failed, what flipped
     failing: dict[str, list[str]] = field(default_factory=dict)  # case id -> the tensors (metrics) that failed
     flipped: tuple[str, ...] = ()  # flaky: the cases whose verdict changed on the re-run
+    fix: str = ""  # a skip the bisect's own options cause: what to pass instead
 
     @property
     def exit_code(self) -> int:
@@ -130,7 +136,7 @@ class BisectOutcome:
     def to_dict(self) -> dict:
         return {
             "kind": "attn-gate bisect",
-            "schema_version": 1,
+            "schema_version": 2,  # 2: a step's `fix`
             "spec": asdict(self.spec),
             "steps": [asdict(s) for s in self.steps],
             "first_bad": asdict(self.first_bad) if self.first_bad else None,
@@ -303,11 +309,19 @@ def run_step(spec: BisectSpec, commit: str) -> StepResult:
                     timeout=SETUP_TIMEOUT_S,
                 )
             except subprocess.TimeoutExpired:
-                return StepResult(commit, title, SKIP, f"the install step `{line}` ran over {SETUP_TIMEOUT_S:.0f} s")
-            if proc.returncode != 0:
-                last = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or ["no output"])[-1]
                 return StepResult(
-                    commit, title, SKIP, f"the install step `{line}` failed (exit {proc.returncode}): {last[:200]}"
+                    commit, title, SKIP, f"the install step `{line}` ran over {SETUP_TIMEOUT_S:.0f} s", fix=SETUP_FIX
+                )
+            if proc.returncode != 0:
+                # the last lines that say something: pip ends with a note that names no cause
+                lines = [ln.strip() for ln in (proc.stderr or proc.stdout or "").splitlines() if ln.strip()]
+                said = [ln for ln in lines if not ln.startswith("note: ")][-3:] or lines[-1:] or ["no output"]
+                return StepResult(
+                    commit,
+                    title,
+                    SKIP,
+                    f"the install step `{line}` failed (exit {proc.returncode}): {' | '.join(said)[:400]}",
+                    fix=SETUP_FIX,
                 )
         runs = []
         for i in range(1 + spec.reruns):
@@ -408,7 +422,9 @@ def run_bisect(spec: BisectSpec, log=print) -> BisectOutcome:
                 f"{end} {commit[:12]} is {result.verdict}, not {want}, under the baseline committed at {spec.bad[:12]}"
                 + (f" ({result.reason})" if result.reason else "")
                 + (
-                    "; nothing to bisect: pass the commit where these cases fail as --bad"
+                    f"; {result.fix}"
+                    if result.fix
+                    else "; nothing to bisect: pass the commit where these cases fail as --bad"
                     if want == BAD
                     else "; pass an older --good where these cases pass"
                 )
