@@ -313,7 +313,9 @@ def test_the_walk_through_of_adopt_md_as_printed(wheel, venv, tmp_path):
     assert where.stdout.startswith(str(venv)), where.stdout
     # the probe found the envelope and init wrote it where check reads it
     table = '[tool.attn-gate.kernels."mykern:attn".supports]:\n    dtypes = ["bf16", "fp32"]\n    gqa = false\n'
-    assert f"2 unsupported; the envelope goes into\n  {table}" in init.stdout, init.stdout
+    assert "2 unsupported, 0 wrong" in init.stdout and f"; the envelope goes into\n  {table}" in init.stdout, (
+        init.stdout
+    )
     section = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["attn-gate"]
     assert section["kernels"]["mykern:attn"]["supports"] == {"dtypes": ["bf16", "fp32"], "gqa": False}
     assert section["cpu"]["kernel"] == "mykern:attn"

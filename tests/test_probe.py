@@ -85,6 +85,15 @@ def test_a_wrong_answer_stays_in_the_envelope_as_a_finding():
     assert findings == ["gqa 2: runs but dq is 37x its bound: left in the envelope so the gate judges it"]
 
 
+def test_the_counts_name_the_calls_the_signature_refused():
+    ran = [Result(Trial("dtypes", d, CASE), OK) for d in ("fp16", "bf16")]
+    refused = [Result(Trial("window", w, CASE), REFUSED, "no window_size") for w in (16, 64)]
+    out = [Result(Trial("head_dims", 256, CASE), OUT, "ValueError: head_dim > 64")]
+    text = ProbeReport("k", "[t]", {}, (), tuple(ran + refused + out)).counts()
+    assert text.startswith("5 calls, 1 unsupported, 0 wrong, 2 refused by the signature"), text
+    assert ProbeReport("k", "[t]", {}, (), tuple(ran)).counts() == "2 calls, 0 unsupported, 0 wrong"
+
+
 def test_a_wrong_answer_just_past_its_bound_reads_as_past_it():
     from types import SimpleNamespace
 
@@ -274,13 +283,18 @@ def test_write_refuses_a_built_in_kernels_table(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "function, printed, supports",
+    "function, counts, printed, supports",
     [
-        ("no_gqa", "2 unsupported; the envelope goes into\n  {table}:\n    gqa = false\n", {"gqa": False}),
-        ("attend", "0 unsupported; the envelope goes into\n  {table}:\n    (empty: every probed axis runs", {}),
+        ("no_gqa", "2 unsupported, 0 wrong", "; the envelope goes into\n  {table}:\n    gqa = false\n", {"gqa": False}),
+        (
+            "attend",
+            "0 unsupported, 0 wrong",
+            "; the envelope goes into\n  {table}:\n    (empty: every probed axis runs",
+            {},
+        ),
     ],
 )
-def test_init_probe_prints_and_writes_the_found_envelope(tmp_path, capsys, function, printed, supports):
+def test_init_probe_prints_and_writes_the_found_envelope(tmp_path, capsys, function, counts, printed, supports):
     """What init writes is printed beneath the probe's line, so the first baseline's SKIPs are expected."""
     from gate.commands.main import main
 
@@ -311,6 +325,11 @@ def test_init_probe_prints_and_writes_the_found_envelope(tmp_path, capsys, funct
     table = f'[tool.attn-gate.kernels."mypkg.attn:{function}".supports]'
     captured = capsys.readouterr()
     assert printed.format(table=table) in captured.out
+    # the keywords the function does not take are counted apart from what it failed on
+    line = next(ln for ln in captured.out.splitlines() if ln.startswith("probe: "))
+    assert re.fullmatch(
+        rf"probe: \d+ calls, {counts}, \d+ refused by the signature \(.*\); the envelope goes into", line
+    )
     # each call was shown on stderr as it finished, as `attn-gate probe` shows it
     calls = int(re.search(r"probe: (\d+) calls", captured.out).group(1))
     shown = [

@@ -151,7 +151,7 @@ def main(args: argparse.Namespace) -> int:
         for finding in report.findings:
             print(f"probe finding: {finding}")
         # the table as init writes it, so the first baseline's SKIPs are no surprise
-        print(f"probe: {len(report.results)} calls, {report.outside} unsupported; the envelope goes into")
+        print(f"probe: {report.counts()}; the envelope goes into")
         print(f"  {report.table}:")
         body = report.toml().splitlines()[1:] or ["(empty: every probed axis runs, nothing to narrow)"]
         print("".join(f"    {line}\n" for line in body), end="")

@@ -11,7 +11,7 @@ from gate.commands.common import add_config
 from gate.commands.help_text import parser_kwargs
 from gate.core.config import load_config
 from gate.core.errors import EXIT_PASS, UserError
-from gate.workflow.probe import Outcome, probe, write_declaration
+from gate.workflow.probe import probe, write_declaration
 from gate.workflow.validate import check_device
 
 
@@ -49,11 +49,7 @@ def main(args: argparse.Namespace) -> int:
             print(result.line(), file=sys.stderr, flush=True)
 
     report = probe(args.kernel, config, device, args.timeout, show)
-    calls = len(report.results)
-    print(
-        f"probed {args.kernel} on {device}: {calls} calls, {report.outside} unsupported, "
-        f"{sum(r.outcome == Outcome.WRONG for r in report.results)} wrong"
-    )
+    print(f"probed {args.kernel} on {device}: {report.counts()}")
     for finding in report.findings:
         print(f"finding: {finding}")
     print()

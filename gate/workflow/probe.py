@@ -79,6 +79,17 @@ class ProbeReport:
         """Calls that raised, crashed or hung: each put its axis outside the envelope."""
         return sum(r.outcome == Outcome.UNSUPPORTED for r in self.results)
 
+    def counts(self) -> str:
+        """`54 calls, 0 unsupported, 1 wrong, 30 refused by the signature ...`: the refused ones
+        are named, or a summary of 0 unsupported would contradict the lines shown as they ran."""
+        refused = sum(r.outcome == Outcome.REFUSED for r in self.results)
+        wrong = sum(r.outcome == Outcome.WRONG for r in self.results)
+        return f"{len(self.results)} calls, {self.outside} unsupported, {wrong} wrong" + (
+            f", {refused} refused by the signature (a keyword it does not take: those cases SKIP without a declaration)"
+            if refused
+            else ""
+        )
+
     def toml(self) -> str:
         return render_supports(self.supports, self.table.strip("[]"))
 
