@@ -36,7 +36,7 @@ def test_the_short_summary_line_names_the_worst_ratio_and_the_nan_beside_it():
     error = row(status=Status.ERROR, reason="RuntimeError: head_dim 192 > 128 is not supported")
     assert (
         row_line(error).text
-        == f"ERROR {BASE.id}  the kernel raised (RuntimeError: head_dim 192 > 128 is not supported)"
+        == f"ERROR {BASE.id}  no answer from the kernel (RuntimeError: head_dim 192 > 128 is not supported)"
     )
     ordered = worst_first(
         [row_line(row({"dq": 2.0}, seqlen_q=64)), row_line(row({"dq": 8.0}, seqlen_q=96)), row_line(unmeasured)]
@@ -117,3 +117,17 @@ def test_check_lines_one_per_case_worst_first_headroom_and_inconclusive_last():
         f"FAIL {grown.case_id}  dk 0.2 -> 0.9 of its bound (headroom)",
         f"INCONCLUSIVE {lost.case_id}  lse was measured in the baseline, not any more, so it is not validated",
     ]
+
+
+def test_a_declarations_reason_says_no_answer_for_an_error_not_past_the_bound():
+    from gate.report.failures import FailGroup, FailLine, block_reasons
+
+    def group(names, value):
+        return FailGroup("head_dim", value, names, ("c",), 1, FailLine("ERROR", "c", "x"))
+
+    reasons = block_reasons(
+        [group(("error",), "batch 16385"), group(("dq",), "shifted inputs"), group(("dk", "error"), "head dim 8")]
+    )
+    assert reasons[("error",)] == "no answer from the kernel on batch 16385"
+    assert reasons[("dq",)] == "dq past the bound on shifted inputs"
+    assert reasons[("dk", "error")] == "dk past the bound and no answer from the kernel on head dim 8"

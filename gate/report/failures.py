@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from gate.compare.findings import Finding, Rule, Severity, fmt
 from gate.compare.known import UNATTRIBUTED, failures_of
+from gate.core.config import ERROR_NAME
 from gate.core.results import CaseResult, Status
 
 # run_case's refusal of an output it could not measure, as the line says it
@@ -62,7 +63,8 @@ class FailLine:
 def row_line(row: CaseResult) -> FailLine:
     """The line of a failing results row: its worst tensor against its bound, the reason beside."""
     if row.status is Status.ERROR:
-        return FailLine("ERROR", row.case_id, "the kernel raised", reason_words(row.reason), math.inf)
+        # an ERROR row is a raise, a crash or a hang: its reason says which
+        return FailLine("ERROR", row.case_id, "no answer from the kernel", reason_words(row.reason), math.inf)
     over = [t for t in row.tensors if not t.ratio <= 1.0]
     # within the max bound, over the mean bound: a bias the max hides, worst mean ratio first
     biased = sorted((t for t in row.tensors if t.ratio <= 1.0 and not t.within_mean), key=lambda t: -t.mean_ratio)
@@ -230,9 +232,17 @@ def block_reasons(groups: list[FailGroup]) -> dict[tuple[str, ...], str]:
     for g in groups:
         values.setdefault(g.names, []).append(g.value)
     return {
-        names: f"{', '.join(names)} past the bound on {' and '.join(v[:3])}{' ...' if len(v) > 3 else ''}"
+        names: f"{_failed_on(names)} on {' and '.join(v[:3])}{' ...' if len(v) > 3 else ''}"
         for names, v in values.items()
     }
+
+
+def _failed_on(names: tuple[str, ...]) -> str:
+    """'dq, dk past the bound', 'no answer from the kernel' (an ERROR row: a raise, crash or hang,
+    where no tensor was measured), or both."""
+    measured = [n for n in names if n != ERROR_NAME]
+    said = [f"{', '.join(measured)} past the bound"] if measured else []
+    return " and ".join(said + (["no answer from the kernel"] if ERROR_NAME in names else []))
 
 
 @dataclass(frozen=True)
