@@ -110,3 +110,41 @@ def test_the_speed_stage_moves_the_same_progress_over_the_plans_perf_cases(capsy
     assert [g.case for g in got] == list(cases)
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"[{len(cases)}/{len(cases)}] ") and err[-1].endswith("~0:00 left (1 SKIP)"), err
+
+
+def test_a_case_that_runs_long_is_named_while_it_runs():
+    """A case that hangs toward its timeout: without a terminal, a line every interval names it and
+    its time so far, instead of the last count standing for minutes."""
+    stream, clock = io.StringIO(), Clock()
+    progress = Progress(True, "k / smoke", [1.0] * 3, stream=stream, terminal=False, clock=clock, beat_s=None)
+    with progress as advance:
+        advance.started("quick")
+        clock.now += 1.0
+        advance("quick", "PASS", 1.0)
+        advance.started("bf16-b16385-h4-s2x3-d8")
+        clock.now += 10.0
+        progress.beat()
+        assert stream.getvalue() == ""  # 10 s: not long yet
+        clock.now += 50.0
+        progress.beat()
+        progress.beat()  # once per interval, not per beat
+        assert stream.getvalue().splitlines() == [
+            "[1/3] 1:01 elapsed, ~? left; running bf16-b16385-h4-s2x3-d8 for 1:00"
+        ]
+        clock.now += 15.0
+        progress.beat()
+        assert stream.getvalue().splitlines()[-1].endswith("running bf16-b16385-h4-s2x3-d8 for 1:15")
+        advance("bf16-b16385-h4-s2x3-d8", "ERROR", 1.0)  # a line was printed just now: none
+        clock.now += 30.0
+        progress.beat()  # nothing runs now: no line
+    assert len(stream.getvalue().splitlines()) == 2, stream.getvalue()
+
+
+def test_on_a_terminal_the_bar_names_a_case_that_runs_long():
+    stream, clock = io.StringIO(), Clock()
+    with Progress(True, "k / pr", [1.0] * 3, stream=stream, terminal=True, clock=clock) as advance:
+        advance.started("slow-case")
+        clock.now += 20.0
+        advance.started("quick")
+        advance("quick", "PASS", 1.0)
+    assert "running slow-case for 0:20" in stream.getvalue(), stream.getvalue()

@@ -55,6 +55,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -470,9 +471,16 @@ class WorkerPool:
                 self._cond.notify()
 
     def run_case(
-        self, case: Case, tol: ToleranceConfig, check_names: tuple[str, ...], timeout: float | None, traits=None
+        self,
+        case: Case,
+        tol: ToleranceConfig,
+        check_names: tuple[str, ...],
+        timeout: float | None,
+        traits=None,
+        started: Callable[[str], None] | None = None,
     ) -> CaseResult:
         """`traits` (run_case.KernelTraits): what the worker's hello declared; None asks kernel_info.
+        `started(case_id)` is told when the case has its worker (the progress names a long one).
 
         The slot (its worker) is held only while the kernel runs; the outputs are judged after it
         is released, so with two callers per slot (the sweep's `judging_threads`) the worker runs
@@ -483,6 +491,8 @@ class WorkerPool:
             file = self.tmpdir / f"case-{next(self._files)}.pt"
         with self.slot() as slot:
             start = time.perf_counter()  # a case's seconds: its own run and judging, not its wait for the slot
+            if started is not None:
+                started(case.id)
             self.tmpdir.mkdir(parents=True, exist_ok=True)  # a kernel of an earlier case may have deleted it
             ran = run_in_worker(
                 slot,

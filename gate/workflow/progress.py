@@ -10,6 +10,7 @@ its first compile, which a kernel that compiles for 15 s would otherwise multipl
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, TextIO
@@ -76,13 +77,26 @@ class Eta:
         return text
 
 
+class Advance:
+    """What `with Progress(...)` gives: `advance(case_id, status, cost)` when a case is done, and
+    `advance.started(case_id)` when it starts, so a case that runs long is named while it runs."""
+
+    def __init__(self, done: Callable[[str, str, float], None], started: Callable[[str], None]):
+        self._done, self.started = done, started
+
+    def __call__(self, case_id: str, status: str, cost: float) -> None:
+        self._done(case_id, status, cost)
+
+
 class Progress:
     """`with Progress(enabled, title, costs) as advance: ... advance(case_id, status, cost)`.
 
     `costs`: the expected cost of every case still to run (0 for one known to SKIP); a case that
     comes back SKIP takes its cost off the total. `stream` None is stderr;
     `terminal` None asks rich whether it is a terminal; `clock` is time.monotonic (tests pass
-    their own)."""
+    their own). A case still running after `every_s` is named with its time so far (the oldest of
+    those that started and have not finished): on a terminal in the bar, elsewhere in a line every
+    `every_s` while no case finishes, checked every `beat_s` (None: never, a test calls `beat`)."""
 
     def __init__(
         self,
@@ -93,16 +107,51 @@ class Progress:
         terminal: bool | None = None,
         clock: Callable[[], float] = time.monotonic,
         every_s: float = PLAIN_EVERY_S,
+        beat_s: float | None = 1.0,
     ):
         self.enabled, self.title = enabled, title
         self.eta = Eta(total=len(costs), total_cost=float(sum(costs)))
         self.stream, self.terminal, self.clock, self.every_s = stream, terminal, clock, every_s
         self.counts: dict[str, int] = {}
         self._bar = None
+        self._running: dict[str, float] = {}  # case id -> when it started, in order of starting
+        self._lock = threading.Lock()
+        self._beat_s, self._stop = beat_s, threading.Event()
+        self._beater: threading.Thread | None = None
+        self._plain_console = None
 
-    def __enter__(self) -> Callable[[str, str, float], None]:
+    def _started(self, case_id: str) -> None:
+        with self._lock:
+            self._running.setdefault(case_id, self.clock())
+
+    def running(self) -> str:
+        """`; running <case> for 1:05` for the oldest case in flight once it has run `every_s`, else ''."""
+        with self._lock:
+            oldest = next(iter(self._running.items()), None)
+        if oldest is None or self.clock() - oldest[1] < self.every_s:
+            return ""
+        return f"; running {oldest[0]} for {clock_text(self.clock() - oldest[1])}"
+
+    def beat(self) -> None:
+        """Without a terminal: a line when none was printed for `every_s` and a case is running."""
+        if self._plain_console is None:
+            return
+        now = self.clock()
+        with self._lock:
+            quiet = now - self._last_line >= self.every_s
+        suffix = self.running()
+        if quiet and suffix:
+            with self._lock:
+                self._last_line = now
+            self._plain_console.print(self.eta.line(self.counts, now - self._start) + suffix, markup=False)
+
+    def _beating(self) -> None:
+        while not self._stop.wait(self._beat_s):
+            self.beat()
+
+    def __enter__(self) -> Advance:
         if not self.enabled:
-            return lambda *_: None
+            return Advance(lambda *_: None, lambda _: None)
         from rich.console import Console
 
         console = Console(
@@ -113,21 +162,30 @@ class Progress:
             return self._plain(console)
         return self._rich(console)
 
-    def _count(self, status: str, cost: float) -> None:
+    def _count(self, case_id: str, status: str, cost: float) -> None:
+        with self._lock:
+            self._running.pop(case_id, None)
         self.counts[status] = self.counts.get(status, 0) + 1
         (self.eta.skip if status == "SKIP" else self.eta.add)(cost, self.clock() - self._start)
 
     def _plain(self, console):
         self._last_line = self._start
+        self._plain_console = console
+        if self._beat_s is not None:
+            self._beater = threading.Thread(target=self._beating, name="attn-gate-progress", daemon=True)
+            self._beater.start()
 
         def advance(case_id: str, status: str, cost: float) -> None:
-            self._count(status, cost)
+            self._count(case_id, status, cost)
             now = self.clock()
-            if now - self._last_line >= self.every_s or self.eta.done == self.eta.total:
-                self._last_line = now
+            with self._lock:
+                due = now - self._last_line >= self.every_s or self.eta.done == self.eta.total
+                if due:
+                    self._last_line = now
+            if due:
                 console.print(self.eta.line(self.counts), markup=False)
 
-        return advance
+        return Advance(advance, self._started)
 
     def _rich(self, console):
         from rich.progress import BarColumn, ProgressColumn, TextColumn
@@ -139,7 +197,8 @@ class Progress:
 
         class EtaColumn(ProgressColumn):  # redrawn live: the elapsed time moves during a long case
             def render(self, task) -> Text:
-                return Text(outer.eta.line(outer.counts, outer.clock() - outer._start), no_wrap=True)
+                line = outer.eta.line(outer.counts, outer.clock() - outer._start) + outer.running()
+                return Text(line, no_wrap=True)
 
         # the bar fills by expected cost; the count and ETA are Eta's, as in the plain line; at 80
         # columns the last case's id is cut, never the count or the time left
@@ -155,12 +214,15 @@ class Progress:
         task = self._bar.add_task(self.title, total=max(self.eta.total_cost, 1e-9), last="")
 
         def advance(case_id: str, status: str, cost: float) -> None:
-            self._count(status, cost)
+            self._count(case_id, status, cost)
             self._bar.update(task, completed=self.eta.done_cost, last=f"{status} {case_id}")
 
-        return advance
+        return Advance(advance, self._started)
 
     def __exit__(self, *exc) -> bool:
+        self._stop.set()
+        if self._beater is not None:
+            self._beater.join()
         if self._bar is not None:
             self._bar.__exit__(*exc)
         return False

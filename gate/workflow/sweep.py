@@ -118,6 +118,7 @@ def sweep_plan(plan: RunPlan, progress: bool = True, check_names: tuple[str, ...
     skips = {c.id: r for c in cases if (r := adapter.unsupported_reason(c, device))}  # cost 0 for the ETA
     with Progress(progress, f"{kernel} / {plan.suite.name}", _costs(cases, skips, check_names)) as advance:
         for case in cases:
+            advance.started(case.id)
             results.append(run_case(adapter, case, device, config.tolerance, checks_for(case, check_names)))
             advance(case.id, results[-1].status.value, 0.0 if case.id in skips else expected_cost(case, check_names))
     return sweep_result(
@@ -212,7 +213,10 @@ def _run_isolated(
             todo = [c for c in todo if c.id not in skips]
 
             def one(case):
-                result = pool.run_case(case, config.tolerance, check_names, options.case_timeout, info.traits)
+                # the progress names a case that runs long (a hang, a slow compile) from when it has its worker
+                result = pool.run_case(
+                    case, config.tolerance, check_names, options.case_timeout, info.traits, advance.started
+                )
                 with lock:
                     if stopping.is_set():  # its worker was killed by the interrupt: it runs again on --resume
                         return
