@@ -120,6 +120,12 @@ class Progress:
         self._beater: threading.Thread | None = None
         self._plain_console = None
 
+    def _line(self, now: float | None = None) -> str:
+        """Eta's line from a consistent view: judging threads count cases while the beat (or the
+        terminal's refresh) thread reads the counts."""
+        with self._lock:
+            return self.eta.line(self.counts, now)
+
     def _started(self, case_id: str) -> None:
         with self._lock:
             self._running.setdefault(case_id, self.clock())
@@ -128,9 +134,8 @@ class Progress:
         """`; running <case> for 1:05` for the oldest case in flight once it has run `every_s`, else ''."""
         with self._lock:
             oldest = next(iter(self._running.items()), None)
-        if oldest is None or self.clock() - oldest[1] < self.every_s:
-            return ""
-        return f"; running {oldest[0]} for {clock_text(self.clock() - oldest[1])}"
+        ran = self.clock() - oldest[1] if oldest is not None else 0.0
+        return f"; running {oldest[0]} for {clock_text(ran)}" if oldest is not None and ran >= self.every_s else ""
 
     def beat(self) -> None:
         """Without a terminal: a line when none was printed for `every_s` and a case is running."""
@@ -143,7 +148,7 @@ class Progress:
         if quiet and suffix:
             with self._lock:
                 self._last_line = now
-            self._plain_console.print(self.eta.line(self.counts, now - self._start) + suffix, markup=False)
+            self._plain_console.print(self._line(now - self._start) + suffix, markup=False)
 
     def _beating(self) -> None:
         while not self._stop.wait(self._beat_s):
@@ -163,10 +168,11 @@ class Progress:
         return self._rich(console)
 
     def _count(self, case_id: str, status: str, cost: float) -> None:
+        elapsed = self.clock() - self._start
         with self._lock:
             self._running.pop(case_id, None)
-        self.counts[status] = self.counts.get(status, 0) + 1
-        (self.eta.skip if status == "SKIP" else self.eta.add)(cost, self.clock() - self._start)
+            self.counts[status] = self.counts.get(status, 0) + 1
+            (self.eta.skip if status == "SKIP" else self.eta.add)(cost, elapsed)
 
     def _plain(self, console):
         self._last_line = self._start
@@ -183,7 +189,7 @@ class Progress:
                 if due:
                     self._last_line = now
             if due:
-                console.print(self.eta.line(self.counts), markup=False)
+                console.print(self._line(), markup=False)
 
         return Advance(advance, self._started)
 
@@ -197,7 +203,7 @@ class Progress:
 
         class EtaColumn(ProgressColumn):  # redrawn live: the elapsed time moves during a long case
             def render(self, task) -> Text:
-                line = outer.eta.line(outer.counts, outer.clock() - outer._start) + outer.running()
+                line = outer._line(outer.clock() - outer._start) + outer.running()
                 return Text(line, no_wrap=True)
 
         # the bar fills by expected cost; the count and ETA are Eta's, as in the plain line; at 80
