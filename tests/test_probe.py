@@ -90,7 +90,9 @@ def test_the_counts_name_the_calls_the_signature_refused():
     refused = [Result(Trial("window", w, CASE), REFUSED, "no window_size") for w in (16, 64)]
     out = [Result(Trial("head_dims", 256, CASE), OUT, "ValueError: head_dim > 64")]
     text = ProbeReport("k", "[t]", {}, (), tuple(ran + refused + out)).counts()
-    assert text.startswith("5 calls, 1 unsupported, 0 wrong, 2 refused by the signature"), text
+    assert text == "5 calls, 1 unsupported, 0 wrong, 2 refused by its signature (they SKIP, no declaration needed)", (
+        text
+    )
     assert ProbeReport("k", "[t]", {}, (), tuple(ran)).counts() == "2 calls, 0 unsupported, 0 wrong"
 
 
@@ -328,7 +330,8 @@ def test_init_probe_prints_and_writes_the_found_envelope(tmp_path, capsys, funct
     # the keywords the function does not take are counted apart from what it failed on
     line = next(ln for ln in captured.out.splitlines() if ln.startswith("probe: "))
     assert re.fullmatch(
-        rf"probe: \d+ calls, {counts}, \d+ refused by the signature \(.*\); the envelope goes into", line
+        rf"probe: \d+ calls, {counts}, \d+ refused by its signature \(they SKIP, no declaration needed\); the envelope goes into",
+        line,
     )
     # each call was shown on stderr as it finished, as `attn-gate probe` shows it
     calls = int(re.search(r"probe: (\d+) calls", captured.out).group(1))

@@ -80,14 +80,12 @@ class ProbeReport:
         return sum(r.outcome == Outcome.UNSUPPORTED for r in self.results)
 
     def counts(self) -> str:
-        """`54 calls, 0 unsupported, 1 wrong, 30 refused by the signature ...`: the refused ones
+        """`54 calls, 0 unsupported, 1 wrong, 30 refused by its signature ...`: the refused ones
         are named, or a summary of 0 unsupported would contradict the lines shown as they ran."""
         refused = sum(r.outcome == Outcome.REFUSED for r in self.results)
         wrong = sum(r.outcome == Outcome.WRONG for r in self.results)
         return f"{len(self.results)} calls, {self.outside} unsupported, {wrong} wrong" + (
-            f", {refused} refused by the signature (a keyword it does not take: those cases SKIP without a declaration)"
-            if refused
-            else ""
+            f", {refused} refused by its signature (they SKIP, no declaration needed)" if refused else ""
         )
 
     def toml(self) -> str:
