@@ -11,7 +11,7 @@ import torch
 from gate.core.cases import Case
 from gate.core.config import ToleranceConfig
 from gate.core.results import Status, error_ratio
-from gate.correctness.measure import error_part, tensor_error
+from gate.correctness.measure import error_part, tensor_error, unravel
 from gate.correctness.run_case import run_case
 from gate.correctness.tolerance import EPS, error_bound, rounding_floor
 from gate.kernels.tiled import TiledAdapter
@@ -285,3 +285,11 @@ def test_a_non_finite_cache_slot_is_an_infinite_error(bad):
     got[1, 2] = bad
     t = measure_exact("k_cache", got, expected, "bf16", 0)
     assert t.max_err == math.inf and t.ratio == math.inf and t.worst_index == (1, 2)
+
+
+@pytest.mark.parametrize("shape", [(7,), (2, 3), (3, 1, 5), (2, 4, 1, 3), (1, 1, 1)])
+def test_the_worst_elements_index_is_torchs_unravel_index(shape):
+    n = math.prod(shape)
+    for flat in {0, 1 % n, n // 2, n - 1}:
+        want = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), shape))
+        assert unravel(flat, shape) == want

@@ -23,7 +23,7 @@ from gate.core.cases import Case
 from gate.core.config import ToleranceConfig
 from gate.core.errors import first_line
 from gate.core.results import ALL_TENSORS, CaseResult, Status, TensorError, error_ratio
-from gate.correctness.measure import error_part, tensor_error
+from gate.correctness.measure import error_part, tensor_error, unravel
 from gate.correctness.tolerance import BANDS, rounding_floor, tensor_spec
 from gate.kernels.base import KernelAdapter, KernelCall, KernelOutput, NoKernel
 
@@ -253,7 +253,7 @@ def measure_exact(name: str, kernel: torch.Tensor, expected: torch.Tensor, dtype
     diff = torch.nan_to_num(diff, nan=math.inf, posinf=math.inf)  # a NaN slot is infinitely wrong (files hold no NaN)
     max_err = float(diff.max()) if diff.numel() else 0.0
     flat = int(diff.flatten().argmax()) if diff.numel() else 0
-    worst = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape)) if diff.numel() else ()
+    worst = unravel(flat, tuple(diff.shape)) if diff.numel() else ()
     bound = rounding_floor(0.0, dtype)
     atol, rtol = BANDS[dtype]
     mean_err = float(diff.mean()) if diff.numel() else 0.0
