@@ -269,3 +269,27 @@ def rebinds_gate_constant(q, k, v, softmax_scale=None, causal=False):
 
         inputs.TORCH_DTYPES = {**inputs.TORCH_DTYPES, "fp32": torch.float16}
     return out
+
+
+def describes_its_process(q, k, v, softmax_scale=None, causal=False):
+    """Correct attention; writes what its process looks like to ATTN_GATE_TEST_FACTS (JSON): how a
+    forked worker and a fresh interpreter's are compared."""
+    import json
+    import sys
+    import warnings
+
+    facts = {
+        "environ": dict(os.environ),
+        "cwd": os.getcwd(),
+        "path0": sys.path[0],
+        "argv0": os.path.basename(sys.argv[0]),
+        "own_session": os.getsid(0) == os.getpid(),
+        "stdin_fd": sys.stdin.fileno(),
+        "warnings": [repr(f) for f in warnings.filters],
+        "cuda_initialized": torch.cuda.is_initialized(),
+        "grad_enabled": torch.is_grad_enabled(),
+        "threads": torch.get_num_threads(),
+    }
+    with open(os.environ["ATTN_GATE_TEST_FACTS"], "w") as fh:
+        json.dump(facts, fh)
+    return _attention(q, k, v, softmax_scale, causal)

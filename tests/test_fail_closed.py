@@ -187,8 +187,9 @@ def test_sigterm_inside_an_atomic_write_leaves_no_temporary_file(tmp_path):
     assert target.read_text() == '{"old": true}\n'
 
 
-def test_a_worker_start_timeout_names_its_setting_not_case_timeout(tmp_path, capsys):
+def test_a_worker_start_timeout_names_its_setting_not_case_timeout(tmp_path, capsys, monkeypatch):
     """A worker that does not start in time was reported as "(--case-timeout)", a flag nobody typed."""
+    monkeypatch.setenv("ATTN_GATE_FRESH_WORKERS", "1")  # a fresh interpreter: no start within 0.01 s
     config = tmp_path / "pyproject.toml"
     config.write_text(SUITE_CONFIG + "[tool.attn-gate.isolation]\nworker_start_timeout_s = 0.01\n")
     assert (

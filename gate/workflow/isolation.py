@@ -4,8 +4,9 @@
       inputs, references, errors, verdict  <-file--   imports the kernel, runs fwd+bwd per seed,
       never imports the kernel under test   -json->   sends raw out/lse/dq/dk/dv (torch.save)
 
-A worker is persistent (cases run one after another in it: the kernel is imported and compiled
-once), and it is replaced when it dies (any exit code, any signal), hangs past the case's
+A worker is forked from a process that imported torch already (gate/workflow/zygote.py; a fresh
+interpreter where it cannot be). It is persistent (cases run one after another in it: the kernel is
+imported and compiled once), and it is replaced when it dies (any exit code, any signal), hangs past the case's
 timeout (it is killed with its process group), reports a CUDA fault (the context is poisoned)
 or changes its working directory. Each of those is an ERROR row naming the case, the exit code or
 signal and the last lines of the worker's stderr; the next case runs in a fresh worker. It is also
@@ -66,6 +67,7 @@ from gate.core.results import CaseResult, CheckResult, Status
 from gate.kernels.capabilities import Capabilities
 from gate.speed.runs import PerfCaseResult
 from gate.workflow.worker_main import kill_tree
+from gate.workflow.zygote import forked_worker
 
 STDERR_LINES = 8  # how much of a dead worker's stderr an ERROR row carries
 POLL_S = 0.25  # how often a wait for a reply looks at whether the worker is still alive
@@ -206,7 +208,8 @@ class Worker:
         tmpdir.mkdir(parents=True, exist_ok=True)  # a kernel may have deleted it
         self.stderr_path = tmpdir / f"worker-{label}.stderr"
         with open(self.stderr_path, "wb") as err:
-            self.proc = _SPAWNER.popen(
+            # forked from a process that imported torch already where it can be (gate/workflow/zygote.py)
+            self.proc = forked_worker(env, err.fileno(), _SPAWNER.popen) or _SPAWNER.popen(
                 [sys.executable, "-m", "gate.workflow.worker_main"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
