@@ -17,6 +17,7 @@ from gate.core.results import Status
 from gate.workflow import zygote
 from gate.workflow.isolation import WorkerPool
 from gate.workflow.zygote import FRESH_WORKERS, ForkedProcess
+from tests.test_worker_lifecycle import alive
 
 
 def status_pipe(payload: bytes | None) -> ForkedProcess:
@@ -91,14 +92,6 @@ def test_a_forked_worker_is_the_process_a_fresh_interpreter_would_be(tmp_path, m
     assert not forked["cuda_initialized"]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc to see the zygotes end")
 def test_each_environment_gets_its_zygote_and_the_oldest_retires_after_its_last_worker(monkeypatch):
@@ -117,7 +110,7 @@ def test_each_environment_gets_its_zygote_and_the_oldest_retires_after_its_last_
             zygotes.append(zygote._ZYGOTES[zygote._env_key(dict(os.environ))])
         assert len({z.proc.pid for z in zygotes}) == 3
         first = zygotes[0]
-        assert first not in zygote._ZYGOTES.values() and _alive(first.proc.pid)  # retired, its worker alive
+        assert first not in zygote._ZYGOTES.values() and alive(first.proc.pid)  # retired, its worker alive
         assert pools[0].slots[0].worker.proc.poll() is None
         pools[0].close()
         first.proc.wait(timeout=30)  # its last worker gone: it ends
@@ -125,3 +118,31 @@ def test_each_environment_gets_its_zygote_and_the_oldest_retires_after_its_last_
     finally:
         for pool in pools:
             pool.close()
+
+
+def test_a_fork_the_zygote_could_not_make_starts_that_worker_fresh_and_keeps_the_zygote(tmp_path):
+    """An error reply (the zygote's fork failed: no more processes) is None for that worker; a
+    zygote that answers nothing is gone (OSError), and the gate stops using it."""
+    import socket
+    import threading
+
+    def fake(reply: bytes | None) -> zygote.Zygote:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+        def serve():
+            _, fds, _, _ = socket.recv_fds(theirs, 1 << 16, 4)
+            for fd in fds:
+                os.close(fd)
+            if reply is not None:
+                theirs.send(reply)
+            theirs.close()
+
+        threading.Thread(target=serve, daemon=True).start()
+        z = object.__new__(zygote.Zygote)
+        z._sock, z._lock = ours, threading.Lock()
+        return z
+
+    with open(tmp_path / "err", "wb") as err:
+        assert fake(b'{"error": "fork: [Errno 11] Resource temporarily unavailable"}').fork({}, err.fileno()) is None
+        with pytest.raises(OSError, match="did not fork"):
+            fake(None).fork({}, err.fileno())

@@ -152,8 +152,9 @@ class Zygote:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
 
-    def fork(self, env: dict[str, str], stderr_fd: int) -> ForkedProcess:
-        """A worker with this environment and the gate's working directory (OSError: none)."""
+    def fork(self, env: dict[str, str], stderr_fd: int) -> ForkedProcess | None:
+        """A worker with this environment and the gate's working directory; None: the zygote could
+        not fork this one; OSError: the zygote is gone or garbled."""
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
         status_r, status_w = os.pipe()
@@ -173,6 +174,8 @@ class Zygote:
         if not isinstance(reply.get("pid"), int):
             for fd in (in_w, out_r, status_r):
                 os.close(fd)
+            if "error" in reply:  # it could not fork this once (no more processes); it still serves
+                return None
             raise OSError(f"the zygote did not fork: {reply or 'no answer'}")
         return ForkedProcess(reply["pid"], os.fdopen(in_w, "wb"), os.fdopen(out_r, "rb"), status_r)
 
@@ -344,7 +347,13 @@ def serve(sock: socket.socket) -> int:
                 os.close(fd)
             sock.send(b'{"error": "a request without its four file descriptors"}')
             continue
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:  # no more processes: this worker starts fresh, the others keep running
+            for fd in fds:
+                os.close(fd)
+            sock.send(json.dumps({"error": f"fork: {exc}"}).encode())
+            continue
         if pid == 0:
             _child(fds, request, [sock.fileno(), wake_r, wake_w, *status_of.values()], filters)
         for fd in fds[:3]:
