@@ -122,7 +122,7 @@ def test_each_environment_gets_its_zygote_and_the_oldest_retires_after_its_last_
 
 def test_a_fork_the_zygote_could_not_make_starts_that_worker_fresh_and_keeps_the_zygote(tmp_path):
     """An error reply (the zygote's fork failed: no more processes) is None for that worker; a
-    zygote that answers nothing is gone (OSError), and the gate stops using it."""
+    zygote that answers nothing, or not what it writes, is gone (OSError): the gate stops using it."""
     import socket
     import threading
 
@@ -144,5 +144,8 @@ def test_a_fork_the_zygote_could_not_make_starts_that_worker_fresh_and_keeps_the
 
     with open(tmp_path / "err", "wb") as err:
         assert fake(b'{"error": "fork: [Errno 11] Resource temporarily unavailable"}').fork({}, err.fileno()) is None
+        for gone in (None, b"[1]", b"not json"):
+            with pytest.raises(OSError, match="gone, or its answer is garbled"):
+                fake(gone).fork({}, err.fileno())
         with pytest.raises(OSError, match="did not fork"):
-            fake(None).fork({}, err.fileno())
+            fake(b'{"pid": "12"}').fork({}, err.fileno())

@@ -65,6 +65,20 @@ def _env_key(env: dict[str, str]) -> tuple:
     return tuple(sorted((k, v) for k, v in env.items() if not _after_fork(k)))
 
 
+def _answer(sock: socket.socket) -> dict:
+    """The zygote's next message (OSError: none in time, or not one it writes)."""
+    ready, _, _ = select.select([sock], [], [], READY_TIMEOUT_S)
+    if not ready:
+        raise OSError(f"the zygote did not answer in {READY_TIMEOUT_S:.0f} s")
+    try:
+        message = json.loads(sock.recv(1 << 16) or b"null")
+    except ValueError:
+        message = None
+    if not isinstance(message, dict):
+        raise OSError("the zygote is gone, or its answer is garbled")
+    return message
+
+
 class ForkedProcess:
     """The part of subprocess.Popen a Worker uses, for a worker the zygote forked: the gate is not
     its parent, so its exit status arrives on a pipe the zygote writes when it reaps it."""
@@ -129,9 +143,12 @@ class Zygote:
             )
         finally:
             theirs.close()
-        ready, _, _ = select.select([ours], [], [], READY_TIMEOUT_S)
-        hello = json.loads(ours.recv(1 << 16) or b"{}") if ready else {}
-        if hello.get("gate") != gate.__file__:  # not ready in time, or another gate package than ours
+        try:
+            hello = _answer(ours)
+        except OSError:
+            self.close()
+            raise
+        if hello.get("gate") != gate.__file__:  # it imported another gate package than ours
             self.close()
             raise OSError(f"the zygote did not start: {hello or 'no answer'}")
 
@@ -162,9 +179,8 @@ class Zygote:
         try:
             with self._lock:
                 socket.send_fds(self._sock, [request], [in_r, out_w, stderr_fd, status_w])
-                ready, _, _ = select.select([self._sock], [], [], READY_TIMEOUT_S)
-                reply = json.loads(self._sock.recv(1 << 16) or b"{}") if ready else {}
-        except (OSError, ValueError):
+                reply = _answer(self._sock)
+        except OSError:
             for fd in (in_w, out_r, status_r):
                 os.close(fd)
             raise
