@@ -26,6 +26,7 @@ from gate.workflow.bisect import (
     StepResult,
     check_command,
     decide_step,
+    listed,
     step_verdict,
 )
 from tests.minisuite import DK_LINE, TINY_ATTN, attn_gate, gate, git, suite
@@ -87,6 +88,19 @@ def test_a_bad_step_names_the_tensors_its_bisected_cases_failed_on():
     assert verdict == BAD and failing == {"a": ["dk", "dq"], "c": ["status"]} and reason == "a (dk, dq); c (status)"
     assert step_verdict(1, [finding("", "env:torch", "FAIL")], ("a",))[:2] == (BAD, " env:torch")
     assert step_verdict(0, [finding("a", "ratio:dk", "OK")], ("a",))[0] == GOOD
+
+
+def test_a_long_list_of_failing_cases_says_how_many_it_leaves_out():
+    """A step line holds 300 characters: the cases past them were cut off with no word."""
+    cases = tuple(f"bf16-b2-h8-s{n}-d128-causal" for n in range(40))
+    verdict, reason, failing = step_verdict(1, [finding(c, "ratio:dk", "FAIL") for c in cases], cases)
+    shown = reason.split("; ")[:-1]
+    assert verdict == BAD and len(failing) == 40 and len(reason) <= 300
+    assert (
+        reason.endswith(f"; ... {40 - len(shown)} more") and shown == [f"{c} (dk)" for c in sorted(cases)][: len(shown)]
+    )
+    assert listed(["a", "b"], ", ", 10) == "a, b"
+    assert listed(["aaaa", "bbbb", "cccc"], ", ", 12) == "aaaa, ... 2 more"
 
 
 @pytest.mark.parametrize(

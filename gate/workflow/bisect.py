@@ -248,6 +248,18 @@ def step_env() -> dict[str, str]:
     return env
 
 
+def listed(items: list[str], sep: str, limit: int) -> str:
+    """The items joined, as many as fit in `limit` characters, then how many more there are."""
+    shown: list[str] = []
+    for i, item in enumerate(items):
+        more = len(items) - i - 1
+        tail = f"{sep}... {more} more" if more else ""
+        if len(sep.join([*shown, item]) + tail) > limit and shown:
+            return sep.join(shown) + f"{sep}... {len(items) - len(shown)} more"
+        shown.append(item)
+    return sep.join(shown)
+
+
 def step_verdict(
     returncode: int, findings: list[dict] | None, cases: tuple[str, ...]
 ) -> tuple[str, str, dict[str, list[str]]]:
@@ -272,9 +284,9 @@ def step_verdict(
     # the tensors a case failed on (ratio:dk -> dk); a status change alone (an ERROR row) names "status"
     tensors = {c: sorted(m - {"status"}) or sorted(m) for c, m in sorted(failing.items())}
     if tensors or run_wide:
-        return BAD, "; ".join([f"{c} ({', '.join(t)})" for c, t in tensors.items()] + run_wide)[:300], tensors
+        return BAD, listed([f"{c} ({', '.join(t)})" for c, t in tensors.items()] + run_wide, "; ", 300), tensors
     if undecided:
-        return SKIP, f"inconclusive, not failing: {', '.join(sorted(undecided))[:200]}", {}
+        return SKIP, f"inconclusive, not failing: {listed(sorted(undecided), ', ', 200)}", {}
     return SKIP, "the check failed on no bisected case", {}
 
 
