@@ -8,6 +8,8 @@ import os
 import signal
 import struct
 import subprocess
+import sys
+import time
 
 import pytest
 
@@ -16,6 +18,7 @@ from gate.core.config import IsolationConfig, ToleranceConfig
 from gate.core.results import Status
 from gate.workflow import zygote
 from gate.workflow.isolation import WorkerPool
+from gate.workflow.worker_main import kill_tree, process_tree
 from gate.workflow.zygote import FRESH_WORKERS, ForkedProcess
 from tests.test_worker_lifecycle import alive
 
@@ -149,3 +152,31 @@ def test_a_fork_the_zygote_could_not_make_starts_that_worker_fresh_and_keeps_the
                 fake(gone).fork({}, err.fileno())
         with pytest.raises(OSError, match="did not fork"):
             fake(b'{"pid": "12"}').fork({}, err.fileno())
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc to find the processes")
+def test_the_orphans_kill_spares_the_live_workers_and_their_children():
+    """The zygote ends what a worker that ended left behind with kill_tree(itself, spare=its live
+    workers): a spared process and its child live on, the other subtree is gone."""
+
+    code = (
+        "import subprocess, sys, time\n"
+        "spared = subprocess.Popen([sys.executable, '-c', "
+        '\'import subprocess, time; subprocess.Popen(["sleep", "60"]); time.sleep(60)\'])\n'
+        "orphan = subprocess.Popen(['sleep', '60'])\n"
+        "print(spared.pid, orphan.pid, flush=True); time.sleep(60)\n"
+    )
+    root = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        spared, orphan = map(int, root.stdout.readline().split())
+        time.sleep(0.5)  # the spared process's own child has started
+        grandchild = process_tree(spared)
+        assert grandchild
+        kill_tree(root.pid, spare=(spared,))
+        time.sleep(0.2)
+        assert not alive(orphan)
+        assert alive(spared) and all(alive(p) for p in grandchild)
+    finally:
+        kill_tree(root.pid)
+        root.kill()
+        root.wait()

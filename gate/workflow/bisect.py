@@ -249,15 +249,13 @@ def step_env() -> dict[str, str]:
 
 
 def listed(items: list[str], sep: str, limit: int) -> str:
-    """The items joined, as many as fit in `limit` characters, then how many more there are."""
-    shown: list[str] = []
-    for i, item in enumerate(items):
-        more = len(items) - i - 1
-        tail = f"{sep}... {more} more" if more else ""
-        if len(sep.join([*shown, item]) + tail) > limit and shown:
-            return sep.join(shown) + f"{sep}... {len(items) - len(shown)} more"
-        shown.append(item)
-    return sep.join(shown)
+    """The items joined, as many as fit in `limit` characters, then how many more there are (the
+    first one always shows)."""
+    for n in range(len(items), 1, -1):
+        text = sep.join(items[:n]) + (f"{sep}... {len(items) - n} more" if n < len(items) else "")
+        if len(text) <= limit:
+            return text
+    return sep.join(items[:1]) + (f"{sep}... {len(items) - 1} more" if len(items) > 1 else "")
 
 
 def step_verdict(

@@ -5,10 +5,10 @@
       never imports the kernel under test   -json->   sends raw out/lse/dq/dk/dv (torch.save)
 
 A worker is forked from a process that imported torch already (gate/workflow/zygote.py; a fresh
-interpreter where it cannot be). It is persistent (cases run one after another in it: the kernel is
-imported and compiled once), and it is replaced when it dies (any exit code, any signal), hangs past the case's
-timeout (it is killed with its process group), reports a CUDA fault (the context is poisoned)
-or changes its working directory. Each of those is an ERROR row naming the case, the exit code or
+interpreter where it cannot be). It is persistent (cases run one after another in it: the kernel
+is imported and compiled once), and it is replaced when it dies (any exit code, any signal), hangs
+past the case's timeout (it is killed with its process group), reports a CUDA fault (the context
+is poisoned) or changes its working directory. Each of those is an ERROR row naming the case, the exit code or
 signal and the last lines of the worker's stderr; the next case runs in a fresh worker. It is also
 replaced after any ERROR row, after a row the worker itself refused (a non-finite or misshapen
 output) and whenever the kernel changed the process's state (grad mode, default dtype, a patched

@@ -141,14 +141,14 @@ class Progress:
         """Without a terminal: a line when none was printed for `every_s` and a case is running."""
         if self._plain_console is None:
             return
-        now = self.clock()
-        with self._lock:
-            quiet = now - self._last_line >= self.every_s
-        suffix = self.running()
-        if quiet and suffix:
-            with self._lock:
-                self._last_line = now
-            self._plain_console.print(self._line(now - self._start) + suffix, markup=False)
+        now, suffix = self.clock(), self.running()
+        if not suffix:
+            return
+        with self._lock:  # checked and claimed at once: a case finishing now prints its own line
+            if now - self._last_line < self.every_s:
+                return
+            self._last_line = now
+        self._plain_console.print(self._line(now - self._start) + suffix, markup=False)
 
     def _beating(self) -> None:
         while not self._stop.wait(self._beat_s):

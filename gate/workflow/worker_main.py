@@ -100,13 +100,14 @@ def process_tree(root: int) -> list[int]:
     return found
 
 
-def kill_tree(root: int) -> None:
-    """SIGKILL every descendant of `root`, stopped first (round after round until no new one
-    appears), so that none forks a process the kill would miss."""
+def kill_tree(root: int, spare: tuple[int, ...] = ()) -> None:
+    """SIGKILL every descendant of `root` but the processes in `spare` and theirs, stopped first
+    (round after round until no new one appears), so that none forks a process the kill would miss."""
 
     stopped: list[int] = []
     for _ in range(20):
-        fresh = [pid for pid in process_tree(root) if pid not in stopped]
+        kept = set(spare).union(*(process_tree(pid) for pid in spare))
+        fresh = [pid for pid in process_tree(root) if pid not in stopped and pid not in kept]
         if not fresh:
             break
         for pid in fresh:

@@ -15,7 +15,8 @@ after a fork). torch's CUDA state is untouched in the zygote: the child initiali
 
 It dies with the gate: it asks for PR_SET_PDEATHSIG, as a worker does, and it ends when the gate's
 end of its socket closes; its workers ask for the same signal against it, so a SIGKILL of the gate
-ends the zygote and then every worker.
+ends the zygote and then every worker. It is its workers' subreaper: what a worker that ended had
+started comes to it and is killed (kill_tree, sparing the live workers).
 
 A zygote serves one environment: torch read its variables while it loaded (AFTER_FORK names those
 nothing it imported reads; they are set in the worker). Another environment gets a zygote of its
@@ -45,7 +46,7 @@ from collections.abc import Callable
 
 import gate
 import gate.workflow.worker_main as worker_main
-from gate.workflow.worker_main import die_with_parent, enable_subreaper, process_tree
+from gate.workflow.worker_main import die_with_parent, enable_subreaper, kill_tree
 
 # Variables nothing the zygote imports reads: set per worker by the gate, the terminal's, pytest's
 # (changed at every test), the gate's own (read when called). They do not make another zygote; the
@@ -245,19 +246,6 @@ def forked_worker(env: dict[str, str], stderr_fd: int, popen: Callable[..., subp
 # ---------------------------------------------------------------- the zygote's own process
 
 
-def kill_orphans(workers: list[int]) -> None:
-    """Every descendant of this process that is neither a live worker nor one of theirs: orphans
-    of a worker that ended, stopped, then killed (Linux: /proc)."""
-    kept = set(workers)
-    for worker in workers:
-        kept.update(process_tree(worker))
-    orphans = [pid for pid in process_tree(os.getpid()) if pid not in kept]
-    for sig in (signal.SIGSTOP, signal.SIGKILL):
-        for pid in orphans:
-            with contextlib.suppress(OSError):
-                os.kill(pid, sig)
-
-
 def _child(fds: list[int], request: dict, keep_closed: list[int], filters: list) -> None:
     """In the forked worker: become what `python -m gate.workflow.worker_main` would be, then run it."""
     code = 1
@@ -336,7 +324,7 @@ def serve(sock: socket.socket) -> int:
                 os.close(fd)
         if ended:
             # what a worker that ended had started came to this process (its subreaper): it ends too
-            kill_orphans(list(status_of))
+            kill_tree(os.getpid(), spare=tuple(status_of))
 
     sock.send(json.dumps({"gate": gate.__file__}).encode())
     retired = False
