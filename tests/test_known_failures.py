@@ -19,6 +19,7 @@ from gate.compare.known import (
     apply_known,
     apply_known_to_speed,
     coverage,
+    declared_known,
     refuse_unmatched,
     row_failures,
     rule_known,
@@ -310,6 +311,15 @@ def test_undeclared_failures_for_baseline_update():
     ]
 
 
+def test_declared_known_is_a_failing_row_whose_every_failure_is_covered():
+    bad = result(7, "FAIL", dq=1.6, dk=1.2, out=0.2, dv=0.3)
+    assert declared_known(bad, [entry(tensors=["dq", "dk"])])
+    assert not declared_known(bad, [entry(tensors=["dq"])])  # dK is not declared
+    assert not declared_known(bad, [entry(cases="s8")])  # another case's declaration
+    assert not declared_known(result(7, "PASS", dq=0.6), [entry()])  # nothing failed: nothing known
+    assert declared_known(result(7, "ERROR", "boom"), [entry()]) and not declared_known(result(7, "ERROR", "boom"), [])
+
+
 def test_the_comment_lists_known_failures_apart_with_their_link():
     v = judged(BASE, [entry(tensors=["dq"])])
     text = pr_comment(v, diagnose(v, BASE), BASE, Baseline.from_sweep(BASE))
@@ -375,6 +385,20 @@ def test_a_declared_planted_bug_passes_as_known_with_its_link(runs):
     for name in ("check-planted-tiny.md", "comment-planted-tiny.md"):
         text = (tmp / "buggy" / name).read_text()
         assert "### Known failures" in text and LINK in text and f"`{CAUSAL}`" in text
+
+
+@pytest.mark.parametrize(
+    "function, counts", [("causal_dq_bug", "(1 known FAIL)"), ("causal_dq_bug_and_dk", "(1 FAIL)")]
+)
+def test_the_live_progress_counts_a_declared_failure_apart(tmp_path, capsys, function, counts):
+    """A run that `check` will pass does not look failing while it runs; an undeclared failure in
+    the same case still counts as FAIL."""
+    from gate.workflow.sweep import run_sweep
+
+    config = load_config(planted(tmp_path, "p", function))
+    run_sweep("planted", "tiny", config, "cpu", progress=True)
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("[2/2] ") and last.endswith(counts), last
 
 
 @pytest.mark.xdist_group("known_failures")

@@ -41,6 +41,8 @@ def test_the_eta_is_weighted_by_expected_cost_not_by_case_count():
     assert eta.total_cost == 7.0 and eta.left() == pytest.approx(25.0)
     eta.add(5.0, 50.0)
     assert eta.left() == 0.0 and eta.line({"PASS": 2, "FAIL": 1}) == "[5/5] 0:50 elapsed, ~0:00 left (1 FAIL)"
+    counts = {"SKIP": 3, "known FAIL": 16, "FAIL": 2, "known ERROR": 1, "PASS": 9}
+    assert eta.line(counts).endswith("(1 known ERROR, 2 FAIL, 16 known FAIL, 3 SKIP)")
 
 
 def test_a_slow_first_case_is_not_taken_for_the_pace_of_the_run():

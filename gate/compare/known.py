@@ -34,7 +34,7 @@ The rules, each one decision (tables in tests/test_known_failures.py):
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
@@ -304,16 +304,21 @@ def undeclared_failures(sweep: "SweepResult", entries: Iterable[KnownFailure]) -
     """(case id, the failures no declaration covers) for each failing row: what `baseline update`
     refuses to record."""
     applied = for_kernel(entries, sweep.kernel, sweep.env.kernel_version or "")
-    out = []
-    for c in sweep.cases:
-        failures = failures_of(c)
-        if not failures:
-            continue
-        covered = coverage(failures, [e for e in applied if e.pattern.search(c.case_id)])
-        left = sorted(failures - set(covered))
-        if left:
-            out.append((c.case_id, left))
-    return out
+    return [(c.case_id, left) for c in sweep.cases if (left := uncovered(c, applied))]
+
+
+def uncovered(c: "CaseResult", applied: Sequence[KnownFailure]) -> list[str]:
+    """What row `c` failed on that none of `applied` (declarations that apply to its run) covers."""
+    failures = failures_of(c)
+    if not failures:
+        return []
+    return sorted(failures - set(coverage(failures, [e for e in applied if e.pattern.search(c.case_id)])))
+
+
+def declared_known(c: "CaseResult", applied: Sequence[KnownFailure]) -> bool:
+    """A failing row whose every failure a declaration covers: `check` will call it KNOWN unless
+    the baseline's headroom rule fails it (a sweep alone still fails it)."""
+    return bool(failures_of(c)) and not uncovered(c, applied)
 
 
 def _toml_basic(text: str) -> str:
