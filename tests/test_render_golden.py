@@ -53,3 +53,25 @@ def test_the_scenarios_reach_every_tempering(judged):
     assert "faster, the whole interval below -10%; coincides with an environment change" in texts["pass-env-speed-calm"]
     assert "now 9.9.9; ratios may shift (the run fails: do not refresh the baseline now)" in texts["pass-env-speed"]
     assert set(NAMES) == set(judged)
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_the_terminal_table_holds_the_worst_findings_and_counts_the_rest(judged, width):
+    """63 findings (improvements to refresh): the table shows the worst MAX_ROWS, then how many more
+    the findings JSON holds; at 80 columns a row wraps, so a table of all of them ran to 200 lines."""
+    import io
+
+    from rich.console import Console
+
+    from gate.compare.diagnosis import diagnose
+    from gate.report.check_report import MAX_ROWS, print_check
+
+    verdict, sweep, _ = judged["pass"]
+    shown = [f for f in verdict.findings if f.severity.blocks or f.severity.value == "WARN"]
+    console = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False)
+    print_check(verdict, diagnose(verdict, sweep), sweep, console=console)
+    lines = console.file.getvalue().splitlines()
+    rows = [line for line in lines if line.startswith("│") and line.split("│")[1].strip()]  # a row's first line
+    assert len(shown) > MAX_ROWS and len(rows) == MAX_ROWS
+    assert f"... and {len(shown) - MAX_ROWS} more in the findings JSON" in lines
+    assert len(lines) <= 4 * MAX_ROWS + 20, len(lines)

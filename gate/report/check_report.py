@@ -26,7 +26,9 @@ from gate.report.known import known_groups
 from gate.report.plots import plot_ratios
 from gate.report.sweep_report import write_sweep_outputs
 
-MAX_ROWS = 60  # terminal table rows; the findings JSON always has everything
+# the terminal table's rows: the worst findings in full (at 80 columns a row wraps to 2-4 lines);
+# the lines under it name the worst MAX_CASE_LINES failing cases, the findings JSON every finding
+MAX_ROWS = 10
 
 
 def fits(console, table) -> bool:
