@@ -48,17 +48,23 @@ class LocalBaseline:
     config: Path  # a pyproject.toml whose baselines_dir holds `path`: `check --config` finds it by default
 
 
+SHARED_DIR = "ATTN_GATE_TEST_SHARED_DIR"  # a folder the pytest runs of one checkout and machine share
+
+
 @pytest.fixture(scope="session")
 def cpu_baseline(tmp_path_factory) -> LocalBaseline:
     """The CPU baseline the tests judge against, recorded once per test session by the gate
     itself on the machine that runs them: the committed one holds one torch build and the CPU
     models of CI, where another machine's ratios differ with no change to the code
     (test_check_cli.py's committed-baseline test checks that one, as CI's gate does).
-    pytest-xdist's workers share one recording: the first to take the lock makes it."""
+    pytest-xdist's workers share one recording: the first to take the lock makes it; so do the
+    pytest runs of one scripts/test.sh (its tiers), through SHARED_DIR."""
     import fcntl
 
     shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if os.environ.get(SHARED_DIR):
+        shared = Path(os.environ[SHARED_DIR])
+    elif os.environ.get("PYTEST_XDIST_WORKER"):
         shared = shared.parent  # the folder every worker's base temp lives in
     root = shared / "cpu-baseline"
     root.mkdir(exist_ok=True)
