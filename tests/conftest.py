@@ -67,7 +67,7 @@ def cpu_baseline(tmp_path_factory) -> LocalBaseline:
     elif os.environ.get("PYTEST_XDIST_WORKER"):
         shared = shared.parent  # the folder every worker's base temp lives in
     root = shared / "cpu-baseline"
-    root.mkdir(exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True)
     local = LocalBaseline(
         root / "baselines" / "cpu" / "sdpa-cpu-smoke.json",
         root / "out" / "sweep-sdpa-cpu-smoke.json",
