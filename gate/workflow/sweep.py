@@ -117,7 +117,8 @@ def sweep_plan(plan: RunPlan, progress: bool = True, check_names: tuple[str, ...
     t0 = time.perf_counter()
     results: list[CaseResult] = []
     skips = {c.id: r for c in cases if (r := adapter.unsupported_reason(c, device))}  # cost 0 for the ETA
-    shown = progress_status(plan, adapter.version())
+    version = adapter.version()
+    shown = progress_status(plan, version)
     with Progress(progress, f"{kernel} / {plan.suite.name}", _costs(cases, skips, check_names)) as advance:
         for case in cases:
             advance.started(case.id)
@@ -125,7 +126,7 @@ def sweep_plan(plan: RunPlan, progress: bool = True, check_names: tuple[str, ...
             advance(case.id, shown(results[-1]), 0.0 if case.id in skips else expected_cost(case, check_names))
     return sweep_result(
         plan,
-        environment=describe(device, kernel, adapter.version()),
+        environment=describe(device, kernel, version),
         cases=results,
         started_at=started,
         wall_s=time.perf_counter() - t0,

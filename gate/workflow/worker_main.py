@@ -76,8 +76,9 @@ def enable_subreaper() -> None:
         return
 
 
-def process_tree(root: int) -> list[int]:
-    """Every live descendant of `root` (Linux: /proc parent links), children before grandchildren."""
+def process_tree(root: int, prune: tuple[int, ...] = ()) -> list[int]:
+    """Every live descendant of `root` (Linux: /proc parent links), children before grandchildren;
+    none of the processes in `prune` or below them."""
     children: dict[int, list[int]] = {}
     try:
         entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
@@ -94,7 +95,7 @@ def process_tree(root: int) -> list[int]:
     found, todo = [], [root]
     while todo:
         for child in children.get(todo.pop(), []):
-            if child not in found:
+            if child not in found and child not in prune:
                 found.append(child)
                 todo.append(child)
     return found
@@ -106,8 +107,7 @@ def kill_tree(root: int, spare: tuple[int, ...] = ()) -> None:
 
     stopped: list[int] = []
     for _ in range(20):
-        kept = set(spare).union(*(process_tree(pid) for pid in spare))
-        fresh = [pid for pid in process_tree(root) if pid not in stopped and pid not in kept]
+        fresh = [pid for pid in process_tree(root, spare) if pid not in stopped]
         if not fresh:
             break
         for pid in fresh:
