@@ -75,3 +75,37 @@ def test_the_terminal_table_holds_the_worst_findings_and_counts_the_rest(judged,
     assert len(shown) > MAX_ROWS and len(rows) == MAX_ROWS
     assert f"... and {len(shown) - MAX_ROWS} more in the findings JSON" in lines
     assert len(lines) <= 4 * MAX_ROWS + 20, len(lines)
+
+
+def test_the_table_chooser_skips_a_form_that_wraps_rows_into_columns_of_words():
+    """At 80 columns the five-column form fitted with every word whole but wrapped its `what` cell to
+    six or seven lines a row; the two-column form holds each row in two."""
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from gate.report.check_report import MAX_LINES_PER_ROW, fits, print_table
+
+    what = "dk error is 40516.596 x its bound (must be <= 1)"
+
+    def table(columns):
+        t = Table(title="t")
+        for col in columns:
+            t.add_column(col, no_wrap=col == "case")
+        for i in range(4):
+            cells = {"severity": "FAIL", "case": f"fp32-b2-h2-s65x33-d{i}", "metric": "ratio:dk", "now": "40516.596"}
+            t.add_row(*(cells.get(c, what) for c in columns))
+        return t
+
+    wide, narrow = table(("severity", "case", "metric", "now", "what")), table(("case", "what"))
+    console = Console(file=io.StringIO(), width=80, color_system=None, force_terminal=False)
+    lines = len(console.render_lines(wide, console.options, pad=False))
+    assert fits(console, wide) and lines > 6 + MAX_LINES_PER_ROW * 4  # it fits, as columns of words
+    assert print_table(console, [wide, narrow])
+    printed = console.file.getvalue().splitlines()
+    assert "severity" not in printed[2] and "case" in printed[2]
+    assert len(printed) <= 6 + MAX_LINES_PER_ROW * 4
+    # where no form is readable, the one of fewest lines
+    console = Console(file=io.StringIO(), width=80, color_system=None, force_terminal=False)
+    assert print_table(console, [wide]) and len(console.file.getvalue().splitlines()) == lines

@@ -40,14 +40,21 @@ def fits(console, table) -> bool:
     return Measurement.get(console, console.options.update_width(100_000), table).minimum <= console.width
 
 
+MAX_LINES_PER_ROW = 3  # a row wrapped further reads as a column of single words
+
+
 def print_table(console, tables) -> bool:
-    """The first of `tables` (widest first) that fits without breaking a word; False when none
-    does (the lines after it say the same, and the report file has everything)."""
-    for table in tables:
-        if fits(console, table):
-            console.print(table)
-            return True
-    return False
+    """The first of `tables` (widest first) that fits without breaking a word and wraps no row past
+    MAX_LINES_PER_ROW lines on average, else the fitting one of fewest lines; False when none fits
+    (the lines after it say the same, and the report file has everything)."""
+    fitting = [t for t in tables if fits(console, t)]
+    if not fitting:
+        return False
+    heights = [len(console.render_lines(t, console.options, pad=False)) for t in fitting]
+    # the title, the borders and the header take about 6 lines of any table
+    readable = [t for t, h in zip(fitting, heights) if h <= 6 + MAX_LINES_PER_ROW * max(1, t.row_count)]
+    console.print(readable[0] if readable else fitting[heights.index(min(heights))])
+    return True
 
 
 def print_known(verdict: Verdict, console) -> None:
