@@ -10,10 +10,15 @@ heads, bottom-right causal) with one limit of its own:
     no_gqa               raises when K/V have fewer heads than Q
     wrong_on_gqa         runs GQA, but pairs each query head with the wrong KV head (silently wrong)
     hangs_on_window      sleeps forever when given a sliding window
+    fp16_only_grad_off   fp16_only, but turns autograd off in its process before it raises
+
+With ENVELOPE_KERNEL_LOG set, each call that runs appends its process id to that file: which
+worker ran it.
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -23,6 +28,9 @@ def attend(
     q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, return_attn_probs=False, _pair=None
 ):
     """(B, N, H, D) attention in float32, returned in q's dtype; (out, lse) when asked."""
+    if os.environ.get("ENVELOPE_KERNEL_LOG"):
+        with open(os.environ["ENVELOPE_KERNEL_LOG"], "a") as log:
+            log.write(f"{os.getpid()}\n")
     b, nq, hq, d = q.shape
     nk, hkv = k.shape[1], k.shape[2]
     group = hq // hkv
@@ -58,6 +66,13 @@ def upto_128(q, k, v, softmax_scale=None, causal=False, return_attn_probs=False)
 
 def fp16_only(q, k, v, softmax_scale=None, causal=False, return_attn_probs=False):
     if q.dtype != torch.float16:
+        raise TypeError(f"fp16 only, got {q.dtype}")
+    return attend(q, k, v, softmax_scale, causal, return_attn_probs=return_attn_probs)
+
+
+def fp16_only_grad_off(q, k, v, softmax_scale=None, causal=False, return_attn_probs=False):
+    if q.dtype != torch.float16:
+        torch.set_grad_enabled(False)  # a raise that leaves its process changed
         raise TypeError(f"fp16 only, got {q.dtype}")
     return attend(q, k, v, softmax_scale, causal, return_attn_probs=return_attn_probs)
 

@@ -258,6 +258,31 @@ def test_a_hang_is_timed_out_and_declared_unsupported():
 
 
 @pytest.mark.slow
+def test_a_kernel_that_raises_keeps_its_worker_and_its_compiles(tmp_path, monkeypatch):
+    """Three raising head dims cost no worker start: every call that ran, ran in one process (a
+    kernel that compiles on its first call in a process compiles once)."""
+    log = tmp_path / "pids"
+    monkeypatch.setenv("ENVELOPE_KERNEL_LOG", str(log))
+    got = probed("upto_128")
+    assert got.supports == {"head_dims": {"max": 128}}
+    assert [r.outcome for r in got.results if r.trial.key == "head_dims"].count(OUT) == 3
+    pids = log.read_text().split()
+    assert len(pids) > 20 and len(set(pids)) == 1, pids
+
+
+@pytest.mark.slow
+def test_a_raise_that_changed_its_process_gets_a_fresh_worker(tmp_path, monkeypatch):
+    """A kernel that turns autograd off and then raises: the worker's state check retires it, so
+    the trials after it run with autograd on, in another process, and pass."""
+    log = tmp_path / "pids"
+    monkeypatch.setenv("ENVELOPE_KERNEL_LOG", str(log))
+    got = probed("fp16_only_grad_off")
+    assert got.supports == {"dtypes": ["fp16"]} and got.findings == ()
+    pids = log.read_text().split()
+    assert pids[0] != pids[-1] and pids[1:].count(pids[-1]) == len(pids) - 1, pids
+
+
+@pytest.mark.slow
 def test_probe_write_from_the_cli_then_the_gate_skips_outside_it(tmp_path, capsys):
     from tests.minisuite import gate
 

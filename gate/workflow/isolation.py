@@ -481,9 +481,12 @@ class WorkerPool:
         timeout: float | None,
         traits=None,
         started: Callable[[str], None] | None = None,
+        keep_after_raise: bool = False,
     ) -> CaseResult:
         """`traits` (run_case.KernelTraits): what the worker's hello declared; None asks kernel_info.
         `started(case_id)` is told when the case has its worker (the progress names a long one).
+        `keep_after_raise`: a kernel that raised keeps its worker unless the worker found its
+        process changed or its CUDA context faulted (the probe, whose trials are meant to raise).
 
         The slot (its worker) is held only while the kernel runs; the outputs are judged after it
         is released, so with two callers per slot (the sweep's `judging_threads`) the worker runs
@@ -504,6 +507,7 @@ class WorkerPool:
                 timeout or case_timeout(case, self.cfg, check_names),
                 file,
                 "--case-timeout" if timeout else CASE_TIMEOUT_SETTING,
+                keep_after_raise,
             )
             ref_device, generation = slot.ref_device, slot.generation
         if isinstance(ran, CaseResult):
@@ -582,7 +586,13 @@ def _error(case: Case, reason: str, start: float, traceback: str = "") -> CaseRe
 
 
 def run_in_worker(
-    slot: Slot, case: Case, check_names: tuple[str, ...], timeout: float, file: Path, setting: str = "--case-timeout"
+    slot: Slot,
+    case: Case,
+    check_names: tuple[str, ...],
+    timeout: float,
+    file: Path,
+    setting: str = "--case-timeout",
+    keep_after_raise: bool = False,
 ) -> "CaseResult | dict":
     """One case's kernel run in the slot's worker, its raw outputs written to `file`: the worker's
     reply (status RAN) for judge_raw_outputs, or the case's row when there is nothing to judge (a
@@ -601,7 +611,7 @@ def run_in_worker(
         # stack after a segfault) are the ERROR row's traceback
         return _error(case, f"case {case.id}: {exc}", start, traceback=exc.stderr)
     status = reply.get("status")
-    if reply.get("restart") or status in ("FAIL", "ERROR"):
+    if reply.get("restart") or status == "FAIL" or (status == "ERROR" and not keep_after_raise):
         # a CUDA fault, a moved working directory, a changed process state, or a FAIL or ERROR
         # row (the kernel may have broken its process): the next case gets a clean one
         slot.discard()

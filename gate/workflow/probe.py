@@ -1,8 +1,9 @@
 """`attn-gate probe`: find a kernel's envelope by calling it on tiny inputs along each axis.
 
 Each call runs in a worker process with a timeout (gate/workflow/isolation.py: one worker reused
-while it answers, a fresh one after a crash or a hang) and is judged like a gate case, against the
-float64 reference with the tolerance rule. What an outcome means:
+while it answers or raises, a fresh one after a crash, a hang, a CUDA fault or a changed process
+state) and is judged like a gate case, against the float64 reference with the tolerance rule. What
+an outcome means:
 
     PASS            runs and is right                      -> inside
     FAIL            runs and is WRONG                      -> inside, and printed as a finding:
@@ -264,7 +265,10 @@ def probe(
         def run(trials: list[Trial]) -> list[Result]:
             done = []
             for trial in trials:
-                done.append(outcome_of(trial, pool.run_case(trial.case, config.tolerance, (), timeout, info.traits)))
+                # a trial that raises is the kernel's answer, not a broken process: its worker (and
+                # the kernel's compiles) serve the next trial unless the worker saw its state change
+                row = pool.run_case(trial.case, config.tolerance, (), timeout, info.traits, keep_after_raise=True)
+                done.append(outcome_of(trial, row))
                 if progress is not None:
                     progress(done[-1])
             return done
