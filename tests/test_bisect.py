@@ -156,6 +156,14 @@ def test_the_report_names_the_first_bad_commit_or_the_flaky_case():
     first = StepResult("c" * 40, "plant", BAD, "x (dk)", {"x": ["dk"]})
     text = BisectOutcome(spec, (first,), first).text()
     assert f"FIRST BAD COMMIT: {'c' * 40} plant" in text and "x: dk" in text and "baselines/cpu/k-s.json" in text
+    # many failing cases: what failed in how many, the first 20 by id, then how many more
+    many = {f"c{i:02d}": ["dk"] + (["dq"] if i < 3 else []) for i in range(68)}
+    wide = StepResult("c" * 40, "plant", BAD, "", many)
+    lines = BisectOutcome(spec, (wide,), wide).text().splitlines()
+    at = lines.index(f"FIRST BAD COMMIT: {'c' * 40} plant")
+    assert lines[at + 1] == "  68 cases fail at it: dk in 68, dq in 3"
+    assert lines[at + 2 : at + 22] == [f"  c{i:02d}: dk" + (", dq" if i < 3 else "") for i in range(20)]
+    assert lines[at + 22 :] == ["  ... and 48 more: every one is in the bisect JSON"]
     flaky = StepResult("d" * 40, "f", FLAKY, "x flipped", {}, ("x",))
     out = BisectOutcome(spec, (flaky,), None, stopped=flaky)
     assert out.exit_code == 1 and "STOPPED: flaky" in out.text() and "x flipped on a re-run" in out.text()

@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import tomllib
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -45,6 +46,7 @@ SETUP_FIX = (
 )
 EXIT_OF = {GOOD: 0, BAD: 1, SKIP: 125, FLAKY: 128}  # git bisect run: 125 skips, >= 128 stops the run
 SETUP_TIMEOUT_S = 3600.0
+MAX_CASE_LINES = 20  # the first bad commit's failing cases named on the terminal, as check names its worst
 
 
 @dataclass(frozen=True)
@@ -124,8 +126,14 @@ class BisectOutcome:
         elif self.first_bad is not None:
             s = self.first_bad
             lines.append(f"FIRST BAD COMMIT: {s.commit} {s.subject}")
-            for case, tensors in sorted(s.failing.items()):
-                lines.append(f"  {case}: {', '.join(tensors)}")
+            failing = sorted(s.failing.items())
+            if len(failing) > 1:
+                counts = Counter(t for _, tensors in failing for t in tensors)
+                where = ", ".join(f"{t} in {n}" for t, n in counts.most_common())
+                lines.append(f"  {len(failing)} cases fail at it: {where}")
+            lines += [f"  {case}: {', '.join(tensors)}" for case, tensors in failing[:MAX_CASE_LINES]]
+            if len(failing) > MAX_CASE_LINES:
+                lines.append(f"  ... and {len(failing) - MAX_CASE_LINES} more: every one is in the bisect JSON")
         else:
             lines.append(
                 "NOT FOUND: only skipped commits (ones that do not build or install) were left; the first bad "
