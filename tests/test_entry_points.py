@@ -355,6 +355,21 @@ def test_capabilities_come_from_each_entry_points_signature(tmp_path):
     assert reasons["kvcache"].startswith("no kvcache entry point")
 
 
+def test_the_family_as_a_whole_lacks_varlen_and_decode_without_their_entry_points(tmp_path):
+    """What a family's capabilities say agrees with its per-case answers: the selftest moves a
+    varlen-only planted bug to the gate's own kernel for a dense-only family."""
+    from gate.correctness.planted import BUGS, host_of
+    from gate.kernels.capabilities import Feature
+
+    full = kernel_entry("mykernel", load_config(write_config(tmp_path))).adapter()
+    dense_only = kernel_entry("mykernel", load_config(write_config(tmp_path, varlen=None, kvcache=None))).adapter()
+    assert full.capabilities().supports(Feature.VARLEN) and full.capabilities().supports(Feature.KVCACHE)
+    assert not dense_only.capabilities().supports(Feature.VARLEN)
+    assert not dense_only.capabilities().supports(Feature.KVCACHE)
+    (bug,) = [b for b in BUGS if b.name == "varlen_boundary"]
+    assert host_of(bug, full) == "kernel" and host_of(bug, dense_only) == "tiled"
+
+
 def test_attn_gate_kernels_lists_the_configs_families(tmp_path, capsys):
     config = write_config(tmp_path, backward=False, kvcache=None)
     with contextlib.chdir(ROOT):

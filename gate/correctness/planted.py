@@ -713,6 +713,7 @@ BUGS: tuple[PlantedBug, ...] = (
         "kernel",
         VARLEN,
         wrap(_varlen_boundary),
+        needs=lambda caps: caps.supports(Feature.VARLEN),
     ),
     PlantedBug(
         "dq_noise_deterministic",

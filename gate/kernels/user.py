@@ -301,7 +301,9 @@ class FamilyAdapter(KernelAdapter):
         notes = tuple(f"{e} entry point: {a.name}" for e, a in self.entries.items())
         if not self.family.backward:
             notes += ("forward-only kernel (backward = false): judged on out and LSE, no gradients",)
-        features = first.features - {Feature.KVCACHE} | ({Feature.KVCACHE} if "kvcache" in self.entries else set())
+        # a decode or varlen case is called through its own entry point: without one, the family lacks it
+        by_entry = {Feature.KVCACHE: "kvcache", Feature.VARLEN: "varlen"}
+        features = first.features - set(by_entry) | {f for f, e in by_entry.items() if e in self.entries}
         return dataclasses.replace(first, features=features, backward=self.family.backward, notes=notes)
 
     def entry_for(self, case) -> KernelAdapter | None:
