@@ -20,6 +20,7 @@ and learnable sinks), so each bug below lives in ONE entry point's own handling:
     attn_with_kvcache_contiguous assumes a sequence's pages are consecutive blocks (block_table[b, 0] + j):
                                  right for an in-order table, wrong for a shuffled one
     attn_with_kvcache_no_append  attends over the new tokens but never writes them into the cache
+    attn_with_kvcache_no_window  a decode entry without window_size= or softcap= (the dense one has them)
     attn_with_kvcache_knobs      takes num_splits=, pack_gqa= (recorded in KNOBS_SEEN, the math is one
                                  softmax whatever they say) and kv_layout="HND" (reads and appends
                                  through the heads-first cache); attn_with_kvcache_knobs_hnd_as_nhd
@@ -340,6 +341,12 @@ def attn_with_kvcache(
         learnable_sink,
         return_softmax_lse,
     )
+
+
+def attn_with_kvcache_no_window(
+    q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None, softmax_scale=None, causal=False
+):
+    return attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal)
 
 
 def attn_with_kvcache_contiguous(

@@ -370,6 +370,23 @@ def test_the_family_as_a_whole_lacks_varlen_and_decode_without_their_entry_point
     assert host_of(bug, full) == "kernel" and host_of(bug, dense_only) == "tiled"
 
 
+def test_a_bug_whose_axis_the_family_refuses_whole_is_planted_into_tiled(tmp_path):
+    """A windowed one-token decode bug and a family whose decode entry takes no window (its dense
+    one does, so the family as a whole claims a window): the kernel cannot have the bug in any case
+    the gate runs, so the selftest shows the gate's teeth on tiled instead of failing on a gap."""
+    from gate.correctness.planted import BUGS
+    from gate.workflow.selftest import bug_host
+
+    smoke = load_config(ROOT / "pyproject.toml").suite("smoke").cases
+    (bug,) = [b for b in BUGS if b.name == "decode_window_one_short"]
+    windowed = kernel_entry("mykernel", load_config(write_config(tmp_path))).adapter()
+    kvcache = "tests.entry_kernels:attn_with_kvcache_no_window"
+    no_window = kernel_entry("mykernel", load_config(write_config(tmp_path, kvcache=kvcache))).adapter()
+    assert bug_host(bug, windowed, smoke, "cpu") == "kernel"
+    assert bug_host(bug, no_window, smoke, "cpu") == "tiled"
+    assert any(bug.trigger.applies(c) for c in smoke)
+
+
 def test_attn_gate_kernels_lists_the_configs_families(tmp_path, capsys):
     config = write_config(tmp_path, backward=False, kvcache=None)
     with contextlib.chdir(ROOT):

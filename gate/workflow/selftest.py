@@ -226,24 +226,37 @@ def tiled_control_scope(run: _Run, bugs) -> str | None:
     ids = {
         c.id
         for bug in bugs
-        if not bug.trigger.pending and host_of(bug, run.adapter) == "tiled"
+        if not bug.trigger.pending and bug_host(bug, run.adapter, cases, run.device) == "tiled"
         for c in exercising_cases(bug, cases, tiled, run.device)[:FIRST_BATCH]
     }
     return exact_regex(ids) if ids else None
 
 
-def exercising_cases(bug, cases, host_adapter, device: str) -> list:
-    """The cases that expose `bug` and its host can run on `device`, cheapest first."""
+def bug_host(bug, kernel, cases, device: str) -> str:
+    """'kernel' or 'tiled'. A bug planted around the kernel moves to tiled, where the gate's own
+    teeth are still shown, when the kernel lacks what the bug needs or refuses every case of its
+    axis in the suite (a family whose decode entry takes no window, beside a dense one that does):
+    the kernel cannot have that bug in anything the gate judges."""
+    host = host_of(bug, kernel)
+    if host == "kernel" and not bug.trigger.pending:
+        axis = [c for c in cases if bug.trigger.applies(c)]
+        if axis and all(kernel.unsupported_reason(c, device) is not None for c in axis):
+            return "tiled"
+    return host
 
-    caps = host_adapter.capabilities()
+
+def exercising_cases(bug, cases, host_adapter, device: str) -> list:
+    """The cases that expose `bug` and its host can run on `device`, cheapest first (asked of the
+    host itself: a kernel family answers per entry point, a trimmed build per compiled head dim)."""
     return sorted(
-        (c for c in cases if bug.trigger.applies(c) and caps.unsupported_reason(c, device) is None), key=case_cost
+        (c for c in cases if bug.trigger.applies(c) and host_adapter.unsupported_reason(c, device) is None),
+        key=case_cost,
     )
 
 
 def run_bug(run: _Run, bug) -> BugOutcome:
     t0 = time.perf_counter()
-    host = host_of(bug, run.adapter)
+    host = bug_host(bug, run.adapter, run.plan.suite.swept_cases, run.device)
     host_name = run.kernel if host == "kernel" else "tiled"
     common = dict(name=bug.name, what=bug.what, host=host_name, axis=bug.trigger.axis)
     if bug.trigger.pending:
