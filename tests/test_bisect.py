@@ -273,6 +273,7 @@ def test_an_install_step_that_fails_at_the_bad_end_names_its_cause_and_setup_non
     assert error.startswith("attn-gate: error: --bad") and "is skip, not bad" in error, error
     said = error.split("failed (exit 1): ", 1)[1]  # after the quoted command: what it said
     assert said.startswith("ERROR: No matching distribution found for kern") and "names no cause" not in said
+    assert proc.stderr.count("is skip") == 1, proc.stderr  # said once, in the error line
     assert "--setup none" in error and "pass the commit where these cases fail" not in error
     no_leftovers(repo)
     # `--setup none` installs nothing, as its help says (a command named `none` is never run)

@@ -428,13 +428,9 @@ def run_bisect(spec: BisectSpec, log=print) -> BisectOutcome:
     for commit, want in ((spec.bad, BAD), (spec.good, GOOD)):
         result = run_step(spec, commit)
         steps.append(result)
-        log(
-            f"attn-gate bisect: {commit[:12]} ({'bad' if want == BAD else 'good'} end) is {result.verdict}"
-            + (f" ({result.reason})" if result.reason else "")
-        )
         if result.verdict == FLAKY:
             return BisectOutcome(spec, tuple(steps), None, stopped=result)
-        if result.verdict != want:
+        if result.verdict != want:  # the error says it all, the step's reason included: not said twice
             end = "--bad" if want == BAD else "--good"
             raise UserError(
                 f"{end} {commit[:12]} is {result.verdict}, not {want}, under the baseline committed at {spec.bad[:12]}"
@@ -447,6 +443,10 @@ def run_bisect(spec: BisectSpec, log=print) -> BisectOutcome:
                     else "; pass an older --good where these cases pass"
                 )
             )
+        log(
+            f"attn-gate bisect: {commit[:12]} ({'bad' if want == BAD else 'good'} end) is {result.verdict}"
+            + (f" ({result.reason})" if result.reason else "")
+        )
     if git(spec.repo, "rev-list", "--count", f"{spec.good}..{spec.bad}").stdout.strip() == "1":
         return BisectOutcome(spec, tuple(steps), steps[0])  # BAD is GOOD's child: it is the first bad commit
     tree = Path(spec.workdir) / "bisect"

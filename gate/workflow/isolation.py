@@ -613,7 +613,8 @@ def run_in_worker(
     status = reply.get("status")
     if reply.get("restart") or status == "FAIL" or (status == "ERROR" and not keep_after_raise):
         # a CUDA fault, a moved working directory, a changed process state, or a FAIL or ERROR
-        # row (the kernel may have broken its process): the next case gets a clean one
+        # row (the kernel may have broken its process; the probe's raising trials excepted): the
+        # next case gets a clean one
         slot.discard()
     if status in ("SKIP", "FAIL", "ERROR"):
         # an ERROR row carries the kernel's traceback tail, as run_case makes it in the worker
