@@ -160,6 +160,12 @@ TABLE = "[tool.attn-gate.kernels.mine.supports]"
             f"declared: seqlen 1024 > 512 ({TABLE} max_seqlen)",
         ),
         (
+            "max_batch_heads = 65535",
+            dict(batch=16383, heads_q=4, heads_kv=4),
+            dict(batch=16385, heads_q=4, heads_kv=4),
+            f"declared: batch x heads 65,540 > 65,535 ({TABLE} max_batch_heads)",
+        ),
+        (
             "seqlen_q_ne_k = false",
             dict(seqlen_q=64, seqlen_k=64),
             dict(seqlen_q=64, seqlen_k=128),

@@ -119,6 +119,12 @@ SUPPORTS_KEYS: dict[str, Key] = {
         Key("head_dims_v", "dims", "head dims of v (dv)"),
         Key("max_seqlen", "int", "the longest query or key length (each sequence's, varlen and cache too)"),
         Key("seqlen_multiple", "int", "every query and key length is a multiple of this"),
+        Key(
+            "max_batch_heads",
+            "int",
+            "the most batch x query heads one call may hold (a grid of one program per (batch, head) on "
+            "CUDA's y axis: 65535)",
+        ),
         Key("page_size_multiple", "int", "paged KV cache: page sizes it accepts are multiples of this"),
         Key("layouts", "names", "how q, k, v and dO may reach it (see the coverage axes)", tuple(LAYOUTS)),
         Key("bias_kinds", "names", "the custom bias / mask kinds it takes (none: no bias)", BIAS_KINDS),

@@ -65,6 +65,7 @@ class Capabilities:
     head_dims_v: Any = None
     max_seqlen: int = 0
     seqlen_multiple: int = 1
+    max_batch_heads: int = 0  # 0: no limit
     layouts: tuple[str, ...] = tuple(LAYOUTS)
     bias_kinds: tuple[str, ...] = BIAS_KINDS
     # --- features: supported where in `features` and not in `reasons`
@@ -141,6 +142,9 @@ class Capabilities:
             head_dims_v=d.head_dims_v if d.head_dims_v is not None else self.head_dims_v,
             max_seqlen=min(x for x in (self.max_seqlen, d.max_seqlen) if x) if (self.max_seqlen or d.max_seqlen) else 0,
             seqlen_multiple=max(self.seqlen_multiple, d.seqlen_multiple),
+            max_batch_heads=min(x for x in (self.max_batch_heads, d.max_batch_heads) if x)
+            if (self.max_batch_heads or d.max_batch_heads)
+            else 0,
             layouts=tuple(x for x in self.layouts if x in d.layouts),
             bias_kinds=tuple(x for x in self.bias_kinds if x in d.bias_kinds),
             features=self.features & d.features,
@@ -221,6 +225,11 @@ class Capabilities:
                 "max_seqlen",
             ),
             (
+                not self.max_batch_heads or case.batch * case.heads_q <= self.max_batch_heads,
+                f"batch x heads {case.batch * case.heads_q:,} > {self.max_batch_heads:,}",
+                "max_batch_heads",
+            ),
+            (
                 all(n % self.seqlen_multiple == 0 for n in lengths),
                 f"seqlen {next((n for n in lengths if n % self.seqlen_multiple), 0)} not a multiple of {self.seqlen_multiple}",
                 "seqlen_multiple",
@@ -268,6 +277,8 @@ class Capabilities:
             out["max_seqlen"] = self.max_seqlen
         if self.seqlen_multiple > 1:
             out["seqlen_multiple"] = self.seqlen_multiple
+        if self.max_batch_heads:
+            out["max_batch_heads"] = self.max_batch_heads
         if self.page_size_multiple > 1:
             out["page_size_multiple"] = self.page_size_multiple
         if self.layouts != tuple(LAYOUTS):
