@@ -238,3 +238,28 @@ def test_both_executors_run_one_seed_loop(monkeypatch, tmp_path):
     judged = judge_raw_outputs(case, file, "cpu", TOL, reply, run_case_module.KernelTraits.of(adapter), 0.0)
     assert calls == [("seed_loop", case.id)]
     assert here.status is Status.PASS and _row(judged) == _row(here)
+
+
+def test_an_error_asks_for_a_fresh_worker_after_a_cuda_fault_named_or_pending(monkeypatch):
+    """A kernel that raises its own error after a launch that faulted: the fault is still pending
+    (the next synchronisation would raise it), so the worker must not serve another case, even in
+    the probe, which keeps a worker whose kernel merely raised."""
+    import torch
+
+    from gate.correctness.run_case import Ended
+    from gate.workflow import worker_main
+
+    raised = Ended(status=Status.ERROR, reason="ValueError: no", traceback="tb", exception="ValueError no")
+    named = Ended(status=Status.ERROR, reason="x", traceback="tb", exception="AcceleratorError CUDA error: boom")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    assert worker_main.ended_reply(raised, "cuda")["restart"] is False
+    assert worker_main.ended_reply(named, "cuda")["restart"] is True
+
+    def pending(*args):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", pending)
+    assert worker_main.ended_reply(raised, "cuda")["restart"] is True
+    assert worker_main.ended_reply(raised, "cpu")["restart"] is False
+    skip = worker_main.ended_reply(Ended(status=Status.SKIP, reason="no window"), "cuda")
+    assert skip == {"status": "SKIP", "reason": "no window"}

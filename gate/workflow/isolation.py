@@ -10,8 +10,9 @@ is imported and compiled once), and it is replaced when it dies (any exit code, 
 past the case's timeout (it is killed with its process group), reports a CUDA fault (the context
 is poisoned) or changes its working directory. Each of those is an ERROR row naming the case, the exit code or
 signal and the last lines of the worker's stderr; the next case runs in a fresh worker. It is also
-replaced after any ERROR row, after a row the worker itself refused (a non-finite or misshapen
-output) and whenever the kernel changed the process's state (grad mode, default dtype, a patched
+replaced after any ERROR row (but in the probe, whose trials are meant to raise: there a raise
+keeps the worker when nothing below calls for a fresh one), after a row the worker itself refused
+(a non-finite or misshapen output) and whenever the kernel changed the process's state (grad mode, default dtype, a patched
 torch function; worker_main.py compares a fingerprint before and after every case): a kernel that
 breaks its own process must not make a later, correct case misreport. A FAIL judged here (wrong
 numbers) keeps the worker when its fingerprint is unchanged: that is the kernel's answer, and a

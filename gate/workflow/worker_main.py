@@ -270,6 +270,28 @@ def _cuda_failed(text: str) -> bool:
     )
 
 
+def _cuda_sound() -> bool:
+    """No CUDA fault is pending: a kernel that raised its own error after a launch that faulted
+    leaves the fault to the next synchronisation, which must not be the next case's."""
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+    except Exception:
+        return False
+    return True
+
+
+def ended_reply(ended, device: str) -> dict:
+    """The reply for a case that ended early (run_case.Ended); an ERROR asks for a fresh worker
+    after a CUDA fault, named in the error or left pending."""
+    reply = {"status": ended.status.value, "reason": ended.reason}
+    if ended.status.value == "ERROR":
+        faulted = device == "cuda" and (_cuda_failed(ended.exception) or not _cuda_sound())
+        reply.update(traceback=ended.traceback, restart=faulted)
+    return reply
+
+
 def _on_cpu(t):
     """A tensor, or a list of them (varlen dropout keeps one mask per sequence), copied to the CPU."""
     if isinstance(t, (list, tuple)):
@@ -299,10 +321,7 @@ def run_one(adapter, request: dict, device: str) -> dict:
 
     ran = run_seeds(adapter, case, device, step, checks_for(case, tuple(request.get("checks", ()))))
     if isinstance(ran, Ended):
-        reply = {"status": ran.status.value, "reason": ran.reason}
-        if ran.status.value == "ERROR":  # the worker is replaced after a CUDA fault
-            reply.update(traceback=ran.traceback, restart=device == "cuda" and _cuda_failed(ran.exception))
-        return reply
+        return ended_reply(ran, device)
     seeds, checks = ran
     torch.save({"seeds": seeds}, request["file"])
     return {"status": "RAN", "checks": [c.to_dict() for c in checks], "seconds": time.perf_counter() - start}
