@@ -476,3 +476,27 @@ def test_the_thresholds_table_reads_each_meaning_from_the_settings_declaration()
         assert declared is None or meaning == declared.meaning, key
     unknown = thresholds_table(decide([], {"made_up": 1.0}))[2]
     assert unknown == "| `made_up` | 1 |  |"
+
+
+def test_newly_skipped_cases_alone_have_no_pattern_line_and_are_what_the_rerun_names(tmp_path):
+    """Two cases measured in the baseline and SKIPPED now: INCONCLUSIVE, each with its own line.
+    They were not measured, so no "what the failing cases share" line is made of them (it read
+    "every measured case fails (2)"); the rerun still names them."""
+    from gate.compare.sweep_rules import compare
+    from gate.core.config import load_config
+
+    config = load_config(ROOT / "pyproject.toml")
+    baseline = read_baseline(_unzipped("h200-baseline-sdpa-flash-pr.json.gz", tmp_path))
+    sweep = SweepResult.read(_unzipped("h200-sweep-sdpa-flash-pr.json.gz", tmp_path))
+    measured = [c.case_id for c in sweep.cases if c.status is Status.PASS][:2]
+    skipped = [
+        dataclasses.replace(c, status=Status.SKIP, reason="declared: batch x heads", tensors=())
+        if c.case_id in measured
+        else c
+        for c in sweep.cases
+    ]
+    sweep = dataclasses.replace(sweep, cases=tuple(skipped))
+    verdict = decide(compare(baseline, sweep, config.verdict), {}, {"kernel": sweep.kernel, "suite": sweep.suite})
+    found = diagnose(verdict, sweep)
+    assert not verdict.passed and found.failed == () and set(found.focus) == set(measured)
+    assert found.pattern == ""

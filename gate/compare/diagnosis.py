@@ -27,8 +27,8 @@ class Diagnosis:
 
     @property
     def focus(self) -> tuple[str, ...]:
-        """The cases the pattern and the rerun are about: those that FAIL; INCONCLUSIVE ones (e.g.
-        newly skipped) only when nothing fails, so they cannot blur what the failures share."""
+        """The cases the rerun is about: those that FAIL; INCONCLUSIVE ones (e.g. newly skipped)
+        only when nothing fails. The pattern is about the FAIL ones alone."""
         return self.failed or self.blocking
 
 
@@ -36,7 +36,9 @@ def diagnose(verdict: Verdict, sweep: SweepResult) -> Diagnosis:
     failed = tuple(sorted({f.case_id for f in verdict.findings if f.severity is Severity.FAIL and f.case_id}))
     blocking = tuple(sorted({f.case_id for f in verdict.findings if f.severity.blocks and f.case_id}))
     results = {c.case_id: c for c in sweep.cases}
-    focus = [results[c] for c in failed or blocking if c in results]
+    # only failures have a pattern: an INCONCLUSIVE case (newly skipped, say) was not measured, and
+    # its own line says why
+    focus = [results[c] for c in failed if c in results]
     passing = [c.case for c in sweep.cases if c.case_id not in set(blocking) and c.status is Status.PASS]
     # what each failing case failed on, as the findings say (a headroom regression is within its bound)
     pattern = diagnosis(focus, passing, failing_names(verdict)) if focus else ""
