@@ -489,3 +489,23 @@ def test_the_headline_keeps_the_gates_own_teeth_apart_from_the_users_kernel():
         )
     )
     assert line == "against tiled: 24/24 planted bugs killed in tiled itself"
+
+
+@pytest.mark.parametrize(
+    "bug, supports",
+    [("grid_y_overflow", {"max_batch_heads": 65535}), ("batch_offsets_int32", {"layouts": ["contiguous"]})],
+)
+def test_a_declared_limit_that_keeps_a_bug_out_of_the_kernel_moves_it_to_tiled(bug, supports):
+    """A kernel that declares it never launches past the grid's y limit, or never takes a batch
+    strided past 2^31 elements, cannot be judged on those cases: the bug is planted into tiled
+    (no suite can hold a case of its axis that this kernel runs). Undeclared, it stays in the kernel."""
+    from types import SimpleNamespace
+
+    from gate.core.envelope import check_supports
+    from gate.correctness.planted import host_of
+    from gate.kernels.capabilities import Capabilities
+
+    (planted,) = [b for b in BUGS if b.name == bug]
+    declared = Capabilities.from_declaration(check_supports(supports, "t"), "T")
+    assert host_of(planted, SimpleNamespace(capabilities=lambda: declared)) == "tiled"
+    assert host_of(planted, SimpleNamespace(capabilities=lambda: Capabilities())) == "kernel"

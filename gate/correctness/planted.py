@@ -884,6 +884,8 @@ BUGS: tuple[PlantedBug, ...] = (
         "kernel",
         GRID_Y,
         wrap(_grid_y_programs_dropped),
+        # a kernel declaring it launches no more programs than the y limit never runs these cases
+        needs=lambda caps: not caps.max_batch_heads or caps.max_batch_heads > GRID_Y_MAX,
     ),
     PlantedBug(
         "batch_offsets_int32",
@@ -891,6 +893,7 @@ BUGS: tuple[PlantedBug, ...] = (
         "kernel",
         FAR_BATCH,
         wrap(_batch_offsets_int32),
+        needs=lambda caps: "far_batch" in caps.layouts,
     ),
     PlantedBug(
         "stride0_mask_d512_last_key",
