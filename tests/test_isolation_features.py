@@ -251,15 +251,19 @@ def test_an_error_asks_for_a_fresh_worker_after_a_cuda_fault_named_or_pending(mo
 
     raised = Ended(status=Status.ERROR, reason="ValueError: no", traceback="tb", exception="ValueError no")
     named = Ended(status=Status.ERROR, reason="x", traceback="tb", exception="AcceleratorError CUDA error: boom")
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    assert worker_main.ended_reply(raised, "cuda")["restart"] is False
+    assert worker_main.ended_reply(raised, "cuda", kept=True)["restart"] is False
     assert worker_main.ended_reply(named, "cuda")["restart"] is True
 
     def pending(*args):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     monkeypatch.setattr(torch.cuda, "synchronize", pending)
-    assert worker_main.ended_reply(raised, "cuda")["restart"] is True
-    assert worker_main.ended_reply(raised, "cpu")["restart"] is False
+    assert worker_main.ended_reply(raised, "cuda", kept=True)["restart"] is True
+    assert worker_main.ended_reply(raised, "cpu", kept=True)["restart"] is False
+    # where an ERROR ends the worker anyway (the sweep), it does not wait on the GPU at all
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: pytest.fail("synchronized"))
+    assert worker_main.ended_reply(raised, "cuda")["restart"] is False
     skip = worker_main.ended_reply(Ended(status=Status.SKIP, reason="no window"), "cuda")
     assert skip == {"status": "SKIP", "reason": "no window"}

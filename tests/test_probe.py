@@ -296,6 +296,11 @@ def test_probe_write_from_the_cli_then_the_gate_skips_outside_it(tmp_path, capsy
     )
     family = load_config(path).kernels["tests.envelope_kernels:upto_128"]
     assert family.supports == {"head_dims": {"max": 128}}
+    # a key the probe does not look for, added by hand, survives a re-probe; a probed one is redone
+    path.write_text(path.read_text().replace("head_dims = { max = 128 }", "head_dims = [64]\nmax_batch_heads = 65535"))
+    assert gate([*probe, "--write", "-q", "--timeout", "30"]) == 0, capsys.readouterr().err
+    family = load_config(path).kernels["tests.envelope_kernels:upto_128"]
+    assert family.supports == {"head_dims": {"max": 128}, "max_batch_heads": 65535}
     assert gate(["probe", "tests.envelope_kernels:upto_128", "--timeout", "0"]) == 2
     assert "--timeout 0.0: give seconds > 0" in capsys.readouterr().err
 

@@ -180,6 +180,26 @@ def derive_lengths(results: list[Result]) -> tuple[dict[str, int], list[str]]:
     ]
 
 
+NAMED_KEYS = (("dtypes", DTYPES), ("bias_kinds", BIAS_KINDS), ("layouts", tuple(LAYOUTS)))
+FEATURE_KEYS = (
+    "head_dim_v_differs",
+    "gqa",
+    "seqlen_q_ne_k",
+    "causal",
+    "window",
+    "softcap",
+    "alibi",
+    "dropout",
+    "sinks",
+    "varlen",
+    "kvcache",
+    "paged",
+)
+# what derive can write; any other key of a declaration (max_batch_heads, devices ...) is the
+# user's own statement, which a re-probe keeps
+PROBED_KEYS = frozenset({k for k, _ in NAMED_KEYS} | {"head_dims", "max_seqlen", "seqlen_multiple"} | set(FEATURE_KEYS))
+
+
 def derive(results: list[Result]) -> tuple[dict[str, Any], list[str]]:
     """The declaration the outcomes call for, and the findings (wrong answers, unexplained failures)."""
     by_key: dict[str, list[Result]] = {}
@@ -191,7 +211,7 @@ def derive(results: list[Result]) -> tuple[dict[str, Any], list[str]]:
         for r in results
         if r.outcome == Outcome.WRONG
     ]
-    for key, everything in (("dtypes", DTYPES), ("bias_kinds", BIAS_KINDS), ("layouts", tuple(LAYOUTS))):
+    for key, everything in NAMED_KEYS:
         names = derive_names(by_key.get(key, []), everything)
         if names is not None:
             supports[key] = names
@@ -201,20 +221,7 @@ def derive(results: list[Result]) -> tuple[dict[str, Any], list[str]]:
     lengths, unexplained = derive_lengths(by_key.get("seqlens", []))
     supports.update(lengths)
     findings += unexplained
-    for key in (
-        "head_dim_v_differs",
-        "gqa",
-        "seqlen_q_ne_k",
-        "causal",
-        "window",
-        "softcap",
-        "alibi",
-        "dropout",
-        "sinks",
-        "varlen",
-        "kvcache",
-        "paged",
-    ):
+    for key in FEATURE_KEYS:
         if any(r.outcome == Outcome.UNSUPPORTED for r in by_key.get(key, [])):
             supports[key] = False
     return supports, findings
@@ -250,6 +257,7 @@ def probe(
 
     family = kernel_entry(kernel, config).family
     table = (family or KernelFamily(name=kernel)).supports_table
+    kept = {k: v for k, v in (family.supports if family is not None else {}).items() if k not in PROBED_KEYS}
     if family is not None and family.declaration_only:
         family = None  # the function itself, with no declaration: the probe finds the true envelope
     elif family is not None:
@@ -290,6 +298,7 @@ def probe(
             )
         results += run(axis_trials(base))
     supports, findings = derive(results)
+    supports = {**supports, **kept}
     return ProbeReport(kernel=kernel, table=table, supports=supports, findings=tuple(findings), results=tuple(results))
 
 

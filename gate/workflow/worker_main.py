@@ -275,6 +275,8 @@ def _cuda_sound() -> bool:
     leaves the fault to the next synchronisation, which must not be the next case's."""
     import torch
 
+    if not torch.cuda.is_initialized():
+        return True  # nothing was launched
     try:
         torch.cuda.synchronize()
     except Exception:
@@ -282,12 +284,14 @@ def _cuda_sound() -> bool:
     return True
 
 
-def ended_reply(ended, device: str) -> dict:
+def ended_reply(ended, device: str, kept: bool = False) -> dict:
     """The reply for a case that ended early (run_case.Ended); an ERROR asks for a fresh worker
-    after a CUDA fault, named in the error or left pending."""
+    after a CUDA fault named in the error, or, where the gate would keep this worker after a raise
+    (`kept`: the probe), one left pending (elsewhere an ERROR ends the worker anyway, and waiting
+    on a launch that never finishes would turn the raise into a timeout)."""
     reply = {"status": ended.status.value, "reason": ended.reason}
     if ended.status.value == "ERROR":
-        faulted = device == "cuda" and (_cuda_failed(ended.exception) or not _cuda_sound())
+        faulted = device == "cuda" and (_cuda_failed(ended.exception) or (kept and not _cuda_sound()))
         reply.update(traceback=ended.traceback, restart=faulted)
     return reply
 
@@ -321,7 +325,7 @@ def run_one(adapter, request: dict, device: str) -> dict:
 
     ran = run_seeds(adapter, case, device, step, checks_for(case, tuple(request.get("checks", ()))))
     if isinstance(ran, Ended):
-        return ended_reply(ran, device)
+        return ended_reply(ran, device, bool(request.get("keep_after_raise")))
     seeds, checks = ran
     torch.save({"seeds": seeds}, request["file"])
     return {"status": "RAN", "checks": [c.to_dict() for c in checks], "seconds": time.perf_counter() - start}
