@@ -500,3 +500,5 @@ def test_newly_skipped_cases_alone_have_no_pattern_line_and_are_what_the_rerun_n
     found = diagnose(verdict, sweep)
     assert not verdict.passed and found.failed == () and set(found.focus) == set(measured)
     assert found.pattern == ""
+    comment = pr_comment(verdict, found, sweep, baseline)
+    assert "**Rerun exactly the 2 inconclusive cases:**" in comment and "What the failing cases share" not in comment

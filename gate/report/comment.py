@@ -497,13 +497,14 @@ def pr_comment(
     lines.append("")
 
     focus = list(found.focus)
+    kind = "failing" if found.failed else "inconclusive"  # the focus is the FAIL cases when there are any
     if found.pattern:
         lines += [f"**What the failing cases share:** {found.pattern}.", ""]
     if focus:
         command = rerun_command(ctx, device, focus)
         if len(command) <= RERUN_LIMIT:
             lines += [
-                f"**Rerun exactly the {len(focus)} failing case{'s' * (len(focus) != 1)}:**",
+                f"**Rerun exactly the {len(focus)} {kind} case{'s' * (len(focus) != 1)}:**",
                 "",
                 "```sh",
                 command,
@@ -512,7 +513,7 @@ def pr_comment(
             ]
         else:  # thousands of ids make no copy-paste command: rerun the suite (the ids are in the findings JSON)
             lines += [
-                f"**Rerun** ({len(focus)} failing cases, too many to list in `--only`; their ids are in the "
+                f"**Rerun** ({len(focus)} {kind} cases, too many to list in `--only`; their ids are in the "
                 f"findings JSON):",
                 "",
                 "```sh",
