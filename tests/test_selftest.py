@@ -425,7 +425,7 @@ def test_shipped_suites_exercise_every_bug_whose_axis_exists(kernel, suite, devi
         for b in BUGS
         if not b.trigger.pending
         and not exercising_cases(
-            b, cases, adapter if bug_host(b, adapter, cases, device) == "kernel" else TiledAdapter(), device
+            b, cases, adapter if bug_host(b, adapter, cases) == "kernel" else TiledAdapter(), device
         )
     ]
     # pr has no case for these (smoke exercises them on a CPU). Stale either way, this fails: a pr

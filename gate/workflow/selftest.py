@@ -226,13 +226,13 @@ def tiled_control_scope(run: _Run, bugs) -> str | None:
     ids = {
         c.id
         for bug in bugs
-        if not bug.trigger.pending and bug_host(bug, run.adapter, cases, run.device) == "tiled"
+        if not bug.trigger.pending and bug_host(bug, run.adapter, cases) == "tiled"
         for c in exercising_cases(bug, cases, tiled, run.device)[:FIRST_BATCH]
     }
     return exact_regex(ids) if ids else None
 
 
-def bug_host(bug, kernel, cases, device: str) -> str:
+def bug_host(bug, kernel, cases) -> str:
     """'kernel' or 'tiled'. A bug planted around the kernel moves to tiled, where the gate's own
     teeth are still shown, when the kernel lacks what the bug needs, or when every case of its
     axis in the suite goes to an entry point that lacks it (a family whose decode entry takes no
@@ -267,7 +267,7 @@ def exercising_cases(bug, cases, host_adapter, device: str) -> list:
 
 def run_bug(run: _Run, bug) -> BugOutcome:
     t0 = time.perf_counter()
-    host = bug_host(bug, run.adapter, run.plan.suite.swept_cases, run.device)
+    host = bug_host(bug, run.adapter, run.plan.suite.swept_cases)
     host_name = run.kernel if host == "kernel" else "tiled"
     common = dict(name=bug.name, what=bug.what, host=host_name, axis=bug.trigger.axis)
     if bug.trigger.pending:
