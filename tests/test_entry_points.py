@@ -374,23 +374,22 @@ def test_a_bug_whose_axis_the_family_refuses_whole_is_planted_into_tiled(tmp_pat
     """A windowed one-token decode bug and a family whose decode entry takes no window (its dense
     one does, so the family as a whole claims a window): the kernel cannot have the bug in any case
     the gate runs, so the selftest shows the gate's teeth on tiled instead of failing on a gap."""
-    from gate.correctness.planted import BUGS
-    from gate.workflow.selftest import bug_host
+    from gate.correctness.planted import BUGS, host_of
 
     smoke = load_config(ROOT / "pyproject.toml").suite("smoke").cases
     (bug,) = [b for b in BUGS if b.name == "decode_window_one_short"]
     windowed = kernel_entry("mykernel", load_config(write_config(tmp_path))).adapter()
     kvcache = "tests.entry_kernels:attn_with_kvcache_no_window"
     no_window = kernel_entry("mykernel", load_config(write_config(tmp_path, kvcache=kvcache))).adapter()
-    assert bug_host(bug, windowed, smoke) == "kernel"
-    assert bug_host(bug, no_window, smoke) == "tiled"
+    assert host_of(bug, windowed, smoke) == "kernel"
+    assert host_of(bug, no_window, smoke) == "tiled"
     assert any(bug.trigger.applies(c) for c in smoke)
     # a shape the kernel refuses is a gap of the suite, not a feature it lacks: FA2 pages, but not
     # in smoke's page size of 16 (a multiple of 256 only), so its paged bug stays planted in it
     (paged,) = [b for b in BUGS if b.name == "paged_pages_swapped"]
     fa2 = get_adapter("fa2")
     assert all(fa2.unsupported_reason(c, "cuda") for c in smoke if paged.trigger.applies(c))
-    assert bug_host(paged, fa2, smoke) == "kernel"
+    assert host_of(paged, fa2, smoke) == "kernel"
 
 
 def test_attn_gate_kernels_lists_the_configs_families(tmp_path, capsys):

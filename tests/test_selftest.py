@@ -415,8 +415,9 @@ def test_shipped_suites_exercise_every_bug_whose_axis_exists(kernel, suite, devi
     """Statically (capabilities only, nothing runs): the CPU selftest on smoke and the H200 one on
     pr have a case for every planted bug that is not pending, on the host it is planted in."""
     from gate.core.cases import load_suite
+    from gate.correctness.planted import host_of
     from gate.kernels.registry import get_adapter
-    from gate.workflow.selftest import bug_host, exercising_cases
+    from gate.workflow.selftest import exercising_cases
 
     adapter = get_adapter(kernel)
     cases = load_suite(suite).cases
@@ -425,7 +426,7 @@ def test_shipped_suites_exercise_every_bug_whose_axis_exists(kernel, suite, devi
         for b in BUGS
         if not b.trigger.pending
         and not exercising_cases(
-            b, cases, adapter if bug_host(b, adapter, cases) == "kernel" else TiledAdapter(), device
+            b, cases, adapter if host_of(b, adapter, cases) == "kernel" else TiledAdapter(), device
         )
     ]
     # pr has no case for these (smoke exercises them on a CPU). Stale either way, this fails: a pr

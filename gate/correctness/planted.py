@@ -944,11 +944,30 @@ def select_bugs(names: tuple[str, ...] = ()) -> tuple[PlantedBug, ...]:
     return tuple(known[n] for n in names)
 
 
-def host_of(bug: PlantedBug, kernel: KernelAdapter) -> str:
-    """'kernel' or 'tiled': a kernel-hosted bug moves to tiled when the kernel lacks what it needs."""
-    if bug.host == "kernel" and bug.needs is not None and not bug.needs(kernel.capabilities()):
+def host_of(bug: PlantedBug, kernel: KernelAdapter, cases=()) -> str:
+    """'kernel' or 'tiled': a kernel-hosted bug moves to tiled (where the gate's own teeth are still
+    shown) when the kernel lacks what it needs, or when every case of its axis among `cases` goes
+    to an entry point that lacks it (a family whose decode entry takes no window, beside a dense
+    one that does). A shape the kernel refuses (a page size, a head dim it was not built for)
+    moves nothing: there the suite lacks a case the kernel runs."""
+    if bug.host != "kernel":
+        return bug.host
+    if bug.needs is not None and not bug.needs(kernel.capabilities()):
         return "tiled"
-    return bug.host
+    axis = [c for c in cases if bug.trigger.applies(c)] if not bug.trigger.pending else []
+    if axis and all(_entry_lacks(bug, kernel, c) for c in axis):
+        return "tiled"
+    return "kernel"
+
+
+def _entry_lacks(bug: PlantedBug, kernel: KernelAdapter, case) -> bool:
+    """The entry point of a kernel family that serves `case` is missing or lacks what `bug` needs
+    (a kernel of one entry point: its own capabilities answered above)."""
+    entry_for = getattr(kernel, "entry_for", None)
+    if entry_for is None:
+        return False
+    entry = entry_for(case)
+    return entry is None or (bug.needs is not None and not bug.needs(entry.capabilities()))
 
 
 def planted_adapter(bug: PlantedBug, host: KernelAdapter) -> KernelAdapter:

@@ -603,8 +603,14 @@ def run_in_worker(
         worker, hello = slot.ensure()
         if "user_error" in hello:
             return _error(case, f"a fresh worker could not load the kernel: {hello['user_error']}", start)
-        request = {"op": "case", "case": case.to_dict(), "checks": list(check_names), "file": str(file)}
-        reply = worker.call({**request, "keep_after_raise": keep_after_raise}, timeout, setting)
+        request = {
+            "op": "case",
+            "case": case.to_dict(),
+            "checks": list(check_names),
+            "file": str(file),
+            "keep_after_raise": keep_after_raise,
+        }
+        reply = worker.call(request, timeout, setting)
     except WorkerGone as exc:
         slot.discard()
         # a dead worker has no Python traceback to send: its stderr's last lines (faulthandler's

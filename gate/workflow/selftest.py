@@ -226,34 +226,10 @@ def tiled_control_scope(run: _Run, bugs) -> str | None:
     ids = {
         c.id
         for bug in bugs
-        if not bug.trigger.pending and bug_host(bug, run.adapter, cases) == "tiled"
+        if not bug.trigger.pending and host_of(bug, run.adapter, cases) == "tiled"
         for c in exercising_cases(bug, cases, tiled, run.device)[:FIRST_BATCH]
     }
     return exact_regex(ids) if ids else None
-
-
-def bug_host(bug, kernel, cases) -> str:
-    """'kernel' or 'tiled'. A bug planted around the kernel moves to tiled, where the gate's own
-    teeth are still shown, when the kernel lacks what the bug needs, or when every case of its
-    axis in the suite goes to an entry point that lacks it (a family whose decode entry takes no
-    window, beside a dense one that does). A shape the kernel refuses (a page size, a head dim it
-    was not built for) moves nothing: there the suite lacks a case the kernel runs."""
-    host = host_of(bug, kernel)
-    if host == "kernel" and not bug.trigger.pending:
-        axis = [c for c in cases if bug.trigger.applies(c)]
-        if axis and all(_entry_lacks(bug, kernel, c) for c in axis):
-            return "tiled"
-    return host
-
-
-def _entry_lacks(bug, kernel, case) -> bool:
-    """The entry point that serves `case` (a family's; the kernel itself otherwise) is missing or
-    lacks what `bug` needs."""
-    entry_for = getattr(kernel, "entry_for", None)
-    if entry_for is None:
-        return False  # one entry point: the kernel's own capabilities answered in host_of
-    entry = entry_for(case)
-    return entry is None or (bug.needs is not None and not bug.needs(entry.capabilities()))
 
 
 def exercising_cases(bug, cases, host_adapter, device: str) -> list:
@@ -267,7 +243,7 @@ def exercising_cases(bug, cases, host_adapter, device: str) -> list:
 
 def run_bug(run: _Run, bug) -> BugOutcome:
     t0 = time.perf_counter()
-    host = bug_host(bug, run.adapter, run.plan.suite.swept_cases)
+    host = host_of(bug, run.adapter, run.plan.suite.swept_cases)
     host_name = run.kernel if host == "kernel" else "tiled"
     common = dict(name=bug.name, what=bug.what, host=host_name, axis=bug.trigger.axis)
     if bug.trigger.pending:
