@@ -326,9 +326,14 @@ def test_write_refuses_a_built_in_kernels_table(tmp_path):
         ),
     ],
 )
-def test_init_probe_prints_and_writes_the_found_envelope(tmp_path, capsys, function, counts, printed, supports):
-    """What init writes is printed beneath the probe's line, so the first baseline's SKIPs are expected."""
+def test_init_probe_prints_and_writes_the_found_envelope(
+    tmp_path, capsys, monkeypatch, function, counts, printed, supports
+):
+    """What init writes is printed beneath the probe's line, so the first baseline's SKIPs are expected;
+    the line wraps at the terminal's width."""
     from gate.commands.main import main
+
+    monkeypatch.setenv("COLUMNS", "80")
 
     (tmp_path / "mypkg").mkdir()
     (tmp_path / "mypkg" / "__init__.py").write_text("")
@@ -356,9 +361,13 @@ def test_init_probe_prints_and_writes_the_found_envelope(tmp_path, capsys, funct
     )
     table = f'[tool.attn-gate.kernels."mypkg.attn:{function}".supports]'
     captured = capsys.readouterr()
-    assert printed.format(table=table) in captured.out
+    lines = captured.out.splitlines()
+    assert max(map(len, lines)) <= 80, captured.out
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("probe: "))
+    end = next(i for i in range(start, len(lines)) if lines[i].endswith("the envelope goes into"))
+    line = " ".join(ln.strip() for ln in lines[start : end + 1])
+    assert printed.format(table=table) in "\n".join([*lines[:start], line, *lines[end + 1 :]])
     # the keywords the function does not take are counted apart from what it failed on
-    line = next(ln for ln in captured.out.splitlines() if ln.startswith("probe: "))
     assert re.fullmatch(
         rf"probe: \d+ calls, {counts}, \d+ refused by its signature \(they SKIP, no declaration needed\); the envelope goes into",
         line,
