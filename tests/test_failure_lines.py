@@ -70,6 +70,25 @@ def test_13_failing_on_three_input_regimes_are_grouped_with_counts_of_cases():
     assert "link" not in r.block  # the user's own kernel: no upstream to link to
 
 
+def test_a_declarations_reason_names_what_only_the_failing_cases_have_and_a_nan_as_such():
+    """A causal kernel that returns NaN on rows that see no key: the block's reason says so, not
+    "past the bound on causal" (passing causal cases and a non-causal Nq > Nk case exist)."""
+    passing = [row(causal=True), row(seqlen_q=200, seqlen_k=100), row(seqlen_q=64, seqlen_k=256, causal=True)]
+    for bad, said in ((math.nan, "NaN in out"), (3.0, "out past the bound")):
+        failing = [
+            row({"out": bad}, seqlen_q=200, seqlen_k=100, causal=True),
+            row({"out": bad}, seqlen_q=96, seqlen_k=32, causal=True),
+        ]
+        r = refusal(passing + failing, [(f.case_id, ["out"]) for f in failing], "mine")
+        assert f'reason = "{said} on fully masked rows"' in r.block, r.block
+    # nothing only the failing cases have: the values of their group, as before
+    failing = [row({"out": 3.0}, seqlen_q=64, seqlen_k=64, causal=True, head_dim=32, head_dim_v=32)]
+    r = refusal(
+        [*passing, row(causal=True, head_dim=32, head_dim_v=32), *failing], [(failing[0].case_id, ["out"])], "mine"
+    )
+    assert 'reason = "out past the bound on ' in r.block and "fully masked" not in r.block, r.block
+
+
 def test_check_lines_one_per_case_worst_first_headroom_and_inconclusive_last():
     from gate.compare.findings import STATUS, Finding, Severity, Subject
     from gate.report.failures import check_lines

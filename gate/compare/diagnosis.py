@@ -82,19 +82,27 @@ def derived_traits(case: Case) -> dict[str, bool]:
     }
 
 
-def separating_trait(failing: list[Case], passing: list[Case]) -> str | None:
-    """A derived trait every failing case has and no passing case has, stated with its counts;
-    None when there is none. The most specific wins (a multiple of 64 before one of 32 only when
-    it alone separates)."""
-    if not passing:
+def separating_trait_name(failing: list[Case], passing: list[Case]) -> str | None:
+    """The derived trait every failing case has and no passing case has, as "has ..." reads it
+    ("fully masked rows", "a head dim not a multiple of 32"); None when there is none. The most
+    specific wins (a multiple of 64 before one of 32 only when it alone separates)."""
+    if not passing or not failing:
         return None
     have = [derived_traits(c) for c in failing]
     names = [name for name in have[0] if all(t.get(name) for t in have)]
     for name in names:
         if not any(derived_traits(c).get(name) for c in passing):
-            who = "the failing case has" if len(failing) == 1 else f"every failing case ({len(failing)}) has"
-            return f"{who} {_article(name)}; none of the {len(passing)} passing cases does"
+            return _article(name)
     return None
+
+
+def separating_trait(failing: list[Case], passing: list[Case]) -> str | None:
+    """The separating trait stated with its counts; None when there is none."""
+    name = separating_trait_name(failing, passing)
+    if name is None:
+        return None
+    who = "the failing case has" if len(failing) == 1 else f"every failing case ({len(failing)}) has"
+    return f"{who} {name}; none of the {len(passing)} passing cases does"
 
 
 # numeric axes a kernel's envelope is often bounded on: "head dim > 128", "seqlen_k > 4096"

@@ -225,23 +225,28 @@ def group_failures(rows: list[CaseResult], failing: Mapping[str, Iterable[str]])
 MAX_LINES = 10  # failing-case lines in a refusal; the validation note lists every one
 
 
-def block_reasons(groups: list[FailGroup]) -> dict[tuple[str, ...], str]:
-    """A reason per set of failed names, from the values its groups share: the printed block's
-    reason says what was seen, and the user edits it to say why."""
+def block_reasons(
+    groups: list[FailGroup],
+    shared: Mapping[tuple[str, ...], str] | None = None,
+    nan_only: frozenset[tuple[str, ...]] = frozenset(),
+) -> dict[tuple[str, ...], str]:
+    """A reason per set of failed names, from what its cases share: the printed block's reason says
+    what was seen, and the user edits it to say why. `shared`: names -> the trait those cases
+    alone have ("fully masked rows"), said instead of the values of their groups; `nan_only`: the
+    sets whose every case failed on a NaN, said as such rather than "past the bound"."""
     values: dict[tuple[str, ...], list[str]] = {}
     for g in groups:
         values.setdefault(g.names, []).append(g.value)
-    return {
-        names: f"{_failed_on(names)} on {' and '.join(v[:3])}{' ...' if len(v) > 3 else ''}"
-        for names, v in values.items()
-    }
+    where = {names: " and ".join(v[:3]) + (" ..." if len(v) > 3 else "") for names, v in values.items()}
+    where.update(shared or {})
+    return {names: f"{_failed_on(names, names in nan_only)} on {w}" for names, w in where.items()}
 
 
-def _failed_on(names: tuple[str, ...]) -> str:
-    """'dq, dk past the bound', 'no answer from the kernel' (an ERROR row: a raise, crash or hang,
-    where no tensor was measured), or both."""
+def _failed_on(names: tuple[str, ...], nan: bool = False) -> str:
+    """'dq, dk past the bound', 'NaN in out', 'no answer from the kernel' (an ERROR row: a raise,
+    crash or hang, where no tensor was measured), or both."""
     measured = [n for n in names if n != ERROR_NAME]
-    said = [f"{', '.join(measured)} past the bound"] if measured else []
+    said = [f"{'NaN in ' if nan else ''}{', '.join(measured)}{'' if nan else ' past the bound'}"] if measured else []
     return " and ".join(said + (["no answer from the kernel"] if ERROR_NAME in names else []))
 
 
@@ -317,7 +322,7 @@ class Refusal:
 def refusal(
     rows: list[CaseResult], undeclared: list[tuple[str, list[str]]], kernel: str, reason: str = "", link: str = ""
 ) -> Refusal:
-    from gate.compare.diagnosis import diagnosis
+    from gate.compare.diagnosis import diagnosis, separating_trait_name
     from gate.compare.known import declaration_blocks
 
     failing = {cid: names for cid, names in undeclared}
@@ -326,11 +331,23 @@ def refusal(
     passing = [r.case for r in rows if r.status is Status.PASS and r.case_id not in failing]
     pattern = diagnosis([by_id[cid] for cid in failing], passing, {cid: set(n) for cid, n in failing.items()})
     groups = group_failures(rows, failing)
-    reasons = (
-        {names: reason for names in {tuple(sorted(set(n))) for n in failing.values()}}
-        if reason
-        else block_reasons(groups)
-    )
+    if reason:
+        reasons = {names: reason for names in {tuple(sorted(set(n))) for n in failing.values()}}
+    else:
+        by_names: dict[tuple[str, ...], list[str]] = {}
+        for cid, n in failing.items():
+            by_names.setdefault(tuple(sorted(set(n))), []).append(cid)
+        shared = {
+            names: trait
+            for names, cids in by_names.items()
+            if (trait := separating_trait_name([by_id[c].case for c in cids], passing))
+        }
+        nan_only = frozenset(
+            names
+            for names, cids in by_names.items()
+            if ERROR_NAME not in names and all(row_line(by_id[c]).what.startswith("NaN in") for c in cids)
+        )
+        reasons = block_reasons(groups, shared, nan_only)
     block = declaration_blocks(kernel, failing, reasons, link)
     measured = sum(1 for r in rows if r.status is not Status.SKIP)
     return Refusal(tuple(lines), pattern, tuple(groups), block, measured)
