@@ -187,6 +187,8 @@ def test_the_terminal_fits_its_width_with_whole_words_worst_case_first(tiny_repo
     lines = text.rstrip("\n").splitlines()
     too_long = [line for line in lines if len(line) > width]
     assert not too_long, too_long
+    # a wrapped line ends with its last word (a table's centred title is padded on both sides)
+    assert [line for line in lines if line != line.rstrip() and line == line.lstrip()] == []
     # no word is split: every word of what a table or a line says is whole somewhere in the output
     tokens = set(text.translate({ord(c): " " for c in BOX}).split())
     findings = json.loads((repo / "out" / "findings-mine-tiny.json").read_text())["findings"]

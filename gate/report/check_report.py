@@ -233,7 +233,9 @@ def print_check(verdict: Verdict, found: Diagnosis, sweep: SweepResult, console=
                 highlight=False,
             )
     print_known(verdict, console)
-    console.print("thresholds: " + ", ".join(f"{k}={v:g}" for k, v in verdict.thresholds.items()), highlight=False)
+    thresholds = "thresholds: " + ", ".join(f"{k}={v:g}" for k, v in verdict.thresholds.items())
+    for piece in wrap_words(thresholds, console.width):
+        console.print(piece, highlight=False, soft_wrap=True)
     lines = summary_lines(verdict, found, sweep, summary_path)
     color = "green" if verdict.passed else "bold red"
     for i, line in enumerate(lines):
