@@ -104,6 +104,10 @@ def test_a_derived_trait_that_separates_is_stated_with_counts(failing, passing, 
             [{"dq": 3.0, "dk": 2.0}, {"dq": 2.0}, {"lse": float("nan")}],
             "failing tensors: dq in 2 of 3, dk in 1 of 3, lse in 1 of 3 failing cases",
         ),
+        (
+            [{"lse": 2.0, "dk": 2.0, "dv": 2.0, "dq": 2.0, "out": 2.0}, {"lse": 2.0, "dk": 2.0}],
+            "failing tensors: dk in all 2, lse in all 2, dq in 1 of 2, dv in 1 of 2 failing cases; also out in 1",
+        ),
         ([{}], ""),
     ],
 )

@@ -164,8 +164,9 @@ def failing_tensors(results: list[CaseResult], names: Mapping[str, set[str]] | N
         name, _ = ranked[0]
         return f"every failing tensor is {name} ({n} case{'s' * (n != 1)})"
     parts = [f"{name} in {k} of {n}" if k != n else f"{name} in all {n}" for name, k in ranked[:4]]
-    more = f", +{len(ranked) - 4} more" if len(ranked) > 4 else ""
-    return f"failing tensors: {', '.join(parts)}{more} failing case{'s' * (n != 1)}"
+    # the rest by name and count only: "of N failing cases" belongs to the four before
+    more = "; also " + ", ".join(f"{name} in {k}" for name, k in ranked[4:]) if len(ranked) > 4 else ""
+    return f"failing tensors: {', '.join(parts)} failing case{'s' * (n != 1)}{more}"
 
 
 def failing_names(verdict: Verdict) -> dict[str, set[str]]:
