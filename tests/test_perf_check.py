@@ -2,6 +2,7 @@
 A doctored baseline must FAIL the speed rule; a lax one must pass; nothing asserts a speed.
 Speed that was wanted and not judged (skipped, missing, out of scope, a results file) must say so."""
 
+import io
 import json
 import shutil
 from pathlib import Path
@@ -857,3 +858,30 @@ def test_a_timing_case_that_raises_under_its_declared_error_is_known(tmp_path, d
         (raises.id, "speed_ratio:fwd"): severity,
         (raises.id, "speed_ratio:bwd"): severity,
     }
+
+
+@pytest.mark.parametrize("width", [80, 100, 200])
+def test_the_perf_table_keeps_every_number_whole_at_the_terminals_width(width):
+    """Columns a terminal cannot hold leave, named in a note, before any number is cut."""
+    from rich.console import Console
+
+    from gate.report.speed_report import HEADER, perf_rows, print_perf_table
+
+    result = run_of(timed(A, 3.0261, 0.8471), timed(B, 12.5, 1.1678), errored(A.with_fields(batch=3)))
+    console = Console(width=width, record=True, file=io.StringIO())
+    print_perf_table(result, console)
+    text = console.export_text()
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= width, text
+    tokens = set(text.replace("│", " ").replace("┃", " ").split())
+    rows = [r for r in perf_rows(result) if r[2]]
+    left_out = next((ln for ln in lines if " columns leave out " in ln), "")
+    for i, name in enumerate(HEADER):
+        cells = {w for r in rows for w in r[i].split()}
+        if name in left_out:
+            assert not cells & tokens - {"/"}, (name, text)
+        else:
+            assert cells <= tokens, (name, sorted(cells - tokens), text)
+    # the case, its pass, the ratio and its interval are always there
+    assert {"speed ratio", "95% CI"} & set(left_out.split(", ")) == set()
+    assert ("TFLOP/s" in left_out) == (width < 118) and ("anchor ms" in left_out) == (width < 90), text

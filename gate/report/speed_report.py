@@ -4,6 +4,7 @@ Reads PerfResult / PerfJudgement only; decides nothing (gate/speed/rule.py decid
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 from gate.core.config import PerfConfig
@@ -70,6 +71,37 @@ HEADER = [
 # Decode cases add "; K/V <kernel> / <anchor> GB/s" to the TFLOP/s cell.
 
 
+# what a narrow terminal leaves out, first to last: the ratio, its interval, the noise and the flags stay
+OPTIONAL = ("TFLOP/s (kernel/anchor)", "anchor ms", "ms")
+LAST, CI = len(HEADER) - 1, HEADER.index("95% CI")
+
+
+def column_layout(rows: list[list[str]], width: int) -> dict[int, int]:
+    """The columns of HEADER shown in `width`, each with the least width that keeps its numbers
+    whole: the optional ones leave, in OPTIONAL's order, until the rest fits; then the interval
+    wraps at its comma. The last column (flags, or an unmeasured case's reason) always may wrap."""
+    least = {i: column_width(rows, i) for i in range(len(HEADER))}
+
+    def fits() -> bool:
+        return sum(w + 3 for w in least.values()) + 1 <= width  # a cell's padding and its border
+
+    for name in OPTIONAL:
+        if fits():
+            return least
+        del least[HEADER.index(name)]
+    if not fits():
+        least[CI] = max([len("95%"), *(len(w) for r in rows for w in r[CI].split())])
+    return least
+
+
+def column_width(rows: list[list[str]], i: int) -> int:
+    """The widest cell of column `i` (the last column: of the measured rows) or its header's
+    longest word."""
+    words = max(map(len, HEADER[i].split()))
+    cells = [len(r[i]) for r in rows if r[2]] if i == LAST else [len(r[i]) for r in rows]
+    return max([words, *cells])
+
+
 def print_perf_table(result: PerfResult, console=None) -> None:
     from rich.table import Table
 
@@ -80,14 +112,20 @@ def print_perf_table(result: PerfResult, console=None) -> None:
         f"{result.plan.rounds} rounds x {result.plan.calls_per_round} calls): speed ratio = kernel / anchor time"
     )
     rows = perf_rows(result)
-    for h in HEADER:  # the case id is never cut: the other columns fold
-        if h == "case":
-            table.add_column(h, no_wrap=True, min_width=max((len(str(r[0])) for r in rows), default=4))
-        else:
-            table.add_column(h, justify="left" if h == "pass" else "right", overflow="fold")
+    least = column_layout(rows, console.width)
+    roomy = sum(max(w, len(HEADER[i])) + 3 for i, w in least.items()) + 1 <= console.width
+    for i, width in least.items():
+        # a no_wrap column does not wrap its header either: it is wrapped here where space is short
+        h = HEADER[i] if roomy else "\n".join(textwrap.wrap(HEADER[i], width))
+        wraps = i == LAST or width < column_width(rows, i)
+        justify = "left" if i <= 1 else "right"
+        table.add_column(h, justify=justify, min_width=width, no_wrap=not wraps, overflow="fold")
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(row[i] for i in least))
     console.print(table)
+    left_out = [h for i, h in enumerate(HEADER) if i not in least]
+    if left_out:
+        console.print(f"note: {console.width} columns leave out {', '.join(left_out)} (a wider terminal shows them)")
     for note in result.notes + ((f"filtered with --only {result.scope.only!r}",) if not result.scope.whole else ()):
         console.print(f"note: {note}")
 
