@@ -85,6 +85,24 @@ def test_a_bug_the_suite_cannot_exercise_survives_naming_its_axis(tmp_path, caps
     assert "a softcap case" in capsys.readouterr().out
 
 
+def test_a_bug_whose_cases_the_declared_envelope_leaves_out_says_so(tmp_path, capsys, in_repo_root):
+    """Every non-contiguous-K case of the suite is GQA and the kernel declares gqa = false: the bug
+    is not exercised, and the message says why its cases do not run."""
+    kernel = "tests.envelope_kernels:attend"
+    extra = f'[tool.attn-gate.kernels."{kernel}".supports]\ngqa = false\n'
+    mha = (
+        '[[tool.attn-gate.suites.tiny.matrix]]\ndtype = ["bf16"]\nseqlens = ["64"]\nheads = ["2"]\nhead_dims = ["32"]\n'
+    )
+    gqa_sliced = mha.replace('["2"]', '["4/2"]') + 'layout = ["k_sliced"]\n'
+    config = write_config(tmp_path, extra)
+    Path(config).write_text(Path(config).read_text() + mha + gqa_sliced)
+    code, report, _ = selftest(tmp_path, config, "--bugs", "noncontiguous_k", "--kernel", kernel)
+    assert code == 1, capsys.readouterr()
+    (bug,) = report["bugs"]
+    assert bug["status"] == "NOT_EXERCISED" and "add one to the suite" in bug["message"]
+    assert f"; its 1 case of that axis SKIP for {kernel}: declared: no GQA/MQA" in bug["message"], bug["message"]
+
+
 def test_a_suite_gap_the_kernel_cannot_have_is_reported_not_counted(tmp_path, capsys):
     """The tiny suite has no HND-cache case: sdpa-cpu takes no HND cache, so the HND bug is not
     applicable to it (reported, exit 0); tiled takes one, so there the same gap fails the selftest."""

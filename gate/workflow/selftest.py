@@ -241,6 +241,21 @@ def exercising_cases(bug, cases, host_adapter, device: str) -> list:
     )
 
 
+def skipped_there(bug, cases, host_adapter, host_name: str, device: str) -> str:
+    """Why the suite's cases of the bug's axis do not run (a declared envelope that leaves out
+    every one of them, say), the most common reason first; empty where the suite has none."""
+    reasons: dict[str, int] = {}
+    for c in cases:
+        if bug.trigger.applies(c) and (why := host_adapter.unsupported_reason(c, device)) is not None:
+            reasons[why] = reasons.get(why, 0) + 1
+    if not reasons:
+        return ""
+    ranked = sorted(reasons.items(), key=lambda kv: -kv[1])
+    n = sum(reasons.values())
+    more = f"; {len(ranked) - 1} other reason{'s' * (len(ranked) > 2)}" if len(ranked) > 1 else ""
+    return f"; its {n} case{'s' * (n != 1)} of that axis SKIP for {host_name}: {ranked[0][0]}{more}"
+
+
 def run_bug(run: _Run, bug) -> BugOutcome:
     t0 = time.perf_counter()
     host = host_of(bug, run.adapter, run.plan.suite.swept_cases)
@@ -271,7 +286,9 @@ def run_bug(run: _Run, bug) -> BugOutcome:
         return BugOutcome(
             **common,
             status=BugStatus.NOT_EXERCISED,
-            message=f"{gap}: {bug.trigger.axis}; add one to the suite" + (f" ({bug.hint})" if bug.hint else ""),
+            message=f"{gap}: {bug.trigger.axis}; add one to the suite"
+            + (f" ({bug.hint})" if bug.hint else "")
+            + skipped_there(bug, run.plan.suite.swept_cases, host_plan.in_process_adapter(), host_name, run.device),
             wall_s=time.perf_counter() - t0,
         )
     sweeps, ran = [], 0
