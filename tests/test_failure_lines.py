@@ -81,6 +81,15 @@ def test_a_declarations_reason_names_what_only_the_failing_cases_have_and_a_nan_
         ]
         r = refusal(passing + failing, [(f.case_id, ["out"]) for f in failing], "mine")
         assert f'reason = "{said} on fully masked rows"' in r.block, r.block
+    # two traits together: a causal mask that raises at unequal lengths
+    failing = [
+        row(status=Status.ERROR, reason="RuntimeError: size mismatch", seqlen_q=q, seqlen_k=k, causal=True)
+        for q, k in ((64, 80), (97, 257))
+    ]
+    fine = [row(causal=True), row(seqlen_q=64, seqlen_k=80), row(seqlen_q=97, seqlen_k=257)]
+    r = refusal(fine + failing, [(f.case_id, ["error"]) for f in failing], "mine")
+    assert 'reason = "no answer from the kernel on causal and seqlen_q != seqlen_k"' in r.block, r.block
+    assert r.pattern.endswith("is causal and seqlen_q != seqlen_k; none of the 3 passing cases is both"), r.pattern
     # nothing only the failing cases have: the values of their group, as before
     failing = [row({"out": 3.0}, seqlen_q=64, seqlen_k=64, causal=True, head_dim=32, head_dim_v=32)]
     r = refusal(

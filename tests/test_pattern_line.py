@@ -152,3 +152,21 @@ def test_a_trait_most_passing_cases_share_is_not_named():
     passing = [case(seqlen_q=s, seqlen_k=s) for s in (32, 128, 256, 384, 512, 640)] + [case(heads_q=8, heads_kv=2)]
     line = diagnosis(failing, passing)
     assert "one KV head per query head" not in line and "no single trait" in line
+
+
+def test_two_traits_only_the_failing_cases_have_together_are_named():
+    """A causal mask right only at equal lengths: every failing case is causal with q != k, while
+    causal cases of equal lengths and non-causal ones of unequal lengths pass."""
+    lengths = ((64, 80), (97, 257), (65, 33), (1, 339))
+    failing = [result(case(seqlen_q=q, seqlen_k=k, causal=True), {"out": 3.0}) for q, k in lengths]
+    passing = [case(seqlen_q=q, seqlen_k=k) for q, k in lengths] + [
+        case(causal=True),
+        case(seqlen_q=64, seqlen_k=64, causal=True),
+    ]
+    line = diagnosis(failing, passing)
+    assert line.endswith(
+        "every failing case (4) is causal and seqlen_q != seqlen_k; none of the 6 passing cases is both"
+    ), line
+    # one passing case that has both: no such claim
+    line = diagnosis(failing, [*passing, case(seqlen_q=32, seqlen_k=48, causal=True)])
+    assert "is both" not in line and "are causal" in line, line

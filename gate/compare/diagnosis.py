@@ -186,6 +186,32 @@ def diagnosis(failing: list[CaseResult], passing: list[Case], names: Mapping[str
     return "; ".join(p for p in (tensors, pattern) if p)
 
 
+# yes/no traits a pattern may pair: "causal or windowed", "causal and seqlen_q != seqlen_k"
+FLAGS: dict[str, Callable[[Case], bool]] = {
+    "causal": lambda c: c.causal,
+    "windowed": lambda c: c.has_window,
+    "softcap": lambda c: bool(c.softcap),
+    "ALiBi": lambda c: c.alibi,
+    "variable length": lambda c: c.entry.varlen is not None,
+    "GQA/MQA": lambda c: c.is_gqa,
+    "seqlen_q != seqlen_k": lambda c: c.seqlen_q != c.seqlen_k,
+}
+
+
+def separating_pair(failing: list[Case], passing: list[Case]) -> str | None:
+    """Two traits every failing case has together and no passing case does ("causal and
+    seqlen_q != seqlen_k": a causal mask right only at equal lengths); None when no pair does."""
+    if not passing or not failing:
+        return None
+    names = list(FLAGS)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            if all(FLAGS[a](c) and FLAGS[b](c) for c in failing):
+                if not any(FLAGS[a](c) and FLAGS[b](c) for c in passing):
+                    return f"{a} and {b}"
+    return None
+
+
 def shared_pattern(failing: list[Case], passing: list[Case]) -> str:
     """One line: what every failing case has (and most passing ones lack). Single traits first
     (the most specific: fewest passing cases share it), then a derived trait no passing case has
@@ -210,25 +236,20 @@ def shared_pattern(failing: list[Case], passing: list[Case]) -> str:
                 found.append((also, value))
     found.sort()
     # two boolean traits that together cover every failing case ("causal or windowed")
-    flags = {
-        "causal": lambda c: c.causal,
-        "windowed": lambda c: c.has_window,
-        "softcap": lambda c: bool(c.softcap),
-        "ALiBi": lambda c: c.alibi,
-        "variable length": lambda c: c.entry.varlen is not None,
-        "GQA/MQA": lambda c: c.is_gqa,
-        "seqlen_q != seqlen_k": lambda c: c.seqlen_q != c.seqlen_k,
-    }
     best = None
-    names = list(flags)
+    names = list(FLAGS)
     for i, a in enumerate(names):
         for b in names[i + 1 :]:
-            if all(flags[a](c) or flags[b](c) for c in failing):
-                also = sum(1 for c in passing if flags[a](c) or flags[b](c))
+            if all(FLAGS[a](c) or FLAGS[b](c) for c in failing):
+                also = sum(1 for c in passing if FLAGS[a](c) or FLAGS[b](c))
                 if also <= len(passing) / 2 and (best is None or also < best[0]):
                     best = (also, f"{a} or {b}")
+    both = separating_pair(failing, passing)
     if separated and not (found and found[0][0] == 0):  # a derived trait alone separates; no plain one does
         return separated
+    if both and not (found and found[0][0] == 0):
+        who = "the failing case is" if n == 1 else f"every failing case ({n}) is"
+        return f"{who} {both}; none of the {len(passing)} passing cases is both"
     if found and (best is None or found[0][0] <= best[0]):
         names = [v for also, v in found[:3] if also <= found[0][0] or also < len(passing) / 2]
         tail = f" ({found[0][0]} of {len(passing)} passing cases are {found[0][1]} too)" if passing else ""

@@ -322,7 +322,7 @@ class Refusal:
 def refusal(
     rows: list[CaseResult], undeclared: list[tuple[str, list[str]]], kernel: str, reason: str = "", link: str = ""
 ) -> Refusal:
-    from gate.compare.diagnosis import diagnosis, separating_trait_name
+    from gate.compare.diagnosis import diagnosis, separating_pair, separating_trait_name
     from gate.compare.known import declaration_blocks
 
     failing = {cid: names for cid, names in undeclared}
@@ -340,7 +340,10 @@ def refusal(
         shared = {
             names: trait
             for names, cids in by_names.items()
-            if (trait := separating_trait_name([by_id[c].case for c in cids], passing))
+            if (
+                trait := separating_trait_name([by_id[c].case for c in cids], passing)
+                or separating_pair([by_id[c].case for c in cids], passing)
+            )
         }
         nan_only = frozenset(
             names
