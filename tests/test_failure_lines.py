@@ -81,6 +81,19 @@ def test_a_declarations_reason_names_what_only_the_failing_cases_have_and_a_nan_
         ]
         r = refusal(passing + failing, [(f.case_id, ["out"]) for f in failing], "mine")
         assert f'reason = "{said} on fully masked rows"' in r.block, r.block
+    # "NaN in" names only what was a NaN in every case: out, not the failed determinism check
+    from dataclasses import replace
+
+    from gate.core.results import CheckResult
+
+    nan_out = row({"out": math.nan}, seqlen_q=200, seqlen_k=100, causal=True)
+    mixed = replace(nan_out, checks=(CheckResult("determinism", False, 1.0, 0.0),))
+    r = refusal(passing + [mixed], [(mixed.case_id, ["determinism", "out"])], "mine")
+    assert 'reason = "NaN in out and determinism past the bound on fully masked rows"' in r.block, r.block
+    # unmeasured: run_case refused the output for its NaN
+    unmeasured = CaseResult(case=nan_out.case, status=Status.FAIL, reason="seed 0: out contains NaN/Inf")
+    r = refusal([*passing, unmeasured], [(unmeasured.case_id, ["out"])], "mine")
+    assert 'reason = "NaN in out on fully masked rows"' in r.block, r.block
     # two traits together: a causal mask that raises at unequal lengths
     failing = [
         row(status=Status.ERROR, reason="RuntimeError: size mismatch", seqlen_q=q, seqlen_k=k, causal=True)

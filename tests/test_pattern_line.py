@@ -141,7 +141,7 @@ def test_a_kernel_that_raises_past_head_dim_128_is_named_by_its_head_dim():
     line = diagnosis(failing, passing)
     assert "one KV head per query head" not in line
     assert "every failing case (4) has head dim > 128; none of the 7 passing cases does" in line
-    assert line.startswith("every failing tensor is error (4 cases)")
+    assert line.startswith("no failing case gave an answer (4 ERROR rows)")
 
 
 def test_a_trait_most_passing_cases_share_is_not_named():
@@ -170,3 +170,11 @@ def test_two_traits_only_the_failing_cases_have_together_are_named():
     # one passing case that has both: no such claim
     line = diagnosis(failing, [*passing, case(seqlen_q=32, seqlen_k=48, causal=True)])
     assert "is both" not in line and "are causal" in line, line
+
+
+def test_error_rows_count_as_no_answer_beside_tensors():
+    """A refusal passes what each case failed on, "error" for an ERROR row: counted as no answer."""
+    bad = [result(case(seqlen_q=100 + i), {"out": 2.0}) for i in range(2)]
+    errors = [CaseResult(case=case(seqlen_q=200 + i), status=Status.ERROR, reason="RuntimeError") for i in range(3)]
+    names = {r.case_id: {"error"} for r in errors} | {r.case_id: {"out"} for r in bad}
+    assert failing_tensors(bad + errors, names) == "failing tensors: no answer in 3 of 5, out in 2 of 5 failing cases"

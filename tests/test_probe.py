@@ -283,17 +283,18 @@ def test_a_raise_that_changed_its_process_gets_a_fresh_worker(tmp_path, monkeypa
 
 
 @pytest.mark.slow
-def test_probe_write_from_the_cli_then_the_gate_skips_outside_it(tmp_path, capsys):
+def test_probe_write_from_the_cli_then_the_gate_skips_outside_it(tmp_path, capsys, monkeypatch):
     from tests.minisuite import gate
 
+    monkeypatch.setenv("COLUMNS", "60")  # the summary line wraps at the terminal's width
     path = tmp_path / "pyproject.toml"
     path.write_text('[tool.attn-gate]\nbaselines_dir = "baselines"\n')
     probe = ["probe", "tests.envelope_kernels:upto_128", "--config", str(path), "--device", "cpu"]
     assert gate([*probe, "--write", "-q", "--timeout", "30"]) == 0, capsys.readouterr().err
-    assert (
-        '[tool.attn-gate.kernels."tests.envelope_kernels:upto_128".supports]\nhead_dims = { max = 128 }\n'
-        in capsys.readouterr().out
-    )
+    out = capsys.readouterr().out
+    assert '[tool.attn-gate.kernels."tests.envelope_kernels:upto_128".supports]\nhead_dims = { max = 128 }\n' in out
+    summary = out.split("\n\n")[0].splitlines()
+    assert len(summary) > 1 and max(map(len, summary)) <= 60 and summary[0].startswith("probed "), out
     family = load_config(path).kernels["tests.envelope_kernels:upto_128"]
     assert family.supports == {"head_dims": {"max": 128}}
     # a key the probe does not look for, added by hand, survives a re-probe; a probed one is redone

@@ -152,7 +152,7 @@ def main(args: argparse.Namespace) -> int:
         for finding in report.findings:
             print(f"probe finding: {finding}")
         # the table as init writes it, so the first baseline's SKIPs are no surprise
-        width = shutil.get_terminal_size().columns
+        width = shutil.get_terminal_size((200, 24)).columns  # a CI log: as wide as check's
         print("\n".join(wrap_words(f"probe: {report.counts()}; the envelope goes into", width)))
         print(f"  {report.table}:")
         body = report.toml().splitlines()[1:] or ["(empty: every probed axis runs, nothing to narrow)"]

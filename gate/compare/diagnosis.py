@@ -140,13 +140,17 @@ def _article(name: str) -> str:
     )
 
 
+NO_ANSWER = "no answer"  # what an ERROR row (a raise, crash or hang) is counted as
+
+
 def failing_tensors(results: list[CaseResult], names: Mapping[str, set[str]] | None = None) -> str:
     """What the failing cases fail on, counted against ALL of them: "every failing case fails on dq
     (74 cases)", "dk in 42 of 65 failing cases; 23 fail otherwise (headroom, dq)"; empty when none
     names a tensor. `names`: case id -> what each failed on where the caller knows more than the
     row (a headroom regression within the bound, a failed check); default: the row's tensors over
     their bound (NaN included)."""
-    from gate.compare.known import failures_of
+    from gate.compare.known import UNATTRIBUTED, failures_of
+    from gate.core.config import ERROR_NAME
 
     counts: dict[str, int] = {}
     n = len(results)
@@ -154,14 +158,17 @@ def failing_tensors(results: list[CaseResult], names: Mapping[str, set[str]] | N
         over = set(names.get(r.case_id, set())) if names is not None else set()
         over |= {t.tensor for t in r.tensors if math.isnan(t.ratio) or t.ratio > 1}
         if not over and r.status.failed:
-            over = set(failures_of(r)) - {"?"}
-        for name in over:
+            over = set(failures_of(r))
+        # an ERROR row measured nothing: it counts as "no answer", not as a tensor named "error"
+        for name in {NO_ANSWER if x == ERROR_NAME else x for x in over} - {UNATTRIBUTED}:
             counts[name] = counts.get(name, 0) + 1
     if not counts:
         return ""
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
     if len(counts) == 1 and ranked[0][1] == n:
         name, _ = ranked[0]
+        if name == NO_ANSWER:
+            return f"no failing case gave an answer ({n} ERROR row{'s' * (n != 1)})"
         return f"every failing tensor is {name} ({n} case{'s' * (n != 1)})"
     parts = [f"{name} in {k} of {n}" if k != n else f"{name} in all {n}" for name, k in ranked[:4]]
     # the rest by name and count only: "of N failing cases" belongs to the four before

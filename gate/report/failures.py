@@ -43,6 +43,14 @@ def reason_words(reason: str) -> str:
     return first[:100] + ("..." if len(first) > 100 else "")
 
 
+def nan_names(row: CaseResult) -> set[str]:
+    """The tensors of a row that came back NaN: measured with a NaN error, or refused unmeasured
+    because they held NaN/Inf (run_case's reason)."""
+    names = {t.tensor for t in row.tensors if math.isnan(t.ratio)}
+    m = _NAN.match(_SEED.sub("", (row.reason or "").strip()))
+    return names | ({m.group("name")} if m and not row.tensors else set())
+
+
 @dataclass(frozen=True)
 class FailLine:
     """One failing case: its label (FAIL, ERROR, INCONCLUSIVE), what failed worst and why."""
@@ -228,25 +236,26 @@ MAX_LINES = 10  # failing-case lines in a refusal; the validation note lists eve
 def block_reasons(
     groups: list[FailGroup],
     shared: Mapping[tuple[str, ...], str] | None = None,
-    nan_only: frozenset[tuple[str, ...]] = frozenset(),
+    nan: Mapping[tuple[str, ...], set[str]] | None = None,
 ) -> dict[tuple[str, ...], str]:
     """A reason per set of failed names, from what its cases share: the printed block's reason says
     what was seen, and the user edits it to say why. `shared`: names -> the trait those cases
-    alone have ("fully masked rows"), said instead of the values of their groups; `nan_only`: the
-    sets whose every case failed on a NaN, said as such rather than "past the bound"."""
+    alone have ("fully masked rows"), said instead of the values of their groups; `nan`: names ->
+    those that came back NaN in every case of the set, said as such rather than "past the bound"."""
     values: dict[tuple[str, ...], list[str]] = {}
     for g in groups:
         values.setdefault(g.names, []).append(g.value)
     where = {names: " and ".join(v[:3]) + (" ..." if len(v) > 3 else "") for names, v in values.items()}
     where.update(shared or {})
-    return {names: f"{_failed_on(names, names in nan_only)} on {w}" for names, w in where.items()}
+    return {names: f"{_failed_on(names, (nan or {}).get(names, set()))} on {w}" for names, w in where.items()}
 
 
-def _failed_on(names: tuple[str, ...], nan: bool = False) -> str:
+def _failed_on(names: tuple[str, ...], nan: set[str] = frozenset()) -> str:
     """'dq, dk past the bound', 'NaN in out', 'no answer from the kernel' (an ERROR row: a raise,
-    crash or hang, where no tensor was measured), or both."""
+    crash or hang, where no tensor was measured), or several of them."""
     measured = [n for n in names if n != ERROR_NAME]
-    said = [f"{'NaN in ' if nan else ''}{', '.join(measured)}{'' if nan else ' past the bound'}"] if measured else []
+    said = [f"NaN in {', '.join(n for n in measured if n in nan)}"] if nan & set(measured) else []
+    said += [f"{', '.join(rest)} past the bound"] if (rest := [n for n in measured if n not in nan]) else []
     return " and ".join(said + (["no answer from the kernel"] if ERROR_NAME in names else []))
 
 
@@ -345,12 +354,8 @@ def refusal(
                 or separating_pair([by_id[c].case for c in cids], passing)
             )
         }
-        nan_only = frozenset(
-            names
-            for names, cids in by_names.items()
-            if ERROR_NAME not in names and all(row_line(by_id[c]).what.startswith("NaN in") for c in cids)
-        )
-        reasons = block_reasons(groups, shared, nan_only)
+        nan = {names: set(names).intersection(*(nan_names(by_id[c]) for c in cids)) for names, cids in by_names.items()}
+        reasons = block_reasons(groups, shared, nan)
     block = declaration_blocks(kernel, failing, reasons, link)
     measured = sum(1 for r in rows if r.status is not Status.SKIP)
     return Refusal(tuple(lines), pattern, tuple(groups), block, measured)

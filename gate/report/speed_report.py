@@ -10,6 +10,7 @@ from pathlib import Path
 from gate.core.config import PerfConfig
 from gate.core.jsonio import save_figure_atomic
 from gate.report import terminal_console
+from gate.report.check_report import wrap_words
 from gate.speed.rule import PerfJudgement
 from gate.speed.runs import PerfResult
 
@@ -73,24 +74,31 @@ HEADER = [
 
 # what a narrow terminal leaves out, first to last: the ratio, its interval, the noise and the flags stay
 OPTIONAL = ("TFLOP/s (kernel/anchor)", "anchor ms", "ms")
-LAST, CI = len(HEADER) - 1, HEADER.index("95% CI")
+CASE, CI, LAST = 0, HEADER.index("95% CI"), len(HEADER) - 1
+MIN_CASE = 16  # a case id folds down to this; a terminal narrower still crops the table
 
 
 def column_layout(rows: list[list[str]], width: int) -> dict[int, int]:
-    """The columns of HEADER shown in `width`, each with the least width that keeps its numbers
-    whole: the optional ones leave, in OPTIONAL's order, until the rest fits; then the interval
-    wraps at its comma. The last column (flags, or an unmeasured case's reason) always may wrap."""
+    """Column of HEADER -> its width, for a table `width` wide with every number whole: the
+    optional columns leave in OPTIONAL's order until the rest fits, then the interval wraps at its
+    comma, then the case id folds. Room left widens the headers, then the last column (flags, or
+    an unmeasured case's reason, which may always wrap)."""
     least = {i: column_width(rows, i) for i in range(len(HEADER))}
 
-    def fits() -> bool:
-        return sum(w + 3 for w in least.values()) + 1 <= width  # a cell's padding and its border
+    def spare() -> int:
+        return width - sum(w + 3 for w in least.values()) - 1  # a cell's padding and its border
 
     for name in OPTIONAL:
-        if fits():
-            return least
+        if spare() >= 0:
+            break
         del least[HEADER.index(name)]
-    if not fits():
+    if spare() < 0:
         least[CI] = max([len("95%"), *(len(w) for r in rows for w in r[CI].split())])
+    if spare() < 0:
+        least[CASE] = max(MIN_CASE, least[CASE] + spare())
+    for i in least:
+        least[i] += max(0, min(len(HEADER[i]) - least[i], spare()))
+    least[LAST] += max(0, min(max((len(r[LAST]) for r in rows), default=0) - least[LAST], spare()))
     return least
 
 
@@ -112,20 +120,20 @@ def print_perf_table(result: PerfResult, console=None) -> None:
         f"{result.plan.rounds} rounds x {result.plan.calls_per_round} calls): speed ratio = kernel / anchor time"
     )
     rows = perf_rows(result)
-    least = column_layout(rows, console.width)
-    roomy = sum(max(w, len(HEADER[i])) + 3 for i, w in least.items()) + 1 <= console.width
-    for i, width in least.items():
-        # a no_wrap column does not wrap its header either: it is wrapped here where space is short
-        h = HEADER[i] if roomy else "\n".join(textwrap.wrap(HEADER[i], width))
-        wraps = i == LAST or width < column_width(rows, i)
-        justify = "left" if i <= 1 else "right"
-        table.add_column(h, justify=justify, min_width=width, no_wrap=not wraps, overflow="fold")
+    widths = column_layout(rows, console.width)
+    for i, width in widths.items():
+        # fixed widths: rich would otherwise shrink a column below its numbers
+        header = HEADER[i] if len(HEADER[i]) <= width else "\n".join(textwrap.wrap(HEADER[i], width))
+        folds = i == LAST or width < column_width(rows, i)
+        table.add_column(header, justify="left" if i <= 1 else "right", width=width, no_wrap=not folds, overflow="fold")
     for row in rows:
-        table.add_row(*(row[i] for i in least))
+        table.add_row(*(row[i] for i in widths))
     console.print(table)
-    left_out = [h for i, h in enumerate(HEADER) if i not in least]
+    left_out = [h for i, h in enumerate(HEADER) if i not in widths]
     if left_out:
-        console.print(f"note: {console.width} columns leave out {', '.join(left_out)} (a wider terminal shows them)")
+        note = f"note: {console.width} columns leave out {', '.join(left_out)} (a wider terminal shows them)"
+        for piece in wrap_words(note, console.width):
+            console.print(piece, highlight=False, soft_wrap=True)
     for note in result.notes + ((f"filtered with --only {result.scope.only!r}",) if not result.scope.whole else ()):
         console.print(f"note: {note}")
 

@@ -245,15 +245,17 @@ def skipped_there(bug, cases, host_adapter, host_name: str, device: str) -> str:
     """Why the suite's cases of the bug's axis do not run (a declared envelope that leaves out
     every one of them, say), the most common reason first; empty where the suite has none."""
     reasons: dict[str, int] = {}
-    for c in cases:
-        if bug.trigger.applies(c) and (why := host_adapter.unsupported_reason(c, device)) is not None:
+    axis = [c for c in cases if bug.trigger.applies(c)]
+    for c in axis:
+        if (why := host_adapter.unsupported_reason(c, device)) is not None:
             reasons[why] = reasons.get(why, 0) + 1
     if not reasons:
         return ""
     ranked = sorted(reasons.items(), key=lambda kv: -kv[1])
     n = sum(reasons.values())
     more = f"; {len(ranked) - 1} other reason{'s' * (len(ranked) > 2)}" if len(ranked) > 1 else ""
-    return f"; its {n} case{'s' * (n != 1)} of that axis SKIP for {host_name}: {ranked[0][0]}{more}"
+    which = f"its {n} case{'s' * (n != 1)}" if n == len(axis) else f"{n} of its {len(axis)} cases"
+    return f"; {which} of that axis SKIP for {host_name}: {ranked[0][0]}{more}"
 
 
 def run_bug(run: _Run, bug) -> BugOutcome:
