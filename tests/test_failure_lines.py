@@ -102,6 +102,7 @@ def test_a_declarations_reason_names_what_only_the_failing_cases_have_and_a_nan_
     fine = [row(causal=True), row(seqlen_q=64, seqlen_k=80), row(seqlen_q=97, seqlen_k=257)]
     r = refusal(fine + failing, [(f.case_id, ["error"]) for f in failing], "mine")
     assert 'reason = "no answer from the kernel on causal and seqlen_q != seqlen_k"' in r.block, r.block
+    assert r.groups[0].text.startswith("2 cases with causal give no answer: "), r.groups[0].text
     assert r.pattern.endswith("is causal and seqlen_q != seqlen_k; none of the 3 passing cases is both"), r.pattern
     # nothing only the failing cases have: the values of their group, as before
     failing = [row({"out": 3.0}, seqlen_q=64, seqlen_k=64, causal=True, head_dim=32, head_dim_v=32)]

@@ -185,10 +185,9 @@ class FailGroup:
             if n == self.of_value
             else f"{n} of the {self.of_value} cases with {self.value}"
         )
-        return (
-            f"{n} case{'s' * (n != 1)} with {self.value} fail{'s' * (n == 1)} on {', '.join(self.names)}: {share}; "
-            f"worst {self.worst.case_id}"
-        )
+        on = ", ".join("no answer" if x == ERROR_NAME else x for x in self.names)
+        what = f"give{'s' * (n == 1)} no answer" if self.names == (ERROR_NAME,) else f"fail{'s' * (n == 1)} on {on}"
+        return f"{n} case{'s' * (n != 1)} with {self.value} {what}: {share}; worst {self.worst.case_id}"
 
 
 def group_failures(rows: list[CaseResult], failing: Mapping[str, Iterable[str]]) -> list[FailGroup]:
