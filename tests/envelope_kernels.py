@@ -11,6 +11,8 @@ heads, bottom-right causal) with one limit of its own:
     wrong_on_gqa         runs GQA, but pairs each query head with the wrong KV head (silently wrong)
     hangs_on_window      sleeps forever when given a sliding window
     fp16_only_grad_off   fp16_only, but turns autograd off in its process before it raises
+    causal_equal_lengths raises on a causal call whose q and k lengths differ (a tutorial's mask)
+    top_left_causal      aligns its causal mask top-left (query i sees keys up to i), silently
 
 With ENVELOPE_KERNEL_LOG set, each call that runs appends its process id to that file: which
 worker ran it.
@@ -102,3 +104,22 @@ def hangs_on_window(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
         while True:
             time.sleep(1)
     return attend(q, k, v, softmax_scale, causal, return_attn_probs=return_attn_probs)
+
+
+def causal_equal_lengths(q, k, v, softmax_scale=None, causal=False, return_attn_probs=False):
+    if causal and q.shape[1] != k.shape[1]:
+        raise ValueError("causal attention needs seqlen_q == seqlen_k")
+    return attend(q, k, v, softmax_scale, causal, return_attn_probs=return_attn_probs)
+
+
+def top_left_causal(q, k, v, softmax_scale=None, causal=False, return_attn_probs=False):
+    nq, nk = q.shape[1], k.shape[1]
+    if not causal or nq == nk:
+        return attend(q, k, v, softmax_scale, causal, return_attn_probs=return_attn_probs)
+    if nq < nk:  # query i sees keys 0..i: the keys past nq are never seen
+        return attend(q, k[:, :nq], v[:, :nq], softmax_scale, True, return_attn_probs=return_attn_probs)
+    # nq > nk: the first nk queries as at equal lengths, the rest see every key
+    head = attend(q[:, :nk], k, v, softmax_scale, True, return_attn_probs=True)
+    tail = attend(q[:, nk:], k, v, softmax_scale, False, return_attn_probs=True)
+    out, lse = torch.cat([head[0], tail[0]], dim=1), torch.cat([head[1], tail[1]], dim=-1)
+    return (out, lse) if return_attn_probs else out

@@ -83,6 +83,10 @@ def test_a_wrong_answer_stays_in_the_envelope_as_a_finding():
     got, findings = derive(results("gqa", {2: WRONG, 1: OK}))
     assert got == {}
     assert findings == ["gqa 2: runs but dq is 37x its bound: left in the envelope so the gate judges it"]
+    # wrong only where causal meets unequal lengths: the finding says how the gate aligns the mask
+    causal = Trial("seqlen_q_ne_k", "128x256 causal", CASE.with_fields(seqlen_k=256, causal=True))
+    _, findings = derive([Result(causal, WRONG, "out is 50x its bound")])
+    assert "left in the envelope so the gate judges it (the gate aligns a causal mask bottom-right" in findings[0]
 
 
 def test_the_counts_name_the_calls_the_signature_refused():
@@ -231,6 +235,14 @@ def test_the_probe_finds_the_known_envelope(function, declaration):
     got = probed(function)
     assert got.supports == declaration
     assert got.findings == ()
+
+
+@pytest.mark.slow
+def test_a_causal_mask_for_equal_lengths_only_is_found_and_a_top_left_one_is_named():
+    assert probed("causal_equal_lengths").supports == {"seqlen_q_ne_k": False}
+    got = probed("top_left_causal")
+    assert got.supports == {} and len(got.findings) == 1, got.findings
+    assert got.findings[0].startswith("seqlen_q_ne_k 128x256 causal: runs but ") and "bottom-right" in got.findings[0]
 
 
 @pytest.mark.slow

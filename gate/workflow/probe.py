@@ -107,7 +107,12 @@ def axis_trials(dtype: str) -> list[Trial]:
     trials = [Trial("head_dims", d, c(head_dim=d, head_dim_v=d)) for d in HEAD_DIMS]
     trials += [Trial("head_dim_v_differs", dv, c(head_dim_v=dv)) for dv in (32, 128)]
     trials += [Trial("gqa", f"4/{kv} heads", c(heads_q=4, heads_kv=kv)) for kv in (2, 1)]
-    trials += [Trial("seqlen_q_ne_k", "128x256", c(seqlen_k=256))]
+    # causal at unequal lengths as well: a causal mask written for equal lengths (or aligned
+    # top-left) raises or answers wrong only there
+    trials += [
+        Trial("seqlen_q_ne_k", "128x256", c(seqlen_k=256)),
+        Trial("seqlen_q_ne_k", "128x256 causal", c(seqlen_k=256, causal=True)),
+    ]
     trials += [Trial("seqlens", n, c(seqlen_q=n, seqlen_k=n)) for n in SEQLENS]
     trials += [
         Trial("causal", True, c(causal=True)),
@@ -200,6 +205,12 @@ FEATURE_KEYS = (
 PROBED_KEYS = frozenset({k for k, _ in NAMED_KEYS} | {"head_dims", "max_seqlen", "seqlen_multiple"} | set(FEATURE_KEYS))
 
 
+ALIGNMENT = (
+    " (the gate aligns a causal mask bottom-right, as flash-attn does: query i of Nq sees keys up to"
+    " i + Nk - Nq; a mask aligned top-left answers otherwise wherever Nq != Nk)"
+)
+
+
 def derive(results: list[Result]) -> tuple[dict[str, Any], list[str]]:
     """The declaration the outcomes call for, and the findings (wrong answers, unexplained failures)."""
     by_key: dict[str, list[Result]] = {}
@@ -208,6 +219,7 @@ def derive(results: list[Result]) -> tuple[dict[str, Any], list[str]]:
     supports: dict[str, Any] = {}
     findings = [
         f"{r.trial.key} {_show(r.trial.value)}: runs but {r.detail}: left in the envelope so the gate judges it"
+        + (ALIGNMENT if r.trial.case.causal and r.trial.case.seqlen_q != r.trial.case.seqlen_k else "")
         for r in results
         if r.outcome == Outcome.WRONG
     ]
