@@ -100,6 +100,18 @@ def test_the_counts_name_the_calls_the_signature_refused():
     assert ProbeReport("k", "[t]", {}, (), tuple(ran)).counts() == "2 calls, 0 unsupported, 0 wrong"
 
 
+def test_a_kernel_that_runs_no_plain_case_is_told_the_convention_once():
+    from gate.workflow.probe import no_plain_case
+
+    detail = "TypeError: forward() got an unexpected keyword argument 'softmax_scale'"
+    plain = [Result(Trial("dtypes", d, CASE), OUT, detail) for d in ("fp16", "bf16", "fp32")]
+    text = no_plain_case("tutk:attention", plain)
+    assert text.count(detail) == 1 and f"fp16, bf16, fp32: {detail}" in text, text
+    assert "with q, k, v of shape (batch, seqlen, heads, head_dim)" in text and "another convention" in text
+    plain[0] = Result(Trial("dtypes", "fp16", CASE), OUT, "TypeError: fp16 not supported")
+    assert "fp16: TypeError: fp16 not supported; bf16, fp32: TypeError" in no_plain_case("k", plain)
+
+
 def test_a_wrong_answer_just_past_its_bound_reads_as_past_it():
     from types import SimpleNamespace
 

@@ -261,6 +261,21 @@ def outcome_of(trial: Trial, result) -> Result:
     return Result(trial, Outcome.UNSUPPORTED, (result.reason.splitlines() or [""])[0])
 
 
+def no_plain_case(kernel: str, plain: list[Result]) -> str:
+    """Why the probe stops: each distinct error once with the dtypes that met it, then the
+    convention the gate calls a kernel in (a wrong convention is the usual cause)."""
+    by_detail: dict[str, list[str]] = {}
+    for r in plain:
+        by_detail.setdefault(r.detail, []).append(str(r.trial.value))
+    why = "; ".join(f"{', '.join(dtypes)}: {detail}" for detail, dtypes in by_detail.items())
+    return (
+        f"probe {kernel}: the kernel ran no plain case (b1 h2 s128 d64 in {', '.join(BASE_DTYPES)}): {why}; "
+        "fix the kernel, or check its convention: the gate calls fn(q, k, v, softmax_scale=, causal=, ...) "
+        "with q, k, v of shape (batch, seqlen, heads, head_dim), and a kernel of another takes a wrapper "
+        '(`attn-gate docs kernels`, "A kernel in another convention")'
+    )
+
+
 def probe(
     kernel: str, config: Config, device: str, timeout: float = 60.0, progress: Callable[[Result], None] | None = None
 ) -> ProbeReport:
@@ -303,11 +318,7 @@ def probe(
             None,
         )
         if base is None:
-            why = "; ".join(f"{r.trial.value}: {r.detail}" for r in results if r.trial.value in BASE_DTYPES)
-            raise UserError(
-                f"probe {kernel}: the kernel ran no plain case (b1 h2 s128 d64 in {', '.join(BASE_DTYPES)}): "
-                f"{why}; fix the kernel or check its convention (docs/kernels.md)"
-            )
+            raise UserError(no_plain_case(kernel, [r for r in results if r.trial.value in BASE_DTYPES]))
         results += run(axis_trials(base))
     supports, findings = derive(results)
     supports = {**supports, **kept}
