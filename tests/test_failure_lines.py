@@ -104,6 +104,11 @@ def test_a_declarations_reason_names_what_only_the_failing_cases_have_and_a_nan_
     assert 'reason = "no answer from the kernel on causal and seqlen_q != seqlen_k"' in r.block, r.block
     assert r.groups[0].text.startswith("2 cases with causal give no answer: "), r.groups[0].text
     assert r.pattern.endswith("is causal and seqlen_q != seqlen_k; none of the 3 passing cases is both"), r.pattern
+    # one trait alone separates: it, not a pair with it ("causal", not "causal and GQA/MQA")
+    gqa = dict(heads_q=4, heads_kv=2)
+    failing = [row({"out": 3.0}, causal=True, **gqa), row({"out": 3.0}, seqlen_q=96, seqlen_k=96, causal=True, **gqa)]
+    r = refusal([row(**gqa), row(), *failing], [(f.case_id, ["out"]) for f in failing], "mine")
+    assert 'reason = "out past the bound on causal"' in r.block, r.block
     # nothing only the failing cases have: the values of their group, as before
     failing = [row({"out": 3.0}, seqlen_q=64, seqlen_k=64, causal=True, head_dim=32, head_dim_v=32)]
     r = refusal(

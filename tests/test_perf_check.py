@@ -863,34 +863,46 @@ def test_a_timing_case_that_raises_under_its_declared_error_is_known(tmp_path, d
 LONG = A.with_fields(batch=6, seqlen_q=4096, seqlen_k=4096, heads_q=16, heads_kv=16, head_dim=128, head_dim_v=128)
 
 
-@pytest.mark.parametrize("width", [80, 100, 200])
+REASON = "RuntimeError: CUDA error: an illegal memory access was encountered"
+
+
+@pytest.mark.parametrize("width", [40, 60, 80, 100, 200])
 @pytest.mark.parametrize("long_ids", [False, True])
 def test_the_perf_table_keeps_every_number_whole_at_the_terminals_width(width, long_ids):
     """Columns a terminal cannot hold leave, named in a note, before any number is cut; then the
-    interval wraps at its comma and a long case id folds. Every row keeps its right border."""
+    interval wraps at its comma and a long case id folds; an ERROR row's reason wraps at words.
+    Only a terminal too narrow for even that crops the table's right side, never a number in it."""
     from rich.console import Console
 
     from gate.report.speed_report import HEADER, OPTIONAL, perf_rows, print_perf_table
 
     first = LONG.with_fields(causal=True, window=(2048, 0), layout="k_sliced", inputs="outliers") if long_ids else A
-    result = run_of(timed(first, 3.0261, 0.8471), timed(B, 12.5, 1.1678), errored(A.with_fields(batch=3)))
+    crash = PerfCaseResult(case=A.with_fields(batch=3), status="ERROR", reason=REASON)
+    result = run_of(timed(first, 3.0261, 0.8471), timed(B, 12.5, 1.1678), crash)
     console = Console(width=width, record=True, file=io.StringIO())
     print_perf_table(result, console)
     lines = console.export_text().splitlines()
+    assert max(map(len, lines)) <= width
     table = [ln for ln in lines if ln[:1] in "┏┃┡│└"]
-    assert table and all(ln[-1] in "┓┃┩│┘" for ln in table), "\n".join(lines)  # nothing cropped
+    cropped = width < 64
+    assert table and all(ln[-1] in "┓┃┩│┘" for ln in table) != cropped, "\n".join(lines)
+    tokens = set(" ".join(table).replace("│", " ").split())
+    ratios = {r[4] for r in perf_rows(result) if r[2]}
+    assert ratios <= tokens, "\n".join(lines)  # the speed ratio is whole at every width
+    if cropped:
+        return
     header = " ".join(ln for ln in table if ln[0] == "┃")
     shown = [h for h in HEADER if all(w in header.split() for w in h.split())]
     at = next((i for i, ln in enumerate(lines) if " columns leave out " in ln), len(lines))
-    note = " ".join(ln.strip() for ln in lines[at : at + 3] if not ln.startswith("note: CPU"))
+    note = " ".join(ln.strip() for ln in lines[at : at + 3])
     left_out = [h for h in HEADER if h not in shown]
     assert left_out == [h for h in reversed(OPTIONAL) if h in left_out] and "speed ratio" in shown, shown
     assert (note.split(" columns leave out ")[-1] if left_out else "") == (
         f"{', '.join(left_out)} (a wider terminal shows them)" if left_out else ""
     ), note
-    tokens = set(" ".join(table).replace("│", " ").split())
     for row in perf_rows(result)[:4]:  # the measured rows: their numbers are whole tokens
         for i, name in enumerate(HEADER[1:-1], 1):
             if name in shown:
                 assert set(row[i].split()) <= tokens, (name, row[i], "\n".join(lines))
+    assert set(REASON.split()) <= tokens, "\n".join(lines)  # the reason wraps at words
     assert (first.id in tokens) == (width == 200 or not long_ids)

@@ -87,6 +87,18 @@ def test_a_wrong_answer_stays_in_the_envelope_as_a_finding():
     causal = Trial("seqlen_q_ne_k", "128x256 causal", CASE.with_fields(seqlen_k=256, causal=True))
     _, findings = derive([Result(causal, WRONG, "out is 50x its bound")])
     assert "left in the envelope so the gate judges it (the gate aligns a causal mask bottom-right" in findings[0]
+    decode = Trial("kvcache", True, CASE.with_fields(seqlen_q=1, seqlen_k=256, causal=True))
+    assert "bottom-right" not in derive([Result(decode, WRONG, "out is 50x its bound")])[1][0]
+
+
+def test_a_raise_at_causal_unequal_lengths_is_blamed_on_the_lengths_only_where_causal_ran():
+    causal = Trial("causal", True, CASE.with_fields(causal=True))
+    unequal = Trial("seqlen_q_ne_k", "128x256", CASE.with_fields(seqlen_k=256))
+    both = Trial("seqlen_q_ne_k", "128x256 causal", CASE.with_fields(seqlen_k=256, causal=True))
+    equal_only = [Result(causal, OK), Result(unequal, OK), Result(both, OUT, "ValueError: needs seqlen_q == seqlen_k")]
+    assert derive(equal_only)[0] == {"seqlen_q_ne_k": False}
+    no_causal = [Result(causal, OUT, "ValueError: no causal"), Result(unequal, OK), Result(both, OUT, "no causal")]
+    assert derive(no_causal)[0] == {"causal": False}
 
 
 def test_the_counts_name_the_calls_the_signature_refused():

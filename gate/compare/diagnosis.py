@@ -205,18 +205,31 @@ FLAGS: dict[str, Callable[[Case], bool]] = {
 }
 
 
-def separating_pair(failing: list[Case], passing: list[Case]) -> str | None:
-    """Two traits every failing case has together and no passing case does ("causal and
-    seqlen_q != seqlen_k": a causal mask right only at equal lengths); None when no pair does."""
+def separating_flags(failing: list[Case], passing: list[Case]) -> str | None:
+    """A yes/no trait every failing case has and no passing case does ("causal"), else two that
+    they have together ("causal and seqlen_q != seqlen_k": a causal mask right only at equal
+    lengths); None when neither separates."""
     if not passing or not failing:
         return None
+
+    def separates(*names: str) -> bool:
+        has = lambda c: all(FLAGS[n](c) for n in names)  # noqa: E731
+        return all(map(has, failing)) and not any(map(has, passing))
+
     names = list(FLAGS)
-    for i, a in enumerate(names):
-        for b in names[i + 1 :]:
-            if all(FLAGS[a](c) and FLAGS[b](c) for c in failing):
-                if not any(FLAGS[a](c) and FLAGS[b](c) for c in passing):
-                    return f"{a} and {b}"
-    return None
+    single = next((a for a in names if separates(a)), None)
+    if single is not None:
+        return single
+    return next((f"{a} and {b}" for i, a in enumerate(names) for b in names[i + 1 :] if separates(a, b)), None)
+
+
+def what_separates(failing: list[Case], passing: list[Case]) -> str | None:
+    """What the failing cases alone have, in as few words as it takes: one yes/no trait
+    ("causal"), else a derived one ("fully masked rows"), else two together; None if nothing."""
+    flags = separating_flags(failing, passing)
+    if flags is not None and " and " not in flags:
+        return flags
+    return separating_trait_name(failing, passing) or flags
 
 
 def shared_pattern(failing: list[Case], passing: list[Case]) -> str:
@@ -251,10 +264,10 @@ def shared_pattern(failing: list[Case], passing: list[Case]) -> str:
                 also = sum(1 for c in passing if FLAGS[a](c) or FLAGS[b](c))
                 if also <= len(passing) / 2 and (best is None or also < best[0]):
                     best = (also, f"{a} or {b}")
-    both = separating_pair(failing, passing)
+    both = separating_flags(failing, passing)
     if separated and not (found and found[0][0] == 0):  # a derived trait alone separates; no plain one does
         return separated
-    if both and not (found and found[0][0] == 0):
+    if both and " and " in both and not (found and found[0][0] == 0):
         who = "the failing case is" if n == 1 else f"every failing case ({n}) is"
         return f"{who} {both}; none of the {len(passing)} passing cases is both"
     if found and (best is None or found[0][0] <= best[0]):

@@ -249,7 +249,7 @@ def block_reasons(
     return {names: f"{_failed_on(names, (nan or {}).get(names, set()))} on {w}" for names, w in where.items()}
 
 
-def _failed_on(names: tuple[str, ...], nan: set[str] = frozenset()) -> str:
+def _failed_on(names: tuple[str, ...], nan: set[str] | frozenset[str] = frozenset()) -> str:
     """'dq, dk past the bound', 'NaN in out', 'no answer from the kernel' (an ERROR row: a raise,
     crash or hang, where no tensor was measured), or several of them."""
     measured = [n for n in names if n != ERROR_NAME]
@@ -330,7 +330,7 @@ class Refusal:
 def refusal(
     rows: list[CaseResult], undeclared: list[tuple[str, list[str]]], kernel: str, reason: str = "", link: str = ""
 ) -> Refusal:
-    from gate.compare.diagnosis import diagnosis, separating_pair, separating_trait_name
+    from gate.compare.diagnosis import diagnosis, what_separates
     from gate.compare.known import declaration_blocks
 
     failing = {cid: names for cid, names in undeclared}
@@ -348,10 +348,7 @@ def refusal(
         shared = {
             names: trait
             for names, cids in by_names.items()
-            if (
-                trait := separating_trait_name([by_id[c].case for c in cids], passing)
-                or separating_pair([by_id[c].case for c in cids], passing)
-            )
+            if (trait := what_separates([by_id[c].case for c in cids], passing))
         }
         nan = {names: set(names).intersection(*(nan_names(by_id[c]) for c in cids)) for names, cids in by_names.items()}
         reasons = block_reasons(groups, shared, nan)

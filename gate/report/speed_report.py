@@ -75,7 +75,8 @@ HEADER = [
 # what a narrow terminal leaves out, first to last: the ratio, its interval, the noise and the flags stay
 OPTIONAL = ("TFLOP/s (kernel/anchor)", "anchor ms", "ms")
 CASE, CI, LAST = 0, HEADER.index("95% CI"), len(HEADER) - 1
-MIN_CASE = 16  # a case id folds down to this; a terminal narrower still crops the table
+MIN_CASE = 16  # a case id folds down to this; a terminal narrower still crops the table's right side
+MIN_REASON = 20  # an unmeasured case's reason wraps at words in at least this width
 
 
 def column_layout(rows: list[list[str]], width: int) -> dict[int, int]:
@@ -86,7 +87,7 @@ def column_layout(rows: list[list[str]], width: int) -> dict[int, int]:
     least = {i: column_width(rows, i) for i in range(len(HEADER))}
 
     def spare() -> int:
-        return width - sum(w + 3 for w in least.values()) - 1  # a cell's padding and its border
+        return width - table_width(least)
 
     for name in OPTIONAL:
         if spare() >= 0:
@@ -95,19 +96,25 @@ def column_layout(rows: list[list[str]], width: int) -> dict[int, int]:
     if spare() < 0:
         least[CI] = max([len("95%"), *(len(w) for r in rows for w in r[CI].split())])
     if spare() < 0:
-        least[CASE] = max(MIN_CASE, least[CASE] + spare())
+        least[CASE] = min(least[CASE], max(MIN_CASE, least[CASE] + spare()))
     for i in least:
         least[i] += max(0, min(len(HEADER[i]) - least[i], spare()))
     least[LAST] += max(0, min(max((len(r[LAST]) for r in rows), default=0) - least[LAST], spare()))
     return least
 
 
+def table_width(widths: dict[int, int]) -> int:
+    return sum(w + 3 for w in widths.values()) + 1  # a cell's padding and its border
+
+
 def column_width(rows: list[list[str]], i: int) -> int:
-    """The widest cell of column `i` (the last column: of the measured rows) or its header's
-    longest word."""
+    """The narrowest column `i` may be: its widest cell or its header's longest word; the last
+    column holds the measured rows' flags whole and an unmeasured row's reason at words."""
     words = max(map(len, HEADER[i].split()))
-    cells = [len(r[i]) for r in rows if r[2]] if i == LAST else [len(r[i]) for r in rows]
-    return max([words, *cells])
+    if i != LAST:
+        return max([words, *(len(r[i]) for r in rows)])
+    reason = max((len(w) for r in rows if not r[2] for w in r[i].split()), default=0)
+    return max([words, min(reason, MIN_REASON), *(len(r[i]) for r in rows if r[2])])
 
 
 def print_perf_table(result: PerfResult, console=None) -> None:
@@ -115,12 +122,16 @@ def print_perf_table(result: PerfResult, console=None) -> None:
 
     if console is None:
         console = terminal_console()
-    table = Table(
-        title=f"{result.kernel} vs {result.anchor} / {result.suite} ({result.device}, "
-        f"{result.plan.rounds} rounds x {result.plan.calls_per_round} calls): speed ratio = kernel / anchor time"
-    )
     rows = perf_rows(result)
     widths = column_layout(rows, console.width)
+    # wider than the terminal only where even a folded case id leaves no room: the table keeps its
+    # widths and the terminal crops its right side, rather than rich cutting every number
+    total = table_width(widths)
+    table = Table(
+        title=f"{result.kernel} vs {result.anchor} / {result.suite} ({result.device}, "
+        f"{result.plan.rounds} rounds x {result.plan.calls_per_round} calls): speed ratio = kernel / anchor time",
+        width=total if total > console.width else None,
+    )
     for i, width in widths.items():
         # fixed widths: rich would otherwise shrink a column below its numbers
         header = HEADER[i] if len(HEADER[i]) <= width else "\n".join(textwrap.wrap(HEADER[i], width))
@@ -128,7 +139,7 @@ def print_perf_table(result: PerfResult, console=None) -> None:
         table.add_column(header, justify="left" if i <= 1 else "right", width=width, no_wrap=not folds, overflow="fold")
     for row in rows:
         table.add_row(*(row[i] for i in widths))
-    console.print(table)
+    console.print(table, crop=True)
     left_out = [h for i, h in enumerate(HEADER) if i not in widths]
     if left_out:
         note = f"note: {console.width} columns leave out {', '.join(left_out)} (a wider terminal shows them)"

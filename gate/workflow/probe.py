@@ -219,7 +219,7 @@ def derive(results: list[Result]) -> tuple[dict[str, Any], list[str]]:
     supports: dict[str, Any] = {}
     findings = [
         f"{r.trial.key} {_show(r.trial.value)}: runs but {r.detail}: left in the envelope so the gate judges it"
-        + (ALIGNMENT if r.trial.case.causal and r.trial.case.seqlen_q != r.trial.case.seqlen_k else "")
+        + (ALIGNMENT if r.trial.key == "seqlen_q_ne_k" and r.trial.case.causal else "")
         for r in results
         if r.outcome == Outcome.WRONG
     ]
@@ -233,6 +233,10 @@ def derive(results: list[Result]) -> tuple[dict[str, Any], list[str]]:
     lengths, unexplained = derive_lengths(by_key.get("seqlens", []))
     supports.update(lengths)
     findings += unexplained
+    # the causal call at unequal lengths speaks of unequal lengths only where a causal call ran:
+    # a kernel with no causal mask at all is declared causal = false, not seqlen_q_ne_k = false
+    causal_ran = any(r.outcome in (Outcome.OK, Outcome.WRONG) for r in by_key.get("causal", []))
+    by_key["seqlen_q_ne_k"] = [r for r in by_key.get("seqlen_q_ne_k", []) if causal_ran or not r.trial.case.causal]
     for key in FEATURE_KEYS:
         if any(r.outcome == Outcome.UNSUPPORTED for r in by_key.get(key, [])):
             supports[key] = False
