@@ -26,7 +26,7 @@ from gate.kernels.tiled import TiledAdapter
 TOL = ToleranceConfig()
 SMOKE = load_suite("smoke")
 KNOB_BLOCKS = 2  # the kernel-knob blocks close the smoke suite (tests/test_coverage_knobs.py)
-EXTREMES_BLOCKS = 7  # the extreme-magnitude and crossing blocks come right before them
+EXTREMES_BLOCKS = 8  # the extreme-magnitude and crossing blocks come right before them
 NEW_BLOCKS = 3  # the decode and paged blocks come right before those
 BLOCKS = default_suite_specs()["smoke"]["matrix"]
 DECODE = slice(len(BLOCKS) - KNOB_BLOCKS - EXTREMES_BLOCKS - NEW_BLOCKS, len(BLOCKS) - KNOB_BLOCKS - EXTREMES_BLOCKS)
