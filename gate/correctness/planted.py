@@ -961,12 +961,8 @@ def host_of(bug: PlantedBug, kernel: KernelAdapter, cases=()) -> str:
 
 
 def _entry_lacks(bug: PlantedBug, kernel: KernelAdapter, case) -> bool:
-    """The entry point of a kernel family that serves `case` is missing or lacks what `bug` needs
-    (a kernel of one entry point: its own capabilities answered above)."""
-    entry_for = getattr(kernel, "entry_for", None)
-    if entry_for is None:
-        return False
-    entry = entry_for(case)
+    """The entry point that serves `case` is missing or lacks what `bug` needs."""
+    entry = kernel.entry_for(case)
     return entry is None or (bug.needs is not None and not bug.needs(entry.capabilities()))
 
 

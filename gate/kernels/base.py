@@ -115,6 +115,11 @@ class KernelAdapter(ABC):
         """Why this kernel cannot run `case` here, or None. A kernel family answers per entry point."""
         return self.capabilities().unsupported_reason(case, device)
 
+    def entry_for(self, case: Case) -> KernelAdapter | None:
+        """The adapter that serves `case`: the kernel itself; a family's entry point of the case's
+        kind (None where it has none)."""
+        return self
+
     @abstractmethod
     def __call__(self, call: KernelCall) -> KernelOutput: ...
 
@@ -149,6 +154,9 @@ class DelegatingAdapter(KernelAdapter):
 
     def unsupported_reason(self, case: Case, device: str) -> str | None:
         return self.inner.unsupported_reason(case, device)
+
+    def entry_for(self, case: Case) -> KernelAdapter | None:
+        return self.inner.entry_for(case)
 
     def version(self) -> str:
         return self.inner.version()
