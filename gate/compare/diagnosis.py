@@ -205,31 +205,29 @@ FLAGS: dict[str, Callable[[Case], bool]] = {
 }
 
 
-def separating_flags(failing: list[Case], passing: list[Case]) -> str | None:
-    """A yes/no trait every failing case has and no passing case does ("causal"), else two that
-    they have together ("causal and seqlen_q != seqlen_k": a causal mask right only at equal
-    lengths); None when neither separates."""
+def separating_flags(failing: list[Case], passing: list[Case]) -> tuple[str, ...]:
+    """A yes/no trait every failing case has and no passing case does (("causal",)), else two that
+    they have together (("causal", "seqlen_q != seqlen_k"): a causal mask right only at equal
+    lengths); empty when neither separates."""
     if not passing or not failing:
-        return None
+        return ()
 
-    def separates(*names: str) -> bool:
+    def separates(names: tuple[str, ...]) -> bool:
         has = lambda c: all(FLAGS[n](c) for n in names)  # noqa: E731
         return all(map(has, failing)) and not any(map(has, passing))
 
     names = list(FLAGS)
-    single = next((a for a in names if separates(a)), None)
-    if single is not None:
-        return single
-    return next((f"{a} and {b}" for i, a in enumerate(names) for b in names[i + 1 :] if separates(a, b)), None)
+    candidates = [(a,) for a in names] + [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
+    return next((c for c in candidates if separates(c)), ())
 
 
 def what_separates(failing: list[Case], passing: list[Case]) -> str | None:
     """What the failing cases alone have, in as few words as it takes: one yes/no trait
     ("causal"), else a derived one ("fully masked rows"), else two together; None if nothing."""
     flags = separating_flags(failing, passing)
-    if flags is not None and " and " not in flags:
-        return flags
-    return separating_trait_name(failing, passing) or flags
+    if len(flags) == 1:
+        return flags[0]
+    return separating_trait_name(failing, passing) or " and ".join(flags) or None
 
 
 def shared_pattern(failing: list[Case], passing: list[Case]) -> str:
@@ -264,12 +262,12 @@ def shared_pattern(failing: list[Case], passing: list[Case]) -> str:
                 also = sum(1 for c in passing if FLAGS[a](c) or FLAGS[b](c))
                 if also <= len(passing) / 2 and (best is None or also < best[0]):
                     best = (also, f"{a} or {b}")
-    both = separating_flags(failing, passing)
+    flags = separating_flags(failing, passing)
     if separated and not (found and found[0][0] == 0):  # a derived trait alone separates; no plain one does
         return separated
-    if both and " and " in both and not (found and found[0][0] == 0):
+    if len(flags) == 2 and not (found and found[0][0] == 0):
         who = "the failing case is" if n == 1 else f"every failing case ({n}) is"
-        return f"{who} {both}; none of the {len(passing)} passing cases is both"
+        return f"{who} {' and '.join(flags)}; none of the {len(passing)} passing cases is both"
     if found and (best is None or found[0][0] <= best[0]):
         names = [v for also, v in found[:3] if also <= found[0][0] or also < len(passing) / 2]
         tail = f" ({found[0][0]} of {len(passing)} passing cases are {found[0][1]} too)" if passing else ""
