@@ -328,6 +328,14 @@ def _toml_basic(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
+def by_failed_names(failing: Mapping[str, Iterable[str]]) -> dict[tuple[str, ...], list[str]]:
+    """Case ids grouped by the set of names they fail on (sorted): one declaration block each."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for cid, names in failing.items():
+        groups.setdefault(tuple(sorted(set(names))), []).append(cid)
+    return groups
+
+
 def declaration_blocks(
     kernel: str, failing: Mapping[str, Iterable[str]], reasons: Mapping[tuple[str, ...], str], link: str = ""
 ) -> str:
@@ -338,11 +346,8 @@ def declaration_blocks(
     project's own kernel, gate.core.config.own_kernel)."""
     from gate.core.cases import exact_regex
 
-    by_names: dict[tuple[str, ...], list[str]] = {}
-    for cid, names in failing.items():
-        by_names.setdefault(tuple(sorted(set(names))), []).append(cid)
     blocks = []
-    for names, cids in sorted(by_names.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+    for names, cids in sorted(by_failed_names(failing).items(), key=lambda kv: (-len(kv[1]), kv[0])):
         lines = [TABLE, f"kernel = {_toml_basic(kernel)}", f"cases = '{exact_regex(cids)}'"]
         if UNATTRIBUTED not in names:  # a row whose reason names nothing: only "any failure" covers it
             lines.append("tensors = [" + ", ".join(_toml_basic(n) for n in names) + "]")

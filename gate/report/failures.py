@@ -15,6 +15,7 @@ import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from gate.compare.diagnosis import NO_ANSWER
 from gate.compare.findings import Finding, Rule, Severity, fmt
 from gate.compare.known import UNATTRIBUTED, failures_of
 from gate.core.config import ERROR_NAME
@@ -34,21 +35,31 @@ def ratio_text(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
 
 
+def _first_line(reason: str) -> str:
+    return _SEED.sub("", (reason or "").strip().splitlines()[0] if reason and reason.strip() else "")
+
+
+def _nan_in(reason: str) -> str | None:
+    """The output run_case refused for holding NaN/Inf ('seed 0: dv contains NaN/Inf' -> 'dv')."""
+    m = _NAN.match(_first_line(reason))
+    return m.group("name") if m else None
+
+
 def reason_words(reason: str) -> str:
     """A row's reason as the line's parenthesis: 'seed 0: dv contains NaN/Inf' -> 'NaN in dv'."""
-    first = _SEED.sub("", (reason or "").strip().splitlines()[0] if reason and reason.strip() else "")
-    m = _NAN.match(first)
-    if m:
-        return f"NaN in {m.group('name')}"
+    nan = _nan_in(reason)
+    if nan:
+        return f"NaN in {nan}"
+    first = _first_line(reason)
     return first[:100] + ("..." if len(first) > 100 else "")
 
 
 def nan_names(row: CaseResult) -> set[str]:
     """The tensors of a row that came back NaN: measured with a NaN error, or refused unmeasured
-    because they held NaN/Inf (run_case's reason)."""
+    because they held NaN/Inf."""
     names = {t.tensor for t in row.tensors if math.isnan(t.ratio)}
-    m = _NAN.match(_SEED.sub("", (row.reason or "").strip()))
-    return names | ({m.group("name")} if m and not row.tensors else set())
+    nan = _nan_in(row.reason) if not row.tensors else None
+    return names | ({nan} if nan else set())
 
 
 @dataclass(frozen=True)
@@ -185,8 +196,8 @@ class FailGroup:
             if n == self.of_value
             else f"{n} of the {self.of_value} cases with {self.value}"
         )
-        on = ", ".join("no answer" if x == ERROR_NAME else x for x in self.names)
-        what = f"give{'s' * (n == 1)} no answer" if self.names == (ERROR_NAME,) else f"fail{'s' * (n == 1)} on {on}"
+        on = ", ".join(NO_ANSWER if x == ERROR_NAME else x for x in self.names)
+        what = f"give{'s' * (n == 1)} {NO_ANSWER}" if self.names == (ERROR_NAME,) else f"fail{'s' * (n == 1)} on {on}"
         return f"{n} case{'s' * (n != 1)} with {self.value} {what}: {share}; worst {self.worst.case_id}"
 
 
@@ -331,7 +342,7 @@ def refusal(
     rows: list[CaseResult], undeclared: list[tuple[str, list[str]]], kernel: str, reason: str = "", link: str = ""
 ) -> Refusal:
     from gate.compare.diagnosis import diagnosis, what_separates
-    from gate.compare.known import declaration_blocks
+    from gate.compare.known import by_failed_names, declaration_blocks
 
     failing = {cid: names for cid, names in undeclared}
     by_id = {r.case_id: r for r in rows}
@@ -340,11 +351,9 @@ def refusal(
     pattern = diagnosis([by_id[cid] for cid in failing], passing, {cid: set(n) for cid, n in failing.items()})
     groups = group_failures(rows, failing)
     if reason:
-        reasons = {names: reason for names in {tuple(sorted(set(n))) for n in failing.values()}}
+        reasons = {names: reason for names in by_failed_names(failing)}
     else:
-        by_names: dict[tuple[str, ...], list[str]] = {}
-        for cid, n in failing.items():
-            by_names.setdefault(tuple(sorted(set(n))), []).append(cid)
+        by_names = by_failed_names(failing)
         shared = {
             names: trait
             for names, cids in by_names.items()
