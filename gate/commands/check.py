@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import textwrap
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from gate.core.cases import exact_regex
 from gate.core.config import load_config
 from gate.core.errors import UserError
 from gate.core.files import FolderLock
+from gate.report import terminal_width
 from gate.workflow.validate import check_device, require_initialised
 
 
@@ -167,7 +167,7 @@ def main(args: argparse.Namespace) -> int:
             source = FreshSweep(progress=not args.no_progress)
         outcome = run_check(plan, source, out)
     # wrapped at whole paths to the terminal's width (COLUMNS), as the summary lines above are
-    width = shutil.get_terminal_size((200, 24)).columns
+    width = terminal_width()
     print(
         "\n".join(
             textwrap.wrap(

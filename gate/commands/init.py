@@ -17,7 +17,7 @@ from pathlib import Path
 import gate
 from gate.commands.help_text import parser_kwargs
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
-from gate.report.check_report import wrap_words
+from gate.report import terminal_width, wrap_words
 from gate.workflow import init as I
 from gate.workflow.install_source import installed_source
 from gate.workflow.probe import probe_for_init
@@ -152,8 +152,7 @@ def main(args: argparse.Namespace) -> int:
         for finding in report.findings:
             print(f"probe finding: {finding}")
         # the table as init writes it, so the first baseline's SKIPs are no surprise
-        width = shutil.get_terminal_size((200, 24)).columns  # a CI log: as wide as check's
-        print("\n".join(wrap_words(f"probe: {report.counts()}; the envelope goes into", width)))
+        print("\n".join(wrap_words(f"probe: {report.counts()}; the envelope goes into", terminal_width())))
         print(f"  {report.table}:")
         body = report.toml().splitlines()[1:] or ["(empty: every probed axis runs, nothing to narrow)"]
         print("".join(f"    {line}\n" for line in body), end="")

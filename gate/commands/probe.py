@@ -4,7 +4,6 @@ put it into pyproject.toml (gate/workflow/probe.py decides; this prints)."""
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from gate.commands.common import add_config
 from gate.commands.help_text import parser_kwargs
 from gate.core.config import load_config
 from gate.core.errors import EXIT_PASS, UserError
-from gate.report.check_report import wrap_words
+from gate.report import terminal_width, wrap_words
 from gate.workflow.probe import probe, write_declaration
 from gate.workflow.validate import check_device
 
@@ -51,8 +50,7 @@ def main(args: argparse.Namespace) -> int:
             print(result.line(), file=sys.stderr, flush=True)
 
     report = probe(args.kernel, config, device, args.timeout, show)
-    width = shutil.get_terminal_size((200, 24)).columns  # a CI log: as wide as check's
-    print("\n".join(wrap_words(f"probed {args.kernel} on {device}: {report.counts()}", width)))
+    print("\n".join(wrap_words(f"probed {args.kernel} on {device}: {report.counts()}", terminal_width())))
     for finding in report.findings:
         print(f"finding: {finding}")
     print()

@@ -1,6 +1,8 @@
 """Rendering only: terminal tables, Markdown, plots. Reads findings and results; decides nothing."""
 
 import os
+import shutil
+import textwrap
 
 
 def terminal_console():
@@ -12,3 +14,17 @@ def terminal_console():
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console = Console(width=200)
     return console
+
+
+def terminal_width() -> int:
+    """The terminal's width for plain printed lines: COLUMNS or the TTY's; in a CI log 200, as
+    terminal_console's tables."""
+    return shutil.get_terminal_size((200, 24)).columns
+
+
+def wrap_words(line: str, width: int) -> list[str]:
+    """A summary line wrapped at whole words, its continuation indented; a word wider than the
+    terminal (a long path) is kept whole rather than cut, so it can still be copied."""
+    return textwrap.wrap(
+        line, width=max(20, width), subsequent_indent="  ", break_long_words=False, break_on_hyphens=False
+    ) or [line]

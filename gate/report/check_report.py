@@ -19,7 +19,7 @@ from gate.core.files import append_step_summary, safe_name
 from gate.core.jsonio import write_json_atomic, write_text_atomic
 from gate.core.results import Status, SweepResult
 from gate.core.warn import warn
-from gate.report import terminal_console
+from gate.report import terminal_console, wrap_words
 from gate.report.comment import Links, _correctness_clause, _speed_clause, pr_comment
 from gate.report.failures import check_lines
 from gate.report.known import known_groups
@@ -169,16 +169,6 @@ def summary_lines(verdict: Verdict, found: Diagnosis, sweep: SweepResult, summar
         verdict_text += "; " + _plain(_speed_clause(verdict))
     lines.append(f"{'PASS' if verdict.passed else 'FAIL'}: {verdict_text}")
     return lines
-
-
-def wrap_words(line: str, width: int) -> list[str]:
-    """A summary line wrapped at whole words, its continuation indented; a word wider than the
-    terminal (a long path) is kept whole rather than cut, so it can still be copied."""
-    import textwrap
-
-    return textwrap.wrap(
-        line, width=max(20, width), subsequent_indent="  ", break_long_words=False, break_on_hyphens=False
-    ) or [line]
 
 
 def print_check(verdict: Verdict, found: Diagnosis, sweep: SweepResult, console=None, summary_path=None) -> None:

@@ -9,8 +9,7 @@ from pathlib import Path
 
 from gate.core.config import PerfConfig
 from gate.core.jsonio import save_figure_atomic
-from gate.report import terminal_console
-from gate.report.check_report import wrap_words
+from gate.report import terminal_console, wrap_words
 from gate.speed.rule import PerfJudgement
 from gate.speed.runs import PerfResult
 

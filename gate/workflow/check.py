@@ -28,7 +28,6 @@ join the correctness ones (compare_all) in run_check, before decide.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +77,7 @@ from gate.core.files import (
 from gate.core.identity import Environment, Scope
 from gate.core.jsonio import write_text_atomic
 from gate.core.results import Status, SweepResult
+from gate.report import terminal_width
 from gate.report.check_report import render_check
 from gate.report.failures import refusal
 from gate.report.sweep_report import write_sweep_outputs
@@ -365,7 +365,7 @@ def refuse_failing_run(
         config.source,
         note,
         own_kernel(sweep.kernel, set(config.kernels)),
-        shutil.get_terminal_size((200, 24)).columns,
+        terminal_width(),
         reuse,
     )
 
