@@ -114,6 +114,10 @@ def test_known_records_them_in_one_command(refused, tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert f"appended to {config}" in out and 'reason = "loses the LSE on shifted inputs"' in out  # never silently
+    # the closing line wraps at whole words to the terminal's width (a long path stays whole)
+    tail = out[out.index("wrote ") :].splitlines()
+    assert len(tail) > 1 and all(len(line) <= 120 for line in tail), tail
+    assert " ".join(x.strip() for x in tail).endswith(": review the summary above and commit it in a PR")
     text = config.read_text()
     assert text.startswith(before) and text.count("[[tool.attn-gate.known_failures]]") == 2
     assert (repo / "baselines" / "cpu" / "mine-tiny.json").exists()
