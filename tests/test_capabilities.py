@@ -36,6 +36,7 @@ def test_feature_set_starts_from_what_is_assumed():
         (dict(heads_kv=1), Feature.GQA),
         (dict(head_dim_v=32), Feature.HEAD_DIM_V_DIFFERS),
         (dict(seqlen_k=32), Feature.SEQLEN_Q_NE_K),
+        (dict(seqlen_k=32, causal=True), Feature.CAUSAL_SEQLEN_Q_NE_K),
         (dict(sinks=True), Feature.SINKS),
         (dict(bias="dense"), Feature.BIAS),
         (dict(bias="document"), Feature.BOOL_MASK),
@@ -88,3 +89,30 @@ def test_rows_a_bias_empties_may_be_fine_where_masked_rows_are_not():
 def test_a_malformed_declaration_is_refused(kw, message):
     with pytest.raises(TypeError, match=message):
         Capabilities(**kw)
+
+
+def test_a_kernel_whose_masks_need_equal_lengths_keeps_every_other_case_of_unequal_lengths():
+    caps = Capabilities(
+        devices=("cpu",), features=feature_set(window=True, kvcache=True, varlen=True, causal_seqlen_q_ne_k=False)
+    )
+    reason = DEFAULT_REASONS[Feature.CAUSAL_SEQLEN_Q_NE_K]
+    decode = dict(entry="kvcache", seqlen_q=1, seqlen_k=64, cache_seqlens=(40, 64), causal=True)
+    refused = [
+        case(seqlen_k=32, causal=True),
+        case(seqlen_q=32, window=(4, 0)),
+        case(batch=2, seqlen_q=9, seqlen_k=7, varlen=(5, 9), varlen_k=(5, 7), causal=True),
+        case(**decode),
+    ]
+    for c in refused:
+        assert c.mask_alignment_matters and caps.unsupported_reason(c, "cpu") == reason, c.id
+    kept = [
+        case(seqlen_k=32),  # no mask to align
+        case(causal=True),  # equal lengths: both alignments agree
+        case(batch=2, seqlen_q=9, seqlen_k=9, varlen=(5, 9), causal=True),
+        case(seqlen_q=32, seqlen_k=32, window=(4, 0)),
+    ]
+    for c in kept:
+        assert not c.mask_alignment_matters and caps.unsupported_reason(c, "cpu") is None, c.id
+    # a kernel that lacks causal masks says that first
+    no_causal = Capabilities(devices=("cpu",), features=feature_set(causal=False, causal_seqlen_q_ne_k=False))
+    assert no_causal.unsupported_reason(case(seqlen_k=32, causal=True), "cpu") == DEFAULT_REASONS[Feature.CAUSAL]

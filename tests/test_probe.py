@@ -84,19 +84,24 @@ def test_a_wrong_answer_stays_in_the_envelope_as_a_finding():
     assert got == {}
     assert findings == ["gqa 2: runs but dq is 37x its bound: left in the envelope so the gate judges it"]
     # wrong only where causal meets unequal lengths: the finding says how the gate aligns the mask
-    causal = Trial("seqlen_q_ne_k", "128x256 causal", CASE.with_fields(seqlen_k=256, causal=True))
+    causal = Trial("causal_seqlen_q_ne_k", "128x256 causal", CASE.with_fields(seqlen_k=256, causal=True))
     _, findings = derive([Result(causal, WRONG, "out is 50x its bound")])
     assert "left in the envelope so the gate judges it (the gate aligns a causal mask bottom-right" in findings[0]
+    assert findings[0].endswith("if that is its design, declare causal_seqlen_q_ne_k = false)")
     decode = Trial("kvcache", True, CASE.with_fields(seqlen_q=1, seqlen_k=256, causal=True))
     assert "bottom-right" not in derive([Result(decode, WRONG, "out is 50x its bound")])[1][0]
 
 
-def test_a_raise_at_causal_unequal_lengths_is_blamed_on_the_lengths_only_where_causal_ran():
+def test_a_raise_at_causal_unequal_lengths_is_blamed_on_the_mask_only_where_both_halves_ran():
     causal = Trial("causal", True, CASE.with_fields(causal=True))
     unequal = Trial("seqlen_q_ne_k", "128x256", CASE.with_fields(seqlen_k=256))
-    both = Trial("seqlen_q_ne_k", "128x256 causal", CASE.with_fields(seqlen_k=256, causal=True))
-    equal_only = [Result(causal, OK), Result(unequal, OK), Result(both, OUT, "ValueError: needs seqlen_q == seqlen_k")]
-    assert derive(equal_only)[0] == {"seqlen_q_ne_k": False}
+    both = Trial("causal_seqlen_q_ne_k", "128x256 causal", CASE.with_fields(seqlen_k=256, causal=True))
+    raised = "ValueError: needs seqlen_q == seqlen_k"
+    # only the causal mask needs equal lengths: the plain cases of unequal lengths stay in
+    equal_only = [Result(causal, OK), Result(unequal, OK), Result(both, OUT, raised)]
+    assert derive(equal_only)[0] == {"causal_seqlen_q_ne_k": False}
+    no_unequal = [Result(causal, OK), Result(unequal, OUT, raised), Result(both, OUT, raised)]
+    assert derive(no_unequal)[0] == {"seqlen_q_ne_k": False}
     no_causal = [Result(causal, OUT, "ValueError: no causal"), Result(unequal, OK), Result(both, OUT, "no causal")]
     assert derive(no_causal)[0] == {"causal": False}
 
@@ -263,10 +268,11 @@ def test_the_probe_finds_the_known_envelope(function, declaration):
 
 @pytest.mark.slow
 def test_a_causal_mask_for_equal_lengths_only_is_found_and_a_top_left_one_is_named():
-    assert probed("causal_equal_lengths").supports == {"seqlen_q_ne_k": False}
+    assert probed("causal_equal_lengths").supports == {"causal_seqlen_q_ne_k": False}
     got = probed("top_left_causal")
     assert got.supports == {} and len(got.findings) == 1, got.findings
-    assert got.findings[0].startswith("seqlen_q_ne_k 128x256 causal: runs but ") and "bottom-right" in got.findings[0]
+    assert got.findings[0].startswith("causal_seqlen_q_ne_k 128x256 causal: runs but ")
+    assert "bottom-right" in got.findings[0]
 
 
 @pytest.mark.slow

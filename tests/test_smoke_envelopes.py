@@ -1,6 +1,7 @@
 """Smoke holds a case of every planted bug's axis in the envelopes strangers' kernels commonly
-declare (no GQA path; bf16/fp16 at head dims 64 and 128), so their CPU selftest can kill every
-bug it plants in them. Decided as the selftest decides (host, exercising cases), without running."""
+declare (no GQA path; bf16/fp16 at head dims 64 and 128; a causal mask aligned top-left), so their
+CPU selftest can kill every bug it plants in them. Decided as the selftest decides (host,
+exercising cases), without running."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ ENVELOPES = {
     "no GQA": "gqa = false",
     "bf16/fp16 at 64 and 128": 'dtypes = ["bf16", "fp16"]\nhead_dims = [64, 128]',
     "both": 'gqa = false\ndtypes = ["bf16", "fp16"]\nhead_dims = [64, 128]',
+    "causal aligned top-left": "causal_seqlen_q_ne_k = false",
 }
 
 

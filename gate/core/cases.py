@@ -751,6 +751,18 @@ class Case:
         return self.seqlen_k - self.seqlen_q + right < 0
 
     @property
+    def mask_alignment_matters(self) -> bool:
+        """A causal mask or a window over some sequence whose query and key counts differ: there a
+        mask aligned bottom-right (the gate's) and one aligned top-left allow different keys."""
+        if not (self.causal or self.has_window):
+            return False
+        if self.entry.kind == "kvcache":
+            return any(nk != self.seqlen_q for nk in self.key_lengths)
+        if self.entry.varlen is not None:
+            return any(nq and nq != nk for nq, nk in zip(self.entry.varlen, self.keys_varlen))
+        return self.seqlen_q != self.seqlen_k
+
+    @property
     def id(self) -> str:
         """Stable and readable: e.g. `bf16-b2-h16-s2048-d128-causal`. A part at its defaults adds nothing."""
         parts = [self.dtype, f"b{self.batch}"]

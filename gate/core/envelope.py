@@ -27,6 +27,8 @@ class Feature(str, enum.Enum):
     SINKS = "sinks"  # learnable per-head sink logits
     HEAD_DIM_V_DIFFERS = "head_dim_v_differs"
     SEQLEN_Q_NE_K = "seqlen_q_ne_k"
+    # causal masks and windows over unequal lengths, aligned bottom-right as flash-attn aligns them
+    CAUSAL_SEQLEN_Q_NE_K = "causal_seqlen_q_ne_k"
     CAUSAL = "causal"
     WINDOW = "window"
     SOFTCAP = "softcap"
@@ -54,6 +56,7 @@ DEFAULT_REASONS: dict[Feature, str] = {
     Feature.SINKS: "no learnable sinks",
     Feature.HEAD_DIM_V_DIFFERS: "head_dim_v != head_dim",
     Feature.SEQLEN_Q_NE_K: "seqlen_q != seqlen_k",
+    Feature.CAUSAL_SEQLEN_Q_NE_K: "causal or windowed with seqlen_q != seqlen_k (the gate aligns both bottom-right)",
     Feature.CAUSAL: "no causal mask",
     Feature.WINDOW: "no sliding window",
     Feature.SOFTCAP: "no softcap",
@@ -82,6 +85,15 @@ KNOB_MEANINGS: dict[Feature, str] = {
     Feature.NUM_SPLITS: "kvcache: takes num_splits= (a forced split-KV count; knobs num_splits)",
     Feature.PACK_GQA: "kvcache: takes pack_gqa= (knobs pack_gqa)",
     Feature.HND_CACHE: 'kvcache: takes kv_layout="HND", the cache as (batch or pages, heads, tokens, dim) (knobs kv_layout)',
+}
+
+# what declaring a feature false is for, where its reason alone does not say
+WHEN_FALSE: dict[Feature, str] = {
+    Feature.SEQLEN_Q_NE_K: ": false when only seqlen_q == seqlen_k runs",
+    Feature.CAUSAL_SEQLEN_Q_NE_K: (
+        ": false for a mask aligned top-left (PyTorch's is_causal) or written for equal lengths;"
+        " the non-causal cases of unequal lengths still run"
+    ),
 }
 
 DEVICES = ("cpu", "cuda")
@@ -132,9 +144,7 @@ SUPPORTS_KEYS: dict[str, Key] = {
             Key(
                 f.value,
                 "bool",
-                KNOB_MEANINGS.get(f)
-                or DEFAULT_REASONS[f].removeprefix("no ")
-                + (": false when only seqlen_q == seqlen_k runs" if f is Feature.SEQLEN_Q_NE_K else ""),
+                KNOB_MEANINGS.get(f) or DEFAULT_REASONS[f].removeprefix("no ") + WHEN_FALSE.get(f, ""),
             )
             for f in Feature
         ),

@@ -699,6 +699,8 @@ BUGS: tuple[PlantedBug, ...] = (
         "kernel",
         MASKED_ROWS,
         wrap(_masked_rows_nan),
+        # rows with no key come from a mask aligned bottom-right over more queries than keys, or a bool mask
+        needs=lambda caps: caps.supports(Feature.CAUSAL_SEQLEN_Q_NE_K) or caps.supports(Feature.BOOL_MASK),
     ),
     PlantedBug(
         "batch_leak",

@@ -32,6 +32,7 @@ ASSUMED = frozenset(
     {
         Feature.CAUSAL,
         Feature.SEQLEN_Q_NE_K,
+        Feature.CAUSAL_SEQLEN_Q_NE_K,
         Feature.GQA,
         Feature.FULLY_MASKED_ROWS,
         Feature.BIAS_OTHER_DTYPE,
@@ -242,6 +243,7 @@ class Capabilities:
             ),
             self._needs(Feature.CAUSAL, case.causal),
             self._needs(Feature.WINDOW, case.has_window),
+            self._needs(Feature.CAUSAL_SEQLEN_Q_NE_K, case.mask_alignment_matters),
             self._needs(Feature.SOFTCAP, bool(case.softcap)),
             self._needs(Feature.ALIBI, case.alibi),
             self._needs(Feature.DROPOUT, bool(case.dropout_p)),

@@ -111,7 +111,7 @@ def axis_trials(dtype: str) -> list[Trial]:
     # top-left) raises or answers wrong only there
     trials += [
         Trial("seqlen_q_ne_k", "128x256", c(seqlen_k=256)),
-        Trial("seqlen_q_ne_k", "128x256 causal", c(seqlen_k=256, causal=True)),
+        Trial("causal_seqlen_q_ne_k", "128x256 causal", c(seqlen_k=256, causal=True)),
     ]
     trials += [Trial("seqlens", n, c(seqlen_q=n, seqlen_k=n)) for n in SEQLENS]
     trials += [
@@ -190,6 +190,7 @@ FEATURE_KEYS = (
     "head_dim_v_differs",
     "gqa",
     "seqlen_q_ne_k",
+    "causal_seqlen_q_ne_k",
     "causal",
     "window",
     "softcap",
@@ -207,7 +208,8 @@ PROBED_KEYS = frozenset({k for k, _ in NAMED_KEYS} | {"head_dims", "max_seqlen",
 
 ALIGNMENT = (
     " (the gate aligns a causal mask bottom-right, as flash-attn does: query i of Nq sees keys up to"
-    " i + Nk - Nq; a mask aligned top-left answers otherwise wherever Nq != Nk)"
+    " i + Nk - Nq; a mask aligned top-left answers otherwise wherever Nq != Nk: if that is its design,"
+    " declare causal_seqlen_q_ne_k = false)"
 )
 
 
@@ -219,7 +221,7 @@ def derive(results: list[Result]) -> tuple[dict[str, Any], list[str]]:
     supports: dict[str, Any] = {}
     findings = [
         f"{r.trial.key} {_show(r.trial.value)}: runs but {r.detail}: left in the envelope so the gate judges it"
-        + (ALIGNMENT if r.trial.key == "seqlen_q_ne_k" and r.trial.case.causal else "")
+        + (ALIGNMENT if r.trial.key == "causal_seqlen_q_ne_k" else "")
         for r in results
         if r.outcome == Outcome.WRONG
     ]
@@ -233,10 +235,11 @@ def derive(results: list[Result]) -> tuple[dict[str, Any], list[str]]:
     lengths, unexplained = derive_lengths(by_key.get("seqlens", []))
     supports.update(lengths)
     findings += unexplained
-    # the causal call at unequal lengths speaks of unequal lengths only where a causal call ran:
-    # a kernel with no causal mask at all is declared causal = false, not seqlen_q_ne_k = false
-    causal_ran = any(r.outcome in (Outcome.OK, Outcome.WRONG) for r in by_key.get("causal", []))
-    by_key["seqlen_q_ne_k"] = [r for r in by_key.get("seqlen_q_ne_k", []) if causal_ran or not r.trial.case.causal]
+    # the causal call at unequal lengths speaks of its mask's alignment only where a causal call
+    # ran at equal lengths and a plain one at unequal lengths: else causal = false or
+    # seqlen_q_ne_k = false says it
+    if not (_ran(by_key.get("causal", [])) and _ran(by_key.get("seqlen_q_ne_k", []))):
+        by_key.pop("causal_seqlen_q_ne_k", None)
     for key in FEATURE_KEYS:
         if any(r.outcome == Outcome.UNSUPPORTED for r in by_key.get(key, [])):
             supports[key] = False
