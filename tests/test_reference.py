@@ -322,3 +322,59 @@ def test_forward_only_reference_gives_the_same_out_and_lse_without_gradients():
     full = attention_reference(*packed, opts, torch.float32, cu_seqlens=cu)
     fwd = attention_reference(*packed, opts, torch.float32, cu_seqlens=cu, backward=False)
     assert torch.equal(full.out, fwd.out) and torch.equal(full.lse, fwd.lse) and fwd.dk is None
+
+
+SETTERS = {
+    "legacy medium": lambda: torch.set_float32_matmul_precision("medium"),
+    "legacy allow_tf32": lambda: setattr(torch.backends.cuda.matmul, "allow_tf32", True),
+    "global tf32": lambda: setattr(torch.backends, "fp32_precision", "tf32"),
+    "oneDNN bf16": lambda: setattr(torch.backends.mkldnn.matmul, "fp32_precision", "bf16"),
+    "exact fp16 reductions": lambda: setattr(
+        torch.backends.cuda.matmul, "allow_fp16_reduced_precision_reduction", False
+    ),
+}
+
+
+@pytest.fixture
+def matmul_settings():
+    """The process gets back torch's defaults, readable through both of its APIs."""
+    spaces = (torch.backends, torch.backends.cuda.matmul, torch.backends.mkldnn.matmul, torch.backends.cudnn.conv)
+    saved = [space.fp32_precision for space in spaces]
+    yield
+    for space, was in zip(spaces, saved):
+        space.fp32_precision = was
+    torch.set_float32_matmul_precision("highest")  # makes the older API's flags agree with the newer's
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = True
+    assert torch.get_float32_matmul_precision() == "highest" and not torch.backends.cuda.matmul.allow_tf32
+
+
+def _settings() -> tuple:
+    m = torch.backends.cuda.matmul
+    return (m.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision, m.allow_fp16_reduced_precision_reduction)
+
+
+@pytest.mark.skipif(
+    not hasattr(torch.backends, "fp32_precision"), reason="torch < 2.9 keeps one float32 matmul precision"
+)
+@pytest.mark.parametrize("setting", SETTERS)
+def test_the_yardstick_runs_at_torchs_default_matmul_precision_whatever_the_kernel_set(
+    setting, matmul_settings, monkeypatch
+):
+    """A kernel's package that turns on TF32 or bf16 passes for float32 matmuls (or exact fp16
+    reductions) does not move the bound: the low-precision reference runs at the defaults, and the
+    package's setting is back afterwards."""
+    q, k, v, dout, opts = make_case(CONFIGS[-1].values[0])
+    q, k, v, dout = (t.float() for t in (q, k, v, dout))
+    default = attention_reference(q, k, v, dout, opts, torch.float32)
+    SETTERS[setting]()
+    theirs = _settings()
+    seen = []
+    real = gate.attention.reference.allowed_mask
+    monkeypatch.setattr(
+        gate.attention.reference, "allowed_mask", lambda *a, **kw: seen.append(_settings()) or real(*a, **kw)
+    )
+    low = attention_reference(q, k, v, dout, opts, torch.float32)
+    assert seen and set(seen) == {("ieee", "ieee", True)}, seen
+    assert _settings() == theirs
+    for name, t in low.tensors().items():
+        assert torch.equal(t, default.tensors()[name]), name

@@ -28,6 +28,8 @@ after the softmax). dBias = dS (before the softcap factor) summed over the bias'
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import torch
@@ -35,6 +37,35 @@ import torch
 from gate.attention.bias import reduce_to_bias_shape
 from gate.attention.masks import alibi_bias, allowed_mask
 from gate.core.cases import first_visible_key
+
+
+@contextmanager
+def default_matmul_precision() -> Iterator[None]:
+    """torch's default matmul settings while a reference runs, whatever the kernel's package set:
+    TF32 or bf16 passes for float32 (on CUDA, or oneDNN on a CPU with bf16) would loosen the bound
+    of every fp32 case, exact fp16/bf16 reductions tighten the others. Restored afterwards."""
+    cuda = torch.backends.cuda.matmul
+    reduced = (cuda.allow_fp16_reduced_precision_reduction, cuda.allow_bf16_reduced_precision_reduction)
+    # torch 2.9+ keeps float32 precision per backend; reading it through the older API raises
+    # once a program has set it through the newer one
+    spaces = (cuda, torch.backends.mkldnn.matmul) if hasattr(torch.backends, "fp32_precision") else ()
+    saved = [space.fp32_precision for space in spaces] if spaces else torch.get_float32_matmul_precision()
+    try:
+        cuda.allow_fp16_reduced_precision_reduction = cuda.allow_bf16_reduced_precision_reduction = True
+        if spaces:
+            for space in spaces:
+                space.fp32_precision = "ieee"
+        else:
+            torch.set_float32_matmul_precision("highest")
+        yield
+    finally:
+        cuda.allow_fp16_reduced_precision_reduction, cuda.allow_bf16_reduced_precision_reduction = reduced
+        if spaces:
+            for space, was in zip(spaces, saved):
+                space.fp32_precision = was
+        else:
+            torch.set_float32_matmul_precision(saved)
+
 
 # Elements in one chunk's score matrix: 2**25 float64 values are 256 MiB per live temporary.
 CHUNK_ELEMENTS = 2**25
@@ -219,6 +250,7 @@ def _add_bias(s: torch.Tensor, bias: torch.Tensor, cd: torch.dtype) -> torch.Ten
     return s.to(torch.promote_types(cd, bias.dtype)) + bias
 
 
+@default_matmul_precision()
 def attention_reference(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -299,6 +331,7 @@ class DecodeResult:
     lse: torch.Tensor
 
 
+@default_matmul_precision()
 def decode_reference(
     q: torch.Tensor,
     dense_kv: list[tuple[torch.Tensor, torch.Tensor]],
