@@ -367,6 +367,8 @@ def test_write_refuses_a_built_in_kernels_table(tmp_path):
             "; the envelope goes into\n  {table}:\n    (empty: every probed axis runs",
             {},
         ),
+        # a wrong answer is a finding, wrapped as the rest
+        ("top_left_causal", "0 unsupported, 1 wrong", "probe finding: causal_seqlen_q_ne_k 128x256 causal:", {}),
     ],
 )
 def test_init_probe_prints_and_writes_the_found_envelope(

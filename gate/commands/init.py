@@ -150,7 +150,7 @@ def main(args: argparse.Namespace) -> int:
             lambda result: print(result.line(), file=sys.stderr, flush=True),
         )
         for finding in report.findings:
-            print(f"probe finding: {finding}")
+            print("\n".join(wrap_words(f"probe finding: {finding}", terminal_width())))
         # the table as init writes it, so the first baseline's SKIPs are no surprise
         print("\n".join(wrap_words(f"probe: {report.counts()}; the envelope goes into", terminal_width())))
         print(f"  {report.table}:")

@@ -52,7 +52,7 @@ def main(args: argparse.Namespace) -> int:
     report = probe(args.kernel, config, device, args.timeout, show)
     print("\n".join(wrap_words(f"probed {args.kernel} on {device}: {report.counts()}", terminal_width())))
     for finding in report.findings:
-        print(f"finding: {finding}")
+        print("\n".join(wrap_words(f"finding: {finding}", terminal_width())))
     print()
     print(report.toml() + ("# every probed axis runs: nothing to narrow\n" if not report.supports else ""), end="")
     if args.write:
