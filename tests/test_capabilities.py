@@ -4,7 +4,7 @@ kernel gives for it (else the feature's default), and that reason reaches the SK
 import pytest
 
 from gate.core.cases import Case
-from gate.kernels.capabilities import ASSUMED, DEFAULT_REASONS, Capabilities, Feature, feature_set
+from gate.kernels.capabilities import ASSUMED, DEFAULT_REASONS, Capabilities, Feature, feature_needs, feature_set
 
 BASE = dict(batch=2, seqlen_q=16, seqlen_k=16, heads_q=2, heads_kv=2, head_dim=16, head_dim_v=16, dtype="bf16")
 
@@ -15,6 +15,17 @@ def case(**kw) -> Case:
 
 def test_every_feature_has_a_default_reason():
     assert set(DEFAULT_REASONS) == set(Feature)
+
+
+def test_every_feature_has_its_condition_and_a_check_that_asks_it():
+    c = case(causal=True, seqlen_k=32, window=(4, 0), softcap=5.0, heads_kv=1, head_dim_v=32, bias="dense")
+    needs = feature_needs(c)
+    assert set(needs) == set(Feature)
+    # a kernel lacking any one feature this case needs SKIPs it with that feature's reason
+    everything = feature_set(**{f.value: True for f in Feature})
+    for feature in (f for f, needed in needs.items() if needed):
+        caps = Capabilities(devices=("cpu",), features=everything, reasons={feature: f"lacks {feature.value}"})
+        assert caps.unsupported_reason(c, "cpu") == f"lacks {feature.value}"
 
 
 def test_feature_set_starts_from_what_is_assumed():

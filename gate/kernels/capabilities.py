@@ -177,24 +177,24 @@ class Capabilities:
 
     def _checks(self, case: Case, device: str):
         """(ok, reason, the envelope key that decides it) for each thing `case` needs, in order."""
-        decode = case.entry.kind == "kvcache"
         page = case.entry.page_size
         hd, hdv = case.head_dim, case.head_dim_v
         dims_v = self.head_dims_v if self.head_dims_v is not None else self.head_dims
         lengths = case_lengths(case)
-        forced = case.knobs.options()
+        needs = feature_needs(case)
+        need = lambda feature: self._needs(feature, needs[feature])  # noqa: E731
         return [
             (device in self.devices, f"runs on {'/'.join(self.devices)}, not {device}", "devices"),
-            self._needs(Feature.KVCACHE, decode),
+            need(Feature.KVCACHE),
             # a knob the case forces and the kernel does not expose: said before anything else it lacks
-            *(self._needs(feature, name in forced) for name, feature in KNOB_FEATURES.items()),
-            self._needs(Feature.PAGED, bool(page)),
+            *(need(feature) for feature in KNOB_FEATURES.values()),
+            need(Feature.PAGED),
             (
                 not page or page % self.page_size_multiple == 0,
                 f"page size {page} not a multiple of {self.page_size_multiple}",
                 "page_size_multiple",
             ),
-            self._needs(Feature.SINKS, case.entry.sinks),
+            need(Feature.SINKS),
             (
                 case.dtype in self.dtypes,
                 f"no {case.dtype}{': no fp8 path' if case.is_fp8 else ''} (supports {', '.join(self.dtypes)})",
@@ -216,10 +216,8 @@ class Capabilities:
                 f"head_dim_v {hdv} (supports {describe_dims(dims_v or [])})",
                 "head_dims_v" if self.head_dims_v is not None else "head_dims",
             ),
-            self._needs(Feature.HEAD_DIM_V_DIFFERS, hd != hdv),
-            self._needs(
-                Feature.SEQLEN_Q_NE_K, case.seqlen_q != case.seqlen_k and case.entry.varlen is None and not decode
-            ),
+            need(Feature.HEAD_DIM_V_DIFFERS),
+            need(Feature.SEQLEN_Q_NE_K),
             (
                 not self.max_seqlen or max(lengths) <= self.max_seqlen,
                 f"seqlen {max(lengths)} > {self.max_seqlen}",
@@ -241,25 +239,25 @@ class Capabilities:
                 f"bias {case.bias.kind} (supports {', '.join(self.bias_kinds)})",
                 "bias_kinds",
             ),
-            self._needs(Feature.CAUSAL, case.causal),
-            self._needs(Feature.WINDOW, case.has_window),
-            self._needs(Feature.CAUSAL_SEQLEN_Q_NE_K, case.mask_alignment_matters),
-            self._needs(Feature.SOFTCAP, bool(case.softcap)),
-            self._needs(Feature.ALIBI, case.alibi),
-            self._needs(Feature.DROPOUT, bool(case.dropout_p)),
-            self._needs(Feature.VARLEN, case.entry.varlen is not None),
-            self._needs(Feature.GQA, case.is_gqa),
+            need(Feature.CAUSAL),
+            need(Feature.WINDOW),
+            need(Feature.CAUSAL_SEQLEN_Q_NE_K),
+            need(Feature.SOFTCAP),
+            need(Feature.ALIBI),
+            need(Feature.DROPOUT),
+            need(Feature.VARLEN),
+            need(Feature.GQA),
             self._needs(
                 Feature.FULLY_MASKED_ROWS,
-                case.has_fully_masked_rows and not (case.has_bias and self.fully_masked_rows_ok_with_bias),
+                needs[Feature.FULLY_MASKED_ROWS] and not (case.has_bias and self.fully_masked_rows_ok_with_bias),
             ),
             # the bias's kind first: a kernel that refuses every bias says so on both kinds
-            self._needs(Feature.BIAS, case.has_float_bias),
-            self._needs(Feature.BOOL_MASK, case.has_bool_bias),
-            self._needs(Feature.BIAS_GRAD, case.bias.grad),
-            self._needs(Feature.BIAS_OTHER_DTYPE, case.bias.dtype is not None),
-            self._needs(Feature.BIAS_GRAD_OTHER_DTYPE, case.bias.grad and case.bias.dtype is not None),
-            self._needs(Feature.VARLEN_BIAS, case.has_bias and case.entry.varlen is not None),
+            need(Feature.BIAS),
+            need(Feature.BOOL_MASK),
+            need(Feature.BIAS_GRAD),
+            need(Feature.BIAS_OTHER_DTYPE),
+            need(Feature.BIAS_GRAD_OTHER_DTYPE),
+            need(Feature.VARLEN_BIAS),
         ]
 
     def envelope(self) -> dict[str, Any]:
@@ -289,6 +287,36 @@ class Capabilities:
             out["bias_kinds"] = list(self.bias_kinds)
         out.update({f.value: self.supports(f) for f in Feature})
         return out
+
+
+def feature_needs(case: Case) -> dict[Feature, bool]:
+    """Whether `case` needs each feature: a kernel without it SKIPs the case (the one place these
+    conditions are written; `Capabilities._checks` orders them for the reason a refusal names)."""
+    decode = case.entry.kind == "kvcache"
+    forced = case.knobs.options()
+    return {
+        Feature.KVCACHE: decode,
+        **{feature: name in forced for name, feature in KNOB_FEATURES.items()},
+        Feature.PAGED: bool(case.entry.page_size),
+        Feature.SINKS: case.entry.sinks,
+        Feature.HEAD_DIM_V_DIFFERS: case.head_dim != case.head_dim_v,
+        Feature.SEQLEN_Q_NE_K: case.seqlen_q != case.seqlen_k and case.entry.varlen is None and not decode,
+        Feature.CAUSAL: case.causal,
+        Feature.WINDOW: case.has_window,
+        Feature.CAUSAL_SEQLEN_Q_NE_K: case.mask_alignment_matters,
+        Feature.SOFTCAP: bool(case.softcap),
+        Feature.ALIBI: case.alibi,
+        Feature.DROPOUT: bool(case.dropout_p),
+        Feature.VARLEN: case.entry.varlen is not None,
+        Feature.GQA: case.is_gqa,
+        Feature.FULLY_MASKED_ROWS: case.has_fully_masked_rows,
+        Feature.BIAS: case.has_float_bias,
+        Feature.BOOL_MASK: case.has_bool_bias,
+        Feature.BIAS_GRAD: case.bias.grad,
+        Feature.BIAS_OTHER_DTYPE: case.bias.dtype is not None,
+        Feature.BIAS_GRAD_OTHER_DTYPE: case.bias.grad and case.bias.dtype is not None,
+        Feature.VARLEN_BIAS: case.has_bias and case.entry.varlen is not None,
+    }
 
 
 def case_lengths(case: Case) -> tuple[int, ...]:
