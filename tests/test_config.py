@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gate.core.config import Config, ToleranceConfig, load_config
+from gate.core.config import Config, ToleranceConfig, load_config, supports_table
 from gate.core.errors import UserError
 from tests.conftest import ROOT
 
@@ -27,6 +27,19 @@ def test_the_projects_own_pyproject_loads():
     config = load_config(ROOT / "pyproject.toml")
     assert config.source.endswith("pyproject.toml")
     assert config.cpu.kernel and config.cpu.suite and config.gpu.kernel
+
+
+def test_a_supports_table_header_reads_back_as_that_kernels_table(tmp_path):
+    """The header printed in advice is the one the config reads: a name that is no bare TOML key
+    (a function, a dotted family name) is quoted."""
+    for kernel in ("fa2", "my-attn", "pkg.mod:attn", "my.family"):
+        path = tmp_path / "pyproject.toml"
+        family = (
+            "" if ":" in kernel else f'{supports_table(kernel).replace(".supports]", "]")}\ndense = "pkg.mod:attn"\n'
+        )
+        path.write_text(f"{supports_table(kernel)}\ngqa = false\n{family}")
+        assert load_config(path).kernels[kernel].supports == {"gqa": False}, kernel
+    assert supports_table("fa2") == "[tool.attn-gate.kernels.fa2.supports]"
 
 
 def test_no_section_means_defaults(tmp_path):

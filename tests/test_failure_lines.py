@@ -117,6 +117,33 @@ def test_a_declarations_reason_names_what_only_the_failing_cases_have_and_a_nan_
     assert 'reason = "out past the bound on ' in r.block and "fully masked" not in r.block, r.block
 
 
+def test_the_way_forward_names_the_envelope_key_that_skips_exactly_the_failing_cases():
+    """A causal mask aligned top-left: wrong wherever a causal case's lengths differ, right on
+    causal cases of equal lengths and on plain ones of unequal lengths."""
+    passing = [row(causal=True), row(seqlen_q=64, seqlen_k=80), row(seqlen_q=97, seqlen_k=257, heads_kv=2)]
+    failing = [row({"out": 9.0}, seqlen_q=q, seqlen_k=k, causal=True) for q, k in ((64, 80), (200, 100))]
+    r = refusal(passing + failing, [(f.case_id, ["out"]) for f in failing], "pkg.mod:attn")
+    assert r.narrowing == "causal_seqlen_q_ne_k = false"
+    text = r.text("baselines/cpu/x.json", "pkg.mod:attn", "attn-gate baseline update", "pyproject.toml", None, True)
+    assert (
+        "  2. narrow the envelope: if the kernel does not support these cases, declare `causal_seqlen_q_ne_k = false` "
+        '(every failing case needs it, no passing case does) in [tool.attn-gate.kernels."pkg.mod:attn".supports] '
+        "so they SKIP with that reason;"
+    ) in text.splitlines(), text
+    # a kernel that raises on GQA: its key; a failure no key separates: the general advice
+    gqa = [row(status=Status.ERROR, reason="no GQA", heads_kv=k) for k in (1, 2)]
+    assert refusal(passing[:2] + gqa, [(f.case_id, ["error"]) for f in gqa], "mine").narrowing == "gqa = false"
+    plain = [row({"dq": 3.0}, seqlen_q=32, seqlen_k=32)]
+    r = refusal(passing + plain, [(plain[0].case_id, ["dq"])], "mine")
+    assert r.narrowing == ""
+    text = r.text("b.json", "mine", "redo", "pyproject.toml", None, True)
+    assert "declare what it supports in [tool.attn-gate.kernels.mine.supports] so they SKIP" in text
+    # a built-in kernel's envelope is attn-gate's: two ways forward, no table to write
+    built_in = r.text("b.json", "sdpa-flash", "redo", "pyproject.toml", None, False).splitlines()
+    assert not any("narrow the envelope" in line for line in built_in)
+    assert built_in[built_in.index("the way forward, one of:") + 2].startswith("  2. record them as known failures")
+
+
 def test_check_lines_one_per_case_worst_first_headroom_and_inconclusive_last():
     from gate.compare.findings import STATUS, Finding, Severity, Subject
     from gate.report.failures import check_lines

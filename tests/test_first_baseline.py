@@ -69,7 +69,9 @@ def test_the_refusal_names_each_case_worst_first_with_its_reason_and_what_they_s
     assert "dq in 1 of 2, dv in 1 of 2 failing cases" in share
     assert f"every reason and ratio: {tmp / 'out' / 'validation-mine-tiny.md'}" in lines
     joined = "\n".join(lines)
-    assert "1. fix the kernel" in joined and "(`supports`) in [tool.attn-gate.kernels.mine]" in joined
+    assert (
+        "1. fix the kernel" in joined and "declare what it supports in [tool.attn-gate.kernels.mine.supports]" in joined
+    )
     # recording them starts from the run just saved, not from a second sweep
     assert f'--from-results {tmp / "out" / "sweep-mine-tiny.json"} --known "WHY"`' in joined
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from gate.compare.findings import Quantity, Severity, Verdict
 from gate.core.cases import Case
 from gate.core.results import CaseResult, Status, SweepResult
+from gate.kernels.capabilities import Feature, feature_needs
 
 
 @dataclass(frozen=True)
@@ -219,6 +220,16 @@ def separating_flags(failing: list[Case], passing: list[Case]) -> tuple[str, ...
     names = list(FLAGS)
     candidates = [(a,) for a in names] + [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
     return next((c for c in candidates if separates(c)), ())
+
+
+def separating_feature(failing: list[Case], passing: list[Case]) -> Feature | None:
+    """A feature every failing case needs and no passing case does (the first in Feature's order):
+    declaring it false in the kernel's envelope SKIPs exactly the failing cases of the run."""
+    if not failing:
+        return None
+    needed = [feature_needs(c) for c in failing]
+    used = [feature_needs(c) for c in passing]
+    return next((f for f in Feature if all(n[f] for n in needed) and not any(u[f] for u in used)), None)
 
 
 def what_separates(failing: list[Case], passing: list[Case]) -> str | None:

@@ -339,8 +339,17 @@ class KernelFamily:
 
     @property
     def supports_table(self) -> str:
-        name = self.name if _FAMILY_NAME.match(self.name) else f'"{self.name}"'
-        return f"[tool.attn-gate.kernels.{name}.supports]"
+        return supports_table(self.name)
+
+
+def supports_table(kernel: str) -> str:
+    """The TOML table header of a kernel's declared envelope; a name that is no bare key (a
+    `package.module:function`, a dotted family name) is quoted."""
+    name = kernel if _BARE_KEY.match(kernel) else f'"{kernel}"'
+    return f"[tool.attn-gate.kernels.{name}.supports]"
+
+
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
 def _kernel_families(raw: Any, where: str) -> dict[str, KernelFamily]:

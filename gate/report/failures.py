@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from gate.compare.diagnosis import NO_ANSWER
 from gate.compare.findings import Finding, Rule, Severity, fmt
 from gate.compare.known import UNATTRIBUTED, failures_of
-from gate.core.config import ERROR_NAME
+from gate.core.config import ERROR_NAME, supports_table
 from gate.core.results import CaseResult, Status
 
 # run_case's refusal of an output it could not measure, as the line says it
@@ -278,6 +278,8 @@ class Refusal:
     groups: tuple[FailGroup, ...]
     block: str  # the [[tool.attn-gate.known_failures]] blocks that declare exactly them
     measured: int  # cases of the run that are not SKIP
+    # the envelope key that SKIPs exactly the failing cases ("gqa = false"), "" when none does
+    narrowing: str = ""
 
     def text(
         self,
@@ -312,14 +314,22 @@ class Refusal:
         link_note = "" if own_kernel else "; `link` is required: the upstream issue, https://..."
         again = f" --from-results {shlex.quote(str(reuse))}" if reuse is not None else ""
         known = f'{redo}{again} --known "WHY"' + ("" if own_kernel else " --link https://UPSTREAM/ISSUE")
-        out += [
-            "the way forward, one of:",
-            f"  1. fix the kernel, then rerun `{redo}`;",
-            f"  2. narrow the envelope: if the kernel does not support these cases, declare what it supports "
-            f"(`supports`) in [tool.attn-gate.kernels.{kernel}] so they SKIP with that reason;",
-            f"  3. record them as known failures: `{known}` appends the declaration below to {where} and "
-            f"writes the baseline; or paste it there yourself (edit the reason to say why{link_note}) and rerun `{redo}`:",
-        ]
+        ways = [f"fix the kernel, then rerun `{redo}`;"]
+        if own_kernel:  # a built-in kernel's envelope is attn-gate's own: no table of its name is read
+            what = (
+                f"`{self.narrowing}` (every failing case needs it, no passing case does)"
+                if self.narrowing
+                else "what it supports"
+            )
+            ways.append(
+                f"narrow the envelope: if the kernel does not support these cases, declare {what} in "
+                f"{supports_table(kernel)} so they SKIP with that reason;"
+            )
+        ways.append(
+            f"record them as known failures: `{known}` appends the declaration below to {where} and "
+            f"writes the baseline; or paste it there yourself (edit the reason to say why{link_note}) and rerun `{redo}`:"
+        )
+        out += ["the way forward, one of:", *(f"  {i}. {way}" for i, way in enumerate(ways, 1))]
         if width is not None:
             import textwrap
 
@@ -341,7 +351,7 @@ class Refusal:
 def refusal(
     rows: list[CaseResult], undeclared: list[tuple[str, list[str]]], kernel: str, reason: str = "", link: str = ""
 ) -> Refusal:
-    from gate.compare.diagnosis import diagnosis, what_separates
+    from gate.compare.diagnosis import diagnosis, separating_feature, what_separates
     from gate.compare.known import by_failed_names, declaration_blocks
 
     failing = {cid: names for cid, names in undeclared}
@@ -363,4 +373,6 @@ def refusal(
         reasons = block_reasons(groups, shared, nan)
     block = declaration_blocks(kernel, failing, reasons, link)
     measured = sum(1 for r in rows if r.status is not Status.SKIP)
-    return Refusal(tuple(lines), pattern, tuple(groups), block, measured)
+    feature = separating_feature([by_id[cid].case for cid in failing], passing)
+    narrowing = f"{feature.value} = false" if feature is not None else ""
+    return Refusal(tuple(lines), pattern, tuple(groups), block, measured, narrowing)
