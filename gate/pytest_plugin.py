@@ -86,6 +86,7 @@ class GateSession:
         self.run = None  # pytest_cases.GateRun
         self.rows: dict[str, dict] = {}  # case id -> {"row": CaseResult dict, "environment", "notes"}
         self.started = time.time()
+        self.summary: list[str] = []  # the verdict's lines, printed with pytest's own summary
 
     def _resolve(self) -> None:
         opt = self.config.getoption
@@ -142,9 +143,13 @@ class GateSession:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a run-wide finding no item carries
 
     def _say(self, line: str) -> None:
-        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line(line)
+        self.summary.append(line)
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        """The verdict's lines where pytest prints a plugin's summary: on a line of their own, after
+        the progress dots (written from sessionfinish, they joined its `[100%]`)."""
+        for line in self.summary:
+            terminalreporter.write_line(line)
 
 
 class GateCollector(pytest.Collector):

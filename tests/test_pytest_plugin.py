@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -201,6 +202,8 @@ def test_the_example_repositorys_smoke_suite_passes(cpu_baseline, tmp_path):
         "j.xml",
     )
     assert proc.returncode == 0, proc.stdout[-3000:]
+    # the verdict on a line of its own, with pytest's summary (not after the progress's `[100%]`)
+    assert re.search(r"^attn-gate: PASS: \d+ cases measured", proc.stdout, re.M), proc.stdout[-3000:]
     outcomes = junit(repo / "j.xml")
     assert outcomes.get("test_dense_matches_sdpa_with_gradients") == "passed"
     assert sum(n.startswith("fp32-") for n in outcomes) >= 5 and "failed" not in outcomes.values()
