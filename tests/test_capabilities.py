@@ -1,6 +1,8 @@
 """Capabilities as data: a feature a kernel lacks skips the cases that need it with the reason the
 kernel gives for it (else the feature's default), and that reason reaches the SKIP row as written."""
 
+import itertools
+
 import pytest
 
 from gate.core.cases import Case
@@ -102,9 +104,30 @@ def test_a_malformed_declaration_is_refused(kw, message):
         Capabilities(**kw)
 
 
+def _rows(nq: int, nk: int, off: int, left: int, right: int) -> list[frozenset[int]]:
+    """Each query's visible keys, the query sitting at key i + off (window bounds -1 = unbounded)."""
+    return [
+        frozenset(j for j in range(nk) if (left < 0 or j >= i + off - left) and (right < 0 or j <= i + off + right))
+        for i in range(nq)
+    ]
+
+
+def test_mask_alignment_matters_exactly_where_the_two_alignments_mask_differently():
+    """Against every small mask, written out: bottom-right (query i at key i + nk - nq) vs top-left."""
+    from gate.core.cases import _alignment_matters
+
+    for nq, nk, left, right in itertools.product(range(1, 7), range(0, 7), range(-1, 8), range(-1, 8)):
+        if left < 0 and right < 0:
+            continue
+        differ = _rows(nq, nk, nk - nq, left, right) != _rows(nq, nk, 0, left, right)
+        assert _alignment_matters(nq, nk, left, right, False) == differ, (nq, nk, left, right)
+    assert _alignment_matters(3, 5, -1, -1, True) and not _alignment_matters(5, 5, -1, -1, True)
+
+
 def test_a_kernel_whose_masks_need_equal_lengths_keeps_every_other_case_of_unequal_lengths():
     caps = Capabilities(
-        devices=("cpu",), features=feature_set(window=True, kvcache=True, varlen=True, causal_seqlen_q_ne_k=False)
+        devices=("cpu",),
+        features=feature_set(window=True, alibi=True, kvcache=True, varlen=True, causal_seqlen_q_ne_k=False),
     )
     reason = DEFAULT_REASONS[Feature.CAUSAL_SEQLEN_Q_NE_K]
     decode = dict(entry="kvcache", seqlen_q=1, seqlen_k=64, cache_seqlens=(40, 64), causal=True)
@@ -113,6 +136,7 @@ def test_a_kernel_whose_masks_need_equal_lengths_keeps_every_other_case_of_unequ
         case(seqlen_q=32, window=(4, 0)),
         case(batch=2, seqlen_q=9, seqlen_k=7, varlen=(5, 9), varlen_k=(5, 7), causal=True),
         case(**decode),
+        case(seqlen_k=32, alibi=True),  # ALiBi's distance is from the aligned key too
     ]
     for c in refused:
         assert c.mask_alignment_matters and caps.unsupported_reason(c, "cpu") == reason, c.id
@@ -121,6 +145,7 @@ def test_a_kernel_whose_masks_need_equal_lengths_keeps_every_other_case_of_unequ
         case(causal=True),  # equal lengths: both alignments agree
         case(batch=2, seqlen_q=9, seqlen_k=9, varlen=(5, 9), causal=True),
         case(seqlen_q=32, seqlen_k=32, window=(4, 0)),
+        case(seqlen_q=9, seqlen_k=1, window=(16, -1)),  # a window wider than every row: the same mask
     ]
     for c in kept:
         assert not c.mask_alignment_matters and caps.unsupported_reason(c, "cpu") is None, c.id

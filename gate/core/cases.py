@@ -49,6 +49,21 @@ CHECKS: dict[str, str] = {
 NAN_MARGIN = 256
 
 
+def _alignment_matters(nq: int, nk: int, left: int, right: int, alibi: bool) -> bool:
+    """Whether one sequence of nq queries over nk keys is masked (window (left, right), -1 unbounded)
+    or ALiBi-biased differently with query i at key i + nk - nq (bottom-right) and at key i (top-left)."""
+    off = nk - nq
+    if not nq or not nk or not off:
+        return False
+    if alibi:  # a distance from the aligned key, on every row
+        return True
+    # a row's keys are [pos - left, pos + right] clipped to [0, nk - 1]: the same at pos = i and at
+    # pos = i + off on every row when neither bound cuts into the keys at either position
+    low_never_cuts = left < 0 or left >= nq - 1 + max(0, off)
+    high_never_cuts = right < 0 or right + min(0, off) >= nk - 1
+    return not (low_never_cuts and high_never_cuts)
+
+
 def first_visible_key(seqlen_q: int, seqlen_k: int, window: tuple[int, int]) -> int:
     """The first key any query row may see (bottom-right alignment: row 0 sits at key seqlen_k -
     seqlen_q, its window starts `left` keys earlier; causal only bounds the right); 0 without a
@@ -752,15 +767,20 @@ class Case:
 
     @property
     def mask_alignment_matters(self) -> bool:
-        """A causal mask or a window over some sequence whose query and key counts differ: there a
-        mask aligned bottom-right (the gate's) and one aligned top-left allow different keys."""
-        if not (self.causal or self.has_window):
+        """A causal mask, a window or ALiBi over some sequence whose query and key counts differ,
+        where a mask aligned bottom-right (the gate's) and one aligned top-left differ."""
+        left, right = self.window
+        if self.causal:
+            right = 0 if right < 0 else min(right, 0)
+        if left < 0 and right < 0 and not self.alibi:
             return False
         if self.entry.kind == "kvcache":
-            return any(nk != self.seqlen_q for nk in self.key_lengths)
-        if self.entry.varlen is not None:
-            return any(nq and nq != nk for nq, nk in zip(self.entry.varlen, self.keys_varlen))
-        return self.seqlen_q != self.seqlen_k
+            pairs = [(self.seqlen_q, nk) for nk in self.key_lengths]
+        elif self.entry.varlen is not None:
+            pairs = list(zip(self.entry.varlen, self.keys_varlen))
+        else:
+            pairs = [(self.seqlen_q, self.seqlen_k)]
+        return any(_alignment_matters(nq, nk, left, right, self.alibi) for nq, nk in pairs)
 
     @property
     def id(self) -> str:

@@ -20,17 +20,18 @@ from gate.core.errors import UserError
 class Feature(str, enum.Enum):
     """What a case may need of a kernel beyond a plain forward and backward. A kernel that lacks
     one skips the cases that need it with the feature's reason (its own, else `DEFAULT_REASONS`).
-    Each is also a true/false key of a declared envelope, under the same name."""
+    Each is also a true/false key of a declared envelope, under the same name. A refinement comes
+    after what it refines (paged after kvcache, causal_seqlen_q_ne_k after causal)."""
 
     KVCACHE = "kvcache"  # a decode entry point (flash_attn_with_kvcache convention, or emulated on a gathered cache)
     PAGED = "paged"  # takes a paged cache with a block table
     SINKS = "sinks"  # learnable per-head sink logits
     HEAD_DIM_V_DIFFERS = "head_dim_v_differs"
     SEQLEN_Q_NE_K = "seqlen_q_ne_k"
-    # causal masks and windows over unequal lengths, aligned bottom-right as flash-attn aligns them
-    CAUSAL_SEQLEN_Q_NE_K = "causal_seqlen_q_ne_k"
     CAUSAL = "causal"
     WINDOW = "window"
+    # causal masks, windows and ALiBi over unequal lengths, aligned bottom-right as flash-attn aligns them
+    CAUSAL_SEQLEN_Q_NE_K = "causal_seqlen_q_ne_k"
     SOFTCAP = "softcap"
     ALIBI = "alibi"
     DROPOUT = "dropout"
@@ -56,7 +57,9 @@ DEFAULT_REASONS: dict[Feature, str] = {
     Feature.SINKS: "no learnable sinks",
     Feature.HEAD_DIM_V_DIFFERS: "head_dim_v != head_dim",
     Feature.SEQLEN_Q_NE_K: "seqlen_q != seqlen_k",
-    Feature.CAUSAL_SEQLEN_Q_NE_K: "causal or windowed with seqlen_q != seqlen_k (the gate aligns both bottom-right)",
+    Feature.CAUSAL_SEQLEN_Q_NE_K: (
+        "causal, windowed or ALiBi with seqlen_q != seqlen_k (the gate aligns all three bottom-right)"
+    ),
     Feature.CAUSAL: "no causal mask",
     Feature.WINDOW: "no sliding window",
     Feature.SOFTCAP: "no softcap",
@@ -92,7 +95,7 @@ WHEN_FALSE: dict[Feature, str] = {
     Feature.SEQLEN_Q_NE_K: ": false when only seqlen_q == seqlen_k runs",
     Feature.CAUSAL_SEQLEN_Q_NE_K: (
         ": false for a mask aligned top-left (PyTorch's is_causal) or written for equal lengths;"
-        " the non-causal cases of unequal lengths still run"
+        " the other cases of unequal lengths still run"
     ),
 }
 
