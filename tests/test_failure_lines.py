@@ -130,6 +130,11 @@ def test_the_way_forward_names_the_envelope_key_that_skips_exactly_the_failing_c
         '(every failing case needs it, no passing case does) in [tool.attn-gate.kernels."pkg.mod:attn".supports] '
         "so they SKIP with that reason;"
     ) in text.splitlines(), text
+    # an --only run of the failing cases alone: the narrowest key that fits, kept passing rows kept
+    only = refusal(failing, [(f.case_id, ["out"]) for f in failing], "mine")
+    assert only.narrowing == "causal_seqlen_q_ne_k = false"
+    kept = [row(causal=True, seqlen_q=64, seqlen_k=80, window=(8, 0)).case]
+    assert refusal(failing, [(f.case_id, ["out"]) for f in failing], "mine", kept_passing=kept).narrowing == ""
     # a kernel that raises on GQA: its key; a failure no key separates: the general advice
     gqa = [row(status=Status.ERROR, reason="no GQA", heads_kv=k) for k in (1, 2)]
     assert refusal(passing[:2] + gqa, [(f.case_id, ["error"]) for f in gqa], "mine").narrowing == "gqa = false"

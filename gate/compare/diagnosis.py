@@ -222,14 +222,19 @@ def separating_flags(failing: list[Case], passing: list[Case]) -> tuple[str, ...
     return next((c for c in candidates if separates(c)), ())
 
 
-def separating_feature(failing: list[Case], passing: list[Case]) -> Feature | None:
-    """A feature every failing case needs and no passing case does (the first in Feature's order):
-    declaring it false in the kernel's envelope SKIPs exactly the failing cases of the run."""
+def separating_feature(failing: list[Case], passing: list[Case], others: list[Case] = ()) -> Feature | None:
+    """A feature every failing case needs and no passing case does: declaring it false in the
+    kernel's envelope SKIPs the failing cases and keeps every passing one. Of several, the one the
+    fewest cases of the suite need (`others`: its cases, SKIP rows and those outside the run
+    included), so `causal_seqlen_q_ne_k` before `seqlen_q_ne_k` or `causal`."""
     if not failing:
         return None
     needed = [feature_needs(c) for c in failing]
     used = [feature_needs(c) for c in passing]
-    return next((f for f in Feature if all(n[f] for n in needed) and not any(u[f] for u in used)), None)
+    fits = [f for f in Feature if all(n[f] for n in needed) and not any(u[f] for u in used)]
+    everyone = [feature_needs(c) for c in others]
+    # equal counts: the later feature, a refinement of an earlier one
+    return min(reversed(fits), key=lambda f: sum(n[f] for n in everyone), default=None)
 
 
 def what_separates(failing: list[Case], passing: list[Case]) -> str | None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from gate.compare.diagnosis import NO_ANSWER
 from gate.compare.findings import Finding, Rule, Severity, fmt
 from gate.compare.known import UNATTRIBUTED, failures_of
+from gate.core.cases import Case
 from gate.core.config import ERROR_NAME, supports_table
 from gate.core.results import CaseResult, Status
 
@@ -349,8 +350,16 @@ class Refusal:
 
 
 def refusal(
-    rows: list[CaseResult], undeclared: list[tuple[str, list[str]]], kernel: str, reason: str = "", link: str = ""
+    rows: list[CaseResult],
+    undeclared: list[tuple[str, list[str]]],
+    kernel: str,
+    reason: str = "",
+    link: str = "",
+    kept_passing: list[Case] = (),
+    suite_cases: list[Case] = (),
 ) -> Refusal:
+    """The refusal of `rows`' undeclared failures. `kept_passing`: passing cases outside `rows` the
+    baseline keeps; `suite_cases`: every case of the suite, to choose the narrowest envelope key."""
     from gate.compare.diagnosis import diagnosis, separating_feature, what_separates
     from gate.compare.known import by_failed_names, declaration_blocks
 
@@ -373,6 +382,7 @@ def refusal(
         reasons = block_reasons(groups, shared, nan)
     block = declaration_blocks(kernel, failing, reasons, link)
     measured = sum(1 for r in rows if r.status is not Status.SKIP)
-    feature = separating_feature([by_id[cid].case for cid in failing], passing)
+    everyone = list(suite_cases) or [r.case for r in rows]
+    feature = separating_feature([by_id[cid].case for cid in failing], [*passing, *kept_passing], everyone)
     narrowing = f"{feature.value} = false" if feature is not None else ""
     return Refusal(tuple(lines), pattern, tuple(groups), block, measured, narrowing)

@@ -358,7 +358,7 @@ def refuse_failing_run(
     undeclared = undeclared_failures(sweep, config.known_failures)
     if not undeclared:
         return ""
-    return first_refusal(sweep, undeclared, config).text(
+    return first_refusal(sweep, undeclared, config, written=written).text(
         path,
         sweep.kernel,
         update_command(sweep.kernel, sweep.suite, sweep.env.gpu_class_or_unknown),
@@ -371,12 +371,35 @@ def refuse_failing_run(
 
 
 def first_refusal(
-    sweep: SweepResult, undeclared: list[tuple[str, list[str]]], config: Config, reason: str = "", link: str = ""
+    sweep: SweepResult,
+    undeclared: list[tuple[str, list[str]]],
+    config: Config,
+    reason: str = "",
+    link: str = "",
+    written: Baseline | None = None,
 ):
+    """The refusal of `sweep`'s undeclared failures; `written`: the baseline the run would become,
+    whose passing rows outside the run (an --only run merged into them) an envelope key must keep."""
     own = own_kernel(sweep.kernel, set(config.kernels))
+    try:
+        suite = {c.id: c for c in config.suite(sweep.suite).swept_cases}
+    except UserError:  # a results file of a suite this config does not define: the run's own cases
+        suite = {}
+    ran = {c.case_id for c in sweep.cases}
+    kept = [
+        suite[cid]
+        for cid, row in (written.correctness.items() if written is not None else ())
+        if row.status is Status.PASS and cid not in ran and cid in suite
+    ]
     # another project's kernel: its bug has an upstream issue; the block says so rather than inventing one
     return refusal(
-        list(sweep.cases), undeclared, sweep.kernel, reason, link or ("" if own else "TODO: the upstream issue URL")
+        list(sweep.cases),
+        undeclared,
+        sweep.kernel,
+        reason,
+        link or ("" if own else "TODO: the upstream issue URL"),
+        kept_passing=kept,
+        suite_cases=list(suite.values()),
     )
 
 
