@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import tempfile
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -213,17 +214,24 @@ ALIGNMENT = (
 )
 
 
-def derive(results: list[Result]) -> tuple[dict[str, Any], list[str]]:
-    """The declaration the outcomes call for, and the findings (wrong answers, unexplained failures)."""
+def derive(results: list[Result], declared: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """The declaration the outcomes call for, and the findings (wrong answers, unexplained failures).
+    `declared`: the table before the probe. Its `causal_seqlen_q_ne_k = false` (a top-left mask,
+    declared by hand) stays where the probe's causal call at unequal lengths answers wrong."""
     by_key: dict[str, list[Result]] = {}
     for r in results:
         by_key.setdefault(r.trial.key, []).append(r)
     supports: dict[str, Any] = {}
+    top_left = (declared or {}).get("causal_seqlen_q_ne_k") is False and any(
+        r.outcome == Outcome.WRONG for r in by_key.get("causal_seqlen_q_ne_k", [])
+    )
+    if top_left:
+        supports["causal_seqlen_q_ne_k"] = False
     findings = [
         f"{r.trial.key} {_show(r.trial.value)}: runs but {r.detail}: left in the envelope so the gate judges it"
         + (ALIGNMENT if r.trial.key == "causal_seqlen_q_ne_k" else "")
         for r in results
-        if r.outcome == Outcome.WRONG
+        if r.outcome == Outcome.WRONG and not (top_left and r.trial.key == "causal_seqlen_q_ne_k")
     ]
     for key, everything in NAMED_KEYS:
         names = derive_names(by_key.get(key, []), everything)
@@ -291,7 +299,8 @@ def probe(
 
     family = kernel_entry(kernel, config).family
     table = (family or KernelFamily(name=kernel)).supports_table
-    kept = {k: v for k, v in (family.supports if family is not None else {}).items() if k not in PROBED_KEYS}
+    declared = dict(family.supports) if family is not None else {}
+    kept = {k: v for k, v in declared.items() if k not in PROBED_KEYS}
     if family is not None and family.declaration_only:
         family = None  # the function itself, with no declaration: the probe finds the true envelope
     elif family is not None:
@@ -327,7 +336,7 @@ def probe(
         if base is None:
             raise UserError(no_plain_case(kernel, [r for r in results if r.trial.value in BASE_DTYPES]))
         results += run(axis_trials(base))
-    supports, findings = derive(results)
+    supports, findings = derive(results, declared)
     supports = {**supports, **kept}
     return ProbeReport(kernel=kernel, table=table, supports=supports, findings=tuple(findings), results=tuple(results))
 
