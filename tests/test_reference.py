@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 
 import pytest
 import torch
@@ -329,52 +330,63 @@ SETTERS = {
     "legacy allow_tf32": lambda: setattr(torch.backends.cuda.matmul, "allow_tf32", True),
     "global tf32": lambda: setattr(torch.backends, "fp32_precision", "tf32"),
     "oneDNN bf16": lambda: setattr(torch.backends.mkldnn.matmul, "fp32_precision", "bf16"),
-    "exact fp16 reductions": lambda: setattr(
-        torch.backends.cuda.matmul, "allow_fp16_reduced_precision_reduction", False
-    ),
+    "fp16 accumulation": lambda: setattr(torch.backends.cuda.matmul, "allow_fp16_accumulation", True),
 }
 
 
-@pytest.fixture
-def matmul_settings():
-    """The process gets back torch's defaults, readable through both of its APIs."""
-    spaces = (torch.backends, torch.backends.cuda.matmul, torch.backends.mkldnn.matmul, torch.backends.cudnn.conv)
-    saved = [space.fp32_precision for space in spaces]
-    yield
-    for space, was in zip(spaces, saved):
-        space.fp32_precision = was
-    torch.set_float32_matmul_precision("highest")  # makes the older API's flags agree with the newer's
-    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = True
-    assert torch.get_float32_matmul_precision() == "highest" and not torch.backends.cuda.matmul.allow_tf32
+def in_a_fork(body) -> None:
+    """`body()` in a forked child: what it sets in torch's process-wide matmul settings dies with it
+    (torch cannot put back "inherit the global precision" through its older API), and a failed
+    assert comes back as this test's."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, then leave without running the parent's teardown
+        os.close(read)
+        try:
+            body()
+            message = b""
+        except BaseException as exc:  # noqa: BLE001 - every failure is reported to the parent
+            message = f"{type(exc).__name__}: {exc}".encode() or b"failed"
+        os.write(write, message)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        message = pipe.read().decode()
+    os.waitpid(pid, 0)
+    assert not message, message
 
 
 def _settings() -> tuple:
     m = torch.backends.cuda.matmul
-    return (m.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision, m.allow_fp16_reduced_precision_reduction)
+    return (m.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision, m.allow_fp16_accumulation)
 
 
 @pytest.mark.skipif(
     not hasattr(torch.backends, "fp32_precision"), reason="torch < 2.9 keeps one float32 matmul precision"
 )
 @pytest.mark.parametrize("setting", SETTERS)
-def test_the_yardstick_runs_at_torchs_default_matmul_precision_whatever_the_kernel_set(
-    setting, matmul_settings, monkeypatch
-):
-    """A kernel's package that turns on TF32 or bf16 passes for float32 matmuls (or exact fp16
-    reductions) does not move the bound: the low-precision reference runs at the defaults, and the
-    package's setting is back afterwards."""
+def test_the_yardstick_runs_at_torchs_default_matmul_precision_whatever_the_kernel_set(setting):
+    """A kernel's package that turns on TF32 or bf16 passes for float32 matmuls (or fp16
+    accumulation) does not move the bound: the low-precision reference runs at the defaults, and the
+    package's setting is back afterwards, a backend that inherited the global precision inheriting it
+    still."""
     q, k, v, dout, opts = make_case(CONFIGS[-1].values[0])
     q, k, v, dout = (t.float() for t in (q, k, v, dout))
     default = attention_reference(q, k, v, dout, opts, torch.float32)
-    SETTERS[setting]()
-    theirs = _settings()
-    seen = []
-    real = gate.attention.reference.allowed_mask
-    monkeypatch.setattr(
-        gate.attention.reference, "allowed_mask", lambda *a, **kw: seen.append(_settings()) or real(*a, **kw)
-    )
-    low = attention_reference(q, k, v, dout, opts, torch.float32)
-    assert seen and set(seen) == {("ieee", "ieee", True)}, seen
-    assert _settings() == theirs
-    for name, t in low.tensors().items():
-        assert torch.equal(t, default.tensors()[name]), name
+
+    def body():
+        SETTERS[setting]()
+        theirs = _settings()
+        seen = []
+        real = gate.attention.reference.allowed_mask
+        gate.attention.reference.allowed_mask = lambda *a, **kw: seen.append(_settings()) or real(*a, **kw)
+        low = attention_reference(q, k, v, dout, opts, torch.float32)
+        assert seen and set(seen) == {("ieee", "ieee", False)}, seen
+        assert _settings() == theirs, (_settings(), theirs)
+        for name, t in low.tensors().items():
+            assert torch.equal(t, default.tensors()[name]), name
+        if setting == "global tf32":  # a backend that inherited the global precision inherits it still
+            torch.backends.fp32_precision = "ieee"
+            assert _settings()[:2] == ("ieee", "ieee"), _settings()
+
+    in_a_fork(body)

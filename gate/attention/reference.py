@@ -41,17 +41,23 @@ from gate.core.cases import first_visible_key
 
 @contextmanager
 def default_matmul_precision() -> Iterator[None]:
-    """torch's default matmul settings while a reference runs, whatever the kernel's package set:
-    TF32 or bf16 passes for float32 (on CUDA, or oneDNN on a CPU with bf16) would loosen the bound
-    of every fp32 case, exact fp16/bf16 reductions tighten the others. Restored afterwards."""
+    """Full-precision float32 matmuls and fp32 accumulation of fp16 ones while a reference runs,
+    whatever the kernel's package set: TF32 or bf16 passes for float32 (on CUDA, or oneDNN on a
+    CPU with bf16) and fp16 accumulation would loosen the bound of every such case. Restored after."""
     cuda = torch.backends.cuda.matmul
-    reduced = (cuda.allow_fp16_reduced_precision_reduction, cuda.allow_bf16_reduced_precision_reduction)
+    fp16_accumulation = getattr(cuda, "allow_fp16_accumulation", None)  # torch 2.7+
     # torch 2.9+ keeps float32 precision per backend; reading it through the older API raises
     # once a program has set it through the newer one
     spaces = (cuda, torch.backends.mkldnn.matmul) if hasattr(torch.backends, "fp32_precision") else ()
-    saved = [space.fp32_precision for space in spaces] if spaces else torch.get_float32_matmul_precision()
+    if spaces:
+        inherited = torch.backends.fp32_precision
+        # a backend that reads as the global value may be inheriting it: put back as inheriting
+        saved = ["none" if space.fp32_precision == inherited else space.fp32_precision for space in spaces]
+    else:
+        saved = torch.get_float32_matmul_precision()
     try:
-        cuda.allow_fp16_reduced_precision_reduction = cuda.allow_bf16_reduced_precision_reduction = True
+        if fp16_accumulation is not None:
+            cuda.allow_fp16_accumulation = False
         if spaces:
             for space in spaces:
                 space.fp32_precision = "ieee"
@@ -59,7 +65,8 @@ def default_matmul_precision() -> Iterator[None]:
             torch.set_float32_matmul_precision("highest")
         yield
     finally:
-        cuda.allow_fp16_reduced_precision_reduction, cuda.allow_bf16_reduced_precision_reduction = reduced
+        if fp16_accumulation is not None:
+            cuda.allow_fp16_accumulation = fp16_accumulation
         if spaces:
             for space, was in zip(spaces, saved):
                 space.fp32_precision = was
