@@ -14,6 +14,7 @@ from gate.core.config import load_config
 from gate.core.errors import UserError
 from gate.workflow.probe import (
     HEAD_DIMS,
+    PROBED_KEYS,
     SEQLENS,
     Outcome,
     ProbeReport,
@@ -104,13 +105,16 @@ def test_a_raise_at_causal_unequal_lengths_is_blamed_on_the_mask_only_where_both
     assert derive(no_unequal)[0] == {"seqlen_q_ne_k": False}
     no_causal = [Result(causal, OUT, "ValueError: no causal"), Result(unequal, OK), Result(both, OUT, "no causal")]
     assert derive(no_causal)[0] == {"causal": False}
-    # a top-left mask answers wrong there: the key its finding asks for, written by hand, stays on a
-    # re-probe (and the finding is not repeated); once the call answers right, it goes
+    # a top-left mask answers wrong there: with the key its finding asks for written by hand, the
+    # finding says it stays (it also covers windows and ALiBi, which the probe does not try unequal)
     top_left = [Result(causal, OK), Result(unequal, OK), Result(both, WRONG, "out is 50x its bound")]
-    assert derive(top_left, {"causal_seqlen_q_ne_k": False}) == ({"causal_seqlen_q_ne_k": False}, [])
-    assert derive(top_left)[0] == {} and len(derive(top_left)[1]) == 1
-    fixed = [Result(causal, OK), Result(unequal, OK), Result(both, OK)]
-    assert derive(fixed, {"causal_seqlen_q_ne_k": False}) == ({}, [])
+    supports, findings = derive(top_left, {"causal_seqlen_q_ne_k": False})
+    assert supports == {} and findings == [
+        "causal_seqlen_q_ne_k 128x256 causal: runs but out is 50x its bound: declared causal_seqlen_q_ne_k = false, "
+        "which stays"
+    ]
+    assert "causal_seqlen_q_ne_k" not in PROBED_KEYS  # probe() keeps the table's own value
+    assert derive(top_left)[0] == {} and "bottom-right" in derive(top_left)[1][0]
 
 
 def test_the_counts_name_the_calls_the_signature_refused():

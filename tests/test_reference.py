@@ -12,6 +12,8 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import select
+import signal
 
 import pytest
 import torch
@@ -334,26 +336,34 @@ SETTERS = {
 }
 
 
-def in_a_fork(body) -> None:
+def in_a_fork(body, limit: float = 120.0) -> None:
     """`body()` in a forked child: what it sets in torch's process-wide matmul settings dies with it
-    (torch cannot put back "inherit the global precision" through its older API), and a failed
-    assert comes back as this test's."""
+    (torch cannot put back "inherit the global precision" through its older API). A failed assert,
+    a crash, an early exit or a hang of the child fails this test."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: report, then leave without running the parent's teardown
-        os.close(read)
+        message = b"the child stopped before reporting"
         try:
+            os.close(read)
             body()
             message = b""
         except BaseException as exc:  # noqa: BLE001 - every failure is reported to the parent
-            message = f"{type(exc).__name__}: {exc}".encode() or b"failed"
-        os.write(write, message)
-        os._exit(0)
+            message = f"{type(exc).__name__}: {exc}".encode()
+        finally:
+            try:
+                os.write(write, message)
+            finally:
+                os._exit(1 if message else 0)
     os.close(write)
+    ready, _, _ = select.select([read], [], [], limit)
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
     with os.fdopen(read, "rb") as pipe:
-        message = pipe.read().decode()
-    os.waitpid(pid, 0)
+        message = pipe.read().decode() if ready else f"the child ran past {limit:.0f} s"
+    _, status = os.waitpid(pid, 0)
     assert not message, message
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"the child ended with status {status}"
 
 
 def _settings() -> tuple:

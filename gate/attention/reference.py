@@ -43,7 +43,9 @@ from gate.core.cases import first_visible_key
 def default_matmul_precision() -> Iterator[None]:
     """Full-precision float32 matmuls and fp32 accumulation of fp16 ones while a reference runs,
     whatever the kernel's package set: TF32 or bf16 passes for float32 (on CUDA, or oneDNN on a
-    CPU with bf16) and fp16 accumulation would loosen the bound of every such case. Restored after."""
+    CPU with bf16) and fp16 accumulation would loosen the bound of every such case. Restored after.
+    The reduced-precision-reduction flags are left as set: torch's public getter loses their split-K
+    half, so they could not be put back (exact reductions only tighten the yardstick)."""
     cuda = torch.backends.cuda.matmul
     fp16_accumulation = getattr(cuda, "allow_fp16_accumulation", None)  # torch 2.7+
     # torch 2.9+ keeps float32 precision per backend; reading it through the older API raises
@@ -51,7 +53,8 @@ def default_matmul_precision() -> Iterator[None]:
     spaces = (cuda, torch.backends.mkldnn.matmul) if hasattr(torch.backends, "fp32_precision") else ()
     if spaces:
         inherited = torch.backends.fp32_precision
-        # a backend that reads as the global value may be inheriting it: put back as inheriting
+        # a backend that reads as the global value may be inheriting it (torch does not say which):
+        # put back as inheriting, which reads the same now
         saved = ["none" if space.fp32_precision == inherited else space.fp32_precision for space in spaces]
     else:
         saved = torch.get_float32_matmul_precision()

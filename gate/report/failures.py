@@ -279,7 +279,7 @@ class Refusal:
     groups: tuple[FailGroup, ...]
     block: str  # the [[tool.attn-gate.known_failures]] blocks that declare exactly them
     measured: int  # cases of the run that are not SKIP
-    # the envelope key that SKIPs exactly the failing cases ("gqa = false"), "" when none does
+    # the envelope key that SKIPs every failing case and no passing one ("gqa = false"), "" when none does
     narrowing: str = ""
 
     def text(

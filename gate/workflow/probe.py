@@ -202,9 +202,13 @@ FEATURE_KEYS = (
     "kvcache",
     "paged",
 )
-# what derive can write; any other key of a declaration (max_batch_heads, devices ...) is the
-# user's own statement, which a re-probe keeps
-PROBED_KEYS = frozenset({k for k, _ in NAMED_KEYS} | {"head_dims", "max_seqlen", "seqlen_multiple"} | set(FEATURE_KEYS))
+# what derive can write and a re-probe redoes; any other key of a declaration (max_batch_heads,
+# devices ...) is the user's own statement, which a re-probe keeps. causal_seqlen_q_ne_k is both:
+# the probe writes it where its causal call raises, but it also covers windows and ALiBi at unequal
+# lengths, which the probe does not try, so a `false` already there stays.
+PROBED_KEYS = frozenset(
+    {k for k, _ in NAMED_KEYS} | {"head_dims", "max_seqlen", "seqlen_multiple"} | set(FEATURE_KEYS)
+) - {"causal_seqlen_q_ne_k"}
 
 
 ALIGNMENT = (
@@ -216,22 +220,22 @@ ALIGNMENT = (
 
 def derive(results: list[Result], declared: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], list[str]]:
     """The declaration the outcomes call for, and the findings (wrong answers, unexplained failures).
-    `declared`: the table before the probe. Its `causal_seqlen_q_ne_k = false` (a top-left mask,
-    declared by hand) stays where the probe's causal call at unequal lengths answers wrong."""
+    `declared`: the table before the probe; a wrong answer it already declares away is said so."""
     by_key: dict[str, list[Result]] = {}
     for r in results:
         by_key.setdefault(r.trial.key, []).append(r)
     supports: dict[str, Any] = {}
-    top_left = (declared or {}).get("causal_seqlen_q_ne_k") is False and any(
-        r.outcome == Outcome.WRONG for r in by_key.get("causal_seqlen_q_ne_k", [])
-    )
-    if top_left:
-        supports["causal_seqlen_q_ne_k"] = False
+    top_left = (declared or {}).get("causal_seqlen_q_ne_k") is False
     findings = [
-        f"{r.trial.key} {_show(r.trial.value)}: runs but {r.detail}: left in the envelope so the gate judges it"
-        + (ALIGNMENT if r.trial.key == "causal_seqlen_q_ne_k" else "")
+        f"{r.trial.key} {_show(r.trial.value)}: runs but {r.detail}: "
+        + (
+            "declared causal_seqlen_q_ne_k = false, which stays"
+            if top_left and r.trial.key == "causal_seqlen_q_ne_k"
+            else "left in the envelope so the gate judges it"
+            + (ALIGNMENT if r.trial.key == "causal_seqlen_q_ne_k" else "")
+        )
         for r in results
-        if r.outcome == Outcome.WRONG and not (top_left and r.trial.key == "causal_seqlen_q_ne_k")
+        if r.outcome == Outcome.WRONG
     ]
     for key, everything in NAMED_KEYS:
         names = derive_names(by_key.get(key, []), everything)
@@ -337,7 +341,7 @@ def probe(
             raise UserError(no_plain_case(kernel, [r for r in results if r.trial.value in BASE_DTYPES]))
         results += run(axis_trials(base))
     supports, findings = derive(results, declared)
-    supports = {**supports, **kept}
+    supports = {**supports, **kept} | {k: v for k, v in supports.items() if v is False}  # a raise outranks a claim
     return ProbeReport(kernel=kernel, table=table, supports=supports, findings=tuple(findings), results=tuple(results))
 
 
