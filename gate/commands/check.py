@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import textwrap
 from pathlib import Path
 
 from gate.commands.common import add_config, add_kernel_suite, add_run_options, run_options
@@ -20,7 +19,7 @@ from gate.core.cases import exact_regex
 from gate.core.config import load_config
 from gate.core.errors import UserError
 from gate.core.files import FolderLock
-from gate.report import terminal_width
+from gate.report import wrapped
 from gate.workflow.validate import check_device, require_initialised
 
 
@@ -167,16 +166,5 @@ def main(args: argparse.Namespace) -> int:
             source = FreshSweep(progress=not args.no_progress)
         outcome = run_check(plan, source, out)
     # wrapped at whole paths to the terminal's width (COLUMNS), as the summary lines above are
-    width = terminal_width()
-    print(
-        "\n".join(
-            textwrap.wrap(
-                "wrote " + ", ".join(str(p) for p in outcome.paths.values()),
-                width=max(20, width),
-                subsequent_indent="  ",
-                break_long_words=False,
-                break_on_hyphens=False,
-            )
-        )
-    )
+    print(wrapped("wrote " + ", ".join(str(p) for p in outcome.paths.values())))
     return outcome.exit_code

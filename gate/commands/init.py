@@ -17,7 +17,7 @@ from pathlib import Path
 import gate
 from gate.commands.help_text import parser_kwargs
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
-from gate.report import terminal_width, wrap_words
+from gate.report import wrapped
 from gate.workflow import init as I
 from gate.workflow.install_source import installed_source
 from gate.workflow.probe import probe_for_init
@@ -150,9 +150,9 @@ def main(args: argparse.Namespace) -> int:
             lambda result: print(result.line(), file=sys.stderr, flush=True),
         )
         for finding in report.findings:
-            print("\n".join(wrap_words(f"probe finding: {finding}", terminal_width())))
+            print(wrapped(f"probe finding: {finding}"))
         # the table as init writes it, so the first baseline's SKIPs are no surprise
-        print("\n".join(wrap_words(f"probe: {report.counts()}; the envelope goes into", terminal_width())))
+        print(wrapped(f"probe: {report.counts()}; the envelope goes into"))
         print(f"  {report.table}:")
         body = report.toml().splitlines()[1:] or ["(empty: every probed axis runs, nothing to narrow)"]
         print("".join(f"    {line}\n" for line in body), end="")

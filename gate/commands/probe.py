@@ -11,7 +11,7 @@ from gate.commands.common import add_config
 from gate.commands.help_text import parser_kwargs
 from gate.core.config import load_config
 from gate.core.errors import EXIT_PASS, UserError
-from gate.report import terminal_width, wrap_words
+from gate.report import wrapped
 from gate.workflow.probe import probe, write_declaration
 from gate.workflow.validate import check_device
 
@@ -50,9 +50,9 @@ def main(args: argparse.Namespace) -> int:
             print(result.line(), file=sys.stderr, flush=True)
 
     report = probe(args.kernel, config, device, args.timeout, show)
-    print("\n".join(wrap_words(f"probed {args.kernel} on {device}: {report.counts()}", terminal_width())))
+    print(wrapped(f"probed {args.kernel} on {device}: {report.counts()}"))
     for finding in report.findings:
-        print("\n".join(wrap_words(f"finding: {finding}", terminal_width())))
+        print(wrapped(f"finding: {finding}"))
     print()
     print(report.toml() + ("# every probed axis runs: nothing to narrow\n" if not report.supports else ""), end="")
     if args.write:

@@ -22,9 +22,14 @@ def terminal_width() -> int:
     return shutil.get_terminal_size((200, 24)).columns
 
 
-def wrap_words(line: str, width: int) -> list[str]:
-    """A summary line wrapped at whole words, its continuation indented; a word wider than the
-    terminal (a long path) is kept whole rather than cut, so it can still be copied."""
+def wrap_words(line: str, width: int, indent: str = "  ") -> list[str]:
+    """A summary line wrapped at whole words, its continuation indented by `indent`; a word wider
+    than the terminal (a long path) is kept whole rather than cut, so it can still be copied."""
     return textwrap.wrap(
-        line, width=max(20, width), subsequent_indent="  ", break_long_words=False, break_on_hyphens=False
+        line, width=max(20, width), subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
     ) or [line]
+
+
+def wrapped(line: str) -> str:
+    """`line` wrapped at whole words to the terminal's width, ready to print."""
+    return "\n".join(wrap_words(line, terminal_width()))

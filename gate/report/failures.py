@@ -332,19 +332,10 @@ class Refusal:
         )
         out += ["the way forward, one of:", *(f"  {i}. {way}" for i, way in enumerate(ways, 1))]
         if width is not None:
-            import textwrap
+            from gate.report import wrap_words
 
             out = [
-                piece
-                for line in out
-                for piece in textwrap.wrap(
-                    line,
-                    width=max(20, width),
-                    subsequent_indent=" " * (len(line) - len(line.lstrip()) + 4),
-                    break_long_words=False,
-                    break_on_hyphens=False,
-                )
-                or [line]
+                piece for line in out for piece in wrap_words(line, width, " " * (len(line) - len(line.lstrip()) + 4))
             ]
         return "\n".join(out + ["", self.block.rstrip("\n")])
 

@@ -77,7 +77,7 @@ from gate.core.files import (
 from gate.core.identity import Environment, Scope
 from gate.core.jsonio import write_text_atomic
 from gate.core.results import Status, SweepResult
-from gate.report import terminal_width, wrap_words
+from gate.report import terminal_width, wrapped
 from gate.report.check_report import render_check
 from gate.report.failures import refusal
 from gate.report.sweep_report import write_sweep_outputs
@@ -528,7 +528,7 @@ def _update_baseline(plan: RunPlan, source: FreshSweep | SavedSweep, out: Output
         with writing("pass a writable --out folder"):
             saved_paths = write_sweep_outputs(sweep, out.folder)
         saved, saved_note = saved_paths["json"], saved_paths["note"]
-        print("\n".join(wrap_words(f"the run is saved in {saved} (reuse it with --from-results)", terminal_width())))
+        print(wrapped(f"the run is saved in {saved} (reuse it with --from-results)"))
     require_complete_run(plan, sweep, results_path if results is not None else "this run", path)
     differs = why_not_comparable(sweep.key, plan.key, ("tolerance",))
     if differs is not None:
@@ -598,5 +598,5 @@ def _update_baseline(plan: RunPlan, source: FreshSweep | SavedSweep, out: Output
     wrote = f"wrote {path}: review the summary above and commit it in a PR" + (
         f" (summary for the PR body in {summary_path})" if summary_path else ""
     )
-    print("\n".join(wrap_words(wrote, terminal_width())))
+    print(wrapped(wrote))
     return UpdateOutcome(diff, path, sweep, EXIT_PASS)
