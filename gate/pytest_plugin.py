@@ -148,8 +148,12 @@ class GateSession:
     def pytest_terminal_summary(self, terminalreporter) -> None:
         """The verdict's lines where pytest prints a plugin's summary: on a line of their own, after
         the progress dots (written from sessionfinish, they joined its `[100%]`)."""
+        from gate.report import wrap_words
+
+        width = terminalreporter.config.get_terminal_writer().fullwidth
         for line in self.summary:
-            terminalreporter.write_line(line)
+            for piece in wrap_words(line, width):
+                terminalreporter.write_line(piece)
 
 
 class GateCollector(pytest.Collector):

@@ -226,3 +226,17 @@ def test_the_rerun_hint_keeps_perf_where_a_speed_finding_blocks():
     assert rerun_hint(decide([wrong])) == "attn-gate check --last-failed"
     assert rerun_hint(decide([wrong, slow])) == "attn-gate check --last-failed --perf"
     assert rerun_hint(decide([wrong]), "ci-out/check-k-s.md") == "attn-gate check --last-failed --out ci-out"
+
+
+@pytest.mark.parametrize("width", [30, 40, 60])
+def test_a_short_code_span_is_never_split_and_a_long_command_still_wraps(width):
+    from gate.report import wrap_words
+
+    setting = "`causal_seqlen_q_ne_k = false`"
+    command = "`attn-gate baseline update --kernel mypkg.attn:attn_func --suite pr --known WHY`"
+    lines = wrap_words(f"narrow the envelope: declare {setting} in the supports table; or run {command}", width)
+    assert any(setting in line for line in lines)  # the setting as it is pasted
+    assert " ".join(line.strip() for line in lines).count(setting) == 1
+    assert all(len(line) <= max(width, len(setting) + 2) for line in lines)  # the command wrapped, at words
+    assert not any(command in line for line in lines)
+

@@ -54,6 +54,16 @@ def pytest_here(pytester: pytest.Pytester, cwd: Path, *args: str) -> subprocess.
     return subprocess.CompletedProcess(args, int(result.ret), "\n".join(result.outlines), "\n".join(result.errlines))
 
 
+def verdict_lines(stdout: str) -> list[str]:
+    """The plugin's summary: its `attn-gate:` lines and their indented continuations."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("attn-gate: "))
+    end = start + 1
+    while end < len(lines) and (lines[end].startswith("attn-gate: ") or lines[end].startswith("  ")):
+        end += 1
+    return lines[start:end]
+
+
 def junit(path: Path) -> dict[str, str]:
     """test name -> passed / failed / skipped, from a --junitxml file."""
     out = {}
@@ -84,7 +94,7 @@ def repo(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("pytest_plugin")
-def test_the_failing_items_are_exactly_the_checks_fail_cases(repo, pytester):
+def test_the_failing_items_are_exactly_the_checks_fail_cases(repo, pytester, monkeypatch):
     check = ["check", "--kernel", BUGGY[1], "--baseline", BUGGY[3], "--device", "cpu", "--no-progress"]
     assert gate([*check, "--out", "o-check"], repo) == 1
     expected = failing_cases(repo / "o-check" / "findings-tinyk_bug_flash_attn_func-mini.json")
@@ -118,6 +128,11 @@ def test_the_failing_items_are_exactly_the_checks_fail_cases(repo, pytester):
         pytester, repo, "--attn-gate", *BUGGY, "--attn-gate-out", "o-x", "-x", "-k", "causal", "--junitxml", "x.xml"
     )
     assert first.returncode == 1 and list(junit(repo / "x.xml").values()) == ["failed"]
+    monkeypatch.setenv("COLUMNS", "60")  # the verdict's lines wrap at words to pytest's width
+    narrow = pytest_here(pytester, repo, "--attn-gate", *BUGGY, "--attn-gate-out", "o-narrow", "-k", "causal")
+    ours = verdict_lines(narrow.stdout)
+    assert any(line.startswith("attn-gate: wrote") for line in ours) and len(ours) > 2, narrow.stdout[-2000:]
+    assert all(len(line) <= 60 or " " not in line.strip() for line in ours), ours
     picked = pytest_here(
         pytester, repo, "--attn-gate", *BUGGY, "--attn-gate-out", "o-k", "-k", "not causal", "--junitxml", "k.xml"
     )

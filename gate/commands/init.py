@@ -9,7 +9,6 @@ templates, 1 they drift (a diff summary per file), 2 not initialised.
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import gate
 from gate.commands.help_text import parser_kwargs
 from gate.core.errors import EXIT_FAIL, EXIT_PASS, UserError
-from gate.report import wrapped
+from gate.report import terminal_width, wrapped
 from gate.workflow import init as I
 from gate.workflow.install_source import installed_source
 from gate.workflow.probe import probe_for_init
@@ -165,5 +164,5 @@ def main(args: argparse.Namespace) -> int:
     if result.todo:
         print("TODO before the files work:")
         print("\n".join(f"{i}. {line}" for i, line in enumerate(result.todo, 1)) + "\n")
-    print("\n".join(I.render_checklist(I.admin_checklist(result.ci), shutil.get_terminal_size().columns)))
+    print("\n".join(I.render_checklist(I.admin_checklist(result.ci), terminal_width())))
     return EXIT_PASS

@@ -1,6 +1,7 @@
 """Rendering only: terminal tables, Markdown, plots. Reads findings and results; decides nothing."""
 
 import os
+import re
 import shutil
 import textwrap
 
@@ -24,10 +25,18 @@ def terminal_width() -> int:
 
 def wrap_words(line: str, width: int, indent: str = "  ") -> list[str]:
     """A summary line wrapped at whole words, its continuation indented by `indent`; a word wider
-    than the terminal (a long path) is kept whole rather than cut, so it can still be copied."""
-    return textwrap.wrap(
-        line, width=max(20, width), subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
-    ) or [line]
+    than the terminal (a long path) is kept whole rather than cut, so it can still be copied, and
+    a short `code span` is one word: a setting such as `causal = false` reads as it is pasted (a
+    long command still wraps, to stay within the width)."""
+    joined = _CODE_SPAN.sub(lambda m: m.group(0).replace(" ", _KEPT_SPACE), line)
+    pieces = textwrap.wrap(
+        joined, width=max(20, width), subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
+    )
+    return [piece.replace(_KEPT_SPACE, " ") for piece in pieces] or [line]
+
+
+_CODE_SPAN = re.compile(r"`[^`\n]{1,40}`")
+_KEPT_SPACE = "\ue000"  # a private-use character: no line holds it, and textwrap never breaks at it
 
 
 def wrapped(line: str) -> str:
