@@ -240,3 +240,19 @@ def test_a_short_code_span_is_never_split_and_a_long_command_still_wraps(width):
     assert all(len(line) <= max(width, len(setting) + 2) for line in lines)  # the command wrapped, at words
     assert not any(command in line for line in lines)
 
+
+@pytest.mark.xdist_group("check_terminal")
+def test_last_failed_after_a_passing_check_runs_every_case_as_pytest_does(tiny_repo, tmp_path, monkeypatch, capsys):
+    import shutil as sh
+
+    repo = tmp_path / "repo"
+    sh.copytree(tiny_repo, repo, ignore=sh.ignore_patterns("out"))  # the baseline's own sweep stays behind
+    project(repo / "pyproject.toml", "mine", "tests.regime_kernels:fixed", SUITE, baselines="baselines")
+    argv = ("check", "--kernel", "mine", "--suite", "tiny", "--device", "cpu")
+    assert _run(repo, monkeypatch, capsys, 80, *argv, "--only", "shifted")[0] == 0  # some cases, all passing
+    assert len(json.loads((repo / "out" / "sweep-mine-tiny.json").read_text())["cases"]) == 2
+    with contextlib.chdir(repo):
+        assert main(["check", "--last-failed", "--no-progress"]) == 0
+    assert "no case failed in the last check in out: every case runs" in " ".join(capsys.readouterr().err.split())
+    whole = json.loads((repo / "out" / "sweep-mine-tiny.json").read_text())
+    assert len(whole["cases"]) == 6 and whole["scope"] is None  # 2 causal x 3 inputs: the whole suite

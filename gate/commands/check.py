@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from gate.commands.common import add_config, add_kernel_suite, add_run_options, run_options
@@ -77,18 +78,26 @@ def register(sub) -> None:
     p.set_defaults(main=main)
 
 
-def last_failed(out: Path, kernel: str | None, suite: str | None) -> tuple[str, dict]:
+def last_failed(out: Path, kernel: str | None, suite: str | None) -> tuple[str | None, dict]:
     """An exact `--only` regex of the cases that failed (or were inconclusive) in the last check
     written to `out` (its findings JSON, the one of this kernel and suite where several are there),
-    and that check's context: the kernel, suite, config and baseline it ran with."""
+    and that check's context: the kernel, suite, config and baseline it ran with. None where no
+    case failed: every case runs again, as `pytest --last-failed` does after a passing run."""
     data, failed = _last_findings(out, kernel, suite)
     context = data.get("context") if isinstance(data.get("context"), dict) else {}
-    return exact_regex(failed), context
+    return (exact_regex(failed) if failed else None), context
 
 
 def last_failed_ids(out: Path, kernel: str | None, suite: str | None) -> list[str]:
-    """The ids `last_failed` matches (`attn-gate bisect --last-failed` names them)."""
-    return _last_findings(out, kernel, suite)[1]
+    """The ids `last_failed` matches (`attn-gate bisect --last-failed` names them); a bisect
+    needs a failing case, so none is an error."""
+    failed = _last_findings(out, kernel, suite)[1]
+    if not failed:
+        raise UserError(
+            f"--last-failed: no case failed in the last check in {out}; nothing to bisect: pass --only REGEX "
+            f"of the cases to follow"
+        )
+    return failed
 
 
 def _last_findings(out: Path, kernel: str | None, suite: str | None) -> tuple[dict, list[str]]:
@@ -118,10 +127,6 @@ def _last_findings(out: Path, kernel: str | None, suite: str | None) -> tuple[di
             f"--last-failed: {found[-1]} is not a findings JSON attn-gate wrote ({str(exc)[:200]}); "
             f"run without --last-failed"
         ) from None
-    if not failed:
-        raise UserError(
-            f"--last-failed: no case failed in the last check in {out} ({found[-1].name}); run without --last-failed"
-        )
     return (data if isinstance(data, dict) else {}), failed
 
 
@@ -134,6 +139,11 @@ def main(args: argparse.Namespace) -> int:
         if args.only is not None or args.results is not None:
             raise UserError("--last-failed picks the cases itself: drop --only (and --results)")
         args.only, context = last_failed(args.out, args.kernel, args.suite)
+        if args.only is None:
+            print(
+                wrapped(f"attn-gate: --last-failed: no case failed in the last check in {args.out}: every case runs"),
+                file=sys.stderr,
+            )
         # what the last check ran with, where not given again: `attn-gate check --last-failed` alone reruns it
         args.kernel = args.kernel or context.get("kernel") or None
         args.suite = args.suite or context.get("suite") or None
