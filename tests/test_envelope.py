@@ -317,3 +317,23 @@ def test_a_declared_skip_is_never_timed_either(tmp_path):
     got = worker.measure(case(heads_kv=1), "sdpa-math", None)
     assert got.status is Status.SKIP and got.reason == f"declared: no GQA/MQA ({TABLE} gqa = false)"
     assert worker.pool is None
+
+
+def test_the_skip_count_names_each_declared_key_apart():
+    from types import SimpleNamespace
+
+    from gate.report.check_report import skipped_by_reason
+
+    decl = Capabilities.from_declaration(
+        check_supports({"gqa": False, "head_dims": {"max": 128}, "causal": False}, "t"), TABLE
+    )
+    cases = [case(heads_kv=1), case(heads_kv=1), case(head_dim=256, head_dim_v=256), case(causal=True)]
+    rows = [SimpleNamespace(status=Status.SKIP, reason=decl.unsupported_reason(c, "cpu")) for c in cases]
+    rows.append(SimpleNamespace(status=Status.SKIP, reason="no sliding window: SDPA has none"))
+    rows.append(SimpleNamespace(status=Status.PASS, reason=None))
+    assert skipped_by_reason(SimpleNamespace(cases=rows)) == [
+        ("declared gqa = false", 2),
+        ("declared causal = false", 1),
+        ("declared head_dims", 1),
+        ("no sliding window", 1),
+    ]

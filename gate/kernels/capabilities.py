@@ -26,6 +26,9 @@ from gate.core.envelope import (
 
 __all__ = ["ASSUMED", "DEFAULT_REASONS", "Capabilities", "Feature", "feature_set"]
 
+# how a declared envelope's refusal begins: a report counts SKIPs by what was declared
+DECLARED = "declared: "
+
 
 # What a kernel in the flash_attn_func convention is taken to support unless it says otherwise.
 ASSUMED = frozenset(
@@ -172,7 +175,7 @@ class Capabilities:
                 return why
         for ok, reason, key in self._checks(case, device):
             if not ok:
-                return f"declared: {reason} ({self.declared_in} {key})" if self.declared_in else reason
+                return f"{DECLARED}{reason} ({self.declared_in} {key})" if self.declared_in else reason
         return None
 
     def _checks(self, case: Case, device: str):
