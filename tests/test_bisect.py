@@ -238,8 +238,9 @@ def planted(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("bisect")
-def test_bisect_names_the_commit_that_planted_the_bug_and_skips_one_that_does_not_build(planted, capfd):
+def test_bisect_names_the_commit_that_planted_the_bug_and_skips_one_that_does_not_build(planted, capfd, monkeypatch):
     repo, commits = planted
+    monkeypatch.setenv("COLUMNS", "80")  # every line wraps at words to the terminal
     # one run a step: the re-runs are the flaky test's business
     proc = bisect(repo, capfd, "--good", commits[0], "--last-failed", "--reruns", "0")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -248,6 +249,8 @@ def test_bisect_names_the_commit_that_planted_the_bug_and_skips_one_that_does_no
         assert f"  {case}: dk" in proc.stdout
     assert f"{commits[2][:12]} skip" in proc.stdout and "py_compile" in proc.stdout  # the install step failed
     assert f"attn-gate bisect: {commits[2][:12]} skip" in proc.stderr  # each step's verdict is shown as it comes
+    long = [line for line in (proc.stdout + proc.stderr).splitlines() if len(line) > 80 and " " in line.strip()]
+    assert not long, long
     data = json.loads((repo / "out" / "bisect-tinyk_flash_attn_func-mini.json").read_text())
     assert data["first_bad"]["commit"] == commits[4] and data["first_bad"]["failing"] == {c: ["dk"] for c in CASES}
     no_leftovers(repo)

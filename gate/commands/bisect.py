@@ -17,6 +17,7 @@ from gate.core.config import load_config
 from gate.core.errors import UserError
 from gate.core.files import append_step_summary, require_writable, safe_name
 from gate.core.jsonio import write_json_atomic
+from gate.report import wrapped
 from gate.workflow.bisect import (
     BisectSpec,
     bisect_step,
@@ -151,11 +152,11 @@ def main(args: argparse.Namespace) -> int:
                 workdir=str(work),
                 record=str(work / "record.jsonl"),
             )
-            outcome = run_bisect(spec, log=lambda line: print(line, file=sys.stderr, flush=True))
+            outcome = run_bisect(spec, log=lambda line: print(wrapped(line), file=sys.stderr, flush=True))
     text = outcome.text()
-    print(text)
+    print(wrapped(text))
     path = args.out / f"bisect-{safe_name(plan.kernel)}-{plan.suite.name}.json"
     write_json_atomic(path, json.loads(json.dumps(outcome.to_dict())))
     append_step_summary("## attn-gate bisect\n\n```\n" + text + "\n```\n")
-    print(f"wrote {path}")
+    print(wrapped(f"wrote {path}"))
     return outcome.exit_code

@@ -39,6 +39,12 @@ _CODE_SPAN = re.compile(r"`[^`\n]{1,40}`")
 _KEPT_SPACE = "\ue000"  # a private-use character: no line holds it, and textwrap never breaks at it
 
 
-def wrapped(line: str) -> str:
-    """`line` wrapped at whole words to the terminal's width, ready to print."""
-    return "\n".join(wrap_words(line, terminal_width()))
+def wrapped(text: str) -> str:
+    """`text` wrapped at whole words to the terminal's width, ready to print: each of its lines
+    continues two columns right of its own indent."""
+    width = terminal_width()
+    return "\n".join(
+        piece
+        for line in text.splitlines() or [""]
+        for piece in wrap_words(line, width, " " * (len(line) - len(line.lstrip()) + 2))
+    )
