@@ -13,6 +13,8 @@ heads, bottom-right causal) with one limit of its own:
     fp16_only_grad_off   fp16_only, but turns autograd off in its process before it raises
     causal_equal_lengths raises on a causal call whose q and k lengths differ (a tutorial's mask)
     top_left_causal      aligns its causal mask top-left (query i sees keys up to i), silently
+    causal_backward      a backward written for causal attention (a tutorial's): a non-causal
+                         call's output is right, its gradients are causal attention's
 
 With ENVELOPE_KERNEL_LOG set, each call that runs appends its process id to that file: which
 worker ran it.
@@ -123,3 +125,12 @@ def top_left_causal(q, k, v, softmax_scale=None, causal=False, return_attn_probs
     tail = attend(q[:, nk:], k, v, softmax_scale, False, return_attn_probs=True)
     out, lse = torch.cat([head[0], tail[0]], dim=1), torch.cat([head[1], tail[1]], dim=-1)
     return (out, lse) if return_attn_probs else out
+
+
+def causal_backward(q, k, v, softmax_scale=None, causal=False, return_attn_probs=False):
+    right = attend(q, k, v, softmax_scale, causal, return_attn_probs=True)
+    if causal:
+        return right if return_attn_probs else right[0]
+    masked = attend(q, k, v, softmax_scale, True)
+    out = right[0].detach() + (masked - masked.detach())  # the value of one, the gradients of the other
+    return (out, right[1]) if return_attn_probs else out

@@ -286,6 +286,38 @@ def test_a_causal_mask_for_equal_lengths_only_is_found_and_a_top_left_one_is_nam
     assert "bottom-right" in got.findings[0]
 
 
+def test_a_wrong_plain_call_is_one_finding_naming_what_inherits_it_and_what_runs_right():
+    plain = [
+        Result(Trial("dtypes", d, CASE), o, "dv is 394x its bound" if o == WRONG else "")
+        for d, o in (("bf16", OUT), ("fp16", WRONG), ("fp32", WRONG))
+    ]
+    axes = results("head_dims", {64: WRONG, 128: WRONG, 96: OUT})
+    axes += results("causal", {True: OK}) + results("layouts", {"k_sliced": WRONG}) + results("gqa", {"4/2 heads": OUT})
+    top_left = Result(Trial("causal_seqlen_q_ne_k", "128x256 causal", CASE), WRONG, "out is 50x its bound")
+    supports, findings = derive([*plain, *axes, top_left])
+    assert supports["head_dims"] == [64, 128] and supports["gqa"] is False and "bf16" not in supports["dtypes"]
+    assert findings[0] == (
+        f"the plain call ({CASE.id}) runs but dv is 394x its bound, and so do 4 calls built on it (dtypes fp32; "
+        "head_dims 64, 128; layouts k_sliced); what runs right differs from it in: causal: left in the "
+        "envelope so the gate judges it"
+    )
+    assert len(findings) == 2 and findings[1].startswith("causal_seqlen_q_ne_k 128x256 causal: runs but ")
+    # a right plain call: each wrong call is its own finding
+    assert len(derive([Result(plain[1].trial, OK), *axes])[1]) == 3
+
+
+@pytest.mark.slow
+def test_a_backward_written_for_causal_attention_is_one_finding_that_names_causal():
+    got = probed("causal_backward")
+    assert got.supports == {}
+    (finding,) = got.findings
+    assert finding.startswith("the plain call (bf16-b1-h2-s128-d64) runs but d") and "calls built on it" in finding
+    assert finding.endswith(
+        "what runs right differs from it in: causal_seqlen_q_ne_k 128x256 causal; causal: "
+        "left in the envelope so the gate judges it"
+    ), finding
+
+
 @pytest.mark.slow
 def test_a_kernel_silently_wrong_on_gqa_keeps_gqa_and_the_finding_says_so():
     got = probed("wrong_on_gqa")

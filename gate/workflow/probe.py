@@ -226,7 +226,9 @@ def derive(results: list[Result], declared: Mapping[str, Any] | None = None) -> 
         by_key.setdefault(r.trial.key, []).append(r)
     supports: dict[str, Any] = {}
     top_left = (declared or {}).get("causal_seqlen_q_ne_k") is False
-    findings = [
+    wrong = [r for r in results if r.outcome == Outcome.WRONG]
+    findings, inherited = _wrong_plain_call(results, wrong)
+    findings += [
         f"{r.trial.key} {_show(r.trial.value)}: runs but {r.detail}: "
         + (
             "declared causal_seqlen_q_ne_k = false, which stays"
@@ -234,8 +236,8 @@ def derive(results: list[Result], declared: Mapping[str, Any] | None = None) -> 
             else "left in the envelope so the gate judges it"
             + (ALIGNMENT if r.trial.key == "causal_seqlen_q_ne_k" else "")
         )
-        for r in results
-        if r.outcome == Outcome.WRONG
+        for r in wrong
+        if r not in inherited
     ]
     for key, everything in NAMED_KEYS:
         names = derive_names(by_key.get(key, []), everything)
@@ -256,6 +258,37 @@ def derive(results: list[Result], declared: Mapping[str, Any] | None = None) -> 
         if any(r.outcome == Outcome.UNSUPPORTED for r in by_key.get(key, [])):
             supports[key] = False
     return supports, findings
+
+
+def _wrong_plain_call(results: list[Result], wrong: list[Result]) -> tuple[list[str], list[Result]]:
+    """Where the plain call (the first dtype that runs) is wrong, every call built on it inherits
+    that: one finding names them all and the calls that run right, which differ from it in what
+    is broken (a backward written for causal attention: only `causal` runs right). The causal
+    call at unequal lengths keeps its own finding (its alignment note)."""
+    plain = next(
+        (r for d in BASE_DTYPES for r in _ran(results) if r.trial.key == "dtypes" and r.trial.value == d), None
+    )
+    if plain is None or plain.outcome != Outcome.WRONG:
+        return [], []
+    inherited = [r for r in wrong if r.trial.key != "causal_seqlen_q_ne_k"]
+    others = [r for r in inherited if r is not plain]
+    right = [r for r in results if r.outcome == Outcome.OK]
+    text = f"the plain call ({plain.trial.case.id}) runs but {plain.detail}"
+    if others:
+        text += f", and so do {len(others)} calls built on it ({_by_key(others)})"
+    if right:
+        text += f"; what runs right differs from it in: {_by_key(right)}"
+    return [text + ": left in the envelope so the gate judges it"], inherited
+
+
+def _by_key(results: list[Result]) -> str:
+    """`head_dims 64, 128; causal; layouts k_sliced`: the calls' values grouped by their key."""
+    values: dict[str, list[str]] = {}
+    for r in results:
+        shown = values.setdefault(r.trial.key, [])
+        if r.trial.value is not True and _show(r.trial.value) not in shown:
+            shown.append(_show(r.trial.value))
+    return "; ".join(f"{key} {', '.join(vs)}" if vs else key for key, vs in values.items())
 
 
 def _show(value: Any) -> str:
