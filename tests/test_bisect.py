@@ -329,6 +329,15 @@ def test_bisect_usage_errors_are_one_line(tmp_path, monkeypatch, capsys):
     assert "--good nope: not a commit" in capsys.readouterr().err
     assert main(["bisect", "--good", "HEAD", "--only", "x"]) == 2
     assert "not an older ancestor" in capsys.readouterr().err
+    # --last-failed after a check where nothing failed: a bisect needs a failing case
+    from gate.commands.check import last_failed_ids
+    from gate.core.errors import UserError
+
+    passing = {"schema_version": 2, "kind": "attn-gate findings", "verdict": "PASS", "context": {}, "findings": []}
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "findings-k-s.json").write_text(json.dumps(passing))
+    with pytest.raises(UserError, match=r"no case failed in the last check in .*out \(findings-k-s\.json\); nothing"):
+        last_failed_ids(tmp_path / "out", None, None)
 
 
 def test_an_interrupted_bisect_leaves_no_worktree_and_no_bisect_state(tmp_path):

@@ -239,6 +239,10 @@ def test_a_short_code_span_is_never_split_and_a_long_command_still_wraps(width):
     assert " ".join(line.strip() for line in lines).count(setting) == 1
     assert all(len(line) <= max(width, len(setting) + 2) for line in lines)  # the command wrapped, at words
     assert not any(command in line for line in lines)
+    # a long span before a short one: the pairs are the spans, not the text between them
+    lines = wrap_words(f"or run {command} and then declare {setting} in the table", width)
+    assert any(setting in line for line in lines)
+    assert " ".join(line.strip() for line in lines) == f"or run {command} and then declare {setting} in the table"
 
 
 @pytest.mark.xdist_group("check_terminal")

@@ -337,3 +337,8 @@ def test_the_skip_count_names_each_declared_key_apart():
         ("declared head_dims", 1),
         ("no sliding window", 1),
     ]
+    from gate.kernels.capabilities import declared_key, declared_refusal
+
+    quoted = '[tool.attn-gate.kernels."pkg.mod:fn".supports]'
+    assert declared_key(declared_refusal("head_dim 96 (supports 64, 128)", quoted, "head_dims")) == "head_dims"
+    assert declared_key("declared nothing: no sliding window (SDPA)") is None

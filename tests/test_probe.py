@@ -286,24 +286,52 @@ def test_a_causal_mask_for_equal_lengths_only_is_found_and_a_top_left_one_is_nam
     assert "bottom-right" in got.findings[0]
 
 
-def test_a_wrong_plain_call_is_one_finding_naming_what_inherits_it_and_what_runs_right():
-    plain = [
-        Result(Trial("dtypes", d, CASE), o, "dv is 394x its bound" if o == WRONG else "")
-        for d, o in (("bf16", OUT), ("fp16", WRONG), ("fp32", WRONG))
+def dtype_calls(**outcomes: str) -> list[Result]:
+    """The dtype calls in the order the probe makes them (DTYPES'), wrong ones with dv 394x."""
+    return [
+        Result(Trial("dtypes", d, CASE.with_fields(dtype=d)), o, "dv is 394x its bound" if o == WRONG else "")
+        for d, o in outcomes.items()
     ]
-    axes = results("head_dims", {64: WRONG, 128: WRONG, 96: OUT})
-    axes += results("causal", {True: OK}) + results("layouts", {"k_sliced": WRONG}) + results("gqa", {"4/2 heads": OUT})
-    top_left = Result(Trial("causal_seqlen_q_ne_k", "128x256 causal", CASE), WRONG, "out is 50x its bound")
-    supports, findings = derive([*plain, *axes, top_left])
+
+
+AXES = (
+    results("head_dims", {64: WRONG, 128: WRONG, 96: OUT})
+    + results("causal", {True: OK})
+    + results("layouts", {"k_sliced": WRONG})
+    + results("gqa", {"4/2 heads": OUT})
+)
+TOP_LEFT = Result(Trial("causal_seqlen_q_ne_k", "128x256 causal", CASE), WRONG, "out is 50x its bound")
+
+
+def test_a_wrong_plain_call_is_one_finding_naming_what_inherits_it_and_what_runs_right():
+    supports, findings = derive([*dtype_calls(fp16=WRONG, bf16=OUT, fp32=WRONG), *AXES, TOP_LEFT])
     assert supports["head_dims"] == [64, 128] and supports["gqa"] is False and "bf16" not in supports["dtypes"]
     assert findings[0] == (
-        f"the plain call ({CASE.id}) runs but dv is 394x its bound, and so do 4 calls built on it (dtypes fp32; "
-        "head_dims 64, 128; layouts k_sliced); what runs right differs from it in: causal: left in the "
-        "envelope so the gate judges it"
+        f"the plain call ({CASE.with_fields(dtype='fp16').id}) runs but dv is 394x its bound, as at dtypes fp32, and so "
+        "do 3 calls built on it (head_dims 64, 128; layouts k_sliced); what runs right differs from it in: "
+        "causal: left in the envelope so the gate judges it"
     )
+    # a causal call that runs right: the one at unequal lengths is its mask's alignment, said apart
     assert len(findings) == 2 and findings[1].startswith("causal_seqlen_q_ne_k 128x256 causal: runs but ")
-    # a right plain call: each wrong call is its own finding
-    assert len(derive([Result(plain[1].trial, OK), *axes])[1]) == 3
+
+
+def test_the_plain_call_is_the_one_the_other_calls_are_built_on():
+    # fp16 is called first and runs right: the other calls are fp16 calls, a wrong bf16 is its own finding
+    _, findings = derive([*dtype_calls(fp16=OK, bf16=WRONG, fp32=OK), *AXES])
+    assert findings[0].startswith("dtypes bf16: runs but dv is 394x its bound") and len(findings) == 4
+    _, findings = derive([*dtype_calls(fp16=WRONG, bf16=OK, fp32=OK), *AXES])
+    assert findings[0].startswith(f"the plain call ({CASE.with_fields(dtype='fp16').id}) runs but ")
+    assert "what runs right differs from it in: dtypes bf16, fp32; causal:" in findings[0] and len(findings) == 1
+
+
+def test_a_kernel_wrong_everywhere_says_no_call_runs_right_and_drops_the_alignment_note():
+    everything = [r if r.outcome != OK else Result(r.trial, WRONG, "dq is 37x its bound") for r in AXES]
+    _, findings = derive([*dtype_calls(fp16=WRONG), *everything, TOP_LEFT])
+    (finding,) = findings
+    assert "and so do 5 calls built on it" in finding and finding.endswith(
+        "; no call runs right: left in the envelope so the gate judges it"
+    )
+    assert "bottom-right" not in finding
 
 
 @pytest.mark.slow
@@ -311,7 +339,8 @@ def test_a_backward_written_for_causal_attention_is_one_finding_that_names_causa
     got = probed("causal_backward")
     assert got.supports == {}
     (finding,) = got.findings
-    assert finding.startswith("the plain call (bf16-b1-h2-s128-d64) runs but d") and "calls built on it" in finding
+    assert finding.startswith("the plain call (fp16-b1-h2-s128-d64) runs but d"), finding
+    assert ", as at dtypes bf16, fp32, and so do " in finding and " calls built on it (" in finding
     assert finding.endswith(
         "what runs right differs from it in: causal_seqlen_q_ne_k 128x256 causal; causal: "
         "left in the envelope so the gate judges it"

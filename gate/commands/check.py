@@ -72,7 +72,8 @@ def register(sub) -> None:
     p.add_argument(
         "--last-failed",
         action="store_true",
-        help="rerun only the cases that failed in the last check written to --out (its findings JSON)",
+        help="rerun only the cases that failed in the last check written to --out (its findings JSON); "
+        "every case where none failed",
     )
     add_run_options(p, shard=False)  # a shard is judged after `attn-gate merge`, with --results
     p.set_defaults(main=main)
@@ -83,7 +84,7 @@ def last_failed(out: Path, kernel: str | None, suite: str | None) -> tuple[str |
     written to `out` (its findings JSON, the one of this kernel and suite where several are there),
     and that check's context: the kernel, suite, config and baseline it ran with. None where no
     case failed: every case runs again, as `pytest --last-failed` does after a passing run."""
-    data, failed = _last_findings(out, kernel, suite)
+    data, failed, _ = _last_findings(out, kernel, suite)
     context = data.get("context") if isinstance(data.get("context"), dict) else {}
     return (exact_regex(failed) if failed else None), context
 
@@ -91,16 +92,16 @@ def last_failed(out: Path, kernel: str | None, suite: str | None) -> tuple[str |
 def last_failed_ids(out: Path, kernel: str | None, suite: str | None) -> list[str]:
     """The ids `last_failed` matches (`attn-gate bisect --last-failed` names them); a bisect
     needs a failing case, so none is an error."""
-    failed = _last_findings(out, kernel, suite)[1]
+    _, failed, path = _last_findings(out, kernel, suite)
     if not failed:
         raise UserError(
-            f"--last-failed: no case failed in the last check in {out}; nothing to bisect: pass --only REGEX "
-            f"of the cases to follow"
+            f"--last-failed: no case failed in the last check in {out} ({path.name}); nothing to bisect: "
+            f"pass --only REGEX of the cases to follow"
         )
     return failed
 
 
-def _last_findings(out: Path, kernel: str | None, suite: str | None) -> tuple[dict, list[str]]:
+def _last_findings(out: Path, kernel: str | None, suite: str | None) -> tuple[dict, list[str], Path]:
     found = sorted(Path(out).glob("findings-*.json"), key=lambda p: p.stat().st_mtime)
     if kernel is not None or suite is not None:
 
@@ -127,7 +128,7 @@ def _last_findings(out: Path, kernel: str | None, suite: str | None) -> tuple[di
             f"--last-failed: {found[-1]} is not a findings JSON attn-gate wrote ({str(exc)[:200]}); "
             f"run without --last-failed"
         ) from None
-    return (data if isinstance(data, dict) else {}), failed
+    return (data if isinstance(data, dict) else {}), failed, found[-1]
 
 
 def main(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ narrows what the adapter infers (`narrowed_by`), so both speak one language."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,8 +27,20 @@ from gate.core.envelope import (
 
 __all__ = ["ASSUMED", "DEFAULT_REASONS", "Capabilities", "Feature", "feature_set"]
 
-# how a declared envelope's refusal begins: a report counts SKIPs by what was declared
-DECLARED = "declared: "
+
+def declared_refusal(reason: str, table: str, key: str) -> str:
+    """A declared envelope's SKIP reason: `declared: no GQA/MQA (TABLE gqa = false)`."""
+    return f"declared: {reason} ({table} {key})"
+
+
+def declared_key(reason: str) -> str | None:
+    """The envelope key a `declared_refusal` names (`gqa = false`), None for any other reason:
+    a report counts SKIPs by it."""
+    m = _DECLARED.match(reason)
+    return m.group(1) if m else None
+
+
+_DECLARED = re.compile(r"declared: .* \(\S+ ([^()]+)\)$")
 
 
 # What a kernel in the flash_attn_func convention is taken to support unless it says otherwise.
@@ -175,7 +188,7 @@ class Capabilities:
                 return why
         for ok, reason, key in self._checks(case, device):
             if not ok:
-                return f"{DECLARED}{reason} ({self.declared_in} {key})" if self.declared_in else reason
+                return declared_refusal(reason, self.declared_in, key) if self.declared_in else reason
         return None
 
     def _checks(self, case: Case, device: str):

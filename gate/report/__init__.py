@@ -28,14 +28,21 @@ def wrap_words(line: str, width: int, indent: str = "  ") -> list[str]:
     than the terminal (a long path) is kept whole rather than cut, so it can still be copied, and
     a short `code span` is one word: a setting such as `causal = false` reads as it is pasted (a
     long command still wraps, to stay within the width)."""
-    joined = _CODE_SPAN.sub(lambda m: m.group(0).replace(" ", _KEPT_SPACE), line)
+    joined = _CODE_SPAN.sub(lambda m: _kept(m.group(0)), line)
     pieces = textwrap.wrap(
         joined, width=max(20, width), subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
     )
     return [piece.replace(_KEPT_SPACE, " ") for piece in pieces] or [line]
 
 
-_CODE_SPAN = re.compile(r"`[^`\n]{1,40}`")
+def _kept(span: str) -> str:
+    return span.replace(" ", _KEPT_SPACE) if len(span) <= SHORT_SPAN else span
+
+
+# every pair of backquotes in order (a long span's closing one never opens a short one); a span of
+# up to SHORT_SPAN characters, backquotes included, stays on one line
+_CODE_SPAN = re.compile(r"`[^`\n]+`")
+SHORT_SPAN = 42
 _KEPT_SPACE = "\ue000"  # a private-use character: no line holds it, and textwrap never breaks at it
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from gate.core.files import append_step_summary, safe_name
 from gate.core.jsonio import write_json_atomic, write_text_atomic
 from gate.core.results import Status, SweepResult
 from gate.core.warn import warn
-from gate.kernels.capabilities import DECLARED
+from gate.kernels.capabilities import declared_key
 from gate.report import terminal_console, wrap_words
 from gate.report.comment import Links, _correctness_clause, _speed_clause, pr_comment
 from gate.report.failures import check_lines
@@ -117,15 +116,10 @@ def skipped_by_reason(sweep: SweepResult) -> list[tuple[str, int]]:
 
 
 def _first_clause(reason: str) -> str:
-    """What a SKIP reason says, short; a declared envelope's refusal ("declared: no GQA/MQA (TABLE
-    gqa = false)") counts by the key that refused it: "declared gqa = false"."""
-    declared = _DECLARED_KEY.match(reason)
-    if declared:
-        return f"declared {declared.group(1)}"
-    return reason.split(";")[0].split(": ")[0].strip()[:60]
-
-
-_DECLARED_KEY = re.compile(re.escape(DECLARED) + r".* \(\S+ ([^()]+)\)$")
+    """What a SKIP reason says, short; a declared envelope's refusal counts by the key that
+    refused it: "declared gqa = false"."""
+    key = declared_key(reason)
+    return f"declared {key}" if key else reason.split(";")[0].split(": ")[0].strip()[:60]
 
 
 MAX_CASE_LINES = 20  # failing-case lines in the terminal; the report file lists every one

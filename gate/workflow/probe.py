@@ -36,7 +36,7 @@ from gate.workflow.isolation import worker_pool
 
 HEAD_DIMS = (16, 32, 40, 64, 72, 80, 96, 128, 160, 192, 256)
 SEQLENS = (17, 64, 100, 128, 192, 256, 1024)
-BASE_DTYPES = ("bf16", "fp16", "fp32")  # the first that runs is the dtype of every other trial
+BASE_DTYPES = ("bf16", "fp16", "fp32")  # the first that runs, in DTYPES order, is the dtype of every other trial
 MULTIPLES = (256, 128, 64, 32, 16, 8, 4, 2)
 # far_rows and far_batch allocate tensors past 2^31 elements: not a tiny call, never probed (left in the envelope)
 PROBED_LAYOUTS = tuple(x for x in LAYOUTS if x not in ("contiguous", "far_rows", "far_batch"))
@@ -261,34 +261,46 @@ def derive(results: list[Result], declared: Mapping[str, Any] | None = None) -> 
 
 
 def _wrong_plain_call(results: list[Result], wrong: list[Result]) -> tuple[list[str], list[Result]]:
-    """Where the plain call (the first dtype that runs) is wrong, every call built on it inherits
-    that: one finding names them all and the calls that run right, which differ from it in what
-    is broken (a backward written for causal attention: only `causal` runs right). The causal
-    call at unequal lengths keeps its own finding (its alignment note)."""
-    plain = next(
-        (r for d in BASE_DTYPES for r in _ran(results) if r.trial.key == "dtypes" and r.trial.value == d), None
-    )
+    """Where the plain call (its dtype that of every other call) is wrong, every call built on it
+    inherits that: one finding names them and the calls that run right, which differ from it in
+    what is broken (a backward written for causal attention: only `causal` runs right). The causal
+    call at unequal lengths keeps its own finding (its alignment note) where a causal one ran right."""
+    plain = next((r for r in results if r.trial.key == "dtypes" and r.trial.value == plain_dtype(results)), None)
     if plain is None or plain.outcome != Outcome.WRONG:
         return [], []
-    inherited = [r for r in wrong if r.trial.key != "causal_seqlen_q_ne_k"]
-    others = [r for r in inherited if r is not plain]
     right = [r for r in results if r.outcome == Outcome.OK]
+    causal_right = any(r.trial.key == "causal" for r in right)
+    built = [
+        r for r in wrong if r.trial.key != "dtypes" and not (causal_right and r.trial.key == "causal_seqlen_q_ne_k")
+    ]
+    siblings = [r for r in wrong if r.trial.key == "dtypes" and r is not plain]
     text = f"the plain call ({plain.trial.case.id}) runs but {plain.detail}"
-    if others:
-        text += f", and so do {len(others)} calls built on it ({_by_key(others)})"
-    if right:
-        text += f"; what runs right differs from it in: {_by_key(right)}"
-    return [text + ": left in the envelope so the gate judges it"], inherited
+    if siblings:
+        text += f", as at {_by_key(siblings)}"
+    if built:
+        text += f", and so do {len(built)} calls built on it ({_by_key(built)})"
+    text += f"; what runs right differs from it in: {_by_key(right)}" if right else "; no call runs right"
+    return [text + ": left in the envelope so the gate judges it"], [plain, *siblings, *built]
 
 
-def _by_key(results: list[Result]) -> str:
-    """`head_dims 64, 128; causal; layouts k_sliced`: the calls' values grouped by their key."""
+def plain_dtype(results: list[Result]) -> str | None:
+    """The dtype of the plain call, and so of every call along the other axes: the first of
+    BASE_DTYPES that runs, in the order the dtype calls were made (DTYPES')."""
+    return next(
+        (r.trial.value for r in _ran(results) if r.trial.key == "dtypes" and r.trial.value in BASE_DTYPES), None
+    )
+
+
+def _by_key(results: list[Result], most: int = 8) -> str:
+    """`head_dims 64, 128; causal; layouts k_sliced`: the calls' values grouped by their key, the
+    first `most` keys named."""
     values: dict[str, list[str]] = {}
     for r in results:
         shown = values.setdefault(r.trial.key, [])
         if r.trial.value is not True and _show(r.trial.value) not in shown:
             shown.append(_show(r.trial.value))
-    return "; ".join(f"{key} {', '.join(vs)}" if vs else key for key, vs in values.items())
+    named = [f"{key} {', '.join(vs)}" if vs else key for key, vs in values.items()]
+    return "; ".join(named[:most]) + (f"; and {len(named) - most} more keys" if len(named) > most else "")
 
 
 def _show(value: Any) -> str:
@@ -362,14 +374,7 @@ def probe(
             return done
 
         results += run(dtype_trials())
-        base = next(
-            (
-                r.trial.value
-                for r in results
-                if r.trial.value in BASE_DTYPES and r.outcome != Outcome.UNSUPPORTED and r.outcome != Outcome.REFUSED
-            ),
-            None,
-        )
+        base = plain_dtype(results)
         if base is None:
             raise UserError(no_plain_case(kernel, [r for r in results if r.trial.value in BASE_DTYPES]))
         results += run(axis_trials(base))
