@@ -15,6 +15,7 @@ heads, bottom-right causal) with one limit of its own:
     top_left_causal      aligns its causal mask top-left (query i sees keys up to i), silently
     causal_backward      a backward written for causal attention (a tutorial's): a non-causal
                          call's output is right, its gradients are causal attention's
+    causal_only          raises on any call without a causal mask (a decoder's training kernel)
 
 With ENVELOPE_KERNEL_LOG set, each call that runs appends its process id to that file: which
 worker ran it.
@@ -134,3 +135,9 @@ def causal_backward(q, k, v, softmax_scale=None, causal=False, return_attn_probs
     masked = attend(q, k, v, softmax_scale, True)
     out = right[0].detach() + (masked - masked.detach())  # the value of one, the gradients of the other
     return (out, right[1]) if return_attn_probs else out
+
+
+def causal_only(q, k, v, softmax_scale=None, causal=False, return_attn_probs=False):
+    if not causal:
+        raise ValueError("this kernel implements causal attention only")
+    return attend(q, k, v, softmax_scale, causal, return_attn_probs=return_attn_probs)

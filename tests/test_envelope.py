@@ -174,6 +174,12 @@ TABLE = "[tool.attn-gate.kernels.mine.supports]"
         ("gqa = false", dict(heads_kv=4), dict(heads_kv=1), f"declared: no GQA/MQA ({TABLE} gqa = false)"),
         ("causal = false", dict(causal=False), dict(causal=True), f"declared: no causal mask ({TABLE} causal = false)"),
         (
+            "non_causal = false",
+            dict(causal=True),
+            dict(causal=False),
+            f"declared: no attention without a causal mask ({TABLE} non_causal = false)",
+        ),
+        (
             'layouts = ["contiguous"]',
             dict(layout="contiguous"),
             dict(layout="bhsd_view"),

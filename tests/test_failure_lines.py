@@ -135,6 +135,11 @@ def test_the_way_forward_names_the_envelope_key_that_skips_exactly_the_failing_c
     assert only.narrowing == "causal_seqlen_q_ne_k = false"
     kept = [row(causal=True, seqlen_q=64, seqlen_k=80, window=(8, 0)).case]
     assert refusal(failing, [(f.case_id, ["out"]) for f in failing], "mine", kept_passing=kept).narrowing == ""
+    # a backward written for causal attention (Triton's tutorial): every case without the mask fails
+    causal_only = [row(causal=True), row(causal=True, seqlen_q=128, seqlen_k=128)]
+    plain_wrong = [row({"dk": 228.0}, seqlen_q=n, seqlen_k=n) for n in (64, 128)]
+    r = refusal(causal_only + plain_wrong, [(f.case_id, ["dk"]) for f in plain_wrong], "mine")
+    assert r.narrowing == "non_causal = false"
     # a kernel that raises on GQA: its key; a failure no key separates: the general advice
     gqa = [row(status=Status.ERROR, reason="no GQA", heads_kv=k) for k in (1, 2)]
     assert refusal(passing[:2] + gqa, [(f.case_id, ["error"]) for f in gqa], "mine").narrowing == "gqa = false"

@@ -348,6 +348,19 @@ def test_a_backward_written_for_causal_attention_is_one_finding_that_names_causa
 
 
 @pytest.mark.slow
+def test_a_kernel_of_causal_attention_only_is_probed_causal_and_declared_so():
+    got = probed("causal_only")
+    assert got.supports == {"non_causal": False}, got.supports
+    assert got.findings == ()
+    # every call along the other axes was made with the mask, and ran
+    axes = [r for r in got.results if r.trial.key not in ("dtypes", "non_causal")]
+    assert axes and all(r.trial.case.causal for r in axes if r.outcome != Outcome.REFUSED)
+    assert {r.outcome for r in got.results if r.trial.key == "non_causal" and r.trial.value in ("fp16", "bf16")} == {
+        OUT
+    }
+
+
+@pytest.mark.slow
 def test_a_kernel_silently_wrong_on_gqa_keeps_gqa_and_the_finding_says_so():
     got = probed("wrong_on_gqa")
     assert got.supports == {}

@@ -29,6 +29,7 @@ class Feature(str, enum.Enum):
     HEAD_DIM_V_DIFFERS = "head_dim_v_differs"
     SEQLEN_Q_NE_K = "seqlen_q_ne_k"
     CAUSAL = "causal"
+    NON_CAUSAL = "non_causal"  # attention without a causal mask (a causal-only kernel declares it false)
     WINDOW = "window"
     # causal masks, windows and ALiBi over unequal lengths, aligned bottom-right as flash-attn aligns them
     CAUSAL_SEQLEN_Q_NE_K = "causal_seqlen_q_ne_k"
@@ -61,6 +62,7 @@ DEFAULT_REASONS: dict[Feature, str] = {
         "causal, windowed or ALiBi with seqlen_q != seqlen_k (the gate aligns all three bottom-right)"
     ),
     Feature.CAUSAL: "no causal mask",
+    Feature.NON_CAUSAL: "no attention without a causal mask",
     Feature.WINDOW: "no sliding window",
     Feature.SOFTCAP: "no softcap",
     Feature.ALIBI: "no ALiBi",
@@ -92,6 +94,7 @@ KNOB_MEANINGS: dict[Feature, str] = {
 
 # what declaring a feature false is for, where its reason alone does not say
 WHEN_FALSE: dict[Feature, str] = {
+    Feature.NON_CAUSAL: ": false for a kernel that runs causal attention only",
     Feature.SEQLEN_Q_NE_K: ": false when only seqlen_q == seqlen_k runs",
     Feature.CAUSAL_SEQLEN_Q_NE_K: (
         ": false for a mask aligned top-left (PyTorch's is_causal) or written for equal lengths;"

@@ -47,6 +47,7 @@ _DECLARED = re.compile(r"declared: .* \(\S+ ([^()]+)\)$")
 ASSUMED = frozenset(
     {
         Feature.CAUSAL,
+        Feature.NON_CAUSAL,
         Feature.SEQLEN_Q_NE_K,
         Feature.CAUSAL_SEQLEN_Q_NE_K,
         Feature.GQA,
@@ -256,6 +257,7 @@ class Capabilities:
                 "bias_kinds",
             ),
             need(Feature.CAUSAL),
+            need(Feature.NON_CAUSAL),
             need(Feature.WINDOW),
             need(Feature.CAUSAL_SEQLEN_Q_NE_K),
             need(Feature.SOFTCAP),
@@ -318,6 +320,7 @@ def feature_needs(case: Case) -> dict[Feature, bool]:
         Feature.HEAD_DIM_V_DIFFERS: case.head_dim != case.head_dim_v,
         Feature.SEQLEN_Q_NE_K: case.seqlen_q != case.seqlen_k and case.entry.varlen is None and not decode,
         Feature.CAUSAL: case.causal,
+        Feature.NON_CAUSAL: not case.causal,
         Feature.WINDOW: case.has_window,
         Feature.CAUSAL_SEQLEN_Q_NE_K: case.mask_alignment_matters,
         Feature.SOFTCAP: bool(case.softcap),

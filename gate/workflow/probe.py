@@ -98,13 +98,14 @@ def base_case(dtype: str, **changes: Any) -> Case:
     return Case.build(**{**BASE, "dtype": dtype, **changes})
 
 
-def dtype_trials() -> list[Trial]:
-    return [Trial("dtypes", d, base_case(d)) for d in DTYPES]
+def dtype_trials(causal: bool = False) -> list[Trial]:
+    return [Trial("dtypes", d, base_case(d, causal=causal)) for d in DTYPES]
 
 
-def axis_trials(dtype: str) -> list[Trial]:
-    """Every axis but the dtype, at `dtype` (one the kernel runs)."""
-    c = lambda **kw: base_case(dtype, **kw)  # noqa: E731
+def axis_trials(dtype: str, causal: bool = False) -> list[Trial]:
+    """Every axis but the dtype, at `dtype` (one the kernel runs); each call causal where the
+    kernel runs causal attention only."""
+    c = lambda **kw: base_case(dtype, **{"causal": causal, **kw})  # noqa: E731
     trials = [Trial("head_dims", d, c(head_dim=d, head_dim_v=d)) for d in HEAD_DIMS]
     trials += [Trial("head_dim_v_differs", dv, c(head_dim_v=dv)) for dv in (32, 128)]
     trials += [Trial("gqa", f"4/{kv} heads", c(heads_q=4, heads_kv=kv)) for kv in (2, 1)]
@@ -193,6 +194,7 @@ FEATURE_KEYS = (
     "seqlen_q_ne_k",
     "causal_seqlen_q_ne_k",
     "causal",
+    "non_causal",
     "window",
     "softcap",
     "alibi",
@@ -333,7 +335,8 @@ def no_plain_case(kernel: str, plain: list[Result]) -> str:
         by_detail.setdefault(r.detail, []).append(str(r.trial.value))
     why = "; ".join(f"{', '.join(dtypes)}: {detail}" for detail, dtypes in by_detail.items())
     return (
-        f"probe {kernel}: the kernel ran no plain case (b1 h2 s128 d64 in {', '.join(BASE_DTYPES)}): {why}; "
+        f"probe {kernel}: the kernel ran no plain case (b1 h2 s128 d64 in {', '.join(BASE_DTYPES)}, with or "
+        f"without a causal mask): {why}; "
         "fix the kernel, or check its convention: the gate calls fn(q, k, v, softmax_scale=, causal=, ...) "
         "with q, k, v of shape (batch, seqlen, heads, head_dim), and a kernel of another takes a wrapper "
         '(`attn-gate docs kernels`, "A kernel in another convention")'
@@ -374,10 +377,18 @@ def probe(
             return done
 
         results += run(dtype_trials())
-        base = plain_dtype(results)
+        base, causal_only = plain_dtype(results), False
+        if base is None:
+            # a kernel of causal attention only: the same calls with the mask, and if one runs, the
+            # calls without it are the evidence for non_causal = false
+            causal_calls = run(dtype_trials(causal=True))
+            if plain_dtype(causal_calls) is not None:
+                results = [Result(dataclasses.replace(r.trial, key="non_causal"), r.outcome, r.detail) for r in results]
+                results += causal_calls
+                base, causal_only = plain_dtype(causal_calls), True
         if base is None:
             raise UserError(no_plain_case(kernel, [r for r in results if r.trial.value in BASE_DTYPES]))
-        results += run(axis_trials(base))
+        results += run(axis_trials(base, causal=causal_only))
     supports, findings = derive(results, declared)
     supports = {**supports, **kept} | {k: v for k, v in supports.items() if v is False}  # a raise outranks a claim
     return ProbeReport(kernel=kernel, table=table, supports=supports, findings=tuple(findings), results=tuple(results))
