@@ -72,7 +72,8 @@ def _status(adapter, case: Case) -> tuple[Status, str]:
 def test_every_new_form_is_in_smoke_and_the_bugs_are_registered():
     for name, pattern in NEW.items():
         assert _bug(name) and [c for c in SMOKE if re.search(pattern, c.id)], (name, pattern)
-    assert len(NEW_CASES) == 16  # the decode and far_batch forms in GQA and MHA, the grid form at d8 and d64
+    # the decode and far_batch forms in GQA and MHA, the grid form at d8 and d64 (and d64 causal)
+    assert len(NEW_CASES) == 17
     grid = _case(NEW["grid_y_overflow"])
     assert grid.batch * grid.heads_q > GRID_Y_MAX
     cross = _case(NEW["stride0_mask_d512_last_key"])

@@ -1,5 +1,6 @@
 """Smoke holds a case of every planted bug's axis in the envelopes strangers' kernels commonly
-declare (no GQA path; bf16/fp16 at head dims 64 and 128; a causal mask aligned top-left), so their
+declare (no GQA path; bf16/fp16 at head dims 64 and 128; a causal mask aligned top-left; causal
+attention only), so their
 CPU selftest can kill every bug it plants in them. Decided as the selftest decides (host,
 exercising cases), without running."""
 
@@ -19,6 +20,7 @@ ENVELOPES = {
     "bf16/fp16 at 64 and 128": 'dtypes = ["bf16", "fp16"]\nhead_dims = [64, 128]',
     "both": 'gqa = false\ndtypes = ["bf16", "fp16"]\nhead_dims = [64, 128]',
     "causal aligned top-left": "causal_seqlen_q_ne_k = false",
+    "causal only": "non_causal = false",
 }
 
 

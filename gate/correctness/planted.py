@@ -920,7 +920,8 @@ BUGS: tuple[PlantedBug, ...] = (
         "kernel",
         DECODE_SHIFTED,
         wrap(_decode_split_combine_unshifted),
-        needs=lambda caps: caps.returns_lse,
+        # the crossing is non-causal: a kernel of causal attention only never takes that path
+        needs=lambda caps: caps.returns_lse and caps.supports(Feature.NON_CAUSAL),
     ),
     # a bias under the max bound on every element: only the mean-error rule sees it
     PlantedBug(
