@@ -40,6 +40,9 @@ def test_a_supports_table_header_reads_back_as_that_kernels_table(tmp_path):
         path.write_text(f"{supports_table(kernel)}\ngqa = false\n{family}")
         assert load_config(path).kernels[kernel].supports == {"gqa": False}, kernel
     assert supports_table("fa2") == "[tool.attn-gate.kernels.fa2.supports]"
+    # an error in a dotted family's table names that table as TOML reads it
+    path.write_text('[tool.attn-gate.kernels."my.family"]\ndense = "pkg.mod:attn"\nvarlenn = "x:y"\n')
+    assert ".kernels.\"my.family\": unknown key 'varlenn'" in error_of(path)
 
 
 def test_no_section_means_defaults(tmp_path):

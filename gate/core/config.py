@@ -343,10 +343,14 @@ class KernelFamily:
 
 
 def supports_table(kernel: str) -> str:
-    """The TOML table header of a kernel's declared envelope; a name that is no bare key (a
-    `package.module:function`, a dotted family name) is quoted."""
-    name = kernel if _BARE_KEY.match(kernel) else f'"{kernel}"'
-    return f"[tool.attn-gate.kernels.{name}.supports]"
+    """The TOML table header of a kernel's declared envelope."""
+    return f"[tool.attn-gate.kernels.{toml_key(kernel)}.supports]"
+
+
+def toml_key(name: str) -> str:
+    """`name` as one TOML key: quoted where it is no bare key (a `package.module:function`, a
+    dotted family name), which TOML would otherwise read as several."""
+    return name if _BARE_KEY.match(name) else f'"{name}"'
 
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -358,7 +362,7 @@ def _kernel_families(raw: Any, where: str) -> dict[str, KernelFamily]:
     families = {}
     keys = ("backward", *FAMILY_ENTRIES, "supports")
     for name, spec in raw.items():
-        here = f"{where}.{name}" if _FAMILY_NAME.match(name) else f'{where}."{name}"'
+        here = f"{where}.{toml_key(name)}"
         function = bool(_CALLABLE.match(name))  # the table of a plain --kernel package.module:function
         if not _FAMILY_NAME.match(name) and not function:
             raise UserError(

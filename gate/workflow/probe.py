@@ -390,7 +390,7 @@ def probe(
             raise UserError(no_plain_case(kernel, [r for r in results if r.trial.value in BASE_DTYPES]))
         results += run(axis_trials(base, causal=causal_only))
     supports, findings = derive(results, declared)
-    supports = {**supports, **kept} | {k: v for k, v in supports.items() if v is False}  # a raise outranks a claim
+    supports = {**kept, **supports}  # what the probe found outranks a kept claim: a raise outranks it
     return ProbeReport(kernel=kernel, table=table, supports=supports, findings=tuple(findings), results=tuple(results))
 
 
