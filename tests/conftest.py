@@ -44,8 +44,9 @@ class LocalBaseline:
     """sdpa-cpu on smoke recorded on this machine: the baseline and the sweep it was made from."""
 
     path: Path  # <folder>/cpu/sdpa-cpu-smoke.json, in the layout `check` expects under baselines_dir
-    sweep: Path  # the sweep JSON of the same run
+    sweep: Path  # the sweep JSON of the same run (its validation note beside it)
     config: Path  # a pyproject.toml whose baselines_dir holds `path`: `check --config` finds it by default
+    said: Path  # what `attn-gate sweep` printed, stdout then stderr (no terminal, COLUMNS unset: as in CI)
 
 
 SHARED_DIR = "ATTN_GATE_TEST_SHARED_DIR"  # a folder the pytest runs of one checkout and machine share
@@ -72,6 +73,7 @@ def cpu_baseline(tmp_path_factory) -> LocalBaseline:
         root / "baselines" / "cpu" / "sdpa-cpu-smoke.json",
         root / "out" / "sweep-sdpa-cpu-smoke.json",
         root / "pyproject.toml",
+        root / "said.json",
     )
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -81,14 +83,29 @@ def cpu_baseline(tmp_path_factory) -> LocalBaseline:
     return local
 
 
-def _record(local: LocalBaseline, root: Path) -> None:
+def _run(argv: list[str]) -> tuple[int, str, str]:
+    """`attn-gate ARGV` in this process, its output captured (not a terminal, COLUMNS unset)."""
     from gate.commands.main import main  # deferred: it imports torch
 
-    local.config.write_text(f'[tool.attn-gate]\nbaselines_dir = "{(root / "baselines").as_posix()}"\n')
-    argv = ["baseline", "update", "--kernel", "sdpa-cpu", "--suite", "smoke", "--device", "cpu"]
-    argv += ["--config", str(local.config), "--out", str(local.sweep.parent), "--no-progress"]
-    said = io.StringIO()
-    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        mp.chdir(ROOT)
         mp.delenv("GITHUB_STEP_SUMMARY", raising=False)
+        mp.delenv("COLUMNS", raising=False)
         rc = main(argv)
-    assert rc == 0, f"recording this machine's CPU baseline failed (exit {rc}):\n{said.getvalue()}"
+    return rc, stdout.getvalue(), stderr.getvalue()
+
+
+def _record(local: LocalBaseline, root: Path) -> None:
+    """The sweep (whose output test_sweep_cli.py reads as a user's `attn-gate sweep`), then the
+    baseline made from it, as `baseline update --from-results` makes one from a CI artifact."""
+    import json
+
+    local.config.write_text(f'[tool.attn-gate]\nbaselines_dir = "{(root / "baselines").as_posix()}"\n')
+    config = ["--config", str(local.config)]
+    argv = ["sweep", "--kernel", "sdpa-cpu", "--suite", "smoke", "--device", "cpu", *config]
+    rc, stdout, stderr = _run([*argv, "--out", str(local.sweep.parent), "--no-progress"])
+    assert rc == 0, f"the sweep for this machine's CPU baseline failed (exit {rc}):\n{stdout}{stderr}"
+    local.said.write_text(json.dumps({"stdout": stdout, "stderr": stderr}))
+    rc, stdout, stderr = _run(["baseline", "update", "--from-results", str(local.sweep), *config])
+    assert rc == 0, f"recording this machine's CPU baseline failed (exit {rc}):\n{stdout}{stderr}"
