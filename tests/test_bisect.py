@@ -8,8 +8,15 @@ each check it makes is a fresh `attn-gate check` process either way."""
 
 from __future__ import annotations
 
+import atexit
+import fcntl
+import functools
+import hashlib
 import json
+import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,12 +36,14 @@ from gate.workflow.bisect import (
     listed,
     step_verdict,
 )
-from tests.minisuite import DK_LINE, TINY_ATTN, attn_gate, gate, git, suite
+from tests.minisuite import DK_LINE, TINY_ATTN, gate, git, suite
 
 PLANTED = DK_LINE + "        dk = dk * 1.02\n"
-# a bug on every other import of the module (one import per check: its one worker)
+# a bug on every other import of the module (one import per check: its one worker), counted beside
+# it: per checkout, so the checks of one step count alone, and with no variable that makes the gate
+# start another zygote for this process's environment
 FLAKY_KERNEL = (
-    "import os as _os\n_path = _os.environ['TINYK_IMPORTS']\n"
+    "import os as _os\n_path = _os.path.join(_os.path.dirname(__file__), 'imports')\n"
     "_n = int(open(_path).read() or 0) + 1 if _os.path.exists(_path) else 1\n"
     "open(_path, 'w').write(str(_n))\n_FLAKY = _n % 2 == 1\n"
 )
@@ -173,11 +182,40 @@ def test_the_report_names_the_first_bad_commit_or_the_flaky_case():
 # ---------------------------------------------------------------- the synthetic repository
 
 
+BASELINE = Path("baselines/cpu/tinyk_flash_attn_func-mini.json")
+
+
+@functools.cache
+def measured_baseline() -> str:
+    """`attn-gate baseline update` of TINY_ATTN under PYPROJECT, in a fresh git repository as
+    make_repo's commit 1 holds them. Every repository here (and test_rehearsal.py's bisect) starts
+    from that same kernel and config, so one measurement serves them all: once per process, or once
+    per ATTN_GATE_TEST_SHARED_DIR (conftest.py's SHARED_DIR: the pytest runs of one machine share it)."""
+    shared = os.environ.get("ATTN_GATE_TEST_SHARED_DIR")
+    if shared:
+        root = Path(shared)
+    else:
+        root = Path(tempfile.mkdtemp(prefix="tinyk-baseline-"))
+        atexit.register(shutil.rmtree, root, True)
+    root = root / f"tinyk-baseline-{hashlib.sha256((TINY_ATTN + PYPROJECT).encode()).hexdigest()[:16]}"
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / BASELINE).is_file():
+            (root / "tinyk").mkdir(exist_ok=True)
+            (root / "tinyk" / "__init__.py").write_text(TINY_ATTN)
+            (root / "pyproject.toml").write_text(PYPROJECT)
+            git(root, "init", "-q")
+            assert gate(["baseline", "update", "--device", "cpu", "--no-progress"], root) == 0
+        return (root / BASELINE).read_text()
+
+
 def make_repo(
     tmp_path: Path, edits: dict[int, "callable"], commits: int, files: dict[str, str] | None = None
 ) -> tuple[Path, list[str]]:
-    """`commits` commits; commit 1 holds the kernel, the config and the baseline measured from it;
-    `edits[i](text) -> text` changes the kernel in commit i. Returns the repo and its commits."""
+    """`commits` commits; commit 1 holds the kernel, the config and the baseline measured from them
+    (measured_baseline); `edits[i](text) -> text` changes the kernel in commit i. Returns the repo
+    and its commits."""
     repo = tmp_path / "kernels"
     (repo / "tinyk").mkdir(parents=True)
     (repo / "tinyk" / "__init__.py").write_text(TINY_ATTN)
@@ -187,7 +225,8 @@ def make_repo(
         (repo / rel).parent.mkdir(parents=True, exist_ok=True)
         (repo / rel).write_text(text)
     git(repo, "init", "-q")
-    assert gate(["baseline", "update", "--device", "cpu", "--no-progress"], repo) == 0
+    (repo / BASELINE).parent.mkdir(parents=True)
+    (repo / BASELINE).write_text(measured_baseline())
     ids = []
     for i in range(1, commits + 1):
         if i in edits:
@@ -201,9 +240,10 @@ def make_repo(
 
 
 def fail_at_head(repo: Path) -> None:
-    """The nightly's check that fails and leaves its findings in out/ for --last-failed; in a fresh
-    process: a warm worker of this one holds the kernel as make_repo's baseline imported it."""
-    assert attn_gate(repo, "check", "--device", "cpu", "--no-progress").returncode == 1
+    """The nightly's check that fails and leaves its findings in out/ for --last-failed. In this
+    process: no warm worker here holds an earlier kernel of REPO (measured_baseline measures in a
+    folder of its own, and a user kernel's workers are kept per working directory)."""
+    assert gate(["check", "--device", "cpu", "--no-progress"], repo) == 1
 
 
 def bisect(repo: Path, capfd: pytest.CaptureFixture, *args: str) -> subprocess.CompletedProcess:
@@ -294,8 +334,7 @@ def test_an_install_step_that_fails_at_the_bad_end_names_its_cause_and_setup_non
 
 
 @pytest.mark.slow
-def test_bisect_stops_on_a_flaky_kernel_and_names_the_case(tmp_path, monkeypatch, capfd):
-    monkeypatch.setenv("TINYK_IMPORTS", str(tmp_path / "imports"))
+def test_bisect_stops_on_a_flaky_kernel_and_names_the_case(tmp_path, capfd):
     repo, commits = make_repo(
         tmp_path,
         {
