@@ -19,6 +19,8 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
+from tests.minisuite import SHARED_DIR, gate, made_once  # noqa: E402
+
 # torch reads OMP_NUM_THREADS when it starts; one already started (by a plugin) is told here
 if "torch" in sys.modules:
     sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
@@ -49,9 +51,6 @@ class LocalBaseline:
     said: Path  # what `attn-gate sweep` printed, stdout then stderr (no terminal, COLUMNS unset: as in CI)
 
 
-SHARED_DIR = "ATTN_GATE_TEST_SHARED_DIR"  # a folder the pytest runs of one checkout and machine share
-
-
 @pytest.fixture(scope="session")
 def cpu_baseline(tmp_path_factory) -> LocalBaseline:
     """The CPU baseline the tests judge against, recorded once per test session by the gate
@@ -60,39 +59,28 @@ def cpu_baseline(tmp_path_factory) -> LocalBaseline:
     (test_check_cli.py's committed-baseline test checks that one, as CI's gate does).
     pytest-xdist's workers share one recording: the first to take the lock makes it; so do the
     pytest runs of one scripts/test.sh (its tiers), through SHARED_DIR."""
-    import fcntl
-
     shared = tmp_path_factory.getbasetemp()
     if os.environ.get(SHARED_DIR):
         shared = Path(os.environ[SHARED_DIR])
     elif os.environ.get("PYTEST_XDIST_WORKER"):
         shared = shared.parent  # the folder every worker's base temp lives in
     root = shared / "cpu-baseline"
-    root.mkdir(parents=True, exist_ok=True)
     local = LocalBaseline(
         root / "baselines" / "cpu" / "sdpa-cpu-smoke.json",
         root / "out" / "sweep-sdpa-cpu-smoke.json",
         root / "pyproject.toml",
         root / "said.json",
     )
-    with open(root / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (root / "done").exists():
-            _record(local, root)
-            (root / "done").touch()
+    made_once(root, lambda _: _record(local, root))
     return local
 
 
 def _run(argv: list[str]) -> tuple[int, str, str]:
-    """`attn-gate ARGV` in this process, its output captured (not a terminal, COLUMNS unset)."""
-    from gate.commands.main import main  # deferred: it imports torch
-
+    """`attn-gate ARGV` in this process from the root, its output captured (not a terminal, COLUMNS unset)."""
     stdout, stderr = io.StringIO(), io.StringIO()
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        mp.chdir(ROOT)
-        mp.delenv("GITHUB_STEP_SUMMARY", raising=False)
         mp.delenv("COLUMNS", raising=False)
-        rc = main(argv)
+        rc = gate(argv)
     return rc, stdout.getvalue(), stderr.getvalue()
 
 

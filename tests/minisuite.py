@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,23 @@ def project(path: Path, kernel: str, dense: str, suite_text: str, extra: str = "
         + extra
     )
     return path
+
+
+SHARED_DIR = "ATTN_GATE_TEST_SHARED_DIR"  # a folder the pytest runs of one checkout and machine share
+
+
+def made_once(root: Path, make: Callable[[Path], None]) -> Path:
+    """ROOT once `make(root)` has run in it: by the first process to take its lock (xdist's workers,
+    the tiers of one scripts/test.sh through SHARED_DIR); the others wait for it, then read."""
+    import fcntl
+
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "done").exists():
+            make(root)
+            (root / "done").touch()
+    return root
 
 
 def gate(argv: list[str], cwd: Path = ROOT, columns: int | None = None) -> int:

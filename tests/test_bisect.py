@@ -9,9 +9,7 @@ each check it makes is a fresh `attn-gate check` process either way."""
 from __future__ import annotations
 
 import atexit
-import fcntl
 import functools
-import hashlib
 import json
 import os
 import shutil
@@ -36,7 +34,7 @@ from gate.workflow.bisect import (
     listed,
     step_verdict,
 )
-from tests.minisuite import DK_LINE, TINY_ATTN, gate, git, suite
+from tests.minisuite import DK_LINE, SHARED_DIR, TINY_ATTN, gate, git, made_once, suite
 
 PLANTED = DK_LINE + "        dk = dk * 1.02\n"
 # a bug on every other import of the module (one import per check: its one worker), counted beside
@@ -190,24 +188,21 @@ def measured_baseline() -> str:
     """`attn-gate baseline update` of TINY_ATTN under PYPROJECT, in a fresh git repository as
     make_repo's commit 1 holds them. Every repository here (and test_rehearsal.py's bisect) starts
     from that same kernel and config, so one measurement serves them all: once per process, or once
-    per ATTN_GATE_TEST_SHARED_DIR (conftest.py's SHARED_DIR: the pytest runs of one machine share it)."""
-    shared = os.environ.get("ATTN_GATE_TEST_SHARED_DIR")
-    if shared:
-        root = Path(shared)
+    per SHARED_DIR (the pytest runs of one scripts/test.sh share it)."""
+    if os.environ.get(SHARED_DIR):
+        shared = Path(os.environ[SHARED_DIR])
     else:
-        root = Path(tempfile.mkdtemp(prefix="tinyk-baseline-"))
-        atexit.register(shutil.rmtree, root, True)
-    root = root / f"tinyk-baseline-{hashlib.sha256((TINY_ATTN + PYPROJECT).encode()).hexdigest()[:16]}"
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (root / BASELINE).is_file():
-            (root / "tinyk").mkdir(exist_ok=True)
-            (root / "tinyk" / "__init__.py").write_text(TINY_ATTN)
-            (root / "pyproject.toml").write_text(PYPROJECT)
-            git(root, "init", "-q")
-            assert gate(["baseline", "update", "--device", "cpu", "--no-progress"], root) == 0
-        return (root / BASELINE).read_text()
+        shared = Path(tempfile.mkdtemp(prefix="tinyk-baseline-"))
+        atexit.register(shutil.rmtree, shared, True)
+
+    def measure(root: Path) -> None:
+        (root / "tinyk").mkdir()
+        (root / "tinyk" / "__init__.py").write_text(TINY_ATTN)
+        (root / "pyproject.toml").write_text(PYPROJECT)
+        git(root, "init", "-q")
+        assert gate(["baseline", "update", "--device", "cpu", "--no-progress"], root) == 0
+
+    return (made_once(shared / "tinyk-baseline", measure) / BASELINE).read_text()
 
 
 def make_repo(

@@ -46,12 +46,12 @@ SHORT_SPAN = 42
 _KEPT_SPACE = "\ue000"  # a private-use character: no line holds it, and textwrap never breaks at it
 
 
+def wrap_lines(lines: list[str], width: int, step: int = 2) -> list[str]:
+    """Each line wrapped at whole words (wrap_words), continuing `step` columns right of its own indent."""
+    return [piece for line in lines for piece in wrap_words(line, width, " " * (len(line) - len(line.lstrip()) + step))]
+
+
 def wrapped(text: str) -> str:
     """`text` wrapped at whole words to the terminal's width, ready to print: each of its lines
     continues two columns right of its own indent."""
-    width = terminal_width()
-    return "\n".join(
-        piece
-        for line in text.splitlines() or [""]
-        for piece in wrap_words(line, width, " " * (len(line) - len(line.lstrip()) + 2))
-    )
+    return "\n".join(wrap_lines(text.splitlines() or [""], terminal_width()))

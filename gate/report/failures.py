@@ -21,7 +21,7 @@ from gate.compare.known import UNATTRIBUTED, failures_of
 from gate.core.cases import Case
 from gate.core.config import ERROR_NAME, supports_table
 from gate.core.results import CaseResult, Status
-from gate.report import wrap_words
+from gate.report import wrap_lines
 
 # run_case's refusal of an output it could not measure, as the line says it
 _SEED = re.compile(r"^seed \d+: ")
@@ -333,9 +333,7 @@ class Refusal:
         )
         out += ["the way forward, one of:", *(f"  {i}. {way}" for i, way in enumerate(ways, 1))]
         if width is not None:
-            out = [
-                piece for line in out for piece in wrap_words(line, width, " " * (len(line) - len(line.lstrip()) + 4))
-            ]
+            out = wrap_lines(out, width, step=4)
         return "\n".join(out + ["", self.block.rstrip("\n")])
 
 
